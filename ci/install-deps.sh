@@ -1,0 +1,28 @@
+#!/bin/sh
+# Installs every build and test dependency of QUADS-C on Debian/Ubuntu.
+# Idempotent; run as root (or with sudo available). Python packages are for
+# reference checks in tests only, never for the product.
+set -eu
+
+PKGS="build-essential autoconf automake libtool pkg-config \
+libjansson-dev libcurl4-openssl-dev check libpcre2-dev \
+python3 python3-pip"
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+missing=""
+for p in $PKGS; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q
+    # shellcheck disable=SC2086
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing
+fi
+
+# Reference packages for tests (small wheels). Skipped if already importable.
+if ! python3 -c "import numpy, ml_dtypes" >/dev/null 2>&1; then
+    python3 -m pip install -q numpy ml_dtypes 2>/dev/null ||
+        python3 -m pip install -q --break-system-packages numpy ml_dtypes
+fi

@@ -1,0 +1,181 @@
+/* The scalar numerics every backend shares: E2M1, E4M3 and BF16 codecs and the
+ * NVFP4 scale arithmetic (docs/numerics.md §1-§2). One static inline definition
+ * compiled for host and device, so the CPU reference and the CUDA kernels give
+ * the same bits by construction. Only exact integer work and correctly rounded
+ * float32 operations appear here; compile with -ffp-contract=off / -fmad=false. */
+#ifndef QD_NUMERICS_H
+#define QD_NUMERICS_H
+
+#include <stdint.h>
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#ifdef __CUDACC__
+#define QD_HD __host__ __device__ __forceinline__
+#else
+#define QD_HD static inline
+#endif
+
+#define QD_NVFP4_BLOCK 16          /* elements sharing one E4M3 block scale */
+#define QD_E2M1_MAX 6.0f
+#define QD_E4M3_MAX 448.0f
+#define QD_NVFP4_AMAX_TARGET 2688.0f /* E2M1_MAX * E4M3_MAX */
+
+QD_HD uint32_t qd_f32_bits(float f)
+{
+#ifdef __CUDA_ARCH__
+    return (uint32_t)__float_as_uint(f);
+#else
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+#endif
+}
+
+QD_HD float qd_bits_f32(uint32_t u)
+{
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+#endif
+}
+
+/* ---- BF16: the top 16 bits of float32, round to nearest even; NaN stays NaN. */
+QD_HD uint16_t qd_bf16_from_f32(float f)
+{
+    uint32_t u = qd_f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x0040u); /* quiet NaN, sign kept */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+QD_HD float qd_bf16_to_f32(uint16_t h) { return qd_bits_f32((uint32_t)h << 16); }
+
+/* float32 rounded to the nearest BF16 value, kept in a float. */
+QD_HD float qd_round_bf16(float f) { return qd_bf16_to_f32(qd_bf16_from_f32(f)); }
+
+/* ---- E2M1 (FP4): code = sign<<3 | index, index of {0,.5,1,1.5,2,3,4,6}.
+ * Round to nearest, ties to the even index; |v| > 6 (and inf) saturates to 6.
+ * The sign is the float's sign bit, so -0.0 encodes as 0x8. NaN must not reach
+ * this function (the quantizer refuses non-finite input first). */
+QD_HD uint8_t qd_e2m1_from_f32(float v)
+{
+    uint8_t s = (uint8_t)((qd_f32_bits(v) >> 28) & 0x8u);
+    float a = fabsf(v);
+    uint8_t i;
+    if (a <= 0.25f)      i = 0;
+    else if (a < 0.75f)  i = 1;
+    else if (a <= 1.25f) i = 2;
+    else if (a < 1.75f)  i = 3;
+    else if (a <= 2.5f)  i = 4;
+    else if (a < 3.5f)   i = 5;
+    else if (a <= 5.0f)  i = 6;
+    else                 i = 7;
+    return (uint8_t)(s | i);
+}
+
+QD_HD float qd_e2m1_to_f32(uint8_t code)
+{
+    /* magnitude = index/2 for 0..4, then 3, 4, 6 */
+    uint8_t i = code & 7u;
+    float m = i < 5 ? 0.5f * (float)i : (i == 5 ? 3.0f : (i == 6 ? 4.0f : 6.0f));
+    return (code & 8u) ? -m : m;
+}
+
+/* ---- E4M3 ("fn"): bias 7, no inf, 0x7F/0xFF NaN, max 448, min subnormal 2^-9.
+ * Round to nearest even on the float's bits, saturating |v| >= 448 to 448. */
+QD_HD uint8_t qd_e4m3_from_f32(float v)
+{
+    uint32_t u = qd_f32_bits(v);
+    uint8_t s = (uint8_t)((u >> 24) & 0x80u);
+    u &= 0x7fffffffu;
+    if (u > 0x7f800000u)
+        return (uint8_t)(s | 0x7fu);                /* NaN */
+    if (u >= 0x43e00000u)
+        return (uint8_t)(s | 0x7eu);                /* >= 448: saturate */
+    int e = (int)(u >> 23) - 127;
+    if (e >= -6) {                                  /* E4M3 normal range */
+        uint32_t mant = u & 0x7fffffu;
+        uint32_t q = mant >> 20, rem = mant & 0xfffffu;
+        if (rem > 0x80000u || (rem == 0x80000u && (q & 1u)))
+            q++;                                    /* q == 8 carries into the exponent */
+        return (uint8_t)(s | (((uint32_t)(e + 7) << 3) + q));
+    }
+    /* subnormal result m * 2^-9, m in 0..8 (8 is the min normal, code 0x08) */
+    uint32_t sig = (u >> 23) ? ((u & 0x7fffffu) | 0x800000u) : (u & 0x7fffffu);
+    int shift = (u >> 23) ? 14 - e : 140;           /* value * 2^9 = sig * 2^-shift */
+    if (shift >= 32)
+        return s;
+    uint32_t m = sig >> shift, rem = sig & ((1u << shift) - 1u), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (m & 1u)))
+        m++;
+    return (uint8_t)(s | m);
+}
+
+QD_HD float qd_e4m3_to_f32(uint8_t code)
+{
+    uint32_t e = (code >> 3) & 0xfu, m = code & 7u;
+    float mag;
+    if ((code & 0x7fu) == 0x7fu)
+        mag = qd_bits_f32(0x7fc00000u);             /* NaN */
+    else if (e == 0)
+        mag = (float)m * 0.001953125f;              /* m * 2^-9, exact */
+    else
+        mag = qd_bits_f32(((e + 120u) << 23) | (m << 20)); /* (1+m/8) * 2^(e-7) */
+    return (code & 0x80u) ? -mag : mag;
+}
+
+/* ---- NVFP4 scale arithmetic (TransformerEngine's, docs/numerics.md §2). */
+
+/* Global encode scale of a scope with absolute maximum amax. */
+QD_HD float qd_nvfp4_s_enc(float amax)
+{
+    float s = fminf(QD_NVFP4_AMAX_TARGET / amax, FLT_MAX);
+    if (amax == 0.0f || s == 0.0f)
+        s = 1.0f;
+    return s;
+}
+
+/* The stored global decode scale ("weight_scale_2"). */
+QD_HD float qd_nvfp4_s_dec(float s_enc) { return (float)(1.0 / (double)s_enc); }
+
+/* E4M3 code of a block's scale from the block's absolute maximum. */
+QD_HD uint8_t qd_nvfp4_block_scale(float amax_b, float s_enc)
+{
+    return qd_e4m3_from_f32(fminf(amax_b * (s_enc * (1.0f / 6.0f)), QD_E4M3_MAX));
+}
+
+/* Multiplier taking a block's values onto the E2M1 grid. */
+QD_HD float qd_nvfp4_block_inv(uint8_t scale_code, float s_dec)
+{
+    return fminf(1.0f / (qd_e4m3_to_f32(scale_code) * s_dec), FLT_MAX);
+}
+
+/* One dequantized value: (e2m1 * s_b) is exact, so one rounding. */
+QD_HD float qd_nvfp4_dequant1(uint8_t code, uint8_t scale_code, float s_dec)
+{
+    return (qd_e2m1_to_f32(code) * qd_e4m3_to_f32(scale_code)) * s_dec;
+}
+
+/* Quantize one 16-element block given the scope's S_enc/S_dec: writes 8 packed
+ * bytes (element 2i low nibble, 2i+1 high nibble), returns the E4M3 scale code.
+ * Inputs must be finite. */
+QD_HD uint8_t qd_nvfp4_quantize_block(uint8_t *packed, const float *x, float s_enc, float s_dec)
+{
+    float amax_b = 0.0f;
+    for (int i = 0; i < QD_NVFP4_BLOCK; i++)
+        amax_b = fmaxf(amax_b, fabsf(x[i]));
+    uint8_t sc = qd_nvfp4_block_scale(amax_b, s_enc);
+    float inv = qd_nvfp4_block_inv(sc, s_dec);
+    for (int i = 0; i < QD_NVFP4_BLOCK; i += 2)
+        packed[i / 2] = (uint8_t)(qd_e2m1_from_f32(x[i] * inv) |
+                                  (qd_e2m1_from_f32(x[i + 1] * inv) << 4));
+    return sc;
+}
+
+#endif /* QD_NUMERICS_H */

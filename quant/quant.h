@@ -1,0 +1,75 @@
+/* quant/: the NVFP4 and FP8 quantizers, the canonical W4A4 product, RAC
+ * augmentation, fake-quant and error statistics (docs/numerics.md). The CPU
+ * implementation here is the reference; backends/cuda has a twin of each.
+ * Scalar codecs live in quant/numerics.h (shared with the CUDA kernels).
+ *
+ * Layouts: a matrix is row-major (rows, cols) with cols = K along the
+ * reduction. NVFP4 codes are packed two a byte (element 2i in the low nibble),
+ * (rows, cols/2); block scales are E4M3 codes (rows, cols/16) in ModelOpt's
+ * row-major layout; the swizzled 128x4-tile layout is a separate conversion. */
+#ifndef QD_QUANT_H
+#define QD_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "quant/numerics.h"
+#include "quant/status.h"
+
+/* An NVFP4 matrix. The struct owns its buffers when made by qd_nvfp4_alloc. */
+typedef struct {
+    int64_t rows, cols;   /* cols = K, a multiple of 16 */
+    uint8_t *codes;       /* (rows, cols/2) packed E2M1 */
+    uint8_t *scales;      /* (rows, cols/16) E4M3 block scales */
+    float *s_dec;         /* (rows) when per_row, else (1): global decode scale */
+    int per_row;          /* 1: one global scale per row (activations, §4); 0: per tensor */
+} qd_nvfp4;
+
+qd_status qd_nvfp4_alloc(qd_nvfp4 *q, int64_t rows, int64_t cols, int per_row);
+void qd_nvfp4_free(qd_nvfp4 *q);
+
+/* Absolute maximum of n floats; QD_ERR_NONFINITE (and *amax untouched) if any is NaN/Inf. */
+qd_status qd_amax(float *amax, const float *x, int64_t n);
+
+/* Quantizes x (rows, cols) into q (allocated with the same shape and per_row). */
+qd_status qd_nvfp4_quantize(qd_nvfp4 *q, const float *x);
+/* Quantizes rows of x with given global encode scales (one per row, or one if
+ * !q->per_row) instead of their own amax: RAC's residual blocks (§5). */
+qd_status qd_nvfp4_quantize_with(qd_nvfp4 *q, const float *x, const float *s_enc);
+/* x_hat = dequant(q), (rows, cols). */
+void qd_nvfp4_dequantize(float *out, const qd_nvfp4 *q);
+/* out = dequant(quantize(x)); the straight-through gradient is the identity (§5). */
+qd_status qd_nvfp4_fake_quant(float *out, const float *x, int64_t rows, int64_t cols, int per_row);
+
+/* Swizzled block-scale layout of cuBLASLt VEC16_UE4M3: rows padded to 128,
+ * scale columns padded to 4, 512-byte tiles; padding bytes are 0. */
+size_t qd_scales_swizzled_size(int64_t rows, int64_t scale_cols);
+void qd_scales_swizzle(uint8_t *dst, const uint8_t *src, int64_t rows, int64_t scale_cols);
+void qd_scales_unswizzle(uint8_t *dst, const uint8_t *src, int64_t rows, int64_t scale_cols);
+
+/* FP8 E4M3 with one scale per row (weights per output channel, activations per
+ * token): scale = 448/amax, q = e4m3(x*scale), x ~ q * scale_inv. */
+qd_status qd_fp8_quantize_rows(uint8_t *q, float *scale_inv, const float *x, int64_t rows, int64_t cols);
+void qd_fp8_dequantize_rows(float *out, const uint8_t *q, const float *scale_inv, int64_t rows, int64_t cols);
+
+/* The canonical W4A4 product (§3): y (M, N) = A (M, K) . W (N, K)^T.
+ * OpenMP over outputs; the per-output block order is fixed, so the bits do not
+ * depend on the thread count. A and W must have the same cols. */
+qd_status qd_w4a4_gemm(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
+/* FP8 product: y = (sum over k ascending of qa*qw) * (sa_inv[m] * sw_inv[n]). */
+void qd_fp8_gemm(float *y, const uint8_t *qa, const float *sa_inv, const uint8_t *qw,
+                 const float *sw_inv, int64_t M, int64_t N, int64_t K);
+
+/* RAC (§5). err (K) += sum over rows of (x - x_hat)^2 per channel, x_hat the
+ * per-row NVFP4 dequantization. */
+qd_status qd_rac_error_accumulate(double *err, const float *x, int64_t rows, int64_t K);
+/* Picks floor(ratio*K/16)*16 channels of largest err (ties: lower index), written
+ * ascending into channels; returns their count. */
+int64_t qd_rac_select(int64_t *channels, const double *err, int64_t K, double ratio);
+/* Augmented activations (rows, K+n): [quantize(x), quantize_with(S_enc(x), r[S])]. */
+qd_status qd_rac_augment_act(qd_nvfp4 *out, const float *x, int64_t rows, int64_t K,
+                             const int64_t *channels, int64_t n);
+/* Augmented weight (N, K+n): [W, W[:, S]] quantized with W's global scale. */
+qd_status qd_rac_augment_weight(qd_nvfp4 *out, const float *w, int64_t N, int64_t K,
+                                const int64_t *channels, int64_t n);
+
+#endif

@@ -1,0 +1,45 @@
+/* The Check runner: one suite per module. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "tests/suites.h"
+#include "quant/status.h"
+
+const char *qd_test_path(const char *rel)
+{
+    static _Thread_local char buf[4096];
+    const char *src = getenv("QD_SRCDIR");
+    snprintf(buf, sizeof buf, "%s/%s", src ? src : ".", rel);
+    return buf;
+}
+
+START_TEST(test_status_message)
+{
+    ck_assert_int_eq(qd_error(QD_ERR_FORMAT, "%s: field '%s'", "a.json", "x"), QD_ERR_FORMAT);
+    ck_assert_str_eq(qd_last_error(), "a.json: field 'x'");
+    ck_assert_str_eq(qd_status_str(QD_ERR_NONFINITE), "non-finite value");
+}
+END_TEST
+
+Suite *suite_status(void)
+{
+    Suite *s = suite_create("status");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, test_status_message);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(suite_status());
+    srunner_add_suite(sr, suite_quant());
+    srunner_add_suite(sr, suite_safetensors());
+    srunner_add_suite(sr, suite_tokenizer());
+    srunner_add_suite(sr, suite_rewards());
+    srunner_add_suite(sr, suite_benchmarks());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
