@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "models/safetensors.h"
 #include "quant/numerics.h"
@@ -25,13 +26,18 @@ static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *
     return remove(p);
 }
 
-/* A fresh temporary directory, removed by rm_tree. */
+/* A fresh temporary directory in dir (256 bytes), removed by rm_tree. */
+static char *make_tmpdir_in(char *dir)
+{
+    snprintf(dir, 256, "/tmp/qd_st_test_XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    return dir;
+}
+
 static char *make_tmpdir(void)
 {
     static _Thread_local char dir[256];
-    snprintf(dir, sizeof dir, "/tmp/qd_st_test_XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    return dir;
+    return make_tmpdir_in(dir);
 }
 
 static void rm_tree(const char *dir) { nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
@@ -506,6 +512,393 @@ START_TEST(test_writer_rejects_bad_entries)
 }
 END_TEST
 
+/* ---- `quads quantize` end to end (runs the built program) */
+
+typedef struct {
+    char dir[256];        /* scratch: stdout, stderr, inputs */
+    char out[512];        /* the --out directory (not created beforehand) */
+    char stdout_[8192], stderr_[8192];
+} cli;
+
+static void slurp(char *buf, size_t len, const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    size_t n = f ? fread(buf, 1, len - 1, f) : 0;
+    buf[n] = 0;
+    if (f)
+        fclose(f);
+}
+
+static void cli_init(cli *c)
+{
+    make_tmpdir_in(c->dir);
+    snprintf(c->out, sizeof c->out, "%s/out", c->dir);
+}
+
+/* Runs `quads quantize ARGS` (ARGS may use %s for the --out directory). */
+static int cli_run(cli *c, const char *args)
+{
+    const char *b = getenv("QD_BUILDDIR");
+    char a[2048], cmd[4096];
+    snprintf(a, sizeof a, args, c->out);
+    snprintf(cmd, sizeof cmd, "'%s/quads' quantize %s >'%s/stdout' 2>'%s/stderr'", b ? b : ".", a,
+             c->dir, c->dir);
+    int rc = system(cmd);
+    char p[512];
+    snprintf(p, sizeof p, "%s/stdout", c->dir);
+    slurp(c->stdout_, sizeof c->stdout_, p);
+    snprintf(p, sizeof p, "%s/stderr", c->dir);
+    slurp(c->stderr_, sizeof c->stderr_, p);
+    ck_assert_msg(rc != -1 && WIFEXITED(rc), "quads did not run: %s", cmd);
+    return WEXITSTATUS(rc);
+}
+
+static const char *out_file(const cli *c, const char *name)
+{
+    static _Thread_local char p[600];
+    snprintf(p, sizeof p, "%s/%s", c->out, name);
+    return p;
+}
+
+static json_t *load_json(const char *path)
+{
+    json_error_t e;
+    json_t *j = json_load_file(path, 0, &e);
+    ck_assert_msg(j != NULL, "%s: %s", path, e.text);
+    return j;
+}
+
+START_TEST(test_cli_help)
+{
+    cli c;
+    cli_init(&c);
+    ck_assert_int_eq(cli_run(&c, "--help"), 0);
+    static const char *const want[] = {"--in", "--out", "--format", "--all", "--report",
+                                       "weight_scale_2", "F8_E4M3 [N, K/16]",
+                                       "FP8_PER_CHANNEL_PER_TOKEN", "hf_quant_config.json"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        ck_assert_msg(strstr(c.stdout_, want[i]), "--help lacks '%s'", want[i]);
+    rm_tree(c.dir);
+}
+END_TEST
+
+/* A small checkpoint written by our writer: one linear weight x (16, K). */
+static void write_one_linear(const char *path, int64_t K, float poison)
+{
+    float *x = malloc((size_t)(16 * K) * sizeof *x);
+    for (int64_t i = 0; i < 16 * K; i++)
+        x[i] = (float)(i % 7) - 3.0f;
+    x[5] = poison;
+    qd_safetensors_writer *w = NULL;
+    ck_assert_int_eq(qd_safetensors_writer_new(&w), QD_OK);
+    ck_assert_int_eq(qd_safetensors_writer_add_steal(w, "model.layers.0.self_attn.q_proj.weight",
+                                                     QD_ST_F32, 2, (int64_t[]){16, K}, x), QD_OK);
+    ck_assert_int_eq(qd_safetensors_writer_write(w, path), QD_OK);
+    qd_safetensors_writer_free(w);
+}
+
+typedef struct {
+    const char *args;      /* %s: --out; IN: the tiny model; K24/NAN: made by the test */
+    const char *err;       /* in stderr */
+} cli_error_case;
+
+static const cli_error_case cli_errors[] = {
+    {"--in /nonexistent/m.safetensors --out %s", "/nonexistent/m.safetensors"},
+    {"--in IN --out %s --format int4", "unknown format 'int4'"},
+    {"--in IN --out %s --bogus", "unknown option '--bogus'"},
+    {"--in IN --out %s --format", "needs a value"},
+    {"--out %s", "--in and --out are required"},
+    {"--in IN --out %s extra", "unexpected argument 'extra'"},
+    {"--in K24 --out %s", "K = 24 is not a multiple of 16"},
+    {"--in NAN --out %s", "q_proj.weight"},
+    {"--in BAD --out %s", "field 'dtype'"},
+};
+
+START_TEST(test_cli_errors)
+{
+    const cli_error_case *e = &cli_errors[_i];
+    cli c;
+    cli_init(&c);
+    char in[300], k24[300], nan_[300], bad[300];
+    snprintf(in, sizeof in, "%s", qd_test_path(FIX "tiny_moe.safetensors"));
+    snprintf(k24, sizeof k24, "%s/k24.safetensors", c.dir);
+    snprintf(nan_, sizeof nan_, "%s/nan.safetensors", c.dir);
+    snprintf(bad, sizeof bad, "%s/bad.safetensors", c.dir);
+    write_one_linear(k24, 24, 1.0f);
+    write_one_linear(nan_, 32, NAN);
+    const char *hdr = "{\"a\":{\"dtype\":\"X9\",\"shape\":[1],\"data_offsets\":[0,1]}}";
+    write_raw(bad, strlen(hdr), hdr, 1);
+    char args[1024] = "";
+    for (const char *p = e->args; *p;) {   /* substitute the placeholders */
+        const char *sub = !strncmp(p, "IN ", 3) ? in : !strncmp(p, "K24 ", 4) ? k24
+                        : !strncmp(p, "NAN ", 4) ? nan_ : !strncmp(p, "BAD ", 4) ? bad : NULL;
+        if (sub) {
+            strcat(args, sub);
+            p = strchr(p, ' ');
+        } else {
+            strncat(args, p++, 1);
+        }
+    }
+    ck_assert_int_ne(cli_run(&c, args), 0);
+    ck_assert_msg(strstr(c.stderr_, e->err), "case %d: stderr '%s' lacks '%s'", _i, c.stderr_, e->err);
+    ck_assert_msg(access(out_file(&c, "model.safetensors"), F_OK) != 0, "case %d wrote output", _i);
+    if (access(c.out, F_OK) == 0)
+        ck_assert_int_eq(count_dir_entries(c.out), 0);   /* no temp file left */
+    rm_tree(c.dir);
+}
+END_TEST
+
+/* The tensors of ref (Python's NVFP4, docs/numerics.md §2) are in out bit for
+ * bit; every other input tensor is copied unchanged; nothing else is there. */
+static void assert_nvfp4_matches_reference(const char *out_path, const char *in_path)
+{
+    qd_safetensors *out = must_open(out_path), *in = must_open(in_path);
+    qd_safetensors *ref = must_open(qd_test_path(FIX "tiny_moe_nvfp4_ref.safetensors"));
+    size_t nref = qd_safetensors_count(ref), ncopied = 0;
+    for (size_t i = 0; i < nref; i++) {
+        const qd_st_tensor *r = qd_safetensors_at(ref, i), *o = must_find(out, r->name);
+        ck_assert_int_eq(o->dtype, r->dtype);
+        ck_assert_int_eq(o->ndim, r->ndim);
+        ck_assert_mem_eq(o->shape, r->shape, (size_t)r->ndim * sizeof r->shape[0]);
+        ck_assert_msg(!memcmp(o->data, r->data, r->nbytes), "%s differs from the reference", r->name);
+    }
+    for (size_t i = 0; i < qd_safetensors_count(in); i++) {
+        const qd_st_tensor *t = qd_safetensors_at(in, i);
+        char scale[300];
+        snprintf(scale, sizeof scale, "%s_scale_2", t->name);
+        if (qd_safetensors_find(ref, scale))
+            continue;
+        const qd_st_tensor *o = must_find(out, t->name);
+        ck_assert_int_eq(o->dtype, t->dtype);
+        ck_assert_msg(o->nbytes == t->nbytes && !memcmp(o->data, t->data, t->nbytes), "%s", t->name);
+        ncopied++;
+    }
+    ck_assert_uint_eq(nref, 3 * 23);
+    ck_assert_uint_eq(ncopied, 12);
+    ck_assert_uint_eq(qd_safetensors_count(out), nref + ncopied);
+    ck_assert_str_eq(qd_safetensors_metadata_get(out, "format"), "pt");
+    qd_safetensors_close(out);
+    qd_safetensors_close(in);
+    qd_safetensors_close(ref);
+}
+
+START_TEST(test_cli_nvfp4_reference)
+{
+    cli c;
+    cli_init(&c);
+    char args[600];
+    const char *in = qd_test_path(FIX "tiny_moe.safetensors");
+    snprintf(args, sizeof args, "--in '%s' --out %%s", in);
+    ck_assert_msg(cli_run(&c, args) == 0, "%s", c.stderr_);
+    ck_assert_ptr_nonnull(strstr(c.stdout_, "quantized 23 tensors to NVFP4"));
+    assert_nvfp4_matches_reference(out_file(&c, "model.safetensors"), in);
+    json_t *cfg = load_json(out_file(&c, "hf_quant_config.json"));
+    json_t *q = json_object_get(cfg, "quantization");
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(cfg, "producer"), "name")), "quads");
+    ck_assert_str_eq(json_string_value(json_object_get(q, "quant_algo")), "NVFP4");
+    ck_assert_int_eq(json_integer_value(json_object_get(q, "group_size")), 16);
+    json_t *ex = json_object_get(q, "exclude_modules");
+    ck_assert_uint_eq(json_array_size(ex), 3);
+    ck_assert_str_eq(json_string_value(json_array_get(ex, 0)), "lm_head");
+    ck_assert_str_eq(json_string_value(json_array_get(ex, 1)), "model.embed_tokens");
+    ck_assert_str_eq(json_string_value(json_array_get(ex, 2)), "model.layers.0.mlp.gate");
+    json_decref(cfg);
+    ck_assert_int_eq(count_dir_entries(c.out), 2);   /* no report, no temp files */
+    rm_tree(c.dir);
+}
+END_TEST
+
+/* A sharded checkpoint gives the same bytes as the single file. */
+START_TEST(test_cli_sharded_input)
+{
+    cli c, d;
+    cli_init(&c);
+    cli_init(&d);
+    char args[600];
+    snprintf(args, sizeof args, "--in '%s' --out %%s", qd_test_path(FIX "tiny_moe.safetensors"));
+    ck_assert_msg(cli_run(&c, args) == 0, "%s", c.stderr_);
+    snprintf(args, sizeof args, "--in '%s' --out %%s", qd_test_path(FIX "sharded"));
+    ck_assert_msg(cli_run(&d, args) == 0, "%s", d.stderr_);
+    size_t n1, n2;
+    uint8_t *a = read_all(out_file(&c, "model.safetensors"), &n1);
+    uint8_t *b = read_all(out_file(&d, "model.safetensors"), &n2);
+    ck_assert_uint_eq(n1, n2);
+    ck_assert(memcmp(a, b, n1) == 0);
+    free(a);
+    free(b);
+    rm_tree(c.dir);
+    rm_tree(d.dir);
+}
+END_TEST
+
+/* Relative L2 error of the reference NVFP4 tensor `base` against the input. */
+static double reference_rel_error(const qd_safetensors *in, const qd_safetensors *ref,
+                                  const char *name, double *worst_block)
+{
+    char n2[300], n3[300];
+    snprintf(n2, sizeof n2, "%s_scale", name);
+    snprintf(n3, sizeof n3, "%s_scale_2", name);
+    const qd_st_tensor *t = must_find(in, name), *codes = must_find(ref, name);
+    const uint8_t *q = codes->data, *s = must_find(ref, n2)->data;
+    float s_dec;
+    memcpy(&s_dec, must_find(ref, n3)->data, 4);
+    float *x = to_f32(t);
+    int64_t N = t->shape[0], K = t->shape[1];
+    double num = 0, den = 0;
+    *worst_block = 0;
+    for (int64_t r = 0; r < N; r++)
+        for (int64_t b = 0; b < K / 16; b++) {
+            double e = 0;
+            for (int64_t i = b * 16; i < b * 16 + 16; i++) {
+                uint8_t code = (uint8_t)(q[(r * K + i) / 2] >> (4 * (i & 1))) & 0xf;
+                double d = (double)x[r * K + i] - qd_nvfp4_dequant1(code, s[r * K / 16 + b], s_dec);
+                e += d * d;
+                den += (double)x[r * K + i] * x[r * K + i];
+            }
+            num += e;
+            *worst_block = fmax(*worst_block, sqrt(e));
+        }
+    free(x);
+    return sqrt(num / den);
+}
+
+START_TEST(test_cli_report)
+{
+    cli c;
+    cli_init(&c);
+    char args[600];
+    const char *in_path = qd_test_path(FIX "tiny_moe.safetensors");
+    snprintf(args, sizeof args, "--report --in '%s' --out %%s", in_path);
+    ck_assert_msg(cli_run(&c, args) == 0, "%s", c.stderr_);
+    ck_assert_ptr_nonnull(strstr(c.stdout_, "model.layers.0.self_attn.q_proj.weight"));
+    ck_assert_ptr_nonnull(strstr(c.stdout_, "overall rel_error"));
+    json_t *rep = load_json(out_file(&c, "quant_report.json"));
+    json_t *ts = json_object_get(rep, "tensors");
+    ck_assert_uint_eq(json_array_size(ts), 23);
+    qd_safetensors *in = must_open(in_path);
+    qd_safetensors *ref = must_open(qd_test_path(FIX "tiny_moe_nvfp4_ref.safetensors"));
+    for (size_t i = 0; i < json_array_size(ts); i++) {
+        json_t *t = json_array_get(ts, i);
+        const char *name = json_string_value(json_object_get(t, "name"));
+        double worst, want = reference_rel_error(in, ref, name, &worst);
+        double got = json_real_value(json_object_get(t, "rel_error"));
+        ck_assert_msg(fabs(got - want) <= 1e-9 * want && want > 0.01 && want < 0.2,
+                      "%s: rel_error %.9g, reference %.9g", name, got, want);
+        json_t *wb = json_object_get(t, "worst_blocks");
+        ck_assert_uint_eq(json_array_size(wb), 8);
+        double top = json_real_value(json_object_get(json_array_get(wb, 0), "abs_error"));
+        ck_assert_msg(fabs(top - worst) <= 1e-9 * worst, "%s: worst block %g vs %g", name, top, worst);
+        for (size_t k = 1; k < 8; k++)
+            ck_assert(json_real_value(json_object_get(json_array_get(wb, k), "abs_error")) <=
+                      json_real_value(json_object_get(json_array_get(wb, k - 1), "abs_error")));
+    }
+    qd_safetensors_close(in);
+    qd_safetensors_close(ref);
+    json_decref(rep);
+    rm_tree(c.dir);
+}
+END_TEST
+
+START_TEST(test_cli_all)
+{
+    cli c;
+    cli_init(&c);
+    char args[600];
+    snprintf(args, sizeof args, "--all --in '%s' --out %%s", qd_test_path(FIX "tiny_moe.safetensors"));
+    ck_assert_msg(cli_run(&c, args) == 0, "%s", c.stderr_);
+    qd_safetensors *out = must_open(out_file(&c, "model.safetensors"));
+    static const char *const extra[] = {"lm_head", "model.embed_tokens", "model.layers.0.mlp.gate"};
+    for (int i = 0; i < 3; i++) {
+        char n[200];
+        snprintf(n, sizeof n, "%s.weight", extra[i]);
+        ck_assert_int_eq(must_find(out, n)->dtype, QD_ST_U8);
+        snprintf(n, sizeof n, "%s.weight_scale_2", extra[i]);
+        must_find(out, n);
+    }
+    ck_assert_int_eq(must_find(out, "model.norm.weight")->dtype, QD_ST_BF16);
+    ck_assert_uint_eq(qd_safetensors_count(out), 9 + 3 * 26);
+    qd_safetensors_close(out);
+    json_t *cfg = load_json(out_file(&c, "hf_quant_config.json"));
+    ck_assert_uint_eq(json_array_size(json_object_get(json_object_get(cfg, "quantization"),
+                                                      "exclude_modules")), 0);
+    json_decref(cfg);
+    rm_tree(c.dir);
+}
+END_TEST
+
+/* K = 24: refused for nvfp4 by default, copied with --all, fine for fp8. */
+START_TEST(test_cli_k_not_multiple_of_16)
+{
+    cli c;
+    cli_init(&c);
+    char in[300], args[700];
+    snprintf(in, sizeof in, "%s/k24.safetensors", c.dir);
+    write_one_linear(in, 24, 1.0f);
+    snprintf(args, sizeof args, "--all --in '%s' --out %%s", in);
+    ck_assert_msg(cli_run(&c, args) == 0, "%s", c.stderr_);
+    qd_safetensors *out = must_open(out_file(&c, "model.safetensors"));
+    ck_assert_int_eq(must_find(out, "model.layers.0.self_attn.q_proj.weight")->dtype, QD_ST_F32);
+    qd_safetensors_close(out);
+    snprintf(args, sizeof args, "--format fp8 --in '%s' --out %%s", in);
+    ck_assert_msg(cli_run(&c, args) == 0, "%s", c.stderr_);
+    out = must_open(out_file(&c, "model.safetensors"));
+    ck_assert_int_eq(must_find(out, "model.layers.0.self_attn.q_proj.weight")->dtype, QD_ST_F8_E4M3);
+    qd_safetensors_close(out);
+    rm_tree(c.dir);
+}
+END_TEST
+
+/* FP8: E4M3 codes [N, K] and F32 row scales [N]; the dequantized weight is
+ * within E4M3's rounding of the input (half an ulp: 2^-4 relative for
+ * normals, 2^-10 * scale for subnormals). */
+START_TEST(test_cli_fp8)
+{
+    cli c;
+    cli_init(&c);
+    char args[600];
+    const char *in_path = qd_test_path(FIX "tiny_moe.safetensors");
+    snprintf(args, sizeof args, "--format fp8 --in '%s' --out %%s", in_path);
+    ck_assert_msg(cli_run(&c, args) == 0, "%s", c.stderr_);
+    qd_safetensors *out = must_open(out_file(&c, "model.safetensors")), *in = must_open(in_path);
+    int nq = 0;
+    for (size_t i = 0; i < qd_safetensors_count(out); i++) {
+        const qd_st_tensor *q = qd_safetensors_at(out, i);
+        if (q->dtype != QD_ST_F8_E4M3)
+            continue;
+        char sn[300];
+        snprintf(sn, sizeof sn, "%s_scale", q->name);
+        const qd_st_tensor *s = must_find(out, sn), *t = must_find(in, q->name);
+        int64_t N = t->shape[0], K = t->shape[1];
+        ck_assert_int_eq(q->shape[0], N);
+        ck_assert_int_eq(q->shape[1], K);
+        ck_assert_int_eq(s->dtype, QD_ST_F32);
+        ck_assert_int_eq(s->ndim, 1);
+        ck_assert_int_eq(s->shape[0], N);
+        float *x = to_f32(t), *sc = to_f32(s);
+        const uint8_t *code = q->data;
+        for (int64_t r = 0; r < N; r++)
+            for (int64_t k = 0; k < K; k++) {
+                double v = x[r * K + k], d = (double)qd_e4m3_to_f32(code[r * K + k]) * sc[r];
+                double tol = fmax(fabs(v) * 0x1p-4, 0x1p-10 * sc[r]) * 1.001;
+                ck_assert_msg(fabs(v - d) <= tol, "%s[%lld,%lld]: %g vs %g", q->name,
+                              (long long)r, (long long)k, v, d);
+            }
+        free(x);
+        free(sc);
+        nq++;
+    }
+    ck_assert_int_eq(nq, 23);
+    qd_safetensors_close(out);
+    qd_safetensors_close(in);
+    json_t *cfg = load_json(out_file(&c, "hf_quant_config.json"));
+    json_t *qc = json_object_get(cfg, "quantization");
+    ck_assert_str_eq(json_string_value(json_object_get(qc, "quant_algo")), "FP8_PER_CHANNEL_PER_TOKEN");
+    ck_assert_ptr_null(json_object_get(qc, "group_size"));
+    json_decref(cfg);
+    rm_tree(c.dir);
+}
+END_TEST
+
 Suite *suite_safetensors(void)
 {
     Suite *s = suite_create("safetensors");
@@ -527,5 +920,16 @@ Suite *suite_safetensors(void)
     tcase_add_test(w, test_write_atomic_failure);
     tcase_add_test(w, test_writer_rejects_bad_entries);
     suite_add_tcase(s, w);
+    TCase *c = tcase_create("cli");
+    tcase_set_timeout(c, 30);
+    tcase_add_test(c, test_cli_help);
+    tcase_add_loop_test(c, test_cli_errors, 0, (int)(sizeof cli_errors / sizeof cli_errors[0]));
+    tcase_add_test(c, test_cli_nvfp4_reference);
+    tcase_add_test(c, test_cli_sharded_input);
+    tcase_add_test(c, test_cli_report);
+    tcase_add_test(c, test_cli_all);
+    tcase_add_test(c, test_cli_k_not_multiple_of_16);
+    tcase_add_test(c, test_cli_fp8);
+    suite_add_tcase(s, c);
     return s;
 }
