@@ -178,6 +178,25 @@ START_TEST(test_bf16_all_patterns)
 }
 END_TEST
 
+/* Random float32 values (every mantissa bit, so sticky bits below BF16 matter):
+ * exponents spread over the formats' ranges, and raw bit patterns. */
+START_TEST(test_f32_random_encoders)
+{
+    rng_state = 77;
+    for (int i = 0; i < 200000; i++) {
+        uint64_t z = rng_next();
+        uint32_t bits = (uint32_t)z;
+        if (i % 2 == 0) /* exponent in [-14, 10]: E4M3 subnormals to past saturation */
+            bits = (bits & 0x807fffffu) | (uint32_t)(127 - 14 + (int)((z >> 32) % 25)) << 23;
+        float v = qd_bits_f32(bits);
+        if (isnan(v))
+            continue;
+        ck_assert_msg(qd_e2m1_from_f32(v) == ref_e2m1(v), "e2m1(%a)", (double)v);
+        ck_assert_msg(qd_e4m3_from_f32(v) == ref_e4m3(v), "e4m3(%a)", (double)v);
+    }
+}
+END_TEST
+
 /* Reference BF16 rounding: the nearer of the two neighbours, ties to the even one. */
 static uint16_t ref_bf16(float f)
 {
@@ -503,6 +522,36 @@ static float canonical_dot(const qd_nvfp4 *a, int64_t m, const qd_nvfp4 *w, int6
     return acc * (a->s_dec[a->per_row ? m : 0] * w->s_dec[w->per_row ? n : 0]);
 }
 
+/* The definition with the blocks in descending order: differs from it when the
+ * test data make the float32 sum order-sensitive. */
+static float reversed_dot(const qd_nvfp4 *a, int64_t m, const qd_nvfp4 *w, int64_t n)
+{
+    float acc = 0.0f;
+    int64_t nb = a->cols / 16;
+    for (int64_t b = nb - 1; b >= 0; b--) {
+        float p = 0.0f;
+        for (int i = 0; i < 16; i++)
+            p = p + qd_e2m1_to_f32(code_at(a, m, b * 16 + i)) *
+                    qd_e2m1_to_f32(code_at(w, n, b * 16 + i));
+        acc = acc + p * (qd_e4m3_to_f32(a->scales[m * nb + b]) *
+                         qd_e4m3_to_f32(w->scales[n * nb + b]));
+    }
+    return acc * (a->s_dec[a->per_row ? m : 0] * w->s_dec[w->per_row ? n : 0]);
+}
+
+/* Normal data with block magnitudes 2^-12..1: block scales span most of E4M3, so
+ * the float32 block sum rounds and its order matters. */
+static float *wide_matrix(int64_t rows, int64_t cols, uint64_t seed)
+{
+    float *x = normal_matrix(rows * cols, seed);
+    for (int64_t b = 0; b < rows * cols / 16; b++) {
+        float s = ldexpf(1.0f, -(int)(rng_next() % 13));
+        for (int i = 0; i < 16; i++)
+            x[b * 16 + i] *= s;
+    }
+    return x;
+}
+
 /* The same block-scaled sum in float64, and the sum of its terms' magnitudes. */
 static double f64_dot(const qd_nvfp4 *a, int64_t m, const qd_nvfp4 *w, int64_t n, double *mag)
 {
@@ -525,9 +574,10 @@ static double f64_dot(const qd_nvfp4 *a, int64_t m, const qd_nvfp4 *w, int64_t n
 START_TEST(test_w4a4_gemm_vs_f64)
 {
     const int64_t M = 13, N = 11, K = 512, nb = K / 16;
-    float *xa = normal_matrix(M * K, 1), *xw = normal_matrix(N * K, 2), *y = malloc(sizeof(float) * M * N);
+    float *xa = wide_matrix(M, K, 1), *xw = wide_matrix(N, K, 2), *y = malloc(sizeof(float) * M * N);
     for (int64_t i = 0; i < M * K; i++)
-        xa[i] *= (float)(1 + i % 7); /* uneven rows and blocks */
+        xa[i] *= (float)(1 + i / K); /* rows of different loudness */
+    int order_sensitive = 0;
     qd_nvfp4 a = quantized(xa, M, K, 1), w = quantized(xw, N, K, 0);
     ck_assert_int_eq(qd_w4a4_gemm(y, &a, &w), QD_OK);
     double worst = 0.0;
@@ -536,6 +586,7 @@ START_TEST(test_w4a4_gemm_vs_f64)
             float yc = canonical_dot(&a, m, &w, n);
             ck_assert_msg(qd_f32_bits(y[m * N + n]) == qd_f32_bits(yc), "y[%lld][%lld] bits",
                           (long long)m, (long long)n);
+            order_sensitive += qd_f32_bits(reversed_dot(&a, m, &w, n)) != qd_f32_bits(yc);
             double mag, yr = f64_dot(&a, m, &w, n, &mag);
             /* nb rounded adds + two final multiplies, each at most 2^-24 relative */
             double bound = (double)(nb + 2) * 0x1p-24 * mag;
@@ -544,6 +595,7 @@ START_TEST(test_w4a4_gemm_vs_f64)
             worst = fmax(worst, e / mag);
         }
     ck_assert(worst > 0.0); /* the float32 sum really rounds: the test can tell */
+    ck_assert_int_gt(order_sensitive, M * N / 4); /* and a wrong block order would show */
     qd_nvfp4 wrong;
     ck_assert_int_eq(qd_nvfp4_alloc(&wrong, 2, 32, 0), QD_OK);
     ck_assert_int_eq(qd_w4a4_gemm(y, &a, &wrong), QD_ERR_SHAPE);
@@ -555,7 +607,7 @@ END_TEST
 START_TEST(test_w4a4_gemm_threads)
 {
     const int64_t M = 37, N = 29, K = 1024;
-    float *xa = normal_matrix(M * K, 3), *xw = normal_matrix(N * K, 4);
+    float *xa = wide_matrix(M, K, 3), *xw = wide_matrix(N, K, 4);
     qd_nvfp4 a = quantized(xa, M, K, 1), w = quantized(xw, N, K, 0);
     float *y[3];
     const int threads[3] = {1, 2, 4};
@@ -832,6 +884,7 @@ Suite *suite_quant(void)
     tcase_add_test(codecs, test_e4m3_boundaries);
     tcase_add_test(codecs, test_bf16_all_patterns);
     tcase_add_test(codecs, test_bf16_rounding);
+    tcase_add_test(codecs, test_f32_random_encoders);
     suite_add_tcase(s, codecs);
     TCase *nvfp4 = tcase_create("nvfp4");
     tcase_add_test(nvfp4, test_golden_vectors);
