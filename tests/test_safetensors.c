@@ -383,7 +383,7 @@ START_TEST(test_write_round_trip)
 {
     char *d = make_tmpdir();
     char path[512];
-    snprintf(path, sizeof path, "%s/out.safetensors", d);
+    snprintf(path, sizeof path, "%s/model.safetensors", d);
     static const uint8_t u8[5] = {9, 8, 7, 6, 5};
     static const float f32[6] = {1.5f, -2.0f, 0.0f, -0.0f, 1e-40f, 3.0e38f};
     static const uint16_t bf16[3] = {0x3f80, 0xc000, 0x7f80};
@@ -413,7 +413,7 @@ START_TEST(test_write_round_trip)
     ck_assert_uint_eq(n, 8 + hlen + 5 + 24 + 6 + 4);
     ck_assert_int_eq(raw[8], '{');
 
-    qd_safetensors *f = must_open(path);
+    qd_safetensors *f = must_open(d);   /* a directory opens its model.safetensors */
     ck_assert_uint_eq(qd_safetensors_count(f), 5);
     ck_assert_str_eq(qd_safetensors_metadata_get(f, "format"), "pt");
     ck_assert_uint_eq(qd_safetensors_metadata_count(f), 1);
