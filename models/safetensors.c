@@ -794,7 +794,8 @@ qd_status qd_safetensors_writer_add_steal(qd_safetensors_writer *w, const char *
     e->name = copy;
     e->dtype = dt;
     e->ndim = ndim;
-    memcpy(e->shape, shape, (size_t)ndim * sizeof *shape);
+    if (ndim)
+        memcpy(e->shape, shape, (size_t)ndim * sizeof *shape);
     e->nbytes = nbytes;
     e->data = data;
     e->owned = data;
