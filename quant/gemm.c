@@ -1,7 +1,7 @@
 /* The canonical W4A4 product (docs/numerics.md §3) on the CPU.
  *
  * Per output, blocks are visited in ascending order: the block sum p is exact
- * (integer multiples of 1/4 below 2^12), p * (sa * sw) is exact (at most 20
+ * (a multiple of 1/4 below 2^10), p * (sa * sw) is exact (at most 20
  * significant bits), so the only roundings are the accumulating add, and the
  * final two multiplies. Any backend that keeps this block order gets these bits. */
 #include "quant/quant.h"

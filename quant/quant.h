@@ -80,7 +80,7 @@ qd_status qd_rac_error_accumulate(double *err, const float *x, int64_t rows, int
  * ascending into channels (room for K); returns their count, or -1 (message set)
  * when ratio is outside [0, 1], K is not a multiple of 16 or an err is not finite.
  * floor() allows 1e-9 of slack so that ratio*K just below a multiple of 16 in
- * binary (0.3*160) still counts as that multiple. */
+ * binary (0.29*1600) still counts as that multiple. */
 int64_t qd_rac_select(int64_t *channels, const double *err, int64_t K, double ratio);
 /* Augmented activations (rows, K+n): [quantize(x), quantize_with(S_enc(x), r[S])].
  * out is allocated by the caller with shape (rows, K+n); its per_row picks the
