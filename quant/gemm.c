@@ -1,29 +1,28 @@
 /* The canonical W4A4 product (docs/numerics.md §3) on the CPU.
  *
  * Per output, blocks are visited in ascending order: the block sum p is exact
- * (integer multiples of 1/4 below 2^12), p * (sa * sw) is exact (at most 20
+ * (a multiple of 1/4 below 2^10), p * (sa * sw) is exact (at most 20
  * significant bits), so the only roundings are the accumulating add, and the
  * final two multiplies. Any backend that keeps this block order gets these bits. */
 #include "quant/quant.h"
 
-/* E2M1 magnitudes in halves: {0, .5, 1, 1.5, 2, 3, 4, 6} * 2. */
-static const int8_t e2m1_halves[8] = {0, 1, 2, 3, 4, 6, 8, 12};
-
-/* Signed value of a code, in halves. */
-static int code_halves(uint8_t code)
-{
-    int v = e2m1_halves[code & 7];
-    return (code & 8) ? -v : v;
-}
+/* Signed E2M1 value of code c in halves: {0, .5, 1, 1.5, 2, 3, 4, 6} * 2. */
+#define HALVES(c) (((c) & 8 ? -1 : 1) * \
+                   ((c) % 8 < 5 ? (c) % 8 : (c) % 8 == 5 ? 6 : (c) % 8 == 6 ? 8 : 12))
+/* prod_quarters[a << 4 | w]: the product of codes a and w in units of 1/4. */
+#define PQ(i) (int16_t)(HALVES((i) >> 4) * HALVES((i) & 15))
+#define PQ4(i) PQ(i), PQ((i) + 1), PQ((i) + 2), PQ((i) + 3)
+#define PQ16(i) PQ4(i), PQ4((i) + 4), PQ4((i) + 8), PQ4((i) + 12)
+#define PQ64(i) PQ16(i), PQ16((i) + 16), PQ16((i) + 32), PQ16((i) + 48)
+static const int16_t prod_quarters[256] = {PQ64(0), PQ64(64), PQ64(128), PQ64(192)};
 
 /* Sum of the 16 products of one block pair, in quarters: |sum| <= 16*144. */
 static int block_sum_quarters(const uint8_t *a, const uint8_t *w)
 {
     int s = 0;
-    for (int i = 0; i < QD_NVFP4_BLOCK / 2; i++) {
-        s += code_halves(a[i] & 0xf) * code_halves(w[i] & 0xf);
-        s += code_halves(a[i] >> 4) * code_halves(w[i] >> 4);
-    }
+    for (int i = 0; i < QD_NVFP4_BLOCK / 2; i++)
+        s += prod_quarters[(a[i] & 0xf) << 4 | (w[i] & 0xf)] +
+             prod_quarters[(a[i] & 0xf0) | w[i] >> 4];
     return s;
 }
 

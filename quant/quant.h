@@ -34,7 +34,8 @@ qd_status qd_amax(float *amax, const float *x, int64_t n);
  * The whole input is checked first: on a non-finite value q is left untouched. */
 qd_status qd_nvfp4_quantize(qd_nvfp4 *q, const float *x);
 /* Quantizes rows of x with given global encode scales (one per row, or one if
- * !q->per_row) instead of their own amax: RAC's residual blocks (§5). */
+ * !q->per_row) instead of their own amax: RAC's residual blocks (§5). Each s_enc
+ * must be finite and > 0 (QD_ERR_ARG); q->s_dec gets S_dec(s_enc). */
 qd_status qd_nvfp4_quantize_with(qd_nvfp4 *q, const float *x, const float *s_enc);
 /* Row helpers (ggml-style reference names): one row of k elements (k a multiple
  * of 16) with the scope's encode scale -> codes (k/2) and scales (k/16); and back,
@@ -63,7 +64,9 @@ void qd_fp8_dequantize_rows(float *out, const uint8_t *q, const float *scale_inv
 
 /* The canonical W4A4 product (§3): y (M, N) = A (M, K) . W (N, K)^T.
  * OpenMP over outputs; the per-output block order is fixed, so the bits do not
- * depend on the thread count. A and W must have the same cols. */
+ * depend on the thread count. A and W must have the same cols (QD_ERR_SHAPE).
+ * Each side's S_dec is per row or per tensor as its per_row says (normally A per
+ * row, W per tensor). */
 qd_status qd_w4a4_gemm(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
 /* FP8 product: y = (sum over k ascending of qa*qw) * (sa_inv[m] * sw_inv[n]). */
 void qd_fp8_gemm(float *y, const uint8_t *qa, const float *sa_inv, const uint8_t *qw,
@@ -77,7 +80,7 @@ qd_status qd_rac_error_accumulate(double *err, const float *x, int64_t rows, int
  * ascending into channels (room for K); returns their count, or -1 (message set)
  * when ratio is outside [0, 1], K is not a multiple of 16 or an err is not finite.
  * floor() allows 1e-9 of slack so that ratio*K just below a multiple of 16 in
- * binary (0.3*160) still counts as that multiple. */
+ * binary (0.29*1600) still counts as that multiple. */
 int64_t qd_rac_select(int64_t *channels, const double *err, int64_t K, double ratio);
 /* Augmented activations (rows, K+n): [quantize(x), quantize_with(S_enc(x), r[S])].
  * out is allocated by the caller with shape (rows, K+n); its per_row picks the

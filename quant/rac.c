@@ -49,8 +49,8 @@ static int by_index(const void *pa, const void *pb)
     return (a > b) - (a < b);
 }
 
-/* floor(ratio*K/16)*16 with a tolerance, so that ratio = 0.3, K = 160 gives 48 and
- * not 32 when ratio*K lands just below a multiple of 16 in binary. */
+/* floor(ratio*K/16)*16 with a tolerance: ratio = 0.29, K = 1600 is 464 channels on
+ * paper, but 0.29*1600/16 is 28.999999999999996 in binary. */
 static int64_t rac_count(double ratio, int64_t K)
 {
     double blocks = ratio * (double)K / QD_NVFP4_BLOCK;

@@ -150,7 +150,8 @@ def main():
     with open(out + ".tmp", "wb") as f:
         f.write(blob)
     os.replace(out + ".tmp", out)
-    print(f"{len(recs)} cases, {len(blob)} bytes -> {out}")
+    print(f"numpy {np.__version__}, ml_dtypes {ml_dtypes.__version__}: "
+          f"{len(recs)} cases, {len(blob)} bytes -> {out}")
     print("sha256", hashlib.sha256(blob).hexdigest())
 
 
