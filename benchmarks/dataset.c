@@ -363,9 +363,10 @@ static qd_status csv_row(const char *p, const char *stop, json_t *header, json_t
         return QD_OK;
     }
     if (json_array_size(cells) != json_array_size(header)) {
+        qd_status st = qd_error(QD_ERR_FORMAT, "%s: line %zu: %zu cells, header has %zu", w->name, w->line,
+                                json_array_size(cells), json_array_size(header));
         json_decref(cells);
-        return qd_error(QD_ERR_FORMAT, "%s: line %zu: %zu cells, header has %zu", w->name, w->line,
-                        json_array_size(cells), json_array_size(header));
+        return st;
     }
     *row = json_object();
     for (size_t i = 0; i < json_array_size(cells); i++)
