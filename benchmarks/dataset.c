@@ -190,7 +190,13 @@ static qd_status opt_text(const json_t *obj, const char *path, const where *w, c
     *out = scalar_text(v, &bad);
     if (bad)
         return field_error(w, path, "is not text");
-    return *out ? QD_OK : qd_error(QD_ERR_NOMEM, "%s: out of memory", w->name);
+    if (!*out)
+        return qd_error(QD_ERR_NOMEM, "%s: out of memory", w->name);
+    if (!**out) { /* evalchemy's AIME 2025 has "solution": "" */
+        free(*out);
+        *out = NULL;
+    }
+    return QD_OK;
 }
 
 static qd_status plain_answer(const json_t *v, const where *w, const char *field, qd_bench_record *r)

@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <curl/curl.h>
+#include <jansson.h>
 #include "config.h"
 #include "benchmarks/fetch.h"
 #include "benchmarks/sha256.h"
@@ -108,6 +109,19 @@ static int on_progress(void *userp, curl_off_t total, curl_off_t now, curl_off_t
         fprintf(stderr, "\r%-28.28s %.1f MB", s->label, now / 1e6);
     }
     return 0;
+}
+
+/* The rows API explains failures in a JSON body {"error": "..."}: keep it
+ * when the hub sent no X-Error-Message. */
+static void body_error(sink *s)
+{
+    if (s->f || !s->buf || s->server_msg[0])
+        return;
+    json_t *j = json_loadb(s->buf, s->len, 0, NULL);
+    const char *e = json_string_value(json_object_get(j, "error"));
+    if (e)
+        snprintf(s->server_msg, sizeof s->server_msg, "%s", e);
+    json_decref(j);
 }
 
 static int retryable(CURLcode rc, long code)
@@ -219,6 +233,8 @@ static qd_status transfer(const char *url, const qd_fetch_opts *o, sink *s)
             st = QD_OK;
             break;
         }
+        if (rc == CURLE_OK)
+            body_error(s);
         describe(what, sizeof what, h, rc, code, s, errbuf);
         if (!retryable(rc, code)) {
             st = qd_error(QD_ERR_NET, "%s: %s", url, what);

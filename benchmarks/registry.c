@@ -11,6 +11,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <jansson.h>
 #include "benchmarks/registry.h"
 #include "benchmarks/sha256.h"
@@ -203,6 +204,9 @@ static qd_status fetch_rows(const qd_bench_info *b, const qd_fetch_opts *o, cons
         }
         if (st == QD_OK && off == 0)
             first_total = total;
+        if (st == QD_OK && o->progress && isatty(STDERR_FILENO))
+            fprintf(stderr, "\r%-28.28s rows %zu/%zu%s", b->name, off + ROWS_PAGE < total ? off + ROWS_PAGE : total,
+                    total, off + ROWS_PAGE >= total ? "\n" : "");
         if (st == QD_OK && total != first_total)
             st = qd_error(QD_ERR_FORMAT, "%s: num_rows_total changed while paging (%zu, then %zu)", url, first_total, total);
     }

@@ -11,7 +11,7 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-        "usage: quads bench list\n"
+        "usage: quads bench list [--verbose]\n"
         "       quads bench fetch [--offline] NAME...\n"
         "       quads bench show [--offline] [--limit N] NAME\n"
         "       quads bench show [--offline] [--limit N] (--file PATH | --url URL)\n"
@@ -35,8 +35,9 @@ static const char *source_name(const qd_bench_info *b)
     return b->source == QD_SRC_FILE ? "file" : b->source == QD_SRC_ROWS ? "rows" : "synthetic";
 }
 
-static int cmd_list(void)
+static int cmd_list(int argc, char **argv)
 {
+    int verbose = argc > 1 && (!strcmp(argv[1], "-v") || !strcmp(argv[1], "--verbose"));
     size_t n;
     const qd_bench_info *r = qd_bench_registry(&n);
     printf("%-14s %-9s %-6s %-7s %-7s %s\n", "NAME", "SOURCE", "ROWS", "SHA256", "CACHED", "LOCATION");
@@ -55,6 +56,9 @@ static int cmd_list(void)
             snprintf(loc, sizeof loc, "%s", b->title);
         printf("%-14s %-9s %-6s %-7s %-7s %s\n", b->name, source_name(b), rows,
                b->sha256 ? "pinned" : "-", b->source == QD_SRC_SYNTH ? "-" : cached ? "yes" : "no", loc);
+        if (verbose)
+            printf("%14s %s; answer field '%s' (%s); %s\n", "", b->title, b->fields.answer ? b->fields.answer : "-",
+                   qd_bench_style_name(b->fields.style), b->note);
     }
     return 0;
 }
@@ -209,7 +213,7 @@ int qd_cmd_bench(int argc, char **argv)
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "list"))
-        return cmd_list();
+        return cmd_list(argc - 1, argv + 1);
     if (!strcmp(argv[1], "fetch"))
         return cmd_fetch(argc - 1, argv + 1, &o);
     if (!strcmp(argv[1], "show"))

@@ -211,11 +211,12 @@ START_TEST(test_cross_source)
     /* AIME 2025 (evalchemy JSONL in a .json) vs MathArena's answer keys. */
     qd_bench_set key, a25;
     answer_key("matharena_aime_2025_I_answers.csv", "matharena_aime_2025_II_answers.csv", &key);
-    load_ok("aime25_evalchemy.json", &(qd_bench_fields){"problem", "answer", NULL, "id", QD_ANSWER_PLAIN}, &a25);
+    load_ok("aime25_evalchemy.json", &(qd_bench_fields){"problem", "answer", "solution", "id", QD_ANSWER_PLAIN}, &a25);
     ck_assert_uint_eq(key.n, 30);
     for (size_t i = 0; i < 30; i++)
         ck_assert_str_eq(a25.rec[i].answer, key.rec[i].answer);
     ck_assert_str_eq(a25.rec[15].id, "II-1");
+    ck_assert_ptr_null(a25.rec[0].solution); /* "" there: no solution */
     qd_bench_set_free(&key);
     qd_bench_set_free(&a25);
     /* AIME 2024: Qwen vs MathArena, as integers (SOURCES.md). */
@@ -865,7 +866,7 @@ START_TEST(test_rows_failures)
     b.repo = "t/rows-bad";
     expect_failure(qd_bench_load(&b, &o, &s), "reply lacks field 'rows'");
     b.repo = "t/no-such-dataset";
-    expect_failure(qd_bench_load(&b, &o, &s), "HTTP 404");
+    expect_failure(qd_bench_load(&b, &o, &s), "HTTP 404 (not found): bad request");
     b.repo = "HuggingFaceH4/aime_2024"; /* the registry expects another count */
     b.rows = 31;
     expect_failure(qd_bench_load(&b, &o, &s), "the rows API reports 30 rows, the registry expects 31");
@@ -889,6 +890,49 @@ START_TEST(test_load_url)
     qd_bench_set_free(&s);
     ck_assert_int_eq(hits(p), 1);
     ck_assert_int_eq(cache_files(), 2);
+}
+END_TEST
+
+/* Runs the quads program (built by make before make check); returns its exit
+ * status and its stdout+stderr in out. */
+static int run_quads(const char *args, char *out, size_t n)
+{
+    const char *bd = getenv("QD_BUILDDIR");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s/quads %s 2>&1", bd ? bd : ".", args);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t k = fread(out, 1, n - 1, p);
+    out[k] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+START_TEST(test_cli)
+{
+    char out[65536], want[1024];
+    ck_assert_int_eq(run_quads("bench fetch aime24 math500", out, sizeof out), 0);
+    snprintf(want, sizeof want, "aime24\t%s/rows/HuggingFaceH4/aime_2024/default/train.jsonl\t30 records\n", cache);
+    ck_assert_msg(strstr(out, want), "got: %s", out);
+    ck_assert_ptr_nonnull(strstr(out, "math500\t"));
+    ck_assert_ptr_nonnull(strstr(out, "\t500 records\n"));
+    ck_assert_int_eq(run_quads("bench list", out, sizeof out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "math500        file      500    pinned  yes"));
+    ck_assert_int_eq(run_quads("bench show --offline --limit 1 aime24", out, sizeof out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "\"answer\":\"204\""));
+    ck_assert_int_eq(run_quads("bench show arith1 --split test --count 3 --seed 5", out, sizeof out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "{\"id\":\"test-2\",\"problem\":\"What is "));
+    char args[1024];
+    snprintf(args, sizeof args, "bench show --file %s --field problem=question --style gsm8k --limit 2",
+             fx("gsm8k_test.jsonl"));
+    ck_assert_int_eq(run_quads(args, out, sizeof out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "\"answer\":\"18\""));
+    ck_assert_int_eq(run_quads("bench fetch --offline minerva", out, sizeof out), 1);
+    ck_assert_ptr_nonnull(strstr(out, "offline"));
+    ck_assert_int_eq(run_quads("bench fetch minerva", out, sizeof out), 1);
+    ck_assert_ptr_nonnull(strstr(out, "HTTP 404 (not found): Entry not found"));
+    ck_assert_int_eq(run_quads("bench fetch nope", out, sizeof out), 2);
+    ck_assert_int_eq(run_quads("bench show --field answer x.json", out, sizeof out), 2);
 }
 END_TEST
 
@@ -928,6 +972,7 @@ Suite *suite_benchmarks(void)
     tcase_add_test(tc, test_registry_entries);
     tcase_add_test(tc, test_rows_failures);
     tcase_add_test(tc, test_load_url);
+    tcase_add_test(tc, test_cli);
     suite_add_tcase(s, tc);
     return s;
 }
