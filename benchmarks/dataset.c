@@ -418,6 +418,10 @@ qd_status qd_bench_parse(const char *text, size_t len, const char *name,
     memset(out, 0, sizeof *out);
     if (!fields->answer)
         return qd_error(QD_ERR_ARG, "%s: no answer field named", name);
+    if (len >= 3 && !memcmp(text, "\xef\xbb\xbf", 3)) { /* a UTF-8 byte order mark */
+        text += 3;
+        len -= 3;
+    }
     size_t i = 0;
     while (i < len && isspace((unsigned char)text[i]))
         i++;

@@ -2,6 +2,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,7 @@ typedef struct {
     char head[512];          /* first bytes, for the content checks */
     size_t nhead;
     char server_msg[256];    /* the hub's X-Error-Message header, if any */
+    long retry_after_s;      /* Retry-After (seconds form) of the last response, -1 if none */
     const char *label;       /* progress bar label */
     int show_progress;
     int drawn;               /* a progress line is on screen */
@@ -35,6 +37,7 @@ static qd_status sink_reset(sink *s)
     s->len = 0;
     s->nhead = 0;
     s->server_msg[0] = '\0';
+    s->retry_after_s = -1;
     qd_sha256_init(&s->sha);
     if (s->f && (fflush(s->f) || ftruncate(fileno(s->f), 0) || fseek(s->f, 0, SEEK_SET)))
         return qd_error(QD_ERR_IO, "%s: cannot truncate temporary file: %s", s->label, strerror(errno));
@@ -75,9 +78,17 @@ static size_t on_header(char *p, size_t size, size_t nmemb, void *userp)
 {
     sink *s = userp;
     size_t n = size * nmemb;
-    static const char key[] = "x-error-message:";
-    if (n >= 5 && !strncmp(p, "HTTP/", 5))
+    static const char key[] = "x-error-message:", retry[] = "retry-after:";
+    if (n >= 5 && !strncmp(p, "HTTP/", 5)) {
         s->server_msg[0] = '\0';
+        s->retry_after_s = -1;
+    }
+    if (n > sizeof retry - 1 && !strncasecmp(p, retry, sizeof retry - 1)) {
+        char *end;
+        long v = strtol(p + sizeof retry - 1, &end, 10);
+        if (end != p + sizeof retry - 1 && v >= 0)
+            s->retry_after_s = v;
+    }
     if (n > sizeof key - 1 && !strncasecmp(p, key, sizeof key - 1)) {
         const char *v = p + sizeof key - 1;
         size_t m = n - (sizeof key - 1);
@@ -199,6 +210,9 @@ static void setup(CURL *h, const char *url, const qd_fetch_opts *o, sink *s, cha
     curl_easy_setopt(h, CURLOPT_NOPROGRESS, s->show_progress ? 0L : 1L);
 }
 
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static void init_curl(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
+
 static qd_status offline_error(const char *url)
 {
     return qd_error(QD_ERR_NET, "%s: offline (QUADS_OFFLINE=1 or --offline) and not in the cache", url);
@@ -209,7 +223,7 @@ static qd_status transfer(const char *url, const qd_fetch_opts *o, sink *s)
 {
     if (o->offline)
         return offline_error(url);
-    curl_global_init(CURL_GLOBAL_DEFAULT);
+    pthread_once(&curl_once, init_curl);
     CURL *h = curl_easy_init();
     if (!h)
         return qd_error(QD_ERR_NOMEM, "%s: curl_easy_init failed", url);
@@ -242,7 +256,9 @@ static qd_status transfer(const char *url, const qd_fetch_opts *o, sink *s)
         }
         st = qd_error(QD_ERR_NET, "%s: %s (gave up after %d attempts)", url, what, a);
         if (a < attempts) {
-            sleep_ms(delay);
+            /* A server that says when to come back (429/503) is obeyed, up to a minute. */
+            long wait = s->retry_after_s > 0 ? (s->retry_after_s < 60 ? s->retry_after_s : 60) * 1000 : 0;
+            sleep_ms(wait > delay ? wait : delay);
             delay = delay * 2 < o->max_backoff_ms ? delay * 2 : o->max_backoff_ms;
         }
     }

@@ -1,4 +1,6 @@
 /* quads bench: the benchmark registry, its cache, and a look at any benchmark. */
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,7 +116,7 @@ static void print_record(const qd_bench_record *r)
 typedef struct {
     const char *name, *file, *url;
     qd_bench_fields fields;
-    long limit;
+    uint64_t limit; /* UINT64_MAX: all */
     qd_synth_opts synth;
     qd_split split;
     size_t count;
@@ -133,6 +135,20 @@ static int set_field(qd_bench_fields *f, const char *kv)
     if (slot)
         *slot = eq + 1;
     return slot != NULL;
+}
+
+/* A non-negative decimal integer, all of s. */
+static int parse_count(const char *s, uint64_t *out)
+{
+    char *end;
+    if (*s < '0' || *s > '9')
+        return 0;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (*end || errno)
+        return 0;
+    *out = v;
+    return 1;
 }
 
 /* Parses show's options; returns 0 when they are bad. */
@@ -156,13 +172,18 @@ static int parse_show(int argc, char **argv, show_args *a, qd_fetch_opts *o)
         } else if (!strcmp(argv[i], "--split") && v) {
             if (qd_synth_split_parse(v, &a->split) != QD_OK)
                 return fprintf(stderr, "quads bench: %s\n", qd_last_error()), 0;
-        } else if (!strcmp(argv[i], "--limit") && v)
-            a->limit = strtol(v, NULL, 10);
-        else if (!strcmp(argv[i], "--seed") && v)
-            a->synth.seed = strtoull(v, NULL, 10);
-        else if (!strcmp(argv[i], "--count") && v)
-            a->count = strtoul(v, NULL, 10);
-        else if (argv[i][0] != '-' && !a->name)
+        } else if (!strcmp(argv[i], "--limit") && v) {
+            if (!parse_count(v, &a->limit))
+                return fprintf(stderr, "quads bench: --limit %s: expected a count\n", v), 0;
+        } else if (!strcmp(argv[i], "--seed") && v) {
+            if (!parse_count(v, &a->synth.seed))
+                return fprintf(stderr, "quads bench: --seed %s: expected a non-negative integer\n", v), 0;
+        } else if (!strcmp(argv[i], "--count") && v) {
+            uint64_t c;
+            if (!parse_count(v, &c) || c > 10000000)
+                return fprintf(stderr, "quads bench: --count %s: expected 0..10000000\n", v), 0;
+            a->count = (size_t)c;
+        } else if (argv[i][0] != '-' && !a->name)
             a->name = argv[i], takes = 0;
         else
             return fprintf(stderr, "quads bench: bad option '%s'\n", argv[i]), 0;
@@ -173,7 +194,7 @@ static int parse_show(int argc, char **argv, show_args *a, qd_fetch_opts *o)
 
 static int cmd_show(int argc, char **argv, qd_fetch_opts *o)
 {
-    show_args a = {.fields = {"problem", "answer", "solution", "id", QD_ANSWER_PLAIN}, .limit = -1, .count = 100};
+    show_args a = {.fields = {"problem", "answer", "solution", "id", QD_ANSWER_PLAIN}, .limit = UINT64_MAX, .count = 100};
     if (!parse_show(argc, argv, &a, o)) {
         usage(stderr);
         return 2;
@@ -198,7 +219,7 @@ static int cmd_show(int argc, char **argv, qd_fetch_opts *o)
     }
     if (st != QD_OK)
         return fail();
-    for (size_t i = 0; i < s.n && (a.limit < 0 || (long)i < a.limit); i++)
+    for (size_t i = 0; i < s.n && i < a.limit; i++)
         print_record(&s.rec[i]);
     qd_bench_set_free(&s);
     return 0;

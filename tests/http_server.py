@@ -122,7 +122,9 @@ class Handler(BaseHTTPRequestHandler):
         if how == "flaky500":
             return self.send(500, b"Internal Error", "text/plain") if n == 1 else self.send(200, body)
         if how == "flaky429":
-            return self.send(429, b"slow down", "text/plain") if n == 1 else self.send(200, body)
+            if n == 1:
+                return self.send(429, b"slow down", "text/plain", [("Retry-After", "1")])
+            return self.send(200, body)
         if how == "always503":
             return self.send(503, b"unavailable", "text/plain")
         if how == "cutonce":

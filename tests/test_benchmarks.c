@@ -386,6 +386,11 @@ START_TEST(test_field_paths_and_numbers)
     qd_bench_set s;
     ck_assert_int_eq(qd_bench_parse(t, strlen(t), "dapo.jsonl", &f, &s), QD_OK);
     ck_assert_uint_eq(s.n, 5);
+    qd_bench_set_free(&s);
+    char bom[2048];
+    snprintf(bom, sizeof bom, "\xef\xbb\xbf%s", t);
+    ck_assert_int_eq(qd_bench_parse(bom, strlen(bom), "dapo.jsonl", &f, &s), QD_OK);
+    ck_assert_uint_eq(s.n, 5);
     const char *want[] = {"34", "2.5", "-3", "0.1", "12345678901"};
     for (int i = 0; i < 5; i++)
         ck_assert_str_eq(s.rec[i].answer, want[i]);
@@ -729,7 +734,11 @@ START_TEST(test_fetch_retries)
     /* 500 then 200, 429 then 200, a connection cut mid-body then a whole reply. */
     ck_assert_int_eq(fetch_how("flaky500", AIME24, AIME24_SHA, dest, sizeof dest), QD_OK);
     ck_assert_int_eq(hits("/datasets/t/flaky500/resolve/main/aime24_qwen25math.jsonl"), 2);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     ck_assert_int_eq(fetch_how("flaky429", AIME24, AIME24_SHA, dest, sizeof dest), QD_OK);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    ck_assert_int_ge(t1.tv_sec * 1000 + t1.tv_nsec / 1000000 - (t0.tv_sec * 1000 + t0.tv_nsec / 1000000), 990); /* Retry-After: 1 */
     ck_assert_int_eq(hits("/datasets/t/flaky429/resolve/main/aime24_qwen25math.jsonl"), 2);
     ck_assert_int_eq(fetch_how("cutonce", AIME24, AIME24_SHA, dest, sizeof dest), QD_OK);
     ck_assert_int_eq(hits("/datasets/t/cutonce/resolve/main/aime24_qwen25math.jsonl"), 2);
