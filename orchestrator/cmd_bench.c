@@ -19,7 +19,8 @@ static void usage(FILE *f)
         "       quads bench show [--offline] [--limit N] (--file PATH | --url URL)\n"
         "                        [--field KEY=FIELD]... [--style plain|gsm8k|boxed]\n"
         "       quads bench show [--limit N] [--split train|test] [--seed S] [--count N] SYNTHETIC\n\n"
-        "  KEY is problem, answer, solution or id; FIELD a field path such as prompt.0.content.\n"
+        "  KEY is problem, answer, solution or id; FIELD a field path such as prompt.0.content\n"
+        "  (empty: none, e.g. --field problem= for an answer key).\n"
         "  Files are JSON arrays, JSONL (whatever the extension) or CSV with a header.\n"
         "Environment: QUADS_CACHE (default ~/.cache/quads), QUADS_OFFLINE=1,\n"
         "  HF_ENDPOINT (default https://huggingface.co),\n"
@@ -124,8 +125,9 @@ typedef struct {
 
 static int set_field(qd_bench_fields *f, const char *kv)
 {
+    /* An empty FIELD drops an optional key (answer-key files have no problem). */
     const char *eq = strchr(kv, '=');
-    if (!eq || !eq[1])
+    if (!eq || (!eq[1] && !strncmp(kv, "answer=", 7)))
         return 0;
     size_t k = (size_t)(eq - kv);
     const char **slot = !strncmp(kv, "problem", k) && k == 7 ? &f->problem
@@ -133,7 +135,7 @@ static int set_field(qd_bench_fields *f, const char *kv)
                       : !strncmp(kv, "solution", k) && k == 8 ? &f->solution
                       : !strncmp(kv, "id", k) && k == 2 ? &f->id : NULL;
     if (slot)
-        *slot = eq + 1;
+        *slot = eq[1] ? eq + 1 : NULL;
     return slot != NULL;
 }
 
