@@ -492,7 +492,6 @@ START_TEST(test_synth_splits)
     /* No held-out problem of either seed appears in train; sets have no repeats. */
     size_t n = train.n + test.n + test2.n;
     char **all = malloc(n * sizeof *all);
-    int *from = malloc(n * sizeof *from);
     for (size_t i = 0; i < train.n; i++)
         all[i] = train.rec[i].problem;
     for (size_t i = 0; i < test.n; i++)
@@ -512,7 +511,6 @@ START_TEST(test_synth_splits)
     for (size_t i = 0; i < test.n; i++)
         ck_assert_int_eq(qd_synth_split_of(test.rec[i].problem), QD_SPLIT_TEST);
     free(all);
-    free(from);
     /* Deterministic: the same seed gives the same problems; another seed others. */
     o.seed = 1;
     ck_assert_int_eq(qd_synth_generate(&o, QD_SPLIT_TEST, 2000, &again), QD_OK);
