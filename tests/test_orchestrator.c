@@ -452,6 +452,71 @@ START_TEST(test_gap_metrics)
 }
 END_TEST
 
+/* Reads n numbers of the array member key of doc into out (float). */
+static void fixture_floats(float *out, const json_t *doc, const char *key, size_t n)
+{
+    const json_t *a = json_object_get(doc, key);
+    ck_assert_msg(json_is_array(a) && json_array_size(a) == n, "fixture: %s", key);
+    for (size_t i = 0; i < n; i++)
+        out[i] = (float)json_number_value(json_array_get(a, i));
+}
+
+START_TEST(test_numpy_reference)
+{
+    /* tests/fixtures/grpo_ref.json from tests/ref/grpo_ref.py: numpy's unbiased
+     * std, verl-style vectorized losses, gradients by central differences in
+     * float64, np.corrcoef. */
+    json_error_t err;
+    json_t *doc = json_load_file(qd_test_path("tests/fixtures/grpo_ref.json"), 0, &err);
+    ck_assert_msg(doc != NULL, "grpo_ref.json: %s", err.text);
+    enum { B = 8, G = 4, T = 6, N = B * T };
+    ck_assert_int_eq(json_integer_value(json_object_get(doc, "B")), B);
+    ck_assert_int_eq(json_integer_value(json_object_get(doc, "T")), T);
+    float reward[B], adv_ref[B], adv[B], logp[N], old[N], roll[N], ref[N], maskf[N], coef[N], want[N];
+    uint8_t mask[N];
+    fixture_floats(reward, doc, "reward", B);
+    fixture_floats(adv_ref, doc, "adv", B);
+    fixture_floats(logp, doc, "logp", N);
+    fixture_floats(old, doc, "logp_old", N);
+    fixture_floats(roll, doc, "logp_rollout", N);
+    fixture_floats(ref, doc, "logp_ref", N);
+    fixture_floats(maskf, doc, "mask", N);
+    for (int i = 0; i < N; i++)
+        mask[i] = maskf[i] != 0;
+    ck_assert_int_eq(qd_grpo_advantages(adv, reward, B / G, G, QD_ADV_GRPO, 1e-6), QD_OK);
+    for (int i = 0; i < B; i++)
+        ck_assert_near(adv[i], adv_ref[i], 1e-6);
+    qd_grpo_batch b = {B, T, logp, old, roll, ref, adv_ref, mask};
+    const json_t *cases = json_object_get(doc, "cases"), *c;
+    size_t k;
+    ck_assert_int_eq(json_array_size(cases), 18);
+    json_array_foreach(cases, k, c) {
+        qd_grpo_params p = dapo_params();
+        p.tis_cap = 1.5;
+        p.agg = (qd_loss_agg)qd_grpo_loss_agg_parse(json_string_value(json_object_get(c, "agg")));
+        p.tis = (qd_tis_kind)qd_grpo_tis_parse(json_string_value(json_object_get(c, "tis")));
+        p.kl_coef = json_number_value(json_object_get(c, "kl_coef"));
+        qd_grpo_stats st;
+        ck_assert_int_eq(qd_grpo_loss(coef, &st, &b, &p), QD_OK);
+        ck_assert_near(st.loss, json_number_value(json_object_get(c, "loss")), 1e-9);
+        if (k == 0)
+            ck_assert_near(st.clip_frac, json_number_value(json_object_get(doc, "clip_frac")), 1e-12);
+        fixture_floats(want, c, "coef", N);
+        for (int i = 0; i < N; i++)
+            ck_assert_msg(fabs(coef[i] - want[i]) <= 1e-6, "case %zu token %d: coef %.9g, numpy %.9g", k, i,
+                          coef[i], want[i]);
+    }
+    qd_gap_stats g;
+    const json_t *gap = json_object_get(doc, "gap");
+    ck_assert_int_eq(qd_grpo_gap(&g, logp, roll, NULL, mask, B, T), QD_OK);
+    ck_assert_near(g.mean_abs, json_number_value(json_object_get(gap, "mean_abs")), 1e-12);
+    ck_assert_near(g.max_abs, json_number_value(json_object_get(gap, "max_abs")), 1e-12);
+    ck_assert_near(g.k3_kl, json_number_value(json_object_get(gap, "k3_kl")), 1e-12);
+    ck_assert_near(g.pearson, json_number_value(json_object_get(gap, "pearson")), 1e-12);
+    json_decref(doc);
+}
+END_TEST
+
 /* ---- config */
 
 START_TEST(test_config_defaults)
@@ -895,6 +960,7 @@ Suite *suite_orchestrator(void)
     tcase_add_test(math, test_dynamic_sampling);
     tcase_add_test(math, test_overlong_penalty);
     tcase_add_test(math, test_gap_metrics);
+    tcase_add_test(math, test_numpy_reference);
     suite_add_tcase(s, math);
     TCase *files = tcase_create("files");
     tcase_add_checked_fixture(files, tmp_setup, tmp_teardown);
