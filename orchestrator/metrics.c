@@ -45,7 +45,7 @@ qd_status qd_metrics_append(qd_metrics *m, const json_t *obj)
 {
     if (!json_is_integer(json_object_get(obj, "step")))
         return qd_error(QD_ERR_ARG, "%s: metrics line without an integer \"step\"", m->path);
-    char *line = json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+    char *line = json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     if (!line)
         return qd_error(QD_ERR_NOMEM, "%s: serializing metrics", m->path);
     int bad = fputs(line, m->f) == EOF || fputc('\n', m->f) == EOF || fflush(m->f) != 0 ||

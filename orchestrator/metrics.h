@@ -15,7 +15,8 @@ typedef struct qd_metrics qd_metrics;
 /* Opens path for appending (created if missing). On resume call
  * qd_metrics_truncate first: it also removes a line torn by a crash. */
 qd_status qd_metrics_open(qd_metrics **m, const char *path);
-/* Appends obj (it must hold an integer "step") as one compact line, then
+/* Appends obj (it must hold an integer "step") as one compact line (reals
+ * with 17 significant digits: they read back bit for bit), then
  * fflush and fsync, so a crash after return never loses the step. */
 qd_status qd_metrics_append(qd_metrics *m, const json_t *obj);
 void qd_metrics_close(qd_metrics *m);

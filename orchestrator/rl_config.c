@@ -1,5 +1,6 @@
 /* The knob table, loading (JSON file, --set) with typed validation, getters,
  * the JSON dump and the derived batch numbers. */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -438,23 +439,76 @@ json_t *qd_config_schema_json(void)
     return root;
 }
 
+/* The shortest %g text of x that reads back as x, with ".0" when it would read
+ * as an integer (so 1e-5 is written "1e-05", not "1.0000000000000001e-05"). */
+static void format_real(char *buf, size_t n, double x)
+{
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, n, "%.*g", prec, x);
+        if (strtod(buf, NULL) == x)
+            break;
+    }
+    if (strcspn(buf, ".en") == strlen(buf))
+        strncat(buf, ".0", n - strlen(buf) - 1);
+}
+
+/* One knob's value as JSON text (strings escaped by jansson); NULL on out of memory. */
+static char *value_text(const qd_config *cfg, size_t i)
+{
+    char buf[64];
+    const value *v = &cfg->v[i];
+    switch (knobs[i].type) {
+    case QD_CFG_INT: snprintf(buf, sizeof buf, "%lld", (long long)v->i); return strdup(buf);
+    case QD_CFG_FLOAT: format_real(buf, sizeof buf, v->f); return strdup(buf);
+    case QD_CFG_BOOL: return strdup(v->b ? "true" : "false");
+    default: {
+        json_t *j = json_string(v->s);
+        char *text = j ? json_dumps(j, JSON_ENCODE_ANY) : NULL;
+        json_decref(j);
+        return text;
+    }
+    }
+}
+
+/* The resolved config as indented JSON text, sections in schema order
+ * (open_memstream buffer in *text, length in *len). */
+static qd_status config_text(const qd_config *cfg, char **text, size_t *len)
+{
+    FILE *f = open_memstream(text, len);
+    if (!f)
+        return qd_error(QD_ERR_NOMEM, "config: serializing");
+    int bad = 0;
+    fputs("{", f);
+    for (size_t i = 0; i < N_KNOBS; i++) {
+        const char *dot = strchr(knobs[i].key, '.');
+        int sec_len = (int)(dot - knobs[i].key);
+        int new_section = i == 0 || strncmp(knobs[i - 1].key, knobs[i].key, (size_t)sec_len + 1) != 0;
+        char *val = value_text(cfg, i);
+        bad |= val == NULL;
+        if (new_section)
+            fprintf(f, "%s\n  \"%.*s\": {\n", i ? "\n  }," : "", sec_len, knobs[i].key);
+        else
+            fputs(",\n", f);
+        fprintf(f, "    \"%s\": %s", dot + 1, val ? val : "null");
+        free(val);
+    }
+    fputs("\n  }\n}\n", f);
+    if (fclose(f) != 0 || bad) {
+        free(*text);
+        return qd_error(QD_ERR_NOMEM, "config: serializing");
+    }
+    return QD_OK;
+}
+
 qd_status qd_config_save(const qd_config *cfg, const char *path)
 {
-    json_t *root = qd_config_to_json(cfg);
-    char *text = root ? json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17)) : NULL;
-    json_decref(root);
-    if (!text)
-        return qd_error(QD_ERR_NOMEM, "%s: serializing the config", path);
-    size_t n = strlen(text);
-    char *line = realloc(text, n + 2);
-    if (!line) {
-        free(text);
-        return qd_error(QD_ERR_NOMEM, "%s: serializing the config", path);
-    }
-    line[n] = '\n';
-    line[n + 1] = '\0';
-    qd_status st = qd_atomic_write(path, line, n + 1);
-    free(line);
+    char *text;
+    size_t len;
+    qd_status st = config_text(cfg, &text, &len);
+    if (st != QD_OK)
+        return st;
+    st = qd_atomic_write(path, text, len);
+    free(text);
     return st;
 }
 

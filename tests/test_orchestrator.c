@@ -663,11 +663,17 @@ START_TEST(test_config_save_and_summary)
     qd_config *cfg = qd_config_new(), *back = qd_config_new();
     ck_assert_int_eq(qd_config_set(cfg, "trainer.lr=3.3e-7"), QD_OK);
     ck_assert_int_eq(qd_config_set(cfg, "rollout.prompts_per_step=4"), QD_OK);
+    ck_assert_int_eq(qd_config_set(cfg, "data.task=say \"hi\"\\n"), QD_OK); /* escaped on the way out */
     ck_assert_int_eq(qd_config_save(cfg, tmp_path("config.json")), QD_OK);
     ck_assert_int_eq(dir_entries(tmpdir), 1); /* no temp file left */
     const char *text = read_file(tmp_path("config.json"));
     ck_assert_int_eq(text[strlen(text) - 1], '\n');
     ck_assert_ptr_nonnull(strstr(text, "\"trainer\": {"));
+    /* Shortest round-trip reals: 3.3e-07, not 3.2999999999999999e-07. */
+    ck_assert_ptr_nonnull(strstr(text, "    \"lr\": 3.3e-07,\n"));
+    ck_assert_ptr_nonnull(strstr(text, "    \"clip_low\": 0.2,\n"));
+    ck_assert_ptr_nonnull(strstr(text, "    \"temperature\": 1.0,\n"));
+    ck_assert_ptr_nonnull(strstr(text, "    \"name\": \"quads\",\n"));
     ck_assert_int_eq(qd_config_load_file(back, tmp_path("config.json")), QD_OK);
     json_t *a = qd_config_to_json(cfg), *b = qd_config_to_json(back);
     ck_assert(json_equal(a, b));
