@@ -18,6 +18,10 @@ static int parse(const char *s, const char *const *names, int n)
 int qd_grpo_adv_kind_parse(const char *s) { return parse(s, (const char *const[]){"grpo", "dr_grpo"}, 2); }
 int qd_grpo_kl_type_parse(const char *s) { return parse(s, (const char *const[]){"k1", "k2", "k3"}, 3); }
 int qd_grpo_tis_parse(const char *s) { return parse(s, (const char *const[]){"none", "tis", "masked"}, 3); }
+int qd_grpo_lr_schedule_parse(const char *s)
+{
+    return parse(s, (const char *const[]){"constant", "cosine", "linear"}, 3);
+}
 int qd_grpo_loss_agg_parse(const char *s)
 {
     return parse(s, (const char *const[]){"token_mean", "seq_mean_token_sum", "seq_mean_token_mean"}, 3);
@@ -276,4 +280,17 @@ qd_status qd_grpo_gap(qd_gap_stats *g, const float *lt, const float *lr, const f
     g->pearson = pearson(n, sx, sy, sxx, syy, sxy);
     g->entropy = entropy && n > 0 ? sent / n : NAN;
     return QD_OK;
+}
+
+double qd_grpo_lr(qd_lr_schedule sched, double peak, double min_ratio, int64_t warmup, int64_t total, int64_t s)
+{
+    if (s < warmup)
+        return peak * (double)(s + 1) / (double)warmup;
+    double p = total > warmup ? (double)(s - warmup) / (double)(total - warmup) : 1.0;
+    p = p > 1.0 ? 1.0 : p;
+    switch (sched) {
+    case QD_LR_LINEAR: return peak * (1.0 - (1.0 - min_ratio) * p);
+    case QD_LR_COSINE: return peak * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + cos(M_PI * p)));
+    default: return peak;
+    }
 }

@@ -104,11 +104,21 @@ typedef struct {
 qd_status qd_grpo_gap(qd_gap_stats *g, const float *logp_trainer, const float *logp_rollout,
                       const float *entropy, const uint8_t *mask, int64_t B, int64_t T);
 
+typedef enum { QD_LR_CONSTANT, QD_LR_COSINE, QD_LR_LINEAR } qd_lr_schedule;
+
+/* The learning rate of optimizer step s (0-based) of total: linear warmup
+ * peak * (s + 1) / warmup for s < warmup (the first step is not wasted on lr 0),
+ * then with p = (s - warmup) / (total - warmup) in [0, 1]:
+ * constant peak; linear peak (1 - (1 - m) p); cosine peak (m + (1 - m)(1 + cos(pi p))/2),
+ * m = min_ratio. */
+double qd_grpo_lr(qd_lr_schedule sched, double peak, double min_ratio, int64_t warmup, int64_t total, int64_t s);
+
 /* Names of the enums as in the config ("grpo", "token_mean", "k3", "masked", ...);
  * -1 for an unknown name. */
 int qd_grpo_adv_kind_parse(const char *s);
 int qd_grpo_loss_agg_parse(const char *s);
 int qd_grpo_kl_type_parse(const char *s);
 int qd_grpo_tis_parse(const char *s);
+int qd_grpo_lr_schedule_parse(const char *s);
 
 #endif

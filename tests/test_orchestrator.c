@@ -517,6 +517,25 @@ START_TEST(test_numpy_reference)
 }
 END_TEST
 
+START_TEST(test_lr_schedule)
+{
+    /* peak 1e-3, warmup 4, 14 steps, min ratio 0.1. Warmup: s = 0 -> 1/4 peak,
+     * s = 3 -> peak. After it p = (s - 4)/10: s = 6 -> p = 0.2:
+     *   linear 1 - 0.9 * 0.2 = 0.82; cosine 0.1 + 0.9 * (1 + cos(0.2 pi))/2
+     *   = 0.1 + 0.45 * 1.809016994 = 0.9140576475; s = 14 -> p = 1: 0.1 for both. */
+    ck_assert_near(qd_grpo_lr(QD_LR_COSINE, 1e-3, 0.1, 4, 14, 0), 2.5e-4, 1e-15);
+    ck_assert_near(qd_grpo_lr(QD_LR_COSINE, 1e-3, 0.1, 4, 14, 3), 1e-3, 1e-15);
+    ck_assert_near(qd_grpo_lr(QD_LR_COSINE, 1e-3, 0.1, 4, 14, 4), 1e-3, 1e-15);
+    ck_assert_near(qd_grpo_lr(QD_LR_COSINE, 1e-3, 0.1, 4, 14, 6), 0.9140576475e-3, 1e-12);
+    ck_assert_near(qd_grpo_lr(QD_LR_LINEAR, 1e-3, 0.1, 4, 14, 6), 0.82e-3, 1e-15);
+    ck_assert_near(qd_grpo_lr(QD_LR_COSINE, 1e-3, 0.1, 4, 14, 14), 1e-4, 1e-15);
+    ck_assert_near(qd_grpo_lr(QD_LR_LINEAR, 1e-3, 0.1, 4, 14, 20), 1e-4, 1e-15);
+    ck_assert_near(qd_grpo_lr(QD_LR_CONSTANT, 1e-3, 0.1, 0, 14, 9), 1e-3, 0);
+    ck_assert_int_eq(qd_grpo_lr_schedule_parse("cosine"), QD_LR_COSINE);
+    ck_assert_int_eq(qd_grpo_lr_schedule_parse("exp"), -1);
+}
+END_TEST
+
 /* ---- config */
 
 START_TEST(test_config_defaults)
@@ -546,6 +565,31 @@ START_TEST(test_config_defaults)
     ck_assert_double_eq(json_real_value(json_object_get(ch, "default")), 0.28);
     json_decref(schema);
     qd_config_free(cfg);
+}
+END_TEST
+
+START_TEST(test_config_enums_match_grpo)
+{
+    /* Every choice the config admits has its grpo enum (params_from_config relies on it). */
+    const struct { const char *key; int (*parse)(const char *); } maps[] = {
+        {"algo.advantage", qd_grpo_adv_kind_parse}, {"algo.loss_agg", qd_grpo_loss_agg_parse},
+        {"algo.kl_type", qd_grpo_kl_type_parse}, {"algo.tis", qd_grpo_tis_parse},
+        {"trainer.lr_schedule", qd_grpo_lr_schedule_parse},
+    };
+    size_t n;
+    const qd_cfg_knob *k = qd_config_schema(&n);
+    for (size_t m = 0; m < sizeof maps / sizeof maps[0]; m++) {
+        size_t i = 0;
+        while (i < n && strcmp(k[i].key, maps[m].key) != 0)
+            i++;
+        ck_assert_int_lt(i, n);
+        char choices[256];
+        snprintf(choices, sizeof choices, "%s", k[i].choices);
+        int count = 0;
+        for (char *save, *c = strtok_r(choices, "|", &save); c; c = strtok_r(NULL, "|", &save), count++)
+            ck_assert_msg(maps[m].parse(c) == count, "%s: %s", maps[m].key, c);
+        ck_assert_int_ge(count, 2);
+    }
 }
 END_TEST
 
@@ -967,10 +1011,12 @@ Suite *suite_orchestrator(void)
     tcase_add_test(math, test_overlong_penalty);
     tcase_add_test(math, test_gap_metrics);
     tcase_add_test(math, test_numpy_reference);
+    tcase_add_test(math, test_lr_schedule);
     suite_add_tcase(s, math);
     TCase *files = tcase_create("files");
     tcase_add_checked_fixture(files, tmp_setup, tmp_teardown);
     tcase_add_test(files, test_config_defaults);
+    tcase_add_test(files, test_config_enums_match_grpo);
     tcase_add_test(files, test_config_file);
     tcase_add_test(files, test_config_file_errors);
     tcase_add_test(files, test_config_overrides);
