@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "orchestrator/atomic.h"
+#include "orchestrator/metrics.h"
 #include "orchestrator/svg.h"
 
 /* Colour-blind-safe palette (Okabe & Ito, 2008). */
@@ -199,5 +200,27 @@ qd_status qd_svg_write(const char *path, const qd_svg_plot *plot, const qd_svg_s
     if (st == QD_OK)
         st = qd_atomic_write(path, text, strlen(text));
     free(text);
+    return st;
+}
+
+qd_status qd_svg_write_metric(const char *path, const qd_svg_plot *plot, const char *key,
+                              const char *const *metrics, const char *const *names, int n_runs)
+{
+    qd_svg_series *s = calloc((size_t)(n_runs > 0 ? n_runs : 1), sizeof *s);
+    if (!s)
+        return qd_error(QD_ERR_NOMEM, "%s", path);
+    qd_status st = QD_OK;
+    for (int i = 0; st == QD_OK && i < n_runs; i++) {
+        double *x, *y;
+        st = qd_metrics_read_series(metrics[i], key, &x, &y, &s[i].n);
+        s[i] = (qd_svg_series){names[i], x, y, s[i].n};
+    }
+    if (st == QD_OK)
+        st = qd_svg_write(path, plot, s, n_runs);
+    for (int i = 0; i < n_runs; i++) {
+        free((double *)s[i].x);
+        free((double *)s[i].y);
+    }
+    free(s);
     return st;
 }

@@ -24,6 +24,12 @@ qd_status qd_svg_render(char **out, const qd_svg_plot *plot, const qd_svg_series
 /* qd_svg_render written to path atomically. */
 qd_status qd_svg_write(const char *path, const qd_svg_plot *plot, const qd_svg_series *series, int n_series);
 
+/* One plot of metric key over steps with one series per run: metrics[i] is
+ * the path of a metrics.jsonl, names[i] its legend text (series read by
+ * qd_metrics_read_series). Written to path atomically. */
+qd_status qd_svg_write_metric(const char *path, const qd_svg_plot *plot, const char *key,
+                              const char *const *metrics, const char *const *names, int n_runs);
+
 /* "Nice" axis ticks covering [lo, hi]: a step of 1, 2 or 5 times a power of ten
  * giving at most max_ticks ticks; *first is the first tick <= lo and the count is
  * returned. lo == hi is widened by one unit around the value. */

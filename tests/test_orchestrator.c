@@ -977,7 +977,8 @@ END_TEST
 
 START_TEST(test_svg_from_metrics)
 {
-    const char *p = tmp_path("metrics.jsonl");
+    char p[256];
+    snprintf(p, sizeof p, "%s", tmp_path("metrics.jsonl"));
     append_steps(p, 1, 5);
     double *x, *y;
     int64_t n;
@@ -991,6 +992,21 @@ START_TEST(test_svg_from_metrics)
     ck_assert_int_eq(dir_entries(tmpdir), 2);
     free(x), free(y);
     ck_assert_int_eq(qd_metrics_read_series(tmp_path("none.jsonl"), "reward", &x, &y, &n), QD_ERR_IO);
+    /* Two runs in one plot: a legend entry and a line each (pass@1 has a null at step 2). */
+    char other[256];
+    snprintf(other, sizeof other, "%s", tmp_path("b.jsonl"));
+    append_steps(other, 1, 3);
+    const char *const files[2] = {p, other}, *const names[2] = {"run a", "run b"};
+    plot.title = "pass@1";
+    ck_assert_int_eq(qd_svg_write_metric(tmp_path("pass.svg"), &plot, "pass@1", files, names, 2), QD_OK);
+    svg = read_file(tmp_path("pass.svg"));
+    ck_assert(svg_well_formed(svg));
+    ck_assert_ptr_nonnull(strstr(svg, ">run a</text>"));
+    ck_assert_ptr_nonnull(strstr(svg, ">run b</text>"));
+    ck_assert_int_eq(count_substr(svg, "<polyline"), 2);
+    snprintf(other, sizeof other, "%s", tmp_path("none.jsonl"));
+    ck_assert_int_eq(qd_svg_write_metric(tmp_path("x.svg"), &plot, "pass@1", files, names, 2), QD_ERR_IO);
+    ck_assert_ptr_nonnull(strstr(qd_last_error(), "none.jsonl"));
 }
 END_TEST
 
