@@ -78,6 +78,8 @@ qd_status qd_atomic_write(const char *path, const void *buf, size_t n)
 qd_status qd_mkdirs(const char *path)
 {
     char buf[4096];
+    if (*path == '\0')
+        return qd_error(QD_ERR_ARG, "mkdir: empty path");
     if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
         return qd_error(QD_ERR_ARG, "%s: path too long", path);
     for (char *p = buf + 1; ; p++) {

@@ -782,6 +782,9 @@ START_TEST(test_ckpt_rotate)
     ck_assert_int_eq(qd_ckpt_latest(tmpdir, &latest), QD_OK);
     ck_assert_int_eq(latest, 50);
     ck_assert_int_eq(qd_ckpt_rotate(tmpdir, 0, NULL), QD_ERR_ARG);
+    ck_assert_int_eq(qd_mkdirs(""), QD_ERR_ARG);
+    ck_assert_int_eq(qd_mkdirs(tmp_path("metrics.jsonl")), QD_ERR_IO); /* a file, not a directory */
+    ck_assert_int_eq(qd_ckpt_path(path, sizeof path, tmpdir, -1), QD_ERR_ARG);
 }
 END_TEST
 
