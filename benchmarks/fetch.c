@@ -14,6 +14,7 @@
 #include <jansson.h>
 #include "config.h"
 #include "benchmarks/fetch.h"
+#include "orchestrator/atomic.h"
 #include "benchmarks/sha256.h"
 
 /* Where the bytes of one transfer go, and what we learn on the way. */
@@ -312,24 +313,6 @@ static void fsync_dir_of(const char *path)
     if (fd >= 0) {
         fsync(fd);
         close(fd);
-    }
-}
-
-qd_status qd_mkdirs(const char *dir)
-{
-    char p[4096];
-    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p)
-        return qd_error(QD_ERR_ARG, "%s: path too long", dir);
-    for (char *s = p + 1;; s++) {
-        if (*s != '/' && *s != '\0')
-            continue;
-        char c = *s;
-        *s = '\0';
-        if (mkdir(p, 0755) && errno != EEXIST)
-            return qd_error(QD_ERR_IO, "%s: cannot create folder: %s", p, strerror(errno));
-        *s = c;
-        if (!c)
-            return QD_OK;
     }
 }
 

@@ -37,7 +37,4 @@ qd_status qd_fetch_check_content(const char *name, const char *head, size_t n);
 /* Writes a file atomically: temp file in the same folder, fsync, rename, fsync folder. */
 qd_status qd_write_atomic(const char *path, const void *data, size_t len);
 
-/* mkdir -p. */
-qd_status qd_mkdirs(const char *dir);
-
 #endif
