@@ -348,7 +348,7 @@ static qd_rw_node *chain_interval(ctx *c, const qd_rw_node *r)
 /* What a relation stands for when compared with a non-relation. A
  * prediction "x = ... = v" means v; a gold "lhs = v" means v only when the
  * lhs is a name (so gold "7 = 11a+c" is an equation, not 11a+c). */
-static const qd_rw_node *as_value(ctx *c, const qd_rw_node *r, bool is_gold)
+static const qd_rw_node *as_value(ctx *c, const qd_rw_node *r, bool is_gold, bool other_rel)
 {
     if (r->kind != QD_RW_REL)
         return r;
@@ -359,7 +359,9 @@ static const qd_rw_node *as_value(ctx *c, const qd_rw_node *r, bool is_gold)
         return iv;
     if (!all_ops(r, "=~"))
         return r;
-    if (r->nkids >= 3 || r->ops[0] == QD_RW_APPROX || !is_gold || name_like(r->kids[0]))
+    if (r->nkids >= 3 || r->ops[0] == QD_RW_APPROX)
+        return chain_value(r);
+    if (!other_rel && (!is_gold || name_like(r->kids[0])))
         return chain_value(r);
     return r;
 }
@@ -450,7 +452,7 @@ static int elements(ctx *c, const qd_rw_node *e, const qd_rw_node **out, int cap
     }
     int n = 0;
     for (int i = 0; i < e->nkids && n < cap; i++) {
-        const qd_rw_node *k = as_value(c, e->kids[i], true);
+        const qd_rw_node *k = as_value(c, e->kids[i], true, false);
         if (k->kind == QD_RW_PM && e->kind != QD_RW_TUPLE)
             n += elements(c, k, out + n, cap - n);
         else
@@ -523,10 +525,104 @@ static bool matrix_eq(ctx *c, const qd_rw_node *g, const qd_rw_node *p)
     return true;
 }
 
+#define MAX_CELLS 64
+
+typedef struct {
+    int rows, cols;
+    double v[MAX_CELLS]; /* (rows, cols) row-major */
+} matrix;
+
+static bool has_matrix(const qd_rw_node *e)
+{
+    if (!e)
+        return false;
+    if (e->kind == QD_RW_MATRIX)
+        return true;
+    for (int i = 0; i < e->nkids; i++)
+        if (has_matrix(e->kids[i]))
+            return true;
+    return false;
+}
+
+/* Numeric value of a matrix expression: sums, products, scalar multiples. */
+static bool mat_eval(const qd_rw_node *e, int trial, matrix *m)
+{
+    matrix a, b;
+    switch (e->kind) {
+    case QD_RW_MATRIX:
+        if (e->rows * e->cols > MAX_CELLS || e->nkids != e->rows * e->cols)
+            return false;
+        m->rows = e->rows;
+        m->cols = e->cols;
+        for (int i = 0; i < e->nkids; i++)
+            m->v[i] = eval_num(e->kids[i], trial);
+        return true;
+    case QD_RW_NEG:
+        if (!mat_eval(e->kids[0], trial, m))
+            return false;
+        for (int i = 0; i < m->rows * m->cols; i++)
+            m->v[i] = -m->v[i];
+        return true;
+    case QD_RW_ADD:
+    case QD_RW_SUB:
+        if (!mat_eval(e->kids[0], trial, &a) || !mat_eval(e->kids[1], trial, &b) ||
+            a.rows != b.rows || a.cols != b.cols)
+            return false;
+        *m = a;
+        for (int i = 0; i < a.rows * a.cols; i++)
+            m->v[i] = e->kind == QD_RW_ADD ? a.v[i] + b.v[i] : a.v[i] - b.v[i];
+        return true;
+    case QD_RW_MUL: {
+        bool ma = has_matrix(e->kids[0]), mb = has_matrix(e->kids[1]);
+        if (ma != mb) { /* scalar multiple */
+            double k = eval_num(ma ? e->kids[1] : e->kids[0], trial);
+            if (!mat_eval(ma ? e->kids[0] : e->kids[1], trial, m))
+                return false;
+            for (int i = 0; i < m->rows * m->cols; i++)
+                m->v[i] *= k;
+            return true;
+        }
+        if (!mat_eval(e->kids[0], trial, &a) || !mat_eval(e->kids[1], trial, &b) || a.cols != b.rows ||
+            a.rows * b.cols > MAX_CELLS)
+            return false;
+        m->rows = a.rows;
+        m->cols = b.cols;
+        for (int i = 0; i < a.rows; i++)
+            for (int j = 0; j < b.cols; j++) {
+                double acc = 0;
+                for (int k = 0; k < a.cols; k++)
+                    acc += a.v[i * a.cols + k] * b.v[k * b.cols + j];
+                m->v[i * b.cols + j] = acc;
+            }
+        return true;
+    }
+    default:
+        return false;
+    }
+}
+
+static bool mat_expr_eq(const qd_rw_node *g, const qd_rw_node *p)
+{
+    for (int t = 0; t < TRIALS; t++) {
+        matrix a, b;
+        if (!mat_eval(g, t, &a) || !mat_eval(p, t, &b) || a.rows != b.rows || a.cols != b.cols)
+            return false;
+        for (int i = 0; i < a.rows * a.cols; i++)
+            if (isnan(a.v[i]) || !close_enough(a.v[i], b.v[i]))
+                return false;
+    }
+    return true;
+}
+
 static bool eq(ctx *c, const qd_rw_node *g, const qd_rw_node *p)
 {
     if (g->kind == QD_RW_REL || p->kind == QD_RW_REL) {
-        const qd_rw_node *gv = as_value(c, g, true), *pv = as_value(c, p, false);
+        bool both = g->kind == QD_RW_REL && p->kind == QD_RW_REL;
+        const qd_rw_node *gv = as_value(c, g, true, both), *pv = as_value(c, p, false, both);
+        if (both && (gv->kind == QD_RW_REL) != (pv->kind == QD_RW_REL)) { /* one was a chain */
+            gv = as_value(c, gv, true, false);
+            pv = as_value(c, pv, false, false);
+        }
         if (gv->kind == QD_RW_REL && pv->kind == QD_RW_REL)
             return rel_eq(c, gv, pv);
         if (gv->kind == QD_RW_REL || pv->kind == QD_RW_REL)
@@ -535,8 +631,10 @@ static bool eq(ctx *c, const qd_rw_node *g, const qd_rw_node *p)
     }
     if (g->kind == QD_RW_TEXT || p->kind == QD_RW_TEXT)
         return text_eq(g, p);
-    if (g->kind == QD_RW_MATRIX || p->kind == QD_RW_MATRIX)
-        return g->kind == p->kind && matrix_eq(c, g, p);
+    if (g->kind == QD_RW_MATRIX && p->kind == QD_RW_MATRIX)
+        return matrix_eq(c, g, p);
+    if (has_matrix(g) || has_matrix(p))
+        return mat_expr_eq(g, p);
     if (is_collection(g) || is_collection(p))
         return coll_eq(c, g, p);
     return scalar_eq(g, p);

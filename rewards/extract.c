@@ -125,8 +125,9 @@ static bool only_separators(const char *s, size_t n)
 
 #define MAX_BOXES 64
 
-/* The last box, or the last group of boxes listed together as a set. */
-static char *boxed_answer(const char *text)
+/* The last box, or the last group of boxes listed together as a set; *pos
+ * receives the start of the group. */
+static char *boxed_answer(const char *text, size_t *pos)
 {
     box_span b[MAX_BOXES];
     int n = find_boxes(text, b, MAX_BOXES);
@@ -135,6 +136,7 @@ static char *boxed_answer(const char *text)
     int first = n - 1;
     while (first > 0 && only_separators(text + b[first - 1].end, b[first].start - b[first - 1].end))
         first--;
+    *pos = b[first].start;
     char *res;
     if (first == n - 1) {
         res = unnest(b[n - 1].content);
@@ -184,23 +186,74 @@ static size_t math_span(const char *text, size_t i, size_t *cs, size_t *ce)
     return 0;
 }
 
-/* Last (or, with first=true, first) math span of text[0..n). */
-static char *find_math_span(const char *text, size_t n, bool first)
+typedef struct {
+    size_t start, end, cs, ce;
+} span;
+
+#define MAX_SPANS 256
+
+/* All math spans of text[0..n), in order (the last MAX_SPANS). */
+static int list_spans(const char *text, size_t n, span *out)
 {
-    char *res = NULL;
+    int k = 0;
     for (size_t i = 0; i < n && text[i];) {
         size_t cs, ce, end = (text[i] == '$' || text[i] == '\\') ? math_span(text, i, &cs, &ce) : 0;
         if (!end || end > n) {
             i++;
             continue;
         }
-        free(res);
-        res = qd_rw_strndup(text + cs, ce - cs);
-        if (first)
-            return res;
+        if (k == MAX_SPANS) {
+            memmove(out, out + 1, sizeof *out * (MAX_SPANS - 1));
+            k--;
+        }
+        out[k++] = (span){i, end, cs, ce};
         i = end;
     }
-    return res;
+    return k;
+}
+
+/* Spans [first, last] joined: one content, or a set "\{a,b\}" when several
+ * answers are listed together ("$1$ and $2$"). */
+static char *join_spans(const char *text, const span *sp, int first, int last)
+{
+    if (first == last)
+        return qd_rw_strndup(text + sp[first].cs, sp[first].ce - sp[first].cs);
+    qd_rw_buf o = {0};
+    qd_rw_buf_puts(&o, "\\{");
+    for (int i = first; i <= last; i++) {
+        qd_rw_buf_puts(&o, i > first ? "," : "");
+        qd_rw_buf_putn(&o, text + sp[i].cs, sp[i].ce - sp[i].cs);
+    }
+    qd_rw_buf_puts(&o, "\\}");
+    return qd_rw_buf_steal(&o);
+}
+
+/* The last math span of text[0..n) with the spans listed just before it;
+ * *end receives the end of the last span. */
+static char *last_span_group(const char *text, size_t n, size_t *end)
+{
+    span sp[MAX_SPANS];
+    int k = list_spans(text, n, sp);
+    if (!k)
+        return NULL;
+    int first = k - 1;
+    while (first > 0 && only_separators(text + sp[first - 1].end, sp[first].start - sp[first - 1].end))
+        first--;
+    *end = sp[k - 1].end;
+    return join_spans(text, sp, first, k - 1);
+}
+
+/* The math span opening text (and those listed right after it). */
+static char *leading_span_group(const char *text, size_t n)
+{
+    span sp[MAX_SPANS];
+    int k = list_spans(text, n, sp);
+    if (!k || sp[0].start != 0)
+        return NULL;
+    int last = 0;
+    while (last + 1 < k && only_separators(text + sp[last].end, sp[last + 1].start - sp[last].end))
+        last++;
+    return join_spans(text, sp, 0, last);
 }
 
 /* Start of a number at s[i]: not glued to a preceding letter. */
@@ -216,14 +269,18 @@ static size_t number_at(const char *s, size_t i, size_t n)
                      ((s[j] == ',' || s[j] == '.') && j + 1 < n && isdigit((unsigned char)s[j + 1]) && j > d0) ||
                      (s[j] == '.' && j == d0 && j + 1 < n && isdigit((unsigned char)s[j + 1]))))
         j++;
+    if (j + 1 < n && s[j] == '/' && isdigit((unsigned char)s[j + 1]) && j > d0) /* 2/3 */
+        for (j++; j < n && isdigit((unsigned char)s[j]);)
+            j++;
     bool any = false;
     for (size_t k = d0; k < j; k++)
         any = any || isdigit((unsigned char)s[k]);
     return any ? j : 0;
 }
 
-/* The last number of s[0..n) ("1,000.99", "-5", ".4"), or NULL. */
-static char *last_number(const char *s, size_t n)
+/* The last number of s[0..n) ("1,000.99", "-5", ".4", "2/3"), or NULL;
+ * *pos (when given) receives its start. */
+static char *last_number_at(const char *s, size_t n, size_t *pos)
 {
     char *res = NULL;
     for (size_t i = 0; i < n;) {
@@ -234,10 +291,14 @@ static char *last_number(const char *s, size_t n)
         }
         free(res);
         res = qd_rw_strndup(s + i, e - i);
+        if (pos)
+            *pos = i;
         i = e;
     }
     return res;
 }
+
+static char *last_number(const char *s, size_t n) { return last_number_at(s, n, NULL); }
 
 /* Case-insensitive strstr returning the last match. */
 static const char *last_ci(const char *s, const char *pat)
@@ -260,9 +321,10 @@ static size_t sentence_len(const char *s)
     return i;
 }
 
-/* After "answer is" / "Answer:": the math span it opens with, else the
- * last number of the sentence, else the sentence itself. */
-static char *phrase_answer(const char *text)
+/* After the last "answer is" / "Answer:": the math span(s) it opens with,
+ * else the last number of the sentence, else the sentence itself. *pos
+ * receives the position of the phrase. */
+static char *phrase_answer(const char *text, size_t *pos)
 {
     static const char *const pats[] = {"final answer is", "answer is", "answer:"};
     const char *best = NULL;
@@ -276,17 +338,25 @@ static char *phrase_answer(const char *text)
     }
     if (!best)
         return NULL;
+    *pos = (size_t)(best - text);
     const char *s = best + bl;
-    while (*s == ' ' || *s == ':')
-        s++;
-    size_t cs, ce;
-    if ((*s == '$' || *s == '\\') && math_span(s, 0, &cs, &ce))
-        return qd_rw_strndup(s + cs, ce - cs);
+    for (;;) { /* spaces, colons and quotes, also escaped ones */
+        if (*s == ' ' || *s == ':' || *s == '"')
+            s++;
+        else if (s[0] == '\\' && s[1] == '"')
+            s += 2;
+        else
+            break;
+    }
+    char *m = leading_span_group(s, strlen(s));
+    if (m)
+        return m;
     size_t n = sentence_len(s);
     char *num = last_number(s, n);
     if (num)
         return num;
-    char *m = find_math_span(s, n, false);
+    size_t dummy;
+    m = last_span_group(s, n, &dummy);
     return m ? m : (n ? qd_rw_strndup(s, n) : NULL);
 }
 
@@ -310,17 +380,36 @@ static bool is_prose(const char *s)
     return words >= 3;
 }
 
+/* An unescaped '$' or a \( / \[ opener. */
+static bool has_delimiters(const char *s)
+{
+    for (size_t i = 0; s[i]; i++) {
+        if (s[i] == '\\' && (s[i + 1] == '(' || s[i + 1] == '['))
+            return true;
+        if (s[i] == '\\' && s[i + 1])
+            i++;
+        else if (s[i] == '$')
+            return true;
+    }
+    return false;
+}
+
+/* Math-Verify's order: a boxed answer or an "answer is" phrase, the later
+ * of the two; else the last math span or the last number, the later of the
+ * two; else the whole text when it is a bare answer. */
 static char *extract_math(const char *text)
 {
-    char *a = boxed_answer(text);
-    if (!a)
-        a = phrase_answer(text);
-    if (!a)
-        a = find_math_span(text, strlen(text), false);
-    if (!a && !is_prose(text) && strlen(text) < 200)
-        a = qd_rw_strndup(text, strlen(text));
-    if (!a)
-        a = last_number(text, strlen(text));
+    size_t n = strlen(text), pb = 0, pp = 0, ps = 0, pn = 0;
+    char *b = boxed_answer(text, &pb), *ph = phrase_answer(text, &pp);
+    char *a = b && ph ? (pp > pb ? ph : b) : b ? b : ph;
+    free(a == b ? ph : b);
+    if (!a && !is_prose(text) && !has_delimiters(text) && n < 200 && qd_rw_parses(text))
+        a = qd_rw_strndup(text, n);
+    if (!a) {
+        char *m = last_span_group(text, n, &ps), *num = last_number_at(text, n, &pn);
+        a = m && num ? (pn >= ps ? num : m) : m ? m : num;
+        free(a == m ? num : m);
+    }
     if (!a)
         return NULL;
     char *t = qd_rw_trim(a);
@@ -343,7 +432,8 @@ static char *extract_gsm8k(const char *text)
         p = strchr(p, ':') + 1;
         line = qd_rw_strndup(p, strcspn(p, "\n"));
     } else {
-        line = boxed_answer(text);
+        size_t pos;
+        line = boxed_answer(text, &pos);
     }
     const char *src = line ? line : text;
     char *num = last_number(src, strlen(src));

@@ -534,7 +534,7 @@ static qd_rw_node *parse_atom(parser *p)
 }
 
 static const char *const unit_words[] = {
-    "percent", "pct", "cm", "mm", "km", "m", "miles", "mile", "meters", "meter", "metres",
+    "percent", "percentage", "pct", "cm", "mm", "km", "m", "miles", "mile", "meters", "meter", "metres",
     "feet", "foot", "ft", "inches", "inch", "in", "units", "unit", "degrees", "degree", "deg",
     "dollars", "dollar", "cents", "cent", "hours", "hour", "minutes", "minute", "seconds",
     "second", "days", "day", "years", "year", "mph", "kg", "g", "grams", "gram", "pounds",
@@ -626,7 +626,9 @@ static bool starts_atom(parser *p)
 {
     token *t = peek(p);
     switch (t->t) {
-    case T_NUM: case T_VAR: case T_WORD: case T_FRAC: case T_SQRT: case T_BINOM: case T_FUNC:
+    case T_WORD:
+        return strcmp(t->s, "and") && strcmp(t->s, "or");
+    case T_NUM: case T_VAR: case T_FRAC: case T_SQRT: case T_BINOM: case T_FUNC:
     case T_INF: case T_BEGIN:
         return true;
     case T_TEXT:
@@ -818,8 +820,7 @@ static void fix_whole_number(char **s)
 static char *prepare(const char *in)
 {
     static const char *const rep[][2] = {
-        {"\\left", ""}, {"\\right", ""}, {"\\!", ""}, {"\\,", " "}, {"\\;", " "}, {"\\:", " "},
-        {"\\ ", " "}, {"~", " "}, {"\\$", ""}, {"$", ""}, {"\\dfrac", "\\frac"}, {"\\tfrac", "\\frac"},
+        {",\\! ", ","}, {",\\!", ","}, {"\\left", ""}, {"\\right", ""}, {"\\!", ""}, {"~", " "}, {"\\$", ""}, {"$", ""}, {"\\dfrac", "\\frac"}, {"\\tfrac", "\\frac"},
         {"\\cfrac", "\\frac"}, {"\\dbinom", "\\binom"}, {"\\tbinom", "\\binom"},
         {"^{\\circ}", ""}, {"^\\circ", ""}, {"\\circ", ""}, {"\\%", ""}, {"%", ""},
         {"{,}", ""}, {"\n", " "},
