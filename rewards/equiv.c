@@ -19,18 +19,6 @@ typedef struct {
     int64_t n, d; /* d > 0, gcd(n, d) = 1 */
 } rat;
 
-static int64_t gcd64(int64_t a, int64_t b)
-{
-    a = a < 0 ? -a : a;
-    b = b < 0 ? -b : b;
-    while (b) {
-        int64_t t = a % b;
-        a = b;
-        b = t;
-    }
-    return a;
-}
-
 static bool rat_make(__int128 n, __int128 d, rat *out)
 {
     if (d == 0)

@@ -61,7 +61,9 @@ static int find_boxes(const char *text, box_span *out, int cap)
     int n = 0;
     for (size_t i = 0; text[i];) {
         char *c = NULL;
-        size_t end = text[i] == '\\' ? parse_box(text, i, &c) : 0;
+        /* "\\boxed" (a backslash doubled by an escaping layer) counts too */
+        size_t at = text[i] == '\\' && text[i + 1] == '\\' ? i + 1 : i;
+        size_t end = text[at] == '\\' ? parse_box(text, at, &c) : 0;
         if (!end) {
             i++;
             continue;
@@ -360,24 +362,30 @@ static char *phrase_answer(const char *text, size_t *pos)
     return m ? m : (n ? qd_rw_strndup(s, n) : NULL);
 }
 
-/* Prose: several English words outside LaTeX commands. */
+/* Prose rather than a bare answer: two or more words of two or more letters
+ * outside LaTeX commands ("and"/"or" between answers do not count). */
 static bool is_prose(const char *s)
 {
     int words = 0;
     for (size_t i = 0; s[i];) {
-        if (isalpha((unsigned char)s[i]) && (i == 0 || (!isalpha((unsigned char)s[i - 1]) && s[i - 1] != '\\'))) {
-            size_t j = i;
-            while (isalpha((unsigned char)s[j]))
-                j++;
-            bool in_cmd = i >= 1 && s[i - 1] == '{' && i >= 2 && isalpha((unsigned char)s[i - 2]);
-            if (j - i >= 3 && !in_cmd)
-                words++;
-            i = j;
-        } else {
-            i++;
+        if (s[i] == '\\') { /* a command name is not a word */
+            for (i++; isalpha((unsigned char)s[i]);)
+                i++;
+            continue;
         }
+        if (!isalpha((unsigned char)s[i])) {
+            i++;
+            continue;
+        }
+        size_t j = i;
+        while (isalpha((unsigned char)s[j]))
+            j++;
+        bool joiner = (j - i == 3 && !strncmp(s + i, "and", 3)) || (j - i == 2 && !strncmp(s + i, "or", 2));
+        if (j - i >= 2 && !joiner)
+            words++;
+        i = j;
     }
-    return words >= 3;
+    return words >= 2;
 }
 
 /* An unescaped '$' or a \( / \[ opener. */

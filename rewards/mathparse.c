@@ -217,8 +217,13 @@ static void lex(parser *p, const char *s)
             if (s[j] == '.' && isdigit((unsigned char)s[j + 1]))
                 for (j++; isdigit((unsigned char)s[j]);)
                     j++;
-            else if (s[j] == '.' && !isalpha((unsigned char)s[j + 1]) && s[j + 1] != '\\' && s[j + 1] != '$')
-                ; /* "5." is 5 followed by a full stop */
+            if ((s[j] == 'e' || s[j] == 'E') &&
+                (isdigit((unsigned char)s[j + 1]) ||
+                 ((s[j + 1] == '-' || s[j + 1] == '+') && isdigit((unsigned char)s[j + 2])))) {
+                j += 2; /* scientific notation: 1.5e3, 2E-4 */
+                while (isdigit((unsigned char)s[j]))
+                    j++;
+            }
             if (s[j] == '_' && (isdigit((unsigned char)s[j + 1]) || s[j + 1] == '{')) {
                 size_t k = j + 1; /* 204_5: a number in base 5, kept as written */
                 char grp[32];
@@ -292,24 +297,32 @@ static qd_rw_node *parse_additive(parser *p);
 static qd_rw_node *parse_unary(parser *p);
 static qd_rw_node *parse_power(parser *p);
 
+/* A literal: exact num/den when it fits in 64 bits (1.25e-3 included). */
 static qd_rw_node *number_node(parser *p, const char *s)
 {
     qd_rw_node *n = qd_rw_new(p->arena, QD_RW_NUM);
     n->val = strtod(s, NULL);
-    const char *dot = strchr(s, '.');
-    n->decimals = dot ? (int)strlen(dot + 1) : 0;
-    int64_t num = 0, den = 1;
-    bool ok = strlen(s) <= 18;
-    for (const char *c = s; ok && *c; c++) {
-        if (*c == '.')
+    size_t mant = strcspn(s, "eE");
+    const char *dot = memchr(s, '.', mant);
+    n->decimals = dot ? (int)(mant - (size_t)(dot - s) - 1) : 0;
+    long exp10 = s[mant] ? strtol(s + mant + 1, NULL, 10) : 0;
+    __int128 num = 0, den = 1;
+    bool ok = mant <= 18 && exp10 > -19 && exp10 < 19;
+    for (size_t i = 0; ok && i < mant; i++) {
+        if (s[i] == '.')
             continue;
-        num = num * 10 + (*c - '0');
-        if (c > dot && dot)
+        num = num * 10 + (s[i] - '0');
+        if (dot && s + i > dot)
             den *= 10;
     }
+    for (long e = 0; ok && e < (exp10 > 0 ? exp10 : -exp10); e++)
+        *(exp10 > 0 ? &num : &den) *= 10;
+    ok = ok && num <= INT64_MAX && den <= INT64_MAX;
+    if (s[mant])
+        n->decimals = 0; /* 1.5e3 is not a rounded decimal */
     n->exact = ok;
-    n->num = num;
-    n->den = den;
+    n->num = (int64_t)num;
+    n->den = (int64_t)den;
     return n;
 }
 
@@ -451,7 +464,7 @@ static qd_rw_node *parse_atom(parser *p)
         return var_node(p, t->s);
     case T_WORD:
         if (in_list(functions, t->s)) {
-            char name[16];
+            char name[64];
             snprintf(name, sizeof name, "%s", t->s);
             qd_rw_node *f = node2(p, QD_RW_FUNC, is_char(p, '(') ? parse_atom(p) : parse_power(p), NULL);
             if (f)
@@ -487,7 +500,7 @@ static qd_rw_node *parse_atom(parser *p)
         return f;
     }
     case T_FUNC: {
-        char name[16];
+        char name[64];
         snprintf(name, sizeof name, "%s", t->s);
         qd_rw_node *pw = NULL;
         if (accept(p, '^')) /* \sin^2 x = (\sin x)^2 */
