@@ -161,8 +161,10 @@ static char *boxed_answer(const char *text, size_t *pos)
     return res;
 }
 
-/* A math span opening at text[i]: sets the content range, returns the end. */
-static size_t math_span(const char *text, size_t i, size_t *cs, size_t *ce)
+/* A math span opening at text[i]: sets the content range, returns the end.
+ * unclosed[d] remembers a delimiter never closed before the end of the text,
+ * so that a text full of unclosed openers is still scanned in linear time. */
+static size_t math_span_from(const char *text, size_t i, size_t *cs, size_t *ce, bool unclosed[4])
 {
     static const char *const del[][2] = {{"$$", "$$"}, {"\\[", "\\]"}, {"\\(", "\\)"}, {"$", "$"}};
     for (size_t d = 0; d < 4; d++) {
@@ -170,6 +172,8 @@ static size_t math_span(const char *text, size_t i, size_t *cs, size_t *ce)
         if (!qd_rw_starts(text + i, del[d][0]) || (i > 0 && text[i - 1] == '\\' && d == 3))
             continue;
         bool inline_ = d >= 2; /* \( \) and $ spans stay on one line */
+        if (unclosed[d])
+            return 0;
         for (size_t j = i + ol; text[j]; j++) {
             if (inline_ && text[j] == '\n')
                 return 0;
@@ -183,6 +187,7 @@ static size_t math_span(const char *text, size_t i, size_t *cs, size_t *ce)
                 return j + strlen(del[d][1]);
             }
         }
+        unclosed[d] = true;
         return 0;
     }
     return 0;
@@ -198,8 +203,9 @@ typedef struct {
 static int list_spans(const char *text, size_t n, span *out)
 {
     int k = 0;
+    bool unclosed[4] = {false, false, false, false};
     for (size_t i = 0; i < n && text[i];) {
-        size_t cs, ce, end = (text[i] == '$' || text[i] == '\\') ? math_span(text, i, &cs, &ce) : 0;
+        size_t cs, ce, end = (text[i] == '$' || text[i] == '\\') ? math_span_from(text, i, &cs, &ce, unclosed) : 0;
         if (!end || end > n) {
             i++;
             continue;

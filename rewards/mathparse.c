@@ -58,6 +58,7 @@ typedef struct {
 typedef struct {
     token *toks;
     int n, cap, pos;
+    int depth; /* nesting of parse_seq: bounded so no input exhausts the stack */
     bool err;
     qd_rw_arena *arena;
 } parser;
@@ -765,7 +766,21 @@ static bool at_separator(parser *p)
     return false;
 }
 
+#define MAX_DEPTH 64
+#define MAX_ANSWER 4096
+
+static qd_rw_node *parse_seq_inner(parser *p);
+
 static qd_rw_node *parse_seq(parser *p)
+{
+    if (++p->depth > MAX_DEPTH)
+        return fail(p);
+    qd_rw_node *r = parse_seq_inner(p);
+    p->depth--;
+    return r;
+}
+
+static qd_rw_node *parse_seq_inner(parser *p)
 {
     qd_rw_node *a = parse_rel(p);
     if (!a || !at_separator(p))
@@ -876,6 +891,8 @@ static qd_rw_node *all_words(parser *p)
 
 qd_rw_node *qd_rw_parse(qd_rw_arena *a, const char *answer)
 {
+    if (strlen(answer) > MAX_ANSWER)
+        return NULL; /* not a final answer; left to string comparison */
     char *s = prepare(answer);
     parser p = {.arena = a};
     lex(&p, s);
