@@ -1,6 +1,7 @@
 /* quads grade: JSONL {"output": ..., "gold": ...} on stdin -> JSONL
  * {"correct": ..., "extracted": ...} on stdout, one line per input line. */
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,13 +59,17 @@ static int grade_line(const char *line, long lineno, qd_grade_style style)
         return 1;
     }
     json_t *out = json_pack("{s:b, s:s?}", "correct", r.correct, "extracted", r.extracted);
-    char *s = json_dumps(out, JSON_COMPACT | JSON_ENSURE_ASCII);
-    printf("%s\n", s);
+    char *s = out ? json_dumps(out, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
+    bool ok = s != NULL;
+    if (ok)
+        printf("%s\n", s);
+    else
+        fprintf(stderr, "quads grade: stdin line %ld: field 'output': extracted answer is not valid UTF-8\n", lineno);
     free(s);
     json_decref(out);
     qd_grade_result_free(&r);
     json_decref(obj);
-    return 0;
+    return ok ? 0 : 1;
 }
 
 static bool blank(const char *s)
