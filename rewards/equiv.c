@@ -333,9 +333,10 @@ static qd_rw_node *chain_interval(ctx *c, const qd_rw_node *r)
     return t;
 }
 
-/* What a relation stands for when compared with a non-relation. A
- * prediction "x = ... = v" means v; a gold "lhs = v" means v only when the
- * lhs is a name (so gold "7 = 11a+c" is an equation, not 11a+c). */
+/* What a relation stands for when compared with a non-relation. A chain
+ * "x = ... = v" means v; "lhs = v" means v when lhs is a name, or (in a
+ * prediction) a constant computation. So gold "7 = 11a+c" stays an equation
+ * and a predicted "5x - 7y + 4 = 0" is not the number 0. */
 static const qd_rw_node *as_value(ctx *c, const qd_rw_node *r, bool is_gold, bool other_rel)
 {
     if (r->kind != QD_RW_REL)
@@ -349,7 +350,8 @@ static const qd_rw_node *as_value(ctx *c, const qd_rw_node *r, bool is_gold, boo
         return r;
     if (r->nkids >= 3 || r->ops[0] == QD_RW_APPROX)
         return chain_value(r);
-    if (!other_rel && (!is_gold || name_like(r->kids[0])))
+    /* "x = 5" is 5 on either side; a computation "1/2 + 1/3 = 5/6" only in a prediction */
+    if (!other_rel && (name_like(r->kids[0]) || (!is_gold && !has_symbols(r->kids[0]))))
         return chain_value(r);
     return r;
 }
@@ -651,10 +653,14 @@ bool qd_rewards_equiv(const char *gold, const char *pred)
         return false;
     if (same_text(gold, pred))
         return true;
-    qd_rw_arena arena = {0};
-    ctx c = {&arena};
-    qd_rw_node *g = qd_rw_parse(&arena, gold), *p = qd_rw_parse(&arena, pred);
-    bool res = (g && p) ? eq(&c, g, p) : qd_rewards_equiv_hendrycks(gold, pred);
-    qd_rw_arena_free(&arena);
+    /* "1,22" is a list or a decimal: either reading may match */
+    bool res = false;
+    for (int dc = 0; dc < 2 && !res; dc++) {
+        qd_rw_arena arena = {0};
+        ctx c = {&arena};
+        qd_rw_node *g = qd_rw_parse(&arena, gold, dc), *p = qd_rw_parse(&arena, pred, dc);
+        res = (g && p) ? eq(&c, g, p) : qd_rewards_equiv_hendrycks(gold, pred);
+        qd_rw_arena_free(&arena);
+    }
     return res;
 }

@@ -374,9 +374,13 @@ static bool is_prose(const char *s)
 {
     int words = 0;
     for (size_t i = 0; s[i];) {
-        if (s[i] == '\\') { /* a command name is not a word */
-            for (i++; isalpha((unsigned char)s[i]);)
+        if (s[i] == '\\') { /* a command name is not a word, nor an environment's */
+            size_t c = ++i;
+            while (isalpha((unsigned char)s[i]))
                 i++;
+            bool env = (i - c == 5 && !strncmp(s + c, "begin", 5)) || (i - c == 3 && !strncmp(s + c, "end", 3));
+            if (env && s[i] == '{')
+                i += strcspn(s + i, "}");
             continue;
         }
         if (!isalpha((unsigned char)s[i])) {

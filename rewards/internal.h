@@ -80,8 +80,10 @@ typedef struct {
     qd_rw_node *nodes; /* every node allocated for one parse */
 } qd_rw_arena;
 
-/* Parses one extracted answer into an AST; NULL if it is not understood. */
-qd_rw_node *qd_rw_parse(qd_rw_arena *a, const char *answer);
+/* Parses one extracted answer into an AST; NULL if it is not understood.
+ * With decimal_comma, a whole answer like "2,74" or "0,111" is a decimal
+ * number (European notation) rather than a list. */
+qd_rw_node *qd_rw_parse(qd_rw_arena *a, const char *answer, bool decimal_comma);
 qd_rw_node *qd_rw_new(qd_rw_arena *a, qd_rw_kind kind);
 void qd_rw_add_kid(qd_rw_node *n, qd_rw_node *kid);
 void qd_rw_arena_free(qd_rw_arena *a);

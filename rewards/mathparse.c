@@ -809,7 +809,7 @@ static bool all_digits(const char *s, size_t n)
 }
 
 /* "7,425,000" / "1 000" -> "7425000"; "1000,99" / "0,111" -> decimal comma. */
-static void fix_whole_number(char **s)
+static void fix_whole_number(char **s, bool decimal_comma)
 {
     char *t = *s;
     size_t n = strlen(t), i = t[0] == '-' ? 1 : 0;
@@ -840,12 +840,12 @@ static void fix_whole_number(char **s)
     }
     /* a single decimal comma: not three digits after it, or a leading zero / long integer part */
     size_t after = strlen(rest + 1);
-    if (sep == ',' && all_digits(t + i, first) && all_digits(rest + 1, after) && !strchr(rest + 1, ',') &&
+    if (decimal_comma && sep == ',' && all_digits(t + i, first) && all_digits(rest + 1, after) && !strchr(rest + 1, ',') &&
         ((after >= 2 && after != 3) || (t[i] == '0' && first == 1) || first > 3))
         *strchr(t, ',') = '.';
 }
 
-static char *prepare(const char *in)
+static char *prepare(const char *in, bool decimal_comma)
 {
     static const char *const rep[][2] = {
         {",\\! ", ","}, {",\\!", ","}, {"\\left", ""}, {"\\right", ""}, {"\\!", ""}, {"~", " "}, {"\\$", ""}, {"$", ""}, {"\\dfrac", "\\frac"}, {"\\tfrac", "\\frac"},
@@ -870,7 +870,7 @@ static char *prepare(const char *in)
     size_t n = strlen(t);
     while (n && t[n - 1] == '.')
         t[--n] = '\0';
-    fix_whole_number(&t);
+    fix_whole_number(&t, decimal_comma);
     return t;
 }
 
@@ -889,11 +889,11 @@ static qd_rw_node *all_words(parser *p)
     return text_node(p, buf);
 }
 
-qd_rw_node *qd_rw_parse(qd_rw_arena *a, const char *answer)
+qd_rw_node *qd_rw_parse(qd_rw_arena *a, const char *answer, bool decimal_comma)
 {
     if (strlen(answer) > MAX_ANSWER)
         return NULL; /* not a final answer; left to string comparison */
-    char *s = prepare(answer);
+    char *s = prepare(answer, decimal_comma);
     parser p = {.arena = a};
     lex(&p, s);
     free(s);
@@ -913,7 +913,7 @@ qd_rw_node *qd_rw_parse(qd_rw_arena *a, const char *answer)
 bool qd_rw_parses(const char *answer)
 {
     qd_rw_arena a = {0};
-    bool ok = qd_rw_parse(&a, answer) != NULL;
+    bool ok = qd_rw_parse(&a, answer, false) != NULL;
     qd_rw_arena_free(&a);
     return ok;
 }
