@@ -486,8 +486,24 @@ static bool covers(ctx *c, const qd_rw_node **a, int na, const qd_rw_node **b, i
     return true;
 }
 
+/* A set of answers that all equal one value (several boxes of the same
+ * answer, in any notation) stands for that value. */
+static bool same_as_all(ctx *c, const qd_rw_node *set, const qd_rw_node *v)
+{
+    const qd_rw_node *el[MAX_ELEMS];
+    int n = elements(c, set, el, MAX_ELEMS);
+    for (int i = 0; i < n; i++)
+        if (!eq(c, el[i], v))
+            return false;
+    return n > 0;
+}
+
 static bool coll_eq(ctx *c, const qd_rw_node *g, const qd_rw_node *p)
 {
+    if (g->kind == QD_RW_SET && !is_collection(p))
+        return same_as_all(c, g, p);
+    if (p->kind == QD_RW_SET && !is_collection(g))
+        return same_as_all(c, p, g);
     if (!is_collection(g) || !is_collection(p))
         return false;
     if (g->kind == QD_RW_TUPLE && p->kind == QD_RW_TUPLE && (g->open != p->open || g->close != p->close))

@@ -330,8 +330,8 @@ static size_t sentence_len(const char *s)
 }
 
 /* After the last "answer is" / "Answer:": the math span(s) it opens with,
- * else the last number of the sentence, else the sentence itself. *pos
- * receives the position of the phrase. */
+ * else the last number or math span of the sentence. *pos receives the
+ * position of the phrase. */
 static char *phrase_answer(const char *text, size_t *pos)
 {
     static const char *const pats[] = {"final answer is", "answer is", "answer:"};
@@ -364,8 +364,7 @@ static char *phrase_answer(const char *text, size_t *pos)
     if (num)
         return num;
     size_t dummy;
-    m = last_span_group(s, n, &dummy);
-    return m ? m : (n ? qd_rw_strndup(s, n) : NULL);
+    return last_span_group(s, n, &dummy); /* "so our answer is correct." has none */
 }
 
 /* Prose rather than a bare answer: two or more words of two or more letters

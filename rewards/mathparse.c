@@ -654,6 +654,24 @@ static bool starts_atom(parser *p)
     }
 }
 
+static bool integer_literal(const qd_rw_node *e)
+{
+    return e && e->kind == QD_RW_NUM && e->decimals == 0 && e->exact && e->den == 1;
+}
+
+/* Juxtaposition multiplies, except a mixed number: 2\frac{1}{4} = 2 + 1/4. */
+static qd_rw_node *implicit_product(parser *p, qd_rw_node *a, qd_rw_node *b, bool b_is_frac)
+{
+    bool neg = a && a->kind == QD_RW_NEG;
+    qd_rw_node *whole = neg ? a->kids[0] : a;
+    if (integer_literal(whole) && b && b->kind == QD_RW_DIV && integer_literal(b->kids[0]) &&
+        integer_literal(b->kids[1]) && b_is_frac) {
+        qd_rw_node *sum = node2(p, QD_RW_ADD, whole, b);
+        return neg ? node2(p, QD_RW_NEG, sum, NULL) : sum;
+    }
+    return node2(p, QD_RW_MUL, a, b);
+}
+
 static qd_rw_node *parse_mult(parser *p)
 {
     qd_rw_node *a = parse_unary(p);
@@ -664,8 +682,10 @@ static qd_rw_node *parse_mult(parser *p)
             a = node2(p, QD_RW_MUL, a, parse_unary(p));
         else if (accept(p, '/'))
             a = node2(p, QD_RW_DIV, a, parse_unary(p));
-        else if (starts_atom(p))
-            a = node2(p, QD_RW_MUL, a, parse_power(p));
+        else if (starts_atom(p)) {
+            bool frac = peek(p)->t == T_FRAC;
+            a = implicit_product(p, a, parse_power(p), frac);
+        }
         else
             break;
     }

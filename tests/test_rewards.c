@@ -299,6 +299,46 @@ START_TEST(test_gsm8k_labels)
 }
 END_TEST
 
+/* MATH-500: the `answer` field (PRM800K) against the boxed answer of the
+ * `solution` field (Hendrycks), two independent writings of each answer;
+ * and every Hendrycks/Minerva solution against its own last box. */
+START_TEST(test_gold_answers_match_solutions)
+{
+    json_t *rows = load_jsonl("tests/fixtures/benchmarks/math500_test.jsonl");
+    ck_assert_int_eq(json_array_size(rows), 500);
+    size_t i;
+    json_t *r;
+    json_array_foreach(rows, i, r) {
+        qd_grade_result g;
+        ck_assert_int_eq(qd_rewards_grade(str(r, "solution"), str(r, "answer"), QD_GRADE_MATH, &g), QD_OK);
+        ck_assert_msg(g.correct, "MATH-500 row %zu: answer [%s], extracted [%s]", i, str(r, "answer"), g.extracted);
+        qd_grade_result_free(&g);
+    }
+    json_decref(rows);
+    static const char *const files[] = {"tests/fixtures/benchmarks/math_test_number_theory.jsonl",
+                                        "tests/fixtures/benchmarks/math_test_counting_and_probability.jsonl",
+                                        "tests/fixtures/benchmarks/minerva_math_qwen25math.jsonl"};
+    int n = 0;
+    for (int f = 0; f < 3; f++) {
+        rows = load_jsonl(files[f]);
+        json_array_foreach(rows, i, r) {
+            char *box = qd_rewards_last_boxed(str(r, "solution"));
+            ck_assert_msg(box != NULL, "%s row %zu has no box", files[f], i);
+            char out[4096];
+            snprintf(out, sizeof out, "So the final answer is $\\boxed{%s}$.", box);
+            qd_grade_result g;
+            ck_assert_int_eq(qd_rewards_grade(out, str(r, "solution"), QD_GRADE_MATH, &g), QD_OK);
+            ck_assert_msg(g.correct, "%s row %zu: [%s]", files[f], i, box);
+            qd_grade_result_free(&g);
+            free(box);
+            n++;
+        }
+        json_decref(rows);
+    }
+    ck_assert_int_eq(n, 540 + 474 + 272);
+}
+END_TEST
+
 /* ---- rewards and metrics */
 
 START_TEST(test_pass_at_k)
@@ -424,6 +464,7 @@ Suite *suite_rewards(void)
     tcase_add_test(tc, test_agreement_with_suites);
     tcase_add_test(tc, test_reference_graders_reproduced);
     tcase_add_test(tc, test_gsm8k_labels);
+    tcase_add_test(tc, test_gold_answers_match_solutions);
     tcase_add_test(tc, test_pass_at_k);
     tcase_add_test(tc, test_overlong_and_score);
     tcase_add_test(tc, test_majority_vote);
