@@ -128,7 +128,9 @@ static const char *const fail_cmds[] = {"dots", "ldots", "cdots", "vdots", "cap"
                                         "implies", "iff", "forall", "exists", "nabla", NULL};
 static const char *const skip_cmds[] = {"boxed", "fbox", "displaystyle", "quad", "qquad",
                                         "left", "right", "big", "Big", "bigl", "bigr", "Bigl",
-                                        "Bigr", "limits", "nolimits", "mathrm", NULL};
+                                        "Bigr", "limits", "nolimits", NULL};
+static const char *const matrix_envs[] = {"pmatrix", "bmatrix", "matrix", "vmatrix", "Bmatrix",
+                                          "array", "smallmatrix", NULL};
 
 /* One backslash command at s[*i] (pointing after the backslash). */
 static void lex_command(parser *p, const char *s, size_t *i)
@@ -139,14 +141,19 @@ static void lex_command(parser *p, const char *s, size_t *i)
         name[n++] = s[(*i)++];
     name[n] = '\0';
     if (!n) {
-        char c = s[(*i)++];
+        char c = s[*i];
+        if (!c) { /* a lone backslash at the end */
+            p->err = true;
+            return;
+        }
+        (*i)++;
         if (c == '{')
             push(p, T_LSET, 0, NULL, 0);
         else if (c == '}')
             push(p, T_RSET, 0, NULL, 0);
         else if (c == '\\')
             push(p, T_ROWSEP, 0, NULL, 0);
-        else if (!strchr(",;:! %$|#&", c) || !c)
+        else if (!strchr(",;:! %$|#&", c))
             p->err = true;
         return;
     }
@@ -191,7 +198,7 @@ static void lex_command(parser *p, const char *s, size_t *i)
     } else if (!strcmp(name, "rangle")) {
         push(p, T_CHAR, ')', NULL, 0);
     } else if (!strcmp(name, "begin") || !strcmp(name, "end")) {
-        if (!read_group(s, i, grp, sizeof grp) || !strstr("pmatrix bmatrix matrix vmatrix Bmatrix array smallmatrix", grp)) {
+        if (!read_group(s, i, grp, sizeof grp) || !in_list(matrix_envs, grp)) {
             p->err = true;
             return;
         }
@@ -228,7 +235,9 @@ static void lex(parser *p, const char *s)
             if (s[j] == '_' && (isdigit((unsigned char)s[j + 1]) || s[j + 1] == '{')) {
                 size_t k = j + 1; /* 204_5: a number in base 5, kept as written */
                 char grp[32];
-                if (s[k] == '{' ? !read_group(s, &k, grp, sizeof grp) : (k++, false))
+                if (s[k] != '{')
+                    k++;
+                else if (!read_group(s, &k, grp, sizeof grp))
                     p->err = true;
                 push(p, T_TEXT, 0, s + i, k - i);
                 i = k;
@@ -265,7 +274,8 @@ static void lex(parser *p, const char *s)
 
 /* ---- parser */
 
-static token *peek(parser *p) { return &p->toks[p->pos]; }
+/* The current token; T_END (the last one) once the input is used up. */
+static token *peek(parser *p) { return &p->toks[p->pos < p->n ? p->pos : p->n - 1]; }
 static bool is_char(parser *p, char c) { return peek(p)->t == T_CHAR && peek(p)->c == c; }
 
 static bool accept(parser *p, char c)
@@ -457,6 +467,8 @@ static qd_rw_node *text_node(parser *p, const char *raw)
 static qd_rw_node *parse_atom(parser *p)
 {
     token *t = peek(p);
+    if (t->t == T_END)
+        return fail(p);
     p->pos++;
     switch (t->t) {
     case T_NUM:
@@ -574,6 +586,30 @@ static bool skip_units(parser *p)
     }
 }
 
+/* The subscript after '_' as text: x_1, x_{n-1}, S_{MBCN}. */
+static bool read_subscript(parser *p, char *sub, size_t cap)
+{
+    token *t = peek(p);
+    size_t len = 0;
+    if (accept(p, '{')) {
+        while (!is_char(p, '}') && peek(p)->t != T_END) {
+            token *u = peek(p);
+            char one[2] = {u->c, 0};
+            len += (size_t)snprintf(sub + len, len < cap ? cap - len : 0, "%s", u->t == T_CHAR ? one : u->s);
+            p->pos++;
+        }
+        return accept(p, '}') && len < cap;
+    }
+    if (t->t != T_NUM && t->t != T_VAR)
+        return false;
+    snprintf(sub, cap, "%.1s", t->s); /* x_12 is x_1 times 2 in TeX */
+    if (strlen(t->s) > 1)
+        memmove(t->s, t->s + 1, strlen(t->s));
+    else
+        p->pos++;
+    return true;
+}
+
 static qd_rw_node *parse_postfix(parser *p)
 {
     qd_rw_node *a = parse_atom(p);
@@ -582,24 +618,8 @@ static qd_rw_node *parse_postfix(parser *p)
             a = node2(p, QD_RW_FACT, a, NULL);
         } else if (a->kind == QD_RW_VAR && accept(p, '_')) {
             char sub[64] = "";
-            token *t = peek(p);
-            if (accept(p, '{')) {
-                while (!is_char(p, '}') && peek(p)->t != T_END) {
-                    token *u = peek(p);
-                    strncat(sub, u->t == T_CHAR ? (char[2]){u->c, 0} : u->s, sizeof sub - strlen(sub) - 1);
-                    p->pos++;
-                }
-                if (!accept(p, '}'))
-                    return fail(p);
-            } else if (t->t == T_NUM || t->t == T_VAR) {
-                snprintf(sub, sizeof sub, "%.1s", t->s); /* x_12 would be x_1 2 in TeX */
-                if (strlen(t->s) > 1)
-                    memmove(t->s, t->s + 1, strlen(t->s));
-                else
-                    p->pos++;
-            } else {
+            if (!read_subscript(p, sub, sizeof sub))
                 return fail(p);
-            }
             size_t l = strlen(a->name);
             snprintf(a->name + l, sizeof a->name - l, "_%s", sub);
         } else {

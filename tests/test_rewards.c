@@ -339,6 +339,35 @@ START_TEST(test_gold_answers_match_solutions)
 }
 END_TEST
 
+/* Every prefix of every case (cut at any point: unbalanced braces, lone
+ * backslashes, open delimiters) grades without crashing, in every style. */
+START_TEST(test_truncated_inputs)
+{
+    json_t *cases = load_jsonl("tests/fixtures/benchmarks/grader_cases.jsonl");
+    size_t i;
+    json_t *c;
+    long graded = 0;
+    json_array_foreach(cases, i, c) {
+        const char *texts[2] = {str(c, "output"), str(c, "gold")};
+        for (int t = 0; t < 2; t++) {
+            size_t n = strlen(texts[t]);
+            for (size_t cut = 0; cut <= n && cut <= 400; cut += 2) {
+                char *pre = strndup(texts[t], cut);
+                for (int st = 0; st < 3; st++) {
+                    qd_grade_result r;
+                    ck_assert_int_eq(qd_rewards_grade(pre, texts[1 - t], (qd_grade_style)st, &r), QD_OK);
+                    qd_grade_result_free(&r);
+                    graded++;
+                }
+                free(pre);
+            }
+        }
+    }
+    ck_assert_int_gt(graded, 50000);
+    json_decref(cases);
+}
+END_TEST
+
 /* ---- rewards and metrics */
 
 START_TEST(test_pass_at_k)
@@ -465,6 +494,7 @@ Suite *suite_rewards(void)
     tcase_add_test(tc, test_reference_graders_reproduced);
     tcase_add_test(tc, test_gsm8k_labels);
     tcase_add_test(tc, test_gold_answers_match_solutions);
+    tcase_add_test(tc, test_truncated_inputs);
     tcase_add_test(tc, test_pass_at_k);
     tcase_add_test(tc, test_overlong_and_score);
     tcase_add_test(tc, test_majority_vote);
