@@ -23,8 +23,29 @@ typedef struct {
     char *content;
 } box_span;
 
+/* close[i] = index just past the '}' matching a '{' at i, 0 when unmatched:
+ * one pass with a stack, so that many unclosed boxes stay linear. */
+static size_t *brace_table(const char *text, size_t n)
+{
+    size_t *close = calloc(n + 1, sizeof *close), *stack = malloc((n + 1) * sizeof *stack), top = 0;
+    if (!close || !stack)
+        abort();
+    for (size_t i = 0; i < n; i++) {
+        if (text[i] == '\\' && text[i + 1]) { /* \{ and \} are literal braces */
+            i++;
+            continue;
+        }
+        if (text[i] == '{')
+            stack[top++] = i;
+        else if (text[i] == '}' && top)
+            close[stack[--top]] = i + 1;
+    }
+    free(stack);
+    return close;
+}
+
 /* Parses a box command at text[i] (pointing at '\'); 0 when it is none. */
-static size_t parse_box(const char *text, size_t i, char **content)
+static size_t parse_box(const char *text, const size_t *close_of, size_t i, char **content)
 {
     size_t n = qd_rw_starts(text + i, "\\boxed") ? 6 : qd_rw_starts(text + i, "\\fbox") ? 5 : 0;
     if (!n)
@@ -35,7 +56,7 @@ static size_t parse_box(const char *text, size_t i, char **content)
     while (text[j] == ' ')
         j++;
     if (text[j] == '{') {
-        size_t close = qd_rw_match_brace(text, j);
+        size_t close = close_of[j];
         if (!close)
             return 0;
         *content = qd_rw_strndup(text + j + 1, close - j - 2);
@@ -59,11 +80,12 @@ static size_t parse_box(const char *text, size_t i, char **content)
 static int find_boxes(const char *text, box_span *out, int cap)
 {
     int n = 0;
+    size_t *close_of = brace_table(text, strlen(text));
     for (size_t i = 0; text[i];) {
         char *c = NULL;
         /* "\\boxed" (a backslash doubled by an escaping layer) counts too */
         size_t at = text[i] == '\\' && text[i + 1] == '\\' ? i + 1 : i;
-        size_t end = text[at] == '\\' ? parse_box(text, at, &c) : 0;
+        size_t end = text[at] == '\\' ? parse_box(text, close_of, at, &c) : 0;
         if (!end) {
             i++;
             continue;
@@ -76,6 +98,7 @@ static int find_boxes(const char *text, box_span *out, int cap)
         out[n++] = (box_span){i, end, c};
         i = end;
     }
+    free(close_of);
     return n;
 }
 
