@@ -12,7 +12,7 @@
 #include "rewards/internal.h"
 #include "rewards/rewards.h"
 
-#define TRIALS 4
+#define TRIALS 6
 #define REL_TOL 1e-9
 
 typedef struct {
@@ -118,7 +118,9 @@ static bool eval_exact(const qd_rw_node *e, rat *out)
     }
 }
 
-/* Deterministic pseudo-random value in [0.3, 2.3) for a symbol and a trial. */
+/* Deterministic pseudo-random value for a symbol and a trial: trials cycle
+ * through [0.3, 2.3), [2.3, 12.3) and [-3, -0.3) so that expressions defined
+ * only for large or negative values are still tested somewhere. */
 static double var_value(const char *name, int trial)
 {
     if (!strcmp(name, "pi"))
@@ -129,7 +131,9 @@ static double var_value(const char *name, int trial)
     h ^= h >> 29;
     h *= 0xBF58476D1CE4E5B9ull;
     h ^= h >> 32;
-    return 0.3 + 2.0 * (double)(h >> 11) / 9007199254740992.0;
+    double u = (double)(h >> 11) / 9007199254740992.0; /* [0, 1) */
+    static const double lo[3] = {0.3, 2.3, -3.0}, width[3] = {2.0, 10.0, 2.7};
+    return lo[trial % 3] + width[trial % 3] * u;
 }
 
 static double eval_func(const char *f, double x, double y)
@@ -156,6 +160,20 @@ static double eval_func(const char *f, double x, double y)
     return NAN;
 }
 
+static double eval_num(const qd_rw_node *e, int trial);
+
+/* b^e over the reals: a negative base with a rational exponent p/q, q odd,
+ * is real (x^{2/3} = cbrt(x)^2), where C's pow() gives NaN. */
+static double real_pow(double b, const qd_rw_node *exponent, int trial)
+{
+    rat r;
+    if (b < 0 && eval_exact(exponent, &r) && r.d % 2 == 1) {
+        double m = pow(-b, (double)r.n / (double)r.d);
+        return r.n % 2 ? -m : m;
+    }
+    return pow(b, eval_num(exponent, trial));
+}
+
 static double eval_num(const qd_rw_node *e, int trial)
 {
     rat r;
@@ -179,7 +197,7 @@ static double eval_num(const qd_rw_node *e, int trial)
     case QD_RW_DIV:
         return eval_num(e->kids[0], trial) / eval_num(e->kids[1], trial);
     case QD_RW_POW:
-        return pow(eval_num(e->kids[0], trial), eval_num(e->kids[1], trial));
+        return real_pow(eval_num(e->kids[0], trial), e->kids[1], trial);
     case QD_RW_FACT:
         return tgamma(eval_num(e->kids[0], trial) + 1);
     case QD_RW_FUNC:
@@ -248,14 +266,19 @@ static bool scalar_eq(const qd_rw_node *g, const qd_rw_node *p)
     }
     if (ea && eb)
         return false;
+    /* points outside both domains (sqrt of a negative) are skipped */
+    int valid = 0;
     for (int t = 0; t < TRIALS; t++) {
         double x = eval_num(g, t), y = eval_num(p, t);
+        if (isnan(x) && isnan(y))
+            continue;
         if (isnan(x) || isnan(y) || !close_enough(x, y))
             return false;
+        valid++;
         if (!has_symbols(g) && !has_symbols(p))
             break;
     }
-    return true;
+    return valid > 0;
 }
 
 /* ---- structures */
@@ -429,24 +452,31 @@ static bool text_eq(const qd_rw_node *g, const qd_rw_node *p)
            close_enough(v, eval_num(o, 0));
 }
 
-/* Elements of a collection; ± and "name = value" elements expanded. */
+/* Elements of a collection; ± and "name = value" elements expanded.
+ * -1 when there are more than cap (never compare a truncated list). */
 static int elements(ctx *c, const qd_rw_node *e, const qd_rw_node **out, int cap)
 {
     if (e->kind == QD_RW_PM) {
         if (cap < 2)
-            return 0;
+            return -1;
         qd_rw_node *b = e->kids[1], *a = e->kids[0];
         out[0] = a ? mk2(c, QD_RW_ADD, a, b) : b;
         out[1] = a ? mk2(c, QD_RW_SUB, a, b) : mk2(c, QD_RW_NEG, b, NULL);
         return 2;
     }
     int n = 0;
-    for (int i = 0; i < e->nkids && n < cap; i++) {
+    for (int i = 0; i < e->nkids; i++) {
         const qd_rw_node *k = as_value(c, e->kids[i], true, false);
+        int m = 1;
         if (k->kind == QD_RW_PM && e->kind != QD_RW_TUPLE)
-            n += elements(c, k, out + n, cap - n);
+            m = elements(c, k, out + n, cap - n);
+        else if (n < cap)
+            out[n] = k;
         else
-            out[n++] = k;
+            m = -1;
+        if (m < 0)
+            return -1;
+        n += m;
     }
     return n;
 }
@@ -492,6 +522,8 @@ static bool same_as_all(ctx *c, const qd_rw_node *set, const qd_rw_node *v)
 {
     const qd_rw_node *el[MAX_ELEMS];
     int n = elements(c, set, el, MAX_ELEMS);
+    if (n < 0)
+        return false;
     for (int i = 0; i < n; i++)
         if (!eq(c, el[i], v))
             return false;
@@ -510,6 +542,8 @@ static bool coll_eq(ctx *c, const qd_rw_node *g, const qd_rw_node *p)
         return false;
     const qd_rw_node *ge[MAX_ELEMS], *pe[MAX_ELEMS];
     int ng = elements(c, g, ge, MAX_ELEMS), np = elements(c, p, pe, MAX_ELEMS);
+    if (ng < 0 || np < 0)
+        return false;
     if (unordered(g) || unordered(p))
         return (g->kind != QD_RW_TUPLE && p->kind != QD_RW_TUPLE) && covers(c, ge, ng, pe, np) &&
                covers(c, pe, np, ge, ng);

@@ -187,6 +187,21 @@ START_TEST(test_equivalence_cases)
         {"7", "8", false},
         {"\\frac{1}{2}", "\\frac{1}{3}", false},
         {"x^2", "x^3", false},
+        {"\\sec^2 x", "1+\\tan^2 x", true},        /* checked at many points */
+        {"\\sqrt{x-3}", "(x-3)^{1/2}", true},       /* points outside the domain skipped */
+        {"\\sqrt{x^2}", "x", false},                 /* negative x tells them apart */
+        {"\\sqrt[3]{x}^2", "x^{2/3}", true},         /* real odd roots of negatives */
+        {"\\frac{639}{40}", "15\\frac{39}{40}", true}, /* mixed number */
+        {"-2.25", "-2\\frac14", true},
+        {"1.22", "1,22", true},                       /* decimal comma... */
+        {"\\{69,84\\}", "69,84", true},            /* ...or a list, whichever matches */
+        {"7425000", "7,425,000", true},
+        {"3", "\\{3, 3\\}", true},                   /* the same answer boxed twice */
+        {"2x+4y-3=0", "y=-\\frac{1}{2}x+\\frac{3}{4}", true}, /* equations up to a factor */
+        {"0", "5x - 7y + 11z + 4 = 0", false},        /* an equation is not its rhs */
+        {"11", "x = 5+5+1 = 11", true},               /* the last value of a chain */
+        {"-2 \\le x \\le 7", "x \\in [-2,7]", true},
+        {"(3,2)", "(p,q)=(3,2)", true},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         ck_assert_msg(qd_rewards_equiv(cases[i].gold, cases[i].pred) == cases[i].same,
@@ -201,6 +216,18 @@ static qd_grade_style style_of(const char *source)
 {
     return strstr(source, "grade-school-math") ? QD_GRADE_GSM8K : QD_GRADE_MATH;
 }
+
+/* Lists longer than the comparison buffer are never compared by a prefix. */
+START_TEST(test_long_lists)
+{
+    char a[2048] = "", b[2048] = "";
+    for (int i = 0; i < 200; i++) {
+        snprintf(a + strlen(a), sizeof a - strlen(a), "%s%d", i ? "," : "", i);
+        snprintf(b + strlen(b), sizeof b - strlen(b), "%s%d", i ? "," : "", i == 150 ? 7 : i);
+    }
+    ck_assert(!qd_rewards_equiv(a, b));
+}
+END_TEST
 
 START_TEST(test_agreement_with_suites)
 {
@@ -390,6 +417,10 @@ START_TEST(test_pass_at_k)
                 ck_assert_double_eq_tol(p, direct, 1e-12);
                 ck_assert_double_eq_tol((double)num / (double)den, p, 1e-12);
             }
+    for (int c = 0; c <= 16; c++) { /* pass@1 is the fraction correct */
+        ck_assert_int_eq(qd_rewards_pass_at_k_exact(16, c, 1, &num, &den), QD_OK);
+        ck_assert_uint_eq(num * 16, (uint64_t)c * den);
+    }
     ck_assert_int_eq(qd_rewards_pass_at_k_exact(4, 0, 2, &num, &den), QD_OK);
     ck_assert_uint_eq(num, 0);
     ck_assert_int_eq(qd_rewards_pass_at_k(4, 5, 2, &p), QD_ERR_ARG);
@@ -490,6 +521,7 @@ Suite *suite_rewards(void)
     tcase_add_test(tc, test_boxed_extraction);
     tcase_add_test(tc, test_extraction_styles);
     tcase_add_test(tc, test_equivalence_cases);
+    tcase_add_test(tc, test_long_lists);
     tcase_add_test(tc, test_agreement_with_suites);
     tcase_add_test(tc, test_reference_graders_reproduced);
     tcase_add_test(tc, test_gsm8k_labels);
