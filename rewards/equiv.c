@@ -337,23 +337,43 @@ static const qd_rw_node *chain_value(const qd_rw_node *r)
     return r->kids[r->nkids - 1];
 }
 
-/* a < x < b (x a name) as the interval (a, b); NULL when not of that form. */
+static qd_rw_node *interval(ctx *c, char open, qd_rw_node *lo, qd_rw_node *hi, char close)
+{
+    qd_rw_node *t = qd_rw_new(c->arena, QD_RW_TUPLE);
+    t->open = open;
+    t->close = close;
+    qd_rw_add_kid(t, lo);
+    qd_rw_add_kid(t, hi);
+    return t;
+}
+
+static bool is_abs_of_name(const qd_rw_node *e)
+{
+    return e->kind == QD_RW_FUNC && !strcmp(e->name, "abs") && name_like(e->kids[0]);
+}
+
+/* a < x < b (x a name) as the interval (a, b), and a <= |x| <= b (a > 0)
+ * as [-b, -a] U [a, b]; NULL when not of that form. */
 static qd_rw_node *chain_interval(ctx *c, const qd_rw_node *r)
 {
-    if (r->nkids != 3 || !name_like(r->kids[1]))
+    if (r->nkids != 3 || !(name_like(r->kids[1]) || is_abs_of_name(r->kids[1])))
         return NULL;
     char o1 = r->ops[0], o2 = r->ops[1];
     bool up = strchr("<l", o1) && strchr("<l", o2), down = strchr(">g", o1) && strchr(">g", o2);
     if (!up && !down)
         return NULL;
-    qd_rw_node *t = qd_rw_new(c->arena, QD_RW_TUPLE);
-    const qd_rw_node *lo = up ? r->kids[0] : r->kids[2], *hi = up ? r->kids[2] : r->kids[0];
+    qd_rw_node *lo = up ? r->kids[0] : r->kids[2], *hi = up ? r->kids[2] : r->kids[0];
     char olo = up ? o1 : o2, ohi = up ? o2 : o1;
-    t->open = (olo == 'l' || olo == 'g') ? '[' : '(';
-    t->close = (ohi == 'l' || ohi == 'g') ? ']' : ')';
-    qd_rw_add_kid(t, (qd_rw_node *)lo);
-    qd_rw_add_kid(t, (qd_rw_node *)hi);
-    return t;
+    char open = (olo == 'l' || olo == 'g') ? '[' : '(', close = (ohi == 'l' || ohi == 'g') ? ']' : ')';
+    if (!is_abs_of_name(r->kids[1]))
+        return interval(c, open, lo, hi, close);
+    if (has_symbols(lo) || !(eval_num(lo, 0) > 0))
+        return NULL;
+    qd_rw_node *u = qd_rw_new(c->arena, QD_RW_UNION);
+    qd_rw_add_kid(u, interval(c, close == ']' ? '[' : '(', mk2(c, QD_RW_NEG, hi, NULL),
+                              mk2(c, QD_RW_NEG, lo, NULL), open == '[' ? ']' : ')'));
+    qd_rw_add_kid(u, interval(c, open, lo, hi, close));
+    return u;
 }
 
 /* What a relation stands for when compared with a non-relation. A chain

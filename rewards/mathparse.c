@@ -789,12 +789,13 @@ static qd_rw_node *parse_rel(parser *p)
     return r;
 }
 
-static bool at_separator(parser *p)
+/* ';' separates groups ("p=5,q=2; p=7,q=2"); ',', "and", "or" separate items. */
+static bool at_separator(parser *p, bool semicolon)
 {
     token *t = peek(p);
-    if (t->t == T_CHAR && (t->c == ',' || t->c == ';'))
-        return true;
-    if ((t->t == T_WORD || t->t == T_TEXT)) {
+    if (t->t == T_CHAR && (t->c == ';' || t->c == ','))
+        return (t->c == ';') == semicolon;
+    if (!semicolon && (t->t == T_WORD || t->t == T_TEXT)) {
         char w[64];
         size_t n = 0;
         for (const char *c = t->s; *c && n < sizeof w - 1; c++)
@@ -809,33 +810,31 @@ static bool at_separator(parser *p)
 #define MAX_DEPTH 64
 #define MAX_ANSWER 4096
 
-static qd_rw_node *parse_seq_inner(parser *p);
-
-static qd_rw_node *parse_seq(parser *p)
+static qd_rw_node *parse_list(parser *p, bool outer)
 {
-    if (++p->depth > MAX_DEPTH)
-        return fail(p);
-    qd_rw_node *r = parse_seq_inner(p);
-    p->depth--;
-    return r;
-}
-
-static qd_rw_node *parse_seq_inner(parser *p)
-{
-    qd_rw_node *a = parse_rel(p);
-    if (!a || !at_separator(p))
+    qd_rw_node *a = outer ? parse_list(p, false) : parse_rel(p);
+    if (!a || !at_separator(p, outer))
         return a;
     qd_rw_node *l = qd_rw_new(p->arena, QD_RW_LIST);
     qd_rw_add_kid(l, a);
-    while (at_separator(p) && !p->err) {
-        while (at_separator(p))
+    while (at_separator(p, outer) && !p->err) {
+        while (at_separator(p, outer))
             p->pos++;
-        qd_rw_node *b = parse_rel(p);
+        qd_rw_node *b = outer ? parse_list(p, false) : parse_rel(p);
         if (!b)
             return fail(p);
         qd_rw_add_kid(l, b);
     }
     return l;
+}
+
+static qd_rw_node *parse_seq(parser *p)
+{
+    if (++p->depth > MAX_DEPTH)
+        return fail(p);
+    qd_rw_node *r = parse_list(p, true);
+    p->depth--;
+    return r;
 }
 
 /* ---- string preparation before lexing */

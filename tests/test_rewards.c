@@ -202,6 +202,8 @@ START_TEST(test_equivalence_cases)
         {"11", "x = 5+5+1 = 11", true},               /* the last value of a chain */
         {"-2 \\le x \\le 7", "x \\in [-2,7]", true},
         {"(3,2)", "(p,q)=(3,2)", true},
+        {"[-2,-1) \\cup (1,2]", "1 < |x| \\le 2", true},
+        {"(5,2),(7,2)", "p=5,q=2; p=7,q=2", true},  /* ';' groups assignments */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         ck_assert_msg(qd_rewards_equiv(cases[i].gold, cases[i].pred) == cases[i].same,
