@@ -52,7 +52,7 @@ static int grade_line(const char *line, long lineno, qd_grade_style style)
         json_decref(obj);
         return 1;
     }
-    qd_grade_result r;
+    qd_rewards_result r;
     if (qd_rewards_grade(output, gold, style, &r)) {
         fprintf(stderr, "quads grade: stdin line %ld: %s\n", lineno, qd_last_error());
         json_decref(obj);
@@ -67,7 +67,7 @@ static int grade_line(const char *line, long lineno, qd_grade_style style)
         fprintf(stderr, "quads grade: stdin line %ld: field 'output': extracted answer is not valid UTF-8\n", lineno);
     free(s);
     json_decref(out);
-    qd_grade_result_free(&r);
+    qd_rewards_result_free(&r);
     json_decref(obj);
     return ok ? 0 : 1;
 }

@@ -63,7 +63,7 @@ static bool grade_math(const char *pred, const char *gold_text)
 }
 
 qd_status qd_rewards_grade(const char *output, const char *gold, qd_grade_style style,
-                           qd_grade_result *res)
+                           qd_rewards_result *res)
 {
     if (!output || !gold)
         return qd_error(QD_ERR_ARG, "grade: %s is missing", output ? "gold" : "output");
@@ -85,7 +85,7 @@ qd_status qd_rewards_grade(const char *output, const char *gold, qd_grade_style 
     return QD_OK;
 }
 
-void qd_grade_result_free(qd_grade_result *res)
+void qd_rewards_result_free(qd_rewards_result *res)
 {
     free(res->extracted);
     res->extracted = NULL;

@@ -5,9 +5,9 @@
 #include <string.h>
 #include "rewards/rewards.h"
 
-qd_reward_config qd_reward_config_default(void)
+qd_rewards_config qd_rewards_config_default(void)
 {
-    return (qd_reward_config){.correct = 1.0, .incorrect = 0.0, .format_penalty = 0.0};
+    return (qd_rewards_config){.correct = 1.0, .incorrect = 0.0, .format_penalty = 0.0};
 }
 
 double qd_rewards_overlong(int len, int l_max, int l_cache)
@@ -19,7 +19,7 @@ double qd_rewards_overlong(int len, int l_max, int l_cache)
     return -1.0;
 }
 
-double qd_rewards_score(const qd_reward_config *cfg, bool has_answer, bool correct, int len)
+double qd_rewards_score(const qd_rewards_config *cfg, bool has_answer, bool correct, int len)
 {
     double r = !has_answer ? cfg->format_penalty : correct ? cfg->correct : cfg->incorrect;
     if (cfg->overlong_max > 0)

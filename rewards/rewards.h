@@ -48,11 +48,11 @@ bool qd_rewards_equiv(const char *gold, const char *pred);
 typedef struct {
     bool correct;
     char *extracted; /* owned; NULL when no answer could be extracted */
-} qd_grade_result;
+} qd_rewards_result;
 
 qd_status qd_rewards_grade(const char *output, const char *gold, qd_grade_style style,
-                           qd_grade_result *res);
-void qd_grade_result_free(qd_grade_result *res);
+                           qd_rewards_result *res);
+void qd_rewards_result_free(qd_rewards_result *res);
 qd_status qd_rewards_style_parse(const char *name, qd_grade_style *style);
 
 /* ---- rewards and metrics (metrics.c) */
@@ -62,14 +62,14 @@ typedef struct {
     double format_penalty; /* reward when no answer is extractable (0; DAPO uses -1) */
     int overlong_max;      /* L_max in tokens; 0 disables the overlong penalty */
     int overlong_cache;    /* L_cache: width of the soft penalty zone */
-} qd_reward_config;
+} qd_rewards_config;
 
-qd_reward_config qd_reward_config_default(void);
+qd_rewards_config qd_rewards_config_default(void);
 /* DAPO soft overlong punishment (Yu et al. 2025, eq. 13): 0 up to
  * L_max - L_cache, then linear down to -1 at L_max, -1 beyond. */
 double qd_rewards_overlong(int len, int l_max, int l_cache);
 /* Outcome reward plus overlong penalty for one graded sample. */
-double qd_rewards_score(const qd_reward_config *cfg, bool has_answer, bool correct, int len);
+double qd_rewards_score(const qd_rewards_config *cfg, bool has_answer, bool correct, int len);
 
 /* Unbiased pass@k of Chen et al. 2021: 1 - prod_{i=n-c+1}^{n} (1 - k/i). */
 qd_status qd_rewards_pass_at_k(int n, int c, int k, double *out);

@@ -247,10 +247,10 @@ START_TEST(test_agreement_with_suites)
         while (g < 3 && strncmp(src, groups[g], strlen(groups[g])))
             g++;
         ck_assert_msg(g < 3, "case %zu: unknown source %s", i, src);
-        qd_grade_result r;
+        qd_rewards_result r;
         ck_assert_int_eq(qd_rewards_grade(str(c, "output"), str(c, "gold"), style_of(src), &r), QD_OK);
         bool ok = r.correct == json_is_true(json_object_get(c, "expected"));
-        qd_grade_result_free(&r);
+        qd_rewards_result_free(&r);
         total[g]++;
         agree[g] += ok;
         if (ok)
@@ -290,12 +290,12 @@ START_TEST(test_reference_graders_reproduced)
         const char *out = str(c, "output"), *gold = str(c, "gold");
         bool h = json_is_true(json_object_get(computed, "hendrycks_is_equiv_raw"));
         ck_assert_msg(qd_rewards_equiv_hendrycks(out, gold) == h, "hendrycks case %zu", i);
-        qd_grade_result r;
+        qd_rewards_result r;
         ck_assert_int_eq(qd_rewards_grade(out, gold, QD_GRADE_DAPO, &r), QD_OK);
         bool d = json_is_true(json_object_get(computed, "verl_math_dapo"));
         ck_assert_msg(r.correct == d, "dapo case %zu", i);
         dapo_true += d;
-        qd_grade_result_free(&r);
+        qd_rewards_result_free(&r);
     }
     ck_assert_int_eq(dapo_true, 4);
     json_decref(cases);
@@ -314,11 +314,11 @@ START_TEST(test_gsm8k_labels)
         const char *gold = str(json_array_get(test, i), "answer");
         for (int m = 0; m < 4; m++) {
             json_t *s = json_object_get(json_array_get(sols, i), models[m]);
-            qd_grade_result r;
+            qd_rewards_result r;
             ck_assert_int_eq(qd_rewards_grade(str(s, "solution"), gold, QD_GRADE_GSM8K, &r), QD_OK);
             agree += r.correct == json_is_true(json_object_get(s, "is_correct"));
             n++;
-            qd_grade_result_free(&r);
+            qd_rewards_result_free(&r);
         }
     }
     ck_assert_int_eq(n, 5276);
@@ -338,10 +338,10 @@ START_TEST(test_gold_answers_match_solutions)
     size_t i;
     json_t *r;
     json_array_foreach(rows, i, r) {
-        qd_grade_result g;
+        qd_rewards_result g;
         ck_assert_int_eq(qd_rewards_grade(str(r, "solution"), str(r, "answer"), QD_GRADE_MATH, &g), QD_OK);
         ck_assert_msg(g.correct, "MATH-500 row %zu: answer [%s], extracted [%s]", i, str(r, "answer"), g.extracted);
-        qd_grade_result_free(&g);
+        qd_rewards_result_free(&g);
     }
     json_decref(rows);
     static const char *const files[] = {"tests/fixtures/benchmarks/math_test_number_theory.jsonl",
@@ -355,10 +355,10 @@ START_TEST(test_gold_answers_match_solutions)
             ck_assert_msg(box != NULL, "%s row %zu has no box", files[f], i);
             char out[4096];
             snprintf(out, sizeof out, "So the final answer is $\\boxed{%s}$.", box);
-            qd_grade_result g;
+            qd_rewards_result g;
             ck_assert_int_eq(qd_rewards_grade(out, str(r, "solution"), QD_GRADE_MATH, &g), QD_OK);
             ck_assert_msg(g.correct, "%s row %zu: [%s]", files[f], i, box);
-            qd_grade_result_free(&g);
+            qd_rewards_result_free(&g);
             free(box);
             n++;
         }
@@ -383,9 +383,9 @@ START_TEST(test_truncated_inputs)
             for (size_t cut = 0; cut <= n && cut <= 400; cut += 2) {
                 char *pre = strndup(texts[t], cut);
                 for (int st = 0; st < 3; st++) {
-                    qd_grade_result r;
+                    qd_rewards_result r;
                     ck_assert_int_eq(qd_rewards_grade(pre, texts[1 - t], (qd_grade_style)st, &r), QD_OK);
-                    qd_grade_result_free(&r);
+                    qd_rewards_result_free(&r);
                     graded++;
                 }
                 free(pre);
@@ -442,10 +442,10 @@ START_TEST(test_overlong_and_score)
     ck_assert_double_eq(qd_rewards_overlong(90, 100, 20), -0.5);
     ck_assert_double_eq(qd_rewards_overlong(100, 100, 20), -1.0);
     ck_assert_double_eq(qd_rewards_overlong(150, 100, 20), -1.0);
-    qd_reward_config cfg = qd_reward_config_default();
+    qd_rewards_config cfg = qd_rewards_config_default();
     ck_assert_double_eq(qd_rewards_score(&cfg, true, true, 10), 1.0);
     ck_assert_double_eq(qd_rewards_score(&cfg, true, false, 10), 0.0);
-    cfg = (qd_reward_config){.correct = 1, .incorrect = -1, .format_penalty = -1.5,
+    cfg = (qd_rewards_config){.correct = 1, .incorrect = -1, .format_penalty = -1.5,
                              .overlong_max = 100, .overlong_cache = 20};
     ck_assert_double_eq(qd_rewards_score(&cfg, false, false, 10), -1.5);
     ck_assert_double_eq(qd_rewards_score(&cfg, true, true, 90), 0.5);
@@ -490,22 +490,22 @@ END_TEST
 
 START_TEST(test_grade_styles)
 {
-    qd_grade_result r;
+    qd_rewards_result r;
     ck_assert_int_eq(qd_rewards_grade("so \\boxed{\\frac{3}{4}}", "0.75", QD_GRADE_MATH, &r), QD_OK);
     ck_assert(r.correct);
     ck_assert_str_eq(r.extracted, "\\frac{3}{4}");
-    qd_grade_result_free(&r);
+    qd_rewards_result_free(&r);
     ck_assert_int_eq(qd_rewards_grade("I do not know", "5", QD_GRADE_MATH, &r), QD_OK);
     ck_assert(!r.correct && r.extracted == NULL); /* the format penalty case */
     ck_assert_int_eq(qd_rewards_grade("x\n#### $1,000", "#### 1000", QD_GRADE_GSM8K, &r), QD_OK);
     ck_assert(r.correct);
-    qd_grade_result_free(&r);
+    qd_rewards_result_free(&r);
     ck_assert_int_eq(qd_rewards_grade("Answer: 0.5", "\\frac{1}{2}", QD_GRADE_DAPO, &r), QD_OK);
     ck_assert(!r.correct); /* DAPO compares normalized strings only */
-    qd_grade_result_free(&r);
+    qd_rewards_result_free(&r);
     ck_assert_int_eq(qd_rewards_grade("Answer: \\frac12", "\\boxed{\\frac{1}{2}}", QD_GRADE_DAPO, &r), QD_OK);
     ck_assert(r.correct);
-    qd_grade_result_free(&r);
+    qd_rewards_result_free(&r);
     qd_grade_style st;
     ck_assert_int_eq(qd_rewards_style_parse("gsm8k", &st), QD_OK);
     ck_assert_int_eq(st, QD_GRADE_GSM8K);
