@@ -12,7 +12,7 @@
 #include "quant/status.h"
 
 typedef enum {
-    QD_GRADE_MATH,  /* boxed/latex/“answer is” extraction, semantic equivalence */
+    QD_GRADE_MATH,  /* \boxed / "answer is" / LaTeX / number extraction, semantic equivalence */
     QD_GRADE_GSM8K, /* "#### N" / "A: N" / "Answer: N" / last number, numeric compare */
     QD_GRADE_DAPO,  /* DAPO: "Answer: X" line, Minerva normalization, string compare */
 } qd_grade_style;
@@ -37,11 +37,13 @@ bool qd_rewards_equiv_hendrycks(const char *a, const char *b);
 char *qd_rewards_normalize_minerva(const char *s);
 
 /* ---- equivalence (equiv.c, mathparse.c) */
-/* Are two extracted answers the same mathematical object? Tries normalized
- * string equality, then parses both (numbers, fractions, roots, simple
- * expressions with variables, tuples, intervals, sets, matrices, relations)
- * and compares exactly where possible, numerically otherwise. `gold` and
- * `pred` are not symmetric: an equation "x = 5" in pred may stand for 5. */
+/* Are two extracted answers the same mathematical object? Tries string
+ * equality (spaces and $ ignored), then parses both (numbers, fractions,
+ * roots, simple expressions with variables, tuples, intervals, sets,
+ * matrices, relations) and compares exactly where possible, numerically
+ * otherwise; answers it cannot parse fall back to Hendrycks equality.
+ * gold and pred are not symmetric: a predicted "1/2 + 1/3 = 5/6" stands for
+ * 5/6, a gold "7 = 11a+c" stays an equation. */
 bool qd_rewards_equiv(const char *gold, const char *pred);
 
 /* ---- grading (grade.c) */
