@@ -14,6 +14,7 @@ typedef struct {
 int qd_cmd_quantize(int argc, char **argv);
 int qd_cmd_grade(int argc, char **argv);
 int qd_cmd_bench(int argc, char **argv);
+int qd_cmd_eval(int argc, char **argv);
 int qd_cmd_tokenize(int argc, char **argv);
 
 #endif

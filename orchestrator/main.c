@@ -9,6 +9,7 @@ static const qd_command commands[] = {
     {"tokenize", qd_cmd_tokenize, "text to token ids (and back) with a tokenizer.json"},
     {"grade", qd_cmd_grade, "grade model outputs against gold answers (JSONL in, JSONL out)"},
     {"bench", qd_cmd_bench, "list and fetch benchmark datasets"},
+    {"eval", qd_cmd_eval, "grade a model on benchmarks: pass@k, maj@k, report.md and report.json"},
     {NULL, NULL, NULL},
 };
 

@@ -37,6 +37,7 @@ int main(void)
     srunner_add_suite(sr, suite_safetensors());
     srunner_add_suite(sr, suite_tokenizer());
     srunner_add_suite(sr, suite_rewards());
+    srunner_add_suite(sr, suite_eval());
     srunner_add_suite(sr, suite_benchmarks());
     srunner_add_suite(sr, suite_orchestrator());
     srunner_run_all(sr, CK_NORMAL);

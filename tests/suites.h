@@ -8,6 +8,7 @@ Suite *suite_quant(void);
 Suite *suite_safetensors(void);
 Suite *suite_tokenizer(void);
 Suite *suite_rewards(void);
+Suite *suite_eval(void);
 Suite *suite_benchmarks(void);
 Suite *suite_orchestrator(void);
 

@@ -1,0 +1,345 @@
+/* qd_eval_run: prompts -> generator -> grading -> per-benchmark metrics. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "benchmarks/eval.h"
+
+void qd_eval_opts_default(qd_eval_opts *o)
+{
+    *o = (qd_eval_opts){.prompt_template = QD_EVAL_QWEN_MATH_PROMPT, .samples = 1, .batch = 64,
+                        .n_examples = 3, .bootstrap_reps = 1000, .progress = 1};
+}
+
+char *qd_eval_prompt(const char *tmpl, const char *problem)
+{
+    static const char key[] = "{problem}";
+    const size_t klen = sizeof key - 1, plen = strlen(problem);
+    size_t n = 0;
+    for (const char *p = strstr(tmpl, key); p; p = strstr(p + klen, key))
+        n++;
+    char *out = malloc(strlen(tmpl) + n * plen + 1 - n * klen);
+    if (!out)
+        return NULL;
+    char *w = out;
+    for (const char *p = tmpl, *q; *p; p = q + klen) {
+        q = strstr(p, key);
+        if (!q) {
+            strcpy(w, p);
+            return out;
+        }
+        memcpy(w, p, (size_t)(q - p));
+        w += q - p;
+        memcpy(w, problem, plen);
+        w += plen;
+    }
+    *w = '\0';
+    return out;
+}
+
+/* ---- grading ------------------------------------------------------------ */
+
+/* A sample is right when it matches the answer or any alternative; the
+ * extracted answer is the same for every gold, so the first one is kept. */
+static qd_status grade_sample(const char *output, const qd_bench_record *r, qd_grade_style style,
+                              bool *correct, char **extracted)
+{
+    qd_rewards_result res;
+    qd_status st = qd_rewards_grade(output, r->answer, style, &res);
+    if (st)
+        return st;
+    *correct = res.correct;
+    *extracted = res.extracted;
+    for (size_t a = 0; a < r->n_alt && !*correct && *extracted; a++) {
+        qd_rewards_result alt;
+        if ((st = qd_rewards_grade(output, r->alt[a], style, &alt))) {
+            free(*extracted);
+            return st;
+        }
+        *correct = alt.correct;
+        qd_rewards_result_free(&alt);
+    }
+    return QD_OK;
+}
+
+/* Code points of UTF-8 text (continuation bytes are not counted). */
+static size_t utf8_length(const char *s)
+{
+    size_t n = 0;
+    for (; *s; s++)
+        n += ((unsigned char)*s & 0xC0) != 0x80;
+    return n;
+}
+
+static char *dup_or_null(const char *s)
+{
+    return s ? strdup(s) : NULL;
+}
+
+/* Running sums of one benchmark while its batches come in. */
+typedef struct {
+    const qd_eval_bench *b;
+    const qd_eval_opts *o;
+    size_t n;             /* problems after the limit */
+    int *c;               /* (n) correct samples per problem */
+    double mean_k_sum;    /* sum of mean@K per problem */
+    size_t maj;           /* problems whose majority answer is right */
+    double tokens, chars; /* sums over samples */
+    bool tokens_known;
+    qd_eval_result *res;
+} bench_acc;
+
+static void keep_example(bench_acc *a, const qd_bench_record *r, int j, const char *output,
+                         const char *extracted, bool correct, int tokens)
+{
+    qd_eval_result *res = a->res;
+    int *count = correct ? &res->n_right : &res->n_wrong;
+    qd_eval_example *e = &(correct ? res->right : res->wrong)[*count];
+    /* One example per problem: more variety than the K samples of the first. */
+    if (*count >= a->o->n_examples || (*count && !strcmp(e[-1].id, r->id)))
+        return;
+    (*count)++;
+    *e = (qd_eval_example){strdup(r->id), strdup(r->problem), strdup(r->answer), strdup(output),
+                           dup_or_null(extracted), j, tokens};
+}
+
+/* Grades the k samples of problem i (outputs and tokens: (k)). */
+static qd_status grade_problem(bench_acc *a, size_t i, char *const *outputs, const int *tokens)
+{
+    const qd_bench_record *r = &a->b->set->rec[i];
+    const int k = a->o->samples;
+    bool ok[k];
+    char *ext[k];
+    qd_status st = QD_OK;
+    int done;
+    for (done = 0; done < k; done++) {
+        if ((st = grade_sample(outputs[done], r, a->b->style, &ok[done], &ext[done])))
+            break;
+        a->c[i] += ok[done];
+        a->res->n_correct += ok[done];
+        a->res->n_no_answer += !ext[done];
+        a->chars += (double)utf8_length(outputs[done]);
+        a->tokens += tokens[done];
+        a->tokens_known = a->tokens_known && tokens[done] >= 0;
+        keep_example(a, r, done, outputs[done], ext[done], ok[done], tokens[done]);
+    }
+    if (!st) {
+        int m = qd_rewards_majority(ext, k);
+        a->maj += m >= 0 && ok[m];
+        a->mean_k_sum += qd_rewards_mean_at_k(ok, k);
+    }
+    for (int j = 0; j < done; j++)
+        free(ext[j]);
+    return st ? qd_error(st, "%s: problem '%s': %s", a->b->name, r->id, qd_last_error()) : QD_OK;
+}
+
+/* ---- generation in batches ---------------------------------------------- */
+
+static void free_outputs(char **outputs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(outputs[i]);
+        outputs[i] = NULL;
+    }
+}
+
+static qd_status build_prompts(const bench_acc *a, size_t first, int nb, char **prompts)
+{
+    for (int i = 0; i < nb; i++) {
+        prompts[i] = qd_eval_prompt(a->o->prompt_template, a->b->set->rec[first + (size_t)i].problem);
+        if (!prompts[i])
+            return qd_error(QD_ERR_NOMEM, "%s: prompt of problem %zu", a->b->name, first + (size_t)i);
+    }
+    return QD_OK;
+}
+
+static qd_status check_outputs(const bench_acc *a, size_t first, int nb, char *const *outputs)
+{
+    const int k = a->o->samples;
+    for (int i = 0; i < nb * k; i++)
+        if (!outputs[i])
+            return qd_error(QD_ERR_FORMAT, "%s: generator gave no output for problem '%s' sample %d",
+                            a->b->name, a->b->set->rec[first + (size_t)(i / k)].id, i % k);
+    return QD_OK;
+}
+
+/* Problems [first, first + nb): generate, then grade. */
+static qd_status run_batch(bench_acc *a, size_t first, int nb, qd_eval_generate_fn gen, void *ctx)
+{
+    const int k = a->o->samples;
+    const size_t ns = (size_t)nb * (size_t)k;
+    char **prompts = calloc((size_t)nb, sizeof *prompts);
+    char **outputs = calloc(ns, sizeof *outputs);
+    int *tokens = malloc(ns * sizeof *tokens);
+    qd_status st = prompts && outputs && tokens ? QD_OK : qd_error(QD_ERR_NOMEM, "%s: batch of %d", a->b->name, nb);
+    for (size_t i = 0; !st && i < ns; i++)
+        tokens[i] = -1;
+    if (!st)
+        st = build_prompts(a, first, nb, prompts);
+    if (!st)
+        st = gen(ctx, (const char *const *)prompts, nb, k, outputs, tokens);
+    if (!st)
+        st = check_outputs(a, first, nb, outputs);
+    for (int i = 0; !st && i < nb; i++)
+        st = grade_problem(a, first + (size_t)i, outputs + (size_t)i * k, tokens + (size_t)i * k);
+    if (outputs)
+        free_outputs(outputs, ns);
+    for (int i = 0; prompts && i < nb; i++)
+        free(prompts[i]);
+    free(prompts);
+    free(outputs);
+    free(tokens);
+    return st;
+}
+
+static void progress(const bench_acc *a, size_t done)
+{
+    if (!a->o->progress || !isatty(STDERR_FILENO))
+        return;
+    double p1 = (double)a->res->n_correct / ((double)done * a->o->samples);
+    fprintf(stderr, "\r%s: %zu/%zu problems, pass@1 so far %.4f%s", a->b->name, done, a->n, p1,
+            done == a->n ? "\n" : "");
+}
+
+/* ---- metrics ------------------------------------------------------------ */
+
+/* pass@k for k = 1, 2, 4, ... below K, and K. */
+static qd_status pass_at_ks(bench_acc *a)
+{
+    const int k = a->o->samples;
+    qd_eval_result *res = a->res;
+    res->pass = calloc(34, sizeof *res->pass);
+    if (!res->pass)
+        return qd_error(QD_ERR_NOMEM, "%s: pass@k", a->b->name);
+    for (int kk = 1;; kk = kk * 2 < k ? kk * 2 : k) {
+        double sum = 0, v;
+        for (size_t i = 0; i < a->n; i++) {
+            qd_status st = qd_rewards_pass_at_k(k, a->c[i], kk, &v);
+            if (st)
+                return st;
+            sum += v;
+        }
+        res->pass[res->n_pass++] = (qd_eval_pass){kk, sum / (double)a->n};
+        if (kk == k)
+            return QD_OK;
+    }
+}
+
+static qd_status finish_bench(bench_acc *a)
+{
+    const int k = a->o->samples;
+    qd_eval_result *res = a->res;
+    double *x = malloc(a->n * sizeof *x), sum = 0;
+    if (!x)
+        return qd_error(QD_ERR_NOMEM, "%s: bootstrap", a->b->name);
+    for (size_t i = 0; i < a->n; i++)
+        sum += x[i] = (double)a->c[i] / k;
+    res->pass1 = sum / (double)a->n;
+    qd_status st = qd_rewards_bootstrap_ci(x, (int)a->n, a->o->bootstrap_reps, 0.95, a->o->seed,
+                                           &res->pass1_lo, &res->pass1_hi);
+    free(x);
+    if (st)
+        return qd_error(st, "%s: %s", a->b->name, qd_last_error());
+    double ns = (double)a->n * k;
+    res->maj_k = (double)a->maj / (double)a->n;
+    res->mean_k = a->mean_k_sum / (double)a->n;
+    res->mean_chars = a->chars / ns;
+    res->mean_tokens = a->tokens_known ? a->tokens / ns : NAN;
+    return pass_at_ks(a);
+}
+
+static qd_status eval_bench(const qd_eval_bench *b, const qd_eval_opts *o, qd_eval_generate_fn gen,
+                            void *ctx, qd_eval_result *res)
+{
+    size_t n = o->limit && o->limit < b->set->n ? o->limit : b->set->n;
+    if (!n)
+        return qd_error(QD_ERR_ARG, "%s: no problems to evaluate", b->name);
+    bench_acc a = {.b = b, .o = o, .n = n, .c = calloc(n, sizeof(int)), .tokens_known = true, .res = res};
+    *res = (qd_eval_result){.name = strdup(b->name), .style = b->style, .n_problems = n, .k = o->samples,
+                            .right = calloc((size_t)o->n_examples + 1, sizeof *res->right),
+                            .wrong = calloc((size_t)o->n_examples + 1, sizeof *res->wrong)};
+    qd_status st = a.c && res->name && res->right && res->wrong ? QD_OK : qd_error(QD_ERR_NOMEM, "%s", b->name);
+    for (size_t first = 0; !st && first < n; first += (size_t)o->batch) {
+        int nb = n - first < (size_t)o->batch ? (int)(n - first) : o->batch;
+        st = run_batch(&a, first, nb, gen, ctx);
+        if (!st)
+            progress(&a, first + (size_t)nb);
+    }
+    if (!st)
+        st = finish_bench(&a);
+    free(a.c);
+    return st;
+}
+
+static qd_status check_opts(const qd_eval_opts *o)
+{
+    if (o->samples < 1 || o->samples > 1 << 20)
+        return qd_error(QD_ERR_ARG, "eval: samples %d: expected 1..1048576", o->samples);
+    if (o->batch < 1 || o->n_examples < 0 || o->bootstrap_reps < 2)
+        return qd_error(QD_ERR_ARG, "eval: batch %d, examples %d, bootstrap resamples %d: expected >= 1, >= 0, >= 2",
+                        o->batch, o->n_examples, o->bootstrap_reps);
+    if ((size_t)o->batch * (size_t)o->samples > (size_t)1 << 28)
+        return qd_error(QD_ERR_ARG, "eval: batch %d x samples %d is too large", o->batch, o->samples);
+    return QD_OK;
+}
+
+qd_status qd_eval_run(const qd_eval_bench *benches, size_t n_bench, const qd_eval_opts *o,
+                      qd_eval_generate_fn gen, void *ctx, qd_eval_report *out)
+{
+    memset(out, 0, sizeof *out);
+    qd_status st = check_opts(o);
+    if (st)
+        return st;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const char *tmpl = o->prompt_template ? o->prompt_template : QD_EVAL_QWEN_MATH_PROMPT;
+    qd_eval_opts oo = *o;
+    oo.prompt_template = tmpl;
+    *out = (qd_eval_report){.bench = calloc(n_bench + 1, sizeof *out->bench), .k = o->samples,
+                            .model = dup_or_null(o->model), .precision = dup_or_null(o->precision),
+                            .prompt_template = strdup(tmpl)};
+    if (!out->bench || !out->prompt_template)
+        st = qd_error(QD_ERR_NOMEM, "eval: report");
+    for (size_t i = 0; !st && i < n_bench; i++, out->n_bench++)
+        st = eval_bench(&benches[i], &oo, gen, ctx, &out->bench[i]);
+    if (st) { /* n_bench counts the failed benchmark too: its partial result is freed */
+        qd_eval_report_free(out);
+        return st;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    out->seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    return QD_OK;
+}
+
+static void example_free(qd_eval_example *e)
+{
+    free(e->id);
+    free(e->problem);
+    free(e->gold);
+    free(e->output);
+    free(e->extracted);
+}
+
+void qd_eval_report_free(qd_eval_report *r)
+{
+    for (size_t i = 0; r->bench && i < r->n_bench; i++) {
+        qd_eval_result *b = &r->bench[i];
+        for (int j = 0; j < b->n_right; j++)
+            example_free(&b->right[j]);
+        for (int j = 0; j < b->n_wrong; j++)
+            example_free(&b->wrong[j]);
+        free(b->right);
+        free(b->wrong);
+        free(b->pass);
+        free(b->name);
+    }
+    free(r->bench);
+    free(r->model);
+    free(r->precision);
+    free(r->prompt_template);
+    memset(r, 0, sizeof *r);
+}
