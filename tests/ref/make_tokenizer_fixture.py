@@ -13,6 +13,9 @@ Outputs (small, committed):
     qwen2_bpe.json   the tokenizer.json (merges in the [a, b] array form)
     cases.json       [{"text", "ids", "decoded", "decoded_skip"}] for every hard text
     chat.json        a ChatML conversation: the formatted text and HF's ids
+    decodes.json     [{"ids", "decoded"}]: every single id, and prefixes of multi-byte cases
+    gpt2_bpe.json    a GPT-2-style layout (no normalizer; ByteLevel with its regex and
+                     add_prefix_space), and gpt2_cases.json its ids for the same texts
 """
 import json
 import os
@@ -70,6 +73,7 @@ HARD_TEXTS = [
     "<|endoftext|><|endoftext|>text<|endoftext|>",
     "<|end|> <|endof <|endoftext|",
     "a<think>b</think>c <think> x",
+    "x<tool call>y <tool call> <tool",
     "Non-breaking\u00a0space\u2003em\u3000ideo\u0085nel\u2028ls\u2029ps\u180emvs\u200bzw end",
     "\u000b\u000c\u001c\u001d\u001e\u001f ctl",
     "nul\u0000byte \u0001\u007f",
@@ -81,6 +85,11 @@ HARD_TEXTS = [
     "!!!???...,,,;;;:::---___***",
     "the the the the. The THE tHe",
     "\U0001f600\U0001f600 \U00010348 \U0001d49c",
+    # Long runs: BPE over thousands of symbols, regex backtracking over long whitespace.
+    "a" * 3000,
+    " " * 2000 + "x" + " " * 2000,
+    "\n" * 1500 + "\t \n" * 500,
+    "1" * 800 + "ab" * 700,
 ]
 
 CHAT = [
@@ -122,10 +131,24 @@ def build():
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
                             for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")])
     # Non-special added tokens: "<|end" overlaps "<|endoftext|>" (longest match
-    # wins); "<think>" is matched after normalization.
+    # wins); "<think>" is matched after normalization; "<tool call>" has a
+    # character outside the byte-level alphabet (decoded from its raw UTF-8).
     tok.add_tokens([AddedToken("<|end", special=False, normalized=False),
                     AddedToken("<think>", special=False, normalized=True),
-                    AddedToken("</think>", special=False, normalized=False)])
+                    AddedToken("</think>", special=False, normalized=False),
+                    AddedToken("<tool call>", special=False, normalized=False)])
+    return tok
+
+
+def build_gpt2_style():
+    """A second layout: no normalizer, ByteLevel alone with its own regex and add_prefix_space."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=600, min_frequency=1, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS * 4 + synthetic_corpus(), trainer)
+    tok.add_special_tokens([AddedToken("<|endoftext|>", special=True, normalized=False)])
     return tok
 
 
@@ -134,6 +157,11 @@ def case(tok, text):
     return {"text": text, "ids": ids,
             "decoded": tok.decode(ids, skip_special_tokens=False),
             "decoded_skip": tok.decode(ids, skip_special_tokens=True)}
+
+
+def write_lines(f, items):
+    """A JSON array with one item per line (small, and diffs stay readable)."""
+    f.write("[\n" + ",\n".join(json.dumps(x, ensure_ascii=True) for x in items) + "\n]\n")
 
 
 def main():
@@ -145,7 +173,7 @@ def main():
     # Re-load what was saved so the ids come from the file the C side reads.
     tok = Tokenizer.from_file(path)
     with open(os.path.join(out, "cases.json"), "w", encoding="utf-8") as f:
-        json.dump([case(tok, t) for t in HARD_TEXTS], f, ensure_ascii=True, indent=1)
+        write_lines(f, [case(tok, t) for t in HARD_TEXTS])
     text = "".join(CHAT_TEMPLATE.replace("{role}", r).replace("{content}", c) for r, c in CHAT)
     text += CHAT_GENERATION
     chat = {"template": CHAT_TEMPLATE, "generation": CHAT_GENERATION,
@@ -153,6 +181,22 @@ def main():
             "text": text, "ids": tok.encode(text).ids}
     with open(os.path.join(out, "chat.json"), "w", encoding="utf-8") as f:
         json.dump(chat, f, ensure_ascii=True, indent=1)
+    # Decodes of every single id (partial UTF-8 becomes U+FFFD) and of every
+    # prefix of the multi-byte cases.
+    multi = [c for c in HARD_TEXTS if any(ord(ch) > 0x7ff for ch in c)]
+    prefixes = [tok.encode(t).ids for t in multi]
+    prefixes = [ids[:k] for ids in prefixes for k in range(1, min(len(ids), 12) + 1)]
+    decodes = [{"ids": [i], "decoded": tok.decode([i], skip_special_tokens=False)}
+               for i in range(tok.get_vocab_size())]
+    decodes += [{"ids": ids, "decoded": tok.decode(ids, skip_special_tokens=False)} for ids in prefixes]
+    with open(os.path.join(out, "decodes.json"), "w", encoding="utf-8") as f:
+        write_lines(f, decodes)
+    gpt2 = build_gpt2_style()
+    gpt2_path = os.path.join(out, "gpt2_bpe.json")
+    gpt2.save(gpt2_path, pretty=False)
+    gpt2 = Tokenizer.from_file(gpt2_path)
+    with open(os.path.join(out, "gpt2_cases.json"), "w", encoding="utf-8") as f:
+        write_lines(f, [{"text": t, "ids": gpt2.encode(t).ids} for t in HARD_TEXTS])
     print(f"vocab {tok.get_vocab_size()} ({os.path.getsize(path)} bytes), {len(HARD_TEXTS)} cases")
 
 
