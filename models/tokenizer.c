@@ -563,13 +563,77 @@ static qd_status load_one_normalizer(qd_tokenizer *t, const json_t *n, const cha
     return qd_error(QD_ERR_UNSUPPORTED, "%s: %s.type: \"%s\" is not supported", name, field, type);
 }
 
+/* Oniguruma's \s (HF compiles its regexes with Oniguruma) is Unicode White_Space;
+ * PCRE2's \s with UCP also matches U+180E. Spelling \s and \S out as this class
+ * makes the two agree (checked on every code point, see tests/ref/). \S inside a
+ * class cannot be spelled out and keeps PCRE2's meaning. */
+#define WHITE_SPACE "\\t-\\r\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}"
+
+/* Copies what follows pat[*i] that is quoted (\Q...\E) or a POSIX class ([:alpha:]). */
+static size_t copy_through(const char *pat, size_t n, size_t i, const char *end, char *out, size_t *k)
+{
+    const char *stop = NULL;
+    for (size_t j = i + 2; j + strlen(end) <= n && !stop; j++)
+        if (!memcmp(pat + j, end, strlen(end)))
+            stop = pat + j + strlen(end);
+    size_t m = stop ? (size_t)(stop - (pat + i)) : n - i;
+    memcpy(out + *k, pat + i, m);
+    *k += m;
+    return i + m;
+}
+
+/* pat with \s and \S spelled out as WHITE_SPACE; *out is malloc'd and NUL-terminated. */
+static char *spell_out_space(const char *pat, size_t n, size_t *out_len)
+{
+    const size_t ws = sizeof WHITE_SPACE - 1;
+    char *out = malloc(n * (ws + 4) / 2 + 8);
+    size_t k = 0, i = 0;
+    int in_class = 0;
+    while (out && i < n) {
+        char c = pat[i], d = i + 1 < n ? pat[i + 1] : 0;
+        if (c == '\\' && d == 'Q')
+            i = copy_through(pat, n, i, "\\E", out, &k);
+        else if (in_class && c == '[' && d == ':')
+            i = copy_through(pat, n, i, ":]", out, &k);
+        else if (c == '\\' && (d == 's' || (d == 'S' && !in_class))) {
+            const char *open = in_class ? "" : d == 's' ? "[" : "[^";
+            k += (size_t)sprintf(out + k, "%s%s%s", open, WHITE_SPACE, in_class ? "" : "]");
+            i += 2;
+        } else if (c == '\\') {
+            memcpy(out + k, pat + i, d ? 2 : 1);
+            k += d ? 2 : 1;
+            i += d ? 2 : 1;
+        } else if (!in_class && c == '[') {
+            in_class = 1; /* a ']' right after '[' or '[^' is a literal */
+            out[k++] = pat[i++];
+            if (i < n && pat[i] == '^')
+                out[k++] = pat[i++];
+            if (i < n && pat[i] == ']')
+                out[k++] = pat[i++];
+        } else {
+            in_class &= c != ']';
+            out[k++] = pat[i++];
+        }
+    }
+    if (out)
+        out[k] = 0;
+    *out_len = k;
+    return out;
+}
+
 static qd_status compile(pcre2_code **re, const char *pat, size_t len, uint32_t extra,
                          const char *name, const char *field)
 {
     int code;
     PCRE2_SIZE at;
-    *re = pcre2_compile((PCRE2_SPTR)pat, len, PCRE2_UTF | PCRE2_UCP | extra, &code, &at, NULL);
-    if (!*re) {
+    size_t n = len;
+    char *spelled = extra & PCRE2_LITERAL ? dup_bytes(pat, len) : spell_out_space(pat, len, &n);
+    if (!spelled)
+        return qd_error(QD_ERR_NOMEM, "%s: out of memory", name);
+    *re = pcre2_compile((PCRE2_SPTR)spelled, n, PCRE2_UTF | PCRE2_UCP | extra, &code, &at, NULL);
+    free(spelled);
+    if (!*re) { /* the error and its offset as in the file's pattern */
+        pcre2_code_free(pcre2_compile((PCRE2_SPTR)pat, len, PCRE2_UTF | PCRE2_UCP | extra, &code, &at, NULL));
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(code, msg, sizeof msg);
         return qd_error(QD_ERR_FORMAT, "%s: %s: bad regex at offset %zu: %s", name, field, (size_t)at,

@@ -115,6 +115,74 @@ START_TEST(test_decodes_equal_hf)
 }
 END_TEST
 
+/* The fixture tokenizer with its Split regex replaced by pattern (behavior
+ * Removed) and no normalizer or added tokens: a code point is in the
+ * pattern's class when encoding it alone gives no ids. */
+static qd_tokenizer *class_tokenizer(const char *pattern)
+{
+    json_t *root = load_fixture(QWEN2);
+    json_t *split = json_pack("{s:s, s:{s:s}, s:s, s:b}", "type", "Split", "pattern", "Regex", pattern,
+                              "behavior", "Removed", "invert", 0);
+    json_array_set_new(json_object_get(json_object_get(root, "pre_tokenizer"), "pretokenizers"), 0, split);
+    json_object_set_new(root, "normalizer", json_null());
+    json_object_set_new(root, "added_tokens", json_array());
+    char *text = json_dumps(root, 0);
+    qd_tokenizer *tok = NULL;
+    ck_assert_msg(qd_tokenizer_load_string(text, strlen(text), pattern, &tok) == QD_OK, "%s", qd_last_error());
+    free(text);
+    json_decref(root);
+    return tok;
+}
+
+static int in_class(const qd_tokenizer *tok, uint32_t cp)
+{
+    char s[4];
+    int32_t *ids;
+    uint32_t v = cp;
+    size_t n, len = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+    for (size_t i = len - 1; i > 0; i--, v >>= 6)
+        s[i] = (char)(0x80 | (v & 0x3f));
+    s[0] = (char)(len == 1 ? v : (0xf00u >> len) | v);
+    if (qd_tokenizer_encode(tok, s, len, &ids, &n)) /* no ck_assert here: each one writes to a pipe */
+        ck_abort_msg("U+%04X: %s", cp, qd_last_error());
+    free(ids);
+    return n == 0;
+}
+
+/* Every code point against HF's classes (regex_classes.json). PCRE2 10.42 has
+ * Unicode 14 tables: letters and digits added since (unassigned, \p{Cn}, to
+ * PCRE2) may differ; nothing else may, and \s, \S must agree everywhere. */
+START_TEST(test_regex_classes_equal_hf)
+{
+    json_t *fx = load_fixture("tests/fixtures/tokenizer/regex_classes.json");
+    const json_t *cls = json_array_get(json_object_get(fx, "classes"), (size_t)_i);
+    const char *pattern = json_string_value(json_object_get(cls, "pattern"));
+    const json_t *ranges = json_object_get(cls, "ranges");
+    qd_tokenizer *tok = class_tokenizer(pattern), *unassigned = class_tokenizer("\\p{Cn}");
+    size_t r = 0, newer = 0;
+    for (uint32_t cp = 1; cp < 0x110000; cp++) {
+        if (cp >= 0xd800 && cp <= 0xdfff)
+            continue;
+        while (r < json_array_size(ranges) &&
+               json_integer_value(json_array_get(json_array_get(ranges, r), 1)) < cp)
+            r++;
+        const json_t *rg = json_array_get(ranges, r);
+        int hf = rg && json_integer_value(json_array_get(rg, 0)) <= cp;
+        if (in_class(tok, cp) == hf)
+            continue;
+        if (!in_class(unassigned, cp))
+            ck_abort_msg("%s: U+%04X: HF %d, ours %d", pattern, cp, hf, !hf);
+        newer++;
+    }
+    if (pattern[1] == 's' || pattern[1] == 'S')
+        ck_assert_uint_eq(newer, 0);
+    ck_assert_uint_lt(newer, 12000);
+    qd_tokenizer_free(tok);
+    qd_tokenizer_free(unassigned);
+    json_decref(fx);
+}
+END_TEST
+
 /* The tokenizer.json with merges rewritten in the legacy "a b" string form gives the same ids. */
 START_TEST(test_legacy_merges)
 {
@@ -447,6 +515,8 @@ Suite *suite_tokenizer(void)
     tcase_add_test(hf, test_legacy_merges);
     tcase_add_test(hf, test_chatml_equal_hf);
     tcase_add_test(hf, test_special_lookup);
+    tcase_add_loop_test(hf, test_regex_classes_equal_hf, 0, 5);
+    tcase_set_timeout(hf, 60);
     suite_add_tcase(s, hf);
     TCase *bad = tcase_create("malformed");
     tcase_add_test(bad, test_bad_input_refused);
