@@ -276,7 +276,8 @@ qd_status qd_config_load(const char *path, qd_model_config *cfg)
     json_error_t err;
     json_t *root = json_load_file(path, 0, &err);
     if (!root)
-        return qd_error(err.line < 0 ? QD_ERR_IO : QD_ERR_FORMAT, "%s: line %d: %s", path, err.line, err.text);
+        return err.line < 0 ? qd_error(QD_ERR_IO, "%s: %s", path, err.text)
+                            : qd_error(QD_ERR_FORMAT, "%s: line %d: %s", path, err.line, err.text);
     qd_status st = parse(root, cfg, path);
     json_decref(root);
     return st;

@@ -142,15 +142,13 @@ static int utf8_seq(const uint8_t *s, size_t n)
     return need + 1;
 }
 
-static int utf8_valid(const char *s, size_t n)
+/* The offset of the first byte that is not valid UTF-8, or n. */
+static size_t utf8_valid_prefix(const char *s, size_t n)
 {
-    for (size_t i = 0; i < n;) {
-        int k = utf8_seq((const uint8_t *)s + i, n - i);
-        if (k < 0)
-            return 0;
+    size_t i = 0;
+    for (int k; i < n && (k = utf8_seq((const uint8_t *)s + i, n - i)) > 0;)
         i += (size_t)k;
-    }
-    return 1;
+    return i;
 }
 
 static size_t put_utf8(char *out, uint32_t cp)
@@ -797,7 +795,8 @@ qd_status qd_tokenizer_load(const char *path, qd_tokenizer **out)
     *out = NULL;
     json_t *root = json_load_file(path, JSON_ALLOW_NUL, &err);
     if (!root)
-        return qd_error(err.line < 0 ? QD_ERR_IO : QD_ERR_FORMAT, "%s: line %d: %s", path, err.line, err.text);
+        return err.line < 0 ? qd_error(QD_ERR_IO, "%s: %s", path, err.text)
+                            : qd_error(QD_ERR_FORMAT, "%s: line %d: %s", path, err.line, err.text);
     return load_json(root, path, out);
 }
 
@@ -1145,8 +1144,9 @@ qd_status qd_tokenizer_encode(const qd_tokenizer *t, const char *text, size_t le
     encoder e = {.t = t};
     *ids = NULL;
     *n_ids = 0;
-    if (!utf8_valid(text, len))
-        return qd_error(QD_ERR_ARG, "tokenizer: input is not valid UTF-8");
+    size_t valid = utf8_valid_prefix(text, len);
+    if (valid < len)
+        return qd_error(QD_ERR_ARG, "tokenizer: input is not valid UTF-8 at byte %zu", valid);
     if (!(e.md = pcre2_match_data_create(16, NULL)))
         return qd_error(QD_ERR_NOMEM, "tokenizer: out of memory");
     qd_status st = split_added(&e, &t->raw_set, text, len, after_raw_added);

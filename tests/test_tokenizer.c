@@ -6,8 +6,11 @@
  * tokenizer.json and config.json files must be refused with messages naming
  * the file and the field. */
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include "models/config.h"
 #include "models/tokenizer.h"
 #include "tests/suites.h"
@@ -361,6 +364,63 @@ START_TEST(test_unreadable_tokenizer_refused)
 }
 END_TEST
 
+/* Runs `quads tokenize ARGS` on input; its stdout in *out (malloc'd), the exit status returned. */
+static int run_cli(const char *args, const char *input, size_t n, char **out)
+{
+    char in_path[] = "/tmp/qd_tok_inXXXXXX", out_path[] = "/tmp/qd_tok_outXXXXXX", cmd[2048];
+    int fi = mkstemp(in_path), fo = mkstemp(out_path);
+    ck_assert(fi >= 0 && fo >= 0);
+    ck_assert_int_eq(write(fi, input, n), (ssize_t)n);
+    close(fi);
+    close(fo);
+    snprintf(cmd, sizeof cmd, "'%s/quads' tokenize --tokenizer '%s' %s < %s > %s 2>/dev/null",
+             getenv("QD_BUILDDIR"), qd_test_path(QWEN2), args, in_path, out_path);
+    int rc = system(cmd);
+    FILE *f = fopen(out_path, "rb");
+    *out = calloc(1, 1 << 16);
+    ck_assert(f && *out);
+    size_t got = fread(*out, 1, (1 << 16) - 1, f);
+    (*out)[got] = 0;
+    fclose(f);
+    unlink(in_path);
+    unlink(out_path);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+/* The CLI end to end: HF's ids for a case, its decode, --chat, and refusals. */
+START_TEST(test_cli)
+{
+    if (!getenv("QD_BUILDDIR"))
+        return; /* only under make check, which builds quads */
+    json_t *cases = load_fixture("tests/fixtures/tokenizer/cases.json");
+    const json_t *c = json_array_get(cases, 16); /* ChatML text with special tokens */
+    const char *text = json_string_value(json_object_get(c, "text"));
+    char *want = json_dumps(json_object_get(c, "ids"), JSON_COMPACT), *out;
+    ck_assert_int_eq(run_cli("", text, strlen(text), &out), 0);
+    ck_assert_msg(strncmp(out, want, strlen(want)) == 0 && out[strlen(want)] == '\n', "%s vs %s", out, want);
+    free(out);
+    ck_assert_int_eq(run_cli("--decode", want, strlen(want), &out), 0);
+    ck_assert_str_eq(out, text);
+    free(out);
+    ck_assert_int_eq(run_cli("--decode --skip-special", want, strlen(want), &out), 0);
+    ck_assert_str_eq(out, "user\nhi there\nassistant\n");
+    free(out);
+    /* HF tokenizers' ids of the ChatML text of (system "Be brief.", user "hi there") + generation prompt. */
+    ck_assert_int_eq(run_cli("--chat --system 'Be brief.'", "hi there", 8, &out), 0);
+    ck_assert_str_eq(out, "[1501,82,88,261,68,76,198,33,68,431,285,68,69,13,1502,198,1501,409,198,71,72,"
+                          "294,256,68,1502,198,1501,1118,198]\n");
+    free(out);
+    ck_assert_int_eq(run_cli("", "bad \xff", 5, &out), 1);
+    free(out);
+    ck_assert_int_eq(run_cli("--decode", "[1, \"x\"]", 8, &out), 1);
+    free(out);
+    ck_assert_int_eq(run_cli("--bogus", "", 0, &out), 2);
+    free(out);
+    free(want);
+    json_decref(cases);
+}
+END_TEST
+
 /* ---- config.json */
 
 static qd_model_config cfg; /* large (mlp_only_layers): not on the test's stack */
@@ -522,6 +582,7 @@ Suite *suite_tokenizer(void)
     tcase_add_test(bad, test_bad_input_refused);
     tcase_add_loop_test(bad, test_malformed_tokenizer_refused, 0, (int)(sizeof tok_bad / sizeof tok_bad[0]));
     tcase_add_test(bad, test_unreadable_tokenizer_refused);
+    tcase_add_test(bad, test_cli);
     suite_add_tcase(s, bad);
     TCase *config = tcase_create("config");
     tcase_add_test(config, test_config_qwen3_30b_a3b);
