@@ -14,7 +14,7 @@ Outputs (small, committed):
     cases.json       [{"text", "ids", "decoded", "decoded_skip"}] for every hard text
     chat.json        a ChatML conversation: the formatted text and HF's ids
     decodes.json     [{"ids", "decoded"}]: every single id, and prefixes of multi-byte cases
-    gpt2_bpe.json    a GPT-2-style layout (no normalizer; ByteLevel with its regex and
+    gpt2_bpe.json    a GPT-2-style layout (NFKC; ByteLevel with its regex and
                      add_prefix_space), and gpt2_cases.json its ids for the same texts
 """
 import json
@@ -141,8 +141,9 @@ def build():
 
 
 def build_gpt2_style():
-    """A second layout: no normalizer, ByteLevel alone with its own regex and add_prefix_space."""
+    """A second layout: NFKC in a Sequence, ByteLevel alone with its own regex and add_prefix_space."""
     tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.Sequence([normalizers.NFKC()])
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=600, min_frequency=1, show_progress=False,
