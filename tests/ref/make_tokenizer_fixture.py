@@ -15,7 +15,7 @@ Outputs (small, committed):
     chat.json        a ChatML conversation: the formatted text and HF's ids
     decodes.json     [{"ids", "decoded"}]: every single id, and prefixes of multi-byte cases
     gpt2_bpe.json    a GPT-2-style layout (NFKC; ByteLevel with its regex and
-                     add_prefix_space), and gpt2_cases.json its ids for the same texts
+                     add_prefix_space; ignore_merges), and gpt2_cases.json its ids for the same texts
 """
 import json
 import os
@@ -84,6 +84,7 @@ HARD_TEXTS = [
     "ǅungla İstanbul ß ẞ ﬁ ŉ",
     "!!!???...,,,;;;:::---___***",
     "the the the the. The THE tHe",
+    "QUADS and QUADS-C, not QUAD",
     "\U0001f600\U0001f600 \U00010348 \U0001d49c",
     # Long runs: BPE over thousands of symbols, regex backtracking over long whitespace.
     "a" * 3000,
@@ -141,7 +142,8 @@ def build():
 
 
 def build_gpt2_style():
-    """A second layout: NFKC in a Sequence, ByteLevel alone with its own regex and add_prefix_space."""
+    """A second layout: NFKC in a Sequence, ByteLevel alone with its own regex and
+    add_prefix_space, BPE with ignore_merges."""
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.Sequence([normalizers.NFKC()])
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True)
@@ -149,6 +151,12 @@ def build_gpt2_style():
     trainer = trainers.BpeTrainer(vocab_size=600, min_frequency=1, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(CORPUS * 4 + synthetic_corpus(), trainer)
+    # Llama-3 style: a word that is a vocabulary entry is taken whole, before any
+    # merge; "ĠQUADS" is one that no merge sequence builds.
+    spec = json.loads(tok.to_str())
+    spec["model"]["ignore_merges"] = True
+    spec["model"]["vocab"]["\u0120QUADS"] = len(spec["model"]["vocab"])
+    tok = Tokenizer.from_str(json.dumps(spec))
     tok.add_special_tokens([AddedToken("<|endoftext|>", special=True, normalized=False)])
     return tok
 
