@@ -567,7 +567,8 @@ static qd_status load_one_normalizer(qd_tokenizer *t, const json_t *n, const cha
  * class cannot be spelled out and keeps PCRE2's meaning. */
 #define WHITE_SPACE "\\t-\\r\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}"
 
-/* Copies what follows pat[*i] that is quoted (\Q...\E) or a POSIX class ([:alpha:]). */
+/* Copies pat[i..] through the next `end` (or to the end): a quoted \Q...\E or a
+ * POSIX class [:alpha:], where nothing is rewritten. Returns the index after it. */
 static size_t copy_through(const char *pat, size_t n, size_t i, const char *end, char *out, size_t *k)
 {
     const char *stop = NULL;
@@ -619,19 +620,21 @@ static char *spell_out_space(const char *pat, size_t n, size_t *out_len)
     return out;
 }
 
-static qd_status compile(pcre2_code **re, const char *pat, size_t len, uint32_t extra,
+/* Compiles a regex (or, when literal, a plain string) for the pre-tokenizer. */
+static qd_status compile(pcre2_code **re, const char *pat, size_t len, int literal,
                          const char *name, const char *field)
 {
     int code;
     PCRE2_SIZE at;
     size_t n = len;
-    char *spelled = extra & PCRE2_LITERAL ? dup_bytes(pat, len) : spell_out_space(pat, len, &n);
+    uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP); /* LITERAL refuses UCP */
+    char *spelled = literal ? dup_bytes(pat, len) : spell_out_space(pat, len, &n);
     if (!spelled)
         return qd_error(QD_ERR_NOMEM, "%s: out of memory", name);
-    *re = pcre2_compile((PCRE2_SPTR)spelled, n, PCRE2_UTF | PCRE2_UCP | extra, &code, &at, NULL);
+    *re = pcre2_compile((PCRE2_SPTR)spelled, n, opts, &code, &at, NULL);
     free(spelled);
     if (!*re) { /* the error and its offset as in the file's pattern */
-        pcre2_code_free(pcre2_compile((PCRE2_SPTR)pat, len, PCRE2_UTF | PCRE2_UCP | extra, &code, &at, NULL));
+        pcre2_code_free(pcre2_compile((PCRE2_SPTR)pat, len, opts, &code, &at, NULL));
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(code, msg, sizeof msg);
         return qd_error(QD_ERR_FORMAT, "%s: %s: bad regex at offset %zu: %s", name, field, (size_t)at,
@@ -666,8 +669,7 @@ static qd_status load_split(qd_tokenizer *t, const json_t *p, const char *name, 
     s->remove = !strcmp(behavior, "Removed");
     snprintf(sub, sizeof sub, "%s.pattern.%s", field, regex ? "Regex" : "String");
     const json_t *src = regex ? regex : literal;
-    return compile(&s->re, json_string_value(src), json_string_length(src), regex ? 0 : PCRE2_LITERAL,
-                   name, sub);
+    return compile(&s->re, json_string_value(src), json_string_length(src), !regex, name, sub);
 }
 
 static qd_status load_byte_level(qd_tokenizer *t, const json_t *p, const char *name, const char *field)

@@ -14,8 +14,9 @@ Outputs (small, committed):
     cases.json       [{"text", "ids", "decoded", "decoded_skip"}] for every hard text
     chat.json        a ChatML conversation: the formatted text and HF's ids
     decodes.json     [{"ids", "decoded"}]: every single id, and prefixes of multi-byte cases
-    gpt2_bpe.json    a GPT-2-style layout (NFKC; ByteLevel with its regex and
-                     add_prefix_space; ignore_merges), and gpt2_cases.json its ids for the same texts
+    gpt2_bpe.json    a GPT-2-style layout (NFKC; Split on "--" Removed; ByteLevel with its
+                     regex and add_prefix_space; ignore_merges), and gpt2_cases.json its
+                     ids for the same texts
 """
 import json
 import os
@@ -142,11 +143,14 @@ def build():
 
 
 def build_gpt2_style():
-    """A second layout: NFKC in a Sequence, ByteLevel alone with its own regex and
-    add_prefix_space, BPE with ignore_merges."""
+    """A second layout: NFKC in a Sequence, a Split on a plain string with behavior
+    Removed, ByteLevel with its own regex and add_prefix_space, BPE with ignore_merges."""
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.Sequence([normalizers.NFKC()])
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split("--", behavior="removed"),  # a String pattern, matches dropped
+        pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=600, min_frequency=1, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
