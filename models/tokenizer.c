@@ -175,6 +175,21 @@ static void byte_level_tables(qd_tokenizer *t)
     }
 }
 
+static int grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return 1;
+    size_t c = *cap ? *cap : 64;
+    while (c < need)
+        c *= 2;
+    void *q = realloc(*p, c * elem);
+    if (!q)
+        return 0;
+    *p = q;
+    *cap = c;
+    return 1;
+}
+
 /* ---- the vocabulary and merge tables */
 
 static int32_t vocab_find(const qd_tokenizer *t, const char *s, size_t n)
@@ -345,48 +360,50 @@ static qd_status merge_parts(const json_t *e, const char *name, const char *fiel
     return fmt_err(name, field, "expected a string \"left right\" or an array [left, right]");
 }
 
+/* Merge number i; *joined is a scratch buffer for the merged string (grown here). */
+static qd_status load_merge(qd_tokenizer *t, const json_t *e, size_t i, const char *name, char **joined,
+                            size_t *cap)
+{
+    char field[48];
+    const char *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    snprintf(field, sizeof field, "model.merges[%zu]", i);
+    qd_status st = merge_parts(e, name, field, &a, &na, &b, &nb);
+    if (st)
+        return st;
+    int32_t ia = vocab_find(t, a, na), ib = vocab_find(t, b, nb);
+    if (ia < 0 || ib < 0)
+        return qd_error(QD_ERR_FORMAT, "%s: %s: token \"%.*s\" is not in model.vocab", name, field,
+                        (int)(ia < 0 ? na : nb), ia < 0 ? a : b);
+    if (!grow((void **)joined, cap, na + nb, 1))
+        return qd_error(QD_ERR_NOMEM, "%s: out of memory", name);
+    memcpy(*joined, a, na);
+    memcpy(*joined + na, b, nb);
+    int32_t id = vocab_find(t, *joined, na + nb);
+    if (id < 0)
+        return qd_error(QD_ERR_FORMAT, "%s: %s: merged token \"%.*s%.*s\" is not in model.vocab", name,
+                        field, (int)na, a, (int)nb, b);
+    merge_insert(t, ia, ib, (int32_t)i, id);
+    return QD_OK;
+}
+
 static qd_status load_merges(qd_tokenizer *t, const json_t *merges, const char *name)
 {
     if (!json_is_array(merges))
         return fmt_err(name, "model.merges", "missing or not an array");
-    size_t n = json_array_size(merges);
+    size_t n = json_array_size(merges), cap = 0;
+    char *joined = NULL;
     t->merge_cap = table_cap(n);
     t->merges = malloc(t->merge_cap * sizeof *t->merges);
-    char *joined = NULL;
     if (!t->merges)
         return qd_error(QD_ERR_NOMEM, "%s: out of memory", name);
     for (size_t i = 0; i < t->merge_cap; i++)
         t->merges[i].key = EMPTY_KEY;
-    for (size_t i = 0; i < n; i++) {
-        char field[48];
-        const char *a = NULL, *b = NULL;
-        size_t na = 0, nb = 0;
-        snprintf(field, sizeof field, "model.merges[%zu]", i);
-        qd_status st = merge_parts(json_array_get(merges, i), name, field, &a, &na, &b, &nb);
-        if (st)
-            return st;
-        int32_t ia = vocab_find(t, a, na), ib = vocab_find(t, b, nb);
-        if (ia < 0 || ib < 0)
-            return qd_error(QD_ERR_FORMAT, "%s: %s: token \"%.*s\" is not in model.vocab", name, field,
-                            (int)(ia < 0 ? na : nb), ia < 0 ? a : b);
-        char *tmp = realloc(joined, na + nb);
-        if (!tmp) {
-            free(joined);
-            return qd_error(QD_ERR_NOMEM, "%s: out of memory", name);
-        }
-        joined = tmp;
-        memcpy(joined, a, na);
-        memcpy(joined + na, b, nb);
-        int32_t id = vocab_find(t, joined, na + nb);
-        if (id < 0) {
-            free(joined);
-            return qd_error(QD_ERR_FORMAT, "%s: %s: merged token \"%.*s%.*s\" is not in model.vocab",
-                            name, field, (int)na, a, (int)nb, b);
-        }
-        merge_insert(t, ia, ib, (int32_t)i, id);
-    }
+    qd_status st = QD_OK;
+    for (size_t i = 0; !st && i < n; i++)
+        st = load_merge(t, json_array_get(merges, i), i, name, &joined, &cap);
     free(joined);
-    return QD_OK;
+    return st;
 }
 
 static qd_status load_model(qd_tokenizer *t, const json_t *model, const char *name)
@@ -851,21 +868,6 @@ typedef struct {
     char *buf;          /* a prefix-spaced piece or a byte-level word */
     size_t buf_cap;
 } encoder;
-
-static int grow(void **p, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap)
-        return 1;
-    size_t c = *cap ? *cap : 64;
-    while (c < need)
-        c *= 2;
-    void *q = realloc(*p, c * elem);
-    if (!q)
-        return 0;
-    *p = q;
-    *cap = c;
-    return 1;
-}
 
 static qd_status emit(encoder *e, int32_t id)
 {
