@@ -224,7 +224,10 @@ static qd_status get_mlp_only_layers(const json_t *root, qd_model_config *c, con
 
 static qd_status get_moe(const json_t *root, qd_model_config *c, const char *name)
 {
-    qd_status st = get_int(root, "num_experts", 1, 0, 0, &c->num_experts, name);
+    /* transformers 5 writes num_local_experts; published checkpoints num_experts */
+    const char *experts_key = json_object_get(root, "num_experts") || !json_object_get(root, "num_local_experts")
+                                  ? "num_experts" : "num_local_experts";
+    qd_status st = get_int(root, experts_key, 1, 0, 0, &c->num_experts, name);
     if (!st)
         st = get_int(root, "num_experts_per_tok", 1, 0, 1, &c->num_experts_per_tok, name);
     if (!st && c->num_experts && c->num_experts_per_tok > c->num_experts)
@@ -260,7 +263,7 @@ static qd_status parse(const json_t *root, qd_model_config *c, const char *name)
     return st;
 }
 
-qd_status qd_config_load_string(const char *json, size_t len, const char *name, qd_model_config *cfg)
+qd_status qd_model_config_load_string(const char *json, size_t len, const char *name, qd_model_config *cfg)
 {
     json_error_t err;
     json_t *root = json_loadb(json, len, 0, &err);
@@ -271,7 +274,7 @@ qd_status qd_config_load_string(const char *json, size_t len, const char *name, 
     return st;
 }
 
-qd_status qd_config_load(const char *path, qd_model_config *cfg)
+qd_status qd_model_config_load(const char *path, qd_model_config *cfg)
 {
     json_error_t err;
     json_t *root = json_load_file(path, 0, &err);
@@ -283,7 +286,7 @@ qd_status qd_config_load(const char *path, qd_model_config *cfg)
     return st;
 }
 
-int qd_config_is_moe_layer(const qd_model_config *c, int layer)
+int qd_model_config_is_moe_layer(const qd_model_config *c, int layer)
 {
     if (c->arch != QD_ARCH_QWEN3_MOE || c->num_experts <= 0 || (layer + 1) % c->decoder_sparse_step)
         return 0;

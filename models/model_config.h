@@ -43,10 +43,10 @@ typedef struct {
 } qd_model_config;
 
 /* Reads config.json at path into *cfg. */
-qd_status qd_config_load(const char *path, qd_model_config *cfg);
+qd_status qd_model_config_load(const char *path, qd_model_config *cfg);
 /* The same from len bytes of JSON text; name stands for the file in messages. */
-qd_status qd_config_load_string(const char *json, size_t len, const char *name, qd_model_config *cfg);
+qd_status qd_model_config_load_string(const char *json, size_t len, const char *name, qd_model_config *cfg);
 /* Whether layer i has a sparse MoE block (transformers' Qwen3MoeDecoderLayer rule). */
-int qd_config_is_moe_layer(const qd_model_config *cfg, int layer);
+int qd_model_config_is_moe_layer(const qd_model_config *cfg, int layer);
 
 #endif

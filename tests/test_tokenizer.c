@@ -427,7 +427,7 @@ static qd_model_config cfg; /* large (mlp_only_layers): not on the test's stack 
 
 START_TEST(test_config_qwen3_30b_a3b)
 {
-    ck_assert_msg(qd_config_load(qd_test_path("tests/fixtures/config/qwen3_30b_a3b.json"), &cfg) == QD_OK,
+    ck_assert_msg(qd_model_config_load(qd_test_path("tests/fixtures/config/qwen3_30b_a3b.json"), &cfg) == QD_OK,
                   "%s", qd_last_error());
     ck_assert_int_eq(cfg.arch, QD_ARCH_QWEN3_MOE);
     ck_assert_int_eq(cfg.vocab_size, 151936);
@@ -449,13 +449,13 @@ START_TEST(test_config_qwen3_30b_a3b)
     ck_assert_int_eq(cfg.max_position_embeddings, 40960);
     ck_assert_str_eq(cfg.torch_dtype, "bfloat16");
     for (int i = 0; i < 48; i++)
-        ck_assert(qd_config_is_moe_layer(&cfg, i));
+        ck_assert(qd_model_config_is_moe_layer(&cfg, i));
 }
 END_TEST
 
 START_TEST(test_config_dense_qwen3)
 {
-    ck_assert_msg(qd_config_load(qd_test_path("tests/fixtures/config/qwen3_8b.json"), &cfg) == QD_OK, "%s",
+    ck_assert_msg(qd_model_config_load(qd_test_path("tests/fixtures/config/qwen3_8b.json"), &cfg) == QD_OK, "%s",
                   qd_last_error());
     ck_assert_int_eq(cfg.arch, QD_ARCH_QWEN3);
     ck_assert_int_eq(cfg.hidden_size, 4096);
@@ -466,7 +466,7 @@ START_TEST(test_config_dense_qwen3)
     ck_assert(cfg.rope_theta == 1e6);
     ck_assert_int_eq(cfg.num_experts, 0);
     for (int i = 0; i < 36; i++)
-        ck_assert(!qd_config_is_moe_layer(&cfg, i));
+        ck_assert(!qd_model_config_is_moe_layer(&cfg, i));
 }
 END_TEST
 
@@ -474,11 +474,11 @@ END_TEST
  * transformers 5's "dtype" and "rope_parameters"; an unknown field ignored. */
 START_TEST(test_config_sparse_layers)
 {
-    ck_assert_msg(qd_config_load(qd_test_path("tests/fixtures/config/tiny_sparse_moe.json"), &cfg) == QD_OK,
+    ck_assert_msg(qd_model_config_load(qd_test_path("tests/fixtures/config/tiny_sparse_moe.json"), &cfg) == QD_OK,
                   "%s", qd_last_error());
     int moe = 0;
     for (int i = 0; i < 8; i++)
-        moe |= qd_config_is_moe_layer(&cfg, i) << i;
+        moe |= qd_model_config_is_moe_layer(&cfg, i) << i;
     ck_assert_int_eq(moe, (1 << 1) | (1 << 3) | (1 << 7));
     ck_assert(cfg.rope_theta == 10000.0);
     ck_assert_str_eq(cfg.torch_dtype, "float32");
@@ -496,7 +496,7 @@ START_TEST(test_config_defaults)
         " \"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
         " \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000, \"num_experts\": 4, \"num_experts_per_tok\": 2,"
         " \"moe_intermediate_size\": 16}";
-    ck_assert_msg(qd_config_load_string(json, sizeof json - 1, "min.json", &cfg) == QD_OK, "%s",
+    ck_assert_msg(qd_model_config_load_string(json, sizeof json - 1, "min.json", &cfg) == QD_OK, "%s",
                   qd_last_error());
     ck_assert_int_eq(cfg.num_key_value_heads, 8);
     ck_assert_int_eq(cfg.head_dim, 8);
@@ -548,13 +548,13 @@ START_TEST(test_malformed_config_refused)
     qd_status st;
     if (c->file) {
         snprintf(rel, sizeof rel, "tests/fixtures/config/%s", c->file);
-        st = qd_config_load(qd_test_path(rel), &cfg);
+        st = qd_model_config_load(qd_test_path(rel), &cfg);
         ck_assert_ptr_nonnull(strstr(qd_last_error(), c->file));
     } else {
         json_t *root = load_fixture("tests/fixtures/config/qwen3_30b_a3b.json");
         mutate(root, c->key, c->value);
         char *text = json_dumps(root, 0);
-        st = qd_config_load_string(text, strlen(text), "config.json", &cfg);
+        st = qd_model_config_load_string(text, strlen(text), "config.json", &cfg);
         ck_assert_msg(strstr(qd_last_error(), "config.json: ") == qd_last_error(), "%s", qd_last_error());
         free(text);
         json_decref(root);
@@ -562,6 +562,31 @@ START_TEST(test_malformed_config_refused)
     ck_assert_msg(st == c->want, "%s: status %s (%s)", c->file ? c->file : c->key, qd_status_str(st),
                   qd_last_error());
     ck_assert_msg(strstr(qd_last_error(), c->field), "message '%s' does not name %s", qd_last_error(), c->field);
+}
+END_TEST
+
+/* The transformers-made fixtures use both spellings: transformers 5's
+ * num_local_experts/rope_parameters/dtype and the hub's num_experts/rope_theta. */
+START_TEST(test_config_hf_fixtures)
+{
+    static const struct { const char *dir; int experts, layers, tied, norm_topk; } want[] = {
+        {"qwen3moe_gqa_untied", 8, 2, 0, 1},     {"qwen3moe_mha_tied_nonorm", 8, 2, 1, 0},
+        {"qwen3moe_mqa_sparse2", 8, 3, 0, 1},    {"qwen3moe_mlponly0", 8, 3, 0, 1},
+        {"qwen3_dense", 0, 2, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "tests/fixtures/hf_models/%s/config.json", want[i].dir);
+        qd_model_config cfg;
+        ck_assert_msg(qd_model_config_load(qd_test_path(rel), &cfg) == QD_OK, "%s", qd_last_error());
+        ck_assert_int_eq(cfg.num_experts, want[i].experts);
+        ck_assert_int_eq(cfg.num_hidden_layers, want[i].layers);
+        ck_assert_int_eq(cfg.tie_word_embeddings, want[i].tied);
+        ck_assert_int_eq(cfg.norm_topk_prob, want[i].norm_topk);
+        ck_assert_int_eq(cfg.head_dim, 16);
+        ck_assert(cfg.rope_theta == 10000.0);
+        ck_assert(cfg.rms_norm_eps == 1e-6);
+    }
 }
 END_TEST
 
@@ -589,6 +614,7 @@ Suite *suite_tokenizer(void)
     tcase_add_test(config, test_config_dense_qwen3);
     tcase_add_test(config, test_config_sparse_layers);
     tcase_add_test(config, test_config_defaults);
+    tcase_add_test(config, test_config_hf_fixtures);
     tcase_add_loop_test(config, test_malformed_config_refused, 0, (int)(sizeof cfg_bad / sizeof cfg_bad[0]));
     suite_add_tcase(s, config);
     return s;
