@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "orchestrator/atomic.h"
 #include "orchestrator/metrics.h"
+#include "quant/fileio.h"
 
 struct qd_metrics {
     FILE *f;

@@ -1,7 +1,7 @@
 /* Check suite of the orchestrator library: GRPO/DAPO math against values
  * worked out by hand below (the arithmetic is in the comments), the gradient
  * coefficients against finite differences of the loss, config errors, metrics
- * truncation, atomic writes, checkpoint rotation and SVG output. */
+ * truncation, checkpoint rotation and SVG output. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <ftw.h>
@@ -13,11 +13,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "tests/suites.h"
-#include "orchestrator/atomic.h"
+#include "orchestrator/ckpt.h"
 #include "orchestrator/grpo.h"
 #include "orchestrator/metrics.h"
 #include "orchestrator/rl_config.h"
 #include "orchestrator/svg.h"
+#include "quant/fileio.h"
 
 /* ---- helpers */
 
@@ -741,21 +742,7 @@ START_TEST(test_config_save_and_summary)
 }
 END_TEST
 
-/* ---- atomic writes and checkpoints */
-
-START_TEST(test_atomic_write)
-{
-    const char *p = tmp_path("f.txt");
-    ck_assert_int_eq(qd_atomic_write(p, "hello\n", 6), QD_OK);
-    ck_assert_str_eq(read_file(p), "hello\n");
-    ck_assert_int_eq(qd_atomic_write(p, "bye", 3), QD_OK);
-    ck_assert_str_eq(read_file(p), "bye");
-    ck_assert_int_eq(dir_entries(tmpdir), 1);
-    ck_assert_int_eq(qd_atomic_write(tmp_path("no/such/dir/f"), "x", 1), QD_ERR_IO);
-    ck_assert_ptr_nonnull(strstr(qd_last_error(), "no/such/dir/f"));
-    ck_assert_int_eq(dir_entries(tmpdir), 1);
-}
-END_TEST
+/* ---- checkpoints (the atomic writes themselves are tested in test_quant.c) */
 
 START_TEST(test_ckpt_rotate)
 {
@@ -782,8 +769,6 @@ START_TEST(test_ckpt_rotate)
     ck_assert_int_eq(qd_ckpt_latest(tmpdir, &latest), QD_OK);
     ck_assert_int_eq(latest, 50);
     ck_assert_int_eq(qd_ckpt_rotate(tmpdir, 0, NULL), QD_ERR_ARG);
-    ck_assert_int_eq(qd_mkdirs(""), QD_ERR_ARG);
-    ck_assert_int_eq(qd_mkdirs(tmp_path("metrics.jsonl")), QD_ERR_IO); /* a file, not a directory */
     ck_assert_int_eq(qd_ckpt_path(path, sizeof path, tmpdir, -1), QD_ERR_ARG);
 }
 END_TEST
@@ -1041,7 +1026,6 @@ Suite *suite_orchestrator(void)
     tcase_add_test(files, test_config_overrides);
     tcase_add_test(files, test_config_validate);
     tcase_add_test(files, test_config_save_and_summary);
-    tcase_add_test(files, test_atomic_write);
     tcase_add_test(files, test_ckpt_rotate);
     tcase_add_test(files, test_metrics_series);
     tcase_add_test(files, test_metrics_truncate);
