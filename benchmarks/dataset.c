@@ -1,12 +1,12 @@
 /* Loading benchmark files into qd_bench_record (see dataset.h). */
 #include <ctype.h>
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <jansson.h>
 #include "benchmarks/dataset.h"
+#include "quant/fileio.h"
 
 static char *dup_range(const char *s, size_t n)
 {
@@ -443,29 +443,11 @@ qd_status qd_bench_parse(const char *text, size_t len, const char *name,
 qd_status qd_bench_load_file(const char *path, const qd_bench_fields *fields, qd_bench_set *out)
 {
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return qd_error(QD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t len = 0, cap = 0, n;
-    do {
-        if (len + 65536 > cap) {
-            cap = cap ? 2 * cap : 1 << 20;
-            char *nb = realloc(buf, cap);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return qd_error(QD_ERR_NOMEM, "%s: out of memory", path);
-            }
-            buf = nb;
-        }
-        n = fread(buf + len, 1, 65536, f);
-        len += n;
-    } while (n > 0);
-    int bad = ferror(f);
-    fclose(f);
-    qd_status st = bad ? qd_error(QD_ERR_IO, "%s: read error", path)
-                       : qd_bench_parse(buf, len, path, fields, out);
+    char *buf;
+    size_t len;
+    qd_status st = qd_read_file(path, &buf, &len);
+    if (st == QD_OK)
+        st = qd_bench_parse(buf, len, path, fields, out);
     free(buf);
     return st;
 }

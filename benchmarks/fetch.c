@@ -295,12 +295,6 @@ qd_status qd_fetch_check_content(const char *name, const char *head, size_t n)
     return QD_OK;
 }
 
-static const char *base_name(const char *path)
-{
-    const char *s = strrchr(path, '/');
-    return s ? s + 1 : path;
-}
-
 /* One download into the temp file of qd_atomic_write_with. */
 typedef struct {
     const char *url, *sha256_pin;
@@ -338,7 +332,7 @@ qd_status qd_fetch_file(const char *url, const char *dest, const char *sha256_pi
     qd_status st = qd_mkdirs_parent(dest);
     if (st != QD_OK)
         return st;
-    sink s = {.label = base_name(dest), .show_progress = o->progress && isatty(STDERR_FILENO)};
+    sink s = {.label = qd_path_base(dest), .show_progress = o->progress && isatty(STDERR_FILENO)};
     download d = {.url = url, .sha256_pin = sha256_pin, .o = o, .s = &s};
     st = qd_atomic_write_with(dest, fill_download, &d);
     if (st == QD_OK && sha256_out)

@@ -403,12 +403,6 @@ static qd_status shard_names(const char ***names, size_t *n, json_t *wm, const c
     return QD_OK;
 }
 
-static const char *base_name(const char *path)
-{
-    const char *s = strrchr(path, '/');
-    return s ? s + 1 : path;
-}
-
 /* Every tensor must be where the weight map says, and nowhere else. */
 static qd_status check_weight_map(const qd_safetensors *f, json_t *wm, const char *path)
 {
@@ -420,7 +414,7 @@ static qd_status check_weight_map(const qd_safetensors *f, json_t *wm, const cha
         if (!where)
             return qd_error(QD_ERR_FORMAT, "%s: field 'weight_map' does not list tensor '%s' "
                             "of %s", path, f->t[i].name, f->t[i].file);
-        if (strcmp(where, base_name(f->t[i].file)))
+        if (strcmp(where, qd_path_base(f->t[i].file)))
             return qd_error(QD_ERR_FORMAT, "%s: field 'weight_map.%s' says %s but the tensor "
                             "is in %s", path, f->t[i].name, where, f->t[i].file);
     }
@@ -439,21 +433,21 @@ static qd_status check_weight_map(const qd_safetensors *f, json_t *wm, const cha
 
 static qd_status open_shards(qd_safetensors *f, const char **names, size_t n, const char *path)
 {
-    const char *slash = strrchr(path, '/');
-    int dlen = slash ? (int)(slash - path) : 1;
-    const char *dir = slash ? path : ".";
-    for (size_t i = 0; i < n; i++) {
-        size_t len = (size_t)dlen + strlen(names[i]) + 2;
+    char *dir = qd_path_dir(path);
+    qd_status st = dir ? QD_OK : qd_error(QD_ERR_NOMEM, "%s: out of memory", path);
+    for (size_t i = 0; st == QD_OK && i < n; i++) {
+        size_t len = strlen(dir) + strlen(names[i]) + 2;
         char *p = malloc(len);
-        if (!p)
-            return qd_error(QD_ERR_NOMEM, "%s: out of memory", path);
-        snprintf(p, len, "%.*s/%s", dlen, dir, names[i]);
-        qd_status st = parse_file(f, p);
+        if (!p) {
+            st = qd_error(QD_ERR_NOMEM, "%s: out of memory", path);
+            break;
+        }
+        snprintf(p, len, "%s/%s", dir, names[i]);
+        st = parse_file(f, p);
         free(p);
-        if (st != QD_OK)
-            return st;
     }
-    return QD_OK;
+    free(dir);
+    return st;
 }
 
 static qd_status open_index(qd_safetensors *f, const char *path)

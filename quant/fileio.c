@@ -1,4 +1,4 @@
-/* Atomic file replacement and directory helpers (fileio.h). */
+/* Atomic file replacement, whole-file reads and directory helpers (fileio.h). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -8,14 +8,18 @@
 #include <unistd.h>
 #include "quant/fileio.h"
 
-/* The directory part of path into a malloc'ed string: "." for a bare name,
- * "/" for "/name"; NULL when out of memory. */
-static char *dir_of(const char *path)
+char *qd_path_dir(const char *path)
 {
     const char *slash = strrchr(path, '/');
     if (!slash)
         return strdup(".");
     return strndup(path, (size_t)(slash - path) + (slash == path));
+}
+
+const char *qd_path_base(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
 }
 
 qd_status qd_fsync_dir(const char *dir)
@@ -55,7 +59,7 @@ static qd_status commit(const char *tmp, const char *path)
 {
     if (rename(tmp, path) != 0)
         return qd_error(QD_ERR_IO, "%s: rename to %s: %s", tmp, path, strerror(errno));
-    char *dir = dir_of(path);
+    char *dir = qd_path_dir(path);
     qd_status st = dir ? qd_fsync_dir(dir) : qd_error(QD_ERR_NOMEM, "%s: out of memory", path);
     free(dir);
     return st;
@@ -106,6 +110,39 @@ qd_status qd_atomic_write(const char *path, const void *buf, size_t n)
     return qd_atomic_write_with(path, fill_buffer, &b);
 }
 
+qd_status qd_read_file(const char *path, char **text, size_t *len)
+{
+    *text = NULL;
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return qd_error(QD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    size_t n = 0, cap = 1 << 16;
+    char *buf = malloc(cap);
+    /* Always one byte spare for the NUL. */
+    for (size_t got; buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
+        n += got;
+        if (n + 1 == cap) {
+            char *grown = realloc(buf, cap *= 2);
+            if (!grown)
+                free(buf);
+            buf = grown;
+        }
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (!buf)
+        return qd_error(QD_ERR_NOMEM, "%s: out of memory", path);
+    if (err) {
+        free(buf);
+        return qd_error(QD_ERR_IO, "%s: read error", path);
+    }
+    buf[n] = '\0';
+    *text = buf;
+    *len = n;
+    return QD_OK;
+}
+
 qd_status qd_mkdirs(const char *path)
 {
     if (*path == '\0')
@@ -135,7 +172,7 @@ qd_status qd_mkdirs(const char *path)
 
 qd_status qd_mkdirs_parent(const char *path)
 {
-    char *dir = dir_of(path);
+    char *dir = qd_path_dir(path);
     qd_status st = dir ? qd_mkdirs(dir) : qd_error(QD_ERR_NOMEM, "%s: out of memory", path);
     free(dir);
     return st;

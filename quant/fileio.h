@@ -1,4 +1,5 @@
-/* Crash-safe file writes, the one implementation every module uses. It lives in
+/* Crash-safe file writes, whole-file reads and path helpers: the one
+ * implementation every module uses. It lives in
  * quant/ beside status.h because quant/ is the bottom layer that every other
  * module already depends on.
  *
@@ -25,6 +26,16 @@ typedef qd_status (*qd_fill_fn)(FILE *f, const char *path, void *ctx);
 qd_status qd_atomic_write_with(const char *path, qd_fill_fn fill, void *ctx);
 /* Replaces path with the n bytes of buf. */
 qd_status qd_atomic_write(const char *path, const void *buf, size_t n);
+
+/* Reads the whole file into a malloc'ed buffer *text with a NUL after the last
+ * byte (*len excludes it; the file may itself hold NULs). */
+qd_status qd_read_file(const char *path, char **text, size_t *len);
+
+/* The directory part of path, malloc'ed: "." for a bare name, "/" for "/name";
+ * NULL when out of memory. */
+char *qd_path_dir(const char *path);
+/* The last component of path (path itself when it has no '/'). */
+const char *qd_path_base(const char *path);
 
 /* fsync of a directory, so that entries created or renamed in it are durable
  * (a filesystem that cannot fsync directories counts as success). */

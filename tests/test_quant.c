@@ -1011,6 +1011,48 @@ START_TEST(test_atomic_write_with_failures)
 }
 END_TEST
 
+/* Larger than the first 64 KiB buffer, with NULs inside; empty; missing. */
+START_TEST(test_read_file)
+{
+    enum { N = 200000 };
+    char *data = malloc(N), *text;
+    ck_assert_ptr_nonnull(data);
+    for (int i = 0; i < N; i++)
+        data[i] = (char)(i * 7 % 251);
+    ck_assert_int_eq(qd_atomic_write(io_path("big"), data, N), QD_OK);
+    size_t len;
+    ck_assert_int_eq(qd_read_file(io_path("big"), &text, &len), QD_OK);
+    ck_assert_uint_eq(len, N);
+    ck_assert(memcmp(text, data, N) == 0);
+    ck_assert_int_eq(text[N], '\0');
+    free(text);
+    free(data);
+    ck_assert_int_eq(qd_atomic_write(io_path("empty"), "", 0), QD_OK);
+    ck_assert_int_eq(qd_read_file(io_path("empty"), &text, &len), QD_OK);
+    ck_assert_uint_eq(len, 0);
+    ck_assert_str_eq(text, "");
+    free(text);
+    ck_assert_int_eq(qd_read_file(io_path("missing"), &text, &len), QD_ERR_IO);
+    ck_assert_ptr_null(text);
+    ck_assert_ptr_nonnull(strstr(qd_last_error(), "missing"));
+}
+END_TEST
+
+START_TEST(test_path_parts)
+{
+    const char *cases[][3] = {/* path, dir, base */
+        {"a/b/c.txt", "a/b", "c.txt"}, {"c.txt", ".", "c.txt"}, {"/c.txt", "/", "c.txt"},
+        {"/a/b/", "/a/b", ""}, {"./x", ".", "x"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *dir = qd_path_dir(cases[i][0]);
+        ck_assert_str_eq(dir, cases[i][1]);
+        ck_assert_str_eq(qd_path_base(cases[i][0]), cases[i][2]);
+        free(dir);
+    }
+}
+END_TEST
+
 START_TEST(test_mkdirs)
 {
     struct stat sb;
@@ -1074,6 +1116,8 @@ Suite *suite_quant(void)
     tcase_add_checked_fixture(io, io_setup, io_teardown);
     tcase_add_test(io, test_atomic_write);
     tcase_add_test(io, test_atomic_write_with_failures);
+    tcase_add_test(io, test_read_file);
+    tcase_add_test(io, test_path_parts);
     tcase_add_test(io, test_mkdirs);
     suite_add_tcase(s, io);
     return s;
