@@ -115,16 +115,22 @@ static const json_t *get_path(const json_t *v, const char *path)
     return v;
 }
 
+/* The last occurrence of needle in text (overlapping ones count), NULL if none. */
+static const char *last_of(const char *text, const char *needle)
+{
+    const char *last = NULL;
+    for (const char *p = text; (p = strstr(p, needle)); p++)
+        last = p;
+    return last;
+}
+
 char *qd_bench_last_boxed(const char *text)
 {
     /* Hendrycks MATH's last_boxed_only_string: the last "\boxed", else the
      * last "\fbox", up to the brace that closes the first one opened. */
-    const char *start = NULL;
-    for (const char *p = text; (p = strstr(p, "\\boxed")); p++)
-        start = p;
+    const char *start = last_of(text, "\\boxed");
     if (!start)
-        for (const char *p = text; (p = strstr(p, "\\fbox")); p++)
-            start = p;
+        start = last_of(text, "\\fbox");
     if (!start)
         return NULL;
     int open = 0;
@@ -144,9 +150,7 @@ char *qd_bench_last_boxed(const char *text)
 /* GSM8K: "... #### 1,234" -> "1234" (grade_school_math/dataset.py extract_answer). */
 static char *gsm8k_answer(const char *s, char **solution)
 {
-    const char *mark = NULL;
-    for (const char *p = s; (p = strstr(p, "####")); p++)
-        mark = p;
+    const char *mark = last_of(s, "####");
     if (!mark)
         return NULL;
     char *a = dup_trimmed(mark + 4, strlen(mark + 4));
