@@ -54,11 +54,15 @@ static qd_status fill_and_close(FILE *f, const char *tmp, const char *path, qd_f
     return st;
 }
 
-/* Renames the finished temp file over path and fsyncs the directory. */
+/* Renames the finished temp file over path (removing it if that fails) and
+ * fsyncs the directory. */
 static qd_status commit(const char *tmp, const char *path)
 {
-    if (rename(tmp, path) != 0)
-        return qd_error(QD_ERR_IO, "%s: rename to %s: %s", tmp, path, strerror(errno));
+    if (rename(tmp, path) != 0) {
+        qd_status st = qd_error(QD_ERR_IO, "%s: rename to %s: %s", tmp, path, strerror(errno));
+        unlink(tmp);
+        return st;
+    }
     char *dir = qd_path_dir(path);
     qd_status st = dir ? qd_fsync_dir(dir) : qd_error(QD_ERR_NOMEM, "%s: out of memory", path);
     free(dir);
@@ -83,9 +87,7 @@ qd_status qd_atomic_write_with(const char *path, qd_fill_fn fill, void *ctx)
         close(fd);
     if (st == QD_OK)
         st = commit(tmp, path);
-    /* After a failed rename the temp file is still there; after a failed
-     * directory fsync it is not (unlink then fails harmlessly). */
-    if (st != QD_OK)
+    else
         unlink(tmp);
     free(tmp);
     return st;

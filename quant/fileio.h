@@ -1,7 +1,6 @@
 /* Crash-safe file writes, whole-file reads and path helpers: the one
- * implementation every module uses. It lives in
- * quant/ beside status.h because quant/ is the bottom layer that every other
- * module already depends on.
+ * implementation every module uses. It lives in quant/ beside status.h because
+ * quant/ is the bottom layer that every other module already depends on.
  *
  * A reader sees either the old file or the whole new one, never a torn one:
  * the content goes to a temp file in the target's directory (same filesystem,

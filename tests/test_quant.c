@@ -3,10 +3,7 @@
  * search), NVFP4 against golden vectors from numpy + ml_dtypes
  * (tests/ref/nvfp4_golden.py), the W4A4 and FP8 products against float64, RAC,
  * and the crash-safe file writes of quant/fileio.h. */
-#define _GNU_SOURCE
-#include <dirent.h>
 #include <float.h>
-#include <ftw.h>
 #include <math.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -898,15 +895,9 @@ END_TEST
 
 static char io_dir[64];
 
-static int io_rm(const char *path, const struct stat *sb, int type, struct FTW *ftw) { return remove(path); }
+static void io_setup(void) { qd_test_mkdtemp(io_dir, sizeof io_dir, "fileio"); }
 
-static void io_setup(void)
-{
-    snprintf(io_dir, sizeof io_dir, "/tmp/qd_fileio_XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(io_dir));
-}
-
-static void io_teardown(void) { nftw(io_dir, io_rm, 16, FTW_DEPTH | FTW_PHYS); }
+static void io_teardown(void) { qd_test_rm_tree(io_dir); }
 
 /* io_dir/name in a static buffer (the next call overwrites it). */
 static const char *io_path(const char *name)
@@ -928,17 +919,8 @@ static const char *io_read(const char *path)
     return buf;
 }
 
-/* Entries of io_dir other than . and .. (a leftover temp file shows here). */
-static int io_entries(void)
-{
-    DIR *d = opendir(io_dir);
-    ck_assert_ptr_nonnull(d);
-    int n = 0;
-    for (struct dirent *e; (e = readdir(d));)
-        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
-    closedir(d);
-    return n;
-}
+/* Entries of io_dir (a leftover temp file shows here). */
+static int io_entries(void) { return qd_test_dir_entries(io_dir); }
 
 START_TEST(test_atomic_write)
 {
