@@ -1,12 +1,12 @@
 /* Loading benchmark files into qd_bench_record (see dataset.h). */
 #include <ctype.h>
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <jansson.h>
 #include "benchmarks/dataset.h"
+#include "quant/fileio.h"
 
 static char *dup_range(const char *s, size_t n)
 {
@@ -115,16 +115,22 @@ static const json_t *get_path(const json_t *v, const char *path)
     return v;
 }
 
+/* The last occurrence of needle in text (overlapping ones count), NULL if none. */
+static const char *last_of(const char *text, const char *needle)
+{
+    const char *last = NULL;
+    for (const char *p = text; (p = strstr(p, needle)); p++)
+        last = p;
+    return last;
+}
+
 char *qd_bench_last_boxed(const char *text)
 {
     /* Hendrycks MATH's last_boxed_only_string: the last "\boxed", else the
      * last "\fbox", up to the brace that closes the first one opened. */
-    const char *start = NULL;
-    for (const char *p = text; (p = strstr(p, "\\boxed")); p++)
-        start = p;
+    const char *start = last_of(text, "\\boxed");
     if (!start)
-        for (const char *p = text; (p = strstr(p, "\\fbox")); p++)
-            start = p;
+        start = last_of(text, "\\fbox");
     if (!start)
         return NULL;
     int open = 0;
@@ -144,9 +150,7 @@ char *qd_bench_last_boxed(const char *text)
 /* GSM8K: "... #### 1,234" -> "1234" (grade_school_math/dataset.py extract_answer). */
 static char *gsm8k_answer(const char *s, char **solution)
 {
-    const char *mark = NULL;
-    for (const char *p = s; (p = strstr(p, "####")); p++)
-        mark = p;
+    const char *mark = last_of(s, "####");
     if (!mark)
         return NULL;
     char *a = dup_trimmed(mark + 4, strlen(mark + 4));
@@ -443,29 +447,11 @@ qd_status qd_bench_parse(const char *text, size_t len, const char *name,
 qd_status qd_bench_load_file(const char *path, const qd_bench_fields *fields, qd_bench_set *out)
 {
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return qd_error(QD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t len = 0, cap = 0, n;
-    do {
-        if (len + 65536 > cap) {
-            cap = cap ? 2 * cap : 1 << 20;
-            char *nb = realloc(buf, cap);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return qd_error(QD_ERR_NOMEM, "%s: out of memory", path);
-            }
-            buf = nb;
-        }
-        n = fread(buf + len, 1, 65536, f);
-        len += n;
-    } while (n > 0);
-    int bad = ferror(f);
-    fclose(f);
-    qd_status st = bad ? qd_error(QD_ERR_IO, "%s: read error", path)
-                       : qd_bench_parse(buf, len, path, fields, out);
+    char *buf;
+    size_t len;
+    qd_status st = qd_read_file(path, &buf, &len);
+    if (st == QD_OK)
+        st = qd_bench_parse(buf, len, path, fields, out);
     free(buf);
     return st;
 }

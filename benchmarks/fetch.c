@@ -1,21 +1,19 @@
-/* libcurl downloads with retries, atomic writes and content checks (fetch.h). */
+/* libcurl downloads with retries, atomic writes (quant/fileio.h) and content checks (fetch.h). */
 #include <ctype.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <curl/curl.h>
 #include <jansson.h>
 #include "config.h"
 #include "benchmarks/fetch.h"
-#include "orchestrator/atomic.h"
 #include "benchmarks/sha256.h"
+#include "quant/fileio.h"
 
 /* Where the bytes of one transfer go, and what we learn on the way. */
 typedef struct {
@@ -297,114 +295,48 @@ qd_status qd_fetch_check_content(const char *name, const char *head, size_t n)
     return QD_OK;
 }
 
-/* Makes a rename durable: fsync the folder that holds the entry. */
-static void fsync_dir_of(const char *path)
-{
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash == dir)
-        slash[1] = '\0';
-    else if (slash)
-        *slash = '\0';
-    else
-        strcpy(dir, ".");
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) {
-        fsync(fd);
-        close(fd);
-    }
-}
+/* One download into the temp file of qd_atomic_write_with. */
+typedef struct {
+    const char *url, *sha256_pin;
+    const qd_fetch_opts *o;
+    sink *s;
+    char hex[65];
+} download;
 
-/* A temp file next to path (same filesystem, so rename is atomic). */
-static FILE *open_temp(const char *path, char *tmp, size_t n)
+/* Fills the temp file with the transfer (sink_reset truncates it before each
+ * attempt) and fails unless every content check passes, so a bad download
+ * never replaces the target. */
+static qd_status fill_download(FILE *f, const char *path, void *ctx)
 {
-    snprintf(tmp, n, "%s.part.XXXXXX", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0)
-        return NULL;
-    FILE *f = fdopen(fd, "w+b");
-    if (!f) {
-        close(fd);
-        unlink(tmp);
-    }
-    return f;
-}
-
-/* Flushes, fsyncs and closes f, then renames tmp over path; removes tmp on failure. */
-static qd_status commit_temp(FILE *f, const char *tmp, const char *path, qd_status st)
-{
-    if (st == QD_OK && (fflush(f) || fsync(fileno(f))))
-        st = qd_error(QD_ERR_IO, "%s: cannot write: %s", tmp, strerror(errno));
-    if (fclose(f) && st == QD_OK)
-        st = qd_error(QD_ERR_IO, "%s: cannot close: %s", tmp, strerror(errno));
-    if (st == QD_OK && rename(tmp, path))
-        st = qd_error(QD_ERR_IO, "%s: cannot rename into place: %s", path, strerror(errno));
-    if (st != QD_OK)
-        unlink(tmp);
-    else
-        fsync_dir_of(path);
-    return st;
-}
-
-static qd_status make_parent(const char *path)
-{
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash || slash == dir)
-        return QD_OK;
-    *slash = '\0';
-    return qd_mkdirs(dir);
-}
-
-qd_status qd_write_atomic(const char *path, const void *data, size_t len)
-{
-    char tmp[4200];
-    qd_status st = make_parent(path);
+    download *d = ctx;
+    d->s->f = f;
+    qd_status st = transfer(d->url, d->o, d->s);
+    if (st == QD_OK)
+        st = qd_fetch_check_content(d->url, d->s->head, d->s->nhead);
     if (st != QD_OK)
         return st;
-    FILE *f = open_temp(path, tmp, sizeof tmp);
-    if (!f)
-        return qd_error(QD_ERR_IO, "%s: cannot create temporary file: %s", path, strerror(errno));
-    if (fwrite(data, 1, len, f) != len)
-        st = qd_error(QD_ERR_IO, "%s: cannot write: %s", tmp, strerror(errno));
-    return commit_temp(f, tmp, path, st);
-}
-
-static const char *base_name(const char *path)
-{
-    const char *s = strrchr(path, '/');
-    return s ? s + 1 : path;
+    uint8_t digest[32];
+    qd_sha256_final(&d->s->sha, digest);
+    qd_sha256_to_hex(digest, d->hex);
+    if (d->sha256_pin && strcasecmp(d->hex, d->sha256_pin))
+        return qd_error(QD_ERR_FORMAT, "%s: sha256 mismatch: got %s, expected %s "
+                        "(corrupt download, or the file changed upstream)", d->url, d->hex, d->sha256_pin);
+    return QD_OK;
 }
 
 qd_status qd_fetch_file(const char *url, const char *dest, const char *sha256_pin,
                         const qd_fetch_opts *o, char sha256_out[65])
 {
-    char tmp[4200], hex[65];
     if (o->offline)
         return offline_error(url);
-    qd_status st = make_parent(dest);
+    qd_status st = qd_mkdirs_parent(dest);
     if (st != QD_OK)
         return st;
-    sink s = {.label = base_name(dest), .show_progress = o->progress && isatty(STDERR_FILENO)};
-    s.f = open_temp(dest, tmp, sizeof tmp);
-    if (!s.f)
-        return qd_error(QD_ERR_IO, "%s: cannot create temporary file: %s", dest, strerror(errno));
-    st = transfer(url, o, &s);
-    if (st == QD_OK)
-        st = qd_fetch_check_content(url, s.head, s.nhead);
-    if (st == QD_OK) {
-        uint8_t d[32];
-        qd_sha256_final(&s.sha, d);
-        qd_sha256_to_hex(d, hex);
-        if (sha256_pin && strcasecmp(hex, sha256_pin))
-            st = qd_error(QD_ERR_FORMAT, "%s: sha256 mismatch: got %s, expected %s "
-                          "(corrupt download, or the file changed upstream)", url, hex, sha256_pin);
-    }
-    st = commit_temp(s.f, tmp, dest, st);
+    sink s = {.label = qd_path_base(dest), .show_progress = o->progress && isatty(STDERR_FILENO)};
+    download d = {.url = url, .sha256_pin = sha256_pin, .o = o, .s = &s};
+    st = qd_atomic_write_with(dest, fill_download, &d);
     if (st == QD_OK && sha256_out)
-        memcpy(sha256_out, hex, 65);
+        memcpy(sha256_out, d.hex, 65);
     return st;
 }
 

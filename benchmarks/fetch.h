@@ -21,8 +21,8 @@ typedef struct {
  * progress on); offline from QUADS_OFFLINE=1. */
 void qd_fetch_opts_default(qd_fetch_opts *o);
 
-/* Downloads url into dest through a temporary file in dest's folder that is
- * fsynced and renamed only after every check passed: on any failure dest is
+/* Downloads url into dest (creating its folder) through qd_atomic_write_with:
+ * dest is replaced only after every check passed; on any failure dest is
  * untouched and no partial file remains. sha256_pin (64 hex) is checked when
  * not NULL; sha256_out (may be NULL) receives the digest. */
 qd_status qd_fetch_file(const char *url, const char *dest, const char *sha256_pin,
@@ -33,8 +33,5 @@ qd_status qd_fetch_memory(const char *url, const qd_fetch_opts *o, char **buf, s
 
 /* Rejects data that is a Git-LFS pointer or an HTML page; name is for messages. */
 qd_status qd_fetch_check_content(const char *name, const char *head, size_t n);
-
-/* Writes a file atomically: temp file in the same folder, fsync, rename, fsync folder. */
-qd_status qd_write_atomic(const char *path, const void *data, size_t len);
 
 #endif

@@ -15,6 +15,7 @@
 #include <jansson.h>
 #include "benchmarks/registry.h"
 #include "benchmarks/sha256.h"
+#include "quant/fileio.h"
 
 #define ROWS_PAGE 100 /* the rows API's largest page */
 
@@ -143,7 +144,7 @@ static qd_status record_digest(const char *path, const char *hex)
     char side[4200], line[66];
     snprintf(side, sizeof side, "%s.sha256", path);
     snprintf(line, sizeof line, "%s\n", hex);
-    return qd_write_atomic(side, line, 65);
+    return qd_atomic_write(side, line, 65);
 }
 
 /* Every row of one rows-API page, as JSONL appended to out; *total gets num_rows_total. */
@@ -214,7 +215,9 @@ static qd_status fetch_rows(const qd_bench_info *b, const qd_fetch_opts *o, cons
     if (st == QD_OK && b->rows && total != b->rows)
         st = qd_error(QD_ERR_FORMAT, "%s: the rows API reports %zu rows, the registry expects %zu", b->name, total, b->rows);
     if (st == QD_OK)
-        st = qd_write_atomic(path, all, all_len);
+        st = qd_mkdirs_parent(path);
+    if (st == QD_OK)
+        st = qd_atomic_write(path, all, all_len);
     if (st == QD_OK)
         qd_sha256_hex(all, all_len, hex);
     free(all);

@@ -3,12 +3,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include "models/safetensors.h"
+#include "quant/fileio.h"
 #include "quant/numerics.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -401,12 +403,6 @@ static qd_status shard_names(const char ***names, size_t *n, json_t *wm, const c
     return QD_OK;
 }
 
-static const char *base_name(const char *path)
-{
-    const char *s = strrchr(path, '/');
-    return s ? s + 1 : path;
-}
-
 /* Every tensor must be where the weight map says, and nowhere else. */
 static qd_status check_weight_map(const qd_safetensors *f, json_t *wm, const char *path)
 {
@@ -418,7 +414,7 @@ static qd_status check_weight_map(const qd_safetensors *f, json_t *wm, const cha
         if (!where)
             return qd_error(QD_ERR_FORMAT, "%s: field 'weight_map' does not list tensor '%s' "
                             "of %s", path, f->t[i].name, f->t[i].file);
-        if (strcmp(where, base_name(f->t[i].file)))
+        if (strcmp(where, qd_path_base(f->t[i].file)))
             return qd_error(QD_ERR_FORMAT, "%s: field 'weight_map.%s' says %s but the tensor "
                             "is in %s", path, f->t[i].name, where, f->t[i].file);
     }
@@ -437,21 +433,21 @@ static qd_status check_weight_map(const qd_safetensors *f, json_t *wm, const cha
 
 static qd_status open_shards(qd_safetensors *f, const char **names, size_t n, const char *path)
 {
-    const char *slash = strrchr(path, '/');
-    int dlen = slash ? (int)(slash - path) : 1;
-    const char *dir = slash ? path : ".";
-    for (size_t i = 0; i < n; i++) {
-        size_t len = (size_t)dlen + strlen(names[i]) + 2;
+    char *dir = qd_path_dir(path);
+    qd_status st = dir ? QD_OK : qd_error(QD_ERR_NOMEM, "%s: out of memory", path);
+    for (size_t i = 0; st == QD_OK && i < n; i++) {
+        size_t len = strlen(dir) + strlen(names[i]) + 2;
         char *p = malloc(len);
-        if (!p)
-            return qd_error(QD_ERR_NOMEM, "%s: out of memory", path);
-        snprintf(p, len, "%.*s/%s", dlen, dir, names[i]);
-        qd_status st = parse_file(f, p);
+        if (!p) {
+            st = qd_error(QD_ERR_NOMEM, "%s: out of memory", path);
+            break;
+        }
+        snprintf(p, len, "%s/%s", dir, names[i]);
+        st = parse_file(f, p);
         free(p);
-        if (st != QD_OK)
-            return st;
     }
-    return QD_OK;
+    free(dir);
+    return st;
 }
 
 static qd_status open_index(qd_safetensors *f, const char *path)
@@ -634,72 +630,6 @@ qd_status qd_safetensors_to_f32(float *out, const qd_st_tensor *t)
         return qd_error(QD_ERR_UNSUPPORTED, "%s: tensor '%s': field 'dtype': %s cannot be "
                         "converted to F32", t->file, t->name, qd_st_dtype_name(t->dtype));
     }
-}
-
-/* ---- atomic replacement of a file */
-
-static qd_status sync_dir(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    char dir[4096];
-    if (slash)
-        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path) + (slash == path), path);
-    else
-        snprintf(dir, sizeof dir, ".");
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return qd_error(QD_ERR_IO, "%s: cannot open directory for fsync: %s", dir, strerror(errno));
-    int rc = fsync(fd);
-    int err = errno;
-    close(fd);
-    /* some file systems cannot fsync a directory; the rename itself is done */
-    if (rc != 0 && err != EINVAL && err != ENOTSUP)
-        return qd_error(QD_ERR_IO, "%s: fsync of directory failed: %s", dir, strerror(err));
-    return QD_OK;
-}
-
-static qd_status finish_temp(FILE *fp, const char *tmp, qd_status st)
-{
-    if (st == QD_OK && fflush(fp) != 0)
-        st = qd_error(QD_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
-    if (st == QD_OK && fsync(fileno(fp)) != 0)
-        st = qd_error(QD_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno));
-    if (fclose(fp) != 0 && st == QD_OK)
-        st = qd_error(QD_ERR_IO, "%s: close failed: %s", tmp, strerror(errno));
-    return st;
-}
-
-qd_status qd_safetensors_write_atomic(const char *path, qd_atomic_fill_fn fill, void *ctx)
-{
-    size_t len = strlen(path) + 16;
-    char *tmp = malloc(len);
-    if (!tmp)
-        return qd_error(QD_ERR_NOMEM, "%s: out of memory", path);
-    snprintf(tmp, len, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0) {
-        qd_status st = qd_error(QD_ERR_IO, "%s: cannot create a temp file beside it: %s", path,
-                                strerror(errno));
-        free(tmp);
-        return st;
-    }
-    fchmod(fd, 0644);   /* mkstemp makes 0600; a checkpoint is meant to be shared */
-    FILE *fp = fdopen(fd, "wb");
-    qd_status st = fp ? fill(fp, tmp, ctx)
-                      : qd_error(QD_ERR_IO, "%s: fdopen failed: %s", tmp, strerror(errno));
-    if (fp)
-        st = finish_temp(fp, tmp, st);
-    else
-        close(fd);
-    if (st == QD_OK && rename(tmp, path) != 0)
-        st = qd_error(QD_ERR_IO, "%s: cannot rename the temp file into place: %s", path,
-                      strerror(errno));
-    if (st != QD_OK)
-        unlink(tmp);
-    else
-        st = sync_dir(path);
-    free(tmp);
-    return st;
 }
 
 /* ---- writer */
@@ -893,7 +823,7 @@ typedef struct {
     size_t hlen;
 } write_ctx;
 
-static qd_status fill_safetensors(FILE *fp, const char *tmp, void *vctx)
+static qd_status fill_safetensors(FILE *fp, const char *path, void *vctx)
 {
     const write_ctx *c = vctx;
     uint8_t len[8];
@@ -903,7 +833,7 @@ static qd_status fill_safetensors(FILE *fp, const char *tmp, void *vctx)
     for (size_t i = 0; ok && i < c->n; i++)
         ok = !c->order[i]->nbytes ||
              fwrite(c->order[i]->data, 1, c->order[i]->nbytes, fp) == c->order[i]->nbytes;
-    return ok ? QD_OK : qd_error(QD_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
+    return ok ? QD_OK : qd_error(QD_ERR_IO, "%s: write failed: %s", path, strerror(errno));
 }
 
 static int cmp_wentry_name(const void *a, const void *b)
@@ -940,7 +870,7 @@ qd_status qd_safetensors_writer_write(const qd_safetensors_writer *w, const char
         st = qd_error(QD_ERR_NOMEM, "%s: cannot build the JSON header", path);
     c.header = header;
     if (st == QD_OK)
-        st = qd_safetensors_write_atomic(path, fill_safetensors, &c);
+        st = qd_atomic_write_with(path, fill_safetensors, &c);
     free(header);
     free(order);
     return st;

@@ -15,7 +15,6 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <stdio.h>
 #include "quant/status.h"
 
 #define QD_ST_MAX_DIMS 8
@@ -86,14 +85,8 @@ qd_status qd_safetensors_writer_add_steal(qd_safetensors_writer *w, const char *
                                           void *data);
 qd_status qd_safetensors_writer_set_metadata(qd_safetensors_writer *w, const char *key,
                                              const char *value);
-/* Writes the file atomically (temp file in the same directory, fsync, rename,
- * fsync of the directory); on failure the target is untouched and no temp
- * file remains. */
+/* Writes the file atomically (qd_atomic_write_with of quant/fileio.h); on
+ * failure the target is untouched and no temp file remains. */
 qd_status qd_safetensors_writer_write(const qd_safetensors_writer *w, const char *path);
-
-/* The atomic replacement used by the writer, for any file: fill writes the
- * content to f and returns QD_OK or an error (with its message set). */
-typedef qd_status (*qd_atomic_fill_fn)(FILE *f, const char *tmp_path, void *ctx);
-qd_status qd_safetensors_write_atomic(const char *path, qd_atomic_fill_fn fill, void *ctx);
 
 #endif

@@ -10,10 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include "config.h"
 #include "models/safetensors.h"
 #include "orchestrator/commands.h"
+#include "quant/fileio.h"
 #include "quant/quant.h"
 
 #define WORST_BLOCKS 8   /* worst 16-element blocks kept per tensor in the report */
@@ -371,11 +371,11 @@ static qd_status quantize_tensor(run_state *rs, const options *o, const qd_st_te
 
 /* ---- the output files */
 
-static qd_status fill_json(FILE *f, const char *tmp, void *ctx)
+static qd_status fill_json(FILE *f, const char *path, void *ctx)
 {
     if (json_dumpf((const json_t *)ctx, f, JSON_INDENT(2) | JSON_SORT_KEYS) != 0 ||
         fputc('\n', f) == EOF)
-        return qd_error(QD_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
+        return qd_error(QD_ERR_IO, "%s: write failed: %s", path, strerror(errno));
     return QD_OK;
 }
 
@@ -399,18 +399,9 @@ static qd_status write_json(const char *dir, const char *file, json_t *j)
         return qd_error(QD_ERR_NOMEM, "%s/%s: out of memory", dir, file);
     }
     snprintf(path, len, "%s/%s", dir, file);
-    qd_status st = qd_safetensors_write_atomic(path, fill_json, j);
+    qd_status st = qd_atomic_write_with(path, fill_json, j);
     free(path);
     return st;
-}
-
-static qd_status make_dir(const char *dir)
-{
-    struct stat st;
-    if (mkdir(dir, 0755) == 0 || (errno == EEXIST && stat(dir, &st) == 0 && S_ISDIR(st.st_mode)))
-        return QD_OK;
-    return qd_error(QD_ERR_IO, "%s: cannot create the output directory: %s", dir,
-                    errno == EEXIST ? "a file is in the way" : strerror(errno));
 }
 
 /* Every tensor goes to the writer: quantized, or borrowed from the input's mmap. */
@@ -491,7 +482,7 @@ int qd_cmd_quantize(int argc, char **argv)
     run_state rs = {.report = o.report ? json_array() : NULL, .excluded = json_array()};
     qd_status st = qd_safetensors_open(&in, o.in);
     if (st == QD_OK)
-        st = make_dir(o.out);
+        st = qd_mkdirs(o.out);
     if (st == QD_OK)
         st = qd_safetensors_writer_new(&rs.w);
     rc = st != QD_OK;

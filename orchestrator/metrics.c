@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "orchestrator/atomic.h"
 #include "orchestrator/metrics.h"
+#include "quant/fileio.h"
 
 struct qd_metrics {
     FILE *f;
@@ -61,39 +61,6 @@ int qd_metrics_set(json_t *obj, const char *key, double v)
     return json_object_set_new(obj, key, isfinite(v) ? json_real(v) : json_null());
 }
 
-/* Reads the whole file into a malloc'ed, NUL-terminated buffer (*text = NULL
- * and QD_OK when the file does not exist). */
-static qd_status read_all(const char *path, char **text, size_t *len)
-{
-    *text = NULL;
-    *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return errno == ENOENT ? QD_OK : qd_error(QD_ERR_IO, "%s: open: %s", path, strerror(errno));
-    size_t cap = 1 << 16;
-    char *buf = malloc(cap);
-    for (size_t got; buf && (got = fread(buf + *len, 1, cap - *len - 1, f)) > 0;) {
-        *len += got;
-        if (cap - *len - 1 == 0) {
-            char *grown = realloc(buf, cap *= 2);
-            if (!grown)
-                free(buf);
-            buf = grown;
-        }
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (!buf)
-        return qd_error(QD_ERR_NOMEM, "%s: reading", path);
-    if (err) {
-        free(buf);
-        return qd_error(QD_ERR_IO, "%s: read error", path);
-    }
-    buf[*len] = '\0';
-    *text = buf;
-    return QD_OK;
-}
-
 /* One line (start, len) as JSON: *obj gets a new reference, or NULL when the
  * line is the torn last line (no newline at the end and not JSON). */
 static qd_status parse_line(json_t **obj, const char *path, int lineno, const char *start, size_t len,
@@ -120,9 +87,9 @@ static qd_status for_each_line(const char *path, line_fn fn, void *ctx)
 {
     char *text;
     size_t len;
-    qd_status st = read_all(path, &text, &len);
+    qd_status st = qd_read_file(path, &text, &len);
     int lineno = 0;
-    for (size_t pos = 0; st == QD_OK && text && pos < len;) {
+    for (size_t pos = 0; st == QD_OK && pos < len;) {
         const char *nl = memchr(text + pos, '\n', len - pos);
         size_t end = nl ? (size_t)(nl - text) : len;
         lineno++;

@@ -6,8 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "orchestrator/atomic.h"
 #include "orchestrator/rl_config.h"
+#include "quant/fileio.h"
 
 #define BIG 1e9 /* upper bound for counts: large enough for any run, small enough to catch typos */
 #define RECIPES "bf16|fp8|nvfp4|nvfp4-aqat|nvfp4-rac|quads|nvfp4-sym-qat"
@@ -470,46 +470,33 @@ static char *value_text(const qd_config *cfg, size_t i)
     }
 }
 
-/* The resolved config as indented JSON text, sections in schema order
- * (open_memstream buffer in *text, length in *len). */
-static qd_status config_text(const qd_config *cfg, char **text, size_t *len)
+/* Writes the resolved config to f as indented JSON, sections in schema order
+ * (a qd_fill_fn: write errors are caught by qd_atomic_write_with). */
+static qd_status write_config(FILE *f, const char *path, void *ctx)
 {
-    FILE *f = open_memstream(text, len);
-    if (!f)
-        return qd_error(QD_ERR_NOMEM, "config: serializing");
-    int bad = 0;
+    const qd_config *cfg = ctx;
     fputs("{", f);
     for (size_t i = 0; i < N_KNOBS; i++) {
         const char *dot = strchr(knobs[i].key, '.');
         int sec_len = (int)(dot - knobs[i].key);
         int new_section = i == 0 || strncmp(knobs[i - 1].key, knobs[i].key, (size_t)sec_len + 1) != 0;
         char *val = value_text(cfg, i);
-        bad |= val == NULL;
+        if (!val)
+            return qd_error(QD_ERR_NOMEM, "%s: serializing config", path);
         if (new_section)
             fprintf(f, "%s\n  \"%.*s\": {\n", i ? "\n  }," : "", sec_len, knobs[i].key);
         else
             fputs(",\n", f);
-        fprintf(f, "    \"%s\": %s", dot + 1, val ? val : "null");
+        fprintf(f, "    \"%s\": %s", dot + 1, val);
         free(val);
     }
     fputs("\n  }\n}\n", f);
-    if (fclose(f) != 0 || bad) {
-        free(*text);
-        return qd_error(QD_ERR_NOMEM, "config: serializing");
-    }
     return QD_OK;
 }
 
 qd_status qd_config_save(const qd_config *cfg, const char *path)
 {
-    char *text;
-    size_t len;
-    qd_status st = config_text(cfg, &text, &len);
-    if (st != QD_OK)
-        return st;
-    st = qd_atomic_write(path, text, len);
-    free(text);
-    return st;
+    return qd_atomic_write_with(path, write_config, (void *)cfg);
 }
 
 void qd_config_derive(const qd_config *cfg, qd_config_batch *b)

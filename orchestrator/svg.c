@@ -4,9 +4,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "orchestrator/atomic.h"
 #include "orchestrator/metrics.h"
 #include "orchestrator/svg.h"
+#include "quant/fileio.h"
 
 /* Colour-blind-safe palette (Okabe & Ito, 2008). */
 static const char *const colors[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7",

@@ -598,11 +598,6 @@ static void server_stop(void)
 
 static char cache[256];
 
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    return remove(p);
-}
-
 static int n_files;
 static int count_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
 {
@@ -634,7 +629,7 @@ static void http_setup(void)
 
 static void http_teardown(void)
 {
-    nftw(cache, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    qd_test_rm_tree(cache);
 }
 
 static void test_opts(qd_fetch_opts *o)
@@ -865,7 +860,7 @@ START_TEST(test_rows_failures)
     ck_assert_int_eq(qd_bench_load(&b, &o, &s), QD_OK);
     ck_assert_uint_eq(s.n, 30);
     qd_bench_set_free(&s);
-    nftw(cache, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    qd_test_rm_tree(cache);
     b.repo = "t/rows-truncated";
     expect_failure(qd_bench_load(&b, &o, &s), "the server truncated cells of row 7");
     b.repo = "t/rows-shrink";

@@ -1,10 +1,8 @@
 /* Check suite of the orchestrator library: GRPO/DAPO math against values
  * worked out by hand below (the arithmetic is in the comments), the gradient
  * coefficients against finite differences of the loss, config errors, metrics
- * truncation, atomic writes, checkpoint rotation and SVG output. */
+ * truncation, checkpoint rotation and SVG output. */
 #define _GNU_SOURCE
-#include <dirent.h>
-#include <ftw.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -13,11 +11,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "tests/suites.h"
-#include "orchestrator/atomic.h"
+#include "orchestrator/ckpt.h"
 #include "orchestrator/grpo.h"
 #include "orchestrator/metrics.h"
 #include "orchestrator/rl_config.h"
 #include "orchestrator/svg.h"
+#include "quant/fileio.h"
 
 /* ---- helpers */
 
@@ -26,15 +25,9 @@
 
 static char tmpdir[64];
 
-static int rm_entry(const char *path, const struct stat *sb, int type, struct FTW *ftw) { return remove(path); }
+static void tmp_setup(void) { qd_test_mkdtemp(tmpdir, sizeof tmpdir, "orch"); }
 
-static void tmp_setup(void)
-{
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/qd_orch_XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
-}
-
-static void tmp_teardown(void) { nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+static void tmp_teardown(void) { qd_test_rm_tree(tmpdir); }
 
 /* tmpdir/name in a static buffer (the next call overwrites it). */
 static const char *tmp_path(const char *name)
@@ -61,18 +54,6 @@ static char *read_file(const char *path)
     buf[n] = '\0';
     fclose(f);
     return buf;
-}
-
-/* Entries of tmpdir other than . and .. */
-static int dir_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    ck_assert_ptr_nonnull(d);
-    int n = 0;
-    for (struct dirent *e; (e = readdir(d));)
-        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
-    closedir(d);
-    return n;
 }
 
 static int count_substr(const char *s, const char *sub)
@@ -709,7 +690,7 @@ START_TEST(test_config_save_and_summary)
     ck_assert_int_eq(qd_config_set(cfg, "rollout.prompts_per_step=4"), QD_OK);
     ck_assert_int_eq(qd_config_set(cfg, "data.task=say \"hi\"\\n"), QD_OK); /* escaped on the way out */
     ck_assert_int_eq(qd_config_save(cfg, tmp_path("config.json")), QD_OK);
-    ck_assert_int_eq(dir_entries(tmpdir), 1); /* no temp file left */
+    ck_assert_int_eq(qd_test_dir_entries(tmpdir), 1); /* no temp file left */
     const char *text = read_file(tmp_path("config.json"));
     ck_assert_int_eq(text[strlen(text) - 1], '\n');
     ck_assert_ptr_nonnull(strstr(text, "\"trainer\": {"));
@@ -741,21 +722,7 @@ START_TEST(test_config_save_and_summary)
 }
 END_TEST
 
-/* ---- atomic writes and checkpoints */
-
-START_TEST(test_atomic_write)
-{
-    const char *p = tmp_path("f.txt");
-    ck_assert_int_eq(qd_atomic_write(p, "hello\n", 6), QD_OK);
-    ck_assert_str_eq(read_file(p), "hello\n");
-    ck_assert_int_eq(qd_atomic_write(p, "bye", 3), QD_OK);
-    ck_assert_str_eq(read_file(p), "bye");
-    ck_assert_int_eq(dir_entries(tmpdir), 1);
-    ck_assert_int_eq(qd_atomic_write(tmp_path("no/such/dir/f"), "x", 1), QD_ERR_IO);
-    ck_assert_ptr_nonnull(strstr(qd_last_error(), "no/such/dir/f"));
-    ck_assert_int_eq(dir_entries(tmpdir), 1);
-}
-END_TEST
+/* ---- checkpoints (the atomic writes themselves are tested in test_quant.c) */
 
 START_TEST(test_ckpt_rotate)
 {
@@ -778,12 +745,10 @@ START_TEST(test_ckpt_rotate)
     ck_assert_int_eq(access(tmp_path("step_00000030"), F_OK), -1);
     ck_assert_int_eq(access(tmp_path("step_00000040/weights.bin"), F_OK), 0);
     ck_assert_int_eq(access(tmp_path("step_00000050"), F_OK), 0);
-    ck_assert_int_eq(dir_entries(tmpdir), 4); /* 40, 50, the .tmp, metrics.jsonl */
+    ck_assert_int_eq(qd_test_dir_entries(tmpdir), 4); /* 40, 50, the .tmp, metrics.jsonl */
     ck_assert_int_eq(qd_ckpt_latest(tmpdir, &latest), QD_OK);
     ck_assert_int_eq(latest, 50);
     ck_assert_int_eq(qd_ckpt_rotate(tmpdir, 0, NULL), QD_ERR_ARG);
-    ck_assert_int_eq(qd_mkdirs(""), QD_ERR_ARG);
-    ck_assert_int_eq(qd_mkdirs(tmp_path("metrics.jsonl")), QD_ERR_IO); /* a file, not a directory */
     ck_assert_int_eq(qd_ckpt_path(path, sizeof path, tmpdir, -1), QD_ERR_ARG);
 }
 END_TEST
@@ -839,7 +804,7 @@ START_TEST(test_metrics_truncate)
     fputs("{\"step\": 6, \"rew", f); /* a line torn by a crash */
     fclose(f);
     ck_assert_int_eq(qd_metrics_truncate(p, 3), QD_OK);
-    ck_assert_int_eq(dir_entries(tmpdir), 1);
+    ck_assert_int_eq(qd_test_dir_entries(tmpdir), 1);
     double *x, *y;
     int64_t n;
     ck_assert_int_eq(qd_metrics_read_series(p, "reward", &x, &y, &n), QD_OK);
@@ -992,7 +957,7 @@ START_TEST(test_svg_from_metrics)
     const char *svg = read_file(tmp_path("reward.svg"));
     ck_assert(svg_well_formed(svg));
     ck_assert_ptr_nonnull(strstr(svg, "width=\"800\" height=\"300\""));
-    ck_assert_int_eq(dir_entries(tmpdir), 2);
+    ck_assert_int_eq(qd_test_dir_entries(tmpdir), 2);
     free(x), free(y);
     ck_assert_int_eq(qd_metrics_read_series(tmp_path("none.jsonl"), "reward", &x, &y, &n), QD_ERR_IO);
     /* Two runs in one plot: a legend entry and a line each (pass@1 has a null at step 2). */
@@ -1041,7 +1006,6 @@ Suite *suite_orchestrator(void)
     tcase_add_test(files, test_config_overrides);
     tcase_add_test(files, test_config_validate);
     tcase_add_test(files, test_config_save_and_summary);
-    tcase_add_test(files, test_atomic_write);
     tcase_add_test(files, test_ckpt_rotate);
     tcase_add_test(files, test_metrics_series);
     tcase_add_test(files, test_metrics_truncate);

@@ -1,9 +1,6 @@
 /* Check suite of models/safetensors and `quads quantize`. The reference files
  * under tests/fixtures/safetensors/ were written by the Python `safetensors`
  * package, with values from numpy/ml_dtypes (tests/ref/make_safetensors_fixtures.py). */
-#define _GNU_SOURCE /* nftw */
-#include <dirent.h>
-#include <ftw.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -21,36 +18,13 @@
 
 /* ---- helpers */
 
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    return remove(p);
-}
-
-/* A fresh temporary directory in dir (256 bytes), removed by rm_tree. */
-static char *make_tmpdir_in(char *dir)
-{
-    snprintf(dir, 256, "/tmp/qd_st_test_XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    return dir;
-}
+/* A fresh temporary directory in dir (256 bytes), removed by qd_test_rm_tree. */
+static char *make_tmpdir_in(char *dir) { return qd_test_mkdtemp(dir, 256, "st_test"); }
 
 static char *make_tmpdir(void)
 {
     static _Thread_local char dir[256];
     return make_tmpdir_in(dir);
-}
-
-static void rm_tree(const char *dir) { nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
-
-static int count_dir_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    ck_assert_ptr_nonnull(d);
-    int n = 0;
-    for (struct dirent *e; (e = readdir(d));)
-        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-    closedir(d);
-    return n;
 }
 
 static uint8_t *read_all(const char *path, size_t *len)
@@ -274,7 +248,7 @@ START_TEST(test_sharded_index_inconsistent)
         ck_assert_msg(strstr(qd_last_error(), bad[k][1]) && strstr(qd_last_error(), dst),
                       "case %zu: '%s'", k, qd_last_error());
     }
-    rm_tree(d);
+    qd_test_rm_tree(d);
 }
 END_TEST
 
@@ -335,7 +309,7 @@ START_TEST(test_malformed)
     const char *msg = qd_last_error();
     ck_assert_msg(strstr(msg, path) && strstr(msg, b->field) && strstr(msg, b->detail),
                   "case %d: '%s' lacks '%s' / '%s'", _i, msg, b->field, b->detail);
-    rm_tree(d);
+    qd_test_rm_tree(d);
 }
 END_TEST
 
@@ -364,7 +338,7 @@ START_TEST(test_truncated)
     qd_safetensors *f = must_open(path);
     qd_safetensors_close(f);
     free(b);
-    rm_tree(d);
+    qd_test_rm_tree(d);
 }
 END_TEST
 
@@ -401,7 +375,7 @@ START_TEST(test_write_round_trip)
     ck_assert_int_eq(qd_safetensors_writer_set_metadata(w, "format", "pt"), QD_OK);
     ck_assert_int_eq(qd_safetensors_writer_write(w, path), QD_OK);
     qd_safetensors_writer_free(w);
-    ck_assert_int_eq(count_dir_entries(d), 1);
+    ck_assert_int_eq(qd_test_dir_entries(d), 1);
 
     /* header: padded with spaces to a multiple of 8 */
     size_t n;
@@ -433,7 +407,7 @@ START_TEST(test_write_round_trip)
     }
     qd_safetensors_close(f);
     free(raw);
-    rm_tree(d);
+    qd_test_rm_tree(d);
 }
 END_TEST
 
@@ -461,7 +435,7 @@ START_TEST(test_write_copy_of_python_file)
                      "tests/ref/make_safetensors_fixtures.py");
     qd_safetensors_close(in);
     qd_safetensors_close(out);
-    rm_tree(d);
+    qd_test_rm_tree(d);
 }
 END_TEST
 
@@ -493,8 +467,8 @@ START_TEST(test_write_atomic_failure)
     ck_assert_int_eq(qd_safetensors_writer_write(w, blocked), QD_ERR_IO);
     ck_assert_ptr_nonnull(strstr(qd_last_error(), blocked));
     qd_safetensors_writer_free(w);
-    ck_assert_int_eq(count_dir_entries(d), 2);   /* keep.safetensors and blocked/ only */
-    rm_tree(d);
+    ck_assert_int_eq(qd_test_dir_entries(d), 2);   /* keep.safetensors and blocked/ only */
+    qd_test_rm_tree(d);
 }
 END_TEST
 
@@ -578,7 +552,7 @@ START_TEST(test_cli_help)
                                        "FP8_PER_CHANNEL_PER_TOKEN", "hf_quant_config.json"};
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         ck_assert_msg(strstr(c.stdout_, want[i]), "--help lacks '%s'", want[i]);
-    rm_tree(c.dir);
+    qd_test_rm_tree(c.dir);
 }
 END_TEST
 
@@ -643,8 +617,8 @@ START_TEST(test_cli_errors)
     ck_assert_msg(strstr(c.stderr_, e->err), "case %d: stderr '%s' lacks '%s'", _i, c.stderr_, e->err);
     ck_assert_msg(access(out_file(&c, "model.safetensors"), F_OK) != 0, "case %d wrote output", _i);
     if (access(c.out, F_OK) == 0)
-        ck_assert_int_eq(count_dir_entries(c.out), 0);   /* no temp file left */
-    rm_tree(c.dir);
+        ck_assert_int_eq(qd_test_dir_entries(c.out), 0);   /* no temp file left */
+    qd_test_rm_tree(c.dir);
 }
 END_TEST
 
@@ -703,8 +677,8 @@ START_TEST(test_cli_nvfp4_reference)
     ck_assert_str_eq(json_string_value(json_array_get(ex, 1)), "model.embed_tokens");
     ck_assert_str_eq(json_string_value(json_array_get(ex, 2)), "model.layers.0.mlp.gate");
     json_decref(cfg);
-    ck_assert_int_eq(count_dir_entries(c.out), 2);   /* no report, no temp files */
-    rm_tree(c.dir);
+    ck_assert_int_eq(qd_test_dir_entries(c.out), 2);   /* no report, no temp files */
+    qd_test_rm_tree(c.dir);
 }
 END_TEST
 
@@ -726,8 +700,8 @@ START_TEST(test_cli_sharded_input)
     ck_assert(memcmp(a, b, n1) == 0);
     free(a);
     free(b);
-    rm_tree(c.dir);
-    rm_tree(d.dir);
+    qd_test_rm_tree(c.dir);
+    qd_test_rm_tree(d.dir);
 }
 END_TEST
 
@@ -795,7 +769,7 @@ START_TEST(test_cli_report)
     qd_safetensors_close(in);
     qd_safetensors_close(ref);
     json_decref(rep);
-    rm_tree(c.dir);
+    qd_test_rm_tree(c.dir);
 }
 END_TEST
 
@@ -822,7 +796,7 @@ START_TEST(test_cli_all)
     ck_assert_uint_eq(json_array_size(json_object_get(json_object_get(cfg, "quantization"),
                                                       "exclude_modules")), 0);
     json_decref(cfg);
-    rm_tree(c.dir);
+    qd_test_rm_tree(c.dir);
 }
 END_TEST
 
@@ -844,7 +818,7 @@ START_TEST(test_cli_k_not_multiple_of_16)
     out = must_open(out_file(&c, "model.safetensors"));
     ck_assert_int_eq(must_find(out, "model.layers.0.self_attn.q_proj.weight")->dtype, QD_ST_F8_E4M3);
     qd_safetensors_close(out);
-    rm_tree(c.dir);
+    qd_test_rm_tree(c.dir);
 }
 END_TEST
 
@@ -895,7 +869,7 @@ START_TEST(test_cli_fp8)
     ck_assert_str_eq(json_string_value(json_object_get(qc, "quant_algo")), "FP8_PER_CHANNEL_PER_TOKEN");
     ck_assert_ptr_null(json_object_get(qc, "group_size"));
     json_decref(cfg);
-    rm_tree(c.dir);
+    qd_test_rm_tree(c.dir);
 }
 END_TEST
 

@@ -1,103 +1,14 @@
-/* Atomic writes (temp + fsync + rename + fsync of the directory) and the
- * checkpoint directory helpers of a run. */
+/* The checkpoint directory helpers of a run (ckpt.h). */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <ftw.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
-#include "orchestrator/atomic.h"
-
-/* The directory part of path ("." for a bare name), into buf. */
-static void dir_of(char *buf, size_t n, const char *path)
-{
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    snprintf(buf, n, "%s", dirname(tmp));
-}
-
-qd_status qd_fsync_dir(const char *dir)
-{
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd < 0)
-        return qd_error(QD_ERR_IO, "%s: open directory: %s", dir, strerror(errno));
-    int rc = fsync(fd);
-    int err = errno;
-    close(fd);
-    /* Some filesystems refuse fsync on directories (EINVAL): nothing to make durable then. */
-    if (rc != 0 && err != EINVAL)
-        return qd_error(QD_ERR_IO, "%s: fsync directory: %s", dir, strerror(err));
-    return QD_OK;
-}
-
-static qd_status write_all(int fd, const char *tmp, const void *buf, size_t n)
-{
-    const char *p = buf;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            return qd_error(QD_ERR_IO, "%s: write: %s", tmp, strerror(errno));
-        p += w;
-        n -= (size_t)w;
-    }
-    if (fsync(fd) != 0)
-        return qd_error(QD_ERR_IO, "%s: fsync: %s", tmp, strerror(errno));
-    return QD_OK;
-}
-
-qd_status qd_atomic_write(const char *path, const void *buf, size_t n)
-{
-    char tmp[4096], dir[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path) >= (int)sizeof tmp)
-        return qd_error(QD_ERR_ARG, "%s: path too long", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0)
-        return qd_error(QD_ERR_IO, "%s: create temp file: %s", path, strerror(errno));
-    qd_status st = write_all(fd, tmp, buf, n);
-    if (st == QD_OK && fchmod(fd, 0644) != 0)
-        st = qd_error(QD_ERR_IO, "%s: chmod: %s", tmp, strerror(errno));
-    if (close(fd) != 0 && st == QD_OK)
-        st = qd_error(QD_ERR_IO, "%s: close: %s", tmp, strerror(errno));
-    if (st == QD_OK && rename(tmp, path) != 0)
-        st = qd_error(QD_ERR_IO, "%s: rename to %s: %s", tmp, path, strerror(errno));
-    if (st != QD_OK) {
-        unlink(tmp);
-        return st;
-    }
-    dir_of(dir, sizeof dir, path);
-    return qd_fsync_dir(dir);
-}
-
-qd_status qd_mkdirs(const char *path)
-{
-    char buf[4096];
-    if (*path == '\0')
-        return qd_error(QD_ERR_ARG, "mkdir: empty path");
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
-        return qd_error(QD_ERR_ARG, "%s: path too long", path);
-    for (char *p = buf + 1; ; p++) {
-        char c = *p;
-        if (c != '/' && c != '\0')
-            continue;
-        *p = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return qd_error(QD_ERR_IO, "%s: mkdir: %s", buf, strerror(errno));
-        *p = c;
-        if (c == '\0')
-            break;
-    }
-    struct stat sb;
-    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return qd_error(QD_ERR_IO, "%s: not a directory", path);
-    return QD_OK;
-}
+#include "orchestrator/ckpt.h"
+#include "quant/fileio.h"
 
 qd_status qd_ckpt_path(char *buf, size_t n, const char *dir, int64_t step)
 {
