@@ -6,7 +6,7 @@
 #include <string.h>
 #include <jansson.h>
 #include "benchmarks/eval.h"
-#include "orchestrator/atomic.h"
+#include "quant/fileio.h"
 
 /* Markdown shows at most this many bytes of a model output; report.json has all. */
 #define MD_OUTPUT_MAX 2000

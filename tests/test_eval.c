@@ -7,7 +7,6 @@
  * pass@k on a constructed case is checked against exact fractions
  * (1 - C(n-c,k)/C(n,k) worked out by hand). */
 #define _GNU_SOURCE
-#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +18,7 @@
 #include "tests/suites.h"
 #include "benchmarks/dataset.h"
 #include "benchmarks/eval.h"
+#include "quant/fileio.h"
 
 #define FX "tests/fixtures/benchmarks/"
 #define EPS 1e-12
@@ -26,22 +26,6 @@
 static const char *const gpt3_keys[] = {"6b_finetuning", "6b_verification", "175b_finetuning", "175b_verification"};
 
 /* ---- temporary directories and files ---------------------------------- */
-
-static void mktmp(char *dir, size_t n)
-{
-    snprintf(dir, n, "/tmp/qd_eval_XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-}
-
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    return remove(p);
-}
-
-static void rm_rf(const char *dir)
-{
-    nftw(dir, rm_one, 8, FTW_DEPTH | FTW_PHYS);
-}
 
 static void write_file(const char *path, const char *text)
 {
@@ -54,18 +38,9 @@ static void write_file(const char *path, const char *text)
 /* The whole file as a malloc'd string ("" when absent). */
 static char *read_all(const char *path)
 {
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return strdup("");
-    char *buf = NULL;
-    size_t n = 0;
-    FILE *m = open_memstream(&buf, &n);
-    int c;
-    while ((c = fgetc(f)) != EOF)
-        fputc(c, m);
-    fclose(f);
-    fclose(m);
-    return buf;
+    char *text;
+    size_t len;
+    return qd_read_file(path, &text, &len) == QD_OK ? text : strdup("");
 }
 
 /* ---- GSM8K: real model outputs against their correctness labels --------- */
@@ -361,7 +336,7 @@ START_TEST(test_report_files)
     qd_eval_report r;
     run_constructed(&r, 0);
     char dir[64], sub[128], path[192];
-    mktmp(dir, sizeof dir);
+    qd_test_mkdtemp(dir, sizeof dir, "eval");
     snprintf(sub, sizeof sub, "%s/a/b", dir); /* created on the way */
     ck_assert_msg(qd_eval_write(&r, sub) == QD_OK, "%s", qd_last_error());
     snprintf(path, sizeof path, "%s/report.json", sub);
@@ -413,14 +388,9 @@ START_TEST(test_report_files)
     ck_assert_ptr_nonnull(strstr(md, "````text\n```\nwrong "));
     free(md);
     /* Only the two reports: no temporary file left behind. */
-    snprintf(path, sizeof path, "ls -A '%s' | tr '\\n' ' '", sub);
-    FILE *ls = popen(path, "r");
-    char names[256] = "";
-    ck_assert_ptr_nonnull(fgets(names, sizeof names, ls));
-    pclose(ls);
-    ck_assert_str_eq(names, "report.json report.md ");
+    ck_assert_int_eq(qd_test_dir_entries(sub), 2);
     qd_eval_report_free(&r);
-    rm_rf(dir);
+    qd_test_rm_tree(dir);
 }
 END_TEST
 
@@ -473,11 +443,11 @@ static qd_status replay_text(const char *text, int n_bench, qd_eval_replay **rp)
     b[0] = (qd_eval_bench){"constructed", &s, QD_GRADE_MATH};
     b[1] = (qd_eval_bench){"other", &s, QD_GRADE_MATH};
     char dir[64], path[128];
-    mktmp(dir, sizeof dir);
+    qd_test_mkdtemp(dir, sizeof dir, "eval");
     snprintf(path, sizeof path, "%s/outputs.jsonl", dir);
     write_file(path, text);
     qd_status st = qd_eval_replay_load(path, b, (size_t)n_bench, 0, "{problem}?", rp);
-    rm_rf(dir);
+    qd_test_rm_tree(dir);
     return st;
 }
 
@@ -614,7 +584,7 @@ static void run_free(run_result *r)
 START_TEST(test_grade_program)
 {
     char dir[64];
-    mktmp(dir, sizeof dir);
+    qd_test_mkdtemp(dir, sizeof dir, "eval");
     run_result r = quads(dir, "grade",
                          "{\"output\": \"The answer is \\\\boxed{\\\\frac{1}{2}}\", \"gold\": \"0.5\"}\n"
                          "\n"
@@ -662,7 +632,7 @@ START_TEST(test_grade_program)
     r = quads(dir, "grade --style", "");
     ck_assert_int_eq(r.rc, 2);
     run_free(&r);
-    rm_rf(dir);
+    qd_test_rm_tree(dir);
 }
 END_TEST
 
@@ -687,7 +657,7 @@ static void write_gsm8k_replay(const char *path, int first_key, int k)
 START_TEST(test_eval_program_replay)
 {
     char dir[64], args[1024];
-    mktmp(dir, sizeof dir);
+    qd_test_mkdtemp(dir, sizeof dir, "eval");
     char replay[128];
     snprintf(replay, sizeof replay, "%s/gpt3.jsonl", dir);
     write_gsm8k_replay(replay, 3, 1);
@@ -717,14 +687,14 @@ START_TEST(test_eval_program_replay)
     ck_assert_str_eq(r.err, "quads eval: gpt3.jsonl: benchmark 'gsm8k_test.jsonl' problem '0' has 1 outputs, "
                             "2 samples were asked for\n");
     run_free(&r);
-    rm_rf(dir);
+    qd_test_rm_tree(dir);
 }
 END_TEST
 
 START_TEST(test_eval_program_errors)
 {
     char dir[64], args[1024];
-    mktmp(dir, sizeof dir);
+    qd_test_mkdtemp(dir, sizeof dir, "eval");
     char bad[128];
     snprintf(bad, sizeof bad, "%s/bad.jsonl", dir);
     write_file(bad, "{\"id\": 0, \"output\": \"A: 18\"}\n{\"id\": 1, \"output\": [\"A: 3\"]}\n");
@@ -763,7 +733,7 @@ START_TEST(test_eval_program_errors)
     ck_assert_int_eq(r.rc, 0);
     ck_assert_ptr_nonnull(strstr(r.out, "--replay FILE.jsonl"));
     run_free(&r);
-    rm_rf(dir);
+    qd_test_rm_tree(dir);
 }
 END_TEST
 
