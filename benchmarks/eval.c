@@ -90,6 +90,8 @@ typedef struct {
     size_t maj;           /* problems whose majority answer is right */
     double tokens, chars; /* sums over samples */
     bool tokens_known;
+    bool *ok;             /* (K) scratch: correctness of one problem's samples */
+    char **ext;           /* (K) scratch: their extracted answers */
     qd_eval_result *res;
 } bench_acc;
 
@@ -112,8 +114,8 @@ static qd_status grade_problem(bench_acc *a, size_t i, char *const *outputs, con
 {
     const qd_bench_record *r = &a->b->set->rec[i];
     const int k = a->o->samples;
-    bool ok[k];
-    char *ext[k];
+    bool *ok = a->ok;
+    char **ext = a->ext;
     qd_status st = QD_OK;
     int done;
     for (done = 0; done < k; done++) {
@@ -258,11 +260,13 @@ static qd_status eval_bench(const qd_eval_bench *b, const qd_eval_opts *o, qd_ev
     size_t n = o->limit && o->limit < b->set->n ? o->limit : b->set->n;
     if (!n)
         return qd_error(QD_ERR_ARG, "%s: no problems to evaluate", b->name);
-    bench_acc a = {.b = b, .o = o, .n = n, .c = calloc(n, sizeof(int)), .tokens_known = true, .res = res};
+    bench_acc a = {.b = b, .o = o, .n = n, .c = calloc(n, sizeof(int)), .tokens_known = true, .res = res,
+                   .ok = malloc((size_t)o->samples * sizeof(bool)),
+                   .ext = malloc((size_t)o->samples * sizeof(char *))};
     *res = (qd_eval_result){.name = strdup(b->name), .style = b->style, .n_problems = n, .k = o->samples,
                             .right = calloc((size_t)o->n_examples + 1, sizeof *res->right),
                             .wrong = calloc((size_t)o->n_examples + 1, sizeof *res->wrong)};
-    qd_status st = a.c && res->name && res->right && res->wrong ? QD_OK : qd_error(QD_ERR_NOMEM, "%s", b->name);
+    qd_status st = a.c && a.ok && a.ext && res->name && res->right && res->wrong ? QD_OK : qd_error(QD_ERR_NOMEM, "%s", b->name);
     for (size_t first = 0; !st && first < n; first += (size_t)o->batch) {
         int nb = n - first < (size_t)o->batch ? (int)(n - first) : o->batch;
         st = run_batch(&a, first, nb, gen, ctx);
@@ -272,6 +276,8 @@ static qd_status eval_bench(const qd_eval_bench *b, const qd_eval_opts *o, qd_ev
     if (!st)
         st = finish_bench(&a);
     free(a.c);
+    free(a.ok);
+    free(a.ext);
     return st;
 }
 

@@ -250,8 +250,9 @@ char *qd_eval_report_markdown(const qd_eval_report *r)
     fprintf(f, "\n- precision: %s\n- samples per problem (K): %d\n- wall time: %.1f s\n- prompt template:\n\n",
             r->precision ? r->precision : "n/a", r->k, r->seconds);
     md_block(f, r->prompt_template, (size_t)-1);
-    fprintf(f, "pass@k is the unbiased estimator of Chen et al. (2021) from the K samples; "
-               "the CI is a percentile bootstrap over problems.\n\n");
+    fprintf(f, "pass@1 is the mean over problems of c/K (c: correct samples of K), which is also mean@K; "
+               "pass@k is the unbiased estimator of Chen et al. (2021) from the K samples; maj@K grades "
+               "the answer most samples agree on; the CI is a percentile bootstrap over problems.\n\n");
     md_summary(f, r);
     for (size_t i = 0; i < r->n_bench; i++)
         md_bench(f, &r->bench[i]);

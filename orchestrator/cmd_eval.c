@@ -28,7 +28,7 @@ static void usage(FILE *f)
         "  --field KEY=FIELD    --file's fields: KEY is problem, answer, solution or id\n"
         "  --style plain|gsm8k|boxed   how --file's answer field is read (default plain)\n"
         "  --grader math|gsm8k|dapo    grading style for all benchmarks (default: gsm8k for\n"
-        "                       gsm8k, math for the others)\n"
+        "                       gsm8k and for a --file with --style gsm8k, math for the others)\n"
         "  --samples K          samples per problem (default 1; with --replay, the fewest\n"
         "                       outputs any problem has)\n"
         "  --limit N            the first N problems of each benchmark\n"
@@ -210,12 +210,14 @@ static qd_status load_named(const char *name, const eval_args *a, const qd_fetch
     return qd_synth_generate(&so, QD_SPLIT_TEST, a->limit ? (size_t)a->limit : SYNTH_DEFAULT, s);
 }
 
-static qd_grade_style style_for(const char *name, const eval_args *a)
+/* --grader, else gsm8k for GSM8K (the registry's, or a file whose answers
+ * are read GSM8K style), else math. */
+static qd_grade_style style_for(const char *name, int named, const eval_args *a)
 {
     qd_grade_style g = QD_GRADE_MATH;
     if (a->grader)
         qd_rewards_style_parse(a->grader, &g);
-    else if (!strcmp(name, "gsm8k"))
+    else if (named ? !strcmp(name, "gsm8k") : a->fields.style == QD_ANSWER_GSM8K)
         g = QD_GRADE_GSM8K;
     return g;
 }
@@ -237,7 +239,7 @@ static int load_all(const eval_args *a, const char **names, int n_names, qd_benc
         }
         if (!named)
             name = qd_path_base(a->file);
-        benches[*n] = (qd_eval_bench){name, &sets[*n], style_for(name, a)};
+        benches[*n] = (qd_eval_bench){name, &sets[*n], style_for(name, named, a)};
     }
     return 1;
 }
@@ -296,7 +298,7 @@ int qd_cmd_eval(int argc, char **argv)
         return usage(stdout), 0;
     char *list = a.benchmarks ? strdup(a.benchmarks) : NULL;
     int ok = pr && validate(&a, prompt) && (!list || split_names(list, names, &n_names));
-    if (ok && !a.replay) {
+    if (ok && !a.replay) { /* issue 3: the backend's generate becomes the qd_eval_generate_fn here */
         fprintf(stderr, "quads eval: generation needs the model backend (issue 3); "
                         "grade outputs generated elsewhere with --replay FILE.jsonl\n");
         free(list);

@@ -18,6 +18,8 @@
 #include "tests/suites.h"
 #include "benchmarks/dataset.h"
 #include "benchmarks/eval.h"
+#include "benchmarks/registry.h"
+#include "benchmarks/synth.h"
 #include "quant/fileio.h"
 
 #define FX "tests/fixtures/benchmarks/"
@@ -691,6 +693,50 @@ START_TEST(test_eval_program_replay)
 }
 END_TEST
 
+START_TEST(test_eval_program_two_benchmarks)
+{
+    /* The synthetic arith1 (its first 4 held-out problems, as quads eval makes
+     * them) and a GSM8K file, one replay file whose lines name their benchmark. */
+    const qd_bench_info *info = qd_bench_find("arith1");
+    qd_synth_opts so = {.seed = 0, .steps = info->synth_steps, .max_operand = info->synth_max};
+    qd_bench_set s;
+    ck_assert_int_eq(qd_synth_generate(&so, QD_SPLIT_TEST, 4, &s), QD_OK);
+    char dir[64], path[128], args[1024];
+    qd_test_mkdtemp(dir, sizeof dir, "eval");
+    snprintf(path, sizeof path, "%s/two.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    for (size_t i = 0; i < s.n; i++)
+        fprintf(f, "{\"benchmark\": \"arith1\", \"id\": \"%s\", \"output\": \"\\\\boxed{%s}\", \"tokens\": 5}\n"
+                   "{\"benchmark\": \"arith1\", \"id\": \"%s\", \"output\": \"\\\\boxed{0.5}\", \"tokens\": 7}\n",
+                s.rec[i].id, s.rec[i].answer, s.rec[i].id);
+    for (int i = 0; i < 4; i++) /* golds 18 and 3: each of problems 0 and 1 gets one right */
+        fprintf(f, "{\"benchmark\": \"gsm8k_test.jsonl\", \"id\": %d, \"output\": \"A: 18\"}\n"
+                   "{\"benchmark\": \"gsm8k_test.jsonl\", \"id\": %d, \"output\": \"so A: 3\"}\n", i, i);
+    fclose(f);
+    qd_bench_set_free(&s);
+    snprintf(args, sizeof args, "eval --benchmark arith1 --file '%s' --field problem=question --style gsm8k "
+             "--replay two.jsonl --limit 4 --out rep", qd_test_path(FX "gsm8k_test.jsonl"));
+    run_result r = quads(dir, args, "");
+    ck_assert_msg(r.rc == 0, "rc %d: %s", r.rc, r.err);
+    ck_assert_ptr_nonnull(strstr(r.out, "arith1             4 problems x 2  pass@1 0.5000"));
+    ck_assert_ptr_nonnull(strstr(r.out, "gsm8k_test.jsonl     4 problems x 2  pass@1 0.2500"));
+    run_free(&r);
+    snprintf(path, sizeof path, "%s/rep/report.json", dir);
+    json_t *j = json_load_file(path, 0, NULL), *b = json_object_get(j, "benchmarks");
+    ck_assert_uint_eq(json_array_size(b), 2);
+    json_t *a = json_array_get(b, 0), *g = json_array_get(b, 1);
+    ck_assert_str_eq(json_string_value(json_object_get(a, "grader")), "math");
+    ck_assert_double_eq_tol(json_real_value(json_object_get(a, "mean_tokens")), 6.0, EPS);
+    ck_assert_double_eq_tol(json_real_value(json_object_get(a, "maj@k")), 1.0, EPS);
+    /* --style gsm8k makes the file's grader gsm8k; the 1:1 ties go to the first answer, 18. */
+    ck_assert_str_eq(json_string_value(json_object_get(g, "grader")), "gsm8k");
+    ck_assert_double_eq_tol(json_real_value(json_object_get(g, "maj@k")), 0.25, EPS);
+    ck_assert_double_eq_tol(json_real_value(json_object_get(json_object_get(g, "pass@k"), "2")), 0.5, EPS);
+    json_decref(j);
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
 START_TEST(test_eval_program_errors)
 {
     char dir[64], args[1024];
@@ -757,6 +803,7 @@ Suite *suite_eval(void)
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_grade_program);
     tcase_add_test(tc, test_eval_program_replay);
+    tcase_add_test(tc, test_eval_program_two_benchmarks);
     tcase_add_test(tc, test_eval_program_errors);
     suite_add_tcase(s, tc);
     return s;
