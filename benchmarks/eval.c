@@ -80,6 +80,15 @@ static char *dup_or_null(const char *s)
     return s ? strdup(s) : NULL;
 }
 
+/* The last error with "what: " in front (copied first: qd_error writes the
+ * buffer qd_last_error reads). */
+static qd_status prefix_error(qd_status st, const char *what)
+{
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", qd_last_error());
+    return qd_error(st, "%s: %s", what, msg);
+}
+
 /* Running sums of one benchmark while its batches come in. */
 typedef struct {
     const qd_eval_bench *b;
@@ -95,6 +104,15 @@ typedef struct {
     qd_eval_result *res;
 } bench_acc;
 
+static void example_free(qd_eval_example *e)
+{
+    free(e->id);
+    free(e->problem);
+    free(e->gold);
+    free(e->output);
+    free(e->extracted);
+}
+
 static void keep_example(bench_acc *a, const qd_bench_record *r, int j, const char *output,
                          const char *extracted, bool correct, int tokens)
 {
@@ -104,9 +122,12 @@ static void keep_example(bench_acc *a, const qd_bench_record *r, int j, const ch
     /* One example per problem: more variety than the K samples of the first. */
     if (*count >= a->o->n_examples || (*count && !strcmp(e[-1].id, r->id)))
         return;
-    (*count)++;
     *e = (qd_eval_example){strdup(r->id), strdup(r->problem), strdup(r->answer), strdup(output),
                            dup_or_null(extracted), j, tokens};
+    if (e->id && e->problem && e->gold && e->output && (e->extracted || !extracted))
+        (*count)++;
+    else /* out of memory: an example fewer */
+        example_free(e);
 }
 
 /* Grades the k samples of problem i (outputs and tokens: (k)). */
@@ -136,7 +157,12 @@ static qd_status grade_problem(bench_acc *a, size_t i, char *const *outputs, con
     }
     for (int j = 0; j < done; j++)
         free(ext[j]);
-    return st ? qd_error(st, "%s: problem '%s': %s", a->b->name, r->id, qd_last_error()) : QD_OK;
+    if (st) {
+        char what[512];
+        snprintf(what, sizeof what, "%s: problem '%s'", a->b->name, r->id);
+        return prefix_error(st, what);
+    }
+    return QD_OK;
 }
 
 /* ---- generation in batches ---------------------------------------------- */
@@ -245,7 +271,7 @@ static qd_status finish_bench(bench_acc *a)
                                            &res->pass1_lo, &res->pass1_hi);
     free(x);
     if (st)
-        return qd_error(st, "%s: %s", a->b->name, qd_last_error());
+        return prefix_error(st, a->b->name);
     double ns = (double)a->n * k;
     res->maj_k = (double)a->maj / (double)a->n;
     res->mean_k = a->mean_k_sum / (double)a->n;
@@ -319,15 +345,6 @@ qd_status qd_eval_run(const qd_eval_bench *benches, size_t n_bench, const qd_eva
     clock_gettime(CLOCK_MONOTONIC, &t1);
     out->seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     return QD_OK;
-}
-
-static void example_free(qd_eval_example *e)
-{
-    free(e->id);
-    free(e->problem);
-    free(e->gold);
-    free(e->output);
-    free(e->extracted);
 }
 
 void qd_eval_report_free(qd_eval_report *r)

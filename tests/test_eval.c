@@ -410,6 +410,17 @@ START_TEST(test_prompt_template)
 }
 END_TEST
 
+/* Fails on its second call; leaves sample 3 of problem p1 empty on its first. */
+static qd_status gen_faulty(void *ctx, const char *const *prompts, int n, int k, char **out, int *tokens)
+{
+    int *calls = ctx;
+    if ((*calls)++)
+        return qd_error(QD_ERR_DEVICE, "fake: device lost");
+    for (int i = 0; i < n * k; i++)
+        out[i] = i == k + 3 ? NULL : strdup("\\boxed{1}");
+    return QD_OK;
+}
+
 START_TEST(test_bad_options)
 {
     qd_bench_set s = {0};
@@ -428,6 +439,17 @@ START_TEST(test_bad_options)
     qd_eval_bench e = {"empty", &empty, QD_GRADE_MATH};
     ck_assert_int_eq(qd_eval_run(&e, 1, &o, gen_fixed, &g, &r), QD_ERR_ARG);
     ck_assert_ptr_nonnull(strstr(qd_last_error(), "empty: no problems"));
+    ck_assert_ptr_null(r.bench);
+    /* Generator failures come back with their message; nothing leaks (valgrind). */
+    o.samples = 4;
+    o.batch = 2;
+    int calls = 0;
+    ck_assert_int_eq(qd_eval_run(&b, 1, &o, gen_faulty, &calls, &r), QD_ERR_FORMAT);
+    ck_assert_str_eq(qd_last_error(), "constructed: generator gave no output for problem 'p1' sample 3");
+    o.batch = 1;
+    calls = 0;
+    ck_assert_int_eq(qd_eval_run(&b, 1, &o, gen_faulty, &calls, &r), QD_ERR_DEVICE);
+    ck_assert_str_eq(qd_last_error(), "fake: device lost");
     ck_assert_ptr_null(r.bench);
     qd_bench_set_free(&s);
 }
