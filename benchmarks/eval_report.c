@@ -151,6 +151,12 @@ static int backtick_run(const char *s)
     return best;
 }
 
+static void ticks(FILE *f, int n)
+{
+    while (n-- > 0)
+        fputc('`', f);
+}
+
 /* An inline code span that shows s (newlines as spaces) literally. */
 static void md_code(FILE *f, const char *s)
 {
@@ -160,10 +166,12 @@ static void md_code(FILE *f, const char *s)
     }
     int n = backtick_run(s) + 1;
     const char *pad = s[0] == '`' || (*s && s[strlen(s) - 1] == '`') ? " " : "";
-    fprintf(f, "%.*s%s", n, "``````````````````````````````", pad);
+    ticks(f, n);
+    fputs(pad, f);
     for (const char *p = s; *p; p++)
         fputc(*p == '\n' || *p == '\r' ? ' ' : *p, f);
-    fprintf(f, "%s%.*s", pad, n, "``````````````````````````````");
+    fputs(pad, f);
+    ticks(f, n);
 }
 
 /* A fenced block of at most max bytes of s, cut at a character boundary. */
@@ -174,10 +182,13 @@ static void md_block(FILE *f, const char *s, size_t max)
     size_t len = strlen(s), cut = len <= max ? len : max;
     while (cut < len && ((unsigned char)s[cut] & 0xC0) == 0x80)
         cut--;
-    fprintf(f, "%.*stext\n%.*s", n, "``````````````````````````````", (int)cut, s);
+    ticks(f, n);
+    fprintf(f, "text\n%.*s", (int)cut, s);
     if (cut < len)
         fprintf(f, "\n[... %zu more bytes; the whole output is in report.json]", len - cut);
-    fprintf(f, "\n%.*s\n\n", n, "``````````````````````````````");
+    fputc('\n', f);
+    ticks(f, n);
+    fputs("\n\n", f);
 }
 
 static void md_examples(FILE *f, const char *title, const qd_eval_example *e, int n)
@@ -207,13 +218,25 @@ static void md_tokens(FILE *f, double t)
         fputs("n/a", f);
 }
 
+/* Text in a table cell: '|' escaped, line breaks as spaces. */
+static void md_cell(FILE *f, const char *s)
+{
+    for (; *s; s++)
+        if (*s == '|')
+            fputs("\\|", f);
+        else
+            fputc(*s == '\n' || *s == '\r' ? ' ' : *s, f);
+}
+
 static void md_summary(FILE *f, const qd_eval_report *r)
 {
     fprintf(f, "| benchmark | problems | pass@1 | 95%% CI | pass@%d | maj@%d | mean tokens | mean chars |\n"
                "|---|---:|---:|---|---:|---:|---:|---:|\n", r->k, r->k);
     for (size_t i = 0; i < r->n_bench; i++) {
         const qd_eval_result *b = &r->bench[i];
-        fprintf(f, "| %s | %zu | %.4f | %.4f–%.4f | %.4f | %.4f | ", b->name, b->n_problems, b->pass1,
+        fputs("| ", f);
+        md_cell(f, b->name);
+        fprintf(f, " | %zu | %.4f | %.4f–%.4f | %.4f | %.4f | ", b->n_problems, b->pass1,
                 b->pass1_lo, b->pass1_hi, b->pass[b->n_pass - 1].value, b->maj_k);
         md_tokens(f, b->mean_tokens);
         fprintf(f, " | %.1f |\n", b->mean_chars);

@@ -396,6 +396,45 @@ START_TEST(test_report_files)
 }
 END_TEST
 
+START_TEST(test_markdown_long_output)
+{
+    /* "x" + 1040 x "é" (2 bytes each): the 2000-byte cut falls inside a character
+     * and must move back to its start; the rest is announced, not dropped silently. */
+    char out[2100];
+    size_t n = 0;
+    out[n++] = 'x';
+    for (int i = 0; i < 1040; i++)
+        out[n++] = (char)0xC3, out[n++] = (char)0xA9;
+    out[n] = '\0';
+    qd_eval_pass pass = {1, 0.0};
+    qd_eval_example ex = {"7", "P | Q", "1", out, NULL, 0, -1};
+    qd_eval_result b = {.name = "a|b", .n_problems = 1, .k = 1, .pass = &pass, .n_pass = 1,
+                        .mean_tokens = NAN, .wrong = &ex, .n_wrong = 1};
+    qd_eval_report r = {.bench = &b, .n_bench = 1, .k = 1, .prompt_template = "{problem}"};
+    char *md = qd_eval_report_markdown(&r);
+    ck_assert_ptr_nonnull(md);
+    ck_assert_ptr_nonnull(strstr(md, "| a\\|b | 1 | 0.0000 |"));            /* '|' escaped in the table */
+    ck_assert_ptr_nonnull(strstr(md, "extracted (none), gold `1`"));
+    ck_assert_ptr_nonnull(strstr(md, "| mean response tokens | n/a |"));
+    const char *body = strstr(md, "```text\nx\xC3\xA9");
+    ck_assert_ptr_nonnull(body);
+    body += strlen("```text\n");
+    const char *end = strstr(body, "\n[... 82 more bytes; the whole output is in report.json]\n```\n");
+    ck_assert_ptr_nonnull(end);
+    ck_assert_int_eq(end - body, 1999); /* "x" + 999 whole characters */
+    free(md);
+    char *js = qd_eval_report_json(&r);
+    json_t *j = json_loads(js, 0, NULL);
+    json_t *w = json_array_get(json_object_get(json_object_get(json_array_get(json_object_get(j, "benchmarks"), 0),
+                                                               "examples"), "wrong"), 0);
+    ck_assert_str_eq(json_string_value(json_object_get(w, "output")), out); /* whole */
+    ck_assert(json_is_null(json_object_get(w, "extracted")));
+    ck_assert(json_is_null(json_object_get(w, "tokens")));
+    json_decref(j);
+    free(js);
+}
+END_TEST
+
 START_TEST(test_prompt_template)
 {
     char *p = qd_eval_prompt(QD_EVAL_QWEN_MATH_PROMPT, "What is 1+1?");
@@ -813,6 +852,7 @@ Suite *suite_eval(void)
     tcase_add_test(tc, test_gsm8k_four_models_as_samples);
     tcase_add_test(tc, test_constructed_exact);
     tcase_add_test(tc, test_report_files);
+    tcase_add_test(tc, test_markdown_long_output);
     tcase_add_test(tc, test_prompt_template);
     tcase_add_test(tc, test_bad_options);
     suite_add_tcase(s, tc);
