@@ -156,22 +156,24 @@ static int valid_precision(const char *p)
     return 0;
 }
 
-/* Names of --benchmark, split at commas, each in the registry. */
+/* Names of --benchmark, split at commas: at least one, each in the registry, none twice. */
 static int split_names(char *list, const char **names, int *n)
 {
     *n = 0;
     for (char *save, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (!qd_bench_find(t)) {
-            fprintf(stderr, "quads eval: unknown benchmark '%s' (see 'quads bench list')\n", t);
-            return 0;
-        }
-        if (*n == MAX_BENCH - 1) {
-            fprintf(stderr, "quads eval: more than %d benchmarks\n", MAX_BENCH - 1);
+        const char *why = !qd_bench_find(t) ? "unknown benchmark" : *n == MAX_BENCH - 1 ? "too many benchmarks at"
+                                                                                       : NULL;
+        for (int i = 0; i < *n && !why; i++)
+            why = strcmp(names[i], t) ? NULL : "twice the benchmark";
+        if (why) {
+            fprintf(stderr, "quads eval: %s '%s' (see 'quads bench list')\n", why, t);
             return 0;
         }
         names[(*n)++] = t;
     }
-    return 1;
+    if (!*n)
+        fprintf(stderr, "quads eval: --benchmark: no benchmark named\n");
+    return *n > 0;
 }
 
 static int validate(const eval_args *a, const char *prompt)
@@ -239,6 +241,13 @@ static int load_all(const eval_args *a, const char **names, int n_names, qd_benc
         }
         if (!named)
             name = qd_path_base(a->file);
+        for (int i = 0; !named && i < n_names; i++)
+            if (!strcmp(names[i], name)) {
+                fprintf(stderr, "quads eval: --file %s has the name of --benchmark %s: rename the file\n", a->file,
+                        name);
+                qd_bench_set_free(&sets[*n]);
+                return 0;
+            }
         benches[*n] = (qd_eval_bench){name, &sets[*n], style_for(name, named, a)};
     }
     return 1;
@@ -306,8 +315,11 @@ int qd_cmd_eval(int argc, char **argv)
     }
     qd_bench_set sets[MAX_BENCH] = {{0}};
     qd_eval_bench benches[MAX_BENCH];
-    int n = 0, rc = !ok ? (fprintf(stderr, "Run 'quads eval --help' for the options.\n"), 2) : !load_all(&a, names, n_names, sets, benches, &n) ? 1
-                  : run_replay(&a, prompt, benches, n);
+    int n = 0, rc;
+    if (!ok)
+        rc = 2, fprintf(stderr, "Run 'quads eval --help' for the options.\n");
+    else
+        rc = load_all(&a, names, n_names, sets, benches, &n) ? run_replay(&a, prompt, benches, n) : 1;
     for (int i = 0; i < n; i++)
         qd_bench_set_free(&sets[i]);
     free(list);

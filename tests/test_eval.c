@@ -829,6 +829,8 @@ START_TEST(test_eval_program_errors)
         {"eval --model . --benchmark gsm8k --field question", "--field question: expected"},
         {"eval --model . --benchmark gsm8k --bogus 1", "unknown option '--bogus'"},
         {"eval --model . --benchmark", "missing value after '--benchmark'"},
+        {"eval --model . --benchmark gsm8k,math500,gsm8k", "twice the benchmark 'gsm8k'"},
+        {"eval --model . --benchmark ,", "--benchmark: no benchmark named"},
     };
     for (size_t i = 0; i < sizeof usage_errors / sizeof usage_errors[0]; i++) {
         r = quads(dir, usage_errors[i].args, "");
