@@ -4,7 +4,9 @@
 #define QD_CUDA_CHECK_H
 
 #include <cuda_runtime.h>
+extern "C" {
 #include "quant/status.h"
+}
 
 #define QD_CUDA_CHECK(call)                                                          \
     do {                                                                             \

@@ -264,12 +264,11 @@ __global__ void dequant_kernel(float *out, const uint8_t *codes, const uint8_t *
     }
 }
 
-/* FP8 per-row scales (quant/quant.h): scale = 448/amax (1 for an all-zero row),
- * scale_inv = 1/scale. */
+/* FP8 per-row encode scale, quant/fp8.c's: 448/amax clamped to FLT_MAX, 1 for an
+ * all-zero row; scale_inv = 1/scale. */
 static __device__ __forceinline__ float fp8_row_scale(float amax)
 {
-    float s = QD_E4M3_MAX / amax;
-    return (amax == 0.0f || !(s <= FLT_MAX)) ? 1.0f : s;
+    return amax == 0.0f ? 1.0f : fminf(QD_E4M3_MAX / amax, FLT_MAX);
 }
 
 /* One CTA a row of x (rows, cols): q = e4m3(x * scale). */
@@ -296,7 +295,8 @@ __global__ void fp8_rows_kernel(uint8_t *q, float *scale_inv, const float *x, in
 /* RAC residuals (§5): res (rows, n) = x[:, ch] - x_hat[:, ch], x_hat the
  * dequantization of the row's main blocks already written at (codes, scales). */
 __global__ void rac_residual_kernel(float *res, const float *x, qout o, const float *s_dec,
-                                    const int64_t *ch, int64_t rows, int64_t K, int64_t n)
+                                    int per_row, const int64_t *ch, int64_t rows, int64_t K,
+                                    int64_t n)
 {
     int64_t total = rows * n;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
@@ -304,7 +304,8 @@ __global__ void rac_residual_kernel(float *res, const float *x, qout o, const fl
         int64_t r = i / n, c = ch[i - r * n];
         uint8_t byte = o.codes[r * o.codes_ld + c / 2];
         uint8_t code = (uint8_t)((c & 1) ? byte >> 4 : byte & 0xfu);
-        float xh = qd_nvfp4_dequant1(code, o.scales[r * o.scales_ld + c / 16], s_dec[r]);
+        float xh = qd_nvfp4_dequant1(code, o.scales[r * o.scales_ld + c / 16],
+                                     s_dec[per_row ? r : 0]);
         res[i] = x[r * K + c] - xh;
     }
 }
@@ -730,6 +731,8 @@ static qd_status check_rac(const char *fn, const qd_nvfp4 *out, int64_t rows, in
 {
     QD_TRY(check_shape(fn, rows, K));
     QD_TRY(check_shape(fn, rows, n));
+    if (n > K)
+        return qd_error(QD_ERR_SHAPE, "%s: |S| = %lld > K = %lld", fn, (long long)n, (long long)K);
     if (out->rows != rows || out->cols != K + n)
         return qd_error(QD_ERR_SHAPE, "%s: out is %lld x %lld, want %lld x %lld", fn,
                         (long long)out->rows, (long long)out->cols, (long long)rows,
@@ -738,17 +741,34 @@ static qd_status check_rac(const char *fn, const qd_nvfp4 *out, int64_t rows, in
 }
 
 /* The residual half of the augmented activation: r = (x - x_hat)[:, S], then
- * quantized with each row's S_enc into the columns after K. */
+ * quantized with the main scope's S_enc (s_enc per row, or the per-tensor amax
+ * still in the amax word) into the columns after K. */
 static qd_status rac_residual(qd_nvfp4 *out, const float *x, int64_t rows, int64_t K,
                               const int64_t *channels, int64_t n, const float *s_enc, float *res)
 {
+    uint32_t *bits;
     qout o = qout_of(out);
-    rac_residual_kernel<<<grid_for(rows * n), QD_THREADS>>>(res, x, o, out->s_dec, channels, rows,
-                                                            K, n);
+    QD_TRY(amax_word(&bits));
+    rac_residual_kernel<<<grid_for(rows * n), QD_THREADS>>>(res, x, o, out->s_dec, out->per_row,
+                                                            channels, rows, K, n);
     QD_CUDA_CHECK(cudaGetLastError());
     o.codes += K / 2;
     o.scales += K / 16;
-    return launch_quantize_with(o, NULL, res, rows, n / 16, s_enc, 1);
+    quant_flat_kernel<float><<<grid_for(rows * (n / 16)), QD_THREADS>>>(
+        o, NULL, res, rows, n / 16, out->per_row ? NULL : bits, s_enc, out->per_row, NULL);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+/* The main half: quantize(x) into the first K columns of out, keeping S_enc. */
+static qd_status rac_main(qd_nvfp4 *out, const float *x, int64_t rows, int64_t K, float *s_enc)
+{
+    if (!out->per_row)
+        return launch_quantize(qout_of(out), NULL, out->s_dec, x, rows, K, 0);
+    quant_rows_kernel<float><<<(unsigned)rows, row_threads(K / 16)>>>(qout_of(out), NULL, x, K / 16,
+                                                                      out->s_dec, s_enc);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
 }
 
 extern "C" qd_status qd_cuda_rac_augment_act(qd_nvfp4 *out, const float *x, int64_t rows,
@@ -758,8 +778,6 @@ extern "C" qd_status qd_cuda_rac_augment_act(qd_nvfp4 *out, const float *x, int6
     qd_status st;
     QD_TRY(check_rac("qd_cuda_rac_augment_act", out, rows, K, n));
     QD_TRY(check_in("qd_cuda_rac_augment_act", x));
-    if (!out->per_row)
-        return qd_error(QD_ERR_ARG, "qd_cuda_rac_augment_act: out must be per_row (§4)");
     if (rows == 0 || K == 0)
         return QD_OK;
     QD_CUDA_CHECK(cudaMalloc((void **)&s_enc, (size_t)rows * sizeof(float)));
@@ -767,10 +785,7 @@ extern "C" qd_status qd_cuda_rac_augment_act(qd_nvfp4 *out, const float *x, int6
         cudaFree(s_enc);
         return qd_error(QD_ERR_NOMEM, "qd_cuda_rac_augment_act: residual buffer");
     }
-    quant_rows_kernel<float><<<(unsigned)rows, row_threads(K / 16)>>>(qout_of(out), NULL, x, K / 16,
-                                                                      out->s_dec, s_enc);
-    st = cudaGetLastError() == cudaSuccess ? QD_OK
-                                           : qd_error(QD_ERR_DEVICE, "qd_cuda_rac_augment_act: launch");
+    st = rac_main(out, x, rows, K, s_enc);
     if (st == QD_OK && n)
         st = rac_residual(out, x, rows, K, channels, n, s_enc, res);
     if (st == QD_OK)
@@ -787,14 +802,13 @@ extern "C" qd_status qd_cuda_rac_augment_weight(qd_nvfp4 *out, const float *w, i
     qd_status st;
     QD_TRY(check_rac("qd_cuda_rac_augment_weight", out, N, K, n));
     QD_TRY(check_in("qd_cuda_rac_augment_weight", w));
-    if (out->per_row)
-        return qd_error(QD_ERR_ARG, "qd_cuda_rac_augment_weight: out must be per tensor (§5)");
     if (N == 0 || K == 0)
         return QD_OK;
     QD_CUDA_CHECK(cudaMalloc((void **)&waug, (size_t)(N * (K + n)) * sizeof(float)));
     rac_gather_kernel<<<grid_for(N * (K + n)), QD_THREADS>>>(waug, w, channels, N, K, n);
     st = cudaGetLastError() == cudaSuccess
-             ? launch_quantize(qout_of(out), NULL, out->s_dec, (const float *)waug, N, K + n, 0)
+             ? launch_quantize(qout_of(out), NULL, out->s_dec, (const float *)waug, N, K + n,
+                               out->per_row)
              : qd_error(QD_ERR_DEVICE, "qd_cuda_rac_augment_weight: gather launch");
     if (st == QD_OK)
         st = qd_cuda_nonfinite_check();

@@ -12,12 +12,17 @@
 #ifndef QD_CUDA_QUANT_H
 #define QD_CUDA_QUANT_H
 
+#include <float.h>
+#include <math.h>
 #include <stdint.h>
-#include "quant/quant.h"
+#include <string.h>
 
+/* quant/'s headers are C: give them C linkage when a CUDA (C++) file includes them
+ * (the system headers above first, so they are not re-read inside the block). */
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "quant/quant.h"
 
 /* Device buffers for an NVFP4 matrix; free with qd_cuda_nvfp4_free. */
 qd_status qd_cuda_nvfp4_alloc(qd_nvfp4 *q, int64_t rows, int64_t cols, int per_row);
@@ -36,7 +41,9 @@ qd_status qd_cuda_nvfp4_quantize(qd_nvfp4 *q, const float *x);
 qd_status qd_cuda_nvfp4_quantize_bf16(qd_nvfp4 *q, const uint16_t *x);
 qd_status qd_cuda_nvfp4_quantize_async(qd_nvfp4 *q, const float *x);
 qd_status qd_cuda_nvfp4_quantize_bf16_async(qd_nvfp4 *q, const uint16_t *x);
-/* quantize with given global encode scales s_enc (rows) or (1) (RAC residuals, §5). */
+/* quantize with given global encode scales s_enc (rows) or (1) (RAC residuals, §5);
+ * s_enc must be finite and > 0 (not checked on the device). On a non-finite input
+ * the quantizers return QD_ERR_NONFINITE and q's contents are unspecified. */
 qd_status qd_cuda_nvfp4_quantize_with(qd_nvfp4 *q, const float *x, const float *s_enc);
 /* out (rows, cols) = dequant(q). */
 qd_status qd_cuda_nvfp4_dequantize(float *out, const qd_nvfp4 *q);
@@ -52,11 +59,14 @@ qd_status qd_cuda_fp8_quantize_rows(uint8_t *q, float *scale_inv, const float *x
 qd_status qd_cuda_w4a4_gemm(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
 qd_status qd_cuda_w4a4_gemm_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
 
-/* RAC (§5). channels (n, device int64, n a multiple of 16) index columns of K.
- * out (rows, K+n), per row: [quantize(x), quantize_with(S_enc(x), (x - x_hat)[S])]. */
+/* RAC (§5). channels (n, device int64, n a multiple of 16, n <= K) index columns
+ * of K; they must lie in [0, K) (not checked on the device). out (rows, K+n):
+ * [quantize(x), quantize_with(S_enc(x), (x - x_hat)[S])], S_enc per row when
+ * out->per_row (§4), else the tensor's. */
 qd_status qd_cuda_rac_augment_act(qd_nvfp4 *out, const float *x, int64_t rows, int64_t K,
                                   const int64_t *channels, int64_t n);
-/* out (N, K+n), per tensor: [W, W[:, S]] quantized with W's global scale. */
+/* out (N, K+n): [W, W[:, S]] quantized with W's global scale (per tensor, or per
+ * row when out->per_row). */
 qd_status qd_cuda_rac_augment_weight(qd_nvfp4 *out, const float *w, int64_t N, int64_t K,
                                      const int64_t *channels, int64_t n);
 
