@@ -142,11 +142,20 @@ struct lt_gemm {
     cublasLtMatmulAlgo_t algo;
     void *ws;
     size_t ws_bytes;
-    int ok;
 };
 
-static int lt_setup(lt_gemm *g, cublasLtHandle_t h, cudaDataType_t in, int64_t M, int64_t N,
-                    int64_t K, const float *sa, const float *sw)
+static cublasStatus_t lt_run(lt_gemm *g, const void *w, const void *a, void *y)
+{
+    float one = 1.0f, zero = 0.0f;
+    return cublasLtMatmul(g->h, g->op, &one, w, g->la, a, g->lb, &zero, y, g->lc, y, g->lc,
+                          &g->algo, g->ws, g->ws_bytes, 0);
+}
+
+/* Describes the product and keeps the first heuristic algorithm that runs;
+ * returns its status (the last failure when none runs). */
+static cublasStatus_t lt_setup(lt_gemm *g, cublasLtHandle_t h, cudaDataType_t in, int64_t M,
+                               int64_t N, int64_t K, const float *sa, const float *sw,
+                               const void *w, const void *a, void *y)
 {
     cublasOperation_t tr = CUBLAS_OP_T, nt = CUBLAS_OP_N;
     g->h = h;
@@ -166,26 +175,23 @@ static int lt_setup(lt_gemm *g, cublasLtHandle_t h, cudaDataType_t in, int64_t M
     cublasLtMatmulPreferenceCreate(&pref);
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                          &g->ws_bytes, sizeof g->ws_bytes);
-    cublasLtMatmulHeuristicResult_t res;
+    cublasLtMatmulHeuristicResult_t res[8];
     int found = 0;
     cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h, g->op, g->la, g->lb, g->lc, g->lc, pref,
-                                                       1, &res, &found);
+                                                       8, res, &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    g->ok = st == CUBLAS_STATUS_SUCCESS && found > 0;
-    if (g->ok)
-        g->algo = res.algo;
-    return g->ok;
-}
-
-static void lt_run(lt_gemm *g, const void *w, const void *a, void *y)
-{
-    float one = 1.0f, zero = 0.0f;
-    cublasStatus_t st = cublasLtMatmul(g->h, g->op, &one, w, g->la, a, g->lb, &zero, y, g->lc, y,
-                                       g->lc, &g->algo, g->ws, g->ws_bytes, 0);
-    if (st != CUBLAS_STATUS_SUCCESS) {
-        fprintf(stderr, "cublasLtMatmul failed: %d\n", (int)st);
-        exit(2);
+    if (st == CUBLAS_STATUS_SUCCESS && found == 0)
+        st = CUBLAS_STATUS_NOT_SUPPORTED;
+    for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < found; i++) {
+        g->algo = res[i].algo;
+        st = lt_run(g, w, a, y);
+        if (st == CUBLAS_STATUS_SUCCESS)
+            break;
+        if (i + 1 < found)
+            st = CUBLAS_STATUS_SUCCESS;
     }
+    cudaGetLastError();
+    return st;
 }
 
 static void lt_free(lt_gemm *g)
@@ -197,16 +203,32 @@ static void lt_free(lt_gemm *g)
     CK(cudaFree(g->ws));
 }
 
-/* Median ms of a cuBLASLt product, or -1 when no algorithm takes the shape. */
+/* Median ms of a cuBLASLt product of M activation rows; where cuBLASLt takes no
+ * such M, the smallest multiple of 16 above it (*m_run says which ran), else -1. */
 static float lt_time(cublasLtHandle_t h, cudaDataType_t in, int64_t M, int64_t N, int64_t K,
-                     const void *w, const void *a, void *y, const float *sa, const float *sw)
+                     const void *w, const void *a, void *y, const float *sa, const float *sw,
+                     int64_t *m_run)
 {
-    lt_gemm g;
-    float ms = -1.0f;
-    if (lt_setup(&g, h, in, M, N, K, sa, sw))
-        ms = time_ms([&] { lt_run(&g, w, a, y); });
-    lt_free(&g);
-    return ms;
+    int64_t tries[2] = {M, (M + 15) / 16 * 16};
+    for (int t = 0; t < 2; t++) {
+        lt_gemm g;
+        cublasStatus_t st = lt_setup(&g, h, in, tries[t], N, K, sa, sw, w, a, y);
+        float ms = -1.0f;
+        if (st == CUBLAS_STATUS_SUCCESS)
+            ms = time_ms([&] {
+                if (lt_run(&g, w, a, y) != CUBLAS_STATUS_SUCCESS)
+                    exit(2);
+            });
+        else
+            fprintf(stderr, "cuBLASLt %s M=%lld: status %d\n", in == CUDA_R_16BF ? "BF16" : "FP8",
+                    (long long)tries[t], (int)st);
+        lt_free(&g);
+        if (ms > 0) {
+            *m_run = tries[t];
+            return ms;
+        }
+    }
+    return -1.0f;
 }
 
 static void bench_gemv(cublasLtHandle_t h)
@@ -239,15 +261,28 @@ static void bench_gemv(cublasLtHandle_t h)
         CKQ(qd_cuda_nvfp4_alloc(&qa, M, K, 1));
         CKQ(qd_cuda_nvfp4_quantize(&qa, a));
         float t4 = time_ms([&] { CKQ(qd_cuda_w4a4_gemm_async(y, &qa, &qw)); });
-        float tb = lt_time(h, CUDA_R_16BF, M, N, K, wb, ab, yb, NULL, NULL);
-        float t8 = lt_time(h, CUDA_R_8F_E4M3, M, N, K, w8, a8, yb, scales, scales + 1);
+        int64_t mb = M, m8 = M;
+        float tb = lt_time(h, CUDA_R_16BF, M, N, K, wb, ab, yb, NULL, NULL, &mb);
+        float t8 = lt_time(h, CUDA_R_8F_E4M3, M, N, K, w8, a8, yb, scales, scales + 1, &m8);
         double bw4 = wbytes4 / (t4 * 1e-3) / 1e12, bwb = 2.0 * N * K / (tb * 1e-3) / 1e12;
         double bw8 = (double)N * K / (t8 * 1e-3) / 1e12;
-        printf("| %lld | %.1f | %.2f | %.1f | %.2f | ", (long long)M, t4 * 1e3, bw4, tb * 1e3, bwb);
-        if (t8 > 0)
-            printf("%.1f | %.2f | %.2fx | %.2fx |\n", t8 * 1e3, bw8, tb / t4, tb / t8);
+        printf("| %lld | %.1f | %.2f | ", (long long)M, t4 * 1e3, bw4);
+        if (tb > 0)
+            printf("%.1f%s | %.2f | ", tb * 1e3, mb != M ? " (M=16)" : "", bwb);
         else
-            printf("n/a | n/a | %.2fx | n/a |\n", tb / t4);
+            printf("n/a | n/a | ");
+        if (t8 > 0)
+            printf("%.1f%s | %.2f | ", t8 * 1e3, m8 != M ? " (M=16)" : "", bw8);
+        else
+            printf("n/a | n/a | ");
+        if (tb > 0)
+            printf("%.2fx | ", tb / t4);
+        else
+            printf("n/a | ");
+        if (tb > 0 && t8 > 0)
+            printf("%.2fx |\n", tb / t8);
+        else
+            printf("n/a |\n");
         qd_cuda_nvfp4_free(&qa);
     }
     qd_cuda_nvfp4_free(&qw);

@@ -149,7 +149,8 @@ static __device__ float cta_max(float m)
     if ((threadIdx.x & 31) == 0)
         part[threadIdx.x >> 5] = m;
     __syncthreads();
-    m = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
+    /* every warp reduces the partial maxima, so every thread ends with the CTA's */
+    m = (threadIdx.x & 31) < (blockDim.x >> 5) ? part[threadIdx.x & 31] : 0.0f;
     m = warp_max(m);
     __syncthreads();
     return m;
@@ -189,9 +190,15 @@ __global__ void quant_flat_kernel(qout o, float *dq, const T *x, int64_t rows, i
     float s_dec = qd_nvfp4_s_dec(s_enc);
     int bad = 0;
     int64_t nblk = rows * bpr;
+    /* row and block of blk only where needed: 64-bit division is slow on the GPU */
+    int dense = !per_row && o.codes_ld == bpr * 8 && o.scales_ld == bpr;
     for (int64_t blk = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; blk < nblk;
          blk += (int64_t)gridDim.x * blockDim.x) {
-        int64_t r = blk / bpr, b = blk - r * bpr;
+        int64_t r = 0, b = blk;
+        if (per_row || (!dense && !dq)) {
+            r = blk / bpr;
+            b = blk - r * bpr;
+        }
         if (per_row) {
             s_enc = s_enc_in[r];
             s_dec = qd_nvfp4_s_dec(s_enc);
