@@ -345,8 +345,22 @@ static __device__ __forceinline__ int e2m1x4_s8(uint32_t c)
     return (int)((pos & ~mask) | (neg & mask));
 }
 
+/* p of §3 for one block: the int8 dot product of 16 (2*E2M1) pairs is 4p, an
+ * integer of magnitude <= 2304, accumulated onto the bits of 1.5*2^23 so that the
+ * float read back minus 1.5*2^23 is exactly 4p (no int-to-float conversion). */
+#define QD_MAGIC_BITS 0x4B400000
+#define QD_MAGIC 12582912.0f
+static __device__ __forceinline__ float block_dot4(int w0, int w1, int w2, int w3, int4 a)
+{
+    int p = __dp4a(w0, a.x, QD_MAGIC_BITS);
+    p = __dp4a(w1, a.y, p);
+    p = __dp4a(w2, a.z, p);
+    p = __dp4a(w3, a.w, p);
+    return __int_as_float(p) - QD_MAGIC;
+}
+
 /* One block b of one weight row against the MT activation rows in shared memory:
- * acc[m] = acc[m] + p*(sa*sw), the product exact (p*4 an integer below 2^12 times
+ * acc[m] = acc[m] + p*(sa*sw), the product exact (4p an integer below 2^12 times
  * (sa/4)*sw with at most 8 significant bits), so one rounding, as on the CPU. */
 template <int MT>
 static __device__ __forceinline__ void w4a4_block(float acc[MT], uint32_t lo, uint32_t hi,
@@ -358,12 +372,7 @@ static __device__ __forceinline__ void w4a4_block(float acc[MT], uint32_t lo, ui
     float sw = qd_e4m3_to_f32(sc);
 #pragma unroll
     for (int m = 0; m < MT; m++) {
-        int4 a = s_a[m * nb + b];
-        int p = __dp4a(w0, a.x, 0);
-        p = __dp4a(w1, a.y, p);
-        p = __dp4a(w2, a.z, p);
-        p = __dp4a(w3, a.w, p);
-        float v = (float)p * (s_sa[m * nb + b] * sw);
+        float v = block_dot4(w0, w1, w2, w3, s_a[m * nb + b]) * (s_sa[m * nb + b] * sw);
         acc[m] = acc[m] + v;
     }
 }
@@ -374,17 +383,17 @@ template <int MT>
 static __device__ void w4a4_load_act(int4 *s_a, float *s_sa, const uint8_t *a_codes,
                                      const uint8_t *a_scales, int64_t m0, int64_t M, int64_t K)
 {
-    int64_t nb = K / 16, words = MT * (K / 4);
+    int nb = (int)(K / 16), wpr = (int)(K / 4), words = MT * wpr;
     int *sw = (int *)s_a;
-    for (int64_t i = threadIdx.x; i < words; i += blockDim.x) {
-        int64_t m = i / (K / 4), j = i - m * (K / 4);
+    for (int i = threadIdx.x; i < words; i += blockDim.x) {
+        int m = i / wpr, j = i - m * wpr;
         uint32_t c = 0;
         if (m0 + m < M)
             c = *(const uint16_t *)(a_codes + (m0 + m) * (K / 2) + 2 * j);
         sw[i] = e2m1x4_s8(c);
     }
-    for (int64_t i = threadIdx.x; i < MT * nb; i += blockDim.x) {
-        int64_t m = i / nb;
+    for (int i = threadIdx.x; i < MT * nb; i += blockDim.x) {
+        int m = i / nb;
         s_sa[i] = m0 + m < M ? 0.25f * qd_e4m3_to_f32(a_scales[(m0 + m) * nb + (i - m * nb)]) : 0.0f;
     }
 }
@@ -449,6 +458,75 @@ w4a4_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const flo
     for (int m = 0; m < MT; m++)
         if (m0 + m < M)
             y[(m0 + m) * N + n] = acc[m] * (a_sdec[a_per_row ? m0 + m : 0] * sdw);
+}
+
+/* The main W4A4 kernel (K % 512 == 0): a CTA of 256 threads takes 32 weight rows
+ * and MT <= 8 activation rows, K in chunks of 32 blocks. Phase 1: thread (r, j)
+ * reads 4 blocks of row r (32 coalesced bytes) and writes the exact products
+ * v = p*(sa*sw) of every (m, block) to shared memory. Phase 2: thread (m, r) adds
+ * them to its accumulator in ascending block order. The split keeps the order of
+ * §3 while every thread of the GPU has work at M = 1. */
+#define QD_W4A4_ROWS 32
+#define QD_W4A4_CHUNK 32
+#define QD_W4A4_VLD (QD_W4A4_CHUNK + 1) /* padded: phase 2 reads without bank conflicts */
+template <int MT>
+__global__ void __launch_bounds__(256)
+w4a4_split_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec,
+                  int a_per_row, const uint8_t *w_codes, const uint8_t *w_scales,
+                  const float *w_sdec, int w_per_row, int64_t M, int64_t N, int64_t K)
+{
+    static_assert(MT <= 8, "phase 2 has one warp per activation row");
+    extern __shared__ int4 smem[];
+    int nb = (int)(K / 16), nchunk = nb / QD_W4A4_CHUNK;
+    int64_t m0 = (int64_t)blockIdx.y * MT, n0 = (int64_t)blockIdx.x * QD_W4A4_ROWS;
+    int4 *s_a = smem;
+    float *s_sa = (float *)(smem + MT * nb);
+    float *s_v = s_sa + MT * nb; /* [MT][32 rows][33] */
+    w4a4_load_act<MT>(s_a, s_sa, a_codes, a_scales, m0, M, K);
+    __syncthreads();
+    int t = threadIdx.x, r = t >> 3, j = t & 7;
+    int valid = n0 + r < N;
+    const uint4 *pc = (const uint4 *)(w_codes + (n0 + r) * (K / 2)) + 2 * j;
+    const uint32_t *ps = (const uint32_t *)(w_scales + (n0 + r) * nb) + j;
+    uint4 c0 = make_uint4(0, 0, 0, 0), c1 = c0;
+    uint32_t sc = 0;
+    if (valid) {
+        c0 = __ldg(pc);
+        c1 = __ldg(pc + 1);
+        sc = __ldg(ps);
+    }
+    int pm = t >> 5, pr = t & 31;
+    float acc = 0.0f;
+    for (int c = 0; c < nchunk; c++) {
+        uint32_t wd[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w}, dsc = sc;
+        if (valid && c + 1 < nchunk) { /* the next chunk's loads in flight */
+            c0 = __ldg(pc + (c + 1) * 16);
+            c1 = __ldg(pc + (c + 1) * 16 + 1);
+            sc = __ldg(ps + (c + 1) * 8);
+        }
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            int b = c * QD_W4A4_CHUNK + j * 4 + q;
+            int w0 = e2m1x4_s8(wd[2 * q] & 0xffffu), w1 = e2m1x4_s8(wd[2 * q] >> 16);
+            int w2 = e2m1x4_s8(wd[2 * q + 1] & 0xffffu), w3 = e2m1x4_s8(wd[2 * q + 1] >> 16);
+            float sw = qd_e4m3_to_f32((uint8_t)(dsc >> (8 * q)));
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+                s_v[(m * QD_W4A4_ROWS + r) * QD_W4A4_VLD + j * 4 + q] =
+                    block_dot4(w0, w1, w2, w3, s_a[m * nb + b]) * (s_sa[m * nb + b] * sw);
+        }
+        __syncthreads();
+        if (pm < MT) {
+            const float *v = s_v + (pm * QD_W4A4_ROWS + pr) * QD_W4A4_VLD;
+#pragma unroll
+            for (int q = 0; q < QD_W4A4_CHUNK; q++)
+                acc = acc + v[q];
+        }
+        __syncthreads();
+    }
+    int64_t n = n0 + pr;
+    if (pm < MT && m0 + pm < M && n < N)
+        y[(m0 + pm) * N + n] = acc * (a_sdec[a_per_row ? m0 + pm : 0] * w_sdec[w_per_row ? n : 0]);
 }
 
 /* ---- host side */
@@ -683,15 +761,30 @@ extern "C" qd_status qd_cuda_fp8_quantize_rows(uint8_t *q, float *scale_inv, con
     return qd_cuda_nonfinite_check();
 }
 
-/* Launches the W4A4 kernel with MT activation rows a CTA. */
+/* Launches a W4A4 kernel with MT activation rows a CTA: the split kernel when K
+ * is a multiple of 512 (its chunk), else the one-thread-a-row kernel. */
 template <int MT>
-static qd_status launch_w4a4(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w, size_t smem)
+static qd_status launch_w4a4(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w, size_t smem, int split)
 {
+    dim3 grid((unsigned)((w->rows + QD_GEMV_THREADS - 1) / QD_GEMV_THREADS),
+              (unsigned)((a->rows + MT - 1) / MT));
+    if constexpr (MT <= 8) {
+        if (split) {
+            grid.x = (unsigned)((w->rows + QD_W4A4_ROWS - 1) / QD_W4A4_ROWS);
+            if (smem > 48 * 1024)
+                QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_split_kernel<MT>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   (int)smem));
+            w4a4_split_kernel<MT><<<grid, 256, smem>>>(y, a->codes, a->scales, a->s_dec,
+                                                       a->per_row, w->codes, w->scales, w->s_dec,
+                                                       w->per_row, a->rows, w->rows, a->cols);
+            QD_CUDA_CHECK(cudaGetLastError());
+            return QD_OK;
+        }
+    }
     if (smem > 48 * 1024)
         QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_kernel<MT>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    dim3 grid((unsigned)((w->rows + QD_GEMV_THREADS - 1) / QD_GEMV_THREADS),
-              (unsigned)((a->rows + MT - 1) / MT));
     w4a4_kernel<MT><<<grid, QD_GEMV_THREADS, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row,
                                                      w->codes, w->scales, w->s_dec, w->per_row,
                                                      a->rows, w->rows, a->cols);
@@ -699,12 +792,17 @@ static qd_status launch_w4a4(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w, siz
     return QD_OK;
 }
 
-/* Shared memory the kernel needs for MT activation rows of K. */
-static size_t w4a4_smem(int mt, int64_t K) { return (size_t)mt * (size_t)K * 5 / 4; }
+/* Shared memory for MT activation rows of K (decoded codes and scales), plus the
+ * split kernel's products. */
+static size_t w4a4_smem(int mt, int64_t K, int split)
+{
+    size_t act = (size_t)mt * (size_t)K * 5 / 4;
+    return act + (split ? (size_t)mt * QD_W4A4_ROWS * QD_W4A4_VLD * sizeof(float) : 0);
+}
 
 extern "C" qd_status qd_cuda_w4a4_gemm_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
 {
-    int dev = 0, limit = 0, mt;
+    int dev = 0, limit = 0, mt, split = a->cols % (16 * QD_W4A4_CHUNK) == 0;
     if (a->cols != w->cols || a->cols % QD_NVFP4_BLOCK)
         return qd_error(QD_ERR_SHAPE, "qd_cuda_w4a4_gemm: A cols %lld, W cols %lld",
                         (long long)a->cols, (long long)w->cols);
@@ -712,18 +810,18 @@ extern "C" qd_status qd_cuda_w4a4_gemm_async(float *y, const qd_nvfp4 *a, const 
         return QD_OK;
     QD_CUDA_CHECK(cudaGetDevice(&dev));
     QD_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    mt = a->rows <= 1 ? 1 : a->rows <= 2 ? 2 : a->rows <= 4 ? 4 : a->rows <= 8 ? 8 : 16;
-    while (mt > 1 && w4a4_smem(mt, a->cols) > (size_t)limit)
+    mt = a->rows <= 1 ? 1 : a->rows <= 2 ? 2 : a->rows <= 4 ? 4 : a->rows <= 8 || split ? 8 : 16;
+    while (mt > 1 && w4a4_smem(mt, a->cols, split) > (size_t)limit)
         mt /= 2;
-    size_t smem = w4a4_smem(mt, a->cols);
+    size_t smem = w4a4_smem(mt, a->cols, split);
     if (smem > (size_t)limit)
         return qd_error(QD_ERR_SHAPE, "qd_cuda_w4a4_gemm: K %lld too large", (long long)a->cols);
     switch (mt) {
-    case 1: return launch_w4a4<1>(y, a, w, smem);
-    case 2: return launch_w4a4<2>(y, a, w, smem);
-    case 4: return launch_w4a4<4>(y, a, w, smem);
-    case 8: return launch_w4a4<8>(y, a, w, smem);
-    default: return launch_w4a4<16>(y, a, w, smem);
+    case 1: return launch_w4a4<1>(y, a, w, smem, split);
+    case 2: return launch_w4a4<2>(y, a, w, smem, split);
+    case 4: return launch_w4a4<4>(y, a, w, smem, split);
+    case 8: return launch_w4a4<8>(y, a, w, smem, split);
+    default: return launch_w4a4<16>(y, a, w, smem, 0);
     }
 }
 
