@@ -153,9 +153,9 @@ static cublasStatus_t lt_run(lt_gemm *g, const void *w, const void *a, void *y)
 
 /* Describes the product and keeps the first heuristic algorithm that runs;
  * returns its status (the last failure when none runs). */
-static cublasStatus_t lt_setup(lt_gemm *g, cublasLtHandle_t h, cudaDataType_t in, int64_t M,
-                               int64_t N, int64_t K, const float *sa, const float *sw,
-                               const void *w, const void *a, void *y)
+static cublasStatus_t lt_setup(lt_gemm *g, cublasLtHandle_t h, cudaDataType_t in,
+                               cudaDataType_t out, int64_t M, int64_t N, int64_t K, const float *sa,
+                               const float *sw, const void *w, const void *a, void *y)
 {
     cublasOperation_t tr = CUBLAS_OP_T, nt = CUBLAS_OP_N;
     g->h = h;
@@ -170,7 +170,7 @@ static cublasStatus_t lt_setup(lt_gemm *g, cublasLtHandle_t h, cudaDataType_t in
     }
     cublasLtMatrixLayoutCreate(&g->la, in, K, N, K);
     cublasLtMatrixLayoutCreate(&g->lb, in, K, M, K);
-    cublasLtMatrixLayoutCreate(&g->lc, CUDA_R_16BF, N, M, N);
+    cublasLtMatrixLayoutCreate(&g->lc, out, N, M, N);
     cublasLtMatmulPreference_t pref;
     cublasLtMatmulPreferenceCreate(&pref);
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -180,6 +180,8 @@ static cublasStatus_t lt_setup(lt_gemm *g, cublasLtHandle_t h, cudaDataType_t in
     cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h, g->op, g->la, g->lb, g->lc, g->lc, pref,
                                                        8, res, &found);
     cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0)
+        fprintf(stderr, "cuBLASLt heuristic: status %d, %d algorithm(s)\n", (int)st, found);
     if (st == CUBLAS_STATUS_SUCCESS && found == 0)
         st = CUBLAS_STATUS_NOT_SUPPORTED;
     for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < found; i++) {
@@ -203,16 +205,19 @@ static void lt_free(lt_gemm *g)
     CK(cudaFree(g->ws));
 }
 
-/* Median ms of a cuBLASLt product of M activation rows; where cuBLASLt takes no
- * such M, the smallest multiple of 16 above it (*m_run says which ran), else -1. */
+/* Median ms of a cuBLASLt product of M activation rows, BF16 out (or float32 out
+ * where cuBLASLt takes no BF16 out); where it takes no such M, the smallest
+ * multiple of 16 above it. *m_run says which M ran; -1 when nothing ran. */
 static float lt_time(cublasLtHandle_t h, cudaDataType_t in, int64_t M, int64_t N, int64_t K,
                      const void *w, const void *a, void *y, const float *sa, const float *sw,
                      int64_t *m_run)
 {
-    int64_t tries[2] = {M, (M + 15) / 16 * 16};
-    for (int t = 0; t < 2; t++) {
+    int64_t ms_try[2] = {M, (M + 15) / 16 * 16};
+    cudaDataType_t outs[2] = {CUDA_R_16BF, CUDA_R_32F};
+    for (int t = 0; t < 4; t++) {
         lt_gemm g;
-        cublasStatus_t st = lt_setup(&g, h, in, tries[t], N, K, sa, sw, w, a, y);
+        int64_t m = ms_try[t / 2];
+        cublasStatus_t st = lt_setup(&g, h, in, outs[t % 2], m, N, K, sa, sw, w, a, y);
         float ms = -1.0f;
         if (st == CUBLAS_STATUS_SUCCESS)
             ms = time_ms([&] {
@@ -220,11 +225,12 @@ static float lt_time(cublasLtHandle_t h, cudaDataType_t in, int64_t M, int64_t N
                     exit(2);
             });
         else
-            fprintf(stderr, "cuBLASLt %s M=%lld: status %d\n", in == CUDA_R_16BF ? "BF16" : "FP8",
-                    (long long)tries[t], (int)st);
+            fprintf(stderr, "cuBLASLt %s M=%lld out %s: status %d\n",
+                    in == CUDA_R_16BF ? "BF16" : "FP8", (long long)m,
+                    t % 2 ? "F32" : "BF16", (int)st);
         lt_free(&g);
         if (ms > 0) {
-            *m_run = tries[t];
+            *m_run = m;
             return ms;
         }
     }
@@ -244,7 +250,7 @@ static void bench_gemv(cublasLtHandle_t h)
     CK(cudaMalloc(&ab, (size_t)(64 * K) * 2));
     CK(cudaMalloc(&w8, (size_t)(N * K)));
     CK(cudaMalloc(&a8, (size_t)(64 * K)));
-    CK(cudaMalloc(&yb, (size_t)(64 * N) * 2));
+    CK(cudaMalloc(&yb, (size_t)(64 * N) * 4));
     CK(cudaMalloc((void **)&y, (size_t)(64 * N) * sizeof(float)));
     CK(cudaMalloc((void **)&scales, 2 * sizeof(float)));
     to_bf16_kernel<<<1024, 256>>>((__nv_bfloat16 *)wb, w, N * K);
@@ -255,18 +261,21 @@ static void bench_gemv(cublasLtHandle_t h)
     float inv[2] = {1.0f / 256.0f, 1.0f / 256.0f};
     CK(cudaMemcpy(scales, inv, sizeof inv, cudaMemcpyHostToDevice));
     double wbytes4 = N * K / 2.0 + N * K / 16.0;
-    printf("\n| M | W4A4 us | W4A4 weight TB/s | BF16 us | BF16 TB/s | FP8 us | FP8 TB/s | "
-           "BF16/W4A4 | BF16/FP8 |\n|---|---|---|---|---|---|---|---|---|\n");
+    printf("\n| M | W4A4 us | W4A4 weight TB/s | W4A4-TC us | W4A4-TC TB/s | BF16 us | BF16 TB/s | "
+           "FP8 us | FP8 TB/s | BF16/W4A4 | BF16/W4A4-TC | BF16/FP8 |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int64_t M : Ms) {
         CKQ(qd_cuda_nvfp4_alloc(&qa, M, K, 1));
         CKQ(qd_cuda_nvfp4_quantize(&qa, a));
         float t4 = time_ms([&] { CKQ(qd_cuda_w4a4_gemm_async(y, &qa, &qw)); });
+        float tc = time_ms([&] { CKQ(qd_cuda_w4a4_gemm_tc_async(y, &qa, &qw)); });
         int64_t mb = M, m8 = M;
         float tb = lt_time(h, CUDA_R_16BF, M, N, K, wb, ab, yb, NULL, NULL, &mb);
         float t8 = lt_time(h, CUDA_R_8F_E4M3, M, N, K, w8, a8, yb, scales, scales + 1, &m8);
         double bw4 = wbytes4 / (t4 * 1e-3) / 1e12, bwb = 2.0 * N * K / (tb * 1e-3) / 1e12;
         double bw8 = (double)N * K / (t8 * 1e-3) / 1e12;
-        printf("| %lld | %.1f | %.2f | ", (long long)M, t4 * 1e3, bw4);
+        printf("| %lld | %.1f | %.2f | %.1f | %.2f | ", (long long)M, t4 * 1e3, bw4, tc * 1e3,
+               wbytes4 / (tc * 1e-3) / 1e12);
         if (tb > 0)
             printf("%.1f%s | %.2f | ", tb * 1e3, mb != M ? " (M=16)" : "", bwb);
         else
@@ -276,9 +285,9 @@ static void bench_gemv(cublasLtHandle_t h)
         else
             printf("n/a | n/a | ");
         if (tb > 0)
-            printf("%.2fx | ", tb / t4);
+            printf("%.2fx | %.2fx | ", tb / t4, tb / tc);
         else
-            printf("n/a | ");
+            printf("n/a | n/a | ");
         if (tb > 0 && t8 > 0)
             printf("%.2fx |\n", tb / t8);
         else

@@ -529,6 +529,100 @@ w4a4_split_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, con
         y[(m0 + pm) * N + n] = acc * (a_sdec[a_per_row ? m0 + pm : 0] * w_sdec[w_per_row ? n : 0]);
 }
 
+/* The tensor-core variant (K % 512 == 0): p of each block from one integer MMA
+ * (mma.m16n8k16 s8 x s8 -> s32, exact: |4p| <= 2304), started from the bits of
+ * 1.5*2^23 like block_dot4, then promoted per output in ascending block order, so
+ * the bits equal the plain kernels'. A warp owns 16 weight rows x 8*NT activation
+ * rows; thread (g = lane/4, t = lane%4) owns rows g, g+8 and activation rows 2t,
+ * 2t+1 of each 8-row tile (the MMA's accumulator layout). A CTA of 4 warps stages
+ * 32 blocks of the activation tile at a time in shared memory. */
+#define QD_TC_CHUNK 32
+static __device__ __forceinline__ void mma_s8(int d[4], uint32_t a0, uint32_t a1, uint32_t b)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+                 "{%7,%7,%7,%7};"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(a0), "r"(a1), "r"(b), "r"(QD_MAGIC_BITS));
+}
+
+template <int NT>
+__global__ void __launch_bounds__(128)
+w4a4_tc_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec,
+               int a_per_row, const uint8_t *w_codes, const uint8_t *w_scales, const float *w_sdec,
+               int w_per_row, int64_t M, int64_t N, int64_t K)
+{
+    /* MT activation rows a CTA, WPB int8x4 words a block; rows padded so that the
+     * fragment reads of a warp hit 32 different banks */
+    constexpr int MT = 8 * NT, WPB = 4, LA = QD_TC_CHUNK * WPB + 4, LS = QD_TC_CHUNK + 1;
+    __shared__ int s_a[MT * LA];
+    __shared__ float s_sa[MT * LS];
+    int nb = (int)(K / 16), lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int64_t m0 = (int64_t)blockIdx.y * MT;
+    int64_t r0 = (int64_t)blockIdx.x * 64 + (threadIdx.x >> 5) * 16 + g, r1 = r0 + 8;
+    const uint16_t *c0 = (const uint16_t *)(w_codes + (r0 < N ? r0 : N - 1) * (K / 2)) + t;
+    const uint16_t *c1 = (const uint16_t *)(w_codes + (r1 < N ? r1 : N - 1) * (K / 2)) + t;
+    const uint8_t *s0 = w_scales + (r0 < N ? r0 : N - 1) * nb;
+    const uint8_t *s1 = w_scales + (r1 < N ? r1 : N - 1) * nb;
+    float acc[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+        acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    for (int c = 0; c < nb / QD_TC_CHUNK; c++) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < MT * QD_TC_CHUNK * WPB; i += blockDim.x) {
+            int m = i / (QD_TC_CHUNK * WPB), j = i % (QD_TC_CHUNK * WPB);
+            uint32_t code = 0;
+            if (m0 + m < M)
+                code = *(const uint16_t *)(a_codes + (m0 + m) * (K / 2) +
+                                           2 * ((int64_t)c * QD_TC_CHUNK * WPB + j));
+            s_a[m * LA + j] = e2m1x4_s8(code);
+        }
+        for (int i = threadIdx.x; i < MT * QD_TC_CHUNK; i += blockDim.x) {
+            int m = i / QD_TC_CHUNK, j = i % QD_TC_CHUNK;
+            s_sa[m * LS + j] = m0 + m < M ? 0.25f * qd_e4m3_to_f32(a_scales[(m0 + m) * nb + c * QD_TC_CHUNK + j])
+                                 : 0.0f;
+        }
+        __syncthreads();
+        for (int b8 = 0; b8 < QD_TC_CHUNK; b8 += 8) {
+            int b0 = c * QD_TC_CHUNK + b8;
+            uint16_t w0[8], w1[8];
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                w0[q] = __ldg(c0 + (b0 + q) * 4);
+                w1[q] = __ldg(c1 + (b0 + q) * 4);
+            }
+            uint2 sc0 = __ldg((const uint2 *)(s0 + b0)), sc1 = __ldg((const uint2 *)(s1 + b0));
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                uint32_t a0 = (uint32_t)e2m1x4_s8(w0[q]), a1 = (uint32_t)e2m1x4_s8(w1[q]);
+                uint32_t sh = 8 * (q & 3);
+                float sw0 = qd_e4m3_to_f32((uint8_t)((q < 4 ? sc0.x : sc0.y) >> sh));
+                float sw1 = qd_e4m3_to_f32((uint8_t)((q < 4 ? sc1.x : sc1.y) >> sh));
+                int bb = b8 + q;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    int d[4];
+                    mma_s8(d, a0, a1, (uint32_t)s_a[(nt * 8 + g) * LA + bb * WPB + t]);
+                    float sa_lo = s_sa[(nt * 8 + 2 * t) * LS + bb];
+                    float sa_hi = s_sa[(nt * 8 + 2 * t + 1) * LS + bb];
+                    acc[nt][0] = acc[nt][0] + (__int_as_float(d[0]) - QD_MAGIC) * (sa_lo * sw0);
+                    acc[nt][1] = acc[nt][1] + (__int_as_float(d[1]) - QD_MAGIC) * (sa_hi * sw0);
+                    acc[nt][2] = acc[nt][2] + (__int_as_float(d[2]) - QD_MAGIC) * (sa_lo * sw1);
+                    acc[nt][3] = acc[nt][3] + (__int_as_float(d[3]) - QD_MAGIC) * (sa_hi * sw1);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int64_t m = m0 + nt * 8 + 2 * t + (i & 1), r = i < 2 ? r0 : r1;
+            if (m < M && r < N)
+                y[m * N + r] = acc[nt][i] * (a_sdec[a_per_row ? m : 0] * w_sdec[w_per_row ? r : 0]);
+        }
+}
+
 /* ---- host side */
 
 static int sm_count(void)
@@ -828,6 +922,38 @@ extern "C" qd_status qd_cuda_w4a4_gemm_async(float *y, const qd_nvfp4 *a, const 
 extern "C" qd_status qd_cuda_w4a4_gemm(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
 {
     QD_TRY(qd_cuda_w4a4_gemm_async(y, a, w));
+    QD_CUDA_CHECK(cudaDeviceSynchronize());
+    return QD_OK;
+}
+
+template <int NT>
+static qd_status launch_w4a4_tc(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
+{
+    dim3 grid((unsigned)((w->rows + 63) / 64), (unsigned)((a->rows + 8 * NT - 1) / (8 * NT)));
+    w4a4_tc_kernel<NT><<<grid, 128>>>(y, a->codes, a->scales, a->s_dec, a->per_row, w->codes,
+                                      w->scales, w->s_dec, w->per_row, a->rows, w->rows, a->cols);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+extern "C" qd_status qd_cuda_w4a4_gemm_tc_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
+{
+    if (a->cols != w->cols || a->cols % (16 * QD_TC_CHUNK))
+        return qd_cuda_w4a4_gemm_async(y, a, w);
+    if (a->rows == 0 || w->rows == 0)
+        return QD_OK;
+    if (a->rows <= 8)
+        return launch_w4a4_tc<1>(y, a, w);
+    if (a->rows <= 16)
+        return launch_w4a4_tc<2>(y, a, w);
+    if (a->rows <= 32)
+        return launch_w4a4_tc<4>(y, a, w);
+    return launch_w4a4_tc<8>(y, a, w);
+}
+
+extern "C" qd_status qd_cuda_w4a4_gemm_tc(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
+{
+    QD_TRY(qd_cuda_w4a4_gemm_tc_async(y, a, w));
     QD_CUDA_CHECK(cudaDeviceSynchronize());
     return QD_OK;
 }

@@ -58,6 +58,10 @@ qd_status qd_cuda_fp8_quantize_rows(uint8_t *q, float *scale_inv, const float *x
  * per-output block order ascending, so the bits equal qd_w4a4_gemm's. */
 qd_status qd_cuda_w4a4_gemm(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
 qd_status qd_cuda_w4a4_gemm_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
+/* The same product with each block sum p from an integer tensor-core MMA (exact),
+ * the same bits; K % 512 != 0 falls back to qd_cuda_w4a4_gemm. */
+qd_status qd_cuda_w4a4_gemm_tc(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
+qd_status qd_cuda_w4a4_gemm_tc_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
 
 /* RAC (§5). channels (n, device int64, n a multiple of 16, n <= K) index columns
  * of K; they must lie in [0, K) (not checked on the device). out (rows, K+n):

@@ -425,6 +425,10 @@ static void check_gemm_case(int64_t M, int64_t N, int64_t K, int da, int dw, int
     snprintf(dist, sizeof dist, "A %s W %s%s", da == 1 ? "heavy" : "norm", dw == 2 ? "tiny" : "norm",
              w_per_row ? " pr" : "");
     report(op, dist, M * N, diff(to_host(gy, cy.size()).data(), cy.data(), cy.size(), 4));
+    DIE_CUDA(cudaMemset(gy, 0xff, cy.size() * sizeof(float)));
+    DIE_QD(qd_cuda_w4a4_gemm_tc(gy, &ga, &gw));
+    snprintf(op, sizeof op, "W4A4-TC %lldx%lldx%lld", (long long)M, (long long)N, (long long)K);
+    report(op, dist, M * N, diff(to_host(gy, cy.size()).data(), cy.data(), cy.size(), 4));
     cudaFree(gy);
     qd_cuda_nvfp4_free(&ga);
     qd_cuda_nvfp4_free(&gw);
