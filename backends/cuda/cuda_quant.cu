@@ -460,15 +460,44 @@ w4a4_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const flo
             y[(m0 + m) * N + n] = acc[m] * (a_sdec[a_per_row ? m0 + m : 0] * sdw);
 }
 
+/* Decodes blocks [b0, b0+nblk) of the CTA's MT activation rows (K % 32 == 0, nblk
+ * even) into shared memory: s_a rows of lda int8x4 words (2*E2M1, 4 words a block),
+ * s_sa rows of lds floats (block scale / 4). 16-byte loads; rows past M are zero. */
+template <int MT>
+static __device__ void load_act_chunk(int *s_a, int lda, float *s_sa, int lds,
+                                      const uint8_t *a_codes, const uint8_t *a_scales, int64_t m0,
+                                      int64_t M, int64_t K, int b0, int nblk)
+{
+    int upr = nblk / 2, nb = (int)(K / 16);
+#pragma unroll 4
+    for (int i = threadIdx.x; i < MT * upr; i += blockDim.x) {
+        int m = i / upr, u = i - m * upr;
+        uint4 c = make_uint4(0, 0, 0, 0);
+        if (m0 + m < M)
+            c = __ldg((const uint4 *)(a_codes + (m0 + m) * (K / 2) + (int64_t)(b0 + 2 * u) * 8));
+        int4 *d = (int4 *)(s_a + m * lda + 8 * u);
+        d[0] = make_int4(e2m1x4_s8(c.x & 0xffffu), e2m1x4_s8(c.x >> 16), e2m1x4_s8(c.y & 0xffffu),
+                         e2m1x4_s8(c.y >> 16));
+        d[1] = make_int4(e2m1x4_s8(c.z & 0xffffu), e2m1x4_s8(c.z >> 16), e2m1x4_s8(c.w & 0xffffu),
+                         e2m1x4_s8(c.w >> 16));
+    }
+    for (int i = threadIdx.x; i < MT * nblk; i += blockDim.x) {
+        int m = i / nblk, j = i - m * nblk;
+        s_sa[m * lds + j] =
+            m0 + m < M ? 0.25f * qd_e4m3_to_f32(a_scales[(m0 + m) * nb + b0 + j]) : 0.0f;
+    }
+}
+
 /* The main W4A4 kernel (K % 512 == 0): a CTA of 256 threads takes 32 weight rows
  * and MT <= 8 activation rows, K in chunks of 32 blocks. Phase 1: thread (r, j)
- * reads 4 blocks of row r (32 coalesced bytes) and writes the exact products
- * v = p*(sa*sw) of every (m, block) to shared memory. Phase 2: thread (m, r) adds
- * them to its accumulator in ascending block order. The split keeps the order of
- * §3 while every thread of the GPU has work at M = 1. */
+ * takes blocks j, j+8, j+16, j+24 of the chunk of row r (8 threads read 64
+ * contiguous bytes a step) and writes the exact products v = p*(sa*sw) of every
+ * (m, block) to shared memory. Phase 2: thread (m, r) adds them to its accumulator
+ * in ascending block order. The split keeps the order of §3 while every thread of
+ * the GPU has work at M = 1. The next chunk's weights load during this one. */
 #define QD_W4A4_ROWS 32
 #define QD_W4A4_CHUNK 32
-#define QD_W4A4_VLD (QD_W4A4_CHUNK + 1) /* padded: phase 2 reads without bank conflicts */
+#define QD_W4A4_VLD (QD_W4A4_CHUNK + 1) /* padded rows: phase 2 reads conflict-free */
 template <int MT>
 __global__ void __launch_bounds__(256)
 w4a4_split_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec,
@@ -479,48 +508,57 @@ w4a4_split_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, con
     extern __shared__ int4 smem[];
     int nb = (int)(K / 16), nchunk = nb / QD_W4A4_CHUNK;
     int64_t m0 = (int64_t)blockIdx.y * MT, n0 = (int64_t)blockIdx.x * QD_W4A4_ROWS;
-    int4 *s_a = smem;
-    float *s_sa = (float *)(smem + MT * nb);
-    float *s_v = s_sa + MT * nb; /* [MT][32 rows][33] */
-    w4a4_load_act<MT>(s_a, s_sa, a_codes, a_scales, m0, M, K);
-    __syncthreads();
-    int t = threadIdx.x, r = t >> 3, j = t & 7;
-    int valid = n0 + r < N;
-    const uint4 *pc = (const uint4 *)(w_codes + (n0 + r) * (K / 2)) + 2 * j;
-    const uint32_t *ps = (const uint32_t *)(w_scales + (n0 + r) * nb) + j;
-    uint4 c0 = make_uint4(0, 0, 0, 0), c1 = c0;
-    uint32_t sc = 0;
-    if (valid) {
-        c0 = __ldg(pc);
-        c1 = __ldg(pc + 1);
-        sc = __ldg(ps);
+    int *s_a = (int *)smem;
+    float *s_sa = (float *)(s_a + MT * (K / 4));
+    float *s_v = s_sa + MT * nb; /* [MT][32 rows][33], a row's blocks swizzled by r%4 */
+    load_act_chunk<MT>(s_a, (int)(K / 4), s_sa, nb, a_codes, a_scales, m0, M, K, 0, nb);
+    int t = threadIdx.x, r = t >> 3, j = t & 7, sw8 = 8 * (r & 3);
+    int64_t row = n0 + r < N ? n0 + r : N - 1; /* rows past N compute garbage, never stored */
+    const uint2 *pc = (const uint2 *)(w_codes + row * (K / 2)) + j;
+    const uint8_t *ps = w_scales + row * nb + j;
+    uint2 cw[4];
+    uint8_t sc[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        cw[q] = __ldg(pc + 8 * q);
+        sc[q] = __ldg(ps + 8 * q);
     }
-    int pm = t >> 5, pr = t & 31;
+    __syncthreads();
+    int pm = t >> 5, pr = t & 31, psw = 8 * (pr & 3);
     float acc = 0.0f;
     for (int c = 0; c < nchunk; c++) {
-        uint32_t wd[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w}, dsc = sc;
-        if (valid && c + 1 < nchunk) { /* the next chunk's loads in flight */
-            c0 = __ldg(pc + (c + 1) * 16);
-            c1 = __ldg(pc + (c + 1) * 16 + 1);
-            sc = __ldg(ps + (c + 1) * 8);
+        uint2 cur[4];
+        uint8_t scur[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            cur[q] = cw[q];
+            scur[q] = sc[q];
+        }
+        if (c + 1 < nchunk) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                cw[q] = __ldg(pc + (c + 1) * QD_W4A4_CHUNK + 8 * q);
+                sc[q] = __ldg(ps + (c + 1) * QD_W4A4_CHUNK + 8 * q);
+            }
         }
 #pragma unroll
         for (int q = 0; q < 4; q++) {
-            int b = c * QD_W4A4_CHUNK + j * 4 + q;
-            int w0 = e2m1x4_s8(wd[2 * q] & 0xffffu), w1 = e2m1x4_s8(wd[2 * q] >> 16);
-            int w2 = e2m1x4_s8(wd[2 * q + 1] & 0xffffu), w3 = e2m1x4_s8(wd[2 * q + 1] >> 16);
-            float sw = qd_e4m3_to_f32((uint8_t)(dsc >> (8 * q)));
+            int bq = 8 * q + j, b = c * QD_W4A4_CHUNK + bq;
+            int w0 = e2m1x4_s8(cur[q].x & 0xffffu), w1 = e2m1x4_s8(cur[q].x >> 16);
+            int w2 = e2m1x4_s8(cur[q].y & 0xffffu), w3 = e2m1x4_s8(cur[q].y >> 16);
+            float sw = qd_e4m3_to_f32(scur[q]);
 #pragma unroll
             for (int m = 0; m < MT; m++)
-                s_v[(m * QD_W4A4_ROWS + r) * QD_W4A4_VLD + j * 4 + q] =
-                    block_dot4(w0, w1, w2, w3, s_a[m * nb + b]) * (s_sa[m * nb + b] * sw);
+                s_v[(m * QD_W4A4_ROWS + r) * QD_W4A4_VLD + (bq ^ sw8)] =
+                    block_dot4(w0, w1, w2, w3, ((const int4 *)(s_a + m * (K / 4)))[b]) *
+                    (s_sa[m * nb + b] * sw);
         }
         __syncthreads();
         if (pm < MT) {
             const float *v = s_v + (pm * QD_W4A4_ROWS + pr) * QD_W4A4_VLD;
 #pragma unroll
             for (int q = 0; q < QD_W4A4_CHUNK; q++)
-                acc = acc + v[q];
+                acc = acc + v[q ^ psw];
         }
         __syncthreads();
     }
@@ -534,19 +572,35 @@ w4a4_split_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, con
  * 1.5*2^23 like block_dot4, then promoted per output in ascending block order, so
  * the bits equal the plain kernels'. A warp owns 16 weight rows x 8*NT activation
  * rows; thread (g = lane/4, t = lane%4) owns rows g, g+8 and activation rows 2t,
- * 2t+1 of each 8-row tile (the MMA's accumulator layout). A CTA of 4 warps stages
- * 32 blocks of the activation tile at a time in shared memory. */
+ * 2t+1 of each 8-row tile (the MMA's accumulator layout). A CTA of 2 warps stages
+ * 32 blocks of the activation tile at a time in shared memory; each warp's next 8
+ * blocks of weights load while it computes the current 8. */
 #define QD_TC_CHUNK 32
+#define QD_TC_WARPS 2
 static __device__ __forceinline__ void mma_s8(int d[4], uint32_t a0, uint32_t a1, uint32_t b)
 {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
-                 "{%7,%7,%7,%7};"
-                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-                 : "r"(a0), "r"(a1), "r"(b), "r"(QD_MAGIC_BITS));
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%7,%7,%7,%7};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b), "r"(QD_MAGIC_BITS));
+}
+
+/* 8 blocks of weight codes (2 bytes a block for this thread) and scales of one row. */
+struct tc_w8 {
+    uint16_t c[8];
+    uint2 s;
+};
+
+static __device__ __forceinline__ void tc_load8(tc_w8 *w, const uint16_t *c, const uint8_t *s, int b0)
+{
+#pragma unroll
+    for (int q = 0; q < 8; q++)
+        w->c[q] = __ldg(c + (b0 + q) * 4);
+    w->s = __ldg((const uint2 *)(s + b0));
 }
 
 template <int NT>
-__global__ void __launch_bounds__(128)
+__global__ void __launch_bounds__(32 * QD_TC_WARPS)
 w4a4_tc_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec,
                int a_per_row, const uint8_t *w_codes, const uint8_t *w_scales, const float *w_sdec,
                int w_per_row, int64_t M, int64_t N, int64_t K)
@@ -554,11 +608,11 @@ w4a4_tc_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const 
     /* MT activation rows a CTA, WPB int8x4 words a block; rows padded so that the
      * fragment reads of a warp hit 32 different banks */
     constexpr int MT = 8 * NT, WPB = 4, LA = QD_TC_CHUNK * WPB + 4, LS = QD_TC_CHUNK + 1;
-    __shared__ int s_a[MT * LA];
+    __shared__ __align__(16) int s_a[MT * LA];
     __shared__ float s_sa[MT * LS];
     int nb = (int)(K / 16), lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int64_t m0 = (int64_t)blockIdx.y * MT;
-    int64_t r0 = (int64_t)blockIdx.x * 64 + (threadIdx.x >> 5) * 16 + g, r1 = r0 + 8;
+    int64_t r0 = (int64_t)blockIdx.x * 16 * QD_TC_WARPS + (threadIdx.x >> 5) * 16 + g, r1 = r0 + 8;
     const uint16_t *c0 = (const uint16_t *)(w_codes + (r0 < N ? r0 : N - 1) * (K / 2)) + t;
     const uint16_t *c1 = (const uint16_t *)(w_codes + (r1 < N ? r1 : N - 1) * (K / 2)) + t;
     const uint8_t *s0 = w_scales + (r0 < N ? r0 : N - 1) * nb;
@@ -567,49 +621,37 @@ w4a4_tc_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const 
 #pragma unroll
     for (int i = 0; i < NT; i++)
         acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-    for (int c = 0; c < nb / QD_TC_CHUNK; c++) {
-        __syncthreads();
-        for (int i = threadIdx.x; i < MT * QD_TC_CHUNK * WPB; i += blockDim.x) {
-            int m = i / (QD_TC_CHUNK * WPB), j = i % (QD_TC_CHUNK * WPB);
-            uint32_t code = 0;
-            if (m0 + m < M)
-                code = *(const uint16_t *)(a_codes + (m0 + m) * (K / 2) +
-                                           2 * ((int64_t)c * QD_TC_CHUNK * WPB + j));
-            s_a[m * LA + j] = e2m1x4_s8(code);
+    tc_w8 nx0, nx1;
+    tc_load8(&nx0, c0, s0, 0);
+    tc_load8(&nx1, c1, s1, 0);
+    for (int b8 = 0; b8 < nb; b8 += 8) {
+        if (b8 % QD_TC_CHUNK == 0) {
+            __syncthreads();
+            load_act_chunk<MT>(s_a, LA, s_sa, LS, a_codes, a_scales, m0, M, K, b8, QD_TC_CHUNK);
+            __syncthreads();
         }
-        for (int i = threadIdx.x; i < MT * QD_TC_CHUNK; i += blockDim.x) {
-            int m = i / QD_TC_CHUNK, j = i % QD_TC_CHUNK;
-            s_sa[m * LS + j] = m0 + m < M ? 0.25f * qd_e4m3_to_f32(a_scales[(m0 + m) * nb + c * QD_TC_CHUNK + j])
-                                 : 0.0f;
+        tc_w8 w0 = nx0, w1 = nx1;
+        if (b8 + 8 < nb) {
+            tc_load8(&nx0, c0, s0, b8 + 8);
+            tc_load8(&nx1, c1, s1, b8 + 8);
         }
-        __syncthreads();
-        for (int b8 = 0; b8 < QD_TC_CHUNK; b8 += 8) {
-            int b0 = c * QD_TC_CHUNK + b8;
-            uint16_t w0[8], w1[8];
 #pragma unroll
-            for (int q = 0; q < 8; q++) {
-                w0[q] = __ldg(c0 + (b0 + q) * 4);
-                w1[q] = __ldg(c1 + (b0 + q) * 4);
-            }
-            uint2 sc0 = __ldg((const uint2 *)(s0 + b0)), sc1 = __ldg((const uint2 *)(s1 + b0));
+        for (int q = 0; q < 8; q++) {
+            uint32_t a0 = (uint32_t)e2m1x4_s8(w0.c[q]), a1 = (uint32_t)e2m1x4_s8(w1.c[q]);
+            uint32_t sh = 8 * (q & 3);
+            float sw0 = qd_e4m3_to_f32((uint8_t)((q < 4 ? w0.s.x : w0.s.y) >> sh));
+            float sw1 = qd_e4m3_to_f32((uint8_t)((q < 4 ? w1.s.x : w1.s.y) >> sh));
+            int bb = b8 % QD_TC_CHUNK + q;
 #pragma unroll
-            for (int q = 0; q < 8; q++) {
-                uint32_t a0 = (uint32_t)e2m1x4_s8(w0[q]), a1 = (uint32_t)e2m1x4_s8(w1[q]);
-                uint32_t sh = 8 * (q & 3);
-                float sw0 = qd_e4m3_to_f32((uint8_t)((q < 4 ? sc0.x : sc0.y) >> sh));
-                float sw1 = qd_e4m3_to_f32((uint8_t)((q < 4 ? sc1.x : sc1.y) >> sh));
-                int bb = b8 + q;
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    int d[4];
-                    mma_s8(d, a0, a1, (uint32_t)s_a[(nt * 8 + g) * LA + bb * WPB + t]);
-                    float sa_lo = s_sa[(nt * 8 + 2 * t) * LS + bb];
-                    float sa_hi = s_sa[(nt * 8 + 2 * t + 1) * LS + bb];
-                    acc[nt][0] = acc[nt][0] + (__int_as_float(d[0]) - QD_MAGIC) * (sa_lo * sw0);
-                    acc[nt][1] = acc[nt][1] + (__int_as_float(d[1]) - QD_MAGIC) * (sa_hi * sw0);
-                    acc[nt][2] = acc[nt][2] + (__int_as_float(d[2]) - QD_MAGIC) * (sa_lo * sw1);
-                    acc[nt][3] = acc[nt][3] + (__int_as_float(d[3]) - QD_MAGIC) * (sa_hi * sw1);
-                }
+            for (int nt = 0; nt < NT; nt++) {
+                int d[4];
+                mma_s8(d, a0, a1, (uint32_t)s_a[(nt * 8 + g) * LA + bb * WPB + t]);
+                float sa_lo = s_sa[(nt * 8 + 2 * t) * LS + bb];
+                float sa_hi = s_sa[(nt * 8 + 2 * t + 1) * LS + bb];
+                acc[nt][0] = acc[nt][0] + (__int_as_float(d[0]) - QD_MAGIC) * (sa_lo * sw0);
+                acc[nt][1] = acc[nt][1] + (__int_as_float(d[1]) - QD_MAGIC) * (sa_hi * sw0);
+                acc[nt][2] = acc[nt][2] + (__int_as_float(d[2]) - QD_MAGIC) * (sa_lo * sw1);
+                acc[nt][3] = acc[nt][3] + (__int_as_float(d[3]) - QD_MAGIC) * (sa_hi * sw1);
             }
         }
     }
@@ -929,8 +971,9 @@ extern "C" qd_status qd_cuda_w4a4_gemm(float *y, const qd_nvfp4 *a, const qd_nvf
 template <int NT>
 static qd_status launch_w4a4_tc(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
 {
-    dim3 grid((unsigned)((w->rows + 63) / 64), (unsigned)((a->rows + 8 * NT - 1) / (8 * NT)));
-    w4a4_tc_kernel<NT><<<grid, 128>>>(y, a->codes, a->scales, a->s_dec, a->per_row, w->codes,
+    dim3 grid((unsigned)((w->rows + 16 * QD_TC_WARPS - 1) / (16 * QD_TC_WARPS)),
+              (unsigned)((a->rows + 8 * NT - 1) / (8 * NT)));
+    w4a4_tc_kernel<NT><<<grid, 32 * QD_TC_WARPS>>>(y, a->codes, a->scales, a->s_dec, a->per_row, w->codes,
                                       w->scales, w->s_dec, w->per_row, a->rows, w->rows, a->cols);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
