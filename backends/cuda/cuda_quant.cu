@@ -488,6 +488,14 @@ static __device__ void load_act_chunk(int *s_a, int lda, float *s_sa, int lds,
     }
 }
 
+/* The 256 E4M3 values, filled from qd_e4m3_to_f32 (so the same bits), for
+ * kernels that decode a block scale per block per thread. */
+static __device__ void e4m3_table(float *lut)
+{
+    for (int i = threadIdx.x; i < 256; i += blockDim.x)
+        lut[i] = qd_e4m3_to_f32((uint8_t)i);
+}
+
 /* The main W4A4 kernel (K % 512 == 0): a CTA of 256 threads takes 32 weight rows
  * and MT <= 8 activation rows, K in chunks of 32 blocks. Phase 1: thread (r, j)
  * takes blocks j, j+8, j+16, j+24 of the chunk of row r (8 threads read 64
@@ -499,7 +507,7 @@ static __device__ void load_act_chunk(int *s_a, int lda, float *s_sa, int lds,
 #define QD_W4A4_CHUNK 32
 #define QD_W4A4_VLD (QD_W4A4_CHUNK + 1) /* padded rows: phase 2 reads conflict-free */
 template <int MT>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, MT <= 4 ? 4 : 3) /* all 448 CTAs of N = 14336 resident */
 w4a4_split_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec,
                   int a_per_row, const uint8_t *w_codes, const uint8_t *w_scales,
                   const float *w_sdec, int w_per_row, int64_t M, int64_t N, int64_t K)
@@ -511,18 +519,24 @@ w4a4_split_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, con
     int *s_a = (int *)smem;
     float *s_sa = (float *)(s_a + MT * (K / 4));
     float *s_v = s_sa + MT * nb; /* [MT][32 rows][33], a row's blocks swizzled by r%4 */
+    __shared__ float lut[256];
+    e4m3_table(lut);
     load_act_chunk<MT>(s_a, (int)(K / 4), s_sa, nb, a_codes, a_scales, m0, M, K, 0, nb);
     int t = threadIdx.x, r = t >> 3, j = t & 7, sw8 = 8 * (r & 3);
     int64_t row = n0 + r < N ? n0 + r : N - 1; /* rows past N compute garbage, never stored */
     const uint2 *pc = (const uint2 *)(w_codes + row * (K / 2)) + j;
     const uint8_t *ps = w_scales + row * nb + j;
-    uint2 cw[4];
-    uint8_t sc[4];
+    /* two chunks of weights in flight: [0] is the next one to compute */
+    uint2 cw[2][4];
+    uint8_t sc[2][4];
 #pragma unroll
-    for (int q = 0; q < 4; q++) {
-        cw[q] = __ldg(pc + 8 * q);
-        sc[q] = __ldg(ps + 8 * q);
-    }
+    for (int k = 0; k < 2; k++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            int c = k < nchunk ? k : 0;
+            cw[k][q] = __ldg(pc + c * QD_W4A4_CHUNK + 8 * q);
+            sc[k][q] = __ldg(ps + c * QD_W4A4_CHUNK + 8 * q);
+        }
     __syncthreads();
     int pm = t >> 5, pr = t & 31, psw = 8 * (pr & 3);
     float acc = 0.0f;
@@ -531,14 +545,16 @@ w4a4_split_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, con
         uint8_t scur[4];
 #pragma unroll
         for (int q = 0; q < 4; q++) {
-            cur[q] = cw[q];
-            scur[q] = sc[q];
+            cur[q] = cw[0][q];
+            scur[q] = sc[0][q];
+            cw[0][q] = cw[1][q];
+            sc[0][q] = sc[1][q];
         }
-        if (c + 1 < nchunk) {
+        if (c + 2 < nchunk) {
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                cw[q] = __ldg(pc + (c + 1) * QD_W4A4_CHUNK + 8 * q);
-                sc[q] = __ldg(ps + (c + 1) * QD_W4A4_CHUNK + 8 * q);
+                cw[1][q] = __ldg(pc + (c + 2) * QD_W4A4_CHUNK + 8 * q);
+                sc[1][q] = __ldg(ps + (c + 2) * QD_W4A4_CHUNK + 8 * q);
             }
         }
 #pragma unroll
@@ -546,7 +562,7 @@ w4a4_split_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, con
             int bq = 8 * q + j, b = c * QD_W4A4_CHUNK + bq;
             int w0 = e2m1x4_s8(cur[q].x & 0xffffu), w1 = e2m1x4_s8(cur[q].x >> 16);
             int w2 = e2m1x4_s8(cur[q].y & 0xffffu), w3 = e2m1x4_s8(cur[q].y >> 16);
-            float sw = qd_e4m3_to_f32(scur[q]);
+            float sw = lut[scur[q]];
 #pragma unroll
             for (int m = 0; m < MT; m++)
                 s_v[(m * QD_W4A4_ROWS + r) * QD_W4A4_VLD + (bq ^ sw8)] =
@@ -610,6 +626,8 @@ w4a4_tc_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const 
     constexpr int MT = 8 * NT, WPB = 4, LA = QD_TC_CHUNK * WPB + 4, LS = QD_TC_CHUNK + 1;
     __shared__ __align__(16) int s_a[MT * LA];
     __shared__ float s_sa[MT * LS];
+    __shared__ float lut[256];
+    e4m3_table(lut); /* made visible by the first chunk's barrier */
     int nb = (int)(K / 16), lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int64_t m0 = (int64_t)blockIdx.y * MT;
     int64_t r0 = (int64_t)blockIdx.x * 16 * QD_TC_WARPS + (threadIdx.x >> 5) * 16 + g, r1 = r0 + 8;
@@ -639,8 +657,8 @@ w4a4_tc_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const 
         for (int q = 0; q < 8; q++) {
             uint32_t a0 = (uint32_t)e2m1x4_s8(w0.c[q]), a1 = (uint32_t)e2m1x4_s8(w1.c[q]);
             uint32_t sh = 8 * (q & 3);
-            float sw0 = qd_e4m3_to_f32((uint8_t)((q < 4 ? w0.s.x : w0.s.y) >> sh));
-            float sw1 = qd_e4m3_to_f32((uint8_t)((q < 4 ? w1.s.x : w1.s.y) >> sh));
+            float sw0 = lut[((q < 4 ? w0.s.x : w0.s.y) >> sh) & 0xffu];
+            float sw1 = lut[((q < 4 ? w1.s.x : w1.s.y) >> sh) & 0xffu];
             int bb = b8 % QD_TC_CHUNK + q;
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
@@ -989,9 +1007,8 @@ extern "C" qd_status qd_cuda_w4a4_gemm_tc_async(float *y, const qd_nvfp4 *a, con
         return launch_w4a4_tc<1>(y, a, w);
     if (a->rows <= 16)
         return launch_w4a4_tc<2>(y, a, w);
-    if (a->rows <= 32)
-        return launch_w4a4_tc<4>(y, a, w);
-    return launch_w4a4_tc<8>(y, a, w);
+    /* 32 activation rows a warp at most: more warps in flight beat fewer weight decodes */
+    return launch_w4a4_tc<4>(y, a, w);
 }
 
 extern "C" qd_status qd_cuda_w4a4_gemm_tc(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
