@@ -252,14 +252,18 @@ static void bench_gemv(cublasLtHandle_t h)
     CK(cudaMalloc(&a8, (size_t)(64 * K)));
     CK(cudaMalloc(&yb, (size_t)(64 * N) * 4));
     CK(cudaMalloc((void **)&y, (size_t)(64 * N) * sizeof(float)));
-    CK(cudaMalloc((void **)&scales, 2 * sizeof(float)));
+    /* one allocation a scale: cuBLASLt may want its scale pointers aligned */
+    float *scale_w;
+    CK(cudaMalloc((void **)&scales, sizeof(float)));
+    CK(cudaMalloc((void **)&scale_w, sizeof(float)));
     to_bf16_kernel<<<1024, 256>>>((__nv_bfloat16 *)wb, w, N * K);
     to_bf16_kernel<<<1024, 256>>>((__nv_bfloat16 *)ab, a, 64 * K);
     /* FP8 per-tensor: data in [-1.74, 1.74] times 256 stays inside E4M3's 448 */
     to_fp8_kernel<<<1024, 256>>>((__nv_fp8_e4m3 *)w8, w, N * K, 256.0f);
     to_fp8_kernel<<<1024, 256>>>((__nv_fp8_e4m3 *)a8, a, 64 * K, 256.0f);
-    float inv[2] = {1.0f / 256.0f, 1.0f / 256.0f};
-    CK(cudaMemcpy(scales, inv, sizeof inv, cudaMemcpyHostToDevice));
+    float inv = 1.0f / 256.0f;
+    CK(cudaMemcpy(scales, &inv, sizeof inv, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(scale_w, &inv, sizeof inv, cudaMemcpyHostToDevice));
     double wbytes4 = N * K / 2.0 + N * K / 16.0;
     printf("\n| M | W4A4 us | W4A4 weight TB/s | W4A4-TC us | W4A4-TC TB/s | BF16 us | BF16 TB/s | "
            "FP8 us | FP8 TB/s | BF16/W4A4 | BF16/W4A4-TC | BF16/FP8 |\n"
@@ -271,7 +275,7 @@ static void bench_gemv(cublasLtHandle_t h)
         float tc = time_ms([&] { CKQ(qd_cuda_w4a4_gemm_tc_async(y, &qa, &qw)); });
         int64_t mb = M, m8 = M;
         float tb = lt_time(h, CUDA_R_16BF, M, N, K, wb, ab, yb, NULL, NULL, &mb);
-        float t8 = lt_time(h, CUDA_R_8F_E4M3, M, N, K, w8, a8, yb, scales, scales + 1, &m8);
+        float t8 = lt_time(h, CUDA_R_8F_E4M3, M, N, K, w8, a8, yb, scales, scale_w, &m8);
         double bw4 = wbytes4 / (t4 * 1e-3) / 1e12, bwb = 2.0 * N * K / (tb * 1e-3) / 1e12;
         double bw8 = (double)N * K / (t8 * 1e-3) / 1e12;
         printf("| %lld | %.1f | %.2f | %.1f | %.2f | ", (long long)M, t4 * 1e3, bw4, tc * 1e3,
@@ -297,6 +301,7 @@ static void bench_gemv(cublasLtHandle_t h)
     qd_cuda_nvfp4_free(&qw);
     CK(cudaFree(w)); CK(cudaFree(a)); CK(cudaFree(wb)); CK(cudaFree(ab)); CK(cudaFree(w8));
     CK(cudaFree(a8)); CK(cudaFree(yb)); CK(cudaFree(y)); CK(cudaFree(scales));
+    CK(cudaFree(scale_w));
 }
 
 int main(int argc, char **argv)
