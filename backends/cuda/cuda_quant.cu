@@ -359,6 +359,30 @@ static __device__ __forceinline__ float block_dot4(int w0, int w1, int w2, int w
     return __int_as_float(p) - QD_MAGIC;
 }
 
+/* 4 E2M1 codes as 4 unsigned bytes 12 + 2*value, in [0, 24]: two byte permutes
+ * whose sign mode zeroes the bytes of the other sign, then one add without carries
+ * between bytes. Cheaper than e2m1x4_s8; a block's dot product with it exceeds 4p
+ * by 12 * (sum of the activation block), which the caller subtracts. */
+static __device__ __forceinline__ int e2m1x4_off12(uint32_t c)
+{
+    uint32_t pos, neg;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(pos) : "r"(0x03020100u), "r"(0x0C080604u), "r"(c));
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(neg) : "r"(0x03020100u), "r"(0x0C080604u),
+        "r"(c ^ 0x8888u));
+    return (int)(0x0C0C0C0Cu - neg + pos);
+}
+
+/* block_dot4 for offset weights: init holds the magic bits minus 12 * sum(a). */
+static __device__ __forceinline__ float block_dot4_off(int w0, int w1, int w2, int w3, int4 a,
+                                                       int init)
+{
+    int p = __dp4a(w0, a.x, init);
+    p = __dp4a(w1, a.y, p);
+    p = __dp4a(w2, a.z, p);
+    p = __dp4a(w3, a.w, p);
+    return __int_as_float(p) - QD_MAGIC;
+}
+
 /* One block b of one weight row against the MT activation rows in shared memory:
  * acc[m] = acc[m] + p*(sa*sw), the product exact (4p an integer below 2^12 times
  * (sa/4)*sw with at most 8 significant bits), so one rounding, as on the CPU. */
@@ -466,7 +490,7 @@ w4a4_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const flo
 template <int MT>
 static __device__ void load_act_chunk(int *s_a, int lda, float *s_sa, int lds,
                                       const uint8_t *a_codes, const uint8_t *a_scales, int64_t m0,
-                                      int64_t M, int64_t K, int b0, int nblk)
+                                      int64_t M, int64_t K, int b0, int nblk, int *s_corr = NULL)
 {
     int upr = nblk / 2, nb = (int)(K / 16);
 #pragma unroll 4
@@ -480,6 +504,15 @@ static __device__ void load_act_chunk(int *s_a, int lda, float *s_sa, int lds,
                          e2m1x4_s8(c.y >> 16));
         d[1] = make_int4(e2m1x4_s8(c.z & 0xffffu), e2m1x4_s8(c.z >> 16), e2m1x4_s8(c.w & 0xffffu),
                          e2m1x4_s8(c.w >> 16));
+        if (s_corr) { /* magic bits - 12 * sum of each block's 16 int8 values */
+            int4 a = d[0], b = d[1];
+            int s0 = __dp4a(a.x, 0x01010101, __dp4a(a.y, 0x01010101, __dp4a(a.z, 0x01010101,
+                            __dp4a(a.w, 0x01010101, 0))));
+            int s1 = __dp4a(b.x, 0x01010101, __dp4a(b.y, 0x01010101, __dp4a(b.z, 0x01010101,
+                            __dp4a(b.w, 0x01010101, 0))));
+            s_corr[m * lds + 2 * u] = QD_MAGIC_BITS - 12 * s0;
+            s_corr[m * lds + 2 * u + 1] = QD_MAGIC_BITS - 12 * s1;
+        }
     }
     for (int i = threadIdx.x; i < MT * nblk; i += blockDim.x) {
         int m = i / nblk, j = i - m * nblk;
@@ -516,12 +549,16 @@ w4a4_split_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, con
     extern __shared__ int4 smem[];
     int nb = (int)(K / 16), nchunk = nb / QD_W4A4_CHUNK;
     int64_t m0 = (int64_t)blockIdx.y * MT, n0 = (int64_t)blockIdx.x * QD_W4A4_ROWS;
+    /* MT <= 4: weights decoded with e2m1x4_off12, the decode shared by few rows */
+    constexpr bool OFF = MT <= 4;
     int *s_a = (int *)smem;
     float *s_sa = (float *)(s_a + MT * (K / 4));
-    float *s_v = s_sa + MT * nb; /* [MT][32 rows][33], a row's blocks swizzled by r%4 */
+    int *s_corr = (int *)(s_sa + MT * nb); /* (OFF) [MT][nb] */
+    float *s_v = (float *)(s_corr + (OFF ? MT * nb : 0)); /* [MT][32 rows][33], swizzled by r%4 */
     __shared__ float lut[256];
     e4m3_table(lut);
-    load_act_chunk<MT>(s_a, (int)(K / 4), s_sa, nb, a_codes, a_scales, m0, M, K, 0, nb);
+    load_act_chunk<MT>(s_a, (int)(K / 4), s_sa, nb, a_codes, a_scales, m0, M, K, 0, nb,
+                       OFF ? s_corr : NULL);
     int t = threadIdx.x, r = t >> 3, j = t & 7, sw8 = 8 * (r & 3);
     int64_t row = n0 + r < N ? n0 + r : N - 1; /* rows past N compute garbage, never stored */
     const uint2 *pc = (const uint2 *)(w_codes + row * (K / 2)) + j;
@@ -560,14 +597,25 @@ w4a4_split_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, con
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             int bq = 8 * q + j, b = c * QD_W4A4_CHUNK + bq;
-            int w0 = e2m1x4_s8(cur[q].x & 0xffffu), w1 = e2m1x4_s8(cur[q].x >> 16);
-            int w2 = e2m1x4_s8(cur[q].y & 0xffffu), w3 = e2m1x4_s8(cur[q].y >> 16);
             float sw = lut[scur[q]];
+            if constexpr (OFF) {
+                int w0 = e2m1x4_off12(cur[q].x & 0xffffu), w1 = e2m1x4_off12(cur[q].x >> 16);
+                int w2 = e2m1x4_off12(cur[q].y & 0xffffu), w3 = e2m1x4_off12(cur[q].y >> 16);
 #pragma unroll
-            for (int m = 0; m < MT; m++)
-                s_v[(m * QD_W4A4_ROWS + r) * QD_W4A4_VLD + (bq ^ sw8)] =
-                    block_dot4(w0, w1, w2, w3, ((const int4 *)(s_a + m * (K / 4)))[b]) *
-                    (s_sa[m * nb + b] * sw);
+                for (int m = 0; m < MT; m++)
+                    s_v[(m * QD_W4A4_ROWS + r) * QD_W4A4_VLD + (bq ^ sw8)] =
+                        block_dot4_off(w0, w1, w2, w3, ((const int4 *)(s_a + m * (K / 4)))[b],
+                                       s_corr[m * nb + b]) *
+                        (s_sa[m * nb + b] * sw);
+            } else {
+                int w0 = e2m1x4_s8(cur[q].x & 0xffffu), w1 = e2m1x4_s8(cur[q].x >> 16);
+                int w2 = e2m1x4_s8(cur[q].y & 0xffffu), w3 = e2m1x4_s8(cur[q].y >> 16);
+#pragma unroll
+                for (int m = 0; m < MT; m++)
+                    s_v[(m * QD_W4A4_ROWS + r) * QD_W4A4_VLD + (bq ^ sw8)] =
+                        block_dot4(w0, w1, w2, w3, ((const int4 *)(s_a + m * (K / 4)))[b]) *
+                        (s_sa[m * nb + b] * sw);
+            }
         }
         __syncthreads();
         if (pm < MT) {
@@ -950,8 +998,8 @@ static qd_status launch_w4a4(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w, siz
  * split kernel's products. */
 static size_t w4a4_smem(int mt, int64_t K, int split)
 {
-    size_t act = (size_t)mt * (size_t)K * 5 / 4;
-    return act + (split ? (size_t)mt * QD_W4A4_ROWS * QD_W4A4_VLD * sizeof(float) : 0);
+    size_t act = (size_t)mt * (size_t)K * 5 / 4, corr = split && mt <= 4 ? (size_t)mt * K / 4 : 0;
+    return act + corr + (split ? (size_t)mt * QD_W4A4_ROWS * QD_W4A4_VLD * sizeof(float) : 0);
 }
 
 extern "C" qd_status qd_cuda_w4a4_gemm_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
