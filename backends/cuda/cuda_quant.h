@@ -59,7 +59,8 @@ qd_status qd_cuda_fp8_quantize_rows(uint8_t *q, float *scale_inv, const float *x
 qd_status qd_cuda_w4a4_gemm(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
 qd_status qd_cuda_w4a4_gemm_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
 /* The same product with each block sum p from an integer tensor-core MMA (exact),
- * the same bits; K % 512 != 0 falls back to qd_cuda_w4a4_gemm. */
+ * the same bits; K % 512 != 0 falls back to qd_cuda_w4a4_gemm. On the H200 it is
+ * the faster of the two from M = 8 on, the plain kernels below (bench/RESULTS.md). */
 qd_status qd_cuda_w4a4_gemm_tc(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
 qd_status qd_cuda_w4a4_gemm_tc_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
 
