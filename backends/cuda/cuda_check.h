@@ -1,0 +1,27 @@
+/* One check after every CUDA runtime call (CUDA sources only): a failure becomes
+ * QD_ERR_DEVICE with a message naming the call, the file and the line. */
+#ifndef QD_CUDA_CHECK_H
+#define QD_CUDA_CHECK_H
+
+#include <cuda_runtime.h>
+extern "C" {
+#include "quant/status.h"
+}
+
+#define QD_CUDA_CHECK(call)                                                          \
+    do {                                                                             \
+        cudaError_t qd_cuda_err_ = (call);                                           \
+        if (qd_cuda_err_ != cudaSuccess)                                             \
+            return qd_error(QD_ERR_DEVICE, "%s:%d: %s: %s", __FILE__, __LINE__,      \
+                            #call, cudaGetErrorString(qd_cuda_err_));                \
+    } while (0)
+
+/* Same for a qd_status-returning call. */
+#define QD_TRY(call)                                                                 \
+    do {                                                                             \
+        qd_status qd_st_ = (call);                                                   \
+        if (qd_st_ != QD_OK)                                                         \
+            return qd_st_;                                                           \
+    } while (0)
+
+#endif

@@ -1,0 +1,1156 @@
+/* NVFP4/FP8 quantization, fake-quant, RAC augmentation and the canonical W4A4
+ * product on CUDA (docs/numerics.md §1-§5). The scalar arithmetic is
+ * quant/numerics.h's, called from device code, so each output equals the CPU
+ * reference's bit for bit; only the parallel layout differs from quant/. */
+#include <cuda_runtime.h>
+#include <float.h>
+#include <stdint.h>
+#include "backends/cuda/cuda_quant.h"
+#include "backends/cuda/cuda_check.h"
+
+/* The hardware E2M1 encoder (cvt.rn.satfinite.e2m1x2.f32) exists on the Blackwell
+ * arch-specific targets only. Selected at compile time; it cannot run on the
+ * H200 (Hopper, sm_90a), where the software encoder of quant/numerics.h is used. */
+#if defined(__CUDA_ARCH__) &&                                                        \
+    (defined(__CUDA_ARCH_FEAT_SM100_ALL) || defined(__CUDA_ARCH_FEAT_SM101_ALL) ||   \
+     defined(__CUDA_ARCH_FEAT_SM103_ALL) || defined(__CUDA_ARCH_FEAT_SM110_ALL) ||   \
+     defined(__CUDA_ARCH_FEAT_SM120_ALL) || defined(__CUDA_ARCH_FEAT_SM121_ALL))
+#define QD_CUDA_E2M1_CVT 1
+#else
+#define QD_CUDA_E2M1_CVT 0
+#endif
+
+#define QD_THREADS 256
+#define QD_GEMV_THREADS 64
+
+/* Set by any kernel that met a NaN/Inf input; read and cleared by qd_cuda_nonfinite_check. */
+__device__ int qd_cuda_nonfinite;
+
+/* ---- loads of one 16-element block (16-byte aligned) as float */
+static __device__ __forceinline__ void load_block(float v[16], const float *x)
+{
+    const float4 *p = (const float4 *)x;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float4 f = p[i];
+        v[4 * i] = f.x; v[4 * i + 1] = f.y; v[4 * i + 2] = f.z; v[4 * i + 3] = f.w;
+    }
+}
+
+static __device__ __forceinline__ void load_block(float v[16], const uint16_t *x)
+{
+    const uint4 *p = (const uint4 *)x;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        uint4 u = p[i];
+        uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            v[8 * i + 2 * j] = qd_bf16_to_f32((uint16_t)(w[j] & 0xffffu));
+            v[8 * i + 2 * j + 1] = qd_bf16_to_f32((uint16_t)(w[j] >> 16));
+        }
+    }
+}
+
+/* 1 if any of the 16 values is NaN or Inf. */
+static __device__ __forceinline__ int block_nonfinite(const float v[16])
+{
+    int bad = 0;
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+        bad |= !(fabsf(v[i]) <= FLT_MAX);
+    return bad;
+}
+
+static __device__ __forceinline__ float block_amax(const float v[16])
+{
+    float m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+        m = fmaxf(m, fabsf(v[i]));
+    return m;
+}
+
+#if QD_CUDA_E2M1_CVT
+/* Two E2M1 codes, lo in the low nibble: round to nearest even, saturating to 6,
+ * the sign kept for values that round to zero: the contract of qd_e2m1_from_f32. */
+static __device__ __forceinline__ uint8_t e2m1x2(float lo, float hi)
+{
+    uint16_t r;
+    asm("{\n\t.reg .b8 t;\n\tcvt.rn.satfinite.e2m1x2.f32 t, %2, %1;\n\tcvt.u16.u8 %0, t;\n\t}"
+        : "=h"(r) : "f"(lo), "f"(hi));
+    return (uint8_t)r;
+}
+#endif
+
+/* quant/numerics.h's qd_nvfp4_quantize_block, with the hardware encoder where there is one. */
+static __device__ __forceinline__ uint8_t quantize_block(uint8_t packed[8], const float v[16],
+                                                         float s_enc, float s_dec)
+{
+#if QD_CUDA_E2M1_CVT
+    uint8_t sc = qd_nvfp4_block_scale(block_amax(v), s_enc);
+    float inv = qd_nvfp4_block_inv(sc, s_dec);
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        packed[i] = e2m1x2(v[2 * i] * inv, v[2 * i + 1] * inv);
+    return sc;
+#else
+    return qd_nvfp4_quantize_block(packed, v, s_enc, s_dec);
+#endif
+}
+
+/* Where a quantizer writes: codes and scales with their row strides in bytes. */
+struct qout {
+    uint8_t *codes, *scales;
+    int64_t codes_ld, scales_ld;
+};
+
+/* Writes one quantized block b of row r: packed codes, or (dq) 16 dequantized floats. */
+static __device__ __forceinline__ void store_block(qout o, float *dq, const float v[16], int64_t r,
+                                                   int64_t b, int64_t blk, float s_enc, float s_dec)
+{
+    uint8_t p[8];
+    uint8_t sc = quantize_block(p, v, s_enc, s_dec);
+    if (dq) {
+        float4 *d = (float4 *)(dq + blk * 16);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float f[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int e = 4 * i + j;
+                uint8_t c = (uint8_t)((e & 1) ? p[e / 2] >> 4 : p[e / 2] & 0xfu);
+                f[j] = qd_nvfp4_dequant1(c, sc, s_dec);
+            }
+            d[i] = make_float4(f[0], f[1], f[2], f[3]);
+        }
+        return;
+    }
+    uint2 w;
+    w.x = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    w.y = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24;
+    *(uint2 *)(o.codes + r * o.codes_ld + b * 8) = w;
+    o.scales[r * o.scales_ld + b] = sc;
+}
+
+static __device__ __forceinline__ float warp_max(float m)
+{
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1)
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
+    return m;
+}
+
+/* Max over the CTA (blockDim.x a multiple of 32); every thread gets it. */
+static __device__ float cta_max(float m)
+{
+    __shared__ float part[32];
+    m = warp_max(m);
+    if ((threadIdx.x & 31) == 0)
+        part[threadIdx.x >> 5] = m;
+    __syncthreads();
+    /* every warp reduces the partial maxima, so every thread ends with the CTA's */
+    m = (threadIdx.x & 31) < (blockDim.x >> 5) ? part[threadIdx.x & 31] : 0.0f;
+    m = warp_max(m);
+    __syncthreads();
+    return m;
+}
+
+/* ---- kernels */
+
+/* *amax_bits = bits of max |x| over nblk blocks of 16 (non-negative floats order
+ * as their bits, so atomicMax on the bits is the float max, in any order). */
+template <typename T>
+__global__ void amax_kernel(uint32_t *amax_bits, const T *x, int64_t nblk)
+{
+    float m = 0.0f;
+    int bad = 0;
+    for (int64_t blk = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; blk < nblk;
+         blk += (int64_t)gridDim.x * blockDim.x) {
+        float v[16];
+        load_block(v, x + blk * 16);
+        bad |= block_nonfinite(v);
+        m = fmaxf(m, block_amax(v));
+    }
+    if (bad)
+        qd_cuda_nonfinite = 1;
+    m = warp_max(m);
+    if ((threadIdx.x & 31) == 0)
+        atomicMax(amax_bits, __float_as_uint(m));
+}
+
+/* Blocks of x (rows, bpr*16), one per thread. The scope's S_enc comes from a
+ * per-tensor amax (amax_bits) or from s_enc_in, one per row (per_row) or one. */
+template <typename T>
+__global__ void quant_flat_kernel(qout o, float *dq, const T *x, int64_t rows, int64_t bpr,
+                                  const uint32_t *amax_bits, const float *s_enc_in, int per_row,
+                                  float *s_dec_out)
+{
+    float s_enc = amax_bits ? qd_nvfp4_s_enc(__uint_as_float(*amax_bits)) : s_enc_in[0];
+    float s_dec = qd_nvfp4_s_dec(s_enc);
+    int bad = 0;
+    int64_t nblk = rows * bpr;
+    /* row and block of blk only where needed: 64-bit division is slow on the GPU */
+    int dense = !per_row && o.codes_ld == bpr * 8 && o.scales_ld == bpr;
+    for (int64_t blk = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; blk < nblk;
+         blk += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = 0, b = blk;
+        if (per_row || (!dense && !dq)) {
+            r = blk / bpr;
+            b = blk - r * bpr;
+        }
+        if (per_row) {
+            s_enc = s_enc_in[r];
+            s_dec = qd_nvfp4_s_dec(s_enc);
+            if (s_dec_out && b == 0)
+                s_dec_out[r] = s_dec;
+        }
+        float v[16];
+        load_block(v, x + blk * 16);
+        bad |= block_nonfinite(v);
+        store_block(o, dq, v, r, b, blk, s_enc, s_dec);
+    }
+    if (bad)
+        qd_cuda_nonfinite = 1;
+    if (!per_row && s_dec_out && blockIdx.x == 0 && threadIdx.x == 0)
+        s_dec_out[0] = s_dec;
+}
+
+/* One CTA a row of x (rows, bpr*16): the row's amax (§4), then its blocks. */
+template <typename T>
+__global__ void quant_rows_kernel(qout o, float *dq, const T *x, int64_t bpr, float *s_dec_out,
+                                  float *s_enc_out)
+{
+    int64_t r = blockIdx.x;
+    const T *xr = x + r * bpr * 16;
+    float m = 0.0f;
+    int bad = 0;
+    for (int64_t b = threadIdx.x; b < bpr; b += blockDim.x) {
+        float v[16];
+        load_block(v, xr + b * 16);
+        bad |= block_nonfinite(v);
+        m = fmaxf(m, block_amax(v));
+    }
+    if (bad)
+        qd_cuda_nonfinite = 1;
+    float s_enc = qd_nvfp4_s_enc(cta_max(m));
+    float s_dec = qd_nvfp4_s_dec(s_enc);
+    if (threadIdx.x == 0) {
+        if (s_dec_out)
+            s_dec_out[r] = s_dec;
+        if (s_enc_out)
+            s_enc_out[r] = s_enc;
+    }
+    for (int64_t b = threadIdx.x; b < bpr; b += blockDim.x) {
+        float v[16];
+        load_block(v, xr + b * 16);
+        store_block(o, dq, v, r, b, r * bpr + b, s_enc, s_dec);
+    }
+}
+
+/* out (rows, bpr*16) = dequant(codes, scales); s_dec (rows) or (1). */
+__global__ void dequant_kernel(float *out, const uint8_t *codes, const uint8_t *scales,
+                               const float *s_dec, int per_row, int64_t rows, int64_t bpr)
+{
+    int64_t nblk = rows * bpr;
+    for (int64_t blk = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; blk < nblk;
+         blk += (int64_t)gridDim.x * blockDim.x) {
+        float sd = s_dec[per_row ? blk / bpr : 0];
+        uint2 c = *(const uint2 *)(codes + blk * 8);
+        uint8_t sc = scales[blk];
+        uint32_t w[2] = {c.x, c.y};
+        float4 *d = (float4 *)(out + blk * 16);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint32_t h = w[i / 2] >> (16 * (i & 1));
+            d[i] = make_float4(qd_nvfp4_dequant1((uint8_t)(h & 0xfu), sc, sd),
+                               qd_nvfp4_dequant1((uint8_t)((h >> 4) & 0xfu), sc, sd),
+                               qd_nvfp4_dequant1((uint8_t)((h >> 8) & 0xfu), sc, sd),
+                               qd_nvfp4_dequant1((uint8_t)((h >> 12) & 0xfu), sc, sd));
+        }
+    }
+}
+
+/* FP8 per-row encode scale, quant/fp8.c's: 448/amax clamped to FLT_MAX, 1 for an
+ * all-zero row; scale_inv = 1/scale. */
+static __device__ __forceinline__ float fp8_row_scale(float amax)
+{
+    return amax == 0.0f ? 1.0f : fminf(QD_E4M3_MAX / amax, FLT_MAX);
+}
+
+/* One CTA a row of x (rows, cols): q = e4m3(x * scale). */
+__global__ void fp8_rows_kernel(uint8_t *q, float *scale_inv, const float *x, int64_t cols)
+{
+    int64_t r = blockIdx.x;
+    const float *xr = x + r * cols;
+    float m = 0.0f;
+    int bad = 0;
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+        float v = xr[i];
+        bad |= !(fabsf(v) <= FLT_MAX);
+        m = fmaxf(m, fabsf(v));
+    }
+    if (bad)
+        qd_cuda_nonfinite = 1;
+    float s = fp8_row_scale(cta_max(m));
+    if (threadIdx.x == 0)
+        scale_inv[r] = 1.0f / s;
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x)
+        q[r * cols + i] = qd_e4m3_from_f32(xr[i] * s);
+}
+
+/* RAC residuals (§5): res (rows, n) = x[:, ch] - x_hat[:, ch], x_hat the
+ * dequantization of the row's main blocks already written at (codes, scales). */
+__global__ void rac_residual_kernel(float *res, const float *x, qout o, const float *s_dec,
+                                    int per_row, const int64_t *ch, int64_t rows, int64_t K,
+                                    int64_t n)
+{
+    int64_t total = rows * n;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / n, c = ch[i - r * n];
+        uint8_t byte = o.codes[r * o.codes_ld + c / 2];
+        uint8_t code = (uint8_t)((c & 1) ? byte >> 4 : byte & 0xfu);
+        float xh = qd_nvfp4_dequant1(code, o.scales[r * o.scales_ld + c / 16],
+                                     s_dec[per_row ? r : 0]);
+        res[i] = x[r * K + c] - xh;
+    }
+}
+
+/* waug (N, K+n) = [W, W[:, ch]]. */
+__global__ void rac_gather_kernel(float *waug, const float *w, const int64_t *ch, int64_t N,
+                                  int64_t K, int64_t n)
+{
+    int64_t ld = K + n, total = N * ld;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / ld, c = i - r * ld;
+        waug[i] = w[r * K + (c < K ? c : ch[c - K])];
+    }
+}
+
+/* ---- the canonical W4A4 product (§3) */
+
+/* 4 E2M1 codes (the nibbles of c's low 16 bits) as 4 signed int8 holding twice
+ * their values ({0,1,2,3,4,6,8,12} and negatives): integers, so a block's dot
+ * product is exact in int32 and equals 4*p of §3. */
+static __device__ __forceinline__ int e2m1x4_s8(uint32_t c)
+{
+    uint32_t idx = c & 0x7777u;
+    uint32_t pos = __byte_perm(0x03020100u, 0x0C080604u, idx);
+    uint32_t neg = __byte_perm(0xFDFEFF00u, 0xF4F8FAFCu, idx);
+    uint32_t s = ((c >> 3) & 1u) | ((c << 1) & 0x100u) | ((c << 5) & 0x10000u) |
+                 ((c << 9) & 0x1000000u);
+    uint32_t mask = s * 0xffu;
+    return (int)((pos & ~mask) | (neg & mask));
+}
+
+/* p of §3 for one block: the int8 dot product of 16 (2*E2M1) pairs is 4p, an
+ * integer of magnitude <= 2304, accumulated onto the bits of 1.5*2^23 so that the
+ * float read back minus 1.5*2^23 is exactly 4p (no int-to-float conversion). */
+#define QD_MAGIC_BITS 0x4B400000
+#define QD_MAGIC 12582912.0f
+static __device__ __forceinline__ float block_dot4(int w0, int w1, int w2, int w3, int4 a)
+{
+    int p = __dp4a(w0, a.x, QD_MAGIC_BITS);
+    p = __dp4a(w1, a.y, p);
+    p = __dp4a(w2, a.z, p);
+    p = __dp4a(w3, a.w, p);
+    return __int_as_float(p) - QD_MAGIC;
+}
+
+/* 4 E2M1 codes as 4 unsigned bytes 12 + 2*value, in [0, 24]: two byte permutes
+ * whose sign mode zeroes the bytes of the other sign, then one add without carries
+ * between bytes. Cheaper than e2m1x4_s8; a block's dot product with it exceeds 4p
+ * by 12 * (sum of the activation block), which the caller subtracts. */
+static __device__ __forceinline__ int e2m1x4_off12(uint32_t c)
+{
+    uint32_t pos, neg;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(pos) : "r"(0x03020100u), "r"(0x0C080604u), "r"(c));
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(neg) : "r"(0x03020100u), "r"(0x0C080604u),
+        "r"(c ^ 0x8888u));
+    return (int)(0x0C0C0C0Cu - neg + pos);
+}
+
+/* block_dot4 for offset weights: init holds the magic bits minus 12 * sum(a). */
+static __device__ __forceinline__ float block_dot4_off(int w0, int w1, int w2, int w3, int4 a,
+                                                       int init)
+{
+    int p = __dp4a(w0, a.x, init);
+    p = __dp4a(w1, a.y, p);
+    p = __dp4a(w2, a.z, p);
+    p = __dp4a(w3, a.w, p);
+    return __int_as_float(p) - QD_MAGIC;
+}
+
+/* One block b of one weight row against the MT activation rows in shared memory:
+ * acc[m] = acc[m] + p*(sa*sw), the product exact (4p an integer below 2^12 times
+ * (sa/4)*sw with at most 8 significant bits), so one rounding, as on the CPU. */
+template <int MT>
+static __device__ __forceinline__ void w4a4_block(float acc[MT], uint32_t lo, uint32_t hi,
+                                                  uint8_t sc, int64_t b, const int4 *s_a,
+                                                  const float *s_sa, int64_t nb)
+{
+    int w0 = e2m1x4_s8(lo & 0xffffu), w1 = e2m1x4_s8(lo >> 16);
+    int w2 = e2m1x4_s8(hi & 0xffffu), w3 = e2m1x4_s8(hi >> 16);
+    float sw = qd_e4m3_to_f32(sc);
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        float v = block_dot4(w0, w1, w2, w3, s_a[m * nb + b]) * (s_sa[m * nb + b] * sw);
+        acc[m] = acc[m] + v;
+    }
+}
+
+/* Decodes the CTA's MT activation rows into shared memory: s_a [MT][nb] blocks of
+ * 16 int8 (2*E2M1), s_sa [MT][nb] = block scale / 4. Rows past M are zero. */
+template <int MT>
+static __device__ void w4a4_load_act(int4 *s_a, float *s_sa, const uint8_t *a_codes,
+                                     const uint8_t *a_scales, int64_t m0, int64_t M, int64_t K)
+{
+    int nb = (int)(K / 16), wpr = (int)(K / 4), words = MT * wpr;
+    int *sw = (int *)s_a;
+    for (int i = threadIdx.x; i < words; i += blockDim.x) {
+        int m = i / wpr, j = i - m * wpr;
+        uint32_t c = 0;
+        if (m0 + m < M)
+            c = *(const uint16_t *)(a_codes + (m0 + m) * (K / 2) + 2 * j);
+        sw[i] = e2m1x4_s8(c);
+    }
+    for (int i = threadIdx.x; i < MT * nb; i += blockDim.x) {
+        int m = i / nb;
+        s_sa[i] = m0 + m < M ? 0.25f * qd_e4m3_to_f32(a_scales[(m0 + m) * nb + (i - m * nb)]) : 0.0f;
+    }
+}
+
+/* y (M, N): one thread per weight row n and MT activation rows (blockIdx.y's tile),
+ * the blocks of K in ascending order. With K % 256 == 0 the row is read 16 blocks
+ * (128 bytes of codes, 16 of scales) a step, the next step's loads in flight. */
+template <int MT>
+__global__ void __launch_bounds__(QD_GEMV_THREADS)
+w4a4_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec,
+            int a_per_row, const uint8_t *w_codes, const uint8_t *w_scales, const float *w_sdec,
+            int w_per_row, int64_t M, int64_t N, int64_t K)
+{
+    extern __shared__ int4 smem[];
+    int64_t nb = K / 16, m0 = (int64_t)blockIdx.y * MT;
+    int4 *s_a = smem;
+    float *s_sa = (float *)(smem + MT * nb);
+    w4a4_load_act<MT>(s_a, s_sa, a_codes, a_scales, m0, M, K);
+    __syncthreads();
+    int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= N)
+        return;
+    float acc[MT];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+        acc[m] = 0.0f;
+    const uint8_t *wc = w_codes + n * (K / 2), *ws = w_scales + n * nb;
+    int64_t b = 0;
+    if (K % 256 == 0) {
+        const uint4 *pc = (const uint4 *)wc, *ps = (const uint4 *)ws;
+        uint4 c[8], s = __ldg(ps);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            c[i] = __ldg(pc + i);
+        for (; b < nb; b += 16) {
+            uint4 cn[8], sn = s;
+            int more = b + 16 < nb;
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                cn[i] = more ? __ldg(pc + (b / 16 + 1) * 8 + i) : c[i];
+            if (more)
+                sn = __ldg(ps + b / 16 + 1);
+            uint32_t sw[4] = {s.x, s.y, s.z, s.w};
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                uint32_t sv = sw[i / 2] >> (16 * (i & 1));
+                w4a4_block<MT>(acc, c[i].x, c[i].y, (uint8_t)sv, b + 2 * i, s_a, s_sa, nb);
+                w4a4_block<MT>(acc, c[i].z, c[i].w, (uint8_t)(sv >> 8), b + 2 * i + 1, s_a, s_sa, nb);
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                c[i] = cn[i];
+            s = sn;
+        }
+    }
+    for (; b < nb; b++) {
+        uint2 c = *(const uint2 *)(wc + b * 8);
+        w4a4_block<MT>(acc, c.x, c.y, ws[b], b, s_a, s_sa, nb);
+    }
+    float sdw = w_sdec[w_per_row ? n : 0];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+        if (m0 + m < M)
+            y[(m0 + m) * N + n] = acc[m] * (a_sdec[a_per_row ? m0 + m : 0] * sdw);
+}
+
+/* Decodes blocks [b0, b0+nblk) of the CTA's MT activation rows (K % 32 == 0, nblk
+ * even) into shared memory: s_a rows of lda int8x4 words (2*E2M1, 4 words a block),
+ * s_sa rows of lds floats (block scale / 4). 16-byte loads; rows past M are zero. */
+template <int MT>
+static __device__ void load_act_chunk(int *s_a, int lda, float *s_sa, int lds,
+                                      const uint8_t *a_codes, const uint8_t *a_scales, int64_t m0,
+                                      int64_t M, int64_t K, int b0, int nblk, int *s_corr = NULL)
+{
+    int upr = nblk / 2, nb = (int)(K / 16);
+#pragma unroll 4
+    for (int i = threadIdx.x; i < MT * upr; i += blockDim.x) {
+        int m = i / upr, u = i - m * upr;
+        uint4 c = make_uint4(0, 0, 0, 0);
+        if (m0 + m < M)
+            c = __ldg((const uint4 *)(a_codes + (m0 + m) * (K / 2) + (int64_t)(b0 + 2 * u) * 8));
+        int4 *d = (int4 *)(s_a + m * lda + 8 * u);
+        d[0] = make_int4(e2m1x4_s8(c.x & 0xffffu), e2m1x4_s8(c.x >> 16), e2m1x4_s8(c.y & 0xffffu),
+                         e2m1x4_s8(c.y >> 16));
+        d[1] = make_int4(e2m1x4_s8(c.z & 0xffffu), e2m1x4_s8(c.z >> 16), e2m1x4_s8(c.w & 0xffffu),
+                         e2m1x4_s8(c.w >> 16));
+        if (s_corr) { /* magic bits - 12 * sum of each block's 16 int8 values */
+            int4 a = d[0], b = d[1];
+            int s0 = __dp4a(a.x, 0x01010101, __dp4a(a.y, 0x01010101, __dp4a(a.z, 0x01010101,
+                            __dp4a(a.w, 0x01010101, 0))));
+            int s1 = __dp4a(b.x, 0x01010101, __dp4a(b.y, 0x01010101, __dp4a(b.z, 0x01010101,
+                            __dp4a(b.w, 0x01010101, 0))));
+            s_corr[m * lds + 2 * u] = QD_MAGIC_BITS - 12 * s0;
+            s_corr[m * lds + 2 * u + 1] = QD_MAGIC_BITS - 12 * s1;
+        }
+    }
+    for (int i = threadIdx.x; i < MT * nblk; i += blockDim.x) {
+        int m = i / nblk, j = i - m * nblk;
+        s_sa[m * lds + j] =
+            m0 + m < M ? 0.25f * qd_e4m3_to_f32(a_scales[(m0 + m) * nb + b0 + j]) : 0.0f;
+    }
+}
+
+/* The 256 E4M3 values, filled from qd_e4m3_to_f32 (so the same bits), for
+ * kernels that decode a block scale per block per thread. */
+static __device__ void e4m3_table(float *lut)
+{
+    for (int i = threadIdx.x; i < 256; i += blockDim.x)
+        lut[i] = qd_e4m3_to_f32((uint8_t)i);
+}
+
+/* The main W4A4 kernel (K % 512 == 0): a CTA of 256 threads takes 32 weight rows
+ * and MT <= 8 activation rows, K in chunks of 32 blocks. Phase 1: thread (r, j)
+ * takes blocks j, j+8, j+16, j+24 of the chunk of row r (8 threads read 64
+ * contiguous bytes a step) and writes the exact products v = p*(sa*sw) of every
+ * (m, block) to shared memory. Phase 2: thread (m, r) adds them to its accumulator
+ * in ascending block order. The split keeps the order of §3 while every thread of
+ * the GPU has work at M = 1. The next chunk's weights load during this one. */
+#define QD_W4A4_ROWS 32
+#define QD_W4A4_CHUNK 32
+#define QD_W4A4_VLD (QD_W4A4_CHUNK + 1) /* padded rows: phase 2 reads conflict-free */
+template <int MT>
+__global__ void __launch_bounds__(256, MT <= 4 ? 4 : 3) /* all 448 CTAs of N = 14336 resident */
+w4a4_split_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec,
+                  int a_per_row, const uint8_t *w_codes, const uint8_t *w_scales,
+                  const float *w_sdec, int w_per_row, int64_t M, int64_t N, int64_t K)
+{
+    static_assert(MT <= 8, "phase 2 has one warp per activation row");
+    extern __shared__ int4 smem[];
+    int nb = (int)(K / 16), nchunk = nb / QD_W4A4_CHUNK;
+    int64_t m0 = (int64_t)blockIdx.y * MT, n0 = (int64_t)blockIdx.x * QD_W4A4_ROWS;
+    /* MT <= 4: weights decoded with e2m1x4_off12, the decode shared by few rows */
+    constexpr bool OFF = MT <= 4;
+    int *s_a = (int *)smem;
+    float *s_sa = (float *)(s_a + MT * (K / 4));
+    int *s_corr = (int *)(s_sa + MT * nb); /* (OFF) [MT][nb] */
+    float *s_v = (float *)(s_corr + (OFF ? MT * nb : 0)); /* [MT][32 rows][33], swizzled by r%4 */
+    __shared__ float lut[256];
+    e4m3_table(lut);
+    load_act_chunk<MT>(s_a, (int)(K / 4), s_sa, nb, a_codes, a_scales, m0, M, K, 0, nb,
+                       OFF ? s_corr : NULL);
+    int t = threadIdx.x, r = t >> 3, j = t & 7, sw8 = 8 * (r & 3);
+    int64_t row = n0 + r < N ? n0 + r : N - 1; /* rows past N compute garbage, never stored */
+    const uint2 *pc = (const uint2 *)(w_codes + row * (K / 2)) + j;
+    const uint8_t *ps = w_scales + row * nb + j;
+    /* two chunks of weights in flight: [0] is the next one to compute */
+    uint2 cw[2][4];
+    uint8_t sc[2][4];
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            int c = k < nchunk ? k : 0;
+            cw[k][q] = __ldg(pc + c * QD_W4A4_CHUNK + 8 * q);
+            sc[k][q] = __ldg(ps + c * QD_W4A4_CHUNK + 8 * q);
+        }
+    __syncthreads();
+    int pm = t >> 5, pr = t & 31, psw = 8 * (pr & 3);
+    float acc = 0.0f;
+    for (int c = 0; c < nchunk; c++) {
+        uint2 cur[4];
+        uint8_t scur[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            cur[q] = cw[0][q];
+            scur[q] = sc[0][q];
+            cw[0][q] = cw[1][q];
+            sc[0][q] = sc[1][q];
+        }
+        if (c + 2 < nchunk) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                cw[1][q] = __ldg(pc + (c + 2) * QD_W4A4_CHUNK + 8 * q);
+                sc[1][q] = __ldg(ps + (c + 2) * QD_W4A4_CHUNK + 8 * q);
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            int bq = 8 * q + j, b = c * QD_W4A4_CHUNK + bq;
+            float sw = lut[scur[q]];
+            if constexpr (OFF) {
+                int w0 = e2m1x4_off12(cur[q].x & 0xffffu), w1 = e2m1x4_off12(cur[q].x >> 16);
+                int w2 = e2m1x4_off12(cur[q].y & 0xffffu), w3 = e2m1x4_off12(cur[q].y >> 16);
+#pragma unroll
+                for (int m = 0; m < MT; m++)
+                    s_v[(m * QD_W4A4_ROWS + r) * QD_W4A4_VLD + (bq ^ sw8)] =
+                        block_dot4_off(w0, w1, w2, w3, ((const int4 *)(s_a + m * (K / 4)))[b],
+                                       s_corr[m * nb + b]) *
+                        (s_sa[m * nb + b] * sw);
+            } else {
+                int w0 = e2m1x4_s8(cur[q].x & 0xffffu), w1 = e2m1x4_s8(cur[q].x >> 16);
+                int w2 = e2m1x4_s8(cur[q].y & 0xffffu), w3 = e2m1x4_s8(cur[q].y >> 16);
+#pragma unroll
+                for (int m = 0; m < MT; m++)
+                    s_v[(m * QD_W4A4_ROWS + r) * QD_W4A4_VLD + (bq ^ sw8)] =
+                        block_dot4(w0, w1, w2, w3, ((const int4 *)(s_a + m * (K / 4)))[b]) *
+                        (s_sa[m * nb + b] * sw);
+            }
+        }
+        __syncthreads();
+        if (pm < MT) {
+            const float *v = s_v + (pm * QD_W4A4_ROWS + pr) * QD_W4A4_VLD;
+#pragma unroll
+            for (int q = 0; q < QD_W4A4_CHUNK; q++)
+                acc = acc + v[q ^ psw];
+        }
+        __syncthreads();
+    }
+    int64_t n = n0 + pr;
+    if (pm < MT && m0 + pm < M && n < N)
+        y[(m0 + pm) * N + n] = acc * (a_sdec[a_per_row ? m0 + pm : 0] * w_sdec[w_per_row ? n : 0]);
+}
+
+/* The tensor-core variant (K % 512 == 0): p of each block from one integer MMA
+ * (mma.m16n8k16 s8 x s8 -> s32, exact: |4p| <= 2304), started from the bits of
+ * 1.5*2^23 like block_dot4, then promoted per output in ascending block order, so
+ * the bits equal the plain kernels'. A warp owns 16 weight rows x 8*NT activation
+ * rows; thread (g = lane/4, t = lane%4) owns rows g, g+8 and activation rows 2t,
+ * 2t+1 of each 8-row tile (the MMA's accumulator layout). A CTA of 2 warps stages
+ * 32 blocks of the activation tile at a time in shared memory; each warp's next 8
+ * blocks of weights load while it computes the current 8. */
+#define QD_TC_CHUNK 32
+#define QD_TC_WARPS 2
+static __device__ __forceinline__ void mma_s8(int d[4], uint32_t a0, uint32_t a1, uint32_t b)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%7,%7,%7,%7};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b), "r"(QD_MAGIC_BITS));
+}
+
+/* 8 blocks of weight codes (2 bytes a block for this thread) and scales of one row. */
+struct tc_w8 {
+    uint16_t c[8];
+    uint2 s;
+};
+
+static __device__ __forceinline__ void tc_load8(tc_w8 *w, const uint16_t *c, const uint8_t *s, int b0)
+{
+#pragma unroll
+    for (int q = 0; q < 8; q++)
+        w->c[q] = __ldg(c + (b0 + q) * 4);
+    w->s = __ldg((const uint2 *)(s + b0));
+}
+
+template <int NT>
+__global__ void __launch_bounds__(32 * QD_TC_WARPS)
+w4a4_tc_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec,
+               int a_per_row, const uint8_t *w_codes, const uint8_t *w_scales, const float *w_sdec,
+               int w_per_row, int64_t M, int64_t N, int64_t K)
+{
+    /* MT activation rows a CTA, WPB int8x4 words a block; rows padded so that the
+     * fragment reads of a warp hit 32 different banks */
+    constexpr int MT = 8 * NT, WPB = 4, LA = QD_TC_CHUNK * WPB + 4, LS = QD_TC_CHUNK + 1;
+    __shared__ __align__(16) int s_a[MT * LA];
+    __shared__ float s_sa[MT * LS];
+    __shared__ float lut[256];
+    e4m3_table(lut); /* made visible by the first chunk's barrier */
+    int nb = (int)(K / 16), lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int64_t m0 = (int64_t)blockIdx.y * MT;
+    int64_t r0 = (int64_t)blockIdx.x * 16 * QD_TC_WARPS + (threadIdx.x >> 5) * 16 + g, r1 = r0 + 8;
+    const uint16_t *c0 = (const uint16_t *)(w_codes + (r0 < N ? r0 : N - 1) * (K / 2)) + t;
+    const uint16_t *c1 = (const uint16_t *)(w_codes + (r1 < N ? r1 : N - 1) * (K / 2)) + t;
+    const uint8_t *s0 = w_scales + (r0 < N ? r0 : N - 1) * nb;
+    const uint8_t *s1 = w_scales + (r1 < N ? r1 : N - 1) * nb;
+    float acc[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+        acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    tc_w8 nx0, nx1;
+    tc_load8(&nx0, c0, s0, 0);
+    tc_load8(&nx1, c1, s1, 0);
+    for (int b8 = 0; b8 < nb; b8 += 8) {
+        if (b8 % QD_TC_CHUNK == 0) {
+            __syncthreads();
+            load_act_chunk<MT>(s_a, LA, s_sa, LS, a_codes, a_scales, m0, M, K, b8, QD_TC_CHUNK);
+            __syncthreads();
+        }
+        tc_w8 w0 = nx0, w1 = nx1;
+        if (b8 + 8 < nb) {
+            tc_load8(&nx0, c0, s0, b8 + 8);
+            tc_load8(&nx1, c1, s1, b8 + 8);
+        }
+#pragma unroll
+        for (int q = 0; q < 8; q++) {
+            uint32_t a0 = (uint32_t)e2m1x4_s8(w0.c[q]), a1 = (uint32_t)e2m1x4_s8(w1.c[q]);
+            uint32_t sh = 8 * (q & 3);
+            float sw0 = lut[((q < 4 ? w0.s.x : w0.s.y) >> sh) & 0xffu];
+            float sw1 = lut[((q < 4 ? w1.s.x : w1.s.y) >> sh) & 0xffu];
+            int bb = b8 % QD_TC_CHUNK + q;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                int d[4];
+                mma_s8(d, a0, a1, (uint32_t)s_a[(nt * 8 + g) * LA + bb * WPB + t]);
+                float sa_lo = s_sa[(nt * 8 + 2 * t) * LS + bb];
+                float sa_hi = s_sa[(nt * 8 + 2 * t + 1) * LS + bb];
+                acc[nt][0] = acc[nt][0] + (__int_as_float(d[0]) - QD_MAGIC) * (sa_lo * sw0);
+                acc[nt][1] = acc[nt][1] + (__int_as_float(d[1]) - QD_MAGIC) * (sa_hi * sw0);
+                acc[nt][2] = acc[nt][2] + (__int_as_float(d[2]) - QD_MAGIC) * (sa_lo * sw1);
+                acc[nt][3] = acc[nt][3] + (__int_as_float(d[3]) - QD_MAGIC) * (sa_hi * sw1);
+            }
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int64_t m = m0 + nt * 8 + 2 * t + (i & 1), r = i < 2 ? r0 : r1;
+            if (m < M && r < N)
+                y[m * N + r] = acc[nt][i] * (a_sdec[a_per_row ? m : 0] * w_sdec[w_per_row ? r : 0]);
+        }
+}
+
+/* ---- host side */
+
+static int sm_count(void)
+{
+    static int n;
+    if (!n) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            n = 132;
+    }
+    return n;
+}
+
+/* A grid-stride launch's CTA count for `work` items. */
+static unsigned grid_for(int64_t work)
+{
+    int64_t g = (work + QD_THREADS - 1) / QD_THREADS, cap = (int64_t)sm_count() * 16;
+    return (unsigned)(g < 1 ? 1 : (g > cap ? cap : g));
+}
+
+/* Threads of a one-CTA-a-row kernel with `per_row` items a row. */
+static unsigned row_threads(int64_t per_row)
+{
+    int64_t t = (per_row + 31) / 32 * 32;
+    return (unsigned)(t < 32 ? 32 : (t > QD_THREADS ? QD_THREADS : t));
+}
+
+static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+static qd_status check_shape(const char *fn, int64_t rows, int64_t cols)
+{
+    if (rows < 0 || cols < 0 || cols % QD_NVFP4_BLOCK)
+        return qd_error(QD_ERR_SHAPE, "%s: cols %lld not a multiple of %d (rows %lld)", fn,
+                        (long long)cols, QD_NVFP4_BLOCK, (long long)rows);
+    return QD_OK;
+}
+
+static qd_status check_in(const char *fn, const void *x)
+{
+    if (!aligned16(x))
+        return qd_error(QD_ERR_ARG, "%s: input pointer not 16-byte aligned", fn);
+    return QD_OK;
+}
+
+extern "C" qd_status qd_cuda_nvfp4_alloc(qd_nvfp4 *q, int64_t rows, int64_t cols, int per_row)
+{
+    QD_TRY(check_shape("qd_cuda_nvfp4_alloc", rows, cols));
+    qd_nvfp4 z = {rows, cols, NULL, NULL, NULL, per_row};
+    *q = z;
+    size_t nc = (size_t)(rows * cols / 2), ns = (size_t)(rows * cols / 16);
+    size_t nd = (size_t)(per_row ? rows : 1);
+    if (cudaMalloc((void **)&q->codes, nc ? nc : 1) != cudaSuccess ||
+        cudaMalloc((void **)&q->scales, ns ? ns : 1) != cudaSuccess ||
+        cudaMalloc((void **)&q->s_dec, (nd ? nd : 1) * sizeof(float)) != cudaSuccess) {
+        qd_cuda_nvfp4_free(q);
+        return qd_error(QD_ERR_NOMEM, "qd_cuda_nvfp4_alloc: cudaMalloc of %lld x %lld failed",
+                        (long long)rows, (long long)cols);
+    }
+    return QD_OK;
+}
+
+extern "C" void qd_cuda_nvfp4_free(qd_nvfp4 *q)
+{
+    cudaFree(q->codes);
+    cudaFree(q->scales);
+    cudaFree(q->s_dec);
+    q->codes = q->scales = NULL;
+    q->s_dec = NULL;
+}
+
+extern "C" qd_status qd_cuda_nonfinite_check(void)
+{
+    int flag = 0, zero = 0;
+    QD_CUDA_CHECK(cudaGetLastError());
+    QD_CUDA_CHECK(cudaDeviceSynchronize());
+    QD_CUDA_CHECK(cudaMemcpyFromSymbol(&flag, qd_cuda_nonfinite, sizeof flag));
+    if (flag) {
+        QD_CUDA_CHECK(cudaMemcpyToSymbol(qd_cuda_nonfinite, &zero, sizeof zero));
+        return qd_error(QD_ERR_NONFINITE, "backends/cuda: input holds a NaN or Inf");
+    }
+    return QD_OK;
+}
+
+/* Per-tensor amax of nblk blocks into the device word *bits. */
+template <typename T>
+static qd_status launch_amax(uint32_t *bits, const T *x, int64_t nblk)
+{
+    QD_CUDA_CHECK(cudaMemsetAsync(bits, 0, sizeof *bits));
+    amax_kernel<T><<<grid_for(nblk), QD_THREADS>>>(bits, x, nblk);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+/* A small device scratch word for per-tensor amax, made once. */
+static qd_status amax_word(uint32_t **bits)
+{
+    static uint32_t *word;
+    if (!word)
+        QD_CUDA_CHECK(cudaMalloc((void **)&word, sizeof *word));
+    *bits = word;
+    return QD_OK;
+}
+
+extern "C" qd_status qd_cuda_amax(float *amax, const float *x, int64_t n)
+{
+    uint32_t *bits, h = 0;
+    if (n % QD_NVFP4_BLOCK)
+        return qd_error(QD_ERR_SHAPE, "qd_cuda_amax: n %lld not a multiple of 16", (long long)n);
+    QD_TRY(check_in("qd_cuda_amax", x));
+    QD_TRY(amax_word(&bits));
+    QD_TRY(launch_amax(bits, x, n / 16));
+    QD_TRY(qd_cuda_nonfinite_check());
+    QD_CUDA_CHECK(cudaMemcpy(&h, bits, sizeof h, cudaMemcpyDeviceToHost));
+    *amax = qd_bits_f32(h);
+    return QD_OK;
+}
+
+static qout qout_of(const qd_nvfp4 *q)
+{
+    qout o = {q->codes, q->scales, q->cols / 2, q->cols / 16};
+    return o;
+}
+
+/* Enqueues quantize (dq == NULL) or fake-quant (dq) of x (rows, cols). */
+template <typename T>
+static qd_status launch_quantize(qout o, float *dq, float *s_dec, const T *x, int64_t rows,
+                                 int64_t cols, int per_row)
+{
+    int64_t bpr = cols / 16;
+    if (rows == 0 || cols == 0)
+        return QD_OK;
+    if (per_row) {
+        quant_rows_kernel<T><<<(unsigned)rows, row_threads(bpr)>>>(o, dq, x, bpr, s_dec, NULL);
+    } else {
+        uint32_t *bits;
+        QD_TRY(amax_word(&bits));
+        QD_TRY(launch_amax(bits, x, rows * bpr));
+        quant_flat_kernel<T><<<grid_for(rows * bpr), QD_THREADS>>>(o, dq, x, rows, bpr, bits, NULL,
+                                                                   0, s_dec);
+    }
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+template <typename T>
+static qd_status quantize_async(const char *fn, qd_nvfp4 *q, const T *x)
+{
+    QD_TRY(check_shape(fn, q->rows, q->cols));
+    QD_TRY(check_in(fn, x));
+    return launch_quantize(qout_of(q), NULL, q->s_dec, x, q->rows, q->cols, q->per_row);
+}
+
+extern "C" qd_status qd_cuda_nvfp4_quantize_async(qd_nvfp4 *q, const float *x)
+{
+    return quantize_async("qd_cuda_nvfp4_quantize", q, x);
+}
+
+extern "C" qd_status qd_cuda_nvfp4_quantize_bf16_async(qd_nvfp4 *q, const uint16_t *x)
+{
+    return quantize_async("qd_cuda_nvfp4_quantize_bf16", q, x);
+}
+
+extern "C" qd_status qd_cuda_nvfp4_quantize(qd_nvfp4 *q, const float *x)
+{
+    QD_TRY(qd_cuda_nvfp4_quantize_async(q, x));
+    return qd_cuda_nonfinite_check();
+}
+
+extern "C" qd_status qd_cuda_nvfp4_quantize_bf16(qd_nvfp4 *q, const uint16_t *x)
+{
+    QD_TRY(qd_cuda_nvfp4_quantize_bf16_async(q, x));
+    return qd_cuda_nonfinite_check();
+}
+
+/* Enqueues quantize of x (rows, bpr*16) into o with given S_enc (rows) or (1). */
+static qd_status launch_quantize_with(qout o, float *s_dec, const float *x, int64_t rows,
+                                      int64_t bpr, const float *s_enc, int per_row)
+{
+    if (rows == 0 || bpr == 0)
+        return QD_OK;
+    quant_flat_kernel<float><<<grid_for(rows * bpr), QD_THREADS>>>(o, NULL, x, rows, bpr, NULL,
+                                                                   s_enc, per_row, s_dec);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+extern "C" qd_status qd_cuda_nvfp4_quantize_with(qd_nvfp4 *q, const float *x, const float *s_enc)
+{
+    QD_TRY(check_shape("qd_cuda_nvfp4_quantize_with", q->rows, q->cols));
+    QD_TRY(check_in("qd_cuda_nvfp4_quantize_with", x));
+    QD_TRY(launch_quantize_with(qout_of(q), q->s_dec, x, q->rows, q->cols / 16, s_enc, q->per_row));
+    return qd_cuda_nonfinite_check();
+}
+
+extern "C" qd_status qd_cuda_nvfp4_dequantize(float *out, const qd_nvfp4 *q)
+{
+    int64_t nblk = q->rows * (q->cols / 16);
+    QD_TRY(check_shape("qd_cuda_nvfp4_dequantize", q->rows, q->cols));
+    QD_TRY(check_in("qd_cuda_nvfp4_dequantize", out));
+    if (nblk) {
+        dequant_kernel<<<grid_for(nblk), QD_THREADS>>>(out, q->codes, q->scales, q->s_dec,
+                                                       q->per_row, q->rows, q->cols / 16);
+        QD_CUDA_CHECK(cudaGetLastError());
+    }
+    QD_CUDA_CHECK(cudaDeviceSynchronize());
+    return QD_OK;
+}
+
+extern "C" qd_status qd_cuda_nvfp4_fake_quant(float *out, const float *x, int64_t rows,
+                                              int64_t cols, int per_row)
+{
+    QD_TRY(check_shape("qd_cuda_nvfp4_fake_quant", rows, cols));
+    QD_TRY(check_in("qd_cuda_nvfp4_fake_quant", x));
+    QD_TRY(check_in("qd_cuda_nvfp4_fake_quant", out));
+    qout none = {NULL, NULL, 0, 0};
+    QD_TRY(launch_quantize(none, out, NULL, x, rows, cols, per_row));
+    return qd_cuda_nonfinite_check();
+}
+
+extern "C" qd_status qd_cuda_fp8_quantize_rows(uint8_t *q, float *scale_inv, const float *x,
+                                               int64_t rows, int64_t cols)
+{
+    if (rows < 0 || cols < 0)
+        return qd_error(QD_ERR_SHAPE, "qd_cuda_fp8_quantize_rows: negative shape");
+    if (rows && cols) {
+        fp8_rows_kernel<<<(unsigned)rows, row_threads(cols)>>>(q, scale_inv, x, cols);
+        QD_CUDA_CHECK(cudaGetLastError());
+    }
+    return qd_cuda_nonfinite_check();
+}
+
+/* Launches a W4A4 kernel with MT activation rows a CTA: the split kernel when K
+ * is a multiple of 512 (its chunk), else the one-thread-a-row kernel. */
+template <int MT>
+static qd_status launch_w4a4(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w, size_t smem, int split)
+{
+    dim3 grid((unsigned)((w->rows + QD_GEMV_THREADS - 1) / QD_GEMV_THREADS),
+              (unsigned)((a->rows + MT - 1) / MT));
+    if constexpr (MT <= 8) {
+        if (split) {
+            grid.x = (unsigned)((w->rows + QD_W4A4_ROWS - 1) / QD_W4A4_ROWS);
+            if (smem > 48 * 1024)
+                QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_split_kernel<MT>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   (int)smem));
+            w4a4_split_kernel<MT><<<grid, 256, smem>>>(y, a->codes, a->scales, a->s_dec,
+                                                       a->per_row, w->codes, w->scales, w->s_dec,
+                                                       w->per_row, a->rows, w->rows, a->cols);
+            QD_CUDA_CHECK(cudaGetLastError());
+            return QD_OK;
+        }
+    }
+    if (smem > 48 * 1024)
+        QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_kernel<MT>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    w4a4_kernel<MT><<<grid, QD_GEMV_THREADS, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row,
+                                                     w->codes, w->scales, w->s_dec, w->per_row,
+                                                     a->rows, w->rows, a->cols);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+/* Shared memory for MT activation rows of K (decoded codes and scales), plus the
+ * split kernel's products. */
+static size_t w4a4_smem(int mt, int64_t K, int split)
+{
+    size_t act = (size_t)mt * (size_t)K * 5 / 4, corr = split && mt <= 4 ? (size_t)mt * K / 4 : 0;
+    return act + corr + (split ? (size_t)mt * QD_W4A4_ROWS * QD_W4A4_VLD * sizeof(float) : 0);
+}
+
+extern "C" qd_status qd_cuda_w4a4_gemm_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
+{
+    int dev = 0, limit = 0, mt, split = a->cols % (16 * QD_W4A4_CHUNK) == 0;
+    if (a->cols != w->cols || a->cols % QD_NVFP4_BLOCK)
+        return qd_error(QD_ERR_SHAPE, "qd_cuda_w4a4_gemm: A cols %lld, W cols %lld",
+                        (long long)a->cols, (long long)w->cols);
+    if (a->rows == 0 || w->rows == 0)
+        return QD_OK;
+    QD_CUDA_CHECK(cudaGetDevice(&dev));
+    QD_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    mt = a->rows <= 1 ? 1 : a->rows <= 2 ? 2 : a->rows <= 4 ? 4 : a->rows <= 8 || split ? 8 : 16;
+    while (mt > 1 && w4a4_smem(mt, a->cols, split) > (size_t)limit)
+        mt /= 2;
+    size_t smem = w4a4_smem(mt, a->cols, split);
+    if (smem > (size_t)limit)
+        return qd_error(QD_ERR_SHAPE, "qd_cuda_w4a4_gemm: K %lld too large", (long long)a->cols);
+    switch (mt) {
+    case 1: return launch_w4a4<1>(y, a, w, smem, split);
+    case 2: return launch_w4a4<2>(y, a, w, smem, split);
+    case 4: return launch_w4a4<4>(y, a, w, smem, split);
+    case 8: return launch_w4a4<8>(y, a, w, smem, split);
+    default: return launch_w4a4<16>(y, a, w, smem, 0);
+    }
+}
+
+extern "C" qd_status qd_cuda_w4a4_gemm(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
+{
+    QD_TRY(qd_cuda_w4a4_gemm_async(y, a, w));
+    QD_CUDA_CHECK(cudaDeviceSynchronize());
+    return QD_OK;
+}
+
+template <int NT>
+static qd_status launch_w4a4_tc(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
+{
+    dim3 grid((unsigned)((w->rows + 16 * QD_TC_WARPS - 1) / (16 * QD_TC_WARPS)),
+              (unsigned)((a->rows + 8 * NT - 1) / (8 * NT)));
+    w4a4_tc_kernel<NT><<<grid, 32 * QD_TC_WARPS>>>(y, a->codes, a->scales, a->s_dec, a->per_row, w->codes,
+                                      w->scales, w->s_dec, w->per_row, a->rows, w->rows, a->cols);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+extern "C" qd_status qd_cuda_w4a4_gemm_tc_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
+{
+    if (a->cols != w->cols || a->cols % (16 * QD_TC_CHUNK))
+        return qd_cuda_w4a4_gemm_async(y, a, w);
+    if (a->rows == 0 || w->rows == 0)
+        return QD_OK;
+    if (a->rows <= 8)
+        return launch_w4a4_tc<1>(y, a, w);
+    if (a->rows <= 16)
+        return launch_w4a4_tc<2>(y, a, w);
+    /* 32 activation rows a warp at most: more warps in flight beat fewer weight decodes */
+    return launch_w4a4_tc<4>(y, a, w);
+}
+
+extern "C" qd_status qd_cuda_w4a4_gemm_tc(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
+{
+    QD_TRY(qd_cuda_w4a4_gemm_tc_async(y, a, w));
+    QD_CUDA_CHECK(cudaDeviceSynchronize());
+    return QD_OK;
+}
+
+static qd_status check_rac(const char *fn, const qd_nvfp4 *out, int64_t rows, int64_t K, int64_t n)
+{
+    QD_TRY(check_shape(fn, rows, K));
+    QD_TRY(check_shape(fn, rows, n));
+    if (n > K)
+        return qd_error(QD_ERR_SHAPE, "%s: |S| = %lld > K = %lld", fn, (long long)n, (long long)K);
+    if (out->rows != rows || out->cols != K + n)
+        return qd_error(QD_ERR_SHAPE, "%s: out is %lld x %lld, want %lld x %lld", fn,
+                        (long long)out->rows, (long long)out->cols, (long long)rows,
+                        (long long)(K + n));
+    return QD_OK;
+}
+
+/* The residual half of the augmented activation: r = (x - x_hat)[:, S], then
+ * quantized with the main scope's S_enc (s_enc per row, or the per-tensor amax
+ * still in the amax word) into the columns after K. */
+static qd_status rac_residual(qd_nvfp4 *out, const float *x, int64_t rows, int64_t K,
+                              const int64_t *channels, int64_t n, const float *s_enc, float *res)
+{
+    uint32_t *bits;
+    qout o = qout_of(out);
+    QD_TRY(amax_word(&bits));
+    rac_residual_kernel<<<grid_for(rows * n), QD_THREADS>>>(res, x, o, out->s_dec, out->per_row,
+                                                            channels, rows, K, n);
+    QD_CUDA_CHECK(cudaGetLastError());
+    o.codes += K / 2;
+    o.scales += K / 16;
+    quant_flat_kernel<float><<<grid_for(rows * (n / 16)), QD_THREADS>>>(
+        o, NULL, res, rows, n / 16, out->per_row ? NULL : bits, s_enc, out->per_row, NULL);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+/* The main half: quantize(x) into the first K columns of out, keeping S_enc. */
+static qd_status rac_main(qd_nvfp4 *out, const float *x, int64_t rows, int64_t K, float *s_enc)
+{
+    if (!out->per_row)
+        return launch_quantize(qout_of(out), NULL, out->s_dec, x, rows, K, 0);
+    quant_rows_kernel<float><<<(unsigned)rows, row_threads(K / 16)>>>(qout_of(out), NULL, x, K / 16,
+                                                                      out->s_dec, s_enc);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+extern "C" qd_status qd_cuda_rac_augment_act(qd_nvfp4 *out, const float *x, int64_t rows,
+                                             int64_t K, const int64_t *channels, int64_t n)
+{
+    float *s_enc = NULL, *res = NULL;
+    qd_status st;
+    QD_TRY(check_rac("qd_cuda_rac_augment_act", out, rows, K, n));
+    QD_TRY(check_in("qd_cuda_rac_augment_act", x));
+    if (rows == 0 || K == 0)
+        return QD_OK;
+    QD_CUDA_CHECK(cudaMalloc((void **)&s_enc, (size_t)rows * sizeof(float)));
+    if (cudaMalloc((void **)&res, (size_t)(rows * (n ? n : 1)) * sizeof(float)) != cudaSuccess) {
+        cudaFree(s_enc);
+        return qd_error(QD_ERR_NOMEM, "qd_cuda_rac_augment_act: residual buffer");
+    }
+    st = rac_main(out, x, rows, K, s_enc);
+    if (st == QD_OK && n)
+        st = rac_residual(out, x, rows, K, channels, n, s_enc, res);
+    if (st == QD_OK)
+        st = qd_cuda_nonfinite_check();
+    cudaFree(s_enc);
+    cudaFree(res);
+    return st;
+}
+
+extern "C" qd_status qd_cuda_rac_augment_weight(qd_nvfp4 *out, const float *w, int64_t N,
+                                                int64_t K, const int64_t *channels, int64_t n)
+{
+    float *waug = NULL;
+    qd_status st;
+    QD_TRY(check_rac("qd_cuda_rac_augment_weight", out, N, K, n));
+    QD_TRY(check_in("qd_cuda_rac_augment_weight", w));
+    if (N == 0 || K == 0)
+        return QD_OK;
+    QD_CUDA_CHECK(cudaMalloc((void **)&waug, (size_t)(N * (K + n)) * sizeof(float)));
+    rac_gather_kernel<<<grid_for(N * (K + n)), QD_THREADS>>>(waug, w, channels, N, K, n);
+    st = cudaGetLastError() == cudaSuccess
+             ? launch_quantize(qout_of(out), NULL, out->s_dec, (const float *)waug, N, K + n,
+                               out->per_row)
+             : qd_error(QD_ERR_DEVICE, "qd_cuda_rac_augment_weight: gather launch");
+    if (st == QD_OK)
+        st = qd_cuda_nonfinite_check();
+    cudaFree(waug);
+    return st;
+}

@@ -1,0 +1,82 @@
+/* backends/cuda: the CUDA twins of quant/'s NVFP4 and FP8 quantizers, fake-quant,
+ * RAC augmentation and the canonical W4A4 product (docs/numerics.md §1-§5).
+ * Every scalar comes from quant/numerics.h, so the bits equal the CPU's by
+ * construction; tests/gpu/check_quant.cu verifies it on the device.
+ *
+ * All pointers are device pointers, including the buffers of a qd_nvfp4 made by
+ * qd_cuda_nvfp4_alloc (its layout is quant/quant.h's: codes (rows, cols/2),
+ * scales (rows, cols/16), s_dec (rows) or (1)). Work runs on the legacy default
+ * stream. The plain functions return after the device finished and report a
+ * non-finite input as QD_ERR_NONFINITE; the _async ones only enqueue, and a later
+ * qd_cuda_nonfinite_check() reports whether any of them saw a non-finite input. */
+#ifndef QD_CUDA_QUANT_H
+#define QD_CUDA_QUANT_H
+
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* quant/'s headers are C: give them C linkage when a CUDA (C++) file includes them
+ * (the system headers above first, so they are not re-read inside the block). */
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include "quant/quant.h"
+
+/* Device buffers for an NVFP4 matrix; free with qd_cuda_nvfp4_free. */
+qd_status qd_cuda_nvfp4_alloc(qd_nvfp4 *q, int64_t rows, int64_t cols, int per_row);
+void qd_cuda_nvfp4_free(qd_nvfp4 *q);
+
+/* Synchronizes, then returns QD_ERR_NONFINITE if an _async call since the last
+ * check saw a NaN/Inf (and clears the flag), QD_ERR_DEVICE on a CUDA error. */
+qd_status qd_cuda_nonfinite_check(void);
+
+/* *amax (host) = max |x| over n floats; QD_ERR_NONFINITE on NaN/Inf. */
+qd_status qd_cuda_amax(float *amax, const float *x, int64_t n);
+
+/* quantize x (rows, cols) into q (same shape; q->per_row picks the scope, §4).
+ * The _bf16 variant reads BF16 bit patterns (exactly their float values). */
+qd_status qd_cuda_nvfp4_quantize(qd_nvfp4 *q, const float *x);
+qd_status qd_cuda_nvfp4_quantize_bf16(qd_nvfp4 *q, const uint16_t *x);
+qd_status qd_cuda_nvfp4_quantize_async(qd_nvfp4 *q, const float *x);
+qd_status qd_cuda_nvfp4_quantize_bf16_async(qd_nvfp4 *q, const uint16_t *x);
+/* quantize with given global encode scales s_enc (rows) or (1) (RAC residuals, §5);
+ * s_enc must be finite and > 0 (not checked on the device). On a non-finite input
+ * the quantizers return QD_ERR_NONFINITE and q's contents are unspecified. */
+qd_status qd_cuda_nvfp4_quantize_with(qd_nvfp4 *q, const float *x, const float *s_enc);
+/* out (rows, cols) = dequant(q). */
+qd_status qd_cuda_nvfp4_dequantize(float *out, const qd_nvfp4 *q);
+/* out = dequant(quantize(x)) in one pass; the gradient is the identity (§5). */
+qd_status qd_cuda_nvfp4_fake_quant(float *out, const float *x, int64_t rows, int64_t cols, int per_row);
+
+/* FP8 E4M3, one scale per row: q (rows, cols), scale_inv (rows). */
+qd_status qd_cuda_fp8_quantize_rows(uint8_t *q, float *scale_inv, const float *x,
+                                    int64_t rows, int64_t cols);
+
+/* The canonical W4A4 product (§3): y (M, N) = A (M, K) . W (N, K)^T, the
+ * per-output block order ascending, so the bits equal qd_w4a4_gemm's. */
+qd_status qd_cuda_w4a4_gemm(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
+qd_status qd_cuda_w4a4_gemm_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
+/* The same product with each block sum p from an integer tensor-core MMA (exact),
+ * the same bits; K % 512 != 0 falls back to qd_cuda_w4a4_gemm. On the H200 it is
+ * the faster of the two from M = 8 on, the plain kernels below (bench/RESULTS.md). */
+qd_status qd_cuda_w4a4_gemm_tc(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
+qd_status qd_cuda_w4a4_gemm_tc_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
+
+/* RAC (§5). channels (n, device int64, n a multiple of 16, n <= K) index columns
+ * of K; they must lie in [0, K) (not checked on the device). out (rows, K+n):
+ * [quantize(x), quantize_with(S_enc(x), (x - x_hat)[S])], S_enc per row when
+ * out->per_row (§4), else the tensor's. */
+qd_status qd_cuda_rac_augment_act(qd_nvfp4 *out, const float *x, int64_t rows, int64_t K,
+                                  const int64_t *channels, int64_t n);
+/* out (N, K+n): [W, W[:, S]] quantized with W's global scale (per tensor, or per
+ * row when out->per_row). */
+qd_status qd_cuda_rac_augment_weight(qd_nvfp4 *out, const float *w, int64_t N, int64_t K,
+                                     const int64_t *channels, int64_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,331 @@
+/* Benchmarks of backends/cuda on one GPU (printed tables, not tests):
+ *   (a) NVFP4 quantize, BF16 in, against the measured device-to-device copy bandwidth;
+ *   (b) the canonical W4A4 GEMV/GEMM (K = 4096, N = 14336, M = 1..64) in achieved
+ *       weight bandwidth, beside cuBLASLt BF16 and FP8 E4M3 (per-tensor scales).
+ * Each time is the median of REPS launches timed with CUDA events after warm-up;
+ * the L2 (60 MB on the H200) is flushed before every timed launch, so weights come
+ * from HBM as in a decode step.      bench/bench_quant [REPS] */
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <algorithm>
+#include <vector>
+#include "backends/cuda/cuda_quant.h"
+
+#define CK(call)                                                                            \
+    do {                                                                                    \
+        cudaError_t e_ = (call);                                                            \
+        if (e_ != cudaSuccess) {                                                            \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                   \
+                    cudaGetErrorString(e_));                                                \
+            exit(2);                                                                        \
+        }                                                                                   \
+    } while (0)
+#define CKQ(call)                                                                           \
+    do {                                                                                    \
+        qd_status s_ = (call);                                                              \
+        if (s_ != QD_OK) {                                                                  \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, qd_last_error()); \
+            exit(2);                                                                        \
+        }                                                                                   \
+    } while (0)
+
+static int reps = 30;
+static void *flush_buf;
+static const size_t flush_bytes = 256u << 20;
+static cudaEvent_t ev0, ev1;
+
+/* Median milliseconds of f() over reps launches, each after an L2 flush. */
+template <typename F>
+static float time_ms(F f)
+{
+    std::vector<float> t;
+    for (int i = 0; i < 3; i++)
+        f();
+    CK(cudaDeviceSynchronize());
+    for (int i = 0; i < reps; i++) {
+        CK(cudaMemsetAsync(flush_buf, i & 0xff, flush_bytes));
+        CK(cudaEventRecord(ev0));
+        f();
+        CK(cudaEventRecord(ev1));
+        CK(cudaEventSynchronize(ev1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, ev0, ev1));
+        t.push_back(ms);
+    }
+    CK(cudaGetLastError());
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+/* Random N(0,1)-ish data, filled on the device. */
+__global__ void fill_kernel(float *x, int64_t n, uint32_t seed)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15; h *= 0x2c1b3c6du; h ^= h >> 12; h *= 0x297a2d39u; h ^= h >> 15;
+        x[i] = ((float)(h & 0xffffff) / 16777216.0f - 0.5f) * 3.4641f;
+    }
+}
+
+__global__ void to_bf16_kernel(__nv_bfloat16 *y, const float *x, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __float2bfloat16_rn(x[i]);
+}
+
+__global__ void to_fp8_kernel(__nv_fp8_e4m3 *y, const float *x, int64_t n, float scale)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __nv_fp8_e4m3(x[i] * scale);
+}
+
+static float *random_dev(int64_t n, uint32_t seed)
+{
+    float *x;
+    CK(cudaMalloc((void **)&x, (size_t)n * sizeof(float)));
+    fill_kernel<<<1024, 256>>>(x, n, seed);
+    CK(cudaGetLastError());
+    return x;
+}
+
+/* ---- (a) quantize */
+static double copy_bandwidth(void)
+{
+    size_t bytes = 1u << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, bytes));
+    CK(cudaMalloc(&b, bytes));
+    CK(cudaMemset(a, 1, bytes));
+    float ms = time_ms([&] { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); });
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+    return 2.0 * bytes / (ms * 1e-3) / 1e9;
+}
+
+static void bench_quantize(int64_t rows, int64_t cols, double copy_gbs)
+{
+    int64_t n = rows * cols;
+    float *x = random_dev(n, 7);
+    uint16_t *xb;
+    CK(cudaMalloc((void **)&xb, (size_t)n * 2));
+    to_bf16_kernel<<<1024, 256>>>((__nv_bfloat16 *)xb, x, n);
+    for (int per_row = 0; per_row < 2; per_row++) {
+        qd_nvfp4 q;
+        CKQ(qd_cuda_nvfp4_alloc(&q, rows, cols, per_row));
+        float ms = time_ms([&] { CKQ(qd_cuda_nvfp4_quantize_bf16_async(&q, xb)); });
+        CKQ(qd_cuda_nonfinite_check());
+        /* bytes moved once: BF16 in, packed codes + E4M3 scales out */
+        double bytes = 2.0 * n + n / 2.0 + n / 16.0;
+        double gbs = bytes / (ms * 1e-3) / 1e9;
+        printf("| %5lld x %-5lld | %-10s | %8.1f | %7.0f | %5.1f%% |\n", (long long)rows,
+               (long long)cols, per_row ? "per-row" : "per-tensor", ms * 1e3, gbs,
+               100.0 * gbs / copy_gbs);
+        qd_cuda_nvfp4_free(&q);
+    }
+    CK(cudaFree(x));
+    CK(cudaFree(xb));
+}
+
+/* ---- (b) GEMV: cuBLASLt baselines. y^T (N, M) = W (N, K) . A^T, column-major:
+ * W is (K, N) with op T, A (K, M) with op N ("TN", as FP8 requires). */
+struct lt_gemm {
+    cublasLtHandle_t h;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+    void *ws;
+    size_t ws_bytes;
+};
+
+static cublasStatus_t lt_run(lt_gemm *g, const void *w, const void *a, void *y)
+{
+    float one = 1.0f, zero = 0.0f;
+    return cublasLtMatmul(g->h, g->op, &one, w, g->la, a, g->lb, &zero, y, g->lc, y, g->lc,
+                          &g->algo, g->ws, g->ws_bytes, 0);
+}
+
+/* Describes the product and keeps the first heuristic algorithm that runs;
+ * returns its status (the last failure when none runs). */
+static cublasStatus_t lt_setup(lt_gemm *g, cublasLtHandle_t h, cudaDataType_t in,
+                               cudaDataType_t out, int64_t M, int64_t N, int64_t K, const float *sa,
+                               const float *sw, const void *w, const void *a, void *y)
+{
+    cublasOperation_t tr = CUBLAS_OP_T, nt = CUBLAS_OP_N;
+    g->h = h;
+    g->ws_bytes = 32u << 20;
+    CK(cudaMalloc(&g->ws, g->ws_bytes));
+    cublasLtMatmulDescCreate(&g->op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_TRANSA, &tr, sizeof tr);
+    cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof nt);
+    if (sa) {
+        cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw);
+        cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sa, sizeof sa);
+    }
+    cublasLtMatrixLayoutCreate(&g->la, in, K, N, K);
+    cublasLtMatrixLayoutCreate(&g->lb, in, K, M, K);
+    cublasLtMatrixLayoutCreate(&g->lc, out, N, M, N);
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulPreferenceCreate(&pref);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                         &g->ws_bytes, sizeof g->ws_bytes);
+    cublasLtMatmulHeuristicResult_t res[8];
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h, g->op, g->la, g->lb, g->lc, g->lc, pref,
+                                                       8, res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0)
+        fprintf(stderr, "cuBLASLt heuristic: status %d, %d algorithm(s)\n", (int)st, found);
+    if (st == CUBLAS_STATUS_SUCCESS && found == 0)
+        st = CUBLAS_STATUS_NOT_SUPPORTED;
+    for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < found; i++) {
+        g->algo = res[i].algo;
+        st = lt_run(g, w, a, y);
+        if (st == CUBLAS_STATUS_SUCCESS)
+            break;
+        if (i + 1 < found)
+            st = CUBLAS_STATUS_SUCCESS;
+    }
+    cudaGetLastError();
+    return st;
+}
+
+static void lt_free(lt_gemm *g)
+{
+    cublasLtMatrixLayoutDestroy(g->la);
+    cublasLtMatrixLayoutDestroy(g->lb);
+    cublasLtMatrixLayoutDestroy(g->lc);
+    cublasLtMatmulDescDestroy(g->op);
+    CK(cudaFree(g->ws));
+}
+
+/* Median ms of a cuBLASLt product of M activation rows, BF16 out (or float32 out
+ * where cuBLASLt takes no BF16 out); where it takes no such M, the smallest
+ * multiple of 16 above it. *m_run says which M ran; -1 when nothing ran. */
+static float lt_time(cublasLtHandle_t h, cudaDataType_t in, int64_t M, int64_t N, int64_t K,
+                     const void *w, const void *a, void *y, const float *sa, const float *sw,
+                     int64_t *m_run)
+{
+    int64_t ms_try[2] = {M, (M + 15) / 16 * 16};
+    cudaDataType_t outs[2] = {CUDA_R_16BF, CUDA_R_32F};
+    for (int t = 0; t < 4; t++) {
+        lt_gemm g;
+        int64_t m = ms_try[t / 2];
+        cublasStatus_t st = lt_setup(&g, h, in, outs[t % 2], m, N, K, sa, sw, w, a, y);
+        float ms = -1.0f;
+        if (st == CUBLAS_STATUS_SUCCESS)
+            ms = time_ms([&] {
+                if (lt_run(&g, w, a, y) != CUBLAS_STATUS_SUCCESS)
+                    exit(2);
+            });
+        else
+            fprintf(stderr, "cuBLASLt %s M=%lld out %s: status %d\n",
+                    in == CUDA_R_16BF ? "BF16" : "FP8", (long long)m,
+                    t % 2 ? "F32" : "BF16", (int)st);
+        lt_free(&g);
+        if (ms > 0) {
+            *m_run = m;
+            return ms;
+        }
+    }
+    return -1.0f;
+}
+
+static void bench_gemv(cublasLtHandle_t h)
+{
+    const int64_t N = 14336, K = 4096, Ms[] = {1, 2, 4, 8, 16, 32, 64};
+    float *w = random_dev(N * K, 11), *a = random_dev(64 * K, 13);
+    qd_nvfp4 qw, qa;
+    void *wb, *ab, *w8, *a8, *yb;
+    float *y, *scales;
+    CKQ(qd_cuda_nvfp4_alloc(&qw, N, K, 0));
+    CKQ(qd_cuda_nvfp4_quantize(&qw, w));
+    CK(cudaMalloc(&wb, (size_t)(N * K) * 2));
+    CK(cudaMalloc(&ab, (size_t)(64 * K) * 2));
+    CK(cudaMalloc(&w8, (size_t)(N * K)));
+    CK(cudaMalloc(&a8, (size_t)(64 * K)));
+    CK(cudaMalloc(&yb, (size_t)(64 * N) * 4));
+    CK(cudaMalloc((void **)&y, (size_t)(64 * N) * sizeof(float)));
+    /* one allocation a scale: cuBLASLt may want its scale pointers aligned */
+    float *scale_w;
+    CK(cudaMalloc((void **)&scales, sizeof(float)));
+    CK(cudaMalloc((void **)&scale_w, sizeof(float)));
+    to_bf16_kernel<<<1024, 256>>>((__nv_bfloat16 *)wb, w, N * K);
+    to_bf16_kernel<<<1024, 256>>>((__nv_bfloat16 *)ab, a, 64 * K);
+    /* FP8 per-tensor: data in [-1.74, 1.74] times 256 stays inside E4M3's 448 */
+    to_fp8_kernel<<<1024, 256>>>((__nv_fp8_e4m3 *)w8, w, N * K, 256.0f);
+    to_fp8_kernel<<<1024, 256>>>((__nv_fp8_e4m3 *)a8, a, 64 * K, 256.0f);
+    float inv = 1.0f / 256.0f;
+    CK(cudaMemcpy(scales, &inv, sizeof inv, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(scale_w, &inv, sizeof inv, cudaMemcpyHostToDevice));
+    double wbytes4 = N * K / 2.0 + N * K / 16.0;
+    printf("\n| M | W4A4 us | W4A4 weight TB/s | W4A4-TC us | W4A4-TC TB/s | BF16 us | BF16 TB/s | "
+           "FP8 us | FP8 TB/s | BF16/W4A4 | BF16/W4A4-TC | BF16/FP8 |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int64_t M : Ms) {
+        CKQ(qd_cuda_nvfp4_alloc(&qa, M, K, 1));
+        CKQ(qd_cuda_nvfp4_quantize(&qa, a));
+        float t4 = time_ms([&] { CKQ(qd_cuda_w4a4_gemm_async(y, &qa, &qw)); });
+        float tc = time_ms([&] { CKQ(qd_cuda_w4a4_gemm_tc_async(y, &qa, &qw)); });
+        int64_t mb = M, m8 = M;
+        float tb = lt_time(h, CUDA_R_16BF, M, N, K, wb, ab, yb, NULL, NULL, &mb);
+        float t8 = lt_time(h, CUDA_R_8F_E4M3, M, N, K, w8, a8, yb, scales, scale_w, &m8);
+        double bw4 = wbytes4 / (t4 * 1e-3) / 1e12, bwb = 2.0 * N * K / (tb * 1e-3) / 1e12;
+        double bw8 = (double)N * K / (t8 * 1e-3) / 1e12;
+        printf("| %lld | %.1f | %.2f | %.1f | %.2f | ", (long long)M, t4 * 1e3, bw4, tc * 1e3,
+               wbytes4 / (tc * 1e-3) / 1e12);
+        if (tb > 0)
+            printf("%.1f%s | %.2f | ", tb * 1e3, mb != M ? " (M=16)" : "", bwb);
+        else
+            printf("n/a | n/a | ");
+        if (t8 > 0)
+            printf("%.1f%s | %.2f | ", t8 * 1e3, m8 != M ? " (M=16)" : "", bw8);
+        else
+            printf("n/a | n/a | ");
+        if (tb > 0)
+            printf("%.2fx | %.2fx | ", tb / t4, tb / tc);
+        else
+            printf("n/a | n/a | ");
+        if (tb > 0 && t8 > 0)
+            printf("%.2fx |\n", tb / t8);
+        else
+            printf("n/a |\n");
+        qd_cuda_nvfp4_free(&qa);
+    }
+    qd_cuda_nvfp4_free(&qw);
+    CK(cudaFree(w)); CK(cudaFree(a)); CK(cudaFree(wb)); CK(cudaFree(ab)); CK(cudaFree(w8));
+    CK(cudaFree(a8)); CK(cudaFree(yb)); CK(cudaFree(y)); CK(cudaFree(scales));
+    CK(cudaFree(scale_w));
+}
+
+int main(int argc, char **argv)
+{
+    cudaDeviceProp p;
+    cublasLtHandle_t h;
+    if (argc > 1)
+        reps = atoi(argv[1]) > 0 ? atoi(argv[1]) : reps;
+    CK(cudaGetDeviceProperties(&p, 0));
+    CK(cudaMalloc(&flush_buf, flush_bytes));
+    CK(cudaEventCreate(&ev0));
+    CK(cudaEventCreate(&ev1));
+    if (cublasLtCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "cublasLtCreate failed\n");
+        return 2;
+    }
+    printf("device: %s, %d SMs, L2 %d MB; median of %d reps, L2 flushed before each\n", p.name,
+           p.multiProcessorCount, p.l2CacheSize >> 20, reps);
+    double copy = copy_bandwidth();
+    printf("device-to-device copy (1 GiB, bytes read + written): %.0f GB/s\n\n", copy);
+    printf("| shape | scope | us | GB/s (BF16 in + NVFP4 out) | of copy |\n|---|---|---|---|---|\n");
+    bench_quantize(8192, 8192, copy);
+    bench_quantize(4096, 14336, copy);
+    bench_gemv(h);
+    cublasLtDestroy(h);
+    return 0;
+}

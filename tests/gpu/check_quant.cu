@@ -1,0 +1,580 @@
+/* Bit-exactness of backends/cuda against the CPU reference quant/ (docs/numerics.md
+ * §1-§5), on a machine with a GPU. Standalone (Check does not run there):
+ *
+ *     tests/gpu/check_quant [ROWS] [GOLDEN]
+ *
+ * ROWS (default 4096) is the rows of each random (ROWS, 4096) tensor: at 4096 the
+ * quantizers see 7 distributions x 2^24 values each (over 10^8); GOLDEN is
+ * tests/fixtures/nvfp4_golden.bin, the numpy + ml_dtypes vectors.
+ * Prints one table (op, distribution, count, mismatches, bits equal) and exits
+ * non-zero on any mismatch or on a non-finite input that raised no error. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <algorithm>
+#include <vector>
+#include "backends/cuda/cuda_quant.h"
+
+#define K_COLS 4096
+
+static int failures;
+
+#define DIE_CUDA(call)                                                                      \
+    do {                                                                                    \
+        cudaError_t e_ = (call);                                                            \
+        if (e_ != cudaSuccess) {                                                            \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                   \
+                    cudaGetErrorString(e_));                                                \
+            exit(2);                                                                        \
+        }                                                                                   \
+    } while (0)
+
+#define DIE_QD(call)                                                                        \
+    do {                                                                                    \
+        qd_status s_ = (call);                                                              \
+        if (s_ != QD_OK) {                                                                  \
+            fprintf(stderr, "%s:%d: %s: %s: %s\n", __FILE__, __LINE__, #call,               \
+                    qd_status_str(s_), qd_last_error());                                    \
+            exit(2);                                                                        \
+        }                                                                                   \
+    } while (0)
+
+/* ---- one row of the table */
+static void report(const char *op, const char *dist, long long count, long long bad)
+{
+    printf("| %-22s | %-14s | %12lld | %10lld | %-3s |\n", op, dist, count, bad, bad ? "NO" : "yes");
+    fflush(stdout);
+    if (bad)
+        failures++;
+}
+
+/* Elements of size sz that differ between a and b (bitwise). */
+static long long diff(const void *a, const void *b, size_t n, size_t sz)
+{
+    const unsigned char *p = (const unsigned char *)a, *q = (const unsigned char *)b;
+    long long bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += memcmp(p + i * sz, q + i * sz, sz) != 0;
+    return bad;
+}
+
+/* ---- random numbers: splitmix64 */
+static uint64_t rng_state = 0x5eed1234abcdULL;
+static uint64_t rnd(void)
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+static double unif(void) { return (double)(rnd() >> 11) * (1.0 / 9007199254740992.0); }
+static int64_t below(int64_t n) { return (int64_t)(rnd() % (uint64_t)n); }
+static double normal(void)
+{
+    double u = unif(), v = unif();
+    return sqrt(-2.0 * log(u + 1e-300)) * cos(6.283185307179586 * v);
+}
+static float sgn(float v) { return (rnd() & 1) ? -v : v; }
+
+/* ---- the distributions: x (rows, K_COLS) */
+static void fill_normal(float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] = (float)normal();
+}
+
+/* log-normal magnitudes: values over ~15 decades in one tensor */
+static void fill_heavy(float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] = (float)(normal() * exp(3.0 * normal()));
+}
+
+/* subnormal and tiny normal floats, block by block */
+static void fill_tiny(float *x, int64_t n)
+{
+    for (int64_t b = 0; b < n / 16; b++) {
+        double s = ldexp(1.0, -149 + (int)below(50));
+        for (int i = 0; i < 16; i++)
+            x[b * 16 + i] = (float)(normal() * s);
+    }
+}
+
+/* up to FLT_MAX */
+static void fill_huge(float *x, int64_t n)
+{
+    for (int64_t b = 0; b < n / 16; b++) {
+        double s = ldexp(1.0, 90 + (int)below(37));
+        for (int i = 0; i < 16; i++) {
+            double v = normal() * s;
+            x[b * 16 + i] = (float)(fabs(v) < 3.0e38 ? v : (v < 0 ? -3.0e38 : 3.0e38));
+        }
+        if (below(64) == 0)
+            x[b * 16 + below(16)] = sgn(FLT_MAX);
+    }
+}
+
+/* half the blocks zero (+0 or -0), a twentieth of the rows all zero */
+static void fill_zero_blocks(float *x, int64_t rows)
+{
+    fill_normal(x, rows * K_COLS);
+    for (int64_t r = 0; r < rows; r++) {
+        int zrow = below(20) == 0;
+        for (int64_t b = 0; b < K_COLS / 16; b++)
+            if (zrow || (rnd() & 1))
+                for (int i = 0; i < 16; i++)
+                    x[r * K_COLS + b * 16 + i] = (rnd() & 1) ? -0.0f : 0.0f;
+    }
+}
+
+/* Exact ties of both encoders: every row's amax is 2688, so S_enc = S_dec = 1;
+ * a block with amax 6*2^e has scale 2^e and its values land exactly on E2M1
+ * grid points and midpoints; some blocks put amax/6 on an E4M3 midpoint. */
+static void fill_ties(float *x, int64_t rows)
+{
+    static const float pts[15] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 0.0f,
+                                  0.5f,  1.0f,  1.5f,  2.0f,  3.0f, 4.0f, 6.0f};
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < K_COLS / 16; b++) {
+            float *blk = x + r * K_COLS + b * 16;
+            float s = ldexpf(1.0f, -9 + (int)below(18));
+            for (int i = 0; i < 16; i++)
+                blk[i] = sgn(pts[below(15)] * s);
+            blk[below(16)] = sgn(6.0f * s);
+            if (below(4) == 0) /* amax/6 halfway between two E4M3 values */
+                blk[below(16)] = sgn(6.0f * s * (1.0f + (float)(2 * below(8) + 1) / 16.0f));
+        }
+    for (int64_t r = 0; r < rows; r++)
+        x[r * K_COLS + below(K_COLS)] = sgn(2688.0f);
+}
+
+/* -0.0, tiny negatives that round to a negative zero code, and normals */
+static void fill_negzero(float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        int64_t k = below(10);
+        x[i] = k < 3 ? -0.0f : (k < 5 ? (float)(-1e-3 * fabs(normal())) : (float)normal());
+    }
+}
+
+static const char *const dist_names[] = {"normal", "heavy-tailed", "tiny", "huge",
+                                         "zero-blocks", "exact-ties", "-0.0"};
+#define NDIST 7
+
+static void fill(int d, float *x, int64_t rows)
+{
+    int64_t n = rows * K_COLS;
+    switch (d) {
+    case 0: fill_normal(x, n); break;
+    case 1: fill_heavy(x, n); break;
+    case 2: fill_tiny(x, n); break;
+    case 3: fill_huge(x, n); break;
+    case 4: fill_zero_blocks(x, rows); break;
+    case 5: fill_ties(x, rows); break;
+    default: fill_negzero(x, n); break;
+    }
+}
+
+/* ---- device helpers */
+template <typename T>
+static T *to_dev(const T *h, size_t n)
+{
+    T *d;
+    DIE_CUDA(cudaMalloc((void **)&d, (n ? n : 1) * sizeof(T)));
+    DIE_CUDA(cudaMemcpy(d, h, n * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+
+template <typename T>
+static std::vector<T> to_host(const T *d, size_t n)
+{
+    std::vector<T> h(n);
+    DIE_CUDA(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+/* Mismatched codes + scales + decode scales of a device matrix against a host one. */
+static long long diff_nvfp4(const qd_nvfp4 *g, const qd_nvfp4 *c)
+{
+    size_t nc = (size_t)(c->rows * c->cols / 2), ns = (size_t)(c->rows * c->cols / 16);
+    size_t nd = (size_t)(c->per_row ? c->rows : 1);
+    std::vector<uint8_t> gc = to_host(g->codes, nc), gs = to_host(g->scales, ns);
+    std::vector<float> gd = to_host(g->s_dec, nd);
+    return diff(gc.data(), c->codes, nc, 1) + diff(gs.data(), c->scales, ns, 1) +
+           diff(gd.data(), c->s_dec, nd, 4);
+}
+
+/* A host qd_nvfp4 copied to the device. */
+static qd_nvfp4 nvfp4_to_dev(const qd_nvfp4 *c)
+{
+    qd_nvfp4 g;
+    DIE_QD(qd_cuda_nvfp4_alloc(&g, c->rows, c->cols, c->per_row));
+    DIE_CUDA(cudaMemcpy(g.codes, c->codes, (size_t)(c->rows * c->cols / 2), cudaMemcpyHostToDevice));
+    DIE_CUDA(cudaMemcpy(g.scales, c->scales, (size_t)(c->rows * c->cols / 16), cudaMemcpyHostToDevice));
+    DIE_CUDA(cudaMemcpy(g.s_dec, c->s_dec, sizeof(float) * (size_t)(c->per_row ? c->rows : 1),
+                        cudaMemcpyHostToDevice));
+    return g;
+}
+
+/* ---- the ops, one distribution's tensor x (rows, K) at a time */
+
+/* quantize (per tensor / per row), dequantize, fake-quant. */
+static void check_quantize(const char *dist, const float *x, const float *dx, int64_t rows,
+                           int64_t K, int per_row)
+{
+    qd_nvfp4 c, g;
+    int64_t n = rows * K;
+    DIE_QD(qd_nvfp4_alloc(&c, rows, K, per_row));
+    DIE_QD(qd_cuda_nvfp4_alloc(&g, rows, K, per_row));
+    DIE_QD(qd_nvfp4_quantize(&c, x));
+    DIE_QD(qd_cuda_nvfp4_quantize(&g, dx));
+    report(per_row ? "quantize per-row" : "quantize per-tensor", dist, n, diff_nvfp4(&g, &c));
+
+    std::vector<float> cd((size_t)n);
+    float *gd;
+    DIE_CUDA(cudaMalloc((void **)&gd, (size_t)n * sizeof(float)));
+    qd_nvfp4_dequantize(cd.data(), &c);
+    DIE_QD(qd_cuda_nvfp4_dequantize(gd, &g));
+    report(per_row ? "dequantize per-row" : "dequantize per-tensor", dist, n,
+           diff(to_host(gd, (size_t)n).data(), cd.data(), (size_t)n, 4));
+
+    DIE_QD(qd_nvfp4_fake_quant(cd.data(), x, rows, K, per_row));
+    DIE_QD(qd_cuda_nvfp4_fake_quant(gd, dx, rows, K, per_row));
+    report(per_row ? "fake-quant per-row" : "fake-quant per-tensor", dist, n,
+           diff(to_host(gd, (size_t)n).data(), cd.data(), (size_t)n, 4));
+    cudaFree(gd);
+    qd_nvfp4_free(&c);
+    qd_cuda_nvfp4_free(&g);
+}
+
+static void check_fp8(const char *dist, const float *x, const float *dx, int64_t rows, int64_t K)
+{
+    int64_t n = rows * K;
+    std::vector<uint8_t> cq((size_t)n);
+    std::vector<float> cs((size_t)rows);
+    uint8_t *gq;
+    float *gs;
+    DIE_CUDA(cudaMalloc((void **)&gq, (size_t)n));
+    DIE_CUDA(cudaMalloc((void **)&gs, (size_t)rows * sizeof(float)));
+    DIE_QD(qd_fp8_quantize_rows(cq.data(), cs.data(), x, rows, K));
+    DIE_QD(qd_cuda_fp8_quantize_rows(gq, gs, dx, rows, K));
+    report("fp8 quantize per-row", dist, n,
+           diff(to_host(gq, (size_t)n).data(), cq.data(), (size_t)n, 1) +
+               diff(to_host(gs, (size_t)rows).data(), cs.data(), (size_t)rows, 4));
+    cudaFree(gq);
+    cudaFree(gs);
+}
+
+/* n random distinct channels of K, ascending (as qd_rac_select returns them). */
+static std::vector<int64_t> random_channels(int64_t K, int64_t n)
+{
+    std::vector<int64_t> all((size_t)K), ch;
+    for (int64_t i = 0; i < K; i++)
+        all[(size_t)i] = i;
+    for (int64_t i = 0; i < n; i++)
+        std::swap(all[(size_t)i], all[(size_t)(i + below(K - i))]);
+    ch.assign(all.begin(), all.begin() + n);
+    std::sort(ch.begin(), ch.end());
+    return ch;
+}
+
+static void check_rac(const char *dist, const float *x, const float *dx, int64_t rows, int64_t K)
+{
+    int64_t n = K / 8;
+    std::vector<int64_t> ch = random_channels(K, n);
+    int64_t *dch = to_dev(ch.data(), ch.size());
+    for (int w = 0; w < 2; w++) {
+        qd_nvfp4 c, g;
+        int per_row = !w;
+        DIE_QD(qd_nvfp4_alloc(&c, rows, K + n, per_row));
+        DIE_QD(qd_cuda_nvfp4_alloc(&g, rows, K + n, per_row));
+        if (w) {
+            DIE_QD(qd_rac_augment_weight(&c, x, rows, K, ch.data(), n));
+            DIE_QD(qd_cuda_rac_augment_weight(&g, dx, rows, K, dch, n));
+        } else {
+            DIE_QD(qd_rac_augment_act(&c, x, rows, K, ch.data(), n));
+            DIE_QD(qd_cuda_rac_augment_act(&g, dx, rows, K, dch, n));
+        }
+        report(w ? "RAC augment weight" : "RAC augment act", dist, rows * (K + n), diff_nvfp4(&g, &c));
+        qd_nvfp4_free(&c);
+        qd_cuda_nvfp4_free(&g);
+    }
+    cudaFree(dch);
+}
+
+static void check_distribution(int d, int64_t rows)
+{
+    int64_t n = rows * K_COLS;
+    std::vector<float> x((size_t)n);
+    fill(d, x.data(), rows);
+    float *dx = to_dev(x.data(), (size_t)n);
+    check_quantize(dist_names[d], x.data(), dx, rows, K_COLS, 0);
+    check_quantize(dist_names[d], x.data(), dx, rows, K_COLS, 1);
+    check_fp8(dist_names[d], x.data(), dx, rows, K_COLS);
+    check_rac(dist_names[d], x.data(), dx, rows / 4, K_COLS);
+    cudaFree(dx);
+}
+
+/* ---- every finite BF16 pattern */
+
+/* The 65280 finite BF16 patterns as floats, in pattern order. */
+static std::vector<float> finite_bf16(std::vector<uint16_t> *bits)
+{
+    std::vector<float> v;
+    for (uint32_t h = 0; h < 65536; h++)
+        if (((h >> 7) & 0xffu) != 0xffu) {
+            v.push_back(qd_bf16_to_f32((uint16_t)h));
+            bits->push_back((uint16_t)h);
+        }
+    return v;
+}
+
+/* quantize from float and from BF16 against the CPU, x (rows, cols). */
+static void check_bf16_case(const char *name, const std::vector<float> &x,
+                            const std::vector<uint16_t> &bits, int64_t rows, int64_t cols, int per_row)
+{
+    qd_nvfp4 c, g, gb;
+    float *dx = to_dev(x.data(), x.size());
+    uint16_t *dbits = to_dev(bits.data(), bits.size());
+    DIE_QD(qd_nvfp4_alloc(&c, rows, cols, per_row));
+    DIE_QD(qd_cuda_nvfp4_alloc(&g, rows, cols, per_row));
+    DIE_QD(qd_cuda_nvfp4_alloc(&gb, rows, cols, per_row));
+    DIE_QD(qd_nvfp4_quantize(&c, x.data()));
+    DIE_QD(qd_cuda_nvfp4_quantize(&g, dx));
+    DIE_QD(qd_cuda_nvfp4_quantize_bf16(&gb, dbits));
+    char op[64];
+    snprintf(op, sizeof op, "quantize %s", per_row ? "per-row" : "per-tensor");
+    report(op, name, rows * cols, diff_nvfp4(&g, &c));
+    snprintf(op, sizeof op, "quantize bf16-in %s", per_row ? "per-row" : "per-tensor");
+    report(op, name, rows * cols, diff_nvfp4(&gb, &c));
+
+    std::vector<float> cf(x.size());
+    float *gf;
+    DIE_CUDA(cudaMalloc((void **)&gf, x.size() * sizeof(float)));
+    DIE_QD(qd_nvfp4_fake_quant(cf.data(), x.data(), rows, cols, per_row));
+    DIE_QD(qd_cuda_nvfp4_fake_quant(gf, dx, rows, cols, per_row));
+    report(per_row ? "fake-quant per-row" : "fake-quant per-tensor", name, rows * cols,
+           diff(to_host(gf, x.size()).data(), cf.data(), x.size(), 4));
+    cudaFree(gf);
+    cudaFree(dx);
+    cudaFree(dbits);
+    qd_nvfp4_free(&c);
+    qd_cuda_nvfp4_free(&g);
+    qd_cuda_nvfp4_free(&gb);
+}
+
+static void check_all_bf16(void)
+{
+    std::vector<uint16_t> bits;
+    std::vector<float> x = finite_bf16(&bits);
+    int64_t n = (int64_t)x.size(); /* 65280 = 4080 blocks */
+    check_bf16_case("bf16 all, in order", x, bits, n / 256, 256, 0);
+    check_bf16_case("bf16 all, in order", x, bits, n / 16, 16, 1);
+    /* shuffled: each pattern among random neighbours */
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = below(i + 1);
+        std::swap(x[(size_t)i], x[(size_t)j]);
+        std::swap(bits[(size_t)i], bits[(size_t)j]);
+    }
+    check_bf16_case("bf16 all, shuffled", x, bits, n / 16, 16, 1);
+    check_bf16_case("bf16 all, shuffled", x, bits, n / 256, 256, 0);
+    /* alone: each pattern the only non-zero of its block, so it sets both scales */
+    std::vector<float> xs((size_t)n * 16, 0.0f);
+    std::vector<uint16_t> bs((size_t)n * 16, 0);
+    for (int64_t i = 0; i < n; i++) {
+        xs[(size_t)(i * 16 + i % 16)] = x[(size_t)i];
+        bs[(size_t)(i * 16 + i % 16)] = bits[(size_t)i];
+    }
+    check_bf16_case("bf16 all, alone", xs, bs, n, 16, 1);
+    /* FP8 of every finite pattern, 16 a row */
+    float *dx = to_dev(x.data(), x.size());
+    check_fp8("bf16 all", x.data(), dx, n / 16, 16);
+    cudaFree(dx);
+}
+
+/* ---- the canonical W4A4 product */
+
+static void quantize_host(qd_nvfp4 *q, int d, int64_t rows, int64_t K, int per_row)
+{
+    std::vector<float> x((size_t)(rows * K));
+    if (K == K_COLS) {
+        fill(d, x.data(), rows);
+    } else {
+        for (auto &v : x)
+            v = (float)(d == 1 ? normal() * exp(3.0 * normal()) : normal());
+    }
+    DIE_QD(qd_nvfp4_alloc(q, rows, K, per_row));
+    DIE_QD(qd_nvfp4_quantize(q, x.data()));
+}
+
+static void check_gemm_case(int64_t M, int64_t N, int64_t K, int da, int dw, int w_per_row)
+{
+    qd_nvfp4 a, w;
+    quantize_host(&a, da, M, K, 1);
+    quantize_host(&w, dw, N, K, w_per_row);
+    qd_nvfp4 ga = nvfp4_to_dev(&a), gw = nvfp4_to_dev(&w);
+    std::vector<float> cy((size_t)(M * N));
+    float *gy;
+    DIE_CUDA(cudaMalloc((void **)&gy, cy.size() * sizeof(float)));
+    DIE_QD(qd_w4a4_gemm(cy.data(), &a, &w));
+    DIE_QD(qd_cuda_w4a4_gemm(gy, &ga, &gw));
+    char op[64], dist[64];
+    snprintf(op, sizeof op, "W4A4 %lldx%lldx%lld", (long long)M, (long long)N, (long long)K);
+    snprintf(dist, sizeof dist, "A %s W %s%s", da == 1 ? "heavy" : "norm", dw == 2 ? "tiny" : "norm",
+             w_per_row ? " pr" : "");
+    report(op, dist, M * N, diff(to_host(gy, cy.size()).data(), cy.data(), cy.size(), 4));
+    DIE_CUDA(cudaMemset(gy, 0xff, cy.size() * sizeof(float)));
+    DIE_QD(qd_cuda_w4a4_gemm_tc(gy, &ga, &gw));
+    snprintf(op, sizeof op, "W4A4-TC %lldx%lldx%lld", (long long)M, (long long)N, (long long)K);
+    report(op, dist, M * N, diff(to_host(gy, cy.size()).data(), cy.data(), cy.size(), 4));
+    cudaFree(gy);
+    qd_cuda_nvfp4_free(&ga);
+    qd_cuda_nvfp4_free(&gw);
+    qd_nvfp4_free(&a);
+    qd_nvfp4_free(&w);
+}
+
+static void check_gemm(void)
+{
+    static const int64_t shapes[][3] = {
+        {1, 14336, 4096}, {2, 4096, 4096}, {3, 1000, 4112}, {5, 300, 48},     {8, 2048, 4096},
+        {16, 1024, 1024}, {17, 777, 272},  {33, 512, 2048}, {64, 14336, 4096}, {100, 256, 512},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        check_gemm_case(shapes[i][0], shapes[i][1], shapes[i][2], (int)(i % 2), 0, 0);
+    check_gemm_case(8, 4096, 4096, 0, 2, 0);
+    check_gemm_case(12, 1024, 4096, 1, 0, 1);
+}
+
+/* ---- non-finite inputs must raise QD_ERR_NONFINITE, and the flag must clear */
+
+static long long expect_nonfinite(qd_status st) { return st != QD_ERR_NONFINITE; }
+
+static void check_nonfinite(void)
+{
+    const float bad[3] = {NAN, INFINITY, -INFINITY};
+    int64_t rows = 64, K = 256, n = rows * K;
+    std::vector<float> x((size_t)n);
+    std::vector<int64_t> ch = random_channels(K, 32);
+    int64_t *dch = to_dev(ch.data(), ch.size());
+    long long misses = 0, cases = 0;
+    qd_nvfp4 g, ga, gw;
+    DIE_QD(qd_cuda_nvfp4_alloc(&g, rows, K, 0));
+    DIE_QD(qd_cuda_nvfp4_alloc(&ga, rows, K + 32, 1));
+    DIE_QD(qd_cuda_nvfp4_alloc(&gw, rows, K + 32, 0));
+    float *dout, *s_enc, one = 1.0f;
+    uint8_t *dq;
+    DIE_CUDA(cudaMalloc((void **)&dout, (size_t)n * sizeof(float)));
+    DIE_CUDA(cudaMalloc((void **)&dq, (size_t)n));
+    s_enc = to_dev(&one, 1);
+    for (int t = 0; t < 30; t++) {
+        fill_normal(x.data(), n);
+        x[(size_t)below(n)] = bad[t % 3];
+        float *dx = to_dev(x.data(), (size_t)n), amax;
+        uint16_t hb[16];
+        for (int i = 0; i < 16; i++)
+            hb[i] = qd_bf16_from_f32(x[(size_t)i]);
+        hb[below(16)] = qd_bf16_from_f32(bad[t % 3]);
+        uint16_t *dhb = to_dev(hb, 16);
+        qd_nvfp4 gb;
+        DIE_QD(qd_cuda_nvfp4_alloc(&gb, 1, 16, t & 1));
+        g.per_row = t & 1;
+        misses += expect_nonfinite(qd_cuda_amax(&amax, dx, n));
+        misses += expect_nonfinite(qd_cuda_nvfp4_quantize(&g, dx));
+        misses += expect_nonfinite(qd_cuda_nvfp4_quantize_bf16(&gb, dhb));
+        misses += expect_nonfinite(qd_cuda_nvfp4_quantize_with(&g, dx, s_enc));
+        misses += expect_nonfinite(qd_cuda_nvfp4_fake_quant(dout, dx, rows, K, t & 1));
+        misses += expect_nonfinite(qd_cuda_fp8_quantize_rows(dq, dout, dx, rows, K));
+        misses += expect_nonfinite(qd_cuda_rac_augment_act(&ga, dx, rows, K, dch, 32));
+        misses += expect_nonfinite(qd_cuda_rac_augment_weight(&gw, dx, rows, K, dch, 32));
+        cases += 8;
+        /* the flag is cleared: a clean input passes again */
+        fill_normal(x.data(), n);
+        DIE_CUDA(cudaMemcpy(dx, x.data(), (size_t)n * sizeof(float), cudaMemcpyHostToDevice));
+        misses += qd_cuda_nvfp4_quantize(&g, dx) != QD_OK;
+        cases++;
+        qd_cuda_nvfp4_free(&gb);
+        cudaFree(dx);
+        cudaFree(dhb);
+    }
+    report("non-finite -> error", "NaN/+Inf/-Inf", cases, misses);
+    g.per_row = 0;
+    qd_cuda_nvfp4_free(&g);
+    qd_cuda_nvfp4_free(&ga);
+    qd_cuda_nvfp4_free(&gw);
+    cudaFree(dout);
+    cudaFree(dq);
+    cudaFree(s_enc);
+    cudaFree(dch);
+}
+
+/* ---- the golden vectors of tests/ref/nvfp4_golden.py (numpy + ml_dtypes) */
+
+static int read_u32(FILE *f, uint32_t *v) { return fread(v, 4, 1, f) == 1; }
+
+static void check_golden(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    char magic[4];
+    uint32_t ncase;
+    long long count = 0, bad = 0;
+    if (!f || fread(magic, 1, 4, f) != 4 || memcmp(magic, "QDG1", 4) || !read_u32(f, &ncase)) {
+        fprintf(stderr, "%s: missing or not a QDG1 file\n", path);
+        report("golden (numpy)", "file", 0, 1);
+        if (f)
+            fclose(f);
+        return;
+    }
+    for (uint32_t c = 0; c < ncase; c++) {
+        uint32_t rows, cols, per_row, nl;
+        char name[256];
+        if (!read_u32(f, &rows) || !read_u32(f, &cols) || !read_u32(f, &per_row) ||
+            !read_u32(f, &nl) || nl >= sizeof name || fread(name, 1, nl, f) != nl) {
+            bad++;
+            break;
+        }
+        size_t n = (size_t)rows * cols, nd = per_row ? rows : 1;
+        qd_nvfp4 want;
+        DIE_QD(qd_nvfp4_alloc(&want, rows, cols, (int)per_row));
+        std::vector<float> x(n);
+        if (fread(x.data(), 4, n, f) != n || fread(want.codes, 1, n / 2, f) != n / 2 ||
+            fread(want.scales, 1, n / 16, f) != n / 16 || fread(want.s_dec, 4, nd, f) != nd) {
+            bad++;
+            qd_nvfp4_free(&want);
+            break;
+        }
+        qd_nvfp4 g;
+        float *dx = to_dev(x.data(), n);
+        DIE_QD(qd_cuda_nvfp4_alloc(&g, rows, cols, (int)per_row));
+        DIE_QD(qd_cuda_nvfp4_quantize(&g, dx));
+        bad += diff_nvfp4(&g, &want);
+        count += (long long)n;
+        cudaFree(dx);
+        qd_cuda_nvfp4_free(&g);
+        qd_nvfp4_free(&want);
+    }
+    fclose(f);
+    report("quantize vs golden", "numpy+ml_dtypes", count, bad);
+}
+
+int main(int argc, char **argv)
+{
+    int64_t rows = argc > 1 ? atoll(argv[1]) : 4096;
+    if (rows < 64)
+        rows = 64;
+    printf("| %-22s | %-14s | %12s | %10s | %-3s |\n", "op", "distribution", "count", "mismatches",
+           "bits equal");
+    printf("|%s|%s|%s|%s|%s|\n", "------------------------", "----------------", "--------------",
+           "------------", "-----");
+    for (int d = 0; d < NDIST; d++)
+        check_distribution(d, rows);
+    check_all_bf16();
+    check_gemm();
+    check_nonfinite();
+    if (argc > 2)
+        check_golden(argv[2]);
+    printf("%s: %d row(s) with mismatches\n", failures ? "FAIL" : "PASS", failures);
+    return failures ? 1 : 0;
+}
