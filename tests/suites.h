@@ -9,6 +9,7 @@ Suite *suite_safetensors(void);
 Suite *suite_tokenizer(void);
 Suite *suite_rewards(void);
 Suite *suite_benchmarks(void);
+Suite *suite_backend_cpu(void);
 
 /* Path of a file under the source tree (QD_SRCDIR, set by make check). */
 const char *qd_test_path(const char *rel);
