@@ -1,0 +1,55 @@
+/* The canonical W4A4 product (docs/numerics.md §3) on the CPU.
+ *
+ * Per output, blocks are visited in ascending order: the block sum p is exact
+ * (a multiple of 1/4 below 2^10), p * (sa * sw) is exact (at most 20
+ * significant bits), so the only roundings are the accumulating add, and the
+ * final two multiplies. Any backend that keeps this block order gets these bits. */
+#include "quant/quant.h"
+
+/* Signed E2M1 value of code c in halves: {0, .5, 1, 1.5, 2, 3, 4, 6} * 2. */
+#define HALVES(c) (((c) & 8 ? -1 : 1) * \
+                   ((c) % 8 < 5 ? (c) % 8 : (c) % 8 == 5 ? 6 : (c) % 8 == 6 ? 8 : 12))
+/* prod_quarters[a << 4 | w]: the product of codes a and w in units of 1/4. */
+#define PQ(i) (int16_t)(HALVES((i) >> 4) * HALVES((i) & 15))
+#define PQ4(i) PQ(i), PQ((i) + 1), PQ((i) + 2), PQ((i) + 3)
+#define PQ16(i) PQ4(i), PQ4((i) + 4), PQ4((i) + 8), PQ4((i) + 12)
+#define PQ64(i) PQ16(i), PQ16((i) + 16), PQ16((i) + 32), PQ16((i) + 48)
+static const int16_t prod_quarters[256] = {PQ64(0), PQ64(64), PQ64(128), PQ64(192)};
+
+/* Sum of the 16 products of one block pair, in quarters: |sum| <= 16*144. */
+static int block_sum_quarters(const uint8_t *a, const uint8_t *w)
+{
+    int s = 0;
+    for (int i = 0; i < QD_NVFP4_BLOCK / 2; i++)
+        s += prod_quarters[(a[i] & 0xf) << 4 | (w[i] & 0xf)] +
+             prod_quarters[(a[i] & 0xf0) | w[i] >> 4];
+    return s;
+}
+
+/* One output y[m][n]: the block-ordered sum, then the two global decode scales. */
+static float w4a4_dot(const qd_nvfp4 *a, int64_t m, const qd_nvfp4 *w, int64_t n)
+{
+    int64_t nb = a->cols / QD_NVFP4_BLOCK;
+    const uint8_t *ca = a->codes + m * (a->cols / 2), *cw = w->codes + n * (w->cols / 2);
+    const uint8_t *sa = a->scales + m * nb, *sw = w->scales + n * nb;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        float p = (float)block_sum_quarters(ca + b * 8, cw + b * 8) * 0.25f;
+        acc = acc + p * (qd_e4m3_to_f32(sa[b]) * qd_e4m3_to_f32(sw[b]));
+    }
+    float sdec_a = a->s_dec[a->per_row ? m : 0], sdec_w = w->s_dec[w->per_row ? n : 0];
+    return acc * (sdec_a * sdec_w);
+}
+
+qd_status qd_w4a4_gemm(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
+{
+    if (a->cols != w->cols)
+        return qd_error(QD_ERR_SHAPE, "qd_w4a4_gemm: A has K = %lld, W has K = %lld",
+                        (long long)a->cols, (long long)w->cols);
+    int64_t M = a->rows, N = w->rows;
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++)
+            y[m * N + n] = w4a4_dot(a, m, w, n);
+    return QD_OK;
+}
