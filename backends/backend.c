@@ -1,7 +1,6 @@
 /* The backend registry, the recipe table and the dispatchers of backend.h. */
 #include <assert.h>
 #include <string.h>
-#include "config.h"
 #include "backends/backend.h"
 
 /* ---- recipes */
@@ -89,20 +88,18 @@ qd_status qd_config_check(const qd_model_config *c)
 
 /* ---- registry */
 
-#ifdef QD_HAVE_CUDA
-qd_backend *qd_backend_cuda_init(const qd_model_config *cfg, const qd_backend_options *opt);
-#endif
+/* The CUDA backend's _init, a weak reference: NULL unless an object defining
+ * it is linked in (an archive member is not pulled in by a weak reference, so
+ * the CUDA objects must be linked directly or with --undefined). */
+qd_backend *qd_backend_cuda_init(const qd_model_config *cfg, const qd_backend_options *opt)
+    __attribute__((weak));
 
 static qd_backend *cuda_init(const qd_model_config *cfg, const qd_backend_options *opt)
 {
-#ifdef QD_HAVE_CUDA
-    return qd_backend_cuda_init(cfg, opt);
-#else
-    (void)cfg;
-    (void)opt;
-    qd_error(QD_ERR_UNSUPPORTED, "backend: built without CUDA");
+    if (qd_backend_cuda_init)
+        return qd_backend_cuda_init(cfg, opt);
+    qd_error(QD_ERR_UNSUPPORTED, "backend: built without the CUDA backend");
     return NULL;
-#endif
 }
 
 qd_backend *qd_backend_init_best(const qd_model_config *cfg, const qd_backend_options *opt)

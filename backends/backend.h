@@ -169,7 +169,10 @@ struct qd_backend {
  * option (message in qd_last_error()) or when out of memory. Master weights
  * start at zero: call qd_backend_set_weights. */
 qd_backend *qd_backend_cpu_init(const qd_model_config *cfg, const qd_backend_options *opt);
-/* CUDA first (when built with it and a device is present), else the CPU. */
+/* The CUDA backend (backends/cuda); NULL when no device is present. Declared
+ * weak: backend.c calls it only when an object defining it is linked in. */
+qd_backend *qd_backend_cuda_init(const qd_model_config *cfg, const qd_backend_options *opt);
+/* CUDA first (when linked in and a device is present), else the CPU. */
 qd_backend *qd_backend_init_best(const qd_model_config *cfg, const qd_backend_options *opt);
 /* "auto", "cpu" or "cuda"; NULL with a message when unknown or unavailable. */
 qd_backend *qd_backend_init_by_name(const char *name, const qd_model_config *cfg,

@@ -626,6 +626,8 @@ static qd_status sync_rollout_linear(cpu_ctx *c, linear *L)
     }
     /* RAC: channels of largest activation error since the last sync */
     L->nrac = qd_rac_select(L->rac_ch, L->rac_err, L->in, c->opt.rac_ratio);
+    if (L->nrac < 0)
+        return QD_ERR_ARG;
     memset(L->rac_err, 0, sizeof(double) * (size_t)L->in);
     qd_status st = qd_nvfp4_alloc(&L->wq, L->out, L->in + L->nrac, 0);
     return st ? st : qd_rac_augment_weight(&L->wq, w, L->out, L->in, L->rac_ch, L->nrac);
