@@ -107,6 +107,8 @@ typedef struct {
     qd_role role;
     double rac_ratio;    /* |S|/K of RAC (recipes nvfp4-rac and quads, rollout role) */
     int num_threads;     /* OpenMP threads; 0 = the runtime's default */
+    int diagnostics;     /* 1: measure quantization errors per linear layer (costs a
+                            fake-quant of every quantized layer's input and weight) */
 } qd_backend_options;
 
 /* AdamW (decoupled weight decay, bias correction); weight decay applies to
@@ -115,15 +117,19 @@ typedef struct {
     float lr, beta1, beta2, eps, weight_decay, grad_clip;
 } qd_adamw;
 
-/* Per-layer diagnostics of the last forward (optional slot). */
+/* Per-layer diagnostics of the last forward (optional slot; the backend must
+ * be made with options.diagnostics = 1). NVFP4 errors are measured whatever
+ * the recipe, activations with one global scale per token (NUMERICS.md §4). */
 typedef struct {
-    int num_linear;            /* quantized linear layers, in parameter order */
-    const char *const *names;  /* (num_linear) weight names; owned by the backend */
-    const double *act_err;     /* (num_linear) sum of squared NVFP4 activation error, last forward */
-    const double *act_norm;    /* (num_linear) sum of squared activations, last forward */
-    const double *weight_err;  /* (num_linear) relative squared NVFP4 weight error at the last sync */
-    int64_t num_tokens;        /* N of the last forward */
-    const int32_t *router_topk; /* (moe layers, N, k) experts chosen, last forward, rank order */
+    int num_linear;             /* quantized linear layers, in parameter order */
+    const char *const *names;   /* (num_linear) weight names */
+    const double *act_err;      /* (num_linear) sum of (x - dequant(quantize(x)))^2 over the last forward */
+    const double *act_norm;     /* (num_linear) sum of x^2 over the last forward */
+    const double *weight_err;   /* (num_linear) sum (W - What)^2 / sum W^2 at the last sync */
+    int num_tokens;             /* N: the last forward's tokens, sequences packed in batch order */
+    int num_moe_layers;
+    int top_k;
+    const int32_t *router_topk; /* (num_moe_layers, N, top_k) experts chosen, rank order */
 } qd_diagnostics;
 
 /* ---- the vtable (implementers only; callers use the dispatchers) */
@@ -151,7 +157,8 @@ struct qd_backend_i {
     qd_status (*optimizer_step)(qd_backend *b, const qd_adamw *opt, int step, float *grad_norm);
     /* Rollout with a KV cache (issue 3); optional, NULL for now. */
     qd_status (*generate)(qd_backend *b, const void *request, void *result);
-    /* Optional. The pointers stay valid until the next forward or sync. */
+    /* Optional. The pointers are owned by the backend and stay valid until the
+     * next diagnostics call or free. */
     qd_status (*diagnostics)(qd_backend *b, qd_diagnostics *out);
 };
 

@@ -60,7 +60,7 @@ static qd_model_config tiny_config(int tied, int norm_topk)
 
 static qd_backend *make(const qd_model_config *cfg, qd_recipe r, qd_role role, double ratio, int threads)
 {
-    qd_backend_options o = {r, role, ratio, threads};
+    qd_backend_options o = {r, role, ratio, threads, 0};
     qd_backend *b = qd_backend_cpu_init(cfg, &o);
     ck_assert_msg(b != NULL, "init: %s", qd_last_error());
     return b;
@@ -564,6 +564,62 @@ START_TEST(test_adamw)
 }
 END_TEST
 
+/* ---- diagnostics */
+
+static qd_backend *make_diag(qd_recipe r, qd_role role, const float *w)
+{
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend_options o = {r, role, 0, 0, 1};
+    qd_backend *b = qd_backend_cpu_init(&c, &o);
+    ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
+    return b;
+}
+
+START_TEST(test_diagnostics)
+{
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend *ref = make(&c, QD_RECIPE_FP32, QD_ROLE_TRAINER, 0, 0);
+    float *w = random_weights(ref, 71), logp[TB * TT];
+    int32_t tok[TB * TT];
+    tiny_batch(tok, 72);
+    qd_diagnostics d[2];
+    ck_assert_int_eq(qd_backend_diagnostics(ref, &d[0]), QD_ERR_ARG); /* not enabled */
+    qd_backend *b[2] = {make_diag(QD_RECIPE_QUADS, QD_ROLE_ROLLOUT, w),
+                        make_diag(QD_RECIPE_QUADS, QD_ROLE_TRAINER, w)};
+    for (int k = 0; k < 2; k++) {
+        forward_ok(b[k], tok, tlen, TB, TT, logp, NULL);
+        ck_assert_int_eq(qd_backend_diagnostics(b[k], &d[k]), QD_OK);
+        /* q, k, v, o of 2 layers, dense gate/up/down, 8 experts x 3 */
+        ck_assert_int_eq(d[k].num_linear, 8 + 3 + 24);
+        ck_assert_str_eq(d[k].names[0], "model.layers.0.self_attn.q_proj.weight");
+        ck_assert_int_eq(d[k].num_tokens, 17);
+        ck_assert(d[k].num_moe_layers == 1 && d[k].top_k == 2);
+        for (int i = 0; i < d[k].num_linear; i++) {
+            ck_assert(d[k].weight_err[i] > 0 && d[k].weight_err[i] < 0.05);
+            ck_assert(d[k].act_norm[i] >= 0 && d[k].act_err[i] <= 0.05 * d[k].act_norm[i]);
+        }
+        ck_assert(d[k].act_err[0] > 1e-4 * d[k].act_norm[0]);
+        for (int n = 0; n < 17; n++) {
+            const int32_t *t = d[k].router_topk + n * 2;
+            ck_assert(t[0] >= 0 && t[0] < 8 && t[1] >= 0 && t[1] < 8 && t[0] != t[1]);
+        }
+    }
+    /* same weight error on both sides (one quantize function), same first-layer input */
+    ck_assert(memcmp(d[0].weight_err, d[1].weight_err, sizeof(double) * 35) == 0);
+    ck_assert(d[0].act_err[0] == d[1].act_err[0]);
+    int agree = 0;
+    for (int n = 0; n < 17 * 2; n++)
+        agree += d[0].router_topk[n] == d[1].router_topk[n];
+    fprintf(stderr, "diagnostics: rollout/trainer router top-k agreement %d/34, q_proj.0 act err %.3e, "
+            "weight err %.3e\n", agree, d[0].act_err[0] / d[0].act_norm[0], d[0].weight_err[0]);
+    ck_assert(agree >= 17);
+    for (int k = 0; k < 2; k++)
+        qd_backend_free(b[k]);
+    qd_backend_free(ref);
+    free(w);
+}
+END_TEST
+
 /* ---- errors */
 
 START_TEST(test_errors)
@@ -610,6 +666,7 @@ Suite *suite_backend_cpu(void)
     tcase_add_test(tc, test_gradients_tied);
     tcase_add_test(tc, test_recipes_error);
     tcase_add_test(tc, test_adamw);
+    tcase_add_test(tc, test_diagnostics);
     tcase_add_test(tc, test_errors);
     suite_add_tcase(s, tc);
     return s;

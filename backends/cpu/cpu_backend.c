@@ -50,6 +50,8 @@ typedef struct {
     size_t w;              /* offset of the weight (out, in) in the flat buffers */
     int out, in;
     qd_linear_mode mode;
+    int quantized;         /* one of the layers a recipe quantizes (not router, lm_head) */
+    const char *name;      /* the weight's HF name */
     /* rollout copies, rebuilt at every sync */
     qd_nvfp4 wq;           /* W4A4: (out, in); RAC: (out, in + nrac) */
     uint8_t *w8;           /* FP8: (out, in) E4M3 codes */
@@ -57,6 +59,9 @@ typedef struct {
     int64_t *rac_ch;       /* RAC: (in) capacity, nrac used, ascending */
     int64_t nrac;
     double *rac_err;       /* RAC: (in) squared activation error since the last sync */
+    /* diagnostics (options.diagnostics) */
+    double act_err, act_norm; /* sum of squared NVFP4 activation error and of x^2, last forward */
+    double weight_err;     /* sum (W - dequant(quantize(W)))^2 / sum W^2, last sync */
 } linear;
 
 typedef struct {
@@ -116,6 +121,10 @@ typedef struct {
     float *xf, *lnf, *rstdf, *logits, *lse; /* (N, C), (N, C), (N), (N, V), (N) */
     void *arena;                   /* the forward's activations, one allocation */
     int have_forward;
+    /* what diagnostics hands out */
+    const char **dg_names;         /* (quantized linears) */
+    double *dg_act_err, *dg_act_norm, *dg_weight_err;
+    int32_t *dg_topk;              /* (moe layers, N, K) */
 } cpu_ctx;
 
 #define P(c, off) ((c)->wk + (off))
@@ -464,11 +473,34 @@ static qd_status effective_input(float **xe, const float *inp, const linear *L, 
     return QD_OK;
 }
 
+/* Diagnostics: NVFP4 error of this input (one global scale per row, §4),
+ * squared and summed in double in ascending order. */
+static qd_status measure_act_error(linear *L, const float *inp, int N)
+{
+    size_t n = (size_t)N * L->in;
+    float *xh = malloc(sizeof(float) * n);
+    if (!xh)
+        return qd_error(QD_ERR_NOMEM, "cpu backend: diagnostics");
+    qd_status st = qd_nvfp4_fake_quant(xh, inp, N, L->in, 1);
+    for (size_t i = 0; i < n && !st; i++) {
+        double r = (double)inp[i] - (double)xh[i];
+        L->act_err += r * r;
+        L->act_norm += (double)inp[i] * (double)inp[i];
+    }
+    free(xh);
+    return st;
+}
+
 /* out (N, out) = x (N, in) . W^T under the layer's mode. */
 static qd_status linear_forward(cpu_ctx *c, float *out, const float *inp, linear *L, int N)
 {
     if (N == 0)
         return QD_OK;
+    if (c->opt.diagnostics && L->quantized && L->in % QD_NVFP4_BLOCK == 0) {
+        qd_status st = measure_act_error(L, inp, N);
+        if (st)
+            return st;
+    }
     if (L->mode == QD_LINEAR_W4A4 || L->mode == QD_LINEAR_W4A4_RAC)
         return fwd_w4a4(out, inp, L, N);
     if (L->mode == QD_LINEAR_FP8)
@@ -516,6 +548,8 @@ static int new_linear(cpu_ctx *c, size_t w, int out, int in, qd_linear_mode mode
     linear *L = &c->lin[c->nlin];
     memset(L, 0, sizeof *L);
     L->w = w;
+    L->quantized = 1;
+    L->name = c->ninfo > 0 ? c->info[c->ninfo - 1].name : "";
     L->out = out;
     L->in = in;
     L->mode = mode;
@@ -547,6 +581,7 @@ static void build_layer(cpu_ctx *c, int l, qd_linear_mode qm, qd_linear_mode dm)
         ly->nexp = g->num_experts;
         ly->ffn = g->moe_intermediate_size;
         ly->router = add_linear(c, g->num_experts, C, dm, "model.layers.%d.mlp.gate.weight", l, 0);
+        c->lin[ly->router].quantized = 0;
         for (int e = 0; e < ly->nexp; e++) {
             int i = add_linear(c, ly->ffn, C, qm, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
             add_linear(c, ly->ffn, C, qm, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
@@ -584,10 +619,12 @@ static void build_params(cpu_ctx *c)
     for (int l = 0; l < g->num_hidden_layers; l++)
         build_layer(c, l, qm, dm);
     c->final_norm = add_param(c, 1, g->hidden_size, "model.norm.weight", 0, 0);
-    if (g->tie_word_embeddings) /* a linear view of the embedding, not a tensor of its own */
+    if (g->tie_word_embeddings) { /* a linear view of the embedding, not a tensor of its own */
         c->lm_head = new_linear(c, c->embed, g->vocab_size, g->hidden_size, dm);
-    else
+        c->lin[c->lm_head].name = c->info[0].name;
+    } else
         c->lm_head = add_linear(c, g->vocab_size, g->hidden_size, dm, "lm_head.weight", 0, 0);
+    c->lin[c->lm_head].quantized = 0;
 }
 
 /* cos/sin (max_pos, D/2): HF's inv_freq buffer is float32 theta^(-2i/D); the
@@ -633,10 +670,34 @@ static qd_status sync_rollout_linear(cpu_ctx *c, linear *L)
     return st ? st : qd_rac_augment_weight(&L->wq, w, L->out, L->in, L->rac_ch, L->nrac);
 }
 
+/* Diagnostics: relative squared NVFP4 error of the master weight. */
+static qd_status measure_weight_error(cpu_ctx *c, linear *L)
+{
+    size_t n = (size_t)L->out * L->in;
+    float *wh = malloc(sizeof(float) * n);
+    if (!wh)
+        return qd_error(QD_ERR_NOMEM, "cpu backend: diagnostics");
+    const float *w = c->params + L->w;
+    qd_status st = qd_nvfp4_fake_quant(wh, w, L->out, L->in, 0);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n && !st; i++) {
+        num += ((double)w[i] - wh[i]) * ((double)w[i] - wh[i]);
+        den += (double)w[i] * w[i];
+    }
+    L->weight_err = den > 0 ? num / den : 0.0;
+    free(wh);
+    return st;
+}
+
 /* The working copy of a linear's weight that the forward multiplies. */
 static qd_status sync_linear(cpu_ctx *c, linear *L)
 {
     size_t n = (size_t)L->out * L->in;
+    if (c->opt.diagnostics && L->quantized && L->in % QD_NVFP4_BLOCK == 0) {
+        qd_status st = measure_weight_error(c, L);
+        if (st)
+            return st;
+    }
     if (is_rollout_quant(L->mode))
         return sync_rollout_linear(c, L);
     if (L->mode == QD_LINEAR_AQAT || L->mode == QD_LINEAR_SYM_QAT)
@@ -1178,6 +1239,11 @@ static void cpu_free(qd_backend *b)
     free(c->rope_cos);
     free(c->rope_sin);
     free(c->arena);
+    free(c->dg_names);
+    free(c->dg_act_err);
+    free(c->dg_act_norm);
+    free(c->dg_weight_err);
+    free(c->dg_topk);
     free(c);
 }
 
@@ -1203,6 +1269,8 @@ static qd_status cpu_forward(qd_backend *b, const qd_batch *bt, float *logp, flo
     cpu_ctx *c = ctx_of(b);
     int V = c->cfg.vocab_size;
     c->have_forward = 0;
+    for (int i = 0; i < c->nlin; i++)
+        c->lin[i].act_err = c->lin[i].act_norm = 0.0;
     qd_status st = pack_batch(c, bt);
     float *lp = st ? NULL : malloc(sizeof(float) * (size_t)(c->N ? c->N : 1));
     if (!st && !lp)
@@ -1277,6 +1345,36 @@ static qd_status cpu_optimizer_step(qd_backend *b, const qd_adamw *o, int step, 
     return sync_weights(c);
 }
 
+static qd_status cpu_diagnostics(qd_backend *b, qd_diagnostics *out)
+{
+    cpu_ctx *c = ctx_of(b);
+    if (!c->opt.diagnostics || !c->have_forward)
+        return qd_error(QD_ERR_ARG, "diagnostics: %s", c->opt.diagnostics ? "no forward yet"
+                        : "not enabled in the backend options");
+    int nq = 0, nmoe = 0, K = c->cfg.num_experts_per_tok;
+    for (int l = 0; l < c->cfg.num_hidden_layers; l++)
+        nmoe += c->layers[l].moe;
+    free(c->dg_topk);
+    c->dg_topk = malloc(sizeof(int32_t) * ((size_t)nmoe * c->N * K + 1));
+    if (!c->dg_topk)
+        return qd_error(QD_ERR_NOMEM, "cpu backend: diagnostics");
+    for (int l = 0, m = 0; l < c->cfg.num_hidden_layers; l++)
+        if (c->layers[l].moe)
+            memcpy(c->dg_topk + (size_t)(m++) * c->N * K, c->acts[l].topk, sizeof(int32_t) * c->N * K);
+    for (int i = 0; i < c->nlin; i++) {
+        const linear *L = &c->lin[i];
+        if (!L->quantized)
+            continue;
+        c->dg_names[nq] = L->name;
+        c->dg_act_err[nq] = L->act_err;
+        c->dg_act_norm[nq] = L->act_norm;
+        c->dg_weight_err[nq++] = L->weight_err;
+    }
+    *out = (qd_diagnostics){nq, c->dg_names, c->dg_act_err, c->dg_act_norm, c->dg_weight_err, c->N,
+                            nmoe, K, c->dg_topk};
+    return QD_OK;
+}
+
 static const struct qd_backend_i cpu_iface = {
     .get_name = cpu_get_name,
     .free = cpu_free,
@@ -1288,7 +1386,7 @@ static const struct qd_backend_i cpu_iface = {
     .get_grads = cpu_get_grads,
     .optimizer_step = cpu_optimizer_step,
     .generate = NULL,
-    .diagnostics = NULL,
+    .diagnostics = cpu_diagnostics,
 };
 
 /* ------------------------------------------------------------------------ */
@@ -1323,7 +1421,12 @@ static qd_status alloc_model(cpu_ctx *c)
     c->wk = calloc(n, sizeof(float));
     c->rope_cos = malloc(sizeof(float) * nr);
     c->rope_sin = malloc(sizeof(float) * nr);
-    if (!c->params || !c->grads || !c->m || !c->v || !c->wk || !c->rope_cos || !c->rope_sin)
+    c->dg_names = calloc((size_t)c->nlin, sizeof(char *));
+    c->dg_act_err = calloc((size_t)c->nlin, sizeof(double));
+    c->dg_act_norm = calloc((size_t)c->nlin, sizeof(double));
+    c->dg_weight_err = calloc((size_t)c->nlin, sizeof(double));
+    if (!c->params || !c->grads || !c->m || !c->v || !c->wk || !c->rope_cos || !c->rope_sin ||
+        !c->dg_names || !c->dg_act_err || !c->dg_act_norm || !c->dg_weight_err)
         return qd_error(QD_ERR_NOMEM, "cpu backend: %zu parameters", n);
     for (int i = 0; i < c->nlin; i++) {
         qd_status st = alloc_linear(&c->lin[i]);
