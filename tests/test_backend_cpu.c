@@ -259,6 +259,46 @@ START_TEST(test_forward_logits_consistent)
 }
 END_TEST
 
+/* The fp32 forward against tests/ref/qwen3moe_tiny_ref.py (numpy, float64,
+ * written from HF's modeling_qwen3_moe.py): same weights and tokens from the
+ * same splitmix64 stream; bound max |diff| < 1e-5 * max |logit|. */
+static void check_reference(int tied, int norm_topk, uint64_t seed)
+{
+    char rel[64];
+    snprintf(rel, sizeof rel, "tests/fixtures/qwen3moe_tiny_tied%d.bin", tied);
+    FILE *f = fopen(qd_test_path(rel), "rb");
+    ck_assert_msg(f != NULL, "missing %s", rel);
+    float ref[17 * 64], logits[TB * TT * 64], logp[TB * TT];
+    ck_assert_int_eq(fread(ref, sizeof(float), 17 * 64, f), 17 * 64);
+    fclose(f);
+    qd_model_config c = tiny_config(tied, norm_topk);
+    qd_backend *b = make(&c, QD_RECIPE_FP32, QD_ROLE_TRAINER, 0, 0);
+    float *w = random_weights(b, seed);
+    ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
+    int32_t tok[TB * TT];
+    tiny_batch(tok, seed + 1);
+    forward_ok(b, tok, tlen, TB, TT, logp, logits);
+    double dmax = 0, rmax = 0;
+    for (int bb = 0, n = 0; bb < TB; bb++)
+        for (int t = 0; t < tlen[bb]; t++, n++)
+            for (int j = 0; j < 64; j++) {
+                dmax = fmax(dmax, fabs((double)logits[(bb * TT + t) * 64 + j] - ref[n * 64 + j]));
+                rmax = fmax(rmax, fabs((double)ref[n * 64 + j]));
+            }
+    fprintf(stderr, "reference (tied %d): max |logit - numpy float64| = %.2e, max |logit| = %.2f\n", tied,
+            dmax, rmax);
+    ck_assert(dmax < 1e-5 * rmax);
+    free(w);
+    qd_backend_free(b);
+}
+
+START_TEST(test_forward_reference)
+{
+    check_reference(0, 1, 81);
+    check_reference(1, 0, 91);
+}
+END_TEST
+
 /* Each sequence alone (no padding, B = 1) gives the same bits as in the batch. */
 static void check_batch_independence(qd_recipe r, qd_role role, double ratio)
 {
@@ -660,6 +700,7 @@ Suite *suite_backend_cpu(void)
     tcase_add_test(tc, test_recipes);
     tcase_add_test(tc, test_config_and_params);
     tcase_add_test(tc, test_forward_logits_consistent);
+    tcase_add_test(tc, test_forward_reference);
     tcase_add_test(tc, test_batch_independence);
     tcase_add_test(tc, test_thread_independence);
     tcase_add_test(tc, test_gradients_untied);
