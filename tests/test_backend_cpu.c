@@ -545,6 +545,60 @@ START_TEST(test_recipes_error)
 }
 END_TEST
 
+/* Gradients (n floats, caller frees) of the loss coef . logp under recipe r, trainer role. */
+static float *trainer_grads(qd_recipe r, const float *w, const int32_t *tok, const float *coef, size_t n)
+{
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend *b = make_loaded(&c, r, QD_ROLE_TRAINER, 0, 0, w);
+    float logp[TB * TT], *g = malloc(sizeof(float) * n);
+    forward_ok(b, tok, tlen, TB, TT, logp, NULL);
+    ck_assert_int_eq(qd_backend_backward(b, coef), QD_OK);
+    ck_assert_int_eq(qd_backend_get_grads(b, g, n), QD_OK);
+    qd_backend_free(b);
+    for (size_t i = 0; i < n; i++)
+        ck_assert(isfinite(g[i]));
+    return g;
+}
+
+static double grad_dist(qd_recipe r, const float *w, const int32_t *tok, const float *coef, const float *ref,
+                        size_t n)
+{
+    float *g = trainer_grads(r, w, tok, coef, n);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += ((double)g[i] - ref[i]) * ((double)g[i] - ref[i]);
+        den += (double)ref[i] * ref[i];
+    }
+    fprintf(stderr, "recipe %-14s trainer: gradient relative L2 distance to fp32 %.3e\n", qd_recipe_name(r),
+            sqrt(num / den));
+    free(g);
+    return sqrt(num / den);
+}
+
+/* Trainer recipes' gradients (straight-through) stay near fp32's: the
+ * relative L2 distance is non-zero and ordered like the forward errors. */
+START_TEST(test_trainer_gradients)
+{
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend *b = make(&c, QD_RECIPE_FP32, QD_ROLE_TRAINER, 0, 0);
+    size_t n = qd_backend_num_floats(b);
+    float *w = random_weights(b, 45), coef[TB * TT];
+    qd_backend_free(b);
+    int32_t tok[TB * TT];
+    tiny_batch(tok, 46);
+    random_coef(coef, 47);
+    float *ref = trainer_grads(QD_RECIPE_FP32, w, tok, coef, n);
+    double bf16 = grad_dist(QD_RECIPE_BF16, w, tok, coef, ref, n);
+    double aqat = grad_dist(QD_RECIPE_QUADS, w, tok, coef, ref, n);
+    double sym = grad_dist(QD_RECIPE_NVFP4_SYM_QAT, w, tok, coef, ref, n);
+    ck_assert(bf16 > 0 && bf16 < 0.05);
+    ck_assert(aqat > bf16 && aqat < 1.0);
+    ck_assert(sym > bf16 && sym < 1.5);
+    free(ref);
+    free(w);
+}
+END_TEST
+
 /* ---- AdamW against the formula in double */
 
 START_TEST(test_adamw)
@@ -706,6 +760,7 @@ Suite *suite_backend_cpu(void)
     tcase_add_test(tc, test_gradients_untied);
     tcase_add_test(tc, test_gradients_tied);
     tcase_add_test(tc, test_recipes_error);
+    tcase_add_test(tc, test_trainer_gradients);
     tcase_add_test(tc, test_adamw);
     tcase_add_test(tc, test_diagnostics);
     tcase_add_test(tc, test_errors);
