@@ -1207,6 +1207,30 @@ static void adamw_tensor(cpu_ctx *c, const qd_param_info *pi, const qd_adamw *o,
 
 static cpu_ctx *ctx_of(qd_backend *b) { return (cpu_ctx *)b->context; }
 
+/* quant/'s OpenMP regions follow the runtime's default: set it to the
+ * backend's thread count for the duration of one call. */
+static int threads_push(const cpu_ctx *c)
+{
+#ifdef _OPENMP
+    int saved = omp_get_max_threads();
+    if (c->opt.num_threads > 0)
+        omp_set_num_threads(c->opt.num_threads);
+    return saved;
+#else
+    (void)c;
+    return 1;
+#endif
+}
+
+static void threads_pop(int saved)
+{
+#ifdef _OPENMP
+    omp_set_num_threads(saved);
+#else
+    (void)saved;
+#endif
+}
+
 static const char *cpu_get_name(qd_backend *b)
 {
     (void)b;
@@ -1247,7 +1271,7 @@ static void cpu_free(qd_backend *b)
     free(c);
 }
 
-static qd_status cpu_set_weights(qd_backend *b, const float *params, size_t n)
+static qd_status set_weights_impl(qd_backend *b, const float *params, size_t n)
 {
     cpu_ctx *c = ctx_of(b);
     qd_status st = qd_amax(&(float){0}, params, (int64_t)n);
@@ -1258,13 +1282,21 @@ static qd_status cpu_set_weights(qd_backend *b, const float *params, size_t n)
     return sync_weights(c);
 }
 
+static qd_status cpu_set_weights(qd_backend *b, const float *params, size_t n)
+{
+    int saved = threads_push(ctx_of(b));
+    qd_status st = set_weights_impl(b, params, n);
+    threads_pop(saved);
+    return st;
+}
+
 static qd_status cpu_get_weights(qd_backend *b, float *params, size_t n)
 {
     memcpy(params, ctx_of(b)->params, sizeof(float) * n);
     return QD_OK;
 }
 
-static qd_status cpu_forward(qd_backend *b, const qd_batch *bt, float *logp, float *logits)
+static qd_status forward_impl(qd_backend *b, const qd_batch *bt, float *logp, float *logits)
 {
     cpu_ctx *c = ctx_of(b);
     int V = c->cfg.vocab_size;
@@ -1294,7 +1326,15 @@ static qd_status cpu_forward(qd_backend *b, const qd_batch *bt, float *logp, flo
     return QD_OK;
 }
 
-static qd_status cpu_backward(qd_backend *b, const float *dlogp)
+static qd_status cpu_forward(qd_backend *b, const qd_batch *bt, float *logp, float *logits)
+{
+    int saved = threads_push(ctx_of(b));
+    qd_status st = forward_impl(b, bt, logp, logits);
+    threads_pop(saved);
+    return st;
+}
+
+static qd_status backward_impl(qd_backend *b, const float *dlogp)
 {
     cpu_ctx *c = ctx_of(b);
     if (!c->have_forward)
@@ -1318,6 +1358,14 @@ static qd_status cpu_backward(qd_backend *b, const float *dlogp)
     return st;
 }
 
+static qd_status cpu_backward(qd_backend *b, const float *dlogp)
+{
+    int saved = threads_push(ctx_of(b));
+    qd_status st = backward_impl(b, dlogp);
+    threads_pop(saved);
+    return st;
+}
+
 static void cpu_zero_grad(qd_backend *b)
 {
     cpu_ctx *c = ctx_of(b);
@@ -1330,7 +1378,7 @@ static qd_status cpu_get_grads(qd_backend *b, float *grads, size_t n)
     return QD_OK;
 }
 
-static qd_status cpu_optimizer_step(qd_backend *b, const qd_adamw *o, int step, float *norm_out)
+static qd_status optimizer_step_impl(qd_backend *b, const qd_adamw *o, int step, float *norm_out)
 {
     cpu_ctx *c = ctx_of(b);
     double norm = grad_norm(c);
@@ -1343,6 +1391,14 @@ static qd_status cpu_optimizer_step(qd_backend *b, const qd_adamw *o, int step, 
         adamw_tensor(c, &c->info[t], o, gscale, bc1, bc2);
     c->have_forward = 0;
     return sync_weights(c);
+}
+
+static qd_status cpu_optimizer_step(qd_backend *b, const qd_adamw *o, int step, float *norm_out)
+{
+    int saved = threads_push(ctx_of(b));
+    qd_status st = optimizer_step_impl(b, o, step, norm_out);
+    threads_pop(saved);
+    return st;
 }
 
 static qd_status cpu_diagnostics(qd_backend *b, qd_diagnostics *out)
