@@ -227,12 +227,23 @@ qd_status qd_backend_optimizer_step(qd_backend *b, const qd_adamw *opt, int step
     return b->iface->optimizer_step(b, opt, step, grad_norm ? grad_norm : &norm_unused);
 }
 
-qd_status qd_backend_generate(qd_backend *b, const void *request, void *result)
+qd_status qd_backend_generate(qd_backend *b, const qd_generate_request *req, qd_generate_result *res)
 {
-    assert(b && request && result);
+    assert(b && req && res && req->prompt && req->prompt_len && req->seq_id);
+    assert(res->tokens && res->logp && res->lengths);
     if (!b->iface->generate)
-        return qd_error(QD_ERR_UNSUPPORTED, "backend %s: no generate (issue 3)", qd_backend_name(b));
-    return b->iface->generate(b, request, result);
+        return qd_error(QD_ERR_UNSUPPORTED, "backend %s: no generate", qd_backend_name(b));
+    if (req->B <= 0 || req->Tp <= 0 || req->max_new_tokens < 0)
+        return qd_error(QD_ERR_SHAPE, "generate: B %d, Tp %d, max_new_tokens %d", req->B, req->Tp,
+                        req->max_new_tokens);
+    for (int i = 0; i < req->B; i++)
+        if (req->prompt_len[i] < 1 || req->prompt_len[i] > req->Tp)
+            return qd_error(QD_ERR_SHAPE, "generate: prompt_len[%d] = %d not in [1, %d]", i,
+                            req->prompt_len[i], req->Tp);
+    if (!(req->temperature >= 0.0f) || !(req->top_p > 0.0f) || req->top_k < 0 || req->num_stop < 0)
+        return qd_error(QD_ERR_ARG, "generate: temperature %g, top_k %d, top_p %g", req->temperature,
+                        req->top_k, req->top_p);
+    return b->iface->generate(b, req, res);
 }
 
 qd_status qd_backend_diagnostics(qd_backend *b, qd_diagnostics *out)

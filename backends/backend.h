@@ -117,6 +117,31 @@ typedef struct {
     float lr, beta1, beta2, eps, weight_decay, grad_clip;
 } qd_adamw;
 
+/* A rollout: B prompts continued by sampling (NUMERICS.md §6). Token i of
+ * sequence b (at position p = prompt_len[b] + i) is drawn with the uniform
+ * qd_sample_uniform(seed, seq_id[b], p) from softmax(logits / temperature)
+ * restricted by top_k and top_p, so it never depends on the batch or threads. */
+typedef struct {
+    int B, Tp;
+    const int32_t *prompt;      /* (B, Tp) right-padded */
+    const int32_t *prompt_len;  /* (B), 1 <= prompt_len[b] <= Tp */
+    const uint64_t *seq_id;     /* (B) sampling stream of each sequence */
+    uint64_t seed;
+    int max_new_tokens;
+    float temperature;          /* 0: greedy (argmax, ties to the lower id) */
+    int top_k;                  /* 0: off */
+    float top_p;                /* >= 1: off */
+    const int32_t *stop;        /* (num_stop) tokens that end a sequence (kept in its output) */
+    int num_stop;
+} qd_generate_request;
+
+typedef struct {
+    int32_t *tokens;            /* (B, max_new_tokens) caller-owned; -1 after the end */
+    float *logp;                /* (B, max_new_tokens) log_softmax(logits / T)[token] (T = 1
+                                   when greedy); 0 after the end */
+    int32_t *lengths;           /* (B) tokens generated, the stop token included */
+} qd_generate_result;
+
 /* Per-layer diagnostics of the last forward (optional slot; the backend must
  * be made with options.diagnostics = 1). NVFP4 errors are measured whatever
  * the recipe, activations with one global scale per token (NUMERICS.md §4). */
@@ -155,8 +180,8 @@ struct qd_backend_i {
     /* One AdamW step (step counts from 1) on the master weights, then a sync.
      * *grad_norm receives the global gradient norm before clipping. */
     qd_status (*optimizer_step)(qd_backend *b, const qd_adamw *opt, int step, float *grad_norm);
-    /* Rollout with a KV cache (issue 3); optional, NULL for now. */
-    qd_status (*generate)(qd_backend *b, const void *request, void *result);
+    /* Rollout; optional. */
+    qd_status (*generate)(qd_backend *b, const qd_generate_request *req, qd_generate_result *res);
     /* Optional. The pointers are owned by the backend and stay valid until the
      * next diagnostics call or free. */
     qd_status (*diagnostics)(qd_backend *b, qd_diagnostics *out);
@@ -201,7 +226,7 @@ qd_status qd_backend_backward(qd_backend *b, const float *dlogp);
 void qd_backend_zero_grad(qd_backend *b);
 qd_status qd_backend_get_grads(qd_backend *b, float *grads, size_t n);
 qd_status qd_backend_optimizer_step(qd_backend *b, const qd_adamw *opt, int step, float *grad_norm);
-qd_status qd_backend_generate(qd_backend *b, const void *request, void *result);
+qd_status qd_backend_generate(qd_backend *b, const qd_generate_request *req, qd_generate_result *res);
 qd_status qd_backend_diagnostics(qd_backend *b, qd_diagnostics *out);
 
 #endif /* QD_BACKEND_H */

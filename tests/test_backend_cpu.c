@@ -220,7 +220,6 @@ START_TEST(test_config_and_params)
     ck_assert(qd_backend_find_param(b, "lm_head.weight") < 0);
     ck_assert(qd_backend_init_by_name("cuda", &c, &(qd_backend_options){0}) == NULL);
     ck_assert(qd_backend_init_by_name("tpu", &c, &(qd_backend_options){0}) == NULL);
-    ck_assert_int_eq(qd_backend_generate(b, &np, &np), QD_ERR_UNSUPPORTED);
     qd_backend_free(b);
 }
 END_TEST
@@ -732,6 +731,141 @@ START_TEST(test_diagnostics)
 }
 END_TEST
 
+/* ---- generation */
+
+/* Philox4x32-10 known answers (Random123's kat_vectors). */
+START_TEST(test_philox)
+{
+    static const uint32_t ctr[3][4] = {{0, 0, 0, 0}, {~0u, ~0u, ~0u, ~0u},
+                                       {0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}};
+    static const uint32_t key[3][2] = {{0, 0}, {~0u, ~0u}, {0xa4093822, 0x299f31d0}};
+    static const uint32_t want[3][4] = {{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8},
+                                        {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd},
+                                        {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}};
+    for (int i = 0; i < 3; i++) {
+        uint32_t out[4];
+        qd_philox4x32_10(out, ctr[i], key[i]);
+        ck_assert(memcmp(out, want[i], sizeof out) == 0);
+    }
+    float u = qd_sample_uniform(1, 2, 3);
+    ck_assert(u >= 0.0f && u < 1.0f && u != qd_sample_uniform(1, 2, 4) && u != qd_sample_uniform(1, 3, 3));
+}
+END_TEST
+
+enum { GB = 3, GP = 5, GM = 8 };
+static const int32_t gplen[GB] = {5, 2, 3};
+static const uint64_t gsid[GB] = {100, 7, 42};
+
+/* Generates from rows [first, first + B) of a fixed prompt batch. */
+static void generate_rows(qd_backend *b, int first, int B, float temperature, int top_k, float top_p,
+                          uint64_t seed, const int32_t *stop, int nstop, int32_t *tok, float *logp,
+                          int32_t *len)
+{
+    int32_t prompt[GB * GP];
+    rng_state = 77;
+    for (int i = 0; i < GB * GP; i++)
+        prompt[i] = (int32_t)(urand() * 64);
+    qd_generate_request rq = {B, GP, prompt + first * GP, gplen + first, gsid + first, seed, GM,
+                              temperature, top_k, top_p, stop, nstop};
+    qd_generate_result res = {tok, logp, len};
+    qd_status st = qd_backend_generate(b, &rq, &res);
+    ck_assert_msg(st == QD_OK, "generate: %s", qd_last_error());
+}
+
+/* The generated tokens' log-probs equal the forward's of the whole sequence
+ * (temperature 1), bit for bit; greedy tokens are the forward's argmax. */
+static void check_against_forward(qd_backend *b, int row, const int32_t *tok, const float *logp, int n,
+                                  int greedy)
+{
+    int32_t prompt[GB * GP], seq[GP + GM], L = gplen[row] + n;
+    float lp[GP + GM], logits[(GP + GM) * 64];
+    rng_state = 77;
+    for (int i = 0; i < GB * GP; i++)
+        prompt[i] = (int32_t)(urand() * 64);
+    memcpy(seq, prompt + row * GP, sizeof(int32_t) * gplen[row]);
+    memcpy(seq + gplen[row], tok, sizeof(int32_t) * n);
+    forward_ok(b, seq, &L, 1, L, lp, logits);
+    for (int i = 0; i < n; i++) {
+        int t = gplen[row] - 1 + i;
+        ck_assert_msg(lp[t] == logp[i], "row %d token %d: logp %g vs forward %g", row, i, logp[i], lp[t]);
+        if (greedy)
+            for (int j = 0; j < 64; j++)
+                ck_assert(logits[t * 64 + j] <= logits[t * 64 + tok[i]]);
+    }
+}
+
+START_TEST(test_generate)
+{
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend *b = make(&c, QD_RECIPE_FP32, QD_ROLE_ROLLOUT, 0, 0);
+    float *w = random_weights(b, 101);
+    ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
+    int32_t tok[GB * GM], len[GB], tok1[GM], len1, gtok[GB * GM], glen[GB];
+    float logp[GB * GM], logp1[GM], glogp[GB * GM];
+    /* greedy */
+    generate_rows(b, 0, GB, 0.0f, 0, 1.0f, 1, NULL, 0, gtok, glogp, glen);
+    for (int r = 0; r < GB; r++) {
+        ck_assert_int_eq(glen[r], GM);
+        check_against_forward(b, r, gtok + r * GM, glogp + r * GM, GM, 1);
+    }
+    /* sampling: same tokens alone and in the batch; log-probs are the forward's */
+    generate_rows(b, 0, GB, 1.0f, 20, 0.9f, 5, NULL, 0, tok, logp, len);
+    for (int r = 0; r < GB; r++) {
+        generate_rows(b, r, 1, 1.0f, 20, 0.9f, 5, NULL, 0, tok1, logp1, &len1);
+        ck_assert(len1 == GM && memcmp(tok1, tok + r * GM, sizeof tok1) == 0);
+        ck_assert(memcmp(logp1, logp + r * GM, sizeof logp1) == 0);
+        check_against_forward(b, r, tok + r * GM, logp + r * GM, GM, 0);
+    }
+    ck_assert(memcmp(tok, gtok, sizeof tok) != 0);   /* sampling is not greedy here */
+    /* top_k = 1 is greedy; another seed gives other tokens */
+    generate_rows(b, 0, GB, 1.0f, 1, 1.0f, 5, NULL, 0, tok, logp, len);
+    ck_assert(memcmp(tok, gtok, sizeof tok) == 0);
+    generate_rows(b, 0, GB, 1.0f, 0, 1.0f, 5, NULL, 0, tok, logp, len);
+    generate_rows(b, 0, GB, 1.0f, 0, 1.0f, 6, NULL, 0, gtok, glogp, glen);
+    ck_assert(memcmp(tok, gtok, sizeof tok) != 0);
+    /* a stop token ends a sequence after it; the others go on */
+    int32_t stop = tok[2];
+    generate_rows(b, 0, GB, 1.0f, 0, 1.0f, 5, &stop, 1, gtok, glogp, glen);
+    ck_assert_int_eq(glen[0], 3);
+    ck_assert(gtok[2] == stop && gtok[3] == -1 && glogp[3] == 0.0f);
+    for (int r = 1; r < GB; r++) {
+        int k = 0;
+        while (k < GM && tok[r * GM + k] != stop)
+            k++;
+        ck_assert_int_eq(glen[r], k < GM ? k + 1 : GM);
+        ck_assert(memcmp(gtok + r * GM, tok + r * GM, sizeof(int32_t) * glen[r]) == 0);
+    }
+    free(w);
+    qd_backend_free(b);
+}
+END_TEST
+
+/* NVFP4 + RAC rollout: the same tokens at 1 and 2 threads and alone or batched. */
+START_TEST(test_generate_rollout_recipe)
+{
+    qd_model_config c = tiny_config(0, 1);
+    int32_t tok[2][GB * GM], len[GB], tok1[GM], len1;
+    float logp[2][GB * GM], logp1[GM];
+    float *w = NULL;
+    for (int k = 0; k < 2; k++) {
+        qd_backend *b = make(&c, QD_RECIPE_QUADS, QD_ROLE_ROLLOUT, 0.25, k + 1);
+        if (!w)
+            w = random_weights(b, 111);
+        ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
+        generate_rows(b, 0, GB, 0.8f, 0, 0.95f, 9, NULL, 0, tok[k], logp[k], len);
+        if (k == 1)
+            for (int r = 0; r < GB; r++) {
+                generate_rows(b, r, 1, 0.8f, 0, 0.95f, 9, NULL, 0, tok1, logp1, &len1);
+                ck_assert(memcmp(tok1, tok[k] + r * GM, sizeof tok1) == 0);
+                ck_assert(memcmp(logp1, logp[k] + r * GM, sizeof logp1) == 0);
+            }
+        qd_backend_free(b);
+    }
+    ck_assert(memcmp(tok[0], tok[1], sizeof tok[0]) == 0 && memcmp(logp[0], logp[1], sizeof logp[0]) == 0);
+    free(w);
+}
+END_TEST
+
 /* ---- errors */
 
 START_TEST(test_errors)
@@ -781,6 +915,9 @@ Suite *suite_backend_cpu(void)
     tcase_add_test(tc, test_trainer_gradients);
     tcase_add_test(tc, test_adamw);
     tcase_add_test(tc, test_diagnostics);
+    tcase_add_test(tc, test_philox);
+    tcase_add_test(tc, test_generate);
+    tcase_add_test(tc, test_generate_rollout_recipe);
     tcase_add_test(tc, test_errors);
     suite_add_tcase(s, tc);
     return s;

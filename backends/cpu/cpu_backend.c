@@ -129,6 +129,8 @@ typedef struct {
 
 #define P(c, off) ((c)->wk + (off))
 
+static cpu_ctx *ctx_of(qd_backend *b) { return (cpu_ctx *)b->context; }
+
 static int nthreads(const cpu_ctx *c)
 {
 #ifdef _OPENMP
@@ -1169,6 +1171,165 @@ static qd_status model_backward(cpu_ctx *c, const float *dlogp_packed)
 }
 
 /* ------------------------------------------------------------------------ */
+/* generation (no KV cache yet, issue 3: each step recomputes the forward of  */
+/* the unfinished sequences, so its log-probs are the forward's, bit for bit) */
+
+typedef struct {
+    float p;
+    int32_t id;
+} candidate;
+
+/* Probability descending, then id ascending: a total order, so qsort is deterministic. */
+static int candidate_cmp(const void *a, const void *b)
+{
+    const candidate *x = a, *y = b;
+    if (x->p != y->p)
+        return x->p > y->p ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* Index of the sampled candidate among the first n (sorted): the first whose
+ * running sum (in sorted order) exceeds u times their total. */
+static int draw(const candidate *cs, int n, float u)
+{
+    float tot = 0.0f, cum = 0.0f;
+    for (int i = 0; i < n; i++)
+        tot += cs[i].p;
+    float target = u * tot;
+    for (int i = 0; i < n; i++) {
+        cum += cs[i].p;
+        if (target < cum)
+            return i;
+    }
+    return n - 1;
+}
+
+/* The next token from logits l (V) at position pos; *logp = log_softmax(l / T)[token].
+ * Probabilities p = exp(z - max) / sum, z = l / T; top-k then top-p (the
+ * smallest prefix of the sorted candidates whose running sum reaches top_p). */
+static int32_t sample_token(float *logp, const float *l, int V, const qd_generate_request *rq,
+                            uint64_t sid, int pos, candidate *cs)
+{
+    float T = rq->temperature > 0.0f ? rq->temperature : 1.0f, mx = -INFINITY, sum = 0.0f;
+    for (int j = 0; j < V; j++)
+        mx = fmaxf(mx, l[j] / T);
+    for (int j = 0; j < V; j++) {
+        cs[j].p = qd_expf(l[j] / T - mx);
+        cs[j].id = j;
+        sum += cs[j].p;
+    }
+    float lse = mx + qd_logf(sum);
+    int32_t tok = 0;
+    if (rq->temperature == 0.0f) {
+        for (int j = 1; j < V; j++)
+            if (l[j] > l[tok])
+                tok = j;
+    } else {
+        for (int j = 0; j < V; j++)
+            cs[j].p = cs[j].p / sum;
+        qsort(cs, (size_t)V, sizeof *cs, candidate_cmp);
+        int n = rq->top_k > 0 && rq->top_k < V ? rq->top_k : V;
+        float cum = 0.0f;
+        for (int i = 0; i < n && rq->top_p < 1.0f; i++) {
+            cum += cs[i].p;
+            if (cum >= rq->top_p)
+                n = i + 1;
+        }
+        tok = cs[draw(cs, n, qd_sample_uniform(rq->seed, sid, (uint32_t)pos))].id;
+    }
+    *logp = l[tok] / T - lse;
+    return tok;
+}
+
+typedef struct {
+    int32_t *seq, *len, *idx, *alen, *batch; /* (B, Tmax), (B), (B), (B), (B, Tmax) */
+    float *lp;                               /* (B * Tmax) */
+    candidate *cs;                           /* (V) */
+    int *done;                               /* (B) */
+} gen_state;
+
+static int is_stop(const qd_generate_request *rq, int32_t tok)
+{
+    for (int i = 0; i < rq->num_stop; i++)
+        if (rq->stop[i] == tok)
+            return 1;
+    return 0;
+}
+
+/* One decoding step for every unfinished sequence; *active = how many ran. */
+static qd_status gen_step(cpu_ctx *c, gen_state *g, const qd_generate_request *rq, qd_generate_result *res,
+                          int step, int Tmax, int *active)
+{
+    int na = 0, V = c->cfg.vocab_size, M = rq->max_new_tokens;
+    for (int b = 0; b < rq->B; b++)
+        if (!g->done[b]) {
+            memcpy(g->batch + (size_t)na * Tmax, g->seq + (size_t)b * Tmax, sizeof(int32_t) * Tmax);
+            g->idx[na] = b;
+            g->alen[na++] = g->len[b];
+        }
+    *active = na;
+    if (na == 0)
+        return QD_OK;
+    qd_batch bt = {na, Tmax, g->batch, g->alen};
+    qd_status st = pack_batch(c, &bt);
+    if (!st)
+        st = model_forward(c, g->lp);
+    for (int i = 0; i < na && !st; i++) {
+        int b = g->idx[i];
+        const float *l = c->logits + (size_t)(c->seq_off[i + 1] - 1) * V;
+        float lp;
+        int32_t tok = sample_token(&lp, l, V, rq, rq->seq_id[b], g->len[b], g->cs);
+        g->seq[(size_t)b * Tmax + g->len[b]++] = tok;
+        res->tokens[(size_t)b * M + step] = tok;
+        res->logp[(size_t)b * M + step] = lp;
+        res->lengths[b]++;
+        g->done[b] = is_stop(rq, tok) || step + 1 == M;
+    }
+    return st;
+}
+
+static qd_status generate_impl(qd_backend *bk, const qd_generate_request *rq, qd_generate_result *res)
+{
+    cpu_ctx *c = ctx_of(bk);
+    int B = rq->B, M = rq->max_new_tokens, Tmax = rq->Tp + M;
+    if (Tmax > c->cfg.max_position_embeddings)
+        return qd_error(QD_ERR_SHAPE, "generate: prompt + max_new_tokens = %d > max_position_embeddings %d",
+                        Tmax, c->cfg.max_position_embeddings);
+    gen_state g = {
+        calloc((size_t)B * Tmax, sizeof(int32_t)), calloc((size_t)B, sizeof(int32_t)),
+        calloc((size_t)B, sizeof(int32_t)), calloc((size_t)B, sizeof(int32_t)),
+        calloc((size_t)B * Tmax, sizeof(int32_t)), calloc((size_t)B * Tmax, sizeof(float)),
+        calloc((size_t)c->cfg.vocab_size, sizeof(candidate)), calloc((size_t)B, sizeof(int)),
+    };
+    qd_status st = g.seq && g.len && g.idx && g.alen && g.batch && g.lp && g.cs && g.done
+                       ? QD_OK : qd_error(QD_ERR_NOMEM, "cpu backend: generate");
+    for (int b = 0; b < B && !st; b++) {
+        memcpy(g.seq + (size_t)b * Tmax, rq->prompt + (size_t)b * rq->Tp, sizeof(int32_t) * rq->prompt_len[b]);
+        g.len[b] = rq->prompt_len[b];
+        g.done[b] = M == 0;
+        res->lengths[b] = 0;
+        for (int i = 0; i < M; i++) {
+            res->tokens[(size_t)b * M + i] = -1;
+            res->logp[(size_t)b * M + i] = 0.0f;
+        }
+    }
+    c->have_forward = 0;
+    int active = 1;
+    for (int step = 0; step < M && active && !st; step++)
+        st = gen_step(c, &g, rq, res, step, Tmax, &active);
+    c->have_forward = 0;  /* the activations are the last step's, not a batch's */
+    free(g.seq);
+    free(g.len);
+    free(g.idx);
+    free(g.alen);
+    free(g.batch);
+    free(g.lp);
+    free(g.cs);
+    free(g.done);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
 /* AdamW                                                                     */
 
 /* Global L2 norm of the gradients: fixed 4096-float chunks, each summed in
@@ -1217,8 +1378,6 @@ static void adamw_tensor(cpu_ctx *c, const qd_param_info *pi, const qd_adamw *o,
 
 /* ------------------------------------------------------------------------ */
 /* the vtable                                                                */
-
-static cpu_ctx *ctx_of(qd_backend *b) { return (cpu_ctx *)b->context; }
 
 /* quant/'s OpenMP regions follow the runtime's default: set it to the
  * backend's thread count for the duration of one call. */
@@ -1444,6 +1603,14 @@ static qd_status cpu_diagnostics(qd_backend *b, qd_diagnostics *out)
     return QD_OK;
 }
 
+static qd_status cpu_generate(qd_backend *b, const qd_generate_request *rq, qd_generate_result *res)
+{
+    int saved = threads_push(ctx_of(b));
+    qd_status st = generate_impl(b, rq, res);
+    threads_pop(saved);
+    return st;
+}
+
 static const struct qd_backend_i cpu_iface = {
     .get_name = cpu_get_name,
     .free = cpu_free,
@@ -1454,7 +1621,7 @@ static const struct qd_backend_i cpu_iface = {
     .zero_grad = cpu_zero_grad,
     .get_grads = cpu_get_grads,
     .optimizer_step = cpu_optimizer_step,
-    .generate = NULL,
+    .generate = cpu_generate,
     .diagnostics = cpu_diagnostics,
 };
 
