@@ -24,7 +24,9 @@
  *   weights in rank order;
  * - global gradient norm: double partial sums over fixed 4096-float chunks,
  *   chunks added in ascending order.
- * OpenMP splits rows/outputs only, so the bits do not depend on thread count.
+ * OpenMP splits rows/outputs only, so the bits do not depend on thread count,
+ * and every op but attention works row by row, so a sequence's numbers do not
+ * depend on the other sequences of its batch (generation relies on both).
  *
  * BF16 (every recipe but fp32): embedding rows, norm weights, router and
  * lm_head weights are BF16-rounded copies of the float32 master weights; a
@@ -114,7 +116,7 @@ typedef struct {
     int lm_head;                   /* linear index (tied: points at the embedding) */
     float *rope_cos, *rope_sin;    /* (max_position_embeddings, D/2) */
     /* the last forward */
-    int N, Tm, B, T;
+    int N, Tm, B;                  /* tokens, longest sequence, sequences */
     int32_t *tok, *tgt, *pos, *src; /* (N): token, next token or -1, position, b*T+t */
     int32_t *seq_off;              /* (B + 1) first packed token of each sequence */
     layer_acts *acts;              /* (L) */
@@ -822,7 +824,6 @@ static qd_status pack_batch(cpu_ctx *c, const qd_batch *bt)
         return qd_error(QD_ERR_SHAPE, "forward: length %d > max_position_embeddings %d", c->Tm,
                         c->cfg.max_position_embeddings);
     c->B = bt->B;
-    c->T = bt->T;
     free(c->arena);
     arena a = {NULL, 0};
     layout_acts(&a, c);
