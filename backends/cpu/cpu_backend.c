@@ -118,10 +118,15 @@ typedef struct {
     /* the last forward */
     int N, Tm, B;                  /* tokens, longest sequence, sequences */
     int32_t *tok, *tgt, *pos, *src; /* (N): token, next token or -1, position, b*T+t */
+    int32_t *row;                  /* (N): the batch row (KV-cache row) of each token */
     int32_t *seq_off;              /* (B + 1) first packed token of each sequence */
     layer_acts *acts;              /* (L) */
     float *xf, *lnf, *rstdf, *logits, *lse; /* (N, C), (N, C), (N), (N, V), (N) */
     void *arena;                   /* the forward's activations, one allocation */
+    /* KV cache of a generation: NULL outside one */
+    float *kc, *vc;                /* (L, rows, Tc, KV*D) keys after norm and RoPE, values */
+    int cache_rows, Tc;
+    int decode;                    /* 1: the batch is one new token per row, attend to the cache */
     int have_forward;
     /* what diagnostics hands out */
     const char **dg_names;         /* (quantized linears) */
@@ -295,9 +300,38 @@ static void rope_backward(float *dinp, const float *dout, const int32_t *pos, co
         }
 }
 
+/* One query qv (D) over keys and values s = 0..t at kb + s*stride, vb + s*stride:
+ * p (t+1) = softmax(q.k * scale), out (D) = sum_s p[s] v[s], ascending s.
+ * The prefill and the KV-cache decode both call this, so they agree bit for bit. */
+static void attend(float *out, float *p, const float *qv, const float *kb, const float *vb, size_t stride,
+                   int t, int D, float scale)
+{
+    float mx = -INFINITY, sum = 0.0f;
+    for (int s = 0; s <= t; s++) {
+        const float *kv = kb + (size_t)s * stride;
+        float dot = 0.0f;
+        for (int i = 0; i < D; i++)
+            dot += qv[i] * kv[i];
+        p[s] = dot * scale;
+        mx = fmaxf(mx, p[s]);
+    }
+    for (int s = 0; s <= t; s++) {
+        p[s] = qd_expf(p[s] - mx);
+        sum += p[s];
+    }
+    for (int s = 0; s <= t; s++)
+        p[s] = p[s] / sum;
+    for (int i = 0; i < D; i++) {
+        float acc = 0.0f;
+        for (int s = 0; s <= t; s++)
+            acc += p[s] * vb[(size_t)s * stride + i];
+        out[i] = acc;
+    }
+}
+
 /* Causal GQA attention over packed sequences (seq_off, B + 1 entries).
  * att (N, H, Tm): probabilities of query t over keys s <= t of its sequence;
- * out (N, H*D) = sum_s att * v, ascending s. */
+ * out (N, H*D). Query head h reads kv head h / (H/KV) (HF's repeat_kv). */
 static void attention_forward(float *out, float *att, const float *q, const float *k, const float *v,
                               const int32_t *seq_off, int B, int Tm, int H, int KV, int D, int nt)
 {
@@ -307,33 +341,27 @@ static void attention_forward(float *out, float *att, const float *q, const floa
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
             int off = seq_off[b], len = seq_off[b + 1] - off, kh = h / grp;
-            for (int t = 0; t < len; t++) {
-                const float *qv = q + (size_t)(off + t) * HD + h * D;
-                float *p = att + ((size_t)(off + t) * H + h) * Tm;
-                float mx = -INFINITY;
-                for (int s = 0; s <= t; s++) {
-                    const float *kv = k + (size_t)(off + s) * KD + kh * D;
-                    float dot = 0.0f;
-                    for (int i = 0; i < D; i++)
-                        dot += qv[i] * kv[i];
-                    p[s] = dot * scale;
-                    mx = fmaxf(mx, p[s]);
-                }
-                float sum = 0.0f;
-                for (int s = 0; s <= t; s++) {
-                    p[s] = qd_expf(p[s] - mx);
-                    sum += p[s];
-                }
-                for (int s = 0; s <= t; s++)
-                    p[s] = p[s] / sum;
-                float *o = out + (size_t)(off + t) * HD + h * D;
-                for (int i = 0; i < D; i++) {
-                    float acc = 0.0f;
-                    for (int s = 0; s <= t; s++)
-                        acc += p[s] * v[(size_t)(off + s) * KD + kh * D + i];
-                    o[i] = acc;
-                }
-            }
+            for (int t = 0; t < len; t++)
+                attend(out + (size_t)(off + t) * HD + h * D, att + ((size_t)(off + t) * H + h) * Tm,
+                       q + (size_t)(off + t) * HD + h * D, k + (size_t)off * KD + kh * D,
+                       v + (size_t)off * KD + kh * D, (size_t)KD, t, D, scale);
+        }
+}
+
+/* Decode: query n (at position pos[n] of cache row row[n]) over the cached
+ * keys and values kc, vc (rows, Tc, KV*D), positions 0..pos[n]. */
+static void attention_decode(float *out, float *att, const float *q, const float *kc, const float *vc,
+                             const int32_t *row, const int32_t *pos, int N, int Tm, int Tc, int H, int KV,
+                             int D, int nt)
+{
+    float scale = (float)(1.0 / sqrt((double)D));
+    int HD = H * D, KD = KV * D, grp = H / KV;
+#pragma omp parallel for collapse(2) num_threads(nt) schedule(dynamic)
+    for (int n = 0; n < N; n++)
+        for (int h = 0; h < H; h++) {
+            size_t base = (size_t)row[n] * Tc * KD + (size_t)(h / grp) * D;
+            attend(out + (size_t)n * HD + h * D, att + ((size_t)n * H + h) * Tm, q + (size_t)n * HD + h * D,
+                   kc + base, vc + base, (size_t)KD, pos[n], D, scale);
         }
 }
 
@@ -800,6 +828,7 @@ static void layout_acts(arena *a, cpu_ctx *c)
     c->tgt = TAKE_I(a, N);
     c->pos = TAKE_I(a, N);
     c->src = TAKE_I(a, N);
+    c->row = TAKE_I(a, N);
     c->seq_off = TAKE_I(a, c->B + 1);
     for (int l = 0; l < c->cfg.num_hidden_layers; l++)
         layout_layer(a, &c->acts[l], c, &c->layers[l]);
@@ -808,6 +837,20 @@ static void layout_acts(arena *a, cpu_ctx *c)
     c->rstdf = TAKE_F(a, N);
     c->logits = TAKE_F(a, (size_t)N * c->cfg.vocab_size);
     c->lse = TAKE_F(a, N);
+}
+
+/* The activations of a batch of c->N tokens, c->B sequences, longest c->Tm. */
+static qd_status alloc_acts(cpu_ctx *c)
+{
+    free(c->arena);
+    arena a = {NULL, 0};
+    layout_acts(&a, c);
+    c->arena = a.base = malloc(a.used);
+    if (!c->arena)
+        return qd_error(QD_ERR_NOMEM, "cpu backend: %zu bytes of activations", a.used);
+    a.used = 0;
+    layout_acts(&a, c);
+    return QD_OK;
 }
 
 /* Pack the batch: tokens of row b at seq_off[b] .. seq_off[b+1]-1. */
@@ -824,14 +867,9 @@ static qd_status pack_batch(cpu_ctx *c, const qd_batch *bt)
         return qd_error(QD_ERR_SHAPE, "forward: length %d > max_position_embeddings %d", c->Tm,
                         c->cfg.max_position_embeddings);
     c->B = bt->B;
-    free(c->arena);
-    arena a = {NULL, 0};
-    layout_acts(&a, c);
-    c->arena = a.base = malloc(a.used);
-    if (!c->arena)
-        return qd_error(QD_ERR_NOMEM, "cpu backend: %zu bytes of activations", a.used);
-    a.used = 0;
-    layout_acts(&a, c);
+    qd_status st = alloc_acts(c);
+    if (st)
+        return st;
     int n = 0;
     for (int b = 0; b < bt->B; b++) {
         c->seq_off[b] = n;
@@ -842,6 +880,7 @@ static qd_status pack_batch(cpu_ctx *c, const qd_batch *bt)
                                 c->cfg.vocab_size);
             c->tok[n] = id;
             c->pos[n] = t;
+            c->row[n] = b;
             c->src[n] = b * bt->T + t;
             c->tgt[n] = t + 1 < bt->lengths[b] ? bt->tokens[(size_t)b * bt->T + t + 1] : -1;
         }
@@ -938,7 +977,19 @@ static qd_status mlp_forward(cpu_ctx *c, float *out, layer_acts *s, const layer 
     return st;
 }
 
-static qd_status attn_forward(cpu_ctx *c, float *out, layer_acts *s, const layer *ly)
+/* Keys and values of this batch into the KV cache of layer l. */
+static void store_kv(cpu_ctx *c, int l, const layer_acts *s)
+{
+    int KD = c->cfg.num_key_value_heads * c->cfg.head_dim;
+    size_t lsz = (size_t)c->cache_rows * c->Tc * KD;
+    for (int n = 0; n < c->N; n++) {
+        size_t at = (size_t)l * lsz + ((size_t)c->row[n] * c->Tc + c->pos[n]) * KD;
+        memcpy(c->kc + at, s->kr + (size_t)n * KD, sizeof(float) * KD);
+        memcpy(c->vc + at, s->v + (size_t)n * KD, sizeof(float) * KD);
+    }
+}
+
+static qd_status attn_forward(cpu_ctx *c, float *out, layer_acts *s, const layer *ly, int l)
 {
     const qd_model_config *g = &c->cfg;
     int N = c->N, H = g->num_attention_heads, KV = g->num_key_value_heads, D = g->head_dim;
@@ -955,7 +1006,15 @@ static qd_status attn_forward(cpu_ctx *c, float *out, layer_acts *s, const layer
     rmsnorm_forward(s->kr, s->rstd_k, s->k, P(c, ly->k_norm), N * KV, D, eps, nt);
     rope_forward(s->qr, s->qr, c->pos, c->rope_cos, c->rope_sin, N, H, D);
     rope_forward(s->kr, s->kr, c->pos, c->rope_cos, c->rope_sin, N, KV, D);
-    attention_forward(s->ao, s->att, s->qr, s->kr, s->v, c->seq_off, c->B, c->Tm, H, KV, D, nt);
+    if (c->kc)
+        store_kv(c, l, s);
+    if (c->decode) {
+        size_t lsz = (size_t)c->cache_rows * c->Tc * KV * D;
+        attention_decode(s->ao, s->att, s->qr, c->kc + l * lsz, c->vc + l * lsz, c->row, c->pos, N, c->Tm,
+                         c->Tc, H, KV, D, nt);
+    } else {
+        attention_forward(s->ao, s->att, s->qr, s->kr, s->v, c->seq_off, c->B, c->Tm, H, KV, D, nt);
+    }
     return linear_forward(c, out, s->ao, &c->lin[ly->o], N);
 }
 
@@ -993,7 +1052,7 @@ static qd_status model_forward(cpu_ctx *c, float *logp_packed)
         const layer *ly = &c->layers[l];
         float *next = l + 1 < L ? c->acts[l + 1].x : c->xf;
         rmsnorm_forward(s->ln1, s->rstd1, s->x, P(c, ly->in_norm), N, C, eps, nt);
-        st = attn_forward(c, next, s, ly);                 /* next used as scratch (N, C) */
+        st = attn_forward(c, next, s, ly, l);              /* next used as scratch (N, C) */
         if (st)
             break;
         residual_forward(s->xmid, s->x, next, (size_t)N * C);
@@ -1172,8 +1231,8 @@ static qd_status model_backward(cpu_ctx *c, const float *dlogp_packed)
 }
 
 /* ------------------------------------------------------------------------ */
-/* generation (no KV cache yet, issue 3: each step recomputes the forward of  */
-/* the unfinished sequences, so its log-probs are the forward's, bit for bit) */
+/* generation: prefill, then decode with a KV cache; every op is the        */
+/* forward's, so the rollout log-probs equal the forward's, bit for bit      */
 
 typedef struct {
     float p;
@@ -1243,10 +1302,11 @@ static int32_t sample_token(float *logp, const float *l, int V, const qd_generat
 }
 
 typedef struct {
-    int32_t *seq, *len, *idx, *alen, *batch; /* (B, Tmax), (B), (B), (B), (B, Tmax) */
-    float *lp;                               /* (B * Tmax) */
-    candidate *cs;                           /* (V) */
-    int *done;                               /* (B) */
+    int32_t *seq, *len, *idx;      /* (B, Tmax) prompt + generated, (B) their lengths, (B) active rows */
+    float *lp;                     /* (B * Tmax) log-probs of the forward (unused) */
+    candidate *cs;                 /* (V) */
+    int *done;                     /* (B) */
+    int Tmax;
 } gen_state;
 
 static int is_stop(const qd_generate_request *rq, int32_t tok)
@@ -1257,36 +1317,81 @@ static int is_stop(const qd_generate_request *rq, int32_t tok)
     return 0;
 }
 
-/* One decoding step for every unfinished sequence; *active = how many ran. */
+/* Decode: the last token of each of the na active rows, at its position,
+ * attending to the KV cache. */
+static qd_status decode_forward(cpu_ctx *c, gen_state *g, int na)
+{
+    c->N = c->B = na;
+    c->Tm = 0;
+    for (int i = 0; i < na; i++)
+        if (g->len[g->idx[i]] > c->Tm)
+            c->Tm = g->len[g->idx[i]];
+    qd_status st = alloc_acts(c);
+    if (st)
+        return st;
+    for (int i = 0; i < na; i++) {
+        int b = g->idx[i];
+        c->tok[i] = g->seq[(size_t)b * g->Tmax + g->len[b] - 1];
+        c->pos[i] = g->len[b] - 1;
+        c->row[i] = b;
+        c->tgt[i] = -1;
+        c->src[i] = i;
+        c->seq_off[i] = i;
+    }
+    c->seq_off[na] = na;
+    c->decode = 1;
+    st = model_forward(c, g->lp);
+    c->decode = 0;
+    return st;
+}
+
+/* One token for every unfinished row: the prompts' forward (prefill, which
+ * fills the KV cache) at step 0, a decode step after; *active = rows that ran. */
 static qd_status gen_step(cpu_ctx *c, gen_state *g, const qd_generate_request *rq, qd_generate_result *res,
-                          int step, int Tmax, int *active)
+                          int step, int *active)
 {
     int na = 0, V = c->cfg.vocab_size, M = rq->max_new_tokens;
     for (int b = 0; b < rq->B; b++)
-        if (!g->done[b]) {
-            memcpy(g->batch + (size_t)na * Tmax, g->seq + (size_t)b * Tmax, sizeof(int32_t) * Tmax);
-            g->idx[na] = b;
-            g->alen[na++] = g->len[b];
-        }
+        if (!g->done[b])
+            g->idx[na++] = b;
     *active = na;
     if (na == 0)
         return QD_OK;
-    qd_batch bt = {na, Tmax, g->batch, g->alen};
-    qd_status st = pack_batch(c, &bt);
-    if (!st)
-        st = model_forward(c, g->lp);
+    qd_status st;
+    if (step == 0) {
+        qd_batch bt = {rq->B, rq->Tp, rq->prompt, rq->prompt_len};
+        st = pack_batch(c, &bt);
+        if (!st)
+            st = model_forward(c, g->lp);
+    } else {
+        st = decode_forward(c, g, na);
+    }
     for (int i = 0; i < na && !st; i++) {
-        int b = g->idx[i];
-        const float *l = c->logits + (size_t)(c->seq_off[i + 1] - 1) * V;
+        int b = g->idx[i], r = step == 0 ? b : i;  /* the prefill ran every row */
+        const float *l = c->logits + (size_t)(c->seq_off[r + 1] - 1) * V;
         float lp;
         int32_t tok = sample_token(&lp, l, V, rq, rq->seq_id[b], g->len[b], g->cs);
-        g->seq[(size_t)b * Tmax + g->len[b]++] = tok;
+        g->seq[(size_t)b * g->Tmax + g->len[b]++] = tok;
         res->tokens[(size_t)b * M + step] = tok;
         res->logp[(size_t)b * M + step] = lp;
         res->lengths[b]++;
         g->done[b] = is_stop(rq, tok) || step + 1 == M;
     }
     return st;
+}
+
+static void gen_free(cpu_ctx *c, gen_state *g)
+{
+    free(g->seq);
+    free(g->len);
+    free(g->idx);
+    free(g->lp);
+    free(g->cs);
+    free(g->done);
+    free(c->kc);
+    free(c->vc);
+    c->kc = c->vc = NULL;
+    c->have_forward = 0;  /* the activations are the last step's, not a batch's */
 }
 
 static qd_status generate_impl(qd_backend *bk, const qd_generate_request *rq, qd_generate_result *res)
@@ -1296,14 +1401,16 @@ static qd_status generate_impl(qd_backend *bk, const qd_generate_request *rq, qd
     if (Tmax > c->cfg.max_position_embeddings)
         return qd_error(QD_ERR_SHAPE, "generate: prompt + max_new_tokens = %d > max_position_embeddings %d",
                         Tmax, c->cfg.max_position_embeddings);
-    gen_state g = {
-        calloc((size_t)B * Tmax, sizeof(int32_t)), calloc((size_t)B, sizeof(int32_t)),
-        calloc((size_t)B, sizeof(int32_t)), calloc((size_t)B, sizeof(int32_t)),
-        calloc((size_t)B * Tmax, sizeof(int32_t)), calloc((size_t)B * Tmax, sizeof(float)),
-        calloc((size_t)c->cfg.vocab_size, sizeof(candidate)), calloc((size_t)B, sizeof(int)),
-    };
-    qd_status st = g.seq && g.len && g.idx && g.alen && g.batch && g.lp && g.cs && g.done
-                       ? QD_OK : qd_error(QD_ERR_NOMEM, "cpu backend: generate");
+    size_t ncache = (size_t)c->cfg.num_hidden_layers * B * Tmax * c->cfg.num_key_value_heads * c->cfg.head_dim;
+    gen_state g = {calloc((size_t)B * Tmax, sizeof(int32_t)), calloc((size_t)B, sizeof(int32_t)),
+                   calloc((size_t)B, sizeof(int32_t)), calloc((size_t)B * Tmax, sizeof(float)),
+                   calloc((size_t)c->cfg.vocab_size, sizeof(candidate)), calloc((size_t)B, sizeof(int)), Tmax};
+    c->kc = malloc(sizeof(float) * ncache);
+    c->vc = malloc(sizeof(float) * ncache);
+    c->cache_rows = B;
+    c->Tc = Tmax;
+    qd_status st = g.seq && g.len && g.idx && g.lp && g.cs && g.done && c->kc && c->vc
+                       ? QD_OK : qd_error(QD_ERR_NOMEM, "cpu backend: generate (KV cache %zu floats)", ncache);
     for (int b = 0; b < B && !st; b++) {
         memcpy(g.seq + (size_t)b * Tmax, rq->prompt + (size_t)b * rq->Tp, sizeof(int32_t) * rq->prompt_len[b]);
         g.len[b] = rq->prompt_len[b];
@@ -1314,19 +1421,10 @@ static qd_status generate_impl(qd_backend *bk, const qd_generate_request *rq, qd
             res->logp[(size_t)b * M + i] = 0.0f;
         }
     }
-    c->have_forward = 0;
     int active = 1;
     for (int step = 0; step < M && active && !st; step++)
-        st = gen_step(c, &g, rq, res, step, Tmax, &active);
-    c->have_forward = 0;  /* the activations are the last step's, not a batch's */
-    free(g.seq);
-    free(g.len);
-    free(g.idx);
-    free(g.alen);
-    free(g.batch);
-    free(g.lp);
-    free(g.cs);
-    free(g.done);
+        st = gen_step(c, &g, rq, res, step, &active);
+    gen_free(c, &g);
     return st;
 }
 
