@@ -888,6 +888,20 @@ START_TEST(test_errors)
     tok[3] = 0;
     ck_assert_int_eq(qd_backend_forward(b, &bt, logp, NULL), QD_OK);
     ck_assert_int_eq(qd_backend_backward(b, logp), QD_ERR_UNSUPPORTED); /* rollout W4A4 */
+    int32_t gt[2 * 64], gl[2];
+    float glp[2 * 64];
+    uint64_t sid[2] = {0, 1};
+    qd_generate_request rq = {2, 7, tok, tlen, sid, 1, 58, 1.0f, 0, 1.0f, NULL, 0};
+    qd_generate_result res = {gt, glp, gl};
+    ck_assert_int_eq(qd_backend_generate(b, &rq, &res), QD_ERR_SHAPE); /* 7 + 58 > 64 positions */
+    rq.max_new_tokens = 0;
+    ck_assert_int_eq(qd_backend_generate(b, &rq, &res), QD_OK);
+    ck_assert(gl[0] == 0 && gl[1] == 0);
+    rq.top_p = 0.0f;
+    ck_assert_int_eq(qd_backend_generate(b, &rq, &res), QD_ERR_ARG);
+    rq.top_p = 1.0f;
+    rq.temperature = NAN;
+    ck_assert_int_eq(qd_backend_generate(b, &rq, &res), QD_ERR_ARG);
     w[5] = NAN;
     ck_assert_int_eq(qd_backend_set_weights(b, w, n), QD_ERR_NONFINITE);
     ck_assert_int_eq(qd_backend_set_weights(b, w, n - 1), QD_ERR_SHAPE);
