@@ -169,10 +169,11 @@ static void matmul_forward(float *out, const float *inp, const float *w, int N, 
         for (int o = 0; o < OC; o++) {
             float acc[QD_ROWS] = {0.0f};
             const float *wr = w + (size_t)o * IC, *x = xt + (size_t)t * IC * QD_ROWS;
+            int rows = N - t * QD_ROWS < QD_ROWS ? N - t * QD_ROWS : QD_ROWS;
             for (int i = 0; i < IC; i++)
-                for (int r = 0; r < QD_ROWS; r++)
+                for (int r = 0; r < rows; r++)
                     acc[r] += x[(size_t)i * QD_ROWS + r] * wr[i];
-            for (int r = 0; r < QD_ROWS && t * QD_ROWS + r < N; r++)
+            for (int r = 0; r < rows; r++)
                 out[(size_t)(t * QD_ROWS + r) * OC + o] = acc[r];
         }
     free(xt);
