@@ -142,16 +142,18 @@ typedef struct {
     int32_t *lengths;           /* (B) tokens generated, the stop token included */
 } qd_generate_result;
 
-/* Per-layer diagnostics of the last forward (optional slot; the backend must
- * be made with options.diagnostics = 1). NVFP4 errors are measured whatever
- * the recipe, activations with one global scale per token (NUMERICS.md §4). */
+/* Per-layer diagnostics of the last forward or generate (optional slot; the
+ * backend must be made with options.diagnostics = 1). NVFP4 errors are
+ * measured whatever the recipe, activations with one global scale per token
+ * (NUMERICS.md §4); after a generate they are summed over all its steps and
+ * the router choices are those of its last step. */
 typedef struct {
     int num_linear;             /* quantized linear layers, in parameter order */
     const char *const *names;   /* (num_linear) weight names */
-    const double *act_err;      /* (num_linear) sum of (x - dequant(quantize(x)))^2 over the last forward */
-    const double *act_norm;     /* (num_linear) sum of x^2 over the last forward */
+    const double *act_err;      /* (num_linear) sum of (x - dequant(quantize(x)))^2 */
+    const double *act_norm;     /* (num_linear) sum of x^2 */
     const double *weight_err;   /* (num_linear) sum (W - What)^2 / sum W^2 at the last sync */
-    int num_tokens;             /* N: the last forward's tokens, sequences packed in batch order */
+    int num_tokens;             /* N: the last forward's (step's) tokens, packed in batch order */
     int num_moe_layers;
     int top_k;
     const int32_t *router_topk; /* (num_moe_layers, N, top_k) experts chosen, rank order */

@@ -91,6 +91,9 @@ static qd_backend *make_loaded(const qd_model_config *cfg, qd_recipe r, qd_role 
 }
 
 enum { TB = 3, TT = 7 };
+enum { GB = 3, GP = 5, GM = 8 }; /* generation: prompts, prompt width, new tokens */
+static const int32_t gplen[GB] = {5, 2, 3};
+static const uint64_t gsid[GB] = {100, 7, 42};
 static const int32_t tlen[TB] = {7, 4, 6};
 
 /* Random tokens; padding holds an invalid id that must never be read. */
@@ -724,6 +727,16 @@ START_TEST(test_diagnostics)
     fprintf(stderr, "diagnostics: rollout/trainer router top-k agreement %d/34, q_proj.0 act err %.3e, "
             "weight err %.3e\n", agree, d[0].act_err[0] / d[0].act_norm[0], d[0].weight_err[0]);
     ck_assert(agree >= 17);
+    /* after a generate: errors summed over its steps (more tokens than one forward) */
+    int32_t gt[GB * 4], gl[GB];
+    float glp[GB * 4];
+    int32_t prompt[GB * GP] = {0};
+    qd_generate_request rq = {GB, GP, prompt, gplen, gsid, 3, 4, 1.0f, 0, 1.0f, NULL, 0};
+    qd_generate_result res = {gt, glp, gl};
+    ck_assert_int_eq(qd_backend_generate(b[0], &rq, &res), QD_OK);
+    qd_diagnostics dg;
+    ck_assert_int_eq(qd_backend_diagnostics(b[0], &dg), QD_OK);
+    ck_assert(dg.num_tokens == GB && dg.act_norm[0] > 0 && dg.act_err[0] > 0);
     for (int k = 0; k < 2; k++)
         qd_backend_free(b[k]);
     qd_backend_free(ref);
@@ -752,9 +765,6 @@ START_TEST(test_philox)
 }
 END_TEST
 
-enum { GB = 3, GP = 5, GM = 8 };
-static const int32_t gplen[GB] = {5, 2, 3};
-static const uint64_t gsid[GB] = {100, 7, 42};
 
 /* Generates from rows [first, first + B) of a fixed prompt batch. */
 static void generate_rows(qd_backend *b, int first, int B, float temperature, int top_k, float top_p,

@@ -128,6 +128,7 @@ typedef struct {
     int cache_rows, Tc;
     int decode;                    /* 1: the batch is one new token per row, attend to the cache */
     int have_forward;
+    int have_diag;                 /* a forward or generate has run */
     /* what diagnostics hands out */
     const char **dg_names;         /* (quantized linears) */
     double *dg_act_err, *dg_act_norm, *dg_weight_err;
@@ -1231,6 +1232,14 @@ static qd_status model_backward(cpu_ctx *c, const float *dlogp_packed)
     return st;
 }
 
+/* Diagnostics start from zero at each forward and each generate. */
+static void reset_diag(cpu_ctx *c)
+{
+    c->have_diag = 0;
+    for (int i = 0; i < c->nlin; i++)
+        c->lin[i].act_err = c->lin[i].act_norm = 0.0;
+}
+
 /* ------------------------------------------------------------------------ */
 /* generation: prefill, then decode with a KV cache; every op is the        */
 /* forward's, so the rollout log-probs equal the forward's, bit for bit      */
@@ -1381,7 +1390,7 @@ static qd_status gen_step(cpu_ctx *c, gen_state *g, const qd_generate_request *r
     return st;
 }
 
-static void gen_free(cpu_ctx *c, gen_state *g)
+static void gen_free(cpu_ctx *c, gen_state *g, int M)
 {
     free(g->seq);
     free(g->len);
@@ -1393,6 +1402,7 @@ static void gen_free(cpu_ctx *c, gen_state *g)
     free(c->vc);
     c->kc = c->vc = NULL;
     c->have_forward = 0;  /* the activations are the last step's, not a batch's */
+    c->have_diag = M > 0;
 }
 
 static qd_status generate_impl(qd_backend *bk, const qd_generate_request *rq, qd_generate_result *res)
@@ -1422,10 +1432,11 @@ static qd_status generate_impl(qd_backend *bk, const qd_generate_request *rq, qd
             res->logp[(size_t)b * M + i] = 0.0f;
         }
     }
+    reset_diag(c);
     int active = 1;
     for (int step = 0; step < M && active && !st; step++)
         st = gen_step(c, &g, rq, res, step, &active);
-    gen_free(c, &g);
+    gen_free(c, &g, M);
     return st;
 }
 
@@ -1573,8 +1584,7 @@ static qd_status forward_impl(qd_backend *b, const qd_batch *bt, float *logp, fl
     cpu_ctx *c = ctx_of(b);
     int V = c->cfg.vocab_size;
     c->have_forward = 0;
-    for (int i = 0; i < c->nlin; i++)
-        c->lin[i].act_err = c->lin[i].act_norm = 0.0;
+    reset_diag(c);
     qd_status st = pack_batch(c, bt);
     float *lp = st ? NULL : malloc(sizeof(float) * (size_t)(c->N ? c->N : 1));
     if (!st && !lp)
@@ -1594,7 +1604,7 @@ static qd_status forward_impl(qd_backend *b, const qd_batch *bt, float *logp, fl
             memcpy(logits + (size_t)c->src[n] * V, c->logits + (size_t)n * V, sizeof(float) * V);
     }
     free(lp);
-    c->have_forward = 1;
+    c->have_forward = c->have_diag = 1;
     return QD_OK;
 }
 
@@ -1676,7 +1686,7 @@ static qd_status cpu_optimizer_step(qd_backend *b, const qd_adamw *o, int step, 
 static qd_status cpu_diagnostics(qd_backend *b, qd_diagnostics *out)
 {
     cpu_ctx *c = ctx_of(b);
-    if (!c->opt.diagnostics || !c->have_forward)
+    if (!c->opt.diagnostics || !c->have_diag)
         return qd_error(QD_ERR_ARG, "diagnostics: %s", c->opt.diagnostics ? "no forward yet"
                         : "not enabled in the backend options");
     int nq = 0, nmoe = 0, K = c->cfg.num_experts_per_tok;
