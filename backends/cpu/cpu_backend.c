@@ -33,7 +33,12 @@
  * BF16 linear rounds its input to BF16 and accumulates in float32; all other
  * activations stay float32. Backward is float32 with the straight-through
  * rule: a rounded or fake-quantized copy passes the gradient unchanged to the
- * master weight (NUMERICS.md §5). */
+ * master weight (NUMERICS.md §5).
+ *
+ * Generation: a prefill of the prompts, then decode steps of one token per
+ * unfinished sequence against a KV cache, both through attend(), so rollout
+ * log-probs equal the forward's bit for bit; sampling as NUMERICS.md §6
+ * (Philox4x32-10 of exact_math.h keyed by seed, sequence id and position). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
