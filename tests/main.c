@@ -67,6 +67,7 @@ int main(void)
     srunner_add_suite(sr, suite_rewards());
     srunner_add_suite(sr, suite_eval());
     srunner_add_suite(sr, suite_benchmarks());
+    srunner_add_suite(sr, suite_backend_cpu());
     srunner_add_suite(sr, suite_orchestrator());
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);

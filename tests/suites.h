@@ -10,6 +10,7 @@ Suite *suite_tokenizer(void);
 Suite *suite_rewards(void);
 Suite *suite_eval(void);
 Suite *suite_benchmarks(void);
+Suite *suite_backend_cpu(void);
 Suite *suite_orchestrator(void);
 
 /* Path of a file under the source tree (QD_SRCDIR, set by make check). */

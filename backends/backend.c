@@ -1,0 +1,255 @@
+/* The backend registry, the recipe table and the dispatchers of backend.h. */
+#include <assert.h>
+#include <string.h>
+#include "backends/backend.h"
+
+/* ---- recipes */
+
+static const struct {
+    const char *name;
+    qd_linear_mode rollout, trainer;
+} recipes[QD_RECIPE_COUNT] = {
+    [QD_RECIPE_FP32] = {"fp32", QD_LINEAR_FP32, QD_LINEAR_FP32},
+    [QD_RECIPE_BF16] = {"bf16", QD_LINEAR_BF16, QD_LINEAR_BF16},
+    [QD_RECIPE_FP8] = {"fp8", QD_LINEAR_FP8, QD_LINEAR_BF16},
+    [QD_RECIPE_NVFP4] = {"nvfp4", QD_LINEAR_W4A4, QD_LINEAR_BF16},
+    [QD_RECIPE_NVFP4_AQAT] = {"nvfp4-aqat", QD_LINEAR_W4A4, QD_LINEAR_AQAT},
+    [QD_RECIPE_NVFP4_RAC] = {"nvfp4-rac", QD_LINEAR_W4A4_RAC, QD_LINEAR_BF16},
+    [QD_RECIPE_QUADS] = {"quads", QD_LINEAR_W4A4_RAC, QD_LINEAR_AQAT},
+    [QD_RECIPE_NVFP4_SYM_QAT] = {"nvfp4-sym-qat", QD_LINEAR_W4A4, QD_LINEAR_SYM_QAT},
+};
+
+const char *qd_recipe_name(qd_recipe r)
+{
+    return (unsigned)r < QD_RECIPE_COUNT ? recipes[r].name : NULL;
+}
+
+qd_status qd_recipe_parse(qd_recipe *out, const char *name)
+{
+    for (int r = 0; r < QD_RECIPE_COUNT; r++)
+        if (name && strcmp(name, recipes[r].name) == 0) {
+            *out = (qd_recipe)r;
+            return QD_OK;
+        }
+    return qd_error(QD_ERR_ARG, "precision: unknown recipe '%s' (fp32, bf16, fp8, nvfp4, "
+                    "nvfp4-aqat, nvfp4-rac, quads, nvfp4-sym-qat)", name ? name : "(null)");
+}
+
+qd_linear_mode qd_recipe_linear_mode(qd_recipe r, qd_role role)
+{
+    assert((unsigned)r < QD_RECIPE_COUNT);
+    return role == QD_ROLE_ROLLOUT ? recipes[r].rollout : recipes[r].trainer;
+}
+
+qd_linear_mode qd_recipe_dense_mode(qd_recipe r)
+{
+    return r == QD_RECIPE_FP32 ? QD_LINEAR_FP32 : QD_LINEAR_BF16;
+}
+
+/* ---- model configuration */
+
+int qd_config_layer_is_moe(const qd_model_config *c, int l)
+{
+    for (int i = 0; i < c->num_mlp_only_layers; i++)
+        if (c->mlp_only_layers[i] == l)
+            return 0;
+    return c->num_experts > 0 && c->decoder_sparse_step > 0 && (l + 1) % c->decoder_sparse_step == 0;
+}
+
+#define QD_CHECK_FIELD(cond, field) \
+    do { if (!(cond)) return qd_error(QD_ERR_ARG, "config: field '%s' out of range", field); } while (0)
+
+qd_status qd_config_check(const qd_model_config *c)
+{
+    QD_CHECK_FIELD(c->vocab_size > 0, "vocab_size");
+    QD_CHECK_FIELD(c->hidden_size > 0, "hidden_size");
+    QD_CHECK_FIELD(c->num_hidden_layers > 0 && c->num_hidden_layers <= QD_MAX_LAYERS, "num_hidden_layers");
+    QD_CHECK_FIELD(c->num_attention_heads > 0, "num_attention_heads");
+    QD_CHECK_FIELD(c->num_key_value_heads > 0 && c->num_attention_heads % c->num_key_value_heads == 0,
+                   "num_key_value_heads");
+    QD_CHECK_FIELD(c->head_dim > 0 && c->head_dim % 2 == 0, "head_dim");
+    QD_CHECK_FIELD(c->rope_theta > 0, "rope_theta");
+    QD_CHECK_FIELD(c->rms_norm_eps >= 0, "rms_norm_eps");
+    QD_CHECK_FIELD(c->max_position_embeddings > 0, "max_position_embeddings");
+    QD_CHECK_FIELD(c->num_experts >= 0, "num_experts");
+    QD_CHECK_FIELD(c->num_experts == 0 ||
+                   (c->num_experts_per_tok > 0 && c->num_experts_per_tok <= c->num_experts),
+                   "num_experts_per_tok");
+    QD_CHECK_FIELD(c->num_mlp_only_layers >= 0 && c->num_mlp_only_layers <= QD_MAX_LAYERS,
+                   "mlp_only_layers");
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        if (qd_config_layer_is_moe(c, l))
+            QD_CHECK_FIELD(c->moe_intermediate_size > 0, "moe_intermediate_size");
+        else
+            QD_CHECK_FIELD(c->intermediate_size > 0, "intermediate_size");
+    }
+    return QD_OK;
+}
+
+/* ---- registry */
+
+/* The CUDA backend's _init, a weak reference: NULL unless an object defining
+ * it is linked in (an archive member is not pulled in by a weak reference, so
+ * the CUDA objects must be linked directly or with --undefined). */
+qd_backend *qd_backend_cuda_init(const qd_model_config *cfg, const qd_backend_options *opt)
+    __attribute__((weak));
+
+static qd_backend *cuda_init(const qd_model_config *cfg, const qd_backend_options *opt)
+{
+    if (qd_backend_cuda_init)
+        return qd_backend_cuda_init(cfg, opt);
+    qd_error(QD_ERR_UNSUPPORTED, "backend: built without the CUDA backend");
+    return NULL;
+}
+
+qd_backend *qd_backend_init_best(const qd_model_config *cfg, const qd_backend_options *opt)
+{
+    qd_backend *b = cuda_init(cfg, opt);
+    return b ? b : qd_backend_cpu_init(cfg, opt);
+}
+
+qd_backend *qd_backend_init_by_name(const char *name, const qd_model_config *cfg,
+                                    const qd_backend_options *opt)
+{
+    if (strcmp(name, "auto") == 0)
+        return qd_backend_init_best(cfg, opt);
+    if (strcmp(name, "cpu") == 0)
+        return qd_backend_cpu_init(cfg, opt);
+    if (strcmp(name, "cuda") == 0)
+        return cuda_init(cfg, opt);
+    qd_error(QD_ERR_ARG, "backend: unknown name '%s' (auto, cpu, cuda)", name);
+    return NULL;
+}
+
+/* ---- dispatchers */
+
+const char *qd_backend_name(qd_backend *b)
+{
+    assert(b);
+    return b->iface->get_name(b);
+}
+
+void qd_backend_free(qd_backend *b)
+{
+    if (b)
+        b->iface->free(b);
+}
+
+const qd_param_info *qd_backend_params(const qd_backend *b, int *count)
+{
+    assert(b && count);
+    *count = b->num_params;
+    return b->params;
+}
+
+size_t qd_backend_num_floats(const qd_backend *b)
+{
+    assert(b);
+    return b->num_floats;
+}
+
+int qd_backend_find_param(const qd_backend *b, const char *name)
+{
+    for (int i = 0; i < b->num_params; i++)
+        if (strcmp(b->params[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+static qd_status check_size(const qd_backend *b, size_t n, const char *what)
+{
+    if (n != b->num_floats)
+        return qd_error(QD_ERR_SHAPE, "backend %s: %zu floats given, model has %zu", what, n,
+                        b->num_floats);
+    return QD_OK;
+}
+
+qd_status qd_backend_set_weights(qd_backend *b, const float *params, size_t n)
+{
+    assert(b && params);
+    qd_status st = check_size(b, n, "set_weights");
+    return st ? st : b->iface->set_weights(b, params, n);
+}
+
+qd_status qd_backend_get_weights(qd_backend *b, float *params, size_t n)
+{
+    assert(b && params);
+    qd_status st = check_size(b, n, "get_weights");
+    return st ? st : b->iface->get_weights(b, params, n);
+}
+
+qd_status qd_backend_forward(qd_backend *b, const qd_batch *batch, float *logp, float *logits)
+{
+    assert(b && batch && batch->tokens && batch->lengths && logp);
+    if (batch->B <= 0 || batch->T <= 0)
+        return qd_error(QD_ERR_SHAPE, "forward: batch shape (%d, %d)", batch->B, batch->T);
+    for (int i = 0; i < batch->B; i++)
+        if (batch->lengths[i] < 1 || batch->lengths[i] > batch->T)
+            return qd_error(QD_ERR_SHAPE, "forward: lengths[%d] = %d not in [1, %d]", i,
+                            batch->lengths[i], batch->T);
+    return b->iface->forward(b, batch, logp, logits);
+}
+
+qd_status qd_backend_backward(qd_backend *b, const float *dlogp)
+{
+    assert(b && dlogp);
+    if (!b->iface->backward)
+        return qd_error(QD_ERR_UNSUPPORTED, "backend %s: no backward", qd_backend_name(b));
+    return b->iface->backward(b, dlogp);
+}
+
+void qd_backend_zero_grad(qd_backend *b)
+{
+    assert(b);
+    if (b->iface->zero_grad)
+        b->iface->zero_grad(b);
+}
+
+qd_status qd_backend_get_grads(qd_backend *b, float *grads, size_t n)
+{
+    assert(b && grads);
+    qd_status st = check_size(b, n, "get_grads");
+    if (st)
+        return st;
+    if (!b->iface->get_grads)
+        return qd_error(QD_ERR_UNSUPPORTED, "backend %s: no gradients", qd_backend_name(b));
+    return b->iface->get_grads(b, grads, n);
+}
+
+qd_status qd_backend_optimizer_step(qd_backend *b, const qd_adamw *opt, int step, float *grad_norm)
+{
+    assert(b && opt);
+    if (step < 1)
+        return qd_error(QD_ERR_ARG, "optimizer: step %d (counts from 1)", step);
+    if (!b->iface->optimizer_step)
+        return qd_error(QD_ERR_UNSUPPORTED, "backend %s: no optimizer", qd_backend_name(b));
+    float norm_unused;
+    return b->iface->optimizer_step(b, opt, step, grad_norm ? grad_norm : &norm_unused);
+}
+
+qd_status qd_backend_generate(qd_backend *b, const qd_generate_request *req, qd_generate_result *res)
+{
+    assert(b && req && res && req->prompt && req->prompt_len && req->seq_id);
+    assert(res->tokens && res->logp && res->lengths);
+    if (!b->iface->generate)
+        return qd_error(QD_ERR_UNSUPPORTED, "backend %s: no generate", qd_backend_name(b));
+    if (req->B <= 0 || req->Tp <= 0 || req->max_new_tokens < 0)
+        return qd_error(QD_ERR_SHAPE, "generate: B %d, Tp %d, max_new_tokens %d", req->B, req->Tp,
+                        req->max_new_tokens);
+    for (int i = 0; i < req->B; i++)
+        if (req->prompt_len[i] < 1 || req->prompt_len[i] > req->Tp)
+            return qd_error(QD_ERR_SHAPE, "generate: prompt_len[%d] = %d not in [1, %d]", i,
+                            req->prompt_len[i], req->Tp);
+    if (!(req->temperature >= 0.0f) || !(req->top_p > 0.0f) || req->top_k < 0 || req->num_stop < 0)
+        return qd_error(QD_ERR_ARG, "generate: temperature %g, top_k %d, top_p %g", req->temperature,
+                        req->top_k, req->top_p);
+    return b->iface->generate(b, req, res);
+}
+
+qd_status qd_backend_diagnostics(qd_backend *b, qd_diagnostics *out)
+{
+    assert(b && out);
+    if (!b->iface->diagnostics)
+        return qd_error(QD_ERR_UNSUPPORTED, "backend %s: no diagnostics", qd_backend_name(b));
+    return b->iface->diagnostics(b, out);
+}

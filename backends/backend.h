@@ -1,0 +1,234 @@
+/* backends/: the one interface every compute backend implements (ARCHITECTURE.md,
+ * "The backend interface"), in the style of ggml-backend: callers hold an
+ * opaque qd_backend and use the qd_backend_* dispatchers below; a backend fills
+ * a static const qd_backend_i table (NULL in optional slots) and a context.
+ *
+ * A backend instance holds one model: float32 master weights, their gradients
+ * and the AdamW state, each one flat buffer in the order of qd_param_info
+ * (Hugging Face tensor names, per-expert tensors separate), plus the working
+ * copies its precision recipe derives from the master weights at each sync. */
+#ifndef QD_BACKEND_H
+#define QD_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "quant/status.h"
+
+/* ---- precision recipes (ARCHITECTURE.md, the recipe table) */
+
+typedef enum {
+    QD_RECIPE_FP32 = 0,      /* reference: everything float32 */
+    QD_RECIPE_BF16,
+    QD_RECIPE_FP8,
+    QD_RECIPE_NVFP4,
+    QD_RECIPE_NVFP4_AQAT,
+    QD_RECIPE_NVFP4_RAC,
+    QD_RECIPE_QUADS,
+    QD_RECIPE_NVFP4_SYM_QAT,
+    QD_RECIPE_COUNT
+} qd_recipe;
+
+typedef enum { QD_ROLE_ROLLOUT = 0, QD_ROLE_TRAINER } qd_role;
+
+/* What one linear layer does with its input x and master weight W. */
+typedef enum {
+    QD_LINEAR_FP32 = 0,  /* x . W^T in float32 */
+    QD_LINEAR_BF16,      /* x and W rounded to BF16, float32 accumulation */
+    QD_LINEAR_FP8,       /* E4M3 W8A8: per-row weight scales, per-token activation scales */
+    QD_LINEAR_W4A4,      /* NVFP4 W4A4, the canonical product (NUMERICS.md §3) */
+    QD_LINEAR_W4A4_RAC,  /* W4A4 with residual activation compensation (§5) */
+    QD_LINEAR_AQAT,      /* x rounded to BF16, W := dequant(quantize(W)); straight-through */
+    QD_LINEAR_SYM_QAT    /* x and W both fake-quantized to NVFP4; straight-through */
+} qd_linear_mode;
+
+/* Canonical recipe name ("fp32", "bf16", "fp8", "nvfp4", "nvfp4-aqat",
+ * "nvfp4-rac", "quads", "nvfp4-sym-qat"); NULL for an invalid value. */
+const char *qd_recipe_name(qd_recipe r);
+/* QD_ERR_ARG (message naming the value and the valid names) if unknown. */
+qd_status qd_recipe_parse(qd_recipe *out, const char *name);
+/* The mode of a quantized linear layer (attention q/k/v/o, expert and dense
+ * MLP gate/up/down) under recipe r and role. */
+qd_linear_mode qd_recipe_linear_mode(qd_recipe r, qd_role role);
+/* The mode of the layers kept in high precision (router, lm_head): FP32 under
+ * the fp32 recipe, BF16 otherwise. */
+qd_linear_mode qd_recipe_dense_mode(qd_recipe r);
+
+/* ---- model configuration: the fields of a Hugging Face Qwen3-MoE config.json
+ * that change the math, under their HF names (models/config.h maps onto it). */
+
+#define QD_MAX_LAYERS 256
+
+typedef struct {
+    int vocab_size;
+    int hidden_size;
+    int intermediate_size;        /* dense MLP layers */
+    int moe_intermediate_size;    /* each expert */
+    int num_hidden_layers;
+    int num_attention_heads;
+    int num_key_value_heads;
+    int head_dim;
+    double rope_theta;
+    double rms_norm_eps;
+    int max_position_embeddings;  /* RoPE table length */
+    int num_experts;              /* 0: every layer dense */
+    int num_experts_per_tok;
+    int norm_topk_prob;
+    int decoder_sparse_step;
+    int num_mlp_only_layers;
+    int mlp_only_layers[QD_MAX_LAYERS];
+    int tie_word_embeddings;
+} qd_model_config;
+
+/* 1 if layer l has a sparse MoE block (HF: l not in mlp_only_layers, experts
+ * present, (l + 1) % decoder_sparse_step == 0). */
+int qd_config_layer_is_moe(const qd_model_config *c, int l);
+/* QD_ERR_ARG naming the field if a value is out of range or inconsistent. */
+qd_status qd_config_check(const qd_model_config *c);
+
+/* ---- tensors, batches, options */
+
+/* One parameter tensor of the flat buffer: rows x cols float32 from offset. */
+typedef struct {
+    char name[96];       /* HF name, e.g. "model.layers.0.mlp.experts.3.up_proj.weight" */
+    int64_t rows, cols;  /* a vector has rows = 1 */
+    size_t offset;       /* in floats */
+} qd_param_info;
+
+/* Token sequences, right-padded: row b holds lengths[b] tokens in
+ * tokens[b*T .. b*T+lengths[b]-1]; the rest is padding and never read. */
+typedef struct {
+    int B, T;
+    const int32_t *tokens;   /* (B, T) */
+    const int32_t *lengths;  /* (B), 1 <= lengths[b] <= T */
+} qd_batch;
+
+typedef struct {
+    qd_recipe recipe;
+    qd_role role;
+    double rac_ratio;    /* |S|/K of RAC (recipes nvfp4-rac and quads, rollout role) */
+    int num_threads;     /* OpenMP threads; 0 = the runtime's default */
+    int diagnostics;     /* 1: measure quantization errors per linear layer (costs a
+                            fake-quant of every quantized layer's input and weight) */
+} qd_backend_options;
+
+/* AdamW (decoupled weight decay, bias correction); weight decay applies to
+ * matrices only (not to norm weights). grad_clip > 0 clips by global L2 norm. */
+typedef struct {
+    float lr, beta1, beta2, eps, weight_decay, grad_clip;
+} qd_adamw;
+
+/* A rollout: B prompts continued by sampling (NUMERICS.md §6). Token i of
+ * sequence b (at position p = prompt_len[b] + i) is drawn with the uniform
+ * qd_sample_uniform(seed, seq_id[b], p) from softmax(logits / temperature)
+ * restricted by top_k and top_p, so it never depends on the batch or threads. */
+typedef struct {
+    int B, Tp;
+    const int32_t *prompt;      /* (B, Tp) right-padded */
+    const int32_t *prompt_len;  /* (B), 1 <= prompt_len[b] <= Tp */
+    const uint64_t *seq_id;     /* (B) sampling stream of each sequence */
+    uint64_t seed;
+    int max_new_tokens;
+    float temperature;          /* 0: greedy (argmax, ties to the lower id) */
+    int top_k;                  /* 0: off */
+    float top_p;                /* >= 1: off */
+    const int32_t *stop;        /* (num_stop) tokens that end a sequence (kept in its output) */
+    int num_stop;
+} qd_generate_request;
+
+typedef struct {
+    int32_t *tokens;            /* (B, max_new_tokens) caller-owned; -1 after the end */
+    float *logp;                /* (B, max_new_tokens) log_softmax(logits / T)[token] (T = 1
+                                   when greedy); 0 after the end */
+    int32_t *lengths;           /* (B) tokens generated, the stop token included */
+} qd_generate_result;
+
+/* Per-layer diagnostics of the last forward or generate (optional slot; the
+ * backend must be made with options.diagnostics = 1). NVFP4 errors are
+ * measured whatever the recipe, activations with one global scale per token
+ * (NUMERICS.md §4); after a generate they are summed over all its steps and
+ * the router choices are those of its last step. */
+typedef struct {
+    int num_linear;             /* quantized linear layers, in parameter order */
+    const char *const *names;   /* (num_linear) weight names */
+    const double *act_err;      /* (num_linear) sum of (x - dequant(quantize(x)))^2 */
+    const double *act_norm;     /* (num_linear) sum of x^2 */
+    const double *weight_err;   /* (num_linear) sum (W - What)^2 / sum W^2 at the last sync */
+    int num_tokens;             /* N: the last forward's (step's) tokens, packed in batch order */
+    int num_moe_layers;
+    int top_k;
+    const int32_t *router_topk; /* (num_moe_layers, N, top_k) experts chosen, rank order */
+} qd_diagnostics;
+
+/* ---- the vtable (implementers only; callers use the dispatchers) */
+
+typedef struct qd_backend qd_backend;
+
+struct qd_backend_i {
+    const char *(*get_name)(qd_backend *b);
+    void (*free)(qd_backend *b);
+    /* Copy n float32 master weights in (qd_param_info order) and rebuild every
+     * working copy: this is the weight sync (quantize(W) once, NUMERICS.md §5). */
+    qd_status (*set_weights)(qd_backend *b, const float *params, size_t n);
+    qd_status (*get_weights)(qd_backend *b, float *params, size_t n);
+    /* logp (B, T): logp[b][t] = log p(tokens[b][t+1] | tokens[b][..t]) for
+     * t < lengths[b]-1, 0 elsewhere; logits (B, T, V) if not NULL, 0 in padding.
+     * Keeps what backward needs. */
+    qd_status (*forward)(qd_backend *b, const qd_batch *batch, float *logp, float *logits);
+    /* Given dL/dlogp (B, T) for the last forward's batch, accumulates (+=)
+     * dL/dW of every parameter into the gradient buffer. Optional. */
+    qd_status (*backward)(qd_backend *b, const float *dlogp);
+    void (*zero_grad)(qd_backend *b);
+    qd_status (*get_grads)(qd_backend *b, float *grads, size_t n);
+    /* One AdamW step (step counts from 1) on the master weights, then a sync.
+     * *grad_norm receives the global gradient norm before clipping. */
+    qd_status (*optimizer_step)(qd_backend *b, const qd_adamw *opt, int step, float *grad_norm);
+    /* Rollout; optional. */
+    qd_status (*generate)(qd_backend *b, const qd_generate_request *req, qd_generate_result *res);
+    /* Optional. The pointers are owned by the backend and stay valid until the
+     * next diagnostics call or free. */
+    qd_status (*diagnostics)(qd_backend *b, qd_diagnostics *out);
+};
+
+struct qd_backend {
+    const struct qd_backend_i *iface;
+    const qd_param_info *params;  /* owned by context */
+    int num_params;               /* tensors */
+    size_t num_floats;            /* total floats of the flat buffer */
+    void *context;
+};
+
+/* ---- backends and the registry */
+
+/* The CPU (OpenMP) backend, the exact reference. NULL on a bad config or
+ * option (message in qd_last_error()) or when out of memory. Master weights
+ * start at zero: call qd_backend_set_weights. */
+qd_backend *qd_backend_cpu_init(const qd_model_config *cfg, const qd_backend_options *opt);
+/* The CUDA backend (backends/cuda); NULL when no device is present. Declared
+ * weak: backend.c calls it only when an object defining it is linked in. */
+qd_backend *qd_backend_cuda_init(const qd_model_config *cfg, const qd_backend_options *opt);
+/* CUDA first (when linked in and a device is present), else the CPU. */
+qd_backend *qd_backend_init_best(const qd_model_config *cfg, const qd_backend_options *opt);
+/* "auto", "cpu" or "cuda"; NULL with a message when unknown or unavailable. */
+qd_backend *qd_backend_init_by_name(const char *name, const qd_model_config *cfg,
+                                    const qd_backend_options *opt);
+
+/* ---- dispatchers: check arguments once, then call the backend */
+
+const char *qd_backend_name(qd_backend *b);
+void qd_backend_free(qd_backend *b);
+/* The parameter table; *count receives the number of tensors. */
+const qd_param_info *qd_backend_params(const qd_backend *b, int *count);
+size_t qd_backend_num_floats(const qd_backend *b);
+/* Index of the tensor called name, or -1. */
+int qd_backend_find_param(const qd_backend *b, const char *name);
+qd_status qd_backend_set_weights(qd_backend *b, const float *params, size_t n);
+qd_status qd_backend_get_weights(qd_backend *b, float *params, size_t n);
+qd_status qd_backend_forward(qd_backend *b, const qd_batch *batch, float *logp, float *logits);
+qd_status qd_backend_backward(qd_backend *b, const float *dlogp);
+void qd_backend_zero_grad(qd_backend *b);
+qd_status qd_backend_get_grads(qd_backend *b, float *grads, size_t n);
+qd_status qd_backend_optimizer_step(qd_backend *b, const qd_adamw *opt, int step, float *grad_norm);
+qd_status qd_backend_generate(qd_backend *b, const qd_generate_request *req, qd_generate_result *res);
+qd_status qd_backend_diagnostics(qd_backend *b, qd_diagnostics *out);
+
+#endif /* QD_BACKEND_H */

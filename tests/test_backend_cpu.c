@@ -1,0 +1,948 @@
+/* Check suite of the CPU backend: exact_math accuracy against libm in double,
+ * the recipe table, a tiny random Qwen3-MoE (gradients by central finite
+ * differences, padding/batch/thread independence of the bits, every precision
+ * recipe's error against fp32), and AdamW against the formula in double. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "tests/suites.h"
+#include "backends/backend.h"
+#include "backends/exact_math.h"
+
+/* ---- helpers */
+
+static uint64_t rng_state;
+
+static double urand(void) /* splitmix64 -> [0, 1) */
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (double)((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
+}
+
+static double sym(void) { return 2.0 * urand() - 1.0; }
+
+/* Error of y in units of the ulp of the float nearest ref (normal range). */
+static double ulp_err(float y, double ref)
+{
+    int ex;
+    frexp(ref, &ex);
+    return fabs((double)y - ref) / ldexp(1.0, ex - 24);
+}
+
+/* 2 layers (0 dense, 1 MoE), hidden 32, 4 heads / 2 kv heads of 16, 8 experts top-2, vocab 64. */
+static qd_model_config tiny_config(int tied, int norm_topk)
+{
+    qd_model_config c;
+    memset(&c, 0, sizeof c);
+    c.vocab_size = 64;
+    c.hidden_size = 32;
+    c.intermediate_size = 32;
+    c.moe_intermediate_size = 16;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 16;
+    c.rope_theta = 10000.0;
+    c.rms_norm_eps = 1e-6;
+    c.max_position_embeddings = 64;
+    c.num_experts = 8;
+    c.num_experts_per_tok = 2;
+    c.norm_topk_prob = norm_topk;
+    c.decoder_sparse_step = 1;
+    c.num_mlp_only_layers = 1;
+    c.mlp_only_layers[0] = 0;
+    c.tie_word_embeddings = tied;
+    return c;
+}
+
+static qd_backend *make(const qd_model_config *cfg, qd_recipe r, qd_role role, double ratio, int threads)
+{
+    qd_backend_options o = {r, role, ratio, threads, 0};
+    qd_backend *b = qd_backend_cpu_init(cfg, &o);
+    ck_assert_msg(b != NULL, "init: %s", qd_last_error());
+    return b;
+}
+
+/* Random master weights: norms 1 +- 0.2, embedding +-1, matrices with unit-variance outputs. */
+static float *random_weights(qd_backend *b, uint64_t seed)
+{
+    int np;
+    const qd_param_info *p = qd_backend_params(b, &np);
+    float *w = malloc(sizeof(float) * qd_backend_num_floats(b));
+    rng_state = seed;
+    for (int i = 0; i < np; i++) {
+        int norm = p[i].rows == 1, emb = strstr(p[i].name, "embed") != NULL;
+        double a = norm ? 0.2 : emb ? 1.0 : sqrt(3.0 / (double)p[i].cols);
+        for (int64_t k = 0; k < p[i].rows * p[i].cols; k++)
+            w[p[i].offset + k] = (float)((norm ? 1.0 : 0.0) + a * sym());
+    }
+    return w;
+}
+
+static qd_backend *make_loaded(const qd_model_config *cfg, qd_recipe r, qd_role role, double ratio,
+                               int threads, const float *w)
+{
+    qd_backend *b = make(cfg, r, role, ratio, threads);
+    ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
+    return b;
+}
+
+enum { TB = 3, TT = 7 };
+enum { GB = 3, GP = 5, GM = 8 }; /* generation: prompts, prompt width, new tokens */
+static const int32_t gplen[GB] = {5, 2, 3};
+static const uint64_t gsid[GB] = {100, 7, 42};
+static const int32_t tlen[TB] = {7, 4, 6};
+
+/* Random tokens; padding holds an invalid id that must never be read. */
+static void tiny_batch(int32_t *tok, uint64_t seed)
+{
+    rng_state = seed;
+    for (int b = 0; b < TB; b++)
+        for (int t = 0; t < TT; t++)
+            tok[b * TT + t] = t < tlen[b] ? (int32_t)(urand() * 64) : 9999;
+}
+
+static void forward_ok(qd_backend *b, const int32_t *tok, const int32_t *len, int B, int T, float *logp,
+                       float *logits)
+{
+    qd_batch bt = {B, T, tok, len};
+    qd_status st = qd_backend_forward(b, &bt, logp, logits);
+    ck_assert_msg(st == QD_OK, "forward: %s", qd_last_error());
+}
+
+/* ---- exact_math */
+
+START_TEST(test_exact_math_accuracy)
+{
+    double me = 0, ml = 0, ms = 0, msi = 0;
+    rng_state = 1;
+    for (int i = 0; i < 400000; i++) {
+        float x = (float)(-87.0 + 175.0 * urand());
+        if (i % 2)
+            x = (float)(sym() * 2.0);  /* dense near 0 */
+        me = fmax(me, ulp_err(qd_expf(x), exp((double)x)));
+        double s = 1.0 / (1.0 + exp(-(double)x));
+        if (x > -80.0f)
+            ms = fmax(ms, ulp_err(qd_sigmoidf(x), s));
+        if (x > -80.0f && fabs((double)x * s) > 1e-30)
+            msi = fmax(msi, ulp_err(qd_siluf(x), (double)x * s));
+        uint32_t u = 0x00800000u + (uint32_t)(urand() * (double)(0x7f000000u));
+        float y = qd_bits_f32(u);
+        ml = fmax(ml, ulp_err(qd_logf(y), log((double)y)));
+    }
+    fprintf(stderr, "exact_math max ulp: exp %.3f log %.3f sigmoid %.3f silu %.3f\n", me, ml, ms, msi);
+    ck_assert(me <= 1.05);
+    ck_assert(ml <= 1.0);
+    ck_assert(ms <= 2.5);
+    ck_assert(msi <= 2.5);
+}
+END_TEST
+
+START_TEST(test_exact_math_special_and_monotonic)
+{
+    ck_assert(qd_expf(0.0f) == 1.0f);
+    ck_assert(qd_logf(1.0f) == 0.0f);
+    ck_assert(isinf(qd_expf(100.0f)) && qd_expf(-200.0f) == 0.0f);
+    ck_assert(isnan(qd_expf(NAN)) && isnan(qd_logf(-1.0f)) && isnan(qd_logf(NAN)));
+    ck_assert(isinf(qd_logf(0.0f)) && qd_logf(0.0f) < 0 && isinf(qd_logf(INFINITY)));
+    ck_assert(fabs(qd_logf(1e-40f) - log(1e-40)) < 1e-5);       /* subnormal input */
+    ck_assert(qd_expf(-100.0f) > 0.0f && qd_expf(-100.0f) < 1e-43f); /* subnormal output */
+    ck_assert(qd_siluf(-200.0f) == 0.0f && qd_sigmoidf(200.0f) == 1.0f);
+    ck_assert(qd_rsqrtf(4.0f) == 0.5f);
+    /* monotonic over consecutive floats around range-reduction boundaries */
+    const float starts[] = {-0.3466f, 0.3465f, 1.0397f, -20.1f, 0.9999f, 1.4142f};
+    for (int s = 0; s < 6; s++) {
+        float x = starts[s], pe = qd_expf(x), pl = qd_logf(fabsf(x)), ps = qd_sigmoidf(x);
+        for (int i = 0; i < 20000; i++) {
+            x = nextafterf(x, INFINITY);
+            float e = qd_expf(x), sg = qd_sigmoidf(x), lg = qd_logf(fabsf(x));
+            ck_assert(e >= pe && sg >= ps);
+            ck_assert(x > 0 ? lg >= pl : lg <= pl);
+            pe = e;
+            ps = sg;
+            pl = lg;
+        }
+    }
+}
+END_TEST
+
+/* ---- recipes, config, parameter table */
+
+START_TEST(test_recipes)
+{
+    for (int r = 0; r < QD_RECIPE_COUNT; r++) {
+        qd_recipe back;
+        ck_assert_int_eq(qd_recipe_parse(&back, qd_recipe_name((qd_recipe)r)), QD_OK);
+        ck_assert_int_eq(back, r);
+    }
+    qd_recipe r;
+    ck_assert_int_eq(qd_recipe_parse(&r, "nvfp5"), QD_ERR_ARG);
+    ck_assert(strstr(qd_last_error(), "nvfp5") != NULL);
+    ck_assert_int_eq(qd_recipe_linear_mode(QD_RECIPE_QUADS, QD_ROLE_ROLLOUT), QD_LINEAR_W4A4_RAC);
+    ck_assert_int_eq(qd_recipe_linear_mode(QD_RECIPE_QUADS, QD_ROLE_TRAINER), QD_LINEAR_AQAT);
+    ck_assert_int_eq(qd_recipe_linear_mode(QD_RECIPE_NVFP4_RAC, QD_ROLE_TRAINER), QD_LINEAR_BF16);
+    ck_assert_int_eq(qd_recipe_linear_mode(QD_RECIPE_NVFP4_SYM_QAT, QD_ROLE_TRAINER), QD_LINEAR_SYM_QAT);
+    ck_assert_int_eq(qd_recipe_linear_mode(QD_RECIPE_FP8, QD_ROLE_ROLLOUT), QD_LINEAR_FP8);
+    ck_assert_int_eq(qd_recipe_dense_mode(QD_RECIPE_NVFP4), QD_LINEAR_BF16);
+    ck_assert_int_eq(qd_recipe_dense_mode(QD_RECIPE_FP32), QD_LINEAR_FP32);
+}
+END_TEST
+
+START_TEST(test_config_and_params)
+{
+    qd_model_config c = tiny_config(0, 1);
+    ck_assert(!qd_config_layer_is_moe(&c, 0) && qd_config_layer_is_moe(&c, 1));
+    c.decoder_sparse_step = 2;
+    ck_assert(!qd_config_layer_is_moe(&c, 0) && qd_config_layer_is_moe(&c, 1));
+    c.num_key_value_heads = 3;
+    ck_assert_int_eq(qd_config_check(&c), QD_ERR_ARG);
+    ck_assert(strstr(qd_last_error(), "num_key_value_heads") != NULL);
+    ck_assert(qd_backend_init_best(&c, &(qd_backend_options){0}) == NULL);
+
+    c = tiny_config(0, 1);
+    qd_backend *b = qd_backend_init_by_name("auto", &c, &(qd_backend_options){0});
+    ck_assert_str_eq(qd_backend_name(b), "cpu");
+    int np;
+    const qd_param_info *p = qd_backend_params(b, &np);
+    /* embed, 2 x (4 norms + 4 attn), dense 3, router 1 + 8 x 3, norm, lm_head */
+    ck_assert_int_eq(np, 1 + 16 + 3 + 25 + 2);
+    int i = qd_backend_find_param(b, "model.layers.1.mlp.experts.7.down_proj.weight");
+    ck_assert(i >= 0 && p[i].rows == 32 && p[i].cols == 16);
+    i = qd_backend_find_param(b, "model.layers.0.mlp.up_proj.weight");
+    ck_assert(i >= 0 && p[i].rows == 32 && p[i].cols == 32);
+    i = qd_backend_find_param(b, "model.layers.1.self_attn.k_proj.weight");
+    ck_assert(i >= 0 && p[i].rows == 32 && p[i].cols == 32);
+    ck_assert(qd_backend_find_param(b, "lm_head.weight") >= 0);
+    ck_assert(p[np - 1].offset + (size_t)(p[np - 1].rows * p[np - 1].cols) == qd_backend_num_floats(b));
+    qd_backend_free(b);
+    c.tie_word_embeddings = 1;
+    b = qd_backend_init_by_name("cpu", &c, &(qd_backend_options){0});
+    ck_assert(qd_backend_find_param(b, "lm_head.weight") < 0);
+    ck_assert(qd_backend_init_by_name("cuda", &c, &(qd_backend_options){0}) == NULL);
+    ck_assert(qd_backend_init_by_name("tpu", &c, &(qd_backend_options){0}) == NULL);
+    qd_backend_free(b);
+}
+END_TEST
+
+/* ---- forward */
+
+/* log-probs agree with the logits (in double) and padding is zero. */
+START_TEST(test_forward_logits_consistent)
+{
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend *b = make(&c, QD_RECIPE_FP32, QD_ROLE_TRAINER, 0, 0);
+    float *w = random_weights(b, 7);
+    ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
+    int32_t tok[TB * TT];
+    float logp[TB * TT], logits[TB * TT * 64];
+    tiny_batch(tok, 3);
+    forward_ok(b, tok, tlen, TB, TT, logp, logits);
+    for (int bb = 0; bb < TB; bb++)
+        for (int t = 0; t < TT; t++) {
+            const float *l = logits + (bb * TT + t) * 64;
+            if (t >= tlen[bb] - 1) {
+                ck_assert(logp[bb * TT + t] == 0.0f);
+                if (t >= tlen[bb])
+                    ck_assert(l[0] == 0.0f && l[63] == 0.0f);
+                continue;
+            }
+            double s = 0;
+            for (int j = 0; j < 64; j++)
+                s += exp((double)l[j]);
+            double ref = (double)l[tok[bb * TT + t + 1]] - log(s);
+            ck_assert_msg(fabs(logp[bb * TT + t] - ref) < 2e-6, "logp %g vs %g", logp[bb * TT + t], ref);
+            ck_assert(logp[bb * TT + t] < 0.0f);
+        }
+    free(w);
+    qd_backend_free(b);
+}
+END_TEST
+
+/* The fp32 forward against tests/ref/qwen3moe_tiny_ref.py (numpy, float64,
+ * written from HF's modeling_qwen3_moe.py): same weights and tokens from the
+ * same splitmix64 stream; bound max |diff| < 1e-5 * max |logit|. */
+static void check_reference(int tied, int norm_topk, uint64_t seed)
+{
+    char rel[64];
+    snprintf(rel, sizeof rel, "tests/fixtures/qwen3moe_tiny_tied%d.bin", tied);
+    FILE *f = fopen(qd_test_path(rel), "rb");
+    ck_assert_msg(f != NULL, "missing %s", rel);
+    float ref[17 * 64], logits[TB * TT * 64], logp[TB * TT];
+    ck_assert_int_eq(fread(ref, sizeof(float), 17 * 64, f), 17 * 64);
+    fclose(f);
+    qd_model_config c = tiny_config(tied, norm_topk);
+    qd_backend *b = make(&c, QD_RECIPE_FP32, QD_ROLE_TRAINER, 0, 0);
+    float *w = random_weights(b, seed);
+    ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
+    int32_t tok[TB * TT];
+    tiny_batch(tok, seed + 1);
+    forward_ok(b, tok, tlen, TB, TT, logp, logits);
+    double dmax = 0, rmax = 0;
+    for (int bb = 0, n = 0; bb < TB; bb++)
+        for (int t = 0; t < tlen[bb]; t++, n++)
+            for (int j = 0; j < 64; j++) {
+                dmax = fmax(dmax, fabs((double)logits[(bb * TT + t) * 64 + j] - ref[n * 64 + j]));
+                rmax = fmax(rmax, fabs((double)ref[n * 64 + j]));
+            }
+    fprintf(stderr, "reference (tied %d): max |logit - numpy float64| = %.2e, max |logit| = %.2f\n", tied,
+            dmax, rmax);
+    ck_assert(dmax < 1e-5 * rmax);
+    free(w);
+    qd_backend_free(b);
+}
+
+START_TEST(test_forward_reference)
+{
+    check_reference(0, 1, 81);
+    check_reference(1, 0, 91);
+}
+END_TEST
+
+/* Each sequence alone (no padding, B = 1) gives the same bits as in the batch. */
+static void check_batch_independence(qd_recipe r, qd_role role, double ratio)
+{
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend *b = make(&c, r, role, ratio, 0);
+    float *w = random_weights(b, 11);
+    ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
+    int32_t tok[TB * TT];
+    float logp[TB * TT], one[TT];
+    tiny_batch(tok, 5);
+    forward_ok(b, tok, tlen, TB, TT, logp, NULL);
+    for (int bb = 0; bb < TB; bb++) {
+        forward_ok(b, tok + bb * TT, &tlen[bb], 1, tlen[bb], one, NULL);
+        ck_assert_msg(memcmp(one, logp + bb * TT, sizeof(float) * tlen[bb]) == 0, "recipe %s row %d",
+                      qd_recipe_name(r), bb);
+    }
+    free(w);
+    qd_backend_free(b);
+}
+
+START_TEST(test_batch_independence)
+{
+    check_batch_independence(QD_RECIPE_FP32, QD_ROLE_TRAINER, 0);
+    check_batch_independence(QD_RECIPE_QUADS, QD_ROLE_TRAINER, 0);
+    check_batch_independence(QD_RECIPE_NVFP4_SYM_QAT, QD_ROLE_TRAINER, 0);
+    check_batch_independence(QD_RECIPE_FP8, QD_ROLE_ROLLOUT, 0);
+    check_batch_independence(QD_RECIPE_QUADS, QD_ROLE_ROLLOUT, 0.25);
+}
+END_TEST
+
+/* Loss sum c . logp, in double. */
+static double loss_of(qd_backend *b, const int32_t *tok, const float *coef)
+{
+    float logp[TB * TT];
+    forward_ok(b, tok, tlen, TB, TT, logp, NULL);
+    double L = 0;
+    for (int i = 0; i < TB * TT; i++)
+        L += (double)coef[i] * logp[i];
+    return L;
+}
+
+static void random_coef(float *coef, uint64_t seed)
+{
+    rng_state = seed;
+    for (int i = 0; i < TB * TT; i++)
+        coef[i] = (float)sym();
+}
+
+/* 1 and 2 OpenMP threads give the same log-probs and gradients, bit for bit. */
+static void check_threads(qd_recipe r, qd_role role, double ratio)
+{
+    qd_model_config c = tiny_config(0, 1);
+    float *lp[2], *g[2], coef[TB * TT];
+    int32_t tok[TB * TT];
+    tiny_batch(tok, 9);
+    random_coef(coef, 4);
+    size_t n = 0;
+    for (int k = 0; k < 2; k++) {
+        qd_backend *b = make(&c, r, role, ratio, k + 1);
+        float *w = random_weights(b, 13);
+        ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
+        n = qd_backend_num_floats(b);
+        lp[k] = malloc(sizeof(float) * TB * TT);
+        g[k] = calloc(n, sizeof(float));
+        forward_ok(b, tok, tlen, TB, TT, lp[k], NULL);
+        if (role == QD_ROLE_TRAINER) {
+            ck_assert_int_eq(qd_backend_backward(b, coef), QD_OK);
+            ck_assert_int_eq(qd_backend_get_grads(b, g[k], n), QD_OK);
+        }
+        free(w);
+        qd_backend_free(b);
+    }
+    ck_assert(memcmp(lp[0], lp[1], sizeof(float) * TB * TT) == 0);
+    ck_assert(memcmp(g[0], g[1], sizeof(float) * n) == 0);
+    for (int k = 0; k < 2; k++) {
+        free(lp[k]);
+        free(g[k]);
+    }
+}
+
+START_TEST(test_thread_independence)
+{
+    check_threads(QD_RECIPE_FP32, QD_ROLE_TRAINER, 0);
+    check_threads(QD_RECIPE_QUADS, QD_ROLE_TRAINER, 0);
+    check_threads(QD_RECIPE_NVFP4_RAC, QD_ROLE_ROLLOUT, 0.25);
+    check_threads(QD_RECIPE_FP8, QD_ROLE_ROLLOUT, 0);
+}
+END_TEST
+
+/* ---- gradients by central finite differences (fp32 recipe) */
+
+/* For every tensor: the derivative along a random unit direction d (whole
+ * tensor) and along its 2 largest-gradient elements, against Richardson-
+ * extrapolated central differences (4 D(h/2) - D(h)) / 3 of the loss summed in
+ * double, h = 0.03 (0.01 for the router, so that no top-k choice flips: a flip
+ * is a jump of the loss). The float32 forward's rounding noise is about 3e-4
+ * after the division by h, so the bound is |num - an| < 2e-3 (|an| + 0.25);
+ * measured worst: 4e-4 absolute. */
+static void check_gradients(int tied, int norm_topk, uint64_t seed)
+{
+    qd_model_config c = tiny_config(tied, norm_topk);
+    qd_backend *b = make(&c, QD_RECIPE_FP32, QD_ROLE_TRAINER, 0, 0);
+    size_t n = qd_backend_num_floats(b);
+    float *w = random_weights(b, seed), *g = malloc(sizeof(float) * n), *wp = malloc(sizeof(float) * n);
+    double *d = malloc(sizeof(double) * n);
+    int32_t tok[TB * TT];
+    float coef[TB * TT], logp[TB * TT];
+    tiny_batch(tok, seed + 1);
+    random_coef(coef, seed + 2);
+    ck_assert_int_eq(qd_backend_set_weights(b, w, n), QD_OK);
+    qd_backend_zero_grad(b);
+    forward_ok(b, tok, tlen, TB, TT, logp, NULL);
+    ck_assert_int_eq(qd_backend_backward(b, coef), QD_OK);
+    ck_assert_int_eq(qd_backend_get_grads(b, g, n), QD_OK);
+    int np;
+    const qd_param_info *p = qd_backend_params(b, &np);
+    double worst_dir = 0, worst_el = 0;
+    for (int i = 0; i < np; i++) {
+        size_t off = p[i].offset, m = (size_t)(p[i].rows * p[i].cols);
+        for (int mode = 0; mode < 3; mode++) {
+            memset(d, 0, sizeof(double) * n);
+            double an = 0;
+            if (mode == 0) {  /* unit L2 norm, so that h is the step length */
+                double nn = 0;
+                for (size_t k = 0; k < m; k++) {
+                    d[off + k] = sym();
+                    nn += d[off + k] * d[off + k];
+                }
+                for (size_t k = 0; k < m; k++)
+                    d[off + k] /= sqrt(nn);
+            } else {  /* the mode-th largest |g| of the tensor */
+                size_t best = off, second = off;
+                for (size_t k = off; k < off + m; k++)
+                    if (fabsf(g[k]) > fabsf(g[best])) {
+                        second = best;
+                        best = k;
+                    } else if (k != best && fabsf(g[k]) > fabsf(g[second]))
+                        second = k;
+                size_t k = mode == 1 ? best : second;
+                if (fabsf(g[k]) < 1e-3f)
+                    continue;
+                d[k] = 1.0;
+            }
+            for (size_t k = off; k < off + m; k++)
+                an += d[k] * g[k];
+            /* Richardson: (4 D(h/2) - D(h)) / 3 cancels the h^2 term of D(h) */
+            double h = strstr(p[i].name, "mlp.gate.weight") ? 1e-2 : 3e-2, fd[4];
+            for (int s = 0; s < 4; s++) {
+                double hs = (s & 1 ? -h : h) / (s < 2 ? 1 : 2);
+                for (size_t k = 0; k < n; k++)
+                    wp[k] = (float)(w[k] + hs * d[k]);
+                ck_assert_int_eq(qd_backend_set_weights(b, wp, n), QD_OK);
+                fd[s] = loss_of(b, tok, coef);
+            }
+            double num = (4 * (fd[2] - fd[3]) / h - (fd[0] - fd[1]) / (2 * h)) / 3;
+            double rel = fabs(num - an) / (fabs(an) + 0.25);
+            ck_assert_msg(rel < 2e-3, "%s mode %d: analytic %g numeric %g", p[i].name, mode, an, num);
+            if (mode == 0)
+                worst_dir = fmax(worst_dir, rel);
+            else
+                worst_el = fmax(worst_el, rel);
+        }
+    }
+    fprintf(stderr, "gradients (tied %d, norm_topk %d): %d tensors, worst |num - an| / (|an| + 0.25): direction %.2e, "
+            "element %.2e\n", tied, norm_topk, np, worst_dir, worst_el);
+    free(w);
+    free(g);
+    free(wp);
+    free(d);
+    qd_backend_free(b);
+}
+
+START_TEST(test_gradients_untied) { check_gradients(0, 1, 21); }
+END_TEST
+
+START_TEST(test_gradients_tied) { check_gradients(1, 0, 31); }
+END_TEST
+
+/* ---- precision recipes against fp32 */
+
+/* Relative RMS difference of the logits of valid positions. */
+static double logit_err(const float *a, const float *ref)
+{
+    double num = 0, den = 0;
+    for (int bb = 0; bb < TB; bb++)
+        for (int t = 0; t < tlen[bb]; t++)
+            for (int j = 0; j < 64; j++) {
+                double x = a[(bb * TT + t) * 64 + j], r = ref[(bb * TT + t) * 64 + j];
+                num += (x - r) * (x - r);
+                den += r * r;
+            }
+    return sqrt(num / den);
+}
+
+static float *recipe_logits(qd_recipe r, qd_role role, const float *w, const int32_t *tok)
+{
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend *b = make_loaded(&c, r, role, 0, 0, w);
+    float logp[TB * TT], *logits = malloc(sizeof(float) * TB * TT * 64);
+    forward_ok(b, tok, tlen, TB, TT, logp, logits);
+    qd_backend_free(b);
+    return logits;
+}
+
+static double recipe_err(qd_recipe r, qd_role role, double ratio, const float *w, const float *ref,
+                         const int32_t *tok, int calibrate)
+{
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend *b = make_loaded(&c, r, role, ratio, 0, w);
+    float logp[TB * TT], *logits = malloc(sizeof(float) * TB * TT * 64);
+    if (calibrate) {  /* one rollout measures activation errors; the next sync picks RAC channels */
+        forward_ok(b, tok, tlen, TB, TT, logp, logits);
+        ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
+    }
+    forward_ok(b, tok, tlen, TB, TT, logp, logits);
+    double e = logit_err(logits, ref);
+    fprintf(stderr, "recipe %-14s %-7s ratio %.2f: logit relative RMS error %.3e\n", qd_recipe_name(r),
+            role == QD_ROLE_ROLLOUT ? "rollout" : "trainer", ratio, e);
+    free(logits);
+    qd_backend_free(b);
+    return e;
+}
+
+START_TEST(test_recipes_error)
+{
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend *b = make(&c, QD_RECIPE_FP32, QD_ROLE_TRAINER, 0, 0);
+    float *w = random_weights(b, 41), logp[TB * TT], *ref = malloc(sizeof(float) * TB * TT * 64);
+    ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
+    int32_t tok[TB * TT];
+    tiny_batch(tok, 43);
+    forward_ok(b, tok, tlen, TB, TT, logp, ref);
+    qd_backend_free(b);
+    const qd_role RO = QD_ROLE_ROLLOUT, TR = QD_ROLE_TRAINER;
+    double bf16 = recipe_err(QD_RECIPE_BF16, RO, 0, w, ref, tok, 0);
+    double fp8 = recipe_err(QD_RECIPE_FP8, RO, 0, w, ref, tok, 0);
+    double nv = recipe_err(QD_RECIPE_NVFP4, RO, 0, w, ref, tok, 0);
+    double rac0 = recipe_err(QD_RECIPE_NVFP4_RAC, RO, 0, w, ref, tok, 1);
+    double rac = recipe_err(QD_RECIPE_NVFP4_RAC, RO, 0.25, w, ref, tok, 1);
+    double quads = recipe_err(QD_RECIPE_QUADS, RO, 0.5, w, ref, tok, 1);
+    double aqat = recipe_err(QD_RECIPE_NVFP4_AQAT, TR, 0, w, ref, tok, 0);
+    double sym = recipe_err(QD_RECIPE_NVFP4_SYM_QAT, TR, 0, w, ref, tok, 0);
+    double bf16t = recipe_err(QD_RECIPE_NVFP4, TR, 0, w, ref, tok, 0);
+    /* W4A4 rollout vs sym-QAT trainer: the same codes of the one quantize
+     * function on both sides; only the float32 rounding of the sums differs */
+    float *lr = recipe_logits(QD_RECIPE_NVFP4, RO, w, tok), *lt = recipe_logits(QD_RECIPE_NVFP4_SYM_QAT, TR, w, tok);
+    double same = logit_err(lr, lt);
+    fprintf(stderr, "nvfp4 rollout vs nvfp4-sym-qat trainer: logit relative RMS difference %.3e\n", same);
+    ck_assert(same < 1e-4);
+    free(lr);
+    free(lt);
+    ck_assert(bf16 > 0 && bf16 < 2e-2);
+    ck_assert(fp8 > bf16 && fp8 < 0.1);
+    ck_assert(nv > fp8 && nv < 0.5);
+    ck_assert(rac0 == nv);          /* ratio 0 is naive NVFP4, bit for bit */
+    ck_assert(rac < nv && quads < rac);
+    ck_assert(aqat > bf16 && aqat < nv); /* weight error only */
+    ck_assert(sym > aqat);
+    ck_assert(bf16t == bf16);       /* every recipe's trainer without QAT is BF16 */
+    free(w);
+    free(ref);
+}
+END_TEST
+
+/* Gradients (n floats, caller frees) of the loss coef . logp under recipe r, trainer role. */
+static float *trainer_grads(qd_recipe r, const float *w, const int32_t *tok, const float *coef, size_t n)
+{
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend *b = make_loaded(&c, r, QD_ROLE_TRAINER, 0, 0, w);
+    float logp[TB * TT], *g = malloc(sizeof(float) * n);
+    forward_ok(b, tok, tlen, TB, TT, logp, NULL);
+    ck_assert_int_eq(qd_backend_backward(b, coef), QD_OK);
+    ck_assert_int_eq(qd_backend_get_grads(b, g, n), QD_OK);
+    qd_backend_free(b);
+    for (size_t i = 0; i < n; i++)
+        ck_assert(isfinite(g[i]));
+    return g;
+}
+
+static double grad_dist(qd_recipe r, const float *w, const int32_t *tok, const float *coef, const float *ref,
+                        size_t n)
+{
+    float *g = trainer_grads(r, w, tok, coef, n);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += ((double)g[i] - ref[i]) * ((double)g[i] - ref[i]);
+        den += (double)ref[i] * ref[i];
+    }
+    fprintf(stderr, "recipe %-14s trainer: gradient relative L2 distance to fp32 %.3e\n", qd_recipe_name(r),
+            sqrt(num / den));
+    free(g);
+    return sqrt(num / den);
+}
+
+/* Trainer recipes' gradients (straight-through) stay near fp32's: the
+ * relative L2 distance is non-zero and ordered like the forward errors. */
+START_TEST(test_trainer_gradients)
+{
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend *b = make(&c, QD_RECIPE_FP32, QD_ROLE_TRAINER, 0, 0);
+    size_t n = qd_backend_num_floats(b);
+    float *w = random_weights(b, 45), coef[TB * TT];
+    qd_backend_free(b);
+    int32_t tok[TB * TT];
+    tiny_batch(tok, 46);
+    random_coef(coef, 47);
+    float *ref = trainer_grads(QD_RECIPE_FP32, w, tok, coef, n);
+    double bf16 = grad_dist(QD_RECIPE_BF16, w, tok, coef, ref, n);
+    double aqat = grad_dist(QD_RECIPE_QUADS, w, tok, coef, ref, n);
+    double sym = grad_dist(QD_RECIPE_NVFP4_SYM_QAT, w, tok, coef, ref, n);
+    ck_assert(bf16 > 0 && bf16 < 0.05);
+    ck_assert(aqat > bf16 && aqat < 1.0);
+    ck_assert(sym > bf16 && sym < 1.5);
+    free(ref);
+    free(w);
+}
+END_TEST
+
+/* ---- AdamW against the formula in double */
+
+START_TEST(test_adamw)
+{
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend *b = make(&c, QD_RECIPE_FP32, QD_ROLE_TRAINER, 0, 0);
+    size_t n = qd_backend_num_floats(b);
+    float *w = random_weights(b, 51), *g = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n);
+    double *m = calloc(n, sizeof(double)), *v = calloc(n, sizeof(double)), *p = malloc(sizeof(double) * n);
+    for (size_t i = 0; i < n; i++)
+        p[i] = w[i];
+    ck_assert_int_eq(qd_backend_set_weights(b, w, n), QD_OK);
+    int32_t tok[TB * TT];
+    float coef[TB * TT], logp[TB * TT];
+    tiny_batch(tok, 52);
+    random_coef(coef, 53);
+    qd_adamw o = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f};
+    int np;
+    const qd_param_info *pi = qd_backend_params(b, &np);
+    for (int step = 1; step <= 2; step++) {
+        qd_backend_zero_grad(b);
+        forward_ok(b, tok, tlen, TB, TT, logp, NULL);
+        ck_assert_int_eq(qd_backend_backward(b, coef), QD_OK);
+        ck_assert_int_eq(qd_backend_get_grads(b, g, n), QD_OK);
+        double norm = 0;
+        for (size_t i = 0; i < n; i++)
+            norm += (double)g[i] * g[i];
+        norm = sqrt(norm);
+        ck_assert(norm > 0.5);  /* so that clipping is exercised */
+        float reported;
+        ck_assert_int_eq(qd_backend_optimizer_step(b, &o, step, &reported), QD_OK);
+        ck_assert(fabs(reported - norm) < 1e-5 * norm);
+        double sc = 0.5 / norm;
+        for (int t = 0; t < np; t++) {
+            double wd = pi[t].rows > 1 ? 0.1 : 0.0;
+            for (size_t i = pi[t].offset; i < pi[t].offset + (size_t)(pi[t].rows * pi[t].cols); i++) {
+                double gi = g[i] * sc;
+                m[i] = 0.9 * m[i] + 0.1 * gi;
+                v[i] = 0.95 * v[i] + 0.05 * gi * gi;
+                double mh = m[i] / (1 - pow(0.9, step)), vh = v[i] / (1 - pow(0.95, step));
+                p[i] -= 1e-2 * (mh / (sqrt(vh) + 1e-8) + wd * p[i]);
+            }
+        }
+        ck_assert_int_eq(qd_backend_get_weights(b, got, n), QD_OK);
+        double worst = 0;
+        for (size_t i = 0; i < n; i++)
+            worst = fmax(worst, fabs(got[i] - p[i]));
+        ck_assert_msg(worst < 2e-6, "step %d: max |w - w_ref| = %g", step, worst);
+    }
+    free(w);
+    free(g);
+    free(got);
+    free(m);
+    free(v);
+    free(p);
+    qd_backend_free(b);
+}
+END_TEST
+
+/* ---- diagnostics */
+
+static qd_backend *make_diag(qd_recipe r, qd_role role, const float *w)
+{
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend_options o = {r, role, 0, 0, 1};
+    qd_backend *b = qd_backend_cpu_init(&c, &o);
+    ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
+    return b;
+}
+
+START_TEST(test_diagnostics)
+{
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend *ref = make(&c, QD_RECIPE_FP32, QD_ROLE_TRAINER, 0, 0);
+    float *w = random_weights(ref, 71), logp[TB * TT];
+    int32_t tok[TB * TT];
+    tiny_batch(tok, 72);
+    qd_diagnostics d[2];
+    ck_assert_int_eq(qd_backend_diagnostics(ref, &d[0]), QD_ERR_ARG); /* not enabled */
+    qd_backend *b[2] = {make_diag(QD_RECIPE_QUADS, QD_ROLE_ROLLOUT, w),
+                        make_diag(QD_RECIPE_QUADS, QD_ROLE_TRAINER, w)};
+    for (int k = 0; k < 2; k++) {
+        forward_ok(b[k], tok, tlen, TB, TT, logp, NULL);
+        ck_assert_int_eq(qd_backend_diagnostics(b[k], &d[k]), QD_OK);
+        /* q, k, v, o of 2 layers, dense gate/up/down, 8 experts x 3 */
+        ck_assert_int_eq(d[k].num_linear, 8 + 3 + 24);
+        ck_assert_str_eq(d[k].names[0], "model.layers.0.self_attn.q_proj.weight");
+        ck_assert_int_eq(d[k].num_tokens, 17);
+        ck_assert(d[k].num_moe_layers == 1 && d[k].top_k == 2);
+        for (int i = 0; i < d[k].num_linear; i++) {
+            ck_assert(d[k].weight_err[i] > 0 && d[k].weight_err[i] < 0.05);
+            ck_assert(d[k].act_norm[i] >= 0 && d[k].act_err[i] <= 0.05 * d[k].act_norm[i]);
+        }
+        ck_assert(d[k].act_err[0] > 1e-4 * d[k].act_norm[0]);
+        for (int n = 0; n < 17; n++) {
+            const int32_t *t = d[k].router_topk + n * 2;
+            ck_assert(t[0] >= 0 && t[0] < 8 && t[1] >= 0 && t[1] < 8 && t[0] != t[1]);
+        }
+    }
+    /* same weight error on both sides (one quantize function), same first-layer input */
+    ck_assert(memcmp(d[0].weight_err, d[1].weight_err, sizeof(double) * 35) == 0);
+    ck_assert(d[0].act_err[0] == d[1].act_err[0]);
+    int agree = 0;
+    for (int n = 0; n < 17 * 2; n++)
+        agree += d[0].router_topk[n] == d[1].router_topk[n];
+    fprintf(stderr, "diagnostics: rollout/trainer router top-k agreement %d/34, q_proj.0 act err %.3e, "
+            "weight err %.3e\n", agree, d[0].act_err[0] / d[0].act_norm[0], d[0].weight_err[0]);
+    ck_assert(agree >= 17);
+    /* after a generate: errors summed over its steps (more tokens than one forward) */
+    int32_t gt[GB * 4], gl[GB];
+    float glp[GB * 4];
+    int32_t prompt[GB * GP] = {0};
+    qd_generate_request rq = {GB, GP, prompt, gplen, gsid, 3, 4, 1.0f, 0, 1.0f, NULL, 0};
+    qd_generate_result res = {gt, glp, gl};
+    ck_assert_int_eq(qd_backend_generate(b[0], &rq, &res), QD_OK);
+    qd_diagnostics dg;
+    ck_assert_int_eq(qd_backend_diagnostics(b[0], &dg), QD_OK);
+    ck_assert(dg.num_tokens == GB && dg.act_norm[0] > 0 && dg.act_err[0] > 0);
+    for (int k = 0; k < 2; k++)
+        qd_backend_free(b[k]);
+    qd_backend_free(ref);
+    free(w);
+}
+END_TEST
+
+/* ---- generation */
+
+/* Philox4x32-10 known answers (Random123's kat_vectors). */
+START_TEST(test_philox)
+{
+    static const uint32_t ctr[3][4] = {{0, 0, 0, 0}, {~0u, ~0u, ~0u, ~0u},
+                                       {0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}};
+    static const uint32_t key[3][2] = {{0, 0}, {~0u, ~0u}, {0xa4093822, 0x299f31d0}};
+    static const uint32_t want[3][4] = {{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8},
+                                        {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd},
+                                        {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}};
+    for (int i = 0; i < 3; i++) {
+        uint32_t out[4];
+        qd_philox4x32_10(out, ctr[i], key[i]);
+        ck_assert(memcmp(out, want[i], sizeof out) == 0);
+    }
+    float u = qd_sample_uniform(1, 2, 3);
+    ck_assert(u >= 0.0f && u < 1.0f && u != qd_sample_uniform(1, 2, 4) && u != qd_sample_uniform(1, 3, 3));
+}
+END_TEST
+
+
+/* Generates from rows [first, first + B) of a fixed prompt batch. */
+static void generate_rows(qd_backend *b, int first, int B, float temperature, int top_k, float top_p,
+                          uint64_t seed, const int32_t *stop, int nstop, int32_t *tok, float *logp,
+                          int32_t *len)
+{
+    int32_t prompt[GB * GP];
+    rng_state = 77;
+    for (int i = 0; i < GB * GP; i++)
+        prompt[i] = (int32_t)(urand() * 64);
+    qd_generate_request rq = {B, GP, prompt + first * GP, gplen + first, gsid + first, seed, GM,
+                              temperature, top_k, top_p, stop, nstop};
+    qd_generate_result res = {tok, logp, len};
+    qd_status st = qd_backend_generate(b, &rq, &res);
+    ck_assert_msg(st == QD_OK, "generate: %s", qd_last_error());
+}
+
+/* The generated tokens' log-probs equal the forward's of the whole sequence
+ * (temperature 1), bit for bit; greedy tokens are the forward's argmax. */
+static void check_against_forward(qd_backend *b, int row, const int32_t *tok, const float *logp, int n,
+                                  int greedy)
+{
+    int32_t prompt[GB * GP], seq[GP + GM], L = gplen[row] + n;
+    float lp[GP + GM], logits[(GP + GM) * 64];
+    rng_state = 77;
+    for (int i = 0; i < GB * GP; i++)
+        prompt[i] = (int32_t)(urand() * 64);
+    memcpy(seq, prompt + row * GP, sizeof(int32_t) * gplen[row]);
+    memcpy(seq + gplen[row], tok, sizeof(int32_t) * n);
+    forward_ok(b, seq, &L, 1, L, lp, logits);
+    for (int i = 0; i < n; i++) {
+        int t = gplen[row] - 1 + i;
+        ck_assert_msg(lp[t] == logp[i], "row %d token %d: logp %g vs forward %g", row, i, logp[i], lp[t]);
+        if (greedy)
+            for (int j = 0; j < 64; j++)
+                ck_assert(logits[t * 64 + j] <= logits[t * 64 + tok[i]]);
+    }
+}
+
+START_TEST(test_generate)
+{
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend *b = make(&c, QD_RECIPE_FP32, QD_ROLE_ROLLOUT, 0, 0);
+    float *w = random_weights(b, 101);
+    ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
+    int32_t tok[GB * GM], len[GB], tok1[GM], len1, gtok[GB * GM], glen[GB];
+    float logp[GB * GM], logp1[GM], glogp[GB * GM];
+    /* greedy */
+    generate_rows(b, 0, GB, 0.0f, 0, 1.0f, 1, NULL, 0, gtok, glogp, glen);
+    for (int r = 0; r < GB; r++) {
+        ck_assert_int_eq(glen[r], GM);
+        check_against_forward(b, r, gtok + r * GM, glogp + r * GM, GM, 1);
+    }
+    /* sampling: same tokens alone and in the batch; log-probs are the forward's */
+    generate_rows(b, 0, GB, 1.0f, 20, 0.9f, 5, NULL, 0, tok, logp, len);
+    for (int r = 0; r < GB; r++) {
+        generate_rows(b, r, 1, 1.0f, 20, 0.9f, 5, NULL, 0, tok1, logp1, &len1);
+        ck_assert(len1 == GM && memcmp(tok1, tok + r * GM, sizeof tok1) == 0);
+        ck_assert(memcmp(logp1, logp + r * GM, sizeof logp1) == 0);
+        check_against_forward(b, r, tok + r * GM, logp + r * GM, GM, 0);
+    }
+    ck_assert(memcmp(tok, gtok, sizeof tok) != 0);   /* sampling is not greedy here */
+    /* top_k = 1 is greedy; another seed gives other tokens */
+    generate_rows(b, 0, GB, 1.0f, 1, 1.0f, 5, NULL, 0, tok, logp, len);
+    ck_assert(memcmp(tok, gtok, sizeof tok) == 0);
+    generate_rows(b, 0, GB, 1.0f, 0, 1.0f, 5, NULL, 0, tok, logp, len);
+    generate_rows(b, 0, GB, 1.0f, 0, 1.0f, 6, NULL, 0, gtok, glogp, glen);
+    ck_assert(memcmp(tok, gtok, sizeof tok) != 0);
+    /* a stop token ends a sequence after it; the others go on */
+    int32_t stop = tok[2];
+    generate_rows(b, 0, GB, 1.0f, 0, 1.0f, 5, &stop, 1, gtok, glogp, glen);
+    ck_assert_int_eq(glen[0], 3);
+    ck_assert(gtok[2] == stop && gtok[3] == -1 && glogp[3] == 0.0f);
+    for (int r = 1; r < GB; r++) {
+        int k = 0;
+        while (k < GM && tok[r * GM + k] != stop)
+            k++;
+        ck_assert_int_eq(glen[r], k < GM ? k + 1 : GM);
+        ck_assert(memcmp(gtok + r * GM, tok + r * GM, sizeof(int32_t) * glen[r]) == 0);
+    }
+    free(w);
+    qd_backend_free(b);
+}
+END_TEST
+
+/* NVFP4 + RAC rollout: the same tokens at 1 and 2 threads and alone or batched. */
+START_TEST(test_generate_rollout_recipe)
+{
+    qd_model_config c = tiny_config(0, 1);
+    int32_t tok[2][GB * GM], len[GB], tok1[GM], len1;
+    float logp[2][GB * GM], logp1[GM];
+    float *w = NULL;
+    for (int k = 0; k < 2; k++) {
+        qd_backend *b = make(&c, QD_RECIPE_QUADS, QD_ROLE_ROLLOUT, 0.25, k + 1);
+        if (!w)
+            w = random_weights(b, 111);
+        ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
+        generate_rows(b, 0, GB, 0.8f, 0, 0.95f, 9, NULL, 0, tok[k], logp[k], len);
+        if (k == 1)
+            for (int r = 0; r < GB; r++) {
+                generate_rows(b, r, 1, 0.8f, 0, 0.95f, 9, NULL, 0, tok1, logp1, &len1);
+                ck_assert(memcmp(tok1, tok[k] + r * GM, sizeof tok1) == 0);
+                ck_assert(memcmp(logp1, logp[k] + r * GM, sizeof logp1) == 0);
+            }
+        qd_backend_free(b);
+    }
+    ck_assert(memcmp(tok[0], tok[1], sizeof tok[0]) == 0 && memcmp(logp[0], logp[1], sizeof logp[0]) == 0);
+    free(w);
+}
+END_TEST
+
+/* ---- errors */
+
+START_TEST(test_errors)
+{
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend *b = make(&c, QD_RECIPE_NVFP4, QD_ROLE_ROLLOUT, 0, 0);
+    size_t n = qd_backend_num_floats(b);
+    float *w = random_weights(b, 61), logp[TB * TT];
+    int32_t tok[TB * TT], len[TB] = {7, 8, 1};
+    ck_assert_int_eq(qd_backend_backward(b, logp), QD_ERR_ARG);   /* no forward yet */
+    ck_assert_int_eq(qd_backend_set_weights(b, w, n), QD_OK);
+    tiny_batch(tok, 62);
+    qd_batch bt = {TB, TT, tok, len};
+    ck_assert_int_eq(qd_backend_forward(b, &bt, logp, NULL), QD_ERR_SHAPE);
+    ck_assert(strstr(qd_last_error(), "lengths[1]") != NULL);
+    bt.lengths = tlen;
+    tok[3] = 64;
+    ck_assert_int_eq(qd_backend_forward(b, &bt, logp, NULL), QD_ERR_ARG);
+    ck_assert(strstr(qd_last_error(), "tokens[0][3]") != NULL);
+    tok[3] = 0;
+    ck_assert_int_eq(qd_backend_forward(b, &bt, logp, NULL), QD_OK);
+    ck_assert_int_eq(qd_backend_backward(b, logp), QD_ERR_UNSUPPORTED); /* rollout W4A4 */
+    int32_t gt[2 * 64], gl[2];
+    float glp[2 * 64];
+    uint64_t sid[2] = {0, 1};
+    qd_generate_request rq = {2, 7, tok, tlen, sid, 1, 58, 1.0f, 0, 1.0f, NULL, 0};
+    qd_generate_result res = {gt, glp, gl};
+    ck_assert_int_eq(qd_backend_generate(b, &rq, &res), QD_ERR_SHAPE); /* 7 + 58 > 64 positions */
+    rq.max_new_tokens = 0;
+    ck_assert_int_eq(qd_backend_generate(b, &rq, &res), QD_OK);
+    ck_assert(gl[0] == 0 && gl[1] == 0);
+    rq.top_p = 0.0f;
+    ck_assert_int_eq(qd_backend_generate(b, &rq, &res), QD_ERR_ARG);
+    rq.top_p = 1.0f;
+    rq.temperature = NAN;
+    ck_assert_int_eq(qd_backend_generate(b, &rq, &res), QD_ERR_ARG);
+    w[5] = NAN;
+    ck_assert_int_eq(qd_backend_set_weights(b, w, n), QD_ERR_NONFINITE);
+    ck_assert_int_eq(qd_backend_set_weights(b, w, n - 1), QD_ERR_SHAPE);
+    free(w);
+    qd_backend_free(b);
+}
+END_TEST
+
+Suite *suite_backend_cpu(void)
+{
+    Suite *s = suite_create("backend_cpu");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_exact_math_accuracy);
+    tcase_add_test(tc, test_exact_math_special_and_monotonic);
+    tcase_add_test(tc, test_recipes);
+    tcase_add_test(tc, test_config_and_params);
+    tcase_add_test(tc, test_forward_logits_consistent);
+    tcase_add_test(tc, test_forward_reference);
+    tcase_add_test(tc, test_batch_independence);
+    tcase_add_test(tc, test_thread_independence);
+    tcase_add_test(tc, test_gradients_untied);
+    tcase_add_test(tc, test_gradients_tied);
+    tcase_add_test(tc, test_recipes_error);
+    tcase_add_test(tc, test_trainer_gradients);
+    tcase_add_test(tc, test_adamw);
+    tcase_add_test(tc, test_diagnostics);
+    tcase_add_test(tc, test_philox);
+    tcase_add_test(tc, test_generate);
+    tcase_add_test(tc, test_generate_rollout_recipe);
+    tcase_add_test(tc, test_errors);
+    suite_add_tcase(s, tc);
+    return s;
+}
