@@ -46,46 +46,6 @@ qd_linear_mode qd_recipe_dense_mode(qd_recipe r)
     return r == QD_RECIPE_FP32 ? QD_LINEAR_FP32 : QD_LINEAR_BF16;
 }
 
-/* ---- model configuration */
-
-int qd_config_layer_is_moe(const qd_model_config *c, int l)
-{
-    for (int i = 0; i < c->num_mlp_only_layers; i++)
-        if (c->mlp_only_layers[i] == l)
-            return 0;
-    return c->num_experts > 0 && c->decoder_sparse_step > 0 && (l + 1) % c->decoder_sparse_step == 0;
-}
-
-#define QD_CHECK_FIELD(cond, field) \
-    do { if (!(cond)) return qd_error(QD_ERR_ARG, "config: field '%s' out of range", field); } while (0)
-
-qd_status qd_config_check(const qd_model_config *c)
-{
-    QD_CHECK_FIELD(c->vocab_size > 0, "vocab_size");
-    QD_CHECK_FIELD(c->hidden_size > 0, "hidden_size");
-    QD_CHECK_FIELD(c->num_hidden_layers > 0 && c->num_hidden_layers <= QD_MAX_LAYERS, "num_hidden_layers");
-    QD_CHECK_FIELD(c->num_attention_heads > 0, "num_attention_heads");
-    QD_CHECK_FIELD(c->num_key_value_heads > 0 && c->num_attention_heads % c->num_key_value_heads == 0,
-                   "num_key_value_heads");
-    QD_CHECK_FIELD(c->head_dim > 0 && c->head_dim % 2 == 0, "head_dim");
-    QD_CHECK_FIELD(c->rope_theta > 0, "rope_theta");
-    QD_CHECK_FIELD(c->rms_norm_eps >= 0, "rms_norm_eps");
-    QD_CHECK_FIELD(c->max_position_embeddings > 0, "max_position_embeddings");
-    QD_CHECK_FIELD(c->num_experts >= 0, "num_experts");
-    QD_CHECK_FIELD(c->num_experts == 0 ||
-                   (c->num_experts_per_tok > 0 && c->num_experts_per_tok <= c->num_experts),
-                   "num_experts_per_tok");
-    QD_CHECK_FIELD(c->num_mlp_only_layers >= 0 && c->num_mlp_only_layers <= QD_MAX_LAYERS,
-                   "mlp_only_layers");
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        if (qd_config_layer_is_moe(c, l))
-            QD_CHECK_FIELD(c->moe_intermediate_size > 0, "moe_intermediate_size");
-        else
-            QD_CHECK_FIELD(c->intermediate_size > 0, "intermediate_size");
-    }
-    return QD_OK;
-}
-
 /* ---- registry */
 
 /* The CUDA backend's _init, a weak reference: NULL unless an object defining

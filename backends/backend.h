@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "quant/status.h"
+#include "models/model_config.h"
 
 /* ---- precision recipes (ARCHITECTURE.md, the recipe table) */
 
@@ -52,38 +53,6 @@ qd_linear_mode qd_recipe_linear_mode(qd_recipe r, qd_role role);
 /* The mode of the layers kept in high precision (router, lm_head): FP32 under
  * the fp32 recipe, BF16 otherwise. */
 qd_linear_mode qd_recipe_dense_mode(qd_recipe r);
-
-/* ---- model configuration: the fields of a Hugging Face Qwen3-MoE config.json
- * that change the math, under their HF names (models/config.h maps onto it). */
-
-#define QD_MAX_LAYERS 256
-
-typedef struct {
-    int vocab_size;
-    int hidden_size;
-    int intermediate_size;        /* dense MLP layers */
-    int moe_intermediate_size;    /* each expert */
-    int num_hidden_layers;
-    int num_attention_heads;
-    int num_key_value_heads;
-    int head_dim;
-    double rope_theta;
-    double rms_norm_eps;
-    int max_position_embeddings;  /* RoPE table length */
-    int num_experts;              /* 0: every layer dense */
-    int num_experts_per_tok;
-    int norm_topk_prob;
-    int decoder_sparse_step;
-    int num_mlp_only_layers;
-    int mlp_only_layers[QD_MAX_LAYERS];
-    int tie_word_embeddings;
-} qd_model_config;
-
-/* 1 if layer l has a sparse MoE block (HF: l not in mlp_only_layers, experts
- * present, (l + 1) % decoder_sparse_step == 0). */
-int qd_config_layer_is_moe(const qd_model_config *c, int l);
-/* QD_ERR_ARG naming the field if a value is out of range or inconsistent. */
-qd_status qd_config_check(const qd_model_config *c);
 
 /* ---- tensors, batches, options */
 

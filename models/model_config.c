@@ -295,3 +295,36 @@ int qd_model_config_is_moe_layer(const qd_model_config *c, int layer)
             return 0;
     return 1;
 }
+
+/* Ranges and consistency of a config built by hand (tests, the tiny model);
+ * qd_model_config_load already refuses bad files with the file named. */
+#define QD_CHECK_FIELD(cond, field) \
+    do { if (!(cond)) return qd_error(QD_ERR_ARG, "config: field '%s' out of range", field); } while (0)
+
+qd_status qd_model_config_check(const qd_model_config *c)
+{
+    QD_CHECK_FIELD(c->arch == QD_ARCH_QWEN3 || c->arch == QD_ARCH_QWEN3_MOE, "arch");
+    QD_CHECK_FIELD(c->vocab_size > 0, "vocab_size");
+    QD_CHECK_FIELD(c->hidden_size > 0, "hidden_size");
+    QD_CHECK_FIELD(c->num_hidden_layers > 0 && c->num_hidden_layers <= QD_CONFIG_MAX_LAYERS, "num_hidden_layers");
+    QD_CHECK_FIELD(c->num_attention_heads > 0, "num_attention_heads");
+    QD_CHECK_FIELD(c->num_key_value_heads > 0 && c->num_attention_heads % c->num_key_value_heads == 0,
+                   "num_key_value_heads");
+    QD_CHECK_FIELD(c->head_dim > 0 && c->head_dim % 2 == 0, "head_dim");
+    QD_CHECK_FIELD(c->rope_theta > 0, "rope_theta");
+    QD_CHECK_FIELD(c->rms_norm_eps >= 0, "rms_norm_eps");
+    QD_CHECK_FIELD(c->max_position_embeddings > 0, "max_position_embeddings");
+    QD_CHECK_FIELD(c->num_experts >= 0, "num_experts");
+    QD_CHECK_FIELD(c->num_experts == 0 ||
+                   (c->num_experts_per_tok > 0 && c->num_experts_per_tok <= c->num_experts),
+                   "num_experts_per_tok");
+    QD_CHECK_FIELD(c->n_mlp_only_layers >= 0 && c->n_mlp_only_layers <= QD_CONFIG_MAX_LAYERS,
+                   "mlp_only_layers");
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        if (qd_model_config_is_moe_layer(c, l))
+            QD_CHECK_FIELD(c->moe_intermediate_size > 0, "moe_intermediate_size");
+        else
+            QD_CHECK_FIELD(c->intermediate_size > 0, "intermediate_size");
+    }
+    return QD_OK;
+}

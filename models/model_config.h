@@ -48,5 +48,7 @@ qd_status qd_model_config_load(const char *path, qd_model_config *cfg);
 qd_status qd_model_config_load_string(const char *json, size_t len, const char *name, qd_model_config *cfg);
 /* Whether layer i has a sparse MoE block (transformers' Qwen3MoeDecoderLayer rule). */
 int qd_model_config_is_moe_layer(const qd_model_config *cfg, int layer);
+/* QD_ERR_ARG naming the field if a value is out of range or inconsistent. */
+qd_status qd_model_config_check(const qd_model_config *cfg);
 
 #endif

@@ -37,6 +37,7 @@ static qd_model_config tiny_config(int tied, int norm_topk)
 {
     qd_model_config c;
     memset(&c, 0, sizeof c);
+    c.arch = QD_ARCH_QWEN3_MOE;
     c.vocab_size = 64;
     c.hidden_size = 32;
     c.intermediate_size = 32;
@@ -52,7 +53,7 @@ static qd_model_config tiny_config(int tied, int norm_topk)
     c.num_experts_per_tok = 2;
     c.norm_topk_prob = norm_topk;
     c.decoder_sparse_step = 1;
-    c.num_mlp_only_layers = 1;
+    c.n_mlp_only_layers = 1;
     c.mlp_only_layers[0] = 0;
     c.tie_word_embeddings = tied;
     return c;
@@ -194,11 +195,11 @@ END_TEST
 START_TEST(test_config_and_params)
 {
     qd_model_config c = tiny_config(0, 1);
-    ck_assert(!qd_config_layer_is_moe(&c, 0) && qd_config_layer_is_moe(&c, 1));
+    ck_assert(!qd_model_config_is_moe_layer(&c, 0) && qd_model_config_is_moe_layer(&c, 1));
     c.decoder_sparse_step = 2;
-    ck_assert(!qd_config_layer_is_moe(&c, 0) && qd_config_layer_is_moe(&c, 1));
+    ck_assert(!qd_model_config_is_moe_layer(&c, 0) && qd_model_config_is_moe_layer(&c, 1));
     c.num_key_value_heads = 3;
-    ck_assert_int_eq(qd_config_check(&c), QD_ERR_ARG);
+    ck_assert_int_eq(qd_model_config_check(&c), QD_ERR_ARG);
     ck_assert(strstr(qd_last_error(), "num_key_value_heads") != NULL);
     ck_assert(qd_backend_init_best(&c, &(qd_backend_options){0}) == NULL);
 

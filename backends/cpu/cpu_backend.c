@@ -627,7 +627,7 @@ static void build_layer(cpu_ctx *c, int l, qd_linear_mode qm, qd_linear_mode dm)
     ly->q_norm = add_param(c, 1, D, "model.layers.%d.self_attn.q_norm.weight", l, 0);
     ly->k_norm = add_param(c, 1, D, "model.layers.%d.self_attn.k_norm.weight", l, 0);
     ly->post_norm = add_param(c, 1, C, "model.layers.%d.post_attention_layernorm.weight", l, 0);
-    ly->moe = qd_config_layer_is_moe(g, l);
+    ly->moe = qd_model_config_is_moe_layer(g, l);
     ly->router = -1;
     if (ly->moe) {
         ly->nexp = g->num_experts;
@@ -656,7 +656,7 @@ static void count_tensors(const qd_model_config *g, int *tensors, int *linears)
     *tensors = 3;
     *linears = 1;
     for (int l = 0; l < g->num_hidden_layers; l++) {
-        int moe = qd_config_layer_is_moe(g, l), lin = 4 + (moe ? 1 + 3 * g->num_experts : 3);
+        int moe = qd_model_config_is_moe_layer(g, l), lin = 4 + (moe ? 1 + 3 * g->num_experts : 3);
         *linears += lin;
         *tensors += 4 + lin;
     }
@@ -1790,7 +1790,7 @@ static qd_status alloc_model(cpu_ctx *c)
 
 qd_backend *qd_backend_cpu_init(const qd_model_config *cfg, const qd_backend_options *opt)
 {
-    if (qd_config_check(cfg))
+    if (qd_model_config_check(cfg))
         return NULL;
     if ((unsigned)opt->recipe >= QD_RECIPE_COUNT || opt->rac_ratio < 0 || opt->rac_ratio > 1) {
         qd_error(QD_ERR_ARG, "cpu backend: bad recipe or rac_ratio");
