@@ -1,4 +1,7 @@
-/* The Check runner: one suite per module. */
+/* The Check runner: one suite per module, and helpers they share. */
+#define _GNU_SOURCE /* nftw */
+#include <dirent.h>
+#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +14,31 @@ const char *qd_test_path(const char *rel)
     const char *src = getenv("QD_SRCDIR");
     snprintf(buf, sizeof buf, "%s/%s", src ? src : ".", rel);
     return buf;
+}
+
+char *qd_test_mkdtemp(char *dir, size_t n, const char *tag)
+{
+    snprintf(dir, n, "/tmp/qd_%s_XXXXXX", tag);
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    return dir;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int type, struct FTW *ftw)
+{
+    return remove(path);
+}
+
+void qd_test_rm_tree(const char *dir) { nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+int qd_test_dir_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    closedir(d);
+    return n;
 }
 
 START_TEST(test_status_message)
@@ -38,6 +66,7 @@ int main(void)
     srunner_add_suite(sr, suite_tokenizer());
     srunner_add_suite(sr, suite_rewards());
     srunner_add_suite(sr, suite_benchmarks());
+    srunner_add_suite(sr, suite_orchestrator());
     srunner_add_suite(sr, suite_backend_cpu());
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);

@@ -9,9 +9,17 @@ Suite *suite_safetensors(void);
 Suite *suite_tokenizer(void);
 Suite *suite_rewards(void);
 Suite *suite_benchmarks(void);
+Suite *suite_orchestrator(void);
 Suite *suite_backend_cpu(void);
 
 /* Path of a file under the source tree (QD_SRCDIR, set by make check). */
 const char *qd_test_path(const char *rel);
+
+/* Scratch directories: qd_test_mkdtemp makes a fresh /tmp/qd_TAG_XXXXXX in dir
+ * (n bytes) and returns dir; qd_test_rm_tree removes a tree; qd_test_dir_entries
+ * counts a directory's entries other than . and .. (a leftover temp file shows). */
+char *qd_test_mkdtemp(char *dir, size_t n, const char *tag);
+void qd_test_rm_tree(const char *dir);
+int qd_test_dir_entries(const char *dir);
 
 #endif

@@ -1,7 +1,8 @@
 /* Check suite of the quant module: the codecs against tables and references
  * written here from docs/numerics.md (by a different algorithm: nearest-value
  * search), NVFP4 against golden vectors from numpy + ml_dtypes
- * (tests/ref/nvfp4_golden.py), the W4A4 and FP8 products against float64, and RAC. */
+ * (tests/ref/nvfp4_golden.py), the W4A4 and FP8 products against float64, RAC,
+ * and the crash-safe file writes of quant/fileio.h. */
 #include <float.h>
 #include <math.h>
 #ifdef _OPENMP
@@ -11,7 +12,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include "tests/suites.h"
+#include "quant/fileio.h"
 #include "quant/quant.h"
 
 /* ---- helpers */
@@ -887,6 +891,175 @@ START_TEST(test_rac_reduces_error)
 }
 END_TEST
 
+/* ---- fileio: atomic replacement and directories */
+
+static char io_dir[64];
+
+static void io_setup(void) { qd_test_mkdtemp(io_dir, sizeof io_dir, "fileio"); }
+
+static void io_teardown(void) { qd_test_rm_tree(io_dir); }
+
+/* io_dir/name in a static buffer (the next call overwrites it). */
+static const char *io_path(const char *name)
+{
+    static char buf[256];
+    snprintf(buf, sizeof buf, "%s/%s", io_dir, name);
+    return buf;
+}
+
+/* The whole file as a string in a static buffer. */
+static const char *io_read(const char *path)
+{
+    static char buf[4096];
+    FILE *f = fopen(path, "rb");
+    ck_assert_ptr_nonnull(f);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+/* Entries of io_dir (a leftover temp file shows here). */
+static int io_entries(void) { return qd_test_dir_entries(io_dir); }
+
+START_TEST(test_atomic_write)
+{
+    const char *p = io_path("f.txt");
+    ck_assert_int_eq(qd_atomic_write(p, "hello\n", 6), QD_OK);
+    ck_assert_str_eq(io_read(p), "hello\n");
+    ck_assert_int_eq(qd_atomic_write(p, "bye", 3), QD_OK);
+    ck_assert_str_eq(io_read(p), "bye");
+    struct stat sb;
+    ck_assert_int_eq(stat(p, &sb), 0);
+    ck_assert_int_eq(sb.st_mode & 0777, 0644); /* not mkstemp's 0600 */
+    ck_assert_int_eq(io_entries(), 1);
+    ck_assert_int_eq(qd_atomic_write(p, "", 0), QD_OK);
+    ck_assert_int_eq(stat(p, &sb), 0);
+    ck_assert_int_eq(sb.st_size, 0);
+    /* a missing directory is an error, not created */
+    ck_assert_int_eq(qd_atomic_write(io_path("no/such/dir/f"), "x", 1), QD_ERR_IO);
+    ck_assert_ptr_nonnull(strstr(qd_last_error(), "no/such/dir/f"));
+    ck_assert_int_eq(io_entries(), 1);
+}
+END_TEST
+
+static qd_status fill_then_fail(FILE *f, const char *path, void *ctx)
+{
+    fputs("partial new content", f);
+    return qd_error(QD_ERR_FORMAT, "%s: the fill gave up", path);
+}
+
+/* Writes, then reads from the write-only stream: the error flag is set while
+ * the fill still says QD_OK. */
+static qd_status fill_ignoring_error(FILE *f, const char *path, void *ctx)
+{
+    fputs("new", f);
+    ck_assert_int_eq(getc(f), EOF);
+    return QD_OK;
+}
+
+/* Writes a first try, truncates it and writes again (as a retried download does). */
+static qd_status fill_with_retry(FILE *f, const char *path, void *ctx)
+{
+    fputs("first attempt, longer than the second", f);
+    ck_assert_int_eq(fflush(f), 0);
+    ck_assert_int_eq(ftruncate(fileno(f), 0), 0);
+    ck_assert_int_eq(fseek(f, 0, SEEK_SET), 0);
+    fputs((const char *)ctx, f);
+    return QD_OK;
+}
+
+/* On every failure the old file is untouched and no temp file remains. */
+START_TEST(test_atomic_write_with_failures)
+{
+    char p[256];
+    snprintf(p, sizeof p, "%s", io_path("keep.txt"));
+    ck_assert_int_eq(qd_atomic_write(p, "old", 3), QD_OK);
+    ck_assert_int_eq(qd_atomic_write_with(p, fill_then_fail, NULL), QD_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(qd_last_error(), "keep.txt: the fill gave up"));
+    ck_assert_str_eq(io_read(p), "old");
+    ck_assert_int_eq(io_entries(), 1);
+    ck_assert_int_eq(qd_atomic_write_with(p, fill_ignoring_error, NULL), QD_ERR_IO);
+    ck_assert_str_eq(io_read(p), "old");
+    ck_assert_int_eq(io_entries(), 1);
+    /* the rename fails: the target is a directory */
+    ck_assert_int_eq(mkdir(io_path("blocked"), 0755), 0);
+    ck_assert_int_eq(qd_atomic_write(io_path("blocked"), "x", 1), QD_ERR_IO);
+    ck_assert_ptr_nonnull(strstr(qd_last_error(), io_path("blocked")));
+    ck_assert_int_eq(io_entries(), 2);
+    ck_assert_int_eq(qd_atomic_write_with(p, fill_with_retry, "second"), QD_OK);
+    ck_assert_str_eq(io_read(p), "second");
+    ck_assert_int_eq(io_entries(), 2);
+}
+END_TEST
+
+/* Larger than the first 64 KiB buffer, with NULs inside; empty; missing. */
+START_TEST(test_read_file)
+{
+    enum { N = 200000 };
+    char *data = malloc(N), *text;
+    ck_assert_ptr_nonnull(data);
+    for (int i = 0; i < N; i++)
+        data[i] = (char)(i * 7 % 251);
+    ck_assert_int_eq(qd_atomic_write(io_path("big"), data, N), QD_OK);
+    size_t len;
+    ck_assert_int_eq(qd_read_file(io_path("big"), &text, &len), QD_OK);
+    ck_assert_uint_eq(len, N);
+    ck_assert(memcmp(text, data, N) == 0);
+    ck_assert_int_eq(text[N], '\0');
+    free(text);
+    free(data);
+    ck_assert_int_eq(qd_atomic_write(io_path("empty"), "", 0), QD_OK);
+    ck_assert_int_eq(qd_read_file(io_path("empty"), &text, &len), QD_OK);
+    ck_assert_uint_eq(len, 0);
+    ck_assert_str_eq(text, "");
+    free(text);
+    ck_assert_int_eq(qd_read_file(io_path("missing"), &text, &len), QD_ERR_IO);
+    ck_assert_ptr_null(text);
+    ck_assert_ptr_nonnull(strstr(qd_last_error(), "missing"));
+}
+END_TEST
+
+START_TEST(test_path_parts)
+{
+    const char *cases[][3] = {/* path, dir, base */
+        {"a/b/c.txt", "a/b", "c.txt"}, {"c.txt", ".", "c.txt"}, {"/c.txt", "/", "c.txt"},
+        {"/a/b/", "/a/b", ""}, {"./x", ".", "x"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *dir = qd_path_dir(cases[i][0]);
+        ck_assert_str_eq(dir, cases[i][1]);
+        ck_assert_str_eq(qd_path_base(cases[i][0]), cases[i][2]);
+        free(dir);
+    }
+}
+END_TEST
+
+START_TEST(test_mkdirs)
+{
+    struct stat sb;
+    ck_assert_int_eq(qd_mkdirs(io_path("a/b/c")), QD_OK);
+    ck_assert_int_eq(stat(io_path("a/b/c"), &sb), 0);
+    ck_assert(S_ISDIR(sb.st_mode));
+    ck_assert_int_eq(qd_mkdirs(io_path("a/b/c")), QD_OK); /* existing is fine */
+    ck_assert_int_eq(qd_mkdirs(io_path("a/b/c/")), QD_OK);
+    ck_assert_int_eq(qd_mkdirs(""), QD_ERR_ARG);
+    ck_assert_int_eq(qd_atomic_write(io_path("file"), "x", 1), QD_OK);
+    ck_assert_int_eq(qd_mkdirs(io_path("file")), QD_ERR_IO); /* a file, not a directory */
+    ck_assert_int_eq(qd_mkdirs(io_path("file/sub")), QD_ERR_IO);
+    ck_assert_ptr_nonnull(strstr(qd_last_error(), "file/sub"));
+    /* the parent of a file path, not the file itself */
+    ck_assert_int_eq(qd_mkdirs_parent(io_path("p/q/data.jsonl")), QD_OK);
+    ck_assert_int_eq(stat(io_path("p/q"), &sb), 0);
+    ck_assert(S_ISDIR(sb.st_mode));
+    ck_assert_int_eq(access(io_path("p/q/data.jsonl"), F_OK), -1);
+    ck_assert_int_eq(qd_mkdirs_parent("bare_name"), QD_OK);
+    ck_assert_int_eq(qd_mkdirs_parent("/"), QD_OK);
+    ck_assert_int_eq(qd_fsync_dir(io_dir), QD_OK);
+    ck_assert_int_eq(qd_fsync_dir(io_path("missing")), QD_ERR_IO);
+}
+END_TEST
+
 Suite *suite_quant(void)
 {
     Suite *s = suite_create("quant");
@@ -921,5 +1094,13 @@ Suite *suite_quant(void)
     tcase_add_test(rac, test_rac_augment_structure);
     tcase_add_test(rac, test_rac_reduces_error);
     suite_add_tcase(s, rac);
+    TCase *io = tcase_create("fileio");
+    tcase_add_checked_fixture(io, io_setup, io_teardown);
+    tcase_add_test(io, test_atomic_write);
+    tcase_add_test(io, test_atomic_write_with_failures);
+    tcase_add_test(io, test_read_file);
+    tcase_add_test(io, test_path_parts);
+    tcase_add_test(io, test_mkdirs);
+    suite_add_tcase(s, io);
     return s;
 }

@@ -1,7 +1,539 @@
-/* Check suite of the rewards module (filled in by its issue). */
+/* Check suite of the rewards module: extraction, normalization and
+ * equivalence against third-party reference outputs (tests/fixtures/benchmarks),
+ * agreement with the grader test suites, rewards and metrics. */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "rewards/rewards.h"
 #include "tests/suites.h"
+
+/* Every line of a JSONL fixture as one array (owned by the caller). */
+static json_t *load_jsonl(const char *rel)
+{
+    FILE *f = fopen(qd_test_path(rel), "r");
+    ck_assert_msg(f != NULL, "cannot open %s", rel);
+    json_t *arr = json_array();
+    char *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) >= 0) {
+        json_error_t err;
+        json_t *o = json_loads(line, 0, &err);
+        ck_assert_msg(o != NULL, "%s: %s", rel, err.text);
+        json_array_append_new(arr, o);
+    }
+    free(line);
+    fclose(f);
+    return arr;
+}
+
+static const char *str(json_t *o, const char *key)
+{
+    return json_string_value(json_object_get(o, key));
+}
+
+/* ---- normalization: every reference output of normalizer_examples.jsonl */
+
+START_TEST(test_normalizers_match_references)
+{
+    json_t *rows = load_jsonl("tests/fixtures/benchmarks/normalizer_examples.jsonl");
+    ck_assert_int_eq(json_array_size(rows), 45);
+    size_t i;
+    json_t *r;
+    json_array_foreach(rows, i, r) {
+        const char *in = str(r, "input");
+        char *h = qd_rewards_strip_hendrycks(in);
+        char *m = qd_rewards_normalize_minerva(in);
+        ck_assert_msg(h && !strcmp(h, str(r, "hendrycks__strip_string")), "hendrycks row %zu: [%s] -> [%s]",
+                      i, in, h ? h : "(raises)");
+        ck_assert_msg(!strcmp(m, str(r, "verl_math_dapo.normalize_final_answer(minerva)")),
+                      "minerva row %zu: [%s] -> [%s]", i, in, m);
+        free(h);
+        free(m);
+    }
+    json_decref(rows);
+}
+END_TEST
+
+/* ---- extraction: boxed_extraction_examples.jsonl, one reference column per row */
+
+#define COL_HENDRYCKS "hendrycks/deepscaler last_boxed_only_string+remove_boxed"
+#define COL_VERL "verl math_reward last_boxed_only_string+remove_boxed"
+#define COL_QWEN "qwen25math extract_answer(s,\"math\") (includes strip_string)"
+#define COL_L2S "latex2sympy2_extended extract_boxed_content(mode=\"last\")"
+#define COL_DAPO "verl math_dapo Answer: regex (last match, before normalization)"
+
+START_TEST(test_boxed_extraction)
+{
+    /* Which reference extractor our last-box extraction agrees with on each row. */
+    static const char *const box_col[17] = {
+        COL_HENDRYCKS, COL_HENDRYCKS, COL_HENDRYCKS, COL_HENDRYCKS,
+        COL_VERL, /* "\boxed 5$." -> 5 */
+        COL_QWEN, /* "\boxed 5." -> 5: the full stop ends the sentence */
+        COL_QWEN, /* \fbox{7} */
+        COL_L2S,  /* "\boxed{ 12 }" -> 12 */
+        COL_L2S,  /* "\boxed {12}" -> 12 */
+        COL_HENDRYCKS, COL_HENDRYCKS,
+        COL_HENDRYCKS, /* unterminated box: none */
+        COL_HENDRYCKS, COL_HENDRYCKS, COL_HENDRYCKS, COL_HENDRYCKS, COL_HENDRYCKS,
+    };
+    json_t *rows = load_jsonl("tests/fixtures/benchmarks/boxed_extraction_examples.jsonl");
+    ck_assert_int_eq(json_array_size(rows), 17);
+    size_t i;
+    json_t *r;
+    json_array_foreach(rows, i, r) {
+        const char *in = str(r, "input");
+        char *got = qd_rewards_last_boxed(in);
+        json_t *want = json_object_get(r, box_col[i]);
+        if (json_is_null(want))
+            ck_assert_msg(got == NULL, "row %zu: expected no box, got [%s]", i, got);
+        else
+            ck_assert_msg(got && !strcmp(got, json_string_value(want)), "row %zu: [%s] vs [%s]", i,
+                          got ? got : "(none)", json_string_value(want));
+        free(got);
+        /* the DAPO extractor: "Answer:" lines only, as verl's regex */
+        char *d = qd_rewards_extract(in, QD_GRADE_DAPO);
+        const char *dw = str(r, COL_DAPO);
+        ck_assert_msg(!strcmp(dw, "[INVALID]") ? d == NULL : (d && !strcmp(d, "18")), "dapo row %zu", i);
+        free(d);
+    }
+    /* full math extraction: the answer set of two listed boxes (latex2sympy's "1,2"),
+     * the final-number and "Answer:" fallbacks (qwen), the text after </think> */
+    static const struct {
+        size_t row;
+        const char *want;
+    } math[] = {{3, "\\{1,2\\}"}, {12, "42"}, {15, "18"}, {16, "2"}, {7, "12"}};
+    for (size_t k = 0; k < sizeof math / sizeof math[0]; k++) {
+        char *got = qd_rewards_extract(str(json_array_get(rows, math[k].row), "input"), QD_GRADE_MATH);
+        ck_assert_msg(got && !strcmp(got, math[k].want), "math row %zu: [%s]", math[k].row, got);
+        free(got);
+    }
+    json_decref(rows);
+}
+END_TEST
+
+START_TEST(test_extraction_styles)
+{
+    static const struct {
+        const char *text;
+        qd_grade_style style;
+        const char *want; /* NULL: no answer */
+    } cases[] = {
+        {"so 3 + 4 = 7\n#### 1,234", QD_GRADE_GSM8K, "1,234"},
+        {"She makes $18.\nA: 18", QD_GRADE_GSM8K, "18"},
+        {"<think>maybe \\boxed{3}</think>The answer is \\boxed{\\frac{a}{b^{2}}}.", QD_GRADE_MATH, "\\frac{a}{b^{2}}"},
+        {"<think>\\boxed{1}</think> no answer here", QD_GRADE_MATH, NULL},
+        {"Thus $x = \\boxed{2-2p}$.", QD_GRADE_MATH, "2-2p"},
+        {"Final Answer: The final answer is $28 \\%$. I hope it is correct.", QD_GRADE_MATH, "28 \\%"},
+        {"\\boxed{1}, \\boxed{2} and \\boxed{3}", QD_GRADE_MATH, "\\{1,2,3\\}"},
+        {"first \\boxed{1} then \\boxed{2}", QD_GRADE_MATH, "2"},
+        {"the total is 1,000.99 dollars", QD_GRADE_MATH, "1,000.99"},
+        {"Answer: \\frac{1}{2}\nmore text", QD_GRADE_DAPO, "\\frac{1}{2}"},
+        {"no answer line", QD_GRADE_DAPO, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *got = qd_rewards_extract(cases[i].text, cases[i].style);
+        if (!cases[i].want)
+            ck_assert_msg(got == NULL, "case %zu: got [%s]", i, got);
+        else
+            ck_assert_msg(got && !strcmp(got, cases[i].want), "case %zu: [%s] want [%s]", i,
+                          got ? got : "(none)", cases[i].want);
+        free(got);
+    }
+}
+END_TEST
+
+/* ---- equivalence, by hand */
+
+START_TEST(test_equivalence_cases)
+{
+    static const struct {
+        const char *gold, *pred;
+        bool same;
+    } cases[] = {
+        {"25", "025", true},                          /* AIME zero padding */
+        {"\\frac{1}{2}", "0.5", true},
+        {"\\frac12", "\\dfrac{1}{2}", true},
+        {"1/2", "\\tfrac{1}{2}", true},
+        {"1000", "1,000", true},
+        {"1000", "1{,}000", true},
+        {"1500", "1.5e3", true},                      /* scientific notation */
+        {"1500", "1.5 \\times 10^{3}", true},
+        {"0.0002", "2E-4", true},
+        {"3.50", "3.5", true},                        /* trailing zeros */
+        {"10", "10\\%", true},                        /* percent sign dropped */
+        {"5", "\\$5.00", true},
+        {"10", "10\\text{ cm}", true},                /* units */
+        {"90", "90^\\circ", true},
+        {"2\\sqrt{2}", "\\sqrt{8}", true},            /* evaluated, not matched */
+        {"\\frac{\\sqrt{3}}{2}", "\\sqrt3/2", true},
+        {"1024", "2^{10}", true},
+        {"\\frac{x+2}{7}", "\\frac{x}{7}+\\frac{2}{7}", true},
+        {"5", "x = 5", true},
+        {"(1,2]", "(1,2)", false},                    /* intervals keep their brackets */
+        {"(1,2)", "(2,1)", false},                    /* tuples are ordered */
+        {"\\{1,2\\}", "\\{2,1\\}", true},             /* sets are not */
+        {"[0,1) \\cup (2,3]", "(2,3] \\cup [0,1)", true},
+        {"\\pm 3", "\\{3,-3\\}", true},
+        {"\\begin{pmatrix}1\\\\2\\end{pmatrix}", "\\begin{pmatrix}1\\\\2\\end{pmatrix}", true},
+        {"\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}", "\\begin{pmatrix}1&2\\\\3&5\\end{pmatrix}", false},
+        {"x > 1", "1 < x", true},
+        {"x \\ge 1", "x > 1", false},
+        {"\\text{Evelyn}", "Evelyn", true},
+        {"\\frac{1}{3}", "0.33", true},               /* rounded to the digits given */
+        {"\\frac{1}{3}", "0.3", false},               /* one digit is too coarse */
+        {"3", "3.01", false},
+        {"7", "8", false},
+        {"\\frac{1}{2}", "\\frac{1}{3}", false},
+        {"x^2", "x^3", false},
+        {"\\sec^2 x", "1+\\tan^2 x", true},        /* checked at many points */
+        {"\\sqrt{x-3}", "(x-3)^{1/2}", true},       /* points outside the domain skipped */
+        {"\\sqrt{x^2}", "x", false},                 /* negative x tells them apart */
+        {"\\sqrt[3]{x}^2", "x^{2/3}", true},         /* real odd roots of negatives */
+        {"\\frac{639}{40}", "15\\frac{39}{40}", true}, /* mixed number */
+        {"-2.25", "-2\\frac14", true},
+        {"1.22", "1,22", true},                       /* decimal comma... */
+        {"\\{69,84\\}", "69,84", true},            /* ...or a list, whichever matches */
+        {"7425000", "7,425,000", true},
+        {"3", "\\{3, 3\\}", true},                   /* the same answer boxed twice */
+        {"2x+4y-3=0", "y=-\\frac{1}{2}x+\\frac{3}{4}", true}, /* equations up to a factor */
+        {"0", "5x - 7y + 11z + 4 = 0", false},        /* an equation is not its rhs */
+        {"11", "x = 5+5+1 = 11", true},               /* the last value of a chain */
+        {"-2 \\le x \\le 7", "x \\in [-2,7]", true},
+        {"(3,2)", "(p,q)=(3,2)", true},
+        {"[-2,-1) \\cup (1,2]", "1 < |x| \\le 2", true},
+        {"(5,2),(7,2)", "p=5,q=2; p=7,q=2", true},  /* ';' groups assignments */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        ck_assert_msg(qd_rewards_equiv(cases[i].gold, cases[i].pred) == cases[i].same,
+                      "case %zu: [%s] vs [%s] should be %s", i, cases[i].gold, cases[i].pred,
+                      cases[i].same ? "equal" : "different");
+}
+END_TEST
+
+/* ---- agreement with the grader suites (grader_cases.jsonl) */
+
+static qd_grade_style style_of(const char *source)
+{
+    return strstr(source, "grade-school-math") ? QD_GRADE_GSM8K : QD_GRADE_MATH;
+}
+
+/* Lists longer than the comparison buffer are never compared by a prefix. */
+START_TEST(test_long_lists)
+{
+    char a[2048] = "", b[2048] = "";
+    for (int i = 0; i < 200; i++) {
+        snprintf(a + strlen(a), sizeof a - strlen(a), "%s%d", i ? "," : "", i);
+        snprintf(b + strlen(b), sizeof b - strlen(b), "%s%d", i ? "," : "", i == 150 ? 7 : i);
+    }
+    ck_assert(!qd_rewards_equiv(a, b));
+}
+END_TEST
+
+START_TEST(test_agreement_with_suites)
+{
+    json_t *cases = load_jsonl("tests/fixtures/benchmarks/grader_cases.jsonl");
+    json_t *known = load_jsonl("tests/fixtures/rewards/known_disagreements.jsonl");
+    ck_assert_int_eq(json_array_size(cases), 276);
+    static const char *const groups[] = {"hendrycks/math@", "huggingface/Math-Verify@", "openai/grade-school-math@"};
+    int total[3] = {0}, agree[3] = {0};
+    size_t nknown = json_array_size(known), matched = 0;
+    size_t i;
+    json_t *c;
+    json_array_foreach(cases, i, c) {
+        const char *src = str(c, "source");
+        int g = 0;
+        while (g < 3 && strncmp(src, groups[g], strlen(groups[g])))
+            g++;
+        ck_assert_msg(g < 3, "case %zu: unknown source %s", i, src);
+        qd_rewards_result r;
+        ck_assert_int_eq(qd_rewards_grade(str(c, "output"), str(c, "gold"), style_of(src), &r), QD_OK);
+        bool ok = r.correct == json_is_true(json_object_get(c, "expected"));
+        qd_rewards_result_free(&r);
+        total[g]++;
+        agree[g] += ok;
+        if (ok)
+            continue;
+        /* every disagreement must be a listed one, for the same case */
+        bool listed = false;
+        for (size_t k = 0; k < nknown && !listed; k++) {
+            json_t *d = json_array_get(known, k);
+            listed = (size_t)json_integer_value(json_object_get(d, "index")) == i &&
+                     !strcmp(str(d, "source"), src);
+        }
+        ck_assert_msg(listed, "case %zu (%s) disagrees and is not in known_disagreements.jsonl", i, src);
+        matched++;
+    }
+    /* ...and every listed one must still disagree (an improvement is noticed too) */
+    ck_assert_msg(matched == nknown, "%zu listed disagreements, %zu found", nknown, matched);
+    printf("rewards agreement: hendrycks %d/%d, Math-Verify %d/%d, GSM8K %d/%d\n", agree[0], total[0],
+           agree[1], total[1], agree[2], total[2]);
+    ck_assert_int_eq(agree[0], total[0]);
+    ck_assert_int_eq(agree[2], total[2]);
+    ck_assert_int_eq(total[1], 240);
+    ck_assert_msg(agree[1] * 100 >= 95 * total[1], "Math-Verify agreement %d/%d < 95%%", agree[1], total[1]);
+    json_decref(known);
+    json_decref(cases);
+}
+END_TEST
+
+/* Hendrycks is_equiv and verl's DAPO grader, against their computed verdicts. */
+START_TEST(test_reference_graders_reproduced)
+{
+    json_t *cases = load_jsonl("tests/fixtures/benchmarks/grader_cases.jsonl");
+    size_t i;
+    json_t *c;
+    int dapo_true = 0;
+    json_array_foreach(cases, i, c) {
+        json_t *computed = json_object_get(c, "computed");
+        const char *out = str(c, "output"), *gold = str(c, "gold");
+        bool h = json_is_true(json_object_get(computed, "hendrycks_is_equiv_raw"));
+        ck_assert_msg(qd_rewards_equiv_hendrycks(out, gold) == h, "hendrycks case %zu", i);
+        qd_rewards_result r;
+        ck_assert_int_eq(qd_rewards_grade(out, gold, QD_GRADE_DAPO, &r), QD_OK);
+        bool d = json_is_true(json_object_get(computed, "verl_math_dapo"));
+        ck_assert_msg(r.correct == d, "dapo case %zu", i);
+        dapo_true += d;
+        qd_rewards_result_free(&r);
+    }
+    ck_assert_int_eq(dapo_true, 4);
+    json_decref(cases);
+}
+END_TEST
+
+/* All 4 x 1319 labelled GSM8K model solutions (OpenAI's is_correct). */
+START_TEST(test_gsm8k_labels)
+{
+    json_t *sols = load_jsonl("tests/fixtures/benchmarks/gsm8k_example_model_solutions.jsonl");
+    json_t *test = load_jsonl("tests/fixtures/benchmarks/gsm8k_test.jsonl");
+    static const char *const models[] = {"6b_finetuning", "6b_verification", "175b_finetuning", "175b_verification"};
+    ck_assert_int_eq(json_array_size(sols), 1319);
+    int n = 0, agree = 0;
+    for (size_t i = 0; i < json_array_size(sols); i++) {
+        const char *gold = str(json_array_get(test, i), "answer");
+        for (int m = 0; m < 4; m++) {
+            json_t *s = json_object_get(json_array_get(sols, i), models[m]);
+            qd_rewards_result r;
+            ck_assert_int_eq(qd_rewards_grade(str(s, "solution"), gold, QD_GRADE_GSM8K, &r), QD_OK);
+            agree += r.correct == json_is_true(json_object_get(s, "is_correct"));
+            n++;
+            qd_rewards_result_free(&r);
+        }
+    }
+    ck_assert_int_eq(n, 5276);
+    ck_assert_int_eq(agree, n);
+    json_decref(sols);
+    json_decref(test);
+}
+END_TEST
+
+/* MATH-500: the `answer` field (PRM800K) against the boxed answer of the
+ * `solution` field (Hendrycks), two independent writings of each answer;
+ * and every Hendrycks/Minerva solution against its own last box. */
+START_TEST(test_gold_answers_match_solutions)
+{
+    json_t *rows = load_jsonl("tests/fixtures/benchmarks/math500_test.jsonl");
+    ck_assert_int_eq(json_array_size(rows), 500);
+    size_t i;
+    json_t *r;
+    json_array_foreach(rows, i, r) {
+        qd_rewards_result g;
+        ck_assert_int_eq(qd_rewards_grade(str(r, "solution"), str(r, "answer"), QD_GRADE_MATH, &g), QD_OK);
+        ck_assert_msg(g.correct, "MATH-500 row %zu: answer [%s], extracted [%s]", i, str(r, "answer"), g.extracted);
+        qd_rewards_result_free(&g);
+    }
+    json_decref(rows);
+    static const char *const files[] = {"tests/fixtures/benchmarks/math_test_number_theory.jsonl",
+                                        "tests/fixtures/benchmarks/math_test_counting_and_probability.jsonl",
+                                        "tests/fixtures/benchmarks/minerva_math_qwen25math.jsonl"};
+    int n = 0;
+    for (int f = 0; f < 3; f++) {
+        rows = load_jsonl(files[f]);
+        json_array_foreach(rows, i, r) {
+            char *box = qd_rewards_last_boxed(str(r, "solution"));
+            ck_assert_msg(box != NULL, "%s row %zu has no box", files[f], i);
+            char out[4096];
+            snprintf(out, sizeof out, "So the final answer is $\\boxed{%s}$.", box);
+            qd_rewards_result g;
+            ck_assert_int_eq(qd_rewards_grade(out, str(r, "solution"), QD_GRADE_MATH, &g), QD_OK);
+            ck_assert_msg(g.correct, "%s row %zu: [%s]", files[f], i, box);
+            qd_rewards_result_free(&g);
+            free(box);
+            n++;
+        }
+        json_decref(rows);
+    }
+    ck_assert_int_eq(n, 540 + 474 + 272);
+}
+END_TEST
+
+/* Every prefix of every case (cut at any point: unbalanced braces, lone
+ * backslashes, open delimiters) grades without crashing, in every style. */
+START_TEST(test_truncated_inputs)
+{
+    json_t *cases = load_jsonl("tests/fixtures/benchmarks/grader_cases.jsonl");
+    size_t i;
+    json_t *c;
+    long graded = 0;
+    json_array_foreach(cases, i, c) {
+        const char *texts[2] = {str(c, "output"), str(c, "gold")};
+        for (int t = 0; t < 2; t++) {
+            size_t n = strlen(texts[t]);
+            for (size_t cut = 0; cut <= n && cut <= 400; cut += 2) {
+                char *pre = strndup(texts[t], cut);
+                for (int st = 0; st < 3; st++) {
+                    qd_rewards_result r;
+                    ck_assert_int_eq(qd_rewards_grade(pre, texts[1 - t], (qd_grade_style)st, &r), QD_OK);
+                    qd_rewards_result_free(&r);
+                    graded++;
+                }
+                free(pre);
+            }
+        }
+    }
+    ck_assert_int_gt(graded, 50000);
+    json_decref(cases);
+}
+END_TEST
+
+/* ---- rewards and metrics */
+
+START_TEST(test_pass_at_k)
+{
+    uint64_t num, den;
+    ck_assert_int_eq(qd_rewards_pass_at_k_exact(16, 4, 4, &num, &den), QD_OK);
+    ck_assert_uint_eq(num, 265); /* 1 - C(12,4)/C(16,4) = 1 - 495/1820 */
+    ck_assert_uint_eq(den, 364);
+    double p;
+    ck_assert_int_eq(qd_rewards_pass_at_k(16, 4, 4, &p), QD_OK);
+    ck_assert_double_eq_tol(p, 265.0 / 364.0, 1e-15);
+    /* every (n, c, k) up to n = 20: the product form equals the binomial ratio */
+    for (int n = 1; n <= 20; n++)
+        for (int c = 0; c <= n; c++)
+            for (int k = 1; k <= n; k++) {
+                ck_assert_int_eq(qd_rewards_pass_at_k_exact(n, c, k, &num, &den), QD_OK);
+                ck_assert_int_eq(qd_rewards_pass_at_k(n, c, k, &p), QD_OK);
+                double direct = n - c < k ? 1.0 : 1.0 - exp(lgamma(n - c + 1) - lgamma(k + 1) - lgamma(n - c - k + 1) -
+                                                             (lgamma(n + 1) - lgamma(k + 1) - lgamma(n - k + 1)));
+                ck_assert_double_eq_tol(p, direct, 1e-12);
+                ck_assert_double_eq_tol((double)num / (double)den, p, 1e-12);
+            }
+    for (int c = 0; c <= 16; c++) { /* pass@1 is the fraction correct */
+        ck_assert_int_eq(qd_rewards_pass_at_k_exact(16, c, 1, &num, &den), QD_OK);
+        ck_assert_uint_eq(num * 16, (uint64_t)c * den);
+    }
+    ck_assert_int_eq(qd_rewards_pass_at_k_exact(4, 0, 2, &num, &den), QD_OK);
+    ck_assert_uint_eq(num, 0);
+    ck_assert_int_eq(qd_rewards_pass_at_k(4, 5, 2, &p), QD_ERR_ARG);
+    ck_assert_int_eq(qd_rewards_pass_at_k(4, 1, 0, &p), QD_ERR_ARG);
+    bool flags[4] = {true, false, true, true};
+    ck_assert_double_eq(qd_rewards_mean_at_k(flags, 4), 0.75);
+    ck_assert_double_eq(qd_rewards_mean_at_k(flags, 2), 0.5);
+}
+END_TEST
+
+START_TEST(test_overlong_and_score)
+{
+    /* DAPO eq. 13 with L_max = 100, L_cache = 20: zero up to 80, linear to -1 at 100 */
+    ck_assert_double_eq(qd_rewards_overlong(50, 100, 20), 0.0);
+    ck_assert_double_eq(qd_rewards_overlong(80, 100, 20), 0.0);
+    ck_assert_double_eq(qd_rewards_overlong(81, 100, 20), -0.05);
+    ck_assert_double_eq(qd_rewards_overlong(90, 100, 20), -0.5);
+    ck_assert_double_eq(qd_rewards_overlong(100, 100, 20), -1.0);
+    ck_assert_double_eq(qd_rewards_overlong(150, 100, 20), -1.0);
+    qd_rewards_config cfg = qd_rewards_config_default();
+    ck_assert_double_eq(qd_rewards_score(&cfg, true, true, 10), 1.0);
+    ck_assert_double_eq(qd_rewards_score(&cfg, true, false, 10), 0.0);
+    cfg = (qd_rewards_config){.correct = 1, .incorrect = -1, .format_penalty = -1.5,
+                             .overlong_max = 100, .overlong_cache = 20};
+    ck_assert_double_eq(qd_rewards_score(&cfg, false, false, 10), -1.5);
+    ck_assert_double_eq(qd_rewards_score(&cfg, true, true, 90), 0.5);
+    ck_assert_double_eq(qd_rewards_score(&cfg, true, false, 100), -2.0);
+}
+END_TEST
+
+START_TEST(test_majority_vote)
+{
+    char *answers[] = {"3", "\\frac12", "0.5", NULL, "1/2", "3"};
+    int m = qd_rewards_majority(answers, 6);
+    ck_assert_int_eq(m, 1); /* three ways of writing 1/2 beat two 3s */
+    ck_assert(qd_rewards_maj_at_k(answers, 6, "\\dfrac{1}{2}"));
+    ck_assert(!qd_rewards_maj_at_k(answers, 6, "3"));
+    ck_assert_int_eq(qd_rewards_majority(answers, 1), 0); /* maj@1 is the first answer */
+    char *none[] = {NULL, NULL};
+    ck_assert_int_eq(qd_rewards_majority(none, 2), -1);
+    ck_assert(!qd_rewards_maj_at_k(none, 2, "1"));
+}
+END_TEST
+
+START_TEST(test_bootstrap_deterministic)
+{
+    double x[40];
+    for (int i = 0; i < 40; i++)
+        x[i] = (i * 7) % 3 == 0 ? 1.0 : 0.0; /* mean 14/40 */
+    double lo1, hi1, lo2, hi2, lo3, hi3;
+    ck_assert_int_eq(qd_rewards_bootstrap_ci(x, 40, 2000, 0.95, 42, &lo1, &hi1), QD_OK);
+    ck_assert_int_eq(qd_rewards_bootstrap_ci(x, 40, 2000, 0.95, 42, &lo2, &hi2), QD_OK);
+    ck_assert(lo1 == lo2 && hi1 == hi2); /* same seed, bit-identical interval */
+    ck_assert(lo1 < 0.35 && 0.35 < hi1);
+    /* normal approximation: half width ~ 1.96 * sqrt(p(1-p)/n) = 0.148 */
+    ck_assert_double_eq_tol(hi1 - lo1, 2 * 0.148, 0.05);
+    ck_assert_int_eq(qd_rewards_bootstrap_ci(x, 40, 2000, 0.95, 7, &lo3, &hi3), QD_OK);
+    ck_assert(lo3 != lo1 || hi3 != hi1);
+    double ones[5] = {1, 1, 1, 1, 1};
+    ck_assert_int_eq(qd_rewards_bootstrap_ci(ones, 5, 100, 0.9, 1, &lo3, &hi3), QD_OK);
+    ck_assert(lo3 == 1.0 && hi3 == 1.0);
+    ck_assert_int_eq(qd_rewards_bootstrap_ci(x, 0, 100, 0.9, 1, &lo3, &hi3), QD_ERR_ARG);
+}
+END_TEST
+
+START_TEST(test_grade_styles)
+{
+    qd_rewards_result r;
+    ck_assert_int_eq(qd_rewards_grade("so \\boxed{\\frac{3}{4}}", "0.75", QD_GRADE_MATH, &r), QD_OK);
+    ck_assert(r.correct);
+    ck_assert_str_eq(r.extracted, "\\frac{3}{4}");
+    qd_rewards_result_free(&r);
+    ck_assert_int_eq(qd_rewards_grade("I do not know", "5", QD_GRADE_MATH, &r), QD_OK);
+    ck_assert(!r.correct && r.extracted == NULL); /* the format penalty case */
+    ck_assert_int_eq(qd_rewards_grade("x\n#### $1,000", "#### 1000", QD_GRADE_GSM8K, &r), QD_OK);
+    ck_assert(r.correct);
+    qd_rewards_result_free(&r);
+    ck_assert_int_eq(qd_rewards_grade("Answer: 0.5", "\\frac{1}{2}", QD_GRADE_DAPO, &r), QD_OK);
+    ck_assert(!r.correct); /* DAPO compares normalized strings only */
+    qd_rewards_result_free(&r);
+    ck_assert_int_eq(qd_rewards_grade("Answer: \\frac12", "\\boxed{\\frac{1}{2}}", QD_GRADE_DAPO, &r), QD_OK);
+    ck_assert(r.correct);
+    qd_rewards_result_free(&r);
+    qd_grade_style st;
+    ck_assert_int_eq(qd_rewards_style_parse("gsm8k", &st), QD_OK);
+    ck_assert_int_eq(st, QD_GRADE_GSM8K);
+    ck_assert_int_eq(qd_rewards_style_parse("maths", &st), QD_ERR_ARG);
+    ck_assert(strstr(qd_last_error(), "maths") != NULL);
+}
+END_TEST
 
 Suite *suite_rewards(void)
 {
-    return suite_create("rewards");
+    Suite *s = suite_create("rewards");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_normalizers_match_references);
+    tcase_add_test(tc, test_boxed_extraction);
+    tcase_add_test(tc, test_extraction_styles);
+    tcase_add_test(tc, test_equivalence_cases);
+    tcase_add_test(tc, test_long_lists);
+    tcase_add_test(tc, test_agreement_with_suites);
+    tcase_add_test(tc, test_reference_graders_reproduced);
+    tcase_add_test(tc, test_gsm8k_labels);
+    tcase_add_test(tc, test_gold_answers_match_solutions);
+    tcase_add_test(tc, test_truncated_inputs);
+    tcase_add_test(tc, test_pass_at_k);
+    tcase_add_test(tc, test_overlong_and_score);
+    tcase_add_test(tc, test_majority_vote);
+    tcase_add_test(tc, test_bootstrap_deterministic);
+    tcase_add_test(tc, test_grade_styles);
+    suite_add_tcase(s, tc);
+    return s;
 }

@@ -1,0 +1,482 @@
+/* Loading benchmark files into qd_bench_record (see dataset.h). */
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <jansson.h>
+#include "benchmarks/dataset.h"
+#include "quant/fileio.h"
+
+static char *dup_range(const char *s, size_t n)
+{
+    char *r = malloc(n + 1);
+    if (r) {
+        memcpy(r, s, n);
+        r[n] = '\0';
+    }
+    return r;
+}
+
+/* Copy without leading/trailing whitespace. */
+static char *dup_trimmed(const char *s, size_t n)
+{
+    while (n > 0 && isspace((unsigned char)*s))
+        s++, n--;
+    while (n > 0 && isspace((unsigned char)s[n - 1]))
+        n--;
+    return dup_range(s, n);
+}
+
+/* Answers such as OlympiadBench's "$2n-2$" carry math delimiters that are not
+ * part of the answer: drop one enclosing pair when no other '$' is inside. */
+static char *answer_text(const char *s)
+{
+    char *t = dup_trimmed(s, strlen(s));
+    size_t n = t ? strlen(t) : 0;
+    if (n >= 2 && t[0] == '$' && t[n - 1] == '$' && !memchr(t + 1, '$', n - 2)) {
+        char *u = dup_trimmed(t + 1, n - 2);
+        free(t);
+        return u;
+    }
+    return t;
+}
+
+/* Shortest decimal that reads back as v; integral values without ".0"
+ * (AMC answers are stored as 27.0 in some copies and 27 in others). */
+static char *number_text(double v)
+{
+    char buf[64];
+    if (v == floor(v) && fabs(v) < 1e15) {
+        snprintf(buf, sizeof buf, "%.0f", v);
+        return strdup(buf);
+    }
+    for (int p = 1; p <= 17; p++) {
+        snprintf(buf, sizeof buf, "%.*g", p, v);
+        if (strtod(buf, NULL) == v)
+            break;
+    }
+    return strdup(buf);
+}
+
+/* A scalar JSON value as text; NULL (with *bad set) for null, bool, object, array. */
+static char *scalar_text(const json_t *v, int *bad)
+{
+    *bad = 0;
+    if (json_is_string(v))
+        return answer_text(json_string_value(v));
+    if (json_is_integer(v)) {
+        char buf[32];
+        snprintf(buf, sizeof buf, "%lld", (long long)json_integer_value(v));
+        return strdup(buf);
+    }
+    if (json_is_real(v))
+        return number_text(json_real_value(v));
+    *bad = 1;
+    return NULL;
+}
+
+static const char *not_scalar_why(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "is an object, not a string or number";
+    case JSON_TRUE: case JSON_FALSE: return "is a boolean, not a string or number";
+    default: return "is null";
+    }
+}
+
+/* Follows a '.'-separated path of keys and array indexes; NULL if absent. */
+static const json_t *get_path(const json_t *v, const char *path)
+{
+    while (v && *path) {
+        if (json_is_object(v)) {
+            const json_t *whole = json_object_get(v, path);
+            if (whole)
+                return whole;
+        }
+        const char *dot = strchr(path, '.');
+        size_t n = dot ? (size_t)(dot - path) : strlen(path);
+        char key[256];
+        if (n >= sizeof key)
+            return NULL;
+        memcpy(key, path, n);
+        key[n] = '\0';
+        if (json_is_object(v)) {
+            v = json_object_get(v, key);
+        } else if (json_is_array(v)) {
+            char *end;
+            unsigned long i = strtoul(key, &end, 10);
+            v = (*key && !*end) ? json_array_get(v, i) : NULL;
+        } else {
+            return NULL;
+        }
+        path += n + (dot != NULL);
+    }
+    return v;
+}
+
+/* The last occurrence of needle in text (overlapping ones count), NULL if none. */
+static const char *last_of(const char *text, const char *needle)
+{
+    const char *last = NULL;
+    for (const char *p = text; (p = strstr(p, needle)); p++)
+        last = p;
+    return last;
+}
+
+char *qd_bench_last_boxed(const char *text)
+{
+    /* Hendrycks MATH's last_boxed_only_string: the last "\boxed", else the
+     * last "\fbox", up to the brace that closes the first one opened. */
+    const char *start = last_of(text, "\\boxed");
+    if (!start)
+        start = last_of(text, "\\fbox");
+    if (!start)
+        return NULL;
+    int open = 0;
+    const char *end = NULL;
+    for (const char *p = start; *p && !end; p++) {
+        if (*p == '{')
+            open++;
+        else if (*p == '}' && --open == 0)
+            end = p;
+    }
+    /* remove_boxed accepts only the exact form "\boxed{...}". */
+    if (!end || strncmp(start, "\\boxed{", 7) || end < start + 6)
+        return NULL;
+    return dup_range(start + 7, (size_t)(end - start - 7));
+}
+
+/* GSM8K: "... #### 1,234" -> "1234" (grade_school_math/dataset.py extract_answer). */
+static char *gsm8k_answer(const char *s, char **solution)
+{
+    const char *mark = last_of(s, "####");
+    if (!mark)
+        return NULL;
+    char *a = dup_trimmed(mark + 4, strlen(mark + 4));
+    if (!a)
+        return NULL;
+    char *w = a;
+    for (const char *r = a; *r; r++)
+        if (*r != ',')
+            *w++ = *r;
+    *w = '\0';
+    if (solution && !*solution)
+        *solution = dup_trimmed(s, (size_t)(mark - s));
+    return a;
+}
+
+typedef struct {
+    const char *name;
+    size_t index;
+    size_t line; /* 0 when unknown (JSON arrays) */
+} where;
+
+static qd_status field_error(const where *w, const char *field, const char *what)
+{
+    if (w->line)
+        return qd_error(QD_ERR_FORMAT, "%s: line %zu: field '%s' %s", w->name, w->line, field, what);
+    return qd_error(QD_ERR_FORMAT, "%s: record %zu: field '%s' %s", w->name, w->index, field, what);
+}
+
+/* Optional text field: solution or id; integers allowed (ids often are). */
+static qd_status opt_text(const json_t *obj, const char *path, const where *w, char **out)
+{
+    *out = NULL;
+    const json_t *v = path ? get_path(obj, path) : NULL;
+    if (!v || json_is_null(v))
+        return QD_OK;
+    if (json_is_array(v)) { /* OlympiadBench keeps solutions as an array of strings */
+        size_t n = json_array_size(v);
+        return n ? opt_text(v, "0", w, out) : QD_OK;
+    }
+    int bad;
+    *out = scalar_text(v, &bad);
+    if (bad)
+        return field_error(w, path, "is not text");
+    if (!*out)
+        return qd_error(QD_ERR_NOMEM, "%s: out of memory", w->name);
+    if (!**out) { /* evalchemy's AIME 2025 has "solution": "" */
+        free(*out);
+        *out = NULL;
+    }
+    return QD_OK;
+}
+
+static qd_status plain_answer(const json_t *v, const where *w, const char *field, qd_bench_record *r)
+{
+    int bad;
+    if (!json_is_array(v)) {
+        r->answer = scalar_text(v, &bad);
+        return bad ? field_error(w, field, not_scalar_why(v)) : QD_OK;
+    }
+    size_t n = json_array_size(v);
+    if (n == 0)
+        return field_error(w, field, "is an empty array");
+    r->answer = scalar_text(json_array_get(v, 0), &bad);
+    if (bad)
+        return field_error(w, field, "has a non-scalar element");
+    r->alt = calloc(n - 1 ? n - 1 : 1, sizeof *r->alt);
+    for (size_t i = 1; i < n && r->alt; i++) {
+        r->alt[r->n_alt] = scalar_text(json_array_get(v, i), &bad);
+        if (bad)
+            return field_error(w, field, "has a non-scalar element");
+        r->n_alt++;
+    }
+    return QD_OK;
+}
+
+static qd_status read_answer(const json_t *obj, const qd_bench_fields *f, const where *w, qd_bench_record *r)
+{
+    const json_t *v = get_path(obj, f->answer);
+    if (!v)
+        return field_error(w, f->answer, "missing");
+    if (json_is_null(v))
+        return field_error(w, f->answer, "is null");
+    if (f->style == QD_ANSWER_PLAIN)
+        return plain_answer(v, w, f->answer, r);
+    if (!json_is_string(v))
+        return field_error(w, f->answer, "is not a string");
+    const char *s = json_string_value(v);
+    if (f->style == QD_ANSWER_GSM8K) {
+        r->answer = gsm8k_answer(s, &r->solution);
+        return r->answer ? QD_OK : field_error(w, f->answer, "has no '#### answer' line");
+    }
+    char *boxed = qd_bench_last_boxed(s);
+    if (!boxed)
+        return field_error(w, f->answer, "has no \\boxed{} answer");
+    r->answer = answer_text(boxed);
+    free(boxed);
+    return QD_OK;
+}
+
+static void record_free(qd_bench_record *r)
+{
+    free(r->id);
+    free(r->problem);
+    free(r->answer);
+    free(r->solution);
+    for (size_t i = 0; i < r->n_alt; i++)
+        free(r->alt[i]);
+    free(r->alt);
+    memset(r, 0, sizeof *r);
+}
+
+static qd_status read_record(const json_t *obj, const qd_bench_fields *f, const where *w, qd_bench_record *r)
+{
+    memset(r, 0, sizeof *r);
+    if (!json_is_object(obj))
+        return w->line ? qd_error(QD_ERR_FORMAT, "%s: line %zu: not a JSON object", w->name, w->line)
+                       : qd_error(QD_ERR_FORMAT, "%s: record %zu: not a JSON object", w->name, w->index);
+    if (f->problem) {
+        const json_t *p = get_path(obj, f->problem);
+        if (!p)
+            return field_error(w, f->problem, "missing");
+        if (!json_is_string(p))
+            return field_error(w, f->problem, "is not a string");
+        r->problem = strdup(json_string_value(p));
+    } else {
+        r->problem = strdup("");
+    }
+    qd_status st = opt_text(obj, f->solution, w, &r->solution);
+    if (st == QD_OK)
+        st = read_answer(obj, f, w, r);
+    if (st == QD_OK)
+        st = opt_text(obj, f->id, w, &r->id);
+    if (st == QD_OK && !r->id) {
+        char buf[32];
+        snprintf(buf, sizeof buf, "%zu", w->index);
+        r->id = strdup(buf);
+    }
+    if (st == QD_OK && (!r->problem || !r->answer || !r->id))
+        st = qd_error(QD_ERR_NOMEM, "%s: out of memory", w->name);
+    if (st != QD_OK)
+        record_free(r);
+    return st;
+}
+
+static qd_status push(qd_bench_set *s, size_t *cap, const json_t *obj, const qd_bench_fields *f, const where *w)
+{
+    if (s->n == *cap) {
+        size_t nc = *cap ? 2 * *cap : 64;
+        qd_bench_record *nr = realloc(s->rec, nc * sizeof *nr);
+        if (!nr)
+            return qd_error(QD_ERR_NOMEM, "%s: out of memory", w->name);
+        s->rec = nr;
+        *cap = nc;
+    }
+    qd_status st = read_record(obj, f, w, &s->rec[s->n]);
+    if (st == QD_OK)
+        s->n++;
+    return st;
+}
+
+static qd_status parse_array(const char *text, size_t len, const char *name, const qd_bench_fields *f, qd_bench_set *out)
+{
+    json_error_t err;
+    json_t *root = json_loadb(text, len, 0, &err);
+    if (!root)
+        return qd_error(QD_ERR_FORMAT, "%s: line %d: invalid JSON: %s", name, err.line, err.text);
+    qd_status st = json_is_array(root) ? QD_OK : qd_error(QD_ERR_FORMAT, "%s: top level is not an array", name);
+    size_t cap = 0;
+    for (size_t i = 0; st == QD_OK && i < json_array_size(root); i++) {
+        where w = {name, i, 0};
+        st = push(out, &cap, json_array_get(root, i), f, &w);
+    }
+    json_decref(root);
+    return st;
+}
+
+static qd_status parse_jsonl(const char *text, size_t len, const char *name, const qd_bench_fields *f, qd_bench_set *out)
+{
+    size_t cap = 0, line = 0;
+    qd_status st = QD_OK;
+    for (const char *p = text, *end = text + len; st == QD_OK && p < end; line++) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *stop = nl ? nl : end;
+        const char *q = p;
+        while (q < stop && isspace((unsigned char)*q))
+            q++;
+        if (q < stop) {
+            json_error_t err;
+            json_t *obj = json_loadb(p, (size_t)(stop - p), 0, &err);
+            if (!obj)
+                return qd_error(QD_ERR_FORMAT, "%s: line %zu: invalid JSON: %s", name, line + 1, err.text);
+            where w = {name, out->n, line + 1};
+            st = push(out, &cap, obj, f, &w);
+            json_decref(obj);
+        }
+        p = stop + 1;
+    }
+    return st;
+}
+
+/* One CSV line into a JSON object keyed by the header (no quoting: the answer
+ * keys we read have none, and a quote is rejected rather than misread). */
+static qd_status csv_row(const char *p, const char *stop, json_t *header, json_t **row, const where *w)
+{
+    if (memchr(p, '"', (size_t)(stop - p)))
+        return qd_error(QD_ERR_UNSUPPORTED, "%s: line %zu: quoted CSV fields are not supported", w->name, w->line);
+    if (stop > p && stop[-1] == '\r')
+        stop--;
+    json_t *cells = json_array();
+    for (const char *c = p;; ) {
+        const char *comma = memchr(c, ',', (size_t)(stop - c));
+        const char *e = comma ? comma : stop;
+        json_array_append_new(cells, json_stringn(c, (size_t)(e - c)));
+        if (!comma)
+            break;
+        c = comma + 1;
+    }
+    if (!header) {
+        *row = cells;
+        return QD_OK;
+    }
+    if (json_array_size(cells) != json_array_size(header)) {
+        qd_status st = qd_error(QD_ERR_FORMAT, "%s: line %zu: %zu cells, header has %zu", w->name, w->line,
+                                json_array_size(cells), json_array_size(header));
+        json_decref(cells);
+        return st;
+    }
+    *row = json_object();
+    for (size_t i = 0; i < json_array_size(cells); i++)
+        json_object_set(*row, json_string_value(json_array_get(header, i)), json_array_get(cells, i));
+    json_decref(cells);
+    return QD_OK;
+}
+
+static qd_status parse_csv(const char *text, size_t len, const char *name, const qd_bench_fields *f, qd_bench_set *out)
+{
+    size_t cap = 0, line = 0;
+    json_t *header = NULL;
+    qd_status st = QD_OK;
+    for (const char *p = text, *end = text + len; st == QD_OK && p < end; line++) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *stop = nl ? nl : end;
+        if (stop > p && !(stop == p + 1 && *p == '\r')) {
+            where w = {name, out->n, line + 1};
+            json_t *row = NULL;
+            st = csv_row(p, stop, header, &row, &w);
+            if (st == QD_OK && !header)
+                header = row;
+            else if (st == QD_OK) {
+                st = push(out, &cap, row, f, &w);
+                json_decref(row);
+            }
+        }
+        p = stop + 1;
+    }
+    json_decref(header);
+    return st;
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && !strcmp(s + n - m, suffix);
+}
+
+qd_status qd_bench_parse(const char *text, size_t len, const char *name,
+                         const qd_bench_fields *fields, qd_bench_set *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!fields->answer)
+        return qd_error(QD_ERR_ARG, "%s: no answer field named", name);
+    if (len >= 3 && !memcmp(text, "\xef\xbb\xbf", 3)) { /* a UTF-8 byte order mark */
+        text += 3;
+        len -= 3;
+    }
+    size_t i = 0;
+    while (i < len && isspace((unsigned char)text[i]))
+        i++;
+    qd_status st;
+    /* Decide by content, not by name: several ".json" files are JSONL. */
+    if (ends_with(name, ".csv"))
+        st = parse_csv(text, len, name, fields, out);
+    else if (i < len && text[i] == '[')
+        st = parse_array(text, len, name, fields, out);
+    else
+        st = parse_jsonl(text, len, name, fields, out);
+    if (st == QD_OK && out->n == 0)
+        st = qd_error(QD_ERR_FORMAT, "%s: no records", name);
+    if (st != QD_OK)
+        qd_bench_set_free(out);
+    return st;
+}
+
+qd_status qd_bench_load_file(const char *path, const qd_bench_fields *fields, qd_bench_set *out)
+{
+    memset(out, 0, sizeof *out);
+    char *buf;
+    size_t len;
+    qd_status st = qd_read_file(path, &buf, &len);
+    if (st == QD_OK)
+        st = qd_bench_parse(buf, len, path, fields, out);
+    free(buf);
+    return st;
+}
+
+void qd_bench_set_free(qd_bench_set *s)
+{
+    for (size_t i = 0; i < s->n; i++)
+        record_free(&s->rec[i]);
+    free(s->rec);
+    s->rec = NULL;
+    s->n = 0;
+}
+
+qd_status qd_bench_style_parse(const char *s, qd_answer_style *out)
+{
+    static const char *const names[] = {"plain", "gsm8k", "boxed"};
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(s, names[i])) {
+            *out = (qd_answer_style)i;
+            return QD_OK;
+        }
+    return qd_error(QD_ERR_ARG, "answer style '%s': expected plain, gsm8k or boxed", s);
+}
+
+const char *qd_bench_style_name(qd_answer_style s)
+{
+    return s == QD_ANSWER_GSM8K ? "gsm8k" : s == QD_ANSWER_BOXED ? "boxed" : "plain";
+}

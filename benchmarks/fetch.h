@@ -1,0 +1,37 @@
+/* HTTP(S) downloads for benchmark data: redirects, timeouts, retries with
+ * exponential backoff, atomic writes, sha256 checks, and rejection of
+ * Git-LFS pointers and HTML error pages served in place of data. */
+#ifndef QD_BENCH_FETCH_H
+#define QD_BENCH_FETCH_H
+#include <stddef.h>
+#include "quant/status.h"
+
+typedef struct {
+    long connect_timeout_s; /* TCP/TLS connect */
+    long low_speed_time_s;  /* abort a transfer slower than low_speed_bytes/s for this long */
+    long low_speed_bytes;
+    int max_attempts;       /* retries on 429, 5xx, cut connections and timeouts */
+    long backoff_ms;        /* delay before the 2nd attempt; doubled each time */
+    long max_backoff_ms;
+    int progress;           /* progress bar on stderr, only when stderr is a terminal */
+    int offline;            /* never touch the network: cache only */
+} qd_fetch_opts;
+
+/* Defaults (15 s connect, 30 s below 1 B/s, 5 attempts from 1 s backoff,
+ * progress on); offline from QUADS_OFFLINE=1. */
+void qd_fetch_opts_default(qd_fetch_opts *o);
+
+/* Downloads url into dest (creating its folder) through qd_atomic_write_with:
+ * dest is replaced only after every check passed; on any failure dest is
+ * untouched and no partial file remains. sha256_pin (64 hex) is checked when
+ * not NULL; sha256_out (may be NULL) receives the digest. */
+qd_status qd_fetch_file(const char *url, const char *dest, const char *sha256_pin,
+                        const qd_fetch_opts *o, char sha256_out[65]);
+
+/* Downloads url into a malloc'd buffer (NUL-terminated; *len excludes the NUL). */
+qd_status qd_fetch_memory(const char *url, const qd_fetch_opts *o, char **buf, size_t *len);
+
+/* Rejects data that is a Git-LFS pointer or an HTML page; name is for messages. */
+qd_status qd_fetch_check_content(const char *name, const char *head, size_t n);
+
+#endif

@@ -1,0 +1,54 @@
+/* The benchmark registry: where each benchmark lives on the Hugging Face hub,
+ * how its fields map to qd_bench_record, and the local cache that holds it. */
+#ifndef QD_BENCH_REGISTRY_H
+#define QD_BENCH_REGISTRY_H
+#include <stddef.h>
+#include "benchmarks/dataset.h"
+#include "benchmarks/fetch.h"
+
+typedef enum {
+    QD_SRC_FILE,  /* one file: $HF_ENDPOINT/datasets/REPO/resolve/REVISION/PATH */
+    QD_SRC_ROWS,  /* parquet-only datasets: the dataset viewer's JSON rows API, 100 rows a request */
+    QD_SRC_SYNTH, /* generated here (synth.h) */
+} qd_bench_source;
+
+typedef struct {
+    const char *name;
+    const char *title;
+    qd_bench_source source;
+    const char *repo;     /* "owner/name" on the hub */
+    const char *revision; /* FILE: a commit or "main" */
+    const char *path;     /* FILE: path in the repo */
+    const char *config;   /* ROWS */
+    const char *split;    /* ROWS */
+    const char *sha256;   /* FILE: pinned digest, or NULL when not known */
+    size_t rows;          /* expected record count, 0 when not known */
+    qd_bench_fields fields;
+    int synth_steps;      /* SYNTH: operations per problem */
+    int synth_max;        /* SYNTH: largest operand */
+    const char *note;     /* provenance and quirks */
+} qd_bench_info;
+
+/* The table (static storage); *n gets its length. */
+const qd_bench_info *qd_bench_registry(size_t *n);
+/* NULL when no entry has that name. */
+const qd_bench_info *qd_bench_find(const char *name);
+
+/* $QUADS_CACHE, else ~/.cache/quads. */
+qd_status qd_bench_cache_dir(char *out, size_t n);
+/* Where the cached copy of a FILE or ROWS entry lives (whether or not it exists). */
+qd_status qd_bench_cache_path(const qd_bench_info *b, char *out, size_t n);
+/* The URL a FILE entry is fetched from ($HF_ENDPOINT, default https://huggingface.co). */
+qd_status qd_bench_file_url(const qd_bench_info *b, char *out, size_t n);
+
+/* Makes sure the entry is in the cache and passes its sha256 check (the pinned
+ * digest, else the one recorded when it was fetched), fetching it unless
+ * offline; path receives the cached file. */
+qd_status qd_bench_fetch(const qd_bench_info *b, const qd_fetch_opts *o, char *path, size_t n);
+/* Fetches (or finds in the cache) and parses a FILE or ROWS entry. */
+qd_status qd_bench_load(const qd_bench_info *b, const qd_fetch_opts *o, qd_bench_set *out);
+/* Any file at a URL, cached under $QUADS_CACHE/urls/, parsed with fields. */
+qd_status qd_bench_load_url(const char *url, const qd_bench_fields *fields, const qd_fetch_opts *o,
+                            qd_bench_set *out);
+
+#endif

@@ -1,0 +1,736 @@
+/* Equivalence of two extracted answers. Numbers are compared exactly as
+ * rationals where every operation stays rational (+ - * / integer powers,
+ * square roots of perfect squares); anything with symbols or irrationals is
+ * compared by evaluating both sides at the same pseudo-random points (a
+ * polynomial-identity style test, not a CAS). Structures (tuples, intervals,
+ * sets, matrices, relations) are compared element by element. */
+#include <ctype.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include "rewards/internal.h"
+#include "rewards/rewards.h"
+
+#define TRIALS 6
+#define REL_TOL 1e-9
+
+typedef struct {
+    int64_t n, d; /* d > 0, gcd(n, d) = 1 */
+} rat;
+
+static bool rat_make(__int128 n, __int128 d, rat *out)
+{
+    if (d == 0)
+        return false;
+    if (d < 0)
+        n = -n, d = -d;
+    __int128 a = n < 0 ? -n : n, b = d;
+    while (b) {
+        __int128 t = a % b;
+        a = b;
+        b = t;
+    }
+    if (a > 1)
+        n /= a, d /= a;
+    if (n > INT64_MAX || n < -INT64_MAX || d > INT64_MAX)
+        return false;
+    out->n = (int64_t)n;
+    out->d = (int64_t)d;
+    return true;
+}
+
+static bool isqrt64(int64_t v, int64_t *r)
+{
+    if (v < 0)
+        return false;
+    int64_t s = (int64_t)sqrtl((long double)v);
+    while (s > 0 && (__int128)s * s > v)
+        s--;
+    while ((__int128)(s + 1) * (s + 1) <= v)
+        s++;
+    *r = s;
+    return (__int128)s * s == v;
+}
+
+static bool rat_pow(rat b, int64_t e, rat *out)
+{
+    if (e < 0) {
+        if (b.n == 0)
+            return false;
+        b = (rat){b.d, b.n};
+        if (b.d < 0)
+            b.n = -b.n, b.d = -b.d;
+        e = -e;
+    }
+    if (e > 64)
+        return b.n == 0 || (b.n == 1 && b.d == 1) ? (*out = b, true) : false;
+    rat r = {1, 1};
+    for (int64_t i = 0; i < e; i++)
+        if (!rat_make((__int128)r.n * b.n, (__int128)r.d * b.d, &r))
+            return false;
+    *out = r;
+    return true;
+}
+
+/* Exact rational value of a constant expression, if it has one. */
+static bool eval_exact(const qd_rw_node *e, rat *out)
+{
+    rat a, b;
+    switch (e->kind) {
+    case QD_RW_NUM:
+        return e->exact && rat_make(e->num, e->den, out);
+    case QD_RW_NEG:
+        return eval_exact(e->kids[0], &a) && rat_make(-(__int128)a.n, a.d, out);
+    case QD_RW_ADD:
+    case QD_RW_SUB:
+        if (!eval_exact(e->kids[0], &a) || !eval_exact(e->kids[1], &b))
+            return false;
+        return rat_make((__int128)a.n * b.d + (e->kind == QD_RW_ADD ? 1 : -1) * (__int128)b.n * a.d,
+                        (__int128)a.d * b.d, out);
+    case QD_RW_MUL:
+        return eval_exact(e->kids[0], &a) && eval_exact(e->kids[1], &b) &&
+               rat_make((__int128)a.n * b.n, (__int128)a.d * b.d, out);
+    case QD_RW_DIV:
+        return eval_exact(e->kids[0], &a) && eval_exact(e->kids[1], &b) &&
+               rat_make((__int128)a.n * b.d, (__int128)a.d * b.n, out);
+    case QD_RW_POW:
+        return eval_exact(e->kids[0], &a) && eval_exact(e->kids[1], &b) && b.d == 1 &&
+               rat_pow(a, b.n, out);
+    case QD_RW_FUNC: {
+        int64_t rn, rd;
+        if (strcmp(e->name, "sqrt") || !eval_exact(e->kids[0], &a))
+            return false;
+        return isqrt64(a.n, &rn) && isqrt64(a.d, &rd) && rat_make(rn, rd, out);
+    }
+    case QD_RW_FACT: {
+        if (!eval_exact(e->kids[0], &a) || a.d != 1 || a.n < 0 || a.n > 20)
+            return false;
+        int64_t f = 1;
+        for (int64_t i = 2; i <= a.n; i++)
+            f *= i;
+        out->n = f;
+        out->d = 1;
+        return true;
+    }
+    default:
+        return false;
+    }
+}
+
+/* Deterministic pseudo-random value for a symbol and a trial: trials cycle
+ * through [0.3, 2.3), [2.3, 12.3) and [-3, -0.3) so that expressions defined
+ * only for large or negative values are still tested somewhere. */
+static double var_value(const char *name, int trial)
+{
+    if (!strcmp(name, "pi"))
+        return M_PI;
+    uint64_t h = 1469598103934665603ull ^ (uint64_t)(trial + 1) * 0x9E3779B97F4A7C15ull;
+    for (const char *c = name; *c; c++)
+        h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    h ^= h >> 29;
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 32;
+    double u = (double)(h >> 11) / 9007199254740992.0; /* [0, 1) */
+    static const double lo[3] = {0.3, 2.3, -3.0}, width[3] = {2.0, 10.0, 2.7};
+    return lo[trial % 3] + width[trial % 3] * u;
+}
+
+static double eval_func(const char *f, double x, double y)
+{
+    static const struct {
+        const char *name;
+        double (*fn)(double);
+    } table[] = {{"sqrt", sqrt}, {"sin", sin}, {"cos", cos}, {"tan", tan}, {"arcsin", asin},
+                 {"arccos", acos}, {"arctan", atan}, {"sinh", sinh}, {"cosh", cosh},
+                 {"tanh", tanh}, {"ln", log}, {"log", log}, {"exp", exp}, {"abs", fabs}};
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        if (!strcmp(f, table[i].name))
+            return table[i].fn(x);
+    if (!strcmp(f, "sec"))
+        return 1 / cos(x);
+    if (!strcmp(f, "csc"))
+        return 1 / sin(x);
+    if (!strcmp(f, "cot"))
+        return 1 / tan(x);
+    if (!strcmp(f, "root")) /* \sqrt[y]{x}, real odd roots of negatives included */
+        return x < 0 && fmod(y, 2) == 1 ? -pow(-x, 1 / y) : pow(x, 1 / y);
+    if (!strcmp(f, "binom"))
+        return round(tgamma(x + 1) / (tgamma(y + 1) * tgamma(x - y + 1)));
+    return NAN;
+}
+
+static double eval_num(const qd_rw_node *e, int trial);
+
+/* b^e over the reals: a negative base with a rational exponent p/q, q odd,
+ * is real (x^{2/3} = cbrt(x)^2), where C's pow() gives NaN. */
+static double real_pow(double b, const qd_rw_node *exponent, int trial)
+{
+    rat r;
+    if (b < 0 && eval_exact(exponent, &r) && r.d % 2 == 1) {
+        double m = pow(-b, (double)r.n / (double)r.d);
+        return r.n % 2 ? -m : m;
+    }
+    return pow(b, eval_num(exponent, trial));
+}
+
+static double eval_num(const qd_rw_node *e, int trial)
+{
+    rat r;
+    if (e->kind != QD_RW_NUM && eval_exact(e, &r))
+        return (double)r.n / (double)r.d;
+    switch (e->kind) {
+    case QD_RW_NUM:
+        return e->val;
+    case QD_RW_VAR:
+        return var_value(e->name, trial);
+    case QD_RW_INF:
+        return INFINITY;
+    case QD_RW_NEG:
+        return -eval_num(e->kids[0], trial);
+    case QD_RW_ADD:
+        return eval_num(e->kids[0], trial) + eval_num(e->kids[1], trial);
+    case QD_RW_SUB:
+        return eval_num(e->kids[0], trial) - eval_num(e->kids[1], trial);
+    case QD_RW_MUL:
+        return eval_num(e->kids[0], trial) * eval_num(e->kids[1], trial);
+    case QD_RW_DIV:
+        return eval_num(e->kids[0], trial) / eval_num(e->kids[1], trial);
+    case QD_RW_POW:
+        return real_pow(eval_num(e->kids[0], trial), e->kids[1], trial);
+    case QD_RW_FACT:
+        return tgamma(eval_num(e->kids[0], trial) + 1);
+    case QD_RW_FUNC:
+        return eval_func(e->name, eval_num(e->kids[0], trial),
+                         e->nkids > 1 ? eval_num(e->kids[1], trial) : 0);
+    default:
+        return NAN;
+    }
+}
+
+static bool has_symbols(const qd_rw_node *e)
+{
+    if (!e)
+        return false;
+    if (e->kind == QD_RW_VAR && strcmp(e->name, "pi"))
+        return true;
+    for (int i = 0; i < e->nkids; i++)
+        if (has_symbols(e->kids[i]))
+            return true;
+    return false;
+}
+
+/* A decimal literal as written (with at least two decimals), possibly negated. */
+static const qd_rw_node *decimal_literal(const qd_rw_node *e)
+{
+    if (e->kind == QD_RW_NEG)
+        e = e->kids[0];
+    return e->kind == QD_RW_NUM && e->decimals >= 2 ? e : NULL;
+}
+
+static bool is_scalar(const qd_rw_node *e)
+{
+    switch (e->kind) {
+    case QD_RW_NUM: case QD_RW_VAR: case QD_RW_INF: case QD_RW_ADD: case QD_RW_SUB:
+    case QD_RW_MUL: case QD_RW_DIV: case QD_RW_POW: case QD_RW_NEG: case QD_RW_FUNC:
+    case QD_RW_FACT:
+        break;
+    default:
+        return false;
+    }
+    for (int i = 0; i < e->nkids; i++)
+        if (e->kids[i] && !is_scalar(e->kids[i]))
+            return false;
+    return true;
+}
+
+static bool close_enough(double a, double b)
+{
+    if (isinf(a) || isinf(b))
+        return a == b;
+    return fabs(a - b) <= REL_TOL * fmax(1.0, fmax(fabs(a), fabs(b)));
+}
+
+static bool scalar_eq(const qd_rw_node *g, const qd_rw_node *p)
+{
+    rat a, b;
+    bool ea = eval_exact(g, &a), eb = eval_exact(p, &b);
+    if (ea && eb && a.n == b.n && a.d == b.d)
+        return true;
+    const qd_rw_node *lg = decimal_literal(g), *lp = decimal_literal(p);
+    /* "2.67" stands for 8/3: the other value rounds to the literal's last place */
+    if ((lg != NULL) != (lp != NULL) && !has_symbols(g) && !has_symbols(p)) {
+        const qd_rw_node *lit = lg ? lg : lp;
+        double lv = eval_num(lg ? g : p, 0), ov = eval_num(lg ? p : g, 0);
+        return fabs(lv - ov) <= 0.5 * pow(10, -lit->decimals) + 1e-12 * fabs(ov);
+    }
+    if (ea && eb)
+        return false;
+    /* points outside both domains (sqrt of a negative) are skipped */
+    int valid = 0;
+    for (int t = 0; t < TRIALS; t++) {
+        double x = eval_num(g, t), y = eval_num(p, t);
+        if (isnan(x) && isnan(y))
+            continue;
+        if (isnan(x) || isnan(y) || !close_enough(x, y))
+            return false;
+        valid++;
+        if (!has_symbols(g) && !has_symbols(p))
+            break;
+    }
+    return valid > 0;
+}
+
+/* ---- structures */
+
+typedef struct {
+    qd_rw_arena *arena;
+} ctx;
+
+static bool eq(ctx *c, const qd_rw_node *g, const qd_rw_node *p);
+
+static qd_rw_node *mk2(ctx *c, qd_rw_kind k, qd_rw_node *a, qd_rw_node *b)
+{
+    qd_rw_node *n = qd_rw_new(c->arena, k);
+    qd_rw_add_kid(n, a);
+    if (b)
+        qd_rw_add_kid(n, b);
+    return n;
+}
+
+/* A name rather than a value: x, (p, q), f(x), \frac{NO}{BO}, S_{MBCN}:S. */
+static bool name_like(const qd_rw_node *e)
+{
+    switch (e->kind) {
+    case QD_RW_VAR:
+        return true;
+    case QD_RW_TEXT:
+        return !isdigit((unsigned char)e->name[0]);
+    case QD_RW_MUL: case QD_RW_DIV: case QD_RW_TUPLE: case QD_RW_LIST:
+        for (int i = 0; i < e->nkids; i++)
+            if (!name_like(e->kids[i]))
+                return false;
+        return true;
+    default:
+        return false;
+    }
+}
+
+static bool all_ops(const qd_rw_node *r, const char *allowed)
+{
+    for (int i = 0; i < r->nkids - 1; i++)
+        if (!strchr(allowed, r->ops[i]))
+            return false;
+    return true;
+}
+
+/* "x = a = b ≈ c": the last '=' segment, first part that is not a bare name. */
+static const qd_rw_node *chain_value(const qd_rw_node *r)
+{
+    int start = 0;
+    for (int i = 0; i < r->nkids - 1; i++)
+        if (r->ops[i] == QD_RW_EQ)
+            start = i + 1;
+    for (int i = start; i < r->nkids; i++)
+        if (!name_like(r->kids[i]))
+            return r->kids[i];
+    return r->kids[r->nkids - 1];
+}
+
+static qd_rw_node *interval(ctx *c, char open, qd_rw_node *lo, qd_rw_node *hi, char close)
+{
+    qd_rw_node *t = qd_rw_new(c->arena, QD_RW_TUPLE);
+    t->open = open;
+    t->close = close;
+    qd_rw_add_kid(t, lo);
+    qd_rw_add_kid(t, hi);
+    return t;
+}
+
+static bool is_abs_of_name(const qd_rw_node *e)
+{
+    return e->kind == QD_RW_FUNC && !strcmp(e->name, "abs") && name_like(e->kids[0]);
+}
+
+/* a < x < b (x a name) as the interval (a, b), and a <= |x| <= b (a > 0)
+ * as [-b, -a] U [a, b]; NULL when not of that form. */
+static qd_rw_node *chain_interval(ctx *c, const qd_rw_node *r)
+{
+    if (r->nkids != 3 || !(name_like(r->kids[1]) || is_abs_of_name(r->kids[1])))
+        return NULL;
+    char o1 = r->ops[0], o2 = r->ops[1];
+    bool up = strchr("<l", o1) && strchr("<l", o2), down = strchr(">g", o1) && strchr(">g", o2);
+    if (!up && !down)
+        return NULL;
+    qd_rw_node *lo = up ? r->kids[0] : r->kids[2], *hi = up ? r->kids[2] : r->kids[0];
+    char olo = up ? o1 : o2, ohi = up ? o2 : o1;
+    char open = (olo == 'l' || olo == 'g') ? '[' : '(', close = (ohi == 'l' || ohi == 'g') ? ']' : ')';
+    if (!is_abs_of_name(r->kids[1]))
+        return interval(c, open, lo, hi, close);
+    if (has_symbols(lo) || !(eval_num(lo, 0) > 0))
+        return NULL;
+    qd_rw_node *u = qd_rw_new(c->arena, QD_RW_UNION);
+    qd_rw_add_kid(u, interval(c, close == ']' ? '[' : '(', mk2(c, QD_RW_NEG, hi, NULL),
+                              mk2(c, QD_RW_NEG, lo, NULL), open == '[' ? ']' : ')'));
+    qd_rw_add_kid(u, interval(c, open, lo, hi, close));
+    return u;
+}
+
+/* What a relation stands for when compared with a non-relation. A chain
+ * "x = ... = v" means v; "lhs = v" means v when lhs is a name, or (in a
+ * prediction) a constant computation. So gold "7 = 11a+c" stays an equation
+ * and a predicted "5x - 7y + 4 = 0" is not the number 0. */
+static const qd_rw_node *as_value(ctx *c, const qd_rw_node *r, bool is_gold, bool other_rel)
+{
+    if (r->kind != QD_RW_REL)
+        return r;
+    if (r->nkids == 2 && r->ops[0] == QD_RW_IN)
+        return r->kids[1];
+    qd_rw_node *iv = chain_interval(c, r);
+    if (iv)
+        return iv;
+    if (!all_ops(r, "=~"))
+        return r;
+    if (r->nkids >= 3 || r->ops[0] == QD_RW_APPROX)
+        return chain_value(r);
+    /* "x = 5" is 5 on either side; a computation "1/2 + 1/3 = 5/6" only in a prediction */
+    if (!other_rel && (name_like(r->kids[0]) || (!is_gold && !has_symbols(r->kids[0]))))
+        return chain_value(r);
+    return r;
+}
+
+/* Is d1 = k * d2 for a constant k (k > 0 when `positive`)? */
+static bool proportional(ctx *c, qd_rw_node *d1, qd_rw_node *d2, bool positive)
+{
+    double k0 = NAN;
+    for (int t = 0; t < TRIALS; t++) {
+        double x = eval_num(d1, t), y = eval_num(d2, t);
+        if (isnan(x) || isnan(y) || isinf(x) || isinf(y))
+            return false;
+        if (fabs(x) < 1e-12 && fabs(y) < 1e-12)
+            continue;
+        if (fabs(y) < 1e-12)
+            return false;
+        double k = x / y;
+        if (isnan(k0))
+            k0 = k;
+        else if (!close_enough(k, k0))
+            return false;
+    }
+    (void)c;
+    return !isnan(k0) && k0 != 0 && (!positive || k0 > 0);
+}
+
+/* One inequality as "d > 0" / "d >= 0" / "d != 0". */
+static char ineq_form(ctx *c, const qd_rw_node *r, qd_rw_node **d)
+{
+    qd_rw_node *a = r->kids[0], *b = r->kids[1];
+    switch (r->ops[0]) {
+    case QD_RW_LT: *d = mk2(c, QD_RW_SUB, b, a); return '>';
+    case QD_RW_LE: *d = mk2(c, QD_RW_SUB, b, a); return 'g';
+    case QD_RW_GT: *d = mk2(c, QD_RW_SUB, a, b); return '>';
+    case QD_RW_GE: *d = mk2(c, QD_RW_SUB, a, b); return 'g';
+    case QD_RW_NE: *d = mk2(c, QD_RW_SUB, a, b); return 'n';
+    case QD_RW_EQ: *d = mk2(c, QD_RW_SUB, a, b); return '=';
+    default: return 0;
+    }
+}
+
+static bool rel_eq(ctx *c, const qd_rw_node *g, const qd_rw_node *p)
+{
+    if (g->nkids == 2 && p->nkids == 2 && g->ops[0] == QD_RW_EQ && p->ops[0] == QD_RW_EQ &&
+        name_like(g->kids[0]) && name_like(p->kids[0])) {
+        if (g->kids[0]->kind == QD_RW_VAR && p->kids[0]->kind == QD_RW_VAR &&
+            strcmp(g->kids[0]->name, p->kids[0]->name))
+            return false;
+        return eq(c, g->kids[1], p->kids[1]);
+    }
+    if (g->nkids == 2 && p->nkids == 2 && is_scalar(g->kids[0]) && is_scalar(g->kids[1]) &&
+        is_scalar(p->kids[0]) && is_scalar(p->kids[1])) {
+        qd_rw_node *dg, *dp;
+        char fg = ineq_form(c, g, &dg), fp = ineq_form(c, p, &dp);
+        if (!fg || fg != fp)
+            return false;
+        return proportional(c, dg, dp, fg == '>' || fg == 'g');
+    }
+    if (g->nkids != p->nkids || strcmp(g->ops, p->ops))
+        return false;
+    for (int i = 0; i < g->nkids; i++)
+        if (!eq(c, g->kids[i], p->kids[i]))
+            return false;
+    return true;
+}
+
+static bool text_eq(const qd_rw_node *g, const qd_rw_node *p)
+{
+    const qd_rw_node *t = g->kind == QD_RW_TEXT ? g : p, *o = t == g ? p : g;
+    if (o->kind == QD_RW_TEXT || o->kind == QD_RW_VAR)
+        return !strcasecmp(t->name, o->name);
+    char *end;
+    double v = strtod(t->name, &end);
+    return *end == '\0' && end != t->name && is_scalar(o) && !has_symbols(o) &&
+           close_enough(v, eval_num(o, 0));
+}
+
+/* Elements of a collection; ± and "name = value" elements expanded.
+ * -1 when there are more than cap (never compare a truncated list). */
+static int elements(ctx *c, const qd_rw_node *e, const qd_rw_node **out, int cap)
+{
+    if (e->kind == QD_RW_PM) {
+        if (cap < 2)
+            return -1;
+        qd_rw_node *b = e->kids[1], *a = e->kids[0];
+        out[0] = a ? mk2(c, QD_RW_ADD, a, b) : b;
+        out[1] = a ? mk2(c, QD_RW_SUB, a, b) : mk2(c, QD_RW_NEG, b, NULL);
+        return 2;
+    }
+    int n = 0;
+    for (int i = 0; i < e->nkids; i++) {
+        const qd_rw_node *k = as_value(c, e->kids[i], true, false);
+        int m = 1;
+        if (k->kind == QD_RW_PM && e->kind != QD_RW_TUPLE)
+            m = elements(c, k, out + n, cap - n);
+        else if (n < cap)
+            out[n] = k;
+        else
+            m = -1;
+        if (m < 0)
+            return -1;
+        n += m;
+    }
+    return n;
+}
+
+static bool all_tuples(const qd_rw_node *e)
+{
+    for (int i = 0; i < e->nkids; i++)
+        if (e->kids[i]->kind != QD_RW_TUPLE)
+            return false;
+    return e->nkids > 0;
+}
+
+static bool is_collection(const qd_rw_node *e)
+{
+    return e->kind == QD_RW_LIST || e->kind == QD_RW_TUPLE || e->kind == QD_RW_SET ||
+           e->kind == QD_RW_UNION || e->kind == QD_RW_PM;
+}
+
+/* Unordered kinds: sets, ± pairs, unions, lists of tuples (solution sets). */
+static bool unordered(const qd_rw_node *e)
+{
+    return e->kind == QD_RW_SET || e->kind == QD_RW_PM || e->kind == QD_RW_UNION ||
+           (e->kind == QD_RW_LIST && all_tuples(e));
+}
+
+#define MAX_ELEMS 128
+
+static bool covers(ctx *c, const qd_rw_node **a, int na, const qd_rw_node **b, int nb)
+{
+    for (int i = 0; i < na; i++) {
+        bool found = false;
+        for (int j = 0; j < nb && !found; j++)
+            found = eq(c, a[i], b[j]);
+        if (!found)
+            return false;
+    }
+    return true;
+}
+
+/* A set of answers that all equal one value (several boxes of the same
+ * answer, in any notation) stands for that value. */
+static bool same_as_all(ctx *c, const qd_rw_node *set, const qd_rw_node *v)
+{
+    const qd_rw_node *el[MAX_ELEMS];
+    int n = elements(c, set, el, MAX_ELEMS);
+    if (n < 0)
+        return false;
+    for (int i = 0; i < n; i++)
+        if (!eq(c, el[i], v))
+            return false;
+    return n > 0;
+}
+
+static bool coll_eq(ctx *c, const qd_rw_node *g, const qd_rw_node *p)
+{
+    if (g->kind == QD_RW_SET && !is_collection(p))
+        return same_as_all(c, g, p);
+    if (p->kind == QD_RW_SET && !is_collection(g))
+        return same_as_all(c, p, g);
+    if (!is_collection(g) || !is_collection(p))
+        return false;
+    if (g->kind == QD_RW_TUPLE && p->kind == QD_RW_TUPLE && (g->open != p->open || g->close != p->close))
+        return false;
+    const qd_rw_node *ge[MAX_ELEMS], *pe[MAX_ELEMS];
+    int ng = elements(c, g, ge, MAX_ELEMS), np = elements(c, p, pe, MAX_ELEMS);
+    if (ng < 0 || np < 0)
+        return false;
+    if (unordered(g) || unordered(p))
+        return (g->kind != QD_RW_TUPLE && p->kind != QD_RW_TUPLE) && covers(c, ge, ng, pe, np) &&
+               covers(c, pe, np, ge, ng);
+    if (ng != np)
+        return false;
+    for (int i = 0; i < ng; i++)
+        if (!eq(c, ge[i], pe[i]))
+            return false;
+    return true;
+}
+
+static bool matrix_eq(ctx *c, const qd_rw_node *g, const qd_rw_node *p)
+{
+    if (g->rows != p->rows || g->cols != p->cols)
+        return false;
+    for (int i = 0; i < g->nkids; i++)
+        if (!eq(c, g->kids[i], p->kids[i]))
+            return false;
+    return true;
+}
+
+#define MAX_CELLS 64
+
+typedef struct {
+    int rows, cols;
+    double v[MAX_CELLS]; /* (rows, cols) row-major */
+} matrix;
+
+static bool has_matrix(const qd_rw_node *e)
+{
+    if (!e)
+        return false;
+    if (e->kind == QD_RW_MATRIX)
+        return true;
+    for (int i = 0; i < e->nkids; i++)
+        if (has_matrix(e->kids[i]))
+            return true;
+    return false;
+}
+
+/* Numeric value of a matrix expression: sums, products, scalar multiples. */
+static bool mat_eval(const qd_rw_node *e, int trial, matrix *m)
+{
+    matrix a, b;
+    switch (e->kind) {
+    case QD_RW_MATRIX:
+        if (e->rows * e->cols > MAX_CELLS || e->nkids != e->rows * e->cols)
+            return false;
+        m->rows = e->rows;
+        m->cols = e->cols;
+        for (int i = 0; i < e->nkids; i++)
+            m->v[i] = eval_num(e->kids[i], trial);
+        return true;
+    case QD_RW_NEG:
+        if (!mat_eval(e->kids[0], trial, m))
+            return false;
+        for (int i = 0; i < m->rows * m->cols; i++)
+            m->v[i] = -m->v[i];
+        return true;
+    case QD_RW_ADD:
+    case QD_RW_SUB:
+        if (!mat_eval(e->kids[0], trial, &a) || !mat_eval(e->kids[1], trial, &b) ||
+            a.rows != b.rows || a.cols != b.cols)
+            return false;
+        *m = a;
+        for (int i = 0; i < a.rows * a.cols; i++)
+            m->v[i] = e->kind == QD_RW_ADD ? a.v[i] + b.v[i] : a.v[i] - b.v[i];
+        return true;
+    case QD_RW_MUL: {
+        bool ma = has_matrix(e->kids[0]), mb = has_matrix(e->kids[1]);
+        if (ma != mb) { /* scalar multiple */
+            double k = eval_num(ma ? e->kids[1] : e->kids[0], trial);
+            if (!mat_eval(ma ? e->kids[0] : e->kids[1], trial, m))
+                return false;
+            for (int i = 0; i < m->rows * m->cols; i++)
+                m->v[i] *= k;
+            return true;
+        }
+        if (!mat_eval(e->kids[0], trial, &a) || !mat_eval(e->kids[1], trial, &b) || a.cols != b.rows ||
+            a.rows * b.cols > MAX_CELLS)
+            return false;
+        m->rows = a.rows;
+        m->cols = b.cols;
+        for (int i = 0; i < a.rows; i++)
+            for (int j = 0; j < b.cols; j++) {
+                double acc = 0;
+                for (int k = 0; k < a.cols; k++)
+                    acc += a.v[i * a.cols + k] * b.v[k * b.cols + j];
+                m->v[i * b.cols + j] = acc;
+            }
+        return true;
+    }
+    default:
+        return false;
+    }
+}
+
+static bool mat_expr_eq(const qd_rw_node *g, const qd_rw_node *p)
+{
+    for (int t = 0; t < TRIALS; t++) {
+        matrix a, b;
+        if (!mat_eval(g, t, &a) || !mat_eval(p, t, &b) || a.rows != b.rows || a.cols != b.cols)
+            return false;
+        for (int i = 0; i < a.rows * a.cols; i++)
+            if (isnan(a.v[i]) || !close_enough(a.v[i], b.v[i]))
+                return false;
+    }
+    return true;
+}
+
+static bool eq(ctx *c, const qd_rw_node *g, const qd_rw_node *p)
+{
+    if (g->kind == QD_RW_REL || p->kind == QD_RW_REL) {
+        bool both = g->kind == QD_RW_REL && p->kind == QD_RW_REL;
+        const qd_rw_node *gv = as_value(c, g, true, both), *pv = as_value(c, p, false, both);
+        if (both && (gv->kind == QD_RW_REL) != (pv->kind == QD_RW_REL)) { /* one was a chain */
+            gv = as_value(c, gv, true, false);
+            pv = as_value(c, pv, false, false);
+        }
+        if (gv->kind == QD_RW_REL && pv->kind == QD_RW_REL)
+            return rel_eq(c, gv, pv);
+        if (gv->kind == QD_RW_REL || pv->kind == QD_RW_REL)
+            return false;
+        return eq(c, gv, pv);
+    }
+    if (g->kind == QD_RW_TEXT || p->kind == QD_RW_TEXT)
+        return text_eq(g, p);
+    if (g->kind == QD_RW_MATRIX && p->kind == QD_RW_MATRIX)
+        return matrix_eq(c, g, p);
+    if (has_matrix(g) || has_matrix(p))
+        return mat_expr_eq(g, p);
+    if (is_collection(g) || is_collection(p))
+        return coll_eq(c, g, p);
+    return scalar_eq(g, p);
+}
+
+/* Whitespace- and $-insensitive string equality: the cheap first test. */
+static bool same_text(const char *a, const char *b)
+{
+    for (;;) {
+        while (*a && (isspace((unsigned char)*a) || *a == '$'))
+            a++;
+        while (*b && (isspace((unsigned char)*b) || *b == '$'))
+            b++;
+        if (*a != *b)
+            return false;
+        if (!*a)
+            return true;
+        a++;
+        b++;
+    }
+}
+
+bool qd_rewards_equiv(const char *gold, const char *pred)
+{
+    if (!gold || !pred)
+        return false;
+    if (same_text(gold, pred))
+        return true;
+    /* "1,22" is a list or a decimal: either reading may match */
+    bool res = false;
+    for (int dc = 0; dc < 2 && !res; dc++) {
+        qd_rw_arena arena = {0};
+        ctx c = {&arena};
+        qd_rw_node *g = qd_rw_parse(&arena, gold, dc), *p = qd_rw_parse(&arena, pred, dc);
+        res = (g && p) ? eq(&c, g, p) : qd_rewards_equiv_hendrycks(gold, pred);
+        qd_rw_arena_free(&arena);
+    }
+    return res;
+}

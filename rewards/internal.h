@@ -1,0 +1,91 @@
+/* Helpers shared by the files of rewards/ (not part of the public API). */
+#ifndef QD_REWARDS_INTERNAL_H
+#define QD_REWARDS_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* A growable NUL-terminated string. */
+typedef struct {
+    char *s;
+    size_t len, cap;
+} qd_rw_buf;
+
+void qd_rw_buf_putn(qd_rw_buf *b, const char *s, size_t n);
+void qd_rw_buf_puts(qd_rw_buf *b, const char *s);
+void qd_rw_buf_putc(qd_rw_buf *b, char c);
+/* Hands the string over to the caller ("" when nothing was written). */
+char *qd_rw_buf_steal(qd_rw_buf *b);
+
+char *qd_rw_strndup(const char *s, size_t n);
+/* New string: every occurrence of `from` in s replaced by `to`. */
+char *qd_rw_replace(const char *s, const char *from, const char *to);
+/* In place: replace_all, freeing the old string. */
+void qd_rw_replace_inplace(char **s, const char *from, const char *to);
+/* New string without leading/trailing whitespace. */
+char *qd_rw_trim(const char *s);
+/* Index just past the '}' matching the '{' at s[open], or 0 if unbalanced. */
+size_t qd_rw_match_brace(const char *s, size_t open);
+bool qd_rw_starts(const char *s, const char *prefix);
+
+#endif
+
+/* ---- the answer AST of mathparse.c, compared by equiv.c */
+typedef enum {
+    QD_RW_NUM,    /* literal number: exact num/den when it fits, else val */
+    QD_RW_VAR,    /* a symbol: x, x_1, \alpha, S_{MBCN} */
+    QD_RW_INF,    /* \infty */
+    QD_RW_TEXT,   /* a word answer: "Evelyn", "odd", "204_5" */
+    QD_RW_ADD, QD_RW_SUB, QD_RW_MUL, QD_RW_DIV, QD_RW_POW,
+    QD_RW_NEG,
+    QD_RW_PM,     /* kids[0] ± kids[1]; kids[0] NULL for a unary ± */
+    QD_RW_FUNC,   /* name(kids[0]); sqrt, sin, ..., root (kids[1] = index) */
+    QD_RW_FACT,   /* kids[0]! */
+    QD_RW_LIST,   /* bare comma list: a, b, c */
+    QD_RW_TUPLE,  /* (a, b], [a, b], (a, b, c): open/close kept */
+    QD_RW_SET,    /* \{a, b\} or several boxed answers */
+    QD_RW_MATRIX, /* rows x cols, row-major kids */
+    QD_RW_UNION,  /* A \cup B \cup ... */
+    QD_RW_REL,    /* kids[0] ops[0] kids[1] ops[1] ... */
+} qd_rw_kind;
+
+/* Relation operators, one character each in qd_rw_node.ops. */
+#define QD_RW_EQ '='
+#define QD_RW_LT '<'
+#define QD_RW_GT '>'
+#define QD_RW_LE 'l'
+#define QD_RW_GE 'g'
+#define QD_RW_NE 'n'
+#define QD_RW_APPROX '~'
+#define QD_RW_IN 'i'
+
+typedef struct qd_rw_node qd_rw_node;
+struct qd_rw_node {
+    qd_rw_kind kind;
+    int64_t num, den;  /* NUM: exact value num/den when exact */
+    bool exact;
+    double val;        /* NUM: value */
+    int decimals;      /* NUM: digits after the point as written (0 for integers) */
+    char name[64];     /* VAR/TEXT/FUNC name */
+    char open, close;  /* TUPLE brackets */
+    int rows, cols;    /* MATRIX */
+    int nkids;
+    qd_rw_node **kids;
+    char *ops;         /* REL: nkids-1 operators */
+    qd_rw_node *next_alloc; /* arena chain */
+};
+
+typedef struct {
+    qd_rw_node *nodes; /* every node allocated for one parse */
+} qd_rw_arena;
+
+/* Parses one extracted answer into an AST; NULL if it is not understood.
+ * With decimal_comma, a whole answer like "2,74" or "0,111" is a decimal
+ * number (European notation) rather than a list. */
+qd_rw_node *qd_rw_parse(qd_rw_arena *a, const char *answer, bool decimal_comma);
+qd_rw_node *qd_rw_new(qd_rw_arena *a, qd_rw_kind kind);
+void qd_rw_add_kid(qd_rw_node *n, qd_rw_node *kid);
+void qd_rw_arena_free(qd_rw_arena *a);
+/* Does the answer parse at all (used by extraction to accept bare answers)? */
+bool qd_rw_parses(const char *answer);
