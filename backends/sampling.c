@@ -338,8 +338,10 @@ qd_status qd_sample_batch(qd_sample_result *out, const float *logits, int B, int
                           const uint32_t *positions)
 {
     qd_status st = check_params(p, V);
-    if (st != QD_OK || B <= 0)
+    if (st != QD_OK || B == 0)
         return st;
+    if (B < 0)
+        return qd_error(QD_ERR_SHAPE, "sampling: batch size %d < 0", B);
     qd_status *row_st = malloc((size_t)B * sizeof *row_st);
     if (!row_st)
         return qd_error(QD_ERR_NOMEM, "sampling: %d row statuses", B);

@@ -28,7 +28,7 @@ typedef struct {
                          * renormalized distribution it was drawn from; 0 when greedy */
 } qd_sample_result;
 
-/* Scratch for one row of V tokens (about 17 bytes per token); one per thread. */
+/* Scratch for one row of V tokens (16 bytes per token + 8 KiB); one per thread. */
 typedef struct qd_sample_ws qd_sample_ws;
 
 /* NULL when out of memory or V < 1. Free with qd_sample_ws_free (NULL is fine). */
@@ -36,7 +36,11 @@ qd_sample_ws *qd_sample_ws_new(int V);
 void qd_sample_ws_free(qd_sample_ws *ws);
 
 /* Samples one row: logits (V), drawn with Philox at (p->seed, seq_id,
- * position). ws must come from qd_sample_ws_new with at least V tokens.
+ * position). seq_id must differ between all sequences sampled under one seed
+ * (two samples of one prompt in a GRPO group included: equal ids give equal
+ * draws); position is the index in its sequence of the token being drawn
+ * (prompt length + tokens generated so far). ws must come from
+ * qd_sample_ws_new with at least V tokens.
  * QD_ERR_NONFINITE names the token of a NaN/Inf logit (or of a logit that
  * overflows when divided by the temperature); QD_ERR_ARG a bad parameter. */
 qd_status qd_sample_row(qd_sample_result *out, qd_sample_ws *ws, const float *logits, int V,

@@ -1,6 +1,7 @@
 /* Check suite of backends/philox.h and backends/sampling.c: Philox4x32-10
  * known answers (Random123) and an independent numpy implementation, the
- * uniform mapping, greedy and top-k/top-p edge cases, the tree descent
+ * uniform mapping, greedy and top-k/top-p edge cases, bit equality with a
+ * numpy float32 re-implementation of the rule, the tree descent
  * against a float64 inverse CDF in the documented order, chi-square tests of
  * the sampled frequencies, batch-size and thread-count invariance of the
  * bits, log-probs against float64 log_softmax, and refused input. */
@@ -361,6 +362,55 @@ START_TEST(test_chi_square_large)
 }
 END_TEST
 
+/* tests/ref/sampling_ref.py: the rule re-implemented in numpy float32 from
+ * its description; tokens and log-prob bits must be equal. */
+static void read_exact(void *dst, size_t n, FILE *f) { ck_assert_uint_eq(fread(dst, 1, n, f), n); }
+
+START_TEST(test_numpy_rule)
+{
+    FILE *f = fopen(qd_test_path("tests/fixtures/sampling/sampling_ref.bin"), "rb");
+    ck_assert_ptr_nonnull(f);
+    uint32_t hdr[2];
+    read_exact(hdr, sizeof hdr, f);
+    ck_assert_uint_eq(hdr[0], 0x51445350u);
+    int total = 0;
+    for (uint32_t c = 0; c < hdr[1]; c++) {
+        int32_t V, k, draws;
+        float T, p;
+        uint64_t seed;
+        read_exact(&V, 4, f);
+        read_exact(&T, 4, f);
+        read_exact(&k, 4, f);
+        read_exact(&p, 4, f);
+        read_exact(&seed, 8, f);
+        read_exact(&draws, 4, f);
+        ck_assert(V > 0 && V <= 100000 && draws > 0);
+        float *x = malloc((size_t)V * sizeof *x);
+        read_exact(x, (size_t)V * sizeof *x, f);
+        for (int d = 0; d < draws; d++) {
+            uint64_t q;
+            uint32_t n;
+            int32_t tok;
+            float lp, lpk;
+            read_exact(&q, 8, f);
+            read_exact(&n, 4, f);
+            read_exact(&tok, 4, f);
+            read_exact(&lp, 4, f);
+            read_exact(&lpk, 4, f);
+            qd_sample_result r = sample1(x, V, params(T, k, p, seed), q, n);
+            ck_assert_msg(r.token == tok, "case %u draw %d: token %d, numpy %d", c, d, r.token, tok);
+            ck_assert_msg(qd_f32_bits(r.logprob) == qd_f32_bits(lp) && qd_f32_bits(r.logprob_kept) == qd_f32_bits(lpk),
+                          "case %u draw %d: log-probs %.9g %.9g, numpy %.9g %.9g", c, d, (double)r.logprob,
+                          (double)r.logprob_kept, (double)lp, (double)lpk);
+            total++;
+        }
+        free(x);
+    }
+    fclose(f);
+    ck_assert_int_eq(total, 240);
+}
+END_TEST
+
 /* ---- log-probs */
 
 /* |logprob - float64 log_softmax(x / T)| <= 1e-6 * max(1, |ref|): float32
@@ -417,6 +467,9 @@ START_TEST(test_batch_invariance)
         n[b] = (uint32_t)(20 + b);
     }
     qd_sample_params cases[3] = { params(1.0f, 0, 1.0f, 5), params(0.7f, 40, 0.9f, 6), params(1.2f, 0, 0.95f, 7) };
+#ifdef _OPENMP
+    int threads = omp_get_max_threads();
+#endif
     for (int c = 0; c < 3; c++) {
         qd_sample_result one[B], b1[B], b2[B];
         for (int b = 0; b < B; b++)
@@ -430,6 +483,9 @@ START_TEST(test_batch_invariance)
             ck_assert(memcmp(&r, &one[b], sizeof r) == 0);
         }
     }
+#ifdef _OPENMP
+    omp_set_num_threads(threads);
+#endif
     free(x);
 }
 END_TEST
@@ -461,6 +517,7 @@ START_TEST(test_refused)
     for (int i = 0; i < 5; i++)
         ck_assert_int_eq(qd_sample_batch(out, x, B, V, &bad[i], q, n), QD_ERR_ARG);
     ck_assert_int_eq(qd_sample_batch(out, x, B, 0, &sp, q, n), QD_ERR_SHAPE);
+    ck_assert_int_eq(qd_sample_batch(out, x, -1, V, &sp, q, n), QD_ERR_SHAPE);
     qd_sample_ws *ws = qd_sample_ws_new(10);
     ck_assert_int_eq(qd_sample_row(out, ws, x, V, &sp, 0, 0), QD_ERR_ARG);
     qd_sample_ws_free(ws);
@@ -482,6 +539,7 @@ Suite *suite_sampling(void)
     tcase_add_test(tc, test_descent_order);
     tcase_add_test(tc, test_chi_square_small);
     tcase_add_test(tc, test_chi_square_large);
+    tcase_add_test(tc, test_numpy_rule);
     tcase_add_test(tc, test_logprob_f64);
     tcase_add_test(tc, test_batch_invariance);
     tcase_add_test(tc, test_refused);
