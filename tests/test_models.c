@@ -8,6 +8,7 @@
  *   BF16 = round-to-nearest-even of the master weights).
  * - Malformed checkpoints refused with the file, tensor and field named.
  * - The quads forward and quads generate programs ($QD_BUILDDIR/quads). */
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -198,12 +199,234 @@ static void check_fixture(const char *name)
 START_TEST(test_transformers_reference) { check_fixture(fixtures[_i]); }
 END_TEST
 
+/* ---- save and load */
+
+static float *backend_weights(qd_backend *b)
+{
+    size_t nf = qd_backend_num_floats(b);
+    float *w = malloc(sizeof(float) * nf);
+    ck_assert_int_eq(qd_backend_get_weights(b, w, nf), QD_OK);
+    return w;
+}
+
+/* Save in dtype, reload: the weights come back as saved (BF16: rounded), config equal. */
+static void check_round_trip(const char *name, qd_st_dtype dtype)
+{
+    char dir[64];
+    qd_test_mkdtemp(dir, sizeof dir, "ckpt");
+    qd_backend *b = open_fixture(name, 0);
+    qd_model_config cfg, back;
+    ck_assert_int_eq(qd_checkpoint_read_config(fixture_dir(name), &cfg), QD_OK);
+    int np;
+    const qd_param_info *p = qd_backend_params(b, &np);
+    size_t nf = qd_backend_num_floats(b);
+    float *w = backend_weights(b);
+    ck_assert_msg(qd_checkpoint_save(dir, &cfg, p, np, w, dtype) == QD_OK, "%s", qd_last_error());
+    ck_assert_int_eq(qd_test_dir_entries(dir), 2); /* config.json, model.safetensors; no temp file */
+    ck_assert_int_eq(qd_checkpoint_read_config(dir, &back), QD_OK);
+    ck_assert_str_eq(back.torch_dtype, dtype == QD_ST_BF16 ? "bfloat16" : "float32");
+    snprintf(back.torch_dtype, sizeof back.torch_dtype, "%s", cfg.torch_dtype);
+    ck_assert_msg(!memcmp(&cfg, &back, sizeof cfg), "%s: config.json does not round-trip", name);
+    float *got = calloc(nf, sizeof(float));
+    ck_assert_msg(qd_checkpoint_load(dir, p, np, got) == QD_OK, "%s", qd_last_error());
+    for (size_t i = 0; i < nf; i++) {
+        float want = dtype == QD_ST_BF16 ? qd_round_bf16(w[i]) : w[i];
+        ck_assert_msg(!memcmp(&got[i], &want, sizeof want), "%s: float %zu: %a != %a", name, i, got[i], want);
+    }
+    free(got);
+    free(w);
+    qd_backend_free(b);
+    qd_test_rm_tree(dir);
+}
+
+START_TEST(test_round_trip_f32) { check_round_trip(fixtures[_i], QD_ST_F32); }
+END_TEST
+
+START_TEST(test_round_trip_bf16) { check_round_trip(fixtures[_i], QD_ST_BF16); }
+END_TEST
+
+/* ---- malformed checkpoints */
+
+#define BASE "qwen3moe_gqa_untied"
+
+typedef struct {
+    const char *skip;     /* tensor left out */
+    const char *reshape;  /* tensor written with its two dims swapped */
+    const char *as_i32;   /* tensor written as I32 (same bytes) */
+    const char *extra;    /* a tensor added ([2] F32) */
+    const char *nan;      /* tensor whose first element becomes NaN */
+    int shards;           /* 2: written as two shards and an index */
+} variant;
+
+static void copy_file(const char *from, const char *to)
+{
+    char *text;
+    size_t len;
+    ck_assert_int_eq(qd_read_file(from, &text, &len), QD_OK);
+    ck_assert_int_eq(qd_atomic_write(to, text, len), QD_OK);
+    free(text);
+}
+
+static void add_variant_tensor(qd_safetensors_writer *w, const qd_st_tensor *t, const variant *v)
+{
+    int64_t shape[QD_ST_MAX_DIMS];
+    memcpy(shape, t->shape, sizeof shape);
+    if (v->reshape && !strcmp(t->name, v->reshape)) {
+        shape[0] = t->shape[1];
+        shape[1] = t->shape[0];
+    }
+    qd_st_dtype dt = v->as_i32 && !strcmp(t->name, v->as_i32) ? QD_ST_I32 : t->dtype;
+    float *copy = malloc(t->nbytes);
+    memcpy(copy, t->data, t->nbytes);
+    if (v->nan && !strcmp(t->name, v->nan))
+        copy[0] = NAN;
+    ck_assert_int_eq(qd_safetensors_writer_add_steal(w, t->name, dt, t->ndim, shape, copy), QD_OK);
+}
+
+/* Writes BASE's tensors (changed as v says) into dir/NAME, NAME one file or shards. */
+static void write_variant(const char *dir, const variant *v)
+{
+    char path[256];
+    qd_safetensors *f;
+    snprintf(path, sizeof path, "%s/model.safetensors", fixture_dir(BASE));
+    ck_assert_int_eq(qd_safetensors_open(&f, path), QD_OK);
+    size_t n = qd_safetensors_count(f);
+    json_t *map = json_object();
+    for (int s = 0; s < (v->shards ? v->shards : 1); s++) {
+        qd_safetensors_writer *w;
+        ck_assert_int_eq(qd_safetensors_writer_new(&w), QD_OK);
+        char shard[64];
+        snprintf(shard, sizeof shard, v->shards ? "model-%05d-of-%05d.safetensors" : "model.safetensors",
+                 s + 1, v->shards);
+        for (size_t i = 0; i < n; i++) {
+            const qd_st_tensor *t = qd_safetensors_at(f, i);
+            if ((v->skip && !strcmp(t->name, v->skip)) || (v->shards && (int)(i % v->shards) != s))
+                continue;
+            add_variant_tensor(w, t, v);
+            json_object_set_new(map, t->name, json_string(shard));
+        }
+        float two[2] = {1, 2};
+        int64_t shape2 = 2;
+        if (v->extra && s == 0)
+            ck_assert_int_eq(qd_safetensors_writer_add(w, v->extra, QD_ST_F32, 1, &shape2, two), QD_OK);
+        snprintf(path, sizeof path, "%s/%s", dir, shard);
+        ck_assert_int_eq(qd_safetensors_writer_write(w, path), QD_OK);
+        qd_safetensors_writer_free(w);
+    }
+    if (v->shards) {
+        json_t *index = json_pack("{s:{},s:o}", "metadata", "weight_map", map);
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+        ck_assert_int_eq(json_dump_file(index, path, 0), 0);
+        json_decref(index);
+    } else
+        json_decref(map);
+    qd_safetensors_close(f);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    copy_file(qd_test_path("tests/fixtures/hf_models/" BASE "/config.json"), path);
+}
+
+/* Opens a backend on the variant: NULL expected when any of the words is given
+ * (each must be in the message), the fixture's weights otherwise. */
+static void check_variant(const variant *v, const char *const *words)
+{
+    char dir[64];
+    qd_test_mkdtemp(dir, sizeof dir, "ckpt");
+    write_variant(dir, v);
+    qd_backend *b = qd_checkpoint_open_backend(dir, "cpu", NULL);
+    if (!words[0]) {
+        ck_assert_msg(b != NULL, "%s", qd_last_error());
+        qd_backend *ref = open_fixture(BASE, 0);
+        float *a = backend_weights(b), *r = backend_weights(ref);
+        ck_assert(!memcmp(a, r, sizeof(float) * qd_backend_num_floats(b)));
+        free(a);
+        free(r);
+        qd_backend_free(ref);
+        qd_backend_free(b);
+    } else {
+        ck_assert_ptr_null(b);
+        for (int i = 0; words[i]; i++)
+            ck_assert_msg(strstr(qd_last_error(), words[i]), "'%s' not in: %s", words[i], qd_last_error());
+    }
+    qd_test_rm_tree(dir);
+}
+
+#define Q "model.layers.0.self_attn.q_proj.weight"
+#define UP "model.layers.1.mlp.experts.3.up_proj.weight"
+
+START_TEST(test_malformed_checkpoints)
+{
+    check_variant(&(variant){.skip = UP}, (const char *[]){"/tmp/qd_ckpt_", UP, "missing", NULL});
+    check_variant(&(variant){.reshape = Q},
+                  (const char *[]){"model.safetensors", Q, "shape", "[32, 64]", "expected [64, 32]", NULL});
+    check_variant(&(variant){.as_i32 = "model.norm.weight"},
+                  (const char *[]){"model.safetensors", "model.norm.weight", "dtype", "I32", NULL});
+    check_variant(&(variant){.extra = "model.layers.0.mlp.bogus.weight"},
+                  (const char *[]){"model.safetensors", "model.layers.0.mlp.bogus.weight", "unexpected", NULL});
+    check_variant(&(variant){.nan = UP}, (const char *[]){"model.safetensors", UP, "element 0", "finite", NULL});
+    /* accepted: a rotary buffer, and two shards with an index */
+    check_variant(&(variant){.extra = "model.layers.0.self_attn.rotary_emb.inv_freq"}, (const char *[]){NULL});
+    check_variant(&(variant){.shards = 2}, (const char *[]){NULL});
+    check_variant(&(variant){.shards = 2, .skip = UP}, (const char *[]){UP, "missing", NULL});
+}
+END_TEST
+
+START_TEST(test_missing_files)
+{
+    char dir[64], path[128];
+    qd_test_mkdtemp(dir, sizeof dir, "ckpt");
+    ck_assert_ptr_null(qd_checkpoint_open_backend(dir, "cpu", NULL));
+    ck_assert_ptr_nonnull(strstr(qd_last_error(), "config.json"));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    copy_file(qd_test_path("tests/fixtures/hf_models/" BASE "/config.json"), path);
+    ck_assert_ptr_null(qd_checkpoint_open_backend(dir, "cpu", NULL));
+    ck_assert_ptr_nonnull(strstr(qd_last_error(), dir));
+    qd_test_rm_tree(dir);
+    ck_assert_ptr_null(qd_checkpoint_open_backend("/nonexistent/model", "cpu", NULL));
+    ck_assert_ptr_nonnull(strstr(qd_last_error(), "/nonexistent/model/config.json"));
+}
+END_TEST
+
+static void check_save_refused(const float *w, const qd_param_info *p, int np, qd_model_config *cfg,
+                               qd_st_dtype dt, const char *word)
+{
+    char dir[64];
+    qd_test_mkdtemp(dir, sizeof dir, "ckpt");
+    ck_assert_int_ne(qd_checkpoint_save(dir, cfg, p, np, w, dt), QD_OK);
+    ck_assert_msg(strstr(qd_last_error(), word), "'%s' not in: %s", word, qd_last_error());
+    ck_assert_int_eq(qd_test_dir_entries(dir), 0);
+    qd_test_rm_tree(dir);
+}
+
+START_TEST(test_save_refuses)
+{
+    qd_backend *b = open_fixture(BASE, 0);
+    qd_model_config cfg;
+    ck_assert_int_eq(qd_checkpoint_read_config(fixture_dir(BASE), &cfg), QD_OK);
+    int np;
+    const qd_param_info *p = qd_backend_params(b, &np);
+    float *w = backend_weights(b);
+    check_save_refused(w, p, np, &cfg, QD_ST_I32, "dtype");
+    w[p[3].offset + 5] = INFINITY;
+    check_save_refused(w, p, np, &cfg, QD_ST_F32, p[3].name);
+    free(w);
+    qd_backend_free(b);
+}
+END_TEST
+
 Suite *suite_models(void)
 {
     Suite *s = suite_create("models");
     TCase *tc = tcase_create("reference");
     tcase_set_timeout(tc, 60);
     tcase_add_loop_test(tc, test_transformers_reference, 0, NFIX);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("checkpoint");
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, test_round_trip_f32, 0, NFIX);
+    tcase_add_loop_test(tc, test_round_trip_bf16, 0, NFIX);
+    tcase_add_test(tc, test_malformed_checkpoints);
+    tcase_add_test(tc, test_missing_files);
+    tcase_add_test(tc, test_save_refuses);
     suite_add_tcase(s, tc);
     return s;
 }
