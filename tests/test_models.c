@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include "tests/suites.h"
 #include "backends/backend.h"
 #include "models/checkpoint.h"
@@ -413,6 +414,201 @@ START_TEST(test_save_refuses)
 }
 END_TEST
 
+/* ---- the quads forward and generate programs */
+
+/* Runs "$QD_BUILDDIR/quads ARGS" with stdout to out_path and stderr to err_path; the exit status. */
+static int run_quads(const char *args, const char *out_path, const char *err_path)
+{
+    const char *bd = getenv("QD_BUILDDIR");
+    char cmd[8192];
+    /* passive: spinning OpenMP workers crawl on a loaded machine */
+    snprintf(cmd, sizeof cmd, "OMP_WAIT_POLICY=passive '%s/quads' %s >'%s' 2>'%s'", bd ? bd : ".", args,
+             out_path, err_path);
+    int rc = system(cmd);
+    ck_assert_msg(WIFEXITED(rc), "%s: did not exit", cmd);
+    return WEXITSTATUS(rc);
+}
+
+static char *slurp(const char *path, size_t *len)
+{
+    char *text;
+    size_t n;
+    ck_assert_int_eq(qd_read_file(path, &text, &n), QD_OK);
+    if (len)
+        *len = n;
+    return text;
+}
+
+static void assert_file_has(const char *path, const char *word)
+{
+    char *text = slurp(path, NULL);
+    ck_assert_msg(strstr(text, word), "'%s' not in %s: %s", word, path, text);
+    free(text);
+}
+
+START_TEST(test_cli_forward)
+{
+    static const int32_t ids[] = {5, 17, 3, 60, 1, 44, 44, 9, 0, 63};
+    enum { T = 10 };
+    char dir[64], out[128], err[128], dump[128], args[2048];
+    qd_test_mkdtemp(dir, sizeof dir, "fwd");
+    snprintf(out, sizeof out, "%s/out.json", dir);
+    snprintf(err, sizeof err, "%s/err.txt", dir);
+    snprintf(dump, sizeof dump, "%s/logits.bin", dir);
+    const char *model = fixture_dir(BASE);
+    snprintf(args, sizeof args, "forward --model '%s' --ids 5,17,3,60,1,44,44,9,0,63 --precision %s "
+             "--backend cpu --threads 1 --dump-logits '%s'", model, "bf16", dump);
+    ck_assert_int_eq(run_quads(args, out, err), 0);
+
+    /* the library: the same checkpoint under bf16, rollout role */
+    qd_backend_options o = {.recipe = QD_RECIPE_BF16, .role = QD_ROLE_ROLLOUT, .rac_ratio = 0.1, .num_threads = 1};
+    qd_backend *b = qd_checkpoint_open_backend(model, "cpu", &o);
+    ck_assert_ptr_nonnull(b);
+    int32_t len = T;
+    float logp[T], logits[T * 64];
+    qd_batch batch = {1, T, ids, &len};
+    ck_assert_int_eq(qd_backend_forward(b, &batch, logp, logits), QD_OK);
+    size_t n;
+    char *bytes = slurp(dump, &n);
+    ck_assert_uint_eq(n, sizeof logits);
+    ck_assert_msg(!memcmp(bytes, logits, sizeof logits), "dumped logits differ from the library's");
+    free(bytes);
+
+    json_t *j = json_load_file(out, 0, NULL), *jl = json_object_get(j, "logprobs");
+    ck_assert_ptr_nonnull(j);
+    ck_assert_str_eq(json_string_value(json_object_get(j, "precision")), "bf16");
+    ck_assert_uint_eq(json_array_size(jl), T - 1);
+    for (int t = 0; t < T - 1; t++) /* printed with 9 digits: the float comes back exactly */
+        ck_assert_float_eq((float)json_real_value(json_array_get(jl, (size_t)t)), logp[t]);
+    json_decref(j);
+    qd_backend_free(b);
+
+    /* errors: exit 1 with the reason, 2 on usage */
+    snprintf(args, sizeof args, "forward --model '%s' --ids 1,64", model);
+    ck_assert_int_eq(run_quads(args, out, err), 1);
+    assert_file_has(err, "id 64 out of range [0, 64)");
+    snprintf(args, sizeof args, "forward --model '%s' --ids 1,x", model);
+    ck_assert_int_eq(run_quads(args, out, err), 1);
+    assert_file_has(err, "--ids: element 1");
+    snprintf(args, sizeof args, "forward --model '%s/none' --ids 1", dir);
+    ck_assert_int_eq(run_quads(args, out, err), 1);
+    assert_file_has(err, "none/config.json");
+    snprintf(args, sizeof args, "forward --model '%s' --ids 1 --precision fp3", model);
+    ck_assert_int_eq(run_quads(args, out, err), 2);
+    assert_file_has(err, "fp3");
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
+/* A MoE model wide enough for the qwen2_bpe tokenizer (1507 ids), random
+ * weights, saved with qd_checkpoint_save into dir with the tokenizer. */
+static void make_chat_model(const char *dir)
+{
+    qd_model_config c;
+    memset(&c, 0, sizeof c);
+    c.arch = QD_ARCH_QWEN3_MOE;
+    c.vocab_size = 1536;
+    c.hidden_size = 32;
+    c.intermediate_size = 32;
+    c.moe_intermediate_size = 16;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 16;
+    c.rope_theta = 10000.0;
+    c.rms_norm_eps = 1e-6;
+    c.max_position_embeddings = 256;
+    c.num_experts = 4;
+    c.num_experts_per_tok = 2;
+    c.norm_topk_prob = 1;
+    c.decoder_sparse_step = 1;
+    qd_backend_options o = {.recipe = QD_RECIPE_FP32};
+    qd_backend *b = qd_backend_cpu_init(&c, &o);
+    ck_assert_ptr_nonnull(b);
+    int np;
+    const qd_param_info *p = qd_backend_params(b, &np);
+    float *w = malloc(sizeof(float) * qd_backend_num_floats(b));
+    uint64_t s = 12345;
+    for (int i = 0; i < np; i++) {
+        int norm = p[i].rows == 1;
+        double a = norm ? 0.1 : 2.0 / sqrt((double)p[i].cols);
+        for (int64_t k = 0; k < p[i].rows * p[i].cols; k++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            double u = (double)(s >> 11) * 0x1.0p-53 * 2.0 - 1.0;
+            w[p[i].offset + (size_t)k] = (float)((norm ? 1.0 : 0.0) + a * u);
+        }
+    }
+    ck_assert_msg(qd_checkpoint_save(dir, &c, p, np, w, QD_ST_F32) == QD_OK, "%s", qd_last_error());
+    char path[256];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    copy_file(qd_test_path("tests/fixtures/tokenizer/qwen2_bpe.json"), path);
+    free(w);
+    qd_backend_free(b);
+}
+
+/* The JSON lines of a generate run: token arrays and texts. */
+static int read_samples(const char *path, json_t **lines, int max)
+{
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    char buf[1 << 16];
+    int n = 0;
+    while (n < max && fgets(buf, sizeof buf, f)) {
+        lines[n] = json_loads(buf, 0, NULL);
+        ck_assert_msg(lines[n] != NULL, "%s: line %d is not JSON", path, n + 1);
+        n++;
+    }
+    fclose(f);
+    return n;
+}
+
+START_TEST(test_cli_generate)
+{
+    char dir[64], out[128], err[128], args[2048];
+    qd_test_mkdtemp(dir, sizeof dir, "gen");
+    snprintf(out, sizeof out, "%s/out.txt", dir);
+    snprintf(err, sizeof err, "%s/err.txt", dir);
+    make_chat_model(dir);
+    const char *common = "--prompt 'Hello, world! 123' --chat --seed 7 --temperature 1 --top-p 0.95 "
+                         "--max-tokens 12 --backend cpu --json";
+    json_t *one[1], *again[1], *four[4];
+    snprintf(args, sizeof args, "generate --model '%s' %s --samples 1 --threads 1", dir, common);
+    ck_assert_msg(run_quads(args, out, err) == 0, "%s", slurp(err, NULL));
+    ck_assert_int_eq(read_samples(out, one, 1), 1);
+    ck_assert_int_eq(run_quads(args, out, err), 0);
+    ck_assert_int_eq(read_samples(out, again, 1), 1);
+    snprintf(args, sizeof args, "generate --model '%s' %s --samples 4 --threads 2", dir, common);
+    ck_assert_int_eq(run_quads(args, out, err), 0);
+    ck_assert_int_eq(read_samples(out, four, 4), 4);
+
+    ck_assert_msg(json_equal(one[0], again[0]), "the same seed gave different samples");
+    ck_assert_msg(json_equal(one[0], four[0]), "sample 0 of --samples 4 differs from --samples 1");
+    const json_t *toks = json_object_get(one[0], "tokens");
+    ck_assert_uint_ge(json_array_size(toks), 1);
+    ck_assert(json_is_string(json_object_get(one[0], "text")));
+    int differ = 0;
+    for (int i = 1; i < 4; i++)
+        differ += !json_equal(json_object_get(four[i], "tokens"), toks);
+    ck_assert_msg(differ > 0, "all four sampling streams gave the same tokens");
+    for (int i = 0; i < 4; i++)
+        json_decref(four[i]);
+    json_decref(one[0]);
+    json_decref(again[0]);
+
+    /* missing tokenizer: the message suggests --tokenizer */
+    char tokpath[128];
+    snprintf(tokpath, sizeof tokpath, "%s/tokenizer.json", dir);
+    ck_assert_int_eq(remove(tokpath), 0);
+    snprintf(args, sizeof args, "generate --model '%s' --prompt hi", dir);
+    ck_assert_int_eq(run_quads(args, out, err), 1);
+    assert_file_has(err, "--tokenizer FILE");
+    snprintf(args, sizeof args, "generate --model '%s' --prompt hi --max-tokens 3 --temperature 0 --tokenizer '%s'",
+             dir, qd_test_path("tests/fixtures/tokenizer/qwen2_bpe.json"));
+    ck_assert_int_eq(run_quads(args, out, err), 0);
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
 Suite *suite_models(void)
 {
     Suite *s = suite_create("models");
@@ -427,6 +623,11 @@ Suite *suite_models(void)
     tcase_add_test(tc, test_malformed_checkpoints);
     tcase_add_test(tc, test_missing_files);
     tcase_add_test(tc, test_save_refuses);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("cli");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_cli_forward);
+    tcase_add_test(tc, test_cli_generate);
     suite_add_tcase(s, tc);
     return s;
 }
