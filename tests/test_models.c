@@ -562,6 +562,40 @@ static int read_samples(const char *path, json_t **lines, int max)
     return n;
 }
 
+/* The library's own run of the CLI's generation (ChatML prompt, seed 7,
+ * stream 0, top-p 0.95) gives the tokens the CLI printed. */
+static void check_library_generate(const char *dir, const json_t *toks)
+{
+    char path[256], *text;
+    qd_tokenizer *tok;
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    ck_assert_int_eq(qd_tokenizer_load(path, &tok), QD_OK);
+    qd_chat_message msg = {"user", "Hello, world! 123"};
+    ck_assert_int_eq(qd_tokenizer_chat_format(&qd_chat_chatml, &msg, 1, 1, &text), QD_OK);
+    int32_t *ids, out[12], len, stop[2] = {qd_tokenizer_token_id(tok, "<|im_end|>"),
+                                             qd_tokenizer_token_id(tok, "<|endoftext|>")};
+    size_t n;
+    ck_assert_int_eq(qd_tokenizer_encode(tok, text, strlen(text), &ids, &n), QD_OK);
+    ck_assert_int_ge(stop[0], 0);
+    ck_assert_int_ge(stop[1], 0);
+    qd_backend_options o = {.recipe = QD_RECIPE_FP32, .role = QD_ROLE_ROLLOUT, .num_threads = 1};
+    qd_backend *b = qd_checkpoint_open_backend(dir, "cpu", &o);
+    ck_assert_ptr_nonnull(b);
+    int32_t plen = (int32_t)n;
+    uint64_t sid = 0;
+    float logp[12];
+    qd_generate_request rq = {1, (int)n, ids, &plen, &sid, 7, 12, 1.0f, 0, 0.95f, stop, 2};
+    qd_generate_result res = {out, logp, &len};
+    ck_assert_int_eq(qd_backend_generate(b, &rq, &res), QD_OK);
+    ck_assert_int_eq(len, (int)json_array_size(toks));
+    for (int i = 0; i < len; i++)
+        ck_assert_int_eq(out[i], json_integer_value(json_array_get(toks, (size_t)i)));
+    qd_backend_free(b);
+    qd_tokenizer_free(tok);
+    free(ids);
+    free(text);
+}
+
 START_TEST(test_cli_generate)
 {
     char dir[64], out[128], err[128], args[2048];
@@ -570,14 +604,14 @@ START_TEST(test_cli_generate)
     snprintf(err, sizeof err, "%s/err.txt", dir);
     make_chat_model(dir);
     const char *common = "--prompt 'Hello, world! 123' --chat --seed 7 --temperature 1 --top-p 0.95 "
-                         "--max-tokens 12 --backend cpu --json";
+                         "--max-tokens 12 --backend cpu";
     json_t *one[1], *again[1], *four[4];
-    snprintf(args, sizeof args, "generate --model '%s' %s --samples 1 --threads 1", dir, common);
+    snprintf(args, sizeof args, "generate --model '%s' %s --json --samples 1 --threads 1", dir, common);
     ck_assert_msg(run_quads(args, out, err) == 0, "%s", slurp(err, NULL));
     ck_assert_int_eq(read_samples(out, one, 1), 1);
     ck_assert_int_eq(run_quads(args, out, err), 0);
     ck_assert_int_eq(read_samples(out, again, 1), 1);
-    snprintf(args, sizeof args, "generate --model '%s' %s --samples 4 --threads 2", dir, common);
+    snprintf(args, sizeof args, "generate --model '%s' %s --json --samples 4 --threads 2", dir, common);
     ck_assert_int_eq(run_quads(args, out, err), 0);
     ck_assert_int_eq(read_samples(out, four, 4), 4);
 
@@ -590,6 +624,15 @@ START_TEST(test_cli_generate)
     for (int i = 1; i < 4; i++)
         differ += !json_equal(json_object_get(four[i], "tokens"), toks);
     ck_assert_msg(differ > 0, "all four sampling streams gave the same tokens");
+    check_library_generate(dir, toks);
+
+    /* without --json: the text alone, the same as the JSON line's */
+    snprintf(args, sizeof args, "generate --model '%s' %s --samples 1 --threads 1", dir, common);
+    ck_assert_int_eq(run_quads(args, out, err), 0);
+    char *text = slurp(out, NULL), want[4096];
+    snprintf(want, sizeof want, "%s\n", json_string_value(json_object_get(one[0], "text")));
+    ck_assert_str_eq(text, want);
+    free(text);
     for (int i = 0; i < 4; i++)
         json_decref(four[i]);
     json_decref(one[0]);
