@@ -234,6 +234,13 @@ static void check_round_trip(const char *name, qd_st_dtype dtype)
         float want = dtype == QD_ST_BF16 ? qd_round_bf16(w[i]) : w[i];
         ck_assert_msg(!memcmp(&got[i], &want, sizeof want), "%s: float %zu: %a != %a", name, i, got[i], want);
     }
+    /* the file itself instead of the folder */
+    char file[128];
+    float *again = calloc(nf, sizeof(float));
+    snprintf(file, sizeof file, "%s/model.safetensors", dir);
+    ck_assert_int_eq(qd_checkpoint_load(file, p, np, again), QD_OK);
+    ck_assert(!memcmp(again, got, nf * sizeof(float)));
+    free(again);
     free(got);
     free(w);
     qd_backend_free(b);
@@ -257,7 +264,10 @@ typedef struct {
     const char *extra;    /* a tensor added ([2] F32) */
     const char *nan;      /* tensor whose first element becomes NaN */
     int shards;           /* 2: written as two shards and an index */
+    const char *base;     /* the fixture (default BASE) */
 } variant;
+
+static const char *base_of(const variant *v) { return v->base ? v->base : BASE; }
 
 static void copy_file(const char *from, const char *to)
 {
@@ -284,12 +294,12 @@ static void add_variant_tensor(qd_safetensors_writer *w, const qd_st_tensor *t, 
     ck_assert_int_eq(qd_safetensors_writer_add_steal(w, t->name, dt, t->ndim, shape, copy), QD_OK);
 }
 
-/* Writes BASE's tensors (changed as v says) into dir/NAME, NAME one file or shards. */
+/* Writes the base fixture's tensors (changed as v says) into dir: one file or shards. */
 static void write_variant(const char *dir, const variant *v)
 {
     char path[256];
     qd_safetensors *f;
-    snprintf(path, sizeof path, "%s/model.safetensors", fixture_dir(BASE));
+    snprintf(path, sizeof path, "%s/model.safetensors", fixture_dir(base_of(v)));
     ck_assert_int_eq(qd_safetensors_open(&f, path), QD_OK);
     size_t n = qd_safetensors_count(f);
     json_t *map = json_object();
@@ -322,8 +332,10 @@ static void write_variant(const char *dir, const variant *v)
     } else
         json_decref(map);
     qd_safetensors_close(f);
+    char config[256];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    copy_file(qd_test_path("tests/fixtures/hf_models/" BASE "/config.json"), path);
+    snprintf(config, sizeof config, "%s/config.json", fixture_dir(base_of(v)));
+    copy_file(config, path);
 }
 
 /* Opens a backend on the variant: NULL expected when any of the words is given
@@ -336,7 +348,7 @@ static void check_variant(const variant *v, const char *const *words)
     qd_backend *b = qd_checkpoint_open_backend(dir, "cpu", NULL);
     if (!words[0]) {
         ck_assert_msg(b != NULL, "%s", qd_last_error());
-        qd_backend *ref = open_fixture(BASE, 0);
+        qd_backend *ref = open_fixture(base_of(v), 0);
         float *a = backend_weights(b), *r = backend_weights(ref);
         ck_assert(!memcmp(a, r, sizeof(float) * qd_backend_num_floats(b)));
         free(a);
@@ -363,6 +375,8 @@ START_TEST(test_malformed_checkpoints)
                   (const char *[]){"model.safetensors", "model.norm.weight", "dtype", "I32", NULL});
     check_variant(&(variant){.extra = "model.layers.0.mlp.bogus.weight"},
                   (const char *[]){"model.safetensors", "model.layers.0.mlp.bogus.weight", "unexpected", NULL});
+    check_variant(&(variant){.base = "qwen3moe_mha_tied_nonorm", .extra = "lm_head.weight"},
+                  (const char *[]){"lm_head.weight", "unexpected", NULL});
     check_variant(&(variant){.nan = UP}, (const char *[]){"model.safetensors", UP, "element 0", "finite", NULL});
     /* accepted: a rotary buffer, and two shards with an index */
     check_variant(&(variant){.extra = "model.layers.0.self_attn.rotary_emb.inv_freq"}, (const char *[]){NULL});
