@@ -14,6 +14,7 @@
 #include "models/checkpoint.h"
 #include "models/tokenizer.h"
 #include "orchestrator/commands.h"
+#include "quant/fileio.h"
 
 #define MAX_STOP 16
 
@@ -30,8 +31,9 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: quads generate --model DIR --prompt TEXT [OPTIONS]\n\n"
             "Samples completions of the prompt and prints them (one JSON line each with --json).\n"
-            "Generation stops at the tokenizer's <|im_end|> and <|endoftext|> and at the\n"
-            "eos_token_id of DIR/generation_config.json, or after --max-tokens.\n\n"
+            "Generation stops at the tokenizer's <|im_end|> and <|endoftext|>, at the eos_token\n"
+            "of tokenizer_config.json (beside the tokenizer) and the eos_token_id of\n"
+            "DIR/generation_config.json, or after --max-tokens.\n\n"
             "  --model DIR           Hugging Face folder (config.json, model.safetensors)\n"
             "  --prompt TEXT         the prompt (with --chat: the user message)\n"
             "  --chat                format as a ChatML conversation with the generation prompt\n"
@@ -175,18 +177,34 @@ static qd_status encode_prompt(const generate_opts *o, const qd_tokenizer *tok, 
     return st;
 }
 
-/* Stop ids: <|im_end|>, <|endoftext|>, and generation_config.json's eos_token_id (int or list). */
+/* tokenizer_config.json's eos_token beside the tokenizer: a string or {"content": ...}. */
+static int32_t config_eos(const generate_opts *o, const qd_tokenizer *tok)
+{
+    char path[4096], *dir = o->tokenizer ? qd_path_dir(o->tokenizer) : NULL;
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir ? dir : o->model);
+    free(dir);
+    json_t *tc = json_load_file(path, 0, NULL), *eos = json_object_get(tc, "eos_token");
+    const char *name = json_is_string(eos) ? json_string_value(eos)
+                                           : json_string_value(json_object_get(eos, "content"));
+    int32_t id = name ? qd_tokenizer_token_id(tok, name) : -1;
+    json_decref(tc);
+    return id;
+}
+
+/* Stop ids: <|im_end|>, <|endoftext|>, the eos_token of tokenizer_config.json
+ * and generation_config.json's eos_token_id (int or list). */
 static int stop_tokens(const generate_opts *o, const qd_tokenizer *tok, int32_t *stop)
 {
     int n = 0;
-    const char *names[] = {"<|im_end|>", "<|endoftext|>"};
-    for (int i = 0; i < 2; i++)
-        if (qd_tokenizer_token_id(tok, names[i]) >= 0)
-            stop[n++] = qd_tokenizer_token_id(tok, names[i]);
+    int32_t named[3] = {qd_tokenizer_token_id(tok, "<|im_end|>"), qd_tokenizer_token_id(tok, "<|endoftext|>"),
+                        config_eos(o, tok)};
+    for (int i = 0; i < 3; i++)
+        if (named[i] >= 0)
+            stop[n++] = named[i];
     char path[4096];
     snprintf(path, sizeof path, "%s/generation_config.json", o->model);
     json_t *gc = json_load_file(path, 0, NULL), *eos = json_object_get(gc, "eos_token_id");
-    if (json_is_integer(eos) && n < MAX_STOP)
+    if (json_is_integer(eos))
         stop[n++] = (int32_t)json_integer_value(eos);
     for (size_t i = 0; i < json_array_size(eos) && n < MAX_STOP; i++)
         if (json_is_integer(json_array_get(eos, i)))

@@ -610,6 +610,37 @@ static void check_library_generate(const char *dir, const json_t *toks)
     free(text);
 }
 
+/* With generation_config.json naming the sample's token k as eos (k: the
+ * first position past 2 whose token did not occur before), the same run
+ * stops right after it. */
+static void check_eos_stop(const char *dir, const char *common, const json_t *toks)
+{
+    size_t k = 3, n = json_array_size(toks);
+    for (int seen = 1; k < n && seen; k += seen) {
+        seen = 0;
+        for (size_t i = 0; i < k; i++)
+            seen |= json_equal(json_array_get(toks, i), json_array_get(toks, k));
+    }
+    ck_assert_msg(k < n, "no fresh token to stop at");
+    char path[256], out[128], err[128], args[2048], gc[128];
+    snprintf(gc, sizeof gc, "{\"eos_token_id\": [999999, %lld]}", json_integer_value(json_array_get(toks, k)));
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    ck_assert_int_eq(qd_atomic_write(path, gc, strlen(gc)), QD_OK);
+    snprintf(out, sizeof out, "%s/eos.txt", dir);
+    snprintf(err, sizeof err, "%s/eos_err.txt", dir);
+    snprintf(args, sizeof args, "generate --model '%s' %s --json --threads 1", dir, common);
+    ck_assert_int_eq(run_quads(args, out, err), 0);
+    json_t *line[1];
+    ck_assert_int_eq(read_samples(out, line, 1), 1);
+    const json_t *got = json_object_get(line[0], "tokens");
+    ck_assert_uint_eq(json_array_size(got), k + 1);
+    for (size_t i = 0; i <= k; i++)
+        ck_assert(json_equal(json_array_get(got, i), json_array_get(toks, i)));
+    ck_assert_str_eq(json_string_value(json_object_get(line[0], "finish")), "stop");
+    json_decref(line[0]);
+    ck_assert_int_eq(remove(path), 0);
+}
+
 START_TEST(test_cli_generate)
 {
     char dir[64], out[128], err[128], args[2048];
@@ -639,6 +670,7 @@ START_TEST(test_cli_generate)
         differ += !json_equal(json_object_get(four[i], "tokens"), toks);
     ck_assert_msg(differ > 0, "all four sampling streams gave the same tokens");
     check_library_generate(dir, toks);
+    check_eos_stop(dir, common, toks);
 
     /* without --json: the text alone, the same as the JSON line's */
     snprintf(args, sizeof args, "generate --model '%s' %s --samples 1 --threads 1", dir, common);
