@@ -265,6 +265,7 @@ typedef struct {
     const char *nan;      /* tensor whose first element becomes NaN */
     int shards;           /* 2: written as two shards and an index */
     const char *base;     /* the fixture (default BASE) */
+    int f16;              /* every tensor written as F16 (the compiler's _Float16 rounding) */
 } variant;
 
 static const char *base_of(const variant *v) { return v->base ? v->base : BASE; }
@@ -291,6 +292,14 @@ static void add_variant_tensor(qd_safetensors_writer *w, const qd_st_tensor *t, 
     memcpy(copy, t->data, t->nbytes);
     if (v->nan && !strcmp(t->name, v->nan))
         copy[0] = NAN;
+    if (v->f16) {
+        _Float16 *h = malloc(sizeof *h * (size_t)t->numel);
+        for (int64_t i = 0; i < t->numel; i++)
+            h[i] = (_Float16)copy[i];
+        free(copy);
+        copy = (float *)h;
+        dt = QD_ST_F16;
+    }
     ck_assert_int_eq(qd_safetensors_writer_add_steal(w, t->name, dt, t->ndim, shape, copy), QD_OK);
 }
 
@@ -350,6 +359,8 @@ static void check_variant(const variant *v, const char *const *words)
         ck_assert_msg(b != NULL, "%s", qd_last_error());
         qd_backend *ref = open_fixture(base_of(v), 0);
         float *a = backend_weights(b), *r = backend_weights(ref);
+        for (size_t i = 0; v->f16 && i < qd_backend_num_floats(b); i++)
+            r[i] = (float)(_Float16)r[i];
         ck_assert(!memcmp(a, r, sizeof(float) * qd_backend_num_floats(b)));
         free(a);
         free(r);
@@ -381,6 +392,7 @@ START_TEST(test_malformed_checkpoints)
     /* accepted: a rotary buffer, and two shards with an index */
     check_variant(&(variant){.extra = "model.layers.0.self_attn.rotary_emb.inv_freq"}, (const char *[]){NULL});
     check_variant(&(variant){.shards = 2}, (const char *[]){NULL});
+    check_variant(&(variant){.f16 = 1}, (const char *[]){NULL});
     check_variant(&(variant){.shards = 2, .skip = UP}, (const char *[]){UP, "missing", NULL});
 }
 END_TEST
