@@ -840,6 +840,23 @@ START_TEST(test_cli_eval)
     json_decref(r2);
     json_decref(r3);
 
+    /* --chat: the prompt is ChatML-formatted as generate --chat does it */
+    snprintf(args, sizeof args, "eval --model '%s' --file '%s' --limit 1 --chat --system 'Be brief.' "
+             EVAL_SAMPLING " --threads 1 --out '%s/r6' --outputs '%s/o6.jsonl' --prompt 'Q: {problem}'", dir, path,
+             dir, dir);
+    ck_assert_msg(run_quads(args, out, err) == 0, "%s", slurp(err, NULL));
+    snprintf(o1, sizeof o1, "%s/o6.jsonl", dir);
+    ck_assert_int_eq(read_samples(o1, lines, 2), 1);
+    snprintf(args, sizeof args, "generate --model '%s' --prompt 'Q: What is 2 + 3?' --chat --system 'Be brief.' "
+             EVAL_SAMPLING " --json --threads 1", dir);
+    snprintf(o2, sizeof o2, "%s/gen6.jsonl", dir);
+    ck_assert_int_eq(run_quads(args, o2, err), 0);
+    ck_assert_int_eq(read_samples(o2, lines + 1, 1), 1);
+    ck_assert_str_eq(json_string_value(json_object_get(lines[0], "output")),
+                     json_string_value(json_object_get(lines[1], "text")));
+    json_decref(lines[0]);
+    json_decref(lines[1]);
+
     /* a synthetic task: its own prompt; mixed with a real one, --prompt is needed */
     snprintf(args, sizeof args, "eval --model '%s' --benchmark arith1 --limit 2 --max-tokens 3 --backend cpu "
              "--threads 1 --out '%s/r4'", dir, dir);
