@@ -336,6 +336,15 @@ static size_t bench_size(const model_gen *m, size_t b)
     return m->limit && m->limit < n ? m->limit : n;
 }
 
+/* The last error with "NAME problems A..B: " in front (copied first: qd_error
+ * writes the buffer qd_last_error reads). */
+static qd_status prefix_error(qd_status st, const char *name, size_t first, size_t last)
+{
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", qd_last_error());
+    return qd_error(st, "%s problems %zu..%zu: %s", name, first, last, msg);
+}
+
 /* One --outputs line, in the format --replay reads. */
 static qd_status save_line(model_gen *m, size_t rec, int sample, const qd_generation_sample *s)
 {
@@ -357,6 +366,8 @@ static qd_status model_generate(void *ctx, const char *const *prompts, int n, in
     if (!s)
         return qd_error(QD_ERR_NOMEM, "eval: %zu samples: out of memory", ns);
     qd_status st = qd_generation_run(m->g, prompts, n, k, m->rec, s);
+    if (st) /* say which problems: the batch's own prompt numbers mean nothing to the user */
+        st = prefix_error(st, m->benches[m->bench].name, m->rec, m->rec + (size_t)n - 1);
     for (size_t i = 0; !st && m->lines && i < ns; i++)
         st = save_line(m, m->rec + i / (size_t)k, (int)(i % (size_t)k), &s[i]);
     for (size_t i = 0; !st && i < ns; i++) {

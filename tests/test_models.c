@@ -876,8 +876,7 @@ START_TEST(test_cli_eval)
     snprintf(args, sizeof args, "eval --model '%s' --benchmark arith1 --out '%s/r5'", dir, dir);
     ck_assert_int_eq(run_quads(args, out, err), 1);
     assert_file_has(err, "tokenizer.json: No such file or directory (pass --tokenizer FILE)");
-    if (!getenv("QD_KEEP_TMP"))
-        qd_test_rm_tree(dir);
+    qd_test_rm_tree(dir);
 }
 END_TEST
 
