@@ -811,10 +811,10 @@ START_TEST(test_eval_program_errors)
     ck_assert_int_eq(r.rc, 1);
     ck_assert_str_eq(r.err, "quads eval: bad.jsonl line 2: field 'output' is missing or not a string\n");
     run_free(&r);
-    /* No replay and no backend yet: a clear message, exit 1, after the options were checked. */
+    /* No model in the folder: a clear message, exit 1, after the options were checked. */
     r = quads(dir, "eval --model . --benchmark gsm8k,math500 --samples 4", "");
     ck_assert_int_eq(r.rc, 1);
-    ck_assert_ptr_nonnull(strstr(r.err, "generation needs the model backend (issue 3)"));
+    ck_assert_ptr_nonnull(strstr(r.err, "config.json"));
     run_free(&r);
     static const struct { const char *args, *msg; } usage_errors[] = {
         {"eval --model . --benchmark nope", "unknown benchmark 'nope'"},

@@ -7,7 +7,10 @@
  * - qd_checkpoint_save -> qd_checkpoint_load round trips (F32 bit-exact,
  *   BF16 = round-to-nearest-even of the master weights).
  * - Malformed checkpoints refused with the file, tensor and field named.
- * - The quads forward and quads generate programs ($QD_BUILDDIR/quads). */
+ * - The quads forward and quads generate programs ($QD_BUILDDIR/quads).
+ * - quads eval --model: the report, determinism, independence of --batch and
+ *   --threads, the samples equal to quads generate's (orchestrator/generation.h:
+ *   problem i, sample k is stream i*K + k), --outputs replayed to the same report. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -710,6 +713,173 @@ START_TEST(test_cli_generate)
 }
 END_TEST
 
+/* ---- quads eval --model */
+
+#define EVAL_PROBLEMS "What is 2 + 3?", "Name a prime number.", "Compute 7 * 6.", "Unused: past --limit."
+#define EVAL_SAMPLING "--seed 7 --temperature 1 --top-p 0.95 --max-tokens 8 --backend cpu"
+
+/* The eval's report.json without its timing field. */
+static json_t *report_sans_time(const char *dir, const char *sub)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s/report.json", dir, sub);
+    json_t *j = json_load_file(path, 0, NULL);
+    ck_assert_msg(j != NULL, "%s: not JSON", path);
+    ck_assert(json_is_real(json_object_get(j, "seconds")));
+    json_object_del(j, "seconds");
+    return j;
+}
+
+/* A four-problem JSONL benchmark at path. */
+static void write_small_bench(const char *path)
+{
+    static const char *const problems[] = {EVAL_PROBLEMS};
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 4; i++)
+        fprintf(f, "{\"problem\": \"%s\", \"answer\": \"%d\"}\n", problems[i], 5 + i);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+/* Problem i's K=2 samples in the --outputs lines equal streams 2i and 2i+1
+ * of quads generate on the same prompt (the default Qwen math template). */
+static void check_eval_matches_generate(const char *dir, json_t *const *lines)
+{
+    static const char *const problems[] = {EVAL_PROBLEMS};
+    char out[128], err[128], args[4096];
+    snprintf(out, sizeof out, "%s/gen.txt", dir);
+    snprintf(err, sizeof err, "%s/gen_err.txt", dir);
+    for (int i = 0; i < 3; i++) {
+        snprintf(args, sizeof args, "generate --model '%s' --prompt '%s\nPlease reason step by step, and put your "
+                 "final answer within \\boxed{}.' " EVAL_SAMPLING " --json --threads 1 --samples %d",
+                 dir, problems[i], 2 * i + 2);
+        ck_assert_msg(run_quads(args, out, err) == 0, "%s", slurp(err, NULL));
+        json_t *g[6];
+        ck_assert_int_eq(read_samples(out, g, 6), 2 * i + 2);
+        for (int k = 0; k < 2; k++) {
+            const json_t *e = lines[2 * i + k], *s = g[2 * i + k];
+            ck_assert_int_eq(json_integer_value(json_object_get(e, "sample")), k);
+            ck_assert_str_eq(json_string_value(json_object_get(e, "output")),
+                             json_string_value(json_object_get(s, "text")));
+            ck_assert_int_eq(json_integer_value(json_object_get(e, "tokens")),
+                             (json_int_t)json_array_size(json_object_get(s, "tokens")));
+            ck_assert_str_eq(json_string_value(json_object_get(e, "finish")),
+                             json_string_value(json_object_get(s, "finish")));
+        }
+        for (int k = 0; k < 2 * i + 2; k++)
+            json_decref(g[k]);
+    }
+}
+
+/* The report's counts and mean length against the --outputs lines (6 samples). */
+static void check_eval_report(const json_t *rep, json_t *const *lines)
+{
+    const json_t *b = json_array_get(json_object_get(rep, "benchmarks"), 0);
+    ck_assert_uint_eq(json_array_size(json_object_get(rep, "benchmarks")), 1);
+    ck_assert_int_eq(json_integer_value(json_object_get(b, "problems")), 3);
+    ck_assert_int_eq(json_integer_value(json_object_get(b, "samples")), 2);
+    ck_assert_str_eq(json_string_value(json_object_get(rep, "precision")), "fp32");
+    double tokens = 0;
+    int different = 0;
+    for (int i = 0; i < 6; i++) {
+        json_int_t n = json_integer_value(json_object_get(lines[i], "tokens"));
+        ck_assert(n >= 1 && n <= 8);
+        tokens += (double)n;
+        different += i && !json_equal(json_object_get(lines[i], "output"), json_object_get(lines[0], "output"));
+        char id[2] = {(char)('0' + i / 2), 0}; /* the file's records have no id: their index */
+        ck_assert_str_eq(json_string_value(json_object_get(lines[i], "id")), id);
+    }
+    ck_assert_msg(different > 0, "every sample gave the same text");
+    ck_assert_double_eq_tol(json_real_value(json_object_get(b, "mean_tokens")), tokens / 6, 1e-12);
+    json_int_t right = json_integer_value(json_object_get(b, "correct_samples"));
+    ck_assert_double_eq_tol(json_real_value(json_object_get(b, "pass@1")), (double)right / 6, 1e-12);
+}
+
+START_TEST(test_cli_eval)
+{
+    char dir[64], out[128], err[128], args[4096], path[128];
+    qd_test_mkdtemp(dir, sizeof dir, "evalgen");
+    snprintf(out, sizeof out, "%s/out.txt", dir);
+    snprintf(err, sizeof err, "%s/err.txt", dir);
+    snprintf(path, sizeof path, "%s/small.jsonl", dir);
+    make_chat_model(dir);
+    write_small_bench(path);
+    /* batches of 2: problem 2 comes alone in a second call */
+    snprintf(args, sizeof args, "eval --model '%s' --file '%s' --samples 2 --limit 3 " EVAL_SAMPLING
+             " --threads 1 --batch 2 --out '%s/r1' --outputs '%s/o1.jsonl'", dir, path, dir, dir);
+    ck_assert_msg(run_quads(args, out, err) == 0, "%s", slurp(err, NULL));
+    assert_file_has(out, "small.jsonl        3 problems x 2");
+    snprintf(args, sizeof args, "%s/r1/report.md", dir);
+    assert_file_has(args, "small.jsonl");
+    snprintf(args, sizeof args, "eval --model '%s' --file '%s' --samples 2 --limit 3 " EVAL_SAMPLING
+             " --threads 2 --batch 3 --out '%s/r2' --outputs '%s/o2.jsonl'", dir, path, dir, dir);
+    ck_assert_msg(run_quads(args, out, err) == 0, "%s", slurp(err, NULL));
+
+    json_t *r1 = report_sans_time(dir, "r1"), *r2 = report_sans_time(dir, "r2"), *lines[7];
+    ck_assert_msg(json_equal(r1, r2), "the same seed gave different reports (other --batch, --threads)");
+    char o1[128], o2[128];
+    snprintf(o1, sizeof o1, "%s/o1.jsonl", dir);
+    snprintf(o2, sizeof o2, "%s/o2.jsonl", dir);
+    char *t1 = slurp(o1, NULL), *t2 = slurp(o2, NULL);
+    ck_assert_str_eq(t1, t2);
+    free(t1);
+    free(t2);
+    ck_assert_int_eq(read_samples(o1, lines, 7), 6);
+    check_eval_report(r1, lines);
+    check_eval_matches_generate(dir, lines);
+
+    /* the saved outputs replayed give the same report */
+    snprintf(args, sizeof args, "eval --model '%s' --precision fp32 --file '%s' --samples 2 --limit 3 "
+             "--replay '%s' --out '%s/r3'", dir, path, o1, dir);
+    ck_assert_msg(run_quads(args, out, err) == 0, "%s", slurp(err, NULL));
+    json_t *r3 = report_sans_time(dir, "r3");
+    ck_assert_msg(json_equal(r1, r3), "the replayed --outputs gave another report");
+    for (int i = 0; i < 6; i++)
+        json_decref(lines[i]);
+    json_decref(r1);
+    json_decref(r2);
+    json_decref(r3);
+
+    /* --chat: the prompt is ChatML-formatted as generate --chat does it */
+    snprintf(args, sizeof args, "eval --model '%s' --file '%s' --limit 1 --chat --system 'Be brief.' "
+             EVAL_SAMPLING " --threads 1 --out '%s/r6' --outputs '%s/o6.jsonl' --prompt 'Q: {problem}'", dir, path,
+             dir, dir);
+    ck_assert_msg(run_quads(args, out, err) == 0, "%s", slurp(err, NULL));
+    snprintf(o1, sizeof o1, "%s/o6.jsonl", dir);
+    ck_assert_int_eq(read_samples(o1, lines, 2), 1);
+    snprintf(args, sizeof args, "generate --model '%s' --prompt 'Q: What is 2 + 3?' --chat --system 'Be brief.' "
+             EVAL_SAMPLING " --json --threads 1", dir);
+    snprintf(o2, sizeof o2, "%s/gen6.jsonl", dir);
+    ck_assert_int_eq(run_quads(args, o2, err), 0);
+    ck_assert_int_eq(read_samples(o2, lines + 1, 1), 1);
+    ck_assert_str_eq(json_string_value(json_object_get(lines[0], "output")),
+                     json_string_value(json_object_get(lines[1], "text")));
+    json_decref(lines[0]);
+    json_decref(lines[1]);
+
+    /* a synthetic task: its own prompt; mixed with a real one, --prompt is needed */
+    snprintf(args, sizeof args, "eval --model '%s' --benchmark arith1 --limit 2 --max-tokens 3 --backend cpu "
+             "--threads 1 --out '%s/r4'", dir, dir);
+    ck_assert_msg(run_quads(args, out, err) == 0, "%s", slurp(err, NULL));
+    json_t *r4 = report_sans_time(dir, "r4");
+    ck_assert_str_eq(json_string_value(json_object_get(r4, "prompt_template")), "Q: {problem}\nA: ");
+    ck_assert_int_eq(json_integer_value(json_object_get(json_array_get(json_object_get(r4, "benchmarks"), 0),
+                                                        "problems")), 2);
+    json_decref(r4);
+    snprintf(args, sizeof args, "eval --model '%s' --benchmark arith1 --file '%s'", dir, path);
+    ck_assert_int_eq(run_quads(args, out, err), 2);
+    assert_file_has(err, "give --prompt");
+
+    /* no tokenizer.json: the file is named, with the way out */
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    ck_assert_int_eq(remove(path), 0);
+    snprintf(args, sizeof args, "eval --model '%s' --benchmark arith1 --out '%s/r5'", dir, dir);
+    ck_assert_int_eq(run_quads(args, out, err), 1);
+    assert_file_has(err, "tokenizer.json: No such file or directory (pass --tokenizer FILE)");
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
 Suite *suite_models(void)
 {
     Suite *s = suite_create("models");
@@ -729,6 +899,7 @@ Suite *suite_models(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_cli_forward);
     tcase_add_test(tc, test_cli_generate);
+    tcase_add_test(tc, test_cli_eval);
     suite_add_tcase(s, tc);
     return s;
 }
