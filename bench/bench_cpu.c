@@ -1,0 +1,466 @@
+/* bench/bench_cpu: CPU throughput of one model under every precision recipe.
+ *
+ * Three phases, each timed as the median of R repeats after one untimed
+ * warm-up run:
+ *   prefill  rollout role: forward of B prompts of length P (log-probs only);
+ *   decode   rollout role: generate B sequences of M new tokens after those
+ *            prompts (KV cache, temperature 1, no stop token). The time of a
+ *            generate of 1 new token (the prompt's prefill and the first
+ *            sample) is subtracted in each repeat, so the row counts the
+ *            B x (M - 1) tokens of the decode steps only;
+ *   train    trainer role: zero_grad + forward + backward + one AdamW step
+ *            (which includes the weight sync) on B sequences of length T.
+ * A combination the backend refuses with QD_ERR_UNSUPPORTED is listed as
+ * refused; any other error ends the program.
+ *
+ * The model is an HF checkpoint folder (--model DIR) or, by default, a
+ * built-in Qwen3-MoE of the tiny model's shape with seeded random weights.
+ * Inputs are seeded too, so two runs do the same arithmetic. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include "backends/backend.h"
+#include "models/checkpoint.h"
+#include "models/model_config.h"
+
+typedef enum { PH_PREFILL = 0, PH_DECODE, PH_TRAIN, PH_COUNT } phase;
+static const char *const phase_name[PH_COUNT] = {"prefill", "decode", "train"};
+
+typedef struct {
+    const char *model;  /* NULL: built-in config */
+    int threads, B, P, M, T, R;
+    double rac_ratio;
+    uint64_t seed;
+    int use[QD_RECIPE_COUNT];
+} bench_args;
+
+typedef struct {
+    int done;           /* 0: not run, 1: measured, -1: refused */
+    long tokens;
+    double seconds;     /* median over repeats */
+    char why[120];
+} bench_row;
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static uint64_t rng_state;
+
+static double urand(void) /* splitmix64 -> [0, 1) */
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (double)((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
+}
+
+/* The tiny model's intended shape: every layer MoE, untied embeddings. */
+static qd_model_config builtin_config(void)
+{
+    qd_model_config c;
+    memset(&c, 0, sizeof c);
+    c.arch = QD_ARCH_QWEN3_MOE;
+    c.vocab_size = 272;
+    c.hidden_size = 64;
+    c.intermediate_size = 128;
+    c.moe_intermediate_size = 64;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 16;
+    c.rope_theta = 10000.0;
+    c.rms_norm_eps = 1e-6;
+    c.max_position_embeddings = 1024;
+    c.num_experts = 8;
+    c.num_experts_per_tok = 2;
+    c.norm_topk_prob = 1;
+    c.decoder_sparse_step = 1;
+    return c;
+}
+
+/* Norms 1 +- 0.2, embedding +-1, matrices uniform with unit-variance outputs. */
+static void random_weights(const qd_param_info *p, int np, float *w, uint64_t seed)
+{
+    rng_state = seed;
+    for (int i = 0; i < np; i++) {
+        int norm = p[i].rows == 1, emb = strstr(p[i].name, "embed") != NULL;
+        double a = norm ? 0.2 : emb ? 1.0 : sqrt(3.0 / (double)p[i].cols);
+        for (int64_t k = 0; k < p[i].rows * p[i].cols; k++)
+            w[p[i].offset + k] = (float)((norm ? 1.0 : 0.0) + a * (2.0 * urand() - 1.0));
+    }
+}
+
+static void die(const char *what)
+{
+    fprintf(stderr, "bench_cpu: %s: %s\n", what, qd_last_error());
+    exit(1);
+}
+
+/* Float32 master weights of the model: the checkpoint's or seeded random ones. */
+static float *load_model(const bench_args *a, qd_model_config *cfg, size_t *n)
+{
+    qd_backend *b;
+    if (a->model) {
+        if (qd_checkpoint_read_config(a->model, cfg) != QD_OK)
+            die(a->model);
+        b = qd_checkpoint_open_backend(a->model, "cpu", NULL);
+    } else {
+        *cfg = builtin_config();
+        b = qd_backend_cpu_init(cfg, &(qd_backend_options){0});
+    }
+    if (!b)
+        die(a->model ? a->model : "built-in model");
+    *n = qd_backend_num_floats(b);
+    float *w = malloc(sizeof(float) * *n);
+    if (!w) {
+        fprintf(stderr, "bench_cpu: out of memory\n");
+        exit(1);
+    }
+    if (a->model) {
+        if (qd_backend_get_weights(b, w, *n) != QD_OK)
+            die("get_weights");
+    } else {
+        int np;
+        const qd_param_info *p = qd_backend_params(b, &np);
+        random_weights(p, np, w, a->seed);
+    }
+    qd_backend_free(b);
+    return w;
+}
+
+/* B rows of len tokens, uniform over the vocabulary. */
+static int32_t *random_tokens(int B, int len, int vocab, uint64_t seed)
+{
+    int32_t *t = malloc(sizeof(int32_t) * (size_t)B * (size_t)len);
+    rng_state = seed;
+    for (long i = 0; i < (long)B * len; i++)
+        t[i] = (int32_t)(urand() * vocab);
+    return t;
+}
+
+/* Records a refusal in row; any other error ends the program. */
+static int refused(qd_status st, bench_row *row, const char *what)
+{
+    if (st == QD_OK)
+        return 0;
+    if (st != QD_ERR_UNSUPPORTED)
+        die(what);
+    row->done = -1;
+    snprintf(row->why, sizeof row->why, "%s", qd_last_error());
+    return 1;
+}
+
+static qd_backend *make_backend(const qd_model_config *cfg, qd_recipe r, qd_role role, const bench_args *a,
+                                const float *w, size_t n)
+{
+    qd_backend_options o = {r, role, a->rac_ratio, a->threads, 0};
+    qd_backend *b = qd_backend_cpu_init(cfg, &o);
+    if (!b)
+        die(qd_recipe_name(r));
+    if (qd_backend_set_weights(b, w, n) != QD_OK)
+        die("set_weights");
+    return b;
+}
+
+static void bench_prefill(qd_backend *b, const bench_args *a, int vocab, bench_row *row)
+{
+    int32_t *tok = random_tokens(a->B, a->P, vocab, a->seed + 1), *len = malloc(sizeof(int32_t) * a->B);
+    float *logp = malloc(sizeof(float) * (size_t)a->B * a->P);
+    double *t = malloc(sizeof(double) * a->R);
+    for (int i = 0; i < a->B; i++)
+        len[i] = a->P;
+    qd_batch bt = {a->B, a->P, tok, len};
+    for (int k = -1; k < a->R; k++) {
+        double t0 = now();
+        if (refused(qd_backend_forward(b, &bt, logp, NULL), row, "forward"))
+            break;
+        if (k >= 0)
+            t[k] = now() - t0;
+    }
+    if (row->done == 0) {
+        row->done = 1;
+        row->tokens = (long)a->B * a->P;
+        row->seconds = median(t, a->R);
+    }
+    free(t);
+    free(logp);
+    free(len);
+    free(tok);
+}
+
+/* Seconds of one generate of m new tokens per sequence (QD_ERR_UNSUPPORTED: < 0). */
+static double time_generate(qd_backend *b, const qd_generate_request *proto, int m, int32_t *out_tok,
+                            float *out_logp, int32_t *out_len, bench_row *row)
+{
+    qd_generate_request rq = *proto;
+    rq.max_new_tokens = m;
+    qd_generate_result res = {out_tok, out_logp, out_len};
+    double t0 = now();
+    if (refused(qd_backend_generate(b, &rq, &res), row, "generate"))
+        return -1.0;
+    return now() - t0;
+}
+
+static void bench_decode(qd_backend *b, const bench_args *a, int vocab, bench_row *row)
+{
+    int32_t *prompt = random_tokens(a->B, a->P, vocab, a->seed + 2), *plen = malloc(sizeof(int32_t) * a->B);
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)a->B * a->M), *len = malloc(sizeof(int32_t) * a->B);
+    float *logp = malloc(sizeof(float) * (size_t)a->B * a->M);
+    uint64_t *sid = malloc(sizeof(uint64_t) * a->B);
+    double *t = malloc(sizeof(double) * a->R);
+    for (int i = 0; i < a->B; i++) {
+        plen[i] = a->P;
+        sid[i] = (uint64_t)i;
+    }
+    qd_generate_request proto = {a->B, a->P, prompt, plen, sid, a->seed, 0, 1.0f, 0, 1.0f, NULL, 0};
+    for (int k = -1; k < a->R; k++) {
+        double t1 = time_generate(b, &proto, 1, tok, logp, len, row);
+        double tm = t1 < 0 ? -1.0 : time_generate(b, &proto, a->M, tok, logp, len, row);
+        if (tm < 0)
+            break;
+        if (k >= 0)
+            t[k] = tm - t1;
+    }
+    if (row->done == 0) {
+        row->done = 1;
+        row->tokens = (long)a->B * (a->M - 1);
+        row->seconds = median(t, a->R);
+    }
+    free(t);
+    free(sid);
+    free(logp);
+    free(len);
+    free(tok);
+    free(plen);
+    free(prompt);
+}
+
+/* One trainer step: the loss is the mean negative log-likelihood of the batch. */
+static qd_status train_step(qd_backend *b, const qd_batch *bt, float *logp, const float *dlogp, int step)
+{
+    const qd_adamw opt = {1e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, 1.0f};
+    float gnorm;
+    qd_backend_zero_grad(b);
+    qd_status st = qd_backend_forward(b, bt, logp, NULL);
+    if (st == QD_OK)
+        st = qd_backend_backward(b, dlogp);
+    if (st == QD_OK)
+        st = qd_backend_optimizer_step(b, &opt, step, &gnorm);
+    return st;
+}
+
+static void bench_train(qd_backend *b, const bench_args *a, int vocab, bench_row *row)
+{
+    size_t bt_n = (size_t)a->B * a->T;
+    int32_t *tok = random_tokens(a->B, a->T, vocab, a->seed + 3), *len = malloc(sizeof(int32_t) * a->B);
+    float *logp = malloc(sizeof(float) * bt_n), *dlogp = malloc(sizeof(float) * bt_n);
+    double *t = malloc(sizeof(double) * a->R);
+    for (int i = 0; i < a->B; i++)
+        len[i] = a->T;
+    for (size_t i = 0; i < bt_n; i++)
+        dlogp[i] = -1.0f / (float)bt_n;
+    qd_batch bt = {a->B, a->T, tok, len};
+    for (int k = -1; k < a->R; k++) {
+        double t0 = now();
+        if (refused(train_step(b, &bt, logp, dlogp, k + 2), row, "train step"))
+            break;
+        if (k >= 0)
+            t[k] = now() - t0;
+    }
+    if (row->done == 0) {
+        row->done = 1;
+        row->tokens = (long)bt_n;
+        row->seconds = median(t, a->R);
+    }
+    free(t);
+    free(dlogp);
+    free(logp);
+    free(len);
+    free(tok);
+}
+
+static void load_average(char *out, size_t n)
+{
+    FILE *f = fopen("/proc/loadavg", "r");
+    double l1 = 0, l5 = 0, l15 = 0;
+    if (!f || fscanf(f, "%lf %lf %lf", &l1, &l5, &l15) != 3)
+        snprintf(out, n, "unknown");
+    else
+        snprintf(out, n, "%.2f %.2f %.2f", l1, l5, l15);
+    if (f)
+        fclose(f);
+}
+
+/* "x 1.23" of row against ref, "-" when either is missing. */
+static void ratio(char *out, size_t n, const bench_row *row, const bench_row *ref)
+{
+    if (row->done != 1 || ref->done != 1 || row->seconds <= 0 || ref->seconds <= 0)
+        snprintf(out, n, "-");
+    else
+        snprintf(out, n, "%.3f", ((double)row->tokens / row->seconds) / ((double)ref->tokens / ref->seconds));
+}
+
+static void print_table(const bench_args *a, bench_row rows[][PH_COUNT])
+{
+    printf("| recipe | role | phase | tokens | seconds (median of %d) | tokens/s | vs fp32 | vs bf16 |\n", a->R);
+    printf("|---|---|---|---:|---:|---:|---:|---:|\n");
+    for (int r = 0; r < QD_RECIPE_COUNT; r++)
+        for (int p = 0; p < PH_COUNT; p++) {
+            const bench_row *w = &rows[r][p];
+            const char *role = p == PH_TRAIN ? "trainer" : "rollout";
+            if (!a->use[r])
+                continue;
+            if (w->done == -1) {
+                printf("| %s | %s | %s | - | - | refused: %s | - | - |\n", qd_recipe_name((qd_recipe)r), role,
+                       phase_name[p], w->why);
+                continue;
+            }
+            char v32[32], v16[32];
+            ratio(v32, sizeof v32, w, &rows[QD_RECIPE_FP32][p]);
+            ratio(v16, sizeof v16, w, &rows[QD_RECIPE_BF16][p]);
+            printf("| %s | %s | %s | %ld | %.6f | %.0f | %s | %s |\n", qd_recipe_name((qd_recipe)r), role,
+                   phase_name[p], w->tokens, w->seconds, (double)w->tokens / w->seconds, v32, v16);
+        }
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: bench/bench_cpu [--model DIR] [--threads N] [--batch B] [--prompt P] [--new M]\n"
+        "                       [--seq T] [--repeats R] [--rac-ratio X] [--seed S] [--recipes a,b,...]\n"
+        "  --model DIR   HF checkpoint folder (default: built-in tiny Qwen3-MoE, random weights)\n"
+        "  --threads N   OpenMP threads (default: all cores)\n"
+        "  defaults: B 16, P 64, M 64, T 128, R 5, rac-ratio 0.25, seed 1, every recipe\n");
+}
+
+static int int_arg(const char *name, const char *v, int lo)
+{
+    char *end;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || *end || x < lo || x > 1000000) {
+        fprintf(stderr, "bench_cpu: %s needs an integer >= %d\n", name, lo);
+        exit(2);
+    }
+    return (int)x;
+}
+
+static void parse_recipes(bench_args *a, char *list)
+{
+    memset(a->use, 0, sizeof a->use);
+    for (char *s = strtok(list, ","); s; s = strtok(NULL, ",")) {
+        qd_recipe r;
+        if (qd_recipe_parse(&r, s) != QD_OK) {
+            fprintf(stderr, "bench_cpu: --recipes: %s\n", qd_last_error());
+            exit(2);
+        }
+        a->use[r] = 1;
+    }
+}
+
+static bench_args parse_args(int argc, char **argv)
+{
+    bench_args a = {NULL, 0, 16, 64, 64, 128, 5, 0.25, 1, {0}};
+#ifdef _OPENMP
+    a.threads = omp_get_num_procs();
+#else
+    a.threads = 1;
+#endif
+    for (int r = 0; r < QD_RECIPE_COUNT; r++)
+        a.use[r] = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
+            usage(stdout);
+            exit(0);
+        }
+        if (!v) {
+            usage(stderr);
+            exit(2);
+        }
+        i++;
+        if (!strcmp(o, "--model"))
+            a.model = v;
+        else if (!strcmp(o, "--threads"))
+            a.threads = int_arg(o, v, 1);
+        else if (!strcmp(o, "--batch"))
+            a.B = int_arg(o, v, 1);
+        else if (!strcmp(o, "--prompt"))
+            a.P = int_arg(o, v, 1);
+        else if (!strcmp(o, "--new"))
+            a.M = int_arg(o, v, 2);
+        else if (!strcmp(o, "--seq"))
+            a.T = int_arg(o, v, 2);
+        else if (!strcmp(o, "--repeats"))
+            a.R = int_arg(o, v, 1);
+        else if (!strcmp(o, "--seed"))
+            a.seed = (uint64_t)int_arg(o, v, 0);
+        else if (!strcmp(o, "--rac-ratio"))
+            a.rac_ratio = atof(v);
+        else if (!strcmp(o, "--recipes"))
+            parse_recipes(&a, (char *)v);
+        else {
+            usage(stderr);
+            exit(2);
+        }
+    }
+    return a;
+}
+
+int main(int argc, char **argv)
+{
+    bench_args a = parse_args(argc, argv);
+    qd_model_config cfg;
+    size_t n;
+    float *w = load_model(&a, &cfg, &n);
+    if (a.P + a.M > cfg.max_position_embeddings || a.T > cfg.max_position_embeddings) {
+        fprintf(stderr, "bench_cpu: prompt + new (%d) or seq (%d) > max_position_embeddings %d\n", a.P + a.M,
+                a.T, cfg.max_position_embeddings);
+        return 2;
+    }
+    char load0[64], load1[64];
+    load_average(load0, sizeof load0);
+    static bench_row rows[QD_RECIPE_COUNT][PH_COUNT];
+    for (int r = 0; r < QD_RECIPE_COUNT; r++) {
+        if (!a.use[r])
+            continue;
+        qd_backend *b = make_backend(&cfg, (qd_recipe)r, QD_ROLE_ROLLOUT, &a, w, n);
+        bench_prefill(b, &a, cfg.vocab_size, &rows[r][PH_PREFILL]);
+        bench_decode(b, &a, cfg.vocab_size, &rows[r][PH_DECODE]);
+        qd_backend_free(b);
+        b = make_backend(&cfg, (qd_recipe)r, QD_ROLE_TRAINER, &a, w, n);
+        bench_train(b, &a, cfg.vocab_size, &rows[r][PH_TRAIN]);
+        qd_backend_free(b);
+    }
+    load_average(load1, sizeof load1);
+    printf("model: %s (hidden %d, %d layers, %d experts top-%d, vocab %d, %zu parameters)\n",
+           a.model ? a.model : "built-in tiny Qwen3-MoE, random weights", cfg.hidden_size, cfg.num_hidden_layers,
+           cfg.num_experts, cfg.num_experts_per_tok, cfg.vocab_size, n);
+    printf("threads %d; B %d, prefill P %d, decode M %d after P, train T %d; rac-ratio %.2f; seed %llu\n",
+           a.threads, a.B, a.P, a.M, a.T, a.rac_ratio, (unsigned long long)a.seed);
+    printf("load average (1/5/15 min): %s at start, %s at end\n\n", load0, load1);
+    print_table(&a, rows);
+    free(w);
+    return 0;
+}
