@@ -160,6 +160,67 @@ static int32_t *random_tokens(int B, int len, int vocab, uint64_t seed)
     return t;
 }
 
+/* The inputs of the three phases, the same for every recipe. */
+typedef struct {
+    int32_t *prefill_tok;   /* (B, P) */
+    int32_t *prompt;        /* (B, P) decode prompts */
+    int32_t *train_tok;     /* (B, T) */
+    int32_t *len_p, *len_t; /* (B) all P, all T */
+    uint64_t *seq_id;       /* (B) 0 .. B-1 */
+    float *logp;            /* (B, max(P, M, T)) scratch */
+    float *dlogp;           /* (B, T) mean NLL: -1 / (B T) */
+    int32_t *gen_tok, *gen_len;
+} bench_inputs;
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n);
+    if (!p) {
+        fprintf(stderr, "bench_cpu: out of memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+static bench_inputs make_inputs(const bench_args *a, int vocab)
+{
+    bench_inputs in;
+    size_t B = (size_t)a->B, w = (size_t)(a->T > a->P ? a->T : a->P);
+    w = w > (size_t)a->M ? w : (size_t)a->M;
+    in.prefill_tok = random_tokens(a->B, a->P, vocab, a->seed + 1);
+    in.prompt = random_tokens(a->B, a->P, vocab, a->seed + 2);
+    in.train_tok = random_tokens(a->B, a->T, vocab, a->seed + 3);
+    in.len_p = xmalloc(sizeof(int32_t) * B);
+    in.len_t = xmalloc(sizeof(int32_t) * B);
+    in.seq_id = xmalloc(sizeof(uint64_t) * B);
+    in.logp = xmalloc(sizeof(float) * B * w);
+    in.dlogp = xmalloc(sizeof(float) * B * (size_t)a->T);
+    in.gen_tok = xmalloc(sizeof(int32_t) * B * (size_t)a->M);
+    in.gen_len = xmalloc(sizeof(int32_t) * B);
+    for (int i = 0; i < a->B; i++) {
+        in.len_p[i] = a->P;
+        in.len_t[i] = a->T;
+        in.seq_id[i] = (uint64_t)i;
+    }
+    for (size_t i = 0; i < B * (size_t)a->T; i++)
+        in.dlogp[i] = -1.0f / (float)(B * (size_t)a->T);
+    return in;
+}
+
+static void free_inputs(bench_inputs *in)
+{
+    free(in->prefill_tok);
+    free(in->prompt);
+    free(in->train_tok);
+    free(in->len_p);
+    free(in->len_t);
+    free(in->seq_id);
+    free(in->logp);
+    free(in->dlogp);
+    free(in->gen_tok);
+    free(in->gen_len);
+}
+
 /* Records a refusal in row; any other error ends the program. */
 static int refused(qd_status st, bench_row *row, const char *what)
 {
@@ -184,121 +245,89 @@ static qd_backend *make_backend(const qd_model_config *cfg, qd_recipe r, qd_role
     return b;
 }
 
-static void bench_prefill(qd_backend *b, const bench_args *a, int vocab, bench_row *row)
+static qd_status generate(qd_backend *b, const bench_args *a, const bench_inputs *in, int m)
 {
-    int32_t *tok = random_tokens(a->B, a->P, vocab, a->seed + 1), *len = malloc(sizeof(int32_t) * a->B);
-    float *logp = malloc(sizeof(float) * (size_t)a->B * a->P);
-    double *t = malloc(sizeof(double) * a->R);
-    for (int i = 0; i < a->B; i++)
-        len[i] = a->P;
-    qd_batch bt = {a->B, a->P, tok, len};
-    for (int k = -1; k < a->R; k++) {
-        double t0 = now();
-        if (refused(qd_backend_forward(b, &bt, logp, NULL), row, "forward"))
-            break;
-        if (k >= 0)
-            t[k] = now() - t0;
-    }
-    if (row->done == 0) {
-        row->done = 1;
-        row->tokens = (long)a->B * a->P;
-        row->seconds = median(t, a->R);
-    }
-    free(t);
-    free(logp);
-    free(len);
-    free(tok);
+    qd_generate_request rq = {a->B, a->P, in->prompt, in->len_p, in->seq_id, a->seed, m, 1.0f, 0, 1.0f, NULL, 0};
+    qd_generate_result res = {in->gen_tok, in->logp, in->gen_len};
+    return qd_backend_generate(b, &rq, &res);
 }
 
-/* Seconds of one generate of m new tokens per sequence (QD_ERR_UNSUPPORTED: < 0). */
-static double time_generate(qd_backend *b, const qd_generate_request *proto, int m, int32_t *out_tok,
-                            float *out_logp, int32_t *out_len, bench_row *row)
-{
-    qd_generate_request rq = *proto;
-    rq.max_new_tokens = m;
-    qd_generate_result res = {out_tok, out_logp, out_len};
-    double t0 = now();
-    if (refused(qd_backend_generate(b, &rq, &res), row, "generate"))
-        return -1.0;
-    return now() - t0;
-}
-
-static void bench_decode(qd_backend *b, const bench_args *a, int vocab, bench_row *row)
-{
-    int32_t *prompt = random_tokens(a->B, a->P, vocab, a->seed + 2), *plen = malloc(sizeof(int32_t) * a->B);
-    int32_t *tok = malloc(sizeof(int32_t) * (size_t)a->B * a->M), *len = malloc(sizeof(int32_t) * a->B);
-    float *logp = malloc(sizeof(float) * (size_t)a->B * a->M);
-    uint64_t *sid = malloc(sizeof(uint64_t) * a->B);
-    double *t = malloc(sizeof(double) * a->R);
-    for (int i = 0; i < a->B; i++) {
-        plen[i] = a->P;
-        sid[i] = (uint64_t)i;
-    }
-    qd_generate_request proto = {a->B, a->P, prompt, plen, sid, a->seed, 0, 1.0f, 0, 1.0f, NULL, 0};
-    for (int k = -1; k < a->R; k++) {
-        double t1 = time_generate(b, &proto, 1, tok, logp, len, row);
-        double tm = t1 < 0 ? -1.0 : time_generate(b, &proto, a->M, tok, logp, len, row);
-        if (tm < 0)
-            break;
-        if (k >= 0)
-            t[k] = tm - t1;
-    }
-    if (row->done == 0) {
-        row->done = 1;
-        row->tokens = (long)a->B * (a->M - 1);
-        row->seconds = median(t, a->R);
-    }
-    free(t);
-    free(sid);
-    free(logp);
-    free(len);
-    free(tok);
-    free(plen);
-    free(prompt);
-}
-
-/* One trainer step: the loss is the mean negative log-likelihood of the batch. */
-static qd_status train_step(qd_backend *b, const qd_batch *bt, float *logp, const float *dlogp, int step)
+/* One trainer step; step counts from 1. */
+static qd_status train_step(qd_backend *b, const bench_args *a, const bench_inputs *in, int step)
 {
     const qd_adamw opt = {1e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, 1.0f};
+    qd_batch bt = {a->B, a->T, in->train_tok, in->len_t};
     float gnorm;
     qd_backend_zero_grad(b);
-    qd_status st = qd_backend_forward(b, bt, logp, NULL);
+    qd_status st = qd_backend_forward(b, &bt, in->logp, NULL);
     if (st == QD_OK)
-        st = qd_backend_backward(b, dlogp);
+        st = qd_backend_backward(b, in->dlogp);
     if (st == QD_OK)
         st = qd_backend_optimizer_step(b, &opt, step, &gnorm);
     return st;
 }
 
-static void bench_train(qd_backend *b, const bench_args *a, int vocab, bench_row *row)
+/* Seconds of one run of phase p (see the top of the file); -1 when refused. */
+static double run_phase(phase p, qd_backend *b, const bench_args *a, const bench_inputs *in, int step,
+                        bench_row *row)
 {
-    size_t bt_n = (size_t)a->B * a->T;
-    int32_t *tok = random_tokens(a->B, a->T, vocab, a->seed + 3), *len = malloc(sizeof(int32_t) * a->B);
-    float *logp = malloc(sizeof(float) * bt_n), *dlogp = malloc(sizeof(float) * bt_n);
-    double *t = malloc(sizeof(double) * a->R);
-    for (int i = 0; i < a->B; i++)
-        len[i] = a->T;
-    for (size_t i = 0; i < bt_n; i++)
-        dlogp[i] = -1.0f / (float)bt_n;
-    qd_batch bt = {a->B, a->T, tok, len};
-    for (int k = -1; k < a->R; k++) {
-        double t0 = now();
-        if (refused(train_step(b, &bt, logp, dlogp, k + 2), row, "train step"))
-            break;
-        if (k >= 0)
-            t[k] = now() - t0;
+    qd_batch bt = {a->B, a->P, in->prefill_tok, in->len_p};
+    double t0 = now(), t1;
+    switch (p) {
+    case PH_PREFILL:
+        if (refused(qd_backend_forward(b, &bt, in->logp, NULL), row, "forward"))
+            return -1.0;
+        return now() - t0;
+    case PH_DECODE:
+        if (refused(generate(b, a, in, 1), row, "generate"))
+            return -1.0;
+        t1 = now();
+        if (refused(generate(b, a, in, a->M), row, "generate"))
+            return -1.0;
+        return (now() - t1) - (t1 - t0);
+    default:
+        if (refused(train_step(b, a, in, step), row, "train step"))
+            return -1.0;
+        return now() - t0;
     }
-    if (row->done == 0) {
-        row->done = 1;
-        row->tokens = (long)bt_n;
-        row->seconds = median(t, a->R);
-    }
+}
+
+static long phase_tokens(phase p, const bench_args *a)
+{
+    return (long)a->B * (p == PH_PREFILL ? a->P : p == PH_DECODE ? a->M - 1 : a->T);
+}
+
+/* Repeat k of every recipe and phase before repeat k + 1, so that a change in
+ * the machine's load during the run falls on all rows alike; k = -1 warms up. */
+static void run_all(const bench_args *a, const qd_model_config *cfg, const float *w, size_t n,
+                    bench_row rows[][PH_COUNT])
+{
+    qd_backend *be[QD_RECIPE_COUNT][PH_COUNT] = {{NULL}};
+    double *t = xmalloc(sizeof(double) * QD_RECIPE_COUNT * PH_COUNT * (size_t)a->R);
+    bench_inputs in = make_inputs(a, cfg->vocab_size);
+    for (int r = 0; r < QD_RECIPE_COUNT; r++)
+        for (int p = 0; a->use[r] && p < PH_COUNT; p++)
+            be[r][p] = make_backend(cfg, (qd_recipe)r, p == PH_TRAIN ? QD_ROLE_TRAINER : QD_ROLE_ROLLOUT, a, w, n);
+    for (int k = -1; k < a->R; k++)
+        for (int r = 0; r < QD_RECIPE_COUNT; r++)
+            for (int p = 0; a->use[r] && p < PH_COUNT; p++) {
+                if (rows[r][p].done == -1)
+                    continue;
+                double s = run_phase((phase)p, be[r][p], a, &in, k + 2, &rows[r][p]);
+                if (k >= 0 && s >= -0.5)
+                    t[((size_t)r * PH_COUNT + (size_t)p) * (size_t)a->R + (size_t)k] = s;
+            }
+    for (int r = 0; r < QD_RECIPE_COUNT; r++)
+        for (int p = 0; a->use[r] && p < PH_COUNT; p++) {
+            if (rows[r][p].done == 0) {
+                rows[r][p].done = 1;
+                rows[r][p].tokens = phase_tokens((phase)p, a);
+                rows[r][p].seconds = median(t + ((size_t)r * PH_COUNT + (size_t)p) * (size_t)a->R, a->R);
+            }
+            qd_backend_free(be[r][p]);
+        }
+    free_inputs(&in);
     free(t);
-    free(dlogp);
-    free(logp);
-    free(len);
-    free(tok);
 }
 
 static void load_average(char *out, size_t n)
@@ -442,17 +471,7 @@ int main(int argc, char **argv)
     char load0[64], load1[64];
     load_average(load0, sizeof load0);
     static bench_row rows[QD_RECIPE_COUNT][PH_COUNT];
-    for (int r = 0; r < QD_RECIPE_COUNT; r++) {
-        if (!a.use[r])
-            continue;
-        qd_backend *b = make_backend(&cfg, (qd_recipe)r, QD_ROLE_ROLLOUT, &a, w, n);
-        bench_prefill(b, &a, cfg.vocab_size, &rows[r][PH_PREFILL]);
-        bench_decode(b, &a, cfg.vocab_size, &rows[r][PH_DECODE]);
-        qd_backend_free(b);
-        b = make_backend(&cfg, (qd_recipe)r, QD_ROLE_TRAINER, &a, w, n);
-        bench_train(b, &a, cfg.vocab_size, &rows[r][PH_TRAIN]);
-        qd_backend_free(b);
-    }
+    run_all(&a, &cfg, w, n, rows);
     load_average(load1, sizeof load1);
     printf("model: %s (hidden %d, %d layers, %d experts top-%d, vocab %d, %zu parameters)\n",
            a.model ? a.model : "built-in tiny Qwen3-MoE, random weights", cfg.hidden_size, cfg.num_hidden_layers,
