@@ -44,6 +44,7 @@ typedef struct {
     int done;           /* 0: not run, 1: measured, -1: refused */
     long tokens;
     double seconds;     /* median over repeats */
+    double best;        /* fastest repeat: the least disturbed by other load */
     char why[120];
 } bench_row;
 
@@ -267,29 +268,41 @@ static qd_status train_step(qd_backend *b, const bench_args *a, const bench_inpu
     return st;
 }
 
-/* Seconds of one run of phase p (see the top of the file); -1 when refused. */
-static double run_phase(phase p, qd_backend *b, const bench_args *a, const bench_inputs *in, int step,
-                        bench_row *row)
+/* One run of phase p (see the top of the file): *sec its seconds, *base the
+ * seconds to subtract (decode: the 1-token generate; else 0). 0 when refused. */
+static int run_phase(phase p, qd_backend *b, const bench_args *a, const bench_inputs *in, int step,
+                     bench_row *row, double *sec, double *base)
 {
     qd_batch bt = {a->B, a->P, in->prefill_tok, in->len_p};
-    double t0 = now(), t1;
+    double t0 = now();
+    *base = 0.0;
     switch (p) {
     case PH_PREFILL:
         if (refused(qd_backend_forward(b, &bt, in->logp, NULL), row, "forward"))
-            return -1.0;
-        return now() - t0;
+            return 0;
+        break;
     case PH_DECODE:
         if (refused(generate(b, a, in, 1), row, "generate"))
-            return -1.0;
-        t1 = now();
+            return 0;
+        *base = now() - t0;
+        t0 = now();
         if (refused(generate(b, a, in, a->M), row, "generate"))
-            return -1.0;
-        return (now() - t1) - (t1 - t0);
+            return 0;
+        break;
     default:
         if (refused(train_step(b, a, in, step), row, "train step"))
-            return -1.0;
-        return now() - t0;
+            return 0;
     }
+    *sec = now() - t0;
+    return 1;
+}
+
+static double min_of(const double *v, int n)
+{
+    double m = v[0];
+    for (int i = 1; i < n; i++)
+        m = v[i] < m ? v[i] : m;
+    return m;
 }
 
 static long phase_tokens(phase p, const bench_args *a)
@@ -298,12 +311,15 @@ static long phase_tokens(phase p, const bench_args *a)
 }
 
 /* Repeat k of every recipe and phase before repeat k + 1, so that a change in
- * the machine's load during the run falls on all rows alike; k = -1 warms up. */
+ * the machine's load during the run falls on all rows alike; k = -1 warms up.
+ * seconds: the median of (sec - base) over repeats; best: min sec - min base. */
 static void run_all(const bench_args *a, const qd_model_config *cfg, const float *w, size_t n,
                     bench_row rows[][PH_COUNT])
 {
     qd_backend *be[QD_RECIPE_COUNT][PH_COUNT] = {{NULL}};
-    double *t = xmalloc(sizeof(double) * QD_RECIPE_COUNT * PH_COUNT * (size_t)a->R);
+    size_t R = (size_t)a->R, cells = QD_RECIPE_COUNT * PH_COUNT * R;
+    double *sec = xmalloc(sizeof(double) * cells), *base = xmalloc(sizeof(double) * cells);
+    double *diff = xmalloc(sizeof(double) * R);
     bench_inputs in = make_inputs(a, cfg->vocab_size);
     for (int r = 0; r < QD_RECIPE_COUNT; r++)
         for (int p = 0; a->use[r] && p < PH_COUNT; p++)
@@ -311,23 +327,27 @@ static void run_all(const bench_args *a, const qd_model_config *cfg, const float
     for (int k = -1; k < a->R; k++)
         for (int r = 0; r < QD_RECIPE_COUNT; r++)
             for (int p = 0; a->use[r] && p < PH_COUNT; p++) {
-                if (rows[r][p].done == -1)
-                    continue;
-                double s = run_phase((phase)p, be[r][p], a, &in, k + 2, &rows[r][p]);
-                if (k >= 0 && s >= -0.5)
-                    t[((size_t)r * PH_COUNT + (size_t)p) * (size_t)a->R + (size_t)k] = s;
+                size_t at = ((size_t)r * PH_COUNT + (size_t)p) * R + (size_t)(k < 0 ? 0 : k);
+                if (rows[r][p].done == 0)
+                    run_phase((phase)p, be[r][p], a, &in, k + 2, &rows[r][p], sec + at, base + at);
             }
     for (int r = 0; r < QD_RECIPE_COUNT; r++)
         for (int p = 0; a->use[r] && p < PH_COUNT; p++) {
+            const double *s = sec + ((size_t)r * PH_COUNT + (size_t)p) * R, *b0 = base + (s - sec);
             if (rows[r][p].done == 0) {
+                for (size_t k = 0; k < R; k++)
+                    diff[k] = s[k] - b0[k];
                 rows[r][p].done = 1;
                 rows[r][p].tokens = phase_tokens((phase)p, a);
-                rows[r][p].seconds = median(t + ((size_t)r * PH_COUNT + (size_t)p) * (size_t)a->R, a->R);
+                rows[r][p].seconds = median(diff, a->R);
+                rows[r][p].best = min_of(s, a->R) - min_of(b0, a->R);
             }
             qd_backend_free(be[r][p]);
         }
     free_inputs(&in);
-    free(t);
+    free(diff);
+    free(base);
+    free(sec);
 }
 
 static void load_average(char *out, size_t n)
@@ -353,8 +373,9 @@ static void ratio(char *out, size_t n, const bench_row *row, const bench_row *re
 
 static void print_table(const bench_args *a, bench_row rows[][PH_COUNT])
 {
-    printf("| recipe | role | phase | tokens | seconds (median of %d) | tokens/s | vs fp32 | vs bf16 |\n", a->R);
-    printf("|---|---|---|---:|---:|---:|---:|---:|\n");
+    printf("| recipe | role | phase | tokens | seconds (median of %d) | tokens/s | vs fp32 | vs bf16 | best s |\n",
+           a->R);
+    printf("|---|---|---|---:|---:|---:|---:|---:|---:|\n");
     for (int r = 0; r < QD_RECIPE_COUNT; r++)
         for (int p = 0; p < PH_COUNT; p++) {
             const bench_row *w = &rows[r][p];
@@ -362,15 +383,15 @@ static void print_table(const bench_args *a, bench_row rows[][PH_COUNT])
             if (!a->use[r])
                 continue;
             if (w->done == -1) {
-                printf("| %s | %s | %s | - | - | refused: %s | - | - |\n", qd_recipe_name((qd_recipe)r), role,
+                printf("| %s | %s | %s | - | - | refused: %s | - | - | - |\n", qd_recipe_name((qd_recipe)r), role,
                        phase_name[p], w->why);
                 continue;
             }
             char v32[32], v16[32];
             ratio(v32, sizeof v32, w, &rows[QD_RECIPE_FP32][p]);
             ratio(v16, sizeof v16, w, &rows[QD_RECIPE_BF16][p]);
-            printf("| %s | %s | %s | %ld | %.6f | %.0f | %s | %s |\n", qd_recipe_name((qd_recipe)r), role,
-                   phase_name[p], w->tokens, w->seconds, (double)w->tokens / w->seconds, v32, v16);
+            printf("| %s | %s | %s | %ld | %.6f | %.0f | %s | %s | %.6f |\n", qd_recipe_name((qd_recipe)r), role,
+                   phase_name[p], w->tokens, w->seconds, (double)w->tokens / w->seconds, v32, v16, w->best);
         }
 }
 
@@ -478,7 +499,9 @@ int main(int argc, char **argv)
            cfg.num_experts, cfg.num_experts_per_tok, cfg.vocab_size, n);
     printf("threads %d; B %d, prefill P %d, decode M %d after P, train T %d; rac-ratio %.2f; seed %llu\n",
            a.threads, a.B, a.P, a.M, a.T, a.rac_ratio, (unsigned long long)a.seed);
-    printf("load average (1/5/15 min): %s at start, %s at end\n\n", load0, load1);
+    const char *wait = getenv("OMP_WAIT_POLICY");
+    printf("OMP_WAIT_POLICY %s; load average (1/5/15 min): %s at start, %s at end\n\n", wait ? wait : "unset",
+           load0, load1);
     print_table(&a, rows);
     free(w);
     return 0;
