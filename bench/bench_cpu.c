@@ -77,7 +77,8 @@ static double urand(void) /* splitmix64 -> [0, 1) */
     return (double)((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
 }
 
-/* The tiny model's intended shape: every layer MoE, untied embeddings. */
+/* The tiny model's shape (orchestrator/sft.c on branch tiny): every layer MoE,
+ * untied head, norm_topk_prob, rope_theta 1e4, 512 positions. */
 static qd_model_config builtin_config(void)
 {
     qd_model_config c;
@@ -93,7 +94,7 @@ static qd_model_config builtin_config(void)
     c.head_dim = 16;
     c.rope_theta = 10000.0;
     c.rms_norm_eps = 1e-6;
-    c.max_position_embeddings = 1024;
+    c.max_position_embeddings = 512;
     c.num_experts = 8;
     c.num_experts_per_tok = 2;
     c.norm_topk_prob = 1;
