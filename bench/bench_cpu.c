@@ -1,7 +1,7 @@
 /* bench/bench_cpu: CPU throughput of one model under every precision recipe.
  *
  * Three phases, each timed as the median of R repeats after one untimed
- * warm-up run:
+ * warm-up run (repeats interleaved over all rows, see run_all):
  *   prefill  rollout role: forward of B prompts of length P (log-probs only);
  *   decode   rollout role: generate B sequences of M new tokens after those
  *            prompts (KV cache, temperature 1, no stop token). The time of a
@@ -417,6 +417,17 @@ static int int_arg(const char *name, const char *v, int lo)
     return (int)x;
 }
 
+static double ratio_arg(const char *name, const char *v)
+{
+    char *end;
+    double x = strtod(v, &end);
+    if (end == v || *end || !(x >= 0.0 && x <= 1.0)) {
+        fprintf(stderr, "bench_cpu: %s needs a number in [0, 1]\n", name);
+        exit(2);
+    }
+    return x;
+}
+
 static void parse_recipes(bench_args *a, char *list)
 {
     memset(a->use, 0, sizeof a->use);
@@ -468,7 +479,7 @@ static bench_args parse_args(int argc, char **argv)
         else if (!strcmp(o, "--seed"))
             a.seed = (uint64_t)int_arg(o, v, 0);
         else if (!strcmp(o, "--rac-ratio"))
-            a.rac_ratio = atof(v);
+            a.rac_ratio = ratio_arg(o, v);
         else if (!strcmp(o, "--recipes"))
             parse_recipes(&a, (char *)v);
         else {

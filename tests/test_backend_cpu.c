@@ -858,9 +858,10 @@ START_TEST(test_generate_rollout_recipe)
 END_TEST
 
 /* The seed contract of NUMERICS.md §6 at a realistic batch: 16 prompts of
- * lengths 1..12 with distinct sequence ids give the same tokens, log-probs and
- * lengths (bytes) in one batch of 16 and one by one, at 1 and 2 threads. */
-enum { SB = 16, SP = 12, SM = 10 };
+ * the 16 lengths 1..16 with distinct sequence ids give the same tokens,
+ * log-probs and lengths (bytes) in one batch of 16 and one by one, at 1 and 2
+ * threads (temperature 1, top_p 0.9). */
+enum { SB = 16, SP = 16, SM = 10 };
 
 static void seed_generate(qd_backend *b, int first, int B, uint64_t seed, int32_t *tok, float *logp,
                           int32_t *len)
@@ -869,7 +870,7 @@ static void seed_generate(qd_backend *b, int first, int B, uint64_t seed, int32_
     uint64_t sid[SB];
     rng_state = 5150;
     for (int i = 0; i < SB; i++) {
-        plen[i] = 1 + (i * 5) % SP;           /* 1, 6, 11, 4, 9, 2, ... */
+        plen[i] = 1 + (i * 5) % SP;           /* 1, 6, 11, 16, 5, 10, ...: all distinct */
         sid[i] = 1000 + 37 * (uint64_t)i;
         for (int t = 0; t < SP; t++)
             prompt[i * SP + t] = t < plen[i] ? (int32_t)(urand() * 64) : 9999;
