@@ -12,8 +12,8 @@ Suite *suite_eval(void);
 Suite *suite_benchmarks(void);
 Suite *suite_backend_cpu(void);
 Suite *suite_orchestrator(void);
-Suite *suite_models(void);
 Suite *suite_sampling(void);
+Suite *suite_models(void);
 
 /* Path of a file under the source tree (QD_SRCDIR, set by make check). */
 const char *qd_test_path(const char *rel);
