@@ -1,0 +1,57 @@
+/* The RL loop (issue 5): GRPO/DAPO with a rollout and a trainer backend of one
+ * precision recipe, the weight sync at the end of each step, metrics per step
+ * in RUN/metrics.jsonl, held-out evals, atomic checkpoints and bit-exact resume.
+ *
+ * One step: prompts_per_step problems of the training split (the data
+ * position advances deterministically; under dynamic sampling further batches
+ * until enough groups carry signal) -> the rollout generates G completions
+ * each (sampling seed from run.seed and the step, sequence ids from the data
+ * position, so unique over the run) -> rewards (exact answer match, plus the
+ * optional overlong penalty) -> group advantages -> for each of
+ * trainer.mini_batches updates: the trainer's log-probs of prompt+completion
+ * per micro-batch, the PPO-clip coefficients (logp_old = the trainer's
+ * log-probs before the step's first update), backward, AdamW -> weight sync
+ * (trainer master weights -> rollout set_weights: quantize(W) once; the
+ * rollout's RAC channel sets are re-picked there from the activation errors
+ * of the step's rollouts).
+ *
+ * Checkpoint RUN/step_XXXXXXXX: model.safetensors + config.json (the trainer's
+ * float32 master weights, HF layout; tokenizer.json copied), optimizer.bin
+ * (AdamW m, v), rac.bin (the rollout's RAC state), state.json (step, data
+ * position, optimizer step, seed). Written into step_XXXXXXXX.tmp, fsynced,
+ * renamed. Held-out evals and the router measurement leave the rollout's RAC
+ * statistics as they found them, so what is saved determines the rest of the
+ * run: a resumed run reproduces the uninterrupted one bit for bit (CPU).
+ *
+ * metrics.jsonl: one object a step (step 0 holds the first eval). Timings,
+ * which differ run to run, are all under "time"; everything else is
+ * deterministic. */
+#ifndef QD_RL_H
+#define QD_RL_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include "orchestrator/rl_config.h"
+#include "quant/status.h"
+
+typedef struct {
+    const char *resume_dir; /* continue this run from its latest checkpoint (NULL: new run) */
+    FILE *log;              /* start lines, evals, the final summary; NULL = quiet */
+    bool progress;          /* the progress line on stderr (live on a terminal) */
+} qd_rl_options;
+
+/* The run directory a config names: run.dir, else ./runs/<run.name> (a
+ * run.name of "" gives a timestamp). Into buf. */
+qd_status qd_rl_run_dir(const qd_config *cfg, char *buf, size_t n);
+
+/* Runs (or resumes) the loop until run.steps. run_dir (n bytes, may be NULL)
+ * receives the run directory. Errors name where they arose (e.g. "step 3:
+ * trainer log-prob of sample 2 token 5 is NaN"). */
+qd_status qd_rl_run(const qd_config *cfg, const qd_rl_options *o, char *run_dir, size_t n);
+
+/* Test hooks read from the environment (never set in normal use):
+ * QD_RL_TEST_KILL_STEP=k: _exit(75) in the middle of step k (after its rollout);
+ * QD_RL_TEST_NAN_STEP=k: one trainer log-prob of step k becomes NaN. */
+#define QD_RL_KILL_EXIT 75
+
+#endif
