@@ -16,5 +16,6 @@ int qd_cmd_grade(int argc, char **argv);
 int qd_cmd_bench(int argc, char **argv);
 int qd_cmd_eval(int argc, char **argv);
 int qd_cmd_tokenize(int argc, char **argv);
+int qd_cmd_sft(int argc, char **argv);
 
 #endif

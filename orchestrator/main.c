@@ -10,6 +10,7 @@ static const qd_command commands[] = {
     {"grade", qd_cmd_grade, "grade model outputs against gold answers (JSONL in, JSONL out)"},
     {"bench", qd_cmd_bench, "list and fetch benchmark datasets"},
     {"eval", qd_cmd_eval, "grade a model on benchmarks: pass@k, maj@k, report.md and report.json"},
+    {"sft", qd_cmd_sft, "train a model on the synthetic task with cross-entropy (makes the tiny model)"},
     {NULL, NULL, NULL},
 };
 
