@@ -19,6 +19,7 @@
 #include "orchestrator/metrics.h"
 #include "orchestrator/task.h"
 #include "quant/fileio.h"
+#include "quant/quant.h"
 
 #define TRAIN_POOL 4096  /* training problems drawn (fewer when the split is smaller) */
 #define ADAM_MAGIC "QDADAMW1"
@@ -400,7 +401,7 @@ static qd_status forward_resp(rl_run *r, qd_backend *bk, const sample_set *ss, i
                               const char *what)
 {
     int32_t *tokens = NULL, *lens = NULL;
-    int T;
+    int T = 1;
     qd_status st = build_batch(r, ss, a, b, &tokens, &lens, &T);
     float *lp = st ? NULL : malloc(sizeof(float) * (size_t)(b - a) * T);
     if (!st && !lp)
