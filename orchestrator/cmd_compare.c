@@ -105,6 +105,7 @@ int qd_cmd_compare(int argc, char **argv)
     int ok = base != NULL;
     for (int i = 0; i < n && ok; i++)
         ok = (cfgs[i] = recipe_config(file, sets, nsets, recipes[i], out)) != NULL;
+    int configs_ok = ok;
     const char *dirs[MAX_RECIPES];
     char dbuf[MAX_RECIPES][4200];
     for (int i = 0; i < n && ok; i++) {
@@ -124,8 +125,9 @@ int qd_cmd_compare(int argc, char **argv)
     }
     if (ok)
         printf("report: %s/report.md\n", out);
+    int rc = ok ? 0 : configs_ok ? 1 : 2; /* 2: a config error, nothing ran */
     for (int i = 0; i < n; i++)
         qd_config_free(cfgs[i]);
     free(sets);
-    return ok ? 0 : 1;
+    return rc;
 }

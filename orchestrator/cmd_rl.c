@@ -87,9 +87,7 @@ int qd_cmd_rl(int argc, char **argv)
         qd_config_free(cfg);
         return rc - 1;
     }
-    char dir[4096], sum[2048];
-    qd_config_summary(cfg, sum, sizeof sum);
-    fputs(sum, stdout);
+    char dir[4096];
     qd_rl_options o = {resume, stdout, !quiet};
     fflush(stdout);
     qd_status st = qd_rl_run(cfg, &o, dir, sizeof dir);

@@ -83,13 +83,21 @@ static uint64_t mix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
-/* Prefixes the current message with "step S: " (copied first: qd_error writes
+/* Prefixes the current message with "where: " (copied first: qd_error writes
  * the buffer qd_last_error reads). */
-static qd_status at_step(qd_status st, int64_t step, const char *where)
+static qd_status prefixed(qd_status st, const char *where)
 {
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", qd_last_error());
-    return qd_error(st, "step %lld: %s%s%s", (long long)step, where, *where ? ": " : "", msg);
+    return qd_error(st, "%s: %s", where, msg);
+}
+
+/* ... with "step S: where: " (where may be ""). */
+static qd_status at_step(qd_status st, int64_t step, const char *where)
+{
+    char w[128];
+    snprintf(w, sizeof w, "step %lld%s%s", (long long)step, *where ? ": " : "", where);
+    return prefixed(st, w);
 }
 
 static int env_int(const char *name)
@@ -594,13 +602,13 @@ static qd_status train_mini(rl_run *r, const sample_set *ss, int a, int b, bool 
         if (!st && !isfinite(gs.loss))
             st = qd_error(QD_ERR_NONFINITE, "loss is %g", gs.loss);
         if (st) {
-            st = at_step(st, r->step, "loss");
+            st = prefixed(st, "loss");
             break;
         }
         add_stats(ts, &gs);
         st = backward_resp(r, ss, c, d, coef);
         if (st)
-            st = at_step(st, r->step, "backward");
+            st = prefixed(st, "backward");
     }
     if (!st) {
         qd_adamw opt = {0, (float)qd_config_float(r->cfg, "trainer.beta1"),
@@ -613,9 +621,7 @@ static qd_status train_mini(rl_run *r, const sample_set *ss, int a, int b, bool 
         opt.lr = (float)ts->lr;
         float gn = 0;
         st = qd_backend_optimizer_step(r->trainer, &opt, (int)(r->opt_step + 1), &gn);
-        if (st)
-            st = at_step(st, r->step, "");
-        else
+        if (!st)
             r->opt_step++, ts->grad_norm = gn;
     }
     free(lp), free(coef), free(lref), free(adv);
@@ -645,8 +651,6 @@ static qd_status train_step(rl_run *r, sample_set *ss, layer_stats *ls, train_st
         int d = c + micro < ss->S ? c + micro : ss->S;
         st = forward_resp(r, r->trainer, ss, c, d, lp_old + (size_t)c * M, "trainer");
     }
-    if (st && st != QD_ERR_NOMEM)
-        st = at_step(st, r->step, "");
     for (int j = 0; j < J && !st; j++) {
         int a = (int)((int64_t)j * ng / J) * G, b = (int)((int64_t)(j + 1) * ng / J) * G;
         if (a < b)
@@ -1023,14 +1027,14 @@ static qd_status one_step(rl_run *r, sample_set *ss, qd_progress *pg)
     qd_status st = do_rollouts(r, ss, &rs);
     if (st)
         st = at_step(st, r->step, "rollout");
-    if (!st)
-        st = rollout_quant_errors(r, &ls);
+    if (!st && (st = rollout_quant_errors(r, &ls)))
+        st = at_step(st, r->step, "diagnostics");
     if (!st && r->kill_step == r->step)
         _exit(QD_RL_KILL_EXIT); /* test hook: a crash in the middle of a step */
     t[0] = now_s() - t0;
     double t1 = now_s();
-    if (!st)
-        st = train_step(r, ss, &ls, &ts);
+    if (!st && (st = train_step(r, ss, &ls, &ts)))
+        st = at_step(st, r->step, "");
     t[1] = now_s() - t1;
     double t2 = now_s();
     if (!st)
@@ -1156,9 +1160,13 @@ static qd_status run_loop(rl_run *r, sample_set *ss)
         st = qd_metrics_open(&r->metrics, metrics);
     if (st)
         return st;
-    if (r->o->log)
-        fprintf(r->o->log, "%s %s at step %lld of %lld\n", r->o->resume_dir ? "resuming" : "starting", r->dir,
-                (long long)r->step, (long long)r->steps);
+    if (r->o->log) {
+        char sum[2048];
+        qd_config_summary(r->cfg, sum, sizeof sum);
+        fprintf(r->o->log, "%s%s %s at step %lld of %lld (resolved config: %s/config.json)\n", sum,
+                r->o->resume_dir ? "resuming" : "starting", r->dir, (long long)r->step, (long long)r->steps, r->dir);
+        fflush(r->o->log);
+    }
     if (r->step == 0 && qd_config_int(r->cfg, "eval.every") > 0) {
         json_t *o = json_pack("{s:I}", "step", (json_int_t)0), *tm = json_object();
         json_object_set_new(o, "time", tm);
