@@ -688,11 +688,26 @@ static qd_status run_eval(rl_run *r, qd_task_eval_result *ev)
     return st;
 }
 
+/* Trainer master weights -> rollout (quantize(W) once). The rollout re-picks
+ * its RAC channels at every sync; between refreshes (rac.refresh) the old sets
+ * and the errors gathered since the last pick are put back, so a refresh picks
+ * from the statistics of all rollouts since the previous one. */
 static qd_status sync_weights(rl_run *r)
 {
-    qd_status st = qd_backend_get_weights(r->trainer, r->w, r->nf);
+    int64_t every = qd_config_int(r->cfg, "rac.refresh");
+    size_t rb = qd_backend_rac_state_size(r->rollout);
+    bool keep = rb > 0 && (every == 0 || r->step % every != 0);
+    void *rac = keep ? malloc(rb) : NULL;
+    qd_status st = keep && !rac ? qd_error(QD_ERR_NOMEM, "RAC state") : QD_OK;
+    if (!st && keep)
+        st = qd_backend_get_rac_state(r->rollout, rac, rb);
+    if (!st)
+        st = qd_backend_get_weights(r->trainer, r->w, r->nf);
     if (!st)
         st = qd_backend_set_weights(r->rollout, r->w, r->nf);
+    if (!st && keep)
+        st = qd_backend_set_rac_state(r->rollout, rac, rb);
+    free(rac);
     return st ? at_step(st, r->step, "weight sync") : QD_OK;
 }
 
