@@ -1180,6 +1180,10 @@ static qd_status run_loop(rl_run *r, sample_set *ss)
         qd_config_summary(r->cfg, sum, sizeof sum);
         fprintf(r->o->log, "%s%s %s at step %lld of %lld (resolved config: %s/config.json)\n", sum,
                 r->o->resume_dir ? "resuming" : "starting", r->dir, (long long)r->step, (long long)r->steps, r->dir);
+        if (qd_config_float(r->cfg, "rollout.temperature") != 1.0)
+            fprintf(r->o->log, "note: rollout log-probs are at temperature %g, the trainer's at 1: the gap "
+                               "metrics and TIS compare the two as they are\n",
+                    qd_config_float(r->cfg, "rollout.temperature"));
         fflush(r->o->log);
     }
     if (r->step == 0 && qd_config_int(r->cfg, "eval.every") > 0) {

@@ -20,6 +20,17 @@
 #include "orchestrator/sft.h"
 #include "orchestrator/task.h"
 #include "quant/fileio.h"
+#include <stdarg.h>
+
+/* snprintf into a path buffer, failing the test on truncation. */
+static void pathf(char *buf, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(buf, n, fmt, ap);
+    va_end(ap);
+    ck_assert_msg(w >= 0 && (size_t)w < n, "path too long: %s", buf);
+}
 
 /* A random Qwen3-MoE (2 layers, 4 experts top-2, hidden 32) with the tiny
  * tokenizer in dir/model. Its end-token row of lm_head is scaled up so that
@@ -28,7 +39,7 @@
 static void make_model(const char *dir)
 {
     char p[512];
-    snprintf(p, sizeof p, "%s/model", dir);
+    pathf(p, sizeof p, "%s/model", dir);
     ck_assert_int_eq(qd_mkdirs(p), QD_OK);
     qd_sft_dims d = {32, 2, 2, 1, 16, 4, 2, 16, QD_SFT_TOK_VOCAB};
     qd_model_config cfg;
@@ -43,8 +54,8 @@ static void make_model(const char *dir)
     qd_sft_init_weights(pi, np, 11, w);
     int head = qd_backend_find_param(b, "lm_head.weight");
     ck_assert_int_ge(head, 0);
-    char tp[600];
-    snprintf(tp, sizeof tp, "%s/tokenizer.json", p);
+    char tp[1024];
+    pathf(tp, sizeof tp, "%s/tokenizer.json", p);
     ck_assert_int_eq(qd_sft_write_tokenizer(tp), QD_OK);
     qd_tokenizer *tok;
     int32_t end;
@@ -62,13 +73,13 @@ static void make_model(const char *dir)
 static qd_config *small_config(const char *dir, const char *name, const char *recipe, int steps)
 {
     qd_config *c = qd_config_new();
-    char v[600];
-    snprintf(v, sizeof v, "%s/model", dir);
+    char v[1024];
+    pathf(v, sizeof v, "%s/model", dir);
     ck_assert_int_eq(qd_config_set_str(c, "model.path", v, "test"), QD_OK);
-    snprintf(v, sizeof v, "%s/%s", dir, name);
+    pathf(v, sizeof v, "%s/%s", dir, name);
     ck_assert_int_eq(qd_config_set_str(c, "run.dir", v, "test"), QD_OK);
     ck_assert_int_eq(qd_config_set_str(c, "rollout.recipe", recipe, "test"), QD_OK);
-    snprintf(v, sizeof v, "%d", steps);
+    pathf(v, sizeof v, "%d", steps);
     ck_assert_int_eq(qd_config_set_str(c, "run.steps", v, "test"), QD_OK);
     static const char *const sets[] = {
         "run.threads=1", "rollout.backend=cpu", "rollout.group_size=4", "rollout.prompts_per_step=2",
@@ -88,8 +99,8 @@ static qd_status run(const qd_config *c, const char *resume)
 /* The lines of dir/metrics.jsonl as a JSON array, "time" removed. */
 static json_t *metrics_without_time(const char *dir)
 {
-    char p[600], line[1 << 16];
-    snprintf(p, sizeof p, "%s/metrics.jsonl", dir);
+    char p[1024], line[1 << 16];
+    pathf(p, sizeof p, "%s/metrics.jsonl", dir);
     FILE *f = fopen(p, "r");
     ck_assert_ptr_nonnull(f);
     json_t *a = json_array();
@@ -126,8 +137,8 @@ static int same_file(const char *a, const char *b)
 
 static int exists(const char *dir, const char *name)
 {
-    char p[700];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
+    char p[2048];
+    pathf(p, sizeof p, "%s/%s", dir, name);
     return access(p, F_OK) == 0;
 }
 
@@ -136,7 +147,7 @@ static int quads(char *out, size_t n, const char *args)
 {
     const char *bd = getenv("QD_BUILDDIR");
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s/quads %s 2>&1", bd ? bd : ".", args);
+    pathf(cmd, sizeof cmd, "%s/quads %s 2>&1", bd ? bd : ".", args);
     FILE *p = popen(cmd, "r");
     ck_assert_ptr_nonnull(p);
     size_t k = fread(out, 1, n - 1, p);
@@ -163,8 +174,8 @@ START_TEST(test_rl_every_recipe)
         qd_status st = run(c, NULL);
         ck_assert_msg(st == QD_OK, "%s: %s", recipes[r], qd_last_error());
         qd_config_free(c);
-        char rd[600];
-        snprintf(rd, sizeof rd, "%s/%s", dir, recipes[r]);
+        char rd[1024];
+        pathf(rd, sizeof rd, "%s/%s", dir, recipes[r]);
         json_t *m = metrics_without_time(rd);
         ck_assert_int_eq(json_array_size(m), 3); /* step 0 (eval) + 2 steps */
         ck_assert(num(json_array_get(m, 0), "eval", "pass1") >= 0);
@@ -192,23 +203,23 @@ START_TEST(test_rl_every_recipe)
         json_decref(m);
         ck_assert(exists(rd, "step_00000002/model.safetensors"));
         ck_assert(exists(rd, "config.json"));
-        char t[700];
-        snprintf(t, sizeof t, "%s/step_00000002", rd);
+        char t[2048];
+        pathf(t, sizeof t, "%s/step_00000002", rd);
         ck_assert_int_eq(qd_test_dir_entries(t), 6); /* config, weights, optimizer, rac, state, tokenizer */
     }
     ck_assert(grad_sum > 0);
     /* the report over the runs */
     const char *runs[7];
-    char rb[7][600], out[600];
+    char rb[7][2048], out[1024];
     for (int i = 0; i < 7; i++) {
-        snprintf(rb[i], sizeof rb[i], "%s/%s", dir, recipes[i]);
+        pathf(rb[i], sizeof rb[i], "%s/%s", dir, recipes[i]);
         runs[i] = rb[i];
     }
-    snprintf(out, sizeof out, "%s/report", dir);
+    pathf(out, sizeof out, "%s/report", dir);
     ck_assert_int_eq(qd_rl_report(runs, NULL, 7, out), QD_OK);
     char *md;
     size_t len;
-    snprintf(rb[0], sizeof rb[0], "%s/report.md", out);
+    pathf(rb[0], sizeof rb[0], "%s/report.md", out);
     ck_assert_int_eq(qd_read_file(rb[0], &md, &len), QD_OK);
     ck_assert_ptr_nonnull(strstr(md, "| nvfp4-sym-qat | nvfp4-sym-qat | 2 |"));
     ck_assert_ptr_nonnull(strstr(md, "| bf16 | bf16 | 2 |"));
@@ -223,7 +234,7 @@ END_TEST
  * uninterrupted run's byte for byte. quads: RAC channel sets in play. */
 START_TEST(test_rl_kill_and_resume)
 {
-    char dir[256], a[600], b[600];
+    char dir[256], a[1024], b[1024];
     qd_test_mkdtemp(dir, sizeof dir, "rl");
     make_model(dir);
     qd_config *ca = small_config(dir, "a", "quads", 5), *cb = small_config(dir, "b", "quads", 5);
@@ -232,15 +243,15 @@ START_TEST(test_rl_kill_and_resume)
     ck_assert_int_eq(qd_config_set(cb, "rac.refresh=3"), QD_OK);
     ck_assert_msg(run(ca, NULL) == QD_OK, "%s", qd_last_error());
     /* the killed run is a quads process of its own (libgomp does not survive a fork) */
-    char cfgp[600], args[800], out[8192];
-    snprintf(cfgp, sizeof cfgp, "%s/b.json", dir);
+    char cfgp[1024], args[800], out[8192];
+    pathf(cfgp, sizeof cfgp, "%s/b.json", dir);
     ck_assert_int_eq(qd_config_save(cb, cfgp), QD_OK);
-    snprintf(args, sizeof args, "rl --quiet --config %s", cfgp);
+    pathf(args, sizeof args, "rl --quiet --config %s", cfgp);
     setenv("QD_RL_TEST_KILL_STEP", "4", 1);
     ck_assert_int_eq(quads(out, sizeof out, args), QD_RL_KILL_EXIT);
     unsetenv("QD_RL_TEST_KILL_STEP");
-    snprintf(a, sizeof a, "%s/a", dir);
-    snprintf(b, sizeof b, "%s/b", dir);
+    pathf(a, sizeof a, "%s/a", dir);
+    pathf(b, sizeof b, "%s/b", dir);
     ck_assert(exists(b, "step_00000002") && !exists(b, "step_00000004"));
     json_t *killed = metrics_without_time(b);
     ck_assert_int_eq(json_array_size(killed), 4); /* steps 0..3: step 3 will be cut */
@@ -258,15 +269,15 @@ START_TEST(test_rl_kill_and_resume)
     json_decref(ma), json_decref(mb);
     static const char *const files[] = {"model.safetensors", "optimizer.bin", "rac.bin", "state.json"};
     for (int i = 0; i < 4; i++) {
-        char fa[700], fb[700];
-        snprintf(fa, sizeof fa, "%s/step_00000005/%s", a, files[i]);
-        snprintf(fb, sizeof fb, "%s/step_00000005/%s", b, files[i]);
+        char fa[2048], fb[2048];
+        pathf(fa, sizeof fa, "%s/step_00000005/%s", a, files[i]);
+        pathf(fb, sizeof fb, "%s/step_00000005/%s", b, files[i]);
         ck_assert_msg(same_file(fa, fb), "%s differs after resume", files[i]);
     }
     /* the weights did move from the initial model */
-    char f0[700], f5[700];
-    snprintf(f0, sizeof f0, "%s/model/model.safetensors", dir);
-    snprintf(f5, sizeof f5, "%s/step_00000005/model.safetensors", a);
+    char f0[2048], f5[2048];
+    pathf(f0, sizeof f0, "%s/model/model.safetensors", dir);
+    pathf(f5, sizeof f5, "%s/step_00000005/model.safetensors", a);
     ck_assert(!same_file(f0, f5));
     qd_config_free(ca), qd_config_free(cb);
     qd_test_rm_tree(dir);
@@ -277,7 +288,7 @@ END_TEST
  * message naming the step and the place; checkpoint 1 stays, none of step 2. */
 START_TEST(test_rl_nan_stops)
 {
-    char dir[256], b[600];
+    char dir[256], b[1024];
     qd_test_mkdtemp(dir, sizeof dir, "rl");
     make_model(dir);
     qd_config *c = small_config(dir, "n", "nvfp4", 3);
@@ -287,7 +298,7 @@ START_TEST(test_rl_nan_stops)
     unsetenv("QD_RL_TEST_NAN_STEP");
     ck_assert_msg(strstr(qd_last_error(), "step 2: ") != NULL, "%s", qd_last_error());
     ck_assert_ptr_nonnull(strstr(qd_last_error(), "trainer log-prob of sample 0 token 0 is nan"));
-    snprintf(b, sizeof b, "%s/n", dir);
+    pathf(b, sizeof b, "%s/n", dir);
     ck_assert(exists(b, "step_00000001"));
     ck_assert(!exists(b, "step_00000002") && !exists(b, "step_00000002.tmp"));
     json_t *m = metrics_without_time(b);
@@ -300,7 +311,7 @@ END_TEST
 
 START_TEST(test_rl_cli_config_errors)
 {
-    char out[8192], dir[256], args[1024], p[600];
+    char out[8192], dir[256], args[1024], p[1024];
     qd_test_mkdtemp(dir, sizeof dir, "rl");
     ck_assert_int_eq(quads(out, sizeof out, "rl --set trainer.lrr=1"), 2);
     ck_assert_ptr_nonnull(strstr(out, "--set: trainer.lrr: unknown key (did you mean trainer.lr?)"));
@@ -308,13 +319,13 @@ START_TEST(test_rl_cli_config_errors)
     ck_assert_ptr_nonnull(strstr(out, "trainer.lr: expected a number, got 'fast'"));
     ck_assert_int_eq(quads(out, sizeof out, "rl --set rollout.group_size=1"), 2);
     ck_assert_ptr_nonnull(strstr(out, "rollout.group_size: 1 is out of range"));
-    snprintf(p, sizeof p, "%s/bad.json", dir);
+    pathf(p, sizeof p, "%s/bad.json", dir);
     const char *bad = "{\"trainer\": {\"lr\": \"high\"}}";
     ck_assert_int_eq(qd_atomic_write(p, bad, strlen(bad)), QD_OK);
-    snprintf(args, sizeof args, "rl --config %s", p);
+    pathf(args, sizeof args, "rl --config %s", p);
     ck_assert_int_eq(quads(out, sizeof out, args), 2);
     ck_assert_ptr_nonnull(strstr(out, "bad.json: trainer.lr: expected a number, got a string"));
-    snprintf(args, sizeof args, "rl --resume %s/none", dir);
+    pathf(args, sizeof args, "rl --resume %s/none", dir);
     ck_assert_int_eq(quads(out, sizeof out, args), 2);
     ck_assert_ptr_nonnull(strstr(out, "/none/config.json"));
     ck_assert_int_eq(quads(out, sizeof out, "rl --config a.json --resume b"), 2);
@@ -332,10 +343,10 @@ END_TEST
  * the resolved config and the derived batch numbers are printed. */
 START_TEST(test_rl_cli_compare)
 {
-    char out[1 << 15], dir[256], args[2048], p[700];
+    char out[1 << 15], dir[256], args[2048], p[2048];
     qd_test_mkdtemp(dir, sizeof dir, "rl");
     make_model(dir);
-    snprintf(args, sizeof args,
+    pathf(args, sizeof args,
              "compare --recipes bf16,quads --out %s/cmp --quiet --set model.path=%s/model --set run.steps=1 "
              "--set rollout.group_size=2 --set rollout.prompts_per_step=2 --set rollout.max_tokens=4 "
              "--set eval.limit=2 --set run.threads=1 --set rollout.backend=cpu",
@@ -343,12 +354,12 @@ START_TEST(test_rl_cli_compare)
     ck_assert_int_eq(quads(out, sizeof out, args), 0);
     ck_assert_ptr_nonnull(strstr(out, "a step: 2 prompts x 2 = 4 samples"));
     ck_assert_ptr_nonnull(strstr(out, "held-out pass@1"));
-    snprintf(p, sizeof p, "%s/cmp", dir);
+    pathf(p, sizeof p, "%s/cmp", dir);
     ck_assert(exists(p, "report.md") && exists(p, "gap.svg") && exists(p, "bf16/metrics.jsonl") &&
               exists(p, "quads/step_00000001/model.safetensors"));
-    snprintf(args, sizeof args, "report %s/cmp/bf16 %s/cmp/quads --out %s/rep", dir, dir, dir);
+    pathf(args, sizeof args, "report %s/cmp/bf16 %s/cmp/quads --out %s/rep", dir, dir, dir);
     ck_assert_int_eq(quads(out, sizeof out, args), 0);
-    snprintf(p, sizeof p, "%s/rep", dir);
+    pathf(p, sizeof p, "%s/rep", dir);
     ck_assert(exists(p, "report.md") && exists(p, "reward.svg"));
     qd_test_rm_tree(dir);
 }
