@@ -632,8 +632,10 @@ static qd_status train_mini(rl_run *r, const sample_set *ss, int a, int b, bool 
 static qd_status train_step(rl_run *r, sample_set *ss, layer_stats *ls, train_stats *ts)
 {
     int G = (int)r->G, M = (int)r->M, ng = ss->S / G;
-    if (ng == 0)
+    if (ng == 0) { /* dynamic sampling found no group with signal: no update, no gap */
+        ts->gap = (qd_gap_stats){NAN, NAN, NAN, NAN, NAN, 0};
         return QD_OK;
+    }
     float *reward = malloc(sizeof(float) * ss->S), *adv = malloc(sizeof(float) * ss->S);
     float *lp_old = calloc((size_t)ss->S * M, sizeof(float));
     uint8_t *mask = malloc((size_t)ss->S * M);

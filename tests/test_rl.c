@@ -231,19 +231,20 @@ END_TEST
 
 /* Kill in the middle of step 4 (checkpoint 2 written, metrics of step 3 too),
  * resume: the metrics (without timings) and the final checkpoint equal the
- * uninterrupted run's byte for byte. quads: RAC channel sets in play. */
-START_TEST(test_rl_kill_and_resume)
+ * uninterrupted run's byte for byte. sets: extra knobs of both runs. */
+static void kill_and_resume(const char *recipe, const char *const *sets, int nsets, json_t **metrics)
 {
     char dir[256], a[1024], b[1024];
     qd_test_mkdtemp(dir, sizeof dir, "rl");
     make_model(dir);
-    qd_config *ca = small_config(dir, "a", "quads", 5), *cb = small_config(dir, "b", "quads", 5);
-    /* channels re-picked every 3 syncs: checkpoint 2 holds errors gathered since step 1's pick */
-    ck_assert_int_eq(qd_config_set(ca, "rac.refresh=3"), QD_OK);
-    ck_assert_int_eq(qd_config_set(cb, "rac.refresh=3"), QD_OK);
+    qd_config *ca = small_config(dir, "a", recipe, 5), *cb = small_config(dir, "b", recipe, 5);
+    for (int i = 0; i < nsets; i++) {
+        ck_assert_int_eq(qd_config_set(ca, sets[i]), QD_OK);
+        ck_assert_int_eq(qd_config_set(cb, sets[i]), QD_OK);
+    }
     ck_assert_msg(run(ca, NULL) == QD_OK, "%s", qd_last_error());
     /* the killed run is a quads process of its own (libgomp does not survive a fork) */
-    char cfgp[1024], args[800], out[8192];
+    char cfgp[1024], args[1200], out[8192];
     pathf(cfgp, sizeof cfgp, "%s/b.json", dir);
     ck_assert_int_eq(qd_config_save(cb, cfgp), QD_OK);
     pathf(args, sizeof args, "rl --quiet --config %s", cfgp);
@@ -265,8 +266,8 @@ START_TEST(test_rl_kill_and_resume)
     char *ta = json_dumps(ma, JSON_COMPACT), *tb = json_dumps(mb, JSON_COMPACT);
     ck_assert_msg(strcmp(ta, tb) == 0, "metrics differ after resume");
     free(ta), free(tb);
-    ck_assert(num(json_array_get(ma, 4), "grad_norm", NULL) > 0);
-    json_decref(ma), json_decref(mb);
+    json_decref(mb);
+    *metrics = ma;
     static const char *const files[] = {"model.safetensors", "optimizer.bin", "rac.bin", "state.json"};
     for (int i = 0; i < 4; i++) {
         char fa[2048], fb[2048];
@@ -274,6 +275,8 @@ START_TEST(test_rl_kill_and_resume)
         pathf(fb, sizeof fb, "%s/step_00000005/%s", b, files[i]);
         ck_assert_msg(same_file(fa, fb), "%s differs after resume", files[i]);
     }
+    /* keep_last 2: checkpoint 2 rotated out */
+    ck_assert(!exists(a, "step_00000002") && exists(a, "step_00000004"));
     /* the weights did move from the initial model */
     char f0[2048], f5[2048];
     pathf(f0, sizeof f0, "%s/model/model.safetensors", dir);
@@ -281,6 +284,43 @@ START_TEST(test_rl_kill_and_resume)
     ck_assert(!same_file(f0, f5));
     qd_config_free(ca), qd_config_free(cb);
     qd_test_rm_tree(dir);
+}
+
+/* quads; channels re-picked every 3 syncs, so checkpoint 2 holds the RAC
+ * errors gathered since step 1's pick and the resume depends on them. */
+START_TEST(test_rl_kill_and_resume)
+{
+    static const char *const sets[] = {"rac.refresh=3", "checkpoint.keep_last=2"};
+    json_t *m;
+    kill_and_resume("quads", sets, 2, &m);
+    ck_assert(num(json_array_get(m, 4), "grad_norm", NULL) > 0);
+    json_decref(m);
+}
+END_TEST
+
+/* The general PPO path: two updates a step (the second mini-batch's ratio is
+ * not 1), micro-batches that do not divide the batch, dynamic sampling (the
+ * data position then depends on the rollouts), masked TIS, a k3 KL to the
+ * reference, Dr.GRPO with seq-mean-token-sum. */
+START_TEST(test_rl_kill_and_resume_variants)
+{
+    static const char *const sets[] = {"checkpoint.keep_last=2", "trainer.mini_batches=2", "trainer.micro_batch=3",
+                                       "algo.dynamic_sampling=true", "algo.max_gen_batches=3", "algo.tis=masked",
+                                       "algo.kl_coef=0.05", "algo.advantage=dr_grpo",
+                                       "algo.loss_agg=seq_mean_token_sum"};
+    json_t *m;
+    kill_and_resume("nvfp4-rac", sets, 9, &m);
+    double ratio = 1, kl = 0;
+    for (int s = 1; s <= 5; s++) {
+        const json_t *o = json_array_get(m, s);
+        ratio = fmax(ratio, num(o, "ratio_max", NULL));
+        kl = fmax(kl, num(o, "kl", NULL));
+        ck_assert_int_le(num(o, "groups_kept", NULL), 2);
+        /* one update per mini-batch with a group in it */
+        ck_assert(num(o, "optimizer_step", NULL) <= 2 * s && num(o, "data_pos", NULL) >= 2 * s);
+    }
+    ck_assert(ratio > 1.0 && kl > 0.0);
+    json_decref(m);
 }
 END_TEST
 
@@ -372,6 +412,7 @@ Suite *suite_rl(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_rl_every_recipe);
     tcase_add_test(tc, test_rl_kill_and_resume);
+    tcase_add_test(tc, test_rl_kill_and_resume_variants);
     tcase_add_test(tc, test_rl_nan_stops);
     tcase_add_test(tc, test_rl_cli_config_errors);
     tcase_add_test(tc, test_rl_cli_compare);
