@@ -63,7 +63,6 @@ typedef struct {
     qd_lr_schedule sched;
     qd_metrics *metrics;
     int kill_step, nan_step;       /* test hooks; 0 = off */
-    double first_eval, last_eval;
 } rl_run;
 
 /* ---- small helpers */
@@ -169,6 +168,10 @@ static qd_backend *new_backend(rl_run *r, qd_role role)
 static qd_status load_data(rl_run *r)
 {
     qd_synth_opts so = {0};
+    if (*qd_config_str(r->cfg, "data.benchmark"))
+        return qd_error(QD_ERR_UNSUPPORTED, "config: data.benchmark: '%s': quads rl evaluates on the task's "
+                                            "held-out split only (leave it empty; use quads eval for benchmarks)",
+                        qd_config_str(r->cfg, "data.benchmark"));
     qd_status st = qd_task_parse(qd_config_str(r->cfg, "data.task"), &so);
     if (st)
         return qd_error(st, "config: data.task: %s", qd_last_error());
@@ -1025,9 +1028,6 @@ static qd_status log_eval(rl_run *r, json_t *o, json_t *tm)
     if (st)
         return at_step(st, r->step, "eval");
     put_eval(o, &ev, now_s() - t0, tm);
-    if (r->step == 0)
-        r->first_eval = ev.pass1;
-    r->last_eval = ev.pass1;
     if (r->o->log)
         fprintf(r->o->log, "step %lld: held-out pass@1 %.4f (%d problems)\n", (long long)r->step, ev.pass1,
                 ev.problems);
@@ -1132,7 +1132,6 @@ static void init_params(rl_run *r)
     r->sched = (qd_lr_schedule)qd_grpo_lr_schedule_parse(qd_config_str(c, "trainer.lr_schedule"));
     r->kill_step = env_int("QD_RL_TEST_KILL_STEP");
     r->nan_step = env_int("QD_RL_TEST_NAN_STEP");
-    r->first_eval = r->last_eval = NAN;
 }
 
 static void run_free(rl_run *r, sample_set *ss)
@@ -1162,6 +1161,36 @@ static qd_status start_new(rl_run *r, const char *metrics)
     return st ? st : qd_config_save(r->cfg, p);
 }
 
+/* The resolved config, one line a section ("trainer: lr=1e-05 ..."). */
+static void print_config(const qd_config *cfg, FILE *f)
+{
+    json_t *j = qd_config_to_json(cfg), *sec, *v;
+    const char *name, *key;
+    json_object_foreach(j, name, sec) {
+        fprintf(f, "  %s:", name);
+        json_object_foreach(sec, key, v) {
+            char *t = json_dumps(v, JSON_ENCODE_ANY | JSON_REAL_PRECISION(6));
+            fprintf(f, " %s=%s", key, t ? t : "?");
+            free(t);
+        }
+        fputc('\n', f);
+    }
+    json_decref(j);
+}
+
+/* The final line: held-out pass@1 of the first and the last eval of the run
+ * (metrics.jsonl, so a resumed run reports its start too). */
+static void print_summary(rl_run *r, const char *metrics)
+{
+    double *x = NULL, *y = NULL;
+    int64_t n = 0;
+    if (qd_metrics_read_series(metrics, "eval.pass1", &x, &y, &n) == QD_OK && n >= 2)
+        fprintf(r->o->log, "held-out pass@1: %.4f at step %lld, %.4f at step %lld\n", y[0], (long long)x[0],
+                y[n - 1], (long long)x[n - 1]);
+    free(x), free(y);
+    fprintf(r->o->log, "run directory: %s\n", r->dir);
+}
+
 static qd_status run_loop(rl_run *r, sample_set *ss)
 {
     char metrics[4400];
@@ -1180,8 +1209,10 @@ static qd_status run_loop(rl_run *r, sample_set *ss)
     if (r->o->log) {
         char sum[2048];
         qd_config_summary(r->cfg, sum, sizeof sum);
-        fprintf(r->o->log, "%s%s %s at step %lld of %lld (resolved config: %s/config.json)\n", sum,
-                r->o->resume_dir ? "resuming" : "starting", r->dir, (long long)r->step, (long long)r->steps, r->dir);
+        fprintf(r->o->log, "%sresolved config (%s/config.json):\n", sum, r->dir);
+        print_config(r->cfg, r->o->log);
+        fprintf(r->o->log, "%s %s at step %lld of %lld\n", r->o->resume_dir ? "resuming" : "starting", r->dir,
+                (long long)r->step, (long long)r->steps);
         if (qd_config_float(r->cfg, "rollout.temperature") != 1.0)
             fprintf(r->o->log, "note: rollout log-probs are at temperature %g, the trainer's at 1: the gap "
                                "metrics and TIS compare the two as they are\n",
@@ -1200,12 +1231,8 @@ static qd_status run_loop(rl_run *r, sample_set *ss)
     qd_progress pg = {.steps = r->steps};
     while (!st && r->step < r->steps)
         st = one_step(r, ss, &pg);
-    if (!st && r->o->log) {
-        if (isfinite(r->first_eval))
-            fprintf(r->o->log, "held-out pass@1: %.4f before, %.4f after %lld steps\n", r->first_eval, r->last_eval,
-                    (long long)r->steps);
-        fprintf(r->o->log, "run directory: %s\n", r->dir);
-    }
+    if (!st && r->o->log)
+        print_summary(r, metrics);
     return st;
 }
 
