@@ -1195,7 +1195,10 @@ static qd_status run_loop(rl_run *r, sample_set *ss)
 {
     char metrics[4400];
     snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", r->dir);
-    qd_status st = r->o->resume_dir ? QD_OK : start_new(r, metrics);
+    char cfgp[4400];
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", r->dir);
+    /* a resumed run keeps its config.json up to date with --set (e.g. more steps) */
+    qd_status st = r->o->resume_dir ? qd_config_save(r->cfg, cfgp) : start_new(r, metrics);
     if (!st)
         st = setup(r);
     if (!st && r->o->resume_dir)
