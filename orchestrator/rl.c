@@ -536,8 +536,8 @@ static qd_status router_agreement(rl_run *r, const sample_set *ss, int n, layer_
 
 typedef struct {
     double loss, kl, clip_frac, clip_low, clip_high, ratio_max, tis_mean, tis_clipped;
-    double grad_norm, lr;
-    int64_t tokens;
+    double grad_norm, lr;           /* grad_norm, loss, kl: sums over the updates */
+    int64_t tokens, updates;
     qd_gap_stats gap;
 } train_stats;
 
@@ -582,18 +582,14 @@ static qd_status train_mini(rl_run *r, const sample_set *ss, int a, int b, bool 
     qd_backend_zero_grad(r->trainer);
     for (int c = a; c < b && !st; c += micro) {
         int d = c + micro < b ? c + micro : b, n = d - c;
-        st = forward_resp(r, r->trainer, ss, c, d, lp, "trainer");
-        if (st)
-            break;
-        if (first)
-            memcpy(lp_old + (size_t)c * M, lp, sizeof(float) * (size_t)n * M);
-        if (first && c == 0 && !ls->agree)
-            st = router_agreement(r, ss, n, ls);
-        if (!st && lref) {
+        if (lref)
             st = forward_resp(r, r->ref, ss, c, d, lref, "reference");
-            if (!st) /* the trainer's backward needs its own forward to be the last */
-                st = forward_resp(r, r->trainer, ss, c, d, lp, "trainer");
-        }
+        if (!st)
+            st = forward_resp(r, r->trainer, ss, c, d, lp, "trainer");
+        if (!st && first)
+            memcpy(lp_old + (size_t)c * M, lp, sizeof(float) * (size_t)n * M);
+        if (!st && first && c == 0 && !ls->agree)
+            st = router_agreement(r, ss, n, ls);
         if (st)
             break;
         for (int i = 0; i < n; i++)
@@ -625,7 +621,7 @@ static qd_status train_mini(rl_run *r, const sample_set *ss, int a, int b, bool 
         float gn = 0;
         st = qd_backend_optimizer_step(r->trainer, &opt, (int)(r->opt_step + 1), &gn);
         if (!st)
-            r->opt_step++, ts->grad_norm = gn;
+            r->opt_step++, ts->grad_norm += gn, ts->updates++;
     }
     free(lp), free(coef), free(lref), free(adv);
     return st;
@@ -964,19 +960,21 @@ static json_t *step_json(rl_run *r, const rollout_stats *rs, const train_stats *
     json_t *o = json_object(), *gap = json_object(), *q = json_object(), *rt = json_object(), *tm = json_object();
     json_object_set_new(o, "step", json_integer(r->step));
     double g = (double)(rs->generated ? rs->generated : 1), tok = (double)(ts->tokens ? ts->tokens : 1);
+    double u = (double)(ts->updates ? ts->updates : 1);
     qd_metrics_set(o, "reward_mean", rs->reward_sum / g);
     qd_metrics_set(o, "pass1_train", rs->score_sum / g);
     qd_metrics_set(o, "response_len", rs->len_sum / g);
     qd_metrics_set(o, "entropy", ts->gap.entropy);
-    qd_metrics_set(o, "loss", ts->loss);
-    qd_metrics_set(o, "kl", ts->kl);
+    qd_metrics_set(o, "loss", ts->loss / u);
+    qd_metrics_set(o, "kl", ts->kl / u);
     qd_metrics_set(o, "clip_frac", ts->clip_frac / tok);
     qd_metrics_set(o, "clip_frac_low", ts->clip_low / tok);
     qd_metrics_set(o, "clip_frac_high", ts->clip_high / tok);
     qd_metrics_set(o, "ratio_max", ts->ratio_max);
     qd_metrics_set(o, "tis_mean", ts->tis_mean / tok);
     qd_metrics_set(o, "tis_clipped_frac", ts->tis_clipped / tok);
-    qd_metrics_set(o, "grad_norm", ts->grad_norm);
+    qd_metrics_set(o, "grad_norm", ts->grad_norm / u);
+    json_object_set_new(o, "updates", json_integer(ts->updates));
     qd_metrics_set(o, "lr", ts->lr);
     json_object_set_new(o, "samples", json_integer(rs->generated));
     json_object_set_new(o, "groups_kept", json_integer(kept));
