@@ -25,7 +25,21 @@
  *
  * metrics.jsonl: one object a step (step 0 holds the first eval). Timings,
  * which differ run to run, are all under "time"; everything else is
- * deterministic. */
+ * deterministic. Fields: reward_mean, pass1_train (exact-match rate of the
+ * step's samples), response_len, entropy (estimated as the mean -log p of the
+ * sampled tokens under the rollout), loss, kl, clip_frac(_low, _high),
+ * ratio_max, tis_mean, tis_clipped_frac, grad_norm (before clipping), lr
+ * (loss, kl, grad_norm: means over the step's updates), samples, groups_kept,
+ * gen_batches, updates, data_pos, optimizer_step; gap.{mean_abs, max_abs,
+ * k3_kl, pearson, tokens} (trainer log-probs before the step's first update
+ * vs the rollout's, over the trained samples); quant.{act_err, weight_err}
+ * (per quantized linear, in parameter order: the rollout's relative squared
+ * NVFP4 error of its inputs over the step's generation and of its weights at
+ * the last sync) with their means; router.agree (per MoE layer: the share of
+ * the trainer's top-k experts the rollout also picks, on the first
+ * micro-batch's tokens) and agree_mean; eval.{pass1, mean_len, format_rate,
+ * problems} on eval steps; time.{rollout_s, train_s, sync_s, step_s,
+ * tokens_per_s (generated tokens / step time), eval_s}. */
 #ifndef QD_RL_H
 #define QD_RL_H
 #include <stdbool.h>
