@@ -99,36 +99,4 @@ QD_HD float qd_siluf(float x) { return x / (1.0f + qd_expf(-x)); }
 /* 1/sqrt(x): two correctly rounded operations (not the hardware rsqrt). */
 QD_HD float qd_rsqrtf(float x) { return 1.0f / sqrtf(x); }
 
-/* ---- Philox4x32-10 (Salmon et al., SC'11), the counter-based generator of
- * sampling (NUMERICS.md §6): out = philox(counter, key), pure integer work. */
-QD_HD void qd_philox4x32_10(uint32_t out[4], const uint32_t ctr[4], const uint32_t key[2])
-{
-    uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3], k0 = key[0], k1 = key[1];
-    for (int i = 0; i < 10; i++) {
-        uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
-        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-        c0 = n0;
-        c1 = (uint32_t)p1;
-        c2 = n2;
-        c3 = (uint32_t)p0;
-        k0 += 0x9E3779B9u;
-        k1 += 0xBB67AE85u;
-    }
-    out[0] = c0;
-    out[1] = c1;
-    out[2] = c2;
-    out[3] = c3;
-}
-
-/* The sampling uniform of (seed, sequence id, position) in [0, 1): the top 24
- * bits of Philox's first word, key = seed, counter = (position, id lo, id hi, 0). */
-QD_HD float qd_sample_uniform(uint64_t seed, uint64_t seq_id, uint32_t position)
-{
-    uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
-    uint32_t ctr[4] = {position, (uint32_t)seq_id, (uint32_t)(seq_id >> 32), 0u};
-    uint32_t out[4];
-    qd_philox4x32_10(out, ctr, key);
-    return (float)(out[0] >> 8) * (1.0f / 16777216.0f);
-}
-
 #endif /* QD_EXACT_MATH_H */

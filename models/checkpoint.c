@@ -172,12 +172,39 @@ static json_t *config_json(const qd_model_config *c, qd_st_dtype dtype)
     return o;
 }
 
+/* Significant digits that print v exactly as Python would ("1e-06",
+ * "10000.0"): the fewest that round-trip, and all of an integer's digits. */
+static int real_digits(double v)
+{
+    char buf[64];
+    int p = 1;
+    for (; p < 17; p++) {
+        snprintf(buf, sizeof buf, "%.*g", p, v);
+        if (strtod(buf, NULL) == v)
+            break;
+    }
+    if (v == floor(v) && fabs(v) >= 1 && fabs(v) < 1e16)
+        p = fmax(p, floor(log10(fabs(v))) + 1);
+    return p;
+}
+
+/* One precision for the whole file: the most any of its reals needs. */
+static int config_precision(const qd_model_config *c)
+{
+    double reals[] = {c->rms_norm_eps, c->rope_theta, 0.02, 0.001};
+    int p = 1;
+    for (size_t i = 0; i < sizeof reals / sizeof *reals; i++)
+        p = p > real_digits(reals[i]) ? p : real_digits(reals[i]);
+    return p;
+}
+
 static qd_status write_config(const char *dir, const qd_model_config *cfg, qd_st_dtype dtype)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     json_t *o = config_json(cfg, dtype);
-    char *text = o ? json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(17)) : NULL;
+    size_t flags = JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(config_precision(cfg));
+    char *text = o ? json_dumps(o, flags) : NULL;
     json_decref(o);
     if (!text)
         return qd_error(QD_ERR_NOMEM, "%s: out of memory", path);

@@ -20,5 +20,7 @@ int qd_cmd_rl(int argc, char **argv);
 int qd_cmd_compare(int argc, char **argv);
 int qd_cmd_report(int argc, char **argv);
 int qd_cmd_sft(int argc, char **argv);
+int qd_cmd_forward(int argc, char **argv);
+int qd_cmd_generate(int argc, char **argv);
 
 #endif

@@ -7,6 +7,8 @@
 static const qd_command commands[] = {
     {"quantize", qd_cmd_quantize, "quantize a safetensors file to NVFP4 or FP8 (ModelOpt layout)"},
     {"tokenize", qd_cmd_tokenize, "text to token ids (and back) with a tokenizer.json"},
+    {"forward", qd_cmd_forward, "log-probs and logits of token ids under a checkpoint, in any precision recipe"},
+    {"generate", qd_cmd_generate, "sample completions of a prompt from a checkpoint"},
     {"grade", qd_cmd_grade, "grade model outputs against gold answers (JSONL in, JSONL out)"},
     {"bench", qd_cmd_bench, "list and fetch benchmark datasets"},
     {"eval", qd_cmd_eval, "grade a model on benchmarks: pass@k, maj@k, report.md and report.json"},

@@ -5,14 +5,6 @@
 #include <math.h>
 #include "quant/quant.h"
 
-/* Encode scale of a row: 448/amax clamped to FLT_MAX; an all-zero row gets 1. */
-static float fp8_scale(float amax)
-{
-    if (amax == 0.0f)
-        return 1.0f;
-    return fminf(QD_E4M3_MAX / amax, FLT_MAX);
-}
-
 /* One row (k) of codes; returns the decode scale 1/scale. E4M3 saturates, so a
  * value that rounds just above 448 after the multiply still encodes as 448. */
 float qd_quantize_row_fp8_ref(uint8_t *q, const float *x, int64_t k)
@@ -20,7 +12,7 @@ float qd_quantize_row_fp8_ref(uint8_t *q, const float *x, int64_t k)
     float amax = 0.0f;
     for (int64_t i = 0; i < k; i++)
         amax = fmaxf(amax, fabsf(x[i]));
-    float scale = fp8_scale(amax);
+    float scale = qd_fp8_row_scale(amax);
     for (int64_t i = 0; i < k; i++)
         q[i] = qd_e4m3_from_f32(x[i] * scale);
     return 1.0f / scale;

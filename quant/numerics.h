@@ -130,6 +130,14 @@ QD_HD float qd_e4m3_to_f32(uint8_t code)
     return (code & 0x80u) ? -mag : mag;
 }
 
+/* ---- FP8 E4M3 per-row scales (the FP8 baseline, docs/numerics.md): the encode
+ * scale of a row is 448/amax clamped to FLT_MAX, 1 for an all-zero row; the
+ * stored decode scale is 1.0f/scale and a code is e4m3(x * scale). */
+QD_HD float qd_fp8_row_scale(float amax)
+{
+    return amax == 0.0f ? 1.0f : fminf(QD_E4M3_MAX / amax, FLT_MAX);
+}
+
 /* ---- NVFP4 scale arithmetic (TransformerEngine's, docs/numerics.md §2). */
 
 /* Global encode scale of a scope with absolute maximum amax. */

@@ -48,6 +48,7 @@
 #endif
 #include "backends/backend.h"
 #include "backends/exact_math.h"
+#include "backends/sampling.h"
 #include "quant/quant.h"
 
 /* ------------------------------------------------------------------------ */
@@ -1025,18 +1026,17 @@ static qd_status attn_forward(cpu_ctx *c, float *out, layer_acts *s, const layer
     return linear_forward(c, out, s->ao, &c->lin[ly->o], N);
 }
 
-/* logp (N): log_softmax(logits)[next token]; lse saved (N). */
+/* logp (N): log_softmax(logits)[next token] with the sampler's normalizer
+ * (backends/sampling.h), so rollout and forward log-probs agree bit for bit;
+ * lse saved (N). */
 static void logprob_forward(float *logp, float *lse, const float *logits, const int32_t *tgt, int N, int V)
 {
     for (int n = 0; n < N; n++) {
         const float *l = logits + (size_t)n * V;
-        float mx = -INFINITY, sum = 0.0f;
-        for (int j = 0; j < V; j++)
-            mx = fmaxf(mx, l[j]);
-        for (int j = 0; j < V; j++)
-            sum += qd_expf(l[j] - mx);
-        lse[n] = mx + qd_logf(sum);
-        logp[n] = tgt[n] >= 0 ? l[tgt[n]] - lse[n] : 0.0f;
+        float mx, logz;
+        qd_softmax_lognorm(&mx, &logz, l, V);
+        lse[n] = mx + logz;
+        logp[n] = tgt[n] >= 0 ? (l[tgt[n]] - mx) - logz : 0.0f;
     }
 }
 
@@ -1250,76 +1250,9 @@ static void reset_diag(cpu_ctx *c)
 /* forward's, so the rollout log-probs equal the forward's, bit for bit      */
 
 typedef struct {
-    float p;
-    int32_t id;
-} candidate;
-
-/* Probability descending, then id ascending: a total order, so qsort is deterministic. */
-static int candidate_cmp(const void *a, const void *b)
-{
-    const candidate *x = a, *y = b;
-    if (x->p != y->p)
-        return x->p > y->p ? -1 : 1;
-    return (x->id > y->id) - (x->id < y->id);
-}
-
-/* Index of the sampled candidate among the first n (sorted): the first whose
- * running sum (in sorted order) exceeds u times their total. */
-static int draw(const candidate *cs, int n, float u)
-{
-    float tot = 0.0f, cum = 0.0f;
-    for (int i = 0; i < n; i++)
-        tot += cs[i].p;
-    float target = u * tot;
-    for (int i = 0; i < n; i++) {
-        cum += cs[i].p;
-        if (target < cum)
-            return i;
-    }
-    return n - 1;
-}
-
-/* The next token from logits l (V) at position pos; *logp = log_softmax(l / T)[token].
- * Probabilities p = exp(z - max) / sum, z = l / T; top-k then top-p (the
- * smallest prefix of the sorted candidates whose running sum reaches top_p). */
-static int32_t sample_token(float *logp, const float *l, int V, const qd_generate_request *rq,
-                            uint64_t sid, int pos, candidate *cs)
-{
-    float T = rq->temperature > 0.0f ? rq->temperature : 1.0f, mx = -INFINITY, sum = 0.0f;
-    for (int j = 0; j < V; j++)
-        mx = fmaxf(mx, l[j] / T);
-    for (int j = 0; j < V; j++) {
-        cs[j].p = qd_expf(l[j] / T - mx);
-        cs[j].id = j;
-        sum += cs[j].p;
-    }
-    float lse = mx + qd_logf(sum);
-    int32_t tok = 0;
-    if (rq->temperature == 0.0f) {
-        for (int j = 1; j < V; j++)
-            if (l[j] > l[tok])
-                tok = j;
-    } else {
-        for (int j = 0; j < V; j++)
-            cs[j].p = cs[j].p / sum;
-        qsort(cs, (size_t)V, sizeof *cs, candidate_cmp);
-        int n = rq->top_k > 0 && rq->top_k < V ? rq->top_k : V;
-        float cum = 0.0f;
-        for (int i = 0; i < n && rq->top_p < 1.0f; i++) {
-            cum += cs[i].p;
-            if (cum >= rq->top_p)
-                n = i + 1;
-        }
-        tok = cs[draw(cs, n, qd_sample_uniform(rq->seed, sid, (uint32_t)pos))].id;
-    }
-    *logp = l[tok] / T - lse;
-    return tok;
-}
-
-typedef struct {
     int32_t *seq, *len, *idx;      /* (B, Tmax) prompt + generated, (B) their lengths, (B) active rows */
     float *lp;                     /* (B * Tmax) log-probs of the forward (unused) */
-    candidate *cs;                 /* (V) */
+    qd_sample_ws *ws;              /* the sampler's scratch (V) */
     int *done;                     /* (B) */
     int Tmax;
 } gen_state;
@@ -1384,8 +1317,13 @@ static qd_status gen_step(cpu_ctx *c, gen_state *g, const qd_generate_request *r
     for (int i = 0; i < na && !st; i++) {
         int b = g->idx[i], r = step == 0 ? b : i;  /* the prefill ran every row */
         const float *l = c->logits + (size_t)(c->seq_off[r + 1] - 1) * V;
-        float lp;
-        int32_t tok = sample_token(&lp, l, V, rq, rq->seq_id[b], g->len[b], g->cs);
+        qd_sample_params sp = {rq->temperature, rq->top_k, rq->top_p < 1.0f ? rq->top_p : 1.0f, rq->seed};
+        qd_sample_result r1;
+        st = qd_sample_row(&r1, g->ws, l, V, &sp, rq->seq_id[b], (uint32_t)g->len[b]);
+        if (st)
+            break;
+        int32_t tok = r1.token;
+        float lp = r1.logprob;
         g->seq[(size_t)b * g->Tmax + g->len[b]++] = tok;
         res->tokens[(size_t)b * M + step] = tok;
         res->logp[(size_t)b * M + step] = lp;
@@ -1401,7 +1339,7 @@ static void gen_free(cpu_ctx *c, gen_state *g, int M)
     free(g->len);
     free(g->idx);
     free(g->lp);
-    free(g->cs);
+    qd_sample_ws_free(g->ws);
     free(g->done);
     free(c->kc);
     free(c->vc);
@@ -1420,12 +1358,12 @@ static qd_status generate_impl(qd_backend *bk, const qd_generate_request *rq, qd
     size_t ncache = (size_t)c->cfg.num_hidden_layers * B * Tmax * c->cfg.num_key_value_heads * c->cfg.head_dim;
     gen_state g = {calloc((size_t)B * Tmax, sizeof(int32_t)), calloc((size_t)B, sizeof(int32_t)),
                    calloc((size_t)B, sizeof(int32_t)), calloc((size_t)B * Tmax, sizeof(float)),
-                   calloc((size_t)c->cfg.vocab_size, sizeof(candidate)), calloc((size_t)B, sizeof(int)), Tmax};
+                   qd_sample_ws_new(c->cfg.vocab_size), calloc((size_t)B, sizeof(int)), Tmax};
     c->kc = malloc(sizeof(float) * ncache);
     c->vc = malloc(sizeof(float) * ncache);
     c->cache_rows = B;
     c->Tc = Tmax;
-    qd_status st = g.seq && g.len && g.idx && g.lp && g.cs && g.done && c->kc && c->vc
+    qd_status st = g.seq && g.len && g.idx && g.lp && g.ws && g.done && c->kc && c->vc
                        ? QD_OK : qd_error(QD_ERR_NOMEM, "cpu backend: generate (KV cache %zu floats)", ncache);
     for (int b = 0; b < B && !st; b++) {
         memcpy(g.seq + (size_t)b * Tmax, rq->prompt + (size_t)b * rq->Tp, sizeof(int32_t) * rq->prompt_len[b]);

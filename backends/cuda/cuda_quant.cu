@@ -271,13 +271,6 @@ __global__ void dequant_kernel(float *out, const uint8_t *codes, const uint8_t *
     }
 }
 
-/* FP8 per-row encode scale, quant/fp8.c's: 448/amax clamped to FLT_MAX, 1 for an
- * all-zero row; scale_inv = 1/scale. */
-static __device__ __forceinline__ float fp8_row_scale(float amax)
-{
-    return amax == 0.0f ? 1.0f : fminf(QD_E4M3_MAX / amax, FLT_MAX);
-}
-
 /* One CTA a row of x (rows, cols): q = e4m3(x * scale). */
 __global__ void fp8_rows_kernel(uint8_t *q, float *scale_inv, const float *x, int64_t cols)
 {
@@ -292,7 +285,7 @@ __global__ void fp8_rows_kernel(uint8_t *q, float *scale_inv, const float *x, in
     }
     if (bad)
         qd_cuda_nonfinite = 1;
-    float s = fp8_row_scale(cta_max(m));
+    float s = qd_fp8_row_scale(cta_max(m));
     if (threadIdx.x == 0)
         scale_inv[r] = 1.0f / s;
     for (int64_t i = threadIdx.x; i < cols; i += blockDim.x)
