@@ -324,6 +324,31 @@ START_TEST(test_rl_kill_and_resume_variants)
 }
 END_TEST
 
+/* The loop learns: with the overlong penalty as the only reward signal (the
+ * random model never answers right), GRPO must shorten the completions. A
+ * wrong sign anywhere from the advantages to the optimizer makes them longer. */
+START_TEST(test_rl_learns_the_reward)
+{
+    char dir[256], b[1024];
+    qd_test_mkdtemp(dir, sizeof dir, "rl");
+    make_model(dir);
+    qd_config *c = small_config(dir, "l", "quads", 8);
+    ck_assert_int_eq(qd_config_set(c, "rollout.group_size=8"), QD_OK);
+    ck_assert_int_eq(qd_config_set(c, "trainer.micro_batch=16"), QD_OK);
+    ck_assert_int_eq(qd_config_set(c, "eval.every=0"), QD_OK);
+    ck_assert_msg(run(c, NULL) == QD_OK, "%s", qd_last_error());
+    pathf(b, sizeof b, "%s/l", dir);
+    json_t *m = metrics_without_time(b);
+    ck_assert_int_eq(json_array_size(m), 8);
+    double r1 = num(json_array_get(m, 0), "reward_mean", NULL), r8 = num(json_array_get(m, 7), "reward_mean", NULL);
+    double l1 = num(json_array_get(m, 0), "response_len", NULL), l8 = num(json_array_get(m, 7), "response_len", NULL);
+    ck_assert_msg(r1 < -0.5 && r8 > r1 + 0.5 && l8 < l1 - 2, "reward %g -> %g, length %g -> %g", r1, r8, l1, l8);
+    json_decref(m);
+    qd_config_free(c);
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
 /* A NaN in the trainer's log-probs of step 2 stops the run there with a
  * message naming the step and the place; checkpoint 1 stays, none of step 2. */
 START_TEST(test_rl_nan_stops)
@@ -413,6 +438,7 @@ Suite *suite_rl(void)
     tcase_add_test(tc, test_rl_every_recipe);
     tcase_add_test(tc, test_rl_kill_and_resume);
     tcase_add_test(tc, test_rl_kill_and_resume_variants);
+    tcase_add_test(tc, test_rl_learns_the_reward);
     tcase_add_test(tc, test_rl_nan_stops);
     tcase_add_test(tc, test_rl_cli_config_errors);
     tcase_add_test(tc, test_rl_cli_compare);
