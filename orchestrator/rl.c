@@ -870,13 +870,21 @@ static qd_status read_state(rl_run *r, const char *path)
     json_error_t err;
     json_t *j = json_load_file(path, 0, &err);
     json_int_t step, pos, opt, seed;
+    const char *recipe;
     if (!j)
         return qd_error(QD_ERR_FORMAT, "%s:%d: %s", path, err.line, err.text);
-    int bad = json_unpack(j, "{s:I, s:I, s:I, s:I}", "step", &step, "data_pos", &pos, "optimizer_step", &opt,
-                          "seed", &seed);
+    int bad = json_unpack(j, "{s:I, s:I, s:I, s:I, s:s}", "step", &step, "data_pos", &pos, "optimizer_step", &opt,
+                          "seed", &seed, "recipe", &recipe);
+    if (!bad && strcmp(recipe, qd_config_str(r->cfg, "rollout.recipe")) != 0) {
+        qd_status st = qd_error(QD_ERR_ARG, "%s: recipe: '%s', but the config says '%s' (a run keeps its recipe)",
+                                path, recipe, qd_config_str(r->cfg, "rollout.recipe"));
+        json_decref(j);
+        return st;
+    }
     json_decref(j);
     if (bad || step < 0 || pos < 0 || opt < 0)
-        return qd_error(QD_ERR_FORMAT, "%s: step, data_pos, optimizer_step, seed: expected non-negative integers",
+        return qd_error(QD_ERR_FORMAT,
+                        "%s: step, data_pos, optimizer_step, seed, recipe: expected non-negative integers and a string",
                         path);
     if ((uint64_t)seed != r->seed)
         return qd_error(QD_ERR_FORMAT, "%s: seed: %lld, but the run's config says %llu", path, (long long)seed,
@@ -1195,12 +1203,13 @@ static qd_status run_loop(rl_run *r, sample_set *ss)
     snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", r->dir);
     char cfgp[4400];
     snprintf(cfgp, sizeof cfgp, "%s/config.json", r->dir);
-    /* a resumed run keeps its config.json up to date with --set (e.g. more steps) */
-    qd_status st = r->o->resume_dir ? qd_config_save(r->cfg, cfgp) : start_new(r, metrics);
+    qd_status st = r->o->resume_dir ? QD_OK : start_new(r, metrics);
     if (!st)
         st = setup(r);
     if (!st && r->o->resume_dir)
         st = load_checkpoint(r);
+    if (!st && r->o->resume_dir) /* kept up to date with --set (e.g. more steps) once the checkpoint fits */
+        st = qd_config_save(r->cfg, cfgp);
     if (!st && r->o->resume_dir)
         st = qd_metrics_truncate(metrics, r->step);
     if (!st)

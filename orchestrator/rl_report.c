@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <jansson.h>
 #include "orchestrator/metrics.h"
 #include "orchestrator/rl.h"
@@ -49,6 +50,8 @@ static qd_status summarize(const char *run, run_summary *r)
     double d0, d1, d2;
     snprintf(m, sizeof m, "%s/metrics.jsonl", run);
     snprintf(c, sizeof c, "%s/config.json", run);
+    if (access(c, R_OK) != 0 || access(m, R_OK) != 0)
+        return qd_error(QD_ERR_IO, "%s: not a run directory (config.json and metrics.jsonl expected)", run);
     json_error_t err;
     json_t *cfg = json_load_file(c, 0, &err);
     const char *rec = cfg ? json_string_value(json_object_get(json_object_get(cfg, "rollout"), "recipe")) : NULL;

@@ -275,6 +275,15 @@ static void kill_and_resume(const char *recipe, const char *const *sets, int nse
         pathf(fb, sizeof fb, "%s/step_00000005/%s", b, files[i]);
         ck_assert_msg(same_file(fa, fb), "%s differs after resume", files[i]);
     }
+    /* a resume under another recipe is refused and leaves config.json alone */
+    ck_assert_int_eq(qd_config_set(cb, "rollout.recipe=bf16"), QD_OK);
+    ck_assert_int_eq(run(cb, b), QD_ERR_ARG);
+    ck_assert_ptr_nonnull(strstr(qd_last_error(), "a run keeps its recipe"));
+    qd_config *back = qd_config_new();
+    pathf(cfgp, sizeof cfgp, "%s/config.json", b);
+    ck_assert_int_eq(qd_config_load_file(back, cfgp), QD_OK);
+    ck_assert_str_eq(qd_config_str(back, "rollout.recipe"), recipe);
+    qd_config_free(back);
     /* keep_last 2: checkpoint 2 rotated out */
     ck_assert(!exists(a, "step_00000002") && exists(a, "step_00000004"));
     /* the weights did move from the initial model */
