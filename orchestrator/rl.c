@@ -9,6 +9,9 @@
 #include <time.h>
 #include <unistd.h>
 #include <jansson.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include "orchestrator/rl.h"
 #include "backends/backend.h"
 #include "benchmarks/synth.h"
@@ -1259,7 +1262,17 @@ qd_status qd_rl_run(const qd_config *cfg, const qd_rl_options *o, char *run_dir,
         snprintf(run_dir, n, "%s", r.dir);
     if (!st) {
         init_params(&r);
+#ifdef _OPENMP
+        /* run.threads bounds every parallel region of the run, not only the
+         * backends' (idle OpenMP workers spin and slow a busy machine) */
+        int saved = omp_get_max_threads();
+        if (qd_config_int(cfg, "run.threads") > 0)
+            omp_set_num_threads((int)qd_config_int(cfg, "run.threads"));
+#endif
         st = run_loop(&r, &ss);
+#ifdef _OPENMP
+        omp_set_num_threads(saved);
+#endif
     }
     run_free(&r, &ss);
     return st;

@@ -32,6 +32,15 @@ static void pathf(char *buf, size_t n, const char *fmt, ...)
     ck_assert_msg(w >= 0 && (size_t)w < n, "path too long: %s", buf);
 }
 
+/* A scratch directory, on tmpfs when there is one: the runs fsync every
+ * metrics line and checkpoint file, which a busy disk makes slow. */
+static void scratch_dir(char *dir, size_t n)
+{
+    pathf(dir, n, "/dev/shm/qd_rl_XXXXXX");
+    if (!mkdtemp(dir))
+        qd_test_mkdtemp(dir, n, "rl");
+}
+
 /* A random Qwen3-MoE (2 layers, 4 experts top-2, hidden 32) with the tiny
  * tokenizer in dir/model. Its end-token row of lm_head is scaled up so that
  * completions end at varied lengths: with the overlong penalty the rewards of
@@ -44,7 +53,7 @@ static void make_model(const char *dir)
     qd_sft_dims d = {32, 2, 2, 1, 16, 4, 2, 16, QD_SFT_TOK_VOCAB};
     qd_model_config cfg;
     ck_assert_int_eq(qd_sft_make_config(&d, &cfg), QD_OK);
-    qd_backend_options opt = {0};
+    qd_backend_options opt = {.num_threads = 1};
     qd_backend *b = qd_backend_cpu_init(&cfg, &opt);
     ck_assert_ptr_nonnull(b);
     int np;
@@ -164,7 +173,7 @@ static const char *const recipes[] = {"bf16", "fp8", "nvfp4", "nvfp4-aqat", "nvf
 START_TEST(test_rl_every_recipe)
 {
     char dir[256];
-    qd_test_mkdtemp(dir, sizeof dir, "rl");
+    scratch_dir(dir, sizeof dir);
     make_model(dir);
     static const char *const scalars[] = {"reward_mean", "pass1_train", "response_len", "entropy", "clip_frac",
                                           "grad_norm", "lr", "loss"};
@@ -235,7 +244,7 @@ END_TEST
 static void kill_and_resume(const char *recipe, const char *const *sets, int nsets, json_t **metrics)
 {
     char dir[256], a[1024], b[1024];
-    qd_test_mkdtemp(dir, sizeof dir, "rl");
+    scratch_dir(dir, sizeof dir);
     make_model(dir);
     qd_config *ca = small_config(dir, "a", recipe, 5), *cb = small_config(dir, "b", recipe, 5);
     for (int i = 0; i < nsets; i++) {
@@ -339,7 +348,7 @@ END_TEST
 START_TEST(test_rl_learns_the_reward)
 {
     char dir[256], b[1024];
-    qd_test_mkdtemp(dir, sizeof dir, "rl");
+    scratch_dir(dir, sizeof dir);
     make_model(dir);
     qd_config *c = small_config(dir, "l", "quads", 8);
     ck_assert_int_eq(qd_config_set(c, "rollout.group_size=8"), QD_OK);
@@ -363,7 +372,7 @@ END_TEST
 START_TEST(test_rl_nan_stops)
 {
     char dir[256], b[1024];
-    qd_test_mkdtemp(dir, sizeof dir, "rl");
+    scratch_dir(dir, sizeof dir);
     make_model(dir);
     qd_config *c = small_config(dir, "n", "nvfp4", 3);
     ck_assert_int_eq(qd_config_set(c, "checkpoint.every=1"), QD_OK);
@@ -386,7 +395,7 @@ END_TEST
 START_TEST(test_rl_cli_config_errors)
 {
     char out[8192], dir[256], args[1024], p[1024];
-    qd_test_mkdtemp(dir, sizeof dir, "rl");
+    scratch_dir(dir, sizeof dir);
     ck_assert_int_eq(quads(out, sizeof out, "rl --set trainer.lrr=1"), 2);
     ck_assert_ptr_nonnull(strstr(out, "--set: trainer.lrr: unknown key (did you mean trainer.lr?)"));
     ck_assert_int_eq(quads(out, sizeof out, "rl --set trainer.lr=fast"), 2);
@@ -418,7 +427,7 @@ END_TEST
 START_TEST(test_rl_cli_compare)
 {
     char out[1 << 15], dir[256], args[2048], p[2048];
-    qd_test_mkdtemp(dir, sizeof dir, "rl");
+    scratch_dir(dir, sizeof dir);
     make_model(dir);
     pathf(args, sizeof args,
              "compare --recipes bf16,quads --out %s/cmp --quiet --set model.path=%s/model --set run.steps=1 "
@@ -439,18 +448,23 @@ START_TEST(test_rl_cli_compare)
 }
 END_TEST
 
+static void add_case(Suite *s, const char *name, const TTest *t)
+{
+    TCase *tc = tcase_create(name);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, t);
+    suite_add_tcase(s, tc);
+}
+
 Suite *suite_rl(void)
 {
     Suite *s = suite_create("rl");
-    TCase *tc = tcase_create("rl");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_rl_every_recipe);
-    tcase_add_test(tc, test_rl_kill_and_resume);
-    tcase_add_test(tc, test_rl_kill_and_resume_variants);
-    tcase_add_test(tc, test_rl_learns_the_reward);
-    tcase_add_test(tc, test_rl_nan_stops);
-    tcase_add_test(tc, test_rl_cli_config_errors);
-    tcase_add_test(tc, test_rl_cli_compare);
-    suite_add_tcase(s, tc);
+    add_case(s, "recipes", test_rl_every_recipe);
+    add_case(s, "resume", test_rl_kill_and_resume);
+    add_case(s, "resume_variants", test_rl_kill_and_resume_variants);
+    add_case(s, "learns", test_rl_learns_the_reward);
+    add_case(s, "nan", test_rl_nan_stops);
+    add_case(s, "cli_errors", test_rl_cli_config_errors);
+    add_case(s, "cli_compare", test_rl_cli_compare);
     return s;
 }
