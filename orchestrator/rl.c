@@ -1226,6 +1226,13 @@ static qd_status run_loop(rl_run *r, sample_set *ss)
         print_config(r->cfg, r->o->log);
         fprintf(r->o->log, "%s %s at step %lld of %lld\n", r->o->resume_dir ? "resuming" : "starting", r->dir,
                 (long long)r->step, (long long)r->steps);
+        const char *rec = qd_config_str(r->cfg, "rollout.recipe");
+        double rac = qd_config_float(r->cfg, "rac.ratio");
+        int narrow = r->mcfg.hidden_size < r->mcfg.moe_intermediate_size || !r->mcfg.moe_intermediate_size
+                         ? r->mcfg.hidden_size : r->mcfg.moe_intermediate_size;
+        if ((!strcmp(rec, "quads") || !strcmp(rec, "nvfp4-rac")) && (int64_t)(rac * narrow) / 16 == 0)
+            fprintf(r->o->log, "note: rac.ratio %g picks no channel on %d-wide layers (whole 16s only): "
+                               "RAC is off in some layers\n", rac, narrow);
         if (qd_config_float(r->cfg, "rollout.temperature") != 1.0)
             fprintf(r->o->log, "note: rollout log-probs are at temperature %g, the trainer's at 1: the gap "
                                "metrics and TIS compare the two as they are\n",
