@@ -248,6 +248,67 @@ START_TEST(test_sft_deterministic)
 }
 END_TEST
 
+/* The shipped model: the required shape, size, and a held-out pass@1 at the
+ * rollout temperature that leaves RL room. */
+START_TEST(test_shipped_model)
+{
+    char dir[4096]; /* qd_test_path's buffer is reused by the next call */
+    snprintf(dir, sizeof dir, "%s", qd_test_path("models/tiny"));
+    qd_model_config c;
+    ck_assert_int_eq(qd_checkpoint_read_config(dir, &c), QD_OK);
+    ck_assert_int_eq(c.arch, QD_ARCH_QWEN3_MOE);
+    int dims[] = {c.vocab_size, c.hidden_size, c.moe_intermediate_size, c.head_dim,
+                  c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        ck_assert_int_eq(dims[i] % 16, 0);
+    ck_assert_int_ge(c.num_experts, 8);
+    ck_assert_int_eq(c.num_experts_per_tok, 2);
+    ck_assert_int_ge(c.num_hidden_layers, 2);
+    for (int l = 0; l < c.num_hidden_layers; l++)
+        ck_assert(qd_model_config_is_moe_layer(&c, l));
+    struct stat sb;
+    ck_assert_int_eq(stat(qd_test_path("models/tiny/model.safetensors"), &sb), 0);
+    ck_assert_int_le(sb.st_size, 8 << 20);
+
+    /* the shipped tokenizer is the generated one, byte for byte */
+    char *shipped, *gen;
+    size_t ns, ng;
+    ck_assert_int_eq(qd_read_file(qd_test_path("models/tiny/tokenizer.json"), &shipped, &ns), QD_OK);
+    ck_assert_int_eq(qd_sft_tokenizer_json(&gen, &ng), QD_OK);
+    ck_assert_uint_eq(ns, ng + 1);
+    ck_assert_mem_eq(shipped, gen, ng);
+    free(shipped);
+    free(gen);
+
+    qd_tokenizer *tok;
+    ck_assert_int_eq(qd_tokenizer_load(qd_test_path("models/tiny/tokenizer.json"), &tok), QD_OK);
+    ck_assert_int_eq(qd_tokenizer_n_ids(tok), c.vocab_size);
+    qd_backend *b = qd_checkpoint_open_backend(dir, "cpu", NULL);
+    ck_assert_msg(b != NULL, "%s", qd_last_error());
+    qd_synth_opts so = {.seed = 1};
+    ck_assert_int_eq(qd_task_parse("arith", &so), QD_OK);
+    qd_bench_set set;
+    ck_assert_int_eq(qd_synth_generate(&so, QD_SPLIT_TEST, 100, &set), QD_OK);
+    qd_task_eval_result r, r2;
+    ck_assert_int_eq(qd_task_eval(b, tok, &set, 0, 4, 1.0f, 1, 0, &r), QD_OK);
+    ck_assert_int_eq(r.problems, 100);
+    ck_assert_int_eq(r.completions, 400);
+    ck_assert_double_ge(r.pass1, 0.2);
+    ck_assert_double_le(r.pass1, 0.7);
+    ck_assert_double_gt(r.format_rate, 0.9);
+    /* the same seed gives the same samples; limit takes the first problems */
+    ck_assert_int_eq(qd_task_eval(b, tok, &set, 10, 4, 1.0f, 1, 0, &r2), QD_OK);
+    ck_assert_int_eq(r2.problems, 10);
+    qd_task_eval_result r3;
+    ck_assert_int_eq(qd_task_eval(b, tok, &set, 10, 4, 1.0f, 1, 0, &r3), QD_OK);
+    ck_assert_double_eq(r2.pass1, r3.pass1);
+    ck_assert_double_eq(r2.mean_len, r3.mean_len);
+    qd_bench_set_free(&set);
+    qd_backend_free(b);
+    qd_tokenizer_free(tok);
+}
+END_TEST
+
 Suite *suite_tiny(void)
 {
     Suite *s = suite_create("tiny");
@@ -262,6 +323,7 @@ Suite *suite_tiny(void)
     tcase_add_test(tc, test_tokenizer_generated);
     tcase_add_test(tc, test_init_weights);
     tcase_add_test(tc, test_sft_deterministic);
+    tcase_add_test(tc, test_shipped_model);
     suite_add_tcase(s, tc);
     return s;
 }
