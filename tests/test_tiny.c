@@ -323,6 +323,9 @@ Suite *suite_tiny(void)
     tcase_add_test(tc, test_tokenizer_generated);
     tcase_add_test(tc, test_init_weights);
     tcase_add_test(tc, test_sft_deterministic);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("shipped");
+    tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_shipped_model);
     suite_add_tcase(s, tc);
     return s;
