@@ -216,7 +216,10 @@ static qd_status train_and_save(const sft_args *a)
     qd_tokenizer *tok = NULL;
     qd_backend *b = NULL;
     float *w = NULL;
+    qd_synth_opts task;
     qd_status st = qd_sft_make_config(&a->dims, &cfg);
+    if (!st) /* refuse a bad task before anything is written */
+        st = qd_task_parse(a->sft.task, &task);
     if (!st)
         st = qd_mkdirs(a->out);
     if (!st)

@@ -207,7 +207,7 @@ void qd_sft_default_options(qd_sft_options *o)
     memset(o, 0, sizeof *o);
     o->task = "arith";
     o->seed = 1;
-    o->steps = 1500;
+    o->steps = 2000;
     o->batch = 32;
     o->lr = 3e-3f;
     o->warmup = 50;
