@@ -448,6 +448,22 @@ START_TEST(test_rl_cli_compare)
 }
 END_TEST
 
+/* model.path empty: the embedded tiny model (models/tiny under QD_SRCDIR). */
+START_TEST(test_rl_default_model)
+{
+    char dir[256], b[1024];
+    scratch_dir(dir, sizeof dir);
+    qd_config *c = small_config(dir, "d", "quads", 1);
+    ck_assert_int_eq(qd_config_set(c, "model.path="), QD_OK);
+    ck_assert_int_eq(qd_config_set(c, "eval.every=0"), QD_OK);
+    ck_assert_msg(run(c, NULL) == QD_OK, "%s", qd_last_error());
+    pathf(b, sizeof b, "%s/d", dir);
+    ck_assert(exists(b, "step_00000001/model.safetensors") && exists(b, "step_00000001/tokenizer.json"));
+    qd_config_free(c);
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
 static void add_case(Suite *s, const char *name, const TTest *t)
 {
     TCase *tc = tcase_create(name);
@@ -466,5 +482,6 @@ Suite *suite_rl(void)
     add_case(s, "nan", test_rl_nan_stops);
     add_case(s, "cli_errors", test_rl_cli_config_errors);
     add_case(s, "cli_compare", test_rl_cli_compare);
+    add_case(s, "default_model", test_rl_default_model);
     return s;
 }
