@@ -473,11 +473,36 @@ static void layer_stats_free(layer_stats *ls)
     free(ls->act_err), free(ls->weight_err), free(ls->agree);
 }
 
+/* RUN/layers.json: what the per-layer arrays of the metrics index
+ * (quant.*: the quantized linears' weight names; router.agree: the MoE layers). */
+static qd_status write_layers(rl_run *r, const qd_diagnostics *d)
+{
+    char p[4400];
+    snprintf(p, sizeof p, "%s/layers.json", r->dir);
+    if (access(p, F_OK) == 0)
+        return QD_OK;
+    json_t *o = json_object(), *lin = json_array(), *moe = json_array();
+    for (int i = 0; i < d->num_linear; i++)
+        json_array_append_new(lin, json_string(d->names[i]));
+    for (int l = 0; l < r->mcfg.num_hidden_layers; l++)
+        if (qd_model_config_is_moe_layer(&r->mcfg, l))
+            json_array_append_new(moe, json_integer(l));
+    json_object_set_new(o, "quant", lin);
+    json_object_set_new(o, "router", moe);
+    char *text = json_dumps(o, JSON_INDENT(2));
+    json_decref(o);
+    qd_status st = text ? qd_atomic_write(p, text, strlen(text)) : qd_error(QD_ERR_NOMEM, "%s", p);
+    free(text);
+    return st;
+}
+
 /* The rollout's quantization errors over the step's generation. */
 static qd_status rollout_quant_errors(rl_run *r, layer_stats *ls)
 {
     qd_diagnostics d;
     qd_status st = qd_backend_diagnostics(r->rollout, &d);
+    if (!st)
+        st = write_layers(r, &d);
     if (st)
         return st;
     ls->nlin = d.num_linear;

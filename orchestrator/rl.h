@@ -23,6 +23,7 @@
  * statistics as they found them, so what is saved determines the rest of the
  * run: a resumed run reproduces the uninterrupted one bit for bit (CPU).
  *
+ * RUN/layers.json names the entries of the per-layer arrays of the metrics.
  * metrics.jsonl: one object a step (step 0 holds the first eval). Timings,
  * which differ run to run, are all under "time"; everything else is
  * deterministic. Fields: reward_mean, pass1_train (exact-match rate of the

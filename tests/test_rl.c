@@ -212,6 +212,15 @@ START_TEST(test_rl_every_recipe)
         json_decref(m);
         ck_assert(exists(rd, "step_00000002/model.safetensors"));
         ck_assert(exists(rd, "config.json"));
+        char lj[2048];
+        pathf(lj, sizeof lj, "%s/layers.json", rd);
+        json_t *layers = json_load_file(lj, 0, NULL);
+        ck_assert_ptr_nonnull(layers);
+        ck_assert_int_eq(json_array_size(json_object_get(layers, "quant")), 32);
+        ck_assert_str_eq(json_string_value(json_array_get(json_object_get(layers, "quant"), 0)),
+                         "model.layers.0.self_attn.q_proj.weight");
+        ck_assert_int_eq(json_array_size(json_object_get(layers, "router")), 2);
+        json_decref(layers);
         char t[2048];
         pathf(t, sizeof t, "%s/step_00000002", rd);
         ck_assert_int_eq(qd_test_dir_entries(t), 6); /* config, weights, optimizer, rac, state, tokenizer */
