@@ -699,16 +699,18 @@ static qd_status train_step(rl_run *r, sample_set *ss, layer_stats *ls, train_st
 
 /* ---- eval, sync */
 
-/* Held-out pass@1; the rollout's RAC statistics are left as they were. */
+/* Held-out pass@1 (eval.precision: on the rollout or the trainer instance);
+ * the rollout's RAC statistics are left as they were. */
 static qd_status run_eval(rl_run *r, qd_task_eval_result *ev)
 {
+    qd_backend *b = strcmp(qd_config_str(r->cfg, "eval.precision"), "trainer") ? r->rollout : r->trainer;
     size_t rb = qd_backend_rac_state_size(r->rollout);
     void *rac = malloc(rb + 1);
     if (!rac)
         return qd_error(QD_ERR_NOMEM, "eval");
     qd_status st = qd_backend_get_rac_state(r->rollout, rac, rb);
     if (!st)
-        st = qd_task_eval(r->rollout, r->tok, &r->test, (int)qd_config_int(r->cfg, "eval.limit"),
+        st = qd_task_eval(b, r->tok, &r->test, (int)qd_config_int(r->cfg, "eval.limit"),
                           (int)qd_config_int(r->cfg, "eval.samples"),
                           (float)qd_config_float(r->cfg, "eval.temperature"), r->seed, (int)r->M, ev);
     if (!st)

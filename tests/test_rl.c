@@ -469,6 +469,25 @@ START_TEST(test_rl_default_model)
     pathf(b, sizeof b, "%s/d", dir);
     ck_assert(exists(b, "step_00000001/model.safetensors") && exists(b, "step_00000001/tokenizer.json"));
     qd_config_free(c);
+    /* bf16 on both sides: the eval on the rollout and on the trainer agree;
+     * nvfp4: the rollout's NVFP4 numerics change the greedy answers */
+    double pass[4];
+    static const char *const rec[4] = {"bf16", "bf16", "nvfp4", "nvfp4"};
+    for (int i = 0; i < 4; i++) {
+        char name[16];
+        pathf(name, sizeof name, "e%d", i);
+        c = small_config(dir, name, rec[i], 1);
+        ck_assert_int_eq(qd_config_set(c, "model.path="), QD_OK);
+        ck_assert_int_eq(qd_config_set(c, "eval.limit=64"), QD_OK);
+        ck_assert_int_eq(qd_config_set(c, i % 2 ? "eval.precision=trainer" : "eval.precision=rollout"), QD_OK);
+        ck_assert_msg(run(c, NULL) == QD_OK, "%s", qd_last_error());
+        pathf(b, sizeof b, "%s/%s", dir, name);
+        json_t *m = metrics_without_time(b);
+        pass[i] = num(json_array_get(m, 0), "eval", "pass1");
+        json_decref(m);
+        qd_config_free(c);
+    }
+    ck_assert(pass[0] == pass[1] && pass[1] == pass[3] && pass[2] != pass[3]);
     qd_test_rm_tree(dir);
 }
 END_TEST
