@@ -1064,6 +1064,8 @@ static qd_status log_eval(rl_run *r, json_t *o, json_t *tm)
     if (st)
         return at_step(st, r->step, "eval");
     put_eval(o, &ev, now_s() - t0, tm);
+    if (r->o->log && r->o->progress && isatty(STDERR_FILENO))
+        fputs("\r\033[K", stderr); /* clear the live progress line first */
     if (r->o->log)
         fprintf(r->o->log, "step %lld: held-out pass@1 %.4f (%d problems)\n", (long long)r->step, ev.pass1,
                 ev.problems);
