@@ -186,6 +186,7 @@ static qd_status load_data(rl_run *r)
         return st;
     int64_t lim = qd_config_int(r->cfg, "eval.limit");
     n = lim > 0 ? (size_t)lim : 256;
+    so.seed = (uint64_t)qd_config_int(r->cfg, "eval.seed"); /* one held-out set for every run seed */
     while ((st = qd_synth_generate(&so, QD_SPLIT_TEST, n, &r->test)) == QD_ERR_ARG && n > 1)
         n /= 2;
     if (st)
@@ -712,7 +713,8 @@ static qd_status run_eval(rl_run *r, qd_task_eval_result *ev)
     if (!st)
         st = qd_task_eval(b, r->tok, &r->test, (int)qd_config_int(r->cfg, "eval.limit"),
                           (int)qd_config_int(r->cfg, "eval.samples"),
-                          (float)qd_config_float(r->cfg, "eval.temperature"), r->seed, (int)r->M, ev);
+                          (float)qd_config_float(r->cfg, "eval.temperature"),
+                          (uint64_t)qd_config_int(r->cfg, "eval.seed"), (int)r->M, ev);
     if (!st)
         st = qd_backend_set_rac_state(r->rollout, rac, rb);
     free(rac);

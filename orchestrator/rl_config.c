@@ -66,6 +66,8 @@ static const qd_cfg_knob knobs[] = {
     {"eval.every", QD_CFG_INT, "10", 0, BIG, 0, NULL, "held-out eval every N steps (and before and after); 0 = off"},
     {"eval.samples", QD_CFG_INT, "1", 1, 4096, 0, NULL, "completions per eval prompt (pass@1 averaged over them)"},
     {"eval.limit", QD_CFG_INT, "64", 0, BIG, 0, NULL, "eval prompts; 0 = all"},
+    {"eval.seed", QD_CFG_INT, "1", 0, 2147483647, 0, NULL,
+     "seed of the held-out problems and of eval sampling (not run.seed: every run is graded on the same set)"},
     {"eval.precision", QD_CFG_ENUM, "rollout", 0, 0, 0, "rollout|trainer",
      "held-out eval on the rollout instance (the recipe's inference numerics) or on the trainer"},
     {"eval.temperature", QD_CFG_FLOAT, "0.0", 0, 100, 0, NULL, "eval sampling temperature; 0 = greedy"},
