@@ -213,3 +213,52 @@ qd_status qd_backend_diagnostics(qd_backend *b, qd_diagnostics *out)
         return qd_error(QD_ERR_UNSUPPORTED, "backend %s: no diagnostics", qd_backend_name(b));
     return b->iface->diagnostics(b, out);
 }
+
+qd_status qd_backend_get_adam(qd_backend *b, float *m, float *v, size_t n)
+{
+    assert(b && m && v);
+    qd_status st = check_size(b, n, "get_adam");
+    if (st)
+        return st;
+    if (!b->iface->get_adam)
+        return qd_error(QD_ERR_UNSUPPORTED, "backend %s: no optimizer state", qd_backend_name(b));
+    return b->iface->get_adam(b, m, v, n);
+}
+
+qd_status qd_backend_set_adam(qd_backend *b, const float *m, const float *v, size_t n)
+{
+    assert(b && m && v);
+    qd_status st = check_size(b, n, "set_adam");
+    if (st)
+        return st;
+    if (!b->iface->set_adam)
+        return qd_error(QD_ERR_UNSUPPORTED, "backend %s: no optimizer state", qd_backend_name(b));
+    return b->iface->set_adam(b, m, v, n);
+}
+
+size_t qd_backend_rac_state_size(qd_backend *b)
+{
+    assert(b);
+    return b->iface->rac_state_size ? b->iface->rac_state_size(b) : 0;
+}
+
+static qd_status check_rac_size(qd_backend *b, size_t n, const char *what)
+{
+    size_t want = qd_backend_rac_state_size(b);
+    if (n != want)
+        return qd_error(QD_ERR_SHAPE, "backend %s: %s: %zu bytes given, the state has %zu", qd_backend_name(b),
+                        what, n, want);
+    return QD_OK;
+}
+
+qd_status qd_backend_get_rac_state(qd_backend *b, void *buf, size_t n)
+{
+    qd_status st = check_rac_size(b, n, "get_rac_state");
+    return st || n == 0 ? st : b->iface->get_rac_state(b, buf, n);
+}
+
+qd_status qd_backend_set_rac_state(qd_backend *b, const void *buf, size_t n)
+{
+    qd_status st = check_rac_size(b, n, "set_rac_state");
+    return st || n == 0 ? st : b->iface->set_rac_state(b, buf, n);
+}

@@ -156,6 +156,18 @@ struct qd_backend_i {
     /* Optional. The pointers are owned by the backend and stay valid until the
      * next diagnostics call or free. */
     qd_status (*diagnostics)(qd_backend *b, qd_diagnostics *out);
+    /* Checkpoint state beyond the master weights; optional. The AdamW moments
+     * m and v (n floats each, qd_param_info order). */
+    qd_status (*get_adam)(qd_backend *b, float *m, float *v, size_t n);
+    qd_status (*set_adam)(qd_backend *b, const float *m, const float *v, size_t n);
+    /* The RAC state (channel sets and the activation-error statistics gathered
+     * since the last sync) as an opaque byte blob of rac_state_size bytes
+     * (0 when no layer uses RAC). set_rac_state installs the channel sets and
+     * rebuilds the RAC weight copies from the current master weights with them,
+     * so a restored rollout quantizes exactly as the saved one did. */
+    size_t (*rac_state_size)(qd_backend *b);
+    qd_status (*get_rac_state)(qd_backend *b, void *buf, size_t n);
+    qd_status (*set_rac_state)(qd_backend *b, const void *buf, size_t n);
 };
 
 struct qd_backend {
@@ -199,5 +211,11 @@ qd_status qd_backend_get_grads(qd_backend *b, float *grads, size_t n);
 qd_status qd_backend_optimizer_step(qd_backend *b, const qd_adamw *opt, int step, float *grad_norm);
 qd_status qd_backend_generate(qd_backend *b, const qd_generate_request *req, qd_generate_result *res);
 qd_status qd_backend_diagnostics(qd_backend *b, qd_diagnostics *out);
+qd_status qd_backend_get_adam(qd_backend *b, float *m, float *v, size_t n);
+qd_status qd_backend_set_adam(qd_backend *b, const float *m, const float *v, size_t n);
+/* 0 when the backend has no RAC state (or no such slot). */
+size_t qd_backend_rac_state_size(qd_backend *b);
+qd_status qd_backend_get_rac_state(qd_backend *b, void *buf, size_t n);
+qd_status qd_backend_set_rac_state(qd_backend *b, const void *buf, size_t n);
 
 #endif /* QD_BACKEND_H */

@@ -16,6 +16,10 @@ int qd_cmd_grade(int argc, char **argv);
 int qd_cmd_bench(int argc, char **argv);
 int qd_cmd_eval(int argc, char **argv);
 int qd_cmd_tokenize(int argc, char **argv);
+int qd_cmd_rl(int argc, char **argv);
+int qd_cmd_compare(int argc, char **argv);
+int qd_cmd_report(int argc, char **argv);
+int qd_cmd_sft(int argc, char **argv);
 int qd_cmd_forward(int argc, char **argv);
 int qd_cmd_generate(int argc, char **argv);
 

@@ -12,6 +12,10 @@ static const qd_command commands[] = {
     {"grade", qd_cmd_grade, "grade model outputs against gold answers (JSONL in, JSONL out)"},
     {"bench", qd_cmd_bench, "list and fetch benchmark datasets"},
     {"eval", qd_cmd_eval, "grade a model on benchmarks: pass@k, maj@k, report.md and report.json"},
+    {"sft", qd_cmd_sft, "train a model on the synthetic task with cross-entropy (makes the tiny model)"},
+    {"rl", qd_cmd_rl, "reinforcement learning (GRPO) with NVFP4 rollouts: the main job"},
+    {"compare", qd_cmd_compare, "run one config once per precision recipe and write report.md with plots"},
+    {"report", qd_cmd_report, "report.md and plots from existing runs"},
     {NULL, NULL, NULL},
 };
 

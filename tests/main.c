@@ -69,6 +69,8 @@ int main(void)
     srunner_add_suite(sr, suite_benchmarks());
     srunner_add_suite(sr, suite_backend_cpu());
     srunner_add_suite(sr, suite_orchestrator());
+    srunner_add_suite(sr, suite_tiny());
+    srunner_add_suite(sr, suite_rl());
     srunner_add_suite(sr, suite_sampling());
     srunner_add_suite(sr, suite_models());
     srunner_run_all(sr, CK_NORMAL);

@@ -12,6 +12,8 @@ Suite *suite_eval(void);
 Suite *suite_benchmarks(void);
 Suite *suite_backend_cpu(void);
 Suite *suite_orchestrator(void);
+Suite *suite_tiny(void);
+Suite *suite_rl(void);
 Suite *suite_sampling(void);
 Suite *suite_models(void);
 

@@ -1664,6 +1664,110 @@ static qd_status cpu_generate(qd_backend *b, const qd_generate_request *rq, qd_g
     return st;
 }
 
+static qd_status cpu_get_adam(qd_backend *b, float *m, float *v, size_t n)
+{
+    memcpy(m, ctx_of(b)->m, sizeof(float) * n);
+    memcpy(v, ctx_of(b)->v, sizeof(float) * n);
+    return QD_OK;
+}
+
+static qd_status cpu_set_adam(qd_backend *b, const float *m, const float *v, size_t n)
+{
+    qd_status st = qd_amax(&(float){0}, m, (int64_t)n);
+    if (!st)
+        st = qd_amax(&(float){0}, v, (int64_t)n);
+    if (st)
+        return qd_error(st, "set_adam: non-finite AdamW moment");
+    memcpy(ctx_of(b)->m, m, sizeof(float) * n);
+    memcpy(ctx_of(b)->v, v, sizeof(float) * n);
+    return QD_OK;
+}
+
+/* RAC state blob: for each RAC linear in order, int64 nrac, int64 rac_ch[in]
+ * (the first nrac used), double rac_err[in]. */
+static size_t cpu_rac_state_size(qd_backend *b)
+{
+    cpu_ctx *c = ctx_of(b);
+    size_t n = 0;
+    for (int i = 0; i < c->nlin; i++)
+        if (c->lin[i].mode == QD_LINEAR_W4A4_RAC)
+            n += sizeof(int64_t) * (1 + (size_t)c->lin[i].in) + sizeof(double) * (size_t)c->lin[i].in;
+    return n;
+}
+
+static qd_status cpu_get_rac_state(qd_backend *b, void *buf, size_t n)
+{
+    cpu_ctx *c = ctx_of(b);
+    char *p = buf;
+    for (int i = 0; i < c->nlin; i++) {
+        const linear *L = &c->lin[i];
+        if (L->mode != QD_LINEAR_W4A4_RAC)
+            continue;
+        memcpy(p, &L->nrac, sizeof(int64_t));
+        memcpy(p + sizeof(int64_t), L->rac_ch, sizeof(int64_t) * (size_t)L->in);
+        p += sizeof(int64_t) * (1 + (size_t)L->in);
+        memcpy(p, L->rac_err, sizeof(double) * (size_t)L->in);
+        p += sizeof(double) * (size_t)L->in;
+    }
+    return QD_OK;
+}
+
+/* Checks one linear's saved channel set: nrac in [0, in], channels ascending in [0, in). */
+static qd_status check_rac_channels(const linear *L, int64_t nrac, const int64_t *ch)
+{
+    if (nrac < 0 || nrac > L->in)
+        return qd_error(QD_ERR_FORMAT, "set_rac_state: %s: %lld channels of %d", L->name, (long long)nrac, L->in);
+    for (int64_t j = 0; j < nrac; j++)
+        if (ch[j] < 0 || ch[j] >= L->in || (j && ch[j] <= ch[j - 1]))
+            return qd_error(QD_ERR_FORMAT, "set_rac_state: %s: channel %lld is %lld", L->name, (long long)j,
+                            (long long)ch[j]);
+    return QD_OK;
+}
+
+static qd_status set_rac_impl(cpu_ctx *c, const char *p)
+{
+    for (int i = 0; i < c->nlin; i++) {
+        linear *L = &c->lin[i];
+        if (L->mode != QD_LINEAR_W4A4_RAC)
+            continue;
+        int64_t nrac;
+        memcpy(&nrac, p, sizeof nrac);
+        const char *ch = p + sizeof(int64_t);
+        /* copied out first: the blob need not be aligned, and a bad set must not half-apply */
+        int64_t *tmp = malloc(sizeof(int64_t) * (size_t)L->in);
+        if (!tmp)
+            return qd_error(QD_ERR_NOMEM, "set_rac_state");
+        memcpy(tmp, ch, sizeof(int64_t) * (size_t)L->in);
+        qd_status st = check_rac_channels(L, nrac, tmp);
+        if (st) {
+            free(tmp);
+            return st;
+        }
+        memcpy(L->rac_ch, tmp, sizeof(int64_t) * (size_t)L->in);
+        free(tmp);
+        L->nrac = nrac;
+        p += sizeof(int64_t) * (1 + (size_t)L->in);
+        memcpy(L->rac_err, p, sizeof(double) * (size_t)L->in);
+        p += sizeof(double) * (size_t)L->in;
+        qd_nvfp4_free(&L->wq);
+        st = qd_nvfp4_alloc(&L->wq, L->out, L->in + L->nrac, 0);
+        if (!st)
+            st = qd_rac_augment_weight(&L->wq, c->params + L->w, L->out, L->in, L->rac_ch, L->nrac);
+        if (st)
+            return st;
+    }
+    c->have_forward = 0;
+    return QD_OK;
+}
+
+static qd_status cpu_set_rac_state(qd_backend *b, const void *buf, size_t n)
+{
+    int saved = threads_push(ctx_of(b));
+    qd_status st = set_rac_impl(ctx_of(b), buf);
+    threads_pop(saved);
+    return st;
+}
+
 static const struct qd_backend_i cpu_iface = {
     .get_name = cpu_get_name,
     .free = cpu_free,
@@ -1676,6 +1780,11 @@ static const struct qd_backend_i cpu_iface = {
     .optimizer_step = cpu_optimizer_step,
     .generate = cpu_generate,
     .diagnostics = cpu_diagnostics,
+    .get_adam = cpu_get_adam,
+    .set_adam = cpu_set_adam,
+    .rac_state_size = cpu_rac_state_size,
+    .get_rac_state = cpu_get_rac_state,
+    .set_rac_state = cpu_set_rac_state,
 };
 
 /* ------------------------------------------------------------------------ */

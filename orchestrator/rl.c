@@ -1,0 +1,1317 @@
+/* The RL loop: setup, one step, evals, checkpoints and resume (rl.h). */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <jansson.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include "orchestrator/rl.h"
+#include "backends/backend.h"
+#include "benchmarks/synth.h"
+#include "models/checkpoint.h"
+#include "models/tokenizer.h"
+#include "orchestrator/ckpt.h"
+#include "orchestrator/grpo.h"
+#include "orchestrator/metrics.h"
+#include "orchestrator/task.h"
+#include "quant/fileio.h"
+#include "quant/quant.h"
+
+#define TRAIN_POOL 4096  /* training problems drawn (fewer when the split is smaller) */
+#define ADAM_MAGIC "QDADAMW1"
+#define RAC_MAGIC "QDRAC001"
+
+/* One rollout sample, after rewards. */
+typedef struct {
+    int prob;           /* index into the training set */
+    int64_t pos;        /* data position of its prompt */
+    int rlen;           /* response tokens (end token included) */
+    float reward, score; /* reward (penalties included) and correctness */
+    float adv;
+} sample;
+
+/* The samples a step trains on: (S, M) response tokens and rollout log-probs. */
+typedef struct {
+    int S, cap, M;
+    sample *s;
+    int32_t *tok;  /* (cap, M) */
+    float *lp_ro;  /* (cap, M) rollout log-probs */
+} sample_set;
+
+typedef struct {
+    const qd_config *cfg;
+    const qd_rl_options *o;
+    char dir[4096], model_dir[4096];
+    qd_model_config mcfg;
+    qd_tokenizer *tok;
+    int32_t end_id;
+    qd_backend *rollout, *trainer, *ref;
+    size_t nf;
+    float *w;                      /* (nf) the sync buffer */
+    qd_bench_set train, test;
+    int32_t **pids;                /* (train.n) prompt ids */
+    int *plen;                     /* (train.n) */
+    int64_t *perm, perm_epoch;     /* (train.n) order of the current epoch */
+    uint64_t seed;
+    int64_t step, data_pos, opt_step, steps, P, G, M, J;
+    qd_grpo_params gp;
+    qd_adv_kind adv;
+    qd_lr_schedule sched;
+    qd_metrics *metrics;
+    int kill_step, nan_step;       /* test hooks; 0 = off */
+} rl_run;
+
+/* ---- small helpers */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* Prefixes the current message with "where: " (copied first: qd_error writes
+ * the buffer qd_last_error reads). */
+static qd_status prefixed(qd_status st, const char *where)
+{
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", qd_last_error());
+    return qd_error(st, "%s: %s", where, msg);
+}
+
+/* ... with "step S: where: " (where may be ""). */
+static qd_status at_step(qd_status st, int64_t step, const char *where)
+{
+    char w[128];
+    snprintf(w, sizeof w, "step %lld%s%s", (long long)step, *where ? ": " : "", where);
+    return prefixed(st, w);
+}
+
+static int env_int(const char *name)
+{
+    const char *s = getenv(name);
+    return s ? atoi(s) : 0;
+}
+
+/* ---- run directory and model */
+
+qd_status qd_rl_run_dir(const qd_config *cfg, char *buf, size_t n)
+{
+    const char *dir = qd_config_str(cfg, "run.dir"), *name = qd_config_str(cfg, "run.name");
+    char stamp[32];
+    if (!*name) {
+        time_t t = time(NULL);
+        strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", gmtime(&t));
+        name = stamp;
+    }
+    int w = *dir ? snprintf(buf, n, "%s", dir) : snprintf(buf, n, "runs/%s", name);
+    if (w < 0 || (size_t)w >= n)
+        return qd_error(QD_ERR_ARG, "config: run.dir: path too long");
+    return QD_OK;
+}
+
+/* The model folder: model.path, else the embedded tiny model (models/tiny under
+ * the current directory or under $QD_SRCDIR). */
+static qd_status model_dir(const qd_config *cfg, char *buf, size_t n)
+{
+    const char *p = qd_config_str(cfg, "model.path");
+    if (*p) {
+        snprintf(buf, n, "%s", p);
+        return QD_OK;
+    }
+    const char *src = getenv("QD_SRCDIR");
+    const char *cands[2] = {"models/tiny", NULL};
+    char alt[4096];
+    if (src) {
+        snprintf(alt, sizeof alt, "%s/models/tiny", src);
+        cands[1] = alt;
+    }
+    for (int i = 0; i < 2; i++) {
+        char cfgp[4200];
+        if (!cands[i])
+            continue;
+        snprintf(cfgp, sizeof cfgp, "%s/config.json", cands[i]);
+        if (access(cfgp, R_OK) == 0) {
+            snprintf(buf, n, "%s", cands[i]);
+            return QD_OK;
+        }
+    }
+    return qd_error(QD_ERR_IO, "config: model.path: empty and the embedded tiny model (models/tiny) was not "
+                               "found; run from the source tree or set model.path");
+}
+
+static qd_backend *new_backend(rl_run *r, qd_role role)
+{
+    qd_backend_options opt = {0};
+    qd_recipe_parse(&opt.recipe, qd_config_str(r->cfg, "rollout.recipe"));
+    opt.role = role;
+    opt.rac_ratio = qd_config_float(r->cfg, "rac.ratio");
+    opt.num_threads = (int)qd_config_int(r->cfg, "run.threads");
+    opt.diagnostics = 1;
+    return qd_backend_init_by_name(qd_config_str(r->cfg, "rollout.backend"), &r->mcfg, &opt);
+}
+
+/* ---- data */
+
+static qd_status load_data(rl_run *r)
+{
+    qd_synth_opts so = {0};
+    if (*qd_config_str(r->cfg, "data.benchmark"))
+        return qd_error(QD_ERR_UNSUPPORTED, "config: data.benchmark: '%s': quads rl evaluates on the task's "
+                                            "held-out split only (leave it empty; use quads eval for benchmarks)",
+                        qd_config_str(r->cfg, "data.benchmark"));
+    qd_status st = qd_task_parse(qd_config_str(r->cfg, "data.task"), &so);
+    if (st)
+        return qd_error(st, "config: data.task: %s", qd_last_error());
+    so.seed = r->seed;
+    size_t n = TRAIN_POOL;
+    while ((st = qd_synth_generate(&so, QD_SPLIT_TRAIN, n, &r->train)) == QD_ERR_ARG && n > 16)
+        n /= 2;
+    if (st)
+        return st;
+    int64_t lim = qd_config_int(r->cfg, "eval.limit");
+    n = lim > 0 ? (size_t)lim : 256;
+    so.seed = (uint64_t)qd_config_int(r->cfg, "eval.seed"); /* one held-out set for every run seed */
+    while ((st = qd_synth_generate(&so, QD_SPLIT_TEST, n, &r->test)) == QD_ERR_ARG && n > 1)
+        n /= 2;
+    if (st)
+        return st;
+    r->pids = calloc(r->train.n, sizeof *r->pids);
+    r->plen = calloc(r->train.n, sizeof *r->plen);
+    r->perm = malloc(sizeof(int64_t) * r->train.n);
+    if (!r->pids || !r->plen || !r->perm)
+        return qd_error(QD_ERR_NOMEM, "training prompts");
+    int64_t maxp = qd_config_int(r->cfg, "data.max_prompt_tokens");
+    for (size_t i = 0; i < r->train.n; i++) {
+        size_t nids, np;
+        st = qd_task_encode(r->tok, r->train.rec[i].problem, NULL, &r->pids[i], &nids, &np);
+        if (st)
+            return st;
+        if ((int64_t)np > maxp)
+            return qd_error(QD_ERR_ARG, "config: data.max_prompt_tokens: %lld, but a prompt has %zu tokens",
+                            (long long)maxp, np);
+        r->plen[i] = (int)np;
+    }
+    r->perm_epoch = -1;
+    return QD_OK;
+}
+
+/* The training problem at data position pos: epochs in a seeded order. */
+static int problem_at(rl_run *r, int64_t pos)
+{
+    int64_t n = (int64_t)r->train.n, epoch = pos / n;
+    if (epoch != r->perm_epoch) {
+        for (int64_t i = 0; i < n; i++)
+            r->perm[i] = i;
+        if (qd_config_bool(r->cfg, "data.shuffle")) {
+            uint64_t h = mix64(r->seed ^ mix64((uint64_t)epoch + 0x5eedull));
+            for (int64_t i = n - 1; i > 0; i--) {
+                h = mix64(h);
+                int64_t j = (int64_t)(h % (uint64_t)(i + 1)), t = r->perm[i];
+                r->perm[i] = r->perm[j];
+                r->perm[j] = t;
+            }
+        }
+        r->perm_epoch = epoch;
+    }
+    return (int)r->perm[pos % n];
+}
+
+/* ---- rollout */
+
+static qd_status set_reserve(sample_set *ss, int S)
+{
+    if (S <= ss->cap)
+        return QD_OK;
+    sample *s = realloc(ss->s, sizeof *s * (size_t)S);
+    if (s)
+        ss->s = s;
+    int32_t *t = realloc(ss->tok, sizeof *t * (size_t)S * ss->M);
+    if (t)
+        ss->tok = t;
+    float *l = realloc(ss->lp_ro, sizeof *l * (size_t)S * ss->M);
+    if (l)
+        ss->lp_ro = l;
+    if (!s || !t || !l)
+        return qd_error(QD_ERR_NOMEM, "rollout samples");
+    ss->cap = S;
+    return QD_OK;
+}
+
+/* Generation batch gb of step: P prompts x G samples appended to all. */
+static qd_status rollout_batch(rl_run *r, sample_set *all, int gb)
+{
+    int B = (int)(r->P * r->G), Tp = 1, M = (int)r->M;
+    qd_status st = set_reserve(all, all->S + B);
+    if (st)
+        return st;
+    for (int b = 0; b < B; b++) {
+        sample *s = &all->s[all->S + b];
+        s->pos = r->data_pos + b / r->G;
+        s->prob = problem_at(r, s->pos);
+        if (r->plen[s->prob] > Tp)
+            Tp = r->plen[s->prob];
+    }
+    int32_t *prompt = calloc((size_t)B * Tp, sizeof *prompt), *plen = malloc(sizeof *plen * B);
+    uint64_t *seq = malloc(sizeof *seq * B);
+    if (!prompt || !plen || !seq) {
+        free(prompt), free(plen), free(seq);
+        return qd_error(QD_ERR_NOMEM, "rollout batch");
+    }
+    for (int b = 0; b < B; b++) {
+        const sample *s = &all->s[all->S + b];
+        plen[b] = r->plen[s->prob];
+        memcpy(prompt + (size_t)b * Tp, r->pids[s->prob], sizeof(int32_t) * plen[b]);
+        seq[b] = (uint64_t)s->pos * (uint64_t)r->G + (uint64_t)(b % r->G);
+    }
+    int32_t *lens = malloc(sizeof *lens * B);
+    qd_generate_request rq = {B, Tp, prompt, plen, seq,
+                              mix64(r->seed * 1000003ull + (uint64_t)r->step * 64 + (uint64_t)gb),
+                              M, (float)qd_config_float(r->cfg, "rollout.temperature"),
+                              (int)qd_config_int(r->cfg, "rollout.top_k"),
+                              (float)qd_config_float(r->cfg, "rollout.top_p"), &r->end_id, 1};
+    qd_generate_result res = {all->tok + (size_t)all->S * M, all->lp_ro + (size_t)all->S * M, lens};
+    st = lens ? qd_backend_generate(r->rollout, &rq, &res) : qd_error(QD_ERR_NOMEM, "rollout");
+    for (int b = 0; b < B && !st; b++) {
+        sample *s = &all->s[all->S + b];
+        s->rlen = lens[b];
+        const float *lp = res.logp + (size_t)b * M;
+        for (int i = 0; i < s->rlen && !st; i++)
+            if (!isfinite(lp[i]))
+                st = qd_error(QD_ERR_NONFINITE, "rollout log-prob of sample %d token %d is %g", b, i, lp[i]);
+    }
+    free(prompt), free(plen), free(seq), free(lens);
+    return st;
+}
+
+/* Rewards of the last B samples of all (correctness + overlong penalty). */
+static qd_status grade_batch(rl_run *r, sample_set *all, int first, int B)
+{
+    int64_t buf = qd_config_int(r->cfg, "algo.overlong_buffer_len");
+    double pen = qd_config_float(r->cfg, "algo.overlong_penalty");
+    for (int b = first; b < first + B; b++) {
+        sample *s = &all->s[b];
+        qd_status st = qd_task_reward(r->tok, all->tok + (size_t)b * r->M, (size_t)s->rlen,
+                                      r->train.rec[s->prob].answer, &s->score, NULL);
+        if (st)
+            return st;
+        s->reward = s->score + (float)qd_grpo_overlong_penalty(s->rlen, r->M, buf, pen);
+    }
+    return QD_OK;
+}
+
+/* Keeps the kept groups of all in place (dynamic sampling), at most P. */
+static int compact_groups(rl_run *r, sample_set *all, int first_group, const uint8_t *keep, int ngroups, int kept)
+{
+    int G = (int)r->G, M = (int)r->M;
+    for (int g = 0; g < ngroups && kept < r->P; g++) {
+        if (!keep[g])
+            continue;
+        int src = (first_group + g) * G, dst = kept * G;
+        if (src != dst) {
+            memmove(&all->s[dst], &all->s[src], sizeof(sample) * G);
+            memmove(all->tok + (size_t)dst * M, all->tok + (size_t)src * M, sizeof(int32_t) * G * M);
+            memmove(all->lp_ro + (size_t)dst * M, all->lp_ro + (size_t)src * M, sizeof(float) * G * M);
+        }
+        kept++;
+    }
+    return kept;
+}
+
+typedef struct {
+    double reward_sum, score_sum, len_sum;
+    int64_t generated, tokens, gen_batches;
+} rollout_stats;
+
+/* The step's rollouts: one batch, or under dynamic sampling batches until P
+ * groups with signal (or algo.max_gen_batches). all->S = kept samples. */
+static qd_status do_rollouts(rl_run *r, sample_set *all, rollout_stats *rs)
+{
+    bool dyn = qd_config_bool(r->cfg, "algo.dynamic_sampling");
+    int tries = dyn ? (int)qd_config_int(r->cfg, "algo.max_gen_batches") : 1, kept = 0;
+    int B = (int)(r->P * r->G);
+    all->S = 0;
+    for (int gb = 0; gb < tries && (gb == 0 || kept < r->P); gb++) {
+        int first = all->S;
+        qd_status st = rollout_batch(r, all, gb);
+        if (!st)
+            st = grade_batch(r, all, first, B);
+        if (st)
+            return st;
+        r->data_pos += r->P;
+        rs->gen_batches++;
+        for (int b = first; b < first + B; b++) {
+            rs->reward_sum += all->s[b].reward;
+            rs->score_sum += all->s[b].score;
+            rs->len_sum += all->s[b].rlen;
+            rs->tokens += all->s[b].rlen;
+        }
+        rs->generated += B;
+        all->S = first + B;
+        int ng = (int)r->P;
+        if (!dyn) {
+            kept = ng;
+            continue;
+        }
+        uint8_t *keep = malloc((size_t)ng);
+        float *score = malloc(sizeof(float) * B);
+        if (!keep || !score) {
+            free(keep), free(score);
+            return qd_error(QD_ERR_NOMEM, "dynamic sampling");
+        }
+        for (int b = 0; b < B; b++)
+            score[b] = all->s[first + b].reward;
+        qd_grpo_filter_groups(keep, score, ng, r->G);
+        kept = compact_groups(r, all, first / (int)r->G, keep, ng, kept);
+        all->S = kept * (int)r->G;
+        free(keep), free(score);
+    }
+    all->S = kept * (int)r->G;
+    return QD_OK;
+}
+
+/* ---- trainer */
+
+/* Token rows of samples [a, b): prompt + response, right-padded to *T. */
+static qd_status build_batch(rl_run *r, const sample_set *ss, int a, int b, int32_t **tokens, int32_t **lens,
+                             int *T)
+{
+    int n = b - a, t = 1;
+    for (int i = a; i < b; i++)
+        if (r->plen[ss->s[i].prob] + ss->s[i].rlen > t)
+            t = r->plen[ss->s[i].prob] + ss->s[i].rlen;
+    *tokens = calloc((size_t)n * t, sizeof(int32_t));
+    *lens = malloc(sizeof(int32_t) * n);
+    if (!*tokens || !*lens)
+        return qd_error(QD_ERR_NOMEM, "trainer batch");
+    for (int i = 0; i < n; i++) {
+        const sample *s = &ss->s[a + i];
+        int pl = r->plen[s->prob];
+        memcpy(*tokens + (size_t)i * t, r->pids[s->prob], sizeof(int32_t) * pl);
+        memcpy(*tokens + (size_t)i * t + pl, ss->tok + (size_t)(a + i) * r->M, sizeof(int32_t) * s->rlen);
+        (*lens)[i] = pl + s->rlen;
+    }
+    *T = t;
+    return QD_OK;
+}
+
+/* Response log-probs (n, M) of samples [a, b) under backend bk; logp_out's
+ * padding is 0. Checks they are finite (what names where a NaN came from). */
+static qd_status forward_resp(rl_run *r, qd_backend *bk, const sample_set *ss, int a, int b, float *out,
+                              const char *what)
+{
+    int32_t *tokens = NULL, *lens = NULL;
+    int T = 1;
+    qd_status st = build_batch(r, ss, a, b, &tokens, &lens, &T);
+    float *lp = st ? NULL : malloc(sizeof(float) * (size_t)(b - a) * T);
+    if (!st && !lp)
+        st = qd_error(QD_ERR_NOMEM, "trainer log-probs");
+    qd_batch bt = {b - a, T, tokens, lens};
+    if (!st)
+        st = qd_backend_forward(bk, &bt, lp, NULL);
+    for (int i = 0; i < b - a && !st; i++) {
+        const sample *s = &ss->s[a + i];
+        int pl = r->plen[s->prob];
+        float *o = out + (size_t)i * r->M;
+        memset(o, 0, sizeof(float) * r->M);
+        for (int k = 0; k < s->rlen; k++)
+            o[k] = lp[(size_t)i * T + pl - 1 + k];
+        if (bk == r->trainer && r->nan_step == r->step && a == 0 && i == 0 && what[0] == 't')
+            o[0] = NAN; /* test hook: QD_RL_TEST_NAN_STEP */
+        for (int k = 0; k < s->rlen && !st; k++)
+            if (!isfinite(o[k]))
+                st = qd_error(QD_ERR_NONFINITE, "%s log-prob of sample %d token %d is %g", what, a + i, k, o[k]);
+    }
+    free(tokens), free(lens), free(lp);
+    return st;
+}
+
+/* Backward of coef (n, M) for the trainer's last forward (samples [a, b)). */
+static qd_status backward_resp(rl_run *r, const sample_set *ss, int a, int b, const float *coef)
+{
+    int T = 1;
+    for (int i = a; i < b; i++)
+        if (r->plen[ss->s[i].prob] + ss->s[i].rlen > T)
+            T = r->plen[ss->s[i].prob] + ss->s[i].rlen;
+    float *d = calloc((size_t)(b - a) * T, sizeof(float));
+    if (!d)
+        return qd_error(QD_ERR_NOMEM, "trainer gradient");
+    for (int i = 0; i < b - a; i++) {
+        const sample *s = &ss->s[a + i];
+        int pl = r->plen[s->prob];
+        for (int k = 0; k < s->rlen; k++)
+            d[(size_t)i * T + pl - 1 + k] = coef[(size_t)i * r->M + k];
+    }
+    qd_status st = qd_backend_backward(r->trainer, d);
+    free(d);
+    return st;
+}
+
+/* Per-layer measurements of the step (rollout vs trainer). */
+typedef struct {
+    int nlin, nmoe;
+    double *act_err, *weight_err; /* (nlin) relative NVFP4 errors of the rollout */
+    double *agree;                /* (nmoe) router top-k agreement */
+} layer_stats;
+
+static void layer_stats_free(layer_stats *ls)
+{
+    free(ls->act_err), free(ls->weight_err), free(ls->agree);
+}
+
+/* RUN/layers.json: what the per-layer arrays of the metrics index
+ * (quant.*: the quantized linears' weight names; router.agree: the MoE layers). */
+static qd_status write_layers(rl_run *r, const qd_diagnostics *d)
+{
+    char p[4400];
+    snprintf(p, sizeof p, "%s/layers.json", r->dir);
+    if (access(p, F_OK) == 0)
+        return QD_OK;
+    json_t *o = json_object(), *lin = json_array(), *moe = json_array();
+    for (int i = 0; i < d->num_linear; i++)
+        json_array_append_new(lin, json_string(d->names[i]));
+    for (int l = 0; l < r->mcfg.num_hidden_layers; l++)
+        if (qd_model_config_is_moe_layer(&r->mcfg, l))
+            json_array_append_new(moe, json_integer(l));
+    json_object_set_new(o, "quant", lin);
+    json_object_set_new(o, "router", moe);
+    char *text = json_dumps(o, JSON_INDENT(2));
+    json_decref(o);
+    qd_status st = text ? qd_atomic_write(p, text, strlen(text)) : qd_error(QD_ERR_NOMEM, "%s", p);
+    free(text);
+    return st;
+}
+
+/* The rollout's quantization errors over the step's generation. */
+static qd_status rollout_quant_errors(rl_run *r, layer_stats *ls)
+{
+    qd_diagnostics d;
+    qd_status st = qd_backend_diagnostics(r->rollout, &d);
+    if (!st)
+        st = write_layers(r, &d);
+    if (st)
+        return st;
+    ls->nlin = d.num_linear;
+    ls->act_err = calloc((size_t)d.num_linear + 1, sizeof(double));
+    ls->weight_err = calloc((size_t)d.num_linear + 1, sizeof(double));
+    if (!ls->act_err || !ls->weight_err)
+        return qd_error(QD_ERR_NOMEM, "diagnostics");
+    for (int i = 0; i < d.num_linear; i++) {
+        ls->act_err[i] = d.act_norm[i] > 0 ? d.act_err[i] / d.act_norm[i] : 0.0;
+        ls->weight_err[i] = d.weight_err[i];
+    }
+    return QD_OK;
+}
+
+/* Router agreement: the trainer's top-k (its last forward, samples [0, n))
+ * against the rollout's top-k on the same tokens. The rollout forward leaves
+ * the RAC statistics as they were. */
+static qd_status router_agreement(rl_run *r, const sample_set *ss, int n, layer_stats *ls)
+{
+    qd_diagnostics dt, dr;
+    qd_status st = qd_backend_diagnostics(r->trainer, &dt);
+    if (st || dt.num_moe_layers == 0)
+        return st;
+    size_t cnt = (size_t)dt.num_moe_layers * dt.num_tokens * dt.top_k;
+    int32_t *tk = malloc(sizeof(int32_t) * cnt);
+    float *scratch = malloc(sizeof(float) * (size_t)n * r->M);
+    size_t rb = qd_backend_rac_state_size(r->rollout);
+    void *rac = malloc(rb + 1);
+    ls->nmoe = dt.num_moe_layers;
+    ls->agree = calloc((size_t)ls->nmoe, sizeof(double));
+    if (!tk || !scratch || !rac || !ls->agree)
+        st = qd_error(QD_ERR_NOMEM, "router agreement");
+    if (!st) {
+        memcpy(tk, dt.router_topk, sizeof(int32_t) * cnt);
+        st = qd_backend_get_rac_state(r->rollout, rac, rb);
+    }
+    if (!st)
+        st = forward_resp(r, r->rollout, ss, 0, n, scratch, "rollout (prefill)");
+    if (!st)
+        st = qd_backend_set_rac_state(r->rollout, rac, rb);
+    if (!st)
+        st = qd_backend_diagnostics(r->rollout, &dr);
+    if (!st && (dr.num_tokens != dt.num_tokens || dr.num_moe_layers != dt.num_moe_layers))
+        st = qd_error(QD_ERR_SHAPE, "router agreement: rollout and trainer saw different tokens");
+    int K = dt.top_k, N = dt.num_tokens;
+    for (int l = 0; l < ls->nmoe && !st; l++) {
+        int64_t hit = 0;
+        for (int t = 0; t < N; t++) {
+            const int32_t *a = tk + ((size_t)l * N + t) * K, *b = dr.router_topk + ((size_t)l * N + t) * K;
+            for (int i = 0; i < K; i++)
+                for (int j = 0; j < K; j++)
+                    hit += a[i] == b[j];
+        }
+        ls->agree[l] = N ? (double)hit / ((double)N * K) : 1.0;
+    }
+    free(tk), free(scratch), free(rac);
+    return st;
+}
+
+typedef struct {
+    double loss, kl, clip_frac, clip_low, clip_high, ratio_max, tis_mean, tis_clipped;
+    double grad_norm, lr;           /* grad_norm, loss, kl: sums over the updates */
+    int64_t tokens, updates;
+    qd_gap_stats gap;
+} train_stats;
+
+/* Weighted sums of the per-micro-batch statistics (weights: tokens). */
+static void add_stats(train_stats *ts, const qd_grpo_stats *g)
+{
+    double w = (double)g->tokens;
+    ts->loss += g->loss;
+    ts->kl += g->kl;
+    ts->clip_frac += g->clip_frac * w;
+    ts->clip_low += g->clip_frac_low * w;
+    ts->clip_high += g->clip_frac_high * w;
+    ts->tis_mean += g->tis_mean * w;
+    ts->tis_clipped += g->tis_clipped_frac * w;
+    if (g->ratio_max > ts->ratio_max)
+        ts->ratio_max = g->ratio_max;
+    ts->tokens += g->tokens;
+}
+
+static void fill_mask(const sample_set *ss, int a, int b, int M, uint8_t *mask)
+{
+    for (int i = a; i < b; i++)
+        for (int k = 0; k < M; k++)
+            mask[(size_t)(i - a) * M + k] = k < ss->s[i].rlen;
+}
+
+/* One optimizer update on samples [a, b) (one mini-batch). lp_old of these
+ * samples is filled by the first forward when first is set. */
+static qd_status train_mini(rl_run *r, const sample_set *ss, int a, int b, bool first, float *lp_old,
+                            uint8_t *mask, layer_stats *ls, train_stats *ts)
+{
+    int M = (int)r->M, micro = (int)qd_config_int(r->cfg, "trainer.micro_batch");
+    int64_t toks = 0;
+    for (int i = a; i < b; i++)
+        toks += ss->s[i].rlen;
+    qd_grpo_params gp = r->gp;
+    gp.norm = gp.agg == QD_AGG_TOKEN_MEAN ? (double)toks : (double)(b - a);
+    size_t cap = (size_t)micro * M;
+    float *lp = malloc(sizeof(float) * cap), *coef = malloc(sizeof(float) * cap);
+    float *lref = gp.kl_coef > 0 ? malloc(sizeof(float) * cap) : NULL, *adv = malloc(sizeof(float) * micro);
+    qd_status st = !lp || !coef || !adv || (gp.kl_coef > 0 && !lref) ? qd_error(QD_ERR_NOMEM, "trainer") : QD_OK;
+    qd_backend_zero_grad(r->trainer);
+    for (int c = a; c < b && !st; c += micro) {
+        int d = c + micro < b ? c + micro : b, n = d - c;
+        if (lref)
+            st = forward_resp(r, r->ref, ss, c, d, lref, "reference");
+        if (!st)
+            st = forward_resp(r, r->trainer, ss, c, d, lp, "trainer");
+        if (!st && first)
+            memcpy(lp_old + (size_t)c * M, lp, sizeof(float) * (size_t)n * M);
+        if (!st && first && c == 0 && !ls->agree)
+            st = router_agreement(r, ss, n, ls);
+        if (st)
+            break;
+        for (int i = 0; i < n; i++)
+            adv[i] = ss->s[c + i].adv;
+        fill_mask(ss, c, d, M, mask);
+        qd_grpo_batch gb = {n, M, lp, lp_old + (size_t)c * M, ss->lp_ro + (size_t)c * M, lref, adv, mask};
+        qd_grpo_stats gs;
+        st = qd_grpo_loss(coef, &gs, &gb, &gp);
+        if (!st && !isfinite(gs.loss))
+            st = qd_error(QD_ERR_NONFINITE, "loss is %g", gs.loss);
+        if (st) {
+            st = prefixed(st, "loss");
+            break;
+        }
+        add_stats(ts, &gs);
+        st = backward_resp(r, ss, c, d, coef);
+        if (st)
+            st = prefixed(st, "backward");
+    }
+    if (!st) {
+        qd_adamw opt = {0, (float)qd_config_float(r->cfg, "trainer.beta1"),
+                        (float)qd_config_float(r->cfg, "trainer.beta2"), (float)qd_config_float(r->cfg, "trainer.eps"),
+                        (float)qd_config_float(r->cfg, "trainer.weight_decay"),
+                        (float)qd_config_float(r->cfg, "trainer.grad_clip")};
+        ts->lr = qd_grpo_lr(r->sched, qd_config_float(r->cfg, "trainer.lr"),
+                            qd_config_float(r->cfg, "trainer.min_lr_ratio"),
+                            qd_config_int(r->cfg, "trainer.warmup_steps"), r->steps * r->J, r->opt_step);
+        opt.lr = (float)ts->lr;
+        float gn = 0;
+        st = qd_backend_optimizer_step(r->trainer, &opt, (int)(r->opt_step + 1), &gn);
+        if (!st)
+            r->opt_step++, ts->grad_norm += gn, ts->updates++;
+    }
+    free(lp), free(coef), free(lref), free(adv);
+    return st;
+}
+
+/* Advantages, logp_old of the later mini-batches, the updates, the gap. */
+static qd_status train_step(rl_run *r, sample_set *ss, layer_stats *ls, train_stats *ts)
+{
+    int G = (int)r->G, M = (int)r->M, ng = ss->S / G;
+    if (ng == 0) { /* dynamic sampling found no group with signal: no update, no gap */
+        ts->gap = (qd_gap_stats){NAN, NAN, NAN, NAN, NAN, 0};
+        return QD_OK;
+    }
+    float *reward = malloc(sizeof(float) * ss->S), *adv = malloc(sizeof(float) * ss->S);
+    float *lp_old = calloc((size_t)ss->S * M, sizeof(float));
+    uint8_t *mask = malloc((size_t)ss->S * M);
+    qd_status st = !reward || !adv || !lp_old || !mask ? qd_error(QD_ERR_NOMEM, "trainer") : QD_OK;
+    for (int i = 0; i < ss->S && !st; i++)
+        reward[i] = ss->s[i].reward;
+    if (!st)
+        st = qd_grpo_advantages(adv, reward, ng, G, r->adv, qd_config_float(r->cfg, "algo.adv_eps"));
+    for (int i = 0; i < ss->S && !st; i++)
+        ss->s[i].adv = adv[i];
+    int J = (int)r->J;
+    /* logp_old of mini-batches 1.. before any update (PPO's old policy) */
+    int a1 = (int)((int64_t)1 * ng / J) * G, micro = (int)qd_config_int(r->cfg, "trainer.micro_batch");
+    for (int c = a1; c < ss->S && !st && J > 1; c += micro) {
+        int d = c + micro < ss->S ? c + micro : ss->S;
+        st = forward_resp(r, r->trainer, ss, c, d, lp_old + (size_t)c * M, "trainer");
+    }
+    for (int j = 0; j < J && !st; j++) {
+        int a = (int)((int64_t)j * ng / J) * G, b = (int)((int64_t)(j + 1) * ng / J) * G;
+        if (a < b)
+            st = train_mini(r, ss, a, b, j == 0, lp_old, mask, ls, ts);
+    }
+    if (!st) {
+        float *ent = reward == NULL ? NULL : malloc(sizeof(float) * (size_t)ss->S * M);
+        fill_mask(ss, 0, ss->S, M, mask);
+        for (size_t i = 0; ent && i < (size_t)ss->S * M; i++)
+            ent[i] = mask[i] ? -ss->lp_ro[i] : 0.0f; /* entropy estimate: -log p of the sampled token */
+        st = qd_grpo_gap(&ts->gap, lp_old, ss->lp_ro, ent, mask, ss->S, M);
+        free(ent);
+    }
+    free(reward), free(adv), free(lp_old), free(mask);
+    return st;
+}
+
+/* ---- eval, sync */
+
+/* Held-out pass@1 (eval.precision: on the rollout or the trainer instance);
+ * the rollout's RAC statistics are left as they were. */
+static qd_status run_eval(rl_run *r, qd_task_eval_result *ev)
+{
+    qd_backend *b = strcmp(qd_config_str(r->cfg, "eval.precision"), "trainer") ? r->rollout : r->trainer;
+    size_t rb = qd_backend_rac_state_size(r->rollout);
+    void *rac = malloc(rb + 1);
+    if (!rac)
+        return qd_error(QD_ERR_NOMEM, "eval");
+    qd_status st = qd_backend_get_rac_state(r->rollout, rac, rb);
+    if (!st)
+        st = qd_task_eval(b, r->tok, &r->test, (int)qd_config_int(r->cfg, "eval.limit"),
+                          (int)qd_config_int(r->cfg, "eval.samples"),
+                          (float)qd_config_float(r->cfg, "eval.temperature"),
+                          (uint64_t)qd_config_int(r->cfg, "eval.seed"), (int)r->M, ev);
+    if (!st)
+        st = qd_backend_set_rac_state(r->rollout, rac, rb);
+    free(rac);
+    return st;
+}
+
+/* Trainer master weights -> rollout (quantize(W) once). The rollout re-picks
+ * its RAC channels at every sync; between refreshes (rac.refresh) the old sets
+ * and the errors gathered since the last pick are put back, so a refresh picks
+ * from the statistics of all rollouts since the previous one. */
+static qd_status sync_weights(rl_run *r)
+{
+    int64_t every = qd_config_int(r->cfg, "rac.refresh");
+    size_t rb = qd_backend_rac_state_size(r->rollout);
+    bool keep = rb > 0 && (every == 0 || r->step % every != 0);
+    void *rac = keep ? malloc(rb) : NULL;
+    qd_status st = keep && !rac ? qd_error(QD_ERR_NOMEM, "RAC state") : QD_OK;
+    if (!st && keep)
+        st = qd_backend_get_rac_state(r->rollout, rac, rb);
+    if (!st)
+        st = qd_backend_get_weights(r->trainer, r->w, r->nf);
+    if (!st)
+        st = qd_backend_set_weights(r->rollout, r->w, r->nf);
+    if (!st && keep)
+        st = qd_backend_set_rac_state(r->rollout, rac, rb);
+    free(rac);
+    return st ? at_step(st, r->step, "weight sync") : QD_OK;
+}
+
+/* ---- checkpoints */
+
+static qd_status write_blob(const char *path, const char *magic, const void *a, size_t na, const void *b, size_t nb)
+{
+    size_t n = 16 + na + nb;
+    char *buf = malloc(n);
+    if (!buf)
+        return qd_error(QD_ERR_NOMEM, "%s", path);
+    uint64_t len = na + nb;
+    memcpy(buf, magic, 8);
+    memcpy(buf + 8, &len, 8);
+    memcpy(buf + 16, a, na);
+    if (nb)
+        memcpy(buf + 16 + na, b, nb);
+    qd_status st = qd_atomic_write(path, buf, n);
+    free(buf);
+    return st;
+}
+
+/* The payload of a blob file into *data (malloc'ed), checked against magic and size n. */
+static qd_status read_blob(const char *path, const char *magic, void **data, size_t n)
+{
+    char *text;
+    size_t len;
+    qd_status st = qd_read_file(path, &text, &len);
+    if (st)
+        return st;
+    uint64_t want = 0;
+    if (len >= 16)
+        memcpy(&want, text + 8, 8);
+    if (len < 16 || memcmp(text, magic, 8) != 0 || want != n || len != 16 + n) {
+        free(text);
+        return qd_error(QD_ERR_FORMAT, "%s: not a %.8s file of %zu bytes for this model and recipe", path, magic, n);
+    }
+    memmove(text, text + 16, n);
+    *data = text;
+    return QD_OK;
+}
+
+/* Removes a flat directory (a stale step_XXXXXXXX.tmp) and its files. */
+static void remove_flat_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    char p[4400];
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            unlink(p);
+        }
+    closedir(d);
+    rmdir(dir);
+}
+
+static qd_status copy_file(const char *from, const char *to)
+{
+    char *text;
+    size_t len;
+    qd_status st = qd_read_file(from, &text, &len);
+    if (!st)
+        st = qd_atomic_write(to, text, len);
+    if (!st)
+        free(text);
+    return st;
+}
+
+static qd_status write_state(rl_run *r, const char *path)
+{
+    json_t *j = json_pack("{s:I, s:I, s:I, s:I, s:s}", "step", (json_int_t)r->step, "data_pos",
+                          (json_int_t)r->data_pos, "optimizer_step", (json_int_t)r->opt_step, "seed",
+                          (json_int_t)r->seed, "recipe", qd_config_str(r->cfg, "rollout.recipe"));
+    char *text = j ? json_dumps(j, JSON_INDENT(2)) : NULL;
+    json_decref(j);
+    if (!text)
+        return qd_error(QD_ERR_NOMEM, "%s", path);
+    qd_status st = qd_atomic_write(path, text, strlen(text));
+    free(text);
+    return st;
+}
+
+static qd_status write_checkpoint_files(rl_run *r, const char *tmp)
+{
+    int np;
+    const qd_param_info *pi = qd_backend_params(r->trainer, &np);
+    float *m = malloc(sizeof(float) * r->nf), *v = malloc(sizeof(float) * r->nf);
+    size_t rb = qd_backend_rac_state_size(r->rollout);
+    void *rac = malloc(rb + 1);
+    char p[4400];
+    qd_status st = !m || !v || !rac ? qd_error(QD_ERR_NOMEM, "checkpoint") : QD_OK;
+    if (!st)
+        st = qd_backend_get_weights(r->trainer, r->w, r->nf);
+    if (!st)
+        st = qd_checkpoint_save(tmp, &r->mcfg, pi, np, r->w, QD_ST_F32);
+    if (!st)
+        st = qd_backend_get_adam(r->trainer, m, v, r->nf);
+    if (!st) {
+        st = qd_amax(&(float){0}, m, (int64_t)r->nf);
+        st = st ? st : qd_amax(&(float){0}, v, (int64_t)r->nf);
+        if (st)
+            st = qd_error(st, "optimizer state is not finite");
+    }
+    snprintf(p, sizeof p, "%s/optimizer.bin", tmp);
+    if (!st)
+        st = write_blob(p, ADAM_MAGIC, m, sizeof(float) * r->nf, v, sizeof(float) * r->nf);
+    if (!st)
+        st = qd_backend_get_rac_state(r->rollout, rac, rb);
+    snprintf(p, sizeof p, "%s/rac.bin", tmp);
+    if (!st)
+        st = write_blob(p, RAC_MAGIC, rac, rb, NULL, 0);
+    snprintf(p, sizeof p, "%s/state.json", tmp);
+    if (!st)
+        st = write_state(r, p);
+    char from[4400];
+    snprintf(from, sizeof from, "%s/tokenizer.json", r->model_dir);
+    snprintf(p, sizeof p, "%s/tokenizer.json", tmp);
+    if (!st && access(from, R_OK) == 0)
+        st = copy_file(from, p);
+    free(m), free(v), free(rac);
+    return st;
+}
+
+/* RUN/step_XXXXXXXX via a .tmp directory and a rename; then keep-last-K. */
+static qd_status save_checkpoint(rl_run *r)
+{
+    char fin[4200], tmp[4300];
+    qd_status st = qd_ckpt_path(fin, sizeof fin, r->dir, r->step);
+    if (st)
+        return st;
+    snprintf(tmp, sizeof tmp, "%s.tmp", fin);
+    remove_flat_dir(tmp);
+    st = qd_mkdirs(tmp);
+    if (!st)
+        st = write_checkpoint_files(r, tmp);
+    if (!st)
+        st = qd_fsync_dir(tmp);
+    if (!st) {
+        remove_flat_dir(fin); /* a checkpoint of this step from a run that was cut back */
+        if (rename(tmp, fin) != 0)
+            st = qd_error(QD_ERR_IO, "%s: rename to %s: %s", tmp, fin, strerror(errno));
+    }
+    if (!st)
+        st = qd_fsync_dir(r->dir);
+    if (!st)
+        st = qd_ckpt_rotate(r->dir, (int)qd_config_int(r->cfg, "checkpoint.keep_last"), NULL);
+    if (st) {
+        remove_flat_dir(tmp);
+        return at_step(st, r->step, "checkpoint");
+    }
+    return QD_OK;
+}
+
+static qd_status read_state(rl_run *r, const char *path)
+{
+    json_error_t err;
+    json_t *j = json_load_file(path, 0, &err);
+    json_int_t step, pos, opt, seed;
+    const char *recipe;
+    if (!j)
+        return qd_error(QD_ERR_FORMAT, "%s:%d: %s", path, err.line, err.text);
+    int bad = json_unpack(j, "{s:I, s:I, s:I, s:I, s:s}", "step", &step, "data_pos", &pos, "optimizer_step", &opt,
+                          "seed", &seed, "recipe", &recipe);
+    if (!bad && strcmp(recipe, qd_config_str(r->cfg, "rollout.recipe")) != 0) {
+        qd_status st = qd_error(QD_ERR_ARG, "%s: recipe: '%s', but the config says '%s' (a run keeps its recipe)",
+                                path, recipe, qd_config_str(r->cfg, "rollout.recipe"));
+        json_decref(j);
+        return st;
+    }
+    json_decref(j);
+    if (bad || step < 0 || pos < 0 || opt < 0)
+        return qd_error(QD_ERR_FORMAT,
+                        "%s: step, data_pos, optimizer_step, seed, recipe: expected non-negative integers and a string",
+                        path);
+    if ((uint64_t)seed != r->seed)
+        return qd_error(QD_ERR_FORMAT, "%s: seed: %lld, but the run's config says %llu", path, (long long)seed,
+                        (unsigned long long)r->seed);
+    r->step = step, r->data_pos = pos, r->opt_step = opt;
+    return QD_OK;
+}
+
+/* Loads the run's latest checkpoint into both backends. */
+static qd_status load_checkpoint(rl_run *r)
+{
+    int64_t k;
+    qd_status st = qd_ckpt_latest(r->dir, &k);
+    if (st)
+        return st;
+    if (k < 0)
+        return qd_error(QD_ERR_IO, "%s: no checkpoint (step_XXXXXXXX) to resume from", r->dir);
+    char d[4200], p[4400];
+    qd_ckpt_path(d, sizeof d, r->dir, k);
+    int np;
+    const qd_param_info *pi = qd_backend_params(r->trainer, &np);
+    void *m = NULL, *rac = NULL;
+    size_t rb = qd_backend_rac_state_size(r->rollout);
+    snprintf(p, sizeof p, "%s/state.json", d);
+    st = read_state(r, p);
+    if (!st)
+        st = qd_checkpoint_load(d, pi, np, r->w);
+    if (!st)
+        st = qd_backend_set_weights(r->trainer, r->w, r->nf);
+    if (!st)
+        st = qd_backend_set_weights(r->rollout, r->w, r->nf);
+    snprintf(p, sizeof p, "%s/optimizer.bin", d);
+    if (!st)
+        st = read_blob(p, ADAM_MAGIC, &m, 2 * sizeof(float) * r->nf);
+    if (!st)
+        st = qd_backend_set_adam(r->trainer, m, (float *)m + r->nf, r->nf);
+    snprintf(p, sizeof p, "%s/rac.bin", d);
+    if (!st)
+        st = read_blob(p, RAC_MAGIC, &rac, rb);
+    if (!st)
+        st = qd_backend_set_rac_state(r->rollout, rac, rb);
+    free(m), free(rac);
+    if (!st && r->step != k)
+        st = qd_error(QD_ERR_FORMAT, "%s: step %lld in a directory named for step %lld", p, (long long)r->step,
+                      (long long)k);
+    return st;
+}
+
+/* ---- metrics */
+
+static json_t *array_of(const double *x, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++)
+        json_array_append_new(a, isfinite(x[i]) ? json_real(x[i]) : json_null());
+    return a;
+}
+
+static double mean_of(const double *x, int n)
+{
+    double s = 0;
+    for (int i = 0; i < n; i++)
+        s += x[i];
+    return n ? s / n : NAN;
+}
+
+static void put_eval(json_t *o, const qd_task_eval_result *ev, double secs, json_t *time)
+{
+    json_t *e = json_object();
+    qd_metrics_set(e, "pass1", ev->pass1);
+    qd_metrics_set(e, "mean_len", ev->mean_len);
+    qd_metrics_set(e, "format_rate", ev->format_rate);
+    json_object_set_new(e, "problems", json_integer(ev->problems));
+    json_object_set_new(o, "eval", e);
+    qd_metrics_set(time, "eval_s", secs);
+}
+
+static json_t *step_json(rl_run *r, const rollout_stats *rs, const train_stats *ts, const layer_stats *ls,
+                         int kept, const double *t)
+{
+    json_t *o = json_object(), *gap = json_object(), *q = json_object(), *rt = json_object(), *tm = json_object();
+    json_object_set_new(o, "step", json_integer(r->step));
+    double g = (double)(rs->generated ? rs->generated : 1), tok = (double)(ts->tokens ? ts->tokens : 1);
+    double u = (double)(ts->updates ? ts->updates : 1);
+    qd_metrics_set(o, "reward_mean", rs->reward_sum / g);
+    qd_metrics_set(o, "pass1_train", rs->score_sum / g);
+    qd_metrics_set(o, "response_len", rs->len_sum / g);
+    qd_metrics_set(o, "entropy", ts->gap.entropy);
+    qd_metrics_set(o, "loss", ts->loss / u);
+    qd_metrics_set(o, "kl", ts->kl / u);
+    qd_metrics_set(o, "clip_frac", ts->clip_frac / tok);
+    qd_metrics_set(o, "clip_frac_low", ts->clip_low / tok);
+    qd_metrics_set(o, "clip_frac_high", ts->clip_high / tok);
+    qd_metrics_set(o, "ratio_max", ts->ratio_max);
+    qd_metrics_set(o, "tis_mean", ts->tis_mean / tok);
+    qd_metrics_set(o, "tis_clipped_frac", ts->tis_clipped / tok);
+    qd_metrics_set(o, "grad_norm", ts->grad_norm / u);
+    json_object_set_new(o, "updates", json_integer(ts->updates));
+    qd_metrics_set(o, "lr", ts->lr);
+    json_object_set_new(o, "samples", json_integer(rs->generated));
+    json_object_set_new(o, "groups_kept", json_integer(kept));
+    json_object_set_new(o, "gen_batches", json_integer(rs->gen_batches));
+    json_object_set_new(o, "data_pos", json_integer(r->data_pos));
+    json_object_set_new(o, "optimizer_step", json_integer(r->opt_step));
+    qd_metrics_set(gap, "mean_abs", ts->gap.mean_abs);
+    qd_metrics_set(gap, "max_abs", ts->gap.max_abs);
+    qd_metrics_set(gap, "k3_kl", ts->gap.k3_kl);
+    qd_metrics_set(gap, "pearson", ts->gap.pearson);
+    json_object_set_new(gap, "tokens", json_integer(ts->gap.tokens));
+    json_object_set_new(o, "gap", gap);
+    json_object_set_new(q, "act_err", array_of(ls->act_err, ls->nlin));
+    json_object_set_new(q, "weight_err", array_of(ls->weight_err, ls->nlin));
+    qd_metrics_set(q, "act_err_mean", mean_of(ls->act_err, ls->nlin));
+    qd_metrics_set(q, "weight_err_mean", mean_of(ls->weight_err, ls->nlin));
+    json_object_set_new(o, "quant", q);
+    json_object_set_new(rt, "agree", array_of(ls->agree, ls->nmoe));
+    qd_metrics_set(rt, "agree_mean", mean_of(ls->agree, ls->nmoe));
+    json_object_set_new(o, "router", rt);
+    qd_metrics_set(tm, "rollout_s", t[0]);
+    qd_metrics_set(tm, "train_s", t[1]);
+    qd_metrics_set(tm, "sync_s", t[2]);
+    qd_metrics_set(tm, "step_s", t[3]);
+    qd_metrics_set(tm, "tokens_per_s", t[3] > 0 ? (double)rs->tokens / t[3] : 0);
+    json_object_set_new(o, "time", tm);
+    return o;
+}
+
+/* ---- the step */
+
+static bool eval_due(const rl_run *r)
+{
+    int64_t every = qd_config_int(r->cfg, "eval.every");
+    return every > 0 && (r->step % every == 0 || r->step == r->steps);
+}
+
+static bool ckpt_due(const rl_run *r)
+{
+    int64_t every = qd_config_int(r->cfg, "checkpoint.every");
+    return r->step == r->steps || (every > 0 && r->step % every == 0);
+}
+
+static qd_status log_eval(rl_run *r, json_t *o, json_t *tm)
+{
+    qd_task_eval_result ev;
+    double t0 = now_s();
+    qd_status st = run_eval(r, &ev);
+    if (st)
+        return at_step(st, r->step, "eval");
+    put_eval(o, &ev, now_s() - t0, tm);
+    if (r->o->log && r->o->progress && isatty(STDERR_FILENO))
+        fputs("\r\033[K", stderr); /* clear the live progress line first */
+    if (r->o->log)
+        fprintf(r->o->log, "step %lld: held-out pass@1 %.4f (%d problems)\n", (long long)r->step, ev.pass1,
+                ev.problems);
+    return QD_OK;
+}
+
+static qd_status one_step(rl_run *r, sample_set *ss, qd_progress *pg)
+{
+    rollout_stats rs = {0};
+    train_stats ts = {0};
+    layer_stats ls = {0};
+    double t[4], t0 = now_s();
+    r->step++;
+    qd_status st = do_rollouts(r, ss, &rs);
+    if (st)
+        st = at_step(st, r->step, "rollout");
+    if (!st && (st = rollout_quant_errors(r, &ls)))
+        st = at_step(st, r->step, "diagnostics");
+    if (!st && r->kill_step == r->step)
+        _exit(QD_RL_KILL_EXIT); /* test hook: a crash in the middle of a step */
+    t[0] = now_s() - t0;
+    double t1 = now_s();
+    if (!st && (st = train_step(r, ss, &ls, &ts)))
+        st = at_step(st, r->step, "");
+    t[1] = now_s() - t1;
+    double t2 = now_s();
+    if (!st)
+        st = sync_weights(r);
+    t[2] = now_s() - t2;
+    t[3] = now_s() - t0;
+    json_t *o = st ? NULL : step_json(r, &rs, &ts, &ls, ss->S / (int)r->G, t);
+    if (!st && !o)
+        st = qd_error(QD_ERR_NOMEM, "metrics");
+    if (!st && eval_due(r))
+        st = log_eval(r, o, json_object_get(o, "time"));
+    if (!st)
+        st = qd_metrics_append(r->metrics, o);
+    json_decref(o);
+    layer_stats_free(&ls);
+    if (!st && ckpt_due(r))
+        st = save_checkpoint(r);
+    pg->step = r->step, pg->steps_done++, pg->elapsed_s += t[3];
+    pg->reward = rs.reward_sum / (double)(rs.generated ? rs.generated : 1);
+    pg->gap = ts.gap.mean_abs;
+    pg->tokens_per_s = t[3] > 0 ? (double)rs.tokens / t[3] : 0;
+    if (!st && r->o->progress)
+        qd_progress_print(pg);
+    return st;
+}
+
+/* ---- setup */
+
+static qd_status setup(rl_run *r)
+{
+    char p[4400];
+    qd_status st = model_dir(r->cfg, r->model_dir, sizeof r->model_dir);
+    if (!st)
+        st = qd_checkpoint_read_config(r->model_dir, &r->mcfg);
+    snprintf(p, sizeof p, "%s/tokenizer.json", r->model_dir);
+    if (!st)
+        st = qd_tokenizer_load(p, &r->tok);
+    if (!st)
+        st = qd_task_end_id(r->tok, &r->end_id);
+    if (!st && qd_tokenizer_n_ids(r->tok) > r->mcfg.vocab_size)
+        st = qd_error(QD_ERR_FORMAT, "%s: %d ids, more than the model's vocab_size %d", p,
+                      qd_tokenizer_n_ids(r->tok), r->mcfg.vocab_size);
+    if (st)
+        return st;
+    r->trainer = new_backend(r, QD_ROLE_TRAINER);
+    r->rollout = r->trainer ? new_backend(r, QD_ROLE_ROLLOUT) : NULL;
+    if (!r->rollout)
+        return qd_error(QD_ERR_ARG, "backend: %s", qd_last_error());
+    r->nf = qd_backend_num_floats(r->trainer);
+    r->w = malloc(sizeof(float) * r->nf);
+    if (!r->w)
+        return qd_error(QD_ERR_NOMEM, "weights");
+    int np;
+    const qd_param_info *pi = qd_backend_params(r->trainer, &np);
+    st = qd_checkpoint_load(r->model_dir, pi, np, r->w);
+    if (!st && qd_config_float(r->cfg, "algo.kl_coef") > 0) {
+        r->ref = new_backend(r, QD_ROLE_TRAINER);
+        st = r->ref ? qd_backend_set_weights(r->ref, r->w, r->nf) : qd_error(QD_ERR_ARG, "%s", qd_last_error());
+    }
+    if (!st)
+        st = qd_backend_set_weights(r->trainer, r->w, r->nf);
+    if (!st)
+        st = qd_backend_set_weights(r->rollout, r->w, r->nf);
+    return st ? st : load_data(r);
+}
+
+static void init_params(rl_run *r)
+{
+    const qd_config *c = r->cfg;
+    r->seed = (uint64_t)qd_config_int(c, "run.seed");
+    r->steps = qd_config_int(c, "run.steps");
+    r->P = qd_config_int(c, "rollout.prompts_per_step");
+    r->G = qd_config_int(c, "rollout.group_size");
+    r->M = qd_config_int(c, "rollout.max_tokens");
+    r->J = qd_config_int(c, "trainer.mini_batches");
+    qd_grpo_params_from_config(&r->gp, c);
+    r->adv = (qd_adv_kind)qd_grpo_adv_kind_parse(qd_config_str(c, "algo.advantage"));
+    r->sched = (qd_lr_schedule)qd_grpo_lr_schedule_parse(qd_config_str(c, "trainer.lr_schedule"));
+    r->kill_step = env_int("QD_RL_TEST_KILL_STEP");
+    r->nan_step = env_int("QD_RL_TEST_NAN_STEP");
+}
+
+static void run_free(rl_run *r, sample_set *ss)
+{
+    qd_metrics_close(r->metrics);
+    qd_backend_free(r->rollout);
+    qd_backend_free(r->trainer);
+    qd_backend_free(r->ref);
+    qd_tokenizer_free(r->tok);
+    for (size_t i = 0; r->pids && i < r->train.n; i++)
+        free(r->pids[i]);
+    free(r->pids), free(r->plen), free(r->perm), free(r->w);
+    qd_bench_set_free(&r->train);
+    qd_bench_set_free(&r->test);
+    free(ss->s), free(ss->tok), free(ss->lp_ro);
+}
+
+/* A new run: the directory must not hold another run's metrics. */
+static qd_status start_new(rl_run *r, const char *metrics)
+{
+    char p[4400];
+    if (access(metrics, F_OK) == 0)
+        return qd_error(QD_ERR_ARG, "%s: a run already lives here; resume it with --resume %s or pick another "
+                                    "run.name", r->dir, r->dir);
+    qd_status st = qd_mkdirs(r->dir);
+    snprintf(p, sizeof p, "%s/config.json", r->dir);
+    return st ? st : qd_config_save(r->cfg, p);
+}
+
+/* The resolved config, one line a section ("trainer: lr=1e-05 ..."). */
+static void print_config(const qd_config *cfg, FILE *f)
+{
+    json_t *j = qd_config_to_json(cfg), *sec, *v;
+    const char *name, *key;
+    json_object_foreach(j, name, sec) {
+        fprintf(f, "  %s:", name);
+        json_object_foreach(sec, key, v) {
+            char *t = json_dumps(v, JSON_ENCODE_ANY | JSON_REAL_PRECISION(6));
+            fprintf(f, " %s=%s", key, t ? t : "?");
+            free(t);
+        }
+        fputc('\n', f);
+    }
+    json_decref(j);
+}
+
+/* The final line: held-out pass@1 of the first and the last eval of the run
+ * (metrics.jsonl, so a resumed run reports its start too). */
+static void print_summary(rl_run *r, const char *metrics)
+{
+    double *x = NULL, *y = NULL;
+    int64_t n = 0;
+    if (qd_metrics_read_series(metrics, "eval.pass1", &x, &y, &n) == QD_OK && n >= 2)
+        fprintf(r->o->log, "held-out pass@1: %.4f at step %lld, %.4f at step %lld\n", y[0], (long long)x[0],
+                y[n - 1], (long long)x[n - 1]);
+    free(x), free(y);
+    fprintf(r->o->log, "run directory: %s\n", r->dir);
+}
+
+static qd_status run_loop(rl_run *r, sample_set *ss)
+{
+    char metrics[4400];
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", r->dir);
+    char cfgp[4400];
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", r->dir);
+    qd_status st = r->o->resume_dir ? QD_OK : start_new(r, metrics);
+    if (!st)
+        st = setup(r);
+    if (!st && r->o->resume_dir)
+        st = load_checkpoint(r);
+    if (!st && r->o->resume_dir) /* kept up to date with --set (e.g. more steps) once the checkpoint fits */
+        st = qd_config_save(r->cfg, cfgp);
+    if (!st && r->o->resume_dir)
+        st = qd_metrics_truncate(metrics, r->step);
+    if (!st)
+        st = qd_metrics_open(&r->metrics, metrics);
+    if (st)
+        return st;
+    if (r->o->log) {
+        char sum[2048];
+        qd_config_summary(r->cfg, sum, sizeof sum);
+        fprintf(r->o->log, "%sresolved config (%s/config.json):\n", sum, r->dir);
+        print_config(r->cfg, r->o->log);
+        fprintf(r->o->log, "%s %s at step %lld of %lld\n", r->o->resume_dir ? "resuming" : "starting", r->dir,
+                (long long)r->step, (long long)r->steps);
+        const char *rec = qd_config_str(r->cfg, "rollout.recipe");
+        double rac = qd_config_float(r->cfg, "rac.ratio");
+        int narrow = r->mcfg.hidden_size < r->mcfg.moe_intermediate_size || !r->mcfg.moe_intermediate_size
+                         ? r->mcfg.hidden_size : r->mcfg.moe_intermediate_size;
+        if ((!strcmp(rec, "quads") || !strcmp(rec, "nvfp4-rac")) && (int64_t)(rac * narrow) / 16 == 0)
+            fprintf(r->o->log, "note: rac.ratio %g picks no channel on %d-wide layers (whole 16s only): "
+                               "RAC is off in some layers\n", rac, narrow);
+        if (qd_config_float(r->cfg, "rollout.temperature") != 1.0)
+            fprintf(r->o->log, "note: rollout log-probs are at temperature %g, the trainer's at 1: the gap "
+                               "metrics and TIS compare the two as they are\n",
+                    qd_config_float(r->cfg, "rollout.temperature"));
+        fflush(r->o->log);
+    }
+    if (r->step == 0 && qd_config_int(r->cfg, "eval.every") > 0) {
+        json_t *o = json_pack("{s:I}", "step", (json_int_t)0), *tm = json_object();
+        json_object_set_new(o, "time", tm);
+        st = log_eval(r, o, tm);
+        if (!st)
+            st = qd_metrics_append(r->metrics, o);
+        json_decref(o);
+    }
+    ss->M = (int)r->M;
+    qd_progress pg = {.steps = r->steps};
+    while (!st && r->step < r->steps)
+        st = one_step(r, ss, &pg);
+    if (!st && r->o->log)
+        print_summary(r, metrics);
+    return st;
+}
+
+qd_status qd_rl_run(const qd_config *cfg, const qd_rl_options *o, char *run_dir, size_t n)
+{
+    rl_run r = {.cfg = cfg, .o = o};
+    sample_set ss = {0};
+    qd_status st = qd_config_validate(cfg);
+    if (!st && o->resume_dir)
+        snprintf(r.dir, sizeof r.dir, "%s", o->resume_dir);
+    else if (!st)
+        st = qd_rl_run_dir(cfg, r.dir, sizeof r.dir);
+    if (!st && run_dir)
+        snprintf(run_dir, n, "%s", r.dir);
+    if (!st) {
+        init_params(&r);
+#ifdef _OPENMP
+        /* run.threads bounds every parallel region of the run, not only the
+         * backends' (idle OpenMP workers spin and slow a busy machine) */
+        int saved = omp_get_max_threads();
+        if (qd_config_int(cfg, "run.threads") > 0)
+            omp_set_num_threads((int)qd_config_int(cfg, "run.threads"));
+#endif
+        st = run_loop(&r, &ss);
+#ifdef _OPENMP
+        omp_set_num_threads(saved);
+#endif
+    }
+    run_free(&r, &ss);
+    return st;
+}

@@ -1,0 +1,79 @@
+/* The RL loop (issue 5): GRPO/DAPO with a rollout and a trainer backend of one
+ * precision recipe, the weight sync at the end of each step, metrics per step
+ * in RUN/metrics.jsonl, held-out evals, atomic checkpoints and bit-exact resume.
+ *
+ * One step: prompts_per_step problems of the training split (the data
+ * position advances deterministically; under dynamic sampling further batches
+ * until enough groups carry signal) -> the rollout generates G completions
+ * each (sampling seed from run.seed and the step, sequence ids from the data
+ * position, so unique over the run) -> rewards (exact answer match, plus the
+ * optional overlong penalty) -> group advantages -> for each of
+ * trainer.mini_batches updates: the trainer's log-probs of prompt+completion
+ * per micro-batch, the PPO-clip coefficients (logp_old = the trainer's
+ * log-probs before the step's first update), backward, AdamW -> weight sync
+ * (trainer master weights -> rollout set_weights: quantize(W) once; the
+ * rollout's RAC channel sets are re-picked there from the activation errors
+ * of the step's rollouts).
+ *
+ * Checkpoint RUN/step_XXXXXXXX: model.safetensors + config.json (the trainer's
+ * float32 master weights, HF layout; tokenizer.json copied), optimizer.bin
+ * (AdamW m, v), rac.bin (the rollout's RAC state), state.json (step, data
+ * position, optimizer step, seed). Written into step_XXXXXXXX.tmp, fsynced,
+ * renamed. Held-out evals and the router measurement leave the rollout's RAC
+ * statistics as they found them, so what is saved determines the rest of the
+ * run: a resumed run reproduces the uninterrupted one bit for bit (CPU).
+ *
+ * RUN/layers.json names the entries of the per-layer arrays of the metrics.
+ * metrics.jsonl: one object a step (step 0 holds the first eval). Timings,
+ * which differ run to run, are all under "time"; everything else is
+ * deterministic. Fields: reward_mean, pass1_train (exact-match rate of the
+ * step's samples), response_len, entropy (estimated as the mean -log p of the
+ * sampled tokens under the rollout), loss, kl, clip_frac(_low, _high),
+ * ratio_max, tis_mean, tis_clipped_frac, grad_norm (before clipping), lr
+ * (loss, kl, grad_norm: means over the step's updates), samples, groups_kept,
+ * gen_batches, updates, data_pos, optimizer_step; gap.{mean_abs, max_abs,
+ * k3_kl, pearson, tokens} (trainer log-probs before the step's first update
+ * vs the rollout's, over the trained samples); quant.{act_err, weight_err}
+ * (per quantized linear, in parameter order: the rollout's relative squared
+ * NVFP4 error of its inputs over the step's generation and of its weights at
+ * the last sync) with their means; router.agree (per MoE layer: the share of
+ * the trainer's top-k experts the rollout also picks, on the first
+ * micro-batch's tokens) and agree_mean; eval.{pass1, mean_len, format_rate,
+ * problems} on eval steps; time.{rollout_s, train_s, sync_s, step_s,
+ * tokens_per_s (generated tokens / step time), eval_s}. */
+#ifndef QD_RL_H
+#define QD_RL_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include "orchestrator/rl_config.h"
+#include "quant/status.h"
+
+typedef struct {
+    const char *resume_dir; /* continue this run from its latest checkpoint (NULL: new run) */
+    FILE *log;              /* start lines, evals, the final summary; NULL = quiet */
+    bool progress;          /* the progress line on stderr (live on a terminal) */
+} qd_rl_options;
+
+/* The run directory a config names: run.dir, else ./runs/<run.name> (a
+ * run.name of "" gives a timestamp). Into buf. */
+qd_status qd_rl_run_dir(const qd_config *cfg, char *buf, size_t n);
+
+/* Runs (or resumes) the loop until run.steps. run_dir (n bytes, may be NULL)
+ * receives the run directory. Errors name where they arose (e.g. "step 3:
+ * trainer log-prob of sample 2 token 5 is NaN"). */
+qd_status qd_rl_run(const qd_config *cfg, const qd_rl_options *o, char *run_dir, size_t n);
+
+/* The report of finished (or running) runs: out_dir/report.md with a table
+ * (recipe, steps, held-out pass@1 first and final, mean and max |logp gap|,
+ * k3 mismatch KL, router agreement, tokens/s) and out_dir/{reward,pass1,gap}.svg,
+ * one series per run. names[i] (NULL: the run directory's last component)
+ * labels run i. out_dir is made if missing. */
+qd_status qd_rl_report(const char *const *runs, const char *const *names, int n, const char *out_dir);
+
+/* Test hooks read from the environment (never set in normal use):
+ * QD_RL_TEST_KILL_STEP=k: _exit(75) in the middle of step k (after its rollout);
+ * QD_RL_TEST_NAN_STEP=k: one trainer log-prob of step k becomes NaN. */
+#define QD_RL_KILL_EXIT 75
+
+#endif

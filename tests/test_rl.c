@@ -1,0 +1,515 @@
+/* Suite "rl": the RL loop end to end on a very small random model: every
+ * recipe runs and writes finite metrics; a run killed in the middle of a step
+ * and resumed equals the uninterrupted run bit for bit (metrics without
+ * timings, weights, optimizer and RAC state); a NaN stops the step with a
+ * message and no checkpoint of it; config errors through `quads rl`;
+ * `quads compare` and the report. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <jansson.h>
+#include "tests/suites.h"
+#include "backends/backend.h"
+#include "models/checkpoint.h"
+#include "orchestrator/rl.h"
+#include "orchestrator/sft.h"
+#include "orchestrator/task.h"
+#include "quant/fileio.h"
+#include <stdarg.h>
+
+/* snprintf into a path buffer, failing the test on truncation. */
+static void pathf(char *buf, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(buf, n, fmt, ap);
+    va_end(ap);
+    ck_assert_msg(w >= 0 && (size_t)w < n, "path too long: %s", buf);
+}
+
+/* A scratch directory, on tmpfs when there is one: the runs fsync every
+ * metrics line and checkpoint file, which a busy disk makes slow. */
+static void scratch_dir(char *dir, size_t n)
+{
+    pathf(dir, n, "/dev/shm/qd_rl_XXXXXX");
+    if (!mkdtemp(dir))
+        qd_test_mkdtemp(dir, n, "rl");
+}
+
+/* A random Qwen3-MoE (2 layers, 4 experts top-2, hidden 32) with the tiny
+ * tokenizer in dir/model. Its end-token row of lm_head is scaled up so that
+ * completions end at varied lengths: with the overlong penalty the rewards of
+ * a group then differ and the updates are not zero. */
+static void make_model(const char *dir)
+{
+    char p[512];
+    pathf(p, sizeof p, "%s/model", dir);
+    ck_assert_int_eq(qd_mkdirs(p), QD_OK);
+    qd_sft_dims d = {32, 2, 2, 1, 16, 4, 2, 16, QD_SFT_TOK_VOCAB};
+    qd_model_config cfg;
+    ck_assert_int_eq(qd_sft_make_config(&d, &cfg), QD_OK);
+    qd_backend_options opt = {.num_threads = 1};
+    qd_backend *b = qd_backend_cpu_init(&cfg, &opt);
+    ck_assert_ptr_nonnull(b);
+    int np;
+    const qd_param_info *pi = qd_backend_params(b, &np);
+    size_t nf = qd_backend_num_floats(b);
+    float *w = malloc(sizeof(float) * nf);
+    qd_sft_init_weights(pi, np, 11, w);
+    int head = qd_backend_find_param(b, "lm_head.weight");
+    ck_assert_int_ge(head, 0);
+    char tp[1024];
+    pathf(tp, sizeof tp, "%s/tokenizer.json", p);
+    ck_assert_int_eq(qd_sft_write_tokenizer(tp), QD_OK);
+    qd_tokenizer *tok;
+    int32_t end;
+    ck_assert_int_eq(qd_tokenizer_load(tp, &tok), QD_OK);
+    ck_assert_int_eq(qd_task_end_id(tok, &end), QD_OK);
+    qd_tokenizer_free(tok);
+    for (int64_t c = 0; c < pi[head].cols; c++)
+        w[pi[head].offset + (size_t)end * pi[head].cols + c] *= 5.0f;
+    ck_assert_int_eq(qd_checkpoint_save(p, &cfg, pi, np, w, QD_ST_F32), QD_OK);
+    free(w);
+    qd_backend_free(b);
+}
+
+/* The small config of these tests, run directory dir/name. */
+static qd_config *small_config(const char *dir, const char *name, const char *recipe, int steps)
+{
+    qd_config *c = qd_config_new();
+    char v[1024];
+    pathf(v, sizeof v, "%s/model", dir);
+    ck_assert_int_eq(qd_config_set_str(c, "model.path", v, "test"), QD_OK);
+    pathf(v, sizeof v, "%s/%s", dir, name);
+    ck_assert_int_eq(qd_config_set_str(c, "run.dir", v, "test"), QD_OK);
+    ck_assert_int_eq(qd_config_set_str(c, "rollout.recipe", recipe, "test"), QD_OK);
+    pathf(v, sizeof v, "%d", steps);
+    ck_assert_int_eq(qd_config_set_str(c, "run.steps", v, "test"), QD_OK);
+    static const char *const sets[] = {
+        "run.threads=1", "rollout.backend=cpu", "rollout.group_size=4", "rollout.prompts_per_step=2",
+        "rollout.max_tokens=6", "algo.overlong_buffer_len=5", "trainer.micro_batch=4", "trainer.lr=3e-3",
+        "eval.every=2", "eval.limit=4", "checkpoint.every=2", "checkpoint.keep_last=3", "rac.ratio=0.5"};
+    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
+        ck_assert_int_eq(qd_config_set(c, sets[i]), QD_OK);
+    return c;
+}
+
+static qd_status run(const qd_config *c, const char *resume)
+{
+    qd_rl_options o = {resume, NULL, false};
+    return qd_rl_run(c, &o, NULL, 0);
+}
+
+/* The lines of dir/metrics.jsonl as a JSON array, "time" removed. */
+static json_t *metrics_without_time(const char *dir)
+{
+    char p[1024], line[1 << 16];
+    pathf(p, sizeof p, "%s/metrics.jsonl", dir);
+    FILE *f = fopen(p, "r");
+    ck_assert_ptr_nonnull(f);
+    json_t *a = json_array();
+    while (fgets(line, sizeof line, f)) {
+        json_error_t e;
+        json_t *o = json_loads(line, 0, &e);
+        ck_assert_msg(o != NULL, "%s: %s", p, e.text);
+        ck_assert_int_eq(json_object_del(o, "time"), 0);
+        json_array_append_new(a, o);
+    }
+    fclose(f);
+    return a;
+}
+
+static double num(const json_t *o, const char *a, const char *b)
+{
+    const json_t *v = json_object_get(o, a);
+    if (b)
+        v = json_object_get(v, b);
+    ck_assert_msg(json_is_number(v), "metric %s%s%s missing or not a number", a, b ? "." : "", b ? b : "");
+    return json_number_value(v);
+}
+
+static int same_file(const char *a, const char *b)
+{
+    char *ta, *tb;
+    size_t la, lb;
+    ck_assert_int_eq(qd_read_file(a, &ta, &la), QD_OK);
+    ck_assert_int_eq(qd_read_file(b, &tb, &lb), QD_OK);
+    int same = la == lb && memcmp(ta, tb, la) == 0;
+    free(ta), free(tb);
+    return same;
+}
+
+static int exists(const char *dir, const char *name)
+{
+    char p[2048];
+    pathf(p, sizeof p, "%s/%s", dir, name);
+    return access(p, F_OK) == 0;
+}
+
+/* Runs `quads ARGS` (from the build tree), stdout+stderr into out; exit status. */
+static int quads(char *out, size_t n, const char *args)
+{
+    const char *bd = getenv("QD_BUILDDIR");
+    char cmd[2048];
+    pathf(cmd, sizeof cmd, "%s/quads %s 2>&1", bd ? bd : ".", args);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t k = fread(out, 1, n - 1, p);
+    out[k] = '\0';
+    int ws = pclose(p);
+    return WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
+}
+
+static const char *const recipes[] = {"bf16", "fp8", "nvfp4", "nvfp4-aqat", "nvfp4-rac", "quads", "nvfp4-sym-qat"};
+
+/* Each recipe: 2 steps, every metric present and finite; BF16 on both sides
+ * has no gap at all (the rollout's KV-cache log-probs equal the forward's),
+ * NVFP4 rollouts do; the weights moved. */
+START_TEST(test_rl_every_recipe)
+{
+    char dir[256];
+    scratch_dir(dir, sizeof dir);
+    make_model(dir);
+    static const char *const scalars[] = {"reward_mean", "pass1_train", "response_len", "entropy", "clip_frac",
+                                          "grad_norm", "lr", "loss"};
+    double grad_sum = 0;
+    for (size_t r = 0; r < sizeof recipes / sizeof *recipes; r++) {
+        qd_config *c = small_config(dir, recipes[r], recipes[r], 2);
+        qd_status st = run(c, NULL);
+        ck_assert_msg(st == QD_OK, "%s: %s", recipes[r], qd_last_error());
+        qd_config_free(c);
+        char rd[1024];
+        pathf(rd, sizeof rd, "%s/%s", dir, recipes[r]);
+        json_t *m = metrics_without_time(rd);
+        ck_assert_int_eq(json_array_size(m), 3); /* step 0 (eval) + 2 steps */
+        ck_assert(num(json_array_get(m, 0), "eval", "pass1") >= 0);
+        ck_assert(num(json_array_get(m, 2), "eval", "pass1") >= 0);
+        for (int s = 1; s <= 2; s++) {
+            const json_t *o = json_array_get(m, s);
+            ck_assert_int_eq(num(o, "step", NULL), s);
+            for (size_t k = 0; k < sizeof scalars / sizeof *scalars; k++)
+                ck_assert(isfinite(num(o, scalars[k], NULL)));
+            static const char *const nested[][2] = {{"gap", "mean_abs"}, {"gap", "max_abs"}, {"gap", "k3_kl"},
+                                                    {"quant", "act_err_mean"}, {"quant", "weight_err_mean"},
+                                                    {"router", "agree_mean"}};
+            for (size_t k = 0; k < sizeof nested / sizeof *nested; k++)
+                ck_assert(isfinite(num(o, nested[k][0], nested[k][1])));
+            ck_assert_int_eq(json_array_size(json_object_get(json_object_get(o, "quant"), "act_err")), 32);
+            ck_assert_int_eq(json_array_size(json_object_get(json_object_get(o, "router"), "agree")), 2);
+            grad_sum += num(o, "grad_norm", NULL);
+            if (!strcmp(recipes[r], "bf16")) {
+                ck_assert(num(o, "gap", "max_abs") == 0.0);
+                ck_assert(num(o, "router", "agree_mean") == 1.0);
+            }
+            if (!strcmp(recipes[r], "nvfp4"))
+                ck_assert(num(o, "gap", "mean_abs") > 1e-4);
+        }
+        json_decref(m);
+        ck_assert(exists(rd, "step_00000002/model.safetensors"));
+        ck_assert(exists(rd, "config.json"));
+        char lj[2048];
+        pathf(lj, sizeof lj, "%s/layers.json", rd);
+        json_t *layers = json_load_file(lj, 0, NULL);
+        ck_assert_ptr_nonnull(layers);
+        ck_assert_int_eq(json_array_size(json_object_get(layers, "quant")), 32);
+        ck_assert_str_eq(json_string_value(json_array_get(json_object_get(layers, "quant"), 0)),
+                         "model.layers.0.self_attn.q_proj.weight");
+        ck_assert_int_eq(json_array_size(json_object_get(layers, "router")), 2);
+        json_decref(layers);
+        char t[2048];
+        pathf(t, sizeof t, "%s/step_00000002", rd);
+        ck_assert_int_eq(qd_test_dir_entries(t), 6); /* config, weights, optimizer, rac, state, tokenizer */
+    }
+    ck_assert(grad_sum > 0);
+    /* the report over the runs */
+    const char *runs[7];
+    char rb[7][2048], out[1024];
+    for (int i = 0; i < 7; i++) {
+        pathf(rb[i], sizeof rb[i], "%s/%s", dir, recipes[i]);
+        runs[i] = rb[i];
+    }
+    pathf(out, sizeof out, "%s/report", dir);
+    ck_assert_int_eq(qd_rl_report(runs, NULL, 7, out), QD_OK);
+    char *md;
+    size_t len;
+    pathf(rb[0], sizeof rb[0], "%s/report.md", out);
+    ck_assert_int_eq(qd_read_file(rb[0], &md, &len), QD_OK);
+    ck_assert_ptr_nonnull(strstr(md, "| nvfp4-sym-qat | nvfp4-sym-qat | 2 |"));
+    ck_assert_ptr_nonnull(strstr(md, "| bf16 | bf16 | 2 |"));
+    free(md);
+    ck_assert(exists(out, "reward.svg") && exists(out, "pass1.svg") && exists(out, "gap.svg"));
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
+/* Kill in the middle of step 4 (checkpoint 2 written, metrics of step 3 too),
+ * resume: the metrics (without timings) and the final checkpoint equal the
+ * uninterrupted run's byte for byte. sets: extra knobs of both runs. */
+static void kill_and_resume(const char *recipe, const char *const *sets, int nsets, json_t **metrics)
+{
+    char dir[256], a[1024], b[1024];
+    scratch_dir(dir, sizeof dir);
+    make_model(dir);
+    qd_config *ca = small_config(dir, "a", recipe, 5), *cb = small_config(dir, "b", recipe, 5);
+    for (int i = 0; i < nsets; i++) {
+        ck_assert_int_eq(qd_config_set(ca, sets[i]), QD_OK);
+        ck_assert_int_eq(qd_config_set(cb, sets[i]), QD_OK);
+    }
+    ck_assert_msg(run(ca, NULL) == QD_OK, "%s", qd_last_error());
+    /* the killed run is a quads process of its own (libgomp does not survive a fork) */
+    char cfgp[1024], args[1200], out[8192];
+    pathf(cfgp, sizeof cfgp, "%s/b.json", dir);
+    ck_assert_int_eq(qd_config_save(cb, cfgp), QD_OK);
+    pathf(args, sizeof args, "rl --quiet --config %s", cfgp);
+    setenv("QD_RL_TEST_KILL_STEP", "4", 1);
+    ck_assert_int_eq(quads(out, sizeof out, args), QD_RL_KILL_EXIT);
+    unsetenv("QD_RL_TEST_KILL_STEP");
+    pathf(a, sizeof a, "%s/a", dir);
+    pathf(b, sizeof b, "%s/b", dir);
+    ck_assert(exists(b, "step_00000002") && !exists(b, "step_00000004"));
+    json_t *killed = metrics_without_time(b);
+    ck_assert_int_eq(json_array_size(killed), 4); /* steps 0..3: step 3 will be cut */
+    json_decref(killed);
+    /* a new run into the same directory is refused */
+    ck_assert_int_eq(run(cb, NULL), QD_ERR_ARG);
+    ck_assert_ptr_nonnull(strstr(qd_last_error(), "--resume"));
+    ck_assert_msg(run(cb, b) == QD_OK, "%s", qd_last_error());
+    json_t *ma = metrics_without_time(a), *mb = metrics_without_time(b);
+    ck_assert_int_eq(json_array_size(ma), 6);
+    char *ta = json_dumps(ma, JSON_COMPACT), *tb = json_dumps(mb, JSON_COMPACT);
+    ck_assert_msg(strcmp(ta, tb) == 0, "metrics differ after resume");
+    free(ta), free(tb);
+    json_decref(mb);
+    *metrics = ma;
+    static const char *const files[] = {"model.safetensors", "optimizer.bin", "rac.bin", "state.json"};
+    for (int i = 0; i < 4; i++) {
+        char fa[2048], fb[2048];
+        pathf(fa, sizeof fa, "%s/step_00000005/%s", a, files[i]);
+        pathf(fb, sizeof fb, "%s/step_00000005/%s", b, files[i]);
+        ck_assert_msg(same_file(fa, fb), "%s differs after resume", files[i]);
+    }
+    /* a resume under another recipe is refused and leaves config.json alone */
+    ck_assert_int_eq(qd_config_set(cb, "rollout.recipe=bf16"), QD_OK);
+    ck_assert_int_eq(run(cb, b), QD_ERR_ARG);
+    ck_assert_ptr_nonnull(strstr(qd_last_error(), "a run keeps its recipe"));
+    qd_config *back = qd_config_new();
+    pathf(cfgp, sizeof cfgp, "%s/config.json", b);
+    ck_assert_int_eq(qd_config_load_file(back, cfgp), QD_OK);
+    ck_assert_str_eq(qd_config_str(back, "rollout.recipe"), recipe);
+    qd_config_free(back);
+    /* keep_last 2: checkpoint 2 rotated out */
+    ck_assert(!exists(a, "step_00000002") && exists(a, "step_00000004"));
+    /* the weights did move from the initial model */
+    char f0[2048], f5[2048];
+    pathf(f0, sizeof f0, "%s/model/model.safetensors", dir);
+    pathf(f5, sizeof f5, "%s/step_00000005/model.safetensors", a);
+    ck_assert(!same_file(f0, f5));
+    qd_config_free(ca), qd_config_free(cb);
+    qd_test_rm_tree(dir);
+}
+
+/* quads; channels re-picked every 3 syncs, so checkpoint 2 holds the RAC
+ * errors gathered since step 1's pick and the resume depends on them. */
+START_TEST(test_rl_kill_and_resume)
+{
+    static const char *const sets[] = {"rac.refresh=3", "checkpoint.keep_last=2"};
+    json_t *m;
+    kill_and_resume("quads", sets, 2, &m);
+    ck_assert(num(json_array_get(m, 4), "grad_norm", NULL) > 0);
+    json_decref(m);
+}
+END_TEST
+
+/* The general PPO path: two updates a step (the second mini-batch's ratio is
+ * not 1), micro-batches that do not divide the batch, dynamic sampling (the
+ * data position then depends on the rollouts), masked TIS, a k3 KL to the
+ * reference, Dr.GRPO with seq-mean-token-sum. */
+START_TEST(test_rl_kill_and_resume_variants)
+{
+    static const char *const sets[] = {"checkpoint.keep_last=2", "trainer.mini_batches=2", "trainer.micro_batch=3",
+                                       "algo.dynamic_sampling=true", "algo.max_gen_batches=3", "algo.tis=masked",
+                                       "algo.kl_coef=0.05", "algo.advantage=dr_grpo",
+                                       "algo.loss_agg=seq_mean_token_sum"};
+    json_t *m;
+    kill_and_resume("nvfp4-rac", sets, 9, &m);
+    double ratio = 1, kl = 0;
+    for (int s = 1; s <= 5; s++) {
+        const json_t *o = json_array_get(m, s);
+        ratio = fmax(ratio, num(o, "ratio_max", NULL));
+        kl = fmax(kl, num(o, "kl", NULL));
+        ck_assert_int_le(num(o, "groups_kept", NULL), 2);
+        /* one update per mini-batch with a group in it */
+        ck_assert(num(o, "optimizer_step", NULL) <= 2 * s && num(o, "data_pos", NULL) >= 2 * s);
+    }
+    ck_assert(ratio > 1.0 && kl > 0.0);
+    json_decref(m);
+}
+END_TEST
+
+/* The loop learns: with the overlong penalty as the only reward signal (the
+ * random model never answers right), GRPO must shorten the completions. A
+ * wrong sign anywhere from the advantages to the optimizer makes them longer. */
+START_TEST(test_rl_learns_the_reward)
+{
+    char dir[256], b[1024];
+    scratch_dir(dir, sizeof dir);
+    make_model(dir);
+    qd_config *c = small_config(dir, "l", "quads", 8);
+    ck_assert_int_eq(qd_config_set(c, "rollout.group_size=8"), QD_OK);
+    ck_assert_int_eq(qd_config_set(c, "trainer.micro_batch=16"), QD_OK);
+    ck_assert_int_eq(qd_config_set(c, "eval.every=0"), QD_OK);
+    ck_assert_msg(run(c, NULL) == QD_OK, "%s", qd_last_error());
+    pathf(b, sizeof b, "%s/l", dir);
+    json_t *m = metrics_without_time(b);
+    ck_assert_int_eq(json_array_size(m), 8);
+    double r1 = num(json_array_get(m, 0), "reward_mean", NULL), r8 = num(json_array_get(m, 7), "reward_mean", NULL);
+    double l1 = num(json_array_get(m, 0), "response_len", NULL), l8 = num(json_array_get(m, 7), "response_len", NULL);
+    ck_assert_msg(r1 < -0.5 && r8 > r1 + 0.5 && l8 < l1 - 2, "reward %g -> %g, length %g -> %g", r1, r8, l1, l8);
+    json_decref(m);
+    qd_config_free(c);
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
+/* A NaN in the trainer's log-probs of step 2 stops the run there with a
+ * message naming the step and the place; checkpoint 1 stays, none of step 2. */
+START_TEST(test_rl_nan_stops)
+{
+    char dir[256], b[1024];
+    scratch_dir(dir, sizeof dir);
+    make_model(dir);
+    qd_config *c = small_config(dir, "n", "nvfp4", 3);
+    ck_assert_int_eq(qd_config_set(c, "checkpoint.every=1"), QD_OK);
+    setenv("QD_RL_TEST_NAN_STEP", "2", 1);
+    ck_assert_int_eq(run(c, NULL), QD_ERR_NONFINITE);
+    unsetenv("QD_RL_TEST_NAN_STEP");
+    ck_assert_msg(strstr(qd_last_error(), "step 2: ") != NULL, "%s", qd_last_error());
+    ck_assert_ptr_nonnull(strstr(qd_last_error(), "trainer log-prob of sample 0 token 0 is nan"));
+    pathf(b, sizeof b, "%s/n", dir);
+    ck_assert(exists(b, "step_00000001"));
+    ck_assert(!exists(b, "step_00000002") && !exists(b, "step_00000002.tmp"));
+    json_t *m = metrics_without_time(b);
+    ck_assert_int_eq(json_array_size(m), 2);
+    json_decref(m);
+    qd_config_free(c);
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
+START_TEST(test_rl_cli_config_errors)
+{
+    char out[8192], dir[256], args[1024], p[1024];
+    scratch_dir(dir, sizeof dir);
+    ck_assert_int_eq(quads(out, sizeof out, "rl --set trainer.lrr=1"), 2);
+    ck_assert_ptr_nonnull(strstr(out, "--set: trainer.lrr: unknown key (did you mean trainer.lr?)"));
+    ck_assert_int_eq(quads(out, sizeof out, "rl --set trainer.lr=fast"), 2);
+    ck_assert_ptr_nonnull(strstr(out, "trainer.lr: expected a number, got 'fast'"));
+    ck_assert_int_eq(quads(out, sizeof out, "rl --set rollout.group_size=1"), 2);
+    ck_assert_ptr_nonnull(strstr(out, "rollout.group_size: 1 is out of range"));
+    pathf(p, sizeof p, "%s/bad.json", dir);
+    const char *bad = "{\"trainer\": {\"lr\": \"high\"}}";
+    ck_assert_int_eq(qd_atomic_write(p, bad, strlen(bad)), QD_OK);
+    pathf(args, sizeof args, "rl --config %s", p);
+    ck_assert_int_eq(quads(out, sizeof out, args), 2);
+    ck_assert_ptr_nonnull(strstr(out, "bad.json: trainer.lr: expected a number, got a string"));
+    pathf(args, sizeof args, "rl --resume %s/none", dir);
+    ck_assert_int_eq(quads(out, sizeof out, args), 2);
+    ck_assert_ptr_nonnull(strstr(out, "/none/config.json"));
+    ck_assert_int_eq(quads(out, sizeof out, "rl --config a.json --resume b"), 2);
+    ck_assert_ptr_nonnull(strstr(out, "exclude each other"));
+    ck_assert_int_eq(quads(out, sizeof out, "compare --recipes bf16,bf16"), 2);
+    ck_assert_ptr_nonnull(strstr(out, "named twice"));
+    ck_assert_int_eq(quads(out, sizeof out, "compare --recipes bf16,int3"), 2);
+    ck_assert_ptr_nonnull(strstr(out, "rollout.recipe: 'int3' is not one of"));
+    ck_assert_int_eq(quads(out, sizeof out, "report"), 2);
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
+/* quads compare end to end: two recipes, one step each, report and plots;
+ * the resolved config and the derived batch numbers are printed. */
+START_TEST(test_rl_cli_compare)
+{
+    char out[1 << 15], dir[256], args[2048], p[2048];
+    scratch_dir(dir, sizeof dir);
+    make_model(dir);
+    pathf(args, sizeof args,
+             "compare --recipes bf16,quads --out %s/cmp --quiet --set model.path=%s/model --set run.steps=1 "
+             "--set rollout.group_size=2 --set rollout.prompts_per_step=2 --set rollout.max_tokens=4 "
+             "--set eval.limit=2 --set run.threads=1 --set rollout.backend=cpu",
+             dir, dir);
+    ck_assert_int_eq(quads(out, sizeof out, args), 0);
+    ck_assert_ptr_nonnull(strstr(out, "a step: 2 prompts x 2 = 4 samples"));
+    ck_assert_ptr_nonnull(strstr(out, "held-out pass@1"));
+    pathf(p, sizeof p, "%s/cmp", dir);
+    ck_assert(exists(p, "report.md") && exists(p, "gap.svg") && exists(p, "bf16/metrics.jsonl") &&
+              exists(p, "quads/step_00000001/model.safetensors"));
+    pathf(args, sizeof args, "report %s/cmp/bf16 %s/cmp/quads --out %s/rep", dir, dir, dir);
+    ck_assert_int_eq(quads(out, sizeof out, args), 0);
+    pathf(p, sizeof p, "%s/rep", dir);
+    ck_assert(exists(p, "report.md") && exists(p, "reward.svg"));
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
+/* model.path empty: the embedded tiny model (models/tiny under QD_SRCDIR). */
+START_TEST(test_rl_default_model)
+{
+    char dir[256], b[1024];
+    scratch_dir(dir, sizeof dir);
+    qd_config *c = small_config(dir, "d", "quads", 1);
+    ck_assert_int_eq(qd_config_set(c, "model.path="), QD_OK);
+    ck_assert_int_eq(qd_config_set(c, "eval.every=0"), QD_OK);
+    ck_assert_msg(run(c, NULL) == QD_OK, "%s", qd_last_error());
+    pathf(b, sizeof b, "%s/d", dir);
+    ck_assert(exists(b, "step_00000001/model.safetensors") && exists(b, "step_00000001/tokenizer.json"));
+    qd_config_free(c);
+    /* bf16 on both sides: the eval on the rollout and on the trainer agree;
+     * nvfp4: the rollout's NVFP4 numerics change the greedy answers */
+    double pass[4];
+    static const char *const rec[4] = {"bf16", "bf16", "nvfp4", "nvfp4"};
+    for (int i = 0; i < 4; i++) {
+        char name[16];
+        pathf(name, sizeof name, "e%d", i);
+        c = small_config(dir, name, rec[i], 1);
+        ck_assert_int_eq(qd_config_set(c, "model.path="), QD_OK);
+        ck_assert_int_eq(qd_config_set(c, "eval.limit=64"), QD_OK);
+        ck_assert_int_eq(qd_config_set(c, i % 2 ? "eval.precision=trainer" : "eval.precision=rollout"), QD_OK);
+        ck_assert_msg(run(c, NULL) == QD_OK, "%s", qd_last_error());
+        pathf(b, sizeof b, "%s/%s", dir, name);
+        json_t *m = metrics_without_time(b);
+        pass[i] = num(json_array_get(m, 0), "eval", "pass1");
+        json_decref(m);
+        qd_config_free(c);
+    }
+    ck_assert(pass[0] == pass[1] && pass[1] == pass[3] && pass[2] != pass[3]);
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
+static void add_case(Suite *s, const char *name, const TTest *t)
+{
+    TCase *tc = tcase_create(name);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, t);
+    suite_add_tcase(s, tc);
+}
+
+Suite *suite_rl(void)
+{
+    Suite *s = suite_create("rl");
+    add_case(s, "recipes", test_rl_every_recipe);
+    add_case(s, "resume", test_rl_kill_and_resume);
+    add_case(s, "resume_variants", test_rl_kill_and_resume_variants);
+    add_case(s, "learns", test_rl_learns_the_reward);
+    add_case(s, "nan", test_rl_nan_stops);
+    add_case(s, "cli_errors", test_rl_cli_config_errors);
+    add_case(s, "cli_compare", test_rl_cli_compare);
+    add_case(s, "default_model", test_rl_default_model);
+    return s;
+}
