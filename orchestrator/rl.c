@@ -125,8 +125,9 @@ qd_status qd_rl_run_dir(const qd_config *cfg, char *buf, size_t n)
     return QD_OK;
 }
 
-/* The model folder: model.path, else the embedded tiny model (models/tiny under
- * the current directory or under $QD_SRCDIR). */
+/* The model folder: model.path, else the embedded tiny model, looked for in
+ * ./models/tiny, $QD_SRCDIR/models/tiny, models/tiny beside the quads
+ * executable (a build tree) and the installed copy (QD_PKGDATADIR/tiny). */
 static qd_status model_dir(const qd_config *cfg, char *buf, size_t n)
 {
     const char *p = qd_config_str(cfg, "model.path");
@@ -134,25 +135,30 @@ static qd_status model_dir(const qd_config *cfg, char *buf, size_t n)
         snprintf(buf, n, "%s", p);
         return QD_OK;
     }
+    char srcd[2048] = "", exed[2048] = "", exe[1024];
     const char *src = getenv("QD_SRCDIR");
-    const char *cands[2] = {"models/tiny", NULL};
-    char alt[4096];
-    if (src) {
-        snprintf(alt, sizeof alt, "%s/models/tiny", src);
-        cands[1] = alt;
+    if (src)
+        snprintf(srcd, sizeof srcd, "%.1000s/models/tiny", src);
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0) {
+        exe[len] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash)
+            *slash = '\0';
+        snprintf(exed, sizeof exed, "%s/models/tiny", exe);
     }
-    for (int i = 0; i < 2; i++) {
+    const char *cands[4] = {"models/tiny", srcd, exed, QD_PKGDATADIR "/tiny"};
+    for (int i = 0; i < 4; i++) {
         char cfgp[4200];
-        if (!cands[i])
-            continue;
-        snprintf(cfgp, sizeof cfgp, "%s/config.json", cands[i]);
-        if (access(cfgp, R_OK) == 0) {
+        snprintf(cfgp, sizeof cfgp, "%.2048s/config.json", cands[i]);
+        if (cands[i][0] && access(cfgp, R_OK) == 0) {
             snprintf(buf, n, "%s", cands[i]);
             return QD_OK;
         }
     }
-    return qd_error(QD_ERR_IO, "config: model.path: empty and the embedded tiny model (models/tiny) was not "
-                               "found; run from the source tree or set model.path");
+    return qd_error(QD_ERR_IO, "config: model.path: empty and the embedded tiny model was found neither in "
+                               "./models/tiny, beside the quads program, nor in %s/tiny; set model.path",
+                    QD_PKGDATADIR);
 }
 
 static qd_backend *new_backend(rl_run *r, qd_role role)
