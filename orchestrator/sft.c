@@ -23,29 +23,37 @@ static const char *const specials[] = {QD_TASK_END_TOKEN, "<|im_start|>", "<|im_
 
 /* GPT-2's bytes_to_unicode: printable bytes map to themselves, the others (in
  * byte order) to U+0100 onwards. */
+static int keeps_itself(unsigned b) { return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174; }
+
 static unsigned byte_code_point(unsigned char b)
 {
-    if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174)
+    if (keeps_itself(b))
         return b;
     unsigned n = 0;
     for (unsigned c = 0; c < b; c++)
-        n += !((c >= 33 && c <= 126) || (c >= 161 && c <= 172) || c >= 174);
+        n += !keeps_itself(c);
     return 256 + n;
 }
 
-/* The byte-level form of text (UTF-8 of each byte's code point) in out. */
+/* The UTF-8 of byte b's symbol (U+0021..U+0144) into out; returns its length, 1 or 2. */
+static size_t put_symbol(unsigned char b, char *out)
+{
+    unsigned cp = byte_code_point(b);
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        return 1;
+    }
+    out[0] = (char)(0xC0 | (cp >> 6));
+    out[1] = (char)(0x80 | (cp & 0x3F));
+    return 2;
+}
+
+/* The byte-level form of text (each byte's symbol) in out, NUL-terminated. */
 static void byte_level(const char *text, char *out, size_t n)
 {
     size_t k = 0;
-    for (const unsigned char *p = (const unsigned char *)text; *p && k + 3 < n; p++) {
-        unsigned cp = byte_code_point(*p);
-        if (cp < 0x80) {
-            out[k++] = (char)cp;
-        } else {
-            out[k++] = (char)(0xC0 | (cp >> 6));
-            out[k++] = (char)(0x80 | (cp & 0x3F));
-        }
-    }
+    for (const unsigned char *p = (const unsigned char *)text; *p && k + 3 < n; p++)
+        k += put_symbol(*p, out + k);
     out[k] = 0;
 }
 
@@ -54,14 +62,7 @@ static json_t *vocab_json(void)
     json_t *vocab = json_object();
     char key[64];
     for (int b = 0; b < 256; b++) {
-        char one[2] = {(char)b, 0};
-        if (b == 0) { /* the NUL byte's symbol, U+0100 */
-            key[0] = (char)0xC4;
-            key[1] = (char)0x80;
-            key[2] = 0;
-        } else {
-            byte_level(one, key, sizeof key);
-        }
+        key[put_symbol((unsigned char)b, key)] = 0;
         json_object_set_new(vocab, key, json_integer(b));
     }
     for (int m = 0; m < QD_SFT_TOK_MERGES; m++) {
