@@ -670,6 +670,7 @@ END_TEST
 START_TEST(test_config_validate)
 {
     qd_config *cfg = qd_config_new();
+    ck_assert_int_eq(qd_config_set(cfg, "rollout.max_tokens=64"), QD_OK);
     ck_assert_int_eq(qd_config_set(cfg, "algo.overlong_buffer_len=64"), QD_OK); /* = max_tokens 64 */
     ck_assert_int_eq(qd_config_validate(cfg), QD_ERR_ARG);
     ck_assert_ptr_nonnull(strstr(qd_last_error(), "algo.overlong_buffer_len"));
@@ -688,6 +689,7 @@ START_TEST(test_config_save_and_summary)
     qd_config *cfg = qd_config_new(), *back = qd_config_new();
     ck_assert_int_eq(qd_config_set(cfg, "trainer.lr=3.3e-7"), QD_OK);
     ck_assert_int_eq(qd_config_set(cfg, "rollout.prompts_per_step=4"), QD_OK);
+    ck_assert_int_eq(qd_config_set(cfg, "rollout.max_tokens=64"), QD_OK);
     ck_assert_int_eq(qd_config_set(cfg, "data.task=say \"hi\"\\n"), QD_OK); /* escaped on the way out */
     ck_assert_int_eq(qd_config_save(cfg, tmp_path("config.json")), QD_OK);
     ck_assert_int_eq(qd_test_dir_entries(tmpdir), 1); /* no temp file left */
