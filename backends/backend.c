@@ -1,5 +1,6 @@
 /* The backend registry, the recipe table and the dispatchers of backend.h. */
 #include <assert.h>
+#include <math.h>
 #include <string.h>
 #include "backends/backend.h"
 
@@ -143,6 +144,9 @@ qd_status qd_backend_forward(qd_backend *b, const qd_batch *batch, float *logp, 
     assert(b && batch && batch->tokens && batch->lengths && logp);
     if (batch->B <= 0 || batch->T <= 0)
         return qd_error(QD_ERR_SHAPE, "forward: batch shape (%d, %d)", batch->B, batch->T);
+    if (!(batch->temperature >= 0.0f) || isinf(batch->temperature))
+        return qd_error(QD_ERR_ARG, "forward: temperature %g is not a finite number >= 0",
+                        (double)batch->temperature);
     for (int i = 0; i < batch->B; i++)
         if (batch->lengths[i] < 1 || batch->lengths[i] > batch->T)
             return qd_error(QD_ERR_SHAPE, "forward: lengths[%d] = %d not in [1, %d]", i,

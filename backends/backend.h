@@ -69,6 +69,8 @@ typedef struct {
     int B, T;
     const int32_t *tokens;   /* (B, T) */
     const int32_t *lengths;  /* (B), 1 <= lengths[b] <= T */
+    float temperature;       /* log-probs of softmax(logits / temperature), the rollout's;
+                                0 (a zero-initialized batch) means 1 */
 } qd_batch;
 
 typedef struct {
@@ -140,8 +142,10 @@ struct qd_backend_i {
     qd_status (*set_weights)(qd_backend *b, const float *params, size_t n);
     qd_status (*get_weights)(qd_backend *b, float *params, size_t n);
     /* logp (B, T): logp[b][t] = log p(tokens[b][t+1] | tokens[b][..t]) for
-     * t < lengths[b]-1, 0 elsewhere; logits (B, T, V) if not NULL, 0 in padding.
-     * Keeps what backward needs. */
+     * t < lengths[b]-1, 0 elsewhere, with p = softmax(logits / batch->temperature)
+     * normalized as the sampler does (bit-equal to a generate's logp); logits
+     * (B, T, V), raw (not divided), if not NULL, 0 in padding. Keeps what
+     * backward needs (the gradient includes the 1/temperature). */
     qd_status (*forward)(qd_backend *b, const qd_batch *batch, float *logp, float *logits);
     /* Given dL/dlogp (B, T) for the last forward's batch, accumulates (+=)
      * dL/dW of every parameter into the gradient buffer. Optional. */

@@ -258,7 +258,7 @@ static qd_status generate(qd_backend *b, const bench_args *a, const bench_inputs
 static qd_status train_step(qd_backend *b, const bench_args *a, const bench_inputs *in, int step)
 {
     const qd_adamw opt = {1e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, 1.0f};
-    qd_batch bt = {a->B, a->T, in->train_tok, in->len_t};
+    qd_batch bt = {a->B, a->T, in->train_tok, in->len_t, 1.0f};
     float gnorm;
     qd_backend_zero_grad(b);
     qd_status st = qd_backend_forward(b, &bt, in->logp, NULL);
@@ -274,7 +274,7 @@ static qd_status train_step(qd_backend *b, const bench_args *a, const bench_inpu
 static int run_phase(phase p, qd_backend *b, const bench_args *a, const bench_inputs *in, int step,
                      bench_row *row, double *sec, double *base)
 {
-    qd_batch bt = {a->B, a->P, in->prefill_tok, in->len_p};
+    qd_batch bt = {a->B, a->P, in->prefill_tok, in->len_p, 1.0f};
     double t0 = now();
     *base = 0.0;
     switch (p) {

@@ -161,7 +161,7 @@ static int run(const forward_opts *o)
         st = logp && logits ? QD_OK : qd_error(QD_ERR_NOMEM, "out of memory for %zu logits", nlogits);
     }
     int32_t len = T;
-    qd_batch batch = {1, T, ids, &len};
+    qd_batch batch = {1, T, ids, &len, 1.0f};
     if (!st)
         st = qd_backend_forward(b, &batch, logp, logits);
     if (!st && o->dump) /* float32 in host order: little-endian on every supported host */

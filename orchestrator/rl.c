@@ -427,7 +427,9 @@ static qd_status forward_resp(rl_run *r, qd_backend *bk, const sample_set *ss, i
     float *lp = st ? NULL : malloc(sizeof(float) * (size_t)(b - a) * T);
     if (!st && !lp)
         st = qd_error(QD_ERR_NOMEM, "trainer log-probs");
-    qd_batch bt = {b - a, T, tokens, lens};
+    /* at the rollout's temperature, so trainer and rollout log-probs (gap, ratio,
+     * TIS) are of the same distribution */
+    qd_batch bt = {b - a, T, tokens, lens, (float)qd_config_float(r->cfg, "rollout.temperature")};
     if (!st)
         st = qd_backend_forward(bk, &bt, lp, NULL);
     for (int i = 0; i < b - a && !st; i++) {
@@ -1270,10 +1272,6 @@ static qd_status run_loop(rl_run *r, sample_set *ss)
         if ((!strcmp(rec, "quads") || !strcmp(rec, "nvfp4-rac")) && (int64_t)(rac * narrow) / 16 == 0)
             fprintf(r->o->log, "note: rac.ratio %g picks no channel on %d-wide layers (whole 16s only): "
                                "RAC is off in some layers\n", rac, narrow);
-        if (qd_config_float(r->cfg, "rollout.temperature") != 1.0)
-            fprintf(r->o->log, "note: rollout log-probs are at temperature %g, the trainer's at 1: the gap "
-                               "metrics and TIS compare the two as they are\n",
-                    qd_config_float(r->cfg, "rollout.temperature"));
         fflush(r->o->log);
     }
     if (r->step == 0 && qd_config_int(r->cfg, "eval.every") > 0) {

@@ -109,7 +109,7 @@ static void tiny_batch(int32_t *tok, uint64_t seed)
 static void forward_ok(qd_backend *b, const int32_t *tok, const int32_t *len, int B, int T, float *logp,
                        float *logits)
 {
-    qd_batch bt = {B, T, tok, len};
+    qd_batch bt = {B, T, tok, len, 1.0f};
     qd_status st = qd_backend_forward(b, &bt, logp, logits);
     ck_assert_msg(st == QD_OK, "forward: %s", qd_last_error());
 }
@@ -944,7 +944,7 @@ START_TEST(test_errors)
     ck_assert_int_eq(qd_backend_backward(b, logp), QD_ERR_ARG);   /* no forward yet */
     ck_assert_int_eq(qd_backend_set_weights(b, w, n), QD_OK);
     tiny_batch(tok, 62);
-    qd_batch bt = {TB, TT, tok, len};
+    qd_batch bt = {TB, TT, tok, len, 1.0f};
     ck_assert_int_eq(qd_backend_forward(b, &bt, logp, NULL), QD_ERR_SHAPE);
     ck_assert(strstr(qd_last_error(), "lengths[1]") != NULL);
     bt.lengths = tlen;
@@ -976,6 +976,155 @@ START_TEST(test_errors)
 }
 END_TEST
 
+/* ---- the forward at a temperature */
+
+static void forward_temp(qd_backend *b, const int32_t *tok, const int32_t *len, int B, int T, float temp,
+                         float *logp, float *logits)
+{
+    qd_batch bt = {B, T, tok, len, temp};
+    qd_status st = qd_backend_forward(b, &bt, logp, logits);
+    ck_assert_msg(st == QD_OK, "forward at %g: %s", (double)temp, qd_last_error());
+}
+
+static double loss_temp(qd_backend *b, const int32_t *tok, const float *coef, float temp)
+{
+    float logp[TB * TT];
+    forward_temp(b, tok, tlen, TB, TT, temp, logp, NULL);
+    double L = 0;
+    for (int i = 0; i < TB * TT; i++)
+        L += (double)coef[i] * logp[i];
+    return L;
+}
+
+/* Tokens sampled at temperature 0.7 (fp32): their rollout log-probs equal the
+ * forward's at 0.7 bit for bit (and differ from the forward's at 1, which
+ * temperature 0 also means); the logits output stays raw. */
+static void check_generate_at_temperature(const float *w, const qd_model_config *c)
+{
+    qd_backend *b = make_loaded(c, QD_RECIPE_FP32, QD_ROLE_ROLLOUT, 0, 0, w);
+    int32_t tok[GB * GM], len[GB], prompt[GB * GP], seq[GP + GM];
+    float glogp[GB * GM], lp[GP + GM], lp1[GP + GM], lp0[GP + GM];
+    float *lg = malloc(sizeof(float) * (GP + GM) * 64), *lg1 = malloc(sizeof(float) * (GP + GM) * 64);
+    generate_rows(b, 0, GB, 0.7f, 0, 1.0f, 3, NULL, 0, tok, glogp, len);
+    rng_state = 77;   /* generate_rows' prompts */
+    for (int i = 0; i < GB * GP; i++)
+        prompt[i] = (int32_t)(urand() * 64);
+    int differ = 0;
+    for (int r = 0; r < GB; r++) {
+        int32_t L = gplen[r] + len[r];
+        memcpy(seq, prompt + r * GP, sizeof(int32_t) * gplen[r]);
+        memcpy(seq + gplen[r], tok + r * GM, sizeof(int32_t) * len[r]);
+        forward_temp(b, seq, &L, 1, L, 0.7f, lp, lg);
+        forward_temp(b, seq, &L, 1, L, 1.0f, lp1, lg1);
+        forward_temp(b, seq, &L, 1, L, 0.0f, lp0, NULL);
+        ck_assert(memcmp(lg, lg1, sizeof(float) * L * 64) == 0);
+        ck_assert(memcmp(lp0, lp1, sizeof(float) * L) == 0);
+        for (int i = 0; i < len[r]; i++) {
+            int t = gplen[r] - 1 + i;
+            ck_assert_msg(lp[t] == glogp[r * GM + i], "row %d token %d: rollout %.9g forward at 0.7 %.9g", r, i,
+                          glogp[r * GM + i], lp[t]);
+            differ += fabsf(lp1[t] - lp[t]) > 1e-3f;
+        }
+    }
+    ck_assert(differ > GB * GM / 2);
+    free(lg);
+    free(lg1);
+    qd_backend_free(b);
+}
+
+/* The gradient of sum coef * logp at temperature 0.7 (the 1/T factor
+ * included) against Richardson central differences as in check_gradients,
+ * along the largest-gradient element of a few tensors and a random unit
+ * direction in each; it also differs from the gradient at temperature 1. */
+static void check_gradients_at_temperature(const float *w, const qd_model_config *c)
+{
+    static const char *const names[] = {"lm_head.weight", "model.norm.weight",
+                                        "model.layers.1.self_attn.q_proj.weight", "model.embed_tokens.weight"};
+    qd_backend *b = make_loaded(c, QD_RECIPE_FP32, QD_ROLE_TRAINER, 0, 0, w);
+    size_t n = qd_backend_num_floats(b);
+    float *g = malloc(sizeof(float) * n), *g1 = malloc(sizeof(float) * n), *wp = malloc(sizeof(float) * n);
+    double *d = malloc(sizeof(double) * n), worst = 0;
+    int32_t tok[TB * TT];
+    float coef[TB * TT], logp[TB * TT];
+    tiny_batch(tok, 202);
+    random_coef(coef, 203);
+    float temps[2] = {1.0f, 0.7f}, *gs[2] = {g1, g};
+    for (int k = 0; k < 2; k++) {
+        qd_backend_zero_grad(b);
+        forward_temp(b, tok, tlen, TB, TT, temps[k], logp, NULL);
+        ck_assert_int_eq(qd_backend_backward(b, coef), QD_OK);
+        ck_assert_int_eq(qd_backend_get_grads(b, gs[k], n), QD_OK);
+    }
+    int np;
+    const qd_param_info *p = qd_backend_params(b, &np);
+    for (size_t q = 0; q < sizeof names / sizeof *names; q++) {
+        int i = qd_backend_find_param(b, names[q]);
+        ck_assert_msg(i >= 0, "%s", names[q]);
+        size_t off = p[i].offset, m = (size_t)(p[i].rows * p[i].cols), best = off;
+        double dg = 0;
+        for (size_t k = off; k < off + m; k++) {
+            dg = fmax(dg, fabs((double)g[k] - g1[k]));
+            if (fabsf(g[k]) > fabsf(g[best]))
+                best = k;
+        }
+        ck_assert_msg(dg > 1e-3, "%s: the gradient at 0.7 is the one at 1", names[q]);
+        for (int mode = 0; mode < 2; mode++) {
+            memset(d, 0, sizeof(double) * n);
+            if (mode == 0) {
+                d[best] = 1.0;
+            } else {
+                double nn = 0;
+                for (size_t k = off; k < off + m; k++) {
+                    d[k] = sym();
+                    nn += d[k] * d[k];
+                }
+                for (size_t k = off; k < off + m; k++)
+                    d[k] /= sqrt(nn);
+            }
+            double an = 0, h = 3e-2, fd[4];
+            for (size_t k = off; k < off + m; k++)
+                an += d[k] * g[k];
+            for (int s = 0; s < 4; s++) {
+                double hs = (s & 1 ? -h : h) / (s < 2 ? 1 : 2);
+                for (size_t k = 0; k < n; k++)
+                    wp[k] = (float)(w[k] + hs * d[k]);
+                ck_assert_int_eq(qd_backend_set_weights(b, wp, n), QD_OK);
+                fd[s] = loss_temp(b, tok, coef, 0.7f);
+            }
+            double num = (4 * (fd[2] - fd[3]) / h - (fd[0] - fd[1]) / (2 * h)) / 3;
+            double rel = fabs(num - an) / (fabs(an) + 0.25);
+            ck_assert_msg(rel < 2e-3, "%s mode %d: analytic %g numeric %g", names[q], mode, an, num);
+            worst = fmax(worst, rel);
+        }
+    }
+    fprintf(stderr, "gradients at temperature 0.7: worst |num - an| / (|an| + 0.25) %.2e\n", worst);
+    free(g);
+    free(g1);
+    free(wp);
+    free(d);
+    qd_backend_free(b);
+}
+
+START_TEST(test_forward_temperature)
+{
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend *b = make(&c, QD_RECIPE_FP32, QD_ROLE_TRAINER, 0, 0);
+    float *w = random_weights(b, 201), logp[TB * TT];
+    int32_t tok[TB * TT];
+    tiny_batch(tok, 204);
+    ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
+    qd_batch bt = {TB, TT, tok, tlen, NAN};
+    ck_assert_int_eq(qd_backend_forward(b, &bt, logp, NULL), QD_ERR_ARG);
+    ck_assert(strstr(qd_last_error(), "temperature") != NULL);
+    bt.temperature = -1.0f;
+    ck_assert_int_eq(qd_backend_forward(b, &bt, logp, NULL), QD_ERR_ARG);
+    qd_backend_free(b);
+    check_generate_at_temperature(w, &c);
+    check_gradients_at_temperature(w, &c);
+    free(w);
+}
+END_TEST
+
 Suite *suite_backend_cpu(void)
 {
     Suite *s = suite_create("backend_cpu");
@@ -999,6 +1148,7 @@ Suite *suite_backend_cpu(void)
     tcase_add_test(tc, test_generate_rollout_recipe);
     tcase_add_test(tc, test_generate_seed_contract);
     tcase_add_test(tc, test_errors);
+    tcase_add_test(tc, test_forward_temperature);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -134,7 +134,7 @@ static void check_forward(qd_backend *b, const reference *r, float *logp, double
 {
     size_t V = (size_t)r->V, T = (size_t)r->T;
     float *logits = malloc(sizeof(float) * (size_t)r->B * T * V);
-    qd_batch batch = {r->B, r->T, r->ids, r->lengths};
+    qd_batch batch = {r->B, r->T, r->ids, r->lengths, 1.0f};
     ck_assert_msg(qd_backend_forward(b, &batch, logp, logits) == QD_OK, "%s", qd_last_error());
     *e_logits = *e_logp = 0;
     for (int bb = 0; bb < r->B; bb++) {
@@ -495,7 +495,7 @@ START_TEST(test_cli_forward)
     ck_assert_ptr_nonnull(b);
     int32_t len = T;
     float logp[T], logits[T * 64];
-    qd_batch batch = {1, T, ids, &len};
+    qd_batch batch = {1, T, ids, &len, 1.0f};
     ck_assert_int_eq(qd_backend_forward(b, &batch, logp, logits), QD_OK);
     size_t n;
     char *bytes = slurp(dump, &n);

@@ -492,6 +492,34 @@ START_TEST(test_rl_default_model)
 }
 END_TEST
 
+/* BF16 on both sides at rollout.temperature 0.7: the trainer's forward is at
+ * the rollout's temperature, so the gap is still exactly 0 (it was the
+ * difference of log_softmax(x / 0.7) and log_softmax(x) before). */
+START_TEST(test_rl_temperature_no_gap)
+{
+    char dir[256], rd[1024];
+    scratch_dir(dir, sizeof dir);
+    make_model(dir);
+    qd_config *c = small_config(dir, "t07", "bf16", 2);
+    ck_assert_int_eq(qd_config_set(c, "rollout.temperature=0.7"), QD_OK);
+    ck_assert_int_eq(qd_config_set(c, "eval.every=0"), QD_OK);
+    ck_assert_msg(run(c, NULL) == QD_OK, "%s", qd_last_error());
+    qd_config_free(c);
+    pathf(rd, sizeof rd, "%s/t07", dir);
+    json_t *m = metrics_without_time(rd);
+    ck_assert_int_eq(json_array_size(m), 2);
+    for (int s = 0; s < 2; s++) {
+        const json_t *o = json_array_get(m, s);
+        ck_assert_int_eq(num(o, "step", NULL), s + 1);
+        ck_assert(num(o, "gap", "max_abs") == 0.0);
+        ck_assert(num(o, "gap", "mean_abs") == 0.0);
+        ck_assert(num(o, "grad_norm", NULL) > 0);
+    }
+    json_decref(m);
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
 static void add_case(Suite *s, const char *name, const TTest *t)
 {
     TCase *tc = tcase_create(name);
@@ -511,5 +539,6 @@ Suite *suite_rl(void)
     add_case(s, "cli_errors", test_rl_cli_config_errors);
     add_case(s, "cli_compare", test_rl_cli_compare);
     add_case(s, "default_model", test_rl_default_model);
+    add_case(s, "temperature", test_rl_temperature_no_gap);
     return s;
 }

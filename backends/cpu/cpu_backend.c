@@ -128,6 +128,7 @@ typedef struct {
     int32_t *seq_off;              /* (B + 1) first packed token of each sequence */
     layer_acts *acts;              /* (L) */
     float *xf, *lnf, *rstdf, *logits, *lse; /* (N, C), (N, C), (N), (N, V), (N) */
+    float temp;                    /* log-probs are log_softmax(logits / temp) */
     void *arena;                   /* the forward's activations, one allocation */
     /* KV cache of a generation: NULL outside one */
     float *kc, *vc;                /* (L, rows, Tc, KV*D) keys after norm and RoPE, values */
@@ -875,6 +876,7 @@ static qd_status pack_batch(cpu_ctx *c, const qd_batch *bt)
         return qd_error(QD_ERR_SHAPE, "forward: length %d > max_position_embeddings %d", c->Tm,
                         c->cfg.max_position_embeddings);
     c->B = bt->B;
+    c->temp = bt->temperature > 0.0f ? bt->temperature : 1.0f;
     qd_status st = alloc_acts(c);
     if (st)
         return st;
@@ -1026,18 +1028,30 @@ static qd_status attn_forward(cpu_ctx *c, float *out, layer_acts *s, const layer
     return linear_forward(c, out, s->ao, &c->lin[ly->o], N);
 }
 
-/* logp (N): log_softmax(logits)[next token] with the sampler's normalizer
- * (backends/sampling.h), so rollout and forward log-probs agree bit for bit;
- * lse saved (N). */
-static void logprob_forward(float *logp, float *lse, const float *logits, const int32_t *tgt, int N, int V)
+/* logp (N): log_softmax(logits / T)[next token] computed as the sampler does
+ * (s_i = x_i / T, then its normalizer, backends/sampling.h), so rollout and
+ * forward log-probs agree bit for bit at any temperature; lse (N) saved is
+ * m + logz of s. s is scratch (V), unused when T = 1. */
+static qd_status logprob_forward(float *logp, float *lse, float *s, const float *logits, const int32_t *tgt,
+                                 int N, int V, float T)
 {
     for (int n = 0; n < N; n++) {
         const float *l = logits + (size_t)n * V;
+        if (T != 1.0f) {
+            for (int i = 0; i < V; i++) {
+                s[i] = l[i] / T;
+                if (!isfinite(s[i]) && isfinite(l[i]))
+                    return qd_error(QD_ERR_NONFINITE, "forward: token %d: logits[%d] / temperature %g overflows",
+                                    n, i, (double)T);
+            }
+            l = s;
+        }
         float mx, logz;
         qd_softmax_lognorm(&mx, &logz, l, V);
         lse[n] = mx + logz;
         logp[n] = tgt[n] >= 0 ? (l[tgt[n]] - mx) - logz : 0.0f;
     }
+    return QD_OK;
 }
 
 static void residual_forward(float *out, const float *a, const float *b, size_t n)
@@ -1072,22 +1086,27 @@ static qd_status model_forward(cpu_ctx *c, float *logp_packed)
         return st;
     rmsnorm_forward(c->lnf, c->rstdf, c->xf, P(c, c->final_norm), N, C, eps, nt);
     st = linear_forward(c, c->logits, c->lnf, &c->lin[c->lm_head], N);
+    float *scratch = st || c->temp == 1.0f ? NULL : malloc(sizeof(float) * g->vocab_size);
+    if (!st && c->temp != 1.0f && !scratch)
+        st = qd_error(QD_ERR_NOMEM, "cpu backend: log-probs");
     if (!st)
-        logprob_forward(logp_packed, c->lse, c->logits, c->tgt, N, g->vocab_size);
+        st = logprob_forward(logp_packed, c->lse, scratch, c->logits, c->tgt, N, g->vocab_size, c->temp);
+    free(scratch);
     return st;
 }
 
 /* ------------------------------------------------------------------------ */
 /* backward (the forward in reverse; gradients accumulate with +=)            */
 
-/* dlogits (N, V) = dlogp * (onehot(tgt) - softmax(logits)). */
+/* dlogits (N, V) = dlogp * (onehot(tgt) - softmax(logits / T)) / T, the
+ * softmax from the forward's lse of the scaled logits. */
 static void logprob_backward(float *dlogits, const float *dlogp, const float *logits, const float *lse,
-                             const int32_t *tgt, int N, int V)
+                             const int32_t *tgt, int N, int V, float T)
 {
     for (int n = 0; n < N; n++) {
-        float d = tgt[n] >= 0 ? dlogp[n] : 0.0f;
+        float d = tgt[n] >= 0 ? dlogp[n] / T : 0.0f;
         for (int j = 0; j < V; j++) {
-            float p = qd_expf(logits[(size_t)n * V + j] - lse[n]);
+            float p = qd_expf(logits[(size_t)n * V + j] / T - lse[n]);
             dlogits[(size_t)n * V + j] = d * ((j == tgt[n] ? 1.0f : 0.0f) - p);
         }
     }
@@ -1212,7 +1231,7 @@ static qd_status model_backward(cpu_ctx *c, const float *dlogp_packed)
     float *dln = calloc((size_t)N * C, sizeof(float));
     qd_status st = dlogits && dres && dln ? QD_OK : qd_error(QD_ERR_NOMEM, "cpu backend: backward");
     if (!st) {
-        logprob_backward(dlogits, dlogp_packed, c->logits, c->lse, c->tgt, N, V);
+        logprob_backward(dlogits, dlogp_packed, c->logits, c->lse, c->tgt, N, V, c->temp);
         st = linear_backward(c, dln, dlogits, c->lnf, &c->lin[c->lm_head], N);
     }
     if (!st)
@@ -1307,7 +1326,7 @@ static qd_status gen_step(cpu_ctx *c, gen_state *g, const qd_generate_request *r
         return QD_OK;
     qd_status st;
     if (step == 0) {
-        qd_batch bt = {rq->B, rq->Tp, rq->prompt, rq->prompt_len};
+        qd_batch bt = {rq->B, rq->Tp, rq->prompt, rq->prompt_len, 1.0f}; /* the prefill's log-probs are not used */
         st = pack_batch(c, &bt);
         if (!st)
             st = model_forward(c, g->lp);
