@@ -7,6 +7,7 @@
 #include <string.h>
 #include "tests/suites.h"
 #include "quant/status.h"
+#include "orchestrator/sft.h"
 
 const char *qd_test_path(const char *rel)
 {
@@ -56,6 +57,18 @@ Suite *suite_status(void)
     tcase_add_test(tc, test_status_message);
     suite_add_tcase(s, tc);
     return s;
+}
+
+qd_model_config qd_test_moe_config(int vocab, int experts, int max_positions)
+{
+    const qd_sft_dims d = {
+        .hidden = 32, .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 16,
+        .experts = experts, .top_k = 2, .moe_intermediate = 16, .vocab = vocab,
+    };
+    qd_model_config c;
+    ck_assert_int_eq(qd_sft_make_config(&d, &c), QD_OK);
+    c.max_position_embeddings = max_positions;
+    return c;
 }
 
 int main(void)

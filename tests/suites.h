@@ -2,6 +2,7 @@
 #ifndef QD_TEST_SUITES_H
 #define QD_TEST_SUITES_H
 #include <check.h>
+#include "models/model_config.h"
 
 Suite *suite_status(void);
 Suite *suite_quant(void);
@@ -26,5 +27,11 @@ const char *qd_test_path(const char *rel);
 char *qd_test_mkdtemp(char *dir, size_t n, const char *tag);
 void qd_test_rm_tree(const char *dir);
 int qd_test_dir_entries(const char *dir);
+
+/* A small Qwen3-MoE for tests (qd_sft_make_config's architecture): hidden 32,
+ * 2 layers, 4 heads / 2 kv heads of 16, top-2 experts of width 16, every layer
+ * MoE, untied head, norm_topk_prob; the vocabulary, expert count and context
+ * length vary by test. */
+qd_model_config qd_test_moe_config(int vocab, int experts, int max_positions);
 
 #endif
