@@ -59,6 +59,32 @@ Suite *suite_status(void)
     return s;
 }
 
+const char *qd_test_join(const char *dir, const char *name)
+{
+    static char buf[256];
+    snprintf(buf, sizeof buf, "%s/%s", dir, name);
+    return buf;
+}
+
+void qd_test_write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+const char *qd_test_read_file(const char *path)
+{
+    static char buf[1 << 16];
+    FILE *f = fopen(path, "rb");
+    ck_assert_ptr_nonnull(f);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
 qd_model_config qd_test_moe_config(int vocab, int experts, int max_positions)
 {
     const qd_sft_dims d = {

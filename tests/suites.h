@@ -27,6 +27,14 @@ const char *qd_test_path(const char *rel);
 char *qd_test_mkdtemp(char *dir, size_t n, const char *tag);
 void qd_test_rm_tree(const char *dir);
 int qd_test_dir_entries(const char *dir);
+/* dir/name in a static buffer (the next call overwrites it). */
+const char *qd_test_join(const char *dir, const char *name);
+
+/* Small text files: qd_test_write_file writes text to path; qd_test_read_file
+ * returns the whole file (up to 64 KiB) as a string in a static buffer (the
+ * next call overwrites it). Both fail the test when the file cannot be opened. */
+void qd_test_write_file(const char *path, const char *text);
+const char *qd_test_read_file(const char *path);
 
 /* A small Qwen3-MoE for tests (qd_sft_make_config's architecture): hidden 32,
  * 2 layers, 4 heads / 2 kv heads of 16, top-2 experts of width 16, every layer

@@ -29,14 +29,6 @@ static const char *const gpt3_keys[] = {"6b_finetuning", "6b_verification", "175
 
 /* ---- temporary directories and files ---------------------------------- */
 
-static void write_file(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs(text, f);
-    fclose(f);
-}
-
 /* The whole file as a malloc'd string ("" when absent). */
 static char *read_all(const char *path)
 {
@@ -508,7 +500,7 @@ static qd_status replay_text(const char *text, int n_bench, qd_eval_replay **rp)
     char dir[64], path[128];
     qd_test_mkdtemp(dir, sizeof dir, "eval");
     snprintf(path, sizeof path, "%s/outputs.jsonl", dir);
-    write_file(path, text);
+    qd_test_write_file(path, text);
     qd_status st = qd_eval_replay_load(path, b, (size_t)n_bench, 0, "{problem}?", rp);
     qd_test_rm_tree(dir);
     return st;
@@ -630,7 +622,7 @@ static run_result quads(const char *dir, const char *args, const char *stdin_tex
     snprintf(in, sizeof in, "%s/stdin", dir);
     snprintf(out, sizeof out, "%s/stdout", dir);
     snprintf(err, sizeof err, "%s/stderr", dir);
-    write_file(in, stdin_text);
+    qd_test_write_file(in, stdin_text);
     snprintf(cmd, sizeof cmd, "cd '%s' && '%s/quads' %s < '%s' > '%s' 2> '%s'", dir, bin ? bin : ".", args, in,
              out, err);
     int st = system(cmd);
@@ -804,7 +796,7 @@ START_TEST(test_eval_program_errors)
     qd_test_mkdtemp(dir, sizeof dir, "eval");
     char bad[128];
     snprintf(bad, sizeof bad, "%s/bad.jsonl", dir);
-    write_file(bad, "{\"id\": 0, \"output\": \"A: 18\"}\n{\"id\": 1, \"output\": [\"A: 3\"]}\n");
+    qd_test_write_file(bad, "{\"id\": 0, \"output\": \"A: 18\"}\n{\"id\": 1, \"output\": [\"A: 3\"]}\n");
     snprintf(args, sizeof args, "eval --file '%s' --field problem=question --style gsm8k --replay bad.jsonl",
              qd_test_path(FX "gsm8k_test.jsonl"));
     run_result r = quads(dir, args, "");

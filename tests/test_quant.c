@@ -899,25 +899,7 @@ static void io_setup(void) { qd_test_mkdtemp(io_dir, sizeof io_dir, "fileio"); }
 
 static void io_teardown(void) { qd_test_rm_tree(io_dir); }
 
-/* io_dir/name in a static buffer (the next call overwrites it). */
-static const char *io_path(const char *name)
-{
-    static char buf[256];
-    snprintf(buf, sizeof buf, "%s/%s", io_dir, name);
-    return buf;
-}
-
-/* The whole file as a string in a static buffer. */
-static const char *io_read(const char *path)
-{
-    static char buf[4096];
-    FILE *f = fopen(path, "rb");
-    ck_assert_ptr_nonnull(f);
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-    return buf;
-}
+static const char *io_path(const char *name) { return qd_test_join(io_dir, name); }
 
 /* Entries of io_dir (a leftover temp file shows here). */
 static int io_entries(void) { return qd_test_dir_entries(io_dir); }
@@ -926,9 +908,9 @@ START_TEST(test_atomic_write)
 {
     const char *p = io_path("f.txt");
     ck_assert_int_eq(qd_atomic_write(p, "hello\n", 6), QD_OK);
-    ck_assert_str_eq(io_read(p), "hello\n");
+    ck_assert_str_eq(qd_test_read_file(p), "hello\n");
     ck_assert_int_eq(qd_atomic_write(p, "bye", 3), QD_OK);
-    ck_assert_str_eq(io_read(p), "bye");
+    ck_assert_str_eq(qd_test_read_file(p), "bye");
     struct stat sb;
     ck_assert_int_eq(stat(p, &sb), 0);
     ck_assert_int_eq(sb.st_mode & 0777, 0644); /* not mkstemp's 0600 */
@@ -977,10 +959,10 @@ START_TEST(test_atomic_write_with_failures)
     ck_assert_int_eq(qd_atomic_write(p, "old", 3), QD_OK);
     ck_assert_int_eq(qd_atomic_write_with(p, fill_then_fail, NULL), QD_ERR_FORMAT);
     ck_assert_ptr_nonnull(strstr(qd_last_error(), "keep.txt: the fill gave up"));
-    ck_assert_str_eq(io_read(p), "old");
+    ck_assert_str_eq(qd_test_read_file(p), "old");
     ck_assert_int_eq(io_entries(), 1);
     ck_assert_int_eq(qd_atomic_write_with(p, fill_ignoring_error, NULL), QD_ERR_IO);
-    ck_assert_str_eq(io_read(p), "old");
+    ck_assert_str_eq(qd_test_read_file(p), "old");
     ck_assert_int_eq(io_entries(), 1);
     /* the rename fails: the target is a directory */
     ck_assert_int_eq(mkdir(io_path("blocked"), 0755), 0);
@@ -988,7 +970,7 @@ START_TEST(test_atomic_write_with_failures)
     ck_assert_ptr_nonnull(strstr(qd_last_error(), io_path("blocked")));
     ck_assert_int_eq(io_entries(), 2);
     ck_assert_int_eq(qd_atomic_write_with(p, fill_with_retry, "second"), QD_OK);
-    ck_assert_str_eq(io_read(p), "second");
+    ck_assert_str_eq(qd_test_read_file(p), "second");
     ck_assert_int_eq(io_entries(), 2);
 }
 END_TEST
