@@ -1014,6 +1014,12 @@ START_TEST(test_path_parts)
         ck_assert_str_eq(qd_path_base(cases[i][0]), cases[i][2]);
         free(dir);
     }
+    ck_assert_int_eq(qd_str_ends_with("model.safetensors", ".safetensors"), 1);
+    ck_assert_int_eq(qd_str_ends_with("a.json", ".json"), 1);
+    ck_assert_int_eq(qd_str_ends_with("a.json.bak", ".json"), 0);
+    ck_assert_int_eq(qd_str_ends_with("json", ".json"), 0); /* suffix longer than s */
+    ck_assert_int_eq(qd_str_ends_with("x", ""), 1);
+    ck_assert_int_eq(qd_str_ends_with("", "x"), 0);
 }
 END_TEST
 
