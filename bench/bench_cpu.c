@@ -29,6 +29,7 @@
 #include "models/checkpoint.h"
 #include "models/model_config.h"
 #include "orchestrator/sft.h"
+#include "quant/splitmix64.h"
 
 typedef enum { PH_PREFILL = 0, PH_DECODE, PH_TRAIN, PH_COUNT } phase;
 static const char *const phase_name[PH_COUNT] = {"prefill", "decode", "train"};
@@ -70,13 +71,7 @@ static double median(double *v, int n)
 
 static uint64_t rng_state;
 
-static double urand(void) /* splitmix64 -> [0, 1) */
-{
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return (double)((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
-}
+static double urand(void) { return qd_splitmix64_unit(&rng_state); } /* [0, 1) */
 
 /* Norms 1 +- 0.2, embedding +-1, matrices uniform with unit-variance outputs. */
 static void random_weights(const qd_param_info *p, int np, float *w, uint64_t seed)

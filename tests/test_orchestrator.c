@@ -17,6 +17,7 @@
 #include "orchestrator/rl_config.h"
 #include "orchestrator/svg.h"
 #include "quant/fileio.h"
+#include "quant/splitmix64.h"
 
 /* ---- helpers */
 
@@ -40,13 +41,7 @@ static int count_substr(const char *s, const char *sub)
 }
 
 static uint64_t rng_state;
-static double rng_uniform(void)
-{
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return (double)((z ^ (z >> 31)) >> 11) / 9007199254740992.0;
-}
+static double rng_uniform(void) { return qd_splitmix64_unit(&rng_state); }
 
 static qd_grpo_params dapo_params(void)
 {

@@ -17,18 +17,13 @@
 #include "tests/suites.h"
 #include "quant/fileio.h"
 #include "quant/quant.h"
+#include "quant/splitmix64.h"
 
 /* ---- helpers */
 
 static uint64_t rng_state;
 
-static uint64_t rng_next(void)
-{
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+static uint64_t rng_next(void) { return qd_splitmix64_next(&rng_state); }
 
 static double rng_uniform(void) { return ((double)(rng_next() >> 11) + 0.5) / 9007199254740992.0; }
 

@@ -17,6 +17,7 @@
 #include <vector>
 #include "backends/cuda/cuda_die.h"
 #include "backends/cuda/cuda_quant.h"
+#include "quant/splitmix64.h"
 
 #define K_COLS 4096
 
@@ -43,14 +44,8 @@ static long long diff(const void *a, const void *b, size_t n, size_t sz)
 
 /* ---- random numbers: splitmix64 */
 static uint64_t rng_state = 0x5eed1234abcdULL;
-static uint64_t rnd(void)
-{
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-static double unif(void) { return (double)(rnd() >> 11) * (1.0 / 9007199254740992.0); }
+static uint64_t rnd(void) { return qd_splitmix64_next(&rng_state); }
+static double unif(void) { return qd_splitmix64_unit(&rng_state); }
 static int64_t below(int64_t n) { return (int64_t)(rnd() % (uint64_t)n); }
 static double normal(void)
 {
