@@ -85,6 +85,24 @@ const char *qd_test_read_file(const char *path)
     return buf;
 }
 
+json_t *qd_test_load_jsonl(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    json_t *arr = json_array();
+    char *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) >= 0) {
+        json_error_t err;
+        json_t *o = json_loads(line, 0, &err);
+        ck_assert_msg(o != NULL, "%s: %s", path, err.text);
+        json_array_append_new(arr, o);
+    }
+    free(line);
+    fclose(f);
+    return arr;
+}
+
 qd_model_config qd_test_moe_config(int vocab, int experts, int max_positions)
 {
     const qd_sft_dims d = {

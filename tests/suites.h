@@ -2,6 +2,7 @@
 #ifndef QD_TEST_SUITES_H
 #define QD_TEST_SUITES_H
 #include <check.h>
+#include <jansson.h>
 #include "models/model_config.h"
 
 Suite *suite_status(void);
@@ -35,6 +36,9 @@ const char *qd_test_join(const char *dir, const char *name);
  * next call overwrites it). Both fail the test when the file cannot be opened. */
 void qd_test_write_file(const char *path, const char *text);
 const char *qd_test_read_file(const char *path);
+/* Every line of a JSONL file as one JSON array (owned by the caller); fails the
+ * test when the file cannot be opened or a line is not JSON. */
+json_t *qd_test_load_jsonl(const char *path);
 
 /* A small Qwen3-MoE for tests (qd_sft_make_config's architecture): hidden 32,
  * 2 layers, 4 heads / 2 kv heads of 16, top-2 experts of width 16, every layer

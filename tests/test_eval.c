@@ -46,24 +46,6 @@ typedef struct {
     double tokens, chars;
 } label_gen;
 
-static json_t *load_jsonl(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    ck_assert_ptr_nonnull(f);
-    json_t *a = json_array();
-    char *line = NULL;
-    size_t cap = 0;
-    while (getline(&line, &cap, f) > 0) {
-        json_error_t e;
-        json_t *o = json_loads(line, 0, &e);
-        ck_assert_msg(o != NULL, "%s: %s", path, e.text);
-        json_array_append_new(a, o);
-    }
-    free(line);
-    fclose(f);
-    return a;
-}
-
 static int words(const char *s)
 {
     int n = 0;
@@ -120,7 +102,7 @@ START_TEST(test_gsm8k_pass1_matches_labels)
     /* Each GPT-3 model alone (K = 1): pass@1 * 1319 is its number of is_correct labels. */
     qd_bench_set s;
     load_gsm8k(&s);
-    label_gen g = {.rows = load_jsonl(qd_test_path(FX "gsm8k_example_model_solutions.jsonl")), .first_key = _i};
+    label_gen g = {.rows = qd_test_load_jsonl(qd_test_path(FX "gsm8k_example_model_solutions.jsonl")), .first_key = _i};
     size_t labels = 0;
     for (size_t i = 0; i < json_array_size(g.rows); i++)
         labels += (size_t)label_count(json_array_get(g.rows, i), _i, 1);
@@ -165,7 +147,7 @@ START_TEST(test_gsm8k_four_models_as_samples)
      * correct samples; pass@2 and pass@4 from the labels' per-problem counts. */
     qd_bench_set s;
     load_gsm8k(&s);
-    label_gen g = {.rows = load_jsonl(qd_test_path(FX "gsm8k_example_model_solutions.jsonl"))};
+    label_gen g = {.rows = qd_test_load_jsonl(qd_test_path(FX "gsm8k_example_model_solutions.jsonl"))};
     double want2 = 0, want4 = 0;
     for (size_t i = 0; i < 1319; i++) {
         int c = label_count(json_array_get(g.rows, i), 0, 4);
@@ -694,7 +676,7 @@ END_TEST
 /* The GPT-3 175B-verification outputs as a replay file for gsm8k_test.jsonl. */
 static void write_gsm8k_replay(const char *path, int first_key, int k)
 {
-    json_t *rows = load_jsonl(qd_test_path(FX "gsm8k_example_model_solutions.jsonl"));
+    json_t *rows = qd_test_load_jsonl(qd_test_path(FX "gsm8k_example_model_solutions.jsonl"));
     FILE *f = fopen(path, "w");
     for (size_t i = 0; i < json_array_size(rows); i++)
         for (int j = 0; j < k; j++) {
