@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include "tests/suites.h"
 #include "quant/status.h"
 #include "orchestrator/sft.h"
@@ -101,6 +102,20 @@ json_t *qd_test_load_jsonl(const char *path)
     free(line);
     fclose(f);
     return arr;
+}
+
+int qd_test_run_quads(const char *args, char *out, size_t n)
+{
+    const char *bd = getenv("QD_BUILDDIR");
+    char cmd[4096];
+    int w = snprintf(cmd, sizeof cmd, "%s/quads %s 2>&1", bd ? bd : ".", args);
+    ck_assert_msg(w >= 0 && (size_t)w < sizeof cmd, "command too long: %s", cmd);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t k = fread(out, 1, n - 1, p);
+    out[k] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 qd_model_config qd_test_moe_config(int vocab, int experts, int max_positions)

@@ -40,6 +40,11 @@ const char *qd_test_read_file(const char *path);
  * test when the file cannot be opened or a line is not JSON. */
 json_t *qd_test_load_jsonl(const char *path);
 
+/* Runs `quads ARGS` from the build tree (QD_BUILDDIR; make builds it before
+ * make check) with stdout+stderr into out (n bytes, NUL-terminated); returns
+ * its exit status, -1 when it did not exit normally. */
+int qd_test_run_quads(const char *args, char *out, size_t n);
+
 /* A small Qwen3-MoE for tests (qd_sft_make_config's architecture): hidden 32,
  * 2 layers, 4 heads / 2 kv heads of 16, top-2 experts of width 16, every layer
  * MoE, untied head, norm_topk_prob; the vocabulary, expert count and context
