@@ -514,29 +514,15 @@ END_TEST
 
 /* ---- the W4A4 product */
 
-/* The canonical definition (§3) written out with the float codecs, elements in order. */
-static float canonical_dot(const qd_nvfp4 *a, int64_t m, const qd_nvfp4 *w, int64_t n)
+/* The canonical definition (§3) written out with the float codecs, elements in
+ * order; with reversed, the blocks are summed in descending order instead, which
+ * differs from it when the test data make the float32 sum order-sensitive. */
+static float block_dot(const qd_nvfp4 *a, int64_t m, const qd_nvfp4 *w, int64_t n, int reversed)
 {
     float acc = 0.0f;
     int64_t nb = a->cols / 16;
-    for (int64_t b = 0; b < nb; b++) {
-        float p = 0.0f;
-        for (int i = 0; i < 16; i++)
-            p = p + qd_e2m1_to_f32(code_at(a, m, b * 16 + i)) *
-                    qd_e2m1_to_f32(code_at(w, n, b * 16 + i));
-        acc = acc + p * (qd_e4m3_to_f32(a->scales[m * nb + b]) *
-                         qd_e4m3_to_f32(w->scales[n * nb + b]));
-    }
-    return acc * (a->s_dec[a->per_row ? m : 0] * w->s_dec[w->per_row ? n : 0]);
-}
-
-/* The definition with the blocks in descending order: differs from it when the
- * test data make the float32 sum order-sensitive. */
-static float reversed_dot(const qd_nvfp4 *a, int64_t m, const qd_nvfp4 *w, int64_t n)
-{
-    float acc = 0.0f;
-    int64_t nb = a->cols / 16;
-    for (int64_t b = nb - 1; b >= 0; b--) {
+    for (int64_t k = 0; k < nb; k++) {
+        int64_t b = reversed ? nb - 1 - k : k;
         float p = 0.0f;
         for (int i = 0; i < 16; i++)
             p = p + qd_e2m1_to_f32(code_at(a, m, b * 16 + i)) *
@@ -591,10 +577,10 @@ START_TEST(test_w4a4_gemm_vs_f64)
     double worst = 0.0;
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++) {
-            float yc = canonical_dot(&a, m, &w, n);
+            float yc = block_dot(&a, m, &w, n, 0);
             ck_assert_msg(qd_f32_bits(y[m * N + n]) == qd_f32_bits(yc), "y[%lld][%lld] bits",
                           (long long)m, (long long)n);
-            order_sensitive += qd_f32_bits(reversed_dot(&a, m, &w, n)) != qd_f32_bits(yc);
+            order_sensitive += qd_f32_bits(block_dot(&a, m, &w, n, 1)) != qd_f32_bits(yc);
             double mag, yr = f64_dot(&a, m, &w, n, &mag);
             /* nb rounded adds + two final multiplies, each at most 2^-24 relative */
             double bound = (double)(nb + 2) * 0x1p-24 * mag;
