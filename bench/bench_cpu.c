@@ -28,6 +28,8 @@
 #include "backends/backend.h"
 #include "models/checkpoint.h"
 #include "models/model_config.h"
+#include "orchestrator/sft.h"
+#include "quant/splitmix64.h"
 
 typedef enum { PH_PREFILL = 0, PH_DECODE, PH_TRAIN, PH_COUNT } phase;
 static const char *const phase_name[PH_COUNT] = {"prefill", "decode", "train"};
@@ -69,38 +71,7 @@ static double median(double *v, int n)
 
 static uint64_t rng_state;
 
-static double urand(void) /* splitmix64 -> [0, 1) */
-{
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return (double)((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
-}
-
-/* The tiny model's shape (orchestrator/sft.c on branch tiny): every layer MoE,
- * untied head, norm_topk_prob, rope_theta 1e4, 512 positions. */
-static qd_model_config builtin_config(void)
-{
-    qd_model_config c;
-    memset(&c, 0, sizeof c);
-    c.arch = QD_ARCH_QWEN3_MOE;
-    c.vocab_size = 272;
-    c.hidden_size = 64;
-    c.intermediate_size = 128;
-    c.moe_intermediate_size = 64;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = 16;
-    c.rope_theta = 10000.0;
-    c.rms_norm_eps = 1e-6;
-    c.max_position_embeddings = 512;
-    c.num_experts = 8;
-    c.num_experts_per_tok = 2;
-    c.norm_topk_prob = 1;
-    c.decoder_sparse_step = 1;
-    return c;
-}
+static double urand(void) { return qd_splitmix64_unit(&rng_state); } /* [0, 1) */
 
 /* Norms 1 +- 0.2, embedding +-1, matrices uniform with unit-variance outputs. */
 static void random_weights(const qd_param_info *p, int np, float *w, uint64_t seed)
@@ -129,7 +100,9 @@ static float *load_model(const bench_args *a, qd_model_config *cfg, size_t *n)
             die(a->model);
         b = qd_checkpoint_open_backend(a->model, "cpu", NULL);
     } else {
-        *cfg = builtin_config();
+        /* the tiny model's shape */
+        if (qd_sft_make_config(&qd_sft_default_dims, cfg) != QD_OK)
+            die("built-in model config");
         b = qd_backend_cpu_init(cfg, &(qd_backend_options){0});
     }
     if (!b)

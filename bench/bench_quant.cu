@@ -13,25 +13,8 @@
 #include <stdlib.h>
 #include <algorithm>
 #include <vector>
+#include "backends/cuda/cuda_die.h"
 #include "backends/cuda/cuda_quant.h"
-
-#define CK(call)                                                                            \
-    do {                                                                                    \
-        cudaError_t e_ = (call);                                                            \
-        if (e_ != cudaSuccess) {                                                            \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                   \
-                    cudaGetErrorString(e_));                                                \
-            exit(2);                                                                        \
-        }                                                                                   \
-    } while (0)
-#define CKQ(call)                                                                           \
-    do {                                                                                    \
-        qd_status s_ = (call);                                                              \
-        if (s_ != QD_OK) {                                                                  \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, qd_last_error()); \
-            exit(2);                                                                        \
-        }                                                                                   \
-    } while (0)
 
 static int reps = 30;
 static void *flush_buf;
@@ -45,18 +28,18 @@ static float time_ms(F f)
     std::vector<float> t;
     for (int i = 0; i < 3; i++)
         f();
-    CK(cudaDeviceSynchronize());
+    QD_CUDA_DIE(cudaDeviceSynchronize());
     for (int i = 0; i < reps; i++) {
-        CK(cudaMemsetAsync(flush_buf, i & 0xff, flush_bytes));
-        CK(cudaEventRecord(ev0));
+        QD_CUDA_DIE(cudaMemsetAsync(flush_buf, i & 0xff, flush_bytes));
+        QD_CUDA_DIE(cudaEventRecord(ev0));
         f();
-        CK(cudaEventRecord(ev1));
-        CK(cudaEventSynchronize(ev1));
+        QD_CUDA_DIE(cudaEventRecord(ev1));
+        QD_CUDA_DIE(cudaEventSynchronize(ev1));
         float ms;
-        CK(cudaEventElapsedTime(&ms, ev0, ev1));
+        QD_CUDA_DIE(cudaEventElapsedTime(&ms, ev0, ev1));
         t.push_back(ms);
     }
-    CK(cudaGetLastError());
+    QD_CUDA_DIE(cudaGetLastError());
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
 }
@@ -89,9 +72,9 @@ __global__ void to_fp8_kernel(__nv_fp8_e4m3 *y, const float *x, int64_t n, float
 static float *random_dev(int64_t n, uint32_t seed)
 {
     float *x;
-    CK(cudaMalloc((void **)&x, (size_t)n * sizeof(float)));
+    QD_CUDA_DIE(cudaMalloc((void **)&x, (size_t)n * sizeof(float)));
     fill_kernel<<<1024, 256>>>(x, n, seed);
-    CK(cudaGetLastError());
+    QD_CUDA_DIE(cudaGetLastError());
     return x;
 }
 
@@ -100,12 +83,13 @@ static double copy_bandwidth(void)
 {
     size_t bytes = 1u << 30;
     void *a, *b;
-    CK(cudaMalloc(&a, bytes));
-    CK(cudaMalloc(&b, bytes));
-    CK(cudaMemset(a, 1, bytes));
-    float ms = time_ms([&] { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); });
-    CK(cudaFree(a));
-    CK(cudaFree(b));
+    QD_CUDA_DIE(cudaMalloc(&a, bytes));
+    QD_CUDA_DIE(cudaMalloc(&b, bytes));
+    QD_CUDA_DIE(cudaMemset(a, 1, bytes));
+    float ms =
+        time_ms([&] { QD_CUDA_DIE(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); });
+    QD_CUDA_DIE(cudaFree(a));
+    QD_CUDA_DIE(cudaFree(b));
     return 2.0 * bytes / (ms * 1e-3) / 1e9;
 }
 
@@ -114,13 +98,13 @@ static void bench_quantize(int64_t rows, int64_t cols, double copy_gbs)
     int64_t n = rows * cols;
     float *x = random_dev(n, 7);
     uint16_t *xb;
-    CK(cudaMalloc((void **)&xb, (size_t)n * 2));
+    QD_CUDA_DIE(cudaMalloc((void **)&xb, (size_t)n * 2));
     to_bf16_kernel<<<1024, 256>>>((__nv_bfloat16 *)xb, x, n);
     for (int per_row = 0; per_row < 2; per_row++) {
         qd_nvfp4 q;
-        CKQ(qd_cuda_nvfp4_alloc(&q, rows, cols, per_row));
-        float ms = time_ms([&] { CKQ(qd_cuda_nvfp4_quantize_bf16_async(&q, xb)); });
-        CKQ(qd_cuda_nonfinite_check());
+        QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&q, rows, cols, per_row));
+        float ms = time_ms([&] { QD_STATUS_DIE(qd_cuda_nvfp4_quantize_bf16_async(&q, xb)); });
+        QD_STATUS_DIE(qd_cuda_nonfinite_check());
         /* bytes moved once: BF16 in, packed codes + E4M3 scales out */
         double bytes = 2.0 * n + n / 2.0 + n / 16.0;
         double gbs = bytes / (ms * 1e-3) / 1e9;
@@ -129,8 +113,8 @@ static void bench_quantize(int64_t rows, int64_t cols, double copy_gbs)
                100.0 * gbs / copy_gbs);
         qd_cuda_nvfp4_free(&q);
     }
-    CK(cudaFree(x));
-    CK(cudaFree(xb));
+    QD_CUDA_DIE(cudaFree(x));
+    QD_CUDA_DIE(cudaFree(xb));
 }
 
 /* ---- (b) GEMV: cuBLASLt baselines. y^T (N, M) = W (N, K) . A^T, column-major:
@@ -160,7 +144,7 @@ static cublasStatus_t lt_setup(lt_gemm *g, cublasLtHandle_t h, cudaDataType_t in
     cublasOperation_t tr = CUBLAS_OP_T, nt = CUBLAS_OP_N;
     g->h = h;
     g->ws_bytes = 32u << 20;
-    CK(cudaMalloc(&g->ws, g->ws_bytes));
+    QD_CUDA_DIE(cudaMalloc(&g->ws, g->ws_bytes));
     cublasLtMatmulDescCreate(&g->op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
     cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_TRANSA, &tr, sizeof tr);
     cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof nt);
@@ -202,7 +186,7 @@ static void lt_free(lt_gemm *g)
     cublasLtMatrixLayoutDestroy(g->lb);
     cublasLtMatrixLayoutDestroy(g->lc);
     cublasLtMatmulDescDestroy(g->op);
-    CK(cudaFree(g->ws));
+    QD_CUDA_DIE(cudaFree(g->ws));
 }
 
 /* Median ms of a cuBLASLt product of M activation rows, BF16 out (or float32 out
@@ -244,35 +228,35 @@ static void bench_gemv(cublasLtHandle_t h)
     qd_nvfp4 qw, qa;
     void *wb, *ab, *w8, *a8, *yb;
     float *y, *scales;
-    CKQ(qd_cuda_nvfp4_alloc(&qw, N, K, 0));
-    CKQ(qd_cuda_nvfp4_quantize(&qw, w));
-    CK(cudaMalloc(&wb, (size_t)(N * K) * 2));
-    CK(cudaMalloc(&ab, (size_t)(64 * K) * 2));
-    CK(cudaMalloc(&w8, (size_t)(N * K)));
-    CK(cudaMalloc(&a8, (size_t)(64 * K)));
-    CK(cudaMalloc(&yb, (size_t)(64 * N) * 4));
-    CK(cudaMalloc((void **)&y, (size_t)(64 * N) * sizeof(float)));
+    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&qw, N, K, 0));
+    QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&qw, w));
+    QD_CUDA_DIE(cudaMalloc(&wb, (size_t)(N * K) * 2));
+    QD_CUDA_DIE(cudaMalloc(&ab, (size_t)(64 * K) * 2));
+    QD_CUDA_DIE(cudaMalloc(&w8, (size_t)(N * K)));
+    QD_CUDA_DIE(cudaMalloc(&a8, (size_t)(64 * K)));
+    QD_CUDA_DIE(cudaMalloc(&yb, (size_t)(64 * N) * 4));
+    QD_CUDA_DIE(cudaMalloc((void **)&y, (size_t)(64 * N) * sizeof(float)));
     /* one allocation a scale: cuBLASLt may want its scale pointers aligned */
     float *scale_w;
-    CK(cudaMalloc((void **)&scales, sizeof(float)));
-    CK(cudaMalloc((void **)&scale_w, sizeof(float)));
+    QD_CUDA_DIE(cudaMalloc((void **)&scales, sizeof(float)));
+    QD_CUDA_DIE(cudaMalloc((void **)&scale_w, sizeof(float)));
     to_bf16_kernel<<<1024, 256>>>((__nv_bfloat16 *)wb, w, N * K);
     to_bf16_kernel<<<1024, 256>>>((__nv_bfloat16 *)ab, a, 64 * K);
     /* FP8 per-tensor: data in [-1.74, 1.74] times 256 stays inside E4M3's 448 */
     to_fp8_kernel<<<1024, 256>>>((__nv_fp8_e4m3 *)w8, w, N * K, 256.0f);
     to_fp8_kernel<<<1024, 256>>>((__nv_fp8_e4m3 *)a8, a, 64 * K, 256.0f);
     float inv = 1.0f / 256.0f;
-    CK(cudaMemcpy(scales, &inv, sizeof inv, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(scale_w, &inv, sizeof inv, cudaMemcpyHostToDevice));
+    QD_CUDA_DIE(cudaMemcpy(scales, &inv, sizeof inv, cudaMemcpyHostToDevice));
+    QD_CUDA_DIE(cudaMemcpy(scale_w, &inv, sizeof inv, cudaMemcpyHostToDevice));
     double wbytes4 = N * K / 2.0 + N * K / 16.0;
     printf("\n| M | W4A4 us | W4A4 weight TB/s | W4A4-TC us | W4A4-TC TB/s | BF16 us | BF16 TB/s | "
            "FP8 us | FP8 TB/s | BF16/W4A4 | BF16/W4A4-TC | BF16/FP8 |\n"
            "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int64_t M : Ms) {
-        CKQ(qd_cuda_nvfp4_alloc(&qa, M, K, 1));
-        CKQ(qd_cuda_nvfp4_quantize(&qa, a));
-        float t4 = time_ms([&] { CKQ(qd_cuda_w4a4_gemm_async(y, &qa, &qw)); });
-        float tc = time_ms([&] { CKQ(qd_cuda_w4a4_gemm_tc_async(y, &qa, &qw)); });
+        QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&qa, M, K, 1));
+        QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&qa, a));
+        float t4 = time_ms([&] { QD_STATUS_DIE(qd_cuda_w4a4_gemm_async(y, &qa, &qw)); });
+        float tc = time_ms([&] { QD_STATUS_DIE(qd_cuda_w4a4_gemm_tc_async(y, &qa, &qw)); });
         int64_t mb = M, m8 = M;
         float tb = lt_time(h, CUDA_R_16BF, M, N, K, wb, ab, yb, NULL, NULL, &mb);
         float t8 = lt_time(h, CUDA_R_8F_E4M3, M, N, K, w8, a8, yb, scales, scale_w, &m8);
@@ -299,9 +283,10 @@ static void bench_gemv(cublasLtHandle_t h)
         qd_cuda_nvfp4_free(&qa);
     }
     qd_cuda_nvfp4_free(&qw);
-    CK(cudaFree(w)); CK(cudaFree(a)); CK(cudaFree(wb)); CK(cudaFree(ab)); CK(cudaFree(w8));
-    CK(cudaFree(a8)); CK(cudaFree(yb)); CK(cudaFree(y)); CK(cudaFree(scales));
-    CK(cudaFree(scale_w));
+    QD_CUDA_DIE(cudaFree(w)); QD_CUDA_DIE(cudaFree(a)); QD_CUDA_DIE(cudaFree(wb));
+    QD_CUDA_DIE(cudaFree(ab)); QD_CUDA_DIE(cudaFree(w8)); QD_CUDA_DIE(cudaFree(a8));
+    QD_CUDA_DIE(cudaFree(yb)); QD_CUDA_DIE(cudaFree(y)); QD_CUDA_DIE(cudaFree(scales));
+    QD_CUDA_DIE(cudaFree(scale_w));
 }
 
 int main(int argc, char **argv)
@@ -310,10 +295,10 @@ int main(int argc, char **argv)
     cublasLtHandle_t h;
     if (argc > 1)
         reps = atoi(argv[1]) > 0 ? atoi(argv[1]) : reps;
-    CK(cudaGetDeviceProperties(&p, 0));
-    CK(cudaMalloc(&flush_buf, flush_bytes));
-    CK(cudaEventCreate(&ev0));
-    CK(cudaEventCreate(&ev1));
+    QD_CUDA_DIE(cudaGetDeviceProperties(&p, 0));
+    QD_CUDA_DIE(cudaMalloc(&flush_buf, flush_bytes));
+    QD_CUDA_DIE(cudaEventCreate(&ev0));
+    QD_CUDA_DIE(cudaEventCreate(&ev1));
     if (cublasLtCreate(&h) != CUBLAS_STATUS_SUCCESS) {
         fprintf(stderr, "cublasLtCreate failed\n");
         return 2;

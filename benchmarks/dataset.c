@@ -410,12 +410,6 @@ static qd_status parse_csv(const char *text, size_t len, const char *name, const
     return st;
 }
 
-static int ends_with(const char *s, const char *suffix)
-{
-    size_t n = strlen(s), m = strlen(suffix);
-    return n >= m && !strcmp(s + n - m, suffix);
-}
-
 qd_status qd_bench_parse(const char *text, size_t len, const char *name,
                          const qd_bench_fields *fields, qd_bench_set *out)
 {
@@ -431,7 +425,7 @@ qd_status qd_bench_parse(const char *text, size_t len, const char *name,
         i++;
     qd_status st;
     /* Decide by content, not by name: several ".json" files are JSONL. */
-    if (ends_with(name, ".csv"))
+    if (qd_str_ends_with(name, ".csv"))
         st = parse_csv(text, len, name, fields, out);
     else if (i < len && text[i] == '[')
         st = parse_array(text, len, name, fields, out);

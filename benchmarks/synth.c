@@ -4,17 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include "benchmarks/synth.h"
+#include "quant/splitmix64.h"
 
-/* splitmix64 (Steele, Lea, Flood 2014): a small seeded generator. */
-static uint64_t next_u64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-static int draw(uint64_t *s, int n) { return (int)(next_u64(s) % (uint64_t)n); }
+static int draw(uint64_t *s, int n) { return (int)(qd_splitmix64_next(s) % (uint64_t)n); }
 
 /* FNV-1a 64 of the text. */
 static uint64_t text_hash(const char *t)

@@ -10,14 +10,8 @@
 #include "quant/fileio.h"
 #include "quant/numerics.h"
 
-static int ends_with(const char *s, const char *suffix)
-{
-    size_t n = strlen(s), m = strlen(suffix);
-    return n >= m && !strcmp(s + n - m, suffix);
-}
-
 /* Norm gains are stored 1-D by transformers; everything else is a matrix. */
-static int is_vector(const qd_param_info *p) { return p->rows == 1 && ends_with(p->name, "norm.weight"); }
+static int is_vector(const qd_param_info *p) { return p->rows == 1 && qd_str_ends_with(p->name, "norm.weight"); }
 
 qd_status qd_checkpoint_read_config(const char *dir, qd_model_config *cfg)
 {
@@ -88,7 +82,7 @@ static qd_status check_extra(const qd_safetensors *f, const qd_param_info *param
         const qd_param_info *kp = &key;
         snprintf(key.name, sizeof key.name, "%s", t->name);
         int known = strlen(t->name) < sizeof key.name && bsearch(&kp, sorted, (size_t)n, sizeof *sorted, cmp_name);
-        if (!known && !ends_with(t->name, "rotary_emb.inv_freq"))
+        if (!known && !qd_str_ends_with(t->name, "rotary_emb.inv_freq"))
             st = qd_error(QD_ERR_FORMAT, "%s: tensor '%s': unexpected for this config.json (%zu tensors in the "
                           "checkpoint, %d expected)", t->file, t->name, count, n);
     }

@@ -481,12 +481,6 @@ static qd_status open_index(qd_safetensors *f, const char *path)
 
 /* ---- open / close */
 
-static int ends_with(const char *s, const char *suffix)
-{
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && !strcmp(s + a - b, suffix);
-}
-
 static qd_status open_dir(qd_safetensors *f, const char *dir)
 {
     size_t len = strlen(dir) + 64;
@@ -515,7 +509,7 @@ qd_status qd_safetensors_open(qd_safetensors **out, const char *path)
     qd_status s;
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
         s = open_dir(f, path);
-    else if (ends_with(path, ".json"))
+    else if (qd_str_ends_with(path, ".json"))
         s = open_index(f, path);
     else
         s = parse_file(f, path);

@@ -139,20 +139,6 @@ static int set_field(qd_bench_fields *f, const char *kv)
     return slot != NULL;
 }
 
-/* A non-negative decimal integer, all of s. */
-static int parse_count(const char *s, uint64_t *out)
-{
-    char *end;
-    if (*s < '0' || *s > '9')
-        return 0;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (*end || errno)
-        return 0;
-    *out = v;
-    return 1;
-}
-
 /* Parses show's options; returns 0 when they are bad. */
 static int parse_show(int argc, char **argv, show_args *a, qd_fetch_opts *o)
 {
@@ -175,14 +161,14 @@ static int parse_show(int argc, char **argv, show_args *a, qd_fetch_opts *o)
             if (qd_synth_split_parse(v, &a->split) != QD_OK)
                 return fprintf(stderr, "quads bench: %s\n", qd_last_error()), 0;
         } else if (!strcmp(argv[i], "--limit") && v) {
-            if (!parse_count(v, &a->limit))
+            if (!qd_cli_uint(v, UINT64_MAX, &a->limit))
                 return fprintf(stderr, "quads bench: --limit %s: expected a count\n", v), 0;
         } else if (!strcmp(argv[i], "--seed") && v) {
-            if (!parse_count(v, &a->synth.seed))
+            if (!qd_cli_uint(v, UINT64_MAX, &a->synth.seed))
                 return fprintf(stderr, "quads bench: --seed %s: expected a non-negative integer\n", v), 0;
         } else if (!strcmp(argv[i], "--count") && v) {
             uint64_t c;
-            if (!parse_count(v, &c) || c > 10000000)
+            if (!qd_cli_uint(v, UINT64_MAX, &c) || c > 10000000)
                 return fprintf(stderr, "quads bench: --count %s: expected 0..10000000\n", v), 0;
             a->count = (size_t)c;
         } else if (argv[i][0] != '-' && !a->name)

@@ -81,20 +81,6 @@ typedef struct {
     int offline, chat;
 } eval_args;
 
-/* A non-negative decimal integer, all of s, at most max. */
-static int parse_uint(const char *s, uint64_t max, uint64_t *out)
-{
-    char *end;
-    if (*s < '0' || *s > '9')
-        return 0;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (*end || errno || v > max)
-        return 0;
-    *out = v;
-    return 1;
-}
-
 static int set_field(qd_bench_fields *f, const char *kv)
 {
     const char *eq = strchr(kv, '=');
@@ -121,32 +107,20 @@ static int bad(const char *opt, const char *v, const char *want)
     return 0;
 }
 
-/* A finite real in [lo, hi], all of s. */
-static int parse_real(const char *s, double lo, double hi, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (!*s || *end || errno || !(v >= lo && v <= hi))
-        return 0;
-    *out = v;
-    return 1;
-}
-
 /* The generation options of --model; 0 when opt is not one of them or v is bad. */
 static int parse_gen_opt(const char *opt, const char *v, eval_args *a, int *known)
 {
     *known = 1;
     if (!strcmp(opt, "--temperature"))
-        return parse_real(v, 0, 1e6, &a->temperature) || bad(opt, v, "a number in 0..1e6");
+        return qd_cli_real(v, 0, 1e6, &a->temperature) || bad(opt, v, "a number in 0..1e6");
     if (!strcmp(opt, "--top-p"))
-        return parse_real(v, 1e-9, 1, &a->top_p) || bad(opt, v, "a number in (0, 1]");
+        return qd_cli_real(v, 1e-9, 1, &a->top_p) || bad(opt, v, "a number in (0, 1]");
     if (!strcmp(opt, "--top-k"))
-        return parse_uint(v, 1 << 30, &a->top_k) || bad(opt, v, "a count in 0..2^30");
+        return qd_cli_uint(v, 1 << 30, &a->top_k) || bad(opt, v, "a count in 0..2^30");
     if (!strcmp(opt, "--max-tokens"))
-        return (parse_uint(v, 1 << 20, &a->max_tokens) && a->max_tokens) || bad(opt, v, "a count in 1..1048576");
+        return (qd_cli_uint(v, 1 << 20, &a->max_tokens) && a->max_tokens) || bad(opt, v, "a count in 1..1048576");
     if (!strcmp(opt, "--threads"))
-        return (parse_uint(v, 4096, &a->threads) && a->threads) || bad(opt, v, "a count in 1..4096");
+        return (qd_cli_uint(v, 4096, &a->threads) && a->threads) || bad(opt, v, "a count in 1..4096");
     *known = 0;
     return 0;
 }
@@ -170,15 +144,15 @@ static int parse_opt(const char *opt, const char *v, eval_args *a)
     if (!strcmp(opt, "--style"))
         return qd_bench_style_parse(v, &a->fields.style) == QD_OK || bad(opt, v, "plain, gsm8k or boxed");
     if (!strcmp(opt, "--samples"))
-        return (parse_uint(v, 1 << 20, &a->samples) && a->samples) || bad(opt, v, "a count in 1..1048576");
+        return (qd_cli_uint(v, 1 << 20, &a->samples) && a->samples) || bad(opt, v, "a count in 1..1048576");
     if (!strcmp(opt, "--limit"))
-        return (parse_uint(v, SIZE_MAX, &a->limit) && a->limit) || bad(opt, v, "a positive count");
+        return (qd_cli_uint(v, SIZE_MAX, &a->limit) && a->limit) || bad(opt, v, "a positive count");
     if (!strcmp(opt, "--batch"))
-        return (parse_uint(v, 1 << 20, &a->batch) && a->batch) || bad(opt, v, "a count in 1..1048576");
+        return (qd_cli_uint(v, 1 << 20, &a->batch) && a->batch) || bad(opt, v, "a count in 1..1048576");
     if (!strcmp(opt, "--examples"))
-        return parse_uint(v, 1000, &a->examples) || bad(opt, v, "a count in 0..1000");
+        return qd_cli_uint(v, 1000, &a->examples) || bad(opt, v, "a count in 0..1000");
     if (!strcmp(opt, "--seed"))
-        return parse_uint(v, UINT64_MAX, &a->seed) || bad(opt, v, "a non-negative integer");
+        return qd_cli_uint(v, UINT64_MAX, &a->seed) || bad(opt, v, "a non-negative integer");
     fprintf(stderr, "quads eval: unknown option '%s'\n", opt);
     return 0;
 }

@@ -42,15 +42,6 @@ static int fail(int rc, const char *msg)
     return rc;
 }
 
-/* A number in [lo, hi] from the whole of s. */
-static int parse_double(const char *s, double lo, double hi, double *out)
-{
-    char *end;
-    errno = 0;
-    *out = strtod(s, &end);
-    return *s && !*end && !errno && *out >= lo && *out <= hi;
-}
-
 static int parse_args(int argc, char **argv, forward_opts *o)
 {
     static const struct option longs[] = {
@@ -77,12 +68,12 @@ static int parse_args(int argc, char **argv, forward_opts *o)
             o->opt.role = strcmp(optarg, "rollout") ? QD_ROLE_TRAINER : QD_ROLE_ROLLOUT;
             break;
         case 'a':
-            if (!parse_double(optarg, 0, 1, &o->opt.rac_ratio))
+            if (!qd_cli_real(optarg, 0, 1, &o->opt.rac_ratio))
                 return fail(2, "--rac-ratio: expected a number in [0, 1]");
             break;
         case 'b': o->backend = optarg; break;
         case 't':
-            if (!parse_double(optarg, 1, 4096, &x) || x != floor(x))
+            if (!qd_cli_real(optarg, 1, 4096, &x) || x != floor(x))
                 return fail(2, "--threads: expected an integer in [1, 4096]");
             o->opt.num_threads = (int)x;
             break;

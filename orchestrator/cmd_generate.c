@@ -54,19 +54,7 @@ static int fail(int rc, const char *msg)
 /* A number in [lo, hi] from the whole of s (integral when integer). */
 static int parse_num(const char *s, double lo, double hi, int integer, double *out)
 {
-    char *end;
-    errno = 0;
-    *out = strtod(s, &end);
-    return *s && !*end && !errno && *out >= lo && *out <= hi && (!integer || *out == floor(*out));
-}
-
-/* A decimal uint64 from the whole of s (strtod would round seeds above 2^53). */
-static int parse_u64(const char *s, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    *out = (uint64_t)strtoull(s, &end, 10);
-    return *s >= '0' && *s <= '9' && !*end && !errno;
+    return qd_cli_real(s, lo, hi, out) && (!integer || *out == floor(*out));
 }
 
 static int set_option(generate_opts *o, int c, const char *arg)
@@ -86,7 +74,7 @@ static int set_option(generate_opts *o, int c, const char *arg)
             return fail(2, qd_last_error());
         break;
     case 'a': ok = parse_num(arg, 0, 1, 0, &o->gen.opt.rac_ratio); break;
-    case 's': ok = parse_u64(arg, &o->gen.seed); break;
+    case 's': ok = qd_cli_uint(arg, UINT64_MAX, &o->gen.seed); break;
     case 'T': ok = parse_num(arg, 0, 1e6, 0, &o->gen.temperature); break;
     case 'K': ok = parse_num(arg, 0, 1 << 30, 1, &x); o->gen.top_k = (int)x; break;
     case 'N': ok = parse_num(arg, 1e-9, 1, 0, &o->gen.top_p); break;

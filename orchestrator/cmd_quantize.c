@@ -124,12 +124,6 @@ static int parse_args(options *o, int argc, char **argv)
 
 /* ---- which tensors */
 
-static int ends_with(const char *s, const char *suffix)
-{
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && !strcmp(s + a - b, suffix);
-}
-
 /* The module a linear layer's weight belongs to: "NAME.weight" -> its last
  * component before ".weight" (e.g. "q_proj"), copied into buf. */
 static const char *module_leaf(char *buf, size_t len, const char *name)
@@ -166,7 +160,7 @@ static int is_float(qd_st_dtype dt)
 /* 1: quantize; 0: copy; -1: an error (message printed). */
 static int select_tensor(const options *o, const qd_st_tensor *t)
 {
-    if (!ends_with(t->name, ".weight") || t->ndim != 2 || !t->numel)
+    if (!qd_str_ends_with(t->name, ".weight") || t->ndim != 2 || !t->numel)
         return 0;
     int k_ok = o->format == FMT_FP8 || t->shape[1] % QD_NVFP4_BLOCK == 0;
     if (o->all)
@@ -419,7 +413,7 @@ static int convert_all(run_state *rs, const options *o, const qd_safetensors *in
             fprintf(stderr, "quads quantize: %s\n", qd_last_error());
             return 1;
         }
-        if (!sel && t->ndim == 2 && ends_with(t->name, ".weight"))
+        if (!sel && t->ndim == 2 && qd_str_ends_with(t->name, ".weight"))
             json_array_append_new(rs->excluded, json_stringn(t->name, strlen(t->name) - 7));
     }
     return 0;

@@ -3,6 +3,8 @@
 #ifndef QD_COMMANDS_H
 #define QD_COMMANDS_H
 
+#include <stdint.h>
+
 typedef int (*qd_command_fn)(int argc, char **argv);
 
 typedef struct {
@@ -22,5 +24,12 @@ int qd_cmd_report(int argc, char **argv);
 int qd_cmd_sft(int argc, char **argv);
 int qd_cmd_forward(int argc, char **argv);
 int qd_cmd_generate(int argc, char **argv);
+
+/* Option values (orchestrator/cli_parse.c); each returns 1 and sets *out only
+ * when the whole of s is valid, else 0. qd_cli_real: a number in [lo, hi]
+ * (NaN and overflow refused). qd_cli_uint: a decimal integer in [0, max], no
+ * sign or leading space (a seed above 2^53 stays exact). */
+int qd_cli_real(const char *s, double lo, double hi, double *out);
+int qd_cli_uint(const char *s, uint64_t max, uint64_t *out);
 
 #endif

@@ -23,6 +23,7 @@
 #include "orchestrator/task.h"
 #include "quant/fileio.h"
 #include "quant/quant.h"
+#include "quant/splitmix64.h"
 
 #define TRAIN_POOL 4096  /* training problems drawn (fewer when the split is smaller) */
 #define ADAM_MAGIC "QDADAMW1"
@@ -77,13 +78,7 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static uint64_t mix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
+static uint64_t mix64(uint64_t x) { return qd_splitmix64_mix(x + QD_SPLITMIX64_GAMMA); }
 
 /* Prefixes the current message with "where: " (copied first: qd_error writes
  * the buffer qd_last_error reads). */

@@ -9,6 +9,7 @@
 #include "orchestrator/task.h"
 #include "benchmarks/synth.h"
 #include "quant/fileio.h"
+#include "quant/splitmix64.h"
 
 /* ---- tokenizer */
 
@@ -164,19 +165,11 @@ qd_status qd_sft_make_config(const qd_sft_dims *d, qd_model_config *cfg)
     return qd_model_config_check(cfg);
 }
 
-/* splitmix64's finalizer: a bijective mix of 64 bits. */
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 /* A uniform in [0, 1) from (seed, tensor, draw): 53 bits, exact in double. */
 static double hash_uniform(uint64_t seed, uint64_t tensor, uint64_t draw)
 {
-    uint64_t h = mix64(seed + 0x9e3779b97f4a7c15ULL * (tensor + 1));
-    h = mix64(h ^ mix64(draw + 0x632be59bd9b4e019ULL));
+    uint64_t h = qd_splitmix64_mix(seed + QD_SPLITMIX64_GAMMA * (tensor + 1));
+    h = qd_splitmix64_mix(h ^ qd_splitmix64_mix(draw + 0x632be59bd9b4e019ULL));
     return (double)(h >> 11) * 0x1.0p-53;
 }
 
@@ -231,14 +224,12 @@ typedef struct {
     uint64_t rng; /* splitmix64 state of the shuffles */
 } pool;
 
-static uint64_t next_u64(uint64_t *s) { return mix64(*s += 0x9e3779b97f4a7c15ULL); }
-
 static void shuffle(pool *p)
 {
     for (int i = 0; i < p->n; i++)
         p->order[i] = i;
     for (int i = p->n - 1; i > 0; i--) {
-        int j = (int)(next_u64(&p->rng) % (uint64_t)(i + 1));
+        int j = (int)(qd_splitmix64_next(&p->rng) % (uint64_t)(i + 1));
         int t = p->order[i];
         p->order[i] = p->order[j];
         p->order[j] = t;

@@ -22,6 +22,12 @@ const char *qd_path_base(const char *path)
     return slash ? slash + 1 : path;
 }
 
+int qd_str_ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && !strcmp(s + n - m, suffix);
+}
+
 qd_status qd_fsync_dir(const char *dir)
 {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);

@@ -35,6 +35,8 @@ qd_status qd_read_file(const char *path, char **text, size_t *len);
 char *qd_path_dir(const char *path);
 /* The last component of path (path itself when it has no '/'). */
 const char *qd_path_base(const char *path);
+/* 1 when s ends with suffix (every string ends with ""), else 0. */
+int qd_str_ends_with(const char *s, const char *suffix);
 
 /* fsync of a directory, so that entries created or renamed in it are durable
  * (a filesystem that cannot fsync directories counts as success). */

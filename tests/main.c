@@ -5,8 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include "tests/suites.h"
 #include "quant/status.h"
+#include "orchestrator/sft.h"
 
 const char *qd_test_path(const char *rel)
 {
@@ -56,6 +58,76 @@ Suite *suite_status(void)
     tcase_add_test(tc, test_status_message);
     suite_add_tcase(s, tc);
     return s;
+}
+
+const char *qd_test_join(const char *dir, const char *name)
+{
+    static char buf[256];
+    snprintf(buf, sizeof buf, "%s/%s", dir, name);
+    return buf;
+}
+
+void qd_test_write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+const char *qd_test_read_file(const char *path)
+{
+    static char buf[1 << 16];
+    FILE *f = fopen(path, "rb");
+    ck_assert_ptr_nonnull(f);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+json_t *qd_test_load_jsonl(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    json_t *arr = json_array();
+    char *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) >= 0) {
+        json_error_t err;
+        json_t *o = json_loads(line, 0, &err);
+        ck_assert_msg(o != NULL, "%s: %s", path, err.text);
+        json_array_append_new(arr, o);
+    }
+    free(line);
+    fclose(f);
+    return arr;
+}
+
+int qd_test_run_quads(const char *args, char *out, size_t n)
+{
+    const char *bd = getenv("QD_BUILDDIR");
+    char cmd[4096];
+    int w = snprintf(cmd, sizeof cmd, "%s/quads %s 2>&1", bd ? bd : ".", args);
+    ck_assert_msg(w >= 0 && (size_t)w < sizeof cmd, "command too long: %s", cmd);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t k = fread(out, 1, n - 1, p);
+    out[k] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+qd_model_config qd_test_moe_config(int vocab, int experts, int max_positions)
+{
+    const qd_sft_dims d = {
+        .hidden = 32, .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 16,
+        .experts = experts, .top_k = 2, .moe_intermediate = 16, .vocab = vocab,
+    };
+    qd_model_config c;
+    ck_assert_int_eq(qd_sft_make_config(&d, &c), QD_OK);
+    c.max_position_embeddings = max_positions;
+    return c;
 }
 
 int main(void)

@@ -2,6 +2,8 @@
 #ifndef QD_TEST_SUITES_H
 #define QD_TEST_SUITES_H
 #include <check.h>
+#include <jansson.h>
+#include "models/model_config.h"
 
 Suite *suite_status(void);
 Suite *suite_quant(void);
@@ -26,5 +28,27 @@ const char *qd_test_path(const char *rel);
 char *qd_test_mkdtemp(char *dir, size_t n, const char *tag);
 void qd_test_rm_tree(const char *dir);
 int qd_test_dir_entries(const char *dir);
+/* dir/name in a static buffer (the next call overwrites it). */
+const char *qd_test_join(const char *dir, const char *name);
+
+/* Small text files: qd_test_write_file writes text to path; qd_test_read_file
+ * returns the whole file (up to 64 KiB) as a string in a static buffer (the
+ * next call overwrites it). Both fail the test when the file cannot be opened. */
+void qd_test_write_file(const char *path, const char *text);
+const char *qd_test_read_file(const char *path);
+/* Every line of a JSONL file as one JSON array (owned by the caller); fails the
+ * test when the file cannot be opened or a line is not JSON. */
+json_t *qd_test_load_jsonl(const char *path);
+
+/* Runs `quads ARGS` from the build tree (QD_BUILDDIR; make builds it before
+ * make check) with stdout+stderr into out (n bytes, NUL-terminated); returns
+ * its exit status, -1 when it did not exit normally. */
+int qd_test_run_quads(const char *args, char *out, size_t n);
+
+/* A small Qwen3-MoE for tests (qd_sft_make_config's architecture): hidden 32,
+ * 2 layers, 4 heads / 2 kv heads of 16, top-2 experts of width 16, every layer
+ * MoE, untied head, norm_topk_prob; the vocabulary, expert count and context
+ * length vary by test. */
+qd_model_config qd_test_moe_config(int vocab, int experts, int max_positions);
 
 #endif

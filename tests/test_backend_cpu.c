@@ -9,18 +9,13 @@
 #include "tests/suites.h"
 #include "backends/backend.h"
 #include "backends/exact_math.h"
+#include "quant/splitmix64.h"
 
 /* ---- helpers */
 
 static uint64_t rng_state;
 
-static double urand(void) /* splitmix64 -> [0, 1) */
-{
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return (double)((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
-}
+static double urand(void) { return qd_splitmix64_unit(&rng_state); } /* [0, 1) */
 
 static double sym(void) { return 2.0 * urand() - 1.0; }
 
@@ -35,24 +30,8 @@ static double ulp_err(float y, double ref)
 /* 2 layers (0 dense, 1 MoE), hidden 32, 4 heads / 2 kv heads of 16, 8 experts top-2, vocab 64. */
 static qd_model_config tiny_config(int tied, int norm_topk)
 {
-    qd_model_config c;
-    memset(&c, 0, sizeof c);
-    c.arch = QD_ARCH_QWEN3_MOE;
-    c.vocab_size = 64;
-    c.hidden_size = 32;
-    c.intermediate_size = 32;
-    c.moe_intermediate_size = 16;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = 16;
-    c.rope_theta = 10000.0;
-    c.rms_norm_eps = 1e-6;
-    c.max_position_embeddings = 64;
-    c.num_experts = 8;
-    c.num_experts_per_tok = 2;
+    qd_model_config c = qd_test_moe_config(64, 8, 64);
     c.norm_topk_prob = norm_topk;
-    c.decoder_sparse_step = 1;
     c.n_mlp_only_layers = 1;
     c.mlp_only_layers[0] = 0;
     c.tie_word_embeddings = tied;

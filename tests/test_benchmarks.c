@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include <jansson.h>
@@ -895,46 +894,31 @@ START_TEST(test_load_url)
 }
 END_TEST
 
-/* Runs the quads program (built by make before make check); returns its exit
- * status and its stdout+stderr in out. */
-static int run_quads(const char *args, char *out, size_t n)
-{
-    const char *bd = getenv("QD_BUILDDIR");
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s/quads %s 2>&1", bd ? bd : ".", args);
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    size_t k = fread(out, 1, n - 1, p);
-    out[k] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 START_TEST(test_cli)
 {
     char out[65536], want[1024];
-    ck_assert_int_eq(run_quads("bench fetch aime24 math500", out, sizeof out), 0);
+    ck_assert_int_eq(qd_test_run_quads("bench fetch aime24 math500", out, sizeof out), 0);
     snprintf(want, sizeof want, "aime24\t%s/rows/HuggingFaceH4/aime_2024/default/train.jsonl\t30 records\n", cache);
     ck_assert_msg(strstr(out, want), "got: %s", out);
     ck_assert_ptr_nonnull(strstr(out, "math500\t"));
     ck_assert_ptr_nonnull(strstr(out, "\t500 records\n"));
-    ck_assert_int_eq(run_quads("bench list", out, sizeof out), 0);
+    ck_assert_int_eq(qd_test_run_quads("bench list", out, sizeof out), 0);
     ck_assert_ptr_nonnull(strstr(out, "math500        file      500    pinned  yes"));
-    ck_assert_int_eq(run_quads("bench show --offline --limit 1 aime24", out, sizeof out), 0);
+    ck_assert_int_eq(qd_test_run_quads("bench show --offline --limit 1 aime24", out, sizeof out), 0);
     ck_assert_ptr_nonnull(strstr(out, "\"answer\":\"204\""));
-    ck_assert_int_eq(run_quads("bench show arith1 --split test --count 3 --seed 5", out, sizeof out), 0);
+    ck_assert_int_eq(qd_test_run_quads("bench show arith1 --split test --count 3 --seed 5", out, sizeof out), 0);
     ck_assert_ptr_nonnull(strstr(out, "{\"id\":\"test-2\",\"problem\":\"What is "));
     char args[1024];
     snprintf(args, sizeof args, "bench show --file %s --field problem=question --style gsm8k --limit 2",
              fx("gsm8k_test.jsonl"));
-    ck_assert_int_eq(run_quads(args, out, sizeof out), 0);
+    ck_assert_int_eq(qd_test_run_quads(args, out, sizeof out), 0);
     ck_assert_ptr_nonnull(strstr(out, "\"answer\":\"18\""));
-    ck_assert_int_eq(run_quads("bench fetch --offline minerva", out, sizeof out), 1);
+    ck_assert_int_eq(qd_test_run_quads("bench fetch --offline minerva", out, sizeof out), 1);
     ck_assert_ptr_nonnull(strstr(out, "offline"));
-    ck_assert_int_eq(run_quads("bench fetch minerva", out, sizeof out), 1);
+    ck_assert_int_eq(qd_test_run_quads("bench fetch minerva", out, sizeof out), 1);
     ck_assert_ptr_nonnull(strstr(out, "HTTP 404 (not found): Entry not found"));
-    ck_assert_int_eq(run_quads("bench fetch nope", out, sizeof out), 2);
-    ck_assert_int_eq(run_quads("bench show --field answer x.json", out, sizeof out), 2);
+    ck_assert_int_eq(qd_test_run_quads("bench fetch nope", out, sizeof out), 2);
+    ck_assert_int_eq(qd_test_run_quads("bench show --field answer x.json", out, sizeof out), 2);
 }
 END_TEST
 

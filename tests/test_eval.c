@@ -29,14 +29,6 @@ static const char *const gpt3_keys[] = {"6b_finetuning", "6b_verification", "175
 
 /* ---- temporary directories and files ---------------------------------- */
 
-static void write_file(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs(text, f);
-    fclose(f);
-}
-
 /* The whole file as a malloc'd string ("" when absent). */
 static char *read_all(const char *path)
 {
@@ -53,24 +45,6 @@ typedef struct {
     size_t next;   /* the row of the next prompt */
     double tokens, chars;
 } label_gen;
-
-static json_t *load_jsonl(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    ck_assert_ptr_nonnull(f);
-    json_t *a = json_array();
-    char *line = NULL;
-    size_t cap = 0;
-    while (getline(&line, &cap, f) > 0) {
-        json_error_t e;
-        json_t *o = json_loads(line, 0, &e);
-        ck_assert_msg(o != NULL, "%s: %s", path, e.text);
-        json_array_append_new(a, o);
-    }
-    free(line);
-    fclose(f);
-    return a;
-}
 
 static int words(const char *s)
 {
@@ -128,7 +102,7 @@ START_TEST(test_gsm8k_pass1_matches_labels)
     /* Each GPT-3 model alone (K = 1): pass@1 * 1319 is its number of is_correct labels. */
     qd_bench_set s;
     load_gsm8k(&s);
-    label_gen g = {.rows = load_jsonl(qd_test_path(FX "gsm8k_example_model_solutions.jsonl")), .first_key = _i};
+    label_gen g = {.rows = qd_test_load_jsonl(qd_test_path(FX "gsm8k_example_model_solutions.jsonl")), .first_key = _i};
     size_t labels = 0;
     for (size_t i = 0; i < json_array_size(g.rows); i++)
         labels += (size_t)label_count(json_array_get(g.rows, i), _i, 1);
@@ -173,7 +147,7 @@ START_TEST(test_gsm8k_four_models_as_samples)
      * correct samples; pass@2 and pass@4 from the labels' per-problem counts. */
     qd_bench_set s;
     load_gsm8k(&s);
-    label_gen g = {.rows = load_jsonl(qd_test_path(FX "gsm8k_example_model_solutions.jsonl"))};
+    label_gen g = {.rows = qd_test_load_jsonl(qd_test_path(FX "gsm8k_example_model_solutions.jsonl"))};
     double want2 = 0, want4 = 0;
     for (size_t i = 0; i < 1319; i++) {
         int c = label_count(json_array_get(g.rows, i), 0, 4);
@@ -508,7 +482,7 @@ static qd_status replay_text(const char *text, int n_bench, qd_eval_replay **rp)
     char dir[64], path[128];
     qd_test_mkdtemp(dir, sizeof dir, "eval");
     snprintf(path, sizeof path, "%s/outputs.jsonl", dir);
-    write_file(path, text);
+    qd_test_write_file(path, text);
     qd_status st = qd_eval_replay_load(path, b, (size_t)n_bench, 0, "{problem}?", rp);
     qd_test_rm_tree(dir);
     return st;
@@ -630,7 +604,7 @@ static run_result quads(const char *dir, const char *args, const char *stdin_tex
     snprintf(in, sizeof in, "%s/stdin", dir);
     snprintf(out, sizeof out, "%s/stdout", dir);
     snprintf(err, sizeof err, "%s/stderr", dir);
-    write_file(in, stdin_text);
+    qd_test_write_file(in, stdin_text);
     snprintf(cmd, sizeof cmd, "cd '%s' && '%s/quads' %s < '%s' > '%s' 2> '%s'", dir, bin ? bin : ".", args, in,
              out, err);
     int st = system(cmd);
@@ -702,7 +676,7 @@ END_TEST
 /* The GPT-3 175B-verification outputs as a replay file for gsm8k_test.jsonl. */
 static void write_gsm8k_replay(const char *path, int first_key, int k)
 {
-    json_t *rows = load_jsonl(qd_test_path(FX "gsm8k_example_model_solutions.jsonl"));
+    json_t *rows = qd_test_load_jsonl(qd_test_path(FX "gsm8k_example_model_solutions.jsonl"));
     FILE *f = fopen(path, "w");
     for (size_t i = 0; i < json_array_size(rows); i++)
         for (int j = 0; j < k; j++) {
@@ -804,7 +778,7 @@ START_TEST(test_eval_program_errors)
     qd_test_mkdtemp(dir, sizeof dir, "eval");
     char bad[128];
     snprintf(bad, sizeof bad, "%s/bad.jsonl", dir);
-    write_file(bad, "{\"id\": 0, \"output\": \"A: 18\"}\n{\"id\": 1, \"output\": [\"A: 3\"]}\n");
+    qd_test_write_file(bad, "{\"id\": 0, \"output\": \"A: 18\"}\n{\"id\": 1, \"output\": [\"A: 3\"]}\n");
     snprintf(args, sizeof args, "eval --file '%s' --field problem=question --style gsm8k --replay bad.jsonl",
              qd_test_path(FX "gsm8k_test.jsonl"));
     run_result r = quads(dir, args, "");

@@ -533,24 +533,7 @@ END_TEST
  * weights, saved with qd_checkpoint_save into dir with the tokenizer. */
 static void make_chat_model(const char *dir)
 {
-    qd_model_config c;
-    memset(&c, 0, sizeof c);
-    c.arch = QD_ARCH_QWEN3_MOE;
-    c.vocab_size = 1536;
-    c.hidden_size = 32;
-    c.intermediate_size = 32;
-    c.moe_intermediate_size = 16;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = 16;
-    c.rope_theta = 10000.0;
-    c.rms_norm_eps = 1e-6;
-    c.max_position_embeddings = 256;
-    c.num_experts = 4;
-    c.num_experts_per_tok = 2;
-    c.norm_topk_prob = 1;
-    c.decoder_sparse_step = 1;
+    qd_model_config c = qd_test_moe_config(1536, 4, 256);
     qd_backend_options o = {.recipe = QD_RECIPE_FP32};
     qd_backend *b = qd_backend_cpu_init(&c, &o);
     ck_assert_ptr_nonnull(b);

@@ -17,6 +17,7 @@
 #include "orchestrator/rl_config.h"
 #include "orchestrator/svg.h"
 #include "quant/fileio.h"
+#include "quant/splitmix64.h"
 
 /* ---- helpers */
 
@@ -29,32 +30,7 @@ static void tmp_setup(void) { qd_test_mkdtemp(tmpdir, sizeof tmpdir, "orch"); }
 
 static void tmp_teardown(void) { qd_test_rm_tree(tmpdir); }
 
-/* tmpdir/name in a static buffer (the next call overwrites it). */
-static const char *tmp_path(const char *name)
-{
-    static char buf[256];
-    snprintf(buf, sizeof buf, "%s/%s", tmpdir, name);
-    return buf;
-}
-
-static void write_file(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs(text, f);
-    fclose(f);
-}
-
-static char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    ck_assert_ptr_nonnull(f);
-    static char buf[1 << 16];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-    return buf;
-}
+static const char *tmp_path(const char *name) { return qd_test_join(tmpdir, name); }
 
 static int count_substr(const char *s, const char *sub)
 {
@@ -65,13 +41,7 @@ static int count_substr(const char *s, const char *sub)
 }
 
 static uint64_t rng_state;
-static double rng_uniform(void)
-{
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return (double)((z ^ (z >> 31)) >> 11) / 9007199254740992.0;
-}
+static double rng_uniform(void) { return qd_splitmix64_unit(&rng_state); }
 
 static qd_grpo_params dapo_params(void)
 {
@@ -577,7 +547,7 @@ END_TEST
 START_TEST(test_config_file)
 {
     qd_config *cfg = qd_config_new();
-    write_file(tmp_path("c.json"), "{\"trainer\": {\"lr\": 3e-6, \"warmup_steps\": 5},\n"
+    qd_test_write_file(tmp_path("c.json"), "{\"trainer\": {\"lr\": 3e-6, \"warmup_steps\": 5},\n"
                                    " \"algo.loss_agg\": \"seq_mean_token_mean\",\n"
                                    " \"algo\": {\"dynamic_sampling\": true, \"clip_high\": 1},\n"
                                    " \"run\": {\"name\": \"x\"}}");
@@ -598,7 +568,7 @@ static void expect_file_error(const char *text, qd_status want, const char *n1, 
 {
     qd_config *cfg = qd_config_new();
     const char *path = tmp_path("bad.json");
-    write_file(path, text);
+    qd_test_write_file(path, text);
     ck_assert_int_eq(qd_config_load_file(cfg, path), want);
     const char *msg = qd_last_error();
     ck_assert_msg(strncmp(msg, path, strlen(path)) == 0, "message does not start with the file: %s", msg);
@@ -693,7 +663,7 @@ START_TEST(test_config_save_and_summary)
     ck_assert_int_eq(qd_config_set(cfg, "data.task=say \"hi\"\\n"), QD_OK); /* escaped on the way out */
     ck_assert_int_eq(qd_config_save(cfg, tmp_path("config.json")), QD_OK);
     ck_assert_int_eq(qd_test_dir_entries(tmpdir), 1); /* no temp file left */
-    const char *text = read_file(tmp_path("config.json"));
+    const char *text = qd_test_read_file(tmp_path("config.json"));
     ck_assert_int_eq(text[strlen(text) - 1], '\n');
     ck_assert_ptr_nonnull(strstr(text, "\"trainer\": {"));
     /* Shortest round-trip reals: 3.3e-07, not 3.2999999999999999e-07. */
@@ -740,7 +710,7 @@ START_TEST(test_ckpt_rotate)
     }
     ck_assert_str_eq(strrchr(path, '/') - 13, "step_00000050/weights.bin");
     ck_assert_int_eq(qd_mkdirs(tmp_path("step_00000060.tmp")), QD_OK); /* a half-written one */
-    write_file(tmp_path("metrics.jsonl"), "");
+    qd_test_write_file(tmp_path("metrics.jsonl"), "");
     int removed;
     ck_assert_int_eq(qd_ckpt_rotate(tmpdir, 2, &removed), QD_OK);
     ck_assert_int_eq(removed, 3);
@@ -789,7 +759,7 @@ START_TEST(test_metrics_series)
     ck_assert_near(y[2], 0.03, 1e-12);
     free(x), free(y);
     /* NaN was written as null and is skipped: steps 1 3 4 5. */
-    ck_assert_ptr_nonnull(strstr(read_file(p), "\"pass@1\":null"));
+    ck_assert_ptr_nonnull(strstr(qd_test_read_file(p), "\"pass@1\":null"));
     ck_assert_int_eq(qd_metrics_read_series(p, "pass@1", &x, &y, &n), QD_OK);
     ck_assert_int_eq(n, 4);
     ck_assert_double_eq(x[1], 3);
@@ -821,14 +791,14 @@ START_TEST(test_metrics_truncate)
         ck_assert_double_eq(x[i], i + 1);
     free(x), free(y);
     ck_assert_int_eq(qd_metrics_truncate(p, 0), QD_OK);
-    ck_assert_str_eq(read_file(p), "");
+    ck_assert_str_eq(qd_test_read_file(p), "");
     ck_assert_int_eq(qd_metrics_truncate(tmp_path("missing.jsonl"), 3), QD_OK);
     /* A malformed line in the middle is an error naming the line; the file stays. */
-    write_file(p, "{\"step\": 1}\nnot json\n{\"step\": 2}\n");
+    qd_test_write_file(p, "{\"step\": 1}\nnot json\n{\"step\": 2}\n");
     ck_assert_int_eq(qd_metrics_truncate(p, 1), QD_ERR_FORMAT);
     ck_assert_msg(strstr(qd_last_error(), "metrics.jsonl:2:") != NULL, "%s", qd_last_error());
-    ck_assert_str_eq(read_file(p), "{\"step\": 1}\nnot json\n{\"step\": 2}\n");
-    write_file(p, "{\"step\": 1}\n{\"step\": \"2\"}\n");
+    ck_assert_str_eq(qd_test_read_file(p), "{\"step\": 1}\nnot json\n{\"step\": 2}\n");
+    qd_test_write_file(p, "{\"step\": 1}\n{\"step\": \"2\"}\n");
     ck_assert_int_eq(qd_metrics_truncate(p, 1), QD_ERR_FORMAT);
     ck_assert_ptr_nonnull(strstr(qd_last_error(), "metrics.jsonl:2: field \"step\""));
 }
@@ -956,7 +926,7 @@ START_TEST(test_svg_from_metrics)
     qd_svg_series s = {"run", x, y, n};
     qd_svg_plot plot = {"reward", "step", "reward", 800, 300};
     ck_assert_int_eq(qd_svg_write(tmp_path("reward.svg"), &plot, &s, 1), QD_OK);
-    const char *svg = read_file(tmp_path("reward.svg"));
+    const char *svg = qd_test_read_file(tmp_path("reward.svg"));
     ck_assert(svg_well_formed(svg));
     ck_assert_ptr_nonnull(strstr(svg, "width=\"800\" height=\"300\""));
     ck_assert_int_eq(qd_test_dir_entries(tmpdir), 2);
@@ -969,7 +939,7 @@ START_TEST(test_svg_from_metrics)
     const char *const files[2] = {p, other}, *const names[2] = {"run a", "run b"};
     plot.title = "pass@1";
     ck_assert_int_eq(qd_svg_write_metric(tmp_path("pass.svg"), &plot, "pass@1", files, names, 2), QD_OK);
-    svg = read_file(tmp_path("pass.svg"));
+    svg = qd_test_read_file(tmp_path("pass.svg"));
     ck_assert(svg_well_formed(svg));
     ck_assert_ptr_nonnull(strstr(svg, ">run a</text>"));
     ck_assert_ptr_nonnull(strstr(svg, ">run b</text>"));

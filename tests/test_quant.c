@@ -17,18 +17,13 @@
 #include "tests/suites.h"
 #include "quant/fileio.h"
 #include "quant/quant.h"
+#include "quant/splitmix64.h"
 
 /* ---- helpers */
 
 static uint64_t rng_state;
 
-static uint64_t rng_next(void)
-{
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+static uint64_t rng_next(void) { return qd_splitmix64_next(&rng_state); }
 
 static double rng_uniform(void) { return ((double)(rng_next() >> 11) + 0.5) / 9007199254740992.0; }
 
@@ -519,29 +514,15 @@ END_TEST
 
 /* ---- the W4A4 product */
 
-/* The canonical definition (§3) written out with the float codecs, elements in order. */
-static float canonical_dot(const qd_nvfp4 *a, int64_t m, const qd_nvfp4 *w, int64_t n)
+/* The canonical definition (§3) written out with the float codecs, elements in
+ * order; with reversed, the blocks are summed in descending order instead, which
+ * differs from it when the test data make the float32 sum order-sensitive. */
+static float block_dot(const qd_nvfp4 *a, int64_t m, const qd_nvfp4 *w, int64_t n, int reversed)
 {
     float acc = 0.0f;
     int64_t nb = a->cols / 16;
-    for (int64_t b = 0; b < nb; b++) {
-        float p = 0.0f;
-        for (int i = 0; i < 16; i++)
-            p = p + qd_e2m1_to_f32(code_at(a, m, b * 16 + i)) *
-                    qd_e2m1_to_f32(code_at(w, n, b * 16 + i));
-        acc = acc + p * (qd_e4m3_to_f32(a->scales[m * nb + b]) *
-                         qd_e4m3_to_f32(w->scales[n * nb + b]));
-    }
-    return acc * (a->s_dec[a->per_row ? m : 0] * w->s_dec[w->per_row ? n : 0]);
-}
-
-/* The definition with the blocks in descending order: differs from it when the
- * test data make the float32 sum order-sensitive. */
-static float reversed_dot(const qd_nvfp4 *a, int64_t m, const qd_nvfp4 *w, int64_t n)
-{
-    float acc = 0.0f;
-    int64_t nb = a->cols / 16;
-    for (int64_t b = nb - 1; b >= 0; b--) {
+    for (int64_t k = 0; k < nb; k++) {
+        int64_t b = reversed ? nb - 1 - k : k;
         float p = 0.0f;
         for (int i = 0; i < 16; i++)
             p = p + qd_e2m1_to_f32(code_at(a, m, b * 16 + i)) *
@@ -596,10 +577,10 @@ START_TEST(test_w4a4_gemm_vs_f64)
     double worst = 0.0;
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++) {
-            float yc = canonical_dot(&a, m, &w, n);
+            float yc = block_dot(&a, m, &w, n, 0);
             ck_assert_msg(qd_f32_bits(y[m * N + n]) == qd_f32_bits(yc), "y[%lld][%lld] bits",
                           (long long)m, (long long)n);
-            order_sensitive += qd_f32_bits(reversed_dot(&a, m, &w, n)) != qd_f32_bits(yc);
+            order_sensitive += qd_f32_bits(block_dot(&a, m, &w, n, 1)) != qd_f32_bits(yc);
             double mag, yr = f64_dot(&a, m, &w, n, &mag);
             /* nb rounded adds + two final multiplies, each at most 2^-24 relative */
             double bound = (double)(nb + 2) * 0x1p-24 * mag;
@@ -899,25 +880,7 @@ static void io_setup(void) { qd_test_mkdtemp(io_dir, sizeof io_dir, "fileio"); }
 
 static void io_teardown(void) { qd_test_rm_tree(io_dir); }
 
-/* io_dir/name in a static buffer (the next call overwrites it). */
-static const char *io_path(const char *name)
-{
-    static char buf[256];
-    snprintf(buf, sizeof buf, "%s/%s", io_dir, name);
-    return buf;
-}
-
-/* The whole file as a string in a static buffer. */
-static const char *io_read(const char *path)
-{
-    static char buf[4096];
-    FILE *f = fopen(path, "rb");
-    ck_assert_ptr_nonnull(f);
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-    return buf;
-}
+static const char *io_path(const char *name) { return qd_test_join(io_dir, name); }
 
 /* Entries of io_dir (a leftover temp file shows here). */
 static int io_entries(void) { return qd_test_dir_entries(io_dir); }
@@ -926,9 +889,9 @@ START_TEST(test_atomic_write)
 {
     const char *p = io_path("f.txt");
     ck_assert_int_eq(qd_atomic_write(p, "hello\n", 6), QD_OK);
-    ck_assert_str_eq(io_read(p), "hello\n");
+    ck_assert_str_eq(qd_test_read_file(p), "hello\n");
     ck_assert_int_eq(qd_atomic_write(p, "bye", 3), QD_OK);
-    ck_assert_str_eq(io_read(p), "bye");
+    ck_assert_str_eq(qd_test_read_file(p), "bye");
     struct stat sb;
     ck_assert_int_eq(stat(p, &sb), 0);
     ck_assert_int_eq(sb.st_mode & 0777, 0644); /* not mkstemp's 0600 */
@@ -977,10 +940,10 @@ START_TEST(test_atomic_write_with_failures)
     ck_assert_int_eq(qd_atomic_write(p, "old", 3), QD_OK);
     ck_assert_int_eq(qd_atomic_write_with(p, fill_then_fail, NULL), QD_ERR_FORMAT);
     ck_assert_ptr_nonnull(strstr(qd_last_error(), "keep.txt: the fill gave up"));
-    ck_assert_str_eq(io_read(p), "old");
+    ck_assert_str_eq(qd_test_read_file(p), "old");
     ck_assert_int_eq(io_entries(), 1);
     ck_assert_int_eq(qd_atomic_write_with(p, fill_ignoring_error, NULL), QD_ERR_IO);
-    ck_assert_str_eq(io_read(p), "old");
+    ck_assert_str_eq(qd_test_read_file(p), "old");
     ck_assert_int_eq(io_entries(), 1);
     /* the rename fails: the target is a directory */
     ck_assert_int_eq(mkdir(io_path("blocked"), 0755), 0);
@@ -988,7 +951,7 @@ START_TEST(test_atomic_write_with_failures)
     ck_assert_ptr_nonnull(strstr(qd_last_error(), io_path("blocked")));
     ck_assert_int_eq(io_entries(), 2);
     ck_assert_int_eq(qd_atomic_write_with(p, fill_with_retry, "second"), QD_OK);
-    ck_assert_str_eq(io_read(p), "second");
+    ck_assert_str_eq(qd_test_read_file(p), "second");
     ck_assert_int_eq(io_entries(), 2);
 }
 END_TEST
@@ -1032,6 +995,12 @@ START_TEST(test_path_parts)
         ck_assert_str_eq(qd_path_base(cases[i][0]), cases[i][2]);
         free(dir);
     }
+    ck_assert_int_eq(qd_str_ends_with("model.safetensors", ".safetensors"), 1);
+    ck_assert_int_eq(qd_str_ends_with("a.json", ".json"), 1);
+    ck_assert_int_eq(qd_str_ends_with("a.json.bak", ".json"), 0);
+    ck_assert_int_eq(qd_str_ends_with("json", ".json"), 0); /* suffix longer than s */
+    ck_assert_int_eq(qd_str_ends_with("x", ""), 1);
+    ck_assert_int_eq(qd_str_ends_with("", "x"), 0);
 }
 END_TEST
 

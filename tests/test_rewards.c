@@ -10,23 +10,7 @@
 #include "tests/suites.h"
 
 /* Every line of a JSONL fixture as one array (owned by the caller). */
-static json_t *load_jsonl(const char *rel)
-{
-    FILE *f = fopen(qd_test_path(rel), "r");
-    ck_assert_msg(f != NULL, "cannot open %s", rel);
-    json_t *arr = json_array();
-    char *line = NULL;
-    size_t cap = 0;
-    while (getline(&line, &cap, f) >= 0) {
-        json_error_t err;
-        json_t *o = json_loads(line, 0, &err);
-        ck_assert_msg(o != NULL, "%s: %s", rel, err.text);
-        json_array_append_new(arr, o);
-    }
-    free(line);
-    fclose(f);
-    return arr;
-}
+static json_t *load_jsonl(const char *rel) { return qd_test_load_jsonl(qd_test_path(rel)); }
 
 static const char *str(json_t *o, const char *key)
 {

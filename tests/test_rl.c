@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include <jansson.h>
 #include "tests/suites.h"
@@ -151,20 +150,6 @@ static int exists(const char *dir, const char *name)
     return access(p, F_OK) == 0;
 }
 
-/* Runs `quads ARGS` (from the build tree), stdout+stderr into out; exit status. */
-static int quads(char *out, size_t n, const char *args)
-{
-    const char *bd = getenv("QD_BUILDDIR");
-    char cmd[2048];
-    pathf(cmd, sizeof cmd, "%s/quads %s 2>&1", bd ? bd : ".", args);
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    size_t k = fread(out, 1, n - 1, p);
-    out[k] = '\0';
-    int ws = pclose(p);
-    return WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
-}
-
 static const char *const recipes[] = {"bf16", "fp8", "nvfp4", "nvfp4-aqat", "nvfp4-rac", "quads", "nvfp4-sym-qat"};
 
 /* Each recipe: 2 steps, every metric present and finite; BF16 on both sides
@@ -267,7 +252,7 @@ static void kill_and_resume(const char *recipe, const char *const *sets, int nse
     ck_assert_int_eq(qd_config_save(cb, cfgp), QD_OK);
     pathf(args, sizeof args, "rl --quiet --config %s", cfgp);
     setenv("QD_RL_TEST_KILL_STEP", "4", 1);
-    ck_assert_int_eq(quads(out, sizeof out, args), QD_RL_KILL_EXIT);
+    ck_assert_int_eq(qd_test_run_quads(args, out, sizeof out), QD_RL_KILL_EXIT);
     unsetenv("QD_RL_TEST_KILL_STEP");
     pathf(a, sizeof a, "%s/a", dir);
     pathf(b, sizeof b, "%s/b", dir);
@@ -405,28 +390,28 @@ START_TEST(test_rl_cli_config_errors)
 {
     char out[8192], dir[256], args[1024], p[1024];
     scratch_dir(dir, sizeof dir);
-    ck_assert_int_eq(quads(out, sizeof out, "rl --set trainer.lrr=1"), 2);
+    ck_assert_int_eq(qd_test_run_quads("rl --set trainer.lrr=1", out, sizeof out), 2);
     ck_assert_ptr_nonnull(strstr(out, "--set: trainer.lrr: unknown key (did you mean trainer.lr?)"));
-    ck_assert_int_eq(quads(out, sizeof out, "rl --set trainer.lr=fast"), 2);
+    ck_assert_int_eq(qd_test_run_quads("rl --set trainer.lr=fast", out, sizeof out), 2);
     ck_assert_ptr_nonnull(strstr(out, "trainer.lr: expected a number, got 'fast'"));
-    ck_assert_int_eq(quads(out, sizeof out, "rl --set rollout.group_size=1"), 2);
+    ck_assert_int_eq(qd_test_run_quads("rl --set rollout.group_size=1", out, sizeof out), 2);
     ck_assert_ptr_nonnull(strstr(out, "rollout.group_size: 1 is out of range"));
     pathf(p, sizeof p, "%s/bad.json", dir);
     const char *bad = "{\"trainer\": {\"lr\": \"high\"}}";
     ck_assert_int_eq(qd_atomic_write(p, bad, strlen(bad)), QD_OK);
     pathf(args, sizeof args, "rl --config %s", p);
-    ck_assert_int_eq(quads(out, sizeof out, args), 2);
+    ck_assert_int_eq(qd_test_run_quads(args, out, sizeof out), 2);
     ck_assert_ptr_nonnull(strstr(out, "bad.json: trainer.lr: expected a number, got a string"));
     pathf(args, sizeof args, "rl --resume %s/none", dir);
-    ck_assert_int_eq(quads(out, sizeof out, args), 2);
+    ck_assert_int_eq(qd_test_run_quads(args, out, sizeof out), 2);
     ck_assert_ptr_nonnull(strstr(out, "/none/config.json"));
-    ck_assert_int_eq(quads(out, sizeof out, "rl --config a.json --resume b"), 2);
+    ck_assert_int_eq(qd_test_run_quads("rl --config a.json --resume b", out, sizeof out), 2);
     ck_assert_ptr_nonnull(strstr(out, "exclude each other"));
-    ck_assert_int_eq(quads(out, sizeof out, "compare --recipes bf16,bf16"), 2);
+    ck_assert_int_eq(qd_test_run_quads("compare --recipes bf16,bf16", out, sizeof out), 2);
     ck_assert_ptr_nonnull(strstr(out, "named twice"));
-    ck_assert_int_eq(quads(out, sizeof out, "compare --recipes bf16,int3"), 2);
+    ck_assert_int_eq(qd_test_run_quads("compare --recipes bf16,int3", out, sizeof out), 2);
     ck_assert_ptr_nonnull(strstr(out, "rollout.recipe: 'int3' is not one of"));
-    ck_assert_int_eq(quads(out, sizeof out, "report"), 2);
+    ck_assert_int_eq(qd_test_run_quads("report", out, sizeof out), 2);
     qd_test_rm_tree(dir);
 }
 END_TEST
@@ -443,14 +428,14 @@ START_TEST(test_rl_cli_compare)
              "--set rollout.group_size=2 --set rollout.prompts_per_step=2 --set rollout.max_tokens=4 "
              "--set eval.limit=2 --set run.threads=1 --set rollout.backend=cpu",
              dir, dir);
-    ck_assert_int_eq(quads(out, sizeof out, args), 0);
+    ck_assert_int_eq(qd_test_run_quads(args, out, sizeof out), 0);
     ck_assert_ptr_nonnull(strstr(out, "a step: 2 prompts x 2 = 4 samples"));
     ck_assert_ptr_nonnull(strstr(out, "held-out pass@1"));
     pathf(p, sizeof p, "%s/cmp", dir);
     ck_assert(exists(p, "report.md") && exists(p, "gap.svg") && exists(p, "bf16/metrics.jsonl") &&
               exists(p, "quads/step_00000001/model.safetensors"));
     pathf(args, sizeof args, "report %s/cmp/bf16 %s/cmp/quads --out %s/rep", dir, dir, dir);
-    ck_assert_int_eq(quads(out, sizeof out, args), 0);
+    ck_assert_int_eq(qd_test_run_quads(args, out, sizeof out), 0);
     pathf(p, sizeof p, "%s/rep", dir);
     ck_assert(exists(p, "report.md") && exists(p, "reward.svg"));
     qd_test_rm_tree(dir);

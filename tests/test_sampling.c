@@ -15,18 +15,13 @@
 #include "tests/suites.h"
 #include "backends/philox.h"
 #include "backends/sampling.h"
+#include "quant/splitmix64.h"
 
 /* ---- helpers */
 
 static uint64_t rng_state;
 
-static double urand(void) /* splitmix64 -> [0, 1) */
-{
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return (double)((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
-}
+static double urand(void) { return qd_splitmix64_unit(&rng_state); } /* [0, 1) */
 
 static double gauss(void) /* Box-Muller */
 {

@@ -15,31 +15,13 @@
 #include <string.h>
 #include <algorithm>
 #include <vector>
+#include "backends/cuda/cuda_die.h"
 #include "backends/cuda/cuda_quant.h"
+#include "quant/splitmix64.h"
 
 #define K_COLS 4096
 
 static int failures;
-
-#define DIE_CUDA(call)                                                                      \
-    do {                                                                                    \
-        cudaError_t e_ = (call);                                                            \
-        if (e_ != cudaSuccess) {                                                            \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                   \
-                    cudaGetErrorString(e_));                                                \
-            exit(2);                                                                        \
-        }                                                                                   \
-    } while (0)
-
-#define DIE_QD(call)                                                                        \
-    do {                                                                                    \
-        qd_status s_ = (call);                                                              \
-        if (s_ != QD_OK) {                                                                  \
-            fprintf(stderr, "%s:%d: %s: %s: %s\n", __FILE__, __LINE__, #call,               \
-                    qd_status_str(s_), qd_last_error());                                    \
-            exit(2);                                                                        \
-        }                                                                                   \
-    } while (0)
 
 /* ---- one row of the table */
 static void report(const char *op, const char *dist, long long count, long long bad)
@@ -62,14 +44,8 @@ static long long diff(const void *a, const void *b, size_t n, size_t sz)
 
 /* ---- random numbers: splitmix64 */
 static uint64_t rng_state = 0x5eed1234abcdULL;
-static uint64_t rnd(void)
-{
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-static double unif(void) { return (double)(rnd() >> 11) * (1.0 / 9007199254740992.0); }
+static uint64_t rnd(void) { return qd_splitmix64_next(&rng_state); }
+static double unif(void) { return qd_splitmix64_unit(&rng_state); }
 static int64_t below(int64_t n) { return (int64_t)(rnd() % (uint64_t)n); }
 static double normal(void)
 {
@@ -182,8 +158,8 @@ template <typename T>
 static T *to_dev(const T *h, size_t n)
 {
     T *d;
-    DIE_CUDA(cudaMalloc((void **)&d, (n ? n : 1) * sizeof(T)));
-    DIE_CUDA(cudaMemcpy(d, h, n * sizeof(T), cudaMemcpyHostToDevice));
+    QD_CUDA_DIE(cudaMalloc((void **)&d, (n ? n : 1) * sizeof(T)));
+    QD_CUDA_DIE(cudaMemcpy(d, h, n * sizeof(T), cudaMemcpyHostToDevice));
     return d;
 }
 
@@ -191,7 +167,7 @@ template <typename T>
 static std::vector<T> to_host(const T *d, size_t n)
 {
     std::vector<T> h(n);
-    DIE_CUDA(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    QD_CUDA_DIE(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
     return h;
 }
 
@@ -210,10 +186,10 @@ static long long diff_nvfp4(const qd_nvfp4 *g, const qd_nvfp4 *c)
 static qd_nvfp4 nvfp4_to_dev(const qd_nvfp4 *c)
 {
     qd_nvfp4 g;
-    DIE_QD(qd_cuda_nvfp4_alloc(&g, c->rows, c->cols, c->per_row));
-    DIE_CUDA(cudaMemcpy(g.codes, c->codes, (size_t)(c->rows * c->cols / 2), cudaMemcpyHostToDevice));
-    DIE_CUDA(cudaMemcpy(g.scales, c->scales, (size_t)(c->rows * c->cols / 16), cudaMemcpyHostToDevice));
-    DIE_CUDA(cudaMemcpy(g.s_dec, c->s_dec, sizeof(float) * (size_t)(c->per_row ? c->rows : 1),
+    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&g, c->rows, c->cols, c->per_row));
+    QD_CUDA_DIE(cudaMemcpy(g.codes, c->codes, (size_t)(c->rows * c->cols / 2), cudaMemcpyHostToDevice));
+    QD_CUDA_DIE(cudaMemcpy(g.scales, c->scales, (size_t)(c->rows * c->cols / 16), cudaMemcpyHostToDevice));
+    QD_CUDA_DIE(cudaMemcpy(g.s_dec, c->s_dec, sizeof(float) * (size_t)(c->per_row ? c->rows : 1),
                         cudaMemcpyHostToDevice));
     return g;
 }
@@ -226,22 +202,22 @@ static void check_quantize(const char *dist, const float *x, const float *dx, in
 {
     qd_nvfp4 c, g;
     int64_t n = rows * K;
-    DIE_QD(qd_nvfp4_alloc(&c, rows, K, per_row));
-    DIE_QD(qd_cuda_nvfp4_alloc(&g, rows, K, per_row));
-    DIE_QD(qd_nvfp4_quantize(&c, x));
-    DIE_QD(qd_cuda_nvfp4_quantize(&g, dx));
+    QD_STATUS_DIE(qd_nvfp4_alloc(&c, rows, K, per_row));
+    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&g, rows, K, per_row));
+    QD_STATUS_DIE(qd_nvfp4_quantize(&c, x));
+    QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&g, dx));
     report(per_row ? "quantize per-row" : "quantize per-tensor", dist, n, diff_nvfp4(&g, &c));
 
     std::vector<float> cd((size_t)n);
     float *gd;
-    DIE_CUDA(cudaMalloc((void **)&gd, (size_t)n * sizeof(float)));
+    QD_CUDA_DIE(cudaMalloc((void **)&gd, (size_t)n * sizeof(float)));
     qd_nvfp4_dequantize(cd.data(), &c);
-    DIE_QD(qd_cuda_nvfp4_dequantize(gd, &g));
+    QD_STATUS_DIE(qd_cuda_nvfp4_dequantize(gd, &g));
     report(per_row ? "dequantize per-row" : "dequantize per-tensor", dist, n,
            diff(to_host(gd, (size_t)n).data(), cd.data(), (size_t)n, 4));
 
-    DIE_QD(qd_nvfp4_fake_quant(cd.data(), x, rows, K, per_row));
-    DIE_QD(qd_cuda_nvfp4_fake_quant(gd, dx, rows, K, per_row));
+    QD_STATUS_DIE(qd_nvfp4_fake_quant(cd.data(), x, rows, K, per_row));
+    QD_STATUS_DIE(qd_cuda_nvfp4_fake_quant(gd, dx, rows, K, per_row));
     report(per_row ? "fake-quant per-row" : "fake-quant per-tensor", dist, n,
            diff(to_host(gd, (size_t)n).data(), cd.data(), (size_t)n, 4));
     cudaFree(gd);
@@ -256,10 +232,10 @@ static void check_fp8(const char *dist, const float *x, const float *dx, int64_t
     std::vector<float> cs((size_t)rows);
     uint8_t *gq;
     float *gs;
-    DIE_CUDA(cudaMalloc((void **)&gq, (size_t)n));
-    DIE_CUDA(cudaMalloc((void **)&gs, (size_t)rows * sizeof(float)));
-    DIE_QD(qd_fp8_quantize_rows(cq.data(), cs.data(), x, rows, K));
-    DIE_QD(qd_cuda_fp8_quantize_rows(gq, gs, dx, rows, K));
+    QD_CUDA_DIE(cudaMalloc((void **)&gq, (size_t)n));
+    QD_CUDA_DIE(cudaMalloc((void **)&gs, (size_t)rows * sizeof(float)));
+    QD_STATUS_DIE(qd_fp8_quantize_rows(cq.data(), cs.data(), x, rows, K));
+    QD_STATUS_DIE(qd_cuda_fp8_quantize_rows(gq, gs, dx, rows, K));
     report("fp8 quantize per-row", dist, n,
            diff(to_host(gq, (size_t)n).data(), cq.data(), (size_t)n, 1) +
                diff(to_host(gs, (size_t)rows).data(), cs.data(), (size_t)rows, 4));
@@ -288,14 +264,14 @@ static void check_rac(const char *dist, const float *x, const float *dx, int64_t
     for (int w = 0; w < 2; w++) {
         qd_nvfp4 c, g;
         int per_row = !w;
-        DIE_QD(qd_nvfp4_alloc(&c, rows, K + n, per_row));
-        DIE_QD(qd_cuda_nvfp4_alloc(&g, rows, K + n, per_row));
+        QD_STATUS_DIE(qd_nvfp4_alloc(&c, rows, K + n, per_row));
+        QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&g, rows, K + n, per_row));
         if (w) {
-            DIE_QD(qd_rac_augment_weight(&c, x, rows, K, ch.data(), n));
-            DIE_QD(qd_cuda_rac_augment_weight(&g, dx, rows, K, dch, n));
+            QD_STATUS_DIE(qd_rac_augment_weight(&c, x, rows, K, ch.data(), n));
+            QD_STATUS_DIE(qd_cuda_rac_augment_weight(&g, dx, rows, K, dch, n));
         } else {
-            DIE_QD(qd_rac_augment_act(&c, x, rows, K, ch.data(), n));
-            DIE_QD(qd_cuda_rac_augment_act(&g, dx, rows, K, dch, n));
+            QD_STATUS_DIE(qd_rac_augment_act(&c, x, rows, K, ch.data(), n));
+            QD_STATUS_DIE(qd_cuda_rac_augment_act(&g, dx, rows, K, dch, n));
         }
         report(w ? "RAC augment weight" : "RAC augment act", dist, rows * (K + n), diff_nvfp4(&g, &c));
         qd_nvfp4_free(&c);
@@ -338,12 +314,12 @@ static void check_bf16_case(const char *name, const std::vector<float> &x,
     qd_nvfp4 c, g, gb;
     float *dx = to_dev(x.data(), x.size());
     uint16_t *dbits = to_dev(bits.data(), bits.size());
-    DIE_QD(qd_nvfp4_alloc(&c, rows, cols, per_row));
-    DIE_QD(qd_cuda_nvfp4_alloc(&g, rows, cols, per_row));
-    DIE_QD(qd_cuda_nvfp4_alloc(&gb, rows, cols, per_row));
-    DIE_QD(qd_nvfp4_quantize(&c, x.data()));
-    DIE_QD(qd_cuda_nvfp4_quantize(&g, dx));
-    DIE_QD(qd_cuda_nvfp4_quantize_bf16(&gb, dbits));
+    QD_STATUS_DIE(qd_nvfp4_alloc(&c, rows, cols, per_row));
+    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&g, rows, cols, per_row));
+    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&gb, rows, cols, per_row));
+    QD_STATUS_DIE(qd_nvfp4_quantize(&c, x.data()));
+    QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&g, dx));
+    QD_STATUS_DIE(qd_cuda_nvfp4_quantize_bf16(&gb, dbits));
     char op[64];
     snprintf(op, sizeof op, "quantize %s", per_row ? "per-row" : "per-tensor");
     report(op, name, rows * cols, diff_nvfp4(&g, &c));
@@ -352,9 +328,9 @@ static void check_bf16_case(const char *name, const std::vector<float> &x,
 
     std::vector<float> cf(x.size());
     float *gf;
-    DIE_CUDA(cudaMalloc((void **)&gf, x.size() * sizeof(float)));
-    DIE_QD(qd_nvfp4_fake_quant(cf.data(), x.data(), rows, cols, per_row));
-    DIE_QD(qd_cuda_nvfp4_fake_quant(gf, dx, rows, cols, per_row));
+    QD_CUDA_DIE(cudaMalloc((void **)&gf, x.size() * sizeof(float)));
+    QD_STATUS_DIE(qd_nvfp4_fake_quant(cf.data(), x.data(), rows, cols, per_row));
+    QD_STATUS_DIE(qd_cuda_nvfp4_fake_quant(gf, dx, rows, cols, per_row));
     report(per_row ? "fake-quant per-row" : "fake-quant per-tensor", name, rows * cols,
            diff(to_host(gf, x.size()).data(), cf.data(), x.size(), 4));
     cudaFree(gf);
@@ -405,8 +381,8 @@ static void quantize_host(qd_nvfp4 *q, int d, int64_t rows, int64_t K, int per_r
         for (auto &v : x)
             v = (float)(d == 1 ? normal() * exp(3.0 * normal()) : normal());
     }
-    DIE_QD(qd_nvfp4_alloc(q, rows, K, per_row));
-    DIE_QD(qd_nvfp4_quantize(q, x.data()));
+    QD_STATUS_DIE(qd_nvfp4_alloc(q, rows, K, per_row));
+    QD_STATUS_DIE(qd_nvfp4_quantize(q, x.data()));
 }
 
 static void check_gemm_case(int64_t M, int64_t N, int64_t K, int da, int dw, int w_per_row)
@@ -417,16 +393,16 @@ static void check_gemm_case(int64_t M, int64_t N, int64_t K, int da, int dw, int
     qd_nvfp4 ga = nvfp4_to_dev(&a), gw = nvfp4_to_dev(&w);
     std::vector<float> cy((size_t)(M * N));
     float *gy;
-    DIE_CUDA(cudaMalloc((void **)&gy, cy.size() * sizeof(float)));
-    DIE_QD(qd_w4a4_gemm(cy.data(), &a, &w));
-    DIE_QD(qd_cuda_w4a4_gemm(gy, &ga, &gw));
+    QD_CUDA_DIE(cudaMalloc((void **)&gy, cy.size() * sizeof(float)));
+    QD_STATUS_DIE(qd_w4a4_gemm(cy.data(), &a, &w));
+    QD_STATUS_DIE(qd_cuda_w4a4_gemm(gy, &ga, &gw));
     char op[64], dist[64];
     snprintf(op, sizeof op, "W4A4 %lldx%lldx%lld", (long long)M, (long long)N, (long long)K);
     snprintf(dist, sizeof dist, "A %s W %s%s", da == 1 ? "heavy" : "norm", dw == 2 ? "tiny" : "norm",
              w_per_row ? " pr" : "");
     report(op, dist, M * N, diff(to_host(gy, cy.size()).data(), cy.data(), cy.size(), 4));
-    DIE_CUDA(cudaMemset(gy, 0xff, cy.size() * sizeof(float)));
-    DIE_QD(qd_cuda_w4a4_gemm_tc(gy, &ga, &gw));
+    QD_CUDA_DIE(cudaMemset(gy, 0xff, cy.size() * sizeof(float)));
+    QD_STATUS_DIE(qd_cuda_w4a4_gemm_tc(gy, &ga, &gw));
     snprintf(op, sizeof op, "W4A4-TC %lldx%lldx%lld", (long long)M, (long long)N, (long long)K);
     report(op, dist, M * N, diff(to_host(gy, cy.size()).data(), cy.data(), cy.size(), 4));
     cudaFree(gy);
@@ -461,13 +437,13 @@ static void check_nonfinite(void)
     int64_t *dch = to_dev(ch.data(), ch.size());
     long long misses = 0, cases = 0;
     qd_nvfp4 g, ga, gw;
-    DIE_QD(qd_cuda_nvfp4_alloc(&g, rows, K, 0));
-    DIE_QD(qd_cuda_nvfp4_alloc(&ga, rows, K + 32, 1));
-    DIE_QD(qd_cuda_nvfp4_alloc(&gw, rows, K + 32, 0));
+    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&g, rows, K, 0));
+    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&ga, rows, K + 32, 1));
+    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&gw, rows, K + 32, 0));
     float *dout, *s_enc, one = 1.0f;
     uint8_t *dq;
-    DIE_CUDA(cudaMalloc((void **)&dout, (size_t)n * sizeof(float)));
-    DIE_CUDA(cudaMalloc((void **)&dq, (size_t)n));
+    QD_CUDA_DIE(cudaMalloc((void **)&dout, (size_t)n * sizeof(float)));
+    QD_CUDA_DIE(cudaMalloc((void **)&dq, (size_t)n));
     s_enc = to_dev(&one, 1);
     for (int t = 0; t < 30; t++) {
         fill_normal(x.data(), n);
@@ -479,7 +455,7 @@ static void check_nonfinite(void)
         hb[below(16)] = qd_bf16_from_f32(bad[t % 3]);
         uint16_t *dhb = to_dev(hb, 16);
         qd_nvfp4 gb;
-        DIE_QD(qd_cuda_nvfp4_alloc(&gb, 1, 16, t & 1));
+        QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&gb, 1, 16, t & 1));
         g.per_row = t & 1;
         misses += expect_nonfinite(qd_cuda_amax(&amax, dx, n));
         misses += expect_nonfinite(qd_cuda_nvfp4_quantize(&g, dx));
@@ -492,7 +468,7 @@ static void check_nonfinite(void)
         cases += 8;
         /* the flag is cleared: a clean input passes again */
         fill_normal(x.data(), n);
-        DIE_CUDA(cudaMemcpy(dx, x.data(), (size_t)n * sizeof(float), cudaMemcpyHostToDevice));
+        QD_CUDA_DIE(cudaMemcpy(dx, x.data(), (size_t)n * sizeof(float), cudaMemcpyHostToDevice));
         misses += qd_cuda_nvfp4_quantize(&g, dx) != QD_OK;
         cases++;
         qd_cuda_nvfp4_free(&gb);
@@ -537,7 +513,7 @@ static void check_golden(const char *path)
         }
         size_t n = (size_t)rows * cols, nd = per_row ? rows : 1;
         qd_nvfp4 want;
-        DIE_QD(qd_nvfp4_alloc(&want, rows, cols, (int)per_row));
+        QD_STATUS_DIE(qd_nvfp4_alloc(&want, rows, cols, (int)per_row));
         std::vector<float> x(n);
         if (fread(x.data(), 4, n, f) != n || fread(want.codes, 1, n / 2, f) != n / 2 ||
             fread(want.scales, 1, n / 16, f) != n / 16 || fread(want.s_dec, 4, nd, f) != nd) {
@@ -547,8 +523,8 @@ static void check_golden(const char *path)
         }
         qd_nvfp4 g;
         float *dx = to_dev(x.data(), n);
-        DIE_QD(qd_cuda_nvfp4_alloc(&g, rows, cols, (int)per_row));
-        DIE_QD(qd_cuda_nvfp4_quantize(&g, dx));
+        QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&g, rows, cols, (int)per_row));
+        QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&g, dx));
         bad += diff_nvfp4(&g, &want);
         count += (long long)n;
         cudaFree(dx);
