@@ -388,7 +388,7 @@ __global__ void k_combine(float *out, const float *y, const float *sw, int N, in
 /* logp (N): log_softmax(logits / T)[tgt] with qd_softmax_lognorm's order; one
  * block of QD_SAMPLE_LANES threads per token; s (N, V) scratch when T != 1.
  * *bad receives 1 + the token of a logit whose division by T overflows. */
-__global__ void k_logprob(float *logp, float *s, const float *logits, const int32_t *tgt, int V, float T,
+__global__ void __launch_bounds__(QD_SAMPLE_LANES) k_logprob(float *logp, float *s, const float *logits, const int32_t *tgt, int V, float T,
                           int *bad)
 {
     __shared__ float lane[QD_SAMPLE_LANES];
@@ -570,8 +570,8 @@ static qd_status model_fwd(cuda_ctx *c, fwd_bufs *f, float T)
 }
 
 /* Packs the batch on the host as the CPU does: (tok, tgt, pos, src) per token. */
-static qd_status pack_batch(const cuda_ctx *c, const qd_batch *bt, fwd_bufs *f, int32_t *tok, int32_t *tgt,
-                            int32_t *pos, int32_t *src)
+static qd_status pack_batch(const cuda_ctx *c, const qd_batch *bt, int32_t *tok, int32_t *tgt, int32_t *pos,
+                            int32_t *src)
 {
     int n = 0;
     for (int b = 0; b < bt->B; b++)
@@ -585,7 +585,6 @@ static qd_status pack_batch(const cuda_ctx *c, const qd_batch *bt, fwd_bufs *f, 
             src[n] = b * bt->T + t;
             tgt[n] = t + 1 < bt->lengths[b] ? bt->tokens[(size_t)b * bt->T + t + 1] : -1;
         }
-    (void)f;
     return QD_OK;
 }
 
@@ -595,7 +594,7 @@ static qd_status forward_impl(cuda_ctx *c, const qd_batch *bt, float *logp, floa
     int V = c->cfg.vocab_size, N = f->N;
     int32_t *tok = host, *tgt = host + N, *pos = host + 2 * N, *src = host + 3 * N;
     float T = bt->temperature > 0.0f ? bt->temperature : 1.0f;
-    QD_TRY(pack_batch(c, bt, f, tok, tgt, pos, src));
+    QD_TRY(pack_batch(c, bt, tok, tgt, pos, src));
     QD_TRY(alloc_bufs(c, f, T != 1.0f));
     QD_CUDA_CHECK(cudaMemcpy(f->tok, tok, sizeof(int32_t) * N, cudaMemcpyHostToDevice));
     QD_CUDA_CHECK(cudaMemcpy(f->tgt, tgt, sizeof(int32_t) * N, cudaMemcpyHostToDevice));
