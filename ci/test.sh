@@ -1,6 +1,6 @@
 #!/bin/sh
-# The test command of the README: build from scratch and run the Check suites.
-# then checks that models/tiny regenerates bit for bit. Prints the Check summary
+# The test command of the README: build from scratch and run the Check suites,
+# then check that models/tiny regenerates bit for bit. Prints the Check summary
 # line last so a CI log shows what was tested.
 set -eu
 cd "$(dirname "$0")/.."
