@@ -48,6 +48,7 @@
 #endif
 #include "backends/backend.h"
 #include "backends/exact_math.h"
+#include "backends/layout.h"
 #include "backends/sampling.h"
 #include "quant/quant.h"
 
@@ -72,16 +73,7 @@ typedef struct {
     double weight_err;     /* sum (W - dequant(quantize(W)))^2 / sum W^2, last sync */
 } linear;
 
-typedef struct {
-    int moe;               /* 1: sparse MoE block, 0: dense MLP */
-    int nexp;              /* experts (1 for a dense MLP) */
-    int ffn;               /* I: moe_intermediate_size or intermediate_size */
-    size_t in_norm, post_norm, q_norm, k_norm; /* offsets: (C), (C), (D), (D) */
-    int q, k, v, o;        /* linear indices */
-    int router;            /* linear index of mlp.gate, -1 when dense */
-    int mlp0;              /* linear index of expert 0's gate_proj; expert e has
-                              gate, up, down at mlp0 + 3e + 0, 1, 2 */
-} layer;
+typedef qd_layout_layer layer; /* backends/layout.h */
 
 /* Activations of one layer kept for backward. */
 typedef struct {
@@ -585,100 +577,40 @@ static qd_status linear_backward(cpu_ctx *c, float *dinp, const float *dout, con
 /* ------------------------------------------------------------------------ */
 /* the parameter table                                                       */
 
-static size_t add_param(cpu_ctx *c, int64_t rows, int64_t cols, const char *fmt, int a, int b)
+/* Takes over the shared table (backends/layout.h); each linear layer gets the
+ * mode the recipe gives it. */
+static qd_status build_params(cpu_ctx *c)
 {
-    qd_param_info *p = &c->info[c->ninfo++];
-    snprintf(p->name, sizeof p->name, fmt, a, b);
-    p->rows = rows;
-    p->cols = cols;
-    p->offset = c->nfloats;
-    c->nfloats += (size_t)(rows * cols);
-    return p->offset;
-}
-
-/* A linear layer whose weight (out, in) is at offset w. */
-static int new_linear(cpu_ctx *c, size_t w, int out, int in, qd_linear_mode mode)
-{
-    linear *L = &c->lin[c->nlin];
-    memset(L, 0, sizeof *L);
-    L->w = w;
-    L->quantized = 1;
-    L->name = c->ninfo > 0 ? c->info[c->ninfo - 1].name : "";
-    L->out = out;
-    L->in = in;
-    L->mode = mode;
-    return c->nlin++;
-}
-
-static int add_linear(cpu_ctx *c, int out, int in, qd_linear_mode mode, const char *fmt, int a, int b)
-{
-    return new_linear(c, add_param(c, out, in, fmt, a, b), out, in, mode);
-}
-
-static void build_layer(cpu_ctx *c, int l, qd_linear_mode qm, qd_linear_mode dm)
-{
-    const qd_model_config *g = &c->cfg;
-    int C = g->hidden_size, D = g->head_dim, HD = g->num_attention_heads * D;
-    int KD = g->num_key_value_heads * D;
-    layer *ly = &c->layers[l];
-    ly->in_norm = add_param(c, 1, C, "model.layers.%d.input_layernorm.weight", l, 0);
-    ly->q = add_linear(c, HD, C, qm, "model.layers.%d.self_attn.q_proj.weight", l, 0);
-    ly->k = add_linear(c, KD, C, qm, "model.layers.%d.self_attn.k_proj.weight", l, 0);
-    ly->v = add_linear(c, KD, C, qm, "model.layers.%d.self_attn.v_proj.weight", l, 0);
-    ly->o = add_linear(c, C, HD, qm, "model.layers.%d.self_attn.o_proj.weight", l, 0);
-    ly->q_norm = add_param(c, 1, D, "model.layers.%d.self_attn.q_norm.weight", l, 0);
-    ly->k_norm = add_param(c, 1, D, "model.layers.%d.self_attn.k_norm.weight", l, 0);
-    ly->post_norm = add_param(c, 1, C, "model.layers.%d.post_attention_layernorm.weight", l, 0);
-    ly->moe = qd_model_config_is_moe_layer(g, l);
-    ly->router = -1;
-    if (ly->moe) {
-        ly->nexp = g->num_experts;
-        ly->ffn = g->moe_intermediate_size;
-        ly->router = add_linear(c, g->num_experts, C, dm, "model.layers.%d.mlp.gate.weight", l, 0);
-        c->lin[ly->router].quantized = 0;
-        for (int e = 0; e < ly->nexp; e++) {
-            int i = add_linear(c, ly->ffn, C, qm, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
-            add_linear(c, ly->ffn, C, qm, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
-            add_linear(c, C, ly->ffn, qm, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
-            if (e == 0)
-                ly->mlp0 = i;
-        }
-    } else {
-        ly->nexp = 1;
-        ly->ffn = g->intermediate_size;
-        ly->mlp0 = add_linear(c, ly->ffn, C, qm, "model.layers.%d.mlp.gate_proj.weight", l, 0);
-        add_linear(c, ly->ffn, C, qm, "model.layers.%d.mlp.up_proj.weight", l, 0);
-        add_linear(c, C, ly->ffn, qm, "model.layers.%d.mlp.down_proj.weight", l, 0);
-    }
-}
-
-/* Upper bounds of the tensors and linear layers build_params makes. */
-static void count_tensors(const qd_model_config *g, int *tensors, int *linears)
-{
-    *tensors = 3;
-    *linears = 1;
-    for (int l = 0; l < g->num_hidden_layers; l++) {
-        int moe = qd_model_config_is_moe_layer(g, l), lin = 4 + (moe ? 1 + 3 * g->num_experts : 3);
-        *linears += lin;
-        *tensors += 4 + lin;
-    }
-}
-
-static void build_params(cpu_ctx *c)
-{
-    const qd_model_config *g = &c->cfg;
+    qd_model_layout m;
+    qd_status st = qd_model_layout_init(&m, &c->cfg);
+    if (st)
+        return st;
     qd_linear_mode qm = qd_recipe_linear_mode(c->opt.recipe, c->opt.role);
     qd_linear_mode dm = qd_recipe_dense_mode(c->opt.recipe);
-    c->embed = add_param(c, g->vocab_size, g->hidden_size, "model.embed_tokens.weight", 0, 0);
-    for (int l = 0; l < g->num_hidden_layers; l++)
-        build_layer(c, l, qm, dm);
-    c->final_norm = add_param(c, 1, g->hidden_size, "model.norm.weight", 0, 0);
-    if (g->tie_word_embeddings) { /* a linear view of the embedding, not a tensor of its own */
-        c->lm_head = new_linear(c, c->embed, g->vocab_size, g->hidden_size, dm);
-        c->lin[c->lm_head].name = c->info[0].name;
-    } else
-        c->lm_head = add_linear(c, g->vocab_size, g->hidden_size, dm, "lm_head.weight", 0, 0);
-    c->lin[c->lm_head].quantized = 0;
+    c->lin = calloc((size_t)m.nlin, sizeof *c->lin);
+    if (!c->lin) {
+        qd_model_layout_free(&m);
+        return qd_error(QD_ERR_NOMEM, "cpu backend: parameter table");
+    }
+    for (int i = 0; i < m.nlin; i++) {
+        linear *L = &c->lin[i];
+        L->w = m.lin[i].w;
+        L->out = m.lin[i].out;
+        L->in = m.lin[i].in;
+        L->quantized = m.lin[i].quantized;
+        L->name = m.lin[i].name;
+        L->mode = L->quantized ? qm : dm;
+    }
+    c->nlin = m.nlin;
+    c->info = m.info;
+    c->ninfo = m.ninfo;
+    c->nfloats = m.nfloats;
+    c->layers = m.layers;
+    c->embed = m.embed;
+    c->final_norm = m.final_norm;
+    c->lm_head = m.lm_head;
+    free(m.lin);
+    return QD_OK;
 }
 
 /* cos/sin (max_pos, D/2): HF's inv_freq buffer is float32 theta^(-2i/D); the
@@ -1869,25 +1801,18 @@ qd_backend *qd_backend_cpu_init(const qd_model_config *cfg, const qd_backend_opt
     }
     c->cfg = *cfg;
     c->opt = *opt;
-    c->layers = calloc((size_t)cfg->num_hidden_layers, sizeof(layer));
     c->acts = calloc((size_t)cfg->num_hidden_layers, sizeof(layer_acts));
     c->base.iface = &cpu_iface;
     c->base.context = c;
-    if (!c->layers || !c->acts) {
+    if (!c->acts) {
         qd_error(QD_ERR_NOMEM, "cpu backend: layers");
         cpu_free(&c->base);
         return NULL;
     }
-    int nt = 0, nl = 0;
-    count_tensors(cfg, &nt, &nl);
-    c->info = calloc((size_t)nt, sizeof *c->info);
-    c->lin = calloc((size_t)nl, sizeof *c->lin);
-    if (!c->info || !c->lin) {
-        qd_error(QD_ERR_NOMEM, "cpu backend: parameter table");
+    if (build_params(c)) {
         cpu_free(&c->base);
         return NULL;
     }
-    build_params(c);
     c->base.params = c->info;
     c->base.num_params = c->ninfo;
     c->base.num_floats = c->nfloats;

@@ -26,6 +26,7 @@
 #include "backends/exact_math.h"
 extern "C" {
 #include "backends/backend.h"
+#include "backends/layout.h"
 #include "backends/sampling.h"
 #include "quant/quant.h"
 }
@@ -39,12 +40,7 @@ typedef struct {
     qd_linear_mode mode;
 } linear;
 
-typedef struct {
-    int moe, nexp, ffn;
-    size_t in_norm, post_norm, q_norm, k_norm;
-    int q, k, v, o, router, mlp0; /* linear indices; expert e: mlp0 + 3e + {0,1,2} */
-    size_t *d_eoff;               /* device (nexp, 3) weight offsets of gate, up, down */
-} layer;
+typedef qd_layout_layer layer; /* backends/layout.h */
 
 typedef struct {
     qd_model_config cfg;
@@ -56,6 +52,7 @@ typedef struct {
     linear *lin;
     int nlin;
     layer *layers;
+    size_t **d_eoff;               /* (L) device (nexp, 3) weight offsets of gate, up, down */
     size_t embed, final_norm;
     int lm_head;
     float *d_params, *d_wk;        /* (nfloats) master and working copy; d_wk aliases
@@ -65,92 +62,37 @@ typedef struct {
 
 static cuda_ctx *ctx_of(qd_backend *b) { return (cuda_ctx *)b->context; }
 
-static size_t add_param(cuda_ctx *c, int64_t rows, int64_t cols, const char *fmt, int a, int b)
+/* Takes over the shared table (backends/layout.h), the CPU backend's. */
+static qd_status build_params(cuda_ctx *c)
 {
-    qd_param_info *p = &c->info[c->ninfo++];
-    snprintf(p->name, sizeof p->name, fmt, a, b);
-    p->rows = rows;
-    p->cols = cols;
-    p->offset = c->nfloats;
-    c->nfloats += (size_t)(rows * cols);
-    return p->offset;
-}
-
-static int new_linear(cuda_ctx *c, size_t w, int out, int in, qd_linear_mode mode)
-{
-    linear *L = &c->lin[c->nlin];
-    L->w = w;
-    L->out = out;
-    L->in = in;
-    L->mode = mode;
-    return c->nlin++;
-}
-
-static int add_linear(cuda_ctx *c, int out, int in, qd_linear_mode mode, const char *fmt, int a, int b)
-{
-    return new_linear(c, add_param(c, out, in, fmt, a, b), out, in, mode);
-}
-
-static void build_layer(cuda_ctx *c, int l, qd_linear_mode qm, qd_linear_mode dm)
-{
-    const qd_model_config *g = &c->cfg;
-    int C = g->hidden_size, D = g->head_dim, HD = g->num_attention_heads * D;
-    int KD = g->num_key_value_heads * D;
-    layer *ly = &c->layers[l];
-    ly->in_norm = add_param(c, 1, C, "model.layers.%d.input_layernorm.weight", l, 0);
-    ly->q = add_linear(c, HD, C, qm, "model.layers.%d.self_attn.q_proj.weight", l, 0);
-    ly->k = add_linear(c, KD, C, qm, "model.layers.%d.self_attn.k_proj.weight", l, 0);
-    ly->v = add_linear(c, KD, C, qm, "model.layers.%d.self_attn.v_proj.weight", l, 0);
-    ly->o = add_linear(c, C, HD, qm, "model.layers.%d.self_attn.o_proj.weight", l, 0);
-    ly->q_norm = add_param(c, 1, D, "model.layers.%d.self_attn.q_norm.weight", l, 0);
-    ly->k_norm = add_param(c, 1, D, "model.layers.%d.self_attn.k_norm.weight", l, 0);
-    ly->post_norm = add_param(c, 1, C, "model.layers.%d.post_attention_layernorm.weight", l, 0);
-    ly->moe = qd_model_config_is_moe_layer(g, l);
-    ly->router = -1;
-    if (ly->moe) {
-        ly->nexp = g->num_experts;
-        ly->ffn = g->moe_intermediate_size;
-        ly->router = add_linear(c, g->num_experts, C, dm, "model.layers.%d.mlp.gate.weight", l, 0);
-        for (int e = 0; e < ly->nexp; e++) {
-            int i = add_linear(c, ly->ffn, C, qm, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
-            add_linear(c, ly->ffn, C, qm, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
-            add_linear(c, C, ly->ffn, qm, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
-            if (e == 0)
-                ly->mlp0 = i;
-        }
-    } else {
-        ly->nexp = 1;
-        ly->ffn = g->intermediate_size;
-        ly->mlp0 = add_linear(c, ly->ffn, C, qm, "model.layers.%d.mlp.gate_proj.weight", l, 0);
-        add_linear(c, ly->ffn, C, qm, "model.layers.%d.mlp.up_proj.weight", l, 0);
-        add_linear(c, C, ly->ffn, qm, "model.layers.%d.mlp.down_proj.weight", l, 0);
-    }
-}
-
-static void count_tensors(const qd_model_config *g, int *tensors, int *linears)
-{
-    *tensors = 3;
-    *linears = 1;
-    for (int l = 0; l < g->num_hidden_layers; l++) {
-        int moe = qd_model_config_is_moe_layer(g, l), lin = 4 + (moe ? 1 + 3 * g->num_experts : 3);
-        *linears += lin;
-        *tensors += 4 + lin;
-    }
-}
-
-static void build_params(cuda_ctx *c)
-{
-    const qd_model_config *g = &c->cfg;
+    qd_model_layout m;
+    qd_status st = qd_model_layout_init(&m, &c->cfg);
+    if (st)
+        return st;
     qd_linear_mode qm = qd_recipe_linear_mode(c->opt.recipe, c->opt.role);
     qd_linear_mode dm = qd_recipe_dense_mode(c->opt.recipe);
-    c->embed = add_param(c, g->vocab_size, g->hidden_size, "model.embed_tokens.weight", 0, 0);
-    for (int l = 0; l < g->num_hidden_layers; l++)
-        build_layer(c, l, qm, dm);
-    c->final_norm = add_param(c, 1, g->hidden_size, "model.norm.weight", 0, 0);
-    if (g->tie_word_embeddings)
-        c->lm_head = new_linear(c, c->embed, g->vocab_size, g->hidden_size, dm);
-    else
-        c->lm_head = add_linear(c, g->vocab_size, g->hidden_size, dm, "lm_head.weight", 0, 0);
+    c->lin = (linear *)calloc((size_t)m.nlin, sizeof *c->lin);
+    c->d_eoff = (size_t **)calloc((size_t)c->cfg.num_hidden_layers, sizeof *c->d_eoff);
+    if (!c->lin || !c->d_eoff) {
+        qd_model_layout_free(&m);
+        return qd_error(QD_ERR_NOMEM, "cuda backend: parameter table");
+    }
+    for (int i = 0; i < m.nlin; i++) {
+        c->lin[i].w = m.lin[i].w;
+        c->lin[i].out = m.lin[i].out;
+        c->lin[i].in = m.lin[i].in;
+        c->lin[i].mode = m.lin[i].quantized ? qm : dm;
+    }
+    c->nlin = m.nlin;
+    c->info = m.info;
+    c->ninfo = m.ninfo;
+    c->nfloats = m.nfloats;
+    c->layers = m.layers;
+    c->embed = m.embed;
+    c->final_norm = m.final_norm;
+    c->lm_head = m.lm_head;
+    free(m.lin);
+    return QD_OK;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -531,12 +473,13 @@ static qd_status mlp_fwd(cuda_ctx *c, fwd_bufs *f, const layer *ly)
         QD_LAUNCH(k_route_dense, blocks(N, TPB), TPB, f->sel, f->sw, N);
     }
     size_t nki = (size_t)N * K * I;
-    QD_LAUNCH(k_expert_linear, blocks(nki, TPB), TPB, f->g, f->ln, c->d_wk, ly->d_eoff, f->sel, 0, 0, N, K, C,
+    const size_t *eoff = c->d_eoff[ly - c->layers];
+    QD_LAUNCH(k_expert_linear, blocks(nki, TPB), TPB, f->g, f->ln, c->d_wk, eoff, f->sel, 0, 0, N, K, C,
               I, bf16);
-    QD_LAUNCH(k_expert_linear, blocks(nki, TPB), TPB, f->u, f->ln, c->d_wk, ly->d_eoff, f->sel, 1, 0, N, K, C,
+    QD_LAUNCH(k_expert_linear, blocks(nki, TPB), TPB, f->u, f->ln, c->d_wk, eoff, f->sel, 1, 0, N, K, C,
               I, bf16);
     QD_LAUNCH(k_swiglu, blocks(nki, TPB), TPB, f->h, f->g, f->u, nki);
-    QD_LAUNCH(k_expert_linear, blocks((size_t)N * K * C, TPB), TPB, f->y, f->h, c->d_wk, ly->d_eoff, f->sel, 2,
+    QD_LAUNCH(k_expert_linear, blocks((size_t)N * K * C, TPB), TPB, f->y, f->h, c->d_wk, eoff, f->sel, 2,
               1, N, K, I, C, bf16);
     QD_LAUNCH(k_combine, blocks((size_t)N * C, TPB), TPB, f->tmp, f->y, f->sw, N, K, C);
     return QD_OK;
@@ -677,8 +620,9 @@ static const char *cuda_get_name(qd_backend *b)
 static void cuda_free(qd_backend *b)
 {
     cuda_ctx *c = ctx_of(b);
-    for (int l = 0; c->layers && l < c->cfg.num_hidden_layers; l++)
-        cudaFree(c->layers[l].d_eoff);
+    for (int l = 0; c->d_eoff && l < c->cfg.num_hidden_layers; l++)
+        cudaFree(c->d_eoff[l]);
+    free(c->d_eoff);
     if (c->d_wk != c->d_params)
         cudaFree(c->d_wk);
     cudaFree(c->d_params);
@@ -732,15 +676,16 @@ static qd_status upload_rope(cuda_ctx *c)
 }
 
 /* Per layer, the device table of expert weight offsets (nexp, 3). */
-static qd_status upload_expert_offsets(cuda_ctx *c, layer *ly)
+static qd_status upload_expert_offsets(cuda_ctx *c, int l)
 {
+    const layer *ly = &c->layers[l];
     size_t n = (size_t)ly->nexp * 3, off[3 * 1024];
     if (n > sizeof off / sizeof off[0])
         return qd_error(QD_ERR_UNSUPPORTED, "cuda backend: %d experts > 1024", ly->nexp);
     for (size_t i = 0; i < n; i++)
         off[i] = c->lin[ly->mlp0 + (int)i].w;
-    DEV_ALLOC(ly->d_eoff, n, "expert offsets");
-    QD_CUDA_CHECK(cudaMemcpy(ly->d_eoff, off, sizeof(size_t) * n, cudaMemcpyHostToDevice));
+    DEV_ALLOC(c->d_eoff[l], n, "expert offsets");
+    QD_CUDA_CHECK(cudaMemcpy(c->d_eoff[l], off, sizeof(size_t) * n, cudaMemcpyHostToDevice));
     return QD_OK;
 }
 
@@ -755,7 +700,7 @@ static qd_status alloc_model(cuda_ctx *c)
         QD_CUDA_CHECK(cudaMemset(c->d_wk, 0, sizeof(float) * c->nfloats));
     }
     for (int l = 0; l < c->cfg.num_hidden_layers; l++)
-        QD_TRY(upload_expert_offsets(c, &c->layers[l]));
+        QD_TRY(upload_expert_offsets(c, l));
     return upload_rope(c);
 }
 
@@ -776,14 +721,7 @@ static qd_status check_options(const qd_backend_options *opt)
 
 static qd_status init_impl(cuda_ctx *c)
 {
-    int nt = 0, nl = 0;
-    count_tensors(&c->cfg, &nt, &nl);
-    c->layers = (layer *)calloc((size_t)c->cfg.num_hidden_layers, sizeof(layer));
-    c->info = (qd_param_info *)calloc((size_t)nt, sizeof *c->info);
-    c->lin = (linear *)calloc((size_t)nl, sizeof *c->lin);
-    if (!c->layers || !c->info || !c->lin)
-        return qd_error(QD_ERR_NOMEM, "cuda backend: parameter table");
-    build_params(c);
+    QD_TRY(build_params(c));
     c->base.params = c->info;
     c->base.num_params = c->ninfo;
     c->base.num_floats = c->nfloats;
