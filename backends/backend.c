@@ -36,6 +36,22 @@ qd_status qd_recipe_parse(qd_recipe *out, const char *name)
                     "nvfp4-aqat, nvfp4-rac, quads, nvfp4-sym-qat)", name ? name : "(null)");
 }
 
+const char *qd_mode_name(qd_exec_mode m)
+{
+    return m == QD_MODE_EXACT ? "exact" : m == QD_MODE_FAST ? "fast" : NULL;
+}
+
+qd_status qd_mode_parse(qd_exec_mode *out, const char *name)
+{
+    if (name && strcmp(name, "exact") == 0)
+        *out = QD_MODE_EXACT;
+    else if (name && strcmp(name, "fast") == 0)
+        *out = QD_MODE_FAST;
+    else
+        return qd_error(QD_ERR_ARG, "mode: unknown value '%s' (exact, fast)", name ? name : "(null)");
+    return QD_OK;
+}
+
 qd_linear_mode qd_recipe_linear_mode(qd_recipe r, qd_role role)
 {
     assert((unsigned)r < QD_RECIPE_COUNT);

@@ -31,6 +31,11 @@ typedef enum {
 
 typedef enum { QD_ROLE_ROLLOUT = 0, QD_ROLE_TRAINER } qd_role;
 
+/* Execution mode (NUMERICS.md §6): exact reproduces the CPU backend's bits
+ * (the default, and the CPU's only mode); fast lets the CUDA backend use
+ * cuBLASLt GEMMs and fused kernels, within a stated relative error. */
+typedef enum { QD_MODE_EXACT = 0, QD_MODE_FAST } qd_exec_mode;
+
 /* What one linear layer does with its input x and master weight W. */
 typedef enum {
     QD_LINEAR_FP32 = 0,  /* x . W^T in float32 */
@@ -47,6 +52,10 @@ typedef enum {
 const char *qd_recipe_name(qd_recipe r);
 /* QD_ERR_ARG (message naming the value and the valid names) if unknown. */
 qd_status qd_recipe_parse(qd_recipe *out, const char *name);
+/* "exact" or "fast"; NULL for an invalid value. */
+const char *qd_mode_name(qd_exec_mode m);
+/* QD_ERR_ARG (message naming the value and the valid names) if unknown. */
+qd_status qd_mode_parse(qd_exec_mode *out, const char *name);
 /* The mode of a quantized linear layer (attention q/k/v/o, expert and dense
  * MLP gate/up/down) under recipe r and role. */
 qd_linear_mode qd_recipe_linear_mode(qd_recipe r, qd_role role);
@@ -76,6 +85,7 @@ typedef struct {
 typedef struct {
     qd_recipe recipe;
     qd_role role;
+    qd_exec_mode mode;   /* exact (0, the default) or fast (CUDA only) */
     double rac_ratio;    /* |S|/K of RAC (recipes nvfp4-rac and quads, rollout role) */
     int num_threads;     /* OpenMP threads; 0 = the runtime's default */
     int diagnostics;     /* 1: measure quantization errors per linear layer (costs a

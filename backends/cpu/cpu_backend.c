@@ -1794,6 +1794,11 @@ qd_backend *qd_backend_cpu_init(const qd_model_config *cfg, const qd_backend_opt
         qd_error(QD_ERR_ARG, "cpu backend: bad recipe or rac_ratio");
         return NULL;
     }
+    if (opt->mode != QD_MODE_EXACT) {
+        qd_error(QD_ERR_UNSUPPORTED, "cpu backend: mode '%s': the CPU runs exact mode only (fast mode "
+                 "is the CUDA backend's)", qd_mode_name(opt->mode) ? qd_mode_name(opt->mode) : "?");
+        return NULL;
+    }
     cpu_ctx *c = calloc(1, sizeof *c);
     if (!c) {
         qd_error(QD_ERR_NOMEM, "cpu backend: context");
