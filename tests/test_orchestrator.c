@@ -1,7 +1,8 @@
 /* Check suite of the orchestrator library: GRPO/DAPO math against values
  * worked out by hand below (the arithmetic is in the comments), the gradient
  * coefficients against finite differences of the loss, config errors, metrics
- * truncation, checkpoint rotation and SVG output. */
+ * truncation, checkpoint rotation and SVG output; --backend and --mode of
+ * forward, generate, eval and rl through the quads program. */
 #define _GNU_SOURCE
 #include <math.h>
 #include <stdarg.h>
