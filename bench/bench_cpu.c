@@ -211,7 +211,7 @@ static int refused(qd_status st, bench_row *row, const char *what)
 static qd_backend *make_backend(const qd_model_config *cfg, qd_recipe r, qd_role role, const bench_args *a,
                                 const float *w, size_t n)
 {
-    qd_backend_options o = {r, role, a->rac_ratio, a->threads, 0};
+    qd_backend_options o = {.recipe = r, .role = role, .rac_ratio = a->rac_ratio, .num_threads = a->threads};
     qd_backend *b = qd_backend_cpu_init(cfg, &o);
     if (!b)
         die(qd_recipe_name(r));
