@@ -12,12 +12,20 @@
  * last logits of each row), so those are the CPU's own code.
  *
  * Master weights, gradients and AdamW moments are float32 on the device; the
- * working copy the forward reads is rebuilt at every sync, as the CPU's. */
+ * working copy the forward reads is rebuilt at every sync, as the CPU's.
+ *
+ * Fast mode (options.mode, NUMERICS.md §7) changes only the products: BF16
+ * linears through cuBLASLt's BF16 GEMM (float32 accumulate), other float
+ * linears and every backward product through cuBLASLt float32 GEMMs, FP8
+ * through cuBLASLt FP8, W4A4 through cuBLASLt's block-scaled FP4 on Blackwell
+ * (the canonical kernels elsewhere), attention through one fused kernel. The
+ * quantizers, norms, routing and sampling are the exact mode's. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "backends/cuda/cuda_blas.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_quant.h"
 extern "C" {
@@ -61,7 +69,7 @@ typedef struct {
 } layer_acts;
 
 /* Grow-only device scratch buffers. */
-enum { S_XE, S_XH, S_ACT, S_FP8Q, S_FP8S, S_LOGP, S_BWD, S_DIAG, S_NSCRATCH };
+enum { S_XE, S_XH, S_ACT, S_FP8Q, S_FP8S, S_LOGP, S_BWD, S_DIAG, S_X16, S_NSCRATCH };
 
 typedef struct {
     qd_model_config cfg;
@@ -76,6 +84,7 @@ typedef struct {
     size_t embed, final_norm;
     int lm_head;
     float *d_params, *d_grads, *d_m, *d_v, *d_wk;
+    uint16_t *d_wk16;              /* fast mode, BF16 recipes: the working copy's BF16 bits */
     float *d_cos, *d_sin;
     /* the last forward */
     int N, Tm, B;
@@ -184,6 +193,8 @@ static qd_status fwd_w4a4(cuda_ctx *c, float *out, const float *inp, linear *L, 
     } else {
         QD_TRY(qd_cuda_nvfp4_quantize(&a, inp));
     }
+    if (c->opt.mode == QD_MODE_FAST)
+        return qd_cuda_w4a4_gemm_fast(out, &a, &L->wq);
     return qd_cuda_w4a4_gemm_tc(out, &a, &L->wq);
 }
 
@@ -193,6 +204,8 @@ static qd_status fwd_fp8(cuda_ctx *c, float *out, const float *inp, const linear
     QD_TRY(scratch(c, S_FP8Q, (size_t)N * L->in, &qa));
     QD_TRY(scratch(c, S_FP8S, sizeof(float) * (size_t)N, &sa));
     QD_TRY(qd_cuda_fp8_quantize_rows((uint8_t *)qa, (float *)sa, inp, N, L->in));
+    if (c->opt.mode == QD_MODE_FAST && L->in % 16 == 0)
+        return qd_cuda_gemm_fp8(out, (const uint8_t *)qa, (const float *)sa, L->w8, L->w8_inv, N, L->out, L->in);
     return qdk_fp8_gemm(out, (const uint8_t *)qa, (const float *)sa, L->w8, L->w8_inv, N, L->out, L->in);
 }
 
@@ -243,8 +256,16 @@ static qd_status linear_forward(cuda_ctx *c, float *out, const float *inp, linea
         return fwd_w4a4(c, out, inp, L, N);
     if (L->mode == QD_LINEAR_FP8)
         return fwd_fp8(c, out, inp, L, N);
+    if (c->opt.mode == QD_MODE_FAST && L->mode == QD_LINEAR_BF16 && c->d_wk16) {
+        void *x16;
+        QD_TRY(scratch(c, S_X16, sizeof(uint16_t) * (size_t)N * L->in, &x16));
+        QD_TRY(qdk_bf16_bits((uint16_t *)x16, inp, (size_t)N * L->in));
+        return qd_cuda_gemm_bf16(out, (const uint16_t *)x16, c->d_wk16 + L->w, N, L->out, L->in, 0.0f);
+    }
     const float *xe;
     QD_TRY(effective_input(c, &xe, inp, L, N));
+    if (c->opt.mode == QD_MODE_FAST)
+        return qd_cuda_gemm_f32(out, xe, P(c, L->w), N, L->out, L->in, 0.0f);
     /* out (N, OC) = x (N, IC) . W (OC, IC)^T */
     return qdk_matmul(out, xe, L->in, 1, P(c, L->w), 1, L->in, N, L->out, L->in, 0);
 }
@@ -258,6 +279,10 @@ static qd_status linear_backward(cuda_ctx *c, float *dinp, const float *dout, co
     const float *xe;
     QD_TRY(effective_input(c, &xe, inp, L, N));
     int IC = L->in, OC = L->out;
+    if (c->opt.mode == QD_MODE_FAST) {
+        QD_TRY(qd_cuda_gemm_f32_dx(dinp, dout, P(c, L->w), N, OC, IC, 1.0f));
+        return qd_cuda_gemm_f32_dw(c->d_grads + L->w, dout, xe, N, OC, IC, 1.0f);
+    }
     QD_TRY(qdk_matmul(dinp, dout, OC, 1, P(c, L->w), IC, 1, N, IC, OC, 1));
     return qdk_matmul(c->d_grads + L->w, dout, 1, OC, xe, IC, 1, OC, IC, N, 1);
 }
@@ -352,6 +377,8 @@ static qd_status sync_weights(cuda_ctx *c)
         QD_TRY(qdk_round(c->d_wk, c->d_params, c->nfloats, 1));
     for (int i = 0; i < c->nlin; i++)
         QD_TRY(sync_linear(c, &c->lin[i]));
+    if (c->d_wk16)
+        QD_TRY(qdk_bf16_bits(c->d_wk16, c->d_wk, c->nfloats));
     QD_CUDA_CHECK(cudaDeviceSynchronize());
     return QD_OK;
 }
@@ -612,11 +639,11 @@ static qd_status attn_forward(cuda_ctx *c, float *out, layer_acts *s, const laye
     size_t lsz = (size_t)c->cache_rows * c->Tc * KV * D;
     if (c->kc)
         QD_TRY(qdk_store_kv(c->kc + l * lsz, c->vc + l * lsz, s->kr, s->v, c->d_row, c->d_pos, N, c->Tc, KV * D));
-    if (c->decode)
-        QD_TRY(qdk_attend(s->ao, s->att, s->qr, c->kc + l * lsz, c->vc + l * lsz, c->d_kbase, c->d_pos, N, H, KV,
-                          D, c->Tm));
+    const float *kb = c->decode ? c->kc + l * lsz : s->kr, *vb = c->decode ? c->vc + l * lsz : s->v;
+    if (c->opt.mode == QD_MODE_FAST)
+        QD_TRY(qdk_attend_fast(s->ao, s->att, s->qr, kb, vb, c->d_kbase, c->d_pos, N, H, KV, D, c->Tm));
     else
-        QD_TRY(qdk_attend(s->ao, s->att, s->qr, s->kr, s->v, c->d_kbase, c->d_pos, N, H, KV, D, c->Tm));
+        QD_TRY(qdk_attend(s->ao, s->att, s->qr, kb, vb, c->d_kbase, c->d_pos, N, H, KV, D, c->Tm));
     return linear_forward(c, out, s->ao, &c->lin[ly->o], N);
 }
 
@@ -1010,6 +1037,7 @@ static void cuda_free(qd_backend *b)
     free(c->info);
     if (c->d_wk != c->d_params)
         cudaFree(c->d_wk);
+    cudaFree(c->d_wk16);
     cudaFree(c->d_params);
     cudaFree(c->d_grads);
     cudaFree(c->d_m);
@@ -1347,6 +1375,8 @@ static qd_status alloc_model(cuda_ctx *c)
         c->d_wk = c->d_params;
     else
         DEV_ALLOC(c->d_wk, n, "working weights");
+    if (c->opt.mode == QD_MODE_FAST && c->opt.recipe != QD_RECIPE_FP32)
+        DEV_ALLOC(c->d_wk16, n, "working weights (BF16)");
     DEV_ALLOC(c->d_bad, 1, "flag");
     c->acts = (layer_acts *)calloc((size_t)c->cfg.num_hidden_layers, sizeof(layer_acts));
     c->dg_names = (const char **)calloc((size_t)c->nlin, sizeof(char *));

@@ -38,6 +38,20 @@ extern "C" qd_status qdk_round(float *dst, const float *src, size_t n, int bf16)
     return QD_OK;
 }
 
+__global__ void k_bf16_bits(uint16_t *dst, const float *src, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        dst[i] = (uint16_t)(qd_f32_bits(qd_round_bf16(src[i])) >> 16);
+}
+
+extern "C" qd_status qdk_bf16_bits(uint16_t *dst, const float *src, size_t n)
+{
+    if (n)
+        QD_LAUNCH_N(k_bf16_bits, n, dst, src, n);
+    return QD_OK;
+}
+
 __global__ void k_embed(float *x, const float *emb, const int32_t *tok, int N, int C)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -308,6 +322,71 @@ extern "C" qd_status qdk_attend(float *out, float *att, const float *q, const fl
     if (N)
         QD_LAUNCH_N(k_attend, ((size_t)N * H), out, att, q, kb, vb, kbase, pos, N, H, KV, D, Tm,
                   attn_scale(D));
+    return QD_OK;
+}
+
+static __device__ float warp_max(float v)
+{
+    for (int o = 16; o > 0; o /= 2)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+static __device__ float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o /= 2)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__global__ void k_attend_fast(float *out, float *att, const float *q, const float *kb, const float *vb,
+                              const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm,
+                              float scale)
+{
+    int id = (int)(((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
+    if (id >= N * H)
+        return;
+    int n = id / H, h = id % H, t = pos[n], kh = h / (H / KV);
+    size_t KD = (size_t)KV * D;
+    const float *qv = q + (size_t)n * H * D + h * D;
+    const float *kr = kb + (size_t)kbase[n] * KD + kh * D, *vr = vb + (size_t)kbase[n] * KD + kh * D;
+    float *p = att + (size_t)id * Tm, mx = -INFINITY, sum = 0.0f;
+    for (int s = lane; s <= t; s += 32) {
+        const float4 *k4 = (const float4 *)(kr + s * KD), *q4 = (const float4 *)qv;
+        float dot = 0.0f;
+        for (int i = 0; i < D / 4; i++) {
+            float4 a = q4[i], b = k4[i];
+            dot = fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, dot))));
+        }
+        p[s] = dot * scale;
+        mx = fmaxf(mx, p[s]);
+    }
+    mx = warp_max(mx);
+    for (int s = lane; s <= t; s += 32) {
+        p[s] = __expf(p[s] - mx);
+        sum += p[s];
+    }
+    float inv = 1.0f / warp_sum(sum);
+    for (int s = lane; s <= t; s += 32)
+        p[s] *= inv;
+    __syncwarp();
+    float *o = out + (size_t)n * H * D + h * D;
+    for (int i = lane; i < D; i += 32) {
+        float acc = 0.0f;
+        for (int s = 0; s <= t; s++)
+            acc = fmaf(p[s], vr[s * KD + i], acc);
+        o[i] = acc;
+    }
+}
+
+extern "C" qd_status qdk_attend_fast(float *out, float *att, const float *q, const float *kb, const float *vb,
+                                     const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm)
+{
+    if (D % 4)
+        return qdk_attend(out, att, q, kb, vb, kbase, pos, N, H, KV, D, Tm);
+    if (N)
+        QD_LAUNCH(k_attend_fast, blocks((size_t)N * H * 32, TPB), TPB, out, att, q, kb, vb, kbase, pos, N, H, KV,
+                  D, Tm, attn_scale(D));
     return QD_OK;
 }
 

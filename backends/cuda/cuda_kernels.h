@@ -20,6 +20,9 @@ extern "C" {
 
 /* dst (n) = BF16-rounded src (bf16 = 1) or a copy (sync_weights, effective_input). */
 qd_status qdk_round(float *dst, const float *src, size_t n, int bf16);
+/* dst (n) = the BF16 bit patterns of src rounded to nearest even (fast mode's
+ * BF16 GEMM operands; exact for values already rounded to BF16). */
+qd_status qdk_bf16_bits(uint16_t *dst, const float *src, size_t n);
 /* x (N, C) = embedding rows of tok (model_forward). */
 qd_status qdk_embed(float *x, const float *emb, const int32_t *tok, int N, int C);
 /* grads of the embedding (V, C) += dres (N, C) rows at tok, tokens ascending (model_backward). */
@@ -50,6 +53,12 @@ qd_status qdk_rope(float *x, const int32_t *pos, const float *cosb, const float 
  * (kbase = the cache row's first slot). */
 qd_status qdk_attend(float *out, float *att, const float *q, const float *kb, const float *vb,
                      const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm);
+/* Fast mode (NUMERICS.md §7): the same attention in one fused kernel, one warp
+ * per (query, head), keys split across the lanes, warp-shuffle max and sum,
+ * hardware exp; not bit-equal to qdk_attend (relative error stated in
+ * tests/gpu/check_backend.cu). Writes att as qdk_attend does (backward reads it). */
+qd_status qdk_attend_fast(float *out, float *att, const float *q, const float *kb, const float *vb,
+                          const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm);
 /* attention_backward over packed sequences (pos (N) the position of each token,
  * slen (N) the length of its sequence): dq, dk, dv (zeroed by the caller) get
  * the CPU's sums; ds is scratch (N, H, Tm). */
