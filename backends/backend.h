@@ -85,11 +85,12 @@ typedef struct {
 typedef struct {
     qd_recipe recipe;
     qd_role role;
-    qd_exec_mode mode;   /* exact (0, the default) or fast (CUDA only) */
     double rac_ratio;    /* |S|/K of RAC (recipes nvfp4-rac and quads, rollout role) */
     int num_threads;     /* OpenMP threads; 0 = the runtime's default */
     int diagnostics;     /* 1: measure quantization errors per linear layer (costs a
                             fake-quant of every quantized layer's input and weight) */
+    qd_exec_mode mode;   /* exact (0, the default) or fast (CUDA only); last, so that
+                            positional initializers of the fields above keep working */
 } qd_backend_options;
 
 /* AdamW (decoupled weight decay, bias correction); weight decay applies to

@@ -110,3 +110,32 @@ void qd_model_layout_free(qd_model_layout *m)
     free(m->layers);
     memset(m, 0, sizeof *m);
 }
+
+void qd_moe_group(int32_t *exp_off, int32_t *row_tok, float *row_w, int32_t *row_rank, int32_t *tok_rows,
+                  int32_t *cnt, const int32_t *topk, const float *topw, int N, int E, int K)
+{
+    memset(cnt, 0, sizeof(int32_t) * (size_t)E);
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < K; j++)
+            cnt[topk ? topk[n * K + j] : 0]++;
+    exp_off[0] = 0;
+    for (int e = 0; e < E; e++)
+        exp_off[e + 1] = exp_off[e] + cnt[e];
+    memset(cnt, 0, sizeof(int32_t) * (size_t)E);
+    for (int n = 0; n < N; n++) {
+        int j = 0;
+        for (int e = 0; e < E; e++) {  /* ascending expert index */
+            int rank = topk ? -1 : 0;
+            for (int i = 0; topk && i < K; i++)
+                if (topk[n * K + i] == e)
+                    rank = i;
+            if (rank < 0)
+                continue;
+            int r = exp_off[e] + cnt[e]++;
+            row_tok[r] = n;
+            row_w[r] = topk ? topw[n * K + rank] : 1.0f;
+            row_rank[r] = rank;
+            tok_rows[n * K + j++] = r;
+        }
+    }
+}

@@ -44,4 +44,14 @@ typedef struct {
 qd_status qd_model_layout_init(qd_model_layout *m, const qd_model_config *cfg);
 void qd_model_layout_free(qd_model_layout *m);
 
+/* MoE rows (both backends): given each token's experts topk (N, K) in rank
+ * order and their weights topw (N, K), lays the N*K routed rows out grouped by
+ * expert, ascending expert index, tokens ascending within an expert:
+ * exp_off (E + 1) first row of each expert, row_tok/row_w/row_rank (N*K) the
+ * token, weight and top-k rank of each row, tok_rows (N, K) the rows of each
+ * token in ascending expert order. A dense MLP (topk NULL) routes every token
+ * to expert 0 with weight 1 (E = K = 1). cnt is scratch (E). */
+void qd_moe_group(int32_t *exp_off, int32_t *row_tok, float *row_w, int32_t *row_rank, int32_t *tok_rows,
+                  int32_t *cnt, const int32_t *topk, const float *topw, int N, int E, int K);
+
 #endif

@@ -68,13 +68,14 @@ static void usage(FILE *f)
         "  --top-k K            keep the K most likely tokens (default 0: off)\n"
         "  --max-tokens N       new tokens per sample at most (default 1024, 32 when every\n"
         "                       benchmark is synthetic)\n"
-        "  --backend B          auto (default), cpu or cuda\n"
+        "  --backend B          auto (default: CUDA if present, else the CPU), cpu or cuda\n"
+        "  --mode M             exact (default: the CPU's bits) or fast (CUDA only)\n"
         "  --threads N          OpenMP threads (default: the runtime's)\n");
 }
 
 typedef struct {
     const char *model, *benchmarks, *precision, *out, *file, *replay, *grader, *outputs;
-    const char *tokenizer, *system, *backend;
+    const char *tokenizer, *system, *backend, *mode;
     qd_bench_fields fields;
     uint64_t samples, limit, batch, examples, seed, top_k, max_tokens, threads;
     double temperature, top_p;
@@ -133,7 +134,7 @@ static int parse_opt(const char *opt, const char *v, eval_args *a)
                      : !strcmp(opt, "--file") ? &a->file : !strcmp(opt, "--replay") ? &a->replay
                      : !strcmp(opt, "--grader") ? &a->grader : !strcmp(opt, "--outputs") ? &a->outputs
                      : !strcmp(opt, "--tokenizer") ? &a->tokenizer : !strcmp(opt, "--system") ? &a->system
-                     : !strcmp(opt, "--backend") ? &a->backend : NULL;
+                     : !strcmp(opt, "--backend") ? &a->backend : !strcmp(opt, "--mode") ? &a->mode : NULL;
     int known, ok;
     if (str)
         return *str = v, 1;
@@ -222,6 +223,11 @@ static int validate(const eval_args *a, const char *prompt)
                     : NULL;
     if (msg) {
         fprintf(stderr, "quads eval: %s\n", msg);
+        return 0;
+    }
+    qd_exec_mode m;
+    if (qd_cli_backend_mode(a->backend, a->mode, &m)) {
+        fprintf(stderr, "quads eval: %s\n", qd_last_error());
         return 0;
     }
     if (a->model && (stat(a->model, &sb) || !S_ISDIR(sb.st_mode))) {
@@ -365,6 +371,8 @@ static void generation_opts(const eval_args *a, int max_tokens, qd_generation_op
     g->backend = a->backend ? a->backend : "auto";
     if (a->precision)
         qd_recipe_parse(&g->opt.recipe, a->precision);
+    if (a->mode)
+        qd_mode_parse(&g->opt.mode, a->mode);
     g->opt.num_threads = (int)a->threads;
     g->chat = a->chat;
     g->system = a->system;

@@ -14,7 +14,7 @@
 #include "quant/fileio.h"
 
 typedef struct {
-    const char *model, *ids, *dump, *backend;
+    const char *model, *ids, *dump, *backend, *mode;
     qd_backend_options opt;
 } forward_opts;
 
@@ -31,7 +31,8 @@ static void usage(FILE *f)
             "                        quads, nvfp4-sym-qat\n"
             "  --role R              rollout (default) or trainer: which side of the recipe\n"
             "  --rac-ratio R         fraction of channels RAC compensates (default 0.1)\n"
-            "  --backend B           auto (default), cpu or cuda\n"
+            "  --backend B           auto (default: CUDA if present, else the CPU), cpu or cuda\n"
+            "  --mode M              exact (default: the CPU's bits) or fast (CUDA only)\n"
             "  --threads N           OpenMP threads (default: the runtime's)\n"
             "  --dump-logits FILE    write the logits, raw little-endian float32 [T, V]\n");
 }
@@ -49,7 +50,8 @@ static int parse_args(int argc, char **argv, forward_opts *o)
         {"precision", required_argument, 0, 'p'}, {"role", required_argument, 0, 'r'},
         {"rac-ratio", required_argument, 0, 'a'}, {"backend", required_argument, 0, 'b'},
         {"threads", required_argument, 0, 't'},   {"dump-logits", required_argument, 0, 'd'},
-        {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
+        {"mode", required_argument, 0, 'M'},      {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     double x;
     int c;
@@ -72,6 +74,7 @@ static int parse_args(int argc, char **argv, forward_opts *o)
                 return fail(2, "--rac-ratio: expected a number in [0, 1]");
             break;
         case 'b': o->backend = optarg; break;
+        case 'M': o->mode = optarg; break;
         case 't':
             if (!qd_cli_real(optarg, 1, 4096, &x) || x != floor(x))
                 return fail(2, "--threads: expected an integer in [1, 4096]");
@@ -86,7 +89,7 @@ static int parse_args(int argc, char **argv, forward_opts *o)
         usage(stderr);
         return 2;
     }
-    return -1;
+    return qd_cli_backend_mode(o->backend, o->mode, &o->opt.mode) ? fail(2, qd_last_error()) : -1;
 }
 
 /* "1,2,3" -> ids (malloc'd); each in [0, vocab). */

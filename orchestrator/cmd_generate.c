@@ -13,7 +13,7 @@
 #include "orchestrator/generation.h"
 
 typedef struct {
-    const char *prompt;
+    const char *prompt, *mode;
     int json, samples;
     qd_generation_opts gen;
 } generate_opts;
@@ -40,7 +40,8 @@ static void usage(FILE *f)
             "  --top-p P             nucleus sampling, P in (0, 1] (default 1: off)\n"
             "  --max-tokens N        new tokens at most (default 64)\n"
             "  --samples K           completions, sampling streams 0 .. K-1 (default 1)\n"
-            "  --backend B           auto (default), cpu or cuda\n"
+            "  --backend B           auto (default: CUDA if present, else the CPU), cpu or cuda\n"
+            "  --mode M              exact (default: the CPU's bits) or fast (CUDA only)\n"
             "  --threads N           OpenMP threads (default: the runtime's)\n"
             "  --json                one JSON line per sample: tokens, text, sum_logprob, finish\n");
 }
@@ -69,6 +70,7 @@ static int set_option(generate_opts *o, int c, const char *arg)
     case 'k': o->gen.tokenizer = arg; break;
     case 'j': o->json = 1; break;
     case 'b': o->gen.backend = arg; break;
+    case 'O': o->mode = arg; break;
     case 'P':
         if (qd_recipe_parse(&o->gen.opt.recipe, arg))
             return fail(2, qd_last_error());
@@ -101,7 +103,8 @@ static int parse_args(int argc, char **argv, generate_opts *o)
         {"top-p", required_argument, 0, 'N'},       {"max-tokens", required_argument, 0, 'M'},
         {"samples", required_argument, 0, 'S'},     {"backend", required_argument, 0, 'b'},
         {"threads", required_argument, 0, 't'},     {"json", no_argument, 0, 'j'},
-        {"help", no_argument, 0, 'h'},              {0, 0, 0, 0},
+        {"mode", required_argument, 0, 'O'},        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     int c, rc;
     optind = 1;
@@ -117,7 +120,7 @@ static int parse_args(int argc, char **argv, generate_opts *o)
         usage(stderr);
         return 2;
     }
-    return -1;
+    return qd_cli_backend_mode(o->gen.backend, o->mode, &o->gen.opt.mode) ? fail(2, qd_last_error()) : -1;
 }
 
 /* ---- generating */

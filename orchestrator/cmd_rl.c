@@ -11,17 +11,34 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: quads rl [--config FILE] [--set KEY=VALUE]... [--quiet]\n"
-               "       quads rl --resume RUN [--set KEY=VALUE]...\n\n"
+    fprintf(f, "usage: quads rl [--config FILE] [--set KEY=VALUE]... [--backend B] [--mode M] [--quiet]\n"
+               "       quads rl --resume RUN [--set KEY=VALUE]... [--backend B] [--mode M]\n\n"
                "GRPO with a rollout and a trainer of one precision recipe. Writes RUN/config.json,\n"
                "RUN/metrics.jsonl (one line a step) and checkpoints RUN/step_XXXXXXXX; RUN defaults to\n"
                "./runs/<run.name>. --resume continues RUN from its latest checkpoint (with RUN/config.json;\n"
                "--set may change e.g. run.steps) and reproduces the uninterrupted run bit for bit on the CPU.\n\n"
                "  --config FILE      JSON config over the defaults (quads rl --schema lists every knob)\n"
                "  --set KEY=VALUE    one knob (repeatable, after --config), e.g. --set trainer.lr=1e-6\n"
+               "  --backend B        --set rollout.backend=B: auto (default: CUDA if present, else\n"
+               "                     the CPU), cpu or cuda; both instances\n"
+               "  --mode M           --set rollout.mode=M: exact (default: the CPU's bits) or fast\n"
+               "                     (CUDA only)\n"
                "  --resume RUN       continue a run\n"
                "  --schema           print every knob with its default and range as JSON\n"
                "  --quiet            no progress line\n");
+}
+
+/* One override of the command line, applied in order after --config: a
+ * --set KEY=VALUE, or a shorthand (--backend, --mode) for one key. */
+typedef struct {
+    const char *opt, *arg;
+} override;
+
+static qd_status apply(qd_config *cfg, const override *o)
+{
+    if (!strcmp(o->opt, "--set"))
+        return qd_config_set(cfg, o->arg);
+    return qd_config_set_str(cfg, !strcmp(o->opt, "--backend") ? "rollout.backend" : "rollout.mode", o->arg, o->opt);
 }
 
 /* Loads the config of argv into *cfg; 0 to proceed, else the exit status + 1. */
@@ -30,15 +47,18 @@ static int parse(int argc, char **argv, qd_config **cfg, const char **resume, in
     static const struct option longs[] = {{"config", required_argument, 0, 'c'}, {"set", required_argument, 0, 's'},
                                           {"resume", required_argument, 0, 'r'}, {"schema", no_argument, 0, 'S'},
                                           {"quiet", no_argument, 0, 'q'}, {"help", no_argument, 0, 'h'},
-                                          {0, 0, 0, 0}};
+                                          {"backend", required_argument, 0, 'b'},
+                                          {"mode", required_argument, 0, 'm'}, {0, 0, 0, 0}};
     const char *file = NULL;
     int c, nsets = 0;
-    char **sets = calloc((size_t)argc + 1, sizeof(char *));
+    override *sets = calloc((size_t)argc + 1, sizeof *sets);
     optind = 1;
     while (sets && (c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
         switch (c) {
         case 'c': file = optarg; break;
-        case 's': sets[nsets++] = optarg; break;
+        case 's': sets[nsets++] = (override){"--set", optarg}; break;
+        case 'b': sets[nsets++] = (override){"--backend", optarg}; break;
+        case 'm': sets[nsets++] = (override){"--mode", optarg}; break;
         case 'r': *resume = optarg; break;
         case 'q': *quiet = 1; break;
         case 'h': usage(stdout); free(sets); return 1;
@@ -67,7 +87,7 @@ static int parse(int argc, char **argv, qd_config **cfg, const char **resume, in
     if (!st && load)
         st = qd_config_load_file(*cfg, load);
     for (int i = 0; i < nsets && !st; i++)
-        st = qd_config_set(*cfg, sets[i]);
+        st = apply(*cfg, &sets[i]);
     if (!st)
         st = qd_config_validate(*cfg);
     free(sets);

@@ -4,6 +4,7 @@
 #define QD_COMMANDS_H
 
 #include <stdint.h>
+#include "backends/backend.h"
 
 typedef int (*qd_command_fn)(int argc, char **argv);
 
@@ -31,5 +32,13 @@ int qd_cmd_generate(int argc, char **argv);
  * sign or leading space (a seed above 2^53 stays exact). */
 int qd_cli_real(const char *s, double lo, double hi, double *out);
 int qd_cli_uint(const char *s, uint64_t max, uint64_t *out);
+
+/* --backend and --mode of the commands that make a backend (forward,
+ * generate, eval; rl sets its config keys instead), checked together once
+ * every option is read: QD_ERR_ARG with a message naming the option and its
+ * valid values when backend is not auto, cpu or cuda or mode not exact or
+ * fast, or naming both when fast mode is asked of the CPU backend (it runs
+ * exact mode only). NULL backend or mode: the default (auto, exact). */
+qd_status qd_cli_backend_mode(const char *backend, const char *mode, qd_exec_mode *out);
 
 #endif

@@ -156,10 +156,21 @@ static qd_status model_dir(const qd_config *cfg, char *buf, size_t n)
                     QD_PKGDATADIR);
 }
 
+/* The backend's message with the config keys that chose it in front (copied
+ * first: qd_error writes the buffer qd_last_error reads). */
+static qd_status backend_error(const rl_run *r)
+{
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", qd_last_error());
+    return qd_error(QD_ERR_ARG, "config: rollout.backend %s, rollout.mode %s: %s",
+                    qd_config_str(r->cfg, "rollout.backend"), qd_config_str(r->cfg, "rollout.mode"), msg);
+}
+
 static qd_backend *new_backend(rl_run *r, qd_role role)
 {
     qd_backend_options opt = {0};
     qd_recipe_parse(&opt.recipe, qd_config_str(r->cfg, "rollout.recipe"));
+    qd_mode_parse(&opt.mode, qd_config_str(r->cfg, "rollout.mode"));
     opt.role = role;
     opt.rac_ratio = qd_config_float(r->cfg, "rac.ratio");
     opt.num_threads = (int)qd_config_int(r->cfg, "run.threads");
@@ -1142,7 +1153,7 @@ static qd_status setup(rl_run *r)
     r->trainer = new_backend(r, QD_ROLE_TRAINER);
     r->rollout = r->trainer ? new_backend(r, QD_ROLE_ROLLOUT) : NULL;
     if (!r->rollout)
-        return qd_error(QD_ERR_ARG, "backend: %s", qd_last_error());
+        return backend_error(r);
     r->nf = qd_backend_num_floats(r->trainer);
     r->w = malloc(sizeof(float) * r->nf);
     if (!r->w)
@@ -1152,7 +1163,7 @@ static qd_status setup(rl_run *r)
     st = qd_checkpoint_load(r->model_dir, pi, np, r->w);
     if (!st && qd_config_float(r->cfg, "algo.kl_coef") > 0) {
         r->ref = new_backend(r, QD_ROLE_TRAINER);
-        st = r->ref ? qd_backend_set_weights(r->ref, r->w, r->nf) : qd_error(QD_ERR_ARG, "%s", qd_last_error());
+        st = r->ref ? qd_backend_set_weights(r->ref, r->w, r->nf) : backend_error(r);
     }
     if (!st)
         st = qd_backend_set_weights(r->trainer, r->w, r->nf);
@@ -1193,15 +1204,12 @@ static void run_free(rl_run *r, sample_set *ss)
 }
 
 /* A new run: the directory must not hold another run's metrics. */
-static qd_status start_new(rl_run *r, const char *metrics)
+static qd_status check_new(rl_run *r, const char *metrics)
 {
-    char p[4400];
     if (access(metrics, F_OK) == 0)
         return qd_error(QD_ERR_ARG, "%s: a run already lives here; resume it with --resume %s or pick another "
                                     "run.name", r->dir, r->dir);
-    qd_status st = qd_mkdirs(r->dir);
-    snprintf(p, sizeof p, "%s/config.json", r->dir);
-    return st ? st : qd_config_save(r->cfg, p);
+    return QD_OK;
 }
 
 /* The resolved config, one line a section ("trainer: lr=1e-05 ..."). */
@@ -1240,12 +1248,14 @@ static qd_status run_loop(rl_run *r, sample_set *ss)
     snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", r->dir);
     char cfgp[4400];
     snprintf(cfgp, sizeof cfgp, "%s/config.json", r->dir);
-    qd_status st = r->o->resume_dir ? QD_OK : start_new(r, metrics);
-    if (!st)
+    qd_status st = r->o->resume_dir ? QD_OK : check_new(r, metrics);
+    if (!st) /* before the run directory: a backend that cannot start leaves nothing behind */
         st = setup(r);
     if (!st && r->o->resume_dir)
         st = load_checkpoint(r);
-    if (!st && r->o->resume_dir) /* kept up to date with --set (e.g. more steps) once the checkpoint fits */
+    if (!st && !r->o->resume_dir)
+        st = qd_mkdirs(r->dir);
+    if (!st) /* on resume kept up to date with --set (e.g. more steps) once the checkpoint fits */
         st = qd_config_save(r->cfg, cfgp);
     if (!st && r->o->resume_dir)
         st = qd_metrics_truncate(metrics, r->step);
@@ -1258,8 +1268,8 @@ static qd_status run_loop(rl_run *r, sample_set *ss)
         qd_config_summary(r->cfg, sum, sizeof sum);
         fprintf(r->o->log, "%sresolved config (%s/config.json):\n", sum, r->dir);
         print_config(r->cfg, r->o->log);
-        fprintf(r->o->log, "%s %s at step %lld of %lld\n", r->o->resume_dir ? "resuming" : "starting", r->dir,
-                (long long)r->step, (long long)r->steps);
+        fprintf(r->o->log, "%s %s at step %lld of %lld on the %s backend\n", r->o->resume_dir ? "resuming" : "starting",
+                r->dir, (long long)r->step, (long long)r->steps, qd_backend_name(r->trainer));
         const char *rec = qd_config_str(r->cfg, "rollout.recipe");
         double rac = qd_config_float(r->cfg, "rac.ratio");
         int narrow = r->mcfg.hidden_size < r->mcfg.moe_intermediate_size || !r->mcfg.moe_intermediate_size

@@ -22,8 +22,10 @@ static const qd_cfg_knob knobs[] = {
     {"run.threads", QD_CFG_INT, "0", 0, 4096, 0, NULL, "OpenMP threads of the CPU backend; 0 = all cores"},
     {"model.path", QD_CFG_STRING, "", 0, 0, 0, NULL, "Hugging Face model directory; empty means the embedded tiny model"},
     {"rollout.recipe", QD_CFG_ENUM, "quads", 0, 0, 0, RECIPES, "precision recipe of rollout and trainer (ARCHITECTURE.md)"},
-    {"rollout.backend", QD_CFG_ENUM, "auto", 0, 0, 0, "auto|cpu|cuda", "backend of both instances; auto = CUDA if present, else CPU"},
-    {"rollout.mode", QD_CFG_ENUM, "exact", 0, 0, 0, "exact|fast", "exact (bit-reproducible) or fast kernels (NUMERICS.md §7)"},
+    {"rollout.backend", QD_CFG_ENUM, "auto", 0, 0, 0, "auto|cpu|cuda",
+     "backend of both instances; auto = CUDA if present, else CPU (quads rl --backend)"},
+    {"rollout.mode", QD_CFG_ENUM, "exact", 0, 0, 0, "exact|fast",
+     "mode of both instances: exact (the CPU's bits) or fast kernels, CUDA only (NUMERICS.md §7; quads rl --mode)"},
     {"rollout.temperature", QD_CFG_FLOAT, "1.0", 0, 100, 1, NULL, "sampling temperature of the rollout"},
     {"rollout.top_p", QD_CFG_FLOAT, "1.0", 0, 1, 1, NULL, "nucleus sampling mass; 1 = off"},
     {"rollout.top_k", QD_CFG_INT, "0", 0, BIG, 0, NULL, "sample among the k most likely tokens; 0 = off"},
@@ -380,6 +382,9 @@ qd_status qd_config_validate(const qd_config *cfg)
         return qd_error(QD_ERR_ARG,
                         "config: trainer.mini_batches: %lld does not divide rollout.prompts_per_step (%lld)",
                         (long long)minis, (long long)prompts);
+    if (!strcmp(qd_config_str(cfg, "rollout.mode"), "fast") && !strcmp(qd_config_str(cfg, "rollout.backend"), "cpu"))
+        return qd_error(QD_ERR_ARG, "config: rollout.mode: fast needs rollout.backend cuda or auto (the cpu "
+                                    "backend runs exact mode only)");
     return QD_OK;
 }
 

@@ -40,7 +40,7 @@ static qd_model_config tiny_config(int tied, int norm_topk)
 
 static qd_backend *make(const qd_model_config *cfg, qd_recipe r, qd_role role, double ratio, int threads)
 {
-    qd_backend_options o = {r, role, ratio, threads, 0};
+    qd_backend_options o = {.recipe = r, .role = role, .rac_ratio = ratio, .num_threads = threads};
     qd_backend *b = qd_backend_cpu_init(cfg, &o);
     ck_assert_msg(b != NULL, "init: %s", qd_last_error());
     return b;
@@ -663,7 +663,7 @@ END_TEST
 static qd_backend *make_diag(qd_recipe r, qd_role role, const float *w)
 {
     qd_model_config c = tiny_config(0, 1);
-    qd_backend_options o = {r, role, 0, 0, 1};
+    qd_backend_options o = {.recipe = r, .role = role, .diagnostics = 1};
     qd_backend *b = qd_backend_cpu_init(&c, &o);
     ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
     return b;

@@ -1,9 +1,11 @@
 /* Check suite of the orchestrator library: GRPO/DAPO math against values
  * worked out by hand below (the arithmetic is in the comments), the gradient
  * coefficients against finite differences of the loss, config errors, metrics
- * truncation, checkpoint rotation and SVG output. */
+ * truncation, checkpoint rotation and SVG output; --backend and --mode of
+ * forward, generate, eval and rl through the quads program. */
 #define _GNU_SOURCE
 #include <math.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -950,6 +952,201 @@ START_TEST(test_svg_from_metrics)
 }
 END_TEST
 
+/* ---- --backend and --mode through the quads program ---------------------- */
+
+/* quads ARGS (printf-style) with stdout and stderr into out; the exit status. */
+static int quads(char *out, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int quads(char *out, size_t n, const char *fmt, ...)
+{
+    char args[3072];
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    ck_assert_msg(w >= 0 && (size_t)w < sizeof args, "arguments too long");
+    return qd_test_run_quads(args, out, n);
+}
+
+/* The bytes of path (malloc'd), *n their count. */
+static char *slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "%s: cannot open", path);
+    ck_assert_int_eq(fseek(f, 0, SEEK_END), 0);
+    long len = ftell(f);
+    ck_assert_int_ge(len, 0);
+    rewind(f);
+    char *buf = malloc((size_t)len + 1);
+    ck_assert_int_eq(fread(buf, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    *n = (size_t)len;
+    return buf;
+}
+
+static int same_bytes(const char *a, const char *b)
+{
+    size_t na, nb;
+    char *x = slurp(a, &na), *y = slurp(b, &nb);
+    int same = na == nb && memcmp(x, y, na) == 0;
+    free(x), free(y);
+    return same;
+}
+
+/* The commands that take --backend and --mode, each with its other options
+ * set so that only those two can be wrong. */
+static void command_lines(char lines[4][1024])
+{
+    const char *m = qd_test_path("models/tiny");
+    snprintf(lines[0], 1024, "forward --model '%s' --ids 1,2,3", m);
+    snprintf(lines[1], 1024, "generate --model '%s' --prompt 'Q: 1+2\nA: ' --max-tokens 2", m);
+    snprintf(lines[2], 1024, "eval --model '%s' --benchmark arith1 --limit 1 --max-tokens 2 --out '%s'", m,
+             tmp_path("eval"));
+    snprintf(lines[3], 1024, "rl --set model.path='%s' --set run.dir='%s'", m, tmp_path("run"));
+}
+
+/* Bad values are refused before any work, the message naming the option and
+ * the valid values (exit 2, the usage errors' status); so is fast mode on the
+ * CPU backend; --help lists both options. */
+START_TEST(test_cli_backend_mode_refused)
+{
+    char lines[4][1024], out[1 << 14];
+    command_lines(lines);
+    for (int i = 0; i < 4; i++) {
+        const char *l = lines[i];
+        int rl = i == 3;
+        ck_assert_int_eq(quads(out, sizeof out, "%s --backend tpu", l), 2);
+        ck_assert_msg(strstr(out, "--backend: ") && strstr(out, "'tpu'") &&
+                          strstr(out, rl ? "auto|cpu|cuda" : "(auto, cpu, cuda)"), "%s: %s", l, out);
+        ck_assert_int_eq(quads(out, sizeof out, "%s --mode quick", l), 2);
+        ck_assert_msg(strstr(out, "--mode: ") && strstr(out, "'quick'") &&
+                          strstr(out, rl ? "exact|fast" : "(exact, fast)"), "%s: %s", l, out);
+        ck_assert_int_eq(quads(out, sizeof out, "%s --mode fast --backend cpu", l), 2);
+        ck_assert_msg(strstr(out, rl ? "rollout.mode: fast needs rollout.backend cuda or auto" : "--mode fast: ") &&
+                          strstr(out, "exact mode only"), "%s: %s", l, out);
+        /* --help: the command's first word, then --help */
+        char word[16];
+        snprintf(word, sizeof word, "%.*s", (int)strcspn(l, " "), l);
+        ck_assert_int_eq(quads(out, sizeof out, "%s --help", word), 0);
+        ck_assert_msg(strstr(out, "--backend B") && strstr(out, "--mode M"), "%s --help: %s", word, out);
+    }
+    /* the config keys themselves, and nothing written */
+    ck_assert_int_eq(quads(out, sizeof out, "%s --set rollout.mode=fast --backend cpu", lines[3]), 2);
+    ck_assert_ptr_nonnull(strstr(out, "quads rl: config: rollout.mode: fast needs rollout.backend cuda or auto"));
+    ck_assert_int_eq(quads(out, sizeof out, "%s --set rollout.backend=cpu --mode fast", lines[3]), 2);
+    ck_assert_ptr_nonnull(strstr(out, "rollout.mode: fast needs"));
+    ck_assert_int_eq(quads(out, sizeof out, "%s --set rollout.mode=fastest", lines[3]), 2);
+    ck_assert_ptr_nonnull(strstr(out, "--set: rollout.mode: 'fastest' is not one of exact|fast"));
+    ck_assert_int_eq(qd_test_dir_entries(tmpdir), 0);
+    qd_config *c = qd_config_new();
+    ck_assert_int_eq(qd_config_validate(c), QD_OK);
+    ck_assert_int_eq(qd_config_set(c, "rollout.mode=fast"), QD_OK);
+    ck_assert_int_eq(qd_config_validate(c), QD_OK); /* auto may pick CUDA */
+    ck_assert_int_eq(qd_config_set(c, "rollout.backend=cpu"), QD_OK);
+    ck_assert_int_eq(qd_config_validate(c), QD_ERR_ARG);
+    qd_config_free(c);
+}
+END_TEST
+
+/* forward on models/tiny: --backend cpu --mode exact prints the same bytes
+ * and dumps the same logits as no option (auto is the CPU here; where it is
+ * CUDA, exact mode gives the CPU's bits too, NUMERICS.md). */
+START_TEST(test_cli_cpu_exact_is_default)
+{
+    char out[1 << 14], out2[1 << 14], a[256], b[256];
+    const char *m = qd_test_path("models/tiny"), *ids = "3,17,60,1,44,44,9,0,63,271";
+    snprintf(a, sizeof a, "%s", tmp_path("a.bin"));
+    snprintf(b, sizeof b, "%s", tmp_path("b.bin"));
+    for (int p = 0; p < 2; p++) {
+        const char *prec = p ? "nvfp4" : "fp32";
+        ck_assert_int_eq(quads(out, sizeof out, "forward --model '%s' --ids %s --precision %s --threads 2 "
+                               "--dump-logits '%s'", m, ids, prec, a), 0);
+        ck_assert_int_eq(quads(out2, sizeof out2, "forward --model '%s' --ids %s --precision %s --threads 2 "
+                               "--backend cpu --mode exact --dump-logits '%s'", m, ids, prec, b), 0);
+        ck_assert_ptr_nonnull(strstr(out, "\"logprobs\": [-"));
+        ck_assert_str_eq(out, out2);
+        ck_assert(same_bytes(a, b));
+        size_t n;
+        free(slurp(a, &n));
+        ck_assert_uint_eq(n, 10 * 272 * sizeof(float)); /* [T, V] float32 */
+    }
+}
+END_TEST
+
+/* Metrics of the run in dir without the timings, as compact JSON text (malloc'd). */
+static char *metrics_text(const char *dir)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/metrics.jsonl", dir);
+    json_t *a = qd_test_load_jsonl(p);
+    ck_assert_ptr_nonnull(a);
+    size_t i;
+    json_t *o;
+    json_array_foreach(a, i, o) json_object_del(o, "time");
+    char *t = json_dumps(a, JSON_COMPACT | JSON_REAL_PRECISION(17));
+    json_decref(a);
+    return t;
+}
+
+/* --backend cuda: without a CUDA device (or built without CUDA) every command
+ * exits 1 with the backend's reason, which names CUDA, and writes nothing;
+ * with one, forward and generate in exact mode print the CPU's bytes, rl
+ * writes the CPU's metrics, and fast mode prints finite log-probs. --mode
+ * fast reaches the backend: without CUDA, auto is the CPU, which refuses it. */
+START_TEST(test_cli_cuda_clean)
+{
+    char lines[4][1024], out[1 << 15], cpu[1 << 15];
+    command_lines(lines);
+    const char *small = "--set run.steps=1 --set eval.every=1 --set eval.limit=2 --set rollout.group_size=2 "
+                        "--set rollout.prompts_per_step=1 --set rollout.max_tokens=2 --set trainer.micro_batch=2 "
+                        "--set run.threads=1 --quiet";
+    strcat(lines[1], " --json --threads 1");
+    strcat(lines[3], " ");
+    strcat(lines[3], small);
+    int have_cuda = 0;
+    for (int i = 0; i < 4; i++) {
+        int rc = quads(out, sizeof out, "%s --backend cuda", lines[i]);
+        have_cuda |= i == 0 && rc == 0;
+        if (rc != 0) {
+            ck_assert_msg(rc == 1 && strcasestr(out, "cuda"), "%s --backend cuda: exit %d: %s", lines[i], rc, out);
+            ck_assert_int_eq(qd_test_dir_entries(tmpdir), 0);
+            continue;
+        }
+        if (i == 2)
+            continue; /* eval: its report holds timings; forward and generate check the numbers */
+        if (i == 3) {
+            char *gpu = metrics_text(tmp_path("run"));
+            qd_test_rm_tree(tmp_path("run"));
+            ck_assert_int_eq(quads(cpu, sizeof cpu, "%s --backend cpu", lines[i]), 0);
+            char *ref = metrics_text(tmp_path("run"));
+            ck_assert_str_eq(gpu, ref);
+            free(gpu), free(ref);
+            continue;
+        }
+        ck_assert_int_eq(quads(cpu, sizeof cpu, "%s --backend cpu", lines[i]), 0);
+        ck_assert_str_eq(out, cpu);
+    }
+    int rc = quads(out, sizeof out, "%s --backend cuda --mode fast", lines[0]);
+    if (rc != 0)
+        ck_assert_msg(rc == 1 && strcasestr(out, "cuda"), "forward --mode fast: exit %d: %s", rc, out);
+    else {
+        json_t *j = json_loads(out, 0, NULL), *lp = json_object_get(j, "logprobs");
+        ck_assert_int_eq(json_array_size(lp), 2);
+        for (size_t t = 0; t < 2; t++)
+            ck_assert(json_is_real(json_array_get(lp, t)) && json_real_value(json_array_get(lp, t)) < 0);
+        json_decref(j);
+    }
+    qd_test_rm_tree(tmp_path("run"));
+    for (int i = 0; i < 4; i++) {
+        rc = quads(out, sizeof out, "%s --mode fast", lines[i]);
+        if (!have_cuda)
+            ck_assert_msg(rc == 1 && strstr(out, "cpu backend: mode 'fast'"), "%s --mode fast: exit %d: %s",
+                          lines[i], rc, out);
+        else if (rc != 0)
+            ck_assert_msg(rc == 1 && strcasestr(out, "cuda"), "%s --mode fast: exit %d: %s", lines[i], rc, out);
+    }
+}
+END_TEST
+
 Suite *suite_orchestrator(void)
 {
     Suite *s = suite_create("orchestrator");
@@ -986,5 +1183,12 @@ Suite *suite_orchestrator(void)
     tcase_add_test(files, test_svg_ticks);
     tcase_add_test(files, test_svg_from_metrics);
     suite_add_tcase(s, files);
+    TCase *cli = tcase_create("cli_backend");
+    tcase_add_checked_fixture(cli, tmp_setup, tmp_teardown);
+    tcase_set_timeout(cli, 120);
+    tcase_add_test(cli, test_cli_backend_mode_refused);
+    tcase_add_test(cli, test_cli_cpu_exact_is_default);
+    tcase_add_test(cli, test_cli_cuda_clean);
+    suite_add_tcase(s, cli);
     return s;
 }

@@ -520,7 +520,8 @@ static qd_status effective_input(float **xe, const float *inp, const linear *L, 
 }
 
 /* Diagnostics: NVFP4 error of this input (one global scale per row, §4),
- * squared and summed in double in ascending order. */
+ * squared and summed in double: per row ascending, then the row sums added in
+ * row order (the CUDA backend sums each row in one thread, the same order). */
 static qd_status measure_act_error(linear *L, const float *inp, int N)
 {
     size_t n = (size_t)N * L->in;
@@ -528,10 +529,15 @@ static qd_status measure_act_error(linear *L, const float *inp, int N)
     if (!xh)
         return qd_error(QD_ERR_NOMEM, "cpu backend: diagnostics");
     qd_status st = qd_nvfp4_fake_quant(xh, inp, N, L->in, 1);
-    for (size_t i = 0; i < n && !st; i++) {
-        double r = (double)inp[i] - (double)xh[i];
-        L->act_err += r * r;
-        L->act_norm += (double)inp[i] * (double)inp[i];
+    for (int r = 0; r < N && !st; r++) {
+        double e = 0.0, x2 = 0.0;
+        for (size_t i = (size_t)r * L->in; i < (size_t)(r + 1) * L->in; i++) {
+            double d = (double)inp[i] - (double)xh[i];
+            e += d * d;
+            x2 += (double)inp[i] * (double)inp[i];
+        }
+        L->act_err += e;
+        L->act_norm += x2;
     }
     free(xh);
     return st;
@@ -656,7 +662,8 @@ static qd_status sync_rollout_linear(cpu_ctx *c, linear *L)
     return st ? st : qd_rac_augment_weight(&L->wq, w, L->out, L->in, L->rac_ch, L->nrac);
 }
 
-/* Diagnostics: relative squared NVFP4 error of the master weight. */
+/* Diagnostics: relative squared NVFP4 error of the master weight; sums in
+ * double per row ascending, rows added in order (as measure_act_error). */
 static qd_status measure_weight_error(cpu_ctx *c, linear *L)
 {
     size_t n = (size_t)L->out * L->in;
@@ -666,9 +673,15 @@ static qd_status measure_weight_error(cpu_ctx *c, linear *L)
     const float *w = c->params + L->w;
     qd_status st = qd_nvfp4_fake_quant(wh, w, L->out, L->in, 0);
     double num = 0, den = 0;
-    for (size_t i = 0; i < n && !st; i++) {
-        num += ((double)w[i] - wh[i]) * ((double)w[i] - wh[i]);
-        den += (double)w[i] * w[i];
+    for (int r = 0; r < L->out && !st; r++) {
+        double e = 0.0, w2 = 0.0;
+        for (size_t i = (size_t)r * L->in; i < (size_t)(r + 1) * L->in; i++) {
+            double d = (double)w[i] - (double)wh[i];
+            e += d * d;
+            w2 += (double)w[i] * (double)w[i];
+        }
+        num += e;
+        den += w2;
     }
     L->weight_err = den > 0 ? num / den : 0.0;
     free(wh);
@@ -837,43 +850,19 @@ static qd_status pack_batch(cpu_ctx *c, const qd_batch *bt)
 static void route(cpu_ctx *c, layer_acts *s, const layer *ly)
 {
     int N = c->N, E = ly->nexp, K = ly->moe ? c->cfg.num_experts_per_tok : 1;
-    int32_t *cnt = calloc((size_t)E, sizeof(int32_t));
-    for (int n = 0; n < N; n++) {
-        if (ly->moe) {
-            topk_row(s->topk + (size_t)n * K, s->probs + (size_t)n * E, E, K);
-            float sum = 0.0f;
-            for (int j = 0; j < K; j++)
-                sum += s->probs[(size_t)n * E + s->topk[n * K + j]];
-            for (int j = 0; j < K; j++) {
-                float p = s->probs[(size_t)n * E + s->topk[n * K + j]];
-                s->topw[n * K + j] = c->cfg.norm_topk_prob ? p / sum : p;
-            }
-            for (int j = 0; j < K; j++)
-                cnt[s->topk[n * K + j]]++;
-        } else {
-            cnt[0]++;
+    for (int n = 0; ly->moe && n < N; n++) {
+        topk_row(s->topk + (size_t)n * K, s->probs + (size_t)n * E, E, K);
+        float sum = 0.0f;
+        for (int j = 0; j < K; j++)
+            sum += s->probs[(size_t)n * E + s->topk[n * K + j]];
+        for (int j = 0; j < K; j++) {
+            float p = s->probs[(size_t)n * E + s->topk[n * K + j]];
+            s->topw[n * K + j] = c->cfg.norm_topk_prob ? p / sum : p;
         }
     }
-    s->exp_off[0] = 0;
-    for (int e = 0; e < E; e++)
-        s->exp_off[e + 1] = s->exp_off[e] + cnt[e];
-    memset(cnt, 0, sizeof(int32_t) * (size_t)E);
-    for (int n = 0; n < N; n++) {
-        int j = 0;
-        for (int e = 0; e < E; e++) {  /* ascending expert index */
-            int rank = -1;
-            for (int i = 0; ly->moe && i < K; i++)
-                if (s->topk[n * K + i] == e)
-                    rank = i;
-            if (ly->moe && rank < 0)
-                continue;
-            int r = s->exp_off[e] + cnt[e]++;
-            s->row_tok[r] = n;
-            s->row_w[r] = ly->moe ? s->topw[n * K + rank] : 1.0f;
-            s->row_rank[r] = ly->moe ? rank : 0;
-            s->tok_rows[n * K + j++] = r;
-        }
-    }
+    int32_t *cnt = malloc(sizeof(int32_t) * (size_t)E);
+    qd_moe_group(s->exp_off, s->row_tok, s->row_w, s->row_rank, s->tok_rows, cnt, ly->moe ? s->topk : NULL,
+                 s->topw, N, E, K);
     free(cnt);
 }
 

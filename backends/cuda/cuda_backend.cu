@@ -1,46 +1,67 @@
-/* The CUDA backend, first increment (issue 6): weight load and sync and the
- * forward pass in exact mode for the recipes whose linear layers are FP32 or
- * BF16 (fp32 and bf16, both roles). Every output is computed with the CPU
- * backend's reduction order (backends/cpu/cpu_backend.c, its header comment),
- * so log-probs and logits are bit-identical to the CPU's:
- * - a linear output: acc = 0, acc += x_k * w_k for k ascending, one thread
- *   per output (BF16 mode rounds x_k to BF16 as it is read: the same value
- *   the CPU's rounded copy holds);
- * - RMSNorm: one thread per row, sum of squares ascending, / C, + eps, 1/sqrt;
- * - attention: one thread per (token, head), the CPU's attend() line for line;
- * - router softmax and top-k per token as the CPU's; each token's K expert
- *   slots are kept in ascending expert index, so the MoE sum adds the expert
- *   outputs in the CPU's order (a dense MLP is one slot of weight 1);
- * - vocab log-softmax: one block of QD_SAMPLE_LANES threads per token; lane j
- *   sums exp(s_i - m) over i = j mod lanes ascending, then the pairwise lane
- *   tree of qd_softmax_lognorm (backends/sampling.c), level by level.
- * Transcendentals come from backends/exact_math.h; nvcc runs with -fmad=false.
- * Backward, AdamW, generate and the quantized recipes are not here yet
- * (issue 6): their slots are NULL and init refuses those recipes. */
+/* The CUDA backend: the CPU backend (backends/cpu/cpu_backend.c) on one GPU,
+ * in exact mode bit for bit (NUMERICS.md §6). The structure is the CPU's,
+ * function for function: the same packed batch, the same per-recipe
+ * linear_forward/linear_backward, MoE rows grouped by expert (qd_moe_group,
+ * shared with the CPU), the same backward order, AdamW, generation (prefill,
+ * then KV-cache decode steps) and diagnostics; each CPU loop nest became a
+ * kernel of backends/cuda/cuda_kernels.cu, and the quantizers and the W4A4
+ * product are backends/cuda/cuda_quant.cu's (themselves checked bit for bit
+ * against quant/). What stays on the host, as in the CPU backend: the batch
+ * packing, the MoE row bookkeeping (topk copied back once per MoE layer), the
+ * RAC channel selection (qd_rac_select) and the sampler (qd_sample_row on the
+ * last logits of each row), so those are the CPU's own code.
+ *
+ * Master weights, gradients and AdamW moments are float32 on the device; the
+ * working copy the forward reads is rebuilt at every sync, as the CPU's. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "backends/cuda/cuda_check.h"
-#include "backends/exact_math.h"
+#include "backends/cuda/cuda_quant.h"
 extern "C" {
 #include "backends/backend.h"
+#include "backends/cuda/cuda_kernels.h"
 #include "backends/layout.h"
 #include "backends/sampling.h"
-#include "quant/quant.h"
 }
 
 /* ------------------------------------------------------------------------ */
-/* the parameter table (the CPU backend's order, names and offsets)           */
+/* the context                                                               */
 
 typedef struct {
-    size_t w;              /* offset of the weight (out, in) */
+    size_t w;              /* offset of the weight (out, in) in the flat buffers */
     int out, in;
     qd_linear_mode mode;
+    int quantized;
+    const char *name;
+    /* rollout copies on the device, rebuilt at every sync */
+    qd_nvfp4 wq;           /* W4A4: (out, in); RAC: (out, in + nrac) */
+    uint8_t *w8;           /* FP8: (out, in) E4M3 codes */
+    float *w8_inv;         /* FP8: (out) */
+    int64_t *rac_ch;       /* RAC: host (in), nrac used, ascending */
+    int64_t *d_rac_ch;     /* RAC: device copy */
+    int64_t nrac;
+    double *d_rac_err;     /* RAC: device (in) squared activation error since the last sync */
+    double act_err, act_norm, weight_err; /* diagnostics (host) */
 } linear;
 
-typedef qd_layout_layer layer; /* backends/layout.h */
+typedef qd_layout_layer layer;
+
+/* Device activations of one layer kept for backward (the CPU's layer_acts). */
+typedef struct {
+    float *x, *ln1, *rstd1, *q, *k, *v, *rstd_q, *rstd_k, *qr, *kr, *att, *ao, *xmid, *ln2, *rstd2;
+    float *probs, *topw;
+    int32_t *topk;
+    int32_t *row_tok, *row_rank, *tok_rows;
+    float *row_w;
+    float *xe, *g, *u, *h, *y;
+    int32_t *exp_off;      /* host (nexp + 1) */
+} layer_acts;
+
+/* Grow-only device scratch buffers. */
+enum { S_XE, S_XH, S_ACT, S_FP8Q, S_FP8S, S_LOGP, S_BWD, S_DIAG, S_NSCRATCH };
 
 typedef struct {
     qd_model_config cfg;
@@ -52,51 +73,37 @@ typedef struct {
     linear *lin;
     int nlin;
     layer *layers;
-    size_t **d_eoff;               /* (L) device (nexp, 3) weight offsets of gate, up, down */
     size_t embed, final_norm;
     int lm_head;
-    float *d_params, *d_wk;        /* (nfloats) master and working copy; d_wk aliases
-                                      d_params under the fp32 recipe */
-    float *d_cos, *d_sin;          /* (max_pos, D/2) */
+    float *d_params, *d_grads, *d_m, *d_v, *d_wk;
+    float *d_cos, *d_sin;
+    /* the last forward */
+    int N, Tm, B;
+    int32_t *tok, *tgt, *pos, *src, *row, *seq_off; /* host (N), (B + 1) */
+    int32_t *d_tok, *d_tgt, *d_pos, *d_row, *d_kbase, *d_slen; /* device (N) */
+    layer_acts *acts;
+    float *xf, *lnf, *rstdf, *logits, *lse; /* device */
+    float temp;
+    void *arena;                   /* device activations */
+    size_t arena_cap;
+    void *harena;                  /* host side of the batch */
+    size_t harena_cap;
+    int *d_bad;
+    void *scratch[S_NSCRATCH];
+    size_t scratch_cap[S_NSCRATCH];
+    /* KV cache of a generation */
+    float *kc, *vc;
+    int cache_rows, Tc;
+    int decode;
+    int have_forward, have_diag;
+    const char **dg_names;
+    double *dg_act_err, *dg_act_norm, *dg_weight_err;
+    int32_t *dg_topk;
 } cuda_ctx;
 
+#define P(c, off) ((c)->d_wk + (off))
+
 static cuda_ctx *ctx_of(qd_backend *b) { return (cuda_ctx *)b->context; }
-
-/* Takes over the shared table (backends/layout.h), the CPU backend's. */
-static qd_status build_params(cuda_ctx *c)
-{
-    qd_model_layout m;
-    qd_status st = qd_model_layout_init(&m, &c->cfg);
-    if (st)
-        return st;
-    qd_linear_mode qm = qd_recipe_linear_mode(c->opt.recipe, c->opt.role);
-    qd_linear_mode dm = qd_recipe_dense_mode(c->opt.recipe);
-    c->lin = (linear *)calloc((size_t)m.nlin, sizeof *c->lin);
-    c->d_eoff = (size_t **)calloc((size_t)c->cfg.num_hidden_layers, sizeof *c->d_eoff);
-    if (!c->lin || !c->d_eoff) {
-        qd_model_layout_free(&m);
-        return qd_error(QD_ERR_NOMEM, "cuda backend: parameter table");
-    }
-    for (int i = 0; i < m.nlin; i++) {
-        c->lin[i].w = m.lin[i].w;
-        c->lin[i].out = m.lin[i].out;
-        c->lin[i].in = m.lin[i].in;
-        c->lin[i].mode = m.lin[i].quantized ? qm : dm;
-    }
-    c->nlin = m.nlin;
-    c->info = m.info;
-    c->ninfo = m.ninfo;
-    c->nfloats = m.nfloats;
-    c->layers = m.layers;
-    c->embed = m.embed;
-    c->final_norm = m.final_norm;
-    c->lm_head = m.lm_head;
-    free(m.lin);
-    return QD_OK;
-}
-
-/* ------------------------------------------------------------------------ */
-/* device memory                                                             */
 
 /* cudaMalloc with an out-of-memory message giving the sizes asked for and free. */
 static qd_status dev_alloc(void **p, size_t bytes, const char *what)
@@ -118,498 +125,863 @@ static qd_status dev_alloc(void **p, size_t bytes, const char *what)
 
 #define DEV_ALLOC(p, n, what) QD_TRY(dev_alloc((void **)&(p), sizeof(*(p)) * (size_t)(n), what))
 
-/* The launch check: a launch error names the kernel, file and line. */
-#define QD_LAUNCH(kernel, grid, block, ...)                                          \
-    do {                                                                             \
-        kernel<<<(grid), (block)>>>(__VA_ARGS__);                                    \
-        QD_CUDA_CHECK(cudaGetLastError());                                           \
-    } while (0)
-
-static unsigned blocks(size_t n, unsigned t) { return (unsigned)((n + t - 1) / t); }
-
-/* ------------------------------------------------------------------------ */
-/* kernels                                                                   */
-
-/* dst (n) = BF16-rounded src, or a copy. */
-__global__ void k_sync(float *dst, const float *src, size_t n, int bf16)
+/* A scratch buffer of at least bytes (contents undefined). */
+static qd_status scratch(cuda_ctx *c, int slot, size_t bytes, void **out)
 {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n)
-        dst[i] = bf16 ? qd_round_bf16(src[i]) : src[i];
-}
-
-/* x (N, C) = embedding rows of tok. */
-__global__ void k_embed(float *x, const float *emb, const int32_t *tok, int N, int C)
-{
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < (size_t)N * C)
-        x[i] = emb[(size_t)tok[i / C] * C + i % C];
-}
-
-/* out (rows, C) = w * (x * rstd), the CPU's rmsnorm_forward; one thread per row. */
-__global__ void k_rmsnorm(float *out, const float *inp, const float *w, int rows, int C, float eps)
-{
-    int n = blockIdx.x * blockDim.x + threadIdx.x;
-    if (n >= rows)
-        return;
-    const float *x = inp + (size_t)n * C;
-    float ss = 0.0f;
-    for (int i = 0; i < C; i++)
-        ss = ss + x[i] * x[i];
-    float r = qd_rsqrtf(ss / (float)C + eps);
-    for (int i = 0; i < C; i++)
-        out[(size_t)n * C + i] = w[i] * (x[i] * r);
-}
-
-/* out (N, OC) = x (N, IC) . w (OC, IC)^T, ascending ic, one thread per output. */
-__global__ void k_linear(float *out, const float *inp, const float *w, int N, int IC, int OC, int bf16)
-{
-    size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (id >= (size_t)N * OC)
-        return;
-    int n = (int)(id / OC), o = (int)(id % OC);
-    const float *x = inp + (size_t)n * IC, *wr = w + (size_t)o * IC;
-    float acc = 0.0f;
-    for (int i = 0; i < IC; i++)
-        acc = acc + (bf16 ? qd_round_bf16(x[i]) : x[i]) * wr[i];
-    out[id] = acc;
-}
-
-/* The expert linear of slot r = n*K + j (expert sel[r]): out (N*K, OC) =
- * inp row (in_per_slot ? r : n) . W_e^T, W_e at wk + eoff[sel[r]*3 + which]. */
-__global__ void k_expert_linear(float *out, const float *inp, const float *wk, const size_t *eoff,
-                                const int32_t *sel, int which, int in_per_slot, int N, int K, int IC,
-                                int OC, int bf16)
-{
-    size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (id >= (size_t)N * K * OC)
-        return;
-    int r = (int)(id / OC), o = (int)(id % OC);
-    const float *x = inp + (size_t)(in_per_slot ? r : r / K) * IC;
-    const float *wr = wk + eoff[sel[r] * 3 + which] + (size_t)o * IC;
-    float acc = 0.0f;
-    for (int i = 0; i < IC; i++)
-        acc = acc + (bf16 ? qd_round_bf16(x[i]) : x[i]) * wr[i];
-    out[id] = acc;
-}
-
-/* RoPE in place on x (N, nh, D), the CPU's rope_forward; one thread per pair. */
-__global__ void k_rope(float *x, const int32_t *pos, const float *cosb, const float *sinb, int N, int nh, int D)
-{
-    int h2 = D / 2;
-    size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (id >= (size_t)N * nh * h2)
-        return;
-    int i = (int)(id % h2);
-    size_t nhh = id / h2;
-    int n = (int)(nhh / nh);
-    float *y = x + nhh * D;
-    float cs = cosb[(size_t)pos[n] * h2 + i], sn = sinb[(size_t)pos[n] * h2 + i];
-    float a = y[i], b = y[i + h2];
-    y[i] = a * cs - b * sn;
-    y[i + h2] = b * cs + a * sn;
-}
-
-/* Causal GQA attention, the CPU's attend() for query (n, h): keys s = 0..pos[n]
- * of n's sequence (first token n - pos[n]); p scratch (N, H, Tm). */
-__global__ void k_attend(float *out, float *pbuf, const float *q, const float *k, const float *v,
-                         const int32_t *pos, int N, int H, int KV, int D, int Tm, float scale)
-{
-    int id = blockIdx.x * blockDim.x + threadIdx.x;
-    if (id >= N * H)
-        return;
-    int n = id / H, h = id % H, t = pos[n], off = n - t, kh = h / (H / KV);
-    size_t KD = (size_t)KV * D;
-    const float *qv = q + (size_t)n * H * D + h * D;
-    const float *kb = k + off * KD + kh * D, *vb = v + off * KD + kh * D;
-    float *p = pbuf + (size_t)id * Tm, mx = -INFINITY, sum = 0.0f;
-    for (int s = 0; s <= t; s++) {
-        const float *kv = kb + s * KD;
-        float dot = 0.0f;
-        for (int i = 0; i < D; i++)
-            dot = dot + qv[i] * kv[i];
-        p[s] = dot * scale;
-        mx = fmaxf(mx, p[s]);
+    if (c->scratch_cap[slot] < bytes) {
+        cudaFree(c->scratch[slot]);
+        c->scratch[slot] = NULL;
+        c->scratch_cap[slot] = 0;
+        QD_TRY(dev_alloc(&c->scratch[slot], bytes, "scratch"));
+        c->scratch_cap[slot] = bytes;
     }
-    for (int s = 0; s <= t; s++) {
-        p[s] = qd_expf(p[s] - mx);
-        sum = sum + p[s];
-    }
-    for (int s = 0; s <= t; s++)
-        p[s] = p[s] / sum;
-    float *o = out + (size_t)n * H * D + h * D;
-    for (int i = 0; i < D; i++) {
-        float acc = 0.0f;
-        for (int s = 0; s <= t; s++)
-            acc = acc + p[s] * vb[s * KD + i];
-        o[i] = acc;
-    }
-}
-
-__global__ void k_add(float *out, const float *a, const float *b, size_t n)
-{
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n)
-        out[i] = a[i] + b[i];
-}
-
-/* Per token: router softmax of probs (N, E) in place, top-k (ties to the lower
- * index), renormalization in rank order; then the K slots in ascending expert
- * index: sel (N, K) experts, sw (N, K) their weights. */
-__global__ void k_route(int32_t *sel, float *sw, float *probs, int N, int E, int K, int norm_topk)
-{
-    int n = blockIdx.x * blockDim.x + threadIdx.x;
-    if (n >= N)
-        return;
-    float *r = probs + (size_t)n * E, mx = -INFINITY, sum = 0.0f;
-    for (int e = 0; e < E; e++)
-        mx = fmaxf(mx, r[e]);
-    for (int e = 0; e < E; e++) {
-        r[e] = qd_expf(r[e] - mx);
-        sum = sum + r[e];
-    }
-    for (int e = 0; e < E; e++)
-        r[e] = r[e] / sum;
-    int32_t *idx = sel + (size_t)n * K;
-    for (int j = 0; j < K; j++) {
-        int best = -1;
-        for (int e = 0; e < E; e++) {
-            int taken = 0;
-            for (int i = 0; i < j; i++)
-                taken |= idx[i] == e;
-            if (!taken && (best < 0 || r[e] > r[best]))
-                best = e;
-        }
-        idx[j] = best;
-    }
-    float tsum = 0.0f;
-    for (int j = 0; j < K; j++)
-        tsum = tsum + r[idx[j]];
-    float *w = sw + (size_t)n * K;
-    for (int j = 0; j < K; j++)
-        w[j] = norm_topk ? r[idx[j]] / tsum : r[idx[j]];
-    for (int a = 1; a < K; a++)  /* insertion sort by expert index, weights along */
-        for (int b = a; b > 0 && idx[b - 1] > idx[b]; b--) {
-            int32_t ti = idx[b]; idx[b] = idx[b - 1]; idx[b - 1] = ti;
-            float tw = w[b]; w[b] = w[b - 1]; w[b - 1] = tw;
-        }
-}
-
-/* A dense MLP: one slot per token, expert 0, weight 1. */
-__global__ void k_route_dense(int32_t *sel, float *sw, int N)
-{
-    int n = blockIdx.x * blockDim.x + threadIdx.x;
-    if (n < N) {
-        sel[n] = 0;
-        sw[n] = 1.0f;
-    }
-}
-
-/* h (n) = silu(g) * u. */
-__global__ void k_swiglu(float *h, const float *g, const float *u, size_t n)
-{
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n)
-        h[i] = qd_siluf(g[i]) * u[i];
-}
-
-/* out (N, C): per token, y (N*K, C) of its slots times their weights, slots in
- * ascending expert order, from acc = 0. */
-__global__ void k_combine(float *out, const float *y, const float *sw, int N, int K, int C)
-{
-    size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (id >= (size_t)N * C)
-        return;
-    int n = (int)(id / C), i = (int)(id % C);
-    float acc = 0.0f;
-    for (int j = 0; j < K; j++)
-        acc = acc + y[((size_t)n * K + j) * C + i] * sw[n * K + j];
-    out[id] = acc;
-}
-
-/* logp (N): log_softmax(logits / T)[tgt] with qd_softmax_lognorm's order; one
- * block of QD_SAMPLE_LANES threads per token; s (N, V) scratch when T != 1.
- * *bad receives 1 + the token of a logit whose division by T overflows. */
-__global__ void __launch_bounds__(QD_SAMPLE_LANES) k_logprob(float *logp, float *s, const float *logits, const int32_t *tgt, int V, float T,
-                          int *bad)
-{
-    __shared__ float lane[QD_SAMPLE_LANES];
-    int n = blockIdx.x, j = threadIdx.x;
-    const float *l = logits + (size_t)n * V;
-    if (T != 1.0f) {
-        float *sr = s + (size_t)n * V;
-        for (int i = j; i < V; i += QD_SAMPLE_LANES) {
-            sr[i] = l[i] / T;
-            if (!isfinite(sr[i]) && isfinite(l[i]))
-                *bad = n + 1;
-        }
-        __syncthreads();
-        l = sr;
-    }
-    /* max: every lane starts at s[0] and keeps a strictly larger value, as the CPU's loop */
-    float m = l[0];
-    for (int i = j; i < V; i += QD_SAMPLE_LANES)
-        if (l[i] > m)
-            m = l[i];
-    lane[j] = m;
-    __syncthreads();
-    if (j == 0) {
-        for (int i = 1; i < QD_SAMPLE_LANES; i++)
-            if (lane[i] > m)
-                m = lane[i];
-        lane[0] = m + 0.0f;
-    }
-    __syncthreads();
-    m = lane[0];
-    __syncthreads();
-    float acc = 0.0f;
-    for (int i = j; i < V; i += QD_SAMPLE_LANES)
-        acc = acc + qd_expf(l[i] - m);
-    lane[j] = acc;
-    __syncthreads();
-    for (int w = QD_SAMPLE_LANES; w > 1; w /= 2) {
-        if (j < w / 2)
-            lane[j] = lane[j] + lane[j + w / 2];
-        __syncthreads();
-    }
-    if (j == 0) {
-        float logz = qd_logf(lane[0]);
-        logp[n] = tgt[n] >= 0 ? (l[tgt[n]] - m) - logz : 0.0f;
-    }
-}
-
-/* ------------------------------------------------------------------------ */
-/* the forward                                                               */
-
-/* One forward's device buffers (packed tokens, one layer's activations). */
-typedef struct {
-    int N, B, Tm, K, Imax, E;
-    int32_t *tok, *tgt, *pos;           /* (N) */
-    float *x, *ln, *q, *k, *v, *ao, *tmp, *xmid, *att; /* (N,C) (N,C) (N,HD) (N,KD) (N,KD) (N,HD) (N,C) (N,C) (N,H,Tm) */
-    float *probs, *sw, *g, *u, *h, *y;  /* (N,E) (N,K) (N*K,I) x3 (N*K,C) */
-    int32_t *sel;                       /* (N,K) */
-    float *logits, *logp, *s;           /* (N,V) (N) (N,V) or NULL */
-    int *bad;
-} fwd_bufs;
-
-static void free_bufs(fwd_bufs *f)
-{
-    void *ps[] = {f->tok, f->tgt, f->pos, f->x, f->ln, f->q, f->k, f->v, f->ao, f->tmp, f->xmid, f->att,
-                  f->probs, f->sw, f->g, f->u, f->h, f->y, f->sel, f->logits, f->logp, f->s, f->bad};
-    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
-        cudaFree(ps[i]);
-}
-
-static qd_status alloc_bufs(cuda_ctx *c, fwd_bufs *f, int temp_scratch)
-{
-    const qd_model_config *g = &c->cfg;
-    size_t N = f->N, C = g->hidden_size, HD = (size_t)g->num_attention_heads * g->head_dim;
-    size_t KD = (size_t)g->num_key_value_heads * g->head_dim, NK = N * f->K, V = g->vocab_size;
-    DEV_ALLOC(f->tok, N, "tokens");
-    DEV_ALLOC(f->tgt, N, "targets");
-    DEV_ALLOC(f->pos, N, "positions");
-    DEV_ALLOC(f->x, N * C, "residual");
-    DEV_ALLOC(f->ln, N * C, "norm output");
-    DEV_ALLOC(f->q, N * HD, "queries");
-    DEV_ALLOC(f->k, N * KD, "keys");
-    DEV_ALLOC(f->v, N * KD, "values");
-    DEV_ALLOC(f->ao, N * HD, "attention output");
-    DEV_ALLOC(f->tmp, N * C, "block output");
-    DEV_ALLOC(f->xmid, N * C, "residual");
-    DEV_ALLOC(f->att, N * g->num_attention_heads * (size_t)f->Tm, "attention probabilities");
-    DEV_ALLOC(f->probs, N * (size_t)(f->E > 0 ? f->E : 1), "router probabilities");
-    DEV_ALLOC(f->sw, NK, "routing weights");
-    DEV_ALLOC(f->sel, NK, "routing");
-    DEV_ALLOC(f->g, NK * f->Imax, "expert gate");
-    DEV_ALLOC(f->u, NK * f->Imax, "expert up");
-    DEV_ALLOC(f->h, NK * f->Imax, "expert hidden");
-    DEV_ALLOC(f->y, NK * C, "expert output");
-    DEV_ALLOC(f->logits, N * V, "logits");
-    DEV_ALLOC(f->logp, N, "log-probs");
-    DEV_ALLOC(f->bad, 1, "flag");
-    if (temp_scratch)
-        DEV_ALLOC(f->s, N * V, "scaled logits");
-    QD_CUDA_CHECK(cudaMemset(f->bad, 0, sizeof(int)));
+    *out = c->scratch[slot];
     return QD_OK;
 }
 
-#define TPB 128u
-
-static qd_status linear_fwd(cuda_ctx *c, float *out, const float *inp, int li, int N)
+static qd_status h2d(void *dst, const void *src, size_t bytes)
 {
-    const linear *L = &c->lin[li];
-    QD_LAUNCH(k_linear, blocks((size_t)N * L->out, TPB), TPB, out, inp, c->d_wk + L->w, N, L->in, L->out,
-              L->mode == QD_LINEAR_BF16);
+    QD_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
     return QD_OK;
 }
 
-static qd_status attn_fwd(cuda_ctx *c, fwd_bufs *f, const layer *ly)
+static qd_status d2h(void *dst, const void *src, size_t bytes)
 {
-    const qd_model_config *g = &c->cfg;
-    int N = f->N, H = g->num_attention_heads, KV = g->num_key_value_heads, D = g->head_dim;
-    float eps = (float)g->rms_norm_eps, scale = (float)(1.0 / sqrt((double)D));
-    QD_TRY(linear_fwd(c, f->q, f->ln, ly->q, N));
-    QD_TRY(linear_fwd(c, f->k, f->ln, ly->k, N));
-    QD_TRY(linear_fwd(c, f->v, f->ln, ly->v, N));
-    /* q/k RMSNorm in place is safe: each thread reads its row before writing it */
-    QD_LAUNCH(k_rmsnorm, blocks((size_t)N * H, TPB), TPB, f->q, f->q, c->d_wk + ly->q_norm, N * H, D, eps);
-    QD_LAUNCH(k_rmsnorm, blocks((size_t)N * KV, TPB), TPB, f->k, f->k, c->d_wk + ly->k_norm, N * KV, D, eps);
-    QD_LAUNCH(k_rope, blocks((size_t)N * H * (D / 2), TPB), TPB, f->q, f->pos, c->d_cos, c->d_sin, N, H, D);
-    QD_LAUNCH(k_rope, blocks((size_t)N * KV * (D / 2), TPB), TPB, f->k, f->pos, c->d_cos, c->d_sin, N, KV, D);
-    QD_LAUNCH(k_attend, blocks((size_t)N * H, TPB), TPB, f->ao, f->att, f->q, f->k, f->v, f->pos, N, H, KV, D,
-              f->Tm, scale);
-    return linear_fwd(c, f->tmp, f->ao, ly->o, N);
+    QD_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+    return QD_OK;
 }
 
-static qd_status mlp_fwd(cuda_ctx *c, fwd_bufs *f, const layer *ly)
+/* An NVFP4 view of (rows, cols) on scratch memory (activations: per row). */
+static qd_status act_nvfp4(cuda_ctx *c, qd_nvfp4 *a, int64_t rows, int64_t cols)
 {
-    const qd_model_config *g = &c->cfg;
-    int N = f->N, C = g->hidden_size, I = ly->ffn, K = ly->moe ? g->num_experts_per_tok : 1;
-    int bf16 = c->lin[ly->mlp0].mode == QD_LINEAR_BF16;
-    if (ly->moe) {
-        QD_TRY(linear_fwd(c, f->probs, f->ln, ly->router, N));
-        QD_LAUNCH(k_route, blocks(N, TPB), TPB, f->sel, f->sw, f->probs, N, ly->nexp, K, g->norm_topk_prob);
+    size_t nc = (size_t)(rows * cols / 2), ns = (size_t)(rows * cols / 16);
+    size_t bytes = ((nc + 15) & ~(size_t)15) + ((ns + 15) & ~(size_t)15) + sizeof(float) * (size_t)rows;
+    void *p;
+    QD_TRY(scratch(c, S_ACT, bytes, &p));
+    a->rows = rows;
+    a->cols = cols;
+    a->codes = (uint8_t *)p;
+    a->scales = a->codes + ((nc + 15) & ~(size_t)15);
+    a->s_dec = (float *)(a->scales + ((ns + 15) & ~(size_t)15));
+    a->per_row = 1;
+    return QD_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* the linear layer of every recipe (the CPU's linear_forward/backward)      */
+
+static qd_status fwd_w4a4(cuda_ctx *c, float *out, const float *inp, linear *L, int N)
+{
+    qd_nvfp4 a;
+    int64_t K = L->in + (L->mode == QD_LINEAR_W4A4_RAC ? L->nrac : 0);
+    QD_TRY(act_nvfp4(c, &a, N, K));
+    if (L->mode == QD_LINEAR_W4A4_RAC) {
+        void *xh;
+        QD_TRY(scratch(c, S_XH, sizeof(float) * (size_t)N * L->in, &xh));
+        QD_TRY(qd_cuda_nvfp4_fake_quant((float *)xh, inp, N, L->in, 1));
+        QD_TRY(qdk_rac_error(L->d_rac_err, inp, (const float *)xh, N, L->in));
+        QD_TRY(qd_cuda_rac_augment_act(&a, inp, N, L->in, L->d_rac_ch, L->nrac));
     } else {
-        QD_LAUNCH(k_route_dense, blocks(N, TPB), TPB, f->sel, f->sw, N);
+        QD_TRY(qd_cuda_nvfp4_quantize(&a, inp));
     }
-    size_t nki = (size_t)N * K * I;
-    const size_t *eoff = c->d_eoff[ly - c->layers];
-    QD_LAUNCH(k_expert_linear, blocks(nki, TPB), TPB, f->g, f->ln, c->d_wk, eoff, f->sel, 0, 0, N, K, C,
-              I, bf16);
-    QD_LAUNCH(k_expert_linear, blocks(nki, TPB), TPB, f->u, f->ln, c->d_wk, eoff, f->sel, 1, 0, N, K, C,
-              I, bf16);
-    QD_LAUNCH(k_swiglu, blocks(nki, TPB), TPB, f->h, f->g, f->u, nki);
-    QD_LAUNCH(k_expert_linear, blocks((size_t)N * K * C, TPB), TPB, f->y, f->h, c->d_wk, eoff, f->sel, 2,
-              1, N, K, I, C, bf16);
-    QD_LAUNCH(k_combine, blocks((size_t)N * C, TPB), TPB, f->tmp, f->y, f->sw, N, K, C);
+    return qd_cuda_w4a4_gemm_tc(out, &a, &L->wq);
+}
+
+static qd_status fwd_fp8(cuda_ctx *c, float *out, const float *inp, const linear *L, int N)
+{
+    void *qa, *sa;
+    QD_TRY(scratch(c, S_FP8Q, (size_t)N * L->in, &qa));
+    QD_TRY(scratch(c, S_FP8S, sizeof(float) * (size_t)N, &sa));
+    QD_TRY(qd_cuda_fp8_quantize_rows((uint8_t *)qa, (float *)sa, inp, N, L->in));
+    return qdk_fp8_gemm(out, (const uint8_t *)qa, (const float *)sa, L->w8, L->w8_inv, N, L->out, L->in);
+}
+
+/* The input a BF16/QAT linear multiplies (effective_input): x itself (FP32),
+ * BF16-rounded, or fake-quantized per row (sym-QAT), in scratch. */
+static qd_status effective_input(cuda_ctx *c, const float **xe, const float *inp, const linear *L, int N)
+{
+    *xe = inp;
+    if (L->mode == QD_LINEAR_FP32)
+        return QD_OK;
+    void *p;
+    size_t n = (size_t)N * L->in;
+    QD_TRY(scratch(c, S_XE, sizeof(float) * n, &p));
+    *xe = (const float *)p;
+    if (L->mode == QD_LINEAR_SYM_QAT)
+        return qd_cuda_nvfp4_fake_quant((float *)p, inp, N, L->in, 1);
+    return qdk_round((float *)p, inp, n, 1);
+}
+
+/* Diagnostics: per-row NVFP4 error sums of this input, rows added in order. */
+static qd_status measure_act_error(cuda_ctx *c, linear *L, const float *inp, int N)
+{
+    void *xh, *sums;
+    QD_TRY(scratch(c, S_XH, sizeof(float) * (size_t)N * L->in, &xh));
+    QD_TRY(scratch(c, S_DIAG, sizeof(double) * 2 * (size_t)N, &sums));
+    QD_TRY(qd_cuda_nvfp4_fake_quant((float *)xh, inp, N, L->in, 1));
+    double *e = (double *)sums;
+    QD_TRY(qdk_sqerr_rows(e, e + N, inp, (const float *)xh, N, L->in));
+    double *h = (double *)malloc(sizeof(double) * 2 * (size_t)N);
+    if (!h)
+        return qd_error(QD_ERR_NOMEM, "cuda backend: diagnostics");
+    qd_status st = d2h(h, e, sizeof(double) * 2 * (size_t)N);
+    for (int r = 0; r < N && !st; r++) {
+        L->act_err += h[r];
+        L->act_norm += h[N + r];
+    }
+    free(h);
+    return st;
+}
+
+static qd_status linear_forward(cuda_ctx *c, float *out, const float *inp, linear *L, int N)
+{
+    if (N == 0)
+        return QD_OK;
+    if (c->opt.diagnostics && L->quantized && L->in % QD_NVFP4_BLOCK == 0)
+        QD_TRY(measure_act_error(c, L, inp, N));
+    if (L->mode == QD_LINEAR_W4A4 || L->mode == QD_LINEAR_W4A4_RAC)
+        return fwd_w4a4(c, out, inp, L, N);
+    if (L->mode == QD_LINEAR_FP8)
+        return fwd_fp8(c, out, inp, L, N);
+    const float *xe;
+    QD_TRY(effective_input(c, &xe, inp, L, N));
+    /* out (N, OC) = x (N, IC) . W (OC, IC)^T */
+    return qdk_matmul(out, xe, L->in, 1, P(c, L->w), 1, L->in, N, L->out, L->in, 0);
+}
+
+/* dinp (N, in) += dout . W_eff; grad(W) += dout^T . x_eff (straight-through). */
+static qd_status linear_backward(cuda_ctx *c, float *dinp, const float *dout, const float *inp,
+                                 const linear *L, int N)
+{
+    if (N == 0)
+        return QD_OK;
+    const float *xe;
+    QD_TRY(effective_input(c, &xe, inp, L, N));
+    int IC = L->in, OC = L->out;
+    QD_TRY(qdk_matmul(dinp, dout, OC, 1, P(c, L->w), IC, 1, N, IC, OC, 1));
+    return qdk_matmul(c->d_grads + L->w, dout, 1, OC, xe, IC, 1, OC, IC, N, 1);
+}
+
+/* ------------------------------------------------------------------------ */
+/* weight sync                                                               */
+
+static int is_rollout_quant(qd_linear_mode m)
+{
+    return m == QD_LINEAR_FP8 || m == QD_LINEAR_W4A4 || m == QD_LINEAR_W4A4_RAC;
+}
+
+/* (Re)allocates a weight NVFP4 matrix when its shape changes (RAC's width). */
+static qd_status weight_nvfp4(qd_nvfp4 *q, int64_t rows, int64_t cols)
+{
+    if (q->codes && q->rows == rows && q->cols == cols)
+        return QD_OK;
+    qd_cuda_nvfp4_free(q);
+    return qd_cuda_nvfp4_alloc(q, rows, cols, 0);
+}
+
+static qd_status upload_rac(linear *L)
+{
+    if (L->nrac > 0)
+        QD_TRY(h2d(L->d_rac_ch, L->rac_ch, sizeof(int64_t) * (size_t)L->nrac));
     return QD_OK;
 }
 
-static qd_status model_fwd(cuda_ctx *c, fwd_bufs *f, float T)
+static qd_status sync_rollout_linear(cuda_ctx *c, linear *L)
+{
+    const float *w = c->d_params + L->w;
+    if (L->mode == QD_LINEAR_FP8)
+        return qd_cuda_fp8_quantize_rows(L->w8, L->w8_inv, w, L->out, L->in);
+    if (L->mode == QD_LINEAR_W4A4) {
+        QD_TRY(weight_nvfp4(&L->wq, L->out, L->in));
+        return qd_cuda_nvfp4_quantize(&L->wq, w);
+    }
+    /* RAC: channels of largest activation error since the last sync, picked on the host */
+    double *err = (double *)malloc(sizeof(double) * (size_t)L->in);
+    if (!err)
+        return qd_error(QD_ERR_NOMEM, "cuda backend: RAC statistics");
+    qd_status st = d2h(err, L->d_rac_err, sizeof(double) * (size_t)L->in);
+    if (!st)
+        L->nrac = qd_rac_select(L->rac_ch, err, L->in, c->opt.rac_ratio);
+    free(err);
+    if (st)
+        return st;
+    if (L->nrac < 0)
+        return QD_ERR_ARG;
+    QD_CUDA_CHECK(cudaMemset(L->d_rac_err, 0, sizeof(double) * (size_t)L->in));
+    QD_TRY(upload_rac(L));
+    QD_TRY(weight_nvfp4(&L->wq, L->out, L->in + L->nrac));
+    return qd_cuda_rac_augment_weight(&L->wq, w, L->out, L->in, L->d_rac_ch, L->nrac);
+}
+
+static qd_status measure_weight_error(cuda_ctx *c, linear *L)
+{
+    void *wh, *sums;
+    QD_TRY(scratch(c, S_XH, sizeof(float) * (size_t)L->out * L->in, &wh));
+    QD_TRY(scratch(c, S_DIAG, sizeof(double) * 2 * (size_t)L->out, &sums));
+    const float *w = c->d_params + L->w;
+    QD_TRY(qd_cuda_nvfp4_fake_quant((float *)wh, w, L->out, L->in, 0));
+    double *e = (double *)sums;
+    QD_TRY(qdk_sqerr_rows(e, e + L->out, w, (const float *)wh, L->out, L->in));
+    double *h = (double *)malloc(sizeof(double) * 2 * (size_t)L->out), num = 0, den = 0;
+    if (!h)
+        return qd_error(QD_ERR_NOMEM, "cuda backend: diagnostics");
+    qd_status st = d2h(h, e, sizeof(double) * 2 * (size_t)L->out);
+    for (int r = 0; r < L->out && !st; r++) {
+        num += h[r];
+        den += h[L->out + r];
+    }
+    free(h);
+    L->weight_err = den > 0 ? num / den : 0.0;
+    return st;
+}
+
+static qd_status sync_linear(cuda_ctx *c, linear *L)
+{
+    if (c->opt.diagnostics && L->quantized && L->in % QD_NVFP4_BLOCK == 0)
+        QD_TRY(measure_weight_error(c, L));
+    if (is_rollout_quant(L->mode))
+        return sync_rollout_linear(c, L);
+    if (L->mode == QD_LINEAR_AQAT || L->mode == QD_LINEAR_SYM_QAT)
+        return qd_cuda_nvfp4_fake_quant(c->d_wk + L->w, c->d_params + L->w, L->out, L->in, 0);
+    return QD_OK;  /* BF16: rounded with everything else */
+}
+
+static qd_status sync_weights(cuda_ctx *c)
+{
+    if (c->d_wk != c->d_params)
+        QD_TRY(qdk_round(c->d_wk, c->d_params, c->nfloats, 1));
+    for (int i = 0; i < c->nlin; i++)
+        QD_TRY(sync_linear(c, &c->lin[i]));
+    QD_CUDA_CHECK(cudaDeviceSynchronize());
+    return QD_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* activations                                                               */
+
+typedef struct {
+    char *base;
+    size_t used;
+} arena;
+
+static void *take(arena *a, size_t bytes)
+{
+    void *p = a->base ? a->base + a->used : NULL;
+    a->used += (bytes + 255) & ~(size_t)255;
+    return p;
+}
+
+#define TAKE_F(a, n) ((float *)take((a), sizeof(float) * (size_t)(n)))
+#define TAKE_I(a, n) ((int32_t *)take((a), sizeof(int32_t) * (size_t)(n)))
+
+static void layout_layer(arena *a, layer_acts *s, const cuda_ctx *c, const layer *ly)
 {
     const qd_model_config *g = &c->cfg;
-    int N = f->N, C = g->hidden_size;
-    size_t NC = (size_t)N * C;
-    float eps = (float)g->rms_norm_eps;
-    QD_LAUNCH(k_embed, blocks(NC, TPB), TPB, f->x, c->d_wk + c->embed, f->tok, N, C);
-    for (int l = 0; l < g->num_hidden_layers; l++) {
-        const layer *ly = &c->layers[l];
-        QD_LAUNCH(k_rmsnorm, blocks(N, TPB), TPB, f->ln, f->x, c->d_wk + ly->in_norm, N, C, eps);
-        QD_TRY(attn_fwd(c, f, ly));
-        QD_LAUNCH(k_add, blocks(NC, TPB), TPB, f->xmid, f->x, f->tmp, NC);
-        QD_LAUNCH(k_rmsnorm, blocks(N, TPB), TPB, f->ln, f->xmid, c->d_wk + ly->post_norm, N, C, eps);
-        QD_TRY(mlp_fwd(c, f, ly));
-        QD_LAUNCH(k_add, blocks(NC, TPB), TPB, f->x, f->xmid, f->tmp, NC);
+    int N = c->N, C = g->hidden_size, H = g->num_attention_heads, KV = g->num_key_value_heads;
+    int D = g->head_dim, K = ly->moe ? g->num_experts_per_tok : 1, R = N * K;
+    s->x = TAKE_F(a, N * C);
+    s->ln1 = TAKE_F(a, N * C);
+    s->rstd1 = TAKE_F(a, N);
+    s->q = TAKE_F(a, N * H * D);
+    s->k = TAKE_F(a, N * KV * D);
+    s->v = TAKE_F(a, N * KV * D);
+    s->rstd_q = TAKE_F(a, N * H);
+    s->rstd_k = TAKE_F(a, N * KV);
+    s->qr = TAKE_F(a, N * H * D);
+    s->kr = TAKE_F(a, N * KV * D);
+    s->att = TAKE_F(a, (size_t)N * H * c->Tm);
+    s->ao = TAKE_F(a, N * H * D);
+    s->xmid = TAKE_F(a, N * C);
+    s->ln2 = TAKE_F(a, N * C);
+    s->rstd2 = TAKE_F(a, N);
+    s->probs = TAKE_F(a, N * ly->nexp);
+    s->topk = TAKE_I(a, N * K);
+    s->topw = TAKE_F(a, N * K);
+    s->row_tok = TAKE_I(a, R);
+    s->row_w = TAKE_F(a, R);
+    s->row_rank = TAKE_I(a, R);
+    s->tok_rows = TAKE_I(a, R);
+    s->xe = TAKE_F(a, (size_t)R * C);
+    s->g = TAKE_F(a, (size_t)R * ly->ffn);
+    s->u = TAKE_F(a, (size_t)R * ly->ffn);
+    s->h = TAKE_F(a, (size_t)R * ly->ffn);
+    s->y = TAKE_F(a, (size_t)R * C);
+}
+
+static void layout_acts(arena *a, cuda_ctx *c)
+{
+    int N = c->N, C = c->cfg.hidden_size;
+    c->d_tok = TAKE_I(a, N);
+    c->d_tgt = TAKE_I(a, N);
+    c->d_pos = TAKE_I(a, N);
+    c->d_row = TAKE_I(a, N);
+    c->d_kbase = TAKE_I(a, N);
+    c->d_slen = TAKE_I(a, N);
+    for (int l = 0; l < c->cfg.num_hidden_layers; l++)
+        layout_layer(a, &c->acts[l], c, &c->layers[l]);
+    c->xf = TAKE_F(a, N * C);
+    c->lnf = TAKE_F(a, N * C);
+    c->rstdf = TAKE_F(a, N);
+    c->logits = TAKE_F(a, (size_t)N * c->cfg.vocab_size);
+    c->lse = TAKE_F(a, N);
+}
+
+/* Host side: tok, tgt, pos, src, row (N), seq_off (B + 1), and per layer
+ * exp_off (nexp + 1). */
+static size_t host_bytes(const cuda_ctx *c)
+{
+    size_t n = sizeof(int32_t) * (5 * (size_t)c->N + c->B + 1);
+    for (int l = 0; l < c->cfg.num_hidden_layers; l++)
+        n += sizeof(int32_t) * (size_t)(c->layers[l].nexp + 1);
+    return n;
+}
+
+static qd_status alloc_acts(cuda_ctx *c)
+{
+    arena a = {NULL, 0};
+    layout_acts(&a, c);
+    if (a.used > c->arena_cap) {
+        cudaFree(c->arena);
+        c->arena = NULL;
+        c->arena_cap = 0;
+        QD_TRY(dev_alloc(&c->arena, a.used, "activations"));
+        c->arena_cap = a.used;
     }
-    QD_LAUNCH(k_rmsnorm, blocks(N, TPB), TPB, f->ln, f->x, c->d_wk + c->final_norm, N, C, eps);
-    QD_TRY(linear_fwd(c, f->logits, f->ln, c->lm_head, N));
-    QD_LAUNCH(k_logprob, N, QD_SAMPLE_LANES, f->logp, f->s, f->logits, f->tgt, g->vocab_size, T, f->bad);
-    int bad = 0;
-    QD_CUDA_CHECK(cudaMemcpy(&bad, f->bad, sizeof bad, cudaMemcpyDeviceToHost));
-    if (bad)
-        return qd_error(QD_ERR_NONFINITE, "forward: token %d: a logit / temperature %g overflows", bad - 1,
-                        (double)T);
+    a.base = (char *)c->arena;
+    a.used = 0;
+    layout_acts(&a, c);
+    size_t hb = host_bytes(c);
+    if (hb > c->harena_cap) {
+        free(c->harena);
+        c->harena = malloc(hb);
+        c->harena_cap = c->harena ? hb : 0;
+        if (!c->harena)
+            return qd_error(QD_ERR_NOMEM, "cuda backend: batch of %d tokens", c->N);
+    }
+    int32_t *h = (int32_t *)c->harena;
+    c->tok = h, h += c->N;
+    c->tgt = h, h += c->N;
+    c->pos = h, h += c->N;
+    c->src = h, h += c->N;
+    c->row = h, h += c->N;
+    c->seq_off = h, h += c->B + 1;
+    for (int l = 0; l < c->cfg.num_hidden_layers; l++)
+        c->acts[l].exp_off = h, h += c->layers[l].nexp + 1;
     return QD_OK;
 }
 
-/* Packs the batch on the host as the CPU does: (tok, tgt, pos, src) per token. */
-static qd_status pack_batch(const cuda_ctx *c, const qd_batch *bt, int32_t *tok, int32_t *tgt, int32_t *pos,
-                            int32_t *src)
+/* The per-token tables to the device: token, target, position, KV row, the
+ * first key row of its attention (kbase) and its sequence's length. */
+static qd_status upload_batch(cuda_ctx *c)
 {
+    int N = c->N;
+    int32_t *t = (int32_t *)malloc(sizeof(int32_t) * 2 * (size_t)(N ? N : 1));
+    if (!t)
+        return qd_error(QD_ERR_NOMEM, "cuda backend: batch");
+    for (int b = 0, n = 0; b < c->B; b++)
+        for (; n < c->seq_off[b + 1]; n++) {
+            t[n] = c->decode ? c->row[n] * c->Tc : c->seq_off[b];
+            t[N + n] = c->seq_off[b + 1] - c->seq_off[b];
+        }
+    qd_status st = h2d(c->d_tok, c->tok, sizeof(int32_t) * N);
+    if (!st)
+        st = h2d(c->d_tgt, c->tgt, sizeof(int32_t) * N);
+    if (!st)
+        st = h2d(c->d_pos, c->pos, sizeof(int32_t) * N);
+    if (!st)
+        st = h2d(c->d_row, c->row, sizeof(int32_t) * N);
+    if (!st)
+        st = h2d(c->d_kbase, t, sizeof(int32_t) * N);
+    if (!st)
+        st = h2d(c->d_slen, t + N, sizeof(int32_t) * N);
+    free(t);
+    return st;
+}
+
+static qd_status pack_batch(cuda_ctx *c, const qd_batch *bt)
+{
+    c->N = 0;
+    c->Tm = 0;
+    for (int b = 0; b < bt->B; b++) {
+        c->N += bt->lengths[b];
+        if (bt->lengths[b] > c->Tm)
+            c->Tm = bt->lengths[b];
+    }
+    if (c->Tm > c->cfg.max_position_embeddings)
+        return qd_error(QD_ERR_SHAPE, "forward: length %d > max_position_embeddings %d", c->Tm,
+                        c->cfg.max_position_embeddings);
+    c->B = bt->B;
+    c->temp = bt->temperature > 0.0f ? bt->temperature : 1.0f;
+    QD_TRY(alloc_acts(c));
     int n = 0;
-    for (int b = 0; b < bt->B; b++)
+    for (int b = 0; b < bt->B; b++) {
+        c->seq_off[b] = n;
         for (int t = 0; t < bt->lengths[b]; t++, n++) {
             int32_t id = bt->tokens[(size_t)b * bt->T + t];
             if (id < 0 || id >= c->cfg.vocab_size)
                 return qd_error(QD_ERR_ARG, "forward: tokens[%d][%d] = %d not in [0, %d)", b, t, id,
                                 c->cfg.vocab_size);
-            tok[n] = id;
-            pos[n] = t;
-            src[n] = b * bt->T + t;
-            tgt[n] = t + 1 < bt->lengths[b] ? bt->tokens[(size_t)b * bt->T + t + 1] : -1;
+            c->tok[n] = id;
+            c->pos[n] = t;
+            c->row[n] = b;
+            c->src[n] = b * bt->T + t;
+            c->tgt[n] = t + 1 < bt->lengths[b] ? bt->tokens[(size_t)b * bt->T + t + 1] : -1;
         }
-    return QD_OK;
-}
-
-static qd_status forward_impl(cuda_ctx *c, const qd_batch *bt, float *logp, float *logits, fwd_bufs *f,
-                              int32_t *host)
-{
-    int V = c->cfg.vocab_size, N = f->N;
-    int32_t *tok = host, *tgt = host + N, *pos = host + 2 * N, *src = host + 3 * N;
-    float T = bt->temperature > 0.0f ? bt->temperature : 1.0f;
-    QD_TRY(pack_batch(c, bt, tok, tgt, pos, src));
-    QD_TRY(alloc_bufs(c, f, T != 1.0f));
-    QD_CUDA_CHECK(cudaMemcpy(f->tok, tok, sizeof(int32_t) * N, cudaMemcpyHostToDevice));
-    QD_CUDA_CHECK(cudaMemcpy(f->tgt, tgt, sizeof(int32_t) * N, cudaMemcpyHostToDevice));
-    QD_CUDA_CHECK(cudaMemcpy(f->pos, pos, sizeof(int32_t) * N, cudaMemcpyHostToDevice));
-    QD_TRY(model_fwd(c, f, T));
-    float *lp = (float *)(host + 4 * N);
-    QD_CUDA_CHECK(cudaMemcpy(lp, f->logp, sizeof(float) * N, cudaMemcpyDeviceToHost));
-    memset(logp, 0, sizeof(float) * (size_t)bt->B * bt->T);
-    for (int n = 0; n < N; n++)
-        logp[src[n]] = lp[n];
-    if (logits) {
-        memset(logits, 0, sizeof(float) * (size_t)bt->B * bt->T * V);
-        for (int n = 0; n < N; n++)
-            QD_CUDA_CHECK(cudaMemcpy(logits + (size_t)src[n] * V, f->logits + (size_t)n * V, sizeof(float) * V,
-                                     cudaMemcpyDeviceToHost));
     }
-    return QD_OK;
-}
-
-static qd_status cuda_forward(qd_backend *b, const qd_batch *bt, float *logp, float *logits)
-{
-    cuda_ctx *c = ctx_of(b);
-    fwd_bufs f;
-    memset(&f, 0, sizeof f);
-    f.B = bt->B;
-    for (int i = 0; i < bt->B; i++) {
-        f.N += bt->lengths[i];
-        f.Tm = bt->lengths[i] > f.Tm ? bt->lengths[i] : f.Tm;
-    }
-    if (f.Tm > c->cfg.max_position_embeddings)
-        return qd_error(QD_ERR_SHAPE, "forward: length %d > max_position_embeddings %d", f.Tm,
-                        c->cfg.max_position_embeddings);
-    f.K = 1;
-    for (int l = 0; l < c->cfg.num_hidden_layers; l++) {
-        const layer *ly = &c->layers[l];
-        if (ly->moe) {
-            f.K = c->cfg.num_experts_per_tok > f.K ? c->cfg.num_experts_per_tok : f.K;
-            f.E = ly->nexp;
-        }
-        f.Imax = ly->ffn > f.Imax ? ly->ffn : f.Imax;
-    }
-    int32_t *host = (int32_t *)malloc(sizeof(int32_t) * 5 * (size_t)f.N);
-    if (!host)
-        return qd_error(QD_ERR_NOMEM, "cuda backend: %d tokens", f.N);
-    qd_status st = forward_impl(c, bt, logp, logits, &f, host);
-    free(host);
-    free_bufs(&f);
-    return st;
+    c->seq_off[bt->B] = n;
+    return upload_batch(c);
 }
 
 /* ------------------------------------------------------------------------ */
-/* weights                                                                   */
+/* forward                                                                   */
 
-static qd_status cuda_set_weights(qd_backend *b, const float *params, size_t n)
+/* Router (on the device), then the rows grouped by expert (on the host, the
+ * CPU's qd_moe_group), uploaded. */
+static qd_status route(cuda_ctx *c, layer_acts *s, const layer *ly)
 {
-    cuda_ctx *c = ctx_of(b);
-    float amax = 0.0f;
-    qd_status st = qd_amax(&amax, params, (int64_t)n);
-    if (st)
-        return qd_error(st, "set_weights: non-finite master weight");
-    QD_CUDA_CHECK(cudaMemcpy(c->d_params, params, sizeof(float) * n, cudaMemcpyHostToDevice));
-    if (c->d_wk != c->d_params)  /* the CPU's sync: every tensor BF16-rounded (BF16 linears included) */
-        QD_LAUNCH(k_sync, blocks(n, 256), 256u, c->d_wk, c->d_params, n, 1);
+    int N = c->N, E = ly->nexp, K = ly->moe ? c->cfg.num_experts_per_tok : 1;
+    if (ly->moe)
+        QD_TRY(qdk_route(s->topk, s->topw, s->probs, N, E, K, c->cfg.norm_topk_prob));
+    size_t nk = (size_t)N * K;
+    int32_t *h = (int32_t *)malloc(sizeof(int32_t) * (5 * nk + (size_t)E + 1));
+    if (!h)
+        return qd_error(QD_ERR_NOMEM, "cuda backend: routing");
+    int32_t *topk = h, *row_tok = h + nk, *row_rank = h + 2 * nk, *tok_rows = h + 3 * nk, *cnt = h + 5 * nk;
+    float *topw = (float *)(h + 4 * nk), *row_w = NULL;
+    qd_status st = QD_OK;
+    if (ly->moe) {
+        st = d2h(topk, s->topk, sizeof(int32_t) * nk);
+        if (!st)
+            st = d2h(topw, s->topw, sizeof(float) * nk);
+    }
+    float *rw = (float *)malloc(sizeof(float) * (nk ? nk : 1));
+    row_w = rw;
+    if (!st && !rw)
+        st = qd_error(QD_ERR_NOMEM, "cuda backend: routing");
+    if (!st) {
+        qd_moe_group(s->exp_off, row_tok, row_w, row_rank, tok_rows, cnt, ly->moe ? topk : NULL, topw, N, E, K);
+        st = h2d(s->row_tok, row_tok, sizeof(int32_t) * nk);
+    }
+    if (!st)
+        st = h2d(s->row_rank, row_rank, sizeof(int32_t) * nk);
+    if (!st)
+        st = h2d(s->tok_rows, tok_rows, sizeof(int32_t) * nk);
+    if (!st)
+        st = h2d(s->row_w, row_w, sizeof(float) * nk);
+    free(rw);
+    free(h);
+    return st;
+}
+
+static linear *expert_lin(cuda_ctx *c, const layer *ly, int e, int which)
+{
+    return &c->lin[ly->mlp0 + 3 * e + which];
+}
+
+static qd_status mlp_forward(cuda_ctx *c, float *out, layer_acts *s, const layer *ly)
+{
+    int N = c->N, C = c->cfg.hidden_size, I = ly->ffn, K = ly->moe ? c->cfg.num_experts_per_tok : 1;
+    if (ly->moe)
+        QD_TRY(linear_forward(c, s->probs, s->ln2, &c->lin[ly->router], N));
+    QD_TRY(route(c, s, ly));
+    int R = s->exp_off[ly->nexp];
+    QD_TRY(qdk_gather(s->xe, s->ln2, s->row_tok, R, C));
+    for (int e = 0; e < ly->nexp; e++) {
+        int r0 = s->exp_off[e], m = s->exp_off[e + 1] - r0;
+        size_t oi = (size_t)r0 * I, oc = (size_t)r0 * C;
+        QD_TRY(linear_forward(c, s->g + oi, s->xe + oc, expert_lin(c, ly, e, 0), m));
+        QD_TRY(linear_forward(c, s->u + oi, s->xe + oc, expert_lin(c, ly, e, 1), m));
+        QD_TRY(qdk_swiglu(s->h + oi, s->g + oi, s->u + oi, (size_t)m * I));
+        QD_TRY(linear_forward(c, s->y + oc, s->h + oi, expert_lin(c, ly, e, 2), m));
+    }
+    return qdk_combine(out, s->y, s->row_w, s->tok_rows, N, K, C);
+}
+
+static qd_status attn_forward(cuda_ctx *c, float *out, layer_acts *s, const layer *ly, int l)
+{
+    const qd_model_config *g = &c->cfg;
+    int N = c->N, H = g->num_attention_heads, KV = g->num_key_value_heads, D = g->head_dim;
+    float eps = (float)g->rms_norm_eps;
+    QD_TRY(linear_forward(c, s->q, s->ln1, &c->lin[ly->q], N));
+    QD_TRY(linear_forward(c, s->k, s->ln1, &c->lin[ly->k], N));
+    QD_TRY(linear_forward(c, s->v, s->ln1, &c->lin[ly->v], N));
+    QD_TRY(qdk_rmsnorm(s->qr, s->rstd_q, s->q, P(c, ly->q_norm), N * H, D, eps));
+    QD_TRY(qdk_rmsnorm(s->kr, s->rstd_k, s->k, P(c, ly->k_norm), N * KV, D, eps));
+    QD_TRY(qdk_rope(s->qr, c->d_pos, c->d_cos, c->d_sin, N, H, D, 0));
+    QD_TRY(qdk_rope(s->kr, c->d_pos, c->d_cos, c->d_sin, N, KV, D, 0));
+    size_t lsz = (size_t)c->cache_rows * c->Tc * KV * D;
+    if (c->kc)
+        QD_TRY(qdk_store_kv(c->kc + l * lsz, c->vc + l * lsz, s->kr, s->v, c->d_row, c->d_pos, N, c->Tc, KV * D));
+    if (c->decode)
+        QD_TRY(qdk_attend(s->ao, s->att, s->qr, c->kc + l * lsz, c->vc + l * lsz, c->d_kbase, c->d_pos, N, H, KV,
+                          D, c->Tm));
+    else
+        QD_TRY(qdk_attend(s->ao, s->att, s->qr, s->kr, s->v, c->d_kbase, c->d_pos, N, H, KV, D, c->Tm));
+    return linear_forward(c, out, s->ao, &c->lin[ly->o], N);
+}
+
+/* logp (N) on the device (lse saved); NONFINITE when a logit / T overflows. */
+static qd_status logprob_forward(cuda_ctx *c, float *logp)
+{
+    int N = c->N, V = c->cfg.vocab_size;
+    void *s = NULL;
+    if (c->temp != 1.0f)
+        QD_TRY(scratch(c, S_XE, sizeof(float) * (size_t)N * V, &s));
+    QD_CUDA_CHECK(cudaMemset(c->d_bad, 0, sizeof(int)));
+    QD_TRY(qdk_logprob(logp, c->lse, (float *)s, c->logits, c->d_tgt, N, V, c->temp, c->d_bad));
+    int bad = 0;
+    QD_TRY(d2h(&bad, c->d_bad, sizeof bad));
+    if (bad)
+        return qd_error(QD_ERR_NONFINITE, "forward: token %d: logits / temperature %g overflows", bad - 1,
+                        (double)c->temp);
+    return QD_OK;
+}
+
+/* logp: device (N). */
+static qd_status model_forward(cuda_ctx *c, float *logp)
+{
+    const qd_model_config *g = &c->cfg;
+    int N = c->N, C = g->hidden_size, L = g->num_hidden_layers;
+    float eps = (float)g->rms_norm_eps;
+    QD_TRY(qdk_embed(c->acts[0].x, P(c, c->embed), c->d_tok, N, C));
+    for (int l = 0; l < L; l++) {
+        layer_acts *s = &c->acts[l];
+        const layer *ly = &c->layers[l];
+        float *next = l + 1 < L ? c->acts[l + 1].x : c->xf;
+        QD_TRY(qdk_rmsnorm(s->ln1, s->rstd1, s->x, P(c, ly->in_norm), N, C, eps));
+        QD_TRY(attn_forward(c, next, s, ly, l));
+        QD_TRY(qdk_add(s->xmid, s->x, next, (size_t)N * C));
+        QD_TRY(qdk_rmsnorm(s->ln2, s->rstd2, s->xmid, P(c, ly->post_norm), N, C, eps));
+        QD_TRY(mlp_forward(c, next, s, ly));
+        QD_TRY(qdk_add(next, s->xmid, next, (size_t)N * C));
+    }
+    QD_TRY(qdk_rmsnorm(c->lnf, c->rstdf, c->xf, P(c, c->final_norm), N, C, eps));
+    QD_TRY(linear_forward(c, c->logits, c->lnf, &c->lin[c->lm_head], N));
+    QD_TRY(logprob_forward(c, logp));
+    QD_TRY(qd_cuda_nonfinite_check());
+    return QD_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* backward                                                                  */
+
+/* Zeroed device floats from the backward scratch, carved in order. */
+typedef struct {
+    float *base;
+    size_t used;
+} fcarve;
+
+static float *carve(fcarve *f, size_t n)
+{
+    float *p = f->base + f->used;
+    f->used += (n + 63) & ~(size_t)63;
+    return p;
+}
+
+static qd_status zeroed(cuda_ctx *c, fcarve *f, size_t total)
+{
+    void *p;
+    QD_TRY(scratch(c, S_BWD, sizeof(float) * total, &p));
+    QD_CUDA_CHECK(cudaMemset(p, 0, sizeof(float) * total));
+    f->base = (float *)p;
+    f->used = 0;
+    return QD_OK;
+}
+
+static size_t up64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+static qd_status mlp_backward(cuda_ctx *c, float *dinp, const float *dout, const layer_acts *s, const layer *ly,
+                              float *buf)
+{
+    int N = c->N, C = c->cfg.hidden_size, I = ly->ffn, K = ly->moe ? c->cfg.num_experts_per_tok : 1;
+    int R = s->exp_off[ly->nexp];
+    fcarve f = {buf, 0};
+    float *dy = carve(&f, (size_t)R * C), *dxe = carve(&f, (size_t)R * C), *dh = carve(&f, (size_t)R * I);
+    float *dg = carve(&f, (size_t)R * I), *du = carve(&f, (size_t)R * I), *dw = carve(&f, (size_t)N * K);
+    float *dlog = carve(&f, (size_t)N * ly->nexp);
+    QD_TRY(qdk_moe_dy(dy, dw, dout, s->y, s->row_w, s->row_rank, s->tok_rows, N, K, C));
+    for (int e = 0; e < ly->nexp; e++) {
+        int r0 = s->exp_off[e], m = s->exp_off[e + 1] - r0;
+        size_t oi = (size_t)r0 * I, oc = (size_t)r0 * C;
+        QD_TRY(linear_backward(c, dh + oi, dy + oc, s->h + oi, expert_lin(c, ly, e, 2), m));
+        QD_TRY(qdk_swiglu_backward(dg + oi, du + oi, dh + oi, s->g + oi, s->u + oi, (size_t)m * I));
+        QD_TRY(linear_backward(c, dxe + oc, dg + oi, s->xe + oc, expert_lin(c, ly, e, 0), m));
+        QD_TRY(linear_backward(c, dxe + oc, du + oi, s->xe + oc, expert_lin(c, ly, e, 1), m));
+    }
+    QD_TRY(qdk_unroute(dinp, dxe, s->tok_rows, N, K, C));
+    if (!ly->moe)
+        return QD_OK;
+    QD_TRY(qdk_router_backward(dlog, dw, s->probs, s->topk, s->topw, N, ly->nexp, K, c->cfg.norm_topk_prob));
+    return linear_backward(c, dinp, dlog, s->ln2, &c->lin[ly->router], N);
+}
+
+static size_t mlp_backward_floats(const cuda_ctx *c, const layer *ly, int R)
+{
+    int N = c->N, C = c->cfg.hidden_size, I = ly->ffn, K = ly->moe ? c->cfg.num_experts_per_tok : 1;
+    return 2 * up64((size_t)R * C) + 3 * up64((size_t)R * I) + up64((size_t)N * K) + up64((size_t)N * ly->nexp);
+}
+
+static qd_status attn_backward(cuda_ctx *c, float *dx, const float *dout, const layer_acts *s, const layer *ly,
+                               float *buf)
+{
+    const qd_model_config *g = &c->cfg;
+    int N = c->N, C = g->hidden_size, H = g->num_attention_heads, KV = g->num_key_value_heads, D = g->head_dim;
+    size_t nq = (size_t)N * H * D, nk = (size_t)N * KV * D;
+    fcarve f = {buf, 0};
+    float *dao = carve(&f, nq), *dqr = carve(&f, nq), *dq = carve(&f, nq);
+    float *dkr = carve(&f, nk), *dk = carve(&f, nk), *dv = carve(&f, nk), *dln = carve(&f, (size_t)N * C);
+    float *ds = carve(&f, (size_t)N * H * c->Tm);
+    QD_TRY(linear_backward(c, dao, dout, s->ao, &c->lin[ly->o], N));
+    QD_TRY(qdk_attend_backward(dqr, dkr, dv, ds, dao, s->att, s->qr, s->kr, s->v, c->d_pos, c->d_slen, N, H, KV,
+                               D, c->Tm));
+    QD_TRY(qdk_rope(dqr, c->d_pos, c->d_cos, c->d_sin, N, H, D, 1));
+    QD_TRY(qdk_rope(dkr, c->d_pos, c->d_cos, c->d_sin, N, KV, D, 1));
+    QD_TRY(qdk_rmsnorm_backward(dq, c->d_grads + ly->q_norm, dqr, s->q, P(c, ly->q_norm), s->rstd_q, N * H, D));
+    QD_TRY(qdk_rmsnorm_backward(dk, c->d_grads + ly->k_norm, dkr, s->k, P(c, ly->k_norm), s->rstd_k, N * KV, D));
+    QD_TRY(linear_backward(c, dln, dq, s->ln1, &c->lin[ly->q], N));
+    QD_TRY(linear_backward(c, dln, dk, s->ln1, &c->lin[ly->k], N));
+    QD_TRY(linear_backward(c, dln, dv, s->ln1, &c->lin[ly->v], N));
+    return qdk_rmsnorm_backward(dx, c->d_grads + ly->in_norm, dln, s->x, P(c, ly->in_norm), s->rstd1, N, C);
+}
+
+static size_t attn_backward_floats(const cuda_ctx *c)
+{
+    const qd_model_config *g = &c->cfg;
+    size_t N = c->N, nq = N * g->num_attention_heads * g->head_dim, nk = N * g->num_key_value_heads * g->head_dim;
+    return 3 * up64(nq) + 3 * up64(nk) + up64(N * g->hidden_size) + up64(N * g->num_attention_heads * c->Tm);
+}
+
+/* dlogp: device (N). The CPU's model_backward, each step a kernel. */
+static qd_status model_backward(cuda_ctx *c, const float *dlogp)
+{
+    const qd_model_config *g = &c->cfg;
+    int N = c->N, C = g->hidden_size, V = g->vocab_size;
+    size_t layer_floats = attn_backward_floats(c);
+    for (int l = 0; l < g->num_hidden_layers; l++) {
+        size_t m = mlp_backward_floats(c, &c->layers[l], c->acts[l].exp_off[c->layers[l].nexp]);
+        layer_floats = m > layer_floats ? m : layer_floats;
+    }
+    size_t total = up64((size_t)N * V) + 2 * up64((size_t)N * C) + layer_floats;
+    fcarve f;
+    QD_TRY(zeroed(c, &f, total));
+    float *dlogits = carve(&f, (size_t)N * V), *dres = carve(&f, (size_t)N * C), *dln = carve(&f, (size_t)N * C);
+    float *lbuf = carve(&f, layer_floats);
+    QD_TRY(qdk_logprob_backward(dlogits, dlogp, c->logits, c->lse, c->d_tgt, N, V, c->temp));
+    QD_TRY(linear_backward(c, dln, dlogits, c->lnf, &c->lin[c->lm_head], N));
+    QD_TRY(qdk_rmsnorm_backward(dres, c->d_grads + c->final_norm, dln, c->xf, P(c, c->final_norm), c->rstdf, N, C));
+    for (int l = g->num_hidden_layers - 1; l >= 0; l--) {
+        const layer_acts *s = &c->acts[l];
+        const layer *ly = &c->layers[l];
+        QD_CUDA_CHECK(cudaMemset(dln, 0, sizeof(float) * (size_t)N * C));
+        QD_CUDA_CHECK(cudaMemset(lbuf, 0, sizeof(float) * layer_floats));
+        QD_TRY(mlp_backward(c, dln, dres, s, ly, lbuf));
+        QD_TRY(qdk_rmsnorm_backward(dres, c->d_grads + ly->post_norm, dln, s->xmid, P(c, ly->post_norm), s->rstd2,
+                                    N, C));
+        QD_CUDA_CHECK(cudaMemset(lbuf, 0, sizeof(float) * layer_floats));
+        QD_TRY(attn_backward(c, dres, dres, s, ly, lbuf));
+    }
+    QD_TRY(qdk_embed_backward(c->d_grads + c->embed, dres, c->d_tok, N, C));
     QD_CUDA_CHECK(cudaDeviceSynchronize());
     return QD_OK;
 }
 
-static qd_status cuda_get_weights(qd_backend *b, float *params, size_t n)
+/* ------------------------------------------------------------------------ */
+/* generation: prefill, then KV-cache decode steps; sampling on the host     */
+
+typedef struct {
+    int32_t *seq, *len, *idx;
+    float *lrow;                   /* (B, V) host: the last logits of each row */
+    qd_sample_ws *ws;
+    int *done;
+    int Tmax;
+} gen_state;
+
+static int is_stop(const qd_generate_request *rq, int32_t tok)
 {
-    QD_CUDA_CHECK(cudaMemcpy(params, ctx_of(b)->d_params, sizeof(float) * n, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < rq->num_stop; i++)
+        if (rq->stop[i] == tok)
+            return 1;
+    return 0;
+}
+
+static qd_status decode_forward(cuda_ctx *c, gen_state *g, int na, float *d_lp)
+{
+    c->N = c->B = na;
+    c->Tm = 0;
+    for (int i = 0; i < na; i++)
+        if (g->len[g->idx[i]] > c->Tm)
+            c->Tm = g->len[g->idx[i]];
+    QD_TRY(alloc_acts(c));
+    for (int i = 0; i < na; i++) {
+        int b = g->idx[i];
+        c->tok[i] = g->seq[(size_t)b * g->Tmax + g->len[b] - 1];
+        c->pos[i] = g->len[b] - 1;
+        c->row[i] = b;
+        c->tgt[i] = -1;
+        c->src[i] = i;
+        c->seq_off[i] = i;
+    }
+    c->seq_off[na] = na;
+    c->decode = 1;
+    qd_status st = upload_batch(c);
+    if (!st)
+        st = model_forward(c, d_lp);
+    c->decode = 0;
+    return st;
+}
+
+static qd_status gen_step(cuda_ctx *c, gen_state *g, const qd_generate_request *rq, qd_generate_result *res,
+                          int step, int *active)
+{
+    int na = 0, V = c->cfg.vocab_size, M = rq->max_new_tokens;
+    for (int b = 0; b < rq->B; b++)
+        if (!g->done[b])
+            g->idx[na++] = b;
+    *active = na;
+    if (na == 0)
+        return QD_OK;
+    void *lp;
+    QD_TRY(scratch(c, S_LOGP, sizeof(float) * (size_t)rq->B * rq->Tp + sizeof(float), &lp));
+    if (step == 0) {
+        qd_batch bt = {rq->B, rq->Tp, rq->prompt, rq->prompt_len, 1.0f};
+        QD_TRY(pack_batch(c, &bt));
+        QD_TRY(model_forward(c, (float *)lp));
+    } else {
+        QD_TRY(decode_forward(c, g, na, (float *)lp));
+    }
+    for (int i = 0; i < na; i++) {
+        int b = g->idx[i], r = step == 0 ? b : i;
+        QD_TRY(d2h(g->lrow + (size_t)i * V, c->logits + (size_t)(c->seq_off[r + 1] - 1) * V, sizeof(float) * V));
+    }
+    for (int i = 0; i < na; i++) {
+        int b = g->idx[i];
+        qd_sample_params sp = {rq->temperature, rq->top_k, rq->top_p < 1.0f ? rq->top_p : 1.0f, rq->seed};
+        qd_sample_result r1;
+        QD_TRY(qd_sample_row(&r1, g->ws, g->lrow + (size_t)i * V, V, &sp, rq->seq_id[b], (uint32_t)g->len[b]));
+        g->seq[(size_t)b * g->Tmax + g->len[b]++] = r1.token;
+        res->tokens[(size_t)b * M + step] = r1.token;
+        res->logp[(size_t)b * M + step] = r1.logprob;
+        res->lengths[b]++;
+        g->done[b] = is_stop(rq, r1.token) || step + 1 == M;
+    }
     return QD_OK;
 }
+
+static void gen_free(cuda_ctx *c, gen_state *g, int M)
+{
+    free(g->seq);
+    free(g->len);
+    free(g->idx);
+    free(g->lrow);
+    qd_sample_ws_free(g->ws);
+    free(g->done);
+    cudaFree(c->kc);
+    cudaFree(c->vc);
+    c->kc = c->vc = NULL;
+    c->have_forward = 0;
+    c->have_diag = M > 0;
+}
+
+static void reset_diag(cuda_ctx *c)
+{
+    c->have_diag = 0;
+    for (int i = 0; i < c->nlin; i++)
+        c->lin[i].act_err = c->lin[i].act_norm = 0.0;
+}
+
+static qd_status generate_run(cuda_ctx *c, gen_state *g, const qd_generate_request *rq, qd_generate_result *res)
+{
+    int B = rq->B, M = rq->max_new_tokens;
+    size_t ncache = (size_t)c->cfg.num_hidden_layers * B * g->Tmax * c->cfg.num_key_value_heads * c->cfg.head_dim;
+    if (!g->seq || !g->len || !g->idx || !g->lrow || !g->ws || !g->done)
+        return qd_error(QD_ERR_NOMEM, "cuda backend: generate (host state)");
+    QD_TRY(dev_alloc((void **)&c->kc, sizeof(float) * ncache, "KV cache (keys)"));
+    QD_TRY(dev_alloc((void **)&c->vc, sizeof(float) * ncache, "KV cache (values)"));
+    c->cache_rows = B;
+    c->Tc = g->Tmax;
+    for (int b = 0; b < B; b++) {
+        memcpy(g->seq + (size_t)b * g->Tmax, rq->prompt + (size_t)b * rq->Tp, sizeof(int32_t) * rq->prompt_len[b]);
+        g->len[b] = rq->prompt_len[b];
+        g->done[b] = M == 0;
+        res->lengths[b] = 0;
+        for (int i = 0; i < M; i++) {
+            res->tokens[(size_t)b * M + i] = -1;
+            res->logp[(size_t)b * M + i] = 0.0f;
+        }
+    }
+    reset_diag(c);
+    int active = 1;
+    for (int step = 0; step < M && active; step++)
+        QD_TRY(gen_step(c, g, rq, res, step, &active));
+    return QD_OK;
+}
+
+static qd_status cuda_generate(qd_backend *bk, const qd_generate_request *rq, qd_generate_result *res)
+{
+    cuda_ctx *c = ctx_of(bk);
+    int B = rq->B, Tmax = rq->Tp + rq->max_new_tokens, V = c->cfg.vocab_size;
+    if (Tmax > c->cfg.max_position_embeddings)
+        return qd_error(QD_ERR_SHAPE, "generate: prompt + max_new_tokens = %d > max_position_embeddings %d",
+                        Tmax, c->cfg.max_position_embeddings);
+    gen_state g = {(int32_t *)calloc((size_t)B * Tmax, sizeof(int32_t)), (int32_t *)calloc((size_t)B, sizeof(int32_t)),
+                   (int32_t *)calloc((size_t)B, sizeof(int32_t)), (float *)malloc(sizeof(float) * (size_t)B * V),
+                   qd_sample_ws_new(V), (int *)calloc((size_t)B, sizeof(int)), Tmax};
+    qd_status st = generate_run(c, &g, rq, res);
+    gen_free(c, &g, rq->max_new_tokens);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* AdamW                                                                     */
+
+static qd_status grad_norm(cuda_ctx *c, double *norm)
+{
+    size_t nch = (c->nfloats + 4095) / 4096;
+    void *part;
+    QD_TRY(scratch(c, S_DIAG, sizeof(double) * (nch ? nch : 1), &part));
+    QD_TRY(qdk_sumsq_chunks((double *)part, c->d_grads, c->nfloats));
+    double *h = (double *)malloc(sizeof(double) * (nch ? nch : 1)), total = 0.0;
+    if (!h)
+        return qd_error(QD_ERR_NOMEM, "cuda backend: gradient norm");
+    qd_status st = d2h(h, part, sizeof(double) * nch);
+    for (size_t k = 0; k < nch && !st; k++)
+        total += h[k];
+    free(h);
+    *norm = sqrt(total);
+    return st;
+}
+
+static float bias_correction(float beta, int step)
+{
+    double p = 1.0;
+    for (int i = 0; i < step; i++)
+        p *= (double)beta;
+    return (float)(1.0 - p);
+}
+
+static qd_status cuda_optimizer_step(qd_backend *b, const qd_adamw *o, int step, float *norm_out)
+{
+    cuda_ctx *c = ctx_of(b);
+    double norm;
+    QD_TRY(grad_norm(c, &norm));
+    if (!isfinite(norm))
+        return qd_error(QD_ERR_NONFINITE, "optimizer: gradient norm is not finite");
+    *norm_out = (float)norm;
+    float gscale = o->grad_clip > 0 && norm > o->grad_clip ? (float)(o->grad_clip / norm) : 1.0f;
+    float bc1 = bias_correction(o->beta1, step), bc2 = bias_correction(o->beta2, step);
+    for (int t = 0; t < c->ninfo; t++) {
+        const qd_param_info *pi = &c->info[t];
+        float wd = pi->rows > 1 ? o->weight_decay : 0.0f;
+        size_t off = pi->offset;
+        QD_TRY(qdk_adamw(c->d_params + off, c->d_grads + off, c->d_m + off, c->d_v + off,
+                         (size_t)(pi->rows * pi->cols), o->lr, o->beta1, o->beta2, o->eps, wd, gscale, bc1, bc2));
+    }
+    c->have_forward = 0;
+    return sync_weights(c);
+}
+
+/* ------------------------------------------------------------------------ */
+/* the vtable                                                                */
 
 static const char *cuda_get_name(qd_backend *b)
 {
@@ -617,30 +989,301 @@ static const char *cuda_get_name(qd_backend *b)
     return "cuda";
 }
 
+static void free_linear(linear *L)
+{
+    qd_cuda_nvfp4_free(&L->wq);
+    cudaFree(L->w8);
+    cudaFree(L->w8_inv);
+    free(L->rac_ch);
+    cudaFree(L->d_rac_ch);
+    cudaFree(L->d_rac_err);
+}
+
 static void cuda_free(qd_backend *b)
 {
     cuda_ctx *c = ctx_of(b);
-    for (int l = 0; c->d_eoff && l < c->cfg.num_hidden_layers; l++)
-        cudaFree(c->d_eoff[l]);
-    free(c->d_eoff);
+    for (int i = 0; c->lin && i < c->nlin; i++)
+        free_linear(&c->lin[i]);
+    free(c->lin);
+    free(c->layers);
+    free(c->acts);
+    free(c->info);
     if (c->d_wk != c->d_params)
         cudaFree(c->d_wk);
     cudaFree(c->d_params);
+    cudaFree(c->d_grads);
+    cudaFree(c->d_m);
+    cudaFree(c->d_v);
     cudaFree(c->d_cos);
     cudaFree(c->d_sin);
-    free(c->layers);
-    free(c->lin);
-    free(c->info);
+    cudaFree(c->arena);
+    cudaFree(c->d_bad);
+    for (int i = 0; i < S_NSCRATCH; i++)
+        cudaFree(c->scratch[i]);
+    free(c->harena);
+    free(c->dg_names);
+    free(c->dg_act_err);
+    free(c->dg_act_norm);
+    free(c->dg_weight_err);
+    free(c->dg_topk);
     free(c);
 }
 
+static qd_status cuda_set_weights(qd_backend *b, const float *params, size_t n)
+{
+    cuda_ctx *c = ctx_of(b);
+    float amax;
+    qd_status st = qd_amax(&amax, params, (int64_t)n);
+    if (st)
+        return qd_error(st, "set_weights: non-finite master weight");
+    QD_TRY(h2d(c->d_params, params, sizeof(float) * n));
+    c->have_forward = 0;
+    return sync_weights(c);
+}
+
+static qd_status cuda_get_weights(qd_backend *b, float *params, size_t n)
+{
+    return d2h(params, ctx_of(b)->d_params, sizeof(float) * n);
+}
+
+static qd_status forward_run(cuda_ctx *c, const qd_batch *bt, float *logp, float *logits, float *lp)
+{
+    int V = c->cfg.vocab_size;
+    void *d_lp;
+    QD_TRY(scratch(c, S_LOGP, sizeof(float) * (size_t)(c->N ? c->N : 1), &d_lp));
+    QD_TRY(model_forward(c, (float *)d_lp));
+    QD_TRY(d2h(lp, d_lp, sizeof(float) * (size_t)c->N));
+    memset(logp, 0, sizeof(float) * (size_t)bt->B * bt->T);
+    if (logits)
+        memset(logits, 0, sizeof(float) * (size_t)bt->B * bt->T * V);
+    for (int n = 0; n < c->N; n++) {
+        logp[c->src[n]] = lp[n];
+        if (logits)
+            QD_TRY(d2h(logits + (size_t)c->src[n] * V, c->logits + (size_t)n * V, sizeof(float) * V));
+    }
+    return QD_OK;
+}
+
+static qd_status cuda_forward(qd_backend *b, const qd_batch *bt, float *logp, float *logits)
+{
+    cuda_ctx *c = ctx_of(b);
+    c->have_forward = 0;
+    reset_diag(c);
+    QD_TRY(pack_batch(c, bt));
+    float *lp = (float *)malloc(sizeof(float) * (size_t)(c->N ? c->N : 1));
+    if (!lp)
+        return qd_error(QD_ERR_NOMEM, "cuda backend: log-probs");
+    qd_status st = forward_run(c, bt, logp, logits, lp);
+    free(lp);
+    if (!st)
+        c->have_forward = c->have_diag = 1;
+    return st;
+}
+
+static qd_status cuda_backward(qd_backend *b, const float *dlogp)
+{
+    cuda_ctx *c = ctx_of(b);
+    if (!c->have_forward)
+        return qd_error(QD_ERR_ARG, "backward: no forward since the last weight change");
+    for (int i = 0; i < c->nlin; i++)
+        if (is_rollout_quant(c->lin[i].mode))
+            return qd_error(QD_ERR_UNSUPPORTED, "backward: recipe %s has no backward in the rollout role",
+                            qd_recipe_name(c->opt.recipe));
+    float *d = (float *)malloc(sizeof(float) * (size_t)(c->N ? c->N : 1));
+    if (!d)
+        return qd_error(QD_ERR_NOMEM, "cuda backend: dlogp");
+    qd_status st = QD_OK;
+    for (int n = 0; n < c->N && !st; n++) {
+        d[n] = dlogp[c->src[n]];
+        if (!isfinite(d[n]))
+            st = qd_error(QD_ERR_NONFINITE, "backward: dlogp[%d] is not finite", c->src[n]);
+    }
+    void *dd = NULL;
+    if (!st)
+        st = scratch(c, S_LOGP, sizeof(float) * (size_t)(c->N ? c->N : 1), &dd);
+    if (!st)
+        st = h2d(dd, d, sizeof(float) * (size_t)c->N);
+    free(d);
+    return st ? st : model_backward(c, (const float *)dd);
+}
+
+static void cuda_zero_grad(qd_backend *b)
+{
+    cuda_ctx *c = ctx_of(b);
+    cudaMemset(c->d_grads, 0, sizeof(float) * c->nfloats);
+}
+
+static qd_status cuda_get_grads(qd_backend *b, float *grads, size_t n)
+{
+    return d2h(grads, ctx_of(b)->d_grads, sizeof(float) * n);
+}
+
+static qd_status cuda_diagnostics(qd_backend *b, qd_diagnostics *out)
+{
+    cuda_ctx *c = ctx_of(b);
+    if (!c->opt.diagnostics || !c->have_diag)
+        return qd_error(QD_ERR_ARG, "diagnostics: %s", c->opt.diagnostics ? "no forward yet"
+                        : "not enabled in the backend options");
+    int nq = 0, nmoe = 0, K = c->cfg.num_experts_per_tok;
+    for (int l = 0; l < c->cfg.num_hidden_layers; l++)
+        nmoe += c->layers[l].moe;
+    free(c->dg_topk);
+    c->dg_topk = (int32_t *)malloc(sizeof(int32_t) * ((size_t)nmoe * c->N * K + 1));
+    if (!c->dg_topk)
+        return qd_error(QD_ERR_NOMEM, "cuda backend: diagnostics");
+    for (int l = 0, m = 0; l < c->cfg.num_hidden_layers; l++)
+        if (c->layers[l].moe)
+            QD_TRY(d2h(c->dg_topk + (size_t)(m++) * c->N * K, c->acts[l].topk, sizeof(int32_t) * c->N * K));
+    for (int i = 0; i < c->nlin; i++) {
+        const linear *L = &c->lin[i];
+        if (!L->quantized)
+            continue;
+        c->dg_names[nq] = L->name;
+        c->dg_act_err[nq] = L->act_err;
+        c->dg_act_norm[nq] = L->act_norm;
+        c->dg_weight_err[nq++] = L->weight_err;
+    }
+    *out = (qd_diagnostics){nq, c->dg_names, c->dg_act_err, c->dg_act_norm, c->dg_weight_err, c->N,
+                            nmoe, K, c->dg_topk};
+    return QD_OK;
+}
+
+static qd_status cuda_get_adam(qd_backend *b, float *m, float *v, size_t n)
+{
+    QD_TRY(d2h(m, ctx_of(b)->d_m, sizeof(float) * n));
+    return d2h(v, ctx_of(b)->d_v, sizeof(float) * n);
+}
+
+static qd_status cuda_set_adam(qd_backend *b, const float *m, const float *v, size_t n)
+{
+    float amax;
+    qd_status st = qd_amax(&amax, m, (int64_t)n);
+    if (!st)
+        st = qd_amax(&amax, v, (int64_t)n);
+    if (st)
+        return qd_error(st, "set_adam: non-finite AdamW moment");
+    QD_TRY(h2d(ctx_of(b)->d_m, m, sizeof(float) * n));
+    return h2d(ctx_of(b)->d_v, v, sizeof(float) * n);
+}
+
+/* RAC state blob: the CPU backend's layout (per RAC linear: int64 nrac,
+ * int64 rac_ch[in], double rac_err[in]), so checkpoints move between them. */
+static size_t cuda_rac_state_size(qd_backend *b)
+{
+    cuda_ctx *c = ctx_of(b);
+    size_t n = 0;
+    for (int i = 0; i < c->nlin; i++)
+        if (c->lin[i].mode == QD_LINEAR_W4A4_RAC)
+            n += sizeof(int64_t) * (1 + (size_t)c->lin[i].in) + sizeof(double) * (size_t)c->lin[i].in;
+    return n;
+}
+
+static qd_status cuda_get_rac_state(qd_backend *b, void *buf, size_t n)
+{
+    cuda_ctx *c = ctx_of(b);
+    char *p = (char *)buf;
+    (void)n;
+    for (int i = 0; i < c->nlin; i++) {
+        const linear *L = &c->lin[i];
+        if (L->mode != QD_LINEAR_W4A4_RAC)
+            continue;
+        memcpy(p, &L->nrac, sizeof(int64_t));
+        memcpy(p + sizeof(int64_t), L->rac_ch, sizeof(int64_t) * (size_t)L->in);
+        p += sizeof(int64_t) * (1 + (size_t)L->in);
+        QD_TRY(d2h(p, L->d_rac_err, sizeof(double) * (size_t)L->in));
+        p += sizeof(double) * (size_t)L->in;
+    }
+    return QD_OK;
+}
+
+static qd_status check_rac_channels(const linear *L, int64_t nrac, const int64_t *ch)
+{
+    if (nrac < 0 || nrac > L->in)
+        return qd_error(QD_ERR_FORMAT, "set_rac_state: %s: %lld channels of %d", L->name, (long long)nrac, L->in);
+    for (int64_t j = 0; j < nrac; j++)
+        if (ch[j] < 0 || ch[j] >= L->in || (j && ch[j] <= ch[j - 1]))
+            return qd_error(QD_ERR_FORMAT, "set_rac_state: %s: channel %lld is %lld", L->name, (long long)j,
+                            (long long)ch[j]);
+    return QD_OK;
+}
+
+static qd_status set_rac_linear(cuda_ctx *c, linear *L, const char *p, int64_t *tmp)
+{
+    int64_t nrac;
+    memcpy(&nrac, p, sizeof nrac);
+    memcpy(tmp, p + sizeof(int64_t), sizeof(int64_t) * (size_t)L->in);
+    QD_TRY(check_rac_channels(L, nrac, tmp));
+    memcpy(L->rac_ch, tmp, sizeof(int64_t) * (size_t)L->in);
+    L->nrac = nrac;
+    p += sizeof(int64_t) * (1 + (size_t)L->in);
+    QD_TRY(h2d(L->d_rac_err, p, sizeof(double) * (size_t)L->in));
+    QD_TRY(upload_rac(L));
+    QD_TRY(weight_nvfp4(&L->wq, L->out, L->in + L->nrac));
+    return qd_cuda_rac_augment_weight(&L->wq, c->d_params + L->w, L->out, L->in, L->d_rac_ch, L->nrac);
+}
+
+static qd_status cuda_set_rac_state(qd_backend *b, const void *buf, size_t n)
+{
+    cuda_ctx *c = ctx_of(b);
+    const char *p = (const char *)buf;
+    (void)n;
+    for (int i = 0; i < c->nlin; i++) {
+        linear *L = &c->lin[i];
+        if (L->mode != QD_LINEAR_W4A4_RAC)
+            continue;
+        int64_t *tmp = (int64_t *)malloc(sizeof(int64_t) * (size_t)L->in);
+        if (!tmp)
+            return qd_error(QD_ERR_NOMEM, "set_rac_state");
+        qd_status st = set_rac_linear(c, L, p, tmp);
+        free(tmp);
+        if (st)
+            return st;
+        p += (sizeof(int64_t) + sizeof(double)) * (size_t)L->in + sizeof(int64_t);
+    }
+    c->have_forward = 0;
+    return QD_OK;
+}
+
 static const struct qd_backend_i cuda_iface = {
-    cuda_get_name, cuda_free, cuda_set_weights, cuda_get_weights, cuda_forward,
-    NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+    cuda_get_name, cuda_free, cuda_set_weights, cuda_get_weights, cuda_forward, cuda_backward,
+    cuda_zero_grad, cuda_get_grads, cuda_optimizer_step, cuda_generate, cuda_diagnostics,
+    cuda_get_adam, cuda_set_adam, cuda_rac_state_size, cuda_get_rac_state, cuda_set_rac_state,
 };
 
 /* ------------------------------------------------------------------------ */
 /* init                                                                      */
+
+static qd_status build_params(cuda_ctx *c)
+{
+    qd_model_layout m;
+    QD_TRY(qd_model_layout_init(&m, &c->cfg));
+    qd_linear_mode qm = qd_recipe_linear_mode(c->opt.recipe, c->opt.role);
+    qd_linear_mode dm = qd_recipe_dense_mode(c->opt.recipe);
+    c->lin = (linear *)calloc((size_t)m.nlin, sizeof *c->lin);
+    if (!c->lin) {
+        qd_model_layout_free(&m);
+        return qd_error(QD_ERR_NOMEM, "cuda backend: parameter table");
+    }
+    for (int i = 0; i < m.nlin; i++) {
+        linear *L = &c->lin[i];
+        L->w = m.lin[i].w;
+        L->out = m.lin[i].out;
+        L->in = m.lin[i].in;
+        L->quantized = m.lin[i].quantized;
+        L->name = m.lin[i].name;
+        L->mode = L->quantized ? qm : dm;
+    }
+    c->nlin = m.nlin;
+    c->info = m.info;
+    c->ninfo = m.ninfo;
+    c->nfloats = m.nfloats;
+    c->layers = m.layers;
+    c->embed = m.embed;
+    c->final_norm = m.final_norm;
+    c->lm_head = m.lm_head;
+    free(m.lin);
+    return QD_OK;
+}
 
 /* The CPU's build_rope on the host (double angle, then rounded), copied over. */
 static qd_status upload_rope(cuda_ctx *c)
@@ -648,12 +1291,8 @@ static qd_status upload_rope(cuda_ctx *c)
     int h2 = c->cfg.head_dim / 2, np = c->cfg.max_position_embeddings;
     size_t nr = (size_t)np * h2;
     float *cs = (float *)malloc(sizeof(float) * nr), *sn = (float *)malloc(sizeof(float) * nr);
-    if (!cs || !sn) {
-        free(cs);
-        free(sn);
-        return qd_error(QD_ERR_NOMEM, "cuda backend: RoPE table");
-    }
-    for (int i = 0; i < h2; i++) {
+    qd_status st = cs && sn ? QD_OK : qd_error(QD_ERR_NOMEM, "cuda backend: RoPE table");
+    for (int i = 0; i < h2 && !st; i++) {
         float inv = (float)(1.0 / pow(c->cfg.rope_theta, (double)(2 * i) / c->cfg.head_dim));
         for (int p = 0; p < np; p++) {
             double a = (double)p * (double)inv;
@@ -661,61 +1300,73 @@ static qd_status upload_rope(cuda_ctx *c)
             sn[(size_t)p * h2 + i] = (float)sin(a);
         }
     }
-    qd_status st = dev_alloc((void **)&c->d_cos, sizeof(float) * nr, "RoPE cos");
+    if (!st)
+        st = dev_alloc((void **)&c->d_cos, sizeof(float) * nr, "RoPE cos");
     if (!st)
         st = dev_alloc((void **)&c->d_sin, sizeof(float) * nr, "RoPE sin");
-    cudaError_t e = cudaSuccess;
     if (!st)
-        e = cudaMemcpy(c->d_cos, cs, sizeof(float) * nr, cudaMemcpyHostToDevice);
-    if (!st && e == cudaSuccess)
-        e = cudaMemcpy(c->d_sin, sn, sizeof(float) * nr, cudaMemcpyHostToDevice);
+        st = h2d(c->d_cos, cs, sizeof(float) * nr);
+    if (!st)
+        st = h2d(c->d_sin, sn, sizeof(float) * nr);
     free(cs);
     free(sn);
-    QD_CUDA_CHECK(e);
     return st;
 }
 
-/* Per layer, the device table of expert weight offsets (nexp, 3). */
-static qd_status upload_expert_offsets(cuda_ctx *c, int l)
+static qd_status alloc_linear(linear *L)
 {
-    const layer *ly = &c->layers[l];
-    size_t n = (size_t)ly->nexp * 3, off[3 * 1024];
-    if (n > sizeof off / sizeof off[0])
-        return qd_error(QD_ERR_UNSUPPORTED, "cuda backend: %d experts > 1024", ly->nexp);
-    for (size_t i = 0; i < n; i++)
-        off[i] = c->lin[ly->mlp0 + (int)i].w;
-    DEV_ALLOC(c->d_eoff[l], n, "expert offsets");
-    QD_CUDA_CHECK(cudaMemcpy(c->d_eoff[l], off, sizeof(size_t) * n, cudaMemcpyHostToDevice));
+    if (L->mode == QD_LINEAR_FP8) {
+        DEV_ALLOC(L->w8, (size_t)L->out * L->in, "fp8 weights");
+        DEV_ALLOC(L->w8_inv, L->out, "fp8 weight scales");
+    }
+    if ((L->mode == QD_LINEAR_W4A4 || L->mode == QD_LINEAR_W4A4_RAC) && L->in % QD_NVFP4_BLOCK)
+        return qd_error(QD_ERR_SHAPE, "cuda backend: NVFP4 needs in-features %% 16 == 0, got %d", L->in);
+    if (L->mode == QD_LINEAR_W4A4_RAC) {
+        L->rac_ch = (int64_t *)calloc((size_t)L->in, sizeof(int64_t));
+        if (!L->rac_ch)
+            return qd_error(QD_ERR_NOMEM, "cuda backend: RAC state");
+        DEV_ALLOC(L->d_rac_ch, L->in, "RAC channels");
+        DEV_ALLOC(L->d_rac_err, L->in, "RAC statistics");
+        QD_CUDA_CHECK(cudaMemset(L->d_rac_err, 0, sizeof(double) * (size_t)L->in));
+    }
     return QD_OK;
 }
 
 static qd_status alloc_model(cuda_ctx *c)
 {
-    DEV_ALLOC(c->d_params, c->nfloats, "master weights");
-    QD_CUDA_CHECK(cudaMemset(c->d_params, 0, sizeof(float) * c->nfloats));
+    size_t n = c->nfloats;
+    DEV_ALLOC(c->d_params, n, "master weights");
+    DEV_ALLOC(c->d_grads, n, "gradients");
+    DEV_ALLOC(c->d_m, n, "AdamW first moments");
+    DEV_ALLOC(c->d_v, n, "AdamW second moments");
+    QD_CUDA_CHECK(cudaMemset(c->d_params, 0, sizeof(float) * n));
+    QD_CUDA_CHECK(cudaMemset(c->d_grads, 0, sizeof(float) * n));
+    QD_CUDA_CHECK(cudaMemset(c->d_m, 0, sizeof(float) * n));
+    QD_CUDA_CHECK(cudaMemset(c->d_v, 0, sizeof(float) * n));
     if (c->opt.recipe == QD_RECIPE_FP32)
         c->d_wk = c->d_params;
-    else {
-        DEV_ALLOC(c->d_wk, c->nfloats, "working weights");
-        QD_CUDA_CHECK(cudaMemset(c->d_wk, 0, sizeof(float) * c->nfloats));
-    }
-    for (int l = 0; l < c->cfg.num_hidden_layers; l++)
-        QD_TRY(upload_expert_offsets(c, l));
-    return upload_rope(c);
+    else
+        DEV_ALLOC(c->d_wk, n, "working weights");
+    DEV_ALLOC(c->d_bad, 1, "flag");
+    c->acts = (layer_acts *)calloc((size_t)c->cfg.num_hidden_layers, sizeof(layer_acts));
+    c->dg_names = (const char **)calloc((size_t)c->nlin, sizeof(char *));
+    c->dg_act_err = (double *)calloc((size_t)c->nlin, sizeof(double));
+    c->dg_act_norm = (double *)calloc((size_t)c->nlin, sizeof(double));
+    c->dg_weight_err = (double *)calloc((size_t)c->nlin, sizeof(double));
+    if (!c->acts || !c->dg_names || !c->dg_act_err || !c->dg_act_norm || !c->dg_weight_err)
+        return qd_error(QD_ERR_NOMEM, "cuda backend: tables");
+    for (int i = 0; i < c->nlin; i++)
+        QD_TRY(alloc_linear(&c->lin[i]));
+    QD_TRY(upload_rope(c));
+    return sync_weights(c);
 }
 
-/* Only the FP32 and BF16 linear modes exist here yet (issue 6). */
 static qd_status check_options(const qd_backend_options *opt)
 {
     if ((unsigned)opt->recipe >= QD_RECIPE_COUNT || opt->rac_ratio < 0 || opt->rac_ratio > 1)
         return qd_error(QD_ERR_ARG, "cuda backend: bad recipe or rac_ratio");
-    qd_linear_mode m = qd_recipe_linear_mode(opt->recipe, opt->role);
-    if (m != QD_LINEAR_FP32 && m != QD_LINEAR_BF16)
-        return qd_error(QD_ERR_UNSUPPORTED, "cuda backend: recipe '%s' (%s role) is not implemented on the GPU "
-                        "yet (fp32 and bf16 are; issue 6)", qd_recipe_name(opt->recipe),
-                        opt->role == QD_ROLE_ROLLOUT ? "rollout" : "trainer");
-    if (opt->diagnostics)
-        return qd_error(QD_ERR_UNSUPPORTED, "cuda backend: diagnostics are not implemented on the GPU yet (issue 6)");
+    if (opt->mode != QD_MODE_EXACT && opt->mode != QD_MODE_FAST)
+        return qd_error(QD_ERR_ARG, "cuda backend: bad mode %d", (int)opt->mode);
     return QD_OK;
 }
 

@@ -1,10 +1,17 @@
-/* On the GPU machine: the CUDA backend's forward against the CPU backend's,
- * bit for bit (NUMERICS.md §6, exact mode). For each checkpoint folder (the
- * arguments, default the five test checkpoints and models/tiny), recipes fp32
- * and bf16, batches of 3 sequences of different lengths and of 1 sequence, and
- * the 3-sequence batch again at temperature 0.7: one table row with the max
- * abs difference of log-probs and logits and whether every bit is equal.
- * Exit 0 when all are, 1 on a mismatch, 2 on an error (no device, bad file).
+/* On the GPU machine: the CUDA backend against the CPU backend in exact mode
+ * (NUMERICS.md §6), every operation of the backend interface, every recipe,
+ * both roles. For each checkpoint folder (the arguments; default the five
+ * test checkpoints and models/tiny) and each recipe:
+ * - rollout role: forward (batches of 3 and 1 sequences, temperature 1 and
+ *   0.7: log-probs and logits), diagnostics (NVFP4 errors, router choices),
+ *   generate (sampled with top-p, and greedy: tokens, log-probs, lengths),
+ *   and for RAC recipes the channel sets re-picked at the next sync (the RAC
+ *   state blob) and a forward through them;
+ * - trainer role: forward, backward (gradients), AdamW step (norm, weights,
+ *   moments) and a forward after it.
+ * One table row per (model, op, recipe, role, mode): max abs difference and
+ * whether every bit is equal. Exit 0 when all are, 1 on a mismatch, 2 on an
+ * error (no device, bad file).
  *     tests/gpu/check_backend [MODEL_DIR ...]      run from the source root */
 #include <math.h>
 #include <stdio.h>
@@ -23,153 +30,338 @@ static const char *default_dirs[] = {
 };
 
 typedef struct {
-    double dlogp, dlogits;
+    double maxabs;
     int equal;
-} diff;
+} cmp;
 
-/* Max abs difference of n floats and whether every bit pattern matches. */
-static void compare(diff *d, const float *a, const float *b, size_t n, double *maxd)
+static void cmp_init(cmp *c)
 {
-    *maxd = 0.0;
+    c->maxabs = 0.0;
+    c->equal = 1;
+}
+
+static void cmp_f32(cmp *c, const float *a, const float *b, size_t n)
+{
     for (size_t i = 0; i < n; i++) {
         double e = fabs((double)a[i] - (double)b[i]);
-        if (e > *maxd || e != e)
-            *maxd = e;
+        if (e > c->maxabs || e != e)
+            c->maxabs = e;
         if (memcmp(&a[i], &b[i], sizeof(float)) != 0)
-            d->equal = 0;
+            c->equal = 0;
     }
 }
 
-/* Same table, names and offsets: the checkpoint loads into both alike. */
-static int same_params(qd_backend *a, qd_backend *b)
+static void cmp_f64(cmp *c, const double *a, const double *b, size_t n)
 {
-    int na = 0, nb = 0;
-    const qd_param_info *pa = qd_backend_params(a, &na), *pb = qd_backend_params(b, &nb);
-    if (na != nb || qd_backend_num_floats(a) != qd_backend_num_floats(b))
-        return 0;
-    for (int i = 0; i < na; i++)
-        if (strcmp(pa[i].name, pb[i].name) || pa[i].rows != pb[i].rows || pa[i].cols != pb[i].cols ||
-            pa[i].offset != pb[i].offset)
-            return 0;
-    return 1;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs(a[i] - b[i]);
+        if (e > c->maxabs || e != e)
+            c->maxabs = e;
+        if (memcmp(&a[i], &b[i], sizeof(double)) != 0)
+            c->equal = 0;
+    }
 }
 
-/* One batch on both backends. Lengths len[0..B-1], tokens from a fixed LCG. */
-static qd_status run_batch(diff *d, qd_backend *cpu, qd_backend *gpu, int V, int B, const int32_t *len,
-                           float temp)
+static void cmp_i32(cmp *c, const int32_t *a, const int32_t *b, size_t n)
 {
-    int T = 0;
+    for (size_t i = 0; i < n; i++)
+        if (a[i] != b[i]) {
+            c->equal = 0;
+            double e = fabs((double)a[i] - (double)b[i]);
+            c->maxabs = e > c->maxabs ? e : c->maxabs;
+        }
+}
+
+static int g_worst, g_rows, g_equal;
+
+#define QD_TRY_H(call)                                                               \
+    do {                                                                             \
+        qd_status st_ = (call);                                                      \
+        if (st_ != QD_OK)                                                            \
+            return st_;                                                              \
+    } while (0)
+
+static void row(const char *model, const char *op, qd_recipe r, qd_role role, const cmp *c)
+{
+    printf("%-26s %-18s %-13s %-7s %-5s %12.3g   %s\n", model, op, qd_recipe_name(r),
+           role == QD_ROLE_ROLLOUT ? "rollout" : "trainer", "exact", c->maxabs, c->equal ? "yes" : "NO");
+    g_rows++;
+    g_equal += c->equal;
+    if (!c->equal && g_worst < 1)
+        g_worst = 1;
+}
+
+/* Deterministic tokens and values from an LCG. */
+static uint32_t lcg(uint32_t *s)
+{
+    *s = *s * 1664525u + 1013904223u;
+    return *s >> 8;
+}
+
+typedef struct {
+    const char *model;
+    qd_model_config cfg;
+    qd_recipe recipe;
+    qd_role role;
+    qd_backend *b[2];    /* cpu, cuda */
+    const float *w;      /* master weights */
+    size_t n;
+} pair;
+
+/* Forward of B sequences of lengths len at temp on both: log-probs and logits into c. */
+static qd_status fwd_case(pair *p, cmp *c, int B, const int32_t *len, float temp)
+{
+    int T = 0, V = p->cfg.vocab_size;
     for (int b = 0; b < B; b++)
         T = len[b] > T ? len[b] : T;
     size_t nl = (size_t)B * T * V;
     int32_t *tok = (int32_t *)calloc((size_t)B * T, sizeof(int32_t));
-    float *lp[2] = {(float *)malloc(sizeof(float) * B * T), (float *)malloc(sizeof(float) * B * T)};
-    float *lg[2] = {(float *)malloc(sizeof(float) * nl), (float *)malloc(sizeof(float) * nl)};
-    qd_status st = QD_OK;
-    if (!tok || !lp[0] || !lp[1] || !lg[0] || !lg[1])
-        st = qd_error(QD_ERR_NOMEM, "check_backend: batch buffers");
+    float *lp = (float *)malloc(sizeof(float) * 2 * B * T), *lg = (float *)malloc(sizeof(float) * 2 * nl);
+    qd_status st = tok && lp && lg ? QD_OK : qd_error(QD_ERR_NOMEM, "check_backend: batch");
     uint32_t s = 12345u;
-    for (int i = 0; !st && i < B * T; i++) {
-        s = s * 1664525u + 1013904223u;
-        tok[i] = (int32_t)((s >> 8) % (uint32_t)V);
-    }
+    for (int i = 0; !st && i < B * T; i++)
+        tok[i] = (int32_t)(lcg(&s) % (uint32_t)V);
     qd_batch bt = {B, T, tok, len, temp};
-    if (!st)
-        st = qd_backend_forward(cpu, &bt, lp[0], lg[0]);
-    if (!st)
-        st = qd_backend_forward(gpu, &bt, lp[1], lg[1]);
+    for (int k = 0; k < 2 && !st; k++)
+        st = qd_backend_forward(p->b[k], &bt, lp + (size_t)k * B * T, lg + k * nl);
     if (!st) {
-        d->equal = 1;
-        compare(d, lp[0], lp[1], (size_t)B * T, &d->dlogp);
-        compare(d, lg[0], lg[1], nl, &d->dlogits);
+        cmp_f32(c, lp, lp + (size_t)B * T, (size_t)B * T);
+        cmp_f32(c, lg, lg + nl, nl);
     }
     free(tok);
-    for (int i = 0; i < 2; i++) {
-        free(lp[i]);
-        free(lg[i]);
-    }
+    free(lp);
+    free(lg);
     return st;
 }
 
-static qd_status open_pair(qd_backend **cpu, qd_backend **gpu, const char *dir, const qd_model_config *cfg,
-                           qd_recipe r)
+static qd_status check_forward(pair *p, const char *op)
+{
+    int Tm = p->cfg.max_position_embeddings < 13 ? p->cfg.max_position_embeddings : 13;
+    int32_t len3[3] = {Tm - 4 > 0 ? Tm - 4 : 1, Tm, Tm / 2 > 0 ? Tm / 2 : 1}, len1[1] = {Tm};
+    cmp c;
+    cmp_init(&c);
+    qd_status st = fwd_case(p, &c, 3, len3, 0.0f);
+    if (!st)
+        st = fwd_case(p, &c, 1, len1, 0.0f);
+    if (!st)
+        st = fwd_case(p, &c, 3, len3, 0.7f);
+    if (!st)
+        row(p->model, op, p->recipe, p->role, &c);
+    return st;
+}
+
+static qd_status check_diag(pair *p)
+{
+    qd_diagnostics d[2];
+    for (int k = 0; k < 2; k++)
+        QD_TRY_H(qd_backend_diagnostics(p->b[k], &d[k]));
+    cmp c;
+    cmp_init(&c);
+    if (d[0].num_linear != d[1].num_linear || d[0].num_tokens != d[1].num_tokens ||
+        d[0].num_moe_layers != d[1].num_moe_layers)
+        c.equal = 0;
+    else {
+        cmp_f64(&c, d[0].act_err, d[1].act_err, (size_t)d[0].num_linear);
+        cmp_f64(&c, d[0].act_norm, d[1].act_norm, (size_t)d[0].num_linear);
+        cmp_f64(&c, d[0].weight_err, d[1].weight_err, (size_t)d[0].num_linear);
+        cmp_i32(&c, d[0].router_topk, d[1].router_topk, (size_t)d[0].num_moe_layers * d[0].num_tokens * d[0].top_k);
+    }
+    row(p->model, "diagnostics", p->recipe, p->role, &c);
+    return QD_OK;
+}
+
+/* Rollouts of 3 prompts: sampled (T = 1, top-p 0.9) and greedy. */
+static qd_status check_generate(pair *p, float temp, const char *op)
+{
+    enum { B = 3, TP = 7, M = 6 };
+    int V = p->cfg.vocab_size;
+    int32_t prompt[B * TP], plen[B] = {5, 3, 7}, tok[2][B * M], lens[2][B];
+    uint64_t sid[B] = {11, 12, 13};
+    float lp[2][B * M];
+    uint32_t s = 777u;
+    for (int i = 0; i < B * TP; i++)
+        prompt[i] = (int32_t)(lcg(&s) % (uint32_t)V);
+    int32_t stop = (int32_t)(V > 3 ? 3 : 0);
+    qd_generate_request rq = {B, TP, prompt, plen, sid, 99u, M, temp, 0, temp > 0 ? 0.9f : 1.0f, &stop, 1};
+    for (int k = 0; k < 2; k++) {
+        qd_generate_result res = {tok[k], lp[k], lens[k]};
+        QD_TRY_H(qd_backend_generate(p->b[k], &rq, &res));
+    }
+    cmp c;
+    cmp_init(&c);
+    cmp_i32(&c, tok[0], tok[1], B * M);
+    cmp_i32(&c, lens[0], lens[1], B);
+    cmp_f32(&c, lp[0], lp[1], B * M);
+    row(p->model, op, p->recipe, p->role, &c);
+    return QD_OK;
+}
+
+/* RAC: the next sync re-picks channels from the statistics gathered so far. */
+static qd_status check_rac(pair *p)
+{
+    size_t n = qd_backend_rac_state_size(p->b[0]);
+    if (n == 0 || n != qd_backend_rac_state_size(p->b[1]))
+        return n == 0 ? QD_OK : qd_error(QD_ERR_FORMAT, "RAC state sizes differ");
+    for (int k = 0; k < 2; k++)
+        QD_TRY_H(qd_backend_set_weights(p->b[k], p->w, p->n));
+    char *blob = (char *)malloc(2 * n);
+    if (!blob)
+        return qd_error(QD_ERR_NOMEM, "check_backend: RAC state");
+    qd_status st = qd_backend_get_rac_state(p->b[0], blob, n);
+    if (!st)
+        st = qd_backend_get_rac_state(p->b[1], blob + n, n);
+    cmp c;
+    cmp_init(&c);
+    c.equal = !st && memcmp(blob, blob + n, n) == 0;
+    free(blob);
+    if (st)
+        return st;
+    row(p->model, "rac_state", p->recipe, p->role, &c);
+    return check_forward(p, "forward(rac sync)");
+}
+
+/* Trainer: forward, backward, gradients, AdamW step, forward again. */
+static qd_status check_train(pair *p)
+{
+    int Tm = p->cfg.max_position_embeddings < 11 ? p->cfg.max_position_embeddings : 11, V = p->cfg.vocab_size;
+    enum { B = 3 };
+    int32_t len[B] = {Tm, Tm - 3 > 0 ? Tm - 3 : 1, Tm / 2 > 0 ? Tm / 2 : 1}, tok[B * 11];
+    float lp[B * 11], dlp[B * 11];
+    uint32_t s = 4242u;
+    for (int i = 0; i < B * Tm; i++) {
+        tok[i] = (int32_t)(lcg(&s) % (uint32_t)V);
+        dlp[i] = ((float)(lcg(&s) % 2001u) - 1000.0f) / 1000.0f;
+    }
+    qd_batch bt = {B, Tm, tok, len, 0.8f};
+    size_t n = p->n;
+    float *buf = (float *)malloc(sizeof(float) * 6 * n);
+    if (!buf)
+        return qd_error(QD_ERR_NOMEM, "check_backend: %zu gradients", n);
+    qd_adamw opt = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 1.0f};
+    float norm[2];
+    qd_status st = QD_OK;
+    for (int k = 0; k < 2 && !st; k++) {
+        qd_backend_zero_grad(p->b[k]);
+        st = qd_backend_forward(p->b[k], &bt, lp, NULL);
+        if (!st)
+            st = qd_backend_backward(p->b[k], dlp);
+        if (!st)
+            st = qd_backend_get_grads(p->b[k], buf + k * n, n);
+        if (!st)
+            st = qd_backend_optimizer_step(p->b[k], &opt, 1, &norm[k]);
+        if (!st)
+            st = qd_backend_get_adam(p->b[k], buf + (2 + k) * n, buf + (4 + k) * n, n);
+    }
+    cmp c;
+    if (!st) {
+        cmp_init(&c);
+        cmp_f32(&c, buf, buf + n, n);
+        row(p->model, "backward(grads)", p->recipe, p->role, &c);
+        cmp_init(&c);
+        cmp_f32(&c, &norm[0], &norm[1], 1);
+        cmp_f32(&c, buf + 2 * n, buf + 3 * n, n);
+        cmp_f32(&c, buf + 4 * n, buf + 5 * n, n);
+        for (int k = 0; k < 2 && !st; k++)
+            st = qd_backend_get_weights(p->b[k], buf + k * n, n);
+        if (!st)
+            cmp_f32(&c, buf, buf + n, n);
+        if (!st)
+            row(p->model, "adamw(w,m,v,norm)", p->recipe, p->role, &c);
+    }
+    free(buf);
+    return st ? st : check_forward(p, "forward(after step)");
+}
+
+static qd_status open_pair(pair *p)
 {
     qd_backend_options opt;
     memset(&opt, 0, sizeof opt);
-    opt.recipe = r;
-    opt.role = QD_ROLE_ROLLOUT;
-    *cpu = qd_backend_cpu_init(cfg, &opt);
-    if (!*cpu)
+    opt.recipe = p->recipe;
+    opt.role = p->role;
+    opt.rac_ratio = 0.5;
+    opt.diagnostics = p->role == QD_ROLE_ROLLOUT;
+    p->b[0] = qd_backend_cpu_init(&p->cfg, &opt);
+    if (!p->b[0])
         return QD_ERR_ARG;
-    *gpu = qd_backend_cuda_init(cfg, &opt);  /* a direct reference: links the CUDA backend in */
-    if (!*gpu)
+    p->b[1] = qd_backend_cuda_init(&p->cfg, &opt);  /* a direct reference: links the CUDA backend in */
+    if (!p->b[1])
         return QD_ERR_DEVICE;
-    if (!same_params(*cpu, *gpu))
-        return qd_error(QD_ERR_FORMAT, "%s: the CUDA parameter table differs from the CPU's", dir);
-    size_t n = qd_backend_num_floats(*cpu);
-    int np = 0;
-    const qd_param_info *pi = qd_backend_params(*cpu, &np);
-    float *w = (float *)malloc(sizeof(float) * n);
-    if (!w)
-        return qd_error(QD_ERR_NOMEM, "check_backend: %zu weights", n);
-    qd_status st = qd_checkpoint_load(dir, pi, np, w);
-    if (!st)
-        st = qd_backend_set_weights(*cpu, w, n);
-    if (!st)
-        st = qd_backend_set_weights(*gpu, w, n);
-    free(w);
-    return st;
+    int na = 0, nb = 0;
+    const qd_param_info *pa = qd_backend_params(p->b[0], &na), *pb = qd_backend_params(p->b[1], &nb);
+    if (na != nb || qd_backend_num_floats(p->b[0]) != qd_backend_num_floats(p->b[1]))
+        return qd_error(QD_ERR_FORMAT, "%s: the CUDA parameter table differs from the CPU's", p->model);
+    for (int i = 0; i < na; i++)
+        if (strcmp(pa[i].name, pb[i].name) || pa[i].offset != pb[i].offset)
+            return qd_error(QD_ERR_FORMAT, "%s: parameter %d differs", p->model, i);
+    for (int k = 0; k < 2; k++)
+        QD_TRY_H(qd_backend_set_weights(p->b[k], p->w, p->n));
+    return QD_OK;
 }
 
-/* All rows of one model; returns 0 all equal, 1 a mismatch, 2 an error. */
-static int check_model(const char *dir)
+static qd_status check_pair(pair *p)
 {
-    qd_model_config cfg;
-    if (qd_checkpoint_read_config(dir, &cfg)) {
+    QD_TRY_H(open_pair(p));
+    if (p->role == QD_ROLE_TRAINER)
+        return check_train(p);
+    QD_TRY_H(check_forward(p, "forward"));
+    QD_TRY_H(check_diag(p));
+    QD_TRY_H(check_generate(p, 1.0f, "generate(top-p)"));
+    QD_TRY_H(check_generate(p, 0.0f, "generate(greedy)"));
+    return check_rac(p);
+}
+
+static void check_model(const char *dir)
+{
+    pair p;
+    memset(&p, 0, sizeof p);
+    p.model = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+    if (qd_checkpoint_read_config(dir, &p.cfg)) {
         fprintf(stderr, "check_backend: %s\n", qd_last_error());
-        return 2;
+        g_worst = 2;
+        return;
     }
-    const char *name = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
-    int Tm = cfg.max_position_embeddings < 13 ? cfg.max_position_embeddings : 13;
-    int32_t len3[3] = {Tm - 4 > 0 ? Tm - 4 : 1, Tm, Tm / 2 > 0 ? Tm / 2 : 1}, len1[1] = {Tm};
-    struct { int B; const int32_t *len; float temp; } cases[] = {{3, len3, 0.0f}, {1, len1, 0.0f},
-                                                                 {3, len3, 0.7f}};
-    qd_recipe recipes[] = {QD_RECIPE_FP32, QD_RECIPE_BF16};
-    int rc = 0;
-    for (int r = 0; r < 2 && rc < 2; r++) {
-        qd_backend *cpu = NULL, *gpu = NULL;
-        qd_status st = open_pair(&cpu, &gpu, dir, &cfg, recipes[r]);
-        for (int k = 0; k < 3 && !st; k++) {
-            diff d = {0, 0, 1};
-            st = run_batch(&d, cpu, gpu, cfg.vocab_size, cases[k].B, cases[k].len, cases[k].temp);
+    for (int r = 0; r < QD_RECIPE_COUNT; r++)
+        for (int role = 0; role < 2; role++) {
+            p.recipe = (qd_recipe)r;
+            p.role = (qd_role)role;
+            p.b[0] = p.b[1] = NULL;
+            float *w = NULL;
+            qd_status st = QD_OK;
+            qd_backend_options o;
+            memset(&o, 0, sizeof o);
+            qd_backend *probe = qd_backend_cpu_init(&p.cfg, &o);
+            if (!probe) {
+                st = QD_ERR_ARG;
+            } else {
+                int np = 0;
+                const qd_param_info *pi = qd_backend_params(probe, &np);
+                p.n = qd_backend_num_floats(probe);
+                w = (float *)malloc(sizeof(float) * p.n);
+                st = w ? qd_checkpoint_load(dir, pi, np, w) : qd_error(QD_ERR_NOMEM, "weights");
+                qd_backend_free(probe);
+            }
+            p.w = w;
             if (!st)
-                printf("%-26s %-5s %5d %5.2f %14.3g %14.3g   %s\n", name, qd_recipe_name(recipes[r]), cases[k].B,
-                       cases[k].temp > 0 ? cases[k].temp : 1.0, d.dlogp, d.dlogits, d.equal ? "yes" : "NO");
-            if (!st && !d.equal)
-                rc = 1;
+                st = check_pair(&p);
+            if (st) {
+                fprintf(stderr, "check_backend: %s %s %s: %s\n", p.model, qd_recipe_name(p.recipe),
+                        role ? "trainer" : "rollout", qd_last_error());
+                g_worst = 2;
+            }
+            for (int k = 0; k < 2; k++)
+                qd_backend_free(p.b[k]);
+            free(w);
         }
-        if (st) {
-            fprintf(stderr, "check_backend: %s (%s): %s\n", name, qd_recipe_name(recipes[r]), qd_last_error());
-            rc = 2;
-        }
-        if (cpu)
-            qd_backend_free(cpu);
-        if (gpu)
-            qd_backend_free(gpu);
-    }
-    return rc;
 }
 
 int main(int argc, char **argv)
 {
     int n = argc > 1 ? argc - 1 : (int)(sizeof default_dirs / sizeof default_dirs[0]);
-    int worst = 0;
-    printf("%-26s %-5s %5s %5s %14s %14s   %s\n", "model", "recipe", "batch", "temp", "max|dlogp|",
-           "max|dlogits|", "bits equal");
-    for (int i = 0; i < n; i++) {
-        int rc = check_model(argc > 1 ? argv[i + 1] : default_dirs[i]);
-        worst = rc > worst ? rc : worst;
-    }
-    printf("check_backend: %s\n", worst == 0 ? "PASS" : worst == 1 ? "FAIL (bits differ)" : "ERROR");
-    return worst;
+    printf("%-26s %-18s %-13s %-7s %-5s %12s   %s\n", "model", "op", "recipe", "role", "mode", "max abs err",
+           "bits equal");
+    for (int i = 0; i < n; i++)
+        check_model(argc > 1 ? argv[i + 1] : default_dirs[i]);
+    printf("check_backend: %d rows, %d bit-identical: %s\n", g_rows, g_equal,
+           g_worst == 0 ? "PASS" : g_worst == 1 ? "FAIL (bits differ)" : "ERROR");
+    return g_worst;
 }

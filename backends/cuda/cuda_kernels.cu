@@ -1,0 +1,782 @@
+/* The exact-mode kernels (cuda_kernels.h): each one the CPU backend's
+ * function of the same name, line for line in its arithmetic. Most are one
+ * thread per output; qdk_matmul tiles through shared memory but keeps every
+ * output's sum in one thread, k ascending, so the tiling changes no bit. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include "backends/cuda/cuda_check.h"
+#include "backends/exact_math.h"
+extern "C" {
+#include "backends/cuda/cuda_kernels.h"
+#include "backends/sampling.h"
+}
+
+#define QD_LAUNCH(kernel, grid, block, ...)                                          \
+    do {                                                                             \
+        kernel<<<(grid), (block)>>>(__VA_ARGS__);                                    \
+        QD_CUDA_CHECK(cudaGetLastError());                                           \
+    } while (0)
+
+#define TPB 128u
+
+static unsigned blocks(size_t n, unsigned t) { return (unsigned)((n + t - 1) / t); }
+
+/* One thread per item of n (n > 0). */
+#define QD_LAUNCH_N(kernel, n, ...) QD_LAUNCH(kernel, blocks((n), TPB), TPB, __VA_ARGS__)
+
+__global__ void k_round(float *dst, const float *src, size_t n, int bf16)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        dst[i] = bf16 ? qd_round_bf16(src[i]) : src[i];
+}
+
+extern "C" qd_status qdk_round(float *dst, const float *src, size_t n, int bf16)
+{
+    if (n)
+        QD_LAUNCH_N(k_round, (n), dst, src, n, bf16);
+    return QD_OK;
+}
+
+__global__ void k_embed(float *x, const float *emb, const int32_t *tok, int N, int C)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (size_t)N * C)
+        x[i] = emb[(size_t)tok[i / C] * C + i % C];
+}
+
+extern "C" qd_status qdk_embed(float *x, const float *emb, const int32_t *tok, int N, int C)
+{
+    if (N)
+        QD_LAUNCH_N(k_embed, ((size_t)N * C), x, emb, tok, N, C);
+    return QD_OK;
+}
+
+/* One thread per column i, tokens ascending: repeated tokens add in the CPU's order. */
+__global__ void k_embed_backward(float *gemb, const float *dres, const int32_t *tok, int N, int C)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= C)
+        return;
+    for (int n = 0; n < N; n++) {
+        float *g = gemb + (size_t)tok[n] * C + i;
+        *g = *g + dres[(size_t)n * C + i];
+    }
+}
+
+extern "C" qd_status qdk_embed_backward(float *gemb, const float *dres, const int32_t *tok, int N, int C)
+{
+    if (N)
+        QD_LAUNCH_N(k_embed_backward, (C), gemb, dres, tok, N, C);
+    return QD_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* matrix products                                                           */
+
+#define MM_B 64   /* output tile MM_B x MM_B, 256 threads of 4 x 4 outputs */
+#define MM_K 16   /* k per shared-memory stage */
+
+/* Loads a (MM_B rows) x (MM_K) stage of X(r, k) = x[r*sr + k*sk] into s[k][r],
+ * with the unit-stride index fastest for coalescing; out of range -> 0 (never
+ * multiplied: the k loop stops at K, and rows past the edge are not stored). */
+template <typename T>
+static __device__ void mm_stage(float (*s)[MM_B + 1], const T *x, long sr, long sk, int r0, int R, int k0,
+                                int K)
+{
+    for (int idx = threadIdx.x; idx < MM_B * MM_K; idx += blockDim.x) {
+        int r, k;
+        if (sk == 1) {
+            r = idx / MM_K;
+            k = idx % MM_K;
+        } else {
+            r = idx % MM_B;
+            k = idx / MM_B;
+        }
+        float v = 0.0f;
+        if (r0 + r < R && k0 + k < K) {
+            T e = x[(long)(r0 + r) * sr + (long)(k0 + k) * sk];
+            if constexpr (sizeof(T) == 1)
+                v = qd_e4m3_to_f32((uint8_t)e);
+            else
+                v = (float)e;
+        }
+        s[k][r] = v;
+    }
+}
+
+/* C (M, N) = A . B, each output acc = 0, acc = acc + a_k * b_k, k ascending;
+ * with scales (FP8): times (sa[m] * sb[n]) at the end. */
+template <typename T>
+__global__ void __launch_bounds__(256) k_matmul(float *c, const T *a, long sam, long sak, const T *b, long sbk,
+                                                long sbn, int M, int N, int K, int acc_out,
+                                                const float *sa, const float *sb)
+{
+    __shared__ float As[MM_K][MM_B + 1], Bs[MM_K][MM_B + 1];
+    int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    int m0 = blockIdx.y * MM_B, n0 = blockIdx.x * MM_B;
+    float acc[4][4];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++)
+            acc[i][j] = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += MM_K) {
+        mm_stage<T>(As, a, sam, sak, m0, M, k0, K);
+        mm_stage<T>(Bs, b, sbn, sbk, n0, N, k0, K);
+        __syncthreads();
+        int kmax = K - k0 < MM_K ? K - k0 : MM_K;
+        for (int kk = 0; kk < kmax; kk++) {
+            float av[4], bv[4];
+            for (int i = 0; i < 4; i++) {
+                av[i] = As[kk][ty + 16 * i];
+                bv[i] = Bs[kk][tx + 16 * i];
+            }
+            for (int i = 0; i < 4; i++)
+                for (int j = 0; j < 4; j++)
+                    acc[i][j] = acc[i][j] + av[i] * bv[j];
+        }
+        __syncthreads();
+    }
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) {
+            int m = m0 + ty + 16 * i, n = n0 + tx + 16 * j;
+            if (m >= M || n >= N)
+                continue;
+            float v = acc[i][j];
+            if (sa)
+                v = v * (sa[m] * sb[n]);
+            float *o = c + (size_t)m * N + n;
+            *o = acc_out ? *o + v : v;
+        }
+}
+
+extern "C" qd_status qdk_matmul(float *c, const float *a, long sam, long sak, const float *b, long sbk, long sbn,
+                                int M, int N, int K, int acc)
+{
+    if (M == 0 || N == 0)
+        return QD_OK;
+    dim3 grid((N + MM_B - 1) / MM_B, (M + MM_B - 1) / MM_B);
+    QD_LAUNCH(k_matmul<float>, grid, 256u, c, a, sam, sak, b, sbk, sbn, M, N, K, acc, (const float *)NULL,
+              (const float *)NULL);
+    return QD_OK;
+}
+
+extern "C" qd_status qdk_fp8_gemm(float *y, const uint8_t *qa, const float *sa_inv, const uint8_t *qw,
+                                  const float *sw_inv, int M, int N, int K)
+{
+    if (M == 0 || N == 0)
+        return QD_OK;
+    dim3 grid((N + MM_B - 1) / MM_B, (M + MM_B - 1) / MM_B);
+    QD_LAUNCH(k_matmul<uint8_t>, grid, 256u, y, qa, (long)K, 1L, qw, 1L, (long)K, M, N, K, 0, sa_inv, sw_inv);
+    return QD_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* norms, RoPE, attention                                                    */
+
+__global__ void k_rmsnorm(float *out, float *rstd, const float *inp, const float *w, int rows, int C, float eps)
+{
+    int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= rows)
+        return;
+    const float *x = inp + (size_t)n * C;
+    float ss = 0.0f;
+    for (int i = 0; i < C; i++)
+        ss = ss + x[i] * x[i];
+    float r = qd_rsqrtf(ss / (float)C + eps);
+    for (int i = 0; i < C; i++)
+        out[(size_t)n * C + i] = w[i] * (x[i] * r);
+    rstd[n] = r;
+}
+
+extern "C" qd_status qdk_rmsnorm(float *out, float *rstd, const float *inp, const float *w, int rows, int C,
+                                 float eps)
+{
+    if (rows)
+        QD_LAUNCH_N(k_rmsnorm, (rows), out, rstd, inp, w, rows, C, eps);
+    return QD_OK;
+}
+
+__global__ void k_rmsnorm_bwd_x(float *dinp, const float *dout, const float *inp, const float *w,
+                                const float *rstd, int rows, int C)
+{
+    int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= rows)
+        return;
+    const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+    float r = rstd[n], dot = 0.0f;
+    for (int i = 0; i < C; i++)
+        dot = dot + (w[i] * dy[i]) * x[i];
+    float k = ((r * r) * r) * (dot / (float)C);
+    for (int i = 0; i < C; i++) {
+        float *d = dinp + (size_t)n * C + i;
+        *d = *d + (r * (w[i] * dy[i]) - x[i] * k);
+    }
+}
+
+__global__ void k_rmsnorm_bwd_w(float *dw, const float *dout, const float *inp, const float *rstd, int rows,
+                                int C)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= C)
+        return;
+    float acc = 0.0f;
+    for (int n = 0; n < rows; n++)
+        acc = acc + dout[(size_t)n * C + i] * (inp[(size_t)n * C + i] * rstd[n]);
+    dw[i] = dw[i] + acc;
+}
+
+extern "C" qd_status qdk_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp,
+                                          const float *w, const float *rstd, int rows, int C)
+{
+    if (rows == 0)
+        return QD_OK;
+    QD_LAUNCH_N(k_rmsnorm_bwd_x, (rows), dinp, dout, inp, w, rstd, rows, C);
+    QD_LAUNCH_N(k_rmsnorm_bwd_w, (C), dw, dout, inp, rstd, rows, C);
+    return QD_OK;
+}
+
+__global__ void k_rope(float *x, const int32_t *pos, const float *cosb, const float *sinb, int N, int nh, int D,
+                       int inverse)
+{
+    int h2 = D / 2;
+    size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (size_t)N * nh * h2)
+        return;
+    int i = (int)(id % h2);
+    size_t nhh = id / h2;
+    int n = (int)(nhh / nh);
+    float *y = x + nhh * D;
+    float cs = cosb[(size_t)pos[n] * h2 + i], sn = sinb[(size_t)pos[n] * h2 + i];
+    float a = y[i], b = y[i + h2];
+    if (inverse) {
+        y[i] = a * cs + b * sn;
+        y[i + h2] = b * cs - a * sn;
+    } else {
+        y[i] = a * cs - b * sn;
+        y[i + h2] = b * cs + a * sn;
+    }
+}
+
+extern "C" qd_status qdk_rope(float *x, const int32_t *pos, const float *cosb, const float *sinb, int N, int nh,
+                              int D, int inverse)
+{
+    if (N)
+        QD_LAUNCH_N(k_rope, ((size_t)N * nh * (D / 2)), x, pos, cosb, sinb, N, nh, D, inverse);
+    return QD_OK;
+}
+
+__global__ void k_attend(float *out, float *att, const float *q, const float *kb, const float *vb,
+                         const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm,
+                         float scale)
+{
+    int id = blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= N * H)
+        return;
+    int n = id / H, h = id % H, t = pos[n], kh = h / (H / KV);
+    size_t KD = (size_t)KV * D;
+    const float *qv = q + (size_t)n * H * D + h * D;
+    const float *kr = kb + (size_t)kbase[n] * KD + kh * D, *vr = vb + (size_t)kbase[n] * KD + kh * D;
+    float *p = att + (size_t)id * Tm, mx = -INFINITY, sum = 0.0f;
+    for (int s = 0; s <= t; s++) {
+        const float *kv = kr + s * KD;
+        float dot = 0.0f;
+        for (int i = 0; i < D; i++)
+            dot = dot + qv[i] * kv[i];
+        p[s] = dot * scale;
+        mx = fmaxf(mx, p[s]);
+    }
+    for (int s = 0; s <= t; s++) {
+        p[s] = qd_expf(p[s] - mx);
+        sum = sum + p[s];
+    }
+    for (int s = 0; s <= t; s++)
+        p[s] = p[s] / sum;
+    float *o = out + (size_t)n * H * D + h * D;
+    for (int i = 0; i < D; i++) {
+        float acc = 0.0f;
+        for (int s = 0; s <= t; s++)
+            acc = acc + p[s] * vr[s * KD + i];
+        o[i] = acc;
+    }
+}
+
+static float attn_scale(int D) { return (float)(1.0 / sqrt((double)D)); }
+
+extern "C" qd_status qdk_attend(float *out, float *att, const float *q, const float *kb, const float *vb,
+                                const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm)
+{
+    if (N)
+        QD_LAUNCH_N(k_attend, ((size_t)N * H), out, att, q, kb, vb, kbase, pos, N, H, KV, D, Tm,
+                  attn_scale(D));
+    return QD_OK;
+}
+
+/* Per (query n, head h): dp[s] = dy . v_s, pdp = sum_s p[s] dp[s] (s ascending),
+ * ds[s] = (p[s] (dp[s] - pdp)) scale, as attention_backward's first two loops. */
+__global__ void k_attn_ds(float *ds, const float *dout, const float *att, const float *v, const int32_t *pos,
+                          int N, int H, int KV, int D, int Tm, float scale)
+{
+    int id = blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= N * H)
+        return;
+    int n = id / H, h = id % H, t = pos[n], off = n - t, kh = h / (H / KV);
+    size_t KD = (size_t)KV * D, HD = (size_t)H * D;
+    const float *p = att + (size_t)id * Tm, *dy = dout + (size_t)n * HD + h * D;
+    float *d = ds + (size_t)id * Tm, pdp = 0.0f;
+    for (int s = 0; s <= t; s++) {
+        const float *vv = v + (size_t)(off + s) * KD + kh * D;
+        float acc = 0.0f;
+        for (int i = 0; i < D; i++)
+            acc = acc + dy[i] * vv[i];
+        d[s] = acc;
+        pdp = pdp + p[s] * acc;
+    }
+    for (int s = 0; s <= t; s++)
+        d[s] = (p[s] * (d[s] - pdp)) * scale;
+}
+
+/* dq (n, h, i) = sum over s <= t ascending of ds * k_s[i] (from zero). */
+__global__ void k_attn_dq(float *dq, const float *ds, const float *k, const int32_t *pos, int N, int H, int KV,
+                          int D, int Tm)
+{
+    size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (size_t)N * H * D)
+        return;
+    int i = (int)(id % D), h = (int)(id / D % H), n = (int)(id / D / H);
+    int t = pos[n], off = n - t, kh = h / (H / KV);
+    size_t KD = (size_t)KV * D;
+    const float *d = ds + ((size_t)n * H + h) * Tm;
+    float acc = 0.0f;
+    for (int s = 0; s <= t; s++)
+        acc = acc + d[s] * k[(size_t)(off + s) * KD + kh * D + i];
+    dq[id] = acc;
+}
+
+/* dk, dv of key token m (position s) for kv head kh, element i: over the
+ * group's heads ascending, then queries t = s..len-1 ascending (the CPU's
+ * order of additions into dk[s], dv[s]). */
+__global__ void k_attn_dkv(float *dk, float *dv, const float *ds, const float *att, const float *q,
+                           const float *dout, const int32_t *pos, const int32_t *slen, int N, int H, int KV,
+                           int D, int Tm)
+{
+    size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (size_t)N * KV * D)
+        return;
+    int i = (int)(id % D), kh = (int)(id / D % KV), m = (int)(id / D / KV);
+    int s = pos[m], off = m - s, len = slen[m], grp = H / KV;
+    size_t HD = (size_t)H * D;
+    float ak = 0.0f, av = 0.0f;
+    for (int h = kh * grp; h < (kh + 1) * grp; h++)
+        for (int t = s; t < len; t++) {
+            size_t qi = ((size_t)(off + t) * H + h) * Tm + s;
+            size_t xi = (size_t)(off + t) * HD + h * D + i;
+            ak = ak + ds[qi] * q[xi];
+            av = av + att[qi] * dout[xi];
+        }
+    dk[id] = ak;
+    dv[id] = av;
+}
+
+extern "C" qd_status qdk_attend_backward(float *dq, float *dk, float *dv, float *ds, const float *dout,
+                                         const float *att, const float *q, const float *k, const float *v,
+                                         const int32_t *pos, const int32_t *slen, int N, int H, int KV, int D,
+                                         int Tm)
+{
+    if (N == 0)
+        return QD_OK;
+    QD_LAUNCH_N(k_attn_ds, ((size_t)N * H), ds, dout, att, v, pos, N, H, KV, D, Tm, attn_scale(D));
+    QD_LAUNCH_N(k_attn_dq, ((size_t)N * H * D), dq, ds, k, pos, N, H, KV, D, Tm);
+    QD_LAUNCH_N(k_attn_dkv, ((size_t)N * KV * D), dk, dv, ds, att, q, dout, pos, slen, N, H, KV, D, Tm);
+    return QD_OK;
+}
+
+__global__ void k_store_kv(float *kc, float *vc, const float *kr, const float *v, const int32_t *row,
+                           const int32_t *pos, int N, int Tc, int KD)
+{
+    size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (size_t)N * KD)
+        return;
+    int n = (int)(id / KD), j = (int)(id % KD);
+    size_t at = ((size_t)row[n] * Tc + pos[n]) * KD + j;
+    kc[at] = kr[id];
+    vc[at] = v[id];
+}
+
+extern "C" qd_status qdk_store_kv(float *kc, float *vc, const float *kr, const float *v, const int32_t *row,
+                                  const int32_t *pos, int N, int Tc, int KD)
+{
+    if (N)
+        QD_LAUNCH_N(k_store_kv, ((size_t)N * KD), kc, vc, kr, v, row, pos, N, Tc, KD);
+    return QD_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* MLP and MoE                                                               */
+
+__global__ void k_add(float *out, const float *a, const float *b, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        out[i] = a[i] + b[i];
+}
+
+extern "C" qd_status qdk_add(float *out, const float *a, const float *b, size_t n)
+{
+    if (n)
+        QD_LAUNCH_N(k_add, (n), out, a, b, n);
+    return QD_OK;
+}
+
+__global__ void k_route(int32_t *topk, float *topw, float *probs, int N, int E, int K, int norm_topk)
+{
+    int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= N)
+        return;
+    float *r = probs + (size_t)n * E, mx = -INFINITY, sum = 0.0f;
+    for (int e = 0; e < E; e++)
+        mx = fmaxf(mx, r[e]);
+    for (int e = 0; e < E; e++) {
+        r[e] = qd_expf(r[e] - mx);
+        sum = sum + r[e];
+    }
+    for (int e = 0; e < E; e++)
+        r[e] = r[e] / sum;
+    int32_t *idx = topk + (size_t)n * K;
+    for (int j = 0; j < K; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int i = 0; i < j; i++)
+                taken |= idx[i] == e;
+            if (!taken && (best < 0 || r[e] > r[best]))
+                best = e;
+        }
+        idx[j] = best;
+    }
+    float tsum = 0.0f;
+    for (int j = 0; j < K; j++)
+        tsum = tsum + r[idx[j]];
+    for (int j = 0; j < K; j++)
+        topw[(size_t)n * K + j] = norm_topk ? r[idx[j]] / tsum : r[idx[j]];
+}
+
+extern "C" qd_status qdk_route(int32_t *topk, float *topw, float *probs, int N, int E, int K, int norm_topk)
+{
+    if (N)
+        QD_LAUNCH_N(k_route, (N), topk, topw, probs, N, E, K, norm_topk);
+    return QD_OK;
+}
+
+__global__ void k_gather(float *xe, const float *x, const int32_t *row_tok, int R, int C)
+{
+    size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id < (size_t)R * C)
+        xe[id] = x[(size_t)row_tok[id / C] * C + id % C];
+}
+
+extern "C" qd_status qdk_gather(float *xe, const float *x, const int32_t *row_tok, int R, int C)
+{
+    if (R)
+        QD_LAUNCH_N(k_gather, ((size_t)R * C), xe, x, row_tok, R, C);
+    return QD_OK;
+}
+
+__global__ void k_swiglu(float *h, const float *g, const float *u, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        h[i] = qd_siluf(g[i]) * u[i];
+}
+
+extern "C" qd_status qdk_swiglu(float *h, const float *g, const float *u, size_t n)
+{
+    if (n)
+        QD_LAUNCH_N(k_swiglu, (n), h, g, u, n);
+    return QD_OK;
+}
+
+__global__ void k_swiglu_bwd(float *dg, float *du, const float *dh, const float *g, const float *u, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    float s = qd_sigmoidf(g[i]);
+    dg[i] = (dh[i] * u[i]) * (s * (1.0f + g[i] * (1.0f - s)));
+    du[i] = dh[i] * qd_siluf(g[i]);
+}
+
+extern "C" qd_status qdk_swiglu_backward(float *dg, float *du, const float *dh, const float *g, const float *u,
+                                         size_t n)
+{
+    if (n)
+        QD_LAUNCH_N(k_swiglu_bwd, (n), dg, du, dh, g, u, n);
+    return QD_OK;
+}
+
+__global__ void k_combine(float *out, const float *y, const float *row_w, const int32_t *tok_rows, int N, int K,
+                          int C)
+{
+    size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (size_t)N * C)
+        return;
+    int n = (int)(id / C), i = (int)(id % C);
+    float acc = 0.0f;
+    for (int j = 0; j < K; j++) {
+        int r = tok_rows[n * K + j];
+        acc = acc + y[(size_t)r * C + i] * row_w[r];
+    }
+    out[id] = acc;
+}
+
+extern "C" qd_status qdk_combine(float *out, const float *y, const float *row_w, const int32_t *tok_rows, int N,
+                                 int K, int C)
+{
+    if (N)
+        QD_LAUNCH_N(k_combine, ((size_t)N * C), out, y, row_w, tok_rows, N, K, C);
+    return QD_OK;
+}
+
+/* One thread per (token, slot): the slot's dy row and dL/dweight. */
+__global__ void k_moe_dy(float *dy, float *dwt, const float *dout, const float *y, const float *row_w,
+                         const int32_t *row_rank, const int32_t *tok_rows, int N, int K, int C)
+{
+    int id = blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= N * K)
+        return;
+    int n = id / K, r = tok_rows[id];
+    const float *yr = y + (size_t)r * C, *d = dout + (size_t)n * C;
+    float acc = 0.0f;
+    for (int i = 0; i < C; i++) {
+        dy[(size_t)r * C + i] = d[i] * row_w[r];
+        acc = acc + d[i] * yr[i];
+    }
+    dwt[n * K + row_rank[r]] = acc;
+}
+
+extern "C" qd_status qdk_moe_dy(float *dy, float *dwt, const float *dout, const float *y, const float *row_w,
+                                const int32_t *row_rank, const int32_t *tok_rows, int N, int K, int C)
+{
+    if (N)
+        QD_LAUNCH_N(k_moe_dy, ((size_t)N * K), dy, dwt, dout, y, row_w, row_rank, tok_rows, N, K, C);
+    return QD_OK;
+}
+
+__global__ void k_unroute(float *dinp, const float *dxe, const int32_t *tok_rows, int N, int K, int C)
+{
+    size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (size_t)N * C)
+        return;
+    int n = (int)(id / C), i = (int)(id % C);
+    float v = dinp[id];
+    for (int j = 0; j < K; j++)
+        v = v + dxe[(size_t)tok_rows[n * K + j] * C + i];
+    dinp[id] = v;
+}
+
+extern "C" qd_status qdk_unroute(float *dinp, const float *dxe, const int32_t *tok_rows, int N, int K, int C)
+{
+    if (N)
+        QD_LAUNCH_N(k_unroute, ((size_t)N * C), dinp, dxe, tok_rows, N, K, C);
+    return QD_OK;
+}
+
+__global__ void k_router_bwd(float *dlog, const float *dwt, const float *probs, const int32_t *topk,
+                             const float *topw, int N, int E, int K, int renorm)
+{
+    int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= N)
+        return;
+    float *dl = dlog + (size_t)n * E;
+    const float *p = probs + (size_t)n * E;
+    const int32_t *ix = topk + (size_t)n * K;
+    for (int e = 0; e < E; e++)
+        dl[e] = 0.0f;
+    float sum = 0.0f, wdw = 0.0f;
+    for (int j = 0; j < K; j++) {
+        sum = sum + p[ix[j]];
+        wdw = wdw + dwt[n * K + j] * topw[n * K + j];
+    }
+    for (int j = 0; j < K; j++)
+        dl[ix[j]] = renorm ? (dwt[n * K + j] - wdw) / sum : dwt[n * K + j];
+    float pdp = 0.0f;
+    for (int e = 0; e < E; e++)
+        pdp = pdp + p[e] * dl[e];
+    for (int e = 0; e < E; e++)
+        dl[e] = p[e] * (dl[e] - pdp);
+}
+
+extern "C" qd_status qdk_router_backward(float *dlog, const float *dwt, const float *probs, const int32_t *topk,
+                                         const float *topw, int N, int E, int K, int renorm)
+{
+    if (N)
+        QD_LAUNCH_N(k_router_bwd, (N), dlog, dwt, probs, topk, topw, N, E, K, renorm);
+    return QD_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* log-probs                                                                 */
+
+/* One block of QD_SAMPLE_LANES threads per token: lane j sums exp(s_i - m) over
+ * i = j mod lanes ascending, then qd_softmax_lognorm's pairwise lane tree. */
+__global__ void __launch_bounds__(QD_SAMPLE_LANES) k_logprob(float *logp, float *lse, float *s,
+                                                             const float *logits, const int32_t *tgt, int V,
+                                                             float T, int *bad)
+{
+    __shared__ float lane[QD_SAMPLE_LANES];
+    int n = blockIdx.x, j = threadIdx.x;
+    const float *l = logits + (size_t)n * V;
+    if (T != 1.0f) {
+        float *sr = s + (size_t)n * V;
+        for (int i = j; i < V; i += QD_SAMPLE_LANES) {
+            sr[i] = l[i] / T;
+            if (!isfinite(sr[i]) && isfinite(l[i]))
+                *bad = n + 1;
+        }
+        __syncthreads();
+        l = sr;
+    }
+    /* max: every lane starts at s[0] and keeps a strictly larger value, as the CPU's loop */
+    float m = l[0];
+    for (int i = j; i < V; i += QD_SAMPLE_LANES)
+        if (l[i] > m)
+            m = l[i];
+    lane[j] = m;
+    __syncthreads();
+    if (j == 0) {
+        for (int i = 1; i < QD_SAMPLE_LANES; i++)
+            if (lane[i] > m)
+                m = lane[i];
+        lane[0] = m + 0.0f;
+    }
+    __syncthreads();
+    m = lane[0];
+    __syncthreads();
+    float acc = 0.0f;
+    for (int i = j; i < V; i += QD_SAMPLE_LANES)
+        acc = acc + qd_expf(l[i] - m);
+    lane[j] = acc;
+    __syncthreads();
+    for (int w = QD_SAMPLE_LANES; w > 1; w /= 2) {
+        if (j < w / 2)
+            lane[j] = lane[j] + lane[j + w / 2];
+        __syncthreads();
+    }
+    if (j == 0) {
+        float logz = qd_logf(lane[0]);
+        lse[n] = m + logz;
+        logp[n] = tgt[n] >= 0 ? (l[tgt[n]] - m) - logz : 0.0f;
+    }
+}
+
+extern "C" qd_status qdk_logprob(float *logp, float *lse, float *s, const float *logits, const int32_t *tgt,
+                                 int N, int V, float T, int *bad)
+{
+    if (N)
+        QD_LAUNCH(k_logprob, N, QD_SAMPLE_LANES, logp, lse, s, logits, tgt, V, T, bad);
+    return QD_OK;
+}
+
+__global__ void k_logprob_bwd(float *dlogits, const float *dlogp, const float *logits, const float *lse,
+                              const int32_t *tgt, int N, int V, float T)
+{
+    size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (size_t)N * V)
+        return;
+    int n = (int)(id / V), j = (int)(id % V);
+    float d = tgt[n] >= 0 ? dlogp[n] / T : 0.0f;
+    float p = qd_expf(logits[id] / T - lse[n]);
+    dlogits[id] = d * ((j == tgt[n] ? 1.0f : 0.0f) - p);
+}
+
+extern "C" qd_status qdk_logprob_backward(float *dlogits, const float *dlogp, const float *logits,
+                                          const float *lse, const int32_t *tgt, int N, int V, float T)
+{
+    if (N)
+        QD_LAUNCH_N(k_logprob_bwd, ((size_t)N * V), dlogits, dlogp, logits, lse, tgt, N, V, T);
+    return QD_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* statistics and AdamW                                                      */
+
+__global__ void k_sqerr_rows(double *err, double *nrm, const float *x, const float *xh, int rows, int cols)
+{
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows)
+        return;
+    double e = 0.0, x2 = 0.0;
+    for (size_t i = (size_t)r * cols; i < (size_t)(r + 1) * cols; i++) {
+        double d = (double)x[i] - (double)xh[i];
+        e = e + d * d;
+        x2 = x2 + (double)x[i] * (double)x[i];
+    }
+    err[r] = e;
+    nrm[r] = x2;
+}
+
+extern "C" qd_status qdk_sqerr_rows(double *err, double *nrm, const float *x, const float *xh, int rows, int cols)
+{
+    if (rows)
+        QD_LAUNCH_N(k_sqerr_rows, (rows), err, nrm, x, xh, rows, cols);
+    return QD_OK;
+}
+
+__global__ void k_rac_error(double *err, const float *x, const float *xh, int rows, int K)
+{
+    int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= K)
+        return;
+    double e = err[k];
+    for (int r = 0; r < rows; r++) {
+        float d = x[(size_t)r * K + k] - xh[(size_t)r * K + k];
+        e = e + (double)d * (double)d;
+    }
+    err[k] = e;
+}
+
+extern "C" qd_status qdk_rac_error(double *err, const float *x, const float *xh, int rows, int K)
+{
+    if (rows)
+        QD_LAUNCH_N(k_rac_error, (K), err, x, xh, rows, K);
+    return QD_OK;
+}
+
+__global__ void k_sumsq_chunks(double *part, const float *g, size_t n)
+{
+    size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k * 4096 >= n)
+        return;
+    size_t end = (k + 1) * 4096 < n ? (k + 1) * 4096 : n;
+    double s = 0.0;
+    for (size_t i = k * 4096; i < end; i++)
+        s = s + (double)g[i] * (double)g[i];
+    part[k] = s;
+}
+
+extern "C" qd_status qdk_sumsq_chunks(double *part, const float *g, size_t n)
+{
+    if (n)
+        QD_LAUNCH_N(k_sumsq_chunks, ((n + 4095) / 4096), part, g, n);
+    return QD_OK;
+}
+
+__global__ void k_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+                        float beta2, float eps, float wd, float gscale, float bc1, float bc2)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    float gi = g[i] * gscale;
+    m[i] = beta1 * m[i] + (1.0f - beta1) * gi;
+    v[i] = beta2 * v[i] + (1.0f - beta2) * (gi * gi);
+    float mh = m[i] / bc1, vh = v[i] / bc2;
+    p[i] = p[i] - lr * (mh / (sqrtf(vh) + eps) + wd * p[i]);
+}
+
+extern "C" qd_status qdk_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+                               float beta2, float eps, float wd, float gscale, float bc1, float bc2)
+{
+    if (n)
+        QD_LAUNCH_N(k_adamw, (n), p, g, m, v, n, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
+    return QD_OK;
+}

@@ -1,0 +1,107 @@
+/* backends/cuda: the exact-mode kernels of the CUDA backend, each the twin of
+ * one function of the CPU backend (backends/cpu/cpu_backend.c, named in each
+ * comment) computing every output with the CPU's operations in the CPU's order,
+ * so the bits are the CPU's (NUMERICS.md §6). nvcc runs with -fmad=false; the
+ * transcendentals are backends/exact_math.h's.
+ *
+ * All pointers are device pointers; work is enqueued on the legacy default
+ * stream (in order); a launch error is QD_ERR_DEVICE naming the kernel, file
+ * and line. Letters as in the CPU backend: N tokens, C hidden, H/KV heads, D
+ * head_dim, E experts, K experts per token, V vocab, R routed rows. */
+#ifndef QD_CUDA_KERNELS_H
+#define QD_CUDA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include "quant/status.h"
+
+/* dst (n) = BF16-rounded src (bf16 = 1) or a copy (sync_weights, effective_input). */
+qd_status qdk_round(float *dst, const float *src, size_t n, int bf16);
+/* x (N, C) = embedding rows of tok (model_forward). */
+qd_status qdk_embed(float *x, const float *emb, const int32_t *tok, int N, int C);
+/* grads of the embedding (V, C) += dres (N, C) rows at tok, tokens ascending (model_backward). */
+qd_status qdk_embed_backward(float *gemb, const float *dres, const int32_t *tok, int N, int C);
+
+/* C (M, N) (=, or += when acc) sum_k A(m, k) * B(k, n), k ascending from 0, with
+ * A(m, k) = a[m*sam + k*sak] and B(k, n) = b[k*sbk + n*sbn]: matmul_forward
+ * (x . W^T) and both products of matmul_backward, tiled through shared memory
+ * with each output's sum kept in one thread. */
+qd_status qdk_matmul(float *c, const float *a, long sam, long sak, const float *b, long sbk, long sbn,
+                     int M, int N, int K, int acc);
+/* y (M, N) = (sum_k e4m3(qa[m][k]) * e4m3(qw[n][k])) * (sa_inv[m] * sw_inv[n]) (qd_fp8_gemm). */
+qd_status qdk_fp8_gemm(float *y, const uint8_t *qa, const float *sa_inv, const uint8_t *qw,
+                       const float *sw_inv, int M, int N, int K);
+
+/* rmsnorm_forward: out (rows, C), rstd (rows). In place (out == inp) allowed. */
+qd_status qdk_rmsnorm(float *out, float *rstd, const float *inp, const float *w, int rows, int C, float eps);
+/* rmsnorm_backward: dinp (rows, C) +=, dw (C) += (rows ascending). */
+qd_status qdk_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                               const float *rstd, int rows, int C);
+/* rope_forward (inverse = 0) or rope_backward (1), in place on x (N, nh, D). */
+qd_status qdk_rope(float *x, const int32_t *pos, const float *cosb, const float *sinb, int N, int nh, int D,
+                   int inverse);
+
+/* attend() for every (query n, head h): keys s = 0..pos[n] at rows kbase[n] + s
+ * of kb, vb (rows of KV*D floats); p saved in att (N, H, Tm). Serves the
+ * prefill (kbase = first token of the sequence) and the KV-cache decode
+ * (kbase = the cache row's first slot). */
+qd_status qdk_attend(float *out, float *att, const float *q, const float *kb, const float *vb,
+                     const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm);
+/* attention_backward over packed sequences (pos (N) the position of each token,
+ * slen (N) the length of its sequence): dq, dk, dv (zeroed by the caller) get
+ * the CPU's sums; ds is scratch (N, H, Tm). */
+qd_status qdk_attend_backward(float *dq, float *dk, float *dv, float *ds, const float *dout, const float *att,
+                              const float *q, const float *k, const float *v, const int32_t *pos,
+                              const int32_t *slen, int N, int H, int KV, int D, int Tm);
+/* store_kv: keys kr and values v (N, KV*D) into the caches (rows, Tc, KV*D) at (row[n], pos[n]). */
+qd_status qdk_store_kv(float *kc, float *vc, const float *kr, const float *v, const int32_t *row,
+                       const int32_t *pos, int N, int Tc, int KD);
+
+qd_status qdk_add(float *out, const float *a, const float *b, size_t n);
+/* softmax_rows + topk_row + the renormalization of route(): probs (N, E) in
+ * place, topk and topw (N, K) in rank order. */
+qd_status qdk_route(int32_t *topk, float *topw, float *probs, int N, int E, int K, int norm_topk);
+/* xe (R, C) = rows row_tok of x (N, C) (mlp_forward's gather). */
+qd_status qdk_gather(float *xe, const float *x, const int32_t *row_tok, int R, int C);
+qd_status qdk_swiglu(float *h, const float *g, const float *u, size_t n);
+qd_status qdk_swiglu_backward(float *dg, float *du, const float *dh, const float *g, const float *u, size_t n);
+/* out (N, C) = per token, sum over its rows tok_rows (N, K) of y * row_w (mlp_forward). */
+qd_status qdk_combine(float *out, const float *y, const float *row_w, const int32_t *tok_rows, int N, int K,
+                      int C);
+/* mlp_backward's first loop: dy (R, C) = dout row * row_w; dwt (N, K) = dout . y per rank. */
+qd_status qdk_moe_dy(float *dy, float *dwt, const float *dout, const float *y, const float *row_w,
+                     const int32_t *row_rank, const int32_t *tok_rows, int N, int K, int C);
+/* dinp (N, C) += dxe rows of each token, in its tok_rows order. */
+qd_status qdk_unroute(float *dinp, const float *dxe, const int32_t *tok_rows, int N, int K, int C);
+/* router_backward: dlog (N, E) overwritten. */
+qd_status qdk_router_backward(float *dlog, const float *dwt, const float *probs, const int32_t *topk,
+                              const float *topw, int N, int E, int K, int renorm);
+
+/* logprob_forward: logp (N), lse (N); s (N, V) scratch when T != 1; *bad (device
+ * int) = 1 + the token whose logit / T overflows. */
+qd_status qdk_logprob(float *logp, float *lse, float *s, const float *logits, const int32_t *tgt, int N,
+                      int V, float T, int *bad);
+/* logprob_backward: dlogits (N, V). */
+qd_status qdk_logprob_backward(float *dlogits, const float *dlogp, const float *logits, const float *lse,
+                               const int32_t *tgt, int N, int V, float T);
+
+/* Diagnostics: per row r of x, xh (rows, cols): err[r] = sum (x - xh)^2,
+ * nrm[r] = sum x^2 in double, ascending (measure_act_error / measure_weight_error). */
+qd_status qdk_sqerr_rows(double *err, double *nrm, const float *x, const float *xh, int rows, int cols);
+/* qd_rac_error_accumulate's sum: err (K) += sum over rows ascending of (x - xh)^2. */
+qd_status qdk_rac_error(double *err, const float *x, const float *xh, int rows, int K);
+
+/* grad_norm's partial sums: part[k] = sum of g^2 (double) over floats 4096k.. ascending. */
+qd_status qdk_sumsq_chunks(double *part, const float *g, size_t n);
+/* adamw_tensor over n floats. */
+qd_status qdk_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1, float beta2,
+                    float eps, float wd, float gscale, float bc1, float bc2);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
