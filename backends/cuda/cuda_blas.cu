@@ -15,8 +15,8 @@
 #include "backends/cuda/cuda_quant.h"
 
 #define MAX_DEVICES 16
-#define MAX_PLANS 64       /* distinct (type, shape, alignment) products kept per device */
-#define MAX_ALGOS 4        /* heuristic candidates kept per plan, tried in order */
+#define MAX_PLANS 64 /* distinct (type, shape, alignment) products kept per device */
+#define MAX_ALGOS 4  /* heuristic candidates kept per plan, tried in order */
 #define WORKSPACE_BYTES ((size_t)32 << 20) /* NVIDIA's recommendation for Hopper/Blackwell */
 #define THREADS 256
 
@@ -26,8 +26,8 @@ static const char *const kind_names[] = {"f32", "bf16", "fp8-e4m3", "nvfp4"};
 
 /* What identifies a cuBLASLt plan. Compared with memcmp: always zero-filled first. */
 typedef struct {
-    int32_t kind, op_a, op_b;         /* cuBLASLt's (column-major) transposes */
-    int64_t m, n, k, lda, ldb, ldc;   /* cuBLASLt's dimensions, in elements */
+    int32_t kind, op_a, op_b;           /* cuBLASLt's (column-major) transposes */
+    int64_t m, n, k, lda, ldb, ldc;     /* cuBLASLt's dimensions, in elements */
     uint32_t align_a, align_b, align_c; /* bytes, powers of two up to 256 */
 } plan_key;
 
@@ -36,18 +36,18 @@ typedef struct {
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc; /* lc serves as C and D */
     cublasLtMatmulAlgo_t algo[MAX_ALGOS];
-    int n_algo, use;                   /* candidates, and the one that ran last */
+    int n_algo, use; /* candidates, and the one that ran last */
 } plan;
 
 typedef struct {
     int ready;
     cublasLtHandle_t h;
-    void *ws;                  /* cuBLASLt's workspace */
-    float *one;                /* device 1.0f: FP8's per-tensor scales */
-    uint8_t *scratch;          /* swizzled block scales of the native W4A4 */
+    void *ws;         /* cuBLASLt's workspace */
+    float *one;       /* device 1.0f: FP8's per-tensor scales */
+    uint8_t *scratch; /* swizzled block scales of the native W4A4 */
     size_t scratch_bytes;
     plan plans[MAX_PLANS];
-    int n_plans, evict;        /* plans in use; the next one replaced when full */
+    int n_plans, evict; /* plans in use; the next one replaced when full */
 } blas_ctx;
 
 static blas_ctx ctxs[MAX_DEVICES];
@@ -62,26 +62,31 @@ static qd_status lt_error(cublasStatus_t s, const char *call, const char *file, 
     if (!k)
         return qd_error(st, "%s:%d: %s: %s (%s)", file, line, call, cublasLtGetStatusName(s),
                         cublasLtGetStatusString(s));
-    return qd_error(st, "%s:%d: %s: %s (%s) for %s, cuBLASLt m %lld n %lld k %lld op %c%c", file,
-                    line, call, cublasLtGetStatusName(s), cublasLtGetStatusString(s),
-                    kind_names[k->kind], (long long)k->m, (long long)k->n, (long long)k->k,
+    return qd_error(st, "%s:%d: %s: %s (%s) for %s, cuBLASLt m %lld n %lld k %lld op %c%c", file, line,
+                    call, cublasLtGetStatusName(s), cublasLtGetStatusString(s), kind_names[k->kind],
+                    (long long)k->m, (long long)k->n, (long long)k->k,
                     k->op_a == CUBLAS_OP_T ? 'T' : 'N', k->op_b == CUBLAS_OP_T ? 'T' : 'N');
 }
 
-#define LT_CHECK(call, key)                                                          \
-    do {                                                                             \
-        cublasStatus_t lt_st_ = (call);                                              \
-        if (lt_st_ != CUBLAS_STATUS_SUCCESS)                                         \
-            return lt_error(lt_st_, #call, __FILE__, __LINE__, (key));               \
+#define LT_CHECK(call, key)                                                                            \
+    do {                                                                                               \
+        cublasStatus_t lt_st_ = (call);                                                                \
+        if (lt_st_ != CUBLAS_STATUS_SUCCESS)                                                           \
+            return lt_error(lt_st_, #call, __FILE__, __LINE__, (key));                                 \
     } while (0)
 
 /* ---- per-device state */
+/* Frees what a plan holds (a failed plan_make may leave some handles NULL). */
 static void plan_destroy(plan *p)
 {
-    cublasLtMatrixLayoutDestroy(p->la);
-    cublasLtMatrixLayoutDestroy(p->lb);
-    cublasLtMatrixLayoutDestroy(p->lc);
-    cublasLtMatmulDescDestroy(p->desc);
+    if (p->la)
+        cublasLtMatrixLayoutDestroy(p->la);
+    if (p->lb)
+        cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->lc)
+        cublasLtMatrixLayoutDestroy(p->lc);
+    if (p->desc)
+        cublasLtMatmulDescDestroy(p->desc);
     memset(p, 0, sizeof *p);
 }
 
@@ -153,8 +158,8 @@ static uint32_t ptr_align(const void *p)
     return (uint32_t)(a & (~a + 1));
 }
 
-static qd_status set_attr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
-                          const void *v, size_t size, const plan_key *k)
+static qd_status set_attr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const void *v,
+                          size_t size, const plan_key *k)
 {
     LT_CHECK(cublasLtMatmulDescSetAttribute(d, attr, v, size), k);
     return QD_OK;
@@ -163,8 +168,9 @@ static qd_status set_attr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t
 /* Block-scaled FP4 reads its scales through A/B_SCALE_POINTER; FP8 gets 1.0f. */
 static qd_status set_scale_ptrs(plan *p, const void *scale_a, const void *scale_b)
 {
-    QD_TRY(set_attr(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_a, sizeof scale_a, &p->key));
-    QD_TRY(set_attr(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_b, sizeof scale_b, &p->key));
+    const plan_key *k = &p->key;
+    QD_TRY(set_attr(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_a, sizeof scale_a, k));
+    QD_TRY(set_attr(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_b, sizeof scale_b, k));
     return QD_OK;
 }
 
@@ -196,22 +202,25 @@ static qd_status plan_make(blas_ctx *c, plan *p, const void *scale_a, const void
     cudaDataType_t in = kind_type(k->kind);
     int ta = k->op_a == CUBLAS_OP_T, tb = k->op_b == CUBLAS_OP_T;
     QD_TRY(plan_desc(p, scale_a, scale_b));
-    LT_CHECK(cublasLtMatrixLayoutCreate(&p->la, in, ta ? k->k : k->m, ta ? k->m : k->k, k->lda), k);
-    LT_CHECK(cublasLtMatrixLayoutCreate(&p->lb, in, tb ? k->n : k->k, tb ? k->k : k->n, k->ldb), k);
+    uint64_t a_rows = ta ? k->k : k->m, a_cols = ta ? k->m : k->k;
+    uint64_t b_rows = tb ? k->n : k->k, b_cols = tb ? k->k : k->n;
+    LT_CHECK(cublasLtMatrixLayoutCreate(&p->la, in, a_rows, a_cols, k->lda), k);
+    LT_CHECK(cublasLtMatrixLayoutCreate(&p->lb, in, b_rows, b_cols, k->ldb), k);
     LT_CHECK(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, k->m, k->n, k->ldc), k);
 
     cublasLtMatmulPreference_t pref;
     size_t ws = WORKSPACE_BYTES;
     LT_CHECK(cublasLtMatmulPreferenceCreate(&pref), k);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &k->align_a,
-                                         sizeof k->align_a);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &k->align_b,
-                                         sizeof k->align_b);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &k->align_c,
-                                         sizeof k->align_c);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &k->align_c,
-                                         sizeof k->align_c);
+    /* the alignment the pointers have: the default (256 bytes) would let the
+     * heuristic pick kernels that refuse a pointer into the middle of a tensor */
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                         sizeof ws);
+    const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    const uint32_t align[4] = {k->align_a, k->align_b, k->align_c, k->align_c};
+    for (int i = 0; i < 4; i++)
+        cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i], sizeof align[i]);
     cublasLtMatmulHeuristicResult_t res[MAX_ALGOS];
     int found = 0;
     cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(c->h, p->desc, p->la, p->lb, p->lc, p->lc, pref,
@@ -228,8 +237,8 @@ static qd_status plan_make(blas_ctx *c, plan *p, const void *scale_a, const void
 }
 
 /* The cached plan for key, made (replacing the oldest when full) on a miss. */
-static qd_status plan_get(blas_ctx *c, const plan_key *key, const void *scale_a,
-                          const void *scale_b, plan **out)
+static qd_status plan_get(blas_ctx *c, const plan_key *key, const void *scale_a, const void *scale_b,
+                          plan **out)
 {
     for (int i = 0; i < c->n_plans; i++)
         if (memcmp(&c->plans[i].key, key, sizeof *key) == 0) {
@@ -283,7 +292,7 @@ static qd_status scale_by(float *y, float beta, int64_t n)
 /* y[m][n] = y[m][n] * (r[m] * c[n]), r and c per row or one value (stride 0),
  * in the CPU's order (qd_fp8_gemm, qd_w4a4_gemm). */
 static __global__ void scale_kernel(float *y, const float *r, int64_t r_stride, const float *c,
-                             int64_t c_stride, int64_t M, int64_t N)
+                                    int64_t c_stride, int64_t M, int64_t N)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < M * N;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -292,8 +301,8 @@ static __global__ void scale_kernel(float *y, const float *r, int64_t r_stride, 
     }
 }
 
-static qd_status scale_rows_cols(float *y, const float *r, int r_per_row, const float *c,
-                                 int c_per_row, int64_t M, int64_t N)
+static qd_status scale_rows_cols(float *y, const float *r, int r_per_row, const float *c, int c_per_row,
+                                 int64_t M, int64_t N)
 {
     scale_kernel<<<grid_for(M * N), THREADS>>>(y, r, r_per_row ? 1 : 0, c, c_per_row ? 1 : 0, M, N);
     QD_CUDA_CHECK(cudaGetLastError());
@@ -358,14 +367,14 @@ qd_status qd_cuda_gemm_bf16(float *y, const uint16_t *x, const uint16_t *w, int6
     return gemm_rm(KIND_BF16, y, x, 0, w, 1, M, N, K, beta, NULL, NULL);
 }
 
-qd_status qd_cuda_gemm_bf16_dx(float *dx, const uint16_t *dy, const uint16_t *w, int64_t M,
-                               int64_t N, int64_t K, float beta)
+qd_status qd_cuda_gemm_bf16_dx(float *dx, const uint16_t *dy, const uint16_t *w, int64_t M, int64_t N,
+                               int64_t K, float beta)
 {
     return gemm_rm(KIND_BF16, dx, dy, 0, w, 0, M, K, N, beta, NULL, NULL);
 }
 
-qd_status qd_cuda_gemm_bf16_dw(float *dw, const uint16_t *dy, const uint16_t *x, int64_t M,
-                               int64_t N, int64_t K, float beta)
+qd_status qd_cuda_gemm_bf16_dw(float *dw, const uint16_t *dy, const uint16_t *x, int64_t M, int64_t N,
+                               int64_t K, float beta)
 {
     return gemm_rm(KIND_BF16, dw, dy, 1, x, 0, N, K, M, beta, NULL, NULL);
 }
@@ -402,8 +411,8 @@ qd_status qd_cuda_gemm_fp8(float *y, const uint8_t *qa, const float *sa_inv, con
 }
 
 /* ---- scale swizzle: one thread per destination byte, padding written as 0 */
-static __global__ void swizzle_kernel(uint8_t *dst, const uint8_t *src, int64_t rows, int64_t scale_cols,
-                               int64_t tiles_per_row, int64_t total)
+static __global__ void swizzle_kernel(uint8_t *dst, const uint8_t *src, int64_t rows,
+                                      int64_t scale_cols, int64_t tiles_per_row, int64_t total)
 {
     for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < total;
          o += (int64_t)gridDim.x * blockDim.x) {

@@ -31,11 +31,11 @@ extern "C" {
 qd_status qd_cuda_gemm_bf16(float *y, const uint16_t *x, const uint16_t *w, int64_t M, int64_t N,
                             int64_t K, float beta);
 /* dx (M, K) = dy (M, N) . w (N, K) + beta * dx */
-qd_status qd_cuda_gemm_bf16_dx(float *dx, const uint16_t *dy, const uint16_t *w, int64_t M,
-                               int64_t N, int64_t K, float beta);
+qd_status qd_cuda_gemm_bf16_dx(float *dx, const uint16_t *dy, const uint16_t *w, int64_t M, int64_t N,
+                               int64_t K, float beta);
 /* dw (N, K) = dy (M, N)^T . x (M, K) + beta * dw */
-qd_status qd_cuda_gemm_bf16_dw(float *dw, const uint16_t *dy, const uint16_t *x, int64_t M,
-                               int64_t N, int64_t K, float beta);
+qd_status qd_cuda_gemm_bf16_dw(float *dw, const uint16_t *dy, const uint16_t *x, int64_t M, int64_t N,
+                               int64_t K, float beta);
 
 /* ---- float32 inputs, CUBLAS_COMPUTE_32F (true float32 products, never TF32) */
 qd_status qd_cuda_gemm_f32(float *y, const float *x, const float *w, int64_t M, int64_t N, int64_t K,
@@ -57,7 +57,7 @@ qd_status qd_cuda_gemm_fp8(float *y, const uint8_t *qa, const float *sa_inv, con
 /* ---- W4A4 (NVFP4 x NVFP4). a (M, K) and w (N, K) are device qd_nvfp4
  * (backends/cuda/cuda_quant.h: row-major, unswizzled scales). */
 typedef enum {
-    QD_W4A4_EMULATED = 0,     /* qd_cuda_w4a4_gemm(_tc): the canonical order, CPU bits */
+    QD_W4A4_EMULATED = 0,      /* qd_cuda_w4a4_gemm(_tc): the canonical order, CPU bits */
     QD_W4A4_CUBLASLT_NVFP4 = 1 /* cuBLASLt block-scaled FP4 (Blackwell), tolerance only */
 } qd_w4a4_path;
 

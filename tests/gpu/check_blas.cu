@@ -66,10 +66,10 @@ static void header(void)
     printf("|------------------|--------------------|------------|------------|------------|------|\n");
 }
 
-static void row(const char *op, int64_t M, int64_t N, int64_t K, double abs_err, double rel, double bound,
-                int pass)
+static void row(const char *op, int64_t M, int64_t N, int64_t K, double abs_err, double rel,
+                double bound, int pass)
 {
-    char shape[40];
+    char shape[72];
     snprintf(shape, sizeof shape, "%lld x %lld x %lld", (long long)M, (long long)N, (long long)K);
     printf("| %-16s | %-18s | %10.3e | %10.3e | %10.3e | %-4s |\n", op, shape, abs_err, rel, bound,
            pass ? "PASS" : "FAIL");
@@ -160,8 +160,7 @@ static std::vector<double> ref_abt(const std::vector<float> &A, const std::vecto
 }
 
 /* ---- device helpers */
-template <typename T>
-static T *to_dev(const T *h, size_t n)
+template <typename T> static T *to_dev(const T *h, size_t n)
 {
     T *d;
     QD_CUDA_DIE(cudaMalloc((void **)&d, (n ? n : 1) * sizeof(T)));
@@ -169,8 +168,7 @@ static T *to_dev(const T *h, size_t n)
     return d;
 }
 
-template <typename T>
-static T *to_dev(const std::vector<T> &h)
+template <typename T> static T *to_dev(const std::vector<T> &h)
 {
     return to_dev(h.data(), h.size());
 }
@@ -183,7 +181,10 @@ static std::vector<float> to_host(const float *d, size_t n)
     return h;
 }
 
-static double sqrt_bound(int64_t L) { return ldexp(1.0, -20) * sqrt((double)L); }
+static double sqrt_bound(int64_t L)
+{
+    return ldexp(1.0, -20) * sqrt((double)L);
+}
 
 /* One cuBLASLt product against its reference: y (rows, cols) starts as y0. */
 template <typename F>
@@ -264,7 +265,8 @@ static qd_nvfp4 nvfp4_to_dev(const qd_nvfp4 *c)
     qd_nvfp4 g;
     QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&g, c->rows, c->cols, c->per_row));
     QD_CUDA_DIE(cudaMemcpy(g.codes, c->codes, (size_t)(c->rows * c->cols / 2), cudaMemcpyHostToDevice));
-    QD_CUDA_DIE(cudaMemcpy(g.scales, c->scales, (size_t)(c->rows * c->cols / 16), cudaMemcpyHostToDevice));
+    QD_CUDA_DIE(
+        cudaMemcpy(g.scales, c->scales, (size_t)(c->rows * c->cols / 16), cudaMemcpyHostToDevice));
     QD_CUDA_DIE(cudaMemcpy(g.s_dec, c->s_dec, sizeof(float) * (size_t)(c->per_row ? c->rows : 1),
                            cudaMemcpyHostToDevice));
     return g;
@@ -376,8 +378,9 @@ int main(void)
         check_native_refused();
 
     /* one draw of the largest tensors; each shape takes their top-left blocks */
-    std::vector<float> X = normals(MAX_M * MAX_K), W = normals(MAX_N * MAX_K), DY = normals(MAX_M * MAX_N),
-                       Y0 = normals(MAX_M * MAX_N), DX0 = normals(MAX_M * MAX_K), DW0 = normals(MAX_N * MAX_K);
+    std::vector<float> X = normals(MAX_M * MAX_K), W = normals(MAX_N * MAX_K),
+                       DY = normals(MAX_M * MAX_N), Y0 = normals(MAX_M * MAX_N),
+                       DX0 = normals(MAX_M * MAX_K), DW0 = normals(MAX_N * MAX_K);
     header();
     for (int64_t K : Ks)
         for (int64_t N : Ns)
@@ -385,7 +388,8 @@ int main(void)
                 shape_data s;
                 s.M = M, s.N = N, s.K = K;
                 s.x = block(X, MAX_K, M, K), s.w = block(W, MAX_K, N, K), s.dy = block(DY, MAX_N, M, N);
-                s.y0 = block(Y0, MAX_N, M, N), s.dx0 = block(DX0, MAX_K, M, K), s.dw0 = block(DW0, MAX_K, N, K);
+                s.y0 = block(Y0, MAX_N, M, N), s.dx0 = block(DX0, MAX_K, M, K),
+                s.dw0 = block(DW0, MAX_K, N, K);
                 s.wt = transpose(s.w, N, K), s.dyt = transpose(s.dy, M, N), s.xt = transpose(s.x, M, K);
                 check_bf16(s);
                 check_f32(s);
