@@ -45,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <algorithm>
+#include <string>
 #include <thread>
 #include <vector>
 #include <cublasLt.h>
@@ -58,6 +59,7 @@
 #define MAX_K 4096
 
 static int failures, rows_run;
+static std::vector<std::string> failed_rows; /* listed again after the table */
 
 /* ---- the table */
 static void header(void)
@@ -72,11 +74,15 @@ static void row(const char *op, int64_t M, int64_t N, int64_t K, double abs_err,
 {
     char shape[72];
     snprintf(shape, sizeof shape, "%lld x %lld x %lld", (long long)M, (long long)N, (long long)K);
-    printf("| %-16s | %-18s | %10.3e | %10.3e | %10.3e | %-4s |\n", op, shape, abs_err, rel, bound,
-           pass ? "PASS" : "FAIL");
+    char line[160];
+    snprintf(line, sizeof line, "| %-16s | %-18s | %10.3e | %10.3e | %10.3e | %-4s |", op, shape,
+             abs_err, rel, bound, pass ? "PASS" : "FAIL");
+    puts(line);
     fflush(stdout);
     rows_run++;
     failures += !pass;
+    if (!pass)
+        failed_rows.push_back(line);
 }
 
 /* Max |got - ref| (a NaN counts as infinite) and that over max|ref|. */
@@ -401,6 +407,10 @@ int main(void)
                 check_w4a4(s, path);
             }
     qd_cuda_blas_release();
+    if (!failed_rows.empty())
+        printf("failed rows:\n");
+    for (const std::string &l : failed_rows)
+        printf("%s\n", l.c_str());
     printf("%s: %d failure(s); %d table row(s)\n", failures ? "FAIL" : "PASS", failures, rows_run);
     return failures ? 1 : 0;
 }
