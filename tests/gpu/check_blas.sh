@@ -7,6 +7,10 @@
 #
 #     bash tests/gpu/check_blas.sh [OUTDIR]
 #
+# Typical use: configure and build here (make tests/gpu/check_blas), then on the
+# GPU machine run `bash tests/gpu/check_blas.sh "$OUT"` with the ignored binary
+# tests/gpu/check_blas carried along (it is all the run needs besides the script).
+#
 # From a configured tree with CUDA (./configure --with-cuda-arch="90a 100a 120a").
 # The program is built when it is missing (make tests/gpu/check_blas); when a
 # source looks newer it is rebuilt if make can, else the existing one runs with
