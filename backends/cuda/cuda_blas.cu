@@ -1,0 +1,539 @@
+/* The fast mode's GEMMs through cuBLASLt, and the native Blackwell NVFP4
+ * W4A4 product (docs/numerics.md §3, §7). See cuda_blas.h for the contract.
+ *
+ * cuBLASLt is column-major; our matrices are row-major, and a row-major (r, c)
+ * matrix is the column-major (c, r) matrix with the same bytes. So a row-major
+ * C = op(A) . op(B) is computed as the column-major C^T = op(B)^T . op(A)^T:
+ * cuBLASLt's A is our B and its B is our A. The forward y = x . W^T becomes
+ * cuBLASLt's "TN" (W transposed, x not), the only layout FP8 and FP4 take. */
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <string.h>
+#include "backends/cuda/cuda_blas.h"
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_quant.h"
+
+#define MAX_DEVICES 16
+#define MAX_PLANS 64 /* distinct (type, shape, alignment) products kept per device */
+#define MAX_ALGOS 4  /* heuristic candidates kept per plan, tried in order */
+#define WORKSPACE_BYTES ((size_t)32 << 20) /* NVIDIA's recommendation for Hopper/Blackwell */
+#define THREADS 256
+
+/* The operand type of a product; the output is always float32. */
+enum { KIND_F32, KIND_BF16, KIND_FP8, KIND_FP4 };
+static const char *const kind_names[] = {"f32", "bf16", "fp8-e4m3", "nvfp4"};
+
+/* What identifies a cuBLASLt plan. Compared with memcmp: always zero-filled first. */
+typedef struct {
+    int32_t kind, op_a, op_b;           /* cuBLASLt's (column-major) transposes */
+    int64_t m, n, k, lda, ldb, ldc;     /* cuBLASLt's dimensions, in elements */
+    uint32_t align_a, align_b, align_c; /* bytes, powers of two up to 256 */
+} plan_key;
+
+typedef struct {
+    plan_key key;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc; /* lc serves as C and D */
+    cublasLtMatmulAlgo_t algo[MAX_ALGOS];
+    int n_algo, use; /* candidates, and the one that ran last */
+} plan;
+
+typedef struct {
+    int ready;
+    cublasLtHandle_t h;
+    void *ws;         /* cuBLASLt's workspace */
+    float *one;       /* device 1.0f: FP8's per-tensor scales */
+    uint8_t *scratch; /* swizzled block scales of the native W4A4 */
+    size_t scratch_bytes;
+    plan plans[MAX_PLANS];
+    int n_plans, evict; /* plans in use; the next one replaced when full */
+} blas_ctx;
+
+static blas_ctx ctxs[MAX_DEVICES];
+/* qd_cuda_w4a4_path's answer per device, plus one; 0 before the first query */
+static int path_known[MAX_DEVICES];
+
+/* ---- errors: the call, the file and the line, and cuBLASLt's status name */
+static qd_status lt_error(cublasStatus_t s, const char *call, const char *file, int line,
+                          const plan_key *k)
+{
+    qd_status st = s == CUBLAS_STATUS_NOT_SUPPORTED ? QD_ERR_UNSUPPORTED : QD_ERR_DEVICE;
+    if (!k)
+        return qd_error(st, "%s:%d: %s: %s (%s)", file, line, call, cublasLtGetStatusName(s),
+                        cublasLtGetStatusString(s));
+    return qd_error(st, "%s:%d: %s: %s (%s) for %s, cuBLASLt m %lld n %lld k %lld op %c%c", file, line,
+                    call, cublasLtGetStatusName(s), cublasLtGetStatusString(s), kind_names[k->kind],
+                    (long long)k->m, (long long)k->n, (long long)k->k,
+                    k->op_a == CUBLAS_OP_T ? 'T' : 'N', k->op_b == CUBLAS_OP_T ? 'T' : 'N');
+}
+
+#define LT_CHECK(call, key)                                                                            \
+    do {                                                                                               \
+        cublasStatus_t lt_st_ = (call);                                                                \
+        if (lt_st_ != CUBLAS_STATUS_SUCCESS)                                                           \
+            return lt_error(lt_st_, #call, __FILE__, __LINE__, (key));                                 \
+    } while (0)
+
+/* ---- per-device state */
+/* Frees what a plan holds (a failed plan_make may leave some handles NULL). */
+static void plan_destroy(plan *p)
+{
+    if (p->la)
+        cublasLtMatrixLayoutDestroy(p->la);
+    if (p->lb)
+        cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->lc)
+        cublasLtMatrixLayoutDestroy(p->lc);
+    if (p->desc)
+        cublasLtMatmulDescDestroy(p->desc);
+    memset(p, 0, sizeof *p);
+}
+
+static void ctx_release(blas_ctx *c)
+{
+    for (int i = 0; i < c->n_plans; i++)
+        plan_destroy(&c->plans[i]);
+    if (c->h)
+        cublasLtDestroy(c->h);
+    cudaFree(c->ws);
+    cudaFree(c->one);
+    cudaFree(c->scratch);
+    memset(c, 0, sizeof *c);
+}
+
+static qd_status ctx_init(blas_ctx *c)
+{
+    const float one = 1.0f;
+    LT_CHECK(cublasLtCreate(&c->h), NULL);
+    QD_CUDA_CHECK(cudaMalloc(&c->ws, WORKSPACE_BYTES));
+    QD_CUDA_CHECK(cudaMalloc((void **)&c->one, sizeof(float)));
+    QD_CUDA_CHECK(cudaMemcpy(c->one, &one, sizeof one, cudaMemcpyHostToDevice));
+    c->ready = 1;
+    return QD_OK;
+}
+
+/* The current device's state, made on first use. */
+static qd_status get_ctx(blas_ctx **out)
+{
+    int dev;
+    QD_CUDA_CHECK(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= MAX_DEVICES)
+        return qd_error(QD_ERR_UNSUPPORTED, "cuda_blas: device %d (at most %d devices)", dev,
+                        MAX_DEVICES);
+    blas_ctx *c = &ctxs[dev];
+    if (!c->ready) {
+        qd_status st = ctx_init(c);
+        if (st != QD_OK) {
+            ctx_release(c);
+            return st;
+        }
+    }
+    *out = c;
+    return QD_OK;
+}
+
+void qd_cuda_blas_release(void)
+{
+    int dev;
+    if (cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < MAX_DEVICES && ctxs[dev].ready)
+        ctx_release(&ctxs[dev]);
+}
+
+/* ---- plans */
+static cudaDataType_t kind_type(int kind)
+{
+    switch (kind) {
+    case KIND_BF16: return CUDA_R_16BF;
+    case KIND_FP8: return CUDA_R_8F_E4M3;
+    case KIND_FP4: return CUDA_R_4F_E2M1;
+    default: return CUDA_R_32F;
+    }
+}
+
+/* The largest power of two (up to 256) that divides the address. */
+static uint32_t ptr_align(const void *p)
+{
+    uintptr_t a = (uintptr_t)p | 256u;
+    return (uint32_t)(a & (~a + 1));
+}
+
+static qd_status set_attr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const void *v,
+                          size_t size, const plan_key *k)
+{
+    LT_CHECK(cublasLtMatmulDescSetAttribute(d, attr, v, size), k);
+    return QD_OK;
+}
+
+/* Block-scaled FP4 reads its scales through A/B_SCALE_POINTER; FP8 gets 1.0f. */
+static qd_status set_scale_ptrs(plan *p, const void *scale_a, const void *scale_b)
+{
+    const plan_key *k = &p->key;
+    QD_TRY(set_attr(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_a, sizeof scale_a, k));
+    QD_TRY(set_attr(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_b, sizeof scale_b, k));
+    return QD_OK;
+}
+
+/* The descriptor: float32 compute and scale type; the FP8/FP4 attributes. */
+static qd_status plan_desc(plan *p, const void *scale_a, const void *scale_b)
+{
+    const plan_key *k = &p->key;
+    LT_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), k);
+    QD_TRY(set_attr(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &k->op_a, sizeof k->op_a, k));
+    QD_TRY(set_attr(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &k->op_b, sizeof k->op_b, k));
+    if (k->kind == KIND_FP8) {
+        int8_t fast = 0; /* keep the periodic promotion to float32 (the default, made explicit) */
+        QD_TRY(set_attr(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast, k));
+    }
+    if (k->kind == KIND_FP4) {
+        int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3;
+        QD_TRY(set_attr(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode, k));
+        QD_TRY(set_attr(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode, k));
+    }
+    if (k->kind == KIND_FP8 || k->kind == KIND_FP4)
+        QD_TRY(set_scale_ptrs(p, scale_a, scale_b));
+    return QD_OK;
+}
+
+/* Layouts describe the stored matrices (before the op); then the heuristic. */
+static qd_status plan_make(blas_ctx *c, plan *p, const void *scale_a, const void *scale_b)
+{
+    const plan_key *k = &p->key;
+    cudaDataType_t in = kind_type(k->kind);
+    int ta = k->op_a == CUBLAS_OP_T, tb = k->op_b == CUBLAS_OP_T;
+    QD_TRY(plan_desc(p, scale_a, scale_b));
+    uint64_t a_rows = ta ? k->k : k->m, a_cols = ta ? k->m : k->k;
+    uint64_t b_rows = tb ? k->n : k->k, b_cols = tb ? k->k : k->n;
+    LT_CHECK(cublasLtMatrixLayoutCreate(&p->la, in, a_rows, a_cols, k->lda), k);
+    LT_CHECK(cublasLtMatrixLayoutCreate(&p->lb, in, b_rows, b_cols, k->ldb), k);
+    LT_CHECK(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, k->m, k->n, k->ldc), k);
+
+    cublasLtMatmulPreference_t pref;
+    size_t ws = WORKSPACE_BYTES;
+    LT_CHECK(cublasLtMatmulPreferenceCreate(&pref), k);
+    /* the alignment the pointers have: the default (256 bytes) would let the
+     * heuristic pick kernels that refuse a pointer into the middle of a tensor */
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                         sizeof ws);
+    const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    const uint32_t align[4] = {k->align_a, k->align_b, k->align_c, k->align_c};
+    for (int i = 0; i < 4; i++)
+        cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i], sizeof align[i]);
+    cublasLtMatmulHeuristicResult_t res[MAX_ALGOS];
+    int found = 0;
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(c->h, p->desc, p->la, p->lb, p->lc, p->lc, pref,
+                                                      MAX_ALGOS, res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (s == CUBLAS_STATUS_SUCCESS && found == 0)
+        s = CUBLAS_STATUS_NOT_SUPPORTED;
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return lt_error(s, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__, k);
+    for (int i = 0; i < found; i++)
+        p->algo[i] = res[i].algo;
+    p->n_algo = found;
+    return QD_OK;
+}
+
+/* The cached plan for key, made (replacing the oldest when full) on a miss. */
+static qd_status plan_get(blas_ctx *c, const plan_key *key, const void *scale_a, const void *scale_b,
+                          plan **out)
+{
+    for (int i = 0; i < c->n_plans; i++)
+        if (memcmp(&c->plans[i].key, key, sizeof *key) == 0) {
+            *out = &c->plans[i];
+            return QD_OK;
+        }
+    plan *p;
+    if (c->n_plans < MAX_PLANS) {
+        p = &c->plans[c->n_plans++];
+    } else {
+        p = &c->plans[c->evict];
+        c->evict = (c->evict + 1) % MAX_PLANS;
+        plan_destroy(p);
+    }
+    memset(p, 0, sizeof *p);
+    p->key = *key;
+    qd_status st = plan_make(c, p, scale_a, scale_b);
+    if (st != QD_OK) {
+        plan_destroy(p);
+        p->key.kind = -1; /* matches no key */
+        return st;
+    }
+    *out = p;
+    return QD_OK;
+}
+
+/* ---- small kernels */
+static unsigned grid_for(int64_t n)
+{
+    int64_t g = (n + THREADS - 1) / THREADS;
+    return (unsigned)(g < 4096 ? (g > 0 ? g : 1) : 4096);
+}
+
+/* y[i] *= beta, with 0 * NaN = 0 as in BLAS's beta = 0 */
+static __global__ void scale_by_kernel(float *y, float beta, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = beta == 0.0f ? 0.0f : __fmul_rn(y[i], beta);
+}
+
+static qd_status scale_by(float *y, float beta, int64_t n)
+{
+    if (beta == 1.0f)
+        return QD_OK;
+    scale_by_kernel<<<grid_for(n), THREADS>>>(y, beta, n);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+/* y[m][n] = y[m][n] * (r[m] * c[n]), r and c per row or one value (stride 0),
+ * in the CPU's order (qd_fp8_gemm, qd_w4a4_gemm). */
+static __global__ void scale_kernel(float *y, const float *r, int64_t r_stride, const float *c,
+                                    int64_t c_stride, int64_t M, int64_t N)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < M * N;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t m = i / N, n = i % N;
+        y[i] = __fmul_rn(y[i], __fmul_rn(r[m * r_stride], c[n * c_stride]));
+    }
+}
+
+static qd_status scale_rows_cols(float *y, const float *r, int r_per_row, const float *c, int c_per_row,
+                                 int64_t M, int64_t N)
+{
+    scale_kernel<<<grid_for(M * N), THREADS>>>(y, r, r_per_row ? 1 : 0, c, c_per_row ? 1 : 0, M, N);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+/* Row-major C (M, N) = op(A) (M, K) . op(B) (K, N) + beta C. A is stored (M, K),
+ * or (K, M) when ta; B is stored (K, N), or (N, K) when tb. scale_a/scale_b are
+ * the block-scale pointers of A and B (FP4), NULL otherwise. */
+static qd_status gemm_rm(int kind, float *C, const void *A, int ta, const void *B, int tb, int64_t M,
+                         int64_t N, int64_t K, float beta, const void *scale_a, const void *scale_b)
+{
+    if (M < 0 || N < 0 || K < 0)
+        return qd_error(QD_ERR_SHAPE, "cuda_blas: %s GEMM of shape M %lld N %lld K %lld",
+                        kind_names[kind], (long long)M, (long long)N, (long long)K);
+    if (M == 0 || N == 0)
+        return QD_OK;
+    if (K == 0) /* an empty sum (dW of a batch without tokens): only beta * C remains */
+        return scale_by(C, beta, M * N);
+    blas_ctx *c;
+    QD_TRY(get_ctx(&c));
+    if (kind == KIND_FP8)
+        scale_a = scale_b = c->one;
+
+    plan_key key;
+    memset(&key, 0, sizeof key);
+    key.kind = kind;
+    key.op_a = tb ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLASLt's A is our B */
+    key.op_b = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    key.m = N;
+    key.n = M;
+    key.k = K;
+    key.lda = tb ? K : N;
+    key.ldb = ta ? M : K;
+    key.ldc = N;
+    key.align_a = ptr_align(B);
+    key.align_b = ptr_align(A);
+    key.align_c = ptr_align(C);
+
+    plan *p;
+    QD_TRY(plan_get(c, &key, scale_b, scale_a, &p));
+    if (kind == KIND_FP4)
+        QD_TRY(set_scale_ptrs(p, scale_b, scale_a));
+    const float alpha = 1.0f;
+    cublasStatus_t s = CUBLAS_STATUS_NOT_SUPPORTED;
+    for (int t = 0; t < p->n_algo; t++) {
+        int i = (p->use + t) % p->n_algo;
+        s = cublasLtMatmul(c->h, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc,
+                           &p->algo[i], c->ws, WORKSPACE_BYTES, 0);
+        if (s == CUBLAS_STATUS_SUCCESS) {
+            p->use = i;
+            return QD_OK;
+        }
+    }
+    return lt_error(s, "cublasLtMatmul", __FILE__, __LINE__, &p->key);
+}
+
+/* ---- BF16 and float32 */
+qd_status qd_cuda_gemm_bf16(float *y, const uint16_t *x, const uint16_t *w, int64_t M, int64_t N,
+                            int64_t K, float beta)
+{
+    return gemm_rm(KIND_BF16, y, x, 0, w, 1, M, N, K, beta, NULL, NULL);
+}
+
+qd_status qd_cuda_gemm_bf16_dx(float *dx, const uint16_t *dy, const uint16_t *w, int64_t M, int64_t N,
+                               int64_t K, float beta)
+{
+    return gemm_rm(KIND_BF16, dx, dy, 0, w, 0, M, K, N, beta, NULL, NULL);
+}
+
+qd_status qd_cuda_gemm_bf16_dw(float *dw, const uint16_t *dy, const uint16_t *x, int64_t M, int64_t N,
+                               int64_t K, float beta)
+{
+    return gemm_rm(KIND_BF16, dw, dy, 1, x, 0, N, K, M, beta, NULL, NULL);
+}
+
+qd_status qd_cuda_gemm_f32(float *y, const float *x, const float *w, int64_t M, int64_t N, int64_t K,
+                           float beta)
+{
+    return gemm_rm(KIND_F32, y, x, 0, w, 1, M, N, K, beta, NULL, NULL);
+}
+
+qd_status qd_cuda_gemm_f32_dx(float *dx, const float *dy, const float *w, int64_t M, int64_t N,
+                              int64_t K, float beta)
+{
+    return gemm_rm(KIND_F32, dx, dy, 0, w, 0, M, K, N, beta, NULL, NULL);
+}
+
+qd_status qd_cuda_gemm_f32_dw(float *dw, const float *dy, const float *x, int64_t M, int64_t N,
+                              int64_t K, float beta)
+{
+    return gemm_rm(KIND_F32, dw, dy, 1, x, 0, N, K, M, beta, NULL, NULL);
+}
+
+/* ---- FP8 */
+qd_status qd_cuda_gemm_fp8(float *y, const uint8_t *qa, const float *sa_inv, const uint8_t *qw,
+                           const float *sw_inv, int64_t M, int64_t N, int64_t K)
+{
+    if (K % 16 != 0)
+        return qd_error(QD_ERR_SHAPE, "qd_cuda_gemm_fp8: K = %lld is not a multiple of 16",
+                        (long long)K);
+    QD_TRY(gemm_rm(KIND_FP8, y, qa, 0, qw, 1, M, N, K, 0.0f, NULL, NULL));
+    if (M == 0 || N == 0)
+        return QD_OK;
+    return scale_rows_cols(y, sa_inv, 1, sw_inv, 1, M, N);
+}
+
+/* ---- scale swizzle: one thread per destination byte, padding written as 0 */
+static __global__ void swizzle_kernel(uint8_t *dst, const uint8_t *src, int64_t rows,
+                                      int64_t scale_cols, int64_t tiles_per_row, int64_t total)
+{
+    for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < total;
+         o += (int64_t)gridDim.x * blockDim.x) {
+        int64_t tile = o / 512, in = o % 512;
+        /* inverse of quant/swizzle.c: in = (r % 32)*16 + ((r % 128)/32)*4 + c % 4 */
+        int64_t r = (tile / tiles_per_row) * 128 + ((in % 16) / 4) * 32 + in / 16;
+        int64_t col = (tile % tiles_per_row) * 4 + in % 4;
+        dst[o] = r < rows && col < scale_cols ? src[r * scale_cols + col] : 0;
+    }
+}
+
+qd_status qd_cuda_scales_swizzle(uint8_t *dst, const uint8_t *src, int64_t rows, int64_t scale_cols)
+{
+    if (rows < 0 || scale_cols < 0)
+        return qd_error(QD_ERR_SHAPE, "qd_cuda_scales_swizzle: shape (%lld, %lld)", (long long)rows,
+                        (long long)scale_cols);
+    int64_t total = (int64_t)qd_scales_swizzled_size(rows, scale_cols);
+    if (total == 0)
+        return QD_OK;
+    swizzle_kernel<<<grid_for(total), THREADS>>>(dst, src, rows, scale_cols, (scale_cols + 3) / 4,
+                                                 total);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+/* ---- W4A4 path */
+/* Its attributes tell which device code of this binary the device runs. */
+static __global__ void arch_probe_kernel(void) {}
+
+static qd_w4a4_path detect_path(void)
+{
+    int dev, major = 0;
+    cudaFuncAttributes fa;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return QD_W4A4_EMULATED;
+    }
+    if (major != 10 && major != 12)
+        return QD_W4A4_EMULATED;
+    /* binaryVersion is the SASS the device loaded: 100 or 120 when this binary
+     * was built with the sm_100a / sm_120a target */
+    if (cudaFuncGetAttributes(&fa, arch_probe_kernel) != cudaSuccess) {
+        cudaGetLastError();
+        return QD_W4A4_EMULATED;
+    }
+    if (fa.binaryVersion / 10 != major)
+        return QD_W4A4_EMULATED;
+    if (cublasLtGetVersion() < 120800) /* CUDA_R_4F_E2M1 and VEC16_UE4M3 came with 12.8 */
+        return QD_W4A4_EMULATED;
+    return QD_W4A4_CUBLASLT_NVFP4;
+}
+
+qd_w4a4_path qd_cuda_w4a4_path(void)
+{
+    int dev;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= MAX_DEVICES) {
+        cudaGetLastError();
+        return QD_W4A4_EMULATED;
+    }
+    if (!path_known[dev])
+        path_known[dev] = 1 + (int)detect_path();
+    return (qd_w4a4_path)(path_known[dev] - 1);
+}
+
+const char *qd_cuda_w4a4_path_name(qd_w4a4_path p)
+{
+    return p == QD_W4A4_CUBLASLT_NVFP4 ? "cublaslt-nvfp4" : "emulated";
+}
+
+/* Device scratch of at least n bytes (grows; cudaFree waits for the device). */
+static qd_status scratch(blas_ctx *c, size_t n, uint8_t **out)
+{
+    if (c->scratch_bytes < n) {
+        QD_CUDA_CHECK(cudaFree(c->scratch));
+        c->scratch = NULL;
+        c->scratch_bytes = 0;
+        QD_CUDA_CHECK(cudaMalloc((void **)&c->scratch, n));
+        c->scratch_bytes = n;
+    }
+    *out = c->scratch;
+    return QD_OK;
+}
+
+static qd_status w4a4_shape(const char *fn, const qd_nvfp4 *a, const qd_nvfp4 *w)
+{
+    if (a->cols != w->cols)
+        return qd_error(QD_ERR_SHAPE, "%s: A has K = %lld, W has K = %lld", fn, (long long)a->cols,
+                        (long long)w->cols);
+    if (a->cols % 32 != 0)
+        return qd_error(QD_ERR_SHAPE, "%s: K = %lld is not a multiple of 32 (16-byte FP4 rows)", fn,
+                        (long long)a->cols);
+    return QD_OK;
+}
+
+qd_status qd_cuda_w4a4_gemm_native(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
+{
+    if (qd_cuda_w4a4_path() != QD_W4A4_CUBLASLT_NVFP4)
+        return qd_error(QD_ERR_UNSUPPORTED,
+                        "qd_cuda_w4a4_gemm_native: this device or build has no native NVFP4 "
+                        "(compute capability 10.x/12.x with an sm_100a/sm_120a build needed)");
+    QD_TRY(w4a4_shape("qd_cuda_w4a4_gemm_native", a, w));
+    int64_t M = a->rows, N = w->rows, K = a->cols;
+    if (M == 0 || N == 0)
+        return QD_OK;
+    blas_ctx *c;
+    uint8_t *buf = NULL;
+    QD_TRY(get_ctx(&c));
+    /* (M, K/16) and (N, K/16) scales, each padded to 128 rows x 4 columns; the
+     * second buffer starts on a 256-byte boundary (both sizes are multiples of 512) */
+    size_t sa_bytes = qd_scales_swizzled_size(M, K / 16), sw_bytes = qd_scales_swizzled_size(N, K / 16);
+    QD_TRY(scratch(c, sa_bytes + sw_bytes, &buf));
+    QD_TRY(qd_cuda_scales_swizzle(buf, a->scales, M, K / 16));
+    QD_TRY(qd_cuda_scales_swizzle(buf + sa_bytes, w->scales, N, K / 16));
+    QD_TRY(gemm_rm(KIND_FP4, y, a->codes, 0, w->codes, 1, M, N, K, 0.0f, buf, buf + sa_bytes));
+    return scale_rows_cols(y, a->s_dec, a->per_row, w->s_dec, w->per_row, M, N);
+}
+
+qd_status qd_cuda_w4a4_gemm_fast(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
+{
+    if (qd_cuda_w4a4_path() == QD_W4A4_CUBLASLT_NVFP4 && a->cols == w->cols && a->cols % 32 == 0)
+        return qd_cuda_w4a4_gemm_native(y, a, w);
+    return qd_cuda_w4a4_gemm_tc(y, a, w);
+}

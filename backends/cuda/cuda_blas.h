@@ -1,0 +1,94 @@
+/* backends/cuda: the GEMMs of the CUDA backend's fast mode through cuBLASLt
+ * (docs/numerics.md §7), and the native Blackwell NVFP4 W4A4 product.
+ *
+ * Fast mode is not bit-exact: each product is checked against the exact
+ * reference by relative error (tests/gpu/check_blas.cu states the bounds).
+ *
+ * All matrices are row-major device pointers; float32 outputs. Shapes use a
+ * linear layer's names: M rows (tokens), N output features, K input features;
+ * the forward is y (M, N) = x (M, K) . W (N, K)^T. beta is 0 (overwrite) or 1
+ * (accumulate into the output, as backward passes do); other values work too.
+ * Work runs on the legacy default stream and is only enqueued: read the output
+ * after a synchronizing call. A cuBLASLt failure returns QD_ERR_DEVICE (or
+ * QD_ERR_UNSUPPORTED when no algorithm exists for the shape) with a message
+ * naming the cuBLASLt call, the file and the line.
+ *
+ * State: one cuBLASLt handle, a 32 MiB workspace and a cache of matmul plans
+ * per device (cudaGetDevice() at the call), made on first use and freed by
+ * qd_cuda_blas_release(). Calls on one device must not run concurrently. */
+#ifndef QD_CUDA_BLAS_H
+#define QD_CUDA_BLAS_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include "quant/quant.h"
+
+/* ---- BF16 inputs (bit patterns, uint16_t), float32 accumulate and output */
+/* y (M, N) = x (M, K) . w (N, K)^T + beta * y */
+qd_status qd_cuda_gemm_bf16(float *y, const uint16_t *x, const uint16_t *w, int64_t M, int64_t N,
+                            int64_t K, float beta);
+/* dx (M, K) = dy (M, N) . w (N, K) + beta * dx */
+qd_status qd_cuda_gemm_bf16_dx(float *dx, const uint16_t *dy, const uint16_t *w, int64_t M, int64_t N,
+                               int64_t K, float beta);
+/* dw (N, K) = dy (M, N)^T . x (M, K) + beta * dw */
+qd_status qd_cuda_gemm_bf16_dw(float *dw, const uint16_t *dy, const uint16_t *x, int64_t M, int64_t N,
+                               int64_t K, float beta);
+
+/* ---- float32 inputs, CUBLAS_COMPUTE_32F (true float32 products, never TF32) */
+qd_status qd_cuda_gemm_f32(float *y, const float *x, const float *w, int64_t M, int64_t N, int64_t K,
+                           float beta);
+qd_status qd_cuda_gemm_f32_dx(float *dx, const float *dy, const float *w, int64_t M, int64_t N,
+                              int64_t K, float beta);
+qd_status qd_cuda_gemm_f32_dw(float *dw, const float *dy, const float *x, int64_t M, int64_t N,
+                              int64_t K, float beta);
+
+/* ---- FP8 E4M3 with one decode scale per row (quant/'s qd_fp8_quantize_rows codes):
+ * y[m][n] = (sum_k qa[m][k] * qw[n][k]) * (sa_inv[m] * sw_inv[n]).
+ * qa (M, K), sa_inv (M), qw (N, K), sw_inv (N); K a multiple of 16 (cuBLASLt's
+ * FP8 rows must be 16-byte aligned). cuBLASLt computes the unscaled product
+ * (precise accumulation, CUBLASLT_MATMUL_DESC_FAST_ACCUM = 0); a small kernel
+ * then applies the two scales in the CPU's order. */
+qd_status qd_cuda_gemm_fp8(float *y, const uint8_t *qa, const float *sa_inv, const uint8_t *qw,
+                           const float *sw_inv, int64_t M, int64_t N, int64_t K);
+
+/* ---- W4A4 (NVFP4 x NVFP4). a (M, K) and w (N, K) are device qd_nvfp4
+ * (backends/cuda/cuda_quant.h: row-major, unswizzled scales). */
+typedef enum {
+    QD_W4A4_EMULATED = 0,      /* qd_cuda_w4a4_gemm(_tc): the canonical order, CPU bits */
+    QD_W4A4_CUBLASLT_NVFP4 = 1 /* cuBLASLt block-scaled FP4 (Blackwell), tolerance only */
+} qd_w4a4_path;
+
+/* The path the fast mode uses on the current device: cuBLASLt NVFP4 when the
+ * compute capability's major is 10 or 12, this binary carries device code for
+ * it (an sm_100a/sm_120a target) and the loaded cuBLASLt is 12.8 or newer;
+ * else the emulated kernels. Hopper (9.x) always gets QD_W4A4_EMULATED. */
+qd_w4a4_path qd_cuda_w4a4_path(void);
+/* "cublaslt-nvfp4" or "emulated". */
+const char *qd_cuda_w4a4_path_name(qd_w4a4_path p);
+
+/* y (M, N) through cuBLASLt's block-scaled FP4 matmul: the codes as
+ * CUDA_R_4F_E2M1, the block scales swizzled on the device into the
+ * VEC16_UE4M3 128x4 layout, alpha = 1, then y[m][n] *= s_dec_a[m] * s_dec_w[n]
+ * (each per row or per tensor as its per_row says) in a small kernel: alpha is
+ * one scalar and cannot carry per-token activation scales. K must be a
+ * multiple of 32. QD_ERR_UNSUPPORTED when qd_cuda_w4a4_path() is not native. */
+qd_status qd_cuda_w4a4_gemm_native(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
+/* The fast mode's W4A4: native where qd_cuda_w4a4_path() says so (and K % 32
+ * == 0), else qd_cuda_w4a4_gemm_tc (the canonical bits). */
+qd_status qd_cuda_w4a4_gemm_fast(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
+
+/* Device twin of qd_scales_swizzle: src (rows, scale_cols) E4M3 codes,
+ * row-major -> dst, qd_scales_swizzled_size(rows, scale_cols) bytes, padding 0. */
+qd_status qd_cuda_scales_swizzle(uint8_t *dst, const uint8_t *src, int64_t rows, int64_t scale_cols);
+
+/* Frees the current device's handle, workspace and plans (the next call makes them again). */
+void qd_cuda_blas_release(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,416 @@
+/* The fast mode's GEMMs (backends/cuda/cuda_blas.h) against exact references
+ * on the CPU, on a machine with a GPU (docs/numerics.md §7: fast mode is
+ * checked by relative error, never bit for bit):
+ *
+ *     tests/gpu/check_blas          (tests/gpu/check_blas.sh builds and runs it)
+ *
+ * Random normal data at the model's shapes: M (tokens) in {1, 7, 64, 300},
+ * N (output features) in {64, 1024}, K (input features) in {64, 1024, 4096}.
+ * One table: op, shape M x N x K, max abs error, max relative error
+ * rel = max|got - ref| / max|ref| over the whole output, the bound, PASS/FAIL.
+ * Also prints the W4A4 path and requires "emulated" on compute capability 9.x.
+ * Exit 0 when every row passes, 1 on a FAIL, 2 on an error.
+ *
+ * References and bounds (u = 2^-24, float32's unit roundoff; L = the length of
+ * the reduction: K for y = x.W^T, N for dx = dy.W, M for dw = dy^T.x):
+ * - bf16 and f32: a plain loop in double over the same inputs (bf16 inputs as
+ *   their exact float values), so the reference is exact to ~2^-53 and the
+ *   error is cuBLASLt's float32 accumulation alone (bf16 x bf16 products are
+ *   exact in float32; float32 x float32 ones round once). A sum of L terms
+ *   rounds at most L times; with random signs those errors add like a random
+ *   walk, |err| ~ u * sqrt(L) * |partial sums| ~ u * sqrt(L) * max|ref| / 2.
+ *   Bound: rel <= 16 u sqrt(L) = 2^-20 sqrt(L) (7.6e-6 at L = 64, 6.1e-5 at
+ *   4096), 30x the expected value. TF32 (10-bit mantissa inputs), which
+ *   CUBLAS_COMPUTE_32F must not use, would give rel ~ 2^-11 = 4.9e-4 and fail.
+ * - fp8 (E4M3 codes from qd_fp8_quantize_rows, one scale a row): the reference
+ *   is quant/'s qd_fp8_gemm, the exact mode's product (sequential float32 sum of
+ *   exact products). Hopper's FP8 MMA adds products inside an instruction with
+ *   fewer than float32's bits (about 14 retained, DeepSeek-V3 report §3.3);
+ *   cuBLASLt promotes those partial sums into float32 periodically (FAST_ACCUM
+ *   off), so the error is ~2^-14 of a short partial sum, a random walk over
+ *   the rest: expected rel ~ 2^-14/2 = 3e-5. Bound: rel <= 2^-10 = 9.8e-4.
+ *   Unpromoted accumulation (FAST_ACCUM on) reaches ~1e-2 at K = 4096 and fails;
+ *   a wrong scale or layout gives rel ~ 1.
+ * - w4a4 fast: quant/'s qd_w4a4_gemm. On the emulated path (Hopper) the kernel
+ *   is the canonical one: bound 0, every bit equal. On the native path
+ *   (Blackwell cuBLASLt NVFP4, "w4a4 native" rows too) block products and
+ *   block scalings are exact and only the float32 accumulation order differs,
+ *   with the same tensor-core caveat as FP8: rel <= 2^-10.
+ * - swizzle: the device swizzle of the block scales against quant/'s
+ *   qd_scales_swizzle, byte for byte (bound 0); its shape column reads
+ *   rows x K/16 x K, for A's scales (rows = M) and W's (rows = N = 1024). */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <algorithm>
+#include <string>
+#include <thread>
+#include <vector>
+#include <cublasLt.h>
+#include "backends/cuda/cuda_blas.h"
+#include "backends/cuda/cuda_die.h"
+#include "backends/cuda/cuda_quant.h"
+#include "quant/splitmix64.h"
+
+#define MAX_M 300
+#define MAX_N 1024
+#define MAX_K 4096
+
+static int failures, rows_run;
+static std::vector<std::string> failed_rows; /* listed again after the table */
+
+/* ---- the table */
+static void header(void)
+{
+    printf("| %-16s | %-18s | %10s | %10s | %10s | %-4s |\n", "op", "M x N x K", "max abs", "max rel",
+           "bound", "ok");
+    printf("|------------------|--------------------|------------|------------|------------|------|\n");
+}
+
+static void row(const char *op, int64_t M, int64_t N, int64_t K, double abs_err, double rel,
+                double bound, int pass)
+{
+    char shape[72];
+    snprintf(shape, sizeof shape, "%lld x %lld x %lld", (long long)M, (long long)N, (long long)K);
+    char line[160];
+    snprintf(line, sizeof line, "| %-16s | %-18s | %10.3e | %10.3e | %10.3e | %-4s |", op, shape,
+             abs_err, rel, bound, pass ? "PASS" : "FAIL");
+    puts(line);
+    fflush(stdout);
+    rows_run++;
+    failures += !pass;
+    if (!pass)
+        failed_rows.push_back(line);
+}
+
+/* Max |got - ref| (a NaN counts as infinite) and that over max|ref|. */
+static void errors(const float *got, const double *ref, size_t n, double *abs_err, double *rel)
+{
+    double e = 0.0, r = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]);
+        e = d > e || d != d ? (d != d ? INFINITY : d) : e;
+        r = std::max(r, fabs(ref[i]));
+    }
+    *abs_err = e;
+    *rel = r > 0.0 ? e / r : e;
+}
+
+/* ---- random data */
+static uint64_t rng_state = 0xb1a5c0ffee123ULL;
+static double normal(void)
+{
+    double u = qd_splitmix64_unit(&rng_state), v = qd_splitmix64_unit(&rng_state);
+    return sqrt(-2.0 * log(u + 1e-300)) * cos(6.283185307179586 * v);
+}
+
+static std::vector<float> normals(size_t n)
+{
+    std::vector<float> x(n);
+    for (auto &v : x)
+        v = (float)normal();
+    return x;
+}
+
+/* The top-left (rows, cols) block of a (.., ld) row-major matrix, contiguous. */
+static std::vector<float> block(const std::vector<float> &big, int64_t ld, int64_t rows, int64_t cols)
+{
+    std::vector<float> b((size_t)(rows * cols));
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(&b[(size_t)(r * cols)], &big[(size_t)(r * ld)], sizeof(float) * (size_t)cols);
+    return b;
+}
+
+static std::vector<float> transpose(const std::vector<float> &a, int64_t rows, int64_t cols)
+{
+    std::vector<float> t(a.size());
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            t[(size_t)(c * rows + r)] = a[(size_t)(r * cols + c)];
+    return t;
+}
+
+/* bf16 bits of x, and x replaced by their exact values (what the GPU reads). */
+static std::vector<uint16_t> to_bf16(std::vector<float> &x)
+{
+    std::vector<uint16_t> b(x.size());
+    for (size_t i = 0; i < x.size(); i++) {
+        b[i] = qd_bf16_from_f32(x[i]);
+        x[i] = qd_bf16_to_f32(b[i]);
+    }
+    return b;
+}
+
+/* ---- the exact reference: out (I, J) = beta * c0 + A (I, L) . B (J, L)^T in double */
+static std::vector<double> ref_abt(const std::vector<float> &A, const std::vector<float> &B, int64_t I,
+                                   int64_t J, int64_t L, const std::vector<float> *c0, float beta)
+{
+    std::vector<double> out((size_t)(I * J));
+    unsigned nt = std::max(1u, std::thread::hardware_concurrency());
+    std::vector<std::thread> pool;
+    for (unsigned t = 0; t < nt; t++)
+        pool.emplace_back([&, t] {
+            for (int64_t i = t; i < I; i += nt)
+                for (int64_t j = 0; j < J; j++) {
+                    const float *a = &A[(size_t)(i * L)], *b = &B[(size_t)(j * L)];
+                    double s = c0 ? (double)beta * (*c0)[(size_t)(i * J + j)] : 0.0;
+                    for (int64_t l = 0; l < L; l++)
+                        s += (double)a[l] * (double)b[l];
+                    out[(size_t)(i * J + j)] = s;
+                }
+        });
+    for (auto &th : pool)
+        th.join();
+    return out;
+}
+
+/* ---- device helpers */
+template <typename T> static T *to_dev(const T *h, size_t n)
+{
+    T *d;
+    QD_CUDA_DIE(cudaMalloc((void **)&d, (n ? n : 1) * sizeof(T)));
+    QD_CUDA_DIE(cudaMemcpy(d, h, n * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+
+template <typename T> static T *to_dev(const std::vector<T> &h)
+{
+    return to_dev(h.data(), h.size());
+}
+
+static std::vector<float> to_host(const float *d, size_t n)
+{
+    std::vector<float> h(n);
+    QD_CUDA_DIE(cudaDeviceSynchronize());
+    QD_CUDA_DIE(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+static double sqrt_bound(int64_t L)
+{
+    return ldexp(1.0, -20) * sqrt((double)L);
+}
+
+/* One product against its reference: y starts as y0 (device copy), run(y) computes
+ * it. With bits (the reference's float32 bits) every bit must be equal; else
+ * rel <= bound. A failing call is a FAIL row with its message, and the check goes on. */
+template <typename F>
+static void check_op(const char *op, int64_t M, int64_t N, int64_t K, const std::vector<float> &y0,
+                     const std::vector<double> &ref, double bound, F run, const float *bits = NULL)
+{
+    float *y = to_dev(y0);
+    qd_status st = run(y);
+    if (st != QD_OK) {
+        row(op, M, N, K, NAN, NAN, bound, 0);
+        printf("    %s: %s: %s\n", op, qd_status_str(st), qd_last_error());
+        cudaGetLastError(); /* clear a non-sticky error for the next rows */
+    } else {
+        std::vector<float> got = to_host(y, y0.size());
+        double e, rel;
+        errors(got.data(), ref.data(), got.size(), &e, &rel);
+        int pass = bits ? memcmp(got.data(), bits, sizeof(float) * got.size()) == 0 : rel <= bound;
+        row(op, M, N, K, e, rel, bound, pass);
+    }
+    QD_CUDA_DIE(cudaFree(y));
+}
+
+/* ---- BF16 and float32: forward, dx and dw of one shape; beta 1 on some to test accumulation */
+typedef struct {
+    int64_t M, N, K;
+    std::vector<float> x, w, dy, wt, dyt, xt, y0, dx0, dw0; /* wt = w^T (K, N), dyt (N, M), xt (K, M) */
+} shape_data;
+
+static void check_bf16(shape_data &s)
+{
+    int64_t M = s.M, N = s.N, K = s.K;
+    std::vector<float> x = s.x, w = s.w, dy = s.dy;
+    std::vector<uint16_t> xb = to_bf16(x), wb = to_bf16(w), dyb = to_bf16(dy);
+    uint16_t *d_x = to_dev(xb), *d_w = to_dev(wb), *d_dy = to_dev(dyb);
+    std::vector<float> wt = transpose(w, N, K), dyt = transpose(dy, M, N), xt = transpose(x, M, K);
+    check_op("bf16 y+=x.W^T", M, N, K, s.y0, ref_abt(x, w, M, N, K, &s.y0, 1.0f), sqrt_bound(K),
+             [&](float *y) { return qd_cuda_gemm_bf16(y, d_x, d_w, M, N, K, 1.0f); });
+    check_op("bf16 dx=dy.W", M, N, K, s.dx0, ref_abt(dy, wt, M, K, N, NULL, 0.0f), sqrt_bound(N),
+             [&](float *y) { return qd_cuda_gemm_bf16_dx(y, d_dy, d_w, M, N, K, 0.0f); });
+    check_op("bf16 dw+=dy^T.x", M, N, K, s.dw0, ref_abt(dyt, xt, N, K, M, &s.dw0, 1.0f), sqrt_bound(M),
+             [&](float *y) { return qd_cuda_gemm_bf16_dw(y, d_dy, d_x, M, N, K, 1.0f); });
+    QD_CUDA_DIE(cudaFree(d_x));
+    QD_CUDA_DIE(cudaFree(d_w));
+    QD_CUDA_DIE(cudaFree(d_dy));
+}
+
+static void check_f32(shape_data &s)
+{
+    int64_t M = s.M, N = s.N, K = s.K;
+    float *d_x = to_dev(s.x), *d_w = to_dev(s.w), *d_dy = to_dev(s.dy);
+    check_op("f32 y=x.W^T", M, N, K, s.y0, ref_abt(s.x, s.w, M, N, K, NULL, 0.0f), sqrt_bound(K),
+             [&](float *y) { return qd_cuda_gemm_f32(y, d_x, d_w, M, N, K, 0.0f); });
+    check_op("f32 dx+=dy.W", M, N, K, s.dx0, ref_abt(s.dy, s.wt, M, K, N, &s.dx0, 1.0f), sqrt_bound(N),
+             [&](float *y) { return qd_cuda_gemm_f32_dx(y, d_dy, d_w, M, N, K, 1.0f); });
+    check_op("f32 dw+=dy^T.x", M, N, K, s.dw0, ref_abt(s.dyt, s.xt, N, K, M, &s.dw0, 1.0f),
+             sqrt_bound(M), [&](float *y) { return qd_cuda_gemm_f32_dw(y, d_dy, d_x, M, N, K, 1.0f); });
+    QD_CUDA_DIE(cudaFree(d_x));
+    QD_CUDA_DIE(cudaFree(d_w));
+    QD_CUDA_DIE(cudaFree(d_dy));
+}
+
+/* ---- FP8 against qd_fp8_gemm */
+static void check_fp8(const shape_data &s)
+{
+    int64_t M = s.M, N = s.N, K = s.K;
+    std::vector<uint8_t> qa((size_t)(M * K)), qw((size_t)(N * K));
+    std::vector<float> sa(M), sw(N), ref32((size_t)(M * N));
+    QD_STATUS_DIE(qd_fp8_quantize_rows(qa.data(), sa.data(), s.x.data(), M, K));
+    QD_STATUS_DIE(qd_fp8_quantize_rows(qw.data(), sw.data(), s.w.data(), N, K));
+    qd_fp8_gemm(ref32.data(), qa.data(), sa.data(), qw.data(), sw.data(), M, N, K);
+    std::vector<double> ref(ref32.begin(), ref32.end());
+    uint8_t *dqa = to_dev(qa), *dqw = to_dev(qw);
+    float *dsa = to_dev(sa), *dsw = to_dev(sw);
+    check_op("fp8 y=x.W^T", M, N, K, std::vector<float>((size_t)(M * N)), ref, ldexp(1.0, -10),
+             [&](float *y) { return qd_cuda_gemm_fp8(y, dqa, dsa, dqw, dsw, M, N, K); });
+    QD_CUDA_DIE(cudaFree(dqa));
+    QD_CUDA_DIE(cudaFree(dqw));
+    QD_CUDA_DIE(cudaFree(dsa));
+    QD_CUDA_DIE(cudaFree(dsw));
+}
+
+/* ---- W4A4 against qd_w4a4_gemm, and the scale swizzle against qd_scales_swizzle */
+static qd_nvfp4 nvfp4_to_dev(const qd_nvfp4 *c)
+{
+    qd_nvfp4 g;
+    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&g, c->rows, c->cols, c->per_row));
+    QD_CUDA_DIE(cudaMemcpy(g.codes, c->codes, (size_t)(c->rows * c->cols / 2), cudaMemcpyHostToDevice));
+    QD_CUDA_DIE(
+        cudaMemcpy(g.scales, c->scales, (size_t)(c->rows * c->cols / 16), cudaMemcpyHostToDevice));
+    QD_CUDA_DIE(cudaMemcpy(g.s_dec, c->s_dec, sizeof(float) * (size_t)(c->per_row ? c->rows : 1),
+                           cudaMemcpyHostToDevice));
+    return g;
+}
+
+static void check_swizzle(const qd_nvfp4 *c, const qd_nvfp4 *g, int64_t K)
+{
+    int64_t rows = c->rows, sc = c->cols / 16;
+    size_t n = qd_scales_swizzled_size(rows, sc);
+    std::vector<uint8_t> want(n), got(n);
+    uint8_t *d;
+    qd_scales_swizzle(want.data(), c->scales, rows, sc);
+    QD_CUDA_DIE(cudaMalloc((void **)&d, n));
+    QD_CUDA_DIE(cudaMemset(d, 0xAB, n)); /* padding must be written as 0 */
+    QD_STATUS_DIE(qd_cuda_scales_swizzle(d, g->scales, rows, sc));
+    QD_CUDA_DIE(cudaMemcpy(got.data(), d, n, cudaMemcpyDeviceToHost));
+    QD_CUDA_DIE(cudaFree(d));
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++)
+        worst = std::max(worst, fabs((double)got[i] - (double)want[i]));
+    row("swizzle scales", rows, sc, K, worst, worst, 0.0, worst == 0.0);
+}
+
+static void check_w4a4(const shape_data &s, qd_w4a4_path path)
+{
+    int64_t M = s.M, N = s.N, K = s.K;
+    qd_nvfp4 a, w;
+    QD_STATUS_DIE(qd_nvfp4_alloc(&a, M, K, 1));
+    QD_STATUS_DIE(qd_nvfp4_alloc(&w, N, K, 0));
+    QD_STATUS_DIE(qd_nvfp4_quantize(&a, s.x.data()));
+    QD_STATUS_DIE(qd_nvfp4_quantize(&w, s.w.data()));
+    std::vector<float> ref32((size_t)(M * N));
+    QD_STATUS_DIE(qd_w4a4_gemm(ref32.data(), &a, &w));
+    std::vector<double> ref(ref32.begin(), ref32.end());
+    qd_nvfp4 ga = nvfp4_to_dev(&a), gw = nvfp4_to_dev(&w);
+    std::vector<float> zero((size_t)(M * N));
+    int native = path == QD_W4A4_CUBLASLT_NVFP4;
+    if (native) {
+        check_op("w4a4 native", M, N, K, zero, ref, ldexp(1.0, -10),
+                 [&](float *y) { return qd_cuda_w4a4_gemm_native(y, &ga, &gw); });
+        check_op("w4a4 fast", M, N, K, zero, ref, ldexp(1.0, -10),
+                 [&](float *y) { return qd_cuda_w4a4_gemm_fast(y, &ga, &gw); });
+    } else { /* the canonical kernel: every bit equal */
+        check_op("w4a4 fast (bits)", M, N, K, zero, ref, 0.0,
+                 [&](float *y) { return qd_cuda_w4a4_gemm_fast(y, &ga, &gw); }, ref32.data());
+    }
+    if (N == MAX_N) /* each (rows, K/16) once: M with N = 1024, N = 1024 with M = 300 */
+        check_swizzle(&a, &ga, K);
+    if (N == MAX_N && M == MAX_M)
+        check_swizzle(&w, &gw, K);
+    qd_cuda_nvfp4_free(&ga);
+    qd_cuda_nvfp4_free(&gw);
+    qd_nvfp4_free(&a);
+    qd_nvfp4_free(&w);
+}
+
+/* On a device without the native path, the native call must refuse, not compute. */
+static void check_native_refused(void)
+{
+    qd_nvfp4 a, w;
+    float *y;
+    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&a, 1, 64, 1));
+    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&w, 64, 64, 0));
+    QD_CUDA_DIE(cudaMalloc((void **)&y, 64 * sizeof(float)));
+    qd_status st = qd_cuda_w4a4_gemm_native(y, &a, &w);
+    printf("qd_cuda_w4a4_gemm_native on this device: %s (%s)\n", qd_status_str(st), qd_last_error());
+    if (st != QD_ERR_UNSUPPORTED) {
+        printf("FAIL: expected QD_ERR_UNSUPPORTED\n");
+        failures++;
+    }
+    qd_cuda_nvfp4_free(&a);
+    qd_cuda_nvfp4_free(&w);
+    QD_CUDA_DIE(cudaFree(y));
+}
+
+/* Prints the device and the W4A4 path; 1 when the path is wrong for the device. */
+static int check_path(qd_w4a4_path *path)
+{
+    cudaDeviceProp p;
+    QD_CUDA_DIE(cudaGetDeviceProperties(&p, 0));
+    *path = qd_cuda_w4a4_path();
+    printf("device: %s, compute capability %d.%d; cuBLASLt %zu; W4A4 path: %s\n", p.name, p.major,
+           p.minor, cublasLtGetVersion(), qd_cuda_w4a4_path_name(*path));
+    if (p.major == 9 && *path != QD_W4A4_EMULATED) {
+        printf("FAIL: compute capability 9.x must use the emulated W4A4 path\n");
+        return 1;
+    }
+    return 0;
+}
+
+int main(void)
+{
+    static const int64_t Ms[] = {1, 7, 64, MAX_M}, Ns[] = {64, MAX_N}, Ks[] = {64, 1024, MAX_K};
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        fprintf(stderr, "check_blas: no CUDA device\n");
+        return 2;
+    }
+    QD_CUDA_DIE(cudaSetDevice(0));
+    qd_w4a4_path path;
+    failures += check_path(&path);
+    if (path == QD_W4A4_EMULATED)
+        check_native_refused();
+
+    /* one draw of the largest tensors; each shape takes their top-left blocks */
+    std::vector<float> X = normals(MAX_M * MAX_K), W = normals(MAX_N * MAX_K),
+                       DY = normals(MAX_M * MAX_N), Y0 = normals(MAX_M * MAX_N),
+                       DX0 = normals(MAX_M * MAX_K), DW0 = normals(MAX_N * MAX_K);
+    header();
+    for (int64_t K : Ks)
+        for (int64_t N : Ns)
+            for (int64_t M : Ms) {
+                shape_data s;
+                s.M = M, s.N = N, s.K = K;
+                s.x = block(X, MAX_K, M, K), s.w = block(W, MAX_K, N, K), s.dy = block(DY, MAX_N, M, N);
+                s.y0 = block(Y0, MAX_N, M, N), s.dx0 = block(DX0, MAX_K, M, K),
+                s.dw0 = block(DW0, MAX_K, N, K);
+                s.wt = transpose(s.w, N, K), s.dyt = transpose(s.dy, M, N), s.xt = transpose(s.x, M, K);
+                check_bf16(s);
+                check_f32(s);
+                check_fp8(s);
+                check_w4a4(s, path);
+            }
+    qd_cuda_blas_release();
+    if (!failed_rows.empty())
+        printf("failed rows:\n");
+    for (const std::string &l : failed_rows)
+        printf("%s\n", l.c_str());
+    printf("%s: %d failure(s); %d table row(s)\n", failures ? "FAIL" : "PASS", failures, rows_run);
+    return failures ? 1 : 0;
+}
