@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../.."
 mkdir -p .devrun/lib
 for l in $(ldd ./quads | awk '{print $3}' | grep '^/'); do
     case $(basename "$l") in
-    libc.so* | libm.so* | libstdc++* | libgcc_s* | libresolv* | ld-linux* | libpthread* | libdl* | librt*) ;;
+    libc.so* | libm.so* | libstdc++* | libgcc_s* | libresolv* | ld-linux* | libpthread* | libdl* | librt* | libcublas* | libcudart*) ;;
     *) cp -L "$l" .devrun/lib/ ;;
     esac
 done
