@@ -191,11 +191,12 @@ static qd_status fwd_w4a4(cuda_ctx *c, float *out, const float *inp, linear *L, 
         QD_TRY(qdk_rac_error(L->d_rac_err, inp, (const float *)xh, N, L->in));
         QD_TRY(qd_cuda_rac_augment_act(&a, inp, N, L->in, L->d_rac_ch, L->nrac));
     } else {
-        QD_TRY(qd_cuda_nvfp4_quantize(&a, inp));
+        /* a non-finite input is reported by model_forward's qd_cuda_nonfinite_check */
+        QD_TRY(qd_cuda_nvfp4_quantize_async(&a, inp));
     }
     if (c->opt.mode == QD_MODE_FAST)
         return qd_cuda_w4a4_gemm_fast(out, &a, &L->wq);
-    return qd_cuda_w4a4_gemm_tc(out, &a, &L->wq);
+    return qd_cuda_w4a4_gemm_tc_async(out, &a, &L->wq);
 }
 
 static qd_status fwd_fp8(cuda_ctx *c, float *out, const float *inp, const linear *L, int N)
