@@ -226,25 +226,35 @@ static qd_status effective_input(cuda_ctx *c, const float **xe, const float *inp
     return qdk_round((float *)p, inp, n, 1);
 }
 
-/* Diagnostics: per-row NVFP4 error sums of this input, rows added in order. */
-static qd_status measure_act_error(cuda_ctx *c, linear *L, const float *inp, int N)
+/* Diagnostics: per-row NVFP4 error sums of the input rows (rows, in), then
+ * segment g's rows off[g] .. off[g+1]-1 added in order to linear L[g]'s sums
+ * (one linear, or the experts of a grouped projection). */
+static qd_status measure_act_rows(cuda_ctx *c, linear *const *L, const int32_t *off, int nseg, const float *inp,
+                                  int rows, int in)
 {
     void *xh, *sums;
-    QD_TRY(scratch(c, S_XH, sizeof(float) * (size_t)N * L->in, &xh));
-    QD_TRY(scratch(c, S_DIAG, sizeof(double) * 2 * (size_t)N, &sums));
-    QD_TRY(qd_cuda_nvfp4_fake_quant((float *)xh, inp, N, L->in, 1));
+    QD_TRY(scratch(c, S_XH, sizeof(float) * (size_t)rows * in, &xh));
+    QD_TRY(scratch(c, S_DIAG, sizeof(double) * 2 * (size_t)rows, &sums));
+    QD_TRY(qd_cuda_nvfp4_fake_quant((float *)xh, inp, rows, in, 1));
     double *e = (double *)sums;
-    QD_TRY(qdk_sqerr_rows(e, e + N, inp, (const float *)xh, N, L->in));
-    double *h = (double *)malloc(sizeof(double) * 2 * (size_t)N);
+    QD_TRY(qdk_sqerr_rows(e, e + rows, inp, (const float *)xh, rows, in));
+    double *h = (double *)malloc(sizeof(double) * 2 * (size_t)(rows ? rows : 1));
     if (!h)
         return qd_error(QD_ERR_NOMEM, "cuda backend: diagnostics");
-    qd_status st = d2h(h, e, sizeof(double) * 2 * (size_t)N);
-    for (int r = 0; r < N && !st; r++) {
-        L->act_err += h[r];
-        L->act_norm += h[N + r];
-    }
+    qd_status st = d2h(h, e, sizeof(double) * 2 * (size_t)rows);
+    for (int g = 0; g < nseg && !st; g++)
+        for (int r = off[g]; r < off[g + 1]; r++) {
+            L[g]->act_err += h[r];
+            L[g]->act_norm += h[rows + r];
+        }
     free(h);
     return st;
+}
+
+static qd_status measure_act_error(cuda_ctx *c, linear *L, const float *inp, int N)
+{
+    int32_t off[2] = {0, N};
+    return measure_act_rows(c, &L, off, 1, inp, N, L->in);
 }
 
 static qd_status linear_forward(cuda_ctx *c, float *out, const float *inp, linear *L, int N)
@@ -606,6 +616,111 @@ static linear *expert_lin(cuda_ctx *c, const layer *ly, int e, int which)
     return &c->lin[ly->mlp0 + 3 * e + which];
 }
 
+/* ---- the experts of a layer in one launch per projection: the same rows and
+ * operations as one linear_forward/backward per expert (each output has one
+ * expert's operands), so the same bits, without 3 * nexp launches a layer */
+
+/* Per expert: one launch for all (RAC's channel sets differ per expert, and
+ * fast mode gives large products to cuBLASLt one by one). */
+static int experts_grouped(const cuda_ctx *c, const layer *ly, int R)
+{
+    if (c->lin[ly->mlp0].mode == QD_LINEAR_W4A4_RAC)
+        return 0;
+    return !(c->opt.mode == QD_MODE_FAST && R >= 64 * ly->nexp);
+}
+
+/* out (R, OC) = rows of inp (R, IC) of each expert times its projection `which`. */
+static qd_status experts_forward(cuda_ctx *c, float *out, const float *inp, const layer_acts *s, const layer *ly,
+                                 int which)
+{
+    int E = ly->nexp, R = s->exp_off[E];
+    linear *L0 = expert_lin(c, ly, 0, which);
+    int IC = L0->in, OC = L0->out;
+    if (R == 0)
+        return QD_OK;
+    linear **Ls = (linear **)malloc(sizeof(linear *) * E);
+    qdk_mm_item *it = (qdk_mm_item *)calloc((size_t)E, sizeof *it);
+    int64_t *roff = (int64_t *)malloc(sizeof(int64_t) * (E + 1));
+    const qd_nvfp4 **wq = (const qd_nvfp4 **)malloc(sizeof(qd_nvfp4 *) * E);
+    qd_status st = Ls && it && roff && wq ? QD_OK : qd_error(QD_ERR_NOMEM, "cuda backend: experts");
+    for (int e = 0; e <= E && !st; e++) {
+        roff[e] = s->exp_off[e];
+        if (e < E) {
+            Ls[e] = expert_lin(c, ly, e, which);
+            wq[e] = &Ls[e]->wq;
+        }
+    }
+    if (!st && c->opt.diagnostics && L0->quantized && IC % QD_NVFP4_BLOCK == 0)
+        st = measure_act_rows(c, Ls, s->exp_off, E, inp, R, IC);
+    if (!st && L0->mode == QD_LINEAR_W4A4) {
+        qd_nvfp4 a;
+        st = act_nvfp4(c, &a, R, IC);
+        if (!st)
+            st = qd_cuda_nvfp4_quantize_async(&a, inp);
+        if (!st)
+            st = qd_cuda_w4a4_gemm_grouped_async(out, &a, wq, roff, E);
+    } else if (!st && L0->mode == QD_LINEAR_FP8) {
+        void *qa, *sa;
+        st = scratch(c, S_FP8Q, (size_t)R * IC, &qa);
+        if (!st)
+            st = scratch(c, S_FP8S, sizeof(float) * (size_t)R, &sa);
+        if (!st)
+            st = qd_cuda_fp8_quantize_rows((uint8_t *)qa, (float *)sa, inp, R, IC);
+        for (int e = 0; e < E && !st; e++) {
+            int r0 = s->exp_off[e], m = s->exp_off[e + 1] - r0;
+            it[e] = (qdk_mm_item){(const uint8_t *)qa + (size_t)r0 * IC, Ls[e]->w8, out + (size_t)r0 * OC,
+                                  (const float *)sa + r0, Ls[e]->w8_inv, m, m ? OC : 0, IC};
+        }
+        if (!st)
+            st = qdk_matmul_grouped(it, E, IC, 1, 1, IC, 0, 1);
+    } else if (!st) {
+        const float *xe;
+        st = effective_input(c, &xe, inp, L0, R);
+        for (int e = 0; e < E && !st; e++) {
+            int r0 = s->exp_off[e], m = s->exp_off[e + 1] - r0;
+            it[e] = (qdk_mm_item){xe + (size_t)r0 * IC, P(c, Ls[e]->w), out + (size_t)r0 * OC, NULL, NULL, m,
+                                  m ? OC : 0, IC};
+        }
+        if (!st)
+            st = qdk_matmul_grouped(it, E, IC, 1, 1, IC, 0, 0);
+    }
+    free(Ls);
+    free(it);
+    free(roff);
+    free(wq);
+    return st;
+}
+
+/* dinp (R, IC) += dout . W_e; grad(W_e) += dout^T . x_eff over each expert's rows. */
+static qd_status experts_backward(cuda_ctx *c, float *dinp, const float *dout, const float *inp,
+                                  const layer_acts *s, const layer *ly, int which)
+{
+    int E = ly->nexp, R = s->exp_off[E];
+    const linear *L0 = expert_lin(c, ly, 0, which);
+    int IC = L0->in, OC = L0->out;
+    if (R == 0)
+        return QD_OK;
+    qdk_mm_item *it = (qdk_mm_item *)calloc(2 * (size_t)E, sizeof *it);
+    if (!it)
+        return qd_error(QD_ERR_NOMEM, "cuda backend: experts");
+    const float *xe;
+    qd_status st = effective_input(c, &xe, inp, L0, R);
+    for (int e = 0; e < E && !st; e++) {
+        const linear *L = expert_lin(c, ly, e, which);
+        int r0 = s->exp_off[e], m = s->exp_off[e + 1] - r0;
+        it[e] = (qdk_mm_item){dout + (size_t)r0 * OC, P(c, L->w), dinp + (size_t)r0 * IC, NULL, NULL, m,
+                              m ? IC : 0, OC};
+        it[E + e] = (qdk_mm_item){dout + (size_t)r0 * OC, xe + (size_t)r0 * IC, c->d_grads + L->w, NULL, NULL,
+                                  m ? OC : 0, IC, m};
+    }
+    if (!st)
+        st = qdk_matmul_grouped(it, E, OC, 1, IC, 1, 1, 0);
+    if (!st)
+        st = qdk_matmul_grouped(it + E, E, 1, OC, IC, 1, 1, 0);
+    free(it);
+    return st;
+}
+
 static qd_status mlp_forward(cuda_ctx *c, float *out, layer_acts *s, const layer *ly)
 {
     int N = c->N, C = c->cfg.hidden_size, I = ly->ffn, K = ly->moe ? c->cfg.num_experts_per_tok : 1;
@@ -614,13 +729,20 @@ static qd_status mlp_forward(cuda_ctx *c, float *out, layer_acts *s, const layer
     QD_TRY(route(c, s, ly));
     int R = s->exp_off[ly->nexp];
     QD_TRY(qdk_gather(s->xe, s->ln2, s->row_tok, R, C));
-    for (int e = 0; e < ly->nexp; e++) {
-        int r0 = s->exp_off[e], m = s->exp_off[e + 1] - r0;
-        size_t oi = (size_t)r0 * I, oc = (size_t)r0 * C;
-        QD_TRY(linear_forward(c, s->g + oi, s->xe + oc, expert_lin(c, ly, e, 0), m));
-        QD_TRY(linear_forward(c, s->u + oi, s->xe + oc, expert_lin(c, ly, e, 1), m));
-        QD_TRY(qdk_swiglu(s->h + oi, s->g + oi, s->u + oi, (size_t)m * I));
-        QD_TRY(linear_forward(c, s->y + oc, s->h + oi, expert_lin(c, ly, e, 2), m));
+    if (experts_grouped(c, ly, R)) {
+        QD_TRY(experts_forward(c, s->g, s->xe, s, ly, 0));
+        QD_TRY(experts_forward(c, s->u, s->xe, s, ly, 1));
+        QD_TRY(qdk_swiglu(s->h, s->g, s->u, (size_t)R * I));
+        QD_TRY(experts_forward(c, s->y, s->h, s, ly, 2));
+    } else {
+        for (int e = 0; e < ly->nexp; e++) {
+            int r0 = s->exp_off[e], m = s->exp_off[e + 1] - r0;
+            size_t oi = (size_t)r0 * I, oc = (size_t)r0 * C;
+            QD_TRY(linear_forward(c, s->g + oi, s->xe + oc, expert_lin(c, ly, e, 0), m));
+            QD_TRY(linear_forward(c, s->u + oi, s->xe + oc, expert_lin(c, ly, e, 1), m));
+            QD_TRY(qdk_swiglu(s->h + oi, s->g + oi, s->u + oi, (size_t)m * I));
+            QD_TRY(linear_forward(c, s->y + oc, s->h + oi, expert_lin(c, ly, e, 2), m));
+        }
     }
     return qdk_combine(out, s->y, s->row_w, s->tok_rows, N, K, C);
 }
@@ -728,7 +850,13 @@ static qd_status mlp_backward(cuda_ctx *c, float *dinp, const float *dout, const
     float *dg = carve(&f, (size_t)R * I), *du = carve(&f, (size_t)R * I), *dw = carve(&f, (size_t)N * K);
     float *dlog = carve(&f, (size_t)N * ly->nexp);
     QD_TRY(qdk_moe_dy(dy, dw, dout, s->y, s->row_w, s->row_rank, s->tok_rows, N, K, C));
-    for (int e = 0; e < ly->nexp; e++) {
+    if (experts_grouped(c, ly, R)) {
+        QD_TRY(experts_backward(c, dh, dy, s->h, s, ly, 2));
+        QD_TRY(qdk_swiglu_backward(dg, du, dh, s->g, s->u, (size_t)R * I));
+        QD_TRY(experts_backward(c, dxe, dg, s->xe, s, ly, 0));
+        QD_TRY(experts_backward(c, dxe, du, s->xe, s, ly, 1));
+    }
+    for (int e = 0; e < ly->nexp && !experts_grouped(c, ly, R); e++) {
         int r0 = s->exp_off[e], m = s->exp_off[e + 1] - r0;
         size_t oi = (size_t)r0 * I, oc = (size_t)r0 * C;
         QD_TRY(linear_backward(c, dh + oi, dy + oc, s->h + oi, expert_lin(c, ly, e, 2), m));

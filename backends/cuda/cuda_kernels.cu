@@ -119,16 +119,14 @@ static __device__ void mm_stage(float (*s)[MM_B + 1], const T *x, long sr, long 
     }
 }
 
-/* C (M, N) = A . B, each output acc = 0, acc = acc + a_k * b_k, k ascending;
- * with scales (FP8): times (sa[m] * sb[n]) at the end. */
+/* The CTA's tile (m0, n0) of C (M, N) = A . B, each output acc = 0,
+ * acc = acc + a_k * b_k, k ascending; with scales (FP8): times (sa[m] * sb[n]). */
 template <typename T>
-__global__ void __launch_bounds__(256) k_matmul(float *c, const T *a, long sam, long sak, const T *b, long sbk,
-                                                long sbn, int M, int N, int K, int acc_out,
-                                                const float *sa, const float *sb)
+static __device__ void mm_tile(float *c, const T *a, long sam, long sak, const T *b, long sbk, long sbn, int M,
+                               int N, int K, int acc_out, const float *sa, const float *sb, int m0, int n0)
 {
     __shared__ float As[MM_K][MM_B + 1], Bs[MM_K][MM_B + 1];
     int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-    int m0 = blockIdx.y * MM_B, n0 = blockIdx.x * MM_B;
     float acc[4][4];
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 4; j++)
@@ -161,6 +159,64 @@ __global__ void __launch_bounds__(256) k_matmul(float *c, const T *a, long sam, 
             float *o = c + (size_t)m * N + n;
             *o = acc_out ? *o + v : v;
         }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256) k_matmul(float *c, const T *a, long sam, long sak, const T *b, long sbk,
+                                                long sbn, int M, int N, int K, int acc_out,
+                                                const float *sa, const float *sb)
+{
+    mm_tile<T>(c, a, sam, sak, b, sbk, sbn, M, N, K, acc_out, sa, sb, blockIdx.y * MM_B, blockIdx.x * MM_B);
+}
+
+/* Grouped: blockIdx.z picks one independent product of the table (same strides). */
+#define QD_MM_GROUPS 128
+typedef struct {
+    const void *a[QD_MM_GROUPS], *b[QD_MM_GROUPS];
+    float *c[QD_MM_GROUPS];
+    const float *sa[QD_MM_GROUPS], *sb[QD_MM_GROUPS];
+    int M[QD_MM_GROUPS], N[QD_MM_GROUPS], K[QD_MM_GROUPS];
+} mm_groups;
+
+template <typename T>
+__global__ void __launch_bounds__(256) k_matmul_grouped(const __grid_constant__ mm_groups g, long sam, long sak,
+                                                        long sbk, long sbn, int acc_out)
+{
+    int z = blockIdx.z, m0 = blockIdx.y * MM_B, n0 = blockIdx.x * MM_B;
+    if (m0 >= g.M[z] || n0 >= g.N[z])
+        return;
+    mm_tile<T>(g.c[z], (const T *)g.a[z], sam, sak, (const T *)g.b[z], sbk, sbn, g.M[z], g.N[z], g.K[z], acc_out,
+               g.sa[z], g.sb[z], m0, n0);
+}
+
+extern "C" qd_status qdk_matmul_grouped(const qdk_mm_item *it, int n, long sam, long sak, long sbk, long sbn,
+                                        int acc, int fp8)
+{
+    for (int g0 = 0; g0 < n; g0 += QD_MM_GROUPS) {
+        mm_groups g;
+        int ng = n - g0 < QD_MM_GROUPS ? n - g0 : QD_MM_GROUPS, maxm = 0, maxn = 0;
+        for (int i = 0; i < ng; i++) {
+            const qdk_mm_item *x = &it[g0 + i];
+            g.a[i] = x->a;
+            g.b[i] = x->b;
+            g.c[i] = x->c;
+            g.sa[i] = x->sa;
+            g.sb[i] = x->sb;
+            g.M[i] = x->M;
+            g.N[i] = x->N;
+            g.K[i] = x->K;
+            maxm = x->M > maxm ? x->M : maxm;
+            maxn = x->N > maxn ? x->N : maxn;
+        }
+        if (maxm == 0 || maxn == 0)
+            continue;
+        dim3 grid((maxn + MM_B - 1) / MM_B, (maxm + MM_B - 1) / MM_B, ng);
+        if (fp8)
+            QD_LAUNCH(k_matmul_grouped<uint8_t>, grid, 256u, g, sam, sak, sbk, sbn, acc);
+        else
+            QD_LAUNCH(k_matmul_grouped<float>, grid, 256u, g, sam, sak, sbk, sbn, acc);
+    }
+    return QD_OK;
 }
 
 extern "C" qd_status qdk_matmul(float *c, const float *a, long sam, long sak, const float *b, long sbk, long sbn,

@@ -34,6 +34,18 @@ qd_status qdk_embed_backward(float *gemb, const float *dres, const int32_t *tok,
  * with each output's sum kept in one thread. */
 qd_status qdk_matmul(float *c, const float *a, long sam, long sak, const float *b, long sbk, long sbn,
                      int M, int N, int K, int acc);
+/* Independent products of one launch (MoE experts): item g is qdk_matmul's
+ * C (M, N) = A . B with its own pointers and sizes and the shared strides;
+ * fp8: A and B are E4M3 codes and C is scaled as qdk_fp8_gemm's. The same
+ * bits as one call per item. */
+typedef struct {
+    const void *a, *b;
+    float *c;
+    const float *sa, *sb;   /* fp8 only: decode scales (M), (N) */
+    int M, N, K;
+} qdk_mm_item;
+qd_status qdk_matmul_grouped(const qdk_mm_item *items, int n, long sam, long sak, long sbk, long sbn, int acc,
+                             int fp8);
 /* y (M, N) = (sum_k e4m3(qa[m][k]) * e4m3(qw[n][k])) * (sa_inv[m] * sw_inv[n]) (qd_fp8_gemm). */
 qd_status qdk_fp8_gemm(float *y, const uint8_t *qa, const float *sa_inv, const uint8_t *qw,
                        const float *sw_inv, int M, int N, int K);

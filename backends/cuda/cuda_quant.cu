@@ -418,14 +418,16 @@ static __device__ void w4a4_load_act(int4 *s_a, float *s_sa, const uint8_t *a_co
 /* y (M, N): one thread per weight row n and MT activation rows (blockIdx.y's tile),
  * the blocks of K in ascending order. With K % 256 == 0 the row is read 16 blocks
  * (128 bytes of codes, 16 of scales) a step, the next step's loads in flight. */
+/* The rows m0 .. m0+MT-1 of y (M, N) against weight row n (the CTA's shared
+ * activations loaded first): the body of w4a4_kernel and of its grouped twin. */
 template <int MT>
-__global__ void __launch_bounds__(QD_GEMV_THREADS)
-w4a4_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec,
-            int a_per_row, const uint8_t *w_codes, const uint8_t *w_scales, const float *w_sdec,
-            int w_per_row, int64_t M, int64_t N, int64_t K)
+static __device__ __forceinline__ void w4a4_rows(float *y, const uint8_t *a_codes, const uint8_t *a_scales,
+                                                 const float *a_sdec, int a_per_row, const uint8_t *w_codes,
+                                                 const uint8_t *w_scales, const float *w_sdec, int w_per_row,
+                                                 int64_t M, int64_t N, int64_t K, int64_t m0)
 {
     extern __shared__ int4 smem[];
-    int64_t nb = K / 16, m0 = (int64_t)blockIdx.y * MT;
+    int64_t nb = K / 16;
     int4 *s_a = smem;
     float *s_sa = (float *)(smem + MT * nb);
     w4a4_load_act<MT>(s_a, s_sa, a_codes, a_scales, m0, M, K);
@@ -475,6 +477,42 @@ w4a4_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const flo
     for (int m = 0; m < MT; m++)
         if (m0 + m < M)
             y[(m0 + m) * N + n] = acc[m] * (a_sdec[a_per_row ? m0 + m : 0] * sdw);
+}
+
+/* y (M, N): one thread per weight row n and MT activation rows (blockIdx.y's tile),
+ * the blocks of K in ascending order. With K % 256 == 0 the row is read 16 blocks
+ * (128 bytes of codes, 16 of scales) a step, the next step's loads in flight. */
+template <int MT>
+__global__ void __launch_bounds__(QD_GEMV_THREADS)
+w4a4_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec,
+            int a_per_row, const uint8_t *w_codes, const uint8_t *w_scales, const float *w_sdec,
+            int w_per_row, int64_t M, int64_t N, int64_t K)
+{
+    w4a4_rows<MT>(y, a_codes, a_scales, a_sdec, a_per_row, w_codes, w_scales, w_sdec, w_per_row, M, N, K,
+                  (int64_t)blockIdx.y * MT);
+}
+
+/* Grouped (MoE experts): blockIdx.z picks group g, its rows [row0, row0 + rows)
+ * of A and y and its own weight; the same body, so the same bits as one
+ * w4a4_kernel per group. */
+#define QD_W4A4_GROUPS 128
+typedef struct {
+    int64_t row0[QD_W4A4_GROUPS], rows[QD_W4A4_GROUPS];
+    const uint8_t *codes[QD_W4A4_GROUPS], *scales[QD_W4A4_GROUPS];
+    const float *sdec[QD_W4A4_GROUPS];
+} w4a4_groups;
+
+template <int MT>
+__global__ void __launch_bounds__(QD_GEMV_THREADS)
+w4a4_grouped_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec,
+                    int a_per_row, const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K)
+{
+    int z = blockIdx.z;
+    int64_t r0 = g.row0[z], m0 = (int64_t)blockIdx.y * MT;
+    if (m0 >= g.rows[z])
+        return;
+    w4a4_rows<MT>(y + r0 * N, a_codes + r0 * (K / 2), a_scales + r0 * (K / 16), a_sdec + (a_per_row ? r0 : 0),
+                  a_per_row, g.codes[z], g.scales[z], g.sdec[z], w_per_row, g.rows[z], N, K, m0);
 }
 
 /* Decodes blocks [b0, b0+nblk) of the CTA's MT activation rows (K % 32 == 0, nblk
@@ -1018,6 +1056,62 @@ extern "C" qd_status qd_cuda_w4a4_gemm_async(float *y, const qd_nvfp4 *a, const 
     case 8: return launch_w4a4<8>(y, a, w, smem, split);
     default: return launch_w4a4<16>(y, a, w, smem, 0);
     }
+}
+
+template <int MT>
+static qd_status launch_w4a4_grouped(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
+                                     int w_per_row, int64_t N, int64_t K, size_t smem)
+{
+    dim3 grid((unsigned)((N + QD_GEMV_THREADS - 1) / QD_GEMV_THREADS), (unsigned)((maxrows + MT - 1) / MT),
+              (unsigned)ng);
+    if (smem > 48 * 1024)
+        QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_grouped_kernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)smem));
+    w4a4_grouped_kernel<MT><<<grid, QD_GEMV_THREADS, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, *g,
+                                                            w_per_row, N, K);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+extern "C" qd_status qd_cuda_w4a4_gemm_grouped_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *const *w,
+                                                     const int64_t *row_off, int ngroups)
+{
+    int dev = 0, limit = 0;
+    QD_CUDA_CHECK(cudaGetDevice(&dev));
+    QD_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    for (int g0 = 0; g0 < ngroups; g0 += QD_W4A4_GROUPS) {
+        w4a4_groups g;
+        int ng = ngroups - g0 < QD_W4A4_GROUPS ? ngroups - g0 : QD_W4A4_GROUPS;
+        int64_t maxrows = 0, N = w[g0]->rows, K = a->cols;
+        for (int i = 0; i < ng; i++) {
+            const qd_nvfp4 *wi = w[g0 + i];
+            if (wi->rows != N || wi->cols != K || wi->per_row != w[g0]->per_row || K % QD_NVFP4_BLOCK)
+                return qd_error(QD_ERR_SHAPE, "qd_cuda_w4a4_gemm_grouped: group %d: W (%lld, %lld), A cols %lld",
+                                g0 + i, (long long)wi->rows, (long long)wi->cols, (long long)K);
+            g.row0[i] = row_off[g0 + i];
+            g.rows[i] = row_off[g0 + i + 1] - row_off[g0 + i];
+            g.codes[i] = wi->codes;
+            g.scales[i] = wi->scales;
+            g.sdec[i] = wi->s_dec;
+            maxrows = g.rows[i] > maxrows ? g.rows[i] : maxrows;
+        }
+        if (maxrows == 0 || N == 0)
+            continue;
+        int mt = maxrows <= 1 ? 1 : maxrows <= 2 ? 2 : maxrows <= 4 ? 4 : 8;
+        while (mt > 1 && w4a4_smem(mt, K, 0) > (size_t)limit)
+            mt /= 2;
+        size_t smem = w4a4_smem(mt, K, 0);
+        if (smem > (size_t)limit)
+            return qd_error(QD_ERR_SHAPE, "qd_cuda_w4a4_gemm_grouped: K %lld too large", (long long)K);
+        int wpr = w[g0]->per_row;
+        qd_status st = mt == 1 ? launch_w4a4_grouped<1>(y, a, &g, ng, maxrows, wpr, N, K, smem)
+                     : mt == 2 ? launch_w4a4_grouped<2>(y, a, &g, ng, maxrows, wpr, N, K, smem)
+                     : mt == 4 ? launch_w4a4_grouped<4>(y, a, &g, ng, maxrows, wpr, N, K, smem)
+                               : launch_w4a4_grouped<8>(y, a, &g, ng, maxrows, wpr, N, K, smem);
+        if (st)
+            return st;
+    }
+    return QD_OK;
 }
 
 extern "C" qd_status qd_cuda_w4a4_gemm(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)

@@ -64,6 +64,12 @@ qd_status qd_cuda_w4a4_gemm_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w
 qd_status qd_cuda_w4a4_gemm_tc(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
 qd_status qd_cuda_w4a4_gemm_tc_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
 
+/* Grouped (MoE experts): for g < ngroups, rows row_off[g] .. row_off[g+1]-1 of
+ * A and y times W = *w[g] (all of one shape), one launch; the same bits as one
+ * qd_cuda_w4a4_gemm per group (the same kernel body). row_off is host memory. */
+qd_status qd_cuda_w4a4_gemm_grouped_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *const *w,
+                                          const int64_t *row_off, int ngroups);
+
 /* RAC (§5). channels (n, device int64, n a multiple of 16, n <= K) index columns
  * of K; they must lie in [0, K) (not checked on the device). out (rows, K+n):
  * [quantize(x), quantize_with(S_enc(x), (x - x_hat)[S])], S_enc per row when
