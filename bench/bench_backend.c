@@ -134,22 +134,34 @@ static void moe8_config(qd_model_config *c, int layers)
     snprintf(c->torch_dtype, sizeof c->torch_dtype, "bfloat16");
 }
 
-/* Normal(0, std) from two uniforms (Box-Muller, one output used). */
-static float normal(uint64_t *s, double std)
+/* n floats normal(0, std) from the stream *s: Box-Muller, both outputs of
+ * each pair used. */
+static void fill_normal(float *w, size_t n, double std, uint64_t *s)
 {
-    double u1 = qd_splitmix64_unit(s), u2 = qd_splitmix64_unit(s);
-    return (float)(std * sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586 * u2));
+    for (size_t k = 0; k < n; k += 2) {
+        double r = std * sqrt(-2.0 * log(1.0 - qd_splitmix64_unit(s)));
+        double a = 6.283185307179586 * qd_splitmix64_unit(s);
+        w[k] = (float)(r * cos(a));
+        if (k + 1 < n)
+            w[k + 1] = (float)(r * sin(a));
+    }
 }
 
-/* transformers' init: matrices normal(0, 0.02), norm weights (1-D) 1. */
+/* transformers' init: matrices normal(0, 0.02), norm weights (1-D) 1. Tensor
+ * i draws from its own stream (seed mixed with i), so threads do not change
+ * the values. */
 static void random_weights(const qd_model_layout *m, float *w, uint64_t seed)
 {
-    uint64_t s = seed;
+    #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < m->ninfo; i++) {
         const qd_param_info *p = &m->info[i];
         size_t n = (size_t)(p->rows * p->cols);
-        for (size_t k = 0; k < n; k++)
-            w[p->offset + k] = p->rows == 1 ? 1.0f : normal(&s, 0.02);
+        uint64_t s = qd_splitmix64_mix(seed ^ qd_splitmix64_mix((uint64_t)i + 1));
+        if (p->rows == 1)
+            for (size_t k = 0; k < n; k++)
+                w[p->offset + k] = 1.0f;
+        else
+            fill_normal(w + p->offset, n, 0.02, &s);
     }
 }
 
@@ -299,6 +311,17 @@ static void measure(bench_op op, qd_backend *b, const bench_args *a, const bench
     free(t);
 }
 
+/* One line on stderr per row as it is done: a log that survives a kill. */
+static void progress(const bench_args *a, const bench_row *r)
+{
+    fprintf(stderr, "bench_backend: %s, %s, %s, %s, %s: ", a->model, r->backend, qd_mode_name(a->mode),
+            qd_recipe_name(r->recipe), op_name[r->op]);
+    if (r->status == ROW_OK)
+        fprintf(stderr, "%.3f ms/iter, %.1f tokens/s\n", r->ms, 1e3 * (double)r->tokens / r->ms);
+    else
+        fprintf(stderr, "%s\n", r->why);
+}
+
 /* The ops of one role for recipe r: one backend made, loaded, measured, freed.
  * rows: the role's ops' rows (op, recipe already set). */
 static void run_role(const bench_args *a, const qd_model_config *cfg, const float *w, size_t n, qd_recipe r,
@@ -323,6 +346,7 @@ static void run_role(const bench_args *a, const qd_model_config *cfg, const floa
             fail_row(&rows[i], st, "set_weights");
         else
             measure(rows[i].op, b, a, in, &rows[i]);
+        progress(a, &rows[i]);
     }
     qd_backend_free(b);
 }
@@ -346,7 +370,7 @@ static void run_all(const bench_args *a, const qd_model_config *cfg, const float
 
 /* ---- the baseline file (--vs) */
 
-/* tokens/s of the first ok row of FILE with this model, op and sizes; 0 if none. */
+/* tokens/s of the first ok row of FILE with this model, layers, op and sizes; 0 if none. */
 static double vs_rate(const bench_args *a, json_t *lines, bench_op op)
 {
     size_t i;
@@ -356,6 +380,7 @@ static double vs_rate(const bench_args *a, json_t *lines, bench_op op)
         const char *p = json_string_value(json_object_get(o, "op"));
         const char *s = json_string_value(json_object_get(o, "status"));
         int sizes = json_integer_value(json_object_get(o, "batch")) == a->B &&
+                    json_integer_value(json_object_get(o, "layers")) == a->layers &&
                     (op == OP_ROLLOUT ? json_integer_value(json_object_get(o, "prompt")) == a->P &&
                                             json_integer_value(json_object_get(o, "new_tokens")) == a->M
                                       : json_integer_value(json_object_get(o, "seq")) == a->T);
@@ -419,11 +444,11 @@ static const char *status_name(row_status s)
 
 static json_t *row_json(const bench_args *a, const bench_row *r, double vs_bf16, double vs)
 {
-    json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i}",
+    json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i}",
                           "program", "bench_backend", "model", a->model, "backend", r->backend, "mode",
                           qd_mode_name(a->mode), "recipe", qd_recipe_name(r->recipe), "op", op_name[r->op],
                           "status", status_name(r->status), "batch", a->B, "seq", a->T, "prompt", a->P,
-                          "new_tokens", a->M, "iters", a->iters, "warmup", a->warmup, "threads", a->threads);
+                          "new_tokens", a->M, "layers", a->layers, "iters", a->iters, "warmup", a->warmup, "threads", a->threads);
     if (r->status == ROW_OK) {
         json_object_set_new(o, "tokens_per_iter", json_integer(r->tokens));
         json_object_set_new(o, "ms_per_iter", json_real(r->ms));
@@ -449,6 +474,8 @@ static void print_header(const bench_args *a, const qd_model_config *cfg, size_t
     printf("batch %d; train/forward seq %d; rollout prompt %d + %d new (temperature %g); warmup %d, iters %d; "
            "threads %d; seed %llu\n\n",
            a->B, a->T, a->P, a->M, a->temperature, a->warmup, a->iters, a->threads, (unsigned long long)a->seed);
+    if (a->vs)
+        printf("vs baseline: tokens/s over the row of %s with the same model, layers, op and sizes\n\n", a->vs);
     printf("| model | backend | mode | recipe | op | tokens/iter | ms/iter (median) | ms (min) | tokens/s | vs bf16 |%s"
            " note |\n", a->vs ? " vs baseline |" : "");
     printf("|---|---|---|---|---|---:|---:|---:|---:|---:|%s---|\n", a->vs ? "---:|" : "");
@@ -598,6 +625,7 @@ int main(int argc, char **argv)
     qd_model_config cfg;
     size_t n;
     float *w = load_model(&a, &cfg, &n);
+    a.layers = cfg.num_hidden_layers;  /* the tiny model's too, for --json and --vs */
     if (a.P + a.M > cfg.max_position_embeddings || a.T > cfg.max_position_embeddings) {
         fprintf(stderr, "bench_backend: prompt + new tokens (%d) or seq (%d) > max_position_embeddings %d\n",
                 a.P + a.M, a.T, cfg.max_position_embeddings);
