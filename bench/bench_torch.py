@@ -4,10 +4,13 @@ transformers' Qwen3MoeForCausalLM, the same ops, the same table and JSON lines.
 
 Ops (each timed per iteration after untimed warm-up iterations; median and
 fastest of --iters; on CUDA the device is synchronized before the clock stops):
-  train step  fp32 master weights, forward under bf16 autocast (--train-precision
-              autocast, the default) or bf16 weights throughout (bf16); mean
-              next-token NLL, backward, clip to global norm 1, AdamW step;
-              tokens = B x T;
+  train step  mean next-token NLL, backward, clip to global norm 1, AdamW
+              step; tokens = B x T. --train-precision: master (the default,
+              like QUADS-C's trainer: bf16 model weights, activations and
+              gradients, AdamW on fp32 master copies written back each step),
+              autocast (fp32 weights, forward under bf16 autocast; transformers'
+              grouped_mm experts are outside autocast and run in fp32 then) or
+              bf16 (bf16 weights and AdamW state);
   forward     bf16 weights, no grad: logits and the next-token log-probs of the
               same B x T tokens;
   rollout     bf16 weights, model.generate with the KV cache: B prompts of P
@@ -35,6 +38,8 @@ import transformers
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 OPS = ("train step", "forward", "rollout")
+PRECISION = {"master": "bf16 weights + fp32 master in AdamW", "autocast": "fp32 weights + bf16 autocast",
+             "bf16": "bf16 weights and AdamW"}
 
 
 def moe8_config(layers):
@@ -86,23 +91,34 @@ def timed(fn, a, device):
 
 
 def train_op(model, a, device, tokens):
-    """One AdamW step per call on fp32 master weights (autocast) or bf16 weights."""
-    if a.train_precision == "bf16":
+    """One AdamW step per call, in the precision of a.train_precision (see the
+    top of the file); returns the step function and what it keeps alive."""
+    master = None
+    if a.train_precision == "master":
+        master = [p.detach().clone() for p in model.parameters() if p.requires_grad]
+    if a.train_precision != "autocast":
         model.to(torch.bfloat16)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+    opt = torch.optim.AdamW(master or params, lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
                             fused=device.type == "cuda")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.train_precision == "autocast")
 
     def step(_k):
-        opt.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)
         with autocast:
             loss = model(input_ids=tokens, labels=tokens).loss
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        if master:
+            for m, p in zip(master, params):
+                m.grad = p.grad.float()
+        torch.nn.utils.clip_grad_norm_(master or params, 1.0)
         opt.step()
-    return step, opt
+        if master:
+            with torch.no_grad():
+                for m, p in zip(master, params):
+                    p.copy_(m)
+    return step, (opt, master)
 
 
 def forward_op(model, tokens):
@@ -159,10 +175,10 @@ def run(a, device):
     rows = []
     if "train step" in a.ops:
         row = base_row(a, device, cfg, "train step")
-        row["precision"] = "fp32 master + bf16 autocast" if a.train_precision == "autocast" else "bf16 weights"
-        step, opt = train_op(model, a, device, tokens)
+        row["precision"] = PRECISION[a.train_precision]
+        step, state = train_op(model, a, device, tokens)
         rows.append(measure(row, step, a, device, a.batch * a.seq))
-        del opt, step
+        del state, step
         model.zero_grad(set_to_none=True)
     model.to(torch.bfloat16).eval()
     if device.type == "cuda":
@@ -213,7 +229,7 @@ def parse_args(argv):
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--temperature", type=float, default=1.0, help="0: greedy")
-    p.add_argument("--train-precision", choices=("autocast", "bf16"), default="autocast")
+    p.add_argument("--train-precision", choices=tuple(PRECISION), default="master")
     p.add_argument("--ops", default=",".join(OPS), help="comma list of: " + ", ".join(OPS))
     p.add_argument("--experts", default=None, help="transformers experts_implementation (default: its own)")
     p.add_argument("--attn", default=None, help="transformers attn_implementation (default: its own)")

@@ -22,6 +22,7 @@
 #   WARMUP [1] RECIPES [bf16,fp8,nvfp4,quads] MODES [exact fast] BUDGET_S [230]
 #   BUILD [.] (the build tree holding bench/bench_backend) PYTHON [python3]
 #   TORCH_DEVICE [cuda] (cpu: a smoke test of the script where there is no GPU)
+#   TORCH_TRAIN [master] (bench_torch.py --train-precision: master, autocast or bf16)
 # The size lists ($tiny, $moe) and $(vs ...) are meant to split into words:
 # shellcheck disable=SC2086,SC2046
 set -u
@@ -36,6 +37,7 @@ modes=${MODES:-exact fast}
 warmup=${WARMUP:-1}
 budget=${BUDGET_S:-230}
 tdev=${TORCH_DEVICE:-cuda}
+ttrain=${TORCH_TRAIN:-master}
 tiny="--model tiny --batch ${TINY_B:-16} --seq ${TINY_T:-128} --prompt ${TINY_P:-32} --new-tokens ${TINY_M:-64}
       --iters ${TINY_ITERS:-5} --warmup $warmup"
 moe="--model moe8 --layers ${MOE_LAYERS:-8} --batch ${MOE_B:-8} --seq ${MOE_T:-256} --prompt ${MOE_P:-64}
@@ -93,8 +95,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 echo "host: $(nproc) cores; output in $out"
 echo
 
-step torch_tiny "$py" bench/bench_torch.py $tiny --device "$tdev" --json "$out/torch_tiny.jsonl"
-step torch_moe8 "$py" bench/bench_torch.py $moe --device "$tdev" --json "$out/torch_moe8.jsonl"
+step torch_tiny "$py" bench/bench_torch.py $tiny --device "$tdev" --train-precision "$ttrain" --json "$out/torch_tiny.jsonl"
+step torch_moe8 "$py" bench/bench_torch.py $moe --device "$tdev" --train-precision "$ttrain" --json "$out/torch_moe8.jsonl"
 for mode in $modes; do
     step "cuda_tiny_$mode" "$bb" --backend cuda --mode "$mode" --recipe "$recipes" $tiny \
         $(vs tiny) --json "$out/cuda_tiny_$mode.jsonl"
