@@ -56,12 +56,13 @@ typedef struct {
     qd_exec_mode mode;
     qd_recipe recipes[MAX_RECIPES];
     int nrecipes;
+    int use_op[OP_COUNT];  /* --ops */
     int B, T, P, M, iters, warmup, threads, layers;
     double rac_ratio, temperature;
     uint64_t seed;
 } bench_args;
 
-typedef enum { ROW_OK = 0, ROW_NA, ROW_ERROR } row_status;
+typedef enum { ROW_OK = 0, ROW_NA, ROW_ERROR, ROW_SKIP /* not in --ops */ } row_status;
 
 typedef struct {
     qd_recipe recipe;
@@ -323,16 +324,23 @@ static void progress(const bench_args *a, const bench_row *r)
 }
 
 /* The ops of one role for recipe r: one backend made, loaded, measured, freed.
- * rows: the role's ops' rows (op, recipe already set). */
+ * rows: the role's ops' rows (op, recipe already set; ROW_SKIP ones left alone). */
 static void run_role(const bench_args *a, const qd_model_config *cfg, const float *w, size_t n, qd_recipe r,
                      qd_role role, const bench_inputs *in, bench_row *rows, int nrows)
 {
+    int todo = 0;
+    for (int i = 0; i < nrows; i++)
+        todo |= rows[i].status != ROW_SKIP;
+    if (!todo)
+        return;
     qd_backend_options o = {r, role, a->mode, a->rac_ratio, a->threads, 0};
     qd_backend *b = qd_backend_init_by_name(a->backend, cfg, &o);
     if (!b) {
         fprintf(stderr, "bench_backend: %s backend, recipe %s, %s role: %s\n", a->backend, qd_recipe_name(r),
                 role == QD_ROLE_TRAINER ? "trainer" : "rollout", qd_last_error());
         for (int i = 0; i < nrows; i++) {
+            if (rows[i].status == ROW_SKIP)
+                continue;
             rows[i].status = ROW_NA;
             snprintf(rows[i].backend, sizeof rows[i].backend, "%s", a->backend);
             snprintf(rows[i].why, sizeof rows[i].why, "init: %s", qd_last_error());
@@ -341,6 +349,8 @@ static void run_role(const bench_args *a, const qd_model_config *cfg, const floa
     }
     qd_status st = qd_backend_set_weights(b, w, n);
     for (int i = 0; i < nrows; i++) {
+        if (rows[i].status == ROW_SKIP)
+            continue;
         snprintf(rows[i].backend, sizeof rows[i].backend, "%s", qd_backend_name(b));
         if (st != QD_OK)
             fail_row(&rows[i], st, "set_weights");
@@ -361,6 +371,7 @@ static void run_all(const bench_args *a, const qd_model_config *cfg, const float
         for (int op = 0; op < OP_COUNT; op++) {
             rr[op].recipe = a->recipes[i];
             rr[op].op = (bench_op)op;
+            rr[op].status = a->use_op[op] ? ROW_NA : ROW_SKIP;  /* n/a until measured */
         }
         run_role(a, cfg, w, n, a->recipes[i], QD_ROLE_TRAINER, &in, rr, 1);
         run_role(a, cfg, w, n, a->recipes[i], QD_ROLE_ROLLOUT, &in, rr + 1, 2);
@@ -486,6 +497,8 @@ static void report(const bench_args *a, const bench_row *rows, json_t *vs_lines,
 {
     for (int i = 0; i < a->nrecipes * OP_COUNT; i++) {
         const bench_row *r = &rows[i];
+        if (r->status == ROW_SKIP)
+            continue;
         double ref = bf16_rate(a, rows, r->op), vs = vs_lines ? vs_rate(a, vs_lines, r->op) : 0.0;
         char rb[32], rv[40];
         fmt_ratio(rb, sizeof rb, rate(r), ref);
@@ -515,6 +528,7 @@ static void usage(FILE *f)
         "usage: bench/bench_backend [--backend auto|cpu|cuda] [--mode exact|fast] [--recipe a,b,...]\n"
         "         [--model tiny|moe8] [--tiny-dir DIR] [--layers L] [--batch B] [--seq T] [--prompt P]\n"
         "         [--new-tokens M] [--iters N] [--warmup W] [--threads N] [--temperature X]\n"
+        "         [--ops 'train step,forward,rollout']\n"
         "         [--rac-ratio X] [--seed S] [--json FILE] [--vs FILE]\n"
         "  defaults: auto, exact, bf16,fp8,nvfp4,quads, tiny (models/tiny), moe8 8 layers, B 8, T 128,\n"
         "  P 32, M 64, iters 5, warmup 1, all cores, temperature 1, rac-ratio 0.25, seed 1\n"
@@ -544,6 +558,21 @@ static double num_arg(const char *name, const char *v, double lo, double hi)
     return x;
 }
 
+static void parse_ops(bench_args *a, char *list)
+{
+    memset(a->use_op, 0, sizeof a->use_op);
+    for (char *s = strtok(list, ","); s; s = strtok(NULL, ",")) {
+        int op = 0;
+        while (op < OP_COUNT && strcmp(s, op_name[op]))
+            op++;
+        if (op == OP_COUNT) {
+            fprintf(stderr, "bench_backend: --ops: unknown op '%s' (train step, forward, rollout)\n", s);
+            exit(2);
+        }
+        a->use_op[op] = 1;
+    }
+}
+
 static void parse_recipes(bench_args *a, char *list)
 {
     a->nrecipes = 0;
@@ -571,6 +600,7 @@ static int set_option(bench_args *a, const char *o, const char *v)
         }
     }
     else if (!strcmp(o, "--recipe") || !strcmp(o, "--recipes")) parse_recipes(a, (char *)v);
+    else if (!strcmp(o, "--ops")) parse_ops(a, (char *)v);
     else if (!strcmp(o, "--model")) a->model = v;
     else if (!strcmp(o, "--tiny-dir")) a->tiny_dir = v;
     else if (!strcmp(o, "--layers")) a->layers = int_arg(o, v, 1);
@@ -602,6 +632,8 @@ static bench_args parse_args(int argc, char **argv)
     a.threads = 1;
 #endif
     parse_recipes(&a, default_recipes);
+    for (int op = 0; op < OP_COUNT; op++)
+        a.use_op[op] = 1;
     for (int i = 1; i < argc; i += 2) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             usage(stdout);
