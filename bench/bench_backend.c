@@ -26,9 +26,13 @@
  * "error" row, and the program exits 1 after the table. Backends are made one
  * at a time, so only one copy of the model's state is alive.
  *
- * Output: one table (markdown) on stdout; --json FILE also writes one JSON
- * object per row; --vs FILE reads such lines (bench/bench_torch.py's) and adds
- * the ratio to the matching row of the same model, op and sizes. */
+ * --ops picks some of the three ops; --layers changes moe8's depth (a quick
+ * run on a small CPU).
+ *
+ * Output: one table (markdown) on stdout, a line per row on stderr as it is
+ * done; --json FILE also writes one JSON object per row; --vs FILE reads such
+ * lines (bench/bench_torch.py's) and adds the ratio to the matching row of the
+ * same model, layers, op and sizes. */
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -306,7 +310,7 @@ static void measure(bench_op op, qd_backend *b, const bench_args *a, const bench
             t[k - a->warmup] = now() - t0;
     }
     row->ms = 1e3 * median(t, a->iters);
-    row->ms_min = 1e3 * t[0];
+    row->ms_min = 1e3 * t[0];  /* median sorted t */
     row->tokens = (long)a->B * (op == OP_ROLLOUT ? a->M : a->T);
     row->status = ROW_OK;
     free(t);
