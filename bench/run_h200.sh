@@ -4,22 +4,25 @@
 # From the source root of a tree configured and built with the CUDA backend
 # (./configure --with-cuda-arch=90a && make bench/bench_backend), run
 #     bench/run_h200.sh [OUTDIR]            (default: $OUT, else /tmp/bench_h200)
-# It runs, in this order, each under what is left of a BUDGET_S-second budget:
-#   1. bench_torch.py, tiny model      (PyTorch + transformers baseline, bf16)
-#   2. bench_torch.py, moe8
-#   3. bench_backend --backend cuda, tiny, exact mode   (--vs the torch rows)
-#   4. bench_backend --backend cuda, moe8, exact mode
-#   5. bench_backend --backend cuda, tiny, fast mode
-#   6. bench_backend --backend cuda, moe8, fast mode
-#   7. bench_backend --backend cpu, tiny, exact mode (the host's cores, for comparison)
+# It runs, in this order, each under its own time cap (seconds, in brackets)
+# and all together under BUDGET_S:
+#   1. bench_torch.py, tiny model [30]   (PyTorch + transformers baseline, bf16)
+#   2. bench_torch.py, moe8 [50]
+#   3. bench_backend --backend cuda, moe8, exact mode [45]   (--vs the torch rows)
+#   4. bench_backend --backend cuda, moe8, fast mode [45]
+#   5. bench_backend --backend cuda, tiny, exact mode [20]
+#   6. bench_backend --backend cuda, tiny, fast mode [20]
+#   7. bench_backend --backend cpu, tiny, exact mode [25] (the host's cores, for comparison)
 # and prints every table again at the end. Logs, tables and JSON lines go to
-# OUTDIR (all.jsonl: every row of every run). A recipe or op the CUDA backend
-# does not have yet is an "n/a" row with the backend's reason.
+# OUTDIR (all.jsonl: every row of every run). A recipe or op a backend does not
+# have is an "n/a" row with the backend's reason; a step cut by its cap lists
+# the rows it had finished (bench_backend logs each on stderr).
 #
 # Sizes are environment variables (defaults in brackets):
 #   TINY_B [16] TINY_T [128] TINY_P [32] TINY_M [64] TINY_ITERS [5]
-#   MOE_B [8] MOE_T [256] MOE_P [64] MOE_M [64] MOE_ITERS [3] MOE_LAYERS [8]
-#   WARMUP [1] RECIPES [bf16,fp8,nvfp4,quads] MODES [exact fast] BUDGET_S [230]
+#   MOE_B [8] MOE_T [256] MOE_P [64] MOE_M [64] MOE_ITERS [2] MOE_LAYERS [8]
+#   WARMUP [1] RECIPES [bf16,fp8,nvfp4,quads] MODES [exact fast] BUDGET_S [225]
+#   CAP_SCALE [1] (multiplies every cap)
 #   BUILD [.] (the build tree holding bench/bench_backend) PYTHON [python3]
 #   TORCH_DEVICE [cuda] (cpu: a smoke test of the script where there is no GPU)
 #   TORCH_TRAIN [master] (bench_torch.py --train-precision: master, autocast or bf16)
@@ -35,13 +38,14 @@ py=${PYTHON:-python3}
 recipes=${RECIPES:-bf16,fp8,nvfp4,quads}
 modes=${MODES:-exact fast}
 warmup=${WARMUP:-1}
-budget=${BUDGET_S:-230}
+budget=${BUDGET_S:-225}
+scale=${CAP_SCALE:-1}
 tdev=${TORCH_DEVICE:-cuda}
 ttrain=${TORCH_TRAIN:-master}
 tiny="--model tiny --batch ${TINY_B:-16} --seq ${TINY_T:-128} --prompt ${TINY_P:-32} --new-tokens ${TINY_M:-64}
       --iters ${TINY_ITERS:-5} --warmup $warmup"
 moe="--model moe8 --layers ${MOE_LAYERS:-8} --batch ${MOE_B:-8} --seq ${MOE_T:-256} --prompt ${MOE_P:-64}
-     --new-tokens ${MOE_M:-64} --iters ${MOE_ITERS:-3} --warmup $warmup"
+     --new-tokens ${MOE_M:-64} --iters ${MOE_ITERS:-2} --warmup $warmup"
 
 if [ ! -x "$bb" ]; then
     echo "run_h200: $bb not found: build it first (./configure --with-cuda-arch=90a && make bench/bench_backend)" >&2
@@ -56,33 +60,33 @@ start=$(date +%s)
 failed=0
 tables=()
 
-# step NAME CMD...: runs CMD with what is left of the budget, stdout (the
-# table) to NAME.txt and the screen, stderr to NAME.log.
+# step NAME CAP CMD...: runs CMD for at most CAP x CAP_SCALE seconds and what
+# is left of the budget; stdout (the table) to NAME.txt and the screen, stderr
+# to NAME.log.
 step() {
-    local name=$1 left rc
-    shift
+    local name=$1 cap left rc
+    cap=$(awk -v c="$2" -v s="$scale" 'BEGIN { printf "%d", c * s }')
+    shift 2
     left=$((budget - ($(date +%s) - start)))
+    [ "$cap" -lt "$left" ] && left=$cap
+    tables+=("$name")
+    rm -f "$out/$name.jsonl"
     if [ "$left" -lt 5 ]; then
         echo "== $name: skipped, the ${budget}s budget is spent" | tee "$out/$name.txt"
-        tables+=("$name")
         failed=1
         return
     fi
-    rm -f "$out/$name.jsonl"
-    echo "== $name ($left s left): $*"
+    echo "== $name (at most $left s): $*"
     timeout -k 5 "$left" "$@" >"$out/$name.txt" 2>"$out/$name.log"
     rc=$?
-    cat "$out/$name.txt"
-    if [ $rc -ne 0 ]; then
-        failed=1
-        if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-            echo "== $name: TIMED OUT (rows done so far are in $out/$name.log)" | tee -a "$out/$name.txt"
-        else
-            echo "== $name: exit $rc; last lines of $out/$name.log:" | tee -a "$out/$name.txt"
-            tail -5 "$out/$name.log" | tee -a "$out/$name.txt"
-        fi
+    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+        { echo "TIMED OUT after $left s; the rows it had finished:"; grep '^bench_backend: ' "$out/$name.log"; } \
+            >>"$out/$name.txt"
+    elif [ $rc -ne 0 ]; then
+        { echo "exit $rc; the end of $out/$name.log:"; tail -5 "$out/$name.log"; } >>"$out/$name.txt"
     fi
-    tables+=("$name")
+    [ $rc -ne 0 ] && failed=1
+    cat "$out/$name.txt"
     echo
 }
 
@@ -95,15 +99,19 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 echo "host: $(nproc) cores; output in $out"
 echo
 
-step torch_tiny "$py" bench/bench_torch.py $tiny --device "$tdev" --train-precision "$ttrain" --json "$out/torch_tiny.jsonl"
-step torch_moe8 "$py" bench/bench_torch.py $moe --device "$tdev" --train-precision "$ttrain" --json "$out/torch_moe8.jsonl"
+step torch_tiny 30 "$py" bench/bench_torch.py $tiny --device "$tdev" --train-precision "$ttrain" \
+    --json "$out/torch_tiny.jsonl"
+step torch_moe8 50 "$py" bench/bench_torch.py $moe --device "$tdev" --train-precision "$ttrain" \
+    --json "$out/torch_moe8.jsonl"
 for mode in $modes; do
-    step "cuda_tiny_$mode" "$bb" --backend cuda --mode "$mode" --recipe "$recipes" $tiny \
-        $(vs tiny) --json "$out/cuda_tiny_$mode.jsonl"
-    step "cuda_moe8_$mode" "$bb" --backend cuda --mode "$mode" --recipe "$recipes" $moe \
+    step "cuda_moe8_$mode" 45 "$bb" --backend cuda --mode "$mode" --recipe "$recipes" $moe \
         $(vs moe8) --json "$out/cuda_moe8_$mode.jsonl"
 done
-step cpu_tiny_exact "$bb" --backend cpu --mode exact --recipe "$recipes" $tiny \
+for mode in $modes; do
+    step "cuda_tiny_$mode" 20 "$bb" --backend cuda --mode "$mode" --recipe "$recipes" $tiny \
+        $(vs tiny) --json "$out/cuda_tiny_$mode.jsonl"
+done
+step cpu_tiny_exact 25 "$bb" --backend cpu --mode exact --recipe "$recipes" $tiny \
     $(vs tiny) --json "$out/cpu_tiny_exact.jsonl"
 
 for t in "${tables[@]}"; do
