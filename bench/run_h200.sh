@@ -1,8 +1,9 @@
 #!/bin/bash
 # bench/run_h200.sh: the issue-6 benchmark on the GPU machine, in under 4 minutes.
 #
-# From the source root of a tree configured and built with the CUDA backend
-# (./configure --with-cuda-arch=90a && make bench/bench_backend), run
+# In a tree configured and built with the CUDA backend (./configure
+# --with-cuda-arch=90a && make bench/bench_backend; on the development box, then
+# carried, with tests/gpu/bundle_libs.sh's .devrun/lib), run
 #     bench/run_h200.sh [OUTDIR]            (default: $OUT, else /tmp/bench_h200)
 # It runs, in this order, each under its own time cap (seconds, in brackets)
 # and all together under BUDGET_S:
@@ -23,7 +24,7 @@
 #   MOE_B [8] MOE_T [256] MOE_P [64] MOE_M [64] MOE_ITERS [2] MOE_LAYERS [8]
 #   WARMUP [1] RECIPES [bf16,fp8,nvfp4,quads] MODES [exact fast] BUDGET_S [225]
 #   CAP_SCALE [1] (multiplies every cap)
-#   BUILD [.] (the build tree holding bench/bench_backend) PYTHON [python3]
+#   BUILD [.] (the build tree holding bench/bench_backend; relative to the source root) PYTHON [python3]
 #   TORCH_DEVICE [cuda] (cpu: a smoke test of the script where there is no GPU)
 #   TORCH_TRAIN [master] (bench_torch.py --train-precision: master, autocast or bf16)
 # The size lists ($tiny, $moe) and $(vs ...) are meant to split into words:
@@ -32,6 +33,9 @@ set -u
 
 out=${1:-${OUT:-/tmp/bench_h200}}
 mkdir -p "$out" || exit 1
+out=$(cd "$out" && pwd)
+cd "$(dirname "$0")/.." || exit 1
+export LD_LIBRARY_PATH="$PWD/.devrun/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 build=${BUILD:-.}
 bb=$build/bench/bench_backend
 py=${PYTHON:-python3}
@@ -52,7 +56,7 @@ if [ ! -x "$bb" ]; then
     exit 1
 fi
 if [ ! -f models/tiny/config.json ]; then
-    echo "run_h200: run me from the source root (models/tiny/config.json not found)" >&2
+    echo "run_h200: models/tiny/config.json not found beside bench/" >&2
     exit 1
 fi
 
