@@ -1,0 +1,689 @@
+/* bench/bench_backend: trainer and rollout throughput through the backend
+ * interface (backends/backend.h), on any backend (cpu, cuda, auto), in either
+ * execution mode, for a list of precision recipes.
+ *
+ * Ops, each timed per iteration after untimed warm-up iterations (median and
+ * fastest of --iters):
+ *   train step  trainer role: zero_grad + forward + backward + one AdamW step
+ *               (which includes the weight sync) on B sequences of T tokens;
+ *               tokens = B x T;
+ *   forward     rollout role: the scoring pass, forward of the same B x T
+ *               tokens (log-probs only);
+ *   rollout     rollout role: generate with the KV cache, B prompts of P
+ *               tokens, M new tokens each (temperature --temperature, no top-k,
+ *               no top-p, no stop token, so every sequence gets M); tokens =
+ *               B x M, the time includes the prompts' prefill.
+ * Every call returns its results in host memory (log-probs, grad norm,
+ * tokens), so the wall clock around it covers the device's work.
+ *
+ * Models: "tiny" (the shipped checkpoint, models/tiny) or "moe8", a Qwen3-MoE
+ * built in memory (8 layers, hidden 1024, 32 experts top-4, expert width 512,
+ * 16 heads, 4 KV heads, head_dim 64, vocab 32000) with seeded random weights
+ * (normal, std 0.02; norm weights 1), the init of transformers.
+ *
+ * A backend that refuses an op (QD_ERR_UNSUPPORTED), or a backend init that
+ * returns NULL, makes an "n/a" row with the reason; another error makes an
+ * "error" row, and the program exits 1 after the table. Backends are made one
+ * at a time, so only one copy of the model's state is alive.
+ *
+ * --ops picks some of the three ops; --layers changes moe8's depth (a quick
+ * run on a small CPU).
+ *
+ * Output: one table (markdown) on stdout, a line per row on stderr as it is
+ * done; --json FILE also writes one JSON object per row; --vs FILE reads such
+ * lines (bench/bench_torch.py's) and adds the ratio to the matching row of the
+ * same model, layers, op and sizes. */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <jansson.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include "backends/backend.h"
+#include "backends/layout.h"
+#include "models/checkpoint.h"
+#include "models/model_config.h"
+#include "quant/splitmix64.h"
+
+typedef enum { OP_TRAIN = 0, OP_FORWARD, OP_ROLLOUT, OP_COUNT } bench_op;
+static const char *const op_name[OP_COUNT] = {"train step", "forward", "rollout"};
+
+#define MAX_RECIPES 16
+
+typedef struct {
+    const char *backend, *model, *tiny_dir, *json, *vs;
+    qd_exec_mode mode;
+    qd_recipe recipes[MAX_RECIPES];
+    int nrecipes;
+    int use_op[OP_COUNT];  /* --ops */
+    int B, T, P, M, iters, warmup, threads, layers;
+    double rac_ratio, temperature;
+    uint64_t seed;
+} bench_args;
+
+typedef enum { ROW_OK = 0, ROW_NA, ROW_ERROR, ROW_SKIP /* not in --ops */ } row_status;
+
+typedef struct {
+    qd_recipe recipe;
+    bench_op op;
+    row_status status;
+    char backend[32];    /* the backend that ran it (auto resolves to one) */
+    char why[240];
+    long tokens;         /* per iteration */
+    double ms, ms_min;   /* median, fastest */
+} bench_row;
+
+/* ---- helpers */
+
+static void die(const char *what, const char *msg)
+{
+    fprintf(stderr, "bench_backend: %s: %s\n", what, msg);
+    exit(1);
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p)
+        die("out of memory", "malloc");
+    return p;
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Sorts v. */
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* ---- the model */
+
+/* The moe8 shape: a small Qwen3-MoE of the published models' proportions. */
+static void moe8_config(qd_model_config *c, int layers)
+{
+    memset(c, 0, sizeof *c);
+    c->arch = QD_ARCH_QWEN3_MOE;
+    c->vocab_size = 32000;
+    c->hidden_size = 1024;
+    c->intermediate_size = 3072;  /* unused: every layer is sparse */
+    c->moe_intermediate_size = 512;
+    c->num_hidden_layers = layers;
+    c->num_attention_heads = 16;
+    c->num_key_value_heads = 4;
+    c->head_dim = 64;
+    c->rope_theta = 1000000.0;
+    c->rms_norm_eps = 1e-6;
+    c->num_experts = 32;
+    c->num_experts_per_tok = 4;
+    c->norm_topk_prob = 1;
+    c->decoder_sparse_step = 1;
+    c->max_position_embeddings = 4096;
+    snprintf(c->torch_dtype, sizeof c->torch_dtype, "bfloat16");
+}
+
+/* n floats normal(0, std) from the stream *s: Box-Muller, both outputs of
+ * each pair used. */
+static void fill_normal(float *w, size_t n, double std, uint64_t *s)
+{
+    for (size_t k = 0; k < n; k += 2) {
+        double r = std * sqrt(-2.0 * log(1.0 - qd_splitmix64_unit(s)));
+        double a = 6.283185307179586 * qd_splitmix64_unit(s);
+        w[k] = (float)(r * cos(a));
+        if (k + 1 < n)
+            w[k + 1] = (float)(r * sin(a));
+    }
+}
+
+/* transformers' init: matrices normal(0, 0.02), norm weights (1-D) 1. Tensor
+ * i draws from its own stream (seed mixed with i), so threads do not change
+ * the values. */
+static void random_weights(const qd_model_layout *m, float *w, uint64_t seed)
+{
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < m->ninfo; i++) {
+        const qd_param_info *p = &m->info[i];
+        size_t n = (size_t)(p->rows * p->cols);
+        uint64_t s = qd_splitmix64_mix(seed ^ qd_splitmix64_mix((uint64_t)i + 1));
+        if (p->rows == 1)
+            for (size_t k = 0; k < n; k++)
+                w[p->offset + k] = 1.0f;
+        else
+            fill_normal(w + p->offset, n, 0.02, &s);
+    }
+}
+
+/* cfg and float32 master weights (*n floats) of the model a names. */
+static float *load_model(const bench_args *a, qd_model_config *cfg, size_t *n)
+{
+    qd_model_layout m;
+    if (!strcmp(a->model, "tiny")) {
+        if (qd_checkpoint_read_config(a->tiny_dir, cfg) != QD_OK)
+            die(a->tiny_dir, qd_last_error());
+    } else {
+        moe8_config(cfg, a->layers);
+        if (qd_model_config_check(cfg) != QD_OK)
+            die("moe8 config", qd_last_error());
+    }
+    if (qd_model_layout_init(&m, cfg) != QD_OK)
+        die("parameter table", qd_last_error());
+    *n = m.nfloats;
+    float *w = xmalloc(sizeof(float) * m.nfloats);
+    if (!strcmp(a->model, "tiny")) {
+        if (qd_checkpoint_load(a->tiny_dir, m.info, m.ninfo, w) != QD_OK)
+            die(a->tiny_dir, qd_last_error());
+    } else {
+        random_weights(&m, w, a->seed);
+    }
+    qd_model_layout_free(&m);
+    return w;
+}
+
+/* ---- inputs */
+
+typedef struct {
+    int32_t *train_tok;     /* (B, T) */
+    int32_t *prompt;        /* (B, P) */
+    int32_t *len_t, *len_p; /* (B) all T, all P */
+    uint64_t *seq_id;       /* (B) 0 .. B-1 */
+    float *logp;            /* (B, max(T, M)) */
+    float *dlogp;           /* (B, T) mean NLL: -1 / (B T) */
+    int32_t *gen_tok, *gen_len;
+} bench_inputs;
+
+/* len tokens per row, uniform over the vocabulary. */
+static int32_t *random_tokens(int B, int len, int vocab, uint64_t seed)
+{
+    int32_t *t = xmalloc(sizeof(int32_t) * (size_t)B * (size_t)len);
+    uint64_t s = seed;
+    for (size_t i = 0; i < (size_t)B * (size_t)len; i++)
+        t[i] = (int32_t)(qd_splitmix64_unit(&s) * vocab);
+    return t;
+}
+
+static bench_inputs make_inputs(const bench_args *a, int vocab)
+{
+    bench_inputs in;
+    size_t B = (size_t)a->B, w = (size_t)(a->T > a->M ? a->T : a->M);
+    in.train_tok = random_tokens(a->B, a->T, vocab, a->seed + 1);
+    in.prompt = random_tokens(a->B, a->P, vocab, a->seed + 2);
+    in.len_t = xmalloc(sizeof(int32_t) * B);
+    in.len_p = xmalloc(sizeof(int32_t) * B);
+    in.seq_id = xmalloc(sizeof(uint64_t) * B);
+    in.logp = xmalloc(sizeof(float) * B * w);
+    in.dlogp = xmalloc(sizeof(float) * B * (size_t)a->T);
+    in.gen_tok = xmalloc(sizeof(int32_t) * B * (size_t)a->M);
+    in.gen_len = xmalloc(sizeof(int32_t) * B);
+    for (size_t i = 0; i < B; i++) {
+        in.len_t[i] = a->T;
+        in.len_p[i] = a->P;
+        in.seq_id[i] = (uint64_t)i;
+    }
+    for (size_t i = 0; i < B * (size_t)a->T; i++)
+        in.dlogp[i] = -1.0f / (float)(B * (size_t)a->T);
+    return in;
+}
+
+static void free_inputs(bench_inputs *in)
+{
+    free(in->train_tok);
+    free(in->prompt);
+    free(in->len_t);
+    free(in->len_p);
+    free(in->seq_id);
+    free(in->logp);
+    free(in->dlogp);
+    free(in->gen_tok);
+    free(in->gen_len);
+}
+
+/* ---- the ops */
+
+/* One trainer step; step counts from 1. */
+static qd_status train_step(qd_backend *b, const bench_args *a, const bench_inputs *in, int step)
+{
+    const qd_adamw opt = {1e-5f, 0.9f, 0.999f, 1e-8f, 0.01f, 1.0f};
+    qd_batch bt = {a->B, a->T, in->train_tok, in->len_t, 1.0f};
+    float gnorm;
+    qd_backend_zero_grad(b);
+    qd_status st = qd_backend_forward(b, &bt, in->logp, NULL);
+    if (st == QD_OK)
+        st = qd_backend_backward(b, in->dlogp);
+    if (st == QD_OK)
+        st = qd_backend_optimizer_step(b, &opt, step, &gnorm);
+    return st;
+}
+
+static qd_status run_op(bench_op op, qd_backend *b, const bench_args *a, const bench_inputs *in, int step)
+{
+    qd_batch bt = {a->B, a->T, in->train_tok, in->len_t, 1.0f};
+    qd_generate_request rq = {a->B, a->P, in->prompt, in->len_p, in->seq_id, a->seed, a->M,
+                              (float)a->temperature, 0, 1.0f, NULL, 0};
+    qd_generate_result res = {in->gen_tok, in->logp, in->gen_len};
+    switch (op) {
+    case OP_TRAIN:
+        return train_step(b, a, in, step);
+    case OP_FORWARD:
+        return qd_backend_forward(b, &bt, in->logp, NULL);
+    default:
+        return qd_backend_generate(b, &rq, &res);
+    }
+}
+
+/* Marks row n/a (refused) or error (anything else) with the message. */
+static void fail_row(bench_row *row, qd_status st, const char *what)
+{
+    row->status = st == QD_ERR_UNSUPPORTED ? ROW_NA : ROW_ERROR;
+    snprintf(row->why, sizeof row->why, "%s: %s", what, qd_last_error());
+}
+
+/* Warm-up then timed iterations of op into row. */
+static void measure(bench_op op, qd_backend *b, const bench_args *a, const bench_inputs *in, bench_row *row)
+{
+    double *t = xmalloc(sizeof(double) * (size_t)a->iters);
+    for (int k = 0; k < a->warmup + a->iters; k++) {
+        double t0 = now();
+        qd_status st = run_op(op, b, a, in, k + 1);
+        if (st != QD_OK) {
+            fail_row(row, st, op_name[op]);
+            free(t);
+            return;
+        }
+        if (k >= a->warmup)
+            t[k - a->warmup] = now() - t0;
+    }
+    row->ms = 1e3 * median(t, a->iters);
+    row->ms_min = 1e3 * t[0];  /* median sorted t */
+    row->tokens = (long)a->B * (op == OP_ROLLOUT ? a->M : a->T);
+    row->status = ROW_OK;
+    free(t);
+}
+
+/* One line on stderr per row as it is done: a log that survives a kill. */
+static void progress(const bench_args *a, const bench_row *r)
+{
+    fprintf(stderr, "bench_backend: %s, %s, %s, %s, %s: ", a->model, r->backend, qd_mode_name(a->mode),
+            qd_recipe_name(r->recipe), op_name[r->op]);
+    if (r->status == ROW_OK)
+        fprintf(stderr, "%.3f ms/iter, %.1f tokens/s\n", r->ms, 1e3 * (double)r->tokens / r->ms);
+    else
+        fprintf(stderr, "%s\n", r->why);
+}
+
+/* The ops of one role for recipe r: one backend made, loaded, measured, freed.
+ * rows: the role's ops' rows (op, recipe already set; ROW_SKIP ones left alone). */
+static void run_role(const bench_args *a, const qd_model_config *cfg, const float *w, size_t n, qd_recipe r,
+                     qd_role role, const bench_inputs *in, bench_row *rows, int nrows)
+{
+    int todo = 0;
+    for (int i = 0; i < nrows; i++)
+        todo |= rows[i].status != ROW_SKIP;
+    if (!todo)
+        return;
+    qd_backend_options o = {r, role, a->mode, a->rac_ratio, a->threads, 0};
+    qd_backend *b = qd_backend_init_by_name(a->backend, cfg, &o);
+    if (!b) {
+        fprintf(stderr, "bench_backend: %s backend, recipe %s, %s role: %s\n", a->backend, qd_recipe_name(r),
+                role == QD_ROLE_TRAINER ? "trainer" : "rollout", qd_last_error());
+        for (int i = 0; i < nrows; i++) {
+            if (rows[i].status == ROW_SKIP)
+                continue;
+            rows[i].status = ROW_NA;
+            snprintf(rows[i].backend, sizeof rows[i].backend, "%s", a->backend);
+            snprintf(rows[i].why, sizeof rows[i].why, "init: %s", qd_last_error());
+        }
+        return;
+    }
+    qd_status st = qd_backend_set_weights(b, w, n);
+    for (int i = 0; i < nrows; i++) {
+        if (rows[i].status == ROW_SKIP)
+            continue;
+        snprintf(rows[i].backend, sizeof rows[i].backend, "%s", qd_backend_name(b));
+        if (st != QD_OK)
+            fail_row(&rows[i], st, "set_weights");
+        else
+            measure(rows[i].op, b, a, in, &rows[i]);
+        progress(a, &rows[i]);
+    }
+    qd_backend_free(b);
+}
+
+/* Every recipe: train step (trainer role), then forward and rollout (rollout
+ * role). rows: (nrecipes, OP_COUNT). */
+static void run_all(const bench_args *a, const qd_model_config *cfg, const float *w, size_t n, bench_row *rows)
+{
+    bench_inputs in = make_inputs(a, cfg->vocab_size);
+    for (int i = 0; i < a->nrecipes; i++) {
+        bench_row *rr = rows + (size_t)i * OP_COUNT;
+        for (int op = 0; op < OP_COUNT; op++) {
+            rr[op].recipe = a->recipes[i];
+            rr[op].op = (bench_op)op;
+            rr[op].status = a->use_op[op] ? ROW_NA : ROW_SKIP;  /* n/a until measured */
+        }
+        run_role(a, cfg, w, n, a->recipes[i], QD_ROLE_TRAINER, &in, rr, 1);
+        run_role(a, cfg, w, n, a->recipes[i], QD_ROLE_ROLLOUT, &in, rr + 1, 2);
+    }
+    free_inputs(&in);
+}
+
+/* ---- the baseline file (--vs) */
+
+/* tokens/s of the first ok row of FILE with this model, layers, op and sizes; 0 if none. */
+static double vs_rate(const bench_args *a, json_t *lines, bench_op op)
+{
+    size_t i;
+    json_t *o;
+    json_array_foreach(lines, i, o) {
+        const char *m = json_string_value(json_object_get(o, "model"));
+        const char *p = json_string_value(json_object_get(o, "op"));
+        const char *s = json_string_value(json_object_get(o, "status"));
+        int sizes = json_integer_value(json_object_get(o, "batch")) == a->B &&
+                    json_integer_value(json_object_get(o, "layers")) == a->layers &&
+                    (op == OP_ROLLOUT ? json_integer_value(json_object_get(o, "prompt")) == a->P &&
+                                            json_integer_value(json_object_get(o, "new_tokens")) == a->M
+                                      : json_integer_value(json_object_get(o, "seq")) == a->T);
+        if (m && p && s && !strcmp(m, a->model) && !strcmp(p, op_name[op]) && !strcmp(s, "ok") && sizes)
+            return json_number_value(json_object_get(o, "tokens_per_s"));
+    }
+    return 0.0;
+}
+
+/* The JSON lines of path as an array; dies naming the line when one is bad. */
+static json_t *read_json_lines(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        die(path, strerror(errno));
+    json_t *arr = json_array();
+    char line[8192];
+    for (int no = 1; fgets(line, sizeof line, f); no++) {
+        json_error_t e;
+        if (strspn(line, " \t\r\n") == strlen(line))
+            continue;
+        json_t *o = json_loads(line, 0, &e);
+        if (!json_is_object(o)) {
+            fprintf(stderr, "bench_backend: %s: line %d: not a JSON object (%s)\n", path, no, e.text);
+            exit(1);
+        }
+        json_array_append_new(arr, o);
+    }
+    fclose(f);
+    return arr;
+}
+
+/* ---- output */
+
+static double rate(const bench_row *r)
+{
+    return r->status == ROW_OK && r->ms > 0 ? 1e3 * (double)r->tokens / r->ms : 0.0;
+}
+
+/* tokens/s of the bf16 row of the same op; 0 when absent. */
+static double bf16_rate(const bench_args *a, const bench_row *rows, bench_op op)
+{
+    for (int i = 0; i < a->nrecipes; i++)
+        if (a->recipes[i] == QD_RECIPE_BF16)
+            return rate(&rows[(size_t)i * OP_COUNT + op]);
+    return 0.0;
+}
+
+static void fmt_ratio(char *out, size_t n, double x, double ref)
+{
+    if (x > 0 && ref > 0)
+        snprintf(out, n, "%.3f", x / ref);
+    else
+        snprintf(out, n, "-");
+}
+
+static const char *status_name(row_status s)
+{
+    return s == ROW_OK ? "ok" : s == ROW_NA ? "n/a" : "error";
+}
+
+static json_t *row_json(const bench_args *a, const bench_row *r, double vs_bf16, double vs)
+{
+    json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i}",
+                          "program", "bench_backend", "model", a->model, "backend", r->backend, "mode",
+                          qd_mode_name(a->mode), "recipe", qd_recipe_name(r->recipe), "op", op_name[r->op],
+                          "status", status_name(r->status), "batch", a->B, "seq", a->T, "prompt", a->P,
+                          "new_tokens", a->M, "layers", a->layers, "iters", a->iters, "warmup", a->warmup, "threads", a->threads);
+    if (r->status == ROW_OK) {
+        json_object_set_new(o, "tokens_per_iter", json_integer(r->tokens));
+        json_object_set_new(o, "ms_per_iter", json_real(r->ms));
+        json_object_set_new(o, "ms_min", json_real(r->ms_min));
+        json_object_set_new(o, "tokens_per_s", json_real(rate(r)));
+        if (vs_bf16 > 0)
+            json_object_set_new(o, "vs_bf16", json_real(rate(r) / vs_bf16));
+        if (vs > 0)
+            json_object_set_new(o, "vs_baseline", json_real(rate(r) / vs));
+    } else {
+        json_object_set_new(o, "reason", json_string(r->why));
+    }
+    return o;
+}
+
+static void print_header(const bench_args *a, const qd_model_config *cfg, size_t n)
+{
+    printf("model %s: hidden %d, %d layers, %d experts top-%d (width %d), %d heads / %d kv x %d, vocab %d, "
+           "%zu parameters\n",
+           a->model, cfg->hidden_size, cfg->num_hidden_layers, cfg->num_experts, cfg->num_experts_per_tok,
+           cfg->moe_intermediate_size, cfg->num_attention_heads, cfg->num_key_value_heads, cfg->head_dim,
+           cfg->vocab_size, n);
+    printf("batch %d; train/forward seq %d; rollout prompt %d + %d new (temperature %g); warmup %d, iters %d; "
+           "threads %d; seed %llu\n\n",
+           a->B, a->T, a->P, a->M, a->temperature, a->warmup, a->iters, a->threads, (unsigned long long)a->seed);
+    if (a->vs)
+        printf("vs baseline: tokens/s over the row of %s with the same model, layers, op and sizes\n\n", a->vs);
+    printf("| model | backend | mode | recipe | op | tokens/iter | ms/iter (median) | ms (min) | tokens/s | vs bf16 |%s"
+           " note |\n", a->vs ? " vs baseline |" : "");
+    printf("|---|---|---|---|---|---:|---:|---:|---:|---:|%s---|\n", a->vs ? "---:|" : "");
+}
+
+/* The table on stdout, the JSON lines to f (when not NULL). */
+static void report(const bench_args *a, const bench_row *rows, json_t *vs_lines, FILE *f)
+{
+    for (int i = 0; i < a->nrecipes * OP_COUNT; i++) {
+        const bench_row *r = &rows[i];
+        if (r->status == ROW_SKIP)
+            continue;
+        double ref = bf16_rate(a, rows, r->op), vs = vs_lines ? vs_rate(a, vs_lines, r->op) : 0.0;
+        char rb[32], rv[40];
+        fmt_ratio(rb, sizeof rb, rate(r), ref);
+        fmt_ratio(rv, sizeof rv, rate(r), vs);
+        printf("| %s | %s | %s | %s | %s | ", a->model, r->backend, qd_mode_name(a->mode), qd_recipe_name(r->recipe),
+               op_name[r->op]);
+        if (r->status == ROW_OK)
+            printf("%ld | %.3f | %.3f | %.1f | %s |%s%s%s |\n", r->tokens, r->ms, r->ms_min, rate(r), rb,
+                   a->vs ? " " : "", a->vs ? rv : "", a->vs ? " |" : "");
+        else
+            printf("- | %s | - | %s | - |%s %s: %s |\n", status_name(r->status), status_name(r->status),
+                   a->vs ? " - |" : "", status_name(r->status), r->why);
+        if (f) {
+            json_t *o = row_json(a, r, ref, vs);
+            json_dumpf(o, f, JSON_COMPACT);
+            fputc('\n', f);
+            json_decref(o);
+        }
+    }
+}
+
+/* ---- arguments */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: bench/bench_backend [--backend auto|cpu|cuda] [--mode exact|fast] [--recipe a,b,...]\n"
+        "         [--model tiny|moe8] [--tiny-dir DIR] [--layers L] [--batch B] [--seq T] [--prompt P]\n"
+        "         [--new-tokens M] [--iters N] [--warmup W] [--threads N] [--temperature X]\n"
+        "         [--ops 'train step,forward,rollout']\n"
+        "         [--rac-ratio X] [--seed S] [--json FILE] [--vs FILE]\n"
+        "  defaults: auto, exact, bf16,fp8,nvfp4,quads, tiny (models/tiny), moe8 8 layers, B 8, T 128,\n"
+        "  P 32, M 64, iters 5, warmup 1, all cores, temperature 1, rac-ratio 0.25, seed 1\n"
+        "  --json FILE  also write the rows as JSON lines;  --vs FILE  add a column: tokens/s over the\n"
+        "               first ok row of FILE (JSON lines, e.g. bench_torch.py's) of the same model, op, sizes\n");
+}
+
+static int int_arg(const char *name, const char *v, int lo)
+{
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (end == v || *end || x < lo || x > 1000000) {
+        fprintf(stderr, "bench_backend: %s needs an integer >= %d, got '%s'\n", name, lo, v);
+        exit(2);
+    }
+    return (int)x;
+}
+
+static double num_arg(const char *name, const char *v, double lo, double hi)
+{
+    char *end;
+    double x = strtod(v, &end);
+    if (end == v || *end || !(x >= lo && x <= hi)) {
+        fprintf(stderr, "bench_backend: %s needs a number in [%g, %g], got '%s'\n", name, lo, hi, v);
+        exit(2);
+    }
+    return x;
+}
+
+static void parse_ops(bench_args *a, char *list)
+{
+    memset(a->use_op, 0, sizeof a->use_op);
+    for (char *s = strtok(list, ","); s; s = strtok(NULL, ",")) {
+        int op = 0;
+        while (op < OP_COUNT && strcmp(s, op_name[op]))
+            op++;
+        if (op == OP_COUNT) {
+            fprintf(stderr, "bench_backend: --ops: unknown op '%s' (train step, forward, rollout)\n", s);
+            exit(2);
+        }
+        a->use_op[op] = 1;
+    }
+}
+
+static void parse_recipes(bench_args *a, char *list)
+{
+    a->nrecipes = 0;
+    for (char *s = strtok(list, ","); s; s = strtok(NULL, ",")) {
+        if (a->nrecipes == MAX_RECIPES || qd_recipe_parse(&a->recipes[a->nrecipes++], s) != QD_OK) {
+            fprintf(stderr, "bench_backend: --recipe: %s\n",
+                    a->nrecipes == MAX_RECIPES ? "too many recipes" : qd_last_error());
+            exit(2);
+        }
+    }
+    if (a->nrecipes == 0) {
+        fprintf(stderr, "bench_backend: --recipe: empty list\n");
+        exit(2);
+    }
+}
+
+/* One option and its value; 0 when the option is unknown. */
+static int set_option(bench_args *a, const char *o, const char *v)
+{
+    if (!strcmp(o, "--backend")) a->backend = v;
+    else if (!strcmp(o, "--mode")) {
+        if (qd_mode_parse(&a->mode, v) != QD_OK) {
+            fprintf(stderr, "bench_backend: --mode: %s\n", qd_last_error());
+            exit(2);
+        }
+    }
+    else if (!strcmp(o, "--recipe") || !strcmp(o, "--recipes")) parse_recipes(a, (char *)v);
+    else if (!strcmp(o, "--ops")) parse_ops(a, (char *)v);
+    else if (!strcmp(o, "--model")) a->model = v;
+    else if (!strcmp(o, "--tiny-dir")) a->tiny_dir = v;
+    else if (!strcmp(o, "--layers")) a->layers = int_arg(o, v, 1);
+    else if (!strcmp(o, "--batch")) a->B = int_arg(o, v, 1);
+    else if (!strcmp(o, "--seq")) a->T = int_arg(o, v, 2);
+    else if (!strcmp(o, "--prompt")) a->P = int_arg(o, v, 1);
+    else if (!strcmp(o, "--new-tokens")) a->M = int_arg(o, v, 1);
+    else if (!strcmp(o, "--iters")) a->iters = int_arg(o, v, 1);
+    else if (!strcmp(o, "--warmup")) a->warmup = int_arg(o, v, 0);
+    else if (!strcmp(o, "--threads")) a->threads = int_arg(o, v, 1);
+    else if (!strcmp(o, "--seed")) a->seed = (uint64_t)int_arg(o, v, 0);
+    else if (!strcmp(o, "--temperature")) a->temperature = num_arg(o, v, 0.0, 100.0);
+    else if (!strcmp(o, "--rac-ratio")) a->rac_ratio = num_arg(o, v, 0.0, 1.0);
+    else if (!strcmp(o, "--json")) a->json = v;
+    else if (!strcmp(o, "--vs")) a->vs = v;
+    else return 0;
+    return 1;
+}
+
+static bench_args parse_args(int argc, char **argv)
+{
+    static char default_recipes[] = "bf16,fp8,nvfp4,quads";
+    bench_args a = {.backend = "auto", .model = "tiny", .tiny_dir = "models/tiny", .mode = QD_MODE_EXACT,
+                    .B = 8, .T = 128, .P = 32, .M = 64, .iters = 5, .warmup = 1, .layers = 8,
+                    .rac_ratio = 0.25, .temperature = 1.0, .seed = 1};
+#ifdef _OPENMP
+    a.threads = omp_get_num_procs();
+#else
+    a.threads = 1;
+#endif
+    parse_recipes(&a, default_recipes);
+    for (int op = 0; op < OP_COUNT; op++)
+        a.use_op[op] = 1;
+    for (int i = 1; i < argc; i += 2) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            usage(stdout);
+            exit(0);
+        }
+        if (i + 1 >= argc || !set_option(&a, argv[i], argv[i + 1])) {
+            usage(stderr);
+            exit(2);
+        }
+    }
+    if (strcmp(a.model, "tiny") && strcmp(a.model, "moe8")) {
+        fprintf(stderr, "bench_backend: --model: '%s' (tiny, moe8)\n", a.model);
+        exit(2);
+    }
+    return a;
+}
+
+int main(int argc, char **argv)
+{
+    bench_args a = parse_args(argc, argv);
+    qd_model_config cfg;
+    size_t n;
+    float *w = load_model(&a, &cfg, &n);
+    a.layers = cfg.num_hidden_layers;  /* the tiny model's too, for --json and --vs */
+    if (a.P + a.M > cfg.max_position_embeddings || a.T > cfg.max_position_embeddings) {
+        fprintf(stderr, "bench_backend: prompt + new tokens (%d) or seq (%d) > max_position_embeddings %d\n",
+                a.P + a.M, a.T, cfg.max_position_embeddings);
+        return 2;
+    }
+    json_t *vs_lines = a.vs ? read_json_lines(a.vs) : NULL;
+    FILE *jf = a.json ? fopen(a.json, "w") : NULL;
+    if (a.json && !jf)
+        die(a.json, strerror(errno));
+    bench_row *rows = calloc((size_t)a.nrecipes * OP_COUNT, sizeof *rows);
+    if (!rows)
+        die("out of memory", "rows");
+    run_all(&a, &cfg, w, n, rows);
+    print_header(&a, &cfg, n);
+    report(&a, rows, vs_lines, jf);
+    if (jf && fclose(jf) != 0)
+        die(a.json, strerror(errno));
+    int bad = 0;
+    for (int i = 0; i < a.nrecipes * OP_COUNT; i++)
+        bad |= rows[i].status == ROW_ERROR;
+    json_decref(vs_lines);
+    free(rows);
+    free(w);
+    return bad;
+}
