@@ -337,7 +337,7 @@ static void run_role(const bench_args *a, const qd_model_config *cfg, const floa
         todo |= rows[i].status != ROW_SKIP;
     if (!todo)
         return;
-    qd_backend_options o = {r, role, a->mode, a->rac_ratio, a->threads, 0};
+    qd_backend_options o = {.recipe = r, .role = role, .rac_ratio = a->rac_ratio, .num_threads = a->threads, .mode = a->mode};
     qd_backend *b = qd_backend_init_by_name(a->backend, cfg, &o);
     if (!b) {
         fprintf(stderr, "bench_backend: %s backend, recipe %s, %s role: %s\n", a->backend, qd_recipe_name(r),

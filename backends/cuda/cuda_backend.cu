@@ -8,7 +8,7 @@
  * product are backends/cuda/cuda_quant.cu's (themselves checked bit for bit
  * against quant/). What stays on the host, as in the CPU backend: the batch
  * packing, the MoE row bookkeeping (topk copied back once per MoE layer), the
- * RAC channel selection (qd_rac_select) and the sampler (qd_sample_row on the
+ * RAC channel selection (qd_rac_select) and the sampler (qd_sample_batch on the
  * last logits of each row), so those are the CPU's own code.
  *
  * Master weights, gradients and AdamW moments are float32 on the device; the
@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "backends/cuda/cuda_blas.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_quant.h"
@@ -71,7 +72,7 @@ typedef struct {
 /* Grow-only device scratch buffers. */
 enum { S_XE, S_XH, S_ACT, S_FP8Q, S_FP8S, S_LOGP, S_BWD, S_DIAG, S_X16, S_NSCRATCH };
 
-typedef struct {
+typedef struct cuda_ctx_tag {
     qd_model_config cfg;
     qd_backend_options opt;
     qd_backend base;
@@ -108,9 +109,46 @@ typedef struct {
     const char **dg_names;
     double *dg_act_err, *dg_act_norm, *dg_weight_err;
     int32_t *dg_topk;
+    /* QUADS_CUDA_PROFILE=1: wall time per phase (synchronizing at each mark), printed at free */
+    int prof, prof_sec;
+    double prof_last, prof_t[16];
+    long prof_n[16];
 } cuda_ctx;
 
+enum { PR_OTHER, PR_ATTN_LIN, PR_ATTN, PR_ROUTE, PR_EXPERTS, PR_HEAD, PR_LOGP, PR_SAMPLE, PR_BWD, PR_OPT,
+       PR_SYNC, PR_N };
+static const char *const prof_names[PR_N] = {"other", "attention linears", "attention", "routing", "experts",
+                                              "lm_head", "log-probs", "logits to host + sampling",
+                                              "backward", "AdamW", "weight sync"};
+
+/* Charges the time since the last mark to the section it opened and opens sec. */
+static void prof(struct cuda_ctx_tag *c, int sec);
+
 #define P(c, off) ((c)->d_wk + (off))
+
+static void prof(cuda_ctx *c, int sec)
+{
+    if (!c->prof)
+        return;
+    cudaDeviceSynchronize();
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    if (c->prof_last > 0)
+        c->prof_t[c->prof_sec] += t - c->prof_last;
+    c->prof_n[sec]++;
+    c->prof_sec = sec;
+    c->prof_last = t;
+}
+
+static void prof_print(const cuda_ctx *c)
+{
+    if (!c->prof)
+        return;
+    fprintf(stderr, "cuda backend profile (QUADS_CUDA_PROFILE):\n");
+    for (int i = 0; i < PR_N; i++)
+        fprintf(stderr, "  %-28s %8ld marks %10.3f ms\n", prof_names[i], c->prof_n[i], 1e3 * c->prof_t[i]);
+}
 
 static cuda_ctx *ctx_of(qd_backend *b) { return (cuda_ctx *)b->context; }
 
@@ -724,11 +762,13 @@ static qd_status experts_backward(cuda_ctx *c, float *dinp, const float *dout, c
 static qd_status mlp_forward(cuda_ctx *c, float *out, layer_acts *s, const layer *ly)
 {
     int N = c->N, C = c->cfg.hidden_size, I = ly->ffn, K = ly->moe ? c->cfg.num_experts_per_tok : 1;
+    prof(c, PR_ROUTE);
     if (ly->moe)
         QD_TRY(linear_forward(c, s->probs, s->ln2, &c->lin[ly->router], N));
     QD_TRY(route(c, s, ly));
     int R = s->exp_off[ly->nexp];
     QD_TRY(qdk_gather(s->xe, s->ln2, s->row_tok, R, C));
+    prof(c, PR_EXPERTS);
     if (experts_grouped(c, ly, R)) {
         QD_TRY(experts_forward(c, s->g, s->xe, s, ly, 0));
         QD_TRY(experts_forward(c, s->u, s->xe, s, ly, 1));
@@ -744,7 +784,9 @@ static qd_status mlp_forward(cuda_ctx *c, float *out, layer_acts *s, const layer
             QD_TRY(linear_forward(c, s->y + oc, s->h + oi, expert_lin(c, ly, e, 2), m));
         }
     }
-    return qdk_combine(out, s->y, s->row_w, s->tok_rows, N, K, C);
+    QD_TRY(qdk_combine(out, s->y, s->row_w, s->tok_rows, N, K, C));
+    prof(c, PR_OTHER);
+    return QD_OK;
 }
 
 static qd_status attn_forward(cuda_ctx *c, float *out, layer_acts *s, const layer *ly, int l)
@@ -752,6 +794,7 @@ static qd_status attn_forward(cuda_ctx *c, float *out, layer_acts *s, const laye
     const qd_model_config *g = &c->cfg;
     int N = c->N, H = g->num_attention_heads, KV = g->num_key_value_heads, D = g->head_dim;
     float eps = (float)g->rms_norm_eps;
+    prof(c, PR_ATTN_LIN);
     QD_TRY(linear_forward(c, s->q, s->ln1, &c->lin[ly->q], N));
     QD_TRY(linear_forward(c, s->k, s->ln1, &c->lin[ly->k], N));
     QD_TRY(linear_forward(c, s->v, s->ln1, &c->lin[ly->v], N));
@@ -762,12 +805,16 @@ static qd_status attn_forward(cuda_ctx *c, float *out, layer_acts *s, const laye
     size_t lsz = (size_t)c->cache_rows * c->Tc * KV * D;
     if (c->kc)
         QD_TRY(qdk_store_kv(c->kc + l * lsz, c->vc + l * lsz, s->kr, s->v, c->d_row, c->d_pos, N, c->Tc, KV * D));
+    prof(c, PR_ATTN);
     const float *kb = c->decode ? c->kc + l * lsz : s->kr, *vb = c->decode ? c->vc + l * lsz : s->v;
     if (c->opt.mode == QD_MODE_FAST)
         QD_TRY(qdk_attend_fast(s->ao, s->att, s->qr, kb, vb, c->d_kbase, c->d_pos, N, H, KV, D, c->Tm));
     else
         QD_TRY(qdk_attend(s->ao, s->att, s->qr, kb, vb, c->d_kbase, c->d_pos, N, H, KV, D, c->Tm));
-    return linear_forward(c, out, s->ao, &c->lin[ly->o], N);
+    prof(c, PR_ATTN_LIN);
+    QD_TRY(linear_forward(c, out, s->ao, &c->lin[ly->o], N));
+    prof(c, PR_OTHER);
+    return QD_OK;
 }
 
 /* logp (N) on the device (lse saved); NONFINITE when a logit / T overflows. */
@@ -806,8 +853,11 @@ static qd_status model_forward(cuda_ctx *c, float *logp)
         QD_TRY(qdk_add(next, s->xmid, next, (size_t)N * C));
     }
     QD_TRY(qdk_rmsnorm(c->lnf, c->rstdf, c->xf, P(c, c->final_norm), N, C, eps));
+    prof(c, PR_HEAD);
     QD_TRY(linear_forward(c, c->logits, c->lnf, &c->lin[c->lm_head], N));
+    prof(c, PR_LOGP);
     QD_TRY(logprob_forward(c, logp));
+    prof(c, PR_OTHER);
     QD_TRY(qd_cuda_nonfinite_check());
     return QD_OK;
 }
@@ -918,6 +968,7 @@ static qd_status model_backward(cuda_ctx *c, const float *dlogp)
         layer_floats = m > layer_floats ? m : layer_floats;
     }
     size_t total = up64((size_t)N * V) + 2 * up64((size_t)N * C) + layer_floats;
+    prof(c, PR_BWD);
     fcarve f;
     QD_TRY(zeroed(c, &f, total));
     float *dlogits = carve(&f, (size_t)N * V), *dres = carve(&f, (size_t)N * C), *dln = carve(&f, (size_t)N * C);
@@ -938,6 +989,7 @@ static qd_status model_backward(cuda_ctx *c, const float *dlogp)
     }
     QD_TRY(qdk_embed_backward(c->d_grads + c->embed, dres, c->d_tok, N, C));
     QD_CUDA_CHECK(cudaDeviceSynchronize());
+    prof(c, PR_OTHER);
     return QD_OK;
 }
 
@@ -946,8 +998,10 @@ static qd_status model_backward(cuda_ctx *c, const float *dlogp)
 
 typedef struct {
     int32_t *seq, *len, *idx;
-    float *lrow;                   /* (B, V) host: the last logits of each row */
-    qd_sample_ws *ws;
+    float *lrow;                   /* (B, V) host: the last logits of each active row */
+    qd_sample_result *sres;        /* (B) the sampler's results (qd_sample_batch, OpenMP over rows) */
+    uint64_t *sid;                 /* (B) their sequence ids */
+    uint32_t *spos;                /* (B) and positions */
     int *done;
     int Tmax;
 } gen_state;
@@ -1005,21 +1059,31 @@ static qd_status gen_step(cuda_ctx *c, gen_state *g, const qd_generate_request *
     } else {
         QD_TRY(decode_forward(c, g, na, (float *)lp));
     }
+    prof(c, PR_SAMPLE);
+    if (step == 0)  /* the prefill's last logits of each row */
+        for (int i = 0; i < na; i++) {
+            int r = g->idx[i];
+            QD_TRY(d2h(g->lrow + (size_t)i * V, c->logits + (size_t)(c->seq_off[r + 1] - 1) * V,
+                       sizeof(float) * V));
+        }
+    else            /* a decode step's logits are the active rows' in order */
+        QD_TRY(d2h(g->lrow, c->logits, sizeof(float) * (size_t)na * V));
     for (int i = 0; i < na; i++) {
-        int b = g->idx[i], r = step == 0 ? b : i;
-        QD_TRY(d2h(g->lrow + (size_t)i * V, c->logits + (size_t)(c->seq_off[r + 1] - 1) * V, sizeof(float) * V));
+        g->sid[i] = rq->seq_id[g->idx[i]];
+        g->spos[i] = (uint32_t)g->len[g->idx[i]];
     }
+    qd_sample_params sp = {rq->temperature, rq->top_k, rq->top_p < 1.0f ? rq->top_p : 1.0f, rq->seed};
+    QD_TRY(qd_sample_batch(g->sres, g->lrow, na, V, &sp, g->sid, g->spos));
     for (int i = 0; i < na; i++) {
         int b = g->idx[i];
-        qd_sample_params sp = {rq->temperature, rq->top_k, rq->top_p < 1.0f ? rq->top_p : 1.0f, rq->seed};
-        qd_sample_result r1;
-        QD_TRY(qd_sample_row(&r1, g->ws, g->lrow + (size_t)i * V, V, &sp, rq->seq_id[b], (uint32_t)g->len[b]));
-        g->seq[(size_t)b * g->Tmax + g->len[b]++] = r1.token;
-        res->tokens[(size_t)b * M + step] = r1.token;
-        res->logp[(size_t)b * M + step] = r1.logprob;
+        int32_t tok = g->sres[i].token;
+        g->seq[(size_t)b * g->Tmax + g->len[b]++] = tok;
+        res->tokens[(size_t)b * M + step] = tok;
+        res->logp[(size_t)b * M + step] = g->sres[i].logprob;
         res->lengths[b]++;
-        g->done[b] = is_stop(rq, r1.token) || step + 1 == M;
+        g->done[b] = is_stop(rq, tok) || step + 1 == M;
     }
+    prof(c, PR_OTHER);
     return QD_OK;
 }
 
@@ -1029,7 +1093,9 @@ static void gen_free(cuda_ctx *c, gen_state *g, int M)
     free(g->len);
     free(g->idx);
     free(g->lrow);
-    qd_sample_ws_free(g->ws);
+    free(g->sres);
+    free(g->sid);
+    free(g->spos);
     free(g->done);
     cudaFree(c->kc);
     cudaFree(c->vc);
@@ -1049,7 +1115,7 @@ static qd_status generate_run(cuda_ctx *c, gen_state *g, const qd_generate_reque
 {
     int B = rq->B, M = rq->max_new_tokens;
     size_t ncache = (size_t)c->cfg.num_hidden_layers * B * g->Tmax * c->cfg.num_key_value_heads * c->cfg.head_dim;
-    if (!g->seq || !g->len || !g->idx || !g->lrow || !g->ws || !g->done)
+    if (!g->seq || !g->len || !g->idx || !g->lrow || !g->sres || !g->sid || !g->spos || !g->done)
         return qd_error(QD_ERR_NOMEM, "cuda backend: generate (host state)");
     QD_TRY(dev_alloc((void **)&c->kc, sizeof(float) * ncache, "KV cache (keys)"));
     QD_TRY(dev_alloc((void **)&c->vc, sizeof(float) * ncache, "KV cache (values)"));
@@ -1081,7 +1147,9 @@ static qd_status cuda_generate(qd_backend *bk, const qd_generate_request *rq, qd
                         Tmax, c->cfg.max_position_embeddings);
     gen_state g = {(int32_t *)calloc((size_t)B * Tmax, sizeof(int32_t)), (int32_t *)calloc((size_t)B, sizeof(int32_t)),
                    (int32_t *)calloc((size_t)B, sizeof(int32_t)), (float *)malloc(sizeof(float) * (size_t)B * V),
-                   qd_sample_ws_new(V), (int *)calloc((size_t)B, sizeof(int)), Tmax};
+                   (qd_sample_result *)malloc(sizeof(qd_sample_result) * (size_t)B),
+                   (uint64_t *)malloc(sizeof(uint64_t) * (size_t)B), (uint32_t *)malloc(sizeof(uint32_t) * (size_t)B),
+                   (int *)calloc((size_t)B, sizeof(int)), Tmax};
     qd_status st = generate_run(c, &g, rq, res);
     gen_free(c, &g, rq->max_new_tokens);
     return st;
@@ -1119,6 +1187,7 @@ static qd_status cuda_optimizer_step(qd_backend *b, const qd_adamw *o, int step,
 {
     cuda_ctx *c = ctx_of(b);
     double norm;
+    prof(c, PR_OPT);
     QD_TRY(grad_norm(c, &norm));
     if (!isfinite(norm))
         return qd_error(QD_ERR_NONFINITE, "optimizer: gradient norm is not finite");
@@ -1133,7 +1202,10 @@ static qd_status cuda_optimizer_step(qd_backend *b, const qd_adamw *o, int step,
                          (size_t)(pi->rows * pi->cols), o->lr, o->beta1, o->beta2, o->eps, wd, gscale, bc1, bc2));
     }
     c->have_forward = 0;
-    return sync_weights(c);
+    prof(c, PR_SYNC);
+    qd_status st = sync_weights(c);
+    prof(c, PR_OTHER);
+    return st;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1158,6 +1230,7 @@ static void free_linear(linear *L)
 static void cuda_free(qd_backend *b)
 {
     cuda_ctx *c = ctx_of(b);
+    prof_print(c);
     for (int i = 0; c->lin && i < c->nlin; i++)
         free_linear(&c->lin[i]);
     free(c->lin);
@@ -1557,6 +1630,8 @@ extern "C" qd_backend *qd_backend_cuda_init(const qd_model_config *cfg, const qd
     }
     c->cfg = *cfg;
     c->opt = *opt;
+    const char *pe = getenv("QUADS_CUDA_PROFILE");
+    c->prof = pe && *pe && strcmp(pe, "0") != 0;
     c->base.iface = &cuda_iface;
     c->base.context = c;
     if (init_impl(c)) {

@@ -335,34 +335,53 @@ extern "C" qd_status qdk_rope(float *x, const int32_t *pos, const float *cosb, c
     return QD_OK;
 }
 
+/* One block per (query n, head h), the CPU's attend(): the scores (each one
+ * dot product in one thread, i ascending) spread over the threads, the max and
+ * the sum of exponentials by one thread in s order, the output elements (each
+ * a sum over s ascending in one thread) spread over the threads. Every value
+ * is computed exactly as in the CPU's loop; only who computes it changes. */
 __global__ void k_attend(float *out, float *att, const float *q, const float *kb, const float *vb,
                          const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm,
                          float scale)
 {
-    int id = blockIdx.x * blockDim.x + threadIdx.x;
-    if (id >= N * H)
-        return;
-    int n = id / H, h = id % H, t = pos[n], kh = h / (H / KV);
+    __shared__ float red[2];
+    int id = blockIdx.x, n = id / H, h = id % H, t = pos[n], kh = h / (H / KV);
     size_t KD = (size_t)KV * D;
     const float *qv = q + (size_t)n * H * D + h * D;
     const float *kr = kb + (size_t)kbase[n] * KD + kh * D, *vr = vb + (size_t)kbase[n] * KD + kh * D;
-    float *p = att + (size_t)id * Tm, mx = -INFINITY, sum = 0.0f;
-    for (int s = 0; s <= t; s++) {
+    float *p = att + (size_t)id * Tm;
+    for (int s = threadIdx.x; s <= t; s += blockDim.x) {
         const float *kv = kr + s * KD;
         float dot = 0.0f;
         for (int i = 0; i < D; i++)
             dot = dot + qv[i] * kv[i];
         p[s] = dot * scale;
-        mx = fmaxf(mx, p[s]);
     }
-    for (int s = 0; s <= t; s++) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float mx = -INFINITY;
+        for (int s = 0; s <= t; s++)
+            mx = fmaxf(mx, p[s]);
+        red[0] = mx;
+    }
+    __syncthreads();
+    float mx = red[0];
+    for (int s = threadIdx.x; s <= t; s += blockDim.x)
         p[s] = qd_expf(p[s] - mx);
-        sum = sum + p[s];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float sum = 0.0f;
+        for (int s = 0; s <= t; s++)
+            sum = sum + p[s];
+        red[1] = sum;
     }
-    for (int s = 0; s <= t; s++)
+    __syncthreads();
+    float sum = red[1];
+    for (int s = threadIdx.x; s <= t; s += blockDim.x)
         p[s] = p[s] / sum;
+    __syncthreads();
     float *o = out + (size_t)n * H * D + h * D;
-    for (int i = 0; i < D; i++) {
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
         float acc = 0.0f;
         for (int s = 0; s <= t; s++)
             acc = acc + p[s] * vr[s * KD + i];
@@ -376,8 +395,7 @@ extern "C" qd_status qdk_attend(float *out, float *att, const float *q, const fl
                                 const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm)
 {
     if (N)
-        QD_LAUNCH_N(k_attend, ((size_t)N * H), out, att, q, kb, vb, kbase, pos, N, H, KV, D, Tm,
-                  attn_scale(D));
+        QD_LAUNCH(k_attend, (unsigned)(N * H), 64u, out, att, q, kb, vb, kbase, pos, N, H, KV, D, Tm, attn_scale(D));
     return QD_OK;
 }
 
@@ -448,25 +466,35 @@ extern "C" qd_status qdk_attend_fast(float *out, float *att, const float *q, con
 
 /* Per (query n, head h): dp[s] = dy . v_s, pdp = sum_s p[s] dp[s] (s ascending),
  * ds[s] = (p[s] (dp[s] - pdp)) scale, as attention_backward's first two loops. */
+/* One block per (query n, head h): dp[s] = dy . v_s (each in one thread, i
+ * ascending) spread over the threads; pdp = sum_s p[s] dp[s] in s order by one
+ * thread; ds[s] = (p[s] (dp[s] - pdp)) scale spread again: attention_backward's
+ * first two loops, value for value. */
 __global__ void k_attn_ds(float *ds, const float *dout, const float *att, const float *v, const int32_t *pos,
                           int N, int H, int KV, int D, int Tm, float scale)
 {
-    int id = blockIdx.x * blockDim.x + threadIdx.x;
-    if (id >= N * H)
-        return;
-    int n = id / H, h = id % H, t = pos[n], off = n - t, kh = h / (H / KV);
+    __shared__ float red;
+    int id = blockIdx.x, n = id / H, h = id % H, t = pos[n], off = n - t, kh = h / (H / KV);
     size_t KD = (size_t)KV * D, HD = (size_t)H * D;
     const float *p = att + (size_t)id * Tm, *dy = dout + (size_t)n * HD + h * D;
-    float *d = ds + (size_t)id * Tm, pdp = 0.0f;
-    for (int s = 0; s <= t; s++) {
+    float *d = ds + (size_t)id * Tm;
+    for (int s = threadIdx.x; s <= t; s += blockDim.x) {
         const float *vv = v + (size_t)(off + s) * KD + kh * D;
         float acc = 0.0f;
         for (int i = 0; i < D; i++)
             acc = acc + dy[i] * vv[i];
         d[s] = acc;
-        pdp = pdp + p[s] * acc;
     }
-    for (int s = 0; s <= t; s++)
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float pdp = 0.0f;
+        for (int s = 0; s <= t; s++)
+            pdp = pdp + p[s] * d[s];
+        red = pdp;
+    }
+    __syncthreads();
+    float pdp = red;
+    for (int s = threadIdx.x; s <= t; s += blockDim.x)
         d[s] = (p[s] * (d[s] - pdp)) * scale;
 }
 
@@ -519,7 +547,7 @@ extern "C" qd_status qdk_attend_backward(float *dq, float *dk, float *dv, float 
 {
     if (N == 0)
         return QD_OK;
-    QD_LAUNCH_N(k_attn_ds, ((size_t)N * H), ds, dout, att, v, pos, N, H, KV, D, Tm, attn_scale(D));
+    QD_LAUNCH(k_attn_ds, (unsigned)(N * H), 64u, ds, dout, att, v, pos, N, H, KV, D, Tm, attn_scale(D));
     QD_LAUNCH_N(k_attn_dq, ((size_t)N * H * D), dq, ds, k, pos, N, H, KV, D, Tm);
     QD_LAUNCH_N(k_attn_dkv, ((size_t)N * KV * D), dk, dv, ds, att, q, dout, pos, slen, N, H, KV, D, Tm);
     return QD_OK;
