@@ -36,7 +36,9 @@ typedef struct {
 /* Connects this rank to the others; returns after every rank has joined (open is
  * a barrier). *out is owned by the caller: qd_rdzv_close. */
 qd_status qd_rdzv_open(const qd_rdzv_opts *o, qd_rdzv **out);
-/* Closes the connections; the other ranks see this rank leave. NULL is a no-op. */
+/* Closes the connections; the other ranks see this rank leave, which is a
+ * failure for a rank still using the handle: end a run with a barrier, then
+ * close. NULL is a no-op. */
 void qd_rdzv_close(qd_rdzv *r);
 
 /* buf (n bytes) on every rank = rank 0's buf. n must be equal on every rank. */
