@@ -1,14 +1,15 @@
 /* dist/launch: where this process sits in a multi-process job, read from the
  * environment its launcher set (one process per GPU; docs/multi-gpu.md).
  *
- * Launchers, in the order they are recognized (the first whose rank variable is
- * set wins, because an outer launcher's variables leak into an inner one's
+ * Launchers, in the order they are recognized (the first whose rank or size
+ * variable is set wins, because an outer launcher's variables leak into an inner one's
  * children: sbatch sets SLURM_PROCID=0 for the batch script, which mpirun and
  * torchrun then pass on):
  *   torchrun  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
  *   mpirun    OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE (Open MPI)
  *             + MASTER_ADDR (mpirun does not say where rank 0 runs)
- *   srun      SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID,
+ *   srun      SLURM_PROCID, SLURM_STEP_NUM_TASKS (else SLURM_NTASKS: sbatch alone
+ *             sets it for the batch script), SLURM_LOCALID, SLURM_NODEID,
  *             SLURM_STEP_TASKS_PER_NODE (or SLURM_TASKS_PER_NODE),
  *             MASTER_ADDR or else the first host of SLURM_STEP_NODELIST
  *             (or SLURM_JOB_NODELIST, SLURM_NODELIST): task 0 runs there under
@@ -37,7 +38,10 @@ typedef enum {
 typedef struct {
     qd_launcher launcher;
     int rank, world_size;             /* 0 <= rank < world_size */
-    int local_rank, local_world_size; /* on this node: which GPU to take */
+    /* on this node: which GPU to take. Without the launcher's local variables
+     * one node is assumed (local = global); local_world_size is 0 where srun
+     * gives no tasks-per-node list. */
+    int local_rank, local_world_size;
     char master_addr[QD_DIST_ADDR_MAX]; /* "" when world_size == 1 */
     int master_port;                  /* as the launcher set it (0 when world_size == 1) */
     int rdzv_port;                    /* where dist/rendezvous listens (see above) */

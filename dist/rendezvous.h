@@ -14,7 +14,8 @@
  * verdict (which rank is late) normally reaches them first. After an error the
  * handle is dead: every later call returns QD_ERR_IO with the first message.
  *
- * World size 1 opens no socket; the collectives copy or do nothing. */
+ * World size 1 opens no socket; the collectives copy or do nothing. A handle is
+ * used by one thread at a time. */
 #ifndef QD_DIST_RENDEZVOUS_H
 #define QD_DIST_RENDEZVOUS_H
 

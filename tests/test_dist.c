@@ -6,18 +6,14 @@
  * barriers) reaching every surviving rank with the failed rank's number within
  * the timeout. */
 #include <dirent.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include "dist/launch.h"
 #include "dist/rendezvous.h"
+#include "tests/dist_ranks.h"
 #include "tests/suites.h"
 
 /* ---- launcher environment */
@@ -212,102 +208,22 @@ END_TEST
 
 #define BLOB 128 /* an NCCL unique id */
 #define PART 16  /* each rank's allgather part */
-#define MAX_WORLD 4
 #define CONNECT_S 2.0
 #define OP_S 1.0
 
-typedef struct {
-    int st;
-    double elapsed; /* seconds in the call that ended the scenario */
-    char msg[600];
-    uint8_t blob[BLOB];
-    uint8_t all[MAX_WORLD * PART];
-} rank_result;
+typedef qd_rank_result rank_result;
 
-/* What one rank does; it fills res. */
-typedef void (*rank_body)(qd_rdzv_opts *o, rank_result *res);
-
-static double now_s(void)
+static void run_ranks(int world, qd_rank_body body, rank_result *res)
 {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+    qd_test_run_ranks(world, body, res, CONNECT_S, OP_S);
 }
 
-/* A port nobody listens on now (the kernel's pick for port 0). */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t n = sizeof a;
-    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &n), 0);
-    close(fd);
-    return ntohs(a.sin_port);
-}
+static double now_s(void) { return qd_test_now(); }
+static int note(rank_result *res, qd_status st, double t0) { return qd_test_note(res, st, t0); }
 
-/* Records the outcome of a call. */
-static int note(rank_result *res, qd_status st, double t0)
-{
-    res->st = st;
-    res->elapsed = now_s() - t0;
-    snprintf(res->msg, sizeof res->msg, "%s", st ? qd_last_error() : "");
-    return st;
-}
-
-static void write_all(int fd, const void *buf, size_t n)
-{
-    for (const char *p = buf; n > 0;) {
-        ssize_t k = write(fd, p, n);
-        if (k <= 0)
-            _exit(3);
-        p += k;
-        n -= (size_t)k;
-    }
-}
-
-/* Runs body on `world` child processes (ranks 0..world-1) and collects their
- * results; a child that exits without reporting, or does not report within
- * 15 s, gets status -100. */
-static void run_ranks(int world, rank_body body, rank_result *res)
-{
-    int port = free_port(), fds[MAX_WORLD];
-    pid_t pid[MAX_WORLD];
-    for (int r = 0; r < world; r++) {
-        int p[2];
-        ck_assert_int_eq(pipe(p), 0);
-        pid[r] = fork();
-        ck_assert_int_ge(pid[r], 0);
-        if (pid[r] == 0) {
-            close(p[0]);
-            qd_rdzv_opts o = {.rank = r, .world_size = world, .master_addr = "127.0.0.1", .port = port,
-                              .run_id = qd_rdzv_run_id("test run"), .connect_timeout_s = CONNECT_S,
-                              .op_timeout_s = OP_S};
-            rank_result mine = {.st = -1};
-            body(&o, &mine);
-            write_all(p[1], &mine, sizeof mine);
-            _exit(0);
-        }
-        close(p[1]);
-        fds[r] = p[0];
-    }
-    for (int r = 0; r < world; r++) {
-        struct pollfd pf = {.fd = fds[r], .events = POLLIN};
-        size_t got = 0;
-        while (got < sizeof res[r] && poll(&pf, 1, 15000) > 0) {
-            ssize_t k = read(fds[r], (char *)&res[r] + got, sizeof res[r] - got);
-            if (k <= 0)
-                break;
-            got += (size_t)k;
-        }
-        close(fds[r]);
-        if (got != sizeof res[r]) { /* a rank that exits on purpose, or one that hangs */
-            kill(pid[r], SIGKILL);
-            res[r] = (rank_result){.st = -100, .msg = "did not report"};
-        }
-        waitpid(pid[r], NULL, 0);
-    }
-}
+/* where a rank keeps the broadcast blob and the allgathered parts in its report */
+#define BLOB_OF(res) ((res)->data)
+#define ALL_OF(res) ((res)->data + BLOB)
 
 static uint8_t blob_byte(int rank, int j) { return (uint8_t)(rank * 101 + j * 7 + 3); }
 static uint8_t part_byte(int rank, int j) { return (uint8_t)(rank * 37 + j + 1); }
@@ -319,27 +235,28 @@ static void body_basic(qd_rdzv_opts *o, rank_result *res)
     uint8_t part[PART];
     double t0 = now_s();
     for (int j = 0; j < BLOB; j++)
-        res->blob[j] = blob_byte(o->rank, j);
+        BLOB_OF(res)[j] = blob_byte(o->rank, j);
     for (int j = 0; j < PART; j++)
         part[j] = part_byte(o->rank, j);
     if (note(res, qd_rdzv_open(o, &r), t0))
         return;
-    if (!note(res, qd_rdzv_bcast(r, res->blob, BLOB), t0) && !note(res, qd_rdzv_allgather(r, part, PART, res->all), t0))
+    if (!note(res, qd_rdzv_bcast(r, BLOB_OF(res), BLOB), t0) &&
+        !note(res, qd_rdzv_allgather(r, part, PART, ALL_OF(res)), t0))
         note(res, qd_rdzv_barrier(r, "done"), t0);
     qd_rdzv_close(r);
 }
 
 static void check_basic(int world)
 {
-    rank_result res[MAX_WORLD];
+    rank_result res[QD_TEST_MAX_WORLD];
     run_ranks(world, body_basic, res);
     for (int r = 0; r < world; r++) {
         ck_assert_msg(res[r].st == QD_OK, "world %d rank %d: %s", world, r, res[r].msg);
         for (int j = 0; j < BLOB; j++)
-            ck_assert_msg(res[r].blob[j] == blob_byte(0, j), "world %d rank %d: blob byte %d", world, r, j);
+            ck_assert_msg(BLOB_OF(&res[r])[j] == blob_byte(0, j), "world %d rank %d: blob byte %d", world, r, j);
         for (int k = 0; k < world; k++)
             for (int j = 0; j < PART; j++)
-                ck_assert_msg(res[r].all[k * PART + j] == part_byte(k, j), "world %d rank %d: part of rank %d",
+                ck_assert_msg(ALL_OF(&res[r])[k * PART + j] == part_byte(k, j), "world %d rank %d: part of rank %d",
                               world, r, k);
     }
 }
@@ -390,19 +307,10 @@ START_TEST(test_rdzv_world_1)
 }
 END_TEST
 
-/* Every rank but `except` got QD_ERR_IO with both strings in its message,
- * within `within` seconds. */
 static void expect_failure(const rank_result *res, int world, int except, const char *a, const char *b,
                            double within)
 {
-    for (int r = 0; r < world; r++) {
-        if (r == except)
-            continue;
-        ck_assert_msg(res[r].st == QD_ERR_IO, "rank %d: status %d (%s)", r, res[r].st, res[r].msg);
-        ck_assert_msg(strstr(res[r].msg, a) && (!b || strstr(res[r].msg, b)), "rank %d: '%s' lacks '%s' / '%s'",
-                      r, res[r].msg, a, b ? b : "");
-        ck_assert_msg(res[r].elapsed < within, "rank %d took %.2f s", r, res[r].elapsed);
-    }
+    qd_test_expect_failure(res, world, except, QD_ERR_IO, a, b, within);
 }
 
 /* rank 3 exits after joining; the others enter barrier 'step 12' */
@@ -416,14 +324,14 @@ static void body_rank3_exits(qd_rdzv_opts *o, rank_result *res)
     double t0 = now_s();
     note(res, qd_rdzv_barrier(r, "step 12"), t0);
     /* a dead handle keeps failing with the first cause */
-    if (res->st && qd_rdzv_bcast(r, res->blob, BLOB) != QD_ERR_IO)
+    if (res->st && qd_rdzv_bcast(r, BLOB_OF(res), BLOB) != QD_ERR_IO)
         res->st = -2;
     qd_rdzv_close(r);
 }
 
 START_TEST(test_rdzv_rank_exits)
 {
-    rank_result res[MAX_WORLD];
+    rank_result res[QD_TEST_MAX_WORLD];
     run_ranks(4, body_rank3_exits, res);
     /* well within the barrier's timeout: a closed connection is seen at once */
     expect_failure(res, 4, 3, "rank 3 closed its connection during barrier 'step 12'", NULL, OP_S);
@@ -445,7 +353,7 @@ static void body_rank0_exits(qd_rdzv_opts *o, rank_result *res)
 
 START_TEST(test_rdzv_rank0_exits)
 {
-    rank_result res[MAX_WORLD];
+    rank_result res[QD_TEST_MAX_WORLD];
     run_ranks(3, body_rank0_exits, res);
     expect_failure(res, 3, 0, "rank 0 closed its connection during barrier 'step 3'", NULL, OP_S);
 }
@@ -466,7 +374,7 @@ static void body_rank2_hangs(qd_rdzv_opts *o, rank_result *res)
 
 START_TEST(test_rdzv_rank_hangs)
 {
-    rank_result res[MAX_WORLD];
+    rank_result res[QD_TEST_MAX_WORLD];
     run_ranks(3, body_rank2_hangs, res);
     /* rank 0's verdict reaches rank 1 (which waits 2 x 1 s) after rank 0's 1 s;
      * the late rank 2 finds the same verdict waiting */
@@ -491,7 +399,7 @@ static void body_rank2_aborts(qd_rdzv_opts *o, rank_result *res)
 
 START_TEST(test_rdzv_abort)
 {
-    rank_result res[MAX_WORLD];
+    rank_result res[QD_TEST_MAX_WORLD];
     run_ranks(3, body_rank2_aborts, res);
     expect_failure(res, 3, -1, "rank 2 aborted: NaN in the gradients", NULL, OP_S);
 }
@@ -515,7 +423,7 @@ static void body_check(qd_rdzv_opts *o, rank_result *res)
 
 START_TEST(test_rdzv_check)
 {
-    rank_result res[MAX_WORLD];
+    rank_result res[QD_TEST_MAX_WORLD];
     run_ranks(4, body_check, res);
     expect_failure(res, 4, 3, "rank 3 closed its connection during all_reduce of step 5", NULL, 1.0);
 }
@@ -534,7 +442,7 @@ static void body_wrong_id(qd_rdzv_opts *o, rank_result *res)
 
 START_TEST(test_rdzv_wrong_run_id)
 {
-    rank_result res[MAX_WORLD];
+    rank_result res[QD_TEST_MAX_WORLD];
     run_ranks(2, body_wrong_id, res);
     expect_failure(res, 2, 0, "refused rank 1", "run id", 2.0);
     /* rank 0 waits for the right rank 1 and says why it refused the wrong one */
@@ -554,7 +462,7 @@ static void body_mismatch(qd_rdzv_opts *o, rank_result *res)
 
 START_TEST(test_rdzv_mismatch)
 {
-    rank_result res[MAX_WORLD];
+    rank_result res[QD_TEST_MAX_WORLD];
     run_ranks(2, body_mismatch, res);
     expect_failure(res, 2, -1, "rank 1 entered barrier 'b' while rank 0 is in barrier 'a'", NULL, OP_S);
 }
