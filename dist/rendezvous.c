@@ -276,27 +276,23 @@ static void tune(int fd)
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 }
 
-/* Rank 0's listening socket on every interface: IPv6 dual-stack, else IPv4;
+/* A listening socket of one family on every interface (IPv6: dual-stack);
  * -1 with errno set on failure. */
-static int listen_on(int port, int backlog)
+static int listen_family(int family, int port, int backlog)
 {
     int one = 1, zero = 0;
-    int fd = socket(AF_INET6, SOCK_STREAM, 0);
     struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port), .sin6_addr = in6addr_any};
-    struct sockaddr_in a4 = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_ANY)};
-    struct sockaddr *a = (struct sockaddr *)&a6;
-    socklen_t alen = sizeof a6;
-    if (fd >= 0)
-        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
-    else {
-        fd = socket(AF_INET, SOCK_STREAM, 0);
-        a = (struct sockaddr *)&a4;
-        alen = sizeof a4;
-    }
+    struct sockaddr_in a4 = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_ANY)};
+    int fd = socket(family, SOCK_STREAM, 0);
     if (fd < 0)
         return -1;
+    if (family == AF_INET6)
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, a, alen) < 0 || listen(fd, backlog) < 0) {
+    int bad = family == AF_INET6 ? bind(fd, (struct sockaddr *)&a6, sizeof a6) < 0
+                                 : bind(fd, (struct sockaddr *)&a4, sizeof a4) < 0;
+    if (bad || listen(fd, backlog) < 0) {
         int e = errno;
         close(fd);
         errno = e;
@@ -304,6 +300,14 @@ static int listen_on(int port, int backlog)
     }
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
     return fd;
+}
+
+/* Rank 0's listening socket: IPv6 dual-stack, else IPv4 (a kernel without
+ * IPv6); a port in use is an error either way. */
+static int listen_on(int port, int backlog)
+{
+    int fd = listen_family(AF_INET6, port, backlog);
+    return fd >= 0 || errno == EADDRINUSE ? fd : listen_family(AF_INET, port, backlog);
 }
 
 /* A connected non-blocking socket to ai, or -1 with *err set. */

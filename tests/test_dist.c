@@ -2,13 +2,15 @@
  * mpirun, srun, none, and every malformed case naming its variable), and the
  * rendezvous between fork()ed ranks on 127.0.0.1: bcast, allgather order,
  * barriers at world sizes 1, 2 and 4, and the failures (a rank that exits, a
- * rank that hangs, rank 0 that exits, an abort, a wrong run id, mismatched
- * barriers) reaching every surviving rank with the failed rank's number within
- * the timeout. */
+ * rank that hangs, rank 0 that exits, a rank that never comes, an abort, a
+ * wrong run id, mismatched barriers) reaching every surviving rank with the
+ * failed rank's number within the timeout; a port in use is named. */
 #include <dirent.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 #include "dist/launch.h"
@@ -468,6 +470,45 @@ START_TEST(test_rdzv_mismatch)
 }
 END_TEST
 
+/* rank 2 never comes (connect timeout 1 s) */
+static void body_rank2_absent(qd_rdzv_opts *o, qd_rank_result *res)
+{
+    qd_rdzv *r = NULL;
+    o->connect_timeout_s = 1.0;
+    if (o->rank == 2)
+        return;
+    note(res, qd_rdzv_open(o, &r), now_s());
+    qd_rdzv_close(r);
+}
+
+START_TEST(test_rdzv_rank_absent)
+{
+    rank_result res[QD_TEST_MAX_WORLD];
+    run_ranks(3, body_rank2_absent, res);
+    /* rank 0 gives up after its 1 s and tells rank 1, which already joined */
+    expect_failure(res, 3, 2, "rank 0 waited 1.0 s on port", "for rank 2 to join", 1.5);
+}
+END_TEST
+
+START_TEST(test_rdzv_port_in_use)
+{
+    int fd = socket(AF_INET6, SOCK_STREAM, 0);
+    struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_addr = in6addr_any};
+    socklen_t n = sizeof a;
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    ck_assert_int_eq(listen(fd, 1), 0);
+    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &n), 0);
+    qd_rdzv_opts o = {.rank = 0, .world_size = 2, .master_addr = "127.0.0.1", .port = ntohs(a.sin6_port),
+                      .connect_timeout_s = 1, .op_timeout_s = 1};
+    qd_rdzv *r;
+    ck_assert_int_eq(qd_rdzv_open(&o, &r), QD_ERR_IO);
+    char want[64];
+    snprintf(want, sizeof want, "rank 0 cannot listen on port %d", o.port);
+    ck_assert_msg(strstr(qd_last_error(), want) && strstr(qd_last_error(), "QUADS_RDZV_PORT"), "%s", qd_last_error());
+    close(fd);
+}
+END_TEST
+
 START_TEST(test_rdzv_run_id)
 {
     /* FNV-1a 64 test vectors (Fowler/Noll/Vo reference: "" and "a") */
@@ -498,6 +539,8 @@ Suite *suite_dist(void)
     tcase_add_test(rz, test_rdzv_abort);
     tcase_add_test(rz, test_rdzv_check);
     tcase_add_test(rz, test_rdzv_wrong_run_id);
+    tcase_add_test(rz, test_rdzv_rank_absent);
+    tcase_add_test(rz, test_rdzv_port_in_use);
     tcase_add_test(rz, test_rdzv_mismatch);
     suite_add_tcase(s, rz);
     return s;
