@@ -70,7 +70,7 @@ typedef struct {
 } layer_acts;
 
 /* Grow-only device scratch buffers. */
-enum { S_XE, S_XH, S_ACT, S_FP8Q, S_FP8S, S_LOGP, S_BWD, S_DIAG, S_X16, S_NSCRATCH };
+enum { S_XE, S_XH, S_ACT, S_FP8Q, S_FP8S, S_LOGP, S_BWD, S_DIAG, S_X16, S_RAC, S_NSCRATCH };
 
 typedef struct cuda_ctx_tag {
     qd_model_config cfg;
@@ -223,11 +223,12 @@ static qd_status fwd_w4a4(cuda_ctx *c, float *out, const float *inp, linear *L, 
     int64_t K = L->in + (L->mode == QD_LINEAR_W4A4_RAC ? L->nrac : 0);
     QD_TRY(act_nvfp4(c, &a, N, K));
     if (L->mode == QD_LINEAR_W4A4_RAC) {
-        void *xh;
+        void *xh, *ws;
         QD_TRY(scratch(c, S_XH, sizeof(float) * (size_t)N * L->in, &xh));
-        QD_TRY(qd_cuda_nvfp4_fake_quant((float *)xh, inp, N, L->in, 1));
+        QD_TRY(scratch(c, S_RAC, sizeof(float) * (size_t)N * (1 + L->nrac), &ws));
+        QD_TRY(qd_cuda_nvfp4_fake_quant_async((float *)xh, inp, N, L->in, 1));
         QD_TRY(qdk_rac_error(L->d_rac_err, inp, (const float *)xh, N, L->in));
-        QD_TRY(qd_cuda_rac_augment_act(&a, inp, N, L->in, L->d_rac_ch, L->nrac));
+        QD_TRY(qd_cuda_rac_augment_act_async(&a, inp, N, L->in, L->d_rac_ch, L->nrac, (float *)ws));
     } else {
         /* a non-finite input is reported by model_forward's qd_cuda_nonfinite_check */
         QD_TRY(qd_cuda_nvfp4_quantize_async(&a, inp));
@@ -658,13 +659,13 @@ static linear *expert_lin(cuda_ctx *c, const layer *ly, int e, int which)
  * operations as one linear_forward/backward per expert (each output has one
  * expert's operands), so the same bits, without 3 * nexp launches a layer */
 
-/* Per expert: one launch for all (RAC's channel sets differ per expert, and
- * fast mode gives large products to cuBLASLt one by one). */
+/* One launch for all experts, in both modes (one cuBLASLt call per expert,
+ * each of its own row count, was slower on the H200: a matmul plan per shape);
+ * RAC layers go expert by expert (each has its own channel set and width). */
 static int experts_grouped(const cuda_ctx *c, const layer *ly, int R)
 {
-    if (c->lin[ly->mlp0].mode == QD_LINEAR_W4A4_RAC)
-        return 0;
-    return !(c->opt.mode == QD_MODE_FAST && R >= 64 * ly->nexp);
+    (void)R;
+    return c->lin[ly->mlp0].mode != QD_LINEAR_W4A4_RAC;
 }
 
 /* out (R, OC) = rows of inp (R, IC) of each expert times its projection `which`. */

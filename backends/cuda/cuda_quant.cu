@@ -971,6 +971,16 @@ extern "C" qd_status qd_cuda_nvfp4_dequantize(float *out, const qd_nvfp4 *q)
     return QD_OK;
 }
 
+extern "C" qd_status qd_cuda_nvfp4_fake_quant_async(float *out, const float *x, int64_t rows, int64_t cols,
+                                                    int per_row)
+{
+    QD_TRY(check_shape("qd_cuda_nvfp4_fake_quant", rows, cols));
+    QD_TRY(check_in("qd_cuda_nvfp4_fake_quant", x));
+    QD_TRY(check_in("qd_cuda_nvfp4_fake_quant", out));
+    qout none = {NULL, NULL, 0, 0};
+    return launch_quantize(none, out, NULL, x, rows, cols, per_row);
+}
+
 extern "C" qd_status qd_cuda_nvfp4_fake_quant(float *out, const float *x, int64_t rows,
                                               int64_t cols, int per_row)
 {
@@ -1219,6 +1229,17 @@ extern "C" qd_status qd_cuda_rac_augment_act(qd_nvfp4 *out, const float *x, int6
     cudaFree(s_enc);
     cudaFree(res);
     return st;
+}
+
+extern "C" qd_status qd_cuda_rac_augment_act_async(qd_nvfp4 *out, const float *x, int64_t rows, int64_t K,
+                                                   const int64_t *channels, int64_t n, float *ws)
+{
+    QD_TRY(check_rac("qd_cuda_rac_augment_act", out, rows, K, n));
+    QD_TRY(check_in("qd_cuda_rac_augment_act", x));
+    if (rows == 0 || K == 0)
+        return QD_OK;
+    QD_TRY(rac_main(out, x, rows, K, ws));
+    return n ? rac_residual(out, x, rows, K, channels, n, ws, ws + rows) : QD_OK;
 }
 
 extern "C" qd_status qd_cuda_rac_augment_weight(qd_nvfp4 *out, const float *w, int64_t N,

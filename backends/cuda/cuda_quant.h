@@ -49,6 +49,7 @@ qd_status qd_cuda_nvfp4_quantize_with(qd_nvfp4 *q, const float *x, const float *
 qd_status qd_cuda_nvfp4_dequantize(float *out, const qd_nvfp4 *q);
 /* out = dequant(quantize(x)) in one pass; the gradient is the identity (§5). */
 qd_status qd_cuda_nvfp4_fake_quant(float *out, const float *x, int64_t rows, int64_t cols, int per_row);
+qd_status qd_cuda_nvfp4_fake_quant_async(float *out, const float *x, int64_t rows, int64_t cols, int per_row);
 
 /* FP8 E4M3, one scale per row: q (rows, cols), scale_inv (rows). */
 qd_status qd_cuda_fp8_quantize_rows(uint8_t *q, float *scale_inv, const float *x,
@@ -76,6 +77,10 @@ qd_status qd_cuda_w4a4_gemm_grouped_async(float *y, const qd_nvfp4 *a, const qd_
  * out->per_row (§4), else the tensor's. */
 qd_status qd_cuda_rac_augment_act(qd_nvfp4 *out, const float *x, int64_t rows, int64_t K,
                                   const int64_t *channels, int64_t n);
+/* The same, only enqueued, with caller scratch ws of rows * (1 + n) floats
+ * (no allocation; non-finite inputs reach qd_cuda_nonfinite_check). */
+qd_status qd_cuda_rac_augment_act_async(qd_nvfp4 *out, const float *x, int64_t rows, int64_t K,
+                                        const int64_t *channels, int64_t n, float *ws);
 /* out (N, K+n): [W, W[:, S]] quantized with W's global scale (per tensor, or per
  * row when out->per_row). */
 qd_status qd_cuda_rac_augment_weight(qd_nvfp4 *out, const float *w, int64_t N, int64_t K,
