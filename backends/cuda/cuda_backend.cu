@@ -225,7 +225,7 @@ static qd_status fwd_w4a4(cuda_ctx *c, float *out, const float *inp, linear *L, 
     if (L->mode == QD_LINEAR_W4A4_RAC) {
         void *xh, *ws;
         QD_TRY(scratch(c, S_XH, sizeof(float) * (size_t)N * L->in, &xh));
-        QD_TRY(scratch(c, S_RAC, sizeof(float) * (size_t)N * (1 + L->nrac), &ws));
+        QD_TRY(scratch(c, S_RAC, sizeof(float) * (((size_t)N + 63) / 64 * 64 + (size_t)N * L->nrac), &ws));
         QD_TRY(qd_cuda_nvfp4_fake_quant_async((float *)xh, inp, N, L->in, 1));
         QD_TRY(qdk_rac_error(L->d_rac_err, inp, (const float *)xh, N, L->in));
         QD_TRY(qd_cuda_rac_augment_act_async(&a, inp, N, L->in, L->d_rac_ch, L->nrac, (float *)ws));

@@ -1239,7 +1239,8 @@ extern "C" qd_status qd_cuda_rac_augment_act_async(qd_nvfp4 *out, const float *x
     if (rows == 0 || K == 0)
         return QD_OK;
     QD_TRY(rac_main(out, x, rows, K, ws));
-    return n ? rac_residual(out, x, rows, K, channels, n, ws, ws + rows) : QD_OK;
+    /* the residual buffer starts 256-byte aligned: the quantizer reads it in 16-byte vectors */
+    return n ? rac_residual(out, x, rows, K, channels, n, ws, ws + ((rows + 63) & ~(int64_t)63)) : QD_OK;
 }
 
 extern "C" qd_status qd_cuda_rac_augment_weight(qd_nvfp4 *out, const float *w, int64_t N,

@@ -77,8 +77,9 @@ qd_status qd_cuda_w4a4_gemm_grouped_async(float *y, const qd_nvfp4 *a, const qd_
  * out->per_row (§4), else the tensor's. */
 qd_status qd_cuda_rac_augment_act(qd_nvfp4 *out, const float *x, int64_t rows, int64_t K,
                                   const int64_t *channels, int64_t n);
-/* The same, only enqueued, with caller scratch ws of rows * (1 + n) floats
- * (no allocation; non-finite inputs reach qd_cuda_nonfinite_check). */
+/* The same, only enqueued, with caller scratch ws (256-byte aligned) of
+ * round_up(rows, 64) + rows * n floats (no allocation; non-finite inputs reach
+ * qd_cuda_nonfinite_check). */
 qd_status qd_cuda_rac_augment_act_async(qd_nvfp4 *out, const float *x, int64_t rows, int64_t K,
                                         const int64_t *channels, int64_t n, float *ws);
 /* out (N, K+n): [W, W[:, S]] quantized with W's global scale (per tensor, or per
