@@ -185,6 +185,20 @@ void qd_backend_zero_grad(qd_backend *b)
         b->iface->zero_grad(b);
 }
 
+qd_status qd_backend_set_grads(qd_backend *b, const float *grads, size_t n)
+{
+    assert(b && grads);
+    qd_status st = check_size(b, n, "set_grads");
+    if (st != QD_OK)
+        return st;
+    if (!b->iface->set_grads)
+        return qd_error(QD_ERR_UNSUPPORTED, "set_grads: not supported by backend %s", qd_backend_name(b));
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(grads[i]))
+            return qd_error(QD_ERR_NONFINITE, "set_grads: gradient %zu is not finite", i);
+    return b->iface->set_grads(b, grads, n);
+}
+
 qd_status qd_backend_get_grads(qd_backend *b, float *grads, size_t n)
 {
     assert(b && grads);

@@ -183,6 +183,10 @@ struct qd_backend_i {
     size_t (*rac_state_size)(qd_backend *b);
     qd_status (*get_rac_state)(qd_backend *b, void *buf, size_t n);
     qd_status (*set_rac_state)(qd_backend *b, const void *buf, size_t n);
+    /* Replaces the gradient buffer (n floats, qd_param_info order): data-parallel
+     * training writes the all-reduced gradients back before optimizer_step.
+     * Optional; last, so that positional tables above stay valid. */
+    qd_status (*set_grads)(qd_backend *b, const float *grads, size_t n);
 };
 
 struct qd_backend {
@@ -223,6 +227,8 @@ qd_status qd_backend_forward(qd_backend *b, const qd_batch *batch, float *logp, 
 qd_status qd_backend_backward(qd_backend *b, const float *dlogp);
 void qd_backend_zero_grad(qd_backend *b);
 qd_status qd_backend_get_grads(qd_backend *b, float *grads, size_t n);
+/* QD_ERR_NONFINITE (naming the index) on a NaN/Inf gradient; nothing is written then. */
+qd_status qd_backend_set_grads(qd_backend *b, const float *grads, size_t n);
 qd_status qd_backend_optimizer_step(qd_backend *b, const qd_adamw *opt, int step, float *grad_norm);
 qd_status qd_backend_generate(qd_backend *b, const qd_generate_request *req, qd_generate_result *res);
 qd_status qd_backend_diagnostics(qd_backend *b, qd_diagnostics *out);

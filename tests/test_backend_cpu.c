@@ -658,6 +658,51 @@ START_TEST(test_adamw)
 }
 END_TEST
 
+/* set_grads (data parallel): writing back the gradients a backward produced
+ * leaves the optimizer step unchanged bit for bit; doubled gradients change
+ * it; a NaN is refused naming its index and leaves the buffer as it was. */
+START_TEST(test_set_grads)
+{
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend *b[2] = {make(&c, QD_RECIPE_BF16, QD_ROLE_TRAINER, 0, 0), make(&c, QD_RECIPE_BF16, QD_ROLE_TRAINER, 0, 0)};
+    size_t n = qd_backend_num_floats(b[0]);
+    float *w = random_weights(b[0], 61), *g = malloc(sizeof(float) * n), *w2 = malloc(sizeof(float) * 2 * n);
+    int32_t tok[TB * TT];
+    float coef[TB * TT], logp[TB * TT], norm[2];
+    tiny_batch(tok, 62);
+    random_coef(coef, 63);
+    qd_adamw o = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.0f};
+    for (int k = 0; k < 2; k++) {
+        ck_assert_int_eq(qd_backend_set_weights(b[k], w, n), QD_OK);
+        qd_backend_zero_grad(b[k]);
+        forward_ok(b[k], tok, tlen, TB, TT, logp, NULL);
+        ck_assert_int_eq(qd_backend_backward(b[k], coef), QD_OK);
+    }
+    ck_assert_int_eq(qd_backend_get_grads(b[1], g, n), QD_OK);
+    float keep = g[5];
+    g[5] = NAN;
+    ck_assert_int_eq(qd_backend_set_grads(b[1], g, n), QD_ERR_NONFINITE);
+    ck_assert(strstr(qd_last_error(), "gradient 5") != NULL);
+    g[5] = keep;
+    ck_assert_int_eq(qd_backend_set_grads(b[1], g, n), QD_OK);
+    for (int k = 0; k < 2; k++) {
+        ck_assert_int_eq(qd_backend_optimizer_step(b[k], &o, 1, &norm[k]), QD_OK);
+        ck_assert_int_eq(qd_backend_get_weights(b[k], w2 + k * n, n), QD_OK);
+    }
+    ck_assert(memcmp(w2, w2 + n, sizeof(float) * n) == 0 && norm[0] == norm[1]);
+    for (size_t i = 0; i < n; i++)
+        g[i] *= 2.0f;
+    ck_assert_int_eq(qd_backend_set_grads(b[1], g, n), QD_OK);
+    ck_assert_int_eq(qd_backend_optimizer_step(b[1], &o, 2, &norm[1]), QD_OK);
+    ck_assert(fabsf(norm[1] - 2.0f * norm[0]) <= 1e-6f * norm[1]);
+    free(w);
+    free(g);
+    free(w2);
+    qd_backend_free(b[0]);
+    qd_backend_free(b[1]);
+}
+END_TEST
+
 /* ---- diagnostics */
 
 static qd_backend *make_diag(qd_recipe r, qd_role role, const float *w)
@@ -1117,6 +1162,7 @@ Suite *suite_backend_cpu(void)
     tcase_add_test(tc, test_forward_reference);
     tcase_add_test(tc, test_batch_independence);
     tcase_add_test(tc, test_thread_independence);
+    tcase_add_test(tc, test_set_grads);
     tcase_add_test(tc, test_gradients_untied);
     tcase_add_test(tc, test_gradients_tied);
     tcase_add_test(tc, test_recipes_error);

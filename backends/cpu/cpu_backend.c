@@ -1543,6 +1543,12 @@ static qd_status cpu_get_grads(qd_backend *b, float *grads, size_t n)
     return QD_OK;
 }
 
+static qd_status cpu_set_grads(qd_backend *b, const float *grads, size_t n)
+{
+    memcpy(ctx_of(b)->grads, grads, sizeof(float) * n);
+    return QD_OK;
+}
+
 static qd_status optimizer_step_impl(qd_backend *b, const qd_adamw *o, int step, float *norm_out)
 {
     cpu_ctx *c = ctx_of(b);
@@ -1725,6 +1731,7 @@ static const struct qd_backend_i cpu_iface = {
     .rac_state_size = cpu_rac_state_size,
     .get_rac_state = cpu_get_rac_state,
     .set_rac_state = cpu_set_rac_state,
+    .set_grads = cpu_set_grads,
 };
 
 /* ------------------------------------------------------------------------ */

@@ -1344,6 +1344,11 @@ static void cuda_zero_grad(qd_backend *b)
     cudaMemset(c->d_grads, 0, sizeof(float) * c->nfloats);
 }
 
+static qd_status cuda_set_grads(qd_backend *b, const float *grads, size_t n)
+{
+    return h2d(ctx_of(b)->d_grads, grads, sizeof(float) * n);
+}
+
 static qd_status cuda_get_grads(qd_backend *b, float *grads, size_t n)
 {
     return d2h(grads, ctx_of(b)->d_grads, sizeof(float) * n);
@@ -1478,7 +1483,7 @@ static qd_status cuda_set_rac_state(qd_backend *b, const void *buf, size_t n)
 static const struct qd_backend_i cuda_iface = {
     cuda_get_name, cuda_free, cuda_set_weights, cuda_get_weights, cuda_forward, cuda_backward,
     cuda_zero_grad, cuda_get_grads, cuda_optimizer_step, cuda_generate, cuda_diagnostics,
-    cuda_get_adam, cuda_set_adam, cuda_rac_state_size, cuda_get_rac_state, cuda_set_rac_state,
+    cuda_get_adam, cuda_set_adam, cuda_rac_state_size, cuda_get_rac_state, cuda_set_rac_state, cuda_set_grads,
 };
 
 /* ------------------------------------------------------------------------ */
