@@ -50,6 +50,7 @@
 #include "backends/exact_math.h"
 #include "backends/layout.h"
 #include "backends/sampling.h"
+#include "backends/shared.h"
 #include "quant/quant.h"
 
 /* ------------------------------------------------------------------------ */
@@ -619,21 +620,6 @@ static qd_status build_params(cpu_ctx *c)
     return QD_OK;
 }
 
-/* cos/sin (max_pos, D/2): HF's inv_freq buffer is float32 theta^(-2i/D); the
- * angle pos * inv_freq and its cos/sin are computed in double, then rounded. */
-static void build_rope(cpu_ctx *c)
-{
-    int h2 = c->cfg.head_dim / 2, np = c->cfg.max_position_embeddings;
-    for (int i = 0; i < h2; i++) {
-        float inv = (float)(1.0 / pow(c->cfg.rope_theta, (double)(2 * i) / c->cfg.head_dim));
-        for (int p = 0; p < np; p++) {
-            double a = (double)p * (double)inv;
-            c->rope_cos[(size_t)p * h2 + i] = (float)cos(a);
-            c->rope_sin[(size_t)p * h2 + i] = (float)sin(a);
-        }
-    }
-}
-
 /* ------------------------------------------------------------------------ */
 /* weight sync                                                               */
 
@@ -823,25 +809,7 @@ static qd_status pack_batch(cpu_ctx *c, const qd_batch *bt)
     c->B = bt->B;
     c->temp = bt->temperature > 0.0f ? bt->temperature : 1.0f;
     qd_status st = alloc_acts(c);
-    if (st)
-        return st;
-    int n = 0;
-    for (int b = 0; b < bt->B; b++) {
-        c->seq_off[b] = n;
-        for (int t = 0; t < bt->lengths[b]; t++, n++) {
-            int32_t id = bt->tokens[(size_t)b * bt->T + t];
-            if (id < 0 || id >= c->cfg.vocab_size)
-                return qd_error(QD_ERR_ARG, "forward: tokens[%d][%d] = %d not in [0, %d)", b, t, id,
-                                c->cfg.vocab_size);
-            c->tok[n] = id;
-            c->pos[n] = t;
-            c->row[n] = b;
-            c->src[n] = b * bt->T + t;
-            c->tgt[n] = t + 1 < bt->lengths[b] ? bt->tokens[(size_t)b * bt->T + t + 1] : -1;
-        }
-    }
-    c->seq_off[bt->B] = n;
-    return QD_OK;
+    return st ? st : qd_pack_batch(c->tok, c->tgt, c->pos, c->row, c->src, c->seq_off, bt, c->cfg.vocab_size);
 }
 
 /* Route tokens: router softmax, top-k, weights; rows grouped by expert in
@@ -1197,13 +1165,6 @@ typedef struct {
     int Tmax;
 } gen_state;
 
-static int is_stop(const qd_generate_request *rq, int32_t tok)
-{
-    for (int i = 0; i < rq->num_stop; i++)
-        if (rq->stop[i] == tok)
-            return 1;
-    return 0;
-}
 
 /* Decode: the last token of each of the na active rows, at its position,
  * attending to the KV cache. */
@@ -1268,7 +1229,7 @@ static qd_status gen_step(cpu_ctx *c, gen_state *g, const qd_generate_request *r
         res->tokens[(size_t)b * M + step] = tok;
         res->logp[(size_t)b * M + step] = lp;
         res->lengths[b]++;
-        g->done[b] = is_stop(rq, tok) || step + 1 == M;
+        g->done[b] = qd_generate_is_stop(rq, tok) || step + 1 == M;
     }
     return st;
 }
@@ -1346,14 +1307,6 @@ static double grad_norm(const cpu_ctx *c)
     return sqrt(total);
 }
 
-/* 1 - beta^step by repeated multiplication in double (no pow: same bits everywhere). */
-static float bias_correction(float beta, int step)
-{
-    double p = 1.0;
-    for (int i = 0; i < step; i++)
-        p *= (double)beta;
-    return (float)(1.0 - p);
-}
 
 static void adamw_tensor(cpu_ctx *c, const qd_param_info *pi, const qd_adamw *o, float gscale,
                          float bc1, float bc2)
@@ -1557,7 +1510,7 @@ static qd_status optimizer_step_impl(qd_backend *b, const qd_adamw *o, int step,
         return qd_error(QD_ERR_NONFINITE, "optimizer: gradient norm is not finite");
     *norm_out = (float)norm;
     float gscale = o->grad_clip > 0 && norm > o->grad_clip ? (float)(o->grad_clip / norm) : 1.0f;
-    float bc1 = bias_correction(o->beta1, step), bc2 = bias_correction(o->beta2, step);
+    float bc1 = qd_adamw_bias_correction(o->beta1, step), bc2 = qd_adamw_bias_correction(o->beta2, step);
     for (int t = 0; t < c->ninfo; t++)
         adamw_tensor(c, &c->info[t], o, gscale, bc1, bc2);
     c->have_forward = 0;
@@ -1637,7 +1590,7 @@ static size_t cpu_rac_state_size(qd_backend *b)
     size_t n = 0;
     for (int i = 0; i < c->nlin; i++)
         if (c->lin[i].mode == QD_LINEAR_W4A4_RAC)
-            n += sizeof(int64_t) * (1 + (size_t)c->lin[i].in) + sizeof(double) * (size_t)c->lin[i].in;
+            n += qd_rac_state_bytes(c->lin[i].in);
     return n;
 }
 
@@ -1658,17 +1611,6 @@ static qd_status cpu_get_rac_state(qd_backend *b, void *buf, size_t n)
     return QD_OK;
 }
 
-/* Checks one linear's saved channel set: nrac in [0, in], channels ascending in [0, in). */
-static qd_status check_rac_channels(const linear *L, int64_t nrac, const int64_t *ch)
-{
-    if (nrac < 0 || nrac > L->in)
-        return qd_error(QD_ERR_FORMAT, "set_rac_state: %s: %lld channels of %d", L->name, (long long)nrac, L->in);
-    for (int64_t j = 0; j < nrac; j++)
-        if (ch[j] < 0 || ch[j] >= L->in || (j && ch[j] <= ch[j - 1]))
-            return qd_error(QD_ERR_FORMAT, "set_rac_state: %s: channel %lld is %lld", L->name, (long long)j,
-                            (long long)ch[j]);
-    return QD_OK;
-}
 
 static qd_status set_rac_impl(cpu_ctx *c, const char *p)
 {
@@ -1684,7 +1626,7 @@ static qd_status set_rac_impl(cpu_ctx *c, const char *p)
         if (!tmp)
             return qd_error(QD_ERR_NOMEM, "set_rac_state");
         memcpy(tmp, ch, sizeof(int64_t) * (size_t)L->in);
-        qd_status st = check_rac_channels(L, nrac, tmp);
+        qd_status st = qd_rac_check_channels(L->name, L->in, nrac, tmp);
         if (st) {
             free(tmp);
             return st;
@@ -1778,7 +1720,7 @@ static qd_status alloc_model(cpu_ctx *c)
         if (st)
             return st;
     }
-    build_rope(c);
+    qd_rope_tables(c->rope_cos, c->rope_sin, &c->cfg);
     return sync_weights(c);
 }
 

@@ -34,6 +34,7 @@ extern "C" {
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/layout.h"
 #include "backends/sampling.h"
+#include "backends/shared.h"
 }
 
 /* ------------------------------------------------------------------------ */
@@ -590,22 +591,7 @@ static qd_status pack_batch(cuda_ctx *c, const qd_batch *bt)
     c->B = bt->B;
     c->temp = bt->temperature > 0.0f ? bt->temperature : 1.0f;
     QD_TRY(alloc_acts(c));
-    int n = 0;
-    for (int b = 0; b < bt->B; b++) {
-        c->seq_off[b] = n;
-        for (int t = 0; t < bt->lengths[b]; t++, n++) {
-            int32_t id = bt->tokens[(size_t)b * bt->T + t];
-            if (id < 0 || id >= c->cfg.vocab_size)
-                return qd_error(QD_ERR_ARG, "forward: tokens[%d][%d] = %d not in [0, %d)", b, t, id,
-                                c->cfg.vocab_size);
-            c->tok[n] = id;
-            c->pos[n] = t;
-            c->row[n] = b;
-            c->src[n] = b * bt->T + t;
-            c->tgt[n] = t + 1 < bt->lengths[b] ? bt->tokens[(size_t)b * bt->T + t + 1] : -1;
-        }
-    }
-    c->seq_off[bt->B] = n;
+    QD_TRY(qd_pack_batch(c->tok, c->tgt, c->pos, c->row, c->src, c->seq_off, bt, c->cfg.vocab_size));
     return upload_batch(c);
 }
 
@@ -1007,14 +993,6 @@ typedef struct {
     int Tmax;
 } gen_state;
 
-static int is_stop(const qd_generate_request *rq, int32_t tok)
-{
-    for (int i = 0; i < rq->num_stop; i++)
-        if (rq->stop[i] == tok)
-            return 1;
-    return 0;
-}
-
 static qd_status decode_forward(cuda_ctx *c, gen_state *g, int na, float *d_lp)
 {
     c->N = c->B = na;
@@ -1082,7 +1060,7 @@ static qd_status gen_step(cuda_ctx *c, gen_state *g, const qd_generate_request *
         res->tokens[(size_t)b * M + step] = tok;
         res->logp[(size_t)b * M + step] = g->sres[i].logprob;
         res->lengths[b]++;
-        g->done[b] = is_stop(rq, tok) || step + 1 == M;
+        g->done[b] = qd_generate_is_stop(rq, tok) || step + 1 == M;
     }
     prof(c, PR_OTHER);
     return QD_OK;
@@ -1176,14 +1154,6 @@ static qd_status grad_norm(cuda_ctx *c, double *norm)
     return st;
 }
 
-static float bias_correction(float beta, int step)
-{
-    double p = 1.0;
-    for (int i = 0; i < step; i++)
-        p *= (double)beta;
-    return (float)(1.0 - p);
-}
-
 static qd_status cuda_optimizer_step(qd_backend *b, const qd_adamw *o, int step, float *norm_out)
 {
     cuda_ctx *c = ctx_of(b);
@@ -1194,7 +1164,7 @@ static qd_status cuda_optimizer_step(qd_backend *b, const qd_adamw *o, int step,
         return qd_error(QD_ERR_NONFINITE, "optimizer: gradient norm is not finite");
     *norm_out = (float)norm;
     float gscale = o->grad_clip > 0 && norm > o->grad_clip ? (float)(o->grad_clip / norm) : 1.0f;
-    float bc1 = bias_correction(o->beta1, step), bc2 = bias_correction(o->beta2, step);
+    float bc1 = qd_adamw_bias_correction(o->beta1, step), bc2 = qd_adamw_bias_correction(o->beta2, step);
     for (int t = 0; t < c->ninfo; t++) {
         const qd_param_info *pi = &c->info[t];
         float wd = pi->rows > 1 ? o->weight_decay : 0.0f;
@@ -1410,7 +1380,7 @@ static size_t cuda_rac_state_size(qd_backend *b)
     size_t n = 0;
     for (int i = 0; i < c->nlin; i++)
         if (c->lin[i].mode == QD_LINEAR_W4A4_RAC)
-            n += sizeof(int64_t) * (1 + (size_t)c->lin[i].in) + sizeof(double) * (size_t)c->lin[i].in;
+            n += qd_rac_state_bytes(c->lin[i].in);
     return n;
 }
 
@@ -1432,23 +1402,12 @@ static qd_status cuda_get_rac_state(qd_backend *b, void *buf, size_t n)
     return QD_OK;
 }
 
-static qd_status check_rac_channels(const linear *L, int64_t nrac, const int64_t *ch)
-{
-    if (nrac < 0 || nrac > L->in)
-        return qd_error(QD_ERR_FORMAT, "set_rac_state: %s: %lld channels of %d", L->name, (long long)nrac, L->in);
-    for (int64_t j = 0; j < nrac; j++)
-        if (ch[j] < 0 || ch[j] >= L->in || (j && ch[j] <= ch[j - 1]))
-            return qd_error(QD_ERR_FORMAT, "set_rac_state: %s: channel %lld is %lld", L->name, (long long)j,
-                            (long long)ch[j]);
-    return QD_OK;
-}
-
 static qd_status set_rac_linear(cuda_ctx *c, linear *L, const char *p, int64_t *tmp)
 {
     int64_t nrac;
     memcpy(&nrac, p, sizeof nrac);
     memcpy(tmp, p + sizeof(int64_t), sizeof(int64_t) * (size_t)L->in);
-    QD_TRY(check_rac_channels(L, nrac, tmp));
+    QD_TRY(qd_rac_check_channels(L->name, L->in, nrac, tmp));
     memcpy(L->rac_ch, tmp, sizeof(int64_t) * (size_t)L->in);
     L->nrac = nrac;
     p += sizeof(int64_t) * (1 + (size_t)L->in);
@@ -1521,21 +1480,14 @@ static qd_status build_params(cuda_ctx *c)
     return QD_OK;
 }
 
-/* The CPU's build_rope on the host (double angle, then rounded), copied over. */
+/* The CPU's RoPE tables (qd_rope_tables, on the host), copied over. */
 static qd_status upload_rope(cuda_ctx *c)
 {
-    int h2 = c->cfg.head_dim / 2, np = c->cfg.max_position_embeddings;
-    size_t nr = (size_t)np * h2;
+    size_t nr = (size_t)c->cfg.max_position_embeddings * (c->cfg.head_dim / 2);
     float *cs = (float *)malloc(sizeof(float) * nr), *sn = (float *)malloc(sizeof(float) * nr);
     qd_status st = cs && sn ? QD_OK : qd_error(QD_ERR_NOMEM, "cuda backend: RoPE table");
-    for (int i = 0; i < h2 && !st; i++) {
-        float inv = (float)(1.0 / pow(c->cfg.rope_theta, (double)(2 * i) / c->cfg.head_dim));
-        for (int p = 0; p < np; p++) {
-            double a = (double)p * (double)inv;
-            cs[(size_t)p * h2 + i] = (float)cos(a);
-            sn[(size_t)p * h2 + i] = (float)sin(a);
-        }
-    }
+    if (!st)
+        qd_rope_tables(cs, sn, &c->cfg);
     if (!st)
         st = dev_alloc((void **)&c->d_cos, sizeof(float) * nr, "RoPE cos");
     if (!st)

@@ -1,0 +1,69 @@
+/* backends/shared.h: host-side pieces of both backends. */
+#include <math.h>
+#include "backends/shared.h"
+
+void qd_rope_tables(float *cosb, float *sinb, const qd_model_config *cfg)
+{
+    int h2 = cfg->head_dim / 2, np = cfg->max_position_embeddings;
+    for (int i = 0; i < h2; i++) {
+        float inv = (float)(1.0 / pow(cfg->rope_theta, (double)(2 * i) / cfg->head_dim));
+        for (int p = 0; p < np; p++) {
+            double a = (double)p * (double)inv;
+            cosb[(size_t)p * h2 + i] = (float)cos(a);
+            sinb[(size_t)p * h2 + i] = (float)sin(a);
+        }
+    }
+}
+
+qd_status qd_pack_batch(int32_t *tok, int32_t *tgt, int32_t *pos, int32_t *row, int32_t *src, int32_t *seq_off,
+                        const qd_batch *bt, int vocab)
+{
+    int n = 0;
+    for (int b = 0; b < bt->B; b++) {
+        seq_off[b] = n;
+        for (int t = 0; t < bt->lengths[b]; t++, n++) {
+            int32_t id = bt->tokens[(size_t)b * bt->T + t];
+            if (id < 0 || id >= vocab)
+                return qd_error(QD_ERR_ARG, "forward: tokens[%d][%d] = %d not in [0, %d)", b, t, id, vocab);
+            tok[n] = id;
+            pos[n] = t;
+            row[n] = b;
+            src[n] = b * bt->T + t;
+            tgt[n] = t + 1 < bt->lengths[b] ? bt->tokens[(size_t)b * bt->T + t + 1] : -1;
+        }
+    }
+    seq_off[bt->B] = n;
+    return QD_OK;
+}
+
+float qd_adamw_bias_correction(float beta, int step)
+{
+    double p = 1.0;
+    for (int i = 0; i < step; i++)
+        p *= (double)beta;
+    return (float)(1.0 - p);
+}
+
+int qd_generate_is_stop(const qd_generate_request *rq, int32_t tok)
+{
+    for (int i = 0; i < rq->num_stop; i++)
+        if (rq->stop[i] == tok)
+            return 1;
+    return 0;
+}
+
+size_t qd_rac_state_bytes(int in)
+{
+    return sizeof(int64_t) * (1 + (size_t)in) + sizeof(double) * (size_t)in;
+}
+
+qd_status qd_rac_check_channels(const char *name, int in, int64_t nrac, const int64_t *ch)
+{
+    if (nrac < 0 || nrac > in)
+        return qd_error(QD_ERR_FORMAT, "set_rac_state: %s: %lld channels of %d", name, (long long)nrac, in);
+    for (int64_t j = 0; j < nrac; j++)
+        if (ch[j] < 0 || ch[j] >= in || (j && ch[j] <= ch[j - 1]))
+            return qd_error(QD_ERR_FORMAT, "set_rac_state: %s: channel %lld is %lld", name, (long long)j,
+                            (long long)ch[j]);
+    return QD_OK;
+}

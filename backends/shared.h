@@ -1,0 +1,35 @@
+/* Host-side pieces both backends run identically (the CPU reference and the
+ * CUDA backend, which mirrors it): one definition, so they cannot drift. */
+#ifndef QD_BACKENDS_SHARED_H
+#define QD_BACKENDS_SHARED_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "backends/backend.h"
+
+/* RoPE tables cos, sin (max_position_embeddings, head_dim/2): HF's inv_freq is
+ * float32 theta^(-2i/D); the angle pos * inv_freq and its cos/sin in double,
+ * then rounded to float. */
+void qd_rope_tables(float *cosb, float *sinb, const qd_model_config *cfg);
+
+/* Packs a right-padded batch as the forward consumes it: token n of row b at
+ * seq_off[b] + t, with tok (N), tgt (N, the next token or -1), pos (N), row (N),
+ * src (N, b*T + t) and seq_off (B + 1). QD_ERR_ARG names a token outside the
+ * vocabulary. */
+qd_status qd_pack_batch(int32_t *tok, int32_t *tgt, int32_t *pos, int32_t *row, int32_t *src, int32_t *seq_off,
+                        const qd_batch *bt, int vocab);
+
+/* 1 - beta^step by repeated multiplication in double (no pow: the same bits everywhere). */
+float qd_adamw_bias_correction(float beta, int step);
+
+/* 1 when tok is one of the request's stop tokens. */
+int qd_generate_is_stop(const qd_generate_request *rq, int32_t tok);
+
+/* The RAC state blob of one linear with in features: int64 nrac, int64
+ * channels[in] (the first nrac used), double err[in]. */
+size_t qd_rac_state_bytes(int in);
+/* A saved channel set: nrac in [0, in], channels ascending in [0, in);
+ * QD_ERR_FORMAT naming the layer otherwise. */
+qd_status qd_rac_check_channels(const char *name, int in, int64_t nrac, const int64_t *ch);
+
+#endif
