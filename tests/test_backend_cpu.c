@@ -8,6 +8,7 @@
 #include <string.h>
 #include "tests/suites.h"
 #include "backends/backend.h"
+#include "backends/layout.h"
 #include "backends/exact_math.h"
 #include "quant/splitmix64.h"
 
@@ -703,6 +704,60 @@ START_TEST(test_set_grads)
 }
 END_TEST
 
+/* qd_moe_group (shared by both backends): rows grouped by expert, ascending
+ * expert, tokens ascending within an expert, against a reference written here
+ * from the definition; and the dense case (every token to expert 0, weight 1). */
+START_TEST(test_moe_group)
+{
+    enum { N = 37, E = 8, K = 3 };
+    int32_t topk[N * K], exp_off[E + 1], row_tok[N * K], row_rank[N * K], tok_rows[N * K], cnt[E];
+    float topw[N * K], row_w[N * K];
+    rng_state = 71;
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < K; j++) {
+            int e, dup;
+            do {  /* K distinct experts in random rank order */
+                e = (int)(urand() * E);
+                dup = 0;
+                for (int i = 0; i < j; i++)
+                    dup |= topk[n * K + i] == e;
+            } while (dup);
+            topk[n * K + j] = e;
+            topw[n * K + j] = (float)urand();
+        }
+    qd_moe_group(exp_off, row_tok, row_w, row_rank, tok_rows, cnt, topk, topw, N, E, K);
+    int r = 0;
+    for (int e = 0; e < E; e++) {
+        ck_assert_int_eq(exp_off[e], r);
+        for (int n = 0; n < N; n++)
+            for (int j = 0; j < K; j++)
+                if (topk[n * K + j] == e) {
+                    ck_assert_int_eq(row_tok[r], n);
+                    ck_assert_int_eq(row_rank[r], j);
+                    ck_assert(row_w[r] == topw[n * K + j]);
+                    r++;
+                }
+    }
+    ck_assert_int_eq(exp_off[E], N * K);
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < K; j++) {
+            int rr = tok_rows[n * K + j];
+            ck_assert_int_eq(row_tok[rr], n);
+            if (j)  /* a token's rows in ascending expert order */
+                ck_assert_int_lt(topk[n * K + row_rank[tok_rows[n * K + j - 1]]], topk[n * K + row_rank[rr]]);
+        }
+    qd_moe_group(exp_off, row_tok, row_w, row_rank, tok_rows, cnt, NULL, NULL, N, 1, 1);
+    ck_assert_int_eq(exp_off[0], 0);
+    ck_assert_int_eq(exp_off[1], N);
+    for (int n = 0; n < N; n++) {
+        ck_assert_int_eq(row_tok[n], n);
+        ck_assert_int_eq(tok_rows[n], n);
+        ck_assert_int_eq(row_rank[n], 0);
+        ck_assert(row_w[n] == 1.0f);
+    }
+}
+END_TEST
+
 /* ---- diagnostics */
 
 static qd_backend *make_diag(qd_recipe r, qd_role role, const float *w)
@@ -1163,6 +1218,7 @@ Suite *suite_backend_cpu(void)
     tcase_add_test(tc, test_batch_independence);
     tcase_add_test(tc, test_thread_independence);
     tcase_add_test(tc, test_set_grads);
+    tcase_add_test(tc, test_moe_group);
     tcase_add_test(tc, test_gradients_untied);
     tcase_add_test(tc, test_gradients_tied);
     tcase_add_test(tc, test_recipes_error);
