@@ -13,11 +13,7 @@ qd_status qd_dp_open(qd_dp *dp, const qd_dist_env *env, uint64_t run_id, double 
     if (env->world_size == 1)
         return QD_OK;
     qd_rdzv_opts o = {env->rank, env->world_size, env->master_addr, env->rdzv_port, run_id, timeout_s, timeout_s};
-    qd_status st = qd_rdzv_open(&o, &dp->rz);
-    if (st)
-        return qd_error(st, "rank %d of %d: rendezvous at %s:%d: %s", env->rank, env->world_size, env->master_addr,
-                        env->rdzv_port, qd_last_error());
-    return QD_OK;
+    return qd_rdzv_open(&o, &dp->rz); /* its messages name the rank, the address and the port */
 }
 
 qd_status qd_dp_finish(qd_dp *dp)
