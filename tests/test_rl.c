@@ -789,6 +789,59 @@ START_TEST(test_rl_dp_failures)
 }
 END_TEST
 
+/* orchestrator/dp.h's collectives, 3 ranks: a float sum of 2.5 M values
+ * (two 8 MiB chunks and a rest) equal on every rank to the exact sum, a double
+ * sum, a maximum, a gather of blobs of different sizes in rank order; FNV-1a
+ * against its published vectors. */
+static void dp_collectives_rank(qd_rdzv_opts *o, qd_rank_result *res)
+{
+    qd_dist_env env = {.rank = o->rank, .world_size = o->world_size, .local_rank = o->rank, .rdzv_port = o->port};
+    snprintf(env.master_addr, sizeof env.master_addr, "127.0.0.1");
+    qd_dp dp;
+    double t0 = qd_test_now();
+    size_t n = 2500007;
+    float *x = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(i % 1000) * (float)(o->rank + 1);
+    double d[2] = {0.25 * o->rank, -1.0 * o->rank}, mx[2] = {(double)o->rank, -(double)o->rank};
+    uint8_t blob[3] = {(uint8_t)(10 + o->rank), 7, 7}, *all = NULL;
+    size_t off[4];
+    qd_status st = qd_dp_open(&dp, &env, 42, 5);
+    if (!st)
+        st = qd_dp_sum_f32(&dp, x, n);
+    if (!st)
+        st = qd_dp_sum_f64(&dp, d, 2);
+    if (!st)
+        st = qd_dp_max_f64(&dp, mx, 2);
+    if (!st)
+        st = qd_dp_gatherv(&dp, blob, (size_t)o->rank + 1, &all, off); /* rank r sends r + 1 bytes */
+    if (!st)
+        st = qd_dp_finish(&dp);
+    int bad = 0;
+    for (size_t i = 0; !st && i < n; i++)
+        bad += x[i] != (float)(i % 1000) * 6.0f;
+    res->data[0] = (uint8_t)(bad != 0);
+    res->data[1] = d[0] == 0.75 && d[1] == -3.0 && mx[0] == 2.0 && mx[1] == 0.0;
+    res->data[2] = !st && off[3] == 6 && all[0] == 10 && all[1] == 11 && all[2] == 7 && all[3] == 12 && all[5] == 7;
+    free(x), free(all);
+    qd_test_note(res, st, t0);
+}
+
+START_TEST(test_rl_dp_collectives)
+{
+    ck_assert_uint_eq(qd_dp_fnv1a("", 0), 0xcbf29ce484222325ull);
+    ck_assert_uint_eq(qd_dp_fnv1a("a", 1), 0xaf63dc4c8601ec8cull);
+    ck_assert_uint_eq(qd_dp_fnv1a("foobar", 6), 0x85944171f73967e8ull);
+    qd_rank_result res[3];
+    qd_test_run_ranks(3, dp_collectives_rank, res, 5, 5);
+    for (int r = 0; r < 3; r++) {
+        ck_assert_msg(res[r].st == 0, "rank %d: %s", r, res[r].msg);
+        ck_assert_msg(res[r].data[0] == 0 && res[r].data[1] == 1 && res[r].data[2] == 1, "rank %d: %d %d %d", r,
+                      res[r].data[0], res[r].data[1], res[r].data[2]);
+    }
+}
+END_TEST
+
 static void add_case(Suite *s, const char *name, const TTest *t)
 {
     TCase *tc = tcase_create(name);
@@ -809,6 +862,7 @@ Suite *suite_rl(void)
     add_case(s, "cli_compare", test_rl_cli_compare);
     add_case(s, "default_model", test_rl_default_model);
     add_case(s, "temperature", test_rl_temperature_no_gap);
+    add_case(s, "dp_collectives", test_rl_dp_collectives);
     add_case(s, "dp_equals_one_rank", test_rl_dp_equals_one_rank);
     add_case(s, "dp_resume_other_world", test_rl_dp_resume_other_world);
     add_case(s, "dp_failures", test_rl_dp_failures);
