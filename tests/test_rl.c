@@ -514,7 +514,8 @@ END_TEST
 static struct {
     char args[2048];        /* quads arguments of every rank */
     const char *rank1_args; /* appended for rank 1 (NULL: none) */
-    const char *rank1_env;  /* a variable set for rank 1 only ("NAME=value"; NULL: none) */
+    const char *env;        /* a variable set for rank env_rank only ("NAME=value"; NULL: none) */
+    int env_rank;
 } dp_job;
 
 /* One rank: res->st = the exit status, res->msg = the output's tail,
@@ -530,8 +531,8 @@ static void dp_rank(qd_rdzv_opts *o, qd_rank_result *res)
     snprintf(v, sizeof v, "%d", o->port);
     setenv("MASTER_PORT", v, 1);
     unsetenv("TORCHELASTIC_USE_AGENT_STORE"), unsetenv("QUADS_RDZV_PORT");
-    if (o->rank == 1 && dp_job.rank1_env) {
-        snprintf(v, sizeof v, "%s", dp_job.rank1_env);
+    if (o->rank == dp_job.env_rank && dp_job.env) {
+        snprintf(v, sizeof v, "%s", dp_job.env);
         char *eq = strchr(v, '=');
         *eq = '\0';
         setenv(v, eq + 1, 1);
@@ -752,7 +753,7 @@ START_TEST(test_rl_dp_resume_other_world)
 END_TEST
 
 /* Failures end every rank, named, within the timeout (dist.timeout_s 5):
- * rank 1 dies in step 2; rank 1 hits a NaN (it aborts with the reason);
+ * rank 1, then rank 0, dies in step 2; rank 1 hits a NaN (it aborts with the reason);
  * rank 1 runs another config (refused by the run id); fewer prompts than ranks. */
 START_TEST(test_rl_dp_failures)
 {
@@ -761,20 +762,25 @@ START_TEST(test_rl_dp_failures)
     make_model(dir);
     dp_config(dir, "f", "nvfp4");
     qd_rank_result res[2];
-    dp_job.rank1_env = "QD_RL_TEST_KILL_STEP=2";
-    dp_run(res, "rl --quiet --config %s/f.json --set run.dir=%s/kill", dir, dir);
-    ck_assert_int_eq(res[1].st, QD_RL_KILL_EXIT);
-    ck_assert_msg(res[0].st == 1 && strstr(res[0].msg, "step 2: ") &&
-                  strstr(res[0].msg, "rank 1 closed its connection"), "rank 0: %d %s", res[0].st, res[0].msg);
-    ck_assert_msg(res[0].elapsed < 5, "rank 0 took %.1f s", res[0].elapsed);
-    dp_job.rank1_env = "QD_RL_TEST_NAN_STEP=2";
+    for (int dead = 0; dead < 2; dead++) {
+        dp_job.env = "QD_RL_TEST_KILL_STEP=2", dp_job.env_rank = dead;
+        dp_run(res, "rl --quiet --config %s/f.json --set run.dir=%s/kill%d", dir, dir, dead);
+        ck_assert_int_eq(res[dead].st, QD_RL_KILL_EXIT);
+        char want[64];
+        snprintf(want, sizeof want, "rank %d closed its connection", dead);
+        const qd_rank_result *live = &res[1 - dead];
+        ck_assert_msg(live->st == 1 && strstr(live->msg, "step 2: ") && strstr(live->msg, want), "rank %d: %d %s",
+                      1 - dead, live->st, live->msg);
+        ck_assert_msg(live->elapsed < 5, "rank %d took %.1f s", 1 - dead, live->elapsed);
+    }
+    dp_job.env = "QD_RL_TEST_NAN_STEP=2", dp_job.env_rank = 1;
     dp_run(res, "rl --quiet --config %s/f.json --set run.dir=%s/nan", dir, dir);
     ck_assert_msg(res[1].st == 1 && strstr(res[1].msg, "trainer log-prob of sample 0 token 0 is nan"), "%s",
                   res[1].msg);
     ck_assert_msg(res[0].st == 1 && strstr(res[0].msg, "rank 1 aborted: step 2: trainer log-prob"), "%s",
                   res[0].msg);
     ck_assert(res[0].elapsed < 5);
-    dp_job.rank1_env = NULL;
+    dp_job.env = NULL;
     dp_job.rank1_args = "--set trainer.lr=1e-3 --set dist.timeout_s=2";
     dp_run(res, "rl --quiet --config %s/f.json --set run.dir=%s/other --set dist.timeout_s=2", dir, dir);
     dp_job.rank1_args = NULL;
