@@ -89,8 +89,10 @@ typedef struct {
     int num_threads;     /* OpenMP threads; 0 = the runtime's default */
     int diagnostics;     /* 1: measure quantization errors per linear layer (costs a
                             fake-quant of every quantized layer's input and weight) */
-    qd_exec_mode mode;   /* exact (0, the default) or fast (CUDA only); last, so that
-                            positional initializers of the fields above keep working */
+    qd_exec_mode mode;   /* exact (0, the default) or fast (CUDA only); after the fields
+                            above, so that their positional initializers keep working */
+    int device;          /* CUDA: the device, modulo the visible count (data parallel:
+                            LOCAL_RANK); >= 0; last for the same reason */
 } qd_backend_options;
 
 /* AdamW (decoupled weight decay, bias correction); weight decay applies to

@@ -18,6 +18,7 @@
 #include "models/checkpoint.h"
 #include "models/tokenizer.h"
 #include "orchestrator/ckpt.h"
+#include "orchestrator/dp.h"
 #include "orchestrator/grpo.h"
 #include "orchestrator/metrics.h"
 #include "orchestrator/task.h"
@@ -36,6 +37,7 @@ typedef struct {
     int rlen;           /* response tokens (end token included) */
     float reward, score; /* reward (penalties included) and correctness */
     float adv;
+    int grp;            /* its group in the step's (global) order: groups [0, kept) of all ranks */
 } sample;
 
 /* The samples a step trains on: (S, M) response tokens and rollout log-probs. */
@@ -67,6 +69,7 @@ typedef struct {
     qd_lr_schedule sched;
     qd_metrics *metrics;
     int kill_step, nan_step;       /* test hooks; 0 = off */
+    qd_dp dp;                      /* data parallel: this rank and the collectives */
 } rl_run;
 
 /* ---- small helpers */
@@ -175,6 +178,7 @@ static qd_backend *new_backend(rl_run *r, qd_role role)
     opt.rac_ratio = qd_config_float(r->cfg, "rac.ratio");
     opt.num_threads = (int)qd_config_int(r->cfg, "run.threads");
     opt.diagnostics = 1;
+    opt.device = r->dp.local_rank;
     return qd_backend_init_by_name(qd_config_str(r->cfg, "rollout.backend"), &r->mcfg, &opt);
 }
 
@@ -265,16 +269,22 @@ static qd_status set_reserve(sample_set *ss, int S)
     return QD_OK;
 }
 
-/* Generation batch gb of step: P prompts x G samples appended to all. */
-static qd_status rollout_batch(rl_run *r, sample_set *all, int gb)
+/* Generation batch gb of step: P prompts x G samples, of which this rank
+ * generates groups g = rank, rank + W, ... (*nb samples), appended to all.
+ * Sequence ids and the seed are global, so a sample's tokens do not depend on
+ * the world size. */
+static qd_status rollout_batch(rl_run *r, sample_set *all, int gb, int *nb)
 {
-    int B = (int)(r->P * r->G), Tp = 1, M = (int)r->M;
+    int W = r->dp.world, rk = r->dp.rank, Tp = 1, M = (int)r->M;
+    int B = (int)((r->P - rk + W - 1) / W * r->G);
+    *nb = B;
     qd_status st = set_reserve(all, all->S + B);
     if (st)
         return st;
     for (int b = 0; b < B; b++) {
         sample *s = &all->s[all->S + b];
-        s->pos = r->data_pos + b / r->G;
+        s->grp = rk + b / (int)r->G * W;
+        s->pos = r->data_pos + s->grp;
         s->prob = problem_at(r, s->pos);
         if (r->plen[s->prob] > Tp)
             Tp = r->plen[s->prob];
@@ -327,22 +337,48 @@ static qd_status grade_batch(rl_run *r, sample_set *all, int first, int B)
     return QD_OK;
 }
 
-/* Keeps the kept groups of all in place (dynamic sampling), at most P. */
-static int compact_groups(rl_run *r, sample_set *all, int first_group, const uint8_t *keep, int ngroups, int kept)
+/* Dynamic sampling: keeps the groups g of the last batch (all ranks' numbering)
+ * with keep[g], while fewer than P were kept, in place. This rank holds group
+ * g = rank + i W of the batch as its local group first_group + i; *local counts
+ * its kept groups, whose grp becomes their place among all kept. Returns the
+ * kept count over all ranks. */
+static int compact_groups(rl_run *r, sample_set *all, int first_group, const uint8_t *keep, int kept, int *local)
 {
-    int G = (int)r->G, M = (int)r->M;
-    for (int g = 0; g < ngroups && kept < r->P; g++) {
+    int G = (int)r->G, M = (int)r->M, W = r->dp.world, rk = r->dp.rank;
+    for (int g = 0; g < r->P && kept < r->P; g++) {
         if (!keep[g])
             continue;
-        int src = (first_group + g) * G, dst = kept * G;
-        if (src != dst) {
-            memmove(&all->s[dst], &all->s[src], sizeof(sample) * G);
-            memmove(all->tok + (size_t)dst * M, all->tok + (size_t)src * M, sizeof(int32_t) * G * M);
-            memmove(all->lp_ro + (size_t)dst * M, all->lp_ro + (size_t)src * M, sizeof(float) * G * M);
+        if (g % W == rk) {
+            int src = (first_group + (g - rk) / W) * G, dst = *local * G;
+            if (src != dst) {
+                memmove(&all->s[dst], &all->s[src], sizeof(sample) * G);
+                memmove(all->tok + (size_t)dst * M, all->tok + (size_t)src * M, sizeof(int32_t) * G * M);
+                memmove(all->lp_ro + (size_t)dst * M, all->lp_ro + (size_t)src * M, sizeof(float) * G * M);
+            }
+            for (int j = 0; j < G; j++)
+                all->s[dst + j].grp = kept;
+            (*local)++;
         }
         kept++;
     }
     return kept;
+}
+
+/* keep (P) of every group of the batch from this rank's lkeep (its groups, in
+ * order): the flags of all ranks. */
+static qd_status global_keep(rl_run *r, const uint8_t *lkeep, uint8_t *keep)
+{
+    int W = r->dp.world, rk = r->dp.rank, P = (int)r->P;
+    double *k = calloc((size_t)P, sizeof(double));
+    if (!k)
+        return qd_error(QD_ERR_NOMEM, "dynamic sampling");
+    for (int g = rk, i = 0; g < P; g += W, i++)
+        k[g] = lkeep[i];
+    qd_status st = qd_dp_sum_f64(&r->dp, k, (size_t)P);
+    for (int g = 0; g < P; g++)
+        keep[g] = k[g] > 0;
+    free(k);
+    return st;
 }
 
 typedef struct {
@@ -351,16 +387,16 @@ typedef struct {
 } rollout_stats;
 
 /* The step's rollouts: one batch, or under dynamic sampling batches until P
- * groups with signal (or algo.max_gen_batches). all->S = kept samples. */
-static qd_status do_rollouts(rl_run *r, sample_set *all, rollout_stats *rs)
+ * groups with signal (or algo.max_gen_batches). all->S = this rank's kept
+ * samples; *kept_out = the kept groups of all ranks. rs: this rank's sums. */
+static qd_status do_rollouts(rl_run *r, sample_set *all, rollout_stats *rs, int *kept_out)
 {
     bool dyn = qd_config_bool(r->cfg, "algo.dynamic_sampling");
-    int tries = dyn ? (int)qd_config_int(r->cfg, "algo.max_gen_batches") : 1, kept = 0;
-    int B = (int)(r->P * r->G);
+    int tries = dyn ? (int)qd_config_int(r->cfg, "algo.max_gen_batches") : 1, kept = 0, local = 0;
     all->S = 0;
     for (int gb = 0; gb < tries && (gb == 0 || kept < r->P); gb++) {
-        int first = all->S;
-        qd_status st = rollout_batch(r, all, gb);
+        int first = all->S, B;
+        qd_status st = rollout_batch(r, all, gb, &B);
         if (!st)
             st = grade_batch(r, all, first, B);
         if (st)
@@ -375,25 +411,30 @@ static qd_status do_rollouts(rl_run *r, sample_set *all, rollout_stats *rs)
         }
         rs->generated += B;
         all->S = first + B;
-        int ng = (int)r->P;
+        int nl = B / (int)r->G;
         if (!dyn) {
-            kept = ng;
+            kept = (int)r->P, local = nl;
             continue;
         }
-        uint8_t *keep = malloc((size_t)ng);
-        float *score = malloc(sizeof(float) * B);
-        if (!keep || !score) {
-            free(keep), free(score);
-            return qd_error(QD_ERR_NOMEM, "dynamic sampling");
-        }
-        for (int b = 0; b < B; b++)
+        uint8_t *keep = malloc((size_t)r->P), *lkeep = malloc((size_t)nl + 1);
+        float *score = malloc(sizeof(float) * B + 1);
+        if (!keep || !lkeep || !score)
+            st = qd_error(QD_ERR_NOMEM, "dynamic sampling");
+        for (int b = 0; b < B && !st; b++)
             score[b] = all->s[first + b].reward;
-        qd_grpo_filter_groups(keep, score, ng, r->G);
-        kept = compact_groups(r, all, first / (int)r->G, keep, ng, kept);
-        all->S = kept * (int)r->G;
-        free(keep), free(score);
+        if (!st)
+            qd_grpo_filter_groups(lkeep, score, nl, r->G);
+        if (!st)
+            st = global_keep(r, lkeep, keep);
+        if (!st)
+            kept = compact_groups(r, all, first / (int)r->G, keep, kept, &local);
+        all->S = local * (int)r->G;
+        free(keep), free(lkeep), free(score);
+        if (st)
+            return st;
     }
-    all->S = kept * (int)r->G;
+    all->S = local * (int)r->G;
+    *kept_out = kept;
     return QD_OK;
 }
 
@@ -480,12 +521,24 @@ static qd_status backward_resp(rl_run *r, const sample_set *ss, int a, int b, co
 typedef struct {
     int nlin, nmoe;
     double *act_err, *weight_err; /* (nlin) relative NVFP4 errors of the rollout */
+    double *act_sq, *act_norm;    /* (nlin) their sums (this rank's until reduced) */
     double *agree;                /* (nmoe) router top-k agreement */
+    double *hits, *picks;         /* (nmoe) its counts: experts both picked, tokens x top_k */
 } layer_stats;
 
 static void layer_stats_free(layer_stats *ls)
 {
-    free(ls->act_err), free(ls->weight_err), free(ls->agree);
+    free(ls->act_err), free(ls->weight_err), free(ls->act_sq), free(ls->act_norm);
+    free(ls->agree), free(ls->hits), free(ls->picks);
+}
+
+/* The ratios of the per-layer sums (after they are reduced over ranks). */
+static void layer_ratios(layer_stats *ls)
+{
+    for (int i = 0; i < ls->nlin; i++)
+        ls->act_err[i] = ls->act_norm[i] > 0 ? ls->act_sq[i] / ls->act_norm[i] : 0.0;
+    for (int l = 0; l < ls->nmoe; l++)
+        ls->agree[l] = ls->picks[l] > 0 ? ls->hits[l] / ls->picks[l] : 1.0;
 }
 
 /* RUN/layers.json: what the per-layer arrays of the metrics index
@@ -516,17 +569,18 @@ static qd_status rollout_quant_errors(rl_run *r, layer_stats *ls)
 {
     qd_diagnostics d;
     qd_status st = qd_backend_diagnostics(r->rollout, &d);
-    if (!st)
+    if (!st && r->dp.rank == 0)
         st = write_layers(r, &d);
     if (st)
         return st;
     ls->nlin = d.num_linear;
-    ls->act_err = calloc((size_t)d.num_linear + 1, sizeof(double));
-    ls->weight_err = calloc((size_t)d.num_linear + 1, sizeof(double));
-    if (!ls->act_err || !ls->weight_err)
+    size_t n = (size_t)d.num_linear + 1;
+    ls->act_err = calloc(n, sizeof(double)), ls->weight_err = calloc(n, sizeof(double));
+    ls->act_sq = calloc(n, sizeof(double)), ls->act_norm = calloc(n, sizeof(double));
+    if (!ls->act_err || !ls->weight_err || !ls->act_sq || !ls->act_norm)
         return qd_error(QD_ERR_NOMEM, "diagnostics");
     for (int i = 0; i < d.num_linear; i++) {
-        ls->act_err[i] = d.act_norm[i] > 0 ? d.act_err[i] / d.act_norm[i] : 0.0;
+        ls->act_sq[i] = d.act_err[i], ls->act_norm[i] = d.act_norm[i];
         ls->weight_err[i] = d.weight_err[i];
     }
     return QD_OK;
@@ -548,7 +602,8 @@ static qd_status router_agreement(rl_run *r, const sample_set *ss, int n, layer_
     void *rac = malloc(rb + 1);
     ls->nmoe = dt.num_moe_layers;
     ls->agree = calloc((size_t)ls->nmoe, sizeof(double));
-    if (!tk || !scratch || !rac || !ls->agree)
+    ls->hits = calloc((size_t)ls->nmoe, sizeof(double)), ls->picks = calloc((size_t)ls->nmoe, sizeof(double));
+    if (!tk || !scratch || !rac || !ls->agree || !ls->hits || !ls->picks)
         st = qd_error(QD_ERR_NOMEM, "router agreement");
     if (!st) {
         memcpy(tk, dt.router_topk, sizeof(int32_t) * cnt);
@@ -571,7 +626,7 @@ static qd_status router_agreement(rl_run *r, const sample_set *ss, int n, layer_
                 for (int j = 0; j < K; j++)
                     hit += a[i] == b[j];
         }
-        ls->agree[l] = N ? (double)hit / ((double)N * K) : 1.0;
+        ls->hits[l] = (double)hit, ls->picks[l] = (double)N * K;
     }
     free(tk), free(scratch), free(rac);
     return st;
@@ -607,21 +662,40 @@ static void fill_mask(const sample_set *ss, int a, int b, int M, uint8_t *mask)
             mask[(size_t)(i - a) * M + k] = k < ss->s[i].rlen;
 }
 
-/* One optimizer update on samples [a, b) (one mini-batch). lp_old of these
- * samples is filled by the first forward when first is set. */
-static qd_status train_mini(rl_run *r, const sample_set *ss, int a, int b, bool first, float *lp_old,
-                            uint8_t *mask, layer_stats *ls, train_stats *ts)
+/* The trainer's gradients summed over ranks (each rank's loss is normalized
+ * by the whole mini-batch's count, so the sum is the 1-rank gradient). */
+static qd_status allreduce_grads(rl_run *r)
+{
+    float *g = malloc(sizeof(float) * r->nf);
+    qd_status st = g ? qd_backend_get_grads(r->trainer, g, r->nf) : qd_error(QD_ERR_NOMEM, "gradients");
+    if (!st)
+        st = qd_dp_sum_f32(&r->dp, g, r->nf);
+    if (!st)
+        st = qd_backend_set_grads(r->trainer, g, r->nf);
+    free(g);
+    return st ? prefixed(st, "gradient all-reduce") : QD_OK;
+}
+
+/* One optimizer update on this rank's samples [a, b) of a mini-batch of nseq
+ * sequences over all ranks. lp_old of these samples is filled by the first
+ * forward when first is set. */
+static qd_status train_mini(rl_run *r, const sample_set *ss, int a, int b, int64_t nseq, bool first,
+                            float *lp_old, uint8_t *mask, layer_stats *ls, train_stats *ts)
 {
     int M = (int)r->M, micro = (int)qd_config_int(r->cfg, "trainer.micro_batch");
-    int64_t toks = 0;
+    double toks = 0;
     for (int i = a; i < b; i++)
         toks += ss->s[i].rlen;
     qd_grpo_params gp = r->gp;
-    gp.norm = gp.agg == QD_AGG_TOKEN_MEAN ? (double)toks : (double)(b - a);
+    /* the whole mini-batch's normalizer: token_mean needs every rank's tokens */
+    qd_status st = gp.agg == QD_AGG_TOKEN_MEAN ? qd_dp_sum_f64(&r->dp, &toks, 1) : QD_OK;
+    if (st)
+        return prefixed(st, "token count");
+    gp.norm = gp.agg == QD_AGG_TOKEN_MEAN ? toks : (double)nseq;
     size_t cap = (size_t)micro * M;
     float *lp = malloc(sizeof(float) * cap), *coef = malloc(sizeof(float) * cap);
     float *lref = gp.kl_coef > 0 ? malloc(sizeof(float) * cap) : NULL, *adv = malloc(sizeof(float) * micro);
-    qd_status st = !lp || !coef || !adv || (gp.kl_coef > 0 && !lref) ? qd_error(QD_ERR_NOMEM, "trainer") : QD_OK;
+    st = !lp || !coef || !adv || (gp.kl_coef > 0 && !lref) ? qd_error(QD_ERR_NOMEM, "trainer") : QD_OK;
     qd_backend_zero_grad(r->trainer);
     for (int c = a; c < b && !st; c += micro) {
         int d = c + micro < b ? c + micro : b, n = d - c;
@@ -652,6 +726,8 @@ static qd_status train_mini(rl_run *r, const sample_set *ss, int a, int b, bool 
         if (st)
             st = prefixed(st, "backward");
     }
+    if (!st && r->dp.world > 1)
+        st = allreduce_grads(r);
     if (!st) {
         qd_adamw opt = {0, (float)qd_config_float(r->cfg, "trainer.beta1"),
                         (float)qd_config_float(r->cfg, "trainer.beta2"), (float)qd_config_float(r->cfg, "trainer.eps"),
@@ -670,45 +746,107 @@ static qd_status train_mini(rl_run *r, const sample_set *ss, int a, int b, bool 
     return st;
 }
 
-/* Advantages, logp_old of the later mini-batches, the updates, the gap. */
-static qd_status train_step(rl_run *r, sample_set *ss, layer_stats *ls, train_stats *ts)
+/* The first of this rank's samples whose group (global order) is >= grp. */
+static int local_first(const sample_set *ss, int grp)
 {
-    int G = (int)r->G, M = (int)r->M, ng = ss->S / G;
+    int i = 0;
+    while (i < ss->S && ss->s[i].grp < grp)
+        i++;
+    return i;
+}
+
+/* The gap over S samples: logp_old, the rollout's, their masks and the
+ * entropy estimate (-log p of the sampled token). */
+static qd_status gap_of(qd_gap_stats *g, const float *lp_old, const float *lp_ro, const int *rlen, int S, int M)
+{
+    float *ent = malloc(sizeof(float) * (size_t)S * M + 1);
+    uint8_t *mask = malloc((size_t)S * M + 1);
+    if (!ent || !mask) {
+        free(ent), free(mask);
+        return qd_error(QD_ERR_NOMEM, "gap");
+    }
+    for (size_t i = 0; i < (size_t)S * M; i++) {
+        mask[i] = (int)(i % M) < rlen[i / M];
+        ent[i] = mask[i] ? -lp_ro[i] : 0.0f;
+    }
+    qd_status st = qd_grpo_gap(g, lp_old, lp_ro, ent, mask, S, M);
+    free(ent), free(mask);
+    return st;
+}
+
+/* The gap over the trained samples of all ranks (ng groups), in the 1-rank
+ * order: every rank sends (sample place, length, logp_old (M), rollout logp (M)). */
+static qd_status step_gap(rl_run *r, const sample_set *ss, const float *lp_old, int ng, qd_gap_stats *g)
+{
+    int G = (int)r->G, M = (int)r->M, S = ng * G;
+    size_t rec = 2 * sizeof(int32_t) + 2 * sizeof(float) * M, *off = malloc(sizeof(size_t) * (r->dp.world + 1));
+    uint8_t *mine = malloc(rec * ss->S + 1), *all = NULL;
+    float *lo = calloc((size_t)S * M + 1, sizeof(float)), *lr = calloc((size_t)S * M + 1, sizeof(float));
+    int *rlen = calloc((size_t)S + 1, sizeof(int));
+    qd_status st = !off || !mine || !lo || !lr || !rlen ? qd_error(QD_ERR_NOMEM, "gap") : QD_OK;
+    for (int i = 0; i < ss->S && !st; i++) {
+        int32_t h[2] = {ss->s[i].grp * G + i % G, ss->s[i].rlen};
+        memcpy(mine + rec * i, h, sizeof h);
+        memcpy(mine + rec * i + sizeof h, lp_old + (size_t)i * M, sizeof(float) * M);
+        memcpy(mine + rec * i + sizeof h + sizeof(float) * M, ss->lp_ro + (size_t)i * M, sizeof(float) * M);
+    }
+    if (!st)
+        st = qd_dp_gatherv(&r->dp, mine, rec * ss->S, &all, off);
+    for (size_t p = 0; !st && p < off[r->dp.world]; p += rec) {
+        int32_t h[2];
+        memcpy(h, all + p, sizeof h);
+        if (h[0] < 0 || h[0] >= S)
+            st = qd_error(QD_ERR_FORMAT, "gap: a rank sent sample %d of %d", h[0], S);
+        else {
+            rlen[h[0]] = h[1];
+            memcpy(lo + (size_t)h[0] * M, all + p + sizeof h, sizeof(float) * M);
+            memcpy(lr + (size_t)h[0] * M, all + p + sizeof h + sizeof(float) * M, sizeof(float) * M);
+        }
+    }
+    if (!st)
+        st = gap_of(g, lo, lr, rlen, S, M);
+    free(off), free(mine), free(all), free(lo), free(lr), free(rlen);
+    return st;
+}
+
+/* Advantages, logp_old of the later mini-batches, the updates, the gap. This
+ * rank trains its ss->S samples of the ng groups kept over all ranks; global
+ * mini-batch j is groups [j ng / J, (j + 1) ng / J) of every rank. */
+static qd_status train_step(rl_run *r, sample_set *ss, int ng, layer_stats *ls, train_stats *ts)
+{
+    int G = (int)r->G, M = (int)r->M, nl = ss->S / G;
     if (ng == 0) { /* dynamic sampling found no group with signal: no update, no gap */
         ts->gap = (qd_gap_stats){NAN, NAN, NAN, NAN, NAN, 0};
         return QD_OK;
     }
-    float *reward = malloc(sizeof(float) * ss->S), *adv = malloc(sizeof(float) * ss->S);
-    float *lp_old = calloc((size_t)ss->S * M, sizeof(float));
-    uint8_t *mask = malloc((size_t)ss->S * M);
-    qd_status st = !reward || !adv || !lp_old || !mask ? qd_error(QD_ERR_NOMEM, "trainer") : QD_OK;
+    float *reward = malloc(sizeof(float) * ss->S + 1), *adv = malloc(sizeof(float) * ss->S + 1);
+    float *lp_old = calloc((size_t)ss->S * M + 1, sizeof(float));
+    uint8_t *mask = malloc((size_t)ss->S * M + 1);
+    int *rlen = malloc(sizeof(int) * ss->S + 1);
+    qd_status st = !reward || !adv || !lp_old || !mask || !rlen ? qd_error(QD_ERR_NOMEM, "trainer") : QD_OK;
     for (int i = 0; i < ss->S && !st; i++)
-        reward[i] = ss->s[i].reward;
-    if (!st)
-        st = qd_grpo_advantages(adv, reward, ng, G, r->adv, qd_config_float(r->cfg, "algo.adv_eps"));
+        reward[i] = ss->s[i].reward, rlen[i] = ss->s[i].rlen;
+    if (!st) /* whole groups on each rank: the advantages are local */
+        st = qd_grpo_advantages(adv, reward, nl, G, r->adv, qd_config_float(r->cfg, "algo.adv_eps"));
     for (int i = 0; i < ss->S && !st; i++)
         ss->s[i].adv = adv[i];
     int J = (int)r->J;
     /* logp_old of mini-batches 1.. before any update (PPO's old policy) */
-    int a1 = (int)((int64_t)1 * ng / J) * G, micro = (int)qd_config_int(r->cfg, "trainer.micro_batch");
+    int a1 = local_first(ss, (int)((int64_t)1 * ng / J)), micro = (int)qd_config_int(r->cfg, "trainer.micro_batch");
     for (int c = a1; c < ss->S && !st && J > 1; c += micro) {
         int d = c + micro < ss->S ? c + micro : ss->S;
         st = forward_resp(r, r->trainer, ss, c, d, lp_old + (size_t)c * M, "trainer");
     }
     for (int j = 0; j < J && !st; j++) {
-        int a = (int)((int64_t)j * ng / J) * G, b = (int)((int64_t)(j + 1) * ng / J) * G;
-        if (a < b)
-            st = train_mini(r, ss, a, b, j == 0, lp_old, mask, ls, ts);
+        int lo = (int)((int64_t)j * ng / J), hi = (int)((int64_t)(j + 1) * ng / J);
+        if (lo < hi)
+            st = train_mini(r, ss, local_first(ss, lo), local_first(ss, hi), (int64_t)(hi - lo) * G, j == 0,
+                            lp_old, mask, ls, ts);
     }
-    if (!st) {
-        float *ent = reward == NULL ? NULL : malloc(sizeof(float) * (size_t)ss->S * M);
-        fill_mask(ss, 0, ss->S, M, mask);
-        for (size_t i = 0; ent && i < (size_t)ss->S * M; i++)
-            ent[i] = mask[i] ? -ss->lp_ro[i] : 0.0f; /* entropy estimate: -log p of the sampled token */
-        st = qd_grpo_gap(&ts->gap, lp_old, ss->lp_ro, ent, mask, ss->S, M);
-        free(ent);
-    }
-    free(reward), free(adv), free(lp_old), free(mask);
+    if (!st)
+        st = r->dp.world == 1 ? gap_of(&ts->gap, lp_old, ss->lp_ro, rlen, ss->S, M)
+                              : step_gap(r, ss, lp_old, ng, &ts->gap);
+    free(reward), free(adv), free(lp_old), free(mask), free(rlen);
     return st;
 }
 
@@ -735,6 +873,22 @@ static qd_status run_eval(rl_run *r, qd_task_eval_result *ev)
     return st;
 }
 
+/* Data parallel: every rollout takes rank 0's RAC state (channel sets and the
+ * statistics since the last pick), so all ranks quantize alike. The state is
+ * opaque here, so the channels are picked from rank 0's share of the rollouts:
+ * summing the statistics of all ranks needs a backend slot (issue 7). */
+static qd_status share_rac(rl_run *r, size_t rb)
+{
+    void *rac = malloc(rb);
+    qd_status st = rac ? qd_backend_get_rac_state(r->rollout, rac, rb) : qd_error(QD_ERR_NOMEM, "RAC state");
+    if (!st)
+        st = qd_dp_bcast(&r->dp, rac, rb);
+    if (!st)
+        st = qd_backend_set_rac_state(r->rollout, rac, rb);
+    free(rac);
+    return st;
+}
+
 /* Trainer master weights -> rollout (quantize(W) once). The rollout re-picks
  * its RAC channels at every sync; between refreshes (rac.refresh) the old sets
  * and the errors gathered since the last pick are put back, so a refresh picks
@@ -755,6 +909,8 @@ static qd_status sync_weights(rl_run *r)
     if (!st && keep)
         st = qd_backend_set_rac_state(r->rollout, rac, rb);
     free(rac);
+    if (!st && r->dp.world > 1 && rb > 0)
+        st = share_rac(r, rb);
     return st ? at_step(st, r->step, "weight sync") : QD_OK;
 }
 
@@ -1088,14 +1244,95 @@ static qd_status log_eval(rl_run *r, json_t *o, json_t *tm)
     return QD_OK;
 }
 
+/* Held-out eval: on rank 0 only; the other ranks wait for it. */
+static qd_status eval_step(rl_run *r, json_t *o, json_t *tm)
+{
+    qd_status st = r->dp.rank == 0 ? log_eval(r, o, tm) : QD_OK;
+    char name[64];
+    snprintf(name, sizeof name, "eval at step %lld", (long long)r->step);
+    return st ? st : qd_dp_barrier(&r->dp, name);
+}
+
+/* Checkpoint: written by rank 0 once every rank has finished the step. */
+static qd_status checkpoint_step(rl_run *r)
+{
+    char name[64];
+    snprintf(name, sizeof name, "checkpoint at step %lld", (long long)r->step);
+    qd_status st = qd_dp_barrier(&r->dp, name);
+    return st || r->dp.rank ? st : save_checkpoint(r);
+}
+
+/* Data parallel: this rank's sums of the step -> those of all ranks, so the
+ * metrics are of the whole batch (grad_norm, lr and the updates are equal on
+ * every rank already; the gap was gathered). */
+static qd_status reduce_stats(rl_run *r, rollout_stats *rs, train_stats *ts, layer_stats *ls)
+{
+    double v[] = {rs->reward_sum, rs->score_sum, rs->len_sum, (double)rs->generated, (double)rs->tokens,
+                  ts->loss, ts->kl, ts->clip_frac, ts->clip_low, ts->clip_high, ts->tis_mean, ts->tis_clipped,
+                  (double)ts->tokens};
+    double mx[2] = {ts->ratio_max, (double)ls->nmoe};
+    qd_status st = qd_dp_sum_f64(&r->dp, v, sizeof v / sizeof *v);
+    if (!st)
+        st = qd_dp_max_f64(&r->dp, mx, 2);
+    if (!st)
+        st = qd_dp_sum_f64(&r->dp, ls->act_sq, (size_t)ls->nlin);
+    if (!st)
+        st = qd_dp_sum_f64(&r->dp, ls->act_norm, (size_t)ls->nlin);
+    if (!st && ls->nmoe < (int)mx[1]) { /* router agreement is measured on ranks that had mini-batch 0's data */
+        layer_stats_free(&(layer_stats){.agree = ls->agree, .hits = ls->hits, .picks = ls->picks});
+        ls->nmoe = (int)mx[1];
+        ls->agree = calloc((size_t)ls->nmoe, sizeof(double));
+        ls->hits = calloc((size_t)ls->nmoe, sizeof(double)), ls->picks = calloc((size_t)ls->nmoe, sizeof(double));
+        if (!ls->agree || !ls->hits || !ls->picks)
+            st = qd_error(QD_ERR_NOMEM, "router agreement");
+    }
+    if (!st)
+        st = qd_dp_sum_f64(&r->dp, ls->hits, (size_t)ls->nmoe);
+    if (!st)
+        st = qd_dp_sum_f64(&r->dp, ls->picks, (size_t)ls->nmoe);
+    rs->reward_sum = v[0], rs->score_sum = v[1], rs->len_sum = v[2];
+    rs->generated = (int64_t)v[3], rs->tokens = (int64_t)v[4];
+    ts->loss = v[5], ts->kl = v[6], ts->clip_frac = v[7], ts->clip_low = v[8], ts->clip_high = v[9];
+    ts->tis_mean = v[10], ts->tis_clipped = v[11], ts->tokens = (int64_t)v[12], ts->ratio_max = mx[0];
+    return st ? at_step(st, r->step, "metrics over ranks") : QD_OK;
+}
+
+static bool checksum_due(const rl_run *r)
+{
+    int64_t every = qd_config_int(r->cfg, "dist.checksum_every");
+    return r->dp.world > 1 && every > 0 && (r->step % every == 0 || r->step == r->steps);
+}
+
+/* Every rank's checksum of its master weights (r->w, just synced); a rank
+ * whose weights differ from rank 0's stops the run, named. */
+static qd_status check_weights(rl_run *r, uint64_t *sum)
+{
+    int W = r->dp.world;
+    uint64_t *all = malloc(sizeof(uint64_t) * W);
+    *sum = qd_dp_fnv1a(r->w, sizeof(float) * r->nf);
+    qd_status st = all ? qd_dp_gather_u64(&r->dp, *sum, all) : qd_error(QD_ERR_NOMEM, "checksum");
+    char msg[900] = "";
+    for (int k = 1; k < W && !st; k++)
+        if (all[k] != all[0] && strlen(msg) < sizeof msg - 64)
+            snprintf(msg + strlen(msg), sizeof msg - strlen(msg), ", rank %d has %016llx", k,
+                     (unsigned long long)all[k]);
+    if (!st && *msg)
+        st = qd_error(QD_ERR_FORMAT, "step %lld: the master weights differ across ranks: rank 0 has checksum %016llx%s",
+                      (long long)r->step, (unsigned long long)all[0], msg);
+    free(all);
+    return st;
+}
+
 static qd_status one_step(rl_run *r, sample_set *ss, qd_progress *pg)
 {
     rollout_stats rs = {0};
     train_stats ts = {0};
     layer_stats ls = {0};
     double t[4], t0 = now_s();
+    int kept = 0;
+    uint64_t cks = 0;
     r->step++;
-    qd_status st = do_rollouts(r, ss, &rs);
+    qd_status st = do_rollouts(r, ss, &rs, &kept);
     if (st)
         st = at_step(st, r->step, "rollout");
     if (!st && (st = rollout_quant_errors(r, &ls)))
@@ -1104,25 +1341,37 @@ static qd_status one_step(rl_run *r, sample_set *ss, qd_progress *pg)
         _exit(QD_RL_KILL_EXIT); /* test hook: a crash in the middle of a step */
     t[0] = now_s() - t0;
     double t1 = now_s();
-    if (!st && (st = train_step(r, ss, &ls, &ts)))
+    if (!st && (st = train_step(r, ss, kept, &ls, &ts)))
         st = at_step(st, r->step, "");
     t[1] = now_s() - t1;
     double t2 = now_s();
     if (!st)
         st = sync_weights(r);
     t[2] = now_s() - t2;
+    if (!st && r->dp.world > 1)
+        st = reduce_stats(r, &rs, &ts, &ls);
+    if (!st && checksum_due(r))
+        st = check_weights(r, &cks);
+    layer_ratios(&ls);
     t[3] = now_s() - t0;
-    json_t *o = st ? NULL : step_json(r, &rs, &ts, &ls, ss->S / (int)r->G, t);
+    json_t *o = st ? NULL : step_json(r, &rs, &ts, &ls, kept, t);
     if (!st && !o)
         st = qd_error(QD_ERR_NOMEM, "metrics");
+    if (!st && r->dp.world > 1) {
+        char hex[20];
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)cks);
+        json_object_set_new(o, "world_size", json_integer(r->dp.world));
+        if (checksum_due(r))
+            json_object_set_new(o, "weights_checksum", json_string(hex));
+    }
     if (!st && eval_due(r))
-        st = log_eval(r, o, json_object_get(o, "time"));
-    if (!st)
+        st = eval_step(r, o, json_object_get(o, "time"));
+    if (!st && r->metrics)
         st = qd_metrics_append(r->metrics, o);
     json_decref(o);
     layer_stats_free(&ls);
     if (!st && ckpt_due(r))
-        st = save_checkpoint(r);
+        st = checkpoint_step(r);
     pg->step = r->step, pg->steps_done++, pg->elapsed_s += t[3];
     pg->reward = rs.reward_sum / (double)(rs.generated ? rs.generated : 1);
     pg->gap = ts.gap.mean_abs;
@@ -1248,18 +1497,19 @@ static qd_status run_loop(rl_run *r, sample_set *ss)
     snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", r->dir);
     char cfgp[4400];
     snprintf(cfgp, sizeof cfgp, "%s/config.json", r->dir);
-    qd_status st = r->o->resume_dir ? QD_OK : check_new(r, metrics);
+    bool files = r->dp.rank == 0; /* rank 0 alone writes the run directory */
+    qd_status st = r->o->resume_dir || !files ? QD_OK : check_new(r, metrics);
     if (!st) /* before the run directory: a backend that cannot start leaves nothing behind */
         st = setup(r);
-    if (!st && r->o->resume_dir)
+    if (!st && r->o->resume_dir) /* on every rank: nothing in a checkpoint belongs to one rank */
         st = load_checkpoint(r);
-    if (!st && !r->o->resume_dir)
+    if (!st && !r->o->resume_dir && files)
         st = qd_mkdirs(r->dir);
-    if (!st) /* on resume kept up to date with --set (e.g. more steps) once the checkpoint fits */
+    if (!st && files) /* on resume kept up to date with --set (e.g. more steps) once the checkpoint fits */
         st = qd_config_save(r->cfg, cfgp);
-    if (!st && r->o->resume_dir)
+    if (!st && r->o->resume_dir && files)
         st = qd_metrics_truncate(metrics, r->step);
-    if (!st)
+    if (!st && files)
         st = qd_metrics_open(&r->metrics, metrics);
     if (st)
         return st;
@@ -1270,6 +1520,9 @@ static qd_status run_loop(rl_run *r, sample_set *ss)
         print_config(r->cfg, r->o->log);
         fprintf(r->o->log, "%s %s at step %lld of %lld on the %s backend\n", r->o->resume_dir ? "resuming" : "starting",
                 r->dir, (long long)r->step, (long long)r->steps, qd_backend_name(r->trainer));
+        if (r->dp.world > 1)
+            fprintf(r->o->log, "data parallel over %d ranks: group g of each generation batch on rank g mod %d; "
+                               "rank 0 writes the run directory\n", r->dp.world, r->dp.world);
         const char *rec = qd_config_str(r->cfg, "rollout.recipe");
         double rac = qd_config_float(r->cfg, "rac.ratio");
         int narrow = r->mcfg.hidden_size < r->mcfg.moe_intermediate_size || !r->mcfg.moe_intermediate_size
@@ -1282,8 +1535,8 @@ static qd_status run_loop(rl_run *r, sample_set *ss)
     if (r->step == 0 && qd_config_int(r->cfg, "eval.every") > 0) {
         json_t *o = json_pack("{s:I}", "step", (json_int_t)0), *tm = json_object();
         json_object_set_new(o, "time", tm);
-        st = log_eval(r, o, tm);
-        if (!st)
+        st = eval_step(r, o, tm);
+        if (!st && r->metrics)
             st = qd_metrics_append(r->metrics, o);
         json_decref(o);
     }
@@ -1296,9 +1549,36 @@ static qd_status run_loop(rl_run *r, sample_set *ss)
     return st;
 }
 
+/* Joins the data-parallel job the launcher's environment describes (world
+ * size 1: none). The run id is the hash of the resolved config, so ranks
+ * started with different configs refuse each other. Only rank 0 logs. */
+static qd_status join(rl_run *r, const qd_rl_options *o, qd_rl_options *quiet)
+{
+    qd_dist_env env;
+    qd_status st = qd_dist_env_read(&env);
+    if (st)
+        return st;
+    if (env.world_size > 1 && r->P < env.world_size)
+        return qd_error(QD_ERR_ARG, "config: rollout.prompts_per_step: %lld, below the world size %d (every rank "
+                                    "takes whole groups: at least one each)", (long long)r->P, env.world_size);
+    json_t *j = qd_config_to_json(r->cfg);
+    char *text = j ? json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    json_decref(j);
+    if (!text)
+        return qd_error(QD_ERR_NOMEM, "run id");
+    st = qd_dp_open(&r->dp, &env, qd_rdzv_run_id(text), qd_config_float(r->cfg, "dist.timeout_s"));
+    free(text);
+    if (!st && env.rank != 0) {
+        *quiet = (qd_rl_options){o->resume_dir, NULL, false};
+        r->o = quiet;
+    }
+    return st;
+}
+
 qd_status qd_rl_run(const qd_config *cfg, const qd_rl_options *o, char *run_dir, size_t n)
 {
-    rl_run r = {.cfg = cfg, .o = o};
+    rl_run r = {.cfg = cfg, .o = o, .dp = {0, 1, 0, NULL}};
+    qd_rl_options quiet;
     sample_set ss = {0};
     qd_status st = qd_config_validate(cfg);
     if (!st && o->resume_dir)
@@ -1309,6 +1589,9 @@ qd_status qd_rl_run(const qd_config *cfg, const qd_rl_options *o, char *run_dir,
         snprintf(run_dir, n, "%s", r.dir);
     if (!st) {
         init_params(&r);
+        st = join(&r, o, &quiet);
+    }
+    if (!st) {
 #ifdef _OPENMP
         /* run.threads bounds every parallel region of the run, not only the
          * backends' (idle OpenMP workers spin and slow a busy machine) */
@@ -1321,6 +1604,8 @@ qd_status qd_rl_run(const qd_config *cfg, const qd_rl_options *o, char *run_dir,
         omp_set_num_threads(saved);
 #endif
     }
+    /* every rank ends together; a failing one tells the others why */
+    st = st ? qd_dp_fail(&r.dp, st) : qd_dp_finish(&r.dp);
     run_free(&r, &ss);
     return st;
 }

@@ -40,7 +40,29 @@
  * the trainer's top-k experts the rollout also picks, on the first
  * micro-batch's tokens) and agree_mean; eval.{pass1, mean_len, format_rate,
  * problems} on eval steps; time.{rollout_s, train_s, sync_s, step_s,
- * tokens_per_s (generated tokens / step time), eval_s}. */
+ * tokens_per_s (generated tokens / step time), eval_s}.
+ *
+ * Data parallel (docs/multi-gpu.md): under a launcher's environment
+ * (dist/launch.h) with world size W > 1 every rank runs this loop on its own
+ * backend (CUDA: device LOCAL_RANK) and the ranks meet over dist/rendezvous
+ * (orchestrator/dp.h; run id = hash of the resolved config). Group g of each
+ * generation batch (g < prompts_per_step, data position data_pos + g) is
+ * generated, graded and trained on rank g mod W, whole, so its advantages are
+ * local; sequence ids and sampling seeds are global, so the samples are those
+ * of one rank. Dynamic sampling keeps the first groups with signal in the
+ * global order (the keep flags are gathered). Mini-batch j is groups
+ * [j n / J, (j + 1) n / J) of the kept n, wherever they live; its loss is
+ * normalized by the whole mini-batch's tokens (summed over ranks) or
+ * sequences, the gradients are summed over ranks in rank order, then every
+ * rank takes the same AdamW step. The metrics are of the whole batch (sums,
+ * maxima and the gap's arrays gathered); router.agree is measured on every
+ * rank's first micro-batch. The rollouts take rank 0's RAC state at each sync.
+ * Rank 0 alone writes the run directory (metrics, layers.json, checkpoints
+ * after a barrier) and runs the evals (the others wait); every
+ * dist.checksum_every steps the ranks compare an FNV-1a of their master
+ * weights (metrics: weights_checksum, world_size; at W > 1 only). A rank that
+ * fails tells the others, which stop naming it. At world size 1 nothing of
+ * this runs and the run is the same, bit for bit. */
 #ifndef QD_RL_H
 #define QD_RL_H
 #include <stdbool.h>

@@ -19,6 +19,8 @@
 #include "orchestrator/sft.h"
 #include "orchestrator/task.h"
 #include "quant/fileio.h"
+#include "orchestrator/dp.h"
+#include "tests/dist_ranks.h"
 #include <stdarg.h>
 
 /* snprintf into a path buffer, failing the test on truncation. */
@@ -505,6 +507,347 @@ START_TEST(test_rl_temperature_no_gap)
 }
 END_TEST
 
+/* ---- data parallel: every rank a quads process started by a fork()ed child
+ * (tests/dist_ranks.h), meeting the others on 127.0.0.1 through the torchrun
+ * variables. */
+
+static struct {
+    char args[2048];        /* quads arguments of every rank */
+    const char *rank1_args; /* appended for rank 1 (NULL: none) */
+    const char *env;        /* a variable set for rank env_rank only ("NAME=value"; NULL: none) */
+    int env_rank;
+} dp_job;
+
+/* One rank: res->st = the exit status, res->msg = the output's tail,
+ * res->data = the output's length (int). */
+static void dp_rank(qd_rdzv_opts *o, qd_rank_result *res)
+{
+    char v[64], args[4096], out[1 << 15];
+    snprintf(v, sizeof v, "%d", o->rank);
+    setenv("RANK", v, 1);
+    snprintf(v, sizeof v, "%d", o->world_size);
+    setenv("WORLD_SIZE", v, 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    snprintf(v, sizeof v, "%d", o->port);
+    setenv("MASTER_PORT", v, 1);
+    unsetenv("TORCHELASTIC_USE_AGENT_STORE"), unsetenv("QUADS_RDZV_PORT");
+    if (o->rank == dp_job.env_rank && dp_job.env) {
+        snprintf(v, sizeof v, "%s", dp_job.env);
+        char *eq = strchr(v, '=');
+        *eq = '\0';
+        setenv(v, eq + 1, 1);
+    }
+    snprintf(args, sizeof args, "%s %s", dp_job.args, o->rank == 1 && dp_job.rank1_args ? dp_job.rank1_args : "");
+    double t0 = qd_test_now();
+    res->st = qd_test_run_quads(args, out, sizeof out);
+    res->elapsed = qd_test_now() - t0;
+    size_t n = strlen(out);
+    snprintf(res->msg, sizeof res->msg, "%s", out + (n > 600 ? n - 600 : 0));
+    memcpy(res->data, &(int){(int)n}, sizeof(int));
+}
+
+/* quads rl as 2 ranks with args (a printf format); results in res. */
+static void dp_run(qd_rank_result *res, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(dp_job.args, sizeof dp_job.args, fmt, ap);
+    va_end(ap);
+    ck_assert(w > 0 && (size_t)w < sizeof dp_job.args);
+    qd_test_run_ranks(2, dp_rank, res, 5, 5);
+}
+
+/* a and b (the same metric of two runs) agree: numbers within rel (relative,
+ * floor 1), the rest equal; path names it in messages. */
+static void json_close(const json_t *a, const json_t *b, double rel, const char *path)
+{
+    if (json_is_number(a) && json_is_number(b)) {
+        double x = json_number_value(a), y = json_number_value(b);
+        ck_assert_msg(fabs(x - y) <= rel * fmax(1.0, fabs(x)), "%s: %.17g vs %.17g", path, x, y);
+    } else if (json_is_array(a)) {
+        ck_assert_msg(json_is_array(b) && json_array_size(a) == json_array_size(b), "%s: arrays differ", path);
+        for (size_t i = 0; i < json_array_size(a); i++)
+            json_close(json_array_get(a, i), json_array_get(b, i), rel, path);
+    } else
+        ck_assert_msg(json_equal(a, b), "%s differs", path);
+}
+
+/* Metrics of the same steps: the exact keys equal, every other number within
+ * 1e-5 relative (the order of the float sums over ranks), router agreement
+ * (measured on each rank's first micro-batch) not compared. */
+static void metrics_close(const json_t *a, const json_t *b)
+{
+    static const char *const exact[] = {"step", "reward_mean", "pass1_train", "response_len", "samples",
+                                        "groups_kept", "gen_batches", "data_pos", "optimizer_step", "updates", "lr"};
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)a, key, v) {
+        if (!strcmp(key, "router"))
+            continue;
+        bool ex = false;
+        for (size_t i = 0; i < sizeof exact / sizeof *exact; i++)
+            ex |= !strcmp(key, exact[i]);
+        const json_t *w = json_object_get(b, key);
+        ck_assert_msg(w != NULL, "step %g: %s missing", num(a, "step", NULL), key);
+        if (ex)
+            ck_assert_msg(json_equal(v, w), "step %g: %s differs", num(a, "step", NULL), key);
+        else if (json_is_object(v)) {
+            const char *k2;
+            json_t *v2;
+            json_object_foreach(v, k2, v2) {
+                ck_assert_ptr_nonnull(json_object_get(w, k2));
+                json_close(v2, json_object_get(w, k2), 1e-5, k2);
+            }
+        } else
+            json_close(v, w, 1e-5, key);
+    }
+}
+
+/* The master weights of checkpoint dir (param order) into a new buffer. */
+static float *ckpt_weights(const char *model, const char *dir, size_t *nf)
+{
+    qd_model_config cfg;
+    ck_assert_int_eq(qd_checkpoint_read_config(model, &cfg), QD_OK);
+    qd_backend_options opt = {.num_threads = 1};
+    qd_backend *b = qd_backend_cpu_init(&cfg, &opt);
+    ck_assert_ptr_nonnull(b);
+    int np;
+    const qd_param_info *pi = qd_backend_params(b, &np);
+    *nf = qd_backend_num_floats(b);
+    float *w = malloc(sizeof(float) * *nf);
+    ck_assert_msg(qd_checkpoint_load(dir, pi, np, w) == QD_OK, "%s", qd_last_error());
+    qd_backend_free(b);
+    return w;
+}
+
+/* max |a - b| / max(1, |a|) over the weights of two checkpoints. */
+static double weights_diff(const char *model, const char *da, const char *db)
+{
+    size_t n, m;
+    float *a = ckpt_weights(model, da, &n), *b = ckpt_weights(model, db, &m);
+    ck_assert_uint_eq(n, m);
+    double d = 0;
+    for (size_t i = 0; i < n; i++)
+        d = fmax(d, fabs((double)a[i] - b[i]) / fmax(1.0, fabs((double)a[i])));
+    free(a), free(b);
+    return d;
+}
+
+/* The DP test config: 3 steps, 4 prompts x 4, two updates a step over
+ * micro-batches of 3 (groups split across them), dynamic sampling, a KL
+ * term, evals at steps 0, 2 and 3, the checksum every step; saved in
+ * dir/NAME.json with run.dir dir/NAME. */
+static void dp_config(const char *dir, const char *name, const char *recipe)
+{
+    qd_config *c = small_config(dir, name, recipe, 3);
+    static const char *const sets[] = {"rollout.prompts_per_step=4", "trainer.mini_batches=2",
+                                       "trainer.micro_batch=3", "algo.dynamic_sampling=true",
+                                       "algo.max_gen_batches=2", "algo.kl_coef=0.05", "dist.checksum_every=1",
+                                       "dist.timeout_s=5"};
+    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
+        ck_assert_int_eq(qd_config_set(c, sets[i]), QD_OK);
+    char p[1024];
+    pathf(p, sizeof p, "%s/%s.json", dir, name);
+    ck_assert_int_eq(qd_config_save(c, p), QD_OK);
+    qd_config_free(c);
+}
+
+/* 2 ranks against 1 on the same global batch: the rollouts are the same
+ * (sequence ids are global), so rewards, lengths and kept groups are equal;
+ * losses, KL, clip fractions, gap and grad norm within 1e-5 relative; the
+ * final weights within 1e-5; the checksum of every step is the final
+ * weights' FNV-1a; only rank 0 writes (the directory holds what the 1-rank
+ * run's does; rank 1 prints nothing). */
+START_TEST(test_rl_dp_equals_one_rank)
+{
+    char dir[256], one[1024], two[1024], args[2048], out[1 << 15], model[1024];
+    scratch_dir(dir, sizeof dir);
+    make_model(dir);
+    dp_config(dir, "one", "nvfp4");
+    pathf(args, sizeof args, "rl --quiet --config %s/one.json", dir);
+    ck_assert_msg(qd_test_run_quads(args, out, sizeof out) == 0, "%s", out);
+    qd_rank_result res[2];
+    dp_run(res, "rl --quiet --config %s/one.json --set run.dir=%s/two", dir, dir);
+    for (int r = 0; r < 2; r++)
+        ck_assert_msg(res[r].st == 0, "rank %d: %d %s", r, res[r].st, res[r].msg);
+    int len1;
+    memcpy(&len1, res[1].data, sizeof len1);
+    ck_assert_msg(len1 == 0, "rank 1 printed: %s", res[1].msg);
+    ck_assert_ptr_nonnull(strstr(res[0].msg, "run directory:"));
+    pathf(one, sizeof one, "%s/one", dir);
+    pathf(two, sizeof two, "%s/two", dir);
+    ck_assert_int_eq(qd_test_dir_entries(two), qd_test_dir_entries(one));
+    ck_assert(exists(two, "step_00000002") && exists(two, "step_00000003") && exists(two, "layers.json"));
+    json_t *ma = metrics_without_time(one), *mb = metrics_without_time(two);
+    ck_assert_int_eq(json_array_size(ma), 4);
+    ck_assert_int_eq(json_array_size(mb), 4);
+    double gn = 0;
+    for (size_t i = 0; i < 4; i++) {
+        json_t *a = json_array_get(ma, i), *b = json_array_get(mb, i);
+        if (i > 0) { /* world_size and the checksum are in the 2-rank metrics only */
+            ck_assert_int_eq(num(b, "world_size", NULL), 2);
+            ck_assert_int_eq(strlen(json_string_value(json_object_get(b, "weights_checksum"))), 16);
+            gn += num(a, "grad_norm", NULL);
+        }
+        metrics_close(a, b);
+    }
+    ck_assert(gn > 0);
+    pathf(model, sizeof model, "%s/model", dir);
+    char fa[2048], fb[2048];
+    pathf(fa, sizeof fa, "%s/step_00000003", one);
+    pathf(fb, sizeof fb, "%s/step_00000003", two);
+    double d = weights_diff(model, fa, fb);
+    ck_assert_msg(d <= 1e-5, "weights differ by %g", d);
+    size_t nf;
+    float *w = ckpt_weights(model, fb, &nf);
+    char hex[20];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)qd_dp_fnv1a(w, sizeof(float) * nf));
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(mb, 3), "weights_checksum")), hex);
+    free(w);
+    json_decref(ma), json_decref(mb);
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
+/* Checkpoints hold nothing of a rank: a 2-rank run stopped at step 2 and
+ * resumed by 1 rank, and a 1-rank run resumed by 2 ranks, end where the
+ * 1-rank run of 3 steps does (step 3's metrics and the weights within 1e-5). */
+START_TEST(test_rl_dp_resume_other_world)
+{
+    char dir[256], args[2048], out[1 << 15], p[1024], model[1024], fa[2048], fb[2048];
+    scratch_dir(dir, sizeof dir);
+    make_model(dir);
+    pathf(model, sizeof model, "%s/model", dir);
+    dp_config(dir, "one", "nvfp4");
+    pathf(args, sizeof args, "rl --quiet --config %s/one.json", dir);
+    ck_assert_msg(qd_test_run_quads(args, out, sizeof out) == 0, "%s", out);
+    qd_rank_result res[2];
+    /* 2 ranks to step 2, then 1 rank to step 3 */
+    dp_run(res, "rl --quiet --config %s/one.json --set run.dir=%s/a --set run.steps=2", dir, dir);
+    ck_assert_msg(res[0].st == 0 && res[1].st == 0, "%s / %s", res[0].msg, res[1].msg);
+    pathf(args, sizeof args, "rl --quiet --resume %s/a --set run.steps=3", dir);
+    ck_assert_msg(qd_test_run_quads(args, out, sizeof out) == 0, "%s", out);
+    /* 1 rank to step 2, then 2 ranks to step 3 */
+    pathf(args, sizeof args, "rl --quiet --config %s/one.json --set run.dir=%s/b --set run.steps=2", dir, dir);
+    ck_assert_msg(qd_test_run_quads(args, out, sizeof out) == 0, "%s", out);
+    dp_run(res, "rl --quiet --resume %s/b --set run.steps=3", dir);
+    ck_assert_msg(res[0].st == 0 && res[1].st == 0, "%s / %s", res[0].msg, res[1].msg);
+    ck_assert_ptr_nonnull(strstr(res[0].msg, "run directory:"));
+    pathf(p, sizeof p, "%s/one", dir);
+    json_t *ref = metrics_without_time(p);
+    pathf(fa, sizeof fa, "%s/one/step_00000003", dir);
+    for (int k = 0; k < 2; k++) {
+        pathf(p, sizeof p, "%s/%s", dir, k ? "b" : "a");
+        json_t *m = metrics_without_time(p);
+        ck_assert_int_eq(json_array_size(m), 4);
+        for (size_t i = 0; i < 4; i++)
+            metrics_close(json_array_get(ref, i), json_array_get(m, i));
+        json_decref(m);
+        pathf(fb, sizeof fb, "%s/step_00000003", p);
+        double d = weights_diff(model, fa, fb);
+        ck_assert_msg(d <= 1e-5, "%s: weights differ by %g", p, d);
+    }
+    json_decref(ref);
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
+/* Failures end every rank, named, within the timeout (dist.timeout_s 5):
+ * rank 1, then rank 0, dies in step 2; rank 1 hits a NaN (it aborts with the reason);
+ * rank 1 runs another config (refused by the run id); fewer prompts than ranks. */
+START_TEST(test_rl_dp_failures)
+{
+    char dir[256];
+    scratch_dir(dir, sizeof dir);
+    make_model(dir);
+    dp_config(dir, "f", "nvfp4");
+    qd_rank_result res[2];
+    for (int dead = 0; dead < 2; dead++) {
+        dp_job.env = "QD_RL_TEST_KILL_STEP=2", dp_job.env_rank = dead;
+        dp_run(res, "rl --quiet --config %s/f.json --set run.dir=%s/kill%d", dir, dir, dead);
+        ck_assert_int_eq(res[dead].st, QD_RL_KILL_EXIT);
+        char want[64];
+        snprintf(want, sizeof want, "rank %d closed its connection", dead);
+        const qd_rank_result *live = &res[1 - dead];
+        ck_assert_msg(live->st == 1 && strstr(live->msg, "step 2: ") && strstr(live->msg, want), "rank %d: %d %s",
+                      1 - dead, live->st, live->msg);
+        ck_assert_msg(live->elapsed < 5, "rank %d took %.1f s", 1 - dead, live->elapsed);
+    }
+    dp_job.env = "QD_RL_TEST_NAN_STEP=2", dp_job.env_rank = 1;
+    dp_run(res, "rl --quiet --config %s/f.json --set run.dir=%s/nan", dir, dir);
+    ck_assert_msg(res[1].st == 1 && strstr(res[1].msg, "trainer log-prob of sample 0 token 0 is nan"), "%s",
+                  res[1].msg);
+    ck_assert_msg(res[0].st == 1 && strstr(res[0].msg, "rank 1 aborted: step 2: trainer log-prob"), "%s",
+                  res[0].msg);
+    ck_assert(res[0].elapsed < 5);
+    dp_job.env = NULL;
+    dp_job.rank1_args = "--set trainer.lr=1e-3 --set dist.timeout_s=2";
+    dp_run(res, "rl --quiet --config %s/f.json --set run.dir=%s/other --set dist.timeout_s=2", dir, dir);
+    dp_job.rank1_args = NULL;
+    for (int r = 0; r < 2; r++)
+        ck_assert_msg(res[r].st == 1 && strstr(res[r].msg, "run id") && strstr(res[r].msg, "rank 1"), "rank %d: %s",
+                      r, res[r].msg);
+    dp_run(res, "rl --quiet --config %s/f.json --set run.dir=%s/few --set rollout.prompts_per_step=1 --set trainer.mini_batches=1", dir, dir);
+    for (int r = 0; r < 2; r++)
+        ck_assert_msg(res[r].st == 1 && strstr(res[r].msg, "rollout.prompts_per_step: 1, below the world size 2"),
+                      "rank %d: %s", r, res[r].msg);
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
+/* orchestrator/dp.h's collectives, 3 ranks: a float sum of 2.5 M values
+ * (two 8 MiB chunks and a rest) equal on every rank to the exact sum, a double
+ * sum, a maximum, a gather of blobs of different sizes in rank order; FNV-1a
+ * against its published vectors. */
+static void dp_collectives_rank(qd_rdzv_opts *o, qd_rank_result *res)
+{
+    qd_dist_env env = {.rank = o->rank, .world_size = o->world_size, .local_rank = o->rank, .rdzv_port = o->port};
+    snprintf(env.master_addr, sizeof env.master_addr, "127.0.0.1");
+    qd_dp dp;
+    double t0 = qd_test_now();
+    size_t n = 2500007;
+    float *x = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(i % 1000) * (float)(o->rank + 1);
+    double d[2] = {0.25 * o->rank, -1.0 * o->rank}, mx[2] = {(double)o->rank, -(double)o->rank};
+    uint8_t blob[3] = {(uint8_t)(10 + o->rank), 7, 7}, *all = NULL;
+    size_t off[4];
+    qd_status st = qd_dp_open(&dp, &env, 42, 5);
+    if (!st)
+        st = qd_dp_sum_f32(&dp, x, n);
+    if (!st)
+        st = qd_dp_sum_f64(&dp, d, 2);
+    if (!st)
+        st = qd_dp_max_f64(&dp, mx, 2);
+    if (!st)
+        st = qd_dp_gatherv(&dp, blob, (size_t)o->rank + 1, &all, off); /* rank r sends r + 1 bytes */
+    if (!st)
+        st = qd_dp_finish(&dp);
+    int bad = 0;
+    for (size_t i = 0; !st && i < n; i++)
+        bad += x[i] != (float)(i % 1000) * 6.0f;
+    res->data[0] = (uint8_t)(bad != 0);
+    res->data[1] = d[0] == 0.75 && d[1] == -3.0 && mx[0] == 2.0 && mx[1] == 0.0;
+    res->data[2] = !st && off[3] == 6 && all[0] == 10 && all[1] == 11 && all[2] == 7 && all[3] == 12 && all[5] == 7;
+    free(x), free(all);
+    qd_test_note(res, st, t0);
+}
+
+START_TEST(test_rl_dp_collectives)
+{
+    ck_assert_uint_eq(qd_dp_fnv1a("", 0), 0xcbf29ce484222325ull);
+    ck_assert_uint_eq(qd_dp_fnv1a("a", 1), 0xaf63dc4c8601ec8cull);
+    ck_assert_uint_eq(qd_dp_fnv1a("foobar", 6), 0x85944171f73967e8ull);
+    qd_rank_result res[3];
+    qd_test_run_ranks(3, dp_collectives_rank, res, 5, 5);
+    for (int r = 0; r < 3; r++) {
+        ck_assert_msg(res[r].st == 0, "rank %d: %s", r, res[r].msg);
+        ck_assert_msg(res[r].data[0] == 0 && res[r].data[1] == 1 && res[r].data[2] == 1, "rank %d: %d %d %d", r,
+                      res[r].data[0], res[r].data[1], res[r].data[2]);
+    }
+}
+END_TEST
+
 static void add_case(Suite *s, const char *name, const TTest *t)
 {
     TCase *tc = tcase_create(name);
@@ -525,5 +868,9 @@ Suite *suite_rl(void)
     add_case(s, "cli_compare", test_rl_cli_compare);
     add_case(s, "default_model", test_rl_default_model);
     add_case(s, "temperature", test_rl_temperature_no_gap);
+    add_case(s, "dp_collectives", test_rl_dp_collectives);
+    add_case(s, "dp_equals_one_rank", test_rl_dp_equals_one_rank);
+    add_case(s, "dp_resume_other_world", test_rl_dp_resume_other_world);
+    add_case(s, "dp_failures", test_rl_dp_failures);
     return s;
 }

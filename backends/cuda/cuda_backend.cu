@@ -1581,6 +1581,14 @@ extern "C" qd_backend *qd_backend_cuda_init(const qd_model_config *cfg, const qd
     }
     if (qd_model_config_check(cfg) || check_options(opt))
         return NULL;
+    /* data parallel: this process's device, LOCAL_RANK modulo the visible ones
+     * (so one GPU per task via CUDA_VISIBLE_DEVICES works too); per host thread */
+    e = cudaSetDevice(opt->device % ndev);
+    if (e != cudaSuccess) {
+        qd_error(QD_ERR_DEVICE, "cuda backend: cudaSetDevice(%d of %d): %s", opt->device % ndev, ndev,
+                 cudaGetErrorString(e));
+        return NULL;
+    }
     cuda_ctx *c = (cuda_ctx *)calloc(1, sizeof *c);
     if (!c) {
         qd_error(QD_ERR_NOMEM, "cuda backend: context");
