@@ -1,5 +1,7 @@
 /* backends/shared.h: host-side pieces of both backends. */
 #include <math.h>
+#include <string.h>
+#include "backends/layout.h"
 #include "backends/shared.h"
 
 void qd_rope_tables(float *cosb, float *sinb, const qd_model_config *cfg)
@@ -65,5 +67,33 @@ qd_status qd_rac_check_channels(const char *name, int in, int64_t nrac, const in
         if (ch[j] < 0 || ch[j] >= in || (j && ch[j] <= ch[j - 1]))
             return qd_error(QD_ERR_FORMAT, "set_rac_state: %s: channel %lld is %lld", name, (long long)j,
                             (long long)ch[j]);
+    return QD_OK;
+}
+
+qd_status qd_rac_state_errors(void *blob, size_t n, const qd_model_config *cfg, double *err, size_t *count,
+                              int put)
+{
+    qd_model_layout m;
+    qd_status st = qd_model_layout_init(&m, cfg);
+    if (st)
+        return st;
+    size_t at = 0, k = 0;
+    for (int i = 0; i < m.nlin; i++) {
+        if (!m.lin[i].quantized)
+            continue;
+        size_t in = (size_t)m.lin[i].in, e = at + sizeof(int64_t) * (1 + in);
+        at += qd_rac_state_bytes(m.lin[i].in);
+        if (at > n)
+            break;
+        if (err && put)
+            memcpy((char *)blob + e, err + k, sizeof(double) * in);
+        else if (err)
+            memcpy(err + k, (char *)blob + e, sizeof(double) * in);
+        k += in;
+    }
+    qd_model_layout_free(&m);
+    if (at != n)
+        return qd_error(QD_ERR_FORMAT, "RAC state: %zu bytes, the model's quantized linears need %zu", n, at);
+    *count = k;
     return QD_OK;
 }

@@ -14,6 +14,7 @@
 #endif
 #include "orchestrator/rl.h"
 #include "backends/backend.h"
+#include "backends/shared.h"
 #include "benchmarks/synth.h"
 #include "models/checkpoint.h"
 #include "models/tokenizer.h"
@@ -873,16 +874,35 @@ static qd_status run_eval(rl_run *r, qd_task_eval_result *ev)
     return st;
 }
 
-/* Data parallel: every rollout takes rank 0's RAC state (channel sets and the
- * statistics since the last pick), so all ranks quantize alike. The state is
- * opaque here, so the channels are picked from rank 0's share of the rollouts:
- * summing the statistics of all ranks needs a backend slot (issue 7). */
-static qd_status share_rac(rl_run *r, size_t rb)
+/* Data parallel RAC: rac (rb bytes, this rank's RAC state) gets, in place of
+ * its activation-error statistics, their sum over ranks (rank order, double):
+ * the statistics of every rollout of the job since the last pick, as one
+ * process running them all would have gathered (up to the order of the
+ * double sums). Every rank then picks the same channels. */
+static qd_status rac_global(rl_run *r, void *rac, size_t rb)
+{
+    size_t ne = 0;
+    qd_status st = qd_rac_state_errors(rac, rb, &r->mcfg, NULL, &ne, 0);
+    double *e = st ? NULL : malloc(sizeof(double) * (ne ? ne : 1));
+    if (!st && !e)
+        st = qd_error(QD_ERR_NOMEM, "RAC statistics");
+    if (!st)
+        st = qd_rac_state_errors(rac, rb, &r->mcfg, e, &ne, 0);
+    if (!st)
+        st = qd_dp_sum_f64(&r->dp, e, ne);
+    if (!st)
+        st = qd_rac_state_errors(rac, rb, &r->mcfg, e, &ne, 1);
+    free(e);
+    return st;
+}
+
+/* Before a RAC pick (data parallel): this rank's rollout takes the job's summed statistics. */
+static qd_status rac_merge(rl_run *r, size_t rb)
 {
     void *rac = malloc(rb);
     qd_status st = rac ? qd_backend_get_rac_state(r->rollout, rac, rb) : qd_error(QD_ERR_NOMEM, "RAC state");
     if (!st)
-        st = qd_dp_bcast(&r->dp, rac, rb);
+        st = rac_global(r, rac, rb);
     if (!st)
         st = qd_backend_set_rac_state(r->rollout, rac, rb);
     free(rac);
@@ -900,6 +920,8 @@ static qd_status sync_weights(rl_run *r)
     bool keep = rb > 0 && (every == 0 || r->step % every != 0);
     void *rac = keep ? malloc(rb) : NULL;
     qd_status st = keep && !rac ? qd_error(QD_ERR_NOMEM, "RAC state") : QD_OK;
+    if (!st && !keep && rb > 0 && r->dp.world > 1)
+        st = rac_merge(r, rb);  /* the pick below sees every rank's rollouts */
     if (!st && keep)
         st = qd_backend_get_rac_state(r->rollout, rac, rb);
     if (!st)
@@ -909,8 +931,6 @@ static qd_status sync_weights(rl_run *r)
     if (!st && keep)
         st = qd_backend_set_rac_state(r->rollout, rac, rb);
     free(rac);
-    if (!st && r->dp.world > 1 && rb > 0)
-        st = share_rac(r, rb);
     return st ? at_step(st, r->step, "weight sync") : QD_OK;
 }
 
@@ -996,7 +1016,9 @@ static qd_status write_state(rl_run *r, const char *path)
     return st;
 }
 
-static qd_status write_checkpoint_files(rl_run *r, const char *tmp)
+/* rac_job: the RAC state to save (the job's summed statistics under data
+ * parallelism), or NULL for this rollout's own. */
+static qd_status write_checkpoint_files(rl_run *r, const char *tmp, const void *rac_job)
 {
     int np;
     const qd_param_info *pi = qd_backend_params(r->trainer, &np);
@@ -1020,7 +1042,9 @@ static qd_status write_checkpoint_files(rl_run *r, const char *tmp)
     snprintf(p, sizeof p, "%s/optimizer.bin", tmp);
     if (!st)
         st = write_blob(p, ADAM_MAGIC, m, sizeof(float) * r->nf, v, sizeof(float) * r->nf);
-    if (!st)
+    if (!st && rac_job)
+        memcpy(rac, rac_job, rb);
+    else if (!st)
         st = qd_backend_get_rac_state(r->rollout, rac, rb);
     snprintf(p, sizeof p, "%s/rac.bin", tmp);
     if (!st)
@@ -1038,7 +1062,7 @@ static qd_status write_checkpoint_files(rl_run *r, const char *tmp)
 }
 
 /* RUN/step_XXXXXXXX via a .tmp directory and a rename; then keep-last-K. */
-static qd_status save_checkpoint(rl_run *r)
+static qd_status save_checkpoint(rl_run *r, const void *rac_job)
 {
     char fin[4200], tmp[4300];
     qd_status st = qd_ckpt_path(fin, sizeof fin, r->dir, r->step);
@@ -1048,7 +1072,7 @@ static qd_status save_checkpoint(rl_run *r)
     remove_flat_dir(tmp);
     st = qd_mkdirs(tmp);
     if (!st)
-        st = write_checkpoint_files(r, tmp);
+        st = write_checkpoint_files(r, tmp, rac_job);
     if (!st)
         st = qd_fsync_dir(tmp);
     if (!st) {
@@ -1095,6 +1119,21 @@ static qd_status read_state(rl_run *r, const char *path)
     return QD_OK;
 }
 
+/* Zeroes the statistics of a RAC state blob (a resumed rank other than 0:
+ * the saved statistics are the job's, and the next pick sums all ranks'). */
+static qd_status rac_zero_errors(rl_run *r, void *rac, size_t rb)
+{
+    size_t ne = 0;
+    qd_status st = qd_rac_state_errors(rac, rb, &r->mcfg, NULL, &ne, 0);
+    double *z = st ? NULL : calloc(ne ? ne : 1, sizeof(double));
+    if (!st && !z)
+        st = qd_error(QD_ERR_NOMEM, "RAC statistics");
+    if (!st)
+        st = qd_rac_state_errors(rac, rb, &r->mcfg, z, &ne, 1);
+    free(z);
+    return st;
+}
+
 /* Loads the run's latest checkpoint into both backends. */
 static qd_status load_checkpoint(rl_run *r)
 {
@@ -1126,6 +1165,8 @@ static qd_status load_checkpoint(rl_run *r)
     snprintf(p, sizeof p, "%s/rac.bin", d);
     if (!st)
         st = read_blob(p, RAC_MAGIC, &rac, rb);
+    if (!st && rb > 0 && r->dp.rank > 0)
+        st = rac_zero_errors(r, rac, rb);  /* the job's statistics live on rank 0 only */
     if (!st)
         st = qd_backend_set_rac_state(r->rollout, rac, rb);
     free(m), free(rac);
@@ -1259,7 +1300,17 @@ static qd_status checkpoint_step(rl_run *r)
     char name[64];
     snprintf(name, sizeof name, "checkpoint at step %lld", (long long)r->step);
     qd_status st = qd_dp_barrier(&r->dp, name);
-    return st || r->dp.rank ? st : save_checkpoint(r);
+    size_t rb = qd_backend_rac_state_size(r->rollout);
+    void *rac = r->dp.world > 1 && rb > 0 ? malloc(rb) : NULL;
+    if (!st && r->dp.world > 1 && rb > 0) {  /* the job's RAC statistics, not rank 0's share */
+        st = rac ? qd_backend_get_rac_state(r->rollout, rac, rb) : qd_error(QD_ERR_NOMEM, "RAC state");
+        if (!st)
+            st = rac_global(r, rac, rb);
+    }
+    if (!st && r->dp.rank == 0)
+        st = save_checkpoint(r, rac);
+    free(rac);
+    return st;
 }
 
 /* Data parallel: this rank's sums of the step -> those of all ranks, so the

@@ -56,7 +56,9 @@
  * sequences, the gradients are summed over ranks in rank order, then every
  * rank takes the same AdamW step. The metrics are of the whole batch (sums,
  * maxima and the gap's arrays gathered); router.agree is measured on every
- * rank's first micro-batch. The rollouts take rank 0's RAC state at each sync.
+ * rank's first micro-batch. Before each RAC channel pick the rollouts' activation
+ * errors are summed over ranks, so every rank picks the same channels from all
+ * the rollouts; checkpoints hold those sums (rank 0 takes them on resume).
  * Rank 0 alone writes the run directory (metrics, layers.json, checkpoints
  * after a barrier) and runs the evals (the others wait); every
  * dist.checksum_every steps the ranks compare an FNV-1a of their master

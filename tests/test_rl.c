@@ -658,12 +658,12 @@ static void dp_config(const char *dir, const char *name, const char *recipe)
  * final weights within 1e-5; the checksum of every step is the final
  * weights' FNV-1a; only rank 0 writes (the directory holds what the 1-rank
  * run's does; rank 1 prints nothing). */
-START_TEST(test_rl_dp_equals_one_rank)
+static void check_dp_equals_one_rank(const char *recipe)
 {
     char dir[256], one[1024], two[1024], args[2048], out[1 << 15], model[1024];
     scratch_dir(dir, sizeof dir);
     make_model(dir);
-    dp_config(dir, "one", "nvfp4");
+    dp_config(dir, "one", recipe);
     pathf(args, sizeof args, "rl --quiet --config %s/one.json", dir);
     ck_assert_msg(qd_test_run_quads(args, out, sizeof out) == 0, "%s", out);
     qd_rank_result res[2];
@@ -707,18 +707,27 @@ START_TEST(test_rl_dp_equals_one_rank)
     json_decref(ma), json_decref(mb);
     qd_test_rm_tree(dir);
 }
+
+/* nvfp4, and quads: its RAC channels are picked from the activation errors
+ * of every rank's rollouts (summed over ranks before each pick), so the
+ * 2-rank run quantizes as the 1-rank run does and its rollouts are the same. */
+START_TEST(test_rl_dp_equals_one_rank)
+{
+    check_dp_equals_one_rank("nvfp4");
+    check_dp_equals_one_rank("quads");
+}
 END_TEST
 
 /* Checkpoints hold nothing of a rank: a 2-rank run stopped at step 2 and
  * resumed by 1 rank, and a 1-rank run resumed by 2 ranks, end where the
  * 1-rank run of 3 steps does (step 3's metrics and the weights within 1e-5). */
-START_TEST(test_rl_dp_resume_other_world)
+static void check_dp_resume_other_world(const char *recipe)
 {
     char dir[256], args[2048], out[1 << 15], p[1024], model[1024], fa[2048], fb[2048];
     scratch_dir(dir, sizeof dir);
     make_model(dir);
     pathf(model, sizeof model, "%s/model", dir);
-    dp_config(dir, "one", "nvfp4");
+    dp_config(dir, "one", recipe);
     pathf(args, sizeof args, "rl --quiet --config %s/one.json", dir);
     ck_assert_msg(qd_test_run_quads(args, out, sizeof out) == 0, "%s", out);
     qd_rank_result res[2];
@@ -749,6 +758,14 @@ START_TEST(test_rl_dp_resume_other_world)
     }
     json_decref(ref);
     qd_test_rm_tree(dir);
+}
+
+/* nvfp4, and quads: the checkpoint holds the job's RAC statistics (summed
+ * over ranks), which a resumed rank 0 takes and the other ranks do not. */
+START_TEST(test_rl_dp_resume_other_world)
+{
+    check_dp_resume_other_world("nvfp4");
+    check_dp_resume_other_world("quads");
 }
 END_TEST
 
