@@ -9,6 +9,7 @@
 #include "tests/suites.h"
 #include "backends/backend.h"
 #include "backends/layout.h"
+#include "backends/shared.h"
 #include "backends/exact_math.h"
 #include "quant/splitmix64.h"
 
@@ -758,6 +759,49 @@ START_TEST(test_moe_group)
 }
 END_TEST
 
+/* qd_rac_state_errors (data-parallel RAC): after a forward the statistics in
+ * the blob are the per-channel sums of every quantized linear (count = the
+ * sum of their in-features, some non-zero); writing doubled statistics back
+ * and installing the blob is what get_rac_state returns; a wrong size is
+ * refused. */
+START_TEST(test_rac_state_errors)
+{
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend *b = make(&c, QD_RECIPE_QUADS, QD_ROLE_ROLLOUT, 0.25, 0);
+    float *w = random_weights(b, 81);
+    ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
+    int32_t tok[TB * TT];
+    float logp[TB * TT];
+    tiny_batch(tok, 82);
+    forward_ok(b, tok, tlen, TB, TT, logp, NULL);
+    size_t rb = qd_backend_rac_state_size(b), ne = 0, want = 0;
+    char *blob = malloc(rb), *again = malloc(rb);
+    ck_assert_int_eq(qd_backend_get_rac_state(b, blob, rb), QD_OK);
+    qd_model_layout m;
+    ck_assert_int_eq(qd_model_layout_init(&m, &c), QD_OK);
+    for (int i = 0; i < m.nlin; i++)
+        want += m.lin[i].quantized ? (size_t)m.lin[i].in : 0;
+    qd_model_layout_free(&m);
+    ck_assert_int_eq(qd_rac_state_errors(blob, rb, &c, NULL, &ne, 0), QD_OK);
+    ck_assert_uint_eq(ne, want);
+    double *e = malloc(sizeof(double) * ne), sum = 0;
+    ck_assert_int_eq(qd_rac_state_errors(blob, rb, &c, e, &ne, 0), QD_OK);
+    for (size_t i = 0; i < ne; i++) {
+        ck_assert(e[i] >= 0);
+        sum += e[i];
+        e[i] *= 2;
+    }
+    ck_assert(sum > 0);
+    ck_assert_int_eq(qd_rac_state_errors(blob, rb, &c, e, &ne, 1), QD_OK);
+    ck_assert_int_eq(qd_backend_set_rac_state(b, blob, rb), QD_OK);
+    ck_assert_int_eq(qd_backend_get_rac_state(b, again, rb), QD_OK);
+    ck_assert(memcmp(blob, again, rb) == 0);
+    ck_assert_int_eq(qd_rac_state_errors(blob, rb - 8, &c, NULL, &ne, 0), QD_ERR_FORMAT);
+    free(blob), free(again), free(e), free(w);
+    qd_backend_free(b);
+}
+END_TEST
+
 /* ---- diagnostics */
 
 static qd_backend *make_diag(qd_recipe r, qd_role role, const float *w)
@@ -1219,6 +1263,7 @@ Suite *suite_backend_cpu(void)
     tcase_add_test(tc, test_thread_independence);
     tcase_add_test(tc, test_set_grads);
     tcase_add_test(tc, test_moe_group);
+    tcase_add_test(tc, test_rac_state_errors);
     tcase_add_test(tc, test_gradients_untied);
     tcase_add_test(tc, test_gradients_tied);
     tcase_add_test(tc, test_recipes_error);
