@@ -412,6 +412,53 @@ static void check_gemm_case(int64_t M, int64_t N, int64_t K, int da, int dw, int
     qd_nvfp4_free(&w);
 }
 
+/* The grouped product of the MoE experts (qd_cuda_w4a4_gemm_grouped_async):
+ * G groups of uneven row counts (some empty) over one activation matrix, each
+ * against its own weight, equal bit for bit to qd_w4a4_gemm per group. */
+static void check_gemm_grouped(int G, int64_t N, int64_t K, int64_t maxrows)
+{
+    std::vector<int64_t> off((size_t)G + 1, 0);
+    for (int g = 0; g < G; g++)
+        off[(size_t)g + 1] = off[(size_t)g] + (g % 5 == 3 ? 0 : 1 + below(maxrows));
+    int64_t M = off[(size_t)G];
+    qd_nvfp4 a;
+    quantize_host(&a, 1, M, K, 1);
+    qd_nvfp4 ga = nvfp4_to_dev(&a);
+    std::vector<qd_nvfp4> w((size_t)G), gw((size_t)G);
+    std::vector<const qd_nvfp4 *> pw((size_t)G);
+    std::vector<float> cy((size_t)(M * N));
+    for (int g = 0; g < G; g++) {
+        quantize_host(&w[(size_t)g], 0, N, K, 0);
+        gw[(size_t)g] = nvfp4_to_dev(&w[(size_t)g]);
+        pw[(size_t)g] = &gw[(size_t)g];
+        int64_t m = off[(size_t)g + 1] - off[(size_t)g];
+        if (m == 0)
+            continue;
+        qd_nvfp4 ag = a; /* a view of the group's rows */
+        ag.rows = m;
+        ag.codes = a.codes + off[(size_t)g] * (K / 2);
+        ag.scales = a.scales + off[(size_t)g] * (K / 16);
+        ag.s_dec = a.s_dec + off[(size_t)g];
+        QD_STATUS_DIE(qd_w4a4_gemm(cy.data() + off[(size_t)g] * N, &ag, &w[(size_t)g]));
+    }
+    float *gy;
+    QD_CUDA_DIE(cudaMalloc((void **)&gy, cy.size() * sizeof(float)));
+    QD_CUDA_DIE(cudaMemset(gy, 0xff, cy.size() * sizeof(float)));
+    QD_STATUS_DIE(qd_cuda_w4a4_gemm_grouped_async(gy, &ga, pw.data(), off.data(), G));
+    QD_CUDA_DIE(cudaDeviceSynchronize());
+    char op[64], dist[64];
+    snprintf(op, sizeof op, "W4A4 grouped %dx%lldx%lld", G, (long long)N, (long long)K);
+    snprintf(dist, sizeof dist, "%lld rows", (long long)M);
+    report(op, dist, M * N, diff(to_host(gy, cy.size()).data(), cy.data(), cy.size(), 4));
+    cudaFree(gy);
+    for (int g = 0; g < G; g++) {
+        qd_cuda_nvfp4_free(&gw[(size_t)g]);
+        qd_nvfp4_free(&w[(size_t)g]);
+    }
+    qd_cuda_nvfp4_free(&ga);
+    qd_nvfp4_free(&a);
+}
+
 static void check_gemm(void)
 {
     static const int64_t shapes[][3] = {
@@ -422,6 +469,9 @@ static void check_gemm(void)
         check_gemm_case(shapes[i][0], shapes[i][1], shapes[i][2], (int)(i % 2), 0, 0);
     check_gemm_case(8, 4096, 4096, 0, 2, 0);
     check_gemm_case(12, 1024, 4096, 1, 0, 1);
+    check_gemm_grouped(32, 512, 1024, 9);    /* moe8's gate/up at decode */
+    check_gemm_grouped(32, 1024, 512, 70);   /* moe8's down at prefill */
+    check_gemm_grouped(130, 64, 64, 3);      /* more groups than one launch holds */
 }
 
 /* ---- non-finite inputs must raise QD_ERR_NONFINITE, and the flag must clear */
