@@ -49,6 +49,7 @@
 #include "backends/backend.h"
 #include "backends/exact_math.h"
 #include "backends/layout.h"
+#include "backends/router.h"
 #include "backends/sampling.h"
 #include "backends/shared.h"
 #include "quant/quant.h"
@@ -431,39 +432,6 @@ static void swiglu_backward(float *dg, float *du, const float *dh, const float *
     }
 }
 
-/* In place softmax over each row of x (N, E); max, then exp sums ascending. */
-static void softmax_rows(float *x, int N, int E)
-{
-    for (int n = 0; n < N; n++) {
-        float *r = x + (size_t)n * E, mx = -INFINITY, sum = 0.0f;
-        for (int e = 0; e < E; e++)
-            mx = fmaxf(mx, r[e]);
-        for (int e = 0; e < E; e++) {
-            r[e] = qd_expf(r[e] - mx);
-            sum += r[e];
-        }
-        for (int e = 0; e < E; e++)
-            r[e] = r[e] / sum;
-    }
-}
-
-/* Top-k of probs (E): largest first, ties to the lower index (torch.topk's
- * order is unspecified on ties; this is ours). */
-static void topk_row(int32_t *idx, const float *probs, int E, int K)
-{
-    for (int j = 0; j < K; j++) {
-        int best = -1;
-        for (int e = 0; e < E; e++) {
-            int taken = 0;
-            for (int i = 0; i < j; i++)
-                taken |= idx[i] == e;
-            if (!taken && (best < 0 || probs[e] > probs[best]))
-                best = e;
-        }
-        idx[j] = best;
-    }
-}
-
 /* ------------------------------------------------------------------------ */
 /* the linear layer of every precision recipe                                */
 
@@ -818,16 +786,9 @@ static qd_status pack_batch(cpu_ctx *c, const qd_batch *bt)
 static void route(cpu_ctx *c, layer_acts *s, const layer *ly)
 {
     int N = c->N, E = ly->nexp, K = ly->moe ? c->cfg.num_experts_per_tok : 1;
-    for (int n = 0; ly->moe && n < N; n++) {
-        topk_row(s->topk + (size_t)n * K, s->probs + (size_t)n * E, E, K);
-        float sum = 0.0f;
-        for (int j = 0; j < K; j++)
-            sum += s->probs[(size_t)n * E + s->topk[n * K + j]];
-        for (int j = 0; j < K; j++) {
-            float p = s->probs[(size_t)n * E + s->topk[n * K + j]];
-            s->topw[n * K + j] = c->cfg.norm_topk_prob ? p / sum : p;
-        }
-    }
+    for (int n = 0; ly->moe && n < N; n++)
+        qd_router_select(s->topk + (size_t)n * K, s->topw + (size_t)n * K, s->probs + (size_t)n * E, E, K,
+                         c->cfg.norm_topk_prob);
     int32_t *cnt = malloc(sizeof(int32_t) * (size_t)E);
     qd_moe_group(s->exp_off, s->row_tok, s->row_w, s->row_rank, s->tok_rows, cnt, ly->moe ? s->topk : NULL,
                  s->topw, N, E, K);
@@ -848,7 +809,8 @@ static qd_status mlp_forward(cpu_ctx *c, float *out, layer_acts *s, const layer 
         st = linear_forward(c, s->probs, s->ln2, &c->lin[ly->router], N);
         if (st)
             return st;
-        softmax_rows(s->probs, N, ly->nexp);
+        for (int n = 0; n < N; n++)
+            qd_router_softmax(s->probs + (size_t)n * ly->nexp, ly->nexp);
     }
     route(c, s, ly);
     int R = s->exp_off[ly->nexp];

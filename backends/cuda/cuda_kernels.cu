@@ -6,6 +6,7 @@
 #include <math.h>
 #include "backends/cuda/cuda_check.h"
 #include "backends/exact_math.h"
+#include "backends/router.h"
 extern "C" {
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/sampling.h"
@@ -590,37 +591,14 @@ extern "C" qd_status qdk_add(float *out, const float *a, const float *b, size_t 
     return QD_OK;
 }
 
+/* One thread per token: backends/router.h, as the CPU's route(). */
 __global__ void k_route(int32_t *topk, float *topw, float *probs, int N, int E, int K, int norm_topk)
 {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= N)
         return;
-    float *r = probs + (size_t)n * E, mx = -INFINITY, sum = 0.0f;
-    for (int e = 0; e < E; e++)
-        mx = fmaxf(mx, r[e]);
-    for (int e = 0; e < E; e++) {
-        r[e] = qd_expf(r[e] - mx);
-        sum = sum + r[e];
-    }
-    for (int e = 0; e < E; e++)
-        r[e] = r[e] / sum;
-    int32_t *idx = topk + (size_t)n * K;
-    for (int j = 0; j < K; j++) {
-        int best = -1;
-        for (int e = 0; e < E; e++) {
-            int taken = 0;
-            for (int i = 0; i < j; i++)
-                taken |= idx[i] == e;
-            if (!taken && (best < 0 || r[e] > r[best]))
-                best = e;
-        }
-        idx[j] = best;
-    }
-    float tsum = 0.0f;
-    for (int j = 0; j < K; j++)
-        tsum = tsum + r[idx[j]];
-    for (int j = 0; j < K; j++)
-        topw[(size_t)n * K + j] = norm_topk ? r[idx[j]] / tsum : r[idx[j]];
+    qd_router_softmax(probs + (size_t)n * E, E);
+    qd_router_select(topk + (size_t)n * K, topw + (size_t)n * K, probs + (size_t)n * E, E, K, norm_topk);
 }
 
 extern "C" qd_status qdk_route(int32_t *topk, float *topw, float *probs, int N, int E, int K, int norm_topk)
