@@ -648,9 +648,8 @@ static linear *expert_lin(cuda_ctx *c, const layer *ly, int e, int which)
 /* One launch for all experts, in both modes (one cuBLASLt call per expert,
  * each of its own row count, was slower on the H200: a matmul plan per shape);
  * RAC layers go expert by expert (each has its own channel set and width). */
-static int experts_grouped(const cuda_ctx *c, const layer *ly, int R)
+static int experts_grouped(const cuda_ctx *c, const layer *ly)
 {
-    (void)R;
     return c->lin[ly->mlp0].mode != QD_LINEAR_W4A4_RAC;
 }
 
@@ -756,7 +755,7 @@ static qd_status mlp_forward(cuda_ctx *c, float *out, layer_acts *s, const layer
     int R = s->exp_off[ly->nexp];
     QD_TRY(qdk_gather(s->xe, s->ln2, s->row_tok, R, C));
     prof(c, PR_EXPERTS);
-    if (experts_grouped(c, ly, R)) {
+    if (experts_grouped(c, ly)) {
         QD_TRY(experts_forward(c, s->g, s->xe, s, ly, 0));
         QD_TRY(experts_forward(c, s->u, s->xe, s, ly, 1));
         QD_TRY(qdk_swiglu(s->h, s->g, s->u, (size_t)R * I));
@@ -887,20 +886,11 @@ static qd_status mlp_backward(cuda_ctx *c, float *dinp, const float *dout, const
     float *dg = carve(&f, (size_t)R * I), *du = carve(&f, (size_t)R * I), *dw = carve(&f, (size_t)N * K);
     float *dlog = carve(&f, (size_t)N * ly->nexp);
     QD_TRY(qdk_moe_dy(dy, dw, dout, s->y, s->row_w, s->row_rank, s->tok_rows, N, K, C));
-    if (experts_grouped(c, ly, R)) {
-        QD_TRY(experts_backward(c, dh, dy, s->h, s, ly, 2));
-        QD_TRY(qdk_swiglu_backward(dg, du, dh, s->g, s->u, (size_t)R * I));
-        QD_TRY(experts_backward(c, dxe, dg, s->xe, s, ly, 0));
-        QD_TRY(experts_backward(c, dxe, du, s->xe, s, ly, 1));
-    }
-    for (int e = 0; e < ly->nexp && !experts_grouped(c, ly, R); e++) {
-        int r0 = s->exp_off[e], m = s->exp_off[e + 1] - r0;
-        size_t oi = (size_t)r0 * I, oc = (size_t)r0 * C;
-        QD_TRY(linear_backward(c, dh + oi, dy + oc, s->h + oi, expert_lin(c, ly, e, 2), m));
-        QD_TRY(qdk_swiglu_backward(dg + oi, du + oi, dh + oi, s->g + oi, s->u + oi, (size_t)m * I));
-        QD_TRY(linear_backward(c, dxe + oc, dg + oi, s->xe + oc, expert_lin(c, ly, e, 0), m));
-        QD_TRY(linear_backward(c, dxe + oc, du + oi, s->xe + oc, expert_lin(c, ly, e, 1), m));
-    }
+    /* backward runs in the trainer role, never under RAC: the experts are always grouped */
+    QD_TRY(experts_backward(c, dh, dy, s->h, s, ly, 2));
+    QD_TRY(qdk_swiglu_backward(dg, du, dh, s->g, s->u, (size_t)R * I));
+    QD_TRY(experts_backward(c, dxe, dg, s->xe, s, ly, 0));
+    QD_TRY(experts_backward(c, dxe, du, s->xe, s, ly, 1));
     QD_TRY(qdk_unroute(dinp, dxe, s->tok_rows, N, K, C));
     if (!ly->moe)
         return QD_OK;
