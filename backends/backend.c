@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 #include "backends/backend.h"
+#include "quant/quant.h"
 
 /* ---- recipes */
 
@@ -145,6 +146,9 @@ qd_status qd_backend_set_weights(qd_backend *b, const float *params, size_t n)
 {
     assert(b && params);
     qd_status st = check_size(b, n, "set_weights");
+    float amax;
+    if (!st && qd_amax(&amax, params, (int64_t)n))
+        st = qd_error(QD_ERR_NONFINITE, "set_weights: non-finite master weight");
     return st ? st : b->iface->set_weights(b, params, n);
 }
 
@@ -267,6 +271,9 @@ qd_status qd_backend_set_adam(qd_backend *b, const float *m, const float *v, siz
         return st;
     if (!b->iface->set_adam)
         return qd_error(QD_ERR_UNSUPPORTED, "backend %s: no optimizer state", qd_backend_name(b));
+    float amax;
+    if (qd_amax(&amax, m, (int64_t)n) || qd_amax(&amax, v, (int64_t)n))
+        return qd_error(QD_ERR_NONFINITE, "set_adam: non-finite AdamW moment");
     return b->iface->set_adam(b, m, v, n);
 }
 

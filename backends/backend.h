@@ -223,6 +223,7 @@ const qd_param_info *qd_backend_params(const qd_backend *b, int *count);
 size_t qd_backend_num_floats(const qd_backend *b);
 /* Index of the tensor called name, or -1. */
 int qd_backend_find_param(const qd_backend *b, const char *name);
+/* QD_ERR_NONFINITE on a NaN/Inf weight (nothing is changed then). */
 qd_status qd_backend_set_weights(qd_backend *b, const float *params, size_t n);
 qd_status qd_backend_get_weights(qd_backend *b, float *params, size_t n);
 qd_status qd_backend_forward(qd_backend *b, const qd_batch *batch, float *logp, float *logits);
@@ -235,6 +236,7 @@ qd_status qd_backend_optimizer_step(qd_backend *b, const qd_adamw *opt, int step
 qd_status qd_backend_generate(qd_backend *b, const qd_generate_request *req, qd_generate_result *res);
 qd_status qd_backend_diagnostics(qd_backend *b, qd_diagnostics *out);
 qd_status qd_backend_get_adam(qd_backend *b, float *m, float *v, size_t n);
+/* QD_ERR_NONFINITE on a NaN/Inf moment (nothing is changed then). */
 qd_status qd_backend_set_adam(qd_backend *b, const float *m, const float *v, size_t n);
 /* 0 when the backend has no RAC state (or no such slot). */
 size_t qd_backend_rac_state_size(qd_backend *b);

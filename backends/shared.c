@@ -38,6 +38,56 @@ qd_status qd_pack_batch(int32_t *tok, int32_t *tgt, int32_t *pos, int32_t *row, 
     return QD_OK;
 }
 
+void qd_decode_pack(int32_t *tok, int32_t *pos, int32_t *row, int32_t *tgt, int32_t *src, int32_t *seq_off,
+                    const int32_t *seq, const int32_t *len, const int32_t *idx, int na, int Tmax)
+{
+    for (int i = 0; i < na; i++) {
+        int b = idx[i];
+        tok[i] = seq[(size_t)b * Tmax + len[b] - 1];
+        pos[i] = len[b] - 1;
+        row[i] = b;
+        tgt[i] = -1;
+        src[i] = i;
+        seq_off[i] = i;
+    }
+    seq_off[na] = na;
+}
+
+void qd_generate_begin(int32_t *seq, int32_t *len, int *done, const qd_generate_request *rq,
+                       qd_generate_result *res, int Tmax)
+{
+    int M = rq->max_new_tokens;
+    for (int b = 0; b < rq->B; b++) {
+        memcpy(seq + (size_t)b * Tmax, rq->prompt + (size_t)b * rq->Tp, sizeof(int32_t) * rq->prompt_len[b]);
+        len[b] = rq->prompt_len[b];
+        done[b] = M == 0;
+        res->lengths[b] = 0;
+        for (int i = 0; i < M; i++) {
+            res->tokens[(size_t)b * M + i] = -1;
+            res->logp[(size_t)b * M + i] = 0.0f;
+        }
+    }
+}
+
+qd_status qd_gather_dlogp(float *d, const float *dlogp, const int32_t *src, int N)
+{
+    for (int n = 0; n < N; n++) {
+        d[n] = dlogp[src[n]];
+        if (!isfinite(d[n]))
+            return qd_error(QD_ERR_NONFINITE, "backward: dlogp[%d] is not finite", src[n]);
+    }
+    return QD_OK;
+}
+
+void qd_adamw_scalars(const qd_adamw *o, int step, double norm, float *gscale, float *bc1, float *bc2)
+{
+    *gscale = o->grad_clip > 0 && norm > o->grad_clip ? (float)(o->grad_clip / norm) : 1.0f;
+    *bc1 = qd_adamw_bias_correction(o->beta1, step);
+    *bc2 = qd_adamw_bias_correction(o->beta2, step);
+}
+
+float qd_adamw_decay(const qd_adamw *o, const qd_param_info *pi) { return pi->rows > 1 ? o->weight_decay : 0.0f; }
+
 float qd_adamw_bias_correction(float beta, int step)
 {
     double p = 1.0;

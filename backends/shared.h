@@ -19,8 +19,29 @@ void qd_rope_tables(float *cosb, float *sinb, const qd_model_config *cfg);
 qd_status qd_pack_batch(int32_t *tok, int32_t *tgt, int32_t *pos, int32_t *row, int32_t *src, int32_t *seq_off,
                         const qd_batch *bt, int vocab);
 
+/* A decode step's batch: active row i of the generation (batch row idx[i],
+ * its tokens seq[b*Tmax ..], len[b] of them) feeds its last token at position
+ * len[b] - 1: tok, pos, row, tgt (-1), src (i) for i < na, seq_off (na + 1). */
+void qd_decode_pack(int32_t *tok, int32_t *pos, int32_t *row, int32_t *tgt, int32_t *src, int32_t *seq_off,
+                    const int32_t *seq, const int32_t *len, const int32_t *idx, int na, int Tmax);
+
+/* The start of a generation: seq (B, Tmax) holds the prompts, len (B) their
+ * lengths, done (B) set when max_new_tokens is 0; res cleared (tokens -1,
+ * log-probs 0, lengths 0). */
+void qd_generate_begin(int32_t *seq, int32_t *len, int *done, const qd_generate_request *rq,
+                       qd_generate_result *res, int Tmax);
+
+/* The backward's dlogp (N) from the caller's (B, T) at the packed tokens'
+ * places src (N); QD_ERR_NONFINITE names the first non-finite place. */
+qd_status qd_gather_dlogp(float *d, const float *dlogp, const int32_t *src, int N);
+
 /* 1 - beta^step by repeated multiplication in double (no pow: the same bits everywhere). */
 float qd_adamw_bias_correction(float beta, int step);
+/* One AdamW step's scalars: the clipping factor of the gradients (grad_clip /
+ * norm when clipping, else 1) and both bias corrections. */
+void qd_adamw_scalars(const qd_adamw *o, int step, double norm, float *gscale, float *bc1, float *bc2);
+/* The weight decay of one tensor: matrices only, not norm weights. */
+float qd_adamw_decay(const qd_adamw *o, const qd_param_info *pi);
 
 /* 1 when tok is one of the request's stop tokens. */
 int qd_generate_is_stop(const qd_generate_request *rq, int32_t tok);

@@ -662,7 +662,8 @@ END_TEST
 
 /* set_grads (data parallel): writing back the gradients a backward produced
  * leaves the optimizer step unchanged bit for bit; doubled gradients change
- * it; a NaN is refused naming its index and leaves the buffer as it was. */
+ * it; a NaN is refused naming its index and leaves the buffer as it was; an
+ * infinite AdamW moment is refused by set_adam. */
 START_TEST(test_set_grads)
 {
     qd_model_config c = tiny_config(0, 1);
@@ -697,6 +698,11 @@ START_TEST(test_set_grads)
     ck_assert_int_eq(qd_backend_set_grads(b[1], g, n), QD_OK);
     ck_assert_int_eq(qd_backend_optimizer_step(b[1], &o, 2, &norm[1]), QD_OK);
     ck_assert(fabsf(norm[1] - 2.0f * norm[0]) <= 1e-6f * norm[1]);
+    float *mv = calloc(2 * n, sizeof(float));  /* a non-finite AdamW moment is refused too */
+    mv[n + 3] = INFINITY;
+    ck_assert_int_eq(qd_backend_set_adam(b[1], mv, mv + n, n), QD_ERR_NONFINITE);
+    ck_assert(strstr(qd_last_error(), "set_adam") != NULL);
+    free(mv);
     free(w);
     free(g);
     free(w2);

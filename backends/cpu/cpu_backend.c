@@ -1140,16 +1140,7 @@ static qd_status decode_forward(cpu_ctx *c, gen_state *g, int na)
     qd_status st = alloc_acts(c);
     if (st)
         return st;
-    for (int i = 0; i < na; i++) {
-        int b = g->idx[i];
-        c->tok[i] = g->seq[(size_t)b * g->Tmax + g->len[b] - 1];
-        c->pos[i] = g->len[b] - 1;
-        c->row[i] = b;
-        c->tgt[i] = -1;
-        c->src[i] = i;
-        c->seq_off[i] = i;
-    }
-    c->seq_off[na] = na;
+    qd_decode_pack(c->tok, c->pos, c->row, c->tgt, c->src, c->seq_off, g->seq, g->len, g->idx, na, g->Tmax);
     c->decode = 1;
     st = model_forward(c, g->lp);
     c->decode = 0;
@@ -1228,16 +1219,8 @@ static qd_status generate_impl(qd_backend *bk, const qd_generate_request *rq, qd
     c->Tc = Tmax;
     qd_status st = g.seq && g.len && g.idx && g.lp && g.ws && g.done && c->kc && c->vc
                        ? QD_OK : qd_error(QD_ERR_NOMEM, "cpu backend: generate (KV cache %zu floats)", ncache);
-    for (int b = 0; b < B && !st; b++) {
-        memcpy(g.seq + (size_t)b * Tmax, rq->prompt + (size_t)b * rq->Tp, sizeof(int32_t) * rq->prompt_len[b]);
-        g.len[b] = rq->prompt_len[b];
-        g.done[b] = M == 0;
-        res->lengths[b] = 0;
-        for (int i = 0; i < M; i++) {
-            res->tokens[(size_t)b * M + i] = -1;
-            res->logp[(size_t)b * M + i] = 0.0f;
-        }
-    }
+    if (!st)
+        qd_generate_begin(g.seq, g.len, g.done, rq, res, Tmax);
     reset_diag(c);
     int active = 1;
     for (int step = 0; step < M && active && !st; step++)
@@ -1273,7 +1256,7 @@ static double grad_norm(const cpu_ctx *c)
 static void adamw_tensor(cpu_ctx *c, const qd_param_info *pi, const qd_adamw *o, float gscale,
                          float bc1, float bc2)
 {
-    float wd = pi->rows > 1 ? o->weight_decay : 0.0f;
+    float wd = qd_adamw_decay(o, pi);
     size_t n = (size_t)(pi->rows * pi->cols);
 #pragma omp parallel for num_threads(nthreads(c)) schedule(static)
     for (size_t i = pi->offset; i < pi->offset + n; i++) {
@@ -1355,9 +1338,6 @@ static void cpu_free(qd_backend *b)
 static qd_status set_weights_impl(qd_backend *b, const float *params, size_t n)
 {
     cpu_ctx *c = ctx_of(b);
-    qd_status st = qd_amax(&(float){0}, params, (int64_t)n);
-    if (st)
-        return qd_error(st, "set_weights: non-finite master weight");
     memcpy(c->params, params, sizeof(float) * n);
     c->have_forward = 0;
     return sync_weights(c);
@@ -1426,14 +1406,9 @@ static qd_status backward_impl(qd_backend *b, const float *dlogp)
     float *d = malloc(sizeof(float) * (size_t)(c->N ? c->N : 1));
     if (!d)
         return qd_error(QD_ERR_NOMEM, "cpu backend: dlogp");
-    for (int n = 0; n < c->N; n++) {
-        d[n] = dlogp[c->src[n]];
-        if (!isfinite(d[n])) {
-            free(d);
-            return qd_error(QD_ERR_NONFINITE, "backward: dlogp[%d] is not finite", c->src[n]);
-        }
-    }
-    qd_status st = model_backward(c, d);
+    qd_status st = qd_gather_dlogp(d, dlogp, c->src, c->N);
+    if (!st)
+        st = model_backward(c, d);
     free(d);
     return st;
 }
@@ -1471,8 +1446,8 @@ static qd_status optimizer_step_impl(qd_backend *b, const qd_adamw *o, int step,
     if (!isfinite(norm))
         return qd_error(QD_ERR_NONFINITE, "optimizer: gradient norm is not finite");
     *norm_out = (float)norm;
-    float gscale = o->grad_clip > 0 && norm > o->grad_clip ? (float)(o->grad_clip / norm) : 1.0f;
-    float bc1 = qd_adamw_bias_correction(o->beta1, step), bc2 = qd_adamw_bias_correction(o->beta2, step);
+    float gscale, bc1, bc2;
+    qd_adamw_scalars(o, step, norm, &gscale, &bc1, &bc2);
     for (int t = 0; t < c->ninfo; t++)
         adamw_tensor(c, &c->info[t], o, gscale, bc1, bc2);
     c->have_forward = 0;
@@ -1534,11 +1509,6 @@ static qd_status cpu_get_adam(qd_backend *b, float *m, float *v, size_t n)
 
 static qd_status cpu_set_adam(qd_backend *b, const float *m, const float *v, size_t n)
 {
-    qd_status st = qd_amax(&(float){0}, m, (int64_t)n);
-    if (!st)
-        st = qd_amax(&(float){0}, v, (int64_t)n);
-    if (st)
-        return qd_error(st, "set_adam: non-finite AdamW moment");
     memcpy(ctx_of(b)->m, m, sizeof(float) * n);
     memcpy(ctx_of(b)->v, v, sizeof(float) * n);
     return QD_OK;

@@ -991,16 +991,7 @@ static qd_status decode_forward(cuda_ctx *c, gen_state *g, int na, float *d_lp)
         if (g->len[g->idx[i]] > c->Tm)
             c->Tm = g->len[g->idx[i]];
     QD_TRY(alloc_acts(c));
-    for (int i = 0; i < na; i++) {
-        int b = g->idx[i];
-        c->tok[i] = g->seq[(size_t)b * g->Tmax + g->len[b] - 1];
-        c->pos[i] = g->len[b] - 1;
-        c->row[i] = b;
-        c->tgt[i] = -1;
-        c->src[i] = i;
-        c->seq_off[i] = i;
-    }
-    c->seq_off[na] = na;
+    qd_decode_pack(c->tok, c->pos, c->row, c->tgt, c->src, c->seq_off, g->seq, g->len, g->idx, na, g->Tmax);
     c->decode = 1;
     qd_status st = upload_batch(c);
     if (!st)
@@ -1090,16 +1081,7 @@ static qd_status generate_run(cuda_ctx *c, gen_state *g, const qd_generate_reque
     QD_TRY(dev_alloc((void **)&c->vc, sizeof(float) * ncache, "KV cache (values)"));
     c->cache_rows = B;
     c->Tc = g->Tmax;
-    for (int b = 0; b < B; b++) {
-        memcpy(g->seq + (size_t)b * g->Tmax, rq->prompt + (size_t)b * rq->Tp, sizeof(int32_t) * rq->prompt_len[b]);
-        g->len[b] = rq->prompt_len[b];
-        g->done[b] = M == 0;
-        res->lengths[b] = 0;
-        for (int i = 0; i < M; i++) {
-            res->tokens[(size_t)b * M + i] = -1;
-            res->logp[(size_t)b * M + i] = 0.0f;
-        }
-    }
+    qd_generate_begin(g->seq, g->len, g->done, rq, res, g->Tmax);
     reset_diag(c);
     int active = 1;
     for (int step = 0; step < M && active; step++)
@@ -1153,14 +1135,14 @@ static qd_status cuda_optimizer_step(qd_backend *b, const qd_adamw *o, int step,
     if (!isfinite(norm))
         return qd_error(QD_ERR_NONFINITE, "optimizer: gradient norm is not finite");
     *norm_out = (float)norm;
-    float gscale = o->grad_clip > 0 && norm > o->grad_clip ? (float)(o->grad_clip / norm) : 1.0f;
-    float bc1 = qd_adamw_bias_correction(o->beta1, step), bc2 = qd_adamw_bias_correction(o->beta2, step);
+    float gscale, bc1, bc2;
+    qd_adamw_scalars(o, step, norm, &gscale, &bc1, &bc2);
     for (int t = 0; t < c->ninfo; t++) {
         const qd_param_info *pi = &c->info[t];
-        float wd = pi->rows > 1 ? o->weight_decay : 0.0f;
         size_t off = pi->offset;
         QD_TRY(qdk_adamw(c->d_params + off, c->d_grads + off, c->d_m + off, c->d_v + off,
-                         (size_t)(pi->rows * pi->cols), o->lr, o->beta1, o->beta2, o->eps, wd, gscale, bc1, bc2));
+                         (size_t)(pi->rows * pi->cols), o->lr, o->beta1, o->beta2, o->eps, qd_adamw_decay(o, pi),
+                         gscale, bc1, bc2));
     }
     c->have_forward = 0;
     prof(c, PR_SYNC);
@@ -1223,10 +1205,6 @@ static void cuda_free(qd_backend *b)
 static qd_status cuda_set_weights(qd_backend *b, const float *params, size_t n)
 {
     cuda_ctx *c = ctx_of(b);
-    float amax;
-    qd_status st = qd_amax(&amax, params, (int64_t)n);
-    if (st)
-        return qd_error(st, "set_weights: non-finite master weight");
     QD_TRY(h2d(c->d_params, params, sizeof(float) * n));
     c->have_forward = 0;
     return sync_weights(c);
@@ -1283,12 +1261,7 @@ static qd_status cuda_backward(qd_backend *b, const float *dlogp)
     float *d = (float *)malloc(sizeof(float) * (size_t)(c->N ? c->N : 1));
     if (!d)
         return qd_error(QD_ERR_NOMEM, "cuda backend: dlogp");
-    qd_status st = QD_OK;
-    for (int n = 0; n < c->N && !st; n++) {
-        d[n] = dlogp[c->src[n]];
-        if (!isfinite(d[n]))
-            st = qd_error(QD_ERR_NONFINITE, "backward: dlogp[%d] is not finite", c->src[n]);
-    }
+    qd_status st = qd_gather_dlogp(d, dlogp, c->src, c->N);
     void *dd = NULL;
     if (!st)
         st = scratch(c, S_LOGP, sizeof(float) * (size_t)(c->N ? c->N : 1), &dd);
@@ -1352,12 +1325,6 @@ static qd_status cuda_get_adam(qd_backend *b, float *m, float *v, size_t n)
 
 static qd_status cuda_set_adam(qd_backend *b, const float *m, const float *v, size_t n)
 {
-    float amax;
-    qd_status st = qd_amax(&amax, m, (int64_t)n);
-    if (!st)
-        st = qd_amax(&amax, v, (int64_t)n);
-    if (st)
-        return qd_error(st, "set_adam: non-finite AdamW moment");
     QD_TRY(h2d(ctx_of(b)->d_m, m, sizeof(float) * n));
     return h2d(ctx_of(b)->d_v, v, sizeof(float) * n);
 }
