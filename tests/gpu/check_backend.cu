@@ -112,27 +112,48 @@ typedef struct {
     size_t n;
 } pair;
 
-/* Forward of B sequences of lengths len at temp on both: log-probs and logits into c. */
-static qd_status fwd_case(pair *p, cmp *c, int B, const int32_t *len, float temp)
+/* The forward checks' lengths: 3 sequences of Tm - 4, Tm and Tm / 2 tokens,
+ * Tm = min(13, max_position_embeddings) (len3), and one of Tm (len1). */
+static void forward_lengths(const pair *p, int32_t len3[3], int32_t len1[1])
+{
+    int Tm = p->cfg.max_position_embeddings < 13 ? p->cfg.max_position_embeddings : 13;
+    len3[0] = Tm - 4 > 0 ? Tm - 4 : 1, len3[1] = Tm, len3[2] = Tm / 2 > 0 ? Tm / 2 : 1;
+    len1[0] = Tm;
+}
+
+/* Forward of B sequences of lengths len (tokens from an LCG) at temp on both
+ * backends: *lp (2, B*T) log-probs and *lg (2, B*T*V) logits, malloc'ed; *nl
+ * receives B*T*V. */
+static qd_status fwd_both(pair *p, int B, const int32_t *len, float temp, float **lp, float **lg, size_t *nl)
 {
     int T = 0, V = p->cfg.vocab_size;
     for (int b = 0; b < B; b++)
         T = len[b] > T ? len[b] : T;
-    size_t nl = (size_t)B * T * V;
+    *nl = (size_t)B * T * V;
     int32_t *tok = (int32_t *)calloc((size_t)B * T, sizeof(int32_t));
-    float *lp = (float *)malloc(sizeof(float) * 2 * B * T), *lg = (float *)malloc(sizeof(float) * 2 * nl);
-    qd_status st = tok && lp && lg ? QD_OK : qd_error(QD_ERR_NOMEM, "check_backend: batch");
+    *lp = (float *)malloc(sizeof(float) * 2 * B * T);
+    *lg = (float *)malloc(sizeof(float) * 2 * *nl);
+    qd_status st = tok && *lp && *lg ? QD_OK : qd_error(QD_ERR_NOMEM, "check_backend: batch");
     uint32_t s = 12345u;
     for (int i = 0; !st && i < B * T; i++)
         tok[i] = (int32_t)(lcg(&s) % (uint32_t)V);
     qd_batch bt = {B, T, tok, len, temp};
     for (int k = 0; k < 2 && !st; k++)
-        st = qd_backend_forward(p->b[k], &bt, lp + (size_t)k * B * T, lg + k * nl);
+        st = qd_backend_forward(p->b[k], &bt, *lp + (size_t)k * B * T, *lg + k * *nl);
+    free(tok);
+    return st;
+}
+
+/* fwd_both, then every log-prob and logit bit compared into c. */
+static qd_status fwd_case(pair *p, cmp *c, int B, const int32_t *len, float temp)
+{
+    float *lp, *lg;
+    size_t nl;
+    qd_status st = fwd_both(p, B, len, temp, &lp, &lg, &nl);
     if (!st) {
-        cmp_f32(c, lp, lp + (size_t)B * T, (size_t)B * T);
+        cmp_f32(c, lp, lp + nl / p->cfg.vocab_size, nl / p->cfg.vocab_size);
         cmp_f32(c, lg, lg + nl, nl);
     }
-    free(tok);
     free(lp);
     free(lg);
     return st;
@@ -140,8 +161,8 @@ static qd_status fwd_case(pair *p, cmp *c, int B, const int32_t *len, float temp
 
 static qd_status check_forward(pair *p, const char *op)
 {
-    int Tm = p->cfg.max_position_embeddings < 13 ? p->cfg.max_position_embeddings : 13;
-    int32_t len3[3] = {Tm - 4 > 0 ? Tm - 4 : 1, Tm, Tm / 2 > 0 ? Tm / 2 : 1}, len1[1] = {Tm};
+    int32_t len3[3], len1[1];
+    forward_lengths(p, len3, len1);
     cmp c;
     cmp_init(&c);
     qd_status st = fwd_case(p, &c, 3, len3, 0.0f);
@@ -224,19 +245,42 @@ static qd_status check_rac(pair *p)
     return check_forward(p, "forward(rac sync)");
 }
 
+/* The trainer checks' batch: 3 sequences of Tm, Tm - 3 and Tm / 2 tokens
+ * (Tm = min(11, max_position_embeddings)), tokens and dL/dlogp in [-1, 1]
+ * from an LCG, temperature 0.8. */
+typedef struct {
+    int32_t len[3], tok[3 * 11];
+    float lp[3 * 11], dlp[3 * 11];
+    qd_batch bt;
+} train_batch;
+
+static void train_batch_init(train_batch *t, const pair *p)
+{
+    int Tm = p->cfg.max_position_embeddings < 11 ? p->cfg.max_position_embeddings : 11, V = p->cfg.vocab_size;
+    t->len[0] = Tm, t->len[1] = Tm - 3 > 0 ? Tm - 3 : 1, t->len[2] = Tm / 2 > 0 ? Tm / 2 : 1;
+    uint32_t s = 4242u;
+    for (int i = 0; i < 3 * Tm; i++) {
+        t->tok[i] = (int32_t)(lcg(&s) % (uint32_t)V);
+        t->dlp[i] = ((float)(lcg(&s) % 2001u) - 1000.0f) / 1000.0f;
+    }
+    t->bt = (qd_batch){3, Tm, t->tok, t->len, 0.8f};
+}
+
+/* zero_grad, forward, backward of backend k on t; its gradients into g (n). */
+static qd_status grads_of(pair *p, int k, train_batch *t, float *g)
+{
+    qd_backend_zero_grad(p->b[k]);
+    qd_status st = qd_backend_forward(p->b[k], &t->bt, t->lp, NULL);
+    if (!st)
+        st = qd_backend_backward(p->b[k], t->dlp);
+    return st ? st : qd_backend_get_grads(p->b[k], g, p->n);
+}
+
 /* Trainer: forward, backward, gradients, AdamW step, forward again. */
 static qd_status check_train(pair *p)
 {
-    int Tm = p->cfg.max_position_embeddings < 11 ? p->cfg.max_position_embeddings : 11, V = p->cfg.vocab_size;
-    enum { B = 3 };
-    int32_t len[B] = {Tm, Tm - 3 > 0 ? Tm - 3 : 1, Tm / 2 > 0 ? Tm / 2 : 1}, tok[B * 11];
-    float lp[B * 11], dlp[B * 11];
-    uint32_t s = 4242u;
-    for (int i = 0; i < B * Tm; i++) {
-        tok[i] = (int32_t)(lcg(&s) % (uint32_t)V);
-        dlp[i] = ((float)(lcg(&s) % 2001u) - 1000.0f) / 1000.0f;
-    }
-    qd_batch bt = {B, Tm, tok, len, 0.8f};
+    train_batch t;
+    train_batch_init(&t, p);
     size_t n = p->n;
     float *buf = (float *)malloc(sizeof(float) * 6 * n);
     if (!buf)
@@ -245,12 +289,7 @@ static qd_status check_train(pair *p)
     float norm[2];
     qd_status st = QD_OK;
     for (int k = 0; k < 2 && !st; k++) {
-        qd_backend_zero_grad(p->b[k]);
-        st = qd_backend_forward(p->b[k], &bt, lp, NULL);
-        if (!st)
-            st = qd_backend_backward(p->b[k], dlp);
-        if (!st)
-            st = qd_backend_get_grads(p->b[k], buf + k * n, n);
+        st = grads_of(p, k, &t, buf + k * n);
         if (!st)
             st = qd_backend_optimizer_step(p->b[k], &opt, 1, &norm[k]);
         if (!st)
@@ -365,50 +404,28 @@ static double rel_l2(const float *a, const float *b, size_t n)
 
 static qd_status fast_forward(pair *p)
 {
-    int Tm = p->cfg.max_position_embeddings < 13 ? p->cfg.max_position_embeddings : 13, V = p->cfg.vocab_size;
-    enum { B = 3 };
-    int32_t len[B] = {Tm - 4 > 0 ? Tm - 4 : 1, Tm, Tm / 2 > 0 ? Tm / 2 : 1}, tok[B * 13];
-    size_t nl = (size_t)B * Tm * V;
-    float *lg = (float *)malloc(sizeof(float) * 2 * nl), lp[2][B * 13];
-    if (!lg)
-        return qd_error(QD_ERR_NOMEM, "check_backend: logits");
-    uint32_t s = 12345u;
-    for (int i = 0; i < B * Tm; i++)
-        tok[i] = (int32_t)(lcg(&s) % (uint32_t)V);
-    qd_batch bt = {B, Tm, tok, len, 0.0f};
-    qd_status st = QD_OK;
-    for (int k = 0; k < 2 && !st; k++)
-        st = qd_backend_forward(p->b[k], &bt, lp[k], lg + k * nl);
+    int32_t len3[3], len1[1];
+    forward_lengths(p, len3, len1);
+    float *lp, *lg;
+    size_t nl;
+    qd_status st = fwd_both(p, 3, len3, 0.0f, &lp, &lg, &nl);
     if (!st)
         row_fast(p, "forward(logits)", rel_l2(lg, lg + nl, nl), rel_max(lg, lg + nl, nl), fast_bound(p, 0));
+    free(lp);
     free(lg);
     return st;
 }
 
 static qd_status fast_train(pair *p)
 {
-    int Tm = p->cfg.max_position_embeddings < 11 ? p->cfg.max_position_embeddings : 11, V = p->cfg.vocab_size;
-    enum { B = 3 };
-    int32_t len[B] = {Tm, Tm - 3 > 0 ? Tm - 3 : 1, Tm / 2 > 0 ? Tm / 2 : 1}, tok[B * 11];
-    float lp[B * 11], dlp[B * 11];
-    uint32_t s = 4242u;
-    for (int i = 0; i < B * Tm; i++) {
-        tok[i] = (int32_t)(lcg(&s) % (uint32_t)V);
-        dlp[i] = ((float)(lcg(&s) % 2001u) - 1000.0f) / 1000.0f;
-    }
-    qd_batch bt = {B, Tm, tok, len, 0.8f};
+    train_batch t;
+    train_batch_init(&t, p);
     float *g = (float *)malloc(sizeof(float) * 2 * p->n);
     if (!g)
         return qd_error(QD_ERR_NOMEM, "check_backend: gradients");
     qd_status st = QD_OK;
-    for (int k = 0; k < 2 && !st; k++) {
-        qd_backend_zero_grad(p->b[k]);
-        st = qd_backend_forward(p->b[k], &bt, lp, NULL);
-        if (!st)
-            st = qd_backend_backward(p->b[k], dlp);
-        if (!st)
-            st = qd_backend_get_grads(p->b[k], g + k * p->n, p->n);
-    }
+    for (int k = 0; k < 2 && !st; k++)
+        st = grads_of(p, k, &t, g + k * p->n);
     if (!st)
         row_fast(p, "backward(grads)", rel_l2(g, g + p->n, p->n), rel_max(g, g + p->n, p->n), fast_bound(p, 1));
     free(g);
