@@ -44,6 +44,7 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#include "bench/bench_util.h"
 #include "backends/backend.h"
 #include "backends/layout.h"
 #include "models/checkpoint.h"
@@ -92,26 +93,6 @@ static void *xmalloc(size_t n)
     if (!p)
         die("out of memory", "malloc");
     return p;
-}
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Sorts v. */
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* ---- the model */
@@ -299,7 +280,7 @@ static void measure(bench_op op, qd_backend *b, const bench_args *a, const bench
 {
     double *t = xmalloc(sizeof(double) * (size_t)a->iters);
     for (int k = 0; k < a->warmup + a->iters; k++) {
-        double t0 = now();
+        double t0 = qd_bench_now();
         qd_status st = run_op(op, b, a, in, k + 1);
         if (st != QD_OK) {
             fail_row(row, st, op_name[op]);
@@ -307,9 +288,9 @@ static void measure(bench_op op, qd_backend *b, const bench_args *a, const bench
             return;
         }
         if (k >= a->warmup)
-            t[k - a->warmup] = now() - t0;
+            t[k - a->warmup] = qd_bench_now() - t0;
     }
-    row->ms = 1e3 * median(t, a->iters);
+    row->ms = 1e3 * qd_bench_median(t, a->iters);
     row->ms_min = 1e3 * t[0];  /* median sorted t */
     row->tokens = (long)a->B * (op == OP_ROLLOUT ? a->M : a->T);
     row->status = ROW_OK;

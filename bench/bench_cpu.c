@@ -25,6 +25,7 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#include "bench/bench_util.h"
 #include "backends/backend.h"
 #include "models/checkpoint.h"
 #include "models/model_config.h"
@@ -49,25 +50,6 @@ typedef struct {
     double best;        /* fastest repeat: the least disturbed by other load */
     char why[120];
 } bench_row;
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static uint64_t rng_state;
 
@@ -248,7 +230,7 @@ static int run_phase(phase p, qd_backend *b, const bench_args *a, const bench_in
                      bench_row *row, double *sec, double *base)
 {
     qd_batch bt = {a->B, a->P, in->prefill_tok, in->len_p, 1.0f};
-    double t0 = now();
+    double t0 = qd_bench_now();
     *base = 0.0;
     switch (p) {
     case PH_PREFILL:
@@ -258,8 +240,8 @@ static int run_phase(phase p, qd_backend *b, const bench_args *a, const bench_in
     case PH_DECODE:
         if (refused(generate(b, a, in, 1), row, "generate"))
             return 0;
-        *base = now() - t0;
-        t0 = now();
+        *base = qd_bench_now() - t0;
+        t0 = qd_bench_now();
         if (refused(generate(b, a, in, a->M), row, "generate"))
             return 0;
         break;
@@ -267,7 +249,7 @@ static int run_phase(phase p, qd_backend *b, const bench_args *a, const bench_in
         if (refused(train_step(b, a, in, step), row, "train step"))
             return 0;
     }
-    *sec = now() - t0;
+    *sec = qd_bench_now() - t0;
     return 1;
 }
 
@@ -313,7 +295,7 @@ static void run_all(const bench_args *a, const qd_model_config *cfg, const float
                     diff[k] = s[k] - b0[k];
                 rows[r][p].done = 1;
                 rows[r][p].tokens = phase_tokens((phase)p, a);
-                rows[r][p].seconds = median(diff, a->R);
+                rows[r][p].seconds = qd_bench_median(diff, a->R);
                 rows[r][p].best = min_of(s, a->R) - min_of(b0, a->R);
             }
             qd_backend_free(be[r][p]);
