@@ -75,6 +75,8 @@ static const qd_cfg_knob knobs[] = {
     {"eval.temperature", QD_CFG_FLOAT, "0.0", 0, 100, 0, NULL, "eval sampling temperature; 0 = greedy"},
     {"checkpoint.every", QD_CFG_INT, "10", 0, BIG, 0, NULL, "checkpoint every N steps; 0 = only at the end"},
     {"checkpoint.keep_last", QD_CFG_INT, "2", 1, 1000, 0, NULL, "checkpoints kept (older step_XXXXXXXX removed)"},
+    {"log.tensorboard", QD_CFG_BOOL, "true", 0, 0, 0, NULL,
+     "write RUN/tb/: TensorBoard event files with every number of metrics.jsonl and the config as text"},
     {"dist.checksum_every", QD_CFG_INT, "10", 0, BIG, 0, NULL,
      "data parallel: compare a checksum of the master weights across ranks every N steps (and at the last); 0 = off"},
     {"dist.timeout_s", QD_CFG_FLOAT, "1800", 0, 1e6, 1, NULL,
