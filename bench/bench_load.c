@@ -1,25 +1,29 @@
 /* bench_load: checkpoint loading speed from a warm page cache.
  *
- *   bench/bench_load [--gb X] [--shards N] [--dir DIR] [--reps R]
+ *   bench/bench_load [--gb X] [--shards N] [--dir DIR] [--reps R] [--only before|after]
  *
  * Writes (once; kept for later runs) a BF16 Qwen3-MoE checkpoint of about X GB
  * (default 1) in N shards with model.safetensors.index.json under DIR (default
  * /tmp/quads-bench-load-XGB-N), reads every shard once to warm the page cache,
  * then loads it into a float32 buffer R times (default 3) two ways and prints
- * bytes, seconds (the best of R) and GB/s side by side:
+ * bytes, seconds and GB/s of the fastest of R side by side, with its CPU time
+ * (all threads; GB per CPU second is what a loaded machine still shows):
  *   before  the loader as it was until issue 16: one thread, tensor by tensor,
  *           qd_safetensors_to_f32 then a separate finiteness pass;
  *   after   qd_checkpoint_load (chunks of every tensor of every shard in
  *           parallel, conversion and finiteness check in one pass).
- * Both buffers must be equal bit for bit (exit 1 otherwise). GB = 1e9 bytes of
- * the checkpoint files. Threads: OMP_NUM_THREADS (default all cores). */
+ * Both buffers must be equal bit for bit (exit 1 otherwise). --only runs one
+ * of the two (one buffer: half the memory, no comparison). GB = 1e9 bytes of
+ * the checkpoint's tensors. Threads: OMP_NUM_THREADS (default all cores). */
 #include <math.h>
 #include <omp.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include "backends/layout.h"
 #include "bench/bench_util.h"
 #include "models/checkpoint.h"
@@ -142,24 +146,40 @@ static qd_status load_before(const char *dir, const qd_param_info *params, int n
 
 typedef qd_status (*loader)(const char *, const qd_param_info *, int, float *);
 
-/* The best time of reps loads into out (touched before: the first touch of
+typedef struct {
+    double wall, user, sys; /* seconds of the fastest rep: wall clock, CPU in user and kernel mode (all threads) */
+} timing;
+
+static double tv_s(struct timeval t) { return (double)t.tv_sec + 1e-6 * (double)t.tv_usec; }
+
+/* The fastest of reps loads into out (touched before: the first touch of
  * fresh memory is the allocator's cost, not the loader's, and on a VM that
  * returns freed memory to its host it dominates everything else). */
-static double time_load(loader fn, const char *dir, const qd_model_layout *L, int reps, float *out)
+static timing time_load(loader fn, const char *dir, const qd_model_layout *L, int reps, float *out)
 {
-    double best = INFINITY;
+    timing best = {INFINITY, 0, 0};
     memset(out, 0, L->nfloats * sizeof(float));
     for (int r = 0; r < reps; r++) {
+        struct rusage u0, u1;
+        getrusage(RUSAGE_SELF, &u0);
         double t0 = qd_bench_now();
         qd_status st = fn(dir, L->info, L->ninfo, out);
         double t = qd_bench_now() - t0;
+        getrusage(RUSAGE_SELF, &u1);
         if (st) {
             fprintf(stderr, "bench_load: %s\n", qd_last_error());
             exit(1);
         }
-        best = fmin(best, t);
+        if (t < best.wall)
+            best = (timing){t, tv_s(u1.ru_utime) - tv_s(u0.ru_utime), tv_s(u1.ru_stime) - tv_s(u0.ru_stime)};
     }
     return best;
+}
+
+static void row(const char *name, size_t bytes, timing t)
+{
+    printf("| %s | %zu | %.3f | %.2f | %.2f + %.2f | %.2f |\n", name, bytes, t.wall, bytes / t.wall / 1e9, t.user,
+           t.sys, bytes / (t.user + t.sys) / 1e9);
 }
 
 int main(int argc, char **argv)
@@ -167,6 +187,8 @@ int main(int argc, char **argv)
     double gb = 1.0;
     int shards = 1, reps = 3;
     char dir[4096] = "";
+    const char *only = "";
+    int bad = argc % 2 == 0; /* options come in pairs */
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--gb"))
             gb = atof(argv[i + 1]);
@@ -176,13 +198,14 @@ int main(int argc, char **argv)
             snprintf(dir, sizeof dir, "%s", argv[i + 1]);
         else if (!strcmp(argv[i], "--reps"))
             reps = atoi(argv[i + 1]);
-        else {
-            fprintf(stderr, "usage: bench_load [--gb X] [--shards N] [--dir DIR] [--reps R]\n");
-            return 2;
-        }
+        else if (!strcmp(argv[i], "--only"))
+            only = argv[i + 1];
+        else
+            bad = 1;
     }
-    if (gb <= 0 || shards < 1 || reps < 1) {
-        fprintf(stderr, "bench_load: --gb > 0, --shards >= 1 and --reps >= 1\n");
+    if (bad || gb <= 0 || shards < 1 || reps < 1 || (*only && strcmp(only, "before") && strcmp(only, "after"))) {
+        fprintf(stderr, "usage: bench_load [--gb X > 0] [--shards N >= 1] [--dir DIR] [--reps R >= 1] "
+                        "[--only before|after]\n");
         return 2;
     }
     if (!*dir)
@@ -200,20 +223,22 @@ int main(int argc, char **argv)
         return 1;
     }
     size_t bytes = warm(dir);
-    float *a = malloc(L.nfloats * sizeof(float)), *b = malloc(L.nfloats * sizeof(float));
-    if (!a || !b) {
-        fprintf(stderr, "bench_load: out of memory for 2 x %zu floats\n", L.nfloats);
+    int before = strcmp(only, "after") != 0, after = strcmp(only, "before") != 0;
+    float *a = before ? malloc(L.nfloats * sizeof(float)) : NULL, *b = after ? malloc(L.nfloats * sizeof(float)) : NULL;
+    if ((before && !a) || (after && !b)) {
+        fprintf(stderr, "bench_load: out of memory for %d x %zu floats\n", before + after, L.nfloats);
         return 1;
     }
-    double ta = time_load(load_before, dir, &L, reps, a);
-    double tb = time_load(qd_checkpoint_load, dir, &L, reps, b);
-    int same = memcmp(a, b, L.nfloats * sizeof(float)) == 0;
-    printf("checkpoint: %s (%d layers, %d tensors, %d shard%s), %d threads, best of %d\n", dir,
+    printf("checkpoint: %s (%d layers, %d tensors, %d shard%s), %d threads, fastest of %d\n", dir,
            cfg.num_hidden_layers, L.ninfo, shards, shards > 1 ? "s" : "", omp_get_max_threads(), reps);
-    printf("| loader | bytes | seconds | GB/s |\n|---|---|---|---|\n");
-    printf("| before (serial) | %zu | %.3f | %.2f |\n", bytes, ta, bytes / ta / 1e9);
-    printf("| after (qd_checkpoint_load) | %zu | %.3f | %.2f |\n", bytes, tb, bytes / tb / 1e9);
-    printf("float32 buffers %s\n", same ? "equal bit for bit" : "DIFFER");
+    printf("| loader | bytes | seconds | GB/s | CPU s (user + sys) | GB per CPU s |\n|---|---|---|---|---|---|\n");
+    if (before)
+        row("before (serial)", bytes, time_load(load_before, dir, &L, reps, a));
+    if (after)
+        row("after (qd_checkpoint_load)", bytes, time_load(qd_checkpoint_load, dir, &L, reps, b));
+    int same = !before || !after || memcmp(a, b, L.nfloats * sizeof(float)) == 0;
+    if (before && after)
+        printf("float32 buffers %s\n", same ? "equal bit for bit" : "DIFFER");
     free(a), free(b);
     qd_model_layout_free(&L);
     return same ? 0 : 1;

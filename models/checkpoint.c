@@ -110,6 +110,7 @@ typedef struct {
 static int64_t first_nonfinite(const float *x, int64_t n)
 {
     uint32_t any = 0;
+#pragma omp simd reduction(| : any)
     for (int64_t i = 0; i < n; i++) {
         uint32_t u;
         memcpy(&u, x + i, 4);

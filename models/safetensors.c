@@ -600,9 +600,11 @@ static float f16_to_f32(uint16_t h)
 
 static uint16_t load_u16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 
-/* BF16 is the top half of a float32: a shift, which the compiler vectorizes. */
+/* BF16 is the top half of a float32: a shift (omp simd: -O2 alone leaves
+ * this loop scalar, at half the speed). */
 static void bf16_to_f32(float *out, const uint8_t *p, int64_t n)
 {
+#pragma omp simd
     for (int64_t i = 0; i < n; i++) {
         uint32_t u = (uint32_t)load_u16(p + 2 * i) << 16;
         memcpy(out + i, &u, 4);
