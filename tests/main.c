@@ -140,6 +140,7 @@ int main(void)
     srunner_add_suite(sr, suite_eval());
     srunner_add_suite(sr, suite_benchmarks());
     srunner_add_suite(sr, suite_backend_cpu());
+    srunner_add_suite(sr, suite_ops());
     srunner_add_suite(sr, suite_orchestrator());
     srunner_add_suite(sr, suite_tiny());
     srunner_add_suite(sr, suite_rl());

@@ -13,6 +13,7 @@ Suite *suite_rewards(void);
 Suite *suite_eval(void);
 Suite *suite_benchmarks(void);
 Suite *suite_backend_cpu(void);
+Suite *suite_ops(void);
 Suite *suite_orchestrator(void);
 Suite *suite_tiny(void);
 Suite *suite_rl(void);
