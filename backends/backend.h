@@ -85,14 +85,13 @@ typedef struct {
 typedef struct {
     qd_recipe recipe;
     qd_role role;
+    qd_exec_mode mode;   /* exact (0, the default) or fast (CUDA only) */
     double rac_ratio;    /* |S|/K of RAC (recipes nvfp4-rac and quads, rollout role) */
     int num_threads;     /* OpenMP threads; 0 = the runtime's default */
+    int device;          /* CUDA: the device, modulo the visible count (data parallel:
+                            LOCAL_RANK); >= 0 */
     int diagnostics;     /* 1: measure quantization errors per linear layer (costs a
                             fake-quant of every quantized layer's input and weight) */
-    qd_exec_mode mode;   /* exact (0, the default) or fast (CUDA only); after the fields
-                            above, so that their positional initializers keep working */
-    int device;          /* CUDA: the device, modulo the visible count (data parallel:
-                            LOCAL_RANK); >= 0; last for the same reason */
 } qd_backend_options;
 
 /* AdamW (decoupled weight decay, bias correction); weight decay applies to
@@ -143,7 +142,9 @@ typedef struct {
     const int32_t *router_topk; /* (num_moe_layers, N, top_k) experts chosen, rank order */
 } qd_diagnostics;
 
-/* ---- the vtable (implementers only; callers use the dispatchers) */
+/* ---- the vtable (implementers only; callers use the dispatchers). Every table
+ * and options struct of the interface is initialized with designated
+ * initializers, so fields may be added anywhere. */
 
 typedef struct qd_backend qd_backend;
 
@@ -187,7 +188,7 @@ struct qd_backend_i {
     qd_status (*set_rac_state)(qd_backend *b, const void *buf, size_t n);
     /* Replaces the gradient buffer (n floats, qd_param_info order): data-parallel
      * training writes the all-reduced gradients back before optimizer_step.
-     * Optional; last, so that positional tables above stay valid. */
+     * Optional. */
     qd_status (*set_grads)(qd_backend *b, const float *grads, size_t n);
 };
 

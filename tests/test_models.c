@@ -134,7 +134,7 @@ static void check_forward(qd_backend *b, const reference *r, float *logp, double
 {
     size_t V = (size_t)r->V, T = (size_t)r->T;
     float *logits = malloc(sizeof(float) * (size_t)r->B * T * V);
-    qd_batch batch = {r->B, r->T, r->ids, r->lengths, 1.0f};
+    qd_batch batch = {.B = r->B, .T = r->T, .tokens = r->ids, .lengths = r->lengths, .temperature = 1.0f};
     ck_assert_msg(qd_backend_forward(b, &batch, logp, logits) == QD_OK, "%s", qd_last_error());
     *e_logits = *e_logp = 0;
     for (int bb = 0; bb < r->B; bb++) {
@@ -495,7 +495,7 @@ START_TEST(test_cli_forward)
     ck_assert_ptr_nonnull(b);
     int32_t len = T;
     float logp[T], logits[T * 64];
-    qd_batch batch = {1, T, ids, &len, 1.0f};
+    qd_batch batch = {.B = 1, .T = T, .tokens = ids, .lengths = &len, .temperature = 1.0f};
     ck_assert_int_eq(qd_backend_forward(b, &batch, logp, logits), QD_OK);
     size_t n;
     char *bytes = slurp(dump, &n);
@@ -596,8 +596,10 @@ static void check_library_generate(const char *dir, const json_t *toks)
     int32_t plen = (int32_t)n;
     uint64_t sid = 0;
     float logp[12];
-    qd_generate_request rq = {1, (int)n, ids, &plen, &sid, 7, 12, 1.0f, 0, 0.95f, stop, 2};
-    qd_generate_result res = {out, logp, &len};
+    qd_generate_request rq = {.B = 1, .Tp = (int)n, .prompt = ids, .prompt_len = &plen, .seq_id = &sid, .seed = 7,
+                              .max_new_tokens = 12, .temperature = 1.0f, .top_p = 0.95f, .stop = stop,
+                              .num_stop = 2};
+    qd_generate_result res = {.tokens = out, .logp = logp, .lengths = &len};
     ck_assert_int_eq(qd_backend_generate(b, &rq, &res), QD_OK);
     ck_assert_int_eq(len, (int)json_array_size(toks));
     for (int i = 0; i < len; i++)
