@@ -187,6 +187,17 @@ static void nvfp4_view(qd_nvfp4 *a, void *mem, int64_t rows, int64_t cols, int p
     a->per_row = per_row;
 }
 
+/* Rows r0 .. r0+m-1 of a per-row NVFP4 matrix. */
+static qd_nvfp4 nvfp4_rows(const qd_nvfp4 *a, int64_t r0, int64_t m)
+{
+    qd_nvfp4 v = *a;
+    v.rows = m;
+    v.codes = a->codes + r0 * a->cols / 2;
+    v.scales = a->scales + r0 * a->cols / 16;
+    v.s_dec = a->s_dec + r0;
+    return v;
+}
+
 static qd_status act_nvfp4(model *c, qd_nvfp4 *a, int64_t rows, int64_t cols)
 {
     void *p;
@@ -567,12 +578,22 @@ static linear *expert_lin(model *c, const layer *ly, int e, int which)
     return &c->lin[ly->mlp0 + 3 * e + which];
 }
 
-/* The experts of a layer in one grouped op per projection: the same rows and
- * operations as one linear_forward per expert, so the same bits. RAC layers go
- * expert by expert (each has its own channel set and width). */
+/* The experts of a layer run as one grouped op per projection: the same rows
+ * and operations as one linear_forward per expert, so the same bits. Under RAC
+ * every expert quantizes its rows with its own channel set first; the widths
+ * agree (qd_rac_select takes floor(ratio * in / 16) * 16 channels of every
+ * expert), so one grouped W4A4 product follows. A restored RAC state with
+ * unequal widths (not one that this code saves) goes expert by expert. */
 static int experts_grouped(const model *c, const layer *ly)
 {
-    return c->lin[ly->mlp0].mode != QD_LINEAR_W4A4_RAC;
+    const linear *L0 = &c->lin[ly->mlp0];
+    if (L0->mode != QD_LINEAR_W4A4_RAC)
+        return 1;
+    for (int e = 0; e < ly->nexp; e++)
+        for (int w = 0; w < 3; w++)
+            if (c->lin[ly->mlp0 + 3 * e + w].nrac != c->lin[ly->mlp0 + w].nrac)
+                return 0;
+    return 1;
 }
 
 /* The experts' dev pointers of projection `which` into host arrays. */
@@ -634,6 +655,20 @@ static qd_status experts_forward_set(model *c, float *out, const float *inp, con
         QD_TRY(OP(c, nvfp4_quantize, &a, inp));
         return OP(c, w4a4_gemm_grouped, out, &a, x->wq, s->exp_off, E);
     }
+    if (L0->mode == QD_LINEAR_W4A4_RAC) {
+        qd_nvfp4 a;
+        QD_TRY(act_nvfp4(c, &a, R, IC + L0->nrac));
+        for (int e = 0; e < E; e++) {
+            int r0 = s->exp_off[e], m = s->exp_off[e + 1] - r0;
+            if (!m)
+                continue;
+            linear *L = x->L[e];
+            qd_nvfp4 ae = nvfp4_rows(&a, r0, m);
+            QD_TRY(OP(c, rac_error, L->d_rac_err, inp + (size_t)r0 * IC, m, IC));
+            QD_TRY(OP(c, rac_augment_act, &ae, inp + (size_t)r0 * IC, m, IC, L->d_rac_ch, L->nrac));
+        }
+        return OP(c, w4a4_gemm_grouped, out, &a, x->wq, s->exp_off, E);
+    }
     if (L0->mode == QD_LINEAR_FP8) {
         void *qa, *sa;
         QD_TRY(scratch(c, S_FP8Q, (size_t)R * IC, &qa));
@@ -676,7 +711,7 @@ static qd_status experts_backward(model *c, float *dinp, const float *dout, cons
     return st;
 }
 
-/* RAC layers: one linear_forward per expert (own channel set and width). */
+/* One linear_forward per expert (RAC states of unequal widths). */
 static qd_status experts_forward_each(model *c, layer_acts *s, const layer *ly)
 {
     int C = c->cfg.hidden_size, I = ly->ffn;

@@ -32,7 +32,7 @@ extern "C" {
 }
 
 /* Grow-only scratch of the ops themselves (dev unless said). */
-enum { D_XH, D_RACWS, D_X16, D_LOGP, D_NSCRATCH };
+enum { D_XH, D_RACWS, D_X16, D_LOGP, D_SAMPLE, D_MOE, D_NSCRATCH };
 
 typedef struct {
     qd_exec_mode mode;
@@ -437,25 +437,16 @@ static qd_status cuda_route(void *dev, int32_t *topk, float *topw, float *probs,
     return qdk_route(topk, topw, probs, N, E, K, norm);
 }
 
-/* The rows grouped by expert on the host (the CPU's qd_moe_group), uploaded. */
+/* The rows grouped by expert on the device (qdk_moe_group, qd_moe_group's
+ * rows); only exp_off (E + 1 ints) comes back, for the grouped launches. */
 static qd_status cuda_moe_group(void *dev, int32_t *exp_off, int32_t *row_tok, float *row_w, int32_t *row_rank,
                                 int32_t *tok_rows, const int32_t *topk, const float *topw, int N, int E, int K)
 {
-    size_t nk = (size_t)N * K;
-    void *hp;
-    QD_TRY(host_scratch(D(dev), sizeof(int32_t) * (6 * nk + (size_t)E + 1), &hp));
-    int32_t *h = (int32_t *)hp;
-    int32_t *htopk = h, *hrow_tok = h + nk, *hrow_rank = h + 2 * nk, *htok_rows = h + 3 * nk, *cnt = h + 6 * nk;
-    float *htopw = (float *)(h + 4 * nk), *hrow_w = (float *)(h + 5 * nk);
-    if (topk) {
-        QD_TRY(cuda_to_host(dev, htopk, topk, sizeof(int32_t) * nk));
-        QD_TRY(cuda_to_host(dev, htopw, topw, sizeof(float) * nk));
-    }
-    qd_moe_group(exp_off, hrow_tok, hrow_w, hrow_rank, htok_rows, cnt, topk ? htopk : NULL, htopw, N, E, K);
-    QD_TRY(cuda_to_dev(dev, row_tok, hrow_tok, sizeof(int32_t) * nk));
-    QD_TRY(cuda_to_dev(dev, row_rank, hrow_rank, sizeof(int32_t) * nk));
-    QD_TRY(cuda_to_dev(dev, tok_rows, htok_rows, sizeof(int32_t) * nk));
-    return cuda_to_dev(dev, row_w, hrow_w, sizeof(float) * nk);
+    void *p;
+    QD_TRY(scratch(D(dev), D_MOE, sizeof(int32_t) * ((size_t)N * K + 2 * (size_t)E + 1), &p));
+    int32_t *d_off = (int32_t *)p, *ws = d_off + E + 1;
+    QD_TRY(qdk_moe_group(d_off, row_tok, row_w, row_rank, tok_rows, ws, topk, topw, N, E, K));
+    return cuda_to_host(dev, exp_off, d_off, sizeof(int32_t) * ((size_t)E + 1));
 }
 
 static qd_status cuda_gather(void *dev, float *xe, const float *x, const int32_t *row_tok, int R, int C)
@@ -533,13 +524,50 @@ static qd_status cuda_logprob_backward(void *dev, float *dlogits, const float *d
 }
 
 /* The logits to the host, then the CPU's sampler (OpenMP over rows). */
+static qd_status sample_on_host(cuda_dev *d, qd_sample_result *out, const float *logits, int B, int V,
+                                const qd_sample_params *p, const uint64_t *seq_ids, const uint32_t *positions)
+{
+    void *h;
+    QD_TRY(host_scratch(d, sizeof(float) * (size_t)B * V, &h));
+    QD_TRY(cuda_to_host(d, h, logits, sizeof(float) * (size_t)B * V));
+    return qd_sample_batch(out, (const float *)h, B, V, p, seq_ids, positions);
+}
+
+/* Rows with no top-k / top-p cut sample on the device (qdk_sample, the same
+ * steps as the CPU's), so only B tokens and log-probs come back; a cut, a bad
+ * parameter or a non-finite logit goes through the host sampler (which names
+ * the error). */
 static qd_status cuda_sample(void *dev, qd_sample_result *out, const float *logits, int B, int V,
                              const qd_sample_params *p, const uint64_t *seq_ids, const uint32_t *positions)
 {
+    cuda_dev *d = D(dev);
+    int cut = (p->top_k > 0 && p->top_k < V) || p->top_p < 1.0f;
+    int valid = p->temperature >= 0.0f && isfinite(p->temperature) && p->top_p > 0.0f && p->top_p <= 1.0f;
+    if (B == 0 || V < 1 || !valid || (cut && p->temperature != 0.0f))
+        return sample_on_host(d, out, logits, B, V, p, seq_ids, positions);
+    size_t nb = (size_t)B;
+    void *buf;
+    QD_TRY(scratch(d, D_SAMPLE, 8 * nb + 4 * nb * 4, &buf));
+    uint64_t *sid = (uint64_t *)buf;
+    uint32_t *spos = (uint32_t *)(sid + nb);
+    int32_t *tok = (int32_t *)(spos + nb);
+    float *lp = (float *)(tok + nb), *lpk = lp + nb;
+    QD_TRY(cuda_to_dev(d, sid, seq_ids, sizeof(uint64_t) * nb));
+    QD_TRY(cuda_to_dev(d, spos, positions, sizeof(uint32_t) * nb));
+    QD_CUDA_CHECK(cudaMemset(d->d_bad, 0, sizeof(int)));
+    QD_TRY(qdk_sample(tok, lp, lpk, logits, B, V, p->temperature, p->seed, sid, spos, d->d_bad));
+    int bad = 0;
+    QD_TRY(cuda_to_host(d, &bad, d->d_bad, sizeof bad));
+    if (bad)
+        return sample_on_host(d, out, logits, B, V, p, seq_ids, positions);
     void *h;
-    QD_TRY(host_scratch(D(dev), sizeof(float) * (size_t)B * V, &h));
-    QD_TRY(cuda_to_host(dev, h, logits, sizeof(float) * (size_t)B * V));
-    return qd_sample_batch(out, (const float *)h, B, V, p, seq_ids, positions);
+    QD_TRY(host_scratch(d, 12 * nb, &h));
+    QD_TRY(cuda_to_host(d, h, tok, 12 * nb));
+    const int32_t *ht = (const int32_t *)h;
+    const float *hl = (const float *)(ht + nb), *hk = hl + nb;
+    for (int b = 0; b < B; b++)
+        out[b] = (qd_sample_result){.token = ht[b], .logprob = hl[b], .logprob_kept = hk[b]};
+    return QD_OK;
 }
 
 static qd_status cuda_sumsq_chunks(void *dev, double *part, const float *g, size_t n)
