@@ -600,7 +600,7 @@ static const op_case cases[] = {
     {{"sqerr_rows 11x70", "sqerr_rows", 0}, c_sqerr_rows},
     {{"attend prefill 2 seqs", "attend", 1}, c_attend},
     {{"attend decode 3 rows", "attend", 1}, c_attend_decode},
-    {{"attend_backward 2 seqs", "attend_backward", 0}, c_attend_backward},
+    {{"attend_backward 2 seqs", "attend_backward", 1}, c_attend_backward},
     {{"store_kv 4 tokens", "store_kv", 0}, c_store_kv},
     {{"route renorm 13x16 k4", "route", 0}, c_route_norm},
     {{"route raw 13x16 k4", "route", 0}, c_route_raw},

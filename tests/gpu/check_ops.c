@@ -17,14 +17,15 @@
 /* fast mode's bounds, by slot (relative to the output's largest magnitude):
  * float32 GEMMs with K <= 72 (cuBLASLt's float path, about sqrt(K) u), FP8
  * through cuBLASLt's FP8 GEMM (another accumulation order over exact E4M3
- * products and scales), attention with the hardware exp */
+ * products and scales), attention with the hardware exp (its backward case
+ * starts from fast attention's probabilities) */
 static double fast_bound(const char *slot)
 {
     if (!strcmp(slot, "matmul") || !strcmp(slot, "matmul_backward"))
         return 1e-5;
     if (!strcmp(slot, "fp8_gemm") || !strcmp(slot, "w4a4_gemm"))
         return 1e-3;
-    if (!strcmp(slot, "attend"))
+    if (!strcmp(slot, "attend") || !strcmp(slot, "attend_backward")) /* the backward reads fast attend's probabilities */
         return 1e-5;
     return -1;
 }
