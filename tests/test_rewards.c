@@ -2,10 +2,12 @@
  * equivalence against third-party reference outputs (tests/fixtures/benchmarks),
  * agreement with the grader test suites, rewards and metrics. */
 #include <jansson.h>
+#include <malloc.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "rewards/rewards.h"
 #include "tests/suites.h"
 
@@ -94,6 +96,51 @@ START_TEST(test_boxed_extraction)
         free(got);
     }
     json_decref(rows);
+}
+END_TEST
+
+/* 64,000 nested boxes (a 576 KB line) are unwrapped in linear time. */
+START_TEST(test_boxed_deep_nesting)
+{
+    const int depth = 64000;
+    size_t n = (size_t)depth * 8 + 2;
+    char *s = malloc(n);
+    ck_assert_ptr_nonnull(s);
+    size_t k = 0;
+    for (int i = 0; i < depth; i++)
+        k += (size_t)sprintf(s + k, "\\boxed{");
+    s[k++] = '7';
+    for (int i = 0; i < depth; i++)
+        s[k++] = '}';
+    s[k] = '\0';
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    char *got = qd_rewards_last_boxed(s);
+    char *ext = qd_rewards_extract(s, QD_GRADE_MATH);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    ck_assert_str_eq(got, "7");
+    ck_assert_str_eq(ext, "7");
+    ck_assert_double_lt((double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec), 0.5);
+    free(got);
+    free(ext);
+    free(s);
+}
+END_TEST
+
+/* A box inside a box that does not span it: the content is kept whole, and
+ * nothing leaks (it lost 64 bytes a call). */
+START_TEST(test_boxed_partial_nesting_no_leak)
+{
+    char *got = qd_rewards_last_boxed("\\boxed{a\\boxed{1}}");
+    ck_assert_str_eq(got, "a\\boxed{1}");
+    free(got);
+    got = qd_rewards_last_boxed("\\boxed{\\boxed 5}");
+    ck_assert_str_eq(got, "5");
+    free(got);
+    size_t before = mallinfo2().uordblks;
+    for (int i = 0; i < 2000; i++)
+        free(qd_rewards_last_boxed("x \\boxed{ \\boxed{a\\boxed{1}} }"));
+    ck_assert_uint_lt(mallinfo2().uordblks, before + 4096);
 }
 END_TEST
 
@@ -193,6 +240,58 @@ START_TEST(test_equivalence_cases)
         ck_assert_msg(qd_rewards_equiv(cases[i].gold, cases[i].pred) == cases[i].same,
                       "case %zu: [%s] vs [%s] should be %s", i, cases[i].gold, cases[i].pred,
                       cases[i].same ? "equal" : "different");
+}
+END_TEST
+
+/* Values beyond double range or 64-bit integers compare exactly, never
+ * equal because both overflowed; undefined values equal nothing. */
+START_TEST(test_equivalence_big_and_undefined)
+{
+    static const struct {
+        const char *gold, *pred;
+        bool same;
+    } cases[] = {
+        {"10000000000000000000001", "10000000000000000000000", false},
+        {"10000000000000000000001", "10^{22}+1", true},
+        {"1e999999", "1e999998", false},
+        {"1e999999", "10^{999999}", true},
+        {"10^{400}", "10^{401}", false},
+        {"10^{400}", "100^{200}", true},
+        {"10^{400}", "\\infty", false},
+        {"-\\infty", "-\\infty", true},
+        {"\\frac{1}{0}", "\\frac{2}{0}", false},
+        {"\\frac{1}{0}", "\\frac{1}{0}", false},
+        {"0/0", "0/0", false},
+        {"0^{-1}", "0^{-2}", false},
+        {"100000!", "99999!", false},
+        {"100000!", "100000 \\cdot 99999!", true},
+        {"2^{25} \\cdot 26!", "2^{25} \\cdot 26! + 1", false},
+        {"10^{10^{9}}", "10^{10^{9}+1}", false}, /* too large to be exact: unequal */
+        {"10^{10^{9}}", "10^{10^{9}}", true},    /* but the same text is the same number */
+        {"x^{10000}", "x^{10002}", false},       /* overflowing at every sample point */
+    };
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        ck_assert_msg(qd_rewards_equiv(cases[i].gold, cases[i].pred) == cases[i].same,
+                      "case %zu: [%s] vs [%s] should be %s", i, cases[i].gold, cases[i].pred,
+                      cases[i].same ? "equal" : "different");
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    ck_assert_double_lt((double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec), 2.0);
+}
+END_TEST
+
+/* A factorial chain spends the exact-arithmetic budget, not seconds. */
+START_TEST(test_equivalence_bounded_work)
+{
+    char big[4000] = "";
+    for (int i = 0; i < 300; i++)
+        snprintf(big + strlen(big), sizeof big - strlen(big), "%s200000!", i ? "+" : "");
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ck_assert(!qd_rewards_equiv(big, "1"));
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    ck_assert_double_lt((double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec), 1.0);
 }
 END_TEST
 
@@ -505,8 +604,12 @@ Suite *suite_rewards(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_normalizers_match_references);
     tcase_add_test(tc, test_boxed_extraction);
+    tcase_add_test(tc, test_boxed_deep_nesting);
+    tcase_add_test(tc, test_boxed_partial_nesting_no_leak);
     tcase_add_test(tc, test_extraction_styles);
     tcase_add_test(tc, test_equivalence_cases);
+    tcase_add_test(tc, test_equivalence_big_and_undefined);
+    tcase_add_test(tc, test_equivalence_bounded_work);
     tcase_add_test(tc, test_long_lists);
     tcase_add_test(tc, test_agreement_with_suites);
     tcase_add_test(tc, test_reference_graders_reproduced);
