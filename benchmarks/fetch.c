@@ -1,11 +1,14 @@
 /* libcurl downloads with retries, atomic writes (quant/fileio.h) and content checks (fetch.h). */
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/file.h>
 #include <time.h>
 #include <unistd.h>
 #include <curl/curl.h>
@@ -20,6 +23,8 @@ typedef struct {
     FILE *f;                 /* file sink, or NULL for memory */
     char *buf;               /* memory sink */
     size_t len, cap;
+    int64_t max_bytes;       /* 0: no limit */
+    int too_big;             /* the body went past max_bytes */
     qd_sha256_ctx sha;
     char head[512];          /* first bytes, for the content checks */
     size_t nhead;
@@ -34,6 +39,7 @@ typedef struct {
 static qd_status sink_reset(sink *s)
 {
     s->len = 0;
+    s->too_big = 0;
     s->nhead = 0;
     s->server_msg[0] = '\0';
     s->retry_after_s = -1;
@@ -47,6 +53,12 @@ static size_t on_data(char *p, size_t size, size_t nmemb, void *userp)
 {
     sink *s = userp;
     size_t n = size * nmemb;
+    /* Counted here, after decoding: a reply without a length (chunked) or a
+     * small compressed one (a gzip bomb) is stopped as soon as it is too big. */
+    if (s->max_bytes > 0 && (int64_t)(s->len + n) > s->max_bytes) {
+        s->too_big = 1;
+        return 0;
+    }
     if (s->f) {
         if (fwrite(p, 1, n, s->f) != n)
             return 0;
@@ -99,6 +111,7 @@ static size_t on_header(char *p, size_t size, size_t nmemb, void *userp)
             m = sizeof s->server_msg - 1;
         memcpy(s->server_msg, v, m);
         s->server_msg[m] = '\0';
+        qd_fetch_sanitize(s->server_msg);
     }
     return n;
 }
@@ -130,7 +143,7 @@ static void body_error(sink *s)
     json_t *j = json_loadb(s->buf, s->len, 0, NULL);
     const char *e = json_string_value(json_object_get(j, "error"));
     if (e)
-        snprintf(s->server_msg, sizeof s->server_msg, "%s", e);
+        qd_fetch_sanitize((snprintf(s->server_msg, sizeof s->server_msg, "%s", e), s->server_msg));
     json_decref(j);
 }
 
@@ -163,7 +176,10 @@ static void describe(char *out, size_t n, CURL *h, CURLcode rc, long code, const
     curl_off_t expected = -1;
     curl_easy_getinfo(h, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &expected);
     const char *detail = errbuf[0] ? errbuf : curl_easy_strerror(rc);
-    if (rc == CURLE_OK)
+    if (s->too_big || rc == CURLE_FILESIZE_EXCEEDED)
+        snprintf(out, n, "the reply is larger than the limit of %lld bytes%s", (long long)s->max_bytes,
+                 s->too_big ? " (counted after decoding)" : " (by its Content-Length)");
+    else if (rc == CURLE_OK)
         snprintf(out, n, "HTTP %ld (%s)%s%s", code, http_reason(code), s->server_msg[0] ? ": " : "", s->server_msg);
     else if (rc == CURLE_PARTIAL_FILE)
         snprintf(out, n, "connection cut mid-body after %zu of %lld bytes", s->len, (long long)expected);
@@ -196,6 +212,9 @@ static void setup(CURL *h, const char *url, const qd_fetch_opts *o, sink *s, cha
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, o->connect_timeout_s);
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, o->low_speed_bytes);
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, o->low_speed_time_s);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT, o->timeout_s > 0 ? o->timeout_s : 0L);
+    if (o->max_bytes > 0)
+        curl_easy_setopt(h, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)o->max_bytes);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_USERAGENT, "quads/" PACKAGE_VERSION);
     curl_easy_setopt(h, CURLOPT_ACCEPT_ENCODING, "");
@@ -227,6 +246,7 @@ static qd_status transfer(const char *url, const qd_fetch_opts *o, sink *s)
     if (!h)
         return qd_error(QD_ERR_NOMEM, "%s: curl_easy_init failed", url);
     char errbuf[CURL_ERROR_SIZE], what[512];
+    s->max_bytes = o->max_bytes;
     setup(h, url, o, s, errbuf);
     qd_status st = QD_ERR_NET;
     long delay = o->backoff_ms;
@@ -249,7 +269,7 @@ static qd_status transfer(const char *url, const qd_fetch_opts *o, sink *s)
         if (rc == CURLE_OK)
             body_error(s);
         describe(what, sizeof what, h, rc, code, s, errbuf);
-        if (!retryable(rc, code)) {
+        if (!retryable(rc, code) || s->too_big) {
             st = qd_error(QD_ERR_NET, "%s: %s", url, what);
             break;
         }
@@ -269,7 +289,9 @@ void qd_fetch_opts_default(qd_fetch_opts *o)
 {
     o->connect_timeout_s = 15;
     o->low_speed_time_s = 30;
-    o->low_speed_bytes = 1;
+    o->low_speed_bytes = 1024; /* a drip of a few bytes a second is a stalled server */
+    o->timeout_s = 1800;
+    o->max_bytes = (int64_t)256 << 20;
     o->max_attempts = 5;
     o->backoff_ms = 1000;
     o->max_backoff_ms = 30000;
@@ -300,8 +322,26 @@ typedef struct {
     const char *url, *sha256_pin;
     const qd_fetch_opts *o;
     sink *s;
+    qd_fetch_check_fn check;
+    void *check_ctx;
     char hex[65];
 } download;
+
+/* Reads the finished temp file back for the caller's check. */
+static qd_status check_download(FILE *f, download *d)
+{
+    char *buf = malloc(d->s->len + 1);
+    if (!buf)
+        return qd_error(QD_ERR_NOMEM, "%s: out of memory checking %zu bytes", d->url, d->s->len);
+    qd_status st = QD_OK;
+    if (fflush(f) || pread(fileno(f), buf, d->s->len, 0) != (ssize_t)d->s->len)
+        st = qd_error(QD_ERR_IO, "%s: cannot read back the download: %s", d->url, strerror(errno));
+    buf[d->s->len] = '\0';
+    if (st == QD_OK)
+        st = d->check(buf, d->s->len, d->url, d->check_ctx);
+    free(buf);
+    return st;
+}
 
 /* Fills the temp file with the transfer (sink_reset truncates it before each
  * attempt) and fails unless every content check passes, so a bad download
@@ -321,11 +361,12 @@ static qd_status fill_download(FILE *f, const char *path, void *ctx)
     if (d->sha256_pin && strcasecmp(d->hex, d->sha256_pin))
         return qd_error(QD_ERR_FORMAT, "%s: sha256 mismatch: got %s, expected %s "
                         "(corrupt download, or the file changed upstream)", d->url, d->hex, d->sha256_pin);
-    return QD_OK;
+    return d->check ? check_download(f, d) : QD_OK;
 }
 
-qd_status qd_fetch_file(const char *url, const char *dest, const char *sha256_pin,
-                        const qd_fetch_opts *o, char sha256_out[65])
+qd_status qd_fetch_file_checked(const char *url, const char *dest, const char *sha256_pin,
+                                const qd_fetch_opts *o, qd_fetch_check_fn check, void *check_ctx,
+                                char sha256_out[65])
 {
     if (o->offline)
         return offline_error(url);
@@ -333,11 +374,17 @@ qd_status qd_fetch_file(const char *url, const char *dest, const char *sha256_pi
     if (st != QD_OK)
         return st;
     sink s = {.label = qd_path_base(dest), .show_progress = o->progress && isatty(STDERR_FILENO)};
-    download d = {.url = url, .sha256_pin = sha256_pin, .o = o, .s = &s};
+    download d = {.url = url, .sha256_pin = sha256_pin, .o = o, .s = &s, .check = check, .check_ctx = check_ctx};
     st = qd_atomic_write_with(dest, fill_download, &d);
     if (st == QD_OK && sha256_out)
         memcpy(sha256_out, d.hex, 65);
     return st;
+}
+
+qd_status qd_fetch_file(const char *url, const char *dest, const char *sha256_pin,
+                        const qd_fetch_opts *o, char sha256_out[65])
+{
+    return qd_fetch_file_checked(url, dest, sha256_pin, o, NULL, NULL, sha256_out);
 }
 
 qd_status qd_fetch_memory(const char *url, const qd_fetch_opts *o, char **buf, size_t *len)
@@ -357,4 +404,55 @@ qd_status qd_fetch_memory(const char *url, const qd_fetch_opts *o, char **buf, s
     *buf = s.buf;
     *len = s.len;
     return QD_OK;
+}
+
+/* name is PREFIX.tmp.XXXXXX, the temp-file form of quant/fileio.c. */
+static int is_temp_of(const char *name, const char *prefix)
+{
+    size_t n = strlen(prefix);
+    return !strncmp(name, prefix, n) && !strncmp(name + n, ".tmp.", 5) && strlen(name + n + 5) == 6;
+}
+
+qd_status qd_fetch_lock(const char *dest, int *fd)
+{
+    *fd = -1;
+    qd_status st = qd_mkdirs_parent(dest);
+    char *dir = qd_path_dir(dest), side[1024];
+    if (st != QD_OK || !dir) {
+        free(dir);
+        return st != QD_OK ? st : qd_error(QD_ERR_NOMEM, "%s: out of memory", dest);
+    }
+    int d = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (d < 0 || flock(d, LOCK_EX)) {
+        st = qd_error(QD_ERR_IO, "%s: cannot lock the cache directory: %s", dir, strerror(errno));
+        if (d >= 0)
+            close(d);
+        free(dir);
+        return st;
+    }
+    const char *base = qd_path_base(dest);
+    snprintf(side, sizeof side, "%s.sha256", base);
+    DIR *dh = fdopendir(dup(d));
+    for (struct dirent *e; dh && (e = readdir(dh));)
+        if (is_temp_of(e->d_name, base) || is_temp_of(e->d_name, side))
+            unlinkat(d, e->d_name, 0);
+    if (dh)
+        closedir(dh);
+    free(dir);
+    *fd = d;
+    return QD_OK;
+}
+
+void qd_fetch_unlock(int fd)
+{
+    if (fd >= 0)
+        close(fd); /* closing the last descriptor releases the flock */
+}
+
+char *qd_fetch_sanitize(char *s)
+{
+    for (unsigned char *p = (unsigned char *)s; *p; p++)
+        if (*p < 0x20 || *p > 0x7e)
+            *p = '?';
+    return s;
 }

@@ -147,13 +147,54 @@ static qd_status record_digest(const char *path, const char *hex)
     return qd_atomic_write(side, line, 65);
 }
 
+/* The smaller nonzero of two limits. */
+static int64_t tighter(int64_t a, int64_t b) { return !a ? b : !b ? a : a < b ? a : b; }
+
+/* The fetch options for b: the caller's, within the entry's own limits. */
+static qd_fetch_opts limits_for(const qd_bench_info *b, const qd_fetch_opts *o)
+{
+    qd_fetch_opts l = *o;
+    l.max_bytes = tighter(o->max_bytes, b->max_bytes);
+    l.timeout_s = (long)tighter(o->timeout_s, b->timeout_s);
+    return l;
+}
+
+/* Re-raises the current error with everything outside printable ASCII
+ * replaced: parser messages quote the server's bytes. */
+static qd_status sanitized_error(qd_status st)
+{
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", qd_last_error());
+    return qd_error(st, "%s", qd_fetch_sanitize(msg));
+}
+
+/* A download must parse with the entry's fields into the expected count. */
+typedef struct {
+    const char *name; /* the cached file's path: its suffix decides the format (.csv) */
+    const qd_bench_fields *fields;
+    size_t rows;      /* 0: any nonzero count */
+} parse_check;
+
+static qd_status check_parses(const char *data, size_t len, const char *url, void *ctx)
+{
+    parse_check *c = ctx;
+    qd_bench_set s;
+    qd_status st = qd_bench_parse(data, len, c->name, c->fields, &s);
+    if (st != QD_OK)
+        return sanitized_error(st);
+    if (c->rows && s.n != c->rows)
+        st = qd_error(QD_ERR_FORMAT, "%s: %zu records, the registry expects %zu", url, s.n, c->rows);
+    qd_bench_set_free(&s);
+    return st;
+}
+
 /* Every row of one rows-API page, as JSONL appended to out; *total gets num_rows_total. */
 static qd_status rows_page(const char *url, const char *text, size_t len, size_t offset, size_t *total, FILE *out)
 {
     json_error_t err;
     json_t *root = json_loadb(text, len, 0, &err);
     if (!root)
-        return qd_error(QD_ERR_FORMAT, "%s: invalid JSON reply: %s", url, err.text);
+        return qd_error(QD_ERR_FORMAT, "%s: invalid JSON reply: %s", url, qd_fetch_sanitize(err.text));
     const json_t *rows = json_object_get(root, "rows"), *tot = json_object_get(root, "num_rows_total");
     qd_status st = QD_OK;
     if (!json_is_array(rows) || !json_is_integer(tot) || json_integer_value(tot) < 0)
@@ -176,13 +217,29 @@ static qd_status rows_page(const char *url, const char *text, size_t len, size_t
             free(line);
         }
     }
-    if (st == QD_OK && json_array_size(rows) == 0 && offset < *total)
-        st = qd_error(QD_ERR_FORMAT, "%s: empty page at offset %zu of %zu rows", url, offset, *total);
+    size_t want = *total > offset ? (*total - offset < ROWS_PAGE ? *total - offset : ROWS_PAGE) : 0;
+    if (st == QD_OK && json_array_size(rows) != want)
+        st = qd_error(QD_ERR_FORMAT, "%s: %zu rows at offset %zu of %zu, expected %zu", url,
+                      json_array_size(rows), offset, *total, want);
     json_decref(root);
     return st;
 }
 
-/* Pages through the rows API into memory, then writes the JSONL atomically. */
+/* The first page's num_rows_total bounds the paging: the registry's count
+ * when it has one, else the entry's (or the global) maximum. */
+static qd_status check_total(const qd_bench_info *b, size_t total)
+{
+    size_t most = b->max_rows ? b->max_rows : QD_BENCH_MAX_ROWS;
+    if (b->rows && total != b->rows)
+        return qd_error(QD_ERR_FORMAT, "%s: the rows API reports %zu rows, the registry expects %zu", b->name, total, b->rows);
+    if (total > most)
+        return qd_error(QD_ERR_FORMAT, "%s: the rows API claims %zu rows, more than the %zu this benchmark may have",
+                        b->name, total, most);
+    return QD_OK;
+}
+
+/* Pages through the rows API into memory, checks that the rows parse, then
+ * writes the JSONL atomically. */
 static qd_status fetch_rows(const qd_bench_info *b, const qd_fetch_opts *o, const char *path, char hex[65])
 {
     char base[2048], url[4096];
@@ -203,19 +260,23 @@ static qd_status fetch_rows(const qd_bench_info *b, const qd_fetch_opts *o, cons
             st = rows_page(url, text, len, off, &total, out);
             free(text);
         }
-        if (st == QD_OK && off == 0)
+        if (st == QD_OK && off == 0) {
             first_total = total;
+            st = check_total(b, total);
+        }
         if (st == QD_OK && o->progress && isatty(STDERR_FILENO))
             fprintf(stderr, "\r%-28.28s rows %zu/%zu%s", b->name, off + ROWS_PAGE < total ? off + ROWS_PAGE : total,
                     total, off + ROWS_PAGE >= total ? "\n" : "");
         if (st == QD_OK && total != first_total)
             st = qd_error(QD_ERR_FORMAT, "%s: num_rows_total changed while paging (%zu, then %zu)", url, first_total, total);
+        if (st == QD_OK && (fflush(out) || (o->max_bytes > 0 && (int64_t)all_len > o->max_bytes)))
+            st = qd_error(QD_ERR_FORMAT, "%s: the rows are larger than the limit of %lld bytes", b->name,
+                          (long long)o->max_bytes);
     }
     fclose(out);
-    if (st == QD_OK && b->rows && total != b->rows)
-        st = qd_error(QD_ERR_FORMAT, "%s: the rows API reports %zu rows, the registry expects %zu", b->name, total, b->rows);
+    parse_check c = {path, &b->fields, b->rows};
     if (st == QD_OK)
-        st = qd_mkdirs_parent(path);
+        st = check_parses(all, all_len, b->name, &c);
     if (st == QD_OK)
         st = qd_atomic_write(path, all, all_len);
     if (st == QD_OK)
@@ -233,15 +294,27 @@ qd_status qd_bench_fetch(const qd_bench_info *b, const qd_fetch_opts *o, char *p
     if (o->offline)
         return qd_error(QD_ERR_NET, "%s: offline and %s %s", b->name, path,
                         stat(path, &sb) ? "is not in the cache" : "fails its sha256 check");
+    int lock;
+    if ((st = qd_fetch_lock(path, &lock)) != QD_OK)
+        return st;
+    if (cached_ok(path, b->sha256)) { /* fetched by another process while we waited */
+        qd_fetch_unlock(lock);
+        return QD_OK;
+    }
     char hex[65], url[4096];
+    qd_fetch_opts l = limits_for(b, o);
     if (b->source == QD_SRC_ROWS) {
-        st = fetch_rows(b, o, path, hex);
+        st = fetch_rows(b, &l, path, hex);
     } else {
+        parse_check c = {path, &b->fields, b->rows};
         st = qd_bench_file_url(b, url, sizeof url);
         if (st == QD_OK)
-            st = qd_fetch_file(url, path, b->sha256, o, hex);
+            st = qd_fetch_file_checked(url, path, b->sha256, &l, check_parses, &c, hex);
     }
-    return st == QD_OK ? record_digest(path, hex) : st;
+    if (st == QD_OK)
+        st = record_digest(path, hex);
+    qd_fetch_unlock(lock);
+    return st;
 }
 
 qd_status qd_bench_load(const qd_bench_info *b, const qd_fetch_opts *o, qd_bench_set *out)
@@ -273,11 +346,15 @@ qd_status qd_bench_load_url(const char *url, const qd_bench_fields *fields, cons
     snprintf(name, sizeof name, "%.*s", (int)(end - s), s);
     qd_sha256_hex(url, strlen(url), key);
     st = fit(snprintf(path, sizeof path, "%s/urls/%.16s/%s", dir, key, *name ? name : "data"), sizeof path, url);
-    if (st == QD_OK && !cached_ok(path, NULL)) {
+    int lock = -1;
+    if (st == QD_OK && !cached_ok(path, NULL) && (st = qd_fetch_lock(path, &lock)) == QD_OK &&
+        !cached_ok(path, NULL)) {
         char hex[65];
-        st = qd_fetch_file(url, path, NULL, o, hex);
+        parse_check c = {path, fields, 0};
+        st = qd_fetch_file_checked(url, path, NULL, o, check_parses, &c, hex);
         if (st == QD_OK)
             st = record_digest(path, hex);
     }
+    qd_fetch_unlock(lock);
     return st == QD_OK ? qd_bench_load_file(path, fields, out) : st;
 }

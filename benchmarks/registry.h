@@ -23,11 +23,18 @@ typedef struct {
     const char *split;    /* ROWS */
     const char *sha256;   /* FILE: pinned digest, or NULL when not known */
     size_t rows;          /* expected record count, 0 when not known */
+    size_t max_rows;      /* ROWS without a known count: the most a reply may claim (0: QD_BENCH_MAX_ROWS) */
+    int64_t max_bytes;    /* largest download (0: the fetch options' limit alone) */
+    long timeout_s;       /* longest attempt (0: the fetch options' limit alone) */
     qd_bench_fields fields;
     int synth_steps;      /* SYNTH: operations per problem */
     int synth_max;        /* SYNTH: largest operand */
     const char *note;     /* provenance and quirks */
 } qd_bench_info;
+
+/* Rows a rows-API benchmark of unknown size may have: a reply claiming more
+ * is refused before any further request. */
+#define QD_BENCH_MAX_ROWS 1000000
 
 /* The table (static storage); *n gets its length. */
 const qd_bench_info *qd_bench_registry(size_t *n);
@@ -43,7 +50,9 @@ qd_status qd_bench_file_url(const qd_bench_info *b, char *out, size_t n);
 
 /* Makes sure the entry is in the cache and passes its sha256 check (the pinned
  * digest, else the one recorded when it was fetched), fetching it unless
- * offline; path receives the cached file. */
+ * offline; path receives the cached file. A download is cached only once it
+ * parses with the entry's fields into the expected number of records, within
+ * the entry's limits (the smaller of its own and those of o). */
 qd_status qd_bench_fetch(const qd_bench_info *b, const qd_fetch_opts *o, char *path, size_t n);
 /* Fetches (or finds in the cache) and parses a FILE or ROWS entry. */
 qd_status qd_bench_load(const qd_bench_info *b, const qd_fetch_opts *o, qd_bench_set *out);

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include <jansson.h>
@@ -20,6 +21,7 @@
 #include "benchmarks/fetch.h"
 #include "benchmarks/registry.h"
 #include "benchmarks/synth.h"
+#include "quant/fileio.h"
 
 #define FX "tests/fixtures/benchmarks/"
 
@@ -775,6 +777,161 @@ START_TEST(test_fetch_bad_content)
 }
 END_TEST
 
+static double seconds_since(const struct timespec *t0)
+{
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0->tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0->tv_nsec);
+}
+
+/* Like fetch_how with options of the caller's. */
+static qd_status fetch_with(const char *how, const qd_fetch_opts *o)
+{
+    char path[512], dest[512];
+    snprintf(path, sizeof path, "/datasets/t/%s/resolve/main/%s", how, AIME24);
+    snprintf(dest, sizeof dest, "%s/%s/%s", cache, how, AIME24);
+    return qd_fetch_file(url_of(path), dest, NULL, o, NULL);
+}
+
+/* The defaults bound every download: time, speed and size. */
+START_TEST(test_fetch_default_limits)
+{
+    qd_fetch_opts o;
+    qd_fetch_opts_default(&o);
+    ck_assert_int_gt(o.timeout_s, 0);
+    ck_assert_int_ge(o.low_speed_bytes, 1024);
+    ck_assert_int_gt(o.max_bytes, 0);
+}
+END_TEST
+
+/* An endless chunked body stops at the size limit, leaving nothing behind. */
+START_TEST(test_fetch_endless_body)
+{
+    qd_fetch_opts o;
+    test_opts(&o);
+    o.max_bytes = 1 << 20;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    expect_failure(fetch_with("endless", &o), "larger than the limit of 1048576 bytes");
+    ck_assert_double_lt(seconds_since(&t0), 5.0);
+    ck_assert_int_eq(hits("/datasets/t/endless/resolve/main/aime24_qwen25math.jsonl"), 1); /* not retried */
+}
+END_TEST
+
+/* Two bytes every half second beat a 1 B/s low-speed floor; the overall
+ * timeout ends it anyway. */
+START_TEST(test_fetch_drip)
+{
+    qd_fetch_opts o;
+    test_opts(&o);
+    o.low_speed_bytes = 1; /* the old default, which the drip stays above */
+    o.low_speed_time_s = 1;
+    o.timeout_s = 2;
+    o.max_attempts = 1;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    expect_failure(fetch_with("drip", &o), "timed out");
+    ck_assert_double_lt(seconds_since(&t0), 5.0);
+}
+END_TEST
+
+/* A 64 MiB body gzipped into ~64 KB is cut at the limit on decoded bytes. */
+START_TEST(test_fetch_gzip_bomb)
+{
+    qd_fetch_opts o;
+    test_opts(&o);
+    o.max_bytes = 1 << 20;
+    expect_failure(fetch_with("gzipbomb", &o), "larger than the limit of 1048576 bytes (counted after decoding)");
+}
+END_TEST
+
+/* Control characters of the server's messages never reach the terminal. */
+START_TEST(test_fetch_sanitizes_server_text)
+{
+    qd_fetch_opts o;
+    test_opts(&o);
+    ck_assert_int_ne(fetch_with("evilmsg", &o), QD_OK);
+    const char *m = qd_last_error();
+    ck_assert_msg(strstr(m, "HTTP 403") && strstr(m, "gated"), "%s", m);
+    for (const char *c = m; *c; c++)
+        ck_assert_msg((unsigned char)*c >= 0x20 && (unsigned char)*c < 0x7f, "byte 0x%02x in '%s'", (unsigned char)*c, m);
+    qd_bench_info b = {.name = "t", .source = QD_SRC_ROWS, .repo = "t/rows-evil", .config = "c", .split = "s",
+                       .fields = {"problem", "answer", NULL, "id", QD_ANSWER_PLAIN}};
+    qd_bench_set s;
+    expect_failure(qd_bench_load(&b, &o, &s), "?[2Jbad? request");
+}
+END_TEST
+
+/* Empty or unparsable 200 replies fail and leave nothing in the cache, so the
+ * next fetch asks the server again. */
+START_TEST(test_fetch_unparsable_not_cached)
+{
+    qd_fetch_opts o;
+    test_opts(&o);
+    qd_bench_set s;
+    qd_bench_info b = {.name = "t", .source = QD_SRC_FILE, .revision = "main", .path = AIME24,
+                       .fields = {"problem", "answer", NULL, "id", QD_ANSWER_PLAIN}};
+    b.repo = "t/empty";
+    expect_failure(qd_bench_load(&b, &o, &s), "no records");
+    expect_failure(qd_bench_load(&b, &o, &s), "no records");
+    ck_assert_int_eq(hits("/datasets/t/empty/resolve/main/aime24_qwen25math.jsonl"), 2);
+    b.repo = "t/garbage";
+    expect_failure(qd_bench_load(&b, &o, &s), "invalid JSON");
+    b.repo = "t/ok";
+    b.rows = 29; /* parses, but not into the expected count */
+    expect_failure(qd_bench_load(&b, &o, &s), "30 records, the registry expects 29");
+    qd_bench_info r = {.name = "t", .source = QD_SRC_ROWS, .repo = "t/rows-empty", .config = "c", .split = "s",
+                       .fields = {"problem", "answer", NULL, "id", QD_ANSWER_PLAIN}};
+    expect_failure(qd_bench_load(&r, &o, &s), "no records");
+    char url[1100];
+    snprintf(url, sizeof url, "%s", url_of("/datasets/t/garbage/resolve/main/aime24_qwen25math.jsonl"));
+    expect_failure(qd_bench_load_url(url, &b.fields, &o, &s), "invalid JSON");
+}
+END_TEST
+
+/* A temp file that a killed fetch left is removed by the next fetch. */
+START_TEST(test_fetch_cleans_stale_temp)
+{
+    qd_fetch_opts o;
+    test_opts(&o);
+    const qd_bench_info *b = qd_bench_find("aime25");
+    char path[4096], stale[4200], stale2[4200];
+    ck_assert_int_eq(qd_bench_cache_path(b, path, sizeof path), QD_OK);
+    ck_assert_int_eq(qd_mkdirs_parent(path), QD_OK);
+    snprintf(stale, sizeof stale, "%s.tmp.Ab12Cd", path);
+    snprintf(stale2, sizeof stale2, "%s.sha256.tmp.Xy34Zw", path);
+    qd_test_write_file(stale, "half a download");
+    qd_test_write_file(stale2, "");
+    ck_assert_int_eq(cache_files(), 2);
+    qd_bench_set s;
+    ck_assert_int_eq(qd_bench_load(b, &o, &s), QD_OK);
+    qd_bench_set_free(&s);
+    ck_assert_int_ne(access(stale, F_OK), 0);
+    ck_assert_int_ne(access(stale2, F_OK), 0);
+    ck_assert_int_eq(cache_files(), 2); /* the file and its .sha256 */
+}
+END_TEST
+
+/* A rows reply claiming 10^12 rows is refused after one request. */
+START_TEST(test_rows_huge_claim)
+{
+    qd_fetch_opts o;
+    test_opts(&o);
+    qd_bench_info b = {.name = "t", .source = QD_SRC_ROWS, .repo = "t/rows-huge", .config = "c", .split = "s",
+                       .fields = {"problem", "answer", NULL, "id", QD_ANSWER_PLAIN}};
+    qd_bench_set s;
+    expect_failure(qd_bench_load(&b, &o, &s), "claims 1000000000000 rows, more than the 1000000 this benchmark may have");
+    ck_assert_int_eq(hits("/rows?dataset=t/rows-huge&config=c&split=s&offset=100&length=100"), 0);
+    b.rows = 30; /* a known count is checked on the first page too */
+    expect_failure(qd_bench_load(&b, &o, &s), "the rows API reports 1000000000000 rows, the registry expects 30");
+    b.rows = 0;
+    b.max_rows = 250;
+    expect_failure(qd_bench_load(&b, &o, &s), "more than the 250 this benchmark may have");
+    ck_assert_int_eq(hits("/rows?dataset=t/rows-huge&config=c&split=s&offset=0&length=100"), 3);
+    ck_assert_int_eq(hits("/rows?dataset=t/rows-huge&config=c&split=s&offset=100&length=100"), 0);
+}
+END_TEST
+
 /* A registry entry and the cache: the rows API paged 100 at a time, then offline use. */
 START_TEST(test_registry_rows_and_offline)
 {
@@ -954,6 +1111,14 @@ Suite *suite_benchmarks(void)
     tcase_add_test(tc, test_fetch_server_errors);
     tcase_add_test(tc, test_fetch_timeout);
     tcase_add_test(tc, test_fetch_bad_content);
+    tcase_add_test(tc, test_fetch_default_limits);
+    tcase_add_test(tc, test_fetch_endless_body);
+    tcase_add_test(tc, test_fetch_drip);
+    tcase_add_test(tc, test_fetch_gzip_bomb);
+    tcase_add_test(tc, test_fetch_sanitizes_server_text);
+    tcase_add_test(tc, test_fetch_unparsable_not_cached);
+    tcase_add_test(tc, test_fetch_cleans_stale_temp);
+    tcase_add_test(tc, test_rows_huge_claim);
     tcase_add_test(tc, test_registry_rows_and_offline);
     tcase_add_test(tc, test_registry_entries);
     tcase_add_test(tc, test_rows_failures);
