@@ -226,6 +226,42 @@ static qd_status plain_answer(const json_t *v, const where *w, const char *field
     return QD_OK;
 }
 
+/* A comma outside every bracket: "a, b" is a list, "(a, b)" and "\\{a, b\\}" are not. */
+static int top_level_comma(const char *s)
+{
+    int depth = 0;
+    for (const char *c = s; *c; c++) {
+        if (*c == '\\' && (c[1] == '{' || c[1] == '}')) {
+            depth += c[1] == '{' ? 1 : -1;
+            c++;
+        } else if (*c == '\\' && c[1]) {
+            c++;
+        } else if (strchr("{([", *c)) {
+            depth++;
+        } else if (strchr("})]", *c)) {
+            depth--;
+        } else if (*c == ',' && depth == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* QD_ANSWER_SET: a listed answer as a set (its order is free). */
+static qd_status as_set(char **a)
+{
+    if (!*a || !top_level_comma(*a))
+        return QD_OK;
+    size_t n = strlen(*a) + 5;
+    char *w = malloc(n);
+    if (!w)
+        return qd_error(QD_ERR_NOMEM, "out of memory");
+    snprintf(w, n, "\\{%s\\}", *a);
+    free(*a);
+    *a = w;
+    return QD_OK;
+}
+
 static qd_status read_answer(const json_t *obj, const qd_bench_fields *f, const where *w, qd_bench_record *r)
 {
     const json_t *v = get_path(obj, f->answer);
@@ -235,6 +271,12 @@ static qd_status read_answer(const json_t *obj, const qd_bench_fields *f, const 
         return field_error(w, f->answer, "is null");
     if (f->style == QD_ANSWER_PLAIN)
         return plain_answer(v, w, f->answer, r);
+    if (f->style == QD_ANSWER_SET) {
+        qd_status st = plain_answer(v, w, f->answer, r);
+        for (size_t i = 0; st == QD_OK && i <= r->n_alt; i++)
+            st = as_set(i ? &r->alt[i - 1] : &r->answer);
+        return st;
+    }
     if (!json_is_string(v))
         return field_error(w, f->answer, "is not a string");
     const char *s = json_string_value(v);
@@ -351,30 +393,69 @@ static qd_status parse_jsonl(const char *text, size_t len, const char *name, con
     return st;
 }
 
-/* One CSV line into a JSON object keyed by the header (no quoting: the answer
- * keys we read have none, and a quote is rejected rather than misread). */
+/* The cells of one CSV line (RFC 4180 quoting: "a, b" and "" for a quote;
+ * a quoted field must end on its line, which holds for the answer keys we
+ * read). */
+static qd_status csv_cells(const char *p, const char *stop, json_t *cells, const where *w)
+{
+    for (const char *c = p;;) {
+        char *field = malloc((size_t)(stop - c) + 1);
+        size_t n = 0;
+        if (!field)
+            return qd_error(QD_ERR_NOMEM, "%s: out of memory", w->name);
+        if (c < stop && *c == '"') {
+            for (c++;; c++) {
+                if (c == stop) {
+                    free(field);
+                    return qd_error(QD_ERR_FORMAT, "%s: line %zu: unterminated quoted field", w->name, w->line);
+                }
+                if (*c == '"' && c + 1 < stop && c[1] == '"')
+                    field[n++] = *c++;
+                else if (*c == '"')
+                    break;
+                else
+                    field[n++] = *c;
+            }
+            c++;
+            if (c < stop && *c != ',') {
+                free(field);
+                return qd_error(QD_ERR_FORMAT, "%s: line %zu: text after a quoted field", w->name, w->line);
+            }
+        } else {
+            while (c < stop && *c != ',') {
+                if (*c == '"') {
+                    free(field);
+                    return qd_error(QD_ERR_FORMAT, "%s: line %zu: a quote inside an unquoted field", w->name, w->line);
+                }
+                field[n++] = *c++;
+            }
+        }
+        json_array_append_new(cells, json_stringn(field, n));
+        free(field);
+        if (c >= stop)
+            return QD_OK;
+        c++; /* the comma */
+    }
+}
+
+/* One CSV line into a JSON object keyed by the header. */
 static qd_status csv_row(const char *p, const char *stop, json_t *header, json_t **row, const where *w)
 {
-    if (memchr(p, '"', (size_t)(stop - p)))
-        return qd_error(QD_ERR_UNSUPPORTED, "%s: line %zu: quoted CSV fields are not supported", w->name, w->line);
     if (stop > p && stop[-1] == '\r')
         stop--;
     json_t *cells = json_array();
-    for (const char *c = p;; ) {
-        const char *comma = memchr(c, ',', (size_t)(stop - c));
-        const char *e = comma ? comma : stop;
-        json_array_append_new(cells, json_stringn(c, (size_t)(e - c)));
-        if (!comma)
-            break;
-        c = comma + 1;
+    qd_status st = csv_cells(p, stop, cells, w);
+    if (st != QD_OK) {
+        json_decref(cells);
+        return st;
     }
     if (!header) {
         *row = cells;
         return QD_OK;
     }
     if (json_array_size(cells) != json_array_size(header)) {
-        qd_status st = qd_error(QD_ERR_FORMAT, "%s: line %zu: %zu cells, header has %zu", w->name, w->line,
-                                json_array_size(cells), json_array_size(header));
+        st = qd_error(QD_ERR_FORMAT, "%s: line %zu: %zu cells, header has %zu", w->name, w->line,
+                      json_array_size(cells), json_array_size(header));
         json_decref(cells);
         return st;
     }
@@ -461,16 +542,16 @@ void qd_bench_set_free(qd_bench_set *s)
 
 qd_status qd_bench_style_parse(const char *s, qd_answer_style *out)
 {
-    static const char *const names[] = {"plain", "gsm8k", "boxed"};
-    for (int i = 0; i < 3; i++)
+    static const char *const names[] = {"plain", "gsm8k", "boxed", "set"};
+    for (int i = 0; i < 4; i++)
         if (!strcmp(s, names[i])) {
             *out = (qd_answer_style)i;
             return QD_OK;
         }
-    return qd_error(QD_ERR_ARG, "answer style '%s': expected plain, gsm8k or boxed", s);
+    return qd_error(QD_ERR_ARG, "answer style '%s': expected plain, gsm8k, boxed or set", s);
 }
 
 const char *qd_bench_style_name(qd_answer_style s)
 {
-    return s == QD_ANSWER_GSM8K ? "gsm8k" : s == QD_ANSWER_BOXED ? "boxed" : "plain";
+    return s == QD_ANSWER_GSM8K ? "gsm8k" : s == QD_ANSWER_BOXED ? "boxed" : s == QD_ANSWER_SET ? "set" : "plain";
 }

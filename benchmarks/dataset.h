@@ -11,6 +11,8 @@ typedef enum {
     QD_ANSWER_PLAIN, /* the value itself: strings trimmed, 27.0 -> "27", arrays -> first + alternatives */
     QD_ANSWER_GSM8K, /* the text after the last "####", commas removed (GSM8K's own dataset.py) */
     QD_ANSWER_BOXED, /* the last \boxed{...} of the text (Hendrycks MATH, Minerva solutions) */
+    QD_ANSWER_SET,   /* as plain, and a top-level comma list "a, b" becomes the set "\{a, b\}":
+                        answers listed in any order (HMMT's "list of two expressions") */
 } qd_answer_style;
 
 /* Field paths: a key, or keys and array indexes joined by '.' ("prompt.0.content");
@@ -45,7 +47,7 @@ qd_status qd_bench_parse(const char *text, size_t len, const char *name,
 qd_status qd_bench_load_file(const char *path, const qd_bench_fields *fields, qd_bench_set *out);
 void qd_bench_set_free(qd_bench_set *s);
 
-/* Parses "plain", "gsm8k" or "boxed". */
+/* Parses "plain", "gsm8k", "boxed" or "set". */
 qd_status qd_bench_style_parse(const char *s, qd_answer_style *out);
 const char *qd_bench_style_name(qd_answer_style s);
 

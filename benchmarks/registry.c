@@ -37,6 +37,11 @@ static const qd_bench_info registry[] = {
      .repo = "math-ai/aime25", .revision = "main", .path = "test.jsonl", .rows = 30,
      .fields = {"problem", "answer", "solution", "id", QD_ANSWER_PLAIN},
      .note = "no pinned digest; recorded at first fetch"},
+    {.name = "hmmt25", .title = "HMMT February 2025 (MathArena)", .source = QD_SRC_ROWS,
+     .repo = "MathArena/hmmt_feb_2025", .config = "default", .split = "train", .rows = 30,
+     .fields = {"problem", "answer", NULL, "problem_idx", QD_ANSWER_SET},
+     .note = "parquet-only on the hub; LaTeX answers (fractions, radicals, 2^{25} \\cdot 26!); "
+             "#10 lists two roots, read as a set"},
     {.name = "amc23", .title = "AMC 2023 (the 40 problems of Qwen2.5-Math's set)", .source = QD_SRC_ROWS,
      .repo = "math-ai/amc23", .config = "default", .split = "test", .rows = 40,
      .fields = {"question", "answer", NULL, "id", QD_ANSWER_PLAIN},

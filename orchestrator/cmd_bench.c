@@ -17,7 +17,7 @@ static void usage(FILE *f)
         "       quads bench fetch [--offline] NAME...\n"
         "       quads bench show [--offline] [--limit N] NAME\n"
         "       quads bench show [--offline] [--limit N] (--file PATH | --url URL)\n"
-        "                        [--field KEY=FIELD]... [--style plain|gsm8k|boxed]\n"
+        "                        [--field KEY=FIELD]... [--style plain|gsm8k|boxed|set]\n"
         "       quads bench show [--limit N] [--split train|test] [--seed S] [--count N] SYNTHETIC\n\n"
         "  KEY is problem, answer, solution or id; FIELD a field path such as prompt.0.content\n"
         "  (empty: none, e.g. --field problem= for an answer key).\n"

@@ -299,21 +299,28 @@ static int decimal_rounds_to(const qd_rw_node *g, const qd_rw_node *p)
     return isfinite(lv) && isfinite(ov) && fabs(lv - ov) <= 0.5 * pow(10, -lit->decimals) + 1e-12 * fabs(ov);
 }
 
-static bool is_scalar(const qd_rw_node *e)
+/* An arithmetic expression (with ± among its operations when pm). */
+static bool scalar_tree(const qd_rw_node *e, bool pm)
 {
     switch (e->kind) {
     case QD_RW_NUM: case QD_RW_VAR: case QD_RW_INF: case QD_RW_ADD: case QD_RW_SUB:
     case QD_RW_MUL: case QD_RW_DIV: case QD_RW_POW: case QD_RW_NEG: case QD_RW_FUNC:
     case QD_RW_FACT:
         break;
+    case QD_RW_PM:
+        if (pm)
+            break;
+        return false;
     default:
         return false;
     }
     for (int i = 0; i < e->nkids; i++)
-        if (e->kids[i] && !is_scalar(e->kids[i]))
+        if (e->kids[i] && !scalar_tree(e->kids[i], pm))
             return false;
     return true;
 }
+
+static bool is_scalar(const qd_rw_node *e) { return scalar_tree(e, false); }
 
 static bool has_inf(const qd_rw_node *e)
 {
@@ -763,8 +770,55 @@ static bool mat_expr_eq(const qd_rw_node *g, const qd_rw_node *p)
     return true;
 }
 
+static bool has_pm(const qd_rw_node *e)
+{
+    if (!e)
+        return false;
+    if (e->kind == QD_RW_PM)
+        return true;
+    for (int i = 0; i < e->nkids; i++)
+        if (has_pm(e->kids[i]))
+            return true;
+    return false;
+}
+
+/* e with every ± taken as + (sign 1) or - (sign -1); subtrees without one
+ * are shared, not copied. */
+static qd_rw_node *pm_branch(ctx *c, qd_rw_node *e, int sign)
+{
+    if (!has_pm(e))
+        return e;
+    if (e->kind == QD_RW_PM) {
+        qd_rw_node *b = pm_branch(c, e->kids[1], sign), *a = e->kids[0] ? pm_branch(c, e->kids[0], sign) : NULL;
+        return a ? mk2(c, sign > 0 ? QD_RW_ADD : QD_RW_SUB, a, b) : sign > 0 ? b : mk2(c, QD_RW_NEG, b, NULL);
+    }
+    qd_rw_node *n = qd_rw_new(c->arena, e->kind);
+    memcpy(n->name, e->name, sizeof n->name);
+    n->open = e->open;
+    n->close = e->close;
+    n->rows = e->rows;
+    n->cols = e->cols;
+    for (int i = 0; i < e->nkids; i++)
+        qd_rw_add_kid(n, e->kids[i] ? pm_branch(c, e->kids[i], sign) : NULL);
+    return n;
+}
+
+/* "\frac{-1 \pm \sqrt{17}}{2}": a ± inside an expression stands for the
+ * set of its two values (a ± at the top is a collection already). */
+static const qd_rw_node *inner_pm_as_set(ctx *c, const qd_rw_node *e)
+{
+    if (e->kind == QD_RW_PM || !scalar_tree(e, true) || !has_pm(e))
+        return e;
+    qd_rw_node *s = qd_rw_new(c->arena, QD_RW_SET);
+    qd_rw_add_kid(s, pm_branch(c, (qd_rw_node *)e, 1));
+    qd_rw_add_kid(s, pm_branch(c, (qd_rw_node *)e, -1));
+    return s;
+}
+
 static bool eq(ctx *c, const qd_rw_node *g, const qd_rw_node *p)
 {
+    g = inner_pm_as_set(c, g);
+    p = inner_pm_as_set(c, p);
     if (g->kind == QD_RW_REL || p->kind == QD_RW_REL) {
         bool both = g->kind == QD_RW_REL && p->kind == QD_RW_REL;
         const qd_rw_node *gv = as_value(c, g, true, both), *pv = as_value(c, p, false, both);

@@ -37,6 +37,7 @@ ROWS = {
     "HuggingFaceH4/aime_2024": "aime24_qwen25math.jsonl",
     "math-ai/amc23": "amc23_qwen25math.jsonl",
     "Hothan/OlympiadBench": "olympiadbench_qwen25math.jsonl",
+    "MathArena/hmmt_feb_2025": "hmmt_feb_2025.jsonl",
     "t/rows-flaky": "aime24_qwen25math.jsonl",
     "t/rows-truncated": "aime24_qwen25math.jsonl",
     "t/rows-shrink": "gsm8k_test.jsonl",
@@ -44,6 +45,13 @@ ROWS = {
     "t/rows-evil": None,
     "t/rows-empty": None,
     "t/rows-huge": "aime24_qwen25math.jsonl",
+}
+
+# The hub's columns where the fixture copy names them differently: MathArena's
+# dataset card lists problem_idx (int), problem, answer, problem_type.
+HUB_COLUMNS = {
+    "MathArena/hmmt_feb_2025": lambda i, r: {"problem_idx": i + 1, "problem": r["question"],
+                                             "answer": r["answer"], "problem_type": r["problem_type"]},
 }
 
 LFS_POINTER = (b"version https://git-lfs.github.com/spec/v1\n"
@@ -202,6 +210,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.send(503, json.dumps({"error": "try later"}).encode(), "application/json")
         with open(os.path.join(FIXTURES, ROWS[ds]), encoding="utf-8") as f:
             data = [json.loads(l) for l in f if l.strip()]
+        if ds in HUB_COLUMNS:
+            data = [HUB_COLUMNS[ds](i, r) for i, r in enumerate(data)]
         total = len(data)
         if ds == "t/rows-shrink" and offset > 0:
             total -= 1

@@ -108,7 +108,7 @@ START_TEST(test_sha256_sources_md)
         checked++;
     }
     fclose(f);
-    ck_assert_int_eq(checked, 23);
+    ck_assert_int_eq(checked, 29);
 }
 END_TEST
 
@@ -145,6 +145,10 @@ static const fixture_case fixture_cases[] = {
     {"matharena_aime_2024_II_answers.csv", {NULL, "answer", NULL, "id", QD_ANSWER_PLAIN}, 15, "073"},
     {"matharena_aime_2025_I_answers.csv", {NULL, "answer", NULL, "id", QD_ANSWER_PLAIN}, 15, "70"},
     {"matharena_aime_2025_II_answers.csv", {NULL, "answer", NULL, "id", QD_ANSWER_PLAIN}, 15, "468"},
+    {"matharena_hmmt_feb_2025_answers.csv", {NULL, "answer", NULL, "id", QD_ANSWER_PLAIN}, 30, "103"},
+    {"hmmt_feb_2025.jsonl", {"question", "answer", NULL, "id", QD_ANSWER_SET}, 30, "103"},
+    {"hmmt_feb25_llmeval.jsonl", {"prompt", "answer", NULL, NULL, QD_ANSWER_PLAIN}, 30, "103"},
+    {"hmmt_feb25_nov25_insightreplay.jsonl", {"question", "answer", NULL, "id", QD_ANSWER_PLAIN}, 60, "103"},
     {"grader_cases.jsonl", {"output", "gold", NULL, NULL, QD_ANSWER_PLAIN}, 276, NULL},
     {"normalizer_examples.jsonl", {"input", "hendrycks__strip_string", NULL, NULL, QD_ANSWER_PLAIN}, 45, "\\frac{1}{2}"},
     {"boxed_extraction_examples.jsonl", {"input", "input", NULL, NULL, QD_ANSWER_PLAIN}, 17, NULL},
@@ -236,6 +240,24 @@ START_TEST(test_cross_source)
     ck_assert_str_eq(a24.rec[7].answer, "025"); /* zero padding kept */
     qd_bench_set_free(&key);
     qd_bench_set_free(&a24);
+    /* HMMT February 2025: MathArena's quoted CSV, insight-replay's JSONL and
+     * LLMEval's agree 30/30 (SOURCES.md); the set style wraps only #10's list. */
+    qd_bench_fields csv = {NULL, "answer", NULL, "id", QD_ANSWER_PLAIN};
+    answers_equal("matharena_hmmt_feb_2025_answers.csv", csv, "hmmt_feb_2025.jsonl",
+                  (qd_bench_fields){"question", "answer", NULL, "id", QD_ANSWER_PLAIN});
+    answers_equal("matharena_hmmt_feb_2025_answers.csv", csv, "hmmt_feb25_llmeval.jsonl",
+                  (qd_bench_fields){"prompt", "answer", NULL, NULL, QD_ANSWER_PLAIN});
+    qd_bench_set h;
+    load_ok("matharena_hmmt_feb_2025_answers.csv", &csv, &h);
+    ck_assert_str_eq(h.rec[9].answer, "\\frac{-1+\\sqrt{17}}{2}, \\frac{-1-\\sqrt{17}}{2}");
+    ck_assert_str_eq(h.rec[16].answer, "2^{25} \\cdot 26!");
+    qd_bench_set_free(&h);
+    csv.style = QD_ANSWER_SET;
+    load_ok("matharena_hmmt_feb_2025_answers.csv", &csv, &h);
+    ck_assert_str_eq(h.rec[9].answer, "\\{\\frac{-1+\\sqrt{17}}{2}, \\frac{-1-\\sqrt{17}}{2}\\}");
+    for (size_t i = 0; i < h.n; i++)
+        ck_assert(i == 9 || h.rec[i].answer[0] != '\\' || h.rec[i].answer[1] != '{');
+    qd_bench_set_free(&h);
 }
 END_TEST
 
@@ -367,6 +389,10 @@ START_TEST(test_parse_errors)
     parse_fails("  \n", "i.jsonl", f, "no records");
     parse_fails("id,answer\n1,2,3\n", "j.csv", (qd_bench_fields){NULL, "answer", NULL, "id", QD_ANSWER_PLAIN},
                 "line 2: 3 cells, header has 2");
+    qd_bench_fields key = {NULL, "answer", NULL, "id", QD_ANSWER_PLAIN};
+    parse_fails("id,answer\n1,\"\\frac{1}{2}\n", "m.csv", key, "line 2: unterminated quoted field");
+    parse_fails("id,answer\n1,\"a\"b\n", "n.csv", key, "line 2: text after a quoted field");
+    parse_fails("id,answer\n1,a\"b\n", "o.csv", key, "line 2: a quote inside an unquoted field");
     parse_fails("{\"problem\":\"p\",\"answer\":\"no marker\"}", "k.jsonl",
                 (qd_bench_fields){"problem", "answer", NULL, NULL, QD_ANSWER_GSM8K}, "no '#### answer' line");
     parse_fails("{\"problem\":\"p\",\"answer\":\"\\\\boxed{1\"}", "l.jsonl",
@@ -985,7 +1011,7 @@ START_TEST(test_registry_entries)
      * HF_DATASETS_SERVER; math500 is checked against its pinned sha256. */
     static const struct { const char *name; size_t n; const char *first; } e[] = {
         {"math500", 500, "\\left( 3, \\frac{\\pi}{2} \\right)"}, {"aime25", 30, "70"},
-        {"aime24", 30, "204"}, {"amc23", 40, "27"}, {"olympiadbench", 675, "2"},
+        {"aime24", 30, "204"}, {"amc23", 40, "27"}, {"olympiadbench", 675, "2"}, {"hmmt25", 30, "103"},
     };
     qd_fetch_opts o;
     test_opts(&o);
@@ -1001,7 +1027,7 @@ START_TEST(test_registry_entries)
     char url[4096];
     ck_assert_int_eq(qd_bench_file_url(qd_bench_find("math500"), url, sizeof url), QD_OK);
     ck_assert_str_eq(url, url_of("/datasets/HuggingFaceH4/MATH-500/resolve/ff5b20257d8185524591543f8ff5993951537bb8/test.jsonl"));
-    ck_assert_int_eq(cache_files(), 10);
+    ck_assert_int_eq(cache_files(), 12);
 }
 END_TEST
 
