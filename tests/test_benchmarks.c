@@ -15,10 +15,12 @@
 #include <time.h>
 #include <unistd.h>
 #include <jansson.h>
+#include <zlib.h>
 #include "tests/suites.h"
 #include "benchmarks/sha256.h"
 #include "benchmarks/dataset.h"
 #include "benchmarks/fetch.h"
+#include "benchmarks/lcb.h"
 #include "benchmarks/registry.h"
 #include "benchmarks/synth.h"
 #include "quant/fileio.h"
@@ -109,6 +111,124 @@ START_TEST(test_sha256_sources_md)
     }
     fclose(f);
     ck_assert_int_eq(checked, 29);
+}
+END_TEST
+
+/* ---- LiveCodeBench tests ------------------------------------------- */
+
+static unsigned char *unhex(const char *h, size_t *n)
+{
+    *n = strlen(h) / 2;
+    unsigned char *b = malloc(*n);
+    for (size_t i = 0; i < *n; i++)
+        sscanf(h + 2 * i, "%2hhx", &b[i]);
+    return b;
+}
+
+/* The real encoded private_test_cases gives its 4 tests, step by step as
+ * LiveCodeBench's own decoder (lcb_private_tests_decode_vector.json). */
+START_TEST(test_lcb_decode_vector)
+{
+    json_t *v = json_load_file(fx("lcb_private_tests_decode_vector.json"), 0, NULL);
+    ck_assert_ptr_nonnull(v);
+    const char *enc = json_string_value(json_object_get(v, "private_test_cases_encoded"));
+    ck_assert_uint_eq(strlen(enc), 176);
+    json_t *tests = NULL;
+    ck_assert_msg(qd_lcb_decode_private_tests(enc, strlen(enc), "1873_A", &tests) == QD_OK, "%s", qd_last_error());
+    ck_assert(json_equal(tests, json_object_get(v, "step4_json_loads")));
+    ck_assert_uint_eq(json_array_size(tests), 4);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(tests, 2), "output")), "NO\nYES\nYES\nYES\nNO\n");
+    json_decref(tests);
+    /* step 3: the pickle (step 2's bytes) holds the JSON text */
+    size_t pn, sn;
+    unsigned char *pk = unhex(json_string_value(json_object_get(v, "step2_zlib_decompressed_hex")), &pn);
+    ck_assert_uint_eq(pn, 378);
+    char *s;
+    ck_assert_int_eq(qd_lcb_unpickle_str(pk, pn, "vector", &s, &sn), QD_OK);
+    ck_assert_str_eq(s, json_string_value(json_object_get(v, "step3_pickle_loads_value")));
+    free(s);
+    /* the plain-JSON form (LiveCodeBench tries json.loads first) */
+    const char *pub = json_string_value(json_object_get(v, "public_test_cases"));
+    ck_assert_int_eq(qd_lcb_decode_private_tests(pub, strlen(pub), "public", &tests), QD_OK);
+    ck_assert_uint_eq(json_array_size(tests), 1);
+    json_decref(tests);
+    /* hostile pickles, each refused with its reason */
+#define PK(bytes, why) {bytes, sizeof bytes - 1, why}
+    static const struct {
+        const char *bytes;
+        size_t n;
+        const char *why;
+    } bad[] = {
+        PK("\x80\x04\x63os\nsystem\n\x8c\x02id\x85R.", "opcode 0x63 at byte 2 refused"), /* GLOBAL os.system */
+        PK("\x80\x04\x8c\x02[]\x94\x8c\x02[]\x2e", "more than one string"),
+        PK("\x80\x04\x8c\x02[]\x94", "truncated at byte 7 (no STOP)"),
+        PK("\x80\x04\x8c\x09[]", "string of 9 bytes at byte 2, only 2 follow"),
+        PK("\x80\x04\x8d\xff\xff\xff\xff\xff\xff\xff\x7f[]\x2e", "string of 9223372036854775807 bytes"),
+        PK("\x80\x04\x58\xff\xff\xff\xff[].", "string of 4294967295 bytes"),
+        PK("\x80\x04\x95\x00\x00\x01\x00\x00\x00\x00\x00\x8c\x02[]\x2e", "FRAME of 65536 bytes"),
+        PK("\x80\x04\x8c\x02[]\x2e\x2e", "1 bytes after the pickle's STOP"),
+        PK("\x80\x04\x2e", "STOP with an empty stack"),
+        PK("\x80\x09\x8c\x02[]\x2e", "PROTO 9"),
+        PK("\x8c\x02[]\x80\x04\x2e", "PROTO 4 at byte 4"),
+        PK("\x80\x04\x94\x8c\x02[]\x2e", "MEMOIZE with an empty stack"),
+        PK("\x80\x04\x8c\x02[]\x94q\x00\x2e", "opcode 0x71 at byte 7 refused"), /* BINPUT */
+        PK("\x80\x04\x95\x01", "truncated in opcode 0x95"),
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_msg(qd_lcb_unpickle_str((const unsigned char *)bad[i].bytes, bad[i].n, "row", &s, &sn) != QD_OK,
+                      "hostile pickle %zu accepted", i);
+        ck_assert_msg(strstr(qd_last_error(), bad[i].why), "pickle %zu: '%s' lacks '%s'", i, qd_last_error(), bad[i].why);
+    }
+#undef PK
+    /* the same refusals through base64 and zlib */
+    unsigned char z[256];
+    uLongf zl = sizeof z;
+    ck_assert_int_eq(compress(z, &zl, (const Bytef *)bad[0].bytes, bad[0].n), Z_OK);
+    static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    char enc2[512];
+    size_t k = 0;
+    for (size_t i = 0; i < zl; i += 3) {
+        uint32_t w = (uint32_t)z[i] << 16 | (i + 1 < zl ? (uint32_t)z[i + 1] << 8 : 0) | (i + 2 < zl ? z[i + 2] : 0);
+        for (int j = 0; j < 4; j++)
+            enc2[k++] = (size_t)j <= (zl - i) ? b64[(w >> (18 - 6 * j)) & 63] : '=';
+    }
+    enc2[k] = '\0';
+    ck_assert_int_ne(qd_lcb_decode_private_tests(enc2, k, "row 7", &tests), QD_OK);
+    ck_assert_msg(strstr(qd_last_error(), "row 7: pickle opcode 0x63"), "%s", qd_last_error());
+    /* a cut-off stream, trailing bytes, not base64 */
+    ck_assert_int_ne(qd_lcb_decode_private_tests(enc, 100, "cut", &tests), QD_OK);
+    ck_assert_msg(strstr(qd_last_error(), "cut: not zlib data, or truncated"), "%s", qd_last_error());
+    ck_assert_int_ne(qd_lcb_decode_private_tests("eJw=", 4, "short", &tests), QD_OK);
+    ck_assert_int_ne(qd_lcb_decode_private_tests("abcde", 5, "pad", &tests), QD_OK);
+    ck_assert_msg(strstr(qd_last_error(), "not base64"), "%s", qd_last_error());
+    /* a pickled string that is not a list of tests */
+    ck_assert_int_ne(qd_lcb_decode_private_tests("[{\"input\": 1}]", 14, "shape", &tests), QD_OK);
+    ck_assert_msg(strstr(qd_last_error(), "test 0: field 'input' is not a string"), "%s", qd_last_error());
+    free(pk);
+    json_decref(v);
+}
+END_TEST
+
+/* The public tests of the 400 real release_v1 problems: 1,043 tests, 604
+ * stdin and 439 functional (SOURCES.md). */
+START_TEST(test_lcb_public_tests)
+{
+    json_t *rows = qd_test_load_jsonl(fx("livecodebench_release_v1_nopriv_mavencoder.jsonl"));
+    ck_assert_uint_eq(json_array_size(rows), 400);
+    size_t n = 0, stdin_n = 0, i;
+    json_t *r;
+    json_array_foreach(rows, i, r) {
+        const char *pub = json_string_value(json_object_get(r, "public_test_cases"));
+        json_t *t;
+        ck_assert_msg(qd_lcb_parse_tests(pub, strlen(pub), "row", &t) == QD_OK, "row %zu: %s", i, qd_last_error());
+        n += json_array_size(t);
+        for (size_t k = 0; k < json_array_size(t); k++)
+            stdin_n += !strcmp(json_string_value(json_object_get(json_array_get(t, k), "testtype")), "stdin");
+        json_decref(t);
+    }
+    ck_assert_uint_eq(n, 1043);
+    ck_assert_uint_eq(stdin_n, 604);
+    json_decref(rows);
 }
 END_TEST
 
@@ -1119,6 +1239,8 @@ Suite *suite_benchmarks(void)
     tcase_add_test(tc, test_parse_errors);
     tcase_add_test(tc, test_field_paths_and_numbers);
     tcase_add_test(tc, test_content_checks);
+    tcase_add_test(tc, test_lcb_decode_vector);
+    tcase_add_test(tc, test_lcb_public_tests);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("synth");
