@@ -9,6 +9,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <curl/curl.h>
@@ -34,10 +35,40 @@ typedef struct {
     int show_progress;
     int drawn;               /* a progress line is on screen */
     curl_off_t last_drawn;
+    int resume;              /* f is a .part file that attempts extend (HTTP Range) */
+    long status;             /* HTTP status of the response being received */
 } sink;
+
+/* A resumed transfer starts from what f already holds: its length, digest
+ * and first bytes. */
+static qd_status sink_resume(sink *s)
+{
+    s->len = 0;
+    s->too_big = 0;
+    s->nhead = 0;
+    s->server_msg[0] = '\0';
+    s->retry_after_s = -1;
+    qd_sha256_init(&s->sha);
+    char buf[1 << 16];
+    size_t n;
+    if (fflush(s->f) || fseek(s->f, 0, SEEK_SET))
+        return qd_error(QD_ERR_IO, "%s: cannot read the partial download: %s", s->label, strerror(errno));
+    while ((n = fread(buf, 1, sizeof buf, s->f)) > 0) {
+        size_t keep = sizeof s->head - s->nhead < n ? sizeof s->head - s->nhead : n;
+        memcpy(s->head + s->nhead, buf, keep);
+        s->nhead += keep;
+        qd_sha256_update(&s->sha, buf, n);
+        s->len += n;
+    }
+    if (ferror(s->f) || fseek(s->f, 0, SEEK_END))
+        return qd_error(QD_ERR_IO, "%s: cannot read the partial download: %s", s->label, strerror(errno));
+    return QD_OK;
+}
 
 static qd_status sink_reset(sink *s)
 {
+    if (s->resume)
+        return sink_resume(s);
     s->len = 0;
     s->too_big = 0;
     s->nhead = 0;
@@ -53,6 +84,8 @@ static size_t on_data(char *p, size_t size, size_t nmemb, void *userp)
 {
     sink *s = userp;
     size_t n = size * nmemb;
+    if (s->resume && s->status != 200 && s->status != 206)
+        return n; /* an error page must not be appended to a partial download */
     /* Counted here, after decoding: a reply without a length (chunked) or a
      * small compressed one (a gzip bomb) is stopped as soon as it is too big. */
     if (s->max_bytes > 0 && (int64_t)(s->len + n) > s->max_bytes) {
@@ -93,6 +126,8 @@ static size_t on_header(char *p, size_t size, size_t nmemb, void *userp)
     if (n >= 5 && !strncmp(p, "HTTP/", 5)) {
         s->server_msg[0] = '\0';
         s->retry_after_s = -1;
+        const char *sp = memchr(p, ' ', n);
+        s->status = sp ? strtol(sp + 1, NULL, 10) : 0;
     }
     if (n > sizeof retry - 1 && !strncasecmp(p, retry, sizeof retry - 1)) {
         char *end;
@@ -255,6 +290,9 @@ static qd_status transfer(const char *url, const qd_fetch_opts *o, sink *s)
         errbuf[0] = '\0';
         if ((st = sink_reset(s)) != QD_OK)
             break;
+        s->status = 0;
+        if (s->resume) /* Range: bytes=LEN- (none when LEN is 0) */
+            curl_easy_setopt(h, CURLOPT_RESUME_FROM_LARGE, (curl_off_t)s->len);
         CURLcode rc = curl_easy_perform(h);
         long code = 0;
         curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
@@ -262,9 +300,19 @@ static qd_status transfer(const char *url, const qd_fetch_opts *o, sink *s)
             fputc('\n', stderr);
         s->drawn = 0;
         s->last_drawn = 0;
-        if (rc == CURLE_OK && code == 200) {
+        /* 206: the rest of a resumed file; 200 with nothing after a complete one */
+        if (rc == CURLE_OK && (code == 200 || (code == 206 && s->resume))) {
             st = QD_OK;
             break;
+        }
+        if (s->resume && (rc == CURLE_RANGE_ERROR || code == 416)) {
+            /* the server cannot resume from here: start the file over */
+            if (fflush(s->f) || ftruncate(fileno(s->f), 0)) {
+                st = qd_error(QD_ERR_IO, "%s: cannot truncate the partial download: %s", s->label, strerror(errno));
+                break;
+            }
+            st = qd_error(QD_ERR_NET, "%s: the server does not resume this download (gave up after %d attempts)", url, a);
+            continue;
         }
         if (rc == CURLE_OK)
             body_error(s);
@@ -296,6 +344,7 @@ void qd_fetch_opts_default(qd_fetch_opts *o)
     o->backoff_ms = 1000;
     o->max_backoff_ms = 30000;
     o->progress = 1;
+    o->resume = 0;
     const char *off = getenv("QUADS_OFFLINE");
     o->offline = off && *off && strcmp(off, "0") != 0;
 }
@@ -324,6 +373,7 @@ typedef struct {
     sink *s;
     qd_fetch_check_fn check;
     void *check_ctx;
+    int transferred;         /* the transfer itself succeeded (any failure is the content's) */
     char hex[65];
 } download;
 
@@ -351,6 +401,7 @@ static qd_status fill_download(FILE *f, const char *path, void *ctx)
     download *d = ctx;
     d->s->f = f;
     qd_status st = transfer(d->url, d->o, d->s);
+    d->transferred = st == QD_OK;
     if (st == QD_OK)
         st = qd_fetch_check_content(d->url, d->s->head, d->s->nhead);
     if (st != QD_OK)
@@ -364,6 +415,34 @@ static qd_status fill_download(FILE *f, const char *path, void *ctx)
     return d->check ? check_download(f, d) : QD_OK;
 }
 
+/* DEST.part, kept across attempts and runs, becomes dest once every check
+ * passed (made durable first, as quant/fileio.c does); a part whose content
+ * fails a check is deleted, one cut short by the network is kept. */
+static qd_status fetch_resumable(const char *dest, download *d)
+{
+    char part[4200];
+    snprintf(part, sizeof part, "%s.part", dest);
+    FILE *f = fopen(part, "a+b");
+    if (!f)
+        return qd_error(QD_ERR_IO, "%s: %s", part, strerror(errno));
+    d->s->resume = 1;
+    qd_status st = fill_download(f, part, d);
+    int keep = st != QD_OK && !d->transferred && !d->s->too_big;
+    if (st == QD_OK && (fflush(f) || fsync(fileno(f)) || fchmod(fileno(f), 0644)))
+        st = qd_error(QD_ERR_IO, "%s: %s", part, strerror(errno));
+    if (fclose(f) && st == QD_OK)
+        st = qd_error(QD_ERR_IO, "%s: close: %s", part, strerror(errno));
+    if (st == QD_OK && rename(part, dest))
+        st = qd_error(QD_ERR_IO, "%s: rename to %s: %s", part, dest, strerror(errno));
+    char *dir = qd_path_dir(dest);
+    if (st == QD_OK && dir)
+        st = qd_fsync_dir(dir);
+    free(dir);
+    if (st != QD_OK && !keep)
+        unlink(part);
+    return st;
+}
+
 qd_status qd_fetch_file_checked(const char *url, const char *dest, const char *sha256_pin,
                                 const qd_fetch_opts *o, qd_fetch_check_fn check, void *check_ctx,
                                 char sha256_out[65])
@@ -375,7 +454,7 @@ qd_status qd_fetch_file_checked(const char *url, const char *dest, const char *s
         return st;
     sink s = {.label = qd_path_base(dest), .show_progress = o->progress && isatty(STDERR_FILENO)};
     download d = {.url = url, .sha256_pin = sha256_pin, .o = o, .s = &s, .check = check, .check_ctx = check_ctx};
-    st = qd_atomic_write_with(dest, fill_download, &d);
+    st = o->resume ? fetch_resumable(dest, &d) : qd_atomic_write_with(dest, fill_download, &d);
     if (st == QD_OK && sha256_out)
         memcpy(sha256_out, d.hex, 65);
     return st;

@@ -18,6 +18,8 @@ typedef struct {
     long max_backoff_ms;
     int progress;           /* progress bar on stderr, only when stderr is a terminal */
     int offline;            /* never touch the network: cache only */
+    int resume;             /* qd_fetch_file: keep an interrupted download in DEST.part and go on
+                               from its end (HTTP Range) on the next attempt or run */
 } qd_fetch_opts;
 
 /* Defaults (15 s connect, 30 s below 1 KB/s, 30 min an attempt, 256 MiB,

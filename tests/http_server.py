@@ -31,6 +31,8 @@ LOCK = threading.Lock()
 HUB_FILES = {
     "HuggingFaceH4/MATH-500": "math500_test.jsonl",
     "math-ai/aime25": "aime25_evalchemy.json",
+    # every release file of it is served by the one real release_v1 copy
+    "livecodebench/code_generation_lite": "livecodebench_release_v1_nopriv_mavencoder.jsonl",
 }
 ROWS = {
     "openai/gsm8k": "gsm8k_test.jsonl",
@@ -152,6 +154,8 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(8)
             self.close_connection = True
             return None
+        if how in ("rangecut", "norange"):
+            return self.ranged(how, body, n)
         if how in ("endless", "drip"):
             return self.stream(how)
         if how == "gzipbomb":  # 64 MiB of 'A' in a ~64 KB gzip reply
@@ -171,6 +175,25 @@ class Handler(BaseHTTPRequestHandler):
         if how == "html":
             return self.send(200, HTML, "text/html")
         return self.not_found()
+
+    def ranged(self, how, body, n):
+        """rangecut: a request without Range is cut at half, one with
+        "Range: bytes=N-" gets 206 and the rest; norange: Range ignored, the
+        first request cut at half, the others whole (200)."""
+        rng = self.headers.get("Range")
+        if rng:
+            hit("range " + self.path)
+        if how == "rangecut" and rng and rng.startswith("bytes=") and rng.endswith("-"):
+            start = int(rng[6:-1])
+            self.send_response(206)
+            self.send_header("Content-Range", "bytes %d-%d/%d" % (start, len(body) - 1, len(body)))
+            self.send_header("Content-Length", str(len(body) - start))
+            self.end_headers()
+            self.wfile.write(body[start:])
+            return None
+        if how == "rangecut" or n == 1:
+            return self.cut(body, len(body) // 2)
+        return self.send(200, body)
 
     def stream(self, how):
         """endless: chunked 64 KB chunks forever; drip: 2 bytes every 0.5 s of a

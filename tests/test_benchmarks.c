@@ -808,7 +808,7 @@ static int hits(const char *path)
     test_opts(&o);
     size_t k = (size_t)snprintf(q, sizeof q, "/hits?path=");
     for (const char *c = path; *c && k + 4 < sizeof q; c++)
-        k += strchr("?&=", *c) ? (size_t)sprintf(q + k, "%%%02X", *c) : (q[k] = *c, (size_t)1);
+        k += strchr("?&= ", *c) ? (size_t)sprintf(q + k, "%%%02X", *c) : (q[k] = *c, (size_t)1);
     q[k] = '\0';
     ck_assert_int_eq(qd_fetch_memory(url_of(q), &o, &buf, &len), QD_OK);
     int n = atoi(buf);
@@ -928,6 +928,15 @@ static double seconds_since(const struct timespec *t0)
     struct timespec t1;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     return (double)(t1.tv_sec - t0->tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0->tv_nsec);
+}
+
+/* Fetches /datasets/t/HOW/resolve/main/AIME24 into the cache (pinned) with o. */
+static qd_status fetch_how_opts(const char *how, const qd_fetch_opts *o, char *dest, size_t n)
+{
+    char path[512];
+    snprintf(path, sizeof path, "/datasets/t/%s/resolve/main/%s", how, AIME24);
+    snprintf(dest, n, "%s/%s/%s", cache, how, AIME24);
+    return qd_fetch_file(url_of(path), dest, AIME24_SHA, o, NULL);
 }
 
 /* Like fetch_how with options of the caller's. */
@@ -1055,6 +1064,84 @@ START_TEST(test_fetch_cleans_stale_temp)
     ck_assert_int_ne(access(stale, F_OK), 0);
     ck_assert_int_ne(access(stale2, F_OK), 0);
     ck_assert_int_eq(cache_files(), 2); /* the file and its .sha256 */
+}
+END_TEST
+
+/* A cut download resumes from its .part file with a Range request, in the
+ * same run (retries) and in the next one; a server that ignores Range makes
+ * the file start over. */
+START_TEST(test_fetch_resume)
+{
+    qd_fetch_opts o;
+    test_opts(&o);
+    o.resume = 1;
+    o.max_attempts = 1;
+    char dest[512], part[600], hex[65];
+    ck_assert_int_ne(fetch_how_opts("rangecut", &o, dest, sizeof dest), QD_OK);
+    snprintf(part, sizeof part, "%s.part", dest);
+    struct stat sb;
+    ck_assert_int_eq(stat(part, &sb), 0);
+    ck_assert_int_eq(sb.st_size, 78472); /* half of the 156,944 bytes, kept */
+    ck_assert_int_eq(fetch_how_opts("rangecut", &o, dest, sizeof dest), QD_OK); /* the next run */
+    ck_assert_int_eq(qd_sha256_file(dest, hex), QD_OK);
+    ck_assert_str_eq(hex, AIME24_SHA);
+    ck_assert_int_ne(access(part, F_OK), 0);
+    ck_assert_int_eq(hits("range /datasets/t/rangecut/resolve/main/aime24_qwen25math.jsonl"), 1);
+    ck_assert_int_eq(hits("/datasets/t/rangecut/resolve/main/aime24_qwen25math.jsonl"), 2);
+    ck_assert_int_eq(cache_files(), 1);
+    /* retries within one run: cut, then a Range the server ignores (200 whole:
+     * libcurl refuses to append it), then from the start */
+    o.max_attempts = 3;
+    ck_assert_int_eq(fetch_how_opts("norange", &o, dest, sizeof dest), QD_OK);
+    ck_assert_int_eq(qd_sha256_file(dest, hex), QD_OK);
+    ck_assert_str_eq(hex, AIME24_SHA);
+    ck_assert_int_eq(hits("/datasets/t/norange/resolve/main/aime24_qwen25math.jsonl"), 3);
+    /* a part whose content fails the checks is not kept */
+    qd_test_write_file(part, "<html>not data");
+    ck_assert_int_ne(fetch_how_opts("rangecut", &o, dest, sizeof dest), QD_OK);
+    ck_assert_int_ne(access(part, F_OK), 0);
+}
+END_TEST
+
+/* LiveCodeBench releases: rows kept whole with their contest dates, selected
+ * by an inclusive date window; each release file is checked for its own
+ * count before it is cached. */
+START_TEST(test_lcb_registry)
+{
+    qd_fetch_opts o;
+    test_opts(&o);
+    const qd_bench_info *b = qd_bench_find("lcb-v1");
+    ck_assert_ptr_nonnull(b);
+    qd_bench_set s;
+    ck_assert_msg(qd_bench_load(b, &o, &s) == QD_OK, "%s", qd_last_error());
+    ck_assert_uint_eq(s.n, 400);
+    ck_assert_str_eq(s.rec[0].id, "1873_A");
+    ck_assert_str_eq(s.rec[0].date, "2023-08-21T00:00:00");
+    ck_assert_str_eq(s.rec[0].answer, "");
+    ck_assert_ptr_nonnull(strstr(s.rec[0].row, "\"public_test_cases\":"));
+    ck_assert_ptr_nonnull(strstr(s.rec[0].problem, "There are three cards with letters"));
+    qd_bench_set_free(&s);
+    static const struct {
+        const char *from, *to;
+        size_t n;
+    } win[] = {{"2023-09-01", "2023-09-30", 44}, {"2023-09-30", "2023-09-30", 8}, {"2024-01-01", NULL, 75},
+               {NULL, "2023-05-07", 2}, {"2025-01-01", NULL, 0}};
+    for (size_t i = 0; i < sizeof win / sizeof win[0]; i++) {
+        ck_assert_int_eq(qd_bench_load_window(b, &o, win[i].from, win[i].to, &s), QD_OK);
+        ck_assert_msg(s.n == win[i].n, "window %zu: %zu records", i, s.n);
+        ck_assert_uint_eq(s.read, 400);
+        for (size_t k = 0; k < s.n; k++)
+            ck_assert(!win[i].from || strncmp(s.rec[k].date, win[i].from, 10) >= 0);
+        qd_bench_set_free(&s);
+    }
+    ck_assert_int_eq(hits("/datasets/livecodebench/code_generation_lite/resolve/main/test.jsonl"), 1);
+    ck_assert_int_ne(qd_bench_load_window(qd_bench_find("aime24"), &o, "2024-01-01", NULL, &s), QD_OK);
+    ck_assert_ptr_nonnull(strstr(qd_last_error(), "no date"));
+    /* release_v2 = test.jsonl (cached) + test2.jsonl; here the server's
+     * test2.jsonl holds 400 problems, not 111: refused, not cached */
+    ck_assert_int_ne(qd_bench_load(qd_bench_find("lcb-v2"), &o, &s), QD_OK);
+    ck_assert_msg(strstr(qd_last_error(), "test2.jsonl: 400 records, the registry expects 111"), "%s", qd_last_error());
+    ck_assert_int_eq(cache_files(), 2); /* test.jsonl and its .sha256 */
 }
 END_TEST
 
@@ -1220,6 +1307,18 @@ START_TEST(test_cli)
     ck_assert_ptr_nonnull(strstr(out, "offline"));
     ck_assert_int_eq(qd_test_run_quads("bench fetch minerva", out, sizeof out), 1);
     ck_assert_ptr_nonnull(strstr(out, "HTTP 404 (not found): Entry not found"));
+    ck_assert_int_eq(qd_test_run_quads("bench show --offline --from 2023-09-30 --to 2023-09-30 lcb-v1", out, sizeof out), 1);
+    ck_assert_int_eq(qd_test_run_quads("bench fetch lcb-v1", out, sizeof out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "code_generation_lite/main/test.jsonl\t400 records\n"));
+    ck_assert_int_eq(qd_test_run_quads("bench show --offline --from 2023-09-30 --to 2023-09-30 lcb-v1", out, sizeof out), 0);
+    int lines = 0;
+    for (const char *c = out; (c = strstr(c, "\"date\":\"2023-09-30T00:00:00\"")); c++)
+        lines++;
+    ck_assert_int_eq(lines, 8);
+    ck_assert_int_eq(qd_test_run_quads("bench show --from 2023-9-30 lcb-v1", out, sizeof out), 2);
+    ck_assert_int_eq(qd_test_run_quads("bench show --from 2023-09-30 aime24", out, sizeof out), 2);
+    ck_assert_int_eq(qd_test_run_quads("bench list", out, sizeof out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "lcb-v6         file      1055"));
     ck_assert_int_eq(qd_test_run_quads("bench fetch nope", out, sizeof out), 2);
     ck_assert_int_eq(qd_test_run_quads("bench show --field answer x.json", out, sizeof out), 2);
 }
@@ -1267,6 +1366,8 @@ Suite *suite_benchmarks(void)
     tcase_add_test(tc, test_fetch_unparsable_not_cached);
     tcase_add_test(tc, test_fetch_cleans_stale_temp);
     tcase_add_test(tc, test_rows_huge_claim);
+    tcase_add_test(tc, test_fetch_resume);
+    tcase_add_test(tc, test_lcb_registry);
     tcase_add_test(tc, test_registry_rows_and_offline);
     tcase_add_test(tc, test_registry_entries);
     tcase_add_test(tc, test_rows_failures);
