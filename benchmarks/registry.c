@@ -178,15 +178,16 @@ static qd_status record_digest(const char *path, const char *hex)
     return qd_atomic_write(side, line, 65);
 }
 
-/* The smaller nonzero of two limits. */
-static int64_t tighter(int64_t a, int64_t b) { return !a ? b : !b ? a : a < b ? a : b; }
-
-/* The fetch options for b: the caller's, within the entry's own limits. */
+/* The fetch options for b: the entry's own size and time limits where it
+ * has them (LiveCodeBench's files are far over the 256 MiB default), else
+ * the caller's. */
 static qd_fetch_opts limits_for(const qd_bench_info *b, const qd_fetch_opts *o)
 {
     qd_fetch_opts l = *o;
-    l.max_bytes = tighter(o->max_bytes, b->max_bytes);
-    l.timeout_s = (long)tighter(o->timeout_s, b->timeout_s);
+    if (b->max_bytes)
+        l.max_bytes = b->max_bytes;
+    if (b->timeout_s)
+        l.timeout_s = b->timeout_s;
     l.resume = b->resume;
     return l;
 }
@@ -368,7 +369,8 @@ static qd_status append_set(qd_bench_set *dst, qd_bench_set *src, const char *na
     qd_bench_record *r = realloc(dst->rec, (dst->n + src->n + 1) * sizeof *r);
     if (!r)
         return qd_error(QD_ERR_NOMEM, "%s: out of memory", name);
-    memcpy(r + dst->n, src->rec, src->n * sizeof *r);
+    if (src->n)
+        memcpy(r + dst->n, src->rec, src->n * sizeof *r);
     dst->rec = r;
     dst->n += src->n;
     dst->read += src->read;

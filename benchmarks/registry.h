@@ -28,8 +28,8 @@ typedef struct {
     const char *sha256;   /* FILE: pinned digest, or NULL when not known */
     size_t rows;          /* expected record count, 0 when not known */
     size_t max_rows;      /* ROWS without a known count: the most a reply may claim (0: QD_BENCH_MAX_ROWS) */
-    int64_t max_bytes;    /* largest download (0: the fetch options' limit alone) */
-    long timeout_s;       /* longest attempt (0: the fetch options' limit alone) */
+    int64_t max_bytes;    /* largest download, in place of the fetch options' (0: theirs) */
+    long timeout_s;       /* longest attempt, in place of the fetch options' (0: theirs) */
     qd_bench_fields fields;
     const char *date_field; /* records' date, for a date window (qd_bench_load_window), or NULL */
     int synth_steps;      /* SYNTH: operations per problem */
@@ -62,7 +62,7 @@ qd_status qd_bench_part_url(const qd_bench_info *b, int k, char *out, size_t n);
  * digest, else the one recorded when it was fetched), fetching it unless
  * offline; path receives the cached file. A download is cached only once it
  * parses with the entry's fields into the expected number of records, within
- * the entry's limits (the smaller of its own and those of o). */
+ * the entry's limits (its own where it has them, else those of o). */
 qd_status qd_bench_fetch(const qd_bench_info *b, const qd_fetch_opts *o, char *path, size_t n);
 /* Fetches (or finds in the cache) and parses a FILE or ROWS entry, every
  * part in order. */

@@ -959,6 +959,25 @@ START_TEST(test_fetch_default_limits)
 }
 END_TEST
 
+/* An entry's own limits replace the caller's: LiveCodeBench's 1.25 GB
+ * test.jsonl is over the 256 MiB default; a tiny entry limit stops a
+ * download the defaults allow. */
+START_TEST(test_entry_limits)
+{
+    ck_assert_int_gt(qd_bench_find("lcb-v1")->max_bytes, (int64_t)1300000000);
+    qd_fetch_opts o;
+    test_opts(&o);
+    qd_bench_info b = {.name = "t", .source = QD_SRC_FILE, .repo = "t/ok", .revision = "main", .path = AIME24,
+                       .max_bytes = 1000, .fields = {"problem", "answer", NULL, "id", QD_ANSWER_PLAIN}};
+    qd_bench_set s;
+    expect_failure(qd_bench_load(&b, &o, &s), "larger than the limit of 1000 bytes");
+    b.max_bytes = 0;
+    ck_assert_int_eq(qd_bench_load(&b, &o, &s), QD_OK);
+    ck_assert_uint_eq(s.n, 30);
+    qd_bench_set_free(&s);
+}
+END_TEST
+
 /* An endless chunked body stops at the size limit, leaving nothing behind. */
 START_TEST(test_fetch_endless_body)
 {
@@ -1360,6 +1379,7 @@ Suite *suite_benchmarks(void)
     tcase_add_test(tc, test_fetch_bad_content);
     tcase_add_test(tc, test_fetch_default_limits);
     tcase_add_test(tc, test_fetch_endless_body);
+    tcase_add_test(tc, test_entry_limits);
     tcase_add_test(tc, test_fetch_drip);
     tcase_add_test(tc, test_fetch_gzip_bomb);
     tcase_add_test(tc, test_fetch_sanitizes_server_text);
