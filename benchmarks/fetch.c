@@ -39,9 +39,8 @@ typedef struct {
     long status;             /* HTTP status of the response being received */
 } sink;
 
-/* A resumed transfer starts from what f already holds: its length, digest
- * and first bytes. */
-static qd_status sink_resume(sink *s)
+/* Nothing received yet. */
+static void sink_clear(sink *s)
 {
     s->len = 0;
     s->too_big = 0;
@@ -49,6 +48,13 @@ static qd_status sink_resume(sink *s)
     s->server_msg[0] = '\0';
     s->retry_after_s = -1;
     qd_sha256_init(&s->sha);
+}
+
+/* A resumed transfer starts from what f already holds: its length, digest
+ * and first bytes. */
+static qd_status sink_resume(sink *s)
+{
+    sink_clear(s);
     char buf[1 << 16];
     size_t n;
     if (fflush(s->f) || fseek(s->f, 0, SEEK_SET))
@@ -69,12 +75,7 @@ static qd_status sink_reset(sink *s)
 {
     if (s->resume)
         return sink_resume(s);
-    s->len = 0;
-    s->too_big = 0;
-    s->nhead = 0;
-    s->server_msg[0] = '\0';
-    s->retry_after_s = -1;
-    qd_sha256_init(&s->sha);
+    sink_clear(s);
     if (s->f && (fflush(s->f) || ftruncate(fileno(s->f), 0) || fseek(s->f, 0, SEEK_SET)))
         return qd_error(QD_ERR_IO, "%s: cannot truncate temporary file: %s", s->label, strerror(errno));
     return QD_OK;

@@ -322,17 +322,20 @@ static bool scalar_tree(const qd_rw_node *e, bool pm)
 
 static bool is_scalar(const qd_rw_node *e) { return scalar_tree(e, false); }
 
-static bool has_inf(const qd_rw_node *e)
+/* Does the tree hold a node of kind k (\infty, a matrix, a ±)? */
+static bool has_kind(const qd_rw_node *e, qd_rw_kind k)
 {
     if (!e)
         return false;
-    if (e->kind == QD_RW_INF)
+    if (e->kind == k)
         return true;
     for (int i = 0; i < e->nkids; i++)
-        if (has_inf(e->kids[i]))
+        if (has_kind(e->kids[i], k))
             return true;
     return false;
 }
+
+static bool has_inf(const qd_rw_node *e) { return has_kind(e, QD_RW_INF); }
 
 static bool close_enough(double a, double b)
 {
@@ -688,17 +691,7 @@ typedef struct {
     double v[MAX_CELLS]; /* (rows, cols) row-major */
 } matrix;
 
-static bool has_matrix(const qd_rw_node *e)
-{
-    if (!e)
-        return false;
-    if (e->kind == QD_RW_MATRIX)
-        return true;
-    for (int i = 0; i < e->nkids; i++)
-        if (has_matrix(e->kids[i]))
-            return true;
-    return false;
-}
+static bool has_matrix(const qd_rw_node *e) { return has_kind(e, QD_RW_MATRIX); }
 
 /* Numeric value of a matrix expression: sums, products, scalar multiples. */
 static bool mat_eval(const qd_rw_node *e, int trial, matrix *m)
@@ -770,17 +763,7 @@ static bool mat_expr_eq(const qd_rw_node *g, const qd_rw_node *p)
     return true;
 }
 
-static bool has_pm(const qd_rw_node *e)
-{
-    if (!e)
-        return false;
-    if (e->kind == QD_RW_PM)
-        return true;
-    for (int i = 0; i < e->nkids; i++)
-        if (has_pm(e->kids[i]))
-            return true;
-    return false;
-}
+static bool has_pm(const qd_rw_node *e) { return has_kind(e, QD_RW_PM); }
 
 /* e with every ± taken as + (sign 1) or - (sign -1); subtrees without one
  * are shared, not copied. */
