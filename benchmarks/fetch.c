@@ -36,6 +36,7 @@ typedef struct {
     int drawn;               /* a progress line is on screen */
     curl_off_t last_drawn;
     int resume;              /* f is a .part file that attempts extend (HTTP Range) */
+    curl_off_t base;         /* bytes the file held when this attempt started */
     long status;             /* HTTP status of the response being received */
 } sink;
 
@@ -159,6 +160,8 @@ static int on_progress(void *userp, curl_off_t total, curl_off_t now, curl_off_t
         return 0;
     s->last_drawn = now;
     s->drawn = 1;
+    now += s->base; /* a resumed download counts what it already had */
+    total += total > 0 ? s->base : 0;
     if (total > 0) {
         int width = 30, done = (int)(width * now / total);
         fprintf(stderr, "\r%-28.28s [%.*s%*s] %3d%% %.1f/%.1f MB", s->label, done,
@@ -292,6 +295,7 @@ static qd_status transfer(const char *url, const qd_fetch_opts *o, sink *s)
         if ((st = sink_reset(s)) != QD_OK)
             break;
         s->status = 0;
+        s->base = s->resume ? (curl_off_t)s->len : 0;
         if (s->resume) /* Range: bytes=LEN- (none when LEN is 0) */
             curl_easy_setopt(h, CURLOPT_RESUME_FROM_LARGE, (curl_off_t)s->len);
         CURLcode rc = curl_easy_perform(h);
@@ -502,13 +506,18 @@ qd_status qd_fetch_lock(const char *dest, int *fd)
         free(dir);
         return st != QD_OK ? st : qd_error(QD_ERR_NOMEM, "%s: out of memory", dest);
     }
-    int d = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (d < 0 || flock(d, LOCK_EX)) {
-        st = qd_error(QD_ERR_IO, "%s: cannot lock the cache directory: %s", dir, strerror(errno));
-        if (d >= 0)
-            close(d);
+    int d = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), locked;
+    if (d < 0) {
+        st = qd_error(QD_ERR_IO, "%s: cannot open the cache directory: %s", dir, strerror(errno));
         free(dir);
         return st;
+    }
+    while ((locked = !flock(d, LOCK_EX)) == 0 && errno == EINTR)
+        ;
+    if (!locked) { /* a filesystem without flock: fetch unlocked, and leave temp files be */
+        free(dir);
+        *fd = d;
+        return QD_OK;
     }
     const char *base = qd_path_base(dest);
     snprintf(side, sizeof side, "%s.sha256", base);

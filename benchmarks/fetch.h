@@ -43,7 +43,8 @@ qd_status qd_fetch_file(const char *url, const char *dest, const char *sha256_pi
 
 /* Takes the lock of dest's directory (blocking; creates the directory) and,
  * holding it, removes the temp files a killed fetch of dest or of its .sha256
- * left behind: no live writer can own them. *fd is released by qd_fetch_unlock. */
+ * left behind: no live writer can own them. Where the filesystem has no
+ * flock, nothing is locked or removed. *fd is released by qd_fetch_unlock. */
 qd_status qd_fetch_lock(const char *dest, int *fd);
 void qd_fetch_unlock(int fd);
 
