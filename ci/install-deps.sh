@@ -5,7 +5,7 @@
 set -eu
 
 PKGS="build-essential autoconf automake libtool pkg-config \
-libjansson-dev libcurl4-openssl-dev check libpcre2-dev libutf8proc-dev \
+libjansson-dev libcurl4-openssl-dev check libpcre2-dev libutf8proc-dev libgmp-dev zlib1g-dev \
 python3 python3-pip"
 
 SUDO=""
