@@ -10,6 +10,7 @@
 #include "orchestrator/commands.h"
 #include "rewards/code.h"
 #include "rewards/rewards.h"
+#include "rewards/sandbox.h"
 
 static void usage(FILE *f)
 {
@@ -175,6 +176,12 @@ static int code_flush(const qd_code_opts *o, code_line *lines, int n)
 static int grade_code(const qd_code_opts *o)
 {
     enum { BATCH = 256 };
+    /* No interpreter or a bad QD_SANDBOX_LEVEL fails the command, rather
+     * than every sample with sandbox_error. */
+    if (qd_sandbox_isolation(NULL, NULL)) {
+        fprintf(stderr, "quads grade: %s\n", qd_last_error());
+        return 1;
+    }
     code_line *lines = calloc(BATCH, sizeof *lines);
     char *line = NULL;
     size_t cap = 0;
@@ -213,7 +220,7 @@ static bool parse_pos(const char *flag, const char *s, double *out)
 int qd_cmd_grade(int argc, char **argv)
 {
     qd_grade_style style = QD_GRADE_MATH;
-    bool code = false;
+    bool code = false, code_flags = false;
     qd_code_opts copts = qd_code_opts_default();
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -234,6 +241,11 @@ int qd_cmd_grade(int argc, char **argv)
             const char *flag = argv[i++];
             if (!parse_pos(flag, argv[i], &v))
                 return 2;
+            code_flags = true;
+            if (k == 0 && (v != (int)v || v > 4096)) {
+                fprintf(stderr, "quads grade: --jobs '%s': expected an integer from 1 to 4096\n", argv[i]);
+                return 2;
+            }
             if (k == 0)
                 copts.jobs = (int)v;
             else if (k == 1)
@@ -257,6 +269,10 @@ int qd_cmd_grade(int argc, char **argv)
     }
     if (code)
         return grade_code(&copts);
+    if (code_flags) {
+        fprintf(stderr, "quads grade: --jobs, --timeout, --problem-timeout and --memory-mb go with --style code\n");
+        return 2;
+    }
     char *line = NULL;
     size_t cap = 0;
     long lineno = 0;

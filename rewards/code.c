@@ -763,7 +763,10 @@ qd_status qd_code_grade(const qd_code_opts *opts, const char *const *outputs,
     }
     if (qd_sandbox_isolation(NULL, NULL))
         fail_all(&b, qd_last_error());
-    int nthreads = opts->jobs;
+    int items = 0; /* no more workers than tests */
+    for (int i = 0; i < n; i++)
+        items += b.code[i] ? problems[i]->ntests : 0;
+    int nthreads = opts->jobs < items ? opts->jobs : (items > 0 ? items : 1);
     pthread_t *th = nthreads > 1 ? calloc((size_t)nthreads - 1, sizeof *th) : NULL;
     int started = 0;
     for (int t = 0; th && t < nthreads - 1; t++, started++)

@@ -633,8 +633,29 @@ static bool probe(qd_sandbox_level level)
     return ok;
 }
 
+/* QD_SANDBOX_LEVEL caps the isolation (to debug, or where a probe of the
+ * jail would be unwelcome); it cannot raise it. */
+static bool level_cap(qd_sandbox_level *cap)
+{
+    const char *want = getenv("QD_SANDBOX_LEVEL");
+    *cap = QD_SANDBOX_JAIL;
+    if (!want || !*want)
+        return true;
+    for (int l = QD_SANDBOX_JAIL; l <= QD_SANDBOX_RLIMITS; l++)
+        if (!strcmp(want, qd_sandbox_level_name((qd_sandbox_level)l))) {
+            *cap = (qd_sandbox_level)l;
+            return true;
+        }
+    g.st = QD_ERR_ARG;
+    snprintf(g.err, sizeof g.err, "sandbox: QD_SANDBOX_LEVEL '%s': expected jail, uid or rlimits", want);
+    return false;
+}
+
 static void init_once(void)
 {
+    qd_sandbox_level cap;
+    if (!level_cap(&cap))
+        return;
     if (!find_python(g.python)) {
         g.st = QD_ERR_UNSUPPORTED;
         snprintf(g.err, sizeof g.err,
@@ -643,19 +664,20 @@ static void init_once(void)
         return;
     }
     plan_binds();
-    if (geteuid() == 0) {
-        if (probe(QD_SANDBOX_JAIL)) {
-            g.level = QD_SANDBOX_JAIL;
-            return;
-        }
-        fprintf(stderr, "quads: warning: the code sandbox cannot make namespaces here (%s); "
+    bool root = geteuid() == 0;
+    if (root && cap == QD_SANDBOX_JAIL && probe(QD_SANDBOX_JAIL)) {
+        g.level = QD_SANDBOX_JAIL;
+        return;
+    }
+    if (root && cap <= QD_SANDBOX_UID) {
+        fprintf(stderr, "quads: warning: the code sandbox runs without namespaces (%s); "
                         "model-written code runs as nobody with rlimits but WITH network access "
-                        "(docs/sandbox.md)\n", g.err);
+                        "(docs/sandbox.md)\n", cap == QD_SANDBOX_JAIL ? g.err : "QD_SANDBOX_LEVEL=uid");
         g.level = QD_SANDBOX_UID;
     } else {
-        fprintf(stderr, "quads: warning: not root: the code sandbox runs model-written code as this "
+        fprintf(stderr, "quads: warning: %s: the code sandbox runs model-written code as this "
                         "user with rlimits only, with network access and this user's files "
-                        "(docs/sandbox.md)\n");
+                        "(docs/sandbox.md)\n", root ? "QD_SANDBOX_LEVEL=rlimits" : "not root");
         g.level = QD_SANDBOX_RLIMITS;
     }
     if (!probe(g.level))

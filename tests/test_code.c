@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include "rewards/code.h"
 #include "tests/suites.h"
 
@@ -392,9 +394,44 @@ START_TEST(test_code_cli)
     ck_assert_msg(strstr(out, "stdin line 1: field 'problem': field 'public_test_cases' is not JSON"), "%s", out);
     snprintf(args, sizeof args, "grade --style code --jobs 0 < %s/bad.jsonl", dir);
     ck_assert_int_eq(qd_test_run_quads(args, out, sizeof out), 2);
+    snprintf(args, sizeof args, "grade --style code --jobs 1.5 < %s/bad.jsonl", dir);
+    ck_assert_int_eq(qd_test_run_quads(args, out, sizeof out), 2);
+    snprintf(args, sizeof args, "grade --style math --timeout 3 < %s/bad.jsonl", dir);
+    ck_assert_int_eq(qd_test_run_quads(args, out, sizeof out), 2);
+    ck_assert_msg(strstr(out, "go with --style code"), "%s", out);
     free(text);
     free(l1);
     free(l2);
+    json_decref(line);
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
+START_TEST(test_code_cli_weaker_levels)
+{
+    /* QD_SANDBOX_LEVEL=uid and =rlimits run the fallbacks (and say so on
+     * stderr); a bad value is a clear error. */
+    char dir[64], out[8192], args[512];
+    qd_test_mkdtemp(dir, sizeof dir, "codelvl");
+    chmod(dir, 0755); /* the uid level's nobody needs to reach nothing here, but TMPDIR below */
+    json_t *line = json_pack("{s:s, s:O}", "output", "```python\nprint('L' + 'o' * int(input()) + 'ng')\n```",
+                             "problem", json_object_get(lcb_rows(), "abc336_a"));
+    char *l1 = json_dumps(line, JSON_COMPACT);
+    qd_test_write_file(qd_test_join(dir, "in.jsonl"), l1);
+    setenv("TMPDIR", "/tmp", 1);
+    const char *levels[] = {"uid", "rlimits"};
+    for (int i = 0; i < (geteuid() == 0 ? 2 : 1); i++) {
+        const char *lv = geteuid() == 0 ? levels[i] : "rlimits";
+        setenv("QD_SANDBOX_LEVEL", lv, 1);
+        snprintf(args, sizeof args, "grade --style code < %s/in.jsonl", dir);
+        ck_assert_int_eq(qd_test_run_quads(args, out, sizeof out), 0);
+        ck_assert_msg(strstr(out, "warning:") && strstr(out, "\"correct\":true,\"passed\":2"), "%s: %s", lv, out);
+    }
+    setenv("QD_SANDBOX_LEVEL", "vm", 1);
+    ck_assert_int_ne(qd_test_run_quads(args, out, sizeof out), 0);
+    ck_assert_msg(strstr(out, "QD_SANDBOX_LEVEL 'vm': expected jail, uid or rlimits"), "%s", out);
+    unsetenv("QD_SANDBOX_LEVEL");
+    free(l1);
     json_decref(line);
     qd_test_rm_tree(dir);
 }
@@ -415,6 +452,7 @@ Suite *suite_code(void)
     tcase_add_test(tc, test_code_stdin_program_semantics);
     tcase_add_test(tc, test_code_wrong_program_sweep);
     tcase_add_test(tc, test_code_cli);
+    tcase_add_test(tc, test_code_cli_weaker_levels);
     suite_add_tcase(s, tc);
     return s;
 }
