@@ -178,9 +178,27 @@ static bool ieq(span s, const char *word)
     return strlen(word) == s.n && !strncasecmp(s.p, word, s.n);
 }
 
+static bool decimal_parse_clean(span s, decimal *d);
+
+/* Python's Decimal(str) drops every underscore before it parses ("_1",
+ * "1__0" and "in_f" are numbers to it). */
 static bool decimal_parse(span s, decimal *d)
 {
     memset(d, 0, sizeof *d);
+    char *clean = malloc(s.n + 1);
+    if (!clean)
+        return false;
+    size_t n = 0;
+    for (size_t i = 0; i < s.n; i++)
+        if (s.p[i] != '_')
+            clean[n++] = s.p[i];
+    bool ok = decimal_parse_clean((span){clean, n}, d);
+    free(clean);
+    return ok;
+}
+
+static bool decimal_parse_clean(span s, decimal *d)
+{
     size_t i = 0;
     if (i < s.n && (s.p[i] == '+' || s.p[i] == '-'))
         d->neg = s.p[i++] == '-';
@@ -203,20 +221,16 @@ static bool decimal_parse(span s, decimal *d)
     size_t nd = 0;
     long long frac = 0;
     bool dot = false, any = false;
-    char prev = 0;
     for (; i < s.n; i++) {
         char c = s.p[i];
         if (isdigit((unsigned char)c)) {
             d->digits[nd++] = c;
             frac += dot;
             any = true;
-        } else if (c == '_' && isdigit((unsigned char)prev) && i + 1 < s.n && isdigit((unsigned char)s.p[i + 1]))
-            ; /* PEP 515 underscores between digits */
-        else if (c == '.' && !dot)
+        } else if (c == '.' && !dot)
             dot = true;
         else
             break;
-        prev = c;
     }
     if (!any)
         return false;
@@ -230,14 +244,10 @@ static bool decimal_parse(span s, decimal *d)
             eneg = s.p[i++] == '-';
         if (i == s.n)
             return false;
-        for (prev = 0; i < s.n; i++) {
-            char c = s.p[i];
-            if (c == '_' && isdigit((unsigned char)prev) && i + 1 < s.n && isdigit((unsigned char)s.p[i + 1]))
-                continue;
-            if (!isdigit((unsigned char)c) || e > (long long)1e15)
-                return false;
-            e = e * 10 + (c - '0');
-            prev = c;
+        for (; i < s.n; i++) {
+            if (!isdigit((unsigned char)s.p[i]) || e > (long long)1e15)
+                return false; /* exponents past 1e15: out of what this compares exactly */
+            e = e * 10 + (s.p[i] - '0');
         }
         e = eneg ? -e : e;
     }

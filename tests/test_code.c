@@ -49,6 +49,30 @@ START_TEST(test_code_stdout_compare)
 }
 END_TEST
 
+START_TEST(test_code_stdout_compare_reference)
+{
+    /* 3,205 pairs (tokens x tokens, lines x lines) with the verdict of
+     * LiveCodeBench's comparison as Python's decimal module gives it
+     * (tests/ref/lcb_compare_cases.py) */
+    json_t *cases = qd_test_load_jsonl(qd_test_path("tests/fixtures/code/compare_cases.jsonl"));
+    ck_assert_int_ge(json_array_size(cases), 2000);
+    int bad = 0, equal = 0;
+    size_t i;
+    json_t *c;
+    json_array_foreach(cases, i, c) {
+        const char *got = json_string_value(json_object_get(c, "got"));
+        const char *exp = json_string_value(json_object_get(c, "expected"));
+        bool want = json_is_true(json_object_get(c, "equal"));
+        equal += want;
+        if (qd_code_stdout_equal(got, exp) != want && bad++ < 10)
+            fprintf(stderr, "compare %zu: '%s' vs '%s': want %d\n", i, got, exp, want);
+    }
+    ck_assert_int_eq(bad, 0);
+    ck_assert_int_eq(equal, 245);
+    json_decref(cases);
+}
+END_TEST
+
 static bool jeq(const char *a, const char *b)
 {
     json_t *x = json_loads(a, JSON_DECODE_ANY, NULL), *y = json_loads(b, JSON_DECODE_ANY, NULL);
@@ -444,6 +468,7 @@ Suite *suite_code(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_code_extract);
     tcase_add_test(tc, test_code_stdout_compare);
+    tcase_add_test(tc, test_code_stdout_compare_reference);
     tcase_add_test(tc, test_code_json_equal);
     tcase_add_test(tc, test_code_problem_parse);
     tcase_add_test(tc, test_code_written_solutions);
