@@ -83,6 +83,27 @@ static bool jeq(const char *a, const char *b)
     return r;
 }
 
+START_TEST(test_code_json_equal_reference)
+{
+    /* 1,681 pairs of JSON values with Python's json.loads(a) == json.loads(b)
+     * (tests/ref/lcb_compare_cases.py) */
+    json_t *cases = qd_test_load_jsonl(qd_test_path("tests/fixtures/code/json_equal_cases.jsonl"));
+    int bad = 0, equal = 0;
+    size_t i;
+    json_t *c;
+    json_array_foreach(cases, i, c) {
+        const char *a = json_string_value(json_object_get(c, "a")), *b = json_string_value(json_object_get(c, "b"));
+        bool want = json_is_true(json_object_get(c, "equal"));
+        equal += want;
+        if (jeq(a, b) != want && bad++ < 10)
+            fprintf(stderr, "json %zu: %s vs %s: want %d\n", i, a, b, want);
+    }
+    ck_assert_int_eq(bad, 0);
+    ck_assert_int_eq(equal, 81);
+    json_decref(cases);
+}
+END_TEST
+
 START_TEST(test_code_json_equal)
 {
     /* Python's == between the returned value and json.loads(expected) */
@@ -470,6 +491,7 @@ Suite *suite_code(void)
     tcase_add_test(tc, test_code_stdout_compare);
     tcase_add_test(tc, test_code_stdout_compare_reference);
     tcase_add_test(tc, test_code_json_equal);
+    tcase_add_test(tc, test_code_json_equal_reference);
     tcase_add_test(tc, test_code_problem_parse);
     tcase_add_test(tc, test_code_written_solutions);
     tcase_add_test(tc, test_code_private_vector);

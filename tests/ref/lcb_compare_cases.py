@@ -1,7 +1,8 @@
 """Expected verdicts of LiveCodeBench's stdout comparison for pairs of outputs.
 
 Writes tests/fixtures/code/compare_cases.jsonl: one {"got", "expected", "equal"}
-per line, where "equal" is what LiveCodeBench's grade_stdio decides
+per line (and tests/fixtures/code/json_equal_cases.jsonl: pairs of JSON texts
+with Python's json.loads(a) == json.loads(b), the functional comparison), where "equal" is what LiveCodeBench's grade_stdio decides
 (LiveCodeBench/LiveCodeBench@28fef95 lcb_runner/evaluation/testing_util.py:
 get_stripped_lines, then per line string equality or else equal lists of
 decimal.Decimal; a comparison that raises, as sNaN does, fails the test).
@@ -17,6 +18,13 @@ from decimal import Decimal
 from itertools import product
 
 OUT = "tests/fixtures/code/compare_cases.jsonl"
+OUT_JSON = "tests/fixtures/code/json_equal_cases.jsonl"
+
+VALUES = ["0", "1", "-1", "1.0", "0.0", "-0.0", "2", "2.0", "2.5", "true", "false", "null", "\"1\"",
+          "\"\"", "\"a\"", "[]", "[1]", "[1.0]", "[true]", "[1, 2]", "[2, 1]", "[[1, 2]]", "[[1.0, 2]]",
+          "{}", "{\"a\": 1}", "{\"a\": 1.0}", "{\"a\": true}", "{\"b\": 1}", "{\"a\": 1, \"b\": 2}",
+          "{\"b\": 2, \"a\": 1}", "0.1", "0.30000000000000004", "0.3", "1e3", "1000",
+          "9007199254740993", "9007199254740992.0", "[null]", "[[]]", "\"\\u00e9\"", "\"\u00e9\""]
 
 
 def stripped_lines(s):
@@ -63,6 +71,13 @@ def main():
         for a, b in cases:
             f.write(json.dumps({"got": a, "expected": b, "equal": lcb_equal(a, b)}) + "\n")
     print(f"{OUT}: {len(cases)} cases, {sum(lcb_equal(a, b) for a, b in cases)} equal")
+    n = eq = 0
+    with open(OUT_JSON, "w") as f:
+        for a, b in product(VALUES, VALUES):
+            e = json.loads(a) == json.loads(b)
+            f.write(json.dumps({"a": a, "b": b, "equal": e}) + "\n")
+            n, eq = n + 1, eq + e
+    print(f"{OUT_JSON}: {n} cases, {eq} equal")
 
 
 if __name__ == "__main__":
