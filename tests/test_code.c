@@ -49,30 +49,6 @@ START_TEST(test_code_stdout_compare)
 }
 END_TEST
 
-START_TEST(test_code_stdout_compare_reference)
-{
-    /* 3,205 pairs (tokens x tokens, lines x lines) with the verdict of
-     * LiveCodeBench's comparison as Python's decimal module gives it
-     * (tests/ref/lcb_compare_cases.py) */
-    json_t *cases = qd_test_load_jsonl(qd_test_path("tests/fixtures/code/compare_cases.jsonl"));
-    ck_assert_int_ge(json_array_size(cases), 2000);
-    int bad = 0, equal = 0;
-    size_t i;
-    json_t *c;
-    json_array_foreach(cases, i, c) {
-        const char *got = json_string_value(json_object_get(c, "got"));
-        const char *exp = json_string_value(json_object_get(c, "expected"));
-        bool want = json_is_true(json_object_get(c, "equal"));
-        equal += want;
-        if (qd_code_stdout_equal(got, exp) != want && bad++ < 10)
-            fprintf(stderr, "compare %zu: '%s' vs '%s': want %d\n", i, got, exp, want);
-    }
-    ck_assert_int_eq(bad, 0);
-    ck_assert_int_eq(equal, 245);
-    json_decref(cases);
-}
-END_TEST
-
 static bool jeq(const char *a, const char *b)
 {
     json_t *x = json_loads(a, JSON_DECODE_ANY, NULL), *y = json_loads(b, JSON_DECODE_ANY, NULL);
@@ -83,24 +59,39 @@ static bool jeq(const char *a, const char *b)
     return r;
 }
 
-START_TEST(test_code_json_equal_reference)
+/* Every case of a reference file (tests/ref/lcb_compare_cases.py): eq on
+ * fields fa and fb must give "equal"; returns how many cases are equal. */
+static int check_reference(const char *file, const char *fa, const char *fb, bool (*eq)(const char *, const char *))
 {
-    /* 1,681 pairs of JSON values with Python's json.loads(a) == json.loads(b)
-     * (tests/ref/lcb_compare_cases.py) */
-    json_t *cases = qd_test_load_jsonl(qd_test_path("tests/fixtures/code/json_equal_cases.jsonl"));
+    json_t *cases = qd_test_load_jsonl(qd_test_path(file));
     int bad = 0, equal = 0;
     size_t i;
     json_t *c;
     json_array_foreach(cases, i, c) {
-        const char *a = json_string_value(json_object_get(c, "a")), *b = json_string_value(json_object_get(c, "b"));
+        const char *a = json_string_value(json_object_get(c, fa)), *b = json_string_value(json_object_get(c, fb));
         bool want = json_is_true(json_object_get(c, "equal"));
         equal += want;
-        if (jeq(a, b) != want && bad++ < 10)
-            fprintf(stderr, "json %zu: %s vs %s: want %d\n", i, a, b, want);
+        if (eq(a, b) != want && bad++ < 10)
+            fprintf(stderr, "%s line %zu: '%s' vs '%s': want %d\n", file, i + 1, a, b, want);
     }
     ck_assert_int_eq(bad, 0);
-    ck_assert_int_eq(equal, 81);
     json_decref(cases);
+    return equal;
+}
+
+START_TEST(test_code_stdout_compare_reference)
+{
+    /* 3,205 pairs (tokens x tokens, lines x lines) with the verdict of
+     * LiveCodeBench's comparison as Python's decimal module gives it */
+    ck_assert_int_eq(check_reference("tests/fixtures/code/compare_cases.jsonl", "got", "expected",
+                                     qd_code_stdout_equal), 245);
+}
+END_TEST
+
+START_TEST(test_code_json_equal_reference)
+{
+    /* 1,681 pairs of JSON values with Python's json.loads(a) == json.loads(b) */
+    ck_assert_int_eq(check_reference("tests/fixtures/code/json_equal_cases.jsonl", "a", "b", jeq), 81);
 }
 END_TEST
 
