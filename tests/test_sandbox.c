@@ -8,6 +8,7 @@
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
@@ -253,14 +254,17 @@ START_TEST(test_attack_read_grader_files)
     snprintf(path, sizeof path, "%s/expected.txt", dir);
     qd_test_write_file(path, secret);
     chmod(path, 0644);
+    /* the grader holds it open without O_CLOEXEC, as a careless grader might */
+    int leaked = open(path, O_RDONLY);
+    ck_assert_int_ge(leaked, 3);
     char *code = NULL;
     ck_assert_int_ge(asprintf(&code,
         "import os\n"
         "cands = ['%s', '/proc/%d/environ', '/proc/%d/cmdline', '/proc/%d/mem', '/proc/1/environ']\n"
-        "cands += os.listdir('.')\n"
+        "cands += os.listdir('.') + list(range(3, 256))\n"
         "for p in cands:\n"
         "    try:\n"
-        "        with open(p, 'rb') as f:\n"
+        "        with open(p, 'rb', closefd=not isinstance(p, int)) as f:\n"
         "            data = f.read(1 << 20).decode('latin-1')\n"
         "    except OSError:\n"
         "        continue\n"
@@ -270,6 +274,7 @@ START_TEST(test_attack_read_grader_files)
         "        raise SystemExit\n"
         "raise SystemError('nothing found')\n", path, getpid(), getpid(), getpid(), strlen(secret)), 0);
     qd_code_result r = grade_attack(code, secret, 5, NULL);
+    close(leaked);
     if (jail_or_skip("reading a world-readable grader file")) {
         ck_assert(!r.correct);
         ck_assert_msg(r.verdict == QD_CODE_RUNTIME_ERROR, "%s: %s", qd_code_verdict_name(r.verdict), r.detail);
