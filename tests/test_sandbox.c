@@ -117,10 +117,11 @@ START_TEST(test_sandbox_basics)
      * scrubbed, the directory holds only the program, and as root the
      * program is not root. */
     static const char prog[] =
-        "import os, sys\n"
+        "import os, signal, sys\n"
         "data = sys.stdin.read()\n"
         "sys.stdout.write(data)\n"
-        "sys.stderr.write(' '.join(sorted(os.environ)) + '|' + ' '.join(sorted(os.listdir('.'))) + '|' + str(os.getuid()))\n";
+        "sig = '%d%d' % (len(signal.pthread_sigmask(signal.SIG_BLOCK, [])), signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL)\n"
+        "sys.stderr.write(' '.join(sorted(os.environ)) + '|' + ' '.join(sorted(os.listdir('.'))) + '|sig' + sig + '|' + str(os.getuid()))\n";
     size_t n = 1 << 20;
     char *in = malloc(n + 1);
     for (size_t i = 0; i < n; i++)
@@ -131,6 +132,12 @@ START_TEST(test_sandbox_basics)
     lim.wall_s = 20;
     qd_sandbox_result r;
     setenv("QD_SECRET_TOKEN", "grader-only", 1);
+    /* the grader's blocked and ignored signals are not the program's */
+    sigset_t usr1;
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &usr1, NULL);
+    signal(SIGUSR2, SIG_IGN);
     ck_assert_int_eq(qd_sandbox_run(&lim, &f, 1, "main.py", in, n, &r), QD_OK);
     ck_assert_int_eq(r.outcome, QD_SANDBOX_EXITED);
     ck_assert_int_eq(r.exit_code, 0);
@@ -138,6 +145,7 @@ START_TEST(test_sandbox_basics)
     ck_assert(!memcmp(r.out, in, n));
     ck_assert_msg(!strstr(r.err, "QD_SECRET_TOKEN"), "environment leaked: %s", r.err);
     ck_assert_msg(strstr(r.err, "|main.py|") != NULL, "directory not empty: %s", r.err);
+    ck_assert_msg(strstr(r.err, "|sig01|") != NULL, "signals inherited: %s", r.err);
     if (geteuid() == 0)
         ck_assert_msg(strstr(r.err, "|65534") != NULL, "runs as: %s", r.err);
     qd_sandbox_result_free(&r);
