@@ -339,6 +339,27 @@ START_TEST(test_code_stdin_program_semantics)
 }
 END_TEST
 
+START_TEST(test_code_problem_time_limit)
+{
+    /* each test takes about 1 s; a sample may use 1.5 s in all: the third
+     * test is not run and fails with time_limit */
+    qd_code_test t[3] = {{"", "ok\n"}, {"", "ok\n"}, {"", "ok\n"}};
+    qd_code_problem p = {.func_name = NULL, .tests = t, .ntests = 3};
+    const qd_code_problem *pp = &p;
+    const char *code = "```python\nimport time\ntime.sleep(1)\nprint('ok')\n```";
+    qd_code_opts o = qd_code_opts_default();
+    o.test_s = 5;
+    o.problem_s = 1.5;
+    qd_code_result r;
+    ck_assert_int_eq(qd_code_grade(&o, &code, &pp, 1, &r), QD_OK);
+    ck_assert_str_eq(qd_code_verdict_name(r.verdict), "time_limit");
+    ck_assert_msg(strstr(r.detail, "the problem's time limit (1.5 s) is used up"), "%s", r.detail);
+    ck_assert_int_ge(r.passed, 1);
+    ck_assert_int_le(r.passed, 2);
+    qd_code_result_free(&r);
+}
+END_TEST
+
 /* Known stdin tests whose expected output equals their input (after LCB's
  * stripping): an echo program passes exactly these. */
 static const char *const echo_tests[] = {"abc304_b#2", "abc304_b#3", "abc305_a#3", "abc315_a#2", "abc326_b#2"};
@@ -488,6 +509,7 @@ Suite *suite_code(void)
     tcase_add_test(tc, test_code_private_vector);
     tcase_add_test(tc, test_code_verdicts);
     tcase_add_test(tc, test_code_stdin_program_semantics);
+    tcase_add_test(tc, test_code_problem_time_limit);
     tcase_add_test(tc, test_code_wrong_program_sweep);
     tcase_add_test(tc, test_code_cli);
     tcase_add_test(tc, test_code_cli_weaker_levels);
