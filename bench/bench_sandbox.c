@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "bench/bench_util.h"
@@ -23,6 +24,17 @@
 #define RUNS 40
 
 extern char **environ;
+
+/* CPU seconds used so far by this process and its reaped children (the
+ * sandboxed programs): independent of how busy the machine is. */
+static double cpu_now(void)
+{
+    struct rusage a, b;
+    getrusage(RUSAGE_SELF, &a);
+    getrusage(RUSAGE_CHILDREN, &b);
+    return (double)(a.ru_utime.tv_sec + a.ru_stime.tv_sec + b.ru_utime.tv_sec + b.ru_stime.tv_sec) +
+           1e-6 * (double)(a.ru_utime.tv_usec + a.ru_stime.tv_usec + b.ru_utime.tv_usec + b.ru_stime.tv_usec);
+}
 
 static json_t *load_jsonl(const char *path)
 {
@@ -141,23 +153,36 @@ int main(int argc, char **argv)
         if (asprintf(&outs[i], "```python\n%s```\n", json_string_value(json_object_get(s, "correct"))) < 0)
             return 1;
     }
-    double plain[16], sbx[16], g1[16], g2[16];
+    double plain[16], sbx[16], g1[16], g2[16], cpu[3][16];
     reps = reps > 16 ? 16 : reps;
     for (int r = 0; r < reps; r++) {
+        double c0 = cpu_now();
         plain[r] = plain_rate(python);
+        double c1 = cpu_now();
         sbx[r] = sandbox_rate();
+        double c2 = cpu_now();
         g1[r] = grade_rate(1, (const char *const *)outs, pp, n, tests);
+        double c3 = cpu_now();
         g2[r] = grade_rate(2, (const char *const *)outs, pp, n, tests);
+        cpu[0][r] = 1e3 * (c1 - c0) / RUNS;
+        cpu[1][r] = 1e3 * (c2 - c1) / RUNS;
+        cpu[2][r] = 1e3 * (c3 - c2) / tests;
     }
+    double cms[3];
+    for (int k = 0; k < 3; k++)
+        cms[k] = qd_bench_median(cpu[k], reps);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     printf("isolation: %s; python: %s; %ld cores online; median of %d repetitions\n\n",
            qd_sandbox_level_name(level), python, cores, reps);
-    printf("| what | jobs | per second |\n|---|---|---|\n");
-    printf("| python3 -c 'print(1)', plain posix_spawn, no sandbox | 1 | %.1f runs |\n", qd_bench_median(plain, reps));
-    printf("| print(1) in the sandbox | 1 | %.1f runs |\n", qd_bench_median(sbx, reps));
-    printf("| LCB tests (%d solutions, %d tests, harness + LCB prelude) | 1 | %.1f tests |\n", n, tests,
-           qd_bench_median(g1, reps));
-    printf("| LCB tests (same) | 2 | %.1f tests |\n", qd_bench_median(g2, reps));
+    printf("| what | jobs | per second (measured) | CPU ms each | per second on 2 idle cores (2000 / CPU ms) |\n"
+           "|---|---|---|---|---|\n");
+    printf("| python3 -c 'print(1)', plain posix_spawn, no sandbox | 1 | %.1f runs | %.1f | %.0f |\n",
+           qd_bench_median(plain, reps), cms[0], 2000 / cms[0]);
+    printf("| print(1) in the sandbox | 1 | %.1f runs | %.1f | %.0f |\n", qd_bench_median(sbx, reps), cms[1],
+           2000 / cms[1]);
+    printf("| LCB tests (%d solutions, %d tests, harness + LCB prelude) | 1 | %.1f tests | %.1f | %.0f |\n", n,
+           tests, qd_bench_median(g1, reps), cms[2], 2000 / cms[2]);
+    printf("| LCB tests (same) | 2 | %.1f tests | | |\n", qd_bench_median(g2, reps));
     for (int i = 0; i < n; i++) {
         free(outs[i]);
         qd_code_problem_free(&probs[i]);
