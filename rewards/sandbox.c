@@ -572,24 +572,55 @@ static bool is_elf(const char *path)
     return ok && access(path, X_OK) == 0;
 }
 
-/* The first python3 that is a real executable (pyenv-style shims are shell
- * scripts that need their own environment: they are skipped). */
+/* Can everyone reach and run path (every directory searchable by others,
+ * the file executable by others)? nobody must, where there is no jail. */
+static bool world_runnable(const char *path)
+{
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s", path);
+    struct stat st;
+    if (stat(p, &st) || !(st.st_mode & S_IXOTH))
+        return false;
+    for (char *s = strrchr(p, '/'); s && s != p; s = strrchr(p, '/')) {
+        *s = '\0';
+        if (stat(p, &st) || !(st.st_mode & S_IXOTH))
+            return false;
+    }
+    return true;
+}
+
+/* A python3 that is a real executable (pyenv-style shims are shell scripts
+ * that need their own environment: they are skipped): $QD_PYTHON, else the
+ * first on PATH, then /usr/bin/python3; as root, the first of those that
+ * nobody can run (an interpreter under /root is not) wins over the others. */
 static bool find_python(char *out)
 {
     const char *env = getenv("QD_PYTHON");
     if (env && *env)
         return realpath(env, out) && is_elf(out);
     const char *path = getenv("PATH");
-    char *copy = strdup(path ? path : "");
-    bool found = false;
-    for (char *save = NULL, *d = strtok_r(copy, ":", &save); d && !found;
-         d = strtok_r(NULL, ":", &save)) {
+    size_t len = strlen(path ? path : "");
+    char *copy = malloc(len + sizeof ":/usr/bin");
+    if (!copy)
+        return false;
+    snprintf(copy, len + sizeof ":/usr/bin", "%s:/usr/bin", path ? path : "");
+    bool found = false, root = geteuid() == 0;
+    char real[PATH_MAX];
+    for (char *save = NULL, *d = strtok_r(copy, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
         char cand[PATH_MAX];
         snprintf(cand, sizeof cand, "%s/python3", d);
-        found = realpath(cand, out) && is_elf(out);
+        if (!realpath(cand, real) || !is_elf(real))
+            continue;
+        if (!found)
+            snprintf(out, PATH_MAX, "%s", real);
+        found = true;
+        if (!root || world_runnable(real)) {
+            snprintf(out, PATH_MAX, "%s", real);
+            break;
+        }
     }
     free(copy);
-    return found || (realpath("/usr/bin/python3", out) && is_elf(out));
+    return found;
 }
 
 static void add_bind(const char *path)

@@ -484,6 +484,23 @@ START_TEST(test_code_cli_weaker_levels)
         ck_assert_int_eq(qd_test_run_quads(args, out, sizeof out), 0);
         ck_assert_msg(strstr(out, "warning:") && strstr(out, "\"correct\":true,\"passed\":2"), "%s: %s", lv, out);
     }
+    if (geteuid() == 0) {
+        /* an interpreter nobody cannot reach comes first on PATH (as under
+         * /root/.pyenv): the uid level picks the next one */
+        char priv[64], cmd[512];
+        qd_test_mkdtemp(priv, sizeof priv, "privpy");
+        chmod(priv, 0700);
+        snprintf(cmd, sizeof cmd, "cp \"$(readlink -f /usr/bin/python3)\" %s/python3", priv);
+        ck_assert_int_eq(system(cmd), 0);
+        char *path = NULL;
+        ck_assert_int_ge(asprintf(&path, "%s:%s", priv, getenv("PATH")), 0);
+        setenv("PATH", path, 1);
+        setenv("QD_SANDBOX_LEVEL", "uid", 1);
+        ck_assert_int_eq(qd_test_run_quads(args, out, sizeof out), 0);
+        ck_assert_msg(strstr(out, "\"correct\":true,\"passed\":2"), "%s", out);
+        qd_test_rm_tree(priv);
+        free(path);
+    }
     setenv("QD_SANDBOX_LEVEL", "vm", 1);
     ck_assert_int_ne(qd_test_run_quads(args, out, sizeof out), 0);
     ck_assert_msg(strstr(out, "QD_SANDBOX_LEVEL 'vm': expected jail, uid or rlimits"), "%s", out);
