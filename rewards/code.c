@@ -5,6 +5,7 @@
 #include <ctype.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -522,6 +523,20 @@ done:
 
 /* ---- running one test */
 
+/* printf into a new string; NULL when out of memory (asprintf leaves its
+ * pointer undefined then). */
+static char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
+static char *fmt(const char *f, ...)
+{
+    va_list ap;
+    va_start(ap, f);
+    char *s;
+    if (vasprintf(&s, f, ap) < 0)
+        s = NULL;
+    va_end(ap);
+    return s;
+}
+
 static char *tail_of(const char *s, size_t len, size_t keep)
 {
     return strdup(len > keep ? s + len - keep : s);
@@ -534,22 +549,22 @@ static qd_code_verdict judge_output(const qd_code_problem *p, int j, const qd_sa
     if (!p->func_name) {
         if (qd_code_stdout_equal(r->out, expected))
             return QD_CODE_ACCEPTED;
-        asprintf(detail, "test %d: wrong answer", j + 1);
+        *detail = fmt("test %d: wrong answer", j + 1);
         return QD_CODE_WRONG_ANSWER;
     }
     if (r->out[0] == 'U') {
-        asprintf(detail, "test %d: wrong answer: returned a %.100s, which no JSON value equals", j + 1,
+        *detail = fmt("test %d: wrong answer: returned a %.100s, which no JSON value equals", j + 1,
                  r->out + 1);
         return QD_CODE_WRONG_ANSWER;
     }
     if (r->out[0] != 'R') {
-        asprintf(detail, "test %d: the harness returned no result", j + 1);
+        *detail = fmt("test %d: the harness returned no result", j + 1);
         return QD_CODE_RUNTIME_ERROR;
     }
     json_error_t jerr;
     json_t *want = json_loads(expected, JSON_DECODE_ANY, &jerr);
     if (!want) {
-        asprintf(detail, "test %d: the expected output is not JSON this grader reads: %s", j + 1, jerr.text);
+        *detail = fmt("test %d: the expected output is not JSON this grader reads: %s", j + 1, jerr.text);
         return QD_CODE_SANDBOX_ERROR;
     }
     json_t *got = json_loads(r->out + 1, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
@@ -559,9 +574,9 @@ static qd_code_verdict judge_output(const qd_code_problem *p, int j, const qd_sa
     if (ok)
         return QD_CODE_ACCEPTED;
     if (got)
-        asprintf(detail, "test %d: wrong answer", j + 1);
+        *detail = fmt("test %d: wrong answer", j + 1);
     else
-        asprintf(detail, "test %d: wrong answer (result not readable: %s)", j + 1, jerr.text);
+        *detail = fmt("test %d: wrong answer (result not readable: %s)", j + 1, jerr.text);
     return QD_CODE_WRONG_ANSWER;
 }
 
@@ -586,13 +601,13 @@ static qd_code_verdict run_test(const qd_code_opts *o, const char *harness, cons
     switch (r.outcome) {
     case QD_SANDBOX_TIMEOUT:
         v = QD_CODE_TIME_LIMIT;
-        asprintf(detail, "test %d: time limit (%g s)", j + 1, o->test_s);
+        *detail = fmt("test %d: time limit (%g s)", j + 1, o->test_s);
         break;
     case QD_SANDBOX_OUTPUT_LIMIT:
-        asprintf(detail, "test %d: output limit (%zu bytes)", j + 1, lim.output_bytes);
+        *detail = fmt("test %d: output limit (%zu bytes)", j + 1, lim.output_bytes);
         break;
     case QD_SANDBOX_SIGNALED:
-        asprintf(detail, "test %d: killed by signal %d", j + 1, r.signal);
+        *detail = fmt("test %d: killed by signal %d", j + 1, r.signal);
         break;
     case QD_SANDBOX_EXITED:
         if (r.exit_code == 0) {
@@ -603,7 +618,7 @@ static qd_code_verdict run_test(const qd_code_opts *o, const char *harness, cons
         if (r.exit_code == EXIT_MEMORY || (r.exit_code == 1 && strstr(r.err, "MemoryError")))
             v = QD_CODE_MEMORY_LIMIT;
         char *t = tail_of(r.err, r.err_len, 300);
-        asprintf(detail, "test %d: %s (exit %d): %s", j + 1,
+        *detail = fmt("test %d: %s (exit %d): %s", j + 1,
                  v == QD_CODE_MEMORY_LIMIT ? "memory limit" : "runtime error", r.exit_code, t ? t : "");
         free(t);
         break;
@@ -660,8 +675,7 @@ static bool next_item(batch *b, int *oi, int *oj)
         }
         b->cur_j++;
         if (b->used_s[i] >= budget(b, i)) {
-            char *d = NULL;
-            asprintf(&d, "test %d: the problem's time limit (%g s) is used up", j + 1, budget(b, i));
+            char *d = fmt("test %d: the problem's time limit (%g s) is used up", j + 1, budget(b, i));
             record_fail(b, i, j, QD_CODE_TIME_LIMIT, d);
             continue;
         }

@@ -368,7 +368,7 @@ static void supervise(qd_sandbox_level level, const qd_sandbox_limits *lim, pid_
         }
         struct pollfd p[4];
         int n = 0;
-        int io = -1, oo = -1, eo = -1, po = -1;
+        int io = -1, oo = -1, eo = -1;
         if (*in_w >= 0)
             p[io = n++] = (struct pollfd){.fd = *in_w, .events = POLLOUT};
         if (out->fd >= 0)
@@ -376,12 +376,14 @@ static void supervise(qd_sandbox_level level, const qd_sandbox_limits *lim, pid_
         if (err->fd >= 0)
             p[eo = n++] = (struct pollfd){.fd = err->fd, .events = POLLIN};
         if (pidfd >= 0)
-            p[po = n++] = (struct pollfd){.fd = pidfd, .events = POLLIN};
+            p[n++] = (struct pollfd){.fd = pidfd, .events = POLLIN};
         int ms = (int)(left * 1000) + 1;
         if (pidfd < 0 && !exited && ms > 20)
             ms = 20; /* no pidfd (Linux < 5.3): look for the exit now and then */
-        if (poll(p, (nfds_t)n, ms) < 0 && errno != EINTR)
-            break;
+        if (poll(p, (nfds_t)n, ms) < 0 && errno != EINTR) {
+            killed = true; /* cannot watch it any more: stop it (next turn) */
+            continue;
+        }
         if (io >= 0 && p[io].revents) {
             ssize_t w = send(*in_w, in + in_off, in_len - in_off, MSG_NOSIGNAL | MSG_DONTWAIT);
             if (w > 0)
