@@ -147,6 +147,8 @@ int main(void)
     srunner_add_suite(sr, suite_sampling());
     srunner_add_suite(sr, suite_models());
     srunner_add_suite(sr, suite_dist());
+    srunner_add_suite(sr, suite_sandbox());
+    srunner_add_suite(sr, suite_code());
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);

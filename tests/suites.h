@@ -20,6 +20,8 @@ Suite *suite_rl(void);
 Suite *suite_sampling(void);
 Suite *suite_models(void);
 Suite *suite_dist(void);
+Suite *suite_sandbox(void);
+Suite *suite_code(void);
 
 /* Path of a file under the source tree (QD_SRCDIR, set by make check). */
 const char *qd_test_path(const char *rel);
