@@ -130,6 +130,7 @@ typedef struct {
     float *kc, *vc;                /* dev (L, rows, Tc, KV*D) keys after norm and RoPE, values */
     int cache_rows, Tc;
     int decode;                    /* 1: the batch is one new token per row, attend to the cache */
+    int generating;                /* 1 inside a generate: logits only of each row's last token */
     int have_forward;
     int have_diag;                 /* a forward or generate has run */
     /* what diagnostics hands out */
@@ -471,7 +472,7 @@ static void layout_acts(arena *a, model *c)
     c->xf = TAKE_F(a, N * C);
     c->lnf = TAKE_F(a, N * C);
     c->rstdf = TAKE_F(a, N);
-    c->logits = TAKE_F(a, (size_t)N * c->cfg.vocab_size);
+    c->logits = TAKE_F(a, (size_t)(c->generating ? c->B : N) * c->cfg.vocab_size);
     c->lse = TAKE_F(a, N);
 }
 
@@ -792,7 +793,31 @@ static qd_status attn_forward(model *c, float *out, layer_acts *s, const layer *
     return QD_OK;
 }
 
-/* logp: dev (N). */
+/* The lm_head's input of a generation's prefill: only each row's last token
+ * is sampled, so only those rows (B, C) go through the head (row-wise ops:
+ * the same bits as the full head's rows). */
+static qd_status last_rows(model *c, const float **hin)
+{
+    int B = c->B, C = c->cfg.hidden_size;
+    void *p;
+    QD_TRY(scratch(c, S_ROWS, up256(sizeof(float) * (size_t)B * C) + sizeof(int32_t) * (size_t)B, &p));
+    int32_t *d_last = (int32_t *)((char *)p + up256(sizeof(float) * (size_t)B * C));
+    int32_t *last = malloc(sizeof(int32_t) * (size_t)B);
+    if (!last)
+        return qd_error(QD_ERR_NOMEM, "%s backend: prefill", c->ops->name);
+    for (int b = 0; b < B; b++)
+        last[b] = c->seq_off[b + 1] - 1;
+    qd_status st = OP(c, to_dev, d_last, last, sizeof(int32_t) * (size_t)B);
+    free(last);
+    QD_TRY(st);
+    QD_TRY(OP(c, gather, p, c->lnf, d_last, B, C));
+    *hin = p;
+    return QD_OK;
+}
+
+/* logp: dev (N) log-probs of the batch's next tokens; NULL in a generation,
+ * whose logits (one row per sequence: a prefill's last tokens, a decode's
+ * rows) are sampled instead. */
 static qd_status model_forward(model *c, float *logp)
 {
     const qd_model_config *g = &c->cfg;
@@ -812,9 +837,16 @@ static qd_status model_forward(model *c, float *logp)
     }
     QD_TRY(OP(c, rmsnorm, c->lnf, c->rstdf, c->xf, P(c, c->final_norm), N, C, eps));
     mark(c, QD_PH_HEAD);
-    QD_TRY(linear_forward(c, c->logits, c->lnf, &c->lin[c->lm_head], N));
+    const float *hin = c->lnf;
+    int nh = N;
+    if (c->generating && !c->decode) {
+        QD_TRY(last_rows(c, &hin));
+        nh = c->B;
+    }
+    QD_TRY(linear_forward(c, c->logits, hin, &c->lin[c->lm_head], nh));
     mark(c, QD_PH_LOGP);
-    QD_TRY(OP(c, logprob, logp, c->lse, c->logits, c->d_tgt, N, g->vocab_size, c->temp));
+    if (logp)
+        QD_TRY(OP(c, logprob, logp, c->lse, c->logits, c->d_tgt, N, g->vocab_size, c->temp));
     mark(c, QD_PH_OTHER);
     return finish(c);
 }
@@ -955,14 +987,13 @@ typedef struct {
     qd_sample_result *sres;        /* (B) the sampler's results */
     uint64_t *sid;                 /* (B) sequence ids of the active rows */
     uint32_t *spos;                /* (B) and positions */
-    int32_t *last;                 /* (B) packed index of each active row's last token */
     int *done;                     /* (B) */
     int Tmax;
 } gen_state;
 
 /* Decode: the last token of each of the na active rows, at its position,
  * attending to the KV cache. */
-static qd_status decode_forward(model *c, gen_state *g, int na, float *d_lp)
+static qd_status decode_forward(model *c, gen_state *g, int na)
 {
     c->N = c->B = na;
     c->Tm = 0;
@@ -974,30 +1005,9 @@ static qd_status decode_forward(model *c, gen_state *g, int na, float *d_lp)
     c->decode = 1;
     qd_status st = upload_batch(c);
     if (!st)
-        st = model_forward(c, d_lp);
+        st = model_forward(c, NULL);
     c->decode = 0;
     return st;
-}
-
-/* The logits (na, V) of the active rows' last tokens: a decode step's are
- * the rows in order; the prefill's are gathered from each row's last token. */
-static qd_status last_logits(model *c, gen_state *g, int step, int na, const float **out)
-{
-    int V = c->cfg.vocab_size;
-    if (step > 0) {
-        *out = c->logits;
-        return QD_OK;
-    }
-    void *p;
-    QD_TRY(scratch(c, S_ROWS, sizeof(float) * (size_t)na * V + sizeof(int32_t) * (size_t)na + 256, &p));
-    float *rows = p;
-    int32_t *d_last = (int32_t *)((char *)p + up256(sizeof(float) * (size_t)na * V));
-    for (int i = 0; i < na; i++)
-        g->last[i] = c->seq_off[g->idx[i] + 1] - 1;
-    QD_TRY(OP(c, to_dev, d_last, g->last, sizeof(int32_t) * (size_t)na));
-    QD_TRY(OP(c, gather, rows, c->logits, d_last, na, V));
-    *out = rows;
-    return QD_OK;
 }
 
 /* One token for every unfinished row: the prompts' forward (prefill, which
@@ -1012,26 +1022,22 @@ static qd_status gen_step(model *c, gen_state *g, const qd_generate_request *rq,
     *active = na;
     if (na == 0)
         return QD_OK;
-    void *lp;
-    QD_TRY(scratch(c, S_LOGP, sizeof(float) * ((size_t)rq->B * rq->Tp + 1), &lp));
-    if (step == 0) {
+    if (step == 0) {  /* every row is active at the prefill (max_new_tokens > 0) */
         qd_batch bt = {.B = rq->B, .T = rq->Tp, .tokens = rq->prompt, .lengths = rq->prompt_len,
-                       .temperature = 1.0f}; /* the prefill's log-probs are not used */
+                       .temperature = 1.0f};
         QD_TRY(pack_batch(c, &bt));
-        QD_TRY(model_forward(c, lp));
+        QD_TRY(model_forward(c, NULL));
     } else {
-        QD_TRY(decode_forward(c, g, na, lp));
+        QD_TRY(decode_forward(c, g, na));
     }
     mark(c, QD_PH_SAMPLE);
-    const float *logits;
-    QD_TRY(last_logits(c, g, step, na, &logits));
     for (int i = 0; i < na; i++) {
         g->sid[i] = rq->seq_id[g->idx[i]];
         g->spos[i] = (uint32_t)g->len[g->idx[i]];
     }
     qd_sample_params sp = {.temperature = rq->temperature, .top_k = rq->top_k,
                            .top_p = rq->top_p < 1.0f ? rq->top_p : 1.0f, .seed = rq->seed};
-    QD_TRY(OP(c, sample, g->sres, logits, na, V, &sp, g->sid, g->spos));
+    QD_TRY(OP(c, sample, g->sres, c->logits, na, V, &sp, g->sid, g->spos));
     for (int i = 0; i < na; i++) {
         int b = g->idx[i];
         int32_t tok = g->sres[i].token;
@@ -1053,11 +1059,11 @@ static void gen_free(model *c, gen_state *g, int M)
     free(g->sres);
     free(g->sid);
     free(g->spos);
-    free(g->last);
     free(g->done);
     c->ops->release(c->dev, c->kc);
     c->ops->release(c->dev, c->vc);
     c->kc = c->vc = NULL;
+    c->generating = 0;
     c->have_forward = 0;  /* the activations are the last step's, not a batch's */
     c->have_diag = M > 0;
 }
@@ -1066,12 +1072,13 @@ static qd_status generate_run(model *c, gen_state *g, const qd_generate_request 
 {
     int B = rq->B, M = rq->max_new_tokens;
     size_t ncache = (size_t)c->cfg.num_hidden_layers * B * g->Tmax * c->cfg.num_key_value_heads * c->cfg.head_dim;
-    if (!g->seq || !g->len || !g->idx || !g->sres || !g->sid || !g->spos || !g->last || !g->done)
+    if (!g->seq || !g->len || !g->idx || !g->sres || !g->sid || !g->spos || !g->done)
         return qd_error(QD_ERR_NOMEM, "%s backend: generate (host state)", c->ops->name);
     QD_TRY(OP(c, alloc, (void **)&c->kc, sizeof(float) * ncache, "KV cache (keys)"));
     QD_TRY(OP(c, alloc, (void **)&c->vc, sizeof(float) * ncache, "KV cache (values)"));
     c->cache_rows = B;
     c->Tc = g->Tmax;
+    c->generating = 1;
     qd_generate_begin(g->seq, g->len, g->done, rq, res, g->Tmax);
     reset_diag(c);
     int active = 1;
@@ -1089,7 +1096,7 @@ static qd_status generate_impl(model *c, const qd_generate_request *rq, qd_gener
     gen_state g = {.seq = calloc((size_t)B * Tmax, sizeof(int32_t)), .len = calloc((size_t)B, sizeof(int32_t)),
                    .idx = calloc((size_t)B, sizeof(int32_t)), .sres = calloc((size_t)B, sizeof(qd_sample_result)),
                    .sid = calloc((size_t)B, sizeof(uint64_t)), .spos = calloc((size_t)B, sizeof(uint32_t)),
-                   .last = calloc((size_t)B, sizeof(int32_t)), .done = calloc((size_t)B, sizeof(int)),
+                   .done = calloc((size_t)B, sizeof(int)),
                    .Tmax = Tmax};
     qd_status st = generate_run(c, &g, rq, res);
     gen_free(c, &g, rq->max_new_tokens);
