@@ -188,17 +188,6 @@ static void nvfp4_view(qd_nvfp4 *a, void *mem, int64_t rows, int64_t cols, int p
     a->per_row = per_row;
 }
 
-/* Rows r0 .. r0+m-1 of a per-row NVFP4 matrix. */
-static qd_nvfp4 nvfp4_rows(const qd_nvfp4 *a, int64_t r0, int64_t m)
-{
-    qd_nvfp4 v = *a;
-    v.rows = m;
-    v.codes = a->codes + r0 * a->cols / 2;
-    v.scales = a->scales + r0 * a->cols / 16;
-    v.s_dec = a->s_dec + r0;
-    return v;
-}
-
 static qd_status act_nvfp4(model *c, qd_nvfp4 *a, int64_t rows, int64_t cols)
 {
     void *p;
@@ -605,6 +594,8 @@ typedef struct {
     const qd_nvfp4 **wq;
     const uint8_t **w8;
     const float **w8_inv;
+    double **rac_err;
+    const int64_t **rac_ch;
 } expert_set;
 
 static void expert_set_free(expert_set *x)
@@ -615,6 +606,8 @@ static void expert_set_free(expert_set *x)
     free(x->wq);
     free(x->w8);
     free(x->w8_inv);
+    free(x->rac_err);
+    free(x->rac_ch);
 }
 
 static qd_status expert_set_make(model *c, expert_set *x, const layer *ly, int which)
@@ -626,7 +619,9 @@ static qd_status expert_set_make(model *c, expert_set *x, const layer *ly, int w
     x->wq = malloc(sizeof(qd_nvfp4 *) * E);
     x->w8 = malloc(sizeof(uint8_t *) * E);
     x->w8_inv = malloc(sizeof(float *) * E);
-    if (!x->L || !x->w || !x->dw || !x->wq || !x->w8 || !x->w8_inv) {
+    x->rac_err = malloc(sizeof(double *) * E);
+    x->rac_ch = malloc(sizeof(int64_t *) * E);
+    if (!x->L || !x->w || !x->dw || !x->wq || !x->w8 || !x->w8_inv || !x->rac_err || !x->rac_ch) {
         expert_set_free(x);
         return qd_error(QD_ERR_NOMEM, "%s backend: experts", c->ops->name);
     }
@@ -638,6 +633,8 @@ static qd_status expert_set_make(model *c, expert_set *x, const layer *ly, int w
         x->wq[e] = &L->wq;
         x->w8[e] = L->w8;
         x->w8_inv[e] = L->w8_inv;
+        x->rac_err[e] = L->d_rac_err;
+        x->rac_ch[e] = L->d_rac_ch;
     }
     return QD_OK;
 }
@@ -659,15 +656,7 @@ static qd_status experts_forward_set(model *c, float *out, const float *inp, con
     if (L0->mode == QD_LINEAR_W4A4_RAC) {
         qd_nvfp4 a;
         QD_TRY(act_nvfp4(c, &a, R, IC + L0->nrac));
-        for (int e = 0; e < E; e++) {
-            int r0 = s->exp_off[e], m = s->exp_off[e + 1] - r0;
-            if (!m)
-                continue;
-            linear *L = x->L[e];
-            qd_nvfp4 ae = nvfp4_rows(&a, r0, m);
-            QD_TRY(OP(c, rac_error, L->d_rac_err, inp + (size_t)r0 * IC, m, IC));
-            QD_TRY(OP(c, rac_augment_act, &ae, inp + (size_t)r0 * IC, m, IC, L->d_rac_ch, L->nrac));
-        }
+        QD_TRY(OP(c, rac_grouped, &a, x->rac_err, x->rac_ch, s->exp_off, E, inp, IC, L0->nrac));
         return OP(c, w4a4_gemm_grouped, out, &a, x->wq, s->exp_off, E);
     }
     if (L0->mode == QD_LINEAR_FP8) {

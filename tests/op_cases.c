@@ -359,6 +359,27 @@ static void c_rac(oc *c)
     out_nv(c, "weight", &q);
 }
 
+/* RAC over 4 experts (one without rows), each its own channel set */
+static void c_rac_grouped(oc *c)
+{
+    int R = goff[GE], K = 64, n = 16;
+    double *err[GE];
+    const int64_t *ch[GE];
+    for (int e = 0; e < GE; e++) {
+        err[e] = Z(c, sizeof(double) * K);
+        ch[e] = channels(c, K, n);
+    }
+    float *x = F(c, (size_t)R * K, -3, 3);
+    qd_nvfp4 a = nv(c, R, K + n, 1);
+    RUN(c, c->ops->rac_grouped(c->dev, &a, err, ch, goff, GE, x, K, n));
+    RUN(c, c->ops->rac_grouped(c->dev, &a, err, ch, goff, GE, x, K, n));  /* the statistics accumulate */
+    if (c->ops->finish)
+        RUN(c, c->ops->finish(c->dev));
+    out_nv(c, "act", &a);
+    for (int e = 0; e < GE; e++)
+        OUT(c, e == 0 ? "err0" : e == 1 ? "err1" : e == 2 ? "err2" : "err3", 'd', err[e], sizeof(double) * K);
+}
+
 static void c_sqerr_rows(oc *c)
 {
     int rows = 11, cols = 70;
@@ -597,6 +618,7 @@ static const op_case cases[] = {
     {{"w4a4_gemm 9x40x512", "w4a4_gemm", 1}, c_w4a4},
     {{"w4a4_gemm_grouped 4 experts", "w4a4_gemm_grouped", 0}, c_w4a4_grouped},
     {{"rac error+augment 6x64+16", "rac_augment_act", 0}, c_rac},
+    {{"rac_grouped 4 experts 64+16", "rac_grouped", 0}, c_rac_grouped},
     {{"sqerr_rows 11x70", "sqerr_rows", 0}, c_sqerr_rows},
     {{"attend prefill 2 seqs", "attend", 1}, c_attend},
     {{"attend decode 3 rows", "attend", 1}, c_attend_decode},

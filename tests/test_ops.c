@@ -147,6 +147,41 @@ START_TEST(test_grouped_quant_definition)
 }
 END_TEST
 
+/* RAC over experts: quant/'s statistics and augmentation of each expert's rows */
+START_TEST(test_rac_grouped_definition)
+{
+    int R = 20, K = 64, n = 16;
+    int32_t off[4] = {0, 7, 7, R};
+    float *x = rnd((size_t)R * K, -3, 3, 70);
+    double err[3][64] = {{0}}, ref[3][64] = {{0}};
+    int64_t ch[3][16];
+    for (int e = 0; e < 3; e++)
+        for (int i = 0; i < n; i++)
+            ch[e][i] = 4 * i + e;
+    double *errp[3] = {err[0], err[1], err[2]};
+    const int64_t *chp[3] = {ch[0], ch[1], ch[2]};
+    qd_nvfp4 a, b;
+    ck_assert_int_eq(qd_nvfp4_alloc(&a, R, K + n, 1), QD_OK);
+    ck_assert_int_eq(O->rac_grouped(dev1, &a, errp, chp, off, 3, x, K, n), QD_OK);
+    for (int e = 0; e < 3; e++) {
+        int m = off[e + 1] - off[e];
+        if (!m)
+            continue;
+        ck_assert_int_eq(qd_rac_error_accumulate(ref[e], x + (size_t)off[e] * K, m, K), QD_OK);
+        ck_assert_int_eq(qd_nvfp4_alloc(&b, m, K + n, 1), QD_OK);
+        ck_assert_int_eq(qd_rac_augment_act(&b, x + (size_t)off[e] * K, m, K, ch[e], n), QD_OK);
+        ck_assert_mem_eq(a.codes + (size_t)off[e] * (K + n) / 2, b.codes, (size_t)m * (K + n) / 2);
+        ck_assert_mem_eq(a.scales + (size_t)off[e] * (K + n) / 16, b.scales, (size_t)m * (K + n) / 16);
+        ck_assert_mem_eq(a.s_dec + off[e], b.s_dec, sizeof(float) * m);
+        qd_nvfp4_free(&b);
+    }
+    ck_assert_mem_eq(err, ref, sizeof err);
+    ck_assert(err[0][0] > 0 && err[1][0] == 0);  /* expert 1 has no rows */
+    qd_nvfp4_free(&a);
+    free(x);
+}
+END_TEST
+
 /* rmsnorm, rope, swiglu against double math */
 START_TEST(test_elementwise_double)
 {
@@ -413,6 +448,7 @@ Suite *suite_ops(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_matmul_definition);
     tcase_add_test(tc, test_grouped_quant_definition);
+    tcase_add_test(tc, test_rac_grouped_definition);
     tcase_add_test(tc, test_elementwise_double);
     tcase_add_test(tc, test_attend_double);
     tcase_add_test(tc, test_route_logprob_double);

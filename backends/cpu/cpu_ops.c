@@ -517,20 +517,26 @@ static qd_status cpu_w4a4_gemm(void *dev, float *y, const qd_nvfp4 *a, const qd_
     return qd_w4a4_gemm(y, a, w);
 }
 
+/* Rows r0 .. r0+m-1 of a per-row NVFP4 matrix. */
+static qd_nvfp4 rows_of(const qd_nvfp4 *a, int r0, int m)
+{
+    qd_nvfp4 v = *a;
+    v.rows = m;
+    v.codes = a->codes + (size_t)r0 * (size_t)(a->cols / 2);
+    v.scales = a->scales + (size_t)r0 * (size_t)(a->cols / 16);
+    v.s_dec = a->s_dec + r0;
+    return v;
+}
+
 static qd_status cpu_w4a4_gemm_grouped(void *dev, float *y, const qd_nvfp4 *a, const qd_nvfp4 *const *w,
                                        const int32_t *off, int E)
 {
     (void)dev;
     for (int e = 0; e < E; e++) {
         int r0 = off[e], m = off[e + 1] - r0;
-        if (!m)
-            continue;
-        qd_nvfp4 v = *a; /* rows r0 .. r0+m-1 (per-row scales) */
-        v.rows = m;
-        v.codes = a->codes + (size_t)r0 * (size_t)(a->cols / 2);
-        v.scales = a->scales + (size_t)r0 * (size_t)(a->cols / 16);
-        v.s_dec = a->s_dec + r0;
-        QD_TRY(qd_w4a4_gemm(y + (size_t)r0 * (size_t)w[e]->rows, &v, w[e]));
+        qd_nvfp4 v = rows_of(a, r0, m);
+        if (m)
+            QD_TRY(qd_w4a4_gemm(y + (size_t)r0 * (size_t)w[e]->rows, &v, w[e]));
     }
     return QD_OK;
 }
@@ -553,6 +559,21 @@ static qd_status cpu_rac_augment_weight(void *dev, qd_nvfp4 *out, const float *w
 {
     (void)dev;
     return qd_rac_augment_weight(out, w, N, K, ch, n);
+}
+
+/* one expert after the other, each on its rows */
+static qd_status cpu_rac_grouped(void *dev, qd_nvfp4 *a, double *const *err, const int64_t *const *ch,
+                                 const int32_t *off, int E, const float *x, int K, int64_t n)
+{
+    for (int e = 0; e < E; e++) {
+        int r0 = off[e], m = off[e + 1] - r0;
+        if (!m)
+            continue;
+        qd_nvfp4 v = rows_of(a, r0, m);
+        QD_TRY(cpu_rac_error(dev, err[e], x + (size_t)r0 * K, m, K));
+        QD_TRY(cpu_rac_augment_act(dev, &v, x + (size_t)r0 * K, m, K, ch[e], n));
+    }
+    return QD_OK;
 }
 
 /* per row, ascending, in double */
@@ -841,6 +862,7 @@ static const qd_ops cpu_ops = {
     .rac_error = cpu_rac_error,
     .rac_augment_act = cpu_rac_augment_act,
     .rac_augment_weight = cpu_rac_augment_weight,
+    .rac_grouped = cpu_rac_grouped,
     .sqerr_rows = cpu_sqerr_rows,
     .attend = cpu_attend,
     .attend_backward = cpu_attend_backward,

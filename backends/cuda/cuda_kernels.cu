@@ -1077,6 +1077,29 @@ extern "C" qd_status qdk_rac_error(double *err, const float *x, const float *xh,
     return QD_OK;
 }
 
+/* k_rac_error over the experts of a layer: block row e sums expert e's rows
+ * off[e] .. off[e+1]-1 (device) into err[e] (a device array of E pointers). */
+__global__ void k_rac_error_grouped(double *const *err, const float *x, const float *xh, const int32_t *off, int K)
+{
+    int e = blockIdx.y, k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= K || off[e] == off[e + 1])
+        return;
+    double acc = err[e][k];
+    for (int r = off[e]; r < off[e + 1]; r++) {
+        float d = x[(size_t)r * K + k] - xh[(size_t)r * K + k];
+        acc = acc + (double)d * (double)d;
+    }
+    err[e][k] = acc;
+}
+
+extern "C" qd_status qdk_rac_error_grouped(double *const *err, const float *x, const float *xh, const int32_t *off,
+                                           int E, int K)
+{
+    if (E && K)
+        QD_LAUNCH(k_rac_error_grouped, dim3(blocks((size_t)K, TPB), (unsigned)E), TPB, err, x, xh, off, K);
+    return QD_OK;
+}
+
 __global__ void k_sumsq_chunks(double *part, const float *g, size_t n)
 {
     size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;

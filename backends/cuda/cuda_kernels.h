@@ -125,6 +125,11 @@ qd_status qdk_sqerr_rows(double *err, double *nrm, const float *x, const float *
 /* qd_rac_error_accumulate's sum: err (K) += sum over rows ascending of (x - xh)^2. */
 qd_status qdk_rac_error(double *err, const float *x, const float *xh, int rows, int K);
 
+/* The same per expert: rows off[e] .. off[e+1]-1 (device, E + 1) into err[e]
+ * (a device array of E device pointers). */
+qd_status qdk_rac_error_grouped(double *const *err, const float *x, const float *xh, const int32_t *off, int E,
+                                int K);
+
 /* grad_norm's partial sums: part[k] = sum of g^2 (double) over floats 4096k.. ascending. */
 qd_status qdk_sumsq_chunks(double *part, const float *g, size_t n);
 /* adamw_tensor over n floats. */

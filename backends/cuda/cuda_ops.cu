@@ -32,7 +32,7 @@ extern "C" {
 }
 
 /* Grow-only scratch of the ops themselves (dev unless said). */
-enum { D_XH, D_RACWS, D_X16, D_LOGP, D_SAMPLE, D_MOE, D_NSCRATCH };
+enum { D_XH, D_RACWS, D_X16, D_LOGP, D_SAMPLE, D_MOE, D_RACPTR, D_NSCRATCH };
 
 typedef struct {
     qd_exec_mode mode;
@@ -388,6 +388,34 @@ static qd_status cuda_rac_augment_act(void *dev, qd_nvfp4 *out, const float *x, 
     return qd_cuda_rac_augment_act_async(out, x, rows, K, ch, n, (float *)ws);
 }
 
+/* The experts' pointers and row offsets go up in one copy; then one launch
+ * per step for every expert (fake-quant, the statistics, the main blocks,
+ * the residuals, their quantization). */
+static qd_status cuda_rac_grouped(void *dev, qd_nvfp4 *a, double *const *err, const int64_t *const *ch,
+                                  const int32_t *off, int E, const float *x, int K, int64_t n)
+{
+    cuda_dev *d = D(dev);
+    int R = off[E];
+    if (R == 0)
+        return QD_OK;
+    size_t pb = sizeof(void *) * 2 * (size_t)E, bytes = pb + sizeof(int32_t) * ((size_t)E + 1);
+    void *h, *p, *xh, *ws;
+    QD_TRY(host_scratch(d, bytes, &h));
+    memcpy(h, err, sizeof(void *) * (size_t)E);
+    memcpy((char *)h + sizeof(void *) * (size_t)E, ch, sizeof(void *) * (size_t)E);
+    memcpy((char *)h + pb, off, sizeof(int32_t) * ((size_t)E + 1));
+    QD_TRY(scratch(d, D_RACPTR, bytes, &p));
+    QD_TRY(cuda_to_dev(dev, p, h, bytes));
+    double *const *d_err = (double *const *)p;
+    const int64_t *const *d_ch = (const int64_t *const *)((char *)p + sizeof(void *) * (size_t)E);
+    const int32_t *d_off = (const int32_t *)((char *)p + pb);
+    QD_TRY(scratch(d, D_XH, sizeof(float) * (size_t)R * K, &xh));
+    QD_TRY(qd_cuda_nvfp4_fake_quant_async((float *)xh, x, R, K, 1));
+    QD_TRY(qdk_rac_error_grouped(d_err, x, (const float *)xh, d_off, E, K));
+    QD_TRY(scratch(d, D_RACWS, sizeof(float) * (((size_t)R + 63) / 64 * 64 + (size_t)R * n), &ws));
+    return qd_cuda_rac_augment_act_grouped_async(a, x, R, K, d_ch, d_off, E, n, (float *)ws);
+}
+
 static qd_status cuda_rac_augment_weight(void *dev, qd_nvfp4 *out, const float *w, int N, int K, const int64_t *ch,
                                          int64_t n)
 {
@@ -617,6 +645,7 @@ static const qd_ops cuda_ops = {
     .rac_error = cuda_rac_error,
     .rac_augment_act = cuda_rac_augment_act,
     .rac_augment_weight = cuda_rac_augment_weight,
+    .rac_grouped = cuda_rac_grouped,
     .sqerr_rows = cuda_sqerr_rows,
     .attend = cuda_attend,
     .attend_backward = cuda_attend_backward,
