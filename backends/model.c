@@ -131,6 +131,7 @@ typedef struct {
     int cache_rows, Tc;
     int decode;                    /* 1: the batch is one new token per row, attend to the cache */
     int generating;                /* 1 inside a generate: logits only of each row's last token */
+    int rac_stats;                 /* 1 while a call that asked for RAC statistics runs */
     int have_forward;
     int have_diag;                 /* a forward or generate has run */
     /* what diagnostics hands out */
@@ -252,7 +253,8 @@ static qd_status fwd_w4a4(model *c, float *out, const float *inp, linear *L, int
     int64_t K = L->in + (L->mode == QD_LINEAR_W4A4_RAC ? L->nrac : 0);
     QD_TRY(act_nvfp4(c, &a, N, K));
     if (L->mode == QD_LINEAR_W4A4_RAC) {
-        QD_TRY(OP(c, rac_error, L->d_rac_err, inp, N, L->in));
+        if (c->rac_stats)
+            QD_TRY(OP(c, rac_error, L->d_rac_err, inp, N, L->in));
         QD_TRY(OP(c, rac_augment_act, &a, inp, N, L->in, L->d_rac_ch, L->nrac));
     } else {
         QD_TRY(OP(c, nvfp4_quantize, &a, inp));
@@ -656,7 +658,8 @@ static qd_status experts_forward_set(model *c, float *out, const float *inp, con
     if (L0->mode == QD_LINEAR_W4A4_RAC) {
         qd_nvfp4 a;
         QD_TRY(act_nvfp4(c, &a, R, IC + L0->nrac));
-        QD_TRY(OP(c, rac_grouped, &a, x->rac_err, x->rac_ch, s->exp_off, E, inp, IC, L0->nrac));
+        QD_TRY(OP(c, rac_grouped, &a, c->rac_stats ? x->rac_err : NULL, x->rac_ch, s->exp_off, E, inp, IC,
+                  L0->nrac));
         return OP(c, w4a4_gemm_grouped, out, &a, x->wq, s->exp_off, E);
     }
     if (L0->mode == QD_LINEAR_FP8) {
@@ -1289,6 +1292,30 @@ static qd_status set_rac_impl(model *c, const char *p)
     return finish(c);
 }
 
+/* The statistics alone: each RAC linear's in doubles, in order. put = 1
+ * writes err into the backend, 0 reads them out. */
+static qd_status rac_stats_io(model *c, double *err, int put)
+{
+    for (int i = 0; i < c->nlin; i++) {
+        linear *L = &c->lin[i];
+        if (L->mode != QD_LINEAR_W4A4_RAC)
+            continue;
+        size_t bytes = sizeof(double) * (size_t)L->in;
+        QD_TRY(put ? OP(c, to_dev, L->d_rac_err, err, bytes) : OP(c, to_host, err, L->d_rac_err, bytes));
+        err += L->in;
+    }
+    return QD_OK;
+}
+
+static size_t rac_stats_count_impl(model *c)
+{
+    size_t n = 0;
+    for (int i = 0; i < c->nlin; i++)
+        if (c->lin[i].mode == QD_LINEAR_W4A4_RAC)
+            n += (size_t)c->lin[i].in;
+    return n;
+}
+
 /* ------------------------------------------------------------------------ */
 /* the vtable: each call runs between the ops' enter and leave               */
 
@@ -1364,7 +1391,9 @@ static qd_status m_forward(qd_backend *b, const qd_batch *bt, float *logp, float
 {
     model *c = ctx_of(b);
     int t = enter(c);
+    c->rac_stats = bt->rac_stats != 0;
     qd_status st = forward_impl(c, bt, logp, logits);
+    c->rac_stats = 0;
     leave(c, t);
     return st;
 }
@@ -1409,7 +1438,9 @@ static qd_status m_generate(qd_backend *b, const qd_generate_request *rq, qd_gen
 {
     model *c = ctx_of(b);
     int t = enter(c);
+    c->rac_stats = rq->rac_stats != 0;
     qd_status st = generate_impl(c, rq, res);
+    c->rac_stats = 0;
     leave(c, t);
     return st;
 }
@@ -1448,6 +1479,20 @@ static qd_status m_set_rac_state(qd_backend *b, const void *buf, size_t n)
     return st;
 }
 
+static size_t m_rac_stats_count(qd_backend *b) { return rac_stats_count_impl(ctx_of(b)); }
+
+static qd_status m_get_rac_stats(qd_backend *b, double *err, size_t n)
+{
+    (void)n;
+    return rac_stats_io(ctx_of(b), err, 0);
+}
+
+static qd_status m_set_rac_stats(qd_backend *b, const double *err, size_t n)
+{
+    (void)n;
+    return rac_stats_io(ctx_of(b), (double *)err, 1);
+}
+
 static const struct qd_backend_i model_iface = {
     .get_name = m_get_name,
     .free = m_free,
@@ -1465,6 +1510,9 @@ static const struct qd_backend_i model_iface = {
     .rac_state_size = m_rac_state_size,
     .get_rac_state = m_get_rac_state,
     .set_rac_state = m_set_rac_state,
+    .rac_stats_count = m_rac_stats_count,
+    .get_rac_stats = m_get_rac_stats,
+    .set_rac_stats = m_set_rac_stats,
     .set_grads = m_set_grads,
 };
 

@@ -117,9 +117,10 @@ typedef struct qd_ops {
     qd_status (*rac_augment_weight)(void *dev, qd_nvfp4 *out, const float *w, int N, int K, const int64_t *ch,
                                     int64_t n);
     /* RAC over the experts of a layer: for each e, rows off[e] .. off[e+1]-1
-     * (host) of x (R, K): rac_error into err[e] and rac_augment_act with ch[e]
-     * (host arrays of dev pointers; n channels each) into those rows of a (R,
-     * K + n). The bits of the two ops per expert. */
+     * (host) of x (R, K): rac_error into err[e] (unless err is NULL: no
+     * statistics) and rac_augment_act with ch[e] (host arrays of dev pointers;
+     * n channels each) into those rows of a (R, K + n). The bits of the two
+     * ops per expert. */
     qd_status (*rac_grouped)(void *dev, qd_nvfp4 *a, double *const *err, const int64_t *const *ch,
                              const int32_t *off, int E, const float *x, int K, int64_t n);
     /* diagnostics: per row err[r] = sum (x - xh)^2, nrm[r] = sum x^2 (double, ascending) */

@@ -307,7 +307,8 @@ static qd_status rollout_batch(rl_run *r, sample_set *all, int gb, int *nb)
                               mix64(r->seed * 1000003ull + (uint64_t)r->step * 64 + (uint64_t)gb),
                               M, (float)qd_config_float(r->cfg, "rollout.temperature"),
                               (int)qd_config_int(r->cfg, "rollout.top_k"),
-                              (float)qd_config_float(r->cfg, "rollout.top_p"), &r->end_id, 1};
+                              (float)qd_config_float(r->cfg, "rollout.top_p"), &r->end_id, 1,
+                              1 /* the rollout gathers the RAC statistics of the next pick */};
     qd_generate_result res = {all->tok + (size_t)all->S * M, all->lp_ro + (size_t)all->S * M, lens};
     st = lens ? qd_backend_generate(r->rollout, &rq, &res) : qd_error(QD_ERR_NOMEM, "rollout");
     for (int b = 0; b < B && !st; b++) {

@@ -779,7 +779,8 @@ START_TEST(test_rac_state_errors)
     int32_t tok[TB * TT];
     float logp[TB * TT];
     tiny_batch(tok, 82);
-    forward_ok(b, tok, tlen, TB, TT, logp, NULL);
+    qd_batch bt = {.B = TB, .T = TT, .tokens = tok, .lengths = tlen, .temperature = 1.0f, .rac_stats = 1};
+    ck_assert_int_eq(qd_backend_forward(b, &bt, logp, NULL), QD_OK);
     size_t rb = qd_backend_rac_state_size(b), ne = 0, want = 0;
     char *blob = malloc(rb), *again = malloc(rb);
     ck_assert_int_eq(qd_backend_get_rac_state(b, blob, rb), QD_OK);
@@ -804,6 +805,71 @@ START_TEST(test_rac_state_errors)
     ck_assert(memcmp(blob, again, rb) == 0);
     ck_assert_int_eq(qd_rac_state_errors(blob, rb - 8, &c, NULL, &ne, 0), QD_ERR_FORMAT);
     free(blob), free(again), free(e), free(w);
+    qd_backend_free(b);
+}
+END_TEST
+
+/* RAC statistics are gathered only by calls that ask (rac_stats = 1), and the
+ * named slots read and write them alone: the channel sets stay, a bad value
+ * or count is refused. */
+START_TEST(test_rac_stats_explicit)
+{
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend *b = make(&c, QD_RECIPE_QUADS, QD_ROLE_ROLLOUT, 0.25, 0);
+    float *w = random_weights(b, 83);
+    ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
+    size_t n = qd_backend_rac_stats_count(b), rb = qd_backend_rac_state_size(b);
+    ck_assert_uint_gt(n, 0);
+    double *a = malloc(sizeof(double) * n), *z = calloc(n, sizeof(double));
+    char *blob = malloc(rb), *blob2 = malloc(rb);
+    int32_t tok[TB * TT], gt[2 * 4], gl[2];
+    float logp[TB * TT], glp[2 * 4];
+    tiny_batch(tok, 84);
+    qd_batch bt = {.B = TB, .T = TT, .tokens = tok, .lengths = tlen, .temperature = 1.0f};
+    forward_ok(b, tok, tlen, TB, TT, logp, NULL);  /* asks nothing: statistics stay zero */
+    ck_assert_int_eq(qd_backend_get_rac_stats(b, a, n), QD_OK);
+    ck_assert_mem_eq(a, z, sizeof(double) * n);
+    uint64_t sid[2] = {1, 2};
+    qd_generate_request rq = {.B = 2, .Tp = TT, .prompt = tok, .prompt_len = tlen, .seq_id = sid, .seed = 1,
+                              .max_new_tokens = 4, .temperature = 1.0f, .top_p = 1.0f};
+    qd_generate_result res = {.tokens = gt, .logp = glp, .lengths = gl};
+    ck_assert_int_eq(qd_backend_generate(b, &rq, &res), QD_OK);
+    ck_assert_int_eq(qd_backend_get_rac_stats(b, a, n), QD_OK);
+    ck_assert_mem_eq(a, z, sizeof(double) * n);
+    rq.rac_stats = 1;  /* a rollout: gathers */
+    ck_assert_int_eq(qd_backend_generate(b, &rq, &res), QD_OK);
+    ck_assert_int_eq(qd_backend_get_rac_stats(b, a, n), QD_OK);
+    double s1 = 0;
+    for (size_t i = 0; i < n; i++)
+        s1 += a[i];
+    ck_assert(s1 > 0);
+    bt.rac_stats = 1;  /* a forward that asks adds to them */
+    ck_assert_int_eq(qd_backend_forward(b, &bt, logp, NULL), QD_OK);
+    ck_assert_int_eq(qd_backend_get_rac_stats(b, a, n), QD_OK);
+    double s2 = 0;
+    for (size_t i = 0; i < n; i++)
+        s2 += a[i];
+    ck_assert(s2 > s1);
+    /* set_rac_stats: only the statistics change (the blob's channel sets stay) */
+    ck_assert_int_eq(qd_backend_get_rac_state(b, blob, rb), QD_OK);
+    for (size_t i = 0; i < n; i++)
+        a[i] = (double)i;
+    ck_assert_int_eq(qd_backend_set_rac_stats(b, a, n), QD_OK);
+    ck_assert_int_eq(qd_backend_get_rac_stats(b, z, n), QD_OK);
+    ck_assert_mem_eq(a, z, sizeof(double) * n);
+    ck_assert_int_eq(qd_backend_get_rac_state(b, blob2, rb), QD_OK);
+    size_t ne = n;
+    ck_assert_int_eq(qd_rac_state_errors(blob, rb, &c, a, &ne, 1), QD_OK); /* the old blob with the new stats */
+    ck_assert_mem_eq(blob, blob2, rb);
+    a[3] = NAN;
+    ck_assert_int_eq(qd_backend_set_rac_stats(b, a, n), QD_ERR_NONFINITE);
+    a[3] = -1;
+    ck_assert_int_eq(qd_backend_set_rac_stats(b, a, n), QD_ERR_ARG);
+    ck_assert(strstr(qd_last_error(), "statistic 3") != NULL);
+    ck_assert_int_eq(qd_backend_set_rac_stats(b, a, n - 1), QD_ERR_SHAPE);
+    ck_assert_int_eq(qd_backend_get_rac_stats(b, a, n), QD_OK);  /* nothing changed by the refusals */
+    ck_assert_mem_eq(a, z, sizeof(double) * n);
+    free(a), free(z), free(blob), free(blob2), free(w);
     qd_backend_free(b);
 }
 END_TEST
@@ -1276,6 +1342,7 @@ Suite *suite_backend_cpu(void)
     tcase_add_test(tc, test_set_grads);
     tcase_add_test(tc, test_moe_group);
     tcase_add_test(tc, test_rac_state_errors);
+    tcase_add_test(tc, test_rac_stats_explicit);
     tcase_add_test(tc, test_gradients_untied);
     tcase_add_test(tc, test_gradients_tied);
     tcase_add_test(tc, test_recipes_error);

@@ -570,7 +570,8 @@ static qd_status cpu_rac_grouped(void *dev, qd_nvfp4 *a, double *const *err, con
         if (!m)
             continue;
         qd_nvfp4 v = rows_of(a, r0, m);
-        QD_TRY(cpu_rac_error(dev, err[e], x + (size_t)r0 * K, m, K));
+        if (err)
+            QD_TRY(cpu_rac_error(dev, err[e], x + (size_t)r0 * K, m, K));
         QD_TRY(cpu_rac_augment_act(dev, &v, x + (size_t)r0 * K, m, K, ch[e], n));
     }
     return QD_OK;

@@ -401,7 +401,8 @@ static qd_status cuda_rac_grouped(void *dev, qd_nvfp4 *a, double *const *err, co
     size_t pb = sizeof(void *) * 2 * (size_t)E, bytes = pb + sizeof(int32_t) * ((size_t)E + 1);
     void *h, *p, *xh, *ws;
     QD_TRY(host_scratch(d, bytes, &h));
-    memcpy(h, err, sizeof(void *) * (size_t)E);
+    if (err)
+        memcpy(h, err, sizeof(void *) * (size_t)E);
     memcpy((char *)h + sizeof(void *) * (size_t)E, ch, sizeof(void *) * (size_t)E);
     memcpy((char *)h + pb, off, sizeof(int32_t) * ((size_t)E + 1));
     QD_TRY(scratch(d, D_RACPTR, bytes, &p));
@@ -409,9 +410,11 @@ static qd_status cuda_rac_grouped(void *dev, qd_nvfp4 *a, double *const *err, co
     double *const *d_err = (double *const *)p;
     const int64_t *const *d_ch = (const int64_t *const *)((char *)p + sizeof(void *) * (size_t)E);
     const int32_t *d_off = (const int32_t *)((char *)p + pb);
-    QD_TRY(scratch(d, D_XH, sizeof(float) * (size_t)R * K, &xh));
-    QD_TRY(qd_cuda_nvfp4_fake_quant_async((float *)xh, x, R, K, 1));
-    QD_TRY(qdk_rac_error_grouped(d_err, x, (const float *)xh, d_off, E, K));
+    if (err) {
+        QD_TRY(scratch(d, D_XH, sizeof(float) * (size_t)R * K, &xh));
+        QD_TRY(qd_cuda_nvfp4_fake_quant_async((float *)xh, x, R, K, 1));
+        QD_TRY(qdk_rac_error_grouped(d_err, x, (const float *)xh, d_off, E, K));
+    }
     QD_TRY(scratch(d, D_RACWS, sizeof(float) * (((size_t)R + 63) / 64 * 64 + (size_t)R * n), &ws));
     return qd_cuda_rac_augment_act_grouped_async(a, x, R, K, d_ch, d_off, E, n, (float *)ws);
 }

@@ -137,7 +137,7 @@ static qd_status fwd_both(pair *p, int B, const int32_t *len, float temp, float 
     uint32_t s = 12345u;
     for (int i = 0; !st && i < B * T; i++)
         tok[i] = (int32_t)(lcg(&s) % (uint32_t)V);
-    qd_batch bt = {.B = B, .T = T, .tokens = tok, .lengths = len, .temperature = temp};
+    qd_batch bt = {.B = B, .T = T, .tokens = tok, .lengths = len, .temperature = temp, .rac_stats = 1};
     for (int k = 0; k < 2 && !st; k++)
         st = qd_backend_forward(p->b[k], &bt, *lp + (size_t)k * B * T, *lg + k * *nl);
     free(tok);
@@ -209,7 +209,7 @@ static qd_status check_generate(pair *p, float temp, const char *op)
     int32_t stop = (int32_t)(V > 3 ? 3 : 0);
     qd_generate_request rq = {.B = B, .Tp = TP, .prompt = prompt, .prompt_len = plen, .seq_id = sid, .seed = 99u,
                               .max_new_tokens = M, .temperature = temp, .top_k = 0, .top_p = temp > 0 ? 0.9f : 1.0f,
-                              .stop = &stop, .num_stop = 1};
+                              .stop = &stop, .num_stop = 1, .rac_stats = 1};
     for (int k = 0; k < 2; k++) {
         qd_generate_result res = {.tokens = tok[k], .logp = lp[k], .lengths = lens[k]};
         QD_TRY_H(qd_backend_generate(p->b[k], &rq, &res));
@@ -223,7 +223,8 @@ static qd_status check_generate(pair *p, float temp, const char *op)
     return QD_OK;
 }
 
-/* RAC: the next sync re-picks channels from the statistics gathered so far. */
+/* RAC: the next sync re-picks channels from the statistics the forwards and
+ * generates above gathered (they ask for them: rac_stats = 1). */
 static qd_status check_rac(pair *p)
 {
     size_t n = qd_backend_rac_state_size(p->b[0]);
