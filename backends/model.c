@@ -110,7 +110,9 @@ typedef struct {
     layer *layers;
     size_t embed, final_norm;      /* offsets: (V, C), (C) */
     int lm_head;                   /* linear index (tied: points at the embedding) */
-    float *params, *grads, *m, *v; /* dev (nfloats) each: master, grad, AdamW moments */
+    float *params, *grads, *m, *v; /* dev (nfloats) each: master, grad, AdamW moments; the
+                                      last three made (zeroed) at the first call that trains,
+                                      so a rollout instance never holds them */
     float *wk;                     /* dev (nfloats) working copy the forward reads (= params for fp32) */
     float *rope_cos, *rope_sin;    /* dev (max_position_embeddings, D/2) */
     /* the last forward */
@@ -396,6 +398,19 @@ static qd_status sync_weights(model *c)
     return finish(c);
 }
 
+/* The training state (gradients, AdamW moments), zeroed, on first use. */
+static qd_status ensure_train(model *c)
+{
+    size_t n = sizeof(float) * c->nfloats;
+    if (!c->grads)
+        QD_TRY(OP(c, alloc, (void **)&c->grads, n, "gradients"));
+    if (!c->m)
+        QD_TRY(OP(c, alloc, (void **)&c->m, n, "AdamW first moments"));
+    if (!c->v)
+        QD_TRY(OP(c, alloc, (void **)&c->v, n, "AdamW second moments"));
+    return QD_OK;
+}
+
 /* ------------------------------------------------------------------------ */
 /* activations                                                               */
 
@@ -631,7 +646,7 @@ static qd_status expert_set_make(model *c, expert_set *x, const layer *ly, int w
         linear *L = expert_lin(c, ly, e, which);
         x->L[e] = L;
         x->w[e] = P(c, L->w);
-        x->dw[e] = c->grads + L->w;
+        x->dw[e] = c->grads ? c->grads + L->w : NULL;
         x->wq[e] = &L->wq;
         x->w8[e] = L->w8;
         x->w8_inv[e] = L->w8_inv;
@@ -1120,6 +1135,7 @@ static qd_status grad_norm(model *c, double *norm)
 static qd_status optimizer_step_impl(model *c, const qd_adamw *o, int step, float *norm_out)
 {
     double norm;
+    QD_TRY(ensure_train(c));
     mark(c, QD_PH_OPT);
     QD_TRY(grad_norm(c, &norm));
     if (!isfinite(norm))
@@ -1184,6 +1200,7 @@ static qd_status backward_impl(model *c, const float *dlogp)
         if (is_rollout_quant(c->lin[i].mode))
             return qd_error(QD_ERR_UNSUPPORTED, "backward: recipe %s has no backward in the rollout role",
                             qd_recipe_name(c->opt.recipe));
+    QD_TRY(ensure_train(c));
     float *d = malloc(sizeof(float) * (size_t)(c->N ? c->N : 1));
     if (!d)
         return qd_error(QD_ERR_NOMEM, "%s backend: dlogp", c->ops->name);
@@ -1410,18 +1427,30 @@ static qd_status m_backward(qd_backend *b, const float *dlogp)
 static void m_zero_grad(qd_backend *b)
 {
     model *c = ctx_of(b);
-    OP(c, zero, c->grads, sizeof(float) * c->nfloats);
+    if (c->grads)
+        OP(c, zero, c->grads, sizeof(float) * c->nfloats);
+}
+
+/* A buffer not made yet reads as zeros. */
+static qd_status get_or_zero(model *c, float *host, const float *dev_buf, size_t n)
+{
+    if (!dev_buf) {
+        memset(host, 0, sizeof(float) * n);
+        return QD_OK;
+    }
+    return OP(c, to_host, host, dev_buf, sizeof(float) * n);
 }
 
 static qd_status m_get_grads(qd_backend *b, float *grads, size_t n)
 {
     model *c = ctx_of(b);
-    return OP(c, to_host, grads, c->grads, sizeof(float) * n);
+    return get_or_zero(c, grads, c->grads, n);
 }
 
 static qd_status m_set_grads(qd_backend *b, const float *grads, size_t n)
 {
     model *c = ctx_of(b);
+    QD_TRY(ensure_train(c));
     return OP(c, to_dev, c->grads, grads, sizeof(float) * n);
 }
 
@@ -1450,13 +1479,14 @@ static qd_status m_diagnostics(qd_backend *b, qd_diagnostics *out) { return diag
 static qd_status m_get_adam(qd_backend *b, float *m, float *v, size_t n)
 {
     model *c = ctx_of(b);
-    QD_TRY(OP(c, to_host, m, c->m, sizeof(float) * n));
-    return OP(c, to_host, v, c->v, sizeof(float) * n);
+    QD_TRY(get_or_zero(c, m, c->m, n));
+    return get_or_zero(c, v, c->v, n);
 }
 
 static qd_status m_set_adam(qd_backend *b, const float *m, const float *v, size_t n)
 {
     model *c = ctx_of(b);
+    QD_TRY(ensure_train(c));
     QD_TRY(OP(c, to_dev, c->m, m, sizeof(float) * n));
     return OP(c, to_dev, c->v, v, sizeof(float) * n);
 }
@@ -1597,9 +1627,6 @@ static qd_status alloc_model(model *c)
 {
     size_t n = sizeof(float) * c->nfloats;
     QD_TRY(OP(c, alloc, (void **)&c->params, n, "master weights"));
-    QD_TRY(OP(c, alloc, (void **)&c->grads, n, "gradients"));
-    QD_TRY(OP(c, alloc, (void **)&c->m, n, "AdamW first moments"));
-    QD_TRY(OP(c, alloc, (void **)&c->v, n, "AdamW second moments"));
     if (c->opt.recipe == QD_RECIPE_FP32)
         c->wk = c->params;
     else
