@@ -7,7 +7,9 @@ set -eu
 
 PKGS="build-essential autoconf automake libtool pkg-config \
 libjansson-dev libcurl4-openssl-dev check libpcre2-dev libutf8proc-dev \
-python3 python3-pip clang libclang-rt-14-dev"
+python3 python3-pip"
+# the libFuzzer targets of tests/fuzz/ (ci/test.sh runs them)
+PKGS="$PKGS clang libclang-rt-14-dev"
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi

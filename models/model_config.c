@@ -195,6 +195,9 @@ static qd_status get_sizes(const json_t *root, qd_model_config *c, const char *n
     if (!st)
         st = get_int(root, "head_dim", 0, c->arch == QD_ARCH_QWEN3_MOE ? c->hidden_size / c->num_attention_heads : 128,
                      2, &c->head_dim, name);
+    if (!st && c->head_dim < 2) /* the MoE default, hidden_size / num_attention_heads, may be 0 or 1 */
+        return qd_error(QD_ERR_FORMAT, "%s: head_dim: missing, and hidden_size / num_attention_heads = %d "
+                        "is below 2", name, c->head_dim);
     if (!st && c->head_dim % 2)
         return qd_error(QD_ERR_FORMAT, "%s: head_dim: %d is odd (RoPE rotates pairs)", name, c->head_dim);
     if (!st)

@@ -653,6 +653,20 @@ START_TEST(test_config_too_large_refused)
 }
 END_TEST
 
+/* A MoE without head_dim takes hidden_size / num_attention_heads, which can
+ * be 0: refused naming head_dim (it gave zero-width attention). */
+START_TEST(test_config_head_dim_default_refused)
+{
+    static const char json[] =
+        "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"vocab_size\": 100, \"hidden_size\": 4,"
+        " \"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
+        " \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000, \"num_experts\": 4, \"num_experts_per_tok\": 2,"
+        " \"moe_intermediate_size\": 16}";
+    ck_assert_int_eq(qd_model_config_load_string(json, sizeof json - 1, "config.json", &cfg), QD_ERR_FORMAT);
+    ck_assert_msg(strstr(qd_last_error(), "config.json: head_dim"), "%s", qd_last_error());
+}
+END_TEST
+
 /* Duplicate keys are refused (as every other JSON input): which one wins
  * would be a guess. */
 START_TEST(test_config_duplicate_keys_refused)
@@ -747,6 +761,7 @@ Suite *suite_tokenizer(void)
     tcase_add_test(config, test_config_hf_fixtures);
     tcase_add_loop_test(config, test_malformed_config_refused, 0, (int)(sizeof cfg_bad / sizeof cfg_bad[0]));
     tcase_add_test(config, test_config_too_large_refused);
+    tcase_add_test(config, test_config_head_dim_default_refused);
     tcase_add_test(config, test_config_duplicate_keys_refused);
     tcase_add_test(config, test_fifo_refused);
     suite_add_tcase(s, config);
