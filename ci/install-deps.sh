@@ -1,12 +1,15 @@
 #!/bin/sh
 # Installs every build and test dependency of QUADS-C on Debian/Ubuntu.
 # Idempotent; run as root (or with sudo available). Python packages are for
-# reference checks in tests only, never for the product.
+# reference checks in tests only, never for the product; clang and its
+# libFuzzer runtime only build the fuzz targets (tests/fuzz/).
 set -eu
 
 PKGS="build-essential autoconf automake libtool pkg-config \
 libjansson-dev libcurl4-openssl-dev check libpcre2-dev libutf8proc-dev libgmp-dev zlib1g-dev \
 python3 python3-pip"
+# the libFuzzer targets of tests/fuzz/ (ci/test.sh runs them)
+PKGS="$PKGS clang libclang-rt-14-dev"
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi

@@ -328,10 +328,15 @@ qd_status qd_config_load_json(qd_config *cfg, const json_t *obj, const char *sou
 qd_status qd_config_load_file(qd_config *cfg, const char *path)
 {
     json_error_t err;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    FILE *f;
+    qd_status st = qd_fopen_regular(path, &f);
+    if (st)
+        return st;
+    json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, &err);
+    fclose(f);
     if (!root)
         return qd_error(QD_ERR_FORMAT, "%s:%d:%d: malformed JSON: %s", path, err.line, err.column, err.text);
-    qd_status st = qd_config_load_json(cfg, root, path);
+    st = qd_config_load_json(cfg, root, path);
     json_decref(root);
     return st;
 }

@@ -269,6 +269,7 @@ typedef struct {
     int shards;           /* 2: written as two shards and an index */
     const char *base;     /* the fixture (default BASE) */
     int f16;              /* every tensor written as F16 (the compiler's _Float16 rounding) */
+    long long experts;    /* config.json's num_local_experts, when not 0 */
 } variant;
 
 static const char *base_of(const variant *v) { return v->base ? v->base : BASE; }
@@ -348,6 +349,12 @@ static void write_variant(const char *dir, const variant *v)
     snprintf(path, sizeof path, "%s/config.json", dir);
     snprintf(config, sizeof config, "%s/config.json", fixture_dir(base_of(v)));
     copy_file(config, path);
+    if (v->experts) {
+        json_t *c = json_load_file(path, 0, NULL);
+        ck_assert_int_eq(json_object_set_new(c, "num_local_experts", json_integer(v->experts)), 0);
+        ck_assert_int_eq(json_dump_file(c, path, 0), 0);
+        json_decref(c);
+    }
 }
 
 /* Opens a backend on the variant: NULL expected when any of the words is given
@@ -392,6 +399,9 @@ START_TEST(test_malformed_checkpoints)
     check_variant(&(variant){.base = "qwen3moe_mha_tied_nonorm", .extra = "lm_head.weight"},
                   (const char *[]){"lm_head.weight", "unexpected", NULL});
     check_variant(&(variant){.nan = UP}, (const char *[]){"model.safetensors", UP, "element 0", "finite", NULL});
+    /* in range alone, but 3 x 715827883 expert tensors overflowed the parameter table's int counts
+     * (a heap overflow in backends/layout.c; quads forward segfaulted) */
+    check_variant(&(variant){.experts = 715827883}, (const char *[]){"config.json", "num_local_experts", NULL});
     /* accepted: a rotary buffer, and two shards with an index */
     check_variant(&(variant){.extra = "model.layers.0.self_attn.rotary_emb.inv_freq"}, (const char *[]){NULL});
     check_variant(&(variant){.shards = 2}, (const char *[]){NULL});

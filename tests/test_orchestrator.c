@@ -601,6 +601,20 @@ START_TEST(test_config_file_errors)
 }
 END_TEST
 
+/* `quads rl --config FIFO` is refused at once; open(2) used to block forever. */
+START_TEST(test_config_file_fifo)
+{
+    qd_config *cfg = qd_config_new();
+    const char *path = tmp_path("fifo.json");
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    ck_assert_int_eq(qd_config_load_file(cfg, path), QD_ERR_IO);
+    ck_assert_msg(strstr(qd_last_error(), path) && strstr(qd_last_error(), "not a regular file"), "%s",
+                  qd_last_error());
+    unlink(path);
+    qd_config_free(cfg);
+}
+END_TEST
+
 START_TEST(test_config_overrides)
 {
     qd_config *cfg = qd_config_new();
@@ -1172,6 +1186,7 @@ Suite *suite_orchestrator(void)
     tcase_add_test(files, test_config_enums_match_grpo);
     tcase_add_test(files, test_config_file);
     tcase_add_test(files, test_config_file_errors);
+    tcase_add_test(files, test_config_file_fifo);
     tcase_add_test(files, test_config_overrides);
     tcase_add_test(files, test_config_validate);
     tcase_add_test(files, test_config_save_and_summary);
