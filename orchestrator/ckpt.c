@@ -126,15 +126,6 @@ qd_status qd_ckpt_rotate(const char *dir, int keep_last, int *removed)
     return st == QD_OK && n > keep_last ? qd_fsync_dir(dir) : st;
 }
 
-/* Prefixes the current message with "where: " (copied first: qd_error writes
- * the buffer qd_last_error reads). */
-static qd_status prefixed(qd_status st, const char *where)
-{
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", qd_last_error());
-    return qd_error(st, "%s: %s", where, msg);
-}
-
 /* ---- blobs: 8 magic bytes, the payload length (u64), the payload */
 
 static qd_status write_blob(const char *path, const char *magic, const void *a, size_t na, const void *b, size_t nb)
@@ -341,7 +332,14 @@ static qd_status verify_sums(const char *dir, const char *const *need, int n_nee
             break;
         }
         char f[PATH_N], hex[65];
+        struct stat sb;
         file_in(f, dir, name);
+        bool missing = lstat(f, &sb) != 0;
+        if (missing || !S_ISREG(sb.st_mode)) { /* a FIFO would block the read */
+            st = qd_error(QD_ERR_FORMAT, "%s: listed in %s but %s", f, QD_CKPT_SUMS,
+                          missing ? "missing" : "not a regular file");
+            break;
+        }
         st = qd_sha256_file(f, hex);
         if (!st && memcmp(hex, s, 64) != 0)
             st = qd_error(QD_ERR_FORMAT, "%s: sha256 %s, but %s records %.64s: the file changed after it was written",
@@ -473,8 +471,8 @@ qd_status qd_ckpt_load(const char *dir, const qd_ckpt_state *want, qd_ckpt_state
                       (long long)k);
     if (!st)
         st = check_run(p, s, want);
-    if (!st && (st = qd_checkpoint_load(c, d->params, d->n_params, d->w)))
-        st = prefixed(st, c);
+    if (!st) /* its messages name the file */
+        st = qd_checkpoint_load(c, d->params, d->n_params, d->w);
     file_in(p, c, "optimizer.bin");
     if (!st)
         st = read_blob(p, ADAM_MAGIC, d->m, sizeof(float) * d->nf, d->v, sizeof(float) * d->nf);

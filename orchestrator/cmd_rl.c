@@ -58,9 +58,9 @@ static int parse(int argc, char **argv, qd_config **cfg, const char **resume, in
     while (sets && (c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
         switch (c) {
         case 'c': file = optarg; break;
-        case 's': sets[nsets++] = (override){"--set", optarg}; break;
-        case 'b': sets[nsets++] = (override){"--backend", optarg}; break;
-        case 'm': sets[nsets++] = (override){"--mode", optarg}; break;
+        case 's': sets[nsets++] = (override){.opt = "--set", .arg = optarg}; break;
+        case 'b': sets[nsets++] = (override){.opt = "--backend", .arg = optarg}; break;
+        case 'm': sets[nsets++] = (override){.opt = "--mode", .arg = optarg}; break;
         case 'r': *resume = optarg; break;
         case 'q': *quiet = 1; break;
         case 'h': usage(stdout); free(sets); return 1;

@@ -211,6 +211,19 @@ qd_status qd_dp_sum_rac(qd_dp *dp, const qd_model_config *mcfg, void *rac, size_
     return st;
 }
 
+qd_status qd_dp_zero_rac(const qd_model_config *mcfg, void *rac, size_t rb)
+{
+    size_t ne = 0;
+    qd_status st = qd_rac_state_errors(rac, rb, mcfg, NULL, &ne, 0);
+    double *z = st ? NULL : calloc(ne ? ne : 1, sizeof(double));
+    if (!st && !z)
+        st = qd_error(QD_ERR_NOMEM, "RAC statistics");
+    if (!st)
+        st = qd_rac_state_errors(rac, rb, mcfg, z, &ne, 1);
+    free(z);
+    return st;
+}
+
 qd_status qd_dp_gather_rows(qd_dp *dp, const qd_dp_rows *mine, qd_dp_rows *all, int S)
 {
     int M = mine->M;

@@ -64,6 +64,9 @@ qd_status qd_dp_sum_grads(qd_dp *dp, qd_backend *trainer, size_t nf);
  * error statistics, their sum over ranks: the statistics of every rollout
  * of the job since the last pick, so every rank picks the same channels. */
 qd_status qd_dp_sum_rac(qd_dp *dp, const qd_model_config *mcfg, void *rac, size_t rb);
+/* Zeroes the statistics of a RAC state blob: a resumed rank other than 0
+ * (the checkpoint holds the job's sums, and the next pick adds every rank's). */
+qd_status qd_dp_zero_rac(const qd_model_config *mcfg, void *rac, size_t rb);
 
 /* n rows of two (M) float arrays a and b, with a place in [0, S) and a length each. */
 typedef struct {

@@ -134,7 +134,7 @@ qd_status qd_metrics_truncate(const char *path, int64_t step)
 {
     if (access(path, F_OK) != 0)
         return QD_OK;
-    keep_ctx c = {step, NULL, 0, 0};
+    keep_ctx c = {.step = step};
     qd_status st = for_each_line(path, keep_line, &c);
     if (st == QD_OK)
         st = qd_atomic_write(path, c.out ? c.out : "", c.len);
@@ -185,7 +185,7 @@ static qd_status add_point(const json_t *obj, const char *start, size_t len, voi
 
 qd_status qd_metrics_read_series(const char *path, const char *key, double **x, double **y, int64_t *n)
 {
-    series_ctx c = {key, NULL, NULL, 0, 0};
+    series_ctx c = {.key = key};
     qd_status st = access(path, F_OK) == 0 ? for_each_line(path, add_point, &c)
                                            : qd_error(QD_ERR_IO, "%s: no such file", path);
     if (st != QD_OK) {

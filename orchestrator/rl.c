@@ -1,11 +1,8 @@
 /* The RL loop: setup, one step, evals, checkpoints and resume (rl.h). */
 #define _GNU_SOURCE
-#include <dirent.h>
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <jansson.h>
@@ -14,21 +11,16 @@
 #endif
 #include "orchestrator/rl.h"
 #include "backends/backend.h"
-#include "backends/shared.h"
-#include "benchmarks/registry.h"
-#include "benchmarks/synth.h"
 #include "models/checkpoint.h"
 #include "models/tokenizer.h"
 #include "orchestrator/ckpt.h"
 #include "orchestrator/dp.h"
 #include "orchestrator/grpo.h"
 #include "orchestrator/metrics.h"
+#include "orchestrator/rl_data.h"
 #include "orchestrator/task.h"
 #include "quant/fileio.h"
-#include "quant/quant.h"
 #include "quant/splitmix64.h"
-
-#define TRAIN_POOL 4096  /* training problems drawn (fewer when the split is smaller) */
 
 /* One rollout sample, after rewards. */
 typedef struct {
@@ -59,9 +51,7 @@ typedef struct {
     qd_backend *rollout, *trainer, *ref;
     size_t nf;
     float *w;                      /* (nf) the sync buffer */
-    qd_bench_set train, test;
-    int32_t **pids;                /* (train.n) prompt ids */
-    int *plen;                     /* (train.n) */
+    qd_rl_data data;               /* training and held-out problems */
     int64_t *perm, perm_epoch;     /* (train.n) order of the current epoch */
     uint64_t seed;
     int64_t step, data_pos, opt_step, steps, P, G, M, J;
@@ -166,70 +156,33 @@ static qd_status backend_error(const rl_run *r)
 
 static qd_backend *new_backend(rl_run *r, qd_role role)
 {
-    qd_backend_options opt = {0};
-    qd_recipe_parse(&opt.recipe, r->k->rollout.recipe);
+    qd_backend_options opt = {.role = role, .rac_ratio = r->k->rac.ratio, .num_threads = (int)r->k->run.threads,
+                              .diagnostics = 1, .device = r->dp.local_rank};
+    qd_recipe_parse(&opt.recipe, r->k->rollout.recipe); /* the config admits only valid names */
     qd_mode_parse(&opt.mode, r->k->rollout.mode);
-    opt.role = role;
-    opt.rac_ratio = r->k->rac.ratio;
-    opt.num_threads = (int)r->k->run.threads;
-    opt.diagnostics = 1;
-    opt.device = r->dp.local_rank;
     return qd_backend_init_by_name(r->k->rollout.backend, &r->mcfg, &opt);
 }
 
-/* ---- data */
+/* ---- data (the problems: rl_data.c) */
 
 static qd_status load_data(rl_run *r)
 {
-    qd_synth_opts so = {0};
-    if (*r->k->data.benchmark)
-        return qd_error(QD_ERR_UNSUPPORTED, "config: data.benchmark: '%s': quads rl evaluates on the task's "
-                                            "held-out split only (leave it empty; use quads eval for benchmarks)",
-                        r->k->data.benchmark);
-    qd_status st = qd_task_parse(r->k->data.task, &so);
-    if (st && qd_bench_find(r->k->data.task))
-        return qd_error(QD_ERR_UNSUPPORTED, "config: data.task: '%s' is a benchmark; quads rl trains on the "
-                                            "synthetic arith tasks only (training on benchmarks: issue 14)",
-                        r->k->data.task);
-    if (st)
-        return prefixed(st, "config: data.task");
-    so.seed = r->seed;
-    size_t n = TRAIN_POOL;
-    while ((st = qd_synth_generate(&so, QD_SPLIT_TRAIN, n, &r->train)) == QD_ERR_ARG && n > 16)
-        n /= 2;
-    if (st)
-        return st;
-    int64_t lim = r->k->eval.limit;
-    n = lim > 0 ? (size_t)lim : 256;
-    so.seed = (uint64_t)r->k->eval.seed; /* one held-out set for every run seed */
-    while ((st = qd_synth_generate(&so, QD_SPLIT_TEST, n, &r->test)) == QD_ERR_ARG && n > 1)
-        n /= 2;
-    if (st)
-        return st;
-    r->pids = calloc(r->train.n, sizeof *r->pids);
-    r->plen = calloc(r->train.n, sizeof *r->plen);
-    r->perm = malloc(sizeof(int64_t) * r->train.n);
-    if (!r->pids || !r->plen || !r->perm)
-        return qd_error(QD_ERR_NOMEM, "training prompts");
-    int64_t maxp = r->k->data.max_prompt_tokens;
-    for (size_t i = 0; i < r->train.n; i++) {
-        size_t nids, np;
-        st = qd_task_encode(r->tok, r->train.rec[i].problem, NULL, &r->pids[i], &nids, &np);
-        if (st)
-            return st;
-        if ((int64_t)np > maxp)
-            return qd_error(QD_ERR_ARG, "config: data.max_prompt_tokens: %lld, but a prompt has %zu tokens",
-                            (long long)maxp, np);
-        r->plen[i] = (int)np;
-    }
+    const qd_rl_data *d = &r->data;
+    qd_status st = qd_rl_data_load(&r->data, r->k, r->tok, r->seed);
+    r->perm = st ? NULL : malloc(sizeof(int64_t) * d->train.n);
+    if (!st && !r->perm)
+        st = qd_error(QD_ERR_NOMEM, "training prompts");
+    if (!st && r->o->log)
+        fprintf(r->o->log, "data: %s, %zu training problems, %zu held out (%zu of %zu over data.max_prompt_tokens "
+                           "skipped)\n", r->k->data.task, d->train.n, d->test.n, d->dropped, d->total);
     r->perm_epoch = -1;
-    return QD_OK;
+    return st;
 }
 
 /* The training problem at data position pos: epochs in a seeded order. */
 static int problem_at(rl_run *r, int64_t pos)
 {
-    int64_t n = (int64_t)r->train.n, epoch = pos / n;
+    int64_t n = (int64_t)r->data.train.n, epoch = pos / n;
     if (epoch != r->perm_epoch) {
         for (int64_t i = 0; i < n; i++)
             r->perm[i] = i;
@@ -308,8 +261,8 @@ static qd_status rollout_batch(rl_run *r, sample_set *all, int gb, int *nb)
         s->grp = rk + b / (int)r->G * W;
         s->pos = r->data_pos + s->grp;
         s->prob = problem_at(r, s->pos);
-        if (r->plen[s->prob] > Tp)
-            Tp = r->plen[s->prob];
+        if (r->data.plen[s->prob] > Tp)
+            Tp = r->data.plen[s->prob];
     }
     int32_t *prompt = calloc((size_t)B * Tp, sizeof *prompt), *plen = malloc(sizeof *plen * B);
     uint64_t *seq = malloc(sizeof *seq * B);
@@ -319,17 +272,19 @@ static qd_status rollout_batch(rl_run *r, sample_set *all, int gb, int *nb)
     }
     for (int b = 0; b < B; b++) {
         const sample *s = &all->s[all->S + b];
-        plen[b] = r->plen[s->prob];
-        memcpy(prompt + (size_t)b * Tp, r->pids[s->prob], sizeof(int32_t) * plen[b]);
+        plen[b] = r->data.plen[s->prob];
+        memcpy(prompt + (size_t)b * Tp, r->data.pids[s->prob], sizeof(int32_t) * plen[b]);
         seq[b] = (uint64_t)s->pos * (uint64_t)r->G + (uint64_t)(b % r->G);
     }
     int32_t *lens = malloc(sizeof *lens * B);
-    qd_generate_request rq = {B, Tp, prompt, plen, seq,
-                              mix64(r->seed * 1000003ull + (uint64_t)r->step * 64 + (uint64_t)gb),
-                              M, (float)r->k->rollout.temperature,
-                              (int)r->k->rollout.top_k,
-                              (float)r->k->rollout.top_p, &r->end_id, 1};
-    qd_generate_result res = {all->tok + (size_t)all->S * M, all->lp_ro + (size_t)all->S * M, lens};
+    qd_generate_request rq = {
+        .B = B, .Tp = Tp, .prompt = prompt, .prompt_len = plen, .seq_id = seq,
+        .seed = mix64(r->seed * 1000003ull + (uint64_t)r->step * 64 + (uint64_t)gb),
+        .max_new_tokens = M, .temperature = (float)r->k->rollout.temperature, .top_k = (int)r->k->rollout.top_k,
+        .top_p = (float)r->k->rollout.top_p, .stop = &r->end_id, .num_stop = 1,
+    };
+    qd_generate_result res = {.tokens = all->tok + (size_t)all->S * M, .logp = all->lp_ro + (size_t)all->S * M,
+                              .lengths = lens};
     st = lens ? qd_backend_generate(r->rollout, &rq, &res) : qd_error(QD_ERR_NOMEM, "rollout");
     for (int b = 0; b < B && !st; b++) {
         sample *s = &all->s[all->S + b];
@@ -351,7 +306,7 @@ static qd_status grade_batch(rl_run *r, sample_set *all, int first, int B)
     for (int b = first; b < first + B; b++) {
         sample *s = &all->s[b];
         qd_status st = qd_task_reward(r->tok, all->tok + (size_t)b * r->M, (size_t)s->rlen,
-                                      r->train.rec[s->prob].answer, &s->score, NULL);
+                                      r->data.train.rec[s->prob].answer, &s->score, NULL);
         if (st)
             return st;
         s->reward = s->score + (float)qd_grpo_overlong_penalty(s->rlen, r->M, buf, pen);
@@ -446,16 +401,16 @@ static qd_status build_batch(rl_run *r, const sample_set *ss, int a, int b, int3
 {
     int n = b - a, t = 1;
     for (int i = a; i < b; i++)
-        if (r->plen[ss->s[i].prob] + ss->s[i].rlen > t)
-            t = r->plen[ss->s[i].prob] + ss->s[i].rlen;
+        if (r->data.plen[ss->s[i].prob] + ss->s[i].rlen > t)
+            t = r->data.plen[ss->s[i].prob] + ss->s[i].rlen;
     *tokens = calloc((size_t)n * t, sizeof(int32_t));
     *lens = malloc(sizeof(int32_t) * n);
     if (!*tokens || !*lens)
         return qd_error(QD_ERR_NOMEM, "trainer batch");
     for (int i = 0; i < n; i++) {
         const sample *s = &ss->s[a + i];
-        int pl = r->plen[s->prob];
-        memcpy(*tokens + (size_t)i * t, r->pids[s->prob], sizeof(int32_t) * pl);
+        int pl = r->data.plen[s->prob];
+        memcpy(*tokens + (size_t)i * t, r->data.pids[s->prob], sizeof(int32_t) * pl);
         memcpy(*tokens + (size_t)i * t + pl, ss->tok + (size_t)(a + i) * r->M, sizeof(int32_t) * s->rlen);
         (*lens)[i] = pl + s->rlen;
     }
@@ -476,12 +431,13 @@ static qd_status forward_resp(rl_run *r, qd_backend *bk, const sample_set *ss, i
         st = qd_error(QD_ERR_NOMEM, "trainer log-probs");
     /* at the rollout's temperature, so trainer and rollout log-probs (gap, ratio,
      * TIS) are of the same distribution */
-    qd_batch bt = {b - a, T, tokens, lens, (float)r->k->rollout.temperature};
+    qd_batch bt = {.B = b - a, .T = T, .tokens = tokens, .lengths = lens,
+                   .temperature = (float)r->k->rollout.temperature};
     if (!st)
         st = qd_backend_forward(bk, &bt, lp, NULL);
     for (int i = 0; i < b - a && !st; i++) {
         const sample *s = &ss->s[a + i];
-        int pl = r->plen[s->prob];
+        int pl = r->data.plen[s->prob];
         float *o = out + (size_t)i * r->M;
         memset(o, 0, sizeof(float) * r->M);
         for (int k = 0; k < s->rlen; k++)
@@ -504,14 +460,14 @@ static qd_status backward_resp(rl_run *r, const sample_set *ss, int a, int b, co
 {
     int T = 1;
     for (int i = a; i < b; i++)
-        if (r->plen[ss->s[i].prob] + ss->s[i].rlen > T)
-            T = r->plen[ss->s[i].prob] + ss->s[i].rlen;
+        if (r->data.plen[ss->s[i].prob] + ss->s[i].rlen > T)
+            T = r->data.plen[ss->s[i].prob] + ss->s[i].rlen;
     float *d = calloc((size_t)(b - a) * T, sizeof(float));
     if (!d)
         return qd_error(QD_ERR_NOMEM, "trainer gradient");
     for (int i = 0; i < b - a; i++) {
         const sample *s = &ss->s[a + i];
-        int pl = r->plen[s->prob];
+        int pl = r->data.plen[s->prob];
         for (int k = 0; k < s->rlen; k++)
             d[(size_t)i * T + pl - 1 + k] = coef[(size_t)i * r->M + k];
     }
@@ -609,7 +565,8 @@ static qd_status train_mini(rl_run *r, const sample_set *ss, int a, int b, int64
         for (int i = 0; i < n; i++)
             adv[i] = ss->s[c + i].adv;
         fill_mask(ss, c, d, M, mask);
-        qd_grpo_batch gb = {n, M, lp, lp_old + (size_t)c * M, ss->lp_ro + (size_t)c * M, lref, adv, mask};
+        qd_grpo_batch gb = {.B = n, .T = M, .logp = lp, .logp_old = lp_old + (size_t)c * M,
+                            .logp_rollout = ss->lp_ro + (size_t)c * M, .logp_ref = lref, .adv = adv, .mask = mask};
         qd_grpo_stats gs;
         st = qd_grpo_loss(coef, &gs, &gb, &gp);
         if (!st && !isfinite(gs.loss))
@@ -628,10 +585,9 @@ static qd_status train_mini(rl_run *r, const sample_set *ss, int a, int b, int64
     if (!st && r->dp.world > 1 && (st = qd_dp_sum_grads(&r->dp, r->trainer, r->nf)))
         st = prefixed(st, "gradient all-reduce");
     if (!st) {
-        qd_adamw opt = {0, (float)r->k->trainer.beta1,
-                        (float)r->k->trainer.beta2, (float)r->k->trainer.eps,
-                        (float)r->k->trainer.weight_decay,
-                        (float)r->k->trainer.grad_clip};
+        qd_adamw opt = {.beta1 = (float)r->k->trainer.beta1, .beta2 = (float)r->k->trainer.beta2,
+                        .eps = (float)r->k->trainer.eps, .weight_decay = (float)r->k->trainer.weight_decay,
+                        .grad_clip = (float)r->k->trainer.grad_clip};
         ts->lr = qd_grpo_lr(r->sched, r->k->trainer.lr,
                             r->k->trainer.min_lr_ratio,
                             r->k->trainer.warmup_steps, r->steps * r->J, r->opt_step);
@@ -685,7 +641,7 @@ static qd_status train_step(rl_run *r, sample_set *ss, int ng, qd_layer_stats *l
 {
     int G = (int)r->G, M = (int)r->M, nl = ss->S / G;
     if (ng == 0) { /* dynamic sampling found no group with signal: no update, no gap */
-        ts->gap = (qd_gap_stats){NAN, NAN, NAN, NAN, NAN, 0};
+        ts->gap = (qd_gap_stats){.mean_abs = NAN, .max_abs = NAN, .k3_kl = NAN, .pearson = NAN, .entropy = NAN};
         return QD_OK;
     }
     float *reward = malloc(sizeof(float) * ss->S + 1), *adv = malloc(sizeof(float) * ss->S + 1);
@@ -730,7 +686,7 @@ static qd_status run_eval(rl_run *r, qd_task_eval_result *ev)
     size_t rb;
     qd_status st = rac_snapshot(r, &rac, &rb);
     if (!st)
-        st = qd_task_eval(b, r->tok, &r->test, (int)r->k->eval.limit, (int)r->k->eval.samples,
+        st = qd_task_eval(b, r->tok, &r->data.test, (int)r->k->eval.limit, (int)r->k->eval.samples,
                           (float)r->k->eval.temperature, (uint64_t)r->k->eval.seed, (int)r->M, ev);
     return rac_restore(r, rac, rb, st);
 }
@@ -802,21 +758,6 @@ static qd_status save_checkpoint(rl_run *r, const void *rac_job)
     return st ? at_step(st, r->step, "checkpoint") : QD_OK;
 }
 
-/* Zeroes the statistics of a RAC state blob (a resumed rank other than 0:
- * the saved statistics are the job's, and the next pick sums all ranks'). */
-static qd_status rac_zero_errors(rl_run *r, void *rac, size_t rb)
-{
-    size_t ne = 0;
-    qd_status st = qd_rac_state_errors(rac, rb, &r->mcfg, NULL, &ne, 0);
-    double *z = st ? NULL : calloc(ne ? ne : 1, sizeof(double));
-    if (!st && !z)
-        st = qd_error(QD_ERR_NOMEM, "RAC statistics");
-    if (!st)
-        st = qd_rac_state_errors(rac, rb, &r->mcfg, z, &ne, 1);
-    free(z);
-    return st;
-}
-
 /* A loaded checkpoint into both backends; a backend's refusal names the
  * checkpoint file the values came from. */
 static qd_status install_checkpoint(rl_run *r, const qd_ckpt_data *d, const char *ck)
@@ -833,7 +774,7 @@ static qd_status install_checkpoint(rl_run *r, const qd_ckpt_data *d, const char
     if (st)
         return prefixed(st, f);
     if (d->rac_bytes > 0 && r->dp.rank > 0)
-        st = rac_zero_errors(r, d->rac, d->rac_bytes); /* the job's statistics live on rank 0 only */
+        st = qd_dp_zero_rac(&r->mcfg, d->rac, d->rac_bytes); /* the job's statistics live on rank 0 only */
     if (!st)
         st = qd_backend_set_rac_state(r->rollout, d->rac, d->rac_bytes);
     snprintf(f, sizeof f, "%s/rac.bin", ck);
@@ -1075,11 +1016,8 @@ static void run_free(rl_run *r, sample_set *ss)
     qd_backend_free(r->trainer);
     qd_backend_free(r->ref);
     qd_tokenizer_free(r->tok);
-    for (size_t i = 0; r->pids && i < r->train.n; i++)
-        free(r->pids[i]);
-    free(r->pids), free(r->plen), free(r->perm), free(r->w);
-    qd_bench_set_free(&r->train);
-    qd_bench_set_free(&r->test);
+    qd_rl_data_free(&r->data);
+    free(r->perm), free(r->w);
     free(ss->s), free(ss->tok), free(ss->lp_ro);
 }
 

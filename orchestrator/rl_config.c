@@ -103,12 +103,12 @@ static const qd_cfg_knob knobs[] = {
     {KNOB("rac.refresh", QD_CFG_INT, rac.refresh), .def = "1", .min = 0, .max = BIG,
      .doc = "re-pick RAC channels every N weight syncs; 0 = never"},
     {KNOB("data.task", QD_CFG_STRING, data.task), .def = "arith",
-     .doc = "training task: the built-in synthetic arithmetic, arith or arith1..arith4, optionally :MAX_OPERAND "
-            "(benchmarks are not trainable yet: issue 14)"},
+     .doc = "training task: the synthetic arithmetic (arith, arith1..arith4, optionally :MAX_OPERAND) or a "
+            "benchmark of quads bench list (fetched or cached; eval.limit problems, 256 when 0, held out)"},
     {KNOB("data.benchmark", QD_CFG_STRING, data.benchmark), .def = "",
      .doc = "must be empty: quads rl evaluates on the task's held-out split (quads eval runs benchmarks)"},
     {KNOB("data.max_prompt_tokens", QD_CFG_INT, data.max_prompt_tokens), .def = "128", .min = 1, .max = BIG,
-     .doc = "longest training prompt in tokens (a longer one is an error)"},
+     .doc = "problems whose prompt has more tokens are skipped (training and held-out)"},
     {KNOB("data.shuffle", QD_CFG_BOOL, data.shuffle), .def = "true",
      .doc = "shuffle the training prompts each epoch (seeded)"},
     {KNOB("eval.every", QD_CFG_INT, eval.every), .def = "50", .min = 0, .max = BIG,

@@ -483,6 +483,15 @@ START_TEST(test_rl_checkpoint_verified)
         ck_assert_int_eq(qd_atomic_write(p, t, n), QD_OK);
         free(t);
     }
+    /* a listed file gone, or a FIFO in its place (read, it would block) */
+    pathf(p, sizeof p, "%s/rac.bin", ck);
+    pathf(sv, sizeof sv, "%s/rac.bak", dir);
+    ck_assert_int_eq(rename(p, sv), 0);
+    expect_resume_error(c, b, QD_ERR_FORMAT, "rac.bin: listed in SHA256SUMS but missing", NULL, NULL);
+    ck_assert_int_eq(mkfifo(p, 0600), 0);
+    expect_resume_error(c, b, QD_ERR_FORMAT, "rac.bin: listed in SHA256SUMS but not a regular file", NULL, NULL);
+    ck_assert_int_eq(unlink(p), 0);
+    ck_assert_int_eq(rename(sv, p), 0);
     /* no digests at all */
     pathf(p, sizeof p, "%s/%s", ck, QD_CKPT_SUMS);
     pathf(sv, sizeof sv, "%s/sums.bak", dir);
@@ -544,6 +553,55 @@ START_TEST(test_rl_checkpoint_verified)
 }
 END_TEST
 
+/* data.task names a benchmark: quads rl trains on it (here GSM8K from the
+ * cache, offline: the fixture is the test split the registry fetches), its
+ * problems whose prompts fit data.max_prompt_tokens split into training and
+ * eval.limit held-out ones; without the cache it fails saying so. */
+START_TEST(test_rl_benchmark_task)
+{
+    char dir[256], out[1 << 15], args[2048], p[1024], hex[65];
+    scratch_dir(dir, sizeof dir);
+    make_model(dir);
+    pathf(p, sizeof p, "%s/cache/rows/openai/gsm8k/main", dir);
+    ck_assert_int_eq(qd_mkdirs(p), QD_OK);
+    size_t n;
+    char *text = read_all(qd_test_path("tests/fixtures/benchmarks/gsm8k_test.jsonl"), &n);
+    pathf(p, sizeof p, "%s/cache/rows/openai/gsm8k/main/test.jsonl", dir);
+    ck_assert_int_eq(qd_atomic_write(p, text, n), QD_OK);
+    free(text);
+    ck_assert_int_eq(qd_sha256_file(p, hex), QD_OK);
+    pathf(p, sizeof p, "%s/cache/rows/openai/gsm8k/main/test.jsonl.sha256", dir);
+    ck_assert_int_eq(qd_atomic_write(p, hex, 64), QD_OK);
+    pathf(p, sizeof p, "%s/cache", dir);
+    setenv("QUADS_CACHE", p, 1);
+    setenv("QUADS_OFFLINE", "1", 1);
+    static const char *const sets = "--set data.task=gsm8k --set data.max_prompt_tokens=100 --set run.steps=1 "
+                                    "--set eval.limit=4 --set eval.every=1 --set rollout.backend=cpu "
+                                    "--set run.threads=1 --set rollout.prompts_per_step=2 --set rollout.group_size=2 "
+                                    "--set rollout.max_tokens=4";
+    pathf(args, sizeof args, "rl --quiet --set model.path=%s/model --set run.dir=%s/g %s", dir, dir, sets);
+    int rc = qd_test_run_quads(args, out, sizeof out);
+    ck_assert_msg(rc == 0, "%s", out);
+    ck_assert_msg(strstr(out, "data: gsm8k, 21 training problems, 4 held out (1294 of 1319 over "
+                              "data.max_prompt_tokens skipped)"), "%s", out);
+    pathf(p, sizeof p, "%s/g", dir);
+    json_t *m = metrics_without_time(p);
+    ck_assert_int_eq(json_array_size(m), 2);
+    ck_assert_int_eq(num(json_array_get(m, 1), "eval", "problems"), 4);
+    ck_assert_int_eq(num(json_array_get(m, 1), "samples", NULL), 4);
+    json_decref(m);
+    pathf(p, sizeof p, "%s/empty", dir);
+    setenv("QUADS_CACHE", p, 1);
+    pathf(args, sizeof args, "rl --quiet --set model.path=%s/model --set run.dir=%s/h %s", dir, dir, sets);
+    rc = qd_test_run_quads(args, out, sizeof out);
+    unsetenv("QUADS_CACHE"), unsetenv("QUADS_OFFLINE");
+    ck_assert_int_eq(rc, 1);
+    ck_assert_msg(strstr(out, "quads rl: config: data.task: gsm8k: offline and ") && strstr(out, "is not in the cache"),
+                  "%s", out);
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
 START_TEST(test_rl_cli_config_errors)
 {
     char out[8192], dir[256], args[1024], p[1024];
@@ -572,14 +630,8 @@ START_TEST(test_rl_cli_config_errors)
     ck_assert_msg(strstr(out, "--set: trainer.beta1: 1 is out of range [0, 1)"), "%s", out);
     ck_assert_int_eq(qd_test_run_quads("rl --set rollout.prompts_per_step=1000000000", out, sizeof out), 2);
     ck_assert_msg(strstr(out, "config: rollout.prompts_per_step 1000000000 x"), "%s", out);
-    /* data.task: a benchmark is named as one (not trainable yet), a typo gets
-     * one clean message (the old one repeated itself: issue 14) */
+    /* data.task: a typo gets one clean message (the old one repeated itself: issue 14) */
     make_model(dir);
-    pathf(args, sizeof args, "rl --quiet --set model.path=%s/model --set rollout.backend=cpu --set run.dir=%s/t "
-          "--set data.task=gsm8k", dir, dir);
-    ck_assert_int_eq(qd_test_run_quads(args, out, sizeof out), 1);
-    ck_assert_msg(strstr(out, "quads rl: config: data.task: 'gsm8k' is a benchmark; quads rl trains on the synthetic"),
-                  "%s", out);
     pathf(args, sizeof args, "rl --quiet --set model.path=%s/model --set rollout.backend=cpu --set run.dir=%s/t "
           "--set data.task=arith9", dir, dir);
     ck_assert_int_eq(qd_test_run_quads(args, out, sizeof out), 1);
@@ -1060,6 +1112,7 @@ Suite *suite_rl(void)
     add_case(s, "learns", test_rl_learns_the_reward);
     add_case(s, "nan", test_rl_nan_stops);
     add_case(s, "checkpoint_verified", test_rl_checkpoint_verified);
+    add_case(s, "benchmark_task", test_rl_benchmark_task);
     add_case(s, "cli_errors", test_rl_cli_config_errors);
     add_case(s, "cli_compare", test_rl_cli_compare);
     add_case(s, "default_model", test_rl_default_model);
