@@ -541,6 +541,7 @@ json_t *qd_config_schema_json(void)
             json_object_set_new(o, "min", json_real(k->min));
             json_object_set_new(o, "max", json_real(k->max));
             json_object_set_new(o, "min_exclusive", json_boolean(k->min_open));
+            json_object_set_new(o, "max_exclusive", json_boolean(k->max_open));
         }
         if (o && k->type == QD_CFG_ENUM)
             json_object_set_new(o, "choices", json_string(k->choices));

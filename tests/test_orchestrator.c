@@ -517,6 +517,8 @@ START_TEST(test_config_defaults)
     json_t *ch = json_object_get(schema, "algo.clip_high");
     ck_assert_str_eq(json_string_value(json_object_get(ch, "type")), "float");
     ck_assert_double_eq(json_real_value(json_object_get(ch, "default")), 0.28);
+    ck_assert(json_is_false(json_object_get(ch, "max_exclusive")));
+    ck_assert(json_is_true(json_object_get(json_object_get(schema, "trainer.beta1"), "max_exclusive")));
     json_decref(schema);
     qd_config_free(cfg);
 }
