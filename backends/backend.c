@@ -283,13 +283,18 @@ size_t qd_backend_rac_state_size(qd_backend *b)
     return b->iface->rac_state_size ? b->iface->rac_state_size(b) : 0;
 }
 
+/* n given for a buffer of want units (bytes, statistics) of the backend's. */
+static qd_status check_count(qd_backend *b, size_t n, size_t want, const char *unit, const char *what)
+{
+    if (n != want)
+        return qd_error(QD_ERR_SHAPE, "backend %s: %s: %zu %s given, the backend has %zu", qd_backend_name(b),
+                        what, n, unit, want);
+    return QD_OK;
+}
+
 static qd_status check_rac_size(qd_backend *b, size_t n, const char *what)
 {
-    size_t want = qd_backend_rac_state_size(b);
-    if (n != want)
-        return qd_error(QD_ERR_SHAPE, "backend %s: %s: %zu bytes given, the state has %zu", qd_backend_name(b),
-                        what, n, want);
-    return QD_OK;
+    return check_count(b, n, qd_backend_rac_state_size(b), "bytes", what);
 }
 
 qd_status qd_backend_get_rac_state(qd_backend *b, void *buf, size_t n)
@@ -302,4 +307,33 @@ qd_status qd_backend_set_rac_state(qd_backend *b, const void *buf, size_t n)
 {
     qd_status st = check_rac_size(b, n, "set_rac_state");
     return st || n == 0 ? st : b->iface->set_rac_state(b, buf, n);
+}
+
+size_t qd_backend_rac_stats_count(qd_backend *b)
+{
+    assert(b);
+    return b->iface->rac_stats_count ? b->iface->rac_stats_count(b) : 0;
+}
+
+static qd_status check_stats_count(qd_backend *b, size_t n, const char *what)
+{
+    return check_count(b, n, qd_backend_rac_stats_count(b), "statistics", what);
+}
+
+qd_status qd_backend_get_rac_stats(qd_backend *b, double *err, size_t n)
+{
+    qd_status st = check_stats_count(b, n, "get_rac_stats");
+    return st || n == 0 ? st : b->iface->get_rac_stats(b, err, n);
+}
+
+qd_status qd_backend_set_rac_stats(qd_backend *b, const double *err, size_t n)
+{
+    QD_TRY(check_stats_count(b, n, "set_rac_stats"));
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(err[i]))
+            return qd_error(QD_ERR_NONFINITE, "set_rac_stats: statistic %zu is not finite", i);
+        if (err[i] < 0)
+            return qd_error(QD_ERR_ARG, "set_rac_stats: statistic %zu is negative (%g)", i, err[i]);
+    }
+    return n == 0 ? QD_OK : b->iface->set_rac_stats(b, err, n);
 }

@@ -80,19 +80,20 @@ typedef struct {
     const int32_t *lengths;  /* (B), 1 <= lengths[b] <= T */
     float temperature;       /* log-probs of softmax(logits / temperature), the rollout's;
                                 0 (a zero-initialized batch) means 1 */
+    int rac_stats;           /* 1: add this batch's activation errors to the RAC statistics
+                                (a rollout's); 0 (the default): leave them as they are */
 } qd_batch;
 
 typedef struct {
     qd_recipe recipe;
     qd_role role;
+    qd_exec_mode mode;   /* exact (0, the default) or fast (CUDA only) */
     double rac_ratio;    /* |S|/K of RAC (recipes nvfp4-rac and quads, rollout role) */
     int num_threads;     /* OpenMP threads; 0 = the runtime's default */
+    int device;          /* CUDA: the device, modulo the visible count (data parallel:
+                            LOCAL_RANK); >= 0 */
     int diagnostics;     /* 1: measure quantization errors per linear layer (costs a
                             fake-quant of every quantized layer's input and weight) */
-    qd_exec_mode mode;   /* exact (0, the default) or fast (CUDA only); after the fields
-                            above, so that their positional initializers keep working */
-    int device;          /* CUDA: the device, modulo the visible count (data parallel:
-                            LOCAL_RANK); >= 0; last for the same reason */
 } qd_backend_options;
 
 /* AdamW (decoupled weight decay, bias correction); weight decay applies to
@@ -117,6 +118,9 @@ typedef struct {
     float top_p;                /* >= 1: off */
     const int32_t *stop;        /* (num_stop) tokens that end a sequence (kept in its output) */
     int num_stop;
+    int rac_stats;              /* 1: add the rollout's activation errors to the RAC statistics
+                                   (the next sync picks channels from them); 0 (the default):
+                                   leave them (evaluation, diagnostics) */
 } qd_generate_request;
 
 typedef struct {
@@ -143,7 +147,9 @@ typedef struct {
     const int32_t *router_topk; /* (num_moe_layers, N, top_k) experts chosen, rank order */
 } qd_diagnostics;
 
-/* ---- the vtable (implementers only; callers use the dispatchers) */
+/* ---- the vtable (implementers only; callers use the dispatchers). Every table
+ * and options struct of the interface is initialized with designated
+ * initializers, so fields may be added anywhere. */
 
 typedef struct qd_backend qd_backend;
 
@@ -185,9 +191,17 @@ struct qd_backend_i {
     size_t (*rac_state_size)(qd_backend *b);
     qd_status (*get_rac_state)(qd_backend *b, void *buf, size_t n);
     qd_status (*set_rac_state)(qd_backend *b, const void *buf, size_t n);
+    /* The RAC statistics alone: for each RAC linear in order, its in doubles
+     * (the squared activation error per channel gathered since the last sync,
+     * by forwards and generates that asked for it); rac_stats_count doubles in
+     * all. set_rac_stats replaces them and touches nothing else (data
+     * parallel: the sum over ranks before a pick). Optional. */
+    size_t (*rac_stats_count)(qd_backend *b);
+    qd_status (*get_rac_stats)(qd_backend *b, double *err, size_t n);
+    qd_status (*set_rac_stats)(qd_backend *b, const double *err, size_t n);
     /* Replaces the gradient buffer (n floats, qd_param_info order): data-parallel
      * training writes the all-reduced gradients back before optimizer_step.
-     * Optional; last, so that positional tables above stay valid. */
+     * Optional. */
     qd_status (*set_grads)(qd_backend *b, const float *grads, size_t n);
 };
 
@@ -242,5 +256,11 @@ qd_status qd_backend_set_adam(qd_backend *b, const float *m, const float *v, siz
 size_t qd_backend_rac_state_size(qd_backend *b);
 qd_status qd_backend_get_rac_state(qd_backend *b, void *buf, size_t n);
 qd_status qd_backend_set_rac_state(qd_backend *b, const void *buf, size_t n);
+/* 0 when the backend has no RAC linear (or no such slot). */
+size_t qd_backend_rac_stats_count(qd_backend *b);
+qd_status qd_backend_get_rac_stats(qd_backend *b, double *err, size_t n);
+/* QD_ERR_NONFINITE or QD_ERR_ARG (naming the index) on a NaN/Inf or negative
+ * statistic (nothing is changed then). */
+qd_status qd_backend_set_rac_stats(qd_backend *b, const double *err, size_t n);
 
 #endif /* QD_BACKEND_H */

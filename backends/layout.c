@@ -83,6 +83,10 @@ qd_status qd_model_layout_init(qd_model_layout *m, const qd_model_config *g)
 {
     int nt = 0, nl = 0;
     memset(m, 0, sizeof *m);
+    /* the table's int counts and widths hold only for a checked config */
+    qd_status st = qd_model_config_check(g);
+    if (st)
+        return st;
     count_tensors(g, &nt, &nl);
     m->info = calloc((size_t)nt, sizeof *m->info);
     m->lin = calloc((size_t)nl, sizeof *m->lin);

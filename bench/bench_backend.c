@@ -16,9 +16,11 @@
  * Every call returns its results in host memory (log-probs, grad norm,
  * tokens), so the wall clock around it covers the device's work.
  *
- * Models: "tiny" (the shipped checkpoint, models/tiny) or "moe8", a Qwen3-MoE
+ * Models: "tiny" (the shipped checkpoint, models/tiny), "moe8", a Qwen3-MoE
  * built in memory (8 layers, hidden 1024, 32 experts top-4, expert width 512,
- * 16 heads, 4 KV heads, head_dim 64, vocab 32000) with seeded random weights
+ * 16 heads, 4 KV heads, head_dim 64, vocab 32000), or "a3b", Qwen3-30B-A3B's
+ * layer shapes (hidden 2048, 128 experts top-8 of width 768, 32 / 4 heads of
+ * 128, vocab 151936) at --layers depth; both with seeded random weights
  * (normal, std 0.02; norm weights 1), the init of transformers.
  *
  * A backend that refuses an op (QD_ERR_UNSUPPORTED), or a backend init that
@@ -120,6 +122,23 @@ static void moe8_config(qd_model_config *c, int layers)
     snprintf(c->torch_dtype, sizeof c->torch_dtype, "bfloat16");
 }
 
+/* The a3b shape: Qwen3-30B-A3B's layer shapes (hidden 2048, 128 experts top-8
+ * of width 768, 32 query / 4 KV heads of 128, vocab 151936) at `layers` depth. */
+static void a3b_config(qd_model_config *c, int layers)
+{
+    moe8_config(c, layers);
+    c->vocab_size = 151936;
+    c->hidden_size = 2048;
+    c->intermediate_size = 6144;  /* unused: every layer is sparse */
+    c->moe_intermediate_size = 768;
+    c->num_attention_heads = 32;
+    c->num_key_value_heads = 4;
+    c->head_dim = 128;
+    c->num_experts = 128;
+    c->num_experts_per_tok = 8;
+    c->max_position_embeddings = 40960;
+}
+
 /* n floats normal(0, std) from the stream *s: Box-Muller, both outputs of
  * each pair used. */
 static void fill_normal(float *w, size_t n, double std, uint64_t *s)
@@ -159,9 +178,12 @@ static float *load_model(const bench_args *a, qd_model_config *cfg, size_t *n)
         if (qd_checkpoint_read_config(a->tiny_dir, cfg) != QD_OK)
             die(a->tiny_dir, qd_last_error());
     } else {
-        moe8_config(cfg, a->layers);
+        if (!strcmp(a->model, "a3b"))
+            a3b_config(cfg, a->layers);
+        else
+            moe8_config(cfg, a->layers);
         if (qd_model_config_check(cfg) != QD_OK)
-            die("moe8 config", qd_last_error());
+            die("model config", qd_last_error());
     }
     if (qd_model_layout_init(&m, cfg) != QD_OK)
         die("parameter table", qd_last_error());
@@ -240,8 +262,9 @@ static void free_inputs(bench_inputs *in)
 /* One trainer step; step counts from 1. */
 static qd_status train_step(qd_backend *b, const bench_args *a, const bench_inputs *in, int step)
 {
-    const qd_adamw opt = {1e-5f, 0.9f, 0.999f, 1e-8f, 0.01f, 1.0f};
-    qd_batch bt = {a->B, a->T, in->train_tok, in->len_t, 1.0f};
+    const qd_adamw opt = {.lr = 1e-5f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f,
+                          .grad_clip = 1.0f};
+    qd_batch bt = {.B = a->B, .T = a->T, .tokens = in->train_tok, .lengths = in->len_t, .temperature = 1.0f};
     float gnorm;
     qd_backend_zero_grad(b);
     qd_status st = qd_backend_forward(b, &bt, in->logp, NULL);
@@ -254,10 +277,12 @@ static qd_status train_step(qd_backend *b, const bench_args *a, const bench_inpu
 
 static qd_status run_op(bench_op op, qd_backend *b, const bench_args *a, const bench_inputs *in, int step)
 {
-    qd_batch bt = {a->B, a->T, in->train_tok, in->len_t, 1.0f};
-    qd_generate_request rq = {a->B, a->P, in->prompt, in->len_p, in->seq_id, a->seed, a->M,
-                              (float)a->temperature, 0, 1.0f, NULL, 0};
-    qd_generate_result res = {in->gen_tok, in->logp, in->gen_len};
+    qd_batch bt = {.B = a->B, .T = a->T, .tokens = in->train_tok, .lengths = in->len_t, .temperature = 1.0f};
+    qd_generate_request rq = {.B = a->B, .Tp = a->P, .prompt = in->prompt, .prompt_len = in->len_p,
+                              .seq_id = in->seq_id, .seed = a->seed, .max_new_tokens = a->M,
+                              .temperature = (float)a->temperature, .top_k = 0, .top_p = 1.0f, .stop = NULL,
+                              .num_stop = 0};
+    qd_generate_result res = {.tokens = in->gen_tok, .logp = in->logp, .lengths = in->gen_len};
     switch (op) {
     case OP_TRAIN:
         return train_step(b, a, in, step);
@@ -318,7 +343,8 @@ static void run_role(const bench_args *a, const qd_model_config *cfg, const floa
         todo |= rows[i].status != ROW_SKIP;
     if (!todo)
         return;
-    qd_backend_options o = {.recipe = r, .role = role, .rac_ratio = a->rac_ratio, .num_threads = a->threads, .mode = a->mode};
+    qd_backend_options o = {.recipe = r, .role = role, .rac_ratio = a->rac_ratio, .num_threads = a->threads,
+                            .mode = a->mode};
     qd_backend *b = qd_backend_init_by_name(a->backend, cfg, &o);
     if (!b) {
         fprintf(stderr, "bench_backend: %s backend, recipe %s, %s role: %s\n", a->backend, qd_recipe_name(r),
@@ -511,7 +537,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
         "usage: bench/bench_backend [--backend auto|cpu|cuda] [--mode exact|fast] [--recipe a,b,...]\n"
-        "         [--model tiny|moe8] [--tiny-dir DIR] [--layers L] [--batch B] [--seq T] [--prompt P]\n"
+        "         [--model tiny|moe8|a3b] [--tiny-dir DIR] [--layers L] [--batch B] [--seq T] [--prompt P]\n"
         "         [--new-tokens M] [--iters N] [--warmup W] [--threads N] [--temperature X]\n"
         "         [--ops 'train step,forward,rollout']\n"
         "         [--rac-ratio X] [--seed S] [--json FILE] [--vs FILE]\n"
@@ -608,9 +634,9 @@ static int set_option(bench_args *a, const char *o, const char *v)
 static bench_args parse_args(int argc, char **argv)
 {
     static char default_recipes[] = "bf16,fp8,nvfp4,quads";
-    bench_args a = {.backend = "auto", .model = "tiny", .tiny_dir = "models/tiny", .mode = QD_MODE_EXACT,
-                    .B = 8, .T = 128, .P = 32, .M = 64, .iters = 5, .warmup = 1, .layers = 8,
-                    .rac_ratio = 0.25, .temperature = 1.0, .seed = 1};
+    bench_args a = {.backend = "auto", .model = "tiny", .tiny_dir = "models/tiny", .mode = QD_MODE_EXACT, .B = 8,
+                    .T = 128, .P = 32, .M = 64, .iters = 5, .warmup = 1, .layers = 8, .rac_ratio = 0.25,
+                    .temperature = 1.0, .seed = 1};
 #ifdef _OPENMP
     a.threads = omp_get_num_procs();
 #else
@@ -629,8 +655,8 @@ static bench_args parse_args(int argc, char **argv)
             exit(2);
         }
     }
-    if (strcmp(a.model, "tiny") && strcmp(a.model, "moe8")) {
-        fprintf(stderr, "bench_backend: --model: '%s' (tiny, moe8)\n", a.model);
+    if (strcmp(a.model, "tiny") && strcmp(a.model, "moe8") && strcmp(a.model, "a3b")) {
+        fprintf(stderr, "bench_backend: --model: '%s' (tiny, moe8, a3b)\n", a.model);
         exit(2);
     }
     return a;

@@ -204,16 +204,19 @@ static qd_backend *make_backend(const qd_model_config *cfg, qd_recipe r, qd_role
 
 static qd_status generate(qd_backend *b, const bench_args *a, const bench_inputs *in, int m)
 {
-    qd_generate_request rq = {a->B, a->P, in->prompt, in->len_p, in->seq_id, a->seed, m, 1.0f, 0, 1.0f, NULL, 0};
-    qd_generate_result res = {in->gen_tok, in->logp, in->gen_len};
+    qd_generate_request rq = {.B = a->B, .Tp = a->P, .prompt = in->prompt, .prompt_len = in->len_p,
+                              .seq_id = in->seq_id, .seed = a->seed, .max_new_tokens = m, .temperature = 1.0f,
+                              .top_k = 0, .top_p = 1.0f, .stop = NULL, .num_stop = 0};
+    qd_generate_result res = {.tokens = in->gen_tok, .logp = in->logp, .lengths = in->gen_len};
     return qd_backend_generate(b, &rq, &res);
 }
 
 /* One trainer step; step counts from 1. */
 static qd_status train_step(qd_backend *b, const bench_args *a, const bench_inputs *in, int step)
 {
-    const qd_adamw opt = {1e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, 1.0f};
-    qd_batch bt = {a->B, a->T, in->train_tok, in->len_t, 1.0f};
+    const qd_adamw opt = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f,
+                          .grad_clip = 1.0f};
+    qd_batch bt = {.B = a->B, .T = a->T, .tokens = in->train_tok, .lengths = in->len_t, .temperature = 1.0f};
     float gnorm;
     qd_backend_zero_grad(b);
     qd_status st = qd_backend_forward(b, &bt, in->logp, NULL);
@@ -229,7 +232,7 @@ static qd_status train_step(qd_backend *b, const bench_args *a, const bench_inpu
 static int run_phase(phase p, qd_backend *b, const bench_args *a, const bench_inputs *in, int step,
                      bench_row *row, double *sec, double *base)
 {
-    qd_batch bt = {a->B, a->P, in->prefill_tok, in->len_p, 1.0f};
+    qd_batch bt = {.B = a->B, .T = a->P, .tokens = in->prefill_tok, .lengths = in->len_p, .temperature = 1.0f};
     double t0 = qd_bench_now();
     *base = 0.0;
     switch (p) {

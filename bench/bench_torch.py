@@ -53,6 +53,17 @@ def moe8_config(layers):
         initializer_range=0.02, use_cache=True)
 
 
+def a3b_config(layers):
+    """The a3b shape of bench_backend.c (a3b_config): Qwen3-30B-A3B's layers."""
+    return Qwen3MoeConfig(
+        vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+        num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1,
+        rms_norm_eps=1e-6, max_position_embeddings=40960, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        initializer_range=0.02, use_cache=True)
+
+
 def build_model(a, device):
     """The model in float32 on device, with the experts and attention
     implementations asked for (else transformers' defaults)."""
@@ -61,7 +72,7 @@ def build_model(a, device):
         model = Qwen3MoeForCausalLM.from_pretrained(a.tiny_dir, dtype=torch.float32).to(device)
     else:
         with torch.device(device):
-            model = Qwen3MoeForCausalLM(moe8_config(a.layers))
+            model = Qwen3MoeForCausalLM((a3b_config if a.model == "a3b" else moe8_config)(a.layers))
     if a.experts:
         model.set_experts_implementation(a.experts)
     if a.attn:
@@ -218,7 +229,7 @@ def print_table(a, cfg, rows, device):
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", choices=("tiny", "moe8"), default="tiny")
+    p.add_argument("--model", choices=("tiny", "moe8", "a3b"), default="tiny")
     p.add_argument("--tiny-dir", default="models/tiny")
     p.add_argument("--layers", type=int, default=8, help="moe8's layers (default 8)")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")

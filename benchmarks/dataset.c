@@ -1,9 +1,14 @@
 /* Loading benchmark files into qd_bench_record (see dataset.h). */
 #include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <jansson.h>
 #include "benchmarks/dataset.h"
 #include "quant/fileio.h"
@@ -172,6 +177,12 @@ typedef struct {
     size_t line; /* 0 when unknown (JSON arrays) */
 } where;
 
+/* What a parse keeps: the fields, within a date window. */
+typedef struct {
+    const qd_bench_fields *f;
+    qd_bench_window win; /* all NULL: no window */
+} spec;
+
 static qd_status field_error(const where *w, const char *field, const char *what)
 {
     if (w->line)
@@ -226,8 +237,49 @@ static qd_status plain_answer(const json_t *v, const where *w, const char *field
     return QD_OK;
 }
 
+/* A comma outside every bracket: "a, b" is a list, "(a, b)" and "\\{a, b\\}" are not. */
+static int top_level_comma(const char *s)
+{
+    int depth = 0;
+    for (const char *c = s; *c; c++) {
+        if (*c == '\\' && (c[1] == '{' || c[1] == '}')) {
+            depth += c[1] == '{' ? 1 : -1;
+            c++;
+        } else if (*c == '\\' && c[1]) {
+            c++;
+        } else if (strchr("{([", *c)) {
+            depth++;
+        } else if (strchr("})]", *c)) {
+            depth--;
+        } else if (*c == ',' && depth == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* QD_ANSWER_SET: a listed answer as a set (its order is free). */
+static qd_status as_set(char **a)
+{
+    if (!*a || !top_level_comma(*a))
+        return QD_OK;
+    size_t n = strlen(*a) + 5;
+    char *w = malloc(n);
+    if (!w)
+        return qd_error(QD_ERR_NOMEM, "out of memory");
+    snprintf(w, n, "\\{%s\\}", *a);
+    free(*a);
+    *a = w;
+    return QD_OK;
+}
+
 static qd_status read_answer(const json_t *obj, const qd_bench_fields *f, const where *w, qd_bench_record *r)
 {
+    if (f->style == QD_ANSWER_CODE) {
+        r->answer = strdup("");
+        r->row = json_dumps(obj, JSON_COMPACT);
+        return r->answer && r->row ? QD_OK : qd_error(QD_ERR_NOMEM, "%s: out of memory", w->name);
+    }
     const json_t *v = get_path(obj, f->answer);
     if (!v)
         return field_error(w, f->answer, "missing");
@@ -235,6 +287,12 @@ static qd_status read_answer(const json_t *obj, const qd_bench_fields *f, const 
         return field_error(w, f->answer, "is null");
     if (f->style == QD_ANSWER_PLAIN)
         return plain_answer(v, w, f->answer, r);
+    if (f->style == QD_ANSWER_SET) {
+        qd_status st = plain_answer(v, w, f->answer, r);
+        for (size_t i = 0; st == QD_OK && i <= r->n_alt; i++)
+            st = as_set(i ? &r->alt[i - 1] : &r->answer);
+        return st;
+    }
     if (!json_is_string(v))
         return field_error(w, f->answer, "is not a string");
     const char *s = json_string_value(v);
@@ -259,6 +317,8 @@ static void record_free(qd_bench_record *r)
     for (size_t i = 0; i < r->n_alt; i++)
         free(r->alt[i]);
     free(r->alt);
+    free(r->date);
+    free(r->row);
     memset(r, 0, sizeof *r);
 }
 
@@ -295,23 +355,63 @@ static qd_status read_record(const json_t *obj, const qd_bench_fields *f, const 
     return st;
 }
 
-static qd_status push(qd_bench_set *s, size_t *cap, const json_t *obj, const qd_bench_fields *f, const where *w)
+int qd_bench_date_ok(const char *s)
 {
+    for (int i = 0; i < 10; i++)
+        if (i == 4 || i == 7 ? s[i] != '-' : !isdigit((unsigned char)s[i]))
+            return 0;
+    return s[10] == '\0';
+}
+
+/* Is the record inside the date window (always, without one)? *date gets
+ * the date field's text. */
+static qd_status in_window(const json_t *obj, const qd_bench_window *win, const where *w, char **date, int *keep)
+{
+    *date = NULL;
+    *keep = 1;
+    const json_t *v = win->field ? get_path(obj, win->field) : NULL;
+    if (v && !json_is_string(v))
+        return field_error(w, win->field, "is not a date string");
+    if (v && !(*date = strdup(json_string_value(v))))
+        return qd_error(QD_ERR_NOMEM, "%s: out of memory", w->name);
+    if (!win->from && !win->to)
+        return QD_OK;
+    char day[11] = "";
+    if (*date)
+        snprintf(day, sizeof day, "%s", *date);
+    *keep = *date && (!win->from || strcmp(day, win->from) >= 0) && (!win->to || strcmp(day, win->to) <= 0);
+    return QD_OK;
+}
+
+static qd_status push(qd_bench_set *s, size_t *cap, const json_t *obj, const spec *sp, const where *w)
+{
+    s->read++;
+    char *date;
+    int keep;
+    qd_status st = in_window(obj, &sp->win, w, &date, &keep);
+    if (st != QD_OK || !keep) {
+        free(date);
+        return st;
+    }
     if (s->n == *cap) {
         size_t nc = *cap ? 2 * *cap : 64;
         qd_bench_record *nr = realloc(s->rec, nc * sizeof *nr);
-        if (!nr)
+        if (!nr) {
+            free(date);
             return qd_error(QD_ERR_NOMEM, "%s: out of memory", w->name);
+        }
         s->rec = nr;
         *cap = nc;
     }
-    qd_status st = read_record(obj, f, w, &s->rec[s->n]);
+    st = read_record(obj, sp->f, w, &s->rec[s->n]);
     if (st == QD_OK)
-        s->n++;
+        s->rec[s->n++].date = date;
+    else
+        free(date);
     return st;
 }
 
-static qd_status parse_array(const char *text, size_t len, const char *name, const qd_bench_fields *f, qd_bench_set *out)
+static qd_status parse_array(const char *text, size_t len, const char *name, const spec *sp, qd_bench_set *out)
 {
     json_error_t err;
     json_t *root = json_loadb(text, len, 0, &err);
@@ -321,13 +421,13 @@ static qd_status parse_array(const char *text, size_t len, const char *name, con
     size_t cap = 0;
     for (size_t i = 0; st == QD_OK && i < json_array_size(root); i++) {
         where w = {name, i, 0};
-        st = push(out, &cap, json_array_get(root, i), f, &w);
+        st = push(out, &cap, json_array_get(root, i), sp, &w);
     }
     json_decref(root);
     return st;
 }
 
-static qd_status parse_jsonl(const char *text, size_t len, const char *name, const qd_bench_fields *f, qd_bench_set *out)
+static qd_status parse_jsonl(const char *text, size_t len, const char *name, const spec *sp, qd_bench_set *out)
 {
     size_t cap = 0, line = 0;
     qd_status st = QD_OK;
@@ -343,7 +443,7 @@ static qd_status parse_jsonl(const char *text, size_t len, const char *name, con
             if (!obj)
                 return qd_error(QD_ERR_FORMAT, "%s: line %zu: invalid JSON: %s", name, line + 1, err.text);
             where w = {name, out->n, line + 1};
-            st = push(out, &cap, obj, f, &w);
+            st = push(out, &cap, obj, sp, &w);
             json_decref(obj);
         }
         p = stop + 1;
@@ -351,30 +451,69 @@ static qd_status parse_jsonl(const char *text, size_t len, const char *name, con
     return st;
 }
 
-/* One CSV line into a JSON object keyed by the header (no quoting: the answer
- * keys we read have none, and a quote is rejected rather than misread). */
+/* The cells of one CSV line (RFC 4180 quoting: "a, b" and "" for a quote;
+ * a quoted field must end on its line, which holds for the answer keys we
+ * read). */
+static qd_status csv_cells(const char *p, const char *stop, json_t *cells, const where *w)
+{
+    for (const char *c = p;;) {
+        char *field = malloc((size_t)(stop - c) + 1);
+        size_t n = 0;
+        if (!field)
+            return qd_error(QD_ERR_NOMEM, "%s: out of memory", w->name);
+        if (c < stop && *c == '"') {
+            for (c++;; c++) {
+                if (c == stop) {
+                    free(field);
+                    return qd_error(QD_ERR_FORMAT, "%s: line %zu: unterminated quoted field", w->name, w->line);
+                }
+                if (*c == '"' && c + 1 < stop && c[1] == '"')
+                    field[n++] = *c++;
+                else if (*c == '"')
+                    break;
+                else
+                    field[n++] = *c;
+            }
+            c++;
+            if (c < stop && *c != ',') {
+                free(field);
+                return qd_error(QD_ERR_FORMAT, "%s: line %zu: text after a quoted field", w->name, w->line);
+            }
+        } else {
+            while (c < stop && *c != ',') {
+                if (*c == '"') {
+                    free(field);
+                    return qd_error(QD_ERR_FORMAT, "%s: line %zu: a quote inside an unquoted field", w->name, w->line);
+                }
+                field[n++] = *c++;
+            }
+        }
+        json_array_append_new(cells, json_stringn(field, n));
+        free(field);
+        if (c >= stop)
+            return QD_OK;
+        c++; /* the comma */
+    }
+}
+
+/* One CSV line into a JSON object keyed by the header. */
 static qd_status csv_row(const char *p, const char *stop, json_t *header, json_t **row, const where *w)
 {
-    if (memchr(p, '"', (size_t)(stop - p)))
-        return qd_error(QD_ERR_UNSUPPORTED, "%s: line %zu: quoted CSV fields are not supported", w->name, w->line);
     if (stop > p && stop[-1] == '\r')
         stop--;
     json_t *cells = json_array();
-    for (const char *c = p;; ) {
-        const char *comma = memchr(c, ',', (size_t)(stop - c));
-        const char *e = comma ? comma : stop;
-        json_array_append_new(cells, json_stringn(c, (size_t)(e - c)));
-        if (!comma)
-            break;
-        c = comma + 1;
+    qd_status st = csv_cells(p, stop, cells, w);
+    if (st != QD_OK) {
+        json_decref(cells);
+        return st;
     }
     if (!header) {
         *row = cells;
         return QD_OK;
     }
     if (json_array_size(cells) != json_array_size(header)) {
-        qd_status st = qd_error(QD_ERR_FORMAT, "%s: line %zu: %zu cells, header has %zu", w->name, w->line,
-                                json_array_size(cells), json_array_size(header));
+        st = qd_error(QD_ERR_FORMAT, "%s: line %zu: %zu cells, header has %zu", w->name, w->line,
+                      json_array_size(cells), json_array_size(header));
         json_decref(cells);
         return st;
     }
@@ -385,7 +524,7 @@ static qd_status csv_row(const char *p, const char *stop, json_t *header, json_t
     return QD_OK;
 }
 
-static qd_status parse_csv(const char *text, size_t len, const char *name, const qd_bench_fields *f, qd_bench_set *out)
+static qd_status parse_csv(const char *text, size_t len, const char *name, const spec *sp, qd_bench_set *out)
 {
     size_t cap = 0, line = 0;
     json_t *header = NULL;
@@ -400,7 +539,7 @@ static qd_status parse_csv(const char *text, size_t len, const char *name, const
             if (st == QD_OK && !header)
                 header = row;
             else if (st == QD_OK) {
-                st = push(out, &cap, row, f, &w);
+                st = push(out, &cap, row, sp, &w);
                 json_decref(row);
             }
         }
@@ -413,8 +552,17 @@ static qd_status parse_csv(const char *text, size_t len, const char *name, const
 qd_status qd_bench_parse(const char *text, size_t len, const char *name,
                          const qd_bench_fields *fields, qd_bench_set *out)
 {
+    return qd_bench_parse_window(text, len, name, fields, NULL, out);
+}
+
+qd_status qd_bench_parse_window(const char *text, size_t len, const char *name, const qd_bench_fields *fields,
+                                const qd_bench_window *win, qd_bench_set *out)
+{
+    spec sp = {fields, {NULL, NULL, NULL}};
+    if (win)
+        sp.win = *win;
     memset(out, 0, sizeof *out);
-    if (!fields->answer)
+    if (!fields->answer && fields->style != QD_ANSWER_CODE)
         return qd_error(QD_ERR_ARG, "%s: no answer field named", name);
     if (len >= 3 && !memcmp(text, "\xef\xbb\xbf", 3)) { /* a UTF-8 byte order mark */
         text += 3;
@@ -426,12 +574,12 @@ qd_status qd_bench_parse(const char *text, size_t len, const char *name,
     qd_status st;
     /* Decide by content, not by name: several ".json" files are JSONL. */
     if (qd_str_ends_with(name, ".csv"))
-        st = parse_csv(text, len, name, fields, out);
+        st = parse_csv(text, len, name, &sp, out);
     else if (i < len && text[i] == '[')
-        st = parse_array(text, len, name, fields, out);
+        st = parse_array(text, len, name, &sp, out);
     else
-        st = parse_jsonl(text, len, name, fields, out);
-    if (st == QD_OK && out->n == 0)
+        st = parse_jsonl(text, len, name, &sp, out);
+    if (st == QD_OK && out->read == 0)
         st = qd_error(QD_ERR_FORMAT, "%s: no records", name);
     if (st != QD_OK)
         qd_bench_set_free(out);
@@ -440,13 +588,29 @@ qd_status qd_bench_parse(const char *text, size_t len, const char *name,
 
 qd_status qd_bench_load_file(const char *path, const qd_bench_fields *fields, qd_bench_set *out)
 {
+    return qd_bench_load_file_window(path, fields, NULL, out);
+}
+
+qd_status qd_bench_load_file_window(const char *path, const qd_bench_fields *fields, const qd_bench_window *win,
+                                    qd_bench_set *out)
+{
     memset(out, 0, sizeof *out);
-    char *buf;
-    size_t len;
-    qd_status st = qd_read_file(path, &buf, &len);
-    if (st == QD_OK)
-        st = qd_bench_parse(buf, len, path, fields, out);
-    free(buf);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block the open */
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) || !S_ISREG(sb.st_mode)) {
+        qd_status st = qd_error(QD_ERR_IO, "%s: %s", path, fd < 0 ? strerror(errno) : "not a regular file");
+        if (fd >= 0)
+            close(fd);
+        return st;
+    }
+    size_t len = (size_t)sb.st_size;
+    void *map = len ? mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
+    close(fd);
+    if (len && map == MAP_FAILED)
+        return qd_error(QD_ERR_IO, "%s: cannot map: %s", path, strerror(errno));
+    qd_status st = qd_bench_parse_window(len ? map : "", len, path, fields, win, out);
+    if (len)
+        munmap(map, len);
     return st;
 }
 
@@ -457,20 +621,22 @@ void qd_bench_set_free(qd_bench_set *s)
     free(s->rec);
     s->rec = NULL;
     s->n = 0;
+    s->read = 0;
 }
+
+static const char *const style_names[] = {"plain", "gsm8k", "boxed", "set", "code"};
 
 qd_status qd_bench_style_parse(const char *s, qd_answer_style *out)
 {
-    static const char *const names[] = {"plain", "gsm8k", "boxed"};
-    for (int i = 0; i < 3; i++)
-        if (!strcmp(s, names[i])) {
+    for (int i = 0; i < 5; i++)
+        if (!strcmp(s, style_names[i])) {
             *out = (qd_answer_style)i;
             return QD_OK;
         }
-    return qd_error(QD_ERR_ARG, "answer style '%s': expected plain, gsm8k or boxed", s);
+    return qd_error(QD_ERR_ARG, "answer style '%s': expected plain, gsm8k, boxed, set or code", s);
 }
 
 const char *qd_bench_style_name(qd_answer_style s)
 {
-    return s == QD_ANSWER_GSM8K ? "gsm8k" : s == QD_ANSWER_BOXED ? "boxed" : "plain";
+    return (unsigned)s < 5 ? style_names[s] : "plain";
 }

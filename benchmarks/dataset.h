@@ -11,6 +11,10 @@ typedef enum {
     QD_ANSWER_PLAIN, /* the value itself: strings trimmed, 27.0 -> "27", arrays -> first + alternatives */
     QD_ANSWER_GSM8K, /* the text after the last "####", commas removed (GSM8K's own dataset.py) */
     QD_ANSWER_BOXED, /* the last \boxed{...} of the text (Hendrycks MATH, Minerva solutions) */
+    QD_ANSWER_SET,   /* as plain, and a top-level comma list "a, b" becomes the set "\{a, b\}":
+                        answers listed in any order (HMMT's "list of two expressions") */
+    QD_ANSWER_CODE,  /* code problems: no answer field (answer ""); the whole record is kept in
+                        row for the code grader (LiveCodeBench) */
 } qd_answer_style;
 
 /* Field paths: a key, or keys and array indexes joined by '.' ("prompt.0.content");
@@ -23,6 +27,17 @@ typedef struct {
     qd_answer_style style;
 } qd_bench_fields;
 
+/* Records by date: field holds an ISO 8601 date ("2023-05-07T00:00:00"),
+ * kept in the record; only records whose YYYY-MM-DD lies in [from, to] are
+ * kept, both inclusive as LiveCodeBench's --start_date/--end_date (NULL:
+ * unbounded; a record without the field is dropped when a bound is set). */
+typedef struct {
+    const char *field, *from, *to;
+} qd_bench_window;
+
+/* 1 when s is a date YYYY-MM-DD (digits and dashes in place). */
+int qd_bench_date_ok(const char *s);
+
 typedef struct {
     char *id;
     char *problem;
@@ -30,22 +45,33 @@ typedef struct {
     char *solution; /* NULL when the file has none */
     char **alt;     /* further accepted answers (array-valued answer fields), n_alt of them */
     size_t n_alt;
+    char *date;     /* the date field's text, NULL when none */
+    char *row;      /* QD_ANSWER_CODE: the whole record as compact JSON; else NULL */
 } qd_bench_record;
 
 /* Owns its records and their strings. */
 typedef struct {
     qd_bench_record *rec;
     size_t n;
+    size_t read;    /* records in the file, before the date window */
 } qd_bench_set;
 
 /* Parses text (JSON array, JSONL, or CSV with a header when name ends in .csv);
- * name is used in error messages. On error out is empty. */
+ * name is used in error messages. A text without records is an error; one
+ * whose records all fall outside the date window is not (out->n == 0,
+ * out->read > 0). On error out is empty. */
 qd_status qd_bench_parse(const char *text, size_t len, const char *name,
                          const qd_bench_fields *fields, qd_bench_set *out);
+/* The same within a date window (win may be NULL). */
+qd_status qd_bench_parse_window(const char *text, size_t len, const char *name, const qd_bench_fields *fields,
+                                const qd_bench_window *win, qd_bench_set *out);
+/* Parses a file (mapped, not read: LiveCodeBench's are over a gigabyte). */
 qd_status qd_bench_load_file(const char *path, const qd_bench_fields *fields, qd_bench_set *out);
+qd_status qd_bench_load_file_window(const char *path, const qd_bench_fields *fields, const qd_bench_window *win,
+                                    qd_bench_set *out);
 void qd_bench_set_free(qd_bench_set *s);
 
-/* Parses "plain", "gsm8k" or "boxed". */
+/* Parses "plain", "gsm8k", "boxed", "set" or "code". */
 qd_status qd_bench_style_parse(const char *s, qd_answer_style *out);
 const char *qd_bench_style_name(qd_answer_style s);
 

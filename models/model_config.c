@@ -1,9 +1,12 @@
 /* Reads a Hugging Face config.json into qd_model_config (see config.h). */
 #include <jansson.h>
+#include <limits.h>
+#include <stdint.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include "models/model_config.h"
+#include "quant/fileio.h"
 
 /* An integer member >= min; dflt when absent (or null), refused when absent and required. */
 static qd_status get_int(const json_t *root, const char *key, int required, int dflt, int min, int *out,
@@ -189,9 +192,12 @@ static qd_status get_sizes(const json_t *root, qd_model_config *c, const char *n
                         name, c->num_key_value_heads, c->num_attention_heads);
     /* transformers: Qwen3MoeAttention uses hidden_size / heads when head_dim is absent,
      * Qwen3Config defaults to 128. */
-    int dflt_hd = c->arch == QD_ARCH_QWEN3_MOE ? c->hidden_size / c->num_attention_heads : 128;
     if (!st)
-        st = get_int(root, "head_dim", 0, dflt_hd, 2, &c->head_dim, name);
+        st = get_int(root, "head_dim", 0, c->arch == QD_ARCH_QWEN3_MOE ? c->hidden_size / c->num_attention_heads : 128,
+                     2, &c->head_dim, name);
+    if (!st && c->head_dim < 2) /* the MoE default, hidden_size / num_attention_heads, may be 0 or 1 */
+        return qd_error(QD_ERR_FORMAT, "%s: head_dim: missing, and hidden_size / num_attention_heads = %d "
+                        "is below 2", name, c->head_dim);
     if (!st && c->head_dim % 2)
         return qd_error(QD_ERR_FORMAT, "%s: head_dim: %d is odd (RoPE rotates pairs)", name, c->head_dim);
     if (!st)
@@ -244,6 +250,54 @@ static qd_status get_moe(const json_t *root, qd_model_config *c, const char *nam
     return st;
 }
 
+/* params += a * b * k, refused (0) past QD_CONFIG_MAX_PARAMS or on int64 overflow. */
+static int add_params(int64_t *params, int64_t a, int64_t b, int64_t k)
+{
+    int64_t p;
+    return !__builtin_mul_overflow(a, b, &p) && !__builtin_mul_overflow(p, k, &p) &&
+           !__builtin_add_overflow(*params, p, params) && *params <= QD_CONFIG_MAX_PARAMS;
+}
+
+/* The field that takes a config (with positive sizes) past what the parameter
+ * table can describe: a linear layer's width above INT_MAX, more than
+ * QD_CONFIG_MAX_TENSORS tensors or QD_CONFIG_MAX_PARAMS parameters; NULL when
+ * it fits. Counted in checked 64-bit arithmetic, tensor by tensor as
+ * backends/layout.c lays them out. */
+static const char *oversized_field(const qd_model_config *c)
+{
+    int64_t C = c->hidden_size, D = c->head_dim, HD = (int64_t)c->num_attention_heads * D;
+    int64_t KD = (int64_t)c->num_key_value_heads * D, params = 0, tensors = 4;
+    if (HD > INT_MAX || KD > INT_MAX)
+        return "head_dim";
+    if (!add_params(&params, c->vocab_size, C, c->tie_word_embeddings ? 1 : 2) || !add_params(&params, 1, C, 1))
+        return "vocab_size";
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        int moe = qd_model_config_is_moe_layer(c, l);
+        if (!add_params(&params, C, 2 * HD + 2 * KD + 2, 1) || !add_params(&params, D, 2, 1))
+            return "num_attention_heads";
+        tensors += 8 + (moe ? 1 + 3 * (int64_t)c->num_experts : 3);
+        if (tensors > QD_CONFIG_MAX_TENSORS)
+            return "num_experts";
+        if (moe ? !add_params(&params, C, c->num_experts, 1) ||
+                  !add_params(&params, C, c->moe_intermediate_size, 3 * (int64_t)c->num_experts)
+                : !add_params(&params, C, c->intermediate_size, 3))
+            return moe ? "moe_intermediate_size" : "intermediate_size";
+    }
+    return NULL;
+}
+
+static qd_status check_size(const json_t *root, const qd_model_config *c, const char *name)
+{
+    const char *field = oversized_field(c);
+    if (!field)
+        return QD_OK;
+    if (!strcmp(field, "num_experts") && !json_object_get(root, "num_experts"))
+        field = "num_local_experts"; /* the spelling the file used */
+    return qd_error(QD_ERR_UNSUPPORTED, "%s: %s: the model would have more than 2^40 parameters, 2^20 tensors "
+                    "or a layer wider than 2^31-1 (%d layers, hidden_size %d, %d experts)", name, field,
+                    c->num_hidden_layers, c->hidden_size, c->num_experts);
+}
+
 static qd_status parse(const json_t *root, qd_model_config *c, const char *name)
 {
     memset(c, 0, sizeof *c);
@@ -260,13 +314,15 @@ static qd_status parse(const json_t *root, qd_model_config *c, const char *name)
         st = check_mlp_and_weights(root, c, name);
     if (!st && c->arch == QD_ARCH_QWEN3_MOE)
         st = get_moe(root, c, name);
+    if (!st)
+        st = check_size(root, c, name);
     return st;
 }
 
 qd_status qd_model_config_load_string(const char *json, size_t len, const char *name, qd_model_config *cfg)
 {
     json_error_t err;
-    json_t *root = json_loadb(json, len, 0, &err);
+    json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &err);
     if (!root)
         return qd_error(QD_ERR_FORMAT, "%s: line %d: %s", name, err.line, err.text);
     qd_status st = parse(root, cfg, name);
@@ -277,11 +333,15 @@ qd_status qd_model_config_load_string(const char *json, size_t len, const char *
 qd_status qd_model_config_load(const char *path, qd_model_config *cfg)
 {
     json_error_t err;
-    json_t *root = json_load_file(path, 0, &err);
+    FILE *f;
+    qd_status st = qd_fopen_regular(path, &f);
+    if (st)
+        return st;
+    json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, &err);
+    fclose(f);
     if (!root)
-        return err.line < 0 ? qd_error(QD_ERR_IO, "%s: %s", path, err.text)
-                            : qd_error(QD_ERR_FORMAT, "%s: line %d: %s", path, err.line, err.text);
-    qd_status st = parse(root, cfg, path);
+        return qd_error(QD_ERR_FORMAT, "%s: line %d: %s", path, err.line, err.text);
+    st = parse(root, cfg, path);
     json_decref(root);
     return st;
 }
@@ -318,6 +378,8 @@ qd_status qd_model_config_check(const qd_model_config *c)
     QD_CHECK_FIELD(c->num_experts == 0 ||
                    (c->num_experts_per_tok > 0 && c->num_experts_per_tok <= c->num_experts),
                    "num_experts_per_tok");
+    QD_CHECK_FIELD(c->arch != QD_ARCH_QWEN3_MOE || c->num_experts == 0 || c->decoder_sparse_step > 0,
+                   "decoder_sparse_step");
     QD_CHECK_FIELD(c->n_mlp_only_layers >= 0 && c->n_mlp_only_layers <= QD_CONFIG_MAX_LAYERS,
                    "mlp_only_layers");
     for (int l = 0; l < c->num_hidden_layers; l++) {
@@ -326,5 +388,7 @@ qd_status qd_model_config_check(const qd_model_config *c)
         else
             QD_CHECK_FIELD(c->intermediate_size > 0, "intermediate_size");
     }
+    const char *field = oversized_field(c);
+    QD_CHECK_FIELD(!field, field);
     return QD_OK;
 }

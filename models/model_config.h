@@ -13,6 +13,11 @@
 #include "quant/status.h"
 
 #define QD_CONFIG_MAX_LAYERS 1024
+/* The largest model the parameter table describes (backends/layout.c): far
+ * above any Qwen3 checkpoint (235B-A22B: 2.4e11 parameters, 37k tensors), far
+ * below what would overflow its 64-bit offsets. */
+#define QD_CONFIG_MAX_PARAMS (1LL << 40)
+#define QD_CONFIG_MAX_TENSORS (1 << 20)
 
 typedef enum {
     QD_ARCH_QWEN3 = 1,      /* Qwen3ForCausalLM, model_type "qwen3" */
@@ -48,7 +53,8 @@ qd_status qd_model_config_load(const char *path, qd_model_config *cfg);
 qd_status qd_model_config_load_string(const char *json, size_t len, const char *name, qd_model_config *cfg);
 /* Whether layer i has a sparse MoE block (transformers' Qwen3MoeDecoderLayer rule). */
 int qd_model_config_is_moe_layer(const qd_model_config *cfg, int layer);
-/* QD_ERR_ARG naming the field if a value is out of range or inconsistent. */
+/* QD_ERR_ARG naming the field if a value is out of range or inconsistent, or
+ * the model is larger than QD_CONFIG_MAX_PARAMS / QD_CONFIG_MAX_TENSORS. */
 qd_status qd_model_config_check(const qd_model_config *cfg);
 
 #endif

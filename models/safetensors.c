@@ -78,6 +78,20 @@ static int cmp_tensor_name(const void *a, const void *b)
     return strcmp(((const qd_st_tensor *)a)->name, ((const qd_st_tensor *)b)->name);
 }
 
+/* A file may hold no tensors (its header is {}): f->t is then NULL, which
+ * qsort and bsearch must not see. */
+static void sort_tensors(qd_safetensors *f)
+{
+    if (f->n)
+        qsort(f->t, f->n, sizeof *f->t, cmp_tensor_name);
+}
+
+static const qd_st_tensor *find_tensor(const qd_safetensors *f, const char *name)
+{
+    qd_st_tensor key = {.name = name};
+    return f->n ? bsearch(&key, f->t, f->n, sizeof key, cmp_tensor_name) : NULL;
+}
+
 static int cmp_meta_key(const void *a, const void *b)
 {
     return strcmp(((const meta_kv *)a)->key, ((const meta_kv *)b)->key);
@@ -115,7 +129,7 @@ static qd_status map_file(qd_safetensors *f, const char *path)
         return qd_error(QD_ERR_NOMEM, "%s: out of memory", path);
     f->shards = s;
     s = &f->shards[f->nshards];
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* a FIFO must not block */
     if (fd < 0)
         return qd_error(QD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
@@ -422,8 +436,7 @@ static qd_status check_weight_map(const qd_safetensors *f, json_t *wm, const cha
         const char *k;
         json_t *v;
         json_object_foreach(wm, k, v) {
-            qd_st_tensor key = {.name = k};
-            if (!bsearch(&key, f->t, f->n, sizeof key, cmp_tensor_name))
+            if (!find_tensor(f, k))
                 return qd_error(QD_ERR_FORMAT, "%s: field 'weight_map.%s': tensor not found in %s",
                                 path, k, json_string_value(v));
         }
@@ -452,15 +465,17 @@ static qd_status open_shards(qd_safetensors *f, const char **names, size_t n, co
 
 static qd_status open_index(qd_safetensors *f, const char *path)
 {
-    if (access(path, R_OK) != 0)
-        return qd_error(QD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *fp;
+    qd_status st = qd_fopen_regular(path, &fp);
+    if (st)
+        return st;
     json_error_t je;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = json_loadf(fp, JSON_REJECT_DUPLICATES, &je);
+    fclose(fp);
     if (!root)
         return qd_error(QD_ERR_FORMAT, "%s: bad JSON at line %d column %d: %s", path, je.line,
                         je.column, je.text);
     json_t *wm = json_object_get(root, "weight_map");
-    qd_status st = QD_OK;
     const char **names = NULL;
     size_t n = 0;
     if (!json_is_object(wm) || !json_object_size(wm))
@@ -471,7 +486,7 @@ static qd_status open_index(qd_safetensors *f, const char *path)
     if (st == QD_OK)
         st = open_shards(f, names, n, path);
     if (st == QD_OK) {
-        qsort(f->t, f->n, sizeof *f->t, cmp_tensor_name);
+        sort_tensors(f);
         st = check_weight_map(f, wm, path);
     }
     free(names);
@@ -517,7 +532,7 @@ qd_status qd_safetensors_open(qd_safetensors **out, const char *path)
         qd_safetensors_close(f);
         return s;
     }
-    qsort(f->t, f->n, sizeof *f->t, cmp_tensor_name);
+    sort_tensors(f);
     for (size_t i = 1; i < f->n; i++)   /* JSON_REJECT_DUPLICATES already covers one file */
         if (!strcmp(f->t[i - 1].name, f->t[i].name)) {
             s = qd_error(QD_ERR_FORMAT, "%s: tensor '%s' appears twice", path, f->t[i].name);
@@ -559,8 +574,7 @@ const qd_st_tensor *qd_safetensors_at(const qd_safetensors *f, size_t i)
 
 const qd_st_tensor *qd_safetensors_find(const qd_safetensors *f, const char *name)
 {
-    qd_st_tensor key = {.name = name};
-    return bsearch(&key, f->t, f->n, sizeof key, cmp_tensor_name);
+    return find_tensor(f, name);
 }
 
 size_t qd_safetensors_metadata_count(const qd_safetensors *f) { return f->nmeta; }

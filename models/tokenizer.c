@@ -14,6 +14,7 @@
 #include <string.h>
 #include <utf8proc.h>
 #include "models/tokenizer.h"
+#include "quant/fileio.h"
 
 enum { NORM_MAX = 8, SPLIT_MAX = 8 };
 
@@ -650,10 +651,17 @@ static qd_status compile(pcre2_code **re, const char *pat, size_t len, int liter
         return qd_error(QD_ERR_NOMEM, "%s: out of memory", name);
     *re = pcre2_compile((PCRE2_SPTR)spelled, n, opts, &code, &at, NULL);
     free(spelled);
-    if (!*re) { /* the error and its offset as in the file's pattern */
-        pcre2_code_free(pcre2_compile((PCRE2_SPTR)pat, len, opts, &code, &at, NULL));
+    if (!*re) {
         PCRE2_UCHAR msg[160];
-        pcre2_get_error_message(code, msg, sizeof msg);
+        int code_pat;
+        pcre2_code *as_written = pcre2_compile((PCRE2_SPTR)pat, len, opts, &code_pat, &at, NULL);
+        pcre2_code_free(as_written);
+        if (as_written) { /* only the spelled-out form fails: a limit, with no offset in the file's pattern */
+            pcre2_get_error_message(code, msg, sizeof msg);
+            return qd_error(QD_ERR_FORMAT, "%s: %s: regex refused once \\s and \\S are spelled out as White_Space "
+                            "classes (%zu bytes): %s", name, field, n, (const char *)msg);
+        }
+        pcre2_get_error_message(code_pat, msg, sizeof msg); /* the error and its offset as in the file's pattern */
         return qd_error(QD_ERR_FORMAT, "%s: %s: bad regex at offset %zu: %s", name, field, (size_t)at,
                         (const char *)msg);
     }
@@ -811,11 +819,15 @@ qd_status qd_tokenizer_load_string(const char *json, size_t len, const char *nam
 qd_status qd_tokenizer_load(const char *path, qd_tokenizer **out)
 {
     json_error_t err;
+    FILE *f;
     *out = NULL;
-    json_t *root = json_load_file(path, JSON_ALLOW_NUL, &err);
+    qd_status st = qd_fopen_regular(path, &f);
+    if (st)
+        return st;
+    json_t *root = json_loadf(f, JSON_ALLOW_NUL, &err);
+    fclose(f);
     if (!root)
-        return err.line < 0 ? qd_error(QD_ERR_IO, "%s: %s", path, err.text)
-                            : qd_error(QD_ERR_FORMAT, "%s: line %d: %s", path, err.line, err.text);
+        return qd_error(QD_ERR_FORMAT, "%s: line %d: %s", path, err.line, err.text);
     return load_json(root, path, out);
 }
 
@@ -1279,6 +1291,11 @@ qd_status qd_tokenizer_chat_format(const qd_chat_template *tmpl, const qd_chat_m
     for (size_t i = 0; i < n; i++) {
         if (!msgs[i].role || !msgs[i].content)
             return qd_error(QD_ERR_ARG, "chat template: message %zu has no role or content", i);
+        /* checked here, where an offset still refers to the caller's text, not the formatted one */
+        size_t len = strlen(msgs[i].content), valid = utf8_valid_prefix(msgs[i].content, len);
+        if (valid < len)
+            return qd_error(QD_ERR_ARG, "chat template: the %s message is not valid UTF-8 at byte %zu",
+                            msgs[i].role, valid);
         total += fill_template(tmpl->message, msgs[i].role, msgs[i].content, NULL);
     }
     char *buf = malloc(total + 1);

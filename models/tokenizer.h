@@ -70,7 +70,8 @@ extern const qd_chat_template qd_chat_chatml;
 /* Formats n messages (and the generation prompt when add_generation) into
  * *out (malloc'd, NUL-terminated, owned by the caller). Special tokens in the
  * result are matched as such by qd_tokenizer_encode. A template without
- * "{content}" is refused. */
+ * "{content}" is refused, and so is a message that is not valid UTF-8 (the
+ * message's role and the byte offset in its content named). */
 qd_status qd_tokenizer_chat_format(const qd_chat_template *tmpl, const qd_chat_message *msgs,
                                    size_t n, int add_generation, char **out);
 

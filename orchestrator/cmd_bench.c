@@ -15,9 +15,9 @@ static void usage(FILE *f)
     fprintf(f,
         "usage: quads bench list [--verbose]\n"
         "       quads bench fetch [--offline] NAME...\n"
-        "       quads bench show [--offline] [--limit N] NAME\n"
+        "       quads bench show [--offline] [--limit N] [--from YYYY-MM-DD] [--to YYYY-MM-DD] NAME\n"
         "       quads bench show [--offline] [--limit N] (--file PATH | --url URL)\n"
-        "                        [--field KEY=FIELD]... [--style plain|gsm8k|boxed]\n"
+        "                        [--field KEY=FIELD]... [--style plain|gsm8k|boxed|set|code]\n"
         "       quads bench show [--limit N] [--split train|test] [--seed S] [--count N] SYNTHETIC\n\n"
         "  KEY is problem, answer, solution or id; FIELD a field path such as prompt.0.content\n"
         "  (empty: none, e.g. --field problem= for an answer key).\n"
@@ -51,7 +51,9 @@ static int cmd_list(int argc, char **argv)
         int cached = b->source != QD_SRC_SYNTH && qd_bench_cache_path(b, path, sizeof path) == QD_OK && !stat(path, &sb);
         if (b->rows)
             snprintf(rows, sizeof rows, "%zu", b->rows);
-        if (b->source == QD_SRC_FILE)
+        if (b->source == QD_SRC_FILE && b->parts)
+            snprintf(loc, sizeof loc, "%s@%.12s:%s..%s", b->repo, b->revision, b->parts[0], b->parts[b->nparts - 1]);
+        else if (b->source == QD_SRC_FILE)
             snprintf(loc, sizeof loc, "%s@%.12s:%s", b->repo, b->revision, b->path);
         else if (b->source == QD_SRC_ROWS)
             snprintf(loc, sizeof loc, "%s [%s/%s]", b->repo, b->config, b->split);
@@ -82,9 +84,11 @@ static int cmd_fetch(int argc, char **argv, qd_fetch_opts *o)
         named++;
         char path[4096];
         qd_bench_set s;
-        if (qd_bench_fetch(b, o, path, sizeof path) != QD_OK || qd_bench_load_file(path, &b->fields, &s) != QD_OK)
+        /* counted, not kept: an empty date window where records have dates (code rows are large) */
+        const char *from = b->date_field ? "9999" : NULL, *to = b->date_field ? "0000" : NULL;
+        if (qd_bench_load_window(b, o, from, to, &s) != QD_OK || qd_bench_cache_path(b, path, sizeof path) != QD_OK)
             return fail();
-        printf("%s\t%s\t%zu records\n", b->name, path, s.n);
+        printf("%s\t%s\t%zu records\n", b->name, path, s.read);
         qd_bench_set_free(&s);
     }
     if (!named) {
@@ -100,6 +104,8 @@ static void print_record(const qd_bench_record *r)
     json_object_set_new(o, "id", json_string(r->id));
     json_object_set_new(o, "problem", json_string(r->problem));
     json_object_set_new(o, "answer", json_string(r->answer));
+    if (r->date)
+        json_object_set_new(o, "date", json_string(r->date));
     if (r->solution)
         json_object_set_new(o, "solution", json_string(r->solution));
     if (r->n_alt) {
@@ -116,6 +122,7 @@ static void print_record(const qd_bench_record *r)
 
 typedef struct {
     const char *name, *file, *url;
+    const char *from, *to; /* contest-date window (YYYY-MM-DD, inclusive) */
     qd_bench_fields fields;
     uint64_t limit; /* UINT64_MAX: all */
     qd_synth_opts synth;
@@ -151,6 +158,11 @@ static int parse_show(int argc, char **argv, show_args *a, qd_fetch_opts *o)
             a->file = v;
         else if (!strcmp(argv[i], "--url") && v)
             a->url = v;
+        else if ((!strcmp(argv[i], "--from") || !strcmp(argv[i], "--to")) && v) {
+            if (!qd_bench_date_ok(v))
+                return fprintf(stderr, "quads bench: %s %s: expected a date YYYY-MM-DD\n", argv[i], v), 0;
+            *(argv[i][2] == 'f' ? &a->from : &a->to) = v;
+        }
         else if (!strcmp(argv[i], "--field") && v) {
             if (!set_field(&a->fields, v))
                 return fprintf(stderr, "quads bench: --field %s: expected problem|answer|solution|id=FIELD\n", v), 0;
@@ -192,6 +204,10 @@ static int cmd_show(int argc, char **argv, qd_fetch_opts *o)
         fprintf(stderr, "quads bench: unknown benchmark '%s' (see 'quads bench list')\n", a.name);
         return 2;
     }
+    if ((a.from || a.to) && !(b && b->date_field)) {
+        fprintf(stderr, "quads bench: --from/--to select by date: only for benchmarks with dates (lcb-v*)\n");
+        return 2;
+    }
     qd_bench_set s;
     qd_status st;
     if (b && b->source == QD_SRC_SYNTH) {
@@ -199,7 +215,7 @@ static int cmd_show(int argc, char **argv, qd_fetch_opts *o)
         a.synth.max_operand = b->synth_max;
         st = qd_synth_generate(&a.synth, a.split, a.count, &s);
     } else if (b) {
-        st = qd_bench_load(b, o, &s);
+        st = qd_bench_load_window(b, o, a.from, a.to, &s);
     } else if (a.file) {
         st = qd_bench_load_file(a.file, &a.fields, &s);
     } else {

@@ -101,7 +101,7 @@ int qd_cmd_compare(int argc, char **argv)
     if (base)
         snprintf(out, sizeof out, "%s", outarg ? outarg : "");
     if (base && !outarg)
-        snprintf(out, sizeof out, "runs/compare-%s", qd_config_str(base, "run.name"));
+        snprintf(out, sizeof out, "runs/compare-%s", qd_config_knobs(base)->run.name);
     qd_config_free(base);
     int ok = base != NULL;
     for (int i = 0; i < n && ok; i++)
@@ -112,7 +112,7 @@ int qd_cmd_compare(int argc, char **argv)
     for (int i = 0; i < n && ok; i++) {
         printf("== recipe %s ==\n", recipes[i]);
         fflush(stdout);
-        qd_rl_options o = {NULL, stdout, !quiet};
+        qd_rl_options o = {.log = stdout, .progress = !quiet};
         qd_status st = qd_rl_run(cfgs[i], &o, dbuf[i], sizeof dbuf[i]);
         dirs[i] = dbuf[i];
         if (st) {

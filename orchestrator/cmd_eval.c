@@ -36,7 +36,7 @@ static void usage(FILE *f)
         "  --benchmark LIST     benchmarks of 'quads bench list', comma-separated\n"
         "  --file PATH          a local JSON/JSONL/CSV benchmark (also with --benchmark)\n"
         "  --field KEY=FIELD    --file's fields: KEY is problem, answer, solution or id\n"
-        "  --style plain|gsm8k|boxed   how --file's answer field is read (default plain)\n"
+        "  --style plain|gsm8k|boxed|set  how --file's answer field is read (default plain)\n"
         "  --grader math|gsm8k|dapo    grading style for all benchmarks (default: gsm8k for\n"
         "                       gsm8k and for a --file with --style gsm8k, math for the others)\n"
         "  --samples K          samples per problem (default 1; with --replay, the fewest\n"
@@ -143,7 +143,7 @@ static int parse_opt(const char *opt, const char *v, eval_args *a)
     if (!strcmp(opt, "--field"))
         return set_field(&a->fields, v) || bad(opt, v, "problem|answer|solution|id=FIELD");
     if (!strcmp(opt, "--style"))
-        return qd_bench_style_parse(v, &a->fields.style) == QD_OK || bad(opt, v, "plain, gsm8k or boxed");
+        return qd_bench_style_parse(v, &a->fields.style) == QD_OK || bad(opt, v, "plain, gsm8k, boxed or set");
     if (!strcmp(opt, "--samples"))
         return (qd_cli_uint(v, 1 << 20, &a->samples) && a->samples) || bad(opt, v, "a count in 1..1048576");
     if (!strcmp(opt, "--limit"))

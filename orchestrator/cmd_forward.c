@@ -155,7 +155,7 @@ static int run(const forward_opts *o)
         st = logp && logits ? QD_OK : qd_error(QD_ERR_NOMEM, "out of memory for %zu logits", nlogits);
     }
     int32_t len = T;
-    qd_batch batch = {1, T, ids, &len, 1.0f};
+    qd_batch batch = {.B = 1, .T = T, .tokens = ids, .lengths = &len, .temperature = 1.0f};
     if (!st)
         st = qd_backend_forward(b, &batch, logp, logits);
     if (!st && o->dump) /* float32 in host order: little-endian on every supported host */
@@ -172,7 +172,8 @@ static int run(const forward_opts *o)
 
 int qd_cmd_forward(int argc, char **argv)
 {
-    forward_opts o = {.backend = "auto", .opt = {.recipe = QD_RECIPE_FP32, .role = QD_ROLE_ROLLOUT, .rac_ratio = 0.1}};
+    forward_opts o = {.backend = "auto", .opt = {.recipe = QD_RECIPE_FP32, .role = QD_ROLE_ROLLOUT,
+                      .rac_ratio = 0.1}};
     int rc = parse_args(argc, argv, &o);
     return rc >= 0 ? rc : run(&o);
 }

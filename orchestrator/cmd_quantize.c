@@ -475,6 +475,8 @@ int qd_cmd_quantize(int argc, char **argv)
     qd_safetensors *in = NULL;
     run_state rs = {.report = o.report ? json_array() : NULL, .excluded = json_array()};
     qd_status st = qd_safetensors_open(&in, o.in);
+    if (st == QD_OK && qd_safetensors_count(in) == 0) /* valid safetensors, but no model */
+        st = qd_error(QD_ERR_FORMAT, "%s: field 'header': no tensors", o.in);
     if (st == QD_OK)
         st = qd_mkdirs(o.out);
     if (st == QD_OK)

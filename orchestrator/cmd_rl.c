@@ -1,9 +1,11 @@
 /* quads rl: the RL run of a config (defaults: the embedded tiny model, the
  * quads recipe, the synthetic task), or the continuation of a run. */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "orchestrator/commands.h"
 #include "orchestrator/rl.h"
@@ -58,9 +60,9 @@ static int parse(int argc, char **argv, qd_config **cfg, const char **resume, in
     while (sets && (c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
         switch (c) {
         case 'c': file = optarg; break;
-        case 's': sets[nsets++] = (override){"--set", optarg}; break;
-        case 'b': sets[nsets++] = (override){"--backend", optarg}; break;
-        case 'm': sets[nsets++] = (override){"--mode", optarg}; break;
+        case 's': sets[nsets++] = (override){.opt = "--set", .arg = optarg}; break;
+        case 'b': sets[nsets++] = (override){.opt = "--backend", .arg = optarg}; break;
+        case 'm': sets[nsets++] = (override){.opt = "--mode", .arg = optarg}; break;
         case 'r': *resume = optarg; break;
         case 'q': *quiet = 1; break;
         case 'h': usage(stdout); free(sets); return 1;
@@ -85,7 +87,14 @@ static int parse(int argc, char **argv, qd_config **cfg, const char **resume, in
     if (*resume)
         snprintf(path, sizeof path, "%s/config.json", *resume);
     const char *load = *resume ? path : file;
-    qd_status st = (*cfg = qd_config_new()) ? QD_OK : qd_error(QD_ERR_NOMEM, "config");
+    struct stat sb;
+    qd_status st = QD_OK;
+    if (*resume && stat(*resume, &sb) != 0)
+        st = qd_error(QD_ERR_IO, "--resume %s: the run directory is missing: %s", *resume, strerror(errno));
+    else if (*resume && access(path, F_OK) != 0)
+        st = qd_error(QD_ERR_IO, "--resume %s: not a run directory (no config.json)", *resume);
+    if (!st)
+        st = (*cfg = qd_config_new()) ? QD_OK : qd_error(QD_ERR_NOMEM, "config");
     if (!st && load)
         st = qd_config_load_file(*cfg, load);
     for (int i = 0; i < nsets && !st; i++)
@@ -100,7 +109,9 @@ static int parse(int argc, char **argv, qd_config **cfg, const char **resume, in
     return 0;
 }
 
-int qd_cmd_rl(int argc, char **argv)
+int qd_cmd_rl(int argc, char **argv) { return qd_cmd_rl_hooked(argc, argv, NULL); }
+
+int qd_cmd_rl_hooked(int argc, char **argv, const qd_rl_hooks *hooks)
 {
     qd_config *cfg = NULL;
     const char *resume = NULL;
@@ -110,7 +121,7 @@ int qd_cmd_rl(int argc, char **argv)
         return rc - 1;
     }
     char dir[4096];
-    qd_rl_options o = {resume, stdout, !quiet};
+    qd_rl_options o = {.resume_dir = resume, .log = stdout, .progress = !quiet, .hooks = hooks};
     fflush(stdout);
     qd_status st = qd_rl_run(cfg, &o, dir, sizeof dir);
     qd_config_free(cfg);

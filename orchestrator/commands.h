@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 #include "backends/backend.h"
+#include "orchestrator/rl.h"
 
 typedef int (*qd_command_fn)(int argc, char **argv);
 
@@ -20,6 +21,8 @@ int qd_cmd_bench(int argc, char **argv);
 int qd_cmd_eval(int argc, char **argv);
 int qd_cmd_tokenize(int argc, char **argv);
 int qd_cmd_rl(int argc, char **argv);
+/* quads rl with the loop's test hooks (NULL: none; tests/rl_hooks.c sets them). */
+int qd_cmd_rl_hooked(int argc, char **argv, const qd_rl_hooks *hooks);
 int qd_cmd_compare(int argc, char **argv);
 int qd_cmd_report(int argc, char **argv);
 int qd_cmd_sft(int argc, char **argv);

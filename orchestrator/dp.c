@@ -1,18 +1,22 @@
 /* Data-parallel collectives of quads rl over the rendezvous (dp.h). */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "orchestrator/dp.h"
+#include "backends/shared.h"
 
 /* floats or doubles per allgather: bounds rank 0's buffer (world x chunk). */
 #define CHUNK_BYTES ((size_t)8 << 20)
 
 qd_status qd_dp_open(qd_dp *dp, const qd_dist_env *env, uint64_t run_id, double timeout_s)
 {
-    *dp = (qd_dp){env->rank, env->world_size, env->local_rank, NULL};
+    *dp = (qd_dp){.rank = env->rank, .world = env->world_size, .local_rank = env->local_rank};
     if (env->world_size == 1)
         return QD_OK;
-    qd_rdzv_opts o = {env->rank, env->world_size, env->master_addr, env->rdzv_port, run_id, timeout_s, timeout_s};
+    qd_rdzv_opts o = {.rank = env->rank, .world_size = env->world_size, .master_addr = env->master_addr,
+                      .port = env->rdzv_port, .run_id = run_id, .connect_timeout_s = timeout_s,
+                      .op_timeout_s = timeout_s};
     return qd_rdzv_open(&o, &dp->rz); /* its messages name the rank, the address and the port */
 }
 
@@ -159,4 +163,136 @@ uint64_t qd_dp_fnv1a(const void *p, size_t n)
     for (size_t i = 0; i < n; i++)
         h = (h ^ ((const uint8_t *)p)[i]) * 0x100000001b3ull;
     return h;
+}
+
+/* ---- the RL loop's exchanges */
+
+qd_status qd_dp_keep_flags(qd_dp *dp, const uint8_t *lkeep, uint8_t *keep, int P)
+{
+    int W = dp->world, rk = dp->rank;
+    double *k = calloc((size_t)P + 1, sizeof(double));
+    if (!k)
+        return qd_error(QD_ERR_NOMEM, "dynamic sampling");
+    for (int g = rk, i = 0; g < P; g += W, i++)
+        k[g] = lkeep[i];
+    qd_status st = qd_dp_sum_f64(dp, k, (size_t)P);
+    for (int g = 0; g < P; g++)
+        keep[g] = k[g] > 0;
+    free(k);
+    return st;
+}
+
+qd_status qd_dp_sum_grads(qd_dp *dp, qd_backend *trainer, size_t nf)
+{
+    float *g = malloc(sizeof(float) * nf);
+    qd_status st = g ? qd_backend_get_grads(trainer, g, nf) : qd_error(QD_ERR_NOMEM, "gradients");
+    if (!st)
+        st = qd_dp_sum_f32(dp, g, nf);
+    if (!st)
+        st = qd_backend_set_grads(trainer, g, nf);
+    free(g);
+    return st;
+}
+
+qd_status qd_dp_sum_rac(qd_dp *dp, const qd_model_config *mcfg, void *rac, size_t rb)
+{
+    size_t ne = 0;
+    qd_status st = qd_rac_state_errors(rac, rb, mcfg, NULL, &ne, 0);
+    double *e = st ? NULL : malloc(sizeof(double) * (ne ? ne : 1));
+    if (!st && !e)
+        st = qd_error(QD_ERR_NOMEM, "RAC statistics");
+    if (!st)
+        st = qd_rac_state_errors(rac, rb, mcfg, e, &ne, 0);
+    if (!st)
+        st = qd_dp_sum_f64(dp, e, ne);
+    if (!st)
+        st = qd_rac_state_errors(rac, rb, mcfg, e, &ne, 1);
+    free(e);
+    return st;
+}
+
+qd_status qd_dp_zero_rac(const qd_model_config *mcfg, void *rac, size_t rb)
+{
+    size_t ne = 0;
+    qd_status st = qd_rac_state_errors(rac, rb, mcfg, NULL, &ne, 0);
+    double *z = st ? NULL : calloc(ne ? ne : 1, sizeof(double));
+    if (!st && !z)
+        st = qd_error(QD_ERR_NOMEM, "RAC statistics");
+    if (!st)
+        st = qd_rac_state_errors(rac, rb, mcfg, z, &ne, 1);
+    free(z);
+    return st;
+}
+
+qd_status qd_dp_gather_rows(qd_dp *dp, const qd_dp_rows *mine, qd_dp_rows *all, int S)
+{
+    int M = mine->M;
+    size_t rec = 2 * sizeof(int32_t) + 2 * sizeof(float) * M, *off = malloc(sizeof(size_t) * (dp->world + 1));
+    uint8_t *buf = malloc(rec * mine->n + 1), *got = NULL;
+    qd_status st = !off || !buf ? qd_error(QD_ERR_NOMEM, "gap") : QD_OK;
+    for (int i = 0; i < mine->n && !st; i++) {
+        int32_t h[2] = {mine->place[i], mine->rlen[i]};
+        memcpy(buf + rec * i, h, sizeof h);
+        memcpy(buf + rec * i + sizeof h, mine->a + (size_t)i * M, sizeof(float) * M);
+        memcpy(buf + rec * i + sizeof h + sizeof(float) * M, mine->b + (size_t)i * M, sizeof(float) * M);
+    }
+    if (!st)
+        st = qd_dp_gatherv(dp, buf, rec * mine->n, &got, off);
+    for (size_t p = 0; !st && p < off[dp->world]; p += rec) {
+        int32_t h[2];
+        memcpy(h, got + p, sizeof h);
+        if (h[0] < 0 || h[0] >= S)
+            st = qd_error(QD_ERR_FORMAT, "gap: a rank sent sample %d of %d", h[0], S);
+        else {
+            all->rlen[h[0]] = h[1];
+            memcpy(all->a + (size_t)h[0] * M, got + p + sizeof h, sizeof(float) * M);
+            memcpy(all->b + (size_t)h[0] * M, got + p + sizeof h + sizeof(float) * M, sizeof(float) * M);
+        }
+    }
+    free(off), free(buf), free(got);
+    return st;
+}
+
+qd_status qd_dp_reduce_stats(qd_dp *dp, qd_rollout_stats *rs, qd_train_stats *ts, qd_layer_stats *ls)
+{
+    double v[] = {rs->reward_sum, rs->score_sum, rs->len_sum, (double)rs->generated, (double)rs->tokens,
+                  ts->loss, ts->kl, ts->clip_frac, ts->clip_low, ts->clip_high, ts->tis_mean, ts->tis_clipped,
+                  (double)ts->tokens};
+    double mx[2] = {ts->ratio_max, (double)ls->nmoe};
+    qd_status st = qd_dp_sum_f64(dp, v, sizeof v / sizeof *v);
+    if (!st)
+        st = qd_dp_max_f64(dp, mx, 2);
+    if (!st)
+        st = qd_dp_sum_f64(dp, ls->act_sq, (size_t)ls->nlin);
+    if (!st)
+        st = qd_dp_sum_f64(dp, ls->act_norm, (size_t)ls->nlin);
+    if (!st && ls->nmoe < (int)mx[1]) /* router agreement is measured on ranks that had mini-batch 0's data */
+        st = qd_layer_stats_router(ls, (int)mx[1]);
+    if (!st)
+        st = qd_dp_sum_f64(dp, ls->hits, (size_t)ls->nmoe);
+    if (!st)
+        st = qd_dp_sum_f64(dp, ls->picks, (size_t)ls->nmoe);
+    rs->reward_sum = v[0], rs->score_sum = v[1], rs->len_sum = v[2];
+    rs->generated = (int64_t)v[3], rs->tokens = (int64_t)v[4];
+    ts->loss = v[5], ts->kl = v[6], ts->clip_frac = v[7], ts->clip_low = v[8], ts->clip_high = v[9];
+    ts->tis_mean = v[10], ts->tis_clipped = v[11], ts->tokens = (int64_t)v[12], ts->ratio_max = mx[0];
+    return st;
+}
+
+qd_status qd_dp_check_weights(qd_dp *dp, const float *w, size_t nf, int64_t step, uint64_t *sum)
+{
+    int W = dp->world;
+    uint64_t *all = malloc(sizeof(uint64_t) * W);
+    *sum = qd_dp_fnv1a(w, sizeof(float) * nf);
+    qd_status st = all ? qd_dp_gather_u64(dp, *sum, all) : qd_error(QD_ERR_NOMEM, "checksum");
+    char msg[900] = "";
+    for (int k = 1; k < W && !st; k++)
+        if (all[k] != all[0] && strlen(msg) < sizeof msg - 64)
+            snprintf(msg + strlen(msg), sizeof msg - strlen(msg), ", rank %d has %016llx", k,
+                     (unsigned long long)all[k]);
+    if (!st && *msg)
+        st = qd_error(QD_ERR_FORMAT, "step %lld: the master weights differ across ranks: rank 0 has checksum %016llx%s",
+                      (long long)step, (unsigned long long)all[0], msg);
+    free(all);
+    return st;
 }

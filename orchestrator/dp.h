@@ -13,8 +13,11 @@
 #define QD_DP_H
 #include <stddef.h>
 #include <stdint.h>
+#include "backends/backend.h"
 #include "dist/launch.h"
 #include "dist/rendezvous.h"
+#include "models/model_config.h"
+#include "orchestrator/metrics.h"
 #include "quant/status.h"
 
 typedef struct {
@@ -49,5 +52,37 @@ qd_status qd_dp_barrier(qd_dp *dp, const char *name);
 
 /* FNV-1a 64 of n bytes (the weight checksum). */
 uint64_t qd_dp_fnv1a(const void *p, size_t n);
+
+/* ---- the RL loop's exchanges (rl.h describes the scheme) */
+
+/* keep (P) = the dynamic-sampling flags of every group of a generation batch,
+ * from this rank's lkeep (its groups rank, rank + W, ..., in order). */
+qd_status qd_dp_keep_flags(qd_dp *dp, const uint8_t *lkeep, uint8_t *keep, int P);
+/* The trainer's gradients (nf) summed over ranks, in place. */
+qd_status qd_dp_sum_grads(qd_dp *dp, qd_backend *trainer, size_t nf);
+/* rac (rb bytes, this rank's RAC state) gets, in place of its activation-
+ * error statistics, their sum over ranks: the statistics of every rollout
+ * of the job since the last pick, so every rank picks the same channels. */
+qd_status qd_dp_sum_rac(qd_dp *dp, const qd_model_config *mcfg, void *rac, size_t rb);
+/* Zeroes the statistics of a RAC state blob: a resumed rank other than 0
+ * (the checkpoint holds the job's sums, and the next pick adds every rank's). */
+qd_status qd_dp_zero_rac(const qd_model_config *mcfg, void *rac, size_t rb);
+
+/* n rows of two (M) float arrays a and b, with a place in [0, S) and a length each. */
+typedef struct {
+    int n, M;
+    const int32_t *place; /* (n) gather: where each row goes */
+    int32_t *rlen;        /* (n) */
+    float *a, *b;         /* (n, M) */
+} qd_dp_rows;
+/* Every rank's rows into all (S rows, row i at place i): the gap's samples
+ * in the 1-rank order. A place outside [0, S) is QD_ERR_FORMAT. */
+qd_status qd_dp_gather_rows(qd_dp *dp, const qd_dp_rows *mine, qd_dp_rows *all, int S);
+/* This rank's sums of a step -> those of all ranks (maxima for ratio_max;
+ * the router counts of the ranks that measured them). */
+qd_status qd_dp_reduce_stats(qd_dp *dp, qd_rollout_stats *rs, qd_train_stats *ts, qd_layer_stats *ls);
+/* *sum = the FNV-1a of w (nf, this rank's master weights); a rank whose sum
+ * differs from rank 0's fails the step, named. */
+qd_status qd_dp_check_weights(qd_dp *dp, const float *w, size_t nf, int64_t step, uint64_t *sum);
 
 #endif

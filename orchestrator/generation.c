@@ -242,9 +242,10 @@ static qd_status generate_rows(qd_generation *g, int32_t *const *ids, const size
     if (st)
         return st;
     fill_rows(&r, ids, n, P, K, first);
-    qd_generate_request rq = {B, (int)Tp, r.prompt, r.plen, r.sid, g->o.seed, r.M, (float)g->o.temperature,
-                              g->o.top_k, (float)g->o.top_p, g->stop, g->nstop};
-    qd_generate_result res = {r.out, r.logp, r.olen};
+    qd_generate_request rq = {.B = B, .Tp = (int)Tp, .prompt = r.prompt, .prompt_len = r.plen, .seq_id = r.sid,
+                              .seed = g->o.seed, .max_new_tokens = r.M, .temperature = (float)g->o.temperature,
+                              .top_k = g->o.top_k, .top_p = (float)g->o.top_p, .stop = g->stop, .num_stop = g->nstop};
+    qd_generate_result res = {.tokens = r.out, .logp = r.logp, .lengths = r.olen};
     st = qd_backend_generate(g->b, &rq, &res);
     for (int row = 0; !st && row < B; row++)
         st = take_sample(g, &r, row, &out[row]);

@@ -30,14 +30,16 @@ int qd_grpo_loss_agg_parse(const char *s)
 void qd_grpo_params_from_config(qd_grpo_params *p, const qd_config *cfg)
 {
     /* The config admits only the enum names, so the parses cannot fail. */
-    p->clip_low = qd_config_float(cfg, "algo.clip_low");
-    p->clip_high = qd_config_float(cfg, "algo.clip_high");
-    p->agg = (qd_loss_agg)qd_grpo_loss_agg_parse(qd_config_str(cfg, "algo.loss_agg"));
-    p->kl_coef = qd_config_float(cfg, "algo.kl_coef");
-    p->kl_type = (qd_kl_type)qd_grpo_kl_type_parse(qd_config_str(cfg, "algo.kl_type"));
-    p->tis = (qd_tis_kind)qd_grpo_tis_parse(qd_config_str(cfg, "algo.tis"));
-    p->tis_cap = qd_config_float(cfg, "algo.tis_cap");
-    p->norm = 0;
+    const qd_knobs *k = qd_config_knobs(cfg);
+    *p = (qd_grpo_params){
+        .clip_low = k->algo.clip_low,
+        .clip_high = k->algo.clip_high,
+        .agg = (qd_loss_agg)qd_grpo_loss_agg_parse(k->algo.loss_agg),
+        .kl_coef = k->algo.kl_coef,
+        .kl_type = (qd_kl_type)qd_grpo_kl_type_parse(k->algo.kl_type),
+        .tis = (qd_tis_kind)qd_grpo_tis_parse(k->algo.tis),
+        .tis_cap = k->algo.tis_cap,
+    };
 }
 
 qd_status qd_grpo_advantages(float *adv, const float *reward, int64_t n_groups, int64_t G, qd_adv_kind kind,

@@ -206,7 +206,7 @@ qd_status qd_metrics_truncate(const char *path, int64_t step)
 {
     if (access(path, F_OK) != 0)
         return QD_OK;
-    keep_ctx c = {step, NULL, 0, 0};
+    keep_ctx c = {.step = step};
     qd_status st = for_each_line(path, keep_line, &c);
     if (st == QD_OK)
         st = qd_atomic_write(path, c.out ? c.out : "", c.len);
@@ -257,7 +257,7 @@ static qd_status add_point(const json_t *obj, const char *start, size_t len, voi
 
 qd_status qd_metrics_read_series(const char *path, const char *key, double **x, double **y, int64_t *n)
 {
-    series_ctx c = {key, NULL, NULL, 0, 0};
+    series_ctx c = {.key = key};
     qd_status st = access(path, F_OK) == 0 ? for_each_line(path, add_point, &c)
                                            : qd_error(QD_ERR_IO, "%s: no such file", path);
     if (st != QD_OK) {
@@ -328,4 +328,200 @@ void qd_progress_write(FILE *f, bool tty, const qd_progress *p)
 void qd_progress_print(const qd_progress *p)
 {
     qd_progress_write(stderr, isatty(fileno(stderr)), p);
+}
+
+/* ---- the measurements of an RL step */
+
+void qd_train_stats_add(qd_train_stats *ts, const qd_grpo_stats *g)
+{
+    double w = (double)g->tokens;
+    ts->loss += g->loss;
+    ts->kl += g->kl;
+    ts->clip_frac += g->clip_frac * w;
+    ts->clip_low += g->clip_frac_low * w;
+    ts->clip_high += g->clip_frac_high * w;
+    ts->tis_mean += g->tis_mean * w;
+    ts->tis_clipped += g->tis_clipped_frac * w;
+    if (g->ratio_max > ts->ratio_max)
+        ts->ratio_max = g->ratio_max;
+    ts->tokens += g->tokens;
+}
+
+qd_status qd_layer_stats_quant(qd_layer_stats *ls, const qd_diagnostics *d)
+{
+    ls->nlin = d->num_linear;
+    size_t n = (size_t)d->num_linear + 1;
+    ls->act_err = calloc(n, sizeof(double)), ls->weight_err = calloc(n, sizeof(double));
+    ls->act_sq = calloc(n, sizeof(double)), ls->act_norm = calloc(n, sizeof(double));
+    if (!ls->act_err || !ls->weight_err || !ls->act_sq || !ls->act_norm)
+        return qd_error(QD_ERR_NOMEM, "diagnostics");
+    for (int i = 0; i < d->num_linear; i++) {
+        ls->act_sq[i] = d->act_err[i], ls->act_norm[i] = d->act_norm[i];
+        ls->weight_err[i] = d->weight_err[i];
+    }
+    return QD_OK;
+}
+
+qd_status qd_layer_stats_router(qd_layer_stats *ls, int nmoe)
+{
+    free(ls->agree), free(ls->hits), free(ls->picks);
+    ls->nmoe = nmoe;
+    ls->agree = calloc((size_t)nmoe + 1, sizeof(double));
+    ls->hits = calloc((size_t)nmoe + 1, sizeof(double)), ls->picks = calloc((size_t)nmoe + 1, sizeof(double));
+    if (!ls->agree || !ls->hits || !ls->picks)
+        return qd_error(QD_ERR_NOMEM, "router agreement");
+    return QD_OK;
+}
+
+void qd_layer_stats_agree(qd_layer_stats *ls, const int32_t *a, const int32_t *b, int N, int K)
+{
+    for (int l = 0; l < ls->nmoe; l++) {
+        int64_t hit = 0;
+        for (int t = 0; t < N; t++) {
+            const int32_t *x = a + ((size_t)l * N + t) * K, *y = b + ((size_t)l * N + t) * K;
+            for (int i = 0; i < K; i++)
+                for (int j = 0; j < K; j++)
+                    hit += x[i] == y[j];
+        }
+        ls->hits[l] = (double)hit, ls->picks[l] = (double)N * K;
+    }
+}
+
+void qd_layer_stats_ratios(qd_layer_stats *ls)
+{
+    for (int i = 0; i < ls->nlin; i++)
+        ls->act_err[i] = ls->act_norm[i] > 0 ? ls->act_sq[i] / ls->act_norm[i] : 0.0;
+    for (int l = 0; l < ls->nmoe; l++)
+        ls->agree[l] = ls->picks[l] > 0 ? ls->hits[l] / ls->picks[l] : 1.0;
+}
+
+void qd_layer_stats_free(qd_layer_stats *ls)
+{
+    free(ls->act_err), free(ls->weight_err), free(ls->act_sq), free(ls->act_norm);
+    free(ls->agree), free(ls->hits), free(ls->picks);
+}
+
+qd_status qd_metrics_write_layers(const char *path, const qd_diagnostics *d, const qd_model_config *m)
+{
+    if (access(path, F_OK) == 0)
+        return QD_OK;
+    json_t *o = json_object(), *lin = json_array(), *moe = json_array();
+    for (int i = 0; i < d->num_linear; i++)
+        json_array_append_new(lin, json_string(d->names[i]));
+    for (int l = 0; l < m->num_hidden_layers; l++)
+        if (qd_model_config_is_moe_layer(m, l))
+            json_array_append_new(moe, json_integer(l));
+    json_object_set_new(o, "quant", lin);
+    json_object_set_new(o, "router", moe);
+    char *text = json_dumps(o, JSON_INDENT(2));
+    json_decref(o);
+    qd_status st = text ? qd_atomic_write(path, text, strlen(text)) : qd_error(QD_ERR_NOMEM, "%s", path);
+    free(text);
+    return st;
+}
+
+qd_status qd_metrics_gap(qd_gap_stats *g, const float *lp_old, const float *lp_ro, const int *rlen, int S, int M)
+{
+    float *ent = malloc(sizeof(float) * (size_t)S * M + 1);
+    uint8_t *mask = malloc((size_t)S * M + 1);
+    if (!ent || !mask) {
+        free(ent), free(mask);
+        return qd_error(QD_ERR_NOMEM, "gap");
+    }
+    for (size_t i = 0; i < (size_t)S * M; i++) {
+        mask[i] = (int)(i % M) < rlen[i / M];
+        ent[i] = mask[i] ? -lp_ro[i] : 0.0f;
+    }
+    qd_status st = qd_grpo_gap(g, lp_old, lp_ro, ent, mask, S, M);
+    free(ent), free(mask);
+    return st;
+}
+
+static json_t *array_of(const double *x, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++)
+        json_array_append_new(a, isfinite(x[i]) ? json_real(x[i]) : json_null());
+    return a;
+}
+
+static double mean_of(const double *x, int n)
+{
+    double s = 0;
+    for (int i = 0; i < n; i++)
+        s += x[i];
+    return n ? s / n : NAN;
+}
+
+void qd_metrics_put_eval(json_t *o, json_t *time, const qd_task_eval_result *ev, double secs)
+{
+    json_t *e = json_object();
+    qd_metrics_set(e, "pass1", ev->pass1);
+    qd_metrics_set(e, "mean_len", ev->mean_len);
+    qd_metrics_set(e, "format_rate", ev->format_rate);
+    json_object_set_new(e, "problems", json_integer(ev->problems));
+    json_object_set_new(o, "eval", e);
+    qd_metrics_set(time, "eval_s", secs);
+}
+
+/* The gap, per-layer and timing objects of a step line. */
+static void put_layers(json_t *o, const qd_step_metrics *m)
+{
+    const qd_train_stats *ts = m->train;
+    const qd_layer_stats *ls = m->layers;
+    json_t *gap = json_object(), *q = json_object(), *rt = json_object(), *tm = json_object();
+    qd_metrics_set(gap, "mean_abs", ts->gap.mean_abs);
+    qd_metrics_set(gap, "max_abs", ts->gap.max_abs);
+    qd_metrics_set(gap, "k3_kl", ts->gap.k3_kl);
+    qd_metrics_set(gap, "pearson", ts->gap.pearson);
+    json_object_set_new(gap, "tokens", json_integer(ts->gap.tokens));
+    json_object_set_new(o, "gap", gap);
+    json_object_set_new(q, "act_err", array_of(ls->act_err, ls->nlin));
+    json_object_set_new(q, "weight_err", array_of(ls->weight_err, ls->nlin));
+    qd_metrics_set(q, "act_err_mean", mean_of(ls->act_err, ls->nlin));
+    qd_metrics_set(q, "weight_err_mean", mean_of(ls->weight_err, ls->nlin));
+    json_object_set_new(o, "quant", q);
+    json_object_set_new(rt, "agree", array_of(ls->agree, ls->nmoe));
+    qd_metrics_set(rt, "agree_mean", mean_of(ls->agree, ls->nmoe));
+    json_object_set_new(o, "router", rt);
+    qd_metrics_set(tm, "rollout_s", m->t[0]);
+    qd_metrics_set(tm, "train_s", m->t[1]);
+    qd_metrics_set(tm, "sync_s", m->t[2]);
+    qd_metrics_set(tm, "step_s", m->t[3]);
+    qd_metrics_set(tm, "tokens_per_s", m->t[3] > 0 ? (double)m->rollout->tokens / m->t[3] : 0);
+    json_object_set_new(o, "time", tm);
+}
+
+json_t *qd_metrics_step_json(const qd_step_metrics *m)
+{
+    const qd_rollout_stats *rs = m->rollout;
+    const qd_train_stats *ts = m->train;
+    json_t *o = json_object();
+    if (!o)
+        return NULL;
+    json_object_set_new(o, "step", json_integer(m->step));
+    double g = (double)(rs->generated ? rs->generated : 1), tok = (double)(ts->tokens ? ts->tokens : 1);
+    double u = (double)(ts->updates ? ts->updates : 1);
+    qd_metrics_set(o, "reward_mean", rs->reward_sum / g);
+    qd_metrics_set(o, "pass1_train", rs->score_sum / g);
+    qd_metrics_set(o, "response_len", rs->len_sum / g);
+    qd_metrics_set(o, "entropy", ts->gap.entropy);
+    qd_metrics_set(o, "loss", ts->loss / u);
+    qd_metrics_set(o, "kl", ts->kl / u);
+    qd_metrics_set(o, "clip_frac", ts->clip_frac / tok);
+    qd_metrics_set(o, "clip_frac_low", ts->clip_low / tok);
+    qd_metrics_set(o, "clip_frac_high", ts->clip_high / tok);
+    qd_metrics_set(o, "ratio_max", ts->ratio_max);
+    qd_metrics_set(o, "tis_mean", ts->tis_mean / tok);
+    qd_metrics_set(o, "tis_clipped_frac", ts->tis_clipped / tok);
+    qd_metrics_set(o, "grad_norm", ts->grad_norm / u);
+    json_object_set_new(o, "updates", json_integer(ts->updates));
+    qd_metrics_set(o, "lr", ts->lr);
+    json_object_set_new(o, "samples", json_integer(rs->generated));
+    json_object_set_new(o, "groups_kept", json_integer(m->groups_kept));
+    json_object_set_new(o, "gen_batches", json_integer(rs->gen_batches));
+    json_object_set_new(o, "data_pos", json_integer(m->data_pos));
+    json_object_set_new(o, "optimizer_step", json_integer(m->optimizer_step));
+    put_layers(o, m);
+    return o;
 }

@@ -1,13 +1,20 @@
 /* RUN/metrics.jsonl: one JSON object a line, each with an integer "step",
  * appended and made durable per step; cut back to a checkpoint's step on
- * resume; read back as (step, value) series for plots. Also the progress
- * line of a run (a live line on a terminal, plain lines in logs). */
+ * resume; read back as (step, value) series for plots. The measurements of
+ * an RL step that go into it (rollout, training, per-layer quantization
+ * errors and router agreement, the rollout-trainer gap) and its JSON (the
+ * fields are listed in rl.h). Also the progress line of a run (a live line on
+ * a terminal, plain lines in logs). */
 #ifndef QD_METRICS_H
 #define QD_METRICS_H
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <jansson.h>
+#include "backends/backend.h"
+#include "models/model_config.h"
+#include "orchestrator/grpo.h"
+#include "orchestrator/task.h"
 #include "quant/status.h"
 
 typedef struct qd_metrics qd_metrics;
@@ -41,6 +48,68 @@ qd_status qd_metrics_truncate(const char *path, int64_t step);
  * name first, then as a dotted path into nested objects ("gap.mean_abs").
  * *x and *y are malloc'ed (free both); *n gets the count. */
 qd_status qd_metrics_read_series(const char *path, const char *key, double **x, double **y, int64_t *n);
+
+/* ---- the measurements of an RL step (sums over this rank until reduced) */
+
+typedef struct {
+    double reward_sum, score_sum, len_sum;
+    int64_t generated, tokens, gen_batches;
+} qd_rollout_stats;
+
+typedef struct {
+    double loss, kl, clip_frac, clip_low, clip_high, ratio_max, tis_mean, tis_clipped;
+    double grad_norm, lr; /* grad_norm, loss, kl: sums over the updates */
+    int64_t tokens, updates;
+    qd_gap_stats gap;
+} qd_train_stats;
+
+/* Adds a micro-batch's loss statistics (ratios weighted by its tokens). */
+void qd_train_stats_add(qd_train_stats *ts, const qd_grpo_stats *g);
+
+/* Per-layer measurements of the step (rollout vs trainer). */
+typedef struct {
+    int nlin, nmoe;
+    double *act_err, *weight_err; /* (nlin) relative NVFP4 errors of the rollout */
+    double *act_sq, *act_norm;    /* (nlin) their sums (this rank's until reduced) */
+    double *agree;                /* (nmoe) router top-k agreement */
+    double *hits, *picks;         /* (nmoe) its counts: experts both picked, tokens x top_k */
+} qd_layer_stats;
+
+/* The rollout's quantization errors of d (its diagnostics) into ls. */
+qd_status qd_layer_stats_quant(qd_layer_stats *ls, const qd_diagnostics *d);
+/* (Re)allocates the router counts of nmoe MoE layers, zeroed. */
+qd_status qd_layer_stats_router(qd_layer_stats *ls, int nmoe);
+/* Router agreement counts: for each of ls->nmoe layers, the experts of a
+ * (N tokens x K, the trainer's) that b (the rollout's) also picked. */
+void qd_layer_stats_agree(qd_layer_stats *ls, const int32_t *a, const int32_t *b, int N, int K);
+/* The ratios of the per-layer sums (after they are reduced over ranks). */
+void qd_layer_stats_ratios(qd_layer_stats *ls);
+void qd_layer_stats_free(qd_layer_stats *ls);
+
+/* path (RUN/layers.json), unless it exists: what the per-layer arrays of
+ * the metrics index (quant: the quantized linears' weight names of d;
+ * router: the MoE layers of m). */
+qd_status qd_metrics_write_layers(const char *path, const qd_diagnostics *d, const qd_model_config *m);
+
+/* The gap over S samples (M tokens each, rlen[i] of them real): the
+ * trainer's log-probs lp_old, the rollout's lp_ro (whose -log p of the
+ * sampled token is the entropy estimate). */
+qd_status qd_metrics_gap(qd_gap_stats *g, const float *lp_old, const float *lp_ro, const int *rlen, int S, int M);
+
+/* The metrics line of a step (new reference, NULL on out of memory):
+ * counters, rollout, training, gap, per-layer and timing (t: rollout,
+ * train, sync, whole step, in seconds) fields. */
+typedef struct {
+    int64_t step, data_pos, optimizer_step;
+    int groups_kept;
+    const qd_rollout_stats *rollout;
+    const qd_train_stats *train;
+    const qd_layer_stats *layers;
+    double t[4];
+} qd_step_metrics;
+json_t *qd_metrics_step_json(const qd_step_metrics *m);
+/* o.eval = the held-out eval's fields; time.eval_s = secs. */
+void qd_metrics_put_eval(json_t *o, json_t *time, const qd_task_eval_result *ev, double secs);
 
 /* The phases of an RL step, for the live progress line. */
 typedef enum { QD_PHASE_NONE, QD_PHASE_ROLLOUT, QD_PHASE_TRAIN, QD_PHASE_SYNC, QD_PHASE_EVAL, QD_NPHASES } qd_phase;

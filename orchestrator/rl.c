@@ -1,11 +1,8 @@
 /* The RL loop: setup, one step, evals, checkpoints and resume (rl.h). */
 #define _GNU_SOURCE
-#include <dirent.h>
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <jansson.h>
@@ -14,22 +11,16 @@
 #endif
 #include "orchestrator/rl.h"
 #include "backends/backend.h"
-#include "backends/shared.h"
-#include "benchmarks/synth.h"
 #include "models/checkpoint.h"
 #include "models/tokenizer.h"
 #include "orchestrator/ckpt.h"
 #include "orchestrator/dp.h"
 #include "orchestrator/grpo.h"
 #include "orchestrator/metrics.h"
+#include "orchestrator/rl_data.h"
 #include "orchestrator/task.h"
 #include "quant/fileio.h"
-#include "quant/quant.h"
 #include "quant/splitmix64.h"
-
-#define TRAIN_POOL 4096  /* training problems drawn (fewer when the split is smaller) */
-#define ADAM_MAGIC "QDADAMW1"
-#define RAC_MAGIC "QDRAC001"
 
 /* One rollout sample, after rewards. */
 typedef struct {
@@ -51,6 +42,7 @@ typedef struct {
 
 typedef struct {
     const qd_config *cfg;
+    const qd_knobs *k;             /* cfg's values */
     const qd_rl_options *o;
     char dir[4096], model_dir[4096];
     qd_model_config mcfg;
@@ -59,9 +51,7 @@ typedef struct {
     qd_backend *rollout, *trainer, *ref;
     size_t nf;
     float *w;                      /* (nf) the sync buffer */
-    qd_bench_set train, test;
-    int32_t **pids;                /* (train.n) prompt ids */
-    int *plen;                     /* (train.n) */
+    qd_rl_data data;               /* training and held-out problems */
     int64_t *perm, perm_epoch;     /* (train.n) order of the current epoch */
     uint64_t seed;
     int64_t step, data_pos, opt_step, steps, P, G, M, J;
@@ -69,7 +59,7 @@ typedef struct {
     qd_adv_kind adv;
     qd_lr_schedule sched;
     qd_metrics *metrics;
-    int kill_step, nan_step;       /* test hooks; 0 = off */
+    qd_rl_hooks hooks;             /* o->hooks, or none */
     qd_dp dp;                      /* data parallel: this rank and the collectives */
 } rl_run;
 
@@ -101,17 +91,11 @@ static qd_status at_step(qd_status st, int64_t step, const char *where)
     return prefixed(st, w);
 }
 
-static int env_int(const char *name)
-{
-    const char *s = getenv(name);
-    return s ? atoi(s) : 0;
-}
-
 /* ---- run directory and model */
 
 qd_status qd_rl_run_dir(const qd_config *cfg, char *buf, size_t n)
 {
-    const char *dir = qd_config_str(cfg, "run.dir"), *name = qd_config_str(cfg, "run.name");
+    const char *dir = qd_config_knobs(cfg)->run.dir, *name = qd_config_knobs(cfg)->run.name;
     char stamp[32];
     if (!*name) {
         time_t t = time(NULL);
@@ -132,7 +116,7 @@ qd_status qd_rl_run_dir(const qd_config *cfg, char *buf, size_t n)
  * must use even when its source tree is still there). */
 static qd_status model_dir(const qd_config *cfg, char *buf, size_t n)
 {
-    const char *p = qd_config_str(cfg, "model.path");
+    const char *p = qd_config_knobs(cfg)->model.path;
     if (*p) {
         snprintf(buf, n, "%s", p);
         return QD_OK;
@@ -170,75 +154,42 @@ static qd_status backend_error(const rl_run *r)
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", qd_last_error());
     return qd_error(QD_ERR_ARG, "config: rollout.backend %s, rollout.mode %s: %s",
-                    qd_config_str(r->cfg, "rollout.backend"), qd_config_str(r->cfg, "rollout.mode"), msg);
+                    r->k->rollout.backend, r->k->rollout.mode, msg);
 }
 
 static qd_backend *new_backend(rl_run *r, qd_role role)
 {
-    qd_backend_options opt = {0};
-    qd_recipe_parse(&opt.recipe, qd_config_str(r->cfg, "rollout.recipe"));
-    qd_mode_parse(&opt.mode, qd_config_str(r->cfg, "rollout.mode"));
-    opt.role = role;
-    opt.rac_ratio = qd_config_float(r->cfg, "rac.ratio");
-    opt.num_threads = (int)qd_config_int(r->cfg, "run.threads");
-    opt.diagnostics = 1;
-    opt.device = r->dp.local_rank;
-    return qd_backend_init_by_name(qd_config_str(r->cfg, "rollout.backend"), &r->mcfg, &opt);
+    qd_backend_options opt = {.role = role, .rac_ratio = r->k->rac.ratio, .num_threads = (int)r->k->run.threads,
+                              .diagnostics = 1, .device = r->dp.local_rank};
+    qd_recipe_parse(&opt.recipe, r->k->rollout.recipe); /* the config admits only valid names */
+    qd_mode_parse(&opt.mode, r->k->rollout.mode);
+    return qd_backend_init_by_name(r->k->rollout.backend, &r->mcfg, &opt);
 }
 
-/* ---- data */
+/* ---- data (the problems: rl_data.c) */
 
 static qd_status load_data(rl_run *r)
 {
-    qd_synth_opts so = {0};
-    if (*qd_config_str(r->cfg, "data.benchmark"))
-        return qd_error(QD_ERR_UNSUPPORTED, "config: data.benchmark: '%s': quads rl evaluates on the task's "
-                                            "held-out split only (leave it empty; use quads eval for benchmarks)",
-                        qd_config_str(r->cfg, "data.benchmark"));
-    qd_status st = qd_task_parse(qd_config_str(r->cfg, "data.task"), &so);
-    if (st)
-        return qd_error(st, "config: data.task: %s", qd_last_error());
-    so.seed = r->seed;
-    size_t n = TRAIN_POOL;
-    while ((st = qd_synth_generate(&so, QD_SPLIT_TRAIN, n, &r->train)) == QD_ERR_ARG && n > 16)
-        n /= 2;
-    if (st)
-        return st;
-    int64_t lim = qd_config_int(r->cfg, "eval.limit");
-    n = lim > 0 ? (size_t)lim : 256;
-    so.seed = (uint64_t)qd_config_int(r->cfg, "eval.seed"); /* one held-out set for every run seed */
-    while ((st = qd_synth_generate(&so, QD_SPLIT_TEST, n, &r->test)) == QD_ERR_ARG && n > 1)
-        n /= 2;
-    if (st)
-        return st;
-    r->pids = calloc(r->train.n, sizeof *r->pids);
-    r->plen = calloc(r->train.n, sizeof *r->plen);
-    r->perm = malloc(sizeof(int64_t) * r->train.n);
-    if (!r->pids || !r->plen || !r->perm)
-        return qd_error(QD_ERR_NOMEM, "training prompts");
-    int64_t maxp = qd_config_int(r->cfg, "data.max_prompt_tokens");
-    for (size_t i = 0; i < r->train.n; i++) {
-        size_t nids, np;
-        st = qd_task_encode(r->tok, r->train.rec[i].problem, NULL, &r->pids[i], &nids, &np);
-        if (st)
-            return st;
-        if ((int64_t)np > maxp)
-            return qd_error(QD_ERR_ARG, "config: data.max_prompt_tokens: %lld, but a prompt has %zu tokens",
-                            (long long)maxp, np);
-        r->plen[i] = (int)np;
-    }
+    const qd_rl_data *d = &r->data;
+    qd_status st = qd_rl_data_load(&r->data, r->k, r->tok, r->seed);
+    r->perm = st ? NULL : malloc(sizeof(int64_t) * d->train.n);
+    if (!st && !r->perm)
+        st = qd_error(QD_ERR_NOMEM, "training prompts");
+    if (!st && r->o->log)
+        fprintf(r->o->log, "data: %s, %zu training problems, %zu held out (%zu of %zu over data.max_prompt_tokens "
+                           "skipped)\n", r->k->data.task, d->train.n, d->test.n, d->dropped, d->total);
     r->perm_epoch = -1;
-    return QD_OK;
+    return st;
 }
 
 /* The training problem at data position pos: epochs in a seeded order. */
 static int problem_at(rl_run *r, int64_t pos)
 {
-    int64_t n = (int64_t)r->train.n, epoch = pos / n;
+    int64_t n = (int64_t)r->data.train.n, epoch = pos / n;
     if (epoch != r->perm_epoch) {
         for (int64_t i = 0; i < n; i++)
             r->perm[i] = i;
-        if (qd_config_bool(r->cfg, "data.shuffle")) {
+        if (r->k->data.shuffle) {
             uint64_t h = mix64(r->seed ^ mix64((uint64_t)epoch + 0x5eedull));
             for (int64_t i = n - 1; i > 0; i--) {
                 h = mix64(h);
@@ -250,6 +201,30 @@ static int problem_at(rl_run *r, int64_t pos)
         r->perm_epoch = epoch;
     }
     return (int)r->perm[pos % n];
+}
+
+/* ---- the rollout's RAC state, kept across a sync between refreshes (the old
+ * channel sets stay) and copied for data-parallel checkpoints. Evaluations and
+ * the router measurement do not touch the statistics (only the rollout's
+ * generates ask for them: qd_generate_request.rac_stats). */
+
+/* A copy of the rollout's RAC state (*rb bytes, malloc'ed) into *blob. */
+static qd_status rac_snapshot(rl_run *r, void **blob, size_t *rb)
+{
+    *rb = qd_backend_rac_state_size(r->rollout);
+    *blob = malloc(*rb + 1);
+    if (!*blob)
+        return qd_error(QD_ERR_NOMEM, "RAC state");
+    return qd_backend_get_rac_state(r->rollout, *blob, *rb);
+}
+
+/* Puts a snapshot back when st is QD_OK, frees it; returns the first error. */
+static qd_status rac_restore(rl_run *r, void *blob, size_t rb, qd_status st)
+{
+    if (!st)
+        st = qd_backend_set_rac_state(r->rollout, blob, rb);
+    free(blob);
+    return st;
 }
 
 /* ---- rollout */
@@ -290,8 +265,8 @@ static qd_status rollout_batch(rl_run *r, sample_set *all, int gb, int *nb)
         s->grp = rk + b / (int)r->G * W;
         s->pos = r->data_pos + s->grp;
         s->prob = problem_at(r, s->pos);
-        if (r->plen[s->prob] > Tp)
-            Tp = r->plen[s->prob];
+        if (r->data.plen[s->prob] > Tp)
+            Tp = r->data.plen[s->prob];
     }
     int32_t *prompt = calloc((size_t)B * Tp, sizeof *prompt), *plen = malloc(sizeof *plen * B);
     uint64_t *seq = malloc(sizeof *seq * B);
@@ -301,17 +276,20 @@ static qd_status rollout_batch(rl_run *r, sample_set *all, int gb, int *nb)
     }
     for (int b = 0; b < B; b++) {
         const sample *s = &all->s[all->S + b];
-        plen[b] = r->plen[s->prob];
-        memcpy(prompt + (size_t)b * Tp, r->pids[s->prob], sizeof(int32_t) * plen[b]);
+        plen[b] = r->data.plen[s->prob];
+        memcpy(prompt + (size_t)b * Tp, r->data.pids[s->prob], sizeof(int32_t) * plen[b]);
         seq[b] = (uint64_t)s->pos * (uint64_t)r->G + (uint64_t)(b % r->G);
     }
     int32_t *lens = malloc(sizeof *lens * B);
-    qd_generate_request rq = {B, Tp, prompt, plen, seq,
-                              mix64(r->seed * 1000003ull + (uint64_t)r->step * 64 + (uint64_t)gb),
-                              M, (float)qd_config_float(r->cfg, "rollout.temperature"),
-                              (int)qd_config_int(r->cfg, "rollout.top_k"),
-                              (float)qd_config_float(r->cfg, "rollout.top_p"), &r->end_id, 1};
-    qd_generate_result res = {all->tok + (size_t)all->S * M, all->lp_ro + (size_t)all->S * M, lens};
+    qd_generate_request rq = {
+        .B = B, .Tp = Tp, .prompt = prompt, .prompt_len = plen, .seq_id = seq,
+        .seed = mix64(r->seed * 1000003ull + (uint64_t)r->step * 64 + (uint64_t)gb),
+        .max_new_tokens = M, .temperature = (float)r->k->rollout.temperature, .top_k = (int)r->k->rollout.top_k,
+        .top_p = (float)r->k->rollout.top_p, .stop = &r->end_id, .num_stop = 1,
+        .rac_stats = 1, /* the rollout gathers the RAC statistics of the next pick */
+    };
+    qd_generate_result res = {.tokens = all->tok + (size_t)all->S * M, .logp = all->lp_ro + (size_t)all->S * M,
+                              .lengths = lens};
     st = lens ? qd_backend_generate(r->rollout, &rq, &res) : qd_error(QD_ERR_NOMEM, "rollout");
     for (int b = 0; b < B && !st; b++) {
         sample *s = &all->s[all->S + b];
@@ -328,12 +306,12 @@ static qd_status rollout_batch(rl_run *r, sample_set *all, int gb, int *nb)
 /* Rewards of the last B samples of all (correctness + overlong penalty). */
 static qd_status grade_batch(rl_run *r, sample_set *all, int first, int B)
 {
-    int64_t buf = qd_config_int(r->cfg, "algo.overlong_buffer_len");
-    double pen = qd_config_float(r->cfg, "algo.overlong_penalty");
+    int64_t buf = r->k->algo.overlong_buffer_len;
+    double pen = r->k->algo.overlong_penalty;
     for (int b = first; b < first + B; b++) {
         sample *s = &all->s[b];
         qd_status st = qd_task_reward(r->tok, all->tok + (size_t)b * r->M, (size_t)s->rlen,
-                                      r->train.rec[s->prob].answer, &s->score, NULL);
+                                      r->data.train.rec[s->prob].answer, &s->score, NULL);
         if (st)
             return st;
         s->reward = s->score + (float)qd_grpo_overlong_penalty(s->rlen, r->M, buf, pen);
@@ -368,35 +346,13 @@ static int compact_groups(rl_run *r, sample_set *all, int first_group, const uin
     return kept;
 }
 
-/* keep (P) of every group of the batch from this rank's lkeep (its groups, in
- * order): the flags of all ranks. */
-static qd_status global_keep(rl_run *r, const uint8_t *lkeep, uint8_t *keep)
-{
-    int W = r->dp.world, rk = r->dp.rank, P = (int)r->P;
-    double *k = calloc((size_t)P, sizeof(double));
-    if (!k)
-        return qd_error(QD_ERR_NOMEM, "dynamic sampling");
-    for (int g = rk, i = 0; g < P; g += W, i++)
-        k[g] = lkeep[i];
-    qd_status st = qd_dp_sum_f64(&r->dp, k, (size_t)P);
-    for (int g = 0; g < P; g++)
-        keep[g] = k[g] > 0;
-    free(k);
-    return st;
-}
-
-typedef struct {
-    double reward_sum, score_sum, len_sum;
-    int64_t generated, tokens, gen_batches;
-} rollout_stats;
-
 /* The step's rollouts: one batch, or under dynamic sampling batches until P
  * groups with signal (or algo.max_gen_batches). all->S = this rank's kept
  * samples; *kept_out = the kept groups of all ranks. rs: this rank's sums. */
-static qd_status do_rollouts(rl_run *r, sample_set *all, rollout_stats *rs, int *kept_out)
+static qd_status do_rollouts(rl_run *r, sample_set *all, qd_rollout_stats *rs, int *kept_out)
 {
-    bool dyn = qd_config_bool(r->cfg, "algo.dynamic_sampling");
-    int tries = dyn ? (int)qd_config_int(r->cfg, "algo.max_gen_batches") : 1, kept = 0, local = 0;
+    bool dyn = r->k->algo.dynamic_sampling;
+    int tries = dyn ? (int)r->k->algo.max_gen_batches : 1, kept = 0, local = 0;
     all->S = 0;
     for (int gb = 0; gb < tries && (gb == 0 || kept < r->P); gb++) {
         int first = all->S, B;
@@ -429,7 +385,7 @@ static qd_status do_rollouts(rl_run *r, sample_set *all, rollout_stats *rs, int 
         if (!st)
             qd_grpo_filter_groups(lkeep, score, nl, r->G);
         if (!st)
-            st = global_keep(r, lkeep, keep);
+            st = qd_dp_keep_flags(&r->dp, lkeep, keep, (int)r->P);
         if (!st)
             kept = compact_groups(r, all, first / (int)r->G, keep, kept, &local);
         all->S = local * (int)r->G;
@@ -450,16 +406,16 @@ static qd_status build_batch(rl_run *r, const sample_set *ss, int a, int b, int3
 {
     int n = b - a, t = 1;
     for (int i = a; i < b; i++)
-        if (r->plen[ss->s[i].prob] + ss->s[i].rlen > t)
-            t = r->plen[ss->s[i].prob] + ss->s[i].rlen;
+        if (r->data.plen[ss->s[i].prob] + ss->s[i].rlen > t)
+            t = r->data.plen[ss->s[i].prob] + ss->s[i].rlen;
     *tokens = calloc((size_t)n * t, sizeof(int32_t));
     *lens = malloc(sizeof(int32_t) * n);
     if (!*tokens || !*lens)
         return qd_error(QD_ERR_NOMEM, "trainer batch");
     for (int i = 0; i < n; i++) {
         const sample *s = &ss->s[a + i];
-        int pl = r->plen[s->prob];
-        memcpy(*tokens + (size_t)i * t, r->pids[s->prob], sizeof(int32_t) * pl);
+        int pl = r->data.plen[s->prob];
+        memcpy(*tokens + (size_t)i * t, r->data.pids[s->prob], sizeof(int32_t) * pl);
         memcpy(*tokens + (size_t)i * t + pl, ss->tok + (size_t)(a + i) * r->M, sizeof(int32_t) * s->rlen);
         (*lens)[i] = pl + s->rlen;
     }
@@ -480,19 +436,23 @@ static qd_status forward_resp(rl_run *r, qd_backend *bk, const sample_set *ss, i
         st = qd_error(QD_ERR_NOMEM, "trainer log-probs");
     /* at the rollout's temperature, so trainer and rollout log-probs (gap, ratio,
      * TIS) are of the same distribution */
-    qd_batch bt = {b - a, T, tokens, lens, (float)qd_config_float(r->cfg, "rollout.temperature")};
+    qd_batch bt = {.B = b - a, .T = T, .tokens = tokens, .lengths = lens,
+                   .temperature = (float)r->k->rollout.temperature};
     if (!st)
         st = qd_backend_forward(bk, &bt, lp, NULL);
     for (int i = 0; i < b - a && !st; i++) {
         const sample *s = &ss->s[a + i];
-        int pl = r->plen[s->prob];
+        int pl = r->data.plen[s->prob];
         float *o = out + (size_t)i * r->M;
         memset(o, 0, sizeof(float) * r->M);
         for (int k = 0; k < s->rlen; k++)
             o[k] = lp[(size_t)i * T + pl - 1 + k];
-        if (bk == r->trainer && r->nan_step == r->step && a == 0 && i == 0 && what[0] == 't')
-            o[0] = NAN; /* test hook: QD_RL_TEST_NAN_STEP */
-        for (int k = 0; k < s->rlen && !st; k++)
+    }
+    if (!st && bk == r->trainer && r->hooks.trainer_logp)
+        r->hooks.trainer_logp(r->hooks.ctx, r->step, a, out, b - a, (int)r->M);
+    for (int i = 0; i < b - a && !st; i++) {
+        const float *o = out + (size_t)i * r->M;
+        for (int k = 0; k < ss->s[a + i].rlen && !st; k++)
             if (!isfinite(o[k]))
                 st = qd_error(QD_ERR_NONFINITE, "%s log-prob of sample %d token %d is %g", what, a + i, k, o[k]);
     }
@@ -505,14 +465,14 @@ static qd_status backward_resp(rl_run *r, const sample_set *ss, int a, int b, co
 {
     int T = 1;
     for (int i = a; i < b; i++)
-        if (r->plen[ss->s[i].prob] + ss->s[i].rlen > T)
-            T = r->plen[ss->s[i].prob] + ss->s[i].rlen;
+        if (r->data.plen[ss->s[i].prob] + ss->s[i].rlen > T)
+            T = r->data.plen[ss->s[i].prob] + ss->s[i].rlen;
     float *d = calloc((size_t)(b - a) * T, sizeof(float));
     if (!d)
         return qd_error(QD_ERR_NOMEM, "trainer gradient");
     for (int i = 0; i < b - a; i++) {
         const sample *s = &ss->s[a + i];
-        int pl = r->plen[s->prob];
+        int pl = r->data.plen[s->prob];
         for (int k = 0; k < s->rlen; k++)
             d[(size_t)i * T + pl - 1 + k] = coef[(size_t)i * r->M + k];
     }
@@ -521,79 +481,23 @@ static qd_status backward_resp(rl_run *r, const sample_set *ss, int a, int b, co
     return st;
 }
 
-/* Per-layer measurements of the step (rollout vs trainer). */
-typedef struct {
-    int nlin, nmoe;
-    double *act_err, *weight_err; /* (nlin) relative NVFP4 errors of the rollout */
-    double *act_sq, *act_norm;    /* (nlin) their sums (this rank's until reduced) */
-    double *agree;                /* (nmoe) router top-k agreement */
-    double *hits, *picks;         /* (nmoe) its counts: experts both picked, tokens x top_k */
-} layer_stats;
-
-static void layer_stats_free(layer_stats *ls)
-{
-    free(ls->act_err), free(ls->weight_err), free(ls->act_sq), free(ls->act_norm);
-    free(ls->agree), free(ls->hits), free(ls->picks);
-}
-
-/* The ratios of the per-layer sums (after they are reduced over ranks). */
-static void layer_ratios(layer_stats *ls)
-{
-    for (int i = 0; i < ls->nlin; i++)
-        ls->act_err[i] = ls->act_norm[i] > 0 ? ls->act_sq[i] / ls->act_norm[i] : 0.0;
-    for (int l = 0; l < ls->nmoe; l++)
-        ls->agree[l] = ls->picks[l] > 0 ? ls->hits[l] / ls->picks[l] : 1.0;
-}
-
-/* RUN/layers.json: what the per-layer arrays of the metrics index
- * (quant.*: the quantized linears' weight names; router.agree: the MoE layers). */
-static qd_status write_layers(rl_run *r, const qd_diagnostics *d)
-{
-    char p[4400];
-    snprintf(p, sizeof p, "%s/layers.json", r->dir);
-    if (access(p, F_OK) == 0)
-        return QD_OK;
-    json_t *o = json_object(), *lin = json_array(), *moe = json_array();
-    for (int i = 0; i < d->num_linear; i++)
-        json_array_append_new(lin, json_string(d->names[i]));
-    for (int l = 0; l < r->mcfg.num_hidden_layers; l++)
-        if (qd_model_config_is_moe_layer(&r->mcfg, l))
-            json_array_append_new(moe, json_integer(l));
-    json_object_set_new(o, "quant", lin);
-    json_object_set_new(o, "router", moe);
-    char *text = json_dumps(o, JSON_INDENT(2));
-    json_decref(o);
-    qd_status st = text ? qd_atomic_write(p, text, strlen(text)) : qd_error(QD_ERR_NOMEM, "%s", p);
-    free(text);
-    return st;
-}
-
-/* The rollout's quantization errors over the step's generation. */
-static qd_status rollout_quant_errors(rl_run *r, layer_stats *ls)
+/* The rollout's quantization errors over the step's generation (rank 0
+ * writes RUN/layers.json, which names them, at the first step). */
+static qd_status rollout_quant_errors(rl_run *r, qd_layer_stats *ls)
 {
     qd_diagnostics d;
+    char p[4400];
+    snprintf(p, sizeof p, "%s/layers.json", r->dir);
     qd_status st = qd_backend_diagnostics(r->rollout, &d);
     if (!st && r->dp.rank == 0)
-        st = write_layers(r, &d);
-    if (st)
-        return st;
-    ls->nlin = d.num_linear;
-    size_t n = (size_t)d.num_linear + 1;
-    ls->act_err = calloc(n, sizeof(double)), ls->weight_err = calloc(n, sizeof(double));
-    ls->act_sq = calloc(n, sizeof(double)), ls->act_norm = calloc(n, sizeof(double));
-    if (!ls->act_err || !ls->weight_err || !ls->act_sq || !ls->act_norm)
-        return qd_error(QD_ERR_NOMEM, "diagnostics");
-    for (int i = 0; i < d.num_linear; i++) {
-        ls->act_sq[i] = d.act_err[i], ls->act_norm[i] = d.act_norm[i];
-        ls->weight_err[i] = d.weight_err[i];
-    }
-    return QD_OK;
+        st = qd_metrics_write_layers(p, &d, &r->mcfg);
+    return st ? st : qd_layer_stats_quant(ls, &d);
 }
 
 /* Router agreement: the trainer's top-k (its last forward, samples [0, n))
  * against the rollout's top-k on the same tokens. The rollout forward leaves
  * the RAC statistics as they were. */
-static qd_status router_agreement(rl_run *r, const sample_set *ss, int n, layer_stats *ls)
+static qd_status router_agreement(rl_run *r, const sample_set *ss, int n, qd_layer_stats *ls)
 {
     qd_diagnostics dt, dr;
     qd_status st = qd_backend_diagnostics(r->trainer, &dt);
@@ -602,61 +506,22 @@ static qd_status router_agreement(rl_run *r, const sample_set *ss, int n, layer_
     size_t cnt = (size_t)dt.num_moe_layers * dt.num_tokens * dt.top_k;
     int32_t *tk = malloc(sizeof(int32_t) * cnt);
     float *scratch = malloc(sizeof(float) * (size_t)n * r->M);
-    size_t rb = qd_backend_rac_state_size(r->rollout);
-    void *rac = malloc(rb + 1);
-    ls->nmoe = dt.num_moe_layers;
-    ls->agree = calloc((size_t)ls->nmoe, sizeof(double));
-    ls->hits = calloc((size_t)ls->nmoe, sizeof(double)), ls->picks = calloc((size_t)ls->nmoe, sizeof(double));
-    if (!tk || !scratch || !rac || !ls->agree || !ls->hits || !ls->picks)
+    st = qd_layer_stats_router(ls, dt.num_moe_layers);
+    if (!st && (!tk || !scratch))
         st = qd_error(QD_ERR_NOMEM, "router agreement");
     if (!st) {
         memcpy(tk, dt.router_topk, sizeof(int32_t) * cnt);
-        st = qd_backend_get_rac_state(r->rollout, rac, rb);
     }
     if (!st)
         st = forward_resp(r, r->rollout, ss, 0, n, scratch, "rollout (prefill)");
     if (!st)
-        st = qd_backend_set_rac_state(r->rollout, rac, rb);
-    if (!st)
         st = qd_backend_diagnostics(r->rollout, &dr);
     if (!st && (dr.num_tokens != dt.num_tokens || dr.num_moe_layers != dt.num_moe_layers))
         st = qd_error(QD_ERR_SHAPE, "router agreement: rollout and trainer saw different tokens");
-    int K = dt.top_k, N = dt.num_tokens;
-    for (int l = 0; l < ls->nmoe && !st; l++) {
-        int64_t hit = 0;
-        for (int t = 0; t < N; t++) {
-            const int32_t *a = tk + ((size_t)l * N + t) * K, *b = dr.router_topk + ((size_t)l * N + t) * K;
-            for (int i = 0; i < K; i++)
-                for (int j = 0; j < K; j++)
-                    hit += a[i] == b[j];
-        }
-        ls->hits[l] = (double)hit, ls->picks[l] = (double)N * K;
-    }
-    free(tk), free(scratch), free(rac);
+    if (!st)
+        qd_layer_stats_agree(ls, tk, dr.router_topk, dt.num_tokens, dt.top_k);
+    free(tk), free(scratch);
     return st;
-}
-
-typedef struct {
-    double loss, kl, clip_frac, clip_low, clip_high, ratio_max, tis_mean, tis_clipped;
-    double grad_norm, lr;           /* grad_norm, loss, kl: sums over the updates */
-    int64_t tokens, updates;
-    qd_gap_stats gap;
-} train_stats;
-
-/* Weighted sums of the per-micro-batch statistics (weights: tokens). */
-static void add_stats(train_stats *ts, const qd_grpo_stats *g)
-{
-    double w = (double)g->tokens;
-    ts->loss += g->loss;
-    ts->kl += g->kl;
-    ts->clip_frac += g->clip_frac * w;
-    ts->clip_low += g->clip_frac_low * w;
-    ts->clip_high += g->clip_frac_high * w;
-    ts->tis_mean += g->tis_mean * w;
-    ts->tis_clipped += g->tis_clipped_frac * w;
-    if (g->ratio_max > ts->ratio_max)
-        ts->ratio_max = g->ratio_max;
-    ts->tokens += g->tokens;
 }
 
 static void fill_mask(const sample_set *ss, int a, int b, int M, uint8_t *mask)
@@ -666,27 +531,13 @@ static void fill_mask(const sample_set *ss, int a, int b, int M, uint8_t *mask)
             mask[(size_t)(i - a) * M + k] = k < ss->s[i].rlen;
 }
 
-/* The trainer's gradients summed over ranks (each rank's loss is normalized
- * by the whole mini-batch's count, so the sum is the 1-rank gradient). */
-static qd_status allreduce_grads(rl_run *r)
-{
-    float *g = malloc(sizeof(float) * r->nf);
-    qd_status st = g ? qd_backend_get_grads(r->trainer, g, r->nf) : qd_error(QD_ERR_NOMEM, "gradients");
-    if (!st)
-        st = qd_dp_sum_f32(&r->dp, g, r->nf);
-    if (!st)
-        st = qd_backend_set_grads(r->trainer, g, r->nf);
-    free(g);
-    return st ? prefixed(st, "gradient all-reduce") : QD_OK;
-}
-
 /* One optimizer update on this rank's samples [a, b) of a mini-batch of nseq
  * sequences over all ranks. lp_old of these samples is filled by the first
  * forward when first is set. */
 static qd_status train_mini(rl_run *r, const sample_set *ss, int a, int b, int64_t nseq, bool first,
-                            float *lp_old, uint8_t *mask, layer_stats *ls, train_stats *ts)
+                            float *lp_old, uint8_t *mask, qd_layer_stats *ls, qd_train_stats *ts)
 {
-    int M = (int)r->M, micro = (int)qd_config_int(r->cfg, "trainer.micro_batch");
+    int M = (int)r->M, micro = (int)r->k->trainer.micro_batch;
     double toks = 0;
     for (int i = a; i < b; i++)
         toks += ss->s[i].rlen;
@@ -716,7 +567,8 @@ static qd_status train_mini(rl_run *r, const sample_set *ss, int a, int b, int64
         for (int i = 0; i < n; i++)
             adv[i] = ss->s[c + i].adv;
         fill_mask(ss, c, d, M, mask);
-        qd_grpo_batch gb = {n, M, lp, lp_old + (size_t)c * M, ss->lp_ro + (size_t)c * M, lref, adv, mask};
+        qd_grpo_batch gb = {.B = n, .T = M, .logp = lp, .logp_old = lp_old + (size_t)c * M,
+                            .logp_rollout = ss->lp_ro + (size_t)c * M, .logp_ref = lref, .adv = adv, .mask = mask};
         qd_grpo_stats gs;
         st = qd_grpo_loss(coef, &gs, &gb, &gp);
         if (!st && !isfinite(gs.loss))
@@ -725,21 +577,22 @@ static qd_status train_mini(rl_run *r, const sample_set *ss, int a, int b, int64
             st = prefixed(st, "loss");
             break;
         }
-        add_stats(ts, &gs);
+        qd_train_stats_add(ts, &gs);
         st = backward_resp(r, ss, c, d, coef);
         if (st)
             st = prefixed(st, "backward");
     }
-    if (!st && r->dp.world > 1)
-        st = allreduce_grads(r);
+    /* each rank's loss is normalized by the whole mini-batch's count, so the
+     * sum over ranks is the 1-rank gradient */
+    if (!st && r->dp.world > 1 && (st = qd_dp_sum_grads(&r->dp, r->trainer, r->nf)))
+        st = prefixed(st, "gradient all-reduce");
     if (!st) {
-        qd_adamw opt = {0, (float)qd_config_float(r->cfg, "trainer.beta1"),
-                        (float)qd_config_float(r->cfg, "trainer.beta2"), (float)qd_config_float(r->cfg, "trainer.eps"),
-                        (float)qd_config_float(r->cfg, "trainer.weight_decay"),
-                        (float)qd_config_float(r->cfg, "trainer.grad_clip")};
-        ts->lr = qd_grpo_lr(r->sched, qd_config_float(r->cfg, "trainer.lr"),
-                            qd_config_float(r->cfg, "trainer.min_lr_ratio"),
-                            qd_config_int(r->cfg, "trainer.warmup_steps"), r->steps * r->J, r->opt_step);
+        qd_adamw opt = {.beta1 = (float)r->k->trainer.beta1, .beta2 = (float)r->k->trainer.beta2,
+                        .eps = (float)r->k->trainer.eps, .weight_decay = (float)r->k->trainer.weight_decay,
+                        .grad_clip = (float)r->k->trainer.grad_clip};
+        ts->lr = qd_grpo_lr(r->sched, r->k->trainer.lr,
+                            r->k->trainer.min_lr_ratio,
+                            r->k->trainer.warmup_steps, r->steps * r->J, r->opt_step);
         opt.lr = (float)ts->lr;
         float gn = 0;
         st = qd_backend_optimizer_step(r->trainer, &opt, (int)(r->opt_step + 1), &gn);
@@ -759,68 +612,38 @@ static int local_first(const sample_set *ss, int grp)
     return i;
 }
 
-/* The gap over S samples: logp_old, the rollout's, their masks and the
- * entropy estimate (-log p of the sampled token). */
-static qd_status gap_of(qd_gap_stats *g, const float *lp_old, const float *lp_ro, const int *rlen, int S, int M)
-{
-    float *ent = malloc(sizeof(float) * (size_t)S * M + 1);
-    uint8_t *mask = malloc((size_t)S * M + 1);
-    if (!ent || !mask) {
-        free(ent), free(mask);
-        return qd_error(QD_ERR_NOMEM, "gap");
-    }
-    for (size_t i = 0; i < (size_t)S * M; i++) {
-        mask[i] = (int)(i % M) < rlen[i / M];
-        ent[i] = mask[i] ? -lp_ro[i] : 0.0f;
-    }
-    qd_status st = qd_grpo_gap(g, lp_old, lp_ro, ent, mask, S, M);
-    free(ent), free(mask);
-    return st;
-}
-
 /* The gap over the trained samples of all ranks (ng groups), in the 1-rank
  * order: every rank sends (sample place, length, logp_old (M), rollout logp (M)). */
 static qd_status step_gap(rl_run *r, const sample_set *ss, const float *lp_old, int ng, qd_gap_stats *g)
 {
     int G = (int)r->G, M = (int)r->M, S = ng * G;
-    size_t rec = 2 * sizeof(int32_t) + 2 * sizeof(float) * M, *off = malloc(sizeof(size_t) * (r->dp.world + 1));
-    uint8_t *mine = malloc(rec * ss->S + 1), *all = NULL;
+    int32_t *place = malloc(sizeof(int32_t) * ss->S + 1), *rlen = malloc(sizeof(int32_t) * ss->S + 1);
+    int32_t *all_len = calloc((size_t)S + 1, sizeof(int32_t));
     float *lo = calloc((size_t)S * M + 1, sizeof(float)), *lr = calloc((size_t)S * M + 1, sizeof(float));
-    int *rlen = calloc((size_t)S + 1, sizeof(int));
-    qd_status st = !off || !mine || !lo || !lr || !rlen ? qd_error(QD_ERR_NOMEM, "gap") : QD_OK;
-    for (int i = 0; i < ss->S && !st; i++) {
-        int32_t h[2] = {ss->s[i].grp * G + i % G, ss->s[i].rlen};
-        memcpy(mine + rec * i, h, sizeof h);
-        memcpy(mine + rec * i + sizeof h, lp_old + (size_t)i * M, sizeof(float) * M);
-        memcpy(mine + rec * i + sizeof h + sizeof(float) * M, ss->lp_ro + (size_t)i * M, sizeof(float) * M);
-    }
+    int *len = calloc((size_t)S + 1, sizeof(int));
+    qd_status st = !place || !rlen || !all_len || !lo || !lr || !len ? qd_error(QD_ERR_NOMEM, "gap") : QD_OK;
+    for (int i = 0; i < ss->S && !st; i++)
+        place[i] = ss->s[i].grp * G + i % G, rlen[i] = ss->s[i].rlen;
+    qd_dp_rows mine = {.n = ss->S, .M = M, .place = place, .rlen = rlen, .a = (float *)lp_old, .b = ss->lp_ro};
+    qd_dp_rows all = {.n = S, .M = M, .rlen = all_len, .a = lo, .b = lr};
     if (!st)
-        st = qd_dp_gatherv(&r->dp, mine, rec * ss->S, &all, off);
-    for (size_t p = 0; !st && p < off[r->dp.world]; p += rec) {
-        int32_t h[2];
-        memcpy(h, all + p, sizeof h);
-        if (h[0] < 0 || h[0] >= S)
-            st = qd_error(QD_ERR_FORMAT, "gap: a rank sent sample %d of %d", h[0], S);
-        else {
-            rlen[h[0]] = h[1];
-            memcpy(lo + (size_t)h[0] * M, all + p + sizeof h, sizeof(float) * M);
-            memcpy(lr + (size_t)h[0] * M, all + p + sizeof h + sizeof(float) * M, sizeof(float) * M);
-        }
-    }
+        st = qd_dp_gather_rows(&r->dp, &mine, &all, S);
+    for (int i = 0; i < S && !st; i++)
+        len[i] = all_len[i];
     if (!st)
-        st = gap_of(g, lo, lr, rlen, S, M);
-    free(off), free(mine), free(all), free(lo), free(lr), free(rlen);
+        st = qd_metrics_gap(g, lo, lr, len, S, M);
+    free(place), free(rlen), free(all_len), free(lo), free(lr), free(len);
     return st;
 }
 
 /* Advantages, logp_old of the later mini-batches, the updates, the gap. This
  * rank trains its ss->S samples of the ng groups kept over all ranks; global
  * mini-batch j is groups [j ng / J, (j + 1) ng / J) of every rank. */
-static qd_status train_step(rl_run *r, sample_set *ss, int ng, layer_stats *ls, train_stats *ts)
+static qd_status train_step(rl_run *r, sample_set *ss, int ng, qd_layer_stats *ls, qd_train_stats *ts)
 {
     int G = (int)r->G, M = (int)r->M, nl = ss->S / G;
     if (ng == 0) { /* dynamic sampling found no group with signal: no update, no gap */
-        ts->gap = (qd_gap_stats){NAN, NAN, NAN, NAN, NAN, 0};
+        ts->gap = (qd_gap_stats){.mean_abs = NAN, .max_abs = NAN, .k3_kl = NAN, .pearson = NAN, .entropy = NAN};
         return QD_OK;
     }
     float *reward = malloc(sizeof(float) * ss->S + 1), *adv = malloc(sizeof(float) * ss->S + 1);
@@ -831,12 +654,12 @@ static qd_status train_step(rl_run *r, sample_set *ss, int ng, layer_stats *ls, 
     for (int i = 0; i < ss->S && !st; i++)
         reward[i] = ss->s[i].reward, rlen[i] = ss->s[i].rlen;
     if (!st) /* whole groups on each rank: the advantages are local */
-        st = qd_grpo_advantages(adv, reward, nl, G, r->adv, qd_config_float(r->cfg, "algo.adv_eps"));
+        st = qd_grpo_advantages(adv, reward, nl, G, r->adv, r->k->algo.adv_eps);
     for (int i = 0; i < ss->S && !st; i++)
         ss->s[i].adv = adv[i];
     int J = (int)r->J;
     /* logp_old of mini-batches 1.. before any update (PPO's old policy) */
-    int a1 = local_first(ss, (int)((int64_t)1 * ng / J)), micro = (int)qd_config_int(r->cfg, "trainer.micro_batch");
+    int a1 = local_first(ss, (int)((int64_t)1 * ng / J)), micro = (int)r->k->trainer.micro_batch;
     for (int c = a1; c < ss->S && !st && J > 1; c += micro) {
         int d = c + micro < ss->S ? c + micro : ss->S;
         st = forward_resp(r, r->trainer, ss, c, d, lp_old + (size_t)c * M, "trainer");
@@ -848,7 +671,7 @@ static qd_status train_step(rl_run *r, sample_set *ss, int ng, layer_stats *ls, 
                             lp_old, mask, ls, ts);
     }
     if (!st)
-        st = r->dp.world == 1 ? gap_of(&ts->gap, lp_old, ss->lp_ro, rlen, ss->S, M)
+        st = r->dp.world == 1 ? qd_metrics_gap(&ts->gap, lp_old, ss->lp_ro, rlen, ss->S, M)
                               : step_gap(r, ss, lp_old, ng, &ts->gap);
     free(reward), free(adv), free(lp_old), free(mask), free(rlen);
     return st;
@@ -857,58 +680,27 @@ static qd_status train_step(rl_run *r, sample_set *ss, int ng, layer_stats *ls, 
 /* ---- eval, sync */
 
 /* Held-out pass@1 (eval.precision: on the rollout or the trainer instance);
- * the rollout's RAC statistics are left as they were. */
+ * its generates do not ask for RAC statistics, so they are left as they were. */
 static qd_status run_eval(rl_run *r, qd_task_eval_result *ev)
 {
-    qd_backend *b = strcmp(qd_config_str(r->cfg, "eval.precision"), "trainer") ? r->rollout : r->trainer;
-    size_t rb = qd_backend_rac_state_size(r->rollout);
-    void *rac = malloc(rb + 1);
-    if (!rac)
-        return qd_error(QD_ERR_NOMEM, "eval");
-    qd_status st = qd_backend_get_rac_state(r->rollout, rac, rb);
-    if (!st)
-        st = qd_task_eval(b, r->tok, &r->test, (int)qd_config_int(r->cfg, "eval.limit"),
-                          (int)qd_config_int(r->cfg, "eval.samples"),
-                          (float)qd_config_float(r->cfg, "eval.temperature"),
-                          (uint64_t)qd_config_int(r->cfg, "eval.seed"), (int)r->M, ev);
-    if (!st)
-        st = qd_backend_set_rac_state(r->rollout, rac, rb);
-    free(rac);
-    return st;
+    qd_backend *b = strcmp(r->k->eval.precision, "trainer") ? r->rollout : r->trainer;
+    return qd_task_eval(b, r->tok, &r->data.test, (int)r->k->eval.limit, (int)r->k->eval.samples,
+                        (float)r->k->eval.temperature, (uint64_t)r->k->eval.seed, (int)r->M, ev);
 }
 
-/* Data parallel RAC: rac (rb bytes, this rank's RAC state) gets, in place of
- * its activation-error statistics, their sum over ranks (rank order, double):
- * the statistics of every rollout of the job since the last pick, as one
- * process running them all would have gathered (up to the order of the
- * double sums). Every rank then picks the same channels. */
-static qd_status rac_global(rl_run *r, void *rac, size_t rb)
+/* Before a RAC pick (data parallel): this rank's rollout takes the job's
+ * summed statistics, so every rank picks the same channels from all the
+ * rollouts. */
+static qd_status rac_merge(rl_run *r)
 {
-    size_t ne = 0;
-    qd_status st = qd_rac_state_errors(rac, rb, &r->mcfg, NULL, &ne, 0);
-    double *e = st ? NULL : malloc(sizeof(double) * (ne ? ne : 1));
-    if (!st && !e)
-        st = qd_error(QD_ERR_NOMEM, "RAC statistics");
+    size_t n = qd_backend_rac_stats_count(r->rollout);
+    double *e = malloc(sizeof(double) * (n ? n : 1));
+    qd_status st = e ? qd_backend_get_rac_stats(r->rollout, e, n) : qd_error(QD_ERR_NOMEM, "RAC statistics");
     if (!st)
-        st = qd_rac_state_errors(rac, rb, &r->mcfg, e, &ne, 0);
+        st = qd_dp_sum_f64(&r->dp, e, n);
     if (!st)
-        st = qd_dp_sum_f64(&r->dp, e, ne);
-    if (!st)
-        st = qd_rac_state_errors(rac, rb, &r->mcfg, e, &ne, 1);
+        st = qd_backend_set_rac_stats(r->rollout, e, n);
     free(e);
-    return st;
-}
-
-/* Before a RAC pick (data parallel): this rank's rollout takes the job's summed statistics. */
-static qd_status rac_merge(rl_run *r, size_t rb)
-{
-    void *rac = malloc(rb);
-    qd_status st = rac ? qd_backend_get_rac_state(r->rollout, rac, rb) : qd_error(QD_ERR_NOMEM, "RAC state");
-    if (!st)
-        st = rac_global(r, rac, rb);
-    if (!st)
-        st = qd_backend_set_rac_state(r->rollout, rac, rb);
-    free(rac);
     return st;
 }
 
@@ -918,357 +710,111 @@ static qd_status rac_merge(rl_run *r, size_t rb)
  * from the statistics of all rollouts since the previous one. */
 static qd_status sync_weights(rl_run *r)
 {
-    int64_t every = qd_config_int(r->cfg, "rac.refresh");
+    int64_t every = r->k->rac.refresh;
     size_t rb = qd_backend_rac_state_size(r->rollout);
     bool keep = rb > 0 && (every == 0 || r->step % every != 0);
-    void *rac = keep ? malloc(rb) : NULL;
-    qd_status st = keep && !rac ? qd_error(QD_ERR_NOMEM, "RAC state") : QD_OK;
-    if (!st && !keep && rb > 0 && r->dp.world > 1)
-        st = rac_merge(r, rb);  /* the pick below sees every rank's rollouts */
+    void *rac = NULL;
+    qd_status st = QD_OK;
+    if (!keep && rb > 0 && r->dp.world > 1)
+        st = rac_merge(r); /* the pick below sees every rank's rollouts */
     if (!st && keep)
-        st = qd_backend_get_rac_state(r->rollout, rac, rb);
+        st = rac_snapshot(r, &rac, &rb);
     if (!st)
         st = qd_backend_get_weights(r->trainer, r->w, r->nf);
     if (!st)
         st = qd_backend_set_weights(r->rollout, r->w, r->nf);
-    if (!st && keep)
-        st = qd_backend_set_rac_state(r->rollout, rac, rb);
-    free(rac);
+    if (rac)
+        st = rac_restore(r, rac, rb, st);
     return st ? at_step(st, r->step, "weight sync") : QD_OK;
 }
 
-/* ---- checkpoints */
+/* ---- checkpoints (the files: ckpt.c) */
 
-static qd_status write_blob(const char *path, const char *magic, const void *a, size_t na, const void *b, size_t nb)
+/* Saves step r->step: the trainer's weights and moments, and the RAC state
+ * rac_job (the job's summed statistics under data parallelism) or, when
+ * NULL, this rollout's own. */
+static qd_status save_checkpoint(rl_run *r, const void *rac_job)
 {
-    size_t n = 16 + na + nb;
-    char *buf = malloc(n);
-    if (!buf)
-        return qd_error(QD_ERR_NOMEM, "%s", path);
-    uint64_t len = na + nb;
-    memcpy(buf, magic, 8);
-    memcpy(buf + 8, &len, 8);
-    memcpy(buf + 16, a, na);
-    if (nb)
-        memcpy(buf + 16 + na, b, nb);
-    qd_status st = qd_atomic_write(path, buf, n);
-    free(buf);
-    return st;
-}
-
-/* The payload of a blob file into *data (malloc'ed), checked against magic and size n. */
-static qd_status read_blob(const char *path, const char *magic, void **data, size_t n)
-{
-    char *text;
-    size_t len;
-    qd_status st = qd_read_file(path, &text, &len);
-    if (st)
-        return st;
-    uint64_t want = 0;
-    if (len >= 16)
-        memcpy(&want, text + 8, 8);
-    if (len < 16 || memcmp(text, magic, 8) != 0 || want != n || len != 16 + n) {
-        free(text);
-        return qd_error(QD_ERR_FORMAT, "%s: not a %.8s file of %zu bytes for this model and recipe", path, magic, n);
-    }
-    memmove(text, text + 16, n);
-    *data = text;
-    return QD_OK;
-}
-
-/* Removes a flat directory (a stale step_XXXXXXXX.tmp) and its files. */
-static void remove_flat_dir(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return;
-    struct dirent *e;
-    char p[4400];
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            unlink(p);
-        }
-    closedir(d);
-    rmdir(dir);
-}
-
-static qd_status copy_file(const char *from, const char *to)
-{
-    char *text;
-    size_t len;
-    qd_status st = qd_read_file(from, &text, &len);
-    if (!st)
-        st = qd_atomic_write(to, text, len);
-    if (!st)
-        free(text);
-    return st;
-}
-
-static qd_status write_state(rl_run *r, const char *path)
-{
-    json_t *j = json_pack("{s:I, s:I, s:I, s:I, s:s}", "step", (json_int_t)r->step, "data_pos",
-                          (json_int_t)r->data_pos, "optimizer_step", (json_int_t)r->opt_step, "seed",
-                          (json_int_t)r->seed, "recipe", qd_config_str(r->cfg, "rollout.recipe"));
-    char *text = j ? json_dumps(j, JSON_INDENT(2)) : NULL;
-    json_decref(j);
-    if (!text)
-        return qd_error(QD_ERR_NOMEM, "%s", path);
-    qd_status st = qd_atomic_write(path, text, strlen(text));
-    free(text);
-    return st;
-}
-
-/* rac_job: the RAC state to save (the job's summed statistics under data
- * parallelism), or NULL for this rollout's own. */
-static qd_status write_checkpoint_files(rl_run *r, const char *tmp, const void *rac_job)
-{
-    int np;
-    const qd_param_info *pi = qd_backend_params(r->trainer, &np);
-    float *m = malloc(sizeof(float) * r->nf), *v = malloc(sizeof(float) * r->nf);
     size_t rb = qd_backend_rac_state_size(r->rollout);
-    void *rac = malloc(rb + 1);
-    char p[4400];
-    qd_status st = !m || !v || !rac ? qd_error(QD_ERR_NOMEM, "checkpoint") : QD_OK;
+    char tok[4400];
+    snprintf(tok, sizeof tok, "%s/tokenizer.json", r->model_dir);
+    qd_ckpt_data d = {.mcfg = &r->mcfg, .nf = r->nf, .w = r->w, .m = malloc(sizeof(float) * r->nf),
+                      .v = malloc(sizeof(float) * r->nf), .rac = malloc(rb + 1), .rac_bytes = rb, .tokenizer = tok};
+    d.params = qd_backend_params(r->trainer, &d.n_params);
+    qd_ckpt_state s = {.step = r->step, .data_pos = r->data_pos, .optimizer_step = r->opt_step, .seed = r->seed};
+    snprintf(s.recipe, sizeof s.recipe, "%s", r->k->rollout.recipe);
+    qd_status st = !d.m || !d.v || !d.rac ? qd_error(QD_ERR_NOMEM, "checkpoint") : QD_OK;
     if (!st)
         st = qd_backend_get_weights(r->trainer, r->w, r->nf);
     if (!st)
-        st = qd_checkpoint_save(tmp, &r->mcfg, pi, np, r->w, QD_ST_F32);
-    if (!st)
-        st = qd_backend_get_adam(r->trainer, m, v, r->nf);
-    if (!st) {
-        st = qd_amax(&(float){0}, m, (int64_t)r->nf);
-        st = st ? st : qd_amax(&(float){0}, v, (int64_t)r->nf);
-        if (st)
-            st = qd_error(st, "optimizer state is not finite");
-    }
-    snprintf(p, sizeof p, "%s/optimizer.bin", tmp);
-    if (!st)
-        st = write_blob(p, ADAM_MAGIC, m, sizeof(float) * r->nf, v, sizeof(float) * r->nf);
+        st = qd_backend_get_adam(r->trainer, d.m, d.v, r->nf);
     if (!st && rac_job)
-        memcpy(rac, rac_job, rb);
+        memcpy(d.rac, rac_job, rb);
     else if (!st)
-        st = qd_backend_get_rac_state(r->rollout, rac, rb);
-    snprintf(p, sizeof p, "%s/rac.bin", tmp);
+        st = qd_backend_get_rac_state(r->rollout, d.rac, rb);
     if (!st)
-        st = write_blob(p, RAC_MAGIC, rac, rb, NULL, 0);
-    snprintf(p, sizeof p, "%s/state.json", tmp);
-    if (!st)
-        st = write_state(r, p);
-    char from[4400];
-    snprintf(from, sizeof from, "%s/tokenizer.json", r->model_dir);
-    snprintf(p, sizeof p, "%s/tokenizer.json", tmp);
-    if (!st && access(from, R_OK) == 0)
-        st = copy_file(from, p);
-    free(m), free(v), free(rac);
-    return st;
+        st = qd_ckpt_save(r->dir, &s, &d, (int)r->k->checkpoint.keep_last);
+    free(d.m), free(d.v), free(d.rac);
+    return st ? at_step(st, r->step, "checkpoint") : QD_OK;
 }
 
-/* RUN/step_XXXXXXXX via a .tmp directory and a rename; then keep-last-K. */
-static qd_status save_checkpoint(rl_run *r, const void *rac_job)
+/* A loaded checkpoint into both backends; a backend's refusal names the
+ * checkpoint file the values came from. */
+static qd_status install_checkpoint(rl_run *r, const qd_ckpt_data *d, const char *ck)
 {
-    char fin[4200], tmp[4300];
-    qd_status st = qd_ckpt_path(fin, sizeof fin, r->dir, r->step);
+    char f[4400];
+    qd_status st = qd_backend_set_weights(r->trainer, d->w, r->nf);
+    if (!st)
+        st = qd_backend_set_weights(r->rollout, d->w, r->nf);
+    snprintf(f, sizeof f, "%s/model.safetensors", ck);
     if (st)
-        return st;
-    snprintf(tmp, sizeof tmp, "%s.tmp", fin);
-    remove_flat_dir(tmp);
-    st = qd_mkdirs(tmp);
+        return prefixed(st, f);
+    st = qd_backend_set_adam(r->trainer, d->m, d->v, r->nf);
+    snprintf(f, sizeof f, "%s/optimizer.bin", ck);
+    if (st)
+        return prefixed(st, f);
+    if (d->rac_bytes > 0 && r->dp.rank > 0)
+        st = qd_dp_zero_rac(&r->mcfg, d->rac, d->rac_bytes); /* the job's statistics live on rank 0 only */
     if (!st)
-        st = write_checkpoint_files(r, tmp, rac_job);
-    if (!st)
-        st = qd_fsync_dir(tmp);
-    if (!st) {
-        remove_flat_dir(fin); /* a checkpoint of this step from a run that was cut back */
-        if (rename(tmp, fin) != 0)
-            st = qd_error(QD_ERR_IO, "%s: rename to %s: %s", tmp, fin, strerror(errno));
-    }
-    if (!st)
-        st = qd_fsync_dir(r->dir);
-    if (!st)
-        st = qd_ckpt_rotate(r->dir, (int)qd_config_int(r->cfg, "checkpoint.keep_last"), NULL);
-    if (st) {
-        remove_flat_dir(tmp);
-        return at_step(st, r->step, "checkpoint");
-    }
-    return QD_OK;
-}
-
-static qd_status read_state(rl_run *r, const char *path)
-{
-    json_error_t err;
-    json_t *j = json_load_file(path, 0, &err);
-    json_int_t step, pos, opt, seed;
-    const char *recipe;
-    if (!j)
-        return qd_error(QD_ERR_FORMAT, "%s:%d: %s", path, err.line, err.text);
-    int bad = json_unpack(j, "{s:I, s:I, s:I, s:I, s:s}", "step", &step, "data_pos", &pos, "optimizer_step", &opt,
-                          "seed", &seed, "recipe", &recipe);
-    if (!bad && strcmp(recipe, qd_config_str(r->cfg, "rollout.recipe")) != 0) {
-        qd_status st = qd_error(QD_ERR_ARG, "%s: recipe: '%s', but the config says '%s' (a run keeps its recipe)",
-                                path, recipe, qd_config_str(r->cfg, "rollout.recipe"));
-        json_decref(j);
-        return st;
-    }
-    json_decref(j);
-    if (bad || step < 0 || pos < 0 || opt < 0)
-        return qd_error(QD_ERR_FORMAT,
-                        "%s: step, data_pos, optimizer_step, seed, recipe: expected non-negative integers and a string",
-                        path);
-    if ((uint64_t)seed != r->seed)
-        return qd_error(QD_ERR_FORMAT, "%s: seed: %lld, but the run's config says %llu", path, (long long)seed,
-                        (unsigned long long)r->seed);
-    r->step = step, r->data_pos = pos, r->opt_step = opt;
-    return QD_OK;
-}
-
-/* Zeroes the statistics of a RAC state blob (a resumed rank other than 0:
- * the saved statistics are the job's, and the next pick sums all ranks'). */
-static qd_status rac_zero_errors(rl_run *r, void *rac, size_t rb)
-{
-    size_t ne = 0;
-    qd_status st = qd_rac_state_errors(rac, rb, &r->mcfg, NULL, &ne, 0);
-    double *z = st ? NULL : calloc(ne ? ne : 1, sizeof(double));
-    if (!st && !z)
-        st = qd_error(QD_ERR_NOMEM, "RAC statistics");
-    if (!st)
-        st = qd_rac_state_errors(rac, rb, &r->mcfg, z, &ne, 1);
-    free(z);
-    return st;
+        st = qd_backend_set_rac_state(r->rollout, d->rac, d->rac_bytes);
+    snprintf(f, sizeof f, "%s/rac.bin", ck);
+    return st ? prefixed(st, f) : QD_OK;
 }
 
 /* Loads the run's latest checkpoint into both backends. */
 static qd_status load_checkpoint(rl_run *r)
 {
-    int64_t k;
-    qd_status st = qd_ckpt_latest(r->dir, &k);
-    if (st)
-        return st;
-    if (k < 0)
-        return qd_error(QD_ERR_IO, "%s: no checkpoint (step_XXXXXXXX) to resume from", r->dir);
-    char d[4200], p[4400];
-    qd_ckpt_path(d, sizeof d, r->dir, k);
-    int np;
-    const qd_param_info *pi = qd_backend_params(r->trainer, &np);
-    void *m = NULL, *rac = NULL;
     size_t rb = qd_backend_rac_state_size(r->rollout);
-    snprintf(p, sizeof p, "%s/state.json", d);
-    st = read_state(r, p);
+    qd_ckpt_data d = {.mcfg = &r->mcfg, .nf = r->nf, .w = r->w, .m = malloc(sizeof(float) * r->nf),
+                      .v = malloc(sizeof(float) * r->nf), .rac = malloc(rb + 1), .rac_bytes = rb};
+    d.params = qd_backend_params(r->trainer, &d.n_params);
+    qd_ckpt_state want = {.seed = r->seed}, s;
+    snprintf(want.recipe, sizeof want.recipe, "%s", r->k->rollout.recipe);
+    char ck[4200];
+    qd_status st = !d.m || !d.v || !d.rac ? qd_error(QD_ERR_NOMEM, "checkpoint") : QD_OK;
     if (!st)
-        st = qd_checkpoint_load(d, pi, np, r->w);
+        st = qd_ckpt_load(r->dir, &want, &s, &d);
     if (!st)
-        st = qd_backend_set_weights(r->trainer, r->w, r->nf);
+        st = qd_ckpt_path(ck, sizeof ck, r->dir, s.step);
     if (!st)
-        st = qd_backend_set_weights(r->rollout, r->w, r->nf);
-    snprintf(p, sizeof p, "%s/optimizer.bin", d);
+        st = install_checkpoint(r, &d, ck);
     if (!st)
-        st = read_blob(p, ADAM_MAGIC, &m, 2 * sizeof(float) * r->nf);
-    if (!st)
-        st = qd_backend_set_adam(r->trainer, m, (float *)m + r->nf, r->nf);
-    snprintf(p, sizeof p, "%s/rac.bin", d);
-    if (!st)
-        st = read_blob(p, RAC_MAGIC, &rac, rb);
-    if (!st && rb > 0 && r->dp.rank > 0)
-        st = rac_zero_errors(r, rac, rb);  /* the job's statistics live on rank 0 only */
-    if (!st)
-        st = qd_backend_set_rac_state(r->rollout, rac, rb);
-    free(m), free(rac);
-    if (!st && r->step != k)
-        st = qd_error(QD_ERR_FORMAT, "%s: step %lld in a directory named for step %lld", p, (long long)r->step,
-                      (long long)k);
+        r->step = s.step, r->data_pos = s.data_pos, r->opt_step = s.optimizer_step;
+    free(d.m), free(d.v), free(d.rac);
     return st;
-}
-
-/* ---- metrics */
-
-static json_t *array_of(const double *x, int n)
-{
-    json_t *a = json_array();
-    for (int i = 0; a && i < n; i++)
-        json_array_append_new(a, isfinite(x[i]) ? json_real(x[i]) : json_null());
-    return a;
-}
-
-static double mean_of(const double *x, int n)
-{
-    double s = 0;
-    for (int i = 0; i < n; i++)
-        s += x[i];
-    return n ? s / n : NAN;
-}
-
-static void put_eval(json_t *o, const qd_task_eval_result *ev, double secs, json_t *time)
-{
-    json_t *e = json_object();
-    qd_metrics_set(e, "pass1", ev->pass1);
-    qd_metrics_set(e, "mean_len", ev->mean_len);
-    qd_metrics_set(e, "format_rate", ev->format_rate);
-    json_object_set_new(e, "problems", json_integer(ev->problems));
-    json_object_set_new(o, "eval", e);
-    qd_metrics_set(time, "eval_s", secs);
-}
-
-static json_t *step_json(rl_run *r, const rollout_stats *rs, const train_stats *ts, const layer_stats *ls,
-                         int kept, const double *t)
-{
-    json_t *o = json_object(), *gap = json_object(), *q = json_object(), *rt = json_object(), *tm = json_object();
-    json_object_set_new(o, "step", json_integer(r->step));
-    double g = (double)(rs->generated ? rs->generated : 1), tok = (double)(ts->tokens ? ts->tokens : 1);
-    double u = (double)(ts->updates ? ts->updates : 1);
-    qd_metrics_set(o, "reward_mean", rs->reward_sum / g);
-    qd_metrics_set(o, "pass1_train", rs->score_sum / g);
-    qd_metrics_set(o, "response_len", rs->len_sum / g);
-    qd_metrics_set(o, "entropy", ts->gap.entropy);
-    qd_metrics_set(o, "loss", ts->loss / u);
-    qd_metrics_set(o, "kl", ts->kl / u);
-    qd_metrics_set(o, "clip_frac", ts->clip_frac / tok);
-    qd_metrics_set(o, "clip_frac_low", ts->clip_low / tok);
-    qd_metrics_set(o, "clip_frac_high", ts->clip_high / tok);
-    qd_metrics_set(o, "ratio_max", ts->ratio_max);
-    qd_metrics_set(o, "tis_mean", ts->tis_mean / tok);
-    qd_metrics_set(o, "tis_clipped_frac", ts->tis_clipped / tok);
-    qd_metrics_set(o, "grad_norm", ts->grad_norm / u);
-    json_object_set_new(o, "updates", json_integer(ts->updates));
-    qd_metrics_set(o, "lr", ts->lr);
-    json_object_set_new(o, "samples", json_integer(rs->generated));
-    json_object_set_new(o, "groups_kept", json_integer(kept));
-    json_object_set_new(o, "gen_batches", json_integer(rs->gen_batches));
-    json_object_set_new(o, "data_pos", json_integer(r->data_pos));
-    json_object_set_new(o, "optimizer_step", json_integer(r->opt_step));
-    qd_metrics_set(gap, "mean_abs", ts->gap.mean_abs);
-    qd_metrics_set(gap, "max_abs", ts->gap.max_abs);
-    qd_metrics_set(gap, "k3_kl", ts->gap.k3_kl);
-    qd_metrics_set(gap, "pearson", ts->gap.pearson);
-    json_object_set_new(gap, "tokens", json_integer(ts->gap.tokens));
-    json_object_set_new(o, "gap", gap);
-    json_object_set_new(q, "act_err", array_of(ls->act_err, ls->nlin));
-    json_object_set_new(q, "weight_err", array_of(ls->weight_err, ls->nlin));
-    qd_metrics_set(q, "act_err_mean", mean_of(ls->act_err, ls->nlin));
-    qd_metrics_set(q, "weight_err_mean", mean_of(ls->weight_err, ls->nlin));
-    json_object_set_new(o, "quant", q);
-    json_object_set_new(rt, "agree", array_of(ls->agree, ls->nmoe));
-    qd_metrics_set(rt, "agree_mean", mean_of(ls->agree, ls->nmoe));
-    json_object_set_new(o, "router", rt);
-    qd_metrics_set(tm, "rollout_s", t[0]);
-    qd_metrics_set(tm, "train_s", t[1]);
-    qd_metrics_set(tm, "sync_s", t[2]);
-    qd_metrics_set(tm, "step_s", t[3]);
-    qd_metrics_set(tm, "tokens_per_s", t[3] > 0 ? (double)rs->tokens / t[3] : 0);
-    json_object_set_new(o, "time", tm);
-    return o;
 }
 
 /* ---- the step */
 
 static bool eval_due(const rl_run *r)
 {
-    int64_t every = qd_config_int(r->cfg, "eval.every");
+    int64_t every = r->k->eval.every;
     return every > 0 && (r->step % every == 0 || r->step == r->steps);
 }
 
 static bool ckpt_due(const rl_run *r)
 {
-    int64_t every = qd_config_int(r->cfg, "checkpoint.every");
+    int64_t every = r->k->checkpoint.every;
     return r->step == r->steps || (every > 0 && r->step % every == 0);
 }
 
@@ -1279,7 +825,7 @@ static qd_status log_eval(rl_run *r, json_t *o, json_t *tm)
     qd_status st = run_eval(r, &ev);
     if (st)
         return at_step(st, r->step, "eval");
-    put_eval(o, &ev, now_s() - t0, tm);
+    qd_metrics_put_eval(o, tm, &ev, now_s() - t0);
     if (r->o->log && r->o->progress && isatty(STDERR_FILENO))
         fputs("\r\033[K", stderr); /* clear the live progress line first */
     if (r->o->log)
@@ -1304,11 +850,11 @@ static qd_status checkpoint_step(rl_run *r)
     snprintf(name, sizeof name, "checkpoint at step %lld", (long long)r->step);
     qd_status st = qd_dp_barrier(&r->dp, name);
     size_t rb = qd_backend_rac_state_size(r->rollout);
-    void *rac = r->dp.world > 1 && rb > 0 ? malloc(rb) : NULL;
-    if (!st && r->dp.world > 1 && rb > 0) {  /* the job's RAC statistics, not rank 0's share */
-        st = rac ? qd_backend_get_rac_state(r->rollout, rac, rb) : qd_error(QD_ERR_NOMEM, "RAC state");
+    void *rac = NULL;
+    if (!st && r->dp.world > 1 && rb > 0) { /* the job's RAC statistics, not rank 0's share */
+        st = rac_snapshot(r, &rac, &rb);
         if (!st)
-            st = rac_global(r, rac, rb);
+            st = qd_dp_sum_rac(&r->dp, &r->mcfg, rac, rb);
     }
     if (!st && r->dp.rank == 0)
         st = save_checkpoint(r, rac);
@@ -1316,66 +862,20 @@ static qd_status checkpoint_step(rl_run *r)
     return st;
 }
 
-/* Data parallel: this rank's sums of the step -> those of all ranks, so the
- * metrics are of the whole batch (grad_norm, lr and the updates are equal on
- * every rank already; the gap was gathered). */
-static qd_status reduce_stats(rl_run *r, rollout_stats *rs, train_stats *ts, layer_stats *ls)
-{
-    double v[] = {rs->reward_sum, rs->score_sum, rs->len_sum, (double)rs->generated, (double)rs->tokens,
-                  ts->loss, ts->kl, ts->clip_frac, ts->clip_low, ts->clip_high, ts->tis_mean, ts->tis_clipped,
-                  (double)ts->tokens};
-    double mx[2] = {ts->ratio_max, (double)ls->nmoe};
-    qd_status st = qd_dp_sum_f64(&r->dp, v, sizeof v / sizeof *v);
-    if (!st)
-        st = qd_dp_max_f64(&r->dp, mx, 2);
-    if (!st)
-        st = qd_dp_sum_f64(&r->dp, ls->act_sq, (size_t)ls->nlin);
-    if (!st)
-        st = qd_dp_sum_f64(&r->dp, ls->act_norm, (size_t)ls->nlin);
-    if (!st && ls->nmoe < (int)mx[1]) { /* router agreement is measured on ranks that had mini-batch 0's data */
-        layer_stats_free(&(layer_stats){.agree = ls->agree, .hits = ls->hits, .picks = ls->picks});
-        ls->nmoe = (int)mx[1];
-        ls->agree = calloc((size_t)ls->nmoe, sizeof(double));
-        ls->hits = calloc((size_t)ls->nmoe, sizeof(double)), ls->picks = calloc((size_t)ls->nmoe, sizeof(double));
-        if (!ls->agree || !ls->hits || !ls->picks)
-            st = qd_error(QD_ERR_NOMEM, "router agreement");
-    }
-    if (!st)
-        st = qd_dp_sum_f64(&r->dp, ls->hits, (size_t)ls->nmoe);
-    if (!st)
-        st = qd_dp_sum_f64(&r->dp, ls->picks, (size_t)ls->nmoe);
-    rs->reward_sum = v[0], rs->score_sum = v[1], rs->len_sum = v[2];
-    rs->generated = (int64_t)v[3], rs->tokens = (int64_t)v[4];
-    ts->loss = v[5], ts->kl = v[6], ts->clip_frac = v[7], ts->clip_low = v[8], ts->clip_high = v[9];
-    ts->tis_mean = v[10], ts->tis_clipped = v[11], ts->tokens = (int64_t)v[12], ts->ratio_max = mx[0];
-    return st ? at_step(st, r->step, "metrics over ranks") : QD_OK;
-}
-
 static bool checksum_due(const rl_run *r)
 {
-    int64_t every = qd_config_int(r->cfg, "dist.checksum_every");
+    int64_t every = r->k->dist.checksum_every;
     return r->dp.world > 1 && every > 0 && (r->step % every == 0 || r->step == r->steps);
 }
 
-/* Every rank's checksum of its master weights (r->w, just synced); a rank
- * whose weights differ from rank 0's stops the run, named. */
-static qd_status check_weights(rl_run *r, uint64_t *sum)
-{
-    int W = r->dp.world;
-    uint64_t *all = malloc(sizeof(uint64_t) * W);
-    *sum = qd_dp_fnv1a(r->w, sizeof(float) * r->nf);
-    qd_status st = all ? qd_dp_gather_u64(&r->dp, *sum, all) : qd_error(QD_ERR_NOMEM, "checksum");
-    char msg[900] = "";
-    for (int k = 1; k < W && !st; k++)
-        if (all[k] != all[0] && strlen(msg) < sizeof msg - 64)
-            snprintf(msg + strlen(msg), sizeof msg - strlen(msg), ", rank %d has %016llx", k,
-                     (unsigned long long)all[k]);
-    if (!st && *msg)
-        st = qd_error(QD_ERR_FORMAT, "step %lld: the master weights differ across ranks: rank 0 has checksum %016llx%s",
-                      (long long)r->step, (unsigned long long)all[0], msg);
-    free(all);
-    return st;
-}
+/* What a step measured, on its way into metrics.jsonl. */
+typedef struct {
+    qd_rollout_stats rs;
+    qd_train_stats ts;
+    qd_layer_stats ls;
+    int kept;
+    double t[4]; /* seconds: rollout, train, sync, the whole step */
+} step_record;
 
 /* The live progress line names the phase the step is in (on a terminal only). */
 static void phase(const rl_run *r, qd_progress *pg, qd_phase ph)
@@ -1388,51 +888,33 @@ static void phase(const rl_run *r, qd_progress *pg, qd_phase ph)
         qd_progress_print(pg);
 }
 
-static qd_status one_step(rl_run *r, sample_set *ss, qd_progress *pg)
+/* The step's metrics line (data parallel: of all ranks, with the weight
+ * checksum when due), its eval when due, appended to metrics.jsonl. */
+static qd_status record_step(rl_run *r, step_record *sr, qd_progress *pg)
 {
-    rollout_stats rs = {0};
-    train_stats ts = {0};
-    layer_stats ls = {0};
-    double t[4], t0 = now_s();
-    int kept = 0;
     uint64_t cks = 0;
-    r->step++;
-    phase(r, pg, QD_PHASE_ROLLOUT);
-    qd_status st = do_rollouts(r, ss, &rs, &kept);
+    qd_status st = QD_OK;
+    if (r->dp.world > 1 && (st = qd_dp_reduce_stats(&r->dp, &sr->rs, &sr->ts, &sr->ls)))
+        st = at_step(st, r->step, "metrics over ranks");
+    if (!st && checksum_due(r)) /* r->w holds the weights just synced */
+        st = qd_dp_check_weights(&r->dp, r->w, r->nf, r->step, &cks);
     if (st)
-        st = at_step(st, r->step, "rollout");
-    if (!st && (st = rollout_quant_errors(r, &ls)))
-        st = at_step(st, r->step, "diagnostics");
-    if (!st && r->kill_step == r->step)
-        _exit(QD_RL_KILL_EXIT); /* test hook: a crash in the middle of a step */
-    t[0] = now_s() - t0;
-    double t1 = now_s();
-    phase(r, pg, QD_PHASE_TRAIN);
-    if (!st && (st = train_step(r, ss, kept, &ls, &ts)))
-        st = at_step(st, r->step, "");
-    t[1] = now_s() - t1;
-    double t2 = now_s();
-    phase(r, pg, QD_PHASE_SYNC);
-    if (!st)
-        st = sync_weights(r);
-    t[2] = now_s() - t2;
-    if (!st && r->dp.world > 1)
-        st = reduce_stats(r, &rs, &ts, &ls);
-    if (!st && checksum_due(r))
-        st = check_weights(r, &cks);
-    layer_ratios(&ls);
-    t[3] = now_s() - t0;
-    json_t *o = st ? NULL : step_json(r, &rs, &ts, &ls, kept, t);
-    if (!st && !o)
-        st = qd_error(QD_ERR_NOMEM, "metrics");
-    if (!st && r->dp.world > 1) {
+        return st;
+    qd_layer_stats_ratios(&sr->ls);
+    qd_step_metrics m = {.step = r->step, .data_pos = r->data_pos, .optimizer_step = r->opt_step,
+                         .groups_kept = sr->kept, .rollout = &sr->rs, .train = &sr->ts, .layers = &sr->ls};
+    memcpy(m.t, sr->t, sizeof m.t);
+    json_t *o = qd_metrics_step_json(&m);
+    if (!o)
+        return qd_error(QD_ERR_NOMEM, "metrics");
+    if (r->dp.world > 1) {
         char hex[20];
         snprintf(hex, sizeof hex, "%016llx", (unsigned long long)cks);
         json_object_set_new(o, "world_size", json_integer(r->dp.world));
         if (checksum_due(r))
             json_object_set_new(o, "weights_checksum", json_string(hex));
     }
-    if (!st && eval_due(r)) {
+    if (eval_due(r)) {
         phase(r, pg, QD_PHASE_EVAL);
         st = eval_step(r, o, json_object_get(o, "time"));
     }
@@ -1440,15 +922,51 @@ static qd_status one_step(rl_run *r, sample_set *ss, qd_progress *pg)
     if (!st && r->metrics)
         st = qd_metrics_append(r->metrics, o);
     json_decref(o);
-    layer_stats_free(&ls);
+    return st;
+}
+
+static void progress(rl_run *r, const step_record *sr, qd_progress *pg)
+{
+    pg->step = r->step, pg->steps_done++, pg->elapsed_s += sr->t[3];
+    pg->reward = sr->rs.reward_sum / (double)(sr->rs.generated ? sr->rs.generated : 1);
+    pg->gap = sr->ts.gap.mean_abs;
+    pg->tokens_per_s = sr->t[3] > 0 ? (double)sr->rs.tokens / sr->t[3] : 0;
+    if (r->o->progress)
+        qd_progress_print(pg);
+}
+
+static qd_status one_step(rl_run *r, sample_set *ss, qd_progress *pg)
+{
+    step_record sr = {0};
+    double t0 = now_s();
+    r->step++;
+    phase(r, pg, QD_PHASE_ROLLOUT);
+    qd_status st = do_rollouts(r, ss, &sr.rs, &sr.kept);
+    if (st)
+        st = at_step(st, r->step, "rollout");
+    if (!st && (st = rollout_quant_errors(r, &sr.ls)))
+        st = at_step(st, r->step, "diagnostics");
+    if (!st && r->hooks.after_rollout)
+        r->hooks.after_rollout(r->hooks.ctx, r->step);
+    sr.t[0] = now_s() - t0;
+    double t1 = now_s();
+    phase(r, pg, QD_PHASE_TRAIN);
+    if (!st && (st = train_step(r, ss, sr.kept, &sr.ls, &sr.ts)))
+        st = at_step(st, r->step, "");
+    sr.t[1] = now_s() - t1;
+    double t2 = now_s();
+    phase(r, pg, QD_PHASE_SYNC);
+    if (!st)
+        st = sync_weights(r);
+    sr.t[2] = now_s() - t2;
+    sr.t[3] = now_s() - t0;
+    if (!st)
+        st = record_step(r, &sr, pg);
+    qd_layer_stats_free(&sr.ls);
     if (!st && ckpt_due(r))
         st = checkpoint_step(r);
-    pg->step = r->step, pg->steps_done++, pg->elapsed_s += t[3];
-    pg->reward = rs.reward_sum / (double)(rs.generated ? rs.generated : 1);
-    pg->gap = ts.gap.mean_abs;
-    pg->tokens_per_s = t[3] > 0 ? (double)rs.tokens / t[3] : 0;
-    if (!st && r->o->progress)
-        qd_progress_print(pg);
+    if (!st)
+        progress(r, &sr, pg);
     return st;
 }
 
@@ -1481,7 +999,7 @@ static qd_status setup(rl_run *r)
     int np;
     const qd_param_info *pi = qd_backend_params(r->trainer, &np);
     st = qd_checkpoint_load(r->model_dir, pi, np, r->w);
-    if (!st && qd_config_float(r->cfg, "algo.kl_coef") > 0) {
+    if (!st && r->k->algo.kl_coef > 0) {
         r->ref = new_backend(r, QD_ROLE_TRAINER);
         st = r->ref ? qd_backend_set_weights(r->ref, r->w, r->nf) : backend_error(r);
     }
@@ -1494,18 +1012,18 @@ static qd_status setup(rl_run *r)
 
 static void init_params(rl_run *r)
 {
-    const qd_config *c = r->cfg;
-    r->seed = (uint64_t)qd_config_int(c, "run.seed");
-    r->steps = qd_config_int(c, "run.steps");
-    r->P = qd_config_int(c, "rollout.prompts_per_step");
-    r->G = qd_config_int(c, "rollout.group_size");
-    r->M = qd_config_int(c, "rollout.max_tokens");
-    r->J = qd_config_int(c, "trainer.mini_batches");
-    qd_grpo_params_from_config(&r->gp, c);
-    r->adv = (qd_adv_kind)qd_grpo_adv_kind_parse(qd_config_str(c, "algo.advantage"));
-    r->sched = (qd_lr_schedule)qd_grpo_lr_schedule_parse(qd_config_str(c, "trainer.lr_schedule"));
-    r->kill_step = env_int("QD_RL_TEST_KILL_STEP");
-    r->nan_step = env_int("QD_RL_TEST_NAN_STEP");
+    const qd_knobs *k = r->k;
+    r->seed = (uint64_t)k->run.seed;
+    r->steps = k->run.steps;
+    r->P = k->rollout.prompts_per_step;
+    r->G = k->rollout.group_size;
+    r->M = k->rollout.max_tokens;
+    r->J = k->trainer.mini_batches;
+    qd_grpo_params_from_config(&r->gp, r->cfg);
+    r->adv = (qd_adv_kind)qd_grpo_adv_kind_parse(k->algo.advantage);
+    r->sched = (qd_lr_schedule)qd_grpo_lr_schedule_parse(k->trainer.lr_schedule);
+    if (r->o->hooks)
+        r->hooks = *r->o->hooks;
 }
 
 static void run_free(rl_run *r, sample_set *ss)
@@ -1515,11 +1033,8 @@ static void run_free(rl_run *r, sample_set *ss)
     qd_backend_free(r->trainer);
     qd_backend_free(r->ref);
     qd_tokenizer_free(r->tok);
-    for (size_t i = 0; r->pids && i < r->train.n; i++)
-        free(r->pids[i]);
-    free(r->pids), free(r->plen), free(r->perm), free(r->w);
-    qd_bench_set_free(&r->train);
-    qd_bench_set_free(&r->test);
+    qd_rl_data_free(&r->data);
+    free(r->perm), free(r->w);
     free(ss->s), free(ss->tok), free(ss->lp_ro);
 }
 
@@ -1582,7 +1097,7 @@ static qd_status run_loop(rl_run *r, sample_set *ss)
         st = qd_metrics_truncate(metrics, r->step);
     if (!st && files)
         st = qd_metrics_open(&r->metrics, metrics);
-    if (!st && files && qd_config_bool(r->cfg, "log.tensorboard"))
+    if (!st && files && r->k->log.tensorboard)
         st = qd_metrics_tensorboard(r->metrics, r->dir, r->step);
     if (st)
         return st;
@@ -1596,8 +1111,8 @@ static qd_status run_loop(rl_run *r, sample_set *ss)
         if (r->dp.world > 1)
             fprintf(r->o->log, "data parallel over %d ranks: group g of each generation batch on rank g mod %d; "
                                "rank 0 writes the run directory\n", r->dp.world, r->dp.world);
-        const char *rec = qd_config_str(r->cfg, "rollout.recipe");
-        double rac = qd_config_float(r->cfg, "rac.ratio");
+        const char *rec = r->k->rollout.recipe;
+        double rac = r->k->rac.ratio;
         int narrow = r->mcfg.hidden_size < r->mcfg.moe_intermediate_size || !r->mcfg.moe_intermediate_size
                          ? r->mcfg.hidden_size : r->mcfg.moe_intermediate_size;
         if ((!strcmp(rec, "quads") || !strcmp(rec, "nvfp4-rac")) && (int64_t)(rac * narrow) / 16 == 0)
@@ -1605,7 +1120,7 @@ static qd_status run_loop(rl_run *r, sample_set *ss)
                                "RAC is off in some layers\n", rac, narrow);
         fflush(r->o->log);
     }
-    if (r->step == 0 && qd_config_int(r->cfg, "eval.every") > 0) {
+    if (r->step == 0 && r->k->eval.every > 0) {
         json_t *o = json_pack("{s:I}", "step", (json_int_t)0), *tm = json_object();
         json_object_set_new(o, "time", tm);
         st = eval_step(r, o, tm);
@@ -1639,24 +1154,45 @@ static qd_status join(rl_run *r, const qd_rl_options *o, qd_rl_options *quiet)
     json_decref(j);
     if (!text)
         return qd_error(QD_ERR_NOMEM, "run id");
-    st = qd_dp_open(&r->dp, &env, qd_rdzv_run_id(text), qd_config_float(r->cfg, "dist.timeout_s"));
+    st = qd_dp_open(&r->dp, &env, qd_rdzv_run_id(text), r->k->dist.timeout_s);
     free(text);
     if (!st && env.rank != 0) {
-        *quiet = (qd_rl_options){o->resume_dir, NULL, false};
+        *quiet = (qd_rl_options){.resume_dir = o->resume_dir, .hooks = o->hooks};
         r->o = quiet;
     }
     return st;
 }
 
+/* A resumed run lives in the directory it resumes, whatever run.dir and
+ * run.name say (a moved run, or --set run.dir): *own (NULL when cfg already
+ * names that directory) is cfg with run.dir set to it, so that config.json
+ * records where the run is. */
+static qd_status resume_config(const qd_config *cfg, const char *dir, qd_config **own)
+{
+    char named[4096];
+    *own = NULL;
+    qd_status st = qd_rl_run_dir(cfg, named, sizeof named);
+    if (st || strcmp(named, dir) == 0)
+        return st;
+    *own = qd_config_dup(cfg);
+    if (!*own)
+        return qd_error(QD_ERR_NOMEM, "config");
+    return qd_config_set_str(*own, "run.dir", dir, "--resume");
+}
+
 qd_status qd_rl_run(const qd_config *cfg, const qd_rl_options *o, char *run_dir, size_t n)
 {
-    rl_run r = {.cfg = cfg, .o = o, .dp = {0, 1, 0, NULL}};
+    rl_run r = {.cfg = cfg, .k = qd_config_knobs(cfg), .o = o, .dp = {.rank = 0, .world = 1}};
     qd_rl_options quiet;
+    qd_config *own = NULL;
     sample_set ss = {0};
     qd_status st = qd_config_validate(cfg);
-    if (!st && o->resume_dir)
+    if (!st && o->resume_dir) {
         snprintf(r.dir, sizeof r.dir, "%s", o->resume_dir);
-    else if (!st)
+        st = resume_config(cfg, r.dir, &own);
+        if (own)
+            r.cfg = own, r.k = qd_config_knobs(own);
+    } else if (!st)
         st = qd_rl_run_dir(cfg, r.dir, sizeof r.dir);
     if (!st && run_dir)
         snprintf(run_dir, n, "%s", r.dir);
@@ -1669,8 +1205,8 @@ qd_status qd_rl_run(const qd_config *cfg, const qd_rl_options *o, char *run_dir,
         /* run.threads bounds every parallel region of the run, not only the
          * backends' (idle OpenMP workers spin and slow a busy machine) */
         int saved = omp_get_max_threads();
-        if (qd_config_int(cfg, "run.threads") > 0)
-            omp_set_num_threads((int)qd_config_int(cfg, "run.threads"));
+        if (r.k->run.threads > 0)
+            omp_set_num_threads((int)r.k->run.threads);
 #endif
         st = run_loop(&r, &ss);
 #ifdef _OPENMP
@@ -1680,5 +1216,6 @@ qd_status qd_rl_run(const qd_config *cfg, const qd_rl_options *o, char *run_dir,
     /* every rank ends together; a failing one tells the others why */
     st = st ? qd_dp_fail(&r.dp, st) : qd_dp_finish(&r.dp);
     run_free(&r, &ss);
+    qd_config_free(own);
     return st;
 }

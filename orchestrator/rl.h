@@ -15,11 +15,9 @@
  * rollout's RAC channel sets are re-picked there from the activation errors
  * of the step's rollouts).
  *
- * Checkpoint RUN/step_XXXXXXXX: model.safetensors + config.json (the trainer's
- * float32 master weights, HF layout; tokenizer.json copied), optimizer.bin
- * (AdamW m, v), rac.bin (the rollout's RAC state), state.json (step, data
- * position, optimizer step, seed). Written into step_XXXXXXXX.tmp, fsynced,
- * renamed. Held-out evals and the router measurement leave the rollout's RAC
+ * Checkpoint RUN/step_XXXXXXXX (orchestrator/ckpt.h): the trainer's master
+ * weights and AdamW moments, the rollout's RAC state, the counters of the run
+ * and the sha256 of each file, verified on resume. Held-out evals and the router measurement leave the rollout's RAC
  * statistics as they found them, so what is saved determines the rest of the
  * run: a resumed run reproduces the uninterrupted one bit for bit (CPU).
  *
@@ -69,18 +67,32 @@
 #define QD_RL_H
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include "orchestrator/rl_config.h"
 #include "quant/status.h"
 
+/* Calls into the loop for tests (a crash in the middle of a step, a NaN);
+ * NULL members are skipped. Normal runs set none. */
 typedef struct {
-    const char *resume_dir; /* continue this run from its latest checkpoint (NULL: new run) */
-    FILE *log;              /* start lines, evals, the final summary; NULL = quiet */
-    bool progress;          /* the progress line on stderr (live on a terminal) */
+    void *ctx;
+    /* after step's rollouts and their diagnostics, before its training */
+    void (*after_rollout)(void *ctx, int64_t step);
+    /* the trainer's response log-probs of samples [first, first + n) of
+     * step, (n, M), before they are checked for NaN */
+    void (*trainer_logp)(void *ctx, int64_t step, int first, float *logp, int n, int M);
+} qd_rl_hooks;
+
+typedef struct {
+    const char *resume_dir;   /* continue this run from its latest checkpoint (NULL: new run) */
+    FILE *log;                /* start lines, evals, the final summary; NULL = quiet */
+    bool progress;            /* the progress line on stderr (live on a terminal) */
+    const qd_rl_hooks *hooks; /* NULL: none */
 } qd_rl_options;
 
 /* The run directory a config names: run.dir, else ./runs/<run.name> (a
- * run.name of "" gives a timestamp). Into buf. */
+ * run.name of "" gives a timestamp). Into buf. A resumed run stays in the
+ * directory it resumes and records it as run.dir in its config.json. */
 qd_status qd_rl_run_dir(const qd_config *cfg, char *buf, size_t n);
 
 /* Runs (or resumes) the loop until run.steps. run_dir (n bytes, may be NULL)
@@ -94,10 +106,5 @@ qd_status qd_rl_run(const qd_config *cfg, const qd_rl_options *o, char *run_dir,
  * one series per run. names[i] (NULL: the run directory's last component)
  * labels run i. out_dir is made if missing. */
 qd_status qd_rl_report(const char *const *runs, const char *const *names, int n, const char *out_dir);
-
-/* Test hooks read from the environment (never set in normal use):
- * QD_RL_TEST_KILL_STEP=k: _exit(75) in the middle of step k (after its rollout);
- * QD_RL_TEST_NAN_STEP=k: one trainer log-prob of step k becomes NaN. */
-#define QD_RL_KILL_EXIT 75
 
 #endif

@@ -1,8 +1,9 @@
-/* The knob table, loading (JSON file, --set) with typed validation, getters,
- * the JSON dump and the derived batch numbers. */
+/* The knob table, loading (JSON file, --set) with typed validation into the
+ * typed struct, the JSON dump and the derived batch numbers. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,89 +13,135 @@
 #define BIG 1e9 /* upper bound for counts: large enough for any run, small enough to catch typos */
 #define RECIPES "bf16|fp8|nvfp4|nvfp4-aqat|nvfp4-rac|quads|nvfp4-sym-qat"
 
+/* Designated initializers: a row names the field of qd_knobs it fills, so a
+ * reordered struct cannot shift a value into another knob. */
+#define KNOB(k, t, field) .key = k, .type = t, .off = offsetof(qd_knobs, field)
+
 /* Every knob. Defaults are written as their --set text so that they go through
  * the same parser and range checks as user values (a test checks that). */
 static const qd_cfg_knob knobs[] = {
-    {"run.name", QD_CFG_STRING, "quads", 0, 0, 0, NULL, "run name; the run directory defaults to ./runs/NAME"},
-    {"run.dir", QD_CFG_STRING, "", 0, 0, 0, NULL, "run directory; empty means ./runs/<run.name>"},
-    {"run.seed", QD_CFG_INT, "1", 0, 2147483647, 0, NULL, "seed of data order, sampling and initialization"},
-    {"run.steps", QD_CFG_INT, "150", 1, BIG, 0, NULL, "RL steps (one rollout batch and its optimizer updates each)"},
-    {"run.threads", QD_CFG_INT, "0", 0, 4096, 0, NULL, "OpenMP threads of the CPU backend; 0 = all cores"},
-    {"model.path", QD_CFG_STRING, "", 0, 0, 0, NULL, "Hugging Face model directory; empty means the embedded tiny model"},
-    {"rollout.recipe", QD_CFG_ENUM, "quads", 0, 0, 0, RECIPES, "precision recipe of rollout and trainer (ARCHITECTURE.md)"},
-    {"rollout.backend", QD_CFG_ENUM, "auto", 0, 0, 0, "auto|cpu|cuda",
-     "backend of both instances; auto = CUDA if present, else CPU (quads rl --backend)"},
-    {"rollout.mode", QD_CFG_ENUM, "exact", 0, 0, 0, "exact|fast",
-     "mode of both instances: exact (the CPU's bits) or fast kernels, CUDA only (NUMERICS.md §7; quads rl --mode)"},
-    {"rollout.temperature", QD_CFG_FLOAT, "1.0", 0, 100, 1, NULL, "sampling temperature of the rollout"},
-    {"rollout.top_p", QD_CFG_FLOAT, "1.0", 0, 1, 1, NULL, "nucleus sampling mass; 1 = off"},
-    {"rollout.top_k", QD_CFG_INT, "0", 0, BIG, 0, NULL, "sample among the k most likely tokens; 0 = off"},
-    {"rollout.max_tokens", QD_CFG_INT, "8", 1, BIG, 0, NULL, "maximum response length in tokens (the tiny model's answers take at most 6)"},
-    {"rollout.group_size", QD_CFG_INT, "8", 2, 4096, 0, NULL, "G: completions per prompt (>= 2: a group of one has no baseline)"},
-    {"rollout.prompts_per_step", QD_CFG_INT, "8", 1, BIG, 0, NULL, "prompts per RL step"},
-    {"trainer.lr", QD_CFG_FLOAT, "1e-4", 0, 1, 0, NULL, "AdamW peak learning rate"},
-    {"trainer.lr_schedule", QD_CFG_ENUM, "constant", 0, 0, 0, "constant|cosine|linear", "learning rate after warmup"},
-    {"trainer.min_lr_ratio", QD_CFG_FLOAT, "0.0", 0, 1, 0, NULL, "final lr / peak lr of the cosine and linear schedules"},
-    {"trainer.warmup_steps", QD_CFG_INT, "0", 0, BIG, 0, NULL, "linear warmup from 0 over this many optimizer steps"},
-    {"trainer.weight_decay", QD_CFG_FLOAT, "0.01", 0, 1, 0, NULL, "AdamW decoupled weight decay"},
-    {"trainer.beta1", QD_CFG_FLOAT, "0.9", 0, 1, 0, NULL, "AdamW beta1"},
-    {"trainer.beta2", QD_CFG_FLOAT, "0.999", 0, 1, 0, NULL, "AdamW beta2"},
-    {"trainer.eps", QD_CFG_FLOAT, "1e-8", 0, 1, 1, NULL, "AdamW epsilon"},
-    {"trainer.grad_clip", QD_CFG_FLOAT, "1.0", 0, 1e9, 0, NULL, "clip the global gradient norm to this; 0 = off"},
-    {"trainer.micro_batch", QD_CFG_INT, "8", 1, BIG, 0, NULL, "sequences per forward/backward pass"},
-    {"trainer.mini_batches", QD_CFG_INT, "1", 1, 4096, 0, NULL, "optimizer updates per RL step (the batch split by prompts)"},
-    {"algo.advantage", QD_CFG_ENUM, "grpo", 0, 0, 0, "grpo|dr_grpo", "grpo: (r - mean)/(std + eps); dr_grpo: r - mean"},
-    {"algo.adv_eps", QD_CFG_FLOAT, "1e-6", 0, 1, 0, NULL, "eps added to the group std"},
-    {"algo.clip_low", QD_CFG_FLOAT, "0.2", 0, 1, 0, NULL, "PPO ratio lower clip: 1 - clip_low"},
-    {"algo.clip_high", QD_CFG_FLOAT, "0.28", 0, 100, 0, NULL, "PPO ratio upper clip: 1 + clip_high (DAPO clip-higher)"},
-    {"algo.loss_agg", QD_CFG_ENUM, "token_mean", 0, 0, 0, "token_mean|seq_mean_token_sum|seq_mean_token_mean",
-     "how token losses become the batch loss (token_mean as DAPO)"},
-    {"algo.kl_coef", QD_CFG_FLOAT, "0.0", 0, 100, 0, NULL, "weight of the KL penalty to the reference; 0 = off"},
-    {"algo.kl_type", QD_CFG_ENUM, "k3", 0, 0, 0, "k1|k2|k3", "KL estimator (Schulman's k1, k2, k3)"},
-    {"algo.dynamic_sampling", QD_CFG_BOOL, "false", 0, 0, 0, NULL, "drop groups whose samples are all right or all wrong (DAPO)"},
-    {"algo.max_gen_batches", QD_CFG_INT, "4", 1, 1000, 0, NULL, "rollout batches tried to fill a step under dynamic sampling"},
-    {"algo.overlong_buffer_len", QD_CFG_INT, "0", 0, BIG, 0, NULL, "DAPO soft overlong punishment window in tokens; 0 = off"},
-    {"algo.overlong_penalty", QD_CFG_FLOAT, "1.0", 0, 100, 0, NULL, "penalty at and beyond rollout.max_tokens"},
-    {"algo.tis", QD_CFG_ENUM, "none", 0, 0, 0, "none|tis|masked",
-     "rollout-trainer importance weights: truncated (tis) or masked above the cap"},
-    {"algo.tis_cap", QD_CFG_FLOAT, "2.0", 1, 1e6, 0, NULL, "C: cap of the token importance weight"},
-    {"rac.ratio", QD_CFG_FLOAT, "0.25", 0, 1, 0, NULL,
-     "fraction of input channels RAC augments (rounded down to 16s: on 64-wide layers below 0.25 none)"},
-    {"rac.refresh", QD_CFG_INT, "1", 0, BIG, 0, NULL, "re-pick RAC channels every N weight syncs; 0 = never"},
-    {"data.task", QD_CFG_STRING, "arith", 0, 0, 0, NULL, "training task: a built-in synthetic task or a benchmark name"},
-    {"data.benchmark", QD_CFG_STRING, "", 0, 0, 0, NULL, "held-out eval set; empty = the task's held-out split"},
-    {"data.max_prompt_tokens", QD_CFG_INT, "128", 1, BIG, 0, NULL, "prompts longer than this are skipped"},
-    {"data.shuffle", QD_CFG_BOOL, "true", 0, 0, 0, NULL, "shuffle the training prompts each epoch (seeded)"},
-    {"eval.every", QD_CFG_INT, "50", 0, BIG, 0, NULL, "held-out eval every N steps (and before and after); 0 = off"},
-    {"eval.samples", QD_CFG_INT, "1", 1, 4096, 0, NULL, "completions per eval prompt (pass@1 averaged over them)"},
-    {"eval.limit", QD_CFG_INT, "256", 0, BIG, 0, NULL, "eval prompts; 0 = all"},
-    {"eval.seed", QD_CFG_INT, "1", 0, 2147483647, 0, NULL,
-     "seed of the held-out problems and of eval sampling (not run.seed: every run is graded on the same set)"},
-    {"eval.precision", QD_CFG_ENUM, "rollout", 0, 0, 0, "rollout|trainer",
-     "held-out eval on the rollout instance (the recipe's inference numerics) or on the trainer"},
-    {"eval.temperature", QD_CFG_FLOAT, "0.0", 0, 100, 0, NULL, "eval sampling temperature; 0 = greedy"},
-    {"checkpoint.every", QD_CFG_INT, "10", 0, BIG, 0, NULL, "checkpoint every N steps; 0 = only at the end"},
-    {"checkpoint.keep_last", QD_CFG_INT, "2", 1, 1000, 0, NULL, "checkpoints kept (older step_XXXXXXXX removed)"},
-    {"log.tensorboard", QD_CFG_BOOL, "true", 0, 0, 0, NULL,
-     "write RUN/tb/: TensorBoard event files with every number of metrics.jsonl and the config as text"},
-    {"dist.checksum_every", QD_CFG_INT, "10", 0, BIG, 0, NULL,
-     "data parallel: compare a checksum of the master weights across ranks every N steps (and at the last); 0 = off"},
-    {"dist.timeout_s", QD_CFG_FLOAT, "1800", 0, 1e6, 1, NULL,
-     "data parallel: seconds a rank waits for the others in a collective (must exceed rank 0's eval and "
-     "checkpoint time and any rollout imbalance)"},
+    {KNOB("run.name", QD_CFG_STRING, run.name), .def = "quads", .name = true,
+     .doc = "run name; the run directory defaults to ./runs/NAME"},
+    {KNOB("run.dir", QD_CFG_STRING, run.dir), .def = "", .doc = "run directory; empty means ./runs/<run.name>"},
+    {KNOB("run.seed", QD_CFG_INT, run.seed), .def = "1", .min = 0, .max = 2147483647,
+     .doc = "seed of data order, sampling and initialization"},
+    {KNOB("run.steps", QD_CFG_INT, run.steps), .def = "150", .min = 1, .max = BIG,
+     .doc = "RL steps (one rollout batch and its optimizer updates each)"},
+    {KNOB("run.threads", QD_CFG_INT, run.threads), .def = "0", .min = 0, .max = 4096,
+     .doc = "OpenMP threads of the CPU backend; 0 = all cores"},
+    {KNOB("model.path", QD_CFG_STRING, model.path), .def = "",
+     .doc = "Hugging Face model directory; empty means the embedded tiny model"},
+    {KNOB("rollout.recipe", QD_CFG_ENUM, rollout.recipe), .def = "quads", .choices = RECIPES,
+     .doc = "precision recipe of rollout and trainer (ARCHITECTURE.md)"},
+    {KNOB("rollout.backend", QD_CFG_ENUM, rollout.backend), .def = "auto", .choices = "auto|cpu|cuda",
+     .doc = "backend of both instances; auto = CUDA if present, else CPU (quads rl --backend)"},
+    {KNOB("rollout.mode", QD_CFG_ENUM, rollout.mode), .def = "exact", .choices = "exact|fast",
+     .doc = "mode of both instances: exact (the CPU's bits) or fast kernels, CUDA only (NUMERICS.md §7; quads rl --mode)"},
+    {KNOB("rollout.temperature", QD_CFG_FLOAT, rollout.temperature), .def = "1.0", .min = 0, .max = 100, .min_open = true,
+     .doc = "sampling temperature of the rollout"},
+    {KNOB("rollout.top_p", QD_CFG_FLOAT, rollout.top_p), .def = "1.0", .min = 0, .max = 1, .min_open = true,
+     .doc = "nucleus sampling mass; 1 = off"},
+    {KNOB("rollout.top_k", QD_CFG_INT, rollout.top_k), .def = "0", .min = 0, .max = BIG,
+     .doc = "sample among the k most likely tokens; 0 = off"},
+    {KNOB("rollout.max_tokens", QD_CFG_INT, rollout.max_tokens), .def = "8", .min = 1, .max = BIG,
+     .doc = "maximum response length in tokens (the tiny model's answers take at most 6)"},
+    {KNOB("rollout.group_size", QD_CFG_INT, rollout.group_size), .def = "8", .min = 2, .max = 4096,
+     .doc = "G: completions per prompt (>= 2: a group of one has no baseline)"},
+    {KNOB("rollout.prompts_per_step", QD_CFG_INT, rollout.prompts_per_step), .def = "8", .min = 1, .max = BIG,
+     .doc = "prompts per RL step"},
+    {KNOB("trainer.lr", QD_CFG_FLOAT, trainer.lr), .def = "1e-4", .min = 0, .max = 1,
+     .doc = "AdamW peak learning rate"},
+    {KNOB("trainer.lr_schedule", QD_CFG_ENUM, trainer.lr_schedule), .def = "constant", .choices = "constant|cosine|linear",
+     .doc = "learning rate after warmup"},
+    {KNOB("trainer.min_lr_ratio", QD_CFG_FLOAT, trainer.min_lr_ratio), .def = "0.0", .min = 0, .max = 1,
+     .doc = "final lr / peak lr of the cosine and linear schedules"},
+    {KNOB("trainer.warmup_steps", QD_CFG_INT, trainer.warmup_steps), .def = "0", .min = 0, .max = BIG,
+     .doc = "linear warmup from 0 over this many optimizer steps"},
+    {KNOB("trainer.weight_decay", QD_CFG_FLOAT, trainer.weight_decay), .def = "0.01", .min = 0, .max = 1,
+     .doc = "AdamW decoupled weight decay"},
+    /* beta = 1 makes AdamW's bias correction 1 - beta^t zero (NaN at step 1);
+     * an eps below float's normal range rounds to 0 (0/0 where v is 0) */
+    {KNOB("trainer.beta1", QD_CFG_FLOAT, trainer.beta1), .def = "0.9", .min = 0, .max = 1, .max_open = true,
+     .doc = "AdamW beta1"},
+    {KNOB("trainer.beta2", QD_CFG_FLOAT, trainer.beta2), .def = "0.999", .min = 0, .max = 1, .max_open = true,
+     .doc = "AdamW beta2"},
+    {KNOB("trainer.eps", QD_CFG_FLOAT, trainer.eps), .def = "1e-8", .min = 1e-30, .max = 1, .doc = "AdamW epsilon"},
+    {KNOB("trainer.grad_clip", QD_CFG_FLOAT, trainer.grad_clip), .def = "1.0", .min = 0, .max = 1e9,
+     .doc = "clip the global gradient norm to this; 0 = off"},
+    {KNOB("trainer.micro_batch", QD_CFG_INT, trainer.micro_batch), .def = "8", .min = 1, .max = BIG,
+     .doc = "sequences per forward/backward pass"},
+    {KNOB("trainer.mini_batches", QD_CFG_INT, trainer.mini_batches), .def = "1", .min = 1, .max = 4096,
+     .doc = "optimizer updates per RL step (the batch split by prompts)"},
+    {KNOB("algo.advantage", QD_CFG_ENUM, algo.advantage), .def = "grpo", .choices = "grpo|dr_grpo",
+     .doc = "grpo: (r - mean)/(std + eps); dr_grpo: r - mean"},
+    {KNOB("algo.adv_eps", QD_CFG_FLOAT, algo.adv_eps), .def = "1e-6", .min = 0, .max = 1, .min_open = true,
+     .doc = "eps added to the group std (> 0: a group of equal rewards has std 0)"},
+    {KNOB("algo.clip_low", QD_CFG_FLOAT, algo.clip_low), .def = "0.2", .min = 0, .max = 1,
+     .doc = "PPO ratio lower clip: 1 - clip_low"},
+    {KNOB("algo.clip_high", QD_CFG_FLOAT, algo.clip_high), .def = "0.28", .min = 0, .max = 100,
+     .doc = "PPO ratio upper clip: 1 + clip_high (DAPO clip-higher)"},
+    {KNOB("algo.loss_agg", QD_CFG_ENUM, algo.loss_agg), .def = "token_mean", .choices = "token_mean|seq_mean_token_sum|seq_mean_token_mean",
+     .doc = "how token losses become the batch loss (token_mean as DAPO)"},
+    {KNOB("algo.kl_coef", QD_CFG_FLOAT, algo.kl_coef), .def = "0.0", .min = 0, .max = 100,
+     .doc = "weight of the KL penalty to the reference; 0 = off"},
+    {KNOB("algo.kl_type", QD_CFG_ENUM, algo.kl_type), .def = "k3", .choices = "k1|k2|k3",
+     .doc = "KL estimator (Schulman's k1, k2, k3)"},
+    {KNOB("algo.dynamic_sampling", QD_CFG_BOOL, algo.dynamic_sampling), .def = "false",
+     .doc = "drop groups whose samples are all right or all wrong (DAPO)"},
+    {KNOB("algo.max_gen_batches", QD_CFG_INT, algo.max_gen_batches), .def = "4", .min = 1, .max = 1000,
+     .doc = "rollout batches tried to fill a step under dynamic sampling"},
+    {KNOB("algo.overlong_buffer_len", QD_CFG_INT, algo.overlong_buffer_len), .def = "0", .min = 0, .max = BIG,
+     .doc = "DAPO soft overlong punishment window in tokens; 0 = off"},
+    {KNOB("algo.overlong_penalty", QD_CFG_FLOAT, algo.overlong_penalty), .def = "1.0", .min = 0, .max = 100,
+     .doc = "penalty at and beyond rollout.max_tokens"},
+    {KNOB("algo.tis", QD_CFG_ENUM, algo.tis), .def = "none", .choices = "none|tis|masked",
+     .doc = "rollout-trainer importance weights: truncated (tis) or masked above the cap"},
+    {KNOB("algo.tis_cap", QD_CFG_FLOAT, algo.tis_cap), .def = "2.0", .min = 1, .max = 1e6,
+     .doc = "C: cap of the token importance weight"},
+    {KNOB("rac.ratio", QD_CFG_FLOAT, rac.ratio), .def = "0.25", .min = 0, .max = 1,
+     .doc = "fraction of input channels RAC augments (rounded down to 16s: on 64-wide layers below 0.25 none)"},
+    {KNOB("rac.refresh", QD_CFG_INT, rac.refresh), .def = "1", .min = 0, .max = BIG,
+     .doc = "re-pick RAC channels every N weight syncs; 0 = never"},
+    {KNOB("data.task", QD_CFG_STRING, data.task), .def = "arith",
+     .doc = "training task: the synthetic arithmetic (arith, arith1..arith4, optionally :MAX_OPERAND) or a "
+            "benchmark of quads bench list (fetched or cached; eval.limit problems, 256 when 0, held out)"},
+    {KNOB("data.benchmark", QD_CFG_STRING, data.benchmark), .def = "",
+     .doc = "must be empty: quads rl evaluates on the task's held-out split (quads eval runs benchmarks)"},
+    {KNOB("data.max_prompt_tokens", QD_CFG_INT, data.max_prompt_tokens), .def = "128", .min = 1, .max = BIG,
+     .doc = "problems whose prompt has more tokens are skipped (training and held-out)"},
+    {KNOB("data.shuffle", QD_CFG_BOOL, data.shuffle), .def = "true",
+     .doc = "shuffle the training prompts each epoch (seeded)"},
+    {KNOB("eval.every", QD_CFG_INT, eval.every), .def = "50", .min = 0, .max = BIG,
+     .doc = "held-out eval every N steps (and before and after); 0 = off"},
+    {KNOB("eval.samples", QD_CFG_INT, eval.samples), .def = "1", .min = 1, .max = 4096,
+     .doc = "completions per eval prompt (pass@1 averaged over them)"},
+    {KNOB("eval.limit", QD_CFG_INT, eval.limit), .def = "256", .min = 0, .max = BIG, .doc = "eval prompts; 0 = all"},
+    {KNOB("eval.seed", QD_CFG_INT, eval.seed), .def = "1", .min = 0, .max = 2147483647,
+     .doc = "seed of the held-out problems and of eval sampling (not run.seed: every run is graded on the same set)"},
+    {KNOB("eval.precision", QD_CFG_ENUM, eval.precision), .def = "rollout", .choices = "rollout|trainer",
+     .doc = "held-out eval on the rollout instance (the recipe's inference numerics) or on the trainer"},
+    {KNOB("eval.temperature", QD_CFG_FLOAT, eval.temperature), .def = "0.0", .min = 0, .max = 100,
+     .doc = "eval sampling temperature; 0 = greedy"},
+    {KNOB("checkpoint.every", QD_CFG_INT, checkpoint.every), .def = "10", .min = 0, .max = BIG,
+     .doc = "checkpoint every N steps; 0 = only at the end"},
+    {KNOB("checkpoint.keep_last", QD_CFG_INT, checkpoint.keep_last), .def = "2", .min = 1, .max = 1000,
+     .doc = "checkpoints kept (older step_XXXXXXXX removed)"},
+    {KNOB("log.tensorboard", QD_CFG_BOOL, log.tensorboard), .def = "true",
+     .doc = "write RUN/tb/: TensorBoard event files with every number of metrics.jsonl and the config as text"},
+    {KNOB("dist.checksum_every", QD_CFG_INT, dist.checksum_every), .def = "10", .min = 0, .max = BIG,
+     .doc = "data parallel: compare a checksum of the master weights across ranks every N steps (and at the last); 0 = off"},
+    {KNOB("dist.timeout_s", QD_CFG_FLOAT, dist.timeout_s), .def = "1800", .min = 0, .max = 1e6, .min_open = true,
+     .doc = "data parallel: seconds a rank waits for the others in a collective (must exceed rank 0's eval and " "checkpoint time and any rollout imbalance)"},
 };
 #define N_KNOBS (sizeof knobs / sizeof knobs[0])
 
-typedef struct {
-    int64_t i;
-    double f;
-    bool b;
-    char *s; /* STRING and ENUM, owned */
-} value;
-
 struct qd_config {
-    value v[N_KNOBS];
+    qd_knobs k; /* STRING and ENUM values malloc'ed */
 };
+
+/* Where knob i lives in cfg. */
+static void *slot(qd_config *cfg, size_t i) { return (char *)&cfg->k + knobs[i].off; }
+static const void *cslot(const qd_config *cfg, size_t i) { return (const char *)&cfg->k + knobs[i].off; }
 
 const qd_cfg_knob *qd_config_schema(size_t *n)
 {
@@ -158,10 +205,24 @@ static qd_status unknown_key(const char *source, const char *key)
 
 static qd_status check_range(const qd_cfg_knob *k, double x, const char *source)
 {
-    bool low = k->min_open ? x <= k->min : x < k->min;
-    if (low || x > k->max)
-        return qd_error(QD_ERR_ARG, "%s: %s: %.17g is out of range %c%.17g, %.17g]", source, k->key, x,
-                        k->min_open ? '(' : '[', k->min, k->max);
+    bool low = k->min_open ? x <= k->min : x < k->min, high = k->max_open ? x >= k->max : x > k->max;
+    if (low || high)
+        return qd_error(QD_ERR_ARG, "%s: %s: %.17g is out of range %c%.17g, %.17g%c", source, k->key, x,
+                        k->min_open ? '(' : '[', k->min, k->max, k->max_open ? ')' : ']');
+    return QD_OK;
+}
+
+/* A name that is used as a path component must be one: no separator, no
+ * "." or "..", nothing a shell or a file system treats specially. */
+static qd_status check_name(const qd_cfg_knob *k, const char *s, const char *source)
+{
+    bool ok = strcmp(s, ".") != 0 && strcmp(s, "..") != 0 && strlen(s) <= 200;
+    for (const char *p = s; ok && *p; p++)
+        ok = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '-' ||
+             *p == '_' || *p == '.';
+    if (!ok)
+        return qd_error(QD_ERR_ARG, "%s: %s: '%s' is not a plain name (letters, digits, '-', '_' and '.', at most "
+                                    "200, not '.' or '..'; put a path in run.dir)", source, k->key, s);
     return QD_OK;
 }
 
@@ -174,33 +235,37 @@ static bool in_choices(const char *choices, const char *s)
     return false;
 }
 
-static qd_status set_string(value *v, const qd_cfg_knob *k, const char *s, const char *source)
+static qd_status set_string(qd_config *cfg, size_t i, const char *s, const char *source)
 {
+    const qd_cfg_knob *k = &knobs[i];
     if (k->type == QD_CFG_ENUM && !in_choices(k->choices, s))
         return qd_error(QD_ERR_ARG, "%s: %s: '%s' is not one of %s", source, k->key, s, k->choices);
-    char *copy = strdup(s);
+    qd_status st = k->name && *s ? check_name(k, s, source) : QD_OK;
+    if (st)
+        return st;
+    char *copy = strdup(s), **v = slot(cfg, i);
     if (!copy)
         return qd_error(QD_ERR_NOMEM, "%s: %s", source, k->key);
-    free(v->s);
-    v->s = copy;
+    free(*v);
+    *v = copy;
     return QD_OK;
 }
 
-static qd_status set_int(value *v, const qd_cfg_knob *k, int64_t x, const char *source)
+static qd_status set_int(qd_config *cfg, size_t i, int64_t x, const char *source)
 {
-    qd_status st = check_range(k, (double)x, source);
+    qd_status st = check_range(&knobs[i], (double)x, source);
     if (st == QD_OK)
-        v->i = x;
+        *(int64_t *)slot(cfg, i) = x;
     return st;
 }
 
-static qd_status set_float(value *v, const qd_cfg_knob *k, double x, const char *source)
+static qd_status set_float(qd_config *cfg, size_t i, double x, const char *source)
 {
     if (!isfinite(x))
-        return qd_error(QD_ERR_ARG, "%s: %s: expected a finite number", source, k->key);
-    qd_status st = check_range(k, x, source);
+        return qd_error(QD_ERR_ARG, "%s: %s: expected a finite number", source, knobs[i].key);
+    qd_status st = check_range(&knobs[i], x, source);
     if (st == QD_OK)
-        v->f = x;
+        *(double *)slot(cfg, i) = x;
     return st;
 }
 
@@ -226,7 +291,6 @@ static const char *json_type_name(const json_t *j)
 static qd_status set_json(qd_config *cfg, int i, const json_t *j, const char *source)
 {
     const qd_cfg_knob *k = &knobs[i];
-    value *v = &cfg->v[i];
     bool ok = (k->type == QD_CFG_INT && json_is_integer(j)) || (k->type == QD_CFG_FLOAT && json_is_number(j)) ||
               (k->type == QD_CFG_BOOL && json_is_boolean(j)) ||
               ((k->type == QD_CFG_STRING || k->type == QD_CFG_ENUM) && json_is_string(j));
@@ -234,10 +298,10 @@ static qd_status set_json(qd_config *cfg, int i, const json_t *j, const char *so
         return qd_error(QD_ERR_ARG, "%s: %s: expected %s, got %s", source, k->key, type_name(k->type),
                         json_type_name(j));
     switch (k->type) {
-    case QD_CFG_INT: return set_int(v, k, json_integer_value(j), source);
-    case QD_CFG_FLOAT: return set_float(v, k, json_number_value(j), source);
-    case QD_CFG_BOOL: v->b = json_is_true(j); return QD_OK;
-    default: return set_string(v, k, json_string_value(j), source);
+    case QD_CFG_INT: return set_int(cfg, (size_t)i, json_integer_value(j), source);
+    case QD_CFG_FLOAT: return set_float(cfg, (size_t)i, json_number_value(j), source);
+    case QD_CFG_BOOL: *(bool *)slot(cfg, (size_t)i) = json_is_true(j); return QD_OK;
+    default: return set_string(cfg, (size_t)i, json_string_value(j), source);
     }
 }
 
@@ -258,7 +322,6 @@ qd_status qd_config_set_str(qd_config *cfg, const char *key, const char *s, cons
     if (i < 0)
         return unknown_key(source, key);
     const qd_cfg_knob *k = &knobs[i];
-    value *v = &cfg->v[i];
     char *end = NULL;
     errno = 0;
     switch (k->type) {
@@ -266,20 +329,20 @@ qd_status qd_config_set_str(qd_config *cfg, const char *key, const char *s, cons
         long long x = strtoll(s, &end, 10);
         if (*s == '\0' || *end != '\0' || errno == ERANGE)
             return qd_error(QD_ERR_ARG, "%s: %s: expected an integer, got '%s'", source, key, s);
-        return set_int(v, k, x, source);
+        return set_int(cfg, (size_t)i, x, source);
     }
     case QD_CFG_FLOAT: {
         double x = strtod(s, &end);
         if (*s == '\0' || *end != '\0' || errno == ERANGE)
             return qd_error(QD_ERR_ARG, "%s: %s: expected a number, got '%s'", source, key, s);
-        return set_float(v, k, x, source);
+        return set_float(cfg, (size_t)i, x, source);
     }
     case QD_CFG_BOOL:
-        if (parse_bool(&v->b, s) != QD_OK)
+        if (parse_bool(slot(cfg, (size_t)i), s) != QD_OK)
             return qd_error(QD_ERR_ARG, "%s: %s: expected true or false, got '%s'", source, key, s);
         return QD_OK;
     default:
-        return set_string(v, k, s, source);
+        return set_string(cfg, (size_t)i, s, source);
     }
 }
 
@@ -330,10 +393,15 @@ qd_status qd_config_load_json(qd_config *cfg, const json_t *obj, const char *sou
 qd_status qd_config_load_file(qd_config *cfg, const char *path)
 {
     json_error_t err;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    FILE *f;
+    qd_status st = qd_fopen_regular(path, &f);
+    if (st)
+        return st;
+    json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, &err);
+    fclose(f);
     if (!root)
         return qd_error(QD_ERR_FORMAT, "%s:%d:%d: malformed JSON: %s", path, err.line, err.column, err.text);
-    qd_status st = qd_config_load_json(cfg, root, path);
+    st = qd_config_load_json(cfg, root, path);
     json_decref(root);
     return st;
 }
@@ -355,54 +423,86 @@ void qd_config_free(qd_config *cfg)
     if (!cfg)
         return;
     for (size_t i = 0; i < N_KNOBS; i++)
-        free(cfg->v[i].s);
+        if (knobs[i].type == QD_CFG_STRING || knobs[i].type == QD_CFG_ENUM)
+            free(*(char **)slot(cfg, i));
     free(cfg);
 }
 
-/* The value of key, aborting if it is not a knob of type t (ENUM reads as STRING). */
-static const value *get(const qd_config *cfg, const char *key, qd_cfg_type t)
+const qd_knobs *qd_config_knobs(const qd_config *cfg) { return &cfg->k; }
+
+qd_config *qd_config_dup(const qd_config *cfg)
 {
-    int i = find_knob(key);
-    qd_cfg_type kt = i < 0 ? t : knobs[i].type == QD_CFG_ENUM ? QD_CFG_STRING : knobs[i].type;
-    if (i < 0 || kt != t) {
-        fprintf(stderr, "qd_config: %s: %s\n", key, i < 0 ? "no such knob" : "read with the wrong type");
-        abort();
+    qd_config *c = malloc(sizeof *c);
+    if (!c)
+        return NULL;
+    *c = *cfg;
+    bool ok = true;
+    for (size_t i = 0; i < N_KNOBS; i++)
+        if (knobs[i].type == QD_CFG_STRING || knobs[i].type == QD_CFG_ENUM) {
+            char **v = slot(c, i);
+            *v = ok ? strdup(*v) : NULL;
+            ok = ok && *v;
+        }
+    if (!ok) {
+        qd_config_free(c);
+        return NULL;
     }
-    return &cfg->v[i];
+    return c;
 }
 
-int64_t qd_config_int(const qd_config *cfg, const char *key) { return get(cfg, key, QD_CFG_INT)->i; }
-double qd_config_float(const qd_config *cfg, const char *key) { return get(cfg, key, QD_CFG_FLOAT)->f; }
-bool qd_config_bool(const qd_config *cfg, const char *key) { return get(cfg, key, QD_CFG_BOOL)->b; }
-const char *qd_config_str(const qd_config *cfg, const char *key) { return get(cfg, key, QD_CFG_STRING)->s; }
+/* The loop indexes a step's tokens and counts data positions and optimizer
+ * steps in int and int64 arithmetic: the products of the knobs must stay
+ * below these (2^30 tokens a step is ~5x the largest published RL batches). */
+#define MAX_STEP_TOKENS 1073741824.0 /* 2^30 */
+#define MAX_DATA_POS 281474976710656.0 /* 2^48, as checkpoints (ckpt.h) */
+#define MAX_OPT_STEPS 1073741824.0   /* 2^30, as checkpoints */
 
 qd_status qd_config_validate(const qd_config *cfg)
 {
-    int64_t max_tokens = qd_config_int(cfg, "rollout.max_tokens");
-    int64_t buffer = qd_config_int(cfg, "algo.overlong_buffer_len");
-    int64_t prompts = qd_config_int(cfg, "rollout.prompts_per_step");
-    int64_t minis = qd_config_int(cfg, "trainer.mini_batches");
-    if (buffer >= max_tokens)
+    const qd_knobs *k = &cfg->k;
+    int64_t M = k->rollout.max_tokens, P = k->rollout.prompts_per_step, G = k->rollout.group_size;
+    int64_t maxp = k->data.max_prompt_tokens;
+    if (k->algo.overlong_buffer_len >= M)
         return qd_error(QD_ERR_ARG, "config: algo.overlong_buffer_len: %lld must be < rollout.max_tokens (%lld)",
-                        (long long)buffer, (long long)max_tokens);
-    if (prompts % minis != 0)
+                        (long long)k->algo.overlong_buffer_len, (long long)M);
+    if (P % k->trainer.mini_batches != 0)
         return qd_error(QD_ERR_ARG,
                         "config: trainer.mini_batches: %lld does not divide rollout.prompts_per_step (%lld)",
-                        (long long)minis, (long long)prompts);
-    if (!strcmp(qd_config_str(cfg, "rollout.mode"), "fast") && !strcmp(qd_config_str(cfg, "rollout.backend"), "cpu"))
+                        (long long)k->trainer.mini_batches, (long long)P);
+    if (!strcmp(k->rollout.mode, "fast") && !strcmp(k->rollout.backend, "cpu"))
         return qd_error(QD_ERR_ARG, "config: rollout.mode: fast needs rollout.backend cuda or auto (the cpu "
                                     "backend runs exact mode only)");
+    double tokens = (double)P * (double)G * (double)(maxp + M);
+    if (tokens > MAX_STEP_TOKENS)
+        return qd_error(QD_ERR_ARG, "config: rollout.prompts_per_step %lld x rollout.group_size %lld x "
+                                    "(data.max_prompt_tokens %lld + rollout.max_tokens %lld) = %.4g tokens a step, "
+                                    "more than 2^30: lower one of them", (long long)P, (long long)G, (long long)maxp,
+                        (long long)M, tokens);
+    double micro = (double)k->trainer.micro_batch * (double)(maxp + M);
+    if (micro > MAX_STEP_TOKENS)
+        return qd_error(QD_ERR_ARG, "config: trainer.micro_batch %lld x (data.max_prompt_tokens %lld + "
+                                    "rollout.max_tokens %lld) = %.4g tokens a pass, more than 2^30",
+                        (long long)k->trainer.micro_batch, (long long)maxp, (long long)M, micro);
+    double pos = (double)k->run.steps * (double)P * (double)k->algo.max_gen_batches;
+    if (pos > MAX_DATA_POS)
+        return qd_error(QD_ERR_ARG, "config: run.steps %lld x rollout.prompts_per_step %lld x algo.max_gen_batches "
+                                    "%lld = %.4g prompts, more than 2^48", (long long)k->run.steps, (long long)P,
+                        (long long)k->algo.max_gen_batches, pos);
+    double opt = (double)k->run.steps * (double)k->trainer.mini_batches;
+    if (opt > MAX_OPT_STEPS)
+        return qd_error(QD_ERR_ARG, "config: run.steps %lld x trainer.mini_batches %lld = %.4g optimizer steps, "
+                                    "more than 2^30", (long long)k->run.steps, (long long)k->trainer.mini_batches, opt);
     return QD_OK;
 }
 
 static json_t *knob_json(const qd_config *cfg, size_t i)
 {
-    const value *v = &cfg->v[i];
+    const void *v = cslot(cfg, i);
     switch (knobs[i].type) {
-    case QD_CFG_INT: return json_integer(v->i);
-    case QD_CFG_FLOAT: return json_real(v->f);
-    case QD_CFG_BOOL: return json_boolean(v->b);
-    default: return json_string(v->s);
+    case QD_CFG_INT: return json_integer(*(const int64_t *)v);
+    case QD_CFG_FLOAT: return json_real(*(const double *)v);
+    case QD_CFG_BOOL: return json_boolean(*(const bool *)v);
+    default: return json_string(*(const char *const *)v);
     }
 }
 
@@ -444,6 +544,7 @@ json_t *qd_config_schema_json(void)
             json_object_set_new(o, "min", json_real(k->min));
             json_object_set_new(o, "max", json_real(k->max));
             json_object_set_new(o, "min_exclusive", json_boolean(k->min_open));
+            json_object_set_new(o, "max_exclusive", json_boolean(k->max_open));
         }
         if (o && k->type == QD_CFG_ENUM)
             json_object_set_new(o, "choices", json_string(k->choices));
@@ -473,13 +574,13 @@ static void format_real(char *buf, size_t n, double x)
 static char *value_text(const qd_config *cfg, size_t i)
 {
     char buf[64];
-    const value *v = &cfg->v[i];
+    const void *v = cslot(cfg, i);
     switch (knobs[i].type) {
-    case QD_CFG_INT: snprintf(buf, sizeof buf, "%lld", (long long)v->i); return strdup(buf);
-    case QD_CFG_FLOAT: format_real(buf, sizeof buf, v->f); return strdup(buf);
-    case QD_CFG_BOOL: return strdup(v->b ? "true" : "false");
+    case QD_CFG_INT: snprintf(buf, sizeof buf, "%lld", (long long)*(const int64_t *)v); return strdup(buf);
+    case QD_CFG_FLOAT: format_real(buf, sizeof buf, *(const double *)v); return strdup(buf);
+    case QD_CFG_BOOL: return strdup(*(const bool *)v ? "true" : "false");
     default: {
-        json_t *j = json_string(v->s);
+        json_t *j = json_string(*(const char *const *)v);
         char *text = j ? json_dumps(j, JSON_ENCODE_ANY) : NULL;
         json_decref(j);
         return text;
@@ -518,36 +619,33 @@ qd_status qd_config_save(const qd_config *cfg, const char *path)
 
 void qd_config_derive(const qd_config *cfg, qd_config_batch *b)
 {
-    int64_t G = qd_config_int(cfg, "rollout.group_size");
-    int64_t resp = qd_config_int(cfg, "rollout.max_tokens");
-    int64_t micro = qd_config_int(cfg, "trainer.micro_batch");
-    b->prompts = qd_config_int(cfg, "rollout.prompts_per_step");
-    b->samples = b->prompts * G;
+    const qd_knobs *k = &cfg->k;
+    int64_t resp = k->rollout.max_tokens, micro = k->trainer.micro_batch;
+    *b = (qd_config_batch){
+        .prompts = k->rollout.prompts_per_step,
+        .samples = k->rollout.prompts_per_step * k->rollout.group_size,
+        .optimizer_steps = k->trainer.mini_batches,
+    };
     b->max_response_tokens = b->samples * resp;
-    b->max_tokens = b->samples * (qd_config_int(cfg, "data.max_prompt_tokens") + resp);
+    b->max_tokens = b->samples * (k->data.max_prompt_tokens + resp);
     b->micro_batches = (b->samples + micro - 1) / micro;
-    b->optimizer_steps = qd_config_int(cfg, "trainer.mini_batches");
 }
 
 int qd_config_summary(const qd_config *cfg, char *buf, size_t n)
 {
+    const qd_knobs *k = &cfg->k;
     qd_config_batch b;
     qd_config_derive(cfg, &b);
-    const char *model = qd_config_str(cfg, "model.path");
     return snprintf(buf, n,
                     "run %s: %lld steps, seed %lld\n"
                     "model %s, recipe %s, backend %s (%s)\n"
                     "algo %s, clip [%g, %g], loss %s, kl %g, tis %s\n"
                     "a step: %lld prompts x %lld = %lld samples, <= %lld response tokens (<= %lld with prompts), "
                     "%lld micro-batches, %lld optimizer updates\n",
-                    qd_config_str(cfg, "run.name"), (long long)qd_config_int(cfg, "run.steps"),
-                    (long long)qd_config_int(cfg, "run.seed"), *model ? model : "(embedded tiny)",
-                    qd_config_str(cfg, "rollout.recipe"), qd_config_str(cfg, "rollout.backend"),
-                    qd_config_str(cfg, "rollout.mode"), qd_config_str(cfg, "algo.advantage"),
-                    1.0 - qd_config_float(cfg, "algo.clip_low"), 1.0 + qd_config_float(cfg, "algo.clip_high"),
-                    qd_config_str(cfg, "algo.loss_agg"), qd_config_float(cfg, "algo.kl_coef"),
-                    qd_config_str(cfg, "algo.tis"), (long long)b.prompts,
-                    (long long)qd_config_int(cfg, "rollout.group_size"), (long long)b.samples,
-                    (long long)b.max_response_tokens, (long long)b.max_tokens, (long long)b.micro_batches,
-                    (long long)b.optimizer_steps);
+                    k->run.name, (long long)k->run.steps, (long long)k->run.seed,
+                    *k->model.path ? k->model.path : "(embedded tiny)", k->rollout.recipe, k->rollout.backend,
+                    k->rollout.mode, k->algo.advantage, 1.0 - k->algo.clip_low, 1.0 + k->algo.clip_high,
+                    k->algo.loss_agg, k->algo.kl_coef, k->algo.tis, (long long)b.prompts,
+                    (long long)k->rollout.group_size, (long long)b.samples, (long long)b.max_response_tokens,
+                    (long long)b.max_tokens, (long long)b.micro_batches, (long long)b.optimizer_steps);
 }

@@ -2,7 +2,9 @@
  * range or allowed values, one-line doc), a JSON file loaded over the
  * defaults, `--set a.b=value` overrides, and the resolved config dumped as JSON
  * (RUN/config.json). Unknown keys, wrong types and out-of-range values are
- * errors whose message names the source (file name or "--set") and the key. */
+ * errors whose message names the source (file name or "--set") and the key.
+ * The values are read as a typed struct (qd_config_knobs): a misspelled knob
+ * in code is a compile error, not a lookup that fails at run time. */
 #ifndef QD_RL_CONFIG_H
 #define QD_RL_CONFIG_H
 #include <stdbool.h>
@@ -13,15 +15,78 @@
 
 typedef enum { QD_CFG_INT, QD_CFG_FLOAT, QD_CFG_BOOL, QD_CFG_STRING, QD_CFG_ENUM } qd_cfg_type;
 
-/* One knob. Ranges are inclusive; min_open makes min exclusive (a value must
- * be > min). choices is a '|'-separated list for QD_CFG_ENUM. */
+/* Every knob's value, by section (strings and enums owned by the config). */
+typedef struct {
+    struct {
+        const char *name, *dir;
+        int64_t seed, steps, threads;
+    } run;
+    struct {
+        const char *path;
+    } model;
+    struct {
+        const char *recipe, *backend, *mode;
+        double temperature, top_p;
+        int64_t top_k, max_tokens, group_size, prompts_per_step;
+    } rollout;
+    struct {
+        double lr;
+        const char *lr_schedule;
+        double min_lr_ratio;
+        int64_t warmup_steps;
+        double weight_decay, beta1, beta2, eps, grad_clip;
+        int64_t micro_batch, mini_batches;
+    } trainer;
+    struct {
+        const char *advantage;
+        double adv_eps, clip_low, clip_high;
+        const char *loss_agg;
+        double kl_coef;
+        const char *kl_type;
+        bool dynamic_sampling;
+        int64_t max_gen_batches, overlong_buffer_len;
+        double overlong_penalty;
+        const char *tis;
+        double tis_cap;
+    } algo;
+    struct {
+        double ratio;
+        int64_t refresh;
+    } rac;
+    struct {
+        const char *task, *benchmark;
+        int64_t max_prompt_tokens;
+        bool shuffle;
+    } data;
+    struct {
+        int64_t every, samples, limit, seed;
+        const char *precision;
+        double temperature;
+    } eval;
+    struct {
+        int64_t every, keep_last;
+    } checkpoint;
+    struct {
+        bool tensorboard;
+    } log;
+    struct {
+        int64_t checksum_every;
+        double timeout_s;
+    } dist;
+} qd_knobs;
+
+/* One knob. Ranges are inclusive; min_open (max_open) makes min (max)
+ * exclusive. choices is a '|'-separated list for QD_CFG_ENUM; name makes a
+ * STRING a plain name (letters, digits, '-', '_', '.'; not "." or ".."). */
 typedef struct {
     const char *key;     /* "section.name" */
     qd_cfg_type type;
+    size_t off;          /* where the value lives in qd_knobs */
     const char *def;     /* default, written as a --set value would be */
     double min, max;     /* INT and FLOAT only */
-    bool min_open;
+    bool min_open, max_open;
     const char *choices; /* ENUM only */
+    bool name;           /* STRING only */
     const char *doc;
 } qd_cfg_knob;
 
@@ -49,16 +114,14 @@ qd_status qd_config_set(qd_config *cfg, const char *assignment);
 /* Sets key from its text form; source names the origin in messages. */
 qd_status qd_config_set_str(qd_config *cfg, const char *key, const char *value, const char *source);
 /* Checks rules that span several knobs (e.g. the overlong buffer must fit in
- * rollout.max_tokens). Call after the last load/set. */
+ * rollout.max_tokens; the batch of a step and the counters of a run must fit
+ * the int arithmetic of the loop). Call after the last load/set. */
 qd_status qd_config_validate(const qd_config *cfg);
 
-/* Getters by dotted key. A key missing from the schema or of another type is
- * a programming error: they abort with a message. */
-int64_t qd_config_int(const qd_config *cfg, const char *key);
-double qd_config_float(const qd_config *cfg, const char *key);
-bool qd_config_bool(const qd_config *cfg, const char *key);
-/* Also reads ENUM values. Owned by cfg, valid until the key is set again. */
-const char *qd_config_str(const qd_config *cfg, const char *key);
+/* The values (owned by cfg; a string is valid until its key is set again). */
+const qd_knobs *qd_config_knobs(const qd_config *cfg);
+/* A copy of cfg (NULL on out of memory). */
+qd_config *qd_config_dup(const qd_config *cfg);
 
 /* The resolved config as nested JSON objects (new reference; NULL on out of memory). */
 json_t *qd_config_to_json(const qd_config *cfg);

@@ -60,7 +60,7 @@ static qd_status summarize(const char *run, run_summary *r)
     if (!cfg)
         return qd_error(QD_ERR_FORMAT, "%s:%d: %s", c, err.line, err.text);
     qd_status st = series_stats(m, "eval.pass1", &d0, &d1, &r->first_pass, &r->final_pass, 0);
-    double steps;
+    double steps = 0;
     if (!st)
         st = series_stats(m, "gap.mean_abs", &r->gap_mean, &d0, &d1, &d2, 1);
     if (!st)

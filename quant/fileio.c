@@ -118,13 +118,34 @@ qd_status qd_atomic_write(const char *path, const void *buf, size_t n)
     return qd_atomic_write_with(path, fill_buffer, &b);
 }
 
+qd_status qd_fopen_regular(const char *path, FILE **f)
+{
+    *f = NULL;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return qd_error(QD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return qd_error(QD_ERR_IO, "%s: not a regular file", path);
+    }
+    /* regular files ignore O_NONBLOCK, but stdio should not see it */
+    if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0 || !(*f = fdopen(fd, "rb"))) {
+        qd_status st2 = qd_error(QD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        close(fd);
+        return st2;
+    }
+    return QD_OK;
+}
+
 qd_status qd_read_file(const char *path, char **text, size_t *len)
 {
     *text = NULL;
     *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return qd_error(QD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f;
+    qd_status st = qd_fopen_regular(path, &f);
+    if (st)
+        return st;
     size_t n = 0, cap = 1 << 16;
     char *buf = malloc(cap);
     /* Always one byte spare for the NUL. */

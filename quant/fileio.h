@@ -26,7 +26,12 @@ qd_status qd_atomic_write_with(const char *path, qd_fill_fn fill, void *ctx);
 /* Replaces path with the n bytes of buf. */
 qd_status qd_atomic_write(const char *path, const void *buf, size_t n);
 
-/* Reads the whole file into a malloc'ed buffer *text with a NUL after the last
+/* Opens path for reading ("rb") when it is a regular file; anything else (a
+ * FIFO, a device, a directory) is refused with QD_ERR_IO naming path, without
+ * blocking: a FIFO with no writer would hang open(2) and every read. */
+qd_status qd_fopen_regular(const char *path, FILE **f);
+
+/* Reads the whole file (a regular file, as qd_fopen_regular) into a malloc'ed buffer *text with a NUL after the last
  * byte (*len excludes it; the file may itself hold NULs). */
 qd_status qd_read_file(const char *path, char **text, size_t *len);
 

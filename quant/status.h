@@ -23,4 +23,13 @@ qd_status qd_error(qd_status st, const char *fmt, ...) __attribute__((format(pri
 const char *qd_last_error(void);
 const char *qd_status_str(qd_status st);
 
+/* The one error idiom of C and CUDA code: return the status of a failing call
+ * (its message is already set). */
+#define QD_TRY(call)                                                                 \
+    do {                                                                             \
+        qd_status qd_st_ = (call);                                                   \
+        if (qd_st_ != QD_OK)                                                         \
+            return qd_st_;                                                           \
+    } while (0)
+
 #endif

@@ -15,107 +15,161 @@
 #define TRIALS 6
 #define REL_TOL 1e-9
 
-typedef struct {
-    int64_t n, d; /* d > 0, gcd(n, d) = 1 */
-} rat;
+/* Exact values are rationals of any size (GMP), bounded so that no answer
+ * can make a comparison slow or huge: one value holds at most MAX_BITS bits
+ * (10^1000000 and 200000! fit), and one comparison spends at most MAX_WORK
+ * bits of results. Beyond that a value is not exact, and equal() below
+ * never calls two values equal because both overflowed a double. */
+#define MAX_BITS (1L << 22)
+#define MAX_WORK (1L << 24)
 
-static bool rat_make(__int128 n, __int128 d, rat *out)
+static long qbits(mpq_srcptr q)
 {
-    if (d == 0)
+    return (long)(mpz_sizeinbase(mpq_numref(q), 2) + mpz_sizeinbase(mpq_denref(q), 2));
+}
+
+/* Accounts for a result of about `bits` bits; false when over a bound. */
+static bool charge(qd_rw_node *e, long bits)
+{
+    if (bits > MAX_BITS)
         return false;
-    if (d < 0)
-        n = -n, d = -d;
-    __int128 a = n < 0 ? -n : n, b = d;
-    while (b) {
-        __int128 t = a % b;
-        a = b;
-        b = t;
+    e->arena->exact_work += bits;
+    return e->arena->exact_work <= MAX_WORK;
+}
+
+/* A literal as written ("12", "1.25", "1.5e3", "2E-4"). */
+static bool literal_exact(qd_rw_node *e)
+{
+    const char *s = e->name;
+    size_t mant = strcspn(s, "eE");
+    long exp10 = s[mant] ? strtol(s + mant + 1, NULL, 10) : 0;
+    char digits[64];
+    size_t nd = 0;
+    long decimals = 0;
+    bool dot = false;
+    for (size_t i = 0; i < mant && nd < sizeof digits - 1; i++) {
+        if (s[i] == '.') {
+            dot = true;
+        } else if (isdigit((unsigned char)s[i])) {
+            digits[nd++] = s[i];
+            decimals += dot;
+        } else {
+            return false;
+        }
     }
-    if (a > 1)
-        n /= a, d /= a;
-    if (n > INT64_MAX || n < -INT64_MAX || d > INT64_MAX)
+    digits[nd] = '\0';
+    long shift = exp10 - decimals; /* value = digits * 10^shift */
+    if (!nd || labs(exp10) > MAX_BITS / 4 || !charge(e, 4 * labs(shift) + 4 * (long)nd))
         return false;
-    out->n = (int64_t)n;
-    out->d = (int64_t)d;
+    mpz_set_str(mpq_numref(e->q), digits, 10);
+    mpz_ui_pow_ui(shift > 0 ? mpq_numref(e->q) : mpq_denref(e->q), 10, (unsigned long)labs(shift));
+    if (shift > 0) {
+        mpz_t m;
+        mpz_init_set_str(m, digits, 10);
+        mpz_mul(mpq_numref(e->q), mpq_numref(e->q), m);
+        mpz_clear(m);
+    }
+    mpq_canonicalize(e->q);
     return true;
 }
 
-static bool isqrt64(int64_t v, int64_t *r)
+static mpq_srcptr exact(const qd_rw_node *e);
+
+/* b^k for an integer k. */
+static bool pow_exact(qd_rw_node *e, mpq_srcptr b, mpq_srcptr k)
 {
-    if (v < 0)
+    if (mpz_cmp_ui(mpq_denref(k), 1) || !mpz_fits_slong_p(mpq_numref(k)))
         return false;
-    int64_t s = (int64_t)sqrtl((long double)v);
-    while (s > 0 && (__int128)s * s > v)
-        s--;
-    while ((__int128)(s + 1) * (s + 1) <= v)
-        s++;
-    *r = s;
-    return (__int128)s * s == v;
-}
-
-static bool rat_pow(rat b, int64_t e, rat *out)
-{
-    if (e < 0) {
-        if (b.n == 0)
-            return false;
-        b = (rat){b.d, b.n};
-        if (b.d < 0)
-            b.n = -b.n, b.d = -b.d;
-        e = -e;
-    }
-    if (e > 64)
-        return b.n == 0 || (b.n == 1 && b.d == 1) ? (*out = b, true) : false;
-    rat r = {1, 1};
-    for (int64_t i = 0; i < e; i++)
-        if (!rat_make((__int128)r.n * b.n, (__int128)r.d * b.d, &r))
-            return false;
-    *out = r;
-    return true;
-}
-
-/* Exact rational value of a constant expression, if it has one. */
-static bool eval_exact(const qd_rw_node *e, rat *out)
-{
-    rat a, b;
-    switch (e->kind) {
-    case QD_RW_NUM:
-        return e->exact && rat_make(e->num, e->den, out);
-    case QD_RW_NEG:
-        return eval_exact(e->kids[0], &a) && rat_make(-(__int128)a.n, a.d, out);
-    case QD_RW_ADD:
-    case QD_RW_SUB:
-        if (!eval_exact(e->kids[0], &a) || !eval_exact(e->kids[1], &b))
-            return false;
-        return rat_make((__int128)a.n * b.d + (e->kind == QD_RW_ADD ? 1 : -1) * (__int128)b.n * a.d,
-                        (__int128)a.d * b.d, out);
-    case QD_RW_MUL:
-        return eval_exact(e->kids[0], &a) && eval_exact(e->kids[1], &b) &&
-               rat_make((__int128)a.n * b.n, (__int128)a.d * b.d, out);
-    case QD_RW_DIV:
-        return eval_exact(e->kids[0], &a) && eval_exact(e->kids[1], &b) &&
-               rat_make((__int128)a.n * b.d, (__int128)a.d * b.n, out);
-    case QD_RW_POW:
-        return eval_exact(e->kids[0], &a) && eval_exact(e->kids[1], &b) && b.d == 1 &&
-               rat_pow(a, b.n, out);
-    case QD_RW_FUNC: {
-        int64_t rn, rd;
-        if (strcmp(e->name, "sqrt") || !eval_exact(e->kids[0], &a))
-            return false;
-        return isqrt64(a.n, &rn) && isqrt64(a.d, &rd) && rat_make(rn, rd, out);
-    }
-    case QD_RW_FACT: {
-        if (!eval_exact(e->kids[0], &a) || a.d != 1 || a.n < 0 || a.n > 20)
-            return false;
-        int64_t f = 1;
-        for (int64_t i = 2; i <= a.n; i++)
-            f *= i;
-        out->n = f;
-        out->d = 1;
+    long n = mpz_get_si(mpq_numref(k));
+    bool unit = !mpz_cmpabs_ui(mpq_numref(b), 1) && !mpz_cmp_ui(mpq_denref(b), 1);
+    if (!mpq_sgn(b) && n < 0)
+        return false; /* 0^-1 is undefined */
+    if (!mpq_sgn(b) || unit) { /* 0^n, 1^n and (-1)^n for any n */
+        mpq_set_si(e->q, !mpq_sgn(b) && n ? 0 : (mpq_sgn(b) < 0 && n % 2) ? -1 : 1, 1);
         return true;
     }
+    unsigned long m = n < 0 ? -(unsigned long)n : (unsigned long)n;
+    long per = qbits(b) - 1; /* bits of b^m are at most m * per (+1 for a denominator of 1) */
+    if ((unsigned long)per > (unsigned long)MAX_BITS / (m ? m : 1) || !charge(e, per * (long)m + 1))
+        return false;
+    mpz_pow_ui(mpq_numref(e->q), mpq_numref(b), m);
+    mpz_pow_ui(mpq_denref(e->q), mpq_denref(b), m);
+    if (n < 0)
+        mpq_inv(e->q, e->q);
+    return true;
+}
+
+static bool sqrt_exact(qd_rw_node *e, mpq_srcptr a)
+{
+    if (mpq_sgn(a) < 0 || !mpz_perfect_square_p(mpq_numref(a)) || !mpz_perfect_square_p(mpq_denref(a)))
+        return false;
+    mpz_sqrt(mpq_numref(e->q), mpq_numref(a));
+    mpz_sqrt(mpq_denref(e->q), mpq_denref(a));
+    return charge(e, qbits(e->q));
+}
+
+static bool fact_exact(qd_rw_node *e, mpq_srcptr a)
+{
+    if (mpz_cmp_ui(mpq_denref(a), 1) || mpq_sgn(a) < 0 || !mpz_fits_ulong_p(mpq_numref(a)))
+        return false;
+    unsigned long n = mpz_get_ui(mpq_numref(a));
+    if (n > 1000000 || !charge(e, (long)(lgamma((double)n + 1) / M_LN2) + 1))
+        return false;
+    mpz_fac_ui(mpq_numref(e->q), n);
+    return true;
+}
+
+/* e's exact value into e->q: + - * / integer powers, square roots of
+ * perfect squares, factorials; false when it has none (symbols, irrationals,
+ * division by zero) or it is over the bounds. */
+static bool compute_exact(qd_rw_node *e)
+{
+    mpq_srcptr a = e->nkids > 0 && e->kids[0] ? exact(e->kids[0]) : NULL;
+    mpq_srcptr b = e->nkids > 1 && e->kids[1] ? exact(e->kids[1]) : NULL;
+    switch (e->kind) {
+    case QD_RW_NUM:
+        return literal_exact(e);
+    case QD_RW_NEG:
+        if (a)
+            mpq_neg(e->q, a);
+        return a != NULL;
+    case QD_RW_ADD: case QD_RW_SUB: case QD_RW_MUL: case QD_RW_DIV:
+        if (!a || !b || (e->kind == QD_RW_DIV && !mpq_sgn(b)) || !charge(e, qbits(a) + qbits(b) + 1))
+            return false;
+        (e->kind == QD_RW_ADD ? mpq_add : e->kind == QD_RW_SUB ? mpq_sub : e->kind == QD_RW_MUL ? mpq_mul : mpq_div)(e->q, a, b);
+        return true;
+    case QD_RW_POW:
+        return a && b && pow_exact(e, a, b);
+    case QD_RW_FUNC:
+        return a && e->nkids == 1 && !strcmp(e->name, "sqrt") && sqrt_exact(e, a);
+    case QD_RW_FACT:
+        return a && fact_exact(e, a);
     default:
         return false;
     }
+}
+
+/* The exact rational value of a constant expression, NULL if it has none.
+ * Memoized in the node (a cache: values never change), so that evaluating
+ * every subtree of a large answer stays linear. */
+static mpq_srcptr exact(const qd_rw_node *ce)
+{
+    qd_rw_node *e = (qd_rw_node *)ce;
+    if (!e->qstate) {
+        mpq_init(e->q);
+        e->qstate = compute_exact(e) ? 1 : -1;
+    }
+    return e->qstate > 0 ? e->q : NULL;
+}
+
+/* A rational as the nearest double: inf or 0 beyond the range, never a
+ * platform-dependent result (mpq_get_d leaves overflow to the system). */
+static double q_to_double(mpq_srcptr q)
+{
+    long en, ed;
+    double mn = mpz_get_d_2exp(&en, mpq_numref(q)), md = mpz_get_d_2exp(&ed, mpq_denref(q));
+    long sh = en - ed;
+    return ldexp(mn / md, sh > 100000 ? 100000 : sh < -100000 ? -100000 : (int)sh);
 }
 
 /* Deterministic pseudo-random value for a symbol and a trial: trials cycle
@@ -163,22 +217,25 @@ static double eval_func(const char *f, double x, double y)
 static double eval_num(const qd_rw_node *e, int trial);
 
 /* b^e over the reals: a negative base with a rational exponent p/q, q odd,
- * is real (x^{2/3} = cbrt(x)^2), where C's pow() gives NaN. */
+ * is real (x^{2/3} = cbrt(x)^2), where C's pow() gives NaN. 0 to a negative
+ * power is undefined (NaN), not infinite. */
 static double real_pow(double b, const qd_rw_node *exponent, int trial)
 {
-    rat r;
-    if (b < 0 && eval_exact(exponent, &r) && r.d % 2 == 1) {
-        double m = pow(-b, (double)r.n / (double)r.d);
-        return r.n % 2 ? -m : m;
+    mpq_srcptr r = b < 0 ? exact(exponent) : NULL;
+    if (r && mpz_odd_p(mpq_denref(r))) {
+        double m = pow(-b, q_to_double(r));
+        return mpz_odd_p(mpq_numref(r)) ? -m : m;
     }
-    return pow(b, eval_num(exponent, trial));
+    double x = eval_num(exponent, trial);
+    return b == 0 && x < 0 ? NAN : pow(b, x);
 }
 
 static double eval_num(const qd_rw_node *e, int trial)
 {
-    rat r;
-    if (e->kind != QD_RW_NUM && eval_exact(e, &r))
-        return (double)r.n / (double)r.d;
+    mpq_srcptr r = e->kind != QD_RW_NUM ? exact(e) : NULL;
+    if (r)
+        return q_to_double(r);
+    double y;
     switch (e->kind) {
     case QD_RW_NUM:
         return e->val;
@@ -194,8 +251,9 @@ static double eval_num(const qd_rw_node *e, int trial)
         return eval_num(e->kids[0], trial) - eval_num(e->kids[1], trial);
     case QD_RW_MUL:
         return eval_num(e->kids[0], trial) * eval_num(e->kids[1], trial);
-    case QD_RW_DIV:
-        return eval_num(e->kids[0], trial) / eval_num(e->kids[1], trial);
+    case QD_RW_DIV: /* x/0 is undefined, not infinite */
+        y = eval_num(e->kids[1], trial);
+        return y == 0 ? NAN : eval_num(e->kids[0], trial) / y;
     case QD_RW_POW:
         return real_pow(eval_num(e->kids[0], trial), e->kids[1], trial);
     case QD_RW_FACT:
@@ -228,21 +286,56 @@ static const qd_rw_node *decimal_literal(const qd_rw_node *e)
     return e->kind == QD_RW_NUM && e->decimals >= 2 ? e : NULL;
 }
 
-static bool is_scalar(const qd_rw_node *e)
+/* "2.67" stands for 8/3: where exactly one side is a decimal literal and
+ * both are constants, the other side must round to it at its last place.
+ * -1 when the rule does not apply. */
+static int decimal_rounds_to(const qd_rw_node *g, const qd_rw_node *p)
+{
+    const qd_rw_node *lg = decimal_literal(g), *lp = decimal_literal(p);
+    if ((lg != NULL) == (lp != NULL) || has_symbols(g) || has_symbols(p))
+        return -1;
+    const qd_rw_node *lit = lg ? lg : lp;
+    double lv = eval_num(lg ? g : p, 0), ov = eval_num(lg ? p : g, 0);
+    return isfinite(lv) && isfinite(ov) && fabs(lv - ov) <= 0.5 * pow(10, -lit->decimals) + 1e-12 * fabs(ov);
+}
+
+/* An arithmetic expression (with ± among its operations when pm). */
+static bool scalar_tree(const qd_rw_node *e, bool pm)
 {
     switch (e->kind) {
     case QD_RW_NUM: case QD_RW_VAR: case QD_RW_INF: case QD_RW_ADD: case QD_RW_SUB:
     case QD_RW_MUL: case QD_RW_DIV: case QD_RW_POW: case QD_RW_NEG: case QD_RW_FUNC:
     case QD_RW_FACT:
         break;
+    case QD_RW_PM:
+        if (pm)
+            break;
+        return false;
     default:
         return false;
     }
     for (int i = 0; i < e->nkids; i++)
-        if (e->kids[i] && !is_scalar(e->kids[i]))
+        if (e->kids[i] && !scalar_tree(e->kids[i], pm))
             return false;
     return true;
 }
+
+static bool is_scalar(const qd_rw_node *e) { return scalar_tree(e, false); }
+
+/* Does the tree hold a node of kind k (\infty, a matrix, a ±)? */
+static bool has_kind(const qd_rw_node *e, qd_rw_kind k)
+{
+    if (!e)
+        return false;
+    if (e->kind == k)
+        return true;
+    for (int i = 0; i < e->nkids; i++)
+        if (has_kind(e->kids[i], k))
+            return true;
+    return false;
+}
+
+static bool has_inf(const qd_rw_node *e) { return has_kind(e, QD_RW_INF); }
 
 static bool close_enough(double a, double b)
 {
@@ -253,32 +346,38 @@ static bool close_enough(double a, double b)
 
 static bool scalar_eq(const qd_rw_node *g, const qd_rw_node *p)
 {
-    rat a, b;
-    bool ea = eval_exact(g, &a), eb = eval_exact(p, &b);
-    if (ea && eb && a.n == b.n && a.d == b.d)
+    mpq_srcptr a = exact(g), b = exact(p);
+    if (a && b && mpq_equal(a, b))
         return true;
-    const qd_rw_node *lg = decimal_literal(g), *lp = decimal_literal(p);
-    /* "2.67" stands for 8/3: the other value rounds to the literal's last place */
-    if ((lg != NULL) != (lp != NULL) && !has_symbols(g) && !has_symbols(p)) {
-        const qd_rw_node *lit = lg ? lg : lp;
-        double lv = eval_num(lg ? g : p, 0), ov = eval_num(lg ? p : g, 0);
-        return fabs(lv - ov) <= 0.5 * pow(10, -lit->decimals) + 1e-12 * fabs(ov);
-    }
-    if (ea && eb)
+    int rounded = decimal_rounds_to(g, p);
+    if (rounded >= 0)
+        return rounded;
+    if (a && b)
         return false;
-    /* points outside both domains (sqrt of a negative) are skipped */
+    /* An infinite value stands for itself only where \infty is written: two
+     * values that both overflow a double are not thereby equal. Points
+     * outside both domains (sqrt of a negative, x/0) are skipped. */
+    bool inf_ok = has_inf(g) && has_inf(p), constant = !has_symbols(g) && !has_symbols(p);
     int valid = 0;
     for (int t = 0; t < TRIALS; t++) {
         double x = eval_num(g, t), y = eval_num(p, t);
-        if (isnan(x) && isnan(y))
+        if ((isnan(x) && isnan(y)) || (isinf(x) && isinf(y) && !inf_ok))
             continue;
         if (isnan(x) || isnan(y) || !close_enough(x, y))
             return false;
         valid++;
-        if (!has_symbols(g) && !has_symbols(p))
+        if (constant)
             break;
     }
     return valid > 0;
+}
+
+/* Is a constant answer undefined (1/0, 0/0, \sqrt{-1})? It then equals
+ * nothing, not even itself. (With symbols, a few sample points outside the
+ * domain prove nothing.) */
+static bool undefined(const qd_rw_node *e)
+{
+    return is_scalar(e) && !has_symbols(e) && isnan(eval_num(e, 0));
 }
 
 /* ---- structures */
@@ -467,9 +566,9 @@ static bool text_eq(const qd_rw_node *g, const qd_rw_node *p)
     if (o->kind == QD_RW_TEXT || o->kind == QD_RW_VAR)
         return !strcasecmp(t->name, o->name);
     char *end;
-    double v = strtod(t->name, &end);
-    return *end == '\0' && end != t->name && is_scalar(o) && !has_symbols(o) &&
-           close_enough(v, eval_num(o, 0));
+    double v = strtod(t->name, &end), w = is_scalar(o) ? eval_num(o, 0) : NAN;
+    return *end == '\0' && end != t->name && is_scalar(o) && !has_symbols(o) && !isnan(w) &&
+           (isfinite(w) || has_inf(o)) && close_enough(v, w);
 }
 
 /* Elements of a collection; ± and "name = value" elements expanded.
@@ -592,17 +691,7 @@ typedef struct {
     double v[MAX_CELLS]; /* (rows, cols) row-major */
 } matrix;
 
-static bool has_matrix(const qd_rw_node *e)
-{
-    if (!e)
-        return false;
-    if (e->kind == QD_RW_MATRIX)
-        return true;
-    for (int i = 0; i < e->nkids; i++)
-        if (has_matrix(e->kids[i]))
-            return true;
-    return false;
-}
+static bool has_matrix(const qd_rw_node *e) { return has_kind(e, QD_RW_MATRIX); }
 
 /* Numeric value of a matrix expression: sums, products, scalar multiples. */
 static bool mat_eval(const qd_rw_node *e, int trial, matrix *m)
@@ -674,8 +763,45 @@ static bool mat_expr_eq(const qd_rw_node *g, const qd_rw_node *p)
     return true;
 }
 
+static bool has_pm(const qd_rw_node *e) { return has_kind(e, QD_RW_PM); }
+
+/* e with every ± taken as + (sign 1) or - (sign -1); subtrees without one
+ * are shared, not copied. */
+static qd_rw_node *pm_branch(ctx *c, qd_rw_node *e, int sign)
+{
+    if (!has_pm(e))
+        return e;
+    if (e->kind == QD_RW_PM) {
+        qd_rw_node *b = pm_branch(c, e->kids[1], sign), *a = e->kids[0] ? pm_branch(c, e->kids[0], sign) : NULL;
+        return a ? mk2(c, sign > 0 ? QD_RW_ADD : QD_RW_SUB, a, b) : sign > 0 ? b : mk2(c, QD_RW_NEG, b, NULL);
+    }
+    qd_rw_node *n = qd_rw_new(c->arena, e->kind);
+    memcpy(n->name, e->name, sizeof n->name);
+    n->open = e->open;
+    n->close = e->close;
+    n->rows = e->rows;
+    n->cols = e->cols;
+    for (int i = 0; i < e->nkids; i++)
+        qd_rw_add_kid(n, e->kids[i] ? pm_branch(c, e->kids[i], sign) : NULL);
+    return n;
+}
+
+/* "\frac{-1 \pm \sqrt{17}}{2}": a ± inside an expression stands for the
+ * set of its two values (a ± at the top is a collection already). */
+static const qd_rw_node *inner_pm_as_set(ctx *c, const qd_rw_node *e)
+{
+    if (e->kind == QD_RW_PM || !scalar_tree(e, true) || !has_pm(e))
+        return e;
+    qd_rw_node *s = qd_rw_new(c->arena, QD_RW_SET);
+    qd_rw_add_kid(s, pm_branch(c, (qd_rw_node *)e, 1));
+    qd_rw_add_kid(s, pm_branch(c, (qd_rw_node *)e, -1));
+    return s;
+}
+
 static bool eq(ctx *c, const qd_rw_node *g, const qd_rw_node *p)
 {
+    g = inner_pm_as_set(c, g);
+    p = inner_pm_as_set(c, p);
     if (g->kind == QD_RW_REL || p->kind == QD_RW_REL) {
         bool both = g->kind == QD_RW_REL && p->kind == QD_RW_REL;
         const qd_rw_node *gv = as_value(c, g, true, both), *pv = as_value(c, p, false, both);
@@ -721,8 +847,13 @@ bool qd_rewards_equiv(const char *gold, const char *pred)
 {
     if (!gold || !pred)
         return false;
-    if (same_text(gold, pred))
-        return true;
+    if (same_text(gold, pred)) {
+        qd_rw_arena arena = {0};
+        qd_rw_node *g = qd_rw_parse(&arena, gold, false);
+        bool undef = g && undefined(g);
+        qd_rw_arena_free(&arena);
+        return !undef;
+    }
     /* "1,22" is a list or a decimal: either reading may match */
     bool res = false;
     for (int dc = 0; dc < 2 && !res; dc++) {

@@ -20,7 +20,7 @@ const char *qd_rewards_after_think(const char *text)
 
 typedef struct {
     size_t start, end; /* span of the whole \boxed{...} in the text */
-    char *content;
+    size_t cs, ce;     /* span of its content */
 } box_span;
 
 /* close[i] = index just past the '}' matching a '{' at i, 0 when unmatched:
@@ -44,88 +44,112 @@ static size_t *brace_table(const char *text, size_t n)
     return close;
 }
 
-/* Parses a box command at text[i] (pointing at '\'); 0 when it is none. */
-static size_t parse_box(const char *text, const size_t *close_of, size_t i, char **content)
+/* Parses a box command at text[i] (pointing at '\\') that ends by text[lim];
+ * 0 when it is none. The content is text[*cs, *ce). */
+static size_t parse_box(const char *text, const size_t *close_of, size_t i, size_t lim, size_t *cs, size_t *ce)
 {
     size_t n = qd_rw_starts(text + i, "\\boxed") ? 6 : qd_rw_starts(text + i, "\\fbox") ? 5 : 0;
-    if (!n)
+    if (!n || i + n > lim)
         return 0;
     size_t j = i + n;
-    if (isalpha((unsigned char)text[j]))
+    if (j < lim && isalpha((unsigned char)text[j]))
         return 0; /* \boxedsomething is another command */
-    while (text[j] == ' ')
+    while (j < lim && text[j] == ' ')
         j++;
-    if (text[j] == '{') {
+    if (j < lim && text[j] == '{') {
         size_t close = close_of[j];
-        if (!close)
+        if (!close || close > lim)
             return 0;
-        *content = qd_rw_strndup(text + j + 1, close - j - 2);
+        *cs = j + 1;
+        *ce = close - 1;
         return close;
     }
     if (j == i + n)
         return 0; /* "\boxed" followed directly by something else */
     size_t k = j; /* "\boxed 5$." form: up to whitespace or '$' */
-    while (text[k] && !isspace((unsigned char)text[k]) && text[k] != '$')
+    while (k < lim && !isspace((unsigned char)text[k]) && text[k] != '$')
         k++;
     size_t e = k;
     while (e > j && text[e - 1] == '.')
         e--;
     if (e == j)
         return 0;
-    *content = qd_rw_strndup(text + j, e - j);
+    *cs = j;
+    *ce = e;
     return k;
 }
 
-/* All outermost boxes of text, in order. Returns their number. */
-static int find_boxes(const char *text, box_span *out, int cap)
+/* The box command at text[i] ("\\boxed", a backslash doubled by an escaping
+ * layer, counts too); 0 when there is none. */
+static size_t box_at(const char *text, const size_t *close_of, size_t i, size_t lim, size_t *cs, size_t *ce)
+{
+    size_t at = text[i] == '\\' && i + 1 < lim && text[i + 1] == '\\' ? i + 1 : i;
+    return text[at] == '\\' ? parse_box(text, close_of, at, lim, cs, ce) : 0;
+}
+
+/* Innermost content of text[cs, ce) stripped of boxes that span it whole
+ * (\boxed{\boxed{3}} -> 3), trimmed. Linear in the length: the brace table
+ * of the text serves every level, since a matched pair encloses balanced
+ * braces. Only the content of a "\boxed 5" form, which is not delimited by
+ * braces, needs a table of its own (at most once: that content has no
+ * spaces, so no further such form fits inside). */
+static char *unnest(const char *text, const size_t *close_of, size_t cs, size_t ce)
+{
+    size_t *own = NULL;
+    for (;;) {
+        while (cs < ce && isspace((unsigned char)text[cs]))
+            cs++;
+        while (ce > cs && isspace((unsigned char)text[ce - 1]))
+            ce--;
+        size_t a, b;
+        if (cs == ce || box_at(text, close_of, cs, ce, &a, &b) != ce)
+            break;
+        if (text[a - 1] != '{') { /* a "\boxed 5" form */
+            free(own);
+            own = brace_table(text + a, b - a);
+            text += a;
+            close_of = own;
+            ce = b - a;
+            cs = 0;
+            continue;
+        }
+        cs = a;
+        ce = b;
+    }
+    char *r = qd_rw_strndup(text + cs, ce - cs);
+    free(own);
+    return r;
+}
+
+/* All outermost boxes of text, in order, the last `cap` of them. Returns
+ * their number; contents are left to the caller (unnest). */
+static int find_boxes(const char *text, const size_t *close_of, box_span *out, int cap)
 {
     int n = 0;
-    size_t *close_of = brace_table(text, strlen(text));
-    for (size_t i = 0; text[i];) {
-        char *c = NULL;
-        /* "\\boxed" (a backslash doubled by an escaping layer) counts too */
-        size_t at = text[i] == '\\' && text[i + 1] == '\\' ? i + 1 : i;
-        size_t end = text[at] == '\\' ? parse_box(text, close_of, at, &c) : 0;
+    size_t len = strlen(text);
+    for (size_t i = 0; i < len;) {
+        size_t cs, ce, end = box_at(text, close_of, i, len, &cs, &ce);
         if (!end) {
             i++;
             continue;
         }
         if (n == cap) { /* keep the last `cap` boxes */
-            free(out[0].content);
             memmove(out, out + 1, sizeof(box_span) * (size_t)(cap - 1));
             n--;
         }
-        out[n++] = (box_span){i, end, c};
+        out[n++] = (box_span){i, end, cs, ce};
         i = end;
     }
-    free(close_of);
     return n;
-}
-
-/* \boxed{\boxed{3}} -> 3 */
-static char *unnest(char *c)
-{
-    for (;;) {
-        char *t = qd_rw_trim(c);
-        box_span b;
-        if (find_boxes(t, &b, 1) == 1 && b.start == 0 && b.end == strlen(t)) {
-            free(c);
-            free(t);
-            c = b.content;
-            continue;
-        }
-        if (find_boxes(t, &b, 1) == 1)
-            free(b.content);
-        free(c);
-        return t;
-    }
 }
 
 char *qd_rewards_last_boxed(const char *text)
 {
     box_span b[1];
-    int n = find_boxes(text, b, 1);
-    return n ? unnest(b[0].content) : NULL;
+    size_t *close_of = brace_table(text, strlen(text));
+    char *r = find_boxes(text, close_of, b, 1) ? unnest(text, close_of, b[0].cs, b[0].ce) : NULL;
+    free(close_of);
+    return r;
 }
 
 /* Only separators between two boxes: "\boxed{1}, \boxed{2}" and
@@ -155,23 +179,24 @@ static bool only_separators(const char *s, size_t n)
 static char *boxed_answer(const char *text, size_t *pos)
 {
     box_span b[MAX_BOXES];
-    int n = find_boxes(text, b, MAX_BOXES);
-    if (!n)
+    size_t *close_of = brace_table(text, strlen(text));
+    int n = find_boxes(text, close_of, b, MAX_BOXES);
+    if (!n) {
+        free(close_of);
         return NULL;
+    }
     int first = n - 1;
     while (first > 0 && only_separators(text + b[first - 1].end, b[first].start - b[first - 1].end))
         first--;
     *pos = b[first].start;
     char *res;
     if (first == n - 1) {
-        res = unnest(b[n - 1].content);
-        b[n - 1].content = NULL;
+        res = unnest(text, close_of, b[n - 1].cs, b[n - 1].ce);
     } else {
         qd_rw_buf o = {0};
         qd_rw_buf_puts(&o, "\\{");
         for (int i = first; i < n; i++) {
-            char *c = unnest(b[i].content);
-            b[i].content = NULL;
+            char *c = unnest(text, close_of, b[i].cs, b[i].ce);
             qd_rw_buf_puts(&o, i > first ? "," : "");
             qd_rw_buf_puts(&o, c);
             free(c);
@@ -179,8 +204,7 @@ static char *boxed_answer(const char *text, size_t *pos)
         qd_rw_buf_puts(&o, "\\}");
         res = qd_rw_buf_steal(&o);
     }
-    for (int i = 0; i < n; i++)
-        free(b[i].content);
+    free(close_of);
     return res;
 }
 

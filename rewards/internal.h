@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <gmp.h>
 
 /* A growable NUL-terminated string. */
 typedef struct {
@@ -61,24 +62,29 @@ typedef enum {
 #define QD_RW_IN 'i'
 
 typedef struct qd_rw_node qd_rw_node;
+typedef struct qd_rw_arena qd_rw_arena;
 struct qd_rw_node {
     qd_rw_kind kind;
-    int64_t num, den;  /* NUM: exact value num/den when exact */
+    int64_t num, den;  /* NUM: exact value num/den when it fits in 64 bits */
     bool exact;
     double val;        /* NUM: value */
     int decimals;      /* NUM: digits after the point as written (0 for integers) */
-    char name[64];     /* VAR/TEXT/FUNC name */
+    char name[64];     /* VAR/TEXT/FUNC name; NUM: the literal as written */
     char open, close;  /* TUPLE brackets */
     int rows, cols;    /* MATRIX */
     int nkids;
     qd_rw_node **kids;
     char *ops;         /* REL: nkids-1 operators */
     qd_rw_node *next_alloc; /* arena chain */
+    qd_rw_arena *arena;     /* the arena that owns the node */
+    int qstate;             /* exact value (equiv.c memo): 0 not computed, 1 in q, -1 none */
+    mpq_t q;                /* initialized once qstate != 0 */
 };
 
-typedef struct {
+struct qd_rw_arena {
     qd_rw_node *nodes; /* every node allocated for one parse */
-} qd_rw_arena;
+    long exact_work;   /* bits of exact arithmetic spent on these nodes (equiv.c bounds it) */
+};
 
 /* Parses one extracted answer into an AST; NULL if it is not understood.
  * With decimal_comma, a whole answer like "2,74" or "0,111" is a decimal

@@ -17,6 +17,7 @@ qd_rw_node *qd_rw_new(qd_rw_arena *a, qd_rw_kind kind)
     if (!n)
         abort();
     n->kind = kind;
+    n->arena = a;
     n->next_alloc = a->nodes;
     a->nodes = n;
     return n;
@@ -38,6 +39,8 @@ void qd_rw_arena_free(qd_rw_arena *a)
         a->nodes = n->next_alloc;
         free(n->kids);
         free(n->ops);
+        if (n->qstate)
+            mpq_clear(n->q);
         free(n);
     }
 }
@@ -308,10 +311,12 @@ static qd_rw_node *parse_additive(parser *p);
 static qd_rw_node *parse_unary(parser *p);
 static qd_rw_node *parse_power(parser *p);
 
-/* A literal: exact num/den when it fits in 64 bits (1.25e-3 included). */
+/* A literal: exact num/den when it fits in 64 bits (1.25e-3 included); the
+ * text is kept for exact comparison of larger ones. */
 static qd_rw_node *number_node(parser *p, const char *s)
 {
     qd_rw_node *n = qd_rw_new(p->arena, QD_RW_NUM);
+    snprintf(n->name, sizeof n->name, "%s", s); /* tokens are shorter: see push() */
     n->val = strtod(s, NULL);
     size_t mant = strcspn(s, "eE");
     const char *dot = memchr(s, '.', mant);

@@ -8,11 +8,12 @@ stdin closes (so it dies with the test runner).
 
 Routes
   /datasets/REPO/resolve/REV/FILE   REPO in HUB_FILES: that fixture; REPO "t/ok": FIXTURE_DIR/FILE
-  /datasets/t/BEHAVIOUR/resolve/REV/FILE   see behave()
+  /datasets/t/BEHAVIOUR/resolve/REV/FILE   see behave() and stream()
   /cdn/FILE                          FIXTURE_DIR/FILE (redirect target)
   /rows?dataset=..&config=..&split=..&offset=..&length=..   rows API over a fixture JSONL
   /hits?path=P                       how many requests P (path + query) has had
 """
+import gzip
 import json
 import os
 import socket
@@ -30,16 +31,29 @@ LOCK = threading.Lock()
 HUB_FILES = {
     "HuggingFaceH4/MATH-500": "math500_test.jsonl",
     "math-ai/aime25": "aime25_evalchemy.json",
+    # every release file of it is served by the one real release_v1 copy
+    "livecodebench/code_generation_lite": "livecodebench_release_v1_nopriv_mavencoder.jsonl",
 }
 ROWS = {
     "openai/gsm8k": "gsm8k_test.jsonl",
     "HuggingFaceH4/aime_2024": "aime24_qwen25math.jsonl",
     "math-ai/amc23": "amc23_qwen25math.jsonl",
     "Hothan/OlympiadBench": "olympiadbench_qwen25math.jsonl",
+    "MathArena/hmmt_feb_2025": "hmmt_feb_2025.jsonl",
     "t/rows-flaky": "aime24_qwen25math.jsonl",
     "t/rows-truncated": "aime24_qwen25math.jsonl",
     "t/rows-shrink": "gsm8k_test.jsonl",
     "t/rows-bad": None,
+    "t/rows-evil": None,
+    "t/rows-empty": None,
+    "t/rows-huge": "aime24_qwen25math.jsonl",
+}
+
+# The hub's columns where the fixture copy names them differently: MathArena's
+# dataset card lists problem_idx (int), problem, answer, problem_type.
+HUB_COLUMNS = {
+    "MathArena/hmmt_feb_2025": lambda i, r: {"problem_idx": i + 1, "problem": r["question"],
+                                             "answer": r["answer"], "problem_type": r["problem_type"]},
 }
 
 LFS_POINTER = (b"version https://git-lfs.github.com/spec/v1\n"
@@ -140,6 +154,20 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(8)
             self.close_connection = True
             return None
+        if how in ("rangecut", "norange"):
+            return self.ranged(how, body, n)
+        if how in ("endless", "drip"):
+            return self.stream(how)
+        if how == "gzipbomb":  # 64 MiB of 'A' in a ~64 KB gzip reply
+            z = gzip.compress(b"A" * (64 << 20), compresslevel=9)
+            return self.send(200, z, "text/plain", [("Content-Encoding", "gzip")])
+        if how == "empty":
+            return self.send(200, b"", "application/json")
+        if how == "garbage":
+            return self.send(200, b"\x00\x01\x02 not json at all {", "application/json")
+        if how == "evilmsg":  # terminal escapes in the hub's error header
+            return self.send(403, b"denied", "text/plain",
+                             [("X-Error-Message", "\x1b[2J\x1b]0;pwned\x07\x1b[31mgated\x9b1m")])
         if how == "corrupt":  # one byte changed, same length
             return self.send(200, body[:100] + bytes([body[100] ^ 1]) + body[101:])
         if how == "lfs":
@@ -147,6 +175,47 @@ class Handler(BaseHTTPRequestHandler):
         if how == "html":
             return self.send(200, HTML, "text/html")
         return self.not_found()
+
+    def ranged(self, how, body, n):
+        """rangecut: a request without Range is cut at half, one with
+        "Range: bytes=N-" gets 206 and the rest; norange: Range ignored, the
+        first request cut at half, the others whole (200)."""
+        rng = self.headers.get("Range")
+        if rng:
+            hit("range " + self.path)
+        if how == "rangecut" and rng and rng.startswith("bytes=") and rng.endswith("-"):
+            start = int(rng[6:-1])
+            self.send_response(206)
+            self.send_header("Content-Range", "bytes %d-%d/%d" % (start, len(body) - 1, len(body)))
+            self.send_header("Content-Length", str(len(body) - start))
+            self.end_headers()
+            self.wfile.write(body[start:])
+            return None
+        if how == "rangecut" or n == 1:
+            return self.cut(body, len(body) // 2)
+        return self.send(200, body)
+
+    def stream(self, how):
+        """endless: chunked 64 KB chunks forever; drip: 2 bytes every 0.5 s of a
+        promised megabyte. Both stop when the client hangs up."""
+        self.send_response(200)
+        if how == "endless":
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Content-Length", str(1 << 20))
+        self.end_headers()
+        self.close_connection = True
+        chunk = b"x" * 65536
+        try:
+            while True:
+                if how == "endless":
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                else:
+                    self.wfile.write(b"xx")
+                    self.wfile.flush()
+                    time.sleep(0.5)
+        except OSError:
+            pass
 
     def rows(self, q, n):
         ds = q.get("dataset", [""])[0]
@@ -156,14 +225,23 @@ class Handler(BaseHTTPRequestHandler):
                              json.dumps({"error": "bad request"}).encode(), "application/json")
         if ds == "t/rows-bad":
             return self.send(200, b'{"rows": "nope"}', "application/json")
+        if ds == "t/rows-evil":
+            return self.send(400, json.dumps({"error": "\x1b[2Jbad\x07 request"}).encode(), "application/json")
+        if ds == "t/rows-empty":
+            return self.send(200, b'{"rows": [], "num_rows_total": 0}', "application/json")
         if ds == "t/rows-flaky" and offset == 0 and n == 1:
             return self.send(503, json.dumps({"error": "try later"}).encode(), "application/json")
         with open(os.path.join(FIXTURES, ROWS[ds]), encoding="utf-8") as f:
             data = [json.loads(l) for l in f if l.strip()]
+        if ds in HUB_COLUMNS:
+            data = [HUB_COLUMNS[ds](i, r) for i, r in enumerate(data)]
         total = len(data)
         if ds == "t/rows-shrink" and offset > 0:
             total -= 1
         page = data[offset:offset + length]
+        if ds == "t/rows-huge":  # claims 10^12 rows and serves full pages of copies
+            total = 10**12
+            page = [data[(offset + i) % len(data)] for i in range(length)]
         rows = [{"row_idx": offset + i, "row": r,
                  "truncated_cells": ["problem"] if ds == "t/rows-truncated" and offset + i == 7 else []}
                 for i, r in enumerate(page)]
@@ -172,9 +250,17 @@ class Handler(BaseHTTPRequestHandler):
         self.send(200, json.dumps(reply).encode(), "application/json")
 
 
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        """A client hanging up on a streamed reply is expected, not news."""
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
+
+
 def main():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
+    server = Server(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     print(server.server_address[1], flush=True)
     sys.stdin.read()  # returns when the test runner closes our stdin or exits

@@ -104,11 +104,12 @@ json_t *qd_test_load_jsonl(const char *path)
     return arr;
 }
 
-int qd_test_run_quads(const char *args, char *out, size_t n)
+/* The build tree's program prog with args; its output into out, its exit status returned. */
+static int run_program(const char *prog, const char *args, char *out, size_t n)
 {
     const char *bd = getenv("QD_BUILDDIR");
     char cmd[4096];
-    int w = snprintf(cmd, sizeof cmd, "%s/quads %s 2>&1", bd ? bd : ".", args);
+    int w = snprintf(cmd, sizeof cmd, "%s/%s %s 2>&1", bd ? bd : ".", prog, args);
     ck_assert_msg(w >= 0 && (size_t)w < sizeof cmd, "command too long: %s", cmd);
     FILE *p = popen(cmd, "r");
     ck_assert_ptr_nonnull(p);
@@ -117,6 +118,10 @@ int qd_test_run_quads(const char *args, char *out, size_t n)
     int st = pclose(p);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
+
+int qd_test_run_quads(const char *args, char *out, size_t n) { return run_program("quads", args, out, n); }
+
+int qd_test_run_rl_hooks(const char *args, char *out, size_t n) { return run_program("tests/rl_hooks", args, out, n); }
 
 qd_model_config qd_test_moe_config(int vocab, int experts, int max_positions)
 {
@@ -140,6 +145,7 @@ int main(void)
     srunner_add_suite(sr, suite_eval());
     srunner_add_suite(sr, suite_benchmarks());
     srunner_add_suite(sr, suite_backend_cpu());
+    srunner_add_suite(sr, suite_ops());
     srunner_add_suite(sr, suite_orchestrator());
     srunner_add_suite(sr, suite_tiny());
     srunner_add_suite(sr, suite_rl());
@@ -147,6 +153,8 @@ int main(void)
     srunner_add_suite(sr, suite_models());
     srunner_add_suite(sr, suite_dist());
     srunner_add_suite(sr, suite_tb());
+    srunner_add_suite(sr, suite_sandbox());
+    srunner_add_suite(sr, suite_code());
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);

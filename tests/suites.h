@@ -13,6 +13,7 @@ Suite *suite_rewards(void);
 Suite *suite_eval(void);
 Suite *suite_benchmarks(void);
 Suite *suite_backend_cpu(void);
+Suite *suite_ops(void);
 Suite *suite_orchestrator(void);
 Suite *suite_tiny(void);
 Suite *suite_rl(void);
@@ -20,6 +21,8 @@ Suite *suite_sampling(void);
 Suite *suite_models(void);
 Suite *suite_dist(void);
 Suite *suite_tb(void);
+Suite *suite_sandbox(void);
+Suite *suite_code(void);
 
 /* Path of a file under the source tree (QD_SRCDIR, set by make check). */
 const char *qd_test_path(const char *rel);
@@ -46,6 +49,9 @@ json_t *qd_test_load_jsonl(const char *path);
  * make check) with stdout+stderr into out (n bytes, NUL-terminated); returns
  * its exit status, -1 when it did not exit normally. */
 int qd_test_run_quads(const char *args, char *out, size_t n);
+/* The same with tests/rl_hooks (quads rl with the hooks of the environment's
+ * QD_RL_TEST_KILL_STEP and QD_RL_TEST_NAN_STEP; args start with "rl"). */
+int qd_test_run_rl_hooks(const char *args, char *out, size_t n);
 
 /* A small Qwen3-MoE for tests (qd_sft_make_config's architecture): hidden 32,
  * 2 layers, 4 heads / 2 kv heads of 16, top-2 experts of width 16, every layer

@@ -90,7 +90,7 @@ static void tiny_batch(int32_t *tok, uint64_t seed)
 static void forward_ok(qd_backend *b, const int32_t *tok, const int32_t *len, int B, int T, float *logp,
                        float *logits)
 {
-    qd_batch bt = {B, T, tok, len, 1.0f};
+    qd_batch bt = {.B = B, .T = T, .tokens = tok, .lengths = len, .temperature = 1.0f};
     qd_status st = qd_backend_forward(b, &bt, logp, logits);
     ck_assert_msg(st == QD_OK, "forward: %s", qd_last_error());
 }
@@ -617,7 +617,7 @@ START_TEST(test_adamw)
     float coef[TB * TT], logp[TB * TT];
     tiny_batch(tok, 52);
     random_coef(coef, 53);
-    qd_adamw o = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f};
+    qd_adamw o = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_clip = 0.5f};
     int np;
     const qd_param_info *pi = qd_backend_params(b, &np);
     for (int step = 1; step <= 2; step++) {
@@ -674,7 +674,7 @@ START_TEST(test_set_grads)
     float coef[TB * TT], logp[TB * TT], norm[2];
     tiny_batch(tok, 62);
     random_coef(coef, 63);
-    qd_adamw o = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.0f};
+    qd_adamw o = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_clip = 0.0f};
     for (int k = 0; k < 2; k++) {
         ck_assert_int_eq(qd_backend_set_weights(b[k], w, n), QD_OK);
         qd_backend_zero_grad(b[k]);
@@ -779,7 +779,8 @@ START_TEST(test_rac_state_errors)
     int32_t tok[TB * TT];
     float logp[TB * TT];
     tiny_batch(tok, 82);
-    forward_ok(b, tok, tlen, TB, TT, logp, NULL);
+    qd_batch bt = {.B = TB, .T = TT, .tokens = tok, .lengths = tlen, .temperature = 1.0f, .rac_stats = 1};
+    ck_assert_int_eq(qd_backend_forward(b, &bt, logp, NULL), QD_OK);
     size_t rb = qd_backend_rac_state_size(b), ne = 0, want = 0;
     char *blob = malloc(rb), *again = malloc(rb);
     ck_assert_int_eq(qd_backend_get_rac_state(b, blob, rb), QD_OK);
@@ -804,6 +805,71 @@ START_TEST(test_rac_state_errors)
     ck_assert(memcmp(blob, again, rb) == 0);
     ck_assert_int_eq(qd_rac_state_errors(blob, rb - 8, &c, NULL, &ne, 0), QD_ERR_FORMAT);
     free(blob), free(again), free(e), free(w);
+    qd_backend_free(b);
+}
+END_TEST
+
+/* RAC statistics are gathered only by calls that ask (rac_stats = 1), and the
+ * named slots read and write them alone: the channel sets stay, a bad value
+ * or count is refused. */
+START_TEST(test_rac_stats_explicit)
+{
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend *b = make(&c, QD_RECIPE_QUADS, QD_ROLE_ROLLOUT, 0.25, 0);
+    float *w = random_weights(b, 83);
+    ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
+    size_t n = qd_backend_rac_stats_count(b), rb = qd_backend_rac_state_size(b);
+    ck_assert_uint_gt(n, 0);
+    double *a = malloc(sizeof(double) * n), *z = calloc(n, sizeof(double));
+    char *blob = malloc(rb), *blob2 = malloc(rb);
+    int32_t tok[TB * TT], gt[2 * 4], gl[2];
+    float logp[TB * TT], glp[2 * 4];
+    tiny_batch(tok, 84);
+    qd_batch bt = {.B = TB, .T = TT, .tokens = tok, .lengths = tlen, .temperature = 1.0f};
+    forward_ok(b, tok, tlen, TB, TT, logp, NULL);  /* asks nothing: statistics stay zero */
+    ck_assert_int_eq(qd_backend_get_rac_stats(b, a, n), QD_OK);
+    ck_assert_mem_eq(a, z, sizeof(double) * n);
+    uint64_t sid[2] = {1, 2};
+    qd_generate_request rq = {.B = 2, .Tp = TT, .prompt = tok, .prompt_len = tlen, .seq_id = sid, .seed = 1,
+                              .max_new_tokens = 4, .temperature = 1.0f, .top_p = 1.0f};
+    qd_generate_result res = {.tokens = gt, .logp = glp, .lengths = gl};
+    ck_assert_int_eq(qd_backend_generate(b, &rq, &res), QD_OK);
+    ck_assert_int_eq(qd_backend_get_rac_stats(b, a, n), QD_OK);
+    ck_assert_mem_eq(a, z, sizeof(double) * n);
+    rq.rac_stats = 1;  /* a rollout: gathers */
+    ck_assert_int_eq(qd_backend_generate(b, &rq, &res), QD_OK);
+    ck_assert_int_eq(qd_backend_get_rac_stats(b, a, n), QD_OK);
+    double s1 = 0;
+    for (size_t i = 0; i < n; i++)
+        s1 += a[i];
+    ck_assert(s1 > 0);
+    bt.rac_stats = 1;  /* a forward that asks adds to them */
+    ck_assert_int_eq(qd_backend_forward(b, &bt, logp, NULL), QD_OK);
+    ck_assert_int_eq(qd_backend_get_rac_stats(b, a, n), QD_OK);
+    double s2 = 0;
+    for (size_t i = 0; i < n; i++)
+        s2 += a[i];
+    ck_assert(s2 > s1);
+    /* set_rac_stats: only the statistics change (the blob's channel sets stay) */
+    ck_assert_int_eq(qd_backend_get_rac_state(b, blob, rb), QD_OK);
+    for (size_t i = 0; i < n; i++)
+        a[i] = (double)i;
+    ck_assert_int_eq(qd_backend_set_rac_stats(b, a, n), QD_OK);
+    ck_assert_int_eq(qd_backend_get_rac_stats(b, z, n), QD_OK);
+    ck_assert_mem_eq(a, z, sizeof(double) * n);
+    ck_assert_int_eq(qd_backend_get_rac_state(b, blob2, rb), QD_OK);
+    size_t ne = n;
+    ck_assert_int_eq(qd_rac_state_errors(blob, rb, &c, a, &ne, 1), QD_OK); /* the old blob with the new stats */
+    ck_assert_mem_eq(blob, blob2, rb);
+    a[3] = NAN;
+    ck_assert_int_eq(qd_backend_set_rac_stats(b, a, n), QD_ERR_NONFINITE);
+    a[3] = -1;
+    ck_assert_int_eq(qd_backend_set_rac_stats(b, a, n), QD_ERR_ARG);
+    ck_assert(strstr(qd_last_error(), "statistic 3") != NULL);
+    ck_assert_int_eq(qd_backend_set_rac_stats(b, a, n - 1), QD_ERR_SHAPE);
+    ck_assert_int_eq(qd_backend_get_rac_stats(b, a, n), QD_OK);  /* nothing changed by the refusals */
+    ck_assert_mem_eq(a, z, sizeof(double) * n);
+    free(a), free(z), free(blob), free(blob2), free(w);
     qd_backend_free(b);
 }
 END_TEST
@@ -861,8 +927,10 @@ START_TEST(test_diagnostics)
     int32_t gt[GB * 4], gl[GB];
     float glp[GB * 4];
     int32_t prompt[GB * GP] = {0};
-    qd_generate_request rq = {GB, GP, prompt, gplen, gsid, 3, 4, 1.0f, 0, 1.0f, NULL, 0};
-    qd_generate_result res = {gt, glp, gl};
+    qd_generate_request rq = {.B = GB, .Tp = GP, .prompt = prompt, .prompt_len = gplen, .seq_id = gsid, .seed = 3,
+                              .max_new_tokens = 4, .temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .stop = NULL,
+                              .num_stop = 0};
+    qd_generate_result res = {.tokens = gt, .logp = glp, .lengths = gl};
     ck_assert_int_eq(qd_backend_generate(b[0], &rq, &res), QD_OK);
     qd_diagnostics dg;
     ck_assert_int_eq(qd_backend_diagnostics(b[0], &dg), QD_OK);
@@ -885,9 +953,10 @@ static void generate_rows(qd_backend *b, int first, int B, float temperature, in
     rng_state = 77;
     for (int i = 0; i < GB * GP; i++)
         prompt[i] = (int32_t)(urand() * 64);
-    qd_generate_request rq = {B, GP, prompt + first * GP, gplen + first, gsid + first, seed, GM,
-                              temperature, top_k, top_p, stop, nstop};
-    qd_generate_result res = {tok, logp, len};
+    qd_generate_request rq = {.B = B, .Tp = GP, .prompt = prompt + first * GP, .prompt_len = gplen + first,
+                              .seq_id = gsid + first, .seed = seed, .max_new_tokens = GM, .temperature = temperature,
+                              .top_k = top_k, .top_p = top_p, .stop = stop, .num_stop = nstop};
+    qd_generate_result res = {.tokens = tok, .logp = logp, .lengths = len};
     qd_status st = qd_backend_generate(b, &rq, &res);
     ck_assert_msg(st == QD_OK, "generate: %s", qd_last_error());
 }
@@ -1004,9 +1073,10 @@ static void seed_generate(qd_backend *b, int first, int B, uint64_t seed, int32_
         for (int t = 0; t < SP; t++)
             prompt[i * SP + t] = t < plen[i] ? (int32_t)(urand() * 64) : 9999;
     }
-    qd_generate_request rq = {B, SP, prompt + first * SP, plen + first, sid + first, seed, SM,
-                              1.0f, 0, 0.9f, NULL, 0};
-    qd_generate_result res = {tok, logp, len};
+    qd_generate_request rq = {.B = B, .Tp = SP, .prompt = prompt + first * SP, .prompt_len = plen + first,
+                              .seq_id = sid + first, .seed = seed, .max_new_tokens = SM, .temperature = 1.0f,
+                              .top_k = 0, .top_p = 0.9f, .stop = NULL, .num_stop = 0};
+    qd_generate_result res = {.tokens = tok, .logp = logp, .lengths = len};
     qd_status st = qd_backend_generate(b, &rq, &res);
     ck_assert_msg(st == QD_OK, "generate: %s", qd_last_error());
 }
@@ -1073,7 +1143,7 @@ START_TEST(test_errors)
     ck_assert_int_eq(qd_backend_backward(b, logp), QD_ERR_ARG);   /* no forward yet */
     ck_assert_int_eq(qd_backend_set_weights(b, w, n), QD_OK);
     tiny_batch(tok, 62);
-    qd_batch bt = {TB, TT, tok, len, 1.0f};
+    qd_batch bt = {.B = TB, .T = TT, .tokens = tok, .lengths = len, .temperature = 1.0f};
     ck_assert_int_eq(qd_backend_forward(b, &bt, logp, NULL), QD_ERR_SHAPE);
     ck_assert(strstr(qd_last_error(), "lengths[1]") != NULL);
     bt.lengths = tlen;
@@ -1086,8 +1156,10 @@ START_TEST(test_errors)
     int32_t gt[2 * 64], gl[2];
     float glp[2 * 64];
     uint64_t sid[2] = {0, 1};
-    qd_generate_request rq = {2, 7, tok, tlen, sid, 1, 58, 1.0f, 0, 1.0f, NULL, 0};
-    qd_generate_result res = {gt, glp, gl};
+    qd_generate_request rq = {.B = 2, .Tp = 7, .prompt = tok, .prompt_len = tlen, .seq_id = sid, .seed = 1,
+                              .max_new_tokens = 58, .temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .stop = NULL,
+                              .num_stop = 0};
+    qd_generate_result res = {.tokens = gt, .logp = glp, .lengths = gl};
     ck_assert_int_eq(qd_backend_generate(b, &rq, &res), QD_ERR_SHAPE); /* 7 + 58 > 64 positions */
     rq.max_new_tokens = 0;
     ck_assert_int_eq(qd_backend_generate(b, &rq, &res), QD_OK);
@@ -1110,7 +1182,7 @@ END_TEST
 static void forward_temp(qd_backend *b, const int32_t *tok, const int32_t *len, int B, int T, float temp,
                          float *logp, float *logits)
 {
-    qd_batch bt = {B, T, tok, len, temp};
+    qd_batch bt = {.B = B, .T = T, .tokens = tok, .lengths = len, .temperature = temp};
     qd_status st = qd_backend_forward(b, &bt, logp, logits);
     ck_assert_msg(st == QD_OK, "forward at %g: %s", (double)temp, qd_last_error());
 }
@@ -1242,7 +1314,7 @@ START_TEST(test_forward_temperature)
     int32_t tok[TB * TT];
     tiny_batch(tok, 204);
     ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
-    qd_batch bt = {TB, TT, tok, tlen, NAN};
+    qd_batch bt = {.B = TB, .T = TT, .tokens = tok, .lengths = tlen, .temperature = NAN};
     ck_assert_int_eq(qd_backend_forward(b, &bt, logp, NULL), QD_ERR_ARG);
     ck_assert(strstr(qd_last_error(), "temperature") != NULL);
     bt.temperature = -1.0f;
@@ -1270,6 +1342,7 @@ Suite *suite_backend_cpu(void)
     tcase_add_test(tc, test_set_grads);
     tcase_add_test(tc, test_moe_group);
     tcase_add_test(tc, test_rac_state_errors);
+    tcase_add_test(tc, test_rac_stats_explicit);
     tcase_add_test(tc, test_gradients_untied);
     tcase_add_test(tc, test_gradients_tied);
     tcase_add_test(tc, test_recipes_error);

@@ -11,15 +11,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include <jansson.h>
+#include <zlib.h>
 #include "tests/suites.h"
 #include "benchmarks/sha256.h"
 #include "benchmarks/dataset.h"
 #include "benchmarks/fetch.h"
+#include "benchmarks/lcb.h"
 #include "benchmarks/registry.h"
 #include "benchmarks/synth.h"
+#include "quant/fileio.h"
 
 #define FX "tests/fixtures/benchmarks/"
 
@@ -106,7 +110,125 @@ START_TEST(test_sha256_sources_md)
         checked++;
     }
     fclose(f);
-    ck_assert_int_eq(checked, 23);
+    ck_assert_int_eq(checked, 29);
+}
+END_TEST
+
+/* ---- LiveCodeBench tests ------------------------------------------- */
+
+static unsigned char *unhex(const char *h, size_t *n)
+{
+    *n = strlen(h) / 2;
+    unsigned char *b = malloc(*n);
+    for (size_t i = 0; i < *n; i++)
+        sscanf(h + 2 * i, "%2hhx", &b[i]);
+    return b;
+}
+
+/* The real encoded private_test_cases gives its 4 tests, step by step as
+ * LiveCodeBench's own decoder (lcb_private_tests_decode_vector.json). */
+START_TEST(test_lcb_decode_vector)
+{
+    json_t *v = json_load_file(fx("lcb_private_tests_decode_vector.json"), 0, NULL);
+    ck_assert_ptr_nonnull(v);
+    const char *enc = json_string_value(json_object_get(v, "private_test_cases_encoded"));
+    ck_assert_uint_eq(strlen(enc), 176);
+    json_t *tests = NULL;
+    ck_assert_msg(qd_lcb_decode_private_tests(enc, strlen(enc), "1873_A", &tests) == QD_OK, "%s", qd_last_error());
+    ck_assert(json_equal(tests, json_object_get(v, "step4_json_loads")));
+    ck_assert_uint_eq(json_array_size(tests), 4);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(tests, 2), "output")), "NO\nYES\nYES\nYES\nNO\n");
+    json_decref(tests);
+    /* step 3: the pickle (step 2's bytes) holds the JSON text */
+    size_t pn, sn;
+    unsigned char *pk = unhex(json_string_value(json_object_get(v, "step2_zlib_decompressed_hex")), &pn);
+    ck_assert_uint_eq(pn, 378);
+    char *s;
+    ck_assert_int_eq(qd_lcb_unpickle_str(pk, pn, "vector", &s, &sn), QD_OK);
+    ck_assert_str_eq(s, json_string_value(json_object_get(v, "step3_pickle_loads_value")));
+    free(s);
+    /* the plain-JSON form (LiveCodeBench tries json.loads first) */
+    const char *pub = json_string_value(json_object_get(v, "public_test_cases"));
+    ck_assert_int_eq(qd_lcb_decode_private_tests(pub, strlen(pub), "public", &tests), QD_OK);
+    ck_assert_uint_eq(json_array_size(tests), 1);
+    json_decref(tests);
+    /* hostile pickles, each refused with its reason */
+#define PK(bytes, why) {bytes, sizeof bytes - 1, why}
+    static const struct {
+        const char *bytes;
+        size_t n;
+        const char *why;
+    } bad[] = {
+        PK("\x80\x04\x63os\nsystem\n\x8c\x02id\x85R.", "opcode 0x63 at byte 2 refused"), /* GLOBAL os.system */
+        PK("\x80\x04\x8c\x02[]\x94\x8c\x02[]\x2e", "more than one string"),
+        PK("\x80\x04\x8c\x02[]\x94", "truncated at byte 7 (no STOP)"),
+        PK("\x80\x04\x8c\x09[]", "string of 9 bytes at byte 2, only 2 follow"),
+        PK("\x80\x04\x8d\xff\xff\xff\xff\xff\xff\xff\x7f[]\x2e", "string of 9223372036854775807 bytes"),
+        PK("\x80\x04\x58\xff\xff\xff\xff[].", "string of 4294967295 bytes"),
+        PK("\x80\x04\x95\x00\x00\x01\x00\x00\x00\x00\x00\x8c\x02[]\x2e", "FRAME of 65536 bytes"),
+        PK("\x80\x04\x8c\x02[]\x2e\x2e", "1 bytes after the pickle's STOP"),
+        PK("\x80\x04\x2e", "STOP with an empty stack"),
+        PK("\x80\x09\x8c\x02[]\x2e", "PROTO 9"),
+        PK("\x8c\x02[]\x80\x04\x2e", "PROTO 4 at byte 4"),
+        PK("\x80\x04\x94\x8c\x02[]\x2e", "MEMOIZE with an empty stack"),
+        PK("\x80\x04\x8c\x02[]\x94q\x00\x2e", "opcode 0x71 at byte 7 refused"), /* BINPUT */
+        PK("\x80\x04\x95\x01", "truncated in opcode 0x95"),
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_msg(qd_lcb_unpickle_str((const unsigned char *)bad[i].bytes, bad[i].n, "row", &s, &sn) != QD_OK,
+                      "hostile pickle %zu accepted", i);
+        ck_assert_msg(strstr(qd_last_error(), bad[i].why), "pickle %zu: '%s' lacks '%s'", i, qd_last_error(), bad[i].why);
+    }
+#undef PK
+    /* the same refusals through base64 and zlib */
+    unsigned char z[256];
+    uLongf zl = sizeof z;
+    ck_assert_int_eq(compress(z, &zl, (const Bytef *)bad[0].bytes, bad[0].n), Z_OK);
+    static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    char enc2[512];
+    size_t k = 0;
+    for (size_t i = 0; i < zl; i += 3) {
+        uint32_t w = (uint32_t)z[i] << 16 | (i + 1 < zl ? (uint32_t)z[i + 1] << 8 : 0) | (i + 2 < zl ? z[i + 2] : 0);
+        for (int j = 0; j < 4; j++)
+            enc2[k++] = (size_t)j <= (zl - i) ? b64[(w >> (18 - 6 * j)) & 63] : '=';
+    }
+    enc2[k] = '\0';
+    ck_assert_int_ne(qd_lcb_decode_private_tests(enc2, k, "row 7", &tests), QD_OK);
+    ck_assert_msg(strstr(qd_last_error(), "row 7: pickle opcode 0x63"), "%s", qd_last_error());
+    /* a cut-off stream, trailing bytes, not base64 */
+    ck_assert_int_ne(qd_lcb_decode_private_tests(enc, 100, "cut", &tests), QD_OK);
+    ck_assert_msg(strstr(qd_last_error(), "cut: not zlib data, or truncated"), "%s", qd_last_error());
+    ck_assert_int_ne(qd_lcb_decode_private_tests("eJw=", 4, "short", &tests), QD_OK);
+    ck_assert_int_ne(qd_lcb_decode_private_tests("abcde", 5, "pad", &tests), QD_OK);
+    ck_assert_msg(strstr(qd_last_error(), "not base64"), "%s", qd_last_error());
+    /* a pickled string that is not a list of tests */
+    ck_assert_int_ne(qd_lcb_decode_private_tests("[{\"input\": 1}]", 14, "shape", &tests), QD_OK);
+    ck_assert_msg(strstr(qd_last_error(), "test 0: field 'input' is not a string"), "%s", qd_last_error());
+    free(pk);
+    json_decref(v);
+}
+END_TEST
+
+/* The public tests of the 400 real release_v1 problems: 1,043 tests, 604
+ * stdin and 439 functional (SOURCES.md). */
+START_TEST(test_lcb_public_tests)
+{
+    json_t *rows = qd_test_load_jsonl(fx("livecodebench_release_v1_nopriv_mavencoder.jsonl"));
+    ck_assert_uint_eq(json_array_size(rows), 400);
+    size_t n = 0, stdin_n = 0, i;
+    json_t *r;
+    json_array_foreach(rows, i, r) {
+        const char *pub = json_string_value(json_object_get(r, "public_test_cases"));
+        json_t *t;
+        ck_assert_msg(qd_lcb_parse_tests(pub, strlen(pub), "row", &t) == QD_OK, "row %zu: %s", i, qd_last_error());
+        n += json_array_size(t);
+        for (size_t k = 0; k < json_array_size(t); k++)
+            stdin_n += !strcmp(json_string_value(json_object_get(json_array_get(t, k), "testtype")), "stdin");
+        json_decref(t);
+    }
+    ck_assert_uint_eq(n, 1043);
+    ck_assert_uint_eq(stdin_n, 604);
+    json_decref(rows);
 }
 END_TEST
 
@@ -143,6 +265,10 @@ static const fixture_case fixture_cases[] = {
     {"matharena_aime_2024_II_answers.csv", {NULL, "answer", NULL, "id", QD_ANSWER_PLAIN}, 15, "073"},
     {"matharena_aime_2025_I_answers.csv", {NULL, "answer", NULL, "id", QD_ANSWER_PLAIN}, 15, "70"},
     {"matharena_aime_2025_II_answers.csv", {NULL, "answer", NULL, "id", QD_ANSWER_PLAIN}, 15, "468"},
+    {"matharena_hmmt_feb_2025_answers.csv", {NULL, "answer", NULL, "id", QD_ANSWER_PLAIN}, 30, "103"},
+    {"hmmt_feb_2025.jsonl", {"question", "answer", NULL, "id", QD_ANSWER_SET}, 30, "103"},
+    {"hmmt_feb25_llmeval.jsonl", {"prompt", "answer", NULL, NULL, QD_ANSWER_PLAIN}, 30, "103"},
+    {"hmmt_feb25_nov25_insightreplay.jsonl", {"question", "answer", NULL, "id", QD_ANSWER_PLAIN}, 60, "103"},
     {"grader_cases.jsonl", {"output", "gold", NULL, NULL, QD_ANSWER_PLAIN}, 276, NULL},
     {"normalizer_examples.jsonl", {"input", "hendrycks__strip_string", NULL, NULL, QD_ANSWER_PLAIN}, 45, "\\frac{1}{2}"},
     {"boxed_extraction_examples.jsonl", {"input", "input", NULL, NULL, QD_ANSWER_PLAIN}, 17, NULL},
@@ -234,6 +360,24 @@ START_TEST(test_cross_source)
     ck_assert_str_eq(a24.rec[7].answer, "025"); /* zero padding kept */
     qd_bench_set_free(&key);
     qd_bench_set_free(&a24);
+    /* HMMT February 2025: MathArena's quoted CSV, insight-replay's JSONL and
+     * LLMEval's agree 30/30 (SOURCES.md); the set style wraps only #10's list. */
+    qd_bench_fields csv = {NULL, "answer", NULL, "id", QD_ANSWER_PLAIN};
+    answers_equal("matharena_hmmt_feb_2025_answers.csv", csv, "hmmt_feb_2025.jsonl",
+                  (qd_bench_fields){"question", "answer", NULL, "id", QD_ANSWER_PLAIN});
+    answers_equal("matharena_hmmt_feb_2025_answers.csv", csv, "hmmt_feb25_llmeval.jsonl",
+                  (qd_bench_fields){"prompt", "answer", NULL, NULL, QD_ANSWER_PLAIN});
+    qd_bench_set h;
+    load_ok("matharena_hmmt_feb_2025_answers.csv", &csv, &h);
+    ck_assert_str_eq(h.rec[9].answer, "\\frac{-1+\\sqrt{17}}{2}, \\frac{-1-\\sqrt{17}}{2}");
+    ck_assert_str_eq(h.rec[16].answer, "2^{25} \\cdot 26!");
+    qd_bench_set_free(&h);
+    csv.style = QD_ANSWER_SET;
+    load_ok("matharena_hmmt_feb_2025_answers.csv", &csv, &h);
+    ck_assert_str_eq(h.rec[9].answer, "\\{\\frac{-1+\\sqrt{17}}{2}, \\frac{-1-\\sqrt{17}}{2}\\}");
+    for (size_t i = 0; i < h.n; i++)
+        ck_assert(i == 9 || h.rec[i].answer[0] != '\\' || h.rec[i].answer[1] != '{');
+    qd_bench_set_free(&h);
 }
 END_TEST
 
@@ -365,6 +509,10 @@ START_TEST(test_parse_errors)
     parse_fails("  \n", "i.jsonl", f, "no records");
     parse_fails("id,answer\n1,2,3\n", "j.csv", (qd_bench_fields){NULL, "answer", NULL, "id", QD_ANSWER_PLAIN},
                 "line 2: 3 cells, header has 2");
+    qd_bench_fields key = {NULL, "answer", NULL, "id", QD_ANSWER_PLAIN};
+    parse_fails("id,answer\n1,\"\\frac{1}{2}\n", "m.csv", key, "line 2: unterminated quoted field");
+    parse_fails("id,answer\n1,\"a\"b\n", "n.csv", key, "line 2: text after a quoted field");
+    parse_fails("id,answer\n1,a\"b\n", "o.csv", key, "line 2: a quote inside an unquoted field");
     parse_fails("{\"problem\":\"p\",\"answer\":\"no marker\"}", "k.jsonl",
                 (qd_bench_fields){"problem", "answer", NULL, NULL, QD_ANSWER_GSM8K}, "no '#### answer' line");
     parse_fails("{\"problem\":\"p\",\"answer\":\"\\\\boxed{1\"}", "l.jsonl",
@@ -660,7 +808,7 @@ static int hits(const char *path)
     test_opts(&o);
     size_t k = (size_t)snprintf(q, sizeof q, "/hits?path=");
     for (const char *c = path; *c && k + 4 < sizeof q; c++)
-        k += strchr("?&=", *c) ? (size_t)sprintf(q + k, "%%%02X", *c) : (q[k] = *c, (size_t)1);
+        k += strchr("?&= ", *c) ? (size_t)sprintf(q + k, "%%%02X", *c) : (q[k] = *c, (size_t)1);
     q[k] = '\0';
     ck_assert_int_eq(qd_fetch_memory(url_of(q), &o, &buf, &len), QD_OK);
     int n = atoi(buf);
@@ -775,6 +923,267 @@ START_TEST(test_fetch_bad_content)
 }
 END_TEST
 
+static double seconds_since(const struct timespec *t0)
+{
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0->tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0->tv_nsec);
+}
+
+/* Fetches /datasets/t/HOW/resolve/main/AIME24 into the cache (pinned) with o. */
+static qd_status fetch_how_opts(const char *how, const qd_fetch_opts *o, char *dest, size_t n)
+{
+    char path[512];
+    snprintf(path, sizeof path, "/datasets/t/%s/resolve/main/%s", how, AIME24);
+    snprintf(dest, n, "%s/%s/%s", cache, how, AIME24);
+    return qd_fetch_file(url_of(path), dest, AIME24_SHA, o, NULL);
+}
+
+/* Like fetch_how with options of the caller's. */
+static qd_status fetch_with(const char *how, const qd_fetch_opts *o)
+{
+    char path[512], dest[512];
+    snprintf(path, sizeof path, "/datasets/t/%s/resolve/main/%s", how, AIME24);
+    snprintf(dest, sizeof dest, "%s/%s/%s", cache, how, AIME24);
+    return qd_fetch_file(url_of(path), dest, NULL, o, NULL);
+}
+
+/* The defaults bound every download: time, speed and size. */
+START_TEST(test_fetch_default_limits)
+{
+    qd_fetch_opts o;
+    qd_fetch_opts_default(&o);
+    ck_assert_int_gt(o.timeout_s, 0);
+    ck_assert_int_ge(o.low_speed_bytes, 1024);
+    ck_assert_int_gt(o.max_bytes, 0);
+}
+END_TEST
+
+/* An entry's own limits replace the caller's: LiveCodeBench's 1.25 GB
+ * test.jsonl is over the 256 MiB default; a tiny entry limit stops a
+ * download the defaults allow. */
+START_TEST(test_entry_limits)
+{
+    ck_assert_int_gt(qd_bench_find("lcb-v1")->max_bytes, (int64_t)1300000000);
+    qd_fetch_opts o;
+    test_opts(&o);
+    qd_bench_info b = {.name = "t", .source = QD_SRC_FILE, .repo = "t/ok", .revision = "main", .path = AIME24,
+                       .max_bytes = 1000, .fields = {"problem", "answer", NULL, "id", QD_ANSWER_PLAIN}};
+    qd_bench_set s;
+    expect_failure(qd_bench_load(&b, &o, &s), "larger than the limit of 1000 bytes");
+    b.max_bytes = 0;
+    ck_assert_int_eq(qd_bench_load(&b, &o, &s), QD_OK);
+    ck_assert_uint_eq(s.n, 30);
+    qd_bench_set_free(&s);
+}
+END_TEST
+
+/* An endless chunked body stops at the size limit, leaving nothing behind. */
+START_TEST(test_fetch_endless_body)
+{
+    qd_fetch_opts o;
+    test_opts(&o);
+    o.max_bytes = 1 << 20;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    expect_failure(fetch_with("endless", &o), "larger than the limit of 1048576 bytes");
+    ck_assert_double_lt(seconds_since(&t0), 5.0);
+    ck_assert_int_eq(hits("/datasets/t/endless/resolve/main/aime24_qwen25math.jsonl"), 1); /* not retried */
+}
+END_TEST
+
+/* Two bytes every half second beat a 1 B/s low-speed floor; the overall
+ * timeout ends it anyway. */
+START_TEST(test_fetch_drip)
+{
+    qd_fetch_opts o;
+    test_opts(&o);
+    o.low_speed_bytes = 1; /* the old default, which the drip stays above */
+    o.low_speed_time_s = 1;
+    o.timeout_s = 2;
+    o.max_attempts = 1;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    expect_failure(fetch_with("drip", &o), "timed out");
+    ck_assert_double_lt(seconds_since(&t0), 5.0);
+}
+END_TEST
+
+/* A 64 MiB body gzipped into ~64 KB is cut at the limit on decoded bytes. */
+START_TEST(test_fetch_gzip_bomb)
+{
+    qd_fetch_opts o;
+    test_opts(&o);
+    o.max_bytes = 1 << 20;
+    expect_failure(fetch_with("gzipbomb", &o), "larger than the limit of 1048576 bytes (counted after decoding)");
+}
+END_TEST
+
+/* Control characters of the server's messages never reach the terminal. */
+START_TEST(test_fetch_sanitizes_server_text)
+{
+    qd_fetch_opts o;
+    test_opts(&o);
+    ck_assert_int_ne(fetch_with("evilmsg", &o), QD_OK);
+    const char *m = qd_last_error();
+    ck_assert_msg(strstr(m, "HTTP 403") && strstr(m, "gated"), "%s", m);
+    for (const char *c = m; *c; c++)
+        ck_assert_msg((unsigned char)*c >= 0x20 && (unsigned char)*c < 0x7f, "byte 0x%02x in '%s'", (unsigned char)*c, m);
+    qd_bench_info b = {.name = "t", .source = QD_SRC_ROWS, .repo = "t/rows-evil", .config = "c", .split = "s",
+                       .fields = {"problem", "answer", NULL, "id", QD_ANSWER_PLAIN}};
+    qd_bench_set s;
+    expect_failure(qd_bench_load(&b, &o, &s), "?[2Jbad? request");
+}
+END_TEST
+
+/* Empty or unparsable 200 replies fail and leave nothing in the cache, so the
+ * next fetch asks the server again. */
+START_TEST(test_fetch_unparsable_not_cached)
+{
+    qd_fetch_opts o;
+    test_opts(&o);
+    qd_bench_set s;
+    qd_bench_info b = {.name = "t", .source = QD_SRC_FILE, .revision = "main", .path = AIME24,
+                       .fields = {"problem", "answer", NULL, "id", QD_ANSWER_PLAIN}};
+    b.repo = "t/empty";
+    expect_failure(qd_bench_load(&b, &o, &s), "no records");
+    expect_failure(qd_bench_load(&b, &o, &s), "no records");
+    ck_assert_int_eq(hits("/datasets/t/empty/resolve/main/aime24_qwen25math.jsonl"), 2);
+    b.repo = "t/garbage";
+    expect_failure(qd_bench_load(&b, &o, &s), "invalid JSON");
+    b.repo = "t/ok";
+    b.rows = 29; /* parses, but not into the expected count */
+    expect_failure(qd_bench_load(&b, &o, &s), "30 records, the registry expects 29");
+    qd_bench_info r = {.name = "t", .source = QD_SRC_ROWS, .repo = "t/rows-empty", .config = "c", .split = "s",
+                       .fields = {"problem", "answer", NULL, "id", QD_ANSWER_PLAIN}};
+    expect_failure(qd_bench_load(&r, &o, &s), "no records");
+    char url[1100];
+    snprintf(url, sizeof url, "%s", url_of("/datasets/t/garbage/resolve/main/aime24_qwen25math.jsonl"));
+    expect_failure(qd_bench_load_url(url, &b.fields, &o, &s), "invalid JSON");
+}
+END_TEST
+
+/* A temp file that a killed fetch left is removed by the next fetch. */
+START_TEST(test_fetch_cleans_stale_temp)
+{
+    qd_fetch_opts o;
+    test_opts(&o);
+    const qd_bench_info *b = qd_bench_find("aime25");
+    char path[4096], stale[4200], stale2[4200];
+    ck_assert_int_eq(qd_bench_cache_path(b, path, sizeof path), QD_OK);
+    ck_assert_int_eq(qd_mkdirs_parent(path), QD_OK);
+    snprintf(stale, sizeof stale, "%s.tmp.Ab12Cd", path);
+    snprintf(stale2, sizeof stale2, "%s.sha256.tmp.Xy34Zw", path);
+    qd_test_write_file(stale, "half a download");
+    qd_test_write_file(stale2, "");
+    ck_assert_int_eq(cache_files(), 2);
+    qd_bench_set s;
+    ck_assert_int_eq(qd_bench_load(b, &o, &s), QD_OK);
+    qd_bench_set_free(&s);
+    ck_assert_int_ne(access(stale, F_OK), 0);
+    ck_assert_int_ne(access(stale2, F_OK), 0);
+    ck_assert_int_eq(cache_files(), 2); /* the file and its .sha256 */
+}
+END_TEST
+
+/* A cut download resumes from its .part file with a Range request, in the
+ * same run (retries) and in the next one; a server that ignores Range makes
+ * the file start over. */
+START_TEST(test_fetch_resume)
+{
+    qd_fetch_opts o;
+    test_opts(&o);
+    o.resume = 1;
+    o.max_attempts = 1;
+    char dest[512], part[600], hex[65];
+    ck_assert_int_ne(fetch_how_opts("rangecut", &o, dest, sizeof dest), QD_OK);
+    snprintf(part, sizeof part, "%s.part", dest);
+    struct stat sb;
+    ck_assert_int_eq(stat(part, &sb), 0);
+    ck_assert_int_eq(sb.st_size, 78472); /* half of the 156,944 bytes, kept */
+    ck_assert_int_eq(fetch_how_opts("rangecut", &o, dest, sizeof dest), QD_OK); /* the next run */
+    ck_assert_int_eq(qd_sha256_file(dest, hex), QD_OK);
+    ck_assert_str_eq(hex, AIME24_SHA);
+    ck_assert_int_ne(access(part, F_OK), 0);
+    ck_assert_int_eq(hits("range /datasets/t/rangecut/resolve/main/aime24_qwen25math.jsonl"), 1);
+    ck_assert_int_eq(hits("/datasets/t/rangecut/resolve/main/aime24_qwen25math.jsonl"), 2);
+    ck_assert_int_eq(cache_files(), 1);
+    /* retries within one run: cut, then a Range the server ignores (200 whole:
+     * libcurl refuses to append it), then from the start */
+    o.max_attempts = 3;
+    ck_assert_int_eq(fetch_how_opts("norange", &o, dest, sizeof dest), QD_OK);
+    ck_assert_int_eq(qd_sha256_file(dest, hex), QD_OK);
+    ck_assert_str_eq(hex, AIME24_SHA);
+    ck_assert_int_eq(hits("/datasets/t/norange/resolve/main/aime24_qwen25math.jsonl"), 3);
+    /* a part whose content fails the checks is not kept */
+    qd_test_write_file(part, "<html>not data");
+    ck_assert_int_ne(fetch_how_opts("rangecut", &o, dest, sizeof dest), QD_OK);
+    ck_assert_int_ne(access(part, F_OK), 0);
+}
+END_TEST
+
+/* LiveCodeBench releases: rows kept whole with their contest dates, selected
+ * by an inclusive date window; each release file is checked for its own
+ * count before it is cached. */
+START_TEST(test_lcb_registry)
+{
+    qd_fetch_opts o;
+    test_opts(&o);
+    const qd_bench_info *b = qd_bench_find("lcb-v1");
+    ck_assert_ptr_nonnull(b);
+    qd_bench_set s;
+    ck_assert_msg(qd_bench_load(b, &o, &s) == QD_OK, "%s", qd_last_error());
+    ck_assert_uint_eq(s.n, 400);
+    ck_assert_str_eq(s.rec[0].id, "1873_A");
+    ck_assert_str_eq(s.rec[0].date, "2023-08-21T00:00:00");
+    ck_assert_str_eq(s.rec[0].answer, "");
+    ck_assert_ptr_nonnull(strstr(s.rec[0].row, "\"public_test_cases\":"));
+    ck_assert_ptr_nonnull(strstr(s.rec[0].problem, "There are three cards with letters"));
+    qd_bench_set_free(&s);
+    static const struct {
+        const char *from, *to;
+        size_t n;
+    } win[] = {{"2023-09-01", "2023-09-30", 44}, {"2023-09-30", "2023-09-30", 8}, {"2024-01-01", NULL, 75},
+               {NULL, "2023-05-07", 2}, {"2025-01-01", NULL, 0}};
+    for (size_t i = 0; i < sizeof win / sizeof win[0]; i++) {
+        ck_assert_int_eq(qd_bench_load_window(b, &o, win[i].from, win[i].to, &s), QD_OK);
+        ck_assert_msg(s.n == win[i].n, "window %zu: %zu records", i, s.n);
+        ck_assert_uint_eq(s.read, 400);
+        for (size_t k = 0; k < s.n; k++)
+            ck_assert(!win[i].from || strncmp(s.rec[k].date, win[i].from, 10) >= 0);
+        qd_bench_set_free(&s);
+    }
+    ck_assert_int_eq(hits("/datasets/livecodebench/code_generation_lite/resolve/main/test.jsonl"), 1);
+    ck_assert_int_ne(qd_bench_load_window(qd_bench_find("aime24"), &o, "2024-01-01", NULL, &s), QD_OK);
+    ck_assert_ptr_nonnull(strstr(qd_last_error(), "no date"));
+    /* release_v2 = test.jsonl (cached) + test2.jsonl; here the server's
+     * test2.jsonl holds 400 problems, not 111: refused, not cached */
+    ck_assert_int_ne(qd_bench_load(qd_bench_find("lcb-v2"), &o, &s), QD_OK);
+    ck_assert_msg(strstr(qd_last_error(), "test2.jsonl: 400 records, the registry expects 111"), "%s", qd_last_error());
+    ck_assert_int_eq(cache_files(), 2); /* test.jsonl and its .sha256 */
+}
+END_TEST
+
+/* A rows reply claiming 10^12 rows is refused after one request. */
+START_TEST(test_rows_huge_claim)
+{
+    qd_fetch_opts o;
+    test_opts(&o);
+    qd_bench_info b = {.name = "t", .source = QD_SRC_ROWS, .repo = "t/rows-huge", .config = "c", .split = "s",
+                       .fields = {"problem", "answer", NULL, "id", QD_ANSWER_PLAIN}};
+    qd_bench_set s;
+    expect_failure(qd_bench_load(&b, &o, &s), "claims 1000000000000 rows, more than the 1000000 this benchmark may have");
+    ck_assert_int_eq(hits("/rows?dataset=t/rows-huge&config=c&split=s&offset=100&length=100"), 0);
+    b.rows = 30; /* a known count is checked on the first page too */
+    expect_failure(qd_bench_load(&b, &o, &s), "the rows API reports 1000000000000 rows, the registry expects 30");
+    b.rows = 0;
+    b.max_rows = 250;
+    expect_failure(qd_bench_load(&b, &o, &s), "more than the 250 this benchmark may have");
+    ck_assert_int_eq(hits("/rows?dataset=t/rows-huge&config=c&split=s&offset=0&length=100"), 3);
+    ck_assert_int_eq(hits("/rows?dataset=t/rows-huge&config=c&split=s&offset=100&length=100"), 0);
+}
+END_TEST
+
 /* A registry entry and the cache: the rows API paged 100 at a time, then offline use. */
 START_TEST(test_registry_rows_and_offline)
 {
@@ -828,7 +1237,7 @@ START_TEST(test_registry_entries)
      * HF_DATASETS_SERVER; math500 is checked against its pinned sha256. */
     static const struct { const char *name; size_t n; const char *first; } e[] = {
         {"math500", 500, "\\left( 3, \\frac{\\pi}{2} \\right)"}, {"aime25", 30, "70"},
-        {"aime24", 30, "204"}, {"amc23", 40, "27"}, {"olympiadbench", 675, "2"},
+        {"aime24", 30, "204"}, {"amc23", 40, "27"}, {"olympiadbench", 675, "2"}, {"hmmt25", 30, "103"},
     };
     qd_fetch_opts o;
     test_opts(&o);
@@ -844,7 +1253,7 @@ START_TEST(test_registry_entries)
     char url[4096];
     ck_assert_int_eq(qd_bench_file_url(qd_bench_find("math500"), url, sizeof url), QD_OK);
     ck_assert_str_eq(url, url_of("/datasets/HuggingFaceH4/MATH-500/resolve/ff5b20257d8185524591543f8ff5993951537bb8/test.jsonl"));
-    ck_assert_int_eq(cache_files(), 10);
+    ck_assert_int_eq(cache_files(), 12);
 }
 END_TEST
 
@@ -917,6 +1326,18 @@ START_TEST(test_cli)
     ck_assert_ptr_nonnull(strstr(out, "offline"));
     ck_assert_int_eq(qd_test_run_quads("bench fetch minerva", out, sizeof out), 1);
     ck_assert_ptr_nonnull(strstr(out, "HTTP 404 (not found): Entry not found"));
+    ck_assert_int_eq(qd_test_run_quads("bench show --offline --from 2023-09-30 --to 2023-09-30 lcb-v1", out, sizeof out), 1);
+    ck_assert_int_eq(qd_test_run_quads("bench fetch lcb-v1", out, sizeof out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "code_generation_lite/main/test.jsonl\t400 records\n"));
+    ck_assert_int_eq(qd_test_run_quads("bench show --offline --from 2023-09-30 --to 2023-09-30 lcb-v1", out, sizeof out), 0);
+    int lines = 0;
+    for (const char *c = out; (c = strstr(c, "\"date\":\"2023-09-30T00:00:00\"")); c++)
+        lines++;
+    ck_assert_int_eq(lines, 8);
+    ck_assert_int_eq(qd_test_run_quads("bench show --from 2023-9-30 lcb-v1", out, sizeof out), 2);
+    ck_assert_int_eq(qd_test_run_quads("bench show --from 2023-09-30 aime24", out, sizeof out), 2);
+    ck_assert_int_eq(qd_test_run_quads("bench list", out, sizeof out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "lcb-v6         file      1055"));
     ck_assert_int_eq(qd_test_run_quads("bench fetch nope", out, sizeof out), 2);
     ck_assert_int_eq(qd_test_run_quads("bench show --field answer x.json", out, sizeof out), 2);
 }
@@ -936,6 +1357,8 @@ Suite *suite_benchmarks(void)
     tcase_add_test(tc, test_parse_errors);
     tcase_add_test(tc, test_field_paths_and_numbers);
     tcase_add_test(tc, test_content_checks);
+    tcase_add_test(tc, test_lcb_decode_vector);
+    tcase_add_test(tc, test_lcb_public_tests);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("synth");
@@ -954,6 +1377,17 @@ Suite *suite_benchmarks(void)
     tcase_add_test(tc, test_fetch_server_errors);
     tcase_add_test(tc, test_fetch_timeout);
     tcase_add_test(tc, test_fetch_bad_content);
+    tcase_add_test(tc, test_fetch_default_limits);
+    tcase_add_test(tc, test_fetch_endless_body);
+    tcase_add_test(tc, test_entry_limits);
+    tcase_add_test(tc, test_fetch_drip);
+    tcase_add_test(tc, test_fetch_gzip_bomb);
+    tcase_add_test(tc, test_fetch_sanitizes_server_text);
+    tcase_add_test(tc, test_fetch_unparsable_not_cached);
+    tcase_add_test(tc, test_fetch_cleans_stale_temp);
+    tcase_add_test(tc, test_rows_huge_claim);
+    tcase_add_test(tc, test_fetch_resume);
+    tcase_add_test(tc, test_lcb_registry);
     tcase_add_test(tc, test_registry_rows_and_offline);
     tcase_add_test(tc, test_registry_entries);
     tcase_add_test(tc, test_rows_failures);

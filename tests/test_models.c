@@ -134,7 +134,7 @@ static void check_forward(qd_backend *b, const reference *r, float *logp, double
 {
     size_t V = (size_t)r->V, T = (size_t)r->T;
     float *logits = malloc(sizeof(float) * (size_t)r->B * T * V);
-    qd_batch batch = {r->B, r->T, r->ids, r->lengths, 1.0f};
+    qd_batch batch = {.B = r->B, .T = r->T, .tokens = r->ids, .lengths = r->lengths, .temperature = 1.0f};
     ck_assert_msg(qd_backend_forward(b, &batch, logp, logits) == QD_OK, "%s", qd_last_error());
     *e_logits = *e_logp = 0;
     for (int bb = 0; bb < r->B; bb++) {
@@ -269,6 +269,7 @@ typedef struct {
     int shards;           /* 2: written as two shards and an index */
     const char *base;     /* the fixture (default BASE) */
     int f16;              /* every tensor written as F16 (the compiler's _Float16 rounding) */
+    long long experts;    /* config.json's num_local_experts, when not 0 */
 } variant;
 
 static const char *base_of(const variant *v) { return v->base ? v->base : BASE; }
@@ -348,6 +349,12 @@ static void write_variant(const char *dir, const variant *v)
     snprintf(path, sizeof path, "%s/config.json", dir);
     snprintf(config, sizeof config, "%s/config.json", fixture_dir(base_of(v)));
     copy_file(config, path);
+    if (v->experts) {
+        json_t *c = json_load_file(path, 0, NULL);
+        ck_assert_int_eq(json_object_set_new(c, "num_local_experts", json_integer(v->experts)), 0);
+        ck_assert_int_eq(json_dump_file(c, path, 0), 0);
+        json_decref(c);
+    }
 }
 
 /* Opens a backend on the variant: NULL expected when any of the words is given
@@ -392,6 +399,9 @@ START_TEST(test_malformed_checkpoints)
     check_variant(&(variant){.base = "qwen3moe_mha_tied_nonorm", .extra = "lm_head.weight"},
                   (const char *[]){"lm_head.weight", "unexpected", NULL});
     check_variant(&(variant){.nan = UP}, (const char *[]){"model.safetensors", UP, "element 0", "finite", NULL});
+    /* in range alone, but 3 x 715827883 expert tensors overflowed the parameter table's int counts
+     * (a heap overflow in backends/layout.c; quads forward segfaulted) */
+    check_variant(&(variant){.experts = 715827883}, (const char *[]){"config.json", "num_local_experts", NULL});
     /* accepted: a rotary buffer, and two shards with an index */
     check_variant(&(variant){.extra = "model.layers.0.self_attn.rotary_emb.inv_freq"}, (const char *[]){NULL});
     check_variant(&(variant){.shards = 2}, (const char *[]){NULL});
@@ -495,7 +505,7 @@ START_TEST(test_cli_forward)
     ck_assert_ptr_nonnull(b);
     int32_t len = T;
     float logp[T], logits[T * 64];
-    qd_batch batch = {1, T, ids, &len, 1.0f};
+    qd_batch batch = {.B = 1, .T = T, .tokens = ids, .lengths = &len, .temperature = 1.0f};
     ck_assert_int_eq(qd_backend_forward(b, &batch, logp, logits), QD_OK);
     size_t n;
     char *bytes = slurp(dump, &n);
@@ -596,8 +606,10 @@ static void check_library_generate(const char *dir, const json_t *toks)
     int32_t plen = (int32_t)n;
     uint64_t sid = 0;
     float logp[12];
-    qd_generate_request rq = {1, (int)n, ids, &plen, &sid, 7, 12, 1.0f, 0, 0.95f, stop, 2};
-    qd_generate_result res = {out, logp, &len};
+    qd_generate_request rq = {.B = 1, .Tp = (int)n, .prompt = ids, .prompt_len = &plen, .seq_id = &sid, .seed = 7,
+                              .max_new_tokens = 12, .temperature = 1.0f, .top_p = 0.95f, .stop = stop,
+                              .num_stop = 2};
+    qd_generate_result res = {.tokens = out, .logp = logp, .lengths = &len};
     ck_assert_int_eq(qd_backend_generate(b, &rq, &res), QD_OK);
     ck_assert_int_eq(len, (int)json_array_size(toks));
     for (int i = 0; i < len; i++)

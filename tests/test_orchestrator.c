@@ -16,6 +16,7 @@
 #include "orchestrator/ckpt.h"
 #include "orchestrator/grpo.h"
 #include "orchestrator/metrics.h"
+#include "orchestrator/rl.h"
 #include "orchestrator/rl_config.h"
 #include "orchestrator/svg.h"
 #include "quant/fileio.h"
@@ -495,13 +496,13 @@ START_TEST(test_config_defaults)
 {
     qd_config *cfg = qd_config_new(); /* NULL if any default failed its own checks */
     ck_assert_ptr_nonnull(cfg);
-    ck_assert_double_eq(qd_config_float(cfg, "algo.clip_low"), 0.2);
-    ck_assert_double_eq(qd_config_float(cfg, "algo.clip_high"), 0.28);
-    ck_assert_str_eq(qd_config_str(cfg, "algo.loss_agg"), "token_mean");
-    ck_assert_str_eq(qd_config_str(cfg, "algo.kl_type"), "k3");
-    ck_assert_str_eq(qd_config_str(cfg, "rollout.recipe"), "quads");
-    ck_assert_int_eq(qd_config_int(cfg, "rollout.group_size"), 8);
-    ck_assert(!qd_config_bool(cfg, "algo.dynamic_sampling"));
+    ck_assert_double_eq(qd_config_knobs(cfg)->algo.clip_low, 0.2);
+    ck_assert_double_eq(qd_config_knobs(cfg)->algo.clip_high, 0.28);
+    ck_assert_str_eq(qd_config_knobs(cfg)->algo.loss_agg, "token_mean");
+    ck_assert_str_eq(qd_config_knobs(cfg)->algo.kl_type, "k3");
+    ck_assert_str_eq(qd_config_knobs(cfg)->rollout.recipe, "quads");
+    ck_assert_int_eq(qd_config_knobs(cfg)->rollout.group_size, 8);
+    ck_assert(!qd_config_knobs(cfg)->algo.dynamic_sampling);
     ck_assert_int_eq(qd_config_validate(cfg), QD_OK);
     qd_grpo_params p;
     qd_grpo_params_from_config(&p, cfg);
@@ -516,6 +517,8 @@ START_TEST(test_config_defaults)
     json_t *ch = json_object_get(schema, "algo.clip_high");
     ck_assert_str_eq(json_string_value(json_object_get(ch, "type")), "float");
     ck_assert_double_eq(json_real_value(json_object_get(ch, "default")), 0.28);
+    ck_assert(json_is_false(json_object_get(ch, "max_exclusive")));
+    ck_assert(json_is_true(json_object_get(json_object_get(schema, "trainer.beta1"), "max_exclusive")));
     json_decref(schema);
     qd_config_free(cfg);
 }
@@ -554,13 +557,13 @@ START_TEST(test_config_file)
                                    " \"algo\": {\"dynamic_sampling\": true, \"clip_high\": 1},\n"
                                    " \"run\": {\"name\": \"x\"}}");
     ck_assert_int_eq(qd_config_load_file(cfg, tmp_path("c.json")), QD_OK);
-    ck_assert_double_eq(qd_config_float(cfg, "trainer.lr"), 3e-6);
-    ck_assert_int_eq(qd_config_int(cfg, "trainer.warmup_steps"), 5);
-    ck_assert_str_eq(qd_config_str(cfg, "algo.loss_agg"), "seq_mean_token_mean");
-    ck_assert(qd_config_bool(cfg, "algo.dynamic_sampling"));
-    ck_assert_double_eq(qd_config_float(cfg, "algo.clip_high"), 1.0); /* an integer is a fine float */
-    ck_assert_str_eq(qd_config_str(cfg, "run.name"), "x");
-    ck_assert_double_eq(qd_config_float(cfg, "algo.clip_low"), 0.2); /* untouched default */
+    ck_assert_double_eq(qd_config_knobs(cfg)->trainer.lr, 3e-6);
+    ck_assert_int_eq(qd_config_knobs(cfg)->trainer.warmup_steps, 5);
+    ck_assert_str_eq(qd_config_knobs(cfg)->algo.loss_agg, "seq_mean_token_mean");
+    ck_assert(qd_config_knobs(cfg)->algo.dynamic_sampling);
+    ck_assert_double_eq(qd_config_knobs(cfg)->algo.clip_high, 1.0); /* an integer is a fine float */
+    ck_assert_str_eq(qd_config_knobs(cfg)->run.name, "x");
+    ck_assert_double_eq(qd_config_knobs(cfg)->algo.clip_low, 0.2); /* untouched default */
     qd_config_free(cfg);
 }
 END_TEST
@@ -598,6 +601,22 @@ START_TEST(test_config_file_errors)
     expect_file_error("{\"run\": {\"steps\": 3,}}", QD_ERR_FORMAT, ":1:", "malformed JSON");
     expect_file_error("[1, 2]", QD_ERR_FORMAT, "expected a JSON object", NULL);
     expect_file_error("{\"run\": {\"steps\": 3, \"steps\": 4}}", QD_ERR_FORMAT, "malformed JSON", NULL);
+    expect_file_error("{\"run\": {\"name\": \"../escaped\"}}", QD_ERR_ARG, "run.name: '../escaped' is not a plain name",
+                      NULL);
+}
+END_TEST
+
+/* `quads rl --config FIFO` is refused at once; open(2) used to block forever. */
+START_TEST(test_config_file_fifo)
+{
+    qd_config *cfg = qd_config_new();
+    const char *path = tmp_path("fifo.json");
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    ck_assert_int_eq(qd_config_load_file(cfg, path), QD_ERR_IO);
+    ck_assert_msg(strstr(qd_last_error(), path) && strstr(qd_last_error(), "not a regular file"), "%s",
+                  qd_last_error());
+    unlink(path);
+    qd_config_free(cfg);
 }
 END_TEST
 
@@ -605,15 +624,15 @@ START_TEST(test_config_overrides)
 {
     qd_config *cfg = qd_config_new();
     ck_assert_int_eq(qd_config_set(cfg, "trainer.lr=1e-6"), QD_OK);
-    ck_assert_double_eq(qd_config_float(cfg, "trainer.lr"), 1e-6);
+    ck_assert_double_eq(qd_config_knobs(cfg)->trainer.lr, 1e-6);
     ck_assert_int_eq(qd_config_set(cfg, "rollout.group_size=16"), QD_OK);
-    ck_assert_int_eq(qd_config_int(cfg, "rollout.group_size"), 16);
+    ck_assert_int_eq(qd_config_knobs(cfg)->rollout.group_size, 16);
     ck_assert_int_eq(qd_config_set(cfg, "algo.dynamic_sampling=true"), QD_OK);
-    ck_assert(qd_config_bool(cfg, "algo.dynamic_sampling"));
-    ck_assert_int_eq(qd_config_set(cfg, "run.name=a=b c"), QD_OK); /* only the first '=' splits */
-    ck_assert_str_eq(qd_config_str(cfg, "run.name"), "a=b c");
+    ck_assert(qd_config_knobs(cfg)->algo.dynamic_sampling);
+    ck_assert_int_eq(qd_config_set(cfg, "model.path=a=b c"), QD_OK); /* only the first '=' splits */
+    ck_assert_str_eq(qd_config_knobs(cfg)->model.path, "a=b c");
     ck_assert_int_eq(qd_config_set(cfg, "algo.tis=masked"), QD_OK);
-    ck_assert_str_eq(qd_config_str(cfg, "algo.tis"), "masked");
+    ck_assert_str_eq(qd_config_knobs(cfg)->algo.tis, "masked");
     const struct { const char *set, *msg; } bad[] = {
         {"trainer.lr=abc", "--set: trainer.lr: expected a number, got 'abc'"},
         {"trainer.lr=", "--set: trainer.lr: expected a number, got ''"},
@@ -633,8 +652,96 @@ START_TEST(test_config_overrides)
                       qd_last_error());
     }
     /* Failed overrides left the values alone. */
-    ck_assert_double_eq(qd_config_float(cfg, "trainer.lr"), 1e-6);
-    ck_assert_int_eq(qd_config_int(cfg, "rollout.group_size"), 16);
+    ck_assert_double_eq(qd_config_knobs(cfg)->trainer.lr, 1e-6);
+    ck_assert_int_eq(qd_config_knobs(cfg)->rollout.group_size, 16);
+    qd_config_free(cfg);
+}
+END_TEST
+
+/* run.name becomes a path component (runs/NAME): a name with a separator,
+ * "." or ".." would put the run elsewhere (issue 14). */
+START_TEST(test_config_run_name)
+{
+    qd_config *cfg = qd_config_new();
+    static const char *const bad[] = {"..", ".", "../escaped", "/tmp/x", "a/b", "a b", "x\n", "~"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        ck_assert_int_eq(qd_config_set_str(cfg, "run.name", bad[i], "--set"), QD_ERR_ARG);
+        ck_assert_msg(strstr(qd_last_error(), "--set: run.name: '") == qd_last_error(), "%s", qd_last_error());
+        ck_assert_ptr_nonnull(strstr(qd_last_error(), "is not a plain name"));
+    }
+    ck_assert_str_eq(qd_config_knobs(cfg)->run.name, "quads"); /* refused values left it alone */
+    ck_assert_int_eq(qd_config_set(cfg, "run.name=run-1_b.2"), QD_OK);
+    char dir[64];
+    ck_assert_int_eq(qd_rl_run_dir(cfg, dir, sizeof dir), QD_OK);
+    ck_assert_str_eq(dir, "runs/run-1_b.2");
+    ck_assert_int_eq(qd_config_set(cfg, "run.name="), QD_OK); /* empty: a timestamp */
+    ck_assert_int_eq(qd_config_set(cfg, "run.dir=../elsewhere/x"), QD_OK); /* run.dir is a path */
+    qd_config_free(cfg);
+}
+END_TEST
+
+/* Knob values that made step 1 NaN (AdamW's bias correction 1 - beta^t = 0,
+ * an eps that rounds to 0 in float, a group std of 0 with adv_eps 0) are
+ * refused where they are set, naming the key (issue 14). */
+START_TEST(test_config_nan_knobs)
+{
+    qd_config *cfg = qd_config_new();
+    const struct { const char *set, *msg; } bad[] = {
+        {"trainer.beta1=1", "--set: trainer.beta1: 1 is out of range [0, 1)"},
+        {"trainer.beta2=1", "--set: trainer.beta2: 1 is out of range [0, 1)"},
+        {"trainer.eps=1e-300", "--set: trainer.eps: 1e-300 is out of range [1.0000000000000001e-30, 1]"},
+        {"trainer.eps=0", "--set: trainer.eps: 0 is out of range"},
+        {"algo.adv_eps=0", "--set: algo.adv_eps: 0 is out of range (0, 1]"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(qd_config_set(cfg, bad[i].set), QD_ERR_ARG);
+        ck_assert_msg(strncmp(qd_last_error(), bad[i].msg, strlen(bad[i].msg)) == 0, "%s: got '%s'", bad[i].set,
+                      qd_last_error());
+    }
+    ck_assert_int_eq(qd_config_set(cfg, "trainer.beta2=0.99999"), QD_OK);
+    ck_assert_int_eq(qd_config_set(cfg, "trainer.eps=1e-30"), QD_OK);
+    ck_assert_int_eq(qd_config_set(cfg, "algo.adv_eps=1e-300"), QD_OK); /* double arithmetic: fine */
+    ck_assert_int_eq(qd_config_validate(cfg), QD_OK);
+    qd_config_free(cfg);
+}
+END_TEST
+
+/* Knob products that overflowed the loop's int arithmetic (a step's tokens,
+ * data positions, optimizer steps) fail validation naming the keys. */
+START_TEST(test_config_overflow)
+{
+    const struct { const char *set, *msg; } bad[] = {
+        {"rollout.prompts_per_step=1000000000", "config: rollout.prompts_per_step 1000000000 x rollout.group_size 8"},
+        {"rollout.max_tokens=1000000000", "(data.max_prompt_tokens 128 + rollout.max_tokens 1000000000)"},
+        {"trainer.micro_batch=100000000", "config: trainer.micro_batch 100000000 x (data.max_prompt_tokens"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        qd_config *cfg = qd_config_new();
+        ck_assert_int_eq(qd_config_set(cfg, bad[i].set), QD_OK);
+        ck_assert_int_eq(qd_config_validate(cfg), QD_ERR_ARG);
+        ck_assert_msg(strstr(qd_last_error(), bad[i].msg) != NULL, "%s: got '%s'", bad[i].set, qd_last_error());
+        qd_config_free(cfg);
+    }
+    qd_config *cfg = qd_config_new();
+    ck_assert_int_eq(qd_config_set(cfg, "run.steps=1000000000"), QD_OK);
+    ck_assert_int_eq(qd_config_set(cfg, "rollout.prompts_per_step=100000"), QD_OK);
+    ck_assert_int_eq(qd_config_set(cfg, "rollout.group_size=2"), QD_OK); /* 4e14 data positions */
+    ck_assert_int_eq(qd_config_validate(cfg), QD_ERR_ARG);
+    ck_assert_ptr_nonnull(strstr(qd_last_error(), "config: run.steps 1000000000 x rollout.prompts_per_step 100000 x "
+                                                  "algo.max_gen_batches 4 = 4e+14 prompts, more than 2^48"));
+    ck_assert_int_eq(qd_config_set(cfg, "run.steps=600000000"), QD_OK);
+    ck_assert_int_eq(qd_config_set(cfg, "algo.max_gen_batches=1"), QD_OK);
+    ck_assert_int_eq(qd_config_set(cfg, "rollout.prompts_per_step=2"), QD_OK);
+    ck_assert_int_eq(qd_config_set(cfg, "trainer.mini_batches=2"), QD_OK); /* 1.2e9 optimizer steps */
+    ck_assert_int_eq(qd_config_validate(cfg), QD_ERR_ARG);
+    ck_assert_ptr_nonnull(strstr(qd_last_error(), "config: run.steps 600000000 x trainer.mini_batches 2"));
+    ck_assert_int_eq(qd_config_set(cfg, "trainer.mini_batches=1"), QD_OK);
+    ck_assert_int_eq(qd_config_validate(cfg), QD_OK);
+    qd_config_free(cfg);
+    /* a missing file is missing, not malformed */
+    cfg = qd_config_new();
+    ck_assert_int_eq(qd_config_load_file(cfg, "/nonexistent/config.json"), QD_ERR_IO);
+    ck_assert_str_eq(qd_last_error(), "/nonexistent/config.json: cannot open: No such file or directory");
     qd_config_free(cfg);
 }
 END_TEST
@@ -676,7 +783,7 @@ START_TEST(test_config_save_and_summary)
     ck_assert_int_eq(qd_config_load_file(back, tmp_path("config.json")), QD_OK);
     json_t *a = qd_config_to_json(cfg), *b = qd_config_to_json(back);
     ck_assert(json_equal(a, b));
-    ck_assert_double_eq(qd_config_float(back, "trainer.lr"), 3.3e-7); /* bit-exact round trip */
+    ck_assert_double_eq(qd_config_knobs(back)->trainer.lr, 3.3e-7); /* bit-exact round trip */
     json_decref(a);
     json_decref(b);
     /* 4 prompts x 8 = 32 samples; 32 x 64 = 2048 response tokens; 32 x (128 + 64)
@@ -1195,8 +1302,12 @@ Suite *suite_orchestrator(void)
     tcase_add_test(files, test_config_enums_match_grpo);
     tcase_add_test(files, test_config_file);
     tcase_add_test(files, test_config_file_errors);
+    tcase_add_test(files, test_config_file_fifo);
     tcase_add_test(files, test_config_overrides);
     tcase_add_test(files, test_config_validate);
+    tcase_add_test(files, test_config_run_name);
+    tcase_add_test(files, test_config_nan_knobs);
+    tcase_add_test(files, test_config_overflow);
     tcase_add_test(files, test_config_save_and_summary);
     tcase_add_test(files, test_ckpt_rotate);
     tcase_add_test(files, test_metrics_series);

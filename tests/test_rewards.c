@@ -2,10 +2,13 @@
  * equivalence against third-party reference outputs (tests/fixtures/benchmarks),
  * agreement with the grader test suites, rewards and metrics. */
 #include <jansson.h>
+#include <malloc.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include "benchmarks/dataset.h"
 #include "rewards/rewards.h"
 #include "tests/suites.h"
 
@@ -94,6 +97,51 @@ START_TEST(test_boxed_extraction)
         free(got);
     }
     json_decref(rows);
+}
+END_TEST
+
+/* 64,000 nested boxes (a 576 KB line) are unwrapped in linear time. */
+START_TEST(test_boxed_deep_nesting)
+{
+    const int depth = 64000;
+    size_t n = (size_t)depth * 8 + 2;
+    char *s = malloc(n);
+    ck_assert_ptr_nonnull(s);
+    size_t k = 0;
+    for (int i = 0; i < depth; i++)
+        k += (size_t)sprintf(s + k, "\\boxed{");
+    s[k++] = '7';
+    for (int i = 0; i < depth; i++)
+        s[k++] = '}';
+    s[k] = '\0';
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    char *got = qd_rewards_last_boxed(s);
+    char *ext = qd_rewards_extract(s, QD_GRADE_MATH);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    ck_assert_str_eq(got, "7");
+    ck_assert_str_eq(ext, "7");
+    ck_assert_double_lt((double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec), 0.5);
+    free(got);
+    free(ext);
+    free(s);
+}
+END_TEST
+
+/* A box inside a box that does not span it: the content is kept whole, and
+ * nothing leaks (it lost 64 bytes a call). */
+START_TEST(test_boxed_partial_nesting_no_leak)
+{
+    char *got = qd_rewards_last_boxed("\\boxed{a\\boxed{1}}");
+    ck_assert_str_eq(got, "a\\boxed{1}");
+    free(got);
+    got = qd_rewards_last_boxed("\\boxed{\\boxed 5}");
+    ck_assert_str_eq(got, "5");
+    free(got);
+    size_t before = mallinfo2().uordblks;
+    for (int i = 0; i < 2000; i++)
+        free(qd_rewards_last_boxed("x \\boxed{ \\boxed{a\\boxed{1}} }"));
+    ck_assert_uint_lt(mallinfo2().uordblks, before + 4096);
 }
 END_TEST
 
@@ -193,6 +241,146 @@ START_TEST(test_equivalence_cases)
         ck_assert_msg(qd_rewards_equiv(cases[i].gold, cases[i].pred) == cases[i].same,
                       "case %zu: [%s] vs [%s] should be %s", i, cases[i].gold, cases[i].pred,
                       cases[i].same ? "equal" : "different");
+}
+END_TEST
+
+/* Values beyond double range or 64-bit integers compare exactly, never
+ * equal because both overflowed; undefined values equal nothing. */
+START_TEST(test_equivalence_big_and_undefined)
+{
+    static const struct {
+        const char *gold, *pred;
+        bool same;
+    } cases[] = {
+        {"10000000000000000000001", "10000000000000000000000", false},
+        {"10000000000000000000001", "10^{22}+1", true},
+        {"1e999999", "1e999998", false},
+        {"1e999999", "10^{999999}", true},
+        {"10^{400}", "10^{401}", false},
+        {"10^{400}", "100^{200}", true},
+        {"10^{400}", "\\infty", false},
+        {"-\\infty", "-\\infty", true},
+        {"\\frac{1}{0}", "\\frac{2}{0}", false},
+        {"\\frac{1}{0}", "\\frac{1}{0}", false},
+        {"0/0", "0/0", false},
+        {"0^{-1}", "0^{-2}", false},
+        {"100000!", "99999!", false},
+        {"100000!", "100000 \\cdot 99999!", true},
+        {"2^{25} \\cdot 26!", "2^{25} \\cdot 26! + 1", false},
+        {"10^{10^{9}}", "10^{10^{9}+1}", false}, /* too large to be exact: unequal */
+        {"10^{10^{9}}", "10^{10^{9}}", true},    /* but the same text is the same number */
+        {"x^{10000}", "x^{10002}", false},       /* overflowing at every sample point */
+    };
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        ck_assert_msg(qd_rewards_equiv(cases[i].gold, cases[i].pred) == cases[i].same,
+                      "case %zu: [%s] vs [%s] should be %s", i, cases[i].gold, cases[i].pred,
+                      cases[i].same ? "equal" : "different");
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    ck_assert_double_lt((double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec), 2.0);
+}
+END_TEST
+
+/* A factorial chain spends the exact-arithmetic budget, not seconds. */
+START_TEST(test_equivalence_bounded_work)
+{
+    char big[4000] = "";
+    for (int i = 0; i < 300; i++)
+        snprintf(big + strlen(big), sizeof big - strlen(big), "%s200000!", i ? "+" : "");
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ck_assert(!qd_rewards_equiv(big, "1"));
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    ck_assert_double_lt((double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec), 1.0);
+}
+END_TEST
+
+/* ---- HMMT February 2025: the 30 gold answers of MathArena's answer key */
+
+static const struct {
+    int id;
+    const char *same[5]; /* the answer as a model writes it */
+    const char *miss[4]; /* near misses */
+} hmmt_forms[30] = {
+    {1, {"103", "103."}, {"104", "130"}},
+    {2, {"3375", "3,375", "15^3"}, {"3376", "3357"}},
+    {3, {"\\dfrac{1}{576}", "1/576", "\\frac1{576}", "\\frac{1}{24^2}"}, {"\\frac{1}{575}", "576"}},
+    {4, {"-984", "- 984"}, {"984", "-948"}},
+    {5, {"890"}, {"980", "891"}},
+    {6, {"\\dfrac{1311}{2017}", "1311/2017"}, {"\\frac{1311}{2016}", "\\frac{2017}{1311}"}},
+    {7, {"\\frac{9\\sqrt{23}}{23}", "\\dfrac{9}{\\sqrt{23}}", "\\frac{9}{23}\\sqrt{23}", "9/\\sqrt{23}"},
+     {"\\frac{9\\sqrt{23}}{22}", "\\frac{8\\sqrt{23}}{23}", "\\frac{9\\sqrt{21}}{23}", "\\frac{9}{23}"}},
+    {8, {"1 - \\dfrac{2}{\\pi}", "\\frac{\\pi-2}{\\pi}", "1-2/\\pi", "\\dfrac{\\pi - 2}{\\pi}"},
+     {"1-\\frac{1}{\\pi}", "1+\\frac{2}{\\pi}", "1-\\frac{2}{\\pi^2}", "\\frac{2}{\\pi}"}},
+    {9, {"1037"}, {"1036", "1073"}},
+    {10, {"\\frac{-1-\\sqrt{17}}{2}, \\frac{-1+\\sqrt{17}}{2}", "\\dfrac{-1+\\sqrt{17}}{2}, \\dfrac{-1-\\sqrt{17}}{2}",
+          "\\frac{\\sqrt{17}-1}{2}, -\\frac{1+\\sqrt{17}}{2}", "\\frac{-1 \\pm \\sqrt{17}}{2}"},
+     {"\\frac{-1+\\sqrt{17}}{2}", "\\frac{1+\\sqrt{17}}{2}, \\frac{1-\\sqrt{17}}{2}",
+      "\\frac{-1+\\sqrt{17}}{2}, \\frac{-1+\\sqrt{17}}{2}", "\\frac{-1+\\sqrt{13}}{2}, \\frac{-1-\\sqrt{13}}{2}"}},
+    {11, {"56"}, {"65"}},
+    {12, {"29"}, {"28"}},
+    {13, {"105"}, {"150"}},
+    {14, {"2304", "2{,}304", "48^2"}, {"2305"}},
+    {15, {"200"}, {"20"}},
+    {16, {"6300", "6,300"}, {"6030"}},
+    {17, {"2^{25}\\cdot 26!", "26! \\cdot 2^{25}", "2^{25} \\times 26!", "13532215908553332190020108288000000",
+          "33554432 \\cdot 26!"},
+     {"2^{24} \\cdot 26!", "2^{25} \\cdot 25!", "13532215908553332190020108288000001", "2^{26} \\cdot 26!"}},
+    {18, {"2025/101", "\\dfrac{2025}{101}", "20\\frac{5}{101}"}, {"\\frac{2024}{101}", "\\frac{2025}{100}"}},
+    {19, {"4/9", "\\dfrac49"}, {"\\frac{4}{7}", "0.45"}},
+    {20, {"448/3", "149\\frac{1}{3}"}, {"\\frac{448}{9}", "149"}},
+    {21, {"26"}, {"27"}},
+    {22, {"63"}, {"36"}},
+    {23, {"8 \\sqrt{10}", "\\sqrt{640}", "8\\cdot\\sqrt{10}"}, {"8\\sqrt{11}", "\\sqrt{630}", "80"}},
+    {24, {"20"}, {"21"}},
+    {25, {"-2\\sqrt{3}+\\sqrt{23}", "\\sqrt{23}-\\sqrt{12}", "\\sqrt{23} - 2\\sqrt3"},
+     {"\\sqrt{23}+2\\sqrt{3}", "\\sqrt{23}-2\\sqrt{2}", "2\\sqrt{3}-\\sqrt{23}"}},
+    {26, {"9 \\sqrt{15}", "\\sqrt{1215}"}, {"9\\sqrt{14}", "3\\sqrt{15}"}},
+    {27, {"7/18", "\\dfrac{7}{18}"}, {"\\frac{7}{17}"}},
+    {28, {"\\sqrt 6", "6^{1/2}", "\\sqrt{6}"}, {"\\sqrt{5}", "6"}},
+    {29, {"4\\sqrt{37}+14", "2(7+2\\sqrt{37})", "14 + 4 \\sqrt{37}"}, {"14-4\\sqrt{37}", "14+4\\sqrt{36}", "18\\sqrt{37}"}},
+    {30, {"\\frac{\\sqrt{95}}{\\sqrt{24}}", "\\frac{\\sqrt{570}}{12}", "\\dfrac{\\sqrt{570}}{12}", "\\sqrt{95/24}"},
+     {"\\frac{\\sqrt{570}}{24}", "\\sqrt{\\frac{95}{23}}", "\\frac{95}{24}"}},
+};
+
+/* Every gold answer equals itself as a model writes it, boxed in a model
+ * output and graded end to end, and differs from near misses. */
+START_TEST(test_hmmt25_gold_answers)
+{
+    qd_bench_set key; /* read as the hmmt25 registry entry reads it: #10's two roots as a set */
+    ck_assert_int_eq(qd_bench_load_file(qd_test_path("tests/fixtures/benchmarks/matharena_hmmt_feb_2025_answers.csv"),
+                                        &(qd_bench_fields){NULL, "answer", NULL, "id", QD_ANSWER_SET}, &key),
+                     QD_OK);
+    ck_assert_uint_eq(key.n, 30);
+    int same = 0, miss = 0;
+    for (size_t i = 0; i < 30; i++) {
+        const char *gold = key.rec[i].answer;
+        ck_assert_int_eq(atoi(key.rec[i].id), hmmt_forms[i].id);
+        ck_assert_msg(qd_rewards_equiv(gold, gold), "#%d: [%s] vs itself", hmmt_forms[i].id, gold);
+        for (int k = 0; k < 5 && hmmt_forms[i].same[k]; k++) {
+            const char *f = hmmt_forms[i].same[k];
+            char out[512];
+            snprintf(out, sizeof out, "<think>so...</think>Therefore the answer is $\\boxed{%s}$.", f);
+            qd_rewards_result r;
+            ck_assert_int_eq(qd_rewards_grade(out, gold, QD_GRADE_MATH, &r), QD_OK);
+            ck_assert_msg(r.correct, "#%d: [%s] should equal [%s] (extracted [%s])", hmmt_forms[i].id, f, gold,
+                          r.extracted);
+            qd_rewards_result_free(&r);
+            same++;
+        }
+        for (int k = 0; k < 4 && hmmt_forms[i].miss[k]; k++) {
+            const char *f = hmmt_forms[i].miss[k];
+            ck_assert_msg(!qd_rewards_equiv(gold, f), "#%d: [%s] should differ from [%s]", hmmt_forms[i].id, f, gold);
+            miss++;
+        }
+    }
+    ck_assert_int_eq(same, 71);
+    ck_assert_int_eq(miss, 62);
+    qd_bench_set_free(&key);
+    /* Without the set style a bare list keeps its order (Hendrycks' test_order). */
+    ck_assert(!qd_rewards_equiv("\\frac{-1+\\sqrt{17}}{2}, \\frac{-1-\\sqrt{17}}{2}",
+                                "\\frac{-1-\\sqrt{17}}{2}, \\frac{-1+\\sqrt{17}}{2}"));
 }
 END_TEST
 
@@ -505,8 +693,13 @@ Suite *suite_rewards(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_normalizers_match_references);
     tcase_add_test(tc, test_boxed_extraction);
+    tcase_add_test(tc, test_boxed_deep_nesting);
+    tcase_add_test(tc, test_boxed_partial_nesting_no_leak);
     tcase_add_test(tc, test_extraction_styles);
     tcase_add_test(tc, test_equivalence_cases);
+    tcase_add_test(tc, test_equivalence_big_and_undefined);
+    tcase_add_test(tc, test_equivalence_bounded_work);
+    tcase_add_test(tc, test_hmmt25_gold_answers);
     tcase_add_test(tc, test_long_lists);
     tcase_add_test(tc, test_agreement_with_suites);
     tcase_add_test(tc, test_reference_graders_reproduced);

@@ -15,13 +15,16 @@
 #include <jansson.h>
 #include "tests/suites.h"
 #include "backends/backend.h"
+#include "benchmarks/sha256.h"
 #include "models/checkpoint.h"
+#include "orchestrator/ckpt.h"
 #include "orchestrator/rl.h"
 #include "orchestrator/sft.h"
 #include "orchestrator/task.h"
 #include "quant/fileio.h"
 #include "orchestrator/dp.h"
 #include "tests/dist_ranks.h"
+#include "tests/rl_hooks.h"
 #include <stdarg.h>
 
 /* snprintf into a path buffer, failing the test on truncation. */
@@ -103,8 +106,16 @@ static qd_config *small_config(const char *dir, const char *name, const char *re
 
 static qd_status run(const qd_config *c, const char *resume)
 {
-    qd_rl_options o = {resume, NULL, false};
+    qd_rl_options o = {.resume_dir = resume};
     return qd_rl_run(c, &o, NULL, 0);
+}
+
+/* The trainer's first log-prob of step *(int64_t *)ctx becomes NaN. */
+static void nan_at_step(void *ctx, int64_t step, int first, float *logp, int n, int M)
+{
+    (void)n, (void)M;
+    if (step == *(const int64_t *)ctx && first == 0)
+        logp[0] = NAN;
 }
 
 /* The lines of dir/metrics.jsonl as a JSON array, "time" removed. */
@@ -211,7 +222,8 @@ START_TEST(test_rl_every_recipe)
         json_decref(layers);
         char t[2048];
         pathf(t, sizeof t, "%s/step_00000002", rd);
-        ck_assert_int_eq(qd_test_dir_entries(t), 6); /* config, weights, optimizer, rac, state, tokenizer */
+        /* config, weights, optimizer, rac, state, tokenizer and their digests */
+        ck_assert_int_eq(qd_test_dir_entries(t), 7);
     }
     ck_assert(grad_sum > 0);
     /* the report over the runs */
@@ -269,7 +281,7 @@ static void kill_and_resume(const char *recipe, const char *const *sets, int nse
     ck_assert_int_eq(qd_config_save(cb, cfgp), QD_OK);
     pathf(args, sizeof args, "rl --quiet --config %s", cfgp);
     setenv("QD_RL_TEST_KILL_STEP", "4", 1);
-    ck_assert_int_eq(qd_test_run_quads(args, out, sizeof out), QD_RL_KILL_EXIT);
+    ck_assert_int_eq(qd_test_run_rl_hooks(args, out, sizeof out), QD_TEST_KILL_EXIT);
     unsetenv("QD_RL_TEST_KILL_STEP");
     pathf(a, sizeof a, "%s/a", dir);
     pathf(b, sizeof b, "%s/b", dir);
@@ -305,7 +317,7 @@ static void kill_and_resume(const char *recipe, const char *const *sets, int nse
     qd_config *back = qd_config_new();
     pathf(cfgp, sizeof cfgp, "%s/config.json", b);
     ck_assert_int_eq(qd_config_load_file(back, cfgp), QD_OK);
-    ck_assert_str_eq(qd_config_str(back, "rollout.recipe"), recipe);
+    ck_assert_str_eq(qd_config_knobs(back)->rollout.recipe, recipe);
     qd_config_free(back);
     /* keep_last 2: checkpoint 2 rotated out */
     ck_assert(!exists(a, "step_00000002") && exists(a, "step_00000004"));
@@ -390,9 +402,10 @@ START_TEST(test_rl_nan_stops)
     make_model(dir);
     qd_config *c = small_config(dir, "n", "nvfp4", 3);
     ck_assert_int_eq(qd_config_set(c, "checkpoint.every=1"), QD_OK);
-    setenv("QD_RL_TEST_NAN_STEP", "2", 1);
-    ck_assert_int_eq(run(c, NULL), QD_ERR_NONFINITE);
-    unsetenv("QD_RL_TEST_NAN_STEP");
+    int64_t nan_step = 2;
+    qd_rl_hooks h = {.ctx = &nan_step, .trainer_logp = nan_at_step};
+    qd_rl_options o = {.hooks = &h};
+    ck_assert_int_eq(qd_rl_run(c, &o, NULL, 0), QD_ERR_NONFINITE);
     ck_assert_msg(strstr(qd_last_error(), "step 2: ") != NULL, "%s", qd_last_error());
     ck_assert_ptr_nonnull(strstr(qd_last_error(), "trainer log-prob of sample 0 token 0 is nan"));
     pathf(b, sizeof b, "%s/n", dir);
@@ -402,6 +415,207 @@ START_TEST(test_rl_nan_stops)
     ck_assert_int_eq(json_array_size(m), 2);
     json_decref(m);
     qd_config_free(c);
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
+/* ---- checkpoint integrity (issue 14) */
+
+static const char *const ckpt_files[] = {"config.json", "model.safetensors", "optimizer.bin", "rac.bin",
+                                         "state.json", "tokenizer.json"};
+
+/* Rewrites ck/SHA256SUMS for the files as they are now (a tampering that
+ * also fixes the digests, so that the loader's range checks are reached). */
+static void rehash(const char *ck)
+{
+    char text[2048] = "", p[1024], hex[65];
+    for (int i = 0; i < 6; i++) {
+        pathf(p, sizeof p, "%s/%s", ck, ckpt_files[i]);
+        ck_assert_int_eq(qd_sha256_file(p, hex), QD_OK);
+        snprintf(text + strlen(text), sizeof text - strlen(text), "%s  %s\n", hex, ckpt_files[i]);
+    }
+    pathf(p, sizeof p, "%s/%s", ck, QD_CKPT_SUMS);
+    ck_assert_int_eq(qd_atomic_write(p, text, strlen(text)), QD_OK);
+}
+
+static char *read_all(const char *path, size_t *n)
+{
+    char *t;
+    ck_assert_int_eq(qd_read_file(path, &t, n), QD_OK);
+    return t;
+}
+
+/* Resuming run b from its damaged checkpoint fails with want, a message
+ * holding both strings (b2 may be NULL) and not naming wrong (may be NULL). */
+static void expect_resume_error(const qd_config *c, const char *b, qd_status want, const char *b1, const char *b2,
+                                const char *wrong)
+{
+    qd_status st = run(c, b);
+    ck_assert_msg(st == want, "status %d, not %d: %s", st, want, qd_last_error());
+    ck_assert_msg(strstr(qd_last_error(), b1) != NULL, "'%s' not in: %s", b1, qd_last_error());
+    ck_assert_msg(!b2 || strstr(qd_last_error(), b2) != NULL, "'%s' not in: %s", b2, qd_last_error());
+    ck_assert_msg(!wrong || strstr(qd_last_error(), wrong) == NULL, "'%s' in: %s", wrong, qd_last_error());
+}
+
+/* Every checkpoint file carries its sha256 (SHA256SUMS, written last); a
+ * flipped bit, a missing digest file, state.json values out of range (a
+ * data position near 2^63, an optimizer step of 2^31 - 1) or of another
+ * step, and a negative second moment are refused on resume naming the file
+ * and the field, and leave the run as it was; a missing run directory says
+ * so; a resume with another run.dir stays in and records its directory. */
+START_TEST(test_rl_checkpoint_verified)
+{
+    char dir[256], b[1024], ck[1100], p[1200], sv[1200];
+    scratch_dir(dir, sizeof dir);
+    make_model(dir);
+    qd_config *c = small_config(dir, "b", "quads", 2);
+    ck_assert_int_eq(qd_config_set(c, "eval.every=0"), QD_OK);
+    ck_assert_msg(run(c, NULL) == QD_OK, "%s", qd_last_error());
+    ck_assert_int_eq(qd_config_set(c, "run.steps=3"), QD_OK);
+    pathf(b, sizeof b, "%s/b", dir);
+    pathf(ck, sizeof ck, "%s/step_00000002", b);
+    /* SHA256SUMS lists every file in sha256sum's format */
+    size_t n;
+    pathf(p, sizeof p, "%s/%s", ck, QD_CKPT_SUMS);
+    char *sums = read_all(p, &n), hex[65];
+    pathf(sv, sizeof sv, "%s/state.json", ck);
+    ck_assert_int_eq(qd_sha256_file(sv, hex), QD_OK);
+    pathf(p, sizeof p, "%s  state.json\n", hex);
+    ck_assert_ptr_nonnull(strstr(sums, p));
+    int lines = 0;
+    for (size_t i = 0; i < n; i++)
+        lines += sums[i] == '\n';
+    ck_assert_int_eq(lines, 6);
+    free(sums);
+    /* a flipped bit in the weights or in the moments */
+    static const char *const flip[] = {"model.safetensors", "optimizer.bin", "rac.bin"};
+    for (int i = 0; i < 3; i++) {
+        pathf(p, sizeof p, "%s/%s", ck, flip[i]);
+        char *t = read_all(p, &n);
+        t[n - 1] ^= 1;
+        ck_assert_int_eq(qd_atomic_write(p, t, n), QD_OK);
+        char want[64];
+        pathf(want, sizeof want, "%s: sha256 ", flip[i]);
+        expect_resume_error(c, b, QD_ERR_FORMAT, want, "the file changed after it was written", NULL);
+        t[n - 1] ^= 1;
+        ck_assert_int_eq(qd_atomic_write(p, t, n), QD_OK);
+        free(t);
+    }
+    /* a listed file gone, or a FIFO in its place (read, it would block) */
+    pathf(p, sizeof p, "%s/rac.bin", ck);
+    pathf(sv, sizeof sv, "%s/rac.bak", dir);
+    ck_assert_int_eq(rename(p, sv), 0);
+    expect_resume_error(c, b, QD_ERR_FORMAT, "rac.bin: listed in SHA256SUMS but missing", NULL, NULL);
+    ck_assert_int_eq(mkfifo(p, 0600), 0);
+    expect_resume_error(c, b, QD_ERR_FORMAT, "rac.bin: listed in SHA256SUMS but not a regular file", NULL, NULL);
+    ck_assert_int_eq(unlink(p), 0);
+    ck_assert_int_eq(rename(sv, p), 0);
+    /* no digests at all */
+    pathf(p, sizeof p, "%s/%s", ck, QD_CKPT_SUMS);
+    pathf(sv, sizeof sv, "%s/sums.bak", dir);
+    ck_assert_int_eq(rename(p, sv), 0);
+    expect_resume_error(c, b, QD_ERR_FORMAT, "SHA256SUMS: missing", NULL, NULL);
+    ck_assert_int_eq(rename(sv, p), 0);
+    /* state.json out of range or of another step, digests fixed up */
+    pathf(sv, sizeof sv, "%s/state.json", ck);
+    char *state = read_all(sv, &n);
+    const struct { const char *json, *m1, *m2; } bad[] = {
+        {"{\"step\": 2, \"data_pos\": 9223372036854775000, \"optimizer_step\": 2, \"seed\": 1, "
+         "\"recipe\": \"quads\"}", "state.json: data_pos: 9223372036854775000 is out of range [0, 281474976710656]",
+         NULL},
+        {"{\"step\": 2, \"data_pos\": 4, \"optimizer_step\": 2147483647, \"seed\": 1, \"recipe\": \"quads\"}",
+         "state.json: optimizer_step: 2147483647 is out of range", NULL},
+        {"{\"step\": 7, \"data_pos\": 4, \"optimizer_step\": 2, \"seed\": 1, \"recipe\": \"quads\"}",
+         "step_00000002/state.json: step: 7 in a directory named for step 2", NULL},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        ck_assert_int_eq(qd_atomic_write(sv, bad[i].json, strlen(bad[i].json)), QD_OK);
+        rehash(ck);
+        expect_resume_error(c, b, QD_ERR_FORMAT, bad[i].m1, bad[i].m2, "rac.bin");
+    }
+    ck_assert_int_eq(qd_atomic_write(sv, state, n), QD_OK);
+    free(state);
+    /* a negative second moment: named in optimizer.bin, not at the weight sync */
+    pathf(p, sizeof p, "%s/optimizer.bin", ck);
+    char *opt = read_all(p, &n);
+    float neg = -1.0f, old;
+    size_t at = 16 + (n - 16) / 2; /* v[0]: after the magic, the length and m */
+    memcpy(&old, opt + at, sizeof old);
+    memcpy(opt + at, &neg, sizeof neg);
+    ck_assert_int_eq(qd_atomic_write(p, opt, n), QD_OK);
+    rehash(ck);
+    expect_resume_error(c, b, QD_ERR_NONFINITE, "optimizer.bin: second moment v[0] is -1", NULL, "weight sync");
+    memcpy(opt + at, &old, sizeof old);
+    ck_assert_int_eq(qd_atomic_write(p, opt, n), QD_OK);
+    free(opt);
+    rehash(ck);
+    /* a missing run directory */
+    pathf(p, sizeof p, "%s/none", dir);
+    expect_resume_error(c, p, QD_ERR_IO, "none: the run directory is missing", NULL, "JSON");
+    /* the failures left the run as it was: metrics of steps 1 and 2 */
+    json_t *m = metrics_without_time(b);
+    ck_assert_int_eq(json_array_size(m), 2);
+    json_decref(m);
+    /* --resume b with run.dir elsewhere: the run continues in b and records b */
+    pathf(p, sizeof p, "run.dir=%s/elsewhere", dir);
+    ck_assert_int_eq(qd_config_set(c, p), QD_OK);
+    ck_assert_msg(run(c, b) == QD_OK, "%s", qd_last_error());
+    ck_assert(exists(b, "step_00000003") && !exists(dir, "elsewhere"));
+    qd_config *back = qd_config_new();
+    pathf(p, sizeof p, "%s/config.json", b);
+    ck_assert_int_eq(qd_config_load_file(back, p), QD_OK);
+    ck_assert_str_eq(qd_config_knobs(back)->run.dir, b);
+    qd_config_free(back);
+    qd_config_free(c);
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
+/* data.task names a benchmark: quads rl trains on it (here GSM8K from the
+ * cache, offline: the fixture is the test split the registry fetches), its
+ * problems whose prompts fit data.max_prompt_tokens split into training and
+ * eval.limit held-out ones; without the cache it fails saying so. */
+START_TEST(test_rl_benchmark_task)
+{
+    char dir[256], out[1 << 15], args[2048], p[1024], hex[65];
+    scratch_dir(dir, sizeof dir);
+    make_model(dir);
+    pathf(p, sizeof p, "%s/cache/rows/openai/gsm8k/main", dir);
+    ck_assert_int_eq(qd_mkdirs(p), QD_OK);
+    size_t n;
+    char *text = read_all(qd_test_path("tests/fixtures/benchmarks/gsm8k_test.jsonl"), &n);
+    pathf(p, sizeof p, "%s/cache/rows/openai/gsm8k/main/test.jsonl", dir);
+    ck_assert_int_eq(qd_atomic_write(p, text, n), QD_OK);
+    free(text);
+    ck_assert_int_eq(qd_sha256_file(p, hex), QD_OK);
+    pathf(p, sizeof p, "%s/cache/rows/openai/gsm8k/main/test.jsonl.sha256", dir);
+    ck_assert_int_eq(qd_atomic_write(p, hex, 64), QD_OK);
+    pathf(p, sizeof p, "%s/cache", dir);
+    setenv("QUADS_CACHE", p, 1);
+    setenv("QUADS_OFFLINE", "1", 1);
+    static const char *const sets = "--set data.task=gsm8k --set data.max_prompt_tokens=100 --set run.steps=1 "
+                                    "--set eval.limit=4 --set eval.every=1 --set rollout.backend=cpu "
+                                    "--set run.threads=1 --set rollout.prompts_per_step=2 --set rollout.group_size=2 "
+                                    "--set rollout.max_tokens=4";
+    pathf(args, sizeof args, "rl --quiet --set model.path=%s/model --set run.dir=%s/g %s", dir, dir, sets);
+    int rc = qd_test_run_quads(args, out, sizeof out);
+    ck_assert_msg(rc == 0, "%s", out);
+    ck_assert_msg(strstr(out, "data: gsm8k, 21 training problems, 4 held out (1294 of 1319 over "
+                              "data.max_prompt_tokens skipped)"), "%s", out);
+    pathf(p, sizeof p, "%s/g", dir);
+    json_t *m = metrics_without_time(p);
+    ck_assert_int_eq(json_array_size(m), 2);
+    ck_assert_int_eq(num(json_array_get(m, 1), "eval", "problems"), 4);
+    ck_assert_int_eq(num(json_array_get(m, 1), "samples", NULL), 4);
+    json_decref(m);
+    pathf(p, sizeof p, "%s/empty", dir);
+    setenv("QUADS_CACHE", p, 1);
+    pathf(args, sizeof args, "rl --quiet --set model.path=%s/model --set run.dir=%s/h %s", dir, dir, sets);
+    rc = qd_test_run_quads(args, out, sizeof out);
+    unsetenv("QUADS_CACHE"), unsetenv("QUADS_OFFLINE");
+    ck_assert_int_eq(rc, 1);
+    ck_assert_msg(strstr(out, "quads rl: config: data.task: gsm8k: offline and ") && strstr(out, "is not in the cache"),
+                  "%s", out);
     qd_test_rm_tree(dir);
 }
 END_TEST
@@ -424,7 +638,23 @@ START_TEST(test_rl_cli_config_errors)
     ck_assert_ptr_nonnull(strstr(out, "bad.json: trainer.lr: expected a number, got a string"));
     pathf(args, sizeof args, "rl --resume %s/none", dir);
     ck_assert_int_eq(qd_test_run_quads(args, out, sizeof out), 2);
-    ck_assert_ptr_nonnull(strstr(out, "/none/config.json"));
+    ck_assert_msg(strstr(out, "/none: the run directory is missing") && !strstr(out, "JSON"), "%s", out);
+    pathf(args, sizeof args, "rl --resume %s", dir); /* a directory, but no run */
+    ck_assert_int_eq(qd_test_run_quads(args, out, sizeof out), 2);
+    ck_assert_msg(strstr(out, "not a run directory (no config.json)"), "%s", out);
+    ck_assert_int_eq(qd_test_run_quads("rl --set run.name=../escaped", out, sizeof out), 2);
+    ck_assert_msg(strstr(out, "--set: run.name: '../escaped' is not a plain name"), "%s", out);
+    ck_assert_int_eq(qd_test_run_quads("rl --set trainer.beta1=1", out, sizeof out), 2);
+    ck_assert_msg(strstr(out, "--set: trainer.beta1: 1 is out of range [0, 1)"), "%s", out);
+    ck_assert_int_eq(qd_test_run_quads("rl --set rollout.prompts_per_step=1000000000", out, sizeof out), 2);
+    ck_assert_msg(strstr(out, "config: rollout.prompts_per_step 1000000000 x"), "%s", out);
+    /* data.task: a typo gets one clean message (the old one repeated itself: issue 14) */
+    make_model(dir);
+    pathf(args, sizeof args, "rl --quiet --set model.path=%s/model --set rollout.backend=cpu --set run.dir=%s/t "
+          "--set data.task=arith9", dir, dir);
+    ck_assert_int_eq(qd_test_run_quads(args, out, sizeof out), 1);
+    ck_assert_msg(strstr(out, "quads rl: config: data.task: task 'arith9': expected arith, arith1..arith4") &&
+                  !strstr(out, "data.task: config"), "%s", out);
     ck_assert_int_eq(qd_test_run_quads("rl --config a.json --resume b", out, sizeof out), 2);
     ck_assert_ptr_nonnull(strstr(out, "exclude each other"));
     ck_assert_int_eq(qd_test_run_quads("compare --recipes bf16,bf16", out, sizeof out), 2);
@@ -579,7 +809,7 @@ static void dp_rank(qd_rdzv_opts *o, qd_rank_result *res)
     }
     snprintf(args, sizeof args, "%s %s", dp_job.args, o->rank == 1 && dp_job.rank1_args ? dp_job.rank1_args : "");
     double t0 = qd_test_now();
-    res->st = qd_test_run_quads(args, out, sizeof out);
+    res->st = dp_job.env ? qd_test_run_rl_hooks(args, out, sizeof out) : qd_test_run_quads(args, out, sizeof out);
     res->elapsed = qd_test_now() - t0;
     size_t n = strlen(out);
     snprintf(res->msg, sizeof res->msg, "%s", out + (n > 600 ? n - 600 : 0));
@@ -822,7 +1052,7 @@ START_TEST(test_rl_dp_failures)
     for (int dead = 0; dead < 2; dead++) {
         dp_job.env = "QD_RL_TEST_KILL_STEP=2", dp_job.env_rank = dead;
         dp_run(res, "rl --quiet --config %s/f.json --set run.dir=%s/kill%d", dir, dir, dead);
-        ck_assert_int_eq(res[dead].st, QD_RL_KILL_EXIT);
+        ck_assert_int_eq(res[dead].st, QD_TEST_KILL_EXIT);
         char want[64];
         snprintf(want, sizeof want, "rank %d closed its connection", dead);
         const qd_rank_result *live = &res[1 - dead];
@@ -921,6 +1151,8 @@ Suite *suite_rl(void)
     add_case(s, "resume_variants", test_rl_kill_and_resume_variants);
     add_case(s, "learns", test_rl_learns_the_reward);
     add_case(s, "nan", test_rl_nan_stops);
+    add_case(s, "checkpoint_verified", test_rl_checkpoint_verified);
+    add_case(s, "benchmark_task", test_rl_benchmark_task);
     add_case(s, "cli_errors", test_rl_cli_config_errors);
     add_case(s, "cli_compare", test_rl_cli_compare);
     add_case(s, "default_model", test_rl_default_model);

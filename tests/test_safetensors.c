@@ -351,6 +351,48 @@ START_TEST(test_missing_file)
 }
 END_TEST
 
+/* A header of {} is a valid file with no tensors: nothing to sort or search
+ * (qsort and bsearch were handed NULL, which UBSan reports). */
+START_TEST(test_empty_header)
+{
+    char *d = make_tmpdir();
+    char path[512];
+    snprintf(path, sizeof path, "%s/empty.safetensors", d);
+    write_raw(path, 2, "{}", 0);
+    qd_safetensors *f = must_open(path);
+    ck_assert_uint_eq(qd_safetensors_count(f), 0);
+    ck_assert_ptr_null(qd_safetensors_find(f, "a"));
+    ck_assert_ptr_null(qd_safetensors_at(f, 0));
+    ck_assert_ptr_null(qd_safetensors_metadata_get(f, "format"));
+    qd_safetensors_close(f);
+    qd_test_rm_tree(d);
+}
+END_TEST
+
+/* A FIFO (no writer) as the file, as model.safetensors of a directory and as
+ * the index is refused at once; open(2) used to block forever. */
+START_TEST(test_fifo_refused)
+{
+    char *d = make_tmpdir();
+    char path[512], idx[512];
+    snprintf(path, sizeof path, "%s/model.safetensors", d);
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    qd_safetensors *f = NULL;
+    ck_assert_int_eq(qd_safetensors_open(&f, path), QD_ERR_IO);
+    ck_assert_msg(strstr(qd_last_error(), path) && strstr(qd_last_error(), "not a regular file"), "%s",
+                  qd_last_error());
+    ck_assert_int_eq(qd_safetensors_open(&f, d), QD_ERR_IO);
+    ck_assert_msg(strstr(qd_last_error(), path), "%s", qd_last_error());
+    snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", d);
+    ck_assert_int_eq(mkfifo(idx, 0600), 0);
+    ck_assert_int_eq(qd_safetensors_open(&f, d), QD_ERR_IO);
+    ck_assert_msg(strstr(qd_last_error(), idx) && strstr(qd_last_error(), "not a regular file"), "%s",
+                  qd_last_error());
+    ck_assert_ptr_null(f);
+    qd_test_rm_tree(d);
+}
+END_TEST
+
 /* ---- writing */
 
 START_TEST(test_write_round_trip)
@@ -586,6 +628,7 @@ static const cli_error_case cli_errors[] = {
     {"--in K24 --out %s", "K = 24 is not a multiple of 16"},
     {"--in NAN --out %s", "q_proj.weight"},
     {"--in BAD --out %s", "field 'dtype'"},
+    {"--in EMPTY --out %s", "no tensors"},
 };
 
 START_TEST(test_cli_errors)
@@ -593,7 +636,7 @@ START_TEST(test_cli_errors)
     const cli_error_case *e = &cli_errors[_i];
     cli c;
     cli_init(&c);
-    char in[300], k24[300], nan_[300], bad[300];
+    char in[300], k24[300], nan_[300], bad[300], empty[300];
     snprintf(in, sizeof in, "%s", qd_test_path(FIX "tiny_moe.safetensors"));
     snprintf(k24, sizeof k24, "%s/k24.safetensors", c.dir);
     snprintf(nan_, sizeof nan_, "%s/nan.safetensors", c.dir);
@@ -602,10 +645,13 @@ START_TEST(test_cli_errors)
     write_one_linear(nan_, 32, NAN);
     const char *hdr = "{\"a\":{\"dtype\":\"X9\",\"shape\":[1],\"data_offsets\":[0,1]}}";
     write_raw(bad, strlen(hdr), hdr, 1);
+    snprintf(empty, sizeof empty, "%s/empty.safetensors", c.dir);
+    write_raw(empty, 2, "{}", 0);
     char args[1024] = "";
     for (const char *p = e->args; *p;) {   /* substitute the placeholders */
         const char *sub = !strncmp(p, "IN ", 3) ? in : !strncmp(p, "K24 ", 4) ? k24
-                        : !strncmp(p, "NAN ", 4) ? nan_ : !strncmp(p, "BAD ", 4) ? bad : NULL;
+                        : !strncmp(p, "NAN ", 4) ? nan_ : !strncmp(p, "BAD ", 4) ? bad
+                        : !strncmp(p, "EMPTY ", 6) ? empty : NULL;
         if (sub) {
             strcat(args, sub);
             p = strchr(p, ' ');
@@ -883,6 +929,8 @@ Suite *suite_safetensors(void)
     tcase_add_test(r, test_sharded_index);
     tcase_add_test(r, test_sharded_index_inconsistent);
     tcase_add_test(r, test_missing_file);
+    tcase_add_test(r, test_empty_header);
+    tcase_add_test(r, test_fifo_refused);
     suite_add_tcase(s, r);
     TCase *m = tcase_create("malformed");
     tcase_add_loop_test(m, test_malformed, 0, (int)(sizeof bad_files / sizeof bad_files[0]));

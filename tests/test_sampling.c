@@ -40,7 +40,7 @@ static float *random_logits(int n, double scale, uint64_t seed)
 
 static qd_sample_params params(float T, int k, float p, uint64_t seed)
 {
-    return (qd_sample_params){ T, k, p, seed };
+    return (qd_sample_params){.temperature = T, .top_k = k, .top_p = p, .seed = seed};
 }
 
 static qd_sample_result sample1(const float *x, int V, qd_sample_params p, uint64_t q, uint32_t n)

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "models/model_config.h"
@@ -353,6 +354,32 @@ START_TEST(test_malformed_tokenizer_refused)
 }
 END_TEST
 
+/* A Split regex that PCRE2 refuses only once \\S is spelled out (5000 of
+ * them pass the length limit) reports PCRE2's error, not "no error". */
+START_TEST(test_regex_limit_reported)
+{
+    enum { N = 5000 };
+    char *pat = malloc(2 * N + 1);
+    for (int i = 0; i < N; i++)
+        memcpy(pat + 2 * i, "\\S", 2);
+    pat[2 * N] = 0;
+    json_t *root = load_fixture(QWEN2);
+    json_t *split = json_object_get(json_array_get(json_object_get(json_object_get(root, "pre_tokenizer"),
+                                                                   "pretokenizers"), 0), "pattern");
+    ck_assert_int_eq(json_object_set_new(split, "Regex", json_string(pat)), 0);
+    char *text = json_dumps(root, 0);
+    qd_tokenizer *tok = (qd_tokenizer *)1;
+    ck_assert_int_eq(qd_tokenizer_load_string(text, strlen(text), "bad.json", &tok), QD_ERR_FORMAT);
+    ck_assert_ptr_null(tok);
+    const char *msg = qd_last_error();
+    ck_assert_msg(strstr(msg, "pre_tokenizer.pretokenizers[0].pattern.Regex") && !strstr(msg, "no error") &&
+                  strstr(msg, "too large"), "%s", msg);
+    free(text);
+    free(pat);
+    json_decref(root);
+}
+END_TEST
+
 START_TEST(test_unreadable_tokenizer_refused)
 {
     qd_tokenizer *tok;
@@ -412,6 +439,15 @@ START_TEST(test_cli)
     free(out);
     ck_assert_int_eq(run_cli("", "bad \xff", 5, &out), 1);
     free(out);
+    /* with --chat the offset is the input's, not the formatted conversation's */
+    char dir[256], cmd[1024], msg[4096];
+    qd_test_mkdtemp(dir, sizeof dir, "tok_chat");
+    qd_test_write_file(qd_test_join(dir, "in.txt"), "bad \xff");
+    snprintf(cmd, sizeof cmd, "tokenize --tokenizer '%s' --chat --system 'Be brief.' < '%s'", qd_test_path(QWEN2),
+             qd_test_join(dir, "in.txt"));
+    ck_assert_int_eq(qd_test_run_quads(cmd, msg, sizeof msg), 1);
+    ck_assert_msg(strstr(msg, "user message is not valid UTF-8 at byte 4"), "%s", msg);
+    qd_test_rm_tree(dir);
     ck_assert_int_eq(run_cli("--decode", "[1, \"x\"]", 8, &out), 1);
     free(out);
     ck_assert_int_eq(run_cli("--bogus", "", 0, &out), 2);
@@ -539,6 +575,24 @@ static const cfg_case cfg_bad[] = {
     {NULL, "head_dim", "127", QD_ERR_FORMAT, "head_dim"},
     {NULL, "norm_topk_prob", "1", QD_ERR_FORMAT, "norm_topk_prob"},
     {NULL, "architectures", "\"Qwen3MoeForCausalLM\"", QD_ERR_FORMAT, "architectures"},
+    /* hidden_size / num_attention_heads (the MoE head_dim default) was computed
+     * after a size had failed: SIGFPE at -O0 and under UBSan */
+    {NULL, "num_attention_heads", NULL, QD_ERR_FORMAT, "num_attention_heads"},
+    {NULL, "num_attention_heads", "null", QD_ERR_FORMAT, "num_attention_heads"},
+    {NULL, "num_attention_heads", "0", QD_ERR_FORMAT, "num_attention_heads"},
+    {NULL, "num_attention_heads", "32.0", QD_ERR_FORMAT, "num_attention_heads"},
+    {NULL, "num_attention_heads", "\"32\"", QD_ERR_FORMAT, "num_attention_heads"},
+    {NULL, "num_attention_heads", "1099511627776", QD_ERR_FORMAT, "num_attention_heads"},
+    {NULL, "vocab_size", NULL, QD_ERR_FORMAT, "vocab_size"},
+    {NULL, "hidden_size", "0", QD_ERR_FORMAT, "hidden_size"},
+    {NULL, "intermediate_size", "null", QD_ERR_FORMAT, "intermediate_size"},
+    {NULL, "num_hidden_layers", "\"48\"", QD_ERR_FORMAT, "num_hidden_layers"},
+    /* sizes in range one by one whose products overflowed the parameter table
+     * (backends/layout.c wrote past it, or announced 1.8e19 parameters) */
+    {NULL, "num_experts", "715827883", QD_ERR_UNSUPPORTED, "num_experts"},
+    {NULL, "head_dim", "1073741824", QD_ERR_UNSUPPORTED, "head_dim"},
+    {NULL, "moe_intermediate_size", "1073741824", QD_ERR_UNSUPPORTED, "moe_intermediate_size"},
+    {NULL, "vocab_size", "1073741824", QD_ERR_UNSUPPORTED, "vocab_size"},
 };
 
 START_TEST(test_malformed_config_refused)
@@ -562,6 +616,95 @@ START_TEST(test_malformed_config_refused)
     ck_assert_msg(st == c->want, "%s: status %s (%s)", c->file ? c->file : c->key, qd_status_str(st),
                   qd_last_error());
     ck_assert_msg(strstr(qd_last_error(), c->field), "message '%s' does not name %s", qd_last_error(), c->field);
+}
+END_TEST
+
+/* 2^29 experts x 1024 layers and 65536 heads x 32768 wrap int counts of the
+ * parameter table; refused naming the field, before any allocation. */
+START_TEST(test_config_too_large_refused)
+{
+    static const struct { const char *json, *field; } cases[] = {
+        {"\"num_local_experts\": 536870912, \"num_hidden_layers\": 1024, \"num_attention_heads\": 4",
+         "num_local_experts"},
+        {"\"num_local_experts\": 8, \"num_hidden_layers\": 2, \"num_attention_heads\": 65536, \"head_dim\": 32768",
+         "head_dim"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char json[1024];
+        snprintf(json, sizeof json, "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"vocab_size\": 100, "
+                 "\"hidden_size\": 64, \"intermediate_size\": 96, \"rms_norm_eps\": 1e-6, \"rope_theta\": 1e4, "
+                 "\"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16, %s}", cases[i].json);
+        ck_assert_int_eq(qd_model_config_load_string(json, strlen(json), "config.json", &cfg), QD_ERR_UNSUPPORTED);
+        ck_assert_msg(strstr(qd_last_error(), "config.json: ") == qd_last_error() &&
+                      strstr(qd_last_error(), cases[i].field), "case %zu: %s", i, qd_last_error());
+    }
+    /* the same sizes built by hand: qd_model_config_check and the layout refuse them */
+    qd_model_config c = qd_test_moe_config(100, 8, 64);
+    c.num_experts = 536870912;
+    c.num_hidden_layers = 1024;
+    ck_assert_int_eq(qd_model_config_check(&c), QD_ERR_ARG);
+    ck_assert_msg(strstr(qd_last_error(), "num_experts"), "%s", qd_last_error());
+    c = qd_test_moe_config(100, 8, 64);
+    c.num_attention_heads = 65536;
+    c.num_key_value_heads = 65536;
+    c.head_dim = 32768;
+    ck_assert_int_eq(qd_model_config_check(&c), QD_ERR_ARG);
+    ck_assert_msg(strstr(qd_last_error(), "head_dim"), "%s", qd_last_error());
+}
+END_TEST
+
+/* A MoE without head_dim takes hidden_size / num_attention_heads, which can
+ * be 0: refused naming head_dim (it gave zero-width attention). */
+START_TEST(test_config_head_dim_default_refused)
+{
+    static const char json[] =
+        "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"vocab_size\": 100, \"hidden_size\": 4,"
+        " \"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
+        " \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000, \"num_experts\": 4, \"num_experts_per_tok\": 2,"
+        " \"moe_intermediate_size\": 16}";
+    ck_assert_int_eq(qd_model_config_load_string(json, sizeof json - 1, "config.json", &cfg), QD_ERR_FORMAT);
+    ck_assert_msg(strstr(qd_last_error(), "config.json: head_dim"), "%s", qd_last_error());
+}
+END_TEST
+
+/* Duplicate keys are refused (as every other JSON input): which one wins
+ * would be a guess. */
+START_TEST(test_config_duplicate_keys_refused)
+{
+    static const char json[] =
+        "{\"architectures\": [\"Qwen3ForCausalLM\"], \"vocab_size\": 100, \"hidden_size\": 64,"
+        " \"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
+        " \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000, \"hidden_size\": 128}";
+    ck_assert_int_eq(qd_model_config_load_string(json, sizeof json - 1, "config.json", &cfg), QD_ERR_FORMAT);
+    ck_assert_msg(strstr(qd_last_error(), "config.json") && strstr(qd_last_error(), "duplicate") &&
+                  strstr(qd_last_error(), "hidden_size"), "%s", qd_last_error());
+    char dir[256], path[300];
+    qd_test_mkdtemp(dir, sizeof dir, "cfg_dup");
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    qd_test_write_file(path, json);
+    ck_assert_int_eq(qd_model_config_load(path, &cfg), QD_ERR_FORMAT);
+    ck_assert_msg(strstr(qd_last_error(), path) && strstr(qd_last_error(), "duplicate"), "%s", qd_last_error());
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
+/* A FIFO as config.json or tokenizer.json is refused at once (open(2) of a
+ * FIFO without a writer used to block forever). */
+START_TEST(test_fifo_refused)
+{
+    char dir[256], path[300];
+    qd_test_mkdtemp(dir, sizeof dir, "fifo");
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    ck_assert_int_eq(qd_model_config_load(path, &cfg), QD_ERR_IO);
+    ck_assert_msg(strstr(qd_last_error(), path) && strstr(qd_last_error(), "not a regular file"), "%s",
+                  qd_last_error());
+    qd_tokenizer *tok = (qd_tokenizer *)1;
+    ck_assert_int_eq(qd_tokenizer_load(path, &tok), QD_ERR_IO);
+    ck_assert_ptr_null(tok);
+    ck_assert_msg(strstr(qd_last_error(), "not a regular file"), "%s", qd_last_error());
+    ck_assert_int_eq(qd_model_config_load(dir, &cfg), QD_ERR_IO); /* a directory neither */
+    qd_test_rm_tree(dir);
 }
 END_TEST
 
@@ -606,6 +749,7 @@ Suite *suite_tokenizer(void)
     TCase *bad = tcase_create("malformed");
     tcase_add_test(bad, test_bad_input_refused);
     tcase_add_loop_test(bad, test_malformed_tokenizer_refused, 0, (int)(sizeof tok_bad / sizeof tok_bad[0]));
+    tcase_add_test(bad, test_regex_limit_reported);
     tcase_add_test(bad, test_unreadable_tokenizer_refused);
     tcase_add_test(bad, test_cli);
     suite_add_tcase(s, bad);
@@ -616,6 +760,10 @@ Suite *suite_tokenizer(void)
     tcase_add_test(config, test_config_defaults);
     tcase_add_test(config, test_config_hf_fixtures);
     tcase_add_loop_test(config, test_malformed_config_refused, 0, (int)(sizeof cfg_bad / sizeof cfg_bad[0]));
+    tcase_add_test(config, test_config_too_large_refused);
+    tcase_add_test(config, test_config_head_dim_default_refused);
+    tcase_add_test(config, test_config_duplicate_keys_refused);
+    tcase_add_test(config, test_fifo_refused);
     suite_add_tcase(s, config);
     return s;
 }

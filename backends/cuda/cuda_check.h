@@ -16,12 +16,4 @@ extern "C" {
                             #call, cudaGetErrorString(qd_cuda_err_));                \
     } while (0)
 
-/* Same for a qd_status-returning call. */
-#define QD_TRY(call)                                                                 \
-    do {                                                                             \
-        qd_status qd_st_ = (call);                                                   \
-        if (qd_st_ != QD_OK)                                                         \
-            return qd_st_;                                                           \
-    } while (0)
-
 #endif

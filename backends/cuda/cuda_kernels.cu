@@ -6,6 +6,7 @@
 #include <math.h>
 #include "backends/cuda/cuda_check.h"
 #include "backends/exact_math.h"
+#include "backends/philox.h"
 #include "backends/router.h"
 extern "C" {
 #include "backends/cuda/cuda_kernels.h"
@@ -21,6 +22,16 @@ extern "C" {
 #define TPB 128u
 
 static unsigned blocks(size_t n, unsigned t) { return (unsigned)((n + t - 1) / t); }
+
+/* With dynamic shared memory (bytes beyond 48 KB opted in first). */
+#define QD_LAUNCH_SMEM(kernel, grid, block, smem, ...)                                \
+    do {                                                                             \
+        if ((smem) > 48 * 1024)                                                      \
+            QD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                               (int)(smem)));                        \
+        kernel<<<(grid), (block), (smem)>>>(__VA_ARGS__);                            \
+        QD_CUDA_CHECK(cudaGetLastError());                                           \
+    } while (0)
 
 /* One thread per item of n (n > 0). */
 #define QD_LAUNCH_N(kernel, n, ...) QD_LAUNCH(kernel, blocks((n), TPB), TPB, __VA_ARGS__)
@@ -244,26 +255,39 @@ extern "C" qd_status qdk_fp8_gemm(float *y, const uint8_t *qa, const float *sa_i
 /* ------------------------------------------------------------------------ */
 /* norms, RoPE, attention                                                    */
 
-__global__ void k_rmsnorm(float *out, float *rstd, const float *inp, const float *w, int rows, int C, float eps)
+/* One block a row: the row goes to shared memory in coalesced loads, one
+ * thread sums its squares in the CPU's order (ascending; the same bits), then
+ * the block writes the normalized row. (One thread a row read each row
+ * element by element from global memory: latency-bound, 0.27 ms a launch at
+ * C = 2048 on the H200.) In place (out == inp) allowed. */
+__global__ void k_rmsnorm(float *out, float *rstd, const float *inp, const float *w, int C, float eps)
 {
-    int n = blockIdx.x * blockDim.x + threadIdx.x;
-    if (n >= rows)
-        return;
-    const float *x = inp + (size_t)n * C;
-    float ss = 0.0f;
-    for (int i = 0; i < C; i++)
-        ss = ss + x[i] * x[i];
-    float r = qd_rsqrtf(ss / (float)C + eps);
-    for (int i = 0; i < C; i++)
-        out[(size_t)n * C + i] = w[i] * (x[i] * r);
-    rstd[n] = r;
+    extern __shared__ float xs[];
+    __shared__ float r_sh;
+    size_t n = blockIdx.x;
+    const float *x = inp + n * C;
+    for (int i = threadIdx.x; i < C; i += blockDim.x)
+        xs[i] = x[i];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float ss = 0.0f;
+        for (int i = 0; i < C; i++)
+            ss = ss + xs[i] * xs[i];
+        r_sh = qd_rsqrtf(ss / (float)C + eps);
+        rstd[n] = r_sh;
+    }
+    __syncthreads();
+    float r = r_sh;
+    for (int i = threadIdx.x; i < C; i += blockDim.x)
+        out[n * C + i] = w[i] * (xs[i] * r);
 }
 
 extern "C" qd_status qdk_rmsnorm(float *out, float *rstd, const float *inp, const float *w, int rows, int C,
                                  float eps)
 {
     if (rows)
-        QD_LAUNCH_N(k_rmsnorm, (rows), out, rstd, inp, w, rows, C, eps);
+        QD_LAUNCH_SMEM(k_rmsnorm, (unsigned)rows, C < 128 ? 32u : 128u, sizeof(float) * (size_t)C, out, rstd, inp,
+                       w, C, eps);
     return QD_OK;
 }
 
@@ -592,19 +616,128 @@ extern "C" qd_status qdk_add(float *out, const float *a, const float *b, size_t 
 }
 
 /* One thread per token: backends/router.h, as the CPU's route(). */
-__global__ void k_route(int32_t *topk, float *topw, float *probs, int N, int E, int K, int norm_topk)
+/* One block a token: its router row goes to shared memory, one thread runs
+ * backends/router.h's softmax and selection there (the CPU's code, so the
+ * same bits), the block writes back. (One thread a token on global memory
+ * was latency-bound: 0.39 ms a launch at E = 128, K = 8.) */
+__global__ void k_route(int32_t *topk, float *topw, float *probs, int E, int K, int norm_topk)
 {
-    int n = blockIdx.x * blockDim.x + threadIdx.x;
-    if (n >= N)
-        return;
-    qd_router_softmax(probs + (size_t)n * E, E);
-    qd_router_select(topk + (size_t)n * K, topw + (size_t)n * K, probs + (size_t)n * E, E, K, norm_topk);
+    extern __shared__ float ps[];                 /* E probabilities, then K weights, then K indices */
+    float *ws = ps + E;
+    int32_t *ix = (int32_t *)(ws + K);
+    size_t n = blockIdx.x;
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        ps[e] = probs[n * E + e];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        qd_router_softmax(ps, E);
+        qd_router_select(ix, ws, ps, E, K, norm_topk);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        probs[n * E + e] = ps[e];
+    for (int j = threadIdx.x; j < K; j += blockDim.x) {
+        topk[n * K + j] = ix[j];
+        topw[n * K + j] = ws[j];
+    }
 }
 
 extern "C" qd_status qdk_route(int32_t *topk, float *topw, float *probs, int N, int E, int K, int norm_topk)
 {
     if (N)
-        QD_LAUNCH_N(k_route, (N), topk, topw, probs, N, E, K, norm_topk);
+        QD_LAUNCH_SMEM(k_route, (unsigned)N, 32u, sizeof(float) * ((size_t)E + 2 * (size_t)K), topk, topw, probs,
+                       E, K, norm_topk);
+    return QD_OK;
+}
+
+/* qd_moe_group (backends/layout.c) on the device, the same rows: block e
+ * walks the tokens in ascending order, 1024 at a time, and numbers the ones
+ * that chose e with a block-wide exclusive scan (slot: a token's position
+ * among expert e's rows); cnt[e] their count. */
+__global__ void __launch_bounds__(1024) k_moe_slots(int32_t *slot, int32_t *cnt, const int32_t *topk, int N, int K)
+{
+    __shared__ int32_t scan[1024];
+    int e = blockIdx.x, t = threadIdx.x;
+    int32_t run = 0;
+    for (int base = 0; base < N; base += 1024) {
+        int n = base + t, rank = -1;
+        for (int i = 0; n < N && i < K; i++)
+            if (topk[(size_t)n * K + i] == e)
+                rank = i;
+        scan[t] = rank >= 0;
+        __syncthreads();
+        for (int w = 1; w < 1024; w *= 2) {  /* inclusive Hillis-Steele scan */
+            int32_t v = t >= w ? scan[t - w] : 0;
+            __syncthreads();
+            scan[t] += v;
+            __syncthreads();
+        }
+        if (rank >= 0)
+            slot[(size_t)n * K + rank] = run + scan[t] - 1;
+        run += scan[1023];
+        __syncthreads();
+    }
+    if (t == 0)
+        cnt[e] = run;
+}
+
+/* exp_off (E + 1) from the counts, ascending expert index. */
+__global__ void k_moe_offsets(int32_t *exp_off, const int32_t *cnt, int E)
+{
+    exp_off[0] = 0;
+    for (int e = 0; e < E; e++)
+        exp_off[e + 1] = exp_off[e] + cnt[e];
+}
+
+/* One thread per (token, choice): its row, and its place among the token's
+ * rows in ascending expert order (the experts of a token are distinct). */
+__global__ void k_moe_rows(int32_t *row_tok, float *row_w, int32_t *row_rank, int32_t *tok_rows,
+                           const int32_t *slot, const int32_t *exp_off, const int32_t *topk, const float *topw, int N,
+                           int K)
+{
+    size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (size_t)N * K)
+        return;
+    int n = (int)(id / K), i = (int)(id % K), e = topk[id], j = 0;
+    for (int q = 0; q < K; q++)
+        j += topk[(size_t)n * K + q] < e;
+    int r = exp_off[e] + slot[id];
+    row_tok[r] = n;
+    row_w[r] = topw[id];
+    row_rank[r] = i;
+    tok_rows[(size_t)n * K + j] = r;
+}
+
+/* A dense MLP: every token is row n of "expert 0", weight 1. */
+__global__ void k_moe_dense(int32_t *exp_off, int32_t *row_tok, float *row_w, int32_t *row_rank, int32_t *tok_rows,
+                            int N)
+{
+    size_t n = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (n == 0) {
+        exp_off[0] = 0;
+        exp_off[1] = N;
+    }
+    if (n >= (size_t)N)
+        return;
+    row_tok[n] = (int32_t)n;
+    row_w[n] = 1.0f;
+    row_rank[n] = 0;
+    tok_rows[n] = (int32_t)n;
+}
+
+extern "C" qd_status qdk_moe_group(int32_t *exp_off, int32_t *row_tok, float *row_w, int32_t *row_rank,
+                                   int32_t *tok_rows, int32_t *scratch, const int32_t *topk, const float *topw, int N,
+                                   int E, int K)
+{
+    if (!topk) {
+        QD_LAUNCH(k_moe_dense, blocks((size_t)N + 1, TPB), TPB, exp_off, row_tok, row_w, row_rank, tok_rows, N);
+        return QD_OK;
+    }
+    int32_t *slot = scratch, *cnt = scratch + (size_t)N * K;
+    QD_LAUNCH(k_moe_slots, E, 1024, slot, cnt, topk, N, K);
+    QD_LAUNCH(k_moe_offsets, 1, 1, exp_off, cnt, E);
+    if (N)
+        QD_LAUNCH_N(k_moe_rows, (size_t)N * K, row_tok, row_w, row_rank, tok_rows, slot, exp_off, topk, topw, N, K);
     return QD_OK;
 }
 
@@ -817,6 +950,109 @@ extern "C" qd_status qdk_logprob(float *logp, float *lse, float *s, const float 
     return QD_OK;
 }
 
+/* The sampler of backends/sampling.c (steps 1-6, 9, 10) for rows with no
+ * top-k / top-p cut (and greedy rows), one block of QD_SAMPLE_LANES threads a
+ * row: lane j sums tokens j, j + 1024, ... ascending (the lane definition is
+ * the thread's own loop), the levels of the lane tree are the classic
+ * shared-memory halving kept in tree[] at the CPU's offsets, and thread 0
+ * descends it and walks the leaf lane as the CPU does, recomputing
+ * e_i = qd_expf(x_i / T - m). A non-finite logit or scaled logit sets *bad
+ * (the caller redoes the batch on the host for the message). */
+__global__ void __launch_bounds__(QD_SAMPLE_LANES) k_sample(int32_t *tok, float *lp, float *lpk, const float *logits,
+                                                            int V, float T, int greedy, uint64_t seed,
+                                                            const uint64_t *sid, const uint32_t *spos, int *bad)
+{
+    enum { L = QD_SAMPLE_LANES };
+    __shared__ float tree[2 * L - 1];
+    __shared__ float mx[L];
+    __shared__ int am[L];
+    int b = blockIdx.x, j = threadIdx.x;
+    const float *x = logits + (size_t)b * V;
+    /* steps 1-2: s_i = x_i / T, its max and the lowest id attaining it */
+    float m = x[0] / T;
+    int a = 0;
+    for (int i = j; i < V; i += L) {
+        float si = x[i] / T;
+        if (!isfinite(x[i]) || !isfinite(si))
+            *bad = 1;
+        if (si > m || (si == m && i < a)) {
+            m = si;
+            a = i;
+        }
+    }
+    mx[j] = m;
+    am[j] = a;
+    __syncthreads();
+    for (int w = L / 2; w > 0; w /= 2) {
+        if (j < w && (mx[j + w] > mx[j] || (mx[j + w] == mx[j] && am[j + w] < am[j]))) {
+            mx[j] = mx[j + w];
+            am[j] = am[j + w];
+        }
+        __syncthreads();
+    }
+    m = mx[0] + 0.0f;
+    a = am[0];
+    /* steps 3-5: the lane tree of e_i = exp(s_i - m) */
+    float acc = 0.0f;
+    for (int i = j; i < V; i += L)
+        acc = acc + qd_expf(x[i] / T - m);
+    tree[j] = acc;
+    __syncthreads();
+    for (int n = L; n > 1; n /= 2) {
+        const float *child = tree + 2 * L - 2 * n;
+        float *parent = tree + 2 * L - n;
+        if (j < n / 2)
+            parent[j] = child[j] + child[j + n / 2];
+        __syncthreads();
+    }
+    if (j != 0)
+        return;
+    float Z = tree[2 * L - 2], logZ = qd_logf(Z);
+    if (greedy) {
+        tok[b] = a;
+        lp[b] = (x[a] / T - m) - logZ;
+        lpk[b] = 0.0f;
+        return;
+    }
+    /* step 9: the draw, descending the tree of Z (no cut: Z_kept = Z) */
+    float r = qd_philox_sample_u(seed, sid[b], spos[b]) * Z;
+    int k = 0;
+    for (int n = 2; n <= L; n *= 2) {
+        const float *level = tree + 2 * L - 2 * n;
+        float lo = level[k], hi = level[k + n / 2];
+        if (!(r < lo || hi == 0.0f)) {
+            r = r - lo;
+            k += n / 2;
+        }
+    }
+    float c = 0.0f;
+    int t = -1;
+    for (int i = k; i < V; i += L) {
+        float w = qd_expf(x[i] / T - m);
+        c = c + w;
+        if (c > r) {
+            t = i;
+            break;
+        }
+        if (w > 0.0f)
+            t = i;
+    }
+    float d = x[t] / T - m;
+    tok[b] = t;
+    lp[b] = d - logZ;
+    lpk[b] = d - qd_logf(Z);
+}
+
+extern "C" qd_status qdk_sample(int32_t *tok, float *lp, float *lpk, const float *logits, int B, int V, float T,
+                                uint64_t seed, const uint64_t *sid, const uint32_t *spos, int *bad)
+{
+    int greedy = T == 0.0f;
+    if (B)
+        QD_LAUNCH(k_sample, B, QD_SAMPLE_LANES, tok, lp, lpk, logits, V, greedy ? 1.0f : T, greedy, seed, sid, spos,
+                  bad);
+    return QD_OK;
+}
+
 __global__ void k_logprob_bwd(float *dlogits, const float *dlogp, const float *logits, const float *lse,
                               const int32_t *tgt, int N, int V, float T)
 {
@@ -879,6 +1115,29 @@ extern "C" qd_status qdk_rac_error(double *err, const float *x, const float *xh,
 {
     if (rows)
         QD_LAUNCH_N(k_rac_error, (K), err, x, xh, rows, K);
+    return QD_OK;
+}
+
+/* k_rac_error over the experts of a layer: block row e sums expert e's rows
+ * off[e] .. off[e+1]-1 (device) into err[e] (a device array of E pointers). */
+__global__ void k_rac_error_grouped(double *const *err, const float *x, const float *xh, const int32_t *off, int K)
+{
+    int e = blockIdx.y, k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= K || off[e] == off[e + 1])
+        return;
+    double acc = err[e][k];
+    for (int r = off[e]; r < off[e + 1]; r++) {
+        float d = x[(size_t)r * K + k] - xh[(size_t)r * K + k];
+        acc = acc + (double)d * (double)d;
+    }
+    err[e][k] = acc;
+}
+
+extern "C" qd_status qdk_rac_error_grouped(double *const *err, const float *x, const float *xh, const int32_t *off,
+                                           int E, int K)
+{
+    if (E && K)
+        QD_LAUNCH(k_rac_error_grouped, dim3(blocks((size_t)K, TPB), (unsigned)E), TPB, err, x, xh, off, K);
     return QD_OK;
 }
 

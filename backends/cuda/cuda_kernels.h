@@ -1,5 +1,5 @@
 /* backends/cuda: the exact-mode kernels of the CUDA backend, each the twin of
- * one function of the CPU backend (backends/cpu/cpu_backend.c, named in each
+ * one function of the CPU backend (backends/cpu/cpu_ops.c, named in each
  * comment) computing every output with the CPU's operations in the CPU's order,
  * so the bits are the CPU's (NUMERICS.md §6). nvcc runs with -fmad=false; the
  * transcendentals are backends/exact_math.h's.
@@ -85,6 +85,10 @@ qd_status qdk_add(float *out, const float *a, const float *b, size_t n);
 /* softmax_rows + topk_row + the renormalization of route(): probs (N, E) in
  * place, topk and topw (N, K) in rank order. */
 qd_status qdk_route(int32_t *topk, float *topw, float *probs, int N, int E, int K, int norm_topk);
+/* qd_moe_group on the device: exp_off (E + 1, device) and the row tables
+ * (N*K); topk NULL: a dense MLP (E = K = 1). scratch: N*K + E ints. */
+qd_status qdk_moe_group(int32_t *exp_off, int32_t *row_tok, float *row_w, int32_t *row_rank, int32_t *tok_rows,
+                        int32_t *scratch, const int32_t *topk, const float *topw, int N, int E, int K);
 /* xe (R, C) = rows row_tok of x (N, C) (mlp_forward's gather). */
 qd_status qdk_gather(float *xe, const float *x, const int32_t *row_tok, int R, int C);
 qd_status qdk_swiglu(float *h, const float *g, const float *u, size_t n);
@@ -105,6 +109,12 @@ qd_status qdk_router_backward(float *dlog, const float *dwt, const float *probs,
  * int) = 1 + the token whose logit / T overflows. */
 qd_status qdk_logprob(float *logp, float *lse, float *s, const float *logits, const int32_t *tgt, int N,
                       int V, float T, int *bad);
+/* qd_sample_batch's rows without a top-k or top-p cut (top_k <= 0 or >= V,
+ * top_p >= 1; T = 0 greedy): token, logprob, logprob_kept (B) of logits (B, V)
+ * at (seed, sid[b], spos[b]) (device arrays); *bad (device int) = 1 when a
+ * logit or logit / T is not finite (the results are then unspecified). */
+qd_status qdk_sample(int32_t *tok, float *lp, float *lpk, const float *logits, int B, int V, float T,
+                     uint64_t seed, const uint64_t *sid, const uint32_t *spos, int *bad);
 /* logprob_backward: dlogits (N, V). */
 qd_status qdk_logprob_backward(float *dlogits, const float *dlogp, const float *logits, const float *lse,
                                const int32_t *tgt, int N, int V, float T);
@@ -114,6 +124,11 @@ qd_status qdk_logprob_backward(float *dlogits, const float *dlogp, const float *
 qd_status qdk_sqerr_rows(double *err, double *nrm, const float *x, const float *xh, int rows, int cols);
 /* qd_rac_error_accumulate's sum: err (K) += sum over rows ascending of (x - xh)^2. */
 qd_status qdk_rac_error(double *err, const float *x, const float *xh, int rows, int K);
+
+/* The same per expert: rows off[e] .. off[e+1]-1 (device, E + 1) into err[e]
+ * (a device array of E device pointers). */
+qd_status qdk_rac_error_grouped(double *const *err, const float *x, const float *xh, const int32_t *off, int E,
+                                int K);
 
 /* grad_norm's partial sums: part[k] = sum of g^2 (double) over floats 4096k.. ascending. */
 qd_status qdk_sumsq_chunks(double *part, const float *g, size_t n);

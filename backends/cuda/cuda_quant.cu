@@ -310,6 +310,31 @@ __global__ void rac_residual_kernel(float *res, const float *x, qout o, const fl
     }
 }
 
+/* The same over the experts of a layer: row r belongs to the expert e with
+ * off[e] <= r < off[e+1] (binary search) and takes that expert's channels ch[e]. */
+__global__ void rac_residual_grouped_kernel(float *res, const float *x, qout o, const float *s_dec,
+                                            const int64_t *const *ch, const int32_t *off, int E, int64_t rows,
+                                            int64_t K, int64_t n)
+{
+    int64_t total = rows * n;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / n;
+        int lo = 0, hi = E;  /* the last e with off[e] <= r */
+        while (hi - lo > 1) {
+            int mid = (lo + hi) / 2;
+            if (off[mid] <= r)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        int64_t c = ch[lo][i - r * n];
+        uint8_t byte = o.codes[r * o.codes_ld + c / 2];
+        uint8_t code = (uint8_t)((c & 1) ? byte >> 4 : byte & 0xfu);
+        res[i] = x[r * K + c] - qd_nvfp4_dequant1(code, o.scales[r * o.scales_ld + c / 16], s_dec[r]);
+    }
+}
+
 /* waug (N, K+n) = [W, W[:, ch]]. */
 __global__ void rac_gather_kernel(float *waug, const float *w, const int64_t *ch, int64_t N,
                                   int64_t K, int64_t n)
@@ -1241,6 +1266,32 @@ extern "C" qd_status qd_cuda_rac_augment_act_async(qd_nvfp4 *out, const float *x
     QD_TRY(rac_main(out, x, rows, K, ws));
     /* the residual buffer starts 256-byte aligned: the quantizer reads it in 16-byte vectors */
     return n ? rac_residual(out, x, rows, K, channels, n, ws, ws + ((rows + 63) & ~(int64_t)63)) : QD_OK;
+}
+
+extern "C" qd_status qd_cuda_rac_augment_act_grouped_async(qd_nvfp4 *out, const float *x, int64_t rows, int64_t K,
+                                                           const int64_t *const *channels, const int32_t *off, int E,
+                                                           int64_t n, float *ws)
+{
+    QD_TRY(check_rac("qd_cuda_rac_augment_act_grouped", out, rows, K, n));
+    QD_TRY(check_in("qd_cuda_rac_augment_act_grouped", x));
+    if (!out->per_row)
+        return qd_error(QD_ERR_ARG, "qd_cuda_rac_augment_act_grouped: activations take one scale per row");
+    if (rows == 0 || K == 0)
+        return QD_OK;
+    QD_TRY(rac_main(out, x, rows, K, ws));
+    if (!n)
+        return QD_OK;
+    float *res = ws + ((rows + 63) & ~(int64_t)63);
+    qout o = qout_of(out);
+    rac_residual_grouped_kernel<<<grid_for(rows * n), QD_THREADS>>>(res, x, o, out->s_dec, channels, off, E, rows,
+                                                                    K, n);
+    QD_CUDA_CHECK(cudaGetLastError());
+    o.codes += K / 2;
+    o.scales += K / 16;
+    quant_flat_kernel<float><<<grid_for(rows * (n / 16)), QD_THREADS>>>(o, NULL, res, rows, n / 16, NULL, ws, 1,
+                                                                        NULL);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
 }
 
 extern "C" qd_status qd_cuda_rac_augment_weight(qd_nvfp4 *out, const float *w, int64_t N,

@@ -82,6 +82,13 @@ qd_status qd_cuda_rac_augment_act(qd_nvfp4 *out, const float *x, int64_t rows, i
  * qd_cuda_nonfinite_check). */
 qd_status qd_cuda_rac_augment_act_async(qd_nvfp4 *out, const float *x, int64_t rows, int64_t K,
                                         const int64_t *channels, int64_t n, float *ws);
+/* The experts of a layer in one go: rows off[g] .. off[g+1]-1 (device, E + 1)
+ * use channel set channels[g] (a device array of E device pointers, n each);
+ * out per row; the bits of one qd_cuda_rac_augment_act_async per expert; ws as
+ * there. */
+qd_status qd_cuda_rac_augment_act_grouped_async(qd_nvfp4 *out, const float *x, int64_t rows, int64_t K,
+                                                const int64_t *const *channels, const int32_t *off, int E,
+                                                int64_t n, float *ws);
 /* out (N, K+n): [W, W[:, S]] quantized with W's global scale (per tensor, or per
  * row when out->per_row). */
 qd_status qd_cuda_rac_augment_weight(qd_nvfp4 *out, const float *w, int64_t N, int64_t K,

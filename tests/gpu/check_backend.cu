@@ -137,7 +137,7 @@ static qd_status fwd_both(pair *p, int B, const int32_t *len, float temp, float 
     uint32_t s = 12345u;
     for (int i = 0; !st && i < B * T; i++)
         tok[i] = (int32_t)(lcg(&s) % (uint32_t)V);
-    qd_batch bt = {B, T, tok, len, temp};
+    qd_batch bt = {.B = B, .T = T, .tokens = tok, .lengths = len, .temperature = temp, .rac_stats = 1};
     for (int k = 0; k < 2 && !st; k++)
         st = qd_backend_forward(p->b[k], &bt, *lp + (size_t)k * B * T, *lg + k * *nl);
     free(tok);
@@ -207,9 +207,11 @@ static qd_status check_generate(pair *p, float temp, const char *op)
     for (int i = 0; i < B * TP; i++)
         prompt[i] = (int32_t)(lcg(&s) % (uint32_t)V);
     int32_t stop = (int32_t)(V > 3 ? 3 : 0);
-    qd_generate_request rq = {B, TP, prompt, plen, sid, 99u, M, temp, 0, temp > 0 ? 0.9f : 1.0f, &stop, 1};
+    qd_generate_request rq = {.B = B, .Tp = TP, .prompt = prompt, .prompt_len = plen, .seq_id = sid, .seed = 99u,
+                              .max_new_tokens = M, .temperature = temp, .top_k = 0, .top_p = temp > 0 ? 0.9f : 1.0f,
+                              .stop = &stop, .num_stop = 1, .rac_stats = 1};
     for (int k = 0; k < 2; k++) {
-        qd_generate_result res = {tok[k], lp[k], lens[k]};
+        qd_generate_result res = {.tokens = tok[k], .logp = lp[k], .lengths = lens[k]};
         QD_TRY_H(qd_backend_generate(p->b[k], &rq, &res));
     }
     cmp c;
@@ -221,7 +223,8 @@ static qd_status check_generate(pair *p, float temp, const char *op)
     return QD_OK;
 }
 
-/* RAC: the next sync re-picks channels from the statistics gathered so far. */
+/* RAC: the next sync re-picks channels from the statistics the forwards and
+ * generates above gathered (they ask for them: rac_stats = 1). */
 static qd_status check_rac(pair *p)
 {
     size_t n = qd_backend_rac_state_size(p->b[0]);
@@ -263,7 +266,7 @@ static void train_batch_init(train_batch *t, const pair *p)
         t->tok[i] = (int32_t)(lcg(&s) % (uint32_t)V);
         t->dlp[i] = ((float)(lcg(&s) % 2001u) - 1000.0f) / 1000.0f;
     }
-    t->bt = (qd_batch){3, Tm, t->tok, t->len, 0.8f};
+    t->bt = (qd_batch){.B = 3, .T = Tm, .tokens = t->tok, .lengths = t->len, .temperature = 0.8f};
 }
 
 /* zero_grad, forward, backward of backend k on t; its gradients into g (n). */
@@ -285,7 +288,8 @@ static qd_status check_train(pair *p)
     float *buf = (float *)malloc(sizeof(float) * 6 * n);
     if (!buf)
         return qd_error(QD_ERR_NOMEM, "check_backend: %zu gradients", n);
-    qd_adamw opt = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 1.0f};
+    qd_adamw opt = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f,
+                    .grad_clip = 1.0f};
     float norm[2];
     qd_status st = QD_OK;
     for (int k = 0; k < 2 && !st; k++) {

@@ -1,8 +1,11 @@
 #!/bin/sh
 # On the GPU machine, from a tree built on the development box and carried
 # over (the device tool's `carry`): the whole CUDA check in one call.
-#   1. tests/gpu/check_backend: every op, recipe and role, CUDA vs CPU: exact
-#      mode bit for bit, fast mode within stated relative errors;
+#   0. tests/gpu/check_ops: every op of backends/ops.h, CUDA vs CPU on the same
+#      inputs (tests/op_cases.c): exact mode bit for bit, fast mode within each
+#      slot's bound, so a mismatch names the op;
+#   1. tests/gpu/check_backend: whole models, every recipe and role, CUDA vs
+#      CPU: exact mode bit for bit, fast mode within stated relative errors;
 #   2. tests/gpu/check_blas: the fast-mode GEMMs and the W4A4 path choice;
 #   3. `quads rl` (the default config) on the CPU and on the CUDA backend in
 #      exact mode: metrics.jsonl compared value for value (timings aside) and
@@ -21,6 +24,9 @@ export LD_LIBRARY_PATH="$PWD/.devrun/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export OMP_WAIT_POLICY=passive
 nvidia-smi -L 2>/dev/null || true
 rc=0
+echo "== check_ops"
+timeout 300 tests/gpu/check_ops >"$out/check_ops.log" 2>&1 || rc=1
+grep -v "bits equal\|within" "$out/check_ops.log" | tail -8
 echo "== check_backend"
 timeout 400 tests/gpu/check_backend >"$out/check_backend.log" 2>"$out/check_backend.err" || rc=1
 grep -v " yes$" "$out/check_backend.log" | grep -v " within " | head -30

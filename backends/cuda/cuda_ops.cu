@@ -1,0 +1,742 @@
+/* The CUDA backend: the device ops of backends/ops.h on one GPU, each slot
+ * the twin of the CPU's of the same name (backends/cpu/cpu_ops.c), so the one
+ * model driver (backends/model.c) computes the CPU's bits in exact mode
+ * (NUMERICS.md §6). The kernels are backends/cuda/cuda_kernels.cu's (one per
+ * CPU loop nest) and the quantizers and the W4A4 product cuda_quant.cu's
+ * (checked bit for bit against quant/). What still runs on the host, as the
+ * CPU's own code: the MoE row bookkeeping (qd_moe_group, topk copied back once
+ * per MoE layer) and the sampler (qd_sample_batch on the last logits).
+ *
+ * Fast mode (options.mode, NUMERICS.md §7) changes only the products and
+ * attention: BF16 linears through cuBLASLt's BF16 GEMM (float32 accumulate),
+ * other float linears and every backward product through cuBLASLt float32
+ * GEMMs, FP8 through cuBLASLt FP8, W4A4 through cuBLASLt's block-scaled FP4 on
+ * Blackwell (the canonical kernels elsewhere), attention through one fused
+ * kernel. The grouped expert products stay the exact kernels in both modes.
+ *
+ * Work is enqueued on the legacy default stream; finish() synchronizes and
+ * reports a non-finite input any async quantizer saw. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "backends/cuda/cuda_blas.h"
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_quant.h"
+extern "C" {
+#include "backends/cuda/cuda_kernels.h"
+#include "backends/layout.h"
+#include "backends/ops.h"
+}
+
+/* Grow-only scratch of the ops themselves (dev unless said). */
+enum { D_XH, D_RACWS, D_X16, D_LOGP, D_SAMPLE, D_MOE, D_RACPTR, D_NSCRATCH };
+
+typedef struct {
+    qd_exec_mode mode;
+    int bf16_copy;                 /* fast mode, BF16 recipes: keep wk16 */
+    const float *wk;               /* the working copy wk16 mirrors, (nwk) */
+    size_t nwk;
+    uint16_t *wk16;                /* fast mode: the working copy's BF16 bits */
+    int *d_bad;                    /* logprob's overflow flag */
+    void *scratch[D_NSCRATCH];
+    size_t scratch_cap[D_NSCRATCH];
+    void *host;                    /* host scratch (sampling logits, MoE rows), grow-only */
+    size_t host_cap;
+    /* QUADS_CUDA_PROFILE=1: wall time per phase (synchronizing at each mark), printed at free */
+    int prof, prof_sec;
+    double prof_last, prof_t[QD_PH_COUNT];
+    long prof_n[QD_PH_COUNT];
+} cuda_dev;
+
+#define D(dev) ((cuda_dev *)(dev))
+
+static const char *const prof_names[QD_PH_COUNT] = {
+    "other", "attention linears", "attention", "routing", "experts", "lm_head", "log-probs",
+    "logits to host + sampling", "backward", "AdamW", "weight sync"};
+
+/* ------------------------------------------------------------------------ */
+/* memory                                                                    */
+
+/* cudaMalloc (zeroed) with an out-of-memory message giving the sizes asked for and free. */
+static qd_status cuda_alloc(void *dev, void **p, size_t bytes, const char *what)
+{
+    (void)dev;
+    *p = NULL;
+    cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);
+    if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        return qd_error(QD_ERR_NOMEM, "cuda backend: out of GPU memory for %s: %zu bytes asked for, "
+                        "%zu free of %zu", what, bytes, fr, tot);
+    }
+    if (e != cudaSuccess)
+        return qd_error(QD_ERR_DEVICE, "%s:%d: cudaMalloc(%zu bytes, %s): %s", __FILE__, __LINE__, bytes, what,
+                        cudaGetErrorString(e));
+    QD_CUDA_CHECK(cudaMemset(*p, 0, bytes ? bytes : 1));
+    return QD_OK;
+}
+
+static void cuda_release(void *dev, void *p)
+{
+    (void)dev;
+    if (p)
+        cudaFree(p);
+}
+
+static qd_status cuda_zero(void *dev, void *p, size_t bytes)
+{
+    (void)dev;
+    if (bytes)
+        QD_CUDA_CHECK(cudaMemset(p, 0, bytes));
+    return QD_OK;
+}
+
+static qd_status cuda_to_dev(void *dev, void *dst, const void *src, size_t bytes)
+{
+    (void)dev;
+    if (bytes)
+        QD_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    return QD_OK;
+}
+
+static qd_status cuda_to_host(void *dev, void *dst, const void *src, size_t bytes)
+{
+    (void)dev;
+    if (bytes)
+        QD_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+    return QD_OK;
+}
+
+static qd_status cuda_finish(void *dev)
+{
+    (void)dev;
+    return qd_cuda_nonfinite_check();
+}
+
+/* A dev scratch buffer of at least bytes (contents undefined). */
+static qd_status scratch(cuda_dev *d, int slot, size_t bytes, void **out)
+{
+    if (d->scratch_cap[slot] < bytes) {
+        cudaFree(d->scratch[slot]);
+        d->scratch[slot] = NULL;
+        d->scratch_cap[slot] = 0;
+        QD_TRY(cuda_alloc(d, &d->scratch[slot], bytes, "scratch"));
+        d->scratch_cap[slot] = bytes;
+    }
+    *out = d->scratch[slot];
+    return QD_OK;
+}
+
+static qd_status host_scratch(cuda_dev *d, size_t bytes, void **out)
+{
+    if (d->host_cap < bytes) {
+        free(d->host);
+        d->host = malloc(bytes);
+        d->host_cap = d->host ? bytes : 0;
+        if (!d->host)
+            return qd_error(QD_ERR_NOMEM, "cuda backend: %zu bytes of host scratch", bytes);
+    }
+    *out = d->host;
+    return QD_OK;
+}
+
+static void cuda_mark(void *dev, qd_phase ph)
+{
+    cuda_dev *d = D(dev);
+    if (!d->prof)
+        return;
+    cudaDeviceSynchronize();
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    if (d->prof_last > 0)
+        d->prof_t[d->prof_sec] += t - d->prof_last;
+    d->prof_n[ph]++;
+    d->prof_sec = ph;
+    d->prof_last = t;
+}
+
+static void cuda_report(void *dev)
+{
+    cuda_dev *d = D(dev);
+    if (!d->prof)
+        return;
+    fprintf(stderr, "cuda backend profile (QUADS_CUDA_PROFILE):\n");
+    for (int i = 0; i < QD_PH_COUNT; i++)
+        fprintf(stderr, "  %-28s %8ld marks %10.3f ms\n", prof_names[i], d->prof_n[i], 1e3 * d->prof_t[i]);
+}
+
+/* Fast mode, BF16 recipes: the BF16 bits of the working copy for cuBLASLt. */
+static qd_status cuda_weights_changed(void *dev, const float *wk, size_t n)
+{
+    cuda_dev *d = D(dev);
+    if (!d->bf16_copy)
+        return QD_OK;
+    if (!d->wk16 || d->nwk != n) {
+        cudaFree(d->wk16);
+        d->wk16 = NULL;
+        QD_TRY(cuda_alloc(d, (void **)&d->wk16, sizeof(uint16_t) * n, "working weights (BF16)"));
+    }
+    d->wk = wk;
+    d->nwk = n;
+    return qdk_bf16_bits(d->wk16, wk, n);
+}
+
+/* ------------------------------------------------------------------------ */
+/* elementwise and rows                                                      */
+
+static qd_status cuda_round_bf16(void *dev, float *dst, const float *src, size_t n)
+{
+    (void)dev;
+    return qdk_round(dst, src, n, 1);
+}
+
+static qd_status cuda_add(void *dev, float *out, const float *a, const float *b, size_t n)
+{
+    (void)dev;
+    return qdk_add(out, a, b, n);
+}
+
+static qd_status cuda_embed(void *dev, float *x, const float *emb, const int32_t *tok, int N, int C)
+{
+    (void)dev;
+    return qdk_embed(x, emb, tok, N, C);
+}
+
+static qd_status cuda_embed_backward(void *dev, float *gemb, const float *dres, const int32_t *tok, int N, int C)
+{
+    (void)dev;
+    return qdk_embed_backward(gemb, dres, tok, N, C);
+}
+
+static qd_status cuda_rmsnorm(void *dev, float *out, float *rstd, const float *x, const float *w, int rows, int C,
+                              float eps)
+{
+    (void)dev;
+    return qdk_rmsnorm(out, rstd, x, w, rows, C, eps);
+}
+
+static qd_status cuda_rmsnorm_backward(void *dev, float *dinp, float *dw, const float *dout, const float *x,
+                                       const float *w, const float *rstd, int rows, int C)
+{
+    (void)dev;
+    return qdk_rmsnorm_backward(dinp, dw, dout, x, w, rstd, rows, C);
+}
+
+static qd_status cuda_rope(void *dev, float *x, const int32_t *pos, const float *cosb, const float *sinb, int N,
+                           int nh, int D, int inverse)
+{
+    (void)dev;
+    return qdk_rope(x, pos, cosb, sinb, N, nh, D, inverse);
+}
+
+/* ------------------------------------------------------------------------ */
+/* float products                                                            */
+
+static qd_status cuda_matmul(void *dev, float *out, const float *x, const float *w, int N, int IC, int OC,
+                             qd_prec prec)
+{
+    cuda_dev *d = D(dev);
+    if (d->mode == QD_MODE_FAST && prec == QD_PREC_BF16 && d->wk16 && w >= d->wk && w < d->wk + d->nwk) {
+        void *x16;
+        QD_TRY(scratch(d, D_X16, sizeof(uint16_t) * (size_t)N * IC, &x16));
+        QD_TRY(qdk_bf16_bits((uint16_t *)x16, x, (size_t)N * IC));
+        return qd_cuda_gemm_bf16(out, (const uint16_t *)x16, d->wk16 + (w - d->wk), N, OC, IC, 0.0f);
+    }
+    if (d->mode == QD_MODE_FAST)
+        return qd_cuda_gemm_f32(out, x, w, N, OC, IC, 0.0f);
+    return qdk_matmul(out, x, IC, 1, w, 1, IC, N, OC, IC, 0);
+}
+
+static qd_status cuda_matmul_backward(void *dev, float *dinp, float *dw, const float *dout, const float *x,
+                                      const float *w, int N, int IC, int OC)
+{
+    if (D(dev)->mode == QD_MODE_FAST) {
+        if (dinp)
+            QD_TRY(qd_cuda_gemm_f32_dx(dinp, dout, w, N, OC, IC, 1.0f));
+        return dw ? qd_cuda_gemm_f32_dw(dw, dout, x, N, OC, IC, 1.0f) : QD_OK;
+    }
+    if (dinp)
+        QD_TRY(qdk_matmul(dinp, dout, OC, 1, w, IC, 1, N, IC, OC, 1));
+    return dw ? qdk_matmul(dw, dout, 1, OC, x, IC, 1, OC, IC, N, 1) : QD_OK;
+}
+
+/* The experts in one launch, in both modes (one cuBLASLt call per expert, each
+ * of its own row count, was slower on the H200: a matmul plan per shape). */
+static qd_status cuda_matmul_grouped(void *dev, float *out, const float *x, const float *const *w, const int32_t *off,
+                                     int E, int IC, int OC)
+{
+    (void)dev;
+    qdk_mm_item *it = (qdk_mm_item *)calloc((size_t)E, sizeof *it);
+    if (!it)
+        return qd_error(QD_ERR_NOMEM, "cuda backend: experts");
+    for (int e = 0; e < E; e++) {
+        int r0 = off[e], m = off[e + 1] - r0;
+        it[e] = (qdk_mm_item){x + (size_t)r0 * IC, w[e], out + (size_t)r0 * OC, NULL, NULL, m, m ? OC : 0, IC};
+    }
+    qd_status st = qdk_matmul_grouped(it, E, IC, 1, 1, IC, 0, 0);
+    free(it);
+    return st;
+}
+
+static qd_status cuda_matmul_grouped_backward(void *dev, float *dinp, float *const *dw, const float *dout,
+                                              const float *x, const float *const *w, const int32_t *off, int E,
+                                              int IC, int OC)
+{
+    (void)dev;
+    qdk_mm_item *it = (qdk_mm_item *)calloc(2 * (size_t)E, sizeof *it);
+    if (!it)
+        return qd_error(QD_ERR_NOMEM, "cuda backend: experts");
+    for (int e = 0; e < E; e++) {
+        int r0 = off[e], m = off[e + 1] - r0;
+        it[e] = (qdk_mm_item){dout + (size_t)r0 * OC, w[e], dinp + (size_t)r0 * IC, NULL, NULL, m, m ? IC : 0, OC};
+        it[E + e] = (qdk_mm_item){dout + (size_t)r0 * OC, x + (size_t)r0 * IC, dw[e], NULL, NULL, m ? OC : 0, IC, m};
+    }
+    qd_status st = qdk_matmul_grouped(it, E, OC, 1, IC, 1, 1, 0);
+    if (!st)
+        st = qdk_matmul_grouped(it + E, E, 1, OC, IC, 1, 1, 0);
+    free(it);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* quantizers and quantized products                                         */
+
+static qd_status cuda_fp8_quantize_rows(void *dev, uint8_t *q, float *scale_inv, const float *x, int rows, int cols)
+{
+    (void)dev;
+    return qd_cuda_fp8_quantize_rows(q, scale_inv, x, rows, cols);
+}
+
+static qd_status cuda_fp8_gemm(void *dev, float *y, const uint8_t *qa, const float *sa_inv, const uint8_t *qw,
+                               const float *sw_inv, int M, int N, int K)
+{
+    if (D(dev)->mode == QD_MODE_FAST && K % 16 == 0)
+        return qd_cuda_gemm_fp8(y, qa, sa_inv, qw, sw_inv, M, N, K);
+    return qdk_fp8_gemm(y, qa, sa_inv, qw, sw_inv, M, N, K);
+}
+
+static qd_status cuda_fp8_gemm_grouped(void *dev, float *y, const uint8_t *qa, const float *sa_inv,
+                                       const uint8_t *const *qw, const float *const *sw_inv, const int32_t *off,
+                                       int E, int N, int K)
+{
+    (void)dev;
+    qdk_mm_item *it = (qdk_mm_item *)calloc((size_t)E, sizeof *it);
+    if (!it)
+        return qd_error(QD_ERR_NOMEM, "cuda backend: experts");
+    for (int e = 0; e < E; e++) {
+        int r0 = off[e], m = off[e + 1] - r0;
+        it[e] = (qdk_mm_item){qa + (size_t)r0 * K, qw[e], y + (size_t)r0 * N, sa_inv + r0, sw_inv[e], m, m ? N : 0,
+                              K};
+    }
+    qd_status st = qdk_matmul_grouped(it, E, K, 1, 1, K, 0, 1);
+    free(it);
+    return st;
+}
+
+/* a non-finite input is reported by finish (qd_cuda_nonfinite_check) */
+static qd_status cuda_nvfp4_quantize(void *dev, qd_nvfp4 *q, const float *x)
+{
+    (void)dev;
+    return qd_cuda_nvfp4_quantize_async(q, x);
+}
+
+static qd_status cuda_nvfp4_fake_quant(void *dev, float *out, const float *x, int rows, int cols, int per_row)
+{
+    (void)dev;
+    return qd_cuda_nvfp4_fake_quant_async(out, x, rows, cols, per_row);
+}
+
+static qd_status cuda_w4a4_gemm(void *dev, float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
+{
+    if (D(dev)->mode == QD_MODE_FAST)
+        return qd_cuda_w4a4_gemm_fast(y, a, w);
+    return qd_cuda_w4a4_gemm_tc_async(y, a, w);
+}
+
+static qd_status cuda_w4a4_gemm_grouped(void *dev, float *y, const qd_nvfp4 *a, const qd_nvfp4 *const *w,
+                                        const int32_t *off, int E)
+{
+    (void)dev;
+    int64_t *roff = (int64_t *)malloc(sizeof(int64_t) * ((size_t)E + 1));
+    if (!roff)
+        return qd_error(QD_ERR_NOMEM, "cuda backend: experts");
+    for (int e = 0; e <= E; e++)
+        roff[e] = off[e];
+    qd_status st = qd_cuda_w4a4_gemm_grouped_async(y, a, w, roff, E);
+    free(roff);
+    return st;
+}
+
+static qd_status cuda_rac_error(void *dev, double *err, const float *x, int rows, int K)
+{
+    void *xh;
+    QD_TRY(scratch(D(dev), D_XH, sizeof(float) * (size_t)rows * K, &xh));
+    QD_TRY(qd_cuda_nvfp4_fake_quant_async((float *)xh, x, rows, K, 1));
+    return qdk_rac_error(err, x, (const float *)xh, rows, K);
+}
+
+static qd_status cuda_rac_augment_act(void *dev, qd_nvfp4 *out, const float *x, int rows, int K, const int64_t *ch,
+                                      int64_t n)
+{
+    void *ws;
+    QD_TRY(scratch(D(dev), D_RACWS, sizeof(float) * (((size_t)rows + 63) / 64 * 64 + (size_t)rows * n), &ws));
+    return qd_cuda_rac_augment_act_async(out, x, rows, K, ch, n, (float *)ws);
+}
+
+/* The experts' pointers and row offsets go up in one copy; then one launch
+ * per step for every expert (fake-quant, the statistics, the main blocks,
+ * the residuals, their quantization). */
+static qd_status cuda_rac_grouped(void *dev, qd_nvfp4 *a, double *const *err, const int64_t *const *ch,
+                                  const int32_t *off, int E, const float *x, int K, int64_t n)
+{
+    cuda_dev *d = D(dev);
+    int R = off[E];
+    if (R == 0)
+        return QD_OK;
+    size_t pb = sizeof(void *) * 2 * (size_t)E, bytes = pb + sizeof(int32_t) * ((size_t)E + 1);
+    void *h, *p, *xh, *ws;
+    QD_TRY(host_scratch(d, bytes, &h));
+    if (err)
+        memcpy(h, err, sizeof(void *) * (size_t)E);
+    memcpy((char *)h + sizeof(void *) * (size_t)E, ch, sizeof(void *) * (size_t)E);
+    memcpy((char *)h + pb, off, sizeof(int32_t) * ((size_t)E + 1));
+    QD_TRY(scratch(d, D_RACPTR, bytes, &p));
+    QD_TRY(cuda_to_dev(dev, p, h, bytes));
+    double *const *d_err = (double *const *)p;
+    const int64_t *const *d_ch = (const int64_t *const *)((char *)p + sizeof(void *) * (size_t)E);
+    const int32_t *d_off = (const int32_t *)((char *)p + pb);
+    if (err) {
+        QD_TRY(scratch(d, D_XH, sizeof(float) * (size_t)R * K, &xh));
+        QD_TRY(qd_cuda_nvfp4_fake_quant_async((float *)xh, x, R, K, 1));
+        QD_TRY(qdk_rac_error_grouped(d_err, x, (const float *)xh, d_off, E, K));
+    }
+    QD_TRY(scratch(d, D_RACWS, sizeof(float) * (((size_t)R + 63) / 64 * 64 + (size_t)R * n), &ws));
+    return qd_cuda_rac_augment_act_grouped_async(a, x, R, K, d_ch, d_off, E, n, (float *)ws);
+}
+
+static qd_status cuda_rac_augment_weight(void *dev, qd_nvfp4 *out, const float *w, int N, int K, const int64_t *ch,
+                                         int64_t n)
+{
+    (void)dev;
+    return qd_cuda_rac_augment_weight(out, w, N, K, ch, n);
+}
+
+static qd_status cuda_sqerr_rows(void *dev, double *err, double *nrm, const float *x, const float *xh, int rows,
+                                 int cols)
+{
+    (void)dev;
+    return qdk_sqerr_rows(err, nrm, x, xh, rows, cols);
+}
+
+/* ------------------------------------------------------------------------ */
+/* attention                                                                 */
+
+static qd_status cuda_attend(void *dev, float *out, float *att, const float *q, const float *kb, const float *vb,
+                             const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm)
+{
+    if (D(dev)->mode == QD_MODE_FAST)
+        return qdk_attend_fast(out, att, q, kb, vb, kbase, pos, N, H, KV, D, Tm);
+    return qdk_attend(out, att, q, kb, vb, kbase, pos, N, H, KV, D, Tm);
+}
+
+static qd_status cuda_attend_backward(void *dev, float *dq, float *dk, float *dv, float *ds, const float *dout,
+                                      const float *att, const float *q, const float *k, const float *v,
+                                      const int32_t *pos, const int32_t *slen, int N, int H, int KV, int D, int Tm)
+{
+    (void)dev;
+    return qdk_attend_backward(dq, dk, dv, ds, dout, att, q, k, v, pos, slen, N, H, KV, D, Tm);
+}
+
+static qd_status cuda_store_kv(void *dev, float *kc, float *vc, const float *kr, const float *v, const int32_t *row,
+                               const int32_t *pos, int N, int Tc, int KD)
+{
+    (void)dev;
+    return qdk_store_kv(kc, vc, kr, v, row, pos, N, Tc, KD);
+}
+
+/* ------------------------------------------------------------------------ */
+/* MoE                                                                       */
+
+static qd_status cuda_route(void *dev, int32_t *topk, float *topw, float *probs, int N, int E, int K, int norm)
+{
+    (void)dev;
+    return qdk_route(topk, topw, probs, N, E, K, norm);
+}
+
+/* The rows grouped by expert on the device (qdk_moe_group, qd_moe_group's
+ * rows); only exp_off (E + 1 ints) comes back, for the grouped launches. */
+static qd_status cuda_moe_group(void *dev, int32_t *exp_off, int32_t *row_tok, float *row_w, int32_t *row_rank,
+                                int32_t *tok_rows, const int32_t *topk, const float *topw, int N, int E, int K)
+{
+    void *p;
+    QD_TRY(scratch(D(dev), D_MOE, sizeof(int32_t) * ((size_t)N * K + 2 * (size_t)E + 1), &p));
+    int32_t *d_off = (int32_t *)p, *ws = d_off + E + 1;
+    QD_TRY(qdk_moe_group(d_off, row_tok, row_w, row_rank, tok_rows, ws, topk, topw, N, E, K));
+    return cuda_to_host(dev, exp_off, d_off, sizeof(int32_t) * ((size_t)E + 1));
+}
+
+static qd_status cuda_gather(void *dev, float *xe, const float *x, const int32_t *row_tok, int R, int C)
+{
+    (void)dev;
+    return qdk_gather(xe, x, row_tok, R, C);
+}
+
+static qd_status cuda_swiglu(void *dev, float *h, const float *g, const float *u, size_t n)
+{
+    (void)dev;
+    return qdk_swiglu(h, g, u, n);
+}
+
+static qd_status cuda_swiglu_backward(void *dev, float *dg, float *du, const float *dh, const float *g,
+                                      const float *u, size_t n)
+{
+    (void)dev;
+    return qdk_swiglu_backward(dg, du, dh, g, u, n);
+}
+
+static qd_status cuda_combine(void *dev, float *out, const float *y, const float *row_w, const int32_t *tok_rows,
+                              int N, int K, int C)
+{
+    (void)dev;
+    return qdk_combine(out, y, row_w, tok_rows, N, K, C);
+}
+
+static qd_status cuda_moe_dy(void *dev, float *dy, float *dwt, const float *dout, const float *y, const float *row_w,
+                             const int32_t *row_rank, const int32_t *tok_rows, int N, int K, int C)
+{
+    (void)dev;
+    return qdk_moe_dy(dy, dwt, dout, y, row_w, row_rank, tok_rows, N, K, C);
+}
+
+static qd_status cuda_unroute(void *dev, float *dinp, const float *dxe, const int32_t *tok_rows, int N, int K,
+                              int C)
+{
+    (void)dev;
+    return qdk_unroute(dinp, dxe, tok_rows, N, K, C);
+}
+
+static qd_status cuda_router_backward(void *dev, float *dlog, const float *dwt, const float *probs,
+                                      const int32_t *topk, const float *topw, int N, int E, int K, int renorm)
+{
+    (void)dev;
+    return qdk_router_backward(dlog, dwt, probs, topk, topw, N, E, K, renorm);
+}
+
+/* ------------------------------------------------------------------------ */
+/* log-probs, sampling, the optimizer                                        */
+
+static qd_status cuda_logprob(void *dev, float *logp, float *lse, const float *logits, const int32_t *tgt, int N,
+                              int V, float T)
+{
+    cuda_dev *d = D(dev);
+    void *s = NULL;
+    if (T != 1.0f)
+        QD_TRY(scratch(d, D_LOGP, sizeof(float) * (size_t)N * V, &s));
+    QD_CUDA_CHECK(cudaMemset(d->d_bad, 0, sizeof(int)));
+    QD_TRY(qdk_logprob(logp, lse, (float *)s, logits, tgt, N, V, T, d->d_bad));
+    int bad = 0;
+    QD_TRY(cuda_to_host(dev, &bad, d->d_bad, sizeof bad));
+    if (bad)
+        return qd_error(QD_ERR_NONFINITE, "forward: token %d: logits / temperature %g overflows", bad - 1,
+                        (double)T);
+    return QD_OK;
+}
+
+static qd_status cuda_logprob_backward(void *dev, float *dlogits, const float *dlogp, const float *logits,
+                                       const float *lse, const int32_t *tgt, int N, int V, float T)
+{
+    (void)dev;
+    return qdk_logprob_backward(dlogits, dlogp, logits, lse, tgt, N, V, T);
+}
+
+/* The logits to the host, then the CPU's sampler (OpenMP over rows). */
+static qd_status sample_on_host(cuda_dev *d, qd_sample_result *out, const float *logits, int B, int V,
+                                const qd_sample_params *p, const uint64_t *seq_ids, const uint32_t *positions)
+{
+    void *h;
+    QD_TRY(host_scratch(d, sizeof(float) * (size_t)B * V, &h));
+    QD_TRY(cuda_to_host(d, h, logits, sizeof(float) * (size_t)B * V));
+    return qd_sample_batch(out, (const float *)h, B, V, p, seq_ids, positions);
+}
+
+/* Rows with no top-k / top-p cut sample on the device (qdk_sample, the same
+ * steps as the CPU's), so only B tokens and log-probs come back; a cut, a bad
+ * parameter or a non-finite logit goes through the host sampler (which names
+ * the error). */
+static qd_status cuda_sample(void *dev, qd_sample_result *out, const float *logits, int B, int V,
+                             const qd_sample_params *p, const uint64_t *seq_ids, const uint32_t *positions)
+{
+    cuda_dev *d = D(dev);
+    int cut = (p->top_k > 0 && p->top_k < V) || p->top_p < 1.0f;
+    int valid = p->temperature >= 0.0f && isfinite(p->temperature) && p->top_p > 0.0f && p->top_p <= 1.0f;
+    if (B == 0 || V < 1 || !valid || (cut && p->temperature != 0.0f))
+        return sample_on_host(d, out, logits, B, V, p, seq_ids, positions);
+    size_t nb = (size_t)B;
+    void *buf;
+    QD_TRY(scratch(d, D_SAMPLE, 8 * nb + 4 * nb * 4, &buf));
+    uint64_t *sid = (uint64_t *)buf;
+    uint32_t *spos = (uint32_t *)(sid + nb);
+    int32_t *tok = (int32_t *)(spos + nb);
+    float *lp = (float *)(tok + nb), *lpk = lp + nb;
+    QD_TRY(cuda_to_dev(d, sid, seq_ids, sizeof(uint64_t) * nb));
+    QD_TRY(cuda_to_dev(d, spos, positions, sizeof(uint32_t) * nb));
+    QD_CUDA_CHECK(cudaMemset(d->d_bad, 0, sizeof(int)));
+    QD_TRY(qdk_sample(tok, lp, lpk, logits, B, V, p->temperature, p->seed, sid, spos, d->d_bad));
+    int bad = 0;
+    QD_TRY(cuda_to_host(d, &bad, d->d_bad, sizeof bad));
+    if (bad)
+        return sample_on_host(d, out, logits, B, V, p, seq_ids, positions);
+    void *h;
+    QD_TRY(host_scratch(d, 12 * nb, &h));
+    QD_TRY(cuda_to_host(d, h, tok, 12 * nb));
+    const int32_t *ht = (const int32_t *)h;
+    const float *hl = (const float *)(ht + nb), *hk = hl + nb;
+    for (int b = 0; b < B; b++)
+        out[b] = (qd_sample_result){.token = ht[b], .logprob = hl[b], .logprob_kept = hk[b]};
+    return QD_OK;
+}
+
+static qd_status cuda_sumsq_chunks(void *dev, double *part, const float *g, size_t n)
+{
+    (void)dev;
+    return qdk_sumsq_chunks(part, g, n);
+}
+
+static qd_status cuda_adamw(void *dev, float *p, const float *g, float *m, float *v, size_t n, const qd_adamw *o,
+                            float wd, float gscale, float bc1, float bc2)
+{
+    (void)dev;
+    return qdk_adamw(p, g, m, v, n, o->lr, o->beta1, o->beta2, o->eps, wd, gscale, bc1, bc2);
+}
+
+static const qd_ops cuda_ops = {
+    .name = "cuda",
+    .alloc = cuda_alloc,
+    .release = cuda_release,
+    .zero = cuda_zero,
+    .to_dev = cuda_to_dev,
+    .to_host = cuda_to_host,
+    .finish = cuda_finish,
+    .enter = NULL,
+    .leave = NULL,
+    .mark = cuda_mark,
+    .report = cuda_report,
+    .weights_changed = cuda_weights_changed,
+    .round_bf16 = cuda_round_bf16,
+    .add = cuda_add,
+    .embed = cuda_embed,
+    .embed_backward = cuda_embed_backward,
+    .rmsnorm = cuda_rmsnorm,
+    .rmsnorm_backward = cuda_rmsnorm_backward,
+    .rope = cuda_rope,
+    .matmul = cuda_matmul,
+    .matmul_backward = cuda_matmul_backward,
+    .matmul_grouped = cuda_matmul_grouped,
+    .matmul_grouped_backward = cuda_matmul_grouped_backward,
+    .fp8_quantize_rows = cuda_fp8_quantize_rows,
+    .fp8_gemm = cuda_fp8_gemm,
+    .fp8_gemm_grouped = cuda_fp8_gemm_grouped,
+    .nvfp4_quantize = cuda_nvfp4_quantize,
+    .nvfp4_fake_quant = cuda_nvfp4_fake_quant,
+    .w4a4_gemm = cuda_w4a4_gemm,
+    .w4a4_gemm_grouped = cuda_w4a4_gemm_grouped,
+    .rac_error = cuda_rac_error,
+    .rac_augment_act = cuda_rac_augment_act,
+    .rac_augment_weight = cuda_rac_augment_weight,
+    .rac_grouped = cuda_rac_grouped,
+    .sqerr_rows = cuda_sqerr_rows,
+    .attend = cuda_attend,
+    .attend_backward = cuda_attend_backward,
+    .store_kv = cuda_store_kv,
+    .route = cuda_route,
+    .moe_group = cuda_moe_group,
+    .gather = cuda_gather,
+    .swiglu = cuda_swiglu,
+    .swiglu_backward = cuda_swiglu_backward,
+    .combine = cuda_combine,
+    .moe_dy = cuda_moe_dy,
+    .unroute = cuda_unroute,
+    .router_backward = cuda_router_backward,
+    .logprob = cuda_logprob,
+    .logprob_backward = cuda_logprob_backward,
+    .sample = cuda_sample,
+    .sumsq_chunks = cuda_sumsq_chunks,
+    .adamw = cuda_adamw,
+};
+
+/* ------------------------------------------------------------------------ */
+/* init                                                                      */
+
+static void cuda_dev_free(void *dev)
+{
+    cuda_dev *d = D(dev);
+    cudaFree(d->wk16);
+    cudaFree(d->d_bad);
+    for (int i = 0; i < D_NSCRATCH; i++)
+        cudaFree(d->scratch[i]);
+    free(d->host);
+    free(d);
+}
+
+/* An ops context on the current device; NULL with a message. */
+extern "C" void *qd_cuda_dev_new(qd_exec_mode mode, int bf16_copy)
+{
+    cuda_dev *d = (cuda_dev *)calloc(1, sizeof *d);
+    if (!d) {
+        qd_error(QD_ERR_NOMEM, "cuda backend: context");
+        return NULL;
+    }
+    d->mode = mode;
+    d->bf16_copy = mode == QD_MODE_FAST && bf16_copy;
+    const char *pe = getenv("QUADS_CUDA_PROFILE");
+    d->prof = pe && *pe && strcmp(pe, "0") != 0;
+    if (cuda_alloc(d, (void **)&d->d_bad, sizeof(int), "flag")) {
+        free(d);
+        return NULL;
+    }
+    return d;
+}
+
+extern "C" const qd_ops *qd_cuda_ops(void) { return &cuda_ops; }
+
+extern "C" void qd_cuda_dev_free(void *dev) { cuda_dev_free(dev); }
+
+static qd_status check_options(const qd_backend_options *opt)
+{
+    if ((unsigned)opt->recipe >= QD_RECIPE_COUNT || opt->rac_ratio < 0 || opt->rac_ratio > 1)
+        return qd_error(QD_ERR_ARG, "cuda backend: bad recipe or rac_ratio");
+    if (opt->mode != QD_MODE_EXACT && opt->mode != QD_MODE_FAST)
+        return qd_error(QD_ERR_ARG, "cuda backend: bad mode %d", (int)opt->mode);
+    return QD_OK;
+}
+
+extern "C" qd_backend *qd_backend_cuda_init(const qd_model_config *cfg, const qd_backend_options *opt)
+{
+    int ndev = 0;
+    cudaError_t e = cudaGetDeviceCount(&ndev);
+    if (e != cudaSuccess || ndev == 0) {
+        cudaGetLastError();
+        qd_error(QD_ERR_DEVICE, "cuda backend: no CUDA device (cudaGetDeviceCount: %s, %d devices)",
+                 cudaGetErrorString(e), ndev);
+        return NULL;
+    }
+    if (qd_model_config_check(cfg) || check_options(opt))
+        return NULL;
+    /* data parallel: this process's device, LOCAL_RANK modulo the visible ones
+     * (so one GPU per task via CUDA_VISIBLE_DEVICES works too); per host thread */
+    e = cudaSetDevice(opt->device % ndev);
+    if (e != cudaSuccess) {
+        qd_error(QD_ERR_DEVICE, "cuda backend: cudaSetDevice(%d of %d): %s", opt->device % ndev, ndev,
+                 cudaGetErrorString(e));
+        return NULL;
+    }
+    void *d = qd_cuda_dev_new(opt->mode, opt->recipe != QD_RECIPE_FP32);
+    if (!d)
+        return NULL;
+    return qd_model_backend_new(cfg, opt, &cuda_ops, d, cuda_dev_free);
+}

@@ -1,0 +1,1681 @@
+/* backends/model.c: Qwen3-MoE written once, over the device ops of
+ * backends/ops.h. Every backend (the CPU reference, backends/cpu/cpu_ops.c; the
+ * CUDA backend, backends/cuda/cuda_ops.cu) is this driver plus its ops, so the
+ * model's structure, the recipe table, the buffers, AdamW, the RAC state and
+ * the diagnostics exist in one place and exact-mode parity holds by
+ * construction: both run the same op sequence, and each op has one definition
+ * of its numbers (the CPU's).
+ *
+ * The math is Hugging Face's modeling_qwen3_moe.py: RMSNorm
+ * w * (x * rsqrt(mean(x^2) + eps)); attention with per-head q/k RMSNorm, RoPE
+ * in the rotate_half convention, GQA, causal softmax, scale head_dim^-0.5
+ * applied after the dot product; the sparse block's router softmax in float32,
+ * top-k, optional renormalization, SwiGLU experts summed in ascending expert
+ * index; dense SwiGLU MLP layers where decoder_sparse_step/mlp_only_layers say.
+ *
+ * Letters: N = tokens of the batch (sequences packed, padding dropped),
+ * C = hidden, H / KV = query / key-value heads, D = head_dim, E = experts,
+ * K = experts per token, I = a layer's FFN width, V = vocab, R = routed rows.
+ *
+ * Reduction orders (the exact mode's definition) are the ops' (cpu_ops.c):
+ * products sum over the reduction index ascending from a fresh accumulator, a
+ * gradient is added to the gradient buffer after (gradients always accumulate
+ * with +=); the MoE output adds each token's expert outputs in ascending expert
+ * index; the global gradient norm adds double partial sums of fixed 4096-float
+ * chunks in ascending order (here, on the host). Every op but attention works
+ * row by row, so a sequence's numbers do not depend on the other sequences of
+ * its batch (generation relies on it).
+ *
+ * BF16 (every recipe but fp32): embedding rows, norm weights, router and
+ * lm_head weights are BF16-rounded copies of the float32 master weights; a
+ * BF16 linear rounds its input to BF16 and accumulates in float32; all other
+ * activations stay float32. Backward is float32 with the straight-through
+ * rule: a rounded or fake-quantized copy passes the gradient unchanged to the
+ * master weight (NUMERICS.md §5).
+ *
+ * Generation: a prefill of the prompts, then decode steps of one token per
+ * unfinished sequence against a KV cache, both through the attend op, so
+ * rollout log-probs equal the forward's bit for bit; sampling as NUMERICS.md
+ * §6 (Philox4x32-10 keyed by seed, sequence id and position). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "backends/layout.h"
+#include "backends/ops.h"
+#include "backends/shared.h"
+
+/* ------------------------------------------------------------------------ */
+/* the model's state                                                         */
+
+typedef struct {
+    size_t w;              /* offset of the weight (out, in) in the flat buffers */
+    int out, in;
+    qd_linear_mode mode;
+    int quantized;         /* one of the layers a recipe quantizes (not router, lm_head) */
+    const char *name;      /* the weight's HF name */
+    /* rollout copies (dev), rebuilt at every sync */
+    qd_nvfp4 wq;           /* W4A4: (out, in); RAC: (out, in + nrac); buffers in wq_mem */
+    void *wq_mem;
+    uint8_t *w8;           /* FP8: (out, in) E4M3 codes */
+    float *w8_inv;         /* FP8: (out) decode scales */
+    int64_t *rac_ch;       /* RAC: host (in), nrac used, ascending */
+    int64_t *d_rac_ch;     /* RAC: dev copy */
+    int64_t nrac;
+    double *d_rac_err;     /* RAC: dev (in) squared activation error since the last sync */
+    /* diagnostics (options.diagnostics), host */
+    double act_err, act_norm; /* sum of squared NVFP4 activation error and of x^2, last forward */
+    double weight_err;     /* sum (W - dequant(quantize(W)))^2 / sum W^2, last sync */
+} linear;
+
+typedef qd_layout_layer layer; /* backends/layout.h */
+
+/* Activations of one layer kept for backward (dev). */
+typedef struct {
+    float *x;                /* (N, C) residual stream entering the layer */
+    float *ln1, *rstd1;      /* (N, C), (N) */
+    float *q, *k, *v;        /* (N, H*D), (N, KV*D), (N, KV*D) projections */
+    float *rstd_q, *rstd_k;  /* (N, H), (N, KV) */
+    float *qr, *kr;          /* (N, H*D), (N, KV*D) after norm and RoPE */
+    float *att;              /* (N, H, Tm) softmax probabilities */
+    float *ao;               /* (N, H*D) attention output */
+    float *xmid;             /* (N, C) residual after attention */
+    float *ln2, *rstd2;      /* (N, C), (N) */
+    float *probs;            /* (N, E) router softmax (MoE) */
+    int32_t *topk;           /* (N, K) experts chosen, rank order (MoE) */
+    float *topw;             /* (N, K) their weights after renormalization (MoE) */
+    int32_t *row_tok;        /* (R) token of each routed row; rows grouped by expert */
+    float *row_w;            /* (R) routing weight of each row */
+    int32_t *row_rank;       /* (R) top-k rank of each row (0 when dense) */
+    int32_t *tok_rows;       /* (N, K) rows of each token in ascending expert order */
+    float *xe, *g, *u, *h, *y; /* (R, C), (R, I), (R, I), (R, I), (R, C) */
+    int32_t *exp_off;        /* host (nexp + 1) first row of each expert */
+} layer_acts;
+
+/* Grow-only dev scratch buffers. */
+enum { S_XE, S_XH, S_ACT, S_FP8Q, S_FP8S, S_LOGP, S_BWD, S_DIAG, S_ROWS, S_NSCRATCH };
+
+typedef struct {
+    qd_model_config cfg;
+    qd_backend_options opt;
+    qd_backend base;
+    const qd_ops *ops;
+    void *dev;
+    void (*free_dev)(void *dev);
+    qd_param_info *info;
+    int ninfo;
+    size_t nfloats;
+    linear *lin;
+    int nlin;
+    layer *layers;
+    size_t embed, final_norm;      /* offsets: (V, C), (C) */
+    int lm_head;                   /* linear index (tied: points at the embedding) */
+    float *params, *grads, *m, *v; /* dev (nfloats) each: master, grad, AdamW moments; the
+                                      last three made (zeroed) at the first call that trains,
+                                      so a rollout instance never holds them */
+    float *wk;                     /* dev (nfloats) working copy the forward reads (= params for fp32) */
+    float *rope_cos, *rope_sin;    /* dev (max_position_embeddings, D/2) */
+    /* the last forward */
+    int N, Tm, B;                  /* tokens, longest sequence, sequences */
+    int32_t *tok, *tgt, *pos, *src, *row, *seq_off; /* host (N) x5, (B + 1) */
+    int32_t *d_tok, *d_tgt, *d_pos, *d_row, *d_kbase, *d_slen; /* dev (N) */
+    layer_acts *acts;              /* (L) */
+    float *xf, *lnf, *rstdf, *logits, *lse; /* dev (N, C), (N, C), (N), (N, V), (N) */
+    float temp;                    /* log-probs are log_softmax(logits / temp) */
+    void *arena;                   /* dev activations, grow-only */
+    size_t arena_cap;
+    void *harena;                  /* host side of the batch, grow-only */
+    size_t harena_cap;
+    void *scratch[S_NSCRATCH];
+    size_t scratch_cap[S_NSCRATCH];
+    /* KV cache of a generation: NULL outside one */
+    float *kc, *vc;                /* dev (L, rows, Tc, KV*D) keys after norm and RoPE, values */
+    int cache_rows, Tc;
+    int decode;                    /* 1: the batch is one new token per row, attend to the cache */
+    int generating;                /* 1 inside a generate: logits only of each row's last token */
+    int rac_stats;                 /* 1 while a call that asked for RAC statistics runs */
+    int have_forward;
+    int have_diag;                 /* a forward or generate has run */
+    /* what diagnostics hands out */
+    const char **dg_names;         /* (quantized linears) */
+    double *dg_act_err, *dg_act_norm, *dg_weight_err;
+    int32_t *dg_topk;              /* (moe layers, N, K) */
+} model;
+
+#define P(c, off) ((c)->wk + (off))
+#define OP(c, name, ...) ((c)->ops->name((c)->dev, __VA_ARGS__))
+
+static model *ctx_of(qd_backend *b) { return (model *)b->context; }
+
+static void mark(model *c, qd_phase ph)
+{
+    if (c->ops->mark)
+        c->ops->mark(c->dev, ph);
+}
+
+static qd_status finish(model *c)
+{
+    return c->ops->finish ? c->ops->finish(c->dev) : QD_OK;
+}
+
+static size_t up256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* A scratch buffer of at least bytes (contents undefined). */
+static qd_status scratch(model *c, int slot, size_t bytes, void **out)
+{
+    if (c->scratch_cap[slot] < bytes) {
+        c->ops->release(c->dev, c->scratch[slot]);
+        c->scratch[slot] = NULL;
+        c->scratch_cap[slot] = 0;
+        QD_TRY(OP(c, alloc, &c->scratch[slot], bytes, "scratch"));
+        c->scratch_cap[slot] = bytes;
+    }
+    *out = c->scratch[slot];
+    return QD_OK;
+}
+
+/* An NVFP4 matrix (rows, cols) laid out on mem: codes, scales, s_dec, each
+ * 256-byte aligned (the quant kernels' vector loads). */
+static size_t nvfp4_bytes(int64_t rows, int64_t cols)
+{
+    return up256((size_t)(rows * cols / 2)) + up256((size_t)(rows * cols / 16)) + sizeof(float) * (size_t)rows;
+}
+
+static void nvfp4_view(qd_nvfp4 *a, void *mem, int64_t rows, int64_t cols, int per_row)
+{
+    a->rows = rows;
+    a->cols = cols;
+    a->codes = (uint8_t *)mem;
+    a->scales = a->codes + up256((size_t)(rows * cols / 2));
+    a->s_dec = (float *)(a->scales + up256((size_t)(rows * cols / 16)));
+    a->per_row = per_row;
+}
+
+static qd_status act_nvfp4(model *c, qd_nvfp4 *a, int64_t rows, int64_t cols)
+{
+    void *p;
+    QD_TRY(scratch(c, S_ACT, nvfp4_bytes(rows, cols), &p));
+    nvfp4_view(a, p, rows, cols, 1);
+    return QD_OK;
+}
+
+/* (Re)makes a weight NVFP4 matrix when its shape changes (RAC's width). */
+static qd_status weight_nvfp4(model *c, linear *L, int64_t rows, int64_t cols)
+{
+    if (L->wq_mem && L->wq.rows == rows && L->wq.cols == cols)
+        return QD_OK;
+    c->ops->release(c->dev, L->wq_mem);
+    L->wq_mem = NULL;
+    QD_TRY(OP(c, alloc, &L->wq_mem, nvfp4_bytes(rows, cols), "NVFP4 weights"));
+    nvfp4_view(&L->wq, L->wq_mem, rows, cols, 0);
+    return QD_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* the linear layer of every precision recipe                                */
+
+static int is_w4a4(qd_linear_mode m) { return m == QD_LINEAR_W4A4 || m == QD_LINEAR_W4A4_RAC; }
+
+static int is_rollout_quant(qd_linear_mode m) { return m == QD_LINEAR_FP8 || is_w4a4(m); }
+
+static int measured(const model *c, const linear *L)
+{
+    return c->opt.diagnostics && L->quantized && L->in % QD_NVFP4_BLOCK == 0;
+}
+
+/* Diagnostics: per-row NVFP4 error sums of the input rows (rows, in) (one
+ * global scale per row, §4), then segment g's rows off[g] .. off[g+1]-1 added
+ * in row order to linear L[g]'s sums (one linear, or the experts of a grouped
+ * projection). */
+static qd_status measure_act_rows(model *c, linear *const *L, const int32_t *off, int nseg, const float *inp,
+                                  int rows, int in)
+{
+    void *xh, *sums;
+    QD_TRY(scratch(c, S_XH, sizeof(float) * (size_t)rows * in, &xh));
+    QD_TRY(scratch(c, S_DIAG, sizeof(double) * 2 * (size_t)rows, &sums));
+    QD_TRY(OP(c, nvfp4_fake_quant, (float *)xh, inp, rows, in, 1));
+    double *e = (double *)sums;
+    QD_TRY(OP(c, sqerr_rows, e, e + rows, inp, (const float *)xh, rows, in));
+    double *h = malloc(sizeof(double) * 2 * (size_t)(rows ? rows : 1));
+    if (!h)
+        return qd_error(QD_ERR_NOMEM, "%s backend: diagnostics", c->ops->name);
+    qd_status st = OP(c, to_host, h, e, sizeof(double) * 2 * (size_t)rows);
+    for (int g = 0; g < nseg && !st; g++)
+        for (int r = off[g]; r < off[g + 1]; r++) {
+            L[g]->act_err += h[r];
+            L[g]->act_norm += h[rows + r];
+        }
+    free(h);
+    return st;
+}
+
+static qd_status fwd_w4a4(model *c, float *out, const float *inp, linear *L, int N)
+{
+    qd_nvfp4 a;
+    int64_t K = L->in + (L->mode == QD_LINEAR_W4A4_RAC ? L->nrac : 0);
+    QD_TRY(act_nvfp4(c, &a, N, K));
+    if (L->mode == QD_LINEAR_W4A4_RAC) {
+        if (c->rac_stats)
+            QD_TRY(OP(c, rac_error, L->d_rac_err, inp, N, L->in));
+        QD_TRY(OP(c, rac_augment_act, &a, inp, N, L->in, L->d_rac_ch, L->nrac));
+    } else {
+        QD_TRY(OP(c, nvfp4_quantize, &a, inp));
+    }
+    return OP(c, w4a4_gemm, out, &a, &L->wq);
+}
+
+static qd_status fwd_fp8(model *c, float *out, const float *inp, const linear *L, int N)
+{
+    void *qa, *sa;
+    QD_TRY(scratch(c, S_FP8Q, (size_t)N * L->in, &qa));
+    QD_TRY(scratch(c, S_FP8S, sizeof(float) * (size_t)N, &sa));
+    QD_TRY(OP(c, fp8_quantize_rows, qa, sa, inp, N, L->in));
+    return OP(c, fp8_gemm, out, qa, sa, L->w8, L->w8_inv, N, L->out, L->in);
+}
+
+/* The input a BF16/QAT linear really multiplies: x itself (FP32), rounded to
+ * BF16, or fake-quantized to NVFP4 with one global scale per row (sym-QAT). */
+static qd_status effective_input(model *c, const float **xe, const float *inp, const linear *L, int N)
+{
+    *xe = inp;
+    if (L->mode == QD_LINEAR_FP32)
+        return QD_OK;
+    void *p;
+    size_t n = (size_t)N * L->in;
+    QD_TRY(scratch(c, S_XE, sizeof(float) * (n ? n : 1), &p));
+    *xe = p;
+    if (L->mode == QD_LINEAR_SYM_QAT)
+        return OP(c, nvfp4_fake_quant, p, inp, N, L->in, 1);
+    return OP(c, round_bf16, p, inp, n);
+}
+
+static qd_prec prec_of(const linear *L) { return L->mode == QD_LINEAR_BF16 ? QD_PREC_BF16 : QD_PREC_F32; }
+
+/* out (N, out) = x (N, in) . W^T under the layer's mode. */
+static qd_status linear_forward(model *c, float *out, const float *inp, linear *L, int N)
+{
+    if (N == 0)
+        return QD_OK;
+    if (measured(c, L)) {
+        int32_t off[2] = {0, N};
+        QD_TRY(measure_act_rows(c, &L, off, 1, inp, N, L->in));
+    }
+    if (is_w4a4(L->mode))
+        return fwd_w4a4(c, out, inp, L, N);
+    if (L->mode == QD_LINEAR_FP8)
+        return fwd_fp8(c, out, inp, L, N);
+    const float *xe;
+    QD_TRY(effective_input(c, &xe, inp, L, N));
+    return OP(c, matmul, out, xe, P(c, L->w), N, L->in, L->out, prec_of(L));
+}
+
+/* dinp += dout . W_eff; grad(W) += dout^T . x_eff (straight-through). */
+static qd_status linear_backward(model *c, float *dinp, const float *dout, const float *inp, const linear *L,
+                                 int N)
+{
+    if (N == 0)
+        return QD_OK;
+    const float *xe;
+    QD_TRY(effective_input(c, &xe, inp, L, N));
+    return OP(c, matmul_backward, dinp, c->grads + L->w, dout, xe, P(c, L->w), N, L->in, L->out);
+}
+
+/* ------------------------------------------------------------------------ */
+/* weight sync                                                               */
+
+/* The rollout copies of one quantized linear from its master weight. */
+static qd_status sync_rollout_linear(model *c, linear *L)
+{
+    const float *w = c->params + L->w;
+    if (L->mode == QD_LINEAR_FP8)
+        return OP(c, fp8_quantize_rows, L->w8, L->w8_inv, w, L->out, L->in);
+    if (L->mode == QD_LINEAR_W4A4) {
+        QD_TRY(weight_nvfp4(c, L, L->out, L->in));
+        return OP(c, nvfp4_quantize, &L->wq, w);
+    }
+    /* RAC: channels of largest activation error since the last sync, picked on the host */
+    double *err = malloc(sizeof(double) * (size_t)L->in);
+    if (!err)
+        return qd_error(QD_ERR_NOMEM, "%s backend: RAC statistics", c->ops->name);
+    qd_status st = OP(c, to_host, err, L->d_rac_err, sizeof(double) * (size_t)L->in);
+    if (!st)
+        L->nrac = qd_rac_select(L->rac_ch, err, L->in, c->opt.rac_ratio);
+    free(err);
+    QD_TRY(st);
+    if (L->nrac < 0)
+        return QD_ERR_ARG;
+    QD_TRY(OP(c, zero, L->d_rac_err, sizeof(double) * (size_t)L->in));
+    QD_TRY(OP(c, to_dev, L->d_rac_ch, L->rac_ch, sizeof(int64_t) * (size_t)L->nrac));
+    QD_TRY(weight_nvfp4(c, L, L->out, L->in + L->nrac));
+    return OP(c, rac_augment_weight, &L->wq, w, L->out, L->in, L->d_rac_ch, L->nrac);
+}
+
+/* Diagnostics: relative squared NVFP4 error of the master weight; per-row
+ * sums in double, rows added in order. */
+static qd_status measure_weight_error(model *c, linear *L)
+{
+    void *wh, *sums;
+    QD_TRY(scratch(c, S_XH, sizeof(float) * (size_t)L->out * L->in, &wh));
+    QD_TRY(scratch(c, S_DIAG, sizeof(double) * 2 * (size_t)L->out, &sums));
+    const float *w = c->params + L->w;
+    QD_TRY(OP(c, nvfp4_fake_quant, wh, w, L->out, L->in, 0));
+    double *e = sums;
+    QD_TRY(OP(c, sqerr_rows, e, e + L->out, w, wh, L->out, L->in));
+    double *h = malloc(sizeof(double) * 2 * (size_t)L->out), num = 0, den = 0;
+    if (!h)
+        return qd_error(QD_ERR_NOMEM, "%s backend: diagnostics", c->ops->name);
+    qd_status st = OP(c, to_host, h, e, sizeof(double) * 2 * (size_t)L->out);
+    for (int r = 0; r < L->out && !st; r++) {
+        num += h[r];
+        den += h[L->out + r];
+    }
+    free(h);
+    L->weight_err = den > 0 ? num / den : 0.0;
+    return st;
+}
+
+/* The working copy of a linear's weight that the forward multiplies. */
+static qd_status sync_linear(model *c, linear *L)
+{
+    if (measured(c, L))
+        QD_TRY(measure_weight_error(c, L));
+    if (is_rollout_quant(L->mode))
+        return sync_rollout_linear(c, L);
+    if (L->mode == QD_LINEAR_AQAT || L->mode == QD_LINEAR_SYM_QAT)
+        return OP(c, nvfp4_fake_quant, c->wk + L->w, c->params + L->w, L->out, L->in, 0);
+    return QD_OK; /* BF16: rounded with everything else */
+}
+
+/* Rebuild every working copy from the master weights (NUMERICS.md §5). */
+static qd_status sync_weights(model *c)
+{
+    if (c->wk != c->params)
+        QD_TRY(OP(c, round_bf16, c->wk, c->params, c->nfloats));
+    for (int i = 0; i < c->nlin; i++)
+        QD_TRY(sync_linear(c, &c->lin[i]));
+    if (c->ops->weights_changed)
+        QD_TRY(OP(c, weights_changed, c->wk, c->nfloats));
+    return finish(c);
+}
+
+/* The training state (gradients, AdamW moments), zeroed, on first use. */
+static qd_status ensure_train(model *c)
+{
+    size_t n = sizeof(float) * c->nfloats;
+    if (!c->grads)
+        QD_TRY(OP(c, alloc, (void **)&c->grads, n, "gradients"));
+    if (!c->m)
+        QD_TRY(OP(c, alloc, (void **)&c->m, n, "AdamW first moments"));
+    if (!c->v)
+        QD_TRY(OP(c, alloc, (void **)&c->v, n, "AdamW second moments"));
+    return QD_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* activations                                                               */
+
+/* Bump allocator: a first pass with base NULL only counts bytes. */
+typedef struct {
+    char *base;
+    size_t used;
+} arena;
+
+static void *take(arena *a, size_t bytes)
+{
+    void *p = a->base ? a->base + a->used : NULL;
+    a->used += up256(bytes);
+    return p;
+}
+
+#define TAKE_F(a, n) ((float *)take((a), sizeof(float) * (size_t)(n)))
+#define TAKE_I(a, n) ((int32_t *)take((a), sizeof(int32_t) * (size_t)(n)))
+
+static void layout_layer(arena *a, layer_acts *s, const model *c, const layer *ly)
+{
+    const qd_model_config *g = &c->cfg;
+    int N = c->N, C = g->hidden_size, H = g->num_attention_heads, KV = g->num_key_value_heads;
+    int D = g->head_dim, K = ly->moe ? g->num_experts_per_tok : 1, R = N * K;
+    s->x = TAKE_F(a, N * C);
+    s->ln1 = TAKE_F(a, N * C);
+    s->rstd1 = TAKE_F(a, N);
+    s->q = TAKE_F(a, N * H * D);
+    s->k = TAKE_F(a, N * KV * D);
+    s->v = TAKE_F(a, N * KV * D);
+    s->rstd_q = TAKE_F(a, N * H);
+    s->rstd_k = TAKE_F(a, N * KV);
+    s->qr = TAKE_F(a, N * H * D);
+    s->kr = TAKE_F(a, N * KV * D);
+    s->att = TAKE_F(a, (size_t)N * H * c->Tm);
+    s->ao = TAKE_F(a, N * H * D);
+    s->xmid = TAKE_F(a, N * C);
+    s->ln2 = TAKE_F(a, N * C);
+    s->rstd2 = TAKE_F(a, N);
+    s->probs = TAKE_F(a, N * ly->nexp);
+    s->topk = TAKE_I(a, N * K);
+    s->topw = TAKE_F(a, N * K);
+    s->row_tok = TAKE_I(a, R);
+    s->row_w = TAKE_F(a, R);
+    s->row_rank = TAKE_I(a, R);
+    s->tok_rows = TAKE_I(a, R);
+    s->xe = TAKE_F(a, (size_t)R * C);
+    s->g = TAKE_F(a, (size_t)R * ly->ffn);
+    s->u = TAKE_F(a, (size_t)R * ly->ffn);
+    s->h = TAKE_F(a, (size_t)R * ly->ffn);
+    s->y = TAKE_F(a, (size_t)R * C);
+}
+
+static void layout_acts(arena *a, model *c)
+{
+    int N = c->N, C = c->cfg.hidden_size;
+    c->d_tok = TAKE_I(a, N);
+    c->d_tgt = TAKE_I(a, N);
+    c->d_pos = TAKE_I(a, N);
+    c->d_row = TAKE_I(a, N);
+    c->d_kbase = TAKE_I(a, N);
+    c->d_slen = TAKE_I(a, N);
+    for (int l = 0; l < c->cfg.num_hidden_layers; l++)
+        layout_layer(a, &c->acts[l], c, &c->layers[l]);
+    c->xf = TAKE_F(a, N * C);
+    c->lnf = TAKE_F(a, N * C);
+    c->rstdf = TAKE_F(a, N);
+    c->logits = TAKE_F(a, (size_t)(c->generating ? c->B : N) * c->cfg.vocab_size);
+    c->lse = TAKE_F(a, N);
+}
+
+/* Host side: tok, tgt, pos, src, row (N), seq_off (B + 1), and per layer
+ * exp_off (nexp + 1). */
+static size_t host_bytes(const model *c)
+{
+    size_t n = sizeof(int32_t) * (5 * (size_t)c->N + c->B + 1);
+    for (int l = 0; l < c->cfg.num_hidden_layers; l++)
+        n += sizeof(int32_t) * (size_t)(c->layers[l].nexp + 1);
+    return n;
+}
+
+/* The activations of a batch of c->N tokens, c->B sequences, longest c->Tm. */
+static qd_status alloc_acts(model *c)
+{
+    arena a = {NULL, 0};
+    layout_acts(&a, c);
+    if (a.used > c->arena_cap) {
+        c->ops->release(c->dev, c->arena);
+        c->arena = NULL;
+        c->arena_cap = 0;
+        QD_TRY(OP(c, alloc, &c->arena, a.used, "activations"));
+        c->arena_cap = a.used;
+    }
+    a.base = c->arena;
+    a.used = 0;
+    layout_acts(&a, c);
+    size_t hb = host_bytes(c);
+    if (hb > c->harena_cap) {
+        free(c->harena);
+        c->harena = malloc(hb);
+        c->harena_cap = c->harena ? hb : 0;
+        if (!c->harena)
+            return qd_error(QD_ERR_NOMEM, "%s backend: batch of %d tokens", c->ops->name, c->N);
+    }
+    int32_t *h = c->harena;
+    c->tok = h, h += c->N;
+    c->tgt = h, h += c->N;
+    c->pos = h, h += c->N;
+    c->src = h, h += c->N;
+    c->row = h, h += c->N;
+    c->seq_off = h, h += c->B + 1;
+    for (int l = 0; l < c->cfg.num_hidden_layers; l++)
+        c->acts[l].exp_off = h, h += c->layers[l].nexp + 1;
+    return QD_OK;
+}
+
+/* The per-token tables to the device: token, target, position, KV row, the
+ * first key row of its attention (kbase: its sequence's first token in a
+ * prefill, its cache row's first slot in a decode) and its sequence's length. */
+static qd_status upload_batch(model *c)
+{
+    int N = c->N;
+    int32_t *t = malloc(sizeof(int32_t) * 2 * (size_t)(N ? N : 1));
+    if (!t)
+        return qd_error(QD_ERR_NOMEM, "%s backend: batch", c->ops->name);
+    for (int b = 0, n = 0; b < c->B; b++)
+        for (; n < c->seq_off[b + 1]; n++) {
+            t[n] = c->decode ? c->row[n] * c->Tc : c->seq_off[b];
+            t[N + n] = c->seq_off[b + 1] - c->seq_off[b];
+        }
+    size_t nb = sizeof(int32_t) * (size_t)N;
+    qd_status st = OP(c, to_dev, c->d_tok, c->tok, nb);
+    if (!st)
+        st = OP(c, to_dev, c->d_tgt, c->tgt, nb);
+    if (!st)
+        st = OP(c, to_dev, c->d_pos, c->pos, nb);
+    if (!st)
+        st = OP(c, to_dev, c->d_row, c->row, nb);
+    if (!st)
+        st = OP(c, to_dev, c->d_kbase, t, nb);
+    if (!st)
+        st = OP(c, to_dev, c->d_slen, t + N, nb);
+    free(t);
+    return st;
+}
+
+/* Pack the batch: tokens of row b at seq_off[b] .. seq_off[b+1]-1. */
+static qd_status pack_batch(model *c, const qd_batch *bt)
+{
+    c->N = 0;
+    c->Tm = 0;
+    for (int b = 0; b < bt->B; b++) {
+        c->N += bt->lengths[b];
+        if (bt->lengths[b] > c->Tm)
+            c->Tm = bt->lengths[b];
+    }
+    if (c->Tm > c->cfg.max_position_embeddings)
+        return qd_error(QD_ERR_SHAPE, "forward: length %d > max_position_embeddings %d", c->Tm,
+                        c->cfg.max_position_embeddings);
+    c->B = bt->B;
+    c->temp = bt->temperature > 0.0f ? bt->temperature : 1.0f;
+    QD_TRY(alloc_acts(c));
+    QD_TRY(qd_pack_batch(c->tok, c->tgt, c->pos, c->row, c->src, c->seq_off, bt, c->cfg.vocab_size));
+    return upload_batch(c);
+}
+
+/* ------------------------------------------------------------------------ */
+/* forward                                                                   */
+
+static linear *expert_lin(model *c, const layer *ly, int e, int which)
+{
+    return &c->lin[ly->mlp0 + 3 * e + which];
+}
+
+/* The experts of a layer run as one grouped op per projection: the same rows
+ * and operations as one linear_forward per expert, so the same bits. Under RAC
+ * every expert quantizes its rows with its own channel set first; the widths
+ * agree (qd_rac_select takes floor(ratio * in / 16) * 16 channels of every
+ * expert), so one grouped W4A4 product follows. A restored RAC state with
+ * unequal widths (not one that this code saves) goes expert by expert. */
+static int experts_grouped(const model *c, const layer *ly)
+{
+    const linear *L0 = &c->lin[ly->mlp0];
+    if (L0->mode != QD_LINEAR_W4A4_RAC)
+        return 1;
+    for (int e = 0; e < ly->nexp; e++)
+        for (int w = 0; w < 3; w++)
+            if (c->lin[ly->mlp0 + 3 * e + w].nrac != c->lin[ly->mlp0 + w].nrac)
+                return 0;
+    return 1;
+}
+
+/* The experts' dev pointers of projection `which` into host arrays. */
+typedef struct {
+    linear **L;
+    const float **w;
+    float **dw;
+    const qd_nvfp4 **wq;
+    const uint8_t **w8;
+    const float **w8_inv;
+    double **rac_err;
+    const int64_t **rac_ch;
+} expert_set;
+
+static void expert_set_free(expert_set *x)
+{
+    free(x->L);
+    free(x->w);
+    free(x->dw);
+    free(x->wq);
+    free(x->w8);
+    free(x->w8_inv);
+    free(x->rac_err);
+    free(x->rac_ch);
+}
+
+static qd_status expert_set_make(model *c, expert_set *x, const layer *ly, int which)
+{
+    int E = ly->nexp;
+    x->L = malloc(sizeof(linear *) * E);
+    x->w = malloc(sizeof(float *) * E);
+    x->dw = malloc(sizeof(float *) * E);
+    x->wq = malloc(sizeof(qd_nvfp4 *) * E);
+    x->w8 = malloc(sizeof(uint8_t *) * E);
+    x->w8_inv = malloc(sizeof(float *) * E);
+    x->rac_err = malloc(sizeof(double *) * E);
+    x->rac_ch = malloc(sizeof(int64_t *) * E);
+    if (!x->L || !x->w || !x->dw || !x->wq || !x->w8 || !x->w8_inv || !x->rac_err || !x->rac_ch) {
+        expert_set_free(x);
+        return qd_error(QD_ERR_NOMEM, "%s backend: experts", c->ops->name);
+    }
+    for (int e = 0; e < E; e++) {
+        linear *L = expert_lin(c, ly, e, which);
+        x->L[e] = L;
+        x->w[e] = P(c, L->w);
+        x->dw[e] = c->grads ? c->grads + L->w : NULL;
+        x->wq[e] = &L->wq;
+        x->w8[e] = L->w8;
+        x->w8_inv[e] = L->w8_inv;
+        x->rac_err[e] = L->d_rac_err;
+        x->rac_ch[e] = L->d_rac_ch;
+    }
+    return QD_OK;
+}
+
+static qd_status experts_forward_set(model *c, float *out, const float *inp, const layer_acts *s,
+                                     const layer *ly, const expert_set *x)
+{
+    int E = ly->nexp, R = s->exp_off[E];
+    const linear *L0 = x->L[0];
+    int IC = L0->in, OC = L0->out;
+    if (measured(c, L0))
+        QD_TRY(measure_act_rows(c, x->L, s->exp_off, E, inp, R, IC));
+    if (L0->mode == QD_LINEAR_W4A4) {
+        qd_nvfp4 a;
+        QD_TRY(act_nvfp4(c, &a, R, IC));
+        QD_TRY(OP(c, nvfp4_quantize, &a, inp));
+        return OP(c, w4a4_gemm_grouped, out, &a, x->wq, s->exp_off, E);
+    }
+    if (L0->mode == QD_LINEAR_W4A4_RAC) {
+        qd_nvfp4 a;
+        QD_TRY(act_nvfp4(c, &a, R, IC + L0->nrac));
+        QD_TRY(OP(c, rac_grouped, &a, c->rac_stats ? x->rac_err : NULL, x->rac_ch, s->exp_off, E, inp, IC,
+                  L0->nrac));
+        return OP(c, w4a4_gemm_grouped, out, &a, x->wq, s->exp_off, E);
+    }
+    if (L0->mode == QD_LINEAR_FP8) {
+        void *qa, *sa;
+        QD_TRY(scratch(c, S_FP8Q, (size_t)R * IC, &qa));
+        QD_TRY(scratch(c, S_FP8S, sizeof(float) * (size_t)R, &sa));
+        QD_TRY(OP(c, fp8_quantize_rows, qa, sa, inp, R, IC));
+        return OP(c, fp8_gemm_grouped, out, qa, sa, x->w8, x->w8_inv, s->exp_off, E, OC, IC);
+    }
+    const float *xe;
+    QD_TRY(effective_input(c, &xe, inp, L0, R));
+    return OP(c, matmul_grouped, out, xe, x->w, s->exp_off, E, IC, OC);
+}
+
+/* out (R, OC) = rows of inp (R, IC) of each expert times its projection `which`. */
+static qd_status experts_forward(model *c, float *out, const float *inp, const layer_acts *s, const layer *ly,
+                                 int which)
+{
+    if (s->exp_off[ly->nexp] == 0)
+        return QD_OK;
+    expert_set x;
+    QD_TRY(expert_set_make(c, &x, ly, which));
+    qd_status st = experts_forward_set(c, out, inp, s, ly, &x);
+    expert_set_free(&x);
+    return st;
+}
+
+/* dinp (R, IC) += dout . W_e; grad(W_e) += dout^T . x_eff over each expert's rows. */
+static qd_status experts_backward(model *c, float *dinp, const float *dout, const float *inp,
+                                  const layer_acts *s, const layer *ly, int which)
+{
+    int E = ly->nexp, R = s->exp_off[E];
+    if (R == 0)
+        return QD_OK;
+    expert_set x;
+    QD_TRY(expert_set_make(c, &x, ly, which));
+    const float *xe;
+    qd_status st = effective_input(c, &xe, inp, x.L[0], R);
+    if (!st)
+        st = OP(c, matmul_grouped_backward, dinp, x.dw, dout, xe, x.w, s->exp_off, E, x.L[0]->in, x.L[0]->out);
+    expert_set_free(&x);
+    return st;
+}
+
+/* One linear_forward per expert (RAC states of unequal widths). */
+static qd_status experts_forward_each(model *c, layer_acts *s, const layer *ly)
+{
+    int C = c->cfg.hidden_size, I = ly->ffn;
+    for (int e = 0; e < ly->nexp; e++) {
+        int r0 = s->exp_off[e], m = s->exp_off[e + 1] - r0;
+        size_t oi = (size_t)r0 * I, oc = (size_t)r0 * C;
+        QD_TRY(linear_forward(c, s->g + oi, s->xe + oc, expert_lin(c, ly, e, 0), m));
+        QD_TRY(linear_forward(c, s->u + oi, s->xe + oc, expert_lin(c, ly, e, 1), m));
+        if (m)
+            QD_TRY(OP(c, swiglu, s->h + oi, s->g + oi, s->u + oi, (size_t)m * I));
+        QD_TRY(linear_forward(c, s->y + oc, s->h + oi, expert_lin(c, ly, e, 2), m));
+    }
+    return QD_OK;
+}
+
+/* Route tokens: router softmax, top-k, weights; rows grouped by expert in
+ * ascending token order. A dense layer routes every token to "expert 0" with
+ * weight 1 (exact: 0 + 1 * y = y). */
+static qd_status route(model *c, layer_acts *s, const layer *ly)
+{
+    int N = c->N, E = ly->nexp, K = ly->moe ? c->cfg.num_experts_per_tok : 1;
+    if (ly->moe)
+        QD_TRY(OP(c, route, s->topk, s->topw, s->probs, N, E, K, c->cfg.norm_topk_prob));
+    return OP(c, moe_group, s->exp_off, s->row_tok, s->row_w, s->row_rank, s->tok_rows, ly->moe ? s->topk : NULL,
+              s->topw, N, E, K);
+}
+
+/* out (N, C) = MoE block or dense MLP of inp = ln2 (N, C). */
+static qd_status mlp_forward(model *c, float *out, layer_acts *s, const layer *ly)
+{
+    int N = c->N, C = c->cfg.hidden_size, I = ly->ffn, K = ly->moe ? c->cfg.num_experts_per_tok : 1;
+    mark(c, QD_PH_ROUTE);
+    if (ly->moe)
+        QD_TRY(linear_forward(c, s->probs, s->ln2, &c->lin[ly->router], N));
+    QD_TRY(route(c, s, ly));
+    int R = s->exp_off[ly->nexp];
+    if (R)
+        QD_TRY(OP(c, gather, s->xe, s->ln2, s->row_tok, R, C));
+    mark(c, QD_PH_EXPERTS);
+    if (experts_grouped(c, ly)) {
+        QD_TRY(experts_forward(c, s->g, s->xe, s, ly, 0));
+        QD_TRY(experts_forward(c, s->u, s->xe, s, ly, 1));
+        if (R)
+            QD_TRY(OP(c, swiglu, s->h, s->g, s->u, (size_t)R * I));
+        QD_TRY(experts_forward(c, s->y, s->h, s, ly, 2));
+    } else {
+        QD_TRY(experts_forward_each(c, s, ly));
+    }
+    if (N)
+        QD_TRY(OP(c, combine, out, s->y, s->row_w, s->tok_rows, N, K, C));
+    mark(c, QD_PH_OTHER);
+    return QD_OK;
+}
+
+static qd_status attn_forward(model *c, float *out, layer_acts *s, const layer *ly, int l)
+{
+    const qd_model_config *g = &c->cfg;
+    int N = c->N, H = g->num_attention_heads, KV = g->num_key_value_heads, D = g->head_dim;
+    float eps = (float)g->rms_norm_eps;
+    mark(c, QD_PH_ATTN_LIN);
+    QD_TRY(linear_forward(c, s->q, s->ln1, &c->lin[ly->q], N));
+    QD_TRY(linear_forward(c, s->k, s->ln1, &c->lin[ly->k], N));
+    QD_TRY(linear_forward(c, s->v, s->ln1, &c->lin[ly->v], N));
+    QD_TRY(OP(c, rmsnorm, s->qr, s->rstd_q, s->q, P(c, ly->q_norm), N * H, D, eps));
+    QD_TRY(OP(c, rmsnorm, s->kr, s->rstd_k, s->k, P(c, ly->k_norm), N * KV, D, eps));
+    QD_TRY(OP(c, rope, s->qr, c->d_pos, c->rope_cos, c->rope_sin, N, H, D, 0));
+    QD_TRY(OP(c, rope, s->kr, c->d_pos, c->rope_cos, c->rope_sin, N, KV, D, 0));
+    size_t lsz = (size_t)c->cache_rows * c->Tc * KV * D;
+    if (c->kc)
+        QD_TRY(OP(c, store_kv, c->kc + l * lsz, c->vc + l * lsz, s->kr, s->v, c->d_row, c->d_pos, N, c->Tc,
+                  KV * D));
+    mark(c, QD_PH_ATTN);
+    const float *kb = c->decode ? c->kc + l * lsz : s->kr, *vb = c->decode ? c->vc + l * lsz : s->v;
+    QD_TRY(OP(c, attend, s->ao, s->att, s->qr, kb, vb, c->d_kbase, c->d_pos, N, H, KV, D, c->Tm));
+    mark(c, QD_PH_ATTN_LIN);
+    QD_TRY(linear_forward(c, out, s->ao, &c->lin[ly->o], N));
+    mark(c, QD_PH_OTHER);
+    return QD_OK;
+}
+
+/* The lm_head's input of a generation's prefill: only each row's last token
+ * is sampled, so only those rows (B, C) go through the head (row-wise ops:
+ * the same bits as the full head's rows). */
+static qd_status last_rows(model *c, const float **hin)
+{
+    int B = c->B, C = c->cfg.hidden_size;
+    void *p;
+    QD_TRY(scratch(c, S_ROWS, up256(sizeof(float) * (size_t)B * C) + sizeof(int32_t) * (size_t)B, &p));
+    int32_t *d_last = (int32_t *)((char *)p + up256(sizeof(float) * (size_t)B * C));
+    int32_t *last = malloc(sizeof(int32_t) * (size_t)B);
+    if (!last)
+        return qd_error(QD_ERR_NOMEM, "%s backend: prefill", c->ops->name);
+    for (int b = 0; b < B; b++)
+        last[b] = c->seq_off[b + 1] - 1;
+    qd_status st = OP(c, to_dev, d_last, last, sizeof(int32_t) * (size_t)B);
+    free(last);
+    QD_TRY(st);
+    QD_TRY(OP(c, gather, p, c->lnf, d_last, B, C));
+    *hin = p;
+    return QD_OK;
+}
+
+/* logp: dev (N) log-probs of the batch's next tokens; NULL in a generation,
+ * whose logits (one row per sequence: a prefill's last tokens, a decode's
+ * rows) are sampled instead. */
+static qd_status model_forward(model *c, float *logp)
+{
+    const qd_model_config *g = &c->cfg;
+    int N = c->N, C = g->hidden_size, L = g->num_hidden_layers;
+    float eps = (float)g->rms_norm_eps;
+    QD_TRY(OP(c, embed, c->acts[0].x, P(c, c->embed), c->d_tok, N, C));
+    for (int l = 0; l < L; l++) {
+        layer_acts *s = &c->acts[l];
+        const layer *ly = &c->layers[l];
+        float *next = l + 1 < L ? c->acts[l + 1].x : c->xf;
+        QD_TRY(OP(c, rmsnorm, s->ln1, s->rstd1, s->x, P(c, ly->in_norm), N, C, eps));
+        QD_TRY(attn_forward(c, next, s, ly, l));              /* next used as scratch (N, C) */
+        QD_TRY(OP(c, add, s->xmid, s->x, next, (size_t)N * C));
+        QD_TRY(OP(c, rmsnorm, s->ln2, s->rstd2, s->xmid, P(c, ly->post_norm), N, C, eps));
+        QD_TRY(mlp_forward(c, next, s, ly));
+        QD_TRY(OP(c, add, next, s->xmid, next, (size_t)N * C));
+    }
+    QD_TRY(OP(c, rmsnorm, c->lnf, c->rstdf, c->xf, P(c, c->final_norm), N, C, eps));
+    mark(c, QD_PH_HEAD);
+    const float *hin = c->lnf;
+    int nh = N;
+    if (c->generating && !c->decode) {
+        QD_TRY(last_rows(c, &hin));
+        nh = c->B;
+    }
+    QD_TRY(linear_forward(c, c->logits, hin, &c->lin[c->lm_head], nh));
+    mark(c, QD_PH_LOGP);
+    if (logp)
+        QD_TRY(OP(c, logprob, logp, c->lse, c->logits, c->d_tgt, N, g->vocab_size, c->temp));
+    mark(c, QD_PH_OTHER);
+    return finish(c);
+}
+
+/* ------------------------------------------------------------------------ */
+/* backward (the forward in reverse; gradients accumulate with +=)            */
+
+/* Zeroed dev floats from the backward scratch, carved in order. */
+typedef struct {
+    float *base;
+    size_t used;
+} fcarve;
+
+static size_t up64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+static float *carve(fcarve *f, size_t n)
+{
+    float *p = f->base + f->used;
+    f->used += up64(n);
+    return p;
+}
+
+static qd_status mlp_backward(model *c, float *dinp, const float *dout, const layer_acts *s, const layer *ly,
+                              float *buf)
+{
+    int N = c->N, C = c->cfg.hidden_size, I = ly->ffn, K = ly->moe ? c->cfg.num_experts_per_tok : 1;
+    int R = s->exp_off[ly->nexp];
+    fcarve f = {buf, 0};
+    float *dy = carve(&f, (size_t)R * C), *dxe = carve(&f, (size_t)R * C), *dh = carve(&f, (size_t)R * I);
+    float *dg = carve(&f, (size_t)R * I), *du = carve(&f, (size_t)R * I), *dw = carve(&f, (size_t)N * K);
+    float *dlog = carve(&f, (size_t)N * ly->nexp);
+    if (N == 0)
+        return QD_OK;
+    QD_TRY(OP(c, moe_dy, dy, dw, dout, s->y, s->row_w, s->row_rank, s->tok_rows, N, K, C));
+    /* backward runs in the trainer role, never under RAC: the experts are always grouped */
+    QD_TRY(experts_backward(c, dh, dy, s->h, s, ly, 2));
+    QD_TRY(OP(c, swiglu_backward, dg, du, dh, s->g, s->u, (size_t)R * I));
+    QD_TRY(experts_backward(c, dxe, dg, s->xe, s, ly, 0));
+    QD_TRY(experts_backward(c, dxe, du, s->xe, s, ly, 1));
+    QD_TRY(OP(c, unroute, dinp, dxe, s->tok_rows, N, K, C));
+    if (!ly->moe)
+        return QD_OK;
+    QD_TRY(OP(c, router_backward, dlog, dw, s->probs, s->topk, s->topw, N, ly->nexp, K, c->cfg.norm_topk_prob));
+    return linear_backward(c, dinp, dlog, s->ln2, &c->lin[ly->router], N);
+}
+
+static size_t mlp_backward_floats(const model *c, const layer *ly, int R)
+{
+    int N = c->N, C = c->cfg.hidden_size, I = ly->ffn, K = ly->moe ? c->cfg.num_experts_per_tok : 1;
+    return 2 * up64((size_t)R * C) + 3 * up64((size_t)R * I) + up64((size_t)N * K) + up64((size_t)N * ly->nexp);
+}
+
+/* dx (N, C) += gradient of the attention branch's input x, given dout (N, C). */
+static qd_status attn_backward(model *c, float *dx, const float *dout, const layer_acts *s, const layer *ly,
+                               float *buf)
+{
+    const qd_model_config *g = &c->cfg;
+    int N = c->N, C = g->hidden_size, H = g->num_attention_heads, KV = g->num_key_value_heads, D = g->head_dim;
+    size_t nq = (size_t)N * H * D, nk = (size_t)N * KV * D;
+    fcarve f = {buf, 0};
+    float *dao = carve(&f, nq), *dqr = carve(&f, nq), *dq = carve(&f, nq);
+    float *dkr = carve(&f, nk), *dk = carve(&f, nk), *dv = carve(&f, nk), *dln = carve(&f, (size_t)N * C);
+    float *ds = carve(&f, (size_t)N * H * c->Tm);
+    QD_TRY(linear_backward(c, dao, dout, s->ao, &c->lin[ly->o], N));
+    QD_TRY(OP(c, attend_backward, dqr, dkr, dv, ds, dao, s->att, s->qr, s->kr, s->v, c->d_pos, c->d_slen, N, H,
+              KV, D, c->Tm));
+    QD_TRY(OP(c, rope, dqr, c->d_pos, c->rope_cos, c->rope_sin, N, H, D, 1));
+    QD_TRY(OP(c, rope, dkr, c->d_pos, c->rope_cos, c->rope_sin, N, KV, D, 1));
+    QD_TRY(OP(c, rmsnorm_backward, dq, c->grads + ly->q_norm, dqr, s->q, P(c, ly->q_norm), s->rstd_q, N * H, D));
+    QD_TRY(OP(c, rmsnorm_backward, dk, c->grads + ly->k_norm, dkr, s->k, P(c, ly->k_norm), s->rstd_k, N * KV,
+              D));
+    QD_TRY(linear_backward(c, dln, dq, s->ln1, &c->lin[ly->q], N));
+    QD_TRY(linear_backward(c, dln, dk, s->ln1, &c->lin[ly->k], N));
+    QD_TRY(linear_backward(c, dln, dv, s->ln1, &c->lin[ly->v], N));
+    return OP(c, rmsnorm_backward, dx, c->grads + ly->in_norm, dln, s->x, P(c, ly->in_norm), s->rstd1, N, C);
+}
+
+static size_t attn_backward_floats(const model *c)
+{
+    const qd_model_config *g = &c->cfg;
+    size_t N = c->N, nq = N * g->num_attention_heads * g->head_dim, nk = N * g->num_key_value_heads * g->head_dim;
+    return 3 * up64(nq) + 3 * up64(nk) + up64(N * g->hidden_size) + up64(N * g->num_attention_heads * c->Tm);
+}
+
+/* dlogp: dev (N). */
+static qd_status model_backward(model *c, const float *dlogp)
+{
+    const qd_model_config *g = &c->cfg;
+    int N = c->N, C = g->hidden_size, V = g->vocab_size;
+    size_t layer_floats = attn_backward_floats(c);
+    for (int l = 0; l < g->num_hidden_layers; l++) {
+        size_t m = mlp_backward_floats(c, &c->layers[l], c->acts[l].exp_off[c->layers[l].nexp]);
+        layer_floats = m > layer_floats ? m : layer_floats;
+    }
+    size_t total = up64((size_t)N * V) + 2 * up64((size_t)N * C) + layer_floats;
+    mark(c, QD_PH_BWD);
+    void *p;
+    QD_TRY(scratch(c, S_BWD, sizeof(float) * total, &p));
+    QD_TRY(OP(c, zero, p, sizeof(float) * total));
+    fcarve f = {p, 0};
+    float *dlogits = carve(&f, (size_t)N * V), *dres = carve(&f, (size_t)N * C), *dln = carve(&f, (size_t)N * C);
+    float *lbuf = carve(&f, layer_floats);
+    QD_TRY(OP(c, logprob_backward, dlogits, dlogp, c->logits, c->lse, c->d_tgt, N, V, c->temp));
+    QD_TRY(linear_backward(c, dln, dlogits, c->lnf, &c->lin[c->lm_head], N));
+    QD_TRY(OP(c, rmsnorm_backward, dres, c->grads + c->final_norm, dln, c->xf, P(c, c->final_norm), c->rstdf, N,
+              C));
+    for (int l = g->num_hidden_layers - 1; l >= 0; l--) {
+        const layer_acts *s = &c->acts[l];
+        const layer *ly = &c->layers[l];
+        QD_TRY(OP(c, zero, dln, sizeof(float) * (size_t)N * C));
+        QD_TRY(OP(c, zero, lbuf, sizeof(float) * layer_floats));
+        QD_TRY(mlp_backward(c, dln, dres, s, ly, lbuf));    /* reads dres, then dres += */
+        QD_TRY(OP(c, rmsnorm_backward, dres, c->grads + ly->post_norm, dln, s->xmid, P(c, ly->post_norm), s->rstd2,
+                  N, C));
+        QD_TRY(OP(c, zero, lbuf, sizeof(float) * layer_floats));
+        QD_TRY(attn_backward(c, dres, dres, s, ly, lbuf));
+    }
+    QD_TRY(OP(c, embed_backward, c->grads + c->embed, dres, c->d_tok, N, C));
+    QD_TRY(finish(c));
+    mark(c, QD_PH_OTHER);
+    return QD_OK;
+}
+
+/* Diagnostics start from zero at each forward and each generate. */
+static void reset_diag(model *c)
+{
+    c->have_diag = 0;
+    for (int i = 0; i < c->nlin; i++)
+        c->lin[i].act_err = c->lin[i].act_norm = 0.0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* generation: prefill, then decode with a KV cache; every op is the        */
+/* forward's, so the rollout log-probs equal the forward's, bit for bit      */
+
+typedef struct {
+    int32_t *seq, *len, *idx;      /* (B, Tmax) prompt + generated, (B) their lengths, (B) active rows */
+    qd_sample_result *sres;        /* (B) the sampler's results */
+    uint64_t *sid;                 /* (B) sequence ids of the active rows */
+    uint32_t *spos;                /* (B) and positions */
+    int *done;                     /* (B) */
+    int Tmax;
+} gen_state;
+
+/* Decode: the last token of each of the na active rows, at its position,
+ * attending to the KV cache. */
+static qd_status decode_forward(model *c, gen_state *g, int na)
+{
+    c->N = c->B = na;
+    c->Tm = 0;
+    for (int i = 0; i < na; i++)
+        if (g->len[g->idx[i]] > c->Tm)
+            c->Tm = g->len[g->idx[i]];
+    QD_TRY(alloc_acts(c));
+    qd_decode_pack(c->tok, c->pos, c->row, c->tgt, c->src, c->seq_off, g->seq, g->len, g->idx, na, g->Tmax);
+    c->decode = 1;
+    qd_status st = upload_batch(c);
+    if (!st)
+        st = model_forward(c, NULL);
+    c->decode = 0;
+    return st;
+}
+
+/* One token for every unfinished row: the prompts' forward (prefill, which
+ * fills the KV cache) at step 0, a decode step after; *active = rows that ran. */
+static qd_status gen_step(model *c, gen_state *g, const qd_generate_request *rq, qd_generate_result *res,
+                          int step, int *active)
+{
+    int na = 0, V = c->cfg.vocab_size, M = rq->max_new_tokens;
+    for (int b = 0; b < rq->B; b++)
+        if (!g->done[b])
+            g->idx[na++] = b;
+    *active = na;
+    if (na == 0)
+        return QD_OK;
+    if (step == 0) {  /* every row is active at the prefill (max_new_tokens > 0) */
+        qd_batch bt = {.B = rq->B, .T = rq->Tp, .tokens = rq->prompt, .lengths = rq->prompt_len,
+                       .temperature = 1.0f};
+        QD_TRY(pack_batch(c, &bt));
+        QD_TRY(model_forward(c, NULL));
+    } else {
+        QD_TRY(decode_forward(c, g, na));
+    }
+    mark(c, QD_PH_SAMPLE);
+    for (int i = 0; i < na; i++) {
+        g->sid[i] = rq->seq_id[g->idx[i]];
+        g->spos[i] = (uint32_t)g->len[g->idx[i]];
+    }
+    qd_sample_params sp = {.temperature = rq->temperature, .top_k = rq->top_k,
+                           .top_p = rq->top_p < 1.0f ? rq->top_p : 1.0f, .seed = rq->seed};
+    QD_TRY(OP(c, sample, g->sres, c->logits, na, V, &sp, g->sid, g->spos));
+    for (int i = 0; i < na; i++) {
+        int b = g->idx[i];
+        int32_t tok = g->sres[i].token;
+        g->seq[(size_t)b * g->Tmax + g->len[b]++] = tok;
+        res->tokens[(size_t)b * M + step] = tok;
+        res->logp[(size_t)b * M + step] = g->sres[i].logprob;
+        res->lengths[b]++;
+        g->done[b] = qd_generate_is_stop(rq, tok) || step + 1 == M;
+    }
+    mark(c, QD_PH_OTHER);
+    return QD_OK;
+}
+
+static void gen_free(model *c, gen_state *g, int M)
+{
+    free(g->seq);
+    free(g->len);
+    free(g->idx);
+    free(g->sres);
+    free(g->sid);
+    free(g->spos);
+    free(g->done);
+    c->ops->release(c->dev, c->kc);
+    c->ops->release(c->dev, c->vc);
+    c->kc = c->vc = NULL;
+    c->generating = 0;
+    c->have_forward = 0;  /* the activations are the last step's, not a batch's */
+    c->have_diag = M > 0;
+}
+
+static qd_status generate_run(model *c, gen_state *g, const qd_generate_request *rq, qd_generate_result *res)
+{
+    int B = rq->B, M = rq->max_new_tokens;
+    size_t ncache = (size_t)c->cfg.num_hidden_layers * B * g->Tmax * c->cfg.num_key_value_heads * c->cfg.head_dim;
+    if (!g->seq || !g->len || !g->idx || !g->sres || !g->sid || !g->spos || !g->done)
+        return qd_error(QD_ERR_NOMEM, "%s backend: generate (host state)", c->ops->name);
+    QD_TRY(OP(c, alloc, (void **)&c->kc, sizeof(float) * ncache, "KV cache (keys)"));
+    QD_TRY(OP(c, alloc, (void **)&c->vc, sizeof(float) * ncache, "KV cache (values)"));
+    c->cache_rows = B;
+    c->Tc = g->Tmax;
+    c->generating = 1;
+    qd_generate_begin(g->seq, g->len, g->done, rq, res, g->Tmax);
+    reset_diag(c);
+    int active = 1;
+    for (int step = 0; step < M && active; step++)
+        QD_TRY(gen_step(c, g, rq, res, step, &active));
+    return QD_OK;
+}
+
+static qd_status generate_impl(model *c, const qd_generate_request *rq, qd_generate_result *res)
+{
+    int B = rq->B, Tmax = rq->Tp + rq->max_new_tokens;
+    if (Tmax > c->cfg.max_position_embeddings)
+        return qd_error(QD_ERR_SHAPE, "generate: prompt + max_new_tokens = %d > max_position_embeddings %d",
+                        Tmax, c->cfg.max_position_embeddings);
+    gen_state g = {.seq = calloc((size_t)B * Tmax, sizeof(int32_t)), .len = calloc((size_t)B, sizeof(int32_t)),
+                   .idx = calloc((size_t)B, sizeof(int32_t)), .sres = calloc((size_t)B, sizeof(qd_sample_result)),
+                   .sid = calloc((size_t)B, sizeof(uint64_t)), .spos = calloc((size_t)B, sizeof(uint32_t)),
+                   .done = calloc((size_t)B, sizeof(int)),
+                   .Tmax = Tmax};
+    qd_status st = generate_run(c, &g, rq, res);
+    gen_free(c, &g, rq->max_new_tokens);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* AdamW                                                                     */
+
+/* Global L2 norm of the gradients: fixed 4096-float chunks, each summed in
+ * double ascending (the op), chunks added ascending here. */
+static qd_status grad_norm(model *c, double *norm)
+{
+    size_t nch = (c->nfloats + 4095) / 4096;
+    void *part;
+    QD_TRY(scratch(c, S_DIAG, sizeof(double) * (nch ? nch : 1), &part));
+    QD_TRY(OP(c, sumsq_chunks, part, c->grads, c->nfloats));
+    double *h = malloc(sizeof(double) * (nch ? nch : 1)), total = 0.0;
+    if (!h)
+        return qd_error(QD_ERR_NOMEM, "%s backend: gradient norm", c->ops->name);
+    qd_status st = OP(c, to_host, h, part, sizeof(double) * nch);
+    for (size_t k = 0; k < nch && !st; k++)
+        total += h[k];
+    free(h);
+    *norm = sqrt(total);
+    return st;
+}
+
+static qd_status optimizer_step_impl(model *c, const qd_adamw *o, int step, float *norm_out)
+{
+    double norm;
+    QD_TRY(ensure_train(c));
+    mark(c, QD_PH_OPT);
+    QD_TRY(grad_norm(c, &norm));
+    if (!isfinite(norm))
+        return qd_error(QD_ERR_NONFINITE, "optimizer: gradient norm is not finite");
+    *norm_out = (float)norm;
+    float gscale, bc1, bc2;
+    qd_adamw_scalars(o, step, norm, &gscale, &bc1, &bc2);
+    for (int t = 0; t < c->ninfo; t++) {
+        const qd_param_info *pi = &c->info[t];
+        size_t off = pi->offset;
+        QD_TRY(OP(c, adamw, c->params + off, c->grads + off, c->m + off, c->v + off, (size_t)(pi->rows * pi->cols),
+                  o, qd_adamw_decay(o, pi), gscale, bc1, bc2));
+    }
+    c->have_forward = 0;
+    mark(c, QD_PH_SYNC);
+    qd_status st = sync_weights(c);
+    mark(c, QD_PH_OTHER);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* forward and backward of the interface                                     */
+
+static qd_status forward_impl(model *c, const qd_batch *bt, float *logp, float *logits)
+{
+    int V = c->cfg.vocab_size;
+    c->have_forward = 0;
+    reset_diag(c);
+    QD_TRY(pack_batch(c, bt));
+    void *d_lp;
+    QD_TRY(scratch(c, S_LOGP, sizeof(float) * (size_t)(c->N ? c->N : 1), &d_lp));
+    QD_TRY(model_forward(c, d_lp));
+    float *lp = malloc(sizeof(float) * (size_t)(c->N ? c->N : 1));
+    if (!lp)
+        return qd_error(QD_ERR_NOMEM, "%s backend: log-probs", c->ops->name);
+    qd_status st = OP(c, to_host, lp, d_lp, sizeof(float) * (size_t)c->N);
+    if (!st) {
+        memset(logp, 0, sizeof(float) * (size_t)bt->B * bt->T);
+        for (int n = 0; n < c->N; n++)
+            logp[c->src[n]] = lp[n];
+    }
+    free(lp);
+    if (!st && logits) {  /* a sequence's tokens are consecutive in both layouts: one copy each */
+        memset(logits, 0, sizeof(float) * (size_t)bt->B * bt->T * V);
+        for (int b = 0; b < c->B && !st; b++) {
+            int n0 = c->seq_off[b], len = c->seq_off[b + 1] - n0;
+            if (len)
+                st = OP(c, to_host, logits + (size_t)c->src[n0] * V, c->logits + (size_t)n0 * V,
+                        sizeof(float) * (size_t)len * V);
+        }
+    }
+    if (!st)
+        c->have_forward = c->have_diag = 1;
+    return st;
+}
+
+static qd_status backward_impl(model *c, const float *dlogp)
+{
+    if (!c->have_forward)
+        return qd_error(QD_ERR_ARG, "backward: no forward since the last weight change");
+    for (int i = 0; i < c->nlin; i++)
+        if (is_rollout_quant(c->lin[i].mode))
+            return qd_error(QD_ERR_UNSUPPORTED, "backward: recipe %s has no backward in the rollout role",
+                            qd_recipe_name(c->opt.recipe));
+    QD_TRY(ensure_train(c));
+    float *d = malloc(sizeof(float) * (size_t)(c->N ? c->N : 1));
+    if (!d)
+        return qd_error(QD_ERR_NOMEM, "%s backend: dlogp", c->ops->name);
+    qd_status st = qd_gather_dlogp(d, dlogp, c->src, c->N);
+    void *dd = NULL;
+    if (!st)
+        st = scratch(c, S_LOGP, sizeof(float) * (size_t)(c->N ? c->N : 1), &dd);
+    if (!st)
+        st = OP(c, to_dev, dd, d, sizeof(float) * (size_t)c->N);
+    free(d);
+    return st ? st : model_backward(c, dd);
+}
+
+static qd_status diagnostics_impl(model *c, qd_diagnostics *out)
+{
+    if (!c->opt.diagnostics || !c->have_diag)
+        return qd_error(QD_ERR_ARG, "diagnostics: %s", c->opt.diagnostics ? "no forward yet"
+                        : "not enabled in the backend options");
+    int nq = 0, nmoe = 0, K = c->cfg.num_experts_per_tok;
+    for (int l = 0; l < c->cfg.num_hidden_layers; l++)
+        nmoe += c->layers[l].moe;
+    free(c->dg_topk);
+    c->dg_topk = malloc(sizeof(int32_t) * ((size_t)nmoe * c->N * K + 1));
+    if (!c->dg_topk)
+        return qd_error(QD_ERR_NOMEM, "%s backend: diagnostics", c->ops->name);
+    for (int l = 0, m = 0; l < c->cfg.num_hidden_layers; l++)
+        if (c->layers[l].moe)
+            QD_TRY(OP(c, to_host, c->dg_topk + (size_t)(m++) * c->N * K, c->acts[l].topk,
+                      sizeof(int32_t) * (size_t)c->N * K));
+    for (int i = 0; i < c->nlin; i++) {
+        const linear *L = &c->lin[i];
+        if (!L->quantized)
+            continue;
+        c->dg_names[nq] = L->name;
+        c->dg_act_err[nq] = L->act_err;
+        c->dg_act_norm[nq] = L->act_norm;
+        c->dg_weight_err[nq++] = L->weight_err;
+    }
+    *out = (qd_diagnostics){.num_linear = nq, .names = c->dg_names, .act_err = c->dg_act_err,
+                            .act_norm = c->dg_act_norm, .weight_err = c->dg_weight_err, .num_tokens = c->N,
+                            .num_moe_layers = nmoe, .top_k = K, .router_topk = c->dg_topk};
+    return QD_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* the RAC state blob: for each RAC linear in order, int64 nrac, int64        */
+/* rac_ch[in] (the first nrac used), double rac_err[in] (backends/shared.h)  */
+
+static size_t rac_state_size_impl(model *c)
+{
+    size_t n = 0;
+    for (int i = 0; i < c->nlin; i++)
+        if (c->lin[i].mode == QD_LINEAR_W4A4_RAC)
+            n += qd_rac_state_bytes(c->lin[i].in);
+    return n;
+}
+
+static qd_status get_rac_impl(model *c, char *p)
+{
+    for (int i = 0; i < c->nlin; i++) {
+        const linear *L = &c->lin[i];
+        if (L->mode != QD_LINEAR_W4A4_RAC)
+            continue;
+        memcpy(p, &L->nrac, sizeof(int64_t));
+        memcpy(p + sizeof(int64_t), L->rac_ch, sizeof(int64_t) * (size_t)L->in);
+        p += sizeof(int64_t) * (1 + (size_t)L->in);
+        QD_TRY(OP(c, to_host, p, L->d_rac_err, sizeof(double) * (size_t)L->in));
+        p += sizeof(double) * (size_t)L->in;
+    }
+    return QD_OK;
+}
+
+/* One linear's part of the blob (tmp: scratch of in int64, so a bad set is
+ * found before anything changes and the blob need not be aligned). */
+static qd_status set_rac_linear(model *c, linear *L, const char *p, int64_t *tmp)
+{
+    int64_t nrac;
+    memcpy(&nrac, p, sizeof nrac);
+    memcpy(tmp, p + sizeof(int64_t), sizeof(int64_t) * (size_t)L->in);
+    QD_TRY(qd_rac_check_channels(L->name, L->in, nrac, tmp));
+    memcpy(L->rac_ch, tmp, sizeof(int64_t) * (size_t)L->in);
+    L->nrac = nrac;
+    p += sizeof(int64_t) * (1 + (size_t)L->in);
+    memcpy(tmp, p, sizeof(double) * (size_t)L->in);
+    QD_TRY(OP(c, to_dev, L->d_rac_err, tmp, sizeof(double) * (size_t)L->in));
+    QD_TRY(OP(c, to_dev, L->d_rac_ch, L->rac_ch, sizeof(int64_t) * (size_t)L->nrac));
+    QD_TRY(weight_nvfp4(c, L, L->out, L->in + L->nrac));
+    return OP(c, rac_augment_weight, &L->wq, c->params + L->w, L->out, L->in, L->d_rac_ch, L->nrac);
+}
+
+static qd_status set_rac_impl(model *c, const char *p)
+{
+    for (int i = 0; i < c->nlin; i++) {
+        linear *L = &c->lin[i];
+        if (L->mode != QD_LINEAR_W4A4_RAC)
+            continue;
+        int64_t *tmp = malloc(sizeof(int64_t) * (size_t)L->in);
+        if (!tmp)
+            return qd_error(QD_ERR_NOMEM, "set_rac_state");
+        qd_status st = set_rac_linear(c, L, p, tmp);
+        free(tmp);
+        QD_TRY(st);
+        p += qd_rac_state_bytes(L->in);
+    }
+    c->have_forward = 0;
+    return finish(c);
+}
+
+/* The statistics alone: each RAC linear's in doubles, in order. put = 1
+ * writes err into the backend, 0 reads them out. */
+static qd_status rac_stats_io(model *c, double *err, int put)
+{
+    for (int i = 0; i < c->nlin; i++) {
+        linear *L = &c->lin[i];
+        if (L->mode != QD_LINEAR_W4A4_RAC)
+            continue;
+        size_t bytes = sizeof(double) * (size_t)L->in;
+        QD_TRY(put ? OP(c, to_dev, L->d_rac_err, err, bytes) : OP(c, to_host, err, L->d_rac_err, bytes));
+        err += L->in;
+    }
+    return QD_OK;
+}
+
+static size_t rac_stats_count_impl(model *c)
+{
+    size_t n = 0;
+    for (int i = 0; i < c->nlin; i++)
+        if (c->lin[i].mode == QD_LINEAR_W4A4_RAC)
+            n += (size_t)c->lin[i].in;
+    return n;
+}
+
+/* ------------------------------------------------------------------------ */
+/* the vtable: each call runs between the ops' enter and leave               */
+
+static int enter(model *c) { return c->ops->enter ? c->ops->enter(c->dev) : 0; }
+
+static void leave(model *c, int token)
+{
+    if (c->ops->leave)
+        c->ops->leave(c->dev, token);
+}
+
+static const char *m_get_name(qd_backend *b) { return ctx_of(b)->ops->name; }
+
+static void free_linear(model *c, linear *L)
+{
+    c->ops->release(c->dev, L->wq_mem);
+    c->ops->release(c->dev, L->w8);
+    c->ops->release(c->dev, L->w8_inv);
+    c->ops->release(c->dev, L->d_rac_ch);
+    c->ops->release(c->dev, L->d_rac_err);
+    free(L->rac_ch);
+}
+
+static void m_free(qd_backend *b)
+{
+    model *c = ctx_of(b);
+    if (c->ops->report)
+        c->ops->report(c->dev);
+    for (int i = 0; c->lin && i < c->nlin; i++)
+        free_linear(c, &c->lin[i]);
+    if (c->wk != c->params)
+        c->ops->release(c->dev, c->wk);
+    float *bufs[] = {c->params, c->grads, c->m, c->v, c->rope_cos, c->rope_sin};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        c->ops->release(c->dev, bufs[i]);
+    c->ops->release(c->dev, c->arena);
+    for (int i = 0; i < S_NSCRATCH; i++)
+        c->ops->release(c->dev, c->scratch[i]);
+    if (c->free_dev)
+        c->free_dev(c->dev);
+    free(c->lin);
+    free(c->layers);
+    free(c->acts);
+    free(c->info);
+    free(c->harena);
+    free(c->dg_names);
+    free(c->dg_act_err);
+    free(c->dg_act_norm);
+    free(c->dg_weight_err);
+    free(c->dg_topk);
+    free(c);
+}
+
+static qd_status m_set_weights(qd_backend *b, const float *params, size_t n)
+{
+    model *c = ctx_of(b);
+    int t = enter(c);
+    c->have_forward = 0;
+    qd_status st = OP(c, to_dev, c->params, params, sizeof(float) * n);
+    if (!st)
+        st = sync_weights(c);
+    leave(c, t);
+    return st;
+}
+
+static qd_status m_get_weights(qd_backend *b, float *params, size_t n)
+{
+    model *c = ctx_of(b);
+    return OP(c, to_host, params, c->params, sizeof(float) * n);
+}
+
+static qd_status m_forward(qd_backend *b, const qd_batch *bt, float *logp, float *logits)
+{
+    model *c = ctx_of(b);
+    int t = enter(c);
+    c->rac_stats = bt->rac_stats != 0;
+    qd_status st = forward_impl(c, bt, logp, logits);
+    c->rac_stats = 0;
+    leave(c, t);
+    return st;
+}
+
+static qd_status m_backward(qd_backend *b, const float *dlogp)
+{
+    model *c = ctx_of(b);
+    int t = enter(c);
+    qd_status st = backward_impl(c, dlogp);
+    leave(c, t);
+    return st;
+}
+
+static void m_zero_grad(qd_backend *b)
+{
+    model *c = ctx_of(b);
+    if (c->grads)
+        OP(c, zero, c->grads, sizeof(float) * c->nfloats);
+}
+
+/* A buffer not made yet reads as zeros. */
+static qd_status get_or_zero(model *c, float *host, const float *dev_buf, size_t n)
+{
+    if (!dev_buf) {
+        memset(host, 0, sizeof(float) * n);
+        return QD_OK;
+    }
+    return OP(c, to_host, host, dev_buf, sizeof(float) * n);
+}
+
+static qd_status m_get_grads(qd_backend *b, float *grads, size_t n)
+{
+    model *c = ctx_of(b);
+    return get_or_zero(c, grads, c->grads, n);
+}
+
+static qd_status m_set_grads(qd_backend *b, const float *grads, size_t n)
+{
+    model *c = ctx_of(b);
+    QD_TRY(ensure_train(c));
+    return OP(c, to_dev, c->grads, grads, sizeof(float) * n);
+}
+
+static qd_status m_optimizer_step(qd_backend *b, const qd_adamw *o, int step, float *norm_out)
+{
+    model *c = ctx_of(b);
+    int t = enter(c);
+    qd_status st = optimizer_step_impl(c, o, step, norm_out);
+    leave(c, t);
+    return st;
+}
+
+static qd_status m_generate(qd_backend *b, const qd_generate_request *rq, qd_generate_result *res)
+{
+    model *c = ctx_of(b);
+    int t = enter(c);
+    c->rac_stats = rq->rac_stats != 0;
+    qd_status st = generate_impl(c, rq, res);
+    c->rac_stats = 0;
+    leave(c, t);
+    return st;
+}
+
+static qd_status m_diagnostics(qd_backend *b, qd_diagnostics *out) { return diagnostics_impl(ctx_of(b), out); }
+
+static qd_status m_get_adam(qd_backend *b, float *m, float *v, size_t n)
+{
+    model *c = ctx_of(b);
+    QD_TRY(get_or_zero(c, m, c->m, n));
+    return get_or_zero(c, v, c->v, n);
+}
+
+static qd_status m_set_adam(qd_backend *b, const float *m, const float *v, size_t n)
+{
+    model *c = ctx_of(b);
+    QD_TRY(ensure_train(c));
+    QD_TRY(OP(c, to_dev, c->m, m, sizeof(float) * n));
+    return OP(c, to_dev, c->v, v, sizeof(float) * n);
+}
+
+static size_t m_rac_state_size(qd_backend *b) { return rac_state_size_impl(ctx_of(b)); }
+
+static qd_status m_get_rac_state(qd_backend *b, void *buf, size_t n)
+{
+    (void)n;
+    return get_rac_impl(ctx_of(b), buf);
+}
+
+static qd_status m_set_rac_state(qd_backend *b, const void *buf, size_t n)
+{
+    model *c = ctx_of(b);
+    (void)n;
+    int t = enter(c);
+    qd_status st = set_rac_impl(c, buf);
+    leave(c, t);
+    return st;
+}
+
+static size_t m_rac_stats_count(qd_backend *b) { return rac_stats_count_impl(ctx_of(b)); }
+
+static qd_status m_get_rac_stats(qd_backend *b, double *err, size_t n)
+{
+    (void)n;
+    return rac_stats_io(ctx_of(b), err, 0);
+}
+
+static qd_status m_set_rac_stats(qd_backend *b, const double *err, size_t n)
+{
+    (void)n;
+    return rac_stats_io(ctx_of(b), (double *)err, 1);
+}
+
+static const struct qd_backend_i model_iface = {
+    .get_name = m_get_name,
+    .free = m_free,
+    .set_weights = m_set_weights,
+    .get_weights = m_get_weights,
+    .forward = m_forward,
+    .backward = m_backward,
+    .zero_grad = m_zero_grad,
+    .get_grads = m_get_grads,
+    .optimizer_step = m_optimizer_step,
+    .generate = m_generate,
+    .diagnostics = m_diagnostics,
+    .get_adam = m_get_adam,
+    .set_adam = m_set_adam,
+    .rac_state_size = m_rac_state_size,
+    .get_rac_state = m_get_rac_state,
+    .set_rac_state = m_set_rac_state,
+    .rac_stats_count = m_rac_stats_count,
+    .get_rac_stats = m_get_rac_stats,
+    .set_rac_stats = m_set_rac_stats,
+    .set_grads = m_set_grads,
+};
+
+/* ------------------------------------------------------------------------ */
+/* init                                                                      */
+
+/* Takes over the shared table (backends/layout.h); each linear layer gets the
+ * mode the recipe gives it (the recipe table: qd_recipe_linear_mode). */
+static qd_status build_params(model *c)
+{
+    qd_model_layout m;
+    QD_TRY(qd_model_layout_init(&m, &c->cfg));
+    qd_linear_mode qm = qd_recipe_linear_mode(c->opt.recipe, c->opt.role);
+    qd_linear_mode dm = qd_recipe_dense_mode(c->opt.recipe);
+    c->lin = calloc((size_t)m.nlin, sizeof *c->lin);
+    if (!c->lin) {
+        qd_model_layout_free(&m);
+        return qd_error(QD_ERR_NOMEM, "%s backend: parameter table", c->ops->name);
+    }
+    for (int i = 0; i < m.nlin; i++) {
+        linear *L = &c->lin[i];
+        L->w = m.lin[i].w;
+        L->out = m.lin[i].out;
+        L->in = m.lin[i].in;
+        L->quantized = m.lin[i].quantized;
+        L->name = m.lin[i].name;
+        L->mode = L->quantized ? qm : dm;
+    }
+    c->nlin = m.nlin;
+    c->info = m.info;
+    c->ninfo = m.ninfo;
+    c->nfloats = m.nfloats;
+    c->layers = m.layers;
+    c->embed = m.embed;
+    c->final_norm = m.final_norm;
+    c->lm_head = m.lm_head;
+    free(m.lin);
+    return QD_OK;
+}
+
+static qd_status alloc_linear(model *c, linear *L)
+{
+    if (L->mode == QD_LINEAR_FP8) {
+        QD_TRY(OP(c, alloc, (void **)&L->w8, (size_t)L->out * L->in, "fp8 weights"));
+        QD_TRY(OP(c, alloc, (void **)&L->w8_inv, sizeof(float) * (size_t)L->out, "fp8 weight scales"));
+    }
+    if (is_w4a4(L->mode) && L->in % QD_NVFP4_BLOCK)
+        return qd_error(QD_ERR_SHAPE, "%s backend: NVFP4 needs in-features %% 16 == 0, got %d", c->ops->name,
+                        L->in);
+    if (L->mode == QD_LINEAR_W4A4_RAC) {
+        L->rac_ch = calloc((size_t)L->in, sizeof(int64_t));
+        if (!L->rac_ch)
+            return qd_error(QD_ERR_NOMEM, "%s backend: RAC state", c->ops->name);
+        QD_TRY(OP(c, alloc, (void **)&L->d_rac_ch, sizeof(int64_t) * (size_t)L->in, "RAC channels"));
+        QD_TRY(OP(c, alloc, (void **)&L->d_rac_err, sizeof(double) * (size_t)L->in, "RAC statistics"));
+    }
+    return QD_OK;
+}
+
+/* The RoPE tables (qd_rope_tables, on the host), copied to the device. */
+static qd_status upload_rope(model *c)
+{
+    size_t nr = (size_t)c->cfg.max_position_embeddings * (c->cfg.head_dim / 2);
+    float *cs = malloc(sizeof(float) * nr), *sn = malloc(sizeof(float) * nr);
+    qd_status st = cs && sn ? QD_OK : qd_error(QD_ERR_NOMEM, "%s backend: RoPE table", c->ops->name);
+    if (!st)
+        qd_rope_tables(cs, sn, &c->cfg);
+    if (!st)
+        st = OP(c, alloc, (void **)&c->rope_cos, sizeof(float) * nr, "RoPE cos");
+    if (!st)
+        st = OP(c, alloc, (void **)&c->rope_sin, sizeof(float) * nr, "RoPE sin");
+    if (!st)
+        st = OP(c, to_dev, c->rope_cos, cs, sizeof(float) * nr);
+    if (!st)
+        st = OP(c, to_dev, c->rope_sin, sn, sizeof(float) * nr);
+    free(cs);
+    free(sn);
+    return st;
+}
+
+static qd_status alloc_model(model *c)
+{
+    size_t n = sizeof(float) * c->nfloats;
+    QD_TRY(OP(c, alloc, (void **)&c->params, n, "master weights"));
+    if (c->opt.recipe == QD_RECIPE_FP32)
+        c->wk = c->params;
+    else
+        QD_TRY(OP(c, alloc, (void **)&c->wk, n, "working weights"));
+    c->acts = calloc((size_t)c->cfg.num_hidden_layers, sizeof(layer_acts));
+    c->dg_names = calloc((size_t)c->nlin, sizeof(char *));
+    c->dg_act_err = calloc((size_t)c->nlin, sizeof(double));
+    c->dg_act_norm = calloc((size_t)c->nlin, sizeof(double));
+    c->dg_weight_err = calloc((size_t)c->nlin, sizeof(double));
+    if (!c->acts || !c->dg_names || !c->dg_act_err || !c->dg_act_norm || !c->dg_weight_err)
+        return qd_error(QD_ERR_NOMEM, "%s backend: tables", c->ops->name);
+    for (int i = 0; i < c->nlin; i++)
+        QD_TRY(alloc_linear(c, &c->lin[i]));
+    QD_TRY(upload_rope(c));
+    return sync_weights(c);
+}
+
+static qd_status init_impl(model *c)
+{
+    QD_TRY(build_params(c));
+    c->base.params = c->info;
+    c->base.num_params = c->ninfo;
+    c->base.num_floats = c->nfloats;
+    int t = enter(c);
+    qd_status st = alloc_model(c);
+    leave(c, t);
+    return st;
+}
+
+qd_backend *qd_model_backend_new(const qd_model_config *cfg, const qd_backend_options *opt, const qd_ops *ops,
+                                 void *dev, void (*free_dev)(void *dev))
+{
+    model *c = calloc(1, sizeof *c);
+    if (!c) {
+        qd_error(QD_ERR_NOMEM, "%s backend: context", ops->name);
+        if (free_dev)
+            free_dev(dev);
+        return NULL;
+    }
+    c->cfg = *cfg;
+    c->opt = *opt;
+    c->ops = ops;
+    c->dev = dev;
+    c->free_dev = free_dev;
+    c->base.iface = &model_iface;
+    c->base.context = c;
+    if (init_impl(c)) {
+        m_free(&c->base);
+        return NULL;
+    }
+    return &c->base;
+}

@@ -1,0 +1,207 @@
+/* backends/: the device ops the one model driver (backends/model.c) calls, in
+ * the style of ggml's backend ops: the driver holds the model's structure
+ * (forward, backward, generate, the recipe table, buffers, AdamW, RAC state,
+ * diagnostics) and a backend implements only these ops over its own memory.
+ * The CPU's are backends/cpu/cpu_ops.c (the definitions of the numbers); the
+ * CUDA twins are backends/cuda/cuda_ops.cu, each under the same slot name.
+ *
+ * Pointers marked "dev" are the backend's memory (host memory on the CPU):
+ * the driver never reads them, it moves bytes with to_dev/to_host. "host"
+ * arrays are ordinary host memory. Exact-mode ops give the CPU's bits on every
+ * backend (NUMERICS.md §6); a backend in fast mode may compute the products
+ * and attention in another order (§7). An optional slot is NULL where a
+ * backend does not need it; the driver then does without (or falls back, as
+ * said at the slot).
+ *
+ * Letters as everywhere in backends/: N tokens, C hidden, H / KV heads, D
+ * head_dim, E experts, K experts per token, I an FFN width, V vocab, R routed
+ * rows, IC / OC a linear's in / out features. */
+#ifndef QD_OPS_H
+#define QD_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "backends/backend.h"
+#include "backends/sampling.h"
+#include "quant/quant.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* How a float product's operands were rounded: a fast-mode backend may use a
+ * BF16 GEMM when both are BF16 values (exact mode ignores it). */
+typedef enum { QD_PREC_F32 = 0, QD_PREC_BF16 } qd_prec;
+
+/* Phases of a step, for an optional profiler (QUADS_CUDA_PROFILE). */
+typedef enum {
+    QD_PH_OTHER, QD_PH_ATTN_LIN, QD_PH_ATTN, QD_PH_ROUTE, QD_PH_EXPERTS, QD_PH_HEAD, QD_PH_LOGP, QD_PH_SAMPLE,
+    QD_PH_BWD, QD_PH_OPT, QD_PH_SYNC, QD_PH_COUNT
+} qd_phase;
+
+typedef struct qd_ops {
+    const char *name;                                   /* "cpu", "cuda" */
+    /* ---- memory: every buffer of the model is made and moved through these */
+    qd_status (*alloc)(void *dev, void **p, size_t bytes, const char *what); /* zeroed, 256-byte aligned */
+    void (*release)(void *dev, void *p);                /* NULL is fine */
+    qd_status (*zero)(void *dev, void *p, size_t bytes);
+    qd_status (*to_dev)(void *dev, void *dst, const void *src_host, size_t bytes);
+    qd_status (*to_host)(void *dev, void *dst_host, const void *src, size_t bytes);
+    /* The device finished every op enqueued so far; a non-finite input seen by
+     * a quantizer since the last call is QD_ERR_NONFINITE. Optional (CPU ops are
+     * synchronous and report at once). */
+    qd_status (*finish)(void *dev);
+    /* Around every call of the backend interface (the CPU sets its thread
+     * count); optional. */
+    int (*enter)(void *dev);
+    void (*leave)(void *dev, int token);
+    /* Profiler mark: the time since the last mark goes to the phase it opened;
+     * optional. report prints the totals (at free). */
+    void (*mark)(void *dev, qd_phase ph);
+    void (*report)(void *dev);
+    /* The working copy the products read changed (weight sync): a fast-mode
+     * backend may derive its own copies (BF16 bits). Optional. */
+    qd_status (*weights_changed)(void *dev, const float *wk, size_t n);
+
+    /* ---- elementwise and rows */
+    qd_status (*round_bf16)(void *dev, float *dst, const float *src, size_t n);   /* dst = bf16(src) */
+    qd_status (*add)(void *dev, float *out, const float *a, const float *b, size_t n);
+    qd_status (*embed)(void *dev, float *x, const float *emb, const int32_t *tok, int N, int C);
+    /* gemb (V, C) += dres rows at tok, tokens ascending */
+    qd_status (*embed_backward)(void *dev, float *gemb, const float *dres, const int32_t *tok, int N, int C);
+    /* out (rows, C) = w * (x * rstd), rstd = rsqrt(sum(x^2)/C + eps) saved (rows) */
+    qd_status (*rmsnorm)(void *dev, float *out, float *rstd, const float *x, const float *w, int rows, int C,
+                         float eps);
+    /* dinp (rows, C) +=, dw (C) += (rows ascending) */
+    qd_status (*rmsnorm_backward)(void *dev, float *dinp, float *dw, const float *dout, const float *x,
+                                  const float *w, const float *rstd, int rows, int C);
+    /* HF rotate_half RoPE in place on x (N, nh, D) at positions pos (N); inverse: the transpose */
+    qd_status (*rope)(void *dev, float *x, const int32_t *pos, const float *cosb, const float *sinb, int N,
+                      int nh, int D, int inverse);
+
+    /* ---- float products: out (N, OC) = x (N, IC) . w (OC, IC)^T, ic ascending */
+    qd_status (*matmul)(void *dev, float *out, const float *x, const float *w, int N, int IC, int OC,
+                        qd_prec prec);
+    /* dinp (N, IC) += dout . w (oc ascending); dw (OC, IC) += dout^T . x (n ascending);
+     * either may be NULL */
+    qd_status (*matmul_backward)(void *dev, float *dinp, float *dw, const float *dout, const float *x,
+                                 const float *w, int N, int IC, int OC);
+    /* The experts of a layer: rows off[e] .. off[e+1]-1 (host, E + 1) of x and
+     * out times w[e] (host array of dev pointers); the bits of one matmul per
+     * expert. */
+    qd_status (*matmul_grouped)(void *dev, float *out, const float *x, const float *const *w, const int32_t *off,
+                                int E, int IC, int OC);
+    qd_status (*matmul_grouped_backward)(void *dev, float *dinp, float *const *dw, const float *dout,
+                                         const float *x, const float *const *w, const int32_t *off, int E,
+                                         int IC, int OC);
+
+    /* ---- quantizers and quantized products (quant/quant.h's definitions) */
+    qd_status (*fp8_quantize_rows)(void *dev, uint8_t *q, float *scale_inv, const float *x, int rows, int cols);
+    /* y (M, N) = (sum_k qa*qw) * (sa_inv[m] * sw_inv[n]) */
+    qd_status (*fp8_gemm)(void *dev, float *y, const uint8_t *qa, const float *sa_inv, const uint8_t *qw,
+                          const float *sw_inv, int M, int N, int K);
+    qd_status (*fp8_gemm_grouped)(void *dev, float *y, const uint8_t *qa, const float *sa_inv,
+                                  const uint8_t *const *qw, const float *const *sw_inv, const int32_t *off, int E,
+                                  int N, int K);
+    /* q (a qd_nvfp4 whose buffers are dev memory) = quantize(x) */
+    qd_status (*nvfp4_quantize)(void *dev, qd_nvfp4 *q, const float *x);
+    qd_status (*nvfp4_fake_quant)(void *dev, float *out, const float *x, int rows, int cols, int per_row);
+    /* the canonical W4A4 product (NUMERICS.md §3) */
+    qd_status (*w4a4_gemm)(void *dev, float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
+    qd_status (*w4a4_gemm_grouped)(void *dev, float *y, const qd_nvfp4 *a, const qd_nvfp4 *const *w,
+                                   const int32_t *off, int E);
+    /* RAC (§5): err (K, double) += per-channel squared activation error of x (rows, K) */
+    qd_status (*rac_error)(void *dev, double *err, const float *x, int rows, int K);
+    qd_status (*rac_augment_act)(void *dev, qd_nvfp4 *out, const float *x, int rows, int K, const int64_t *ch,
+                                 int64_t n);
+    qd_status (*rac_augment_weight)(void *dev, qd_nvfp4 *out, const float *w, int N, int K, const int64_t *ch,
+                                    int64_t n);
+    /* RAC over the experts of a layer: for each e, rows off[e] .. off[e+1]-1
+     * (host) of x (R, K): rac_error into err[e] (unless err is NULL: no
+     * statistics) and rac_augment_act with ch[e] (host arrays of dev pointers;
+     * n channels each) into those rows of a (R, K + n). The bits of the two
+     * ops per expert. */
+    qd_status (*rac_grouped)(void *dev, qd_nvfp4 *a, double *const *err, const int64_t *const *ch,
+                             const int32_t *off, int E, const float *x, int K, int64_t n);
+    /* diagnostics: per row err[r] = sum (x - xh)^2, nrm[r] = sum x^2 (double, ascending) */
+    qd_status (*sqerr_rows)(void *dev, double *err, double *nrm, const float *x, const float *xh, int rows,
+                            int cols);
+
+    /* ---- attention (GQA: query head h reads kv head h / (H/KV)) */
+    /* query n over keys s = 0..pos[n] at rows kbase[n] + s of kb, vb (rows of
+     * KV*D floats): att (N, H, Tm) the probabilities, out (N, H*D) */
+    qd_status (*attend)(void *dev, float *out, float *att, const float *q, const float *kb, const float *vb,
+                        const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm);
+    /* packed sequences (pos (N) position in its sequence, slen (N) its length):
+     * dq, dk, dv (zeroed by the caller) +=; ds scratch (N, H, Tm) */
+    qd_status (*attend_backward)(void *dev, float *dq, float *dk, float *dv, float *ds, const float *dout,
+                                 const float *att, const float *q, const float *k, const float *v,
+                                 const int32_t *pos, const int32_t *slen, int N, int H, int KV, int D, int Tm);
+    /* kr, v (N, KV*D) into the caches (rows, Tc, KV*D) at (row[n], pos[n]) */
+    qd_status (*store_kv)(void *dev, float *kc, float *vc, const float *kr, const float *v, const int32_t *row,
+                          const int32_t *pos, int N, int Tc, int KD);
+
+    /* ---- MoE (backends/router.h, backends/layout.h) */
+    /* probs (N, E) softmax in place; topk, topw (N, K) rank order, renormalized when norm */
+    qd_status (*route)(void *dev, int32_t *topk, float *topw, float *probs, int N, int E, int K, int norm);
+    /* qd_moe_group's rows: exp_off (host, E + 1); row_tok, row_w, row_rank,
+     * tok_rows (dev, N*K); topk NULL: a dense MLP (E = K = 1) */
+    qd_status (*moe_group)(void *dev, int32_t *exp_off, int32_t *row_tok, float *row_w, int32_t *row_rank,
+                           int32_t *tok_rows, const int32_t *topk, const float *topw, int N, int E, int K);
+    qd_status (*gather)(void *dev, float *xe, const float *x, const int32_t *row_tok, int R, int C);
+    qd_status (*swiglu)(void *dev, float *h, const float *g, const float *u, size_t n);
+    qd_status (*swiglu_backward)(void *dev, float *dg, float *du, const float *dh, const float *g, const float *u,
+                                 size_t n);
+    /* out (N, C) = per token, its rows tok_rows (N, K) of y times row_w, in order */
+    qd_status (*combine)(void *dev, float *out, const float *y, const float *row_w, const int32_t *tok_rows,
+                         int N, int K, int C);
+    /* dy (R, C) = dout row * row_w; dwt (N, K) = dout . y per rank */
+    qd_status (*moe_dy)(void *dev, float *dy, float *dwt, const float *dout, const float *y, const float *row_w,
+                        const int32_t *row_rank, const int32_t *tok_rows, int N, int K, int C);
+    /* dinp (N, C) += dxe rows of each token, in its tok_rows order */
+    qd_status (*unroute)(void *dev, float *dinp, const float *dxe, const int32_t *tok_rows, int N, int K, int C);
+    /* dlog (N, E) overwritten: the router's softmax and renormalization backward */
+    qd_status (*router_backward)(void *dev, float *dlog, const float *dwt, const float *probs,
+                                 const int32_t *topk, const float *topw, int N, int E, int K, int renorm);
+
+    /* ---- log-probs, sampling, the optimizer */
+    /* logp (N) = log_softmax(logits / T)[tgt] as the sampler normalizes
+     * (backends/sampling.h), 0 where tgt < 0; lse (N) saved. NONFINITE names
+     * the token whose logit / T overflows. */
+    qd_status (*logprob)(void *dev, float *logp, float *lse, const float *logits, const int32_t *tgt, int N,
+                         int V, float T);
+    /* dlogits (N, V) = dlogp * (onehot(tgt) - softmax(logits / T)) / T */
+    qd_status (*logprob_backward)(void *dev, float *dlogits, const float *dlogp, const float *logits,
+                                  const float *lse, const int32_t *tgt, int N, int V, float T);
+    /* out (host, B): qd_sample_row of each row of logits (B, V) at (seq_ids[b], positions[b]) */
+    qd_status (*sample)(void *dev, qd_sample_result *out, const float *logits, int B, int V,
+                        const qd_sample_params *p, const uint64_t *seq_ids, const uint32_t *positions);
+    /* part[k] (double, dev) = sum of g^2 over floats 4096k .. 4096k+4095, ascending */
+    qd_status (*sumsq_chunks)(void *dev, double *part, const float *g, size_t n);
+    qd_status (*adamw)(void *dev, float *p, const float *g, float *m, float *v, size_t n, const qd_adamw *o,
+                       float wd, float gscale, float bc1, float bc2);
+} qd_ops;
+
+/* The CPU's ops (backends/cpu/cpu_ops.c), for tests that run an op on two backends. */
+const qd_ops *qd_cpu_ops(void);
+/* A CPU ops context with that many OpenMP threads (0: the runtime's); free with free(). */
+void *qd_cpu_dev_new(int num_threads);
+
+/* The CUDA ops (backends/cuda/cuda_ops.cu, linked only where CUDA was built)
+ * and an ops context on the current device (bf16_copy: fast mode keeps a BF16
+ * copy of the working weights); NULL with a message. */
+const qd_ops *qd_cuda_ops(void);
+void *qd_cuda_dev_new(qd_exec_mode mode, int bf16_copy);
+void qd_cuda_dev_free(void *dev);
+
+/* The backend of one model over a device: ops and dev (owned; free_dev(dev)
+ * at the end, also when this fails). NULL with a message on a bad config or
+ * option, or when out of memory. */
+qd_backend *qd_model_backend_new(const qd_model_config *cfg, const qd_backend_options *opt, const qd_ops *ops,
+                                 void *dev, void (*free_dev)(void *dev));
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* QD_OPS_H */

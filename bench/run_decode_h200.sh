@@ -1,0 +1,47 @@
+#!/bin/bash
+# bench/run_decode_h200.sh: the rollout engine's benchmark (issue 12) on the GPU
+# machine, from a tree built here and carried (bench/bench_backend and
+# tests/gpu/bundle_libs.sh's .devrun/lib).
+#
+# The model: "a3b", Qwen3-30B-A3B's layer shapes (hidden 2048, 128 experts
+# top-8 of width 768, 32 / 4 heads of 128, vocab 151936) at LAYERS depth [4],
+# random weights (bench_backend.c a3b_config; bench_torch.py a3b_config builds
+# the same shape for transformers). Rollout: B prompts of P tokens, M new
+# tokens, temperature 1, no top-k/top-p, no stop (every row gets M tokens).
+#   1. transformers eager (bf16) on the same shape and sizes (bench_torch.py);
+#   2. bench_backend --backend cuda, recipes RECIPES, each mode of MODES.
+# Rows go to OUTDIR/decode.jsonl (bench/decode_rows.py: engine, recipe, mode,
+# batch, prompt, new_tokens, tokens_per_s, step_ms, roofline_fraction, ratio
+# to transformers, commit), the tables to OUTDIR/*.md.
+#     bench/run_decode_h200.sh [OUTDIR]
+# Sizes: LAYERS [4] B [64] P [128] M [64] ITERS [2] WARMUP [1]
+#        RECIPES [bf16,fp8,nvfp4,quads] MODES [exact fast] COPY_TBS [4.24] (measured
+#        device-to-device copy bandwidth, TB/s, DEVICE.md) PYTHON [python3]
+# shellcheck disable=SC2086
+set -u
+out=${1:-${OUT:-/tmp/bench_decode}}
+mkdir -p "$out" || exit 1
+out=$(cd "$out" && pwd)
+cd "$(dirname "$0")/.." || exit 1
+export LD_LIBRARY_PATH="$PWD/.devrun/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export OMP_WAIT_POLICY=passive
+py=${PYTHON:-python3}
+L=${LAYERS:-4} B=${B:-64} P=${P:-128} M=${M:-64}
+sizes="--model a3b --layers $L --batch $B --prompt $P --new-tokens $M --iters ${ITERS:-2} --warmup ${WARMUP:-1}"
+rc=0
+echo "== transformers eager, a3b x $L layers, B $B, P $P, M $M"
+timeout 300 $py bench/bench_torch.py $sizes --ops rollout --json "$out/torch.jsonl" >"$out/torch.md" 2>"$out/torch.err" ||
+    { rc=1; tail -5 "$out/torch.err"; }
+cat "$out/torch.md"
+for mode in ${MODES:-exact fast}; do
+    echo "== quads cuda $mode"
+    timeout 400 bench/bench_backend --backend cuda --mode "$mode" --recipes "${RECIPES:-bf16,fp8,nvfp4,quads}" \
+        --ops rollout $sizes --json "$out/quads_$mode.jsonl" --vs "$out/torch.jsonl" \
+        >"$out/quads_$mode.md" 2>"$out/quads_$mode.err" || { rc=1; tail -5 "$out/quads_$mode.err"; }
+    cat "$out/quads_$mode.md"
+done
+cat "$out"/torch.jsonl "$out"/quads_*.jsonl 2>/dev/null |
+    $py bench/decode_rows.py --layers "$L" --copy-tbs "${COPY_TBS:-4.24}" \
+        --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" >"$out/decode.jsonl" || rc=1
+cat "$out/decode.jsonl"
+exit $rc

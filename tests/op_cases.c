@@ -1,0 +1,706 @@
+/* The op cases of tests/op_cases.h: each draws its inputs from a seed,
+ * uploads them through the ops table, runs one slot and downloads its
+ * outputs. Shapes avoid tile multiples on purpose (37 rows, 45 outputs, an
+ * empty expert group) so edges are exercised. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "tests/op_cases.h"
+#include "backends/layout.h"
+#include "quant/splitmix64.h"
+
+typedef struct {
+    const qd_ops *ops;
+    void *dev;
+    uint64_t rng;
+    void *mem[96];
+    int nmem;
+    qd_op_result *res;
+    qd_status st;          /* the first failure of a helper */
+} oc;
+
+static float unif(oc *c, float lo, float hi)
+{
+    return lo + (hi - lo) * (float)qd_splitmix64_unit(&c->rng);
+}
+
+static int irand(oc *c, int n) { return (int)(qd_splitmix64_next(&c->rng) % (uint64_t)n); }
+
+static void *dalloc(oc *c, size_t bytes)
+{
+    void *p = NULL;
+    if (c->st || c->nmem == (int)(sizeof c->mem / sizeof c->mem[0]))
+        return c->st ? NULL : (c->st = qd_error(QD_ERR_NOMEM, "op case: too many buffers"), NULL);
+    c->st = c->ops->alloc(c->dev, &p, bytes, "op case");
+    if (!c->st)
+        c->mem[c->nmem++] = p;
+    return p;
+}
+
+/* A dev copy of n host bytes. */
+static void *up(oc *c, const void *host, size_t bytes)
+{
+    void *p = dalloc(c, bytes);
+    if (p && !c->st)
+        c->st = c->ops->to_dev(c->dev, p, host, bytes);
+    return p;
+}
+
+/* n random floats in [lo, hi) on the device (host copy in *h if asked, caller frees). */
+static float *F(oc *c, size_t n, float lo, float hi)
+{
+    float *h = malloc(sizeof(float) * (n ? n : 1));
+    if (!h) {
+        c->st = qd_error(QD_ERR_NOMEM, "op case");
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++)
+        h[i] = unif(c, lo, hi);
+    float *d = up(c, h, sizeof(float) * n);
+    free(h);
+    return d;
+}
+
+static int32_t *I(oc *c, const int32_t *host, size_t n) { return up(c, host, sizeof(int32_t) * n); }
+
+static void *Z(oc *c, size_t bytes) { return dalloc(c, bytes); }
+
+/* Registers a dev (or host, when host is set) output. */
+static void out_(oc *c, const char *name, char kind, const void *p, size_t bytes, int host)
+{
+    if (c->st)
+        return;
+    qd_op_output *o = &c->res->out[c->res->nout++];
+    snprintf(o->name, sizeof o->name, "%s", name);
+    o->kind = kind;
+    o->bytes = bytes;
+    o->data = malloc(bytes ? bytes : 1);
+    if (!o->data)
+        c->st = qd_error(QD_ERR_NOMEM, "op case");
+    else if (host)
+        memcpy(o->data, p, bytes);
+    else
+        c->st = c->ops->to_host(c->dev, o->data, p, bytes);
+}
+
+#define OUT(c, name, kind, p, bytes) out_((c), (name), (kind), (p), (bytes), 0)
+#define OUT_HOST(c, name, kind, p, bytes) out_((c), (name), (kind), (p), (bytes), 1)
+#define RUN(c, call) do { if (!(c)->st) (c)->st = (call); } while (0)
+
+/* A dev NVFP4 matrix. */
+static qd_nvfp4 nv(oc *c, int64_t rows, int64_t cols, int per_row)
+{
+    qd_nvfp4 q = {.rows = rows, .cols = cols, .per_row = per_row};
+    q.codes = Z(c, (size_t)(rows * cols / 2));
+    q.scales = Z(c, (size_t)(rows * cols / 16));
+    q.s_dec = Z(c, sizeof(float) * (size_t)(per_row ? rows : 1));
+    return q;
+}
+
+static void out_nv(oc *c, const char *name, const qd_nvfp4 *q)
+{
+    char n[32];
+    snprintf(n, sizeof n, "%s.codes", name);
+    OUT(c, n, 'b', q->codes, (size_t)(q->rows * q->cols / 2));
+    snprintf(n, sizeof n, "%s.scales", name);
+    OUT(c, n, 'b', q->scales, (size_t)(q->rows * q->cols / 16));
+    snprintf(n, sizeof n, "%s.s_dec", name);
+    OUT(c, n, 'f', q->s_dec, sizeof(float) * (size_t)(q->per_row ? q->rows : 1));
+}
+
+/* n distinct ascending values of [0, K) (a RAC channel set) as int64. */
+static int64_t *channels(oc *c, int K, int n)
+{
+    int64_t h[4096];
+    int take = 0;
+    for (int k = 0; k < K && take < n; k++)
+        if (irand(c, K - k) < n - take)
+            h[take++] = k;
+    return up(c, h, sizeof(int64_t) * (size_t)n);
+}
+
+/* Each token's K distinct experts of E (rank order) and positive weights. */
+static void routing(oc *c, int32_t *topk, float *topw, int N, int E, int K)
+{
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < K; j++) {
+            int e, dup;
+            do {
+                e = irand(c, E);
+                dup = 0;
+                for (int i = 0; i < j; i++)
+                    dup |= topk[n * K + i] == e;
+            } while (dup);
+            topk[n * K + j] = e;
+            topw[n * K + j] = unif(c, 0.05f, 1.0f);
+        }
+}
+
+/* The rows of N tokens x K grouped as qd_moe_group lays them out (host). */
+static void rows_of(int32_t *tok_rows, int32_t *row_rank, int32_t *exp_off, const int32_t *topk, const float *topw,
+                    int N, int E, int K)
+{
+    int32_t *row_tok = malloc(sizeof(int32_t) * N * K), *cnt = malloc(sizeof(int32_t) * E);
+    float *row_w = malloc(sizeof(float) * N * K);
+    if (row_tok && cnt && row_w)
+        qd_moe_group(exp_off, row_tok, row_w, row_rank, tok_rows, cnt, topk, topw, N, E, K);
+    free(row_tok);
+    free(cnt);
+    free(row_w);
+}
+
+/* ------------------------------------------------------------------------ */
+/* the cases                                                                 */
+
+static void c_round_bf16(oc *c)
+{
+    size_t n = 1001;
+    float *x = F(c, n, -3e5f, 3e5f), *y = Z(c, sizeof(float) * n);
+    RUN(c, c->ops->round_bf16(c->dev, y, x, n));
+    OUT(c, "y", 'f', y, sizeof(float) * n);
+}
+
+static void c_add(oc *c)
+{
+    size_t n = 777;
+    float *a = F(c, n, -2, 2), *b = F(c, n, -2, 2), *y = Z(c, sizeof(float) * n);
+    RUN(c, c->ops->add(c->dev, y, a, b, n));
+    OUT(c, "y", 'f', y, sizeof(float) * n);
+}
+
+static void c_embed(oc *c)
+{
+    int V = 50, C = 64, N = 9;
+    int32_t tok[9];
+    for (int n = 0; n < N; n++)
+        tok[n] = n == 3 ? tok[1] : irand(c, V); /* a repeated token */
+    float *emb = F(c, (size_t)V * C, -1, 1), *x = Z(c, sizeof(float) * N * C), *g = F(c, (size_t)V * C, -1, 1);
+    float *dres = F(c, (size_t)N * C, -1, 1);
+    int32_t *dt = I(c, tok, N);
+    RUN(c, c->ops->embed(c->dev, x, emb, dt, N, C));
+    RUN(c, c->ops->embed_backward(c->dev, g, dres, dt, N, C));
+    OUT(c, "x", 'f', x, sizeof(float) * N * C);
+    OUT(c, "gemb", 'f', g, sizeof(float) * V * C);
+}
+
+static void c_rmsnorm(oc *c)
+{
+    int rows = 9, C = 80;
+    float *x = F(c, (size_t)rows * C, -2, 2), *w = F(c, C, 0.5f, 1.5f), *y = Z(c, sizeof(float) * rows * C);
+    float *r = Z(c, sizeof(float) * rows), *dy = F(c, (size_t)rows * C, -1, 1);
+    float *dx = F(c, (size_t)rows * C, -1, 1), *dw = F(c, C, -1, 1);
+    RUN(c, c->ops->rmsnorm(c->dev, y, r, x, w, rows, C, 1e-6f));
+    RUN(c, c->ops->rmsnorm_backward(c->dev, dx, dw, dy, x, w, r, rows, C));
+    OUT(c, "y", 'f', y, sizeof(float) * rows * C);
+    OUT(c, "rstd", 'f', r, sizeof(float) * rows);
+    OUT(c, "dx", 'f', dx, sizeof(float) * rows * C);
+    OUT(c, "dw", 'f', dw, sizeof(float) * C);
+}
+
+static void c_rope(oc *c)
+{
+    int N = 5, nh = 3, D = 16, P = 12;
+    int32_t pos[5] = {0, 3, 11, 7, 3};
+    float *cs = F(c, (size_t)P * D / 2, -1, 1), *sn = F(c, (size_t)P * D / 2, -1, 1);
+    float *x = F(c, (size_t)N * nh * D, -2, 2), *g = F(c, (size_t)N * nh * D, -2, 2);
+    int32_t *dp = I(c, pos, N);
+    RUN(c, c->ops->rope(c->dev, x, dp, cs, sn, N, nh, D, 0));
+    RUN(c, c->ops->rope(c->dev, g, dp, cs, sn, N, nh, D, 1));
+    OUT(c, "forward", 'f', x, sizeof(float) * N * nh * D);
+    OUT(c, "inverse", 'f', g, sizeof(float) * N * nh * D);
+}
+
+static void c_matmul(oc *c, qd_prec prec)
+{
+    int N = 37, IC = 72, OC = 45;
+    float *x = F(c, (size_t)N * IC, -1, 1), *w = F(c, (size_t)OC * IC, -1, 1), *y = Z(c, sizeof(float) * N * OC);
+    if (prec == QD_PREC_BF16) {  /* operands that are BF16 values, as the recipe makes them */
+        RUN(c, c->ops->round_bf16(c->dev, x, x, (size_t)N * IC));
+        RUN(c, c->ops->round_bf16(c->dev, w, w, (size_t)OC * IC));
+    }
+    RUN(c, c->ops->matmul(c->dev, y, x, w, N, IC, OC, prec));
+    OUT(c, "y", 'f', y, sizeof(float) * N * OC);
+}
+
+static void c_matmul_f32(oc *c) { c_matmul(c, QD_PREC_F32); }
+static void c_matmul_bf16(oc *c) { c_matmul(c, QD_PREC_BF16); }
+
+static void c_matmul_backward(oc *c)
+{
+    int N = 37, IC = 72, OC = 45;
+    float *x = F(c, (size_t)N * IC, -1, 1), *w = F(c, (size_t)OC * IC, -1, 1), *dy = F(c, (size_t)N * OC, -1, 1);
+    float *dx = F(c, (size_t)N * IC, -1, 1), *dw = F(c, (size_t)OC * IC, -1, 1);
+    RUN(c, c->ops->matmul_backward(c->dev, dx, dw, dy, x, w, N, IC, OC));
+    OUT(c, "dx", 'f', dx, sizeof(float) * N * IC);
+    OUT(c, "dw", 'f', dw, sizeof(float) * OC * IC);
+}
+
+enum { GE = 4 };
+static const int32_t goff[GE + 1] = {0, 5, 5, 17, 20}; /* expert 1 has no rows */
+
+static void c_matmul_grouped(oc *c)
+{
+    int R = goff[GE], IC = 48, OC = 40;
+    const float *w[GE];
+    float *dw[GE];
+    for (int e = 0; e < GE; e++) {
+        w[e] = F(c, (size_t)OC * IC, -1, 1);
+        dw[e] = F(c, (size_t)OC * IC, -1, 1);
+    }
+    float *x = F(c, (size_t)R * IC, -1, 1), *y = Z(c, sizeof(float) * R * OC), *dy = F(c, (size_t)R * OC, -1, 1);
+    float *dx = F(c, (size_t)R * IC, -1, 1);
+    RUN(c, c->ops->matmul_grouped(c->dev, y, x, w, goff, GE, IC, OC));
+    RUN(c, c->ops->matmul_grouped_backward(c->dev, dx, dw, dy, x, w, goff, GE, IC, OC));
+    OUT(c, "y", 'f', y, sizeof(float) * R * OC);
+    OUT(c, "dx", 'f', dx, sizeof(float) * R * IC);
+    for (int e = 0; e < GE; e++)
+        OUT(c, e == 0 ? "dw0" : e == 1 ? "dw1" : e == 2 ? "dw2" : "dw3", 'f', dw[e], sizeof(float) * OC * IC);
+}
+
+static void c_fp8(oc *c)
+{
+    int M = 6, N = 20, K = 48;
+    float *x = F(c, (size_t)M * K, -3, 3), *w = F(c, (size_t)N * K, -1, 1), *y = Z(c, sizeof(float) * M * N);
+    uint8_t *qa = Z(c, (size_t)M * K), *qw = Z(c, (size_t)N * K);
+    float *sa = Z(c, sizeof(float) * M), *sw = Z(c, sizeof(float) * N);
+    RUN(c, c->ops->fp8_quantize_rows(c->dev, qa, sa, x, M, K));
+    RUN(c, c->ops->fp8_quantize_rows(c->dev, qw, sw, w, N, K));
+    RUN(c, c->ops->fp8_gemm(c->dev, y, qa, sa, qw, sw, M, N, K));
+    OUT(c, "qa", 'b', qa, (size_t)M * K);
+    OUT(c, "sa", 'f', sa, sizeof(float) * M);
+    OUT(c, "y", 'f', y, sizeof(float) * M * N);
+}
+
+static void c_fp8_grouped(oc *c)
+{
+    int R = goff[GE], N = 24, K = 32;
+    const uint8_t *qw[GE];
+    const float *sw[GE];
+    for (int e = 0; e < GE; e++) {
+        float *w = F(c, (size_t)N * K, -1, 1);
+        uint8_t *q = Z(c, (size_t)N * K);
+        float *s = Z(c, sizeof(float) * N);
+        RUN(c, c->ops->fp8_quantize_rows(c->dev, q, s, w, N, K));
+        qw[e] = q;
+        sw[e] = s;
+    }
+    float *x = F(c, (size_t)R * K, -2, 2), *y = Z(c, sizeof(float) * R * N), *sa = Z(c, sizeof(float) * R);
+    uint8_t *qa = Z(c, (size_t)R * K);
+    RUN(c, c->ops->fp8_quantize_rows(c->dev, qa, sa, x, R, K));
+    RUN(c, c->ops->fp8_gemm_grouped(c->dev, y, qa, sa, qw, sw, goff, GE, N, K));
+    OUT(c, "y", 'f', y, sizeof(float) * R * N);
+}
+
+static void c_nvfp4(oc *c)
+{
+    int rows = 7, cols = 96;
+    float *x = F(c, (size_t)rows * cols, -4, 4), *xh = Z(c, sizeof(float) * rows * cols);
+    float *wh = Z(c, sizeof(float) * rows * cols);
+    qd_nvfp4 a = nv(c, rows, cols, 1), w = nv(c, rows, cols, 0);
+    RUN(c, c->ops->nvfp4_quantize(c->dev, &a, x));
+    RUN(c, c->ops->nvfp4_quantize(c->dev, &w, x));
+    RUN(c, c->ops->nvfp4_fake_quant(c->dev, xh, x, rows, cols, 1));
+    RUN(c, c->ops->nvfp4_fake_quant(c->dev, wh, x, rows, cols, 0));
+    if (c->ops->finish)
+        RUN(c, c->ops->finish(c->dev));
+    out_nv(c, "per_row", &a);
+    out_nv(c, "per_tensor", &w);
+    OUT(c, "fake_row", 'f', xh, sizeof(float) * rows * cols);
+    OUT(c, "fake_tensor", 'f', wh, sizeof(float) * rows * cols);
+}
+
+static void c_w4a4(oc *c)
+{
+    int M = 9, N = 40, K = 512;  /* K % 512 == 0: the tensor-core kernel's path */
+    float *x = F(c, (size_t)M * K, -3, 3), *w = F(c, (size_t)N * K, -1, 1), *y = Z(c, sizeof(float) * M * N);
+    qd_nvfp4 a = nv(c, M, K, 1), q = nv(c, N, K, 0);
+    RUN(c, c->ops->nvfp4_quantize(c->dev, &a, x));
+    RUN(c, c->ops->nvfp4_quantize(c->dev, &q, w));
+    RUN(c, c->ops->w4a4_gemm(c->dev, y, &a, &q));
+    OUT(c, "y", 'f', y, sizeof(float) * M * N);
+}
+
+static void c_w4a4_grouped(oc *c)
+{
+    int R = goff[GE], N = 24, K = 64;
+    qd_nvfp4 q[GE];
+    const qd_nvfp4 *wq[GE];
+    for (int e = 0; e < GE; e++) {
+        float *w = F(c, (size_t)N * K, -1, 1);
+        q[e] = nv(c, N, K, 0);
+        RUN(c, c->ops->nvfp4_quantize(c->dev, &q[e], w));
+        wq[e] = &q[e];
+    }
+    float *x = F(c, (size_t)R * K, -2, 2), *y = Z(c, sizeof(float) * R * N);
+    qd_nvfp4 a = nv(c, R, K, 1);
+    RUN(c, c->ops->nvfp4_quantize(c->dev, &a, x));
+    RUN(c, c->ops->w4a4_gemm_grouped(c->dev, y, &a, wq, goff, GE));
+    if (c->ops->finish)
+        RUN(c, c->ops->finish(c->dev));
+    OUT(c, "y", 'f', y, sizeof(float) * R * N);
+}
+
+static void c_rac(oc *c)
+{
+    int rows = 6, K = 64, n = 16, N = 10;
+    float *x = F(c, (size_t)rows * K, -3, 3), *w = F(c, (size_t)N * K, -1, 1);
+    double *err = Z(c, sizeof(double) * K);
+    int64_t *ch = channels(c, K, n);
+    qd_nvfp4 a = nv(c, rows, K + n, 1), q = nv(c, N, K + n, 0);
+    RUN(c, c->ops->rac_error(c->dev, err, x, rows, K));
+    RUN(c, c->ops->rac_error(c->dev, err, w, rows, K));  /* accumulates */
+    RUN(c, c->ops->rac_augment_act(c->dev, &a, x, rows, K, ch, n));
+    RUN(c, c->ops->rac_augment_weight(c->dev, &q, w, N, K, ch, n));
+    if (c->ops->finish)
+        RUN(c, c->ops->finish(c->dev));
+    OUT(c, "err", 'd', err, sizeof(double) * K);
+    out_nv(c, "act", &a);
+    out_nv(c, "weight", &q);
+}
+
+/* RAC over 4 experts (one without rows), each its own channel set */
+static void c_rac_grouped(oc *c)
+{
+    int R = goff[GE], K = 64, n = 16;
+    double *err[GE];
+    const int64_t *ch[GE];
+    for (int e = 0; e < GE; e++) {
+        err[e] = Z(c, sizeof(double) * K);
+        ch[e] = channels(c, K, n);
+    }
+    float *x = F(c, (size_t)R * K, -3, 3);
+    qd_nvfp4 a = nv(c, R, K + n, 1);
+    RUN(c, c->ops->rac_grouped(c->dev, &a, err, ch, goff, GE, x, K, n));
+    RUN(c, c->ops->rac_grouped(c->dev, &a, err, ch, goff, GE, x, K, n));  /* the statistics accumulate */
+    if (c->ops->finish)
+        RUN(c, c->ops->finish(c->dev));
+    out_nv(c, "act", &a);
+    for (int e = 0; e < GE; e++)
+        OUT(c, e == 0 ? "err0" : e == 1 ? "err1" : e == 2 ? "err2" : "err3", 'd', err[e], sizeof(double) * K);
+}
+
+static void c_sqerr_rows(oc *c)
+{
+    int rows = 11, cols = 70;
+    float *x = F(c, (size_t)rows * cols, -2, 2), *xh = F(c, (size_t)rows * cols, -2, 2);
+    double *e = Z(c, sizeof(double) * rows), *r = Z(c, sizeof(double) * rows);
+    RUN(c, c->ops->sqerr_rows(c->dev, e, r, x, xh, rows, cols));
+    OUT(c, "err", 'd', e, sizeof(double) * rows);
+    OUT(c, "norm", 'd', r, sizeof(double) * rows);
+}
+
+/* two sequences of 5 and 3 tokens (prefill layout) */
+static const int32_t a_kbase[8] = {0, 0, 0, 0, 0, 5, 5, 5}, a_pos[8] = {0, 1, 2, 3, 4, 0, 1, 2},
+                     a_slen[8] = {5, 5, 5, 5, 5, 3, 3, 3};
+
+static void c_attend(oc *c)
+{
+    int N = 8, H = 4, KV = 2, D = 16, Tm = 5;
+    float *q = F(c, (size_t)N * H * D, -1, 1), *k = F(c, (size_t)N * KV * D, -1, 1);
+    float *v = F(c, (size_t)N * KV * D, -1, 1), *o = Z(c, sizeof(float) * N * H * D);
+    float *att = Z(c, sizeof(float) * N * H * Tm);
+    RUN(c, c->ops->attend(c->dev, o, att, q, k, v, I(c, a_kbase, N), I(c, a_pos, N), N, H, KV, D, Tm));
+    OUT(c, "out", 'f', o, sizeof(float) * N * H * D);
+    OUT(c, "att", 'f', att, sizeof(float) * N * H * Tm);
+}
+
+/* three cache rows of 6 slots, one query each (decode layout) */
+static void c_attend_decode(oc *c)
+{
+    int N = 3, H = 4, KV = 1, D = 32, Tc = 6, Tm = 6;
+    int32_t kbase[3] = {0, Tc, 2 * Tc}, pos[3] = {4, 0, 5};
+    float *q = F(c, (size_t)N * H * D, -1, 1), *kc = F(c, (size_t)3 * Tc * KV * D, -1, 1);
+    float *vc = F(c, (size_t)3 * Tc * KV * D, -1, 1), *o = Z(c, sizeof(float) * N * H * D);
+    float *att = Z(c, sizeof(float) * N * H * Tm);
+    RUN(c, c->ops->attend(c->dev, o, att, q, kc, vc, I(c, kbase, N), I(c, pos, N), N, H, KV, D, Tm));
+    OUT(c, "out", 'f', o, sizeof(float) * N * H * D);
+}
+
+static void c_attend_backward(oc *c)
+{
+    int N = 8, H = 4, KV = 2, D = 16, Tm = 5;
+    float *q = F(c, (size_t)N * H * D, -1, 1), *k = F(c, (size_t)N * KV * D, -1, 1);
+    float *v = F(c, (size_t)N * KV * D, -1, 1), *o = Z(c, sizeof(float) * N * H * D);
+    float *att = Z(c, sizeof(float) * N * H * Tm), *dout = F(c, (size_t)N * H * D, -1, 1);
+    float *dq = Z(c, sizeof(float) * N * H * D), *dk = Z(c, sizeof(float) * N * KV * D);
+    float *dv = Z(c, sizeof(float) * N * KV * D), *ds = Z(c, sizeof(float) * N * H * Tm);
+    int32_t *pos = I(c, a_pos, N);
+    RUN(c, c->ops->attend(c->dev, o, att, q, k, v, I(c, a_kbase, N), pos, N, H, KV, D, Tm));
+    RUN(c, c->ops->attend_backward(c->dev, dq, dk, dv, ds, dout, att, q, k, v, pos, I(c, a_slen, N), N, H, KV, D,
+                                   Tm));
+    OUT(c, "dq", 'f', dq, sizeof(float) * N * H * D);
+    OUT(c, "dk", 'f', dk, sizeof(float) * N * KV * D);
+    OUT(c, "dv", 'f', dv, sizeof(float) * N * KV * D);
+}
+
+static void c_store_kv(oc *c)
+{
+    int N = 4, Tc = 5, KD = 24;
+    int32_t row[4] = {1, 0, 1, 2}, pos[4] = {0, 3, 4, 1};
+    float *kr = F(c, (size_t)N * KD, -1, 1), *v = F(c, (size_t)N * KD, -1, 1);
+    float *kc = Z(c, sizeof(float) * 3 * Tc * KD), *vc = Z(c, sizeof(float) * 3 * Tc * KD);
+    RUN(c, c->ops->store_kv(c->dev, kc, vc, kr, v, I(c, row, N), I(c, pos, N), N, Tc, KD));
+    OUT(c, "kc", 'f', kc, sizeof(float) * 3 * Tc * KD);
+    OUT(c, "vc", 'f', vc, sizeof(float) * 3 * Tc * KD);
+}
+
+static void c_route(oc *c, int norm)
+{
+    int N = 13, E = 16, K = 4;
+    float *p = F(c, (size_t)N * E, -3, 3), *tw = Z(c, sizeof(float) * N * K);
+    int32_t *tk = Z(c, sizeof(int32_t) * N * K);
+    RUN(c, c->ops->route(c->dev, tk, tw, p, N, E, K, norm));
+    OUT(c, "probs", 'f', p, sizeof(float) * N * E);
+    OUT(c, "topk", 'i', tk, sizeof(int32_t) * N * K);
+    OUT(c, "topw", 'f', tw, sizeof(float) * N * K);
+}
+
+static void c_route_norm(oc *c) { c_route(c, 1); }
+static void c_route_raw(oc *c) { c_route(c, 0); }
+
+static void c_moe_group(oc *c)
+{
+    enum { N = 11, E = 8, K = 3 };
+    int32_t topk[N * K], exp_off[E + 1];
+    float topw[N * K];
+    routing(c, topk, topw, N, E, K);
+    int32_t *rt = Z(c, sizeof(int32_t) * N * K), *rr = Z(c, sizeof(int32_t) * N * K);
+    int32_t *tr = Z(c, sizeof(int32_t) * N * K);
+    float *rw = Z(c, sizeof(float) * N * K);
+    RUN(c, c->ops->moe_group(c->dev, exp_off, rt, rw, rr, tr, I(c, topk, N * K), up(c, topw, sizeof topw), N, E, K));
+    OUT_HOST(c, "exp_off", 'i', exp_off, sizeof exp_off);
+    OUT(c, "row_tok", 'i', rt, sizeof(int32_t) * N * K);
+    OUT(c, "row_w", 'f', rw, sizeof(float) * N * K);
+    OUT(c, "row_rank", 'i', rr, sizeof(int32_t) * N * K);
+    OUT(c, "tok_rows", 'i', tr, sizeof(int32_t) * N * K);
+}
+
+/* gather, swiglu and its backward, combine, moe_dy, unroute, router_backward
+ * over one valid routing of N tokens */
+static void c_moe_rows(oc *c)
+{
+    enum { N = 9, E = 6, K = 2, C = 40, R = N * K };
+    int32_t topk[N * K], tok_rows[R], row_rank[R], exp_off[E + 1], row_tok[R];
+    float topw[N * K];
+    routing(c, topk, topw, N, E, K);
+    rows_of(tok_rows, row_rank, exp_off, topk, topw, N, E, K);
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < K; j++)
+            row_tok[tok_rows[n * K + j]] = n;
+    float *x = F(c, (size_t)N * C, -1, 1), *xe = Z(c, sizeof(float) * R * C);
+    float *g = F(c, (size_t)R * C, -4, 4), *u = F(c, (size_t)R * C, -2, 2), *h = Z(c, sizeof(float) * R * C);
+    float *dh = F(c, (size_t)R * C, -1, 1), *dg = Z(c, sizeof(float) * R * C), *du = Z(c, sizeof(float) * R * C);
+    float *rw = F(c, R, 0.1f, 1), *out = Z(c, sizeof(float) * N * C), *dout = F(c, (size_t)N * C, -1, 1);
+    float *dy = Z(c, sizeof(float) * R * C), *dwt = Z(c, sizeof(float) * N * K), *dinp = F(c, (size_t)N * C, -1, 1);
+    float *probs = F(c, (size_t)N * E, 0.01f, 0.3f), *dlog = Z(c, sizeof(float) * N * E);
+    int32_t *dtr = I(c, tok_rows, R), *drr = I(c, row_rank, R), *dtk = I(c, topk, N * K);
+    float *dtw = up(c, topw, sizeof topw);
+    RUN(c, c->ops->gather(c->dev, xe, x, I(c, row_tok, R), R, C));
+    RUN(c, c->ops->swiglu(c->dev, h, g, u, (size_t)R * C));
+    RUN(c, c->ops->swiglu_backward(c->dev, dg, du, dh, g, u, (size_t)R * C));
+    RUN(c, c->ops->combine(c->dev, out, h, rw, dtr, N, K, C));
+    RUN(c, c->ops->moe_dy(c->dev, dy, dwt, dout, h, rw, drr, dtr, N, K, C));
+    RUN(c, c->ops->unroute(c->dev, dinp, dy, dtr, N, K, C));
+    RUN(c, c->ops->router_backward(c->dev, dlog, dwt, probs, dtk, dtw, N, E, K, 1));
+    OUT(c, "gather", 'f', xe, sizeof(float) * R * C);
+    OUT(c, "swiglu", 'f', h, sizeof(float) * R * C);
+    OUT(c, "dg", 'f', dg, sizeof(float) * R * C);
+    OUT(c, "du", 'f', du, sizeof(float) * R * C);
+    OUT(c, "combine", 'f', out, sizeof(float) * N * C);
+    OUT(c, "moe_dy", 'f', dy, sizeof(float) * R * C);
+    OUT(c, "dwt", 'f', dwt, sizeof(float) * N * K);
+    OUT(c, "unroute", 'f', dinp, sizeof(float) * N * C);
+}
+
+static void c_router_backward(oc *c, int renorm)
+{
+    enum { N = 7, E = 10, K = 3 };
+    int32_t topk[N * K];
+    float topw[N * K], p[N * E];
+    routing(c, topk, topw, N, E, K);
+    for (int n = 0; n < N; n++) {  /* a softmax row */
+        float s = 0;
+        for (int e = 0; e < E; e++)
+            s += p[n * E + e] = unif(c, 0.1f, 1);
+        for (int e = 0; e < E; e++)
+            p[n * E + e] /= s;
+    }
+    float *dlog = Z(c, sizeof(float) * N * E), *dwt = F(c, N * K, -1, 1);
+    RUN(c, c->ops->router_backward(c->dev, dlog, dwt, up(c, p, sizeof p), I(c, topk, N * K), up(c, topw, sizeof topw),
+                                   N, E, K, renorm));
+    OUT(c, "dlog", 'f', dlog, sizeof(float) * N * E);
+}
+
+static void c_router_backward_renorm(oc *c) { c_router_backward(c, 1); }
+static void c_router_backward_raw(oc *c) { c_router_backward(c, 0); }
+
+static void c_logprob(oc *c, float T)
+{
+    int N = 6, V = 300;
+    int32_t tgt[6] = {5, -1, 299, 0, 17, -1};
+    float *l = F(c, (size_t)N * V, -8, 8), *lp = Z(c, sizeof(float) * N), *lse = Z(c, sizeof(float) * N);
+    float *dl = Z(c, sizeof(float) * N * V), *dlp = F(c, N, -1, 1);
+    int32_t *dt = I(c, tgt, N);
+    RUN(c, c->ops->logprob(c->dev, lp, lse, l, dt, N, V, T));
+    RUN(c, c->ops->logprob_backward(c->dev, dl, dlp, l, lse, dt, N, V, T));
+    OUT(c, "logp", 'f', lp, sizeof(float) * N);
+    OUT(c, "lse", 'f', lse, sizeof(float) * N);
+    OUT(c, "dlogits", 'f', dl, sizeof(float) * N * V);
+}
+
+static void c_logprob_t1(oc *c) { c_logprob(c, 1.0f); }
+static void c_logprob_t07(oc *c) { c_logprob(c, 0.7f); }
+
+static void c_sample(oc *c, int V, qd_sample_params sp)
+{
+    enum { B = 5 };
+    uint64_t sid[B] = {1, 2, 3, 2, 99};
+    uint32_t pos[B] = {4, 4, 9, 5, 0};
+    float *l = F(c, (size_t)B * V, -6, 6);
+    qd_sample_result r[B];
+    RUN(c, c->ops->sample(c->dev, r, l, B, V, &sp, sid, pos));
+    OUT_HOST(c, "results", 'b', r, sizeof r);
+}
+
+static void c_sample_cut(oc *c)
+{
+    c_sample(c, 300, (qd_sample_params){.temperature = 0.8f, .top_k = 50, .top_p = 0.9f, .seed = 7});
+}
+
+static void c_sample_full(oc *c)
+{
+    c_sample(c, 5000, (qd_sample_params){.temperature = 1.0f, .top_p = 1.0f, .seed = 11});
+}
+
+static void c_sample_hot(oc *c)
+{
+    c_sample(c, 300, (qd_sample_params){.temperature = 1.3f, .top_p = 1.0f, .seed = 12});
+}
+
+static void c_sample_greedy(oc *c)
+{
+    c_sample(c, 2100, (qd_sample_params){.temperature = 0.0f, .top_k = 5, .top_p = 0.5f, .seed = 13});
+}
+
+static void c_sumsq_adamw(oc *c)
+{
+    size_t n = 10000, nch = (n + 4095) / 4096;
+    float *g = F(c, n, -1, 1), *p = F(c, n, -1, 1), *m = F(c, n, -0.1f, 0.1f), *v = F(c, n, 0, 0.01f);
+    double *part = Z(c, sizeof(double) * nch);
+    qd_adamw o = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_clip = 1};
+    RUN(c, c->ops->sumsq_chunks(c->dev, part, g, n));
+    RUN(c, c->ops->adamw(c->dev, p, g, m, v, n, &o, 0.1f, 0.5f, 0.1f, 0.0975f));
+    OUT(c, "chunks", 'd', part, sizeof(double) * nch);
+    OUT(c, "p", 'f', p, sizeof(float) * n);
+    OUT(c, "m", 'f', m, sizeof(float) * n);
+    OUT(c, "v", 'f', v, sizeof(float) * n);
+}
+
+typedef struct {
+    qd_op_case_info info;
+    void (*run)(oc *c);
+} op_case;
+
+static const op_case cases[] = {
+    {{"round_bf16 1001", "round_bf16", 0}, c_round_bf16},
+    {{"add 777", "add", 0}, c_add},
+    {{"embed+backward 9x64 V50", "embed", 0}, c_embed},
+    {{"rmsnorm+backward 9x80", "rmsnorm", 0}, c_rmsnorm},
+    {{"rope fwd+inverse 5x3x16", "rope", 0}, c_rope},
+    {{"matmul f32 37x72x45", "matmul", 1}, c_matmul_f32},
+    {{"matmul bf16 37x72x45", "matmul", 1}, c_matmul_bf16},
+    {{"matmul_backward 37x72x45", "matmul_backward", 1}, c_matmul_backward},
+    {{"matmul_grouped+bwd 4 experts", "matmul_grouped", 0}, c_matmul_grouped},
+    {{"fp8 quantize+gemm 6x20x48", "fp8_gemm", 1}, c_fp8},
+    {{"fp8_gemm_grouped 4 experts", "fp8_gemm_grouped", 0}, c_fp8_grouped},
+    {{"nvfp4 quantize+fake 7x96", "nvfp4_quantize", 0}, c_nvfp4},
+    {{"w4a4_gemm 9x40x512", "w4a4_gemm", 1}, c_w4a4},
+    {{"w4a4_gemm_grouped 4 experts", "w4a4_gemm_grouped", 0}, c_w4a4_grouped},
+    {{"rac error+augment 6x64+16", "rac_augment_act", 0}, c_rac},
+    {{"rac_grouped 4 experts 64+16", "rac_grouped", 0}, c_rac_grouped},
+    {{"sqerr_rows 11x70", "sqerr_rows", 0}, c_sqerr_rows},
+    {{"attend prefill 2 seqs", "attend", 1}, c_attend},
+    {{"attend decode 3 rows", "attend", 1}, c_attend_decode},
+    {{"attend_backward 2 seqs", "attend_backward", 1}, c_attend_backward},
+    {{"store_kv 4 tokens", "store_kv", 0}, c_store_kv},
+    {{"route renorm 13x16 k4", "route", 0}, c_route_norm},
+    {{"route raw 13x16 k4", "route", 0}, c_route_raw},
+    {{"moe_group 11x8 k3", "moe_group", 0}, c_moe_group},
+    {{"moe rows 9x6 k2", "combine", 0}, c_moe_rows},
+    {{"router_backward renorm", "router_backward", 0}, c_router_backward_renorm},
+    {{"router_backward raw", "router_backward", 0}, c_router_backward_raw},
+    {{"logprob+bwd T=1", "logprob", 0}, c_logprob_t1},
+    {{"logprob+bwd T=0.7", "logprob", 0}, c_logprob_t07},
+    {{"sample top-k/top-p 5x300", "sample", 0}, c_sample_cut},
+    {{"sample full 5x5000 T=1", "sample", 0}, c_sample_full},
+    {{"sample full 5x300 T=1.3", "sample", 0}, c_sample_hot},
+    {{"sample greedy 5x2100", "sample", 0}, c_sample_greedy},
+    {{"sumsq_chunks+adamw 10000", "adamw", 0}, c_sumsq_adamw},
+};
+
+int qd_op_case_count(void) { return (int)(sizeof cases / sizeof cases[0]); }
+
+qd_op_case_info qd_op_case(int i) { return cases[i].info; }
+
+qd_status qd_op_case_run(int i, const qd_ops *ops, void *dev, uint64_t seed, qd_op_result *res)
+{
+    oc c = {.ops = ops, .dev = dev, .rng = seed * 0x9e3779b97f4a7c15ULL + (uint64_t)i, .res = res};
+    memset(res, 0, sizeof *res);
+    cases[i].run(&c);
+    if (!c.st && ops->finish)
+        c.st = ops->finish(dev);
+    for (int k = 0; k < c.nmem; k++)
+        ops->release(dev, c.mem[k]);
+    return c.st;
+}
+
+void qd_op_result_free(qd_op_result *res)
+{
+    for (int k = 0; k < res->nout; k++)
+        free(res->out[k].data);
+    res->nout = 0;
+}
+
+/* max |a - b| / max(max |b|, 1e-30) over one float or double output */
+static double rel_err(const qd_op_output *a, const qd_op_output *b)
+{
+    size_t n = a->bytes / (a->kind == 'd' ? sizeof(double) : sizeof(float));
+    double mx = 0, ref = 0;
+    for (size_t i = 0; i < n; i++) {
+        double x = a->kind == 'd' ? ((const double *)a->data)[i] : ((const float *)a->data)[i];
+        double y = b->kind == 'd' ? ((const double *)b->data)[i] : ((const float *)b->data)[i];
+        if (!(fabs(x - y) <= mx))
+            mx = isnan(x - y) ? INFINITY : fabs(x - y);
+        if (fabs(y) > ref)
+            ref = fabs(y);
+    }
+    return mx / (ref > 1e-30 ? ref : 1e-30);
+}
+
+int qd_op_result_compare(const qd_op_result *a, const qd_op_result *b, double bound, double *err, char *what)
+{
+    *err = 0;
+    what[0] = 0;
+    if (a->nout != b->nout) {
+        snprintf(what, 64, "output count %d vs %d", a->nout, b->nout);
+        return 0;
+    }
+    int ok = 1;
+    for (int k = 0; k < a->nout; k++) {
+        const qd_op_output *x = &a->out[k], *y = &b->out[k];
+        int same = x->bytes == y->bytes && memcmp(x->data, y->data, x->bytes) == 0;
+        double e = 0;
+        if (!same && x->bytes == y->bytes && (x->kind == 'f' || x->kind == 'd'))
+            e = rel_err(x, y);
+        else if (!same)
+            e = INFINITY;
+        if (e > *err)
+            *err = e;
+        int pass = same || (bound >= 0 && e <= bound);
+        if (!pass && ok)
+            snprintf(what, 64, "%s", x->name);
+        ok &= pass;
+    }
+    return ok;
+}

@@ -1,0 +1,461 @@
+/* The CPU ops of backends/ops.h (backends/cpu/cpu_ops.c) against references
+ * written here from each op's definition: the products and the MoE row ops
+ * bit for bit against plain loops in the documented order (NUMERICS.md §6),
+ * the transcendental ones against double-precision math within a stated
+ * relative error; and every op case of tests/op_cases.c giving the same bytes
+ * at 1 and 3 threads. The GPU half (CUDA vs these ops) is tests/gpu/check_ops. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "tests/suites.h"
+#include "tests/op_cases.h"
+#include "backends/exact_math.h"
+#include "backends/layout.h"
+#include "quant/splitmix64.h"
+
+static const qd_ops *O;
+static void *dev1;
+
+static void setup(void)
+{
+    O = qd_cpu_ops();
+    dev1 = qd_cpu_dev_new(1);
+}
+
+static void teardown(void) { free(dev1); }
+
+static float *rnd(size_t n, float lo, float hi, uint64_t seed)
+{
+    float *x = malloc(sizeof(float) * n);
+    uint64_t s = seed;
+    for (size_t i = 0; i < n; i++)
+        x[i] = lo + (hi - lo) * (float)qd_splitmix64_unit(&s);
+    return x;
+}
+
+static void assert_bits(const float *a, const float *b, size_t n, const char *what)
+{
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg(memcmp(&a[i], &b[i], sizeof(float)) == 0, "%s[%zu]: %.9g vs reference %.9g", what, i,
+                      (double)a[i], (double)b[i]);
+}
+
+static void assert_close(const float *a, const double *ref, size_t n, double bound, const char *what)
+{
+    double mx = 0, err = 0;
+    for (size_t i = 0; i < n; i++)
+        mx = fmax(mx, fabs(ref[i]));
+    for (size_t i = 0; i < n; i++)
+        err = fmax(err, fabs((double)a[i] - ref[i]));
+    ck_assert_msg(err <= bound * fmax(mx, 1e-30), "%s: max error %.3g relative to %.3g > %.1g", what, err, mx, bound);
+}
+
+/* the products: acc = 0, acc += a_k b_k, k ascending */
+START_TEST(test_matmul_definition)
+{
+    int N = 37, IC = 72, OC = 45;
+    float *x = rnd((size_t)N * IC, -1, 1, 1), *w = rnd((size_t)OC * IC, -1, 1, 2), *dy = rnd((size_t)N * OC, -1, 1, 3);
+    float *y = malloc(sizeof(float) * N * OC), *ref = malloc(sizeof(float) * N * OC);
+    float *dx = calloc((size_t)N * IC, sizeof(float)), *dw = calloc((size_t)OC * IC, sizeof(float));
+    float *rdx = malloc(sizeof(float) * N * IC), *rdw = malloc(sizeof(float) * OC * IC);
+    ck_assert_int_eq(O->matmul(dev1, y, x, w, N, IC, OC, QD_PREC_F32), QD_OK);
+    ck_assert_int_eq(O->matmul_backward(dev1, dx, dw, dy, x, w, N, IC, OC), QD_OK);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            float acc = 0;
+            for (int i = 0; i < IC; i++)
+                acc += x[n * IC + i] * w[o * IC + i];
+            ref[n * OC + o] = acc;
+        }
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < IC; i++) {
+            float acc = 0;
+            for (int o = 0; o < OC; o++)
+                acc += dy[n * OC + o] * w[o * IC + i];
+            rdx[n * IC + i] = 0.0f + acc;
+        }
+    for (int o = 0; o < OC; o++)
+        for (int i = 0; i < IC; i++) {
+            float acc = 0;
+            for (int n = 0; n < N; n++)
+                acc += dy[n * OC + o] * x[n * IC + i];
+            rdw[o * IC + i] = 0.0f + acc;
+        }
+    assert_bits(y, ref, (size_t)N * OC, "matmul");
+    assert_bits(dx, rdx, (size_t)N * IC, "matmul_backward dinp");
+    assert_bits(dw, rdw, (size_t)OC * IC, "matmul_backward dw");
+    /* grouped: one matmul per group, an empty group included */
+    int32_t off[4] = {0, 10, 10, N};
+    const float *ws[3] = {w, w, rnd((size_t)OC * IC, -1, 1, 4)};
+    float *yg = malloc(sizeof(float) * N * OC);
+    ck_assert_int_eq(O->matmul_grouped(dev1, yg, x, ws, off, 3, IC, OC), QD_OK);
+    ck_assert_int_eq(O->matmul(dev1, ref + 10 * OC, x + 10 * IC, ws[2], N - 10, IC, OC, QD_PREC_F32), QD_OK);
+    assert_bits(yg, ref, (size_t)N * OC, "matmul_grouped");
+    free((void *)ws[2]);
+    free(x), free(w), free(dy), free(y), free(ref), free(dx), free(dw), free(rdx), free(rdw), free(yg);
+}
+END_TEST
+
+/* grouped quantized products: the quant/ product per group */
+START_TEST(test_grouped_quant_definition)
+{
+    int R = 20, N = 24, K = 64;
+    int32_t off[4] = {0, 7, 7, R};
+    float *x = rnd((size_t)R * K, -2, 2, 5), *w[3], *y = malloc(sizeof(float) * R * N);
+    float *ref = malloc(sizeof(float) * R * N);
+    qd_nvfp4 a, q[3];
+    const qd_nvfp4 *qp[3];
+    ck_assert_int_eq(qd_nvfp4_alloc(&a, R, K, 1), QD_OK);
+    ck_assert_int_eq(qd_nvfp4_quantize(&a, x), QD_OK);
+    uint8_t *qa = malloc((size_t)R * K), *qw[3];
+    float *sa = malloc(sizeof(float) * R), *sw[3];
+    ck_assert_int_eq(qd_fp8_quantize_rows(qa, sa, x, R, K), QD_OK);
+    for (int e = 0; e < 3; e++) {
+        w[e] = rnd((size_t)N * K, -1, 1, 10 + e);
+        ck_assert_int_eq(qd_nvfp4_alloc(&q[e], N, K, 0), QD_OK);
+        ck_assert_int_eq(qd_nvfp4_quantize(&q[e], w[e]), QD_OK);
+        qp[e] = &q[e];
+        qw[e] = malloc((size_t)N * K);
+        sw[e] = malloc(sizeof(float) * N);
+        ck_assert_int_eq(qd_fp8_quantize_rows(qw[e], sw[e], w[e], N, K), QD_OK);
+    }
+    ck_assert_int_eq(O->w4a4_gemm_grouped(dev1, y, &a, qp, off, 3), QD_OK);
+    for (int e = 0; e < 3; e++) {
+        int m = off[e + 1] - off[e];
+        if (!m)
+            continue;
+        qd_nvfp4 ae;
+        ck_assert_int_eq(qd_nvfp4_alloc(&ae, m, K, 1), QD_OK);
+        ck_assert_int_eq(qd_nvfp4_quantize(&ae, x + (size_t)off[e] * K), QD_OK);
+        ck_assert_int_eq(qd_w4a4_gemm(ref + (size_t)off[e] * N, &ae, &q[e]), QD_OK);
+        qd_nvfp4_free(&ae);
+    }
+    assert_bits(y, ref, (size_t)R * N, "w4a4_gemm_grouped");
+    ck_assert_int_eq(O->fp8_gemm_grouped(dev1, y, qa, sa, (const uint8_t *const *)qw, (const float *const *)sw, off, 3,
+                                         N, K), QD_OK);
+    for (int e = 0; e < 3; e++)
+        if (off[e + 1] > off[e])
+            qd_fp8_gemm(ref + (size_t)off[e] * N, qa + (size_t)off[e] * K, sa + off[e], qw[e], sw[e],
+                        off[e + 1] - off[e], N, K);
+    assert_bits(y, ref, (size_t)R * N, "fp8_gemm_grouped");
+    for (int e = 0; e < 3; e++) {
+        free(w[e]), free(qw[e]), free(sw[e]);
+        qd_nvfp4_free(&q[e]);
+    }
+    qd_nvfp4_free(&a);
+    free(x), free(y), free(ref), free(qa), free(sa);
+}
+END_TEST
+
+/* RAC over experts: quant/'s statistics and augmentation of each expert's rows */
+START_TEST(test_rac_grouped_definition)
+{
+    int R = 20, K = 64, n = 16;
+    int32_t off[4] = {0, 7, 7, R};
+    float *x = rnd((size_t)R * K, -3, 3, 70);
+    double err[3][64] = {{0}}, ref[3][64] = {{0}};
+    int64_t ch[3][16];
+    for (int e = 0; e < 3; e++)
+        for (int i = 0; i < n; i++)
+            ch[e][i] = 4 * i + e;
+    double *errp[3] = {err[0], err[1], err[2]};
+    const int64_t *chp[3] = {ch[0], ch[1], ch[2]};
+    qd_nvfp4 a, b;
+    ck_assert_int_eq(qd_nvfp4_alloc(&a, R, K + n, 1), QD_OK);
+    ck_assert_int_eq(O->rac_grouped(dev1, &a, errp, chp, off, 3, x, K, n), QD_OK);
+    for (int e = 0; e < 3; e++) {
+        int m = off[e + 1] - off[e];
+        if (!m)
+            continue;
+        ck_assert_int_eq(qd_rac_error_accumulate(ref[e], x + (size_t)off[e] * K, m, K), QD_OK);
+        ck_assert_int_eq(qd_nvfp4_alloc(&b, m, K + n, 1), QD_OK);
+        ck_assert_int_eq(qd_rac_augment_act(&b, x + (size_t)off[e] * K, m, K, ch[e], n), QD_OK);
+        ck_assert_mem_eq(a.codes + (size_t)off[e] * (K + n) / 2, b.codes, (size_t)m * (K + n) / 2);
+        ck_assert_mem_eq(a.scales + (size_t)off[e] * (K + n) / 16, b.scales, (size_t)m * (K + n) / 16);
+        ck_assert_mem_eq(a.s_dec + off[e], b.s_dec, sizeof(float) * m);
+        qd_nvfp4_free(&b);
+    }
+    ck_assert_mem_eq(err, ref, sizeof err);
+    ck_assert(err[0][0] > 0 && err[1][0] == 0);  /* expert 1 has no rows */
+    qd_nvfp4_free(&a);
+    free(x);
+}
+END_TEST
+
+/* rmsnorm, rope, swiglu against double math */
+START_TEST(test_elementwise_double)
+{
+    int rows = 9, C = 80;
+    float *x = rnd((size_t)rows * C, -2, 2, 20), *w = rnd(C, 0.5f, 1.5f, 21), *y = malloc(sizeof(float) * rows * C);
+    float *r = malloc(sizeof(float) * rows);
+    double *ref = malloc(sizeof(double) * rows * C * 2);
+    ck_assert_int_eq(O->rmsnorm(dev1, y, r, x, w, rows, C, 1e-6f), QD_OK);
+    for (int n = 0; n < rows; n++) {
+        double ss = 0;
+        for (int i = 0; i < C; i++)
+            ss += (double)x[n * C + i] * x[n * C + i];
+        double rs = 1.0 / sqrt(ss / C + 1e-6);
+        for (int i = 0; i < C; i++)
+            ref[n * C + i] = w[i] * x[n * C + i] * rs;
+    }
+    assert_close(y, ref, (size_t)rows * C, 1e-6, "rmsnorm");
+    /* rope: a rotation by the table's (cos, sin) per pair (i, i + D/2) */
+    int N = 3, nh = 2, D = 8;
+    int32_t pos[3] = {2, 0, 1};
+    float cs[12], sn[12];
+    for (int p = 0; p < 3; p++)
+        for (int i = 0; i < D / 2; i++) {
+            cs[p * 4 + i] = (float)cos(0.3 * (p + 1) * (i + 1));
+            sn[p * 4 + i] = (float)sin(0.3 * (p + 1) * (i + 1));
+        }
+    float *q = rnd((size_t)N * nh * D, -1, 1, 22), *q0 = malloc(sizeof(float) * N * nh * D);
+    memcpy(q0, q, sizeof(float) * N * nh * D);
+    ck_assert_int_eq(O->rope(dev1, q, pos, cs, sn, N, nh, D, 0), QD_OK);
+    for (int n = 0; n < N; n++)
+        for (int h = 0; h < nh; h++)
+            for (int i = 0; i < D / 2; i++) {
+                const float *a = q0 + (n * nh + h) * D;
+                double c = cs[pos[n] * 4 + i], s = sn[pos[n] * 4 + i];
+                ref[(n * nh + h) * D + i] = a[i] * c - a[i + D / 2] * s;
+                ref[(n * nh + h) * D + i + D / 2] = a[i + D / 2] * c + a[i] * s;
+            }
+    assert_close(q, ref, (size_t)N * nh * D, 1e-6, "rope");
+    ck_assert_int_eq(O->rope(dev1, q, pos, cs, sn, N, nh, D, 1), QD_OK); /* the inverse rotation */
+    for (int i = 0; i < N * nh * D; i++)
+        ref[i] = q0[i];
+    assert_close(q, ref, (size_t)N * nh * D, 1e-6, "rope inverse");
+    /* swiglu h = silu(g) u */
+    size_t n = 500;
+    float *g = rnd(n, -8, 8, 23), *u = rnd(n, -2, 2, 24), *h = malloc(sizeof(float) * n);
+    ck_assert_int_eq(O->swiglu(dev1, h, g, u, n), QD_OK);
+    for (size_t i = 0; i < n; i++)
+        ref[i] = g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+    assert_close(h, ref, n, 1e-6, "swiglu");
+    free(x), free(w), free(y), free(r), free(ref), free(q), free(q0), free(g), free(u), free(h);
+}
+END_TEST
+
+/* attention: softmax(q.k / sqrt(D)) v over keys 0..pos, GQA head mapping */
+START_TEST(test_attend_double)
+{
+    int N = 8, H = 4, KV = 2, D = 16, Tm = 5, KD = KV * D;
+    int32_t kbase[8] = {0, 0, 0, 0, 0, 5, 5, 5}, pos[8] = {0, 1, 2, 3, 4, 0, 1, 2};
+    float *q = rnd((size_t)N * H * D, -1, 1, 30), *k = rnd((size_t)N * KD, -1, 1, 31), *v = rnd((size_t)N * KD, -1, 1, 32);
+    float *o = malloc(sizeof(float) * N * H * D), *att = malloc(sizeof(float) * N * H * Tm);
+    double *ref = malloc(sizeof(double) * N * H * D);
+    ck_assert_int_eq(O->attend(dev1, o, att, q, k, v, kbase, pos, N, H, KV, D, Tm), QD_OK);
+    for (int n = 0; n < N; n++)
+        for (int h = 0; h < H; h++) {
+            int kh = h / (H / KV);
+            double p[8], mx = -1e300, sum = 0;
+            for (int s = 0; s <= pos[n]; s++) {
+                double dot = 0;
+                for (int i = 0; i < D; i++)
+                    dot += (double)q[(n * H + h) * D + i] * k[(kbase[n] + s) * KD + kh * D + i];
+                p[s] = dot / sqrt((double)D);
+                mx = fmax(mx, p[s]);
+            }
+            for (int s = 0; s <= pos[n]; s++)
+                sum += p[s] = exp(p[s] - mx);
+            for (int i = 0; i < D; i++) {
+                double acc = 0;
+                for (int s = 0; s <= pos[n]; s++)
+                    acc += p[s] / sum * v[(kbase[n] + s) * KD + kh * D + i];
+                ref[(n * H + h) * D + i] = acc;
+            }
+        }
+    assert_close(o, ref, (size_t)N * H * D, 2e-6, "attend");
+    free(q), free(k), free(v), free(o), free(att), free(ref);
+}
+END_TEST
+
+/* router softmax and top-k; log-probs against a double log-softmax */
+START_TEST(test_route_logprob_double)
+{
+    int N = 13, E = 16, K = 4, V = 300;
+    float *p = rnd((size_t)N * E, -3, 3, 40), *l0 = malloc(sizeof(float) * N * E), tw[13 * 4];
+    int32_t tk[13 * 4];
+    memcpy(l0, p, sizeof(float) * N * E);
+    ck_assert_int_eq(O->route(dev1, tk, tw, p, N, E, K, 1), QD_OK);
+    for (int n = 0; n < N; n++) {
+        double mx = -1e300, s = 0, e[16], kept = 0;
+        for (int j = 0; j < E; j++)
+            mx = fmax(mx, l0[n * E + j]);
+        for (int j = 0; j < E; j++)
+            s += e[j] = exp(l0[n * E + j] - mx);
+        for (int j = 0; j < E; j++)
+            ck_assert_double_le(fabs(p[n * E + j] - e[j] / s), 1e-6);
+        for (int j = 0; j < K; j++) {  /* rank j: the j-th largest */
+            int above = 0;
+            for (int i = 0; i < E; i++)
+                above += l0[n * E + i] > l0[n * E + tk[n * K + j]];
+            ck_assert_int_eq(above, j);
+            kept += e[tk[n * K + j]];
+        }
+        for (int j = 0; j < K; j++)
+            ck_assert_double_le(fabs(tw[n * K + j] - e[tk[n * K + j]] / kept), 1e-6);
+    }
+    float *lg = rnd((size_t)6 * V, -8, 8, 41), lp[6], lse[6];
+    int32_t tgt[6] = {5, -1, 299, 0, 17, -1};
+    for (int t = 0; t < 2; t++) {
+        float T = t ? 0.7f : 1.0f;
+        ck_assert_int_eq(O->logprob(dev1, lp, lse, lg, tgt, 6, V, T), QD_OK);
+        for (int n = 0; n < 6; n++) {
+            double mx = -1e300, s = 0;
+            for (int j = 0; j < V; j++)
+                mx = fmax(mx, lg[n * V + j] / (double)T);
+            for (int j = 0; j < V; j++)
+                s += exp(lg[n * V + j] / (double)T - mx);
+            double ref = tgt[n] < 0 ? 0 : lg[n * V + tgt[n]] / (double)T - mx - log(s);
+            ck_assert_msg(fabs(lp[n] - ref) <= 2e-6 * fmax(1, fabs(ref)), "logprob T=%g row %d: %g vs %g", (double)T,
+                          n, (double)lp[n], ref);
+        }
+    }
+    free(p), free(l0), free(lg);
+}
+END_TEST
+
+/* combine, unroute and moe_dy: loops over each token's rows in rank order */
+START_TEST(test_moe_rows_definition)
+{
+    enum { N = 9, E = 6, K = 2, C = 40, R = N * K };
+    int32_t topk[N * K], tok_rows[R], row_rank[R], row_tok[R], exp_off[E + 1], cnt[E];
+    float topw[N * K], row_w[R];
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < K; j++) {
+            topk[n * K + j] = (n + 3 * j) % E;
+            topw[n * K + j] = 0.25f + 0.5f * j;
+        }
+    ck_assert_int_eq(O->moe_group(dev1, exp_off, row_tok, row_w, row_rank, tok_rows, topk, topw, N, E, K), QD_OK);
+    int32_t r_off[E + 1], r_tok[R], r_rank[R], r_rows[R];
+    float r_w[R];
+    qd_moe_group(r_off, r_tok, r_w, r_rank, r_rows, cnt, topk, topw, N, E, K);
+    ck_assert_mem_eq(exp_off, r_off, sizeof r_off);
+    ck_assert_mem_eq(row_tok, r_tok, sizeof r_tok);
+    ck_assert_mem_eq(tok_rows, r_rows, sizeof r_rows);
+    for (int e = 0; e < E; e++)  /* rows grouped by expert, tokens ascending */
+        for (int r = exp_off[e]; r < exp_off[e + 1]; r++) {
+            ck_assert_int_eq(topk[row_tok[r] * K + row_rank[r]], e);
+            ck_assert(r == exp_off[e] || row_tok[r - 1] < row_tok[r]);
+        }
+    float *y = rnd((size_t)R * C, -1, 1, 50), out[N * C], ref[N * C], dout[N * C], dy[R * C], dwt[N * K];
+    ck_assert_int_eq(O->combine(dev1, out, y, row_w, tok_rows, N, K, C), QD_OK);
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < C; i++) {
+            float acc = 0;
+            for (int j = 0; j < K; j++)
+                acc += y[tok_rows[n * K + j] * C + i] * row_w[tok_rows[n * K + j]];
+            ref[n * C + i] = acc;
+        }
+    assert_bits(out, ref, (size_t)N * C, "combine");
+    for (int i = 0; i < N * C; i++)
+        dout[i] = (float)(i % 7) - 3;
+    ck_assert_int_eq(O->moe_dy(dev1, dy, dwt, dout, y, row_w, row_rank, tok_rows, N, K, C), QD_OK);
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < K; j++) {
+            int r = tok_rows[n * K + j];
+            float acc = 0;
+            for (int i = 0; i < C; i++) {
+                ck_assert(dy[r * C + i] == dout[n * C + i] * row_w[r]);
+                acc += dout[n * C + i] * y[r * C + i];
+            }
+            ck_assert(dwt[n * K + row_rank[r]] == acc);
+        }
+    memset(out, 0, sizeof out);
+    ck_assert_int_eq(O->unroute(dev1, out, dy, tok_rows, N, K, C), QD_OK);
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < C; i++) {
+            float acc = 0;
+            for (int j = 0; j < K; j++)
+                acc += dy[tok_rows[n * K + j] * C + i];
+            ref[n * C + i] = acc;
+        }
+    assert_bits(out, ref, (size_t)N * C, "unroute");
+    free(y);
+}
+END_TEST
+
+/* AdamW and the gradient-norm chunks against double math */
+START_TEST(test_adamw_double)
+{
+    size_t n = 10000, nch = 3;
+    float *g = rnd(n, -1, 1, 60), *p = rnd(n, -1, 1, 61), *m = rnd(n, -0.1f, 0.1f, 62), *v = rnd(n, 0, 0.01f, 63);
+    float *p0 = malloc(sizeof(float) * n), *m0 = malloc(sizeof(float) * n), *v0 = malloc(sizeof(float) * n);
+    memcpy(p0, p, sizeof(float) * n), memcpy(m0, m, sizeof(float) * n), memcpy(v0, v, sizeof(float) * n);
+    double part[3], *ref = malloc(sizeof(double) * n);
+    qd_adamw o = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+    ck_assert_int_eq(O->sumsq_chunks(dev1, part, g, n), QD_OK);
+    for (size_t k = 0; k < nch; k++) {
+        double s = 0;
+        for (size_t i = k * 4096; i < n && i < (k + 1) * 4096; i++)
+            s += (double)g[i] * g[i];
+        ck_assert_double_eq(part[k], s);
+    }
+    ck_assert_int_eq(O->adamw(dev1, p, g, m, v, n, &o, 0.1f, 0.5f, 0.1f, 0.0975f), QD_OK);
+    for (size_t i = 0; i < n; i++) {
+        double gi = 0.5 * g[i], mi = 0.9 * m0[i] + 0.1 * gi, vi = 0.95 * v0[i] + 0.05 * gi * gi;
+        ref[i] = p0[i] - 1e-3 * ((mi / 0.1) / (sqrt(vi / 0.0975) + 1e-8) + 0.1 * p0[i]);
+    }
+    assert_close(p, ref, n, 1e-6, "adamw");
+    free(g), free(p), free(m), free(v), free(p0), free(m0), free(v0), free(ref);
+}
+END_TEST
+
+/* every op case: the same bytes at 1 and 3 threads (OpenMP splits outputs only) */
+START_TEST(test_cases_thread_independent)
+{
+    void *dev3 = qd_cpu_dev_new(3);
+    for (int i = 0; i < qd_op_case_count(); i++) {
+        qd_op_result a, b;
+        ck_assert_msg(qd_op_case_run(i, O, dev1, 1, &a) == QD_OK, "%s: %s", qd_op_case(i).name, qd_last_error());
+        ck_assert_msg(qd_op_case_run(i, O, dev3, 1, &b) == QD_OK, "%s: %s", qd_op_case(i).name, qd_last_error());
+        double err;
+        char what[64];
+        ck_assert_msg(a.nout > 0, "%s has no outputs", qd_op_case(i).name);
+        ck_assert_msg(qd_op_result_compare(&a, &b, -1, &err, what), "%s: %s differs at 3 threads",
+                      qd_op_case(i).name, what);
+        qd_op_result_free(&a);
+        qd_op_result_free(&b);
+    }
+    free(dev3);
+}
+END_TEST
+
+/* the comparison itself: one flipped bit is a difference, and a bound admits it */
+START_TEST(test_compare_finds_a_bit)
+{
+    qd_op_result a, b;
+    ck_assert_int_eq(qd_op_case_run(5, O, dev1, 1, &a), QD_OK);
+    ck_assert_int_eq(qd_op_case_run(5, O, dev1, 1, &b), QD_OK);
+    double err;
+    char what[64];
+    ck_assert(qd_op_result_compare(&a, &b, -1, &err, what));
+    ((uint32_t *)b.out[0].data)[3] ^= 1;
+    ck_assert(!qd_op_result_compare(&a, &b, -1, &err, what));
+    ck_assert_str_eq(what, "y");
+    ck_assert(qd_op_result_compare(&a, &b, 1e-5, &err, what));
+    ck_assert(err > 0 && err < 1e-6);
+    qd_op_result_free(&a);
+    qd_op_result_free(&b);
+}
+END_TEST
+
+Suite *suite_ops(void)
+{
+    Suite *s = suite_create("ops");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 60);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_matmul_definition);
+    tcase_add_test(tc, test_grouped_quant_definition);
+    tcase_add_test(tc, test_rac_grouped_definition);
+    tcase_add_test(tc, test_elementwise_double);
+    tcase_add_test(tc, test_attend_double);
+    tcase_add_test(tc, test_route_logprob_double);
+    tcase_add_test(tc, test_moe_rows_definition);
+    tcase_add_test(tc, test_adamw_double);
+    tcase_add_test(tc, test_cases_thread_independent);
+    tcase_add_test(tc, test_compare_finds_a_bit);
+    suite_add_tcase(s, tc);
+    return s;
+}
