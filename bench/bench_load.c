@@ -1,10 +1,12 @@
 /* bench_load: checkpoint loading speed from a warm page cache.
  *
- *   bench/bench_load [--gb X] [--shards N] [--dir DIR] [--reps R] [--only before|after]
+ *   bench/bench_load [--gb X | --a3b-layers L] [--shards N] [--dir DIR] [--reps R] [--only before|after]
  *
  * Writes (once; kept for later runs) a BF16 Qwen3-MoE checkpoint of about X GB
- * (default 1) in N shards with model.safetensors.index.json under DIR (default
- * /tmp/quads-bench-load-XGB-N), reads every shard once to warm the page cache,
+ * (default 1; or the a3b shape of bench_backend at L layers: L = 4 is 6.2 GB,
+ * 3.1B parameters) in N shards with model.safetensors.index.json and config.json
+ * under DIR (default /tmp/quads-bench-load-XGB-N: a model folder that quads
+ * forward --model DIR loads too), reads every shard once to warm the page cache,
  * then loads it into a float32 buffer R times (default 3) two ways and prints
  * bytes, seconds and GB/s of the fastest of R side by side, with its CPU time
  * (all threads; GB per CPU second is what a loaded machine still shows):
@@ -13,7 +15,10 @@
  *   after   qd_checkpoint_load (chunks of every tensor of every shard in
  *           parallel, conversion and finiteness check in one pass).
  * Both buffers must be equal bit for bit (exit 1 otherwise). --only runs one
- * of the two (one buffer: half the memory, no comparison). GB = 1e9 bytes of
+ * of the two (one buffer: half the memory, no comparison). --fresh 1 adds
+ * single loads by the after loader into fresh memory (the first touch
+ * included, as in quads forward and quads rl), plain, with MADV_HUGEPAGE
+ * twice, plain again. GB = 1e9 bytes of
  * the checkpoint's tensors. Threads: OMP_NUM_THREADS (default all cores). */
 #include <math.h>
 #include <omp.h>
@@ -21,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -30,6 +36,22 @@
 #include "models/safetensors.h"
 #include "quant/fileio.h"
 #include "quant/numerics.h"
+
+/* The a3b shape of bench_backend.c: Qwen3-30B-A3B's layers (hidden 2048, 128
+ * experts top-8 of width 768, 32 / 4 heads of 128, vocab 151936) at `layers`
+ * depth; 4 layers are the issue's 6.2 GB checkpoint of 3.1B parameters. */
+static qd_model_config a3b_config(int layers)
+{
+    qd_model_config c = {0};
+    c.arch = QD_ARCH_QWEN3_MOE;
+    c.hidden_size = 2048, c.intermediate_size = 6144, c.moe_intermediate_size = 768;
+    c.num_attention_heads = 32, c.num_key_value_heads = 4, c.head_dim = 128;
+    c.num_experts = 128, c.num_experts_per_tok = 8, c.norm_topk_prob = 1, c.decoder_sparse_step = 1;
+    c.vocab_size = 151936, c.max_position_embeddings = 40960;
+    c.rms_norm_eps = 1e-6, c.rope_theta = 1e6;
+    c.num_hidden_layers = layers;
+    return c;
+}
 
 /* A Qwen3-MoE with the 30B-A3B's layer shapes (hidden 2048, experts of 768)
  * but 32 experts (0.3 GB a layer), with as many layers as make about gb GB of
@@ -176,6 +198,34 @@ static timing time_load(loader fn, const char *dir, const qd_model_layout *L, in
     return best;
 }
 
+/* One load into fresh memory (malloc'ed, first touched by the loader, freed
+ * after: what quads forward and quads rl do), with MADV_HUGEPAGE on it when hp
+ * (one fault per 2 MB where transparent huge pages are "madvise"). It must
+ * equal ref (when not NULL). One shot, not the fastest of reps: a repeat
+ * reuses what the last one freed, which a VM may still back. */
+static timing time_fresh(const char *dir, const qd_model_layout *L, int hp, const float *ref)
+{
+    size_t nb = L->nfloats * sizeof(float);
+    struct rusage u0, u1;
+    getrusage(RUSAGE_SELF, &u0);
+    double t0 = qd_bench_now();
+    float *out = malloc(nb);
+    if (out && hp) {
+        uintptr_t a = ((uintptr_t)out + 4095) & ~(uintptr_t)4095, e = ((uintptr_t)out + nb) & ~(uintptr_t)4095;
+        if (e > a && madvise((void *)a, e - a, MADV_HUGEPAGE))
+            perror("bench_load: madvise(MADV_HUGEPAGE)");
+    }
+    qd_status st = out ? qd_checkpoint_load(dir, L->info, L->ninfo, out) : qd_error(QD_ERR_NOMEM, "fresh buffer");
+    double t = qd_bench_now() - t0;
+    getrusage(RUSAGE_SELF, &u1);
+    if (st || (ref && memcmp(out, ref, nb))) {
+        fprintf(stderr, "bench_load: fresh load: %s\n", st ? qd_last_error() : "differs from the first load");
+        exit(1);
+    }
+    free(out);
+    return (timing){t, tv_s(u1.ru_utime) - tv_s(u0.ru_utime), tv_s(u1.ru_stime) - tv_s(u0.ru_stime)};
+}
+
 static void row(const char *name, size_t bytes, timing t)
 {
     printf("| %s | %zu | %.3f | %.2f | %.2f + %.2f | %.2f |\n", name, bytes, t.wall, bytes / t.wall / 1e9, t.user,
@@ -185,7 +235,7 @@ static void row(const char *name, size_t bytes, timing t)
 int main(int argc, char **argv)
 {
     double gb = 1.0;
-    int shards = 1, reps = 3;
+    int shards = 1, reps = 3, a3b = 0, fresh = 0;
     char dir[4096] = "";
     const char *only = "";
     int bad = argc % 2 == 0; /* options come in pairs */
@@ -200,25 +250,34 @@ int main(int argc, char **argv)
             reps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--only"))
             only = argv[i + 1];
+        else if (!strcmp(argv[i], "--a3b-layers"))
+            a3b = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--fresh"))
+            fresh = atoi(argv[i + 1]);
         else
             bad = 1;
     }
-    if (bad || gb <= 0 || shards < 1 || reps < 1 || (*only && strcmp(only, "before") && strcmp(only, "after"))) {
-        fprintf(stderr, "usage: bench_load [--gb X > 0] [--shards N >= 1] [--dir DIR] [--reps R >= 1] "
-                        "[--only before|after]\n");
+    if (bad || gb <= 0 || shards < 1 || reps < 1 || a3b < 0 || a3b > 48 || (fresh != 0 && fresh != 1) ||
+        (*only && strcmp(only, "before") && strcmp(only, "after"))) {
+        fprintf(stderr, "usage: bench_load [--gb X > 0 | --a3b-layers L in 1..48] [--shards N >= 1] [--dir DIR] "
+                        "[--reps R >= 1] [--only before|after] [--fresh 0|1]\n");
         return 2;
     }
-    if (!*dir)
+    if (!*dir && a3b)
+        snprintf(dir, sizeof dir, "/tmp/quads-bench-load-a3b-L%d-%d", a3b, shards);
+    else if (!*dir)
         snprintf(dir, sizeof dir, "/tmp/quads-bench-load-%gGB-%d", gb, shards);
-    qd_model_config cfg = bench_config(gb);
+    qd_model_config cfg = a3b ? a3b_config(a3b) : bench_config(gb);
     qd_model_layout L;
     if (qd_model_layout_init(&L, &cfg)) {
         fprintf(stderr, "bench_load: %s\n", qd_last_error());
         return 1;
     }
-    char idx[4200];
+    char idx[4200], cfgp[4200];
     snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", dir);
-    if (!file_exists(idx) && write_checkpoint(dir, &L, shards)) {
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
+    if ((!file_exists(idx) && write_checkpoint(dir, &L, shards)) ||
+        (!file_exists(cfgp) && qd_checkpoint_write_config(dir, &cfg, QD_ST_BF16))) {
         fprintf(stderr, "bench_load: %s\n", qd_last_error());
         return 1;
     }
@@ -236,6 +295,11 @@ int main(int argc, char **argv)
         row("before (serial)", bytes, time_load(load_before, dir, &L, reps, a));
     if (after)
         row("after (qd_checkpoint_load)", bytes, time_load(qd_checkpoint_load, dir, &L, reps, b));
+    for (int k = 0; after && fresh && k < 4; k++) { /* plain, huge, huge, plain: both orders */
+        int hp = k == 1 || k == 2;
+        row(hp ? "after, into fresh memory, MADV_HUGEPAGE (once)" : "after, into fresh memory (once)", bytes,
+            time_fresh(dir, &L, hp, b));
+    }
     int same = !before || !after || memcmp(a, b, L.nfloats * sizeof(float)) == 0;
     if (before && after)
         printf("float32 buffers %s\n", same ? "equal bit for bit" : "DIFFER");

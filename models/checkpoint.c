@@ -299,7 +299,7 @@ static int config_precision(const qd_model_config *c)
     return p;
 }
 
-static qd_status write_config(const char *dir, const qd_model_config *cfg, qd_st_dtype dtype)
+qd_status qd_checkpoint_write_config(const char *dir, const qd_model_config *cfg, qd_st_dtype dtype)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -370,7 +370,7 @@ qd_status qd_checkpoint_save(const char *dir, const qd_model_config *cfg, const 
     if (!st)
         st = write_weights(dir, params, n, data, dtype);
     if (!st)
-        st = write_config(dir, cfg, dtype);
+        st = qd_checkpoint_write_config(dir, cfg, dtype);
     return st;
 }
 

