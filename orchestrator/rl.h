@@ -81,6 +81,10 @@ typedef struct {
     /* the trainer's response log-probs of samples [first, first + n) of
      * step, (n, M), before they are checked for NaN */
     void (*trainer_logp)(void *ctx, int64_t step, int first, float *logp, int n, int M);
+    /* code tasks: the text of each completion before it is graded (rollouts
+     * and evals; id: its problem's), which the hook may replace (*text
+     * malloc'd, freed by the grader) */
+    void (*code_text)(void *ctx, const char *id, char **text);
 } qd_rl_hooks;
 
 typedef struct {
