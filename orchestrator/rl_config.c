@@ -105,7 +105,8 @@ static const qd_cfg_knob knobs[] = {
      .doc = "re-pick RAC channels every N weight syncs; 0 = never"},
     {KNOB("data.task", QD_CFG_STRING, data.task), .def = "arith",
      .doc = "training task: the synthetic arithmetic (arith, arith1..arith4, optionally :MAX_OPERAND) or a "
-            "benchmark of quads bench list (fetched or cached; eval.limit problems, 256 when 0, held out)"},
+            "benchmark of quads bench list (fetched or cached; eval.limit problems, 256 when 0, held out; "
+            "lcb-v*: code rewards from the sandbox, reward.*)"},
     {KNOB("data.benchmark", QD_CFG_STRING, data.benchmark), .def = "",
      .doc = "must be empty: quads rl evaluates on the task's held-out split (quads eval runs benchmarks)"},
     {KNOB("data.from", QD_CFG_STRING, data.from), .def = "",
