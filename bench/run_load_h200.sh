@@ -34,7 +34,7 @@ for shards in ${SHARDS:-1 4}; do
     d="$dir-a3b-L$L-$shards"
     echo "== bench_load: a3b x $L layers, $shards shard(s), $d"
     s0=$(date +%s.%N)
-    timeout 500 bench/bench_load --a3b-layers "$L" --shards "$shards" --reps "$reps" --dir "$d" --fresh $((shards == 1)) \
+    timeout 250 bench/bench_load --a3b-layers "$L" --shards "$shards" --reps "$reps" --dir "$d" --fresh $((shards == 1)) \
         >"$out/load_$shards.md" 2>"$out/load_$shards.err" || { rc=1; tail -5 "$out/load_$shards.err"; }
     cat "$out/load_$shards.md"
     echo "(writing, warming and timing took $(elapsed "$s0") s)"
@@ -46,11 +46,18 @@ d="$dir-a3b-L$L-1"
 for b in cuda $([ "${CPU:-0}" = 1 ] && echo cpu); do
     echo "== quads forward --backend $b, 27 tokens, $d"
     s0=$(date +%s.%N)
-    QUADS_CUDA_PROFILE=1 timeout 300 ./quads forward --model "$d" --ids "$ids" --backend "$b" \
-        >"$out/forward_$b.out" 2>"$out/forward_$b.err" || rc=1
-    echo "quads forward --backend $b: $(elapsed "$s0") s wall (issue 16 before: cuda 20.8 s, cpu 82 s)"
+    how=""
+    QUADS_CUDA_PROFILE=1 timeout 150 ./quads forward --model "$d" --ids "$ids" --backend "$b" \
+        >"$out/forward_$b.out" 2>"$out/forward_$b.err" || { rc=1; how=" FAILED"; }
+    echo "quads forward --backend $b:$how $(elapsed "$s0") s wall (issue 16 before: cuda 20.8 s, cpu 82 s)" |
+        tee -a "$out/forward.txt"
     tail -n 20 "$out/forward_$b.err"
     head -c 300 "$out/forward_$b.out"; echo
 done
 rm -rf "$dir"-a3b-L"$L"-*
+echo "== summary (GB = 1e9 bytes; before = the serial loader until issue 16)"
+for f in "$out"/load_*.md; do
+    [ -f "$f" ] && { head -n 1 "$f"; grep '^| [ab]' "$f"; }
+done
+cat "$out/forward.txt" 2>/dev/null
 exit $rc
