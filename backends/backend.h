@@ -84,6 +84,45 @@ typedef struct {
                                 (a rollout's); 0 (the default): leave them as they are */
 } qd_batch;
 
+/* The largest calls an instance will serve, for its memory plan: forwards of
+ * up to fwd_B sequences of fwd_T tokens (with backward and AdamW when train),
+ * generates of up to gen_B prompts of gen_Tp tokens continued by gen_M. All
+ * zero (the default): no plan, no check. */
+typedef struct {
+    int fwd_B, fwd_T;
+    int gen_B, gen_Tp, gen_M;
+    int train;
+} qd_workload;
+
+/* What a backend's device memory holds (qd_mem_kind_name gives the words). */
+typedef enum {
+    QD_MEM_MASTER = 0,  /* float32 master weights */
+    QD_MEM_WORKING,     /* the working copy the forward reads (BF16 values, fake-quant weights) */
+    QD_MEM_QUANT,       /* the rollout's NVFP4 / FP8 weight copies and the RAC state */
+    QD_MEM_OWN,         /* the device ops' own copies (CUDA fast mode: BF16 bits of the working copy) */
+    QD_MEM_GRADS,       /* gradients */
+    QD_MEM_ADAM,        /* AdamW first and second moments */
+    QD_MEM_ACTS,        /* activations of the largest forward or generation step */
+    QD_MEM_SCRATCH,     /* the driver's scratch (quantized activations, backward, diagnostics) */
+    QD_MEM_KV,          /* the KV cache of the largest generate */
+    QD_MEM_TABLES,      /* RoPE tables */
+    QD_MEM_COUNT
+} qd_mem_kind;
+
+/* Bytes of each kind, and their sum. */
+typedef struct {
+    size_t bytes[QD_MEM_COUNT];
+    size_t total;
+} qd_mem_plan;
+
+/* An instance's memory: the plan made at init for options.workload, what
+ * the device had free then, and the most bytes of each kind the driver held
+ * at once since (the ops' own copies counted as planned). */
+typedef struct {
+    qd_mem_plan plan, peak;
+    size_t free_at_init, device_total;
+} qd_memory;
+
 typedef struct {
     qd_recipe recipe;
     qd_role role;
@@ -94,6 +133,10 @@ typedef struct {
                             LOCAL_RANK); >= 0 */
     int diagnostics;     /* 1: measure quantization errors per linear layer (costs a
                             fake-quant of every quantized layer's input and weight) */
+    qd_workload workload; /* not all zero: plan the memory at init and fail there, before
+                            allocating, when the plan exceeds the device's free bytes */
+    size_t mem_reserved; /* bytes of the device's free memory other instances will still
+                            claim (their plans minus what they hold): left out of the check */
 } qd_backend_options;
 
 /* AdamW (decoupled weight decay, bias correction); weight decay applies to
@@ -203,6 +246,15 @@ struct qd_backend_i {
      * training writes the all-reduced gradients back before optimizer_step.
      * Optional. */
     qd_status (*set_grads)(qd_backend *b, const float *grads, size_t n);
+    /* The weight sync from another instance of the same model without the
+     * host: b's master weights become src's and every working copy (NVFP4,
+     * FP8, RAC with b's own statistics) is rebuilt as set_weights does, the
+     * same bits. QD_ERR_UNSUPPORTED (no message) when src is not of b's kind
+     * or lives in other memory: the dispatcher then goes through the host.
+     * Optional. */
+    qd_status (*sync_from)(qd_backend *b, qd_backend *src);
+    /* The memory plan and the bytes held (qd_memory). Optional. */
+    qd_status (*memory)(qd_backend *b, qd_memory *out);
 };
 
 struct qd_backend {
@@ -256,6 +308,22 @@ qd_status qd_backend_set_adam(qd_backend *b, const float *m, const float *v, siz
 size_t qd_backend_rac_state_size(qd_backend *b);
 qd_status qd_backend_get_rac_state(qd_backend *b, void *buf, size_t n);
 qd_status qd_backend_set_rac_state(qd_backend *b, const void *buf, size_t n);
+/* Trainer -> rollout: dst's master weights become src's and dst rebuilds its
+ * working copies (the weight sync, NUMERICS.md §5), device to device when both
+ * are of one kind on one device (the CPU: one process), else through a host
+ * buffer (get_weights, set_weights). *direct (if not NULL) receives 1 when no
+ * host copy was made. QD_ERR_SHAPE when the models differ. The bits are those
+ * of qd_backend_set_weights(dst, get_weights(src)). */
+qd_status qd_backend_sync_from(qd_backend *dst, qd_backend *src, int *direct);
+/* The instance's memory plan and peak bytes; QD_ERR_UNSUPPORTED without the slot. */
+qd_status qd_backend_memory(qd_backend *b, qd_memory *out);
+/* "master weights", "working weights", ...; NULL for an invalid value. */
+const char *qd_mem_kind_name(qd_mem_kind k);
+/* The plan as one line: "total 12.3 MB (master weights 1.0 MB, ...)", kinds
+ * of 0 bytes left out. */
+void qd_mem_plan_format(const qd_mem_plan *p, char *buf, size_t n);
+/* "1.5 GB", "12.0 MB", "512 B" (powers of 1024). */
+void qd_format_bytes(size_t bytes, char *buf, size_t n);
 /* 0 when the backend has no RAC linear (or no such slot). */
 size_t qd_backend_rac_stats_count(qd_backend *b);
 qd_status qd_backend_get_rac_stats(qd_backend *b, double *err, size_t n);

@@ -4,9 +4,6 @@
 #include <string.h>
 #include "orchestrator/task.h"
 
-/* Sequences per generate call of the eval: bounds the backend's work buffers. */
-#define EVAL_CHUNK 64
-
 qd_status qd_task_parse(const char *name, qd_synth_opts *o)
 {
     int steps = QD_TASK_DEFAULT_STEPS, max_operand = QD_TASK_DEFAULT_MAX_OPERAND;
@@ -204,8 +201,8 @@ qd_status qd_task_eval(qd_backend *b, const qd_tokenizer *tok, const qd_bench_se
     for (int i = 0; !st && i < np; i++)
         st = qd_task_encode(tok, set->rec[i].problem, NULL, &pt.ids[i], &pt.len[i], NULL);
     int total = np * samples;
-    for (int first = 0; !st && first < total; first += EVAL_CHUNK)
-        st = eval_chunk(b, tok, set, &pt, first, total - first < EVAL_CHUNK ? total - first : EVAL_CHUNK,
+    for (int first = 0; !st && first < total; first += QD_TASK_EVAL_CHUNK)
+        st = eval_chunk(b, tok, set, &pt, first, total - first < QD_TASK_EVAL_CHUNK ? total - first : QD_TASK_EVAL_CHUNK,
                         samples, temperature, seed, max_new, end, out, correct);
     if (!st) {
         for (int i = 0; i < np; i++)

@@ -51,7 +51,7 @@ static int by_index(const void *pa, const void *pb)
 
 /* floor(ratio*K/16)*16 with a tolerance: ratio = 0.29, K = 1600 is 464 channels on
  * paper, but 0.29*1600/16 is 28.999999999999996 in binary. */
-static int64_t rac_count(double ratio, int64_t K)
+int64_t qd_rac_count(double ratio, int64_t K)
 {
     double blocks = ratio * (double)K / QD_NVFP4_BLOCK;
     return (int64_t)floor(blocks + 1e-9) * QD_NVFP4_BLOCK;
@@ -69,7 +69,7 @@ int64_t qd_rac_select(int64_t *channels, const double *err, int64_t K, double ra
             qd_error(QD_ERR_NONFINITE, "qd_rac_select: err[%lld] is not finite", (long long)k);
             return -1;
         }
-    int64_t n = rac_count(ratio, K);
+    int64_t n = qd_rac_count(ratio, K);
     channel_err *order = malloc(sizeof *order * (size_t)(K > 0 ? K : 1));
     if (!order) {
         qd_error(QD_ERR_NOMEM, "qd_rac_select: %lld channels", (long long)K);

@@ -597,6 +597,15 @@ static void c_sumsq_adamw(oc *c)
     OUT(c, "v", 'f', v, sizeof(float) * n);
 }
 
+/* dev to dev: the input's bytes (a weight sync between instances) */
+static void c_copy(oc *c)
+{
+    float *x = F(c, 1001, -3.0f, 3.0f), *y = Z(c, sizeof(float) * 1001);
+    RUN(c, c->ops->copy(c->dev, y, x, sizeof(float) * 1001));
+    OUT(c, "y", 'f', y, sizeof(float) * 1001);
+    OUT(c, "x", 'f', x, sizeof(float) * 1001);
+}
+
 typedef struct {
     qd_op_case_info info;
     void (*run)(oc *c);
@@ -637,6 +646,7 @@ static const op_case cases[] = {
     {{"sample full 5x300 T=1.3", "sample", 0}, c_sample_hot},
     {{"sample greedy 5x2100", "sample", 0}, c_sample_greedy},
     {{"sumsq_chunks+adamw 10000", "adamw", 0}, c_sumsq_adamw},
+    {{"copy 1001", "copy", 0}, c_copy},
 };
 
 int qd_op_case_count(void) { return (int)(sizeof cases / sizeof cases[0]); }

@@ -35,6 +35,7 @@ extern "C" {
 enum { D_XH, D_RACWS, D_X16, D_LOGP, D_SAMPLE, D_MOE, D_RACPTR, D_NSCRATCH };
 
 typedef struct {
+    int device;                    /* the ordinal current when the context was made */
     qd_exec_mode mode;
     int bf16_copy;                 /* fast mode, BF16 recipes: keep wk16 */
     const float *wk;               /* the working copy wk16 mirrors, (nwk) */
@@ -109,6 +110,31 @@ static qd_status cuda_to_host(void *dev, void *dst, const void *src, size_t byte
     if (bytes)
         QD_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
     return QD_OK;
+}
+
+/* Device to device on the legacy default stream: after every op enqueued
+ * before it, by this context or another on the same device. */
+static qd_status cuda_copy(void *dev, void *dst, const void *src, size_t bytes)
+{
+    (void)dev;
+    if (bytes)
+        QD_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+    return QD_OK;
+}
+
+static int cuda_memory_id(void *dev) { return D(dev)->device; }
+
+static qd_status cuda_mem_info(void *dev, size_t *free_bytes, size_t *total_bytes)
+{
+    (void)dev;
+    QD_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+    return QD_OK;
+}
+
+/* Fast mode, BF16 recipes: wk16 (cuda_weights_changed). */
+static size_t cuda_own_bytes(void *dev, size_t nfloats)
+{
+    return D(dev)->bf16_copy ? sizeof(uint16_t) * nfloats : 0;
 }
 
 static qd_status cuda_finish(void *dev)
@@ -621,6 +647,10 @@ static const qd_ops cuda_ops = {
     .zero = cuda_zero,
     .to_dev = cuda_to_dev,
     .to_host = cuda_to_host,
+    .copy = cuda_copy,
+    .memory_id = cuda_memory_id,
+    .mem_info = cuda_mem_info,
+    .own_bytes = cuda_own_bytes,
     .finish = cuda_finish,
     .enter = NULL,
     .leave = NULL,
@@ -689,6 +719,11 @@ extern "C" void *qd_cuda_dev_new(qd_exec_mode mode, int bf16_copy)
     cuda_dev *d = (cuda_dev *)calloc(1, sizeof *d);
     if (!d) {
         qd_error(QD_ERR_NOMEM, "cuda backend: context");
+        return NULL;
+    }
+    if (cudaGetDevice(&d->device) != cudaSuccess) {
+        qd_error(QD_ERR_DEVICE, "cuda backend: cudaGetDevice: %s", cudaGetErrorString(cudaGetLastError()));
+        free(d);
         return NULL;
     }
     d->mode = mode;
