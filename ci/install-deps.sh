@@ -1,7 +1,8 @@
 #!/bin/sh
 # Installs every build and test dependency of QUADS-C on Debian/Ubuntu.
-# Idempotent; run as root (or with sudo available). Python packages are for
-# reference checks in tests only, never for the product; clang and its
+# Idempotent; run it as root, or as a user with sudo: it elevates itself with
+# sudo only when not root (so `./ci/install-deps.sh` works in both). Python packages
+# are for reference checks in tests only, never for the product; clang and its
 # libFuzzer runtime only build the fuzz targets (tests/fuzz/).
 set -eu
 
@@ -24,8 +25,9 @@ if [ -n "$missing" ]; then
     $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing
 fi
 
-# Reference packages for tests (small wheels). Skipped if already importable.
-if ! python3 -c "import numpy, ml_dtypes" >/dev/null 2>&1; then
-    python3 -m pip install -q numpy ml_dtypes 2>/dev/null ||
-        python3 -m pip install -q --break-system-packages numpy ml_dtypes
+# Reference packages for tests (small wheels; tensorboard reads back the
+# event files of quads rl). Skipped if already importable.
+if ! python3 -c "import numpy, ml_dtypes, tensorboard" >/dev/null 2>&1; then
+    python3 -m pip install -q numpy ml_dtypes tensorboard 2>/dev/null ||
+        python3 -m pip install -q --break-system-packages numpy ml_dtypes tensorboard
 fi

@@ -16,6 +16,10 @@ make -j"$jobs" check || status=$?
 if [ "$status" = 0 ]; then
     make tiny-model-check || status=$?
 fi
+# The tarball: make distcheck without CUDA (issue 16; ci/distcheck.sh).
+if [ "$status" = 0 ]; then
+    ./ci/distcheck.sh || status=$?
+fi
 if [ "$status" != 0 ]; then
     for f in tests/*.log; do echo "==> $f"; tail -n 60 "$f"; done
 fi

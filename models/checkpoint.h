@@ -41,6 +41,10 @@ qd_status qd_checkpoint_load(const char *dir, const qd_param_info *params, int n
 qd_status qd_checkpoint_save(const char *dir, const qd_model_config *cfg, const qd_param_info *params,
                              int n, const float *data, qd_st_dtype dtype);
 
+/* Writes dir/config.json alone (from cfg, torch_dtype of dtype; dir must
+ * exist), as qd_checkpoint_save does: for weights written some other way. */
+qd_status qd_checkpoint_write_config(const char *dir, const qd_model_config *cfg, qd_st_dtype dtype);
+
 /* Reads dir's config, makes a backend by name ("auto", "cpu", "cuda";
  * opt NULL = fp32 recipe, rollout role, defaults) and loads and syncs the
  * weights. NULL on failure, with the message in qd_last_error(). */

@@ -614,17 +614,26 @@ static float f16_to_f32(uint16_t h)
 
 static uint16_t load_u16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 
-qd_status qd_safetensors_to_f32(float *out, const qd_st_tensor *t)
+/* BF16 is the top half of a float32: a shift (omp simd: -O2 alone leaves
+ * this loop scalar, at half the speed). */
+static void bf16_to_f32(float *out, const uint8_t *p, int64_t n)
 {
-    const uint8_t *p = t->data;
-    int64_t n = t->numel;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)load_u16(p + 2 * i) << 16;
+        memcpy(out + i, &u, 4);
+    }
+}
+
+qd_status qd_safetensors_to_f32_range(float *out, const qd_st_tensor *t, int64_t begin, int64_t n)
+{
+    const uint8_t *p = (const uint8_t *)t->data + (size_t)begin * qd_st_dtype_size(t->dtype);
     switch (t->dtype) {
     case QD_ST_F32:
         memcpy(out, p, (size_t)n * 4);
         return QD_OK;
     case QD_ST_BF16:
-        for (int64_t i = 0; i < n; i++)
-            out[i] = qd_bf16_to_f32(load_u16(p + 2 * i));
+        bf16_to_f32(out, p, n);
         return QD_OK;
     case QD_ST_F16:
         for (int64_t i = 0; i < n; i++)
@@ -638,6 +647,11 @@ qd_status qd_safetensors_to_f32(float *out, const qd_st_tensor *t)
         return qd_error(QD_ERR_UNSUPPORTED, "%s: tensor '%s': field 'dtype': %s cannot be "
                         "converted to F32", t->file, t->name, qd_st_dtype_name(t->dtype));
     }
+}
+
+qd_status qd_safetensors_to_f32(float *out, const qd_st_tensor *t)
+{
+    return qd_safetensors_to_f32_range(out, t, 0, t->numel);
 }
 
 /* ---- writer */

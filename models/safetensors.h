@@ -69,6 +69,9 @@ const char *qd_safetensors_metadata_get(const qd_safetensors *f, const char *key
 /* out (t->numel) = t's values as float32, exactly, for F32, F16, BF16 and
  * F8_E4M3; QD_ERR_UNSUPPORTED for other dtypes. */
 qd_status qd_safetensors_to_f32(float *out, const qd_st_tensor *t);
+/* The same for elements [begin, begin + n) of t into out (n floats): the
+ * piece of a tensor one thread converts. */
+qd_status qd_safetensors_to_f32_range(float *out, const qd_st_tensor *t, int64_t begin, int64_t n);
 
 /* ---- writing */
 typedef struct qd_safetensors_writer qd_safetensors_writer;

@@ -20,7 +20,8 @@ static void usage(FILE *f)
                "                  nvfp4-sym-qat (default bf16,nvfp4,quads)\n"
                "  --config FILE   JSON config over the defaults\n"
                "  --set KEY=VALUE one knob (repeatable)\n"
-               "  --out DIR       output directory (default ./runs/compare-<run.name>)\n");
+               "  --out DIR       output directory (default ./runs/compare-<run.name>)\n"
+               "  --quiet         no progress lines\n");
 }
 
 /* Splits list at commas into out (pointers into list); returns the count or -1. */

@@ -16,9 +16,11 @@ static void usage(FILE *f)
     fprintf(f, "usage: quads rl [--config FILE] [--set KEY=VALUE]... [--backend B] [--mode M] [--quiet]\n"
                "       quads rl --resume RUN [--set KEY=VALUE]... [--backend B] [--mode M]\n\n"
                "GRPO with a rollout and a trainer of one precision recipe. Writes RUN/config.json,\n"
-               "RUN/metrics.jsonl (one line a step) and checkpoints RUN/step_XXXXXXXX; RUN defaults to\n"
-               "./runs/<run.name>. --resume continues RUN from its latest checkpoint (with RUN/config.json;\n"
-               "--set may change e.g. run.steps) and reproduces the uninterrupted run bit for bit on the CPU.\n\n"
+               "RUN/metrics.jsonl (one line a step), RUN/tb/ (TensorBoard event files of the same\n"
+               "numbers and the config; --set log.tensorboard=false for none) and checkpoints\n"
+               "RUN/step_XXXXXXXX; RUN defaults to ./runs/<run.name>. --resume continues RUN from its\n"
+               "latest checkpoint (with RUN/config.json; --set may change e.g. run.steps) and reproduces\n"
+               "the uninterrupted run bit for bit on the CPU.\n\n"
                "  --config FILE      JSON config over the defaults (quads rl --schema lists every knob)\n"
                "  --set KEY=VALUE    one knob (repeatable, after --config), e.g. --set trainer.lr=1e-6\n"
                "  --backend B        --set rollout.backend=B: auto (default: CUDA if present, else\n"
@@ -27,7 +29,7 @@ static void usage(FILE *f)
                "                     (CUDA only)\n"
                "  --resume RUN       continue a run\n"
                "  --schema           print every knob with its default and range as JSON\n"
-               "  --quiet            no progress line\n");
+               "  --quiet            no progress line (on a terminal it names the step's phase and its ETA)\n");
 }
 
 /* One override of the command line, applied in order after --config: a

@@ -6,11 +6,15 @@
 #include <string.h>
 #include <unistd.h>
 #include "orchestrator/metrics.h"
+#include "orchestrator/tb.h"
 #include "quant/fileio.h"
 
 struct qd_metrics {
     FILE *f;
     char *path;
+    qd_tb *tb;       /* RUN/tb/'s event file, or NULL */
+    char *run_dir;   /* with tb: where layers.json names the per-layer arrays */
+    json_t *layers;  /* RUN/layers.json once it exists, or NULL */
 };
 
 qd_status qd_metrics_open(qd_metrics **m, const char *path)
@@ -37,8 +41,76 @@ void qd_metrics_close(qd_metrics *m)
         return;
     if (m->f)
         fclose(m->f);
+    qd_tb_close(m->tb);
+    json_decref(m->layers);
+    free(m->run_dir);
     free(m->path);
     free(m);
+}
+
+/* text as a Markdown code block (four spaces a line: TensorBoard's text
+ * plugin renders Markdown, and the JSON stays as it is); malloc'ed. */
+static char *code_block(const char *text)
+{
+    size_t lines = 1;
+    for (const char *c = text; *c; c++)
+        lines += *c == '\n';
+    char *md = malloc(strlen(text) + 4 * lines + 1), *o = md;
+    for (const char *c = text; md && *c; c++) {
+        if (c == text || c[-1] == '\n')
+            o = (char *)memcpy(o, "    ", 4) + 4;
+        *o++ = *c;
+    }
+    if (md)
+        *o = '\0';
+    return md;
+}
+
+/* run_dir/config.json as indented JSON in a code block (malloc'ed). */
+static qd_status config_text(const char *run_dir, char **md)
+{
+    char p[4400];
+    snprintf(p, sizeof p, "%s/config.json", run_dir);
+    json_error_t err;
+    json_t *cfg = json_load_file(p, 0, &err);
+    if (!cfg)
+        return qd_error(QD_ERR_FORMAT, "%s:%d: %s", p, err.line, err.text);
+    char *text = json_dumps(cfg, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    json_decref(cfg);
+    *md = text ? code_block(text) : NULL;
+    free(text);
+    return *md ? QD_OK : qd_error(QD_ERR_NOMEM, "%s: as text", p);
+}
+
+qd_status qd_metrics_tensorboard(qd_metrics *m, const char *run_dir, int64_t step)
+{
+    char p[4400], *md = NULL;
+    snprintf(p, sizeof p, "%s/tb", run_dir);
+    if (!(m->run_dir = strdup(run_dir)))
+        return qd_error(QD_ERR_NOMEM, "%s: opening the event file", p);
+    qd_status st = config_text(run_dir, &md);
+    if (!st)
+        st = qd_tb_open(&m->tb, p, step + 1);
+    if (!st)
+        st = qd_tb_text(m->tb, "config", step, md);
+    if (!st)
+        st = qd_tb_flush(m->tb);
+    free(md);
+    return st;
+}
+
+/* The event of one metrics line; the per-layer arrays are named by
+ * RUN/layers.json, read once it exists (the first step writes it). */
+static qd_status append_tb(qd_metrics *m, const json_t *obj)
+{
+    if (!m->layers) {
+        char p[4400];
+        snprintf(p, sizeof p, "%s/layers.json", m->run_dir);
+        if (access(p, F_OK) == 0)
+            m->layers = json_load_file(p, 0, NULL);
+    }
+    qd_status st = qd_tb_json(m->tb, json_integer_value(json_object_get(obj, "step")), obj, m->layers);
+    return st ? st : qd_tb_flush(m->tb);
 }
 
 qd_status qd_metrics_append(qd_metrics *m, const json_t *obj)
@@ -53,7 +125,7 @@ qd_status qd_metrics_append(qd_metrics *m, const json_t *obj)
     free(line);
     if (bad)
         return qd_error(QD_ERR_IO, "%s: append: %s", m->path, strerror(errno));
-    return QD_OK;
+    return m->tb ? append_tb(m, obj) : QD_OK;
 }
 
 int qd_metrics_set(json_t *obj, const char *key, double v)
@@ -211,18 +283,40 @@ static void hms(char *buf, size_t n, double s)
     snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
 }
 
+static const char *const phase_names[QD_NPHASES] = {"", "rollout", "train", "sync", "eval"};
+
 int qd_progress_format(char *buf, size_t n, const qd_progress *p)
 {
-    char eta[32];
+    char eta[32], now[128] = "";
     double per_step = p->steps_done > 0 ? p->elapsed_s / (double)p->steps_done : NAN;
     hms(eta, sizeof eta, per_step * (double)(p->steps - p->step));
+    if (p->phase != QD_PHASE_NONE) {
+        char pe[32];
+        double last = p->phase_s[p->phase];
+        hms(pe, sizeof pe, last > 0 ? last : NAN);
+        snprintf(now, sizeof now, "step %lld/%lld %s ETA %s  ", (long long)p->step + 1, (long long)p->steps,
+                 phase_names[p->phase], pe);
+    }
+    if (*now)
+        return snprintf(buf, n, "%sreward %.3f  gap %.4f  %.0f tok/s  ETA %s", now, p->reward, p->gap,
+                        p->tokens_per_s, eta);
     return snprintf(buf, n, "step %lld/%lld  reward %.3f  gap %.4f  %.0f tok/s  ETA %s", (long long)p->step,
                     (long long)p->steps, p->reward, p->gap, p->tokens_per_s, eta);
+}
+
+void qd_progress_phase(qd_progress *p, qd_phase ph, double now_s)
+{
+    if (p->phase != QD_PHASE_NONE)
+        p->phase_s[p->phase] = now_s - p->phase_t0;
+    p->phase = ph;
+    p->phase_t0 = now_s;
 }
 
 void qd_progress_write(FILE *f, bool tty, const qd_progress *p)
 {
     char line[256];
+    if (!tty && p->phase != QD_PHASE_NONE)
+        return;
     qd_progress_format(line, sizeof line, p);
     if (tty)
         fprintf(f, "\r%s\033[K%s", line, p->step >= p->steps ? "\n" : "");

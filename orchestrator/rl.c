@@ -113,7 +113,10 @@ qd_status qd_rl_run_dir(const qd_config *cfg, char *buf, size_t n)
 
 /* The model folder: model.path, else the embedded tiny model, looked for in
  * ./models/tiny, $QD_SRCDIR/models/tiny, models/tiny beside the quads
- * executable (a build tree) and the installed copy (QD_PKGDATADIR/tiny). */
+ * executable (an in-tree build), the installed copy (QD_PKGDATADIR/tiny) and
+ * last the source tree the program was built from (QD_SOURCE_DIR: an
+ * out-of-tree build; after the installed copy, which an installed program
+ * must use even when its source tree is still there). */
 static qd_status model_dir(const qd_config *cfg, char *buf, size_t n)
 {
     const char *p = qd_config_knobs(cfg)->model.path;
@@ -133,8 +136,8 @@ static qd_status model_dir(const qd_config *cfg, char *buf, size_t n)
             *slash = '\0';
         snprintf(exed, sizeof exed, "%s/models/tiny", exe);
     }
-    const char *cands[4] = {"models/tiny", srcd, exed, QD_PKGDATADIR "/tiny"};
-    for (int i = 0; i < 4; i++) {
+    const char *cands[] = {"models/tiny", srcd, exed, QD_PKGDATADIR "/tiny", QD_SOURCE_DIR "/models/tiny"};
+    for (size_t i = 0; i < sizeof cands / sizeof cands[0]; i++) {
         char cfgp[4200];
         snprintf(cfgp, sizeof cfgp, "%.2048s/config.json", cands[i]);
         if (cands[i][0] && access(cfgp, R_OK) == 0) {
@@ -143,8 +146,8 @@ static qd_status model_dir(const qd_config *cfg, char *buf, size_t n)
         }
     }
     return qd_error(QD_ERR_IO, "config: model.path: empty and the embedded tiny model was found neither in "
-                               "./models/tiny, beside the quads program, nor in %s/tiny; set model.path",
-                    QD_PKGDATADIR);
+                               "./models/tiny, beside the quads program, in %s/tiny nor in %s/models/tiny; set "
+                               "model.path", QD_PKGDATADIR, QD_SOURCE_DIR);
 }
 
 /* The backend's message with the config keys that chose it in front (copied
@@ -957,9 +960,20 @@ typedef struct {
     double t[4]; /* seconds: rollout, train, sync, the whole step */
 } step_record;
 
+/* The live progress line names the phase the step is in (on a terminal only). */
+static void phase(const rl_run *r, qd_progress *pg, qd_phase ph)
+{
+    qd_progress_phase(pg, ph, now_s());
+    if (ph == QD_PHASE_NONE)
+        return;
+    pg->step = r->step - 1; /* the last finished step (a resumed run's first is not 0) */
+    if (r->o->progress)
+        qd_progress_print(pg);
+}
+
 /* The step's metrics line (data parallel: of all ranks, with the weight
  * checksum when due), its eval when due, appended to metrics.jsonl. */
-static qd_status record_step(rl_run *r, step_record *sr)
+static qd_status record_step(rl_run *r, step_record *sr, qd_progress *pg)
 {
     uint64_t cks = 0;
     qd_status st = QD_OK;
@@ -985,8 +999,11 @@ static qd_status record_step(rl_run *r, step_record *sr)
         if (checksum_due(r))
             json_object_set_new(o, "weights_checksum", json_string(hex));
     }
-    if (eval_due(r))
+    if (eval_due(r)) {
+        phase(r, pg, QD_PHASE_EVAL);
         st = eval_step(r, o, json_object_get(o, "time"));
+    }
+    phase(r, pg, QD_PHASE_NONE);
     if (!st && r->metrics)
         st = qd_metrics_append(r->metrics, o);
     json_decref(o);
@@ -1008,6 +1025,7 @@ static qd_status one_step(rl_run *r, sample_set *ss, qd_progress *pg)
     step_record sr = {0};
     double t0 = now_s();
     r->step++;
+    phase(r, pg, QD_PHASE_ROLLOUT);
     qd_status st = do_rollouts(r, ss, &sr.rs, &sr.kept);
     if (st)
         st = at_step(st, r->step, "rollout");
@@ -1017,16 +1035,18 @@ static qd_status one_step(rl_run *r, sample_set *ss, qd_progress *pg)
         r->hooks.after_rollout(r->hooks.ctx, r->step);
     sr.t[0] = now_s() - t0;
     double t1 = now_s();
+    phase(r, pg, QD_PHASE_TRAIN);
     if (!st && (st = train_step(r, ss, sr.kept, &sr.ls, &sr.ts)))
         st = at_step(st, r->step, "");
     sr.t[1] = now_s() - t1;
     double t2 = now_s();
+    phase(r, pg, QD_PHASE_SYNC);
     if (!st)
         st = sync_weights(r);
     sr.t[2] = now_s() - t2;
     sr.t[3] = now_s() - t0;
     if (!st)
-        st = record_step(r, &sr);
+        st = record_step(r, &sr, pg);
     qd_layer_stats_free(&sr.ls);
     if (!st && ckpt_due(r))
         st = checkpoint_step(r);
@@ -1180,6 +1200,8 @@ static qd_status run_loop(rl_run *r, sample_set *ss)
         st = qd_metrics_truncate(metrics, r->step);
     if (!st && files)
         st = qd_metrics_open(&r->metrics, metrics);
+    if (!st && files && r->k->log.tensorboard)
+        st = qd_metrics_tensorboard(r->metrics, r->dir, r->step);
     if (st)
         return st;
     if (r->o->log) {

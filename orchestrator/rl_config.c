@@ -139,6 +139,8 @@ static const qd_cfg_knob knobs[] = {
      .doc = "checkpoint every N steps; 0 = only at the end"},
     {KNOB("checkpoint.keep_last", QD_CFG_INT, checkpoint.keep_last), .def = "2", .min = 1, .max = 1000,
      .doc = "checkpoints kept (older step_XXXXXXXX removed)"},
+    {KNOB("log.tensorboard", QD_CFG_BOOL, log.tensorboard), .def = "true",
+     .doc = "write RUN/tb/: TensorBoard event files with every number of metrics.jsonl and the config as text"},
     {KNOB("dist.checksum_every", QD_CFG_INT, dist.checksum_every), .def = "10", .min = 0, .max = BIG,
      .doc = "data parallel: compare a checksum of the master weights across ranks every N steps (and at the last); 0 = off"},
     {KNOB("dist.timeout_s", QD_CFG_FLOAT, dist.timeout_s), .def = "1800", .min = 0, .max = 1e6, .min_open = true,

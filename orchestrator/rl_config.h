@@ -71,6 +71,9 @@ typedef struct {
         int64_t every, keep_last;
     } checkpoint;
     struct {
+        bool tensorboard;
+    } log;
+    struct {
         int64_t checksum_every;
         double timeout_s;
     } dist;

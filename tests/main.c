@@ -152,6 +152,7 @@ int main(void)
     srunner_add_suite(sr, suite_sampling());
     srunner_add_suite(sr, suite_models());
     srunner_add_suite(sr, suite_dist());
+    srunner_add_suite(sr, suite_tb());
     srunner_add_suite(sr, suite_sandbox());
     srunner_add_suite(sr, suite_code());
     srunner_add_suite(sr, suite_sync());

@@ -20,6 +20,7 @@ Suite *suite_rl(void);
 Suite *suite_sampling(void);
 Suite *suite_models(void);
 Suite *suite_dist(void);
+Suite *suite_tb(void);
 Suite *suite_sandbox(void);
 Suite *suite_code(void);
 Suite *suite_sync(void);

@@ -890,6 +890,55 @@ START_TEST(test_cli_eval)
 }
 END_TEST
 
+/* qd_checkpoint_load converts pieces of the tensors in parallel (issue 16):
+ * a BF16 tensor of several pieces (150,000 elements; a piece is 65,536) and an
+ * F32 and an F16 tensor load exactly as the serial conversion does, and the
+ * first non-finite element in tensor order is the one named, wherever it is. */
+START_TEST(test_load_parallel_pieces)
+{
+    char dir[256], path[512];
+    qd_test_mkdtemp(dir, sizeof dir, "load");
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    enum { R = 3, C = 50000, N = R * C };
+    qd_param_info p[3] = {{"a.weight", R, C, 0}, {"b.weight", 2, 4, N}, {"model.norm.weight", 1, 8, N + 8}};
+    uint16_t *a = malloc(N * sizeof *a), h[8];
+    float b[8], *out = malloc((N + 16) * sizeof *out);
+    for (int i = 0; i < N; i++)
+        a[i] = qd_bf16_from_f32((float)((i * 7919) % 1000 - 500) * 1e-3f);
+    for (int i = 0; i < 8; i++)
+        b[i] = (float)i * 0.25f - 1.0f, h[i] = (uint16_t)(0x3c00 + i); /* F16 1.0, 1 + 2^-10, ... */
+    int64_t sa[2] = {R, C}, sb[2] = {2, 4}, sn[1] = {8};
+    for (int round = 0; round < 3; round++) {
+        if (round == 1)
+            a[140000] = 0x7fc0; /* a NaN in the third piece of a */
+        if (round == 2)
+            b[5] = INFINITY, a[140000] = qd_bf16_from_f32(1.0f), a[7] = 0xff80; /* -Inf early in a */
+        qd_safetensors_writer *w;
+        ck_assert_int_eq(qd_safetensors_writer_new(&w), QD_OK);
+        ck_assert_int_eq(qd_safetensors_writer_add(w, "a.weight", QD_ST_BF16, 2, sa, a), QD_OK);
+        ck_assert_int_eq(qd_safetensors_writer_add(w, "b.weight", QD_ST_F32, 2, sb, b), QD_OK);
+        ck_assert_int_eq(qd_safetensors_writer_add(w, "model.norm.weight", QD_ST_F16, 1, sn, h), QD_OK);
+        ck_assert_int_eq(qd_safetensors_writer_write(w, path), QD_OK);
+        qd_safetensors_writer_free(w);
+        qd_status st = qd_checkpoint_load(dir, p, 3, out);
+        if (round == 0) {
+            ck_assert_msg(st == QD_OK, "%s", qd_last_error());
+            for (int i = 0; i < N; i++)
+                ck_assert_msg(out[i] == qd_bf16_to_f32(a[i]), "element %d", i);
+            ck_assert_int_eq(memcmp(out + N, b, sizeof b), 0);
+            ck_assert(out[N + 8] == 1.0f && out[N + 9] == 1.0f + 0x1p-10f && out[N + 15] == 1.0f + 7 * 0x1p-10f);
+        } else {
+            ck_assert_int_eq(st, QD_ERR_NONFINITE);
+            ck_assert_ptr_nonnull(strstr(qd_last_error(), round == 1 ? "tensor 'a.weight': element 140000 is not finite"
+                                                                     : "tensor 'a.weight': element 7 is not finite"));
+            ck_assert_ptr_nonnull(strstr(qd_last_error(), "model.safetensors"));
+        }
+    }
+    free(a), free(out);
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
 Suite *suite_models(void)
 {
     Suite *s = suite_create("models");
@@ -904,6 +953,7 @@ Suite *suite_models(void)
     tcase_add_test(tc, test_malformed_checkpoints);
     tcase_add_test(tc, test_missing_files);
     tcase_add_test(tc, test_save_refuses);
+    tcase_add_test(tc, test_load_parallel_pieces);
     suite_add_tcase(s, tc);
     tc = tcase_create("cli");
     tcase_set_timeout(tc, 60);

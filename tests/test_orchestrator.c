@@ -937,6 +937,29 @@ START_TEST(test_progress_line)
     ck_assert_int_eq(count_substr(buf, "\033[K"), 2);
     ck_assert_int_eq(count_substr(buf, "\n"), 1); /* only after the last step */
     free(buf);
+    /* a phase: the step in progress, the phase and the time it took last time,
+     * on a terminal only */
+    p.step = 10;
+    qd_progress_phase(&p, QD_PHASE_TRAIN, 100.0);
+    qd_progress_format(line, sizeof line, &p);
+    ck_assert_str_eq(line, "step 11/50 train ETA ?  reward 0.412  gap 0.0031  1234 tok/s  ETA 0:01:20");
+    qd_progress_phase(&p, QD_PHASE_SYNC, 103.4);
+    qd_progress_phase(&p, QD_PHASE_NONE, 104.0);
+    qd_progress_phase(&p, QD_PHASE_TRAIN, 110.0);
+    qd_progress_format(line, sizeof line, &p);
+    ck_assert_str_eq(line, "step 11/50 train ETA 0:00:03  reward 0.412  gap 0.0031  1234 tok/s  ETA 0:01:20");
+    f = open_memstream(&buf, &len);
+    qd_progress_write(f, false, &p);
+    fclose(f);
+    ck_assert_str_eq(buf, ""); /* logs get no phase lines */
+    free(buf);
+    f = open_memstream(&buf, &len);
+    qd_progress_write(f, true, &p);
+    fclose(f);
+    ck_assert_ptr_nonnull(strstr(buf, "\rstep 11/50 train ETA 0:00:03"));
+    ck_assert_int_eq(count_substr(buf, "\n"), 0);
+    free(buf);
+    ck_assert(p.phase_s[QD_PHASE_SYNC] > 0.59 && p.phase_s[QD_PHASE_SYNC] < 0.61);
 }
 END_TEST
 
