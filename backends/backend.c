@@ -19,6 +19,7 @@ static const struct {
     [QD_RECIPE_NVFP4_RAC] = {"nvfp4-rac", QD_LINEAR_W4A4_RAC, QD_LINEAR_BF16},
     [QD_RECIPE_QUADS] = {"quads", QD_LINEAR_W4A4_RAC, QD_LINEAR_AQAT},
     [QD_RECIPE_NVFP4_SYM_QAT] = {"nvfp4-sym-qat", QD_LINEAR_W4A4, QD_LINEAR_SYM_QAT},
+    [QD_RECIPE_NVFP4_REPLAY] = {"nvfp4-replay", QD_LINEAR_W4A4, QD_LINEAR_W4A4_STE},
 };
 
 const char *qd_recipe_name(qd_recipe r)
@@ -34,7 +35,7 @@ qd_status qd_recipe_parse(qd_recipe *out, const char *name)
             return QD_OK;
         }
     return qd_error(QD_ERR_ARG, "precision: unknown recipe '%s' (fp32, bf16, fp8, nvfp4, "
-                    "nvfp4-aqat, nvfp4-rac, quads, nvfp4-sym-qat)", name ? name : "(null)");
+                    "nvfp4-aqat, nvfp4-rac, quads, nvfp4-sym-qat, nvfp4-replay)", name ? name : "(null)");
 }
 
 const char *qd_mode_name(qd_exec_mode m)

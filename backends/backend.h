@@ -26,6 +26,7 @@ typedef enum {
     QD_RECIPE_NVFP4_RAC,
     QD_RECIPE_QUADS,
     QD_RECIPE_NVFP4_SYM_QAT,
+    QD_RECIPE_NVFP4_REPLAY,  /* the trainer's forward is the rollout's W4A4 (no gap in exact mode) */
     QD_RECIPE_COUNT
 } qd_recipe;
 
@@ -44,11 +45,14 @@ typedef enum {
     QD_LINEAR_W4A4,      /* NVFP4 W4A4, the canonical product (NUMERICS.md §3) */
     QD_LINEAR_W4A4_RAC,  /* W4A4 with residual activation compensation (§5) */
     QD_LINEAR_AQAT,      /* x rounded to BF16, W := dequant(quantize(W)); straight-through */
-    QD_LINEAR_SYM_QAT    /* x and W both fake-quantized to NVFP4; straight-through */
+    QD_LINEAR_SYM_QAT,   /* x and W both fake-quantized to NVFP4; straight-through */
+    QD_LINEAR_W4A4_STE   /* replay: the W4A4 product forward, straight-through backward with
+                            W_eff = dequant(quantize(W)), x_eff = the dequantized NVFP4 input
+                            (docs/numerics.md §5) */
 } qd_linear_mode;
 
 /* Canonical recipe name ("fp32", "bf16", "fp8", "nvfp4", "nvfp4-aqat",
- * "nvfp4-rac", "quads", "nvfp4-sym-qat"); NULL for an invalid value. */
+ * "nvfp4-rac", "quads", "nvfp4-sym-qat", "nvfp4-replay"); NULL for an invalid value. */
 const char *qd_recipe_name(qd_recipe r);
 /* QD_ERR_ARG (message naming the value and the valid names) if unknown. */
 qd_status qd_recipe_parse(qd_recipe *out, const char *name);

@@ -31,7 +31,8 @@
  * BF16 linear rounds its input to BF16 and accumulates in float32; all other
  * activations stay float32. Backward is float32 with the straight-through
  * rule: a rounded or fake-quantized copy passes the gradient unchanged to the
- * master weight (NUMERICS.md §5).
+ * master weight (NUMERICS.md §5). The replay trainer (nvfp4-replay) runs the
+ * rollout's W4A4 forward and the sym-QAT backward (docs/numerics.md §5).
  *
  * Generation: a prefill of the prompts, then decode steps of one token per
  * unfinished sequence against a KV cache, both through the attend op, so
@@ -214,9 +215,23 @@ static qd_status weight_nvfp4(model *c, linear *L, int64_t rows, int64_t cols)
 /* ------------------------------------------------------------------------ */
 /* the linear layer of every precision recipe                                */
 
-static int is_w4a4(qd_linear_mode m) { return m == QD_LINEAR_W4A4 || m == QD_LINEAR_W4A4_RAC; }
+/* Modes whose forward is the canonical W4A4 product (the replay trainer's too). */
+static int is_w4a4(qd_linear_mode m)
+{
+    return m == QD_LINEAR_W4A4 || m == QD_LINEAR_W4A4_RAC || m == QD_LINEAR_W4A4_STE;
+}
 
+/* Modes whose products read codes rebuilt at every sync (sync_rollout_linear). */
 static int is_rollout_quant(qd_linear_mode m) { return m == QD_LINEAR_FP8 || is_w4a4(m); }
+
+/* Modes of a rollout only: no backward. */
+static int is_rollout_only(qd_linear_mode m) { return is_rollout_quant(m) && m != QD_LINEAR_W4A4_STE; }
+
+/* Modes whose working copy in wk is dequant(quantize(W)) (the straight-through weight). */
+static int is_fake_quant_weight(qd_linear_mode m)
+{
+    return m == QD_LINEAR_AQAT || m == QD_LINEAR_SYM_QAT || m == QD_LINEAR_W4A4_STE;
+}
 
 static int measured(const model *c, const linear *L)
 {
@@ -274,7 +289,9 @@ static qd_status fwd_fp8(model *c, float *out, const float *inp, const linear *L
 }
 
 /* The input a BF16/QAT linear really multiplies: x itself (FP32), rounded to
- * BF16, or fake-quantized to NVFP4 with one global scale per row (sym-QAT). */
+ * BF16, or fake-quantized to NVFP4 with one global scale per row (sym-QAT;
+ * the replay trainer's backward: bit for bit the dequantization of the codes
+ * its W4A4 forward multiplied, docs/numerics.md §5). */
 static qd_status effective_input(model *c, const float **xe, const float *inp, const linear *L, int N)
 {
     *xe = inp;
@@ -284,7 +301,7 @@ static qd_status effective_input(model *c, const float **xe, const float *inp, c
     size_t n = (size_t)N * L->in;
     QD_TRY(scratch(c, S_XE, sizeof(float) * (n ? n : 1), &p));
     *xe = p;
-    if (L->mode == QD_LINEAR_SYM_QAT)
+    if (L->mode == QD_LINEAR_SYM_QAT || L->mode == QD_LINEAR_W4A4_STE)
         return OP(c, nvfp4_fake_quant, p, inp, N, L->in, 1);
     return OP(c, round_bf16, p, inp, n);
 }
@@ -309,7 +326,8 @@ static qd_status linear_forward(model *c, float *out, const float *inp, linear *
     return OP(c, matmul, out, xe, P(c, L->w), N, L->in, L->out, prec_of(L));
 }
 
-/* dinp += dout . W_eff; grad(W) += dout^T . x_eff (straight-through). */
+/* dinp += dout . W_eff; grad(W) += dout^T . x_eff (straight-through; W_eff is
+ * the working copy in wk, x_eff effective_input's). */
 static qd_status linear_backward(model *c, float *dinp, const float *dout, const float *inp, const linear *L,
                                  int N)
 {
@@ -329,7 +347,7 @@ static qd_status sync_rollout_linear(model *c, linear *L)
     const float *w = c->params + L->w;
     if (L->mode == QD_LINEAR_FP8)
         return OP(c, fp8_quantize_rows, L->w8, L->w8_inv, w, L->out, L->in);
-    if (L->mode == QD_LINEAR_W4A4) {
+    if (L->mode == QD_LINEAR_W4A4 || L->mode == QD_LINEAR_W4A4_STE) {
         QD_TRY(weight_nvfp4(c, L, L->out, L->in));
         return OP(c, nvfp4_quantize, &L->wq, w);
     }
@@ -374,14 +392,16 @@ static qd_status measure_weight_error(model *c, linear *L)
     return st;
 }
 
-/* The working copy of a linear's weight that the forward multiplies. */
+/* The working copies of a linear's weight: the codes the forward multiplies
+ * and, for a trainer, the weight its backward multiplies (the replay trainer
+ * has both: the rollout's codes forward, their dequantization backward). */
 static qd_status sync_linear(model *c, linear *L)
 {
     if (measured(c, L))
         QD_TRY(measure_weight_error(c, L));
     if (is_rollout_quant(L->mode))
-        return sync_rollout_linear(c, L);
-    if (L->mode == QD_LINEAR_AQAT || L->mode == QD_LINEAR_SYM_QAT)
+        QD_TRY(sync_rollout_linear(c, L));
+    if (is_fake_quant_weight(L->mode))
         return OP(c, nvfp4_fake_quant, c->wk + L->w, c->params + L->w, L->out, L->in, 0);
     return QD_OK; /* BF16: rounded with everything else */
 }
@@ -664,7 +684,7 @@ static qd_status experts_forward_set(model *c, float *out, const float *inp, con
     int IC = L0->in, OC = L0->out;
     if (measured(c, L0))
         QD_TRY(measure_act_rows(c, x->L, s->exp_off, E, inp, R, IC));
-    if (L0->mode == QD_LINEAR_W4A4) {
+    if (L0->mode == QD_LINEAR_W4A4 || L0->mode == QD_LINEAR_W4A4_STE) {
         qd_nvfp4 a;
         QD_TRY(act_nvfp4(c, &a, R, IC));
         QD_TRY(OP(c, nvfp4_quantize, &a, inp));
@@ -1197,7 +1217,7 @@ static qd_status backward_impl(model *c, const float *dlogp)
     if (!c->have_forward)
         return qd_error(QD_ERR_ARG, "backward: no forward since the last weight change");
     for (int i = 0; i < c->nlin; i++)
-        if (is_rollout_quant(c->lin[i].mode))
+        if (is_rollout_only(c->lin[i].mode))
             return qd_error(QD_ERR_UNSUPPORTED, "backward: recipe %s has no backward in the rollout role",
                             qd_recipe_name(c->opt.recipe));
     QD_TRY(ensure_train(c));
