@@ -11,6 +11,7 @@
 #include "backends/layout.h"
 #include "backends/shared.h"
 #include "backends/exact_math.h"
+#include "models/checkpoint.h"
 #include "quant/splitmix64.h"
 
 /* ---- helpers */
@@ -167,6 +168,8 @@ START_TEST(test_recipes)
     ck_assert_int_eq(qd_recipe_linear_mode(QD_RECIPE_QUADS, QD_ROLE_TRAINER), QD_LINEAR_AQAT);
     ck_assert_int_eq(qd_recipe_linear_mode(QD_RECIPE_NVFP4_RAC, QD_ROLE_TRAINER), QD_LINEAR_BF16);
     ck_assert_int_eq(qd_recipe_linear_mode(QD_RECIPE_NVFP4_SYM_QAT, QD_ROLE_TRAINER), QD_LINEAR_SYM_QAT);
+    ck_assert_int_eq(qd_recipe_linear_mode(QD_RECIPE_NVFP4_REPLAY, QD_ROLE_ROLLOUT), QD_LINEAR_W4A4);
+    ck_assert_int_eq(qd_recipe_linear_mode(QD_RECIPE_NVFP4_REPLAY, QD_ROLE_TRAINER), QD_LINEAR_W4A4_STE);
     ck_assert_int_eq(qd_recipe_linear_mode(QD_RECIPE_FP8, QD_ROLE_ROLLOUT), QD_LINEAR_FP8);
     ck_assert_int_eq(qd_recipe_dense_mode(QD_RECIPE_NVFP4), QD_LINEAR_BF16);
     ck_assert_int_eq(qd_recipe_dense_mode(QD_RECIPE_FP32), QD_LINEAR_FP32);
@@ -562,20 +565,31 @@ static float *trainer_grads(qd_recipe r, const float *w, const int32_t *tok, con
     return g;
 }
 
-static double grad_dist(qd_recipe r, const float *w, const int32_t *tok, const float *coef, const float *ref,
-                        size_t n)
+/* |g - ref| / |ref| in double. */
+static double rel_l2(const float *g, const float *ref, size_t n)
 {
-    float *g = trainer_grads(r, w, tok, coef, n);
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i++) {
         num += ((double)g[i] - ref[i]) * ((double)g[i] - ref[i]);
         den += (double)ref[i] * ref[i];
     }
-    fprintf(stderr, "recipe %-14s trainer: gradient relative L2 distance to fp32 %.3e\n", qd_recipe_name(r),
-            sqrt(num / den));
-    free(g);
     return sqrt(num / den);
 }
+
+static double grad_dist(qd_recipe r, const float *w, const int32_t *tok, const float *coef, const float *ref,
+                        size_t n)
+{
+    float *g = trainer_grads(r, w, tok, coef, n);
+    double d = rel_l2(g, ref, n);
+    fprintf(stderr, "recipe %-14s trainer: gradient relative L2 distance to fp32 %.3e\n", qd_recipe_name(r), d);
+    free(g);
+    return d;
+}
+
+/* Replay vs sym-QAT gradients: measured 3.1e-7 on this data (the forwards'
+ * summation orders differ by float32 rounding; an NVFP4 code flip downstream
+ * would move more); replay vs AQAT measured 0.37. */
+#define REPLAY_SYM_BOUND 1e-4
 
 /* Trainer recipes' gradients (straight-through) stay near fp32's: the
  * relative L2 distance is non-zero and ordered like the forward errors. */
@@ -596,7 +610,138 @@ START_TEST(test_trainer_gradients)
     ck_assert(bf16 > 0 && bf16 < 0.05);
     ck_assert(aqat > bf16 && aqat < 1.0);
     ck_assert(sym > bf16 && sym < 1.5);
+    /* the replay trainer's backward is sym-QAT's (dinp through dequant(quantize(W)),
+     * dW against the dequantized NVFP4 input the forward multiplied,
+     * docs/numerics.md §5): its gradient differs from sym-QAT's only through the
+     * forward's summation order, and from AQAT's (dW against the unquantized
+     * input) by the activation quantization error */
+    float *gs = trainer_grads(QD_RECIPE_NVFP4_SYM_QAT, w, tok, coef, n);
+    float *gr = trainer_grads(QD_RECIPE_NVFP4_REPLAY, w, tok, coef, n);
+    float *ga = trainer_grads(QD_RECIPE_QUADS, w, tok, coef, n);
+    double rs = rel_l2(gr, gs, n), ra = rel_l2(gr, ga, n);
+    fprintf(stderr, "nvfp4-replay trainer gradient: relative L2 distance to nvfp4-sym-qat's %.3e, to quads' "
+            "(AQAT) %.3e\n", rs, ra);
+    ck_assert(rs > 0 && rs < REPLAY_SYM_BOUND);
+    ck_assert(ra > 10 * REPLAY_SYM_BOUND);
+    free(gs);
+    free(gr);
+    free(ga);
     free(ref);
+    free(w);
+}
+END_TEST
+
+/* ---- the replay recipe: no rollout-trainer gap */
+
+enum { RB = 4, RP = 6, RM = 10 }; /* prompts, prompt width, new tokens */
+
+/* Rollout ro samples (temperature 1) from RB random prompts; the trainer tr
+ * and the rollout then run the forward of prompt + completion. *max_gap =
+ * the largest |trainer - rollout| log-prob of a sampled token (the gap that
+ * `quads rl` measures); returns 1 when both forwards' logits are the same
+ * bytes. Writes the batch into seq, len (RB, RP + RM) for a later backward. */
+static int replay_gap(qd_backend *ro, qd_backend *tr, int V, uint64_t seed, double *max_gap, int32_t *seq,
+                      int32_t *len)
+{
+    enum { T = RP + RM };
+    int32_t prompt[RB * RP], plen[RB], tok[RB * RM], glen[RB];
+    uint64_t sid[RB];
+    float glp[RB * RM], lpt[RB * T], lpr[RB * T];
+    rng_state = seed;
+    for (int b = 0; b < RB; b++) {
+        plen[b] = 3 + b % 4;
+        sid[b] = 500 + (uint64_t)b;
+        for (int t = 0; t < RP; t++)
+            prompt[b * RP + t] = t < plen[b] ? (int32_t)(urand() * V) : 0;
+    }
+    qd_generate_request rq = {.B = RB, .Tp = RP, .prompt = prompt, .prompt_len = plen, .seq_id = sid,
+                              .seed = seed, .max_new_tokens = RM, .temperature = 1.0f, .top_p = 1.0f};
+    qd_generate_result res = {.tokens = tok, .logp = glp, .lengths = glen};
+    ck_assert_msg(qd_backend_generate(ro, &rq, &res) == QD_OK, "generate: %s", qd_last_error());
+    for (int b = 0; b < RB; b++) {
+        memcpy(seq + b * T, prompt + b * RP, sizeof(int32_t) * plen[b]);
+        memcpy(seq + b * T + plen[b], tok + b * RM, sizeof(int32_t) * glen[b]);
+        len[b] = plen[b] + glen[b];
+    }
+    float *lgt = malloc(sizeof(float) * RB * T * V), *lgr = malloc(sizeof(float) * RB * T * V);
+    forward_ok(ro, seq, len, RB, T, lpr, lgr);
+    forward_ok(tr, seq, len, RB, T, lpt, lgt);
+    *max_gap = 0;
+    int n = 0;
+    for (int b = 0; b < RB; b++)
+        for (int i = 0; i < glen[b]; i++, n++) {
+            int t = b * T + plen[b] - 1 + i;
+            ck_assert(lpr[t] == glp[b * RM + i]); /* generate and forward agree on one instance */
+            *max_gap = fmax(*max_gap, fabs((double)lpt[t] - glp[b * RM + i]));
+        }
+    ck_assert_int_eq(n, RB * RM);
+    int same = memcmp(lgt, lgr, sizeof(float) * RB * T * V) == 0;
+    free(lgt);
+    free(lgr);
+    return same;
+}
+
+/* On model c with master weights w: the nvfp4-replay trainer's log-probs of
+ * the rollout's samples are the rollout's, bit for bit, before and after an
+ * update of the trainer (backward, AdamW, weight sync); the nvfp4-sym-qat
+ * trainer (the same codes, float32 sums in another order) is not. */
+static void check_replay(const qd_model_config *c, const float *w, const char *what)
+{
+    enum { T = RP + RM };
+    int V = c->vocab_size;
+    qd_backend *ro = make_loaded(c, QD_RECIPE_NVFP4_REPLAY, QD_ROLE_ROLLOUT, 0, 0, w);
+    qd_backend *tr = make_loaded(c, QD_RECIPE_NVFP4_REPLAY, QD_ROLE_TRAINER, 0, 0, w);
+    qd_backend *sq = make_loaded(c, QD_RECIPE_NVFP4_SYM_QAT, QD_ROLE_TRAINER, 0, 0, w);
+    size_t n = qd_backend_num_floats(tr);
+    int32_t seq[RB * T], len[RB];
+    double gap, sgap;
+    ck_assert_msg(replay_gap(ro, tr, V, 7, &gap, seq, len) && gap == 0.0, "%s: replay gap %g", what, gap);
+    int same = replay_gap(ro, sq, V, 7, &sgap, seq, len);
+    fprintf(stderr, "%s: nvfp4-replay trainer max |dlogp| %g; nvfp4-sym-qat trainer %g (logits %s)\n", what,
+            gap, sgap, same ? "equal" : "differ");
+    ck_assert(!same);
+    /* one update of the trainer through the straight-through backward, then the sync */
+    float coef[RB * T], lp[RB * T], gn;
+    rng_state = 9;
+    for (int i = 0; i < RB * T; i++)
+        coef[i] = (float)sym();
+    qd_backend_zero_grad(tr);
+    forward_ok(tr, seq, len, RB, T, lp, NULL);
+    ck_assert_int_eq(qd_backend_backward(tr, coef), QD_OK);
+    qd_adamw o = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.0f, .grad_clip = 1.0f};
+    ck_assert_int_eq(qd_backend_optimizer_step(tr, &o, 1, &gn), QD_OK);
+    ck_assert(gn > 0 && isfinite(gn));
+    float *w2 = malloc(sizeof(float) * n);
+    ck_assert_int_eq(qd_backend_get_weights(tr, w2, n), QD_OK);
+    ck_assert(memcmp(w2, w, sizeof(float) * n) != 0);
+    ck_assert_int_eq(qd_backend_set_weights(ro, w2, n), QD_OK);
+    ck_assert_msg(replay_gap(ro, tr, V, 8, &gap, seq, len) && gap == 0.0, "%s after an update: gap %g", what, gap);
+    free(w2);
+    qd_backend_free(ro);
+    qd_backend_free(tr);
+    qd_backend_free(sq);
+}
+
+START_TEST(test_replay_no_gap)
+{
+    /* the MoE fixture (a dense layer, then 8 experts top-2), random weights */
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend *b = make(&c, QD_RECIPE_FP32, QD_ROLE_TRAINER, 0, 0);
+    float *w = random_weights(b, 131);
+    qd_backend_free(b);
+    check_replay(&c, w, "MoE fixture");
+    free(w);
+    /* the shipped tiny model */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", qd_test_path("models/tiny"));
+    ck_assert_int_eq(qd_checkpoint_read_config(dir, &c), QD_OK);
+    b = make(&c, QD_RECIPE_FP32, QD_ROLE_TRAINER, 0, 0);
+    int np;
+    const qd_param_info *pi = qd_backend_params(b, &np);
+    w = malloc(sizeof(float) * qd_backend_num_floats(b));
+    ck_assert_msg(qd_checkpoint_load(dir, pi, np, w) == QD_OK, "%s", qd_last_error());
+    qd_backend_free(b);
+    check_replay(&c, w, "models/tiny");
     free(w);
 }
 END_TEST
@@ -1347,6 +1492,7 @@ Suite *suite_backend_cpu(void)
     tcase_add_test(tc, test_gradients_tied);
     tcase_add_test(tc, test_recipes_error);
     tcase_add_test(tc, test_trainer_gradients);
+    tcase_add_test(tc, test_replay_no_gap);
     tcase_add_test(tc, test_adamw);
     tcase_add_test(tc, test_diagnostics);
     tcase_add_test(tc, test_generate);
