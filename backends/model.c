@@ -289,7 +289,8 @@ static qd_status fwd_fp8(model *c, float *out, const float *inp, const linear *L
 }
 
 /* The input a BF16/QAT linear really multiplies: x itself (FP32), rounded to
- * BF16, or fake-quantized to NVFP4 with one global scale per row (sym-QAT;
+ * BF16, or fake-quantized to NVFP4 with one global scale per row (sym-QAT and
+ * the activation-only ablation;
  * the replay trainer's backward: bit for bit the dequantization of the codes
  * its W4A4 forward multiplied, docs/numerics.md §5). */
 static qd_status effective_input(model *c, const float **xe, const float *inp, const linear *L, int N)
@@ -301,7 +302,7 @@ static qd_status effective_input(model *c, const float **xe, const float *inp, c
     size_t n = (size_t)N * L->in;
     QD_TRY(scratch(c, S_XE, sizeof(float) * (n ? n : 1), &p));
     *xe = p;
-    if (L->mode == QD_LINEAR_SYM_QAT || L->mode == QD_LINEAR_W4A4_STE)
+    if (L->mode == QD_LINEAR_SYM_QAT || L->mode == QD_LINEAR_W4A4_STE || L->mode == QD_LINEAR_ACT_QAT)
         return OP(c, nvfp4_fake_quant, p, inp, N, L->in, 1);
     return OP(c, round_bf16, p, inp, n);
 }
@@ -1569,10 +1570,26 @@ static const struct qd_backend_i model_iface = {
 /* ------------------------------------------------------------------------ */
 /* init                                                                      */
 
+/* Ablations (options.quant_layers): the quantized linears of a layer left
+ * out keep the dense mode. */
+static void dense_layer(linear *lin, const layer *ly, qd_linear_mode dm)
+{
+    const int attn[4] = {ly->q, ly->k, ly->v, ly->o};
+    for (int i = 0; i < 4; i++)
+        lin[attn[i]].mode = dm;
+    for (int i = 0; i < 3 * ly->nexp; i++)
+        lin[ly->mlp0 + i].mode = dm;
+}
+
 /* Takes over the shared table (backends/layout.h); each linear layer gets the
- * mode the recipe gives it (the recipe table: qd_recipe_linear_mode). */
+ * mode the recipe gives it (the recipe table: qd_recipe_linear_mode), within
+ * the layers options.quant_layers names. */
 static qd_status build_params(model *c)
 {
+    int L = c->cfg.num_hidden_layers;
+    if (L < 64 && c->opt.quant_layers >> L)
+        return qd_error(QD_ERR_ARG, "%s backend: options.quant_layers 0x%llx names a layer at or above "
+                        "num_hidden_layers %d", c->ops->name, (unsigned long long)c->opt.quant_layers, L);
     qd_model_layout m;
     QD_TRY(qd_model_layout_init(&m, &c->cfg));
     qd_linear_mode qm = qd_recipe_linear_mode(c->opt.recipe, c->opt.role);
@@ -1591,6 +1608,9 @@ static qd_status build_params(model *c)
         L->name = m.lin[i].name;
         L->mode = L->quantized ? qm : dm;
     }
+    for (int l = 0; c->opt.quant_layers && l < c->cfg.num_hidden_layers; l++)
+        if (l >= 64 || !(c->opt.quant_layers >> l & 1))
+            dense_layer(c->lin, &m.layers[l], dm);
     c->nlin = m.nlin;
     c->info = m.info;
     c->ninfo = m.ninfo;

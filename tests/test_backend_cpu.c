@@ -12,6 +12,7 @@
 #include "backends/shared.h"
 #include "backends/exact_math.h"
 #include "models/checkpoint.h"
+#include "quant/quant.h"
 #include "quant/splitmix64.h"
 
 /* ---- helpers */
@@ -742,6 +743,89 @@ START_TEST(test_replay_no_gap)
     ck_assert_msg(qd_checkpoint_load(dir, pi, np, w) == QD_OK, "%s", qd_last_error());
     qd_backend_free(b);
     check_replay(&c, w, "models/tiny");
+    free(w);
+}
+END_TEST
+
+/* ---- the ablation recipes and options.quant_layers */
+
+static float *logits_of(const qd_model_config *c, qd_recipe r, qd_role role, uint64_t layers, const float *w,
+                        const int32_t *tok)
+{
+    qd_backend_options o = {.recipe = r, .role = role, .quant_layers = layers};
+    qd_backend *b = qd_backend_cpu_init(c, &o);
+    ck_assert_msg(b != NULL, "init: %s", qd_last_error());
+    ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
+    float logp[TB * TT], *logits = malloc(sizeof(float) * TB * TT * 64);
+    forward_ok(b, tok, tlen, TB, TT, logp, logits);
+    qd_backend_free(b);
+    return logits;
+}
+
+static int same_logits(const float *a, const float *b) { return memcmp(a, b, sizeof(float) * TB * TT * 64) == 0; }
+
+/* Weights whose quantized linears are exact both in NVFP4 and in BF16: each
+ * tensor scaled to amax 2688 / 4096 (so S_enc = 4096 and S_dec = 2^-12
+ * exactly), then fake-quantized on the host (quant/): every value is an E2M1
+ * value times an E4M3 scale times 2^-12, at most 6 significant bits. */
+static float *representable_weights(qd_backend *b, uint64_t seed)
+{
+    int np;
+    const qd_param_info *p = qd_backend_params(b, &np);
+    float *w = random_weights(b, seed);
+    for (int i = 0; i < np; i++) {
+        if (!strstr(p[i].name, "_proj."))
+            continue;
+        float *t = w + p[i].offset, amax = 0;
+        size_t n = (size_t)(p[i].rows * p[i].cols), at = 0;
+        for (size_t k = 0; k < n; k++)
+            if (fabsf(t[k]) > amax)
+                amax = fabsf(t[k]), at = k;
+        for (size_t k = 0; k < n; k++)
+            t[k] = k == at ? copysignf(0.65625f, t[k]) : t[k] * (0.65625f / amax) * 0.999f;
+        ck_assert_int_eq(qd_nvfp4_fake_quant(t, t, p[i].rows, p[i].cols, 0), QD_OK);
+    }
+    return w;
+}
+
+/* nvfp4-w16a4 quantizes only the activations and nvfp4-w4a16 only the
+ * weights: on weights exact in NVFP4 and BF16, w4a16 is bf16 bit for bit and
+ * w16a4 is sym-QAT (both quantized) bit for bit, while on random weights each
+ * differs from both; quant_layers picks the layers, every bit set being the
+ * whole recipe and a bit past the last layer an error. */
+START_TEST(test_ablation_recipes)
+{
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend *b = make(&c, QD_RECIPE_FP32, QD_ROLE_TRAINER, 0, 0);
+    float *we = representable_weights(b, 141), *w = random_weights(b, 142);
+    qd_backend_free(b);
+    int32_t tok[TB * TT];
+    tiny_batch(tok, 143);
+    const qd_role RO = QD_ROLE_ROLLOUT, TR = QD_ROLE_TRAINER;
+    float *bf = logits_of(&c, QD_RECIPE_BF16, RO, 0, we, tok), *sq = logits_of(&c, QD_RECIPE_NVFP4_SYM_QAT, TR, 0, we, tok);
+    float *a4 = logits_of(&c, QD_RECIPE_NVFP4_W16A4, RO, 0, we, tok), *w4 = logits_of(&c, QD_RECIPE_NVFP4_W4A16, RO, 0, we, tok);
+    ck_assert(same_logits(w4, bf) && same_logits(a4, sq) && !same_logits(a4, bf));
+    free(bf), free(sq), free(a4), free(w4);
+    bf = logits_of(&c, QD_RECIPE_BF16, RO, 0, w, tok);
+    sq = logits_of(&c, QD_RECIPE_NVFP4_SYM_QAT, TR, 0, w, tok);
+    a4 = logits_of(&c, QD_RECIPE_NVFP4_W16A4, RO, 0, w, tok);
+    w4 = logits_of(&c, QD_RECIPE_NVFP4_W4A16, RO, 0, w, tok);
+    ck_assert(!same_logits(w4, bf) && !same_logits(a4, bf) && !same_logits(a4, sq) && !same_logits(w4, sq));
+    /* layers: both bits = every layer; one bit = between BF16 and the whole recipe */
+    float *nv = logits_of(&c, QD_RECIPE_NVFP4, RO, 0, w, tok), *nv3 = logits_of(&c, QD_RECIPE_NVFP4, RO, 3, w, tok);
+    float *nv1 = logits_of(&c, QD_RECIPE_NVFP4, RO, 1, w, tok), *nv2 = logits_of(&c, QD_RECIPE_NVFP4, RO, 2, w, tok);
+    ck_assert(same_logits(nv, nv3));
+    double e1 = logit_err(nv1, bf), e2 = logit_err(nv2, bf), e = logit_err(nv, bf);
+    fprintf(stderr, "nvfp4 rollout vs bf16: logit relative RMS %.3e (layer 0 only %.3e, layer 1 only %.3e)\n", e,
+            e1, e2);
+    ck_assert(e1 > 0 && e2 > 0 && e1 < e && e2 < e && !same_logits(nv1, nv2));
+    float *a41 = logits_of(&c, QD_RECIPE_NVFP4_W16A4, RO, 1, w, tok);
+    ck_assert(logit_err(a41, bf) > 0 && logit_err(a41, bf) < logit_err(a4, bf));
+    free(bf), free(sq), free(a4), free(w4), free(nv), free(nv1), free(nv2), free(nv3), free(a41);
+    qd_backend_options o = {.recipe = QD_RECIPE_NVFP4, .quant_layers = 4};
+    ck_assert_ptr_null(qd_backend_cpu_init(&c, &o));
+    ck_assert_ptr_nonnull(strstr(qd_last_error(), "quant_layers"));
+    free(we);
     free(w);
 }
 END_TEST
@@ -1493,6 +1577,7 @@ Suite *suite_backend_cpu(void)
     tcase_add_test(tc, test_recipes_error);
     tcase_add_test(tc, test_trainer_gradients);
     tcase_add_test(tc, test_replay_no_gap);
+    tcase_add_test(tc, test_ablation_recipes);
     tcase_add_test(tc, test_adamw);
     tcase_add_test(tc, test_diagnostics);
     tcase_add_test(tc, test_generate);
