@@ -215,22 +215,24 @@ static qd_status weight_nvfp4(model *c, linear *L, int64_t rows, int64_t cols)
 /* ------------------------------------------------------------------------ */
 /* the linear layer of every precision recipe                                */
 
-/* Modes whose forward is the canonical W4A4 product (the replay trainer's too). */
-static int is_w4a4(qd_linear_mode m)
-{
-    return m == QD_LINEAR_W4A4 || m == QD_LINEAR_W4A4_RAC || m == QD_LINEAR_W4A4_STE;
-}
+/* Modes with RAC channel sets (the replay trainer's are the rollout's). */
+static int has_rac(qd_linear_mode m) { return m == QD_LINEAR_W4A4_RAC || m == QD_LINEAR_W4A4_RAC_STE; }
+
+/* Modes whose forward is the canonical W4A4 product (the replay trainers' too). */
+static int is_w4a4(qd_linear_mode m) { return m == QD_LINEAR_W4A4 || m == QD_LINEAR_W4A4_STE || has_rac(m); }
+
+static int is_replay(qd_linear_mode m) { return m == QD_LINEAR_W4A4_STE || m == QD_LINEAR_W4A4_RAC_STE; }
 
 /* Modes whose products read codes rebuilt at every sync (sync_rollout_linear). */
 static int is_rollout_quant(qd_linear_mode m) { return m == QD_LINEAR_FP8 || is_w4a4(m); }
 
 /* Modes of a rollout only: no backward. */
-static int is_rollout_only(qd_linear_mode m) { return is_rollout_quant(m) && m != QD_LINEAR_W4A4_STE; }
+static int is_rollout_only(qd_linear_mode m) { return is_rollout_quant(m) && !is_replay(m); }
 
 /* Modes whose working copy in wk is dequant(quantize(W)) (the straight-through weight). */
 static int is_fake_quant_weight(qd_linear_mode m)
 {
-    return m == QD_LINEAR_AQAT || m == QD_LINEAR_SYM_QAT || m == QD_LINEAR_W4A4_STE;
+    return m == QD_LINEAR_AQAT || m == QD_LINEAR_SYM_QAT || is_replay(m);
 }
 
 static int measured(const model *c, const linear *L)
@@ -267,9 +269,9 @@ static qd_status measure_act_rows(model *c, linear *const *L, const int32_t *off
 static qd_status fwd_w4a4(model *c, float *out, const float *inp, linear *L, int N)
 {
     qd_nvfp4 a;
-    int64_t K = L->in + (L->mode == QD_LINEAR_W4A4_RAC ? L->nrac : 0);
+    int64_t K = L->in + (has_rac(L->mode) ? L->nrac : 0);
     QD_TRY(act_nvfp4(c, &a, N, K));
-    if (L->mode == QD_LINEAR_W4A4_RAC) {
+    if (has_rac(L->mode)) {
         if (c->rac_stats)
             QD_TRY(OP(c, rac_error, L->d_rac_err, inp, N, L->in));
         QD_TRY(OP(c, rac_augment_act, &a, inp, N, L->in, L->d_rac_ch, L->nrac));
@@ -292,7 +294,8 @@ static qd_status fwd_fp8(model *c, float *out, const float *inp, const linear *L
  * BF16, or fake-quantized to NVFP4 with one global scale per row (sym-QAT and
  * the activation-only ablation;
  * the replay trainer's backward: bit for bit the dequantization of the codes
- * its W4A4 forward multiplied, docs/numerics.md §5). */
+ * its W4A4 forward multiplied, docs/numerics.md §5; under RAC with the
+ * residuals' dequantization added on the compensated channels). */
 static qd_status effective_input(model *c, const float **xe, const float *inp, const linear *L, int N)
 {
     *xe = inp;
@@ -304,6 +307,8 @@ static qd_status effective_input(model *c, const float **xe, const float *inp, c
     *xe = p;
     if (L->mode == QD_LINEAR_SYM_QAT || L->mode == QD_LINEAR_W4A4_STE || L->mode == QD_LINEAR_ACT_QAT)
         return OP(c, nvfp4_fake_quant, p, inp, N, L->in, 1);
+    if (L->mode == QD_LINEAR_W4A4_RAC_STE)
+        return N ? OP(c, rac_fake_quant, p, inp, N, L->in, L->d_rac_ch, L->nrac) : QD_OK;
     return OP(c, round_bf16, p, inp, n);
 }
 
@@ -351,6 +356,10 @@ static qd_status sync_rollout_linear(model *c, linear *L)
     if (L->mode == QD_LINEAR_W4A4 || L->mode == QD_LINEAR_W4A4_STE) {
         QD_TRY(weight_nvfp4(c, L, L->out, L->in));
         return OP(c, nvfp4_quantize, &L->wq, w);
+    }
+    if (L->mode == QD_LINEAR_W4A4_RAC_STE) { /* the replay trainer: the rollout's channels (set_rac_state) */
+        QD_TRY(weight_nvfp4(c, L, L->out, L->in + L->nrac));
+        return OP(c, rac_augment_weight, &L->wq, w, L->out, L->in, L->d_rac_ch, L->nrac);
     }
     /* RAC: channels of largest activation error since the last sync, picked on the host */
     double *err = malloc(sizeof(double) * (size_t)L->in);
@@ -615,7 +624,7 @@ static linear *expert_lin(model *c, const layer *ly, int e, int which)
 static int experts_grouped(const model *c, const layer *ly)
 {
     const linear *L0 = &c->lin[ly->mlp0];
-    if (L0->mode != QD_LINEAR_W4A4_RAC)
+    if (!has_rac(L0->mode))
         return 1;
     for (int e = 0; e < ly->nexp; e++)
         for (int w = 0; w < 3; w++)
@@ -691,7 +700,7 @@ static qd_status experts_forward_set(model *c, float *out, const float *inp, con
         QD_TRY(OP(c, nvfp4_quantize, &a, inp));
         return OP(c, w4a4_gemm_grouped, out, &a, x->wq, s->exp_off, E);
     }
-    if (L0->mode == QD_LINEAR_W4A4_RAC) {
+    if (has_rac(L0->mode)) {
         qd_nvfp4 a;
         QD_TRY(act_nvfp4(c, &a, R, IC + L0->nrac));
         QD_TRY(OP(c, rac_grouped, &a, c->rac_stats ? x->rac_err : NULL, x->rac_ch, s->exp_off, E, inp, IC,
@@ -723,6 +732,26 @@ static qd_status experts_forward(model *c, float *out, const float *inp, const l
     return st;
 }
 
+/* effective_input of the experts' rows: under the RAC replay each expert's
+ * rows with its own channel set. */
+static qd_status experts_effective_input(model *c, const float **xe, const float *inp, const layer_acts *s,
+                                         const layer *ly, const expert_set *x)
+{
+    int IC = x->L[0]->in, R = s->exp_off[ly->nexp];
+    if (x->L[0]->mode != QD_LINEAR_W4A4_RAC_STE)
+        return effective_input(c, xe, inp, x->L[0], R);
+    void *p;
+    QD_TRY(scratch(c, S_XE, sizeof(float) * (size_t)R * IC, &p));
+    *xe = p;
+    for (int e = 0; e < ly->nexp; e++) {
+        int r0 = s->exp_off[e], m = s->exp_off[e + 1] - r0;
+        if (m)
+            QD_TRY(OP(c, rac_fake_quant, (float *)p + (size_t)r0 * IC, inp + (size_t)r0 * IC, m, IC,
+                      x->rac_ch[e], x->L[e]->nrac));
+    }
+    return QD_OK;
+}
+
 /* dinp (R, IC) += dout . W_e; grad(W_e) += dout^T . x_eff over each expert's rows. */
 static qd_status experts_backward(model *c, float *dinp, const float *dout, const float *inp,
                                   const layer_acts *s, const layer *ly, int which)
@@ -733,7 +762,7 @@ static qd_status experts_backward(model *c, float *dinp, const float *dout, cons
     expert_set x;
     QD_TRY(expert_set_make(c, &x, ly, which));
     const float *xe;
-    qd_status st = effective_input(c, &xe, inp, x.L[0], R);
+    qd_status st = experts_effective_input(c, &xe, inp, s, ly, &x);
     if (!st)
         st = OP(c, matmul_grouped_backward, dinp, x.dw, dout, xe, x.w, s->exp_off, E, x.L[0]->in, x.L[0]->out);
     expert_set_free(&x);
@@ -909,7 +938,7 @@ static qd_status mlp_backward(model *c, float *dinp, const float *dout, const la
     if (N == 0)
         return QD_OK;
     QD_TRY(OP(c, moe_dy, dy, dw, dout, s->y, s->row_w, s->row_rank, s->tok_rows, N, K, C));
-    /* backward runs in the trainer role, never under RAC: the experts are always grouped */
+    /* one grouped float product per projection, whatever the RAC widths (x_eff has K channels) */
     QD_TRY(experts_backward(c, dh, dy, s->h, s, ly, 2));
     QD_TRY(OP(c, swiglu_backward, dg, du, dh, s->g, s->u, (size_t)R * I));
     QD_TRY(experts_backward(c, dxe, dg, s->xe, s, ly, 0));
@@ -1274,7 +1303,7 @@ static size_t rac_state_size_impl(model *c)
 {
     size_t n = 0;
     for (int i = 0; i < c->nlin; i++)
-        if (c->lin[i].mode == QD_LINEAR_W4A4_RAC)
+        if (has_rac(c->lin[i].mode))
             n += qd_rac_state_bytes(c->lin[i].in);
     return n;
 }
@@ -1283,7 +1312,7 @@ static qd_status get_rac_impl(model *c, char *p)
 {
     for (int i = 0; i < c->nlin; i++) {
         const linear *L = &c->lin[i];
-        if (L->mode != QD_LINEAR_W4A4_RAC)
+        if (!has_rac(L->mode))
             continue;
         memcpy(p, &L->nrac, sizeof(int64_t));
         memcpy(p + sizeof(int64_t), L->rac_ch, sizeof(int64_t) * (size_t)L->in);
@@ -1316,7 +1345,7 @@ static qd_status set_rac_impl(model *c, const char *p)
 {
     for (int i = 0; i < c->nlin; i++) {
         linear *L = &c->lin[i];
-        if (L->mode != QD_LINEAR_W4A4_RAC)
+        if (!has_rac(L->mode))
             continue;
         int64_t *tmp = malloc(sizeof(int64_t) * (size_t)L->in);
         if (!tmp)
@@ -1336,7 +1365,7 @@ static qd_status rac_stats_io(model *c, double *err, int put)
 {
     for (int i = 0; i < c->nlin; i++) {
         linear *L = &c->lin[i];
-        if (L->mode != QD_LINEAR_W4A4_RAC)
+        if (!has_rac(L->mode))
             continue;
         size_t bytes = sizeof(double) * (size_t)L->in;
         QD_TRY(put ? OP(c, to_dev, L->d_rac_err, err, bytes) : OP(c, to_host, err, L->d_rac_err, bytes));
@@ -1349,7 +1378,7 @@ static size_t rac_stats_count_impl(model *c)
 {
     size_t n = 0;
     for (int i = 0; i < c->nlin; i++)
-        if (c->lin[i].mode == QD_LINEAR_W4A4_RAC)
+        if (has_rac(c->lin[i].mode))
             n += (size_t)c->lin[i].in;
     return n;
 }
@@ -1632,7 +1661,7 @@ static qd_status alloc_linear(model *c, linear *L)
     if (is_w4a4(L->mode) && L->in % QD_NVFP4_BLOCK)
         return qd_error(QD_ERR_SHAPE, "%s backend: NVFP4 needs in-features %% 16 == 0, got %d", c->ops->name,
                         L->in);
-    if (L->mode == QD_LINEAR_W4A4_RAC) {
+    if (has_rac(L->mode)) {
         L->rac_ch = calloc((size_t)L->in, sizeof(int64_t));
         if (!L->rac_ch)
             return qd_error(QD_ERR_NOMEM, "%s backend: RAC state", c->ops->name);

@@ -37,7 +37,9 @@ static void usage(FILE *f)
                "  quads           W4A4 + RAC / BF16 activations, NVFP4 fake-quant weights\n"
                "  nvfp4-sym-qat   W4A4 / NVFP4 fake-quant weights and activations\n"
                "  nvfp4-replay    W4A4 / the rollout's W4A4 forward, straight-through backward\n"
-               "                  (no rollout-trainer gap in exact mode)\n");
+               "                  (no rollout-trainer gap in exact mode)\n"
+               "  quads-replay    W4A4 + RAC / the rollout's W4A4 + RAC forward (its channel sets),\n"
+               "                  straight-through backward (no gap in exact mode)\n");
 }
 
 /* One override of the command line, applied in order after --config: a

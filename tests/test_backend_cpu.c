@@ -171,6 +171,8 @@ START_TEST(test_recipes)
     ck_assert_int_eq(qd_recipe_linear_mode(QD_RECIPE_NVFP4_SYM_QAT, QD_ROLE_TRAINER), QD_LINEAR_SYM_QAT);
     ck_assert_int_eq(qd_recipe_linear_mode(QD_RECIPE_NVFP4_REPLAY, QD_ROLE_ROLLOUT), QD_LINEAR_W4A4);
     ck_assert_int_eq(qd_recipe_linear_mode(QD_RECIPE_NVFP4_REPLAY, QD_ROLE_TRAINER), QD_LINEAR_W4A4_STE);
+    ck_assert_int_eq(qd_recipe_linear_mode(QD_RECIPE_QUADS_REPLAY, QD_ROLE_ROLLOUT), QD_LINEAR_W4A4_RAC);
+    ck_assert_int_eq(qd_recipe_linear_mode(QD_RECIPE_QUADS_REPLAY, QD_ROLE_TRAINER), QD_LINEAR_W4A4_RAC_STE);
     ck_assert_int_eq(qd_recipe_linear_mode(QD_RECIPE_FP8, QD_ROLE_ROLLOUT), QD_LINEAR_FP8);
     ck_assert_int_eq(qd_recipe_dense_mode(QD_RECIPE_NVFP4), QD_LINEAR_BF16);
     ck_assert_int_eq(qd_recipe_dense_mode(QD_RECIPE_FP32), QD_LINEAR_FP32);
@@ -624,6 +626,10 @@ START_TEST(test_trainer_gradients)
             "(AQAT) %.3e\n", rs, ra);
     ck_assert(rs > 0 && rs < REPLAY_SYM_BOUND);
     ck_assert(ra > 10 * REPLAY_SYM_BOUND);
+    /* quads-replay's trainer before it has channel sets is nvfp4-replay's, bit for bit */
+    float *gq = trainer_grads(QD_RECIPE_QUADS_REPLAY, w, tok, coef, n);
+    ck_assert(memcmp(gq, gr, sizeof(float) * n) == 0);
+    free(gq);
     free(gs);
     free(gr);
     free(ga);
@@ -682,24 +688,56 @@ static int replay_gap(qd_backend *ro, qd_backend *tr, int V, uint64_t seed, doub
     return same;
 }
 
-/* On model c with master weights w: the nvfp4-replay trainer's log-probs of
- * the rollout's samples are the rollout's, bit for bit, before and after an
+/* quads-replay: the rollout's RAC state (channel sets) into the trainer, as
+ * quads rl copies it after each sync. */
+static void copy_rac(qd_backend *ro, qd_backend *tr)
+{
+    size_t n = qd_backend_rac_state_size(ro);
+    ck_assert(n > 0 && n == qd_backend_rac_state_size(tr));
+    void *blob = malloc(n);
+    ck_assert_int_eq(qd_backend_get_rac_state(ro, blob, n), QD_OK);
+    ck_assert_int_eq(qd_backend_set_rac_state(tr, blob, n), QD_OK);
+    free(blob);
+}
+
+/* quads-replay: a forward that gathers RAC statistics, then the sync that
+ * picks channels from them; the trainer, whose sets are still empty, now
+ * computes other numbers than the rollout, until it takes the rollout's. */
+static void rac_calibrate(qd_backend *ro, qd_backend *tr, const float *w, int V, const char *what)
+{
+    int32_t tok[TB * TT], seq[RB * (RP + RM)], len[RB];
+    float logp[TB * TT];
+    tiny_batch(tok, 151);
+    for (int i = 0; i < TB * TT; i++)
+        tok[i] = tok[i] % V;
+    qd_batch bt = {.B = TB, .T = TT, .tokens = tok, .lengths = tlen, .temperature = 1.0f, .rac_stats = 1};
+    ck_assert_int_eq(qd_backend_forward(ro, &bt, logp, NULL), QD_OK);
+    ck_assert_int_eq(qd_backend_set_weights(ro, w, qd_backend_num_floats(ro)), QD_OK);
+    double gap;
+    ck_assert_msg(!replay_gap(ro, tr, V, 5, &gap, seq, len) && gap > 0, "%s: channels not yet copied", what);
+    copy_rac(ro, tr);
+}
+
+/* On model c with master weights w: the replay trainer's log-probs of the
+ * rollout's samples are the rollout's, bit for bit, before and after an
  * update of the trainer (backward, AdamW, weight sync); the nvfp4-sym-qat
  * trainer (the same codes, float32 sums in another order) is not. */
-static void check_replay(const qd_model_config *c, const float *w, const char *what)
+static void check_replay(const qd_model_config *c, const float *w, qd_recipe r, const char *what)
 {
     enum { T = RP + RM };
-    int V = c->vocab_size;
-    qd_backend *ro = make_loaded(c, QD_RECIPE_NVFP4_REPLAY, QD_ROLE_ROLLOUT, 0, 0, w);
-    qd_backend *tr = make_loaded(c, QD_RECIPE_NVFP4_REPLAY, QD_ROLE_TRAINER, 0, 0, w);
+    int V = c->vocab_size, rac = r == QD_RECIPE_QUADS_REPLAY;
+    qd_backend *ro = make_loaded(c, r, QD_ROLE_ROLLOUT, 0.5, 0, w);
+    qd_backend *tr = make_loaded(c, r, QD_ROLE_TRAINER, 0.5, 0, w);
     qd_backend *sq = make_loaded(c, QD_RECIPE_NVFP4_SYM_QAT, QD_ROLE_TRAINER, 0, 0, w);
     size_t n = qd_backend_num_floats(tr);
     int32_t seq[RB * T], len[RB];
     double gap, sgap;
+    if (rac)
+        rac_calibrate(ro, tr, w, V, what);
     ck_assert_msg(replay_gap(ro, tr, V, 7, &gap, seq, len) && gap == 0.0, "%s: replay gap %g", what, gap);
     int same = replay_gap(ro, sq, V, 7, &sgap, seq, len);
-    fprintf(stderr, "%s: nvfp4-replay trainer max |dlogp| %g; nvfp4-sym-qat trainer %g (logits %s)\n", what,
-            gap, sgap, same ? "equal" : "differ");
+    fprintf(stderr, "%s: %s trainer max |dlogp| %g; nvfp4-sym-qat trainer %g (logits %s)\n", what,
+            qd_recipe_name(r), gap, sgap, same ? "equal" : "differ");
     ck_assert(!same);
     /* one update of the trainer through the straight-through backward, then the sync */
     float coef[RB * T], lp[RB * T], gn;
@@ -716,6 +754,8 @@ static void check_replay(const qd_model_config *c, const float *w, const char *w
     ck_assert_int_eq(qd_backend_get_weights(tr, w2, n), QD_OK);
     ck_assert(memcmp(w2, w, sizeof(float) * n) != 0);
     ck_assert_int_eq(qd_backend_set_weights(ro, w2, n), QD_OK);
+    if (rac)
+        copy_rac(ro, tr);
     ck_assert_msg(replay_gap(ro, tr, V, 8, &gap, seq, len) && gap == 0.0, "%s after an update: gap %g", what, gap);
     free(w2);
     qd_backend_free(ro);
@@ -723,14 +763,16 @@ static void check_replay(const qd_model_config *c, const float *w, const char *w
     qd_backend_free(sq);
 }
 
+/* _i = 0: nvfp4-replay, 1: quads-replay */
 START_TEST(test_replay_no_gap)
 {
+    qd_recipe r = _i ? QD_RECIPE_QUADS_REPLAY : QD_RECIPE_NVFP4_REPLAY;
     /* the MoE fixture (a dense layer, then 8 experts top-2), random weights */
     qd_model_config c = tiny_config(0, 1);
     qd_backend *b = make(&c, QD_RECIPE_FP32, QD_ROLE_TRAINER, 0, 0);
     float *w = random_weights(b, 131);
     qd_backend_free(b);
-    check_replay(&c, w, "MoE fixture");
+    check_replay(&c, w, r, "MoE fixture");
     free(w);
     /* the shipped tiny model */
     char dir[4096];
@@ -742,7 +784,7 @@ START_TEST(test_replay_no_gap)
     w = malloc(sizeof(float) * qd_backend_num_floats(b));
     ck_assert_msg(qd_checkpoint_load(dir, pi, np, w) == QD_OK, "%s", qd_last_error());
     qd_backend_free(b);
-    check_replay(&c, w, "models/tiny");
+    check_replay(&c, w, r, "models/tiny");
     free(w);
 }
 END_TEST
@@ -1576,7 +1618,7 @@ Suite *suite_backend_cpu(void)
     tcase_add_test(tc, test_gradients_tied);
     tcase_add_test(tc, test_recipes_error);
     tcase_add_test(tc, test_trainer_gradients);
-    tcase_add_test(tc, test_replay_no_gap);
+    tcase_add_loop_test(tc, test_replay_no_gap, 0, 2);
     tcase_add_test(tc, test_ablation_recipes);
     tcase_add_test(tc, test_adamw);
     tcase_add_test(tc, test_diagnostics);

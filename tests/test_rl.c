@@ -164,13 +164,14 @@ static int exists(const char *dir, const char *name)
 }
 
 static const char *const recipes[] = {"bf16", "fp8", "nvfp4", "nvfp4-aqat", "nvfp4-rac", "quads", "nvfp4-sym-qat",
-                                      "nvfp4-replay"};
+                                      "nvfp4-replay", "quads-replay"};
 enum { NRECIPES = sizeof recipes / sizeof *recipes };
 
 /* Each recipe: 2 steps, every metric present and finite; BF16 on both sides
  * has no gap at all (the rollout's KV-cache log-probs equal the forward's),
- * and neither has nvfp4-replay (its trainer replays the rollout's W4A4
- * products), while NVFP4 rollouts with other trainers do; the weights moved. */
+ * and neither have nvfp4-replay and quads-replay (their trainers replay the
+ * rollout's W4A4 products, RAC channel sets included), while NVFP4 rollouts
+ * with other trainers do; the weights moved. */
 START_TEST(test_rl_every_recipe)
 {
     char dir[256];
@@ -203,7 +204,7 @@ START_TEST(test_rl_every_recipe)
             ck_assert_int_eq(json_array_size(json_object_get(json_object_get(o, "quant"), "act_err")), 32);
             ck_assert_int_eq(json_array_size(json_object_get(json_object_get(o, "router"), "agree")), 2);
             grad_sum += num(o, "grad_norm", NULL);
-            if (!strcmp(recipes[r], "bf16") || !strcmp(recipes[r], "nvfp4-replay")) {
+            if (!strcmp(recipes[r], "bf16") || strstr(recipes[r], "-replay")) {
                 ck_assert(num(o, "gap", "mean_abs") == 0.0 && num(o, "gap", "max_abs") == 0.0);
                 ck_assert(num(o, "gap", "k3_kl") == 0.0);
                 ck_assert(num(o, "gap", "tokens") > 0);
@@ -326,6 +327,20 @@ START_TEST(test_rl_kill_and_resume)
     json_t *m;
     kill_and_resume("quads", sets, 2, &m);
     ck_assert(num(json_array_get(m, 4), "grad_norm", NULL) > 0);
+    json_decref(m);
+}
+END_TEST
+
+/* quads-replay, channels re-picked at every sync: the resumed trainer takes
+ * the checkpoint's channel sets too (else its gap would not be 0 and the
+ * metrics would differ from the uninterrupted run's). */
+START_TEST(test_rl_kill_and_resume_replay)
+{
+    static const char *const sets[] = {"rac.refresh=1", "checkpoint.keep_last=2"};
+    json_t *m;
+    kill_and_resume("quads-replay", sets, 2, &m);
+    for (int s = 1; s <= 5; s++)
+        ck_assert(num(json_array_get(m, (size_t)s), "gap", "max_abs") == 0.0);
     json_decref(m);
 }
 END_TEST
@@ -1155,6 +1170,7 @@ Suite *suite_rl(void)
     Suite *s = suite_create("rl");
     add_case(s, "recipes", test_rl_every_recipe);
     add_case(s, "resume", test_rl_kill_and_resume);
+    add_case(s, "resume_replay", test_rl_kill_and_resume_replay);
     add_case(s, "resume_variants", test_rl_kill_and_resume_variants);
     add_case(s, "learns", test_rl_learns_the_reward);
     add_case(s, "nan", test_rl_nan_stops);
