@@ -31,8 +31,9 @@
  * BF16 linear rounds its input to BF16 and accumulates in float32; all other
  * activations stay float32. Backward is float32 with the straight-through
  * rule: a rounded or fake-quantized copy passes the gradient unchanged to the
- * master weight (NUMERICS.md §5). The replay trainer (nvfp4-replay) runs the
- * rollout's W4A4 forward and the sym-QAT backward (docs/numerics.md §5).
+ * master weight (NUMERICS.md §5). The replay trainers (nvfp4-replay,
+ * quads-replay) run the rollout's W4A4 (+ RAC) forward and a straight-through
+ * backward against the dequantized operands (docs/numerics.md §5).
  *
  * Generation: a prefill of the prompts, then decode steps of one token per
  * unfinished sequence against a KV cache, both through the attend op, so
@@ -291,11 +292,10 @@ static qd_status fwd_fp8(model *c, float *out, const float *inp, const linear *L
 }
 
 /* The input a BF16/QAT linear really multiplies: x itself (FP32), rounded to
- * BF16, or fake-quantized to NVFP4 with one global scale per row (sym-QAT and
- * the activation-only ablation;
- * the replay trainer's backward: bit for bit the dequantization of the codes
- * its W4A4 forward multiplied, docs/numerics.md §5; under RAC with the
- * residuals' dequantization added on the compensated channels). */
+ * BF16, or fake-quantized to NVFP4 with one global scale per row (sym-QAT, the
+ * activation-only ablation). For a replay trainer's backward, the activation
+ * its W4A4 product multiplied, bit for bit: that fake-quant, or under RAC the
+ * same plus the dequantized residuals on the channels (docs/numerics.md §5). */
 static qd_status effective_input(model *c, const float **xe, const float *inp, const linear *L, int N)
 {
     *xe = inp;
@@ -1615,10 +1615,10 @@ static void dense_layer(linear *lin, const layer *ly, qd_linear_mode dm)
  * the layers options.quant_layers names. */
 static qd_status build_params(model *c)
 {
-    int L = c->cfg.num_hidden_layers;
-    if (L < 64 && c->opt.quant_layers >> L)
+    int nl = c->cfg.num_hidden_layers;
+    if (nl < 64 && c->opt.quant_layers >> nl)
         return qd_error(QD_ERR_ARG, "%s backend: options.quant_layers 0x%llx names a layer at or above "
-                        "num_hidden_layers %d", c->ops->name, (unsigned long long)c->opt.quant_layers, L);
+                        "num_hidden_layers %d", c->ops->name, (unsigned long long)c->opt.quant_layers, nl);
     qd_model_layout m;
     QD_TRY(qd_model_layout_init(&m, &c->cfg));
     qd_linear_mode qm = qd_recipe_linear_mode(c->opt.recipe, c->opt.role);
@@ -1637,7 +1637,7 @@ static qd_status build_params(model *c)
         L->name = m.lin[i].name;
         L->mode = L->quantized ? qm : dm;
     }
-    for (int l = 0; c->opt.quant_layers && l < c->cfg.num_hidden_layers; l++)
+    for (int l = 0; c->opt.quant_layers && l < nl; l++)
         if (l >= 64 || !(c->opt.quant_layers >> l & 1))
             dense_layer(c->lin, &m.layers[l], dm);
     c->nlin = m.nlin;
