@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include <jansson.h>
 #include "benchmarks/dataset.h"
+#include "benchmarks/lcb.h"
 #include "quant/fileio.h"
 
 static char *dup_range(const char *s, size_t n)
@@ -273,13 +274,126 @@ static qd_status as_set(char **a)
     return QD_OK;
 }
 
+/* ---- code rows (LiveCodeBench's fields) */
+
+static void code_free(qd_bench_code *c)
+{
+    if (!c)
+        return;
+    free(c->question);
+    free(c->starter_code);
+    free(c->func_name);
+    free(c->platform);
+    free(c->public_tests);
+    free(c->private_tests);
+    free(c);
+}
+
+/* A field of a code row as text: a string as it is, a list or an object as
+ * compact JSON (a copy of the row may hold them decoded); NULL when absent
+ * or null. */
+static qd_status code_text(const json_t *obj, const char *key, const where *w, char **out)
+{
+    const json_t *v = json_object_get(obj, key);
+    *out = NULL;
+    if (!v || json_is_null(v))
+        return QD_OK;
+    if (json_is_string(v))
+        *out = strdup(json_string_value(v));
+    else if (json_is_array(v) || json_is_object(v))
+        *out = json_dumps(v, JSON_COMPACT);
+    else
+        return field_error(w, key, "is not a string, a list or an object");
+    return *out ? QD_OK : qd_error(QD_ERR_NOMEM, "%s: out of memory", w->name);
+}
+
+/* An optional string field of a code row ("" when absent or null). */
+static qd_status code_string(const json_t *obj, const char *key, const where *w, char **out)
+{
+    const json_t *v = json_object_get(obj, key);
+    *out = NULL;
+    if (v && !json_is_null(v) && !json_is_string(v))
+        return field_error(w, key, "is not a string");
+    *out = strdup(json_is_string(v) ? json_string_value(v) : "");
+    return *out ? QD_OK : qd_error(QD_ERR_NOMEM, "%s: out of memory", w->name);
+}
+
+/* metadata (an object, or a string holding one, as on the hub): its func_name. */
+static qd_status code_func_name(const json_t *obj, const where *w, char **out)
+{
+    const json_t *v = json_object_get(obj, "metadata");
+    json_t *parsed = NULL;
+    *out = NULL;
+    if (json_is_string(v) && !(parsed = json_loads(json_string_value(v), 0, NULL)))
+        return field_error(w, "metadata", "is a string that does not hold a JSON object");
+    if (parsed)
+        v = parsed;
+    qd_status st = QD_OK;
+    const json_t *fn = json_object_get(v, "func_name");
+    if (v && !json_is_null(v) && !json_is_object(v))
+        st = field_error(w, "metadata", "is not a JSON object");
+    else if (fn && !json_is_null(fn) && !json_is_string(fn))
+        st = field_error(w, "metadata.func_name", "is not a string");
+    else if (json_is_string(fn) && !(*out = strdup(json_string_value(fn))))
+        st = qd_error(QD_ERR_NOMEM, "%s: out of memory", w->name);
+    json_decref(parsed);
+    return st;
+}
+
+/* The public tests must read as tests (the private ones are decoded only
+ * to grade: they are large). */
+static qd_status code_check_public(const qd_bench_code *c, const where *w)
+{
+    char name[1024];
+    json_t *tests;
+    if (!c->public_tests)
+        return field_error(w, "public_test_cases", "missing");
+    if (w->line)
+        snprintf(name, sizeof name, "%s: line %zu: field 'public_test_cases'", w->name, w->line);
+    else
+        snprintf(name, sizeof name, "%s: record %zu: field 'public_test_cases'", w->name, w->index);
+    qd_status st = qd_lcb_parse_tests(c->public_tests, strlen(c->public_tests), name, &tests);
+    json_decref(st ? NULL : tests);
+    return st;
+}
+
+/* QD_ANSWER_CODE: the record's problem (the question) becomes LiveCodeBench's
+ * prompt; the question, the tests and what grading needs go to r->code. */
+static qd_status read_code(const json_t *obj, const where *w, qd_bench_record *r)
+{
+    qd_bench_code *c = calloc(1, sizeof *c);
+    r->answer = strdup("");
+    if (!c || !r->answer) {
+        free(c);
+        return qd_error(QD_ERR_NOMEM, "%s: out of memory", w->name);
+    }
+    r->code = c;
+    c->question = r->problem;
+    r->problem = NULL;
+    qd_status st = code_text(obj, "public_test_cases", w, &c->public_tests);
+    if (!st)
+        st = code_check_public(c, w);
+    if (!st)
+        st = code_text(obj, "private_test_cases", w, &c->private_tests);
+    if (!st && c->private_tests && !*c->private_tests) {
+        free(c->private_tests);
+        c->private_tests = NULL;
+    }
+    if (!st)
+        st = code_string(obj, "starter_code", w, &c->starter_code);
+    if (!st)
+        st = code_string(obj, "platform", w, &c->platform);
+    if (!st)
+        st = code_func_name(obj, w, &c->func_name);
+    if (!st && !(r->problem = qd_lcb_prompt(c->question, c->starter_code)))
+        st = qd_error(QD_ERR_NOMEM, "%s: out of memory", w->name);
+    return st;
+}
+
 static qd_status read_answer(const json_t *obj, const qd_bench_fields *f, const where *w, qd_bench_record *r)
 {
-    if (f->style == QD_ANSWER_CODE) {
-        r->answer = strdup("");
-        r->row = json_dumps(obj, JSON_COMPACT);
-        return r->answer && r->row ? QD_OK : qd_error(QD_ERR_NOMEM, "%s: out of memory", w->name);
-    }
+    if (f->style == QD_ANSWER_CODE)
+        return read_code(obj, w, r);
     const json_t *v = get_path(obj, f->answer);
     if (!v)
         return field_error(w, f->answer, "missing");
@@ -318,7 +432,7 @@ static void record_free(qd_bench_record *r)
         free(r->alt[i]);
     free(r->alt);
     free(r->date);
-    free(r->row);
+    code_free(r->code);
     memset(r, 0, sizeof *r);
 }
 

@@ -13,8 +13,8 @@ typedef enum {
     QD_ANSWER_BOXED, /* the last \boxed{...} of the text (Hendrycks MATH, Minerva solutions) */
     QD_ANSWER_SET,   /* as plain, and a top-level comma list "a, b" becomes the set "\{a, b\}":
                         answers listed in any order (HMMT's "list of two expressions") */
-    QD_ANSWER_CODE,  /* code problems: no answer field (answer ""); the whole record is kept in
-                        row for the code grader (LiveCodeBench) */
+    QD_ANSWER_CODE,  /* code problems (LiveCodeBench rows): no answer field (answer ""); the
+                        problem becomes LiveCodeBench's prompt and the tests go to code */
 } qd_answer_style;
 
 /* Field paths: a key, or keys and array indexes joined by '.' ("prompt.0.content");
@@ -38,15 +38,29 @@ typedef struct {
 /* 1 when s is a date YYYY-MM-DD (digits and dashes in place). */
 int qd_bench_date_ok(const char *s);
 
+/* A code problem (QD_ANSWER_CODE), from the fields of a
+ * livecodebench/code_generation_lite row. The tests stay as the row holds
+ * them (text): the private ones are large and compressed, and are decoded
+ * only to grade (benchmarks/lcb.h qd_lcb_problem). */
+typedef struct {
+    char *question;      /* question_content (the problem field), without the prompt around it */
+    char *starter_code;  /* starter_code; "" when none (stdin/stdout problems) */
+    char *func_name;     /* metadata's func_name: the method of Solution() the tests call; NULL: stdin/stdout */
+    char *platform;      /* platform ("atcoder", "codeforces", "leetcode"); "" when absent */
+    char *public_tests;  /* public_test_cases: the JSON text of a list of {input, output, testtype} */
+    char *private_tests; /* private_test_cases as stored: JSON text, or base64 of zlib of a pickle of it
+                            (lcb.h); NULL when absent or empty */
+} qd_bench_code;
+
 typedef struct {
     char *id;
-    char *problem;
+    char *problem;  /* QD_ANSWER_CODE: LiveCodeBench's prompt around the question (qd_lcb_prompt) */
     char *answer;   /* never NULL */
     char *solution; /* NULL when the file has none */
     char **alt;     /* further accepted answers (array-valued answer fields), n_alt of them */
     size_t n_alt;
     char *date;     /* the date field's text, NULL when none */
-    char *row;      /* QD_ANSWER_CODE: the whole record as compact JSON; else NULL */
+    qd_bench_code *code; /* QD_ANSWER_CODE: the tests and what the prompt needs; else NULL */
 } qd_bench_record;
 
 /* Owns its records and their strings. */

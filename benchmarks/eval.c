@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "benchmarks/eval.h"
+#include "benchmarks/lcb.h"
 
 void qd_eval_opts_default(qd_eval_opts *o)
 {
@@ -111,10 +112,12 @@ static void example_free(qd_eval_example *e)
     free(e->gold);
     free(e->output);
     free(e->extracted);
+    free(e->detail);
 }
 
+/* Keeps sample j of record r as an example; code: cr is its code result. */
 static void keep_example(bench_acc *a, const qd_bench_record *r, int j, const char *output,
-                         const char *extracted, bool correct, int tokens)
+                         const char *extracted, bool correct, int tokens, const qd_code_result *cr)
 {
     qd_eval_result *res = a->res;
     int *count = correct ? &res->n_right : &res->n_wrong;
@@ -122,12 +125,26 @@ static void keep_example(bench_acc *a, const qd_bench_record *r, int j, const ch
     /* One example per problem: more variety than the K samples of the first. */
     if (*count >= a->o->n_examples || (*count && !strcmp(e[-1].id, r->id)))
         return;
-    *e = (qd_eval_example){strdup(r->id), strdup(r->problem), strdup(r->answer), strdup(output),
-                           dup_or_null(extracted), j, tokens};
-    if (e->id && e->problem && e->gold && e->output && (e->extracted || !extracted))
+    *e = (qd_eval_example){.id = strdup(r->id), .problem = strdup(r->problem), .gold = strdup(r->answer),
+                           .output = strdup(output), .extracted = dup_or_null(extracted), .sample = j,
+                           .tokens = tokens, .verdict = cr ? qd_code_verdict_name(cr->verdict) : NULL,
+                           .detail = cr ? dup_or_null(cr->detail) : NULL};
+    if (e->id && e->problem && e->gold && e->output && (e->extracted || !extracted) &&
+        (e->detail || !cr || !cr->detail))
         (*count)++;
     else /* out of memory: an example fewer */
         example_free(e);
+}
+
+/* The running sums of sample j of problem i, whatever its grader. */
+static void count_sample(bench_acc *a, size_t i, bool correct, bool answered, const char *output, int tokens)
+{
+    a->c[i] += correct;
+    a->res->n_correct += correct;
+    a->res->n_no_answer += !answered;
+    a->chars += (double)utf8_length(output);
+    a->tokens += tokens;
+    a->tokens_known = a->tokens_known && tokens >= 0;
 }
 
 /* Grades the k samples of problem i (outputs and tokens: (k)). */
@@ -142,13 +159,8 @@ static qd_status grade_problem(bench_acc *a, size_t i, char *const *outputs, con
     for (done = 0; done < k; done++) {
         if ((st = grade_sample(outputs[done], r, a->b->style, &ok[done], &ext[done])))
             break;
-        a->c[i] += ok[done];
-        a->res->n_correct += ok[done];
-        a->res->n_no_answer += !ext[done];
-        a->chars += (double)utf8_length(outputs[done]);
-        a->tokens += tokens[done];
-        a->tokens_known = a->tokens_known && tokens[done] >= 0;
-        keep_example(a, r, done, outputs[done], ext[done], ok[done], tokens[done]);
+        count_sample(a, i, ok[done], ext[done] != NULL, outputs[done], tokens[done]);
+        keep_example(a, r, done, outputs[done], ext[done], ok[done], tokens[done], NULL);
     }
     if (!st) {
         int m = qd_rewards_majority(ext, k);
@@ -165,6 +177,47 @@ static qd_status grade_problem(bench_acc *a, size_t i, char *const *outputs, con
     return QD_OK;
 }
 
+/* Grades the k samples of each of problems [first, first + nb) as code:
+ * their tests decoded, every sample of the batch run at once (the workers of
+ * b->code share them all), then counted as the other graders count. */
+static qd_status grade_code_batch(bench_acc *a, size_t first, int nb, char *const *outputs, const int *tokens)
+{
+    const int k = a->o->samples, ns = nb * k;
+    qd_code_problem *probs = calloc((size_t)nb, sizeof *probs);
+    const qd_code_problem **pp = calloc((size_t)ns, sizeof *pp);
+    qd_code_result *res = calloc((size_t)ns, sizeof *res);
+    qd_status st = probs && pp && res ? QD_OK : qd_error(QD_ERR_NOMEM, "%s: batch of %d", a->b->name, nb);
+    int made = 0;
+    for (; !st && made < nb; made++) {
+        const qd_bench_record *r = &a->b->set->rec[first + (size_t)made];
+        char name[512];
+        snprintf(name, sizeof name, "%s problem '%s'", a->b->name, r->id);
+        st = r->code ? qd_lcb_problem(r->code, name, &probs[made])
+                     : qd_error(QD_ERR_ARG, "%s: not a code problem (the benchmark's style is not code)", name);
+        for (int j = 0; !st && j < k; j++)
+            pp[made * k + j] = &probs[made];
+    }
+    if (!st)
+        st = qd_code_grade(a->b->code, (const char *const *)outputs, pp, ns, res);
+    for (int s = 0; !st && s < ns; s++) {
+        size_t i = first + (size_t)(s / k);
+        char *code = qd_code_extract(outputs[s]);
+        a->res->verdicts[res[s].verdict]++;
+        count_sample(a, i, res[s].correct, res[s].verdict != QD_CODE_NO_CODE, outputs[s], tokens[s]);
+        keep_example(a, &a->b->set->rec[i], s % k, outputs[s], code, res[s].correct, tokens[s], &res[s]);
+        free(code);
+        a->ok[s % k] = res[s].correct;
+        if (s % k == k - 1)
+            a->mean_k_sum += qd_rewards_mean_at_k(a->ok, k);
+    }
+    for (int s = 0; res && s < ns; s++)
+        qd_code_result_free(&res[s]);
+    for (int i = 0; i < made && probs; i++)
+        qd_code_problem_free(&probs[i]);
+    free(probs), free(pp), free(res);
+    return st;
+}
+
 /* ---- generation in batches ---------------------------------------------- */
 
 static void free_outputs(char **outputs, size_t n)
@@ -178,7 +231,8 @@ static void free_outputs(char **outputs, size_t n)
 static qd_status build_prompts(const bench_acc *a, size_t first, int nb, char **prompts)
 {
     for (int i = 0; i < nb; i++) {
-        prompts[i] = qd_eval_prompt(a->o->prompt_template, a->b->set->rec[first + (size_t)i].problem);
+        const char *tmpl = a->b->prompt_template ? a->b->prompt_template : a->o->prompt_template;
+        prompts[i] = qd_eval_prompt(tmpl, a->b->set->rec[first + (size_t)i].problem);
         if (!prompts[i])
             return qd_error(QD_ERR_NOMEM, "%s: prompt of problem %zu", a->b->name, first + (size_t)i);
     }
@@ -212,7 +266,9 @@ static qd_status run_batch(bench_acc *a, size_t first, int nb, qd_eval_generate_
         st = gen(ctx, (const char *const *)prompts, nb, k, outputs, tokens);
     if (!st)
         st = check_outputs(a, first, nb, outputs);
-    for (int i = 0; !st && i < nb; i++)
+    if (!st && a->b->code)
+        st = grade_code_batch(a, first, nb, outputs, tokens);
+    for (int i = 0; !st && !a->b->code && i < nb; i++)
         st = grade_problem(a, first + (size_t)i, outputs + (size_t)i * k, tokens + (size_t)i * k);
     if (outputs)
         free_outputs(outputs, ns);
@@ -273,7 +329,7 @@ static qd_status finish_bench(bench_acc *a)
     if (st)
         return prefix_error(st, a->b->name);
     double ns = (double)a->n * k;
-    res->maj_k = (double)a->maj / (double)a->n;
+    res->maj_k = a->b->code ? NAN : (double)a->maj / (double)a->n;
     res->mean_k = a->mean_k_sum / (double)a->n;
     res->mean_chars = a->chars / ns;
     res->mean_tokens = a->tokens_known ? a->tokens / ns : NAN;
@@ -290,9 +346,11 @@ static qd_status eval_bench(const qd_eval_bench *b, const qd_eval_opts *o, qd_ev
                    .ok = malloc((size_t)o->samples * sizeof(bool)),
                    .ext = malloc((size_t)o->samples * sizeof(char *))};
     *res = (qd_eval_result){.name = strdup(b->name), .style = b->style, .n_problems = n, .k = o->samples,
+                            .code = b->code != NULL, .prompt_template = dup_or_null(b->prompt_template),
                             .right = calloc((size_t)o->n_examples + 1, sizeof *res->right),
                             .wrong = calloc((size_t)o->n_examples + 1, sizeof *res->wrong)};
-    qd_status st = a.c && a.ok && a.ext && res->name && res->right && res->wrong ? QD_OK : qd_error(QD_ERR_NOMEM, "%s", b->name);
+    qd_status st = a.c && a.ok && a.ext && res->name && res->right && res->wrong &&
+                   (res->prompt_template || !b->prompt_template) ? QD_OK : qd_error(QD_ERR_NOMEM, "%s", b->name);
     for (size_t first = 0; !st && first < n; first += (size_t)o->batch) {
         int nb = n - first < (size_t)o->batch ? (int)(n - first) : o->batch;
         st = run_batch(&a, first, nb, gen, ctx);
@@ -359,6 +417,7 @@ void qd_eval_report_free(qd_eval_report *r)
         free(b->wrong);
         free(b->pass);
         free(b->name);
+        free(b->prompt_template);
     }
     free(r->bench);
     free(r->model);

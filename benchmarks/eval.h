@@ -5,9 +5,11 @@
  * answers, written as report.json and report.md. */
 #ifndef QD_BENCH_EVAL_H
 #define QD_BENCH_EVAL_H
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "benchmarks/dataset.h"
+#include "rewards/code.h"
 #include "rewards/rewards.h"
 #include "quant/status.h"
 
@@ -25,11 +27,15 @@
 typedef qd_status (*qd_eval_generate_fn)(void *ctx, const char *const *prompts, int n_prompts, int k,
                                          char **outputs, int *out_tokens);
 
-/* One benchmark to evaluate (borrowed: set must outlive the run). */
+/* One benchmark to evaluate (borrowed: set, prompt_template and code must
+ * outlive the run). */
 typedef struct {
     const char *name;
     const qd_bench_set *set;
     qd_grade_style style;
+    const char *prompt_template; /* this benchmark's "{problem}" template; NULL: the run's */
+    const qd_code_opts *code;    /* non-NULL: code records (QD_ANSWER_CODE) run against their tests in the
+                                    sandbox with these options (rewards/code.h); style is unused */
 } qd_eval_bench;
 
 typedef struct {
@@ -52,9 +58,11 @@ void qd_eval_opts_default(qd_eval_opts *o);
 /* One graded sample kept as an example (strings owned). */
 typedef struct {
     char *id, *problem, *gold, *output;
-    char *extracted; /* NULL: no answer found */
+    char *extracted; /* NULL: no answer found (code: the code of the last ``` block) */
     int sample;      /* which of the K samples */
     int tokens;      /* -1: unknown */
+    const char *verdict; /* code: the verdict's name (static); NULL for the other graders */
+    char *detail;    /* code: why the sample failed; NULL otherwise */
 } qd_eval_example;
 
 /* pass@k of one k (k is 1, 2, 4, ... up to K, and K itself). */
@@ -69,12 +77,15 @@ typedef struct {
     size_t n_problems;   /* after the limit */
     int k;               /* samples per problem */
     size_t n_correct;    /* correct samples, of n_problems * k */
-    size_t n_no_answer;  /* samples with no extractable answer */
+    size_t n_no_answer;  /* samples with no extractable answer (code: no ``` block) */
+    bool code;           /* graded as code (qd_eval_bench.code) */
+    size_t verdicts[QD_CODE_N_VERDICTS]; /* code: samples by verdict (qd_code_verdict) */
+    char *prompt_template; /* the benchmark's own template, NULL when it used the run's */
     double pass1;        /* mean over problems of c/k */
     double pass1_lo, pass1_hi; /* percentile bootstrap 95% CI of pass1 */
     qd_eval_pass *pass;  /* unbiased pass@k (Chen et al. 2021), n_pass of them */
     int n_pass;
-    double maj_k;        /* majority vote of the K samples is right */
+    double maj_k;        /* majority vote of the K samples is right (NaN for code: no answer to vote on) */
     double mean_k;       /* mean@K: mean of per-problem accuracies over K samples */
     double mean_tokens;  /* NaN when the generator gave no token counts */
     double mean_chars;   /* Unicode code points per response */

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <jansson.h>
 #include "benchmarks/eval.h"
+#include "quant/fileio.h"
 
 typedef struct {
     char *output;
@@ -122,13 +123,13 @@ static int blank(const char *s)
 
 static qd_status read_file(qd_eval_replay *r)
 {
-    FILE *f = fopen(r->path, "r");
-    if (!f)
-        return qd_error(QD_ERR_IO, "%s: %s", r->path, strerror(errno));
+    FILE *f;
+    qd_status st = qd_fopen_regular(r->path, &f); /* a FIFO must not hang the eval */
+    if (st)
+        return st;
     char *text = NULL;
     size_t cap = 0;
     long line = 0;
-    qd_status st = QD_OK;
     while (!st && getline(&text, &cap, f) >= 0)
         if (++line, !blank(text))
             st = parse_line(r, text, line);
@@ -191,7 +192,7 @@ static qd_status next_record(qd_eval_replay *r, const char *prompt, const qd_eva
         return qd_error(QD_ERR_ARG, "%s: more prompts than evaluated problems", r->path);
     *b = &r->benches[r->bench];
     *rec = &(*b)->set->rec[r->rec++];
-    char *want = qd_eval_prompt(r->tmpl, (*rec)->problem);
+    char *want = qd_eval_prompt((*b)->prompt_template ? (*b)->prompt_template : r->tmpl, (*rec)->problem);
     int same = want && !strcmp(want, prompt);
     free(want);
     return same ? QD_OK : qd_error(QD_ERR_ARG, "%s: prompt does not belong to benchmark '%s' problem '%s' "

@@ -73,9 +73,15 @@ static json_t *jreal(double x)
 
 static json_t *example_json(const qd_eval_example *e)
 {
-    return json_pack("{s:o, s:i, s:o, s:o, s:o, s:o, s:o}", "id", jstr(e->id), "sample", e->sample,
-                     "problem", jstr(e->problem), "gold", jstr(e->gold), "extracted", jstr(e->extracted),
-                     "output", jstr(e->output), "tokens", e->tokens >= 0 ? json_integer(e->tokens) : json_null());
+    json_t *o = json_pack("{s:o, s:i, s:o, s:o, s:o, s:o, s:o}", "id", jstr(e->id), "sample", e->sample,
+                          "problem", jstr(e->problem), "gold", jstr(e->gold), "extracted", jstr(e->extracted),
+                          "output", jstr(e->output), "tokens", e->tokens >= 0 ? json_integer(e->tokens) : json_null());
+    if (o && e->verdict && (json_object_set_new(o, "verdict", json_string(e->verdict)) ||
+                            json_object_set_new(o, "detail", jstr(e->detail)))) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
 }
 
 static json_t *examples_json(const qd_eval_example *e, int n)
@@ -89,9 +95,21 @@ static json_t *examples_json(const qd_eval_example *e, int n)
     return a;
 }
 
-static json_t *style_json(qd_grade_style s)
+static const char *grader_name(const qd_eval_result *b)
 {
-    return json_string(s == QD_GRADE_GSM8K ? "gsm8k" : s == QD_GRADE_DAPO ? "dapo" : "math");
+    return b->code ? "code" : b->style == QD_GRADE_GSM8K ? "gsm8k" : b->style == QD_GRADE_DAPO ? "dapo" : "math";
+}
+
+/* Code: {"accepted": n, "wrong_answer": n, ...}, every verdict. */
+static json_t *verdicts_json(const qd_eval_result *b)
+{
+    json_t *v = json_object();
+    for (int i = 0; v && i < QD_CODE_N_VERDICTS; i++)
+        if (json_object_set_new(v, qd_code_verdict_name((qd_code_verdict)i), json_integer((json_int_t)b->verdicts[i]))) {
+            json_decref(v);
+            return NULL;
+        }
+    return v;
 }
 
 static json_t *bench_json(const qd_eval_result *b)
@@ -102,14 +120,20 @@ static json_t *bench_json(const qd_eval_result *b)
         snprintf(key, sizeof key, "%d", b->pass[i].k);
         json_object_set_new(pass, key, json_real(b->pass[i].value));
     }
-    return json_pack("{s:o, s:o, s:I, s:i, s:I, s:I, s:f, s:[f,f], s:o, s:f, s:f, s:o, s:f, s:{s:o, s:o}}",
-                     "name", jstr(b->name), "grader", style_json(b->style), "problems", (json_int_t)b->n_problems,
-                     "samples", b->k, "correct_samples", (json_int_t)b->n_correct,
-                     "no_answer_samples", (json_int_t)b->n_no_answer, "pass@1", b->pass1,
-                     "pass@1_ci95", b->pass1_lo, b->pass1_hi, "pass@k", pass, "maj@k", b->maj_k,
-                     "mean@k", b->mean_k, "mean_tokens", jreal(b->mean_tokens), "mean_chars", b->mean_chars,
-                     "examples", "right", examples_json(b->right, b->n_right), "wrong",
-                     examples_json(b->wrong, b->n_wrong));
+    json_t *o = json_pack("{s:o, s:s, s:I, s:i, s:I, s:I, s:f, s:[f,f], s:o, s:o, s:f, s:o, s:f, s:{s:o, s:o}}",
+                          "name", jstr(b->name), "grader", grader_name(b), "problems", (json_int_t)b->n_problems,
+                          "samples", b->k, "correct_samples", (json_int_t)b->n_correct,
+                          "no_answer_samples", (json_int_t)b->n_no_answer, "pass@1", b->pass1,
+                          "pass@1_ci95", b->pass1_lo, b->pass1_hi, "pass@k", pass, "maj@k", jreal(b->maj_k),
+                          "mean@k", b->mean_k, "mean_tokens", jreal(b->mean_tokens), "mean_chars", b->mean_chars,
+                          "examples", "right", examples_json(b->right, b->n_right), "wrong",
+                          examples_json(b->wrong, b->n_wrong));
+    if (o && ((b->code && json_object_set_new(o, "verdicts", verdicts_json(b))) ||
+              (b->prompt_template && json_object_set_new(o, "prompt_template", jstr(b->prompt_template))))) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
 }
 
 char *qd_eval_report_json(const qd_eval_report *r)
@@ -197,10 +221,20 @@ static void md_examples(FILE *f, const char *title, const qd_eval_example *e, in
     for (int i = 0; i < n; i++) {
         fprintf(f, "**Problem ");
         md_code(f, e[i].id);
-        fprintf(f, ", sample %d**: extracted ", e[i].sample);
-        md_code(f, e[i].extracted);
-        fprintf(f, ", gold ");
-        md_code(f, e[i].gold);
+        fprintf(f, ", sample %d**: ", e[i].sample);
+        if (e[i].verdict) { /* code: the verdict and why; the code is in the output */
+            fprintf(f, "%s", e[i].verdict);
+            if (e[i].detail) {
+                fprintf(f, " (");
+                md_code(f, e[i].detail);
+                fprintf(f, ")");
+            }
+        } else {
+            fprintf(f, "extracted ");
+            md_code(f, e[i].extracted);
+            fprintf(f, ", gold ");
+            md_code(f, e[i].gold);
+        }
         if (e[i].tokens >= 0)
             fprintf(f, ", %d tokens", e[i].tokens);
         fprintf(f, "\n\nProblem:\n\n");
@@ -210,12 +244,18 @@ static void md_examples(FILE *f, const char *title, const qd_eval_example *e, in
     }
 }
 
-static void md_tokens(FILE *f, double t)
+/* A number with `digits` decimals, "n/a" when it is NaN (unknown or not defined). */
+static void md_real(FILE *f, double t, int digits)
 {
     if (isfinite(t))
-        fprintf(f, "%.1f", t);
+        fprintf(f, "%.*f", digits, t);
     else
         fputs("n/a", f);
+}
+
+static void md_tokens(FILE *f, double t)
+{
+    md_real(f, t, 1);
 }
 
 /* Text in a table cell: '|' escaped, line breaks as spaces. */
@@ -236,8 +276,10 @@ static void md_summary(FILE *f, const qd_eval_report *r)
         const qd_eval_result *b = &r->bench[i];
         fputs("| ", f);
         md_cell(f, b->name);
-        fprintf(f, " | %zu | %.4f | %.4f–%.4f | %.4f | %.4f | ", b->n_problems, b->pass1,
-                b->pass1_lo, b->pass1_hi, b->pass[b->n_pass - 1].value, b->maj_k);
+        fprintf(f, " | %zu | %.4f | %.4f–%.4f | %.4f | ", b->n_problems, b->pass1, b->pass1_lo, b->pass1_hi,
+                b->pass[b->n_pass - 1].value);
+        md_real(f, b->maj_k, 4);
+        fputs(" | ", f);
         md_tokens(f, b->mean_tokens);
         fprintf(f, " | %.1f |\n", b->mean_chars);
     }
@@ -248,13 +290,25 @@ static void md_bench(FILE *f, const qd_eval_result *b)
 {
     double ns = (double)b->n_problems * b->k;
     fprintf(f, "## %s\n\nGrader `%s`; %zu problems x %d samples; %zu correct samples (%.2f%%), "
-               "%zu without an extractable answer.\n\n| metric | value |\n|---|---:|\n",
-            b->name, b->style == QD_GRADE_GSM8K ? "gsm8k" : b->style == QD_GRADE_DAPO ? "dapo" : "math",
-            b->n_problems, b->k, b->n_correct, 100.0 * (double)b->n_correct / ns, b->n_no_answer);
-    fprintf(f, "| pass@1 | %.4f (95%% CI %.4f–%.4f) |\n", b->pass1, b->pass1_lo, b->pass1_hi);
+               "%zu without %s.\n\n", b->name, grader_name(b), b->n_problems, b->k, b->n_correct,
+            100.0 * (double)b->n_correct / ns, b->n_no_answer, b->code ? "a ``` code block" : "an extractable answer");
+    if (b->code) {
+        fprintf(f, "Samples by verdict (all tests run in the sandbox; the first failing test decides):");
+        for (int i = 0; i < QD_CODE_N_VERDICTS; i++)
+            fprintf(f, "%s %s %zu", i ? "," : "", qd_code_verdict_name((qd_code_verdict)i), b->verdicts[i]);
+        fprintf(f, ".\n\n");
+    }
+    if (b->prompt_template) {
+        fprintf(f, "Prompt template of this benchmark:\n\n");
+        md_block(f, b->prompt_template, (size_t)-1);
+    }
+    fprintf(f, "| metric | value |\n|---|---:|\n| pass@1 | %.4f (95%% CI %.4f–%.4f) |\n", b->pass1, b->pass1_lo,
+            b->pass1_hi);
     for (int i = 1; i < b->n_pass; i++)
         fprintf(f, "| pass@%d | %.4f |\n", b->pass[i].k, b->pass[i].value);
-    fprintf(f, "| maj@%d | %.4f |\n| mean@%d | %.4f |\n| mean response tokens | ", b->k, b->maj_k, b->k, b->mean_k);
+    fprintf(f, "| maj@%d | ", b->k);
+    md_real(f, b->maj_k, 4);
+    fprintf(f, " |\n| mean@%d | %.4f |\n| mean response tokens | ", b->k, b->mean_k);
     md_tokens(f, b->mean_tokens);
     fprintf(f, " |\n| mean response characters | %.1f |\n\n", b->mean_chars);
     md_examples(f, "Right answers", b->right, b->n_right);

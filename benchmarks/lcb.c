@@ -1,6 +1,8 @@
 /* Decoding LiveCodeBench tests (lcb.h): base64, zlib, a pickled string read
  * opcode by opcode (never unpickled), JSON. */
+#define _GNU_SOURCE
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
@@ -249,5 +251,46 @@ qd_status qd_lcb_decode_private_tests(const char *field, size_t len, const char 
     free(z);
     free(pk);
     free(s);
+    return st;
+}
+
+char *qd_lcb_prompt(const char *question, const char *starter_code)
+{
+    char *p = NULL;
+    int n;
+    if (starter_code && *starter_code)
+        n = asprintf(&p, "### Question:\n%s\n\n### Format: You will use the following starter code to write the "
+                         "solution to the problem and enclose your code within delimiters.\n```python\n%s\n```\n\n"
+                         "### Answer: (use the provided format with backticks)\n\n", question, starter_code);
+    else
+        n = asprintf(&p, "### Question:\n%s\n\n### Format: Read the inputs from stdin solve the problem and write the "
+                         "answer to stdout (do not directly test on the sample inputs). Enclose your code within "
+                         "delimiters as follows. Ensure that when the python program runs, it reads the inputs, runs "
+                         "the algorithm and writes output to STDOUT.\n```python\n# YOUR CODE HERE\n```\n\n"
+                         "### Answer: (use the provided format with backticks)\n\n", question);
+    return n < 0 ? NULL : p;
+}
+
+qd_status qd_lcb_problem(const qd_bench_code *c, const char *name, qd_code_problem *p)
+{
+    char where[512];
+    json_t *tests = NULL, *row = json_object();
+    memset(p, 0, sizeof *p);
+    if (!row)
+        return qd_error(QD_ERR_NOMEM, "%s: out of memory", name);
+    snprintf(where, sizeof where, "%s: public_test_cases", name);
+    qd_status st = qd_lcb_parse_tests(c->public_tests, strlen(c->public_tests), where, &tests);
+    if (!st && json_object_set_new(row, "public_test_cases", tests))
+        st = qd_error(QD_ERR_NOMEM, "%s: out of memory", name);
+    snprintf(where, sizeof where, "%s: private_test_cases", name);
+    if (!st && c->private_tests &&
+        !(st = qd_lcb_decode_private_tests(c->private_tests, strlen(c->private_tests), where, &tests)) &&
+        json_object_set_new(row, "private_test_cases", tests))
+        st = qd_error(QD_ERR_NOMEM, "%s: out of memory", name);
+    if (!st && c->func_name && json_object_set_new(row, "metadata", json_pack("{s:s}", "func_name", c->func_name)))
+        st = qd_error(QD_ERR_NOMEM, "%s: out of memory", name);
+    if (!st)
+        st = qd_code_problem_from_json(row, name, p);
+    json_decref(row);
     return st;
 }

@@ -11,19 +11,24 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <jansson.h>
 #include "orchestrator/commands.h"
 #include "benchmarks/eval.h"
+#include "benchmarks/lcb.h"
 #include "benchmarks/registry.h"
 #include "benchmarks/synth.h"
 #include "orchestrator/generation.h"
 #include "quant/fileio.h"
+#include "rewards/sandbox.h"
 
 #define MAX_BENCH 32
 /* Problems of a synthetic benchmark when --limit does not say. */
 #define SYNTH_DEFAULT 500
 /* The prompt the tiny model is trained with on the synthetic tasks. */
 #define SYNTH_PROMPT "Q: {problem}\nA: "
+/* Code problems hold LiveCodeBench's whole prompt (qd_lcb_prompt). */
+#define CODE_PROMPT "{problem}"
 /* --max-tokens defaults: room for a chain of thought, or for a number. */
 #define MAX_TOKENS_REAL 1024
 #define MAX_TOKENS_SYNTH 32
@@ -36,9 +41,13 @@ static void usage(FILE *f)
         "  --benchmark LIST     benchmarks of 'quads bench list', comma-separated\n"
         "  --file PATH          a local JSON/JSONL/CSV benchmark (also with --benchmark)\n"
         "  --field KEY=FIELD    --file's fields: KEY is problem, answer, solution or id\n"
-        "  --style plain|gsm8k|boxed|set  how --file's answer field is read (default plain)\n"
-        "  --grader math|gsm8k|dapo    grading style for all benchmarks (default: gsm8k for\n"
+        "  --style plain|gsm8k|boxed|set|code  how --file's answer field is read (default plain;\n"
+        "                       code: LiveCodeBench rows, problem question_content, id question_id)\n"
+        "  --grader math|gsm8k|dapo    grading style for all math benchmarks (default: gsm8k for\n"
         "                       gsm8k and for a --file with --style gsm8k, math for the others)\n"
+        "  --from DATE, --to DATE  only problems dated in [from, to] (YYYY-MM-DD, inclusive, as\n"
+        "                       LiveCodeBench's --start_date/--end_date): the lcb-v* contest_date\n"
+        "                       (a --file with --style code too); a benchmark without dates is refused\n"
         "  --samples K          samples per problem (default 1; with --replay, the fewest\n"
         "                       outputs any problem has)\n"
         "  --limit N            the first N problems of each benchmark\n"
@@ -58,6 +67,14 @@ static void usage(FILE *f)
         "  --examples N         right and wrong examples kept per benchmark (default 3)\n"
         "  --seed S             sampling seed and seed of the bootstrap CI (default 0)\n"
         "  --offline            use the benchmark cache only\n\n"
+        "Code benchmarks (lcb-v1..lcb-v6, --style code). The prompt is LiveCodeBench's (the question,\n"
+        "its starter code or the stdin/stdout instruction; --prompt wraps it); the last ``` block of each\n"
+        "sample runs against every public and private test in the sandbox (docs/sandbox.md), as\n"
+        "quads grade --style code does; maj@K does not apply. With --chat and no --system the system\n"
+        "message is LiveCodeBench's when every benchmark is code.\n"
+        "  --jobs N             tests run at once (default: the CPUs online)\n"
+        "  --timeout S          per test, seconds (default 6, LiveCodeBench's)\n"
+        "  --memory-mb M        address space of each test (default 4096)\n\n"
         "Generation (--model). Samples end at the tokenizer's <|im_end|>, <|endoftext|> and the\n"
         "model's eos tokens; mean length in tokens counts the generated tokens, stop token included.\n"
         "  --chat               prompt as the user message of a ChatML conversation (default: raw)\n"
@@ -76,10 +93,10 @@ static void usage(FILE *f)
 
 typedef struct {
     const char *model, *benchmarks, *precision, *out, *file, *replay, *grader, *outputs;
-    const char *tokenizer, *system, *backend, *mode;
+    const char *tokenizer, *system, *backend, *mode, *from, *to;
     qd_bench_fields fields;
-    uint64_t samples, limit, batch, examples, seed, top_k, max_tokens, threads;
-    double temperature, top_p;
+    uint64_t samples, limit, batch, examples, seed, top_k, max_tokens, threads, jobs;
+    double temperature, top_p, timeout, memory_mb;
     int offline, chat;
 } eval_args;
 
@@ -123,6 +140,12 @@ static int parse_gen_opt(const char *opt, const char *v, eval_args *a, int *know
         return (qd_cli_uint(v, 1 << 20, &a->max_tokens) && a->max_tokens) || bad(opt, v, "a count in 1..1048576");
     if (!strcmp(opt, "--threads"))
         return (qd_cli_uint(v, 4096, &a->threads) && a->threads) || bad(opt, v, "a count in 1..4096");
+    if (!strcmp(opt, "--jobs"))
+        return (qd_cli_uint(v, 4096, &a->jobs) && a->jobs) || bad(opt, v, "a count in 1..4096");
+    if (!strcmp(opt, "--timeout"))
+        return qd_cli_real(v, 1e-3, 1e6, &a->timeout) || bad(opt, v, "seconds in 0.001..1e6");
+    if (!strcmp(opt, "--memory-mb"))
+        return qd_cli_real(v, 1, 1 << 30, &a->memory_mb) || bad(opt, v, "megabytes in 1..2^30");
     *known = 0;
     return 0;
 }
@@ -135,7 +158,8 @@ static int parse_opt(const char *opt, const char *v, eval_args *a)
                      : !strcmp(opt, "--file") ? &a->file : !strcmp(opt, "--replay") ? &a->replay
                      : !strcmp(opt, "--grader") ? &a->grader : !strcmp(opt, "--outputs") ? &a->outputs
                      : !strcmp(opt, "--tokenizer") ? &a->tokenizer : !strcmp(opt, "--system") ? &a->system
-                     : !strcmp(opt, "--backend") ? &a->backend : !strcmp(opt, "--mode") ? &a->mode : NULL;
+                     : !strcmp(opt, "--backend") ? &a->backend : !strcmp(opt, "--mode") ? &a->mode
+                     : !strcmp(opt, "--from") ? &a->from : !strcmp(opt, "--to") ? &a->to : NULL;
     int known, ok;
     if (str)
         return *str = v, 1;
@@ -144,7 +168,7 @@ static int parse_opt(const char *opt, const char *v, eval_args *a)
     if (!strcmp(opt, "--field"))
         return set_field(&a->fields, v) || bad(opt, v, "problem|answer|solution|id=FIELD");
     if (!strcmp(opt, "--style"))
-        return qd_bench_style_parse(v, &a->fields.style) == QD_OK || bad(opt, v, "plain, gsm8k, boxed or set");
+        return qd_bench_style_parse(v, &a->fields.style) == QD_OK || bad(opt, v, "plain, gsm8k, boxed, set or code");
     if (!strcmp(opt, "--samples"))
         return (qd_cli_uint(v, 1 << 20, &a->samples) && a->samples) || bad(opt, v, "a count in 1..1048576");
     if (!strcmp(opt, "--limit"))
@@ -222,6 +246,9 @@ static int validate(const eval_args *a, const char *prompt)
                           "nvfp4-replay, quads-replay, nvfp4-w16a4 or nvfp4-w4a16"
                     : prompt && !strstr(prompt, "{problem}") ? "--prompt: the template has no {problem}"
                     : a->outputs && !a->model ? "--outputs needs --model"
+                    : (a->from && !qd_bench_date_ok(a->from)) || (a->to && !qd_bench_date_ok(a->to))
+                        ? "--from/--to: expected a date YYYY-MM-DD"
+                    : a->from && a->to && strcmp(a->from, a->to) > 0 ? "--from: the date is after --to"
                     : NULL;
     if (msg) {
         fprintf(stderr, "quads eval: %s\n", msg);
@@ -250,9 +277,27 @@ static qd_status load_named(const char *name, const eval_args *a, const qd_fetch
 {
     const qd_bench_info *b = qd_bench_find(name);
     if (b->source != QD_SRC_SYNTH)
-        return qd_bench_load(b, fo, s);
+        return qd_bench_load_window(b, fo, a->from, a->to, s);
+    if (a->from || a->to)
+        return qd_error(QD_ERR_ARG, "%s: its records have no date to select by (--from/--to)", name);
     qd_synth_opts so = {.seed = 0, .steps = b->synth_steps, .max_operand = b->synth_max};
     return qd_synth_generate(&so, QD_SPLIT_TEST, a->limit ? (size_t)a->limit : SYNTH_DEFAULT, s);
+}
+
+/* --file, within --from/--to: code rows carry LiveCodeBench's contest_date. */
+static qd_status load_file(const eval_args *a, qd_bench_set *s)
+{
+    qd_bench_window win = {"contest_date", a->from, a->to};
+    if ((a->from || a->to) && a->fields.style != QD_ANSWER_CODE)
+        return qd_error(QD_ERR_ARG, "--file %s: --from/--to select by contest_date, which only --style code "
+                                    "files have", a->file);
+    return qd_bench_load_file_window(a->file, &a->fields, a->fields.style == QD_ANSWER_CODE ? &win : NULL, s);
+}
+
+/* Is the benchmark (a registry name, or --file when name is NULL) code? */
+static int is_code(const char *name, const eval_args *a)
+{
+    return (name ? qd_bench_find(name)->fields.style : a->fields.style) == QD_ANSWER_CODE;
 }
 
 /* --grader, else gsm8k for GSM8K (the registry's, or a file whose answers
@@ -267,9 +312,11 @@ static qd_grade_style style_for(const char *name, int named, const eval_args *a)
     return g;
 }
 
-/* Loads the named benchmarks and --file into sets and benches; *n gets their count. */
-static int load_all(const eval_args *a, const char **names, int n_names, qd_bench_set *sets,
-                    qd_eval_bench *benches, int *n)
+/* Loads the named benchmarks and --file into sets and benches; *n gets
+ * their count. Code benchmarks are graded with code (their own template
+ * CODE_PROMPT unless --prompt, user_prompt, was given). */
+static int load_all(const eval_args *a, const char **names, int n_names, const char *user_prompt,
+                    const qd_code_opts *code, qd_bench_set *sets, qd_eval_bench *benches, int *n)
 {
     qd_fetch_opts fo;
     qd_fetch_opts_default(&fo);
@@ -277,9 +324,15 @@ static int load_all(const eval_args *a, const char **names, int n_names, qd_benc
     for (*n = 0; *n < n_names + (a->file != NULL); (*n)++) {
         int named = *n < n_names;
         const char *name = named ? names[*n] : a->file;
-        qd_status st = named ? load_named(name, a, &fo, &sets[*n]) : qd_bench_load_file(a->file, &a->fields, &sets[*n]);
+        qd_status st = named ? load_named(name, a, &fo, &sets[*n]) : load_file(a, &sets[*n]);
         if (st) {
             fprintf(stderr, "quads eval: %s\n", qd_last_error());
+            return 0;
+        }
+        if (!sets[*n].n) { /* only a date window leaves a benchmark empty */
+            fprintf(stderr, "quads eval: %s: none of its %zu problems is dated in [%s, %s] (--from, --to)\n",
+                    named ? name : a->file, sets[*n].read, a->from ? a->from : "-", a->to ? a->to : "-");
+            qd_bench_set_free(&sets[*n]);
             return 0;
         }
         if (!named)
@@ -291,7 +344,10 @@ static int load_all(const eval_args *a, const char **names, int n_names, qd_benc
                 qd_bench_set_free(&sets[*n]);
                 return 0;
             }
-        benches[*n] = (qd_eval_bench){name, &sets[*n], style_for(name, named, a)};
+        int c = is_code(named ? name : NULL, a);
+        benches[*n] = (qd_eval_bench){.name = name, .set = &sets[*n], .style = style_for(name, named, a),
+                                      .prompt_template = c && !user_prompt ? CODE_PROMPT : NULL,
+                                      .code = c ? code : NULL};
     }
     return 1;
 }
@@ -364,8 +420,9 @@ static qd_status model_generate(void *ctx, const char *const *prompts, int n, in
     return st;
 }
 
-/* The generation options of a --model run; max_tokens: the default for these benchmarks. */
-static void generation_opts(const eval_args *a, int max_tokens, qd_generation_opts *g)
+/* The generation options of a --model run; max_tokens: the default for these
+ * benchmarks; all_code: every benchmark is code (LiveCodeBench's system message). */
+static void generation_opts(const eval_args *a, int max_tokens, int all_code, qd_generation_opts *g)
 {
     qd_generation_opts_default(g);
     g->model = a->model;
@@ -377,7 +434,7 @@ static void generation_opts(const eval_args *a, int max_tokens, qd_generation_op
         qd_mode_parse(&g->opt.mode, a->mode);
     g->opt.num_threads = (int)a->threads;
     g->chat = a->chat;
-    g->system = a->system;
+    g->system = a->system ? a->system : a->chat && all_code ? QD_LCB_SYSTEM_PROMPT : NULL;
     g->seed = a->seed;
     g->temperature = a->temperature;
     g->top_p = a->top_p;
@@ -391,9 +448,13 @@ static void print_summary(const qd_eval_report *r, const char *out)
 {
     for (size_t i = 0; i < r->n_bench; i++) {
         const qd_eval_result *b = &r->bench[i];
-        printf("%-14s %5zu problems x %d  pass@1 %.4f [%.4f, %.4f]  pass@%d %.4f  maj@%d %.4f", b->name,
-               b->n_problems, b->k, b->pass1, b->pass1_lo, b->pass1_hi, b->k, b->pass[b->n_pass - 1].value, b->k,
-               b->maj_k);
+        printf("%-14s %5zu problems x %d  pass@1 %.4f [%.4f, %.4f]  pass@%d %.4f", b->name, b->n_problems, b->k,
+               b->pass1, b->pass1_lo, b->pass1_hi, b->k, b->pass[b->n_pass - 1].value);
+        if (!b->code)
+            printf("  maj@%d %.4f", b->k, b->maj_k);
+        for (int v = 0; b->code && v < QD_CODE_N_VERDICTS; v++) /* code: the verdicts that occurred */
+            if (b->verdicts[v])
+                printf("  %s %zu", qd_code_verdict_name((qd_code_verdict)v), b->verdicts[v]);
         if (!isnan(b->mean_tokens)) /* NaN: the generator gave no token counts */
             printf("  mean tokens %.1f", b->mean_tokens);
         printf("\n");
@@ -469,17 +530,23 @@ static int run_model(const eval_args *a, const char *prompt, qd_generation *g, c
 }
 
 /* --prompt, else the Qwen math prompt for real benchmarks and SYNTH_PROMPT
- * for synthetic ones; a --model run mixing both needs --prompt (NULL). */
+ * for synthetic ones (code benchmarks have their own, CODE_PROMPT); a
+ * --model run mixing math and synthetic ones needs --prompt (NULL). */
 static const char *choose_prompt(const eval_args *a, const char *prompt, const char **names, int n_names,
-                                 int *all_synth)
+                                 int *all_synth, int *n_code)
 {
     int synth = 0;
-    for (int i = 0; i < n_names; i++)
+    *n_code = a->file && is_code(NULL, a);
+    for (int i = 0; i < n_names; i++) {
         synth += qd_bench_find(names[i])->source == QD_SRC_SYNTH;
-    int real = n_names - synth + (a->file != NULL);
-    *all_synth = !real;
+        *n_code += is_code(names[i], a);
+    }
+    int real = n_names - synth + (a->file != NULL) - *n_code;
+    *all_synth = !real && !*n_code;
     if (prompt)
         return prompt;
+    if (!real && !synth)
+        return CODE_PROMPT;
     if (synth && real && a->model && !a->replay) {
         fprintf(stderr, "quads eval: synthetic and real benchmarks take different prompts: evaluate them "
                         "separately or give --prompt\n");
@@ -488,15 +555,40 @@ static const char *choose_prompt(const eval_args *a, const char *prompt, const c
     return real ? QD_EVAL_QWEN_MATH_PROMPT : SYNTH_PROMPT;
 }
 
-static int run(const eval_args *a, const char *prompt, const char **names, int n_names)
+/* The code grading options of --jobs, --timeout and --memory-mb. */
+static qd_code_opts code_opts(const eval_args *a)
 {
-    int all_synth, n = 0, rc = 1;
-    if (!(prompt = choose_prompt(a, prompt, names, n_names, &all_synth)))
+    qd_code_opts o = qd_code_opts_default();
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    o.jobs = a->jobs ? (int)a->jobs : cpus > 0 ? (int)(cpus < 4096 ? cpus : 4096) : 1;
+    if (a->timeout > 0)
+        o.test_s = a->timeout;
+    if (a->memory_mb > 0)
+        o.mem_bytes = (size_t)(a->memory_mb * 1048576.0);
+    return o;
+}
+
+static int run(const eval_args *a, const char *user_prompt, const char **names, int n_names)
+{
+    int all_synth, n_code, n = 0, rc = 1;
+    const char *prompt = choose_prompt(a, user_prompt, names, n_names, &all_synth, &n_code);
+    if (!prompt)
         return 2;
+    if (!n_code && (a->jobs || a->timeout > 0 || a->memory_mb > 0)) {
+        fprintf(stderr, "quads eval: --jobs, --timeout and --memory-mb go with code benchmarks (lcb-v*, --style code)\n");
+        return 2;
+    }
+    /* no interpreter, or a bad QD_SANDBOX_LEVEL, fails the run before any
+     * generation, rather than every sample with sandbox_error */
+    if (n_code && qd_sandbox_isolation(NULL, NULL)) {
+        fprintf(stderr, "quads eval: code benchmarks: %s\n", qd_last_error());
+        return 1;
+    }
+    qd_code_opts copts = code_opts(a);
     qd_generation *g = NULL;
     if (!a->replay) { /* the model first: a bad one fails before any download */
         qd_generation_opts go;
-        generation_opts(a, all_synth ? MAX_TOKENS_SYNTH : MAX_TOKENS_REAL, &go);
+        generation_opts(a, all_synth ? MAX_TOKENS_SYNTH : MAX_TOKENS_REAL, n_code == n_names + (a->file != NULL), &go);
         if (qd_generation_open(&go, &g)) {
             fprintf(stderr, "quads eval: %s\n", qd_last_error());
             return 1;
@@ -504,7 +596,7 @@ static int run(const eval_args *a, const char *prompt, const char **names, int n
     }
     qd_bench_set sets[MAX_BENCH] = {{0}};
     qd_eval_bench benches[MAX_BENCH];
-    if (load_all(a, names, n_names, sets, benches, &n))
+    if (load_all(a, names, n_names, user_prompt, &copts, sets, benches, &n))
         rc = g ? run_model(a, prompt, g, benches, n) : run_replay(a, prompt, benches, n);
     for (int i = 0; i < n; i++)
         qd_bench_set_free(&sets[i]);
@@ -514,13 +606,18 @@ static int run(const eval_args *a, const char *prompt, const char **names, int n
 
 int qd_cmd_eval(int argc, char **argv)
 {
-    eval_args a = {.fields = {"problem", "answer", "solution", "id", QD_ANSWER_PLAIN}, .examples = UINT64_MAX,
+    static const char dflt_problem[] = "problem", dflt_id[] = "id";
+    eval_args a = {.fields = {dflt_problem, "answer", "solution", dflt_id, QD_ANSWER_PLAIN}, .examples = UINT64_MAX,
                    .temperature = 0.6, .top_p = 0.95};
     const char *prompt = NULL, *names[MAX_BENCH];
     int pr = parse_args(argc, argv, &a, &prompt), n_names = 0;
     if (pr < 0)
         return usage(stdout), 0;
     char *list = a.benchmarks ? strdup(a.benchmarks) : NULL;
+    if (a.fields.style == QD_ANSWER_CODE) { /* LiveCodeBench's names, unless --field said otherwise */
+        a.fields.problem = a.fields.problem == dflt_problem ? "question_content" : a.fields.problem;
+        a.fields.id = a.fields.id == dflt_id ? "question_id" : a.fields.id;
+    }
     int ok = pr && validate(&a, prompt) && (!list || split_names(list, names, &n_names)), rc;
     if (!ok)
         rc = 2, fprintf(stderr, "Run 'quads eval --help' for the options.\n");

@@ -186,7 +186,7 @@ static qd_status held_out_eval(qd_backend *b, const qd_tokenizer *tok, const sft
         st = qd_synth_generate(&so, QD_SPLIT_TEST, (size_t)a->eval_problems, &set);
     qd_task_eval_result r;
     if (!st)
-        st = qd_task_eval(b, tok, &set, 0, a->eval_samples, a->eval_temperature, a->sft.seed, 0, &r);
+        st = qd_task_eval(b, tok, &set, 0, a->eval_samples, a->eval_temperature, a->sft.seed, 0, NULL, &r);
     if (!st)
         printf("held-out pass@1 %.4f (%d problems x %d samples, temperature %g, seed %llu), "
                "mean length %.2f tokens, ended %.1f%%\n", r.pass1, r.problems, a->eval_samples,

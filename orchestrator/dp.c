@@ -258,10 +258,14 @@ qd_status qd_dp_reduce_stats(qd_dp *dp, qd_rollout_stats *rs, qd_train_stats *ts
     double v[] = {rs->reward_sum, rs->score_sum, rs->len_sum, (double)rs->generated, (double)rs->tokens,
                   ts->loss, ts->kl, ts->clip_frac, ts->clip_low, ts->clip_high, ts->tis_mean, ts->tis_clipped,
                   (double)ts->tokens};
-    double mx[2] = {ts->ratio_max, (double)ls->nmoe};
+    double mx[3] = {ts->ratio_max, (double)ls->nmoe, rs->grade_s}, verdicts[QD_CODE_N_VERDICTS];
+    for (int i = 0; i < QD_CODE_N_VERDICTS; i++)
+        verdicts[i] = (double)rs->verdicts[i];
     qd_status st = qd_dp_sum_f64(dp, v, sizeof v / sizeof *v);
     if (!st)
-        st = qd_dp_max_f64(dp, mx, 2);
+        st = qd_dp_sum_f64(dp, verdicts, QD_CODE_N_VERDICTS);
+    if (!st)
+        st = qd_dp_max_f64(dp, mx, 3);
     if (!st)
         st = qd_dp_sum_f64(dp, ls->act_sq, (size_t)ls->nlin);
     if (!st)
@@ -276,6 +280,9 @@ qd_status qd_dp_reduce_stats(qd_dp *dp, qd_rollout_stats *rs, qd_train_stats *ts
     rs->generated = (int64_t)v[3], rs->tokens = (int64_t)v[4];
     ts->loss = v[5], ts->kl = v[6], ts->clip_frac = v[7], ts->clip_low = v[8], ts->clip_high = v[9];
     ts->tis_mean = v[10], ts->tis_clipped = v[11], ts->tokens = (int64_t)v[12], ts->ratio_max = mx[0];
+    rs->grade_s = mx[2];
+    for (int i = 0; i < QD_CODE_N_VERDICTS; i++)
+        rs->verdicts[i] = (int64_t)verdicts[i];
     return st;
 }
 

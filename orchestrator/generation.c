@@ -40,18 +40,40 @@ static qd_status load_tokenizer(const qd_generation_opts *o, qd_tokenizer **tok)
     return qd_tokenizer_load(path, tok);
 }
 
-/* tokenizer_config.json's eos_token beside the tokenizer: a string or {"content": ...}; -1 when none. */
-static int32_t config_eos(const qd_generation_opts *o, const qd_tokenizer *tok)
+/* An optional JSON file of the model's folder: *out NULL when there is
+ * none; one that is not a regular file (a FIFO is refused, not waited on)
+ * or not JSON is an error naming it. */
+static qd_status optional_json(const char *path, json_t **out)
+{
+    struct stat sb;
+    char *text;
+    size_t len;
+    *out = NULL;
+    if (stat(path, &sb) && errno == ENOENT)
+        return QD_OK;
+    QD_TRY(qd_read_file(path, &text, &len));
+    json_error_t err;
+    *out = json_loadb(text, len, 0, &err);
+    free(text);
+    return *out ? QD_OK : qd_error(QD_ERR_FORMAT, "%s: line %d: invalid JSON: %s", path, err.line, err.text);
+}
+
+/* tokenizer_config.json's eos_token beside the tokenizer: a string or
+ * {"content": ...}; *id -1 when none. */
+static qd_status config_eos(const qd_generation_opts *o, const qd_tokenizer *tok, int32_t *id)
 {
     char path[4096], *dir = o->tokenizer ? qd_path_dir(o->tokenizer) : NULL;
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir ? dir : o->model);
     free(dir);
-    json_t *tc = json_load_file(path, 0, NULL), *eos = json_object_get(tc, "eos_token");
+    json_t *tc;
+    *id = -1;
+    QD_TRY(optional_json(path, &tc));
+    json_t *eos = json_object_get(tc, "eos_token");
     const char *name = json_is_string(eos) ? json_string_value(eos)
                                            : json_string_value(json_object_get(eos, "content"));
-    int32_t id = name ? qd_tokenizer_token_id(tok, name) : -1;
+    *id = name ? qd_tokenizer_token_id(tok, name) : -1;
     json_decref(tc);
-    return id;
+    return QD_OK;
 }
 
 static void add_stop(qd_generation *g, json_int_t id)
@@ -61,20 +83,25 @@ static void add_stop(qd_generation *g, json_int_t id)
 }
 
 /* The stop ids of generation.h's list. */
-static void find_stop_tokens(qd_generation *g)
+static qd_status find_stop_tokens(qd_generation *g)
 {
+    int32_t id;
     add_stop(g, qd_tokenizer_token_id(g->tok, "<|im_end|>"));
     add_stop(g, qd_tokenizer_token_id(g->tok, "<|endoftext|>"));
-    add_stop(g, config_eos(&g->o, g->tok));
+    QD_TRY(config_eos(&g->o, g->tok, &id));
+    add_stop(g, id);
     char path[4096];
     snprintf(path, sizeof path, "%s/generation_config.json", g->o.model);
-    json_t *gc = json_load_file(path, 0, NULL), *eos = json_object_get(gc, "eos_token_id");
+    json_t *gc;
+    QD_TRY(optional_json(path, &gc));
+    json_t *eos = json_object_get(gc, "eos_token_id");
     if (json_is_integer(eos))
         add_stop(g, json_integer_value(eos));
     for (size_t i = 0; i < json_array_size(eos); i++)
         if (json_is_integer(json_array_get(eos, i)))
             add_stop(g, json_integer_value(json_array_get(eos, i)));
     json_decref(gc);
+    return QD_OK;
 }
 
 qd_status qd_generation_open(const qd_generation_opts *o, qd_generation **out)
@@ -90,10 +117,10 @@ qd_status qd_generation_open(const qd_generation_opts *o, qd_generation **out)
         st = load_tokenizer(o, &g->tok);
     if (!st) {
         g->vocab = cfg.vocab_size;
-        find_stop_tokens(g);
-        if (!(g->b = qd_checkpoint_open_backend(o->model, o->backend, &o->opt)))
-            st = QD_ERR_ARG; /* the message is set */
+        st = find_stop_tokens(g);
     }
+    if (!st && !(g->b = qd_checkpoint_open_backend(o->model, o->backend, &o->opt)))
+        st = QD_ERR_ARG; /* the message is set */
     if (st)
         qd_generation_free(g);
     else

@@ -359,6 +359,21 @@ static double mean_of(const double *x, int n)
     return n ? s / n : NAN;
 }
 
+/* obj.code = {"accepted": n, ...}, every verdict, when any sample was
+ * graded as code (math tasks' lines stay as they were). */
+static void put_verdicts(json_t *obj, const int64_t *v)
+{
+    int64_t sum = 0;
+    for (int i = 0; i < QD_CODE_N_VERDICTS; i++)
+        sum += v[i];
+    if (!sum)
+        return;
+    json_t *c = json_object();
+    for (int i = 0; i < QD_CODE_N_VERDICTS; i++)
+        json_object_set_new(c, qd_code_verdict_name((qd_code_verdict)i), json_integer(v[i]));
+    json_object_set_new(obj, "code", c);
+}
+
 void qd_metrics_put_eval(json_t *o, json_t *time, const qd_task_eval_result *ev, double secs)
 {
     json_t *e = json_object();
@@ -366,6 +381,7 @@ void qd_metrics_put_eval(json_t *o, json_t *time, const qd_task_eval_result *ev,
     qd_metrics_set(e, "mean_len", ev->mean_len);
     qd_metrics_set(e, "format_rate", ev->format_rate);
     json_object_set_new(e, "problems", json_integer(ev->problems));
+    put_verdicts(e, ev->verdicts);
     json_object_set_new(o, "eval", e);
     qd_metrics_set(time, "eval_s", secs);
 }
@@ -395,6 +411,8 @@ static void put_layers(json_t *o, const qd_step_metrics *m)
     qd_metrics_set(tm, "sync_s", m->t[2]);
     qd_metrics_set(tm, "step_s", m->t[3]);
     qd_metrics_set(tm, "tokens_per_s", m->t[3] > 0 ? (double)m->rollout->tokens / m->t[3] : 0);
+    if (json_object_get(o, "code"))
+        qd_metrics_set(tm, "grade_s", m->rollout->grade_s);
     json_object_set_new(o, "time", tm);
 }
 
@@ -428,6 +446,7 @@ json_t *qd_metrics_step_json(const qd_step_metrics *m)
     json_object_set_new(o, "gen_batches", json_integer(rs->gen_batches));
     json_object_set_new(o, "data_pos", json_integer(m->data_pos));
     json_object_set_new(o, "optimizer_step", json_integer(m->optimizer_step));
+    put_verdicts(o, rs->verdicts);
     put_layers(o, m);
     return o;
 }

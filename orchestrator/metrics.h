@@ -16,6 +16,7 @@
 #include "orchestrator/grpo.h"
 #include "orchestrator/task.h"
 #include "quant/status.h"
+#include "rewards/code.h"
 
 typedef struct qd_metrics qd_metrics;
 
@@ -48,6 +49,8 @@ qd_status qd_metrics_read_series(const char *path, const char *key, double **x, 
 typedef struct {
     double reward_sum, score_sum, len_sum;
     int64_t generated, tokens, gen_batches;
+    int64_t verdicts[QD_CODE_N_VERDICTS]; /* code tasks: samples by verdict (rewards/code.h) */
+    double grade_s;                       /* code tasks: wall time of the grading (the slowest rank's) */
 } qd_rollout_stats;
 
 typedef struct {

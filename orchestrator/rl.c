@@ -21,6 +21,7 @@
 #include "orchestrator/task.h"
 #include "quant/fileio.h"
 #include "quant/splitmix64.h"
+#include "rewards/sandbox.h"
 
 /* One rollout sample, after rewards. */
 typedef struct {
@@ -52,6 +53,8 @@ typedef struct {
     size_t nf;
     float *w;                      /* (nf) the sync buffer */
     qd_rl_data data;               /* training and held-out problems */
+    qd_code_opts code;             /* code tasks: how the sandbox runs the tests (reward.*) */
+    qd_task_grader grader;         /* exact match, or code in the sandbox */
     int64_t *perm, perm_epoch;     /* (train.n) order of the current epoch */
     uint64_t seed;
     int64_t step, data_pos, opt_step, steps, P, G, M, J;
@@ -177,6 +180,31 @@ static qd_status load_data(rl_run *r)
                            "skipped)\n", r->k->data.task, d->train.n, d->test.n, d->dropped, d->total);
     r->perm_epoch = -1;
     return st;
+}
+
+/* Code tasks grade in the sandbox (reward.*): no usable interpreter fails
+ * the run here rather than every sample with sandbox_error. */
+static qd_status code_grader(rl_run *r)
+{
+    r->grader = (qd_task_grader){.edit = r->hooks.code_text, .edit_ctx = r->hooks.ctx};
+    if (!r->data.code)
+        return QD_OK;
+    qd_sandbox_level level;
+    const char *python;
+    qd_status st = qd_sandbox_isolation(&level, &python);
+    if (st)
+        return prefixed(st, "config: data.task: code rewards");
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    r->code = qd_code_opts_default();
+    r->code.jobs = r->k->reward.code_jobs ? (int)r->k->reward.code_jobs : cpus > 0 ? (int)(cpus < 4096 ? cpus : 4096) : 1;
+    r->code.test_s = r->k->reward.code_timeout_s;
+    r->code.mem_bytes = (size_t)r->k->reward.code_memory_mb << 20;
+    r->grader.code = &r->code;
+    if (r->o->log)
+        fprintf(r->o->log, "code rewards: each sample's last ``` block against its problem's tests in the sandbox "
+                           "(%s, %s), %d at once, %g s and %lld MiB a test\n", qd_sandbox_level_name(level), python,
+                r->code.jobs, r->code.test_s, (long long)r->k->reward.code_memory_mb);
+    return QD_OK;
 }
 
 /* The training problem at data position pos: epochs in a seeded order. */
@@ -317,20 +345,33 @@ static qd_status rollout_batch(rl_run *r, sample_set *all, int gb, int *nb)
     return st;
 }
 
-/* Rewards of the last B samples of all (correctness + overlong penalty). */
-static qd_status grade_batch(rl_run *r, sample_set *all, int first, int B)
+/* Rewards of samples [first, first + B) of all (correctness + overlong
+ * penalty); code tasks count their verdicts and grading time into rs. */
+static qd_status grade_batch(rl_run *r, sample_set *all, int first, int B, qd_rollout_stats *rs)
 {
     int64_t buf = r->k->algo.overlong_buffer_len;
-    double pen = r->k->algo.overlong_penalty;
-    for (int b = first; b < first + B; b++) {
-        sample *s = &all->s[b];
-        qd_status st = qd_task_reward(r->tok, all->tok + (size_t)b * r->M, (size_t)s->rlen,
-                                      r->data.train.rec[s->prob].answer, &s->score, NULL);
-        if (st)
-            return st;
+    double pen = r->k->algo.overlong_penalty, t0 = now_s();
+    const qd_bench_record **recs = malloc(sizeof *recs * (size_t)B + 1);
+    int32_t *len = malloc(sizeof *len * (size_t)B + 1);
+    float *score = malloc(sizeof *score * (size_t)B + 1);
+    qd_status st = recs && len && score ? QD_OK : qd_error(QD_ERR_NOMEM, "rewards");
+    for (int b = 0; !st && b < B; b++) {
+        const sample *s = &all->s[first + b];
+        recs[b] = &r->data.train.rec[s->prob];
+        len[b] = s->rlen;
+    }
+    if (!st)
+        st = qd_task_grade(&r->grader, r->tok, all->tok + (size_t)first * r->M, (size_t)r->M, len, recs, B, score,
+                           NULL, rs->verdicts);
+    for (int b = 0; !st && b < B; b++) {
+        sample *s = &all->s[first + b];
+        s->score = score[b];
         s->reward = s->score + (float)qd_grpo_overlong_penalty(s->rlen, r->M, buf, pen);
     }
-    return QD_OK;
+    if (r->grader.code)
+        rs->grade_s += now_s() - t0;
+    free(recs), free(len), free(score);
+    return st;
 }
 
 /* Dynamic sampling: keeps the groups g of the last batch (all ranks' numbering)
@@ -372,7 +413,7 @@ static qd_status do_rollouts(rl_run *r, sample_set *all, qd_rollout_stats *rs, i
         int first = all->S, B;
         qd_status st = rollout_batch(r, all, gb, &B);
         if (!st)
-            st = grade_batch(r, all, first, B);
+            st = grade_batch(r, all, first, B, rs);
         if (st)
             return st;
         r->data_pos += r->P;
@@ -699,7 +740,7 @@ static qd_status run_eval(rl_run *r, qd_task_eval_result *ev)
 {
     qd_backend *b = strcmp(r->k->eval.precision, "trainer") ? r->rollout : r->trainer;
     return qd_task_eval(b, r->tok, &r->data.test, (int)r->k->eval.limit, (int)r->k->eval.samples,
-                        (float)r->k->eval.temperature, (uint64_t)r->k->eval.seed, (int)r->M, ev);
+                        (float)r->k->eval.temperature, (uint64_t)r->k->eval.seed, (int)r->M, &r->grader, ev);
 }
 
 /* Before a RAC pick (data parallel): this rank's rollout takes the job's
@@ -1010,7 +1051,9 @@ static qd_status setup(rl_run *r)
         st = qd_backend_set_weights(r->rollout, r->w, r->nf);
     if (!st)
         st = replay_rac(r);
-    return st ? st : load_data(r);
+    if (!st)
+        st = load_data(r);
+    return st ? st : code_grader(r);
 }
 
 static void init_params(rl_run *r)

@@ -6,8 +6,9 @@
  * position advances deterministically; under dynamic sampling further batches
  * until enough groups carry signal) -> the rollout generates G completions
  * each (sampling seed from run.seed and the step, sequence ids from the data
- * position, so unique over the run) -> rewards (exact answer match, plus the
- * optional overlong penalty) -> group advantages -> for each of
+ * position, so unique over the run) -> rewards (exact answer match, or for a
+ * code task the sample's program run against its problem's tests in the
+ * sandbox, plus the optional overlong penalty) -> group advantages -> for each of
  * trainer.mini_batches updates: the trainer's log-probs of prompt+completion
  * per micro-batch, the PPO-clip coefficients (logp_old = the trainer's
  * log-probs before the step's first update), backward, AdamW -> weight sync
@@ -38,7 +39,10 @@
  * the trainer's top-k experts the rollout also picks, on the first
  * micro-batch's tokens) and agree_mean; eval.{pass1, mean_len, format_rate,
  * problems} on eval steps; time.{rollout_s, train_s, sync_s, step_s,
- * tokens_per_s (generated tokens / step time), eval_s}.
+ * tokens_per_s (generated tokens / step time), eval_s}. Code tasks add
+ * code.{accepted, wrong_answer, time_limit, memory_limit, runtime_error,
+ * no_code, sandbox_error} (the step's samples by verdict), eval.code (the
+ * same for the eval) and time.grade_s.
  *
  * Data parallel (docs/multi-gpu.md): under a launcher's environment
  * (dist/launch.h) with world size W > 1 every rank runs this loop on its own
@@ -81,6 +85,10 @@ typedef struct {
     /* the trainer's response log-probs of samples [first, first + n) of
      * step, (n, M), before they are checked for NaN */
     void (*trainer_logp)(void *ctx, int64_t step, int first, float *logp, int n, int M);
+    /* code tasks: the text of each completion before it is graded (rollouts
+     * and evals; id: its problem's), which the hook may replace (*text
+     * malloc'd, freed by the grader) */
+    void (*code_text)(void *ctx, const char *id, char **text);
 } qd_rl_hooks;
 
 typedef struct {

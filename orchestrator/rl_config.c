@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "orchestrator/rl_config.h"
+#include "benchmarks/dataset.h"
 #include "quant/fileio.h"
 
 #define BIG 1e9 /* upper bound for counts: large enough for any run, small enough to catch typos */
@@ -104,13 +105,25 @@ static const qd_cfg_knob knobs[] = {
      .doc = "re-pick RAC channels every N weight syncs; 0 = never"},
     {KNOB("data.task", QD_CFG_STRING, data.task), .def = "arith",
      .doc = "training task: the synthetic arithmetic (arith, arith1..arith4, optionally :MAX_OPERAND) or a "
-            "benchmark of quads bench list (fetched or cached; eval.limit problems, 256 when 0, held out)"},
+            "benchmark of quads bench list (fetched or cached; eval.limit problems, 256 when 0, held out; "
+            "lcb-v*: code rewards from the sandbox, reward.*)"},
     {KNOB("data.benchmark", QD_CFG_STRING, data.benchmark), .def = "",
      .doc = "must be empty: quads rl evaluates on the task's held-out split (quads eval runs benchmarks)"},
+    {KNOB("data.from", QD_CFG_STRING, data.from), .def = "",
+     .doc = "a benchmark task with dates (lcb-v*: contest_date): only problems dated on or after this "
+            "YYYY-MM-DD; empty = no bound"},
+    {KNOB("data.to", QD_CFG_STRING, data.to), .def = "",
+     .doc = "the same: only problems dated on or before this YYYY-MM-DD (inclusive, as LiveCodeBench)"},
     {KNOB("data.max_prompt_tokens", QD_CFG_INT, data.max_prompt_tokens), .def = "128", .min = 1, .max = BIG,
      .doc = "problems whose prompt has more tokens are skipped (training and held-out)"},
     {KNOB("data.shuffle", QD_CFG_BOOL, data.shuffle), .def = "true",
      .doc = "shuffle the training prompts each epoch (seeded)"},
+    {KNOB("reward.code_jobs", QD_CFG_INT, reward.code_jobs), .def = "0", .min = 0, .max = 4096,
+     .doc = "code tasks (lcb-v*): sandboxed tests run at once; 0 = the CPUs online"},
+    {KNOB("reward.code_timeout_s", QD_CFG_FLOAT, reward.code_timeout_s), .def = "6", .min = 0, .max = 1e6,
+     .min_open = true, .doc = "code tasks: wall and CPU seconds of each test (LiveCodeBench: 6)"},
+    {KNOB("reward.code_memory_mb", QD_CFG_INT, reward.code_memory_mb), .def = "4096", .min = 16, .max = 1048576,
+     .doc = "code tasks: address space of each test, MiB"},
     {KNOB("eval.every", QD_CFG_INT, eval.every), .def = "50", .min = 0, .max = BIG,
      .doc = "held-out eval every N steps (and before and after); 0 = off"},
     {KNOB("eval.samples", QD_CFG_INT, eval.samples), .def = "1", .min = 1, .max = 4096,
@@ -467,6 +480,13 @@ qd_status qd_config_validate(const qd_config *cfg)
         return qd_error(QD_ERR_ARG,
                         "config: trainer.mini_batches: %lld does not divide rollout.prompts_per_step (%lld)",
                         (long long)k->trainer.mini_batches, (long long)P);
+    const char *dates[2][2] = {{"data.from", k->data.from}, {"data.to", k->data.to}};
+    for (int i = 0; i < 2; i++)
+        if (*dates[i][1] && !qd_bench_date_ok(dates[i][1]))
+            return qd_error(QD_ERR_ARG, "config: %s: '%s': expected a date YYYY-MM-DD or empty", dates[i][0],
+                            dates[i][1]);
+    if (*k->data.from && *k->data.to && strcmp(k->data.from, k->data.to) > 0)
+        return qd_error(QD_ERR_ARG, "config: data.from: %s is after data.to %s", k->data.from, k->data.to);
     if (!strcmp(k->rollout.mode, "fast") && !strcmp(k->rollout.backend, "cpu"))
         return qd_error(QD_ERR_ARG, "config: rollout.mode: fast needs rollout.backend cuda or auto (the cpu "
                                     "backend runs exact mode only)");

@@ -54,10 +54,14 @@ typedef struct {
         int64_t refresh;
     } rac;
     struct {
-        const char *task, *benchmark;
+        const char *task, *benchmark, *from, *to;
         int64_t max_prompt_tokens;
         bool shuffle;
     } data;
+    struct {
+        int64_t code_jobs, code_memory_mb;
+        double code_timeout_s;
+    } reward;
     struct {
         int64_t every, samples, limit, seed;
         const char *precision;

@@ -91,9 +91,17 @@ static qd_status load_benchmark(qd_rl_data *d, const qd_knobs *k, const qd_token
     qd_fetch_opts fo;
     qd_fetch_opts_default(&fo);
     qd_bench_set all;
-    qd_status st = qd_bench_load(b, &fo, &all);
+    const char *from = *k->data.from ? k->data.from : NULL, *to = *k->data.to ? k->data.to : NULL;
+    qd_status st = qd_bench_load_window(b, &fo, from, to, &all);
     if (st)
-        return prefixed(st, "config: data.task");
+        return prefixed(st, from || to ? "config: data.task, data.from, data.to" : "config: data.task");
+    d->code = b->fields.style == QD_ANSWER_CODE;
+    if (!all.n) {
+        st = qd_error(QD_ERR_ARG, "config: data.from, data.to: none of the %zu problems of %s is dated in [%s, %s]",
+                      all.read, b->name, from ? from : "-", to ? to : "-");
+        qd_bench_set_free(&all);
+        return st;
+    }
     st = keep_short(k, tok, &all, NULL, NULL, &d->dropped);
     if (st) {
         qd_bench_set_free(&all);
@@ -135,6 +143,9 @@ qd_status qd_rl_data_load(qd_rl_data *d, const qd_knobs *k, const qd_tokenizer *
                         k->data.benchmark);
     const qd_bench_info *b = qd_bench_find(k->data.task);
     qd_status st = qd_task_parse(k->data.task, &so); /* arith names are the task's, not the registry's */
+    if (!st && (*k->data.from || *k->data.to))
+        return qd_error(QD_ERR_ARG, "config: data.from, data.to: the synthetic task %s has no dates (leave them "
+                                    "empty)", k->data.task);
     if (!st)
         st = load_synth(d, k, seed, &so);
     else if (b && b->source != QD_SRC_SYNTH)

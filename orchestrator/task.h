@@ -1,6 +1,9 @@
 /* The built-in synthetic task as the model sees it, shared by `quads sft` and
  * the RL loop: the prompt format, tokenization, the reward of a completion,
- * and held-out pass@1 through the backend's generate.
+ * and held-out pass@1 through the backend's generate. A benchmark as the task
+ * takes the same format; its completions are graded by exact match, or, for
+ * code problems (LiveCodeBench), by running them against their tests in the
+ * sandbox (qd_task_grader).
  *
  * Format (pinned; the shipped tiny model was trained on it, no chat template):
  *   prompt  = "Q: {problem}\nA: "
@@ -16,6 +19,7 @@
 #include "benchmarks/dataset.h"
 #include "benchmarks/synth.h"
 #include "models/tokenizer.h"
+#include "rewards/code.h"
 #include "quant/status.h"
 
 #define QD_TASK_PROMPT_PREFIX "Q: "
@@ -58,20 +62,54 @@ qd_status qd_task_encode(const qd_tokenizer *tok, const char *problem, const cha
 qd_status qd_task_reward(const qd_tokenizer *tok, const int32_t *completion, size_t n, const char *gold,
                          float *reward, int *format_ok);
 
+/* The text of a completion (the n generated ids after the prompt) up to the
+ * first end token, all of it when there is none (*format_ok, may be NULL: 1
+ * when it holds the end token). *text (malloc'd; *text_len bytes, may be
+ * NULL) is NULL when an id names no token or the ids do not decode: such a
+ * completion is wrong, not an error. */
+qd_status qd_task_completion_text(const qd_tokenizer *tok, const int32_t *completion, size_t n, char **text,
+                                  size_t *text_len, int *format_ok);
+
+/* How completions are graded. */
+typedef struct {
+    /* NULL: exact match with the record's answer (qd_task_reward); else the
+     * records are code problems (qd_bench_record.code) and each completion's
+     * last ``` block runs against the problem's tests in the sandbox with
+     * these options (rewards/code.h): 1 when every test passes. */
+    const qd_code_opts *code;
+    /* For tests, may be NULL: sees the text of each code completion before
+     * it is graded (id: its problem's) and may replace it (*text malloc'd,
+     * freed by the grader; NULL: no text). */
+    void (*edit)(void *ctx, const char *id, char **text);
+    void *edit_ctx;
+} qd_task_grader;
+
+/* Grades n completions: completion i is ids + i * stride, len[i] ids long,
+ * answering recs[i]. score[i] gets 1 or 0, format_ok[i] (may be NULL) 1 when
+ * it ended with the end token; code: verdicts (may be NULL) counts the
+ * completions by verdict (QD_CODE_N_VERDICTS entries, added to). The tests of
+ * each distinct record are decoded once; all the code completions run
+ * together on g->code->jobs workers. g NULL: exact match. */
+qd_status qd_task_grade(const qd_task_grader *g, const qd_tokenizer *tok, const int32_t *ids, size_t stride,
+                        const int32_t *len, const qd_bench_record *const *recs, int n, float *score, int *format_ok,
+                        int64_t *verdicts);
+
 typedef struct {
     double pass1;       /* mean over problems of correct / samples */
     double mean_len;    /* mean generated tokens per completion, end token included */
     double format_rate; /* fraction of completions that ended with the end token */
     int problems, completions;
+    int64_t verdicts[QD_CODE_N_VERDICTS]; /* code: completions by verdict; zeros otherwise */
 } qd_task_eval_result;
 
 /* Generates `samples` completions of each of the first `limit` problems of set
  * (0 = all) at temperature (0 = greedy), at most max_new_tokens each (0 =
- * QD_TASK_MAX_NEW_TOKENS), and grades them with qd_task_reward. Completion s
- * of problem i samples with stream seq_id = i * samples + s under seed, so the
- * result does not depend on batching or threads. */
+ * QD_TASK_MAX_NEW_TOKENS), and grades them with g (NULL: exact match,
+ * qd_task_reward). Completion s of problem i samples with stream seq_id =
+ * i * samples + s under seed, so the result does not depend on batching or
+ * threads. */
 qd_status qd_task_eval(qd_backend *b, const qd_tokenizer *tok, const qd_bench_set *set, int limit,
                        int samples, float temperature, uint64_t seed, int max_new_tokens,
-                       qd_task_eval_result *out);
+                       const qd_task_grader *g, qd_task_eval_result *out);
 
 #endif

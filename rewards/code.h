@@ -21,6 +21,9 @@ typedef enum {
     QD_CODE_SANDBOX_ERROR, /* the sandbox could not run it: the grader's fault, not the sample's */
 } qd_code_verdict;
 
+/* How many verdicts there are (for tables of counts indexed by verdict). */
+#define QD_CODE_N_VERDICTS (QD_CODE_SANDBOX_ERROR + 1)
+
 const char *qd_code_verdict_name(qd_code_verdict v);
 
 typedef struct {

@@ -211,10 +211,10 @@ static void c_rope(oc *c)
     OUT(c, "inverse", 'f', g, sizeof(float) * N * nh * D);
 }
 
-static void c_matmul(oc *c, qd_prec prec)
+static void c_matmul_shape(oc *c, qd_prec prec, int N, int IC, int OC, float range)
 {
-    int N = 37, IC = 72, OC = 45;
-    float *x = F(c, (size_t)N * IC, -1, 1), *w = F(c, (size_t)OC * IC, -1, 1), *y = Z(c, sizeof(float) * N * OC);
+    float *x = F(c, (size_t)N * IC, -range, range), *w = F(c, (size_t)OC * IC, -range, range);
+    float *y = Z(c, sizeof(float) * N * OC);
     if (prec == QD_PREC_BF16) {  /* operands that are BF16 values, as the recipe makes them */
         RUN(c, c->ops->round_bf16(c->dev, x, x, (size_t)N * IC));
         RUN(c, c->ops->round_bf16(c->dev, w, w, (size_t)OC * IC));
@@ -223,8 +223,14 @@ static void c_matmul(oc *c, qd_prec prec)
     OUT(c, "y", 'f', y, sizeof(float) * N * OC);
 }
 
-static void c_matmul_f32(oc *c) { c_matmul(c, QD_PREC_F32); }
-static void c_matmul_bf16(oc *c) { c_matmul(c, QD_PREC_BF16); }
+static void c_matmul_f32(oc *c) { c_matmul_shape(c, QD_PREC_F32, 37, 72, 45, 1.0f); }
+static void c_matmul_bf16(oc *c) { c_matmul_shape(c, QD_PREC_BF16, 37, 72, 45, 1.0f); }
+/* Tiles of every size at once: rows over 64, columns over 128, K not a
+ * multiple of 32 (CUDA's qdk_matmul_wt and its fused multiply-add path). */
+static void c_matmul_bf16_wide(oc *c) { c_matmul_shape(c, QD_PREC_BF16, 70, 136, 300, 1.0f); }
+/* BF16 operands near 2^-70: their products fall below float32's normal range
+ * and round, so a fused multiply-add would give other bits; CUDA must see it. */
+static void c_matmul_bf16_tiny(oc *c) { c_matmul_shape(c, QD_PREC_BF16, 9, 64, 140, 1e-21f); }
 
 static void c_matmul_backward(oc *c)
 {
@@ -625,6 +631,8 @@ static const op_case cases[] = {
     {{"rope fwd+inverse 5x3x16", "rope", 0}, c_rope},
     {{"matmul f32 37x72x45", "matmul", 1}, c_matmul_f32},
     {{"matmul bf16 37x72x45", "matmul", 1}, c_matmul_bf16},
+    {{"matmul bf16 70x136x300", "matmul", 1}, c_matmul_bf16_wide},
+    {{"matmul bf16 tiny products 9x64x140", "matmul", 1}, c_matmul_bf16_tiny},
     {{"matmul_backward 37x72x45", "matmul_backward", 1}, c_matmul_backward},
     {{"matmul_grouped+bwd 4 experts", "matmul_grouped", 0}, c_matmul_grouped},
     {{"fp8 quantize+gemm 6x20x48", "fp8_gemm", 1}, c_fp8},

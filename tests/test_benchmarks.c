@@ -232,6 +232,104 @@ START_TEST(test_lcb_public_tests)
 }
 END_TEST
 
+/* The code records of the real release_v1 problems: LiveCodeBench's prompt
+ * (as its own function builds it: tests/ref/lcb_prompts.py), the fields
+ * grading needs, and the graded form with the real private tests decoded;
+ * a bad row is refused naming its line and field; math records have none. */
+START_TEST(test_lcb_records)
+{
+    json_t *ref = json_load_file(qd_test_path("tests/fixtures/code/lcb_prompts.json"), 0, NULL);
+    ck_assert_ptr_nonnull(ref);
+    ck_assert_str_eq(QD_LCB_SYSTEM_PROMPT, json_string_value(json_object_get(ref, "system")));
+    const qd_bench_fields *f = &qd_bench_find("lcb-v1")->fields;
+    qd_bench_set s;
+    ck_assert_int_eq(qd_bench_load_file(fx("livecodebench_release_v1_nopriv_mavencoder.jsonl"), f, &s), QD_OK);
+    ck_assert_uint_eq(s.n, 400);
+    const qd_bench_record *cf = NULL, *lc = NULL;
+    size_t functional = 0, with_starter = 0;
+    for (size_t i = 0; i < s.n; i++) {
+        const qd_bench_code *c = s.rec[i].code;
+        ck_assert_ptr_nonnull(c);
+        ck_assert_ptr_null(c->private_tests); /* this copy has none */
+        functional += c->func_name != NULL;
+        with_starter += *c->starter_code != '\0';
+        cf = !strcmp(s.rec[i].id, "1873_A") ? &s.rec[i] : cf;
+        lc = !strcmp(s.rec[i].id, "2819") ? &s.rec[i] : lc;
+    }
+    ck_assert_uint_eq(functional, 181); /* every LeetCode row (SOURCES.md) */
+    ck_assert_uint_eq(with_starter, 181);
+    json_t *prompts = json_object_get(ref, "prompts");
+    ck_assert_str_eq(cf->problem, json_string_value(json_object_get(prompts, "1873_A")));
+    ck_assert_str_eq(lc->problem, json_string_value(json_object_get(prompts, "2819")));
+    ck_assert_str_eq(cf->code->platform, "codeforces");
+    ck_assert_ptr_null(cf->code->func_name);
+    ck_assert(!strncmp(cf->code->question, "There are three cards", 21));
+    ck_assert_str_eq(lc->code->platform, "leetcode");
+    ck_assert_str_eq(lc->code->func_name, "removeTrailingZeros");
+    ck_assert(!strncmp(lc->code->starter_code, "class Solution:", 15));
+    qd_code_problem p;
+    ck_assert_int_eq(qd_lcb_problem(lc->code, "2819", &p), QD_OK);
+    ck_assert_int_eq(p.ntests, 2);
+    ck_assert_str_eq(p.func_name, "removeTrailingZeros");
+    qd_code_problem_free(&p);
+    /* 1873_A with its real encoded private tests: public first, then the 4 decoded */
+    json_t *vec = json_load_file(fx("lcb_private_tests_decode_vector.json"), 0, NULL), *row = json_object();
+    ck_assert_ptr_nonnull(vec);
+    json_object_set_new(row, "question_content", json_string(cf->code->question));
+    json_object_set_new(row, "question_id", json_string("1873_A"));
+    json_object_set(row, "public_test_cases", json_object_get(vec, "public_test_cases"));
+    json_object_set(row, "private_test_cases", json_object_get(vec, "private_test_cases_encoded"));
+    json_object_set_new(row, "metadata", json_string("{}"));
+    char *text = json_dumps(row, JSON_COMPACT);
+    qd_bench_set one;
+    ck_assert_int_eq(qd_bench_parse(text, strlen(text), "one.jsonl", f, &one), QD_OK);
+    ck_assert_str_eq(one.rec[0].problem, cf->problem);
+    ck_assert_int_eq(qd_lcb_problem(one.rec[0].code, "1873_A", &p), QD_OK);
+    ck_assert_int_eq(p.ntests, 5);
+    json_t *priv = json_object_get(vec, "step4_json_loads");
+    for (int i = 1; i < 5; i++) {
+        ck_assert_str_eq(p.tests[i].input, json_string_value(json_object_get(json_array_get(priv, (size_t)i - 1), "input")));
+        ck_assert_str_eq(p.tests[i].output, json_string_value(json_object_get(json_array_get(priv, (size_t)i - 1), "output")));
+    }
+    qd_code_problem_free(&p);
+    /* a private field that is neither JSON nor its encoding fails at grading, naming the problem */
+    free(one.rec[0].code->private_tests);
+    one.rec[0].code->private_tests = strdup("not base64!");
+    ck_assert_int_ne(qd_lcb_problem(one.rec[0].code, "lcb-v1 problem '1873_A'", &p), QD_OK);
+    ck_assert_msg(strstr(qd_last_error(), "lcb-v1 problem '1873_A': private_test_cases: not base64"), "%s",
+                  qd_last_error());
+    qd_bench_set_free(&one);
+    free(text);
+    /* bad rows: the line and the field named */
+    static const struct {
+        const char *line, *why;
+    } bad[] = {
+        {"{\"question_content\": \"q\"}", "one.jsonl: line 1: field 'public_test_cases' missing"},
+        {"{\"question_content\": \"q\", \"public_test_cases\": \"[{]\"}", "line 1: field 'public_test_cases': invalid JSON"},
+        {"{\"question_content\": \"q\", \"public_test_cases\": [{\"input\": 1}]}", "field 'public_test_cases': test 0: field 'input'"},
+        {"{\"question_content\": \"q\", \"public_test_cases\": \"[]\", \"metadata\": \"{\\\"func_name\\\": 3}\"}",
+         "line 1: field 'metadata.func_name' is not a string"},
+        {"{\"question_content\": \"q\", \"public_test_cases\": \"[]\", \"metadata\": \"oops\"}", "field 'metadata' is a string that"},
+        {"{\"question_content\": \"q\", \"public_test_cases\": \"[]\", \"starter_code\": 7}", "field 'starter_code' is not a string"},
+        {"{\"question_content\": 5, \"public_test_cases\": \"[]\"}", "field 'question_content' is not a string"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_msg(qd_bench_parse(bad[i].line, strlen(bad[i].line), "one.jsonl", f, &one) != QD_OK, "row %zu", i);
+        ck_assert_msg(strstr(qd_last_error(), bad[i].why), "row %zu: %s", i, qd_last_error());
+    }
+    /* the math benchmarks' records have no code */
+    qd_bench_set m;
+    ck_assert_int_eq(qd_bench_load_file(fx("aime24_qwen25math.jsonl"), &qd_bench_find("aime24")->fields, &m), QD_OK);
+    ck_assert_ptr_null(m.rec[0].code);
+    ck_assert_str_eq(m.rec[0].answer, "204");
+    qd_bench_set_free(&m);
+    json_decref(row);
+    json_decref(vec);
+    json_decref(ref);
+    qd_bench_set_free(&s);
+}
+END_TEST
+
 /* ---- parsing the fixtures ------------------------------------------- */
 
 typedef struct {
@@ -1137,7 +1235,8 @@ START_TEST(test_lcb_registry)
     ck_assert_str_eq(s.rec[0].id, "1873_A");
     ck_assert_str_eq(s.rec[0].date, "2023-08-21T00:00:00");
     ck_assert_str_eq(s.rec[0].answer, "");
-    ck_assert_ptr_nonnull(strstr(s.rec[0].row, "\"public_test_cases\":"));
+    ck_assert_ptr_nonnull(s.rec[0].code);
+    ck_assert_ptr_nonnull(strstr(s.rec[0].code->public_tests, "\"input\": \"6\\nabc\\nacb"));
     ck_assert_ptr_nonnull(strstr(s.rec[0].problem, "There are three cards with letters"));
     qd_bench_set_free(&s);
     static const struct {
@@ -1359,6 +1458,7 @@ Suite *suite_benchmarks(void)
     tcase_add_test(tc, test_content_checks);
     tcase_add_test(tc, test_lcb_decode_vector);
     tcase_add_test(tc, test_lcb_public_tests);
+    tcase_add_test(tc, test_lcb_records);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("synth");

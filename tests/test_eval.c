@@ -19,6 +19,7 @@
 #include "benchmarks/dataset.h"
 #include "benchmarks/eval.h"
 #include "benchmarks/registry.h"
+#include "benchmarks/sha256.h"
 #include "benchmarks/synth.h"
 #include "quant/fileio.h"
 
@@ -113,7 +114,7 @@ START_TEST(test_gsm8k_pass1_matches_labels)
     o.prompt_template = "{problem}";
     o.batch = 100; /* 1319 = 13 * 100 + 19: a short last batch */
     o.progress = 0;
-    qd_eval_bench b = {"gsm8k", &s, QD_GRADE_GSM8K};
+    qd_eval_bench b = {.name = "gsm8k", .set = &s, .style = QD_GRADE_GSM8K};
     qd_eval_report r;
     ck_assert_msg(qd_eval_run(&b, 1, &o, gen_labels, &g, &r) == QD_OK, "%s", qd_last_error());
     ck_assert_uint_eq(g.next, 1319);
@@ -160,7 +161,7 @@ START_TEST(test_gsm8k_four_models_as_samples)
     o.samples = 4;
     o.batch = 7;
     o.progress = 0;
-    qd_eval_bench b = {"gsm8k", &s, QD_GRADE_GSM8K};
+    qd_eval_bench b = {.name = "gsm8k", .set = &s, .style = QD_GRADE_GSM8K};
     qd_eval_report r;
     ck_assert_msg(qd_eval_run(&b, 1, &o, gen_labels, &g, &r) == QD_OK, "%s", qd_last_error());
     const qd_eval_result *e = &r.bench[0];
@@ -257,7 +258,7 @@ static void run_constructed(qd_eval_report *r, uint64_t seed)
     o.model = "models/tiny";
     o.precision = "nvfp4";
     fixed_gen g = {0};
-    qd_eval_bench b = {"constructed", &s, QD_GRADE_MATH};
+    qd_eval_bench b = {.name = "constructed", .set = &s, .style = QD_GRADE_MATH};
     ck_assert_msg(qd_eval_run(&b, 1, &o, gen_fixed, &g, r) == QD_OK, "%s", qd_last_error());
     ck_assert_int_eq(g.next, NP);
 }
@@ -381,7 +382,7 @@ START_TEST(test_markdown_long_output)
         out[n++] = (char)0xC3, out[n++] = (char)0xA9;
     out[n] = '\0';
     qd_eval_pass pass = {1, 0.0};
-    qd_eval_example ex = {"7", "P | Q", "1", out, NULL, 0, -1};
+    qd_eval_example ex = {.id = "7", .problem = "P | Q", .gold = "1", .output = out, .tokens = -1};
     qd_eval_result b = {.name = "a|b", .n_problems = 1, .k = 1, .pass = &pass, .n_pass = 1,
                         .mean_tokens = NAN, .wrong = &ex, .n_wrong = 1};
     qd_eval_report r = {.bench = &b, .n_bench = 1, .k = 1, .prompt_template = "{problem}"};
@@ -438,7 +439,7 @@ START_TEST(test_bad_options)
 {
     qd_bench_set s = {0};
     constructed_set(&s);
-    qd_eval_bench b = {"constructed", &s, QD_GRADE_MATH};
+    qd_eval_bench b = {.name = "constructed", .set = &s, .style = QD_GRADE_MATH};
     qd_eval_opts o;
     qd_eval_opts_default(&o);
     o.progress = 0;
@@ -449,7 +450,7 @@ START_TEST(test_bad_options)
     ck_assert_ptr_nonnull(strstr(qd_last_error(), "samples 0"));
     o.samples = 1;
     qd_bench_set empty = {0};
-    qd_eval_bench e = {"empty", &empty, QD_GRADE_MATH};
+    qd_eval_bench e = {.name = "empty", .set = &empty, .style = QD_GRADE_MATH};
     ck_assert_int_eq(qd_eval_run(&e, 1, &o, gen_fixed, &g, &r), QD_ERR_ARG);
     ck_assert_ptr_nonnull(strstr(qd_last_error(), "empty: no problems"));
     ck_assert_ptr_null(r.bench);
@@ -477,8 +478,8 @@ static qd_status replay_text(const char *text, int n_bench, qd_eval_replay **rp)
     if (!s.n)
         constructed_set(&s);
     static qd_eval_bench b[2];
-    b[0] = (qd_eval_bench){"constructed", &s, QD_GRADE_MATH};
-    b[1] = (qd_eval_bench){"other", &s, QD_GRADE_MATH};
+    b[0] = (qd_eval_bench){.name = "constructed", .set = &s, .style = QD_GRADE_MATH};
+    b[1] = (qd_eval_bench){.name = "other", .set = &s, .style = QD_GRADE_MATH};
     char dir[64], path[128];
     qd_test_mkdtemp(dir, sizeof dir, "eval");
     snprintf(path, sizeof path, "%s/outputs.jsonl", dir);
@@ -539,7 +540,7 @@ START_TEST(test_replay_serves_samples)
     ck_assert_int_eq(k, 3); /* p0 has 4, the others 3 */
     static qd_bench_set s;
     constructed_set(&s);
-    qd_eval_bench b = {"constructed", &s, QD_GRADE_MATH};
+    qd_eval_bench b = {.name = "constructed", .set = &s, .style = QD_GRADE_MATH};
     qd_eval_opts o;
     qd_eval_opts_default(&o);
     o.prompt_template = "{problem}?";
@@ -574,7 +575,7 @@ START_TEST(test_replay_too_few_samples)
     ck_assert_ptr_nonnull(strstr(qd_last_error(), "no output for benchmark 'constructed' problem 'p2'"));
     static qd_bench_set s;
     constructed_set(&s);
-    qd_eval_bench b = {"constructed", &s, QD_GRADE_MATH};
+    qd_eval_bench b = {.name = "constructed", .set = &s, .style = QD_GRADE_MATH};
     qd_eval_opts o;
     qd_eval_opts_default(&o);
     o.prompt_template = "{problem}?";
@@ -772,6 +773,148 @@ START_TEST(test_eval_program_two_benchmarks)
 }
 END_TEST
 
+/* The real release_v1 file as the cached lcb-v1 (the registry's test.jsonl)
+ * under dir/cache; returns the cache directory. */
+static const char *lcb_cache(const char *dir)
+{
+    static char cache[256];
+    char p[512], hex[65];
+    snprintf(cache, sizeof cache, "%s/cache", dir);
+    snprintf(p, sizeof p, "%s/hub/datasets/livecodebench/code_generation_lite/main", cache);
+    ck_assert_int_eq(qd_mkdirs(p), QD_OK);
+    char *text = read_all(qd_test_path(FX "livecodebench_release_v1_nopriv_mavencoder.jsonl"));
+    snprintf(p, sizeof p, "%s/hub/datasets/livecodebench/code_generation_lite/main/test.jsonl", cache);
+    ck_assert_int_eq(qd_atomic_write(p, text, strlen(text)), QD_OK);
+    free(text);
+    ck_assert_int_eq(qd_sha256_file(p, hex), QD_OK);
+    strcat(p, ".sha256");
+    ck_assert_int_eq(qd_atomic_write(p, hex, 64), QD_OK);
+    return cache;
+}
+
+/* A replay line: problem id, a program in a ``` block (NULL: an answer without code). */
+static void replay_line(FILE *f, const char *id, const char *code)
+{
+    char *out = NULL;
+    ck_assert_int_ge(asprintf(&out, code ? "My solution:\n```python\n%s```\n" : "I cannot solve it.", code), 0);
+    json_t *l = json_pack("{s:s, s:s}", "id", id, "output", out);
+    char *t = json_dumps(l, JSON_COMPACT);
+    fprintf(f, "%s\n", t);
+    free(t), free(out);
+    json_decref(l);
+}
+
+/* quads eval on LiveCodeBench: lcb-v1 from the cache, the problems of one
+ * contest day (--from/--to: 7 of the 400), two replayed samples each; the
+ * programs run in the sandbox and the report counts their verdicts and
+ * gives pass@1 and pass@2 exactly. The same problems as a --file with
+ * --style code give the same numbers. */
+START_TEST(test_eval_program_lcb)
+{
+    char dir[64], args[1024], path[192];
+    qd_test_mkdtemp(dir, sizeof dir, "eval");
+    setenv("QUADS_CACHE", lcb_cache(dir), 1);
+    json_t *sols = qd_test_load_jsonl(qd_test_path("tests/fixtures/code/solutions.jsonl"));
+    const char *right = NULL;
+    for (size_t i = 0; i < json_array_size(sols); i++)
+        if (!strcmp(json_string_value(json_object_get(json_array_get(sols, i), "question_id")), "abc318_a"))
+            right = json_string_value(json_object_get(json_array_get(sols, i), "correct"));
+    ck_assert_ptr_nonnull(right);
+    snprintf(path, sizeof path, "%s/out.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    replay_line(f, "abc318_a", right);            /* accepted */
+    replay_line(f, "abc318_a", "print(0)\n");     /* wrong_answer */
+    replay_line(f, "abc318_b", "print(0)\n");     /* wrong_answer */
+    replay_line(f, "abc318_b", NULL);             /* no_code */
+    replay_line(f, "abc318_c", "raise ValueError('no')\n"); /* runtime_error */
+    replay_line(f, "abc318_c", NULL);
+    replay_line(f, "2954", "class Solution:\n    def other(self):\n        return 0\n"); /* no such method */
+    replay_line(f, "2954", NULL);
+    static const char *const none[] = {"2999", "abc318_d", "abc318_e"};
+    for (int i = 0; i < 3; i++)
+        replay_line(f, none[i], NULL), replay_line(f, none[i], NULL);
+    fclose(f);
+    static const char *const how[2] = {"--benchmark lcb-v1 --offline", "--file '%s' --style code"};
+    for (int v = 0; v < 2; v++) {
+        char src[512];
+        snprintf(src, sizeof src, how[v], qd_test_path(FX "livecodebench_release_v1_nopriv_mavencoder.jsonl"));
+        snprintf(args, sizeof args, "eval %s --from 2023-09-02 --to 2023-09-02 --replay out.jsonl --out rep%d "
+                 "--jobs 2", src, v);
+        run_result r = quads(dir, args, "");
+        ck_assert_msg(r.rc == 0, "rc %d: %s", r.rc, r.err);
+        ck_assert_msg(strstr(r.out, "7 problems x 2  pass@1 0.0714 [0.0000, 0.2143]  pass@2 0.1429  accepted 1  "
+                                    "wrong_answer 2  runtime_error 2  no_code 9\n"), "%s", r.out);
+        run_free(&r);
+        snprintf(path, sizeof path, "%s/rep%d/report.json", dir, v);
+        json_t *j = json_load_file(path, 0, NULL);
+        ck_assert_ptr_nonnull(j);
+        json_t *b = json_array_get(json_object_get(j, "benchmarks"), 0);
+        ck_assert_str_eq(json_string_value(json_object_get(b, "grader")), "code");
+        ck_assert_str_eq(json_string_value(json_object_get(b, "prompt_template")), "{problem}");
+        ck_assert_int_eq(json_integer_value(json_object_get(b, "problems")), 7);
+        ck_assert_int_eq(json_integer_value(json_object_get(b, "samples")), 2);
+        ck_assert_int_eq(json_integer_value(json_object_get(b, "correct_samples")), 1);
+        ck_assert_int_eq(json_integer_value(json_object_get(b, "no_answer_samples")), 9);
+        json_t *pk = json_object_get(b, "pass@k");
+        ck_assert_double_eq_tol(json_real_value(json_object_get(pk, "1")), 1.0 / 14, 1e-15);
+        ck_assert_double_eq_tol(json_real_value(json_object_get(pk, "2")), 1.0 / 7, 1e-15);
+        ck_assert(json_is_null(json_object_get(b, "maj@k")));
+        json_t *vd = json_object_get(b, "verdicts");
+        static const struct {
+            const char *name;
+            int n;
+        } want[] = {{"accepted", 1}, {"wrong_answer", 2}, {"time_limit", 0}, {"memory_limit", 0},
+                    {"runtime_error", 2}, {"no_code", 9}, {"sandbox_error", 0}};
+        ck_assert_int_eq(json_object_size(vd), 7);
+        for (int i = 0; i < 7; i++)
+            ck_assert_msg(json_integer_value(json_object_get(vd, want[i].name)) == want[i].n, "%s", want[i].name);
+        json_t *ex = json_array_get(json_object_get(json_object_get(b, "examples"), "right"), 0);
+        ck_assert_str_eq(json_string_value(json_object_get(ex, "id")), "abc318_a");
+        ck_assert_str_eq(json_string_value(json_object_get(ex, "verdict")), "accepted");
+        const char *code = json_string_value(json_object_get(ex, "extracted")); /* the block, its last newline not */
+        ck_assert(strlen(code) + 1 == strlen(right) && !strncmp(code, right, strlen(code)));
+        ck_assert(!strncmp(json_string_value(json_object_get(ex, "problem")), "### Question:\nTakahashi likes full moons.", 41));
+        /* one wrong example a problem, in file order: 2954, 2999, abc318_a */
+        json_t *wrong = json_object_get(json_object_get(b, "examples"), "wrong");
+        ck_assert_int_eq(json_array_size(wrong), 3);
+        ex = json_array_get(wrong, 0);
+        ck_assert_str_eq(json_string_value(json_object_get(ex, "verdict")), "runtime_error");
+        ck_assert_ptr_nonnull(strstr(json_string_value(json_object_get(ex, "detail")), "AttributeError"));
+        ck_assert_str_eq(json_string_value(json_object_get(json_array_get(wrong, 1), "verdict")), "no_code");
+        ex = json_array_get(wrong, 2);
+        ck_assert_str_eq(json_string_value(json_object_get(ex, "id")), "abc318_a");
+        ck_assert_str_eq(json_string_value(json_object_get(ex, "verdict")), "wrong_answer");
+        ck_assert_str_eq(json_string_value(json_object_get(ex, "detail")), "test 1: wrong answer");
+        json_decref(j);
+        snprintf(path, sizeof path, "%s/rep%d/report.md", dir, v);
+        char *md = read_all(path);
+        ck_assert_msg(strstr(md, "Samples by verdict (all tests run in the sandbox; the first failing test decides): "
+                                 "accepted 1, wrong_answer 2, time_limit 0, memory_limit 0, runtime_error 2, "
+                                 "no_code 9, sandbox_error 0."), "%s", md);
+        free(md);
+    }
+    /* errors: a benchmark without dates, code options without code, bad dates */
+    static const struct {
+        const char *args, *msg;
+        int rc;
+    } bad[] = {
+        {"eval --replay out.jsonl --benchmark aime24 --from 2024-01-01", "aime24: its records have no date", 1},
+        {"eval --replay out.jsonl --benchmark aime24 --jobs 2", "--jobs, --timeout and --memory-mb go with code", 2},
+        {"eval --replay out.jsonl --benchmark lcb-v1 --from 2023-9-1", "--from/--to: expected a date YYYY-MM-DD", 2},
+        {"eval --replay out.jsonl --benchmark lcb-v1 --from 2024-01-02 --to 2024-01-01", "--from: the date is after --to", 2},
+        {"eval --replay out.jsonl --benchmark lcb-v1 --offline --from 2030-01-01", "lcb-v1: none of its 400 problems is dated in [2030-01-01, -]", 1},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        run_result r = quads(dir, bad[i].args, "");
+        ck_assert_msg(r.rc == bad[i].rc && strstr(r.err, bad[i].msg), "%s: rc %d: %s", bad[i].args, r.rc, r.err);
+        run_free(&r);
+    }
+    unsetenv("QUADS_CACHE");
+    json_decref(sols);
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
 START_TEST(test_eval_program_errors)
 {
     char dir[64], args[1024];
@@ -843,6 +986,7 @@ Suite *suite_eval(void)
     tcase_add_test(tc, test_eval_program_replay);
     tcase_add_test(tc, test_eval_program_two_benchmarks);
     tcase_add_test(tc, test_eval_program_errors);
+    tcase_add_test(tc, test_eval_program_lcb);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include "tests/suites.h"
 #include "backends/backend.h"
@@ -697,6 +698,20 @@ static void check_eos_stop(const char *dir, const char *common, const json_t *to
         ck_assert(json_equal(json_array_get(got, i), json_array_get(toks, i)));
     ck_assert_str_eq(json_string_value(json_object_get(line[0], "finish")), "stop");
     json_decref(line[0]);
+    ck_assert_int_eq(remove(path), 0);
+    /* a generation_config.json that is a FIFO is refused, not waited on; one
+     * that is not JSON is refused naming it */
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    ck_assert_int_eq(run_quads(args, out, err), 1);
+    char *msg = slurp(err, NULL);
+    ck_assert_msg(strstr(msg, "generation_config.json: not a regular file"), "%s", msg);
+    free(msg);
+    ck_assert_int_eq(remove(path), 0);
+    ck_assert_int_eq(qd_atomic_write(path, "{\"eos_token_id\": [1,", 20), QD_OK);
+    ck_assert_int_eq(run_quads(args, out, err), 1);
+    msg = slurp(err, NULL);
+    ck_assert_msg(strstr(msg, "generation_config.json: line 1: invalid JSON"), "%s", msg);
+    free(msg);
     ck_assert_int_eq(remove(path), 0);
 }
 

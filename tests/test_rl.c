@@ -49,7 +49,7 @@ static void scratch_dir(char *dir, size_t n)
  * tokenizer in dir/model. Its end-token row of lm_head is scaled up so that
  * completions end at varied lengths: with the overlong penalty the rewards of
  * a group then differ and the updates are not zero. */
-static void make_model(const char *dir)
+static void make_model_positions(const char *dir, int positions)
 {
     char p[512];
     pathf(p, sizeof p, "%s/model", dir);
@@ -57,6 +57,8 @@ static void make_model(const char *dir)
     qd_sft_dims d = {32, 2, 2, 1, 16, 4, 2, 16, QD_SFT_TOK_VOCAB};
     qd_model_config cfg;
     ck_assert_int_eq(qd_sft_make_config(&d, &cfg), QD_OK);
+    if (positions) /* room for LiveCodeBench's prompts */
+        cfg.max_position_embeddings = positions;
     qd_backend_options opt = {.num_threads = 1};
     qd_backend *b = qd_backend_cpu_init(&cfg, &opt);
     ck_assert_ptr_nonnull(b);
@@ -81,6 +83,8 @@ static void make_model(const char *dir)
     free(w);
     qd_backend_free(b);
 }
+
+static void make_model(const char *dir) { make_model_positions(dir, 0); }
 
 /* The small config of these tests, run directory dir/name. */
 static qd_config *small_config(const char *dir, const char *name, const char *recipe, int steps)
@@ -619,6 +623,135 @@ START_TEST(test_rl_benchmark_task)
     ck_assert_int_eq(rc, 1);
     ck_assert_msg(strstr(out, "quads rl: config: data.task: gsm8k: offline and ") && strstr(out, "is not in the cache"),
                   "%s", out);
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
+/* Programs for two real LiveCodeBench problems (tests/fixtures/code/ has
+ * others); the hook gives every other completion it sees the right one and
+ * the rest a wrong one, each in a ``` block. */
+typedef struct {
+    int calls, right;
+} code_hook_ctx;
+
+static void code_hook(void *ctx, const char *id, char **text)
+{
+    static const struct {
+        const char *id, *code;
+    } sol[] = {{"abc333_a", "n = input().strip()\nprint(n * int(n))\n"},
+               {"abc341_a", "n = int(input())\nprint(\"10\" * n + \"1\")\n"}};
+    code_hook_ctx *h = ctx;
+    const char *code = "print(0)\n";
+    for (size_t i = 0; i < sizeof sol / sizeof sol[0]; i++)
+        if (!strcmp(sol[i].id, id) && h->calls % 2 == 0)
+            code = sol[i].code, h->right++;
+    h->calls++;
+    free(*text);
+    ck_assert_int_ge(asprintf(text, "Here:\n```python\n%s```\n", code), 0);
+}
+
+static int64_t verdict(const json_t *line, const char *obj, const char *name)
+{
+    const json_t *c = json_object_get(obj ? json_object_get(line, obj) : line, "code");
+    ck_assert_msg(json_is_object(c) && json_object_size(c) == 7, "no verdict counts");
+    return json_integer_value(json_object_get(c, name));
+}
+
+/* data.task a LiveCodeBench release (lcb-v1 from the cache, offline): its
+ * problems of data.from onwards whose prompts fit (2: one trains, one is held
+ * out) are graded by running the completions in the sandbox. Through the
+ * code_text hook half the completions are right programs: the rewards,
+ * train pass@1, held-out pass@1 and verdict counts follow from the sandbox's
+ * verdicts. Through the program, the random model writes no code: every
+ * sample is no_code. Windows and tasks without dates are refused. */
+START_TEST(test_rl_code_task)
+{
+    char dir[256], out[1 << 15], args[2048], p[1024], hex[65];
+    scratch_dir(dir, sizeof dir);
+    make_model_positions(dir, 1024);
+    pathf(p, sizeof p, "%s/cache/hub/datasets/livecodebench/code_generation_lite/main", dir);
+    ck_assert_int_eq(qd_mkdirs(p), QD_OK);
+    size_t n;
+    char *text = read_all(qd_test_path("tests/fixtures/benchmarks/livecodebench_release_v1_nopriv_mavencoder.jsonl"), &n);
+    pathf(p, sizeof p, "%s/cache/hub/datasets/livecodebench/code_generation_lite/main/test.jsonl", dir);
+    ck_assert_int_eq(qd_atomic_write(p, text, n), QD_OK);
+    free(text);
+    ck_assert_int_eq(qd_sha256_file(p, hex), QD_OK);
+    pathf(p, sizeof p, "%s/cache/hub/datasets/livecodebench/code_generation_lite/main/test.jsonl.sha256", dir);
+    ck_assert_int_eq(qd_atomic_write(p, hex, 64), QD_OK);
+    pathf(p, sizeof p, "%s/cache", dir);
+    setenv("QUADS_CACHE", p, 1);
+    setenv("QUADS_OFFLINE", "1", 1);
+    static const char *const sets[] = {
+        "data.task=lcb-v1", "data.from=2023-12-01", "data.max_prompt_tokens=820", "rollout.prompts_per_step=1",
+        "algo.overlong_buffer_len=0", "rollout.max_tokens=4", "eval.limit=1", "eval.samples=2",
+        "reward.code_jobs=2", "reward.code_timeout_s=5"};
+    qd_config *c = small_config(dir, "code", "bf16", 2);
+    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
+        ck_assert_int_eq(qd_config_set(c, sets[i]), QD_OK);
+    code_hook_ctx h = {0};
+    qd_rl_hooks hooks = {.ctx = &h, .code_text = code_hook};
+    qd_rl_options o = {.hooks = &hooks};
+    ck_assert_msg(qd_rl_run(c, &o, NULL, 0) == QD_OK, "%s", qd_last_error());
+    ck_assert_int_eq(h.calls, 2 * 4 + 2 * 2); /* 2 steps of 4 samples, evals at steps 0 and 2 of 2 samples */
+    ck_assert_int_eq(h.right, h.calls / 2);
+    pathf(p, sizeof p, "%s/code", dir);
+    json_t *m = metrics_without_time(p);
+    ck_assert_int_eq(json_array_size(m), 3);
+    for (size_t i = 0; i < 3; i += 2) { /* evals: the held-out problem, one right sample of 2 */
+        const json_t *l = json_array_get(m, i);
+        ck_assert_int_eq(num(l, "eval", "problems"), 1);
+        ck_assert_double_eq(num(l, "eval", "pass1"), 0.5);
+        ck_assert_int_eq(verdict(l, "eval", "accepted"), 1);
+        ck_assert_int_eq(verdict(l, "eval", "wrong_answer"), 1);
+    }
+    for (size_t i = 1; i < 3; i++) {
+        const json_t *l = json_array_get(m, i);
+        ck_assert_int_eq(num(l, "samples", NULL), 4);
+        ck_assert_int_eq(verdict(l, NULL, "accepted"), 2);
+        ck_assert_int_eq(verdict(l, NULL, "wrong_answer"), 2);
+        ck_assert_int_eq(verdict(l, NULL, "no_code") + verdict(l, NULL, "sandbox_error"), 0);
+        ck_assert_double_eq(num(l, "reward_mean", NULL), 0.5);
+        ck_assert_double_eq(num(l, "pass1_train", NULL), 0.5);
+        ck_assert_int_eq(num(l, "updates", NULL), 1);
+    }
+    json_decref(m);
+    qd_config_free(c);
+    /* the program: the random model's 4 tokens hold no ``` block */
+    pathf(args, sizeof args, "rl --quiet --set model.path=%s/model --set run.dir=%s/cli --set data.task=lcb-v1 "
+          "--set data.from=2023-12-01 --set data.max_prompt_tokens=820 --set run.steps=1 --set eval.limit=1 "
+          "--set eval.every=1 --set rollout.backend=cpu --set rollout.recipe=bf16 --set run.threads=1 "
+          "--set rollout.prompts_per_step=1 --set rollout.group_size=2 --set rollout.max_tokens=4 "
+          "--set reward.code_jobs=1", dir, dir);
+    int rc = qd_test_run_quads(args, out, sizeof out);
+    ck_assert_msg(rc == 0, "%s", out);
+    ck_assert_msg(strstr(out, "data: lcb-v1, 1 training problems, 1 held out (") &&
+                  strstr(out, "code rewards: each sample's last ``` block against its problem's tests in the sandbox"),
+                  "%s", out);
+    pathf(p, sizeof p, "%s/cli", dir);
+    m = metrics_without_time(p);
+    ck_assert_int_eq(json_array_size(m), 2);
+    ck_assert_int_eq(verdict(json_array_get(m, 1), NULL, "no_code"), 2);
+    ck_assert_int_eq(verdict(json_array_get(m, 1), "eval", "no_code"), 1);
+    ck_assert_double_eq(num(json_array_get(m, 1), "reward_mean", NULL), 0);
+    json_decref(m);
+    static const struct {
+        const char *set, *msg;
+    } bad[] = {
+        {"--set data.from=2030-01-01", "quads rl: config: data.from, data.to: none of the 400 problems of lcb-v1 is "
+                                       "dated in [2030-01-01, -]"},
+        {"--set data.from=2023-9-01", "data.from: '2023-9-01': expected a date YYYY-MM-DD or empty"},
+        {"--set data.from=2024-01-02 --set data.to=2024-01-01", "data.from: 2024-01-02 is after data.to 2024-01-01"},
+        {"--set data.task=arith --set data.to=2024-01-01", "the synthetic task arith has no dates"},
+        {"--set data.task=gsm8k --set data.to=2024-01-01", "gsm8k: its records have no date to select by"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        pathf(args, sizeof args, "rl --quiet --set model.path=%s/model --set run.dir=%s/bad%zu --set data.task=lcb-v1 "
+              "--set rollout.backend=cpu --set run.threads=1 %s", dir, dir, i, bad[i].set);
+        rc = qd_test_run_quads(args, out, sizeof out);
+        ck_assert_msg(rc != 0 && strstr(out, bad[i].msg), "%s: %s", bad[i].set, out);
+    }
+    unsetenv("QUADS_CACHE"), unsetenv("QUADS_OFFLINE");
     qd_test_rm_tree(dir);
 }
 END_TEST
@@ -1176,6 +1309,7 @@ Suite *suite_rl(void)
     add_case(s, "nan", test_rl_nan_stops);
     add_case(s, "checkpoint_verified", test_rl_checkpoint_verified);
     add_case(s, "benchmark_task", test_rl_benchmark_task);
+    add_case(s, "code_task", test_rl_code_task);
     add_case(s, "cli_errors", test_rl_cli_config_errors);
     add_case(s, "cli_compare", test_rl_cli_compare);
     add_case(s, "default_model", test_rl_default_model);

@@ -292,17 +292,17 @@ START_TEST(test_shipped_model)
     qd_bench_set set;
     ck_assert_int_eq(qd_synth_generate(&so, QD_SPLIT_TEST, 100, &set), QD_OK);
     qd_task_eval_result r, r2;
-    ck_assert_int_eq(qd_task_eval(b, tok, &set, 0, 4, 1.0f, 1, 0, &r), QD_OK);
+    ck_assert_int_eq(qd_task_eval(b, tok, &set, 0, 4, 1.0f, 1, 0, NULL, &r), QD_OK);
     ck_assert_int_eq(r.problems, 100);
     ck_assert_int_eq(r.completions, 400);
     ck_assert_double_ge(r.pass1, 0.2);
     ck_assert_double_le(r.pass1, 0.7);
     ck_assert_double_gt(r.format_rate, 0.9);
     /* the same seed gives the same samples; limit takes the first problems */
-    ck_assert_int_eq(qd_task_eval(b, tok, &set, 10, 4, 1.0f, 1, 0, &r2), QD_OK);
+    ck_assert_int_eq(qd_task_eval(b, tok, &set, 10, 4, 1.0f, 1, 0, NULL, &r2), QD_OK);
     ck_assert_int_eq(r2.problems, 10);
     qd_task_eval_result r3;
-    ck_assert_int_eq(qd_task_eval(b, tok, &set, 10, 4, 1.0f, 1, 0, &r3), QD_OK);
+    ck_assert_int_eq(qd_task_eval(b, tok, &set, 10, 4, 1.0f, 1, 0, NULL, &r3), QD_OK);
     ck_assert_double_eq(r2.pass1, r3.pass1);
     ck_assert_double_eq(r2.mean_len, r3.mean_len);
     qd_bench_set_free(&set);

@@ -249,7 +249,9 @@ static qd_status cuda_matmul(void *dev, float *out, const float *x, const float 
     }
     if (d->mode == QD_MODE_FAST)
         return qd_cuda_gemm_f32(out, x, w, N, OC, IC, 0.0f);
-    return qdk_matmul(out, x, IC, 1, w, 1, IC, N, OC, IC, 0);
+    if (IC % 8)
+        return qdk_matmul(out, x, IC, 1, w, 1, IC, N, OC, IC, 0);
+    return qdk_matmul_wt(out, x, w, 0, N, OC, IC, prec == QD_PREC_BF16);
 }
 
 static qd_status cuda_matmul_backward(void *dev, float *dinp, float *dw, const float *dout, const float *x,
