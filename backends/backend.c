@@ -21,6 +21,10 @@ static const struct {
     [QD_RECIPE_NVFP4_RAC] = {"nvfp4-rac", QD_LINEAR_W4A4_RAC, QD_LINEAR_BF16},
     [QD_RECIPE_QUADS] = {"quads", QD_LINEAR_W4A4_RAC, QD_LINEAR_AQAT},
     [QD_RECIPE_NVFP4_SYM_QAT] = {"nvfp4-sym-qat", QD_LINEAR_W4A4, QD_LINEAR_SYM_QAT},
+    [QD_RECIPE_NVFP4_REPLAY] = {"nvfp4-replay", QD_LINEAR_W4A4, QD_LINEAR_W4A4_STE},
+    [QD_RECIPE_QUADS_REPLAY] = {"quads-replay", QD_LINEAR_W4A4_RAC, QD_LINEAR_W4A4_RAC_STE},
+    [QD_RECIPE_NVFP4_W16A4] = {"nvfp4-w16a4", QD_LINEAR_ACT_QAT, QD_LINEAR_BF16},
+    [QD_RECIPE_NVFP4_W4A16] = {"nvfp4-w4a16", QD_LINEAR_AQAT, QD_LINEAR_BF16},
 };
 
 const char *qd_recipe_name(qd_recipe r)
@@ -36,7 +40,9 @@ qd_status qd_recipe_parse(qd_recipe *out, const char *name)
             return QD_OK;
         }
     return qd_error(QD_ERR_ARG, "precision: unknown recipe '%s' (fp32, bf16, fp8, nvfp4, "
-                    "nvfp4-aqat, nvfp4-rac, quads, nvfp4-sym-qat)", name ? name : "(null)");
+                    "nvfp4-aqat, nvfp4-rac, quads, nvfp4-sym-qat, nvfp4-replay, quads-replay, "
+                    "nvfp4-w16a4, nvfp4-w4a16)",
+                    name ? name : "(null)");
 }
 
 const char *qd_mode_name(qd_exec_mode m)

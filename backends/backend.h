@@ -26,6 +26,10 @@ typedef enum {
     QD_RECIPE_NVFP4_RAC,
     QD_RECIPE_QUADS,
     QD_RECIPE_NVFP4_SYM_QAT,
+    QD_RECIPE_NVFP4_REPLAY,  /* the trainer's forward is the rollout's W4A4 (no gap in exact mode) */
+    QD_RECIPE_QUADS_REPLAY,  /* the same with the RAC rollout: channel sets copied to the trainer */
+    QD_RECIPE_NVFP4_W16A4,   /* ablation: rollout with NVFP4 activations only (quads ablate) */
+    QD_RECIPE_NVFP4_W4A16,   /* ablation: rollout with NVFP4 weights only */
     QD_RECIPE_COUNT
 } qd_recipe;
 
@@ -44,11 +48,19 @@ typedef enum {
     QD_LINEAR_W4A4,      /* NVFP4 W4A4, the canonical product (NUMERICS.md §3) */
     QD_LINEAR_W4A4_RAC,  /* W4A4 with residual activation compensation (§5) */
     QD_LINEAR_AQAT,      /* x rounded to BF16, W := dequant(quantize(W)); straight-through */
-    QD_LINEAR_SYM_QAT    /* x and W both fake-quantized to NVFP4; straight-through */
+    QD_LINEAR_SYM_QAT,   /* x and W both fake-quantized to NVFP4; straight-through */
+    QD_LINEAR_W4A4_STE,  /* replay: the W4A4 product forward, straight-through backward with
+                            W_eff = dequant(quantize(W)), x_eff = the dequantized NVFP4 input
+                            (docs/numerics.md §5) */
+    QD_LINEAR_W4A4_RAC_STE, /* replay of W4A4_RAC: the channel sets are set_rac_state's (the
+                               rollout's), never picked; x_eff = qd_rac_fake_quant */
+    QD_LINEAR_ACT_QAT    /* ablation: x fake-quantized to NVFP4 (one scale per token), W BF16;
+                            straight-through */
 } qd_linear_mode;
 
 /* Canonical recipe name ("fp32", "bf16", "fp8", "nvfp4", "nvfp4-aqat",
- * "nvfp4-rac", "quads", "nvfp4-sym-qat"); NULL for an invalid value. */
+ * "nvfp4-rac", "quads", "nvfp4-sym-qat", "nvfp4-replay", "quads-replay", and the ablations
+ * "nvfp4-w16a4", "nvfp4-w4a16"); NULL for an invalid value. */
 const char *qd_recipe_name(qd_recipe r);
 /* QD_ERR_ARG (message naming the value and the valid names) if unknown. */
 qd_status qd_recipe_parse(qd_recipe *out, const char *name);
@@ -137,6 +149,10 @@ typedef struct {
                             allocating, when the plan exceeds the device's free bytes */
     size_t mem_reserved; /* bytes of the device's free memory other instances will still
                             claim (their plans minus what they hold): left out of the check */
+    uint64_t quant_layers; /* ablations: 0 (the default) applies the recipe to every
+                              decoder layer; else only layers l with bit l set take the
+                              recipe's quantized mode, the others the dense mode (BF16);
+                              a bit at or above num_hidden_layers is an error */
 } qd_backend_options;
 
 /* AdamW (decoupled weight decay, bias correction); weight decay applies to

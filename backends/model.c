@@ -31,7 +31,9 @@
  * BF16 linear rounds its input to BF16 and accumulates in float32; all other
  * activations stay float32. Backward is float32 with the straight-through
  * rule: a rounded or fake-quantized copy passes the gradient unchanged to the
- * master weight (NUMERICS.md §5).
+ * master weight (NUMERICS.md §5). The replay trainers (nvfp4-replay,
+ * quads-replay) run the rollout's W4A4 (+ RAC) forward and a straight-through
+ * backward against the dequantized operands (docs/numerics.md §5).
  *
  * Generation: a prefill of the prompts, then decode steps of one token per
  * unfinished sequence against a KV cache, both through the attend op, so
@@ -240,9 +242,25 @@ static qd_status weight_nvfp4(model *c, linear *L, int64_t rows, int64_t cols)
 /* ------------------------------------------------------------------------ */
 /* the linear layer of every precision recipe                                */
 
-static int is_w4a4(qd_linear_mode m) { return m == QD_LINEAR_W4A4 || m == QD_LINEAR_W4A4_RAC; }
+/* Modes with RAC channel sets (the replay trainer's are the rollout's). */
+static int has_rac(qd_linear_mode m) { return m == QD_LINEAR_W4A4_RAC || m == QD_LINEAR_W4A4_RAC_STE; }
 
+/* Modes whose forward is the canonical W4A4 product (the replay trainers' too). */
+static int is_w4a4(qd_linear_mode m) { return m == QD_LINEAR_W4A4 || m == QD_LINEAR_W4A4_STE || has_rac(m); }
+
+static int is_replay(qd_linear_mode m) { return m == QD_LINEAR_W4A4_STE || m == QD_LINEAR_W4A4_RAC_STE; }
+
+/* Modes whose products read codes rebuilt at every sync (sync_rollout_linear). */
 static int is_rollout_quant(qd_linear_mode m) { return m == QD_LINEAR_FP8 || is_w4a4(m); }
+
+/* Modes of a rollout only: no backward. */
+static int is_rollout_only(qd_linear_mode m) { return is_rollout_quant(m) && !is_replay(m); }
+
+/* Modes whose working copy in wk is dequant(quantize(W)) (the straight-through weight). */
+static int is_fake_quant_weight(qd_linear_mode m)
+{
+    return m == QD_LINEAR_AQAT || m == QD_LINEAR_SYM_QAT || is_replay(m);
+}
 
 static int measured(const model *c, const linear *L)
 {
@@ -278,9 +296,9 @@ static qd_status measure_act_rows(model *c, linear *const *L, const int32_t *off
 static qd_status fwd_w4a4(model *c, float *out, const float *inp, linear *L, int N)
 {
     qd_nvfp4 a;
-    int64_t K = L->in + (L->mode == QD_LINEAR_W4A4_RAC ? L->nrac : 0);
+    int64_t K = L->in + (has_rac(L->mode) ? L->nrac : 0);
     QD_TRY(act_nvfp4(c, &a, N, K));
-    if (L->mode == QD_LINEAR_W4A4_RAC) {
+    if (has_rac(L->mode)) {
         if (c->rac_stats)
             QD_TRY(OP(c, rac_error, L->d_rac_err, inp, N, L->in));
         QD_TRY(OP(c, rac_augment_act, &a, inp, N, L->in, L->d_rac_ch, L->nrac));
@@ -300,7 +318,10 @@ static qd_status fwd_fp8(model *c, float *out, const float *inp, const linear *L
 }
 
 /* The input a BF16/QAT linear really multiplies: x itself (FP32), rounded to
- * BF16, or fake-quantized to NVFP4 with one global scale per row (sym-QAT). */
+ * BF16, or fake-quantized to NVFP4 with one global scale per row (sym-QAT, the
+ * activation-only ablation). For a replay trainer's backward, the activation
+ * its W4A4 product multiplied, bit for bit: that fake-quant, or under RAC the
+ * same plus the dequantized residuals on the channels (docs/numerics.md §5). */
 static qd_status effective_input(model *c, const float **xe, const float *inp, const linear *L, int N)
 {
     *xe = inp;
@@ -310,8 +331,10 @@ static qd_status effective_input(model *c, const float **xe, const float *inp, c
     size_t n = (size_t)N * L->in;
     QD_TRY(scratch(c, S_XE, sizeof(float) * (n ? n : 1), &p));
     *xe = p;
-    if (L->mode == QD_LINEAR_SYM_QAT)
+    if (L->mode == QD_LINEAR_SYM_QAT || L->mode == QD_LINEAR_W4A4_STE || L->mode == QD_LINEAR_ACT_QAT)
         return OP(c, nvfp4_fake_quant, p, inp, N, L->in, 1);
+    if (L->mode == QD_LINEAR_W4A4_RAC_STE)
+        return N ? OP(c, rac_fake_quant, p, inp, N, L->in, L->d_rac_ch, L->nrac) : QD_OK;
     return OP(c, round_bf16, p, inp, n);
 }
 
@@ -335,7 +358,8 @@ static qd_status linear_forward(model *c, float *out, const float *inp, linear *
     return OP(c, matmul, out, xe, P(c, L->w), N, L->in, L->out, prec_of(L));
 }
 
-/* dinp += dout . W_eff; grad(W) += dout^T . x_eff (straight-through). */
+/* dinp += dout . W_eff; grad(W) += dout^T . x_eff (straight-through; W_eff is
+ * the working copy in wk, x_eff effective_input's). */
 static qd_status linear_backward(model *c, float *dinp, const float *dout, const float *inp, const linear *L,
                                  int N)
 {
@@ -355,9 +379,13 @@ static qd_status sync_rollout_linear(model *c, linear *L)
     const float *w = c->params + L->w;
     if (L->mode == QD_LINEAR_FP8)
         return OP(c, fp8_quantize_rows, L->w8, L->w8_inv, w, L->out, L->in);
-    if (L->mode == QD_LINEAR_W4A4) {
+    if (L->mode == QD_LINEAR_W4A4 || L->mode == QD_LINEAR_W4A4_STE) {
         QD_TRY(weight_nvfp4(c, L, L->out, L->in));
         return OP(c, nvfp4_quantize, &L->wq, w);
+    }
+    if (L->mode == QD_LINEAR_W4A4_RAC_STE) { /* the replay trainer: the rollout's channels (set_rac_state) */
+        QD_TRY(weight_nvfp4(c, L, L->out, L->in + L->nrac));
+        return OP(c, rac_augment_weight, &L->wq, w, L->out, L->in, L->d_rac_ch, L->nrac);
     }
     /* RAC: channels of largest activation error since the last sync, picked on the host */
     double *err = malloc(sizeof(double) * (size_t)L->in);
@@ -400,14 +428,16 @@ static qd_status measure_weight_error(model *c, linear *L)
     return st;
 }
 
-/* The working copy of a linear's weight that the forward multiplies. */
+/* The working copies of a linear's weight: the codes the forward multiplies
+ * and, for a trainer, the weight its backward multiplies (the replay trainer
+ * has both: the rollout's codes forward, their dequantization backward). */
 static qd_status sync_linear(model *c, linear *L)
 {
     if (measured(c, L))
         QD_TRY(measure_weight_error(c, L));
     if (is_rollout_quant(L->mode))
-        return sync_rollout_linear(c, L);
-    if (L->mode == QD_LINEAR_AQAT || L->mode == QD_LINEAR_SYM_QAT)
+        QD_TRY(sync_rollout_linear(c, L));
+    if (is_fake_quant_weight(L->mode))
         return OP(c, nvfp4_fake_quant, c->wk + L->w, c->params + L->w, L->out, L->in, 0);
     return QD_OK; /* BF16: rounded with everything else */
 }
@@ -622,7 +652,7 @@ static linear *expert_lin(model *c, const layer *ly, int e, int which)
 static int experts_grouped(const model *c, const layer *ly)
 {
     const linear *L0 = &c->lin[ly->mlp0];
-    if (L0->mode != QD_LINEAR_W4A4_RAC)
+    if (!has_rac(L0->mode))
         return 1;
     for (int e = 0; e < ly->nexp; e++)
         for (int w = 0; w < 3; w++)
@@ -692,13 +722,13 @@ static qd_status experts_forward_set(model *c, float *out, const float *inp, con
     int IC = L0->in, OC = L0->out;
     if (measured(c, L0))
         QD_TRY(measure_act_rows(c, x->L, s->exp_off, E, inp, R, IC));
-    if (L0->mode == QD_LINEAR_W4A4) {
+    if (L0->mode == QD_LINEAR_W4A4 || L0->mode == QD_LINEAR_W4A4_STE) {
         qd_nvfp4 a;
         QD_TRY(act_nvfp4(c, &a, R, IC));
         QD_TRY(OP(c, nvfp4_quantize, &a, inp));
         return OP(c, w4a4_gemm_grouped, out, &a, x->wq, s->exp_off, E);
     }
-    if (L0->mode == QD_LINEAR_W4A4_RAC) {
+    if (has_rac(L0->mode)) {
         qd_nvfp4 a;
         QD_TRY(act_nvfp4(c, &a, R, IC + L0->nrac));
         QD_TRY(OP(c, rac_grouped, &a, c->rac_stats ? x->rac_err : NULL, x->rac_ch, s->exp_off, E, inp, IC,
@@ -730,6 +760,26 @@ static qd_status experts_forward(model *c, float *out, const float *inp, const l
     return st;
 }
 
+/* effective_input of the experts' rows: under the RAC replay each expert's
+ * rows with its own channel set. */
+static qd_status experts_effective_input(model *c, const float **xe, const float *inp, const layer_acts *s,
+                                         const layer *ly, const expert_set *x)
+{
+    int IC = x->L[0]->in, R = s->exp_off[ly->nexp];
+    if (x->L[0]->mode != QD_LINEAR_W4A4_RAC_STE)
+        return effective_input(c, xe, inp, x->L[0], R);
+    void *p;
+    QD_TRY(scratch(c, S_XE, sizeof(float) * (size_t)R * IC, &p));
+    *xe = p;
+    for (int e = 0; e < ly->nexp; e++) {
+        int r0 = s->exp_off[e], m = s->exp_off[e + 1] - r0;
+        if (m)
+            QD_TRY(OP(c, rac_fake_quant, (float *)p + (size_t)r0 * IC, inp + (size_t)r0 * IC, m, IC,
+                      x->rac_ch[e], x->L[e]->nrac));
+    }
+    return QD_OK;
+}
+
 /* dinp (R, IC) += dout . W_e; grad(W_e) += dout^T . x_eff over each expert's rows. */
 static qd_status experts_backward(model *c, float *dinp, const float *dout, const float *inp,
                                   const layer_acts *s, const layer *ly, int which)
@@ -740,7 +790,7 @@ static qd_status experts_backward(model *c, float *dinp, const float *dout, cons
     expert_set x;
     QD_TRY(expert_set_make(c, &x, ly, which));
     const float *xe;
-    qd_status st = effective_input(c, &xe, inp, x.L[0], R);
+    qd_status st = experts_effective_input(c, &xe, inp, s, ly, &x);
     if (!st)
         st = OP(c, matmul_grouped_backward, dinp, x.dw, dout, xe, x.w, s->exp_off, E, x.L[0]->in, x.L[0]->out);
     expert_set_free(&x);
@@ -916,7 +966,7 @@ static qd_status mlp_backward(model *c, float *dinp, const float *dout, const la
     if (N == 0)
         return QD_OK;
     QD_TRY(OP(c, moe_dy, dy, dw, dout, s->y, s->row_w, s->row_rank, s->tok_rows, N, K, C));
-    /* backward runs in the trainer role, never under RAC: the experts are always grouped */
+    /* one grouped float product per projection, whatever the RAC widths (x_eff has K channels) */
     QD_TRY(experts_backward(c, dh, dy, s->h, s, ly, 2));
     QD_TRY(OP(c, swiglu_backward, dg, du, dh, s->g, s->u, (size_t)R * I));
     QD_TRY(experts_backward(c, dxe, dg, s->xe, s, ly, 0));
@@ -1238,7 +1288,7 @@ static qd_status backward_impl(model *c, const float *dlogp)
     if (!c->have_forward)
         return qd_error(QD_ERR_ARG, "backward: no forward since the last weight change");
     for (int i = 0; i < c->nlin; i++)
-        if (is_rollout_quant(c->lin[i].mode))
+        if (is_rollout_only(c->lin[i].mode))
             return qd_error(QD_ERR_UNSUPPORTED, "backward: recipe %s has no backward in the rollout role",
                             qd_recipe_name(c->opt.recipe));
     QD_TRY(ensure_train(c));
@@ -1294,7 +1344,7 @@ static size_t rac_state_size_impl(model *c)
 {
     size_t n = 0;
     for (int i = 0; i < c->nlin; i++)
-        if (c->lin[i].mode == QD_LINEAR_W4A4_RAC)
+        if (has_rac(c->lin[i].mode))
             n += qd_rac_state_bytes(c->lin[i].in);
     return n;
 }
@@ -1303,7 +1353,7 @@ static qd_status get_rac_impl(model *c, char *p)
 {
     for (int i = 0; i < c->nlin; i++) {
         const linear *L = &c->lin[i];
-        if (L->mode != QD_LINEAR_W4A4_RAC)
+        if (!has_rac(L->mode))
             continue;
         memcpy(p, &L->nrac, sizeof(int64_t));
         memcpy(p + sizeof(int64_t), L->rac_ch, sizeof(int64_t) * (size_t)L->in);
@@ -1336,7 +1386,7 @@ static qd_status set_rac_impl(model *c, const char *p)
 {
     for (int i = 0; i < c->nlin; i++) {
         linear *L = &c->lin[i];
-        if (L->mode != QD_LINEAR_W4A4_RAC)
+        if (!has_rac(L->mode))
             continue;
         int64_t *tmp = malloc(sizeof(int64_t) * (size_t)L->in);
         if (!tmp)
@@ -1356,7 +1406,7 @@ static qd_status rac_stats_io(model *c, double *err, int put)
 {
     for (int i = 0; i < c->nlin; i++) {
         linear *L = &c->lin[i];
-        if (L->mode != QD_LINEAR_W4A4_RAC)
+        if (!has_rac(L->mode))
             continue;
         size_t bytes = sizeof(double) * (size_t)L->in;
         QD_TRY(put ? OP(c, to_dev, L->d_rac_err, err, bytes) : OP(c, to_host, err, L->d_rac_err, bytes));
@@ -1369,7 +1419,7 @@ static size_t rac_stats_count_impl(model *c)
 {
     size_t n = 0;
     for (int i = 0; i < c->nlin; i++)
-        if (c->lin[i].mode == QD_LINEAR_W4A4_RAC)
+        if (has_rac(c->lin[i].mode))
             n += (size_t)c->lin[i].in;
     return n;
 }
@@ -1811,10 +1861,26 @@ static const struct qd_backend_i model_iface = {
 /* ------------------------------------------------------------------------ */
 /* init                                                                      */
 
+/* Ablations (options.quant_layers): the quantized linears of a layer left
+ * out keep the dense mode. */
+static void dense_layer(linear *lin, const layer *ly, qd_linear_mode dm)
+{
+    const int attn[4] = {ly->q, ly->k, ly->v, ly->o};
+    for (int i = 0; i < 4; i++)
+        lin[attn[i]].mode = dm;
+    for (int i = 0; i < 3 * ly->nexp; i++)
+        lin[ly->mlp0 + i].mode = dm;
+}
+
 /* Takes over the shared table (backends/layout.h); each linear layer gets the
- * mode the recipe gives it (the recipe table: qd_recipe_linear_mode). */
+ * mode the recipe gives it (the recipe table: qd_recipe_linear_mode), within
+ * the layers options.quant_layers names. */
 static qd_status build_params(model *c)
 {
+    int nl = c->cfg.num_hidden_layers;
+    if (nl < 64 && c->opt.quant_layers >> nl)
+        return qd_error(QD_ERR_ARG, "%s backend: options.quant_layers 0x%llx names a layer at or above "
+                        "num_hidden_layers %d", c->ops->name, (unsigned long long)c->opt.quant_layers, nl);
     qd_model_layout m;
     QD_TRY(qd_model_layout_init(&m, &c->cfg));
     qd_linear_mode qm = qd_recipe_linear_mode(c->opt.recipe, c->opt.role);
@@ -1833,6 +1899,9 @@ static qd_status build_params(model *c)
         L->name = m.lin[i].name;
         L->mode = L->quantized ? qm : dm;
     }
+    for (int l = 0; c->opt.quant_layers && l < nl; l++)
+        if (l >= 64 || !(c->opt.quant_layers >> l & 1))
+            dense_layer(c->lin, &m.layers[l], dm);
     c->nlin = m.nlin;
     c->info = m.info;
     c->ninfo = m.ninfo;
@@ -1854,7 +1923,7 @@ static qd_status alloc_linear(model *c, linear *L)
     if (is_w4a4(L->mode) && L->in % QD_NVFP4_BLOCK)
         return qd_error(QD_ERR_SHAPE, "%s backend: NVFP4 needs in-features %% 16 == 0, got %d", c->ops->name,
                         L->in);
-    if (L->mode == QD_LINEAR_W4A4_RAC) {
+    if (has_rac(L->mode)) {
         L->rac_ch = calloc((size_t)L->in, sizeof(int64_t));
         if (!L->rac_ch)
             return qd_error(QD_ERR_NOMEM, "%s backend: RAC state", c->ops->name);

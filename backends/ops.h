@@ -138,6 +138,10 @@ typedef struct qd_ops {
      * ops per expert. */
     qd_status (*rac_grouped)(void *dev, qd_nvfp4 *a, double *const *err, const int64_t *const *ch,
                              const int32_t *off, int E, const float *x, int K, int64_t n);
+    /* out (rows, K) = qd_rac_fake_quant: the activation a RAC product multiplies,
+     * folded back to K channels (the replay trainer's backward input) */
+    qd_status (*rac_fake_quant)(void *dev, float *out, const float *x, int rows, int K, const int64_t *ch,
+                                int64_t n);
     /* diagnostics: per row err[r] = sum (x - xh)^2, nrm[r] = sum x^2 (double, ascending) */
     qd_status (*sqerr_rows)(void *dev, double *err, double *nrm, const float *x, const float *xh, int rows,
                             int cols);

@@ -298,6 +298,23 @@ static qd_status rac_restore(rl_run *r, void *blob, size_t rb, qd_status st)
     return st;
 }
 
+/* quads-replay: the trainer replays the rollout's products, so it takes the
+ * rollout's RAC channel sets (those its next generates use) whenever they
+ * change: after setup, a weight sync and a checkpoint's install. */
+static qd_status replay_rac(rl_run *r)
+{
+    size_t tb = qd_backend_rac_state_size(r->trainer), rb;
+    if (tb == 0)
+        return QD_OK;
+    void *blob;
+    qd_status st = rac_snapshot(r, &blob, &rb);
+    if (!st)
+        st = rb == tb ? qd_backend_set_rac_state(r->trainer, blob, rb)
+                      : qd_error(QD_ERR_SHAPE, "RAC state: rollout %zu bytes, trainer %zu", rb, tb);
+    free(blob);
+    return st;
+}
+
 /* ---- rollout */
 
 static qd_status set_reserve(sample_set *ss, int S)
@@ -808,6 +825,8 @@ static qd_status sync_weights(rl_run *r)
         st = qd_backend_sync_from(r->rollout, r->trainer, NULL);
     if (rac)
         st = rac_restore(r, rac, rb, st);
+    if (!st)
+        st = replay_rac(r);
     return st ? at_step(st, r->step, "weight sync") : QD_OK;
 }
 
@@ -860,6 +879,8 @@ static qd_status install_checkpoint(rl_run *r, const qd_ckpt_data *d, const char
         st = qd_dp_zero_rac(&r->mcfg, d->rac, d->rac_bytes); /* the job's statistics live on rank 0 only */
     if (!st)
         st = qd_backend_set_rac_state(r->rollout, d->rac, d->rac_bytes);
+    if (!st)
+        st = replay_rac(r);
     snprintf(f, sizeof f, "%s/rac.bin", ck);
     return st ? prefixed(st, f) : QD_OK;
 }
@@ -1094,6 +1115,8 @@ static qd_status setup(rl_run *r)
         st = qd_backend_set_weights(r->trainer, r->w, r->nf);
     if (!st)
         st = qd_backend_set_weights(r->rollout, r->w, r->nf);
+    if (!st)
+        st = replay_rac(r);
     return st ? st : code_grader(r);
 }
 
@@ -1219,7 +1242,8 @@ static qd_status run_loop(rl_run *r, sample_set *ss)
         double rac = r->k->rac.ratio;
         int narrow = r->mcfg.hidden_size < r->mcfg.moe_intermediate_size || !r->mcfg.moe_intermediate_size
                          ? r->mcfg.hidden_size : r->mcfg.moe_intermediate_size;
-        if ((!strcmp(rec, "quads") || !strcmp(rec, "nvfp4-rac")) && (int64_t)(rac * narrow) / 16 == 0)
+        int uses_rac = !strcmp(rec, "quads") || !strcmp(rec, "nvfp4-rac") || !strcmp(rec, "quads-replay");
+        if (uses_rac && (int64_t)(rac * narrow) / 16 == 0)
             fprintf(r->o->log, "note: rac.ratio %g picks no channel on %d-wide layers (whole 16s only): "
                                "RAC is off in some layers\n", rac, narrow);
         fflush(r->o->log);

@@ -94,5 +94,12 @@ qd_status qd_rac_augment_act(qd_nvfp4 *out, const float *x, int64_t rows, int64_
  * raise the amax, so the main columns get exactly quantize(W)'s bits. */
 qd_status qd_rac_augment_weight(qd_nvfp4 *out, const float *w, int64_t N, int64_t K,
                                 const int64_t *channels, int64_t n);
+/* The activation a RAC product multiplies, folded back to K channels (the
+ * replay trainer's straight-through input, docs/numerics.md §5): the
+ * per-token augmented row of qd_rac_augment_act dequantized, out (rows, K) =
+ * x_hat, plus on channel channels[j] its residual's dequantization (one float
+ * add). n = 0 is qd_nvfp4_fake_quant per row, bit for bit. */
+qd_status qd_rac_fake_quant(float *out, const float *x, int64_t rows, int64_t K, const int64_t *channels,
+                            int64_t n);
 
 #endif

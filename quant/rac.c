@@ -176,3 +176,28 @@ qd_status qd_rac_augment_weight(qd_nvfp4 *out, const float *w, int64_t N, int64_
     free(wa);
     return st;
 }
+
+qd_status qd_rac_fake_quant(float *out, const float *x, int64_t rows, int64_t K, const int64_t *channels,
+                            int64_t n)
+{
+    qd_nvfp4 a;
+    int64_t kc = K + n;
+    if (rows == 0)
+        return QD_OK;
+    QD_TRY(qd_nvfp4_alloc(&a, rows, kc, 1));
+    float *deq = malloc(sizeof(float) * (size_t)(rows * kc) + 1);
+    qd_status st = deq ? qd_rac_augment_act(&a, x, rows, K, channels, n)
+                       : qd_error(QD_ERR_NOMEM, "qd_rac_fake_quant: (%lld, %lld) buffer", (long long)rows,
+                                  (long long)kc);
+    if (st == QD_OK) {
+        qd_nvfp4_dequantize(deq, &a);
+        for (int64_t r = 0; r < rows; r++) {
+            memcpy(out + r * K, deq + r * kc, sizeof(float) * (size_t)K);
+            for (int64_t j = 0; j < n; j++)
+                out[r * K + channels[j]] += deq[r * kc + K + j];
+        }
+    }
+    free(deq);
+    qd_nvfp4_free(&a);
+    return st;
+}

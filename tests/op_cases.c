@@ -365,6 +365,21 @@ static void c_rac(oc *c)
     out_nv(c, "weight", &q);
 }
 
+/* the replay trainer's RAC input: x_hat plus the residuals on the channels */
+static void c_rac_fake_quant(oc *c)
+{
+    int rows = 7, K = 64, n = 32;
+    float *x = F(c, (size_t)rows * K, -3, 3), *y = Z(c, sizeof(float) * rows * K);
+    float *y0 = Z(c, sizeof(float) * rows * K);
+    int64_t *ch = channels(c, K, n);
+    RUN(c, c->ops->rac_fake_quant(c->dev, y, x, rows, K, ch, n));
+    RUN(c, c->ops->rac_fake_quant(c->dev, y0, x, rows, K, ch, 0));
+    if (c->ops->finish)
+        RUN(c, c->ops->finish(c->dev));
+    OUT(c, "y", 'f', y, sizeof(float) * rows * K);
+    OUT(c, "y_n0", 'f', y0, sizeof(float) * rows * K);
+}
+
 /* RAC over 4 experts (one without rows), each its own channel set */
 static void c_rac_grouped(oc *c)
 {
@@ -636,6 +651,7 @@ static const op_case cases[] = {
     {{"w4a4_gemm_grouped 4 experts", "w4a4_gemm_grouped", 0}, c_w4a4_grouped},
     {{"rac error+augment 6x64+16", "rac_augment_act", 0}, c_rac},
     {{"rac_grouped 4 experts 64+16", "rac_grouped", 0}, c_rac_grouped},
+    {{"rac_fake_quant 7x64+32", "rac_fake_quant", 0}, c_rac_fake_quant},
     {{"sqerr_rows 11x70", "sqerr_rows", 0}, c_sqerr_rows},
     {{"attend prefill 2 seqs", "attend", 1}, c_attend},
     {{"attend decode 3 rows", "attend", 1}, c_attend_decode},

@@ -612,6 +612,13 @@ static qd_status cpu_rac_grouped(void *dev, qd_nvfp4 *a, double *const *err, con
 }
 
 /* per row, ascending, in double */
+static qd_status cpu_rac_fake_quant(void *dev, float *out, const float *x, int rows, int K, const int64_t *ch,
+                                   int64_t n)
+{
+    (void)dev;
+    return qd_rac_fake_quant(out, x, rows, K, ch, n);
+}
+
 static qd_status cpu_sqerr_rows(void *dev, double *err, double *nrm, const float *x, const float *xh, int rows,
                                 int cols)
 {
@@ -901,6 +908,7 @@ static const qd_ops cpu_ops = {
     .rac_augment_act = cpu_rac_augment_act,
     .rac_augment_weight = cpu_rac_augment_weight,
     .rac_grouped = cpu_rac_grouped,
+    .rac_fake_quant = cpu_rac_fake_quant,
     .sqerr_rows = cpu_sqerr_rows,
     .attend = cpu_attend,
     .attend_backward = cpu_attend_backward,

@@ -1345,6 +1345,32 @@ extern "C" qd_status qdk_rac_error(double *err, const float *x, const float *xh,
     return QD_OK;
 }
 
+__global__ void k_rac_copy_main(float *out, const float *deq, int rows, int K, int64_t kc)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (size_t)rows * K)
+        out[i] = deq[(i / K) * kc + i % K];
+}
+
+__global__ void k_rac_add_residual(float *out, const float *deq, const int64_t *ch, int rows, int K, int64_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * n)
+        return;
+    size_t r = i / n, j = i % n;
+    out[r * K + ch[j]] = __fadd_rn(out[r * K + ch[j]], deq[r * (K + n) + K + j]);
+}
+
+extern "C" qd_status qdk_rac_fold(float *out, const float *deq, const int64_t *ch, int rows, int K, int64_t n)
+{
+    if (rows == 0 || K == 0)
+        return QD_OK;
+    QD_LAUNCH_N(k_rac_copy_main, (size_t)rows * K, out, deq, rows, K, K + n);
+    if (n)
+        QD_LAUNCH_N(k_rac_add_residual, (size_t)rows * n, out, deq, ch, rows, K, n);
+    return QD_OK;
+}
+
 /* k_rac_error over the experts of a layer: block row e sums expert e's rows
  * off[e] .. off[e+1]-1 (device) into err[e] (a device array of E pointers). */
 __global__ void k_rac_error_grouped(double *const *err, const float *x, const float *xh, const int32_t *off, int K)

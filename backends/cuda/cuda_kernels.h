@@ -138,6 +138,11 @@ qd_status qdk_rac_error(double *err, const float *x, const float *xh, int rows, 
 qd_status qdk_rac_error_grouped(double *const *err, const float *x, const float *xh, const int32_t *off, int E,
                                 int K);
 
+/* qd_rac_fake_quant's fold: out (rows, K) = deq's first K columns, then
+ * out[r][ch[j]] += deq[r][K + j] (deq (rows, K + n), the dequantized augmented
+ * rows; the channels are distinct). */
+qd_status qdk_rac_fold(float *out, const float *deq, const int64_t *ch, int rows, int K, int64_t n);
+
 /* grad_norm's partial sums: part[k] = sum of g^2 (double) over floats 4096k.. ascending. */
 qd_status qdk_sumsq_chunks(double *part, const float *g, size_t n);
 /* adamw_tensor over n floats. */

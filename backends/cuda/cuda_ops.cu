@@ -32,7 +32,7 @@ extern "C" {
 }
 
 /* Grow-only scratch of the ops themselves (dev unless said). */
-enum { D_XH, D_RACWS, D_X16, D_LOGP, D_SAMPLE, D_MOE, D_RACPTR, D_NSCRATCH };
+enum { D_XH, D_RACWS, D_X16, D_LOGP, D_SAMPLE, D_MOE, D_RACPTR, D_RACFQ, D_NSCRATCH };
 
 typedef struct {
     int device;                    /* the ordinal current when the context was made */
@@ -447,6 +447,29 @@ static qd_status cuda_rac_grouped(void *dev, qd_nvfp4 *a, double *const *err, co
     return qd_cuda_rac_augment_act_grouped_async(a, x, R, K, d_ch, d_off, E, n, (float *)ws);
 }
 
+static size_t up256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* The augmented rows (rows, K + n) quantized, dequantized and folded back
+ * (qd_rac_fake_quant), through scratch: codes, scales, s_dec, then the floats. */
+static qd_status cuda_rac_fake_quant(void *dev, float *out, const float *x, int rows, int K, const int64_t *ch,
+                                     int64_t n)
+{
+    cuda_dev *d = D(dev);
+    if (rows == 0)
+        return QD_OK;
+    size_t kc = (size_t)K + (size_t)n, cb = up256((size_t)rows * kc / 2), sb = up256((size_t)rows * kc / 16);
+    size_t db = up256(sizeof(float) * (size_t)rows);
+    void *p, *ws;
+    QD_TRY(scratch(d, D_RACFQ, cb + sb + db + sizeof(float) * (size_t)rows * kc, &p));
+    qd_nvfp4 a = {.rows = rows, .cols = (int64_t)kc, .codes = (uint8_t *)p, .scales = (uint8_t *)p + cb,
+                  .s_dec = (float *)((char *)p + cb + sb), .per_row = 1};
+    float *deq = (float *)((char *)p + cb + sb + db);
+    QD_TRY(scratch(d, D_RACWS, sizeof(float) * (((size_t)rows + 63) / 64 * 64 + (size_t)rows * n), &ws));
+    QD_TRY(qd_cuda_rac_augment_act_async(&a, x, rows, K, ch, n, (float *)ws));
+    QD_TRY(qd_cuda_nvfp4_dequantize_async(deq, &a));
+    return qdk_rac_fold(out, deq, ch, rows, K, n);
+}
+
 static qd_status cuda_rac_augment_weight(void *dev, qd_nvfp4 *out, const float *w, int N, int K, const int64_t *ch,
                                          int64_t n)
 {
@@ -681,6 +704,7 @@ static const qd_ops cuda_ops = {
     .rac_augment_act = cuda_rac_augment_act,
     .rac_augment_weight = cuda_rac_augment_weight,
     .rac_grouped = cuda_rac_grouped,
+    .rac_fake_quant = cuda_rac_fake_quant,
     .sqerr_rows = cuda_sqerr_rows,
     .attend = cuda_attend,
     .attend_backward = cuda_attend_backward,

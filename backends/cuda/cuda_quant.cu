@@ -1148,7 +1148,7 @@ extern "C" qd_status qd_cuda_nvfp4_quantize_with(qd_nvfp4 *q, const float *x, co
     return qd_cuda_nonfinite_check();
 }
 
-extern "C" qd_status qd_cuda_nvfp4_dequantize(float *out, const qd_nvfp4 *q)
+extern "C" qd_status qd_cuda_nvfp4_dequantize_async(float *out, const qd_nvfp4 *q)
 {
     int64_t nblk = q->rows * (q->cols / 16);
     QD_TRY(check_shape("qd_cuda_nvfp4_dequantize", q->rows, q->cols));
@@ -1158,6 +1158,12 @@ extern "C" qd_status qd_cuda_nvfp4_dequantize(float *out, const qd_nvfp4 *q)
                                                        q->per_row, q->rows, q->cols / 16);
         QD_CUDA_CHECK(cudaGetLastError());
     }
+    return QD_OK;
+}
+
+extern "C" qd_status qd_cuda_nvfp4_dequantize(float *out, const qd_nvfp4 *q)
+{
+    QD_TRY(qd_cuda_nvfp4_dequantize_async(out, q));
     QD_CUDA_CHECK(cudaDeviceSynchronize());
     return QD_OK;
 }

@@ -47,6 +47,7 @@ qd_status qd_cuda_nvfp4_quantize_bf16_async(qd_nvfp4 *q, const uint16_t *x);
 qd_status qd_cuda_nvfp4_quantize_with(qd_nvfp4 *q, const float *x, const float *s_enc);
 /* out (rows, cols) = dequant(q). */
 qd_status qd_cuda_nvfp4_dequantize(float *out, const qd_nvfp4 *q);
+qd_status qd_cuda_nvfp4_dequantize_async(float *out, const qd_nvfp4 *q);
 /* out = dequant(quantize(x)) in one pass; the gradient is the identity (§5). */
 qd_status qd_cuda_nvfp4_fake_quant(float *out, const float *x, int64_t rows, int64_t cols, int per_row);
 qd_status qd_cuda_nvfp4_fake_quant_async(float *out, const float *x, int64_t rows, int64_t cols, int per_row);
