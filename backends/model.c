@@ -1437,7 +1437,7 @@ static void need(size_t *have, size_t bytes)
 /* A RAC linear's width: what qd_rac_select picks at every sync. */
 static int64_t planned_nrac(const model *c, const linear *L)
 {
-    return L->mode == QD_LINEAR_W4A4_RAC ? qd_rac_count(c->opt.rac_ratio, L->in) : 0;
+    return has_rac(L->mode) ? qd_rac_count(c->opt.rac_ratio, L->in) : 0;
 }
 
 /* Scratch of one linear over rows of input, forward or backward
@@ -1453,6 +1453,8 @@ static void plan_linear(const model *c, const linear *L, int rows, size_t *s)
     }
     if (is_w4a4(L->mode)) {
         need(&s[S_ACT], nvfp4_bytes(rows, L->in + planned_nrac(c, L)));
+        if (is_replay(L->mode)) /* the backward's dequantized input (effective_input) */
+            need(&s[S_XE], sizeof(float) * r * L->in);
     } else if (L->mode == QD_LINEAR_FP8) {
         need(&s[S_FP8Q], r * L->in);
         need(&s[S_FP8S], sizeof(float) * r);
@@ -1501,7 +1503,7 @@ static void plan_weights(const model *c, qd_mem_plan *p, size_t *s)
             p->bytes[QD_MEM_QUANT] += (size_t)L->out * L->in + sizeof(float) * (size_t)L->out;
         if (is_w4a4(L->mode))
             p->bytes[QD_MEM_QUANT] += nvfp4_bytes(L->out, L->in + planned_nrac(c, L));
-        if (L->mode == QD_LINEAR_W4A4_RAC)
+        if (has_rac(L->mode))
             p->bytes[QD_MEM_QUANT] += (sizeof(int64_t) + sizeof(double)) * (size_t)L->in;
         if (measured(c, L)) {
             need(&s[S_XH], sizeof(float) * (size_t)L->out * L->in);

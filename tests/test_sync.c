@@ -154,7 +154,7 @@ static void assert_same(const outputs *a, const outputs *b, size_t nf, const cha
 static void check_sync(qd_recipe r)
 {
     qd_model_config c = tiny_cfg();
-    int V = c.vocab_size, rac = r == QD_RECIPE_NVFP4_RAC || r == QD_RECIPE_QUADS;
+    int V = c.vocab_size, rac = r == QD_RECIPE_NVFP4_RAC || r == QD_RECIPE_QUADS || r == QD_RECIPE_QUADS_REPLAY;
     qd_backend *tr = make(&c, r, QD_ROLE_TRAINER), *ref = make(&c, r, QD_ROLE_ROLLOUT);
     qd_backend *dev = make(&c, r, QD_ROLE_ROLLOUT), *host = make_other(&c, r, QD_ROLE_ROLLOUT);
     qd_backend *fresh = make(&c, r, QD_ROLE_ROLLOUT);
@@ -269,14 +269,22 @@ static void check_plan_exact(qd_recipe r, qd_role role)
     qd_memory m;
     ck_assert_int_eq(qd_backend_memory(b, &m), QD_OK);
     size_t sum = 0, nb = sizeof(float) * qd_backend_num_floats(b);
+    /* quads-replay's trainer gets its RAC columns with the rollout's channel sets
+     * (set_rac_state, which this workload never calls): planned at the default
+     * width (weights and the activation codes), so the plan is an upper bound there */
+    int upper = r == QD_RECIPE_QUADS_REPLAY && role == QD_ROLE_TRAINER;
     for (int k = 0; k < QD_MEM_COUNT; k++) {
-        ck_assert_msg(m.plan.bytes[k] == m.peak.bytes[k], "%s %s: %s planned %zu bytes, allocated %zu",
+        int ok = upper && (k == QD_MEM_QUANT || k == QD_MEM_SCRATCH) ? m.plan.bytes[k] >= m.peak.bytes[k] : m.plan.bytes[k] == m.peak.bytes[k];
+        ck_assert_msg(ok, "%s %s: %s planned %zu bytes, allocated %zu",
                       qd_recipe_name(r), role == QD_ROLE_ROLLOUT ? "rollout" : "trainer", qd_mem_kind_name(k),
                       m.plan.bytes[k], m.peak.bytes[k]);
         sum += m.plan.bytes[k];
     }
     ck_assert_uint_eq(m.plan.total, sum);
-    ck_assert_uint_eq(m.peak.total, sum);
+    if (upper)
+        ck_assert(m.peak.total <= sum);
+    else
+        ck_assert_uint_eq(m.peak.total, sum);
     ck_assert_uint_eq(m.plan.bytes[QD_MEM_MASTER], nb);
     ck_assert_uint_eq(m.plan.bytes[QD_MEM_ADAM], role == QD_ROLE_TRAINER ? 2 * nb : 0);
     ck_assert_uint_eq(m.plan.bytes[QD_MEM_KV], 2 * sizeof(float) * c.num_hidden_layers * 4 * (6 + 5) *
