@@ -1,6 +1,8 @@
 /* The backend registry, the recipe table and the dispatchers of backend.h. */
 #include <assert.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "backends/backend.h"
 #include "quant/quant.h"
@@ -19,6 +21,10 @@ static const struct {
     [QD_RECIPE_NVFP4_RAC] = {"nvfp4-rac", QD_LINEAR_W4A4_RAC, QD_LINEAR_BF16},
     [QD_RECIPE_QUADS] = {"quads", QD_LINEAR_W4A4_RAC, QD_LINEAR_AQAT},
     [QD_RECIPE_NVFP4_SYM_QAT] = {"nvfp4-sym-qat", QD_LINEAR_W4A4, QD_LINEAR_SYM_QAT},
+    [QD_RECIPE_NVFP4_REPLAY] = {"nvfp4-replay", QD_LINEAR_W4A4, QD_LINEAR_W4A4_STE},
+    [QD_RECIPE_QUADS_REPLAY] = {"quads-replay", QD_LINEAR_W4A4_RAC, QD_LINEAR_W4A4_RAC_STE},
+    [QD_RECIPE_NVFP4_W16A4] = {"nvfp4-w16a4", QD_LINEAR_ACT_QAT, QD_LINEAR_BF16},
+    [QD_RECIPE_NVFP4_W4A16] = {"nvfp4-w4a16", QD_LINEAR_AQAT, QD_LINEAR_BF16},
 };
 
 const char *qd_recipe_name(qd_recipe r)
@@ -34,7 +40,9 @@ qd_status qd_recipe_parse(qd_recipe *out, const char *name)
             return QD_OK;
         }
     return qd_error(QD_ERR_ARG, "precision: unknown recipe '%s' (fp32, bf16, fp8, nvfp4, "
-                    "nvfp4-aqat, nvfp4-rac, quads, nvfp4-sym-qat)", name ? name : "(null)");
+                    "nvfp4-aqat, nvfp4-rac, quads, nvfp4-sym-qat, nvfp4-replay, quads-replay, "
+                    "nvfp4-w16a4, nvfp4-w4a16)",
+                    name ? name : "(null)");
 }
 
 const char *qd_mode_name(qd_exec_mode m)
@@ -336,4 +344,96 @@ qd_status qd_backend_set_rac_stats(qd_backend *b, const double *err, size_t n)
             return qd_error(QD_ERR_ARG, "set_rac_stats: statistic %zu is negative (%g)", i, err[i]);
     }
     return n == 0 ? QD_OK : b->iface->set_rac_stats(b, err, n);
+}
+
+/* ---- weight sync between instances, memory */
+
+/* The same model: the same parameter table (names, shapes, offsets). */
+static qd_status check_same_model(const qd_backend *dst, const qd_backend *src)
+{
+    if (dst->num_floats != src->num_floats || dst->num_params != src->num_params)
+        return qd_error(QD_ERR_SHAPE, "sync_from: the models differ (%zu floats in %d tensors, %zu in %d)",
+                        dst->num_floats, dst->num_params, src->num_floats, src->num_params);
+    for (int i = 0; i < dst->num_params; i++) {
+        const qd_param_info *a = &dst->params[i], *b = &src->params[i];
+        if (strcmp(a->name, b->name) || a->rows != b->rows || a->cols != b->cols || a->offset != b->offset)
+            return qd_error(QD_ERR_SHAPE, "sync_from: the models differ at tensor %d (%s, %s)", i, a->name,
+                            b->name);
+    }
+    return QD_OK;
+}
+
+qd_status qd_backend_sync_from(qd_backend *dst, qd_backend *src, int *direct)
+{
+    assert(dst && src && dst != src);
+    if (direct)
+        *direct = 0;
+    QD_TRY(check_same_model(dst, src));
+    if (dst->iface == src->iface && dst->iface->sync_from) {
+        qd_status st = dst->iface->sync_from(dst, src);
+        if (st != QD_ERR_UNSUPPORTED) {
+            if (direct)
+                *direct = st == QD_OK;
+            return st;
+        }
+    }
+    float *w = malloc(sizeof(float) * (dst->num_floats ? dst->num_floats : 1));
+    if (!w)
+        return qd_error(QD_ERR_NOMEM, "sync_from: %zu floats of host buffer", dst->num_floats);
+    qd_status st = qd_backend_get_weights(src, w, src->num_floats);
+    if (!st)
+        st = qd_backend_set_weights(dst, w, dst->num_floats);
+    free(w);
+    return st;
+}
+
+qd_status qd_backend_memory(qd_backend *b, qd_memory *out)
+{
+    assert(b && out);
+    if (!b->iface->memory)
+        return qd_error(QD_ERR_UNSUPPORTED, "backend %s: no memory plan", qd_backend_name(b));
+    return b->iface->memory(b, out);
+}
+
+static const char *const mem_kind_names[QD_MEM_COUNT] = {
+    [QD_MEM_MASTER] = "master weights",   [QD_MEM_WORKING] = "working weights",
+    [QD_MEM_QUANT] = "quantized weights", [QD_MEM_OWN] = "device copies",
+    [QD_MEM_GRADS] = "gradients",         [QD_MEM_ADAM] = "AdamW moments",
+    [QD_MEM_ACTS] = "activations",        [QD_MEM_SCRATCH] = "scratch",
+    [QD_MEM_KV] = "KV cache",             [QD_MEM_TABLES] = "RoPE tables",
+};
+
+const char *qd_mem_kind_name(qd_mem_kind k)
+{
+    return (unsigned)k < QD_MEM_COUNT ? mem_kind_names[k] : NULL;
+}
+
+void qd_format_bytes(size_t bytes, char *buf, size_t n)
+{
+    static const char *const unit[] = {"B", "KB", "MB", "GB", "TB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024.0 && u < 4)
+        v /= 1024.0, u++;
+    if (u == 0)
+        snprintf(buf, n, "%zu B", bytes);
+    else
+        snprintf(buf, n, "%.1f %s", v, unit[u]);
+}
+
+void qd_mem_plan_format(const qd_mem_plan *p, char *buf, size_t n)
+{
+    char b[32];
+    qd_format_bytes(p->total, b, sizeof b);
+    size_t used = (size_t)snprintf(buf, n, "total %s (", b);
+    const char *sep = "";
+    for (int k = 0; k < QD_MEM_COUNT && used < n; k++) {
+        if (!p->bytes[k])
+            continue;
+        qd_format_bytes(p->bytes[k], b, sizeof b);
+        used += (size_t)snprintf(buf + used, n - used, "%s%s %s", sep, mem_kind_names[k], b);
+        sep = ", ";
+    }
+    if (used < n)
+        snprintf(buf + used, n - used, ")");
 }

@@ -26,6 +26,10 @@ typedef enum {
     QD_RECIPE_NVFP4_RAC,
     QD_RECIPE_QUADS,
     QD_RECIPE_NVFP4_SYM_QAT,
+    QD_RECIPE_NVFP4_REPLAY,  /* the trainer's forward is the rollout's W4A4 (no gap in exact mode) */
+    QD_RECIPE_QUADS_REPLAY,  /* the same with the RAC rollout: channel sets copied to the trainer */
+    QD_RECIPE_NVFP4_W16A4,   /* ablation: rollout with NVFP4 activations only (quads ablate) */
+    QD_RECIPE_NVFP4_W4A16,   /* ablation: rollout with NVFP4 weights only */
     QD_RECIPE_COUNT
 } qd_recipe;
 
@@ -44,11 +48,19 @@ typedef enum {
     QD_LINEAR_W4A4,      /* NVFP4 W4A4, the canonical product (NUMERICS.md §3) */
     QD_LINEAR_W4A4_RAC,  /* W4A4 with residual activation compensation (§5) */
     QD_LINEAR_AQAT,      /* x rounded to BF16, W := dequant(quantize(W)); straight-through */
-    QD_LINEAR_SYM_QAT    /* x and W both fake-quantized to NVFP4; straight-through */
+    QD_LINEAR_SYM_QAT,   /* x and W both fake-quantized to NVFP4; straight-through */
+    QD_LINEAR_W4A4_STE,  /* replay: the W4A4 product forward, straight-through backward with
+                            W_eff = dequant(quantize(W)), x_eff = the dequantized NVFP4 input
+                            (docs/numerics.md §5) */
+    QD_LINEAR_W4A4_RAC_STE, /* replay of W4A4_RAC: the channel sets are set_rac_state's (the
+                               rollout's), never picked; x_eff = qd_rac_fake_quant */
+    QD_LINEAR_ACT_QAT    /* ablation: x fake-quantized to NVFP4 (one scale per token), W BF16;
+                            straight-through */
 } qd_linear_mode;
 
 /* Canonical recipe name ("fp32", "bf16", "fp8", "nvfp4", "nvfp4-aqat",
- * "nvfp4-rac", "quads", "nvfp4-sym-qat"); NULL for an invalid value. */
+ * "nvfp4-rac", "quads", "nvfp4-sym-qat", "nvfp4-replay", "quads-replay", and the ablations
+ * "nvfp4-w16a4", "nvfp4-w4a16"); NULL for an invalid value. */
 const char *qd_recipe_name(qd_recipe r);
 /* QD_ERR_ARG (message naming the value and the valid names) if unknown. */
 qd_status qd_recipe_parse(qd_recipe *out, const char *name);
@@ -84,6 +96,45 @@ typedef struct {
                                 (a rollout's); 0 (the default): leave them as they are */
 } qd_batch;
 
+/* The largest calls an instance will serve, for its memory plan: forwards of
+ * up to fwd_B sequences of fwd_T tokens (with backward and AdamW when train),
+ * generates of up to gen_B prompts of gen_Tp tokens continued by gen_M. All
+ * zero (the default): no plan, no check. */
+typedef struct {
+    int fwd_B, fwd_T;
+    int gen_B, gen_Tp, gen_M;
+    int train;
+} qd_workload;
+
+/* What a backend's device memory holds (qd_mem_kind_name gives the words). */
+typedef enum {
+    QD_MEM_MASTER = 0,  /* float32 master weights */
+    QD_MEM_WORKING,     /* the working copy the forward reads (BF16 values, fake-quant weights) */
+    QD_MEM_QUANT,       /* the rollout's NVFP4 / FP8 weight copies and the RAC state */
+    QD_MEM_OWN,         /* the device ops' own copies (CUDA fast mode: BF16 bits of the working copy) */
+    QD_MEM_GRADS,       /* gradients */
+    QD_MEM_ADAM,        /* AdamW first and second moments */
+    QD_MEM_ACTS,        /* activations of the largest forward or generation step */
+    QD_MEM_SCRATCH,     /* the driver's scratch (quantized activations, backward, diagnostics) */
+    QD_MEM_KV,          /* the KV cache of the largest generate */
+    QD_MEM_TABLES,      /* RoPE tables */
+    QD_MEM_COUNT
+} qd_mem_kind;
+
+/* Bytes of each kind, and their sum. */
+typedef struct {
+    size_t bytes[QD_MEM_COUNT];
+    size_t total;
+} qd_mem_plan;
+
+/* An instance's memory: the plan made at init for options.workload, what
+ * the device had free then, and the most bytes of each kind the driver held
+ * at once since (the ops' own copies counted as planned). */
+typedef struct {
+    qd_mem_plan plan, peak;
+    size_t free_at_init, device_total;
+} qd_memory;
+
 typedef struct {
     qd_recipe recipe;
     qd_role role;
@@ -94,6 +145,14 @@ typedef struct {
                             LOCAL_RANK); >= 0 */
     int diagnostics;     /* 1: measure quantization errors per linear layer (costs a
                             fake-quant of every quantized layer's input and weight) */
+    qd_workload workload; /* not all zero: plan the memory at init and fail there, before
+                            allocating, when the plan exceeds the device's free bytes */
+    size_t mem_reserved; /* bytes of the device's free memory other instances will still
+                            claim (their plans minus what they hold): left out of the check */
+    uint64_t quant_layers; /* ablations: 0 (the default) applies the recipe to every
+                              decoder layer; else only layers l with bit l set take the
+                              recipe's quantized mode, the others the dense mode (BF16);
+                              a bit at or above num_hidden_layers is an error */
 } qd_backend_options;
 
 /* AdamW (decoupled weight decay, bias correction); weight decay applies to
@@ -203,6 +262,15 @@ struct qd_backend_i {
      * training writes the all-reduced gradients back before optimizer_step.
      * Optional. */
     qd_status (*set_grads)(qd_backend *b, const float *grads, size_t n);
+    /* The weight sync from another instance of the same model without the
+     * host: b's master weights become src's and every working copy (NVFP4,
+     * FP8, RAC with b's own statistics) is rebuilt as set_weights does, the
+     * same bits. QD_ERR_UNSUPPORTED (no message) when src is not of b's kind
+     * or lives in other memory: the dispatcher then goes through the host.
+     * Optional. */
+    qd_status (*sync_from)(qd_backend *b, qd_backend *src);
+    /* The memory plan and the bytes held (qd_memory). Optional. */
+    qd_status (*memory)(qd_backend *b, qd_memory *out);
 };
 
 struct qd_backend {
@@ -256,6 +324,22 @@ qd_status qd_backend_set_adam(qd_backend *b, const float *m, const float *v, siz
 size_t qd_backend_rac_state_size(qd_backend *b);
 qd_status qd_backend_get_rac_state(qd_backend *b, void *buf, size_t n);
 qd_status qd_backend_set_rac_state(qd_backend *b, const void *buf, size_t n);
+/* Trainer -> rollout: dst's master weights become src's and dst rebuilds its
+ * working copies (the weight sync, NUMERICS.md §5), device to device when both
+ * are of one kind on one device (the CPU: one process), else through a host
+ * buffer (get_weights, set_weights). *direct (if not NULL) receives 1 when no
+ * host copy was made. QD_ERR_SHAPE when the models differ. The bits are those
+ * of qd_backend_set_weights(dst, get_weights(src)). */
+qd_status qd_backend_sync_from(qd_backend *dst, qd_backend *src, int *direct);
+/* The instance's memory plan and peak bytes; QD_ERR_UNSUPPORTED without the slot. */
+qd_status qd_backend_memory(qd_backend *b, qd_memory *out);
+/* "master weights", "working weights", ...; NULL for an invalid value. */
+const char *qd_mem_kind_name(qd_mem_kind k);
+/* The plan as one line: "total 12.3 MB (master weights 1.0 MB, ...)", kinds
+ * of 0 bytes left out. */
+void qd_mem_plan_format(const qd_mem_plan *p, char *buf, size_t n);
+/* "1.5 GB", "12.0 MB", "512 B" (powers of 1024). */
+void qd_format_bytes(size_t bytes, char *buf, size_t n);
 /* 0 when the backend has no RAC linear (or no such slot). */
 size_t qd_backend_rac_stats_count(qd_backend *b);
 qd_status qd_backend_get_rac_stats(qd_backend *b, double *err, size_t n);

@@ -31,7 +31,9 @@
  * BF16 linear rounds its input to BF16 and accumulates in float32; all other
  * activations stay float32. Backward is float32 with the straight-through
  * rule: a rounded or fake-quantized copy passes the gradient unchanged to the
- * master weight (NUMERICS.md §5).
+ * master weight (NUMERICS.md §5). The replay trainers (nvfp4-replay,
+ * quads-replay) run the rollout's W4A4 (+ RAC) forward and a straight-through
+ * backward against the dequantized operands (docs/numerics.md §5).
  *
  * Generation: a prefill of the prompts, then decode steps of one token per
  * unfinished sequence against a KV cache, both through the attend op, so
@@ -140,6 +142,12 @@ typedef struct {
     const char **dg_names;         /* (quantized linears) */
     double *dg_act_err, *dg_act_norm, *dg_weight_err;
     int32_t *dg_topk;              /* (moe layers, N, K) */
+    /* memory: bytes held now and at most, per kind (every dev buffer goes
+     * through dalloc/drelease); the plan made at init */
+    size_t mem_now[QD_MEM_COUNT], mem_peak[QD_MEM_COUNT];
+    size_t kv_bytes;               /* of each of kc, vc */
+    qd_mem_plan plan;
+    size_t free_at_init, dev_total;
 } model;
 
 #define P(c, off) ((c)->wk + (off))
@@ -160,14 +168,33 @@ static qd_status finish(model *c)
 
 static size_t up256(size_t n) { return (n + 255) & ~(size_t)255; }
 
+/* Every dev buffer of the driver is made and given back through these two,
+ * so the bytes of each kind are counted (qd_memory's peak). */
+static qd_status dalloc(model *c, void **p, size_t bytes, qd_mem_kind k, const char *what)
+{
+    QD_TRY(OP(c, alloc, p, bytes, what));
+    c->mem_now[k] += bytes;
+    if (c->mem_now[k] > c->mem_peak[k])
+        c->mem_peak[k] = c->mem_now[k];
+    return QD_OK;
+}
+
+static void drelease(model *c, void *p, size_t bytes, qd_mem_kind k)
+{
+    if (!p)
+        return;
+    c->ops->release(c->dev, p);
+    c->mem_now[k] -= bytes;
+}
+
 /* A scratch buffer of at least bytes (contents undefined). */
 static qd_status scratch(model *c, int slot, size_t bytes, void **out)
 {
     if (c->scratch_cap[slot] < bytes) {
-        c->ops->release(c->dev, c->scratch[slot]);
+        drelease(c, c->scratch[slot], c->scratch_cap[slot], QD_MEM_SCRATCH);
         c->scratch[slot] = NULL;
         c->scratch_cap[slot] = 0;
-        QD_TRY(OP(c, alloc, &c->scratch[slot], bytes, "scratch"));
+        QD_TRY(dalloc(c, &c->scratch[slot], bytes, QD_MEM_SCRATCH, "scratch"));
         c->scratch_cap[slot] = bytes;
     }
     *out = c->scratch[slot];
@@ -204,9 +231,10 @@ static qd_status weight_nvfp4(model *c, linear *L, int64_t rows, int64_t cols)
 {
     if (L->wq_mem && L->wq.rows == rows && L->wq.cols == cols)
         return QD_OK;
-    c->ops->release(c->dev, L->wq_mem);
+    if (L->wq_mem)
+        drelease(c, L->wq_mem, nvfp4_bytes(L->wq.rows, L->wq.cols), QD_MEM_QUANT);
     L->wq_mem = NULL;
-    QD_TRY(OP(c, alloc, &L->wq_mem, nvfp4_bytes(rows, cols), "NVFP4 weights"));
+    QD_TRY(dalloc(c, &L->wq_mem, nvfp4_bytes(rows, cols), QD_MEM_QUANT, "NVFP4 weights"));
     nvfp4_view(&L->wq, L->wq_mem, rows, cols, 0);
     return QD_OK;
 }
@@ -214,9 +242,25 @@ static qd_status weight_nvfp4(model *c, linear *L, int64_t rows, int64_t cols)
 /* ------------------------------------------------------------------------ */
 /* the linear layer of every precision recipe                                */
 
-static int is_w4a4(qd_linear_mode m) { return m == QD_LINEAR_W4A4 || m == QD_LINEAR_W4A4_RAC; }
+/* Modes with RAC channel sets (the replay trainer's are the rollout's). */
+static int has_rac(qd_linear_mode m) { return m == QD_LINEAR_W4A4_RAC || m == QD_LINEAR_W4A4_RAC_STE; }
 
+/* Modes whose forward is the canonical W4A4 product (the replay trainers' too). */
+static int is_w4a4(qd_linear_mode m) { return m == QD_LINEAR_W4A4 || m == QD_LINEAR_W4A4_STE || has_rac(m); }
+
+static int is_replay(qd_linear_mode m) { return m == QD_LINEAR_W4A4_STE || m == QD_LINEAR_W4A4_RAC_STE; }
+
+/* Modes whose products read codes rebuilt at every sync (sync_rollout_linear). */
 static int is_rollout_quant(qd_linear_mode m) { return m == QD_LINEAR_FP8 || is_w4a4(m); }
+
+/* Modes of a rollout only: no backward. */
+static int is_rollout_only(qd_linear_mode m) { return is_rollout_quant(m) && !is_replay(m); }
+
+/* Modes whose working copy in wk is dequant(quantize(W)) (the straight-through weight). */
+static int is_fake_quant_weight(qd_linear_mode m)
+{
+    return m == QD_LINEAR_AQAT || m == QD_LINEAR_SYM_QAT || is_replay(m);
+}
 
 static int measured(const model *c, const linear *L)
 {
@@ -252,9 +296,9 @@ static qd_status measure_act_rows(model *c, linear *const *L, const int32_t *off
 static qd_status fwd_w4a4(model *c, float *out, const float *inp, linear *L, int N)
 {
     qd_nvfp4 a;
-    int64_t K = L->in + (L->mode == QD_LINEAR_W4A4_RAC ? L->nrac : 0);
+    int64_t K = L->in + (has_rac(L->mode) ? L->nrac : 0);
     QD_TRY(act_nvfp4(c, &a, N, K));
-    if (L->mode == QD_LINEAR_W4A4_RAC) {
+    if (has_rac(L->mode)) {
         if (c->rac_stats)
             QD_TRY(OP(c, rac_error, L->d_rac_err, inp, N, L->in));
         QD_TRY(OP(c, rac_augment_act, &a, inp, N, L->in, L->d_rac_ch, L->nrac));
@@ -274,7 +318,10 @@ static qd_status fwd_fp8(model *c, float *out, const float *inp, const linear *L
 }
 
 /* The input a BF16/QAT linear really multiplies: x itself (FP32), rounded to
- * BF16, or fake-quantized to NVFP4 with one global scale per row (sym-QAT). */
+ * BF16, or fake-quantized to NVFP4 with one global scale per row (sym-QAT, the
+ * activation-only ablation). For a replay trainer's backward, the activation
+ * its W4A4 product multiplied, bit for bit: that fake-quant, or under RAC the
+ * same plus the dequantized residuals on the channels (docs/numerics.md §5). */
 static qd_status effective_input(model *c, const float **xe, const float *inp, const linear *L, int N)
 {
     *xe = inp;
@@ -284,8 +331,10 @@ static qd_status effective_input(model *c, const float **xe, const float *inp, c
     size_t n = (size_t)N * L->in;
     QD_TRY(scratch(c, S_XE, sizeof(float) * (n ? n : 1), &p));
     *xe = p;
-    if (L->mode == QD_LINEAR_SYM_QAT)
+    if (L->mode == QD_LINEAR_SYM_QAT || L->mode == QD_LINEAR_W4A4_STE || L->mode == QD_LINEAR_ACT_QAT)
         return OP(c, nvfp4_fake_quant, p, inp, N, L->in, 1);
+    if (L->mode == QD_LINEAR_W4A4_RAC_STE)
+        return N ? OP(c, rac_fake_quant, p, inp, N, L->in, L->d_rac_ch, L->nrac) : QD_OK;
     return OP(c, round_bf16, p, inp, n);
 }
 
@@ -309,7 +358,8 @@ static qd_status linear_forward(model *c, float *out, const float *inp, linear *
     return OP(c, matmul, out, xe, P(c, L->w), N, L->in, L->out, prec_of(L));
 }
 
-/* dinp += dout . W_eff; grad(W) += dout^T . x_eff (straight-through). */
+/* dinp += dout . W_eff; grad(W) += dout^T . x_eff (straight-through; W_eff is
+ * the working copy in wk, x_eff effective_input's). */
 static qd_status linear_backward(model *c, float *dinp, const float *dout, const float *inp, const linear *L,
                                  int N)
 {
@@ -329,9 +379,13 @@ static qd_status sync_rollout_linear(model *c, linear *L)
     const float *w = c->params + L->w;
     if (L->mode == QD_LINEAR_FP8)
         return OP(c, fp8_quantize_rows, L->w8, L->w8_inv, w, L->out, L->in);
-    if (L->mode == QD_LINEAR_W4A4) {
+    if (L->mode == QD_LINEAR_W4A4 || L->mode == QD_LINEAR_W4A4_STE) {
         QD_TRY(weight_nvfp4(c, L, L->out, L->in));
         return OP(c, nvfp4_quantize, &L->wq, w);
+    }
+    if (L->mode == QD_LINEAR_W4A4_RAC_STE) { /* the replay trainer: the rollout's channels (set_rac_state) */
+        QD_TRY(weight_nvfp4(c, L, L->out, L->in + L->nrac));
+        return OP(c, rac_augment_weight, &L->wq, w, L->out, L->in, L->d_rac_ch, L->nrac);
     }
     /* RAC: channels of largest activation error since the last sync, picked on the host */
     double *err = malloc(sizeof(double) * (size_t)L->in);
@@ -374,14 +428,16 @@ static qd_status measure_weight_error(model *c, linear *L)
     return st;
 }
 
-/* The working copy of a linear's weight that the forward multiplies. */
+/* The working copies of a linear's weight: the codes the forward multiplies
+ * and, for a trainer, the weight its backward multiplies (the replay trainer
+ * has both: the rollout's codes forward, their dequantization backward). */
 static qd_status sync_linear(model *c, linear *L)
 {
     if (measured(c, L))
         QD_TRY(measure_weight_error(c, L));
     if (is_rollout_quant(L->mode))
-        return sync_rollout_linear(c, L);
-    if (L->mode == QD_LINEAR_AQAT || L->mode == QD_LINEAR_SYM_QAT)
+        QD_TRY(sync_rollout_linear(c, L));
+    if (is_fake_quant_weight(L->mode))
         return OP(c, nvfp4_fake_quant, c->wk + L->w, c->params + L->w, L->out, L->in, 0);
     return QD_OK; /* BF16: rounded with everything else */
 }
@@ -403,11 +459,11 @@ static qd_status ensure_train(model *c)
 {
     size_t n = sizeof(float) * c->nfloats;
     if (!c->grads)
-        QD_TRY(OP(c, alloc, (void **)&c->grads, n, "gradients"));
+        QD_TRY(dalloc(c, (void **)&c->grads, n, QD_MEM_GRADS, "gradients"));
     if (!c->m)
-        QD_TRY(OP(c, alloc, (void **)&c->m, n, "AdamW first moments"));
+        QD_TRY(dalloc(c, (void **)&c->m, n, QD_MEM_ADAM, "AdamW first moments"));
     if (!c->v)
-        QD_TRY(OP(c, alloc, (void **)&c->v, n, "AdamW second moments"));
+        QD_TRY(dalloc(c, (void **)&c->v, n, QD_MEM_ADAM, "AdamW second moments"));
     return QD_OK;
 }
 
@@ -433,8 +489,10 @@ static void *take(arena *a, size_t bytes)
 static void layout_layer(arena *a, layer_acts *s, const model *c, const layer *ly)
 {
     const qd_model_config *g = &c->cfg;
-    int N = c->N, C = g->hidden_size, H = g->num_attention_heads, KV = g->num_key_value_heads;
-    int D = g->head_dim, K = ly->moe ? g->num_experts_per_tok : 1, R = N * K;
+    /* size_t products: the memory plan sizes batches whose counts pass 2^31 */
+    size_t N = (size_t)c->N, C = (size_t)g->hidden_size, H = (size_t)g->num_attention_heads;
+    size_t KV = (size_t)g->num_key_value_heads, D = (size_t)g->head_dim;
+    size_t K = ly->moe ? (size_t)g->num_experts_per_tok : 1, R = N * K;
     s->x = TAKE_F(a, N * C);
     s->ln1 = TAKE_F(a, N * C);
     s->rstd1 = TAKE_F(a, N);
@@ -445,28 +503,28 @@ static void layout_layer(arena *a, layer_acts *s, const model *c, const layer *l
     s->rstd_k = TAKE_F(a, N * KV);
     s->qr = TAKE_F(a, N * H * D);
     s->kr = TAKE_F(a, N * KV * D);
-    s->att = TAKE_F(a, (size_t)N * H * c->Tm);
+    s->att = TAKE_F(a, N * H * (size_t)c->Tm);
     s->ao = TAKE_F(a, N * H * D);
     s->xmid = TAKE_F(a, N * C);
     s->ln2 = TAKE_F(a, N * C);
     s->rstd2 = TAKE_F(a, N);
-    s->probs = TAKE_F(a, N * ly->nexp);
+    s->probs = TAKE_F(a, N * (size_t)ly->nexp);
     s->topk = TAKE_I(a, N * K);
     s->topw = TAKE_F(a, N * K);
     s->row_tok = TAKE_I(a, R);
     s->row_w = TAKE_F(a, R);
     s->row_rank = TAKE_I(a, R);
     s->tok_rows = TAKE_I(a, R);
-    s->xe = TAKE_F(a, (size_t)R * C);
-    s->g = TAKE_F(a, (size_t)R * ly->ffn);
-    s->u = TAKE_F(a, (size_t)R * ly->ffn);
-    s->h = TAKE_F(a, (size_t)R * ly->ffn);
-    s->y = TAKE_F(a, (size_t)R * C);
+    s->xe = TAKE_F(a, R * C);
+    s->g = TAKE_F(a, R * (size_t)ly->ffn);
+    s->u = TAKE_F(a, R * (size_t)ly->ffn);
+    s->h = TAKE_F(a, R * (size_t)ly->ffn);
+    s->y = TAKE_F(a, R * C);
 }
 
 static void layout_acts(arena *a, model *c)
 {
-    int N = c->N, C = c->cfg.hidden_size;
+    size_t N = (size_t)c->N, C = (size_t)c->cfg.hidden_size;
     c->d_tok = TAKE_I(a, N);
     c->d_tgt = TAKE_I(a, N);
     c->d_pos = TAKE_I(a, N);
@@ -478,7 +536,7 @@ static void layout_acts(arena *a, model *c)
     c->xf = TAKE_F(a, N * C);
     c->lnf = TAKE_F(a, N * C);
     c->rstdf = TAKE_F(a, N);
-    c->logits = TAKE_F(a, (size_t)(c->generating ? c->B : N) * c->cfg.vocab_size);
+    c->logits = TAKE_F(a, (c->generating ? (size_t)c->B : N) * (size_t)c->cfg.vocab_size);
     c->lse = TAKE_F(a, N);
 }
 
@@ -498,10 +556,10 @@ static qd_status alloc_acts(model *c)
     arena a = {NULL, 0};
     layout_acts(&a, c);
     if (a.used > c->arena_cap) {
-        c->ops->release(c->dev, c->arena);
+        drelease(c, c->arena, c->arena_cap, QD_MEM_ACTS);
         c->arena = NULL;
         c->arena_cap = 0;
-        QD_TRY(OP(c, alloc, &c->arena, a.used, "activations"));
+        QD_TRY(dalloc(c, &c->arena, a.used, QD_MEM_ACTS, "activations"));
         c->arena_cap = a.used;
     }
     a.base = c->arena;
@@ -594,7 +652,7 @@ static linear *expert_lin(model *c, const layer *ly, int e, int which)
 static int experts_grouped(const model *c, const layer *ly)
 {
     const linear *L0 = &c->lin[ly->mlp0];
-    if (L0->mode != QD_LINEAR_W4A4_RAC)
+    if (!has_rac(L0->mode))
         return 1;
     for (int e = 0; e < ly->nexp; e++)
         for (int w = 0; w < 3; w++)
@@ -664,13 +722,13 @@ static qd_status experts_forward_set(model *c, float *out, const float *inp, con
     int IC = L0->in, OC = L0->out;
     if (measured(c, L0))
         QD_TRY(measure_act_rows(c, x->L, s->exp_off, E, inp, R, IC));
-    if (L0->mode == QD_LINEAR_W4A4) {
+    if (L0->mode == QD_LINEAR_W4A4 || L0->mode == QD_LINEAR_W4A4_STE) {
         qd_nvfp4 a;
         QD_TRY(act_nvfp4(c, &a, R, IC));
         QD_TRY(OP(c, nvfp4_quantize, &a, inp));
         return OP(c, w4a4_gemm_grouped, out, &a, x->wq, s->exp_off, E);
     }
-    if (L0->mode == QD_LINEAR_W4A4_RAC) {
+    if (has_rac(L0->mode)) {
         qd_nvfp4 a;
         QD_TRY(act_nvfp4(c, &a, R, IC + L0->nrac));
         QD_TRY(OP(c, rac_grouped, &a, c->rac_stats ? x->rac_err : NULL, x->rac_ch, s->exp_off, E, inp, IC,
@@ -702,6 +760,26 @@ static qd_status experts_forward(model *c, float *out, const float *inp, const l
     return st;
 }
 
+/* effective_input of the experts' rows: under the RAC replay each expert's
+ * rows with its own channel set. */
+static qd_status experts_effective_input(model *c, const float **xe, const float *inp, const layer_acts *s,
+                                         const layer *ly, const expert_set *x)
+{
+    int IC = x->L[0]->in, R = s->exp_off[ly->nexp];
+    if (x->L[0]->mode != QD_LINEAR_W4A4_RAC_STE)
+        return effective_input(c, xe, inp, x->L[0], R);
+    void *p;
+    QD_TRY(scratch(c, S_XE, sizeof(float) * (size_t)R * IC, &p));
+    *xe = p;
+    for (int e = 0; e < ly->nexp; e++) {
+        int r0 = s->exp_off[e], m = s->exp_off[e + 1] - r0;
+        if (m)
+            QD_TRY(OP(c, rac_fake_quant, (float *)p + (size_t)r0 * IC, inp + (size_t)r0 * IC, m, IC,
+                      x->rac_ch[e], x->L[e]->nrac));
+    }
+    return QD_OK;
+}
+
 /* dinp (R, IC) += dout . W_e; grad(W_e) += dout^T . x_eff over each expert's rows. */
 static qd_status experts_backward(model *c, float *dinp, const float *dout, const float *inp,
                                   const layer_acts *s, const layer *ly, int which)
@@ -712,7 +790,7 @@ static qd_status experts_backward(model *c, float *dinp, const float *dout, cons
     expert_set x;
     QD_TRY(expert_set_make(c, &x, ly, which));
     const float *xe;
-    qd_status st = effective_input(c, &xe, inp, x.L[0], R);
+    qd_status st = experts_effective_input(c, &xe, inp, s, ly, &x);
     if (!st)
         st = OP(c, matmul_grouped_backward, dinp, x.dw, dout, xe, x.w, s->exp_off, E, x.L[0]->in, x.L[0]->out);
     expert_set_free(&x);
@@ -888,7 +966,7 @@ static qd_status mlp_backward(model *c, float *dinp, const float *dout, const la
     if (N == 0)
         return QD_OK;
     QD_TRY(OP(c, moe_dy, dy, dw, dout, s->y, s->row_w, s->row_rank, s->tok_rows, N, K, C));
-    /* backward runs in the trainer role, never under RAC: the experts are always grouped */
+    /* one grouped float product per projection, whatever the RAC widths (x_eff has K channels) */
     QD_TRY(experts_backward(c, dh, dy, s->h, s, ly, 2));
     QD_TRY(OP(c, swiglu_backward, dg, du, dh, s->g, s->u, (size_t)R * I));
     QD_TRY(experts_backward(c, dxe, dg, s->xe, s, ly, 0));
@@ -938,17 +1016,29 @@ static size_t attn_backward_floats(const model *c)
     return 3 * up64(nq) + 3 * up64(nk) + up64(N * g->hidden_size) + up64(N * g->num_attention_heads * c->Tm);
 }
 
+/* The backward scratch of a batch of c->N tokens: dlogits, dres, dln and
+ * the largest layer's part (*layer_floats). Layer l's routed rows are the
+ * last forward's (from_acts), else N K (MoE) or N (dense), which they equal. */
+static size_t backward_floats(const model *c, int from_acts, size_t *layer_floats)
+{
+    const qd_model_config *g = &c->cfg;
+    size_t lf = attn_backward_floats(c);
+    for (int l = 0; l < g->num_hidden_layers; l++) {
+        const layer *ly = &c->layers[l];
+        int R = from_acts ? c->acts[l].exp_off[ly->nexp] : c->N * (ly->moe ? g->num_experts_per_tok : 1);
+        size_t m = mlp_backward_floats(c, ly, R);
+        lf = m > lf ? m : lf;
+    }
+    *layer_floats = lf;
+    return up64((size_t)c->N * g->vocab_size) + 2 * up64((size_t)c->N * g->hidden_size) + lf;
+}
+
 /* dlogp: dev (N). */
 static qd_status model_backward(model *c, const float *dlogp)
 {
     const qd_model_config *g = &c->cfg;
     int N = c->N, C = g->hidden_size, V = g->vocab_size;
-    size_t layer_floats = attn_backward_floats(c);
-    for (int l = 0; l < g->num_hidden_layers; l++) {
-        size_t m = mlp_backward_floats(c, &c->layers[l], c->acts[l].exp_off[c->layers[l].nexp]);
-        layer_floats = m > layer_floats ? m : layer_floats;
-    }
-    size_t total = up64((size_t)N * V) + 2 * up64((size_t)N * C) + layer_floats;
+    size_t layer_floats, total = backward_floats(c, 1, &layer_floats);
     mark(c, QD_PH_BWD);
     void *p;
     QD_TRY(scratch(c, S_BWD, sizeof(float) * total, &p));
@@ -1067,8 +1157,8 @@ static void gen_free(model *c, gen_state *g, int M)
     free(g->sid);
     free(g->spos);
     free(g->done);
-    c->ops->release(c->dev, c->kc);
-    c->ops->release(c->dev, c->vc);
+    drelease(c, c->kc, c->kv_bytes, QD_MEM_KV);
+    drelease(c, c->vc, c->kv_bytes, QD_MEM_KV);
     c->kc = c->vc = NULL;
     c->generating = 0;
     c->have_forward = 0;  /* the activations are the last step's, not a batch's */
@@ -1081,8 +1171,9 @@ static qd_status generate_run(model *c, gen_state *g, const qd_generate_request 
     size_t ncache = (size_t)c->cfg.num_hidden_layers * B * g->Tmax * c->cfg.num_key_value_heads * c->cfg.head_dim;
     if (!g->seq || !g->len || !g->idx || !g->sres || !g->sid || !g->spos || !g->done)
         return qd_error(QD_ERR_NOMEM, "%s backend: generate (host state)", c->ops->name);
-    QD_TRY(OP(c, alloc, (void **)&c->kc, sizeof(float) * ncache, "KV cache (keys)"));
-    QD_TRY(OP(c, alloc, (void **)&c->vc, sizeof(float) * ncache, "KV cache (values)"));
+    c->kv_bytes = sizeof(float) * ncache;
+    QD_TRY(dalloc(c, (void **)&c->kc, c->kv_bytes, QD_MEM_KV, "KV cache (keys)"));
+    QD_TRY(dalloc(c, (void **)&c->vc, c->kv_bytes, QD_MEM_KV, "KV cache (values)"));
     c->cache_rows = B;
     c->Tc = g->Tmax;
     c->generating = 1;
@@ -1197,7 +1288,7 @@ static qd_status backward_impl(model *c, const float *dlogp)
     if (!c->have_forward)
         return qd_error(QD_ERR_ARG, "backward: no forward since the last weight change");
     for (int i = 0; i < c->nlin; i++)
-        if (is_rollout_quant(c->lin[i].mode))
+        if (is_rollout_only(c->lin[i].mode))
             return qd_error(QD_ERR_UNSUPPORTED, "backward: recipe %s has no backward in the rollout role",
                             qd_recipe_name(c->opt.recipe));
     QD_TRY(ensure_train(c));
@@ -1253,7 +1344,7 @@ static size_t rac_state_size_impl(model *c)
 {
     size_t n = 0;
     for (int i = 0; i < c->nlin; i++)
-        if (c->lin[i].mode == QD_LINEAR_W4A4_RAC)
+        if (has_rac(c->lin[i].mode))
             n += qd_rac_state_bytes(c->lin[i].in);
     return n;
 }
@@ -1262,7 +1353,7 @@ static qd_status get_rac_impl(model *c, char *p)
 {
     for (int i = 0; i < c->nlin; i++) {
         const linear *L = &c->lin[i];
-        if (L->mode != QD_LINEAR_W4A4_RAC)
+        if (!has_rac(L->mode))
             continue;
         memcpy(p, &L->nrac, sizeof(int64_t));
         memcpy(p + sizeof(int64_t), L->rac_ch, sizeof(int64_t) * (size_t)L->in);
@@ -1295,7 +1386,7 @@ static qd_status set_rac_impl(model *c, const char *p)
 {
     for (int i = 0; i < c->nlin; i++) {
         linear *L = &c->lin[i];
-        if (L->mode != QD_LINEAR_W4A4_RAC)
+        if (!has_rac(L->mode))
             continue;
         int64_t *tmp = malloc(sizeof(int64_t) * (size_t)L->in);
         if (!tmp)
@@ -1315,7 +1406,7 @@ static qd_status rac_stats_io(model *c, double *err, int put)
 {
     for (int i = 0; i < c->nlin; i++) {
         linear *L = &c->lin[i];
-        if (L->mode != QD_LINEAR_W4A4_RAC)
+        if (!has_rac(L->mode))
             continue;
         size_t bytes = sizeof(double) * (size_t)L->in;
         QD_TRY(put ? OP(c, to_dev, L->d_rac_err, err, bytes) : OP(c, to_host, err, L->d_rac_err, bytes));
@@ -1328,9 +1419,201 @@ static size_t rac_stats_count_impl(model *c)
 {
     size_t n = 0;
     for (int i = 0; i < c->nlin; i++)
-        if (c->lin[i].mode == QD_LINEAR_W4A4_RAC)
+        if (has_rac(c->lin[i].mode))
             n += (size_t)c->lin[i].in;
     return n;
+}
+
+/* ------------------------------------------------------------------------ */
+/* the memory plan: the bytes each kind reaches under options.workload, by  */
+/* the size rules of the allocations above                                   */
+
+static void need(size_t *have, size_t bytes)
+{
+    if (bytes > *have)
+        *have = bytes;
+}
+
+/* A RAC linear's width: what qd_rac_select picks at every sync. */
+static int64_t planned_nrac(const model *c, const linear *L)
+{
+    return has_rac(L->mode) ? qd_rac_count(c->opt.rac_ratio, L->in) : 0;
+}
+
+/* Scratch of one linear over rows of input, forward or backward
+ * (linear_forward, experts_forward_set, effective_input). */
+static void plan_linear(const model *c, const linear *L, int rows, size_t *s)
+{
+    size_t r = (size_t)rows;
+    if (rows == 0)
+        return;
+    if (measured(c, L)) {
+        need(&s[S_XH], sizeof(float) * r * L->in);
+        need(&s[S_DIAG], sizeof(double) * 2 * r);
+    }
+    if (is_w4a4(L->mode)) {
+        need(&s[S_ACT], nvfp4_bytes(rows, L->in + planned_nrac(c, L)));
+        if (is_replay(L->mode)) /* the backward's dequantized input (effective_input) */
+            need(&s[S_XE], sizeof(float) * r * L->in);
+    } else if (L->mode == QD_LINEAR_FP8) {
+        need(&s[S_FP8Q], r * L->in);
+        need(&s[S_FP8S], sizeof(float) * r);
+    } else if (L->mode != QD_LINEAR_FP32) {
+        need(&s[S_XE], sizeof(float) * r * L->in);
+    }
+}
+
+enum { PASS_FORWARD, PASS_PREFILL, PASS_DECODE };
+
+/* One model_forward over N tokens in B sequences (longest Tm): its
+ * activations and scratch. */
+static void plan_pass(model *c, int N, int B, int Tm, int pass, size_t *acts, size_t *s)
+{
+    const qd_model_config *g = &c->cfg;
+    c->N = N, c->B = B, c->Tm = Tm, c->generating = pass != PASS_FORWARD;
+    arena a = {NULL, 0};
+    layout_acts(&a, c);
+    need(acts, a.used);
+    for (int l = 0; l < g->num_hidden_layers; l++) {
+        const layer *ly = &c->layers[l];
+        const int attn[4] = {ly->q, ly->k, ly->v, ly->o};
+        for (int i = 0; i < 4; i++)
+            plan_linear(c, &c->lin[attn[i]], N, s);
+        if (ly->moe)
+            plan_linear(c, &c->lin[ly->router], N, s);
+        for (int w = 0; w < 3; w++)
+            plan_linear(c, expert_lin(c, ly, 0, w), N * (ly->moe ? g->num_experts_per_tok : 1), s);
+    }
+    plan_linear(c, &c->lin[c->lm_head], pass == PASS_PREFILL ? B : N, s);
+    if (pass == PASS_PREFILL)
+        need(&s[S_ROWS], up256(sizeof(float) * (size_t)B * g->hidden_size) + sizeof(int32_t) * (size_t)B);
+    if (pass == PASS_FORWARD)
+        need(&s[S_LOGP], sizeof(float) * (size_t)(N ? N : 1));
+}
+
+/* The weights and their copies; the weight error of diagnostics at each sync. */
+static void plan_weights(const model *c, qd_mem_plan *p, size_t *s)
+{
+    size_t nb = sizeof(float) * c->nfloats;
+    p->bytes[QD_MEM_MASTER] = nb;
+    p->bytes[QD_MEM_WORKING] = c->opt.recipe == QD_RECIPE_FP32 ? 0 : nb;
+    for (int i = 0; i < c->nlin; i++) {
+        const linear *L = &c->lin[i];
+        if (L->mode == QD_LINEAR_FP8)
+            p->bytes[QD_MEM_QUANT] += (size_t)L->out * L->in + sizeof(float) * (size_t)L->out;
+        if (is_w4a4(L->mode))
+            p->bytes[QD_MEM_QUANT] += nvfp4_bytes(L->out, L->in + planned_nrac(c, L));
+        if (has_rac(L->mode))
+            p->bytes[QD_MEM_QUANT] += (sizeof(int64_t) + sizeof(double)) * (size_t)L->in;
+        if (measured(c, L)) {
+            need(&s[S_XH], sizeof(float) * (size_t)L->out * L->in);
+            need(&s[S_DIAG], sizeof(double) * 2 * (size_t)L->out);
+        }
+    }
+    p->bytes[QD_MEM_OWN] = c->ops->own_bytes ? c->ops->own_bytes(c->dev, c->nfloats) : 0;
+    p->bytes[QD_MEM_TABLES] = 2 * sizeof(float) * (size_t)c->cfg.max_position_embeddings * (c->cfg.head_dim / 2);
+}
+
+static void plan_memory(model *c, const qd_workload *w, qd_mem_plan *p)
+{
+    const qd_model_config *g = &c->cfg;
+    size_t s[S_NSCRATCH] = {0}, acts = 0, nb = sizeof(float) * c->nfloats;
+    memset(p, 0, sizeof *p);
+    plan_weights(c, p, s);
+    if (w->fwd_B > 0 && w->fwd_T > 0) {
+        plan_pass(c, w->fwd_B * w->fwd_T, w->fwd_B, w->fwd_T, PASS_FORWARD, &acts, s);
+        size_t lf;
+        if (w->train)
+            need(&s[S_BWD], sizeof(float) * backward_floats(c, 0, &lf));
+    }
+    if (w->train) {
+        size_t nch = (c->nfloats + 4095) / 4096;
+        p->bytes[QD_MEM_GRADS] = nb;
+        p->bytes[QD_MEM_ADAM] = 2 * nb;
+        need(&s[S_DIAG], sizeof(double) * (nch ? nch : 1));
+    }
+    if (w->gen_B > 0 && w->gen_Tp > 0) {
+        int B = w->gen_B, Tmax = w->gen_Tp + w->gen_M;
+        if (w->gen_M > 0)
+            plan_pass(c, B * w->gen_Tp, B, w->gen_Tp, PASS_PREFILL, &acts, s);
+        if (w->gen_M > 1) /* the last decode step attends to Tmax - 1 positions */
+            plan_pass(c, B, B, Tmax - 1, PASS_DECODE, &acts, s);
+        p->bytes[QD_MEM_KV] = 2 * sizeof(float) * (size_t)g->num_hidden_layers * (size_t)B * (size_t)Tmax *
+                              (size_t)g->num_key_value_heads * (size_t)g->head_dim;
+    }
+    c->N = c->B = c->Tm = c->generating = 0;
+    p->bytes[QD_MEM_ACTS] = acts;
+    for (int i = 0; i < S_NSCRATCH; i++)
+        p->bytes[QD_MEM_SCRATCH] += s[i];
+    for (int k = 0; k < QD_MEM_COUNT; k++)
+        p->total += p->bytes[k];
+}
+
+static int workload_set(const qd_workload *w)
+{
+    return w->fwd_B || w->fwd_T || w->gen_B || w->gen_Tp || w->gen_M || w->train;
+}
+
+/* Token and routed-row counts must fit the driver's int (and int32 rows). */
+static qd_status check_workload(const model *c, const qd_workload *w)
+{
+    int64_t K = c->cfg.num_experts_per_tok > 1 ? c->cfg.num_experts_per_tok : 1;
+    if (w->fwd_B < 0 || w->fwd_T < 0 || w->gen_B < 0 || w->gen_Tp < 0 || w->gen_M < 0 ||
+        (int64_t)w->fwd_B * w->fwd_T * K > INT32_MAX || (int64_t)w->gen_B * w->gen_Tp * K > INT32_MAX ||
+        (int64_t)w->gen_Tp + w->gen_M > INT32_MAX)
+        return qd_error(QD_ERR_ARG, "%s backend: workload out of range: forwards of %d x %d tokens, generates "
+                        "of %d x (%d + %d) tokens (routed rows must stay below 2^31)", c->ops->name, w->fwd_B,
+                        w->fwd_T, w->gen_B, w->gen_Tp, w->gen_M);
+    return QD_OK;
+}
+
+/* The refusal: the plan, the bytes free, the three largest kinds. */
+static qd_status plan_error(const model *c, size_t avail)
+{
+    char msg[768], b[3][32];
+    qd_format_bytes(c->plan.total, b[0], sizeof b[0]);
+    qd_format_bytes(c->free_at_init, b[1], sizeof b[1]);
+    qd_format_bytes(c->dev_total, b[2], sizeof b[2]);
+    int n = snprintf(msg, sizeof msg, "%s backend (%s role, recipe %s): out of memory before starting: the "
+                     "memory plan needs %s, %s free of %s", c->ops->name,
+                     c->opt.role == QD_ROLE_ROLLOUT ? "rollout" : "trainer", qd_recipe_name(c->opt.recipe), b[0],
+                     b[1], b[2]);
+    if (c->opt.mem_reserved) {
+        qd_format_bytes(c->opt.mem_reserved, b[0], sizeof b[0]);
+        qd_format_bytes(avail, b[1], sizeof b[1]);
+        n += snprintf(msg + n, sizeof msg - (size_t)n, " (%s of it planned by the other instances: %s left)", b[0],
+                      b[1]);
+    }
+    n += snprintf(msg + n, sizeof msg - (size_t)n, "; the largest:");
+    int used[QD_MEM_COUNT] = {0};
+    for (int j = 0; j < 3; j++) {
+        int best = -1;
+        for (int k = 0; k < QD_MEM_COUNT; k++)
+            if (!used[k] && c->plan.bytes[k] && (best < 0 || c->plan.bytes[k] > c->plan.bytes[best]))
+                best = k;
+        if (best < 0)
+            break;
+        used[best] = 1;
+        qd_format_bytes(c->plan.bytes[best], b[0], sizeof b[0]);
+        n += snprintf(msg + n, sizeof msg - (size_t)n, "%s %s %s", j ? "," : "", qd_mem_kind_name(best), b[0]);
+    }
+    return qd_error(QD_ERR_NOMEM, "%s", msg);
+}
+
+/* The plan of options.workload, checked against the device's free bytes
+ * before anything is allocated. */
+static qd_status check_plan(model *c)
+{
+    const qd_workload *w = &c->opt.workload;
+    if (!workload_set(w))
+        return QD_OK;
+    QD_TRY(check_workload(c, w));
+    plan_memory(c, w, &c->plan);
+    if (!c->ops->mem_info)
+        return QD_OK;
+    QD_TRY(OP(c, mem_info, &c->free_at_init, &c->dev_total));
+    size_t avail = c->free_at_init > c->opt.mem_reserved ? c->free_at_init - c->opt.mem_reserved : 0;
+    return c->plan.total <= avail ? QD_OK : plan_error(c, avail);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1523,6 +1806,35 @@ static qd_status m_set_rac_stats(qd_backend *b, const double *err, size_t n)
     return rac_stats_io(ctx_of(b), (double *)err, 1);
 }
 
+/* Device to device: src's master weights copied into b's, then b's sync
+ * (the bits of set_weights with the same values). */
+static qd_status m_sync_from(qd_backend *b, qd_backend *from)
+{
+    model *c = ctx_of(b), *s = ctx_of(from);
+    if (c->ops != s->ops || !c->ops->copy || !c->ops->memory_id || c->ops->memory_id(c->dev) != s->ops->memory_id(s->dev))
+        return QD_ERR_UNSUPPORTED;
+    int t = enter(c);
+    c->have_forward = 0;
+    qd_status st = finish(s); /* src's last update is done */
+    if (!st)
+        st = OP(c, copy, c->params, s->params, sizeof(float) * c->nfloats);
+    if (!st)
+        st = sync_weights(c);
+    leave(c, t);
+    return st;
+}
+
+static qd_status m_memory(qd_backend *b, qd_memory *out)
+{
+    model *c = ctx_of(b);
+    *out = (qd_memory){.plan = c->plan, .free_at_init = c->free_at_init, .device_total = c->dev_total};
+    for (int k = 0; k < QD_MEM_COUNT; k++) {
+        out->peak.bytes[k] = c->mem_peak[k];
+        out->peak.total += c->mem_peak[k];
+    }
+    return QD_OK;
+}
+
 static const struct qd_backend_i model_iface = {
     .get_name = m_get_name,
     .free = m_free,
@@ -1544,15 +1856,33 @@ static const struct qd_backend_i model_iface = {
     .get_rac_stats = m_get_rac_stats,
     .set_rac_stats = m_set_rac_stats,
     .set_grads = m_set_grads,
+    .sync_from = m_sync_from,
+    .memory = m_memory,
 };
 
 /* ------------------------------------------------------------------------ */
 /* init                                                                      */
 
+/* Ablations (options.quant_layers): the quantized linears of a layer left
+ * out keep the dense mode. */
+static void dense_layer(linear *lin, const layer *ly, qd_linear_mode dm)
+{
+    const int attn[4] = {ly->q, ly->k, ly->v, ly->o};
+    for (int i = 0; i < 4; i++)
+        lin[attn[i]].mode = dm;
+    for (int i = 0; i < 3 * ly->nexp; i++)
+        lin[ly->mlp0 + i].mode = dm;
+}
+
 /* Takes over the shared table (backends/layout.h); each linear layer gets the
- * mode the recipe gives it (the recipe table: qd_recipe_linear_mode). */
+ * mode the recipe gives it (the recipe table: qd_recipe_linear_mode), within
+ * the layers options.quant_layers names. */
 static qd_status build_params(model *c)
 {
+    int nl = c->cfg.num_hidden_layers;
+    if (nl < 64 && c->opt.quant_layers >> nl)
+        return qd_error(QD_ERR_ARG, "%s backend: options.quant_layers 0x%llx names a layer at or above "
+                        "num_hidden_layers %d", c->ops->name, (unsigned long long)c->opt.quant_layers, nl);
     qd_model_layout m;
     QD_TRY(qd_model_layout_init(&m, &c->cfg));
     qd_linear_mode qm = qd_recipe_linear_mode(c->opt.recipe, c->opt.role);
@@ -1571,6 +1901,9 @@ static qd_status build_params(model *c)
         L->name = m.lin[i].name;
         L->mode = L->quantized ? qm : dm;
     }
+    for (int l = 0; c->opt.quant_layers && l < nl; l++)
+        if (l >= 64 || !(c->opt.quant_layers >> l & 1))
+            dense_layer(c->lin, &m.layers[l], dm);
     c->nlin = m.nlin;
     c->info = m.info;
     c->ninfo = m.ninfo;
@@ -1586,18 +1919,18 @@ static qd_status build_params(model *c)
 static qd_status alloc_linear(model *c, linear *L)
 {
     if (L->mode == QD_LINEAR_FP8) {
-        QD_TRY(OP(c, alloc, (void **)&L->w8, (size_t)L->out * L->in, "fp8 weights"));
-        QD_TRY(OP(c, alloc, (void **)&L->w8_inv, sizeof(float) * (size_t)L->out, "fp8 weight scales"));
+        QD_TRY(dalloc(c, (void **)&L->w8, (size_t)L->out * L->in, QD_MEM_QUANT, "fp8 weights"));
+        QD_TRY(dalloc(c, (void **)&L->w8_inv, sizeof(float) * (size_t)L->out, QD_MEM_QUANT, "fp8 weight scales"));
     }
     if (is_w4a4(L->mode) && L->in % QD_NVFP4_BLOCK)
         return qd_error(QD_ERR_SHAPE, "%s backend: NVFP4 needs in-features %% 16 == 0, got %d", c->ops->name,
                         L->in);
-    if (L->mode == QD_LINEAR_W4A4_RAC) {
+    if (has_rac(L->mode)) {
         L->rac_ch = calloc((size_t)L->in, sizeof(int64_t));
         if (!L->rac_ch)
             return qd_error(QD_ERR_NOMEM, "%s backend: RAC state", c->ops->name);
-        QD_TRY(OP(c, alloc, (void **)&L->d_rac_ch, sizeof(int64_t) * (size_t)L->in, "RAC channels"));
-        QD_TRY(OP(c, alloc, (void **)&L->d_rac_err, sizeof(double) * (size_t)L->in, "RAC statistics"));
+        QD_TRY(dalloc(c, (void **)&L->d_rac_ch, sizeof(int64_t) * (size_t)L->in, QD_MEM_QUANT, "RAC channels"));
+        QD_TRY(dalloc(c, (void **)&L->d_rac_err, sizeof(double) * (size_t)L->in, QD_MEM_QUANT, "RAC statistics"));
     }
     return QD_OK;
 }
@@ -1611,9 +1944,9 @@ static qd_status upload_rope(model *c)
     if (!st)
         qd_rope_tables(cs, sn, &c->cfg);
     if (!st)
-        st = OP(c, alloc, (void **)&c->rope_cos, sizeof(float) * nr, "RoPE cos");
+        st = dalloc(c, (void **)&c->rope_cos, sizeof(float) * nr, QD_MEM_TABLES, "RoPE cos");
     if (!st)
-        st = OP(c, alloc, (void **)&c->rope_sin, sizeof(float) * nr, "RoPE sin");
+        st = dalloc(c, (void **)&c->rope_sin, sizeof(float) * nr, QD_MEM_TABLES, "RoPE sin");
     if (!st)
         st = OP(c, to_dev, c->rope_cos, cs, sizeof(float) * nr);
     if (!st)
@@ -1623,14 +1956,11 @@ static qd_status upload_rope(model *c)
     return st;
 }
 
+/* The host tables, the memory plan (failing here, before any device
+ * buffer, when it does not fit), then the weights and their copies. */
 static qd_status alloc_model(model *c)
 {
     size_t n = sizeof(float) * c->nfloats;
-    QD_TRY(OP(c, alloc, (void **)&c->params, n, "master weights"));
-    if (c->opt.recipe == QD_RECIPE_FP32)
-        c->wk = c->params;
-    else
-        QD_TRY(OP(c, alloc, (void **)&c->wk, n, "working weights"));
     c->acts = calloc((size_t)c->cfg.num_hidden_layers, sizeof(layer_acts));
     c->dg_names = calloc((size_t)c->nlin, sizeof(char *));
     c->dg_act_err = calloc((size_t)c->nlin, sizeof(double));
@@ -1638,6 +1968,14 @@ static qd_status alloc_model(model *c)
     c->dg_weight_err = calloc((size_t)c->nlin, sizeof(double));
     if (!c->acts || !c->dg_names || !c->dg_act_err || !c->dg_act_norm || !c->dg_weight_err)
         return qd_error(QD_ERR_NOMEM, "%s backend: tables", c->ops->name);
+    QD_TRY(check_plan(c));
+    QD_TRY(dalloc(c, (void **)&c->params, n, QD_MEM_MASTER, "master weights"));
+    if (c->opt.recipe == QD_RECIPE_FP32)
+        c->wk = c->params;
+    else
+        QD_TRY(dalloc(c, (void **)&c->wk, n, QD_MEM_WORKING, "working weights"));
+    if (c->ops->own_bytes) /* made by the ops at the first sync (weights_changed) */
+        c->mem_now[QD_MEM_OWN] = c->mem_peak[QD_MEM_OWN] = c->ops->own_bytes(c->dev, c->nfloats);
     for (int i = 0; i < c->nlin; i++)
         QD_TRY(alloc_linear(c, &c->lin[i]));
     QD_TRY(upload_rope(c));

@@ -47,6 +47,21 @@ typedef struct qd_ops {
     qd_status (*zero)(void *dev, void *p, size_t bytes);
     qd_status (*to_dev)(void *dev, void *dst, const void *src_host, size_t bytes);
     qd_status (*to_host)(void *dev, void *dst_host, const void *src, size_t bytes);
+    /* dst = src, both dev memory of this context or of one with the same
+     * memory_id (a weight sync between instances, qd_backend_sync_from) */
+    qd_status (*copy)(void *dev, void *dst, const void *src, size_t bytes);
+    /* Where this context's memory lives: two contexts of one ops table with
+     * the same id read each other's buffers (the CPU: 0, the process's memory;
+     * CUDA: the device ordinal). */
+    int (*memory_id)(void *dev);
+    /* Bytes free for new buffers where this context allocates, and the total
+     * (CUDA: cudaMemGetInfo; the CPU: MemAvailable of /proc/meminfo, else
+     * sysconf's available pages). */
+    qd_status (*mem_info)(void *dev, size_t *free_bytes, size_t *total_bytes);
+    /* Bytes the ops keep beside the driver's buffers for a model of nfloats
+     * parameters (the CUDA fast mode's BF16 copy of the working weights);
+     * optional (none). */
+    size_t (*own_bytes)(void *dev, size_t nfloats);
     /* The device finished every op enqueued so far; a non-finite input seen by
      * a quantizer since the last call is QD_ERR_NONFINITE. Optional (CPU ops are
      * synchronous and report at once). */
@@ -123,6 +138,10 @@ typedef struct qd_ops {
      * ops per expert. */
     qd_status (*rac_grouped)(void *dev, qd_nvfp4 *a, double *const *err, const int64_t *const *ch,
                              const int32_t *off, int E, const float *x, int K, int64_t n);
+    /* out (rows, K) = qd_rac_fake_quant: the activation a RAC product multiplies,
+     * folded back to K channels (the replay trainer's backward input) */
+    qd_status (*rac_fake_quant)(void *dev, float *out, const float *x, int rows, int K, const int64_t *ch,
+                                int64_t n);
     /* diagnostics: per row err[r] = sum (x - xh)^2, nrm[r] = sum x^2 (double, ascending) */
     qd_status (*sqerr_rows)(void *dev, double *err, double *nrm, const float *x, const float *xh, int rows,
                             int cols);

@@ -15,6 +15,9 @@
 #include <vector>
 #include "backends/cuda/cuda_die.h"
 #include "backends/cuda/cuda_quant.h"
+extern "C" {
+#include "backends/cuda/cuda_kernels.h"
+}
 
 static int reps = 30;
 static void *flush_buf;
@@ -289,6 +292,103 @@ static void bench_gemv(cublasLtHandle_t h)
     QD_CUDA_DIE(cudaFree(scale_w));
 }
 
+/* (c) The MoE experts' grouped W4A4 product at Qwen3-30B-A3B's shapes (128
+ * experts, gate/up 768 x 2048, down 2048 x 768) with the rows a decode step of
+ * batch B routes top-8 (uniform random routing), the MMA kernel beside the one
+ * before it; weight bytes are those of the experts that got rows. */
+static void bench_grouped(void)
+{
+    const int E = 128, topk = 8, Bs[] = {1, 16, 64, 256};
+    const int64_t shapes[2][2] = {{768, 2048}, {2048, 768}};
+    printf("\n| experts N x K | batch | rows | experts touched | MMA us | MMA TB/s | before us | before TB/s | speedup |\n"
+           "|---|---|---|---|---|---|---|---|---|\n");
+    for (int s = 0; s < 2; s++) {
+        int64_t N = shapes[s][0], K = shapes[s][1];
+        std::vector<qd_nvfp4> w((size_t)E);
+        std::vector<const qd_nvfp4 *> pw((size_t)E);
+        float *wf = random_dev(N * K, 21);
+        for (int e = 0; e < E; e++) {
+            QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&w[(size_t)e], N, K, 0));
+            QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&w[(size_t)e], wf));
+            pw[(size_t)e] = &w[(size_t)e];
+        }
+        for (int B : Bs) {
+            std::vector<int> cnt((size_t)E, 0);
+            uint32_t r = 12345u + (uint32_t)B;
+            for (int b = 0; b < B; b++) {
+                int chosen[8], n = 0;
+                while (n < topk) {
+                    r = r * 1664525u + 1013904223u;
+                    int e = (int)((r >> 8) % (uint32_t)E), dup = 0;
+                    for (int i = 0; i < n; i++)
+                        dup |= chosen[i] == e;
+                    if (!dup)
+                        chosen[n++] = e;
+                }
+                for (int i = 0; i < topk; i++)
+                    cnt[(size_t)chosen[i]]++;
+            }
+            std::vector<int64_t> off((size_t)E + 1, 0);
+            int touched = 0;
+            for (int e = 0; e < E; e++) {
+                off[(size_t)e + 1] = off[(size_t)e] + cnt[(size_t)e];
+                touched += cnt[(size_t)e] > 0;
+            }
+            int64_t R = off[(size_t)E];
+            float *af = random_dev(R * K, 23), *y;
+            qd_nvfp4 a;
+            QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&a, R, K, 1));
+            QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&a, af));
+            QD_CUDA_DIE(cudaMalloc((void **)&y, (size_t)(R * N) * sizeof(float)));
+            qd_cuda_w4a4_legacy = 0;
+            float tn = time_ms([&] { QD_STATUS_DIE(qd_cuda_w4a4_gemm_grouped_async(y, &a, pw.data(), off.data(), E)); });
+            qd_cuda_w4a4_legacy = 1;
+            float to = time_ms([&] { QD_STATUS_DIE(qd_cuda_w4a4_gemm_grouped_async(y, &a, pw.data(), off.data(), E)); });
+            qd_cuda_w4a4_legacy = 0;
+            double bytes = (double)touched * (N * K / 2.0 + N * K / 16.0);
+            printf("| %lld x %lld | %d | %lld | %d | %.1f | %.2f | %.1f | %.2f | %.2fx |\n", (long long)N,
+                   (long long)K, B, (long long)R, touched, tn * 1e3, bytes / (tn * 1e-3) / 1e12, to * 1e3,
+                   bytes / (to * 1e-3) / 1e12, to / tn);
+            qd_cuda_nvfp4_free(&a);
+            QD_CUDA_DIE(cudaFree(af));
+            QD_CUDA_DIE(cudaFree(y));
+        }
+        for (auto &q : w)
+            qd_cuda_nvfp4_free(&q);
+        QD_CUDA_DIE(cudaFree(wf));
+    }
+}
+
+/* (d) The exact forward product x . W^T at the lm_head's shape (vocab 151936,
+ * hidden 2048, float32 weights holding BF16 values as the exact path keeps
+ * them): qdk_matmul_wt (fmaf where exact) beside qdk_matmul. */
+__global__ void round_bf16_kernel(float *x, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = __uint_as_float((__float_as_uint(x[i]) + 0x7fffu + ((__float_as_uint(x[i]) >> 16) & 1u)) & 0xffff0000u);
+}
+
+static void bench_lm_head(void)
+{
+    const int64_t N = 151936, K = 2048;
+    const int Ms[] = {1, 16, 64, 256};
+    float *w = random_dev(N * K, 31), *a = random_dev(256 * K, 33), *y;
+    round_bf16_kernel<<<1024, 256>>>(w, N * K);
+    round_bf16_kernel<<<1024, 256>>>(a, 256 * K);
+    QD_CUDA_DIE(cudaMalloc((void **)&y, (size_t)(256 * N) * sizeof(float)));
+    printf("\n| lm_head x . W^T exact, M | new us | new TFLOP/s | new weight TB/s | before us | speedup |\n"
+           "|---|---|---|---|---|---|\n");
+    for (int M : Ms) {
+        float tn = time_ms([&] { QD_STATUS_DIE(qdk_matmul_wt(y, a, w, 0, M, (int)N, (int)K, 1)); });
+        float to = time_ms([&] { QD_STATUS_DIE(qdk_matmul(y, a, K, 1, w, 1, K, M, (int)N, (int)K, 0)); });
+        printf("| %d | %.1f | %.2f | %.2f | %.1f | %.2fx |\n", M, tn * 1e3, 2.0 * M * N * K / (tn * 1e-3) / 1e12,
+               4.0 * N * K / (tn * 1e-3) / 1e12, to * 1e3, to / tn);
+    }
+    QD_CUDA_DIE(cudaFree(w));
+    QD_CUDA_DIE(cudaFree(a));
+    QD_CUDA_DIE(cudaFree(y));
+}
+
 int main(int argc, char **argv)
 {
     cudaDeviceProp p;
@@ -311,6 +411,8 @@ int main(int argc, char **argv)
     bench_quantize(8192, 8192, copy);
     bench_quantize(4096, 14336, copy);
     bench_gemv(h);
+    bench_grouped();
+    bench_lm_head();
     cublasLtDestroy(h);
     return 0;
 }

@@ -17,7 +17,7 @@ static void usage(FILE *f)
                "DIR/report.md (final pass@1, mean and max log-prob gap, mismatch KL, tokens/s) with\n"
                "DIR/reward.svg, DIR/pass1.svg and DIR/gap.svg.\n\n"
                "  --recipes LIST  comma-separated among bf16, fp8, nvfp4, nvfp4-aqat, nvfp4-rac, quads,\n"
-               "                  nvfp4-sym-qat (default bf16,nvfp4,quads)\n"
+               "                  nvfp4-sym-qat, nvfp4-replay, quads-replay (default bf16,nvfp4,quads)\n"
                "  --config FILE   JSON config over the defaults\n"
                "  --set KEY=VALUE one knob (repeatable)\n"
                "  --out DIR       output directory (default ./runs/compare-<run.name>)\n"

@@ -52,7 +52,8 @@ static void usage(FILE *f)
         "                       outputs any problem has)\n"
         "  --limit N            the first N problems of each benchmark\n"
         "  --precision RECIPE   fp32 (default with --model), bf16, fp8, nvfp4, nvfp4-aqat,\n"
-        "                       nvfp4-rac, quads, nvfp4-sym-qat (the rollout side of the recipe)\n"
+        "                       nvfp4-rac, quads, nvfp4-sym-qat, nvfp4-replay, quads-replay (the\n"
+        "                       rollout side of the recipe)\n"
         "  --prompt TEMPLATE    '{problem}' is replaced (default: the Qwen2.5-Math prompt, and\n"
         "                       'Q: {problem}\\nA: ' for the synthetic tasks; with --model a run\n"
         "                       mixing the two needs --prompt)\n"
@@ -241,7 +242,8 @@ static int validate(const eval_args *a, const char *prompt)
     const char *msg = !a->benchmarks && !a->file ? "--benchmark or --file is needed"
                     : !a->model && !a->replay ? "--model DIR is needed (or --replay FILE.jsonl)"
                     : a->precision && !valid_precision(a->precision)
-                        ? "--precision: expected fp32, bf16, fp8, nvfp4, nvfp4-aqat, nvfp4-rac, quads or nvfp4-sym-qat"
+                        ? "--precision: expected fp32, bf16, fp8, nvfp4, nvfp4-aqat, nvfp4-rac, quads, nvfp4-sym-qat, "
+                          "nvfp4-replay, quads-replay, nvfp4-w16a4 or nvfp4-w4a16"
                     : prompt && !strstr(prompt, "{problem}") ? "--prompt: the template has no {problem}"
                     : a->outputs && !a->model ? "--outputs needs --model"
                     : (a->from && !qd_bench_date_ok(a->from)) || (a->to && !qd_bench_date_ok(a->to))

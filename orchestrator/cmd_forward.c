@@ -28,7 +28,7 @@ static void usage(FILE *f)
             "                        (or model.safetensors.index.json and its shards)\n"
             "  --ids LIST            comma-separated token ids (at least one)\n"
             "  --precision P         fp32 (default), bf16, fp8, nvfp4, nvfp4-aqat, nvfp4-rac,\n"
-            "                        quads, nvfp4-sym-qat\n"
+            "                        quads, nvfp4-sym-qat, nvfp4-replay, quads-replay\n"
             "  --role R              rollout (default) or trainer: which side of the recipe\n"
             "  --rac-ratio R         fraction of channels RAC compensates (default 0.1)\n"
             "  --backend B           auto (default: CUDA if present, else the CPU), cpu or cuda\n"

@@ -32,7 +32,7 @@ static void usage(FILE *f)
             "  --system TEXT         with --chat, a system message first\n"
             "  --tokenizer FILE      tokenizer.json (default DIR/tokenizer.json)\n"
             "  --precision P         fp32 (default), bf16, fp8, nvfp4, nvfp4-aqat, nvfp4-rac,\n"
-            "                        quads, nvfp4-sym-qat (the rollout side of the recipe)\n"
+            "                        quads, nvfp4-sym-qat, nvfp4-replay, quads-replay (the rollout side)\n"
             "  --rac-ratio R         fraction of channels RAC compensates (default 0.1)\n"
             "  --seed N              sampling seed (default 0)\n"
             "  --temperature T       default 1; 0 is greedy\n"

@@ -29,7 +29,19 @@ static void usage(FILE *f)
                "                     (CUDA only)\n"
                "  --resume RUN       continue a run\n"
                "  --schema           print every knob with its default and range as JSON\n"
-               "  --quiet            no progress line (on a terminal it names the step's phase and its ETA)\n");
+               "  --quiet            no progress line (on a terminal it names the step's phase and its ETA)\n\n"
+               "Precision recipes (--set rollout.recipe=R, default quads), rollout / trainer:\n"
+               "  bf16            BF16 / BF16\n"
+               "  fp8             FP8 W8A8 / BF16\n"
+               "  nvfp4           NVFP4 W4A4 / BF16\n"
+               "  nvfp4-aqat      W4A4 / BF16 activations, NVFP4 fake-quant weights\n"
+               "  nvfp4-rac       W4A4 + RAC / BF16\n"
+               "  quads           W4A4 + RAC / BF16 activations, NVFP4 fake-quant weights\n"
+               "  nvfp4-sym-qat   W4A4 / NVFP4 fake-quant weights and activations\n"
+               "  nvfp4-replay    W4A4 / the rollout's W4A4 forward, straight-through backward\n"
+               "                  (no rollout-trainer gap in exact mode)\n"
+               "  quads-replay    W4A4 + RAC / the rollout's W4A4 + RAC forward (its channel sets),\n"
+               "                  straight-through backward (no gap in exact mode)\n");
 }
 
 /* One override of the command line, applied in order after --config: a

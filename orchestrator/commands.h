@@ -28,6 +28,7 @@ int qd_cmd_report(int argc, char **argv);
 int qd_cmd_sft(int argc, char **argv);
 int qd_cmd_forward(int argc, char **argv);
 int qd_cmd_generate(int argc, char **argv);
+int qd_cmd_ablate(int argc, char **argv);
 
 /* Option values (orchestrator/cli_parse.c); each returns 1 and sets *out only
  * when the whole of s is valid, else 0. qd_cli_real: a number in [lo, hi]

@@ -16,6 +16,7 @@ static const qd_command commands[] = {
     {"rl", qd_cmd_rl, "reinforcement learning (GRPO) with NVFP4 rollouts: the main job"},
     {"compare", qd_cmd_compare, "run one config once per precision recipe and write report.md with plots"},
     {"report", qd_cmd_report, "report.md and plots from existing runs"},
+    {"ablate", qd_cmd_ablate, "per layer, the rollout gap with only activations vs only weights in NVFP4"},
     {NULL, NULL, NULL},
 };
 

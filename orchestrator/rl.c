@@ -51,7 +51,7 @@ typedef struct {
     int32_t end_id;
     qd_backend *rollout, *trainer, *ref;
     size_t nf;
-    float *w;                      /* (nf) the sync buffer */
+    float *w;                      /* (nf) host weights: the model loaded, checkpoints, checksums */
     qd_rl_data data;               /* training and held-out problems */
     qd_code_opts code;             /* code tasks: how the sandbox runs the tests (reward.*) */
     qd_task_grader grader;         /* exact match, or code in the sandbox */
@@ -151,19 +151,62 @@ static qd_status model_dir(const qd_config *cfg, char *buf, size_t n)
 }
 
 /* The backend's message with the config keys that chose it in front (copied
- * first: qd_error writes the buffer qd_last_error reads). */
+ * first: qd_error writes the buffer qd_last_error reads); a memory plan that
+ * does not fit names the keys that size it. */
 static qd_status backend_error(const rl_run *r)
 {
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", qd_last_error());
-    return qd_error(QD_ERR_ARG, "config: rollout.backend %s, rollout.mode %s: %s",
-                    r->k->rollout.backend, r->k->rollout.mode, msg);
+    bool plan = strstr(msg, "memory plan") != NULL;
+    return qd_error(QD_ERR_ARG, "config: rollout.backend %s, rollout.mode %s: %s%s", r->k->rollout.backend,
+                    r->k->rollout.mode, msg,
+                    plan ? " (the batches: rollout.prompts_per_step x rollout.group_size sequences, and "
+                           "trainer.micro_batch, of the longest prompt (data.max_prompt_tokens bounds it) + "
+                           "rollout.max_tokens tokens)" : "");
 }
 
-static qd_backend *new_backend(rl_run *r, qd_role role)
+/* The largest calls the run makes on an instance, for its memory plan: the
+ * trainer's micro-batches (forward, backward, AdamW), the rollout's
+ * generation batch and the router measurement's forward (a micro-batch), the
+ * KL reference's forwards (ref), and on rank 0 the held-out eval's generates
+ * on the instance eval.precision names; prompts of the data's longest. */
+static qd_workload workload_of(const rl_run *r, qd_role role, bool ref)
+{
+    const qd_knobs *k = r->k;
+    int Tp = r->data.longest, M = (int)r->M, W = r->dp.world;
+    qd_workload w = {.fwd_B = (int)k->trainer.micro_batch, .fwd_T = Tp + M,
+                     .train = role == QD_ROLE_TRAINER && !ref};
+    if (role == QD_ROLE_ROLLOUT)
+        w.gen_B = (int)((r->P + W - 1) / W * r->G), w.gen_Tp = Tp, w.gen_M = M;
+    bool on_trainer = strcmp(k->eval.precision, "trainer") == 0;
+    if (!ref && r->dp.rank == 0 && k->eval.every > 0 && on_trainer == (role == QD_ROLE_TRAINER)) {
+        int64_t n = (k->eval.limit > 0 ? k->eval.limit : 256) * k->eval.samples;
+        int eb = n < QD_TASK_EVAL_CHUNK ? (int)n : QD_TASK_EVAL_CHUNK;
+        w.gen_B = eb > w.gen_B ? eb : w.gen_B, w.gen_Tp = Tp, w.gen_M = M;
+    }
+    return w;
+}
+
+/* Bytes the instances made so far planned and do not hold yet (training
+ * state, activations, KV cache): the next instance's plan is checked against
+ * the free memory less these. */
+static size_t still_planned(rl_run *r)
+{
+    qd_backend *made[3] = {r->trainer, r->rollout, r->ref};
+    size_t n = 0;
+    for (int i = 0; i < 3; i++) {
+        qd_memory m;
+        if (made[i] && qd_backend_memory(made[i], &m) == QD_OK && m.plan.total > m.peak.total)
+            n += m.plan.total - m.peak.total;
+    }
+    return n;
+}
+
+static qd_backend *new_backend(rl_run *r, qd_role role, bool ref)
 {
     qd_backend_options opt = {.role = role, .rac_ratio = r->k->rac.ratio, .num_threads = (int)r->k->run.threads,
-                              .diagnostics = 1, .device = r->dp.local_rank};
+                              .diagnostics = 1, .device = r->dp.local_rank, .workload = workload_of(r, role, ref),
+                              .mem_reserved = still_planned(r)};
     qd_recipe_parse(&opt.recipe, r->k->rollout.recipe); /* the config admits only valid names */
     qd_mode_parse(&opt.mode, r->k->rollout.mode);
     return qd_backend_init_by_name(r->k->rollout.backend, &r->mcfg, &opt);
@@ -251,6 +294,23 @@ static qd_status rac_restore(rl_run *r, void *blob, size_t rb, qd_status st)
 {
     if (!st)
         st = qd_backend_set_rac_state(r->rollout, blob, rb);
+    free(blob);
+    return st;
+}
+
+/* quads-replay: the trainer replays the rollout's products, so it takes the
+ * rollout's RAC channel sets (those its next generates use) whenever they
+ * change: after setup, a weight sync and a checkpoint's install. */
+static qd_status replay_rac(rl_run *r)
+{
+    size_t tb = qd_backend_rac_state_size(r->trainer), rb;
+    if (tb == 0)
+        return QD_OK;
+    void *blob;
+    qd_status st = rac_snapshot(r, &blob, &rb);
+    if (!st)
+        st = rb == tb ? qd_backend_set_rac_state(r->trainer, blob, rb)
+                      : qd_error(QD_ERR_SHAPE, "RAC state: rollout %zu bytes, trainer %zu", rb, tb);
     free(blob);
     return st;
 }
@@ -745,7 +805,8 @@ static qd_status rac_merge(rl_run *r)
     return st;
 }
 
-/* Trainer master weights -> rollout (quantize(W) once). The rollout re-picks
+/* Trainer master weights -> rollout (quantize(W) once), device to device
+ * when both live on one device (qd_backend_sync_from). The rollout re-picks
  * its RAC channels at every sync; between refreshes (rac.refresh) the old sets
  * and the errors gathered since the last pick are put back, so a refresh picks
  * from the statistics of all rollouts since the previous one. */
@@ -761,11 +822,11 @@ static qd_status sync_weights(rl_run *r)
     if (!st && keep)
         st = rac_snapshot(r, &rac, &rb);
     if (!st)
-        st = qd_backend_get_weights(r->trainer, r->w, r->nf);
-    if (!st)
-        st = qd_backend_set_weights(r->rollout, r->w, r->nf);
+        st = qd_backend_sync_from(r->rollout, r->trainer, NULL);
     if (rac)
         st = rac_restore(r, rac, rb, st);
+    if (!st)
+        st = replay_rac(r);
     return st ? at_step(st, r->step, "weight sync") : QD_OK;
 }
 
@@ -818,6 +879,8 @@ static qd_status install_checkpoint(rl_run *r, const qd_ckpt_data *d, const char
         st = qd_dp_zero_rac(&r->mcfg, d->rac, d->rac_bytes); /* the job's statistics live on rank 0 only */
     if (!st)
         st = qd_backend_set_rac_state(r->rollout, d->rac, d->rac_bytes);
+    if (!st)
+        st = replay_rac(r);
     snprintf(f, sizeof f, "%s/rac.bin", ck);
     return st ? prefixed(st, f) : QD_OK;
 }
@@ -937,7 +1000,9 @@ static qd_status record_step(rl_run *r, step_record *sr, qd_progress *pg)
     qd_status st = QD_OK;
     if (r->dp.world > 1 && (st = qd_dp_reduce_stats(&r->dp, &sr->rs, &sr->ts, &sr->ls)))
         st = at_step(st, r->step, "metrics over ranks");
-    if (!st && checksum_due(r)) /* r->w holds the weights just synced */
+    if (!st && checksum_due(r))
+        st = qd_backend_get_weights(r->trainer, r->w, r->nf);
+    if (!st && checksum_due(r))
         st = qd_dp_check_weights(&r->dp, r->w, r->nf, r->step, &cks);
     if (st)
         return st;
@@ -1027,10 +1092,12 @@ static qd_status setup(rl_run *r)
     if (!st && qd_tokenizer_n_ids(r->tok) > r->mcfg.vocab_size)
         st = qd_error(QD_ERR_FORMAT, "%s: %d ids, more than the model's vocab_size %d", p,
                       qd_tokenizer_n_ids(r->tok), r->mcfg.vocab_size);
+    if (!st) /* the memory plans need the longest prompt */
+        st = load_data(r);
     if (st)
         return st;
-    r->trainer = new_backend(r, QD_ROLE_TRAINER);
-    r->rollout = r->trainer ? new_backend(r, QD_ROLE_ROLLOUT) : NULL;
+    r->trainer = new_backend(r, QD_ROLE_TRAINER, false);
+    r->rollout = r->trainer ? new_backend(r, QD_ROLE_ROLLOUT, false) : NULL;
     if (!r->rollout)
         return backend_error(r);
     r->nf = qd_backend_num_floats(r->trainer);
@@ -1041,7 +1108,7 @@ static qd_status setup(rl_run *r)
     const qd_param_info *pi = qd_backend_params(r->trainer, &np);
     st = qd_checkpoint_load(r->model_dir, pi, np, r->w);
     if (!st && r->k->algo.kl_coef > 0) {
-        r->ref = new_backend(r, QD_ROLE_TRAINER);
+        r->ref = new_backend(r, QD_ROLE_TRAINER, true);
         st = r->ref ? qd_backend_set_weights(r->ref, r->w, r->nf) : backend_error(r);
     }
     if (!st)
@@ -1049,7 +1116,7 @@ static qd_status setup(rl_run *r)
     if (!st)
         st = qd_backend_set_weights(r->rollout, r->w, r->nf);
     if (!st)
-        st = load_data(r);
+        st = replay_rac(r);
     return st ? st : code_grader(r);
 }
 
@@ -1107,6 +1174,22 @@ static void print_config(const qd_config *cfg, FILE *f)
     json_decref(j);
 }
 
+/* Each instance's memory plan, one line each, and the bytes free at its start. */
+static void print_memory(rl_run *r, FILE *f)
+{
+    qd_backend *b[3] = {r->trainer, r->rollout, r->ref};
+    const char *name[3] = {"trainer", "rollout", "reference"};
+    for (int i = 0; i < 3; i++) {
+        qd_memory m;
+        char plan[512], fr[32];
+        if (!b[i] || qd_backend_memory(b[i], &m) != QD_OK || m.plan.total == 0)
+            continue;
+        qd_mem_plan_format(&m.plan, plan, sizeof plan);
+        qd_format_bytes(m.free_at_init, fr, sizeof fr);
+        fprintf(f, "memory plan of the %s: %s; %s free at its start\n", name[i], plan, fr);
+    }
+}
+
 /* The final line: held-out pass@1 of the first and the last eval of the run
  * (metrics.jsonl, so a resumed run reports its start too). */
 static void print_summary(rl_run *r, const char *metrics)
@@ -1151,6 +1234,7 @@ static qd_status run_loop(rl_run *r, sample_set *ss)
         print_config(r->cfg, r->o->log);
         fprintf(r->o->log, "%s %s at step %lld of %lld on the %s backend\n", r->o->resume_dir ? "resuming" : "starting",
                 r->dir, (long long)r->step, (long long)r->steps, qd_backend_name(r->trainer));
+        print_memory(r, r->o->log);
         if (r->dp.world > 1)
             fprintf(r->o->log, "data parallel over %d ranks: group g of each generation batch on rank g mod %d; "
                                "rank 0 writes the run directory\n", r->dp.world, r->dp.world);
@@ -1158,7 +1242,8 @@ static qd_status run_loop(rl_run *r, sample_set *ss)
         double rac = r->k->rac.ratio;
         int narrow = r->mcfg.hidden_size < r->mcfg.moe_intermediate_size || !r->mcfg.moe_intermediate_size
                          ? r->mcfg.hidden_size : r->mcfg.moe_intermediate_size;
-        if ((!strcmp(rec, "quads") || !strcmp(rec, "nvfp4-rac")) && (int64_t)(rac * narrow) / 16 == 0)
+        int uses_rac = !strcmp(rec, "quads") || !strcmp(rec, "nvfp4-rac") || !strcmp(rec, "quads-replay");
+        if (uses_rac && (int64_t)(rac * narrow) / 16 == 0)
             fprintf(r->o->log, "note: rac.ratio %g picks no channel on %d-wide layers (whole 16s only): "
                                "RAC is off in some layers\n", rac, narrow);
         fflush(r->o->log);

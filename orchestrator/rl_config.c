@@ -12,7 +12,7 @@
 #include "quant/fileio.h"
 
 #define BIG 1e9 /* upper bound for counts: large enough for any run, small enough to catch typos */
-#define RECIPES "bf16|fp8|nvfp4|nvfp4-aqat|nvfp4-rac|quads|nvfp4-sym-qat"
+#define RECIPES "bf16|fp8|nvfp4|nvfp4-aqat|nvfp4-rac|quads|nvfp4-sym-qat|nvfp4-replay|quads-replay"
 
 /* Designated initializers: a row names the field of qd_knobs it fills, so a
  * reordered struct cannot shift a value into another knob. */

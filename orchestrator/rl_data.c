@@ -40,9 +40,9 @@ static qd_status load_synth(qd_rl_data *d, const qd_knobs *k, uint64_t seed, qd_
 
 /* Drops the problems of set whose prompt has more than data.max_prompt_tokens
  * tokens (*dropped counts them); ids and len (may be NULL) receive the prompt
- * ids and lengths of those kept. */
+ * ids and lengths of those kept, *longest (may be NULL) the most tokens of one. */
 static qd_status keep_short(const qd_knobs *k, const qd_tokenizer *tok, qd_bench_set *set, int32_t ***ids, int **len,
-                            size_t *dropped)
+                            size_t *dropped, int *longest)
 {
     qd_bench_set out = {.rec = malloc(sizeof(qd_bench_record) * (set->n + 1))};
     qd_bench_set drop = {.rec = malloc(sizeof(qd_bench_record) * (set->n + 1))};
@@ -64,6 +64,8 @@ static qd_status keep_short(const qd_knobs *k, const qd_tokenizer *tok, qd_bench
             free(p);
             continue;
         }
+        if (longest && (int)np > *longest)
+            *longest = (int)np;
         if (pid)
             pid[out.n] = p, pl[out.n] = (int)np;
         else
@@ -102,7 +104,7 @@ static qd_status load_benchmark(qd_rl_data *d, const qd_knobs *k, const qd_token
         qd_bench_set_free(&all);
         return st;
     }
-    st = keep_short(k, tok, &all, NULL, NULL, &d->dropped);
+    st = keep_short(k, tok, &all, NULL, NULL, &d->dropped, NULL);
     if (st) {
         qd_bench_set_free(&all);
         return st;
@@ -154,9 +156,9 @@ qd_status qd_rl_data_load(qd_rl_data *d, const qd_knobs *k, const qd_tokenizer *
         return prefixed(st, "config: data.task");
     d->total = d->dropped + d->train.n + d->test.n;
     if (!st)
-        st = keep_short(k, tok, &d->train, &d->pids, &d->plen, &d->dropped);
+        st = keep_short(k, tok, &d->train, &d->pids, &d->plen, &d->dropped, &d->longest);
     if (!st)
-        st = keep_short(k, tok, &d->test, NULL, NULL, &d->dropped);
+        st = keep_short(k, tok, &d->test, NULL, NULL, &d->dropped, &d->longest);
     if (!st && (!d->train.n || !d->test.n))
         st = qd_error(QD_ERR_ARG, "config: data.max_prompt_tokens: %lld: every %s prompt of %s is longer",
                       (long long)k->data.max_prompt_tokens, d->train.n ? "held-out" : "training", k->data.task);

@@ -20,6 +20,7 @@ typedef struct {
     int32_t **pids;       /* (train.n) prompt ids (qd_task_encode), owned */
     int *plen;            /* (train.n) their lengths */
     size_t total, dropped; /* problems loaded, and skipped for their prompt's length */
+    int longest;          /* tokens of the longest prompt kept (either split) */
     bool code;            /* code problems (a LiveCodeBench task): graded in the sandbox */
 } qd_rl_data;
 

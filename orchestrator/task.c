@@ -5,9 +5,6 @@
 #include "orchestrator/task.h"
 #include "benchmarks/lcb.h"
 
-/* Sequences per generate call of the eval: bounds the backend's work buffers. */
-#define EVAL_CHUNK 64
-
 qd_status qd_task_parse(const char *name, qd_synth_opts *o)
 {
     int steps = QD_TASK_DEFAULT_STEPS, max_operand = QD_TASK_DEFAULT_MAX_OPERAND;
@@ -312,8 +309,9 @@ qd_status qd_task_eval(qd_backend *b, const qd_tokenizer *tok, const qd_bench_se
     int total = np * samples;
     eval_ctx e = {.b = b, .tok = tok, .set = set, .pt = &pt, .g = g, .samples = samples, .max_new = max_new,
                   .temperature = temperature, .seed = seed, .end = end};
-    for (int first = 0; !st && first < total; first += EVAL_CHUNK)
-        st = eval_chunk(&e, first, total - first < EVAL_CHUNK ? total - first : EVAL_CHUNK, out, correct);
+    for (int first = 0; !st && first < total; first += QD_TASK_EVAL_CHUNK)
+        st = eval_chunk(&e, first, total - first < QD_TASK_EVAL_CHUNK ? total - first : QD_TASK_EVAL_CHUNK, out,
+                        correct);
     if (!st) {
         for (int i = 0; i < np; i++)
             out->pass1 += correct[i] / samples;

@@ -35,6 +35,10 @@
  * 4-digit operands plus the end token fits. */
 #define QD_TASK_MAX_NEW_TOKENS 24
 
+/* Sequences per generate call of qd_task_eval: bounds the backend's work
+ * buffers (and sizes the memory plans of the instances that evaluate). */
+#define QD_TASK_EVAL_CHUNK 64
+
 /* Parses a task name into synthetic options (seed left as it was):
  * "arith" = the tiny model's task; "arith1".."arith4" = that many operations
  * with operands 0..QD_TASK_DEFAULT_MAX_OPERAND; a ":N" suffix sets the largest

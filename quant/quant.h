@@ -82,6 +82,8 @@ qd_status qd_rac_error_accumulate(double *err, const float *x, int64_t rows, int
  * floor() allows 1e-9 of slack so that ratio*K just below a multiple of 16 in
  * binary (0.29*1600) still counts as that multiple. */
 int64_t qd_rac_select(int64_t *channels, const double *err, int64_t K, double ratio);
+/* How many channels qd_rac_select picks: floor(ratio K / 16) 16 (with its slack). */
+int64_t qd_rac_count(double ratio, int64_t K);
 /* Augmented activations (rows, K+n): [quantize(x), quantize_with(S_enc(x), r[S])].
  * out is allocated by the caller with shape (rows, K+n); its per_row picks the
  * scope of S_enc (1: per token, the default of §4). n = |S| is a multiple of 16. */
@@ -92,5 +94,12 @@ qd_status qd_rac_augment_act(qd_nvfp4 *out, const float *x, int64_t rows, int64_
  * raise the amax, so the main columns get exactly quantize(W)'s bits. */
 qd_status qd_rac_augment_weight(qd_nvfp4 *out, const float *w, int64_t N, int64_t K,
                                 const int64_t *channels, int64_t n);
+/* The activation a RAC product multiplies, folded back to K channels (the
+ * replay trainer's straight-through input, docs/numerics.md §5): the
+ * per-token augmented row of qd_rac_augment_act dequantized, out (rows, K) =
+ * x_hat, plus on channel channels[j] its residual's dequantization (one float
+ * add). n = 0 is qd_nvfp4_fake_quant per row, bit for bit. */
+qd_status qd_rac_fake_quant(float *out, const float *x, int64_t rows, int64_t K, const int64_t *channels,
+                            int64_t n);
 
 #endif

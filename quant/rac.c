@@ -51,7 +51,7 @@ static int by_index(const void *pa, const void *pb)
 
 /* floor(ratio*K/16)*16 with a tolerance: ratio = 0.29, K = 1600 is 464 channels on
  * paper, but 0.29*1600/16 is 28.999999999999996 in binary. */
-static int64_t rac_count(double ratio, int64_t K)
+int64_t qd_rac_count(double ratio, int64_t K)
 {
     double blocks = ratio * (double)K / QD_NVFP4_BLOCK;
     return (int64_t)floor(blocks + 1e-9) * QD_NVFP4_BLOCK;
@@ -69,7 +69,7 @@ int64_t qd_rac_select(int64_t *channels, const double *err, int64_t K, double ra
             qd_error(QD_ERR_NONFINITE, "qd_rac_select: err[%lld] is not finite", (long long)k);
             return -1;
         }
-    int64_t n = rac_count(ratio, K);
+    int64_t n = qd_rac_count(ratio, K);
     channel_err *order = malloc(sizeof *order * (size_t)(K > 0 ? K : 1));
     if (!order) {
         qd_error(QD_ERR_NOMEM, "qd_rac_select: %lld channels", (long long)K);
@@ -174,5 +174,30 @@ qd_status qd_rac_augment_weight(qd_nvfp4 *out, const float *w, int64_t N, int64_
     }
     st = qd_nvfp4_quantize(out, wa);
     free(wa);
+    return st;
+}
+
+qd_status qd_rac_fake_quant(float *out, const float *x, int64_t rows, int64_t K, const int64_t *channels,
+                            int64_t n)
+{
+    qd_nvfp4 a;
+    int64_t kc = K + n;
+    if (rows == 0)
+        return QD_OK;
+    QD_TRY(qd_nvfp4_alloc(&a, rows, kc, 1));
+    float *deq = malloc(sizeof(float) * (size_t)(rows * kc) + 1);
+    qd_status st = deq ? qd_rac_augment_act(&a, x, rows, K, channels, n)
+                       : qd_error(QD_ERR_NOMEM, "qd_rac_fake_quant: (%lld, %lld) buffer", (long long)rows,
+                                  (long long)kc);
+    if (st == QD_OK) {
+        qd_nvfp4_dequantize(deq, &a);
+        for (int64_t r = 0; r < rows; r++) {
+            memcpy(out + r * K, deq + r * kc, sizeof(float) * (size_t)K);
+            for (int64_t j = 0; j < n; j++)
+                out[r * K + channels[j]] += deq[r * kc + K + j];
+        }
+    }
+    free(deq);
+    qd_nvfp4_free(&a);
     return st;
 }

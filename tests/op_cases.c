@@ -211,10 +211,10 @@ static void c_rope(oc *c)
     OUT(c, "inverse", 'f', g, sizeof(float) * N * nh * D);
 }
 
-static void c_matmul(oc *c, qd_prec prec)
+static void c_matmul_shape(oc *c, qd_prec prec, int N, int IC, int OC, float range)
 {
-    int N = 37, IC = 72, OC = 45;
-    float *x = F(c, (size_t)N * IC, -1, 1), *w = F(c, (size_t)OC * IC, -1, 1), *y = Z(c, sizeof(float) * N * OC);
+    float *x = F(c, (size_t)N * IC, -range, range), *w = F(c, (size_t)OC * IC, -range, range);
+    float *y = Z(c, sizeof(float) * N * OC);
     if (prec == QD_PREC_BF16) {  /* operands that are BF16 values, as the recipe makes them */
         RUN(c, c->ops->round_bf16(c->dev, x, x, (size_t)N * IC));
         RUN(c, c->ops->round_bf16(c->dev, w, w, (size_t)OC * IC));
@@ -223,8 +223,14 @@ static void c_matmul(oc *c, qd_prec prec)
     OUT(c, "y", 'f', y, sizeof(float) * N * OC);
 }
 
-static void c_matmul_f32(oc *c) { c_matmul(c, QD_PREC_F32); }
-static void c_matmul_bf16(oc *c) { c_matmul(c, QD_PREC_BF16); }
+static void c_matmul_f32(oc *c) { c_matmul_shape(c, QD_PREC_F32, 37, 72, 45, 1.0f); }
+static void c_matmul_bf16(oc *c) { c_matmul_shape(c, QD_PREC_BF16, 37, 72, 45, 1.0f); }
+/* Tiles of every size at once: rows over 64, columns over 128, K not a
+ * multiple of 32 (CUDA's qdk_matmul_wt and its fused multiply-add path). */
+static void c_matmul_bf16_wide(oc *c) { c_matmul_shape(c, QD_PREC_BF16, 70, 136, 300, 1.0f); }
+/* BF16 operands near 2^-70: their products fall below float32's normal range
+ * and round, so a fused multiply-add would give other bits; CUDA must see it. */
+static void c_matmul_bf16_tiny(oc *c) { c_matmul_shape(c, QD_PREC_BF16, 9, 64, 140, 1e-21f); }
 
 static void c_matmul_backward(oc *c)
 {
@@ -357,6 +363,21 @@ static void c_rac(oc *c)
     OUT(c, "err", 'd', err, sizeof(double) * K);
     out_nv(c, "act", &a);
     out_nv(c, "weight", &q);
+}
+
+/* the replay trainer's RAC input: x_hat plus the residuals on the channels */
+static void c_rac_fake_quant(oc *c)
+{
+    int rows = 7, K = 64, n = 32;
+    float *x = F(c, (size_t)rows * K, -3, 3), *y = Z(c, sizeof(float) * rows * K);
+    float *y0 = Z(c, sizeof(float) * rows * K);
+    int64_t *ch = channels(c, K, n);
+    RUN(c, c->ops->rac_fake_quant(c->dev, y, x, rows, K, ch, n));
+    RUN(c, c->ops->rac_fake_quant(c->dev, y0, x, rows, K, ch, 0));
+    if (c->ops->finish)
+        RUN(c, c->ops->finish(c->dev));
+    OUT(c, "y", 'f', y, sizeof(float) * rows * K);
+    OUT(c, "y_n0", 'f', y0, sizeof(float) * rows * K);
 }
 
 /* RAC over 4 experts (one without rows), each its own channel set */
@@ -597,6 +618,15 @@ static void c_sumsq_adamw(oc *c)
     OUT(c, "v", 'f', v, sizeof(float) * n);
 }
 
+/* dev to dev: the input's bytes (a weight sync between instances) */
+static void c_copy(oc *c)
+{
+    float *x = F(c, 1001, -3.0f, 3.0f), *y = Z(c, sizeof(float) * 1001);
+    RUN(c, c->ops->copy(c->dev, y, x, sizeof(float) * 1001));
+    OUT(c, "y", 'f', y, sizeof(float) * 1001);
+    OUT(c, "x", 'f', x, sizeof(float) * 1001);
+}
+
 typedef struct {
     qd_op_case_info info;
     void (*run)(oc *c);
@@ -610,6 +640,8 @@ static const op_case cases[] = {
     {{"rope fwd+inverse 5x3x16", "rope", 0}, c_rope},
     {{"matmul f32 37x72x45", "matmul", 1}, c_matmul_f32},
     {{"matmul bf16 37x72x45", "matmul", 1}, c_matmul_bf16},
+    {{"matmul bf16 70x136x300", "matmul", 1}, c_matmul_bf16_wide},
+    {{"matmul bf16 tiny products 9x64x140", "matmul", 1}, c_matmul_bf16_tiny},
     {{"matmul_backward 37x72x45", "matmul_backward", 1}, c_matmul_backward},
     {{"matmul_grouped+bwd 4 experts", "matmul_grouped", 0}, c_matmul_grouped},
     {{"fp8 quantize+gemm 6x20x48", "fp8_gemm", 1}, c_fp8},
@@ -619,6 +651,7 @@ static const op_case cases[] = {
     {{"w4a4_gemm_grouped 4 experts", "w4a4_gemm_grouped", 0}, c_w4a4_grouped},
     {{"rac error+augment 6x64+16", "rac_augment_act", 0}, c_rac},
     {{"rac_grouped 4 experts 64+16", "rac_grouped", 0}, c_rac_grouped},
+    {{"rac_fake_quant 7x64+32", "rac_fake_quant", 0}, c_rac_fake_quant},
     {{"sqerr_rows 11x70", "sqerr_rows", 0}, c_sqerr_rows},
     {{"attend prefill 2 seqs", "attend", 1}, c_attend},
     {{"attend decode 3 rows", "attend", 1}, c_attend_decode},
@@ -637,6 +670,7 @@ static const op_case cases[] = {
     {{"sample full 5x300 T=1.3", "sample", 0}, c_sample_hot},
     {{"sample greedy 5x2100", "sample", 0}, c_sample_greedy},
     {{"sumsq_chunks+adamw 10000", "adamw", 0}, c_sumsq_adamw},
+    {{"copy 1001", "copy", 0}, c_copy},
 };
 
 int qd_op_case_count(void) { return (int)(sizeof cases / sizeof cases[0]); }

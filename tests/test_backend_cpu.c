@@ -11,6 +11,8 @@
 #include "backends/layout.h"
 #include "backends/shared.h"
 #include "backends/exact_math.h"
+#include "models/checkpoint.h"
+#include "quant/quant.h"
 #include "quant/splitmix64.h"
 
 /* ---- helpers */
@@ -167,6 +169,10 @@ START_TEST(test_recipes)
     ck_assert_int_eq(qd_recipe_linear_mode(QD_RECIPE_QUADS, QD_ROLE_TRAINER), QD_LINEAR_AQAT);
     ck_assert_int_eq(qd_recipe_linear_mode(QD_RECIPE_NVFP4_RAC, QD_ROLE_TRAINER), QD_LINEAR_BF16);
     ck_assert_int_eq(qd_recipe_linear_mode(QD_RECIPE_NVFP4_SYM_QAT, QD_ROLE_TRAINER), QD_LINEAR_SYM_QAT);
+    ck_assert_int_eq(qd_recipe_linear_mode(QD_RECIPE_NVFP4_REPLAY, QD_ROLE_ROLLOUT), QD_LINEAR_W4A4);
+    ck_assert_int_eq(qd_recipe_linear_mode(QD_RECIPE_NVFP4_REPLAY, QD_ROLE_TRAINER), QD_LINEAR_W4A4_STE);
+    ck_assert_int_eq(qd_recipe_linear_mode(QD_RECIPE_QUADS_REPLAY, QD_ROLE_ROLLOUT), QD_LINEAR_W4A4_RAC);
+    ck_assert_int_eq(qd_recipe_linear_mode(QD_RECIPE_QUADS_REPLAY, QD_ROLE_TRAINER), QD_LINEAR_W4A4_RAC_STE);
     ck_assert_int_eq(qd_recipe_linear_mode(QD_RECIPE_FP8, QD_ROLE_ROLLOUT), QD_LINEAR_FP8);
     ck_assert_int_eq(qd_recipe_dense_mode(QD_RECIPE_NVFP4), QD_LINEAR_BF16);
     ck_assert_int_eq(qd_recipe_dense_mode(QD_RECIPE_FP32), QD_LINEAR_FP32);
@@ -562,20 +568,31 @@ static float *trainer_grads(qd_recipe r, const float *w, const int32_t *tok, con
     return g;
 }
 
-static double grad_dist(qd_recipe r, const float *w, const int32_t *tok, const float *coef, const float *ref,
-                        size_t n)
+/* |g - ref| / |ref| in double. */
+static double rel_l2(const float *g, const float *ref, size_t n)
 {
-    float *g = trainer_grads(r, w, tok, coef, n);
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i++) {
         num += ((double)g[i] - ref[i]) * ((double)g[i] - ref[i]);
         den += (double)ref[i] * ref[i];
     }
-    fprintf(stderr, "recipe %-14s trainer: gradient relative L2 distance to fp32 %.3e\n", qd_recipe_name(r),
-            sqrt(num / den));
-    free(g);
     return sqrt(num / den);
 }
+
+static double grad_dist(qd_recipe r, const float *w, const int32_t *tok, const float *coef, const float *ref,
+                        size_t n)
+{
+    float *g = trainer_grads(r, w, tok, coef, n);
+    double d = rel_l2(g, ref, n);
+    fprintf(stderr, "recipe %-14s trainer: gradient relative L2 distance to fp32 %.3e\n", qd_recipe_name(r), d);
+    free(g);
+    return d;
+}
+
+/* Replay vs sym-QAT gradients: measured 3.1e-7 on this data (the forwards'
+ * summation orders differ by float32 rounding; an NVFP4 code flip downstream
+ * would move more); replay vs AQAT measured 0.37. */
+#define REPLAY_SYM_BOUND 1e-4
 
 /* Trainer recipes' gradients (straight-through) stay near fp32's: the
  * relative L2 distance is non-zero and ordered like the forward errors. */
@@ -596,7 +613,261 @@ START_TEST(test_trainer_gradients)
     ck_assert(bf16 > 0 && bf16 < 0.05);
     ck_assert(aqat > bf16 && aqat < 1.0);
     ck_assert(sym > bf16 && sym < 1.5);
+    /* the replay trainer's backward is sym-QAT's (dinp through dequant(quantize(W)),
+     * dW against the dequantized NVFP4 input the forward multiplied,
+     * docs/numerics.md §5): its gradient differs from sym-QAT's only through the
+     * forward's summation order, and from AQAT's (dW against the unquantized
+     * input) by the activation quantization error */
+    float *gs = trainer_grads(QD_RECIPE_NVFP4_SYM_QAT, w, tok, coef, n);
+    float *gr = trainer_grads(QD_RECIPE_NVFP4_REPLAY, w, tok, coef, n);
+    float *ga = trainer_grads(QD_RECIPE_QUADS, w, tok, coef, n);
+    double rs = rel_l2(gr, gs, n), ra = rel_l2(gr, ga, n);
+    fprintf(stderr, "nvfp4-replay trainer gradient: relative L2 distance to nvfp4-sym-qat's %.3e, to quads' "
+            "(AQAT) %.3e\n", rs, ra);
+    ck_assert(rs > 0 && rs < REPLAY_SYM_BOUND);
+    ck_assert(ra > 10 * REPLAY_SYM_BOUND);
+    /* quads-replay's trainer before it has channel sets is nvfp4-replay's, bit for bit */
+    float *gq = trainer_grads(QD_RECIPE_QUADS_REPLAY, w, tok, coef, n);
+    ck_assert(memcmp(gq, gr, sizeof(float) * n) == 0);
+    free(gq);
+    free(gs);
+    free(gr);
+    free(ga);
     free(ref);
+    free(w);
+}
+END_TEST
+
+/* ---- the replay recipe: no rollout-trainer gap */
+
+enum { RB = 4, RP = 6, RM = 10 }; /* prompts, prompt width, new tokens */
+
+/* Rollout ro samples (temperature 1) from RB random prompts; the trainer tr
+ * and the rollout then run the forward of prompt + completion. *max_gap =
+ * the largest |trainer - rollout| log-prob of a sampled token (the gap that
+ * `quads rl` measures); returns 1 when both forwards' logits are the same
+ * bytes. Writes the batch into seq, len (RB, RP + RM) for a later backward. */
+static int replay_gap(qd_backend *ro, qd_backend *tr, int V, uint64_t seed, double *max_gap, int32_t *seq,
+                      int32_t *len)
+{
+    enum { T = RP + RM };
+    int32_t prompt[RB * RP], plen[RB], tok[RB * RM], glen[RB];
+    uint64_t sid[RB];
+    float glp[RB * RM], lpt[RB * T], lpr[RB * T];
+    rng_state = seed;
+    for (int b = 0; b < RB; b++) {
+        plen[b] = 3 + b % 4;
+        sid[b] = 500 + (uint64_t)b;
+        for (int t = 0; t < RP; t++)
+            prompt[b * RP + t] = t < plen[b] ? (int32_t)(urand() * V) : 0;
+    }
+    qd_generate_request rq = {.B = RB, .Tp = RP, .prompt = prompt, .prompt_len = plen, .seq_id = sid,
+                              .seed = seed, .max_new_tokens = RM, .temperature = 1.0f, .top_p = 1.0f};
+    qd_generate_result res = {.tokens = tok, .logp = glp, .lengths = glen};
+    ck_assert_msg(qd_backend_generate(ro, &rq, &res) == QD_OK, "generate: %s", qd_last_error());
+    for (int b = 0; b < RB; b++) {
+        memcpy(seq + b * T, prompt + b * RP, sizeof(int32_t) * plen[b]);
+        memcpy(seq + b * T + plen[b], tok + b * RM, sizeof(int32_t) * glen[b]);
+        len[b] = plen[b] + glen[b];
+    }
+    float *lgt = malloc(sizeof(float) * RB * T * V), *lgr = malloc(sizeof(float) * RB * T * V);
+    forward_ok(ro, seq, len, RB, T, lpr, lgr);
+    forward_ok(tr, seq, len, RB, T, lpt, lgt);
+    *max_gap = 0;
+    int n = 0;
+    for (int b = 0; b < RB; b++)
+        for (int i = 0; i < glen[b]; i++, n++) {
+            int t = b * T + plen[b] - 1 + i;
+            ck_assert(lpr[t] == glp[b * RM + i]); /* generate and forward agree on one instance */
+            *max_gap = fmax(*max_gap, fabs((double)lpt[t] - glp[b * RM + i]));
+        }
+    ck_assert_int_eq(n, RB * RM);
+    int same = memcmp(lgt, lgr, sizeof(float) * RB * T * V) == 0;
+    free(lgt);
+    free(lgr);
+    return same;
+}
+
+/* quads-replay: the rollout's RAC state (channel sets) into the trainer, as
+ * quads rl copies it after each sync. */
+static void copy_rac(qd_backend *ro, qd_backend *tr)
+{
+    size_t n = qd_backend_rac_state_size(ro);
+    ck_assert(n > 0 && n == qd_backend_rac_state_size(tr));
+    void *blob = malloc(n);
+    ck_assert_int_eq(qd_backend_get_rac_state(ro, blob, n), QD_OK);
+    ck_assert_int_eq(qd_backend_set_rac_state(tr, blob, n), QD_OK);
+    free(blob);
+}
+
+/* quads-replay: a forward that gathers RAC statistics, then the sync that
+ * picks channels from them; the trainer, whose sets are still empty, now
+ * computes other numbers than the rollout, until it takes the rollout's. */
+static void rac_calibrate(qd_backend *ro, qd_backend *tr, const float *w, int V, const char *what)
+{
+    int32_t tok[TB * TT], seq[RB * (RP + RM)], len[RB];
+    float logp[TB * TT];
+    tiny_batch(tok, 151);
+    for (int i = 0; i < TB * TT; i++)
+        tok[i] = tok[i] % V;
+    qd_batch bt = {.B = TB, .T = TT, .tokens = tok, .lengths = tlen, .temperature = 1.0f, .rac_stats = 1};
+    ck_assert_int_eq(qd_backend_forward(ro, &bt, logp, NULL), QD_OK);
+    ck_assert_int_eq(qd_backend_set_weights(ro, w, qd_backend_num_floats(ro)), QD_OK);
+    double gap;
+    ck_assert_msg(!replay_gap(ro, tr, V, 5, &gap, seq, len) && gap > 0, "%s: channels not yet copied", what);
+    copy_rac(ro, tr);
+}
+
+/* On model c with master weights w: the replay trainer's log-probs of the
+ * rollout's samples are the rollout's, bit for bit, before and after an
+ * update of the trainer (backward, AdamW, weight sync); the nvfp4-sym-qat
+ * trainer (the same codes, float32 sums in another order) is not. */
+static void check_replay(const qd_model_config *c, const float *w, qd_recipe r, const char *what)
+{
+    enum { T = RP + RM };
+    int V = c->vocab_size, rac = r == QD_RECIPE_QUADS_REPLAY;
+    qd_backend *ro = make_loaded(c, r, QD_ROLE_ROLLOUT, 0.5, 0, w);
+    qd_backend *tr = make_loaded(c, r, QD_ROLE_TRAINER, 0.5, 0, w);
+    qd_backend *sq = make_loaded(c, QD_RECIPE_NVFP4_SYM_QAT, QD_ROLE_TRAINER, 0, 0, w);
+    size_t n = qd_backend_num_floats(tr);
+    int32_t seq[RB * T], len[RB];
+    double gap, sgap;
+    if (rac)
+        rac_calibrate(ro, tr, w, V, what);
+    ck_assert_msg(replay_gap(ro, tr, V, 7, &gap, seq, len) && gap == 0.0, "%s: replay gap %g", what, gap);
+    int same = replay_gap(ro, sq, V, 7, &sgap, seq, len);
+    fprintf(stderr, "%s: %s trainer max |dlogp| %g; nvfp4-sym-qat trainer %g (logits %s)\n", what,
+            qd_recipe_name(r), gap, sgap, same ? "equal" : "differ");
+    ck_assert(!same);
+    /* one update of the trainer through the straight-through backward, then the sync */
+    float coef[RB * T], lp[RB * T], gn;
+    rng_state = 9;
+    for (int i = 0; i < RB * T; i++)
+        coef[i] = (float)sym();
+    qd_backend_zero_grad(tr);
+    forward_ok(tr, seq, len, RB, T, lp, NULL);
+    ck_assert_int_eq(qd_backend_backward(tr, coef), QD_OK);
+    qd_adamw o = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.0f, .grad_clip = 1.0f};
+    ck_assert_int_eq(qd_backend_optimizer_step(tr, &o, 1, &gn), QD_OK);
+    ck_assert(gn > 0 && isfinite(gn));
+    float *w2 = malloc(sizeof(float) * n);
+    ck_assert_int_eq(qd_backend_get_weights(tr, w2, n), QD_OK);
+    ck_assert(memcmp(w2, w, sizeof(float) * n) != 0);
+    ck_assert_int_eq(qd_backend_set_weights(ro, w2, n), QD_OK);
+    if (rac)
+        copy_rac(ro, tr);
+    ck_assert_msg(replay_gap(ro, tr, V, 8, &gap, seq, len) && gap == 0.0, "%s after an update: gap %g", what, gap);
+    free(w2);
+    qd_backend_free(ro);
+    qd_backend_free(tr);
+    qd_backend_free(sq);
+}
+
+/* _i = 0: nvfp4-replay, 1: quads-replay */
+START_TEST(test_replay_no_gap)
+{
+    qd_recipe r = _i ? QD_RECIPE_QUADS_REPLAY : QD_RECIPE_NVFP4_REPLAY;
+    /* the MoE fixture (a dense layer, then 8 experts top-2), random weights */
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend *b = make(&c, QD_RECIPE_FP32, QD_ROLE_TRAINER, 0, 0);
+    float *w = random_weights(b, 131);
+    qd_backend_free(b);
+    check_replay(&c, w, r, "MoE fixture");
+    free(w);
+    /* the shipped tiny model */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", qd_test_path("models/tiny"));
+    ck_assert_int_eq(qd_checkpoint_read_config(dir, &c), QD_OK);
+    b = make(&c, QD_RECIPE_FP32, QD_ROLE_TRAINER, 0, 0);
+    int np;
+    const qd_param_info *pi = qd_backend_params(b, &np);
+    w = malloc(sizeof(float) * qd_backend_num_floats(b));
+    ck_assert_msg(qd_checkpoint_load(dir, pi, np, w) == QD_OK, "%s", qd_last_error());
+    qd_backend_free(b);
+    check_replay(&c, w, r, "models/tiny");
+    free(w);
+}
+END_TEST
+
+/* ---- the ablation recipes and options.quant_layers */
+
+static float *logits_of(const qd_model_config *c, qd_recipe r, qd_role role, uint64_t layers, const float *w,
+                        const int32_t *tok)
+{
+    qd_backend_options o = {.recipe = r, .role = role, .quant_layers = layers};
+    qd_backend *b = qd_backend_cpu_init(c, &o);
+    ck_assert_msg(b != NULL, "init: %s", qd_last_error());
+    ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
+    float logp[TB * TT], *logits = malloc(sizeof(float) * TB * TT * 64);
+    forward_ok(b, tok, tlen, TB, TT, logp, logits);
+    qd_backend_free(b);
+    return logits;
+}
+
+static int same_logits(const float *a, const float *b) { return memcmp(a, b, sizeof(float) * TB * TT * 64) == 0; }
+
+/* Weights whose quantized linears are exact both in NVFP4 and in BF16: each
+ * tensor scaled to amax 2688 / 4096 (so S_enc = 4096 and S_dec = 2^-12
+ * exactly), then fake-quantized on the host (quant/): every value is an E2M1
+ * value times an E4M3 scale times 2^-12, at most 6 significant bits. */
+static float *representable_weights(qd_backend *b, uint64_t seed)
+{
+    int np;
+    const qd_param_info *p = qd_backend_params(b, &np);
+    float *w = random_weights(b, seed);
+    for (int i = 0; i < np; i++) {
+        if (!strstr(p[i].name, "_proj."))
+            continue;
+        float *t = w + p[i].offset, amax = 0;
+        size_t n = (size_t)(p[i].rows * p[i].cols), at = 0;
+        for (size_t k = 0; k < n; k++)
+            if (fabsf(t[k]) > amax)
+                amax = fabsf(t[k]), at = k;
+        for (size_t k = 0; k < n; k++)
+            t[k] = k == at ? copysignf(0.65625f, t[k]) : t[k] * (0.65625f / amax) * 0.999f;
+        ck_assert_int_eq(qd_nvfp4_fake_quant(t, t, p[i].rows, p[i].cols, 0), QD_OK);
+    }
+    return w;
+}
+
+/* nvfp4-w16a4 quantizes only the activations and nvfp4-w4a16 only the
+ * weights: on weights exact in NVFP4 and BF16, w4a16 is bf16 bit for bit and
+ * w16a4 is sym-QAT (both quantized) bit for bit, while on random weights each
+ * differs from both; quant_layers picks the layers, every bit set being the
+ * whole recipe and a bit past the last layer an error. */
+START_TEST(test_ablation_recipes)
+{
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend *b = make(&c, QD_RECIPE_FP32, QD_ROLE_TRAINER, 0, 0);
+    float *we = representable_weights(b, 141), *w = random_weights(b, 142);
+    qd_backend_free(b);
+    int32_t tok[TB * TT];
+    tiny_batch(tok, 143);
+    const qd_role RO = QD_ROLE_ROLLOUT, TR = QD_ROLE_TRAINER;
+    float *bf = logits_of(&c, QD_RECIPE_BF16, RO, 0, we, tok), *sq = logits_of(&c, QD_RECIPE_NVFP4_SYM_QAT, TR, 0, we, tok);
+    float *a4 = logits_of(&c, QD_RECIPE_NVFP4_W16A4, RO, 0, we, tok), *w4 = logits_of(&c, QD_RECIPE_NVFP4_W4A16, RO, 0, we, tok);
+    ck_assert(same_logits(w4, bf) && same_logits(a4, sq) && !same_logits(a4, bf));
+    free(bf), free(sq), free(a4), free(w4);
+    bf = logits_of(&c, QD_RECIPE_BF16, RO, 0, w, tok);
+    sq = logits_of(&c, QD_RECIPE_NVFP4_SYM_QAT, TR, 0, w, tok);
+    a4 = logits_of(&c, QD_RECIPE_NVFP4_W16A4, RO, 0, w, tok);
+    w4 = logits_of(&c, QD_RECIPE_NVFP4_W4A16, RO, 0, w, tok);
+    ck_assert(!same_logits(w4, bf) && !same_logits(a4, bf) && !same_logits(a4, sq) && !same_logits(w4, sq));
+    /* layers: both bits = every layer; one bit = between BF16 and the whole recipe */
+    float *nv = logits_of(&c, QD_RECIPE_NVFP4, RO, 0, w, tok), *nv3 = logits_of(&c, QD_RECIPE_NVFP4, RO, 3, w, tok);
+    float *nv1 = logits_of(&c, QD_RECIPE_NVFP4, RO, 1, w, tok), *nv2 = logits_of(&c, QD_RECIPE_NVFP4, RO, 2, w, tok);
+    ck_assert(same_logits(nv, nv3));
+    double e1 = logit_err(nv1, bf), e2 = logit_err(nv2, bf), e = logit_err(nv, bf);
+    fprintf(stderr, "nvfp4 rollout vs bf16: logit relative RMS %.3e (layer 0 only %.3e, layer 1 only %.3e)\n", e,
+            e1, e2);
+    ck_assert(e1 > 0 && e2 > 0 && e1 < e && e2 < e && !same_logits(nv1, nv2));
+    float *a41 = logits_of(&c, QD_RECIPE_NVFP4_W16A4, RO, 1, w, tok);
+    ck_assert(logit_err(a41, bf) > 0 && logit_err(a41, bf) < logit_err(a4, bf));
+    free(bf), free(sq), free(a4), free(w4), free(nv), free(nv1), free(nv2), free(nv3), free(a41);
+    qd_backend_options o = {.recipe = QD_RECIPE_NVFP4, .quant_layers = 4};
+    ck_assert_ptr_null(qd_backend_cpu_init(&c, &o));
+    ck_assert_ptr_nonnull(strstr(qd_last_error(), "quant_layers"));
+    free(we);
     free(w);
 }
 END_TEST
@@ -1347,6 +1618,8 @@ Suite *suite_backend_cpu(void)
     tcase_add_test(tc, test_gradients_tied);
     tcase_add_test(tc, test_recipes_error);
     tcase_add_test(tc, test_trainer_gradients);
+    tcase_add_loop_test(tc, test_replay_no_gap, 0, 2);
+    tcase_add_test(tc, test_ablation_recipes);
     tcase_add_test(tc, test_adamw);
     tcase_add_test(tc, test_diagnostics);
     tcase_add_test(tc, test_generate);

@@ -540,6 +540,55 @@ START_TEST(test_cli_forward)
 }
 END_TEST
 
+/* quads ablate on the shipped tiny model: one row for all layers and one per
+ * layer, each variant's gap finite and ordered (max >= mean >= 0), the
+ * all-layer gaps of activation-only and weight-only quantization non-zero;
+ * usage errors exit 2 naming the option, a missing model 1. */
+START_TEST(test_cli_ablate)
+{
+    char dir[64], out[128], err[128], js[128], model[4096], args[8192];
+    qd_test_mkdtemp(dir, sizeof dir, "abl");
+    snprintf(out, sizeof out, "%s/out.md", dir);
+    snprintf(err, sizeof err, "%s/err.txt", dir);
+    snprintf(js, sizeof js, "%s/ablate.json", dir);
+    snprintf(model, sizeof model, "%s", qd_test_path("models/tiny"));
+    snprintf(args, sizeof args, "ablate --model '%s' --problems 8 --samples 2 --backend cpu --threads 1 --out '%s'",
+             model, js);
+    ck_assert_int_eq(run_quads(args, out, err), 0);
+    assert_file_has(out, "| layers | W16A4 mean");
+    assert_file_has(out, "| all |");
+    json_t *j = json_load_file(js, 0, NULL), *rows = json_object_get(j, "rows");
+    ck_assert_ptr_nonnull(j);
+    ck_assert_int_gt(json_integer_value(json_object_get(j, "tokens")), 0);
+    ck_assert_uint_eq(json_array_size(rows), 3);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(rows, 0), "layer")), "all");
+    ck_assert_int_eq(json_integer_value(json_object_get(json_array_get(rows, 2), "layer")), 1);
+    static const char *const vars[] = {"nvfp4-w16a4", "nvfp4-w4a16", "nvfp4"};
+    for (size_t r = 0; r < 3; r++)
+        for (int v = 0; v < 3; v++) {
+            const json_t *g = json_object_get(json_array_get(rows, r), vars[v]);
+            double mean = json_real_value(json_object_get(g, "mean_abs"));
+            double mx = json_real_value(json_object_get(g, "max_abs")), kl = json_real_value(json_object_get(g, "k3_kl"));
+            ck_assert_msg(isfinite(mean) && mean >= 0 && mx >= mean && isfinite(kl) && kl >= 0, "row %zu %s", r,
+                          vars[v]);
+            if (r == 0 && v < 2)
+                ck_assert(mean > 0);
+        }
+    json_decref(j);
+    ck_assert_int_eq(run_quads("ablate --problems 8", out, err), 2);
+    snprintf(args, sizeof args, "ablate --model '%s' --samples 0", model);
+    ck_assert_int_eq(run_quads(args, out, err), 2);
+    assert_file_has(err, "--samples");
+    snprintf(args, sizeof args, "ablate --model '%s/none'", dir);
+    ck_assert_int_eq(run_quads(args, out, err), 1);
+    assert_file_has(err, "none/config.json");
+    snprintf(args, sizeof args, "ablate --model '%s' --task arith9", model);
+    ck_assert_int_eq(run_quads(args, out, err), 1);
+    assert_file_has(err, "arith9");
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
 /* A MoE model wide enough for the qwen2_bpe tokenizer (1507 ids), random
  * weights, saved with qd_checkpoint_save into dir with the tokenizer. */
 static void make_chat_model(const char *dir)
@@ -958,6 +1007,7 @@ Suite *suite_models(void)
     tc = tcase_create("cli");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_cli_forward);
+    tcase_add_test(tc, test_cli_ablate);
     tcase_add_test(tc, test_cli_generate);
     tcase_add_test(tc, test_cli_eval);
     suite_add_tcase(s, tc);

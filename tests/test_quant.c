@@ -767,6 +767,60 @@ static qd_nvfp4 columns(const qd_nvfp4 *q, int64_t c0, int64_t cols)
     return o;
 }
 
+/* qd_rac_fake_quant: x_hat off the channels, x_hat + dequant(quantize_with(
+ * S_enc(x), r[S])) on them (one float add), x_hat alone for n = 0; with
+ * every channel compensated it is far closer to x than x_hat. */
+START_TEST(test_rac_fake_quant)
+{
+    const int64_t R = 5, K = 64, n = 16;
+    float *x = normal_matrix(R * K, 12);
+    for (int64_t i = 0; i < R; i++)
+        x[i * K + 9] *= 40.0f; /* an outlier: its block's other channels lose precision */
+    int64_t ch[64];
+    for (int64_t j = 0; j < K; j++)
+        ch[j] = j < n ? 2 * j + 1 : j;
+    float *xh = malloc(sizeof(float) * R * K), *out = malloc(sizeof(float) * R * K), rh[5 * 16], s_enc[5];
+    ck_assert_int_eq(qd_nvfp4_fake_quant(xh, x, R, K, 1), QD_OK);
+    ck_assert_int_eq(qd_rac_fake_quant(out, x, R, K, ch, 0), QD_OK);
+    ck_assert(memcmp(out, xh, sizeof(float) * R * K) == 0);
+    float *r = residual(x, xh, R, K, ch, n);
+    for (int64_t i = 0; i < R; i++) {
+        float amax;
+        ck_assert_int_eq(qd_amax(&amax, x + i * K, K), QD_OK);
+        s_enc[i] = qd_nvfp4_s_enc(amax);
+    }
+    qd_nvfp4 rq;
+    ck_assert_int_eq(qd_nvfp4_alloc(&rq, R, n, 1), QD_OK);
+    ck_assert_int_eq(qd_nvfp4_quantize_with(&rq, r, s_enc), QD_OK);
+    qd_nvfp4_dequantize(rh, &rq);
+    ck_assert_int_eq(qd_rac_fake_quant(out, x, R, K, ch, n), QD_OK);
+    int moved = 0;
+    for (int64_t i = 0; i < R; i++)
+        for (int64_t k = 0, j = 0; k < K; k++) {
+            float want = xh[i * K + k];
+            if (j < n && ch[j] == k)
+                want = want + rh[i * n + j++];
+            ck_assert_msg(memcmp(&out[i * K + k], &want, sizeof want) == 0, "row %lld channel %lld",
+                          (long long)i, (long long)k);
+            moved += out[i * K + k] != xh[i * K + k];
+        }
+    ck_assert_int_gt(moved, R * n / 2);
+    for (int64_t j = 0; j < K; j++)
+        ch[j] = j;
+    ck_assert_int_eq(qd_rac_fake_quant(out, x, R, K, ch, K), QD_OK);
+    double e_main = 0, e_rac = 0;
+    for (int64_t i = 0; i < R * K; i++) {
+        e_main += ((double)xh[i] - x[i]) * ((double)xh[i] - x[i]);
+        e_rac += ((double)out[i] - x[i]) * ((double)out[i] - x[i]);
+    }
+    ck_assert_msg(e_rac < e_main / 16, "squared error %g with every channel compensated, %g without", e_rac,
+                  e_main);
+    ck_assert_int_eq(qd_rac_fake_quant(out, x, 0, K, ch, n), QD_OK);
+    qd_nvfp4_free(&rq);
+    free(x), free(xh), free(out), free(r);
+}
+END_TEST
+
 /* The augmented rows are [quantize(x), quantize_with(S_enc(x), r[S])] bit for bit,
  * the augmented weight [quantize(W), W[:, S] with W's scale]. */
 START_TEST(test_rac_augment_structure)
@@ -1061,6 +1115,7 @@ Suite *suite_quant(void)
     tcase_add_test(rac, test_rac_select);
     tcase_add_test(rac, test_rac_error_accumulate);
     tcase_add_test(rac, test_rac_augment_structure);
+    tcase_add_test(rac, test_rac_fake_quant);
     tcase_add_test(rac, test_rac_reduces_error);
     suite_add_tcase(s, rac);
     TCase *io = tcase_create("fileio");

@@ -168,11 +168,15 @@ static int exists(const char *dir, const char *name)
     return access(p, F_OK) == 0;
 }
 
-static const char *const recipes[] = {"bf16", "fp8", "nvfp4", "nvfp4-aqat", "nvfp4-rac", "quads", "nvfp4-sym-qat"};
+static const char *const recipes[] = {"bf16", "fp8", "nvfp4", "nvfp4-aqat", "nvfp4-rac", "quads", "nvfp4-sym-qat",
+                                      "nvfp4-replay", "quads-replay"};
+enum { NRECIPES = sizeof recipes / sizeof *recipes };
 
 /* Each recipe: 2 steps, every metric present and finite; BF16 on both sides
  * has no gap at all (the rollout's KV-cache log-probs equal the forward's),
- * NVFP4 rollouts do; the weights moved. */
+ * and neither have nvfp4-replay and quads-replay (their trainers replay the
+ * rollout's W4A4 products, RAC channel sets included), while NVFP4 rollouts
+ * with other trainers do; the weights moved. */
 START_TEST(test_rl_every_recipe)
 {
     char dir[256];
@@ -205,8 +209,10 @@ START_TEST(test_rl_every_recipe)
             ck_assert_int_eq(json_array_size(json_object_get(json_object_get(o, "quant"), "act_err")), 32);
             ck_assert_int_eq(json_array_size(json_object_get(json_object_get(o, "router"), "agree")), 2);
             grad_sum += num(o, "grad_norm", NULL);
-            if (!strcmp(recipes[r], "bf16")) {
-                ck_assert(num(o, "gap", "max_abs") == 0.0);
+            if (!strcmp(recipes[r], "bf16") || strstr(recipes[r], "-replay")) {
+                ck_assert(num(o, "gap", "mean_abs") == 0.0 && num(o, "gap", "max_abs") == 0.0);
+                ck_assert(num(o, "gap", "k3_kl") == 0.0);
+                ck_assert(num(o, "gap", "tokens") > 0);
                 ck_assert(num(o, "router", "agree_mean") == 1.0);
             }
             if (!strcmp(recipes[r], "nvfp4"))
@@ -231,20 +237,21 @@ START_TEST(test_rl_every_recipe)
     }
     ck_assert(grad_sum > 0);
     /* the report over the runs */
-    const char *runs[7];
-    char rb[7][2048], out[1024];
-    for (int i = 0; i < 7; i++) {
+    const char *runs[NRECIPES];
+    char rb[NRECIPES][2048], out[1024];
+    for (int i = 0; i < NRECIPES; i++) {
         pathf(rb[i], sizeof rb[i], "%s/%s", dir, recipes[i]);
         runs[i] = rb[i];
     }
     pathf(out, sizeof out, "%s/report", dir);
-    ck_assert_int_eq(qd_rl_report(runs, NULL, 7, out), QD_OK);
+    ck_assert_int_eq(qd_rl_report(runs, NULL, NRECIPES, out), QD_OK);
     char *md;
     size_t len;
     pathf(rb[0], sizeof rb[0], "%s/report.md", out);
     ck_assert_int_eq(qd_read_file(rb[0], &md, &len), QD_OK);
     ck_assert_ptr_nonnull(strstr(md, "| nvfp4-sym-qat | nvfp4-sym-qat | 2 |"));
     ck_assert_ptr_nonnull(strstr(md, "| bf16 | bf16 | 2 |"));
+    ck_assert_ptr_nonnull(strstr(md, "| nvfp4-replay | nvfp4-replay | 2 |"));
     free(md);
     ck_assert(exists(out, "reward.svg") && exists(out, "pass1.svg") && exists(out, "gap.svg"));
     qd_test_rm_tree(dir);
@@ -347,6 +354,20 @@ START_TEST(test_rl_kill_and_resume)
     json_t *m;
     kill_and_resume("quads", sets, 2, &m);
     ck_assert(num(json_array_get(m, 4), "grad_norm", NULL) > 0);
+    json_decref(m);
+}
+END_TEST
+
+/* quads-replay, channels re-picked at every sync: the resumed trainer takes
+ * the checkpoint's channel sets too (else its gap would not be 0 and the
+ * metrics would differ from the uninterrupted run's). */
+START_TEST(test_rl_kill_and_resume_replay)
+{
+    static const char *const sets[] = {"rac.refresh=1", "checkpoint.keep_last=2"};
+    json_t *m;
+    kill_and_resume("quads-replay", sets, 2, &m);
+    for (int s = 1; s <= 5; s++)
+        ck_assert(num(json_array_get(m, (size_t)s), "gap", "max_abs") == 0.0);
     json_decref(m);
 }
 END_TEST
@@ -915,6 +936,47 @@ START_TEST(test_rl_temperature_no_gap)
 }
 END_TEST
 
+/* nvfp4-replay on the shipped tiny model at rollout.temperature 0.7: the
+ * trainer replays the rollout's W4A4 products, so the gap of every step is
+ * exactly 0 (mean, max, k3 KL) where nvfp4's BF16 trainer has one, and the
+ * held-out eval on the replay trainer equals nvfp4's on its rollout. */
+START_TEST(test_rl_replay_no_gap)
+{
+    char dir[256], rd[1024];
+    scratch_dir(dir, sizeof dir);
+    static const char *const rec[2] = {"nvfp4-replay", "nvfp4"};
+    double pass[2], grad = 0;
+    for (int i = 0; i < 2; i++) {
+        qd_config *c = small_config(dir, rec[i], rec[i], 2);
+        ck_assert_int_eq(qd_config_set(c, "model.path="), QD_OK);
+        ck_assert_int_eq(qd_config_set(c, "rollout.temperature=0.7"), QD_OK);
+        ck_assert_int_eq(qd_config_set(c, "eval.every=100"), QD_OK); /* step 0 only */
+        ck_assert_int_eq(qd_config_set(c, "eval.limit=32"), QD_OK);
+        ck_assert_int_eq(qd_config_set(c, i ? "eval.precision=rollout" : "eval.precision=trainer"), QD_OK);
+        ck_assert_msg(run(c, NULL) == QD_OK, "%s: %s", rec[i], qd_last_error());
+        qd_config_free(c);
+        pathf(rd, sizeof rd, "%s/%s", dir, rec[i]);
+        json_t *m = metrics_without_time(rd);
+        ck_assert_int_eq(json_array_size(m), 3);
+        pass[i] = num(json_array_get(m, 0), "eval", "pass1");
+        for (int s = 1; s <= 2; s++) {
+            const json_t *o = json_array_get(m, s);
+            ck_assert(num(o, "gap", "tokens") > 0);
+            grad += i == 0 ? num(o, "grad_norm", NULL) : 0;
+            double mean = num(o, "gap", "mean_abs"), mx = num(o, "gap", "max_abs"), kl = num(o, "gap", "k3_kl");
+            if (i == 0)
+                ck_assert_msg(mean == 0.0 && mx == 0.0 && kl == 0.0, "nvfp4-replay step %d: gap %g, max %g, k3 %g",
+                              s, mean, mx, kl);
+            else
+                ck_assert_msg(mean > 1e-3 && mx > 0, "nvfp4 step %d: gap %g", s, mean);
+        }
+        json_decref(m);
+    }
+    ck_assert(pass[0] > 0 && pass[0] == pass[1] && grad > 0);
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
 /* ---- data parallel: every rank a quads process started by a fork()ed child
  * (tests/dist_ranks.h), meeting the others on 127.0.0.1 through the torchrun
  * variables. */
@@ -1286,6 +1348,7 @@ Suite *suite_rl(void)
     Suite *s = suite_create("rl");
     add_case(s, "recipes", test_rl_every_recipe);
     add_case(s, "resume", test_rl_kill_and_resume);
+    add_case(s, "resume_replay", test_rl_kill_and_resume_replay);
     add_case(s, "resume_variants", test_rl_kill_and_resume_variants);
     add_case(s, "learns", test_rl_learns_the_reward);
     add_case(s, "nan", test_rl_nan_stops);
@@ -1297,6 +1360,7 @@ Suite *suite_rl(void)
     add_case(s, "default_model", test_rl_default_model);
     add_case(s, "default_model_out_of_tree", test_rl_default_model_out_of_tree);
     add_case(s, "temperature", test_rl_temperature_no_gap);
+    add_case(s, "replay", test_rl_replay_no_gap);
     add_case(s, "dp_collectives", test_rl_dp_collectives);
     add_case(s, "dp_equals_one_rank", test_rl_dp_equals_one_rank);
     add_case(s, "dp_resume_other_world", test_rl_dp_resume_other_world);

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -80,6 +81,39 @@ static qd_status cpu_copy(void *dev, void *dst, const void *src, size_t bytes)
     (void)dev;
     if (bytes)
         memmove(dst, src, bytes);
+    return QD_OK;
+}
+
+static int cpu_memory_id(void *dev)
+{
+    (void)dev;
+    return 0; /* one process: every context reads every buffer */
+}
+
+/* MemAvailable and MemTotal of /proc/meminfo (kB), else sysconf's pages. */
+static qd_status cpu_mem_info(void *dev, size_t *free_bytes, size_t *total_bytes)
+{
+    (void)dev;
+    unsigned long long avail = 0, total = 0, v;
+    char line[256];
+    FILE *f = fopen("/proc/meminfo", "r");
+    while (f && fgets(line, sizeof line, f)) {
+        if (sscanf(line, "MemAvailable: %llu kB", &v) == 1)
+            avail = v * 1024;
+        else if (sscanf(line, "MemTotal: %llu kB", &v) == 1)
+            total = v * 1024;
+    }
+    if (f)
+        fclose(f);
+    long page = sysconf(_SC_PAGESIZE), av = sysconf(_SC_AVPHYS_PAGES), ph = sysconf(_SC_PHYS_PAGES);
+    if (!avail && page > 0 && av > 0)
+        avail = (unsigned long long)av * (unsigned long long)page;
+    if (!total && page > 0 && ph > 0)
+        total = (unsigned long long)ph * (unsigned long long)page;
+    if (!avail)
+        return qd_error(QD_ERR_IO, "cpu backend: available memory unknown (neither /proc/meminfo nor sysconf)");
+    *free_bytes = (size_t)avail;
+    *total_bytes = (size_t)total;
     return QD_OK;
 }
 
@@ -578,6 +612,13 @@ static qd_status cpu_rac_grouped(void *dev, qd_nvfp4 *a, double *const *err, con
 }
 
 /* per row, ascending, in double */
+static qd_status cpu_rac_fake_quant(void *dev, float *out, const float *x, int rows, int K, const int64_t *ch,
+                                   int64_t n)
+{
+    (void)dev;
+    return qd_rac_fake_quant(out, x, rows, K, ch, n);
+}
+
 static qd_status cpu_sqerr_rows(void *dev, double *err, double *nrm, const float *x, const float *xh, int rows,
                                 int cols)
 {
@@ -840,6 +881,9 @@ static const qd_ops cpu_ops = {
     .zero = cpu_zero,
     .to_dev = cpu_copy,
     .to_host = cpu_copy,
+    .copy = cpu_copy,
+    .memory_id = cpu_memory_id,
+    .mem_info = cpu_mem_info,
     .enter = cpu_enter,
     .leave = cpu_leave,
     .round_bf16 = cpu_round_bf16,
@@ -864,6 +908,7 @@ static const qd_ops cpu_ops = {
     .rac_augment_act = cpu_rac_augment_act,
     .rac_augment_weight = cpu_rac_augment_weight,
     .rac_grouped = cpu_rac_grouped,
+    .rac_fake_quant = cpu_rac_fake_quant,
     .sqerr_rows = cpu_sqerr_rows,
     .attend = cpu_attend,
     .attend_backward = cpu_attend_backward,

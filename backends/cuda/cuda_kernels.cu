@@ -242,6 +242,233 @@ extern "C" qd_status qdk_matmul(float *c, const float *a, long sam, long sak, co
     return QD_OK;
 }
 
+/* ---- x . W^T for the forward linears (k_matmul's arithmetic, a faster shape).
+ * C (M, N) = A (M, K) . W (N, K)^T, each output one thread's sum from 0, k
+ * ascending (the CPU's order). A CTA of 128 threads owns 128 weight rows and
+ * 8*TM activation rows; thread (tx, ty) owns columns 4tx..4tx+3 and 64+4tx..+3
+ * and rows ty*TM..ty*TM+TM-1, reading its operands as float4 from shared memory
+ * (K staged 32 at a time, transposed on the way in).
+ *
+ * When every product a*w of a stage is exact in float32, acc + a*w (two
+ * roundings, the CPU's) and fmaf(a, w, acc) (one) are the same number, so the
+ * stage may use fmaf: half the instructions. Products of BF16 values (8
+ * significant bits each) have 16 bits, exact unless they fall off the bottom of
+ * float32's subnormal grid or overflow. With check set, the threads summarize
+ * the elements they stage (any non-BF16 or non-finite; the least and largest
+ * exponent field over nonzero elements) and the CTA takes fmaf for the stage
+ * only when both operands are finite BF16 values, lsb_a + lsb_w >= -149 (lsb =
+ * max(E, 1) - 134, the exponent of a BF16 value's last significand bit) and
+ * E_a + E_w <= 378 (every product below 2^127). The same bits either way. */
+#define MW_BN 128
+#define MW_BK 32
+
+/* A staging thread's summary of the elements it loaded. */
+struct mw_sum {
+    uint32_t lo, emin, emax;
+};
+
+static __device__ __forceinline__ void mw_see(mw_sum *s, uint32_t b)
+{
+    uint32_t e = b & 0x7f800000u;
+    s->lo |= b;
+    s->emin = (b & 0x7fffffffu) && e < s->emin ? e : s->emin;
+    s->emax = e > s->emax ? e : s->emax;
+}
+
+static __device__ __forceinline__ void mw_load_w(float (*Ws)[MW_BN], const float *w, int n0, int N, int K, int k0,
+                                                 mw_sum *sw)
+{
+    for (int idx = threadIdx.x; idx < MW_BN * (MW_BK / 4); idx += blockDim.x) {
+        int row = idx >> 3, k = (idx & 7) * 4;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (n0 + row < N && k0 + k < K) {
+            v = __ldg((const float4 *)(w + (size_t)(n0 + row) * K + k0 + k));
+            mw_see(sw, __float_as_uint(v.x));
+            mw_see(sw, __float_as_uint(v.y));
+            mw_see(sw, __float_as_uint(v.z));
+            mw_see(sw, __float_as_uint(v.w));
+        }
+        Ws[k][row] = v.x;
+        Ws[k + 1][row] = v.y;
+        Ws[k + 2][row] = v.z;
+        Ws[k + 3][row] = v.w;
+    }
+}
+
+static __device__ __forceinline__ void mw_load_w(float (*Ws)[MW_BN], const uint16_t *w, int n0, int N, int K,
+                                                 int k0, mw_sum *sw)
+{
+    for (int idx = threadIdx.x; idx < MW_BN * (MW_BK / 8); idx += blockDim.x) {
+        int row = idx >> 2, k = (idx & 3) * 8;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        bool in = n0 + row < N && k0 + k < K;
+        if (in)
+            v = __ldg((const uint4 *)(w + (size_t)(n0 + row) * K + k0 + k));
+        uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint32_t lo = u[i] << 16, hi = u[i] & 0xffff0000u;
+            if (in) {
+                mw_see(sw, lo);
+                mw_see(sw, hi);
+            }
+            Ws[k + 2 * i][row] = __uint_as_float(lo);
+            Ws[k + 2 * i + 1][row] = __uint_as_float(hi);
+        }
+    }
+}
+
+template <int TM, bool FMA>
+static __device__ __forceinline__ void mw_tile(float (&acc)[TM][8], const float (*Ws)[MW_BN],
+                                               const float (*As)[8 * TM], int kmax, int tx, int ty)
+{
+    for (int kk = 0; kk < kmax; kk++) {
+        float4 w0 = *(const float4 *)&Ws[kk][4 * tx], w1 = *(const float4 *)&Ws[kk][64 + 4 * tx];
+        float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w}, av[TM];
+        if constexpr (TM % 4 == 0) {
+#pragma unroll
+            for (int i = 0; i < TM; i += 4) {
+                float4 a4 = *(const float4 *)&As[kk][ty * TM + i];
+                av[i] = a4.x;
+                av[i + 1] = a4.y;
+                av[i + 2] = a4.z;
+                av[i + 3] = a4.w;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < TM; i++)
+                av[i] = As[kk][ty * TM + i];
+        }
+#pragma unroll
+        for (int i = 0; i < TM; i++)
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                acc[i][j] = FMA ? fmaf(av[i], wv[j], acc[i][j]) : acc[i][j] + av[i] * wv[j];
+    }
+}
+
+static __device__ __forceinline__ void mw_reduce(mw_sum *s)
+{
+    for (int o = 16; o; o >>= 1) {
+        uint32_t lo = __shfl_xor_sync(0xffffffffu, s->lo, o), mn = __shfl_xor_sync(0xffffffffu, s->emin, o);
+        uint32_t mx = __shfl_xor_sync(0xffffffffu, s->emax, o);
+        s->lo |= lo;
+        s->emin = mn < s->emin ? mn : s->emin;
+        s->emax = mx > s->emax ? mx : s->emax;
+    }
+}
+
+template <int TM, typename TW>
+__global__ void __launch_bounds__(128) k_matmul_wt(float *c, const float *a, const TW *w, int M, int N, int K,
+                                                   int check)
+{
+    constexpr int BM = 8 * TM;
+    __shared__ __align__(16) float Ws[MW_BK][MW_BN];
+    __shared__ __align__(16) float As[MW_BK][BM];
+    __shared__ mw_sum s_sum[2][4];
+    int tx = threadIdx.x & 15, ty = threadIdx.x >> 4, n0 = blockIdx.x * MW_BN, m0 = blockIdx.y * BM;
+    int wid = threadIdx.x >> 5;
+    float acc[TM][8];
+#pragma unroll
+    for (int i = 0; i < TM; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            acc[i][j] = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += MW_BK) {
+        mw_sum sa = {0u, 0xffffffffu, 0u}, sw = {0u, 0xffffffffu, 0u};
+        __syncthreads();
+        mw_load_w(Ws, w, n0, N, K, k0, &sw);
+        for (int idx = threadIdx.x; idx < BM * (MW_BK / 4); idx += blockDim.x) {
+            int row = idx >> 3, k = (idx & 7) * 4;
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (m0 + row < M && k0 + k < K) {
+                v = __ldg((const float4 *)(a + (size_t)(m0 + row) * K + k0 + k));
+                mw_see(&sa, __float_as_uint(v.x));
+                mw_see(&sa, __float_as_uint(v.y));
+                mw_see(&sa, __float_as_uint(v.z));
+                mw_see(&sa, __float_as_uint(v.w));
+            }
+            As[k][row] = v.x;
+            As[k + 1][row] = v.y;
+            As[k + 2][row] = v.z;
+            As[k + 3][row] = v.w;
+        }
+        if (check) {
+            mw_reduce(&sa);
+            mw_reduce(&sw);
+            if ((threadIdx.x & 31) == 0) {
+                s_sum[0][wid] = sa;
+                s_sum[1][wid] = sw;
+            }
+        }
+        __syncthreads();
+        int kmax = K - k0 < MW_BK ? K - k0 : MW_BK, fma = 0;
+        if (check) {
+            mw_sum x[2] = {s_sum[0][0], s_sum[1][0]};
+            for (int o = 0; o < 2; o++)
+                for (int i = 1; i < 4; i++) {
+                    x[o].lo |= s_sum[o][i].lo;
+                    x[o].emin = s_sum[o][i].emin < x[o].emin ? s_sum[o][i].emin : x[o].emin;
+                    x[o].emax = s_sum[o][i].emax > x[o].emax ? s_sum[o][i].emax : x[o].emax;
+                }
+            int ea = (int)(x[0].emax >> 23), ew = (int)(x[1].emax >> 23);
+            int bad = ((x[0].lo | x[1].lo) & 0xffffu) || ea == 255 || ew == 255;
+            if (x[0].emin == 0xffffffffu || x[1].emin == 0xffffffffu)
+                fma = !bad; /* one operand all zeros: every product is a zero */
+            else {
+                int la = (int)(x[0].emin >> 23), lw = (int)(x[1].emin >> 23);
+                la = (la > 1 ? la : 1) - 134;
+                lw = (lw > 1 ? lw : 1) - 134;
+                fma = !bad && la + lw >= -149 && ea + ew <= 378;
+            }
+        }
+        if (fma)
+            mw_tile<TM, true>(acc, Ws, As, kmax, tx, ty);
+        else
+            mw_tile<TM, false>(acc, Ws, As, kmax, tx, ty);
+    }
+#pragma unroll
+    for (int i = 0; i < TM; i++) {
+        int m = m0 + ty * TM + i;
+        if (m >= M)
+            continue;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int n = n0 + (j < 4 ? 4 * tx + j : 64 + 4 * tx + j - 4);
+            if (n < N)
+                c[(size_t)m * N + n] = acc[i][j];
+        }
+    }
+}
+
+template <int TM>
+static qd_status launch_matmul_wt(float *c, const float *a, const void *w, int w_bf16, int M, int N, int K,
+                                  int check)
+{
+    dim3 grid((unsigned)((N + MW_BN - 1) / MW_BN), (unsigned)((M + 8 * TM - 1) / (8 * TM)));
+    if (w_bf16)
+        QD_LAUNCH((k_matmul_wt<TM, uint16_t>), grid, 128u, c, a, (const uint16_t *)w, M, N, K, check);
+    else
+        QD_LAUNCH((k_matmul_wt<TM, float>), grid, 128u, c, a, (const float *)w, M, N, K, check);
+    return QD_OK;
+}
+
+extern "C" qd_status qdk_matmul_wt(float *c, const float *a, const void *w, int w_bf16, int M, int N, int K,
+                                   int bf16_operands)
+{
+    if (M == 0 || N == 0)
+        return QD_OK;
+    if (K % 8)
+        return qd_error(QD_ERR_SHAPE, "qdk_matmul_wt: K %d not a multiple of 8", K);
+    if (M <= 8)
+        return launch_matmul_wt<1>(c, a, w, w_bf16, M, N, K, bf16_operands);
+    if (M <= 16)
+        return launch_matmul_wt<2>(c, a, w, w_bf16, M, N, K, bf16_operands);
+    if (M <= 32)
+        return launch_matmul_wt<4>(c, a, w, w_bf16, M, N, K, bf16_operands);
+    return launch_matmul_wt<8>(c, a, w, w_bf16, M, N, K, bf16_operands);
+}
+
 extern "C" qd_status qdk_fp8_gemm(float *y, const uint8_t *qa, const float *sa_inv, const uint8_t *qw,
                                   const float *sw_inv, int M, int N, int K)
 {
@@ -1115,6 +1342,32 @@ extern "C" qd_status qdk_rac_error(double *err, const float *x, const float *xh,
 {
     if (rows)
         QD_LAUNCH_N(k_rac_error, (K), err, x, xh, rows, K);
+    return QD_OK;
+}
+
+__global__ void k_rac_copy_main(float *out, const float *deq, int rows, int K, int64_t kc)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (size_t)rows * K)
+        out[i] = deq[(i / K) * kc + i % K];
+}
+
+__global__ void k_rac_add_residual(float *out, const float *deq, const int64_t *ch, int rows, int K, int64_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * n)
+        return;
+    size_t r = i / n, j = i % n;
+    out[r * K + ch[j]] = __fadd_rn(out[r * K + ch[j]], deq[r * (K + n) + K + j]);
+}
+
+extern "C" qd_status qdk_rac_fold(float *out, const float *deq, const int64_t *ch, int rows, int K, int64_t n)
+{
+    if (rows == 0 || K == 0)
+        return QD_OK;
+    QD_LAUNCH_N(k_rac_copy_main, (size_t)rows * K, out, deq, rows, K, K + n);
+    if (n)
+        QD_LAUNCH_N(k_rac_add_residual, (size_t)rows * n, out, deq, ch, rows, K, n);
     return QD_OK;
 }
 

@@ -34,6 +34,14 @@ qd_status qdk_embed_backward(float *gemb, const float *dres, const int32_t *tok,
  * with each output's sum kept in one thread. */
 qd_status qdk_matmul(float *c, const float *a, long sam, long sak, const float *b, long sbk, long sbn,
                      int M, int N, int K, int acc);
+/* C (M, N) = A (M, K) . W (N, K)^T (W float32, or BF16 bits when w_bf16),
+ * qdk_matmul's bits (k ascending from 0, two roundings a step) in a faster
+ * shape. bf16_operands: the operands are expected to be BF16 values; each
+ * K-stage of a CTA checks that they are (and that no product can leave
+ * float32's range or grid) and then uses fmaf, which gives the same bits.
+ * K % 8 == 0. */
+qd_status qdk_matmul_wt(float *c, const float *a, const void *w, int w_bf16, int M, int N, int K,
+                        int bf16_operands);
 /* Independent products of one launch (MoE experts): item g is qdk_matmul's
  * C (M, N) = A . B with its own pointers and sizes and the shared strides;
  * fp8: A and B are E4M3 codes and C is scaled as qdk_fp8_gemm's. The same
@@ -129,6 +137,11 @@ qd_status qdk_rac_error(double *err, const float *x, const float *xh, int rows, 
  * (a device array of E device pointers). */
 qd_status qdk_rac_error_grouped(double *const *err, const float *x, const float *xh, const int32_t *off, int E,
                                 int K);
+
+/* qd_rac_fake_quant's fold: out (rows, K) = deq's first K columns, then
+ * out[r][ch[j]] += deq[r][K + j] (deq (rows, K + n), the dequantized augmented
+ * rows; the channels are distinct). */
+qd_status qdk_rac_fold(float *out, const float *deq, const int64_t *ch, int rows, int K, int64_t n);
 
 /* grad_norm's partial sums: part[k] = sum of g^2 (double) over floats 4096k.. ascending. */
 qd_status qdk_sumsq_chunks(double *part, const float *g, size_t n);

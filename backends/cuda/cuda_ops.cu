@@ -32,9 +32,10 @@ extern "C" {
 }
 
 /* Grow-only scratch of the ops themselves (dev unless said). */
-enum { D_XH, D_RACWS, D_X16, D_LOGP, D_SAMPLE, D_MOE, D_RACPTR, D_NSCRATCH };
+enum { D_XH, D_RACWS, D_X16, D_LOGP, D_SAMPLE, D_MOE, D_RACPTR, D_RACFQ, D_NSCRATCH };
 
 typedef struct {
+    int device;                    /* the ordinal current when the context was made */
     qd_exec_mode mode;
     int bf16_copy;                 /* fast mode, BF16 recipes: keep wk16 */
     const float *wk;               /* the working copy wk16 mirrors, (nwk) */
@@ -109,6 +110,31 @@ static qd_status cuda_to_host(void *dev, void *dst, const void *src, size_t byte
     if (bytes)
         QD_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
     return QD_OK;
+}
+
+/* Device to device on the legacy default stream: after every op enqueued
+ * before it, by this context or another on the same device. */
+static qd_status cuda_copy(void *dev, void *dst, const void *src, size_t bytes)
+{
+    (void)dev;
+    if (bytes)
+        QD_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+    return QD_OK;
+}
+
+static int cuda_memory_id(void *dev) { return D(dev)->device; }
+
+static qd_status cuda_mem_info(void *dev, size_t *free_bytes, size_t *total_bytes)
+{
+    (void)dev;
+    QD_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+    return QD_OK;
+}
+
+/* Fast mode, BF16 recipes: wk16 (cuda_weights_changed). */
+static size_t cuda_own_bytes(void *dev, size_t nfloats)
+{
+    return D(dev)->bf16_copy ? sizeof(uint16_t) * nfloats : 0;
 }
 
 static qd_status cuda_finish(void *dev)
@@ -249,7 +275,9 @@ static qd_status cuda_matmul(void *dev, float *out, const float *x, const float 
     }
     if (d->mode == QD_MODE_FAST)
         return qd_cuda_gemm_f32(out, x, w, N, OC, IC, 0.0f);
-    return qdk_matmul(out, x, IC, 1, w, 1, IC, N, OC, IC, 0);
+    if (IC % 8)
+        return qdk_matmul(out, x, IC, 1, w, 1, IC, N, OC, IC, 0);
+    return qdk_matmul_wt(out, x, w, 0, N, OC, IC, prec == QD_PREC_BF16);
 }
 
 static qd_status cuda_matmul_backward(void *dev, float *dinp, float *dw, const float *dout, const float *x,
@@ -417,6 +445,29 @@ static qd_status cuda_rac_grouped(void *dev, qd_nvfp4 *a, double *const *err, co
     }
     QD_TRY(scratch(d, D_RACWS, sizeof(float) * (((size_t)R + 63) / 64 * 64 + (size_t)R * n), &ws));
     return qd_cuda_rac_augment_act_grouped_async(a, x, R, K, d_ch, d_off, E, n, (float *)ws);
+}
+
+static size_t up256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* The augmented rows (rows, K + n) quantized, dequantized and folded back
+ * (qd_rac_fake_quant), through scratch: codes, scales, s_dec, then the floats. */
+static qd_status cuda_rac_fake_quant(void *dev, float *out, const float *x, int rows, int K, const int64_t *ch,
+                                     int64_t n)
+{
+    cuda_dev *d = D(dev);
+    if (rows == 0)
+        return QD_OK;
+    size_t kc = (size_t)K + (size_t)n, cb = up256((size_t)rows * kc / 2), sb = up256((size_t)rows * kc / 16);
+    size_t db = up256(sizeof(float) * (size_t)rows);
+    void *p, *ws;
+    QD_TRY(scratch(d, D_RACFQ, cb + sb + db + sizeof(float) * (size_t)rows * kc, &p));
+    qd_nvfp4 a = {.rows = rows, .cols = (int64_t)kc, .codes = (uint8_t *)p, .scales = (uint8_t *)p + cb,
+                  .s_dec = (float *)((char *)p + cb + sb), .per_row = 1};
+    float *deq = (float *)((char *)p + cb + sb + db);
+    QD_TRY(scratch(d, D_RACWS, sizeof(float) * (((size_t)rows + 63) / 64 * 64 + (size_t)rows * n), &ws));
+    QD_TRY(qd_cuda_rac_augment_act_async(&a, x, rows, K, ch, n, (float *)ws));
+    QD_TRY(qd_cuda_nvfp4_dequantize_async(deq, &a));
+    return qdk_rac_fold(out, deq, ch, rows, K, n);
 }
 
 static qd_status cuda_rac_augment_weight(void *dev, qd_nvfp4 *out, const float *w, int N, int K, const int64_t *ch,
@@ -621,6 +672,10 @@ static const qd_ops cuda_ops = {
     .zero = cuda_zero,
     .to_dev = cuda_to_dev,
     .to_host = cuda_to_host,
+    .copy = cuda_copy,
+    .memory_id = cuda_memory_id,
+    .mem_info = cuda_mem_info,
+    .own_bytes = cuda_own_bytes,
     .finish = cuda_finish,
     .enter = NULL,
     .leave = NULL,
@@ -649,6 +704,7 @@ static const qd_ops cuda_ops = {
     .rac_augment_act = cuda_rac_augment_act,
     .rac_augment_weight = cuda_rac_augment_weight,
     .rac_grouped = cuda_rac_grouped,
+    .rac_fake_quant = cuda_rac_fake_quant,
     .sqerr_rows = cuda_sqerr_rows,
     .attend = cuda_attend,
     .attend_backward = cuda_attend_backward,
@@ -689,6 +745,11 @@ extern "C" void *qd_cuda_dev_new(qd_exec_mode mode, int bf16_copy)
     cuda_dev *d = (cuda_dev *)calloc(1, sizeof *d);
     if (!d) {
         qd_error(QD_ERR_NOMEM, "cuda backend: context");
+        return NULL;
+    }
+    if (cudaGetDevice(&d->device) != cudaSuccess) {
+        qd_error(QD_ERR_DEVICE, "cuda backend: cudaGetDevice: %s", cudaGetErrorString(cudaGetLastError()));
+        free(d);
         return NULL;
     }
     d->mode = mode;

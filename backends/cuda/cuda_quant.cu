@@ -787,6 +787,172 @@ w4a4_tc_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const 
         }
 }
 
+/* The decode-shaped tensor-core kernel (any K % 16 == 0, up to 8*NT activation
+ * rows a CTA): the tc kernel's arithmetic (p of each block from one int8 MMA,
+ * promoted per output in ascending block order: acc = fmaf(4p, (sa/4)*sw, acc),
+ * the product exact (§3), so one rounding as on the CPU), with the weights
+ * staged through shared memory by coalesced cp.async copies so that every byte
+ * of a weight row is read from HBM once, in 128-byte lines. A CTA of 4 warps owns
+ * 64 weight rows of one group (blockIdx.z: an expert, or the one matrix) and 8*NT
+ * activation rows (blockIdx.y); K goes in chunks of 16 blocks, the next chunk's
+ * weights in flight (cp.async) and its activations and scales in registers while
+ * the current one is multiplied. Warp w's thread (g = lane/4, t = lane%4) owns
+ * weight rows 16w+g and 16w+g+8 and activation rows 2t, 2t+1 of each 8-row tile
+ * (the MMA's accumulator layout). Padded shared rows make every fragment read of a
+ * warp hit 32 banks. */
+#define QD_MMA_WARPS 4
+#define QD_MMA_ROWS (16 * QD_MMA_WARPS)
+#define QD_MMA_CB 16                    /* blocks a chunk */
+#define QD_MMA_WLD (QD_MMA_CB * 8 + 16)  /* bytes a staged weight row (codes) */
+#define QD_MMA_ALD (QD_MMA_CB * 16 + 16) /* bytes a staged activation row (int8) */
+#define QD_MMA_SLD (QD_MMA_CB + 1)       /* floats a staged scale row */
+
+template <int NT>
+struct mma_stage {
+    uint8_t wc[QD_MMA_ROWS][QD_MMA_WLD];
+    float sw[QD_MMA_ROWS][QD_MMA_SLD];
+    __align__(16) int8_t a[8 * NT][QD_MMA_ALD];
+    float sa[8 * NT][QD_MMA_SLD];
+};
+
+static __device__ __forceinline__ void cp_async8(void *dst, const void *src)
+{
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(d), "l"(src));
+}
+
+static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+static __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+/* What one thread carries in registers for the next chunk: its share of the
+ * weight scales (64 rows x cb blocks), activation codes (8*NT rows x cb blocks)
+ * and activation scales. */
+#define QD_MMA_WS_PER_THREAD (QD_MMA_ROWS * QD_MMA_CB / (32 * QD_MMA_WARPS))
+template <int NT>
+struct mma_regs {
+    uint8_t ws[QD_MMA_WS_PER_THREAD];
+    uint2 ac[NT];
+    uint8_t as[NT];
+};
+
+/* Issues chunk c's weight codes (cp.async into st) and loads its scales and
+ * activations into r. Rows past N read row N-1 (never stored); activation rows
+ * past T read as zero. */
+template <int NT>
+static __device__ __forceinline__ void mma_fetch(mma_stage<NT> *st, mma_regs<NT> *r, const uint8_t *wc,
+                                                 const uint8_t *ws, int64_t n0, int64_t N, int nb,
+                                                 const uint8_t *ac, const uint8_t *as, int T, int b0, int cb)
+{
+    int tid = threadIdx.x;
+    for (int i = tid; i < QD_MMA_ROWS * cb; i += 32 * QD_MMA_WARPS) {
+        int row = i / cb, u = i - row * cb;
+        int64_t n = n0 + row < N ? n0 + row : N - 1;
+        cp_async8(&st->wc[row][u * 8], wc + n * (int64_t)(nb * 8) + (int64_t)(b0 + u) * 8);
+    }
+    cp_async_commit();
+#pragma unroll
+    for (int k = 0; k < QD_MMA_WS_PER_THREAD; k++) {
+        int i = tid + k * 32 * QD_MMA_WARPS, row = i / QD_MMA_CB, u = i % QD_MMA_CB;
+        int64_t n = n0 + row < N ? n0 + row : N - 1;
+        r->ws[k] = u < cb ? __ldg(ws + n * nb + b0 + u) : 0;
+    }
+#pragma unroll
+    for (int k = 0; k < NT; k++) {
+        int i = tid + k * 32 * QD_MMA_WARPS, row = i / QD_MMA_CB, u = i % QD_MMA_CB;
+        bool in = row < T && u < cb;
+        r->ac[k] = in ? __ldg((const uint2 *)(ac + (int64_t)row * (nb * 8) + (int64_t)(b0 + u) * 8))
+                      : make_uint2(0, 0);
+        r->as[k] = in ? __ldg(as + (int64_t)row * nb + b0 + u) : 0;
+    }
+}
+
+/* The registers of mma_fetch into the stage: scales decoded to float (activation
+ * scales / 4), activation codes to int8 (2*E2M1). */
+template <int NT>
+static __device__ __forceinline__ void mma_store(mma_stage<NT> *st, const mma_regs<NT> *r)
+{
+    int tid = threadIdx.x;
+#pragma unroll
+    for (int k = 0; k < QD_MMA_WS_PER_THREAD; k++) {
+        int i = tid + k * 32 * QD_MMA_WARPS;
+        st->sw[i / QD_MMA_CB][i % QD_MMA_CB] = qd_e4m3_to_f32(r->ws[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < NT; k++) {
+        int i = tid + k * 32 * QD_MMA_WARPS, row = i / QD_MMA_CB, u = i % QD_MMA_CB;
+        uint2 c = r->ac[k];
+        *(int4 *)&st->a[row][u * 16] = make_int4(e2m1x4_s8(c.x & 0xffffu), e2m1x4_s8(c.x >> 16),
+                                                 e2m1x4_s8(c.y & 0xffffu), e2m1x4_s8(c.y >> 16));
+        st->sa[row][u] = 0.25f * qd_e4m3_to_f32(r->as[k]);
+    }
+}
+
+template <int NT>
+__global__ void __launch_bounds__(32 * QD_MMA_WARPS)
+w4a4_mma_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
+                const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K)
+{
+    extern __shared__ __align__(16) unsigned char mma_smem[];
+    mma_stage<NT> *stage = (mma_stage<NT> *)mma_smem;
+    int z = blockIdx.z;
+    int64_t rows = g.rows[z], t0 = (int64_t)blockIdx.y * 8 * NT, n0 = (int64_t)blockIdx.x * QD_MMA_ROWS;
+    if (t0 >= rows)
+        return;
+    int T = rows - t0 < 8 * NT ? (int)(rows - t0) : 8 * NT, nb = (int)(K / 16), nchunk = (nb + QD_MMA_CB - 1) / QD_MMA_CB;
+    int64_t r0 = g.row0[z] + t0;
+    const uint8_t *ac = a_codes + r0 * (K / 2), *as = a_scales + r0 * nb;
+    int lane = threadIdx.x & 31, gq = lane >> 2, t = lane & 3, w = threadIdx.x >> 5;
+    float acc[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+        acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    mma_regs<NT> reg;
+    int cb = nb < QD_MMA_CB ? nb : QD_MMA_CB;
+    mma_fetch<NT>(&stage[0], &reg, g.codes[z], g.scales[z], n0, N, nb, ac, as, T, 0, cb);
+    mma_store<NT>(&stage[0], &reg);
+    cp_async_wait_all();
+    __syncthreads();
+    int wr0 = 16 * w + gq, wr1 = wr0 + 8;
+    for (int c = 0; c < nchunk; c++) {
+        mma_stage<NT> *cur = &stage[c & 1], *nxt = &stage[(c + 1) & 1];
+        int b0 = c * QD_MMA_CB, cbc = nb - b0 < QD_MMA_CB ? nb - b0 : QD_MMA_CB;
+        int nb0 = b0 + QD_MMA_CB, cbn = nb - nb0 < QD_MMA_CB ? nb - nb0 : QD_MMA_CB;
+        if (c + 1 < nchunk)
+            mma_fetch<NT>(nxt, &reg, g.codes[z], g.scales[z], n0, N, nb, ac, as, T, nb0, cbn);
+        for (int j = 0; j < cbc; j++) {
+            uint32_t a0 = (uint32_t)e2m1x4_s8(*(const uint16_t *)&cur->wc[wr0][j * 8 + 2 * t]);
+            uint32_t a1 = (uint32_t)e2m1x4_s8(*(const uint16_t *)&cur->wc[wr1][j * 8 + 2 * t]);
+            float sw0 = cur->sw[wr0][j], sw1 = cur->sw[wr1][j];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                if (nt * 8 >= T)
+                    break;
+                int d[4];
+                mma_s8(d, a0, a1, *(const uint32_t *)&cur->a[nt * 8 + gq][j * 16 + 4 * t]);
+                float sa_lo = cur->sa[nt * 8 + 2 * t][j], sa_hi = cur->sa[nt * 8 + 2 * t + 1][j];
+                acc[nt][0] = fmaf(__int_as_float(d[0]) - QD_MAGIC, sa_lo * sw0, acc[nt][0]);
+                acc[nt][1] = fmaf(__int_as_float(d[1]) - QD_MAGIC, sa_hi * sw0, acc[nt][1]);
+                acc[nt][2] = fmaf(__int_as_float(d[2]) - QD_MAGIC, sa_lo * sw1, acc[nt][2]);
+                acc[nt][3] = fmaf(__int_as_float(d[3]) - QD_MAGIC, sa_hi * sw1, acc[nt][3]);
+            }
+        }
+        if (c + 1 < nchunk)
+            mma_store<NT>(nxt, &reg);
+        cp_async_wait_all();
+        __syncthreads();
+    }
+    const float *sdw = g.sdec[z];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int m = nt * 8 + 2 * t + (i & 1);
+            int64_t n = n0 + (i < 2 ? wr0 : wr1);
+            if (m < T && n < N)
+                y[(r0 + m) * N + n] = acc[nt][i] * (a_sdec[a_per_row ? r0 + m : 0] * sdw[w_per_row ? n : 0]);
+        }
+}
+
 /* ---- host side */
 
 static int sm_count(void)
@@ -982,7 +1148,7 @@ extern "C" qd_status qd_cuda_nvfp4_quantize_with(qd_nvfp4 *q, const float *x, co
     return qd_cuda_nonfinite_check();
 }
 
-extern "C" qd_status qd_cuda_nvfp4_dequantize(float *out, const qd_nvfp4 *q)
+extern "C" qd_status qd_cuda_nvfp4_dequantize_async(float *out, const qd_nvfp4 *q)
 {
     int64_t nblk = q->rows * (q->cols / 16);
     QD_TRY(check_shape("qd_cuda_nvfp4_dequantize", q->rows, q->cols));
@@ -992,6 +1158,12 @@ extern "C" qd_status qd_cuda_nvfp4_dequantize(float *out, const qd_nvfp4 *q)
                                                        q->per_row, q->rows, q->cols / 16);
         QD_CUDA_CHECK(cudaGetLastError());
     }
+    return QD_OK;
+}
+
+extern "C" qd_status qd_cuda_nvfp4_dequantize(float *out, const qd_nvfp4 *q)
+{
+    QD_TRY(qd_cuda_nvfp4_dequantize_async(out, q));
     QD_CUDA_CHECK(cudaDeviceSynchronize());
     return QD_OK;
 }
@@ -1108,6 +1280,48 @@ static qd_status launch_w4a4_grouped(float *y, const qd_nvfp4 *a, const w4a4_gro
     return QD_OK;
 }
 
+/* The MMA kernel over a table of groups: NT (8-row activation tiles a CTA) as
+ * large as the rows ask for, made smaller while the grid would not fill the GPU
+ * three times over (more CTAs re-read the weights from L2, not HBM). */
+template <int NT>
+static qd_status launch_w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
+                                 int w_per_row, int64_t N, int64_t K)
+{
+    size_t smem = 2 * sizeof(mma_stage<NT>);
+    dim3 grid((unsigned)((N + QD_MMA_ROWS - 1) / QD_MMA_ROWS), (unsigned)((maxrows + 8 * NT - 1) / (8 * NT)),
+              (unsigned)ng);
+    if (smem > 48 * 1024)
+        QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_mma_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)smem));
+    w4a4_mma_kernel<NT><<<grid, 32 * QD_MMA_WARPS, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, *g,
+                                                           w_per_row, N, K);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+static qd_status w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int w_per_row, int64_t N,
+                          int64_t K)
+{
+    int64_t maxrows = 0, busy = 0;
+    for (int i = 0; i < ng; i++) {
+        maxrows = g->rows[i] > maxrows ? g->rows[i] : maxrows;
+        busy += g->rows[i] > 0;
+    }
+    if (maxrows == 0 || N == 0)
+        return QD_OK;
+    int nt = maxrows <= 8 ? 1 : maxrows <= 16 ? 2 : 4;
+    int64_t tiles = (N + QD_MMA_ROWS - 1) / QD_MMA_ROWS;
+    while (nt > 1 && tiles * ((maxrows + 8 * nt - 1) / (8 * nt)) * busy < 3 * sm_count())
+        nt /= 2;
+    return nt == 1 ? launch_w4a4_mma<1>(y, a, g, ng, maxrows, w_per_row, N, K)
+         : nt == 2 ? launch_w4a4_mma<2>(y, a, g, ng, maxrows, w_per_row, N, K)
+                   : launch_w4a4_mma<4>(y, a, g, ng, maxrows, w_per_row, N, K);
+}
+
+/* QUADS_W4A4_LEGACY (bench only): 1 = the kernels before the MMA kernel. */
+extern "C" int qd_cuda_w4a4_legacy;
+int qd_cuda_w4a4_legacy;
+
 extern "C" qd_status qd_cuda_w4a4_gemm_grouped_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *const *w,
                                                      const int64_t *row_off, int ngroups)
 {
@@ -1132,6 +1346,10 @@ extern "C" qd_status qd_cuda_w4a4_gemm_grouped_async(float *y, const qd_nvfp4 *a
         }
         if (maxrows == 0 || N == 0)
             continue;
+        if (!qd_cuda_w4a4_legacy) {
+            QD_TRY(w4a4_mma(y, a, &g, ng, w[g0]->per_row, N, K));
+            continue;
+        }
         int mt = maxrows <= 1 ? 1 : maxrows <= 2 ? 2 : maxrows <= 4 ? 4 : 8;
         while (mt > 1 && w4a4_smem(mt, K, 0) > (size_t)limit)
             mt /= 2;
@@ -1169,6 +1387,15 @@ static qd_status launch_w4a4_tc(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
 
 extern "C" qd_status qd_cuda_w4a4_gemm_tc_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
 {
+    if (!qd_cuda_w4a4_legacy && a->cols == w->cols && a->cols % QD_NVFP4_BLOCK == 0 && a->rows <= 64) {
+        w4a4_groups g;
+        g.row0[0] = 0;
+        g.rows[0] = a->rows;
+        g.codes[0] = w->codes;
+        g.scales[0] = w->scales;
+        g.sdec[0] = w->s_dec;
+        return w4a4_mma(y, a, &g, 1, w->per_row, w->rows, a->cols);
+    }
     if (a->cols != w->cols || a->cols % (16 * QD_TC_CHUNK))
         return qd_cuda_w4a4_gemm_async(y, a, w);
     if (a->rows == 0 || w->rows == 0)

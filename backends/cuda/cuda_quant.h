@@ -47,6 +47,7 @@ qd_status qd_cuda_nvfp4_quantize_bf16_async(qd_nvfp4 *q, const uint16_t *x);
 qd_status qd_cuda_nvfp4_quantize_with(qd_nvfp4 *q, const float *x, const float *s_enc);
 /* out (rows, cols) = dequant(q). */
 qd_status qd_cuda_nvfp4_dequantize(float *out, const qd_nvfp4 *q);
+qd_status qd_cuda_nvfp4_dequantize_async(float *out, const qd_nvfp4 *q);
 /* out = dequant(quantize(x)) in one pass; the gradient is the identity (§5). */
 qd_status qd_cuda_nvfp4_fake_quant(float *out, const float *x, int64_t rows, int64_t cols, int per_row);
 qd_status qd_cuda_nvfp4_fake_quant_async(float *out, const float *x, int64_t rows, int64_t cols, int per_row);
@@ -64,6 +65,11 @@ qd_status qd_cuda_w4a4_gemm_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w
  * the faster of the two from M = 8 on, the plain kernels below (bench/RESULTS.md). */
 qd_status qd_cuda_w4a4_gemm_tc(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
 qd_status qd_cuda_w4a4_gemm_tc_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
+/* Up to 64 activation rows (decode) and in every grouped product the MMA kernel
+ * w4a4_mma_kernel serves these: weights staged through shared memory by
+ * coalesced copies, any K % 16 == 0. qd_cuda_w4a4_legacy = 1 (benchmarks only)
+ * selects the kernels before it, for the side-by-side table. */
+extern int qd_cuda_w4a4_legacy;
 
 /* Grouped (MoE experts): for g < ngroups, rows row_off[g] .. row_off[g+1]-1 of
  * A and y times W = *w[g] (all of one shape), one launch; the same bits as one

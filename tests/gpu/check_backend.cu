@@ -8,7 +8,12 @@
  *   and for RAC recipes the channel sets re-picked at the next sync (the RAC
  *   state blob) and a forward through them;
  * - trainer role: forward, backward (gradients), AdamW step (norm, weights,
- *   moments) and a forward after it.
+ *   moments) and a forward after it; then the weight sync on the device: a
+ *   CUDA rollout takes the stepped CUDA trainer's weights by
+ *   qd_backend_sync_from (no host copy), a CPU rollout the CPU trainer's by
+ *   set_weights, and their RAC state and forwards must be equal.
+ * Last, the memory plan: the tiny model's plan equals the driver's
+ * allocations kind by kind, and an absurd generate is refused at init.
  * Then fast mode (NUMERICS.md §7) against the CPU's exact numbers: forward
  * logits (rollout role) and gradients (trainer role), L2-relative error within
  * the bounds stated at fast_bound().
@@ -223,15 +228,12 @@ static qd_status check_generate(pair *p, float temp, const char *op)
     return QD_OK;
 }
 
-/* RAC: the next sync re-picks channels from the statistics the forwards and
- * generates above gathered (they ask for them: rac_stats = 1). */
-static qd_status check_rac(pair *p)
+/* The RAC state blobs of both backends, one row (none without RAC). */
+static qd_status rac_row(pair *p, const char *op)
 {
     size_t n = qd_backend_rac_state_size(p->b[0]);
     if (n == 0 || n != qd_backend_rac_state_size(p->b[1]))
         return n == 0 ? QD_OK : qd_error(QD_ERR_FORMAT, "RAC state sizes differ");
-    for (int k = 0; k < 2; k++)
-        QD_TRY_H(qd_backend_set_weights(p->b[k], p->w, p->n));
     char *blob = (char *)malloc(2 * n);
     if (!blob)
         return qd_error(QD_ERR_NOMEM, "check_backend: RAC state");
@@ -244,7 +246,19 @@ static qd_status check_rac(pair *p)
     free(blob);
     if (st)
         return st;
-    row(p->model, "rac_state", p->recipe, p->role, &c);
+    row(p->model, op, p->recipe, p->role, &c);
+    return QD_OK;
+}
+
+/* RAC: the next sync re-picks channels from the statistics the forwards and
+ * generates above gathered (they ask for them: rac_stats = 1). */
+static qd_status check_rac(pair *p)
+{
+    if (qd_backend_rac_state_size(p->b[0]) == 0)
+        return QD_OK;
+    for (int k = 0; k < 2; k++)
+        QD_TRY_H(qd_backend_set_weights(p->b[k], p->w, p->n));
+    QD_TRY_H(rac_row(p, "rac_state"));
     return check_forward(p, "forward(rac sync)");
 }
 
@@ -319,6 +333,40 @@ static qd_status check_train(pair *p)
     return st ? st : check_forward(p, "forward(after step)");
 }
 
+static qd_status open_pair(pair *p);
+
+/* The weight sync on the device (qd_backend_sync_from): after the step, a
+ * CUDA rollout that gathered RAC statistics takes the CUDA trainer's weights
+ * device to device, a CPU rollout the CPU trainer's by set_weights; the two
+ * rollouts must then hold the same RAC channels and compute the same bits. */
+static qd_status check_sync_from(pair *p)
+{
+    pair q = *p;
+    q.role = QD_ROLE_ROLLOUT;
+    q.b[0] = q.b[1] = NULL;
+    float *w = (float *)malloc(sizeof(float) * p->n);
+    int direct = 0;
+    qd_status st = w ? open_pair(&q) : qd_error(QD_ERR_NOMEM, "check_backend: weights");
+    if (!st)
+        st = check_generate(&q, 1.0f, "generate(pre-sync)");
+    if (!st)
+        st = qd_backend_get_weights(p->b[0], w, p->n);
+    if (!st)
+        st = qd_backend_set_weights(q.b[0], w, p->n);
+    if (!st)
+        st = qd_backend_sync_from(q.b[1], p->b[1], &direct);
+    if (!st && !direct)
+        st = qd_error(QD_ERR_DEVICE, "sync_from: the CUDA instances synced through the host");
+    if (!st)
+        st = rac_row(&q, "rac_state(sync_from)");
+    if (!st)
+        st = check_forward(&q, "forward(sync_from)");
+    for (int k = 0; k < 2; k++)
+        qd_backend_free(q.b[k]);
+    free(w);
+    return st;
+}
+
 static qd_status open_pair(pair *p)
 {
     qd_backend_options opt;
@@ -361,14 +409,18 @@ static qd_status open_pair(pair *p)
  * is the exact one on Hopper), 1e-2 for bf16 and 1e-1 for fp8 (an E4M3 code
  * has 3 mantissa bits: one flipped code moves its element by up to 1/8;
  * measured up to 5.7e-2 on the hidden-48 fixture). Gradients:
- * 1e-5 under fp32, 1e-3 under every BF16 recipe (the issue's bound). */
+ * 1e-5 under fp32, 1e-3 under every BF16 recipe (the issue's bound). The
+ * ablation recipe nvfp4-w4a16 rounds every linear's input to BF16 as bf16 does
+ * (BF16 activations, fake-quant weights): bf16's 1e-2 (H200 2026-12-03: 1.4e-3). */
 static double fast_bound(const pair *p, int grads)
 {
     if (p->recipe == QD_RECIPE_FP32)
         return 1e-5;
     if (grads)
         return 1e-3;
-    return p->recipe == QD_RECIPE_BF16 ? 1e-2 : p->recipe == QD_RECIPE_FP8 ? 1e-1 : 1e-3;
+    if (p->recipe == QD_RECIPE_BF16 || p->recipe == QD_RECIPE_NVFP4_W4A16)
+        return 1e-2;
+    return p->recipe == QD_RECIPE_FP8 ? 1e-1 : 1e-3;
 }
 
 static void row_fast(const pair *p, const char *op, double rel, double rmax, double bound)
@@ -443,8 +495,10 @@ static qd_status check_pair(pair *p)
         return p->role == QD_ROLE_TRAINER ? fast_train(p) : fast_forward(p);
     }
     QD_TRY_H(open_pair(p));
-    if (p->role == QD_ROLE_TRAINER)
-        return check_train(p);
+    if (p->role == QD_ROLE_TRAINER) {
+        QD_TRY_H(check_train(p));
+        return check_sync_from(p);
+    }
     QD_TRY_H(check_forward(p, "forward"));
     QD_TRY_H(check_diag(p));
     QD_TRY_H(check_generate(p, 1.0f, "generate(top-p)"));
@@ -522,6 +576,91 @@ static void check_oom(void)
         g_worst = 1;
 }
 
+/* The planned calls of check_plan: a forward of w->fwd_B full sequences
+ * (backward and AdamW when w->train), a generate of w->gen_B full prompts for
+ * w->gen_M tokens without a stop token. */
+static qd_status run_planned(qd_backend *b, const qd_workload *w, int V)
+{
+    int n = w->fwd_B * w->fwd_T, G = w->gen_B, M = w->gen_M;
+    int32_t *tok = (int32_t *)calloc((size_t)n + G * w->gen_Tp + 2 * G + G * M, sizeof(int32_t));
+    float *lp = (float *)calloc((size_t)n + G * M, sizeof(float));
+    uint64_t *sid = (uint64_t *)calloc((size_t)G, sizeof(uint64_t));
+    if (!tok || !lp || !sid) {
+        free(tok), free(lp), free(sid);
+        return qd_error(QD_ERR_NOMEM, "check_plan");
+    }
+    int32_t *len = tok + n + G * w->gen_Tp, *plen = len + G, *out = plen + G, flen[64];
+    uint32_t s = 99u;
+    for (int i = 0; i < n + G * w->gen_Tp; i++)
+        tok[i] = (int32_t)(lcg(&s) % (uint32_t)V);
+    for (int i = 0; i < w->fwd_B && i < 64; i++)
+        flen[i] = w->fwd_T;
+    for (int i = 0; i < G; i++)
+        plen[i] = w->gen_Tp, sid[i] = (uint64_t)i;
+    qd_batch bt = {.B = w->fwd_B, .T = w->fwd_T, .tokens = tok, .lengths = flen, .temperature = 1.0f, .rac_stats = 1};
+    qd_adamw opt = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+    qd_generate_request rq = {.B = G, .Tp = w->gen_Tp, .prompt = tok + n, .prompt_len = plen, .seq_id = sid,
+                              .seed = 5u, .max_new_tokens = M, .temperature = 1.0f, .top_p = 1.0f, .rac_stats = 1};
+    qd_generate_result res = {.tokens = out, .logp = lp + n, .lengths = len};
+    qd_status st = qd_backend_forward(b, &bt, lp, NULL);
+    if (!st && w->train)
+        st = qd_backend_backward(b, lp);
+    if (!st && w->train)
+        st = qd_backend_optimizer_step(b, &opt, 1, NULL);
+    if (!st)
+        st = qd_backend_generate(b, &rq, &res);
+    free(tok), free(lp), free(sid);
+    return st;
+}
+
+/* The memory plan on the device: for the tiny model (quads, both roles, both
+ * modes) the plan equals what the driver allocated at most, kind by kind,
+ * after the planned calls; an absurd generate is refused at init naming the
+ * plan and the bytes free (cudaMemGetInfo). */
+static void check_plan(void)
+{
+    qd_model_config cfg;
+    if (qd_checkpoint_read_config("models/tiny", &cfg)) {
+        g_worst = 2;
+        return;
+    }
+    for (int mode = 0; mode < 2; mode++)
+        for (int role = 0; role < 2; role++) {
+            qd_backend_options opt;
+            memset(&opt, 0, sizeof opt);
+            opt.recipe = QD_RECIPE_QUADS, opt.role = (qd_role)role, opt.mode = (qd_exec_mode)mode;
+            opt.rac_ratio = 0.25, opt.diagnostics = 1;
+            opt.workload = (qd_workload){.fwd_B = 3, .fwd_T = 11, .gen_B = 4, .gen_Tp = 6, .gen_M = 5,
+                                         .train = role == QD_ROLE_TRAINER};
+            qd_backend *b = qd_backend_cuda_init(&cfg, &opt);
+            qd_memory m;
+            memset(&m, 0, sizeof m);
+            qd_status st = b ? run_planned(b, &opt.workload, cfg.vocab_size) : QD_ERR_DEVICE;
+            if (!st)
+                st = qd_backend_memory(b, &m);
+            int ok = !st && m.plan.total > 0 && m.free_at_init > 0;
+            for (int k = 0; k < QD_MEM_COUNT && ok; k++)
+                ok = m.plan.bytes[k] == m.peak.bytes[k];
+            printf("memory plan %s %s = bytes allocated: %s (plan %zu, peak %zu)%s%s\n",
+                   mode ? "fast" : "exact", role ? "trainer" : "rollout", ok ? "yes" : "NO", m.plan.total,
+                   m.peak.total, st ? ": " : "", st ? qd_last_error() : "");
+            qd_backend_free(b);
+            if (!ok && g_worst < 1)
+                g_worst = 1;
+        }
+    qd_backend_options opt;
+    memset(&opt, 0, sizeof opt);
+    opt.recipe = QD_RECIPE_QUADS;
+    opt.workload = (qd_workload){.gen_B = 1 << 20, .gen_Tp = 500, .gen_M = 12};
+    qd_backend *b = qd_backend_cuda_init(&cfg, &opt);
+    const char *msg = qd_last_error();
+    int ok = !b && strstr(msg, "memory plan needs") && strstr(msg, " free of ") && strstr(msg, "the largest");
+    printf("memory plan refusal: %s: %s\n", ok ? "yes" : "NO", msg);
+    qd_backend_free(b);
+    if (!ok && g_worst < 1)
+        g_worst = 1;
+}
+
 int main(int argc, char **argv)
 {
     int n = argc > 1 ? argc - 1 : (int)(sizeof default_dirs / sizeof default_dirs[0]);
@@ -530,6 +669,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < n; i++)
         check_model(argc > 1 ? argv[i + 1] : default_dirs[i]);
     check_oom();
+    check_plan();
     printf("check_backend: %d rows: %d exact bit-identical, %d fast within bounds: %s\n", g_rows, g_equal, g_fast_ok,
            g_worst == 0 ? "PASS" : g_worst == 1 ? "FAIL (bits differ)" : "ERROR");
     return g_worst;

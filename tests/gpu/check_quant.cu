@@ -472,6 +472,12 @@ static void check_gemm(void)
     check_gemm_grouped(32, 512, 1024, 9);    /* moe8's gate/up at decode */
     check_gemm_grouped(32, 1024, 512, 70);   /* moe8's down at prefill */
     check_gemm_grouped(130, 64, 64, 3);      /* more groups than one launch holds */
+    check_gemm_grouped(128, 768, 2048, 12);  /* Qwen3-30B-A3B gate/up, batch 64 decode */
+    check_gemm_grouped(128, 2048, 768, 12);  /* its down */
+    check_gemm_grouped(64, 768, 2144, 40);   /* RAC-augmented K (134 blocks), batch 256 */
+    check_gemm_grouped(16, 200, 1040, 90);   /* N not a multiple of 64, rows over 64 */
+    check_gemm_case(64, 4096, 2048, 1, 0, 0); /* attention linears at batch 64 */
+    check_gemm_case(40, 520, 2144, 0, 0, 1);
 }
 
 /* ---- non-finite inputs must raise QD_ERR_NONFINITE, and the flag must clear */
