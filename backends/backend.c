@@ -154,9 +154,9 @@ qd_status qd_backend_set_weights(qd_backend *b, const float *params, size_t n)
 {
     assert(b && params);
     qd_status st = check_size(b, n, "set_weights");
-    float amax;
-    if (!st && qd_amax(&amax, params, (int64_t)n))
-        st = qd_error(QD_ERR_NONFINITE, "set_weights: non-finite master weight");
+    int64_t bad = st ? -1 : qd_first_nonfinite(params, (int64_t)n);
+    if (bad >= 0)
+        st = qd_error(QD_ERR_NONFINITE, "set_weights: master weight %lld is not finite", (long long)bad);
     return st ? st : b->iface->set_weights(b, params, n);
 }
 
@@ -279,9 +279,10 @@ qd_status qd_backend_set_adam(qd_backend *b, const float *m, const float *v, siz
         return st;
     if (!b->iface->set_adam)
         return qd_error(QD_ERR_UNSUPPORTED, "backend %s: no optimizer state", qd_backend_name(b));
-    float amax;
-    if (qd_amax(&amax, m, (int64_t)n) || qd_amax(&amax, v, (int64_t)n))
-        return qd_error(QD_ERR_NONFINITE, "set_adam: non-finite AdamW moment");
+    int64_t bm = qd_first_nonfinite(m, (int64_t)n), bv = bm >= 0 ? -1 : qd_first_nonfinite(v, (int64_t)n);
+    if (bm >= 0 || bv >= 0)
+        return qd_error(QD_ERR_NONFINITE, "set_adam: AdamW %s moment %lld is not finite", bm >= 0 ? "first" : "second",
+                        (long long)(bm >= 0 ? bm : bv));
     return b->iface->set_adam(b, m, v, n);
 }
 

@@ -1,6 +1,7 @@
 /* bench_load: checkpoint loading speed from a warm page cache.
  *
  *   bench/bench_load [--gb X | --a3b-layers L] [--shards N] [--dir DIR] [--reps R] [--only before|after]
+ *                    [--fresh 0|1] [--backend cpu|cuda]
  *
  * Writes (once; kept for later runs) a BF16 Qwen3-MoE checkpoint of about X GB
  * (default 1; or the a3b shape of bench_backend at L layers: L = 4 is 6.2 GB,
@@ -18,7 +19,8 @@
  * of the two (one buffer: half the memory, no comparison). --fresh 1 adds
  * single loads by the after loader into fresh memory (the first touch
  * included, as in quads forward and quads rl), plain, with MADV_HUGEPAGE
- * twice, plain again. GB = 1e9 bytes of
+ * twice, plain again. --backend B then times what quads forward does after
+ * the load on backend B, step by step (backend_steps). GB = 1e9 bytes of
  * the checkpoint's tensors. Threads: OMP_NUM_THREADS (default all cores). */
 #include <math.h>
 #include <omp.h>
@@ -30,12 +32,14 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include "backends/backend.h"
 #include "backends/layout.h"
 #include "bench/bench_util.h"
 #include "models/checkpoint.h"
 #include "models/safetensors.h"
 #include "quant/fileio.h"
 #include "quant/numerics.h"
+#include "quant/quant.h"
 
 /* The a3b shape of bench_backend.c: Qwen3-30B-A3B's layers (hidden 2048, 128
  * experts top-8 of width 768, 32 / 4 heads of 128, vocab 151936) at `layers`
@@ -226,6 +230,66 @@ static timing time_fresh(const char *dir, const qd_model_layout *L, int hp, cons
     return (timing){t, tv_s(u1.ru_utime) - tv_s(u0.ru_utime), tv_s(u1.ru_stime) - tv_s(u0.ru_stime)};
 }
 
+static double since(double *t0)
+{
+    double t = qd_bench_now(), d = t - *t0;
+    *t0 = t;
+    return d;
+}
+
+/* What quads forward does after the load, step by step, with the weights w
+ * loaded: the backend (fp32 recipe, rollout role, as quads forward), the
+ * finiteness check set_weights makes (timed alone, and the serial qd_amax it
+ * replaced), set_weights (check, upload, weight sync), a forward of 27
+ * tokens with log-probs and logits to the host, and the free. */
+static int backend_steps(const char *name, const qd_model_config *cfg, const float *w, size_t nf)
+{
+    double t0 = qd_bench_now(), dt[6];
+    float amax;
+    qd_backend_options opt = {.recipe = QD_RECIPE_FP32, .role = QD_ROLE_ROLLOUT};
+    qd_backend *b = qd_backend_init_by_name(name, cfg, &opt);
+    dt[0] = since(&t0);
+    qd_status st = b ? QD_OK : qd_error(QD_ERR_ARG, "%s", qd_last_error());
+    if (!st && qd_backend_num_floats(b) != nf)
+        st = qd_error(QD_ERR_SHAPE, "backend %s: %zu floats, the checkpoint %zu", name, qd_backend_num_floats(b), nf);
+    if (!st && qd_amax(&amax, w, (int64_t)nf))
+        st = QD_ERR_NONFINITE;
+    dt[1] = since(&t0);
+    if (!st && qd_first_nonfinite(w, (int64_t)nf) >= 0)
+        st = QD_ERR_NONFINITE;
+    dt[2] = since(&t0);
+    if (!st)
+        st = qd_backend_set_weights(b, w, nf);
+    dt[3] = since(&t0);
+    int32_t ids[27], len = 27;
+    for (int i = 0; i < 27; i++)
+        ids[i] = i + 1;
+    float *logp = malloc(sizeof(float) * 27), *logits = malloc(sizeof(float) * 27 * (size_t)cfg->vocab_size);
+    qd_batch batch = {.B = 1, .T = 27, .tokens = ids, .lengths = &len, .temperature = 1.0f};
+    if (!st)
+        st = logp && logits ? qd_backend_forward(b, &batch, logp, logits) : qd_error(QD_ERR_NOMEM, "logits");
+    dt[4] = since(&t0);
+    qd_backend_free(b);
+    dt[5] = since(&t0);
+    free(logp), free(logits);
+    if (st) {
+        fprintf(stderr, "bench_load: backend %s: %s\n", name, qd_last_error());
+        return 1;
+    }
+    static const char *const what[6] = {
+        "backend init (device, memory plan, allocations)",
+        "finiteness check of the weights: serial qd_amax (set_weights before)",
+        "finiteness check of the weights: qd_first_nonfinite (set_weights now)",
+        "qd_backend_set_weights (check, upload, weight sync)",
+        "forward of 27 tokens, log-probs and logits to the host",
+        "qd_backend_free",
+    };
+    printf("\n| quads forward after the load, backend %s | seconds |\n|---|---|\n", name);
+    for (int i = 0; i < 6; i++)
+        printf("| %s | %.3f |\n", what[i], dt[i]);
+    return 0;
+}
+
 static void row(const char *name, size_t bytes, timing t)
 {
     printf("| %s | %zu | %.3f | %.2f | %.2f + %.2f | %.2f |\n", name, bytes, t.wall, bytes / t.wall / 1e9, t.user,
@@ -237,7 +301,7 @@ int main(int argc, char **argv)
     double gb = 1.0;
     int shards = 1, reps = 3, a3b = 0, fresh = 0;
     char dir[4096] = "";
-    const char *only = "";
+    const char *only = "", *backend = "";
     int bad = argc % 2 == 0; /* options come in pairs */
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--gb"))
@@ -254,13 +318,15 @@ int main(int argc, char **argv)
             a3b = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--fresh"))
             fresh = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--backend"))
+            backend = argv[i + 1];
         else
             bad = 1;
     }
     if (bad || gb <= 0 || shards < 1 || reps < 1 || a3b < 0 || a3b > 48 || (fresh != 0 && fresh != 1) ||
-        (*only && strcmp(only, "before") && strcmp(only, "after"))) {
+        (*only && strcmp(only, "before") && strcmp(only, "after")) || (*backend && !strcmp(only, "before"))) {
         fprintf(stderr, "usage: bench_load [--gb X > 0 | --a3b-layers L in 1..48] [--shards N >= 1] [--dir DIR] "
-                        "[--reps R >= 1] [--only before|after] [--fresh 0|1]\n");
+                        "[--reps R >= 1] [--only before|after] [--fresh 0|1] [--backend cpu|cuda]\n");
         return 2;
     }
     if (!*dir && a3b)
@@ -303,6 +369,8 @@ int main(int argc, char **argv)
     int same = !before || !after || memcmp(a, b, L.nfloats * sizeof(float)) == 0;
     if (before && after)
         printf("float32 buffers %s\n", same ? "equal bit for bit" : "DIFFER");
+    if (same && *backend && backend_steps(backend, &cfg, b, L.nfloats))
+        same = 0;
     free(a), free(b);
     qd_model_layout_free(&L);
     return same ? 0 : 1;

@@ -11,14 +11,16 @@
 #      the loader before issue 16 (one thread, tensor by tensor) and by
 #      qd_checkpoint_load, fastest of REPS, both buffers compared bit for bit;
 #      then loads into fresh memory (first touch included, as quads forward
-#      does; plain and MADV_HUGEPAGE); then with 4 shards;
+#      does; plain and MADV_HUGEPAGE) and what quads forward does after the
+#      load on the CUDA backend, step by step (init, the finiteness check before
+#      and now, set_weights, the forward, the free); then with 4 shards;
 #   2. quads forward --backend cuda (and cpu with CPU=1) of 27 token ids on that
 #      folder, as the issue timed it (20.8 s on CUDA, 82 s on the CPU before):
 #      config, backend, load, upload, weight sync and one forward
 #      (QUADS_CUDA_PROFILE=1: the CUDA backend's phases on stderr).
 # Prints the tables; logs under OUTDIR.
 #     bash bench/run_load_h200.sh [OUTDIR]
-# Sizes: LAYERS [4] REPS [3] SHARDS ["1 4"] DIR [/tmp/quads-load] CPU [0]
+# Sizes: LAYERS [4] REPS [3] SHARDS ["1 4"] DIR [/tmp/quads-load] CPU [0] BACKEND [cuda]
 set -u
 out=${1:-${OUT:-/tmp/bench_load}}
 mkdir -p "$out" || exit 1
@@ -33,8 +35,10 @@ echo "== $(nproc) cores, $(free -g | awk '/^Mem:/ {print $2}') GB memory, $(df -
 for shards in ${SHARDS:-1 4}; do
     d="$dir-a3b-L$L-$shards"
     echo "== bench_load: a3b x $L layers, $shards shard(s), $d"
+    extra=()
+    [ "$shards" = 1 ] && extra=(--fresh 1 --backend "${BACKEND:-cuda}")
     s0=$(date +%s.%N)
-    timeout 250 bench/bench_load --a3b-layers "$L" --shards "$shards" --reps "$reps" --dir "$d" --fresh $((shards == 1)) \
+    timeout 250 bench/bench_load --a3b-layers "$L" --shards "$shards" --reps "$reps" --dir "$d" "${extra[@]}" \
         >"$out/load_$shards.md" 2>"$out/load_$shards.err" || { rc=1; tail -5 "$out/load_$shards.err"; }
     cat "$out/load_$shards.md"
     echo "(writing, warming and timing took $(elapsed "$s0") s)"
@@ -57,7 +61,7 @@ done
 rm -rf "$dir"-a3b-L"$L"-*
 echo "== summary (GB = 1e9 bytes; before = the serial loader until issue 16)"
 for f in "$out"/load_*.md; do
-    [ -f "$f" ] && { head -n 1 "$f"; grep '^| [ab]' "$f"; }
+    [ -f "$f" ] && { head -n 1 "$f"; grep -v -e '^|---' -e '^| loader' -e '^checkpoint' -e '^float32' -e '^$' "$f"; }
 done
 cat "$out/forward.txt" 2>/dev/null
 exit $rc

@@ -12,6 +12,7 @@
 #include "models/checkpoint.h"
 #include "quant/fileio.h"
 #include "quant/numerics.h"
+#include "quant/quant.h"
 
 /* Norm gains are stored 1-D by transformers; everything else is a matrix. */
 static int is_vector(const qd_param_info *p) { return p->rows == 1 && qd_str_ends_with(p->name, "norm.weight"); }
@@ -105,23 +106,6 @@ typedef struct {
     int64_t bad; /* first non-finite element of the tensor in this piece, or -1 */
 } piece;
 
-/* Index of the first non-finite value of x (n), or -1. Branch-free OR first
- * (vectorized), the search only when something is found. */
-static int64_t first_nonfinite(const float *x, int64_t n)
-{
-    uint32_t any = 0;
-#pragma omp simd reduction(| : any)
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, x + i, 4);
-        any |= (u & 0x7f800000u) == 0x7f800000u;
-    }
-    for (int64_t i = 0; any && i < n; i++)
-        if (!isfinite(x[i]))
-            return i;
-    return -1;
-}
-
 /* The pieces of the n tensors (t[i] into out + params[i].offset), in order. */
 static piece *make_pieces(const qd_st_tensor **t, const qd_param_info *params, int n, float *out, size_t *np)
 {
@@ -161,7 +145,7 @@ static qd_status convert_pieces(piece *p, size_t np, const char *dir, double tot
 #pragma omp parallel for schedule(dynamic, 16)
     for (size_t k = 0; k < np; k++) {
         qd_safetensors_to_f32_range(p[k].out, p[k].t, p[k].begin, p[k].n);
-        int64_t i = first_nonfinite(p[k].out, p[k].n);
+        int64_t i = qd_first_nonfinite(p[k].out, p[k].n); /* serial here: inside the parallel loop */
         p[k].bad = i < 0 ? -1 : p[k].begin + i;
         double bytes = (double)p[k].n * (double)qd_st_dtype_size(p[k].t->dtype);
 #pragma omp atomic

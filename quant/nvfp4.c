@@ -60,6 +60,33 @@ qd_status qd_amax(float *amax, const float *x, int64_t n)
     return QD_OK;
 }
 
+/* The first non-finite of one piece: the OR first (vectorized), the search
+ * only where it found something. */
+static int64_t piece_first_nonfinite(const float *x, int64_t n)
+{
+    uint32_t any = 0;
+#pragma omp simd reduction(| : any)
+    for (int64_t i = 0; i < n; i++)
+        any |= (qd_f32_bits(x[i]) & 0x7f800000u) == 0x7f800000u;
+    for (int64_t i = 0; any && i < n; i++)
+        if (!isfinite(x[i]))
+            return i;
+    return -1;
+}
+
+int64_t qd_first_nonfinite(const float *x, int64_t n)
+{
+    const int64_t piece = (int64_t)1 << 16;
+    int64_t pieces = (n + piece - 1) / piece, first = INT64_MAX;
+#pragma omp parallel for schedule(static) reduction(min : first) if (pieces > 16)
+    for (int64_t k = 0; k < pieces; k++) {
+        int64_t b = k * piece, i = piece_first_nonfinite(x + b, n - b < piece ? n - b : piece);
+        if (i >= 0 && b + i < first)
+            first = b + i;
+    }
+    return first == INT64_MAX ? -1 : first;
+}
+
 /* Absolute maximum of a row already known to be finite. */
 static float row_amax(const float *x, int64_t n)
 {

@@ -29,6 +29,11 @@ void qd_nvfp4_free(qd_nvfp4 *q);
 
 /* Absolute maximum of n floats; QD_ERR_NONFINITE (and *amax untouched) if any is NaN/Inf. */
 qd_status qd_amax(float *amax, const float *x, int64_t n);
+/* Index of the first NaN/Inf of x (n), or -1 when all are finite. A
+ * vectorized OR of the exponent bits, in parallel (OpenMP) over pieces of
+ * large inputs unless called from a parallel region: the check of whole
+ * weight buffers (a serial isfinite loop took seconds on 3B parameters). */
+int64_t qd_first_nonfinite(const float *x, int64_t n);
 
 /* Quantizes x (rows, cols) into q (allocated with the same shape and per_row).
  * The whole input is checked first: on a non-finite value q is left untouched. */

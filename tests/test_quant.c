@@ -388,6 +388,52 @@ START_TEST(test_nvfp4_tiny_and_huge_scales)
 }
 END_TEST
 
+/* qd_first_nonfinite against a plain isfinite loop: every non-finite kind
+ * (NaNs with payloads and both signs, both infinities) at the edges of its
+ * 65,536-element pieces, the first of several, none, the largest finite
+ * values; 3M elements (parallel) and 1000 (serial), at 1 and 3 threads. */
+static int64_t first_nonfinite_ref(const float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i]))
+            return i;
+    return -1;
+}
+
+START_TEST(test_first_nonfinite)
+{
+    const int64_t N = 3 << 20;
+    float *x = malloc(sizeof(float) * (size_t)N);
+    ck_assert_ptr_nonnull(x);
+    for (int64_t i = 0; i < N; i++)
+        x[i] = (i & 1 ? -1.0f : 1.0f) * (i % 3 ? FLT_MAX : (float)i);
+    const float bad[] = {NAN, -NAN, INFINITY, -INFINITY, qd_bits_f32(0x7f800001u), qd_bits_f32(0xffc00123u)};
+    const int64_t at[] = {0, 1, 65535, 65536, 65537, 1000000, N - 65536, N - 1};
+    int threads[2] = {1, 3}, saved = omp_get_max_threads();
+    for (int t = 0; t < 2; t++) {
+        omp_set_num_threads(threads[t]);
+        ck_assert_int_eq(qd_first_nonfinite(x, N), -1);
+        ck_assert_int_eq(qd_first_nonfinite(x, 0), -1);
+        for (size_t b = 0; b < sizeof bad / sizeof *bad; b++)
+            for (size_t a = 0; a < sizeof at / sizeof *at; a++) {
+                float keep = x[at[a]];
+                x[at[a]] = bad[b];
+                ck_assert_int_eq(qd_first_nonfinite(x, N), first_nonfinite_ref(x, N));
+                ck_assert_int_eq(qd_first_nonfinite(x, N), at[a]);
+                ck_assert_int_eq(qd_first_nonfinite(x, 1000), at[a] < 1000 ? at[a] : -1);
+                int64_t other = N - 1 - at[a]; /* a second one: the first still wins */
+                float keep2 = x[other];
+                x[other] = bad[(b + 1) % 6];
+                ck_assert_int_eq(qd_first_nonfinite(x, N), at[a] < other ? at[a] : other);
+                x[other] = keep2;
+                x[at[a]] = keep;
+            }
+    }
+    omp_set_num_threads(saved);
+    free(x);
+}
+END_TEST
+
 START_TEST(test_nvfp4_nonfinite)
 {
     float x[64];
@@ -1100,6 +1146,7 @@ Suite *suite_quant(void)
     tcase_add_test(nvfp4, test_nvfp4_quantize_with_saturates);
     tcase_add_test(nvfp4, test_nvfp4_tiny_and_huge_scales);
     tcase_add_test(nvfp4, test_nvfp4_nonfinite);
+    tcase_add_test(nvfp4, test_first_nonfinite);
     tcase_add_test(nvfp4, test_nvfp4_per_row_and_fake_quant);
     tcase_add_test(nvfp4, test_swizzle_positions);
     tcase_add_test(nvfp4, test_swizzle_padding_round_trip);
