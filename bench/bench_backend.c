@@ -46,6 +46,7 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#include "bench/bench_a3b.h"
 #include "bench/bench_util.h"
 #include "backends/backend.h"
 #include "backends/layout.h"
@@ -122,22 +123,6 @@ static void moe8_config(qd_model_config *c, int layers)
     snprintf(c->torch_dtype, sizeof c->torch_dtype, "bfloat16");
 }
 
-/* The a3b shape: Qwen3-30B-A3B's layer shapes (hidden 2048, 128 experts top-8
- * of width 768, 32 query / 4 KV heads of 128, vocab 151936) at `layers` depth. */
-static void a3b_config(qd_model_config *c, int layers)
-{
-    moe8_config(c, layers);
-    c->vocab_size = 151936;
-    c->hidden_size = 2048;
-    c->intermediate_size = 6144;  /* unused: every layer is sparse */
-    c->moe_intermediate_size = 768;
-    c->num_attention_heads = 32;
-    c->num_key_value_heads = 4;
-    c->head_dim = 128;
-    c->num_experts = 128;
-    c->num_experts_per_tok = 8;
-    c->max_position_embeddings = 40960;
-}
 
 /* n floats normal(0, std) from the stream *s: Box-Muller, both outputs of
  * each pair used. */
@@ -179,7 +164,7 @@ static float *load_model(const bench_args *a, qd_model_config *cfg, size_t *n)
             die(a->tiny_dir, qd_last_error());
     } else {
         if (!strcmp(a->model, "a3b"))
-            a3b_config(cfg, a->layers);
+            qd_bench_a3b_config(cfg, a->layers);
         else
             moe8_config(cfg, a->layers);
         if (qd_model_config_check(cfg) != QD_OK)

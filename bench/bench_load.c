@@ -34,6 +34,7 @@
 #include <sys/time.h>
 #include "backends/backend.h"
 #include "backends/layout.h"
+#include "bench/bench_a3b.h"
 #include "bench/bench_util.h"
 #include "models/checkpoint.h"
 #include "models/safetensors.h"
@@ -41,34 +42,15 @@
 #include "quant/numerics.h"
 #include "quant/quant.h"
 
-/* The a3b shape of bench_backend.c: Qwen3-30B-A3B's layers (hidden 2048, 128
- * experts top-8 of width 768, 32 / 4 heads of 128, vocab 151936) at `layers`
- * depth; 4 layers are the issue's 6.2 GB checkpoint of 3.1B parameters. */
-static qd_model_config a3b_config(int layers)
-{
-    qd_model_config c = {0};
-    c.arch = QD_ARCH_QWEN3_MOE;
-    c.hidden_size = 2048, c.intermediate_size = 6144, c.moe_intermediate_size = 768;
-    c.num_attention_heads = 32, c.num_key_value_heads = 4, c.head_dim = 128;
-    c.num_experts = 128, c.num_experts_per_tok = 8, c.norm_topk_prob = 1, c.decoder_sparse_step = 1;
-    c.vocab_size = 151936, c.max_position_embeddings = 40960;
-    c.rms_norm_eps = 1e-6, c.rope_theta = 1e6;
-    c.num_hidden_layers = layers;
-    return c;
-}
-
 /* A Qwen3-MoE with the 30B-A3B's layer shapes (hidden 2048, experts of 768)
  * but 32 experts (0.3 GB a layer), with as many layers as make about gb GB of
  * BF16. */
 static qd_model_config bench_config(double gb)
 {
-    qd_model_config c = {0};
-    c.arch = QD_ARCH_QWEN3_MOE;
-    c.hidden_size = 2048, c.intermediate_size = 6144, c.moe_intermediate_size = 768;
-    c.num_attention_heads = 32, c.num_key_value_heads = 4, c.head_dim = 128;
-    c.num_experts = 32, c.num_experts_per_tok = 4, c.norm_topk_prob = 1, c.decoder_sparse_step = 1;
+    qd_model_config c;
+    qd_bench_a3b_config(&c, 1);
+    c.num_experts = 32, c.num_experts_per_tok = 4;
     c.vocab_size = 32768, c.max_position_embeddings = 4096;
-    c.rms_norm_eps = 1e-6, c.rope_theta = 1e6;
     double per_layer = 2.0 * (2048.0 * 32 * 3 * 768 + 2048.0 * 32 + 2048.0 * 4096 * 2 + 2048.0 * 512 * 2);
     double fixed = 2.0 * 2 * 32768 * 2048;
     c.num_hidden_layers = (int)fmax(1, round((gb * 1e9 - fixed) / per_layer));
@@ -333,7 +315,11 @@ int main(int argc, char **argv)
         snprintf(dir, sizeof dir, "/tmp/quads-bench-load-a3b-L%d-%d", a3b, shards);
     else if (!*dir)
         snprintf(dir, sizeof dir, "/tmp/quads-bench-load-%gGB-%d", gb, shards);
-    qd_model_config cfg = a3b ? a3b_config(a3b) : bench_config(gb);
+    qd_model_config cfg;
+    if (a3b)
+        qd_bench_a3b_config(&cfg, a3b);
+    else
+        cfg = bench_config(gb);
     qd_model_layout L;
     if (qd_model_layout_init(&L, &cfg)) {
         fprintf(stderr, "bench_load: %s\n", qd_last_error());

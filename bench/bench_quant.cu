@@ -15,6 +15,7 @@
 #include <vector>
 #include "backends/cuda/cuda_die.h"
 #include "backends/cuda/cuda_quant.h"
+#include "quant/numerics.h"
 extern "C" {
 #include "backends/cuda/cuda_kernels.h"
 }
@@ -365,7 +366,7 @@ static void bench_grouped(void)
 __global__ void round_bf16_kernel(float *x, int64_t n)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        x[i] = __uint_as_float((__float_as_uint(x[i]) + 0x7fffu + ((__float_as_uint(x[i]) >> 16) & 1u)) & 0xffff0000u);
+        x[i] = qd_round_bf16(x[i]);
 }
 
 static void bench_lm_head(void)

@@ -800,6 +800,24 @@ static float *residual(const float *x, const float *xh, int64_t R, int64_t K, co
     return r;
 }
 
+/* The residual r (R, n) quantized with the main scope's S_enc (each row's
+ * amax of x): the columns RAC appends after K. */
+static qd_nvfp4 residual_quantized(const float *x, const float *r, int64_t R, int64_t K, int64_t n)
+{
+    float *s_enc = malloc(sizeof(float) * (size_t)R);
+    ck_assert(s_enc != NULL);
+    for (int64_t i = 0; i < R; i++) {
+        float amax;
+        ck_assert_int_eq(qd_amax(&amax, x + i * K, K), QD_OK);
+        s_enc[i] = qd_nvfp4_s_enc(amax);
+    }
+    qd_nvfp4 rq;
+    ck_assert_int_eq(qd_nvfp4_alloc(&rq, R, n, 1), QD_OK);
+    ck_assert_int_eq(qd_nvfp4_quantize_with(&rq, r, s_enc), QD_OK);
+    free(s_enc);
+    return rq;
+}
+
 /* Copies columns [c0, c0+cols) of q into a new matrix (a view for the residual-only product). */
 static qd_nvfp4 columns(const qd_nvfp4 *q, int64_t c0, int64_t cols)
 {
@@ -825,19 +843,12 @@ START_TEST(test_rac_fake_quant)
     int64_t ch[64];
     for (int64_t j = 0; j < K; j++)
         ch[j] = j < n ? 2 * j + 1 : j;
-    float *xh = malloc(sizeof(float) * R * K), *out = malloc(sizeof(float) * R * K), rh[5 * 16], s_enc[5];
+    float *xh = malloc(sizeof(float) * R * K), *out = malloc(sizeof(float) * R * K), rh[5 * 16];
     ck_assert_int_eq(qd_nvfp4_fake_quant(xh, x, R, K, 1), QD_OK);
     ck_assert_int_eq(qd_rac_fake_quant(out, x, R, K, ch, 0), QD_OK);
     ck_assert(memcmp(out, xh, sizeof(float) * R * K) == 0);
     float *r = residual(x, xh, R, K, ch, n);
-    for (int64_t i = 0; i < R; i++) {
-        float amax;
-        ck_assert_int_eq(qd_amax(&amax, x + i * K, K), QD_OK);
-        s_enc[i] = qd_nvfp4_s_enc(amax);
-    }
-    qd_nvfp4 rq;
-    ck_assert_int_eq(qd_nvfp4_alloc(&rq, R, n, 1), QD_OK);
-    ck_assert_int_eq(qd_nvfp4_quantize_with(&rq, r, s_enc), QD_OK);
+    qd_nvfp4 rq = residual_quantized(x, r, R, K, n);
     qd_nvfp4_dequantize(rh, &rq);
     ck_assert_int_eq(qd_rac_fake_quant(out, x, R, K, ch, n), QD_OK);
     int moved = 0;
@@ -883,15 +894,8 @@ START_TEST(test_rac_augment_structure)
     ck_assert_int_eq(qd_rac_augment_weight(&wt, w, N, K, ch, n), QD_OK);
     float *xh = malloc(sizeof(float) * R * K);
     qd_nvfp4_dequantize(xh, &base);
-    float *r = residual(x, xh, R, K, ch, n), s_enc[4];
-    for (int64_t i = 0; i < R; i++) {
-        float amax;
-        ck_assert_int_eq(qd_amax(&amax, x + i * K, K), QD_OK);
-        s_enc[i] = qd_nvfp4_s_enc(amax);
-    }
-    qd_nvfp4 rq;
-    ck_assert_int_eq(qd_nvfp4_alloc(&rq, R, n, 1), QD_OK);
-    ck_assert_int_eq(qd_nvfp4_quantize_with(&rq, r, s_enc), QD_OK);
+    float *r = residual(x, xh, R, K, ch, n);
+    qd_nvfp4 rq = residual_quantized(x, r, R, K, n);
     qd_nvfp4 act_main = columns(&act, 0, K), act_res = columns(&act, K, n);
     ck_assert(memcmp(act_main.codes, base.codes, R * K / 2) == 0);
     ck_assert(memcmp(act_main.scales, base.scales, R * K / 16) == 0);

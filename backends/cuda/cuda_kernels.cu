@@ -275,24 +275,33 @@ static __device__ __forceinline__ void mw_see(mw_sum *s, uint32_t b)
     s->emax = e > s->emax ? e : s->emax;
 }
 
+/* Rows r0 .. r0+ROWS-1 of the float32 matrix x (R, K), columns k0 .. k0+MW_BK-1,
+ * into S[k][row] (out of range: 0, not summarized). W's stage and A's. */
+template <int ROWS>
+static __device__ __forceinline__ void mw_load(float (*S)[ROWS], const float *x, int r0, int R, int K, int k0,
+                                               mw_sum *sum)
+{
+    for (int idx = threadIdx.x; idx < ROWS * (MW_BK / 4); idx += blockDim.x) {
+        int row = idx >> 3, k = (idx & 7) * 4;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r0 + row < R && k0 + k < K) {
+            v = __ldg((const float4 *)(x + (size_t)(r0 + row) * K + k0 + k));
+            mw_see(sum, __float_as_uint(v.x));
+            mw_see(sum, __float_as_uint(v.y));
+            mw_see(sum, __float_as_uint(v.z));
+            mw_see(sum, __float_as_uint(v.w));
+        }
+        S[k][row] = v.x;
+        S[k + 1][row] = v.y;
+        S[k + 2][row] = v.z;
+        S[k + 3][row] = v.w;
+    }
+}
+
 static __device__ __forceinline__ void mw_load_w(float (*Ws)[MW_BN], const float *w, int n0, int N, int K, int k0,
                                                  mw_sum *sw)
 {
-    for (int idx = threadIdx.x; idx < MW_BN * (MW_BK / 4); idx += blockDim.x) {
-        int row = idx >> 3, k = (idx & 7) * 4;
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (n0 + row < N && k0 + k < K) {
-            v = __ldg((const float4 *)(w + (size_t)(n0 + row) * K + k0 + k));
-            mw_see(sw, __float_as_uint(v.x));
-            mw_see(sw, __float_as_uint(v.y));
-            mw_see(sw, __float_as_uint(v.z));
-            mw_see(sw, __float_as_uint(v.w));
-        }
-        Ws[k][row] = v.x;
-        Ws[k + 1][row] = v.y;
-        Ws[k + 2][row] = v.z;
-        Ws[k + 3][row] = v.w;
-    }
+    mw_load<MW_BN>(Ws, w, n0, N, K, k0, sw);
 }
 
 static __device__ __forceinline__ void mw_load_w(float (*Ws)[MW_BN], const uint16_t *w, int n0, int N, int K,
@@ -378,21 +387,7 @@ __global__ void __launch_bounds__(128) k_matmul_wt(float *c, const float *a, con
         mw_sum sa = {0u, 0xffffffffu, 0u}, sw = {0u, 0xffffffffu, 0u};
         __syncthreads();
         mw_load_w(Ws, w, n0, N, K, k0, &sw);
-        for (int idx = threadIdx.x; idx < BM * (MW_BK / 4); idx += blockDim.x) {
-            int row = idx >> 3, k = (idx & 7) * 4;
-            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (m0 + row < M && k0 + k < K) {
-                v = __ldg((const float4 *)(a + (size_t)(m0 + row) * K + k0 + k));
-                mw_see(&sa, __float_as_uint(v.x));
-                mw_see(&sa, __float_as_uint(v.y));
-                mw_see(&sa, __float_as_uint(v.z));
-                mw_see(&sa, __float_as_uint(v.w));
-            }
-            As[k][row] = v.x;
-            As[k + 1][row] = v.y;
-            As[k + 2][row] = v.z;
-            As[k + 3][row] = v.w;
-        }
+        mw_load<BM>(As, a, m0, M, K, k0, &sa);
         if (check) {
             mw_reduce(&sa);
             mw_reduce(&sw);

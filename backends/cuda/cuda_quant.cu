@@ -1319,7 +1319,6 @@ static qd_status w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int
 }
 
 /* QUADS_W4A4_LEGACY (bench only): 1 = the kernels before the MMA kernel. */
-extern "C" int qd_cuda_w4a4_legacy;
 int qd_cuda_w4a4_legacy;
 
 extern "C" qd_status qd_cuda_w4a4_gemm_grouped_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *const *w,
