@@ -1,26 +1,47 @@
-/* quads compare: one config run once per precision recipe (same seeds, same
- * data), then report.md and plots over the runs. */
+/* quads compare: one config run once per precision recipe and seed (the same
+ * data and config otherwise), then report.md, report.json and plots over the
+ * runs, a row per recipe (orchestrator/report.h). */
+#define _GNU_SOURCE
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <jansson.h>
+#include "orchestrator/ckpt.h"
 #include "orchestrator/commands.h"
+#include "orchestrator/report.h"
 #include "orchestrator/rl.h"
 #include "orchestrator/rl_config.h"
 
 #define MAX_RECIPES 16
+#define MAX_SEEDS 64
+#define DIR_N 4200
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: quads compare [--recipes R1,R2,...] [--config FILE] [--set KEY=VALUE]... [--out DIR] [--quiet]\n\n"
-               "Runs the config once per recipe into DIR/RECIPE (same seeds and data) and writes\n"
-               "DIR/report.md (final pass@1, mean and max log-prob gap, mismatch KL, tokens/s) with\n"
-               "DIR/reward.svg, DIR/pass1.svg and DIR/gap.svg.\n\n"
+    fprintf(f, "usage: quads compare [--recipes R1,R2,...] [--seeds S1,S2,...] [--config FILE] [--set KEY=VALUE]...\n"
+               "                     [--out DIR] [--continue] [--quiet]\n\n"
+               "Runs the config once per recipe and seed, the same config otherwise, into DIR/RECIPE\n"
+               "(DIR/RECIPE/seed-S with --seeds), with eval.bf16 on (the first and the last weights of each\n"
+               "run are also evaluated with the bf16 recipe's rollout; --set eval.bf16=false turns it off),\n"
+               "and writes DIR/report.md and DIR/report.json (a row per recipe: final pass@1 at the rollout's\n"
+               "precision and in bf16, mean and max log-prob gap, mismatch KL, router agreement, tokens/s; each\n"
+               "the mean over the recipe's complete runs with min-max, and the standard deviation in the JSON)\n"
+               "with DIR/reward.svg, DIR/pass1.svg and DIR/gap.svg (a line per recipe, the mean, and a band\n"
+               "from min to max over its seeds). A run that fails is reported and not averaged; the other\n"
+               "runs still go, and the exit status is 1.\n\n"
                "  --recipes LIST  comma-separated among bf16, fp8, nvfp4, nvfp4-aqat, nvfp4-rac, quads,\n"
                "                  nvfp4-sym-qat, nvfp4-replay, quads-replay (default bf16,nvfp4,quads)\n"
+               "  --seeds LIST    comma-separated run.seed values, each run in DIR/RECIPE/seed-S\n"
+               "                  (default: the config's run.seed, once, in DIR/RECIPE)\n"
                "  --config FILE   JSON config over the defaults\n"
                "  --set KEY=VALUE one knob (repeatable)\n"
                "  --out DIR       output directory (default ./runs/compare-<run.name>)\n"
+               "  --continue      use what DIR holds: a finished run of the same config is kept, one with\n"
+               "                  a checkpoint resumed, one stopped before its first checkpoint started\n"
+               "                  again; a run of another config there is an error (without --continue,\n"
+               "                  any run there is)\n"
                "  --quiet         no progress lines\n");
 }
 
@@ -41,21 +62,44 @@ static int split_recipes(char *list, char **out)
     return n;
 }
 
-/* The config of one recipe's run: file, sets, then the recipe and directory. */
-static qd_config *recipe_config(const char *file, char **sets, int nsets, const char *recipe, const char *out)
+/* --seeds: distinct integers in run.seed's range; returns the count or -1. */
+static int split_seeds(char *list, char (*out)[16])
+{
+    int n = 0;
+    for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+        uint64_t v;
+        const char *why = !qd_cli_uint(tok, 2147483647, &v) ? "not an integer in 0..2147483647"
+                        : n == MAX_SEEDS ? "more than 64 seeds" : NULL;
+        for (int i = 0; i < n && !why; i++)
+            why = strtoull(out[i], NULL, 10) == v ? "named twice" : NULL;
+        if (why) {
+            fprintf(stderr, "quads compare: --seeds: '%s': %s\n", tok, why);
+            return -1;
+        }
+        snprintf(out[n++], sizeof out[0], "%llu", (unsigned long long)v);
+    }
+    if (n == 0)
+        fprintf(stderr, "quads compare: --seeds: no seed named\n");
+    return n ? n : -1;
+}
+
+/* The config of one run: eval.bf16 on, then the file and the sets, then the
+ * recipe, the seed (NULL: the config's) and the directory. */
+static qd_config *run_config(const char *file, char **sets, int nsets, const char *recipe, const char *seed,
+                             const char *dir)
 {
     qd_config *cfg = qd_config_new();
-    char v[4200];
-    qd_status st = cfg ? QD_OK : qd_error(QD_ERR_NOMEM, "config");
+    qd_status st = cfg ? qd_config_set_str(cfg, "eval.bf16", "true", "quads compare") : qd_error(QD_ERR_NOMEM, "config");
     if (!st && file)
         st = qd_config_load_file(cfg, file);
     for (int i = 0; i < nsets && !st; i++)
         st = qd_config_set(cfg, sets[i]);
     if (!st)
         st = qd_config_set_str(cfg, "rollout.recipe", recipe, "--recipes");
-    snprintf(v, sizeof v, "%s/%s", out, recipe);
+    if (!st && seed)
+        st = qd_config_set_str(cfg, "run.seed", seed, "--seeds");
     if (!st)
-        st = qd_config_set_str(cfg, "run.dir", v, "--out");
+        st = qd_config_set_str(cfg, "run.dir", dir, "--out");
     if (!st)
         st = qd_config_validate(cfg);
     if (st) {
@@ -66,69 +110,199 @@ static qd_config *recipe_config(const char *file, char **sets, int nsets, const 
     return cfg;
 }
 
-int qd_cmd_compare(int argc, char **argv)
+typedef enum { RUN_FRESH, RUN_DONE, RUN_RESUME, RUN_CONFLICT } run_action;
+
+/* What --continue does with dir: a config.json there must be cfg's (run.threads
+ * aside). A run that stopped before its first checkpoint loses its metrics. */
+static run_action existing_run(const char *dir, const qd_config *cfg)
+{
+    char p[DIR_N + 32];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    if (access(p, F_OK) != 0)
+        return RUN_FRESH;
+    json_t *have = json_load_file(p, JSON_REJECT_DUPLICATES, NULL), *want = qd_config_to_json(cfg);
+    json_object_del(json_object_get(have, "run"), "threads");
+    json_object_del(json_object_get(want, "run"), "threads");
+    int same = have && json_equal(have, want);
+    json_decref(have), json_decref(want);
+    if (!same) {
+        fprintf(stderr, "quads compare: --continue: %s holds a run of another config; remove it or give another "
+                        "--out\n", p);
+        return RUN_CONFLICT;
+    }
+    qd_run_summary s;
+    int64_t step = -1;
+    if (qd_run_summarize(dir, NULL, &s) == QD_OK && s.status == QD_RUN_OK)
+        return RUN_DONE;
+    if (qd_ckpt_latest(dir, &step) == QD_OK && step >= 0)
+        return RUN_RESUME;
+    snprintf(p, sizeof p, "%s/metrics.jsonl", dir);
+    if (access(p, F_OK) == 0 && unlink(p) != 0) {
+        fprintf(stderr, "quads compare: --continue: %s: cannot remove the metrics of a run with no checkpoint\n", p);
+        return RUN_CONFLICT;
+    }
+    return RUN_FRESH;
+}
+
+typedef struct {
+    char *recipes[MAX_RECIPES], seeds[MAX_SEEDS][16], out[4096];
+    int nr, ns; /* ns 0: no --seeds */
+    const char *file;
+    char **sets;
+    int nsets, quiet, cont;
+} compare_args;
+
+typedef struct {
+    qd_config *cfg;
+    char dir[DIR_N];
+    int failed;
+    char failure[1024]; /* why it failed */
+} one_run;
+
+/* Every run's config, checked before the first (long) run starts; 0 on a bad one. */
+static int make_configs(const compare_args *a, one_run *runs)
+{
+    int k = 0;
+    for (int i = 0; i < a->nr; i++)
+        for (int j = 0; j < (a->ns ? a->ns : 1); j++, k++) {
+            one_run *r = &runs[k];
+            int w = a->ns ? snprintf(r->dir, sizeof r->dir, "%s/%s/seed-%s", a->out, a->recipes[i], a->seeds[j])
+                          : snprintf(r->dir, sizeof r->dir, "%s/%s", a->out, a->recipes[i]);
+            if (w < 0 || (size_t)w >= sizeof r->dir) {
+                fprintf(stderr, "quads compare: --out: path too long\n");
+                return 0;
+            }
+            r->cfg = run_config(a->file, a->sets, a->nsets, a->recipes[i], a->ns ? a->seeds[j] : NULL, r->dir);
+            if (!r->cfg)
+                return 0;
+        }
+    return 1;
+}
+
+/* Runs (or, with --continue, keeps or resumes) one run; a failure is kept in r. */
+static void go(const compare_args *a, one_run *r)
+{
+    run_action act = a->cont ? existing_run(r->dir, r->cfg) : RUN_FRESH;
+    const qd_knobs *k = qd_config_knobs(r->cfg);
+    static const char *const what[] = {"", ": finished before, kept", ": resumed", ": another config's run there"};
+    printf("== recipe %s, seed %lld: %s%s ==\n", k->rollout.recipe, (long long)k->run.seed, r->dir, what[act]);
+    fflush(stdout);
+    if (act == RUN_DONE)
+        return;
+    qd_rl_options o = {.log = stdout, .progress = !a->quiet, .resume_dir = act == RUN_RESUME ? r->dir : NULL};
+    qd_status st = act == RUN_CONFLICT ? QD_ERR_ARG : qd_rl_run(r->cfg, &o, NULL, 0);
+    if (!st)
+        return;
+    r->failed = 1;
+    snprintf(r->failure, sizeof r->failure, "%s", act == RUN_CONFLICT ? "--continue: the directory holds a run of "
+                                                                        "another config" : qd_last_error());
+    if (act != RUN_CONFLICT)
+        fprintf(stderr, "quads compare: %s, seed %lld: %s\n", k->rollout.recipe, (long long)k->run.seed, r->failure);
+}
+
+/* "quads compare ARGS..." as it was typed (arguments with spaces quoted). */
+static char *command_line(int argc, char **argv)
+{
+    size_t n = 16;
+    for (int i = 1; i < argc; i++)
+        n += strlen(argv[i]) + 3;
+    char *s = malloc(n);
+    if (!s)
+        return NULL;
+    strcpy(s, "quads compare");
+    for (int i = 1; i < argc; i++) {
+        int q = strpbrk(argv[i], " \t'\"") != NULL;
+        strcat(s, q ? " '" : " ");
+        strcat(s, argv[i]);
+        if (q)
+            strcat(s, "'");
+    }
+    return s;
+}
+
+static qd_status report(const compare_args *a, const one_run *runs, const char *command)
+{
+    int per = a->ns ? a->ns : 1;
+    qd_report_run rr[MAX_RECIPES * MAX_SEEDS];
+    qd_report_group g[MAX_RECIPES];
+    for (int i = 0; i < a->nr; i++) {
+        for (int j = 0; j < per; j++)
+            rr[i * per + j] = (qd_report_run){.dir = runs[i * per + j].dir,
+                                              .failure = runs[i * per + j].failed ? runs[i * per + j].failure : NULL};
+        g[i] = (qd_report_group){.name = a->recipes[i], .runs = &rr[i * per], .n = per};
+    }
+    return qd_report_write(g, a->nr, a->out, command);
+}
+
+/* 0: proceed; else the exit status + 1. */
+static int parse(int argc, char **argv, compare_args *a)
 {
     static const struct option longs[] = {{"recipes", required_argument, 0, 'r'}, {"config", required_argument, 0, 'c'},
                                           {"set", required_argument, 0, 's'},     {"out", required_argument, 0, 'o'},
+                                          {"seeds", required_argument, 0, 'S'},   {"continue", no_argument, 0, 'C'},
                                           {"quiet", no_argument, 0, 'q'},         {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
-    char deflist[] = "bf16,nvfp4,quads", *list = deflist, *recipes[MAX_RECIPES], out[4096] = "";
-    const char *file = NULL, *outarg = NULL;
-    char **sets = calloc((size_t)argc + 1, sizeof(char *));
-    int c, nsets = 0, quiet = 0;
+    static char deflist[] = "bf16,nvfp4,quads";
+    char *list = deflist, *seeds = NULL;
+    const char *outarg = NULL;
+    int c;
     optind = 1;
-    while (sets && (c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
         switch (c) {
         case 'r': list = optarg; break;
-        case 'c': file = optarg; break;
-        case 's': sets[nsets++] = optarg; break;
+        case 'c': a->file = optarg; break;
+        case 's': a->sets[a->nsets++] = optarg; break;
         case 'o': outarg = optarg; break;
-        case 'q': quiet = 1; break;
-        case 'h': usage(stdout); free(sets); return 0;
-        default: usage(stderr); free(sets); return 2;
+        case 'S': seeds = optarg; break;
+        case 'C': a->cont = 1; break;
+        case 'q': a->quiet = 1; break;
+        case 'h': usage(stdout); return 1;
+        default: usage(stderr); return 3;
         }
     }
-    int n = sets && optind == argc ? split_recipes(list, recipes) : -1;
-    if (n <= 0) {
-        if (n == 0 || optind < argc)
+    a->nr = optind == argc ? split_recipes(list, a->recipes) : -1;
+    if (a->nr > 0 && seeds)
+        a->ns = split_seeds(seeds, a->seeds);
+    if (a->nr <= 0 || a->ns < 0) {
+        if (a->nr == 0 || optind < argc)
             usage(stderr);
-        free(sets);
-        return 2;
+        return 3;
     }
-    /* Check every recipe's config before the first (long) run starts. */
-    qd_config *cfgs[MAX_RECIPES] = {0};
-    qd_config *base = recipe_config(file, sets, nsets, recipes[0], ".");
+    if (outarg) {
+        snprintf(a->out, sizeof a->out, "%s", outarg);
+        return 0;
+    }
+    qd_config *base = run_config(a->file, a->sets, a->nsets, a->recipes[0], NULL, ".");
     if (base)
-        snprintf(out, sizeof out, "%s", outarg ? outarg : "");
-    if (base && !outarg)
-        snprintf(out, sizeof out, "runs/compare-%s", qd_config_knobs(base)->run.name);
+        snprintf(a->out, sizeof a->out, "runs/compare-%s", qd_config_knobs(base)->run.name);
     qd_config_free(base);
-    int ok = base != NULL;
-    for (int i = 0; i < n && ok; i++)
-        ok = (cfgs[i] = recipe_config(file, sets, nsets, recipes[i], out)) != NULL;
-    int configs_ok = ok;
-    const char *dirs[MAX_RECIPES];
-    char dbuf[MAX_RECIPES][4200];
-    for (int i = 0; i < n && ok; i++) {
-        printf("== recipe %s ==\n", recipes[i]);
-        fflush(stdout);
-        qd_rl_options o = {.log = stdout, .progress = !quiet};
-        qd_status st = qd_rl_run(cfgs[i], &o, dbuf[i], sizeof dbuf[i]);
-        dirs[i] = dbuf[i];
-        if (st) {
-            fprintf(stderr, "quads compare: %s: %s\n", recipes[i], qd_last_error());
-            ok = 0;
-        }
+    return base ? 0 : 3;
+}
+
+int qd_cmd_compare(int argc, char **argv)
+{
+    compare_args a = {.sets = calloc((size_t)argc + 1, sizeof(char *))};
+    char *cmd = command_line(argc, argv); /* before the lists are split in place */
+    int rc = a.sets && cmd ? parse(argc, argv, &a) : 2;
+    if (rc) {
+        free(a.sets), free(cmd);
+        return rc - 1;
     }
-    if (ok && qd_rl_report(dirs, (const char *const *)recipes, n, out)) {
+    int n = a.nr * (a.ns ? a.ns : 1);
+    one_run *runs = calloc((size_t)n, sizeof *runs);
+    int configs_ok = runs && make_configs(&a, runs), failed = 0;
+    for (int i = 0; i < n && configs_ok; i++) {
+        go(&a, &runs[i]);
+        failed += runs[i].failed;
+    }
+    qd_status st = configs_ok ? report(&a, runs, cmd) : QD_ERR_ARG;
+    if (configs_ok && st)
         fprintf(stderr, "quads compare: report: %s\n", qd_last_error());
-        ok = 0;
-    }
-    if (ok)
-        printf("report: %s/report.md\n", out);
-    int rc = ok ? 0 : configs_ok ? 1 : 2; /* 2: a config error, nothing ran */
-    for (int i = 0; i < n; i++)
-        qd_config_free(cfgs[i]);
-    free(sets);
+    if (configs_ok && !st)
+        printf("report: %s/report.md%s\n", a.out, failed ? " (runs failed: listed there, not averaged)" : "");
+    rc = !configs_ok ? 2 : st || failed ? 1 : 0; /* 2: a config error, nothing ran */
+    for (int i = 0; runs && i < n; i++)
+        qd_config_free(runs[i].cfg);
+    free(runs), free(cmd), free(a.sets);
     return rc;
 }

@@ -1,7 +1,10 @@
 /* quads sft: train a Qwen3-MoE from a seeded random init on the synthetic task
  * with cross-entropy, write it as a Hugging Face folder (config.json,
- * model.safetensors, tokenizer.json) and print its held-out pass@1. With the
- * defaults this makes the embedded tiny model (make tiny-model). */
+ * model.safetensors, tokenizer.json) and print its held-out pass@1, at the
+ * end and every --eval-every steps, optionally stopping at the first eval that
+ * reaches --stop-at (how the study's model is made: trained until its greedy
+ * bf16 pass@1 is where the study wants it). With the defaults this makes the
+ * embedded tiny model (make tiny-model). */
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -16,11 +19,13 @@
 #include "quant/fileio.h"
 
 typedef struct {
-    const char *out, *write_tokenizer;
+    const char *out, *write_tokenizer, *backend, *mode, *eval_precision;
     qd_sft_options sft;
     qd_sft_dims dims;
-    int threads, eval_problems, eval_samples;
-    float eval_temperature;
+    int threads, eval_problems, eval_samples, eval_every;
+    float eval_temperature, stop_at; /* stop_at < 0: no early stop */
+    qd_exec_mode exec;
+    qd_recipe eval_recipe;
 } sft_args;
 
 static void usage(FILE *f)
@@ -52,7 +57,14 @@ static void usage(FILE *f)
             "  --moe-intermediate N   model dims (%d %d %d %d %d %d %d %d)\n"
             "  --eval N               held-out problems graded at the end; 0 = none (200)\n"
             "  --eval-samples N       completions per problem (4)\n"
-            "  --eval-temperature X   sampling temperature of the eval (1.0, the rollout's)\n",
+            "  --eval-temperature X   sampling temperature of the eval (1.0, the rollout's; 0 greedy)\n"
+            "  --eval-precision R     the eval's forward: fp32 (the trained instance itself, default) or a\n"
+            "                         recipe's rollout (bf16, nvfp4, quads, ...) holding the trained weights\n"
+            "  --eval-every N         also grade the held-out problems every N steps (0 = only at the end)\n"
+            "  --stop-at X            stop after the first of those evals with pass@1 >= X and save the\n"
+            "                         weights of that step (needs --eval-every)\n"
+            "  --backend B            cpu (default), cuda or auto (CUDA if present)\n"
+            "  --mode M               exact (default: the CPU's bits) or fast (CUDA only)\n",
             d.task, d.steps, d.batch, d.lr, d.warmup, d.min_lr_ratio, d.weight_decay, d.train_problems,
             (unsigned long long)d.seed, m->hidden, m->layers, m->heads, m->kv_heads, m->head_dim, m->experts,
             m->top_k, m->moe_intermediate);
@@ -95,6 +107,7 @@ static int *int_target(sft_args *a, int c, long *hi)
     case 'T': *hi = 4096; return &a->threads;
     case 'E': return &a->eval_problems;
     case 'S': return &a->eval_samples;
+    case 'e': return &a->eval_every;
     case 1: return &a->dims.hidden;
     case 2: return &a->dims.layers;
     case 3: return &a->dims.heads;
@@ -105,6 +118,24 @@ static int *int_target(sft_args *a, int c, long *hi)
     case 8: return &a->dims.moe_intermediate;
     default: return NULL;
     }
+}
+
+/* The options that depend on each other; 0 (with a message) when they do not fit. */
+static int check_args(sft_args *a)
+{
+    const char *why = NULL;
+    if (qd_cli_backend_mode(a->backend, a->mode, &a->exec))
+        why = qd_last_error();
+    else if (a->eval_precision && qd_recipe_parse(&a->eval_recipe, a->eval_precision))
+        why = "--eval-precision: expected fp32, bf16, fp8, nvfp4, nvfp4-aqat, nvfp4-rac, quads, nvfp4-sym-qat, "
+              "nvfp4-replay, quads-replay, nvfp4-w16a4 or nvfp4-w4a16";
+    else if (a->stop_at >= 0 && (a->eval_every == 0 || a->eval_problems == 0))
+        why = "--stop-at needs --eval-every N and --eval N above 0";
+    else if (a->stop_at > 1)
+        why = "--stop-at: a pass@1 in 0..1";
+    if (why)
+        fprintf(stderr, "quads sft: %s\n", why);
+    return why == NULL;
 }
 
 /* 0: proceed; otherwise the exit status + 1 (1 = exit 0 after --help). */
@@ -119,6 +150,9 @@ static int parse_args(int argc, char **argv, sft_args *a, char *task, size_t tas
         {"train-problems", required_argument, 0, 'P'}, {"seed", required_argument, 0, 'R'},
         {"threads", required_argument, 0, 'T'}, {"eval", required_argument, 0, 'E'},
         {"eval-samples", required_argument, 0, 'S'}, {"eval-temperature", required_argument, 0, 'x'},
+        {"eval-every", required_argument, 0, 'e'}, {"eval-precision", required_argument, 0, 'p'},
+        {"stop-at", required_argument, 0, 'z'}, {"backend", required_argument, 0, 'B'},
+        {"mode", required_argument, 0, 'D'},
         {"hidden", required_argument, 0, 1}, {"layers", required_argument, 0, 2},
         {"heads", required_argument, 0, 3}, {"kv-heads", required_argument, 0, 4},
         {"head-dim", required_argument, 0, 5}, {"experts", required_argument, 0, 6},
@@ -147,6 +181,10 @@ static int parse_args(int argc, char **argv, sft_args *a, char *task, size_t tas
         case 'm': ok = parse_float(optarg, "min-lr-ratio", &a->sft.min_lr_ratio); break;
         case 'd': ok = parse_float(optarg, "weight-decay", &a->sft.weight_decay); break;
         case 'x': ok = parse_float(optarg, "eval-temperature", &a->eval_temperature); break;
+        case 'z': ok = parse_float(optarg, "stop-at", &a->stop_at); break;
+        case 'p': a->eval_precision = optarg; break;
+        case 'B': a->backend = optarg; break;
+        case 'D': a->mode = optarg; break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return 3;
         }
@@ -164,35 +202,93 @@ static int parse_args(int argc, char **argv, sft_args *a, char *task, size_t tas
         size_t k = strlen(task);
         snprintf(task + k, task_n - k, ":%ld", max_operand);
     }
-    return 0;
+    return check_args(a) ? 0 : 3;
 }
+
+/* A training run: its instances, the held-out problems and the evals. */
+typedef struct {
+    const sft_args *a;
+    qd_backend *train, *eval; /* eval: the --eval-precision instance (NULL: train itself) */
+    const qd_tokenizer *tok;
+    qd_bench_set set;         /* the held-out problems */
+    time_t start;
+    int tty, stopped_at;      /* stopped_at: the step of an early stop (0: none) */
+    double last_pass1;
+} sft_run;
 
 static void progress(int step, int steps, double loss, double lr, void *ctx)
 {
-    const time_t *start = ctx;
-    double el = difftime(time(NULL), *start), eta = el / step * (steps - step);
+    const sft_run *r = ctx;
+    double el = difftime(time(NULL), r->start), eta = el / step * (steps - step);
     fprintf(stderr, "\rstep %d/%d  loss %.4f  lr %.2e  %.0fs  ETA %.0fs   ", step, steps, loss, lr, el, eta);
     if (step == steps)
         fputc('\n', stderr);
 }
 
-static qd_status held_out_eval(qd_backend *b, const qd_tokenizer *tok, const sft_args *a)
+static qd_status load_held_out(sft_run *r)
 {
     qd_synth_opts so;
-    qd_status st = qd_task_parse(a->sft.task, &so);
-    qd_bench_set set = {0};
-    so.seed = a->sft.seed;
+    qd_status st = qd_task_parse(r->a->sft.task, &so);
+    so.seed = r->a->sft.seed;
     if (!st)
-        st = qd_synth_generate(&so, QD_SPLIT_TEST, (size_t)a->eval_problems, &set);
-    qd_task_eval_result r;
-    if (!st)
-        st = qd_task_eval(b, tok, &set, 0, a->eval_samples, a->eval_temperature, a->sft.seed, 0, NULL, &r);
-    if (!st)
-        printf("held-out pass@1 %.4f (%d problems x %d samples, temperature %g, seed %llu), "
-               "mean length %.2f tokens, ended %.1f%%\n", r.pass1, r.problems, a->eval_samples,
-               a->eval_temperature, (unsigned long long)a->sft.seed, r.mean_len, 100.0 * r.format_rate);
-    qd_bench_set_free(&set);
+        st = qd_synth_generate(&so, QD_SPLIT_TEST, (size_t)r->a->eval_problems, &r->set);
     return st;
+}
+
+/* Grades the held-out problems with the current weights (on the eval
+ * instance, synced from the trained one first) and prints the line. */
+static qd_status held_out_eval(sft_run *r, const char *when)
+{
+    const sft_args *a = r->a;
+    qd_backend *b = r->eval ? r->eval : r->train;
+    qd_status st = r->eval ? qd_backend_sync_from(r->eval, r->train, NULL) : QD_OK;
+    qd_task_eval_result ev;
+    if (!st)
+        st = qd_task_eval(b, r->tok, &r->set, 0, a->eval_samples, a->eval_temperature, a->sft.seed, 0, NULL, &ev);
+    if (st)
+        return st;
+    if (r->tty)
+        fputs("\r\033[K", stderr);
+    printf("%sheld-out pass@1 %.4f (%d problems x %d samples, temperature %g, %s, seed %llu), "
+           "mean length %.2f tokens, ended %.1f%%\n", when, ev.pass1, ev.problems, a->eval_samples,
+           a->eval_temperature, qd_recipe_name(a->eval_recipe), (unsigned long long)a->sft.seed, ev.mean_len,
+           100.0 * ev.format_rate);
+    fflush(stdout);
+    r->last_pass1 = ev.pass1;
+    return QD_OK;
+}
+
+/* --eval-every and --stop-at. */
+static qd_status after_step(int step, void *ctx, int *stop)
+{
+    sft_run *r = ctx;
+    const sft_args *a = r->a;
+    if (a->eval_every == 0 || step % a->eval_every != 0 || step == a->sft.steps)
+        return QD_OK; /* the last step's eval comes after the save */
+    char when[64];
+    snprintf(when, sizeof when, "step %d: ", step);
+    qd_status st = held_out_eval(r, when);
+    if (!st && a->stop_at >= 0 && r->last_pass1 >= a->stop_at)
+        *stop = 1, r->stopped_at = step;
+    return st;
+}
+
+/* The trained instance and, for --eval-precision other than fp32, the eval's. */
+static qd_status make_backends(sft_run *r, const qd_model_config *cfg)
+{
+    const sft_args *a = r->a;
+    const char *name = a->backend ? a->backend : "cpu";
+    qd_backend_options bo = {.recipe = QD_RECIPE_FP32, .role = QD_ROLE_TRAINER, .num_threads = a->threads,
+                             .mode = a->exec};
+    r->train = qd_backend_init_by_name(name, cfg, &bo);
+    if (r->train && a->eval_problems > 0 && a->eval_recipe != QD_RECIPE_FP32) {
+        qd_backend_options eo = {.recipe = a->eval_recipe, .role = QD_ROLE_ROLLOUT, .num_threads = a->threads,
+                                 .mode = a->exec};
+        r->eval = qd_backend_init_by_name(name, cfg, &eo);
+    }
+    if (!r->train || (a->eval_problems > 0 && a->eval_recipe != QD_RECIPE_FP32 && !r->eval))
+        return qd_error(QD_ERR_ARG, "--backend %s: %s", name, qd_last_error());
+    return QD_OK;
 }
 
 static qd_status make_tokenizer(const char *out, qd_tokenizer **tok)
@@ -214,58 +310,62 @@ static qd_status train_and_save(const sft_args *a)
 {
     qd_model_config cfg;
     qd_tokenizer *tok = NULL;
-    qd_backend *b = NULL;
+    sft_run r = {.a = a, .start = time(NULL), .tty = isatty(STDERR_FILENO)};
     float *w = NULL;
     qd_synth_opts task;
     qd_status st = qd_sft_make_config(&a->dims, &cfg);
     if (!st) /* refuse a bad task before anything is written */
         st = qd_task_parse(a->sft.task, &task);
+    if (!st && a->eval_problems > 0)
+        st = load_held_out(&r);
     if (!st)
         st = qd_mkdirs(a->out);
     if (!st)
         st = make_tokenizer(a->out, &tok);
-    if (!st) {
-        qd_backend_options bo = {.recipe = QD_RECIPE_FP32, .role = QD_ROLE_TRAINER, .num_threads = a->threads};
-        b = qd_backend_cpu_init(&cfg, &bo);
-        st = b ? QD_OK : QD_ERR_ARG;
-    }
+    r.tok = tok;
+    if (!st)
+        st = make_backends(&r, &cfg);
     int n = 0;
-    const qd_param_info *info = b ? qd_backend_params(b, &n) : NULL;
-    size_t nf = b ? qd_backend_num_floats(b) : 0;
+    const qd_param_info *info = r.train ? qd_backend_params(r.train, &n) : NULL;
+    size_t nf = r.train ? qd_backend_num_floats(r.train) : 0;
     if (!st && !(w = malloc(nf * sizeof *w)))
         st = qd_error(QD_ERR_NOMEM, "sft: out of memory");
     if (!st) {
         qd_sft_init_weights(info, n, a->sft.seed, w);
-        st = qd_backend_set_weights(b, w, nf);
+        st = qd_backend_set_weights(r.train, w, nf);
     }
-    time_t start = time(NULL);
     qd_sft_options o = a->sft;
-    if (isatty(STDERR_FILENO)) {
-        o.progress = progress;
-        o.ctx = &start;
-    }
+    o.ctx = &r;
+    o.progress = r.tty ? progress : NULL;
+    o.after_step = a->eval_problems > 0 ? after_step : NULL;
     double loss = 0;
     if (!st)
-        st = qd_sft_train(b, tok, &o, &loss);
+        st = qd_sft_train(r.train, tok, &o, &loss);
     if (!st)
-        st = qd_backend_get_weights(b, w, nf);
+        st = qd_backend_get_weights(r.train, w, nf);
     if (!st)
         st = qd_checkpoint_save(a->out, &cfg, info, n, w, QD_ST_F32);
+    if (!st && r.tty && r.stopped_at)
+        fputc('\n', stderr);
     if (!st)
-        printf("trained %d steps in %.0f s, final loss %.4f; wrote %s (%zu parameters)\n", o.steps,
-               difftime(time(NULL), start), loss, a->out, nf);
-    if (!st && a->eval_problems > 0)
-        st = held_out_eval(b, tok, a);
+        printf("trained %d steps in %.0f s%s, final loss %.4f; wrote %s (%zu parameters)\n",
+               r.stopped_at ? r.stopped_at : o.steps, difftime(time(NULL), r.start),
+               r.stopped_at ? " (stopped early: --stop-at reached)" : "", loss, a->out, nf);
+    if (!st && a->eval_problems > 0 && !r.stopped_at) /* an early stop's eval was the last one */
+        st = held_out_eval(&r, "");
     free(w);
-    qd_backend_free(b);
+    qd_backend_free(r.eval);
+    qd_backend_free(r.train);
     qd_tokenizer_free(tok);
+    qd_bench_set_free(&r.set);
     return st;
 }
 
 int qd_cmd_sft(int argc, char **argv)
 {
     static char task[64];
-    sft_args a = {.dims = qd_sft_default_dims, .eval_problems = 200, .eval_samples = 4, .eval_temperature = 1.0f};
+    sft_args a = {.dims = qd_sft_default_dims, .eval_problems = 200, .eval_samples = 4, .eval_temperature = 1.0f,
+                  .stop_at = -1, .eval_recipe = QD_RECIPE_FP32};
     qd_sft_default_options(&a.sft);
     snprintf(task, sizeof task, "%s", a.sft.task);
     a.sft.task = task;

@@ -468,7 +468,7 @@ static void put_verdicts(json_t *obj, const int64_t *v)
     json_object_set_new(obj, "code", c);
 }
 
-void qd_metrics_put_eval(json_t *o, json_t *time, const qd_task_eval_result *ev, double secs)
+static json_t *eval_json(const qd_task_eval_result *ev)
 {
     json_t *e = json_object();
     qd_metrics_set(e, "pass1", ev->pass1);
@@ -476,8 +476,22 @@ void qd_metrics_put_eval(json_t *o, json_t *time, const qd_task_eval_result *ev,
     qd_metrics_set(e, "format_rate", ev->format_rate);
     json_object_set_new(e, "problems", json_integer(ev->problems));
     put_verdicts(e, ev->verdicts);
-    json_object_set_new(o, "eval", e);
+    return e;
+}
+
+void qd_metrics_put_eval(json_t *o, json_t *time, const qd_task_eval_result *ev, double secs)
+{
+    json_object_set_new(o, "eval", eval_json(ev));
     qd_metrics_set(time, "eval_s", secs);
+}
+
+void qd_metrics_put_eval_as(json_t *o, json_t *time, const char *precision, const qd_task_eval_result *ev,
+                            double secs)
+{
+    char key[64];
+    json_object_set_new(json_object_get(o, "eval"), precision, eval_json(ev));
+    snprintf(key, sizeof key, "eval_%s_s", precision);
+    qd_metrics_set(time, key, secs);
 }
 
 /* The gap, per-layer and timing objects of a step line. */

@@ -113,6 +113,10 @@ typedef struct {
 json_t *qd_metrics_step_json(const qd_step_metrics *m);
 /* o.eval = the held-out eval's fields; time.eval_s = secs. */
 void qd_metrics_put_eval(json_t *o, json_t *time, const qd_task_eval_result *ev, double secs);
+/* After qd_metrics_put_eval: o.eval.PRECISION = the fields of the same eval
+ * run at another precision (eval.bf16: "bf16"); time.eval_PRECISION_s = secs. */
+void qd_metrics_put_eval_as(json_t *o, json_t *time, const char *precision, const qd_task_eval_result *ev,
+                            double secs);
 
 /* The phases of an RL step, for the live progress line. */
 typedef enum { QD_PHASE_NONE, QD_PHASE_ROLLOUT, QD_PHASE_TRAIN, QD_PHASE_SYNC, QD_PHASE_EVAL, QD_NPHASES } qd_phase;

@@ -789,6 +789,30 @@ static qd_status run_eval(rl_run *r, qd_task_eval_result *ev)
                         (float)r->k->eval.temperature, (uint64_t)r->k->eval.seed, (int)r->M, &r->grader, ev);
 }
 
+/* The held-out eval in bf16 (eval.bf16) of the trainer's current weights: a
+ * rollout instance of the bf16 recipe on the run's backend and mode, made for
+ * the call (its memory plan: the eval's generates) and freed after it. The
+ * run's own instances are not touched, so the run's numbers do not change. */
+static qd_status run_eval_bf16(rl_run *r, qd_task_eval_result *ev)
+{
+    const qd_knobs *k = r->k;
+    int64_t n = (k->eval.limit > 0 ? k->eval.limit : 256) * k->eval.samples;
+    qd_backend_options opt = {.recipe = QD_RECIPE_BF16, .role = QD_ROLE_ROLLOUT, .num_threads = (int)k->run.threads,
+                              .device = r->dp.local_rank, .mem_reserved = still_planned(r),
+                              .workload = {.gen_B = n < QD_TASK_EVAL_CHUNK ? (int)n : QD_TASK_EVAL_CHUNK,
+                                           .gen_Tp = r->data.longest, .gen_M = (int)r->M}};
+    qd_mode_parse(&opt.mode, k->rollout.mode);
+    qd_backend *b = qd_backend_init_by_name(k->rollout.backend, &r->mcfg, &opt);
+    if (!b)
+        return backend_error(r);
+    qd_status st = qd_backend_sync_from(b, r->trainer, NULL);
+    if (!st)
+        st = qd_task_eval(b, r->tok, &r->data.test, (int)k->eval.limit, (int)k->eval.samples,
+                          (float)k->eval.temperature, (uint64_t)k->eval.seed, (int)r->M, &r->grader, ev);
+    qd_backend_free(b);
+    return st;
+}
+
 /* Before a RAC pick (data parallel): this rank's rollout takes the job's
  * summed statistics, so every rank picks the same channels from all the
  * rollouts. */
@@ -924,17 +948,26 @@ static bool ckpt_due(const rl_run *r)
 
 static qd_status log_eval(rl_run *r, json_t *o, json_t *tm)
 {
-    qd_task_eval_result ev;
+    qd_task_eval_result ev, eb;
     double t0 = now_s();
     qd_status st = run_eval(r, &ev);
     if (st)
         return at_step(st, r->step, "eval");
     qd_metrics_put_eval(o, tm, &ev, now_s() - t0);
+    bool bf16 = r->k->eval.bf16 && (r->step == 0 || r->step == r->steps);
+    t0 = now_s();
+    if (bf16 && (st = run_eval_bf16(r, &eb)))
+        return at_step(st, r->step, "eval in bf16");
+    if (bf16)
+        qd_metrics_put_eval_as(o, tm, "bf16", &eb, now_s() - t0);
     if (r->o->log && r->o->progress && isatty(STDERR_FILENO))
         fputs("\r\033[K", stderr); /* clear the live progress line first */
     if (r->o->log)
-        fprintf(r->o->log, "step %lld: held-out pass@1 %.4f (%d problems)\n", (long long)r->step, ev.pass1,
-                ev.problems);
+        fprintf(r->o->log, "step %lld: held-out pass@1 %.4f (%d problems)", (long long)r->step, ev.pass1, ev.problems);
+    if (r->o->log && bf16)
+        fprintf(r->o->log, ", in bf16 %.4f", eb.pass1);
+    if (r->o->log)
+        fputc('\n', r->o->log);
     return QD_OK;
 }
 
@@ -1199,6 +1232,10 @@ static void print_summary(rl_run *r, const char *metrics)
     if (qd_metrics_read_series(metrics, "eval.pass1", &x, &y, &n) == QD_OK && n >= 2)
         fprintf(r->o->log, "held-out pass@1: %.4f at step %lld, %.4f at step %lld\n", y[0], (long long)x[0],
                 y[n - 1], (long long)x[n - 1]);
+    free(x), free(y);
+    if (qd_metrics_read_series(metrics, "eval.bf16.pass1", &x, &y, &n) == QD_OK && n >= 2)
+        fprintf(r->o->log, "held-out pass@1 in bf16: %.4f at step %lld, %.4f at step %lld\n", y[0],
+                (long long)x[0], y[n - 1], (long long)x[n - 1]);
     free(x), free(y);
     fprintf(r->o->log, "run directory: %s\n", r->dir);
 }

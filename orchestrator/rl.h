@@ -108,11 +108,14 @@ qd_status qd_rl_run_dir(const qd_config *cfg, char *buf, size_t n);
  * trainer log-prob of sample 2 token 5 is NaN"). */
 qd_status qd_rl_run(const qd_config *cfg, const qd_rl_options *o, char *run_dir, size_t n);
 
-/* The report of finished (or running) runs: out_dir/report.md with a table
- * (recipe, steps, held-out pass@1 first and final, mean and max |logp gap|,
- * k3 mismatch KL, router agreement, tokens/s) and out_dir/{reward,pass1,gap}.svg,
- * one series per run. names[i] (NULL: the run directory's last component)
- * labels run i. out_dir is made if missing. */
+/* The report of finished (or running) runs, one row a run
+ * (orchestrator/report.h, qd_report_write, has rows of several seeds):
+ * out_dir/report.md and report.json (recipe, held-out pass@1 first and final
+ * at the rollout's precision and in bf16, mean and max |logp gap|, k3
+ * mismatch KL, router agreement, tokens/s; the run's status: a run short of
+ * run.steps is marked incomplete) and out_dir/{reward,pass1,gap}.svg, one
+ * series per run. names[i] (NULL: the run directory's last component) labels
+ * run i. out_dir is made if missing. */
 qd_status qd_rl_report(const char *const *runs, const char *const *names, int n, const char *out_dir);
 
 #endif

@@ -135,6 +135,9 @@ static const qd_cfg_knob knobs[] = {
      .doc = "held-out eval on the rollout instance (the recipe's inference numerics) or on the trainer"},
     {KNOB("eval.temperature", QD_CFG_FLOAT, eval.temperature), .def = "0.0", .min = 0, .max = 100,
      .doc = "eval sampling temperature; 0 = greedy"},
+    {KNOB("eval.bf16", QD_CFG_BOOL, eval.bf16), .def = "false",
+     .doc = "also evaluate the first and the last eval's weights with the bf16 recipe's rollout (eval.bf16.* in "
+            "the metrics; quads compare turns it on)"},
     {KNOB("checkpoint.every", QD_CFG_INT, checkpoint.every), .def = "10", .min = 0, .max = BIG,
      .doc = "checkpoint every N steps; 0 = only at the end"},
     {KNOB("checkpoint.keep_last", QD_CFG_INT, checkpoint.keep_last), .def = "2", .min = 1, .max = 1000,

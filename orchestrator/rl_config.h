@@ -66,6 +66,7 @@ typedef struct {
         int64_t every, samples, limit, seed;
         const char *precision;
         double temperature;
+        bool bf16;
     } eval;
     struct {
         int64_t every, keep_last;

@@ -383,10 +383,13 @@ qd_status qd_sft_train(qd_backend *b, const qd_tokenizer *tok, const qd_sft_opti
     if (!st && (!s.tokens || !s.lengths || !s.logp || !s.dlogp))
         st = qd_error(QD_ERR_NOMEM, "sft: out of memory");
     double loss = 0.0;
-    for (int step = 1; !st && step <= o->steps; step++) {
+    int stop = 0;
+    for (int step = 1; !st && !stop && step <= o->steps; step++) {
         st = run_step(b, &p, o, &s, step, &loss);
         if (!st && o->progress)
             o->progress(step, o->steps, loss, lr_at(o, step), o->ctx);
+        if (!st && o->after_step)
+            st = o->after_step(step, o->ctx, &stop);
     }
     if (!st && final_loss)
         *final_loss = loss;

@@ -60,13 +60,17 @@ typedef struct {
     /* Called after each step (may be NULL). */
     void (*progress)(int step, int steps, double loss, double lr, void *ctx);
     void *ctx;
+    /* Called after each step, after progress (may be NULL): an error stops
+     * the training with it; *stop = 1 ends it after this step (an early stop). */
+    qd_status (*after_step)(int step, void *ctx, int *stop);
 } qd_sft_options;
 
 /* The defaults `quads sft` uses (make tiny-model). */
 void qd_sft_default_options(qd_sft_options *o);
 
-/* Trains b's current weights for o->steps steps; *final_loss (may be NULL)
- * receives the mean target cross-entropy of the last step. */
+/* Trains b's current weights for o->steps steps, or until o->after_step
+ * stops it; *final_loss (may be NULL) receives the mean target cross-entropy
+ * of the last step. */
 qd_status qd_sft_train(qd_backend *b, const qd_tokenizer *tok, const qd_sft_options *o, double *final_loss);
 
 #endif

@@ -81,20 +81,28 @@ typedef struct {
 static double px(const frame *f, double x) { return f->left + (x - f->x0) / (f->x1 - f->x0) * (f->right - f->left); }
 static double py(const frame *f, double y) { return f->bottom - (y - f->y0) / (f->y1 - f->y0) * (f->bottom - f->top); }
 
-/* The finite data range of all series; 0 if there is no finite point. */
+static void widen(int *any, double x, double y, double *xlo, double *xhi, double *ylo, double *yhi)
+{
+    if (!isfinite(x) || !isfinite(y))
+        return;
+    if (!*any || x < *xlo) *xlo = x;
+    if (!*any || x > *xhi) *xhi = x;
+    if (!*any || y < *ylo) *ylo = y;
+    if (!*any || y > *yhi) *yhi = y;
+    *any = 1;
+}
+
+/* The finite data range of all series and bands; 0 if there is no finite point. */
 static int data_range(const qd_svg_series *s, int ns, double *xlo, double *xhi, double *ylo, double *yhi)
 {
     int any = 0;
     for (int i = 0; i < ns; i++)
         for (int64_t j = 0; j < s[i].n; j++) {
-            double x = s[i].x[j], y = s[i].y[j];
-            if (!isfinite(x) || !isfinite(y))
-                continue;
-            if (!any || x < *xlo) *xlo = x;
-            if (!any || x > *xhi) *xhi = x;
-            if (!any || y < *ylo) *ylo = y;
-            if (!any || y > *yhi) *yhi = y;
-            any = 1;
+            widen(&any, s[i].x[j], s[i].y[j], xlo, xhi, ylo, yhi);
+            if (s[i].lo && s[i].hi && isfinite(s[i].y[j])) {
+                widen(&any, s[i].x[j], s[i].lo[j], xlo, xhi, ylo, yhi);
+                widen(&any, s[i].x[j], s[i].hi[j], xlo, xhi, ylo, yhi);
+            }
         }
     return any;
 }
@@ -133,6 +141,33 @@ static void series_path(sbuf *b, const frame *f, const qd_svg_series *s, const c
     }
     if (open)
         put(b, "\"/>\n");
+}
+
+static int band_ok(const qd_svg_series *s, int64_t j)
+{
+    return isfinite(s->x[j]) && isfinite(s->lo[j]) && isfinite(s->hi[j]);
+}
+
+/* The band of s: one polygon per run of consecutive points where x, lo and hi
+ * are finite, along hi forwards and back along lo. */
+static void series_band(sbuf *b, const frame *f, const qd_svg_series *s, const char *color)
+{
+    for (int64_t j = 0; j < s->n;) {
+        if (!band_ok(s, j)) {
+            j++;
+            continue;
+        }
+        int64_t end = j;
+        while (end < s->n && band_ok(s, end))
+            end++;
+        put(b, "<polygon class=\"band\" fill=\"%s\" points=\"", color);
+        for (int64_t k = j; k < end; k++)
+            put(b, "%.2f,%.2f ", px(f, s->x[k]), py(f, s->hi[k]));
+        for (int64_t k = end - 1; k >= j; k--)
+            put(b, "%.2f,%.2f%s", px(f, s->x[k]), py(f, s->lo[k]), k > j ? " " : "");
+        put(b, "\"/>\n");
+        j = end;
+    }
 }
 
 static void legend(sbuf *b, const frame *f, const qd_svg_series *s, int ns)
@@ -174,13 +209,17 @@ qd_status qd_svg_render(char **out, const qd_svg_plot *p, const qd_svg_series *s
     put(&b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
             "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\">\n"
             "<style>text{font-family:sans-serif;font-size:12px}.title{font-size:14px;font-weight:bold}"
-            ".grid{stroke:#ddd}.axis{stroke:#000;fill:none}.series{fill:none;stroke-width:2}</style>\n"
+            ".grid{stroke:#ddd}.axis{stroke:#000;fill:none}.series{fill:none;stroke-width:2}"
+            ".band{stroke:none;fill-opacity:0.2}</style>\n"
             "<rect width=\"100%%\" height=\"100%%\" fill=\"#fff\"/>\n", w, h, w, h);
     labels(&b, p, &f, w, h);
     axis_ticks(&b, &f, 0, xf, xs, nx);
     axis_ticks(&b, &f, 1, yf, ys, ny);
     put(&b, "<rect class=\"axis\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\"/>\n", f.left, f.top,
         f.right - f.left, f.bottom - f.top);
+    for (int i = 0; i < ns; i++) /* bands first: every line is drawn over them */
+        if (s[i].lo && s[i].hi)
+            series_band(&b, &f, &s[i], colors[i % 8]);
     for (int i = 0; i < ns; i++)
         series_path(&b, &f, &s[i], colors[i % 8]);
     legend(&b, &f, s, ns);
@@ -213,7 +252,7 @@ qd_status qd_svg_write_metric(const char *path, const qd_svg_plot *plot, const c
     for (int i = 0; st == QD_OK && i < n_runs; i++) {
         double *x, *y;
         st = qd_metrics_read_series(metrics[i], key, &x, &y, &s[i].n);
-        s[i] = (qd_svg_series){names[i], x, y, s[i].n};
+        s[i] = (qd_svg_series){.name = names[i], .x = x, .y = y, .n = s[i].n};
     }
     if (st == QD_OK)
         st = qd_svg_write(path, plot, s, n_runs);

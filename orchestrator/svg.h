@@ -1,6 +1,7 @@
 /* Standalone SVG line plots (reward, pass@1, log-prob gap over steps) for
- * `quads compare` and `quads report`: several named series, axes with ticks
- * and labels, a legend. No scripts, no external references. */
+ * `quads compare` and `quads report`: several named series, each optionally
+ * with a shaded band (min to max over seeds), axes with ticks and labels, a
+ * legend. No scripts, no external references. */
 #ifndef QD_SVG_H
 #define QD_SVG_H
 #include <stdint.h>
@@ -11,6 +12,9 @@ typedef struct {
     const double *x;   /* (n) */
     const double *y;   /* (n); NaN or Inf points are skipped (the line breaks there) */
     int64_t n;
+    const double *lo, *hi; /* (n) or NULL: a shaded band from lo to hi under the line
+                              (the spread over seeds); a point where either is not
+                              finite breaks it */
 } qd_svg_series;
 
 typedef struct {

@@ -156,6 +156,7 @@ int main(void)
     srunner_add_suite(sr, suite_sandbox());
     srunner_add_suite(sr, suite_code());
     srunner_add_suite(sr, suite_sync());
+    srunner_add_suite(sr, suite_report());
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);

@@ -24,6 +24,7 @@ Suite *suite_tb(void);
 Suite *suite_sandbox(void);
 Suite *suite_code(void);
 Suite *suite_sync(void);
+Suite *suite_report(void);
 
 /* Path of a file under the source tree (QD_SRCDIR, set by make check). */
 const char *qd_test_path(const char *rel);

@@ -1006,7 +1006,8 @@ static int svg_well_formed(const char *s)
 START_TEST(test_svg_plot)
 {
     const double x[5] = {0, 10, 20, 30, 40}, y1[5] = {0.1, 0.2, NAN, 0.4, 0.5}, y2[5] = {0.3, 0.3, 0.2, 0.1, 0};
-    const qd_svg_series s[2] = {{"quads <rac & aqat>", x, y1, 5}, {"bf16", x, y2, 5}};
+    const qd_svg_series s[2] = {{.name = "quads <rac & aqat>", .x = x, .y = y1, .n = 5},
+                                {.name = "bf16", .x = x, .y = y2, .n = 5}};
     qd_svg_plot plot = {"reward", "step", "mean reward", 0, 0};
     char *svg;
     ck_assert_int_eq(qd_svg_render(&svg, &plot, s, 2), QD_OK);
@@ -1024,9 +1025,30 @@ START_TEST(test_svg_plot)
     ck_assert(!svg_well_formed("<svg><g></svg></g>"));
     free(svg);
     const double bad[2] = {NAN, NAN};
-    const qd_svg_series none = {"x", x, bad, 2};
+    const qd_svg_series none = {.name = "x", .x = x, .y = bad, .n = 2};
     ck_assert_int_eq(qd_svg_render(&svg, &plot, &none, 1), QD_ERR_ARG);
     ck_assert_ptr_null(svg);
+}
+END_TEST
+
+/* A band (the spread over seeds): one polygon per stretch of finite lo and
+ * hi, along hi and back along lo, drawn before the lines; it widens the y
+ * axis to hold it. */
+START_TEST(test_svg_band)
+{
+    const double x[4] = {0, 1, 2, 3}, y[4] = {1, 1, 1, 1}, lo[4] = {0, 0, NAN, 0}, hi[4] = {2, 2, 2, 2};
+    const qd_svg_series s = {.name = "quads (3 seeds)", .x = x, .y = y, .n = 4, .lo = lo, .hi = hi};
+    qd_svg_plot plot = {"pass", "step", "pass@1", 640, 400};
+    char *svg;
+    ck_assert_int_eq(qd_svg_render(&svg, &plot, &s, 1), QD_OK);
+    ck_assert(svg_well_formed(svg));
+    ck_assert_int_eq(count_substr(svg, "<polygon class=\"band\""), 2);
+    /* x 0..3 over pixels 64..490, y 0..2 over 352..32: the first stretch is steps 0 and 1 */
+    ck_assert_msg(strstr(svg, "points=\"64.00,32.00 206.00,32.00 206.00,352.00 64.00,352.00\""), "%s", svg);
+    ck_assert_msg(strstr(svg, "points=\"490.00,32.00 490.00,352.00\""), "%s", svg);
+    ck_assert(strstr(svg, "<polygon") < strstr(svg, "<polyline"));
+    ck_assert_ptr_nonnull(strstr(svg, ">2</text>")); /* the y axis reaches hi */
+    free(svg);
 }
 END_TEST
 
@@ -1055,7 +1077,7 @@ START_TEST(test_svg_from_metrics)
     double *x, *y;
     int64_t n;
     ck_assert_int_eq(qd_metrics_read_series(p, "reward", &x, &y, &n), QD_OK);
-    qd_svg_series s = {"run", x, y, n};
+    qd_svg_series s = {.name = "run", .x = x, .y = y, .n = n};
     qd_svg_plot plot = {"reward", "step", "reward", 800, 300};
     ck_assert_int_eq(qd_svg_write(tmp_path("reward.svg"), &plot, &s, 1), QD_OK);
     const char *svg = qd_test_read_file(tmp_path("reward.svg"));
@@ -1314,6 +1336,7 @@ Suite *suite_orchestrator(void)
     tcase_add_test(files, test_metrics_truncate);
     tcase_add_test(files, test_progress_line);
     tcase_add_test(files, test_svg_plot);
+    tcase_add_test(files, test_svg_band);
     tcase_add_test(files, test_svg_ticks);
     tcase_add_test(files, test_svg_from_metrics);
     suite_add_tcase(s, files);

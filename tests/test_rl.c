@@ -18,6 +18,7 @@
 #include "benchmarks/sha256.h"
 #include "models/checkpoint.h"
 #include "orchestrator/ckpt.h"
+#include "orchestrator/metrics.h"
 #include "orchestrator/rl.h"
 #include "orchestrator/sft.h"
 #include "orchestrator/task.h"
@@ -249,9 +250,10 @@ START_TEST(test_rl_every_recipe)
     size_t len;
     pathf(rb[0], sizeof rb[0], "%s/report.md", out);
     ck_assert_int_eq(qd_read_file(rb[0], &md, &len), QD_OK);
-    ck_assert_ptr_nonnull(strstr(md, "| nvfp4-sym-qat | nvfp4-sym-qat | 2 |"));
-    ck_assert_ptr_nonnull(strstr(md, "| bf16 | bf16 | 2 |"));
-    ck_assert_ptr_nonnull(strstr(md, "| nvfp4-replay | nvfp4-replay | 2 |"));
+    ck_assert_ptr_nonnull(strstr(md, "| nvfp4-sym-qat | nvfp4-sym-qat / 1 of 1 |"));
+    ck_assert_ptr_nonnull(strstr(md, "| bf16 | bf16 / 1 of 1 |"));
+    ck_assert_ptr_nonnull(strstr(md, "| nvfp4-replay | nvfp4-replay / 1 of 1 |"));
+    ck_assert_ptr_nonnull(strstr(md, "(seed 1, 2 of 2, ok)"));
     free(md);
     ck_assert(exists(out, "reward.svg") && exists(out, "pass1.svg") && exists(out, "gap.svg"));
     qd_test_rm_tree(dir);
@@ -851,6 +853,150 @@ START_TEST(test_rl_cli_compare)
 }
 END_TEST
 
+/* The object of metrics line step (an array of metrics_without_time). */
+static json_t *line_of(json_t *m, int64_t step)
+{
+    size_t i;
+    json_t *o;
+    json_array_foreach(m, i, o) {
+        if (json_integer_value(json_object_get(o, "step")) == step)
+            return o;
+    }
+    ck_abort_msg("no metrics line of step %lld", (long long)step);
+    return NULL;
+}
+
+/* eval.bf16: the first and the last eval also run with the bf16 recipe's
+ * rollout. For the bf16 recipe it equals the rollout's eval; for nvfp4 its
+ * step-0 eval equals the bf16 run's (same weights, bf16 forward), not the
+ * nvfp4 rollout's; the knob changes no other number of the run, and the
+ * report takes its columns from it. */
+START_TEST(test_rl_eval_bf16)
+{
+    char dir[256], rd[3][1024];
+    scratch_dir(dir, sizeof dir);
+    make_model(dir);
+    static const char *const names[3] = {"bf16", "nvfp4-on", "nvfp4-off"};
+    for (int i = 0; i < 3; i++) {
+        qd_config *c = small_config(dir, names[i], i ? "nvfp4" : "bf16", 3);
+        ck_assert_int_eq(qd_config_set(c, i == 2 ? "eval.bf16=false" : "eval.bf16=true"), QD_OK);
+        ck_assert_int_eq(qd_config_set(c, "eval.limit=8"), QD_OK);
+        qd_status st = run(c, NULL);
+        ck_assert_msg(st == QD_OK, "%s: %s", names[i], qd_last_error());
+        qd_config_free(c);
+        pathf(rd[i], sizeof rd[i], "%s/%s", dir, names[i]);
+    }
+    json_t *m[3];
+    for (int i = 0; i < 3; i++)
+        m[i] = metrics_without_time(rd[i]);
+    static const char *const fields[] = {"pass1", "mean_len", "format_rate", "problems"};
+    for (int step = 0; step <= 3; step += 3) {
+        const json_t *e = json_object_get(line_of(m[0], step), "eval"), *b = json_object_get(e, "bf16");
+        for (size_t f = 0; f < sizeof fields / sizeof *fields; f++)
+            ck_assert(num(e, fields[f], NULL) == num(b, fields[f], NULL));
+    }
+    ck_assert_ptr_null(json_object_get(json_object_get(line_of(m[0], 2), "eval"), "bf16")); /* first and last only */
+    const json_t *e0 = json_object_get(line_of(m[0], 0), "eval"), *n0 = json_object_get(line_of(m[1], 0), "eval");
+    ck_assert_msg(num(n0, "mean_len", NULL) != num(e0, "mean_len", NULL), "the test model cannot tell nvfp4 from bf16");
+    for (size_t f = 0; f < sizeof fields / sizeof *fields; f++)
+        ck_assert(num(json_object_get(n0, "bf16"), fields[f], NULL) == num(e0, fields[f], NULL));
+    for (int step = 0; step <= 3; step += 3) /* on = off + eval.bf16 */
+        ck_assert_int_eq(json_object_del(json_object_get(line_of(m[1], step), "eval"), "bf16"), 0);
+    ck_assert(json_equal(m[1], m[2]));
+    char a[2048], b[2048];
+    pathf(a, sizeof a, "%s/step_00000003/model.safetensors", rd[1]);
+    pathf(b, sizeof b, "%s/step_00000003/model.safetensors", rd[2]);
+    ck_assert(same_file(a, b));
+    /* the report's two columns */
+    const char *runs[2] = {rd[0], rd[1]};
+    char out[1024], p[1100];
+    pathf(out, sizeof out, "%s/report", dir);
+    ck_assert_int_eq(qd_rl_report(runs, NULL, 2, out), QD_OK);
+    pathf(p, sizeof p, "%s/report.json", out);
+    json_t *rep = json_load_file(p, 0, NULL);
+    ck_assert_ptr_nonnull(rep);
+    json_decref(m[1]);
+    m[1] = metrics_without_time(rd[1]);
+    for (int i = 0; i < 2; i++) {
+        const json_t *r = json_array_get(json_object_get(rep, "runs"), (size_t)i);
+        const json_t *last = json_object_get(line_of(m[i], 3), "eval");
+        ck_assert_str_eq(json_string_value(json_object_get(r, "status")), "ok");
+        ck_assert(fabs(num(r, "pass1_final", NULL) - num(last, "pass1", NULL)) < 1e-9);
+        ck_assert(fabs(num(r, "pass1_bf16_final", NULL) - num(json_object_get(last, "bf16"), "pass1", NULL)) < 1e-9);
+        ck_assert(fabs(num(r, "pass1_bf16_first", NULL) -
+                       num(json_object_get(json_object_get(line_of(m[i], 0), "eval"), "bf16"), "pass1", NULL)) < 1e-9);
+    }
+    json_decref(rep);
+    for (int i = 0; i < 3; i++)
+        json_decref(m[i]);
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
+/* quads compare --seeds: a run per recipe and seed in DIR/RECIPE/seed-S, the
+ * report's row over them; --continue keeps a finished run, resumes a cut
+ * one to the same numbers and refuses a run of another config; a run that
+ * fails is reported, not averaged, and the others still run (exit 1). */
+START_TEST(test_rl_cli_compare_seeds)
+{
+    char out[1 << 16], dir[256], args[4096], sets[1024], p[2048];
+    scratch_dir(dir, sizeof dir);
+    make_model(dir);
+    pathf(sets, sizeof sets,
+          "--quiet --set model.path=%s/model --set run.steps=2 --set rollout.group_size=2 "
+          "--set rollout.prompts_per_step=2 --set rollout.max_tokens=4 --set eval.limit=2 --set run.threads=1 "
+          "--set rollout.backend=cpu --set checkpoint.every=1 --set checkpoint.keep_last=5", dir);
+    pathf(args, sizeof args, "compare --recipes bf16 --seeds 3,4 --out %s/cmp %s", dir, sets);
+    ck_assert_msg(qd_test_run_quads(args, out, sizeof out) == 0, "%s", out);
+    pathf(p, sizeof p, "%s/cmp", dir);
+    ck_assert(exists(p, "bf16/seed-3/metrics.jsonl") && exists(p, "bf16/seed-4/metrics.jsonl"));
+    ck_assert(exists(p, "report.md") && exists(p, "report.json") && exists(p, "pass1.svg"));
+    pathf(p, sizeof p, "%s/cmp/report.json", dir);
+    json_t *rep = json_load_file(p, 0, NULL);
+    const json_t *row = json_array_get(json_object_get(rep, "rows"), 0);
+    ck_assert_int_eq(json_integer_value(json_object_get(row, "complete")), 2);
+    ck_assert_int_eq(json_integer_value(json_array_get(json_object_get(row, "seeds"), 1)), 4);
+    ck_assert_ptr_nonnull(strstr(json_string_value(json_object_get(rep, "command")), "--seeds 3,4"));
+    json_decref(rep);
+    pathf(p, sizeof p, "%s/cmp/bf16/seed-4", dir);
+    json_t *before = metrics_without_time(p);
+    /* cut seed 4 back to step 1 */
+    char m[2200], ck[2200];
+    pathf(m, sizeof m, "%s/metrics.jsonl", p);
+    ck_assert_int_eq(qd_metrics_truncate(m, 1), QD_OK);
+    pathf(ck, sizeof ck, "%s/step_00000002", p);
+    qd_test_rm_tree(ck);
+    pathf(args, sizeof args, "compare --recipes bf16 --seeds 3,4 --continue --out %s/cmp %s", dir, sets);
+    ck_assert_msg(qd_test_run_quads(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "seed-3: finished before, kept ==") && strstr(out, "seed-4: resumed =="), "%s", out);
+    json_t *after = metrics_without_time(p);
+    ck_assert(json_equal(before, after));
+    json_decref(before), json_decref(after);
+    /* another config in the same directory */
+    pathf(args, sizeof args, "compare --recipes bf16 --seeds 3 --continue --out %s/cmp %s --set trainer.lr=1e-3", dir,
+          sets);
+    ck_assert_int_eq(qd_test_run_quads(args, out, sizeof out), 1);
+    ck_assert_msg(strstr(out, "seed-3/config.json holds a run of another config"), "%s", out);
+    /* seed 2 cannot run (its directory is a file): seed 1 still does */
+    pathf(p, sizeof p, "%s/f/bf16", dir);
+    ck_assert_int_eq(qd_mkdirs(p), QD_OK);
+    qd_test_write_file(qd_test_join(p, "seed-2"), "not a directory");
+    pathf(args, sizeof args, "compare --recipes bf16 --seeds 1,2 --out %s/f %s", dir, sets);
+    ck_assert_int_eq(qd_test_run_quads(args, out, sizeof out), 1);
+    ck_assert_msg(strstr(out, "runs failed: listed there, not averaged"), "%s", out);
+    pathf(p, sizeof p, "%s/f/report.json", dir);
+    rep = json_load_file(p, 0, NULL);
+    row = json_array_get(json_object_get(rep, "rows"), 0);
+    ck_assert_int_eq(json_integer_value(json_object_get(row, "complete")), 1);
+    const json_t *ex = json_array_get(json_object_get(row, "excluded"), 0);
+    ck_assert_str_eq(json_string_value(json_object_get(ex, "status")), "failed");
+    ck_assert_int_eq(json_integer_value(json_object_get(ex, "seed")), -1);
+    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(row, "pass1_final"), "n")), 1);
+    json_decref(rep);
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
 /* model.path empty: the embedded tiny model (models/tiny under QD_SRCDIR). */
 START_TEST(test_rl_default_model)
 {
@@ -1357,6 +1503,8 @@ Suite *suite_rl(void)
     add_case(s, "code_task", test_rl_code_task);
     add_case(s, "cli_errors", test_rl_cli_config_errors);
     add_case(s, "cli_compare", test_rl_cli_compare);
+    add_case(s, "cli_compare_seeds", test_rl_cli_compare_seeds);
+    add_case(s, "eval_bf16", test_rl_eval_bf16);
     add_case(s, "default_model", test_rl_default_model);
     add_case(s, "default_model_out_of_tree", test_rl_default_model_out_of_tree);
     add_case(s, "temperature", test_rl_temperature_no_gap);
