@@ -21,7 +21,7 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: quads compare [--recipes R1,R2,...] [--seeds S1,S2,...] [--config FILE] [--set KEY=VALUE]...\n"
-               "                     [--out DIR] [--continue] [--quiet]\n\n"
+               "                     [--out DIR] [--continue | --report-only] [--quiet]\n\n"
                "Runs the config once per recipe and seed, the same config otherwise, into DIR/RECIPE\n"
                "(DIR/RECIPE/seed-S with --seeds), with eval.bf16 on (the first and the last weights of each\n"
                "run are also evaluated with the bf16 recipe's rollout; --set eval.bf16=false turns it off),\n"
@@ -42,6 +42,9 @@ static void usage(FILE *f)
                "                  a checkpoint resumed, one stopped before its first checkpoint started\n"
                "                  again; a run of another config there is an error (without --continue,\n"
                "                  any run there is)\n"
+               "  --report-only   run nothing: the report of what DIR holds for these recipes and seeds\n"
+               "                  (a run not there is listed as missing, one short of run.steps as\n"
+               "                  incomplete, one of another config as failed)\n"
                "  --quiet         no progress lines\n");
 }
 
@@ -113,8 +116,9 @@ static qd_config *run_config(const char *file, char **sets, int nsets, const cha
 typedef enum { RUN_FRESH, RUN_DONE, RUN_RESUME, RUN_CONFLICT } run_action;
 
 /* What --continue does with dir: a config.json there must be cfg's (run.threads
- * aside). A run that stopped before its first checkpoint loses its metrics. */
-static run_action existing_run(const char *dir, const qd_config *cfg)
+ * aside). A run that stopped before its first checkpoint loses its metrics
+ * (unless look_only: --report-only changes nothing). */
+static run_action existing_run(const char *dir, const qd_config *cfg, int look_only)
 {
     char p[DIR_N + 32];
     snprintf(p, sizeof p, "%s/config.json", dir);
@@ -126,7 +130,7 @@ static run_action existing_run(const char *dir, const qd_config *cfg)
     int same = have && json_equal(have, want);
     json_decref(have), json_decref(want);
     if (!same) {
-        fprintf(stderr, "quads compare: --continue: %s holds a run of another config; remove it or give another "
+        fprintf(stderr, "quads compare: %s holds a run of another config; remove it or give another "
                         "--out\n", p);
         return RUN_CONFLICT;
     }
@@ -134,7 +138,7 @@ static run_action existing_run(const char *dir, const qd_config *cfg)
     int64_t step = -1;
     if (qd_run_summarize(dir, NULL, &s) == QD_OK && s.status == QD_RUN_OK)
         return RUN_DONE;
-    if (qd_ckpt_latest(dir, &step) == QD_OK && step >= 0)
+    if (look_only || (qd_ckpt_latest(dir, &step) == QD_OK && step >= 0))
         return RUN_RESUME;
     snprintf(p, sizeof p, "%s/metrics.jsonl", dir);
     if (access(p, F_OK) == 0 && unlink(p) != 0) {
@@ -149,7 +153,7 @@ typedef struct {
     int nr, ns; /* ns 0: no --seeds */
     const char *file;
     char **sets;
-    int nsets, quiet, cont;
+    int nsets, quiet, cont, report_only;
 } compare_args;
 
 typedef struct {
@@ -182,8 +186,10 @@ static int make_configs(const compare_args *a, one_run *runs)
 /* Runs (or, with --continue, keeps or resumes) one run; a failure is kept in r. */
 static void go(const compare_args *a, one_run *r)
 {
-    run_action act = a->cont ? existing_run(r->dir, r->cfg) : RUN_FRESH;
+    run_action act = a->cont || a->report_only ? existing_run(r->dir, r->cfg, a->report_only) : RUN_FRESH;
     const qd_knobs *k = qd_config_knobs(r->cfg);
+    if (a->report_only && act != RUN_CONFLICT)
+        return; /* the report says what the directory holds */
     static const char *const what[] = {"", ": finished before, kept", ": resumed", ": another config's run there"};
     printf("== recipe %s, seed %lld: %s%s ==\n", k->rollout.recipe, (long long)k->run.seed, r->dir, what[act]);
     fflush(stdout);
@@ -194,7 +200,7 @@ static void go(const compare_args *a, one_run *r)
     if (!st)
         return;
     r->failed = 1;
-    snprintf(r->failure, sizeof r->failure, "%s", act == RUN_CONFLICT ? "--continue: the directory holds a run of "
+    snprintf(r->failure, sizeof r->failure, "%s", act == RUN_CONFLICT ? "the directory holds a run of "
                                                                         "another config" : qd_last_error());
     if (act != RUN_CONFLICT)
         fprintf(stderr, "quads compare: %s, seed %lld: %s\n", k->rollout.recipe, (long long)k->run.seed, r->failure);
@@ -240,6 +246,7 @@ static int parse(int argc, char **argv, compare_args *a)
     static const struct option longs[] = {{"recipes", required_argument, 0, 'r'}, {"config", required_argument, 0, 'c'},
                                           {"set", required_argument, 0, 's'},     {"out", required_argument, 0, 'o'},
                                           {"seeds", required_argument, 0, 'S'},   {"continue", no_argument, 0, 'C'},
+                                          {"report-only", no_argument, 0, 'R'},
                                           {"quiet", no_argument, 0, 'q'},         {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     static char deflist[] = "bf16,nvfp4,quads";
@@ -255,6 +262,7 @@ static int parse(int argc, char **argv, compare_args *a)
         case 'o': outarg = optarg; break;
         case 'S': seeds = optarg; break;
         case 'C': a->cont = 1; break;
+        case 'R': a->report_only = 1; break;
         case 'q': a->quiet = 1; break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return 3;
@@ -266,6 +274,10 @@ static int parse(int argc, char **argv, compare_args *a)
     if (a->nr <= 0 || a->ns < 0) {
         if (a->nr == 0 || optind < argc)
             usage(stderr);
+        return 3;
+    }
+    if (a->cont && a->report_only) {
+        fprintf(stderr, "quads compare: --continue and --report-only exclude each other\n");
         return 3;
     }
     if (outarg) {

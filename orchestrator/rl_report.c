@@ -271,6 +271,15 @@ static void stat_cell(FILE *f, const char *fmt, const qd_seed_stat *s)
     fputs(" |", f);
 }
 
+/* A run's seed as text: "?" when its config is missing. */
+static const char *seed_text(int64_t seed, char *buf, size_t n)
+{
+    if (seed < 0)
+        return "?";
+    snprintf(buf, n, "%lld", (long long)seed);
+    return buf;
+}
+
 static void header(FILE *f, const char *first)
 {
     fprintf(f, "| %s |", first);
@@ -301,8 +310,10 @@ static void runs_md(FILE *f, const report_ctx *t)
     for (int i = 0; i < t->ng; i++)
         for (int j = 0; j < t->g[i].n; j++) {
             const qd_run_summary *s = &t->s[i][j];
-            fprintf(f, "| %s | %s (seed %lld, %lld of %lld, %s) |", t->g[i].name, t->g[i].runs[j].dir,
-                    (long long)s->seed, (long long)s->steps, (long long)s->steps_planned, status_names[s->status]);
+            char sd[24];
+            fprintf(f, "| %s | %s (seed %s, %lld of %lld, %s) |", t->g[i].name, t->g[i].runs[j].dir,
+                    seed_text(s->seed, sd, sizeof sd), (long long)s->steps, (long long)s->steps_planned,
+                    status_names[s->status]);
             for (int c = 0; c < QD_NCOLS; c++) {
                 fputc(' ', f);
                 put_num(f, cols[c].fmt, s->v[c]);
@@ -331,9 +342,10 @@ static qd_status write_md(FILE *f, const char *path, void *vctx)
     for (int i = 0; i < t->ng; i++)
         for (int j = 0; j < t->g[i].n; j++)
             if (t->s[i][j].status != QD_RUN_OK) {
+                char sd[24];
                 if (!bad++)
                     fputs("Not averaged:\n\n", f);
-                fprintf(f, "- %s, seed %lld (%s): %s: %s\n", t->g[i].name, (long long)t->s[i][j].seed,
+                fprintf(f, "- %s, seed %s (%s): %s: %s\n", t->g[i].name, seed_text(t->s[i][j].seed, sd, sizeof sd),
                         t->g[i].runs[j].dir, status_names[t->s[i][j].status], t->s[i][j].reason);
             }
     fputs(bad ? "\n## Every run\n\n" : "## Every run\n\n", f);
@@ -345,6 +357,8 @@ static qd_status write_md(FILE *f, const char *path, void *vctx)
 /* ---- report.json */
 
 static json_t *num_or_null(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
+static json_t *seed_json(int64_t seed) { return seed < 0 ? json_null() : json_integer(seed); }
 
 static json_t *stat_json(const qd_seed_stat *st, const qd_run_summary *s, int n, int c)
 {
@@ -358,8 +372,8 @@ static json_t *stat_json(const qd_seed_stat *st, const qd_run_summary *s, int n,
 
 static json_t *run_json(const char *row, const char *dir, const qd_run_summary *s)
 {
-    json_t *o = json_pack("{s:s,s:s,s:s,s:I,s:s,s:I,s:I}", "row", row, "dir", dir, "recipe", s->recipe, "seed",
-                          (json_int_t)s->seed, "status", status_names[s->status], "steps", (json_int_t)s->steps,
+    json_t *o = json_pack("{s:s,s:s,s:s,s:o,s:s,s:I,s:I}", "row", row, "dir", dir, "recipe", s->recipe, "seed",
+                          seed_json(s->seed), "status", status_names[s->status], "steps", (json_int_t)s->steps,
                           "steps_planned", (json_int_t)s->steps_planned);
     json_object_set_new(o, "reason", s->status == QD_RUN_OK ? json_null() : json_string(s->reason));
     for (int c = 0; c < QD_NCOLS; c++)
@@ -380,8 +394,8 @@ static json_t *report_json(const report_ctx *t)
             if (s->status == QD_RUN_OK)
                 json_array_append_new(seeds, json_integer(s->seed));
             else
-                json_array_append_new(excluded, json_pack("{s:s,s:I,s:s,s:s}", "dir", g->runs[j].dir, "seed",
-                                                          (json_int_t)s->seed, "status", status_names[s->status],
+                json_array_append_new(excluded, json_pack("{s:s,s:o,s:s,s:s}", "dir", g->runs[j].dir, "seed",
+                                                          seed_json(s->seed), "status", status_names[s->status],
                                                           "reason", s->reason));
             json_array_append_new(runs, run_json(g->name, g->runs[j].dir, s));
         }
@@ -477,9 +491,14 @@ static qd_status plot(const report_ctx *t, const char *out_dir, const char *file
     qd_svg_series *s = calloc((size_t)t->ng + 1, sizeof *s);
     char(*labels)[160] = calloc((size_t)t->ng + 1, sizeof *labels), p[PATH_N];
     qd_status st = s && labels ? QD_OK : qd_error(QD_ERR_NOMEM, "report plots");
-    for (int i = 0; i < t->ng && !st; i++)
+    int bands = 0;
+    for (int i = 0; i < t->ng && !st; i++) {
         st = row_series(t, i, key, &s[i], labels[i], sizeof labels[i]);
-    qd_svg_plot pl = {title, "step", ylabel, 0, 0};
+        bands |= s[i].lo != NULL;
+    }
+    char full[256];
+    snprintf(full, sizeof full, "%s%s", title, bands ? " (mean over seeds; band: min to max)" : "");
+    qd_svg_plot pl = {full, "step", ylabel, 0, 0};
     snprintf(p, sizeof p, "%s/%s", out_dir, file);
     if (!st && (st = qd_svg_write(p, &pl, s, t->ng)) == QD_ERR_ARG)
         st = QD_OK; /* no finite point (e.g. evals off): an empty plot is no error */

@@ -972,6 +972,15 @@ START_TEST(test_rl_cli_compare_seeds)
     json_t *after = metrics_without_time(p);
     ck_assert(json_equal(before, after));
     json_decref(before), json_decref(after);
+    /* --report-only runs nothing: quads was never run, so both its seeds are missing */
+    pathf(args, sizeof args, "compare --recipes bf16,quads --seeds 3,4 --report-only --out %s/cmp %s", dir, sets);
+    ck_assert_msg(qd_test_run_quads(args, out, sizeof out) == 0, "%s", out);
+    pathf(p, sizeof p, "%s/cmp/report.md", dir);
+    const char *md = qd_test_read_file(p);
+    ck_assert_msg(strstr(md, "| bf16 | bf16 / 2 of 2 |") && strstr(md, "| quads | ? / 0 of 2 |") &&
+                  strstr(md, "- quads, seed ? (") && strstr(md, "quads/seed-4): missing: no config.json"), "%s", md);
+    pathf(p, sizeof p, "%s/cmp", dir);
+    ck_assert(!exists(p, "quads"));
     /* another config in the same directory */
     pathf(args, sizeof args, "compare --recipes bf16 --seeds 3 --continue --out %s/cmp %s --set trainer.lr=1e-3", dir,
           sets);
@@ -990,7 +999,7 @@ START_TEST(test_rl_cli_compare_seeds)
     ck_assert_int_eq(json_integer_value(json_object_get(row, "complete")), 1);
     const json_t *ex = json_array_get(json_object_get(row, "excluded"), 0);
     ck_assert_str_eq(json_string_value(json_object_get(ex, "status")), "failed");
-    ck_assert_int_eq(json_integer_value(json_object_get(ex, "seed")), -1);
+    ck_assert(json_is_null(json_object_get(ex, "seed")));
     ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(row, "pass1_final"), "n")), 1);
     json_decref(rep);
     qd_test_rm_tree(dir);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 #include "tests/suites.h"
 #include "models/checkpoint.h"
@@ -250,6 +251,44 @@ START_TEST(test_sft_deterministic)
 }
 END_TEST
 
+/* quads sft --eval-every: the held-out eval every N steps (with the
+ * --eval-precision recipe's rollout); --stop-at ends the training at the
+ * first eval that reaches it and saves that step's weights; the options
+ * that do not fit together are refused. */
+START_TEST(test_sft_eval_every_and_stop)
+{
+    char dir[256], args[1024], out[1 << 14];
+    qd_test_mkdtemp(dir, sizeof dir, "sft");
+    const char *common = "--steps 20 --batch 4 --train-problems 100 --eval 8 --eval-samples 1 --eval-temperature 0 "
+                         "--threads 1 --hidden 32 --layers 1 --heads 2 --kv-heads 1 --head-dim 16 --experts 4 "
+                         "--top-k 2 --moe-intermediate 16 --eval-every 5";
+    snprintf(args, sizeof args, "sft --out %s/a %s --eval-precision bf16", dir, common);
+    ck_assert_msg(qd_test_run_quads(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "step 5: held-out pass@1 ") && strstr(out, "step 15: held-out pass@1 ") &&
+                  !strstr(out, "step 20: held-out") && strstr(out, "trained 20 steps in") &&
+                  strstr(out, "temperature 0, bf16, seed 1"), "%s", out);
+    snprintf(args, sizeof args, "sft --out %s/b %s --stop-at 0", dir, common);
+    ck_assert_msg(qd_test_run_quads(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "step 5: held-out pass@1 ") && !strstr(out, "step 10:") &&
+                  strstr(out, "trained 5 steps in") && strstr(out, "(stopped early: --stop-at reached)") &&
+                  strstr(out, "temperature 0, fp32, seed 1"), "%s", out);
+    ck_assert(access(qd_test_join(dir, "b/model.safetensors"), F_OK) == 0);
+    static const char *const bad[][2] = {
+        {"--stop-at 0.5 --eval-every 0", "--stop-at needs --eval-every N"},
+        {"--stop-at 1.5 --eval-every 5", "--stop-at: a pass@1 in 0..1"},
+        {"--eval-precision int4", "--eval-precision: expected fp32, bf16"},
+        {"--backend gpu", "--backend: unknown value 'gpu'"},
+        {"--mode fast --backend cpu", "the cpu backend runs exact mode only"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(args, sizeof args, "sft --out %s/c %s", dir, bad[i][0]);
+        ck_assert_int_eq(qd_test_run_quads(args, out, sizeof out), 2);
+        ck_assert_msg(strstr(out, bad[i][1]), "%s: %s", bad[i][0], out);
+    }
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
 /* The shipped model: the required shape, size, and a held-out pass@1 at the
  * rollout temperature that leaves RL room. */
 START_TEST(test_shipped_model)
@@ -372,6 +411,7 @@ Suite *suite_tiny(void)
     tcase_add_test(tc, test_tokenizer_generated);
     tcase_add_test(tc, test_init_weights);
     tcase_add_test(tc, test_sft_deterministic);
+    tcase_add_test(tc, test_sft_eval_every_and_stop);
     suite_add_tcase(s, tc);
     tc = tcase_create("shipped");
     tcase_set_timeout(tc, 60);
