@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 #include <float.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include "backends/cuda/cuda_quant.h"
 #include "backends/cuda/cuda_check.h"
 
@@ -1757,13 +1759,24 @@ static qd_status w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int
     }
     if (maxrows == 0 || N == 0)
         return QD_OK;
-    int nt = maxrows <= 8 ? 1 : maxrows <= 16 ? 2 : 4;
+    int nt = maxrows <= 8 ? 1 : maxrows <= 16 ? 2 : maxrows <= 32 ? 4 : 8;
     int64_t tiles = (N + QD_MMA_ROWS - 1) / QD_MMA_ROWS;
     while (nt > 1 && tiles * ((maxrows + 8 * nt - 1) / (8 * nt)) * busy < 3 * sm_count())
         nt /= 2;
+    /* QUADS_W4A4_NT=1|2|4|8 (benchmarks only): that many 8-row tiles a CTA for
+     * one-matrix products (the attention linears), to measure the trade of
+     * weight decodes repeated per token tile against CTAs */
+    static int forced = -1;
+    if (forced < 0) {
+        const char *e = getenv("QUADS_W4A4_NT");
+        forced = e && (!strcmp(e, "1") || !strcmp(e, "2") || !strcmp(e, "4") || !strcmp(e, "8")) ? atoi(e) : 0;
+    }
+    if (forced && ng == 1)
+        nt = forced;
     return nt == 1 ? launch_w4a4_mma<1>(y, a, g, ng, maxrows, w_per_row, N, K)
          : nt == 2 ? launch_w4a4_mma<2>(y, a, g, ng, maxrows, w_per_row, N, K)
-                   : launch_w4a4_mma<4>(y, a, g, ng, maxrows, w_per_row, N, K);
+         : nt == 4 ? launch_w4a4_mma<4>(y, a, g, ng, maxrows, w_per_row, N, K)
+                   : launch_w4a4_mma<8>(y, a, g, ng, maxrows, w_per_row, N, K);
 }
 
 /* QUADS_W4A4_LEGACY (bench only): 1 = the kernels before the MMA kernel. */
