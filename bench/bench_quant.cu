@@ -380,8 +380,8 @@ static void bench_lm_head(void)
     printf("\n| lm_head x . W^T exact, M | new us | new TFLOP/s | new weight TB/s | before us | speedup |\n"
            "|---|---|---|---|---|---|\n");
     for (int M : Ms) {
-        float tn = time_ms([&] { QD_STATUS_DIE(qdk_matmul_wt(y, a, w, 0, M, (int)N, (int)K, 1)); });
-        float to = time_ms([&] { QD_STATUS_DIE(qdk_matmul(y, a, K, 1, w, 1, K, M, (int)N, (int)K, 0)); });
+        float tn = time_ms([&] { QD_STATUS_DIE(qdk_matmul_wt(y, a, w, QDK_F32, M, (int)N, (int)K, QD_PREC_BF16)); });
+        float to = time_ms([&] { QD_STATUS_DIE(qdk_matmul(y, a, w, M, (int)N, (int)K, QDK_NT, QDK_OVERWRITE)); });
         printf("| %d | %.1f | %.2f | %.2f | %.1f | %.2fx |\n", M, tn * 1e3, 2.0 * M * N * K / (tn * 1e-3) / 1e12,
                4.0 * N * K / (tn * 1e-3) / 1e12, to * 1e3, to / tn);
     }

@@ -36,17 +36,17 @@ static unsigned blocks(size_t n, unsigned t) { return (unsigned)((n + t - 1) / t
 /* One thread per item of n (n > 0). */
 #define QD_LAUNCH_N(kernel, n, ...) QD_LAUNCH(kernel, blocks((n), TPB), TPB, __VA_ARGS__)
 
-__global__ void k_round(float *dst, const float *src, size_t n, int bf16)
+__global__ void k_round_bf16(float *dst, const float *src, size_t n)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
-        dst[i] = bf16 ? qd_round_bf16(src[i]) : src[i];
+        dst[i] = qd_round_bf16(src[i]);
 }
 
-extern "C" qd_status qdk_round(float *dst, const float *src, size_t n, int bf16)
+extern "C" qd_status qdk_round_bf16(float *dst, const float *src, size_t n)
 {
     if (n)
-        QD_LAUNCH_N(k_round, (n), dst, src, n, bf16);
+        QD_LAUNCH_N(k_round_bf16, (n), dst, src, n);
     return QD_OK;
 }
 
@@ -131,11 +131,26 @@ static __device__ void mm_stage(float (*s)[MM_B + 1], const T *x, long sr, long 
     }
 }
 
+/* op(A)(m, k) = a[m*am + k*ak] and op(B)(k, n) = b[k*bk + n*bn] of a layout. */
+typedef struct {
+    long am, ak, bk, bn;
+} mm_strides;
+
+static __host__ __device__ mm_strides mm_strides_of(qdk_layout layout, int M, int N, int K)
+{
+    mm_strides s;
+    s.am = layout == QDK_TN ? 1 : K;
+    s.ak = layout == QDK_TN ? M : 1;
+    s.bk = layout == QDK_NT ? 1 : N;
+    s.bn = layout == QDK_NT ? K : 1;
+    return s;
+}
+
 /* The CTA's tile (m0, n0) of C (M, N) = A . B, each output acc = 0,
  * acc = acc + a_k * b_k, k ascending; with scales (FP8): times (sa[m] * sb[n]). */
 template <typename T>
-static __device__ void mm_tile(float *c, const T *a, long sam, long sak, const T *b, long sbk, long sbn, int M,
-                               int N, int K, int acc_out, const float *sa, const float *sb, int m0, int n0)
+static __device__ void mm_tile(float *c, const T *a, const T *b, mm_strides st, int M, int N, int K,
+                               qdk_store store, const float *sa, const float *sb, int m0, int n0)
 {
     __shared__ float As[MM_K][MM_B + 1], Bs[MM_K][MM_B + 1];
     int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
@@ -144,8 +159,8 @@ static __device__ void mm_tile(float *c, const T *a, long sam, long sak, const T
         for (int j = 0; j < 4; j++)
             acc[i][j] = 0.0f;
     for (int k0 = 0; k0 < K; k0 += MM_K) {
-        mm_stage<T>(As, a, sam, sak, m0, M, k0, K);
-        mm_stage<T>(Bs, b, sbn, sbk, n0, N, k0, K);
+        mm_stage<T>(As, a, st.am, st.ak, m0, M, k0, K);
+        mm_stage<T>(Bs, b, st.bn, st.bk, n0, N, k0, K);
         __syncthreads();
         int kmax = K - k0 < MM_K ? K - k0 : MM_K;
         for (int kk = 0; kk < kmax; kk++) {
@@ -169,19 +184,18 @@ static __device__ void mm_tile(float *c, const T *a, long sam, long sak, const T
             if (sa)
                 v = v * (sa[m] * sb[n]);
             float *o = c + (size_t)m * N + n;
-            *o = acc_out ? *o + v : v;
+            *o = store == QDK_ACCUMULATE ? *o + v : v;
         }
 }
 
 template <typename T>
-__global__ void __launch_bounds__(256) k_matmul(float *c, const T *a, long sam, long sak, const T *b, long sbk,
-                                                long sbn, int M, int N, int K, int acc_out,
-                                                const float *sa, const float *sb)
+__global__ void __launch_bounds__(256) k_matmul(float *c, const T *a, const T *b, mm_strides st, int M, int N,
+                                                int K, qdk_store store, const float *sa, const float *sb)
 {
-    mm_tile<T>(c, a, sam, sak, b, sbk, sbn, M, N, K, acc_out, sa, sb, blockIdx.y * MM_B, blockIdx.x * MM_B);
+    mm_tile<T>(c, a, b, st, M, N, K, store, sa, sb, blockIdx.y * MM_B, blockIdx.x * MM_B);
 }
 
-/* Grouped: blockIdx.z picks one independent product of the table (same strides). */
+/* Grouped: blockIdx.z picks one independent product of the table (one layout). */
 #define QD_MM_GROUPS 128
 typedef struct {
     const void *a[QD_MM_GROUPS], *b[QD_MM_GROUPS];
@@ -191,19 +205,23 @@ typedef struct {
 } mm_groups;
 
 template <typename T>
-__global__ void __launch_bounds__(256) k_matmul_grouped(const __grid_constant__ mm_groups g, long sam, long sak,
-                                                        long sbk, long sbn, int acc_out)
+__global__ void __launch_bounds__(256) k_matmul_grouped(const __grid_constant__ mm_groups g, qdk_layout layout,
+                                                        qdk_store store)
 {
     int z = blockIdx.z, m0 = blockIdx.y * MM_B, n0 = blockIdx.x * MM_B;
     if (m0 >= g.M[z] || n0 >= g.N[z])
         return;
-    mm_tile<T>(g.c[z], (const T *)g.a[z], sam, sak, (const T *)g.b[z], sbk, sbn, g.M[z], g.N[z], g.K[z], acc_out,
-               g.sa[z], g.sb[z], m0, n0);
+    mm_tile<T>(g.c[z], (const T *)g.a[z], (const T *)g.b[z], mm_strides_of(layout, g.M[z], g.N[z], g.K[z]),
+               g.M[z], g.N[z], g.K[z], store, g.sa[z], g.sb[z], m0, n0);
 }
 
-extern "C" qd_status qdk_matmul_grouped(const qdk_mm_item *it, int n, long sam, long sak, long sbk, long sbn,
-                                        int acc, int fp8)
+static int mm_layout_ok(qdk_layout l) { return l == QDK_NN || l == QDK_NT || l == QDK_TN; }
+
+extern "C" qd_status qdk_matmul_grouped(const qdk_mm_item *it, int n, qdk_layout layout, qdk_store store,
+                                        qdk_elem elem)
 {
+    if (!mm_layout_ok(layout) || (elem != QDK_F32 && elem != QDK_E4M3))
+        return qd_error(QD_ERR_ARG, "qdk_matmul_grouped: layout %d, element type %d", (int)layout, (int)elem);
     for (int g0 = 0; g0 < n; g0 += QD_MM_GROUPS) {
         mm_groups g;
         int ng = n - g0 < QD_MM_GROUPS ? n - g0 : QD_MM_GROUPS, maxm = 0, maxn = 0;
@@ -223,22 +241,24 @@ extern "C" qd_status qdk_matmul_grouped(const qdk_mm_item *it, int n, long sam, 
         if (maxm == 0 || maxn == 0)
             continue;
         dim3 grid((maxn + MM_B - 1) / MM_B, (maxm + MM_B - 1) / MM_B, ng);
-        if (fp8)
-            QD_LAUNCH(k_matmul_grouped<uint8_t>, grid, 256u, g, sam, sak, sbk, sbn, acc);
+        if (elem == QDK_E4M3)
+            QD_LAUNCH(k_matmul_grouped<uint8_t>, grid, 256u, g, layout, store);
         else
-            QD_LAUNCH(k_matmul_grouped<float>, grid, 256u, g, sam, sak, sbk, sbn, acc);
+            QD_LAUNCH(k_matmul_grouped<float>, grid, 256u, g, layout, store);
     }
     return QD_OK;
 }
 
-extern "C" qd_status qdk_matmul(float *c, const float *a, long sam, long sak, const float *b, long sbk, long sbn,
-                                int M, int N, int K, int acc)
+extern "C" qd_status qdk_matmul(float *c, const float *a, const float *b, int M, int N, int K, qdk_layout layout,
+                                qdk_store store)
 {
+    if (!mm_layout_ok(layout))
+        return qd_error(QD_ERR_ARG, "qdk_matmul: layout %d", (int)layout);
     if (M == 0 || N == 0)
         return QD_OK;
     dim3 grid((N + MM_B - 1) / MM_B, (M + MM_B - 1) / MM_B);
-    QD_LAUNCH(k_matmul<float>, grid, 256u, c, a, sam, sak, b, sbk, sbn, M, N, K, acc, (const float *)NULL,
-              (const float *)NULL);
+    QD_LAUNCH(k_matmul<float>, grid, 256u, c, a, b, mm_strides_of(layout, M, N, K), M, N, K, store,
+              (const float *)NULL, (const float *)NULL);
     return QD_OK;
 }
 
@@ -437,31 +457,34 @@ __global__ void __launch_bounds__(128) k_matmul_wt(float *c, const float *a, con
 }
 
 template <int TM>
-static qd_status launch_matmul_wt(float *c, const float *a, const void *w, int w_bf16, int M, int N, int K,
+static qd_status launch_matmul_wt(float *c, const float *a, const void *w, qdk_elem w_elem, int M, int N, int K,
                                   int check)
 {
     dim3 grid((unsigned)((N + MW_BN - 1) / MW_BN), (unsigned)((M + 8 * TM - 1) / (8 * TM)));
-    if (w_bf16)
+    if (w_elem == QDK_BF16)
         QD_LAUNCH((k_matmul_wt<TM, uint16_t>), grid, 128u, c, a, (const uint16_t *)w, M, N, K, check);
     else
         QD_LAUNCH((k_matmul_wt<TM, float>), grid, 128u, c, a, (const float *)w, M, N, K, check);
     return QD_OK;
 }
 
-extern "C" qd_status qdk_matmul_wt(float *c, const float *a, const void *w, int w_bf16, int M, int N, int K,
-                                   int bf16_operands)
+extern "C" qd_status qdk_matmul_wt(float *c, const float *a, const void *w, qdk_elem w_elem, int M, int N, int K,
+                                   qd_prec prec)
 {
+    if (w_elem != QDK_F32 && w_elem != QDK_BF16)
+        return qd_error(QD_ERR_ARG, "qdk_matmul_wt: weight element type %d", (int)w_elem);
     if (M == 0 || N == 0)
         return QD_OK;
     if (K % 8)
         return qd_error(QD_ERR_SHAPE, "qdk_matmul_wt: K %d not a multiple of 8", K);
+    int check = prec == QD_PREC_BF16;
     if (M <= 8)
-        return launch_matmul_wt<1>(c, a, w, w_bf16, M, N, K, bf16_operands);
+        return launch_matmul_wt<1>(c, a, w, w_elem, M, N, K, check);
     if (M <= 16)
-        return launch_matmul_wt<2>(c, a, w, w_bf16, M, N, K, bf16_operands);
+        return launch_matmul_wt<2>(c, a, w, w_elem, M, N, K, check);
     if (M <= 32)
-        return launch_matmul_wt<4>(c, a, w, w_bf16, M, N, K, bf16_operands);
-    return launch_matmul_wt<8>(c, a, w, w_bf16, M, N, K, bf16_operands);
+        return launch_matmul_wt<4>(c, a, w, w_elem, M, N, K, check);
+    return launch_matmul_wt<8>(c, a, w, w_elem, M, N, K, check);
 }
 
 extern "C" qd_status qdk_fp8_gemm(float *y, const uint8_t *qa, const float *sa_inv, const uint8_t *qw,
@@ -470,7 +493,8 @@ extern "C" qd_status qdk_fp8_gemm(float *y, const uint8_t *qa, const float *sa_i
     if (M == 0 || N == 0)
         return QD_OK;
     dim3 grid((N + MM_B - 1) / MM_B, (M + MM_B - 1) / MM_B);
-    QD_LAUNCH(k_matmul<uint8_t>, grid, 256u, y, qa, (long)K, 1L, qw, 1L, (long)K, M, N, K, 0, sa_inv, sw_inv);
+    QD_LAUNCH(k_matmul<uint8_t>, grid, 256u, y, qa, qw, mm_strides_of(QDK_NT, M, N, K), M, N, K, QDK_OVERWRITE,
+              sa_inv, sw_inv);
     return QD_OK;
 }
 

@@ -218,7 +218,7 @@ static qd_status cuda_weights_changed(void *dev, const float *wk, size_t n)
 static qd_status cuda_round_bf16(void *dev, float *dst, const float *src, size_t n)
 {
     (void)dev;
-    return qdk_round(dst, src, n, 1);
+    return qdk_round_bf16(dst, src, n);
 }
 
 static qd_status cuda_add(void *dev, float *out, const float *a, const float *b, size_t n)
@@ -276,8 +276,8 @@ static qd_status cuda_matmul(void *dev, float *out, const float *x, const float 
     if (d->mode == QD_MODE_FAST)
         return qd_cuda_gemm_f32(out, x, w, N, OC, IC, 0.0f);
     if (IC % 8)
-        return qdk_matmul(out, x, IC, 1, w, 1, IC, N, OC, IC, 0);
-    return qdk_matmul_wt(out, x, w, 0, N, OC, IC, prec == QD_PREC_BF16);
+        return qdk_matmul(out, x, w, N, OC, IC, QDK_NT, QDK_OVERWRITE);
+    return qdk_matmul_wt(out, x, w, QDK_F32, N, OC, IC, prec);
 }
 
 static qd_status cuda_matmul_backward(void *dev, float *dinp, float *dw, const float *dout, const float *x,
@@ -289,8 +289,8 @@ static qd_status cuda_matmul_backward(void *dev, float *dinp, float *dw, const f
         return dw ? qd_cuda_gemm_f32_dw(dw, dout, x, N, OC, IC, 1.0f) : QD_OK;
     }
     if (dinp)
-        QD_TRY(qdk_matmul(dinp, dout, OC, 1, w, IC, 1, N, IC, OC, 1));
-    return dw ? qdk_matmul(dw, dout, 1, OC, x, IC, 1, OC, IC, N, 1) : QD_OK;
+        QD_TRY(qdk_matmul(dinp, dout, w, N, IC, OC, QDK_NN, QDK_ACCUMULATE));
+    return dw ? qdk_matmul(dw, dout, x, OC, IC, N, QDK_TN, QDK_ACCUMULATE) : QD_OK;
 }
 
 /* The experts in one launch, in both modes (one cuBLASLt call per expert, each
@@ -304,9 +304,10 @@ static qd_status cuda_matmul_grouped(void *dev, float *out, const float *x, cons
         return qd_error(QD_ERR_NOMEM, "cuda backend: experts");
     for (int e = 0; e < E; e++) {
         int r0 = off[e], m = off[e + 1] - r0;
-        it[e] = (qdk_mm_item){x + (size_t)r0 * IC, w[e], out + (size_t)r0 * OC, NULL, NULL, m, m ? OC : 0, IC};
+        it[e] = (qdk_mm_item){.a = x + (size_t)r0 * IC, .b = w[e], .c = out + (size_t)r0 * OC, .M = m,
+                              .N = m ? OC : 0, .K = IC};
     }
-    qd_status st = qdk_matmul_grouped(it, E, IC, 1, 1, IC, 0, 0);
+    qd_status st = qdk_matmul_grouped(it, E, QDK_NT, QDK_OVERWRITE, QDK_F32);
     free(it);
     return st;
 }
@@ -321,12 +322,14 @@ static qd_status cuda_matmul_grouped_backward(void *dev, float *dinp, float *con
         return qd_error(QD_ERR_NOMEM, "cuda backend: experts");
     for (int e = 0; e < E; e++) {
         int r0 = off[e], m = off[e + 1] - r0;
-        it[e] = (qdk_mm_item){dout + (size_t)r0 * OC, w[e], dinp + (size_t)r0 * IC, NULL, NULL, m, m ? IC : 0, OC};
-        it[E + e] = (qdk_mm_item){dout + (size_t)r0 * OC, x + (size_t)r0 * IC, dw[e], NULL, NULL, m ? OC : 0, IC, m};
+        it[e] = (qdk_mm_item){.a = dout + (size_t)r0 * OC, .b = w[e], .c = dinp + (size_t)r0 * IC, .M = m,
+                              .N = m ? IC : 0, .K = OC};
+        it[E + e] = (qdk_mm_item){.a = dout + (size_t)r0 * OC, .b = x + (size_t)r0 * IC, .c = dw[e],
+                                  .M = m ? OC : 0, .N = IC, .K = m};
     }
-    qd_status st = qdk_matmul_grouped(it, E, OC, 1, IC, 1, 1, 0);
+    qd_status st = qdk_matmul_grouped(it, E, QDK_NN, QDK_ACCUMULATE, QDK_F32);
     if (!st)
-        st = qdk_matmul_grouped(it + E, E, 1, OC, IC, 1, 1, 0);
+        st = qdk_matmul_grouped(it + E, E, QDK_TN, QDK_ACCUMULATE, QDK_F32);
     free(it);
     return st;
 }
@@ -358,10 +361,10 @@ static qd_status cuda_fp8_gemm_grouped(void *dev, float *y, const uint8_t *qa, c
         return qd_error(QD_ERR_NOMEM, "cuda backend: experts");
     for (int e = 0; e < E; e++) {
         int r0 = off[e], m = off[e + 1] - r0;
-        it[e] = (qdk_mm_item){qa + (size_t)r0 * K, qw[e], y + (size_t)r0 * N, sa_inv + r0, sw_inv[e], m, m ? N : 0,
-                              K};
+        it[e] = (qdk_mm_item){.a = qa + (size_t)r0 * K, .b = qw[e], .c = y + (size_t)r0 * N, .sa = sa_inv + r0,
+                              .sb = sw_inv[e], .M = m, .N = m ? N : 0, .K = K};
     }
-    qd_status st = qdk_matmul_grouped(it, E, K, 1, 1, K, 0, 1);
+    qd_status st = qdk_matmul_grouped(it, E, QDK_NT, QDK_OVERWRITE, QDK_E4M3);
     free(it);
     return st;
 }
