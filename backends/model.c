@@ -208,21 +208,21 @@ static size_t nvfp4_bytes(int64_t rows, int64_t cols)
     return up256((size_t)(rows * cols / 2)) + up256((size_t)(rows * cols / 16)) + sizeof(float) * (size_t)rows;
 }
 
-static void nvfp4_view(qd_nvfp4 *a, void *mem, int64_t rows, int64_t cols, int per_row)
+static void nvfp4_view(qd_nvfp4 *a, void *mem, int64_t rows, int64_t cols, qd_scale_kind scale)
 {
     a->rows = rows;
     a->cols = cols;
     a->codes = (uint8_t *)mem;
     a->scales = a->codes + up256((size_t)(rows * cols / 2));
     a->s_dec = (float *)(a->scales + up256((size_t)(rows * cols / 16)));
-    a->per_row = per_row;
+    a->per_row = scale;
 }
 
 static qd_status act_nvfp4(model *c, qd_nvfp4 *a, int64_t rows, int64_t cols)
 {
     void *p;
     QD_TRY(scratch(c, S_ACT, nvfp4_bytes(rows, cols), &p));
-    nvfp4_view(a, p, rows, cols, 1);
+    nvfp4_view(a, p, rows, cols, QD_SCALE_PER_ROW);
     return QD_OK;
 }
 
@@ -235,7 +235,7 @@ static qd_status weight_nvfp4(model *c, linear *L, int64_t rows, int64_t cols)
         drelease(c, L->wq_mem, nvfp4_bytes(L->wq.rows, L->wq.cols), QD_MEM_QUANT);
     L->wq_mem = NULL;
     QD_TRY(dalloc(c, &L->wq_mem, nvfp4_bytes(rows, cols), QD_MEM_QUANT, "NVFP4 weights"));
-    nvfp4_view(&L->wq, L->wq_mem, rows, cols, 0);
+    nvfp4_view(&L->wq, L->wq_mem, rows, cols, QD_SCALE_PER_TENSOR);
     return QD_OK;
 }
 
@@ -277,7 +277,7 @@ static qd_status measure_act_rows(model *c, linear *const *L, const int32_t *off
     void *xh, *sums;
     QD_TRY(scratch(c, S_XH, sizeof(float) * (size_t)rows * in, &xh));
     QD_TRY(scratch(c, S_DIAG, sizeof(double) * 2 * (size_t)rows, &sums));
-    QD_TRY(OP(c, nvfp4_fake_quant, (float *)xh, inp, rows, in, 1));
+    QD_TRY(OP(c, nvfp4_fake_quant, (float *)xh, inp, rows, in, QD_SCALE_PER_ROW));
     double *e = (double *)sums;
     QD_TRY(OP(c, sqerr_rows, e, e + rows, inp, (const float *)xh, rows, in));
     double *h = malloc(sizeof(double) * 2 * (size_t)(rows ? rows : 1));
@@ -332,7 +332,7 @@ static qd_status effective_input(model *c, const float **xe, const float *inp, c
     QD_TRY(scratch(c, S_XE, sizeof(float) * (n ? n : 1), &p));
     *xe = p;
     if (L->mode == QD_LINEAR_SYM_QAT || L->mode == QD_LINEAR_W4A4_STE || L->mode == QD_LINEAR_ACT_QAT)
-        return OP(c, nvfp4_fake_quant, p, inp, N, L->in, 1);
+        return OP(c, nvfp4_fake_quant, p, inp, N, L->in, QD_SCALE_PER_ROW);
     if (L->mode == QD_LINEAR_W4A4_RAC_STE)
         return N ? OP(c, rac_fake_quant, p, inp, N, L->in, L->d_rac_ch, L->nrac) : QD_OK;
     return OP(c, round_bf16, p, inp, n);
@@ -412,7 +412,7 @@ static qd_status measure_weight_error(model *c, linear *L)
     QD_TRY(scratch(c, S_XH, sizeof(float) * (size_t)L->out * L->in, &wh));
     QD_TRY(scratch(c, S_DIAG, sizeof(double) * 2 * (size_t)L->out, &sums));
     const float *w = c->params + L->w;
-    QD_TRY(OP(c, nvfp4_fake_quant, wh, w, L->out, L->in, 0));
+    QD_TRY(OP(c, nvfp4_fake_quant, wh, w, L->out, L->in, QD_SCALE_PER_TENSOR));
     double *e = sums;
     QD_TRY(OP(c, sqerr_rows, e, e + L->out, w, wh, L->out, L->in));
     double *h = malloc(sizeof(double) * 2 * (size_t)L->out), num = 0, den = 0;
@@ -438,7 +438,7 @@ static qd_status sync_linear(model *c, linear *L)
     if (is_rollout_quant(L->mode))
         QD_TRY(sync_rollout_linear(c, L));
     if (is_fake_quant_weight(L->mode))
-        return OP(c, nvfp4_fake_quant, c->wk + L->w, c->params + L->w, L->out, L->in, 0);
+        return OP(c, nvfp4_fake_quant, c->wk + L->w, c->params + L->w, L->out, L->in, QD_SCALE_PER_TENSOR);
     return QD_OK; /* BF16: rounded with everything else */
 }
 
@@ -813,6 +813,8 @@ static qd_status experts_forward_each(model *c, layer_acts *s, const layer *ly)
     return QD_OK;
 }
 
+static qd_topk_norm topk_norm(const model *c) { return c->cfg.norm_topk_prob ? QD_TOPK_RENORM : QD_TOPK_PROBS; }
+
 /* Route tokens: router softmax, top-k, weights; rows grouped by expert in
  * ascending token order. A dense layer routes every token to "expert 0" with
  * weight 1 (exact: 0 + 1 * y = y). */
@@ -820,7 +822,7 @@ static qd_status route(model *c, layer_acts *s, const layer *ly)
 {
     int N = c->N, E = ly->nexp, K = ly->moe ? c->cfg.num_experts_per_tok : 1;
     if (ly->moe)
-        QD_TRY(OP(c, route, s->topk, s->topw, s->probs, N, E, K, c->cfg.norm_topk_prob));
+        QD_TRY(OP(c, route, s->topk, s->topw, s->probs, N, E, K, topk_norm(c)));
     return OP(c, moe_group, s->exp_off, s->row_tok, s->row_w, s->row_rank, s->tok_rows, ly->moe ? s->topk : NULL,
               s->topw, N, E, K);
 }
@@ -863,8 +865,8 @@ static qd_status attn_forward(model *c, float *out, layer_acts *s, const layer *
     QD_TRY(linear_forward(c, s->v, s->ln1, &c->lin[ly->v], N));
     QD_TRY(OP(c, rmsnorm, s->qr, s->rstd_q, s->q, P(c, ly->q_norm), N * H, D, eps));
     QD_TRY(OP(c, rmsnorm, s->kr, s->rstd_k, s->k, P(c, ly->k_norm), N * KV, D, eps));
-    QD_TRY(OP(c, rope, s->qr, c->d_pos, c->rope_cos, c->rope_sin, N, H, D, 0));
-    QD_TRY(OP(c, rope, s->kr, c->d_pos, c->rope_cos, c->rope_sin, N, KV, D, 0));
+    QD_TRY(OP(c, rope, s->qr, c->d_pos, c->rope_cos, c->rope_sin, N, H, D, QD_ROPE_FORWARD));
+    QD_TRY(OP(c, rope, s->kr, c->d_pos, c->rope_cos, c->rope_sin, N, KV, D, QD_ROPE_FORWARD));
     size_t lsz = (size_t)c->cache_rows * c->Tc * KV * D;
     if (c->kc)
         QD_TRY(OP(c, store_kv, c->kc + l * lsz, c->vc + l * lsz, s->kr, s->v, c->d_row, c->d_pos, N, c->Tc,
@@ -974,7 +976,7 @@ static qd_status mlp_backward(model *c, float *dinp, const float *dout, const la
     QD_TRY(OP(c, unroute, dinp, dxe, s->tok_rows, N, K, C));
     if (!ly->moe)
         return QD_OK;
-    QD_TRY(OP(c, router_backward, dlog, dw, s->probs, s->topk, s->topw, N, ly->nexp, K, c->cfg.norm_topk_prob));
+    QD_TRY(OP(c, router_backward, dlog, dw, s->probs, s->topk, s->topw, N, ly->nexp, K, topk_norm(c)));
     return linear_backward(c, dinp, dlog, s->ln2, &c->lin[ly->router], N);
 }
 
@@ -998,8 +1000,8 @@ static qd_status attn_backward(model *c, float *dx, const float *dout, const lay
     QD_TRY(linear_backward(c, dao, dout, s->ao, &c->lin[ly->o], N));
     QD_TRY(OP(c, attend_backward, dqr, dkr, dv, ds, dao, s->att, s->qr, s->kr, s->v, c->d_pos, c->d_slen, N, H,
               KV, D, c->Tm));
-    QD_TRY(OP(c, rope, dqr, c->d_pos, c->rope_cos, c->rope_sin, N, H, D, 1));
-    QD_TRY(OP(c, rope, dkr, c->d_pos, c->rope_cos, c->rope_sin, N, KV, D, 1));
+    QD_TRY(OP(c, rope, dqr, c->d_pos, c->rope_cos, c->rope_sin, N, H, D, QD_ROPE_INVERSE));
+    QD_TRY(OP(c, rope, dkr, c->d_pos, c->rope_cos, c->rope_sin, N, KV, D, QD_ROPE_INVERSE));
     QD_TRY(OP(c, rmsnorm_backward, dq, c->grads + ly->q_norm, dqr, s->q, P(c, ly->q_norm), s->rstd_q, N * H, D));
     QD_TRY(OP(c, rmsnorm_backward, dk, c->grads + ly->k_norm, dkr, s->k, P(c, ly->k_norm), s->rstd_k, N * KV,
               D));

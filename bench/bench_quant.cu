@@ -104,16 +104,16 @@ static void bench_quantize(int64_t rows, int64_t cols, double copy_gbs)
     uint16_t *xb;
     QD_CUDA_DIE(cudaMalloc((void **)&xb, (size_t)n * 2));
     to_bf16_kernel<<<1024, 256>>>((__nv_bfloat16 *)xb, x, n);
-    for (int per_row = 0; per_row < 2; per_row++) {
+    for (qd_scale_kind scale : {QD_SCALE_PER_TENSOR, QD_SCALE_PER_ROW}) {
         qd_nvfp4 q;
-        QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&q, rows, cols, per_row));
+        QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&q, rows, cols, scale));
         float ms = time_ms([&] { QD_STATUS_DIE(qd_cuda_nvfp4_quantize_bf16_async(&q, xb)); });
         QD_STATUS_DIE(qd_cuda_nonfinite_check());
         /* bytes moved once: BF16 in, packed codes + E4M3 scales out */
         double bytes = 2.0 * n + n / 2.0 + n / 16.0;
         double gbs = bytes / (ms * 1e-3) / 1e9;
         printf("| %5lld x %-5lld | %-10s | %8.1f | %7.0f | %5.1f%% |\n", (long long)rows,
-               (long long)cols, per_row ? "per-row" : "per-tensor", ms * 1e3, gbs,
+               (long long)cols, scale == QD_SCALE_PER_ROW ? "per-row" : "per-tensor", ms * 1e3, gbs,
                100.0 * gbs / copy_gbs);
         qd_cuda_nvfp4_free(&q);
     }
@@ -232,7 +232,7 @@ static void bench_gemv(cublasLtHandle_t h)
     qd_nvfp4 qw, qa;
     void *wb, *ab, *w8, *a8, *yb;
     float *y, *scales;
-    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&qw, N, K, 0));
+    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&qw, N, K, QD_SCALE_PER_TENSOR));
     QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&qw, w));
     QD_CUDA_DIE(cudaMalloc(&wb, (size_t)(N * K) * 2));
     QD_CUDA_DIE(cudaMalloc(&ab, (size_t)(64 * K) * 2));
@@ -257,7 +257,7 @@ static void bench_gemv(cublasLtHandle_t h)
            "FP8 us | FP8 TB/s | BF16/W4A4 | BF16/W4A4-TC | BF16/FP8 |\n"
            "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int64_t M : Ms) {
-        QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&qa, M, K, 1));
+        QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&qa, M, K, QD_SCALE_PER_ROW));
         QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&qa, a));
         float t4 = time_ms([&] { QD_STATUS_DIE(qd_cuda_w4a4_gemm_async(y, &qa, &qw)); });
         float tc = time_ms([&] { QD_STATUS_DIE(qd_cuda_w4a4_gemm_tc_async(y, &qa, &qw)); });
@@ -309,7 +309,7 @@ static void bench_grouped(void)
         std::vector<const qd_nvfp4 *> pw((size_t)E);
         float *wf = random_dev(N * K, 21);
         for (int e = 0; e < E; e++) {
-            QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&w[(size_t)e], N, K, 0));
+            QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&w[(size_t)e], N, K, QD_SCALE_PER_TENSOR));
             QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&w[(size_t)e], wf));
             pw[(size_t)e] = &w[(size_t)e];
         }
@@ -338,7 +338,7 @@ static void bench_grouped(void)
             int64_t R = off[(size_t)E];
             float *af = random_dev(R * K, 23), *y;
             qd_nvfp4 a;
-            QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&a, R, K, 1));
+            QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&a, R, K, QD_SCALE_PER_ROW));
             QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&a, af));
             QD_CUDA_DIE(cudaMalloc((void **)&y, (size_t)(R * N) * sizeof(float)));
             qd_cuda_w4a4_legacy = 0;

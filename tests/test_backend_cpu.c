@@ -825,7 +825,7 @@ static float *representable_weights(qd_backend *b, uint64_t seed)
                 amax = fabsf(t[k]), at = k;
         for (size_t k = 0; k < n; k++)
             t[k] = k == at ? copysignf(0.65625f, t[k]) : t[k] * (0.65625f / amax) * 0.999f;
-        ck_assert_int_eq(qd_nvfp4_fake_quant(t, t, p[i].rows, p[i].cols, 0), QD_OK);
+        ck_assert_int_eq(qd_nvfp4_fake_quant(t, t, p[i].rows, p[i].cols, QD_SCALE_PER_TENSOR), QD_OK);
     }
     return w;
 }
@@ -1060,21 +1060,21 @@ START_TEST(test_rac_state_errors)
     for (int i = 0; i < m.nlin; i++)
         want += m.lin[i].quantized ? (size_t)m.lin[i].in : 0;
     qd_model_layout_free(&m);
-    ck_assert_int_eq(qd_rac_state_errors(blob, rb, &c, NULL, &ne, 0), QD_OK);
+    ck_assert_int_eq(qd_rac_state_errors(blob, rb, &c, NULL, &ne, QD_RAC_ERRORS_GET), QD_OK);
     ck_assert_uint_eq(ne, want);
     double *e = malloc(sizeof(double) * ne), sum = 0;
-    ck_assert_int_eq(qd_rac_state_errors(blob, rb, &c, e, &ne, 0), QD_OK);
+    ck_assert_int_eq(qd_rac_state_errors(blob, rb, &c, e, &ne, QD_RAC_ERRORS_GET), QD_OK);
     for (size_t i = 0; i < ne; i++) {
         ck_assert(e[i] >= 0);
         sum += e[i];
         e[i] *= 2;
     }
     ck_assert(sum > 0);
-    ck_assert_int_eq(qd_rac_state_errors(blob, rb, &c, e, &ne, 1), QD_OK);
+    ck_assert_int_eq(qd_rac_state_errors(blob, rb, &c, e, &ne, QD_RAC_ERRORS_PUT), QD_OK);
     ck_assert_int_eq(qd_backend_set_rac_state(b, blob, rb), QD_OK);
     ck_assert_int_eq(qd_backend_get_rac_state(b, again, rb), QD_OK);
     ck_assert(memcmp(blob, again, rb) == 0);
-    ck_assert_int_eq(qd_rac_state_errors(blob, rb - 8, &c, NULL, &ne, 0), QD_ERR_FORMAT);
+    ck_assert_int_eq(qd_rac_state_errors(blob, rb - 8, &c, NULL, &ne, QD_RAC_ERRORS_GET), QD_ERR_FORMAT);
     free(blob), free(again), free(e), free(w);
     qd_backend_free(b);
 }
@@ -1130,7 +1130,8 @@ START_TEST(test_rac_stats_explicit)
     ck_assert_mem_eq(a, z, sizeof(double) * n);
     ck_assert_int_eq(qd_backend_get_rac_state(b, blob2, rb), QD_OK);
     size_t ne = n;
-    ck_assert_int_eq(qd_rac_state_errors(blob, rb, &c, a, &ne, 1), QD_OK); /* the old blob with the new stats */
+    /* the old blob with the new stats */
+    ck_assert_int_eq(qd_rac_state_errors(blob, rb, &c, a, &ne, QD_RAC_ERRORS_PUT), QD_OK);
     ck_assert_mem_eq(blob, blob2, rb);
     a[3] = NAN;
     ck_assert_int_eq(qd_backend_set_rac_stats(b, a, n), QD_ERR_NONFINITE);

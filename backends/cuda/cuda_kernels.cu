@@ -577,7 +577,7 @@ extern "C" qd_status qdk_rmsnorm_backward(float *dinp, float *dw, const float *d
 }
 
 __global__ void k_rope(float *x, const int32_t *pos, const float *cosb, const float *sinb, int N, int nh, int D,
-                       int inverse)
+                       qd_rope_dir dir)
 {
     int h2 = D / 2;
     size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -589,7 +589,7 @@ __global__ void k_rope(float *x, const int32_t *pos, const float *cosb, const fl
     float *y = x + nhh * D;
     float cs = cosb[(size_t)pos[n] * h2 + i], sn = sinb[(size_t)pos[n] * h2 + i];
     float a = y[i], b = y[i + h2];
-    if (inverse) {
+    if (dir == QD_ROPE_INVERSE) {
         y[i] = a * cs + b * sn;
         y[i + h2] = b * cs - a * sn;
     } else {
@@ -599,10 +599,10 @@ __global__ void k_rope(float *x, const int32_t *pos, const float *cosb, const fl
 }
 
 extern "C" qd_status qdk_rope(float *x, const int32_t *pos, const float *cosb, const float *sinb, int N, int nh,
-                              int D, int inverse)
+                              int D, qd_rope_dir dir)
 {
     if (N)
-        QD_LAUNCH_N(k_rope, ((size_t)N * nh * (D / 2)), x, pos, cosb, sinb, N, nh, D, inverse);
+        QD_LAUNCH_N(k_rope, ((size_t)N * nh * (D / 2)), x, pos, cosb, sinb, N, nh, D, dir);
     return QD_OK;
 }
 
@@ -866,7 +866,7 @@ extern "C" qd_status qdk_add(float *out, const float *a, const float *b, size_t 
  * backends/router.h's softmax and selection there (the CPU's code, so the
  * same bits), the block writes back. (One thread a token on global memory
  * was latency-bound: 0.39 ms a launch at E = 128, K = 8.) */
-__global__ void k_route(int32_t *topk, float *topw, float *probs, int E, int K, int norm_topk)
+__global__ void k_route(int32_t *topk, float *topw, float *probs, int E, int K, qd_topk_norm norm)
 {
     extern __shared__ float ps[];                 /* E probabilities, then K weights, then K indices */
     float *ws = ps + E;
@@ -877,7 +877,7 @@ __global__ void k_route(int32_t *topk, float *topw, float *probs, int E, int K, 
     __syncthreads();
     if (threadIdx.x == 0) {
         qd_router_softmax(ps, E);
-        qd_router_select(ix, ws, ps, E, K, norm_topk);
+        qd_router_select(ix, ws, ps, E, K, norm);
     }
     __syncthreads();
     for (int e = threadIdx.x; e < E; e += blockDim.x)
@@ -888,11 +888,11 @@ __global__ void k_route(int32_t *topk, float *topw, float *probs, int E, int K, 
     }
 }
 
-extern "C" qd_status qdk_route(int32_t *topk, float *topw, float *probs, int N, int E, int K, int norm_topk)
+extern "C" qd_status qdk_route(int32_t *topk, float *topw, float *probs, int N, int E, int K, qd_topk_norm norm)
 {
     if (N)
         QD_LAUNCH_SMEM(k_route, (unsigned)N, 32u, sizeof(float) * ((size_t)E + 2 * (size_t)K), topk, topw, probs,
-                       E, K, norm_topk);
+                       E, K, norm);
     return QD_OK;
 }
 
@@ -1101,7 +1101,7 @@ extern "C" qd_status qdk_unroute(float *dinp, const float *dxe, const int32_t *t
 }
 
 __global__ void k_router_bwd(float *dlog, const float *dwt, const float *probs, const int32_t *topk,
-                             const float *topw, int N, int E, int K, int renorm)
+                             const float *topw, int N, int E, int K, qd_topk_norm norm)
 {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= N)
@@ -1117,7 +1117,7 @@ __global__ void k_router_bwd(float *dlog, const float *dwt, const float *probs, 
         wdw = wdw + dwt[n * K + j] * topw[n * K + j];
     }
     for (int j = 0; j < K; j++)
-        dl[ix[j]] = renorm ? (dwt[n * K + j] - wdw) / sum : dwt[n * K + j];
+        dl[ix[j]] = norm == QD_TOPK_RENORM ? (dwt[n * K + j] - wdw) / sum : dwt[n * K + j];
     float pdp = 0.0f;
     for (int e = 0; e < E; e++)
         pdp = pdp + p[e] * dl[e];
@@ -1126,10 +1126,10 @@ __global__ void k_router_bwd(float *dlog, const float *dwt, const float *probs, 
 }
 
 extern "C" qd_status qdk_router_backward(float *dlog, const float *dwt, const float *probs, const int32_t *topk,
-                                         const float *topw, int N, int E, int K, int renorm)
+                                         const float *topw, int N, int E, int K, qd_topk_norm norm)
 {
     if (N)
-        QD_LAUNCH_N(k_router_bwd, (N), dlog, dwt, probs, topk, topw, N, E, K, renorm);
+        QD_LAUNCH_N(k_router_bwd, (N), dlog, dwt, probs, topk, topw, N, E, K, norm);
     return QD_OK;
 }
 

@@ -74,9 +74,9 @@ qd_status qdk_rmsnorm(float *out, float *rstd, const float *inp, const float *w,
 /* rmsnorm_backward: dinp (rows, C) +=, dw (C) += (rows ascending). */
 qd_status qdk_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                                const float *rstd, int rows, int C);
-/* rope_forward (inverse = 0) or rope_backward (1), in place on x (N, nh, D). */
+/* rope_forward (QD_ROPE_FORWARD) or rope_backward (QD_ROPE_INVERSE), in place on x (N, nh, D). */
 qd_status qdk_rope(float *x, const int32_t *pos, const float *cosb, const float *sinb, int N, int nh, int D,
-                   int inverse);
+                   qd_rope_dir dir);
 
 /* attend() for every (query n, head h): keys s = 0..pos[n] at rows kbase[n] + s
  * of kb, vb (rows of KV*D floats); p saved in att (N, H, Tm). Serves the
@@ -103,7 +103,7 @@ qd_status qdk_store_kv(float *kc, float *vc, const float *kr, const float *v, co
 qd_status qdk_add(float *out, const float *a, const float *b, size_t n);
 /* softmax_rows + topk_row + the renormalization of route(): probs (N, E) in
  * place, topk and topw (N, K) in rank order. */
-qd_status qdk_route(int32_t *topk, float *topw, float *probs, int N, int E, int K, int norm_topk);
+qd_status qdk_route(int32_t *topk, float *topw, float *probs, int N, int E, int K, qd_topk_norm norm);
 /* qd_moe_group on the device: exp_off (E + 1, device) and the row tables
  * (N*K); topk NULL: a dense MLP (E = K = 1). scratch: N*K + E ints. */
 qd_status qdk_moe_group(int32_t *exp_off, int32_t *row_tok, float *row_w, int32_t *row_rank, int32_t *tok_rows,
@@ -122,7 +122,7 @@ qd_status qdk_moe_dy(float *dy, float *dwt, const float *dout, const float *y, c
 qd_status qdk_unroute(float *dinp, const float *dxe, const int32_t *tok_rows, int N, int K, int C);
 /* router_backward: dlog (N, E) overwritten. */
 qd_status qdk_router_backward(float *dlog, const float *dwt, const float *probs, const int32_t *topk,
-                              const float *topw, int N, int E, int K, int renorm);
+                              const float *topw, int N, int E, int K, qd_topk_norm norm);
 
 /* logprob_forward: logp (N), lse (N); s (N, V) scratch when T != 1; *bad (device
  * int) = 1 + the token whose logit / T overflows. */

@@ -254,10 +254,10 @@ static qd_status cuda_rmsnorm_backward(void *dev, float *dinp, float *dw, const 
 }
 
 static qd_status cuda_rope(void *dev, float *x, const int32_t *pos, const float *cosb, const float *sinb, int N,
-                           int nh, int D, int inverse)
+                           int nh, int D, qd_rope_dir dir)
 {
     (void)dev;
-    return qdk_rope(x, pos, cosb, sinb, N, nh, D, inverse);
+    return qdk_rope(x, pos, cosb, sinb, N, nh, D, dir);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -376,10 +376,11 @@ static qd_status cuda_nvfp4_quantize(void *dev, qd_nvfp4 *q, const float *x)
     return qd_cuda_nvfp4_quantize_async(q, x);
 }
 
-static qd_status cuda_nvfp4_fake_quant(void *dev, float *out, const float *x, int rows, int cols, int per_row)
+static qd_status cuda_nvfp4_fake_quant(void *dev, float *out, const float *x, int rows, int cols,
+                                       qd_scale_kind scale)
 {
     (void)dev;
-    return qd_cuda_nvfp4_fake_quant_async(out, x, rows, cols, per_row);
+    return qd_cuda_nvfp4_fake_quant_async(out, x, rows, cols, scale);
 }
 
 static qd_status cuda_w4a4_gemm(void *dev, float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
@@ -407,7 +408,7 @@ static qd_status cuda_rac_error(void *dev, double *err, const float *x, int rows
 {
     void *xh;
     QD_TRY(scratch(D(dev), D_XH, sizeof(float) * (size_t)rows * K, &xh));
-    QD_TRY(qd_cuda_nvfp4_fake_quant_async((float *)xh, x, rows, K, 1));
+    QD_TRY(qd_cuda_nvfp4_fake_quant_async((float *)xh, x, rows, K, QD_SCALE_PER_ROW));
     return qdk_rac_error(err, x, (const float *)xh, rows, K);
 }
 
@@ -443,7 +444,7 @@ static qd_status cuda_rac_grouped(void *dev, qd_nvfp4 *a, double *const *err, co
     const int32_t *d_off = (const int32_t *)((char *)p + pb);
     if (err) {
         QD_TRY(scratch(d, D_XH, sizeof(float) * (size_t)R * K, &xh));
-        QD_TRY(qd_cuda_nvfp4_fake_quant_async((float *)xh, x, R, K, 1));
+        QD_TRY(qd_cuda_nvfp4_fake_quant_async((float *)xh, x, R, K, QD_SCALE_PER_ROW));
         QD_TRY(qdk_rac_error_grouped(d_err, x, (const float *)xh, d_off, E, K));
     }
     QD_TRY(scratch(d, D_RACWS, sizeof(float) * (((size_t)R + 63) / 64 * 64 + (size_t)R * n), &ws));
@@ -465,7 +466,7 @@ static qd_status cuda_rac_fake_quant(void *dev, float *out, const float *x, int 
     void *p, *ws;
     QD_TRY(scratch(d, D_RACFQ, cb + sb + db + sizeof(float) * (size_t)rows * kc, &p));
     qd_nvfp4 a = {.rows = rows, .cols = (int64_t)kc, .codes = (uint8_t *)p, .scales = (uint8_t *)p + cb,
-                  .s_dec = (float *)((char *)p + cb + sb), .per_row = 1};
+                  .s_dec = (float *)((char *)p + cb + sb), .per_row = QD_SCALE_PER_ROW};
     float *deq = (float *)((char *)p + cb + sb + db);
     QD_TRY(scratch(d, D_RACWS, sizeof(float) * (((size_t)rows + 63) / 64 * 64 + (size_t)rows * n), &ws));
     QD_TRY(qd_cuda_rac_augment_act_async(&a, x, rows, K, ch, n, (float *)ws));
@@ -516,7 +517,8 @@ static qd_status cuda_store_kv(void *dev, float *kc, float *vc, const float *kr,
 /* ------------------------------------------------------------------------ */
 /* MoE                                                                       */
 
-static qd_status cuda_route(void *dev, int32_t *topk, float *topw, float *probs, int N, int E, int K, int norm)
+static qd_status cuda_route(void *dev, int32_t *topk, float *topw, float *probs, int N, int E, int K,
+                           qd_topk_norm norm)
 {
     (void)dev;
     return qdk_route(topk, topw, probs, N, E, K, norm);
@@ -575,10 +577,11 @@ static qd_status cuda_unroute(void *dev, float *dinp, const float *dxe, const in
 }
 
 static qd_status cuda_router_backward(void *dev, float *dlog, const float *dwt, const float *probs,
-                                      const int32_t *topk, const float *topw, int N, int E, int K, int renorm)
+                                      const int32_t *topk, const float *topw, int N, int E, int K,
+                                      qd_topk_norm norm)
 {
     (void)dev;
-    return qdk_router_backward(dlog, dwt, probs, topk, topw, N, E, K, renorm);
+    return qdk_router_backward(dlog, dwt, probs, topk, topw, N, E, K, norm);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -743,7 +746,7 @@ static void cuda_dev_free(void *dev)
 }
 
 /* An ops context on the current device; NULL with a message. */
-extern "C" void *qd_cuda_dev_new(qd_exec_mode mode, int bf16_copy)
+extern "C" void *qd_cuda_dev_new(qd_exec_mode mode, qd_prec weights)
 {
     cuda_dev *d = (cuda_dev *)calloc(1, sizeof *d);
     if (!d) {
@@ -756,7 +759,7 @@ extern "C" void *qd_cuda_dev_new(qd_exec_mode mode, int bf16_copy)
         return NULL;
     }
     d->mode = mode;
-    d->bf16_copy = mode == QD_MODE_FAST && bf16_copy;
+    d->bf16_copy = mode == QD_MODE_FAST && weights == QD_PREC_BF16;
     const char *pe = getenv("QUADS_CUDA_PROFILE");
     d->prof = pe && *pe && strcmp(pe, "0") != 0;
     if (cuda_alloc(d, (void **)&d->d_bad, sizeof(int), "flag")) {
@@ -799,7 +802,7 @@ extern "C" qd_backend *qd_backend_cuda_init(const qd_model_config *cfg, const qd
                  cudaGetErrorString(e));
         return NULL;
     }
-    void *d = qd_cuda_dev_new(opt->mode, opt->recipe != QD_RECIPE_FP32);
+    void *d = qd_cuda_dev_new(opt->mode, opt->recipe == QD_RECIPE_FP32 ? QD_PREC_F32 : QD_PREC_BF16);
     if (!d)
         return NULL;
     return qd_model_backend_new(cfg, opt, &cuda_ops, d, cuda_dev_free);
