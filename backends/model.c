@@ -1402,16 +1402,17 @@ static qd_status set_rac_impl(model *c, const char *p)
     return finish(c);
 }
 
-/* The statistics alone: each RAC linear's in doubles, in order. put = 1
- * writes err into the backend, 0 reads them out. */
-static qd_status rac_stats_io(model *c, double *err, int put)
+/* The statistics alone: each RAC linear's in doubles, in order, read out
+ * (QD_RAC_ERRORS_GET) or written into the backend (..._PUT). */
+static qd_status rac_stats_io(model *c, double *err, qd_rac_errors_dir dir)
 {
     for (int i = 0; i < c->nlin; i++) {
         linear *L = &c->lin[i];
         if (!has_rac(L->mode))
             continue;
         size_t bytes = sizeof(double) * (size_t)L->in;
-        QD_TRY(put ? OP(c, to_dev, L->d_rac_err, err, bytes) : OP(c, to_host, err, L->d_rac_err, bytes));
+        QD_TRY(dir == QD_RAC_ERRORS_PUT ? OP(c, to_dev, L->d_rac_err, err, bytes)
+                                        : OP(c, to_host, err, L->d_rac_err, bytes));
         err += L->in;
     }
     return QD_OK;
@@ -1799,13 +1800,13 @@ static size_t m_rac_stats_count(qd_backend *b) { return rac_stats_count_impl(ctx
 static qd_status m_get_rac_stats(qd_backend *b, double *err, size_t n)
 {
     (void)n;
-    return rac_stats_io(ctx_of(b), err, 0);
+    return rac_stats_io(ctx_of(b), err, QD_RAC_ERRORS_GET);
 }
 
 static qd_status m_set_rac_stats(qd_backend *b, const double *err, size_t n)
 {
     (void)n;
-    return rac_stats_io(ctx_of(b), (double *)err, 1);
+    return rac_stats_io(ctx_of(b), (double *)err, QD_RAC_ERRORS_PUT);
 }
 
 /* Device to device: src's master weights copied into b's, then b's sync
