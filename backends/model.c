@@ -714,6 +714,96 @@ static qd_status expert_set_make(model *c, expert_set *x, const layer *ly, int w
     return QD_OK;
 }
 
+/* The grouped ops of the experts, or where a backend leaves one NULL
+ * (ops.h) one call of its plain op per expert on that expert's rows: the
+ * same bits, each grouped op being defined as that loop. */
+
+/* Rows r0 .. r0+m-1 of an NVFP4 matrix (a view of its buffers). */
+static qd_nvfp4 nvfp4_rows(const qd_nvfp4 *a, int64_t r0, int64_t m)
+{
+    qd_nvfp4 v = *a;
+    v.rows = m;
+    v.codes = a->codes + r0 * (a->cols / 2);
+    v.scales = a->scales + r0 * (a->cols / QD_NVFP4_BLOCK);
+    if (a->per_row == QD_SCALE_PER_ROW)
+        v.s_dec = a->s_dec + r0;
+    return v;
+}
+
+static qd_status grouped_matmul(model *c, float *out, const float *x, const float *const *w, const int32_t *off,
+                                int E, int IC, int OC, qd_prec prec)
+{
+    if (c->ops->matmul_grouped)
+        return OP(c, matmul_grouped, out, x, w, off, E, IC, OC);
+    for (int e = 0; e < E; e++) {
+        int r0 = off[e], m = off[e + 1] - r0;
+        if (m)
+            QD_TRY(OP(c, matmul, out + (size_t)r0 * OC, x + (size_t)r0 * IC, w[e], m, IC, OC, prec));
+    }
+    return QD_OK;
+}
+
+static qd_status grouped_matmul_backward(model *c, float *dinp, float *const *dw, const float *dout,
+                                         const float *x, const float *const *w, const int32_t *off, int E, int IC,
+                                         int OC)
+{
+    if (c->ops->matmul_grouped_backward)
+        return OP(c, matmul_grouped_backward, dinp, dw, dout, x, w, off, E, IC, OC);
+    for (int e = 0; e < E; e++) {
+        int r0 = off[e], m = off[e + 1] - r0;
+        if (m)
+            QD_TRY(OP(c, matmul_backward, dinp ? dinp + (size_t)r0 * IC : NULL, dw[e], dout + (size_t)r0 * OC,
+                      x + (size_t)r0 * IC, w[e], m, IC, OC));
+    }
+    return QD_OK;
+}
+
+static qd_status grouped_fp8_gemm(model *c, float *y, const uint8_t *qa, const float *sa_inv,
+                                  const uint8_t *const *qw, const float *const *sw_inv, const int32_t *off, int E,
+                                  int N, int K)
+{
+    if (c->ops->fp8_gemm_grouped)
+        return OP(c, fp8_gemm_grouped, y, qa, sa_inv, qw, sw_inv, off, E, N, K);
+    for (int e = 0; e < E; e++) {
+        int r0 = off[e], m = off[e + 1] - r0;
+        if (m)
+            QD_TRY(OP(c, fp8_gemm, y + (size_t)r0 * N, qa + (size_t)r0 * K, sa_inv + r0, qw[e], sw_inv[e], m, N,
+                      K));
+    }
+    return QD_OK;
+}
+
+static qd_status grouped_w4a4_gemm(model *c, float *y, const qd_nvfp4 *a, const qd_nvfp4 *const *w,
+                                   const int32_t *off, int E)
+{
+    if (c->ops->w4a4_gemm_grouped)
+        return OP(c, w4a4_gemm_grouped, y, a, w, off, E);
+    for (int e = 0; e < E; e++) {
+        int r0 = off[e], m = off[e + 1] - r0;
+        qd_nvfp4 v = nvfp4_rows(a, r0, m);
+        if (m)
+            QD_TRY(OP(c, w4a4_gemm, y + (size_t)r0 * (size_t)w[e]->rows, &v, w[e]));
+    }
+    return QD_OK;
+}
+
+static qd_status grouped_rac(model *c, qd_nvfp4 *a, double *const *err, const int64_t *const *ch,
+                             const int32_t *off, int E, const float *x, int K, int64_t n)
+{
+    if (c->ops->rac_grouped)
+        return OP(c, rac_grouped, a, err, ch, off, E, x, K, n);
+    for (int e = 0; e < E; e++) {
+        int r0 = off[e], m = off[e + 1] - r0;
+        qd_nvfp4 v = nvfp4_rows(a, r0, m);
+        if (!m)
+            continue;
+        if (err)
+            QD_TRY(OP(c, rac_error, err[e], x + (size_t)r0 * K, m, K));
+        QD_TRY(OP(c, rac_augment_act, &v, x + (size_t)r0 * K, m, K, ch[e], n));
+    }
+    return QD_OK;
+}
+
 static qd_status experts_forward_set(model *c, float *out, const float *inp, const layer_acts *s,
                                      const layer *ly, const expert_set *x)
 {
@@ -726,25 +816,25 @@ static qd_status experts_forward_set(model *c, float *out, const float *inp, con
         qd_nvfp4 a;
         QD_TRY(act_nvfp4(c, &a, R, IC));
         QD_TRY(OP(c, nvfp4_quantize, &a, inp));
-        return OP(c, w4a4_gemm_grouped, out, &a, x->wq, s->exp_off, E);
+        return grouped_w4a4_gemm(c, out, &a, x->wq, s->exp_off, E);
     }
     if (has_rac(L0->mode)) {
         qd_nvfp4 a;
         QD_TRY(act_nvfp4(c, &a, R, IC + L0->nrac));
-        QD_TRY(OP(c, rac_grouped, &a, c->rac_stats ? x->rac_err : NULL, x->rac_ch, s->exp_off, E, inp, IC,
-                  L0->nrac));
-        return OP(c, w4a4_gemm_grouped, out, &a, x->wq, s->exp_off, E);
+        QD_TRY(grouped_rac(c, &a, c->rac_stats ? x->rac_err : NULL, x->rac_ch, s->exp_off, E, inp, IC,
+                           L0->nrac));
+        return grouped_w4a4_gemm(c, out, &a, x->wq, s->exp_off, E);
     }
     if (L0->mode == QD_LINEAR_FP8) {
         void *qa, *sa;
         QD_TRY(scratch(c, S_FP8Q, (size_t)R * IC, &qa));
         QD_TRY(scratch(c, S_FP8S, sizeof(float) * (size_t)R, &sa));
         QD_TRY(OP(c, fp8_quantize_rows, qa, sa, inp, R, IC));
-        return OP(c, fp8_gemm_grouped, out, qa, sa, x->w8, x->w8_inv, s->exp_off, E, OC, IC);
+        return grouped_fp8_gemm(c, out, qa, sa, x->w8, x->w8_inv, s->exp_off, E, OC, IC);
     }
     const float *xe;
     QD_TRY(effective_input(c, &xe, inp, L0, R));
-    return OP(c, matmul_grouped, out, xe, x->w, s->exp_off, E, IC, OC);
+    return grouped_matmul(c, out, xe, x->w, s->exp_off, E, IC, OC, prec_of(L0));
 }
 
 /* out (R, OC) = rows of inp (R, IC) of each expert times its projection `which`. */
@@ -792,7 +882,7 @@ static qd_status experts_backward(model *c, float *dinp, const float *dout, cons
     const float *xe;
     qd_status st = experts_effective_input(c, &xe, inp, s, ly, &x);
     if (!st)
-        st = OP(c, matmul_grouped_backward, dinp, x.dw, dout, xe, x.w, s->exp_off, E, x.L[0]->in, x.L[0]->out);
+        st = grouped_matmul_backward(c, dinp, x.dw, dout, xe, x.w, s->exp_off, E, x.L[0]->in, x.L[0]->out);
     expert_set_free(&x);
     return st;
 }
@@ -1109,6 +1199,24 @@ static qd_status decode_forward(model *c, gen_state *g, int na)
     return st;
 }
 
+/* out (B): qd_sample_row of each row of the logits (B, V): the ops' sample,
+ * or where it is NULL the logits to the host and backends/sampling.c there. */
+static qd_status sample_rows(model *c, qd_sample_result *out, int B, int V, const qd_sample_params *p,
+                             const uint64_t *sid, const uint32_t *spos)
+{
+    if (c->ops->sample)
+        return OP(c, sample, out, c->logits, B, V, p, sid, spos);
+    size_t bytes = sizeof(float) * (size_t)B * (size_t)V;
+    float *h = malloc(bytes ? bytes : 1);
+    if (!h)
+        return qd_error(QD_ERR_NOMEM, "%s backend: sampling", c->ops->name);
+    qd_status st = OP(c, to_host, h, c->logits, bytes);
+    if (!st)
+        st = qd_sample_batch(out, h, B, V, p, sid, spos);
+    free(h);
+    return st;
+}
+
 /* One token for every unfinished row: the prompts' forward (prefill, which
  * fills the KV cache) at step 0, a decode step after; *active = rows that ran. */
 static qd_status gen_step(model *c, gen_state *g, const qd_generate_request *rq, qd_generate_result *res,
@@ -1136,7 +1244,7 @@ static qd_status gen_step(model *c, gen_state *g, const qd_generate_request *rq,
     }
     qd_sample_params sp = {.temperature = rq->temperature, .top_k = rq->top_k,
                            .top_p = rq->top_p < 1.0f ? rq->top_p : 1.0f, .seed = rq->seed};
-    QD_TRY(OP(c, sample, g->sres, c->logits, na, V, &sp, g->sid, g->spos));
+    QD_TRY(sample_rows(c, g->sres, na, V, &sp, g->sid, g->spos));
     for (int i = 0; i < na; i++) {
         int b = g->idx[i];
         int32_t tok = g->sres[i].token;

@@ -107,9 +107,12 @@ typedef struct qd_ops {
                                  const float *w, int N, int IC, int OC);
     /* The experts of a layer: rows off[e] .. off[e+1]-1 (host, E + 1) of x and
      * out times w[e] (host array of dev pointers); the bits of one matmul per
-     * expert. */
+     * expert. Optional: where NULL the driver calls matmul per expert on its
+     * rows (in fast mode, then, the plain op's fast path). */
     qd_status (*matmul_grouped)(void *dev, float *out, const float *x, const float *const *w, const int32_t *off,
                                 int E, int IC, int OC);
+    /* The same rows: matmul_backward per expert into dinp's rows and dw[e].
+     * Optional: where NULL the driver calls matmul_backward per expert. */
     qd_status (*matmul_grouped_backward)(void *dev, float *dinp, float *const *dw, const float *dout,
                                          const float *x, const float *const *w, const int32_t *off, int E,
                                          int IC, int OC);
@@ -119,6 +122,9 @@ typedef struct qd_ops {
     /* y (M, N) = (sum_k qa*qw) * (sa_inv[m] * sw_inv[n]) */
     qd_status (*fp8_gemm)(void *dev, float *y, const uint8_t *qa, const float *sa_inv, const uint8_t *qw,
                           const float *sw_inv, int M, int N, int K);
+    /* fp8_gemm of the experts' rows (off as matmul_grouped's) with weight
+     * qw[e], sw_inv[e]. Optional: where NULL the driver calls fp8_gemm per
+     * expert. */
     qd_status (*fp8_gemm_grouped)(void *dev, float *y, const uint8_t *qa, const float *sa_inv,
                                   const uint8_t *const *qw, const float *const *sw_inv, const int32_t *off, int E,
                                   int N, int K);
@@ -127,6 +133,9 @@ typedef struct qd_ops {
     qd_status (*nvfp4_fake_quant)(void *dev, float *out, const float *x, int rows, int cols, qd_scale_kind scale);
     /* the canonical W4A4 product (NUMERICS.md §3) */
     qd_status (*w4a4_gemm)(void *dev, float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
+    /* w4a4_gemm of the experts' rows of a (per-row scales; off as
+     * matmul_grouped's) with w[e]. Optional: where NULL the driver calls
+     * w4a4_gemm per expert on a view of those rows of a. */
     qd_status (*w4a4_gemm_grouped)(void *dev, float *y, const qd_nvfp4 *a, const qd_nvfp4 *const *w,
                                    const int32_t *off, int E);
     /* RAC (§5): err (K, double) += per-channel squared activation error of x (rows, K) */
@@ -139,7 +148,7 @@ typedef struct qd_ops {
      * (host) of x (R, K): rac_error into err[e] (unless err is NULL: no
      * statistics) and rac_augment_act with ch[e] (host arrays of dev pointers;
      * n channels each) into those rows of a (R, K + n). The bits of the two
-     * ops per expert. */
+     * ops per expert. Optional: where NULL the driver calls them per expert. */
     qd_status (*rac_grouped)(void *dev, qd_nvfp4 *a, double *const *err, const int64_t *const *ch,
                              const int32_t *off, int E, const float *x, int K, int64_t n);
     /* out (rows, K) = qd_rac_fake_quant: the activation a RAC product multiplies,
@@ -196,7 +205,9 @@ typedef struct qd_ops {
     /* dlogits (N, V) = dlogp * (onehot(tgt) - softmax(logits / T)) / T */
     qd_status (*logprob_backward)(void *dev, float *dlogits, const float *dlogp, const float *logits,
                                   const float *lse, const int32_t *tgt, int N, int V, float T);
-    /* out (host, B): qd_sample_row of each row of logits (B, V) at (seq_ids[b], positions[b]) */
+    /* out (host, B): qd_sample_row of each row of logits (B, V) at (seq_ids[b], positions[b]).
+     * Optional: where NULL the driver copies the logits to the host (to_host)
+     * and samples there (qd_sample_batch, backends/sampling.c). */
     qd_status (*sample)(void *dev, qd_sample_result *out, const float *logits, int B, int V,
                         const qd_sample_params *p, const uint64_t *seq_ids, const uint32_t *positions);
     /* part[k] (double, dev) = sum of g^2 over floats 4096k .. 4096k+4095, ascending */
