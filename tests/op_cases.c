@@ -233,6 +233,10 @@ static void c_matmul_bf16_wide(oc *c) { c_matmul_shape(c, QD_PREC_BF16, 70, 136,
 /* BF16 operands near 2^-70: their products fall below float32's normal range
  * and round, so a fused multiply-add would give other bits; CUDA must see it. */
 static void c_matmul_bf16_tiny(oc *c) { c_matmul_shape(c, QD_PREC_BF16, 9, 64, 140, 1e-21f); }
+/* The MoE router's shape at batch 64 (CUDA: the thin tiles, 32 outputs a CTA) */
+static void c_matmul_router(oc *c) { c_matmul_shape(c, QD_PREC_BF16, 64, 2048, 128, 1.0f); }
+/* float32 operands (no fused multiply-add), K not a multiple of 32, ragged tiles */
+static void c_matmul_f32_thin(oc *c) { c_matmul_shape(c, QD_PREC_F32, 33, 520, 70, 1.0f); }
 
 static void c_matmul_backward(oc *c)
 {
@@ -440,6 +444,21 @@ static void c_attend_decode(oc *c)
     OUT(c, "out", 'f', o, sizeof(float) * N * H * D);
 }
 
+/* Qwen3-30B-A3B's heads (32 / 4 of 128) over cache rows of 80 slots: the
+ * grouped-query heads share key tiles of 32 (CUDA), positions on and across
+ * tile edges. */
+static void c_attend_gqa(oc *c)
+{
+    int N = 5, H = 32, KV = 4, D = 128, Tc = 80, Tm = 80;
+    int32_t kbase[5] = {0, Tc, 2 * Tc, 3 * Tc, 4 * Tc}, pos[5] = {0, 31, 32, 70, 79};
+    float *q = F(c, (size_t)N * H * D, -1, 1), *kc = F(c, (size_t)N * Tc * KV * D, -1, 1);
+    float *vc = F(c, (size_t)N * Tc * KV * D, -1, 1), *o = Z(c, sizeof(float) * N * H * D);
+    float *att = Z(c, sizeof(float) * N * H * Tm);
+    RUN(c, c->ops->attend(c->dev, o, att, q, kc, vc, I(c, kbase, N), I(c, pos, N), N, H, KV, D, Tm));
+    OUT(c, "out", 'f', o, sizeof(float) * N * H * D);
+    OUT(c, "att", 'f', att, sizeof(float) * N * H * Tm);
+}
+
 static void c_attend_backward(oc *c)
 {
     int N = 8, H = 4, KV = 2, D = 16, Tm = 5;
@@ -474,6 +493,37 @@ static void c_route(oc *c, qd_topk_norm norm)
     float *p = F(c, (size_t)N * E, -3, 3), *tw = Z(c, sizeof(float) * N * K);
     int32_t *tk = Z(c, sizeof(int32_t) * N * K);
     RUN(c, c->ops->route(c->dev, tk, tw, p, N, E, K, norm));
+    OUT(c, "probs", 'f', p, sizeof(float) * N * E);
+    OUT(c, "topk", 'i', tk, sizeof(int32_t) * N * K);
+    OUT(c, "topw", 'f', tw, sizeof(float) * N * K);
+}
+
+/* The a3b router (128 experts, top 8) over 70 tokens: rows with tied logits,
+ * a row with -inf logits (probabilities 0), a row where one logit dominates
+ * (the others underflow to 0: ties at zero go to the lower index) and a row of
+ * one value. (NaN is left out: its bits differ between CPU and GPU.) */
+static void c_route_a3b(oc *c)
+{
+    enum { N = 70, E = 128, K = 8 };
+    float *h = malloc(sizeof(float) * N * E);
+    if (!h) {
+        c->st = qd_error(QD_ERR_NOMEM, "op case");
+        return;
+    }
+    for (int i = 0; i < N * E; i++)
+        h[i] = unif(c, -4, 4);
+    for (int n = 0; n < 10; n++)  /* ties: pairs of equal logits */
+        for (int e = 0; e + 1 < E; e += 2)
+            h[n * E + e + 1] = h[n * E + e];
+    for (int e = 0; e < E; e += 3)
+        h[11 * E + e] = -INFINITY;
+    h[13 * E + 77] = 120.0f;
+    for (int e = 0; e < E; e++)
+        h[12 * E + e] = 0.5f;
+    float *p = up(c, h, sizeof(float) * N * E), *tw = Z(c, sizeof(float) * N * K);
+    free(h);
+    int32_t *tk = Z(c, sizeof(int32_t) * N * K);
+    RUN(c, c->ops->route(c->dev, tk, tw, p, N, E, K, QD_TOPK_RENORM));
     OUT(c, "probs", 'f', p, sizeof(float) * N * E);
     OUT(c, "topk", 'i', tk, sizeof(int32_t) * N * K);
     OUT(c, "topw", 'f', tw, sizeof(float) * N * K);
@@ -645,6 +695,8 @@ static const op_case cases[] = {
     {{"matmul f32 37x36x45", "matmul", 1}, c_matmul_f32_odd},
     {{"matmul bf16 70x136x300", "matmul", 1}, c_matmul_bf16_wide},
     {{"matmul bf16 tiny products 9x64x140", "matmul", 1}, c_matmul_bf16_tiny},
+    {{"matmul bf16 router 64x2048x128", "matmul", 1}, c_matmul_router},
+    {{"matmul f32 33x520x70", "matmul", 1}, c_matmul_f32_thin},
     {{"matmul_backward 37x72x45", "matmul_backward", 1}, c_matmul_backward},
     {{"matmul_grouped+bwd 4 experts", "matmul_grouped", 0}, c_matmul_grouped},
     {{"fp8 quantize+gemm 6x20x48", "fp8_gemm", 1}, c_fp8},
@@ -658,10 +710,12 @@ static const op_case cases[] = {
     {{"sqerr_rows 11x70", "sqerr_rows", 0}, c_sqerr_rows},
     {{"attend prefill 2 seqs", "attend", 1}, c_attend},
     {{"attend decode 3 rows", "attend", 1}, c_attend_decode},
+    {{"attend decode gqa 32/4x128", "attend", 1}, c_attend_gqa},
     {{"attend_backward 2 seqs", "attend_backward", 1}, c_attend_backward},
     {{"store_kv 4 tokens", "store_kv", 0}, c_store_kv},
     {{"route renorm 13x16 k4", "route", 0}, c_route_norm},
     {{"route raw 13x16 k4", "route", 0}, c_route_raw},
+    {{"route a3b 70x128 k8 ties nan", "route", 0}, c_route_a3b},
     {{"moe_group 11x8 k3", "moe_group", 0}, c_moe_group},
     {{"moe rows 9x6 k2", "combine", 0}, c_moe_rows},
     {{"router_backward renorm", "router_backward", 0}, c_router_backward_renorm},

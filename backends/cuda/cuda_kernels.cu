@@ -3,6 +3,7 @@
  * thread per output; qdk_matmul tiles through shared memory but keeps every
  * output's sum in one thread, k ascending, so the tiling changes no bit. */
 #include <cuda_runtime.h>
+#include <limits.h>
 #include <math.h>
 #include "backends/cuda/cuda_check.h"
 #include "backends/exact_math.h"
@@ -295,8 +296,18 @@ static __device__ __forceinline__ void mw_see(mw_sum *s, uint32_t b)
     s->emax = e > s->emax ? e : s->emax;
 }
 
+/* Where row `row` of stage column k sits in S[k][.]: groups of 4 rows stay
+ * together (the float4 reads), group g at g ^ (k/4 mod 8) (within the tile),
+ * so that a warp's stores of 4 rows x 8 k land in 32 banks, not 4. */
+template <int ROWS>
+static __device__ __forceinline__ int mw_swz(int row, int k)
+{
+    constexpr int G = ROWS / 4, M = (G < 8 ? G : 8) - 1;
+    return (((row >> 2) ^ ((k >> 2) & M)) << 2) | (row & 3);
+}
+
 /* Rows r0 .. r0+ROWS-1 of the float32 matrix x (R, K), columns k0 .. k0+MW_BK-1,
- * into S[k][row] (out of range: 0, not summarized). W's stage and A's. */
+ * into S[k][mw_swz(row, k)] (out of range: 0, not summarized). W's stage and A's. */
 template <int ROWS>
 static __device__ __forceinline__ void mw_load(float (*S)[ROWS], const float *x, int r0, int R, int K, int k0,
                                                mw_sum *sum)
@@ -311,10 +322,11 @@ static __device__ __forceinline__ void mw_load(float (*S)[ROWS], const float *x,
             mw_see(sum, __float_as_uint(v.z));
             mw_see(sum, __float_as_uint(v.w));
         }
-        S[k][row] = v.x;
-        S[k + 1][row] = v.y;
-        S[k + 2][row] = v.z;
-        S[k + 3][row] = v.w;
+        int col = mw_swz<ROWS>(row, k);
+        S[k][col] = v.x;
+        S[k + 1][col] = v.y;
+        S[k + 2][col] = v.z;
+        S[k + 3][col] = v.w;
     }
 }
 
@@ -341,8 +353,8 @@ static __device__ __forceinline__ void mw_load_w(float (*Ws)[MW_BN], const uint1
                 mw_see(sw, lo);
                 mw_see(sw, hi);
             }
-            Ws[k + 2 * i][row] = __uint_as_float(lo);
-            Ws[k + 2 * i + 1][row] = __uint_as_float(hi);
+            Ws[k + 2 * i][mw_swz<MW_BN>(row, k + 2 * i)] = __uint_as_float(lo);
+            Ws[k + 2 * i + 1][mw_swz<MW_BN>(row, k + 2 * i + 1)] = __uint_as_float(hi);
         }
     }
 }
@@ -352,12 +364,13 @@ static __device__ __forceinline__ void mw_tile(float (&acc)[TM][8], const float 
                                                const float (*As)[8 * TM], int kmax, int tx, int ty)
 {
     for (int kk = 0; kk < kmax; kk++) {
-        float4 w0 = *(const float4 *)&Ws[kk][4 * tx], w1 = *(const float4 *)&Ws[kk][64 + 4 * tx];
+        float4 w0 = *(const float4 *)&Ws[kk][mw_swz<MW_BN>(4 * tx, kk)];
+        float4 w1 = *(const float4 *)&Ws[kk][mw_swz<MW_BN>(64 + 4 * tx, kk)];
         float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w}, av[TM];
         if constexpr (TM % 4 == 0) {
 #pragma unroll
             for (int i = 0; i < TM; i += 4) {
-                float4 a4 = *(const float4 *)&As[kk][ty * TM + i];
+                float4 a4 = *(const float4 *)&As[kk][mw_swz<8 * TM>(ty * TM + i, kk)];
                 av[i] = a4.x;
                 av[i + 1] = a4.y;
                 av[i + 2] = a4.z;
@@ -366,7 +379,7 @@ static __device__ __forceinline__ void mw_tile(float (&acc)[TM][8], const float 
         } else {
 #pragma unroll
             for (int i = 0; i < TM; i++)
-                av[i] = As[kk][ty * TM + i];
+                av[i] = As[kk][mw_swz<8 * TM>(ty * TM + i, kk)];
         }
 #pragma unroll
         for (int i = 0; i < TM; i++)
@@ -387,6 +400,39 @@ static __device__ __forceinline__ void mw_reduce(mw_sum *s)
     }
 }
 
+/* Whether a stage may use fmaf (see above): the CTA's summaries of the A and W
+ * elements it staged, combined over its 4 warps (a block barrier inside). */
+static __device__ __forceinline__ int mw_stage_fma(mw_sum sa, mw_sum sw, mw_sum (*s_sum)[4], int check)
+{
+    int wid = threadIdx.x >> 5;
+    if (check) {
+        mw_reduce(&sa);
+        mw_reduce(&sw);
+        if ((threadIdx.x & 31) == 0) {
+            s_sum[0][wid] = sa;
+            s_sum[1][wid] = sw;
+        }
+    }
+    __syncthreads();
+    if (!check)
+        return 0;
+    mw_sum x[2] = {s_sum[0][0], s_sum[1][0]};
+    for (int o = 0; o < 2; o++)
+        for (int i = 1; i < 4; i++) {
+            x[o].lo |= s_sum[o][i].lo;
+            x[o].emin = s_sum[o][i].emin < x[o].emin ? s_sum[o][i].emin : x[o].emin;
+            x[o].emax = s_sum[o][i].emax > x[o].emax ? s_sum[o][i].emax : x[o].emax;
+        }
+    int ea = (int)(x[0].emax >> 23), ew = (int)(x[1].emax >> 23);
+    int bad = ((x[0].lo | x[1].lo) & 0xffffu) || ea == 255 || ew == 255;
+    if (x[0].emin == 0xffffffffu || x[1].emin == 0xffffffffu)
+        return !bad; /* one operand all zeros: every product is a zero */
+    int la = (int)(x[0].emin >> 23), lw = (int)(x[1].emin >> 23);
+    la = (la > 1 ? la : 1) - 134;
+    lw = (lw > 1 ? lw : 1) - 134;
+    return !bad && la + lw >= -149 && ea + ew <= 378;
+}
+
 template <int TM, typename TW>
 __global__ void __launch_bounds__(128) k_matmul_wt(float *c, const float *a, const TW *w, int M, int N, int K,
                                                    int check)
@@ -396,7 +442,6 @@ __global__ void __launch_bounds__(128) k_matmul_wt(float *c, const float *a, con
     __shared__ __align__(16) float As[MW_BK][BM];
     __shared__ mw_sum s_sum[2][4];
     int tx = threadIdx.x & 15, ty = threadIdx.x >> 4, n0 = blockIdx.x * MW_BN, m0 = blockIdx.y * BM;
-    int wid = threadIdx.x >> 5;
     float acc[TM][8];
 #pragma unroll
     for (int i = 0; i < TM; i++)
@@ -408,35 +453,7 @@ __global__ void __launch_bounds__(128) k_matmul_wt(float *c, const float *a, con
         __syncthreads();
         mw_load_w(Ws, w, n0, N, K, k0, &sw);
         mw_load<BM>(As, a, m0, M, K, k0, &sa);
-        if (check) {
-            mw_reduce(&sa);
-            mw_reduce(&sw);
-            if ((threadIdx.x & 31) == 0) {
-                s_sum[0][wid] = sa;
-                s_sum[1][wid] = sw;
-            }
-        }
-        __syncthreads();
-        int kmax = K - k0 < MW_BK ? K - k0 : MW_BK, fma = 0;
-        if (check) {
-            mw_sum x[2] = {s_sum[0][0], s_sum[1][0]};
-            for (int o = 0; o < 2; o++)
-                for (int i = 1; i < 4; i++) {
-                    x[o].lo |= s_sum[o][i].lo;
-                    x[o].emin = s_sum[o][i].emin < x[o].emin ? s_sum[o][i].emin : x[o].emin;
-                    x[o].emax = s_sum[o][i].emax > x[o].emax ? s_sum[o][i].emax : x[o].emax;
-                }
-            int ea = (int)(x[0].emax >> 23), ew = (int)(x[1].emax >> 23);
-            int bad = ((x[0].lo | x[1].lo) & 0xffffu) || ea == 255 || ew == 255;
-            if (x[0].emin == 0xffffffffu || x[1].emin == 0xffffffffu)
-                fma = !bad; /* one operand all zeros: every product is a zero */
-            else {
-                int la = (int)(x[0].emin >> 23), lw = (int)(x[1].emin >> 23);
-                la = (la > 1 ? la : 1) - 134;
-                lw = (lw > 1 ? lw : 1) - 134;
-                fma = !bad && la + lw >= -149 && ea + ew <= 378;
-            }
-        }
+        int kmax = K - k0 < MW_BK ? K - k0 : MW_BK, fma = mw_stage_fma(sa, sw, s_sum, check);
         if (fma)
             mw_tile<TM, true>(acc, Ws, As, kmax, tx, ty);
         else
@@ -454,6 +471,145 @@ __global__ void __launch_bounds__(128) k_matmul_wt(float *c, const float *a, con
                 c[(size_t)m * N + n] = acc[i][j];
         }
     }
+}
+
+/* The same products for outputs too few to fill the H200 with k_matmul_wt's
+ * 128-column tiles (the MoE router: 128 outputs): a CTA owns 32 weight rows
+ * and 4 activation rows, one output a thread, the next stage's operands
+ * fetched into registers while this one computes (the chains are long and
+ * latency-bound: 2048 k for 64 x 128 outputs took 0.62 ms in one wide CTA).
+ * Same sums from 0, k ascending, same stage rule: same bits. */
+#define MT_BN 32
+#define MT_BM 4
+#define MT_SUB 4 /* a stage: MT_SUB x MW_BK = 128 k */
+template <typename TW> struct mt_regs;
+template <> struct mt_regs<float> {
+    float4 w[MT_SUB][2], a[MT_SUB];
+};
+template <> struct mt_regs<uint16_t> {
+    uint4 w[MT_SUB];
+    float4 a[MT_SUB];
+};
+
+static __device__ __forceinline__ float4 mt_ld4(const float *x, int r, int R, int K, int k)
+{
+    return r < R && k < K ? __ldg((const float4 *)(x + (size_t)r * K + k)) : make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+/* Thread t, for each 32-k part p of the stage: W rows t/8 and t/8 + 16 at k
+ * 4(t%8) (float) or row t/4 at k 8(t%4) (BF16 bits); threads 0..31 also A
+ * row t/8 at k 4(t%8). */
+static __device__ __forceinline__ void mt_fetch(mt_regs<float> &r, const float *w, const float *a, int n0, int m0,
+                                                int N, int M, int K, int k0)
+{
+    int t = threadIdx.x;
+#pragma unroll
+    for (int p = 0; p < MT_SUB; p++) {
+        int k = k0 + p * MW_BK + (t & 7) * 4;
+        r.w[p][0] = mt_ld4(w, n0 + (t >> 3), N, K, k);
+        r.w[p][1] = mt_ld4(w, n0 + (t >> 3) + 16, N, K, k);
+        if (t < 32)
+            r.a[p] = mt_ld4(a, m0 + (t >> 3), M, K, k);
+    }
+}
+
+static __device__ __forceinline__ void mt_fetch(mt_regs<uint16_t> &r, const uint16_t *w, const float *a, int n0,
+                                                int m0, int N, int M, int K, int k0)
+{
+    int t = threadIdx.x, row = n0 + (t >> 2);
+#pragma unroll
+    for (int p = 0; p < MT_SUB; p++) {
+        int k = k0 + p * MW_BK + (t & 3) * 8;
+        r.w[p] = row < N && k < K ? __ldg((const uint4 *)(w + (size_t)row * K + k)) : make_uint4(0, 0, 0, 0);
+        if (t < 32)
+            r.a[p] = mt_ld4(a, m0 + (t >> 3), M, K, k0 + p * MW_BK + (t & 7) * 4);
+    }
+}
+
+/* Zeros (padding) leave a summary as it is, so they are summarized too. */
+static __device__ __forceinline__ void mt_put4(float (*S)[MT_BN + 1], int k, int row, float4 v, mw_sum *s)
+{
+    float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        S[k + i][row] = e[i];
+        mw_see(s, __float_as_uint(e[i]));
+    }
+}
+
+static __device__ __forceinline__ void mt_store_a(float (*As)[MT_BN + 1], const float4 *a, mw_sum *sa)
+{
+    int t = threadIdx.x;
+    if (t < 32)
+#pragma unroll
+        for (int p = 0; p < MT_SUB; p++)
+            mt_put4(As, p * MW_BK + (t & 7) * 4, t >> 3, a[p], sa);
+}
+
+static __device__ __forceinline__ void mt_store(float (*Ws)[MT_BN + 1], float (*As)[MT_BN + 1],
+                                                const mt_regs<float> &r, mw_sum *sw, mw_sum *sa)
+{
+    int t = threadIdx.x;
+#pragma unroll
+    for (int p = 0; p < MT_SUB; p++) {
+        int k = p * MW_BK + (t & 7) * 4;
+        mt_put4(Ws, k, t >> 3, r.w[p][0], sw);
+        mt_put4(Ws, k, (t >> 3) + 16, r.w[p][1], sw);
+    }
+    mt_store_a(As, r.a, sa);
+}
+
+static __device__ __forceinline__ void mt_store(float (*Ws)[MT_BN + 1], float (*As)[MT_BN + 1],
+                                                const mt_regs<uint16_t> &r, mw_sum *sw, mw_sum *sa)
+{
+    int t = threadIdx.x, row = t >> 2;
+#pragma unroll
+    for (int p = 0; p < MT_SUB; p++) {
+        int k = p * MW_BK + (t & 3) * 8;
+        uint32_t u[4] = {r.w[p].x, r.w[p].y, r.w[p].z, r.w[p].w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint32_t lo = u[i] << 16, hi = u[i] & 0xffff0000u;
+            Ws[k + 2 * i][row] = __uint_as_float(lo);
+            Ws[k + 2 * i + 1][row] = __uint_as_float(hi);
+            mw_see(sw, lo);
+            mw_see(sw, hi);
+        }
+    }
+    mt_store_a(As, r.a, sa);
+}
+
+template <typename TW>
+__global__ void __launch_bounds__(128) k_matmul_wt_thin(float *c, const float *a, const TW *w, int M, int N, int K,
+                                                        int check)
+{
+    constexpr int BK = MT_SUB * MW_BK;
+    __shared__ float Ws[BK][MT_BN + 1];
+    __shared__ float As[BK][MT_BN + 1]; /* rows 0..MT_BM-1 used */
+    __shared__ mw_sum s_sum[2][4];
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, n0 = blockIdx.x * MT_BN, m0 = blockIdx.y * MT_BM;
+    mt_regs<TW> r;
+    mt_fetch(r, w, a, n0, m0, N, M, K, 0);
+    float acc = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += BK) {
+        mw_sum sa = {0u, 0xffffffffu, 0u}, sw = {0u, 0xffffffffu, 0u};
+        __syncthreads();
+        mt_store(Ws, As, r, &sw, &sa);
+        if (k0 + BK < K)
+            mt_fetch(r, w, a, n0, m0, N, M, K, k0 + BK);
+        int kmax = K - k0 < BK ? K - k0 : BK;
+        if (mw_stage_fma(sa, sw, s_sum, check)) {
+#pragma unroll 8
+            for (int kk = 0; kk < kmax; kk++)
+                acc = fmaf(As[kk][wid], Ws[kk][lane], acc);
+        } else {
+#pragma unroll 8
+            for (int kk = 0; kk < kmax; kk++)
+                acc = acc + As[kk][wid] * Ws[kk][lane];
+        }
+    }
+    if (m0 + wid < M && n0 + lane < N)
+        c[(size_t)(m0 + wid) * N + n0 + lane] = acc;
 }
 
 template <int TM>
@@ -478,6 +634,15 @@ extern "C" qd_status qdk_matmul_wt(float *c, const float *a, const void *w, qdk_
     if (K % 8)
         return qd_error(QD_ERR_SHAPE, "qdk_matmul_wt: K %d not a multiple of 8", K);
     int check = prec == QD_PREC_BF16;
+    /* fewer than 16 wide CTAs even at TM = 1: the thin tiles */
+    if ((long)((N + MW_BN - 1) / MW_BN) * ((M + 7) / 8) < 16) {
+        dim3 grid((unsigned)((N + MT_BN - 1) / MT_BN), (unsigned)((M + MT_BM - 1) / MT_BM));
+        if (w_elem == QDK_BF16)
+            QD_LAUNCH((k_matmul_wt_thin<uint16_t>), grid, 128u, c, a, (const uint16_t *)w, M, N, K, check);
+        else
+            QD_LAUNCH((k_matmul_wt_thin<float>), grid, 128u, c, a, (const float *)w, M, N, K, check);
+        return QD_OK;
+    }
     if (M <= 8)
         return launch_matmul_wt<1>(c, a, w, w_elem, M, N, K, check);
     if (M <= 16)
@@ -508,7 +673,7 @@ extern "C" qd_status qdk_fp8_gemm(float *y, const uint8_t *qa, const float *sa_i
  * C = 2048 on the H200.) In place (out == inp) allowed. */
 __global__ void k_rmsnorm(float *out, float *rstd, const float *inp, const float *w, int C, float eps)
 {
-    extern __shared__ float xs[];
+    extern __shared__ __align__(16) float xs[];
     __shared__ float r_sh;
     size_t n = blockIdx.x;
     const float *x = inp + n * C;
@@ -516,8 +681,19 @@ __global__ void k_rmsnorm(float *out, float *rstd, const float *inp, const float
         xs[i] = x[i];
     __syncthreads();
     if (threadIdx.x == 0) {
+        /* the chain, i ascending; its operands read 4 at a time and ahead of
+         * it (one element a shared-memory latency was 23 us a launch at C = 2048) */
         float ss = 0.0f;
-        for (int i = 0; i < C; i++)
+        int i = 0;
+#pragma unroll 8
+        for (; i + 4 <= C; i += 4) {
+            float4 v = *(const float4 *)&xs[i];
+            ss = ss + v.x * v.x;
+            ss = ss + v.y * v.y;
+            ss = ss + v.z * v.z;
+            ss = ss + v.w * v.w;
+        }
+        for (; i < C; i++)
             ss = ss + xs[i] * xs[i];
         r_sh = qd_rsqrtf(ss / (float)C + eps);
         rstd[n] = r_sh;
@@ -660,13 +836,114 @@ __global__ void k_attend(float *out, float *att, const float *q, const float *kb
     }
 }
 
+/* The same values, one block per (query n, kv head): the group's G = H/KV
+ * query heads share each staged tile of TS keys (then values), so the cache is
+ * read once per group, not once per head. Scores: thread (g, s) of a tile runs
+ * the dot product over i ascending; max per head by a warp (fmaxf: any order);
+ * exponentials per element; each head's sum of exponentials one lane's chain
+ * over s ascending; quotients per element; outputs (g, i) each one thread's
+ * chain over s ascending. The probabilities live in att (N, H, Tm). */
+#define ATT_TS 32
+#define ATT_THREADS 256
+__global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *att, const float *q, const float *kb,
+                                                            const float *vb, const int32_t *kbase,
+                                                            const int32_t *pos, int H, int KV, int D, int Tm,
+                                                            float scale)
+{
+    extern __shared__ float att_sm[];
+    int G = H / KV, n = blockIdx.x / KV, kh = blockIdx.x % KV, t = pos[n], DP = D + 1;
+    float *qs = att_sm, *ts = qs + G * D, *pt = ts + ATT_TS * DP; /* q (G, D), tile (TS, D+1), p tile (G, TS) */
+    size_t KD = (size_t)KV * D;
+    const float *kr = kb + (size_t)kbase[n] * KD + (size_t)kh * D, *vr = vb + (size_t)kbase[n] * KD + (size_t)kh * D;
+    float *pa = att + ((size_t)n * H + (size_t)kh * G) * Tm; /* head g's row: pa + g * Tm */
+    for (int j = threadIdx.x; j < G * D; j += ATT_THREADS)
+        qs[j] = q[(size_t)n * H * D + (size_t)kh * G * D + j];
+    for (int s0 = 0; s0 <= t; s0 += ATT_TS) {
+        int ns = t + 1 - s0 < ATT_TS ? t + 1 - s0 : ATT_TS;
+        __syncthreads();
+        for (int j = threadIdx.x; j < ns * D; j += ATT_THREADS)
+            ts[(j / D) * DP + j % D] = kr[(size_t)(s0 + j / D) * KD + j % D];
+        __syncthreads();
+        for (int j = threadIdx.x; j < G * ATT_TS; j += ATT_THREADS) {
+            int g = j / ATT_TS, s = j % ATT_TS;
+            if (s >= ns)
+                continue;
+            const float *qv = qs + g * D, *kv = ts + s * DP;
+            float dot = 0.0f;
+            for (int i = 0; i < D; i++)
+                dot = dot + qv[i] * kv[i];
+            pa[(size_t)g * Tm + s0 + s] = dot * scale;
+        }
+    }
+    __syncthreads();
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    for (int g = wid; g < G; g += ATT_THREADS / 32) {
+        float *p = pa + (size_t)g * Tm, mx = -INFINITY;
+        for (int s = lane; s <= t; s += 32)
+            mx = fmaxf(mx, p[s]);
+        for (int o = 16; o; o >>= 1)
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        for (int s = lane; s <= t; s += 32)
+            p[s] = qd_expf(p[s] - mx);
+        __syncwarp();
+        float sum = 0.0f;
+        if (lane == 0)
+            for (int s = 0; s <= t; s++)
+                sum = sum + p[s];
+        sum = __shfl_sync(0xffffffffu, sum, 0);
+        for (int s = lane; s <= t; s += 32)
+            p[s] = p[s] / sum;
+    }
+    enum { MAXO = 8 }; /* outputs a thread: G * D <= MAXO * ATT_THREADS */
+    float acc[MAXO];
+#pragma unroll
+    for (int r = 0; r < MAXO; r++)
+        acc[r] = 0.0f;
+    for (int s0 = 0; s0 <= t; s0 += ATT_TS) {
+        int ns = t + 1 - s0 < ATT_TS ? t + 1 - s0 : ATT_TS;
+        __syncthreads();
+        for (int j = threadIdx.x; j < ns * D; j += ATT_THREADS)
+            ts[(j / D) * DP + j % D] = vr[(size_t)(s0 + j / D) * KD + j % D];
+        for (int j = threadIdx.x; j < G * ATT_TS; j += ATT_THREADS)
+            if (j % ATT_TS < ns)
+                pt[j] = pa[(size_t)(j / ATT_TS) * Tm + s0 + j % ATT_TS];
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < MAXO; r++) {
+            int o = threadIdx.x + r * ATT_THREADS;
+            if (o >= G * D)
+                break;
+            int g = o / D, i = o % D;
+            const float *pg = pt + g * ATT_TS;
+            float a = acc[r];
+            for (int s = 0; s < ns; s++)
+                a = a + pg[s] * ts[s * DP + i];
+            acc[r] = a;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MAXO; r++) {
+        int o = threadIdx.x + r * ATT_THREADS;
+        if (o < G * D)
+            out[(size_t)n * H * D + (size_t)kh * G * D + o] = acc[r];
+    }
+}
+
 static float attn_scale(int D) { return (float)(1.0 / sqrt((double)D)); }
 
 extern "C" qd_status qdk_attend(float *out, float *att, const float *q, const float *kb, const float *vb,
                                 const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm)
 {
-    if (N)
-        QD_LAUNCH(k_attend, (unsigned)(N * H), 64u, out, att, q, kb, vb, kbase, pos, N, H, KV, D, Tm, attn_scale(D));
+    if (N == 0)
+        return QD_OK;
+    int G = KV > 0 && H % KV == 0 ? H / KV : 0;
+    size_t smem = sizeof(float) * ((size_t)G * D + (size_t)ATT_TS * (D + 1) + (size_t)G * ATT_TS);
+    if (G && G * D <= 8 * ATT_THREADS && smem <= 48 * 1024) {
+        QD_LAUNCH_SMEM(k_attend_gqa, (unsigned)(N * KV), (unsigned)ATT_THREADS, smem, out, att, q, kb, vb, kbase, pos,
+                       H, KV, D, Tm, attn_scale(D));
+        return QD_OK;
+    }
+    QD_LAUNCH(k_attend, (unsigned)(N * H), 64u, out, att, q, kb, vb, kbase, pos, N, H, KV, D, Tm, attn_scale(D));
     return QD_OK;
 }
 
@@ -861,38 +1138,94 @@ extern "C" qd_status qdk_add(float *out, const float *a, const float *b, size_t 
     return QD_OK;
 }
 
-/* One thread per token: backends/router.h, as the CPU's route(). */
-/* One block a token: its router row goes to shared memory, one thread runs
- * backends/router.h's softmax and selection there (the CPU's code, so the
- * same bits), the block writes back. (One thread a token on global memory
- * was latency-bound: 0.39 ms a launch at E = 128, K = 8.) */
-__global__ void k_route(int32_t *topk, float *topw, float *probs, int E, int K, qd_topk_norm norm)
+/* backends/router.h's qd_router_softmax and qd_router_select, one warp a
+ * token, the same bits: the max (fmaxf: any order gives the same value for
+ * the subtraction, +0 and -0 included), each exponential and each quotient are
+ * per element; the sum of exponentials and the top-k weights' sum are one
+ * lane's chains in the CPU's order. Selection j takes the lowest-index largest
+ * untaken probability by a warp reduction, which is what the CPU's scan
+ * (strict >, from the first untaken index) returns, except when the first
+ * untaken probability is NaN: the scan then never moves, so neither do we.
+ * (One thread a token ran 0.22 ms a launch at E = 128, K = 8, N = 64.) */
+#define QD_ROUTE_WARPS 4
+__global__ void __launch_bounds__(32 * QD_ROUTE_WARPS) k_route(int32_t *topk, float *topw, float *probs, int N, int E,
+                                                              int K, qd_topk_norm norm)
 {
-    extern __shared__ float ps[];                 /* E probabilities, then K weights, then K indices */
-    float *ws = ps + E;
-    int32_t *ix = (int32_t *)(ws + K);
-    size_t n = blockIdx.x;
-    for (int e = threadIdx.x; e < E; e += blockDim.x)
-        ps[e] = probs[n * E + e];
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        qd_router_softmax(ps, E);
-        qd_router_select(ix, ws, ps, E, K, norm);
+    extern __shared__ float route_sm[];
+    int wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    size_t n = (size_t)blockIdx.x * QD_ROUTE_WARPS + wid;
+    if (n >= (size_t)N)
+        return; /* warps are independent: no block barrier below */
+    float *ps = route_sm + (size_t)wid * (E + K);
+    int32_t *ix = (int32_t *)(ps + E);
+    float *row = probs + n * E;
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32) {
+        ps[e] = row[e];
+        mx = fmaxf(mx, ps[e]);
     }
-    __syncthreads();
-    for (int e = threadIdx.x; e < E; e += blockDim.x)
-        probs[n * E + e] = ps[e];
-    for (int j = threadIdx.x; j < K; j += blockDim.x) {
-        topk[n * K + j] = ix[j];
-        topw[n * K + j] = ws[j];
+    for (int o = 16; o; o >>= 1)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    for (int e = lane; e < E; e += 32)
+        ps[e] = qd_expf(ps[e] - mx);
+    __syncwarp();
+    float sum = 0.0f;
+    if (lane == 0)
+        for (int e = 0; e < E; e++)
+            sum = sum + ps[e];
+    sum = __shfl_sync(0xffffffffu, sum, 0);
+    for (int e = lane; e < E; e += 32) {
+        ps[e] = ps[e] / sum;
+        row[e] = ps[e];
+    }
+    __syncwarp();
+    for (int j = 0; j < K; j++) {
+        int first = INT_MAX, bi = INT_MAX;
+        float bv = 0.0f;
+        for (int e = lane; e < E; e += 32) {
+            int taken = 0;
+            for (int i = 0; i < j; i++)
+                taken |= ix[i] == e;
+            if (taken)
+                continue;
+            first = e < first ? e : first;
+            float v = ps[e];
+            if (v == v && (bi == INT_MAX || v > bv)) {
+                bv = v;
+                bi = e;
+            }
+        }
+        for (int o = 16; o; o >>= 1) {
+            int of = __shfl_xor_sync(0xffffffffu, first, o), oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            first = of < first ? of : first;
+            if (oi != INT_MAX && (bi == INT_MAX || ov > bv || (ov == bv && oi < bi))) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        int best = first == INT_MAX ? -1 : ps[first] != ps[first] ? first : bi;
+        if (lane == 0)
+            ix[j] = best;
+        __syncwarp();
+    }
+    if (lane == 0) {
+        float s = 0.0f;
+        for (int j = 0; j < K; j++)
+            s = s + ps[ix[j]];
+        for (int j = 0; j < K; j++) {
+            topk[n * K + j] = ix[j];
+            topw[n * K + j] = norm == QD_TOPK_RENORM ? ps[ix[j]] / s : ps[ix[j]];
+        }
     }
 }
 
 extern "C" qd_status qdk_route(int32_t *topk, float *topw, float *probs, int N, int E, int K, qd_topk_norm norm)
 {
     if (N)
-        QD_LAUNCH_SMEM(k_route, (unsigned)N, 32u, sizeof(float) * ((size_t)E + 2 * (size_t)K), topk, topw, probs,
-                       E, K, norm);
+        QD_LAUNCH_SMEM(k_route, (unsigned)((N + QD_ROUTE_WARPS - 1) / QD_ROUTE_WARPS), 32u * QD_ROUTE_WARPS,
+                       sizeof(float) * QD_ROUTE_WARPS * ((size_t)E + (size_t)K), topk, topw, probs, N, E, K,
+                       norm);
     return QD_OK;
 }
 
@@ -1197,24 +1530,26 @@ extern "C" qd_status qdk_logprob(float *logp, float *lse, float *s, const float 
 }
 
 /* The sampler of backends/sampling.c (steps 1-6, 9, 10) for rows with no
- * top-k / top-p cut (and greedy rows), one block of QD_SAMPLE_LANES threads a
- * row: lane j sums tokens j, j + 1024, ... ascending (the lane definition is
- * the thread's own loop), the levels of the lane tree are the classic
- * shared-memory halving kept in tree[] at the CPU's offsets, and thread 0
- * descends it and walks the leaf lane as the CPU does, recomputing
- * e_i = qd_expf(x_i / T - m). A non-finite logit or scaled logit sets *bad
- * (the caller redoes the batch on the host for the message). */
-__global__ void __launch_bounds__(QD_SAMPLE_LANES) k_sample(int32_t *tok, float *lp, float *lpk, const float *logits,
-                                                            int V, float T, int greedy, uint64_t seed,
-                                                            const uint64_t *sid, const uint32_t *spos, int *bad)
+ * top-k / top-p cut (and greedy rows), in three launches so that all SMs work
+ * at any batch (one block a row left half the H200 idle at batch 64):
+ *   k_sample_max: lane j of a row (QD_SAMPLE_PARTS blocks a row) finds the max
+ *     of s_i = x_i / T over i = j, j + 1024, ... and its lowest id;
+ *   k_sample_exp: the row's max and lowest id attaining it (any reduction order
+ *     gives that pair for finite values; a non-finite one sets *bad), then lane
+ *     j's sum of e_i = exp(s_i - m), i ascending (the lane definition);
+ *   k_sample_draw: one block a row builds the lane tree (the classic
+ *     shared-memory halving kept in tree[] at the CPU's offsets), and thread 0
+ *     descends it and walks the leaf lane as the CPU does, recomputing e_i.
+ * A non-finite logit or scaled logit sets *bad (the caller redoes the batch on
+ * the host for the message). */
+#define QD_SAMPLE_PARTS 4
+#define QD_SAMPLE_PT (QD_SAMPLE_LANES / QD_SAMPLE_PARTS)
+__global__ void __launch_bounds__(QD_SAMPLE_PT) k_sample_max(float *lmx, int32_t *lam, const float *logits, int V,
+                                                            float T, int *bad)
 {
     enum { L = QD_SAMPLE_LANES };
-    __shared__ float tree[2 * L - 1];
-    __shared__ float mx[L];
-    __shared__ int am[L];
-    int b = blockIdx.x, j = threadIdx.x;
+    int b = blockIdx.y, j = blockIdx.x * QD_SAMPLE_PT + threadIdx.x;
     const float *x = logits + (size_t)b * V;
-    /* steps 1-2: s_i = x_i / T, its max and the lowest id attaining it */
     float m = x[0] / T;
     int a = 0;
     for (int i = j; i < V; i += L) {
@@ -1226,23 +1561,65 @@ __global__ void __launch_bounds__(QD_SAMPLE_LANES) k_sample(int32_t *tok, float 
             a = i;
         }
     }
-    mx[j] = m;
-    am[j] = a;
-    __syncthreads();
-    for (int w = L / 2; w > 0; w /= 2) {
-        if (j < w && (mx[j + w] > mx[j] || (mx[j + w] == mx[j] && am[j + w] < am[j]))) {
-            mx[j] = mx[j + w];
-            am[j] = am[j + w];
-        }
-        __syncthreads();
+    lmx[(size_t)b * L + j] = m;
+    lam[(size_t)b * L + j] = a;
+}
+
+static __device__ __forceinline__ void sample_better(float *m, int *a, float m2, int a2)
+{
+    if (m2 > *m || (m2 == *m && a2 < *a)) {
+        *m = m2;
+        *a = a2;
     }
-    m = mx[0] + 0.0f;
-    a = am[0];
-    /* steps 3-5: the lane tree of e_i = exp(s_i - m) */
+}
+
+__global__ void __launch_bounds__(QD_SAMPLE_PT) k_sample_exp(float *lsum, float *rm, int32_t *ra, const float *lmx,
+                                                            const int32_t *lam, const float *logits, int V, float T)
+{
+    enum { L = QD_SAMPLE_LANES };
+    __shared__ float wm[QD_SAMPLE_PT / 32];
+    __shared__ int wa[QD_SAMPLE_PT / 32];
+    int b = blockIdx.y, t = threadIdx.x, j = blockIdx.x * QD_SAMPLE_PT + t;
+    float m = lmx[(size_t)b * L + t];
+    int a = lam[(size_t)b * L + t];
+    for (int u = t + QD_SAMPLE_PT; u < L; u += QD_SAMPLE_PT)
+        sample_better(&m, &a, lmx[(size_t)b * L + u], lam[(size_t)b * L + u]);
+    for (int o = 16; o; o >>= 1)
+        sample_better(&m, &a, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, a, o));
+    if ((t & 31) == 0) {
+        wm[t >> 5] = m;
+        wa[t >> 5] = a;
+    }
+    __syncthreads();
+    m = wm[0];
+    a = wa[0];
+    for (int w = 1; w < QD_SAMPLE_PT / 32; w++)
+        sample_better(&m, &a, wm[w], wa[w]);
+    m = m + 0.0f;
+    if (blockIdx.x == 0 && t == 0) {
+        rm[b] = m;
+        ra[b] = a;
+    }
+    const float *x = logits + (size_t)b * V;
     float acc = 0.0f;
     for (int i = j; i < V; i += L)
         acc = acc + qd_expf(x[i] / T - m);
-    tree[j] = acc;
+    lsum[(size_t)b * L + j] = acc;
+}
+
+__global__ void __launch_bounds__(QD_SAMPLE_LANES) k_sample_draw(int32_t *tok, float *lp, float *lpk,
+                                                                 const float *lsum, const float *rm,
+                                                                 const int32_t *ra, const float *logits, int V,
+                                                                 float T, int greedy, uint64_t seed,
+                                                                 const uint64_t *sid, const uint32_t *spos)
+{
+    enum { L = QD_SAMPLE_LANES };
+    __shared__ float tree[2 * L - 1];
+    int b = blockIdx.x, j = threadIdx.x;
+    const float *x = logits + (size_t)b * V;
+    float m = rm[b];
+    int a = ra[b];
+    tree[j] = lsum[(size_t)b * L + j];
     __syncthreads();
     for (int n = L; n > 1; n /= 2) {
         const float *child = tree + 2 * L - 2 * n;
@@ -1290,13 +1667,26 @@ __global__ void __launch_bounds__(QD_SAMPLE_LANES) k_sample(int32_t *tok, float 
 }
 
 extern "C" qd_status qdk_sample(int32_t *tok, float *lp, float *lpk, const float *logits, int B, int V, float T,
-                                uint64_t seed, const uint64_t *sid, const uint32_t *spos, int *bad)
+                                uint64_t seed, const uint64_t *sid, const uint32_t *spos, int *bad, void *work)
 {
     int greedy = T == 0.0f;
-    if (B)
-        QD_LAUNCH(k_sample, B, QD_SAMPLE_LANES, tok, lp, lpk, logits, V, greedy ? 1.0f : T, greedy, seed, sid, spos,
-                  bad);
+    float Ts = greedy ? 1.0f : T;
+    if (B == 0)
+        return QD_OK;
+    size_t nl = (size_t)B * QD_SAMPLE_LANES;
+    float *lmx = (float *)work, *lsum = lmx + nl, *rm = lsum + nl;
+    int32_t *lam = (int32_t *)(rm + B), *ra = lam + nl;
+    dim3 grid(QD_SAMPLE_PARTS, (unsigned)B);
+    QD_LAUNCH(k_sample_max, grid, QD_SAMPLE_PT, lmx, lam, logits, V, Ts, bad);
+    QD_LAUNCH(k_sample_exp, grid, QD_SAMPLE_PT, lsum, rm, ra, lmx, lam, logits, V, Ts);
+    QD_LAUNCH(k_sample_draw, (unsigned)B, QD_SAMPLE_LANES, tok, lp, lpk, lsum, rm, ra, logits, V, Ts, greedy, seed,
+              sid, spos);
     return QD_OK;
+}
+
+extern "C" size_t qdk_sample_work_bytes(int B)
+{
+    return (size_t)B * (3 * sizeof(float) * QD_SAMPLE_LANES + 2 * sizeof(float));
 }
 
 __global__ void k_logprob_bwd(float *dlogits, const float *dlogp, const float *logits, const float *lse,

@@ -131,9 +131,11 @@ qd_status qdk_logprob(float *logp, float *lse, float *s, const float *logits, co
 /* qd_sample_batch's rows without a top-k or top-p cut (top_k <= 0 or >= V,
  * top_p >= 1; T = 0 greedy): token, logprob, logprob_kept (B) of logits (B, V)
  * at (seed, sid[b], spos[b]) (device arrays); *bad (device int) = 1 when a
- * logit or logit / T is not finite (the results are then unspecified). */
+ * logit or logit / T is not finite (the results are then unspecified). work:
+ * device scratch of qdk_sample_work_bytes(B). */
 qd_status qdk_sample(int32_t *tok, float *lp, float *lpk, const float *logits, int B, int V, float T,
-                     uint64_t seed, const uint64_t *sid, const uint32_t *spos, int *bad);
+                     uint64_t seed, const uint64_t *sid, const uint32_t *spos, int *bad, void *work);
+size_t qdk_sample_work_bytes(int B);
 /* logprob_backward: dlogits (N, V). */
 qd_status qdk_logprob_backward(float *dlogits, const float *dlogp, const float *logits, const float *lse,
                                const int32_t *tgt, int N, int V, float T);

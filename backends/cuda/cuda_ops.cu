@@ -635,7 +635,8 @@ static qd_status cuda_sample(void *dev, qd_sample_result *out, const float *logi
         return sample_on_host(d, out, logits, B, V, p, seq_ids, positions);
     size_t nb = (size_t)B;
     void *buf;
-    QD_TRY(scratch(d, D_SAMPLE, 8 * nb + 4 * nb * 4, &buf));
+    size_t head = (8 * nb + 4 * nb * 4 + 255) & ~(size_t)255;
+    QD_TRY(scratch(d, D_SAMPLE, head + qdk_sample_work_bytes(B), &buf));
     uint64_t *sid = (uint64_t *)buf;
     uint32_t *spos = (uint32_t *)(sid + nb);
     int32_t *tok = (int32_t *)(spos + nb);
@@ -643,7 +644,8 @@ static qd_status cuda_sample(void *dev, qd_sample_result *out, const float *logi
     QD_TRY(cuda_to_dev(d, sid, seq_ids, sizeof(uint64_t) * nb));
     QD_TRY(cuda_to_dev(d, spos, positions, sizeof(uint32_t) * nb));
     QD_CUDA_CHECK(cudaMemset(d->d_bad, 0, sizeof(int)));
-    QD_TRY(qdk_sample(tok, lp, lpk, logits, B, V, p->temperature, p->seed, sid, spos, d->d_bad));
+    QD_TRY(qdk_sample(tok, lp, lpk, logits, B, V, p->temperature, p->seed, sid, spos, d->d_bad,
+                      (char *)buf + head));
     int bad = 0;
     QD_TRY(cuda_to_host(d, &bad, d->d_bad, sizeof bad));
     if (bad)
