@@ -205,6 +205,72 @@ START_TEST(test_f32_random_encoders)
 }
 END_TEST
 
+/* One value through the branch-free twins of quant/numerics.h (the CUDA
+ * quantizer's encoders) against the canonical encoders: the E2M1 code, the
+ * rounded magnitude (a + M) - M the fake-quant kernel uses, and for |v| <= 448
+ * the block-scale code and value. Counts mismatches (ck_assert per value is
+ * slow), the first one printed. */
+static int64_t rn_bad;
+
+static void check_rn_twins(float v)
+{
+    if (isnan(v))
+        return;
+    uint32_t e, t, idx = qd_e2m1_index_rn(v);
+    uint8_t code = qd_e2m1_from_f32(v), c = 0;
+    qd_e2m1_rn_parts(v, &e, &t);
+    int bad = (idx | ((qd_f32_bits(v) >> 28) & 8u)) != code ||
+              qd_bits_f32(t) - qd_bits_f32((e + 22u) << 23) != fabsf(qd_e2m1_to_f32(code));
+    float a = fabsf(v), val = 0.0f;
+    if (a <= QD_E4M3_MAX) {
+        c = qd_e4m3_scale_rn(a, &val);
+        bad |= c != qd_e4m3_from_f32(a) || qd_f32_bits(val) != qd_f32_bits(qd_e4m3_to_f32(c));
+    }
+    if (bad && rn_bad++ == 0)
+        fprintf(stderr, "rn twins: v = %a: e2m1 %u (want 0x%x), e4m3 0x%02x = %a (want 0x%02x)\n",
+                (double)v, idx, code, c, (double)val, qd_e4m3_from_f32(a));
+}
+
+/* Each float within `ulps` of v, both signs. */
+static void check_rn_window(float v, int ulps)
+{
+    uint32_t b = qd_f32_bits(v);
+    for (int d = -ulps; d <= ulps; d++) {
+        if ((int64_t)b + d < 0)
+            continue;
+        check_rn_twins(qd_bits_f32(b + (uint32_t)d));
+        check_rn_twins(-qd_bits_f32(b + (uint32_t)d));
+    }
+}
+
+/* The twins on every BF16 pattern with low halves that set the round, tie and
+ * sticky bits, around every E2M1 value and midpoint and every E4M3 value and
+ * midpoint, and on random bit patterns. (Every float was compared once when
+ * they were written; tests/gpu/check_quant compares every float on the GPU.) */
+START_TEST(test_rn_twins)
+{
+    static const uint32_t low[] = {0x0000, 0x0001, 0x3fff, 0x7fff, 0x8000, 0x8001, 0xffff};
+    rn_bad = 0;
+    static const float e2m1_pts[] = {0.25f, 0.5f, 0.75f, 1.0f, 1.25f, 1.5f, 1.75f, 2.0f, 2.5f,
+                                     3.0f,  3.5f, 4.0f,  5.0f, 6.0f, 7.0f, 8.0f, FLT_MIN, 0.0f};
+    for (uint32_t h = 0; h < 65536; h++)
+        for (size_t i = 0; i < sizeof low / sizeof low[0]; i++)
+            check_rn_twins(qd_bits_f32(h << 16 | low[i]));
+    for (size_t i = 0; i < sizeof e2m1_pts / sizeof e2m1_pts[0]; i++)
+        check_rn_window(e2m1_pts[i], 4096);
+    for (int c = 0; c < 0x7e; c++) {
+        float lo = qd_e4m3_to_f32((uint8_t)c), hi = qd_e4m3_to_f32((uint8_t)(c + 1));
+        check_rn_window(lo, 64);
+        check_rn_window(0.5f * (lo + hi), 256); /* exact: the midpoint has one more bit */
+    }
+    check_rn_window(QD_E4M3_MAX, 64);
+    rng_state = 1301;
+    for (int i = 0; i < 300000; i++)
+        check_rn_twins(qd_bits_f32((uint32_t)rng_next()));
+    ck_assert_int_eq(rn_bad, 0);
+}
+END_TEST
+
 /* Reference BF16 rounding: the nearer of the two neighbours, ties to the even one. */
 static uint16_t ref_bf16(float f)
 {
@@ -1144,6 +1210,7 @@ Suite *suite_quant(void)
     tcase_add_test(codecs, test_bf16_all_patterns);
     tcase_add_test(codecs, test_bf16_rounding);
     tcase_add_test(codecs, test_f32_random_encoders);
+    tcase_add_test(codecs, test_rn_twins);
     suite_add_tcase(s, codecs);
     TCase *nvfp4 = tcase_create("nvfp4");
     tcase_add_test(nvfp4, test_golden_vectors);

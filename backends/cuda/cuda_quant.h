@@ -71,6 +71,10 @@ qd_status qd_cuda_w4a4_gemm_tc_async(float *y, const qd_nvfp4 *a, const qd_nvfp4
  * coalesced copies, any K % 16 == 0. qd_cuda_w4a4_legacy = 1 (benchmarks only)
  * selects the kernels before it, for the side-by-side table. */
 extern int qd_cuda_w4a4_legacy;
+/* qd_cuda_quant_legacy = 1 (benchmarks only) selects the quantizer kernels before
+ * issue 13's (the software encoder one block a thread, a memset and an atomic a
+ * warp for the amax), for the side-by-side table; the same bits either way. */
+extern int qd_cuda_quant_legacy;
 
 /* Grouped (MoE experts): for g < ngroups, rows row_off[g] .. row_off[g+1]-1 of
  * A and y times W = *w[g] (all of one shape), one launch; the same bits as one

@@ -261,19 +261,20 @@ static void check_rac(const char *dist, const float *x, const float *dx, int64_t
     int64_t n = K / 8;
     std::vector<int64_t> ch = random_channels(K, n);
     int64_t *dch = to_dev(ch.data(), ch.size());
-    for (int w = 0; w < 2; w++) {
+    for (int w = 0; w < 3; w++) { /* act per row, act per tensor, weight (per tensor) */
         qd_nvfp4 c, g;
-        qd_scale_kind per_row = w ? QD_SCALE_PER_TENSOR : QD_SCALE_PER_ROW;
+        qd_scale_kind per_row = w == 0 ? QD_SCALE_PER_ROW : QD_SCALE_PER_TENSOR;
         QD_STATUS_DIE(qd_nvfp4_alloc(&c, rows, K + n, per_row));
         QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&g, rows, K + n, per_row));
-        if (w) {
+        if (w == 2) {
             QD_STATUS_DIE(qd_rac_augment_weight(&c, x, rows, K, ch.data(), n));
             QD_STATUS_DIE(qd_cuda_rac_augment_weight(&g, dx, rows, K, dch, n));
         } else {
             QD_STATUS_DIE(qd_rac_augment_act(&c, x, rows, K, ch.data(), n));
             QD_STATUS_DIE(qd_cuda_rac_augment_act(&g, dx, rows, K, dch, n));
         }
-        report(w ? "RAC augment weight" : "RAC augment act", dist, rows * (K + n), diff_nvfp4(&g, &c));
+        report(w == 2 ? "RAC augment weight" : w ? "RAC augment act p-t" : "RAC augment act", dist,
+               rows * (K + n), diff_nvfp4(&g, &c));
         qd_nvfp4_free(&c);
         qd_cuda_nvfp4_free(&g);
     }
@@ -369,6 +370,150 @@ static void check_all_bf16(void)
     float *dx = to_dev(x.data(), x.size());
     check_fp8("bf16 all", x.data(), dx, n / 16, 16);
     cudaFree(dx);
+}
+
+/* ---- the quantizer at the benchmark's shapes (bench/bench_quant.cu) and at the
+ * edges of its kernels' layouts: odd row counts, rows of 1 block and of more
+ * blocks than a CTA holds in registers (1024), per tensor and per row, from
+ * float32 and from BF16, and fake-quant */
+
+/* One NVFP4 block of the shape tests, its kind by the block's hash: exact ties
+ * (E2M1 points and midpoints times 2^e, amax 6 * 2^e, so with S_enc = 1 the
+ * scale is 2^e and every product lands on a point or a midpoint), normals over
+ * 2^-30 .. 2^10, all zero (either sign), values near 2^-140 (the block scale
+ * E4M3-subnormal or zero), BF16-exact normals. Each row holds one 2688, so
+ * S_enc = 1 per row and per tensor and the ties stay exact. */
+static uint64_t mix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static float unit(uint64_t h) { return (float)((h >> 40) & 0xffffff) / 16777216.0f; } /* [0, 1) */
+
+static void fill_block(float *b, uint64_t blk)
+{
+    static const float pts[15] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 0.0f,
+                                  0.5f,  1.0f,  1.5f,  2.0f,  3.0f, 4.0f, 6.0f};
+    uint64_t h = mix(blk * 0x9e3779b97f4a7c15ULL + 1);
+    int kind = (int)(h % 10), e = (int)((h >> 8) % 40) - 30;
+    for (int i = 0; i < 16; i++) {
+        uint64_t g = mix(h + (uint64_t)i);
+        float sgn = (g >> 63) ? -1.0f : 1.0f, u = unit(g);
+        switch (kind) {
+        case 0: case 1: /* ties */
+            b[i] = sgn * ldexpf(pts[g % 15], e % 18 - 9);
+            break;
+        case 2: /* zeros */
+            b[i] = sgn * 0.0f;
+            break;
+        case 3: /* tiny */
+            b[i] = sgn * ldexpf(u, -140 + (int)(g % 16));
+            break;
+        default: /* normals over 40 binades; some BF16-exact */
+            b[i] = sgn * ldexpf(1.0f + u, e);
+            if (kind == 9)
+                b[i] = qd_round_bf16(b[i]);
+            break;
+        }
+    }
+    if (kind < 2)
+        b[(h >> 20) % 16] = ((h >> 30) & 1 ? -6.0f : 6.0f) * ldexpf(1.0f, e % 18 - 9);
+}
+
+static void fill_shape(float *x, int64_t rows, int64_t cols)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t b = 0; b < cols / 16; b++)
+            fill_block(x + r * cols + b * 16, (uint64_t)(r * (cols / 16) + b));
+        x[r * cols + (int64_t)(mix((uint64_t)r) % (uint64_t)cols)] = (r & 1) ? -2688.0f : 2688.0f;
+    }
+}
+
+/* quantize (float32 and BF16 in) and fake-quant of one shape, both scopes. */
+static void check_shape(int64_t rows, int64_t cols)
+{
+    size_t n = (size_t)(rows * cols);
+    std::vector<float> x(n);
+    std::vector<uint16_t> xb(n);
+    fill_shape(x.data(), rows, cols);
+    char name[64];
+    snprintf(name, sizeof name, "%lld x %lld", (long long)rows, (long long)cols);
+    float *dx = to_dev(x.data(), n), *dout;
+    QD_CUDA_DIE(cudaMalloc((void **)&dout, n * sizeof(float)));
+    for (qd_scale_kind per_row : {QD_SCALE_PER_TENSOR, QD_SCALE_PER_ROW}) {
+        qd_nvfp4 c, g;
+        QD_STATUS_DIE(qd_nvfp4_alloc(&c, rows, cols, per_row));
+        QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&g, rows, cols, per_row));
+        QD_STATUS_DIE(qd_nvfp4_quantize(&c, x.data()));
+        QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&g, dx));
+        report(per_row ? "quantize per-row" : "quantize per-tensor", name, (long long)n, diff_nvfp4(&g, &c));
+        std::vector<float> cf(n);
+        qd_nvfp4_dequantize(cf.data(), &c);
+        QD_STATUS_DIE(qd_cuda_nvfp4_fake_quant(dout, dx, rows, cols, per_row));
+        report(per_row ? "fake-quant per-row" : "fake-quant per-tensor", name, (long long)n,
+               diff(to_host(dout, n).data(), cf.data(), n, 4));
+        /* BF16 in: the CPU quantizes the rounded floats */
+        for (size_t i = 0; i < n; i++) {
+            xb[i] = qd_bf16_from_f32(x[i]);
+            cf[i] = qd_bf16_to_f32(xb[i]);
+        }
+        QD_STATUS_DIE(qd_nvfp4_quantize(&c, cf.data()));
+        uint16_t *dxb = to_dev(xb.data(), n);
+        QD_STATUS_DIE(qd_cuda_nvfp4_quantize_bf16(&g, dxb));
+        report(per_row ? "quantize bf16-in per-row" : "quantize bf16-in per-tensor", name, (long long)n,
+               diff_nvfp4(&g, &c));
+        cudaFree(dxb);
+        qd_nvfp4_free(&c);
+        qd_cuda_nvfp4_free(&g);
+    }
+    cudaFree(dx);
+    cudaFree(dout);
+}
+
+static void check_shapes(int big)
+{
+    static const int64_t shapes[][2] = {
+        {2048, 768}, {4096, 14336}, {151936, 2048}, /* bench_quant's: expert, FFN, lm_head */
+        {1, 16},     {3, 48},       {37, 2064},     /* odd rows, 129 blocks a row */
+        {5, 16400},  {2, 65536},    {1000, 64},     /* 1025 and 4096 blocks a row: read twice */
+        {333, 4112},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        if (big || shapes[i][0] * shapes[i][1] <= ((int64_t)1 << 26))
+            check_shape(shapes[i][0], shapes[i][1]);
+}
+
+/* ---- the branch-free encoders (quant/numerics.h's twins) on every float */
+__global__ void rn_twins_kernel(unsigned long long *bad, uint32_t hi)
+{
+    unsigned long long n = 0;
+    for (uint32_t lo = blockIdx.x * blockDim.x + threadIdx.x; lo < 65536u; lo += gridDim.x * blockDim.x) {
+        uint32_t u = hi << 16 | lo;
+        float v = __uint_as_float(u), a = fabsf(v), val;
+        if (v != v)
+            continue;
+        n += (qd_e2m1_index_rn(v) | ((u >> 28) & 8u)) != qd_e2m1_from_f32(v);
+        if (a <= QD_E4M3_MAX) {
+            uint8_t c = qd_e4m3_scale_rn(a, &val);
+            n += c != qd_e4m3_from_f32(a) || __float_as_uint(val) != __float_as_uint(qd_e4m3_to_f32(c));
+        }
+    }
+    if (n)
+        atomicAdd(bad, n);
+}
+
+static void check_rn_twins(void)
+{
+    unsigned long long *dbad, bad = 0;
+    QD_CUDA_DIE(cudaMalloc((void **)&dbad, sizeof bad));
+    QD_CUDA_DIE(cudaMemset(dbad, 0, sizeof bad));
+    for (uint32_t hi = 0; hi < 65536u; hi++)
+        rn_twins_kernel<<<64, 256>>>(dbad, hi);
+    QD_CUDA_DIE(cudaMemcpy(&bad, dbad, sizeof bad, cudaMemcpyDeviceToHost));
+    cudaFree(dbad);
+    report("e2m1/e4m3 rn encoders", "all 2^32 floats", 1LL << 32, (long long)bad);
 }
 
 /* ---- the canonical W4A4 product */
@@ -602,6 +747,8 @@ int main(int argc, char **argv)
            "bits equal");
     printf("|%s|%s|%s|%s|%s|\n", "------------------------", "----------------", "--------------",
            "------------", "-----");
+    check_rn_twins();
+    check_shapes(getenv("CHECK_QUANT_SMALL") == NULL);
     for (int d = 0; d < NDIST; d++)
         check_distribution(d, rows);
     check_all_bf16();
