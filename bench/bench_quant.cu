@@ -164,11 +164,11 @@ static void bench_quantize(const char *model, int64_t rows, int64_t cols, double
         for (int legacy = 0; legacy < 2; legacy++) {
             qd_nvfp4 *qq = &q[legacy];
             float *out = fq[legacy];
-            QD_STATUS_DIE(qd_cuda_nvfp4_alloc(qq, rows, cols, c.per_row));
+            QD_STATUS_DIE(qd_cuda_nvfp4_alloc(qq, rows, cols, c.per_row ? QD_SCALE_PER_ROW : QD_SCALE_PER_TENSOR));
             qd_cuda_quant_legacy = legacy;
             ms[legacy] = time_ms([&] {
                 if (c.fake)
-                    QD_STATUS_DIE(qd_cuda_nvfp4_fake_quant_async(out, x, rows, cols, 0));
+                    QD_STATUS_DIE(qd_cuda_nvfp4_fake_quant_async(out, x, rows, cols, QD_SCALE_PER_TENSOR));
                 else if (c.bf16)
                     QD_STATUS_DIE(qd_cuda_nvfp4_quantize_bf16_async(qq, xb));
                 else
@@ -323,7 +323,7 @@ static void bench_gemv(cublasLtHandle_t h)
     qd_nvfp4 qw, qa;
     void *wb, *ab, *w8, *a8, *yb;
     float *y, *scales;
-    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&qw, N, K, 0));
+    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&qw, N, K, QD_SCALE_PER_TENSOR));
     QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&qw, w));
     QD_CUDA_DIE(cudaMalloc(&wb, (size_t)(N * K) * 2));
     QD_CUDA_DIE(cudaMalloc(&ab, (size_t)(64 * K) * 2));
@@ -348,7 +348,7 @@ static void bench_gemv(cublasLtHandle_t h)
            "FP8 us | FP8 TB/s | BF16/W4A4 | BF16/W4A4-TC | BF16/FP8 |\n"
            "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int64_t M : Ms) {
-        QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&qa, M, K, 1));
+        QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&qa, M, K, QD_SCALE_PER_ROW));
         QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&qa, a));
         float t4 = time_ms([&] { QD_STATUS_DIE(qd_cuda_w4a4_gemm_async(y, &qa, &qw)); });
         float tc = time_ms([&] { QD_STATUS_DIE(qd_cuda_w4a4_gemm_tc_async(y, &qa, &qw)); });
@@ -400,7 +400,7 @@ static void bench_grouped(void)
         std::vector<const qd_nvfp4 *> pw((size_t)E);
         float *wf = random_dev(N * K, 21);
         for (int e = 0; e < E; e++) {
-            QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&w[(size_t)e], N, K, 0));
+            QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&w[(size_t)e], N, K, QD_SCALE_PER_TENSOR));
             QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&w[(size_t)e], wf));
             pw[(size_t)e] = &w[(size_t)e];
         }
@@ -429,7 +429,7 @@ static void bench_grouped(void)
             int64_t R = off[(size_t)E];
             float *af = random_dev(R * K, 23), *y;
             qd_nvfp4 a;
-            QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&a, R, K, 1));
+            QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&a, R, K, QD_SCALE_PER_ROW));
             QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&a, af));
             QD_CUDA_DIE(cudaMalloc((void **)&y, (size_t)(R * N) * sizeof(float)));
             qd_cuda_w4a4_legacy = 0;
@@ -471,8 +471,8 @@ static void bench_lm_head(void)
     printf("\n| lm_head x . W^T exact, M | new us | new TFLOP/s | new weight TB/s | before us | speedup |\n"
            "|---|---|---|---|---|---|\n");
     for (int M : Ms) {
-        float tn = time_ms([&] { QD_STATUS_DIE(qdk_matmul_wt(y, a, w, 0, M, (int)N, (int)K, 1)); });
-        float to = time_ms([&] { QD_STATUS_DIE(qdk_matmul(y, a, K, 1, w, 1, K, M, (int)N, (int)K, 0)); });
+        float tn = time_ms([&] { QD_STATUS_DIE(qdk_matmul_wt(y, a, w, QDK_F32, M, (int)N, (int)K, QD_PREC_BF16)); });
+        float to = time_ms([&] { QD_STATUS_DIE(qdk_matmul(y, a, w, M, (int)N, (int)K, QDK_NT, QDK_OVERWRITE)); });
         printf("| %d | %.1f | %.2f | %.2f | %.1f | %.2fx |\n", M, tn * 1e3, 2.0 * M * N * K / (tn * 1e-3) / 1e12,
                4.0 * N * K / (tn * 1e-3) / 1e12, to * 1e3, to / tn);
     }

@@ -135,7 +135,7 @@ qd_status qd_rl_report(const char *const *runs, const char *const *names, int n,
                                            {"gap.svg", "gap.mean_abs", "rollout-trainer log-prob gap",
                                             "mean |logp_trainer - logp_rollout|"}};
     for (int k = 0; k < 3 && !st; k++) {
-        qd_svg_plot plot = {keys[k][2], "step", keys[k][3], 0, 0};
+        qd_svg_plot plot = {.title = keys[k][2], .xlabel = "step", .ylabel = keys[k][3]};
         snprintf(p, sizeof p, "%s/%s", out_dir, keys[k][0]);
         st = qd_svg_write_metric(p, &plot, keys[k][1], met, nm, n);
         if (st == QD_ERR_ARG) /* no finite point (e.g. evals off): an empty plot is no error */

@@ -213,7 +213,7 @@ qd_status qd_svg_write_metric(const char *path, const qd_svg_plot *plot, const c
     for (int i = 0; st == QD_OK && i < n_runs; i++) {
         double *x, *y;
         st = qd_metrics_read_series(metrics[i], key, &x, &y, &s[i].n);
-        s[i] = (qd_svg_series){names[i], x, y, s[i].n};
+        s[i] = (qd_svg_series){.name = names[i], .x = x, .y = y, .n = s[i].n};
     }
     if (st == QD_OK)
         st = qd_svg_write(path, plot, s, n_runs);

@@ -1359,13 +1359,21 @@ static qd_status check_in(const char *fn, const void *x)
     return QD_OK;
 }
 
-extern "C" qd_status qd_cuda_nvfp4_alloc(qd_nvfp4 *q, int64_t rows, int64_t cols, int per_row)
+static qd_status check_scale(const char *fn, qd_scale_kind scale)
 {
+    if (scale != QD_SCALE_PER_TENSOR && scale != QD_SCALE_PER_ROW)
+        return qd_error(QD_ERR_ARG, "%s: scale kind %d", fn, (int)scale);
+    return QD_OK;
+}
+
+extern "C" qd_status qd_cuda_nvfp4_alloc(qd_nvfp4 *q, int64_t rows, int64_t cols, qd_scale_kind scale)
+{
+    QD_TRY(check_scale("qd_cuda_nvfp4_alloc", scale));
     QD_TRY(check_shape("qd_cuda_nvfp4_alloc", rows, cols));
-    qd_nvfp4 z = {rows, cols, NULL, NULL, NULL, per_row};
+    qd_nvfp4 z = {.rows = rows, .cols = cols, .codes = NULL, .scales = NULL, .s_dec = NULL, .per_row = scale};
     *q = z;
     size_t nc = (size_t)(rows * cols / 2), ns = (size_t)(rows * cols / 16);
-    size_t nd = (size_t)(per_row ? rows : 1);
+    size_t nd = (size_t)(scale == QD_SCALE_PER_ROW ? rows : 1);
     if (cudaMalloc((void **)&q->codes, nc ? nc : 1) != cudaSuccess ||
         cudaMalloc((void **)&q->scales, ns ? ns : 1) != cudaSuccess ||
         cudaMalloc((void **)&q->s_dec, (nd ? nd : 1) * sizeof(float)) != cudaSuccess) {
@@ -1619,23 +1627,25 @@ extern "C" qd_status qd_cuda_nvfp4_dequantize(float *out, const qd_nvfp4 *q)
 }
 
 extern "C" qd_status qd_cuda_nvfp4_fake_quant_async(float *out, const float *x, int64_t rows, int64_t cols,
-                                                    int per_row)
+                                                    qd_scale_kind scale)
 {
+    QD_TRY(check_scale("qd_cuda_nvfp4_fake_quant", scale));
     QD_TRY(check_shape("qd_cuda_nvfp4_fake_quant", rows, cols));
     QD_TRY(check_in("qd_cuda_nvfp4_fake_quant", x));
     QD_TRY(check_in("qd_cuda_nvfp4_fake_quant", out));
     qout none = {NULL, NULL, 0, 0};
-    return launch_quantize(none, out, NULL, x, rows, cols, per_row);
+    return launch_quantize(none, out, NULL, x, rows, cols, scale == QD_SCALE_PER_ROW);
 }
 
 extern "C" qd_status qd_cuda_nvfp4_fake_quant(float *out, const float *x, int64_t rows,
-                                              int64_t cols, int per_row)
+                                              int64_t cols, qd_scale_kind scale)
 {
+    QD_TRY(check_scale("qd_cuda_nvfp4_fake_quant", scale));
     QD_TRY(check_shape("qd_cuda_nvfp4_fake_quant", rows, cols));
     QD_TRY(check_in("qd_cuda_nvfp4_fake_quant", x));
     QD_TRY(check_in("qd_cuda_nvfp4_fake_quant", out));
     qout none = {NULL, NULL, 0, 0};
-    QD_TRY(launch_quantize(none, out, NULL, x, rows, cols, per_row));
+    QD_TRY(launch_quantize(none, out, NULL, x, rows, cols, scale == QD_SCALE_PER_ROW));
     return qd_cuda_nonfinite_check();
 }
 
