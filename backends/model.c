@@ -208,21 +208,21 @@ static size_t nvfp4_bytes(int64_t rows, int64_t cols)
     return up256((size_t)(rows * cols / 2)) + up256((size_t)(rows * cols / 16)) + sizeof(float) * (size_t)rows;
 }
 
-static void nvfp4_view(qd_nvfp4 *a, void *mem, int64_t rows, int64_t cols, int per_row)
+static void nvfp4_view(qd_nvfp4 *a, void *mem, int64_t rows, int64_t cols, qd_scale_kind scale)
 {
     a->rows = rows;
     a->cols = cols;
     a->codes = (uint8_t *)mem;
     a->scales = a->codes + up256((size_t)(rows * cols / 2));
     a->s_dec = (float *)(a->scales + up256((size_t)(rows * cols / 16)));
-    a->per_row = per_row;
+    a->per_row = scale;
 }
 
 static qd_status act_nvfp4(model *c, qd_nvfp4 *a, int64_t rows, int64_t cols)
 {
     void *p;
     QD_TRY(scratch(c, S_ACT, nvfp4_bytes(rows, cols), &p));
-    nvfp4_view(a, p, rows, cols, 1);
+    nvfp4_view(a, p, rows, cols, QD_SCALE_PER_ROW);
     return QD_OK;
 }
 
@@ -235,7 +235,7 @@ static qd_status weight_nvfp4(model *c, linear *L, int64_t rows, int64_t cols)
         drelease(c, L->wq_mem, nvfp4_bytes(L->wq.rows, L->wq.cols), QD_MEM_QUANT);
     L->wq_mem = NULL;
     QD_TRY(dalloc(c, &L->wq_mem, nvfp4_bytes(rows, cols), QD_MEM_QUANT, "NVFP4 weights"));
-    nvfp4_view(&L->wq, L->wq_mem, rows, cols, 0);
+    nvfp4_view(&L->wq, L->wq_mem, rows, cols, QD_SCALE_PER_TENSOR);
     return QD_OK;
 }
 
@@ -277,7 +277,7 @@ static qd_status measure_act_rows(model *c, linear *const *L, const int32_t *off
     void *xh, *sums;
     QD_TRY(scratch(c, S_XH, sizeof(float) * (size_t)rows * in, &xh));
     QD_TRY(scratch(c, S_DIAG, sizeof(double) * 2 * (size_t)rows, &sums));
-    QD_TRY(OP(c, nvfp4_fake_quant, (float *)xh, inp, rows, in, 1));
+    QD_TRY(OP(c, nvfp4_fake_quant, (float *)xh, inp, rows, in, QD_SCALE_PER_ROW));
     double *e = (double *)sums;
     QD_TRY(OP(c, sqerr_rows, e, e + rows, inp, (const float *)xh, rows, in));
     double *h = malloc(sizeof(double) * 2 * (size_t)(rows ? rows : 1));
@@ -332,7 +332,7 @@ static qd_status effective_input(model *c, const float **xe, const float *inp, c
     QD_TRY(scratch(c, S_XE, sizeof(float) * (n ? n : 1), &p));
     *xe = p;
     if (L->mode == QD_LINEAR_SYM_QAT || L->mode == QD_LINEAR_W4A4_STE || L->mode == QD_LINEAR_ACT_QAT)
-        return OP(c, nvfp4_fake_quant, p, inp, N, L->in, 1);
+        return OP(c, nvfp4_fake_quant, p, inp, N, L->in, QD_SCALE_PER_ROW);
     if (L->mode == QD_LINEAR_W4A4_RAC_STE)
         return N ? OP(c, rac_fake_quant, p, inp, N, L->in, L->d_rac_ch, L->nrac) : QD_OK;
     return OP(c, round_bf16, p, inp, n);
@@ -412,7 +412,7 @@ static qd_status measure_weight_error(model *c, linear *L)
     QD_TRY(scratch(c, S_XH, sizeof(float) * (size_t)L->out * L->in, &wh));
     QD_TRY(scratch(c, S_DIAG, sizeof(double) * 2 * (size_t)L->out, &sums));
     const float *w = c->params + L->w;
-    QD_TRY(OP(c, nvfp4_fake_quant, wh, w, L->out, L->in, 0));
+    QD_TRY(OP(c, nvfp4_fake_quant, wh, w, L->out, L->in, QD_SCALE_PER_TENSOR));
     double *e = sums;
     QD_TRY(OP(c, sqerr_rows, e, e + L->out, w, wh, L->out, L->in));
     double *h = malloc(sizeof(double) * 2 * (size_t)L->out), num = 0, den = 0;
@@ -438,7 +438,7 @@ static qd_status sync_linear(model *c, linear *L)
     if (is_rollout_quant(L->mode))
         QD_TRY(sync_rollout_linear(c, L));
     if (is_fake_quant_weight(L->mode))
-        return OP(c, nvfp4_fake_quant, c->wk + L->w, c->params + L->w, L->out, L->in, 0);
+        return OP(c, nvfp4_fake_quant, c->wk + L->w, c->params + L->w, L->out, L->in, QD_SCALE_PER_TENSOR);
     return QD_OK; /* BF16: rounded with everything else */
 }
 
@@ -714,6 +714,96 @@ static qd_status expert_set_make(model *c, expert_set *x, const layer *ly, int w
     return QD_OK;
 }
 
+/* The grouped ops of the experts, or where a backend leaves one NULL
+ * (ops.h) one call of its plain op per expert on that expert's rows: the
+ * same bits, each grouped op being defined as that loop. */
+
+/* Rows r0 .. r0+m-1 of an NVFP4 matrix (a view of its buffers). */
+static qd_nvfp4 nvfp4_rows(const qd_nvfp4 *a, int64_t r0, int64_t m)
+{
+    qd_nvfp4 v = *a;
+    v.rows = m;
+    v.codes = a->codes + r0 * (a->cols / 2);
+    v.scales = a->scales + r0 * (a->cols / QD_NVFP4_BLOCK);
+    if (a->per_row == QD_SCALE_PER_ROW)
+        v.s_dec = a->s_dec + r0;
+    return v;
+}
+
+static qd_status grouped_matmul(model *c, float *out, const float *x, const float *const *w, const int32_t *off,
+                                int E, int IC, int OC, qd_prec prec)
+{
+    if (c->ops->matmul_grouped)
+        return OP(c, matmul_grouped, out, x, w, off, E, IC, OC);
+    for (int e = 0; e < E; e++) {
+        int r0 = off[e], m = off[e + 1] - r0;
+        if (m)
+            QD_TRY(OP(c, matmul, out + (size_t)r0 * OC, x + (size_t)r0 * IC, w[e], m, IC, OC, prec));
+    }
+    return QD_OK;
+}
+
+static qd_status grouped_matmul_backward(model *c, float *dinp, float *const *dw, const float *dout,
+                                         const float *x, const float *const *w, const int32_t *off, int E, int IC,
+                                         int OC)
+{
+    if (c->ops->matmul_grouped_backward)
+        return OP(c, matmul_grouped_backward, dinp, dw, dout, x, w, off, E, IC, OC);
+    for (int e = 0; e < E; e++) {
+        int r0 = off[e], m = off[e + 1] - r0;
+        if (m)
+            QD_TRY(OP(c, matmul_backward, dinp ? dinp + (size_t)r0 * IC : NULL, dw[e], dout + (size_t)r0 * OC,
+                      x + (size_t)r0 * IC, w[e], m, IC, OC));
+    }
+    return QD_OK;
+}
+
+static qd_status grouped_fp8_gemm(model *c, float *y, const uint8_t *qa, const float *sa_inv,
+                                  const uint8_t *const *qw, const float *const *sw_inv, const int32_t *off, int E,
+                                  int N, int K)
+{
+    if (c->ops->fp8_gemm_grouped)
+        return OP(c, fp8_gemm_grouped, y, qa, sa_inv, qw, sw_inv, off, E, N, K);
+    for (int e = 0; e < E; e++) {
+        int r0 = off[e], m = off[e + 1] - r0;
+        if (m)
+            QD_TRY(OP(c, fp8_gemm, y + (size_t)r0 * N, qa + (size_t)r0 * K, sa_inv + r0, qw[e], sw_inv[e], m, N,
+                      K));
+    }
+    return QD_OK;
+}
+
+static qd_status grouped_w4a4_gemm(model *c, float *y, const qd_nvfp4 *a, const qd_nvfp4 *const *w,
+                                   const int32_t *off, int E)
+{
+    if (c->ops->w4a4_gemm_grouped)
+        return OP(c, w4a4_gemm_grouped, y, a, w, off, E);
+    for (int e = 0; e < E; e++) {
+        int r0 = off[e], m = off[e + 1] - r0;
+        qd_nvfp4 v = nvfp4_rows(a, r0, m);
+        if (m)
+            QD_TRY(OP(c, w4a4_gemm, y + (size_t)r0 * (size_t)w[e]->rows, &v, w[e]));
+    }
+    return QD_OK;
+}
+
+static qd_status grouped_rac(model *c, qd_nvfp4 *a, double *const *err, const int64_t *const *ch,
+                             const int32_t *off, int E, const float *x, int K, int64_t n)
+{
+    if (c->ops->rac_grouped)
+        return OP(c, rac_grouped, a, err, ch, off, E, x, K, n);
+    for (int e = 0; e < E; e++) {
+        int r0 = off[e], m = off[e + 1] - r0;
+        qd_nvfp4 v = nvfp4_rows(a, r0, m);
+        if (!m)
+            continue;
+        if (err)
+            QD_TRY(OP(c, rac_error, err[e], x + (size_t)r0 * K, m, K));
+        QD_TRY(OP(c, rac_augment_act, &v, x + (size_t)r0 * K, m, K, ch[e], n));
+    }
+    return QD_OK;
+}
+
 static qd_status experts_forward_set(model *c, float *out, const float *inp, const layer_acts *s,
                                      const layer *ly, const expert_set *x)
 {
@@ -726,25 +816,25 @@ static qd_status experts_forward_set(model *c, float *out, const float *inp, con
         qd_nvfp4 a;
         QD_TRY(act_nvfp4(c, &a, R, IC));
         QD_TRY(OP(c, nvfp4_quantize, &a, inp));
-        return OP(c, w4a4_gemm_grouped, out, &a, x->wq, s->exp_off, E);
+        return grouped_w4a4_gemm(c, out, &a, x->wq, s->exp_off, E);
     }
     if (has_rac(L0->mode)) {
         qd_nvfp4 a;
         QD_TRY(act_nvfp4(c, &a, R, IC + L0->nrac));
-        QD_TRY(OP(c, rac_grouped, &a, c->rac_stats ? x->rac_err : NULL, x->rac_ch, s->exp_off, E, inp, IC,
-                  L0->nrac));
-        return OP(c, w4a4_gemm_grouped, out, &a, x->wq, s->exp_off, E);
+        QD_TRY(grouped_rac(c, &a, c->rac_stats ? x->rac_err : NULL, x->rac_ch, s->exp_off, E, inp, IC,
+                           L0->nrac));
+        return grouped_w4a4_gemm(c, out, &a, x->wq, s->exp_off, E);
     }
     if (L0->mode == QD_LINEAR_FP8) {
         void *qa, *sa;
         QD_TRY(scratch(c, S_FP8Q, (size_t)R * IC, &qa));
         QD_TRY(scratch(c, S_FP8S, sizeof(float) * (size_t)R, &sa));
         QD_TRY(OP(c, fp8_quantize_rows, qa, sa, inp, R, IC));
-        return OP(c, fp8_gemm_grouped, out, qa, sa, x->w8, x->w8_inv, s->exp_off, E, OC, IC);
+        return grouped_fp8_gemm(c, out, qa, sa, x->w8, x->w8_inv, s->exp_off, E, OC, IC);
     }
     const float *xe;
     QD_TRY(effective_input(c, &xe, inp, L0, R));
-    return OP(c, matmul_grouped, out, xe, x->w, s->exp_off, E, IC, OC);
+    return grouped_matmul(c, out, xe, x->w, s->exp_off, E, IC, OC, prec_of(L0));
 }
 
 /* out (R, OC) = rows of inp (R, IC) of each expert times its projection `which`. */
@@ -792,7 +882,7 @@ static qd_status experts_backward(model *c, float *dinp, const float *dout, cons
     const float *xe;
     qd_status st = experts_effective_input(c, &xe, inp, s, ly, &x);
     if (!st)
-        st = OP(c, matmul_grouped_backward, dinp, x.dw, dout, xe, x.w, s->exp_off, E, x.L[0]->in, x.L[0]->out);
+        st = grouped_matmul_backward(c, dinp, x.dw, dout, xe, x.w, s->exp_off, E, x.L[0]->in, x.L[0]->out);
     expert_set_free(&x);
     return st;
 }
@@ -813,6 +903,8 @@ static qd_status experts_forward_each(model *c, layer_acts *s, const layer *ly)
     return QD_OK;
 }
 
+static qd_topk_norm topk_norm(const model *c) { return c->cfg.norm_topk_prob ? QD_TOPK_RENORM : QD_TOPK_PROBS; }
+
 /* Route tokens: router softmax, top-k, weights; rows grouped by expert in
  * ascending token order. A dense layer routes every token to "expert 0" with
  * weight 1 (exact: 0 + 1 * y = y). */
@@ -820,7 +912,7 @@ static qd_status route(model *c, layer_acts *s, const layer *ly)
 {
     int N = c->N, E = ly->nexp, K = ly->moe ? c->cfg.num_experts_per_tok : 1;
     if (ly->moe)
-        QD_TRY(OP(c, route, s->topk, s->topw, s->probs, N, E, K, c->cfg.norm_topk_prob));
+        QD_TRY(OP(c, route, s->topk, s->topw, s->probs, N, E, K, topk_norm(c)));
     return OP(c, moe_group, s->exp_off, s->row_tok, s->row_w, s->row_rank, s->tok_rows, ly->moe ? s->topk : NULL,
               s->topw, N, E, K);
 }
@@ -863,8 +955,8 @@ static qd_status attn_forward(model *c, float *out, layer_acts *s, const layer *
     QD_TRY(linear_forward(c, s->v, s->ln1, &c->lin[ly->v], N));
     QD_TRY(OP(c, rmsnorm, s->qr, s->rstd_q, s->q, P(c, ly->q_norm), N * H, D, eps));
     QD_TRY(OP(c, rmsnorm, s->kr, s->rstd_k, s->k, P(c, ly->k_norm), N * KV, D, eps));
-    QD_TRY(OP(c, rope, s->qr, c->d_pos, c->rope_cos, c->rope_sin, N, H, D, 0));
-    QD_TRY(OP(c, rope, s->kr, c->d_pos, c->rope_cos, c->rope_sin, N, KV, D, 0));
+    QD_TRY(OP(c, rope, s->qr, c->d_pos, c->rope_cos, c->rope_sin, N, H, D, QD_ROPE_FORWARD));
+    QD_TRY(OP(c, rope, s->kr, c->d_pos, c->rope_cos, c->rope_sin, N, KV, D, QD_ROPE_FORWARD));
     size_t lsz = (size_t)c->cache_rows * c->Tc * KV * D;
     if (c->kc)
         QD_TRY(OP(c, store_kv, c->kc + l * lsz, c->vc + l * lsz, s->kr, s->v, c->d_row, c->d_pos, N, c->Tc,
@@ -974,7 +1066,7 @@ static qd_status mlp_backward(model *c, float *dinp, const float *dout, const la
     QD_TRY(OP(c, unroute, dinp, dxe, s->tok_rows, N, K, C));
     if (!ly->moe)
         return QD_OK;
-    QD_TRY(OP(c, router_backward, dlog, dw, s->probs, s->topk, s->topw, N, ly->nexp, K, c->cfg.norm_topk_prob));
+    QD_TRY(OP(c, router_backward, dlog, dw, s->probs, s->topk, s->topw, N, ly->nexp, K, topk_norm(c)));
     return linear_backward(c, dinp, dlog, s->ln2, &c->lin[ly->router], N);
 }
 
@@ -998,8 +1090,8 @@ static qd_status attn_backward(model *c, float *dx, const float *dout, const lay
     QD_TRY(linear_backward(c, dao, dout, s->ao, &c->lin[ly->o], N));
     QD_TRY(OP(c, attend_backward, dqr, dkr, dv, ds, dao, s->att, s->qr, s->kr, s->v, c->d_pos, c->d_slen, N, H,
               KV, D, c->Tm));
-    QD_TRY(OP(c, rope, dqr, c->d_pos, c->rope_cos, c->rope_sin, N, H, D, 1));
-    QD_TRY(OP(c, rope, dkr, c->d_pos, c->rope_cos, c->rope_sin, N, KV, D, 1));
+    QD_TRY(OP(c, rope, dqr, c->d_pos, c->rope_cos, c->rope_sin, N, H, D, QD_ROPE_INVERSE));
+    QD_TRY(OP(c, rope, dkr, c->d_pos, c->rope_cos, c->rope_sin, N, KV, D, QD_ROPE_INVERSE));
     QD_TRY(OP(c, rmsnorm_backward, dq, c->grads + ly->q_norm, dqr, s->q, P(c, ly->q_norm), s->rstd_q, N * H, D));
     QD_TRY(OP(c, rmsnorm_backward, dk, c->grads + ly->k_norm, dkr, s->k, P(c, ly->k_norm), s->rstd_k, N * KV,
               D));
@@ -1107,6 +1199,24 @@ static qd_status decode_forward(model *c, gen_state *g, int na)
     return st;
 }
 
+/* out (B): qd_sample_row of each row of the logits (B, V): the ops' sample,
+ * or where it is NULL the logits to the host and backends/sampling.c there. */
+static qd_status sample_rows(model *c, qd_sample_result *out, int B, int V, const qd_sample_params *p,
+                             const uint64_t *sid, const uint32_t *spos)
+{
+    if (c->ops->sample)
+        return OP(c, sample, out, c->logits, B, V, p, sid, spos);
+    size_t bytes = sizeof(float) * (size_t)B * (size_t)V;
+    float *h = malloc(bytes ? bytes : 1);
+    if (!h)
+        return qd_error(QD_ERR_NOMEM, "%s backend: sampling", c->ops->name);
+    qd_status st = OP(c, to_host, h, c->logits, bytes);
+    if (!st)
+        st = qd_sample_batch(out, h, B, V, p, sid, spos);
+    free(h);
+    return st;
+}
+
 /* One token for every unfinished row: the prompts' forward (prefill, which
  * fills the KV cache) at step 0, a decode step after; *active = rows that ran. */
 static qd_status gen_step(model *c, gen_state *g, const qd_generate_request *rq, qd_generate_result *res,
@@ -1134,7 +1244,7 @@ static qd_status gen_step(model *c, gen_state *g, const qd_generate_request *rq,
     }
     qd_sample_params sp = {.temperature = rq->temperature, .top_k = rq->top_k,
                            .top_p = rq->top_p < 1.0f ? rq->top_p : 1.0f, .seed = rq->seed};
-    QD_TRY(OP(c, sample, g->sres, c->logits, na, V, &sp, g->sid, g->spos));
+    QD_TRY(sample_rows(c, g->sres, na, V, &sp, g->sid, g->spos));
     for (int i = 0; i < na; i++) {
         int b = g->idx[i];
         int32_t tok = g->sres[i].token;
@@ -1400,16 +1510,17 @@ static qd_status set_rac_impl(model *c, const char *p)
     return finish(c);
 }
 
-/* The statistics alone: each RAC linear's in doubles, in order. put = 1
- * writes err into the backend, 0 reads them out. */
-static qd_status rac_stats_io(model *c, double *err, int put)
+/* The statistics alone: each RAC linear's in doubles, in order, read out
+ * (QD_RAC_ERRORS_GET) or written into the backend (..._PUT). */
+static qd_status rac_stats_io(model *c, double *err, qd_rac_errors_dir dir)
 {
     for (int i = 0; i < c->nlin; i++) {
         linear *L = &c->lin[i];
         if (!has_rac(L->mode))
             continue;
         size_t bytes = sizeof(double) * (size_t)L->in;
-        QD_TRY(put ? OP(c, to_dev, L->d_rac_err, err, bytes) : OP(c, to_host, err, L->d_rac_err, bytes));
+        QD_TRY(dir == QD_RAC_ERRORS_PUT ? OP(c, to_dev, L->d_rac_err, err, bytes)
+                                        : OP(c, to_host, err, L->d_rac_err, bytes));
         err += L->in;
     }
     return QD_OK;
@@ -1797,13 +1908,13 @@ static size_t m_rac_stats_count(qd_backend *b) { return rac_stats_count_impl(ctx
 static qd_status m_get_rac_stats(qd_backend *b, double *err, size_t n)
 {
     (void)n;
-    return rac_stats_io(ctx_of(b), err, 0);
+    return rac_stats_io(ctx_of(b), err, QD_RAC_ERRORS_GET);
 }
 
 static qd_status m_set_rac_stats(qd_backend *b, const double *err, size_t n)
 {
     (void)n;
-    return rac_stats_io(ctx_of(b), (double *)err, 1);
+    return rac_stats_io(ctx_of(b), (double *)err, QD_RAC_ERRORS_PUT);
 }
 
 /* Device to device: src's master weights copied into b's, then b's sync

@@ -22,6 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "backends/backend.h"
+#include "backends/router.h"
 #include "backends/sampling.h"
 #include "quant/quant.h"
 
@@ -32,6 +33,9 @@ extern "C" {
 /* How a float product's operands were rounded: a fast-mode backend may use a
  * BF16 GEMM when both are BF16 values (exact mode ignores it). */
 typedef enum { QD_PREC_F32 = 0, QD_PREC_BF16 } qd_prec;
+
+/* RoPE's rotation, or its transpose (the backward's). */
+typedef enum { QD_ROPE_FORWARD = 0, QD_ROPE_INVERSE } qd_rope_dir;
 
 /* Phases of a step, for an optional profiler (QUADS_CUDA_PROFILE). */
 typedef enum {
@@ -90,9 +94,9 @@ typedef struct qd_ops {
     /* dinp (rows, C) +=, dw (C) += (rows ascending) */
     qd_status (*rmsnorm_backward)(void *dev, float *dinp, float *dw, const float *dout, const float *x,
                                   const float *w, const float *rstd, int rows, int C);
-    /* HF rotate_half RoPE in place on x (N, nh, D) at positions pos (N); inverse: the transpose */
+    /* HF rotate_half RoPE in place on x (N, nh, D) at positions pos (N), or its transpose */
     qd_status (*rope)(void *dev, float *x, const int32_t *pos, const float *cosb, const float *sinb, int N,
-                      int nh, int D, int inverse);
+                      int nh, int D, qd_rope_dir dir);
 
     /* ---- float products: out (N, OC) = x (N, IC) . w (OC, IC)^T, ic ascending */
     qd_status (*matmul)(void *dev, float *out, const float *x, const float *w, int N, int IC, int OC,
@@ -103,9 +107,12 @@ typedef struct qd_ops {
                                  const float *w, int N, int IC, int OC);
     /* The experts of a layer: rows off[e] .. off[e+1]-1 (host, E + 1) of x and
      * out times w[e] (host array of dev pointers); the bits of one matmul per
-     * expert. */
+     * expert. Optional: where NULL the driver calls matmul per expert on its
+     * rows (in fast mode, then, the plain op's fast path). */
     qd_status (*matmul_grouped)(void *dev, float *out, const float *x, const float *const *w, const int32_t *off,
                                 int E, int IC, int OC);
+    /* The same rows: matmul_backward per expert into dinp's rows and dw[e].
+     * Optional: where NULL the driver calls matmul_backward per expert. */
     qd_status (*matmul_grouped_backward)(void *dev, float *dinp, float *const *dw, const float *dout,
                                          const float *x, const float *const *w, const int32_t *off, int E,
                                          int IC, int OC);
@@ -115,14 +122,20 @@ typedef struct qd_ops {
     /* y (M, N) = (sum_k qa*qw) * (sa_inv[m] * sw_inv[n]) */
     qd_status (*fp8_gemm)(void *dev, float *y, const uint8_t *qa, const float *sa_inv, const uint8_t *qw,
                           const float *sw_inv, int M, int N, int K);
+    /* fp8_gemm of the experts' rows (off as matmul_grouped's) with weight
+     * qw[e], sw_inv[e]. Optional: where NULL the driver calls fp8_gemm per
+     * expert. */
     qd_status (*fp8_gemm_grouped)(void *dev, float *y, const uint8_t *qa, const float *sa_inv,
                                   const uint8_t *const *qw, const float *const *sw_inv, const int32_t *off, int E,
                                   int N, int K);
     /* q (a qd_nvfp4 whose buffers are dev memory) = quantize(x) */
     qd_status (*nvfp4_quantize)(void *dev, qd_nvfp4 *q, const float *x);
-    qd_status (*nvfp4_fake_quant)(void *dev, float *out, const float *x, int rows, int cols, int per_row);
+    qd_status (*nvfp4_fake_quant)(void *dev, float *out, const float *x, int rows, int cols, qd_scale_kind scale);
     /* the canonical W4A4 product (NUMERICS.md §3) */
     qd_status (*w4a4_gemm)(void *dev, float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
+    /* w4a4_gemm of the experts' rows of a (per-row scales; off as
+     * matmul_grouped's) with w[e]. Optional: where NULL the driver calls
+     * w4a4_gemm per expert on a view of those rows of a. */
     qd_status (*w4a4_gemm_grouped)(void *dev, float *y, const qd_nvfp4 *a, const qd_nvfp4 *const *w,
                                    const int32_t *off, int E);
     /* RAC (§5): err (K, double) += per-channel squared activation error of x (rows, K) */
@@ -135,7 +148,7 @@ typedef struct qd_ops {
      * (host) of x (R, K): rac_error into err[e] (unless err is NULL: no
      * statistics) and rac_augment_act with ch[e] (host arrays of dev pointers;
      * n channels each) into those rows of a (R, K + n). The bits of the two
-     * ops per expert. */
+     * ops per expert. Optional: where NULL the driver calls them per expert. */
     qd_status (*rac_grouped)(void *dev, qd_nvfp4 *a, double *const *err, const int64_t *const *ch,
                              const int32_t *off, int E, const float *x, int K, int64_t n);
     /* out (rows, K) = qd_rac_fake_quant: the activation a RAC product multiplies,
@@ -161,8 +174,8 @@ typedef struct qd_ops {
                           const int32_t *pos, int N, int Tc, int KD);
 
     /* ---- MoE (backends/router.h, backends/layout.h) */
-    /* probs (N, E) softmax in place; topk, topw (N, K) rank order, renormalized when norm */
-    qd_status (*route)(void *dev, int32_t *topk, float *topw, float *probs, int N, int E, int K, int norm);
+    /* probs (N, E) softmax in place; topk, topw (N, K) rank order, weighted as norm says */
+    qd_status (*route)(void *dev, int32_t *topk, float *topw, float *probs, int N, int E, int K, qd_topk_norm norm);
     /* qd_moe_group's rows: exp_off (host, E + 1); row_tok, row_w, row_rank,
      * tok_rows (dev, N*K); topk NULL: a dense MLP (E = K = 1) */
     qd_status (*moe_group)(void *dev, int32_t *exp_off, int32_t *row_tok, float *row_w, int32_t *row_rank,
@@ -181,7 +194,7 @@ typedef struct qd_ops {
     qd_status (*unroute)(void *dev, float *dinp, const float *dxe, const int32_t *tok_rows, int N, int K, int C);
     /* dlog (N, E) overwritten: the router's softmax and renormalization backward */
     qd_status (*router_backward)(void *dev, float *dlog, const float *dwt, const float *probs,
-                                 const int32_t *topk, const float *topw, int N, int E, int K, int renorm);
+                                 const int32_t *topk, const float *topw, int N, int E, int K, qd_topk_norm norm);
 
     /* ---- log-probs, sampling, the optimizer */
     /* logp (N) = log_softmax(logits / T)[tgt] as the sampler normalizes
@@ -192,7 +205,9 @@ typedef struct qd_ops {
     /* dlogits (N, V) = dlogp * (onehot(tgt) - softmax(logits / T)) / T */
     qd_status (*logprob_backward)(void *dev, float *dlogits, const float *dlogp, const float *logits,
                                   const float *lse, const int32_t *tgt, int N, int V, float T);
-    /* out (host, B): qd_sample_row of each row of logits (B, V) at (seq_ids[b], positions[b]) */
+    /* out (host, B): qd_sample_row of each row of logits (B, V) at (seq_ids[b], positions[b]).
+     * Optional: where NULL the driver copies the logits to the host (to_host)
+     * and samples there (qd_sample_batch, backends/sampling.c). */
     qd_status (*sample)(void *dev, qd_sample_result *out, const float *logits, int B, int V,
                         const qd_sample_params *p, const uint64_t *seq_ids, const uint32_t *positions);
     /* part[k] (double, dev) = sum of g^2 over floats 4096k .. 4096k+4095, ascending */
@@ -207,10 +222,11 @@ const qd_ops *qd_cpu_ops(void);
 void *qd_cpu_dev_new(int num_threads);
 
 /* The CUDA ops (backends/cuda/cuda_ops.cu, linked only where CUDA was built)
- * and an ops context on the current device (bf16_copy: fast mode keeps a BF16
- * copy of the working weights); NULL with a message. */
+ * and an ops context on the current device (weights: the precision of the
+ * working weights; QD_PREC_BF16 in fast mode keeps a BF16 copy of them for the
+ * BF16 GEMMs); NULL with a message. */
 const qd_ops *qd_cuda_ops(void);
-void *qd_cuda_dev_new(qd_exec_mode mode, int bf16_copy);
+void *qd_cuda_dev_new(qd_exec_mode mode, qd_prec weights);
 void qd_cuda_dev_free(void *dev);
 
 /* The backend of one model over a device: ops and dev (owned; free_dev(dev)

@@ -11,6 +11,10 @@
 #include <stdint.h>
 #include "backends/exact_math.h"
 
+/* The weights of the chosen experts: their probabilities, or those divided by
+ * their sum over the top-k (HF's norm_topk_prob). */
+typedef enum { QD_TOPK_PROBS = 0, QD_TOPK_RENORM } qd_topk_norm;
+
 /* r (E): router logits in, probabilities out. */
 QD_HD void qd_router_softmax(float *r, int E)
 {
@@ -26,8 +30,9 @@ QD_HD void qd_router_softmax(float *r, int E)
 }
 
 /* idx (K): the experts of largest p (E), largest first, ties to the lower index;
- * w (K): their weights, p / (sum of the K p in rank order) when norm, else p. */
-QD_HD void qd_router_select(int32_t *idx, float *w, const float *p, int E, int K, int norm)
+ * w (K): their weights, p / (sum of the K p in rank order) under QD_TOPK_RENORM,
+ * else p. */
+QD_HD void qd_router_select(int32_t *idx, float *w, const float *p, int E, int K, qd_topk_norm norm)
 {
     for (int j = 0; j < K; j++) {
         int best = -1;
@@ -44,7 +49,7 @@ QD_HD void qd_router_select(int32_t *idx, float *w, const float *p, int E, int K
     for (int j = 0; j < K; j++)
         sum = sum + p[idx[j]];
     for (int j = 0; j < K; j++)
-        w[j] = norm ? p[idx[j]] / sum : p[idx[j]];
+        w[j] = norm == QD_TOPK_RENORM ? p[idx[j]] / sum : p[idx[j]];
 }
 
 #endif

@@ -121,7 +121,7 @@ qd_status qd_rac_check_channels(const char *name, int in, int64_t nrac, const in
 }
 
 qd_status qd_rac_state_errors(void *blob, size_t n, const qd_model_config *cfg, double *err, size_t *count,
-                              int put)
+                              qd_rac_errors_dir dir)
 {
     qd_model_layout m;
     qd_status st = qd_model_layout_init(&m, cfg);
@@ -135,7 +135,7 @@ qd_status qd_rac_state_errors(void *blob, size_t n, const qd_model_config *cfg, 
         at += qd_rac_state_bytes(m.lin[i].in);
         if (at > n)
             break;
-        if (err && put)
+        if (err && dir == QD_RAC_ERRORS_PUT)
             memcpy((char *)blob + e, err + k, sizeof(double) * in);
         else if (err)
             memcpy(err + k, (char *)blob + e, sizeof(double) * in);

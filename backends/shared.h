@@ -53,13 +53,16 @@ size_t qd_rac_state_bytes(int in);
  * QD_ERR_FORMAT naming the layer otherwise. */
 qd_status qd_rac_check_channels(const char *name, int in, int64_t nrac, const int64_t *ch);
 
+/* Which way qd_rac_state_errors copies: out of the blob, or into it. */
+typedef enum { QD_RAC_ERRORS_GET, QD_RAC_ERRORS_PUT } qd_rac_errors_dir;
+
 /* The activation-error statistics inside a RAC state blob of cfg's model (the
  * bytes of qd_backend_get_rac_state: per RAC linear, which are the layout's
  * quantized linears in order, int64 nrac, int64 channels[in], double err[in]).
- * put = 0 copies every err array into err (in order), put = 1 copies err back
- * into the blob; err may be NULL to only count. *count receives the number of
- * doubles. QD_ERR_FORMAT when n is not the size of such a blob. */
+ * QD_RAC_ERRORS_GET copies every err array into err (in order), ..._PUT copies
+ * err back into the blob; err may be NULL to only count. *count receives the
+ * number of doubles. QD_ERR_FORMAT when n is not the size of such a blob. */
 qd_status qd_rac_state_errors(void *blob, size_t n, const qd_model_config *cfg, double *err, size_t *count,
-                              int put);
+                              qd_rac_errors_dir dir);
 
 #endif

@@ -1,16 +1,24 @@
 /* Benchmarks of backends/cuda on one GPU (printed tables, not tests):
- *   (a) NVFP4 quantize, BF16 in, against the measured device-to-device copy bandwidth;
+ *   (a) NVFP4 quantize (float32 and BF16 in, per tensor and per row, fake-quant) at
+ *       an expert's, a dense FFN's, the lm_head's and a square shape, against the
+ *       device-to-device copy bandwidth measured in the same run, the kernels of
+ *       issue 13 beside the ones before (qd_cuda_quant_legacy), bits compared;
  *   (b) the canonical W4A4 GEMV/GEMM (K = 4096, N = 14336, M = 1..64) in achieved
  *       weight bandwidth, beside cuBLASLt BF16 and FP8 E4M3 (per-tensor scales).
  * Each time is the median of REPS launches timed with CUDA events after warm-up;
  * the L2 (60 MB on the H200) is flushed before every timed launch, so weights come
- * from HBM as in a decode step.      bench/bench_quant [REPS] */
+ * from HBM as in a decode step.
+ *     bench/bench_quant [REPS] [--quantize] [--json FILE] [--commit ID]
+ * --quantize: table (a) only; --json: its rows as JSON lines (model, engine, recipe,
+ * mode, op, ms, bandwidth_fraction, commit, ...), for docs/results/train-h200.jsonl.
+ * Exits 1 when a quantize output of the new kernels differs from the old ones'. */
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <algorithm>
 #include <vector>
 #include "backends/cuda/cuda_die.h"
@@ -97,28 +105,111 @@ static double copy_bandwidth(void)
     return 2.0 * bytes / (ms * 1e-3) / 1e9;
 }
 
-static void bench_quantize(int64_t rows, int64_t cols, double copy_gbs)
+static int quant_mismatch;
+
+/* Bytes that differ between two device buffers. */
+static long long dev_diff(const void *a, const void *b, size_t n)
+{
+    std::vector<unsigned char> ha(n), hb(n);
+    QD_CUDA_DIE(cudaMemcpy(ha.data(), a, n, cudaMemcpyDeviceToHost));
+    QD_CUDA_DIE(cudaMemcpy(hb.data(), b, n, cudaMemcpyDeviceToHost));
+    long long bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += ha[i] != hb[i];
+    return bad;
+}
+
+/* One quantize configuration: input type (float32 or BF16), scope, or fake-quant
+ * (float32 in, float32 out, per tensor). */
+struct qcase {
+    const char *input, *scope;
+    int bf16, per_row, fake;
+};
+
+static const qcase qcases[] = {
+    {"f32", "per-tensor", 0, 0, 0}, {"f32", "per-row", 0, 1, 0},   {"bf16", "per-tensor", 1, 0, 0},
+    {"bf16", "per-row", 1, 1, 0},   {"f32", "fake-quant", 0, 0, 1},
+};
+
+/* Bytes a quantize must move, as counted here: x read once per pass over it
+ * (per tensor: the amax pass and the quantize pass, so twice; per row: once,
+ * each row held on chip between its amax and its blocks), codes (1/2 byte a
+ * value), E4M3 scales (1/16) and the S_dec floats written; fake-quant writes
+ * 4 bytes a value instead of codes and scales. */
+static double quant_bytes(const qcase &c, int64_t rows, int64_t n, int *reads)
+{
+    double in = (c.bf16 ? 2.0 : 4.0) * n;
+    *reads = c.per_row ? 1 : 2;
+    double out = c.fake ? 4.0 * n : n / 2.0 + n / 16.0 + 4.0 * (c.per_row ? rows : 1);
+    return *reads * in + out;
+}
+
+static const char *commit_id = "unknown";
+static FILE *json_out;
+
+/* The quantize table: per shape and case, the kernels of issue 13 beside the ones
+ * before (qd_cuda_quant_legacy), their outputs compared bit for bit. */
+static void bench_quantize(const char *model, int64_t rows, int64_t cols, double copy_gbs)
 {
     int64_t n = rows * cols;
-    float *x = random_dev(n, 7);
+    float *x = random_dev(n, 7), *fq[2];
     uint16_t *xb;
     QD_CUDA_DIE(cudaMalloc((void **)&xb, (size_t)n * 2));
+    QD_CUDA_DIE(cudaMalloc((void **)&fq[0], (size_t)n * 4));
+    QD_CUDA_DIE(cudaMalloc((void **)&fq[1], (size_t)n * 4));
     to_bf16_kernel<<<1024, 256>>>((__nv_bfloat16 *)xb, x, n);
-    for (int per_row = 0; per_row < 2; per_row++) {
-        qd_nvfp4 q;
-        QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&q, rows, cols, per_row));
-        float ms = time_ms([&] { QD_STATUS_DIE(qd_cuda_nvfp4_quantize_bf16_async(&q, xb)); });
-        QD_STATUS_DIE(qd_cuda_nonfinite_check());
-        /* bytes moved once: BF16 in, packed codes + E4M3 scales out */
-        double bytes = 2.0 * n + n / 2.0 + n / 16.0;
-        double gbs = bytes / (ms * 1e-3) / 1e9;
-        printf("| %5lld x %-5lld | %-10s | %8.1f | %7.0f | %5.1f%% |\n", (long long)rows,
-               (long long)cols, per_row ? "per-row" : "per-tensor", ms * 1e3, gbs,
-               100.0 * gbs / copy_gbs);
-        qd_cuda_nvfp4_free(&q);
+    for (const qcase &c : qcases) {
+        qd_nvfp4 q[2];
+        float ms[2];
+        for (int legacy = 0; legacy < 2; legacy++) {
+            qd_nvfp4 *qq = &q[legacy];
+            float *out = fq[legacy];
+            QD_STATUS_DIE(qd_cuda_nvfp4_alloc(qq, rows, cols, c.per_row ? QD_SCALE_PER_ROW : QD_SCALE_PER_TENSOR));
+            qd_cuda_quant_legacy = legacy;
+            ms[legacy] = time_ms([&] {
+                if (c.fake)
+                    QD_STATUS_DIE(qd_cuda_nvfp4_fake_quant_async(out, x, rows, cols, QD_SCALE_PER_TENSOR));
+                else if (c.bf16)
+                    QD_STATUS_DIE(qd_cuda_nvfp4_quantize_bf16_async(qq, xb));
+                else
+                    QD_STATUS_DIE(qd_cuda_nvfp4_quantize_async(qq, x));
+            });
+            qd_cuda_quant_legacy = 0;
+            QD_STATUS_DIE(qd_cuda_nonfinite_check());
+        }
+        long long bad = 0;
+        if (c.fake) {
+            bad = dev_diff(fq[0], fq[1], (size_t)n * 4);
+        } else {
+            bad = dev_diff(q[0].codes, q[1].codes, (size_t)n / 2) +
+                  dev_diff(q[0].scales, q[1].scales, (size_t)n / 16) +
+                  dev_diff(q[0].s_dec, q[1].s_dec, 4 * (size_t)(c.per_row ? rows : 1));
+        }
+        int reads;
+        double bytes = quant_bytes(c, rows, n, &reads), tbs = bytes / (ms[0] * 1e-3) / 1e12;
+        double frac = tbs * 1e3 / copy_gbs, frac_old = bytes / (ms[1] * 1e-3) / 1e9 / copy_gbs;
+        printf("| %-7s %6lld x %-5lld | %-4s | %-10s | %6.0f | %8.1f | %5.2f | %5.1f%% | %8.1f | %5.1f%% | %5.2fx | %s |\n",
+               model, (long long)rows, (long long)cols, c.input, c.scope, bytes / 1e6, ms[0] * 1e3, tbs,
+               100.0 * frac, ms[1] * 1e3, 100.0 * frac_old, ms[1] / ms[0], bad ? "NO" : "yes");
+        fflush(stdout);
+        if (json_out)
+            fprintf(json_out,
+                    "{\"model\": \"%s %lldx%lld\", \"engine\": \"quads\", \"recipe\": \"nvfp4\", \"mode\": \"exact\", "
+                    "\"op\": \"quantize\", \"input\": \"%s\", \"scope\": \"%s\", \"ms\": %.4f, \"bytes\": %.0f, "
+                    "\"x_reads\": %d, \"tb_per_s\": %.3f, \"copy_tb_per_s\": %.3f, \"bandwidth_fraction\": %.4f, "
+                    "\"before_ms\": %.4f, \"before_bandwidth_fraction\": %.4f, \"bits_equal_before\": %s, "
+                    "\"commit\": \"%s\"}\n",
+                    model, (long long)rows, (long long)cols, c.input, c.scope, ms[0], bytes, reads, tbs,
+                    copy_gbs / 1e3, frac, ms[1], frac_old, bad ? "false" : "true", commit_id);
+        if (bad)
+            quant_mismatch = 1;
+        qd_cuda_nvfp4_free(&q[0]);
+        qd_cuda_nvfp4_free(&q[1]);
     }
     QD_CUDA_DIE(cudaFree(x));
     QD_CUDA_DIE(cudaFree(xb));
+    QD_CUDA_DIE(cudaFree(fq[0]));
+    QD_CUDA_DIE(cudaFree(fq[1]));
 }
 
 /* ---- (b) GEMV: cuBLASLt baselines. y^T (N, M) = W (N, K) . A^T, column-major:
@@ -232,7 +323,7 @@ static void bench_gemv(cublasLtHandle_t h)
     qd_nvfp4 qw, qa;
     void *wb, *ab, *w8, *a8, *yb;
     float *y, *scales;
-    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&qw, N, K, 0));
+    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&qw, N, K, QD_SCALE_PER_TENSOR));
     QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&qw, w));
     QD_CUDA_DIE(cudaMalloc(&wb, (size_t)(N * K) * 2));
     QD_CUDA_DIE(cudaMalloc(&ab, (size_t)(64 * K) * 2));
@@ -257,7 +348,7 @@ static void bench_gemv(cublasLtHandle_t h)
            "FP8 us | FP8 TB/s | BF16/W4A4 | BF16/W4A4-TC | BF16/FP8 |\n"
            "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int64_t M : Ms) {
-        QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&qa, M, K, 1));
+        QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&qa, M, K, QD_SCALE_PER_ROW));
         QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&qa, a));
         float t4 = time_ms([&] { QD_STATUS_DIE(qd_cuda_w4a4_gemm_async(y, &qa, &qw)); });
         float tc = time_ms([&] { QD_STATUS_DIE(qd_cuda_w4a4_gemm_tc_async(y, &qa, &qw)); });
@@ -309,7 +400,7 @@ static void bench_grouped(void)
         std::vector<const qd_nvfp4 *> pw((size_t)E);
         float *wf = random_dev(N * K, 21);
         for (int e = 0; e < E; e++) {
-            QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&w[(size_t)e], N, K, 0));
+            QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&w[(size_t)e], N, K, QD_SCALE_PER_TENSOR));
             QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&w[(size_t)e], wf));
             pw[(size_t)e] = &w[(size_t)e];
         }
@@ -338,7 +429,7 @@ static void bench_grouped(void)
             int64_t R = off[(size_t)E];
             float *af = random_dev(R * K, 23), *y;
             qd_nvfp4 a;
-            QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&a, R, K, 1));
+            QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&a, R, K, QD_SCALE_PER_ROW));
             QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&a, af));
             QD_CUDA_DIE(cudaMalloc((void **)&y, (size_t)(R * N) * sizeof(float)));
             qd_cuda_w4a4_legacy = 0;
@@ -380,8 +471,8 @@ static void bench_lm_head(void)
     printf("\n| lm_head x . W^T exact, M | new us | new TFLOP/s | new weight TB/s | before us | speedup |\n"
            "|---|---|---|---|---|---|\n");
     for (int M : Ms) {
-        float tn = time_ms([&] { QD_STATUS_DIE(qdk_matmul_wt(y, a, w, 0, M, (int)N, (int)K, 1)); });
-        float to = time_ms([&] { QD_STATUS_DIE(qdk_matmul(y, a, K, 1, w, 1, K, M, (int)N, (int)K, 0)); });
+        float tn = time_ms([&] { QD_STATUS_DIE(qdk_matmul_wt(y, a, w, QDK_F32, M, (int)N, (int)K, QD_PREC_BF16)); });
+        float to = time_ms([&] { QD_STATUS_DIE(qdk_matmul(y, a, w, M, (int)N, (int)K, QDK_NT, QDK_OVERWRITE)); });
         printf("| %d | %.1f | %.2f | %.2f | %.1f | %.2fx |\n", M, tn * 1e3, 2.0 * M * N * K / (tn * 1e-3) / 1e12,
                4.0 * N * K / (tn * 1e-3) / 1e12, to * 1e3, to / tn);
     }
@@ -390,30 +481,59 @@ static void bench_lm_head(void)
     QD_CUDA_DIE(cudaFree(y));
 }
 
+/* Shapes of the quantize table: a Qwen3-30B-A3B expert, a dense FFN weight, the
+ * lm_head, and a square matrix. */
+static void quantize_table(double copy)
+{
+    printf("| shape | in | scope | MB moved | us | TB/s | of copy | before us | before of copy | speedup | bits equal |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|\n");
+    bench_quantize("expert", 2048, 768, copy);
+    bench_quantize("ffn", 4096, 14336, copy);
+    bench_quantize("lm_head", 151936, 2048, copy);
+    bench_quantize("square", 8192, 8192, copy);
+}
+
 int main(int argc, char **argv)
 {
     cudaDeviceProp p;
     cublasLtHandle_t h;
-    if (argc > 1)
-        reps = atoi(argv[1]) > 0 ? atoi(argv[1]) : reps;
+    int only_quantize = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quantize"))
+            only_quantize = 1;
+        else if (!strcmp(argv[i], "--json") && i + 1 < argc)
+            json_out = fopen(argv[++i], "w");
+        else if (!strcmp(argv[i], "--commit") && i + 1 < argc)
+            commit_id = argv[++i];
+        else if (atoi(argv[i]) > 0)
+            reps = atoi(argv[i]);
+        else {
+            fprintf(stderr, "usage: bench/bench_quant [REPS] [--quantize] [--json FILE] [--commit ID]\n");
+            return 2;
+        }
+    }
     QD_CUDA_DIE(cudaGetDeviceProperties(&p, 0));
     QD_CUDA_DIE(cudaMalloc(&flush_buf, flush_bytes));
     QD_CUDA_DIE(cudaEventCreate(&ev0));
     QD_CUDA_DIE(cudaEventCreate(&ev1));
+    printf("device: %s, %d SMs, L2 %d MB; median of %d reps, L2 flushed before each\n", p.name,
+           p.multiProcessorCount, p.l2CacheSize >> 20, reps);
+    double copy = copy_bandwidth();
+    printf("device-to-device copy (1 GiB, bytes read + written): %.0f GB/s\n", copy);
+    printf("quantize bytes: x read once per pass (per-tensor twice: amax pass + quantize pass; per-row once,\n"
+           "the row held on chip), + codes (n/2) + E4M3 scales (n/16) + S_dec; fake-quant writes 4n instead\n\n");
+    quantize_table(copy);
+    if (json_out)
+        fclose(json_out);
+    if (only_quantize)
+        return quant_mismatch;
     if (cublasLtCreate(&h) != CUBLAS_STATUS_SUCCESS) {
         fprintf(stderr, "cublasLtCreate failed\n");
         return 2;
     }
-    printf("device: %s, %d SMs, L2 %d MB; median of %d reps, L2 flushed before each\n", p.name,
-           p.multiProcessorCount, p.l2CacheSize >> 20, reps);
-    double copy = copy_bandwidth();
-    printf("device-to-device copy (1 GiB, bytes read + written): %.0f GB/s\n\n", copy);
-    printf("| shape | scope | us | GB/s (BF16 in + NVFP4 out) | of copy |\n|---|---|---|---|---|\n");
-    bench_quantize(8192, 8192, copy);
-    bench_quantize(4096, 14336, copy);
     bench_gemv(h);
     bench_grouped();
     bench_lm_head();
     cublasLtDestroy(h);
-    return 0;
+    return quant_mismatch;
 }

@@ -7,13 +7,6 @@
 #include <string.h>
 #include "dist/launch.h"
 
-#define TRY(call)                    \
-    do {                             \
-        qd_status st_ = (call);      \
-        if (st_ != QD_OK)            \
-            return st_;              \
-    } while (0)
-
 typedef struct {
     qd_dist_getenv_fn get;
     void *ctx;
@@ -71,7 +64,7 @@ static qd_status need_both(const env_src *e, const char *a, const char *b)
 /* *out = name's value, which must be below limit (limit_name's value). */
 static qd_status env_below(const env_src *e, const char *name, const char *limit_name, int limit, int *out)
 {
-    TRY(env_int(e, name, 0, INT_MAX, out));
+    QD_TRY(env_int(e, name, 0, INT_MAX, out));
     if (*out >= limit)
         return qd_error(QD_ERR_ARG, "environment: %s=%d is not below %s=%d", name, *out, limit_name, limit);
     return QD_OK;
@@ -84,21 +77,21 @@ static qd_status read_local(const env_src *e, const launcher_vars *v, qd_dist_en
     o->local_world_size = v->local_size ? o->world_size : 0; /* srun: slurm_local_size */
     if (!v->local_size)
         return env(e, v->local_rank) ? env_int(e, v->local_rank, 0, o->world_size - 1, &o->local_rank) : QD_OK;
-    TRY(need_both(e, v->local_rank, v->local_size));
-    TRY(need_both(e, v->local_size, v->local_rank));
+    QD_TRY(need_both(e, v->local_rank, v->local_size));
+    QD_TRY(need_both(e, v->local_size, v->local_rank));
     if (!env(e, v->local_rank))
         return QD_OK;
-    TRY(env_int(e, v->local_size, 1, o->world_size, &o->local_world_size));
+    QD_TRY(env_int(e, v->local_size, 1, o->world_size, &o->local_world_size));
     return env_below(e, v->local_rank, v->local_size, o->local_world_size, &o->local_rank);
 }
 
 /* rank and world size of launcher v (size_var: the variable it is read from). */
 static qd_status read_ranks(const env_src *e, const launcher_vars *v, const char *size_var, qd_dist_env *o)
 {
-    TRY(need_both(e, v->rank, size_var));
-    TRY(need_both(e, size_var, v->rank));
-    TRY(env_int(e, size_var, 1, INT_MAX, &o->world_size));
-    TRY(env_below(e, v->rank, size_var, o->world_size, &o->rank));
+    QD_TRY(need_both(e, v->rank, size_var));
+    QD_TRY(need_both(e, size_var, v->rank));
+    QD_TRY(env_int(e, size_var, 1, INT_MAX, &o->world_size));
+    QD_TRY(env_below(e, v->rank, size_var, o->world_size, &o->rank));
     return read_local(e, v, o);
 }
 
@@ -142,7 +135,7 @@ static qd_status slurm_local_size(const env_src *e, qd_dist_env *o)
     qd_status st = env_int_opt(e, "SLURM_NODEID", 0, INT_MAX, &node);
     if (st || !env(e, name))
         return st;
-    TRY(slurm_tasks_on_node(name, env(e, name), node, &o->local_world_size));
+    QD_TRY(slurm_tasks_on_node(name, env(e, name), node, &o->local_world_size));
     if (o->local_world_size && o->local_rank >= o->local_world_size)
         return qd_error(QD_ERR_ARG, "environment: SLURM_LOCALID=%d is not below %s's count %d for node %d",
                         o->local_rank, name, o->local_world_size, node);
@@ -228,14 +221,14 @@ qd_status qd_dist_env_parse(qd_dist_env *out, qd_dist_getenv_fn get, void *ctx)
         if (!env(&e, v->rank) && !env(&e, size))
             continue;
         o.launcher = v->launcher;
-        TRY(read_ranks(&e, v, size, &o));
+        QD_TRY(read_ranks(&e, v, size, &o));
         if (o.launcher == QD_LAUNCHER_SLURM)
-            TRY(slurm_local_size(&e, &o));
+            QD_TRY(slurm_local_size(&e, &o));
         break;
     }
     if (o.world_size > 1) {
-        TRY(read_addr(&e, &o));
-        TRY(read_ports(&e, &o));
+        QD_TRY(read_addr(&e, &o));
+        QD_TRY(read_ports(&e, &o));
     }
     *out = o;
     return QD_OK;

@@ -287,7 +287,7 @@ static qd_status load_named(const char *name, const eval_args *a, const qd_fetch
 /* --file, within --from/--to: code rows carry LiveCodeBench's contest_date. */
 static qd_status load_file(const eval_args *a, qd_bench_set *s)
 {
-    qd_bench_window win = {"contest_date", a->from, a->to};
+    qd_bench_window win = {.field = "contest_date", .from = a->from, .to = a->to};
     if ((a->from || a->to) && a->fields.style != QD_ANSWER_CODE)
         return qd_error(QD_ERR_ARG, "--file %s: --from/--to select by contest_date, which only --style code "
                                     "files have", a->file);

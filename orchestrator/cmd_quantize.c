@@ -293,7 +293,7 @@ static qd_status quantize_nvfp4(run_state *rs, const char *base, const float *x,
                                 int64_t N, int64_t K)
 {
     qd_nvfp4 q;
-    qd_status st = qd_nvfp4_alloc(&q, N, K, 0);
+    qd_status st = qd_nvfp4_alloc(&q, N, K, QD_SCALE_PER_TENSOR);
     if (st != QD_OK)
         return st;
     st = qd_nvfp4_quantize(&q, x);

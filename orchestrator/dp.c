@@ -197,16 +197,16 @@ qd_status qd_dp_sum_grads(qd_dp *dp, qd_backend *trainer, size_t nf)
 qd_status qd_dp_sum_rac(qd_dp *dp, const qd_model_config *mcfg, void *rac, size_t rb)
 {
     size_t ne = 0;
-    qd_status st = qd_rac_state_errors(rac, rb, mcfg, NULL, &ne, 0);
+    qd_status st = qd_rac_state_errors(rac, rb, mcfg, NULL, &ne, QD_RAC_ERRORS_GET);
     double *e = st ? NULL : malloc(sizeof(double) * (ne ? ne : 1));
     if (!st && !e)
         st = qd_error(QD_ERR_NOMEM, "RAC statistics");
     if (!st)
-        st = qd_rac_state_errors(rac, rb, mcfg, e, &ne, 0);
+        st = qd_rac_state_errors(rac, rb, mcfg, e, &ne, QD_RAC_ERRORS_GET);
     if (!st)
         st = qd_dp_sum_f64(dp, e, ne);
     if (!st)
-        st = qd_rac_state_errors(rac, rb, mcfg, e, &ne, 1);
+        st = qd_rac_state_errors(rac, rb, mcfg, e, &ne, QD_RAC_ERRORS_PUT);
     free(e);
     return st;
 }
@@ -214,12 +214,12 @@ qd_status qd_dp_sum_rac(qd_dp *dp, const qd_model_config *mcfg, void *rac, size_
 qd_status qd_dp_zero_rac(const qd_model_config *mcfg, void *rac, size_t rb)
 {
     size_t ne = 0;
-    qd_status st = qd_rac_state_errors(rac, rb, mcfg, NULL, &ne, 0);
+    qd_status st = qd_rac_state_errors(rac, rb, mcfg, NULL, &ne, QD_RAC_ERRORS_GET);
     double *z = st ? NULL : calloc(ne ? ne : 1, sizeof(double));
     if (!st && !z)
         st = qd_error(QD_ERR_NOMEM, "RAC statistics");
     if (!st)
-        st = qd_rac_state_errors(rac, rb, mcfg, z, &ne, 1);
+        st = qd_rac_state_errors(rac, rb, mcfg, z, &ne, QD_RAC_ERRORS_PUT);
     free(z);
     return st;
 }

@@ -498,7 +498,7 @@ static qd_status plot(const report_ctx *t, const char *out_dir, const char *file
     }
     char full[256];
     snprintf(full, sizeof full, "%s%s", title, bands ? " (mean over seeds; band: min to max)" : "");
-    qd_svg_plot pl = {full, "step", ylabel, 0, 0};
+    qd_svg_plot pl = {.title = full, .xlabel = "step", .ylabel = ylabel};
     snprintf(p, sizeof p, "%s/%s", out_dir, file);
     if (!st && (st = qd_svg_write(p, &pl, s, t->ng)) == QD_ERR_ARG)
         st = QD_OK; /* no finite point (e.g. evals off): an empty plot is no error */

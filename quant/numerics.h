@@ -170,6 +170,53 @@ QD_HD float qd_nvfp4_dequant1(uint8_t code, uint8_t scale_code, float s_dec)
     return (qd_e2m1_to_f32(code) * qd_e4m3_to_f32(scale_code)) * s_dec;
 }
 
+/* ---- Branch-free twins of the encoders, for the CUDA quantizer's inner loop.
+ * IEEE addition rounds to nearest even: a + M, with M a power of two whose ulp
+ * is the target format's spacing at a, rounds a onto that format's grid exactly
+ * as the format does (ties to the even code); bits(a + M) - bits(M) counts the
+ * grid steps and (a + M) - M is the rounded value. The spacing follows a's
+ * binade, clamped at the bottom to the format's subnormal spacing. The same codes
+ * as qd_e2m1_from_f32 and qd_e4m3_from_f32 on their domains (tests/test_quant.c
+ * samples them; every float was compared once, and tests/gpu/check_quant.cu
+ * compares every float on the GPU). */
+
+/* E2M1: a = min(|v|, 6) (any non-NaN v), spacing 0.5 below 2 (M = 2^22), 1 in
+ * [2, 4) (2^23), 2 in [4, 6] (2^24). *e = max(exponent bits of a, 127) and
+ * *t = bits(a + M), M = (e + 22) << 23; the magnitude index is
+ * t - M + 2 (e - 127): the steps past 0, plus 2 for each binade above 1. */
+QD_HD void qd_e2m1_rn_parts(float v, uint32_t *e, uint32_t *t)
+{
+    float a = fminf(fabsf(v), QD_E2M1_MAX);
+    uint32_t b = qd_f32_bits(a) >> 23;
+    *e = b < 127u ? 127u : b;
+    *t = qd_f32_bits(a + qd_bits_f32((*e + 22u) << 23));
+}
+
+/* t - M + 2 (e - 127) = t + e (2 - 2^23) - QD_E2M1_RN_BIAS (mod 2^32) */
+#define QD_E2M1_RN_BIAS ((22u << 23) + 254u)
+
+/* The E2M1 magnitude index (0..7) of v; qd_e2m1_from_f32(v) & 7. */
+QD_HD uint32_t qd_e2m1_index_rn(float v)
+{
+    uint32_t e, t;
+    qd_e2m1_rn_parts(v, &e, &t);
+    return t + e * (2u - (1u << 23)) - QD_E2M1_RN_BIAS;
+}
+
+/* The E4M3 code of a block scale v in [0, 448] (qd_nvfp4_block_scale's domain),
+ * and in *value its value: spacing 2^-9 below 2^-6 (M = 2^14), 2^(e-3) in binade
+ * 2^e (M = 2^(e+20)); a value rounding up to the next binade gives 16 steps,
+ * that binade's code. */
+QD_HD uint8_t qd_e4m3_scale_rn(float v, float *value)
+{
+    uint32_t e = qd_f32_bits(v) >> 23;
+    e = e < 121u ? 121u : e;
+    uint32_t m = (e + 20u) << 23;
+    float t = v + qd_bits_f32(m);
+    *value = t - qd_bits_f32(m);
+    return (uint8_t)(qd_f32_bits(t) - m + 8u * (e - 121u));
+}
+
 /* Quantize one 16-element block given the scope's S_enc/S_dec: writes 8 packed
  * bytes (element 2i low nibble, 2i+1 high nibble), returns the E4M3 scale code.
  * Inputs must be finite. */

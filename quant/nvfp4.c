@@ -19,18 +19,20 @@ static qd_status check_shape(int64_t rows, int64_t cols, const char *who)
     return QD_OK;
 }
 
-qd_status qd_nvfp4_alloc(qd_nvfp4 *q, int64_t rows, int64_t cols, int per_row)
+qd_status qd_nvfp4_alloc(qd_nvfp4 *q, int64_t rows, int64_t cols, qd_scale_kind scale)
 {
     memset(q, 0, sizeof *q);
+    if (scale != QD_SCALE_PER_TENSOR && scale != QD_SCALE_PER_ROW)
+        return qd_error(QD_ERR_ARG, "qd_nvfp4_alloc: scale kind %d", (int)scale);
     qd_status st = check_shape(rows, cols, "qd_nvfp4_alloc");
     if (st != QD_OK)
         return st;
     q->rows = rows;
     q->cols = cols;
-    q->per_row = per_row ? 1 : 0;
+    q->per_row = scale;
     q->codes = malloc((size_t)(rows * cols / 2));
     q->scales = malloc((size_t)(rows * cols / QD_NVFP4_BLOCK));
-    q->s_dec = malloc(sizeof(float) * (size_t)(per_row ? rows : 1));
+    q->s_dec = malloc(sizeof(float) * (size_t)(scale == QD_SCALE_PER_ROW ? rows : 1));
     if (!q->codes || !q->scales || !q->s_dec) {
         qd_nvfp4_free(q);
         return qd_error(QD_ERR_NOMEM, "qd_nvfp4_alloc: (%lld, %lld) matrix",
@@ -175,10 +177,10 @@ void qd_nvfp4_dequantize(float *out, const qd_nvfp4 *q)
                              q->s_dec[q->per_row ? r : 0]);
 }
 
-qd_status qd_nvfp4_fake_quant(float *out, const float *x, int64_t rows, int64_t cols, int per_row)
+qd_status qd_nvfp4_fake_quant(float *out, const float *x, int64_t rows, int64_t cols, qd_scale_kind scale)
 {
     qd_nvfp4 q;
-    qd_status st = qd_nvfp4_alloc(&q, rows, cols, per_row);
+    qd_status st = qd_nvfp4_alloc(&q, rows, cols, scale);
     if (st == QD_OK)
         st = qd_nvfp4_quantize(&q, x);
     if (st == QD_OK)

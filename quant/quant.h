@@ -15,16 +15,22 @@
 #include "quant/numerics.h"
 #include "quant/status.h"
 
+/* The scope of an NVFP4 global scale (§2, §4): one for the whole tensor
+ * (weights) or one per row (activations: one token). The values are the 0 / 1
+ * of the per_row word in the golden files (tests/ref/nvfp4_golden.py). */
+typedef enum { QD_SCALE_PER_TENSOR = 0, QD_SCALE_PER_ROW = 1 } qd_scale_kind;
+
 /* An NVFP4 matrix. The struct owns its buffers when made by qd_nvfp4_alloc. */
 typedef struct {
-    int64_t rows, cols;   /* cols = K, a multiple of 16 */
-    uint8_t *codes;       /* (rows, cols/2) packed E2M1 */
-    uint8_t *scales;      /* (rows, cols/16) E4M3 block scales */
-    float *s_dec;         /* (rows) when per_row, else (1): global decode scale */
-    int per_row;          /* 1: one global scale per row (activations, §4); 0: per tensor */
+    int64_t rows, cols;     /* cols = K, a multiple of 16 */
+    uint8_t *codes;         /* (rows, cols/2) packed E2M1 */
+    uint8_t *scales;        /* (rows, cols/16) E4M3 block scales */
+    float *s_dec;           /* (rows) when per_row, else (1): global decode scale */
+    qd_scale_kind per_row;  /* QD_SCALE_PER_ROW (activations, §4) or QD_SCALE_PER_TENSOR */
 } qd_nvfp4;
 
-qd_status qd_nvfp4_alloc(qd_nvfp4 *q, int64_t rows, int64_t cols, int per_row);
+/* QD_ERR_ARG when scale is neither kind. */
+qd_status qd_nvfp4_alloc(qd_nvfp4 *q, int64_t rows, int64_t cols, qd_scale_kind scale);
 void qd_nvfp4_free(qd_nvfp4 *q);
 
 /* Absolute maximum of n floats; QD_ERR_NONFINITE (and *amax untouched) if any is NaN/Inf. */
@@ -52,7 +58,7 @@ void qd_dequantize_row_nvfp4(float *out, const uint8_t *codes, const uint8_t *sc
 /* x_hat = dequant(q), (rows, cols). */
 void qd_nvfp4_dequantize(float *out, const qd_nvfp4 *q);
 /* out = dequant(quantize(x)); the straight-through gradient is the identity (§5). */
-qd_status qd_nvfp4_fake_quant(float *out, const float *x, int64_t rows, int64_t cols, int per_row);
+qd_status qd_nvfp4_fake_quant(float *out, const float *x, int64_t rows, int64_t cols, qd_scale_kind scale);
 
 /* Swizzled block-scale layout of cuBLASLt VEC16_UE4M3: rows padded to 128,
  * scale columns padded to 4, 512-byte tiles; padding bytes are 0. */

@@ -15,7 +15,7 @@ qd_status qd_rac_error_accumulate(double *err, const float *x, int64_t rows, int
     if (!xhat)
         return qd_error(QD_ERR_NOMEM, "qd_rac_error_accumulate: (%lld, %lld) buffer",
                         (long long)rows, (long long)K);
-    qd_status st = qd_nvfp4_fake_quant(xhat, x, rows, K, 1);
+    qd_status st = qd_nvfp4_fake_quant(xhat, x, rows, K, QD_SCALE_PER_ROW);
     if (st == QD_OK) {
         /* per channel, rows in ascending order: the sums do not depend on threads */
         #pragma omp parallel for schedule(static)
@@ -118,9 +118,9 @@ static void augment_act_row(uint8_t *codes, uint8_t *scales, float *xhat, float 
 }
 
 /* Encode scale of row r: its own amax when per_row, else the tensor's. */
-static float act_s_enc(const float *x, int64_t r, int64_t K, int per_row, float tensor_amax)
+static float act_s_enc(const float *x, int64_t r, int64_t K, qd_scale_kind scale, float tensor_amax)
 {
-    if (!per_row)
+    if (scale == QD_SCALE_PER_TENSOR)
         return qd_nvfp4_s_enc(tensor_amax);
     float amax = 0.0f;
     for (int64_t i = 0; i < K; i++)
@@ -184,7 +184,7 @@ qd_status qd_rac_fake_quant(float *out, const float *x, int64_t rows, int64_t K,
     int64_t kc = K + n;
     if (rows == 0)
         return QD_OK;
-    QD_TRY(qd_nvfp4_alloc(&a, rows, kc, 1));
+    QD_TRY(qd_nvfp4_alloc(&a, rows, kc, QD_SCALE_PER_ROW));
     float *deq = malloc(sizeof(float) * (size_t)(rows * kc) + 1);
     qd_status st = deq ? qd_rac_augment_act(&a, x, rows, K, channels, n)
                        : qd_error(QD_ERR_NOMEM, "qd_rac_fake_quant: (%lld, %lld) buffer", (long long)rows,

@@ -89,12 +89,12 @@ static void out_(oc *c, const char *name, char kind, const void *p, size_t bytes
 #define RUN(c, call) do { if (!(c)->st) (c)->st = (call); } while (0)
 
 /* A dev NVFP4 matrix. */
-static qd_nvfp4 nv(oc *c, int64_t rows, int64_t cols, int per_row)
+static qd_nvfp4 nv(oc *c, int64_t rows, int64_t cols, qd_scale_kind scale)
 {
-    qd_nvfp4 q = {.rows = rows, .cols = cols, .per_row = per_row};
+    qd_nvfp4 q = {.rows = rows, .cols = cols, .per_row = scale};
     q.codes = Z(c, (size_t)(rows * cols / 2));
     q.scales = Z(c, (size_t)(rows * cols / 16));
-    q.s_dec = Z(c, sizeof(float) * (size_t)(per_row ? rows : 1));
+    q.s_dec = Z(c, sizeof(float) * (size_t)(scale == QD_SCALE_PER_ROW ? rows : 1));
     return q;
 }
 
@@ -205,8 +205,8 @@ static void c_rope(oc *c)
     float *cs = F(c, (size_t)P * D / 2, -1, 1), *sn = F(c, (size_t)P * D / 2, -1, 1);
     float *x = F(c, (size_t)N * nh * D, -2, 2), *g = F(c, (size_t)N * nh * D, -2, 2);
     int32_t *dp = I(c, pos, N);
-    RUN(c, c->ops->rope(c->dev, x, dp, cs, sn, N, nh, D, 0));
-    RUN(c, c->ops->rope(c->dev, g, dp, cs, sn, N, nh, D, 1));
+    RUN(c, c->ops->rope(c->dev, x, dp, cs, sn, N, nh, D, QD_ROPE_FORWARD));
+    RUN(c, c->ops->rope(c->dev, g, dp, cs, sn, N, nh, D, QD_ROPE_INVERSE));
     OUT(c, "forward", 'f', x, sizeof(float) * N * nh * D);
     OUT(c, "inverse", 'f', g, sizeof(float) * N * nh * D);
 }
@@ -225,6 +225,8 @@ static void c_matmul_shape(oc *c, qd_prec prec, int N, int IC, int OC, float ran
 
 static void c_matmul_f32(oc *c) { c_matmul_shape(c, QD_PREC_F32, 37, 72, 45, 1.0f); }
 static void c_matmul_bf16(oc *c) { c_matmul_shape(c, QD_PREC_BF16, 37, 72, 45, 1.0f); }
+/* In-features not a multiple of 8: CUDA's exact path is then qdk_matmul (QDK_NT). */
+static void c_matmul_f32_odd(oc *c) { c_matmul_shape(c, QD_PREC_F32, 37, 36, 45, 1.0f); }
 /* Tiles of every size at once: rows over 64, columns over 128, K not a
  * multiple of 32 (CUDA's qdk_matmul_wt and its fused multiply-add path). */
 static void c_matmul_bf16_wide(oc *c) { c_matmul_shape(c, QD_PREC_BF16, 70, 136, 300, 1.0f); }
@@ -307,11 +309,11 @@ static void c_nvfp4(oc *c)
     int rows = 7, cols = 96;
     float *x = F(c, (size_t)rows * cols, -4, 4), *xh = Z(c, sizeof(float) * rows * cols);
     float *wh = Z(c, sizeof(float) * rows * cols);
-    qd_nvfp4 a = nv(c, rows, cols, 1), w = nv(c, rows, cols, 0);
+    qd_nvfp4 a = nv(c, rows, cols, QD_SCALE_PER_ROW), w = nv(c, rows, cols, QD_SCALE_PER_TENSOR);
     RUN(c, c->ops->nvfp4_quantize(c->dev, &a, x));
     RUN(c, c->ops->nvfp4_quantize(c->dev, &w, x));
-    RUN(c, c->ops->nvfp4_fake_quant(c->dev, xh, x, rows, cols, 1));
-    RUN(c, c->ops->nvfp4_fake_quant(c->dev, wh, x, rows, cols, 0));
+    RUN(c, c->ops->nvfp4_fake_quant(c->dev, xh, x, rows, cols, QD_SCALE_PER_ROW));
+    RUN(c, c->ops->nvfp4_fake_quant(c->dev, wh, x, rows, cols, QD_SCALE_PER_TENSOR));
     if (c->ops->finish)
         RUN(c, c->ops->finish(c->dev));
     out_nv(c, "per_row", &a);
@@ -324,7 +326,7 @@ static void c_w4a4(oc *c)
 {
     int M = 9, N = 40, K = 512;  /* K % 512 == 0: the tensor-core kernel's path */
     float *x = F(c, (size_t)M * K, -3, 3), *w = F(c, (size_t)N * K, -1, 1), *y = Z(c, sizeof(float) * M * N);
-    qd_nvfp4 a = nv(c, M, K, 1), q = nv(c, N, K, 0);
+    qd_nvfp4 a = nv(c, M, K, QD_SCALE_PER_ROW), q = nv(c, N, K, QD_SCALE_PER_TENSOR);
     RUN(c, c->ops->nvfp4_quantize(c->dev, &a, x));
     RUN(c, c->ops->nvfp4_quantize(c->dev, &q, w));
     RUN(c, c->ops->w4a4_gemm(c->dev, y, &a, &q));
@@ -338,12 +340,12 @@ static void c_w4a4_grouped(oc *c)
     const qd_nvfp4 *wq[GE];
     for (int e = 0; e < GE; e++) {
         float *w = F(c, (size_t)N * K, -1, 1);
-        q[e] = nv(c, N, K, 0);
+        q[e] = nv(c, N, K, QD_SCALE_PER_TENSOR);
         RUN(c, c->ops->nvfp4_quantize(c->dev, &q[e], w));
         wq[e] = &q[e];
     }
     float *x = F(c, (size_t)R * K, -2, 2), *y = Z(c, sizeof(float) * R * N);
-    qd_nvfp4 a = nv(c, R, K, 1);
+    qd_nvfp4 a = nv(c, R, K, QD_SCALE_PER_ROW);
     RUN(c, c->ops->nvfp4_quantize(c->dev, &a, x));
     RUN(c, c->ops->w4a4_gemm_grouped(c->dev, y, &a, wq, goff, GE));
     if (c->ops->finish)
@@ -357,7 +359,7 @@ static void c_rac(oc *c)
     float *x = F(c, (size_t)rows * K, -3, 3), *w = F(c, (size_t)N * K, -1, 1);
     double *err = Z(c, sizeof(double) * K);
     int64_t *ch = channels(c, K, n);
-    qd_nvfp4 a = nv(c, rows, K + n, 1), q = nv(c, N, K + n, 0);
+    qd_nvfp4 a = nv(c, rows, K + n, QD_SCALE_PER_ROW), q = nv(c, N, K + n, QD_SCALE_PER_TENSOR);
     RUN(c, c->ops->rac_error(c->dev, err, x, rows, K));
     RUN(c, c->ops->rac_error(c->dev, err, w, rows, K));  /* accumulates */
     RUN(c, c->ops->rac_augment_act(c->dev, &a, x, rows, K, ch, n));
@@ -395,7 +397,7 @@ static void c_rac_grouped(oc *c)
         ch[e] = channels(c, K, n);
     }
     float *x = F(c, (size_t)R * K, -3, 3);
-    qd_nvfp4 a = nv(c, R, K + n, 1);
+    qd_nvfp4 a = nv(c, R, K + n, QD_SCALE_PER_ROW);
     RUN(c, c->ops->rac_grouped(c->dev, &a, err, ch, goff, GE, x, K, n));
     RUN(c, c->ops->rac_grouped(c->dev, &a, err, ch, goff, GE, x, K, n));  /* the statistics accumulate */
     if (c->ops->finish)
@@ -485,7 +487,7 @@ static void c_store_kv(oc *c)
     OUT(c, "vc", 'f', vc, sizeof(float) * 3 * Tc * KD);
 }
 
-static void c_route(oc *c, int norm)
+static void c_route(oc *c, qd_topk_norm norm)
 {
     int N = 13, E = 16, K = 4;
     float *p = F(c, (size_t)N * E, -3, 3), *tw = Z(c, sizeof(float) * N * K);
@@ -521,14 +523,14 @@ static void c_route_a3b(oc *c)
     float *p = up(c, h, sizeof(float) * N * E), *tw = Z(c, sizeof(float) * N * K);
     free(h);
     int32_t *tk = Z(c, sizeof(int32_t) * N * K);
-    RUN(c, c->ops->route(c->dev, tk, tw, p, N, E, K, 1));
+    RUN(c, c->ops->route(c->dev, tk, tw, p, N, E, K, QD_TOPK_RENORM));
     OUT(c, "probs", 'f', p, sizeof(float) * N * E);
     OUT(c, "topk", 'i', tk, sizeof(int32_t) * N * K);
     OUT(c, "topw", 'f', tw, sizeof(float) * N * K);
 }
 
-static void c_route_norm(oc *c) { c_route(c, 1); }
-static void c_route_raw(oc *c) { c_route(c, 0); }
+static void c_route_norm(oc *c) { c_route(c, QD_TOPK_RENORM); }
+static void c_route_raw(oc *c) { c_route(c, QD_TOPK_PROBS); }
 
 static void c_moe_group(oc *c)
 {
@@ -573,7 +575,7 @@ static void c_moe_rows(oc *c)
     RUN(c, c->ops->combine(c->dev, out, h, rw, dtr, N, K, C));
     RUN(c, c->ops->moe_dy(c->dev, dy, dwt, dout, h, rw, drr, dtr, N, K, C));
     RUN(c, c->ops->unroute(c->dev, dinp, dy, dtr, N, K, C));
-    RUN(c, c->ops->router_backward(c->dev, dlog, dwt, probs, dtk, dtw, N, E, K, 1));
+    RUN(c, c->ops->router_backward(c->dev, dlog, dwt, probs, dtk, dtw, N, E, K, QD_TOPK_RENORM));
     OUT(c, "gather", 'f', xe, sizeof(float) * R * C);
     OUT(c, "swiglu", 'f', h, sizeof(float) * R * C);
     OUT(c, "dg", 'f', dg, sizeof(float) * R * C);
@@ -584,7 +586,7 @@ static void c_moe_rows(oc *c)
     OUT(c, "unroute", 'f', dinp, sizeof(float) * N * C);
 }
 
-static void c_router_backward(oc *c, int renorm)
+static void c_router_backward(oc *c, qd_topk_norm norm)
 {
     enum { N = 7, E = 10, K = 3 };
     int32_t topk[N * K];
@@ -599,12 +601,12 @@ static void c_router_backward(oc *c, int renorm)
     }
     float *dlog = Z(c, sizeof(float) * N * E), *dwt = F(c, N * K, -1, 1);
     RUN(c, c->ops->router_backward(c->dev, dlog, dwt, up(c, p, sizeof p), I(c, topk, N * K), up(c, topw, sizeof topw),
-                                   N, E, K, renorm));
+                                   N, E, K, norm));
     OUT(c, "dlog", 'f', dlog, sizeof(float) * N * E);
 }
 
-static void c_router_backward_renorm(oc *c) { c_router_backward(c, 1); }
-static void c_router_backward_raw(oc *c) { c_router_backward(c, 0); }
+static void c_router_backward_renorm(oc *c) { c_router_backward(c, QD_TOPK_RENORM); }
+static void c_router_backward_raw(oc *c) { c_router_backward(c, QD_TOPK_PROBS); }
 
 static void c_logprob(oc *c, float T)
 {
@@ -690,6 +692,7 @@ static const op_case cases[] = {
     {{"rope fwd+inverse 5x3x16", "rope", 0}, c_rope},
     {{"matmul f32 37x72x45", "matmul", 1}, c_matmul_f32},
     {{"matmul bf16 37x72x45", "matmul", 1}, c_matmul_bf16},
+    {{"matmul f32 37x36x45", "matmul", 1}, c_matmul_f32_odd},
     {{"matmul bf16 70x136x300", "matmul", 1}, c_matmul_bf16_wide},
     {{"matmul bf16 tiny products 9x64x140", "matmul", 1}, c_matmul_bf16_tiny},
     {{"matmul bf16 router 64x2048x128", "matmul", 1}, c_matmul_router},

@@ -1,7 +1,9 @@
 /* Check suite of the CPU backend: exact_math accuracy against libm in double,
  * the recipe table, a tiny random Qwen3-MoE (gradients by central finite
  * differences, padding/batch/thread independence of the bits, every precision
- * recipe's error against fp32), and AdamW against the formula in double. */
+ * recipe's error against fp32), AdamW against the formula in double, and the
+ * driver's fallbacks where the optional grouped ops and sample are NULL (the
+ * same bits). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +11,7 @@
 #include "tests/suites.h"
 #include "backends/backend.h"
 #include "backends/layout.h"
+#include "backends/ops.h"
 #include "backends/shared.h"
 #include "backends/exact_math.h"
 #include "models/checkpoint.h"
@@ -825,7 +828,7 @@ static float *representable_weights(qd_backend *b, uint64_t seed)
                 amax = fabsf(t[k]), at = k;
         for (size_t k = 0; k < n; k++)
             t[k] = k == at ? copysignf(0.65625f, t[k]) : t[k] * (0.65625f / amax) * 0.999f;
-        ck_assert_int_eq(qd_nvfp4_fake_quant(t, t, p[i].rows, p[i].cols, 0), QD_OK);
+        ck_assert_int_eq(qd_nvfp4_fake_quant(t, t, p[i].rows, p[i].cols, QD_SCALE_PER_TENSOR), QD_OK);
     }
     return w;
 }
@@ -1060,21 +1063,21 @@ START_TEST(test_rac_state_errors)
     for (int i = 0; i < m.nlin; i++)
         want += m.lin[i].quantized ? (size_t)m.lin[i].in : 0;
     qd_model_layout_free(&m);
-    ck_assert_int_eq(qd_rac_state_errors(blob, rb, &c, NULL, &ne, 0), QD_OK);
+    ck_assert_int_eq(qd_rac_state_errors(blob, rb, &c, NULL, &ne, QD_RAC_ERRORS_GET), QD_OK);
     ck_assert_uint_eq(ne, want);
     double *e = malloc(sizeof(double) * ne), sum = 0;
-    ck_assert_int_eq(qd_rac_state_errors(blob, rb, &c, e, &ne, 0), QD_OK);
+    ck_assert_int_eq(qd_rac_state_errors(blob, rb, &c, e, &ne, QD_RAC_ERRORS_GET), QD_OK);
     for (size_t i = 0; i < ne; i++) {
         ck_assert(e[i] >= 0);
         sum += e[i];
         e[i] *= 2;
     }
     ck_assert(sum > 0);
-    ck_assert_int_eq(qd_rac_state_errors(blob, rb, &c, e, &ne, 1), QD_OK);
+    ck_assert_int_eq(qd_rac_state_errors(blob, rb, &c, e, &ne, QD_RAC_ERRORS_PUT), QD_OK);
     ck_assert_int_eq(qd_backend_set_rac_state(b, blob, rb), QD_OK);
     ck_assert_int_eq(qd_backend_get_rac_state(b, again, rb), QD_OK);
     ck_assert(memcmp(blob, again, rb) == 0);
-    ck_assert_int_eq(qd_rac_state_errors(blob, rb - 8, &c, NULL, &ne, 0), QD_ERR_FORMAT);
+    ck_assert_int_eq(qd_rac_state_errors(blob, rb - 8, &c, NULL, &ne, QD_RAC_ERRORS_GET), QD_ERR_FORMAT);
     free(blob), free(again), free(e), free(w);
     qd_backend_free(b);
 }
@@ -1130,7 +1133,8 @@ START_TEST(test_rac_stats_explicit)
     ck_assert_mem_eq(a, z, sizeof(double) * n);
     ck_assert_int_eq(qd_backend_get_rac_state(b, blob2, rb), QD_OK);
     size_t ne = n;
-    ck_assert_int_eq(qd_rac_state_errors(blob, rb, &c, a, &ne, 1), QD_OK); /* the old blob with the new stats */
+    /* the old blob with the new stats */
+    ck_assert_int_eq(qd_rac_state_errors(blob, rb, &c, a, &ne, QD_RAC_ERRORS_PUT), QD_OK);
     ck_assert_mem_eq(blob, blob2, rb);
     a[3] = NAN;
     ck_assert_int_eq(qd_backend_set_rac_stats(b, a, n), QD_ERR_NONFINITE);
@@ -1402,6 +1406,165 @@ START_TEST(test_generate_seed_contract)
 }
 END_TEST
 
+/* ---- the driver's fallbacks for optional ops (backends/ops.h) */
+
+/* The CPU's ops without the grouped ops and sample: the driver then runs the
+ * plain op per expert and samples on the host. */
+static qd_ops bare_ops;
+
+static qd_backend *make_bare(const qd_model_config *cfg, qd_recipe r, qd_role role, double ratio)
+{
+    bare_ops = *qd_cpu_ops();
+    bare_ops.matmul_grouped = NULL;
+    bare_ops.matmul_grouped_backward = NULL;
+    bare_ops.fp8_gemm_grouped = NULL;
+    bare_ops.w4a4_gemm_grouped = NULL;
+    bare_ops.rac_grouped = NULL;
+    bare_ops.sample = NULL;
+    qd_backend_options o = {.recipe = r, .role = role, .rac_ratio = ratio, .num_threads = 1};
+    qd_backend *b = qd_model_backend_new(cfg, &o, &bare_ops, qd_cpu_dev_new(1), free);
+    ck_assert_msg(b != NULL, "init: %s", qd_last_error());
+    return b;
+}
+
+/* What one instance computes: a forward's log-probs and logits; a rollout's
+ * generate (gathering RAC statistics), its RAC state, and a forward after
+ * the next sync (channels picked from those statistics); a trainer's
+ * gradients and its weights after an AdamW step. */
+typedef struct {
+    float logp[TB * TT], logits[TB * TT * 64], logp2[TB * TT], logits2[TB * TT * 64], glogp[GB * GM];
+    int32_t gtok[GB * GM], glen[GB];
+    size_t n;                 /* floats of grads, weights */
+    float *grads, *weights;
+    char *rac;
+    size_t rac_bytes;
+} fallback_out;
+
+static void fallback_run(qd_backend *b, qd_role role, const float *w, const void *rac_in, size_t rac_in_bytes,
+                         fallback_out *o)
+{
+    size_t n = o->n = qd_backend_num_floats(b);
+    int32_t tok[TB * TT], prompt[GB * GP];
+    float coef[TB * TT];
+    tiny_batch(tok, 61);
+    random_coef(coef, 62);
+    for (int i = 0; i < GB * GP; i++)
+        prompt[i] = (tok[i % (TB * TT)] + i) % 64;
+    ck_assert_int_eq(qd_backend_set_weights(b, w, n), QD_OK);
+    if (rac_in)
+        ck_assert_msg(qd_backend_set_rac_state(b, rac_in, rac_in_bytes) == QD_OK, "%s", qd_last_error());
+    int rollout = role == QD_ROLE_ROLLOUT;
+    qd_batch bt = {.B = TB, .T = TT, .tokens = tok, .lengths = tlen, .temperature = 1.0f, .rac_stats = rollout};
+    ck_assert_msg(qd_backend_forward(b, &bt, o->logp, o->logits) == QD_OK, "forward: %s", qd_last_error());
+    o->grads = o->weights = NULL;
+    o->rac = NULL;
+    if (rollout) {
+        qd_generate_request rq = {.B = GB, .Tp = GP, .prompt = prompt, .prompt_len = gplen, .seq_id = gsid,
+                                  .seed = 19, .max_new_tokens = GM, .temperature = 1.0f, .top_p = 0.9f,
+                                  .rac_stats = 1};
+        qd_generate_result res = {.tokens = o->gtok, .logp = o->glogp, .lengths = o->glen};
+        ck_assert_msg(qd_backend_generate(b, &rq, &res) == QD_OK, "generate: %s", qd_last_error());
+        o->rac_bytes = qd_backend_rac_state_size(b);
+        o->rac = malloc(o->rac_bytes + 1);
+        ck_assert_int_eq(qd_backend_get_rac_state(b, o->rac, o->rac_bytes), QD_OK);
+        ck_assert_int_eq(qd_backend_set_weights(b, w, n), QD_OK);
+        bt.rac_stats = 0;
+        ck_assert_int_eq(qd_backend_forward(b, &bt, o->logp2, o->logits2), QD_OK);
+        return;
+    }
+    o->grads = malloc(sizeof(float) * n);
+    o->weights = malloc(sizeof(float) * n);
+    ck_assert_int_eq(qd_backend_backward(b, coef), QD_OK);
+    ck_assert_int_eq(qd_backend_get_grads(b, o->grads, n), QD_OK);
+    qd_adamw opt = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f,
+                    .grad_clip = 1.0f};
+    ck_assert_int_eq(qd_backend_optimizer_step(b, &opt, 1, NULL), QD_OK);
+    ck_assert_int_eq(qd_backend_get_weights(b, o->weights, n), QD_OK);
+}
+
+static void fallback_out_free(fallback_out *o)
+{
+    free(o->grads);
+    free(o->weights);
+    free(o->rac);
+}
+
+/* The recipe on the CPU backend and on the bare ops: the same bytes. *rac
+ * (when not NULL): a rollout's RAC state out, a replay trainer's in. */
+static void check_fallback(const qd_model_config *c, const float *w, qd_recipe r, qd_role role, double ratio,
+                           char **rac, size_t *rac_bytes)
+{
+    const char *what = qd_recipe_name(r);
+    int rollout = role == QD_ROLE_ROLLOUT;
+    const void *rac_in = !rollout && rac ? *rac : NULL;
+    size_t rac_in_bytes = rac_in ? *rac_bytes : 0;
+    fallback_out *o = calloc(2, sizeof *o);
+    ck_assert_ptr_nonnull(o);
+    for (int k = 0; k < 2; k++) {
+        qd_backend *b = k ? make_bare(c, r, role, ratio) : make(c, r, role, ratio, 1);
+        fallback_run(b, role, w, rac_in, rac_in_bytes, &o[k]);
+        qd_backend_free(b);
+    }
+    size_t n = 0;
+    for (int i = 0; i < TB * TT * 64; i++)
+        n += o[0].logits[i] != 0.0f && isfinite(o[0].logits[i]);
+    ck_assert_msg(n > TB * TT * 32, "%s: logits", what);
+    ck_assert_msg(memcmp(o[0].logp, o[1].logp, sizeof o[0].logp) == 0, "%s: log-probs differ", what);
+    ck_assert_msg(memcmp(o[0].logits, o[1].logits, sizeof o[0].logits) == 0, "%s: logits differ", what);
+    if (rollout) {
+        ck_assert_msg(memcmp(o[0].gtok, o[1].gtok, sizeof o[0].gtok) == 0 &&
+                      memcmp(o[0].glen, o[1].glen, sizeof o[0].glen) == 0, "%s: generated tokens differ", what);
+        ck_assert_msg(memcmp(o[0].glogp, o[1].glogp, sizeof o[0].glogp) == 0, "%s: generate log-probs differ",
+                      what);
+        ck_assert(o[0].rac_bytes == o[1].rac_bytes);
+        ck_assert_msg(memcmp(o[0].rac, o[1].rac, o[0].rac_bytes) == 0, "%s: RAC state differs", what);
+        ck_assert_msg(memcmp(o[0].logp2, o[1].logp2, sizeof o[0].logp2) == 0 &&
+                      memcmp(o[0].logits2, o[1].logits2, sizeof o[0].logits2) == 0, "%s: logits after the sync "
+                      "differ", what);
+        if (rac && o[0].rac_bytes) {
+            *rac = o[0].rac;
+            *rac_bytes = o[0].rac_bytes;
+            o[0].rac = NULL;
+        }
+    } else {
+        size_t nf = o[0].n, moved = 0;
+        ck_assert_msg(memcmp(o[0].grads, o[1].grads, sizeof(float) * nf) == 0, "%s: gradients differ", what);
+        ck_assert_msg(memcmp(o[0].weights, o[1].weights, sizeof(float) * nf) == 0, "%s: weights after AdamW "
+                      "differ", what);
+        for (size_t i = 0; i < nf; i++)
+            moved += o[0].weights[i] != w[i];
+        ck_assert_msg(moved > nf / 2, "%s: AdamW moved %zu of %zu weights", what, moved, nf);
+    }
+    fallback_out_free(&o[0]);
+    fallback_out_free(&o[1]);
+    free(o);
+}
+
+/* Every optional op the driver can do without (the grouped products of the
+ * experts, the grouped RAC quantization, sampling) left NULL: forward logits,
+ * generate tokens and log-probs, the RAC statistics, gradients and an AdamW
+ * step are the CPU backend's bit for bit, in every kind of expert product. */
+START_TEST(test_null_ops_fallback)
+{
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend *b = make(&c, QD_RECIPE_FP32, QD_ROLE_TRAINER, 0, 1);
+    float *w = random_weights(b, 171);
+    qd_backend_free(b);
+    char *rac = NULL;
+    size_t rac_bytes = 0;
+    check_fallback(&c, w, QD_RECIPE_BF16, QD_ROLE_ROLLOUT, 0, NULL, NULL);      /* matmul, sample */
+    check_fallback(&c, w, QD_RECIPE_FP8, QD_ROLE_ROLLOUT, 0, NULL, NULL);       /* fp8_gemm */
+    check_fallback(&c, w, QD_RECIPE_NVFP4, QD_ROLE_ROLLOUT, 0, NULL, NULL);     /* w4a4_gemm */
+    check_fallback(&c, w, QD_RECIPE_QUADS, QD_ROLE_ROLLOUT, 0.5, &rac, &rac_bytes); /* rac_error, rac_augment_act */
+    ck_assert_ptr_nonnull(rac);
+    check_fallback(&c, w, QD_RECIPE_FP32, QD_ROLE_TRAINER, 0, NULL, NULL);      /* matmul(_backward) */
+    check_fallback(&c, w, QD_RECIPE_QUADS, QD_ROLE_TRAINER, 0, NULL, NULL);     /* fake-quant weights */
+    check_fallback(&c, w, QD_RECIPE_QUADS_REPLAY, QD_ROLE_TRAINER, 0, &rac, &rac_bytes); /* RAC, no statistics */
+    free(rac);
+    free(w);
+}
+END_TEST
+
 /* ---- errors */
 
 START_TEST(test_errors)
@@ -1625,6 +1788,7 @@ Suite *suite_backend_cpu(void)
     tcase_add_test(tc, test_generate);
     tcase_add_test(tc, test_generate_rollout_recipe);
     tcase_add_test(tc, test_generate_seed_contract);
+    tcase_add_test(tc, test_null_ops_fallback);
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_forward_temperature);
     suite_add_tcase(s, tc);

@@ -105,14 +105,14 @@ START_TEST(test_grouped_quant_definition)
     float *ref = malloc(sizeof(float) * R * N);
     qd_nvfp4 a, q[3];
     const qd_nvfp4 *qp[3];
-    ck_assert_int_eq(qd_nvfp4_alloc(&a, R, K, 1), QD_OK);
+    ck_assert_int_eq(qd_nvfp4_alloc(&a, R, K, QD_SCALE_PER_ROW), QD_OK);
     ck_assert_int_eq(qd_nvfp4_quantize(&a, x), QD_OK);
     uint8_t *qa = malloc((size_t)R * K), *qw[3];
     float *sa = malloc(sizeof(float) * R), *sw[3];
     ck_assert_int_eq(qd_fp8_quantize_rows(qa, sa, x, R, K), QD_OK);
     for (int e = 0; e < 3; e++) {
         w[e] = rnd((size_t)N * K, -1, 1, 10 + e);
-        ck_assert_int_eq(qd_nvfp4_alloc(&q[e], N, K, 0), QD_OK);
+        ck_assert_int_eq(qd_nvfp4_alloc(&q[e], N, K, QD_SCALE_PER_TENSOR), QD_OK);
         ck_assert_int_eq(qd_nvfp4_quantize(&q[e], w[e]), QD_OK);
         qp[e] = &q[e];
         qw[e] = malloc((size_t)N * K);
@@ -125,7 +125,7 @@ START_TEST(test_grouped_quant_definition)
         if (!m)
             continue;
         qd_nvfp4 ae;
-        ck_assert_int_eq(qd_nvfp4_alloc(&ae, m, K, 1), QD_OK);
+        ck_assert_int_eq(qd_nvfp4_alloc(&ae, m, K, QD_SCALE_PER_ROW), QD_OK);
         ck_assert_int_eq(qd_nvfp4_quantize(&ae, x + (size_t)off[e] * K), QD_OK);
         ck_assert_int_eq(qd_w4a4_gemm(ref + (size_t)off[e] * N, &ae, &q[e]), QD_OK);
         qd_nvfp4_free(&ae);
@@ -161,14 +161,14 @@ START_TEST(test_rac_grouped_definition)
     double *errp[3] = {err[0], err[1], err[2]};
     const int64_t *chp[3] = {ch[0], ch[1], ch[2]};
     qd_nvfp4 a, b;
-    ck_assert_int_eq(qd_nvfp4_alloc(&a, R, K + n, 1), QD_OK);
+    ck_assert_int_eq(qd_nvfp4_alloc(&a, R, K + n, QD_SCALE_PER_ROW), QD_OK);
     ck_assert_int_eq(O->rac_grouped(dev1, &a, errp, chp, off, 3, x, K, n), QD_OK);
     for (int e = 0; e < 3; e++) {
         int m = off[e + 1] - off[e];
         if (!m)
             continue;
         ck_assert_int_eq(qd_rac_error_accumulate(ref[e], x + (size_t)off[e] * K, m, K), QD_OK);
-        ck_assert_int_eq(qd_nvfp4_alloc(&b, m, K + n, 1), QD_OK);
+        ck_assert_int_eq(qd_nvfp4_alloc(&b, m, K + n, QD_SCALE_PER_ROW), QD_OK);
         ck_assert_int_eq(qd_rac_augment_act(&b, x + (size_t)off[e] * K, m, K, ch[e], n), QD_OK);
         ck_assert_mem_eq(a.codes + (size_t)off[e] * (K + n) / 2, b.codes, (size_t)m * (K + n) / 2);
         ck_assert_mem_eq(a.scales + (size_t)off[e] * (K + n) / 16, b.scales, (size_t)m * (K + n) / 16);
@@ -210,7 +210,7 @@ START_TEST(test_elementwise_double)
         }
     float *q = rnd((size_t)N * nh * D, -1, 1, 22), *q0 = malloc(sizeof(float) * N * nh * D);
     memcpy(q0, q, sizeof(float) * N * nh * D);
-    ck_assert_int_eq(O->rope(dev1, q, pos, cs, sn, N, nh, D, 0), QD_OK);
+    ck_assert_int_eq(O->rope(dev1, q, pos, cs, sn, N, nh, D, QD_ROPE_FORWARD), QD_OK);
     for (int n = 0; n < N; n++)
         for (int h = 0; h < nh; h++)
             for (int i = 0; i < D / 2; i++) {
@@ -220,7 +220,7 @@ START_TEST(test_elementwise_double)
                 ref[(n * nh + h) * D + i + D / 2] = a[i + D / 2] * c + a[i] * s;
             }
     assert_close(q, ref, (size_t)N * nh * D, 1e-6, "rope");
-    ck_assert_int_eq(O->rope(dev1, q, pos, cs, sn, N, nh, D, 1), QD_OK); /* the inverse rotation */
+    ck_assert_int_eq(O->rope(dev1, q, pos, cs, sn, N, nh, D, QD_ROPE_INVERSE), QD_OK); /* the inverse rotation */
     for (int i = 0; i < N * nh * D; i++)
         ref[i] = q0[i];
     assert_close(q, ref, (size_t)N * nh * D, 1e-6, "rope inverse");
@@ -276,7 +276,7 @@ START_TEST(test_route_logprob_double)
     float *p = rnd((size_t)N * E, -3, 3, 40), *l0 = malloc(sizeof(float) * N * E), tw[13 * 4];
     int32_t tk[13 * 4];
     memcpy(l0, p, sizeof(float) * N * E);
-    ck_assert_int_eq(O->route(dev1, tk, tw, p, N, E, K, 1), QD_OK);
+    ck_assert_int_eq(O->route(dev1, tk, tw, p, N, E, K, QD_TOPK_RENORM), QD_OK);
     for (int n = 0; n < N; n++) {
         double mx = -1e300, s = 0, e[16], kept = 0;
         for (int j = 0; j < E; j++)

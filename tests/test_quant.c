@@ -58,10 +58,10 @@ static uint8_t code_at(const qd_nvfp4 *q, int64_t r, int64_t c)
     return (c & 1) ? byte >> 4 : byte & 0xf;
 }
 
-static qd_nvfp4 quantized(const float *x, int64_t rows, int64_t cols, int per_row)
+static qd_nvfp4 quantized(const float *x, int64_t rows, int64_t cols, qd_scale_kind scale)
 {
     qd_nvfp4 q;
-    ck_assert_int_eq(qd_nvfp4_alloc(&q, rows, cols, per_row), QD_OK);
+    ck_assert_int_eq(qd_nvfp4_alloc(&q, rows, cols, scale), QD_OK);
     ck_assert_int_eq(qd_nvfp4_quantize(&q, x), QD_OK);
     return q;
 }
@@ -205,6 +205,72 @@ START_TEST(test_f32_random_encoders)
 }
 END_TEST
 
+/* One value through the branch-free twins of quant/numerics.h (the CUDA
+ * quantizer's encoders) against the canonical encoders: the E2M1 code, the
+ * rounded magnitude (a + M) - M the fake-quant kernel uses, and for |v| <= 448
+ * the block-scale code and value. Counts mismatches (ck_assert per value is
+ * slow), the first one printed. */
+static int64_t rn_bad;
+
+static void check_rn_twins(float v)
+{
+    if (isnan(v))
+        return;
+    uint32_t e, t, idx = qd_e2m1_index_rn(v);
+    uint8_t code = qd_e2m1_from_f32(v), c = 0;
+    qd_e2m1_rn_parts(v, &e, &t);
+    int bad = (idx | ((qd_f32_bits(v) >> 28) & 8u)) != code ||
+              qd_bits_f32(t) - qd_bits_f32((e + 22u) << 23) != fabsf(qd_e2m1_to_f32(code));
+    float a = fabsf(v), val = 0.0f;
+    if (a <= QD_E4M3_MAX) {
+        c = qd_e4m3_scale_rn(a, &val);
+        bad |= c != qd_e4m3_from_f32(a) || qd_f32_bits(val) != qd_f32_bits(qd_e4m3_to_f32(c));
+    }
+    if (bad && rn_bad++ == 0)
+        fprintf(stderr, "rn twins: v = %a: e2m1 %u (want 0x%x), e4m3 0x%02x = %a (want 0x%02x)\n",
+                (double)v, idx, code, c, (double)val, qd_e4m3_from_f32(a));
+}
+
+/* Each float within `ulps` of v, both signs. */
+static void check_rn_window(float v, int ulps)
+{
+    uint32_t b = qd_f32_bits(v);
+    for (int d = -ulps; d <= ulps; d++) {
+        if ((int64_t)b + d < 0)
+            continue;
+        check_rn_twins(qd_bits_f32(b + (uint32_t)d));
+        check_rn_twins(-qd_bits_f32(b + (uint32_t)d));
+    }
+}
+
+/* The twins on every BF16 pattern with low halves that set the round, tie and
+ * sticky bits, around every E2M1 value and midpoint and every E4M3 value and
+ * midpoint, and on random bit patterns. (Every float was compared once when
+ * they were written; tests/gpu/check_quant compares every float on the GPU.) */
+START_TEST(test_rn_twins)
+{
+    static const uint32_t low[] = {0x0000, 0x0001, 0x3fff, 0x7fff, 0x8000, 0x8001, 0xffff};
+    rn_bad = 0;
+    static const float e2m1_pts[] = {0.25f, 0.5f, 0.75f, 1.0f, 1.25f, 1.5f, 1.75f, 2.0f, 2.5f,
+                                     3.0f,  3.5f, 4.0f,  5.0f, 6.0f, 7.0f, 8.0f, FLT_MIN, 0.0f};
+    for (uint32_t h = 0; h < 65536; h++)
+        for (size_t i = 0; i < sizeof low / sizeof low[0]; i++)
+            check_rn_twins(qd_bits_f32(h << 16 | low[i]));
+    for (size_t i = 0; i < sizeof e2m1_pts / sizeof e2m1_pts[0]; i++)
+        check_rn_window(e2m1_pts[i], 4096);
+    for (int c = 0; c < 0x7e; c++) {
+        float lo = qd_e4m3_to_f32((uint8_t)c), hi = qd_e4m3_to_f32((uint8_t)(c + 1));
+        check_rn_window(lo, 64);
+        check_rn_window(0.5f * (lo + hi), 256); /* exact: the midpoint has one more bit */
+    }
+    check_rn_window(QD_E4M3_MAX, 64);
+    rng_state = 1301;
+    for (int i = 0; i < 300000; i++)
+        check_rn_twins(qd_bits_f32((uint32_t)rng_next()));
+    ck_assert_int_eq(rn_bad, 0);
+}
+END_TEST
+
 /* Reference BF16 rounding: the nearer of the two neighbours, ties to the even one. */
 static uint16_t ref_bf16(float f)
 {
@@ -265,7 +331,7 @@ static void check_golden_case(FILE *f)
     read_bytes(codes, n / 2, f);
     read_bytes(scales, n / 16, f);
     read_bytes(sd, nsd * sizeof(float), f);
-    qd_nvfp4 q = quantized(x, rows, cols, (int)per_row);
+    qd_nvfp4 q = quantized(x, rows, cols, per_row ? QD_SCALE_PER_ROW : QD_SCALE_PER_TENSOR);
     ck_assert_msg(memcmp(q.scales, scales, n / 16) == 0, "%s: block scales differ", name);
     ck_assert_msg(memcmp(q.codes, codes, n / 2) == 0, "%s: codes differ", name);
     ck_assert_msg(memcmp(q.s_dec, sd, nsd * sizeof(float)) == 0, "%s: s_dec differs", name);
@@ -296,7 +362,7 @@ START_TEST(test_nvfp4_zero_tensor)
     float x[32] = {0};
     x[3] = -0.0f;
     x[20] = -0.0f;
-    qd_nvfp4 q = quantized(x, 1, 32, 0);
+    qd_nvfp4 q = quantized(x, 1, 32, QD_SCALE_PER_TENSOR);
     ck_assert(q.s_dec[0] == 1.0f); /* amax 0 -> S_enc = 1 */
     ck_assert_int_eq(q.scales[0], 0);
     ck_assert_int_eq(q.scales[1], 0);
@@ -317,7 +383,7 @@ START_TEST(test_nvfp4_zero_block_and_saturation)
     for (int i = 16; i < 32; i++)
         x[i] = (float)(i - 24) * 0.5f;
     x[31] = 12.0f;
-    qd_nvfp4 q = quantized(x, 1, 32, 0);
+    qd_nvfp4 q = quantized(x, 1, 32, QD_SCALE_PER_TENSOR);
     ck_assert(q.s_dec[0] == (float)(1.0 / (double)(2688.0f / 12.0f)));
     ck_assert_int_eq(q.scales[0], 0x00);  /* s_b = 0, inv = FLT_MAX, codes 0 */
     ck_assert_int_eq(q.scales[1], 0x7e);  /* the amax block saturates the E4M3 scale at 448 */
@@ -339,7 +405,7 @@ START_TEST(test_nvfp4_quantize_with_saturates)
     for (int i = 0; i < 16; i++)
         x[i] = (i & 1 ? -1.0f : 1.0f) * (1e4f + (float)i);
     qd_nvfp4 q;
-    ck_assert_int_eq(qd_nvfp4_alloc(&q, 1, 16, 0), QD_OK);
+    ck_assert_int_eq(qd_nvfp4_alloc(&q, 1, 16, QD_SCALE_PER_TENSOR), QD_OK);
     ck_assert_int_eq(qd_nvfp4_quantize_with(&q, x, &s_enc), QD_OK);
     ck_assert_int_eq(q.scales[0], 0x7e);
     ck_assert(q.s_dec[0] == 1.0f);
@@ -357,7 +423,7 @@ START_TEST(test_nvfp4_tiny_and_huge_scales)
     float x[16] = {0};
     x[0] = 1e-40f;
     x[5] = -3e-41f;
-    qd_nvfp4 q = quantized(x, 1, 16, 0);
+    qd_nvfp4 q = quantized(x, 1, 16, QD_SCALE_PER_TENSOR);
     ck_assert(q.s_dec[0] == (float)(1.0 / (double)FLT_MAX));
     ck_assert_int_eq(fpclassify(q.s_dec[0]), FP_SUBNORMAL);
     ck_assert_int_eq(q.scales[0], qd_e4m3_from_f32(1e-40f * (FLT_MAX * (1.0f / 6.0f))));
@@ -377,7 +443,7 @@ START_TEST(test_nvfp4_tiny_and_huge_scales)
     /* amax FLT_MAX: S_enc tiny, S_dec ~ 1.27e35, the amax element stays finite-ish */
     x[0] = FLT_MAX;
     x[5] = -1e38f;
-    q = quantized(x, 1, 16, 0);
+    q = quantized(x, 1, 16, QD_SCALE_PER_TENSOR);
     ck_assert(q.s_dec[0] == (float)(1.0 / (double)(2688.0f / FLT_MAX)));
     ck_assert_int_eq(q.scales[0], 0x7e);
     ck_assert_int_eq(code_at(&q, 0, 0), 0x7);
@@ -443,7 +509,7 @@ START_TEST(test_nvfp4_nonfinite)
     for (int b = 0; b < 3; b++) {
         x[37] = bad[b];
         qd_nvfp4 q;
-        ck_assert_int_eq(qd_nvfp4_alloc(&q, 2, 32, b & 1), QD_OK);
+        ck_assert_int_eq(qd_nvfp4_alloc(&q, 2, 32, b & 1 ? QD_SCALE_PER_ROW : QD_SCALE_PER_TENSOR), QD_OK);
         memset(q.codes, 0xab, 32);
         memset(q.scales, 0xab, 4);
         ck_assert_int_eq(qd_nvfp4_quantize(&q, x), QD_ERR_NONFINITE);
@@ -459,7 +525,7 @@ START_TEST(test_nvfp4_nonfinite)
         float out[64], amax = 123.0f;
         ck_assert_int_eq(qd_amax(&amax, x, 64), QD_ERR_NONFINITE);
         ck_assert(amax == 123.0f);
-        ck_assert_int_eq(qd_nvfp4_fake_quant(out, x, 2, 32, 1), QD_ERR_NONFINITE);
+        ck_assert_int_eq(qd_nvfp4_fake_quant(out, x, 2, 32, QD_SCALE_PER_ROW), QD_ERR_NONFINITE);
         uint8_t q8[64];
         float sinv[2];
         ck_assert_int_eq(qd_fp8_quantize_rows(q8, sinv, x, 2, 32), QD_ERR_NONFINITE);
@@ -468,8 +534,9 @@ START_TEST(test_nvfp4_nonfinite)
         ck_assert(err[0] == 0.0);
     }
     qd_nvfp4 q;
-    ck_assert_int_eq(qd_nvfp4_alloc(&q, 2, 24, 0), QD_ERR_SHAPE);
-    ck_assert_int_eq(qd_nvfp4_alloc(&q, 0, 16, 0), QD_ERR_SHAPE);
+    ck_assert_int_eq(qd_nvfp4_alloc(&q, 2, 24, QD_SCALE_PER_TENSOR), QD_ERR_SHAPE);
+    ck_assert_int_eq(qd_nvfp4_alloc(&q, 0, 16, QD_SCALE_PER_TENSOR), QD_ERR_SHAPE);
+    ck_assert_int_eq(qd_nvfp4_alloc(&q, 2, 32, (qd_scale_kind)2), QD_ERR_ARG);
 }
 END_TEST
 
@@ -481,19 +548,19 @@ START_TEST(test_nvfp4_per_row_and_fake_quant)
     float *x = normal_matrix(R * K, 11);
     for (int64_t i = 0; i < K; i++)
         x[2 * K + i] *= 1000.0f; /* a loud row */
-    qd_nvfp4 all = quantized(x, R, K, 1);
+    qd_nvfp4 all = quantized(x, R, K, QD_SCALE_PER_ROW);
     for (int64_t r = 0; r < R; r++) {
-        qd_nvfp4 one = quantized(x + r * K, 1, K, 1);
+        qd_nvfp4 one = quantized(x + r * K, 1, K, QD_SCALE_PER_ROW);
         ck_assert(memcmp(one.codes, all.codes + r * K / 2, K / 2) == 0);
         ck_assert(memcmp(one.scales, all.scales + r * K / 16, K / 16) == 0);
         ck_assert(one.s_dec[0] == all.s_dec[r]);
         qd_nvfp4_free(&one);
     }
-    qd_nvfp4 tensor = quantized(x, R, K, 0);
+    qd_nvfp4 tensor = quantized(x, R, K, QD_SCALE_PER_TENSOR);
     ck_assert(tensor.s_dec[0] == all.s_dec[2]); /* the loud row holds the tensor amax */
     ck_assert(tensor.s_dec[0] != all.s_dec[0]);
     float *fq = malloc(sizeof(float) * R * K), *dq = malloc(sizeof(float) * R * K);
-    ck_assert_int_eq(qd_nvfp4_fake_quant(fq, x, R, K, 1), QD_OK);
+    ck_assert_int_eq(qd_nvfp4_fake_quant(fq, x, R, K, QD_SCALE_PER_ROW), QD_OK);
     qd_nvfp4_dequantize(dq, &all);
     ck_assert(memcmp(fq, dq, sizeof(float) * R * K) == 0);
     /* dequantization is (e2m1 * s_b) * S_dec, and is close to x */
@@ -618,7 +685,7 @@ START_TEST(test_w4a4_gemm_vs_f64)
     for (int64_t i = 0; i < M * K; i++)
         xa[i] *= (float)(1 + i / K); /* rows of different loudness */
     int order_sensitive = 0;
-    qd_nvfp4 a = quantized(xa, M, K, 1), w = quantized(xw, N, K, 0);
+    qd_nvfp4 a = quantized(xa, M, K, QD_SCALE_PER_ROW), w = quantized(xw, N, K, QD_SCALE_PER_TENSOR);
     ck_assert_int_eq(qd_w4a4_gemm(y, &a, &w), QD_OK);
     double worst = 0.0;
     for (int64_t m = 0; m < M; m++)
@@ -637,7 +704,7 @@ START_TEST(test_w4a4_gemm_vs_f64)
     ck_assert(worst > 0.0); /* the float32 sum really rounds: the test can tell */
     ck_assert_int_gt(order_sensitive, M * N / 4); /* and a wrong block order would show */
     qd_nvfp4 wrong;
-    ck_assert_int_eq(qd_nvfp4_alloc(&wrong, 2, 32, 0), QD_OK);
+    ck_assert_int_eq(qd_nvfp4_alloc(&wrong, 2, 32, QD_SCALE_PER_TENSOR), QD_OK);
     ck_assert_int_eq(qd_w4a4_gemm(y, &a, &wrong), QD_ERR_SHAPE);
     qd_nvfp4_free(&wrong), qd_nvfp4_free(&a), qd_nvfp4_free(&w);
     free(xa), free(xw), free(y);
@@ -648,7 +715,7 @@ START_TEST(test_w4a4_gemm_threads)
 {
     const int64_t M = 37, N = 29, K = 1024;
     float *xa = wide_matrix(M, K, 3), *xw = wide_matrix(N, K, 4);
-    qd_nvfp4 a = quantized(xa, M, K, 1), w = quantized(xw, N, K, 0);
+    qd_nvfp4 a = quantized(xa, M, K, QD_SCALE_PER_ROW), w = quantized(xw, N, K, QD_SCALE_PER_TENSOR);
     float *y[3];
     const int threads[3] = {1, 2, 4};
     for (int t = 0; t < 3; t++) {
@@ -778,7 +845,7 @@ START_TEST(test_rac_error_accumulate)
     double err[48] = {0}, want[48] = {0};
     ck_assert_int_eq(qd_rac_error_accumulate(err, x, R, K), QD_OK);
     ck_assert_int_eq(qd_rac_error_accumulate(err, x, R, K), QD_OK); /* accumulates with += */
-    ck_assert_int_eq(qd_nvfp4_fake_quant(xh, x, R, K, 1), QD_OK);
+    ck_assert_int_eq(qd_nvfp4_fake_quant(xh, x, R, K, QD_SCALE_PER_ROW), QD_OK);
     for (int64_t r = 0; r < R; r++)
         for (int64_t k = 0; k < K; k++) {
             double d = (double)(x[r * K + k] - xh[r * K + k]);
@@ -812,7 +879,7 @@ static qd_nvfp4 residual_quantized(const float *x, const float *r, int64_t R, in
         s_enc[i] = qd_nvfp4_s_enc(amax);
     }
     qd_nvfp4 rq;
-    ck_assert_int_eq(qd_nvfp4_alloc(&rq, R, n, 1), QD_OK);
+    ck_assert_int_eq(qd_nvfp4_alloc(&rq, R, n, QD_SCALE_PER_ROW), QD_OK);
     ck_assert_int_eq(qd_nvfp4_quantize_with(&rq, r, s_enc), QD_OK);
     free(s_enc);
     return rq;
@@ -844,7 +911,7 @@ START_TEST(test_rac_fake_quant)
     for (int64_t j = 0; j < K; j++)
         ch[j] = j < n ? 2 * j + 1 : j;
     float *xh = malloc(sizeof(float) * R * K), *out = malloc(sizeof(float) * R * K), rh[5 * 16];
-    ck_assert_int_eq(qd_nvfp4_fake_quant(xh, x, R, K, 1), QD_OK);
+    ck_assert_int_eq(qd_nvfp4_fake_quant(xh, x, R, K, QD_SCALE_PER_ROW), QD_OK);
     ck_assert_int_eq(qd_rac_fake_quant(out, x, R, K, ch, 0), QD_OK);
     ck_assert(memcmp(out, xh, sizeof(float) * R * K) == 0);
     float *r = residual(x, xh, R, K, ch, n);
@@ -887,9 +954,9 @@ START_TEST(test_rac_augment_structure)
     int64_t ch[32];
     for (int64_t j = 0; j < n; j++)
         ch[j] = j * 4 + 1;
-    qd_nvfp4 act, wt, base = quantized(x, R, K, 1), wbase = quantized(w, N, K, 0);
-    ck_assert_int_eq(qd_nvfp4_alloc(&act, R, K + n, 1), QD_OK);
-    ck_assert_int_eq(qd_nvfp4_alloc(&wt, N, K + n, 0), QD_OK);
+    qd_nvfp4 act, wt, base = quantized(x, R, K, QD_SCALE_PER_ROW), wbase = quantized(w, N, K, QD_SCALE_PER_TENSOR);
+    ck_assert_int_eq(qd_nvfp4_alloc(&act, R, K + n, QD_SCALE_PER_ROW), QD_OK);
+    ck_assert_int_eq(qd_nvfp4_alloc(&wt, N, K + n, QD_SCALE_PER_TENSOR), QD_OK);
     ck_assert_int_eq(qd_rac_augment_act(&act, x, R, K, ch, n), QD_OK);
     ck_assert_int_eq(qd_rac_augment_weight(&wt, w, N, K, ch, n), QD_OK);
     float *xh = malloc(sizeof(float) * R * K);
@@ -946,15 +1013,16 @@ START_TEST(test_rac_reduces_error)
     const int64_t M = 8, N = 16, K = 256;
     float *x = normal_matrix(M * K, 12), *w = normal_matrix(N * K, 13);
     float *wh = malloc(sizeof(float) * N * K), y_naive[128], y_rac[128], y0[128];
-    qd_nvfp4 a = quantized(x, M, K, 1), wq = quantized(w, N, K, 0), a_aug, w_aug, a0, w0;
+    qd_nvfp4 a = quantized(x, M, K, QD_SCALE_PER_ROW), wq = quantized(w, N, K, QD_SCALE_PER_TENSOR);
+    qd_nvfp4 a_aug, w_aug, a0, w0;
     qd_nvfp4_dequantize(wh, &wq);
     double err[256] = {0};
     int64_t ch[256];
     ck_assert_int_eq(qd_rac_error_accumulate(err, x, M, K), QD_OK);
     int64_t n = qd_rac_select(ch, err, K, 1.0);
     ck_assert_int_eq(n, K);
-    ck_assert_int_eq(qd_nvfp4_alloc(&a_aug, M, K + n, 1), QD_OK);
-    ck_assert_int_eq(qd_nvfp4_alloc(&w_aug, N, K + n, 0), QD_OK);
+    ck_assert_int_eq(qd_nvfp4_alloc(&a_aug, M, K + n, QD_SCALE_PER_ROW), QD_OK);
+    ck_assert_int_eq(qd_nvfp4_alloc(&w_aug, N, K + n, QD_SCALE_PER_TENSOR), QD_OK);
     ck_assert_int_eq(qd_rac_augment_act(&a_aug, x, M, K, ch, n), QD_OK);
     ck_assert_int_eq(qd_rac_augment_weight(&w_aug, w, N, K, ch, n), QD_OK);
     ck_assert_int_eq(qd_w4a4_gemm(y_naive, &a, &wq), QD_OK);
@@ -963,8 +1031,8 @@ START_TEST(test_rac_reduces_error)
     ck_assert_msg(e_rac < 0.25 * e_naive, "RAC error %g vs naive %g", e_rac, e_naive);
     /* ratio 0: the augmented pair is the naive pair */
     ck_assert_int_eq(qd_rac_select(ch, err, K, 0.0), 0);
-    ck_assert_int_eq(qd_nvfp4_alloc(&a0, M, K, 1), QD_OK);
-    ck_assert_int_eq(qd_nvfp4_alloc(&w0, N, K, 0), QD_OK);
+    ck_assert_int_eq(qd_nvfp4_alloc(&a0, M, K, QD_SCALE_PER_ROW), QD_OK);
+    ck_assert_int_eq(qd_nvfp4_alloc(&w0, N, K, QD_SCALE_PER_TENSOR), QD_OK);
     ck_assert_int_eq(qd_rac_augment_act(&a0, x, M, K, ch, 0), QD_OK);
     ck_assert_int_eq(qd_rac_augment_weight(&w0, w, N, K, ch, 0), QD_OK);
     ck_assert_int_eq(qd_w4a4_gemm(y0, &a0, &w0), QD_OK);
@@ -1142,6 +1210,7 @@ Suite *suite_quant(void)
     tcase_add_test(codecs, test_bf16_all_patterns);
     tcase_add_test(codecs, test_bf16_rounding);
     tcase_add_test(codecs, test_f32_random_encoders);
+    tcase_add_test(codecs, test_rn_twins);
     suite_add_tcase(s, codecs);
     TCase *nvfp4 = tcase_create("nvfp4");
     tcase_add_test(nvfp4, test_golden_vectors);

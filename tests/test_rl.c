@@ -56,7 +56,8 @@ static void make_model_positions(const char *dir, int positions)
     char p[512];
     pathf(p, sizeof p, "%s/model", dir);
     ck_assert_int_eq(qd_mkdirs(p), QD_OK);
-    qd_sft_dims d = {32, 2, 2, 1, 16, 4, 2, 16, QD_SFT_TOK_VOCAB};
+    qd_sft_dims d = {.hidden = 32, .layers = 2, .heads = 2, .kv_heads = 1, .head_dim = 16, .experts = 4,
+                     .top_k = 2, .moe_intermediate = 16, .vocab = QD_SFT_TOK_VOCAB};
     qd_model_config cfg;
     ck_assert_int_eq(qd_sft_make_config(&d, &cfg), QD_OK);
     if (positions) /* room for LiveCodeBench's prompts */

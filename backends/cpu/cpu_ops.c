@@ -457,10 +457,10 @@ static qd_status cpu_rmsnorm_backward(void *dev, float *dinp, float *dw, const f
 }
 
 static qd_status cpu_rope(void *dev, float *x, const int32_t *pos, const float *cosb, const float *sinb, int N,
-                          int nh, int D, int inverse)
+                          int nh, int D, qd_rope_dir dir)
 {
     (void)dev;
-    if (inverse)
+    if (dir == QD_ROPE_INVERSE)
         rope_backward(x, x, pos, cosb, sinb, N, nh, D);
     else
         rope_forward(x, x, pos, cosb, sinb, N, nh, D);
@@ -539,10 +539,11 @@ static qd_status cpu_nvfp4_quantize(void *dev, qd_nvfp4 *q, const float *x)
     return qd_nvfp4_quantize(q, x);
 }
 
-static qd_status cpu_nvfp4_fake_quant(void *dev, float *out, const float *x, int rows, int cols, int per_row)
+static qd_status cpu_nvfp4_fake_quant(void *dev, float *out, const float *x, int rows, int cols,
+                                      qd_scale_kind scale)
 {
     (void)dev;
-    return qd_nvfp4_fake_quant(out, x, rows, cols, per_row);
+    return qd_nvfp4_fake_quant(out, x, rows, cols, scale);
 }
 
 static qd_status cpu_w4a4_gemm(void *dev, float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
@@ -673,7 +674,8 @@ static qd_status cpu_store_kv(void *dev, float *kc, float *vc, const float *kr, 
     return QD_OK;
 }
 
-static qd_status cpu_route(void *dev, int32_t *topk, float *topw, float *probs, int N, int E, int K, int norm)
+static qd_status cpu_route(void *dev, int32_t *topk, float *topw, float *probs, int N, int E, int K,
+                          qd_topk_norm norm)
 {
     (void)dev;
     for (int n = 0; n < N; n++) {
@@ -768,7 +770,8 @@ static qd_status cpu_unroute(void *dev, float *dinp, const float *dxe, const int
 /* dprobs of the chosen experts from dL/dweight, through the optional
  * renormalization w_j = p_j / S, then the softmax backward into dlog. */
 static qd_status cpu_router_backward(void *dev, float *dlog, const float *dwt, const float *probs,
-                                     const int32_t *topk, const float *topw, int N, int E, int K, int renorm)
+                                     const int32_t *topk, const float *topw, int N, int E, int K,
+                                     qd_topk_norm norm)
 {
     (void)dev;
     for (int n = 0; n < N; n++) {
@@ -782,7 +785,7 @@ static qd_status cpu_router_backward(void *dev, float *dlog, const float *dwt, c
             wdw += dwt[n * K + j] * topw[n * K + j];
         }
         for (int j = 0; j < K; j++)
-            dl[ix[j]] = renorm ? (dwt[n * K + j] - wdw) / sum : dwt[n * K + j];
+            dl[ix[j]] = norm == QD_TOPK_RENORM ? (dwt[n * K + j] - wdw) / sum : dwt[n * K + j];
         float pdp = 0.0f;
         for (int e = 0; e < E; e++)
             pdp += p[e] * dl[e];

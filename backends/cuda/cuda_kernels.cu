@@ -4,6 +4,7 @@
  * output's sum in one thread, k ascending, so the tiling changes no bit. */
 #include <cuda_runtime.h>
 #include <limits.h>
+#include <stdlib.h>
 #include <math.h>
 #include "backends/cuda/cuda_check.h"
 #include "backends/exact_math.h"
@@ -37,17 +38,17 @@ static unsigned blocks(size_t n, unsigned t) { return (unsigned)((n + t - 1) / t
 /* One thread per item of n (n > 0). */
 #define QD_LAUNCH_N(kernel, n, ...) QD_LAUNCH(kernel, blocks((n), TPB), TPB, __VA_ARGS__)
 
-__global__ void k_round(float *dst, const float *src, size_t n, int bf16)
+__global__ void k_round_bf16(float *dst, const float *src, size_t n)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
-        dst[i] = bf16 ? qd_round_bf16(src[i]) : src[i];
+        dst[i] = qd_round_bf16(src[i]);
 }
 
-extern "C" qd_status qdk_round(float *dst, const float *src, size_t n, int bf16)
+extern "C" qd_status qdk_round_bf16(float *dst, const float *src, size_t n)
 {
     if (n)
-        QD_LAUNCH_N(k_round, (n), dst, src, n, bf16);
+        QD_LAUNCH_N(k_round_bf16, (n), dst, src, n);
     return QD_OK;
 }
 
@@ -132,11 +133,26 @@ static __device__ void mm_stage(float (*s)[MM_B + 1], const T *x, long sr, long 
     }
 }
 
+/* op(A)(m, k) = a[m*am + k*ak] and op(B)(k, n) = b[k*bk + n*bn] of a layout. */
+typedef struct {
+    long am, ak, bk, bn;
+} mm_strides;
+
+static __host__ __device__ mm_strides mm_strides_of(qdk_layout layout, int M, int N, int K)
+{
+    mm_strides s;
+    s.am = layout == QDK_TN ? 1 : K;
+    s.ak = layout == QDK_TN ? M : 1;
+    s.bk = layout == QDK_NT ? 1 : N;
+    s.bn = layout == QDK_NT ? K : 1;
+    return s;
+}
+
 /* The CTA's tile (m0, n0) of C (M, N) = A . B, each output acc = 0,
  * acc = acc + a_k * b_k, k ascending; with scales (FP8): times (sa[m] * sb[n]). */
 template <typename T>
-static __device__ void mm_tile(float *c, const T *a, long sam, long sak, const T *b, long sbk, long sbn, int M,
-                               int N, int K, int acc_out, const float *sa, const float *sb, int m0, int n0)
+static __device__ void mm_tile(float *c, const T *a, const T *b, mm_strides st, int M, int N, int K,
+                               qdk_store store, const float *sa, const float *sb, int m0, int n0)
 {
     __shared__ float As[MM_K][MM_B + 1], Bs[MM_K][MM_B + 1];
     int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
@@ -145,8 +161,8 @@ static __device__ void mm_tile(float *c, const T *a, long sam, long sak, const T
         for (int j = 0; j < 4; j++)
             acc[i][j] = 0.0f;
     for (int k0 = 0; k0 < K; k0 += MM_K) {
-        mm_stage<T>(As, a, sam, sak, m0, M, k0, K);
-        mm_stage<T>(Bs, b, sbn, sbk, n0, N, k0, K);
+        mm_stage<T>(As, a, st.am, st.ak, m0, M, k0, K);
+        mm_stage<T>(Bs, b, st.bn, st.bk, n0, N, k0, K);
         __syncthreads();
         int kmax = K - k0 < MM_K ? K - k0 : MM_K;
         for (int kk = 0; kk < kmax; kk++) {
@@ -170,19 +186,18 @@ static __device__ void mm_tile(float *c, const T *a, long sam, long sak, const T
             if (sa)
                 v = v * (sa[m] * sb[n]);
             float *o = c + (size_t)m * N + n;
-            *o = acc_out ? *o + v : v;
+            *o = store == QDK_ACCUMULATE ? *o + v : v;
         }
 }
 
 template <typename T>
-__global__ void __launch_bounds__(256) k_matmul(float *c, const T *a, long sam, long sak, const T *b, long sbk,
-                                                long sbn, int M, int N, int K, int acc_out,
-                                                const float *sa, const float *sb)
+__global__ void __launch_bounds__(256) k_matmul(float *c, const T *a, const T *b, mm_strides st, int M, int N,
+                                                int K, qdk_store store, const float *sa, const float *sb)
 {
-    mm_tile<T>(c, a, sam, sak, b, sbk, sbn, M, N, K, acc_out, sa, sb, blockIdx.y * MM_B, blockIdx.x * MM_B);
+    mm_tile<T>(c, a, b, st, M, N, K, store, sa, sb, blockIdx.y * MM_B, blockIdx.x * MM_B);
 }
 
-/* Grouped: blockIdx.z picks one independent product of the table (same strides). */
+/* Grouped: blockIdx.z picks one independent product of the table (one layout). */
 #define QD_MM_GROUPS 128
 typedef struct {
     const void *a[QD_MM_GROUPS], *b[QD_MM_GROUPS];
@@ -192,19 +207,23 @@ typedef struct {
 } mm_groups;
 
 template <typename T>
-__global__ void __launch_bounds__(256) k_matmul_grouped(const __grid_constant__ mm_groups g, long sam, long sak,
-                                                        long sbk, long sbn, int acc_out)
+__global__ void __launch_bounds__(256) k_matmul_grouped(const __grid_constant__ mm_groups g, qdk_layout layout,
+                                                        qdk_store store)
 {
     int z = blockIdx.z, m0 = blockIdx.y * MM_B, n0 = blockIdx.x * MM_B;
     if (m0 >= g.M[z] || n0 >= g.N[z])
         return;
-    mm_tile<T>(g.c[z], (const T *)g.a[z], sam, sak, (const T *)g.b[z], sbk, sbn, g.M[z], g.N[z], g.K[z], acc_out,
-               g.sa[z], g.sb[z], m0, n0);
+    mm_tile<T>(g.c[z], (const T *)g.a[z], (const T *)g.b[z], mm_strides_of(layout, g.M[z], g.N[z], g.K[z]),
+               g.M[z], g.N[z], g.K[z], store, g.sa[z], g.sb[z], m0, n0);
 }
 
-extern "C" qd_status qdk_matmul_grouped(const qdk_mm_item *it, int n, long sam, long sak, long sbk, long sbn,
-                                        int acc, int fp8)
+static int mm_layout_ok(qdk_layout l) { return l == QDK_NN || l == QDK_NT || l == QDK_TN; }
+
+extern "C" qd_status qdk_matmul_grouped(const qdk_mm_item *it, int n, qdk_layout layout, qdk_store store,
+                                        qdk_elem elem)
 {
+    if (!mm_layout_ok(layout) || (elem != QDK_F32 && elem != QDK_E4M3))
+        return qd_error(QD_ERR_ARG, "qdk_matmul_grouped: layout %d, element type %d", (int)layout, (int)elem);
     for (int g0 = 0; g0 < n; g0 += QD_MM_GROUPS) {
         mm_groups g;
         int ng = n - g0 < QD_MM_GROUPS ? n - g0 : QD_MM_GROUPS, maxm = 0, maxn = 0;
@@ -224,22 +243,24 @@ extern "C" qd_status qdk_matmul_grouped(const qdk_mm_item *it, int n, long sam, 
         if (maxm == 0 || maxn == 0)
             continue;
         dim3 grid((maxn + MM_B - 1) / MM_B, (maxm + MM_B - 1) / MM_B, ng);
-        if (fp8)
-            QD_LAUNCH(k_matmul_grouped<uint8_t>, grid, 256u, g, sam, sak, sbk, sbn, acc);
+        if (elem == QDK_E4M3)
+            QD_LAUNCH(k_matmul_grouped<uint8_t>, grid, 256u, g, layout, store);
         else
-            QD_LAUNCH(k_matmul_grouped<float>, grid, 256u, g, sam, sak, sbk, sbn, acc);
+            QD_LAUNCH(k_matmul_grouped<float>, grid, 256u, g, layout, store);
     }
     return QD_OK;
 }
 
-extern "C" qd_status qdk_matmul(float *c, const float *a, long sam, long sak, const float *b, long sbk, long sbn,
-                                int M, int N, int K, int acc)
+extern "C" qd_status qdk_matmul(float *c, const float *a, const float *b, int M, int N, int K, qdk_layout layout,
+                                qdk_store store)
 {
+    if (!mm_layout_ok(layout))
+        return qd_error(QD_ERR_ARG, "qdk_matmul: layout %d", (int)layout);
     if (M == 0 || N == 0)
         return QD_OK;
     dim3 grid((N + MM_B - 1) / MM_B, (M + MM_B - 1) / MM_B);
-    QD_LAUNCH(k_matmul<float>, grid, 256u, c, a, sam, sak, b, sbk, sbn, M, N, K, acc, (const float *)NULL,
-              (const float *)NULL);
+    QD_LAUNCH(k_matmul<float>, grid, 256u, c, a, b, mm_strides_of(layout, M, N, K), M, N, K, store,
+              (const float *)NULL, (const float *)NULL);
     return QD_OK;
 }
 
@@ -592,41 +613,188 @@ __global__ void __launch_bounds__(128) k_matmul_wt_thin(float *c, const float *a
         c[(size_t)(m0 + wid) * N + n0 + lane] = acc;
 }
 
+/* k_matmul_wt with the next stage's operands loaded into registers while the
+ * current stage computes (global latency off the critical path, at the cost of
+ * 48 registers a thread for TM = 8). Same stages, same rule, same bits. */
+template <int ROWS> struct mp_regs {
+    float4 v[(ROWS * (MW_BK / 4) + 127) / 128];
+};
+struct mp_regs16 {
+    uint4 v[MW_BN * (MW_BK / 8) / 128];
+};
+
+template <int ROWS>
+static __device__ __forceinline__ void mp_fetch(mp_regs<ROWS> &r, const float *x, int r0, int R, int K, int k0)
+{
+#pragma unroll
+    for (int i = 0; i < (ROWS * (MW_BK / 4) + 127) / 128; i++) {
+        int idx = threadIdx.x + 128 * i, row = idx >> 3, k = k0 + (idx & 7) * 4;
+        r.v[i] = idx < ROWS * (MW_BK / 4) && r0 + row < R && k < K
+                     ? __ldg((const float4 *)(x + (size_t)(r0 + row) * K + k))
+                     : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+}
+
+static __device__ __forceinline__ void mp_fetch(mp_regs16 &r, const uint16_t *w, int n0, int N, int K, int k0)
+{
+#pragma unroll
+    for (int i = 0; i < MW_BN * (MW_BK / 8) / 128; i++) {
+        int idx = threadIdx.x + 128 * i, row = idx >> 2, k = k0 + (idx & 3) * 8;
+        r.v[i] = n0 + row < N && k < K ? __ldg((const uint4 *)(w + (size_t)(n0 + row) * K + k))
+                                       : make_uint4(0, 0, 0, 0);
+    }
+}
+
+/* Zeros (padding) leave a summary as it is. */
+template <int ROWS>
+static __device__ __forceinline__ void mp_store(float (*S)[ROWS], const mp_regs<ROWS> &r, mw_sum *sum)
+{
+#pragma unroll
+    for (int i = 0; i < (ROWS * (MW_BK / 4) + 127) / 128; i++) {
+        int idx = threadIdx.x + 128 * i, row = idx >> 3, k = (idx & 7) * 4;
+        if (idx >= ROWS * (MW_BK / 4))
+            break;
+        float4 v = r.v[i];
+        mw_see(sum, __float_as_uint(v.x));
+        mw_see(sum, __float_as_uint(v.y));
+        mw_see(sum, __float_as_uint(v.z));
+        mw_see(sum, __float_as_uint(v.w));
+        int col = mw_swz<ROWS>(row, k);
+        S[k][col] = v.x;
+        S[k + 1][col] = v.y;
+        S[k + 2][col] = v.z;
+        S[k + 3][col] = v.w;
+    }
+}
+
+static __device__ __forceinline__ void mp_store(float (*Ws)[MW_BN], const mp_regs16 &r, mw_sum *sw)
+{
+#pragma unroll
+    for (int i = 0; i < MW_BN * (MW_BK / 8) / 128; i++) {
+        int idx = threadIdx.x + 128 * i, row = idx >> 2, k = (idx & 3) * 8;
+        uint32_t u[4] = {r.v[i].x, r.v[i].y, r.v[i].z, r.v[i].w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            uint32_t lo = u[j] << 16, hi = u[j] & 0xffff0000u;
+            mw_see(sw, lo);
+            mw_see(sw, hi);
+            Ws[k + 2 * j][mw_swz<MW_BN>(row, k + 2 * j)] = __uint_as_float(lo);
+            Ws[k + 2 * j + 1][mw_swz<MW_BN>(row, k + 2 * j + 1)] = __uint_as_float(hi);
+        }
+    }
+}
+
+template <typename TW> struct mp_wregs;
+template <> struct mp_wregs<float> {
+    typedef mp_regs<MW_BN> type;
+};
+template <> struct mp_wregs<uint16_t> {
+    typedef mp_regs16 type;
+};
+
+template <int TM, typename TW>
+__global__ void __launch_bounds__(128) k_matmul_wt_pf(float *c, const float *a, const TW *w, int M, int N, int K,
+                                                      int check)
+{
+    constexpr int BM = 8 * TM;
+    __shared__ __align__(16) float Ws[MW_BK][MW_BN];
+    __shared__ __align__(16) float As[MW_BK][BM];
+    __shared__ mw_sum s_sum[2][4];
+    int tx = threadIdx.x & 15, ty = threadIdx.x >> 4, n0 = blockIdx.x * MW_BN, m0 = blockIdx.y * BM;
+    float acc[TM][8];
+#pragma unroll
+    for (int i = 0; i < TM; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            acc[i][j] = 0.0f;
+    typename mp_wregs<TW>::type rw;
+    mp_regs<BM> ra;
+    mp_fetch(rw, w, n0, N, K, 0);
+    mp_fetch<BM>(ra, a, m0, M, K, 0);
+    for (int k0 = 0; k0 < K; k0 += MW_BK) {
+        mw_sum sa = {0u, 0xffffffffu, 0u}, sw = {0u, 0xffffffffu, 0u};
+        __syncthreads();
+        mp_store(Ws, rw, &sw);
+        mp_store<BM>(As, ra, &sa);
+        if (k0 + MW_BK < K) {
+            mp_fetch(rw, w, n0, N, K, k0 + MW_BK);
+            mp_fetch<BM>(ra, a, m0, M, K, k0 + MW_BK);
+        }
+        int kmax = K - k0 < MW_BK ? K - k0 : MW_BK, fma = mw_stage_fma(sa, sw, s_sum, check);
+        if (fma)
+            mw_tile<TM, true>(acc, Ws, As, kmax, tx, ty);
+        else
+            mw_tile<TM, false>(acc, Ws, As, kmax, tx, ty);
+    }
+#pragma unroll
+    for (int i = 0; i < TM; i++) {
+        int m = m0 + ty * TM + i;
+        if (m >= M)
+            continue;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int n = n0 + (j < 4 ? 4 * tx + j : 64 + 4 * tx + j - 4);
+            if (n < N)
+                c[(size_t)m * N + n] = acc[i][j];
+        }
+    }
+}
+
+/* The wide tiles run k_matmul_wt_pf (H200, a3b decode at batch 64: 10,662 ->
+ * 11,378 tokens/s end to end); QUADS_MATMUL_PF=0 (benchmarks only) selects
+ * k_matmul_wt for the side-by-side. */
+static int matmul_pf(void)
+{
+    static int pf = -1;
+    if (pf < 0) {
+        const char *e = getenv("QUADS_MATMUL_PF");
+        pf = !(e && e[0] == '0');
+    }
+    return pf;
+}
+
 template <int TM>
-static qd_status launch_matmul_wt(float *c, const float *a, const void *w, int w_bf16, int M, int N, int K,
+static qd_status launch_matmul_wt(float *c, const float *a, const void *w, qdk_elem w_elem, int M, int N, int K,
                                   int check)
 {
     dim3 grid((unsigned)((N + MW_BN - 1) / MW_BN), (unsigned)((M + 8 * TM - 1) / (8 * TM)));
-    if (w_bf16)
+    if (matmul_pf() && w_elem == QDK_BF16)
+        QD_LAUNCH((k_matmul_wt_pf<TM, uint16_t>), grid, 128u, c, a, (const uint16_t *)w, M, N, K, check);
+    else if (matmul_pf())
+        QD_LAUNCH((k_matmul_wt_pf<TM, float>), grid, 128u, c, a, (const float *)w, M, N, K, check);
+    else if (w_elem == QDK_BF16)
         QD_LAUNCH((k_matmul_wt<TM, uint16_t>), grid, 128u, c, a, (const uint16_t *)w, M, N, K, check);
     else
         QD_LAUNCH((k_matmul_wt<TM, float>), grid, 128u, c, a, (const float *)w, M, N, K, check);
     return QD_OK;
 }
 
-extern "C" qd_status qdk_matmul_wt(float *c, const float *a, const void *w, int w_bf16, int M, int N, int K,
-                                   int bf16_operands)
+extern "C" qd_status qdk_matmul_wt(float *c, const float *a, const void *w, qdk_elem w_elem, int M, int N, int K,
+                                   qd_prec prec)
 {
+    if (w_elem != QDK_F32 && w_elem != QDK_BF16)
+        return qd_error(QD_ERR_ARG, "qdk_matmul_wt: weight element type %d", (int)w_elem);
     if (M == 0 || N == 0)
         return QD_OK;
     if (K % 8)
         return qd_error(QD_ERR_SHAPE, "qdk_matmul_wt: K %d not a multiple of 8", K);
+    int check = prec == QD_PREC_BF16;
     /* fewer than 16 wide CTAs even at TM = 1: the thin tiles */
     if ((long)((N + MW_BN - 1) / MW_BN) * ((M + 7) / 8) < 16) {
         dim3 grid((unsigned)((N + MT_BN - 1) / MT_BN), (unsigned)((M + MT_BM - 1) / MT_BM));
-        if (w_bf16)
-            QD_LAUNCH((k_matmul_wt_thin<uint16_t>), grid, 128u, c, a, (const uint16_t *)w, M, N, K, bf16_operands);
+        if (w_elem == QDK_BF16)
+            QD_LAUNCH((k_matmul_wt_thin<uint16_t>), grid, 128u, c, a, (const uint16_t *)w, M, N, K, check);
         else
-            QD_LAUNCH((k_matmul_wt_thin<float>), grid, 128u, c, a, (const float *)w, M, N, K, bf16_operands);
+            QD_LAUNCH((k_matmul_wt_thin<float>), grid, 128u, c, a, (const float *)w, M, N, K, check);
         return QD_OK;
     }
     if (M <= 8)
-        return launch_matmul_wt<1>(c, a, w, w_bf16, M, N, K, bf16_operands);
+        return launch_matmul_wt<1>(c, a, w, w_elem, M, N, K, check);
     if (M <= 16)
-        return launch_matmul_wt<2>(c, a, w, w_bf16, M, N, K, bf16_operands);
+        return launch_matmul_wt<2>(c, a, w, w_elem, M, N, K, check);
     if (M <= 32)
-        return launch_matmul_wt<4>(c, a, w, w_bf16, M, N, K, bf16_operands);
-    return launch_matmul_wt<8>(c, a, w, w_bf16, M, N, K, bf16_operands);
+        return launch_matmul_wt<4>(c, a, w, w_elem, M, N, K, check);
+    return launch_matmul_wt<8>(c, a, w, w_elem, M, N, K, check);
 }
 
 extern "C" qd_status qdk_fp8_gemm(float *y, const uint8_t *qa, const float *sa_inv, const uint8_t *qw,
@@ -635,7 +803,8 @@ extern "C" qd_status qdk_fp8_gemm(float *y, const uint8_t *qa, const float *sa_i
     if (M == 0 || N == 0)
         return QD_OK;
     dim3 grid((N + MM_B - 1) / MM_B, (M + MM_B - 1) / MM_B);
-    QD_LAUNCH(k_matmul<uint8_t>, grid, 256u, y, qa, (long)K, 1L, qw, 1L, (long)K, M, N, K, 0, sa_inv, sw_inv);
+    QD_LAUNCH(k_matmul<uint8_t>, grid, 256u, y, qa, qw, mm_strides_of(QDK_NT, M, N, K), M, N, K, QDK_OVERWRITE,
+              sa_inv, sw_inv);
     return QD_OK;
 }
 
@@ -729,7 +898,7 @@ extern "C" qd_status qdk_rmsnorm_backward(float *dinp, float *dw, const float *d
 }
 
 __global__ void k_rope(float *x, const int32_t *pos, const float *cosb, const float *sinb, int N, int nh, int D,
-                       int inverse)
+                       qd_rope_dir dir)
 {
     int h2 = D / 2;
     size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -741,7 +910,7 @@ __global__ void k_rope(float *x, const int32_t *pos, const float *cosb, const fl
     float *y = x + nhh * D;
     float cs = cosb[(size_t)pos[n] * h2 + i], sn = sinb[(size_t)pos[n] * h2 + i];
     float a = y[i], b = y[i + h2];
-    if (inverse) {
+    if (dir == QD_ROPE_INVERSE) {
         y[i] = a * cs + b * sn;
         y[i + h2] = b * cs - a * sn;
     } else {
@@ -751,10 +920,10 @@ __global__ void k_rope(float *x, const int32_t *pos, const float *cosb, const fl
 }
 
 extern "C" qd_status qdk_rope(float *x, const int32_t *pos, const float *cosb, const float *sinb, int N, int nh,
-                              int D, int inverse)
+                              int D, qd_rope_dir dir)
 {
     if (N)
-        QD_LAUNCH_N(k_rope, ((size_t)N * nh * (D / 2)), x, pos, cosb, sinb, N, nh, D, inverse);
+        QD_LAUNCH_N(k_rope, ((size_t)N * nh * (D / 2)), x, pos, cosb, sinb, N, nh, D, dir);
     return QD_OK;
 }
 
@@ -1125,7 +1294,7 @@ extern "C" qd_status qdk_add(float *out, const float *a, const float *b, size_t 
  * (One thread a token ran 0.22 ms a launch at E = 128, K = 8, N = 64.) */
 #define QD_ROUTE_WARPS 4
 __global__ void __launch_bounds__(32 * QD_ROUTE_WARPS) k_route(int32_t *topk, float *topw, float *probs, int N, int E,
-                                                              int K, int norm_topk)
+                                                              int K, qd_topk_norm norm)
 {
     extern __shared__ float route_sm[];
     int wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1191,17 +1360,17 @@ __global__ void __launch_bounds__(32 * QD_ROUTE_WARPS) k_route(int32_t *topk, fl
             s = s + ps[ix[j]];
         for (int j = 0; j < K; j++) {
             topk[n * K + j] = ix[j];
-            topw[n * K + j] = norm_topk ? ps[ix[j]] / s : ps[ix[j]];
+            topw[n * K + j] = norm == QD_TOPK_RENORM ? ps[ix[j]] / s : ps[ix[j]];
         }
     }
 }
 
-extern "C" qd_status qdk_route(int32_t *topk, float *topw, float *probs, int N, int E, int K, int norm_topk)
+extern "C" qd_status qdk_route(int32_t *topk, float *topw, float *probs, int N, int E, int K, qd_topk_norm norm)
 {
     if (N)
         QD_LAUNCH_SMEM(k_route, (unsigned)((N + QD_ROUTE_WARPS - 1) / QD_ROUTE_WARPS), 32u * QD_ROUTE_WARPS,
                        sizeof(float) * QD_ROUTE_WARPS * ((size_t)E + (size_t)K), topk, topw, probs, N, E, K,
-                       norm_topk);
+                       norm);
     return QD_OK;
 }
 
@@ -1410,7 +1579,7 @@ extern "C" qd_status qdk_unroute(float *dinp, const float *dxe, const int32_t *t
 }
 
 __global__ void k_router_bwd(float *dlog, const float *dwt, const float *probs, const int32_t *topk,
-                             const float *topw, int N, int E, int K, int renorm)
+                             const float *topw, int N, int E, int K, qd_topk_norm norm)
 {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= N)
@@ -1426,7 +1595,7 @@ __global__ void k_router_bwd(float *dlog, const float *dwt, const float *probs, 
         wdw = wdw + dwt[n * K + j] * topw[n * K + j];
     }
     for (int j = 0; j < K; j++)
-        dl[ix[j]] = renorm ? (dwt[n * K + j] - wdw) / sum : dwt[n * K + j];
+        dl[ix[j]] = norm == QD_TOPK_RENORM ? (dwt[n * K + j] - wdw) / sum : dwt[n * K + j];
     float pdp = 0.0f;
     for (int e = 0; e < E; e++)
         pdp = pdp + p[e] * dl[e];
@@ -1435,10 +1604,10 @@ __global__ void k_router_bwd(float *dlog, const float *dwt, const float *probs, 
 }
 
 extern "C" qd_status qdk_router_backward(float *dlog, const float *dwt, const float *probs, const int32_t *topk,
-                                         const float *topw, int N, int E, int K, int renorm)
+                                         const float *topw, int N, int E, int K, qd_topk_norm norm)
 {
     if (N)
-        QD_LAUNCH_N(k_router_bwd, (N), dlog, dwt, probs, topk, topw, N, E, K, renorm);
+        QD_LAUNCH_N(k_router_bwd, (N), dlog, dwt, probs, topk, topw, N, E, K, norm);
     return QD_OK;
 }
 

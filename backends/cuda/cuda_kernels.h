@@ -17,9 +17,10 @@
 extern "C" {
 #endif
 #include "quant/status.h"
+#include "backends/ops.h"
 
-/* dst (n) = BF16-rounded src (bf16 = 1) or a copy (sync_weights, effective_input). */
-qd_status qdk_round(float *dst, const float *src, size_t n, int bf16);
+/* dst (n) = BF16-rounded src (round_bf16). */
+qd_status qdk_round_bf16(float *dst, const float *src, size_t n);
 /* dst (n) = the BF16 bit patterns of src rounded to nearest even (fast mode's
  * BF16 GEMM operands; exact for values already rounded to BF16). */
 qd_status qdk_bf16_bits(uint16_t *dst, const float *src, size_t n);
@@ -28,32 +29,42 @@ qd_status qdk_embed(float *x, const float *emb, const int32_t *tok, int N, int C
 /* grads of the embedding (V, C) += dres (N, C) rows at tok, tokens ascending (model_backward). */
 qd_status qdk_embed_backward(float *gemb, const float *dres, const int32_t *tok, int N, int C);
 
-/* C (M, N) (=, or += when acc) sum_k A(m, k) * B(k, n), k ascending from 0, with
- * A(m, k) = a[m*sam + k*sak] and B(k, n) = b[k*sbk + n*sbn]: matmul_forward
- * (x . W^T) and both products of matmul_backward, tiled through shared memory
- * with each output's sum kept in one thread. */
-qd_status qdk_matmul(float *c, const float *a, long sam, long sak, const float *b, long sbk, long sbn,
-                     int M, int N, int K, int acc);
-/* C (M, N) = A (M, K) . W (N, K)^T (W float32, or BF16 bits when w_bf16),
- * qdk_matmul's bits (k ascending from 0, two roundings a step) in a faster
- * shape. bf16_operands: the operands are expected to be BF16 values; each
- * K-stage of a CTA checks that they are (and that no product can leave
- * float32's range or grid) and then uses fmaf, which gives the same bits.
- * K % 8 == 0. */
-qd_status qdk_matmul_wt(float *c, const float *a, const void *w, int w_bf16, int M, int N, int K,
-                        int bf16_operands);
+/* How the products' operands lie in memory (row-major, contiguous), named as
+ * BLAS names C = op(A) . op(B), with op(A) (M, K) and op(B) (K, N):
+ * QDK_NT: A (M, K), B stored (N, K): x . W^T (matmul_forward);
+ * QDK_NN: A (M, K), B (K, N): dinp = dout . W (matmul_backward);
+ * QDK_TN: A stored (K, M), B (K, N): dW = dout^T . x (matmul_backward). */
+typedef enum { QDK_NN, QDK_NT, QDK_TN } qdk_layout;
+/* C = the product, or C += it (gradients accumulate). */
+typedef enum { QDK_OVERWRITE, QDK_ACCUMULATE } qdk_store;
+/* The element type of an operand: float32, BF16 bit patterns, E4M3 codes. */
+typedef enum { QDK_F32, QDK_BF16, QDK_E4M3 } qdk_elem;
+
+/* C (M, N) (= or +=, store) sum_k op(A)(m, k) * op(B)(k, n), k ascending from
+ * 0, float32 operands laid out as layout says: matmul_forward and both
+ * products of matmul_backward, tiled through shared memory with each output's
+ * sum kept in one thread. */
+qd_status qdk_matmul(float *c, const float *a, const float *b, int M, int N, int K, qdk_layout layout,
+                     qdk_store store);
+/* C (M, N) = A (M, K) . W (N, K)^T (W float32, or BF16 bits: w_elem QDK_F32 or
+ * QDK_BF16), qdk_matmul's bits (k ascending from 0, two roundings a step) in
+ * a faster shape. prec QD_PREC_BF16: the operands are expected to be BF16
+ * values; each K-stage of a CTA checks that they are (and that no product can
+ * leave float32's range or grid) and then uses fmaf, which gives the same
+ * bits. K % 8 == 0. */
+qd_status qdk_matmul_wt(float *c, const float *a, const void *w, qdk_elem w_elem, int M, int N, int K,
+                        qd_prec prec);
 /* Independent products of one launch (MoE experts): item g is qdk_matmul's
- * C (M, N) = A . B with its own pointers and sizes and the shared strides;
- * fp8: A and B are E4M3 codes and C is scaled as qdk_fp8_gemm's. The same
- * bits as one call per item. */
+ * C (M, N) = op(A) . op(B) with its own pointers and sizes, all of one layout
+ * and store; elem QDK_F32, or QDK_E4M3: A and B are E4M3 codes and C is
+ * scaled as qdk_fp8_gemm's. The same bits as one call per item. */
 typedef struct {
     const void *a, *b;
     float *c;
-    const float *sa, *sb;   /* fp8 only: decode scales (M), (N) */
+    const float *sa, *sb;   /* E4M3 only: decode scales (M), (N) */
     int M, N, K;
 } qdk_mm_item;
-qd_status qdk_matmul_grouped(const qdk_mm_item *items, int n, long sam, long sak, long sbk, long sbn, int acc,
-                             int fp8);
+qd_status qdk_matmul_grouped(const qdk_mm_item *items, int n, qdk_layout layout, qdk_store store, qdk_elem elem);
 /* y (M, N) = (sum_k e4m3(qa[m][k]) * e4m3(qw[n][k])) * (sa_inv[m] * sw_inv[n]) (qd_fp8_gemm). */
 qd_status qdk_fp8_gemm(float *y, const uint8_t *qa, const float *sa_inv, const uint8_t *qw,
                        const float *sw_inv, int M, int N, int K);
@@ -63,9 +74,9 @@ qd_status qdk_rmsnorm(float *out, float *rstd, const float *inp, const float *w,
 /* rmsnorm_backward: dinp (rows, C) +=, dw (C) += (rows ascending). */
 qd_status qdk_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                                const float *rstd, int rows, int C);
-/* rope_forward (inverse = 0) or rope_backward (1), in place on x (N, nh, D). */
+/* rope_forward (QD_ROPE_FORWARD) or rope_backward (QD_ROPE_INVERSE), in place on x (N, nh, D). */
 qd_status qdk_rope(float *x, const int32_t *pos, const float *cosb, const float *sinb, int N, int nh, int D,
-                   int inverse);
+                   qd_rope_dir dir);
 
 /* attend() for every (query n, head h): keys s = 0..pos[n] at rows kbase[n] + s
  * of kb, vb (rows of KV*D floats); p saved in att (N, H, Tm). Serves the
@@ -92,7 +103,7 @@ qd_status qdk_store_kv(float *kc, float *vc, const float *kr, const float *v, co
 qd_status qdk_add(float *out, const float *a, const float *b, size_t n);
 /* softmax_rows + topk_row + the renormalization of route(): probs (N, E) in
  * place, topk and topw (N, K) in rank order. */
-qd_status qdk_route(int32_t *topk, float *topw, float *probs, int N, int E, int K, int norm_topk);
+qd_status qdk_route(int32_t *topk, float *topw, float *probs, int N, int E, int K, qd_topk_norm norm);
 /* qd_moe_group on the device: exp_off (E + 1, device) and the row tables
  * (N*K); topk NULL: a dense MLP (E = K = 1). scratch: N*K + E ints. */
 qd_status qdk_moe_group(int32_t *exp_off, int32_t *row_tok, float *row_w, int32_t *row_rank, int32_t *tok_rows,
@@ -111,7 +122,7 @@ qd_status qdk_moe_dy(float *dy, float *dwt, const float *dout, const float *y, c
 qd_status qdk_unroute(float *dinp, const float *dxe, const int32_t *tok_rows, int N, int K, int C);
 /* router_backward: dlog (N, E) overwritten. */
 qd_status qdk_router_backward(float *dlog, const float *dwt, const float *probs, const int32_t *topk,
-                              const float *topw, int N, int E, int K, int renorm);
+                              const float *topw, int N, int E, int K, qd_topk_norm norm);
 
 /* logprob_forward: logp (N), lse (N); s (N, V) scratch when T != 1; *bad (device
  * int) = 1 + the token whose logit / T overflows. */

@@ -218,7 +218,7 @@ static qd_status cuda_weights_changed(void *dev, const float *wk, size_t n)
 static qd_status cuda_round_bf16(void *dev, float *dst, const float *src, size_t n)
 {
     (void)dev;
-    return qdk_round(dst, src, n, 1);
+    return qdk_round_bf16(dst, src, n);
 }
 
 static qd_status cuda_add(void *dev, float *out, const float *a, const float *b, size_t n)
@@ -254,10 +254,10 @@ static qd_status cuda_rmsnorm_backward(void *dev, float *dinp, float *dw, const 
 }
 
 static qd_status cuda_rope(void *dev, float *x, const int32_t *pos, const float *cosb, const float *sinb, int N,
-                           int nh, int D, int inverse)
+                           int nh, int D, qd_rope_dir dir)
 {
     (void)dev;
-    return qdk_rope(x, pos, cosb, sinb, N, nh, D, inverse);
+    return qdk_rope(x, pos, cosb, sinb, N, nh, D, dir);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -276,8 +276,8 @@ static qd_status cuda_matmul(void *dev, float *out, const float *x, const float 
     if (d->mode == QD_MODE_FAST)
         return qd_cuda_gemm_f32(out, x, w, N, OC, IC, 0.0f);
     if (IC % 8)
-        return qdk_matmul(out, x, IC, 1, w, 1, IC, N, OC, IC, 0);
-    return qdk_matmul_wt(out, x, w, 0, N, OC, IC, prec == QD_PREC_BF16);
+        return qdk_matmul(out, x, w, N, OC, IC, QDK_NT, QDK_OVERWRITE);
+    return qdk_matmul_wt(out, x, w, QDK_F32, N, OC, IC, prec);
 }
 
 static qd_status cuda_matmul_backward(void *dev, float *dinp, float *dw, const float *dout, const float *x,
@@ -289,8 +289,8 @@ static qd_status cuda_matmul_backward(void *dev, float *dinp, float *dw, const f
         return dw ? qd_cuda_gemm_f32_dw(dw, dout, x, N, OC, IC, 1.0f) : QD_OK;
     }
     if (dinp)
-        QD_TRY(qdk_matmul(dinp, dout, OC, 1, w, IC, 1, N, IC, OC, 1));
-    return dw ? qdk_matmul(dw, dout, 1, OC, x, IC, 1, OC, IC, N, 1) : QD_OK;
+        QD_TRY(qdk_matmul(dinp, dout, w, N, IC, OC, QDK_NN, QDK_ACCUMULATE));
+    return dw ? qdk_matmul(dw, dout, x, OC, IC, N, QDK_TN, QDK_ACCUMULATE) : QD_OK;
 }
 
 /* The experts in one launch, in both modes (one cuBLASLt call per expert, each
@@ -304,9 +304,10 @@ static qd_status cuda_matmul_grouped(void *dev, float *out, const float *x, cons
         return qd_error(QD_ERR_NOMEM, "cuda backend: experts");
     for (int e = 0; e < E; e++) {
         int r0 = off[e], m = off[e + 1] - r0;
-        it[e] = (qdk_mm_item){x + (size_t)r0 * IC, w[e], out + (size_t)r0 * OC, NULL, NULL, m, m ? OC : 0, IC};
+        it[e] = (qdk_mm_item){.a = x + (size_t)r0 * IC, .b = w[e], .c = out + (size_t)r0 * OC, .M = m,
+                              .N = m ? OC : 0, .K = IC};
     }
-    qd_status st = qdk_matmul_grouped(it, E, IC, 1, 1, IC, 0, 0);
+    qd_status st = qdk_matmul_grouped(it, E, QDK_NT, QDK_OVERWRITE, QDK_F32);
     free(it);
     return st;
 }
@@ -321,12 +322,14 @@ static qd_status cuda_matmul_grouped_backward(void *dev, float *dinp, float *con
         return qd_error(QD_ERR_NOMEM, "cuda backend: experts");
     for (int e = 0; e < E; e++) {
         int r0 = off[e], m = off[e + 1] - r0;
-        it[e] = (qdk_mm_item){dout + (size_t)r0 * OC, w[e], dinp + (size_t)r0 * IC, NULL, NULL, m, m ? IC : 0, OC};
-        it[E + e] = (qdk_mm_item){dout + (size_t)r0 * OC, x + (size_t)r0 * IC, dw[e], NULL, NULL, m ? OC : 0, IC, m};
+        it[e] = (qdk_mm_item){.a = dout + (size_t)r0 * OC, .b = w[e], .c = dinp + (size_t)r0 * IC, .M = m,
+                              .N = m ? IC : 0, .K = OC};
+        it[E + e] = (qdk_mm_item){.a = dout + (size_t)r0 * OC, .b = x + (size_t)r0 * IC, .c = dw[e],
+                                  .M = m ? OC : 0, .N = IC, .K = m};
     }
-    qd_status st = qdk_matmul_grouped(it, E, OC, 1, IC, 1, 1, 0);
+    qd_status st = qdk_matmul_grouped(it, E, QDK_NN, QDK_ACCUMULATE, QDK_F32);
     if (!st)
-        st = qdk_matmul_grouped(it + E, E, 1, OC, IC, 1, 1, 0);
+        st = qdk_matmul_grouped(it + E, E, QDK_TN, QDK_ACCUMULATE, QDK_F32);
     free(it);
     return st;
 }
@@ -358,10 +361,10 @@ static qd_status cuda_fp8_gemm_grouped(void *dev, float *y, const uint8_t *qa, c
         return qd_error(QD_ERR_NOMEM, "cuda backend: experts");
     for (int e = 0; e < E; e++) {
         int r0 = off[e], m = off[e + 1] - r0;
-        it[e] = (qdk_mm_item){qa + (size_t)r0 * K, qw[e], y + (size_t)r0 * N, sa_inv + r0, sw_inv[e], m, m ? N : 0,
-                              K};
+        it[e] = (qdk_mm_item){.a = qa + (size_t)r0 * K, .b = qw[e], .c = y + (size_t)r0 * N, .sa = sa_inv + r0,
+                              .sb = sw_inv[e], .M = m, .N = m ? N : 0, .K = K};
     }
-    qd_status st = qdk_matmul_grouped(it, E, K, 1, 1, K, 0, 1);
+    qd_status st = qdk_matmul_grouped(it, E, QDK_NT, QDK_OVERWRITE, QDK_E4M3);
     free(it);
     return st;
 }
@@ -373,10 +376,11 @@ static qd_status cuda_nvfp4_quantize(void *dev, qd_nvfp4 *q, const float *x)
     return qd_cuda_nvfp4_quantize_async(q, x);
 }
 
-static qd_status cuda_nvfp4_fake_quant(void *dev, float *out, const float *x, int rows, int cols, int per_row)
+static qd_status cuda_nvfp4_fake_quant(void *dev, float *out, const float *x, int rows, int cols,
+                                       qd_scale_kind scale)
 {
     (void)dev;
-    return qd_cuda_nvfp4_fake_quant_async(out, x, rows, cols, per_row);
+    return qd_cuda_nvfp4_fake_quant_async(out, x, rows, cols, scale);
 }
 
 static qd_status cuda_w4a4_gemm(void *dev, float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
@@ -404,7 +408,7 @@ static qd_status cuda_rac_error(void *dev, double *err, const float *x, int rows
 {
     void *xh;
     QD_TRY(scratch(D(dev), D_XH, sizeof(float) * (size_t)rows * K, &xh));
-    QD_TRY(qd_cuda_nvfp4_fake_quant_async((float *)xh, x, rows, K, 1));
+    QD_TRY(qd_cuda_nvfp4_fake_quant_async((float *)xh, x, rows, K, QD_SCALE_PER_ROW));
     return qdk_rac_error(err, x, (const float *)xh, rows, K);
 }
 
@@ -440,7 +444,7 @@ static qd_status cuda_rac_grouped(void *dev, qd_nvfp4 *a, double *const *err, co
     const int32_t *d_off = (const int32_t *)((char *)p + pb);
     if (err) {
         QD_TRY(scratch(d, D_XH, sizeof(float) * (size_t)R * K, &xh));
-        QD_TRY(qd_cuda_nvfp4_fake_quant_async((float *)xh, x, R, K, 1));
+        QD_TRY(qd_cuda_nvfp4_fake_quant_async((float *)xh, x, R, K, QD_SCALE_PER_ROW));
         QD_TRY(qdk_rac_error_grouped(d_err, x, (const float *)xh, d_off, E, K));
     }
     QD_TRY(scratch(d, D_RACWS, sizeof(float) * (((size_t)R + 63) / 64 * 64 + (size_t)R * n), &ws));
@@ -462,7 +466,7 @@ static qd_status cuda_rac_fake_quant(void *dev, float *out, const float *x, int 
     void *p, *ws;
     QD_TRY(scratch(d, D_RACFQ, cb + sb + db + sizeof(float) * (size_t)rows * kc, &p));
     qd_nvfp4 a = {.rows = rows, .cols = (int64_t)kc, .codes = (uint8_t *)p, .scales = (uint8_t *)p + cb,
-                  .s_dec = (float *)((char *)p + cb + sb), .per_row = 1};
+                  .s_dec = (float *)((char *)p + cb + sb), .per_row = QD_SCALE_PER_ROW};
     float *deq = (float *)((char *)p + cb + sb + db);
     QD_TRY(scratch(d, D_RACWS, sizeof(float) * (((size_t)rows + 63) / 64 * 64 + (size_t)rows * n), &ws));
     QD_TRY(qd_cuda_rac_augment_act_async(&a, x, rows, K, ch, n, (float *)ws));
@@ -513,7 +517,8 @@ static qd_status cuda_store_kv(void *dev, float *kc, float *vc, const float *kr,
 /* ------------------------------------------------------------------------ */
 /* MoE                                                                       */
 
-static qd_status cuda_route(void *dev, int32_t *topk, float *topw, float *probs, int N, int E, int K, int norm)
+static qd_status cuda_route(void *dev, int32_t *topk, float *topw, float *probs, int N, int E, int K,
+                           qd_topk_norm norm)
 {
     (void)dev;
     return qdk_route(topk, topw, probs, N, E, K, norm);
@@ -572,10 +577,11 @@ static qd_status cuda_unroute(void *dev, float *dinp, const float *dxe, const in
 }
 
 static qd_status cuda_router_backward(void *dev, float *dlog, const float *dwt, const float *probs,
-                                      const int32_t *topk, const float *topw, int N, int E, int K, int renorm)
+                                      const int32_t *topk, const float *topw, int N, int E, int K,
+                                      qd_topk_norm norm)
 {
     (void)dev;
-    return qdk_router_backward(dlog, dwt, probs, topk, topw, N, E, K, renorm);
+    return qdk_router_backward(dlog, dwt, probs, topk, topw, N, E, K, norm);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -742,7 +748,7 @@ static void cuda_dev_free(void *dev)
 }
 
 /* An ops context on the current device; NULL with a message. */
-extern "C" void *qd_cuda_dev_new(qd_exec_mode mode, int bf16_copy)
+extern "C" void *qd_cuda_dev_new(qd_exec_mode mode, qd_prec weights)
 {
     cuda_dev *d = (cuda_dev *)calloc(1, sizeof *d);
     if (!d) {
@@ -755,7 +761,7 @@ extern "C" void *qd_cuda_dev_new(qd_exec_mode mode, int bf16_copy)
         return NULL;
     }
     d->mode = mode;
-    d->bf16_copy = mode == QD_MODE_FAST && bf16_copy;
+    d->bf16_copy = mode == QD_MODE_FAST && weights == QD_PREC_BF16;
     const char *pe = getenv("QUADS_CUDA_PROFILE");
     d->prof = pe && *pe && strcmp(pe, "0") != 0;
     if (cuda_alloc(d, (void **)&d->d_bad, sizeof(int), "flag")) {
@@ -798,7 +804,7 @@ extern "C" qd_backend *qd_backend_cuda_init(const qd_model_config *cfg, const qd
                  cudaGetErrorString(e));
         return NULL;
     }
-    void *d = qd_cuda_dev_new(opt->mode, opt->recipe != QD_RECIPE_FP32);
+    void *d = qd_cuda_dev_new(opt->mode, opt->recipe == QD_RECIPE_FP32 ? QD_PREC_F32 : QD_PREC_BF16);
     if (!d)
         return NULL;
     return qd_model_backend_new(cfg, opt, &cuda_ops, d, cuda_dev_free);

@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 #include <float.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include "backends/cuda/cuda_quant.h"
 #include "backends/cuda/cuda_check.h"
 
@@ -245,6 +247,352 @@ __global__ void quant_rows_kernel(qout o, float *dq, const T *x, int64_t bpr, fl
         float v[16];
         load_block(v, xr + b * 16);
         store_block(o, dq, v, r, b, r * bpr + b, s_enc, s_dec);
+    }
+}
+
+/* ---- The quantizer kernels (issue 13). The same bits as the kernels above (the
+ * encoders of quant/numerics.h's branch-free section, equal to the canonical ones
+ * on every input), laid out for bandwidth: 16-byte loads, the loads of several
+ * blocks in flight before any arithmetic, a block scale per 16 values and a
+ * handful of integer and float operations per value, the amax by NaN-propagating
+ * max (so the finiteness test is one compare per block). qd_cuda_quant_legacy = 1
+ * (benchmarks only) selects the kernels above, for the side-by-side table. */
+
+/* max(m, |v|), NaN if either is NaN (PTX max.NaN, sm_80 and later). */
+static __device__ __forceinline__ float absmax_nan(float m, float v)
+{
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(fabsf(v)));
+    return r;
+}
+
+/* One NVFP4 block as loaded: 16 float32, or 16 BF16 in 8 words (element 2i in
+ * the low half of word i). */
+template <typename T> struct qblock;
+
+template <> struct qblock<float> {
+    float4 d[4];
+    __device__ __forceinline__ void load(const float *p)
+    {
+        const float4 *q = (const float4 *)p;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            d[i] = q[i];
+    }
+    __device__ __forceinline__ float at(int i) const
+    {
+        const float4 &f = d[i / 4];
+        return (i & 3) == 0 ? f.x : (i & 3) == 1 ? f.y : (i & 3) == 2 ? f.z : f.w;
+    }
+    /* max |v|; NaN when any value is NaN, Inf when any is infinite */
+    __device__ __forceinline__ float amax() const
+    {
+        float m = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+            m = absmax_nan(m, at(i));
+        return m;
+    }
+};
+
+template <> struct qblock<uint16_t> {
+    uint4 d[2];
+    __device__ __forceinline__ void load(const uint16_t *p)
+    {
+        const uint4 *q = (const uint4 *)p;
+        d[0] = q[0];
+        d[1] = q[1];
+    }
+    __device__ __forceinline__ uint32_t word(int i) const
+    {
+        const uint4 &u = d[i / 4];
+        return (i & 3) == 0 ? u.x : (i & 3) == 1 ? u.y : (i & 3) == 2 ? u.z : u.w;
+    }
+    __device__ __forceinline__ float at(int i) const
+    {
+        uint32_t w = word(i / 2);
+        return __uint_as_float((i & 1) ? w & 0xffff0000u : w << 16);
+    }
+    /* max |v| on the BF16 bits, two at a time (non-negative patterns order as
+     * their values; NaN and Inf patterns order above every finite one) */
+    __device__ __forceinline__ float amax() const
+    {
+        uint32_t m = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            m = __vmaxu2(m, word(i) & 0x7fff7fffu);
+        m = max(m & 0xffffu, m >> 16);
+        return m > 0x7f80u ? __uint_as_float(0x7fc00000u) : __uint_as_float(m << 16);
+    }
+};
+
+/* The sign bits of 8 values given as the top halves of 4 words (value 2j in the
+ * low half of word j, 2j+1 in the high half, as BF16 pairs are) at bit 4i + 3,
+ * the sign bit of an E2M1 code in nibble i: byte permutes that replicate a
+ * byte's sign bit over the byte, then two masks. */
+static __device__ __forceinline__ uint32_t sign_nibbles(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3)
+{
+    uint32_t a, b, even, odd;
+    /* a = [s0, s2, s1, s3], b = [s4, s6, s5, s7], each byte 0x00 or 0xff */
+    asm("prmt.b32 %0, %1, %2, 0xfbd9;" : "=r"(a) : "r"(w0), "r"(w1));
+    asm("prmt.b32 %0, %1, %2, 0xfbd9;" : "=r"(b) : "r"(w2), "r"(w3));
+    asm("prmt.b32 %0, %1, %2, 0x5410;" : "=r"(even) : "r"(a), "r"(b));
+    asm("prmt.b32 %0, %1, %2, 0x7632;" : "=r"(odd) : "r"(a), "r"(b));
+    return (even & 0x08080808u) | (odd & 0x80808080u);
+}
+
+/* The top halves of values 8h+2j and 8h+2j+1 in one word (the BF16 words as they are). */
+static __device__ __forceinline__ uint32_t top_halves(const qblock<float> &v, int h, int j)
+{
+    uint32_t r;
+    asm("prmt.b32 %0, %1, %2, 0x7632;" : "=r"(r)
+        : "r"(__float_as_uint(v.at(8 * h + 2 * j))), "r"(__float_as_uint(v.at(8 * h + 2 * j + 1))));
+    return r;
+}
+
+static __device__ __forceinline__ uint32_t top_halves(const qblock<uint16_t> &v, int h, int j)
+{
+    return v.word(4 * h + j);
+}
+
+/* Eight E2M1 codes, value i in nibble i, of x_i * inv for the values 8h..8h+7:
+ * the index of qd_e2m1_index_rn summed into its nibble straight from the parts
+ * (mod 2^32, the bias once a word), and the sign bits of x (inv > 0). */
+template <typename T>
+static __device__ __forceinline__ uint32_t e2m1x8(const qblock<T> &v, int h, float inv)
+{
+    uint32_t w = 0u - QD_E2M1_RN_BIAS * 0x11111111u;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        uint32_t e, t;
+        qd_e2m1_rn_parts(v.at(8 * h + i) * inv, &e, &t);
+        w += t * (1u << (4 * i)) + e * ((2u - (1u << 23)) << (4 * i));
+    }
+    return w | sign_nibbles(top_halves(v, h, 0), top_halves(v, h, 1), top_halves(v, h, 2),
+                            top_halves(v, h, 3));
+}
+
+/* Quantizes one block (amax_b its max |x|, k = S_enc/6) and writes it: 8 bytes of
+ * codes and the scale at (codes, scale), or (dq) the 16 values
+ * (e2m1 * s_b) * S_dec, the E2M1 value being (a + M) - M of the rounding. */
+template <typename T>
+static __device__ __forceinline__ void qk_store(uint8_t *codes, uint8_t *scale, float *dq,
+                                                const qblock<T> &v, float amax_b, float k, float s_dec)
+{
+    float sb;
+    uint8_t sc = qd_e4m3_scale_rn(fminf(amax_b * k, QD_E4M3_MAX), &sb);
+    float inv = fminf(1.0f / (sb * s_dec), FLT_MAX);
+    if (dq) {
+        float4 *d = (float4 *)dq;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float f[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float x = v.at(4 * i + j);
+                uint32_t e, t;
+                qd_e2m1_rn_parts(x * inv, &e, &t);
+                float r = __uint_as_float(t) - __uint_as_float((e + 22u) << 23);
+                f[j] = (copysignf(r, x) * sb) * s_dec;
+            }
+            d[i] = make_float4(f[0], f[1], f[2], f[3]);
+        }
+        return;
+    }
+    *(uint2 *)codes = make_uint2(e2m1x8(v, 0, inv), e2m1x8(v, 1, inv));
+    *scale = sc;
+}
+
+/* Max over the CTA of non-negative floats, NaN kept; every thread gets it. */
+static __device__ float cta_absmax_nan(float m)
+{
+    __shared__ float part[32];
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1)
+        m = absmax_nan(m, __shfl_xor_sync(0xffffffffu, m, d));
+    if (blockDim.x == 32)
+        return m;
+    if ((threadIdx.x & 31) == 0)
+        part[threadIdx.x >> 5] = m;
+    __syncthreads();
+    m = (threadIdx.x & 31) < (blockDim.x >> 5) ? part[threadIdx.x & 31] : 0.0f;
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1)
+        m = absmax_nan(m, __shfl_xor_sync(0xffffffffu, m, d));
+    __syncthreads();
+    return m;
+}
+
+/* The per-tensor amax: CTAs fold their maxima into `bits` and count themselves
+ * in `done`; the last one publishes the total in `amax` and zeroes the other
+ * two, so no memset precedes the next tensor's amax, and `amax` stays readable
+ * until then (RAC's residual blocks reuse the main blocks' scale). */
+struct qk_amax {
+    uint32_t bits, done, amax;
+};
+
+/* Running max |x| of 16-byte vectors: 4 float32 (max.NaN), or 8 BF16 patterns
+ * two at a time (__vmaxu2 on the magnitudes; NaN and Inf patterns order above
+ * every finite one). value() is NaN or Inf when x held either. */
+template <typename T> struct qk_vmax;
+
+template <> struct qk_vmax<float> {
+    float m = 0.0f;
+    __device__ __forceinline__ void add(uint4 u)
+    {
+        m = absmax_nan(absmax_nan(absmax_nan(absmax_nan(m, __uint_as_float(u.x)), __uint_as_float(u.y)),
+                                  __uint_as_float(u.z)), __uint_as_float(u.w));
+    }
+    __device__ __forceinline__ float value() const { return m; }
+};
+
+template <> struct qk_vmax<uint16_t> {
+    uint32_t m = 0;
+    __device__ __forceinline__ void add(uint4 u)
+    {
+        m = __vmaxu2(__vmaxu2(m, u.x & 0x7fff7fffu), __vmaxu2(u.y & 0x7fff7fffu, u.z & 0x7fff7fffu));
+        m = __vmaxu2(m, u.w & 0x7fff7fffu);
+    }
+    __device__ __forceinline__ float value() const
+    {
+        uint32_t h = max(m & 0xffffu, m >> 16);
+        return h > 0x7f80u ? __uint_as_float(0x7fc00000u) : __uint_as_float(h << 16);
+    }
+};
+
+#define QK_AMAX_VEC 4 /* 16-byte loads a thread has in flight */
+
+/* a->amax = bits of max |x| over n values (n a multiple of 8), one atomicMax a
+ * CTA; non-negative floats order as their bits. */
+template <typename T>
+__global__ void __launch_bounds__(QD_THREADS) qk_amax_kernel(qk_amax *a, const T *x, int64_t n)
+{
+    const uint4 *xv = (const uint4 *)x;
+    int64_t nv = n / (16 / sizeof(T)), step = (int64_t)gridDim.x * blockDim.x * QK_AMAX_VEC;
+    qk_vmax<T> acc;
+    for (int64_t i0 = (int64_t)blockIdx.x * blockDim.x * QK_AMAX_VEC + threadIdx.x; i0 < nv; i0 += step) {
+        uint4 u[QK_AMAX_VEC];
+#pragma unroll
+        for (int j = 0; j < QK_AMAX_VEC; j++)
+            u[j] = i0 + j * blockDim.x < nv ? xv[i0 + j * blockDim.x] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int j = 0; j < QK_AMAX_VEC; j++)
+            acc.add(u[j]);
+    }
+    float m = cta_absmax_nan(acc.value());
+    if (threadIdx.x == 0) {
+        if (!(m <= FLT_MAX))
+            qd_cuda_nonfinite = 1;
+        atomicMax(&a->bits, __float_as_uint(m));
+        __threadfence();
+        if (atomicAdd(&a->done, 1u) == gridDim.x - 1) {
+            a->amax = atomicExch(&a->bits, 0u);
+            a->done = 0;
+        }
+    }
+}
+
+/* Where a quantizer's S_enc comes from: the published per-tensor amax, or s_enc
+ * (per row, or one), or (neither) each row's own amax. */
+struct qk_scope {
+    const uint32_t *amax;
+    const float *s_enc;
+    int per_row;
+};
+
+#define QK_FLAT_UNROLL 2 /* blocks a thread has in flight in the flat kernel */
+
+/* Blocks of a dense x (nblk blocks) under one S_enc (sc.amax or sc.s_enc[0]):
+ * codes and scales dense, or dq; s_dec_out[0] = S_dec. */
+template <typename T>
+__global__ void __launch_bounds__(QD_THREADS) qk_flat_kernel(uint8_t *codes, uint8_t *scales, float *dq,
+                                                             const T *x, int64_t nblk, qk_scope sc,
+                                                             float *s_dec_out)
+{
+    float s_enc = sc.amax ? qd_nvfp4_s_enc(__uint_as_float(*sc.amax)) : sc.s_enc[0];
+    float s_dec = qd_nvfp4_s_dec(s_enc), k = s_enc * (1.0f / 6.0f), all = 0.0f;
+    int64_t step = (int64_t)gridDim.x * blockDim.x * QK_FLAT_UNROLL;
+    for (int64_t b0 = (int64_t)blockIdx.x * blockDim.x * QK_FLAT_UNROLL + threadIdx.x; b0 < nblk; b0 += step) {
+        qblock<T> v[QK_FLAT_UNROLL];
+#pragma unroll
+        for (int u = 0; u < QK_FLAT_UNROLL; u++)
+            if (b0 + u * blockDim.x < nblk)
+                v[u].load(x + (b0 + u * blockDim.x) * 16);
+#pragma unroll
+        for (int u = 0; u < QK_FLAT_UNROLL; u++) {
+            int64_t blk = b0 + u * blockDim.x;
+            if (blk < nblk) {
+                float m = v[u].amax();
+                all = absmax_nan(all, m);
+                qk_store(codes + blk * 8, scales + blk, dq ? dq + blk * 16 : NULL, v[u], m, k, s_dec);
+            }
+        }
+    }
+    if (!(all <= FLT_MAX))
+        qd_cuda_nonfinite = 1;
+    if (s_dec_out && blockIdx.x == 0 && threadIdx.x == 0)
+        s_dec_out[0] = s_dec;
+}
+
+#define QK_ROW_BLOCKS 4   /* blocks a thread holds in the row kernel */
+#define QK_ROW_THREADS 256
+
+/* One CTA a row of x (rows, bpr*16), its blocks into (o, row r) or dq. With a
+ * row scope the row's amax (§4) comes from the blocks held in registers
+ * (bpr <= blockDim.x * QK_ROW_BLOCKS; longer rows are read twice). s_dec_out
+ * gets S_dec per row (row scopes) or once; s_enc_out, S_enc per row. */
+template <typename T>
+__global__ void __launch_bounds__(QK_ROW_THREADS) qk_rows_kernel(qout o, float *dq, const T *x, int64_t bpr,
+                                                                 qk_scope sc, float *s_dec_out,
+                                                                 float *s_enc_out)
+{
+    int64_t r = blockIdx.x;
+    const T *xr = x + r * bpr * 16;
+    uint8_t *cr = o.codes + r * o.codes_ld, *sr = o.scales + r * o.scales_ld;
+    float *dr = dq ? dq + r * bpr * 16 : NULL;
+    int hold = bpr <= (int64_t)blockDim.x * QK_ROW_BLOCKS, own = !sc.amax && !sc.s_enc;
+    qblock<T> v[QK_ROW_BLOCKS];
+    float mb[QK_ROW_BLOCKS], m = 0.0f;
+    if (hold) {
+#pragma unroll
+        for (int j = 0; j < QK_ROW_BLOCKS; j++)
+            if (threadIdx.x + j * blockDim.x < bpr)
+                v[j].load(xr + (threadIdx.x + j * blockDim.x) * 16);
+#pragma unroll
+        for (int j = 0; j < QK_ROW_BLOCKS; j++) {
+            mb[j] = threadIdx.x + j * blockDim.x < bpr ? v[j].amax() : 0.0f;
+            m = absmax_nan(m, mb[j]);
+        }
+    } else {
+        for (int64_t b = threadIdx.x; b < bpr; b += blockDim.x) {
+            v[0].load(xr + b * 16);
+            m = absmax_nan(m, v[0].amax());
+        }
+    }
+    if (!(m <= FLT_MAX))
+        qd_cuda_nonfinite = 1;
+    float s_enc = sc.amax ? qd_nvfp4_s_enc(__uint_as_float(*sc.amax))
+                : sc.s_enc ? sc.s_enc[sc.per_row ? r : 0] : qd_nvfp4_s_enc(cta_absmax_nan(m));
+    float s_dec = qd_nvfp4_s_dec(s_enc), k = s_enc * (1.0f / 6.0f);
+    if (threadIdx.x == 0) {
+        int row_scope = own || (sc.s_enc && sc.per_row);
+        if (s_dec_out && (row_scope || r == 0))
+            s_dec_out[row_scope ? r : 0] = s_dec;
+        if (s_enc_out)
+            s_enc_out[r] = s_enc;
+    }
+    if (hold) {
+#pragma unroll
+        for (int j = 0; j < QK_ROW_BLOCKS; j++) {
+            int64_t b = threadIdx.x + j * blockDim.x;
+            if (b < bpr)
+                qk_store(cr + b * 8, sr + b, dr ? dr + b * 16 : NULL, v[j], mb[j], k, s_dec);
+        }
+        return;
+    }
+    for (int64_t b = threadIdx.x; b < bpr; b += blockDim.x) {
+        v[0].load(xr + b * 16);
+        qk_store(cr + b * 8, sr + b, dr ? dr + b * 16 : NULL, v[0], v[0].amax(), k, s_dec);
     }
 }
 
@@ -1011,13 +1359,21 @@ static qd_status check_in(const char *fn, const void *x)
     return QD_OK;
 }
 
-extern "C" qd_status qd_cuda_nvfp4_alloc(qd_nvfp4 *q, int64_t rows, int64_t cols, int per_row)
+static qd_status check_scale(const char *fn, qd_scale_kind scale)
 {
+    if (scale != QD_SCALE_PER_TENSOR && scale != QD_SCALE_PER_ROW)
+        return qd_error(QD_ERR_ARG, "%s: scale kind %d", fn, (int)scale);
+    return QD_OK;
+}
+
+extern "C" qd_status qd_cuda_nvfp4_alloc(qd_nvfp4 *q, int64_t rows, int64_t cols, qd_scale_kind scale)
+{
+    QD_TRY(check_scale("qd_cuda_nvfp4_alloc", scale));
     QD_TRY(check_shape("qd_cuda_nvfp4_alloc", rows, cols));
-    qd_nvfp4 z = {rows, cols, NULL, NULL, NULL, per_row};
+    qd_nvfp4 z = {.rows = rows, .cols = cols, .codes = NULL, .scales = NULL, .s_dec = NULL, .per_row = scale};
     *q = z;
     size_t nc = (size_t)(rows * cols / 2), ns = (size_t)(rows * cols / 16);
-    size_t nd = (size_t)(per_row ? rows : 1);
+    size_t nd = (size_t)(scale == QD_SCALE_PER_ROW ? rows : 1);
     if (cudaMalloc((void **)&q->codes, nc ? nc : 1) != cudaSuccess ||
         cudaMalloc((void **)&q->scales, ns ? ns : 1) != cudaSuccess ||
         cudaMalloc((void **)&q->s_dec, (nd ? nd : 1) * sizeof(float)) != cudaSuccess) {
@@ -1070,14 +1426,96 @@ static qd_status amax_word(uint32_t **bits)
     return QD_OK;
 }
 
+/* QUADS_QUANT_LEGACY (bench only): 1 = the quantizer kernels before issue 13's. */
+int qd_cuda_quant_legacy;
+
+/* The per-tensor amax state of qk_amax_kernel, made (zeroed) once. */
+static qd_status qk_amax_state(qk_amax **a)
+{
+    static qk_amax *state;
+    if (!state) {
+        qk_amax *s;
+        QD_CUDA_CHECK(cudaMalloc((void **)&s, sizeof *s));
+        QD_CUDA_CHECK(cudaMemset(s, 0, sizeof *s));
+        state = s;
+    }
+    *a = state;
+    return QD_OK;
+}
+
+/* Enqueues the per-tensor amax of n values of x; (*a)->amax holds it after. */
+template <typename T>
+static qd_status qk_launch_amax(qk_amax **a, const T *x, int64_t n)
+{
+    int64_t nv = n / (int64_t)(16 / sizeof(T));
+    QD_TRY(qk_amax_state(a));
+    qk_amax_kernel<T><<<grid_for((nv + QK_AMAX_VEC - 1) / QK_AMAX_VEC), QD_THREADS>>>(*a, x, n);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+/* Threads of a qk_rows_kernel CTA for bpr blocks a row. */
+static unsigned qk_row_threads(int64_t bpr)
+{
+    int64_t t = ((bpr + QK_ROW_BLOCKS - 1) / QK_ROW_BLOCKS + 31) / 32 * 32;
+    return (unsigned)(t > QK_ROW_THREADS ? QK_ROW_THREADS : t);
+}
+
+template <typename T>
+static qd_status qk_launch_rows(qout o, float *dq, const T *x, int64_t rows, int64_t bpr, qk_scope sc,
+                                float *s_dec, float *s_enc_out)
+{
+    if (rows == 0 || bpr == 0)
+        return QD_OK;
+    qk_rows_kernel<T><<<(unsigned)rows, qk_row_threads(bpr)>>>(o, dq, x, bpr, sc, s_dec, s_enc_out);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+template <typename T>
+static qd_status qk_launch_flat(uint8_t *codes, uint8_t *scales, float *dq, const T *x, int64_t nblk,
+                                qk_scope sc, float *s_dec)
+{
+    if (nblk == 0)
+        return QD_OK;
+    qk_flat_kernel<T><<<grid_for((nblk + QK_FLAT_UNROLL - 1) / QK_FLAT_UNROLL), QD_THREADS>>>(
+        codes, scales, dq, x, nblk, sc, s_dec);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+/* launch_quantize with the qk_ kernels: per row, one CTA a row; per tensor, the
+ * amax, then the flat kernel (dense output) or the row kernel (strided). */
+template <typename T>
+static qd_status qk_quantize(qout o, float *dq, float *s_dec, const T *x, int64_t rows, int64_t cols,
+                             int per_row)
+{
+    int64_t bpr = cols / 16;
+    qk_scope sc = {NULL, NULL, 0};
+    qk_amax *a;
+    if (per_row)
+        return qk_launch_rows(o, dq, x, rows, bpr, sc, s_dec, NULL);
+    QD_TRY(qk_launch_amax(&a, x, rows * cols));
+    sc.amax = &a->amax;
+    if (dq || (o.codes_ld == bpr * 8 && o.scales_ld == bpr))
+        return qk_launch_flat(o.codes, o.scales, dq, x, rows * bpr, sc, s_dec);
+    return qk_launch_rows(o, dq, x, rows, bpr, sc, s_dec, NULL);
+}
+
 extern "C" qd_status qd_cuda_amax(float *amax, const float *x, int64_t n)
 {
     uint32_t *bits, h = 0;
     if (n % QD_NVFP4_BLOCK)
         return qd_error(QD_ERR_SHAPE, "qd_cuda_amax: n %lld not a multiple of 16", (long long)n);
     QD_TRY(check_in("qd_cuda_amax", x));
-    QD_TRY(amax_word(&bits));
-    QD_TRY(launch_amax(bits, x, n / 16));
+    if (qd_cuda_quant_legacy) {
+        QD_TRY(amax_word(&bits));
+        QD_TRY(launch_amax(bits, x, n / 16));
+    } else {
+        qk_amax *a;
+        QD_TRY(qk_launch_amax(&a, x, n));
+        bits = &a->amax;
+    }
     QD_TRY(qd_cuda_nonfinite_check());
     QD_CUDA_CHECK(cudaMemcpy(&h, bits, sizeof h, cudaMemcpyDeviceToHost));
     *amax = qd_bits_f32(h);
@@ -1098,6 +1536,8 @@ static qd_status launch_quantize(qout o, float *dq, float *s_dec, const T *x, in
     int64_t bpr = cols / 16;
     if (rows == 0 || cols == 0)
         return QD_OK;
+    if (!qd_cuda_quant_legacy)
+        return qk_quantize(o, dq, s_dec, x, rows, cols, per_row);
     if (per_row) {
         quant_rows_kernel<T><<<(unsigned)rows, row_threads(bpr)>>>(o, dq, x, bpr, s_dec, NULL);
     } else {
@@ -1147,6 +1587,11 @@ static qd_status launch_quantize_with(qout o, float *s_dec, const float *x, int6
 {
     if (rows == 0 || bpr == 0)
         return QD_OK;
+    if (!qd_cuda_quant_legacy) {
+        qk_scope sc = {NULL, s_enc, per_row};
+        return per_row ? qk_launch_rows(o, NULL, x, rows, bpr, sc, s_dec, NULL)
+                       : qk_launch_flat(o.codes, o.scales, NULL, x, rows * bpr, sc, s_dec);
+    }
     quant_flat_kernel<float><<<grid_for(rows * bpr), QD_THREADS>>>(o, NULL, x, rows, bpr, NULL,
                                                                    s_enc, per_row, s_dec);
     QD_CUDA_CHECK(cudaGetLastError());
@@ -1182,23 +1627,25 @@ extern "C" qd_status qd_cuda_nvfp4_dequantize(float *out, const qd_nvfp4 *q)
 }
 
 extern "C" qd_status qd_cuda_nvfp4_fake_quant_async(float *out, const float *x, int64_t rows, int64_t cols,
-                                                    int per_row)
+                                                    qd_scale_kind scale)
 {
+    QD_TRY(check_scale("qd_cuda_nvfp4_fake_quant", scale));
     QD_TRY(check_shape("qd_cuda_nvfp4_fake_quant", rows, cols));
     QD_TRY(check_in("qd_cuda_nvfp4_fake_quant", x));
     QD_TRY(check_in("qd_cuda_nvfp4_fake_quant", out));
     qout none = {NULL, NULL, 0, 0};
-    return launch_quantize(none, out, NULL, x, rows, cols, per_row);
+    return launch_quantize(none, out, NULL, x, rows, cols, scale == QD_SCALE_PER_ROW);
 }
 
 extern "C" qd_status qd_cuda_nvfp4_fake_quant(float *out, const float *x, int64_t rows,
-                                              int64_t cols, int per_row)
+                                              int64_t cols, qd_scale_kind scale)
 {
+    QD_TRY(check_scale("qd_cuda_nvfp4_fake_quant", scale));
     QD_TRY(check_shape("qd_cuda_nvfp4_fake_quant", rows, cols));
     QD_TRY(check_in("qd_cuda_nvfp4_fake_quant", x));
     QD_TRY(check_in("qd_cuda_nvfp4_fake_quant", out));
     qout none = {NULL, NULL, 0, 0};
-    QD_TRY(launch_quantize(none, out, NULL, x, rows, cols, per_row));
+    QD_TRY(launch_quantize(none, out, NULL, x, rows, cols, scale == QD_SCALE_PER_ROW));
     return qd_cuda_nonfinite_check();
 }
 
@@ -1322,13 +1769,24 @@ static qd_status w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int
     }
     if (maxrows == 0 || N == 0)
         return QD_OK;
-    int nt = maxrows <= 8 ? 1 : maxrows <= 16 ? 2 : 4;
+    int nt = maxrows <= 8 ? 1 : maxrows <= 16 ? 2 : maxrows <= 32 ? 4 : 8;
     int64_t tiles = (N + QD_MMA_ROWS - 1) / QD_MMA_ROWS;
     while (nt > 1 && tiles * ((maxrows + 8 * nt - 1) / (8 * nt)) * busy < 3 * sm_count())
         nt /= 2;
+    /* QUADS_W4A4_NT=1|2|4|8 (benchmarks only): that many 8-row tiles a CTA for
+     * one-matrix products (the attention linears), to measure the trade of
+     * weight decodes repeated per token tile against CTAs */
+    static int forced = -1;
+    if (forced < 0) {
+        const char *e = getenv("QUADS_W4A4_NT");
+        forced = e && (!strcmp(e, "1") || !strcmp(e, "2") || !strcmp(e, "4") || !strcmp(e, "8")) ? atoi(e) : 0;
+    }
+    if (forced && ng == 1)
+        nt = forced;
     return nt == 1 ? launch_w4a4_mma<1>(y, a, g, ng, maxrows, w_per_row, N, K)
          : nt == 2 ? launch_w4a4_mma<2>(y, a, g, ng, maxrows, w_per_row, N, K)
-                   : launch_w4a4_mma<4>(y, a, g, ng, maxrows, w_per_row, N, K);
+         : nt == 4 ? launch_w4a4_mma<4>(y, a, g, ng, maxrows, w_per_row, N, K)
+                   : launch_w4a4_mma<8>(y, a, g, ng, maxrows, w_per_row, N, K);
 }
 
 /* QUADS_W4A4_LEGACY (bench only): 1 = the kernels before the MMA kernel. */
@@ -1448,12 +1906,18 @@ static qd_status rac_residual(qd_nvfp4 *out, const float *x, int64_t rows, int64
 {
     uint32_t *bits;
     qout o = qout_of(out);
-    QD_TRY(amax_word(&bits));
     rac_residual_kernel<<<grid_for(rows * n), QD_THREADS>>>(res, x, o, out->s_dec, out->per_row,
                                                             channels, rows, K, n);
     QD_CUDA_CHECK(cudaGetLastError());
     o.codes += K / 2;
     o.scales += K / 16;
+    if (!qd_cuda_quant_legacy) {
+        qk_amax *a;
+        QD_TRY(qk_amax_state(&a));
+        qk_scope sc = {out->per_row ? NULL : &a->amax, s_enc, out->per_row};
+        return qk_launch_rows(o, NULL, res, rows, n / 16, sc, NULL, NULL);
+    }
+    QD_TRY(amax_word(&bits));
     quant_flat_kernel<float><<<grid_for(rows * (n / 16)), QD_THREADS>>>(
         o, NULL, res, rows, n / 16, out->per_row ? NULL : bits, s_enc, out->per_row, NULL);
     QD_CUDA_CHECK(cudaGetLastError());
@@ -1465,6 +1929,10 @@ static qd_status rac_main(qd_nvfp4 *out, const float *x, int64_t rows, int64_t K
 {
     if (!out->per_row)
         return launch_quantize(qout_of(out), NULL, out->s_dec, x, rows, K, 0);
+    if (!qd_cuda_quant_legacy) {
+        qk_scope own = {NULL, NULL, 0};
+        return qk_launch_rows(qout_of(out), NULL, x, rows, K / 16, own, out->s_dec, s_enc);
+    }
     quant_rows_kernel<float><<<(unsigned)rows, row_threads(K / 16)>>>(qout_of(out), NULL, x, K / 16,
                                                                       out->s_dec, s_enc);
     QD_CUDA_CHECK(cudaGetLastError());
@@ -1527,6 +1995,10 @@ extern "C" qd_status qd_cuda_rac_augment_act_grouped_async(qd_nvfp4 *out, const 
     QD_CUDA_CHECK(cudaGetLastError());
     o.codes += K / 2;
     o.scales += K / 16;
+    if (!qd_cuda_quant_legacy) {
+        qk_scope sc = {NULL, ws, 1};
+        return qk_launch_rows(o, NULL, res, rows, n / 16, sc, NULL, NULL);
+    }
     quant_flat_kernel<float><<<grid_for(rows * (n / 16)), QD_THREADS>>>(o, NULL, res, rows, n / 16, NULL, ws, 1,
                                                                         NULL);
     QD_CUDA_CHECK(cudaGetLastError());

@@ -25,7 +25,7 @@ extern "C" {
 #include "quant/quant.h"
 
 /* Device buffers for an NVFP4 matrix; free with qd_cuda_nvfp4_free. */
-qd_status qd_cuda_nvfp4_alloc(qd_nvfp4 *q, int64_t rows, int64_t cols, int per_row);
+qd_status qd_cuda_nvfp4_alloc(qd_nvfp4 *q, int64_t rows, int64_t cols, qd_scale_kind scale);
 void qd_cuda_nvfp4_free(qd_nvfp4 *q);
 
 /* Synchronizes, then returns QD_ERR_NONFINITE if an _async call since the last
@@ -49,8 +49,9 @@ qd_status qd_cuda_nvfp4_quantize_with(qd_nvfp4 *q, const float *x, const float *
 qd_status qd_cuda_nvfp4_dequantize(float *out, const qd_nvfp4 *q);
 qd_status qd_cuda_nvfp4_dequantize_async(float *out, const qd_nvfp4 *q);
 /* out = dequant(quantize(x)) in one pass; the gradient is the identity (§5). */
-qd_status qd_cuda_nvfp4_fake_quant(float *out, const float *x, int64_t rows, int64_t cols, int per_row);
-qd_status qd_cuda_nvfp4_fake_quant_async(float *out, const float *x, int64_t rows, int64_t cols, int per_row);
+qd_status qd_cuda_nvfp4_fake_quant(float *out, const float *x, int64_t rows, int64_t cols, qd_scale_kind scale);
+qd_status qd_cuda_nvfp4_fake_quant_async(float *out, const float *x, int64_t rows, int64_t cols,
+                                         qd_scale_kind scale);
 
 /* FP8 E4M3, one scale per row: q (rows, cols), scale_inv (rows). */
 qd_status qd_cuda_fp8_quantize_rows(uint8_t *q, float *scale_inv, const float *x,
@@ -70,6 +71,10 @@ qd_status qd_cuda_w4a4_gemm_tc_async(float *y, const qd_nvfp4 *a, const qd_nvfp4
  * coalesced copies, any K % 16 == 0. qd_cuda_w4a4_legacy = 1 (benchmarks only)
  * selects the kernels before it, for the side-by-side table. */
 extern int qd_cuda_w4a4_legacy;
+/* qd_cuda_quant_legacy = 1 (benchmarks only) selects the quantizer kernels before
+ * issue 13's (the software encoder one block a thread, a memset and an atomic a
+ * warp for the amax), for the side-by-side table; the same bits either way. */
+extern int qd_cuda_quant_legacy;
 
 /* Grouped (MoE experts): for g < ngroups, rows row_off[g] .. row_off[g+1]-1 of
  * A and y times W = *w[g] (all of one shape), one launch; the same bits as one

@@ -82,13 +82,6 @@ static void cmp_i32(cmp *c, const int32_t *a, const int32_t *b, size_t n)
 
 static int g_worst, g_rows, g_equal, g_fast_ok;
 
-#define QD_TRY_H(call)                                                               \
-    do {                                                                             \
-        qd_status st_ = (call);                                                      \
-        if (st_ != QD_OK)                                                            \
-            return st_;                                                              \
-    } while (0)
-
 static void row(const char *model, const char *op, qd_recipe r, qd_role role, const cmp *c)
 {
     printf("%-26s %-18s %-13s %-7s %-5s %12.3g   %s\n", model, op, qd_recipe_name(r),
@@ -184,7 +177,7 @@ static qd_status check_diag(pair *p)
 {
     qd_diagnostics d[2];
     for (int k = 0; k < 2; k++)
-        QD_TRY_H(qd_backend_diagnostics(p->b[k], &d[k]));
+        QD_TRY(qd_backend_diagnostics(p->b[k], &d[k]));
     cmp c;
     cmp_init(&c);
     if (d[0].num_linear != d[1].num_linear || d[0].num_tokens != d[1].num_tokens ||
@@ -217,7 +210,7 @@ static qd_status check_generate(pair *p, float temp, const char *op)
                               .stop = &stop, .num_stop = 1, .rac_stats = 1};
     for (int k = 0; k < 2; k++) {
         qd_generate_result res = {.tokens = tok[k], .logp = lp[k], .lengths = lens[k]};
-        QD_TRY_H(qd_backend_generate(p->b[k], &rq, &res));
+        QD_TRY(qd_backend_generate(p->b[k], &rq, &res));
     }
     cmp c;
     cmp_init(&c);
@@ -257,8 +250,8 @@ static qd_status check_rac(pair *p)
     if (qd_backend_rac_state_size(p->b[0]) == 0)
         return QD_OK;
     for (int k = 0; k < 2; k++)
-        QD_TRY_H(qd_backend_set_weights(p->b[k], p->w, p->n));
-    QD_TRY_H(rac_row(p, "rac_state"));
+        QD_TRY(qd_backend_set_weights(p->b[k], p->w, p->n));
+    QD_TRY(rac_row(p, "rac_state"));
     return check_forward(p, "forward(rac sync)");
 }
 
@@ -390,7 +383,7 @@ static qd_status open_pair(pair *p)
         if (strcmp(pa[i].name, pb[i].name) || pa[i].offset != pb[i].offset)
             return qd_error(QD_ERR_FORMAT, "%s: parameter %d differs", p->model, i);
     for (int k = 0; k < 2; k++)
-        QD_TRY_H(qd_backend_set_weights(p->b[k], p->w, p->n));
+        QD_TRY(qd_backend_set_weights(p->b[k], p->w, p->n));
     return QD_OK;
 }
 
@@ -491,18 +484,18 @@ static qd_status fast_train(pair *p)
 static qd_status check_pair(pair *p)
 {
     if (p->mode == QD_MODE_FAST) {
-        QD_TRY_H(open_pair(p));
+        QD_TRY(open_pair(p));
         return p->role == QD_ROLE_TRAINER ? fast_train(p) : fast_forward(p);
     }
-    QD_TRY_H(open_pair(p));
+    QD_TRY(open_pair(p));
     if (p->role == QD_ROLE_TRAINER) {
-        QD_TRY_H(check_train(p));
+        QD_TRY(check_train(p));
         return check_sync_from(p);
     }
-    QD_TRY_H(check_forward(p, "forward"));
-    QD_TRY_H(check_diag(p));
-    QD_TRY_H(check_generate(p, 1.0f, "generate(top-p)"));
-    QD_TRY_H(check_generate(p, 0.0f, "generate(greedy)"));
+    QD_TRY(check_forward(p, "forward"));
+    QD_TRY(check_diag(p));
+    QD_TRY(check_generate(p, 1.0f, "generate(top-p)"));
+    QD_TRY(check_generate(p, 0.0f, "generate(greedy)"));
     return check_rac(p);
 }
 

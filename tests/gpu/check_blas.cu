@@ -310,8 +310,8 @@ static void check_w4a4(const shape_data &s, qd_w4a4_path path)
 {
     int64_t M = s.M, N = s.N, K = s.K;
     qd_nvfp4 a, w;
-    QD_STATUS_DIE(qd_nvfp4_alloc(&a, M, K, 1));
-    QD_STATUS_DIE(qd_nvfp4_alloc(&w, N, K, 0));
+    QD_STATUS_DIE(qd_nvfp4_alloc(&a, M, K, QD_SCALE_PER_ROW));
+    QD_STATUS_DIE(qd_nvfp4_alloc(&w, N, K, QD_SCALE_PER_TENSOR));
     QD_STATUS_DIE(qd_nvfp4_quantize(&a, s.x.data()));
     QD_STATUS_DIE(qd_nvfp4_quantize(&w, s.w.data()));
     std::vector<float> ref32((size_t)(M * N));
@@ -344,8 +344,8 @@ static void check_native_refused(void)
 {
     qd_nvfp4 a, w;
     float *y;
-    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&a, 1, 64, 1));
-    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&w, 64, 64, 0));
+    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&a, 1, 64, QD_SCALE_PER_ROW));
+    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&w, 64, 64, QD_SCALE_PER_TENSOR));
     QD_CUDA_DIE(cudaMalloc((void **)&y, 64 * sizeof(float)));
     qd_status st = qd_cuda_w4a4_gemm_native(y, &a, &w);
     printf("qd_cuda_w4a4_gemm_native on this device: %s (%s)\n", qd_status_str(st), qd_last_error());

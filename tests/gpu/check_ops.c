@@ -58,7 +58,7 @@ int main(int argc, char **argv)
 {
     int seeds = argc > 1 ? atoi(argv[1]) : 3, fails = 0, rows = 0;
     void *cpu = qd_cpu_dev_new(0);
-    void *exact = qd_cuda_dev_new(QD_MODE_EXACT, 0), *fast = qd_cuda_dev_new(QD_MODE_FAST, 0);
+    void *exact = qd_cuda_dev_new(QD_MODE_EXACT, QD_PREC_F32), *fast = qd_cuda_dev_new(QD_MODE_FAST, QD_PREC_F32);
     if (!cpu || !exact || !fast) {
         fprintf(stderr, "check_ops: %s\n", qd_last_error());
         return 1;

@@ -198,7 +198,7 @@ static qd_nvfp4 nvfp4_to_dev(const qd_nvfp4 *c)
 
 /* quantize (per tensor / per row), dequantize, fake-quant. */
 static void check_quantize(const char *dist, const float *x, const float *dx, int64_t rows,
-                           int64_t K, int per_row)
+                           int64_t K, qd_scale_kind per_row)
 {
     qd_nvfp4 c, g;
     int64_t n = rows * K;
@@ -261,19 +261,20 @@ static void check_rac(const char *dist, const float *x, const float *dx, int64_t
     int64_t n = K / 8;
     std::vector<int64_t> ch = random_channels(K, n);
     int64_t *dch = to_dev(ch.data(), ch.size());
-    for (int w = 0; w < 2; w++) {
+    for (int w = 0; w < 3; w++) { /* act per row, act per tensor, weight (per tensor) */
         qd_nvfp4 c, g;
-        int per_row = !w;
+        qd_scale_kind per_row = w == 0 ? QD_SCALE_PER_ROW : QD_SCALE_PER_TENSOR;
         QD_STATUS_DIE(qd_nvfp4_alloc(&c, rows, K + n, per_row));
         QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&g, rows, K + n, per_row));
-        if (w) {
+        if (w == 2) {
             QD_STATUS_DIE(qd_rac_augment_weight(&c, x, rows, K, ch.data(), n));
             QD_STATUS_DIE(qd_cuda_rac_augment_weight(&g, dx, rows, K, dch, n));
         } else {
             QD_STATUS_DIE(qd_rac_augment_act(&c, x, rows, K, ch.data(), n));
             QD_STATUS_DIE(qd_cuda_rac_augment_act(&g, dx, rows, K, dch, n));
         }
-        report(w ? "RAC augment weight" : "RAC augment act", dist, rows * (K + n), diff_nvfp4(&g, &c));
+        report(w == 2 ? "RAC augment weight" : w ? "RAC augment act p-t" : "RAC augment act", dist,
+               rows * (K + n), diff_nvfp4(&g, &c));
         qd_nvfp4_free(&c);
         qd_cuda_nvfp4_free(&g);
     }
@@ -286,8 +287,8 @@ static void check_distribution(int d, int64_t rows)
     std::vector<float> x((size_t)n);
     fill(d, x.data(), rows);
     float *dx = to_dev(x.data(), (size_t)n);
-    check_quantize(dist_names[d], x.data(), dx, rows, K_COLS, 0);
-    check_quantize(dist_names[d], x.data(), dx, rows, K_COLS, 1);
+    check_quantize(dist_names[d], x.data(), dx, rows, K_COLS, QD_SCALE_PER_TENSOR);
+    check_quantize(dist_names[d], x.data(), dx, rows, K_COLS, QD_SCALE_PER_ROW);
     check_fp8(dist_names[d], x.data(), dx, rows, K_COLS);
     check_rac(dist_names[d], x.data(), dx, rows / 4, K_COLS);
     cudaFree(dx);
@@ -309,7 +310,8 @@ static std::vector<float> finite_bf16(std::vector<uint16_t> *bits)
 
 /* quantize from float and from BF16 against the CPU, x (rows, cols). */
 static void check_bf16_case(const char *name, const std::vector<float> &x,
-                            const std::vector<uint16_t> &bits, int64_t rows, int64_t cols, int per_row)
+                            const std::vector<uint16_t> &bits, int64_t rows, int64_t cols,
+                            qd_scale_kind per_row)
 {
     qd_nvfp4 c, g, gb;
     float *dx = to_dev(x.data(), x.size());
@@ -346,16 +348,16 @@ static void check_all_bf16(void)
     std::vector<uint16_t> bits;
     std::vector<float> x = finite_bf16(&bits);
     int64_t n = (int64_t)x.size(); /* 65280 = 4080 blocks */
-    check_bf16_case("bf16 all, in order", x, bits, n / 256, 256, 0);
-    check_bf16_case("bf16 all, in order", x, bits, n / 16, 16, 1);
+    check_bf16_case("bf16 all, in order", x, bits, n / 256, 256, QD_SCALE_PER_TENSOR);
+    check_bf16_case("bf16 all, in order", x, bits, n / 16, 16, QD_SCALE_PER_ROW);
     /* shuffled: each pattern among random neighbours */
     for (int64_t i = n - 1; i > 0; i--) {
         int64_t j = below(i + 1);
         std::swap(x[(size_t)i], x[(size_t)j]);
         std::swap(bits[(size_t)i], bits[(size_t)j]);
     }
-    check_bf16_case("bf16 all, shuffled", x, bits, n / 16, 16, 1);
-    check_bf16_case("bf16 all, shuffled", x, bits, n / 256, 256, 0);
+    check_bf16_case("bf16 all, shuffled", x, bits, n / 16, 16, QD_SCALE_PER_ROW);
+    check_bf16_case("bf16 all, shuffled", x, bits, n / 256, 256, QD_SCALE_PER_TENSOR);
     /* alone: each pattern the only non-zero of its block, so it sets both scales */
     std::vector<float> xs((size_t)n * 16, 0.0f);
     std::vector<uint16_t> bs((size_t)n * 16, 0);
@@ -363,16 +365,160 @@ static void check_all_bf16(void)
         xs[(size_t)(i * 16 + i % 16)] = x[(size_t)i];
         bs[(size_t)(i * 16 + i % 16)] = bits[(size_t)i];
     }
-    check_bf16_case("bf16 all, alone", xs, bs, n, 16, 1);
+    check_bf16_case("bf16 all, alone", xs, bs, n, 16, QD_SCALE_PER_ROW);
     /* FP8 of every finite pattern, 16 a row */
     float *dx = to_dev(x.data(), x.size());
     check_fp8("bf16 all", x.data(), dx, n / 16, 16);
     cudaFree(dx);
 }
 
+/* ---- the quantizer at the benchmark's shapes (bench/bench_quant.cu) and at the
+ * edges of its kernels' layouts: odd row counts, rows of 1 block and of more
+ * blocks than a CTA holds in registers (1024), per tensor and per row, from
+ * float32 and from BF16, and fake-quant */
+
+/* One NVFP4 block of the shape tests, its kind by the block's hash: exact ties
+ * (E2M1 points and midpoints times 2^e, amax 6 * 2^e, so with S_enc = 1 the
+ * scale is 2^e and every product lands on a point or a midpoint), normals over
+ * 2^-30 .. 2^10, all zero (either sign), values near 2^-140 (the block scale
+ * E4M3-subnormal or zero), BF16-exact normals. Each row holds one 2688, so
+ * S_enc = 1 per row and per tensor and the ties stay exact. */
+static uint64_t mix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static float unit(uint64_t h) { return (float)((h >> 40) & 0xffffff) / 16777216.0f; } /* [0, 1) */
+
+static void fill_block(float *b, uint64_t blk)
+{
+    static const float pts[15] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 0.0f,
+                                  0.5f,  1.0f,  1.5f,  2.0f,  3.0f, 4.0f, 6.0f};
+    uint64_t h = mix(blk * 0x9e3779b97f4a7c15ULL + 1);
+    int kind = (int)(h % 10), e = (int)((h >> 8) % 40) - 30;
+    for (int i = 0; i < 16; i++) {
+        uint64_t g = mix(h + (uint64_t)i);
+        float sgn = (g >> 63) ? -1.0f : 1.0f, u = unit(g);
+        switch (kind) {
+        case 0: case 1: /* ties */
+            b[i] = sgn * ldexpf(pts[g % 15], e % 18 - 9);
+            break;
+        case 2: /* zeros */
+            b[i] = sgn * 0.0f;
+            break;
+        case 3: /* tiny */
+            b[i] = sgn * ldexpf(u, -140 + (int)(g % 16));
+            break;
+        default: /* normals over 40 binades; some BF16-exact */
+            b[i] = sgn * ldexpf(1.0f + u, e);
+            if (kind == 9)
+                b[i] = qd_round_bf16(b[i]);
+            break;
+        }
+    }
+    if (kind < 2)
+        b[(h >> 20) % 16] = ((h >> 30) & 1 ? -6.0f : 6.0f) * ldexpf(1.0f, e % 18 - 9);
+}
+
+static void fill_shape(float *x, int64_t rows, int64_t cols)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t b = 0; b < cols / 16; b++)
+            fill_block(x + r * cols + b * 16, (uint64_t)(r * (cols / 16) + b));
+        x[r * cols + (int64_t)(mix((uint64_t)r) % (uint64_t)cols)] = (r & 1) ? -2688.0f : 2688.0f;
+    }
+}
+
+/* quantize (float32 and BF16 in) and fake-quant of one shape, both scopes. */
+static void check_shape(int64_t rows, int64_t cols)
+{
+    size_t n = (size_t)(rows * cols);
+    std::vector<float> x(n);
+    std::vector<uint16_t> xb(n);
+    fill_shape(x.data(), rows, cols);
+    char name[64];
+    snprintf(name, sizeof name, "%lld x %lld", (long long)rows, (long long)cols);
+    float *dx = to_dev(x.data(), n), *dout;
+    QD_CUDA_DIE(cudaMalloc((void **)&dout, n * sizeof(float)));
+    for (qd_scale_kind per_row : {QD_SCALE_PER_TENSOR, QD_SCALE_PER_ROW}) {
+        qd_nvfp4 c, g;
+        QD_STATUS_DIE(qd_nvfp4_alloc(&c, rows, cols, per_row));
+        QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&g, rows, cols, per_row));
+        QD_STATUS_DIE(qd_nvfp4_quantize(&c, x.data()));
+        QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&g, dx));
+        report(per_row ? "quantize per-row" : "quantize per-tensor", name, (long long)n, diff_nvfp4(&g, &c));
+        std::vector<float> cf(n);
+        qd_nvfp4_dequantize(cf.data(), &c);
+        QD_STATUS_DIE(qd_cuda_nvfp4_fake_quant(dout, dx, rows, cols, per_row));
+        report(per_row ? "fake-quant per-row" : "fake-quant per-tensor", name, (long long)n,
+               diff(to_host(dout, n).data(), cf.data(), n, 4));
+        /* BF16 in: the CPU quantizes the rounded floats */
+        for (size_t i = 0; i < n; i++) {
+            xb[i] = qd_bf16_from_f32(x[i]);
+            cf[i] = qd_bf16_to_f32(xb[i]);
+        }
+        QD_STATUS_DIE(qd_nvfp4_quantize(&c, cf.data()));
+        uint16_t *dxb = to_dev(xb.data(), n);
+        QD_STATUS_DIE(qd_cuda_nvfp4_quantize_bf16(&g, dxb));
+        report(per_row ? "quantize bf16-in per-row" : "quantize bf16-in per-tensor", name, (long long)n,
+               diff_nvfp4(&g, &c));
+        cudaFree(dxb);
+        qd_nvfp4_free(&c);
+        qd_cuda_nvfp4_free(&g);
+    }
+    cudaFree(dx);
+    cudaFree(dout);
+}
+
+static void check_shapes(int big)
+{
+    static const int64_t shapes[][2] = {
+        {2048, 768}, {4096, 14336}, {151936, 2048}, /* bench_quant's: expert, FFN, lm_head */
+        {1, 16},     {3, 48},       {37, 2064},     /* odd rows, 129 blocks a row */
+        {5, 16400},  {2, 65536},    {1000, 64},     /* 1025 and 4096 blocks a row: read twice */
+        {333, 4112},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        if (big || shapes[i][0] * shapes[i][1] <= ((int64_t)1 << 26))
+            check_shape(shapes[i][0], shapes[i][1]);
+}
+
+/* ---- the branch-free encoders (quant/numerics.h's twins) on every float */
+__global__ void rn_twins_kernel(unsigned long long *bad, uint32_t hi)
+{
+    unsigned long long n = 0;
+    for (uint32_t lo = blockIdx.x * blockDim.x + threadIdx.x; lo < 65536u; lo += gridDim.x * blockDim.x) {
+        uint32_t u = hi << 16 | lo;
+        float v = __uint_as_float(u), a = fabsf(v), val;
+        if (v != v)
+            continue;
+        n += (qd_e2m1_index_rn(v) | ((u >> 28) & 8u)) != qd_e2m1_from_f32(v);
+        if (a <= QD_E4M3_MAX) {
+            uint8_t c = qd_e4m3_scale_rn(a, &val);
+            n += c != qd_e4m3_from_f32(a) || __float_as_uint(val) != __float_as_uint(qd_e4m3_to_f32(c));
+        }
+    }
+    if (n)
+        atomicAdd(bad, n);
+}
+
+static void check_rn_twins(void)
+{
+    unsigned long long *dbad, bad = 0;
+    QD_CUDA_DIE(cudaMalloc((void **)&dbad, sizeof bad));
+    QD_CUDA_DIE(cudaMemset(dbad, 0, sizeof bad));
+    for (uint32_t hi = 0; hi < 65536u; hi++)
+        rn_twins_kernel<<<64, 256>>>(dbad, hi);
+    QD_CUDA_DIE(cudaMemcpy(&bad, dbad, sizeof bad, cudaMemcpyDeviceToHost));
+    cudaFree(dbad);
+    report("e2m1/e4m3 rn encoders", "all 2^32 floats", 1LL << 32, (long long)bad);
+}
+
 /* ---- the canonical W4A4 product */
 
-static void quantize_host(qd_nvfp4 *q, int d, int64_t rows, int64_t K, int per_row)
+static void quantize_host(qd_nvfp4 *q, int d, int64_t rows, int64_t K, qd_scale_kind per_row)
 {
     std::vector<float> x((size_t)(rows * K));
     if (K == K_COLS) {
@@ -385,10 +531,10 @@ static void quantize_host(qd_nvfp4 *q, int d, int64_t rows, int64_t K, int per_r
     QD_STATUS_DIE(qd_nvfp4_quantize(q, x.data()));
 }
 
-static void check_gemm_case(int64_t M, int64_t N, int64_t K, int da, int dw, int w_per_row)
+static void check_gemm_case(int64_t M, int64_t N, int64_t K, int da, int dw, qd_scale_kind w_per_row)
 {
     qd_nvfp4 a, w;
-    quantize_host(&a, da, M, K, 1);
+    quantize_host(&a, da, M, K, QD_SCALE_PER_ROW);
     quantize_host(&w, dw, N, K, w_per_row);
     qd_nvfp4 ga = nvfp4_to_dev(&a), gw = nvfp4_to_dev(&w);
     std::vector<float> cy((size_t)(M * N));
@@ -422,13 +568,13 @@ static void check_gemm_grouped(int G, int64_t N, int64_t K, int64_t maxrows)
         off[(size_t)g + 1] = off[(size_t)g] + (g % 5 == 3 ? 0 : 1 + below(maxrows));
     int64_t M = off[(size_t)G];
     qd_nvfp4 a;
-    quantize_host(&a, 1, M, K, 1);
+    quantize_host(&a, 1, M, K, QD_SCALE_PER_ROW);
     qd_nvfp4 ga = nvfp4_to_dev(&a);
     std::vector<qd_nvfp4> w((size_t)G), gw((size_t)G);
     std::vector<const qd_nvfp4 *> pw((size_t)G);
     std::vector<float> cy((size_t)(M * N));
     for (int g = 0; g < G; g++) {
-        quantize_host(&w[(size_t)g], 0, N, K, 0);
+        quantize_host(&w[(size_t)g], 0, N, K, QD_SCALE_PER_TENSOR);
         gw[(size_t)g] = nvfp4_to_dev(&w[(size_t)g]);
         pw[(size_t)g] = &gw[(size_t)g];
         int64_t m = off[(size_t)g + 1] - off[(size_t)g];
@@ -466,9 +612,9 @@ static void check_gemm(void)
         {16, 1024, 1024}, {17, 777, 272},  {33, 512, 2048}, {64, 14336, 4096}, {100, 256, 512},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        check_gemm_case(shapes[i][0], shapes[i][1], shapes[i][2], (int)(i % 2), 0, 0);
-    check_gemm_case(8, 4096, 4096, 0, 2, 0);
-    check_gemm_case(12, 1024, 4096, 1, 0, 1);
+        check_gemm_case(shapes[i][0], shapes[i][1], shapes[i][2], (int)(i % 2), 0, QD_SCALE_PER_TENSOR);
+    check_gemm_case(8, 4096, 4096, 0, 2, QD_SCALE_PER_TENSOR);
+    check_gemm_case(12, 1024, 4096, 1, 0, QD_SCALE_PER_ROW);
     check_gemm_grouped(32, 512, 1024, 9);    /* moe8's gate/up at decode */
     check_gemm_grouped(32, 1024, 512, 70);   /* moe8's down at prefill */
     check_gemm_grouped(130, 64, 64, 3);      /* more groups than one launch holds */
@@ -476,8 +622,8 @@ static void check_gemm(void)
     check_gemm_grouped(128, 2048, 768, 12);  /* its down */
     check_gemm_grouped(64, 768, 2144, 40);   /* RAC-augmented K (134 blocks), batch 256 */
     check_gemm_grouped(16, 200, 1040, 90);   /* N not a multiple of 64, rows over 64 */
-    check_gemm_case(64, 4096, 2048, 1, 0, 0); /* attention linears at batch 64 */
-    check_gemm_case(40, 520, 2144, 0, 0, 1);
+    check_gemm_case(64, 4096, 2048, 1, 0, QD_SCALE_PER_TENSOR); /* attention linears at batch 64 */
+    check_gemm_case(40, 520, 2144, 0, 0, QD_SCALE_PER_ROW);
 }
 
 /* ---- non-finite inputs must raise QD_ERR_NONFINITE, and the flag must clear */
@@ -493,9 +639,9 @@ static void check_nonfinite(void)
     int64_t *dch = to_dev(ch.data(), ch.size());
     long long misses = 0, cases = 0;
     qd_nvfp4 g, ga, gw;
-    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&g, rows, K, 0));
-    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&ga, rows, K + 32, 1));
-    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&gw, rows, K + 32, 0));
+    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&g, rows, K, QD_SCALE_PER_TENSOR));
+    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&ga, rows, K + 32, QD_SCALE_PER_ROW));
+    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&gw, rows, K + 32, QD_SCALE_PER_TENSOR));
     float *dout, *s_enc, one = 1.0f;
     uint8_t *dq;
     QD_CUDA_DIE(cudaMalloc((void **)&dout, (size_t)n * sizeof(float)));
@@ -511,13 +657,14 @@ static void check_nonfinite(void)
         hb[below(16)] = qd_bf16_from_f32(bad[t % 3]);
         uint16_t *dhb = to_dev(hb, 16);
         qd_nvfp4 gb;
-        QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&gb, 1, 16, t & 1));
-        g.per_row = t & 1;
+        qd_scale_kind scale = t & 1 ? QD_SCALE_PER_ROW : QD_SCALE_PER_TENSOR;
+        QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&gb, 1, 16, scale));
+        g.per_row = scale;
         misses += expect_nonfinite(qd_cuda_amax(&amax, dx, n));
         misses += expect_nonfinite(qd_cuda_nvfp4_quantize(&g, dx));
         misses += expect_nonfinite(qd_cuda_nvfp4_quantize_bf16(&gb, dhb));
         misses += expect_nonfinite(qd_cuda_nvfp4_quantize_with(&g, dx, s_enc));
-        misses += expect_nonfinite(qd_cuda_nvfp4_fake_quant(dout, dx, rows, K, t & 1));
+        misses += expect_nonfinite(qd_cuda_nvfp4_fake_quant(dout, dx, rows, K, scale));
         misses += expect_nonfinite(qd_cuda_fp8_quantize_rows(dq, dout, dx, rows, K));
         misses += expect_nonfinite(qd_cuda_rac_augment_act(&ga, dx, rows, K, dch, 32));
         misses += expect_nonfinite(qd_cuda_rac_augment_weight(&gw, dx, rows, K, dch, 32));
@@ -532,7 +679,7 @@ static void check_nonfinite(void)
         cudaFree(dhb);
     }
     report("non-finite -> error", "NaN/+Inf/-Inf", cases, misses);
-    g.per_row = 0;
+    g.per_row = QD_SCALE_PER_TENSOR;
     qd_cuda_nvfp4_free(&g);
     qd_cuda_nvfp4_free(&ga);
     qd_cuda_nvfp4_free(&gw);
@@ -569,7 +716,7 @@ static void check_golden(const char *path)
         }
         size_t n = (size_t)rows * cols, nd = per_row ? rows : 1;
         qd_nvfp4 want;
-        QD_STATUS_DIE(qd_nvfp4_alloc(&want, rows, cols, (int)per_row));
+        QD_STATUS_DIE(qd_nvfp4_alloc(&want, rows, cols, per_row ? QD_SCALE_PER_ROW : QD_SCALE_PER_TENSOR));
         std::vector<float> x(n);
         if (fread(x.data(), 4, n, f) != n || fread(want.codes, 1, n / 2, f) != n / 2 ||
             fread(want.scales, 1, n / 16, f) != n / 16 || fread(want.s_dec, 4, nd, f) != nd) {
@@ -579,7 +726,7 @@ static void check_golden(const char *path)
         }
         qd_nvfp4 g;
         float *dx = to_dev(x.data(), n);
-        QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&g, rows, cols, (int)per_row));
+        QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&g, rows, cols, want.per_row));
         QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&g, dx));
         bad += diff_nvfp4(&g, &want);
         count += (long long)n;
@@ -600,6 +747,8 @@ int main(int argc, char **argv)
            "bits equal");
     printf("|%s|%s|%s|%s|%s|\n", "------------------------", "----------------", "--------------",
            "------------", "-----");
+    check_rn_twins();
+    check_shapes(getenv("CHECK_QUANT_SMALL") == NULL);
     for (int d = 0; d < NDIST; d++)
         check_distribution(d, rows);
     check_all_bf16();
