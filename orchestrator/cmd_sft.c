@@ -228,11 +228,9 @@ static void progress(int step, int steps, double loss, double lr, void *ctx)
 static qd_status load_held_out(sft_run *r)
 {
     qd_synth_opts so;
-    qd_status st = qd_task_parse(r->a->sft.task, &so);
+    QD_TRY(qd_task_parse(r->a->sft.task, &so));
     so.seed = r->a->sft.seed;
-    if (!st)
-        st = qd_synth_generate(&so, QD_SPLIT_TEST, (size_t)r->a->eval_problems, &r->set);
-    return st;
+    return qd_synth_generate(&so, QD_SPLIT_TEST, (size_t)r->a->eval_problems, &r->set);
 }
 
 /* Grades the held-out problems with the current weights (on the eval
@@ -241,12 +239,10 @@ static qd_status held_out_eval(sft_run *r, const char *when)
 {
     const sft_args *a = r->a;
     qd_backend *b = r->eval ? r->eval : r->train;
-    qd_status st = r->eval ? qd_backend_sync_from(r->eval, r->train, NULL) : QD_OK;
     qd_task_eval_result ev;
-    if (!st)
-        st = qd_task_eval(b, r->tok, &r->set, 0, a->eval_samples, a->eval_temperature, a->sft.seed, 0, NULL, &ev);
-    if (st)
-        return st;
+    if (r->eval)
+        QD_TRY(qd_backend_sync_from(r->eval, r->train, NULL));
+    QD_TRY(qd_task_eval(b, r->tok, &r->set, 0, a->eval_samples, a->eval_temperature, a->sft.seed, 0, NULL, &ev));
     if (r->tty)
         fputs("\r\033[K", stderr);
     printf("%sheld-out pass@1 %.4f (%d problems x %d samples, temperature %g, %s, seed %llu), "

@@ -35,7 +35,7 @@ const char *qd_report_col_key(int c) { return c >= 0 && c < QD_NCOLS ? cols[c].k
 
 qd_seed_stat qd_seed_stat_of(const double *v, int count)
 {
-    qd_seed_stat s = {NAN, NAN, NAN, NAN, 0};
+    qd_seed_stat s = {.mean = NAN, .std = NAN, .min = NAN, .max = NAN, .n = 0};
     double sum = 0;
     for (int i = 0; i < count; i++) {
         if (!isfinite(v[i]))
@@ -89,7 +89,7 @@ static qd_status series_of(const char *path, const char *key, series_sum *r)
     if (st)
         return st;
     double s = 0, mx = -INFINITY;
-    *r = (series_sum){NAN, NAN, NAN, NAN, NAN, NAN};
+    *r = (series_sum){.mean = NAN, .max = NAN, .first = NAN, .last = NAN, .first_x = NAN, .last_x = NAN};
     if (n > 0)
         r->first = y[0], r->first_x = x[0], r->last = y[n - 1], r->last_x = x[n - 1];
     for (int64_t i = 0; i < n; i++) {
@@ -137,20 +137,20 @@ static qd_status read_columns(const char *m, qd_run_summary *s)
     } means[] = {{"gap.mean_abs", QD_COL_GAP_MEAN}, {"gap.k3_kl", QD_COL_KL},
                  {"router.agree_mean", QD_COL_AGREE}, {"time.tokens_per_s", QD_COL_TPS}};
     series_sum r;
-    qd_status st = series_of(m, "step", &r);
+    QD_TRY(series_of(m, "step", &r));
     s->steps = isfinite(r.last_x) ? (int64_t)r.last_x : 0;
-    if (!st && !(st = series_of(m, "eval.pass1", &r)))
-        s->v[QD_COL_PASS_FIRST] = r.first, s->v[QD_COL_PASS_FINAL] = r.last;
-    if (!st && !(st = series_of(m, "eval.bf16.pass1", &r))) {
-        s->v[QD_COL_BF16_FIRST] = r.first_x == 0 ? r.first : NAN;
-        s->v[QD_COL_BF16_FINAL] = r.last_x == (double)s->steps_planned ? r.last : NAN;
+    QD_TRY(series_of(m, "eval.pass1", &r));
+    s->v[QD_COL_PASS_FIRST] = r.first, s->v[QD_COL_PASS_FINAL] = r.last;
+    QD_TRY(series_of(m, "eval.bf16.pass1", &r));
+    s->v[QD_COL_BF16_FIRST] = r.first_x == 0 ? r.first : NAN;
+    s->v[QD_COL_BF16_FINAL] = r.last_x == (double)s->steps_planned ? r.last : NAN;
+    QD_TRY(series_of(m, "gap.max_abs", &r));
+    s->v[QD_COL_GAP_MAX] = r.max;
+    for (size_t i = 0; i < sizeof means / sizeof *means; i++) {
+        QD_TRY(series_of(m, means[i].key, &r));
+        s->v[means[i].col] = r.mean;
     }
-    if (!st && !(st = series_of(m, "gap.max_abs", &r)))
-        s->v[QD_COL_GAP_MAX] = r.max;
-    for (size_t i = 0; !st && i < sizeof means / sizeof *means; i++)
-        if (!(st = series_of(m, means[i].key, &r)))
-            s->v[means[i].col] = r.mean;
-    return st;
+    return QD_OK;
 }
 
 qd_status qd_run_summarize(const char *dir, const char *failure, qd_run_summary *s)
@@ -525,7 +525,7 @@ qd_status qd_report_write(const qd_report_group *groups, int ng, const char *out
         if (!st)
             qd_group_aggregate(s[i], groups[i].n, &stats[i]);
     }
-    report_ctx t = {groups, (const qd_run_summary *const *)s, stats, ng, command};
+    report_ctx t = {.g = groups, .s = (const qd_run_summary *const *)s, .stats = stats, .ng = ng, .command = command};
     static const char *const plots[3][4] = {
         {"reward.svg", "reward_mean", "reward (train)", "mean reward"},
         {"pass1.svg", "eval.pass1", "held-out pass@1", "pass@1"},

@@ -157,9 +157,10 @@ START_TEST(test_report_seeds)
     snprintf(b, sizeof b, "%s/bf16/seed-1", dir);
     write_config(b, "bf16", 1, 4, NULL);
     write_metrics(b, 4, 0.6, 0.6, 0.6, 0.6, 0, 1);
-    qd_report_run runs[5] = {{d[1], NULL}, {d[2], NULL}, {d[3], NULL}, {d[4], NULL}, {d[5], "step 3: NaN in the loss"}};
-    qd_report_run brun = {b, NULL};
-    qd_report_group g[2] = {{"quads", runs, 5}, {"bf16", &brun, 1}};
+    qd_report_run runs[5] = {{.dir = d[1]}, {.dir = d[2]}, {.dir = d[3]}, {.dir = d[4]},
+                             {.dir = d[5], .failure = "step 3: NaN in the loss"}};
+    qd_report_run brun = {.dir = b};
+    qd_report_group g[2] = {{.name = "quads", .runs = runs, .n = 5}, {.name = "bf16", .runs = &brun, .n = 1}};
     snprintf(out, sizeof out, "%s/rep", dir);
     ck_assert_int_eq(qd_report_write(g, 2, out, "quads compare --seeds 1,2,3,4,5"), QD_OK);
 
@@ -242,8 +243,8 @@ START_TEST(test_report_row_mismatch)
     write_metrics(a, 2, 0.4, 0.5, 0.6, 0.6, 0.1, 1);
     write_config(b, "quads", 2, 2, "trainer.lr=2e-4");
     write_metrics(b, 2, 0.4, 0.5, 0.6, 0.6, 0.1, 2);
-    qd_report_run runs[2] = {{a, NULL}, {b, NULL}};
-    qd_report_group g = {"quads", runs, 2};
+    qd_report_run runs[2] = {{.dir = a}, {.dir = b}};
+    qd_report_group g = {.name = "quads", .runs = runs, .n = 2};
     ck_assert_int_eq(qd_report_write(&g, 1, out, NULL), QD_ERR_ARG);
     ck_assert_msg(strstr(qd_last_error(), "differ in trainer.lr"), "%s", qd_last_error());
     write_config(b, "quads", 1, 2, NULL); /* now the same config, and the same seed */
