@@ -23,8 +23,15 @@
 # machine starts over (WORK is gone; the SFT is deterministic in exact mode,
 # so it makes the same model again).
 #
+# Across sessions (a fresh machine): PRIOR=path/to/runs.tar.gz (an earlier
+# call's, carried into the tree) puts its runs in WORK before anything runs;
+# its finished runs are kept (the SFT, made again, is the same bits in exact
+# mode, and with the same WORK, so model.path, the configs match), its
+# unfinished ones start again.
+#
 # Environment (defaults in brackets):
 #   WORK [/tmp/quads-study]  the SFT model, the runs, logs
+#   PRIOR []                 an earlier call's runs.tar.gz
 #   BUDGET_S [540]           wall seconds of this call (the device tool allows 600 a command)
 #   RECIPES [bf16,fp8,nvfp4,nvfp4-aqat,nvfp4-rac,quads,nvfp4-sym-qat,nvfp4-replay,quads-replay]
 #   SEEDS [1,2,3]  STEPS [100]  EVAL_EVERY [25]  EVAL_LIMIT [256]
@@ -81,6 +88,10 @@ cap() {
 }
 
 say "== $(date -u +%FT%TZ): run_study_h200, budget ${budget}s, work $work"
+if [ -n "${PRIOR:-}" ] && [ ! -d "$work/study" ]; then
+    tar xzf "$PRIOR" -C "$work" --wildcards 'study/*' || { say "PRIOR=$PRIOR: cannot unpack"; exit 1; }
+    say "runs of $PRIOR unpacked into $work/study"
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/GPU: /' | tee -a "$log"
 
 # 1. the model: quads sft until greedy bf16 pass@1 >= STOP_AT (or SFT_STEPS)

@@ -116,7 +116,7 @@ static qd_config *run_config(const char *file, char **sets, int nsets, const cha
 typedef enum { RUN_FRESH, RUN_DONE, RUN_RESUME, RUN_CONFLICT } run_action;
 
 /* What --continue does with dir: a config.json there must be cfg's (run.threads
- * aside). A run that stopped before its first checkpoint loses its metrics
+ * aside, and run.dir: a run directory moved or unpacked elsewhere is the same run). A run that stopped before its first checkpoint loses its metrics
  * (unless look_only: --report-only changes nothing). */
 static run_action existing_run(const char *dir, const qd_config *cfg, int look_only)
 {
@@ -125,8 +125,10 @@ static run_action existing_run(const char *dir, const qd_config *cfg, int look_o
     if (access(p, F_OK) != 0)
         return RUN_FRESH;
     json_t *have = json_load_file(p, JSON_REJECT_DUPLICATES, NULL), *want = qd_config_to_json(cfg);
-    json_object_del(json_object_get(have, "run"), "threads");
-    json_object_del(json_object_get(want, "run"), "threads");
+    for (int i = 0; i < 2; i++) {
+        json_object_del(json_object_get(i ? want : have, "run"), "threads");
+        json_object_del(json_object_get(i ? want : have, "run"), "dir");
+    }
     int same = have && json_equal(have, want);
     json_decref(have), json_decref(want);
     if (!same) {

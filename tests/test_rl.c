@@ -973,6 +973,12 @@ START_TEST(test_rl_cli_compare_seeds)
     json_t *after = metrics_without_time(p);
     ck_assert(json_equal(before, after));
     json_decref(before), json_decref(after);
+    /* a finished run moved elsewhere (its config.json names the old run.dir) is still kept */
+    pathf(args, sizeof args, "mkdir -p %s/moved/bf16 && cp -r %s/cmp/bf16/seed-3 %s/moved/bf16/", dir, dir, dir);
+    ck_assert_int_eq(system(args), 0);
+    pathf(args, sizeof args, "compare --recipes bf16 --seeds 3 --continue --out %s/moved %s", dir, sets);
+    ck_assert_msg(qd_test_run_quads(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "moved/bf16/seed-3: finished before, kept =="), "%s", out);
     /* --report-only runs nothing: quads was never run, so both its seeds are missing */
     pathf(args, sizeof args, "compare --recipes bf16,quads --seeds 3,4 --report-only --out %s/cmp %s", dir, sets);
     ck_assert_msg(qd_test_run_quads(args, out, sizeof out) == 0, "%s", out);
