@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <jansson.h>
 #include "orchestrator/ckpt.h"
+#include "orchestrator/metrics.h"
 #include "benchmarks/sha256.h"
 #include "models/checkpoint.h"
 #include "quant/fileio.h"
@@ -214,10 +215,8 @@ static qd_status state_int(const char *path, const json_t *j, const char *key, i
 
 static qd_status read_state(const char *path, qd_ckpt_state *s)
 {
-    json_error_t err;
-    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
-    if (!j)
-        return qd_error(QD_ERR_FORMAT, "%s:%d: %s", path, err.line, err.text);
+    json_t *j;
+    QD_TRY(qd_json_load_regular(path, JSON_REJECT_DUPLICATES, &j));
     int64_t seed = 0;
     qd_status st = json_is_object(j) ? QD_OK : qd_error(QD_ERR_FORMAT, "%s: expected a JSON object", path);
     if (!st)

@@ -10,6 +10,7 @@
 #include <jansson.h>
 #include "orchestrator/ckpt.h"
 #include "orchestrator/commands.h"
+#include "orchestrator/metrics.h"
 #include "orchestrator/report.h"
 #include "orchestrator/rl.h"
 #include "orchestrator/rl_config.h"
@@ -124,7 +125,8 @@ static run_action existing_run(const char *dir, const qd_config *cfg, int look_o
     snprintf(p, sizeof p, "%s/config.json", dir);
     if (access(p, F_OK) != 0)
         return RUN_FRESH;
-    json_t *have = json_load_file(p, JSON_REJECT_DUPLICATES, NULL), *want = qd_config_to_json(cfg);
+    json_t *have, *want = qd_config_to_json(cfg);
+    (void)qd_json_load_regular(p, JSON_REJECT_DUPLICATES, &have); /* NULL (unreadable, not a file): not this config */
     for (int i = 0; i < 2; i++) {
         json_object_del(json_object_get(i ? want : have, "run"), "threads");
         json_object_del(json_object_get(i ? want : have, "run"), "dir");

@@ -67,14 +67,24 @@ static char *code_block(const char *text)
 }
 
 /* run_dir/config.json as indented JSON in a code block (malloc'ed). */
+qd_status qd_json_load_regular(const char *path, size_t flags, json_t **out)
+{
+    *out = NULL;
+    char *text;
+    size_t len;
+    QD_TRY(qd_read_file(path, &text, &len));
+    json_error_t err;
+    *out = json_loadb(text, len, flags, &err);
+    free(text);
+    return *out ? QD_OK : qd_error(QD_ERR_FORMAT, "%s:%d: %s", path, err.line, err.text);
+}
+
 static qd_status config_text(const char *run_dir, char **md)
 {
     char p[4400];
     snprintf(p, sizeof p, "%s/config.json", run_dir);
-    json_error_t err;
-    json_t *cfg = json_load_file(p, 0, &err);
-    if (!cfg)
-        return qd_error(QD_ERR_FORMAT, "%s:%d: %s", p, err.line, err.text);
+    json_t *cfg;
+    QD_TRY(qd_json_load_regular(p, 0, &cfg));
     char *text = json_dumps(cfg, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     json_decref(cfg);
     *md = text ? code_block(text) : NULL;
@@ -107,7 +117,7 @@ static qd_status append_tb(qd_metrics *m, const json_t *obj)
         char p[4400];
         snprintf(p, sizeof p, "%s/layers.json", m->run_dir);
         if (access(p, F_OK) == 0)
-            m->layers = json_load_file(p, 0, NULL);
+            (void)qd_json_load_regular(p, 0, &m->layers); /* optional: without it, no per-layer tags */
     }
     qd_status st = qd_tb_json(m->tb, json_integer_value(json_object_get(obj, "step")), obj, m->layers);
     return st ? st : qd_tb_flush(m->tb);

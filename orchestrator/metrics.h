@@ -150,4 +150,9 @@ void qd_progress_write(FILE *f, bool tty, const qd_progress *p);
 /* qd_progress_write to stderr, tty = isatty(stderr). */
 void qd_progress_print(const qd_progress *p);
 
+/* *out = the JSON document in path, a regular file only (a FIFO, a device or a
+ * directory is refused without blocking: qd_read_file); parse errors name
+ * path:line. *out is NULL on any error. */
+qd_status qd_json_load_regular(const char *path, size_t flags, json_t **out);
+
 #endif

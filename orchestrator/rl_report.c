@@ -113,10 +113,8 @@ static int64_t int_at(json_t *cfg, const char *sec, const char *key)
 /* recipe, seed and steps of RUN/config.json. */
 static qd_status read_config(const char *path, qd_run_summary *s)
 {
-    json_error_t err;
-    json_t *cfg = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
-    if (!cfg)
-        return qd_error(QD_ERR_FORMAT, "%s:%d: %s", path, err.line, err.text);
+    json_t *cfg;
+    QD_TRY(qd_json_load_regular(path, JSON_REJECT_DUPLICATES, &cfg));
     const char *rec = json_string_value(json_object_get(json_object_get(cfg, "rollout"), "recipe"));
     s->seed = int_at(cfg, "run", "seed");
     s->steps_planned = int_at(cfg, "run", "steps");
@@ -182,7 +180,9 @@ static json_t *row_config(const char *dir)
 {
     char c[PATH_N];
     snprintf(c, sizeof c, "%s/config.json", dir);
-    json_t *cfg = json_load_file(c, JSON_REJECT_DUPLICATES, NULL), *run = json_object_get(cfg, "run");
+    json_t *cfg;
+    (void)qd_json_load_regular(c, JSON_REJECT_DUPLICATES, &cfg); /* NULL: no config to compare */
+    json_t *run = json_object_get(cfg, "run");
     static const char *const free_keys[] = {"seed", "dir", "name", "threads"};
     for (size_t i = 0; i < sizeof free_keys / sizeof *free_keys; i++)
         json_object_del(run, free_keys[i]);

@@ -14,6 +14,8 @@
 #include "tests/suites.h"
 #include "orchestrator/report.h"
 #include "orchestrator/rl_config.h"
+#include <sys/stat.h>
+#include <unistd.h>
 #include "quant/fileio.h"
 
 static void close_to(double got, double want)
@@ -262,6 +264,27 @@ START_TEST(test_report_row_mismatch)
 }
 END_TEST
 
+/* A run whose config.json is a FIFO is refused with an error naming the file,
+ * not read: a FIFO with no writer would block the reader forever. */
+START_TEST(test_summarize_fifo)
+{
+    char dir[] = "/tmp/qd_report_fifo_XXXXXX", c[128], m[128];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(c, sizeof c, "%s/config.json", dir);
+    snprintf(m, sizeof m, "%s/metrics.jsonl", dir);
+    ck_assert_int_eq(mkfifo(c, 0600), 0);
+    FILE *f = fopen(m, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    qd_run_summary r;
+    ck_assert_int_eq(qd_run_summarize(dir, NULL, &r), QD_ERR_IO);
+    ck_assert_msg(strstr(qd_last_error(), "config.json: not a regular file") != NULL, "%s", qd_last_error());
+    unlink(c);
+    unlink(m);
+    rmdir(dir);
+}
+END_TEST
+
 Suite *suite_report(void)
 {
     Suite *s = suite_create("report");
@@ -270,6 +293,7 @@ Suite *suite_report(void)
     tcase_add_test(tc, test_group_aggregate);
     tcase_add_test(tc, test_report_seeds);
     tcase_add_test(tc, test_report_row_mismatch);
+    tcase_add_test(tc, test_summarize_fifo);
     suite_add_tcase(s, tc);
     return s;
 }
