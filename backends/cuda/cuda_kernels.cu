@@ -307,22 +307,53 @@ static __device__ __forceinline__ int mw_swz(int row, int k)
     return (((row >> 2) ^ ((k >> 2) & M)) << 2) | (row & 3);
 }
 
-/* Rows r0 .. r0+ROWS-1 of the float32 matrix x (R, K), columns k0 .. k0+MW_BK-1,
- * into S[k][mw_swz(row, k)] (out of range: 0, not summarized). W's stage and A's. */
+/* A stage's operands through registers: mp_fetch loads thread t's share of
+ * rows r0 .. r0+ROWS-1 of x (R, K), columns k0 .. k0+MW_BK-1 (out of range:
+ * 0), mp_store puts them at S[k][mw_swz(row, k)] and summarizes them. W's stage
+ * (float32 or BF16 bits) and A's. */
+template <int ROWS> struct mp_regs {
+    float4 v[(ROWS * (MW_BK / 4) + 127) / 128];
+};
+struct mp_regs16 {
+    uint4 v[MW_BN * (MW_BK / 8) / 128];
+};
+
 template <int ROWS>
-static __device__ __forceinline__ void mw_load(float (*S)[ROWS], const float *x, int r0, int R, int K, int k0,
-                                               mw_sum *sum)
+static __device__ __forceinline__ void mp_fetch(mp_regs<ROWS> &r, const float *x, int r0, int R, int K, int k0)
 {
-    for (int idx = threadIdx.x; idx < ROWS * (MW_BK / 4); idx += blockDim.x) {
-        int row = idx >> 3, k = (idx & 7) * 4;
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (r0 + row < R && k0 + k < K) {
-            v = __ldg((const float4 *)(x + (size_t)(r0 + row) * K + k0 + k));
-            mw_see(sum, __float_as_uint(v.x));
-            mw_see(sum, __float_as_uint(v.y));
-            mw_see(sum, __float_as_uint(v.z));
-            mw_see(sum, __float_as_uint(v.w));
-        }
+#pragma unroll
+    for (int i = 0; i < (ROWS * (MW_BK / 4) + 127) / 128; i++) {
+        int idx = threadIdx.x + 128 * i, row = idx >> 3, k = k0 + (idx & 7) * 4;
+        r.v[i] = idx < ROWS * (MW_BK / 4) && r0 + row < R && k < K
+                     ? __ldg((const float4 *)(x + (size_t)(r0 + row) * K + k))
+                     : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+}
+
+static __device__ __forceinline__ void mp_fetch(mp_regs16 &r, const uint16_t *w, int n0, int N, int K, int k0)
+{
+#pragma unroll
+    for (int i = 0; i < MW_BN * (MW_BK / 8) / 128; i++) {
+        int idx = threadIdx.x + 128 * i, row = idx >> 2, k = k0 + (idx & 3) * 8;
+        r.v[i] = n0 + row < N && k < K ? __ldg((const uint4 *)(w + (size_t)(n0 + row) * K + k))
+                                       : make_uint4(0, 0, 0, 0);
+    }
+}
+
+/* Zeros (padding) leave a summary as it is. */
+template <int ROWS>
+static __device__ __forceinline__ void mp_store(float (*S)[ROWS], const mp_regs<ROWS> &r, mw_sum *sum)
+{
+#pragma unroll
+    for (int i = 0; i < (ROWS * (MW_BK / 4) + 127) / 128; i++) {
+        int idx = threadIdx.x + 128 * i, row = idx >> 3, k = (idx & 7) * 4;
+        if (idx >= ROWS * (MW_BK / 4))
+            break;
+        float4 v = r.v[i];
+        mw_see(sum, __float_as_uint(v.x));
+        mw_see(sum, __float_as_uint(v.y));
+        mw_see(sum, __float_as_uint(v.z));
+        mw_see(sum, __float_as_uint(v.w));
         int col = mw_swz<ROWS>(row, k);
         S[k][col] = v.x;
         S[k + 1][col] = v.y;
@@ -331,34 +362,30 @@ static __device__ __forceinline__ void mw_load(float (*S)[ROWS], const float *x,
     }
 }
 
-static __device__ __forceinline__ void mw_load_w(float (*Ws)[MW_BN], const float *w, int n0, int N, int K, int k0,
-                                                 mw_sum *sw)
+static __device__ __forceinline__ void mp_store(float (*Ws)[MW_BN], const mp_regs16 &r, mw_sum *sw)
 {
-    mw_load<MW_BN>(Ws, w, n0, N, K, k0, sw);
-}
-
-static __device__ __forceinline__ void mw_load_w(float (*Ws)[MW_BN], const uint16_t *w, int n0, int N, int K,
-                                                 int k0, mw_sum *sw)
-{
-    for (int idx = threadIdx.x; idx < MW_BN * (MW_BK / 8); idx += blockDim.x) {
-        int row = idx >> 2, k = (idx & 3) * 8;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        bool in = n0 + row < N && k0 + k < K;
-        if (in)
-            v = __ldg((const uint4 *)(w + (size_t)(n0 + row) * K + k0 + k));
-        uint32_t u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            uint32_t lo = u[i] << 16, hi = u[i] & 0xffff0000u;
-            if (in) {
-                mw_see(sw, lo);
-                mw_see(sw, hi);
-            }
-            Ws[k + 2 * i][mw_swz<MW_BN>(row, k + 2 * i)] = __uint_as_float(lo);
-            Ws[k + 2 * i + 1][mw_swz<MW_BN>(row, k + 2 * i + 1)] = __uint_as_float(hi);
+    for (int i = 0; i < MW_BN * (MW_BK / 8) / 128; i++) {
+        int idx = threadIdx.x + 128 * i, row = idx >> 2, k = (idx & 3) * 8;
+        uint32_t u[4] = {r.v[i].x, r.v[i].y, r.v[i].z, r.v[i].w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            uint32_t lo = u[j] << 16, hi = u[j] & 0xffff0000u;
+            mw_see(sw, lo);
+            mw_see(sw, hi);
+            Ws[k + 2 * j][mw_swz<MW_BN>(row, k + 2 * j)] = __uint_as_float(lo);
+            Ws[k + 2 * j + 1][mw_swz<MW_BN>(row, k + 2 * j + 1)] = __uint_as_float(hi);
         }
     }
 }
+
+template <typename TW> struct mp_wregs;
+template <> struct mp_wregs<float> {
+    typedef mp_regs<MW_BN> type;
+};
+template <> struct mp_wregs<uint16_t> {
+    typedef mp_regs16 type;
+};
 
 template <int TM, bool FMA>
 static __device__ __forceinline__ void mw_tile(float (&acc)[TM][8], const float (*Ws)[MW_BN],
@@ -434,7 +461,11 @@ static __device__ __forceinline__ int mw_stage_fma(mw_sum sa, mw_sum sw, mw_sum 
     return !bad && la + lw >= -149 && ea + ew <= 378;
 }
 
-template <int TM, typename TW>
+/* PF: the next stage's operands are loaded into registers while the current
+ * one computes (global latency off the critical path, 48 more registers a
+ * thread at TM = 8); else each stage loads, then computes. Same stages, same
+ * rule, same bits. */
+template <int TM, typename TW, bool PF>
 __global__ void __launch_bounds__(128) k_matmul_wt(float *c, const float *a, const TW *w, int M, int N, int K,
                                                    int check)
 {
@@ -449,11 +480,25 @@ __global__ void __launch_bounds__(128) k_matmul_wt(float *c, const float *a, con
 #pragma unroll
         for (int j = 0; j < 8; j++)
             acc[i][j] = 0.0f;
+    typename mp_wregs<TW>::type rw;
+    mp_regs<BM> ra;
+    if (PF) {
+        mp_fetch(rw, w, n0, N, K, 0);
+        mp_fetch<BM>(ra, a, m0, M, K, 0);
+    }
     for (int k0 = 0; k0 < K; k0 += MW_BK) {
         mw_sum sa = {0u, 0xffffffffu, 0u}, sw = {0u, 0xffffffffu, 0u};
+        if (!PF) {
+            mp_fetch(rw, w, n0, N, K, k0);
+            mp_fetch<BM>(ra, a, m0, M, K, k0);
+        }
         __syncthreads();
-        mw_load_w(Ws, w, n0, N, K, k0, &sw);
-        mw_load<BM>(As, a, m0, M, K, k0, &sa);
+        mp_store(Ws, rw, &sw);
+        mp_store<BM>(As, ra, &sa);
+        if (PF && k0 + MW_BK < K) {
+            mp_fetch(rw, w, n0, N, K, k0 + MW_BK);
+            mp_fetch<BM>(ra, a, m0, M, K, k0 + MW_BK);
+        }
         int kmax = K - k0 < MW_BK ? K - k0 : MW_BK, fma = mw_stage_fma(sa, sw, s_sum, check);
         if (fma)
             mw_tile<TM, true>(acc, Ws, As, kmax, tx, ty);
@@ -613,136 +658,9 @@ __global__ void __launch_bounds__(128) k_matmul_wt_thin(float *c, const float *a
         c[(size_t)(m0 + wid) * N + n0 + lane] = acc;
 }
 
-/* k_matmul_wt with the next stage's operands loaded into registers while the
- * current stage computes (global latency off the critical path, at the cost of
- * 48 registers a thread for TM = 8). Same stages, same rule, same bits. */
-template <int ROWS> struct mp_regs {
-    float4 v[(ROWS * (MW_BK / 4) + 127) / 128];
-};
-struct mp_regs16 {
-    uint4 v[MW_BN * (MW_BK / 8) / 128];
-};
-
-template <int ROWS>
-static __device__ __forceinline__ void mp_fetch(mp_regs<ROWS> &r, const float *x, int r0, int R, int K, int k0)
-{
-#pragma unroll
-    for (int i = 0; i < (ROWS * (MW_BK / 4) + 127) / 128; i++) {
-        int idx = threadIdx.x + 128 * i, row = idx >> 3, k = k0 + (idx & 7) * 4;
-        r.v[i] = idx < ROWS * (MW_BK / 4) && r0 + row < R && k < K
-                     ? __ldg((const float4 *)(x + (size_t)(r0 + row) * K + k))
-                     : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-}
-
-static __device__ __forceinline__ void mp_fetch(mp_regs16 &r, const uint16_t *w, int n0, int N, int K, int k0)
-{
-#pragma unroll
-    for (int i = 0; i < MW_BN * (MW_BK / 8) / 128; i++) {
-        int idx = threadIdx.x + 128 * i, row = idx >> 2, k = k0 + (idx & 3) * 8;
-        r.v[i] = n0 + row < N && k < K ? __ldg((const uint4 *)(w + (size_t)(n0 + row) * K + k))
-                                       : make_uint4(0, 0, 0, 0);
-    }
-}
-
-/* Zeros (padding) leave a summary as it is. */
-template <int ROWS>
-static __device__ __forceinline__ void mp_store(float (*S)[ROWS], const mp_regs<ROWS> &r, mw_sum *sum)
-{
-#pragma unroll
-    for (int i = 0; i < (ROWS * (MW_BK / 4) + 127) / 128; i++) {
-        int idx = threadIdx.x + 128 * i, row = idx >> 3, k = (idx & 7) * 4;
-        if (idx >= ROWS * (MW_BK / 4))
-            break;
-        float4 v = r.v[i];
-        mw_see(sum, __float_as_uint(v.x));
-        mw_see(sum, __float_as_uint(v.y));
-        mw_see(sum, __float_as_uint(v.z));
-        mw_see(sum, __float_as_uint(v.w));
-        int col = mw_swz<ROWS>(row, k);
-        S[k][col] = v.x;
-        S[k + 1][col] = v.y;
-        S[k + 2][col] = v.z;
-        S[k + 3][col] = v.w;
-    }
-}
-
-static __device__ __forceinline__ void mp_store(float (*Ws)[MW_BN], const mp_regs16 &r, mw_sum *sw)
-{
-#pragma unroll
-    for (int i = 0; i < MW_BN * (MW_BK / 8) / 128; i++) {
-        int idx = threadIdx.x + 128 * i, row = idx >> 2, k = (idx & 3) * 8;
-        uint32_t u[4] = {r.v[i].x, r.v[i].y, r.v[i].z, r.v[i].w};
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            uint32_t lo = u[j] << 16, hi = u[j] & 0xffff0000u;
-            mw_see(sw, lo);
-            mw_see(sw, hi);
-            Ws[k + 2 * j][mw_swz<MW_BN>(row, k + 2 * j)] = __uint_as_float(lo);
-            Ws[k + 2 * j + 1][mw_swz<MW_BN>(row, k + 2 * j + 1)] = __uint_as_float(hi);
-        }
-    }
-}
-
-template <typename TW> struct mp_wregs;
-template <> struct mp_wregs<float> {
-    typedef mp_regs<MW_BN> type;
-};
-template <> struct mp_wregs<uint16_t> {
-    typedef mp_regs16 type;
-};
-
-template <int TM, typename TW>
-__global__ void __launch_bounds__(128) k_matmul_wt_pf(float *c, const float *a, const TW *w, int M, int N, int K,
-                                                      int check)
-{
-    constexpr int BM = 8 * TM;
-    __shared__ __align__(16) float Ws[MW_BK][MW_BN];
-    __shared__ __align__(16) float As[MW_BK][BM];
-    __shared__ mw_sum s_sum[2][4];
-    int tx = threadIdx.x & 15, ty = threadIdx.x >> 4, n0 = blockIdx.x * MW_BN, m0 = blockIdx.y * BM;
-    float acc[TM][8];
-#pragma unroll
-    for (int i = 0; i < TM; i++)
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            acc[i][j] = 0.0f;
-    typename mp_wregs<TW>::type rw;
-    mp_regs<BM> ra;
-    mp_fetch(rw, w, n0, N, K, 0);
-    mp_fetch<BM>(ra, a, m0, M, K, 0);
-    for (int k0 = 0; k0 < K; k0 += MW_BK) {
-        mw_sum sa = {0u, 0xffffffffu, 0u}, sw = {0u, 0xffffffffu, 0u};
-        __syncthreads();
-        mp_store(Ws, rw, &sw);
-        mp_store<BM>(As, ra, &sa);
-        if (k0 + MW_BK < K) {
-            mp_fetch(rw, w, n0, N, K, k0 + MW_BK);
-            mp_fetch<BM>(ra, a, m0, M, K, k0 + MW_BK);
-        }
-        int kmax = K - k0 < MW_BK ? K - k0 : MW_BK, fma = mw_stage_fma(sa, sw, s_sum, check);
-        if (fma)
-            mw_tile<TM, true>(acc, Ws, As, kmax, tx, ty);
-        else
-            mw_tile<TM, false>(acc, Ws, As, kmax, tx, ty);
-    }
-#pragma unroll
-    for (int i = 0; i < TM; i++) {
-        int m = m0 + ty * TM + i;
-        if (m >= M)
-            continue;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            int n = n0 + (j < 4 ? 4 * tx + j : 64 + 4 * tx + j - 4);
-            if (n < N)
-                c[(size_t)m * N + n] = acc[i][j];
-        }
-    }
-}
-
-/* The wide tiles run k_matmul_wt_pf (H200, a3b decode at batch 64: 10,662 ->
- * 11,378 tokens/s end to end); QUADS_MATMUL_PF=0 (benchmarks only) selects
- * k_matmul_wt for the side-by-side. */
+/* The wide tiles prefetch (H200, a3b decode at batch 64: 10,662 -> 11,378
+ * tokens/s end to end); QUADS_MATMUL_PF=0 (benchmarks only) turns it off for
+ * the side-by-side. */
 static int matmul_pf(void)
 {
     static int pf = -1;
@@ -759,13 +677,13 @@ static qd_status launch_matmul_wt(float *c, const float *a, const void *w, qdk_e
 {
     dim3 grid((unsigned)((N + MW_BN - 1) / MW_BN), (unsigned)((M + 8 * TM - 1) / (8 * TM)));
     if (matmul_pf() && w_elem == QDK_BF16)
-        QD_LAUNCH((k_matmul_wt_pf<TM, uint16_t>), grid, 128u, c, a, (const uint16_t *)w, M, N, K, check);
+        QD_LAUNCH((k_matmul_wt<TM, uint16_t, true>), grid, 128u, c, a, (const uint16_t *)w, M, N, K, check);
     else if (matmul_pf())
-        QD_LAUNCH((k_matmul_wt_pf<TM, float>), grid, 128u, c, a, (const float *)w, M, N, K, check);
+        QD_LAUNCH((k_matmul_wt<TM, float, true>), grid, 128u, c, a, (const float *)w, M, N, K, check);
     else if (w_elem == QDK_BF16)
-        QD_LAUNCH((k_matmul_wt<TM, uint16_t>), grid, 128u, c, a, (const uint16_t *)w, M, N, K, check);
+        QD_LAUNCH((k_matmul_wt<TM, uint16_t, false>), grid, 128u, c, a, (const uint16_t *)w, M, N, K, check);
     else
-        QD_LAUNCH((k_matmul_wt<TM, float>), grid, 128u, c, a, (const float *)w, M, N, K, check);
+        QD_LAUNCH((k_matmul_wt<TM, float, false>), grid, 128u, c, a, (const float *)w, M, N, K, check);
     return QD_OK;
 }
 
