@@ -149,6 +149,12 @@ typedef struct {
                             allocating, when the plan exceeds the device's free bytes */
     size_t mem_reserved; /* bytes of the device's free memory other instances will still
                             claim (their plans minus what they hold): left out of the check */
+    int keep_master;     /* rollout role: 1 keeps the float32 master and working copies of every
+                            weight (get_weights, backward, set_rac_state at once); 0 (the default):
+                            a rollout instance holds only what its forward reads (the quantized
+                            copies, the tensors it reads as float, the KV cache) and streams a
+                            weight sync tensor by tensor (README "Memory"); the fp32 recipe's
+                            working copy is its master either way */
     uint64_t quant_layers; /* ablations: 0 (the default) applies the recipe to every
                               decoder layer; else only layers l with bit l set take the
                               recipe's quantized mode, the others the dense mode (BF16);
@@ -245,8 +251,12 @@ struct qd_backend_i {
     /* The RAC state (channel sets and the activation-error statistics gathered
      * since the last sync) as an opaque byte blob of rac_state_size bytes
      * (0 when no layer uses RAC). set_rac_state installs the channel sets and
-     * rebuilds the RAC weight copies from the current master weights with them,
-     * so a restored rollout quantizes exactly as the saved one did. */
+     * statistics, and the next weight sync (set_weights, sync_from, an
+     * optimizer step) builds the RAC weight copies with those sets and keeps
+     * the statistics (no pick), so a restored rollout quantizes exactly as the
+     * saved one did. An instance with master weights also rebuilds the copies
+     * from them at once; a rollout-role instance without (options.keep_master
+     * 0) refuses forward and generate until that sync. */
     size_t (*rac_state_size)(qd_backend *b);
     qd_status (*get_rac_state)(qd_backend *b, void *buf, size_t n);
     qd_status (*set_rac_state)(qd_backend *b, const void *buf, size_t n);
@@ -333,6 +343,11 @@ qd_status qd_backend_set_rac_state(qd_backend *b, const void *buf, size_t n);
 qd_status qd_backend_sync_from(qd_backend *dst, qd_backend *src, int *direct);
 /* The instance's memory plan and peak bytes; QD_ERR_UNSUPPORTED without the slot. */
 qd_status qd_backend_memory(qd_backend *b, qd_memory *out);
+/* The memory plan of an instance of cfg under opt (opt->workload) without
+ * making one or touching a device: the bytes the driver allocates on every
+ * backend, but for the CUDA fast mode's own BF16 copy of the working weights
+ * (QD_MEM_OWN, 2 bytes a working float), not counted here. */
+qd_status qd_backend_plan(const qd_model_config *cfg, const qd_backend_options *opt, qd_mem_plan *out);
 /* "master weights", "working weights", ...; NULL for an invalid value. */
 const char *qd_mem_kind_name(qd_mem_kind k);
 /* The plan as one line: "total 12.3 MB (master weights 1.0 MB, ...)", kinds

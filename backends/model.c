@@ -95,7 +95,7 @@ typedef struct {
 } layer_acts;
 
 /* Grow-only dev scratch buffers. */
-enum { S_XE, S_XH, S_ACT, S_FP8Q, S_FP8S, S_LOGP, S_BWD, S_DIAG, S_ROWS, S_NSCRATCH };
+enum { S_XE, S_XH, S_ACT, S_FP8Q, S_FP8S, S_LOGP, S_BWD, S_DIAG, S_ROWS, S_STAGE, S_NSCRATCH };
 
 typedef struct {
     qd_model_config cfg;
@@ -115,7 +115,20 @@ typedef struct {
     float *params, *grads, *m, *v; /* dev (nfloats) each: master, grad, AdamW moments; the
                                       last three made (zeroed) at the first call that trains,
                                       so a rollout instance never holds them */
-    float *wk;                     /* dev (nfloats) working copy the forward reads (= params for fp32) */
+    float *wk;                     /* dev (nfloats) working copy the forward reads (= params for fp32);
+                                      lean: (nwk) only the tensors the forward reads as float */
+    /* lean (the rollout role, unless options.keep_master): no master weights
+     * (params NULL); a weight sync streams each tensor from its source (the
+     * host, or another instance's master) through the S_STAGE scratch into
+     * its quantized copy, or into wk (rounded) where the forward reads it as
+     * float; every layer shares one set of activations (no backward) */
+    int lean;
+    size_t *wk_at;                 /* lean: (ninfo) each tensor's offset in wk, NOT_HELD if none */
+    size_t nwk;                    /* floats of wk */
+    int *lin_at;                   /* lean: (ninfo) the linear whose weight tensor t is, or -1 */
+    int rac_pending;               /* set_rac_state installed channel sets that the next weight
+                                      sync builds the RAC copies with (no pick); a lean instance
+                                      has no other copy of them until then */
     float *rope_cos, *rope_sin;    /* dev (max_position_embeddings, D/2) */
     /* the last forward */
     int N, Tm, B;                  /* tokens, longest sequence, sequences */
@@ -150,7 +163,33 @@ typedef struct {
     size_t free_at_init, dev_total;
 } model;
 
-#define P(c, off) ((c)->wk + (off))
+#define NOT_HELD ((size_t)-1)
+
+/* The tensor holding flat offset off (tensors in ascending offset order). */
+static int tensor_at(const model *c, size_t off)
+{
+    int lo = 0, hi = c->ninfo - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (c->info[mid].offset <= off)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* The working copy of the tensor at flat offset off: the same offset, or in
+ * a lean instance its place in the compacted wk. */
+static size_t wk_off(const model *c, size_t off)
+{
+    if (!c->lean)
+        return off;
+    int t = tensor_at(c, off);
+    return c->wk_at[t] + (off - c->info[t].offset);
+}
+
+#define P(c, off) ((c)->wk + wk_off((c), (off)))
 #define OP(c, name, ...) ((c)->ops->name((c)->dev, __VA_ARGS__))
 
 static model *ctx_of(qd_backend *b) { return (model *)b->context; }
@@ -373,10 +412,10 @@ static qd_status linear_backward(model *c, float *dinp, const float *dout, const
 /* ------------------------------------------------------------------------ */
 /* weight sync                                                               */
 
-/* The rollout copies of one quantized linear from its master weight. */
-static qd_status sync_rollout_linear(model *c, linear *L)
+/* The rollout copies of one quantized linear from its float weight w (dev:
+ * the master, or a lean instance's staging buffer). */
+static qd_status sync_rollout_linear(model *c, linear *L, const float *w)
 {
-    const float *w = c->params + L->w;
     if (L->mode == QD_LINEAR_FP8)
         return OP(c, fp8_quantize_rows, L->w8, L->w8_inv, w, L->out, L->in);
     if (L->mode == QD_LINEAR_W4A4 || L->mode == QD_LINEAR_W4A4_STE) {
@@ -384,6 +423,10 @@ static qd_status sync_rollout_linear(model *c, linear *L)
         return OP(c, nvfp4_quantize, &L->wq, w);
     }
     if (L->mode == QD_LINEAR_W4A4_RAC_STE) { /* the replay trainer: the rollout's channels (set_rac_state) */
+        QD_TRY(weight_nvfp4(c, L, L->out, L->in + L->nrac));
+        return OP(c, rac_augment_weight, &L->wq, w, L->out, L->in, L->d_rac_ch, L->nrac);
+    }
+    if (c->rac_pending) { /* the sets set_rac_state installed, and its statistics */
         QD_TRY(weight_nvfp4(c, L, L->out, L->in + L->nrac));
         return OP(c, rac_augment_weight, &L->wq, w, L->out, L->in, L->d_rac_ch, L->nrac);
     }
@@ -404,14 +447,13 @@ static qd_status sync_rollout_linear(model *c, linear *L)
     return OP(c, rac_augment_weight, &L->wq, w, L->out, L->in, L->d_rac_ch, L->nrac);
 }
 
-/* Diagnostics: relative squared NVFP4 error of the master weight; per-row
- * sums in double, rows added in order. */
-static qd_status measure_weight_error(model *c, linear *L)
+/* Diagnostics: relative squared NVFP4 error of the float weight w (dev);
+ * per-row sums in double, rows added in order. */
+static qd_status measure_weight_error(model *c, linear *L, const float *w)
 {
     void *wh, *sums;
     QD_TRY(scratch(c, S_XH, sizeof(float) * (size_t)L->out * L->in, &wh));
     QD_TRY(scratch(c, S_DIAG, sizeof(double) * 2 * (size_t)L->out, &sums));
-    const float *w = c->params + L->w;
     QD_TRY(OP(c, nvfp4_fake_quant, wh, w, L->out, L->in, QD_SCALE_PER_TENSOR));
     double *e = sums;
     QD_TRY(OP(c, sqerr_rows, e, e + L->out, w, wh, L->out, L->in));
@@ -428,35 +470,103 @@ static qd_status measure_weight_error(model *c, linear *L)
     return st;
 }
 
-/* The working copies of a linear's weight: the codes the forward multiplies
- * and, for a trainer, the weight its backward multiplies (the replay trainer
- * has both: the rollout's codes forward, their dequantization backward). */
-static qd_status sync_linear(model *c, linear *L)
+/* The working copies of a linear's weight from its float weight w (dev):
+ * the codes the forward multiplies and, for a trainer, the weight its
+ * backward multiplies (the replay trainer has both: the rollout's codes
+ * forward, their dequantization backward). */
+static qd_status sync_linear(model *c, linear *L, const float *w)
 {
     if (measured(c, L))
-        QD_TRY(measure_weight_error(c, L));
+        QD_TRY(measure_weight_error(c, L, w));
     if (is_rollout_quant(L->mode))
-        QD_TRY(sync_rollout_linear(c, L));
+        QD_TRY(sync_rollout_linear(c, L, w));
     if (is_fake_quant_weight(L->mode))
-        return OP(c, nvfp4_fake_quant, c->wk + L->w, c->params + L->w, L->out, L->in, QD_SCALE_PER_TENSOR);
+        return OP(c, nvfp4_fake_quant, P(c, L->w), w, L->out, L->in, QD_SCALE_PER_TENSOR);
     return QD_OK; /* BF16: rounded with everything else */
 }
 
-/* Rebuild every working copy from the master weights (NUMERICS.md §5). */
+/* Where a lean weight sync reads the float weights: host (the caller's
+ * array), else dev (another instance's master), else zeros (at init). */
+typedef struct {
+    const float *host, *dev;
+} wsrc;
+
+static qd_status load_tensor(model *c, float *dst, const wsrc *s, size_t off, size_t n)
+{
+    if (s->host)
+        return OP(c, to_dev, dst, s->host + off, sizeof(float) * n);
+    if (s->dev)
+        return OP(c, copy, dst, s->dev + off, sizeof(float) * n);
+    return OP(c, zero, dst, sizeof(float) * n);
+}
+
+/* A lean instance's linear whose weight goes through the staging buffer:
+ * its copies are built from the float weight (codes, fake-quant, the
+ * weight error of diagnostics). */
+static int staged(const model *c, const linear *L)
+{
+    return L && (measured(c, L) || is_rollout_quant(L->mode) || is_fake_quant_weight(L->mode));
+}
+
+/* One tensor of a lean sync: into wk (rounded to BF16 unless fp32) where it
+ * is read as float, through S_STAGE into the linear's copies where staged;
+ * the bits of sync_weights' round_bf16 and sync_linear. */
+static qd_status sync_tensor(model *c, int t, const wsrc *s)
+{
+    const qd_param_info *pi = &c->info[t];
+    size_t n = (size_t)(pi->rows * pi->cols);
+    linear *L = c->lin_at[t] >= 0 ? &c->lin[c->lin_at[t]] : NULL;
+    float *dst = c->wk_at[t] == NOT_HELD ? NULL : c->wk + c->wk_at[t];
+    int fp32 = c->opt.recipe == QD_RECIPE_FP32;
+    if (!staged(c, L)) {
+        QD_TRY(load_tensor(c, dst, s, pi->offset, n));
+        return fp32 ? QD_OK : OP(c, round_bf16, dst, dst, n);
+    }
+    void *w;
+    QD_TRY(scratch(c, S_STAGE, sizeof(float) * n, &w));
+    QD_TRY(load_tensor(c, w, s, pi->offset, n));
+    QD_TRY(sync_linear(c, L, w));
+    if (!dst || is_fake_quant_weight(L->mode))
+        return QD_OK;
+    return fp32 ? OP(c, copy, dst, w, sizeof(float) * n) : OP(c, round_bf16, dst, w, n);
+}
+
+/* Rebuild every working copy from the master weights (NUMERICS.md §5); a
+ * lean instance from s, tensor by tensor. */
+static qd_status sync_weights_from(model *c, const wsrc *s)
+{
+    if (c->lean) {
+        for (int t = 0; t < c->ninfo; t++)
+            QD_TRY(sync_tensor(c, t, s));
+    } else {
+        if (c->wk != c->params)
+            QD_TRY(OP(c, round_bf16, c->wk, c->params, c->nfloats));
+        for (int i = 0; i < c->nlin; i++)
+            QD_TRY(sync_linear(c, &c->lin[i], c->params + c->lin[i].w));
+    }
+    c->rac_pending = 0;
+    if (c->ops->weights_changed)
+        QD_TRY(OP(c, weights_changed, c->wk, c->lean ? c->nwk : c->nfloats));
+    return finish(c);
+}
+
 static qd_status sync_weights(model *c)
 {
-    if (c->wk != c->params)
-        QD_TRY(OP(c, round_bf16, c->wk, c->params, c->nfloats));
-    for (int i = 0; i < c->nlin; i++)
-        QD_TRY(sync_linear(c, &c->lin[i]));
-    if (c->ops->weights_changed)
-        QD_TRY(OP(c, weights_changed, c->wk, c->nfloats));
-    return finish(c);
+    return sync_weights_from(c, &(wsrc){0});
+}
+
+/* What a lean instance cannot do, named with its role. */
+static qd_status lean_refusal(const model *c, const char *what)
+{
+    return qd_error(QD_ERR_UNSUPPORTED, "%s: a %s backend in the rollout role (recipe %s) keeps no float32 master "
+                    "weights (options.keep_master keeps them)", what, c->ops->name, qd_recipe_name(c->opt.recipe));
 }
 
 /* The training state (gradients, AdamW moments), zeroed, on first use. */
 static qd_status ensure_train(model *c)
 {
+    if (c->lean)
+        return lean_refusal(c, "training state");
     size_t n = sizeof(float) * c->nfloats;
     if (!c->grads)
         QD_TRY(dalloc(c, (void **)&c->grads, n, QD_MEM_GRADS, "gradients"));
@@ -522,6 +632,29 @@ static void layout_layer(arena *a, layer_acts *s, const model *c, const layer *l
     s->y = TAKE_F(a, R * C);
 }
 
+/* A lean instance (no backward): the layers share one set of activations,
+ * shaped for the widest layer, but for the residual stream entering each
+ * (two buffers in turn: a layer reads one and writes the other) and the
+ * experts each token chose (diagnostics reads every layer's). */
+static void layout_shared(arena *a, model *c)
+{
+    int nl = c->cfg.num_hidden_layers;
+    layer w = c->layers[0];
+    for (int l = 1; l < nl; l++) {
+        const layer *ly = &c->layers[l];
+        w.moe |= ly->moe;
+        w.nexp = ly->nexp > w.nexp ? ly->nexp : w.nexp;
+        w.ffn = ly->ffn > w.ffn ? ly->ffn : w.ffn;
+    }
+    layout_layer(a, &c->acts[0], c, &w);
+    size_t N = (size_t)c->N, K = w.moe ? (size_t)c->cfg.num_experts_per_tok : 1;
+    for (int l = 1; l < nl; l++) {
+        c->acts[l] = c->acts[0];
+        c->acts[l].x = l == 1 ? TAKE_F(a, N * (size_t)c->cfg.hidden_size) : c->acts[l - 2].x;
+        c->acts[l].topk = TAKE_I(a, N * K);
+    }
+}
+
 static void layout_acts(arena *a, model *c)
 {
     size_t N = (size_t)c->N, C = (size_t)c->cfg.hidden_size;
@@ -531,7 +664,9 @@ static void layout_acts(arena *a, model *c)
     c->d_row = TAKE_I(a, N);
     c->d_kbase = TAKE_I(a, N);
     c->d_slen = TAKE_I(a, N);
-    for (int l = 0; l < c->cfg.num_hidden_layers; l++)
+    if (c->lean)
+        layout_shared(a, c);
+    for (int l = 0; !c->lean && l < c->cfg.num_hidden_layers; l++)
         layout_layer(a, &c->acts[l], c, &c->layers[l]);
     c->xf = TAKE_F(a, N * C);
     c->lnf = TAKE_F(a, N * C);
@@ -1397,6 +1532,8 @@ static qd_status backward_impl(model *c, const float *dlogp)
 {
     if (!c->have_forward)
         return qd_error(QD_ERR_ARG, "backward: no forward since the last weight change");
+    if (c->lean)
+        return lean_refusal(c, "backward");
     for (int i = 0; i < c->nlin; i++)
         if (is_rollout_only(c->lin[i].mode))
             return qd_error(QD_ERR_UNSUPPORTED, "backward: recipe %s has no backward in the rollout role",
@@ -1488,6 +1625,8 @@ static qd_status set_rac_linear(model *c, linear *L, const char *p, int64_t *tmp
     memcpy(tmp, p, sizeof(double) * (size_t)L->in);
     QD_TRY(OP(c, to_dev, L->d_rac_err, tmp, sizeof(double) * (size_t)L->in));
     QD_TRY(OP(c, to_dev, L->d_rac_ch, L->rac_ch, sizeof(int64_t) * (size_t)L->nrac));
+    if (c->lean) /* no float weight here: the next sync builds the copy with these sets */
+        return QD_OK;
     QD_TRY(weight_nvfp4(c, L, L->out, L->in + L->nrac));
     return OP(c, rac_augment_weight, &L->wq, c->params + L->w, L->out, L->in, L->d_rac_ch, L->nrac);
 }
@@ -1507,6 +1646,7 @@ static qd_status set_rac_impl(model *c, const char *p)
         p += qd_rac_state_bytes(L->in);
     }
     c->have_forward = 0;
+    c->rac_pending = 1;
     return finish(c);
 }
 
@@ -1602,12 +1742,16 @@ static void plan_pass(model *c, int N, int B, int Tm, int pass, size_t *acts, si
         need(&s[S_LOGP], sizeof(float) * (size_t)(N ? N : 1));
 }
 
-/* The weights and their copies; the weight error of diagnostics at each sync. */
+/* The weights and their copies; the weight error of diagnostics at each
+ * sync; a lean instance's staging buffer (its largest staged tensor). */
 static void plan_weights(const model *c, qd_mem_plan *p, size_t *s)
 {
     size_t nb = sizeof(float) * c->nfloats;
-    p->bytes[QD_MEM_MASTER] = nb;
-    p->bytes[QD_MEM_WORKING] = c->opt.recipe == QD_RECIPE_FP32 ? 0 : nb;
+    p->bytes[QD_MEM_MASTER] = c->lean ? 0 : nb;
+    p->bytes[QD_MEM_WORKING] = c->lean ? sizeof(float) * c->nwk : c->opt.recipe == QD_RECIPE_FP32 ? 0 : nb;
+    for (int t = 0; c->lean && t < c->ninfo; t++)
+        if (c->lin_at[t] >= 0 && staged(c, &c->lin[c->lin_at[t]]))
+            need(&s[S_STAGE], sizeof(float) * (size_t)(c->info[t].rows * c->info[t].cols));
     for (int i = 0; i < c->nlin; i++) {
         const linear *L = &c->lin[i];
         if (L->mode == QD_LINEAR_FP8)
@@ -1621,7 +1765,7 @@ static void plan_weights(const model *c, qd_mem_plan *p, size_t *s)
             need(&s[S_DIAG], sizeof(double) * 2 * (size_t)L->out);
         }
     }
-    p->bytes[QD_MEM_OWN] = c->ops->own_bytes ? c->ops->own_bytes(c->dev, c->nfloats) : 0;
+    p->bytes[QD_MEM_OWN] = c->ops->own_bytes ? c->ops->own_bytes(c->dev, c->lean ? c->nwk : c->nfloats) : 0;
     p->bytes[QD_MEM_TABLES] = 2 * sizeof(float) * (size_t)c->cfg.max_position_embeddings * (c->cfg.head_dim / 2);
 }
 
@@ -1771,6 +1915,8 @@ static void m_free(qd_backend *b)
     free(c->layers);
     free(c->acts);
     free(c->info);
+    free(c->wk_at);
+    free(c->lin_at);
     free(c->harena);
     free(c->dg_names);
     free(c->dg_act_err);
@@ -1785,9 +1931,9 @@ static qd_status m_set_weights(qd_backend *b, const float *params, size_t n)
     model *c = ctx_of(b);
     int t = enter(c);
     c->have_forward = 0;
-    qd_status st = OP(c, to_dev, c->params, params, sizeof(float) * n);
+    qd_status st = c->lean ? QD_OK : OP(c, to_dev, c->params, params, sizeof(float) * n);
     if (!st)
-        st = sync_weights(c);
+        st = sync_weights_from(c, &(wsrc){.host = params});
     leave(c, t);
     return st;
 }
@@ -1795,12 +1941,25 @@ static qd_status m_set_weights(qd_backend *b, const float *params, size_t n)
 static qd_status m_get_weights(qd_backend *b, float *params, size_t n)
 {
     model *c = ctx_of(b);
+    if (c->lean)
+        return lean_refusal(c, "get_weights");
     return OP(c, to_host, params, c->params, sizeof(float) * n);
+}
+
+/* A lean instance whose RAC sets await a sync cannot run its products. */
+static qd_status check_pending(const model *c, const char *what)
+{
+    if (!c->lean || !c->rac_pending)
+        return QD_OK;
+    return qd_error(QD_ERR_ARG, "%s: the RAC channel sets of set_rac_state are built at the next weight sync "
+                    "(set_weights, sync_from): a %s backend in the rollout role keeps no float32 weights",
+                    what, c->ops->name);
 }
 
 static qd_status m_forward(qd_backend *b, const qd_batch *bt, float *logp, float *logits)
 {
     model *c = ctx_of(b);
+    QD_TRY(check_pending(c, "forward"));
     int t = enter(c);
     c->rac_stats = bt->rac_stats != 0;
     qd_status st = forward_impl(c, bt, logp, logits);
@@ -1860,6 +2019,7 @@ static qd_status m_optimizer_step(qd_backend *b, const qd_adamw *o, int step, fl
 static qd_status m_generate(qd_backend *b, const qd_generate_request *rq, qd_generate_result *res)
 {
     model *c = ctx_of(b);
+    QD_TRY(check_pending(c, "generate"));
     int t = enter(c);
     c->rac_stats = rq->rac_stats != 0;
     qd_status st = generate_impl(c, rq, res);
@@ -1917,20 +2077,22 @@ static qd_status m_set_rac_stats(qd_backend *b, const double *err, size_t n)
     return rac_stats_io(ctx_of(b), (double *)err, QD_RAC_ERRORS_PUT);
 }
 
-/* Device to device: src's master weights copied into b's, then b's sync
- * (the bits of set_weights with the same values). */
+/* Device to device: src's master weights copied into b's (a lean b reads
+ * them tensor by tensor), then b's sync (the bits of set_weights with the
+ * same values). */
 static qd_status m_sync_from(qd_backend *b, qd_backend *from)
 {
     model *c = ctx_of(b), *s = ctx_of(from);
-    if (c->ops != s->ops || !c->ops->copy || !c->ops->memory_id || c->ops->memory_id(c->dev) != s->ops->memory_id(s->dev))
+    if (c->ops != s->ops || !c->ops->copy || !c->ops->memory_id || c->ops->memory_id(c->dev) != s->ops->memory_id(s->dev) ||
+        !s->params)
         return QD_ERR_UNSUPPORTED;
     int t = enter(c);
     c->have_forward = 0;
     qd_status st = finish(s); /* src's last update is done */
-    if (!st)
+    if (!st && !c->lean)
         st = OP(c, copy, c->params, s->params, sizeof(float) * c->nfloats);
     if (!st)
-        st = sync_weights(c);
+        st = sync_weights_from(c, &(wsrc){.dev = s->params});
     leave(c, t);
     return st;
 }
@@ -2027,6 +2189,34 @@ static qd_status build_params(model *c)
     return QD_OK;
 }
 
+/* A lean instance (the rollout role, but the fp32 recipe, whose working copy
+ * is its master, and options.keep_master): each tensor's linear, and the
+ * places in wk of those the forward reads as float (256-byte aligned). */
+static qd_status build_lean(model *c)
+{
+    c->lean = c->opt.role == QD_ROLE_ROLLOUT && c->opt.recipe != QD_RECIPE_FP32 && !c->opt.keep_master;
+    if (!c->lean)
+        return QD_OK;
+    c->wk_at = malloc(sizeof(size_t) * (size_t)c->ninfo);
+    c->lin_at = malloc(sizeof(int) * (size_t)c->ninfo);
+    if (!c->wk_at || !c->lin_at)
+        return qd_error(QD_ERR_NOMEM, "%s backend: parameter table", c->ops->name);
+    for (int t = 0; t < c->ninfo; t++)
+        c->lin_at[t] = -1;
+    for (int i = 0; i < c->nlin; i++)
+        c->lin_at[tensor_at(c, c->lin[i].w)] = i;
+    c->nwk = 0;
+    for (int t = 0; t < c->ninfo; t++) {
+        const linear *L = c->lin_at[t] >= 0 ? &c->lin[c->lin_at[t]] : NULL;
+        c->wk_at[t] = NOT_HELD;
+        if (L && is_rollout_quant(L->mode))
+            continue;
+        c->wk_at[t] = c->nwk;
+        c->nwk += up64((size_t)(c->info[t].rows * c->info[t].cols));
+    }
+    return QD_OK;
+}
+
 static qd_status alloc_linear(model *c, linear *L)
 {
     if (L->mode == QD_LINEAR_FP8) {
@@ -2080,13 +2270,18 @@ static qd_status alloc_model(model *c)
     if (!c->acts || !c->dg_names || !c->dg_act_err || !c->dg_act_norm || !c->dg_weight_err)
         return qd_error(QD_ERR_NOMEM, "%s backend: tables", c->ops->name);
     QD_TRY(check_plan(c));
-    QD_TRY(dalloc(c, (void **)&c->params, n, QD_MEM_MASTER, "master weights"));
-    if (c->opt.recipe == QD_RECIPE_FP32)
-        c->wk = c->params;
-    else
-        QD_TRY(dalloc(c, (void **)&c->wk, n, QD_MEM_WORKING, "working weights"));
+    if (c->lean) {
+        QD_TRY(dalloc(c, (void **)&c->wk, sizeof(float) * c->nwk, QD_MEM_WORKING, "working weights"));
+    } else {
+        QD_TRY(dalloc(c, (void **)&c->params, n, QD_MEM_MASTER, "master weights"));
+        if (c->opt.recipe == QD_RECIPE_FP32)
+            c->wk = c->params;
+        else
+            QD_TRY(dalloc(c, (void **)&c->wk, n, QD_MEM_WORKING, "working weights"));
+    }
     if (c->ops->own_bytes) /* made by the ops at the first sync (weights_changed) */
-        c->mem_now[QD_MEM_OWN] = c->mem_peak[QD_MEM_OWN] = c->ops->own_bytes(c->dev, c->nfloats);
+        c->mem_now[QD_MEM_OWN] = c->mem_peak[QD_MEM_OWN] =
+            c->ops->own_bytes(c->dev, c->lean ? c->nwk : c->nfloats);
     for (int i = 0; i < c->nlin; i++)
         QD_TRY(alloc_linear(c, &c->lin[i]));
     QD_TRY(upload_rope(c));
@@ -2096,6 +2291,7 @@ static qd_status alloc_model(model *c)
 static qd_status init_impl(model *c)
 {
     QD_TRY(build_params(c));
+    QD_TRY(build_lean(c));
     c->base.params = c->info;
     c->base.num_params = c->ninfo;
     c->base.num_floats = c->nfloats;
@@ -2127,4 +2323,29 @@ qd_backend *qd_model_backend_new(const qd_model_config *cfg, const qd_backend_op
         return NULL;
     }
     return &c->base;
+}
+
+qd_status qd_backend_plan(const qd_model_config *cfg, const qd_backend_options *opt, qd_mem_plan *out)
+{
+    QD_TRY(qd_model_config_check(cfg));
+    if ((unsigned)opt->recipe >= QD_RECIPE_COUNT || opt->rac_ratio < 0 || opt->rac_ratio > 1)
+        return qd_error(QD_ERR_ARG, "plan: bad recipe or rac_ratio");
+    model *c = calloc(1, sizeof *c);
+    if (!c)
+        return qd_error(QD_ERR_NOMEM, "plan: context");
+    c->cfg = *cfg;
+    c->opt = *opt;
+    c->ops = qd_cpu_ops();
+    c->base.context = c;
+    qd_status st = build_params(c);
+    if (!st)
+        st = build_lean(c);
+    if (!st && !(c->acts = calloc((size_t)cfg->num_hidden_layers, sizeof(layer_acts))))
+        st = qd_error(QD_ERR_NOMEM, "plan: tables");
+    if (!st)
+        st = check_workload(c, &opt->workload);
+    if (!st)
+        plan_memory(c, &opt->workload, out);
+    m_free(&c->base);
+    return st;
 }

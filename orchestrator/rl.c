@@ -289,15 +289,6 @@ static qd_status rac_snapshot(rl_run *r, void **blob, size_t *rb)
     return qd_backend_get_rac_state(r->rollout, *blob, *rb);
 }
 
-/* Puts a snapshot back when st is QD_OK, frees it; returns the first error. */
-static qd_status rac_restore(rl_run *r, void *blob, size_t rb, qd_status st)
-{
-    if (!st)
-        st = qd_backend_set_rac_state(r->rollout, blob, rb);
-    free(blob);
-    return st;
-}
-
 /* quads-replay: the trainer replays the rollout's products, so it takes the
  * rollout's RAC channel sets (those its next generates use) whenever they
  * change: after setup, a weight sync and a checkpoint's install. */
@@ -831,9 +822,10 @@ static qd_status rac_merge(rl_run *r)
 
 /* Trainer master weights -> rollout (quantize(W) once), device to device
  * when both live on one device (qd_backend_sync_from). The rollout re-picks
- * its RAC channels at every sync; between refreshes (rac.refresh) the old sets
- * and the errors gathered since the last pick are put back, so a refresh picks
- * from the statistics of all rollouts since the previous one. */
+ * its RAC channels at every sync; between refreshes (rac.refresh) its own
+ * state is installed again first (set_rac_state: the next sync builds with
+ * those sets and keeps the errors gathered since the last pick), so a refresh
+ * picks from the statistics of all rollouts since the previous one. */
 static qd_status sync_weights(rl_run *r)
 {
     int64_t every = r->k->rac.refresh;
@@ -845,10 +837,11 @@ static qd_status sync_weights(rl_run *r)
         st = rac_merge(r); /* the pick below sees every rank's rollouts */
     if (!st && keep)
         st = rac_snapshot(r, &rac, &rb);
+    if (!st && keep)
+        st = qd_backend_set_rac_state(r->rollout, rac, rb);
+    free(rac);
     if (!st)
         st = qd_backend_sync_from(r->rollout, r->trainer, NULL);
-    if (rac)
-        st = rac_restore(r, rac, rb, st);
     if (!st)
         st = replay_rac(r);
     return st ? at_step(st, r->step, "weight sync") : QD_OK;
@@ -890,8 +883,6 @@ static qd_status install_checkpoint(rl_run *r, const qd_ckpt_data *d, const char
 {
     char f[4400];
     qd_status st = qd_backend_set_weights(r->trainer, d->w, r->nf);
-    if (!st)
-        st = qd_backend_set_weights(r->rollout, d->w, r->nf);
     snprintf(f, sizeof f, "%s/model.safetensors", ck);
     if (st)
         return prefixed(st, f);
@@ -901,10 +892,16 @@ static qd_status install_checkpoint(rl_run *r, const qd_ckpt_data *d, const char
         return prefixed(st, f);
     if (d->rac_bytes > 0 && r->dp.rank > 0)
         st = qd_dp_zero_rac(&r->mcfg, d->rac, d->rac_bytes); /* the job's statistics live on rank 0 only */
-    if (!st)
+    if (!st) /* the rollout's weight sync below builds its RAC copies with these sets */
         st = qd_backend_set_rac_state(r->rollout, d->rac, d->rac_bytes);
-    if (!st)
-        st = replay_rac(r);
+    snprintf(f, sizeof f, "%s/rac.bin", ck);
+    if (st)
+        return prefixed(st, f);
+    st = qd_backend_set_weights(r->rollout, d->w, r->nf);
+    snprintf(f, sizeof f, "%s/model.safetensors", ck);
+    if (st)
+        return prefixed(st, f);
+    st = replay_rac(r);
     snprintf(f, sizeof f, "%s/rac.bin", ck);
     return st ? prefixed(st, f) : QD_OK;
 }
