@@ -160,6 +160,42 @@ qd_status qd_backend_set_weights(qd_backend *b, const float *params, size_t n)
     return st ? st : b->iface->set_weights(b, params, n);
 }
 
+/* The caller's fill, each tensor's values checked finite. */
+typedef struct {
+    const qd_backend *b;
+    qd_weight_fill fill;
+    void *user;
+} checked_fill;
+
+static qd_status fill_checked(void *user, int t, float *dst, size_t n)
+{
+    const checked_fill *f = user;
+    QD_TRY(f->fill(f->user, t, dst, n));
+    int64_t bad = qd_first_nonfinite(dst, (int64_t)n);
+    if (bad >= 0)
+        return qd_error(QD_ERR_NONFINITE, "set_weights: %s[%lld] is not finite", f->b->params[t].name,
+                        (long long)bad);
+    return QD_OK;
+}
+
+qd_status qd_backend_set_weights_fill(qd_backend *b, qd_weight_fill fill, void *user)
+{
+    assert(b && fill);
+    checked_fill f = {.b = b, .fill = fill, .user = user};
+    if (b->iface->set_weights_fill)
+        return b->iface->set_weights_fill(b, fill_checked, &f);
+    float *w = malloc(sizeof(float) * (b->num_floats ? b->num_floats : 1));
+    if (!w)
+        return qd_error(QD_ERR_NOMEM, "set_weights: %zu floats of host buffer", b->num_floats);
+    qd_status st = QD_OK;
+    for (int t = 0; t < b->num_params && !st; t++)
+        st = fill_checked(&f, t, w + b->params[t].offset, (size_t)(b->params[t].rows * b->params[t].cols));
+    if (!st)
+        st = b->iface->set_weights(b, w, b->num_floats);
+    free(w);
+    return st;
+}
+
 qd_status qd_backend_get_weights(qd_backend *b, float *params, size_t n)
 {
     assert(b && params);

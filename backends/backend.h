@@ -212,6 +212,11 @@ typedef struct {
     const int32_t *router_topk; /* (num_moe_layers, N, top_k) experts chosen, rank order */
 } qd_diagnostics;
 
+/* Writes tensor t's n float32 master weights (qd_param_info order) into dst
+ * (host); a weight sync that never holds the whole model on the host
+ * (qd_backend_set_weights_fill). */
+typedef qd_status (*qd_weight_fill)(void *user, int t, float *dst, size_t n);
+
 /* ---- the vtable (implementers only; callers use the dispatchers). Every table
  * and options struct of the interface is initialized with designated
  * initializers, so fields may be added anywhere. */
@@ -225,6 +230,10 @@ struct qd_backend_i {
      * working copy: this is the weight sync (quantize(W) once, NUMERICS.md §5). */
     qd_status (*set_weights)(qd_backend *b, const float *params, size_t n);
     qd_status (*get_weights)(qd_backend *b, float *params, size_t n);
+    /* set_weights with the weights asked for tensor by tensor (fill, whose
+     * values the dispatcher has checked finite), through a host buffer of one
+     * tensor. Optional: the dispatcher then fills a whole host array. */
+    qd_status (*set_weights_fill)(qd_backend *b, qd_weight_fill fill, void *user);
     /* logp (B, T): logp[b][t] = log p(tokens[b][t+1] | tokens[b][..t]) for
      * t < lengths[b]-1, 0 elsewhere, with p = softmax(logits / batch->temperature)
      * normalized as the sampler does (bit-equal to a generate's logp); logits
@@ -318,6 +327,12 @@ int qd_backend_find_param(const qd_backend *b, const char *name);
 /* QD_ERR_NONFINITE on a NaN/Inf weight (nothing is changed then). */
 qd_status qd_backend_set_weights(qd_backend *b, const float *params, size_t n);
 qd_status qd_backend_get_weights(qd_backend *b, float *params, size_t n);
+/* set_weights of the values fill writes, one tensor at a time, so the host
+ * holds one tensor (a model larger than the host's memory: bench_backend's
+ * a3b). A fill error or a non-finite value (QD_ERR_NONFINITE naming the
+ * tensor) stops the sync; the instance's weights are then undefined until
+ * the next sync. */
+qd_status qd_backend_set_weights_fill(qd_backend *b, qd_weight_fill fill, void *user);
 qd_status qd_backend_forward(qd_backend *b, const qd_batch *batch, float *logp, float *logits);
 qd_status qd_backend_backward(qd_backend *b, const float *dlogp);
 void qd_backend_zero_grad(qd_backend *b);

@@ -485,19 +485,37 @@ static qd_status sync_linear(model *c, linear *L, const float *w)
     return QD_OK; /* BF16: rounded with everything else */
 }
 
-/* Where a lean weight sync reads the float weights: host (the caller's
- * array), else dev (another instance's master), else zeros (at init). */
+/* Where a weight sync of a lean instance (or a fill) reads the float
+ * weights: host (the caller's array), dev (another instance's master), fill
+ * (the caller's, through the host buffer buf of cap floats), else zeros (at
+ * init). */
 typedef struct {
     const float *host, *dev;
+    qd_weight_fill fill;
+    void *user;
+    float *buf;
+    size_t cap;
 } wsrc;
 
-static qd_status load_tensor(model *c, float *dst, const wsrc *s, size_t off, size_t n)
+/* dst (dev, n floats) = tensor t's float weights. */
+static qd_status load_tensor(model *c, float *dst, wsrc *s, int t, size_t n)
 {
+    size_t off = c->info[t].offset;
     if (s->host)
         return OP(c, to_dev, dst, s->host + off, sizeof(float) * n);
     if (s->dev)
         return OP(c, copy, dst, s->dev + off, sizeof(float) * n);
-    return OP(c, zero, dst, sizeof(float) * n);
+    if (!s->fill)
+        return OP(c, zero, dst, sizeof(float) * n);
+    if (s->cap < n) {
+        free(s->buf);
+        s->buf = malloc(sizeof(float) * n);
+        s->cap = s->buf ? n : 0;
+        if (!s->buf)
+            return qd_error(QD_ERR_NOMEM, "%s backend: weight sync (%s)", c->ops->name, c->info[t].name);
+    }
+    QD_TRY(s->fill(s->user, t, s->buf, n));
+    return OP(c, to_dev, dst, s->buf, sizeof(float) * n);
 }
 
 /* A lean instance's linear whose weight goes through the staging buffer:
@@ -511,7 +529,7 @@ static int staged(const model *c, const linear *L)
 /* One tensor of a lean sync: into wk (rounded to BF16 unless fp32) where it
  * is read as float, through S_STAGE into the linear's copies where staged;
  * the bits of sync_weights' round_bf16 and sync_linear. */
-static qd_status sync_tensor(model *c, int t, const wsrc *s)
+static qd_status sync_tensor(model *c, int t, wsrc *s)
 {
     const qd_param_info *pi = &c->info[t];
     size_t n = (size_t)(pi->rows * pi->cols);
@@ -519,12 +537,12 @@ static qd_status sync_tensor(model *c, int t, const wsrc *s)
     float *dst = c->wk_at[t] == NOT_HELD ? NULL : c->wk + c->wk_at[t];
     int fp32 = c->opt.recipe == QD_RECIPE_FP32;
     if (!staged(c, L)) {
-        QD_TRY(load_tensor(c, dst, s, pi->offset, n));
+        QD_TRY(load_tensor(c, dst, s, t, n));
         return fp32 ? QD_OK : OP(c, round_bf16, dst, dst, n);
     }
     void *w;
     QD_TRY(scratch(c, S_STAGE, sizeof(float) * n, &w));
-    QD_TRY(load_tensor(c, w, s, pi->offset, n));
+    QD_TRY(load_tensor(c, w, s, t, n));
     QD_TRY(sync_linear(c, L, w));
     if (!dst || is_fake_quant_weight(L->mode))
         return QD_OK;
@@ -532,9 +550,13 @@ static qd_status sync_tensor(model *c, int t, const wsrc *s)
 }
 
 /* Rebuild every working copy from the master weights (NUMERICS.md §5); a
- * lean instance from s, tensor by tensor. */
-static qd_status sync_weights_from(model *c, const wsrc *s)
+ * lean instance from s, tensor by tensor (an instance with a master takes
+ * a fill's values into it first). */
+static qd_status sync_weights_from(model *c, wsrc *s)
 {
+    for (int t = 0; !c->lean && s->fill && t < c->ninfo; t++)
+        QD_TRY(load_tensor(c, c->params + c->info[t].offset, s, t,
+                           (size_t)(c->info[t].rows * c->info[t].cols)));
     if (c->lean) {
         for (int t = 0; t < c->ninfo; t++)
             QD_TRY(sync_tensor(c, t, s));
@@ -1938,6 +1960,18 @@ static qd_status m_set_weights(qd_backend *b, const float *params, size_t n)
     return st;
 }
 
+static qd_status m_set_weights_fill(qd_backend *b, qd_weight_fill fill, void *user)
+{
+    model *c = ctx_of(b);
+    int t = enter(c);
+    c->have_forward = 0;
+    wsrc s = {.fill = fill, .user = user};
+    qd_status st = sync_weights_from(c, &s);
+    free(s.buf);
+    leave(c, t);
+    return st;
+}
+
 static qd_status m_get_weights(qd_backend *b, float *params, size_t n)
 {
     model *c = ctx_of(b);
@@ -2113,6 +2147,7 @@ static const struct qd_backend_i model_iface = {
     .free = m_free,
     .set_weights = m_set_weights,
     .get_weights = m_get_weights,
+    .set_weights_fill = m_set_weights_fill,
     .forward = m_forward,
     .backward = m_backward,
     .zero_grad = m_zero_grad,

@@ -21,7 +21,12 @@
  * 16 heads, 4 KV heads, head_dim 64, vocab 32000), or "a3b", Qwen3-30B-A3B's
  * layer shapes (hidden 2048, 128 experts top-8 of width 768, 32 / 4 heads of
  * 128, vocab 151936) at --layers depth; both with seeded random weights
- * (normal, std 0.02; norm weights 1), the init of transformers.
+ * (normal, std 0.02; norm weights 1), the init of transformers, made tensor
+ * by tensor as a backend asks for them (qd_backend_set_weights_fill), so the
+ * host never holds the whole model (a3b at 48 layers: 122 GB of float32).
+ * Each instance plans its memory for the sizes given and fails at init,
+ * before allocating, when the device lacks it; --plan-only prints those
+ * plans by kind (qd_backend_plan) and runs nothing.
  *
  * A backend that refuses an op (QD_ERR_UNSUPPORTED), or a backend init that
  * returns NULL, makes an "n/a" row with the reason; another error makes an
@@ -66,6 +71,7 @@ typedef struct {
     int nrecipes;
     int use_op[OP_COUNT];  /* --ops */
     int B, T, P, M, iters, warmup, threads, layers;
+    int plan_only;         /* --plan-only */
     double rac_ratio, temperature;
     uint64_t seed;
 } bench_args;
@@ -124,41 +130,54 @@ static void moe8_config(qd_model_config *c, int layers)
 }
 
 
-/* n floats normal(0, std) from the stream *s: Box-Muller, both outputs of
- * each pair used. */
-static void fill_normal(float *w, size_t n, double std, uint64_t *s)
+/* n floats normal(0, std) from the stream starting at state s: Box-Muller,
+ * both outputs of each pair used; pair p draws outputs 2p and 2p + 1 of the
+ * stream (splitmix64 jumps ahead by adding multiples of its gamma), so the
+ * threads split the pairs and the values stay those of one sequential pass. */
+static void fill_normal(float *w, size_t n, double std, uint64_t s)
 {
-    for (size_t k = 0; k < n; k += 2) {
-        double r = std * sqrt(-2.0 * log(1.0 - qd_splitmix64_unit(s)));
-        double a = 6.283185307179586 * qd_splitmix64_unit(s);
-        w[k] = (float)(r * cos(a));
-        if (k + 1 < n)
-            w[k + 1] = (float)(r * sin(a));
+    #pragma omp parallel for schedule(static)
+    for (size_t p = 0; p < (n + 1) / 2; p++) {
+        uint64_t st = s + 2 * (uint64_t)p * QD_SPLITMIX64_GAMMA;
+        double r = std * sqrt(-2.0 * log(1.0 - qd_splitmix64_unit(&st)));
+        double a = 6.283185307179586 * qd_splitmix64_unit(&st);
+        w[2 * p] = (float)(r * cos(a));
+        if (2 * p + 1 < n)
+            w[2 * p + 1] = (float)(r * sin(a));
     }
 }
+
+/* The weights of the model: the tiny checkpoint's (all of them, on the
+ * host), or moe8's and a3b's made tensor by tensor when a backend asks for
+ * them (qd_backend_set_weights_fill), so the host never holds the whole
+ * model (a3b at 48 layers: 122 GB of float32). */
+typedef struct {
+    const float *w;       /* tiny: the master weights; else NULL */
+    const qd_param_info *info; /* (ninfo) */
+    int ninfo;
+    uint64_t seed;
+} bench_weights;
 
 /* transformers' init: matrices normal(0, 0.02), norm weights (1-D) 1. Tensor
- * i draws from its own stream (seed mixed with i), so threads do not change
- * the values. */
-static void random_weights(const qd_model_layout *m, float *w, uint64_t seed)
+ * t draws from its own stream (seed mixed with t). */
+static qd_status fill_weights(void *user, int t, float *dst, size_t n)
 {
-    #pragma omp parallel for schedule(dynamic, 1)
-    for (int i = 0; i < m->ninfo; i++) {
-        const qd_param_info *p = &m->info[i];
-        size_t n = (size_t)(p->rows * p->cols);
-        uint64_t s = qd_splitmix64_mix(seed ^ qd_splitmix64_mix((uint64_t)i + 1));
-        if (p->rows == 1)
-            for (size_t k = 0; k < n; k++)
-                w[p->offset + k] = 1.0f;
-        else
-            fill_normal(w + p->offset, n, 0.02, &s);
+    const bench_weights *bw = user;
+    const qd_param_info *p = &bw->info[t];
+    if (bw->w) {
+        memcpy(dst, bw->w + p->offset, sizeof(float) * n);
+    } else if (p->rows == 1) {
+        for (size_t k = 0; k < n; k++)
+            dst[k] = 1.0f;
+    } else {
+        fill_normal(dst, n, 0.02, qd_splitmix64_mix(bw->seed ^ qd_splitmix64_mix((uint64_t)t + 1)));
     }
+    return QD_OK;
 }
 
-/* cfg and float32 master weights (*n floats) of the model a names. */
-static float *load_model(const bench_args *a, qd_model_config *cfg, size_t *n)
+/* The config of the model a names. */
+static void model_config(const bench_args *a, qd_model_config *cfg)
 {
-    qd_model_layout m;
     if (!strcmp(a->model, "tiny")) {
         if (qd_checkpoint_read_config(a->tiny_dir, cfg) != QD_OK)
             die(a->tiny_dir, qd_last_error());
@@ -170,17 +189,19 @@ static float *load_model(const bench_args *a, qd_model_config *cfg, size_t *n)
         if (qd_model_config_check(cfg) != QD_OK)
             die("model config", qd_last_error());
     }
-    if (qd_model_layout_init(&m, cfg) != QD_OK)
+}
+
+/* The model's parameter table (*m) and the tiny checkpoint's master weights,
+ * or NULL for the models made in memory (fill_weights). */
+static float *load_model(const bench_args *a, const qd_model_config *cfg, qd_model_layout *m)
+{
+    if (qd_model_layout_init(m, cfg) != QD_OK)
         die("parameter table", qd_last_error());
-    *n = m.nfloats;
-    float *w = xmalloc(sizeof(float) * m.nfloats);
-    if (!strcmp(a->model, "tiny")) {
-        if (qd_checkpoint_load(a->tiny_dir, m.info, m.ninfo, w) != QD_OK)
-            die(a->tiny_dir, qd_last_error());
-    } else {
-        random_weights(&m, w, a->seed);
-    }
-    qd_model_layout_free(&m);
+    if (strcmp(a->model, "tiny"))
+        return NULL;
+    float *w = xmalloc(sizeof(float) * m->nfloats);
+    if (qd_checkpoint_load(a->tiny_dir, m->info, m->ninfo, w) != QD_OK)
+        die(a->tiny_dir, qd_last_error());
     return w;
 }
 
@@ -320,7 +341,22 @@ static void progress(const bench_args *a, const bench_row *r)
 
 /* The ops of one role for recipe r: one backend made, loaded, measured, freed.
  * rows: the role's ops' rows (op, recipe already set; ROW_SKIP ones left alone). */
-static void run_role(const bench_args *a, const qd_model_config *cfg, const float *w, size_t n, qd_recipe r,
+/* The options of an instance of role for recipe r, its workload the
+ * largest calls of the role's ops (the memory plan checked at init). */
+static qd_backend_options role_options(const bench_args *a, qd_recipe r, qd_role role)
+{
+    qd_backend_options o = {.recipe = r, .role = role, .rac_ratio = a->rac_ratio, .num_threads = a->threads,
+                            .mode = a->mode};
+    if (role == QD_ROLE_TRAINER)
+        o.workload = (qd_workload){.fwd_B = a->B, .fwd_T = a->T, .train = 1};
+    if (role == QD_ROLE_ROLLOUT && a->use_op[OP_FORWARD])
+        o.workload.fwd_B = a->B, o.workload.fwd_T = a->T;
+    if (role == QD_ROLE_ROLLOUT && a->use_op[OP_ROLLOUT])
+        o.workload.gen_B = a->B, o.workload.gen_Tp = a->P, o.workload.gen_M = a->M;
+    return o;
+}
+
+static void run_role(const bench_args *a, const qd_model_config *cfg, bench_weights *bw, qd_recipe r,
                      qd_role role, const bench_inputs *in, bench_row *rows, int nrows)
 {
     int todo = 0;
@@ -328,8 +364,7 @@ static void run_role(const bench_args *a, const qd_model_config *cfg, const floa
         todo |= rows[i].status != ROW_SKIP;
     if (!todo)
         return;
-    qd_backend_options o = {.recipe = r, .role = role, .rac_ratio = a->rac_ratio, .num_threads = a->threads,
-                            .mode = a->mode};
+    qd_backend_options o = role_options(a, r, role);
     qd_backend *b = qd_backend_init_by_name(a->backend, cfg, &o);
     if (!b) {
         fprintf(stderr, "bench_backend: %s backend, recipe %s, %s role: %s\n", a->backend, qd_recipe_name(r),
@@ -343,7 +378,7 @@ static void run_role(const bench_args *a, const qd_model_config *cfg, const floa
         }
         return;
     }
-    qd_status st = qd_backend_set_weights(b, w, n);
+    qd_status st = qd_backend_set_weights_fill(b, fill_weights, bw);
     for (int i = 0; i < nrows; i++) {
         if (rows[i].status == ROW_SKIP)
             continue;
@@ -359,7 +394,7 @@ static void run_role(const bench_args *a, const qd_model_config *cfg, const floa
 
 /* Every recipe: train step (trainer role), then forward and rollout (rollout
  * role). rows: (nrecipes, OP_COUNT). */
-static void run_all(const bench_args *a, const qd_model_config *cfg, const float *w, size_t n, bench_row *rows)
+static void run_all(const bench_args *a, const qd_model_config *cfg, bench_weights *bw, bench_row *rows)
 {
     bench_inputs in = make_inputs(a, cfg->vocab_size);
     for (int i = 0; i < a->nrecipes; i++) {
@@ -369,10 +404,49 @@ static void run_all(const bench_args *a, const qd_model_config *cfg, const float
             rr[op].op = (bench_op)op;
             rr[op].status = a->use_op[op] ? ROW_NA : ROW_SKIP;  /* n/a until measured */
         }
-        run_role(a, cfg, w, n, a->recipes[i], QD_ROLE_TRAINER, &in, rr, 1);
-        run_role(a, cfg, w, n, a->recipes[i], QD_ROLE_ROLLOUT, &in, rr + 1, 2);
+        run_role(a, cfg, bw, a->recipes[i], QD_ROLE_TRAINER, &in, rr, 1);
+        run_role(a, cfg, bw, a->recipes[i], QD_ROLE_ROLLOUT, &in, rr + 1, 2);
     }
     free_inputs(&in);
+}
+
+/* ---- --plan-only: the memory plan of each instance the run would make */
+
+static void print_plan(const bench_args *a, const qd_model_config *cfg, qd_recipe r, qd_role role)
+{
+    qd_backend_options o = role_options(a, r, role);
+    qd_mem_plan p;
+    const char *rn = role == QD_ROLE_TRAINER ? "trainer" : "rollout";
+    if (qd_backend_plan(cfg, &o, &p) != QD_OK)
+        die("plan", qd_last_error());
+    char b[32];
+    printf("| %s | %d | %s | %s |", a->model, cfg->num_hidden_layers, qd_recipe_name(r), rn);
+    for (int k = 0; k < QD_MEM_COUNT; k++) {
+        qd_format_bytes(p.bytes[k], b, sizeof b);
+        printf(" %s |", b);
+    }
+    qd_format_bytes(p.total, b, sizeof b);
+    printf(" %s |\n", b);
+}
+
+/* One row per instance (recipe, role) of the ops asked for; nothing made. */
+static void plan_only(const bench_args *a, const qd_model_config *cfg)
+{
+    printf("memory plan (qd_backend_plan; the CUDA fast mode adds its BF16 copy of the working weights): "
+           "train/forward B %d x T %d, rollout B %d x (P %d + M %d)\n\n| model | layers | recipe | role |",
+           a->B, a->T, a->B, a->P, a->M);
+    for (int k = 0; k < QD_MEM_COUNT; k++)
+        printf(" %s |", qd_mem_kind_name(k));
+    printf(" total |\n|---|---:|---|---|");
+    for (int k = 0; k <= QD_MEM_COUNT; k++)
+        printf("---:|");
+    printf("\n");
+    for (int i = 0; i < a->nrecipes; i++) {
+        if (a->use_op[OP_TRAIN])
+            print_plan(a, cfg, a->recipes[i], QD_ROLE_TRAINER);
+        if (a->use_op[OP_FORWARD] || a->use_op[OP_ROLLOUT])
+            print_plan(a, cfg, a->recipes[i], QD_ROLE_ROLLOUT);
+    }
 }
 
 /* ---- the baseline file (--vs) */
@@ -525,11 +599,13 @@ static void usage(FILE *f)
         "         [--model tiny|moe8|a3b] [--tiny-dir DIR] [--layers L] [--batch B] [--seq T] [--prompt P]\n"
         "         [--new-tokens M] [--iters N] [--warmup W] [--threads N] [--temperature X]\n"
         "         [--ops 'train step,forward,rollout']\n"
-        "         [--rac-ratio X] [--seed S] [--json FILE] [--vs FILE]\n"
+        "         [--rac-ratio X] [--seed S] [--json FILE] [--vs FILE] [--plan-only]\n"
         "  defaults: auto, exact, bf16,fp8,nvfp4,quads, tiny (models/tiny), moe8 8 layers, B 8, T 128,\n"
         "  P 32, M 64, iters 5, warmup 1, all cores, temperature 1, rac-ratio 0.25, seed 1\n"
         "  --json FILE  also write the rows as JSON lines;  --vs FILE  add a column: tokens/s over the\n"
-        "               first ok row of FILE (JSON lines, e.g. bench_torch.py's) of the same model, op, sizes\n");
+        "               first ok row of FILE (JSON lines, e.g. bench_torch.py's) of the same model, op, sizes\n"
+        "  --plan-only  print the memory plan of each instance (recipe, role) the ops would make, by kind,\n"
+        "               and make none (no weights, no device)\n");
 }
 
 static int int_arg(const char *name, const char *v, int lo)
@@ -635,6 +711,11 @@ static bench_args parse_args(int argc, char **argv)
             usage(stdout);
             exit(0);
         }
+        if (!strcmp(argv[i], "--plan-only")) {
+            a.plan_only = 1;
+            i--;
+            continue;
+        }
         if (i + 1 >= argc || !set_option(&a, argv[i], argv[i + 1])) {
             usage(stderr);
             exit(2);
@@ -651,14 +732,20 @@ int main(int argc, char **argv)
 {
     bench_args a = parse_args(argc, argv);
     qd_model_config cfg;
-    size_t n;
-    float *w = load_model(&a, &cfg, &n);
+    model_config(&a, &cfg);
     a.layers = cfg.num_hidden_layers;  /* the tiny model's too, for --json and --vs */
     if (a.P + a.M > cfg.max_position_embeddings || a.T > cfg.max_position_embeddings) {
         fprintf(stderr, "bench_backend: prompt + new tokens (%d) or seq (%d) > max_position_embeddings %d\n",
                 a.P + a.M, a.T, cfg.max_position_embeddings);
         return 2;
     }
+    if (a.plan_only) {
+        plan_only(&a, &cfg);
+        return 0;
+    }
+    qd_model_layout m;
+    float *w = load_model(&a, &cfg, &m);
+    bench_weights bw = {.w = w, .info = m.info, .ninfo = m.ninfo, .seed = a.seed};
     json_t *vs_lines = a.vs ? read_json_lines(a.vs) : NULL;
     FILE *jf = a.json ? fopen(a.json, "w") : NULL;
     if (a.json && !jf)
@@ -666,8 +753,8 @@ int main(int argc, char **argv)
     bench_row *rows = calloc((size_t)a.nrecipes * OP_COUNT, sizeof *rows);
     if (!rows)
         die("out of memory", "rows");
-    run_all(&a, &cfg, w, n, rows);
-    print_header(&a, &cfg, n);
+    run_all(&a, &cfg, &bw, rows);
+    print_header(&a, &cfg, m.nfloats);
     report(&a, rows, vs_lines, jf);
     if (jf && fclose(jf) != 0)
         die(a.json, strerror(errno));
@@ -677,5 +764,6 @@ int main(int argc, char **argv)
     json_decref(vs_lines);
     free(rows);
     free(w);
+    qd_model_layout_free(&m);
     return bad;
 }

@@ -17,6 +17,14 @@
 # Sizes: LAYERS [4] B [64] P [128] M [64] ITERS [2] WARMUP [1]
 #        RECIPES [bf16,fp8,nvfp4,quads] MODES [exact fast] COPY_TBS [4.24] (measured
 #        device-to-device copy bandwidth, TB/s, DEVICE.md) PYTHON [python3]
+# LONG=1: instead, the row alone: all 48 layers of a3b as one rollout
+#        instance on one H200 (lean: NVFP4 codes, the float tensors, a float32
+#        KV cache; qd_backend_plan ~118 GiB nvfp4, ~123 GiB quads), B 64, P 128,
+#        M 8192, one timed iteration, recipes LONG_RECIPES [nvfp4,quads], mode
+#        exact, within LONG_TIMEOUT [3000] s; the weights are made tensor by
+#        tensor (bench_backend's fill), so the host needs ~1.3 GB for them. The
+#        plan is printed first (OUTDIR/long_plan.md), the rows go to
+#        OUTDIR/long.jsonl and OUTDIR/decode_long.jsonl.
 # shellcheck disable=SC2086
 set -u
 out=${1:-${OUT:-/tmp/bench_decode}}
@@ -29,6 +37,19 @@ py=${PYTHON:-python3}
 L=${LAYERS:-4} B=${B:-64} P=${P:-128} M=${M:-64}
 sizes="--model a3b --layers $L --batch $B --prompt $P --new-tokens $M --iters ${ITERS:-2} --warmup ${WARMUP:-1}"
 rc=0
+if [ "${LONG:-0}" = 1 ]; then
+    long="--model a3b --layers 48 --batch 64 --prompt 128 --new-tokens 8192 --recipes ${LONG_RECIPES:-nvfp4,quads} --ops rollout"
+    echo "== quads cuda exact, a3b x 48 layers, B 64, P 128, M 8192 (one H200, rollout instance)"
+    bench/bench_backend $long --plan-only | tee "$out/long_plan.md" || exit 1
+    timeout "${LONG_TIMEOUT:-3000}" bench/bench_backend --backend cuda --mode exact $long --iters 1 --warmup 0 \
+        --json "$out/long.jsonl" >"$out/long.md" 2>"$out/long.err" || { rc=1; tail -5 "$out/long.err"; }
+    cat "$out/long.md"
+    $py bench/decode_rows.py --layers 48 --copy-tbs "${COPY_TBS:-4.24}" \
+        --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" <"$out/long.jsonl" \
+        >"$out/decode_long.jsonl" || rc=1
+    cat "$out/decode_long.jsonl"
+    exit $rc
+fi
 echo "== transformers eager, a3b x $L layers, B $B, P $P, M $M"
 timeout 300 $py bench/bench_torch.py $sizes --ops rollout --json "$out/torch.jsonl" >"$out/torch.md" 2>"$out/torch.err" ||
     { rc=1; tail -5 "$out/torch.err"; }

@@ -8,6 +8,7 @@
  * of one that keeps its master, in every recipe, and refuses what needs the
  * master by name; the 48-layer Qwen3-30B-A3B shape fits one H200 as a rollout
  * (the plan-only entry point). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -352,6 +353,58 @@ START_TEST(test_lean_refusals)
 }
 END_TEST
 
+/* A fill of the tiny model's weights, tensor by tensor; bad_tensor >= 0
+ * writes a NaN into that tensor. */
+typedef struct {
+    const float *w;
+    const qd_param_info *info;
+    int bad_tensor, calls;
+} tiny_fill;
+
+static qd_status fill_tiny(void *user, int t, float *dst, size_t n)
+{
+    tiny_fill *f = user;
+    ck_assert_uint_eq(n, (size_t)(f->info[t].rows * f->info[t].cols));
+    memcpy(dst, f->w + f->info[t].offset, sizeof(float) * n);
+    if (t == f->bad_tensor)
+        dst[n / 2] = NAN;
+    f->calls++;
+    return QD_OK;
+}
+
+/* set_weights_fill gives set_weights' bits (a lean rollout, one that keeps
+ * its master, a trainer: quads), asking for each tensor once; a non-finite
+ * value is refused naming the tensor. */
+START_TEST(test_set_weights_fill)
+{
+    qd_model_config c = tiny_cfg();
+    int V = c.vocab_size, np;
+    for (int k = 0; k < 3; k++) {
+        qd_backend *a = k == 0 ? make(&c, QD_RECIPE_QUADS, QD_ROLE_ROLLOUT)
+                        : k == 1 ? make_keep(&c, QD_RECIPE_QUADS) : make(&c, QD_RECIPE_QUADS, QD_ROLE_TRAINER);
+        qd_backend *b = k == 0 ? make(&c, QD_RECIPE_QUADS, QD_ROLE_ROLLOUT)
+                        : k == 1 ? make_keep(&c, QD_RECIPE_QUADS) : make(&c, QD_RECIPE_QUADS, QD_ROLE_TRAINER);
+        size_t nf = qd_backend_num_floats(a);
+        float *w = tiny_weights(a);
+        tiny_fill f = {.w = w, .info = qd_backend_params(b, &np), .bad_tensor = -1};
+        set_weights(a, w);
+        ck_assert_msg(qd_backend_set_weights_fill(b, fill_tiny, &f) == QD_OK, "%s", qd_last_error());
+        ck_assert_int_eq(f.calls, np);
+        outputs x, y;
+        outputs_of(a, V, &x);
+        outputs_of(b, V, &y);
+        assert_same(&x, &y, nf, "set_weights_fill");
+        f.bad_tensor = np / 2;
+        ck_assert_int_eq(qd_backend_set_weights_fill(b, fill_tiny, &f), QD_ERR_NONFINITE);
+        ck_assert_msg(strstr(qd_last_error(), f.info[np / 2].name) != NULL, "%s", qd_last_error());
+        outputs_free(&x), outputs_free(&y);
+        free(w);
+        qd_backend_free(a);
+        qd_backend_free(b);
+    }
+}
+END_TEST
+
 /* The issue's claim (issue 12): Qwen3-30B-A3B's shape with all 48 layers, as
  * a rollout instance in the nvfp4 and quads recipes (RAC at the default
  * ratio 0.25), generating 8192 tokens after prompts of 128 for a batch of 64
@@ -552,6 +605,7 @@ Suite *suite_sync(void)
     tcase_add_test(tc, test_plan_without_workload);
     tcase_add_loop_test(tc, test_lean_rollout_bits, 0, QD_RECIPE_COUNT);
     tcase_add_test(tc, test_lean_refusals);
+    tcase_add_test(tc, test_set_weights_fill);
     tcase_add_test(tc, test_plan_a3b_48_fits_h200);
     tcase_add_test(tc, test_plan_refused);
     tcase_add_test(tc, test_rl_plan_refused);
