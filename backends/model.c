@@ -52,6 +52,8 @@
 
 typedef struct {
     size_t w;              /* offset of the weight (out, in) in the flat buffers */
+    size_t wk;             /* offset of its working copy in wk: w, or in a lean instance its
+                              place there (NOT_HELD: none, the products read the codes) */
     int out, in;
     qd_linear_mode mode;
     int quantized;         /* one of the layers a recipe quantizes (not router, lm_head) */
@@ -190,6 +192,8 @@ static size_t wk_off(const model *c, size_t off)
 }
 
 #define P(c, off) ((c)->wk + wk_off((c), (off)))
+/* A linear's working weight (NULL where a lean instance holds only its codes). */
+#define LW(c, L) ((L)->wk == NOT_HELD ? NULL : (c)->wk + (L)->wk)
 #define OP(c, name, ...) ((c)->ops->name((c)->dev, __VA_ARGS__))
 
 static model *ctx_of(qd_backend *b) { return (model *)b->context; }
@@ -394,7 +398,7 @@ static qd_status linear_forward(model *c, float *out, const float *inp, linear *
         return fwd_fp8(c, out, inp, L, N);
     const float *xe;
     QD_TRY(effective_input(c, &xe, inp, L, N));
-    return OP(c, matmul, out, xe, P(c, L->w), N, L->in, L->out, prec_of(L));
+    return OP(c, matmul, out, xe, LW(c, L), N, L->in, L->out, prec_of(L));
 }
 
 /* dinp += dout . W_eff; grad(W) += dout^T . x_eff (straight-through; W_eff is
@@ -406,7 +410,7 @@ static qd_status linear_backward(model *c, float *dinp, const float *dout, const
         return QD_OK;
     const float *xe;
     QD_TRY(effective_input(c, &xe, inp, L, N));
-    return OP(c, matmul_backward, dinp, c->grads + L->w, dout, xe, P(c, L->w), N, L->in, L->out);
+    return OP(c, matmul_backward, dinp, c->grads + L->w, dout, xe, LW(c, L), N, L->in, L->out);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -481,7 +485,7 @@ static qd_status sync_linear(model *c, linear *L, const float *w)
     if (is_rollout_quant(L->mode))
         QD_TRY(sync_rollout_linear(c, L, w));
     if (is_fake_quant_weight(L->mode))
-        return OP(c, nvfp4_fake_quant, P(c, L->w), w, L->out, L->in, QD_SCALE_PER_TENSOR);
+        return OP(c, nvfp4_fake_quant, LW(c, L), w, L->out, L->in, QD_SCALE_PER_TENSOR);
     return QD_OK; /* BF16: rounded with everything else */
 }
 
@@ -860,7 +864,7 @@ static qd_status expert_set_make(model *c, expert_set *x, const layer *ly, int w
     for (int e = 0; e < E; e++) {
         linear *L = expert_lin(c, ly, e, which);
         x->L[e] = L;
-        x->w[e] = P(c, L->w);
+        x->w[e] = LW(c, L);
         x->dw[e] = c->grads ? c->grads + L->w : NULL;
         x->wq[e] = &L->wq;
         x->w8[e] = L->w8;
@@ -2202,7 +2206,7 @@ static qd_status build_params(model *c)
     }
     for (int i = 0; i < m.nlin; i++) {
         linear *L = &c->lin[i];
-        L->w = m.lin[i].w;
+        L->w = L->wk = m.lin[i].w;
         L->out = m.lin[i].out;
         L->in = m.lin[i].in;
         L->quantized = m.lin[i].quantized;
@@ -2249,6 +2253,8 @@ static qd_status build_lean(model *c)
         c->wk_at[t] = c->nwk;
         c->nwk += up64((size_t)(c->info[t].rows * c->info[t].cols));
     }
+    for (int i = 0; i < c->nlin; i++)
+        c->lin[i].wk = c->wk_at[tensor_at(c, c->lin[i].w)];
     return QD_OK;
 }
 
