@@ -54,6 +54,7 @@ typedef struct {
     size_t w;              /* offset of the weight (out, in) in the flat buffers */
     size_t wk;             /* offset of its working copy in wk: w, or in a lean instance its
                               place there (NOT_HELD: none, the products read the codes) */
+    size_t wk16;           /* lean: offset of its BF16 working copy in wk16, else NOT_HELD */
     int out, in;
     qd_linear_mode mode;
     int quantized;         /* one of the layers a recipe quantizes (not router, lm_head) */
@@ -127,6 +128,10 @@ typedef struct {
     int lean;
     size_t *wk_at;                 /* lean: (ninfo) each tensor's offset in wk, NOT_HELD if none */
     size_t nwk;                    /* floats of wk */
+    uint16_t *wk16;                /* lean: dev (nwk16) BF16 bits of the tensors read as BF16 values
+                                      by embed_w16 / matmul_w16 (embedding, router, lm_head, ...) */
+    size_t *wk16_at, nwk16;        /* lean: (ninfo) each tensor's offset in wk16, or NOT_HELD */
+    size_t embed16;                /* the embedding's offset in wk16, or NOT_HELD */
     int *lin_at;                   /* lean: (ninfo) the linear whose weight tensor t is, or -1 */
     int rac_pending;               /* set_rac_state installed channel sets that the next weight
                                       sync builds the RAC copies with (no pick); a lean instance
@@ -398,6 +403,8 @@ static qd_status linear_forward(model *c, float *out, const float *inp, linear *
         return fwd_fp8(c, out, inp, L, N);
     const float *xe;
     QD_TRY(effective_input(c, &xe, inp, L, N));
+    if (L->wk16 != NOT_HELD)
+        return OP(c, matmul_w16, out, xe, c->wk16 + L->wk16, N, L->in, L->out, prec_of(L));
     return OP(c, matmul, out, xe, LW(c, L), N, L->in, L->out, prec_of(L));
 }
 
@@ -501,25 +508,48 @@ typedef struct {
     size_t cap;
 } wsrc;
 
-/* dst (dev, n floats) = tensor t's float weights. */
-static qd_status load_tensor(model *c, float *dst, wsrc *s, int t, size_t n)
+/* dst (dev, n floats) = floats k0 .. k0+n-1 of tensor t's weights (a fill
+ * is asked for the whole tensor at k0 = 0, ranges read in ascending order). */
+static qd_status load_range(model *c, float *dst, wsrc *s, int t, size_t k0, size_t n)
 {
-    size_t off = c->info[t].offset;
+    size_t off = c->info[t].offset + k0, all = (size_t)(c->info[t].rows * c->info[t].cols);
     if (s->host)
         return OP(c, to_dev, dst, s->host + off, sizeof(float) * n);
     if (s->dev)
         return OP(c, copy, dst, s->dev + off, sizeof(float) * n);
     if (!s->fill)
         return OP(c, zero, dst, sizeof(float) * n);
-    if (s->cap < n) {
+    if (k0 == 0 && s->cap < all) {
         free(s->buf);
-        s->buf = malloc(sizeof(float) * n);
-        s->cap = s->buf ? n : 0;
+        s->buf = malloc(sizeof(float) * all);
+        s->cap = s->buf ? all : 0;
         if (!s->buf)
             return qd_error(QD_ERR_NOMEM, "%s backend: weight sync (%s)", c->ops->name, c->info[t].name);
     }
-    QD_TRY(s->fill(s->user, t, s->buf, n));
-    return OP(c, to_dev, dst, s->buf, sizeof(float) * n);
+    if (k0 == 0)
+        QD_TRY(s->fill(s->user, t, s->buf, all));
+    return OP(c, to_dev, dst, s->buf + k0, sizeof(float) * n);
+}
+
+static qd_status load_tensor(model *c, float *dst, wsrc *s, int t, size_t n)
+{
+    return load_range(c, dst, s, t, 0, n);
+}
+
+/* The floats a lean sync converts to BF16 at a time through S_STAGE. */
+enum { STAGE_CHUNK = 1 << 22 };
+
+/* A tensor held as BF16 and not staged whole: converted chunk by chunk. */
+static qd_status sync_bf16(model *c, int t, wsrc *s, size_t n)
+{
+    void *w;
+    QD_TRY(scratch(c, S_STAGE, sizeof(float) * (n < STAGE_CHUNK ? n : STAGE_CHUNK), &w));
+    for (size_t k = 0; k < n; k += STAGE_CHUNK) {
+        size_t m = n - k < STAGE_CHUNK ? n - k : STAGE_CHUNK;
+        QD_TRY(load_range(c, w, s, t, k, m));
+        QD_TRY(OP(c, to_bf16, c->wk16 + c->wk16_at[t] + k, w, m));
+    }
+    return QD_OK;
 }
 
 /* A lean instance's linear whose weight goes through the staging buffer:
@@ -539,7 +569,9 @@ static qd_status sync_tensor(model *c, int t, wsrc *s)
     size_t n = (size_t)(pi->rows * pi->cols);
     linear *L = c->lin_at[t] >= 0 ? &c->lin[c->lin_at[t]] : NULL;
     float *dst = c->wk_at[t] == NOT_HELD ? NULL : c->wk + c->wk_at[t];
-    int fp32 = c->opt.recipe == QD_RECIPE_FP32;
+    int fp32 = c->opt.recipe == QD_RECIPE_FP32, w16 = c->wk16_at[t] != NOT_HELD;
+    if (w16 && !staged(c, L))
+        return sync_bf16(c, t, s, n);
     if (!staged(c, L)) {
         QD_TRY(load_tensor(c, dst, s, t, n));
         return fp32 ? QD_OK : OP(c, round_bf16, dst, dst, n);
@@ -548,6 +580,8 @@ static qd_status sync_tensor(model *c, int t, wsrc *s)
     QD_TRY(scratch(c, S_STAGE, sizeof(float) * n, &w));
     QD_TRY(load_tensor(c, w, s, t, n));
     QD_TRY(sync_linear(c, L, w));
+    if (w16)
+        return OP(c, to_bf16, c->wk16 + c->wk16_at[t], w, n);
     if (!dst || is_fake_quant_weight(L->mode))
         return QD_OK;
     return fp32 ? OP(c, copy, dst, w, sizeof(float) * n) : OP(c, round_bf16, dst, w, n);
@@ -1161,7 +1195,10 @@ static qd_status model_forward(model *c, float *logp)
     const qd_model_config *g = &c->cfg;
     int N = c->N, C = g->hidden_size, L = g->num_hidden_layers;
     float eps = (float)g->rms_norm_eps;
-    QD_TRY(OP(c, embed, c->acts[0].x, P(c, c->embed), c->d_tok, N, C));
+    if (c->embed16 != NOT_HELD)
+        QD_TRY(OP(c, embed_w16, c->acts[0].x, c->wk16 + c->embed16, c->d_tok, N, C));
+    else
+        QD_TRY(OP(c, embed, c->acts[0].x, P(c, c->embed), c->d_tok, N, C));
     for (int l = 0; l < L; l++) {
         layer_acts *s = &c->acts[l];
         const layer *ly = &c->layers[l];
@@ -1774,10 +1811,15 @@ static void plan_weights(const model *c, qd_mem_plan *p, size_t *s)
 {
     size_t nb = sizeof(float) * c->nfloats;
     p->bytes[QD_MEM_MASTER] = c->lean ? 0 : nb;
-    p->bytes[QD_MEM_WORKING] = c->lean ? sizeof(float) * c->nwk : c->opt.recipe == QD_RECIPE_FP32 ? 0 : nb;
-    for (int t = 0; c->lean && t < c->ninfo; t++)
+    p->bytes[QD_MEM_WORKING] = c->lean ? sizeof(float) * c->nwk + sizeof(uint16_t) * c->nwk16
+                                       : c->opt.recipe == QD_RECIPE_FP32 ? 0 : nb;
+    for (int t = 0; c->lean && t < c->ninfo; t++) {
+        size_t n = (size_t)(c->info[t].rows * c->info[t].cols);
         if (c->lin_at[t] >= 0 && staged(c, &c->lin[c->lin_at[t]]))
-            need(&s[S_STAGE], sizeof(float) * (size_t)(c->info[t].rows * c->info[t].cols));
+            need(&s[S_STAGE], sizeof(float) * n);
+        else if (c->wk16_at[t] != NOT_HELD)
+            need(&s[S_STAGE], sizeof(float) * (n < STAGE_CHUNK ? n : STAGE_CHUNK));
+    }
     for (int i = 0; i < c->nlin; i++) {
         const linear *L = &c->lin[i];
         if (L->mode == QD_LINEAR_FP8)
@@ -1942,7 +1984,9 @@ static void m_free(qd_backend *b)
     free(c->acts);
     free(c->info);
     free(c->wk_at);
+    free(c->wk16_at);
     free(c->lin_at);
+    c->ops->release(c->dev, c->wk16);
     free(c->harena);
     free(c->dg_names);
     free(c->dg_act_err);
@@ -2207,6 +2251,7 @@ static qd_status build_params(model *c)
     for (int i = 0; i < m.nlin; i++) {
         linear *L = &c->lin[i];
         L->w = L->wk = m.lin[i].w;
+        L->wk16 = NOT_HELD;
         L->out = m.lin[i].out;
         L->in = m.lin[i].in;
         L->quantized = m.lin[i].quantized;
@@ -2228,33 +2273,74 @@ static qd_status build_params(model *c)
     return QD_OK;
 }
 
+/* A lean instance's tensor kept as BF16 bits: the embedding, and the
+ * weights of the linears that multiply BF16-rounded weights (BF16 and the
+ * activation-only ablation) but the experts' (their grouped products read
+ * float32), when the ops have the BF16-weight slots and the rows are a
+ * multiple of 8 wide (matmul_w16). Every recipe but fp32 rounds them. */
+static int held_bf16(const model *c, int t, const int *mlp)
+{
+    const linear *L = c->lin_at[t] >= 0 ? &c->lin[c->lin_at[t]] : NULL;
+    int bf16_weight = L && !mlp[c->lin_at[t]] && (L->mode == QD_LINEAR_BF16 || L->mode == QD_LINEAR_ACT_QAT);
+    return c->ops->to_bf16 && c->ops->embed_w16 && c->ops->matmul_w16 && c->opt.recipe != QD_RECIPE_FP32 &&
+           c->info[t].cols % 8 == 0 && (c->info[t].offset == c->embed || bf16_weight);
+}
+
+/* A lean instance's places of the tensors the forward reads: in wk16 those
+ * held as BF16 (held_bf16), in wk the others read as float, none for the
+ * linears whose products read codes; each 256-byte aligned. mlp (nlin)
+ * marks the MLP and expert linears. */
+static void place_tensors(model *c, const int *mlp)
+{
+    c->nwk = c->nwk16 = 0;
+    for (int t = 0; t < c->ninfo; t++) {
+        const linear *L = c->lin_at[t] >= 0 ? &c->lin[c->lin_at[t]] : NULL;
+        size_t n = (size_t)(c->info[t].rows * c->info[t].cols);
+        c->wk_at[t] = c->wk16_at[t] = NOT_HELD;
+        if (L && is_rollout_quant(L->mode))
+            continue;
+        if (held_bf16(c, t, mlp)) {
+            c->wk16_at[t] = c->nwk16;
+            c->nwk16 += (n + 127) & ~(size_t)127;
+        } else {
+            c->wk_at[t] = c->nwk;
+            c->nwk += up64(n);
+        }
+    }
+    for (int i = 0; i < c->nlin; i++) {
+        int t = tensor_at(c, c->lin[i].w);
+        c->lin[i].wk = c->wk_at[t];
+        c->lin[i].wk16 = c->wk16_at[t];
+    }
+    c->embed16 = c->wk16_at[tensor_at(c, c->embed)];
+}
+
 /* A lean instance (the rollout role, but the fp32 recipe, whose working copy
- * is its master, and options.keep_master): each tensor's linear, and the
- * places in wk of those the forward reads as float (256-byte aligned). */
+ * is its master, and options.keep_master): each tensor's linear and its
+ * place (place_tensors). */
 static qd_status build_lean(model *c)
 {
+    c->embed16 = NOT_HELD;
     c->lean = c->opt.role == QD_ROLE_ROLLOUT && c->opt.recipe != QD_RECIPE_FP32 && !c->opt.keep_master;
     if (!c->lean)
         return QD_OK;
     c->wk_at = malloc(sizeof(size_t) * (size_t)c->ninfo);
+    c->wk16_at = malloc(sizeof(size_t) * (size_t)c->ninfo);
     c->lin_at = malloc(sizeof(int) * (size_t)c->ninfo);
-    if (!c->wk_at || !c->lin_at)
+    int *mlp = calloc((size_t)c->nlin, sizeof(int));
+    if (!c->wk_at || !c->wk16_at || !c->lin_at || !mlp) {
+        free(mlp);
         return qd_error(QD_ERR_NOMEM, "%s backend: parameter table", c->ops->name);
+    }
     for (int t = 0; t < c->ninfo; t++)
         c->lin_at[t] = -1;
     for (int i = 0; i < c->nlin; i++)
         c->lin_at[tensor_at(c, c->lin[i].w)] = i;
-    c->nwk = 0;
-    for (int t = 0; t < c->ninfo; t++) {
-        const linear *L = c->lin_at[t] >= 0 ? &c->lin[c->lin_at[t]] : NULL;
-        c->wk_at[t] = NOT_HELD;
-        if (L && is_rollout_quant(L->mode))
-            continue;
-        c->wk_at[t] = c->nwk;
-        c->nwk += up64((size_t)(c->info[t].rows * c->info[t].cols));
-    }
-    for (int i = 0; i < c->nlin; i++)
-        c->lin[i].wk = c->wk_at[tensor_at(c, c->lin[i].w)];
+    for (int l = 0; l < c->cfg.num_hidden_layers; l++)
+        for (int i = 0; i < 3 * c->layers[l].nexp; i++)
+            mlp[c->layers[l].mlp0 + i] = 1;
+    place_tensors(c, mlp);
+    free(mlp);
     return QD_OK;
 }
 
@@ -2313,6 +2399,9 @@ static qd_status alloc_model(model *c)
     QD_TRY(check_plan(c));
     if (c->lean) {
         QD_TRY(dalloc(c, (void **)&c->wk, sizeof(float) * c->nwk, QD_MEM_WORKING, "working weights"));
+        if (c->nwk16)
+            QD_TRY(dalloc(c, (void **)&c->wk16, sizeof(uint16_t) * c->nwk16, QD_MEM_WORKING,
+                          "working weights (BF16)"));
     } else {
         QD_TRY(dalloc(c, (void **)&c->params, n, QD_MEM_MASTER, "master weights"));
         if (c->opt.recipe == QD_RECIPE_FP32)

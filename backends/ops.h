@@ -98,6 +98,16 @@ typedef struct qd_ops {
     qd_status (*rope)(void *dev, float *x, const int32_t *pos, const float *cosb, const float *sinb, int N,
                       int nh, int D, qd_rope_dir dir);
 
+    /* ---- weights kept as BF16 bit patterns (a rollout instance's embedding,
+     * router, lm_head): the bits of embed and matmul given the same values as
+     * float32. Optional (all three or none): where NULL the driver keeps those
+     * weights as float32. */
+    qd_status (*to_bf16)(void *dev, uint16_t *dst, const float *src, size_t n); /* dst = bits of bf16(src) */
+    qd_status (*embed_w16)(void *dev, float *x, const uint16_t *emb, const int32_t *tok, int N, int C);
+    /* matmul with w (OC, IC) BF16 bits; IC % 8 == 0 */
+    qd_status (*matmul_w16)(void *dev, float *out, const float *x, const uint16_t *w, int N, int IC, int OC,
+                            qd_prec prec);
+
     /* ---- float products: out (N, OC) = x (N, IC) . w (OC, IC)^T, ic ascending */
     qd_status (*matmul)(void *dev, float *out, const float *x, const float *w, int N, int IC, int OC,
                         qd_prec prec);

@@ -19,7 +19,7 @@
 #        device-to-device copy bandwidth, TB/s, DEVICE.md) PYTHON [python3]
 # LONG=1: instead, the row alone: all 48 layers of a3b as one rollout
 #        instance on one H200 (lean: NVFP4 codes, the float tensors, a float32
-#        KV cache; qd_backend_plan ~118 GiB nvfp4, ~123 GiB quads), B 64, P 128,
+#        KV cache; qd_backend_plan 117.2 GiB nvfp4, 121.6 GiB quads), B 64, P 128,
 #        M 8192, one timed iteration, recipes LONG_RECIPES [nvfp4,quads], mode
 #        exact, within LONG_TIMEOUT [3000] s; the weights are made tensor by
 #        tensor (bench_backend's fill), so the host needs ~1.3 GB for them. The

@@ -679,6 +679,53 @@ static void c_copy(oc *c)
     OUT(c, "x", 'f', x, sizeof(float) * 1001);
 }
 
+/* The BF16-weight twins (a lean rollout's embedding, router, lm_head): the
+ * weights rounded to BF16 as float32 (w) and as bits (to_bf16); outputs "y"
+ * of the twin and "ref" of the float op on the same values, which must be
+ * the same bytes (suite ops). */
+static uint16_t *w16_of(oc *c, float *w, size_t n)
+{
+    uint16_t *w16 = Z(c, sizeof(uint16_t) * n);
+    RUN(c, c->ops->round_bf16(c->dev, w, w, n));
+    RUN(c, c->ops->to_bf16(c->dev, w16, w, n));
+    return w16;
+}
+
+static void c_embed_w16(oc *c)
+{
+    int V = 50, C = 64, N = 9;
+    int32_t tok[9];
+    for (int n = 0; n < N; n++)
+        tok[n] = n == 3 ? tok[1] : irand(c, V);
+    float *emb = F(c, (size_t)V * C, -3e5f, 3e5f), *x = Z(c, sizeof(float) * N * C), *r = Z(c, sizeof(float) * N * C);
+    uint16_t *e16 = w16_of(c, emb, (size_t)V * C);
+    int32_t *dt = I(c, tok, N);
+    RUN(c, c->ops->embed_w16(c->dev, x, e16, dt, N, C));
+    RUN(c, c->ops->embed(c->dev, r, emb, dt, N, C));
+    OUT(c, "y", 'f', x, sizeof(float) * N * C);
+    OUT(c, "ref", 'f', r, sizeof(float) * N * C);
+    OUT(c, "bits", 'b', e16, sizeof(uint16_t) * V * C);
+}
+
+static void c_matmul_w16_shape(oc *c, qd_prec prec, int N, int IC, int OC)
+{
+    float *x = F(c, (size_t)N * IC, -1, 1), *w = F(c, (size_t)OC * IC, -1, 1);
+    float *y = Z(c, sizeof(float) * N * OC), *r = Z(c, sizeof(float) * N * OC);
+    if (prec == QD_PREC_BF16)
+        RUN(c, c->ops->round_bf16(c->dev, x, x, (size_t)N * IC));
+    uint16_t *w16 = w16_of(c, w, (size_t)OC * IC);
+    RUN(c, c->ops->matmul_w16(c->dev, y, x, w16, N, IC, OC, prec));
+    RUN(c, c->ops->matmul(c->dev, r, x, w, N, IC, OC, prec));
+    OUT(c, "y", 'f', y, sizeof(float) * N * OC);
+    OUT(c, "ref", 'f', r, sizeof(float) * N * OC);
+}
+
+static void c_matmul_w16_bf16(oc *c) { c_matmul_w16_shape(c, QD_PREC_BF16, 70, 136, 300); }
+/* the router's shape at batch 64 (CUDA: the thin tiles) */
+static void c_matmul_w16_router(oc *c) { c_matmul_w16_shape(c, QD_PREC_BF16, 64, 2048, 128); }
+/* float32 inputs (nvfp4-w16a4's fake-quantized activations) */
+static void c_matmul_w16_f32(oc *c) { c_matmul_w16_shape(c, QD_PREC_F32, 37, 72, 45); }
+
 typedef struct {
     qd_op_case_info info;
     void (*run)(oc *c);
@@ -718,6 +765,10 @@ static const op_case cases[] = {
     {{"route a3b 70x128 k8 ties nan", "route", 0}, c_route_a3b},
     {{"moe_group 11x8 k3", "moe_group", 0}, c_moe_group},
     {{"moe rows 9x6 k2", "combine", 0}, c_moe_rows},
+    {{"embed_w16 9x64 V50", "embed_w16", 0}, c_embed_w16},
+    {{"matmul_w16 bf16 70x136x300", "matmul_w16", 1}, c_matmul_w16_bf16},
+    {{"matmul_w16 bf16 router 64x2048x128", "matmul_w16", 1}, c_matmul_w16_router},
+    {{"matmul_w16 f32 37x72x45", "matmul_w16", 1}, c_matmul_w16_f32},
     {{"router_backward renorm", "router_backward", 0}, c_router_backward_renorm},
     {{"router_backward raw", "router_backward", 0}, c_router_backward_raw},
     {{"logprob+bwd T=1", "logprob", 0}, c_logprob_t1},

@@ -421,6 +421,28 @@ START_TEST(test_cases_thread_independent)
 }
 END_TEST
 
+/* the BF16-weight twins (embed_w16, matmul_w16) give the bytes of embed and
+ * matmul with the same weights as float32 (case outputs "y" and "ref") */
+START_TEST(test_w16_twins_equal_float_ops)
+{
+    int seen = 0;
+    for (int i = 0; i < qd_op_case_count(); i++) {
+        qd_op_case_info ci = qd_op_case(i);
+        if (strcmp(ci.slot, "embed_w16") && strcmp(ci.slot, "matmul_w16"))
+            continue;
+        qd_op_result a;
+        ck_assert_msg(qd_op_case_run(i, O, dev1, 7, &a) == QD_OK, "%s: %s", ci.name, qd_last_error());
+        ck_assert_str_eq(a.out[0].name, "y");
+        ck_assert_str_eq(a.out[1].name, "ref");
+        ck_assert_uint_eq(a.out[0].bytes, a.out[1].bytes);
+        ck_assert_msg(memcmp(a.out[0].data, a.out[1].data, a.out[0].bytes) == 0, "%s: the twin differs", ci.name);
+        seen++;
+        qd_op_result_free(&a);
+    }
+    ck_assert_int_eq(seen, 4);
+}
+END_TEST
+
 /* the comparison itself: one flipped bit is a difference, and a bound admits it */
 START_TEST(test_compare_finds_a_bit)
 {
@@ -455,6 +477,7 @@ Suite *suite_ops(void)
     tcase_add_test(tc, test_moe_rows_definition);
     tcase_add_test(tc, test_adamw_double);
     tcase_add_test(tc, test_cases_thread_independent);
+    tcase_add_test(tc, test_w16_twins_equal_float_ops);
     tcase_add_test(tc, test_compare_finds_a_bit);
     suite_add_tcase(s, tc);
     return s;

@@ -151,26 +151,62 @@ static void cpu_leave(void *dev, int saved)
  * tiles of QD_ROWS, transposed, so that the innermost loop runs over the
  * tile's rows: each output still sums over ic in ascending order (the bits
  * are those of the plain triple loop) and the compiler can vectorize it. */
+/* Output o of tile t: the tile's rows (xt's layout) . wr, i ascending. */
+static void matmul_tile(float *out, const float *xt, const float *wr, int t, int o, int N, int IC, int OC)
+{
+    float acc[QD_ROWS] = {0.0f};
+    const float *x = xt + (size_t)t * IC * QD_ROWS;
+    int rows = N - t * QD_ROWS < QD_ROWS ? N - t * QD_ROWS : QD_ROWS;
+    for (int i = 0; i < IC; i++)
+        for (int r = 0; r < rows; r++)
+            acc[r] += x[(size_t)i * QD_ROWS + r] * wr[i];
+    for (int r = 0; r < rows; r++)
+        out[(size_t)(t * QD_ROWS + r) * OC + o] = acc[r];
+}
+
+/* The rows of inp (N, IC) in tiles of QD_ROWS, transposed: (tiles, IC, QD_ROWS). */
+static float *matmul_tiles(const float *inp, int N, int IC)
+{
+    int tiles = (N + QD_ROWS - 1) / QD_ROWS;
+    float *xt = malloc(sizeof(float) * ((size_t)tiles * QD_ROWS * IC + 1));
+    for (int n = 0; xt && n < tiles * QD_ROWS; n++)
+        for (int i = 0; i < IC; i++)
+            xt[((size_t)(n / QD_ROWS) * IC + i) * QD_ROWS + n % QD_ROWS] = n < N ? inp[(size_t)n * IC + i] : 0.0f;
+    return xt;
+}
+
 static void matmul_forward(float *out, const float *inp, const float *w, int N, int IC, int OC, int nt)
 {
     int tiles = (N + QD_ROWS - 1) / QD_ROWS;
-    float *xt = malloc(sizeof(float) * (size_t)tiles * QD_ROWS * IC); /* (tiles, IC, QD_ROWS) */
-    for (int n = 0; n < tiles * QD_ROWS; n++)
-        for (int i = 0; i < IC; i++)
-            xt[((size_t)(n / QD_ROWS) * IC + i) * QD_ROWS + n % QD_ROWS] = n < N ? inp[(size_t)n * IC + i] : 0.0f;
+    float *xt = matmul_tiles(inp, N, IC);
 #pragma omp parallel for collapse(2) num_threads(nt) schedule(static)
     for (int t = 0; t < tiles; t++)
-        for (int o = 0; o < OC; o++) {
-            float acc[QD_ROWS] = {0.0f};
-            const float *wr = w + (size_t)o * IC, *x = xt + (size_t)t * IC * QD_ROWS;
-            int rows = N - t * QD_ROWS < QD_ROWS ? N - t * QD_ROWS : QD_ROWS;
-            for (int i = 0; i < IC; i++)
-                for (int r = 0; r < rows; r++)
-                    acc[r] += x[(size_t)i * QD_ROWS + r] * wr[i];
-            for (int r = 0; r < rows; r++)
-                out[(size_t)(t * QD_ROWS + r) * OC + o] = acc[r];
-        }
+        for (int o = 0; o < OC; o++)
+            matmul_tile(out, xt, w + (size_t)o * IC, t, o, N, IC, OC);
     free(xt);
+}
+
+/* matmul_forward with w (OC, IC) BF16 bits: each row widened to float32 (exact) first. */
+static qd_status matmul_forward_w16(float *out, const float *inp, const uint16_t *w, int N, int IC, int OC, int nt)
+{
+    int tiles = (N + QD_ROWS - 1) / QD_ROWS, bad = 0;
+    float *xt = matmul_tiles(inp, N, IC);
+#pragma omp parallel num_threads(nt) reduction(|:bad)
+    {
+        float *wr = malloc(sizeof(float) * ((size_t)IC + 1));
+        bad = !wr || !xt;
+#pragma omp for collapse(2) schedule(static)
+        for (int t = 0; t < tiles; t++)
+            for (int o = 0; o < OC; o++) {
+                for (int i = 0; wr && i < IC; i++)
+                    wr[i] = qd_bf16_to_f32(w[(size_t)o * IC + i]);
+                if (wr && xt)
+                    matmul_tile(out, xt, wr, t, o, N, IC, OC);
+            }
+        free(wr);
+    }
+    free(xt);
+    return bad ? qd_error(QD_ERR_NOMEM, "cpu backend: matmul of BF16 weights (%d x %d)", OC, IC) : QD_OK;
 }
 
 /* dinp (N, IC) += dout . w (ascending oc); dw (OC, IC) += dout^T . inp (ascending n).
@@ -432,6 +468,23 @@ static qd_status cpu_embed(void *dev, float *x, const float *emb, const int32_t 
     return QD_OK;
 }
 
+static qd_status cpu_to_bf16(void *dev, uint16_t *dst, const float *src, size_t n)
+{
+#pragma omp parallel for num_threads(NT(dev)) schedule(static)
+    for (size_t i = 0; i < n; i++)
+        dst[i] = qd_bf16_from_f32(src[i]);
+    return QD_OK;
+}
+
+static qd_status cpu_embed_w16(void *dev, float *x, const uint16_t *emb, const int32_t *tok, int N, int C)
+{
+    (void)dev;
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < C; i++)
+            x[(size_t)n * C + i] = qd_bf16_to_f32(emb[(size_t)tok[n] * C + i]);
+    return QD_OK;
+}
+
 /* embedding rows, ascending n */
 static qd_status cpu_embed_backward(void *dev, float *gemb, const float *dres, const int32_t *tok, int N, int C)
 {
@@ -473,6 +526,13 @@ static qd_status cpu_matmul(void *dev, float *out, const float *x, const float *
     (void)prec;
     matmul_forward(out, x, w, N, IC, OC, NT(dev));
     return QD_OK;
+}
+
+static qd_status cpu_matmul_w16(void *dev, float *out, const float *x, const uint16_t *w, int N, int IC, int OC,
+                                qd_prec prec)
+{
+    (void)prec;
+    return matmul_forward_w16(out, x, w, N, IC, OC, NT(dev));
 }
 
 static qd_status cpu_matmul_backward(void *dev, float *dinp, float *dw, const float *dout, const float *x,
@@ -896,6 +956,9 @@ static const qd_ops cpu_ops = {
     .rmsnorm = cpu_rmsnorm,
     .rmsnorm_backward = cpu_rmsnorm_backward,
     .rope = cpu_rope,
+    .to_bf16 = cpu_to_bf16,
+    .embed_w16 = cpu_embed_w16,
+    .matmul_w16 = cpu_matmul_w16,
     .matmul = cpu_matmul,
     .matmul_backward = cpu_matmul_backward,
     .matmul_grouped = cpu_matmul_grouped,

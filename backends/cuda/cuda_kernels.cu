@@ -80,6 +80,20 @@ extern "C" qd_status qdk_embed(float *x, const float *emb, const int32_t *tok, i
     return QD_OK;
 }
 
+__global__ void k_embed_w16(float *x, const uint16_t *emb, const int32_t *tok, int N, int C)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (size_t)N * C)
+        x[i] = qd_bf16_to_f32(emb[(size_t)tok[i / C] * C + i % C]);
+}
+
+extern "C" qd_status qdk_embed_w16(float *x, const uint16_t *emb, const int32_t *tok, int N, int C)
+{
+    if (N)
+        QD_LAUNCH_N(k_embed_w16, ((size_t)N * C), x, emb, tok, N, C);
+    return QD_OK;
+}
+
 /* One thread per column i, tokens ascending: repeated tokens add in the CPU's order. */
 __global__ void k_embed_backward(float *gemb, const float *dres, const int32_t *tok, int N, int C)
 {

@@ -26,6 +26,8 @@ qd_status qdk_round_bf16(float *dst, const float *src, size_t n);
 qd_status qdk_bf16_bits(uint16_t *dst, const float *src, size_t n);
 /* x (N, C) = embedding rows of tok (model_forward). */
 qd_status qdk_embed(float *x, const float *emb, const int32_t *tok, int N, int C);
+/* x (N, C) = embedding rows of tok of a table of BF16 bits (a rollout's, embed_w16). */
+qd_status qdk_embed_w16(float *x, const uint16_t *emb, const int32_t *tok, int N, int C);
 /* grads of the embedding (V, C) += dres (N, C) rows at tok, tokens ascending (model_backward). */
 qd_status qdk_embed_backward(float *gemb, const float *dres, const int32_t *tok, int N, int C);
 

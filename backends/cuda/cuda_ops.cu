@@ -280,6 +280,35 @@ static qd_status cuda_matmul(void *dev, float *out, const float *x, const float 
     return qdk_matmul_wt(out, x, w, QDK_F32, N, OC, IC, prec);
 }
 
+/* matmul with BF16 weight bits: the exact x.W^T reads them as they are; fast
+ * mode's BF16 GEMM too, with x's BF16 bits. */
+static qd_status cuda_matmul_w16(void *dev, float *out, const float *x, const uint16_t *w, int N, int IC, int OC,
+                                 qd_prec prec)
+{
+    cuda_dev *d = D(dev);
+    if (IC % 8)
+        return qd_error(QD_ERR_SHAPE, "cuda backend: matmul_w16: in-features %d not a multiple of 8", IC);
+    if (d->mode == QD_MODE_FAST && prec == QD_PREC_BF16 && N > 0) {
+        void *x16;
+        QD_TRY(scratch(d, D_X16, sizeof(uint16_t) * (size_t)N * IC, &x16));
+        QD_TRY(qdk_bf16_bits((uint16_t *)x16, x, (size_t)N * IC));
+        return qd_cuda_gemm_bf16(out, (const uint16_t *)x16, w, N, OC, IC, 0.0f);
+    }
+    return qdk_matmul_wt(out, x, w, QDK_BF16, N, OC, IC, prec);
+}
+
+static qd_status cuda_to_bf16(void *dev, uint16_t *dst, const float *src, size_t n)
+{
+    (void)dev;
+    return qdk_bf16_bits(dst, src, n);
+}
+
+static qd_status cuda_embed_w16(void *dev, float *x, const uint16_t *emb, const int32_t *tok, int N, int C)
+{
+    (void)dev;
+    return qdk_embed_w16(x, emb, tok, N, C);
+}
+
 static qd_status cuda_matmul_backward(void *dev, float *dinp, float *dw, const float *dout, const float *x,
                                       const float *w, int N, int IC, int OC)
 {
@@ -697,6 +726,9 @@ static const qd_ops cuda_ops = {
     .rmsnorm = cuda_rmsnorm,
     .rmsnorm_backward = cuda_rmsnorm_backward,
     .rope = cuda_rope,
+    .to_bf16 = cuda_to_bf16,
+    .embed_w16 = cuda_embed_w16,
+    .matmul_w16 = cuda_matmul_w16,
     .matmul = cuda_matmul,
     .matmul_backward = cuda_matmul_backward,
     .matmul_grouped = cuda_matmul_grouped,
