@@ -35,6 +35,13 @@
  * quads-replay) run the rollout's W4A4 (+ RAC) forward and a straight-through
  * backward against the dequantized operands (docs/numerics.md §5).
  *
+ * A rollout-role instance is lean (but under fp32, or options.keep_master):
+ * no master weights; a weight sync streams each tensor through a staging
+ * scratch into what the forward reads (codes, BF16 bits, float32 values),
+ * the bits of the master-keeping layout; the layers share one set of
+ * activations; what needs the master (backward, AdamW, get_weights) is
+ * refused naming the role.
+ *
  * Generation: a prefill of the prompts, then decode steps of one token per
  * unfinished sequence against a KV cache, both through the attend op, so
  * rollout log-probs equal the forward's bit for bit; sampling as NUMERICS.md
