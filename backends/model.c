@@ -2172,8 +2172,8 @@ static qd_status m_set_rac_stats(qd_backend *b, const double *err, size_t n)
 static qd_status m_sync_from(qd_backend *b, qd_backend *from)
 {
     model *c = ctx_of(b), *s = ctx_of(from);
-    if (c->ops != s->ops || !c->ops->copy || !c->ops->memory_id || c->ops->memory_id(c->dev) != s->ops->memory_id(s->dev) ||
-        !s->params)
+    if (c->ops != s->ops || !c->ops->copy || !c->ops->memory_id ||
+        c->ops->memory_id(c->dev) != s->ops->memory_id(s->dev) || !s->params)
         return QD_ERR_UNSUPPORTED;
     int t = enter(c);
     c->have_forward = 0;
