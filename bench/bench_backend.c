@@ -379,6 +379,15 @@ static void run_role(const bench_args *a, const qd_model_config *cfg, bench_weig
         return;
     }
     qd_status st = qd_backend_set_weights_fill(b, fill_weights, bw);
+    qd_memory mem;
+    if (!st && qd_backend_memory(b, &mem) == QD_OK) { /* a log line before the ops: the plan fitted */
+        char pb[32], fb[32], tb[32];
+        qd_format_bytes(mem.plan.total, pb, sizeof pb);
+        qd_format_bytes(mem.free_at_init, fb, sizeof fb);
+        qd_format_bytes(mem.device_total, tb, sizeof tb);
+        fprintf(stderr, "bench_backend: %s, recipe %s, %s role: weights set; memory plan %s, %s free of %s at init\n",
+                qd_backend_name(b), qd_recipe_name(r), role == QD_ROLE_TRAINER ? "trainer" : "rollout", pb, fb, tb);
+    }
     for (int i = 0; i < nrows; i++) {
         if (rows[i].status == ROW_SKIP)
             continue;

@@ -23,8 +23,12 @@
 #        M 8192, one timed iteration, recipes LONG_RECIPES [nvfp4,quads], mode
 #        exact, within LONG_TIMEOUT [3000] s; the weights are made tensor by
 #        tensor (bench_backend's fill), so the host needs ~1.3 GB for them. The
-#        plan is printed first (OUTDIR/long_plan.md), the rows go to
-#        OUTDIR/long.jsonl and OUTDIR/decode_long.jsonl.
+#        plan is printed first (OUTDIR/long_plan.md); OUTDIR/long.err says when
+#        an instance's weights are set (its plan against the device's free
+#        bytes, the KV cache and activations are then made by the generate);
+#        the rows go to OUTDIR/long.jsonl and OUTDIR/decode_long.jsonl. 8,192
+#        decode steps of 48 layers take far longer than the 4-layer rows: run
+#        it in the background and poll long.err.
 # shellcheck disable=SC2086
 set -u
 out=${1:-${OUT:-/tmp/bench_decode}}
