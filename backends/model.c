@@ -415,6 +415,34 @@ static qd_status linear_forward(model *c, float *out, const float *inp, linear *
     return OP(c, matmul, out, xe, LW(c, L), N, L->in, L->out, prec_of(L));
 }
 
+/* A plain W4A4 linear (no RAC channels, no diagnostics): its input's codes
+ * depend on the input alone, so linears reading one input can share them. */
+static int shares_act(const model *c, const linear *L)
+{
+    return (L->mode == QD_LINEAR_W4A4 || L->mode == QD_LINEAR_W4A4_STE) && !measured(c, L);
+}
+
+/* out[i] (N, L[i]->out) = inp (N, in) . W_i^T for n linears of one input (q, k
+ * and v): where every one is plain W4A4 the input is quantized once and each
+ * product reads those codes, the bits of n linear_forward calls. */
+static qd_status linears_forward(model *c, float *const *out, const float *inp, linear *const *L, int n, int N)
+{
+    int share = N > 0;
+    for (int i = 0; i < n; i++)
+        share = share && shares_act(c, L[i]) && L[i]->in == L[0]->in;
+    if (!share) {
+        for (int i = 0; i < n; i++)
+            QD_TRY(linear_forward(c, out[i], inp, L[i], N));
+        return QD_OK;
+    }
+    qd_nvfp4 a;
+    QD_TRY(act_nvfp4(c, &a, N, L[0]->in));
+    QD_TRY(OP(c, nvfp4_quantize, &a, inp));
+    for (int i = 0; i < n; i++)
+        QD_TRY(OP(c, w4a4_gemm, out[i], &a, &L[i]->wq));
+    return QD_OK;
+}
+
 /* dinp += dout . W_eff; grad(W) += dout^T . x_eff (straight-through; W_eff is
  * the working copy in wk, x_eff effective_input's). */
 static qd_status linear_backward(model *c, float *dinp, const float *dout, const float *inp, const linear *L,
@@ -1052,6 +1080,38 @@ static qd_status experts_forward(model *c, float *out, const float *inp, const l
     return st;
 }
 
+/* The gate and up projections of the experts (one input): plain W4A4 experts
+ * share one quantization of it (linears_forward's reason). */
+static qd_status experts_forward_gate_up(model *c, float *gate, float *up, const float *inp, const layer_acts *s,
+                                         const layer *ly)
+{
+    int E = ly->nexp, R = s->exp_off[E];
+    if (R == 0)
+        return QD_OK;
+    if (!shares_act(c, expert_lin(c, ly, 0, 0)) || !shares_act(c, expert_lin(c, ly, 0, 1))) {
+        QD_TRY(experts_forward(c, gate, inp, s, ly, 0));
+        return experts_forward(c, up, inp, s, ly, 1);
+    }
+    expert_set x[2];
+    QD_TRY(expert_set_make(c, &x[0], ly, 0));
+    qd_status st = expert_set_make(c, &x[1], ly, 1);
+    if (st) { /* expert_set_make freed x[1] */
+        expert_set_free(&x[0]);
+        return st;
+    }
+    qd_nvfp4 a;
+    st = act_nvfp4(c, &a, R, x[0].L[0]->in);
+    if (!st)
+        st = OP(c, nvfp4_quantize, &a, inp);
+    if (!st)
+        st = grouped_w4a4_gemm(c, gate, &a, x[0].wq, s->exp_off, E);
+    if (!st)
+        st = grouped_w4a4_gemm(c, up, &a, x[1].wq, s->exp_off, E);
+    expert_set_free(&x[1]);
+    expert_set_free(&x[0]);
+    return st;
+}
+
 /* effective_input of the experts' rows: under the RAC replay each expert's
  * rows with its own channel set. */
 static qd_status experts_effective_input(model *c, const float **xe, const float *inp, const layer_acts *s,
@@ -1132,8 +1192,7 @@ static qd_status mlp_forward(model *c, float *out, layer_acts *s, const layer *l
         QD_TRY(OP(c, gather, s->xe, s->ln2, s->row_tok, R, C));
     mark(c, QD_PH_EXPERTS);
     if (experts_grouped(c, ly)) {
-        QD_TRY(experts_forward(c, s->g, s->xe, s, ly, 0));
-        QD_TRY(experts_forward(c, s->u, s->xe, s, ly, 1));
+        QD_TRY(experts_forward_gate_up(c, s->g, s->u, s->xe, s, ly));
         if (R)
             QD_TRY(OP(c, swiglu, s->h, s->g, s->u, (size_t)R * I));
         QD_TRY(experts_forward(c, s->y, s->h, s, ly, 2));
@@ -1152,9 +1211,9 @@ static qd_status attn_forward(model *c, float *out, layer_acts *s, const layer *
     int N = c->N, H = g->num_attention_heads, KV = g->num_key_value_heads, D = g->head_dim;
     float eps = (float)g->rms_norm_eps;
     mark(c, QD_PH_ATTN_LIN);
-    QD_TRY(linear_forward(c, s->q, s->ln1, &c->lin[ly->q], N));
-    QD_TRY(linear_forward(c, s->k, s->ln1, &c->lin[ly->k], N));
-    QD_TRY(linear_forward(c, s->v, s->ln1, &c->lin[ly->v], N));
+    float *qkv[3] = {s->q, s->k, s->v};
+    linear *lqkv[3] = {&c->lin[ly->q], &c->lin[ly->k], &c->lin[ly->v]};
+    QD_TRY(linears_forward(c, qkv, s->ln1, lqkv, 3, N));
     QD_TRY(OP(c, rmsnorm, s->qr, s->rstd_q, s->q, P(c, ly->q_norm), N * H, D, eps));
     QD_TRY(OP(c, rmsnorm, s->kr, s->rstd_k, s->k, P(c, ly->k_norm), N * KV, D, eps));
     QD_TRY(OP(c, rope, s->qr, c->d_pos, c->rope_cos, c->rope_sin, N, H, D, QD_ROPE_FORWARD));

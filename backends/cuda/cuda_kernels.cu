@@ -1629,6 +1629,7 @@ __global__ void __launch_bounds__(QD_SAMPLE_PT) k_sample_max(float *lmx, int32_t
     const float *x = logits + (size_t)b * V;
     float m = x[0] / T;
     int a = 0;
+#pragma unroll 4
     for (int i = j; i < V; i += L) {
         float si = x[i] / T;
         if (!isfinite(x[i]) || !isfinite(si))
@@ -1679,6 +1680,7 @@ __global__ void __launch_bounds__(QD_SAMPLE_PT) k_sample_exp(float *lsum, float 
     }
     const float *x = logits + (size_t)b * V;
     float acc = 0.0f;
+#pragma unroll 4 /* the exps of 4 steps in flight; the sum stays one ascending chain */
     for (int i = j; i < V; i += L)
         acc = acc + qd_expf(x[i] / T - m);
     lsum[(size_t)b * L + j] = acc;
@@ -1690,8 +1692,10 @@ __global__ void __launch_bounds__(QD_SAMPLE_LANES) k_sample_draw(int32_t *tok, f
                                                                  float T, int greedy, uint64_t seed,
                                                                  const uint64_t *sid, const uint32_t *spos)
 {
-    enum { L = QD_SAMPLE_LANES };
+    enum { L = QD_SAMPLE_LANES, LEAF = 256 };
     __shared__ float tree[2 * L - 1];
+    __shared__ float leaf[LEAF]; /* e_i of the drawn lane's tokens k, k + L, ... (V <= LEAF * L) */
+    __shared__ float r_k[2];
     int b = blockIdx.x, j = threadIdx.x;
     const float *x = logits + (size_t)b * V;
     float m = rm[b];
@@ -1705,30 +1709,45 @@ __global__ void __launch_bounds__(QD_SAMPLE_LANES) k_sample_draw(int32_t *tok, f
             parent[j] = child[j] + child[j + n / 2];
         __syncthreads();
     }
-    if (j != 0)
-        return;
     float Z = tree[2 * L - 2], logZ = qd_logf(Z);
     if (greedy) {
-        tok[b] = a;
-        lp[b] = (x[a] / T - m) - logZ;
-        lpk[b] = 0.0f;
+        if (j == 0) {
+            tok[b] = a;
+            lp[b] = (x[a] / T - m) - logZ;
+            lpk[b] = 0.0f;
+        }
         return;
     }
     /* step 9: the draw, descending the tree of Z (no cut: Z_kept = Z) */
-    float r = qd_philox_sample_u(seed, sid[b], spos[b]) * Z;
-    int k = 0;
-    for (int n = 2; n <= L; n *= 2) {
-        const float *level = tree + 2 * L - 2 * n;
-        float lo = level[k], hi = level[k + n / 2];
-        if (!(r < lo || hi == 0.0f)) {
-            r = r - lo;
-            k += n / 2;
+    if (j == 0) {
+        float r = qd_philox_sample_u(seed, sid[b], spos[b]) * Z;
+        int k = 0;
+        for (int n = 2; n <= L; n *= 2) {
+            const float *level = tree + 2 * L - 2 * n;
+            float lo = level[k], hi = level[k + n / 2];
+            if (!(r < lo || hi == 0.0f)) {
+                r = r - lo;
+                k += n / 2;
+            }
         }
+        r_k[0] = r;
+        r_k[1] = __int_as_float(k);
     }
+    __syncthreads();
+    float r = r_k[0];
+    int k = __float_as_int(r_k[1]), nleaf = (V - k + L - 1) / L;
+    /* the lane's e_i, computed by all threads at once (the same qd_expf), so that
+     * thread 0's walk below waits on no load */
+    if (nleaf <= LEAF)
+        for (int u = j; u < nleaf; u += L)
+            leaf[u] = qd_expf(x[k + (size_t)u * L] / T - m);
+    __syncthreads();
+    if (j != 0)
+        return;
     float c = 0.0f;
     int t = -1;
-    for (int i = k; i < V; i += L) {
-        float w = qd_expf(x[i] / T - m);
+    for (int i = k, u = 0; i < V; i += L, u++) {
+        float w = nleaf <= LEAF ? leaf[u] : qd_expf(x[i] / T - m);
         c = c + w;
         if (c > r) {
             t = i;

@@ -1159,13 +1159,27 @@ w4a4_tc_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const 
 #define QD_MMA_ALD (QD_MMA_CB * 16 + 16) /* bytes a staged activation row (int8) */
 #define QD_MMA_SLD (QD_MMA_CB + 1)       /* floats a staged scale row */
 
+/* sc[pair][j] of activation rows 2*pair, 2*pair+1 and block j: their scales / 4
+ * and the MMA's initial accumulators, the bits of 1.5*2^23 minus 12 * (sum of
+ * the row's 16 int8 codes of the block), {sa0, sa1, c0, c1}: one 16-byte read
+ * gives a thread both of its rows (the weights enter the MMA offset by 12,
+ * e2m1x4_off12, and the offset's 12 * sum(a) is taken out of the start). */
 template <int NT>
 struct mma_stage {
     uint8_t wc[QD_MMA_ROWS][QD_MMA_WLD];
     float sw[QD_MMA_ROWS][QD_MMA_SLD];
     __align__(16) int8_t a[8 * NT][QD_MMA_ALD];
-    float sa[8 * NT][QD_MMA_SLD];
+    float4 sc[4 * NT][QD_MMA_CB + 1]; /* padded: the 4 pairs a warp reads, 4 bank groups */
 };
+
+/* mma_s8 with the accumulator started at c0 (column 2t) and c1 (column 2t+1). */
+static __device__ __forceinline__ void mma_s8c(int d[4], uint32_t a0, uint32_t a1, uint32_t b, int c0, int c1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%7,%8,%7,%8};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b), "r"(c0), "r"(c1));
+}
 
 static __device__ __forceinline__ void cp_async8(void *dst, const void *src)
 {
@@ -1242,14 +1256,19 @@ static __device__ __forceinline__ void mma_store(mma_stage<NT> *st, const mma_re
     for (int k = 0; k < NT; k++) {
         int i = tid + k * 32 * QD_MMA_WARPS, row = i / QD_MMA_CB, u = i % QD_MMA_CB;
         uint2 c = r->ac[k];
-        *(int4 *)&st->a[row][u * 16] = make_int4(e2m1x4_s8(c.x & 0xffffu), e2m1x4_s8(c.x >> 16),
-                                                 e2m1x4_s8(c.y & 0xffffu), e2m1x4_s8(c.y >> 16));
-        st->sa[row][u] = 0.25f * qd_e4m3_to_f32(r->as[k]);
+        int4 v = make_int4(e2m1x4_s8(c.x & 0xffffu), e2m1x4_s8(c.x >> 16), e2m1x4_s8(c.y & 0xffffu),
+                           e2m1x4_s8(c.y >> 16));
+        *(int4 *)&st->a[row][u * 16] = v;
+        int sum = __dp4a(v.x, 0x01010101, __dp4a(v.y, 0x01010101, __dp4a(v.z, 0x01010101,
+                                                                   __dp4a(v.w, 0x01010101, 0))));
+        float *q = (float *)&st->sc[row >> 1][u];
+        q[row & 1] = 0.25f * qd_e4m3_to_f32(r->as[k]);
+        q[2 + (row & 1)] = __int_as_float(QD_MAGIC_BITS - 12 * sum);
     }
 }
 
 template <int NT>
-__global__ void __launch_bounds__(32 * QD_MMA_WARPS)
+__global__ void __launch_bounds__(32 * QD_MMA_WARPS, NT <= 2 ? 5 : 0)
 w4a4_mma_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
                 const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K)
 {
@@ -1280,17 +1299,20 @@ w4a4_mma_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
         int nb0 = b0 + QD_MMA_CB, cbn = nb - nb0 < QD_MMA_CB ? nb - nb0 : QD_MMA_CB;
         if (c + 1 < nchunk)
             mma_fetch<NT>(nxt, &reg, g.codes[z], g.scales[z], n0, N, nb, ac, as, T, nb0, cbn);
+#pragma unroll 4
         for (int j = 0; j < cbc; j++) {
-            uint32_t a0 = (uint32_t)e2m1x4_s8(*(const uint16_t *)&cur->wc[wr0][j * 8 + 2 * t]);
-            uint32_t a1 = (uint32_t)e2m1x4_s8(*(const uint16_t *)&cur->wc[wr1][j * 8 + 2 * t]);
+            uint32_t a0 = (uint32_t)e2m1x4_off12(*(const uint16_t *)&cur->wc[wr0][j * 8 + 2 * t]);
+            uint32_t a1 = (uint32_t)e2m1x4_off12(*(const uint16_t *)&cur->wc[wr1][j * 8 + 2 * t]);
             float sw0 = cur->sw[wr0][j], sw1 = cur->sw[wr1][j];
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 if (nt * 8 >= T)
                     break;
                 int d[4];
-                mma_s8(d, a0, a1, *(const uint32_t *)&cur->a[nt * 8 + gq][j * 16 + 4 * t]);
-                float sa_lo = cur->sa[nt * 8 + 2 * t][j], sa_hi = cur->sa[nt * 8 + 2 * t + 1][j];
+                float4 sc = cur->sc[nt * 4 + t][j];
+                mma_s8c(d, a0, a1, *(const uint32_t *)&cur->a[nt * 8 + gq][j * 16 + 4 * t], __float_as_int(sc.z),
+                        __float_as_int(sc.w));
+                float sa_lo = sc.x, sa_hi = sc.y;
                 acc[nt][0] = fmaf(__int_as_float(d[0]) - QD_MAGIC, sa_lo * sw0, acc[nt][0]);
                 acc[nt][1] = fmaf(__int_as_float(d[1]) - QD_MAGIC, sa_hi * sw0, acc[nt][1]);
                 acc[nt][2] = fmaf(__int_as_float(d[2]) - QD_MAGIC, sa_lo * sw1, acc[nt][2]);
