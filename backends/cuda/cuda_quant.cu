@@ -1210,7 +1210,19 @@ static __device__ __forceinline__ void mma_fetch(mma_stage<NT> *st, mma_regs<NT>
                                                  const uint8_t *ac, const uint8_t *as, int T, int b0, int cb)
 {
     int tid = threadIdx.x;
-    if (cb == QD_MMA_CB) { /* every chunk of K % 256 == 0: no division */
+    bool full = cb == QD_MMA_CB && n0 + QD_MMA_ROWS <= N;
+    if (full) { /* a whole chunk of whole rows: thread tid's rows are tid/16 + 8k, one stride apart */
+        constexpr int RS = 32 * QD_MMA_WARPS / QD_MMA_CB; /* rows between a thread's copies */
+        int row = tid / QD_MMA_CB, u = tid % QD_MMA_CB;
+        const uint8_t *p = wc + (n0 + row) * (int64_t)(nb * 8) + (int64_t)(b0 + u) * 8;
+        const uint8_t *q = ws + (n0 + row) * (int64_t)nb + b0 + u;
+#pragma unroll
+        for (int k = 0; k < QD_MMA_WS_PER_THREAD; k++) {
+            cp_async8(&st->wc[row + RS * k][u * 8], p + (int64_t)k * RS * nb * 8);
+            r->ws[k] = __ldg(q + (int64_t)k * RS * nb);
+        }
+        cp_async_commit();
+    } else if (cb == QD_MMA_CB) { /* every chunk of K % 256 == 0: no division */
 #pragma unroll
         for (int k = 0; k < QD_MMA_ROWS * QD_MMA_CB / (32 * QD_MMA_WARPS); k++) {
             int i = tid + k * 32 * QD_MMA_WARPS, row = i / QD_MMA_CB, u = i % QD_MMA_CB;
@@ -1224,15 +1236,19 @@ static __device__ __forceinline__ void mma_fetch(mma_stage<NT> *st, mma_regs<NT>
             cp_async8(&st->wc[row][u * 8], wc + n * (int64_t)(nb * 8) + (int64_t)(b0 + u) * 8);
         }
     }
-    cp_async_commit();
+    if (!full) {
+        cp_async_commit();
 #pragma unroll
-    for (int k = 0; k < QD_MMA_WS_PER_THREAD; k++) {
-        int i = tid + k * 32 * QD_MMA_WARPS, row = i / QD_MMA_CB, u = i % QD_MMA_CB;
-        int64_t n = n0 + row < N ? n0 + row : N - 1;
-        r->ws[k] = u < cb ? __ldg(ws + n * nb + b0 + u) : 0;
+        for (int k = 0; k < QD_MMA_WS_PER_THREAD; k++) {
+            int i = tid + k * 32 * QD_MMA_WARPS, row = i / QD_MMA_CB, u = i % QD_MMA_CB;
+            int64_t n = n0 + row < N ? n0 + row : N - 1;
+            r->ws[k] = u < cb ? __ldg(ws + n * nb + b0 + u) : 0;
+        }
     }
 #pragma unroll
     for (int k = 0; k < NT; k++) {
+        if (8 * k >= T) /* rows 8k.. (this k's) past the CTA's: never read */
+            break;
         int i = tid + k * 32 * QD_MMA_WARPS, row = i / QD_MMA_CB, u = i % QD_MMA_CB;
         bool in = row < T && u < cb;
         r->ac[k] = in ? __ldg((const uint2 *)(ac + (int64_t)row * (nb * 8) + (int64_t)(b0 + u) * 8))
@@ -1244,16 +1260,18 @@ static __device__ __forceinline__ void mma_fetch(mma_stage<NT> *st, mma_regs<NT>
 /* The registers of mma_fetch into the stage: scales decoded to float (activation
  * scales / 4), activation codes to int8 (2*E2M1). */
 template <int NT>
-static __device__ __forceinline__ void mma_store(mma_stage<NT> *st, const mma_regs<NT> *r)
+static __device__ __forceinline__ void mma_store(mma_stage<NT> *st, const mma_regs<NT> *r, const float *lut, int T)
 {
     int tid = threadIdx.x;
 #pragma unroll
     for (int k = 0; k < QD_MMA_WS_PER_THREAD; k++) {
         int i = tid + k * 32 * QD_MMA_WARPS;
-        st->sw[i / QD_MMA_CB][i % QD_MMA_CB] = qd_e4m3_to_f32(r->ws[k]);
+        st->sw[i / QD_MMA_CB][i % QD_MMA_CB] = lut[r->ws[k]];
     }
 #pragma unroll
     for (int k = 0; k < NT; k++) {
+        if (8 * k >= T)
+            break;
         int i = tid + k * 32 * QD_MMA_WARPS, row = i / QD_MMA_CB, u = i % QD_MMA_CB;
         uint2 c = r->ac[k];
         int4 v = make_int4(e2m1x4_s8(c.x & 0xffffu), e2m1x4_s8(c.x >> 16), e2m1x4_s8(c.y & 0xffffu),
@@ -1268,16 +1286,19 @@ static __device__ __forceinline__ void mma_store(mma_stage<NT> *st, const mma_re
 }
 
 template <int NT>
-__global__ void __launch_bounds__(32 * QD_MMA_WARPS, NT <= 2 ? 5 : 0)
+__global__ void __launch_bounds__(32 * QD_MMA_WARPS, NT <= 2 ? 4 : NT == 4 ? 3 : 2)
 w4a4_mma_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
                 const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K)
 {
     extern __shared__ __align__(16) unsigned char mma_smem[];
     mma_stage<NT> *stage = (mma_stage<NT> *)mma_smem;
+    __shared__ float lut[256]; /* the weight scales' E4M3 values */
     int z = blockIdx.z;
     int64_t rows = g.rows[z], t0 = (int64_t)blockIdx.y * 8 * NT, n0 = (int64_t)blockIdx.x * QD_MMA_ROWS;
     if (t0 >= rows)
         return;
+    e4m3_table(lut);
+    __syncthreads();
     int T = rows - t0 < 8 * NT ? (int)(rows - t0) : 8 * NT, nb = (int)(K / 16), nchunk = (nb + QD_MMA_CB - 1) / QD_MMA_CB;
     int64_t r0 = g.row0[z] + t0;
     const uint8_t *ac = a_codes + r0 * (K / 2), *as = a_scales + r0 * nb;
@@ -1289,7 +1310,7 @@ w4a4_mma_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
     mma_regs<NT> reg;
     int cb = nb < QD_MMA_CB ? nb : QD_MMA_CB;
     mma_fetch<NT>(&stage[0], &reg, g.codes[z], g.scales[z], n0, N, nb, ac, as, T, 0, cb);
-    mma_store<NT>(&stage[0], &reg);
+    mma_store<NT>(&stage[0], &reg, lut, T);
     cp_async_wait_all();
     __syncthreads();
     int wr0 = 16 * w + gq, wr1 = wr0 + 8;
@@ -1320,7 +1341,7 @@ w4a4_mma_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
             }
         }
         if (c + 1 < nchunk)
-            mma_store<NT>(nxt, &reg);
+            mma_store<NT>(nxt, &reg, lut, T);
         cp_async_wait_all();
         __syncthreads();
     }
