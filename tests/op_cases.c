@@ -237,6 +237,9 @@ static void c_matmul_bf16_tiny(oc *c) { c_matmul_shape(c, QD_PREC_BF16, 9, 64, 1
 static void c_matmul_router(oc *c) { c_matmul_shape(c, QD_PREC_BF16, 64, 2048, 128, 1.0f); }
 /* float32 operands (no fused multiply-add), K not a multiple of 32, ragged tiles */
 static void c_matmul_f32_thin(oc *c) { c_matmul_shape(c, QD_PREC_F32, 33, 520, 70, 1.0f); }
+/* one and three rows over many outputs (the lm_head at batch 1): the thin tiles, ragged N */
+static void c_matmul_bf16_row1(oc *c) { c_matmul_shape(c, QD_PREC_BF16, 1, 256, 2085, 1.0f); }
+static void c_matmul_f32_row3(oc *c) { c_matmul_shape(c, QD_PREC_F32, 3, 136, 1100, 1.0f); }
 
 static void c_matmul_backward(oc *c)
 {
@@ -744,6 +747,8 @@ static const op_case cases[] = {
     {{"matmul bf16 tiny products 9x64x140", "matmul", 1}, c_matmul_bf16_tiny},
     {{"matmul bf16 router 64x2048x128", "matmul", 1}, c_matmul_router},
     {{"matmul f32 33x520x70", "matmul", 1}, c_matmul_f32_thin},
+    {{"matmul bf16 1x256x2085", "matmul", 1}, c_matmul_bf16_row1},
+    {{"matmul f32 3x136x1100", "matmul", 1}, c_matmul_f32_row3},
     {{"matmul_backward 37x72x45", "matmul_backward", 1}, c_matmul_backward},
     {{"matmul_grouped+bwd 4 experts", "matmul_grouped", 0}, c_matmul_grouped},
     {{"fp8 quantize+gemm 6x20x48", "fp8_gemm", 1}, c_fp8},
