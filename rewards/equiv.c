@@ -388,12 +388,14 @@ typedef struct {
 
 static bool eq(ctx *c, const qd_rw_node *g, const qd_rw_node *p);
 
+/* The nodes built while comparing are NULL when out of memory (or when a
+ * part is): the comparison then answers "not equal" and qd_rewards_equiv
+ * discards it. */
 static qd_rw_node *mk2(ctx *c, qd_rw_kind k, qd_rw_node *a, qd_rw_node *b)
 {
-    qd_rw_node *n = qd_rw_new(c->arena, k);
-    qd_rw_add_kid(n, a);
-    if (b)
-        qd_rw_add_kid(n, b);
+    qd_rw_node *n = a ? qd_rw_new(c->arena, k) : NULL;
+    if (!n || !qd_rw_add_kid(n, a) || (b && !qd_rw_add_kid(n, b)))
+        return NULL;
     return n;
 }
 
@@ -438,11 +440,11 @@ static const qd_rw_node *chain_value(const qd_rw_node *r)
 
 static qd_rw_node *interval(ctx *c, char open, qd_rw_node *lo, qd_rw_node *hi, char close)
 {
-    qd_rw_node *t = qd_rw_new(c->arena, QD_RW_TUPLE);
+    qd_rw_node *t = lo && hi ? qd_rw_new(c->arena, QD_RW_TUPLE) : NULL;
+    if (!t || !qd_rw_add_kid(t, lo) || !qd_rw_add_kid(t, hi))
+        return NULL;
     t->open = open;
     t->close = close;
-    qd_rw_add_kid(t, lo);
-    qd_rw_add_kid(t, hi);
     return t;
 }
 
@@ -468,10 +470,12 @@ static qd_rw_node *chain_interval(ctx *c, const qd_rw_node *r)
         return interval(c, open, lo, hi, close);
     if (has_symbols(lo) || !(eval_num(lo, 0) > 0))
         return NULL;
-    qd_rw_node *u = qd_rw_new(c->arena, QD_RW_UNION);
-    qd_rw_add_kid(u, interval(c, close == ']' ? '[' : '(', mk2(c, QD_RW_NEG, hi, NULL),
-                              mk2(c, QD_RW_NEG, lo, NULL), open == '[' ? ']' : ')'));
-    qd_rw_add_kid(u, interval(c, open, lo, hi, close));
+    qd_rw_node *neg = interval(c, close == ']' ? '[' : '(', mk2(c, QD_RW_NEG, hi, NULL),
+                               mk2(c, QD_RW_NEG, lo, NULL), open == '[' ? ']' : ')');
+    qd_rw_node *pos = interval(c, open, lo, hi, close);
+    qd_rw_node *u = neg && pos ? qd_rw_new(c->arena, QD_RW_UNION) : NULL;
+    if (!u || !qd_rw_add_kid(u, neg) || !qd_rw_add_kid(u, pos))
+        return NULL; /* out of memory: taken as "not of that form" */
     return u;
 }
 
@@ -548,7 +552,7 @@ static bool rel_eq(ctx *c, const qd_rw_node *g, const qd_rw_node *p)
         is_scalar(p->kids[0]) && is_scalar(p->kids[1])) {
         qd_rw_node *dg, *dp;
         char fg = ineq_form(c, g, &dg), fp = ineq_form(c, p, &dp);
-        if (!fg || fg != fp)
+        if (!fg || fg != fp || !dg || !dp)
             return false;
         return proportional(c, dg, dp, fg == '>' || fg == 'g');
     }
@@ -581,7 +585,7 @@ static int elements(ctx *c, const qd_rw_node *e, const qd_rw_node **out, int cap
         qd_rw_node *b = e->kids[1], *a = e->kids[0];
         out[0] = a ? mk2(c, QD_RW_ADD, a, b) : b;
         out[1] = a ? mk2(c, QD_RW_SUB, a, b) : mk2(c, QD_RW_NEG, b, NULL);
-        return 2;
+        return out[0] && out[1] ? 2 : -1;
     }
     int n = 0;
     for (int i = 0; i < e->nkids; i++) {
@@ -773,16 +777,23 @@ static qd_rw_node *pm_branch(ctx *c, qd_rw_node *e, int sign)
         return e;
     if (e->kind == QD_RW_PM) {
         qd_rw_node *b = pm_branch(c, e->kids[1], sign), *a = e->kids[0] ? pm_branch(c, e->kids[0], sign) : NULL;
+        if (!b || (e->kids[0] && !a))
+            return NULL;
         return a ? mk2(c, sign > 0 ? QD_RW_ADD : QD_RW_SUB, a, b) : sign > 0 ? b : mk2(c, QD_RW_NEG, b, NULL);
     }
     qd_rw_node *n = qd_rw_new(c->arena, e->kind);
+    if (!n)
+        return NULL;
     memcpy(n->name, e->name, sizeof n->name);
     n->open = e->open;
     n->close = e->close;
     n->rows = e->rows;
     n->cols = e->cols;
-    for (int i = 0; i < e->nkids; i++)
-        qd_rw_add_kid(n, e->kids[i] ? pm_branch(c, e->kids[i], sign) : NULL);
+    for (int i = 0; i < e->nkids; i++) {
+        qd_rw_node *k = e->kids[i] ? pm_branch(c, e->kids[i], sign) : NULL;
+        if ((e->kids[i] && !k) || !qd_rw_add_kid(n, k))
+            return NULL;
+    }
     return n;
 }
 
@@ -792,9 +803,10 @@ static const qd_rw_node *inner_pm_as_set(ctx *c, const qd_rw_node *e)
 {
     if (e->kind == QD_RW_PM || !scalar_tree(e, true) || !has_pm(e))
         return e;
-    qd_rw_node *s = qd_rw_new(c->arena, QD_RW_SET);
-    qd_rw_add_kid(s, pm_branch(c, (qd_rw_node *)e, 1));
-    qd_rw_add_kid(s, pm_branch(c, (qd_rw_node *)e, -1));
+    qd_rw_node *plus = pm_branch(c, (qd_rw_node *)e, 1), *minus = pm_branch(c, (qd_rw_node *)e, -1);
+    qd_rw_node *s = plus && minus ? qd_rw_new(c->arena, QD_RW_SET) : NULL;
+    if (!s || !qd_rw_add_kid(s, plus) || !qd_rw_add_kid(s, minus))
+        return e; /* out of memory: compared unexpanded, and discarded */
     return s;
 }
 
@@ -847,12 +859,13 @@ bool qd_rewards_equiv(const char *gold, const char *pred)
 {
     if (!gold || !pred)
         return false;
+    unsigned long failures = qd_rw_alloc_failures();
     if (same_text(gold, pred)) {
         qd_rw_arena arena = {0};
         qd_rw_node *g = qd_rw_parse(&arena, gold, false);
         bool undef = g && undefined(g);
         qd_rw_arena_free(&arena);
-        return !undef;
+        return !undef && qd_rw_alloc_failures() == failures;
     }
     /* "1,22" is a list or a decimal: either reading may match */
     bool res = false;
@@ -863,5 +876,5 @@ bool qd_rewards_equiv(const char *gold, const char *pred)
         res = (g && p) ? eq(&c, g, p) : qd_rewards_equiv_hendrycks(gold, pred);
         qd_rw_arena_free(&arena);
     }
-    return res;
+    return res && qd_rw_alloc_failures() == failures; /* a fallback taken for lack of memory decides nothing */
 }

@@ -24,12 +24,16 @@ typedef struct {
 } box_span;
 
 /* close[i] = index just past the '}' matching a '{' at i, 0 when unmatched:
- * one pass with a stack, so that many unclosed boxes stay linear. */
+ * one pass with a stack, so that many unclosed boxes stay linear. NULL when
+ * out of memory. */
 static size_t *brace_table(const char *text, size_t n)
 {
-    size_t *close = calloc(n + 1, sizeof *close), *stack = malloc((n + 1) * sizeof *stack), top = 0;
-    if (!close || !stack)
-        abort();
+    size_t *close = qd_rw_calloc(n + 1, sizeof *close), *stack = qd_rw_malloc((n + 1) * sizeof *stack), top = 0;
+    if (!close || !stack) {
+        free(close);
+        free(stack);
+        return NULL;
+    }
     for (size_t i = 0; i < n; i++) {
         if (text[i] == '\\' && text[i + 1]) { /* \{ and \} are literal braces */
             i++;
@@ -107,6 +111,8 @@ static char *unnest(const char *text, const size_t *close_of, size_t cs, size_t 
         if (text[a - 1] != '{') { /* a "\boxed 5" form */
             free(own);
             own = brace_table(text + a, b - a);
+            if (!own)
+                return NULL;
             text += a;
             close_of = own;
             ce = b - a;
@@ -147,6 +153,8 @@ char *qd_rewards_last_boxed(const char *text)
 {
     box_span b[1];
     size_t *close_of = brace_table(text, strlen(text));
+    if (!close_of)
+        return NULL;
     char *r = find_boxes(text, close_of, b, 1) ? unnest(text, close_of, b[0].cs, b[0].ce) : NULL;
     free(close_of);
     return r;
@@ -180,6 +188,8 @@ static char *boxed_answer(const char *text, size_t *pos)
 {
     box_span b[MAX_BOXES];
     size_t *close_of = brace_table(text, strlen(text));
+    if (!close_of)
+        return NULL;
     int n = find_boxes(text, close_of, b, MAX_BOXES);
     if (!n) {
         free(close_of);
@@ -533,13 +543,14 @@ static char *extract_dapo(const char *text)
 
 char *qd_rewards_extract(const char *text, qd_grade_style style)
 {
+    unsigned long failures = qd_rw_alloc_failures();
     text = qd_rewards_after_think(text);
-    switch (style) {
-    case QD_GRADE_GSM8K:
-        return extract_gsm8k(text);
-    case QD_GRADE_DAPO:
-        return extract_dapo(text);
-    default:
-        return extract_math(text);
+    char *a = style == QD_GRADE_GSM8K ? extract_gsm8k(text)
+            : style == QD_GRADE_DAPO  ? extract_dapo(text)
+                                      : extract_math(text);
+    if (qd_rw_alloc_failures() != failures) { /* a step fell back: not the answer */
+        free(a);
+        return NULL;
     }
+    return a;
 }

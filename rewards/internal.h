@@ -7,18 +7,39 @@
 #include <stdint.h>
 #include <gmp.h>
 
-/* A growable NUL-terminated string. */
+/* Every allocation of the math graders goes through these: NULL on failure,
+ * and each failure is counted for the calling thread, so that a public entry
+ * point (qd_rewards_grade) can tell "out of memory" from "no answer". Model
+ * output is hostile input: running out of memory fails one answer, never the
+ * process. */
+void *qd_rw_malloc(size_t size);
+void *qd_rw_calloc(size_t n, size_t size);
+void *qd_rw_realloc(void *p, size_t size);
+/* Allocation failures of the calling thread so far (compare two readings). */
+unsigned long qd_rw_alloc_failures(void);
+/* Tests only: the n-th allocation of the calling thread from now on fails
+ * (0 = the next one); n < 0 disarms. Returns how many allocations were made
+ * since the previous call. */
+long qd_rw_test_fail_after(long n);
+
+/* A growable NUL-terminated string. After a failed allocation it is `oom`:
+ * later puts are ignored and steal returns NULL. */
 typedef struct {
     char *s;
     size_t len, cap;
+    bool oom;
 } qd_rw_buf;
 
 void qd_rw_buf_putn(qd_rw_buf *b, const char *s, size_t n);
+/* A NULL s (a helper that ran out of memory) makes the buffer oom. */
 void qd_rw_buf_puts(qd_rw_buf *b, const char *s);
 void qd_rw_buf_putc(qd_rw_buf *b, char c);
-/* Hands the string over to the caller ("" when nothing was written). */
+/* Hands the string over to the caller ("" when nothing was written; NULL,
+ * with the buffer freed, when it is oom). */
 char *qd_rw_buf_steal(qd_rw_buf *b);
 
+/* The string helpers return NULL when out of memory, and pass a NULL input
+ * through as NULL, so that a chain of them needs one check at its end. */
 char *qd_rw_strndup(const char *s, size_t n);
 /* New string: every occurrence of `from` in s replaced by `to`. */
 char *qd_rw_replace(const char *s, const char *from, const char *to);
@@ -29,8 +50,6 @@ char *qd_rw_trim(const char *s);
 /* Index just past the '}' matching the '{' at s[open], or 0 if unbalanced. */
 size_t qd_rw_match_brace(const char *s, size_t open);
 bool qd_rw_starts(const char *s, const char *prefix);
-
-#endif
 
 /* ---- the answer AST of mathparse.c, compared by equiv.c */
 typedef enum {
@@ -90,8 +109,12 @@ struct qd_rw_arena {
  * With decimal_comma, a whole answer like "2,74" or "0,111" is a decimal
  * number (European notation) rather than a list. */
 qd_rw_node *qd_rw_parse(qd_rw_arena *a, const char *answer, bool decimal_comma);
+/* NULL when out of memory. */
 qd_rw_node *qd_rw_new(qd_rw_arena *a, qd_rw_kind kind);
-void qd_rw_add_kid(qd_rw_node *n, qd_rw_node *kid);
+/* false (n unchanged) when out of memory. */
+bool qd_rw_add_kid(qd_rw_node *n, qd_rw_node *kid);
 void qd_rw_arena_free(qd_rw_arena *a);
 /* Does the answer parse at all (used by extraction to accept bare answers)? */
 bool qd_rw_parses(const char *answer);
+
+#endif

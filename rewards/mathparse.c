@@ -13,9 +13,9 @@
 
 qd_rw_node *qd_rw_new(qd_rw_arena *a, qd_rw_kind kind)
 {
-    qd_rw_node *n = calloc(1, sizeof *n);
+    qd_rw_node *n = qd_rw_calloc(1, sizeof *n);
     if (!n)
-        abort();
+        return NULL;
     n->kind = kind;
     n->arena = a;
     n->next_alloc = a->nodes;
@@ -23,13 +23,14 @@ qd_rw_node *qd_rw_new(qd_rw_arena *a, qd_rw_kind kind)
     return n;
 }
 
-void qd_rw_add_kid(qd_rw_node *n, qd_rw_node *kid)
+bool qd_rw_add_kid(qd_rw_node *n, qd_rw_node *kid)
 {
-    qd_rw_node **k = realloc(n->kids, sizeof *k * (size_t)(n->nkids + 1));
+    qd_rw_node **k = qd_rw_realloc(n->kids, sizeof *k * (size_t)(n->nkids + 1));
     if (!k)
-        abort();
+        return false;
     n->kids = k;
     n->kids[n->nkids++] = kid;
+    return true;
 }
 
 void qd_rw_arena_free(qd_rw_arena *a)
@@ -69,11 +70,14 @@ typedef struct {
 static void push(parser *p, tok_type t, char c, const char *s, size_t n)
 {
     if (p->n == p->cap) {
-        p->cap = p->cap ? 2 * p->cap : 32;
-        token *nt = realloc(p->toks, sizeof *nt * (size_t)p->cap);
-        if (!nt)
-            abort();
+        int cap = p->cap ? 2 * p->cap : 32;
+        token *nt = qd_rw_realloc(p->toks, sizeof *nt * (size_t)cap);
+        if (!nt) {
+            p->err = true; /* the parse fails; the tokens so far are freed with p */
+            return;
+        }
         p->toks = nt;
+        p->cap = cap;
     }
     token *k = &p->toks[p->n++];
     k->t = t;
@@ -295,14 +299,28 @@ static qd_rw_node *fail(parser *p)
     return NULL;
 }
 
+/* The arena's allocations for the parser: out of memory fails the parse. */
+static qd_rw_node *new_node(parser *p, qd_rw_kind k)
+{
+    qd_rw_node *n = qd_rw_new(p->arena, k);
+    return n ? n : fail(p);
+}
+
+static bool add_kid(parser *p, qd_rw_node *n, qd_rw_node *kid)
+{
+    if (qd_rw_add_kid(n, kid))
+        return true;
+    fail(p);
+    return false;
+}
+
 static qd_rw_node *node2(parser *p, qd_rw_kind k, qd_rw_node *a, qd_rw_node *b)
 {
     if (!a || (!b && k != QD_RW_NEG && k != QD_RW_FACT && k != QD_RW_FUNC))
         return fail(p);
-    qd_rw_node *n = qd_rw_new(p->arena, k);
-    qd_rw_add_kid(n, a);
-    if (b)
-        qd_rw_add_kid(n, b);
+    qd_rw_node *n = new_node(p, k);
+    if (!n || !add_kid(p, n, a) || (b && !add_kid(p, n, b)))
+        return NULL;
     return n;
 }
 
@@ -315,7 +333,9 @@ static qd_rw_node *parse_power(parser *p);
  * text is kept for exact comparison of larger ones. */
 static qd_rw_node *number_node(parser *p, const char *s)
 {
-    qd_rw_node *n = qd_rw_new(p->arena, QD_RW_NUM);
+    qd_rw_node *n = new_node(p, QD_RW_NUM);
+    if (!n)
+        return NULL;
     snprintf(n->name, sizeof n->name, "%s", s); /* tokens are shorter: see push() */
     n->val = strtod(s, NULL);
     size_t mant = strcspn(s, "eE");
@@ -380,7 +400,9 @@ static qd_rw_node *parse_bracketed(parser *p, char open)
         return inner; /* plain grouping */
     if (inner->kind != QD_RW_LIST && open == '[' && close == ']')
         return inner;
-    qd_rw_node *tu = qd_rw_new(p->arena, QD_RW_TUPLE);
+    qd_rw_node *tu = new_node(p, QD_RW_TUPLE);
+    if (!tu)
+        return NULL;
     tu->open = open;
     tu->close = close;
     if (inner->kind == QD_RW_LIST) {
@@ -388,15 +410,17 @@ static qd_rw_node *parse_bracketed(parser *p, char open)
         tu->nkids = inner->nkids;
         inner->kids = NULL;
         inner->nkids = 0;
-    } else {
-        qd_rw_add_kid(tu, inner);
+    } else if (!add_kid(p, tu, inner)) {
+        return NULL;
     }
     return tu;
 }
 
 static qd_rw_node *parse_matrix(parser *p)
 {
-    qd_rw_node *m = qd_rw_new(p->arena, QD_RW_MATRIX);
+    qd_rw_node *m = new_node(p, QD_RW_MATRIX);
+    if (!m)
+        return NULL;
     int cols = 0, rowcells = 0;
     for (;;) {
         token *t = peek(p);
@@ -418,9 +442,8 @@ static qd_rw_node *parse_matrix(parser *p)
         if (t->t == T_END)
             return fail(p);
         qd_rw_node *cell = parse_additive(p);
-        if (!cell)
+        if (!cell || !add_kid(p, m, cell))
             return fail(p);
-        qd_rw_add_kid(m, cell);
         rowcells++;
         if (!accept(p, '&') && peek(p)->t != T_ROWSEP && peek(p)->t != T_ENDENV)
             return fail(p);
@@ -437,7 +460,9 @@ static qd_rw_node *parse_matrix(parser *p)
 
 static qd_rw_node *var_node(parser *p, const char *name)
 {
-    qd_rw_node *v = qd_rw_new(p->arena, QD_RW_VAR);
+    qd_rw_node *v = new_node(p, QD_RW_VAR);
+    if (!v)
+        return NULL;
     snprintf(v->name, sizeof v->name, "%s", name);
     return v;
 }
@@ -464,7 +489,9 @@ static qd_rw_node *text_node(parser *p, const char *raw)
     buf[n] = '\0';
     if (n == 1 && isalpha((unsigned char)buf[0]))
         return var_node(p, buf); /* \text{C}, \mathrm{e}: a symbol */
-    qd_rw_node *t = qd_rw_new(p->arena, QD_RW_TEXT);
+    qd_rw_node *t = new_node(p, QD_RW_TEXT);
+    if (!t)
+        return NULL;
     snprintf(t->name, sizeof t->name, "%s", buf);
     return t;
 }
@@ -493,7 +520,7 @@ static qd_rw_node *parse_atom(parser *p)
     case T_TEXT:
         return text_node(p, t->s);
     case T_INF:
-        return qd_rw_new(p->arena, QD_RW_INF);
+        return new_node(p, QD_RW_INF);
     case T_FRAC: {
         qd_rw_node *a = parse_arg(p), *b = a ? parse_arg(p) : NULL;
         return node2(p, QD_RW_DIV, a, b);
@@ -533,13 +560,14 @@ static qd_rw_node *parse_atom(parser *p)
         if (!inner || peek(p)->t != T_RSET)
             return fail(p);
         p->pos++;
-        qd_rw_node *s = qd_rw_new(p->arena, QD_RW_SET);
-        if (inner->kind == QD_RW_LIST) {
-            for (int i = 0; i < inner->nkids; i++)
-                qd_rw_add_kid(s, inner->kids[i]);
-        } else {
-            qd_rw_add_kid(s, inner);
-        }
+        qd_rw_node *s = new_node(p, QD_RW_SET);
+        if (!s)
+            return NULL;
+        if (inner->kind != QD_RW_LIST)
+            return add_kid(p, s, inner) ? s : NULL;
+        for (int i = 0; i < inner->nkids; i++)
+            if (!add_kid(p, s, inner->kids[i]))
+                return NULL;
         return s;
     }
     case T_BEGIN:
@@ -653,10 +681,8 @@ static qd_rw_node *parse_unary(parser *p)
         qd_rw_node *b = parse_unary(p);
         if (!b)
             return fail(p);
-        qd_rw_node *n = qd_rw_new(p->arena, QD_RW_PM);
-        qd_rw_add_kid(n, NULL);
-        qd_rw_add_kid(n, b);
-        return n;
+        qd_rw_node *n = new_node(p, QD_RW_PM);
+        return n && add_kid(p, n, NULL) && add_kid(p, n, b) ? n : NULL;
     }
     return parse_power(p);
 }
@@ -740,14 +766,14 @@ static qd_rw_node *parse_union(parser *p)
     qd_rw_node *a = parse_additive(p);
     if (!a || peek(p)->t != T_CUP)
         return a;
-    qd_rw_node *u = qd_rw_new(p->arena, QD_RW_UNION);
-    qd_rw_add_kid(u, a);
+    qd_rw_node *u = new_node(p, QD_RW_UNION);
+    if (!u || !add_kid(p, u, a))
+        return NULL;
     while (peek(p)->t == T_CUP && !p->err) {
         p->pos++;
         qd_rw_node *b = parse_additive(p);
-        if (!b)
+        if (!b || !add_kid(p, u, b))
             return fail(p);
-        qd_rw_add_kid(u, b);
     }
     return u;
 }
@@ -758,14 +784,14 @@ static qd_rw_node *parse_ratio(parser *p)
     qd_rw_node *a = parse_union(p);
     if (!a || !is_char(p, ':'))
         return a;
-    qd_rw_node *r = qd_rw_new(p->arena, QD_RW_TUPLE);
+    qd_rw_node *r = new_node(p, QD_RW_TUPLE);
+    if (!r || !add_kid(p, r, a))
+        return NULL;
     r->open = r->close = ':';
-    qd_rw_add_kid(r, a);
     while (accept(p, ':')) {
         qd_rw_node *b = parse_union(p);
-        if (!b)
+        if (!b || !add_kid(p, r, b))
             return fail(p);
-        qd_rw_add_kid(r, b);
     }
     return r;
 }
@@ -775,21 +801,23 @@ static qd_rw_node *parse_rel(parser *p)
     qd_rw_node *a = parse_ratio(p);
     if (!a || peek(p)->t != T_REL)
         return a;
-    qd_rw_node *r = qd_rw_new(p->arena, QD_RW_REL);
-    qd_rw_add_kid(r, a);
+    qd_rw_node *r = new_node(p, QD_RW_REL);
+    if (!r || !add_kid(p, r, a))
+        return NULL;
     while (peek(p)->t == T_REL && !p->err) {
         char op = peek(p)->c;
         p->pos++;
         qd_rw_node *b = parse_ratio(p);
         if (!b)
             return fail(p);
-        char *ops = realloc(r->ops, (size_t)r->nkids + 1);
+        char *ops = qd_rw_realloc(r->ops, (size_t)r->nkids + 1);
         if (!ops)
-            abort();
+            return fail(p);
         r->ops = ops;
         r->ops[r->nkids - 1] = op;
         r->ops[r->nkids] = '\0';
-        qd_rw_add_kid(r, b);
+        if (!add_kid(p, r, b))
+            return NULL;
     }
     return r;
 }
@@ -820,15 +848,15 @@ static qd_rw_node *parse_list(parser *p, bool outer)
     qd_rw_node *a = outer ? parse_list(p, false) : parse_rel(p);
     if (!a || !at_separator(p, outer))
         return a;
-    qd_rw_node *l = qd_rw_new(p->arena, QD_RW_LIST);
-    qd_rw_add_kid(l, a);
+    qd_rw_node *l = new_node(p, QD_RW_LIST);
+    if (!l || !add_kid(p, l, a))
+        return NULL;
     while (at_separator(p, outer) && !p->err) {
         while (at_separator(p, outer))
             p->pos++;
         qd_rw_node *b = outer ? parse_list(p, false) : parse_rel(p);
-        if (!b)
+        if (!b || !add_kid(p, l, b))
             return fail(p);
-        qd_rw_add_kid(l, b);
     }
     return l;
 }
@@ -904,6 +932,8 @@ static char *prepare(const char *in, bool decimal_comma)
     char *s = qd_rw_buf_steal(&b);
     for (size_t i = 0; i < sizeof rep / sizeof rep[0]; i++)
         qd_rw_replace_inplace(&s, rep[i][0], rep[i][1]);
+    if (!s)
+        return NULL;
     if (!strstr(s, "\\begin")) { /* "\\le" typed with a doubled backslash */
         char *d;
         while ((d = strstr(s, "\\\\")) && isalpha((unsigned char)d[2]))
@@ -911,6 +941,8 @@ static char *prepare(const char *in, bool decimal_comma)
     }
     char *t = qd_rw_trim(s);
     free(s);
+    if (!t)
+        return NULL;
     size_t n = strlen(t);
     while (n && t[n - 1] == '.')
         t[--n] = '\0';
@@ -938,6 +970,8 @@ qd_rw_node *qd_rw_parse(qd_rw_arena *a, const char *answer, bool decimal_comma)
     if (strlen(answer) > MAX_ANSWER)
         return NULL; /* not a final answer; left to string comparison */
     char *s = prepare(answer, decimal_comma);
+    if (!s)
+        return NULL;
     parser p = {.arena = a};
     lex(&p, s);
     free(s);

@@ -132,15 +132,16 @@ char *qd_rewards_strip_hendrycks(const char *in)
         {"\n", ""}, {"\\!", ""}, {"\\\\", "\\"}, {"tfrac", "frac"}, {"dfrac", "frac"},
         {"\\left", ""}, {"\\right", ""}, {"^{\\circ}", ""}, {"^\\circ", ""}, {"\\$", ""},
     };
+    /* every step maps a NULL s (out of memory) to NULL */
     char *s = qd_rw_strndup(in, strlen(in));
     for (size_t i = 0; i < sizeof rep / sizeof rep[0]; i++)
         qd_rw_replace_inplace(&s, rep[i][0], rep[i][1]);
-    if (!remove_right_units(&s))
+    if (!s || !remove_right_units(&s))
         goto fail;
     qd_rw_replace_inplace(&s, "\\%", "");
     qd_rw_replace_inplace(&s, " .", " 0.");
     qd_rw_replace_inplace(&s, "{.", "{0.");
-    if (!s[0])
+    if (!s || !s[0])
         return s;
     if (s[0] == '.') {
         qd_rw_buf b = {0};
@@ -149,17 +150,19 @@ char *qd_rewards_strip_hendrycks(const char *in)
         free(s);
         s = qd_rw_buf_steal(&b);
     }
-    drop_short_lhs(&s);
-    if (!fix_sqrt(&s))
+    if (s)
+        drop_short_lhs(&s);
+    if (!s || !fix_sqrt(&s))
         goto fail;
     qd_rw_replace_inplace(&s, " ", "");
-    if (!fix_fracs(&s))
+    if (!s || !fix_fracs(&s) || !s)
         goto fail;
     if (!strcmp(s, "0.5")) {
         free(s);
         s = qd_rw_strndup("\\frac{1}{2}", 11);
     }
-    fix_a_slash_b(&s);
+    if (s)
+        fix_a_slash_b(&s);
     return s;
 fail:
     free(s);
@@ -180,6 +183,8 @@ bool qd_rewards_equiv_hendrycks(const char *a, const char *b)
 /* re.sub(r"(\\NAME\{)(.*?)(\})", r"\2"): unwrap every \NAME{...} at its first '}'. */
 static void unwrap_lazy(char **s, const char *name)
 {
+    if (!*s)
+        return;
     qd_rw_buf b = {0};
     const char *p = *s, *q;
     size_t nl = strlen(name);
@@ -199,6 +204,8 @@ static void unwrap_lazy(char **s, const char *name)
 /* re.sub(r"(frac)([^{])(.)", r"frac{\2}{\3}") and r"(sqrt)([^{])" -> r"sqrt{\2}". */
 static void brace_shorthand(char **s, const char *cmd, int nargs)
 {
+    if (!*s)
+        return;
     qd_rw_buf b = {0};
     const char *p = *s, *q;
     size_t cl = strlen(cmd);
@@ -225,7 +232,7 @@ static void brace_shorthand(char **s, const char *cmd, int nargs)
 /* re.sub(r"(.*?)(\$)(.*?)(\$)(.*)", r"$\3$"): keep the first $...$ span. */
 static void first_dollar_span(char **s)
 {
-    char *a = strchr(*s, '$'), *b = a ? strchr(a + 1, '$') : NULL;
+    char *a = *s ? strchr(*s, '$') : NULL, *b = a ? strchr(a + 1, '$') : NULL;
     if (!b)
         return;
     char *r = qd_rw_strndup(a, (size_t)(b - a + 1));
@@ -253,10 +260,12 @@ char *qd_rewards_normalize_minerva(const char *in)
         qd_rw_replace_inplace(&s, subs[i][0], subs[i][1]);
     for (size_t i = 0; i < sizeof removed / sizeof removed[0]; i++)
         qd_rw_replace_inplace(&s, removed[i], "");
-    first_dollar_span(&s);
+    first_dollar_span(&s); /* these pass a NULL s (out of memory) on */
     unwrap_lazy(&s, "\\text{");
     unwrap_lazy(&s, "\\textbf{");
     unwrap_lazy(&s, "\\overline{");
+    if (!s)
+        return NULL;
     char *box = strstr(s, "\\boxed{"), *last = strrchr(s, '}');
     if (box && last && last > box + 6) { /* greedy (\\boxed\{)(.*)(\}) */
         memmove(last, last + 1, strlen(last + 1) + 1);
@@ -266,6 +275,10 @@ char *qd_rewards_normalize_minerva(const char *in)
     brace_shorthand(&s, "sqrt", 1);
     qd_rw_replace_inplace(&s, "$", "");
     char *nocomma = qd_rw_replace(s, ",", "");
+    if (!nocomma) {
+        free(s);
+        return NULL;
+    }
     bool digits = nocomma[0] != '\0';
     for (const char *p = nocomma; *p; p++)
         digits = digits && isdigit((unsigned char)*p);

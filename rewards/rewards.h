@@ -23,7 +23,8 @@ const char *qd_rewards_after_think(const char *text);
 /* Content of the last \boxed{...} / \fbox{...} / "\boxed X" (nested braces
  * kept); NULL when none or unterminated. */
 char *qd_rewards_last_boxed(const char *text);
-/* The final answer of a model output (or of a gold solution) for a style. */
+/* The final answer of a model output (or of a gold solution) for a style;
+ * NULL also when memory ran out. */
 char *qd_rewards_extract(const char *text, qd_grade_style style);
 
 /* ---- normalization (normalize.c) */
@@ -43,7 +44,7 @@ char *qd_rewards_normalize_minerva(const char *s);
  * matrices, relations) and compares exactly where possible, numerically
  * otherwise; answers it cannot parse fall back to Hendrycks equality.
  * gold and pred are not symmetric: a predicted "1/2 + 1/3 = 5/6" stands for
- * 5/6, a gold "7 = 11a+c" stays an equation. */
+ * 5/6, a gold "7 = 11a+c" stays an equation. false when memory ran out. */
 bool qd_rewards_equiv(const char *gold, const char *pred);
 
 /* ---- grading (grade.c) */
@@ -52,6 +53,9 @@ typedef struct {
     char *extracted; /* owned; NULL when no answer could be extracted */
 } qd_rewards_result;
 
+/* QD_ERR_NOMEM when memory ran out while grading this output: res is then
+ * {false, NULL} and nothing else is affected (model output is hostile input;
+ * one answer never ends the run). */
 qd_status qd_rewards_grade(const char *output, const char *gold, qd_grade_style style,
                            qd_rewards_result *res);
 void qd_rewards_result_free(qd_rewards_result *res);

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 #include "benchmarks/dataset.h"
+#include "rewards/internal.h"
 #include "rewards/rewards.h"
 #include "tests/suites.h"
 
@@ -569,6 +570,80 @@ START_TEST(test_truncated_inputs)
 }
 END_TEST
 
+/* Grades with the n-th allocation failing (n < 0: none); *made receives
+ * the number of allocations the call made. */
+static qd_status grade_failing(const char *output, const char *gold, qd_grade_style st, long n,
+                               qd_rewards_result *r, long *made)
+{
+    qd_rw_test_fail_after(n);
+    qd_status s = qd_rewards_grade(output, gold, st, r);
+    *made = qd_rw_test_fail_after(-1);
+    return s;
+}
+
+/* Out of memory at each allocation of one grading call in turn: the call
+ * fails with QD_ERR_NOMEM and no verdict (no abort, no leak: the ASan build
+ * checks), and the same call without the failure grades as before. Returns
+ * the number of allocations of the call. */
+static long grade_under_oom(const char *output, const char *gold, qd_grade_style st)
+{
+    qd_rewards_result base, r;
+    long made, m;
+    ck_assert_int_eq(grade_failing(output, gold, st, -1, &base, &made), QD_OK);
+    for (long n = 0; n < made; n++) {
+        ck_assert_int_eq(grade_failing(output, gold, st, n, &r, &m), QD_ERR_NOMEM);
+        ck_assert(!r.correct && r.extracted == NULL);
+        ck_assert(strstr(qd_last_error(), "out of memory") != NULL);
+    }
+    ck_assert_int_eq(grade_failing(output, gold, st, made, &r, &m), QD_OK);
+    ck_assert_int_eq(m, made);
+    ck_assert_int_eq(r.correct, base.correct);
+    ck_assert((r.extracted == NULL) == (base.extracted == NULL));
+    if (r.extracted)
+        ck_assert_str_eq(r.extracted, base.extracted);
+    qd_rewards_result_free(&r);
+    qd_rewards_result_free(&base);
+    return made;
+}
+
+/* Every grader case in every style, and whole worked solutions (MATH-500,
+ * GSM8K model solutions) as the outputs of an RL rollout are. */
+START_TEST(test_grade_out_of_memory)
+{
+    json_t *cases = load_jsonl("tests/fixtures/benchmarks/grader_cases.jsonl");
+    json_t *math = load_jsonl("tests/fixtures/benchmarks/math500_test.jsonl");
+    json_t *gsm = load_jsonl("tests/fixtures/benchmarks/gsm8k_example_model_solutions.jsonl");
+    size_t i;
+    json_t *c;
+    long calls = 0, injected = 0, most = 0;
+    json_array_foreach(cases, i, c) {
+        for (int st = 0; st < 3; st++) {
+            long made = grade_under_oom(str(c, "output"), str(c, "gold"), (qd_grade_style)st);
+            injected += made;
+            most = made > most ? made : most;
+            calls++;
+        }
+    }
+    for (i = 0; i < 20; i++) {
+        json_t *m = json_array_get(math, i), *g = json_array_get(gsm, i);
+        const char *sol = json_string_value(json_object_get(json_object_get(g, "6b_finetuning"), "solution"));
+        long made[2] = {grade_under_oom(str(m, "solution"), str(m, "answer"), QD_GRADE_MATH),
+                        grade_under_oom(sol, str(g, "ground_truth"), QD_GRADE_GSM8K)};
+        for (int k = 0; k < 2; k++) {
+            injected += made[k];
+            most = made[k] > most ? made[k] : most;
+            calls++;
+        }
+    }
+    printf("rewards out of memory: %ld grading calls, %ld failed allocations injected, up to %ld a call\n",
+           calls, injected, most);
+    ck_assert_int_gt(most, 100); /* the injection reached deep into some calls */
+    json_decref(cases);
+    json_decref(math);
+    json_decref(gsm);
+}
+END_TEST
+
 /* ---- rewards and metrics */
 
 START_TEST(test_pass_at_k)
@@ -706,6 +781,7 @@ Suite *suite_rewards(void)
     tcase_add_test(tc, test_gsm8k_labels);
     tcase_add_test(tc, test_gold_answers_match_solutions);
     tcase_add_test(tc, test_truncated_inputs);
+    tcase_add_test(tc, test_grade_out_of_memory);
     tcase_add_test(tc, test_pass_at_k);
     tcase_add_test(tc, test_overlong_and_score);
     tcase_add_test(tc, test_majority_vote);
