@@ -184,9 +184,8 @@ static void c_embed(oc *c)
     OUT(c, "gemb", 'f', g, sizeof(float) * V * C);
 }
 
-static void c_rmsnorm(oc *c)
+static void c_rmsnorm_shape(oc *c, int rows, int C)
 {
-    int rows = 9, C = 80;
     float *x = F(c, (size_t)rows * C, -2, 2), *w = F(c, C, 0.5f, 1.5f), *y = Z(c, sizeof(float) * rows * C);
     float *r = Z(c, sizeof(float) * rows), *dy = F(c, (size_t)rows * C, -1, 1);
     float *dx = F(c, (size_t)rows * C, -1, 1), *dw = F(c, C, -1, 1);
@@ -197,6 +196,11 @@ static void c_rmsnorm(oc *c)
     OUT(c, "dx", 'f', dx, sizeof(float) * rows * C);
     OUT(c, "dw", 'f', dw, sizeof(float) * C);
 }
+
+static void c_rmsnorm(oc *c) { c_rmsnorm_shape(c, 9, 80); }
+/* a row width not a multiple of 4 (CUDA stages the squares after the row,
+ * from the next 16-byte boundary) */
+static void c_rmsnorm_odd(oc *c) { c_rmsnorm_shape(c, 3, 2050); }
 
 static void c_rope(oc *c)
 {
@@ -462,6 +466,21 @@ static void c_attend_gqa(oc *c)
     OUT(c, "att", 'f', att, sizeof(float) * N * H * Tm);
 }
 
+/* One decode query at position 299 of a 300-slot row, a3b heads: CUDA splits
+ * each group's 8 heads over 8 blocks (few rows) and stages the sum of 300
+ * exponentials in two parts. */
+static void c_attend_gqa_long(oc *c)
+{
+    int N = 1, H = 32, KV = 4, D = 128, Tc = 300, Tm = 300;
+    int32_t kbase[1] = {0}, pos[1] = {299};
+    float *q = F(c, (size_t)N * H * D, -1, 1), *kc = F(c, (size_t)Tc * KV * D, -1, 1);
+    float *vc = F(c, (size_t)Tc * KV * D, -1, 1), *o = Z(c, sizeof(float) * N * H * D);
+    float *att = Z(c, sizeof(float) * N * H * Tm);
+    RUN(c, c->ops->attend(c->dev, o, att, q, kc, vc, I(c, kbase, N), I(c, pos, N), N, H, KV, D, Tm));
+    OUT(c, "out", 'f', o, sizeof(float) * N * H * D);
+    OUT(c, "att", 'f', att, sizeof(float) * N * H * Tm);
+}
+
 static void c_attend_backward(oc *c)
 {
     int N = 8, H = 4, KV = 2, D = 16, Tm = 5;
@@ -654,6 +673,18 @@ static void c_sample_hot(oc *c)
     c_sample(c, 300, (qd_sample_params){.temperature = 1.3f, .top_p = 1.0f, .seed = 12});
 }
 
+/* more tokens than one block of CUDA's k_sample_max takes (2,048), V not a
+ * multiple of it, and lanes of 39 tokens */
+static void c_sample_wide(oc *c)
+{
+    c_sample(c, 40000, (qd_sample_params){.temperature = 0.9f, .top_p = 1.0f, .seed = 14});
+}
+
+static void c_sample_wide_greedy(oc *c)
+{
+    c_sample(c, 40000, (qd_sample_params){.temperature = 0.0f, .top_p = 1.0f, .seed = 15});
+}
+
 static void c_sample_greedy(oc *c)
 {
     c_sample(c, 2100, (qd_sample_params){.temperature = 0.0f, .top_k = 5, .top_p = 0.5f, .seed = 13});
@@ -728,6 +759,12 @@ static void c_matmul_w16_bf16(oc *c) { c_matmul_w16_shape(c, QD_PREC_BF16, 70, 1
 static void c_matmul_w16_router(oc *c) { c_matmul_w16_shape(c, QD_PREC_BF16, 64, 2048, 128); }
 /* float32 inputs (nvfp4-w16a4's fake-quantized activations) */
 static void c_matmul_w16_f32(oc *c) { c_matmul_w16_shape(c, QD_PREC_F32, 37, 72, 45); }
+/* Batch-1 and few-row decode shapes (CUDA's k_matvec_wt for at most 8 rows):
+ * the lm_head's K with ragged outputs, 4 rows, and 5 rows (the 8-row variant
+ * with 3 idle). */
+static void c_matmul_w16_row1(oc *c) { c_matmul_w16_shape(c, QD_PREC_F32, 1, 2048, 1100); }
+static void c_matmul_w16_row4(oc *c) { c_matmul_w16_shape(c, QD_PREC_BF16, 4, 520, 300); }
+static void c_matmul_f32_row5(oc *c) { c_matmul_shape(c, QD_PREC_F32, 5, 136, 260, 1.0f); }
 
 typedef struct {
     qd_op_case_info info;
@@ -739,6 +776,7 @@ static const op_case cases[] = {
     {{"add 777", "add", 0}, c_add},
     {{"embed+backward 9x64 V50", "embed", 0}, c_embed},
     {{"rmsnorm+backward 9x80", "rmsnorm", 0}, c_rmsnorm},
+    {{"rmsnorm+backward 3x2050", "rmsnorm", 0}, c_rmsnorm_odd},
     {{"rope fwd+inverse 5x3x16", "rope", 0}, c_rope},
     {{"matmul f32 37x72x45", "matmul", 1}, c_matmul_f32},
     {{"matmul bf16 37x72x45", "matmul", 1}, c_matmul_bf16},
@@ -749,6 +787,7 @@ static const op_case cases[] = {
     {{"matmul f32 33x520x70", "matmul", 1}, c_matmul_f32_thin},
     {{"matmul bf16 1x256x2085", "matmul", 1}, c_matmul_bf16_row1},
     {{"matmul f32 3x136x1100", "matmul", 1}, c_matmul_f32_row3},
+    {{"matmul f32 5x136x260", "matmul", 1}, c_matmul_f32_row5},
     {{"matmul_backward 37x72x45", "matmul_backward", 1}, c_matmul_backward},
     {{"matmul_grouped+bwd 4 experts", "matmul_grouped", 0}, c_matmul_grouped},
     {{"fp8 quantize+gemm 6x20x48", "fp8_gemm", 1}, c_fp8},
@@ -763,6 +802,7 @@ static const op_case cases[] = {
     {{"attend prefill 2 seqs", "attend", 1}, c_attend},
     {{"attend decode 3 rows", "attend", 1}, c_attend_decode},
     {{"attend decode gqa 32/4x128", "attend", 1}, c_attend_gqa},
+    {{"attend decode gqa 1 query at 299", "attend", 1}, c_attend_gqa_long},
     {{"attend_backward 2 seqs", "attend_backward", 1}, c_attend_backward},
     {{"store_kv 4 tokens", "store_kv", 0}, c_store_kv},
     {{"route renorm 13x16 k4", "route", 0}, c_route_norm},
@@ -774,6 +814,8 @@ static const op_case cases[] = {
     {{"matmul_w16 bf16 70x136x300", "matmul_w16", 1}, c_matmul_w16_bf16},
     {{"matmul_w16 bf16 router 64x2048x128", "matmul_w16", 1}, c_matmul_w16_router},
     {{"matmul_w16 f32 37x72x45", "matmul_w16", 1}, c_matmul_w16_f32},
+    {{"matmul_w16 f32 1x2048x1100", "matmul_w16", 1}, c_matmul_w16_row1},
+    {{"matmul_w16 bf16 4x520x300", "matmul_w16", 1}, c_matmul_w16_row4},
     {{"router_backward renorm", "router_backward", 0}, c_router_backward_renorm},
     {{"router_backward raw", "router_backward", 0}, c_router_backward_raw},
     {{"logprob+bwd T=1", "logprob", 0}, c_logprob_t1},
@@ -782,6 +824,8 @@ static const op_case cases[] = {
     {{"sample full 5x5000 T=1", "sample", 0}, c_sample_full},
     {{"sample full 5x300 T=1.3", "sample", 0}, c_sample_hot},
     {{"sample greedy 5x2100", "sample", 0}, c_sample_greedy},
+    {{"sample full 5x40000 T=0.9", "sample", 0}, c_sample_wide},
+    {{"sample greedy 5x40000", "sample", 0}, c_sample_wide_greedy},
     {{"sumsq_chunks+adamw 10000", "adamw", 0}, c_sumsq_adamw},
     {{"copy 1001", "copy", 0}, c_copy},
 };

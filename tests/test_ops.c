@@ -439,7 +439,7 @@ START_TEST(test_w16_twins_equal_float_ops)
         seen++;
         qd_op_result_free(&a);
     }
-    ck_assert_int_eq(seen, 4);
+    ck_assert_int_eq(seen, 6);
 }
 END_TEST
 
@@ -447,8 +447,12 @@ END_TEST
 START_TEST(test_compare_finds_a_bit)
 {
     qd_op_result a, b;
-    ck_assert_int_eq(qd_op_case_run(5, O, dev1, 1, &a), QD_OK);
-    ck_assert_int_eq(qd_op_case_run(5, O, dev1, 1, &b), QD_OK);
+    int k = 0;
+    while (k < qd_op_case_count() && strcmp(qd_op_case(k).name, "matmul f32 37x72x45"))
+        k++;
+    ck_assert_int_lt(k, qd_op_case_count());
+    ck_assert_int_eq(qd_op_case_run(k, O, dev1, 1, &a), QD_OK);
+    ck_assert_int_eq(qd_op_case_run(k, O, dev1, 1, &b), QD_OK);
     double err;
     char what[64];
     ck_assert(qd_op_result_compare(&a, &b, -1, &err, what));

@@ -25,6 +25,18 @@ extern "C" {
 
 static unsigned blocks(size_t n, unsigned t) { return (unsigned)((n + t - 1) / t); }
 
+static int sm_count(void)
+{
+    static int n;
+    if (!n) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            n = 132;
+    }
+    return n;
+}
+
 /* With dynamic shared memory (bytes beyond 48 KB opted in first). */
 #define QD_LAUNCH_SMEM(kernel, grid, block, smem, ...)                                \
     do {                                                                             \
@@ -672,6 +684,136 @@ __global__ void __launch_bounds__(128) k_matmul_wt_thin(float *c, const float *a
         c[(size_t)(m0 + wid) * N + n0 + lane] = acc;
 }
 
+/* x . W^T for at most 8 activation rows (decode at small batch; the lm_head
+ * and the router at batch 1): one output a thread, each thread's sum from 0,
+ * k ascending, mul then add (the CPU's order and roundings; where k_matmul_wt
+ * takes fmaf its products are exact, so this is the same number). A CTA of
+ * 128 threads owns 128 weight rows; K goes in chunks of MV_KB bytes a row,
+ * copied by cp.async (each thread 16 contiguous bytes, a warp 4 rows x 128
+ * bytes) into a ring of MV_S stages, MV_S - 1 chunks in flight while one is
+ * summed: a thread streaming its own row directly, or the wide tiles' 8-row
+ * stages, left the H200's HBM mostly idle at batch 1 (0.54 ms for the a3b
+ * lm_head, 622 MB). */
+#define MV_ROWS 128
+#define MV_KB 128               /* weight bytes a row a chunk */
+#define MV_S 4                  /* ring stages */
+#define MV_WLD (MV_KB + 16)     /* padded: a quarter warp's 16-byte reads hit 32 banks */
+
+static __device__ __forceinline__ void mv_cp16(void *dst, const void *src)
+{
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
+}
+static __device__ __forceinline__ void mv_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> static __device__ __forceinline__ void mv_wait()
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+static __device__ __forceinline__ void mv_unpack(float (&f)[8], uint4 u, const uint16_t *)
+{
+    uint32_t v[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = __uint_as_float(v[i] << 16);
+        f[2 * i + 1] = __uint_as_float(v[i] & 0xffff0000u);
+    }
+}
+
+static __device__ __forceinline__ void mv_unpack(float (&f)[8], uint4 u, const float *)
+{
+    f[0] = __uint_as_float(u.x);
+    f[1] = __uint_as_float(u.y);
+    f[2] = __uint_as_float(u.z);
+    f[3] = __uint_as_float(u.w);
+}
+
+template <typename TW, int MR>
+__global__ void __launch_bounds__(MV_ROWS) k_matvec_wt(float *c, const float *a, const TW *w, int M, int N, int K)
+{
+    constexpr int KC = MV_KB / (int)sizeof(TW), EU = 16 / (int)sizeof(TW); /* elements a chunk, a 16-byte unit */
+    extern __shared__ __align__(16) unsigned char mv_smem[];
+    unsigned char(*Ws)[MV_ROWS][MV_WLD] = (unsigned char(*)[MV_ROWS][MV_WLD])mv_smem;
+    float(*As)[MR][KC] = (float(*)[MR][KC])(mv_smem + (size_t)MV_S * MV_ROWS * MV_WLD);
+    int tid = threadIdx.x, n0 = blockIdx.x * MV_ROWS, nchunk = (K + KC - 1) / KC;
+    auto issue = [&](int ch) {
+        if (ch < nchunk) {
+            int s = ch % MV_S, k0 = ch * KC;
+#pragma unroll
+            for (int j = 0; j < MV_ROWS * (MV_KB / 16) / MV_ROWS; j++) {
+                int i = tid + MV_ROWS * j, row = i / (MV_KB / 16), u = i % (MV_KB / 16), k = k0 + u * EU;
+                if (n0 + row < N && k < K)
+                    mv_cp16(&Ws[s][row][u * 16], w + (size_t)(n0 + row) * K + k);
+            }
+            if (tid < MR * (KC / 4)) {
+                int m = tid / (KC / 4), k = k0 + (tid % (KC / 4)) * 4;
+                if (m < M && k < K)
+                    mv_cp16(&As[s][m][k - k0], a + (size_t)m * K + k);
+            }
+        }
+        mv_commit();
+    };
+#pragma unroll
+    for (int s = 0; s < MV_S - 1; s++)
+        issue(s);
+    float acc[MR];
+#pragma unroll
+    for (int m = 0; m < MR; m++)
+        acc[m] = 0.0f;
+    for (int ch = 0; ch < nchunk; ch++) {
+        mv_wait<MV_S - 2>();
+        __syncthreads(); /* chunk ch landed for every thread; chunk ch - 1's slot is free */
+        issue(ch + MV_S - 1);
+        int s = ch % MV_S, ku = (K - ch * KC < KC ? K - ch * KC : KC) / EU;
+        const unsigned char *wr = Ws[s][tid];
+        for (int u = 0; u < ku; u++) {
+            float f[8];
+            mv_unpack(f, *(const uint4 *)(wr + 16 * u), (const TW *)0);
+#pragma unroll
+            for (int m = 0; m < MR; m++) {
+                const float *ar = &As[s][m][u * EU];
+                float av[8];
+                *(float4 *)&av[0] = *(const float4 *)ar;
+                if (EU == 8)
+                    *(float4 *)&av[4] = *(const float4 *)(ar + 4);
+                float x = acc[m];
+#pragma unroll
+                for (int e = 0; e < EU; e++)
+                    x = x + av[e] * f[e];
+                acc[m] = x;
+            }
+        }
+    }
+    int n = n0 + tid;
+    if (n < N)
+#pragma unroll
+        for (int m = 0; m < MR; m++)
+            if (m < M)
+                c[(size_t)m * N + n] = acc[m];
+}
+
+template <typename TW, int MR>
+static qd_status launch_matvec_wt(float *c, const float *a, const TW *w, int M, int N, int K)
+{
+    constexpr int KC = MV_KB / (int)sizeof(TW);
+    size_t smem = (size_t)MV_S * MV_ROWS * MV_WLD + sizeof(float) * MV_S * MR * KC;
+    QD_LAUNCH_SMEM((k_matvec_wt<TW, MR>), (unsigned)((N + MV_ROWS - 1) / MV_ROWS), (unsigned)MV_ROWS, smem, c, a, w,
+                   M, N, K);
+    return QD_OK;
+}
+
+template <typename TW>
+static qd_status matvec_wt(float *c, const float *a, const TW *w, int M, int N, int K)
+{
+    if (M == 1)
+        return launch_matvec_wt<TW, 1>(c, a, w, M, N, K);
+    if (M == 2)
+        return launch_matvec_wt<TW, 2>(c, a, w, M, N, K);
+    if (M <= 4)
+        return launch_matvec_wt<TW, 4>(c, a, w, M, N, K);
+    return launch_matvec_wt<TW, 8>(c, a, w, M, N, K);
+}
+
 /* The wide tiles prefetch (H200, a3b decode at batch 64: 10,662 -> 11,378
  * tokens/s end to end); QUADS_MATMUL_PF=0 (benchmarks only) turns it off for
  * the side-by-side. */
@@ -711,6 +853,9 @@ extern "C" qd_status qdk_matmul_wt(float *c, const float *a, const void *w, qdk_
     if (K % 8)
         return qd_error(QD_ERR_SHAPE, "qdk_matmul_wt: K %d not a multiple of 8", K);
     int check = prec == QD_PREC_BF16;
+    if (M <= 8)
+        return w_elem == QDK_BF16 ? matvec_wt(c, a, (const uint16_t *)w, M, N, K)
+                                  : matvec_wt(c, a, (const float *)w, M, N, K);
     /* fewer than 16 wide CTAs even at TM = 1: the thin tiles */
     if ((long)((N + MW_BN - 1) / MW_BN) * ((M + 7) / 8) < 16) {
         dim3 grid((unsigned)((N + MT_BN - 1) / MT_BN), (unsigned)((M + MT_BM - 1) / MT_BM));
@@ -743,35 +888,53 @@ extern "C" qd_status qdk_fp8_gemm(float *y, const uint8_t *qa, const float *sa_i
 /* ------------------------------------------------------------------------ */
 /* norms, RoPE, attention                                                    */
 
-/* One block a row: the row goes to shared memory in coalesced loads, one
- * thread sums its squares in the CPU's order (ascending; the same bits), then
- * the block writes the normalized row. (One thread a row read each row
- * element by element from global memory: latency-bound, 0.27 ms a launch at
- * C = 2048 on the H200.) In place (out == inp) allowed. */
+/* One block a row: the row and its squares go to shared memory (coalesced
+ * loads, the squares computed in parallel: each the same rounding), one
+ * thread adds the squares in the CPU's order (ascending; the same bits), then
+ * the block writes the normalized row. (One thread a row reading the row
+ * from global memory: 0.27 ms a launch at C = 2048 on the H200; the squares
+ * inside the chain: 20 us.) In place (out == inp) allowed. */
 __global__ void k_rmsnorm(float *out, float *rstd, const float *inp, const float *w, int C, float eps)
 {
-    extern __shared__ __align__(16) float xs[];
+    extern __shared__ __align__(16) float xs[]; /* x (C), then x * x (C, from a 16-byte boundary) */
     __shared__ float r_sh;
     size_t n = blockIdx.x;
     const float *x = inp + n * C;
-    for (int i = threadIdx.x; i < C; i += blockDim.x)
-        xs[i] = x[i];
+    float *sq = xs + ((C + 3) & ~3);
+    for (int i = threadIdx.x; i < C; i += blockDim.x) {
+        float v = x[i];
+        xs[i] = v;
+        sq[i] = v * v;
+    }
     __syncthreads();
     if (threadIdx.x == 0) {
-        /* the chain, i ascending; its operands read 4 at a time and ahead of
-         * it (one element a shared-memory latency was 23 us a launch at C = 2048) */
+        /* the chain, i ascending; its operands read 32 at a time, the next 32
+         * loaded while these are added (one shared-memory latency a 32, not a 4) */
         float ss = 0.0f;
         int i = 0;
-#pragma unroll 8
-        for (; i + 4 <= C; i += 4) {
-            float4 v = *(const float4 *)&xs[i];
-            ss = ss + v.x * v.x;
-            ss = ss + v.y * v.y;
-            ss = ss + v.z * v.z;
-            ss = ss + v.w * v.w;
+        float4 v[8], nx[8];
+        if (C >= 32)
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                nx[u] = *(const float4 *)&sq[4 * u];
+        for (; i + 32 <= C; i += 32) {
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                v[u] = nx[u];
+            if (i + 64 <= C)
+#pragma unroll
+                for (int u = 0; u < 8; u++)
+                    nx[u] = *(const float4 *)&sq[i + 32 + 4 * u];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                ss = ss + v[u].x;
+                ss = ss + v[u].y;
+                ss = ss + v[u].z;
+                ss = ss + v[u].w;
+            }
         }
         for (; i < C; i++)
-            ss = ss + xs[i] * xs[i];
+            ss = ss + sq[i];
         r_sh = qd_rsqrtf(ss / (float)C + eps);
         rstd[n] = r_sh;
     }
@@ -785,8 +948,8 @@ extern "C" qd_status qdk_rmsnorm(float *out, float *rstd, const float *inp, cons
                                  float eps)
 {
     if (rows)
-        QD_LAUNCH_SMEM(k_rmsnorm, (unsigned)rows, C < 128 ? 32u : 128u, sizeof(float) * (size_t)C, out, rstd, inp,
-                       w, C, eps);
+        QD_LAUNCH_SMEM(k_rmsnorm, (unsigned)rows, C < 128 ? 32u : 128u, sizeof(float) * (size_t)(((C + 3) & ~3) + C),
+                       out, rstd, inp, w, C, eps);
     return QD_OK;
 }
 
@@ -913,28 +1076,34 @@ __global__ void k_attend(float *out, float *att, const float *q, const float *kb
     }
 }
 
-/* The same values, one block per (query n, kv head): the group's G = H/KV
- * query heads share each staged tile of TS keys (then values), so the cache is
- * read once per group, not once per head. Scores: thread (g, s) of a tile runs
- * the dot product over i ascending; max per head by a warp (fmaxf: any order);
- * exponentials per element; each head's sum of exponentials one lane's chain
- * over s ascending; quotients per element; outputs (g, i) each one thread's
- * chain over s ascending. The probabilities live in att (N, H, Tm). */
+/* The same values, one block per (query n, kv head, head part): the part's GH
+ * = H / KV / HS query heads of the group share each staged tile of TS keys
+ * (then values), so the cache is read once per part, not once per head (HS > 1
+ * where N * KV blocks would leave most SMs idle: decode at small batch).
+ * Scores: thread (g, s) of a tile runs the dot product over i ascending; max
+ * per head by a warp (fmaxf: any order); exponentials per element; each head's
+ * sum of exponentials one lane's chain over s ascending, its operands staged
+ * through shared memory by the warp (read from global one at a time it was
+ * most of the kernel); quotients per element; outputs (g, i) each one
+ * thread's chain over s ascending. The probabilities live in att (N, H, Tm). */
 #define ATT_TS 32
 #define ATT_THREADS 256
+#define ATT_SUMB 256 /* the sum's staged operands a warp */
 __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *att, const float *q, const float *kb,
                                                             const float *vb, const int32_t *kbase,
-                                                            const int32_t *pos, int H, int KV, int D, int Tm,
+                                                            const int32_t *pos, int H, int KV, int HS, int D, int Tm,
                                                             float scale)
 {
     extern __shared__ float att_sm[];
-    int G = H / KV, n = blockIdx.x / KV, kh = blockIdx.x % KV, t = pos[n], DP = D + 1;
-    float *qs = att_sm, *ts = qs + G * D, *pt = ts + ATT_TS * DP; /* q (G, D), tile (TS, D+1), p tile (G, TS) */
+    __shared__ __align__(16) float sumb[ATT_THREADS / 32][ATT_SUMB];
+    int G = H / KV / HS, n = blockIdx.x / (KV * HS), kh = blockIdx.x % (KV * HS) / HS, hs = blockIdx.x % HS;
+    int t = pos[n], DP = D + 4, h0 = kh * (H / KV) + hs * G; /* the part's first head */
+    float *qs = att_sm, *ts = qs + G * D, *pt = ts + ATT_TS * DP; /* q (G, D), tile (TS, D+4), p tile (G, TS) */
     size_t KD = (size_t)KV * D;
     const float *kr = kb + (size_t)kbase[n] * KD + (size_t)kh * D, *vr = vb + (size_t)kbase[n] * KD + (size_t)kh * D;
-    float *pa = att + ((size_t)n * H + (size_t)kh * G) * Tm; /* head g's row: pa + g * Tm */
+    float *pa = att + ((size_t)n * H + (size_t)h0) * Tm; /* head g's row: pa + g * Tm */
     for (int j = threadIdx.x; j < G * D; j += ATT_THREADS)
-        qs[j] = q[(size_t)n * H * D + (size_t)kh * G * D + j];
+        qs[j] = q[(size_t)n * H * D + (size_t)h0 * D + j];
     for (int s0 = 0; s0 <= t; s0 += ATT_TS) {
         int ns = t + 1 - s0 < ATT_TS ? t + 1 - s0 : ATT_TS;
         __syncthreads();
@@ -947,7 +1116,16 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
                 continue;
             const float *qv = qs + g * D, *kv = ts + s * DP;
             float dot = 0.0f;
-            for (int i = 0; i < D; i++)
+            int i = 0;
+            if ((D & 3) == 0) /* 16-byte reads (D + 4 keeps a quarter warp's rows on 32 banks) */
+                for (; i < D; i += 4) {
+                    float4 a4 = *(const float4 *)(qv + i), b4 = *(const float4 *)(kv + i);
+                    dot = dot + a4.x * b4.x;
+                    dot = dot + a4.y * b4.y;
+                    dot = dot + a4.z * b4.z;
+                    dot = dot + a4.w * b4.w;
+                }
+            for (; i < D; i++)
                 dot = dot + qv[i] * kv[i];
             pa[(size_t)g * Tm + s0 + s] = dot * scale;
         }
@@ -960,13 +1138,29 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
             mx = fmaxf(mx, p[s]);
         for (int o = 16; o; o >>= 1)
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        for (int s = lane; s <= t; s += 32)
-            p[s] = qd_expf(p[s] - mx);
-        __syncwarp();
         float sum = 0.0f;
-        if (lane == 0)
-            for (int s = 0; s <= t; s++)
-                sum = sum + p[s];
+        for (int s0 = 0; s0 <= t; s0 += ATT_SUMB) {
+            int ns = t + 1 - s0 < ATT_SUMB ? t + 1 - s0 : ATT_SUMB;
+            for (int s = lane; s < ns; s += 32) {
+                float e = qd_expf(p[s0 + s] - mx);
+                p[s0 + s] = e;
+                sumb[wid][s] = e;
+            }
+            __syncwarp();
+            if (lane == 0) {
+                int s = 0;
+                for (; s + 4 <= ns; s += 4) {
+                    float4 v = *(const float4 *)&sumb[wid][s];
+                    sum = sum + v.x;
+                    sum = sum + v.y;
+                    sum = sum + v.z;
+                    sum = sum + v.w;
+                }
+                for (; s < ns; s++)
+                    sum = sum + sumb[wid][s];
+            }
+            __syncwarp();
+        }
         sum = __shfl_sync(0xffffffffu, sum, 0);
         for (int s = lane; s <= t; s += 32)
             p[s] = p[s] / sum;
@@ -985,24 +1179,20 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
             if (j % ATT_TS < ns)
                 pt[j] = pa[(size_t)(j / ATT_TS) * Tm + s0 + j % ATT_TS];
         __syncthreads();
+        /* the outputs' chains side by side (s outer), each over s ascending */
+        for (int s = 0; s < ns; s++)
 #pragma unroll
-        for (int r = 0; r < MAXO; r++) {
-            int o = threadIdx.x + r * ATT_THREADS;
-            if (o >= G * D)
-                break;
-            int g = o / D, i = o % D;
-            const float *pg = pt + g * ATT_TS;
-            float a = acc[r];
-            for (int s = 0; s < ns; s++)
-                a = a + pg[s] * ts[s * DP + i];
-            acc[r] = a;
-        }
+            for (int r = 0; r < MAXO; r++) {
+                int o = threadIdx.x + r * ATT_THREADS;
+                if (o < G * D)
+                    acc[r] = acc[r] + pt[(o / D) * ATT_TS + s] * ts[s * DP + o % D];
+            }
     }
 #pragma unroll
     for (int r = 0; r < MAXO; r++) {
         int o = threadIdx.x + r * ATT_THREADS;
         if (o < G * D)
-            out[(size_t)n * H * D + (size_t)kh * G * D + o] = acc[r];
+            out[(size_t)n * H * D + (size_t)h0 * D + o] = acc[r];
     }
 }
 
@@ -1013,11 +1203,15 @@ extern "C" qd_status qdk_attend(float *out, float *att, const float *q, const fl
 {
     if (N == 0)
         return QD_OK;
-    int G = KV > 0 && H % KV == 0 ? H / KV : 0;
-    size_t smem = sizeof(float) * ((size_t)G * D + (size_t)ATT_TS * (D + 1) + (size_t)G * ATT_TS);
-    if (G && G * D <= 8 * ATT_THREADS && smem <= 48 * 1024) {
-        QD_LAUNCH_SMEM(k_attend_gqa, (unsigned)(N * KV), (unsigned)ATT_THREADS, smem, out, att, q, kb, vb, kbase, pos,
-                       H, KV, D, Tm, attn_scale(D));
+    int G = KV > 0 && H % KV == 0 ? H / KV : 0, HS = 1;
+    /* split each group's heads while N * KV blocks fill fewer than 2 a SM */
+    while (G && G % (2 * HS) == 0 && (long)N * KV * HS < 2L * sm_count())
+        HS *= 2;
+    int GH = G ? G / HS : 0;
+    size_t smem = sizeof(float) * ((size_t)GH * D + (size_t)ATT_TS * (D + 4) + (size_t)GH * ATT_TS);
+    if (G && GH * D <= 8 * ATT_THREADS && smem <= 40 * 1024) {
+        QD_LAUNCH_SMEM(k_attend_gqa, (unsigned)(N * KV * HS), (unsigned)ATT_THREADS, smem, out, att, q, kb, vb, kbase,
+                       pos, H, KV, HS, D, Tm, attn_scale(D));
         return QD_OK;
     }
     QD_LAUNCH(k_attend, (unsigned)(N * H), 64u, out, att, q, kb, vb, kbase, pos, N, H, KV, D, Tm, attn_scale(D));
@@ -1338,11 +1532,28 @@ __global__ void __launch_bounds__(1024) k_moe_slots(int32_t *slot, int32_t *cnt,
 }
 
 /* exp_off (E + 1) from the counts, ascending expert index. */
+/* exp_off = 0, then the running sums of cnt: one warp, lane l a run of
+ * ceil(E/32) counts (integers: any order, the same sums). A single thread's
+ * chain of global loads and stores took 9 us at E = 128. */
 __global__ void k_moe_offsets(int32_t *exp_off, const int32_t *cnt, int E)
 {
-    exp_off[0] = 0;
-    for (int e = 0; e < E; e++)
-        exp_off[e + 1] = exp_off[e] + cnt[e];
+    int lane = threadIdx.x, per = (E + 31) / 32, e0 = lane * per, e1 = e0 + per < E ? e0 + per : E;
+    int32_t run = 0;
+    for (int e = e0; e < e1; e++)
+        run += cnt[e];
+    int32_t incl = run;
+    for (int o = 1; o < 32; o <<= 1) {
+        int32_t v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o)
+            incl += v;
+    }
+    int32_t off = incl - run;
+    if (lane == 0)
+        exp_off[0] = 0;
+    for (int e = e0; e < e1; e++) {
+        off += cnt[e];
+        exp_off[e + 1] = off;
+    }
 }
 
 /* One thread per (token, choice): its row, and its place among the token's
@@ -1391,7 +1602,7 @@ extern "C" qd_status qdk_moe_group(int32_t *exp_off, int32_t *row_tok, float *ro
     }
     int32_t *slot = scratch, *cnt = scratch + (size_t)N * K;
     QD_LAUNCH(k_moe_slots, E, 1024, slot, cnt, topk, N, K);
-    QD_LAUNCH(k_moe_offsets, 1, 1, exp_off, cnt, E);
+    QD_LAUNCH(k_moe_offsets, 1, 32, exp_off, cnt, E);
     if (N)
         QD_LAUNCH_N(k_moe_rows, (size_t)N * K, row_tok, row_w, row_rank, tok_rows, slot, exp_off, topk, topw, N, K);
     return QD_OK;
@@ -1607,41 +1818,24 @@ extern "C" qd_status qdk_logprob(float *logp, float *lse, float *s, const float 
 }
 
 /* The sampler of backends/sampling.c (steps 1-6, 9, 10) for rows with no
- * top-k / top-p cut (and greedy rows), in three launches so that all SMs work
- * at any batch (one block a row left half the H200 idle at batch 64):
- *   k_sample_max: lane j of a row (QD_SAMPLE_PARTS blocks a row) finds the max
- *     of s_i = x_i / T over i = j, j + 1024, ... and its lowest id;
- *   k_sample_exp: the row's max and lowest id attaining it (any reduction order
- *     gives that pair for finite values; a non-finite one sets *bad), then lane
- *     j's sum of e_i = exp(s_i - m), i ascending (the lane definition);
+ * top-k / top-p cut (and greedy rows), in four launches, each spread over the
+ * whole GPU at any batch (a row's lanes as 1,024 threads each walking its 149
+ * tokens took 0.14 ms a step at batch 1 and at batch 64 alike: latency):
+ *   k_sample_max: each block of QD_SAMPLE_PT threads takes QD_SAMPLE_CH
+ *     consecutive tokens of a row and finds the max of s_i = x_i / T and its
+ *     lowest id (a non-finite logit or scaled logit sets *bad);
+ *   k_sample_exp: the row's max and lowest id attaining it from the blocks'
+ *     pairs (any reduction order gives that pair for finite values), then
+ *     e_i = exp(s_i - m) for the block's tokens, stored (B x V floats);
+ *   k_sample_lanes: lane j's sum of e_i over i = j, j + 1024, ..., ascending
+ *     (the lane definition), the loads ahead of the chain;
  *   k_sample_draw: one block a row builds the lane tree (the classic
  *     shared-memory halving kept in tree[] at the CPU's offsets), and thread 0
- *     descends it and walks the leaf lane as the CPU does, recomputing e_i.
- * A non-finite logit or scaled logit sets *bad (the caller redoes the batch on
- * the host for the message). */
+ *     descends it and walks the leaf lane's stored e_i as the CPU does.
+ * The caller redoes a batch with *bad set on the host (for the message). */
 #define QD_SAMPLE_PARTS 4
 #define QD_SAMPLE_PT (QD_SAMPLE_LANES / QD_SAMPLE_PARTS)
-__global__ void __launch_bounds__(QD_SAMPLE_PT) k_sample_max(float *lmx, int32_t *lam, const float *logits, int V,
-                                                            float T, int *bad)
-{
-    enum { L = QD_SAMPLE_LANES };
-    int b = blockIdx.y, j = blockIdx.x * QD_SAMPLE_PT + threadIdx.x;
-    const float *x = logits + (size_t)b * V;
-    float m = x[0] / T;
-    int a = 0;
-#pragma unroll 4
-    for (int i = j; i < V; i += L) {
-        float si = x[i] / T;
-        if (!isfinite(x[i]) || !isfinite(si))
-            *bad = 1;
-        if (si > m || (si == m && i < a)) {
-            m = si;
-            a = i;
-        }
-    }
-    lmx[(size_t)b * L + j] = m;
-    lam[(size_t)b * L + j] = a;
-}
+#define QD_SAMPLE_CH (8 * QD_SAMPLE_PT) /* tokens a block of k_sample_max / k_sample_exp */
 
 static __device__ __forceinline__ void sample_better(float *m, int *a, float m2, int a2)
 {
@@ -1651,44 +1845,105 @@ static __device__ __forceinline__ void sample_better(float *m, int *a, float m2,
     }
 }
 
-__global__ void __launch_bounds__(QD_SAMPLE_PT) k_sample_exp(float *lsum, float *rm, int32_t *ra, const float *lmx,
-                                                            const int32_t *lam, const float *logits, int V, float T)
+/* The block's best (m, a) to every thread. */
+static __device__ __forceinline__ void sample_block_best(float *m, int *a)
 {
-    enum { L = QD_SAMPLE_LANES };
     __shared__ float wm[QD_SAMPLE_PT / 32];
     __shared__ int wa[QD_SAMPLE_PT / 32];
-    int b = blockIdx.y, t = threadIdx.x, j = blockIdx.x * QD_SAMPLE_PT + t;
-    float m = lmx[(size_t)b * L + t];
-    int a = lam[(size_t)b * L + t];
-    for (int u = t + QD_SAMPLE_PT; u < L; u += QD_SAMPLE_PT)
-        sample_better(&m, &a, lmx[(size_t)b * L + u], lam[(size_t)b * L + u]);
+    int t = threadIdx.x;
     for (int o = 16; o; o >>= 1)
-        sample_better(&m, &a, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, a, o));
+        sample_better(m, a, __shfl_xor_sync(0xffffffffu, *m, o), __shfl_xor_sync(0xffffffffu, *a, o));
     if ((t & 31) == 0) {
-        wm[t >> 5] = m;
-        wa[t >> 5] = a;
+        wm[t >> 5] = *m;
+        wa[t >> 5] = *a;
     }
     __syncthreads();
-    m = wm[0];
-    a = wa[0];
+    *m = wm[0];
+    *a = wa[0];
     for (int w = 1; w < QD_SAMPLE_PT / 32; w++)
-        sample_better(&m, &a, wm[w], wa[w]);
+        sample_better(m, a, wm[w], wa[w]);
+}
+
+__global__ void __launch_bounds__(QD_SAMPLE_PT) k_sample_max(float *pm, int32_t *pa, const float *logits, int V,
+                                                            float T, int *bad)
+{
+    int b = blockIdx.y, i0 = blockIdx.x * QD_SAMPLE_CH + threadIdx.x;
+    const float *x = logits + (size_t)b * V;
+    float xv[QD_SAMPLE_CH / QD_SAMPLE_PT];
+#pragma unroll
+    for (int u = 0; u < QD_SAMPLE_CH / QD_SAMPLE_PT; u++) {
+        int i = i0 + u * QD_SAMPLE_PT;
+        xv[u] = i < V ? x[i] : 0.0f;
+    }
+    float m = -INFINITY;
+    int a = INT_MAX, nb = 0;
+#pragma unroll
+    for (int u = 0; u < QD_SAMPLE_CH / QD_SAMPLE_PT; u++) {
+        int i = i0 + u * QD_SAMPLE_PT;
+        if (i >= V)
+            break;
+        float si = xv[u] / T;
+        nb |= !isfinite(xv[u]) || !isfinite(si);
+        sample_better(&m, &a, si, i);
+    }
+    if (nb)
+        *bad = 1;
+    sample_block_best(&m, &a);
+    if (threadIdx.x == 0) {
+        pm[(size_t)b * gridDim.x + blockIdx.x] = m;
+        pa[(size_t)b * gridDim.x + blockIdx.x] = a;
+    }
+}
+
+__global__ void __launch_bounds__(QD_SAMPLE_PT) k_sample_exp(float *e, float *rm, int32_t *ra, const float *pm,
+                                                            const int32_t *pa, const float *logits, int V, float T)
+{
+    int b = blockIdx.y, t = threadIdx.x, P = gridDim.x, i0 = blockIdx.x * QD_SAMPLE_CH + t;
+    float m = -INFINITY;
+    int a = INT_MAX;
+    for (int u = t; u < P; u += QD_SAMPLE_PT)
+        sample_better(&m, &a, pm[(size_t)b * P + u], pa[(size_t)b * P + u]);
+    sample_block_best(&m, &a);
     m = m + 0.0f;
     if (blockIdx.x == 0 && t == 0) {
         rm[b] = m;
         ra[b] = a;
     }
     const float *x = logits + (size_t)b * V;
+    float *eb = e + (size_t)b * V;
+#pragma unroll
+    for (int u = 0; u < QD_SAMPLE_CH / QD_SAMPLE_PT; u++) {
+        int i = i0 + u * QD_SAMPLE_PT;
+        if (i < V)
+            eb[i] = qd_expf(x[i] / T - m);
+    }
+}
+
+__global__ void __launch_bounds__(QD_SAMPLE_PT) k_sample_lanes(float *lsum, const float *e, int V)
+{
+    enum { L = QD_SAMPLE_LANES, U = 8 };
+    int b = blockIdx.y, j = blockIdx.x * QD_SAMPLE_PT + threadIdx.x;
+    const float *eb = e + (size_t)b * V;
     float acc = 0.0f;
-#pragma unroll 4 /* the exps of 4 steps in flight; the sum stays one ascending chain */
-    for (int i = j; i < V; i += L)
-        acc = acc + qd_expf(x[i] / T - m);
+    int i = j;
+    for (; i + (U - 1) * L < V; i += U * L) {
+        float v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            v[u] = eb[i + u * L];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            acc = acc + v[u];
+    }
+    for (; i < V; i += L)
+        acc = acc + eb[i];
     lsum[(size_t)b * L + j] = acc;
 }
 
 __global__ void __launch_bounds__(QD_SAMPLE_LANES) k_sample_draw(int32_t *tok, float *lp, float *lpk,
                                                                  const float *lsum, const float *rm,
-                                                                 const int32_t *ra, const float *logits, int V,
+                                                                 const int32_t *ra, const float *e,
+                                                                 const float *logits, int V,
                                                                  float T, int greedy, uint64_t seed,
                                                                  const uint64_t *sid, const uint32_t *spos)
 {
@@ -1736,18 +1991,19 @@ __global__ void __launch_bounds__(QD_SAMPLE_LANES) k_sample_draw(int32_t *tok, f
     __syncthreads();
     float r = r_k[0];
     int k = __float_as_int(r_k[1]), nleaf = (V - k + L - 1) / L;
-    /* the lane's e_i, computed by all threads at once (the same qd_expf), so that
-     * thread 0's walk below waits on no load */
+    /* the lane's stored e_i, loaded by all threads at once, so that thread 0's
+     * walk below waits on no load */
+    const float *eb = e + (size_t)b * V;
     if (nleaf <= LEAF)
         for (int u = j; u < nleaf; u += L)
-            leaf[u] = qd_expf(x[k + (size_t)u * L] / T - m);
+            leaf[u] = eb[k + (size_t)u * L];
     __syncthreads();
     if (j != 0)
         return;
     float c = 0.0f;
     int t = -1;
     for (int i = k, u = 0; i < V; i += L, u++) {
-        float w = nleaf <= LEAF ? leaf[u] : qd_expf(x[i] / T - m);
+        float w = nleaf <= LEAF ? leaf[u] : eb[i];
         c = c + w;
         if (c > r) {
             t = i;
@@ -1769,20 +2025,23 @@ extern "C" qd_status qdk_sample(int32_t *tok, float *lp, float *lpk, const float
     float Ts = greedy ? 1.0f : T;
     if (B == 0)
         return QD_OK;
+    unsigned P = (unsigned)((V + QD_SAMPLE_CH - 1) / QD_SAMPLE_CH);
     size_t nl = (size_t)B * QD_SAMPLE_LANES;
-    float *lmx = (float *)work, *lsum = lmx + nl, *rm = lsum + nl;
-    int32_t *lam = (int32_t *)(rm + B), *ra = lam + nl;
-    dim3 grid(QD_SAMPLE_PARTS, (unsigned)B);
-    QD_LAUNCH(k_sample_max, grid, QD_SAMPLE_PT, lmx, lam, logits, V, Ts, bad);
-    QD_LAUNCH(k_sample_exp, grid, QD_SAMPLE_PT, lsum, rm, ra, lmx, lam, logits, V, Ts);
-    QD_LAUNCH(k_sample_draw, (unsigned)B, QD_SAMPLE_LANES, tok, lp, lpk, lsum, rm, ra, logits, V, Ts, greedy, seed,
-              sid, spos);
+    float *e = (float *)work, *lsum = e + (size_t)B * V, *rm = lsum + nl, *pm = rm + B;
+    int32_t *ra = (int32_t *)(pm + (size_t)B * P), *pa = ra + B;
+    dim3 grid(P, (unsigned)B), lanes(QD_SAMPLE_PARTS, (unsigned)B);
+    QD_LAUNCH(k_sample_max, grid, QD_SAMPLE_PT, pm, pa, logits, V, Ts, bad);
+    QD_LAUNCH(k_sample_exp, grid, QD_SAMPLE_PT, e, rm, ra, pm, pa, logits, V, Ts);
+    QD_LAUNCH(k_sample_lanes, lanes, QD_SAMPLE_PT, lsum, e, V);
+    QD_LAUNCH(k_sample_draw, (unsigned)B, QD_SAMPLE_LANES, tok, lp, lpk, lsum, rm, ra, e, logits, V, Ts, greedy,
+              seed, sid, spos);
     return QD_OK;
 }
 
-extern "C" size_t qdk_sample_work_bytes(int B)
+extern "C" size_t qdk_sample_work_bytes(int B, int V)
 {
-    return (size_t)B * (3 * sizeof(float) * QD_SAMPLE_LANES + 2 * sizeof(float));
+    size_t P = ((size_t)V + QD_SAMPLE_CH - 1) / QD_SAMPLE_CH;
+    return (size_t)B * (sizeof(float) * ((size_t)V + QD_SAMPLE_LANES + 1 + P) + sizeof(int32_t) * (1 + P));
 }
 
 __global__ void k_logprob_bwd(float *dlogits, const float *dlogp, const float *logits, const float *lse,

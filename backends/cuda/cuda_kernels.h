@@ -134,10 +134,10 @@ qd_status qdk_logprob(float *logp, float *lse, float *s, const float *logits, co
  * top_p >= 1; T = 0 greedy): token, logprob, logprob_kept (B) of logits (B, V)
  * at (seed, sid[b], spos[b]) (device arrays); *bad (device int) = 1 when a
  * logit or logit / T is not finite (the results are then unspecified). work:
- * device scratch of qdk_sample_work_bytes(B). */
+ * device scratch of qdk_sample_work_bytes(B, V). */
 qd_status qdk_sample(int32_t *tok, float *lp, float *lpk, const float *logits, int B, int V, float T,
                      uint64_t seed, const uint64_t *sid, const uint32_t *spos, int *bad, void *work);
-size_t qdk_sample_work_bytes(int B);
+size_t qdk_sample_work_bytes(int B, int V);
 /* logprob_backward: dlogits (N, V). */
 qd_status qdk_logprob_backward(float *dlogits, const float *dlogp, const float *logits, const float *lse,
                                const int32_t *tgt, int N, int V, float T);

@@ -665,7 +665,7 @@ static qd_status cuda_sample(void *dev, qd_sample_result *out, const float *logi
     size_t nb = (size_t)B;
     void *buf;
     size_t head = (8 * nb + 4 * nb * 4 + 255) & ~(size_t)255;
-    QD_TRY(scratch(d, D_SAMPLE, head + qdk_sample_work_bytes(B), &buf));
+    QD_TRY(scratch(d, D_SAMPLE, head + qdk_sample_work_bytes(B, V), &buf));
     uint64_t *sid = (uint64_t *)buf;
     uint32_t *spos = (uint32_t *)(sid + nb);
     int32_t *tok = (int32_t *)(spos + nb);
