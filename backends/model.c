@@ -458,25 +458,13 @@ static qd_status linear_backward(model *c, float *dinp, const float *dout, const
 /* ------------------------------------------------------------------------ */
 /* weight sync                                                               */
 
-/* The rollout copies of one quantized linear from its float weight w (dev:
- * the master, or a lean instance's staging buffer). */
-static qd_status sync_rollout_linear(model *c, linear *L, const float *w)
+/* The RAC channels of a rollout's linear for this sync: of largest activation
+ * error since the last one, picked on the host (the sets set_rac_state
+ * installed, and a replay trainer's, are kept). */
+static qd_status rac_pick(model *c, linear *L)
 {
-    if (L->mode == QD_LINEAR_FP8)
-        return OP(c, fp8_quantize_rows, L->w8, L->w8_inv, w, L->out, L->in);
-    if (L->mode == QD_LINEAR_W4A4 || L->mode == QD_LINEAR_W4A4_STE) {
-        QD_TRY(weight_nvfp4(c, L, L->out, L->in));
-        return OP(c, nvfp4_quantize, &L->wq, w);
-    }
-    if (L->mode == QD_LINEAR_W4A4_RAC_STE) { /* the replay trainer: the rollout's channels (set_rac_state) */
-        QD_TRY(weight_nvfp4(c, L, L->out, L->in + L->nrac));
-        return OP(c, rac_augment_weight, &L->wq, w, L->out, L->in, L->d_rac_ch, L->nrac);
-    }
-    if (c->rac_pending) { /* the sets set_rac_state installed, and its statistics */
-        QD_TRY(weight_nvfp4(c, L, L->out, L->in + L->nrac));
-        return OP(c, rac_augment_weight, &L->wq, w, L->out, L->in, L->d_rac_ch, L->nrac);
-    }
-    /* RAC: channels of largest activation error since the last sync, picked on the host */
+    if (L->mode != QD_LINEAR_W4A4_RAC || c->rac_pending)
+        return QD_OK;
     double *err = malloc(sizeof(double) * (size_t)L->in);
     if (!err)
         return qd_error(QD_ERR_NOMEM, "%s backend: RAC statistics", c->ops->name);
@@ -488,9 +476,101 @@ static qd_status sync_rollout_linear(model *c, linear *L, const float *w)
     if (L->nrac < 0)
         return QD_ERR_ARG;
     QD_TRY(OP(c, zero, L->d_rac_err, sizeof(double) * (size_t)L->in));
-    QD_TRY(OP(c, to_dev, L->d_rac_ch, L->rac_ch, sizeof(int64_t) * (size_t)L->nrac));
-    QD_TRY(weight_nvfp4(c, L, L->out, L->in + L->nrac));
-    return OP(c, rac_augment_weight, &L->wq, w, L->out, L->in, L->d_rac_ch, L->nrac);
+    return OP(c, to_dev, L->d_rac_ch, L->rac_ch, sizeof(int64_t) * (size_t)L->nrac);
+}
+
+/* A W4A4 linear's codes for this sync made ready: RAC channels picked, the
+ * NVFP4 matrix (out, in + the channels) there; returns those channels' count. */
+static qd_status codes_prepare(model *c, linear *L, int64_t *n)
+{
+    QD_TRY(rac_pick(c, L));
+    *n = has_rac(L->mode) ? L->nrac : 0;
+    return weight_nvfp4(c, L, L->out, L->in + *n);
+}
+
+/* The rollout copies of one quantized linear from its float weight w (dev:
+ * the master, the trainer's master, or a lean instance's staging buffer). */
+static qd_status sync_rollout_linear(model *c, linear *L, const float *w)
+{
+    if (L->mode == QD_LINEAR_FP8)
+        return OP(c, fp8_quantize_rows, L->w8, L->w8_inv, w, L->out, L->in);
+    int64_t n;
+    QD_TRY(codes_prepare(c, L, &n));
+    return n ? OP(c, rac_augment_weight, &L->wq, w, L->out, L->in, L->d_rac_ch, n) : OP(c, nvfp4_quantize, &L->wq, w);
+}
+
+/* The W4A4 linears of a sync grouped by shape: (out, in, RAC channels), then index. */
+typedef struct {
+    int out, in, i;
+    int64_t n;
+} codes_key;
+
+static int codes_key_cmp(const void *pa, const void *pb)
+{
+    const codes_key *a = pa, *b = pb;
+    if (a->out != b->out)
+        return a->out < b->out ? -1 : 1;
+    if (a->in != b->in)
+        return a->in < b->in ? -1 : 1;
+    if (a->n != b->n)
+        return a->n < b->n ? -1 : 1;
+    return (a->i > b->i) - (a->i < b->i);
+}
+
+static int same_shape(const codes_key *a, const codes_key *b)
+{
+    return a->out == b->out && a->in == b->in && a->n == b->n;
+}
+
+/* One shape's linears k[0 .. m-1] quantized from src in one call
+ * (nvfp4_quantize_weights), or per linear where a backend has no such op. */
+static qd_status codes_group(model *c, const codes_key *k, int m, const float *src, qd_nvfp4 **q, const float **x,
+                             const int64_t **ch)
+{
+    for (int j = 0; j < m; j++) {
+        linear *L = &c->lin[k[j].i];
+        q[j] = &L->wq;
+        x[j] = src + L->w;
+        ch[j] = L->d_rac_ch;
+    }
+    if (c->ops->nvfp4_quantize_weights)
+        return OP(c, nvfp4_quantize_weights, q, x, ch, m, k[0].out, k[0].in, k[0].n);
+    for (int j = 0; j < m; j++)
+        QD_TRY(k[0].n ? OP(c, rac_augment_weight, q[j], x[j], k[0].out, k[0].in, ch[j], k[0].n)
+                      : OP(c, nvfp4_quantize, q[j], x[j]));
+    return QD_OK;
+}
+
+/* The codes of every W4A4 linear (the rollout's, RAC too, and a replay
+ * trainer's) from the float weights in src (dev, the flat layout: the master,
+ * or the trainer's master a lean instance syncs from): prepared one by one,
+ * then quantized a shape at a time (the experts of a layer in one call), the
+ * bits of sync_rollout_linear per linear. */
+static qd_status sync_codes(model *c, const float *src)
+{
+    codes_key *k = malloc(sizeof *k * (size_t)(c->nlin ? c->nlin : 1));
+    void **p = malloc(sizeof(void *) * 3 * (size_t)(c->nlin ? c->nlin : 1));
+    qd_status st = k && p ? QD_OK : qd_error(QD_ERR_NOMEM, "%s backend: weight sync", c->ops->name);
+    int m = 0;
+    for (int i = 0; i < c->nlin && !st; i++) {
+        linear *L = &c->lin[i];
+        if (!is_w4a4(L->mode))
+            continue;
+        k[m] = (codes_key){.out = L->out, .in = L->in, .i = i};
+        st = codes_prepare(c, L, &k[m].n);
+        m++;
+    }
+    if (!st)
+        qsort(k, (size_t)m, sizeof *k, codes_key_cmp);
+    for (int j0 = 0, j1; j0 < m && !st; j0 = j1) {
+        for (j1 = j0 + 1; j1 < m && same_shape(&k[j1], &k[j0]); j1++)
+            ;
+        st = codes_group(c, k + j0, j1 - j0, src, (qd_nvfp4 **)p, (const float **)(p + c->nlin),
+                         (const int64_t **)(p + 2 * c->nlin));
+    }
+    free(k);
+    free(p);
+    return st;
 }
 
 /* Diagnostics: relative squared NVFP4 error of the float weight w (dev);
@@ -520,11 +600,11 @@ static qd_status measure_weight_error(model *c, linear *L, const float *w)
  * the codes the forward multiplies and, for a trainer, the weight its
  * backward multiplies (the replay trainer has both: the rollout's codes
  * forward, their dequantization backward). */
-static qd_status sync_linear(model *c, linear *L, const float *w)
+static qd_status sync_linear(model *c, linear *L, const float *w, int codes_done)
 {
     if (measured(c, L))
         QD_TRY(measure_weight_error(c, L, w));
-    if (is_rollout_quant(L->mode))
+    if (is_rollout_quant(L->mode) && !(codes_done && is_w4a4(L->mode)))
         QD_TRY(sync_rollout_linear(c, L, w));
     if (is_fake_quant_weight(L->mode))
         return OP(c, nvfp4_fake_quant, LW(c, L), w, L->out, L->in, QD_SCALE_PER_TENSOR);
@@ -574,15 +654,19 @@ static qd_status load_tensor(model *c, float *dst, wsrc *s, int t, size_t n)
 /* The floats a lean sync converts to BF16 at a time through S_STAGE. */
 enum { STAGE_CHUNK = 1 << 22 };
 
-/* A tensor held as BF16 and not staged whole: converted chunk by chunk. */
+/* A tensor held as BF16 and not staged whole: converted chunk by chunk (from
+ * another instance's master at once). */
 static qd_status sync_bf16(model *c, int t, wsrc *s, size_t n)
 {
+    uint16_t *dst = c->wk16 + c->wk16_at[t];
+    if (s->dev)
+        return OP(c, to_bf16, dst, s->dev + c->info[t].offset, n);
     void *w;
     QD_TRY(scratch(c, S_STAGE, sizeof(float) * (n < STAGE_CHUNK ? n : STAGE_CHUNK), &w));
     for (size_t k = 0; k < n; k += STAGE_CHUNK) {
         size_t m = n - k < STAGE_CHUNK ? n - k : STAGE_CHUNK;
         QD_TRY(load_range(c, w, s, t, k, m));
-        QD_TRY(OP(c, to_bf16, c->wk16 + c->wk16_at[t] + k, w, m));
+        QD_TRY(OP(c, to_bf16, dst + k, w, m));
     }
     return QD_OK;
 }
@@ -596,9 +680,11 @@ static int staged(const model *c, const linear *L)
 }
 
 /* One tensor of a lean sync: into wk (rounded to BF16 unless fp32) where it
- * is read as float, through S_STAGE into the linear's copies where staged;
- * the bits of sync_weights' round_bf16 and sync_linear. */
-static qd_status sync_tensor(model *c, int t, wsrc *s)
+ * is read as float, through S_STAGE into the linear's copies where staged
+ * (from another instance's master, read where it is: no staging); the bits
+ * of sync_weights' round_bf16 and sync_linear. codes_done: sync_codes made
+ * the W4A4 codes. */
+static qd_status sync_tensor(model *c, int t, wsrc *s, int codes_done)
 {
     const qd_param_info *pi = &c->info[t];
     size_t n = (size_t)(pi->rows * pi->cols);
@@ -607,14 +693,21 @@ static qd_status sync_tensor(model *c, int t, wsrc *s)
     int fp32 = c->opt.recipe == QD_RECIPE_FP32, w16 = c->wk16_at[t] != NOT_HELD;
     if (w16 && !staged(c, L))
         return sync_bf16(c, t, s, n);
+    if (!staged(c, L) && s->dev)
+        return fp32 ? OP(c, copy, dst, s->dev + pi->offset, sizeof(float) * n)
+                    : OP(c, round_bf16, dst, s->dev + pi->offset, n);
     if (!staged(c, L)) {
         QD_TRY(load_tensor(c, dst, s, t, n));
         return fp32 ? QD_OK : OP(c, round_bf16, dst, dst, n);
     }
-    void *w;
-    QD_TRY(scratch(c, S_STAGE, sizeof(float) * n, &w));
-    QD_TRY(load_tensor(c, w, s, t, n));
-    QD_TRY(sync_linear(c, L, w));
+    const float *w = s->dev ? s->dev + pi->offset : NULL;
+    if (!w) {
+        void *stage;
+        QD_TRY(scratch(c, S_STAGE, sizeof(float) * n, &stage));
+        QD_TRY(load_tensor(c, stage, s, t, n));
+        w = stage;
+    }
+    QD_TRY(sync_linear(c, L, w, codes_done));
     if (w16)
         return OP(c, to_bf16, c->wk16 + c->wk16_at[t], w, n);
     if (!dst || is_fake_quant_weight(L->mode))
@@ -624,20 +717,24 @@ static qd_status sync_tensor(model *c, int t, wsrc *s)
 
 /* Rebuild every working copy from the master weights (NUMERICS.md §5); a
  * lean instance from s, tensor by tensor (an instance with a master takes
- * a fill's values into it first). */
+ * a fill's values into it first). The W4A4 codes, where the float weights
+ * are on the device, a shape at a time (sync_codes). */
 static qd_status sync_weights_from(model *c, wsrc *s)
 {
     for (int t = 0; !c->lean && s->fill && t < c->ninfo; t++)
         QD_TRY(load_tensor(c, c->params + c->info[t].offset, s, t,
                            (size_t)(c->info[t].rows * c->info[t].cols)));
+    const float *src = c->lean ? s->dev : c->params;
+    if (src)
+        QD_TRY(sync_codes(c, src));
     if (c->lean) {
         for (int t = 0; t < c->ninfo; t++)
-            QD_TRY(sync_tensor(c, t, s));
+            QD_TRY(sync_tensor(c, t, s, src != NULL));
     } else {
         if (c->wk != c->params)
             QD_TRY(OP(c, round_bf16, c->wk, c->params, c->nfloats));
         for (int i = 0; i < c->nlin; i++)
-            QD_TRY(sync_linear(c, &c->lin[i], c->params + c->lin[i].w));
+            QD_TRY(sync_linear(c, &c->lin[i], c->params + c->lin[i].w, 1));
     }
     c->rac_pending = 0;
     if (c->ops->weights_changed)

@@ -599,6 +599,15 @@ static qd_status cpu_nvfp4_quantize(void *dev, qd_nvfp4 *q, const float *x)
     return qd_nvfp4_quantize(q, x);
 }
 
+static qd_status cpu_nvfp4_quantize_weights(void *dev, qd_nvfp4 *const *q, const float *const *x,
+                                            const int64_t *const *ch, int count, int N, int K, int64_t n)
+{
+    (void)dev;
+    for (int i = 0; i < count; i++)
+        QD_TRY(n ? qd_rac_augment_weight(q[i], x[i], N, K, ch[i], n) : qd_nvfp4_quantize(q[i], x[i]));
+    return QD_OK;
+}
+
 static qd_status cpu_nvfp4_fake_quant(void *dev, float *out, const float *x, int rows, int cols,
                                       qd_scale_kind scale)
 {
@@ -973,6 +982,7 @@ static const qd_ops cpu_ops = {
     .rac_error = cpu_rac_error,
     .rac_augment_act = cpu_rac_augment_act,
     .rac_augment_weight = cpu_rac_augment_weight,
+    .nvfp4_quantize_weights = cpu_nvfp4_quantize_weights,
     .rac_grouped = cpu_rac_grouped,
     .rac_fake_quant = cpu_rac_fake_quant,
     .sqerr_rows = cpu_sqerr_rows,
