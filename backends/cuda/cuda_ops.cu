@@ -510,6 +510,13 @@ static qd_status cuda_rac_augment_weight(void *dev, qd_nvfp4 *out, const float *
     return qd_cuda_rac_augment_weight(out, w, N, K, ch, n);
 }
 
+static qd_status cuda_nvfp4_quantize_weights(void *dev, qd_nvfp4 *const *q, const float *const *x,
+                                             const int64_t *const *ch, int count, int N, int K, int64_t n)
+{
+    (void)dev;
+    return qd_cuda_nvfp4_quantize_weights_async(q, x, ch, count, N, K, n);
+}
+
 static qd_status cuda_sqerr_rows(void *dev, double *err, double *nrm, const float *x, const float *xh, int rows,
                                  int cols)
 {
@@ -743,6 +750,7 @@ static const qd_ops cuda_ops = {
     .rac_error = cuda_rac_error,
     .rac_augment_act = cuda_rac_augment_act,
     .rac_augment_weight = cuda_rac_augment_weight,
+    .nvfp4_quantize_weights = cuda_nvfp4_quantize_weights,
     .rac_grouped = cuda_rac_grouped,
     .rac_fake_quant = cuda_rac_fake_quant,
     .sqerr_rows = cuda_sqerr_rows,

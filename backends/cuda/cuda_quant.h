@@ -104,6 +104,14 @@ qd_status qd_cuda_rac_augment_act_grouped_async(qd_nvfp4 *out, const float *x, i
  * row when out->per_row). */
 qd_status qd_cuda_rac_augment_weight(qd_nvfp4 *out, const float *w, int64_t N, int64_t K,
                                      const int64_t *channels, int64_t n);
+/* Weights of one shape, enqueued: for i < count, q[i] (N, K+n, one scale per
+ * tensor) = [x[i], x[i][:, channels[i]]] quantized with x[i]'s global scale
+ * (n = 0: quantize(x[i])), the bits of qd_cuda_rac_augment_weight and
+ * qd_cuda_nvfp4_quantize per tensor in two launches per 64 tensors; a
+ * non-finite weight is reported by qd_cuda_nonfinite_check. */
+qd_status qd_cuda_nvfp4_quantize_weights_async(qd_nvfp4 *const *q, const float *const *x,
+                                               const int64_t *const *channels, int count, int64_t N, int64_t K,
+                                               int64_t n);
 
 #ifdef __cplusplus
 }
