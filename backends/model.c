@@ -71,10 +71,11 @@ typedef struct {
     void *wq_mem;
     uint8_t *w8;           /* FP8: (out, in) E4M3 codes */
     float *w8_inv;         /* FP8: (out) decode scales */
-    int64_t *rac_ch;       /* RAC: host (in), nrac used, ascending */
-    int64_t *d_rac_ch;     /* RAC: dev copy */
+    int64_t *rac_ch;       /* RAC: host (in), nrac used, ascending (a view of the model's rac_ch) */
+    int64_t *d_rac_ch;     /* RAC: dev copy (a view of d_rac_ch) */
     int64_t nrac;
-    double *d_rac_err;     /* RAC: dev (in) squared activation error since the last sync */
+    double *d_rac_err;     /* RAC: dev (in) squared activation error since the last sync (a view
+                              of d_rac_err) */
     /* diagnostics (options.diagnostics), host */
     double act_err, act_norm; /* sum of squared NVFP4 activation error and of x^2, last forward */
     double weight_err;     /* sum (W - dequant(quantize(W)))^2 / sum W^2, last sync */
@@ -140,6 +141,12 @@ typedef struct {
     size_t *wk16_at, nwk16;        /* lean: (ninfo) each tensor's offset in wk16, or NOT_HELD */
     size_t embed16;                /* the embedding's offset in wk16, or NOT_HELD */
     int *lin_at;                   /* lean: (ninfo) the linear whose weight tensor t is, or -1 */
+    /* RAC: every RAC linear's channels (host and dev) and statistics (dev), in
+     * linear order, in units of its in (nrac_in in all): a sync moves them in
+     * one call each */
+    int64_t *rac_ch, *d_rac_ch;
+    double *d_rac_err;
+    size_t nrac_in;
     int rac_pending;               /* set_rac_state installed channel sets that the next weight
                                       sync builds the RAC copies with (no pick); a lean instance
                                       has no other copy of them until then */
@@ -458,32 +465,38 @@ static qd_status linear_backward(model *c, float *dinp, const float *dout, const
 /* ------------------------------------------------------------------------ */
 /* weight sync                                                               */
 
-/* The RAC channels of a rollout's linear for this sync: of largest activation
- * error since the last one, picked on the host (the sets set_rac_state
- * installed, and a replay trainer's, are kept). */
-static qd_status rac_pick(model *c, linear *L)
+/* The RAC channels of a rollout's linears for this sync: of largest
+ * activation error since the last one, picked on the host, the statistics
+ * and channels moved in one call each (the sets set_rac_state installed,
+ * and a replay trainer's, are kept). */
+static qd_status rac_pick(model *c)
 {
-    if (L->mode != QD_LINEAR_W4A4_RAC || c->rac_pending)
+    int pick = 0;
+    for (int i = 0; i < c->nlin; i++)
+        pick |= c->lin[i].mode == QD_LINEAR_W4A4_RAC;
+    if (!pick || c->rac_pending)
         return QD_OK;
-    double *err = malloc(sizeof(double) * (size_t)L->in);
+    double *err = malloc(sizeof(double) * c->nrac_in);
     if (!err)
         return qd_error(QD_ERR_NOMEM, "%s backend: RAC statistics", c->ops->name);
-    qd_status st = OP(c, to_host, err, L->d_rac_err, sizeof(double) * (size_t)L->in);
-    if (!st)
-        L->nrac = qd_rac_select(L->rac_ch, err, L->in, c->opt.rac_ratio);
+    qd_status st = OP(c, to_host, err, c->d_rac_err, sizeof(double) * c->nrac_in);
+    for (int i = 0; i < c->nlin && !st; i++) {
+        linear *L = &c->lin[i];
+        if (has_rac(L->mode))
+            L->nrac = qd_rac_select(L->rac_ch, err + (L->rac_ch - c->rac_ch), L->in, c->opt.rac_ratio);
+        if (has_rac(L->mode) && L->nrac < 0)
+            st = QD_ERR_ARG;
+    }
     free(err);
     QD_TRY(st);
-    if (L->nrac < 0)
-        return QD_ERR_ARG;
-    QD_TRY(OP(c, zero, L->d_rac_err, sizeof(double) * (size_t)L->in));
-    return OP(c, to_dev, L->d_rac_ch, L->rac_ch, sizeof(int64_t) * (size_t)L->nrac);
+    QD_TRY(OP(c, zero, c->d_rac_err, sizeof(double) * c->nrac_in));
+    return OP(c, to_dev, c->d_rac_ch, c->rac_ch, sizeof(int64_t) * c->nrac_in);
 }
 
-/* A W4A4 linear's codes for this sync made ready: RAC channels picked, the
+/* A W4A4 linear's codes for this sync made ready (RAC channels picked): the
  * NVFP4 matrix (out, in + the channels) there; returns those channels' count. */
 static qd_status codes_prepare(model *c, linear *L, int64_t *n)
 {
-    QD_TRY(rac_pick(c, L));
     *n = has_rac(L->mode) ? L->nrac : 0;
     return weight_nvfp4(c, L, L->out, L->in + *n);
 }
@@ -543,8 +556,8 @@ static qd_status codes_group(model *c, const codes_key *k, int m, const float *s
 
 /* The codes of every W4A4 linear (the rollout's, RAC too, and a replay
  * trainer's) from the float weights in src (dev, the flat layout: the master,
- * or the trainer's master a lean instance syncs from): prepared one by one,
- * then quantized a shape at a time (the experts of a layer in one call), the
+ * or the trainer's master a lean instance syncs from; RAC channels picked):
+ * prepared one by one, then quantized a shape at a time (the experts of a layer in one call), the
  * bits of sync_rollout_linear per linear. */
 static qd_status sync_codes(model *c, const float *src)
 {
@@ -725,6 +738,7 @@ static qd_status sync_weights_from(model *c, wsrc *s)
         QD_TRY(load_tensor(c, c->params + c->info[t].offset, s, t,
                            (size_t)(c->info[t].rows * c->info[t].cols)));
     const float *src = c->lean ? s->dev : c->params;
+    QD_TRY(rac_pick(c));
     if (src)
         QD_TRY(sync_codes(c, src));
     if (c->lean) {
@@ -2120,9 +2134,6 @@ static void free_linear(model *c, linear *L)
     c->ops->release(c->dev, L->wq_mem);
     c->ops->release(c->dev, L->w8);
     c->ops->release(c->dev, L->w8_inv);
-    c->ops->release(c->dev, L->d_rac_ch);
-    c->ops->release(c->dev, L->d_rac_err);
-    free(L->rac_ch);
 }
 
 static void m_free(qd_backend *b)
@@ -2132,6 +2143,9 @@ static void m_free(qd_backend *b)
         c->ops->report(c->dev);
     for (int i = 0; c->lin && i < c->nlin; i++)
         free_linear(c, &c->lin[i]);
+    c->ops->release(c->dev, c->d_rac_ch);
+    c->ops->release(c->dev, c->d_rac_err);
+    free(c->rac_ch);
     if (c->wk != c->params)
         c->ops->release(c->dev, c->wk);
     float *bufs[] = {c->params, c->grads, c->m, c->v, c->rope_cos, c->rope_sin};
@@ -2516,12 +2530,30 @@ static qd_status alloc_linear(model *c, linear *L)
     if (is_w4a4(L->mode) && L->in % QD_NVFP4_BLOCK)
         return qd_error(QD_ERR_SHAPE, "%s backend: NVFP4 needs in-features %% 16 == 0, got %d", c->ops->name,
                         L->in);
-    if (has_rac(L->mode)) {
-        L->rac_ch = calloc((size_t)L->in, sizeof(int64_t));
-        if (!L->rac_ch)
-            return qd_error(QD_ERR_NOMEM, "%s backend: RAC state", c->ops->name);
-        QD_TRY(dalloc(c, (void **)&L->d_rac_ch, sizeof(int64_t) * (size_t)L->in, QD_MEM_QUANT, "RAC channels"));
-        QD_TRY(dalloc(c, (void **)&L->d_rac_err, sizeof(double) * (size_t)L->in, QD_MEM_QUANT, "RAC statistics"));
+    return QD_OK;
+}
+
+/* The RAC state of every RAC linear, one buffer each, the linears' views into them. */
+static qd_status alloc_rac(model *c)
+{
+    for (int i = 0; i < c->nlin; i++)
+        c->nrac_in += has_rac(c->lin[i].mode) ? (size_t)c->lin[i].in : 0;
+    if (!c->nrac_in)
+        return QD_OK;
+    c->rac_ch = calloc(c->nrac_in, sizeof(int64_t));
+    if (!c->rac_ch)
+        return qd_error(QD_ERR_NOMEM, "%s backend: RAC state", c->ops->name);
+    QD_TRY(dalloc(c, (void **)&c->d_rac_ch, sizeof(int64_t) * c->nrac_in, QD_MEM_QUANT, "RAC channels"));
+    QD_TRY(dalloc(c, (void **)&c->d_rac_err, sizeof(double) * c->nrac_in, QD_MEM_QUANT, "RAC statistics"));
+    size_t off = 0;
+    for (int i = 0; i < c->nlin; i++) {
+        linear *L = &c->lin[i];
+        if (!has_rac(L->mode))
+            continue;
+        L->rac_ch = c->rac_ch + off;
+        L->d_rac_ch = c->d_rac_ch + off;
+        L->d_rac_err = c->d_rac_err + off;
+        off += L->in;
     }
     return QD_OK;
 }
@@ -2577,6 +2609,7 @@ static qd_status alloc_model(model *c)
             c->ops->own_bytes(c->dev, c->lean ? c->nwk : c->nfloats);
     for (int i = 0; i < c->nlin; i++)
         QD_TRY(alloc_linear(c, &c->lin[i]));
+    QD_TRY(alloc_rac(c));
     QD_TRY(upload_rope(c));
     return sync_weights(c);
 }
