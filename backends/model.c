@@ -466,8 +466,8 @@ static qd_status linear_backward(model *c, float *dinp, const float *dout, const
 /* weight sync                                                               */
 
 /* The RAC channels of a rollout's linears for this sync: of largest
- * activation error since the last one, picked on the host, the statistics
- * and channels moved in one call each (the sets set_rac_state installed,
+ * activation error since the last one, picked on the host (the linears in
+ * parallel), the statistics and channels moved in one call each (the sets set_rac_state installed,
  * and a replay trainer's, are kept). */
 static qd_status rac_pick(model *c)
 {
@@ -480,11 +480,20 @@ static qd_status rac_pick(model *c)
     if (!err)
         return qd_error(QD_ERR_NOMEM, "%s backend: RAC statistics", c->ops->name);
     qd_status st = OP(c, to_host, err, c->d_rac_err, sizeof(double) * c->nrac_in);
-    for (int i = 0; i < c->nlin && !st; i++) {
+    int bad = 0;
+    /* linears in parallel (a sort each); a failure is redone here for its message (thread-local) */
+    #pragma omp parallel for schedule(dynamic, 4) reduction(|:bad) if (!st)
+    for (int i = 0; i < c->nlin; i++) {
         linear *L = &c->lin[i];
-        if (has_rac(L->mode))
+        if (!st && has_rac(L->mode)) {
             L->nrac = qd_rac_select(L->rac_ch, err + (L->rac_ch - c->rac_ch), L->in, c->opt.rac_ratio);
-        if (has_rac(L->mode) && L->nrac < 0)
+            bad |= L->nrac < 0;
+        }
+    }
+    for (int i = 0; i < c->nlin && bad && !st; i++) {
+        linear *L = &c->lin[i];
+        if (has_rac(L->mode) && L->nrac < 0 &&
+            qd_rac_select(L->rac_ch, err + (L->rac_ch - c->rac_ch), L->in, c->opt.rac_ratio) < 0)
             st = QD_ERR_ARG;
     }
     free(err);
