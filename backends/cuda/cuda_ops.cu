@@ -366,10 +366,11 @@ static qd_status cuda_matmul_grouped_backward(void *dev, float *dinp, float *con
 /* ------------------------------------------------------------------------ */
 /* quantizers and quantized products                                         */
 
+/* a non-finite input is reported by finish (qd_cuda_nonfinite_check), as nvfp4_quantize's */
 static qd_status cuda_fp8_quantize_rows(void *dev, uint8_t *q, float *scale_inv, const float *x, int rows, int cols)
 {
     (void)dev;
-    return qd_cuda_fp8_quantize_rows(q, scale_inv, x, rows, cols);
+    return qd_cuda_fp8_quantize_rows_async(q, scale_inv, x, rows, cols);
 }
 
 static qd_status cuda_fp8_gemm(void *dev, float *y, const uint8_t *qa, const float *sa_inv, const uint8_t *qw,

@@ -1771,8 +1771,8 @@ extern "C" qd_status qd_cuda_nvfp4_fake_quant(float *out, const float *x, int64_
     return qd_cuda_nonfinite_check();
 }
 
-extern "C" qd_status qd_cuda_fp8_quantize_rows(uint8_t *q, float *scale_inv, const float *x,
-                                               int64_t rows, int64_t cols)
+extern "C" qd_status qd_cuda_fp8_quantize_rows_async(uint8_t *q, float *scale_inv, const float *x,
+                                                     int64_t rows, int64_t cols)
 {
     if (rows < 0 || cols < 0)
         return qd_error(QD_ERR_SHAPE, "qd_cuda_fp8_quantize_rows: negative shape");
@@ -1780,6 +1780,13 @@ extern "C" qd_status qd_cuda_fp8_quantize_rows(uint8_t *q, float *scale_inv, con
         fp8_rows_kernel<<<(unsigned)rows, row_threads(cols)>>>(q, scale_inv, x, cols);
         QD_CUDA_CHECK(cudaGetLastError());
     }
+    return QD_OK;
+}
+
+extern "C" qd_status qd_cuda_fp8_quantize_rows(uint8_t *q, float *scale_inv, const float *x,
+                                               int64_t rows, int64_t cols)
+{
+    QD_TRY(qd_cuda_fp8_quantize_rows_async(q, scale_inv, x, rows, cols));
     return qd_cuda_nonfinite_check();
 }
 

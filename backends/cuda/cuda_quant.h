@@ -56,6 +56,8 @@ qd_status qd_cuda_nvfp4_fake_quant_async(float *out, const float *x, int64_t row
 /* FP8 E4M3, one scale per row: q (rows, cols), scale_inv (rows). */
 qd_status qd_cuda_fp8_quantize_rows(uint8_t *q, float *scale_inv, const float *x,
                                     int64_t rows, int64_t cols);
+/* The same, enqueued: a non-finite input is reported by qd_cuda_nonfinite_check. */
+qd_status qd_cuda_fp8_quantize_rows_async(uint8_t *q, float *scale_inv, const float *x, int64_t rows, int64_t cols);
 
 /* The canonical W4A4 product (§3): y (M, N) = A (M, K) . W (N, K)^T, the
  * per-output block order ascending, so the bits equal qd_w4a4_gemm's. */
