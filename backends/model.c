@@ -147,6 +147,7 @@ typedef struct {
     int64_t *rac_ch, *d_rac_ch;
     double *d_rac_err;
     size_t nrac_in;
+    int rac_host_stale;            /* d_rac_ch was picked on the device since rac_ch was read */
     int rac_pending;               /* set_rac_state installed channel sets that the next weight
                                       sync builds the RAC copies with (no pick); a lean instance
                                       has no other copy of them until then */
@@ -466,40 +467,45 @@ static qd_status linear_backward(model *c, float *dinp, const float *dout, const
 /* weight sync                                                               */
 
 /* The RAC channels of a rollout's linears for this sync: of largest
- * activation error since the last one, picked on the host (the linears in
- * parallel), the statistics and channels moved in one call each (the sets set_rac_state installed,
- * and a replay trainer's, are kept). */
+ * activation error since the last one (the op rac_select, on the device,
+ * all linears in one call), the statistics then zeroed; the host copy of the
+ * channels is fetched when read (rac_host). The sets set_rac_state
+ * installed, and a replay trainer's, are kept. */
 static qd_status rac_pick(model *c)
 {
-    int pick = 0;
+    int m = 0;
     for (int i = 0; i < c->nlin; i++)
-        pick |= c->lin[i].mode == QD_LINEAR_W4A4_RAC;
-    if (!pick || c->rac_pending)
+        m += c->lin[i].mode == QD_LINEAR_W4A4_RAC;
+    if (!m || c->rac_pending)
         return QD_OK;
-    double *err = malloc(sizeof(double) * c->nrac_in);
-    if (!err)
-        return qd_error(QD_ERR_NOMEM, "%s backend: RAC statistics", c->ops->name);
-    qd_status st = OP(c, to_host, err, c->d_rac_err, sizeof(double) * c->nrac_in);
-    int bad = 0;
-    /* linears in parallel (a sort each); a failure is redone here for its message (thread-local) */
-    #pragma omp parallel for schedule(dynamic, 4) reduction(|:bad) if (!st)
-    for (int i = 0; i < c->nlin; i++) {
+    size_t *off = malloc(sizeof(size_t) * (size_t)m);
+    int *K = malloc(sizeof(int) * (size_t)m);
+    qd_status st = off && K ? QD_OK : qd_error(QD_ERR_NOMEM, "%s backend: RAC channels", c->ops->name);
+    for (int i = 0, j = 0; i < c->nlin && !st; i++) {
         linear *L = &c->lin[i];
-        if (!st && has_rac(L->mode)) {
-            L->nrac = qd_rac_select(L->rac_ch, err + (L->rac_ch - c->rac_ch), L->in, c->opt.rac_ratio);
-            bad |= L->nrac < 0;
-        }
+        if (L->mode != QD_LINEAR_W4A4_RAC)
+            continue;
+        off[j] = (size_t)(L->rac_ch - c->rac_ch);
+        K[j++] = L->in;
+        L->nrac = qd_rac_count(c->opt.rac_ratio, L->in);
     }
-    for (int i = 0; i < c->nlin && bad && !st; i++) {
-        linear *L = &c->lin[i];
-        if (has_rac(L->mode) && L->nrac < 0 &&
-            qd_rac_select(L->rac_ch, err + (L->rac_ch - c->rac_ch), L->in, c->opt.rac_ratio) < 0)
-            st = QD_ERR_ARG;
-    }
-    free(err);
+    if (!st)
+        st = OP(c, rac_select, c->d_rac_ch, c->d_rac_err, off, K, m, c->opt.rac_ratio);
+    free(off);
+    free(K);
     QD_TRY(st);
-    QD_TRY(OP(c, zero, c->d_rac_err, sizeof(double) * c->nrac_in));
-    return OP(c, to_dev, c->d_rac_ch, c->rac_ch, sizeof(int64_t) * c->nrac_in);
+    c->rac_host_stale = 1;
+    return OP(c, zero, c->d_rac_err, sizeof(double) * c->nrac_in);
+}
+
+/* The host copy of the RAC channels, fetched after a pick on the device. */
+static qd_status rac_host(model *c)
+{
+    if (!c->rac_host_stale)
+        return QD_OK;
+    QD_TRY(OP(c, to_host, c->rac_ch, c->d_rac_ch, sizeof(int64_t) * c->nrac_in));
+    c->rac_host_stale = 0;
+    return QD_OK;
 }
 
 /* A W4A4 linear's codes for this sync made ready (RAC channels picked): the
@@ -1847,6 +1853,7 @@ static size_t rac_state_size_impl(model *c)
 
 static qd_status get_rac_impl(model *c, char *p)
 {
+    QD_TRY(rac_host(c));
     for (int i = 0; i < c->nlin; i++) {
         const linear *L = &c->lin[i];
         if (!has_rac(L->mode))
@@ -1873,7 +1880,7 @@ static qd_status set_rac_linear(model *c, linear *L, const char *p, int64_t *tmp
     p += sizeof(int64_t) * (1 + (size_t)L->in);
     memcpy(tmp, p, sizeof(double) * (size_t)L->in);
     QD_TRY(OP(c, to_dev, L->d_rac_err, tmp, sizeof(double) * (size_t)L->in));
-    QD_TRY(OP(c, to_dev, L->d_rac_ch, L->rac_ch, sizeof(int64_t) * (size_t)L->nrac));
+    QD_TRY(OP(c, to_dev, L->d_rac_ch, L->rac_ch, sizeof(int64_t) * (size_t)L->in)); /* all: the copies agree */
     if (c->lean) /* no float weight here: the next sync builds the copy with these sets */
         return QD_OK;
     QD_TRY(weight_nvfp4(c, L, L->out, L->in + L->nrac));
@@ -1882,6 +1889,7 @@ static qd_status set_rac_linear(model *c, linear *L, const char *p, int64_t *tmp
 
 static qd_status set_rac_impl(model *c, const char *p)
 {
+    QD_TRY(rac_host(c)); /* a linear the blob does not reach keeps its channels */
     for (int i = 0; i < c->nlin; i++) {
         linear *L = &c->lin[i];
         if (!has_rac(L->mode))

@@ -436,6 +436,40 @@ static void c_quantize_weights(oc *c) { weights_case(c, 70, 24, 96, 0); }
 
 static void c_quantize_weights_rac(oc *c) { weights_case(c, 67, 10, 64, 16); }
 
+/* RAC channel sets of 205 linears (more than one CUDA launch takes): widths
+ * over one 256-channel tile and under, one of 16 (no channel at 0.25), errors
+ * from a few values (ties, broken by the lower channel) or all distinct; the
+ * entries a set does not fill keep their sentinels. */
+static void c_rac_select(oc *c)
+{
+    enum { NL = 205 };
+    int K[NL];
+    size_t off[NL], total = 0;
+    for (int i = 0; i < NL; i++) {
+        K[i] = i < 5 ? (int[]){64, 1040, 16, 288, 32}[i] : 32 + 16 * (i % 3);
+        off[i] = total;
+        total += (size_t)K[i];
+    }
+    double *e = malloc(sizeof(double) * total);
+    int64_t *h = malloc(sizeof(int64_t) * total);
+    if (!e || !h) {
+        c->st = qd_error(QD_ERR_NOMEM, "op case");
+        free(e), free(h);
+        return;
+    }
+    for (size_t k = 0; k < total; k++) {
+        e[k] = k >= off[3] && k < off[4] ? (double)unif(c, 0, 1) : 0.5 * irand(c, 4);
+        h[k] = -7 - (int64_t)k;
+    }
+    double *err = up(c, e, sizeof(double) * total);
+    int64_t *ch = up(c, h, sizeof(int64_t) * total);
+    RUN(c, c->ops->rac_select(c->dev, ch, err, off, K, NL, 0.25));
+    if (c->ops->finish)
+        RUN(c, c->ops->finish(c->dev));
+    OUT(c, "ch", 'b', ch, sizeof(int64_t) * total);
+    free(e), free(h);
+}
+
 /* the replay trainer's RAC input: x_hat plus the residuals on the channels */
 static void c_rac_fake_quant(oc *c)
 {
@@ -821,6 +855,7 @@ static const op_case cases[] = {
     {{"nvfp4_quantize_weights 70 x 24x96", "nvfp4_quantize_weights", 0}, c_quantize_weights},
     {{"nvfp4_quantize_weights 67 x 10x64+16", "nvfp4_quantize_weights", 0}, c_quantize_weights_rac},
     {{"rac error+augment 6x64+16", "rac_augment_act", 0}, c_rac},
+    {{"rac_select 205 linears", "rac_select", 0}, c_rac_select},
     {{"rac_grouped 4 experts 64+16", "rac_grouped", 0}, c_rac_grouped},
     {{"rac_fake_quant 7x64+32", "rac_fake_quant", 0}, c_rac_fake_quant},
     {{"sqerr_rows 11x70", "sqerr_rows", 0}, c_sqerr_rows},

@@ -518,6 +518,13 @@ static qd_status cuda_nvfp4_quantize_weights(void *dev, qd_nvfp4 *const *q, cons
     return qd_cuda_nvfp4_quantize_weights_async(q, x, ch, count, N, K, n);
 }
 
+static qd_status cuda_rac_select(void *dev, int64_t *ch, const double *err, const size_t *off, const int *K,
+                                int count, double ratio)
+{
+    (void)dev;
+    return qd_cuda_rac_select_async(ch, err, off, K, count, ratio);
+}
+
 static qd_status cuda_sqerr_rows(void *dev, double *err, double *nrm, const float *x, const float *xh, int rows,
                                  int cols)
 {
@@ -752,6 +759,7 @@ static const qd_ops cuda_ops = {
     .rac_augment_act = cuda_rac_augment_act,
     .rac_augment_weight = cuda_rac_augment_weight,
     .nvfp4_quantize_weights = cuda_nvfp4_quantize_weights,
+    .rac_select = cuda_rac_select,
     .rac_grouped = cuda_rac_grouped,
     .rac_fake_quant = cuda_rac_fake_quant,
     .sqerr_rows = cuda_sqerr_rows,

@@ -2234,3 +2234,74 @@ extern "C" qd_status qd_cuda_nvfp4_quantize_weights_async(qd_nvfp4 *const *q, co
     }
     return QD_OK;
 }
+
+/* Linears a RAC pick launch takes: their (offset, K, n) ride in the kernel's parameters. */
+#define QK_RAC_GROUP 192
+
+struct qk_rac_sets {
+    int64_t off[QK_RAC_GROUP];
+    int K[QK_RAC_GROUP], n[QK_RAC_GROUP];
+};
+
+/* One CTA a linear y: channel k is picked when fewer than n channels come
+ * before it in (err descending, channel ascending), the order of
+ * qd_rac_select's sort, whose first n it takes; picked channels are written
+ * ascending (a CTA-wide count of the picked ones below each tile of 256). */
+__global__ void __launch_bounds__(256) rac_select_kernel(int64_t *ch, const double *err,
+                                                         const __grid_constant__ qk_rac_sets g)
+{
+    __shared__ int warp_count[8];
+    int y = blockIdx.x, K = g.K[y], n = g.n[y], lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const double *e = err + g.off[y];
+    int64_t *out = ch + g.off[y];
+    int base = 0, bad = 0;
+    for (int t0 = 0; t0 < K; t0 += 256) {
+        int k = t0 + threadIdx.x, pick = 0;
+        if (k < K) {
+            double ek = e[k];
+            bad |= !isfinite(ek);
+            int rank = 0;
+            for (int j = 0; j < K && rank < n; j++) {
+                double ej = e[j];
+                rank += ej > ek || (ej == ek && j < k);
+            }
+            pick = rank < n;
+        }
+        unsigned m = __ballot_sync(0xffffffffu, pick);
+        if (lane == 0)
+            warp_count[wid] = __popc(m);
+        __syncthreads();
+        int below = base + __popc(m & ((1u << lane) - 1u));
+        for (int w = 0; w < wid; w++)
+            below += warp_count[w];
+        if (pick)
+            out[below] = k;
+        for (int w = 0; w < 8; w++)
+            base += warp_count[w];
+        __syncthreads();
+    }
+    if (bad)
+        qd_cuda_nonfinite = 1;
+}
+
+extern "C" qd_status qd_cuda_rac_select_async(int64_t *ch, const double *err, const size_t *off, const int *K,
+                                              int count, double ratio)
+{
+    for (int i0 = 0; i0 < count; i0 += QK_RAC_GROUP) {
+        int m = count - i0 < QK_RAC_GROUP ? count - i0 : QK_RAC_GROUP;
+        qk_rac_sets g;
+        memset(&g, 0, sizeof g);
+        for (int j = 0; j < m; j++) {
+            int64_t n = qd_rac_count(ratio, K[i0 + j]);
+            if (K[i0 + j] < 0 || K[i0 + j] % QD_NVFP4_BLOCK || n < 0 || n > K[i0 + j])
+                return qd_error(QD_ERR_ARG, "qd_cuda_rac_select: linear %d: K %d, ratio %g", i0 + j, K[i0 + j],
+                                ratio);
+            g.off[j] = (int64_t)off[i0 + j];
+            g.K[j] = K[i0 + j];
+            g.n[j] = (int)n;
+        }
+        rac_select_kernel<<<(unsigned)m, 256>>>(ch, err, g);
+        QD_CUDA_CHECK(cudaGetLastError());
+    }
+    return QD_OK;
+}
