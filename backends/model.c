@@ -71,10 +71,11 @@ typedef struct {
     void *wq_mem;
     uint8_t *w8;           /* FP8: (out, in) E4M3 codes */
     float *w8_inv;         /* FP8: (out) decode scales */
-    int64_t *rac_ch;       /* RAC: host (in), nrac used, ascending */
-    int64_t *d_rac_ch;     /* RAC: dev copy */
+    int64_t *rac_ch;       /* RAC: host (in), nrac used, ascending (a view of the model's rac_ch) */
+    int64_t *d_rac_ch;     /* RAC: dev copy (a view of d_rac_ch) */
     int64_t nrac;
-    double *d_rac_err;     /* RAC: dev (in) squared activation error since the last sync */
+    double *d_rac_err;     /* RAC: dev (in) squared activation error since the last sync (a view
+                              of d_rac_err) */
     /* diagnostics (options.diagnostics), host */
     double act_err, act_norm; /* sum of squared NVFP4 activation error and of x^2, last forward */
     double weight_err;     /* sum (W - dequant(quantize(W)))^2 / sum W^2, last sync */
@@ -140,6 +141,13 @@ typedef struct {
     size_t *wk16_at, nwk16;        /* lean: (ninfo) each tensor's offset in wk16, or NOT_HELD */
     size_t embed16;                /* the embedding's offset in wk16, or NOT_HELD */
     int *lin_at;                   /* lean: (ninfo) the linear whose weight tensor t is, or -1 */
+    /* RAC: every RAC linear's channels (host and dev) and statistics (dev), in
+     * linear order, in units of its in (nrac_in in all): a sync moves them in
+     * one call each */
+    int64_t *rac_ch, *d_rac_ch;
+    double *d_rac_err;
+    size_t nrac_in;
+    int rac_host_stale;            /* d_rac_ch was picked on the device since rac_ch was read */
     int rac_pending;               /* set_rac_state installed channel sets that the next weight
                                       sync builds the RAC copies with (no pick); a lean instance
                                       has no other copy of them until then */
@@ -458,39 +466,139 @@ static qd_status linear_backward(model *c, float *dinp, const float *dout, const
 /* ------------------------------------------------------------------------ */
 /* weight sync                                                               */
 
+/* The RAC channels of a rollout's linears for this sync: of largest
+ * activation error since the last one (the op rac_select, on the device,
+ * all linears in one call), the statistics then zeroed; the host copy of the
+ * channels is fetched when read (rac_host). The sets set_rac_state
+ * installed, and a replay trainer's, are kept. */
+static qd_status rac_pick(model *c)
+{
+    int m = 0;
+    for (int i = 0; i < c->nlin; i++)
+        m += c->lin[i].mode == QD_LINEAR_W4A4_RAC;
+    if (!m || c->rac_pending)
+        return QD_OK;
+    size_t *off = malloc(sizeof(size_t) * (size_t)m);
+    int *K = malloc(sizeof(int) * (size_t)m);
+    qd_status st = off && K ? QD_OK : qd_error(QD_ERR_NOMEM, "%s backend: RAC channels", c->ops->name);
+    for (int i = 0, j = 0; i < c->nlin && !st; i++) {
+        linear *L = &c->lin[i];
+        if (L->mode != QD_LINEAR_W4A4_RAC)
+            continue;
+        off[j] = (size_t)(L->rac_ch - c->rac_ch);
+        K[j++] = L->in;
+        L->nrac = qd_rac_count(c->opt.rac_ratio, L->in);
+    }
+    if (!st)
+        st = OP(c, rac_select, c->d_rac_ch, c->d_rac_err, off, K, m, c->opt.rac_ratio);
+    free(off);
+    free(K);
+    QD_TRY(st);
+    c->rac_host_stale = 1;
+    return OP(c, zero, c->d_rac_err, sizeof(double) * c->nrac_in);
+}
+
+/* The host copy of the RAC channels, fetched after a pick on the device. */
+static qd_status rac_host(model *c)
+{
+    if (!c->rac_host_stale)
+        return QD_OK;
+    QD_TRY(OP(c, to_host, c->rac_ch, c->d_rac_ch, sizeof(int64_t) * c->nrac_in));
+    c->rac_host_stale = 0;
+    return QD_OK;
+}
+
+/* A W4A4 linear's codes for this sync made ready (RAC channels picked): the
+ * NVFP4 matrix (out, in + the channels) there; returns those channels' count. */
+static qd_status codes_prepare(model *c, linear *L, int64_t *n)
+{
+    *n = has_rac(L->mode) ? L->nrac : 0;
+    return weight_nvfp4(c, L, L->out, L->in + *n);
+}
+
 /* The rollout copies of one quantized linear from its float weight w (dev:
- * the master, or a lean instance's staging buffer). */
+ * the master, the trainer's master, or a lean instance's staging buffer). */
 static qd_status sync_rollout_linear(model *c, linear *L, const float *w)
 {
     if (L->mode == QD_LINEAR_FP8)
         return OP(c, fp8_quantize_rows, L->w8, L->w8_inv, w, L->out, L->in);
-    if (L->mode == QD_LINEAR_W4A4 || L->mode == QD_LINEAR_W4A4_STE) {
-        QD_TRY(weight_nvfp4(c, L, L->out, L->in));
-        return OP(c, nvfp4_quantize, &L->wq, w);
+    int64_t n;
+    QD_TRY(codes_prepare(c, L, &n));
+    return n ? OP(c, rac_augment_weight, &L->wq, w, L->out, L->in, L->d_rac_ch, n) : OP(c, nvfp4_quantize, &L->wq, w);
+}
+
+/* The W4A4 linears of a sync grouped by shape: (out, in, RAC channels), then index. */
+typedef struct {
+    int out, in, i;
+    int64_t n;
+} codes_key;
+
+static int codes_key_cmp(const void *pa, const void *pb)
+{
+    const codes_key *a = pa, *b = pb;
+    if (a->out != b->out)
+        return a->out < b->out ? -1 : 1;
+    if (a->in != b->in)
+        return a->in < b->in ? -1 : 1;
+    if (a->n != b->n)
+        return a->n < b->n ? -1 : 1;
+    return (a->i > b->i) - (a->i < b->i);
+}
+
+static int same_shape(const codes_key *a, const codes_key *b)
+{
+    return a->out == b->out && a->in == b->in && a->n == b->n;
+}
+
+/* One shape's linears k[0 .. m-1] quantized from src in one call
+ * (nvfp4_quantize_weights), or per linear where a backend has no such op. */
+static qd_status codes_group(model *c, const codes_key *k, int m, const float *src, qd_nvfp4 **q, const float **x,
+                             const int64_t **ch)
+{
+    for (int j = 0; j < m; j++) {
+        linear *L = &c->lin[k[j].i];
+        q[j] = &L->wq;
+        x[j] = src + L->w;
+        ch[j] = L->d_rac_ch;
     }
-    if (L->mode == QD_LINEAR_W4A4_RAC_STE) { /* the replay trainer: the rollout's channels (set_rac_state) */
-        QD_TRY(weight_nvfp4(c, L, L->out, L->in + L->nrac));
-        return OP(c, rac_augment_weight, &L->wq, w, L->out, L->in, L->d_rac_ch, L->nrac);
+    if (c->ops->nvfp4_quantize_weights)
+        return OP(c, nvfp4_quantize_weights, q, x, ch, m, k[0].out, k[0].in, k[0].n);
+    for (int j = 0; j < m; j++)
+        QD_TRY(k[0].n ? OP(c, rac_augment_weight, q[j], x[j], k[0].out, k[0].in, ch[j], k[0].n)
+                      : OP(c, nvfp4_quantize, q[j], x[j]));
+    return QD_OK;
+}
+
+/* The codes of every W4A4 linear (the rollout's, RAC too, and a replay
+ * trainer's) from the float weights in src (dev, the flat layout: the master,
+ * or the trainer's master a lean instance syncs from; RAC channels picked):
+ * prepared one by one, then quantized a shape at a time (the experts of a layer in one call), the
+ * bits of sync_rollout_linear per linear. */
+static qd_status sync_codes(model *c, const float *src)
+{
+    codes_key *k = malloc(sizeof *k * (size_t)(c->nlin ? c->nlin : 1));
+    void **p = malloc(sizeof(void *) * 3 * (size_t)(c->nlin ? c->nlin : 1));
+    qd_status st = k && p ? QD_OK : qd_error(QD_ERR_NOMEM, "%s backend: weight sync", c->ops->name);
+    int m = 0;
+    for (int i = 0; i < c->nlin && !st; i++) {
+        linear *L = &c->lin[i];
+        if (!is_w4a4(L->mode))
+            continue;
+        k[m] = (codes_key){.out = L->out, .in = L->in, .i = i};
+        st = codes_prepare(c, L, &k[m].n);
+        m++;
     }
-    if (c->rac_pending) { /* the sets set_rac_state installed, and its statistics */
-        QD_TRY(weight_nvfp4(c, L, L->out, L->in + L->nrac));
-        return OP(c, rac_augment_weight, &L->wq, w, L->out, L->in, L->d_rac_ch, L->nrac);
-    }
-    /* RAC: channels of largest activation error since the last sync, picked on the host */
-    double *err = malloc(sizeof(double) * (size_t)L->in);
-    if (!err)
-        return qd_error(QD_ERR_NOMEM, "%s backend: RAC statistics", c->ops->name);
-    qd_status st = OP(c, to_host, err, L->d_rac_err, sizeof(double) * (size_t)L->in);
     if (!st)
-        L->nrac = qd_rac_select(L->rac_ch, err, L->in, c->opt.rac_ratio);
-    free(err);
-    QD_TRY(st);
-    if (L->nrac < 0)
-        return QD_ERR_ARG;
-    QD_TRY(OP(c, zero, L->d_rac_err, sizeof(double) * (size_t)L->in));
-    QD_TRY(OP(c, to_dev, L->d_rac_ch, L->rac_ch, sizeof(int64_t) * (size_t)L->nrac));
-    QD_TRY(weight_nvfp4(c, L, L->out, L->in + L->nrac));
-    return OP(c, rac_augment_weight, &L->wq, w, L->out, L->in, L->d_rac_ch, L->nrac);
+        qsort(k, (size_t)m, sizeof *k, codes_key_cmp);
+    for (int j0 = 0, j1; j0 < m && !st; j0 = j1) {
+        for (j1 = j0 + 1; j1 < m && same_shape(&k[j1], &k[j0]); j1++)
+            ;
+        st = codes_group(c, k + j0, j1 - j0, src, (qd_nvfp4 **)p, (const float **)(p + c->nlin),
+                         (const int64_t **)(p + 2 * c->nlin));
+    }
+    free(k);
+    free(p);
+    return st;
 }
 
 /* Diagnostics: relative squared NVFP4 error of the float weight w (dev);
@@ -520,11 +628,11 @@ static qd_status measure_weight_error(model *c, linear *L, const float *w)
  * the codes the forward multiplies and, for a trainer, the weight its
  * backward multiplies (the replay trainer has both: the rollout's codes
  * forward, their dequantization backward). */
-static qd_status sync_linear(model *c, linear *L, const float *w)
+static qd_status sync_linear(model *c, linear *L, const float *w, int codes_done)
 {
     if (measured(c, L))
         QD_TRY(measure_weight_error(c, L, w));
-    if (is_rollout_quant(L->mode))
+    if (is_rollout_quant(L->mode) && !(codes_done && is_w4a4(L->mode)))
         QD_TRY(sync_rollout_linear(c, L, w));
     if (is_fake_quant_weight(L->mode))
         return OP(c, nvfp4_fake_quant, LW(c, L), w, L->out, L->in, QD_SCALE_PER_TENSOR);
@@ -574,15 +682,19 @@ static qd_status load_tensor(model *c, float *dst, wsrc *s, int t, size_t n)
 /* The floats a lean sync converts to BF16 at a time through S_STAGE. */
 enum { STAGE_CHUNK = 1 << 22 };
 
-/* A tensor held as BF16 and not staged whole: converted chunk by chunk. */
+/* A tensor held as BF16 and not staged whole: converted chunk by chunk (from
+ * another instance's master at once). */
 static qd_status sync_bf16(model *c, int t, wsrc *s, size_t n)
 {
+    uint16_t *dst = c->wk16 + c->wk16_at[t];
+    if (s->dev)
+        return OP(c, to_bf16, dst, s->dev + c->info[t].offset, n);
     void *w;
     QD_TRY(scratch(c, S_STAGE, sizeof(float) * (n < STAGE_CHUNK ? n : STAGE_CHUNK), &w));
     for (size_t k = 0; k < n; k += STAGE_CHUNK) {
         size_t m = n - k < STAGE_CHUNK ? n - k : STAGE_CHUNK;
         QD_TRY(load_range(c, w, s, t, k, m));
-        QD_TRY(OP(c, to_bf16, c->wk16 + c->wk16_at[t] + k, w, m));
+        QD_TRY(OP(c, to_bf16, dst + k, w, m));
     }
     return QD_OK;
 }
@@ -596,9 +708,11 @@ static int staged(const model *c, const linear *L)
 }
 
 /* One tensor of a lean sync: into wk (rounded to BF16 unless fp32) where it
- * is read as float, through S_STAGE into the linear's copies where staged;
- * the bits of sync_weights' round_bf16 and sync_linear. */
-static qd_status sync_tensor(model *c, int t, wsrc *s)
+ * is read as float, through S_STAGE into the linear's copies where staged
+ * (from another instance's master, read where it is: no staging); the bits
+ * of sync_weights' round_bf16 and sync_linear. codes_done: sync_codes made
+ * the W4A4 codes. */
+static qd_status sync_tensor(model *c, int t, wsrc *s, int codes_done)
 {
     const qd_param_info *pi = &c->info[t];
     size_t n = (size_t)(pi->rows * pi->cols);
@@ -607,14 +721,21 @@ static qd_status sync_tensor(model *c, int t, wsrc *s)
     int fp32 = c->opt.recipe == QD_RECIPE_FP32, w16 = c->wk16_at[t] != NOT_HELD;
     if (w16 && !staged(c, L))
         return sync_bf16(c, t, s, n);
+    if (!staged(c, L) && s->dev)
+        return fp32 ? OP(c, copy, dst, s->dev + pi->offset, sizeof(float) * n)
+                    : OP(c, round_bf16, dst, s->dev + pi->offset, n);
     if (!staged(c, L)) {
         QD_TRY(load_tensor(c, dst, s, t, n));
         return fp32 ? QD_OK : OP(c, round_bf16, dst, dst, n);
     }
-    void *w;
-    QD_TRY(scratch(c, S_STAGE, sizeof(float) * n, &w));
-    QD_TRY(load_tensor(c, w, s, t, n));
-    QD_TRY(sync_linear(c, L, w));
+    const float *w = s->dev ? s->dev + pi->offset : NULL;
+    if (!w) {
+        void *stage;
+        QD_TRY(scratch(c, S_STAGE, sizeof(float) * n, &stage));
+        QD_TRY(load_tensor(c, stage, s, t, n));
+        w = stage;
+    }
+    QD_TRY(sync_linear(c, L, w, codes_done));
     if (w16)
         return OP(c, to_bf16, c->wk16 + c->wk16_at[t], w, n);
     if (!dst || is_fake_quant_weight(L->mode))
@@ -624,20 +745,25 @@ static qd_status sync_tensor(model *c, int t, wsrc *s)
 
 /* Rebuild every working copy from the master weights (NUMERICS.md §5); a
  * lean instance from s, tensor by tensor (an instance with a master takes
- * a fill's values into it first). */
+ * a fill's values into it first). The W4A4 codes, where the float weights
+ * are on the device, a shape at a time (sync_codes). */
 static qd_status sync_weights_from(model *c, wsrc *s)
 {
     for (int t = 0; !c->lean && s->fill && t < c->ninfo; t++)
         QD_TRY(load_tensor(c, c->params + c->info[t].offset, s, t,
                            (size_t)(c->info[t].rows * c->info[t].cols)));
+    const float *src = c->lean ? s->dev : c->params;
+    QD_TRY(rac_pick(c));
+    if (src)
+        QD_TRY(sync_codes(c, src));
     if (c->lean) {
         for (int t = 0; t < c->ninfo; t++)
-            QD_TRY(sync_tensor(c, t, s));
+            QD_TRY(sync_tensor(c, t, s, src != NULL));
     } else {
         if (c->wk != c->params)
             QD_TRY(OP(c, round_bf16, c->wk, c->params, c->nfloats));
         for (int i = 0; i < c->nlin; i++)
-            QD_TRY(sync_linear(c, &c->lin[i], c->params + c->lin[i].w));
+            QD_TRY(sync_linear(c, &c->lin[i], c->params + c->lin[i].w, 1));
     }
     c->rac_pending = 0;
     if (c->ops->weights_changed)
@@ -1727,6 +1853,7 @@ static size_t rac_state_size_impl(model *c)
 
 static qd_status get_rac_impl(model *c, char *p)
 {
+    QD_TRY(rac_host(c));
     for (int i = 0; i < c->nlin; i++) {
         const linear *L = &c->lin[i];
         if (!has_rac(L->mode))
@@ -1753,7 +1880,7 @@ static qd_status set_rac_linear(model *c, linear *L, const char *p, int64_t *tmp
     p += sizeof(int64_t) * (1 + (size_t)L->in);
     memcpy(tmp, p, sizeof(double) * (size_t)L->in);
     QD_TRY(OP(c, to_dev, L->d_rac_err, tmp, sizeof(double) * (size_t)L->in));
-    QD_TRY(OP(c, to_dev, L->d_rac_ch, L->rac_ch, sizeof(int64_t) * (size_t)L->nrac));
+    QD_TRY(OP(c, to_dev, L->d_rac_ch, L->rac_ch, sizeof(int64_t) * (size_t)L->in)); /* all: the copies agree */
     if (c->lean) /* no float weight here: the next sync builds the copy with these sets */
         return QD_OK;
     QD_TRY(weight_nvfp4(c, L, L->out, L->in + L->nrac));
@@ -1762,6 +1889,7 @@ static qd_status set_rac_linear(model *c, linear *L, const char *p, int64_t *tmp
 
 static qd_status set_rac_impl(model *c, const char *p)
 {
+    QD_TRY(rac_host(c)); /* a linear the blob does not reach keeps its channels */
     for (int i = 0; i < c->nlin; i++) {
         linear *L = &c->lin[i];
         if (!has_rac(L->mode))
@@ -2023,9 +2151,6 @@ static void free_linear(model *c, linear *L)
     c->ops->release(c->dev, L->wq_mem);
     c->ops->release(c->dev, L->w8);
     c->ops->release(c->dev, L->w8_inv);
-    c->ops->release(c->dev, L->d_rac_ch);
-    c->ops->release(c->dev, L->d_rac_err);
-    free(L->rac_ch);
 }
 
 static void m_free(qd_backend *b)
@@ -2035,6 +2160,9 @@ static void m_free(qd_backend *b)
         c->ops->report(c->dev);
     for (int i = 0; c->lin && i < c->nlin; i++)
         free_linear(c, &c->lin[i]);
+    c->ops->release(c->dev, c->d_rac_ch);
+    c->ops->release(c->dev, c->d_rac_err);
+    free(c->rac_ch);
     if (c->wk != c->params)
         c->ops->release(c->dev, c->wk);
     float *bufs[] = {c->params, c->grads, c->m, c->v, c->rope_cos, c->rope_sin};
@@ -2419,12 +2547,30 @@ static qd_status alloc_linear(model *c, linear *L)
     if (is_w4a4(L->mode) && L->in % QD_NVFP4_BLOCK)
         return qd_error(QD_ERR_SHAPE, "%s backend: NVFP4 needs in-features %% 16 == 0, got %d", c->ops->name,
                         L->in);
-    if (has_rac(L->mode)) {
-        L->rac_ch = calloc((size_t)L->in, sizeof(int64_t));
-        if (!L->rac_ch)
-            return qd_error(QD_ERR_NOMEM, "%s backend: RAC state", c->ops->name);
-        QD_TRY(dalloc(c, (void **)&L->d_rac_ch, sizeof(int64_t) * (size_t)L->in, QD_MEM_QUANT, "RAC channels"));
-        QD_TRY(dalloc(c, (void **)&L->d_rac_err, sizeof(double) * (size_t)L->in, QD_MEM_QUANT, "RAC statistics"));
+    return QD_OK;
+}
+
+/* The RAC state of every RAC linear, one buffer each, the linears' views into them. */
+static qd_status alloc_rac(model *c)
+{
+    for (int i = 0; i < c->nlin; i++)
+        c->nrac_in += has_rac(c->lin[i].mode) ? (size_t)c->lin[i].in : 0;
+    if (!c->nrac_in)
+        return QD_OK;
+    c->rac_ch = calloc(c->nrac_in, sizeof(int64_t));
+    if (!c->rac_ch)
+        return qd_error(QD_ERR_NOMEM, "%s backend: RAC state", c->ops->name);
+    QD_TRY(dalloc(c, (void **)&c->d_rac_ch, sizeof(int64_t) * c->nrac_in, QD_MEM_QUANT, "RAC channels"));
+    QD_TRY(dalloc(c, (void **)&c->d_rac_err, sizeof(double) * c->nrac_in, QD_MEM_QUANT, "RAC statistics"));
+    size_t off = 0;
+    for (int i = 0; i < c->nlin; i++) {
+        linear *L = &c->lin[i];
+        if (!has_rac(L->mode))
+            continue;
+        L->rac_ch = c->rac_ch + off;
+        L->d_rac_ch = c->d_rac_ch + off;
+        L->d_rac_err = c->d_rac_err + off;
+        off += L->in;
     }
     return QD_OK;
 }
@@ -2480,6 +2626,7 @@ static qd_status alloc_model(model *c)
             c->ops->own_bytes(c->dev, c->lean ? c->nwk : c->nfloats);
     for (int i = 0; i < c->nlin; i++)
         QD_TRY(alloc_linear(c, &c->lin[i]));
+    QD_TRY(alloc_rac(c));
     QD_TRY(upload_rope(c));
     return sync_weights(c);
 }

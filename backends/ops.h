@@ -154,6 +154,22 @@ typedef struct qd_ops {
                                  int64_t n);
     qd_status (*rac_augment_weight)(void *dev, qd_nvfp4 *out, const float *w, int N, int K, const int64_t *ch,
                                     int64_t n);
+    /* Weights of one shape at a sync: for i < count, q[i] (N, K + n, one global
+     * scale each) = quantize([x[i], x[i][:, ch[i]]]) (host arrays of dev
+     * pointers; x[i] (N, K); ch[i] n channels, ignored when n = 0): the bits of
+     * nvfp4_quantize (n = 0) or rac_augment_weight per tensor, in a few
+     * launches. A non-finite weight may be reported at the next finish.
+     * Optional: where NULL the driver calls those per tensor. */
+    qd_status (*nvfp4_quantize_weights)(void *dev, qd_nvfp4 *const *q, const float *const *x,
+                                        const int64_t *const *ch, int count, int N, int K, int64_t n);
+    /* RAC channel sets at a sync, qd_rac_select of each of count linears: for
+     * i < count the qd_rac_count(ratio, K[i]) channels of largest err + off[i]
+     * (dev, K[i] doubles; ties to the lower channel), ascending, into ch +
+     * off[i] (dev), the other entries of those K[i] left as they are; off, K
+     * host arrays. A non-finite error is QD_ERR_ARG naming it (CUDA:
+     * QD_ERR_NONFINITE at the next finish). */
+    qd_status (*rac_select)(void *dev, int64_t *ch, const double *err, const size_t *off, const int *K, int count,
+                            double ratio);
     /* RAC over the experts of a layer: for each e, rows off[e] .. off[e+1]-1
      * (host) of x (R, K): rac_error into err[e] (unless err is NULL: no
      * statistics) and rac_augment_act with ch[e] (host arrays of dev pointers;

@@ -12,9 +12,21 @@
  *   rollout     rollout role: generate with the KV cache, B prompts of P
  *               tokens, M new tokens each (temperature --temperature, no top-k,
  *               no top-p, no stop token, so every sequence gets M); tokens =
- *               B x M, the time includes the prompts' prefill.
+ *               B x M, the time includes the prompts' prefill;
+ *   weight sync a trainer instance (no training state) and a rollout instance
+ *               as quads rl makes them (lean: no float32 master, every recipe
+ *               but fp32) of one backend: qd_backend_sync_from(rollout,
+ *               trainer), device to device where both share the device (the
+ *               note says "through the host" otherwise). Bytes: the trainer's
+ *               master read once plus the rollout's copies written (the bytes
+ *               it holds of master, working and quantized weights); TB/s over
+ *               the median;
+ *               bandwidth fraction over --copy-tb-per-s, else over the fp32
+ *               row's TB/s in the same run (the fp32 sync is a copy of the
+ *               master: a measured device-to-device copy through the same call).
  * Every call returns its results in host memory (log-probs, grad norm,
- * tokens), so the wall clock around it covers the device's work.
+ * tokens), or finishes the device's work (the sync), so the wall clock around
+ * it covers the device's work.
  *
  * Models: "tiny" (the shipped checkpoint, models/tiny), "moe8", a Qwen3-MoE
  * built in memory (8 layers, hidden 1024, 32 experts top-4, expert width 512,
@@ -33,13 +45,17 @@
  * "error" row, and the program exits 1 after the table. Backends are made one
  * at a time, so only one copy of the model's state is alive.
  *
- * --ops picks some of the three ops; --layers changes moe8's depth (a quick
- * run on a small CPU).
+ * --ops picks some of the ops (default: all but weight sync); --layers
+ * changes moe8's and a3b's depth (a quick run on a small CPU).
  *
  * Output: one table (markdown) on stdout, a line per row on stderr as it is
  * done; --json FILE also writes one JSON object per row; --vs FILE reads such
  * lines (bench/bench_torch.py's) and adds the ratio to the matching row of the
- * same model, layers, op and sizes. */
+ * same model, layers, op and sizes. JSON rows carry the fields of
+ * docs/results/train-h200.jsonl too: engine "quads", commit (--commit), ms,
+ * the sync's op as "weight_sync" with bytes, tb_per_s and bandwidth_fraction,
+ * and for a train step flops_per_iter (6 x active parameters x tokens plus
+ * attention, PaLM's 6N + 12 L H Q T per token) and, with --peak-tflops, mfu. */
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -59,8 +75,10 @@
 #include "models/model_config.h"
 #include "quant/splitmix64.h"
 
-typedef enum { OP_TRAIN = 0, OP_FORWARD, OP_ROLLOUT, OP_COUNT } bench_op;
-static const char *const op_name[OP_COUNT] = {"train step", "forward", "rollout"};
+typedef enum { OP_TRAIN = 0, OP_FORWARD, OP_ROLLOUT, OP_SYNC, OP_COUNT } bench_op;
+static const char *const op_name[OP_COUNT] = {"train step", "forward", "rollout", "weight sync"};
+/* The op in JSON (bench_torch.py's names; the sync as docs/results' rows). */
+static const char *const op_json[OP_COUNT] = {"train step", "forward", "rollout", "weight_sync"};
 
 #define MAX_RECIPES 16
 
@@ -73,6 +91,8 @@ typedef struct {
     int B, T, P, M, iters, warmup, threads, layers;
     int plan_only;         /* --plan-only */
     double rac_ratio, temperature;
+    double copy_tbs, peak_tflops; /* --copy-tb-per-s, --peak-tflops (0: none) */
+    const char *commit;
     uint64_t seed;
 } bench_args;
 
@@ -86,6 +106,8 @@ typedef struct {
     char why[240];
     long tokens;         /* per iteration */
     double ms, ms_min;   /* median, fastest */
+    double bytes;        /* the sync: bytes read and written per iteration */
+    int direct;          /* the sync: device to device */
 } bench_row;
 
 /* ---- helpers */
@@ -328,12 +350,44 @@ static void measure(bench_op op, qd_backend *b, const bench_args *a, const bench
     free(t);
 }
 
+/* The sync's row: the trainer tr and rollout ro of one recipe; bytes: the
+ * trainer's master read once, the rollout's copies written (the bytes its
+ * driver holds of master, working and quantized weights). */
+static void measure_sync(qd_backend *ro, qd_backend *tr, const bench_args *a, bench_row *row)
+{
+    double *t = xmalloc(sizeof(double) * (size_t)a->iters);
+    qd_memory mem;
+    if (qd_backend_memory(ro, &mem) != QD_OK)
+        memset(&mem, 0, sizeof mem);
+    for (int k = 0; k < a->warmup + a->iters; k++) {
+        double t0 = qd_bench_now();
+        qd_status st = qd_backend_sync_from(ro, tr, &row->direct);
+        if (st != QD_OK) {
+            fail_row(row, st, op_name[OP_SYNC]);
+            free(t);
+            return;
+        }
+        if (k >= a->warmup)
+            t[k - a->warmup] = qd_bench_now() - t0;
+    }
+    row->ms = 1e3 * qd_bench_median(t, a->iters);
+    row->ms_min = 1e3 * t[0];
+    row->bytes = sizeof(float) * (double)qd_backend_num_floats(tr) + (double)mem.peak.bytes[QD_MEM_MASTER] +
+                 (double)mem.peak.bytes[QD_MEM_WORKING] + (double)mem.peak.bytes[QD_MEM_QUANT];
+    row->tokens = 0;
+    row->status = ROW_OK;
+    free(t);
+}
+
 /* One line on stderr per row as it is done: a log that survives a kill. */
 static void progress(const bench_args *a, const bench_row *r)
 {
     fprintf(stderr, "bench_backend: %s, %s, %s, %s, %s: ", a->model, r->backend, qd_mode_name(a->mode),
             qd_recipe_name(r->recipe), op_name[r->op]);
-    if (r->status == ROW_OK)
+    if (r->status == ROW_OK && r->op == OP_SYNC)
+        fprintf(stderr, "%.3f ms/iter, %.3f TB/s%s\n", r->ms, r->bytes / (r->ms * 1e9),
+                r->direct ? "" : " (through the host)");
+    else if (r->status == ROW_OK)
         fprintf(stderr, "%.3f ms/iter, %.1f tokens/s\n", r->ms, 1e3 * (double)r->tokens / r->ms);
     else
         fprintf(stderr, "%s\n", r->why);
@@ -401,8 +455,39 @@ static void run_role(const bench_args *a, const qd_model_config *cfg, bench_weig
     qd_backend_free(b);
 }
 
+/* The weight sync of recipe r: a trainer (its weights set) and a rollout
+ * made, the sync timed, both freed. */
+static void run_sync(const bench_args *a, const qd_model_config *cfg, bench_weights *bw, qd_recipe r, bench_row *row)
+{
+    if (row->status == ROW_SKIP)
+        return;
+    qd_backend_options ot = {.recipe = r, .role = QD_ROLE_TRAINER, .rac_ratio = a->rac_ratio,
+                             .num_threads = a->threads, .mode = a->mode};
+    qd_backend_options orl = ot;
+    orl.role = QD_ROLE_ROLLOUT;
+    snprintf(row->backend, sizeof row->backend, "%s", a->backend);
+    qd_backend *tr = qd_backend_init_by_name(a->backend, cfg, &ot);
+    qd_backend *ro = tr ? qd_backend_init_by_name(a->backend, cfg, &orl) : NULL;
+    if (!tr || !ro) {
+        row->status = ROW_NA;
+        snprintf(row->why, sizeof row->why, "init (%s): %s", tr ? "rollout" : "trainer", qd_last_error());
+    } else {
+        snprintf(row->backend, sizeof row->backend, "%s", qd_backend_name(ro));
+        qd_status st = qd_backend_set_weights_fill(tr, fill_weights, bw);
+        if (st != QD_OK)
+            fail_row(row, st, "set_weights");
+        else
+            measure_sync(ro, tr, a, row);
+    }
+    progress(a, row);
+    if (ro)
+        qd_backend_free(ro);
+    if (tr)
+        qd_backend_free(tr);
+}
+
 /* Every recipe: train step (trainer role), then forward and rollout (rollout
- * role). rows: (nrecipes, OP_COUNT). */
+ * role), then the weight sync (both). rows: (nrecipes, OP_COUNT). */
 static void run_all(const bench_args *a, const qd_model_config *cfg, bench_weights *bw, bench_row *rows)
 {
     bench_inputs in = make_inputs(a, cfg->vocab_size);
@@ -415,6 +500,7 @@ static void run_all(const bench_args *a, const qd_model_config *cfg, bench_weigh
         }
         run_role(a, cfg, bw, a->recipes[i], QD_ROLE_TRAINER, &in, rr, 1);
         run_role(a, cfg, bw, a->recipes[i], QD_ROLE_ROLLOUT, &in, rr + 1, 2);
+        run_sync(a, cfg, bw, a->recipes[i], rr + OP_SYNC);
     }
     free_inputs(&in);
 }
@@ -424,6 +510,8 @@ static void run_all(const bench_args *a, const qd_model_config *cfg, bench_weigh
 static void print_plan(const bench_args *a, const qd_model_config *cfg, qd_recipe r, qd_role role)
 {
     qd_backend_options o = role_options(a, r, role);
+    if (role == QD_ROLE_TRAINER && !a->use_op[OP_TRAIN]) /* the sync's trainer: no training state */
+        o.workload = (qd_workload){0};
     qd_mem_plan p;
     const char *rn = role == QD_ROLE_TRAINER ? "trainer" : "rollout";
     if (qd_backend_plan(cfg, &o, &p) != QD_OK)
@@ -451,9 +539,9 @@ static void plan_only(const bench_args *a, const qd_model_config *cfg)
         printf("---:|");
     printf("\n");
     for (int i = 0; i < a->nrecipes; i++) {
-        if (a->use_op[OP_TRAIN])
+        if (a->use_op[OP_TRAIN] || a->use_op[OP_SYNC])
             print_plan(a, cfg, a->recipes[i], QD_ROLE_TRAINER);
-        if (a->use_op[OP_FORWARD] || a->use_op[OP_ROLLOUT])
+        if (a->use_op[OP_FORWARD] || a->use_op[OP_ROLLOUT] || a->use_op[OP_SYNC])
             print_plan(a, cfg, a->recipes[i], QD_ROLE_ROLLOUT);
     }
 }
@@ -505,6 +593,51 @@ static json_t *read_json_lines(const char *path)
 
 /* ---- output */
 
+/* Floats a token multiplies in a forward (active parameters): every matrix
+ * but the embedding (a lookup; counted once as the lm_head where tied), an
+ * expert's at top-k over the experts (its rows are a fraction of the tokens). */
+static double active_params(const qd_model_config *cfg, const qd_model_layout *m)
+{
+    double n = 0;
+    int head = 0;
+    for (int t = 0; t < m->ninfo; t++) {
+        const qd_param_info *p = &m->info[t];
+        double f = (double)p->rows * (double)p->cols;
+        head |= strstr(p->name, "lm_head") != NULL;
+        if (strstr(p->name, "embed_tokens"))
+            continue;
+        n += strstr(p->name, ".experts.") ? f * cfg->num_experts_per_tok / cfg->num_experts : f;
+    }
+    return head ? n : n + (double)cfg->vocab_size * cfg->hidden_size;
+}
+
+/* A train step's FLOPs at B x T tokens: PaLM's 6N + 12 L H Q T a token
+ * (Chowdhery et al. 2022, appendix B; attention without the causal half). */
+static double train_flops(const bench_args *a, const qd_model_config *cfg, const qd_model_layout *m)
+{
+    double per_tok = 6.0 * active_params(cfg, m) + 12.0 * cfg->num_hidden_layers * cfg->num_attention_heads *
+                                                        (double)cfg->head_dim * a->T;
+    return per_tok * a->B * (double)a->T;
+}
+
+/* TB/s of the sync row r; 0 when not ok. */
+static double sync_tbs(const bench_row *r)
+{
+    return r->status == ROW_OK && r->ms > 0 ? r->bytes / (r->ms * 1e9) : 0.0;
+}
+
+/* The copy bandwidth the sync is compared with: --copy-tb-per-s, else the
+ * fp32 sync of this run (a copy of the master), else 0. */
+static double copy_tbs(const bench_args *a, const bench_row *rows)
+{
+    if (a->copy_tbs > 0)
+        return a->copy_tbs;
+    for (int i = 0; i < a->nrecipes; i++)
+        if (a->recipes[i] == QD_RECIPE_FP32)
+            return sync_tbs(&rows[(size_t)i * OP_COUNT + OP_SYNC]);
+    return 0.0;
+}
+
 static double rate(const bench_row *r)
 {
     return r->status == ROW_OK && r->ms > 0 ? 1e3 * (double)r->tokens / r->ms : 0.0;
@@ -532,14 +665,33 @@ static const char *status_name(row_status s)
     return s == ROW_OK ? "ok" : s == ROW_NA ? "n/a" : "error";
 }
 
-static json_t *row_json(const bench_args *a, const bench_row *r, double vs_bf16, double vs)
+static json_t *row_json(const bench_args *a, const bench_row *r, double vs_bf16, double vs, double copy,
+                        double flops)
 {
     json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i}",
                           "program", "bench_backend", "model", a->model, "backend", r->backend, "mode",
-                          qd_mode_name(a->mode), "recipe", qd_recipe_name(r->recipe), "op", op_name[r->op],
+                          qd_mode_name(a->mode), "recipe", qd_recipe_name(r->recipe), "op", op_json[r->op],
                           "status", status_name(r->status), "batch", a->B, "seq", a->T, "prompt", a->P,
                           "new_tokens", a->M, "layers", a->layers, "iters", a->iters, "warmup", a->warmup, "threads", a->threads);
-    if (r->status == ROW_OK) {
+    json_object_set_new(o, "engine", json_string("quads"));
+    json_object_set_new(o, "commit", json_string(a->commit));
+    if (r->status == ROW_OK && r->op == OP_SYNC) {
+        json_object_set_new(o, "ms", json_real(r->ms));
+        json_object_set_new(o, "ms_min", json_real(r->ms_min));
+        json_object_set_new(o, "bytes", json_real(r->bytes));
+        json_object_set_new(o, "tb_per_s", json_real(sync_tbs(r)));
+        json_object_set_new(o, "device_to_device", json_boolean(r->direct));
+        if (copy > 0) {
+            json_object_set_new(o, "copy_tb_per_s", json_real(copy));
+            json_object_set_new(o, "bandwidth_fraction", json_real(sync_tbs(r) / copy));
+        }
+    } else if (r->status == ROW_OK) {
+        json_object_set_new(o, "ms", json_real(r->ms));
+        if (r->op == OP_TRAIN) {
+            json_object_set_new(o, "flops_per_iter", json_real(flops));
+            if (a->peak_tflops > 0)
+                json_object_set_new(o, "mfu", json_real(flops / (r->ms * 1e-3) / (a->peak_tflops * 1e12)));
+        }
         json_object_set_new(o, "tokens_per_iter", json_integer(r->tokens));
         json_object_set_new(o, "ms_per_iter", json_real(r->ms));
         json_object_set_new(o, "ms_min", json_real(r->ms_min));
@@ -571,9 +723,21 @@ static void print_header(const bench_args *a, const qd_model_config *cfg, size_t
     printf("|---|---|---|---|---|---:|---:|---:|---:|---:|%s---|\n", a->vs ? "---:|" : "");
 }
 
-/* The table on stdout, the JSON lines to f (when not NULL). */
-static void report(const bench_args *a, const bench_row *rows, json_t *vs_lines, FILE *f)
+/* A sync row of the table: no tokens; the bytes, TB/s and copy fraction in the note. */
+static void print_sync_row(const bench_args *a, const bench_row *r, double copy)
 {
+    char frac[48] = "", b[32];
+    if (copy > 0)
+        snprintf(frac, sizeof frac, ", %.1f%% of copy (%.3f TB/s)", 100 * sync_tbs(r) / copy, copy);
+    qd_format_bytes((size_t)r->bytes, b, sizeof b);
+    printf("- | %.3f | %.3f | - | - |%s %s read+written, %.3f TB/s%s%s |\n", r->ms, r->ms_min, a->vs ? " - |" : "",
+           b, sync_tbs(r), frac, r->direct ? "" : ", through the host");
+}
+
+/* The table on stdout, the JSON lines to f (when not NULL). */
+static void report(const bench_args *a, const bench_row *rows, json_t *vs_lines, FILE *f, double flops)
+{
+    double copy = copy_tbs(a, rows);
     for (int i = 0; i < a->nrecipes * OP_COUNT; i++) {
         const bench_row *r = &rows[i];
         if (r->status == ROW_SKIP)
@@ -584,14 +748,16 @@ static void report(const bench_args *a, const bench_row *rows, json_t *vs_lines,
         fmt_ratio(rv, sizeof rv, rate(r), vs);
         printf("| %s | %s | %s | %s | %s | ", a->model, r->backend, qd_mode_name(a->mode), qd_recipe_name(r->recipe),
                op_name[r->op]);
-        if (r->status == ROW_OK)
+        if (r->status == ROW_OK && r->op == OP_SYNC)
+            print_sync_row(a, r, copy);
+        else if (r->status == ROW_OK)
             printf("%ld | %.3f | %.3f | %.1f | %s |%s%s%s |\n", r->tokens, r->ms, r->ms_min, rate(r), rb,
                    a->vs ? " " : "", a->vs ? rv : "", a->vs ? " |" : "");
         else
             printf("- | %s | - | %s | - |%s %s: %s |\n", status_name(r->status), status_name(r->status),
                    a->vs ? " - |" : "", status_name(r->status), r->why);
         if (f) {
-            json_t *o = row_json(a, r, ref, vs);
+            json_t *o = row_json(a, r, ref, vs, copy, flops);
             json_dumpf(o, f, JSON_COMPACT);
             fputc('\n', f);
             json_decref(o);
@@ -607,10 +773,15 @@ static void usage(FILE *f)
         "usage: bench/bench_backend [--backend auto|cpu|cuda] [--mode exact|fast] [--recipe a,b,...]\n"
         "         [--model tiny|moe8|a3b] [--tiny-dir DIR] [--layers L] [--batch B] [--seq T] [--prompt P]\n"
         "         [--new-tokens M] [--iters N] [--warmup W] [--threads N] [--temperature X]\n"
-        "         [--ops 'train step,forward,rollout']\n"
+        "         [--ops 'train step,forward,rollout,weight sync']\n"
         "         [--rac-ratio X] [--seed S] [--json FILE] [--vs FILE] [--plan-only]\n"
+        "         [--copy-tb-per-s X] [--peak-tflops X] [--commit ID]\n"
         "  defaults: auto, exact, bf16,fp8,nvfp4,quads, tiny (models/tiny), moe8 8 layers, B 8, T 128,\n"
-        "  P 32, M 64, iters 5, warmup 1, all cores, temperature 1, rac-ratio 0.25, seed 1\n"
+        "  P 32, M 64, iters 5, warmup 1, all cores, temperature 1, rac-ratio 0.25, seed 1,\n"
+        "  ops: all but weight sync\n"
+        "  --copy-tb-per-s X  the sync's bandwidth fraction over X (default: the fp32 sync's TB/s)\n"
+        "  --peak-tflops X    a train step's mfu over X TFLOP/s (H200 BF16 dense: 989)\n"
+        "  --commit ID        the commit named in the JSON rows (default unknown)\n"
         "  --json FILE  also write the rows as JSON lines;  --vs FILE  add a column: tokens/s over the\n"
         "               first ok row of FILE (JSON lines, e.g. bench_torch.py's) of the same model, op, sizes\n"
         "  --plan-only  print the memory plan of each instance (recipe, role) the ops would make, by kind,\n"
@@ -647,7 +818,8 @@ static void parse_ops(bench_args *a, char *list)
         while (op < OP_COUNT && strcmp(s, op_name[op]))
             op++;
         if (op == OP_COUNT) {
-            fprintf(stderr, "bench_backend: --ops: unknown op '%s' (train step, forward, rollout)\n", s);
+            fprintf(stderr, "bench_backend: --ops: unknown op '%s' (train step, forward, rollout, weight sync)\n",
+                    s);
             exit(2);
         }
         a->use_op[op] = 1;
@@ -697,6 +869,9 @@ static int set_option(bench_args *a, const char *o, const char *v)
     else if (!strcmp(o, "--rac-ratio")) a->rac_ratio = num_arg(o, v, 0.0, 1.0);
     else if (!strcmp(o, "--json")) a->json = v;
     else if (!strcmp(o, "--vs")) a->vs = v;
+    else if (!strcmp(o, "--copy-tb-per-s")) a->copy_tbs = num_arg(o, v, 0.0, 1e6);
+    else if (!strcmp(o, "--peak-tflops")) a->peak_tflops = num_arg(o, v, 0.0, 1e9);
+    else if (!strcmp(o, "--commit")) a->commit = v;
     else return 0;
     return 1;
 }
@@ -706,7 +881,7 @@ static bench_args parse_args(int argc, char **argv)
     static char default_recipes[] = "bf16,fp8,nvfp4,quads";
     bench_args a = {.backend = "auto", .model = "tiny", .tiny_dir = "models/tiny", .mode = QD_MODE_EXACT, .B = 8,
                     .T = 128, .P = 32, .M = 64, .iters = 5, .warmup = 1, .layers = 8, .rac_ratio = 0.25,
-                    .temperature = 1.0, .seed = 1};
+                    .temperature = 1.0, .seed = 1, .commit = "unknown"};
 #ifdef _OPENMP
     a.threads = omp_get_num_procs();
 #else
@@ -714,7 +889,7 @@ static bench_args parse_args(int argc, char **argv)
 #endif
     parse_recipes(&a, default_recipes);
     for (int op = 0; op < OP_COUNT; op++)
-        a.use_op[op] = 1;
+        a.use_op[op] = op != OP_SYNC;
     for (int i = 1; i < argc; i += 2) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             usage(stdout);
@@ -764,7 +939,7 @@ int main(int argc, char **argv)
         die("out of memory", "rows");
     run_all(&a, &cfg, &bw, rows);
     print_header(&a, &cfg, m.nfloats);
-    report(&a, rows, vs_lines, jf);
+    report(&a, rows, vs_lines, jf, train_flops(&a, &cfg, &m));
     if (jf && fclose(jf) != 0)
         die(a.json, strerror(errno));
     int bad = 0;

@@ -378,6 +378,102 @@ static void c_rac(oc *c)
     out_nv(c, "weight", &q);
 }
 
+/* A weight sync's codes a shape at a time: T tensors (more than one launch
+ * of the CUDA kernel takes), each of its own magnitude, one all zeros, with n
+ * RAC channels each (n = 0: plain quantize); outputs codes, scales, s_dec,
+ * then "ref.*" the same by the per-tensor ops (nvfp4_quantize,
+ * rac_augment_weight), which must be the same bytes. Buffers are slices of
+ * one. */
+static void weights_case(oc *c, int T, int N, int K, int n)
+{
+    size_t nw = (size_t)N * K, nq = (size_t)N * (K + n);
+    float *h = malloc(sizeof(float) * nw * T);
+    int64_t *hc = malloc(sizeof(int64_t) * (size_t)(n ? n : 1) * T);
+    qd_nvfp4 *q = malloc(sizeof *q * T), **qp = malloc(sizeof *qp * T);
+    const float **xp = malloc(sizeof *xp * T);
+    const int64_t **cp = malloc(sizeof *cp * T);
+    if (!h || !hc || !q || !qp || !xp || !cp) {
+        c->st = qd_error(QD_ERR_NOMEM, "op case");
+        goto done;
+    }
+    for (int t = 0; t < T; t++) {
+        float mag = t == 5 ? 0.0f : ldexpf(1.0f, t % 9 - 4);
+        for (size_t i = 0; i < nw; i++)
+            h[(size_t)t * nw + i] = mag * unif(c, -1, 1);
+        for (int k = 0, take = 0; k < K && take < n; k++)
+            if (irand(c, K - k) < n - take)
+                hc[(size_t)t * n + take++] = k;
+    }
+    float *x = up(c, h, sizeof(float) * nw * T);
+    int64_t *ch = n ? up(c, hc, sizeof(int64_t) * (size_t)n * T) : NULL;
+    uint8_t *codes = Z(c, nq / 2 * T * 2), *scales = Z(c, nq / 16 * T * 2);
+    float *s_dec = Z(c, sizeof(float) * T * 2);
+    for (int pass = 0; pass < 2 && !c->st; pass++) {
+        size_t o = pass * (size_t)T;
+        for (int t = 0; t < T; t++) {
+            q[t] = (qd_nvfp4){.rows = N, .cols = K + n, .per_row = QD_SCALE_PER_TENSOR,
+                              .codes = codes + nq / 2 * (o + t), .scales = scales + nq / 16 * (o + t),
+                              .s_dec = s_dec + o + t};
+            qp[t] = &q[t];
+            xp[t] = x + nw * t;
+            cp[t] = n ? ch + (size_t)n * t : NULL;
+            if (pass == 1)
+                RUN(c, n ? c->ops->rac_augment_weight(c->dev, &q[t], xp[t], N, K, cp[t], n)
+                         : c->ops->nvfp4_quantize(c->dev, &q[t], xp[t]));
+        }
+        if (pass == 0)
+            RUN(c, c->ops->nvfp4_quantize_weights(c->dev, qp, xp, cp, T, N, K, n));
+    }
+    if (c->ops->finish)
+        RUN(c, c->ops->finish(c->dev));
+    OUT(c, "codes", 'b', codes, nq / 2 * T);
+    OUT(c, "scales", 'b', scales, nq / 16 * T);
+    OUT(c, "s_dec", 'b', s_dec, sizeof(float) * T);
+    OUT(c, "ref.codes", 'b', codes + nq / 2 * T, nq / 2 * T);
+    OUT(c, "ref.scales", 'b', scales + nq / 16 * T, nq / 16 * T);
+    OUT(c, "ref.s_dec", 'b', s_dec + T, sizeof(float) * T);
+done:
+    free(h), free(hc), free(q), free(qp), free(xp), free(cp);
+}
+
+static void c_quantize_weights(oc *c) { weights_case(c, 70, 24, 96, 0); }
+
+static void c_quantize_weights_rac(oc *c) { weights_case(c, 67, 10, 64, 16); }
+
+/* RAC channel sets of 205 linears (more than one CUDA launch takes): widths
+ * over one 256-channel tile and under, one of 16 (no channel at 0.25), errors
+ * from a few values (ties, broken by the lower channel) or all distinct; the
+ * entries a set does not fill keep their sentinels. */
+static void c_rac_select(oc *c)
+{
+    enum { NL = 205 };
+    int K[NL];
+    size_t off[NL], total = 0;
+    for (int i = 0; i < NL; i++) {
+        K[i] = i < 5 ? (int[]){64, 1040, 16, 288, 32}[i] : 32 + 16 * (i % 3);
+        off[i] = total;
+        total += (size_t)K[i];
+    }
+    double *e = malloc(sizeof(double) * total);
+    int64_t *h = malloc(sizeof(int64_t) * total);
+    if (!e || !h) {
+        c->st = qd_error(QD_ERR_NOMEM, "op case");
+        free(e), free(h);
+        return;
+    }
+    for (size_t k = 0; k < total; k++) {
+        e[k] = k >= off[3] && k < off[4] ? (double)unif(c, 0, 1) : 0.5 * irand(c, 4);
+        h[k] = -7 - (int64_t)k;
+    }
+    double *err = up(c, e, sizeof(double) * total);
+    int64_t *ch = up(c, h, sizeof(int64_t) * total);
+    RUN(c, c->ops->rac_select(c->dev, ch, err, off, K, NL, 0.25));
+    if (c->ops->finish)
+        RUN(c, c->ops->finish(c->dev));
+    OUT(c, "ch", 'b', ch, sizeof(int64_t) * total);
+    free(e), free(h);
+}
+
 /* the replay trainer's RAC input: x_hat plus the residuals on the channels */
 static void c_rac_fake_quant(oc *c)
 {
@@ -795,7 +891,10 @@ static const op_case cases[] = {
     {{"nvfp4 quantize+fake 7x96", "nvfp4_quantize", 0}, c_nvfp4},
     {{"w4a4_gemm 9x40x512", "w4a4_gemm", 1}, c_w4a4},
     {{"w4a4_gemm_grouped 4 experts", "w4a4_gemm_grouped", 0}, c_w4a4_grouped},
+    {{"nvfp4_quantize_weights 70 x 24x96", "nvfp4_quantize_weights", 0}, c_quantize_weights},
+    {{"nvfp4_quantize_weights 67 x 10x64+16", "nvfp4_quantize_weights", 0}, c_quantize_weights_rac},
     {{"rac error+augment 6x64+16", "rac_augment_act", 0}, c_rac},
+    {{"rac_select 205 linears", "rac_select", 0}, c_rac_select},
     {{"rac_grouped 4 experts 64+16", "rac_grouped", 0}, c_rac_grouped},
     {{"rac_fake_quant 7x64+32", "rac_fake_quant", 0}, c_rac_fake_quant},
     {{"sqerr_rows 11x70", "sqerr_rows", 0}, c_sqerr_rows},

@@ -443,6 +443,31 @@ START_TEST(test_w16_twins_equal_float_ops)
 }
 END_TEST
 
+/* the weights of one shape quantized in one call (nvfp4_quantize_weights)
+ * give the bytes of the per-tensor ops (case outputs 0-2 and "ref.*" 3-5) */
+START_TEST(test_quantize_weights_equal_per_tensor)
+{
+    int seen = 0;
+    for (int i = 0; i < qd_op_case_count(); i++) {
+        qd_op_case_info ci = qd_op_case(i);
+        if (strcmp(ci.slot, "nvfp4_quantize_weights"))
+            continue;
+        qd_op_result a;
+        ck_assert_msg(qd_op_case_run(i, O, dev1, 7, &a) == QD_OK, "%s: %s", ci.name, qd_last_error());
+        ck_assert_int_eq(a.nout, 6);
+        for (int k = 0; k < 3; k++) {
+            ck_assert_str_eq(a.out[3 + k].name + 4, a.out[k].name);
+            ck_assert_uint_eq(a.out[k].bytes, a.out[3 + k].bytes);
+            ck_assert_msg(memcmp(a.out[k].data, a.out[3 + k].data, a.out[k].bytes) == 0, "%s: %s differs", ci.name,
+                          a.out[k].name);
+        }
+        seen++;
+        qd_op_result_free(&a);
+    }
+    ck_assert_int_eq(seen, 2);
+}
+END_TEST
+
 /* the comparison itself: one flipped bit is a difference, and a bound admits it */
 START_TEST(test_compare_finds_a_bit)
 {
@@ -482,6 +507,7 @@ Suite *suite_ops(void)
     tcase_add_test(tc, test_adamw_double);
     tcase_add_test(tc, test_cases_thread_independent);
     tcase_add_test(tc, test_w16_twins_equal_float_ops);
+    tcase_add_test(tc, test_quantize_weights_equal_per_tensor);
     tcase_add_test(tc, test_compare_finds_a_bit);
     suite_add_tcase(s, tc);
     return s;

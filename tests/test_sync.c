@@ -7,7 +7,8 @@
  * run directory exists. A lean rollout (no float32 master) computes the bits
  * of one that keeps its master, in every recipe, and refuses what needs the
  * master by name; the 48-layer Qwen3-30B-A3B shape fits one H200 as a rollout
- * (the plan-only entry point). */
+ * (the plan-only entry point). The W4A4 codes made a shape at a time at a
+ * sync give the bytes of the per-tensor path. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -224,6 +225,76 @@ static void check_sync(qd_recipe r)
 START_TEST(test_sync_from_recipes)
 {
     check_sync((qd_recipe)_i);
+}
+END_TEST
+
+/* The CPU's ops with nvfp4_quantize_weights counting its calls and their
+ * largest group, or removed (the driver then quantizes tensor by tensor). */
+static qd_ops grouped_ops, per_tensor_ops;
+static int grouped_calls, grouped_max;
+
+static qd_status counting_quantize_weights(void *dev, qd_nvfp4 *const *q, const float *const *x,
+                                           const int64_t *const *ch, int count, int N, int K, int64_t n)
+{
+    grouped_calls++;
+    grouped_max = count > grouped_max ? count : grouped_max;
+    return qd_cpu_ops()->nvfp4_quantize_weights(dev, q, x, ch, count, N, K, n);
+}
+
+static qd_backend *make_on(const qd_ops *ops, const qd_model_config *c, qd_recipe r, qd_role role)
+{
+    qd_backend_options o = options(r, role);
+    qd_backend *b = qd_model_backend_new(c, &o, ops, qd_cpu_dev_new(1), free);
+    ck_assert_msg(b != NULL, "init: %s", qd_last_error());
+    return b;
+}
+
+/* A lean rollout synced from its trainer (device to device) with the W4A4
+ * codes a shape at a time gives the bytes of the per-tensor path (the ops
+ * without nvfp4_quantize_weights): forward log-probs and logits, a
+ * generate, the RAC state (channels picked from statistics gathered first).
+ * Where the recipe has W4A4 codes the grouped op ran with every expert of
+ * a projection in one call. */
+static void check_grouped(qd_recipe r)
+{
+    qd_model_config c = tiny_cfg();
+    int V = c.vocab_size;
+    grouped_ops = *qd_cpu_ops();
+    grouped_ops.nvfp4_quantize_weights = counting_quantize_weights;
+    per_tensor_ops = *qd_cpu_ops();
+    per_tensor_ops.nvfp4_quantize_weights = NULL;
+    const qd_ops *ops[2] = {&grouped_ops, &per_tensor_ops};
+    outputs out[2];
+    float glogp[GB * GM];
+    int32_t gtok[GB * GM];
+    grouped_calls = grouped_max = 0;
+    for (int k = 0; k < 2; k++) {
+        qd_backend *tr = make_on(ops[k], &c, r, QD_ROLE_TRAINER), *ro = make_on(ops[k], &c, r, QD_ROLE_ROLLOUT);
+        float *w0 = tiny_weights(tr);
+        set_weights(tr, w0);
+        set_weights(ro, w0);
+        generate(ro, V, 1, gtok, glogp);
+        train_once(tr, V);
+        int direct = -1;
+        ck_assert_msg(qd_backend_sync_from(ro, tr, &direct) == QD_OK, "%s", qd_last_error());
+        ck_assert_int_eq(direct, 1);
+        outputs_of(ro, V, &out[k]);
+        free(w0);
+        qd_backend_free(tr);
+        qd_backend_free(ro);
+    }
+    assert_same(&out[0], &out[1], 0, qd_recipe_name(r));
+    qd_linear_mode m = qd_recipe_linear_mode(r, QD_ROLE_ROLLOUT);
+    if (m == QD_LINEAR_W4A4 || m == QD_LINEAR_W4A4_RAC) {
+        ck_assert_int_gt(grouped_calls, 0);
+        ck_assert_int_ge(grouped_max, c.num_experts);
+    }
+    outputs_free(&out[0]), outputs_free(&out[1]);
+}
+
+START_TEST(test_sync_grouped_bits)
+{
+    check_grouped((qd_recipe)_i);
 }
 END_TEST
 
@@ -601,6 +672,7 @@ Suite *suite_sync(void)
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, test_sync_from_recipes, 0, QD_RECIPE_COUNT);
     tcase_add_test(tc, test_sync_from_other_model);
+    tcase_add_loop_test(tc, test_sync_grouped_bits, 0, QD_RECIPE_COUNT);
     tcase_add_loop_test(tc, test_plan_matches_allocations, 0, QD_RECIPE_COUNT);
     tcase_add_test(tc, test_plan_without_workload);
     tcase_add_loop_test(tc, test_lean_rollout_bits, 0, QD_RECIPE_COUNT);

@@ -599,6 +599,31 @@ static qd_status cpu_nvfp4_quantize(void *dev, qd_nvfp4 *q, const float *x)
     return qd_nvfp4_quantize(q, x);
 }
 
+static qd_status cpu_nvfp4_quantize_weights(void *dev, qd_nvfp4 *const *q, const float *const *x,
+                                            const int64_t *const *ch, int count, int N, int K, int64_t n)
+{
+    (void)dev;
+    for (int i = 0; i < count; i++)
+        QD_TRY(n ? qd_rac_augment_weight(q[i], x[i], N, K, ch[i], n) : qd_nvfp4_quantize(q[i], x[i]));
+    return QD_OK;
+}
+
+/* The linears in parallel (a sort each); a failure is redone on this thread
+ * for its message (thread-local). */
+static qd_status cpu_rac_select(void *dev, int64_t *ch, const double *err, const size_t *off, const int *K,
+                                int count, double ratio)
+{
+    (void)dev;
+    int bad = 0;
+    #pragma omp parallel for schedule(dynamic, 4) reduction(|:bad)
+    for (int i = 0; i < count; i++)
+        bad |= qd_rac_select(ch + off[i], err + off[i], K[i], ratio) < 0;
+    for (int i = 0; i < count && bad; i++)
+        if (qd_rac_select(ch + off[i], err + off[i], K[i], ratio) < 0)
+            return QD_ERR_ARG;
+    return QD_OK;
+}
+
 static qd_status cpu_nvfp4_fake_quant(void *dev, float *out, const float *x, int rows, int cols,
                                       qd_scale_kind scale)
 {
@@ -973,6 +998,8 @@ static const qd_ops cpu_ops = {
     .rac_error = cpu_rac_error,
     .rac_augment_act = cpu_rac_augment_act,
     .rac_augment_weight = cpu_rac_augment_weight,
+    .nvfp4_quantize_weights = cpu_nvfp4_quantize_weights,
+    .rac_select = cpu_rac_select,
     .rac_grouped = cpu_rac_grouped,
     .rac_fake_quant = cpu_rac_fake_quant,
     .sqerr_rows = cpu_sqerr_rows,

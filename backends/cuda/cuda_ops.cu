@@ -366,10 +366,11 @@ static qd_status cuda_matmul_grouped_backward(void *dev, float *dinp, float *con
 /* ------------------------------------------------------------------------ */
 /* quantizers and quantized products                                         */
 
+/* a non-finite input is reported by finish (qd_cuda_nonfinite_check), as nvfp4_quantize's */
 static qd_status cuda_fp8_quantize_rows(void *dev, uint8_t *q, float *scale_inv, const float *x, int rows, int cols)
 {
     (void)dev;
-    return qd_cuda_fp8_quantize_rows(q, scale_inv, x, rows, cols);
+    return qd_cuda_fp8_quantize_rows_async(q, scale_inv, x, rows, cols);
 }
 
 static qd_status cuda_fp8_gemm(void *dev, float *y, const uint8_t *qa, const float *sa_inv, const uint8_t *qw,
@@ -508,6 +509,20 @@ static qd_status cuda_rac_augment_weight(void *dev, qd_nvfp4 *out, const float *
 {
     (void)dev;
     return qd_cuda_rac_augment_weight(out, w, N, K, ch, n);
+}
+
+static qd_status cuda_nvfp4_quantize_weights(void *dev, qd_nvfp4 *const *q, const float *const *x,
+                                             const int64_t *const *ch, int count, int N, int K, int64_t n)
+{
+    (void)dev;
+    return qd_cuda_nvfp4_quantize_weights_async(q, x, ch, count, N, K, n);
+}
+
+static qd_status cuda_rac_select(void *dev, int64_t *ch, const double *err, const size_t *off, const int *K,
+                                int count, double ratio)
+{
+    (void)dev;
+    return qd_cuda_rac_select_async(ch, err, off, K, count, ratio);
 }
 
 static qd_status cuda_sqerr_rows(void *dev, double *err, double *nrm, const float *x, const float *xh, int rows,
@@ -743,6 +758,8 @@ static const qd_ops cuda_ops = {
     .rac_error = cuda_rac_error,
     .rac_augment_act = cuda_rac_augment_act,
     .rac_augment_weight = cuda_rac_augment_weight,
+    .nvfp4_quantize_weights = cuda_nvfp4_quantize_weights,
+    .rac_select = cuda_rac_select,
     .rac_grouped = cuda_rac_grouped,
     .rac_fake_quant = cuda_rac_fake_quant,
     .sqerr_rows = cuda_sqerr_rows,

@@ -465,7 +465,7 @@ template <> struct qk_vmax<uint16_t> {
 /* a->amax = bits of max |x| over n values (n a multiple of 8), one atomicMax a
  * CTA; non-negative floats order as their bits. */
 template <typename T>
-__global__ void __launch_bounds__(QD_THREADS) qk_amax_kernel(qk_amax *a, const T *x, int64_t n)
+static __device__ __forceinline__ void qk_amax_body(qk_amax *a, const T *x, int64_t n)
 {
     const uint4 *xv = (const uint4 *)x;
     int64_t nv = n / (16 / sizeof(T)), step = (int64_t)gridDim.x * blockDim.x * QK_AMAX_VEC;
@@ -492,6 +492,33 @@ __global__ void __launch_bounds__(QD_THREADS) qk_amax_kernel(qk_amax *a, const T
     }
 }
 
+template <typename T>
+__global__ void __launch_bounds__(QD_THREADS) qk_amax_kernel(qk_amax *a, const T *x, int64_t n)
+{
+    qk_amax_body(a, x, n);
+}
+
+/* Tensors a grouped weight quantize takes in one launch: their pointers ride
+ * in the kernel's parameters (under the 4 KB every CUDA version passes). */
+#define QK_GROUP 64
+
+/* Tensor i of a group: x (N, K), codes and scales (N, K + n) dense, S_dec,
+ * and n RAC channels (NULL when n = 0). */
+struct qk_wgroup {
+    const float *x[QK_GROUP];
+    uint8_t *codes[QK_GROUP], *scales[QK_GROUP];
+    float *s_dec[QK_GROUP];
+    const int64_t *ch[QK_GROUP];
+};
+
+/* a[y] = the amax of tensor y (blockIdx.y) of the group, n values each, over
+ * gridDim.x CTAs a tensor. */
+__global__ void __launch_bounds__(QD_THREADS) qk_amax_group_kernel(qk_amax *a, const __grid_constant__ qk_wgroup g,
+                                                                   int64_t n)
+{
+    qk_amax_body(a + blockIdx.y, g.x[blockIdx.y], n);
+}
+
 /* Where a quantizer's S_enc comes from: the published per-tensor amax, or s_enc
  * (per row, or one), or (neither) each row's own amax. */
 struct qk_scope {
@@ -505,11 +532,9 @@ struct qk_scope {
 /* Blocks of a dense x (nblk blocks) under one S_enc (sc.amax or sc.s_enc[0]):
  * codes and scales dense, or dq; s_dec_out[0] = S_dec. */
 template <typename T>
-__global__ void __launch_bounds__(QD_THREADS) qk_flat_kernel(uint8_t *codes, uint8_t *scales, float *dq,
-                                                             const T *x, int64_t nblk, qk_scope sc,
-                                                             float *s_dec_out)
+static __device__ __forceinline__ void qk_flat_body(uint8_t *codes, uint8_t *scales, float *dq, const T *x,
+                                                    int64_t nblk, float s_enc, float *s_dec_out)
 {
-    float s_enc = sc.amax ? qd_nvfp4_s_enc(__uint_as_float(*sc.amax)) : sc.s_enc[0];
     float s_dec = qd_nvfp4_s_dec(s_enc), k = s_enc * (1.0f / 6.0f), all = 0.0f;
     int64_t step = (int64_t)gridDim.x * blockDim.x * QK_FLAT_UNROLL;
     for (int64_t b0 = (int64_t)blockIdx.x * blockDim.x * QK_FLAT_UNROLL + threadIdx.x; b0 < nblk; b0 += step) {
@@ -532,6 +557,58 @@ __global__ void __launch_bounds__(QD_THREADS) qk_flat_kernel(uint8_t *codes, uin
         qd_cuda_nonfinite = 1;
     if (s_dec_out && blockIdx.x == 0 && threadIdx.x == 0)
         s_dec_out[0] = s_dec;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(QD_THREADS) qk_flat_kernel(uint8_t *codes, uint8_t *scales, float *dq,
+                                                             const T *x, int64_t nblk, qk_scope sc,
+                                                             float *s_dec_out)
+{
+    float s_enc = sc.amax ? qd_nvfp4_s_enc(__uint_as_float(*sc.amax)) : sc.s_enc[0];
+    qk_flat_body(codes, scales, dq, x, nblk, s_enc, s_dec_out);
+}
+
+/* Tensor y (blockIdx.y) of the group, n = 0: qk_flat_kernel's blocks under
+ * the tensor's amax a[y]. */
+__global__ void __launch_bounds__(QD_THREADS) qk_flat_group_kernel(const qk_amax *a,
+                                                                   const __grid_constant__ qk_wgroup g,
+                                                                   int64_t nblk)
+{
+    int y = blockIdx.y;
+    qk_flat_body(g.codes[y], g.scales[y], (float *)NULL, g.x[y], nblk,
+                 qd_nvfp4_s_enc(__uint_as_float(a[y].amax)), g.s_dec[y]);
+}
+
+/* Tensor y of the group with n RAC channels: block b of row r of [W, W[:, ch]]
+ * (bpr = (K + n) / 16 blocks a row, kb = K / 16 of them W's own), under W's
+ * amax a[y] (the copies never raise it), the bits of quantizing the gathered
+ * matrix with the flat kernel (qd_cuda_rac_augment_weight). */
+__global__ void __launch_bounds__(QD_THREADS) qk_rac_group_kernel(const qk_amax *a,
+                                                                  const __grid_constant__ qk_wgroup g,
+                                                                  uint32_t N, uint32_t K, uint32_t bpr)
+{
+    int y = blockIdx.y;
+    const float *x = g.x[y];
+    const int64_t *ch = g.ch[y];
+    float s_enc = qd_nvfp4_s_enc(__uint_as_float(a[y].amax));
+    float s_dec = qd_nvfp4_s_dec(s_enc), k = s_enc * (1.0f / 6.0f);
+    uint32_t kb = K / 16, nblk = N * bpr;
+    for (uint32_t blk = blockIdx.x * blockDim.x + threadIdx.x; blk < nblk; blk += gridDim.x * blockDim.x) {
+        uint32_t r = blk / bpr, b = blk - r * bpr;
+        const float *xr = x + (size_t)r * K;
+        qblock<float> v;
+        if (b < kb) {
+            v.load(xr + (size_t)b * 16);
+        } else {
+            const int64_t *c = ch + (size_t)(b - kb) * 16;
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                v.d[i] = make_float4(xr[c[4 * i]], xr[c[4 * i + 1]], xr[c[4 * i + 2]], xr[c[4 * i + 3]]);
+        }
+        qk_store(g.codes[y] + (size_t)blk * 8, g.scales[y] + blk, (float *)NULL, v, v.amax(), k, s_dec);
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        g.s_dec[y][0] = s_dec;
 }
 
 #define QK_ROW_BLOCKS 4   /* blocks a thread holds in the row kernel */
@@ -1750,8 +1827,8 @@ extern "C" qd_status qd_cuda_nvfp4_fake_quant(float *out, const float *x, int64_
     return qd_cuda_nonfinite_check();
 }
 
-extern "C" qd_status qd_cuda_fp8_quantize_rows(uint8_t *q, float *scale_inv, const float *x,
-                                               int64_t rows, int64_t cols)
+extern "C" qd_status qd_cuda_fp8_quantize_rows_async(uint8_t *q, float *scale_inv, const float *x,
+                                                     int64_t rows, int64_t cols)
 {
     if (rows < 0 || cols < 0)
         return qd_error(QD_ERR_SHAPE, "qd_cuda_fp8_quantize_rows: negative shape");
@@ -1759,6 +1836,13 @@ extern "C" qd_status qd_cuda_fp8_quantize_rows(uint8_t *q, float *scale_inv, con
         fp8_rows_kernel<<<(unsigned)rows, row_threads(cols)>>>(q, scale_inv, x, cols);
         QD_CUDA_CHECK(cudaGetLastError());
     }
+    return QD_OK;
+}
+
+extern "C" qd_status qd_cuda_fp8_quantize_rows(uint8_t *q, float *scale_inv, const float *x,
+                                               int64_t rows, int64_t cols)
+{
+    QD_TRY(qd_cuda_fp8_quantize_rows_async(q, scale_inv, x, rows, cols));
     return qd_cuda_nonfinite_check();
 }
 
@@ -2128,4 +2212,155 @@ extern "C" qd_status qd_cuda_rac_augment_weight(qd_nvfp4 *out, const float *w, i
         st = qd_cuda_nonfinite_check();
     cudaFree(waug);
     return st;
+}
+
+/* The per-tensor amax states of a grouped launch, made (zeroed) once. */
+static qd_status qk_group_amax_state(qk_amax **a)
+{
+    static qk_amax *state;
+    if (!state) {
+        qk_amax *s;
+        QD_CUDA_CHECK(cudaMalloc((void **)&s, QK_GROUP * sizeof *s));
+        QD_CUDA_CHECK(cudaMemset(s, 0, QK_GROUP * sizeof *s));
+        state = s;
+    }
+    *a = state;
+    return QD_OK;
+}
+
+/* CTAs a tensor of a grouped launch of m tensors gets: the launch about
+ * sm_count * 16 CTAs in all, no more than the tensor has work for. */
+static unsigned group_ctas(int m, int64_t work)
+{
+    int64_t g = (int64_t)sm_count() * 16 / m, most = (work + QD_THREADS - 1) / QD_THREADS;
+    return (unsigned)(g < 1 ? 1 : g > most ? (most < 1 ? 1 : most) : g);
+}
+
+static qd_status check_weights(const char *fn, qd_nvfp4 *const *q, const float *const *x, const int64_t *const *ch,
+                               int count, int64_t N, int64_t K, int64_t n)
+{
+    for (int i = 0; i < count; i++) {
+        QD_TRY(check_rac(fn, q[i], N, K, n));
+        QD_TRY(check_in(fn, x[i]));
+        if (q[i]->per_row)
+            return qd_error(QD_ERR_ARG, "%s: tensor %d: weights take one scale per tensor", fn, i);
+        if (n && !ch[i])
+            return qd_error(QD_ERR_ARG, "%s: tensor %d: no RAC channels", fn, i);
+    }
+    if (N * ((K + n) / 16) > (int64_t)UINT32_MAX / 2)
+        return qd_error(QD_ERR_SHAPE, "%s: %lld x %lld blocks a tensor, more than a launch indexes", fn,
+                        (long long)N, (long long)((K + n) / 16));
+    return QD_OK;
+}
+
+extern "C" qd_status qd_cuda_nvfp4_quantize_weights_async(qd_nvfp4 *const *q, const float *const *x,
+                                                          const int64_t *const *ch, int count, int64_t N,
+                                                          int64_t K, int64_t n)
+{
+    const char *fn = "qd_cuda_nvfp4_quantize_weights";
+    QD_TRY(check_weights(fn, q, x, ch, count, N, K, n));
+    if (N == 0 || K == 0)
+        return QD_OK;
+    if (qd_cuda_quant_legacy) {
+        for (int i = 0; i < count; i++)
+            QD_TRY(n ? qd_cuda_rac_augment_weight(q[i], x[i], N, K, ch[i], n)
+                     : qd_cuda_nvfp4_quantize_async(q[i], x[i]));
+        return QD_OK;
+    }
+    qk_amax *a;
+    QD_TRY(qk_group_amax_state(&a));
+    int64_t bpr = (K + n) / 16, nblk = N * bpr;
+    for (int i0 = 0; i0 < count; i0 += QK_GROUP) {
+        int m = count - i0 < QK_GROUP ? count - i0 : QK_GROUP;
+        qk_wgroup g;
+        memset(&g, 0, sizeof g);
+        for (int j = 0; j < m; j++) {
+            g.x[j] = x[i0 + j];
+            g.codes[j] = q[i0 + j]->codes;
+            g.scales[j] = q[i0 + j]->scales;
+            g.s_dec[j] = q[i0 + j]->s_dec;
+            g.ch[j] = n ? ch[i0 + j] : NULL;
+        }
+        unsigned amax_ctas = group_ctas(m, N * K / 4 / QK_AMAX_VEC); /* 16-byte vectors, QK_AMAX_VEC a thread */
+        qk_amax_group_kernel<<<dim3(amax_ctas, (unsigned)m), QD_THREADS>>>(a, g, N * K);
+        if (n)
+            qk_rac_group_kernel<<<dim3(group_ctas(m, nblk), (unsigned)m), QD_THREADS>>>(
+                a, g, (uint32_t)N, (uint32_t)K, (uint32_t)bpr);
+        else
+            qk_flat_group_kernel<<<dim3(group_ctas(m, (nblk + QK_FLAT_UNROLL - 1) / QK_FLAT_UNROLL), (unsigned)m),
+                                   QD_THREADS>>>(a, g, nblk);
+        QD_CUDA_CHECK(cudaGetLastError());
+    }
+    return QD_OK;
+}
+
+/* Linears a RAC pick launch takes: their (offset, K, n) ride in the kernel's parameters. */
+#define QK_RAC_GROUP 192
+
+struct qk_rac_sets {
+    int64_t off[QK_RAC_GROUP];
+    int K[QK_RAC_GROUP], n[QK_RAC_GROUP];
+};
+
+/* One CTA a linear y: channel k is picked when fewer than n channels come
+ * before it in (err descending, channel ascending), the order of
+ * qd_rac_select's sort, whose first n it takes; picked channels are written
+ * ascending (a CTA-wide count of the picked ones below each tile of 256). */
+__global__ void __launch_bounds__(256) rac_select_kernel(int64_t *ch, const double *err,
+                                                         const __grid_constant__ qk_rac_sets g)
+{
+    __shared__ int warp_count[8];
+    int y = blockIdx.x, K = g.K[y], n = g.n[y], lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const double *e = err + g.off[y];
+    int64_t *out = ch + g.off[y];
+    int base = 0, bad = 0;
+    for (int t0 = 0; t0 < K; t0 += 256) {
+        int k = t0 + threadIdx.x, pick = 0;
+        if (k < K) {
+            double ek = e[k];
+            bad |= !isfinite(ek);
+            int rank = 0;
+            for (int j = 0; j < K && rank < n; j++) {
+                double ej = e[j];
+                rank += ej > ek || (ej == ek && j < k);
+            }
+            pick = rank < n;
+        }
+        unsigned m = __ballot_sync(0xffffffffu, pick);
+        if (lane == 0)
+            warp_count[wid] = __popc(m);
+        __syncthreads();
+        int below = base + __popc(m & ((1u << lane) - 1u));
+        for (int w = 0; w < wid; w++)
+            below += warp_count[w];
+        if (pick)
+            out[below] = k;
+        for (int w = 0; w < 8; w++)
+            base += warp_count[w];
+        __syncthreads();
+    }
+    if (bad)
+        qd_cuda_nonfinite = 1;
+}
+
+extern "C" qd_status qd_cuda_rac_select_async(int64_t *ch, const double *err, const size_t *off, const int *K,
+                                              int count, double ratio)
+{
+    for (int i0 = 0; i0 < count; i0 += QK_RAC_GROUP) {
+        int m = count - i0 < QK_RAC_GROUP ? count - i0 : QK_RAC_GROUP;
+        qk_rac_sets g;
+        memset(&g, 0, sizeof g);
+        for (int j = 0; j < m; j++) {
+            int64_t n = qd_rac_count(ratio, K[i0 + j]);
+            if (K[i0 + j] < 0 || K[i0 + j] % QD_NVFP4_BLOCK || n < 0 || n > K[i0 + j])
+                return qd_error(QD_ERR_ARG, "qd_cuda_rac_select: linear %d: K %d, ratio %g", i0 + j, K[i0 + j],
+                                ratio);
+            g.off[j] = (int64_t)off[i0 + j];
+            g.K[j] = K[i0 + j];
+            g.n[j] = (int)n;
+        }
+        rac_select_kernel<<<(unsigned)m, 256>>>(ch, err, g);
+        QD_CUDA_CHECK(cudaGetLastError());
+    }
+    return QD_OK;
 }

@@ -56,6 +56,8 @@ qd_status qd_cuda_nvfp4_fake_quant_async(float *out, const float *x, int64_t row
 /* FP8 E4M3, one scale per row: q (rows, cols), scale_inv (rows). */
 qd_status qd_cuda_fp8_quantize_rows(uint8_t *q, float *scale_inv, const float *x,
                                     int64_t rows, int64_t cols);
+/* The same, enqueued: a non-finite input is reported by qd_cuda_nonfinite_check. */
+qd_status qd_cuda_fp8_quantize_rows_async(uint8_t *q, float *scale_inv, const float *x, int64_t rows, int64_t cols);
 
 /* The canonical W4A4 product (§3): y (M, N) = A (M, K) . W (N, K)^T, the
  * per-output block order ascending, so the bits equal qd_w4a4_gemm's. */
@@ -104,6 +106,19 @@ qd_status qd_cuda_rac_augment_act_grouped_async(qd_nvfp4 *out, const float *x, i
  * row when out->per_row). */
 qd_status qd_cuda_rac_augment_weight(qd_nvfp4 *out, const float *w, int64_t N, int64_t K,
                                      const int64_t *channels, int64_t n);
+/* Weights of one shape, enqueued: for i < count, q[i] (N, K+n, one scale per
+ * tensor) = [x[i], x[i][:, channels[i]]] quantized with x[i]'s global scale
+ * (n = 0: quantize(x[i])), the bits of qd_cuda_rac_augment_weight and
+ * qd_cuda_nvfp4_quantize per tensor in two launches per 64 tensors; a
+ * non-finite weight is reported by qd_cuda_nonfinite_check. */
+/* RAC channel sets, enqueued: for i < count, qd_rac_select(ch + off[i], err +
+ * off[i], K[i], ratio)'s channels (dev) written, the rest of the K[i] entries
+ * left; a non-finite error is reported by qd_cuda_nonfinite_check. */
+qd_status qd_cuda_rac_select_async(int64_t *ch, const double *err, const size_t *off, const int *K, int count,
+                                   double ratio);
+qd_status qd_cuda_nvfp4_quantize_weights_async(qd_nvfp4 *const *q, const float *const *x,
+                                               const int64_t *const *channels, int count, int64_t N, int64_t K,
+                                               int64_t n);
 
 #ifdef __cplusplus
 }
