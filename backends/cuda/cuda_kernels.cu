@@ -901,10 +901,23 @@ __global__ void k_rmsnorm(float *out, float *rstd, const float *inp, const float
     size_t n = blockIdx.x;
     const float *x = inp + n * C;
     float *sq = xs + ((C + 3) & ~3);
-    for (int i = threadIdx.x; i < C; i += blockDim.x) {
-        float v = x[i];
-        xs[i] = v;
-        sq[i] = v * v;
+    /* 8 loads a thread in flight before their stores (a store to shared
+     * memory between two loads through generic pointers keeps them apart) */
+    for (int i0 = threadIdx.x; i0 < C; i0 += 8 * blockDim.x) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int i = i0 + u * blockDim.x;
+            v[u] = i < C ? __ldg(x + i) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int i = i0 + u * blockDim.x;
+            if (i < C) {
+                xs[i] = v[u];
+                sq[i] = v[u] * v[u];
+            }
+        }
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -940,15 +953,28 @@ __global__ void k_rmsnorm(float *out, float *rstd, const float *inp, const float
     }
     __syncthreads();
     float r = r_sh;
-    for (int i = threadIdx.x; i < C; i += blockDim.x)
-        out[n * C + i] = w[i] * (xs[i] * r);
+    for (int i0 = threadIdx.x; i0 < C; i0 += 8 * blockDim.x) { /* w's loads before the stores, as above */
+        float wv[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int i = i0 + u * blockDim.x;
+            wv[u] = i < C ? __ldg(w + i) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int i = i0 + u * blockDim.x;
+            if (i < C)
+                out[n * C + i] = wv[u] * (xs[i] * r);
+        }
+    }
 }
 
 extern "C" qd_status qdk_rmsnorm(float *out, float *rstd, const float *inp, const float *w, int rows, int C,
                                  float eps)
 {
     if (rows)
-        QD_LAUNCH_SMEM(k_rmsnorm, (unsigned)rows, C < 128 ? 32u : 128u, sizeof(float) * (size_t)(((C + 3) & ~3) + C),
+        QD_LAUNCH_SMEM(k_rmsnorm, (unsigned)rows, C < 128 ? 32u : C < 1024 ? 128u : 256u,
+                       sizeof(float) * (size_t)(((C + 3) & ~3) + C),
                        out, rstd, inp, w, C, eps);
     return QD_OK;
 }
@@ -1089,6 +1115,29 @@ __global__ void k_attend(float *out, float *att, const float *q, const float *kb
 #define ATT_TS 32
 #define ATT_THREADS 256
 #define ATT_SUMB 256 /* the sum's staged operands a warp */
+
+/* Rows s0 .. s0+ns-1 of a cache (row stride KD) into the tile ts (row stride
+ * DP): every load of a thread issued before its stores (a shared store
+ * between two generic loads keeps them apart: one latency a row element). */
+static __device__ __forceinline__ void att_stage(float *ts, const float *src, int s0, int ns, int D, int DP,
+                                                 size_t KD)
+{
+    enum { U = ATT_TS * 128 / ATT_THREADS }; /* loads a thread at D = 128 */
+    for (int j0 = threadIdx.x; j0 < ns * D; j0 += U * ATT_THREADS) {
+        float v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int j = j0 + u * ATT_THREADS;
+            v[u] = j < ns * D ? __ldg(src + (size_t)(s0 + j / D) * KD + j % D) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int j = j0 + u * ATT_THREADS;
+            if (j < ns * D)
+                ts[(j / D) * DP + j % D] = v[u];
+        }
+    }
+}
 __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *att, const float *q, const float *kb,
                                                             const float *vb, const int32_t *kbase,
                                                             const int32_t *pos, int H, int KV, int HS, int D, int Tm,
@@ -1107,8 +1156,7 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
     for (int s0 = 0; s0 <= t; s0 += ATT_TS) {
         int ns = t + 1 - s0 < ATT_TS ? t + 1 - s0 : ATT_TS;
         __syncthreads();
-        for (int j = threadIdx.x; j < ns * D; j += ATT_THREADS)
-            ts[(j / D) * DP + j % D] = kr[(size_t)(s0 + j / D) * KD + j % D];
+        att_stage(ts, kr, s0, ns, D, DP, KD);
         __syncthreads();
         for (int j = threadIdx.x; j < G * ATT_TS; j += ATT_THREADS) {
             int g = j / ATT_TS, s = j % ATT_TS;
@@ -1141,11 +1189,17 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
         float sum = 0.0f;
         for (int s0 = 0; s0 <= t; s0 += ATT_SUMB) {
             int ns = t + 1 - s0 < ATT_SUMB ? t + 1 - s0 : ATT_SUMB;
-            for (int s = lane; s < ns; s += 32) {
-                float e = qd_expf(p[s0 + s] - mx);
-                p[s0 + s] = e;
-                sumb[wid][s] = e;
-            }
+            float e[ATT_SUMB / 32];
+#pragma unroll
+            for (int u = 0; u < ATT_SUMB / 32; u++)
+                e[u] = lane + 32 * u < ns ? p[s0 + lane + 32 * u] : 0.0f;
+#pragma unroll
+            for (int u = 0; u < ATT_SUMB / 32; u++)
+                if (lane + 32 * u < ns) {
+                    float v = qd_expf(e[u] - mx);
+                    p[s0 + lane + 32 * u] = v;
+                    sumb[wid][lane + 32 * u] = v;
+                }
             __syncwarp();
             if (lane == 0) {
                 int s = 0;
@@ -1173,20 +1227,23 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
     for (int s0 = 0; s0 <= t; s0 += ATT_TS) {
         int ns = t + 1 - s0 < ATT_TS ? t + 1 - s0 : ATT_TS;
         __syncthreads();
-        for (int j = threadIdx.x; j < ns * D; j += ATT_THREADS)
-            ts[(j / D) * DP + j % D] = vr[(size_t)(s0 + j / D) * KD + j % D];
+        att_stage(ts, vr, s0, ns, D, DP, KD);
         for (int j = threadIdx.x; j < G * ATT_TS; j += ATT_THREADS)
             if (j % ATT_TS < ns)
                 pt[j] = pa[(size_t)(j / ATT_TS) * Tm + s0 + j % ATT_TS];
         __syncthreads();
-        /* the outputs' chains side by side (s outer), each over s ascending */
-        for (int s = 0; s < ns; s++)
 #pragma unroll
-            for (int r = 0; r < MAXO; r++) {
-                int o = threadIdx.x + r * ATT_THREADS;
-                if (o < G * D)
-                    acc[r] = acc[r] + pt[(o / D) * ATT_TS + s] * ts[s * DP + o % D];
-            }
+        for (int r = 0; r < MAXO; r++) {
+            int o = threadIdx.x + r * ATT_THREADS;
+            if (o >= G * D)
+                break;
+            int g = o / D, i = o % D;
+            const float *pg = pt + g * ATT_TS;
+            float a = acc[r];
+            for (int s = 0; s < ns; s++)
+                a = a + pg[s] * ts[s * DP + i];
+            acc[r] = a;
+        }
     }
 #pragma unroll
     for (int r = 0; r < MAXO; r++) {

@@ -1266,10 +1266,6 @@ static __device__ __forceinline__ void cp_async8(void *dst, const void *src)
 
 static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 static __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-template <int N> static __device__ __forceinline__ void cp_async_wait_group()
-{
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 
 /* What one thread carries in registers for the next chunk: its share of the
  * weight scales (64 rows x cb blocks), activation codes (8*NT rows x cb blocks)
@@ -1366,39 +1362,8 @@ static __device__ __forceinline__ void mma_store(mma_stage<NT> *st, const mma_re
     }
 }
 
-/* One staged chunk's products into acc: cbc blocks ascending. */
 template <int NT>
-static __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const mma_stage<NT> *cur, int cbc, int wr0,
-                                                 int wr1, int gq, int t, int T)
-{
-#pragma unroll 4
-    for (int j = 0; j < cbc; j++) {
-        uint32_t a0 = (uint32_t)e2m1x4_off12(*(const uint16_t *)&cur->wc[wr0][j * 8 + 2 * t]);
-        uint32_t a1 = (uint32_t)e2m1x4_off12(*(const uint16_t *)&cur->wc[wr1][j * 8 + 2 * t]);
-        float sw0 = cur->sw[wr0][j], sw1 = cur->sw[wr1][j];
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            if (nt * 8 >= T)
-                break;
-            int d[4];
-            float4 sc = cur->sc[nt * 4 + t][j];
-            mma_s8c(d, a0, a1, *(const uint32_t *)&cur->a[nt * 8 + gq][j * 16 + 4 * t], __float_as_int(sc.z),
-                    __float_as_int(sc.w));
-            float sa_lo = sc.x, sa_hi = sc.y;
-            acc[nt][0] = fmaf(__int_as_float(d[0]) - QD_MAGIC, sa_lo * sw0, acc[nt][0]);
-            acc[nt][1] = fmaf(__int_as_float(d[1]) - QD_MAGIC, sa_hi * sw0, acc[nt][1]);
-            acc[nt][2] = fmaf(__int_as_float(d[2]) - QD_MAGIC, sa_lo * sw1, acc[nt][2]);
-            acc[nt][3] = fmaf(__int_as_float(d[3]) - QD_MAGIC, sa_hi * sw1, acc[nt][3]);
-        }
-    }
-}
-
-/* Smem stages: NT = 1 (a few rows, decode at small batch: latency-bound) keeps
- * two chunks in flight; wider tiles one (their smem buys occupancy). */
-#define QD_MMA_STAGES(NT) ((NT) == 1 ? 3 : 2)
-
-template <int NT>
-__global__ void __launch_bounds__(32 * QD_MMA_WARPS, NT == 2 ? 4 : NT == 1 || NT == 4 ? 3 : 2)
+__global__ void __launch_bounds__(32 * QD_MMA_WARPS, NT <= 2 ? 4 : NT == 4 ? 3 : 2)
 w4a4_mma_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
                 const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K)
 {
@@ -1419,64 +1384,43 @@ w4a4_mma_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
 #pragma unroll
     for (int i = 0; i < NT; i++)
         acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-    int cb = nb < QD_MMA_CB ? nb : QD_MMA_CB, wr0 = 16 * w + gq, wr1 = wr0 + 8;
-    const uint8_t *gc = g.codes[z], *gs = g.scales[z];
-    if constexpr (QD_MMA_STAGES(NT) == 3) {
-        /* two chunks in flight while one is multiplied: their weight codes
-         * (cp.async) and their scales and activations (two register sets,
-         * chunk k in set k % 2) */
-        mma_regs<NT> ra, rb;
-        mma_fetch<NT>(&stage[0], &ra, gc, gs, n0, N, nb, ac, as, T, 0, cb);
-        mma_store<NT>(&stage[0], &ra, lut, T);
-        if (nchunk > 1) {
-            int b1 = QD_MMA_CB, cb1 = nb - b1 < QD_MMA_CB ? nb - b1 : QD_MMA_CB;
-            mma_fetch<NT>(&stage[1], &rb, gc, gs, n0, N, nb, ac, as, T, b1, cb1);
-            cp_async_wait_group<1>();
-        } else {
-            cp_async_wait_all();
-        }
-        __syncthreads();
-        /* chunk c: fetch c + 2 into rf (c's parity), multiply c, store c + 1
-         * from rs; the register sets named at compile time (two calls a
-         * round), not through a pointer chosen at run time (local memory) */
-        auto step = [&](int c, mma_regs<NT> &rf, mma_regs<NT> &rs) {
-            int b0 = c * QD_MMA_CB, cbc = nb - b0 < QD_MMA_CB ? nb - b0 : QD_MMA_CB;
-            if (c + 2 < nchunk) {
-                int b2 = b0 + 2 * QD_MMA_CB, cb2 = nb - b2 < QD_MMA_CB ? nb - b2 : QD_MMA_CB;
-                mma_fetch<NT>(&stage[(c + 2) % 3], &rf, gc, gs, n0, N, nb, ac, as, T, b2, cb2);
+    mma_regs<NT> reg;
+    int cb = nb < QD_MMA_CB ? nb : QD_MMA_CB;
+    mma_fetch<NT>(&stage[0], &reg, g.codes[z], g.scales[z], n0, N, nb, ac, as, T, 0, cb);
+    mma_store<NT>(&stage[0], &reg, lut, T);
+    cp_async_wait_all();
+    __syncthreads();
+    int wr0 = 16 * w + gq, wr1 = wr0 + 8;
+    for (int c = 0; c < nchunk; c++) {
+        mma_stage<NT> *cur = &stage[c & 1], *nxt = &stage[(c + 1) & 1];
+        int b0 = c * QD_MMA_CB, cbc = nb - b0 < QD_MMA_CB ? nb - b0 : QD_MMA_CB;
+        int nb0 = b0 + QD_MMA_CB, cbn = nb - nb0 < QD_MMA_CB ? nb - nb0 : QD_MMA_CB;
+        if (c + 1 < nchunk)
+            mma_fetch<NT>(nxt, &reg, g.codes[z], g.scales[z], n0, N, nb, ac, as, T, nb0, cbn);
+#pragma unroll 4
+        for (int j = 0; j < cbc; j++) {
+            uint32_t a0 = (uint32_t)e2m1x4_off12(*(const uint16_t *)&cur->wc[wr0][j * 8 + 2 * t]);
+            uint32_t a1 = (uint32_t)e2m1x4_off12(*(const uint16_t *)&cur->wc[wr1][j * 8 + 2 * t]);
+            float sw0 = cur->sw[wr0][j], sw1 = cur->sw[wr1][j];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                if (nt * 8 >= T)
+                    break;
+                int d[4];
+                float4 sc = cur->sc[nt * 4 + t][j];
+                mma_s8c(d, a0, a1, *(const uint32_t *)&cur->a[nt * 8 + gq][j * 16 + 4 * t], __float_as_int(sc.z),
+                        __float_as_int(sc.w));
+                float sa_lo = sc.x, sa_hi = sc.y;
+                acc[nt][0] = fmaf(__int_as_float(d[0]) - QD_MAGIC, sa_lo * sw0, acc[nt][0]);
+                acc[nt][1] = fmaf(__int_as_float(d[1]) - QD_MAGIC, sa_hi * sw0, acc[nt][1]);
+                acc[nt][2] = fmaf(__int_as_float(d[2]) - QD_MAGIC, sa_lo * sw1, acc[nt][2]);
+                acc[nt][3] = fmaf(__int_as_float(d[3]) - QD_MAGIC, sa_hi * sw1, acc[nt][3]);
             }
-            mma_chunk<NT>(acc, &stage[c % 3], cbc, wr0, wr1, gq, t, T);
-            if (c + 1 < nchunk)
-                mma_store<NT>(&stage[(c + 1) % 3], &rs, lut, T);
-            if (c + 2 < nchunk)
-                cp_async_wait_group<1>();
-            else
-                cp_async_wait_all();
-            __syncthreads();
-        };
-        for (int c = 0; c < nchunk; c += 2) {
-            step(c, ra, rb);
-            if (c + 1 < nchunk)
-                step(c + 1, rb, ra);
         }
-    } else {
-        mma_regs<NT> reg;
-        mma_fetch<NT>(&stage[0], &reg, gc, gs, n0, N, nb, ac, as, T, 0, cb);
-        mma_store<NT>(&stage[0], &reg, lut, T);
+        if (c + 1 < nchunk)
+            mma_store<NT>(nxt, &reg, lut, T);
         cp_async_wait_all();
         __syncthreads();
-        for (int c = 0; c < nchunk; c++) {
-            mma_stage<NT> *cur = &stage[c & 1], *nxt = &stage[(c + 1) & 1];
-            int b0 = c * QD_MMA_CB, cbc = nb - b0 < QD_MMA_CB ? nb - b0 : QD_MMA_CB;
-            int nb0 = b0 + QD_MMA_CB, cbn = nb - nb0 < QD_MMA_CB ? nb - nb0 : QD_MMA_CB;
-            if (c + 1 < nchunk)
-                mma_fetch<NT>(nxt, &reg, gc, gs, n0, N, nb, ac, as, T, nb0, cbn);
-            mma_chunk<NT>(acc, cur, cbc, wr0, wr1, gq, t, T);
-            if (c + 1 < nchunk)
-                mma_store<NT>(nxt, &reg, lut, T);
-            cp_async_wait_all();
-            __syncthreads();
-        }
     }
     const float *sdw = g.sdec[z];
 #pragma unroll
@@ -1932,7 +1876,7 @@ template <int NT>
 static qd_status launch_w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
                                  int w_per_row, int64_t N, int64_t K)
 {
-    size_t smem = QD_MMA_STAGES(NT) * sizeof(mma_stage<NT>);
+    size_t smem = 2 * sizeof(mma_stage<NT>);
     dim3 grid((unsigned)((N + QD_MMA_ROWS - 1) / QD_MMA_ROWS), (unsigned)((maxrows + 8 * NT - 1) / (8 * NT)),
               (unsigned)ng);
     if (smem > 48 * 1024)
