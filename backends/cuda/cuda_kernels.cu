@@ -1261,8 +1261,11 @@ extern "C" qd_status qdk_attend(float *out, float *att, const float *q, const fl
     if (N == 0)
         return QD_OK;
     int G = KV > 0 && H % KV == 0 ? H / KV : 0, HS = 1;
-    /* split each group's heads while N * KV blocks fill fewer than 2 a SM */
-    while (G && G % (2 * HS) == 0 && (long)N * KV * HS < 2L * sm_count())
+    /* split each group's heads while the blocks would fill at most a quarter
+     * of the SMs (decode at batch <= 8 for a3b's heads); each part re-reads
+     * the group's keys and values, so a split at batch 64 (256 -> 512 blocks)
+     * doubled the time (H200: 65 -> 132 us a layer) */
+    while (G && G % (2 * HS) == 0 && 4L * N * KV * (2 * HS) <= sm_count())
         HS *= 2;
     int GH = G ? G / HS : 0;
     size_t smem = sizeof(float) * ((size_t)GH * D + (size_t)ATT_TS * (D + 4) + (size_t)GH * ATT_TS);
