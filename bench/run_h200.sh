@@ -60,39 +60,8 @@ if [ ! -f models/tiny/config.json ]; then
     exit 1
 fi
 
-start=$(date +%s)
-failed=0
-tables=()
-
-# step NAME CAP CMD...: runs CMD for at most CAP x CAP_SCALE seconds and what
-# is left of the budget; stdout (the table) to NAME.txt and the screen, stderr
-# to NAME.log.
-step() {
-    local name=$1 cap left rc
-    cap=$(awk -v c="$2" -v s="$scale" 'BEGIN { printf "%d", c * s }')
-    shift 2
-    left=$((budget - ($(date +%s) - start)))
-    [ "$cap" -lt "$left" ] && left=$cap
-    tables+=("$name")
-    rm -f "$out/$name.jsonl"
-    if [ "$left" -lt 5 ]; then
-        echo "== $name: skipped, the ${budget}s budget is spent" | tee "$out/$name.txt"
-        failed=1
-        return
-    fi
-    echo "== $name (at most $left s): $*"
-    timeout -k 5 "$left" "$@" >"$out/$name.txt" 2>"$out/$name.log"
-    rc=$?
-    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-        { echo "TIMED OUT after $left s; the rows it had finished:"; grep '^bench_backend: ' "$out/$name.log"; } \
-            >>"$out/$name.txt"
-    elif [ $rc -ne 0 ]; then
-        { echo "exit $rc; the end of $out/$name.log:"; tail -5 "$out/$name.log"; } >>"$out/$name.txt"
-    fi
-    [ $rc -ne 0 ] && failed=1
-    cat "$out/$name.txt"
-    echo
-}
+# shellcheck source=bench/steps.sh
+. bench/steps.sh
 
 # vs MODEL: the --vs option naming the torch rows of MODEL, if that step wrote them
 vs() {

@@ -55,38 +55,9 @@ for f in "$bb" $([ "${CHECK:-1}" = 1 ] && echo tests/gpu/check_ops); do
     [ -x "$f" ] || { echo "run_train_h200: $f not found: build it first (./configure --with-cuda-arch=90a && make)" >&2; exit 1; }
 done
 
-start=$(date +%s)
-failed=0
-tables=()
-
-# step NAME CAP CMD...: CMD for at most CAP x CAP_SCALE seconds and what is
-# left of the budget; stdout to NAME.txt (and the screen), stderr to NAME.log.
-step() {
-    local name=$1 cap left rc
-    cap=$(awk -v c="$2" -v s="$scale" 'BEGIN { printf "%d", c * s }')
-    shift 2
-    left=$((budget - ($(date +%s) - start)))
-    [ "$cap" -lt "$left" ] && left=$cap
-    tables+=("$name")
-    rm -f "$out/$name.jsonl"
-    if [ "$left" -lt 5 ]; then
-        echo "== $name: skipped, the ${budget}s budget is spent" | tee "$out/$name.txt"
-        failed=1
-        return
-    fi
-    echo "== $name (at most $left s): $*"
-    timeout -k 5 "$left" "$@" >"$out/$name.txt" 2>"$out/$name.log"
-    rc=$?
-    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-        { echo "TIMED OUT after $left s; the rows it had finished:"; grep '^bench_backend: ' "$out/$name.log"; } \
-            >>"$out/$name.txt"
-    elif [ $rc -ne 0 ]; then
-        { echo "exit $rc; the end of $out/$name.log:"; tail -5 "$out/$name.log"; } >>"$out/$name.txt"
-    fi
-    [ $rc -ne 0 ] && failed=1
-    grep -v "bits equal\|within" "$out/$name.txt" | tail -40
-    echo
-}
+# shellcheck source=bench/steps.sh
+. bench/steps.sh
+step_show() { grep -v "bits equal\|within" "$1" | tail -40; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/GPU: /'
 echo "host: $(nproc) cores; commit $commit; output in $out"

@@ -16,4 +16,18 @@ extern "C" {
                             #call, cudaGetErrorString(qd_cuda_err_));                \
     } while (0)
 
+/* The current device's SM count (132 where it cannot be read), cached per
+ * translation unit: launch shapes that fill the GPU. */
+static inline int qd_sm_count(void)
+{
+    static int n;
+    if (!n) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            n = 132;
+    }
+    return n;
+}
+
 #endif

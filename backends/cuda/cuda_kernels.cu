@@ -25,17 +25,6 @@ extern "C" {
 
 static unsigned blocks(size_t n, unsigned t) { return (unsigned)((n + t - 1) / t); }
 
-static int sm_count(void)
-{
-    static int n;
-    if (!n) {
-        int dev = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-            n = 132;
-    }
-    return n;
-}
 
 /* With dynamic shared memory (bytes beyond 48 KB opted in first). */
 #define QD_LAUNCH_SMEM(kernel, grid, block, smem, ...)                                \
@@ -1265,7 +1254,7 @@ extern "C" qd_status qdk_attend(float *out, float *att, const float *q, const fl
      * of the SMs (decode at batch <= 8 for a3b's heads); each part re-reads
      * the group's keys and values, so a split at batch 64 (256 -> 512 blocks)
      * doubled the time (H200: 65 -> 132 us a layer) */
-    while (G && G % (2 * HS) == 0 && 4L * N * KV * (2 * HS) <= sm_count())
+    while (G && G % (2 * HS) == 0 && 4L * N * KV * (2 * HS) <= qd_sm_count())
         HS *= 2;
     int GH = G ? G / HS : 0;
     size_t smem = sizeof(float) * ((size_t)GH * D + (size_t)ATT_TS * (D + 4) + (size_t)GH * ATT_TS);

@@ -1436,22 +1436,11 @@ w4a4_mma_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
 
 /* ---- host side */
 
-static int sm_count(void)
-{
-    static int n;
-    if (!n) {
-        int dev = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-            n = 132;
-    }
-    return n;
-}
 
 /* A grid-stride launch's CTA count for `work` items. */
 static unsigned grid_for(int64_t work)
 {
-    int64_t g = (work + QD_THREADS - 1) / QD_THREADS, cap = (int64_t)sm_count() * 16;
+    int64_t g = (work + QD_THREADS - 1) / QD_THREADS, cap = (int64_t)qd_sm_count() * 16;
     return (unsigned)(g < 1 ? 1 : (g > cap ? cap : g));
 }
 
@@ -1900,7 +1889,7 @@ static qd_status w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int
         return QD_OK;
     int nt = maxrows <= 8 ? 1 : maxrows <= 16 ? 2 : maxrows <= 32 ? 4 : 8;
     int64_t tiles = (N + QD_MMA_ROWS - 1) / QD_MMA_ROWS;
-    while (nt > 1 && tiles * ((maxrows + 8 * nt - 1) / (8 * nt)) * busy < 3 * sm_count())
+    while (nt > 1 && tiles * ((maxrows + 8 * nt - 1) / (8 * nt)) * busy < 3 * qd_sm_count())
         nt /= 2;
     /* QUADS_W4A4_NT=1|2|4|8 (benchmarks only): that many 8-row tiles a CTA for
      * one-matrix products (the attention linears), to measure the trade of
@@ -2176,7 +2165,7 @@ static qd_status qk_group_amax_state(qk_amax **a)
  * sm_count * 16 CTAs in all, no more than the tensor has work for. */
 static unsigned group_ctas(int m, int64_t work)
 {
-    int64_t g = (int64_t)sm_count() * 16 / m, most = (work + QD_THREADS - 1) / QD_THREADS;
+    int64_t g = (int64_t)qd_sm_count() * 16 / m, most = (work + QD_THREADS - 1) / QD_THREADS;
     return (unsigned)(g < 1 ? 1 : g > most ? (most < 1 ? 1 : most) : g);
 }
 
