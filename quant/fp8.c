@@ -11,7 +11,7 @@ float qd_quantize_row_fp8_ref(uint8_t *q, const float *x, int64_t k)
 {
     float amax = 0.0f;
     for (int64_t i = 0; i < k; i++)
-        amax = fmaxf(amax, fabsf(x[i]));
+        amax = qd_absmax_acc(amax, x[i]);
     float scale = qd_fp8_row_scale(amax);
     for (int64_t i = 0; i < k; i++)
         q[i] = qd_e4m3_from_f32(x[i] * scale);

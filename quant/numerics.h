@@ -45,6 +45,31 @@ QD_HD float qd_bits_f32(uint32_t u)
 }
 
 /* ---- BF16: the top 16 bits of float32, round to nearest even; NaN stays NaN. */
+/* max(m, |v|) for an accumulator m that is not NaN: fmaxf's value (a NaN v
+ * leaves m, as fmaxf does). The host compares instead of calling libm's
+ * fmaxf, which the compiler does not inline (a call per element in every
+ * amax loop); the device keeps its one-instruction fmaxf. */
+QD_HD float qd_absmax_acc(float m, float v)
+{
+#ifdef __CUDA_ARCH__
+    return fmaxf(m, fabsf(v));
+#else
+    float a = fabsf(v);
+    return a > m ? a : m;
+#endif
+}
+
+/* fminf(a, b) for b not NaN (a NaN a gives b, as fminf does), without the
+ * host's libm call; the device keeps fminf. */
+QD_HD float qd_min_nn(float a, float b)
+{
+#ifdef __CUDA_ARCH__
+    return fminf(a, b);
+#else
+    return a < b ? a : b;
+#endif
+}
+
 QD_HD uint16_t qd_bf16_from_f32(float f)
 {
     uint32_t u = qd_f32_bits(f);
@@ -155,13 +180,13 @@ QD_HD float qd_nvfp4_s_dec(float s_enc) { return (float)(1.0 / (double)s_enc); }
 /* E4M3 code of a block's scale from the block's absolute maximum. */
 QD_HD uint8_t qd_nvfp4_block_scale(float amax_b, float s_enc)
 {
-    return qd_e4m3_from_f32(fminf(amax_b * (s_enc * (1.0f / 6.0f)), QD_E4M3_MAX));
+    return qd_e4m3_from_f32(qd_min_nn(amax_b * (s_enc * (1.0f / 6.0f)), QD_E4M3_MAX));
 }
 
 /* Multiplier taking a block's values onto the E2M1 grid. */
 QD_HD float qd_nvfp4_block_inv(uint8_t scale_code, float s_dec)
 {
-    return fminf(1.0f / (qd_e4m3_to_f32(scale_code) * s_dec), FLT_MAX);
+    return qd_min_nn(1.0f / (qd_e4m3_to_f32(scale_code) * s_dec), FLT_MAX);
 }
 
 /* One dequantized value: (e2m1 * s_b) is exact, so one rounding. */
@@ -186,7 +211,7 @@ QD_HD float qd_nvfp4_dequant1(uint8_t code, uint8_t scale_code, float s_dec)
  * t - M + 2 (e - 127): the steps past 0, plus 2 for each binade above 1. */
 QD_HD void qd_e2m1_rn_parts(float v, uint32_t *e, uint32_t *t)
 {
-    float a = fminf(fabsf(v), QD_E2M1_MAX);
+    float a = qd_min_nn(fabsf(v), QD_E2M1_MAX);
     uint32_t b = qd_f32_bits(a) >> 23;
     *e = b < 127u ? 127u : b;
     *t = qd_f32_bits(a + qd_bits_f32((*e + 22u) << 23));
@@ -224,7 +249,7 @@ QD_HD uint8_t qd_nvfp4_quantize_block(uint8_t *packed, const float *x, float s_e
 {
     float amax_b = 0.0f;
     for (int i = 0; i < QD_NVFP4_BLOCK; i++)
-        amax_b = fmaxf(amax_b, fabsf(x[i]));
+        amax_b = qd_absmax_acc(amax_b, x[i]);
     uint8_t sc = qd_nvfp4_block_scale(amax_b, s_enc);
     float inv = qd_nvfp4_block_inv(sc, s_dec);
     for (int i = 0; i < QD_NVFP4_BLOCK; i += 2)

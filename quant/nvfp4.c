@@ -56,7 +56,7 @@ qd_status qd_amax(float *amax, const float *x, int64_t n)
         if (!isfinite(x[i]))
             return qd_error(QD_ERR_NONFINITE, "qd_amax: element %lld is %s (NVFP4/FP8 "
                             "input must be finite)", (long long)i, isnan(x[i]) ? "NaN" : "Inf");
-        m = fmaxf(m, fabsf(x[i]));
+        m = qd_absmax_acc(m, x[i]);
     }
     *amax = m;
     return QD_OK;
@@ -94,7 +94,7 @@ static float row_amax(const float *x, int64_t n)
 {
     float m = 0.0f;
     for (int64_t i = 0; i < n; i++)
-        m = fmaxf(m, fabsf(x[i]));
+        m = qd_absmax_acc(m, x[i]);
     return m;
 }
 

@@ -124,7 +124,7 @@ static float act_s_enc(const float *x, int64_t r, int64_t K, qd_scale_kind scale
         return qd_nvfp4_s_enc(tensor_amax);
     float amax = 0.0f;
     for (int64_t i = 0; i < K; i++)
-        amax = fmaxf(amax, fabsf(x[r * K + i]));
+        amax = qd_absmax_acc(amax, x[r * K + i]);
     return qd_nvfp4_s_enc(amax);
 }
 
