@@ -42,6 +42,20 @@ static float w4a4_dot(const qd_nvfp4 *a, int64_t m, const qd_nvfp4 *w, int64_t n
     return acc * (sdec_a * sdec_w);
 }
 
+/* Row r of q widened: its codes to signed halves h (cols), its block scales
+ * to float f (cols / 16). */
+static void widen_row(int8_t *h, float *f, const qd_nvfp4 *q, int64_t r)
+{
+    int64_t K = q->cols, nb = K / QD_NVFP4_BLOCK;
+    for (int64_t i = 0; i < K / 2; i++) {
+        uint8_t c = q->codes[r * (K / 2) + i];
+        h[2 * i] = (int8_t)HALVES(c & 0xf);
+        h[2 * i + 1] = (int8_t)HALVES(c >> 4);
+    }
+    for (int64_t b = 0; b < nb; b++)
+        f[b] = qd_e4m3_to_f32(q->scales[r * nb + b]);
+}
+
 /* The same outputs with the codes widened first: A's codes to signed halves
  * (int8) and its block scales to float once, each W row likewise once per
  * thread, so that a block sum is 16 int8 products (vectorized) rather than
@@ -56,15 +70,8 @@ static int w4a4_gemm_wide(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
     int ok = ha && fa;
     if (ok) {
 #pragma omp parallel for schedule(static)
-        for (int64_t m = 0; m < M; m++) {
-            for (int64_t i = 0; i < K / 2; i++) {
-                uint8_t c = a->codes[m * (K / 2) + i];
-                ha[m * K + 2 * i] = (int8_t)HALVES(c & 0xf);
-                ha[m * K + 2 * i + 1] = (int8_t)HALVES(c >> 4);
-            }
-            for (int64_t b = 0; b < nb; b++)
-                fa[m * nb + b] = qd_e4m3_to_f32(a->scales[m * nb + b]);
-        }
+        for (int64_t m = 0; m < M; m++)
+            widen_row(ha + m * K, fa + m * nb, a, m);
 #pragma omp parallel reduction(&& : ok)
         {
             int8_t *hw = malloc((size_t)(K + 1));
@@ -74,13 +81,7 @@ static int w4a4_gemm_wide(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
             for (int64_t n = 0; n < N; n++) {
                 if (!hw || !fw)
                     continue;
-                for (int64_t i = 0; i < K / 2; i++) {
-                    uint8_t c = w->codes[n * (K / 2) + i];
-                    hw[2 * i] = (int8_t)HALVES(c & 0xf);
-                    hw[2 * i + 1] = (int8_t)HALVES(c >> 4);
-                }
-                for (int64_t b = 0; b < nb; b++)
-                    fw[b] = qd_e4m3_to_f32(w->scales[n * nb + b]);
+                widen_row(hw, fw, w, n);
                 float sdec_w = w->s_dec[w->per_row ? n : 0];
                 for (int64_t m = 0; m < M; m++) {
                     const int8_t *xa = ha + m * K;

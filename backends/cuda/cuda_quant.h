@@ -111,14 +111,14 @@ qd_status qd_cuda_rac_augment_weight(qd_nvfp4 *out, const float *w, int64_t N, i
  * (n = 0: quantize(x[i])), the bits of qd_cuda_rac_augment_weight and
  * qd_cuda_nvfp4_quantize per tensor in two launches per 64 tensors; a
  * non-finite weight is reported by qd_cuda_nonfinite_check. */
+qd_status qd_cuda_nvfp4_quantize_weights_async(qd_nvfp4 *const *q, const float *const *x,
+                                               const int64_t *const *channels, int count, int64_t N, int64_t K,
+                                               int64_t n);
 /* RAC channel sets, enqueued: for i < count, qd_rac_select(ch + off[i], err +
  * off[i], K[i], ratio)'s channels (dev) written, the rest of the K[i] entries
  * left; a non-finite error is reported by qd_cuda_nonfinite_check. */
 qd_status qd_cuda_rac_select_async(int64_t *ch, const double *err, const size_t *off, const int *K, int count,
                                    double ratio);
-qd_status qd_cuda_nvfp4_quantize_weights_async(qd_nvfp4 *const *q, const float *const *x,
-                                               const int64_t *const *channels, int count, int64_t N, int64_t K,
-                                               int64_t n);
 
 #ifdef __cplusplus
 }
