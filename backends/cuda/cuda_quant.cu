@@ -1225,12 +1225,13 @@ w4a4_tc_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const 
  * 64 weight rows of one group (blockIdx.z: an expert, or the one matrix) and 8*NT
  * activation rows (blockIdx.y); K goes in chunks of 16 blocks, the next chunk's
  * weights in flight (cp.async) and its activations and scales in registers while
- * the current one is multiplied. Warp w's thread (g = lane/4, t = lane%4) owns
+ * the current one is multiplied (W = 1 warp and 16 rows a CTA where 4-warp CTAs
+ * would leave SMs idle, mma_warps below). Warp w's thread (g = lane/4, t = lane%4) owns
  * weight rows 16w+g and 16w+g+8 and activation rows 2t, 2t+1 of each 8-row tile
  * (the MMA's accumulator layout). Padded shared rows make every fragment read of a
  * warp hit 32 banks. */
-#define QD_MMA_WARPS 4
-#define QD_MMA_ROWS (16 * QD_MMA_WARPS)
+#define QD_MMA_WARPS 4       /* warps a CTA (W) by default; 1 for few CTAs (mma_warps) */
+#define QD_MMA_ROWS (16 * W) /* weight rows a CTA of W warps (inside the templates) */
 #define QD_MMA_CB 16                    /* blocks a chunk */
 #define QD_MMA_WLD (QD_MMA_CB * 8 + 16)  /* bytes a staged weight row (codes) */
 #define QD_MMA_ALD (QD_MMA_CB * 16 + 16) /* bytes a staged activation row (int8) */
@@ -1241,7 +1242,7 @@ w4a4_tc_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const 
  * the row's 16 int8 codes of the block), {sa0, sa1, c0, c1}: one 16-byte read
  * gives a thread both of its rows (the weights enter the MMA offset by 12,
  * e2m1x4_off12, and the offset's 12 * sum(a) is taken out of the start). */
-template <int NT>
+template <int NT, int W>
 struct mma_stage {
     uint8_t wc[QD_MMA_ROWS][QD_MMA_WLD];
     float sw[QD_MMA_ROWS][QD_MMA_SLD];
@@ -1270,26 +1271,27 @@ static __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.as
 /* What one thread carries in registers for the next chunk: its share of the
  * weight scales (64 rows x cb blocks), activation codes (8*NT rows x cb blocks)
  * and activation scales. */
-#define QD_MMA_WS_PER_THREAD (QD_MMA_ROWS * QD_MMA_CB / (32 * QD_MMA_WARPS))
-template <int NT>
+#define QD_MMA_WS_PER_THREAD (QD_MMA_CB / 2) /* 16W rows x CB blocks over 32W threads */
+#define QD_MMA_AK(NT, W) ((NT) * 4 / (W))      /* activation items a thread: 8NT rows x CB blocks over 32W */
+template <int NT, int W>
 struct mma_regs {
     uint8_t ws[QD_MMA_WS_PER_THREAD];
-    uint2 ac[NT];
-    uint8_t as[NT];
+    uint2 ac[QD_MMA_AK(NT, W)];
+    uint8_t as[QD_MMA_AK(NT, W)];
 };
 
 /* Issues chunk c's weight codes (cp.async into st) and loads its scales and
  * activations into r. Rows past N read row N-1 (never stored); activation rows
  * past T read as zero. */
-template <int NT>
-static __device__ __forceinline__ void mma_fetch(mma_stage<NT> *st, mma_regs<NT> *r, const uint8_t *wc,
+template <int NT, int W>
+static __device__ __forceinline__ void mma_fetch(mma_stage<NT, W> *st, mma_regs<NT, W> *r, const uint8_t *wc,
                                                  const uint8_t *ws, int64_t n0, int64_t N, int nb,
                                                  const uint8_t *ac, const uint8_t *as, int T, int b0, int cb)
 {
     int tid = threadIdx.x;
     bool full = cb == QD_MMA_CB && n0 + QD_MMA_ROWS <= N;
     if (full) { /* a whole chunk of whole rows: thread tid's rows are tid/16 + 8k, one stride apart */
-        constexpr int RS = 32 * QD_MMA_WARPS / QD_MMA_CB; /* rows between a thread's copies */
+        constexpr int RS = 32 * W / QD_MMA_CB; /* rows between a thread's copies */
         int row = tid / QD_MMA_CB, u = tid % QD_MMA_CB;
         const uint8_t *p = wc + (n0 + row) * (int64_t)(nb * 8) + (int64_t)(b0 + u) * 8;
         const uint8_t *q = ws + (n0 + row) * (int64_t)nb + b0 + u;
@@ -1301,13 +1303,13 @@ static __device__ __forceinline__ void mma_fetch(mma_stage<NT> *st, mma_regs<NT>
         cp_async_commit();
     } else if (cb == QD_MMA_CB) { /* every chunk of K % 256 == 0: no division */
 #pragma unroll
-        for (int k = 0; k < QD_MMA_ROWS * QD_MMA_CB / (32 * QD_MMA_WARPS); k++) {
-            int i = tid + k * 32 * QD_MMA_WARPS, row = i / QD_MMA_CB, u = i % QD_MMA_CB;
+        for (int k = 0; k < QD_MMA_ROWS * QD_MMA_CB / (32 * W); k++) {
+            int i = tid + k * 32 * W, row = i / QD_MMA_CB, u = i % QD_MMA_CB;
             int64_t n = n0 + row < N ? n0 + row : N - 1;
             cp_async8(&st->wc[row][u * 8], wc + n * (int64_t)(nb * 8) + (int64_t)(b0 + u) * 8);
         }
     } else {
-        for (int i = tid; i < QD_MMA_ROWS * cb; i += 32 * QD_MMA_WARPS) {
+        for (int i = tid; i < QD_MMA_ROWS * cb; i += 32 * W) {
             int row = i / cb, u = i - row * cb;
             int64_t n = n0 + row < N ? n0 + row : N - 1;
             cp_async8(&st->wc[row][u * 8], wc + n * (int64_t)(nb * 8) + (int64_t)(b0 + u) * 8);
@@ -1317,16 +1319,16 @@ static __device__ __forceinline__ void mma_fetch(mma_stage<NT> *st, mma_regs<NT>
         cp_async_commit();
 #pragma unroll
         for (int k = 0; k < QD_MMA_WS_PER_THREAD; k++) {
-            int i = tid + k * 32 * QD_MMA_WARPS, row = i / QD_MMA_CB, u = i % QD_MMA_CB;
+            int i = tid + k * 32 * W, row = i / QD_MMA_CB, u = i % QD_MMA_CB;
             int64_t n = n0 + row < N ? n0 + row : N - 1;
             r->ws[k] = u < cb ? __ldg(ws + n * nb + b0 + u) : 0;
         }
     }
 #pragma unroll
-    for (int k = 0; k < NT; k++) {
-        if (8 * k >= T) /* rows 8k.. (this k's) past the CTA's: never read */
+    for (int k = 0; k < QD_MMA_AK(NT, W); k++) {
+        if (2 * W * k >= T) /* rows 2Wk.. (this k's) past the CTA's: never read */
             break;
-        int i = tid + k * 32 * QD_MMA_WARPS, row = i / QD_MMA_CB, u = i % QD_MMA_CB;
+        int i = tid + k * 32 * W, row = i / QD_MMA_CB, u = i % QD_MMA_CB;
         bool in = row < T && u < cb;
         r->ac[k] = in ? __ldg((const uint2 *)(ac + (int64_t)row * (nb * 8) + (int64_t)(b0 + u) * 8))
                       : make_uint2(0, 0);
@@ -1336,20 +1338,20 @@ static __device__ __forceinline__ void mma_fetch(mma_stage<NT> *st, mma_regs<NT>
 
 /* The registers of mma_fetch into the stage: scales decoded to float (activation
  * scales / 4), activation codes to int8 (2*E2M1). */
-template <int NT>
-static __device__ __forceinline__ void mma_store(mma_stage<NT> *st, const mma_regs<NT> *r, const float *lut, int T)
+template <int NT, int W>
+static __device__ __forceinline__ void mma_store(mma_stage<NT, W> *st, const mma_regs<NT, W> *r, const float *lut, int T)
 {
     int tid = threadIdx.x;
 #pragma unroll
     for (int k = 0; k < QD_MMA_WS_PER_THREAD; k++) {
-        int i = tid + k * 32 * QD_MMA_WARPS;
+        int i = tid + k * 32 * W;
         st->sw[i / QD_MMA_CB][i % QD_MMA_CB] = lut[r->ws[k]];
     }
 #pragma unroll
-    for (int k = 0; k < NT; k++) {
-        if (8 * k >= T)
+    for (int k = 0; k < QD_MMA_AK(NT, W); k++) {
+        if (2 * W * k >= T)
             break;
-        int i = tid + k * 32 * QD_MMA_WARPS, row = i / QD_MMA_CB, u = i % QD_MMA_CB;
+        int i = tid + k * 32 * W, row = i / QD_MMA_CB, u = i % QD_MMA_CB;
         uint2 c = r->ac[k];
         int4 v = make_int4(e2m1x4_s8(c.x & 0xffffu), e2m1x4_s8(c.x >> 16), e2m1x4_s8(c.y & 0xffffu),
                            e2m1x4_s8(c.y >> 16));
@@ -1362,13 +1364,13 @@ static __device__ __forceinline__ void mma_store(mma_stage<NT> *st, const mma_re
     }
 }
 
-template <int NT>
-__global__ void __launch_bounds__(32 * QD_MMA_WARPS, NT <= 2 ? 4 : NT == 4 ? 3 : 2)
+template <int NT, int W>
+__global__ void __launch_bounds__(32 * W, W == 1 ? 12 : NT <= 2 ? 4 : NT == 4 ? 3 : 2)
 w4a4_mma_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
                 const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K)
 {
     extern __shared__ __align__(16) unsigned char mma_smem[];
-    mma_stage<NT> *stage = (mma_stage<NT> *)mma_smem;
+    mma_stage<NT, W> *stage = (mma_stage<NT, W> *)mma_smem;
     __shared__ float lut[256]; /* the weight scales' E4M3 values */
     int z = blockIdx.z;
     int64_t rows = g.rows[z], t0 = (int64_t)blockIdx.y * 8 * NT, n0 = (int64_t)blockIdx.x * QD_MMA_ROWS;
@@ -1384,19 +1386,19 @@ w4a4_mma_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
 #pragma unroll
     for (int i = 0; i < NT; i++)
         acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-    mma_regs<NT> reg;
+    mma_regs<NT, W> reg;
     int cb = nb < QD_MMA_CB ? nb : QD_MMA_CB;
-    mma_fetch<NT>(&stage[0], &reg, g.codes[z], g.scales[z], n0, N, nb, ac, as, T, 0, cb);
-    mma_store<NT>(&stage[0], &reg, lut, T);
+    mma_fetch<NT, W>(&stage[0], &reg, g.codes[z], g.scales[z], n0, N, nb, ac, as, T, 0, cb);
+    mma_store<NT, W>(&stage[0], &reg, lut, T);
     cp_async_wait_all();
     __syncthreads();
     int wr0 = 16 * w + gq, wr1 = wr0 + 8;
     for (int c = 0; c < nchunk; c++) {
-        mma_stage<NT> *cur = &stage[c & 1], *nxt = &stage[(c + 1) & 1];
+        mma_stage<NT, W> *cur = &stage[c & 1], *nxt = &stage[(c + 1) & 1];
         int b0 = c * QD_MMA_CB, cbc = nb - b0 < QD_MMA_CB ? nb - b0 : QD_MMA_CB;
         int nb0 = b0 + QD_MMA_CB, cbn = nb - nb0 < QD_MMA_CB ? nb - nb0 : QD_MMA_CB;
         if (c + 1 < nchunk)
-            mma_fetch<NT>(nxt, &reg, g.codes[z], g.scales[z], n0, N, nb, ac, as, T, nb0, cbn);
+            mma_fetch<NT, W>(nxt, &reg, g.codes[z], g.scales[z], n0, N, nb, ac, as, T, nb0, cbn);
 #pragma unroll 4
         for (int j = 0; j < cbc; j++) {
             uint32_t a0 = (uint32_t)e2m1x4_off12(*(const uint16_t *)&cur->wc[wr0][j * 8 + 2 * t]);
@@ -1418,7 +1420,7 @@ w4a4_mma_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
             }
         }
         if (c + 1 < nchunk)
-            mma_store<NT>(nxt, &reg, lut, T);
+            mma_store<NT, W>(nxt, &reg, lut, T);
         cp_async_wait_all();
         __syncthreads();
     }
@@ -1861,18 +1863,18 @@ static qd_status launch_w4a4_grouped(float *y, const qd_nvfp4 *a, const w4a4_gro
 /* The MMA kernel over a table of groups: NT (8-row activation tiles a CTA) as
  * large as the rows ask for, made smaller while the grid would not fill the GPU
  * three times over (more CTAs re-read the weights from L2, not HBM). */
-template <int NT>
+template <int NT, int W>
 static qd_status launch_w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
                                  int w_per_row, int64_t N, int64_t K)
 {
-    size_t smem = 2 * sizeof(mma_stage<NT>);
+    size_t smem = 2 * sizeof(mma_stage<NT, W>);
     dim3 grid((unsigned)((N + QD_MMA_ROWS - 1) / QD_MMA_ROWS), (unsigned)((maxrows + 8 * NT - 1) / (8 * NT)),
               (unsigned)ng);
     if (smem > 48 * 1024)
-        QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_mma_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_mma_kernel<NT, W>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            (int)smem));
-    w4a4_mma_kernel<NT><<<grid, 32 * QD_MMA_WARPS, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, *g,
-                                                           w_per_row, N, K);
+    w4a4_mma_kernel<NT, W><<<grid, 32 * W, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, *g, w_per_row, N,
+                                                   K);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -1888,7 +1890,7 @@ static qd_status w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int
     if (maxrows == 0 || N == 0)
         return QD_OK;
     int nt = maxrows <= 8 ? 1 : maxrows <= 16 ? 2 : maxrows <= 32 ? 4 : 8;
-    int64_t tiles = (N + QD_MMA_ROWS - 1) / QD_MMA_ROWS;
+    int64_t tiles = (N + 16 * QD_MMA_WARPS - 1) / (16 * QD_MMA_WARPS);
     while (nt > 1 && tiles * ((maxrows + 8 * nt - 1) / (8 * nt)) * busy < 3 * qd_sm_count())
         nt /= 2;
     /* QUADS_W4A4_NT=1|2|4|8 (benchmarks only): that many 8-row tiles a CTA for
@@ -1904,10 +1906,25 @@ static qd_status w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int
         nt = forced;
     if (forced_g && ng > 1)
         nt = forced_g;
-    return nt == 1 ? launch_w4a4_mma<1>(y, a, g, ng, maxrows, w_per_row, N, K)
-         : nt == 2 ? launch_w4a4_mma<2>(y, a, g, ng, maxrows, w_per_row, N, K)
-         : nt == 4 ? launch_w4a4_mma<4>(y, a, g, ng, maxrows, w_per_row, N, K)
-                   : launch_w4a4_mma<8>(y, a, g, ng, maxrows, w_per_row, N, K);
+    /* One-warp CTAs of 16 weight rows where 4-warp CTAs would not give every SM
+     * one (decode at small batch): a CTA streams its rows a chunk at a time, one
+     * HBM latency a chunk, so four times the CTAs is four times the bytes in
+     * flight; the same products in the same order. QUADS_MMA_WARPS=1|4
+     * (benchmarks and tests) forces it for NT <= 2. */
+    static int warps = -1;
+    if (warps < 0) {
+        const char *e = getenv("QUADS_MMA_WARPS");
+        warps = e && (!strcmp(e, "1") || !strcmp(e, "4")) ? atoi(e) : 0;
+    }
+    int64_t ctas4 = tiles * ((maxrows + 8 * nt - 1) / (8 * nt)) * busy;
+    int one = nt <= 2 && (warps ? warps == 1 : ctas4 < qd_sm_count()); /* mma_warps */
+    if (one)
+        return nt == 1 ? launch_w4a4_mma<1, 1>(y, a, g, ng, maxrows, w_per_row, N, K)
+                       : launch_w4a4_mma<2, 1>(y, a, g, ng, maxrows, w_per_row, N, K);
+    return nt == 1 ? launch_w4a4_mma<1, QD_MMA_WARPS>(y, a, g, ng, maxrows, w_per_row, N, K)
+         : nt == 2 ? launch_w4a4_mma<2, QD_MMA_WARPS>(y, a, g, ng, maxrows, w_per_row, N, K)
+         : nt == 4 ? launch_w4a4_mma<4, QD_MMA_WARPS>(y, a, g, ng, maxrows, w_per_row, N, K)
+                   : launch_w4a4_mma<8, QD_MMA_WARPS>(y, a, g, ng, maxrows, w_per_row, N, K);
 }
 
 /* QUADS_W4A4_LEGACY (bench only): 1 = the kernels before the MMA kernel. */

@@ -27,6 +27,9 @@ rc=0
 echo "== check_ops"
 timeout 300 tests/gpu/check_ops >"$out/check_ops.log" 2>&1 || rc=1
 grep -v "bits equal\|within" "$out/check_ops.log" | tail -8
+echo "== check_ops, the W4A4 MMA kernel's 4-warp CTAs forced (small cases take 1-warp CTAs by default)"
+QUADS_MMA_WARPS=4 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_w4.log" 2>&1 || rc=1
+tail -1 "$out/check_ops_w4.log"
 echo "== check_backend"
 timeout 400 tests/gpu/check_backend >"$out/check_backend.log" 2>"$out/check_backend.err" || rc=1
 grep -v " yes$" "$out/check_backend.log" | grep -v " within " | head -30
