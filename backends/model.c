@@ -1090,7 +1090,7 @@ static qd_status grouped_matmul(model *c, float *out, const float *x, const floa
                                 int E, int IC, int OC, qd_prec prec)
 {
     if (c->ops->matmul_grouped)
-        return OP(c, matmul_grouped, out, x, w, off, E, IC, OC);
+        return OP(c, matmul_grouped, out, x, w, off, E, IC, OC, prec);
     for (int e = 0; e < E; e++) {
         int r0 = off[e], m = off[e + 1] - r0;
         if (m)

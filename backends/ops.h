@@ -117,10 +117,10 @@ typedef struct qd_ops {
                                  const float *w, int N, int IC, int OC);
     /* The experts of a layer: rows off[e] .. off[e+1]-1 (host, E + 1) of x and
      * out times w[e] (host array of dev pointers); the bits of one matmul per
-     * expert. Optional: where NULL the driver calls matmul per expert on its
-     * rows (in fast mode, then, the plain op's fast path). */
+     * expert (prec as matmul's). Optional: where NULL the driver calls matmul
+     * per expert on its rows (in fast mode, then, the plain op's fast path). */
     qd_status (*matmul_grouped)(void *dev, float *out, const float *x, const float *const *w, const int32_t *off,
-                                int E, int IC, int OC);
+                                int E, int IC, int OC, qd_prec prec);
     /* The same rows: matmul_backward per expert into dinp's rows and dw[e].
      * Optional: where NULL the driver calls matmul_backward per expert. */
     qd_status (*matmul_grouped_backward)(void *dev, float *dinp, float *const *dw, const float *dout,

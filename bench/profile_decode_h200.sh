@@ -23,14 +23,7 @@ timeout 300 ncu --clock-control none --launch-skip "${SKIP:-9000}" --launch-coun
     --metrics gpu__time_duration.sum $run >"$out/ncu_kernels.txt" 2>&1 || echo "ncu failed: see $out/ncu_kernels.txt"
 # one line a kernel and grid: launches, mean us, total us; largest total first
 grep -E "^  [a-zA-Z_]|gpu__time_duration" "$out/ncu_kernels.txt" | paste - - |
-    awk '{
-        name = $0; sub(/^ +/, "", name); sub(/\(.*/, "", name); sub(/^void /, "", name)
-        grid = $0; sub(/.*\) \(/, "(", grid); sub(/, Device.*/, "", grid)
-        inv = $0; sub(/.*Invocations /, "", inv); sub(/[ \t].*/, "", inv)
-        unit = $0; sub(/.*gpu__time_duration.sum +/, "", unit); split(unit, f, / +/)
-        mean = f[4]; if (f[1] == "ms") mean *= 1000; if (f[1] == "ns") mean /= 1000
-        printf "%10.1f us total %6d x %9.2f us  %s %s\n", inv * mean, inv, mean, name, grid
-    }' | sort -g -r | tee "$out/kernels.txt"
+    awk -f bench/ncu_table.awk | sort -g -r | tee "$out/kernels.txt"
 if [ -n "${DETAIL:-}" ]; then
     # shellcheck disable=SC2086
     timeout 200 ncu --clock-control none -k regex:"$DETAIL" --launch-skip "${DSKIP:-40}" --launch-count "${DCOUNT:-3}" --section SpeedOfLight --section Occupancy \

@@ -258,24 +258,41 @@ static void c_matmul_backward(oc *c)
 enum { GE = 4 };
 static const int32_t goff[GE + 1] = {0, 5, 5, 17, 20}; /* expert 1 has no rows */
 
-static void c_matmul_grouped(oc *c)
+/* The experts' products and their backward over the rows goff (scaled by
+ * rows_x). Under QD_PREC_BF16 x and w are BF16 values, as the recipe makes
+ * them; dy stays float32 (CUDA's fast mode reads it as TF32 under BF16
+ * recipes). */
+static void c_matmul_grouped_shape(oc *c, qd_prec prec, int rows_x, int IC, int OC)
 {
-    int R = goff[GE], IC = 48, OC = 40;
+    int32_t off[GE + 1];
+    for (int e = 0; e <= GE; e++)
+        off[e] = goff[e] * rows_x;
+    int R = off[GE];
     const float *w[GE];
     float *dw[GE];
     for (int e = 0; e < GE; e++) {
-        w[e] = F(c, (size_t)OC * IC, -1, 1);
+        float *we = F(c, (size_t)OC * IC, -1, 1);
+        if (prec == QD_PREC_BF16)
+            RUN(c, c->ops->round_bf16(c->dev, we, we, (size_t)OC * IC));
+        w[e] = we;
         dw[e] = F(c, (size_t)OC * IC, -1, 1);
     }
     float *x = F(c, (size_t)R * IC, -1, 1), *y = Z(c, sizeof(float) * R * OC), *dy = F(c, (size_t)R * OC, -1, 1);
     float *dx = F(c, (size_t)R * IC, -1, 1);
-    RUN(c, c->ops->matmul_grouped(c->dev, y, x, w, goff, GE, IC, OC));
-    RUN(c, c->ops->matmul_grouped_backward(c->dev, dx, dw, dy, x, w, goff, GE, IC, OC));
+    if (prec == QD_PREC_BF16)
+        RUN(c, c->ops->round_bf16(c->dev, x, x, (size_t)R * IC));
+    RUN(c, c->ops->matmul_grouped(c->dev, y, x, w, off, GE, IC, OC, prec));
+    RUN(c, c->ops->matmul_grouped_backward(c->dev, dx, dw, dy, x, w, off, GE, IC, OC));
     OUT(c, "y", 'f', y, sizeof(float) * R * OC);
     OUT(c, "dx", 'f', dx, sizeof(float) * R * IC);
     for (int e = 0; e < GE; e++)
         OUT(c, e == 0 ? "dw0" : e == 1 ? "dw1" : e == 2 ? "dw2" : "dw3", 'f', dw[e], sizeof(float) * OC * IC);
 }
+
+static void c_matmul_grouped(oc *c) { c_matmul_grouped_shape(c, QD_PREC_F32, 1, 48, 40); }
+static void c_matmul_grouped_bf16(oc *c) { c_matmul_grouped_shape(c, QD_PREC_BF16, 1, 48, 40); }
+/* tensor-core tiles: 100, 0, 240 and 60 rows an expert; K 256 forward, 200 in dx, the rows in dw */
+static void c_matmul_grouped_wide(oc *c) { c_matmul_grouped_shape(c, QD_PREC_BF16, 20, 256, 200); }
 
 static void c_fp8(oc *c)
 {
@@ -885,7 +902,9 @@ static const op_case cases[] = {
     {{"matmul f32 3x136x1100", "matmul", 1}, c_matmul_f32_row3},
     {{"matmul f32 5x136x260", "matmul", 1}, c_matmul_f32_row5},
     {{"matmul_backward 37x72x45", "matmul_backward", 1}, c_matmul_backward},
-    {{"matmul_grouped+bwd 4 experts", "matmul_grouped", 0}, c_matmul_grouped},
+    {{"matmul_grouped+bwd 4 experts", "matmul_grouped", 1}, c_matmul_grouped},
+    {{"matmul_grouped+bwd bf16 4 experts", "matmul_grouped", 1}, c_matmul_grouped_bf16},
+    {{"matmul_grouped bf16 400x256x200", "matmul_grouped", 1}, c_matmul_grouped_wide},
     {{"fp8 quantize+gemm 6x20x48", "fp8_gemm", 1}, c_fp8},
     {{"fp8_gemm_grouped 4 experts", "fp8_gemm_grouped", 0}, c_fp8_grouped},
     {{"nvfp4 quantize+fake 7x96", "nvfp4_quantize", 0}, c_nvfp4},

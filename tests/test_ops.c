@@ -88,7 +88,7 @@ START_TEST(test_matmul_definition)
     int32_t off[4] = {0, 10, 10, N};
     const float *ws[3] = {w, w, rnd((size_t)OC * IC, -1, 1, 4)};
     float *yg = malloc(sizeof(float) * N * OC);
-    ck_assert_int_eq(O->matmul_grouped(dev1, yg, x, ws, off, 3, IC, OC), QD_OK);
+    ck_assert_int_eq(O->matmul_grouped(dev1, yg, x, ws, off, 3, IC, OC, QD_PREC_F32), QD_OK);
     ck_assert_int_eq(O->matmul(dev1, ref + 10 * OC, x + 10 * IC, ws[2], N - 10, IC, OC, QD_PREC_F32), QD_OK);
     assert_bits(yg, ref, (size_t)N * OC, "matmul_grouped");
     free((void *)ws[2]);

@@ -543,8 +543,9 @@ static qd_status cpu_matmul_backward(void *dev, float *dinp, float *dw, const fl
 }
 
 static qd_status cpu_matmul_grouped(void *dev, float *out, const float *x, const float *const *w, const int32_t *off,
-                                    int E, int IC, int OC)
+                                    int E, int IC, int OC, qd_prec prec)
 {
+    (void)prec;
     for (int e = 0; e < E; e++) {
         int r0 = off[e], m = off[e + 1] - r0;
         if (m)

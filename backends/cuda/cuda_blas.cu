@@ -1,5 +1,6 @@
-/* The fast mode's GEMMs through cuBLASLt, and the native Blackwell NVFP4
- * W4A4 product (docs/numerics.md §3, §7). See cuda_blas.h for the contract.
+/* The fast mode's GEMMs through cuBLASLt (the experts' through cuBLAS), and
+ * the native Blackwell NVFP4 W4A4 product (docs/numerics.md §3, §7). See
+ * cuda_blas.h for the contract.
  *
  * cuBLASLt is column-major; our matrices are row-major, and a row-major (r, c)
  * matrix is the column-major (c, r) matrix with the same bytes. So a row-major
@@ -7,6 +8,7 @@
  * cuBLASLt's A is our B and its B is our A. The forward y = x . W^T becomes
  * cuBLASLt's "TN" (W transposed, x not), the only layout FP8 and FP4 take. */
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <string.h>
@@ -42,6 +44,7 @@ typedef struct {
 typedef struct {
     int ready;
     cublasLtHandle_t h;
+    cublasHandle_t bh; /* cuBLAS (the experts' products), made on first use */
     void *ws;         /* cuBLASLt's workspace */
     float *one;       /* device 1.0f: FP8's per-tensor scales */
     uint8_t *scratch; /* swizzled block scales of the native W4A4 */
@@ -96,6 +99,8 @@ static void ctx_release(blas_ctx *c)
         plan_destroy(&c->plans[i]);
     if (c->h)
         cublasLtDestroy(c->h);
+    if (c->bh)
+        cublasDestroy(c->bh);
     cudaFree(c->ws);
     cudaFree(c->one);
     cudaFree(c->scratch);
@@ -395,6 +400,111 @@ qd_status qd_cuda_gemm_f32_dw(float *dw, const float *dy, const float *x, int64_
                               int64_t K, float beta)
 {
     return gemm_rm(KIND_F32, dw, dy, 1, x, 0, N, K, M, beta, NULL, NULL);
+}
+
+/* ---- the experts through cuBLAS */
+#define BLAS_CHECK(call)                                                                               \
+    do {                                                                                               \
+        cublasStatus_t b_st_ = (call);                                                                 \
+        if (b_st_ != CUBLAS_STATUS_SUCCESS)                                                            \
+            return qd_error(b_st_ == CUBLAS_STATUS_NOT_SUPPORTED ? QD_ERR_UNSUPPORTED : QD_ERR_DEVICE,  \
+                            "%s:%d: %s: %s", __FILE__, __LINE__, #call, cublasGetStatusName(b_st_));   \
+    } while (0)
+
+/* The current device's cuBLAS handle (on the legacy default stream, as cuBLASLt's calls). */
+static qd_status get_blas(cublasHandle_t *out)
+{
+    blas_ctx *c;
+    QD_TRY(get_ctx(&c));
+    if (!c->bh) {
+        BLAS_CHECK(cublasCreate(&c->bh));
+        BLAS_CHECK(cublasSetStream(c->bh, 0));
+    }
+    *out = c->bh;
+    return QD_OK;
+}
+
+/* Row-major C (M, N) = op(A) (M, K) . op(B) (K, N) + beta C, as gemm_rm's
+ * (the same column-major reading), through cublasGemmEx; float32 C. */
+static qd_status gemm_ex_rm(cublasHandle_t h, cudaDataType_t in, cublasComputeType_t ct, float *C,
+                            const void *A, int ta, const void *B, int tb, int64_t M, int64_t N, int64_t K,
+                            float beta)
+{
+    if (M == 0 || N == 0)
+        return QD_OK;
+    if (K == 0)
+        return scale_by(C, beta, M * N);
+    const float alpha = 1.0f;
+    BLAS_CHECK(cublasGemmEx_64(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
+                               &alpha, B, in, tb ? K : N, A, in, ta ? M : K, &beta, C, CUDA_R_32F, N, ct,
+                               CUBLAS_GEMM_DEFAULT));
+    return QD_OK;
+}
+
+static qd_status check_groups(const char *fn, const int32_t *off, int E, int64_t N, int64_t K)
+{
+    if (E < 0 || N < 0 || K < 0)
+        return qd_error(QD_ERR_SHAPE, "%s: %d experts, N %lld, K %lld", fn, E, (long long)N, (long long)K);
+    for (int e = 0; e < E; e++)
+        if (off[e] < 0 || off[e + 1] < off[e])
+            return qd_error(QD_ERR_SHAPE, "%s: expert %d has rows %d .. %d", fn, e, (int)off[e],
+                            (int)off[e + 1] - 1);
+    return QD_OK;
+}
+
+static cublasComputeType_t compute_of(qd_gemm_math math)
+{
+    return math == QD_GEMM_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
+qd_status qd_cuda_gemm_grouped_bf16(float *y, const uint16_t *x, const uint16_t *const *w, const int32_t *off,
+                                    int E, int64_t N, int64_t K)
+{
+    cublasHandle_t h;
+    QD_TRY(check_groups("qd_cuda_gemm_grouped_bf16", off, E, N, K));
+    QD_TRY(get_blas(&h));
+    for (int e = 0; e < E; e++) {
+        int64_t r0 = off[e], m = off[e + 1] - r0;
+        if (m)
+            QD_TRY(gemm_ex_rm(h, CUDA_R_16BF, CUBLAS_COMPUTE_32F, y + r0 * N, x + r0 * K, 0, w[e], 1, m, N, K,
+                              0.0f));
+    }
+    return QD_OK;
+}
+
+qd_status qd_cuda_gemm_grouped_f32(float *y, const float *x, const float *const *w, const int32_t *off, int E,
+                                   int64_t N, int64_t K, qd_gemm_math math)
+{
+    cublasHandle_t h;
+    QD_TRY(check_groups("qd_cuda_gemm_grouped_f32", off, E, N, K));
+    QD_TRY(get_blas(&h));
+    for (int e = 0; e < E; e++) {
+        int64_t r0 = off[e], m = off[e + 1] - r0;
+        if (m)
+            QD_TRY(gemm_ex_rm(h, CUDA_R_32F, compute_of(math), y + r0 * N, x + r0 * K, 0, w[e], 1, m, N, K,
+                              0.0f));
+    }
+    return QD_OK;
+}
+
+qd_status qd_cuda_gemm_grouped_f32_backward(float *dx, float *const *dw, const float *dy, const float *x,
+                                            const float *const *w, const int32_t *off, int E, int64_t N,
+                                            int64_t K, qd_gemm_math math)
+{
+    cublasHandle_t h;
+    QD_TRY(check_groups("qd_cuda_gemm_grouped_f32_backward", off, E, N, K));
+    QD_TRY(get_blas(&h));
+    cublasComputeType_t ct = compute_of(math);
+    for (int e = 0; e < E; e++) {
+        int64_t r0 = off[e], m = off[e + 1] - r0;
+        if (!m)
+            continue;
+        if (dx) /* dx (m, K) += dy (m, N) . w (N, K) */
+            QD_TRY(gemm_ex_rm(h, CUDA_R_32F, ct, dx + r0 * K, dy + r0 * N, 0, w[e], 0, m, K, N, 1.0f));
+        if (dw) /* dw (N, K) += dy^T (N, m) . x (m, K) */
+            QD_TRY(gemm_ex_rm(h, CUDA_R_32F, ct, dw[e], dy + r0 * N, 1, x + r0 * K, 0, N, K, m, 1.0f));
+    }
+    return QD_OK;
 }
 
 /* ---- FP8 */

@@ -45,6 +45,34 @@ qd_status qd_cuda_gemm_f32_dx(float *dx, const float *dy, const float *w, int64_
 qd_status qd_cuda_gemm_f32_dw(float *dw, const float *dy, const float *x, int64_t M, int64_t N,
                               int64_t K, float beta);
 
+/* ---- The experts' products (MoE): E products over the row ranges off[e] ..
+ * off[e+1]-1 (off host, E + 1 entries, non-decreasing) of row-major
+ * activations, expert e's weight w[e] (N, K) (host array of device pointers).
+ * Through cuBLAS's cublasGemmEx, one call per expert with rows, enqueued back
+ * to back on the legacy default stream (no host synchronization): cuBLAS
+ * chooses its kernel per call, where a cuBLASLt plan per shape would be made
+ * again for every row count, and the row counts change every step. An expert
+ * without rows is skipped (its dw unchanged). One cuBLAS handle per device,
+ * beside the cuBLASLt state above (freed with it). */
+typedef enum {
+    QD_GEMM_F32 = 0, /* CUBLAS_COMPUTE_32F: float32 products, never TF32 */
+    QD_GEMM_TF32 = 1 /* CUBLAS_COMPUTE_32F_FAST_TF32: the tensor cores read each float input
+                      * as TF32 (10 mantissa bits: relative change at most 2^-10, none for a
+                      * BF16 value), products summed in float32 */
+} qd_gemm_math;
+
+/* y rows (N) = x rows (K) . w[e]^T, overwritten: BF16 bits in, float32 accumulate and out */
+qd_status qd_cuda_gemm_grouped_bf16(float *y, const uint16_t *x, const uint16_t *const *w, const int32_t *off,
+                                    int E, int64_t N, int64_t K);
+/* the same with float32 inputs under math */
+qd_status qd_cuda_gemm_grouped_f32(float *y, const float *x, const float *const *w, const int32_t *off, int E,
+                                   int64_t N, int64_t K, qd_gemm_math math);
+/* The backward, accumulating (beta = 1): dx rows (K) += dy rows (N) . w[e];
+ * dw[e] (N, K) += dy rows^T . x rows. dx or dw may be NULL (not computed). */
+qd_status qd_cuda_gemm_grouped_f32_backward(float *dx, float *const *dw, const float *dy, const float *x,
+                                            const float *const *w, const int32_t *off, int E, int64_t N,
+                                            int64_t K, qd_gemm_math math);
+
 /* ---- FP8 E4M3 with one decode scale per row (quant/'s qd_fp8_quantize_rows codes):
  * y[m][n] = (sum_k qa[m][k] * qw[n][k]) * (sa_inv[m] * sw_inv[n]).
  * qa (M, K), sa_inv (M), qw (N, K), sw_inv (N); K a multiple of 16 (cuBLASLt's
@@ -84,7 +112,7 @@ qd_status qd_cuda_w4a4_gemm_fast(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
  * row-major -> dst, qd_scales_swizzled_size(rows, scale_cols) bytes, padding 0. */
 qd_status qd_cuda_scales_swizzle(uint8_t *dst, const uint8_t *src, int64_t rows, int64_t scale_cols);
 
-/* Frees the current device's handle, workspace and plans (the next call makes them again). */
+/* Frees the current device's handles, workspace and plans (the next call makes them again). */
 void qd_cuda_blas_release(void);
 
 #ifdef __cplusplus

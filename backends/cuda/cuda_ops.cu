@@ -12,7 +12,10 @@
  * other float linears and every backward product through cuBLASLt float32
  * GEMMs, FP8 through cuBLASLt FP8, W4A4 through cuBLASLt's block-scaled FP4 on
  * Blackwell (the canonical kernels elsewhere), attention through one fused
- * kernel. The grouped expert products stay the exact kernels in both modes.
+ * kernel. The experts' float products go through cuBLAS, one GEMM an expert
+ * (qd_cuda_gemm_grouped_*): BF16 linears in BF16 (float32 accumulate), other
+ * float linears in float32; their backward in TF32 under the BF16 recipes
+ * (docs/numerics.md §7b gives the error), in float32 under fp32.
  *
  * Work is enqueued on the legacy default stream; finish() synchronizes and
  * reports a non-finite input any async quantizer saw. */
@@ -32,12 +35,13 @@ extern "C" {
 }
 
 /* Grow-only scratch of the ops themselves (dev unless said). */
-enum { D_XH, D_RACWS, D_X16, D_LOGP, D_SAMPLE, D_MOE, D_RACPTR, D_RACFQ, D_NSCRATCH };
+enum { D_XH, D_RACWS, D_X16, D_W16, D_LOGP, D_SAMPLE, D_MOE, D_RACPTR, D_RACFQ, D_NSCRATCH };
 
 typedef struct {
     int device;                    /* the ordinal current when the context was made */
     qd_exec_mode mode;
     int bf16_copy;                 /* fast mode, BF16 recipes: keep wk16 */
+    qd_gemm_math expert_bwd;       /* fast mode: the experts' backward products (TF32 under BF16 recipes) */
     const float *wk;               /* the working copy wk16 mirrors, (nwk) */
     size_t nwk;
     uint16_t *wk16;                /* fast mode: the working copy's BF16 bits */
@@ -322,12 +326,61 @@ static qd_status cuda_matmul_backward(void *dev, float *dinp, float *dw, const f
     return dw ? qdk_matmul(dw, dout, x, OC, IC, N, QDK_TN, QDK_ACCUMULATE) : QD_OK;
 }
 
-/* The experts in one launch, in both modes (one cuBLASLt call per expert, each
- * of its own row count, was slower on the H200: a matmul plan per shape). */
-static qd_status cuda_matmul_grouped(void *dev, float *out, const float *x, const float *const *w, const int32_t *off,
-                                     int E, int IC, int OC)
+/* Fast mode, BF16 linears: w16[e] = expert e's BF16 bits (n values each):
+ * wk16's where every w[e] lies in the working copy, else converted into
+ * scratch (the experts with rows). */
+static qd_status expert_w16(cuda_dev *d, const uint16_t **w16, const float *const *w, const int32_t *off, int E,
+                            size_t n)
 {
-    (void)dev;
+    int held = d->wk16 != NULL;
+    for (int e = 0; e < E && held; e++)
+        held = w[e] >= d->wk && w[e] + n <= d->wk + d->nwk;
+    if (held) {
+        for (int e = 0; e < E; e++)
+            w16[e] = d->wk16 + (w[e] - d->wk);
+        return QD_OK;
+    }
+    void *p;
+    QD_TRY(scratch(d, D_W16, sizeof(uint16_t) * n * (E ? E : 1), &p));
+    for (int e = 0; e < E; e++) {
+        w16[e] = (const uint16_t *)p + n * e;
+        if (off[e + 1] > off[e])
+            QD_TRY(qdk_bf16_bits((uint16_t *)p + n * e, w[e], n));
+    }
+    return QD_OK;
+}
+
+/* Fast mode: the experts through cuBLAS, one GEMM an expert with rows. A BF16
+ * linear's operands are BF16 values (effective_input, the working copy), so
+ * their BF16 bits lose nothing and only the order of the sums changes. */
+static qd_status fast_grouped(cuda_dev *d, float *out, const float *x, const float *const *w, const int32_t *off,
+                              int E, int IC, int OC, qd_prec prec)
+{
+    if (prec != QD_PREC_BF16)
+        return qd_cuda_gemm_grouped_f32(out, x, w, off, E, OC, IC, QD_GEMM_F32);
+    size_t rows = E ? (size_t)off[E] : 0;
+    const uint16_t **w16 = (const uint16_t **)calloc((size_t)E + 1, sizeof *w16);
+    if (!w16)
+        return qd_error(QD_ERR_NOMEM, "cuda backend: experts");
+    void *x16;
+    qd_status st = scratch(d, D_X16, sizeof(uint16_t) * (rows * IC ? rows * IC : 1), &x16);
+    if (!st)
+        st = qdk_bf16_bits((uint16_t *)x16, x, rows * IC);
+    if (!st)
+        st = expert_w16(d, w16, w, off, E, (size_t)OC * IC);
+    if (!st)
+        st = qd_cuda_gemm_grouped_bf16(out, (const uint16_t *)x16, w16, off, E, OC, IC);
+    free(w16);
+    return st;
+}
+
+/* Exact mode: the experts in one launch (one cuBLASLt call per expert, each of
+ * its own row count, was slower on the H200: a matmul plan per shape). */
+static qd_status cuda_matmul_grouped(void *dev, float *out, const float *x, const float *const *w, const int32_t *off,
+                                     int E, int IC, int OC, qd_prec prec)
+{
+    if (D(dev)->mode == QD_MODE_FAST)
+        return fast_grouped(D(dev), out, x, w, off, E, IC, OC, prec);
     qdk_mm_item *it = (qdk_mm_item *)calloc((size_t)E, sizeof *it);
     if (!it)
         return qd_error(QD_ERR_NOMEM, "cuda backend: experts");
@@ -345,7 +398,9 @@ static qd_status cuda_matmul_grouped_backward(void *dev, float *dinp, float *con
                                               const float *x, const float *const *w, const int32_t *off, int E,
                                               int IC, int OC)
 {
-    (void)dev;
+    cuda_dev *d = D(dev);
+    if (d->mode == QD_MODE_FAST)
+        return qd_cuda_gemm_grouped_f32_backward(dinp, dw, dout, x, w, off, E, OC, IC, d->expert_bwd);
     qdk_mm_item *it = (qdk_mm_item *)calloc(2 * (size_t)E, sizeof *it);
     if (!it)
         return qd_error(QD_ERR_NOMEM, "cuda backend: experts");
@@ -811,6 +866,7 @@ extern "C" void *qd_cuda_dev_new(qd_exec_mode mode, qd_prec weights)
     }
     d->mode = mode;
     d->bf16_copy = mode == QD_MODE_FAST && weights == QD_PREC_BF16;
+    d->expert_bwd = weights == QD_PREC_BF16 ? QD_GEMM_TF32 : QD_GEMM_F32;
     const char *pe = getenv("QUADS_CUDA_PROFILE");
     d->prof = pe && *pe && strcmp(pe, "0") != 0;
     if (cuda_alloc(d, (void **)&d->d_bad, sizeof(int), "flag")) {

@@ -22,6 +22,15 @@
  *   Bound: rel <= 16 u sqrt(L) = 2^-20 sqrt(L) (7.6e-6 at L = 64, 6.1e-5 at
  *   4096), 30x the expected value. TF32 (10-bit mantissa inputs), which
  *   CUBLAS_COMPUTE_32F must not use, would give rel ~ 2^-11 = 4.9e-4 and fail.
+ * - grp (the experts' products, qd_cuda_gemm_grouped_*): three experts over the
+ *   M rows (rows [0, M/3) with W, none, the rest with a second W2; the empty
+ *   expert's dw must stay as it was), x and W BF16 values as the BF16 recipes
+ *   make them, dy float32. bf16 and f32 rows: the bounds above. tf32 rows (the
+ *   backward under the BF16 recipes): the tensor cores read dy as TF32, a
+ *   relative change of at most 2^-10 an element (x and W unchanged), so a sum
+ *   moves by at most about 2^-10 of its typical size (random part) plus 2^-11
+ *   of itself (truncation's bias): bound 2^-9 = 2.0e-3; BF16 for dy (2^-8)
+ *   would give ~2e-3 and could fail.
  * - fp8 (E4M3 codes from qd_fp8_quantize_rows, one scale a row): the reference
  *   is quant/'s qd_fp8_gemm, the exact mode's product (sequential float32 sum of
  *   exact products). Hopper's FP8 MMA adds products inside an instruction with
@@ -64,9 +73,9 @@ static std::vector<std::string> failed_rows; /* listed again after the table */
 /* ---- the table */
 static void header(void)
 {
-    printf("| %-16s | %-18s | %10s | %10s | %10s | %-4s |\n", "op", "M x N x K", "max abs", "max rel",
+    printf("| %-19s | %-18s | %10s | %10s | %10s | %-4s |\n", "op", "M x N x K", "max abs", "max rel",
            "bound", "ok");
-    printf("|------------------|--------------------|------------|------------|------------|------|\n");
+    printf("|---------------------|--------------------|------------|------------|------------|------|\n");
 }
 
 static void row(const char *op, int64_t M, int64_t N, int64_t K, double abs_err, double rel,
@@ -75,7 +84,7 @@ static void row(const char *op, int64_t M, int64_t N, int64_t K, double abs_err,
     char shape[72];
     snprintf(shape, sizeof shape, "%lld x %lld x %lld", (long long)M, (long long)N, (long long)K);
     char line[160];
-    snprintf(line, sizeof line, "| %-16s | %-18s | %10.3e | %10.3e | %10.3e | %-4s |", op, shape,
+    snprintf(line, sizeof line, "| %-19s | %-18s | %10.3e | %10.3e | %10.3e | %-4s |", op, shape,
              abs_err, rel, bound, pass ? "PASS" : "FAIL");
     puts(line);
     fflush(stdout);
@@ -220,6 +229,7 @@ static void check_op(const char *op, int64_t M, int64_t N, int64_t K, const std:
 typedef struct {
     int64_t M, N, K;
     std::vector<float> x, w, dy, wt, dyt, xt, y0, dx0, dw0; /* wt = w^T (K, N), dyt (N, M), xt (K, M) */
+    std::vector<float> w2;                                  /* a second weight (N, K): the experts */
 } shape_data;
 
 static void check_bf16(shape_data &s)
@@ -253,6 +263,83 @@ static void check_f32(shape_data &s)
     QD_CUDA_DIE(cudaFree(d_x));
     QD_CUDA_DIE(cudaFree(d_w));
     QD_CUDA_DIE(cudaFree(d_dy));
+}
+
+/* ---- the experts: rows [r0, r0 + n) of a (.., ld) row-major matrix */
+static std::vector<float> rows_of(const std::vector<float> &a, int64_t ld, int64_t r0, int64_t n)
+{
+    return std::vector<float>(a.begin() + r0 * ld, a.begin() + (r0 + n) * ld);
+}
+
+/* out rows [r0, r0 + n) (ld) = ref */
+static void put_rows(std::vector<double> &out, int64_t ld, int64_t r0, const std::vector<double> &ref)
+{
+    std::copy(ref.begin(), ref.end(), out.begin() + r0 * ld);
+}
+
+/* The references of the three experts (rows [0, m0) with w, none, [m0, M) with w2). */
+typedef struct {
+    std::vector<double> y, dx, dw; /* y (M, N), dx (M, K) += , dw (3, N, K) += */
+} grouped_ref;
+
+static grouped_ref grouped_refs(const shape_data &s, const std::vector<float> &x, const std::vector<float> &w,
+                                const std::vector<float> &w2, int64_t m0)
+{
+    int64_t M = s.M, N = s.N, K = s.K, NK = N * K;
+    grouped_ref r;
+    r.y.resize((size_t)(M * N));
+    r.dx.resize((size_t)(M * K));
+    r.dw.resize((size_t)(3 * NK));
+    for (int e = 0; e < 3; e++) /* an expert without rows keeps dw0 */
+        std::copy(s.dw0.begin(), s.dw0.end(), r.dw.begin() + e * NK);
+    const int64_t r0[2] = {0, m0}, n[2] = {m0, M - m0};
+    const std::vector<float> *we[2] = {&w, &w2};
+    for (int g = 0; g < 2; g++) {
+        if (!n[g])
+            continue;
+        std::vector<float> xr = rows_of(x, K, r0[g], n[g]), dyr = rows_of(s.dy, N, r0[g], n[g]);
+        std::vector<float> dx0 = rows_of(s.dx0, K, r0[g], n[g]);
+        put_rows(r.y, N, r0[g], ref_abt(xr, *we[g], n[g], N, K, NULL, 0.0f));
+        put_rows(r.dx, K, r0[g], ref_abt(dyr, transpose(*we[g], N, K), n[g], K, N, &dx0, 1.0f));
+        put_rows(r.dw, K, g ? 2 * N : 0,
+                 ref_abt(transpose(dyr, n[g], N), transpose(xr, n[g], K), N, K, n[g], &s.dw0, 1.0f));
+    }
+    return r;
+}
+
+static void check_grouped(const shape_data &s)
+{
+    int64_t M = s.M, N = s.N, K = s.K, NK = N * K, m0 = M / 3;
+    const int32_t off[4] = {0, (int32_t)m0, (int32_t)m0, (int32_t)M};
+    std::vector<float> x = s.x, w = s.w, w2 = s.w2; /* BF16 values below, as the recipes make them */
+    std::vector<uint16_t> xb = to_bf16(x), wb = to_bf16(w), w2b = to_bf16(w2);
+    grouped_ref r = grouped_refs(s, x, w, w2, m0);
+    uint16_t *d_xb = to_dev(xb), *d_wb = to_dev(wb), *d_w2b = to_dev(w2b);
+    float *d_x = to_dev(x), *d_w = to_dev(w), *d_w2 = to_dev(w2), *d_dy = to_dev(s.dy);
+    const uint16_t *wb3[3] = {d_wb, d_wb, d_w2b};
+    const float *w3[3] = {d_w, d_w, d_w2};
+    std::vector<float> dw0x3(s.dw0);
+    dw0x3.insert(dw0x3.end(), s.dw0.begin(), s.dw0.end());
+    dw0x3.insert(dw0x3.end(), s.dw0.begin(), s.dw0.end());
+    check_op("grp bf16 y=x.W^T", M, N, K, s.y0, r.y, sqrt_bound(K),
+             [&](float *y) { return qd_cuda_gemm_grouped_bf16(y, d_xb, wb3, off, 3, N, K); });
+    check_op("grp f32 y=x.W^T", M, N, K, s.y0, r.y, sqrt_bound(K),
+             [&](float *y) { return qd_cuda_gemm_grouped_f32(y, d_x, w3, off, 3, N, K, QD_GEMM_F32); });
+    const qd_gemm_math maths[2] = {QD_GEMM_F32, QD_GEMM_TF32};
+    for (qd_gemm_math m : maths) {
+        int tf = m == QD_GEMM_TF32;
+        check_op(tf ? "grp tf32 dx+=dy.W" : "grp f32 dx+=dy.W", M, N, K, s.dx0, r.dx,
+                 tf ? ldexp(1.0, -9) : sqrt_bound(N), [&](float *y) {
+                     return qd_cuda_gemm_grouped_f32_backward(y, NULL, d_dy, d_x, w3, off, 3, N, K, m);
+                 });
+        check_op(tf ? "grp tf32 dw+=dy^T.x" : "grp f32 dw+=dy^T.x", M, N, K, dw0x3, r.dw,
+                 tf ? ldexp(1.0, -9) : sqrt_bound(M - m0), [&](float *y) {
+                     float *dw3[3] = {y, y + NK, y + 2 * NK};
+                     return qd_cuda_gemm_grouped_f32_backward(NULL, dw3, d_dy, d_x, w3, off, 3, N, K, m);
+                 });
+    }
+    for (void *p : {(void *)d_xb, (void *)d_wb, (void *)d_w2b, (void *)d_x, (void *)d_w, (void *)d_w2, (void *)d_dy})
+        QD_CUDA_DIE(cudaFree(p));
 }
 
 /* ---- FP8 against qd_fp8_gemm */
@@ -390,7 +477,7 @@ int main(void)
     /* one draw of the largest tensors; each shape takes their top-left blocks */
     std::vector<float> X = normals(MAX_M * MAX_K), W = normals(MAX_N * MAX_K),
                        DY = normals(MAX_M * MAX_N), Y0 = normals(MAX_M * MAX_N),
-                       DX0 = normals(MAX_M * MAX_K), DW0 = normals(MAX_N * MAX_K);
+                       DX0 = normals(MAX_M * MAX_K), DW0 = normals(MAX_N * MAX_K), W2 = normals(MAX_N * MAX_K);
     header();
     for (int64_t K : Ks)
         for (int64_t N : Ns)
@@ -401,8 +488,10 @@ int main(void)
                 s.y0 = block(Y0, MAX_N, M, N), s.dx0 = block(DX0, MAX_K, M, K),
                 s.dw0 = block(DW0, MAX_K, N, K);
                 s.wt = transpose(s.w, N, K), s.dyt = transpose(s.dy, M, N), s.xt = transpose(s.x, M, K);
+                s.w2 = block(W2, MAX_K, N, K);
                 check_bf16(s);
                 check_f32(s);
+                check_grouped(s);
                 check_fp8(s);
                 check_w4a4(s, path);
             }

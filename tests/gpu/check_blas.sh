@@ -1,5 +1,5 @@
 #!/bin/sh
-# On the GPU machine: the fast mode's cuBLASLt GEMMs (backends/cuda/cuda_blas)
+# On the GPU machine: the fast mode's cuBLASLt GEMMs and the experts' cuBLAS products (backends/cuda/cuda_blas)
 # against exact CPU references (tests/gpu/check_blas), one table: op, shape,
 # max abs error, max relative error, bound, PASS/FAIL; and the W4A4 path the
 # device gets ("emulated" required on the H200). Writes the table to

@@ -3,10 +3,12 @@
  * the CPU ops (backends/cpu/cpu_ops.c, the definitions), same inputs.
  *   exact mode: every output byte for byte;
  *   fast mode:  the ops fast mode may change (NUMERICS.md §7: the float and
- *               FP8 products through cuBLASLt, W4A4 through the native
- *               Blackwell MMA where present, fused attention) within the
- *               bound of their slot, max |cuda - cpu| / max |cpu| over each
- *               output; every other op byte for byte.
+ *               FP8 products through cuBLASLt, the experts' through cuBLAS,
+ *               W4A4 through the native Blackwell MMA where present, fused
+ *               attention) within the bound of their slot, max |cuda - cpu| /
+ *               max |cpu| over each output; every other op byte for byte;
+ *   fast16:     fast mode as the BF16 recipes make it (their weights BF16:
+ *               the experts' backward in TF32), the slots it changes.
  * Prints one row per case and mode; exits 1 on any failure.
  *     tests/gpu/check_ops [SEEDS]      (default 3 seeds a case) */
 #include <stdio.h>
@@ -15,13 +17,15 @@
 #include "tests/op_cases.h"
 
 /* fast mode's bounds, by slot (relative to the output's largest magnitude):
- * float32 GEMMs with K <= 72 (cuBLASLt's float path, about sqrt(K) u; matmul_w16 too), FP8
+ * float32 GEMMs with K <= 72 (cuBLASLt's float path, about sqrt(K) u; matmul_w16 too; the
+ * experts' through cuBLAS, K <= 256, float32 or BF16 operands that are BF16 values), FP8
  * through cuBLASLt's FP8 GEMM (another accumulation order over exact E4M3
  * products and scales), attention with the hardware exp (its backward case
  * starts from fast attention's probabilities) */
 static double fast_bound(const char *slot)
 {
-    if (!strcmp(slot, "matmul") || !strcmp(slot, "matmul_w16") || !strcmp(slot, "matmul_backward"))
+    if (!strcmp(slot, "matmul") || !strcmp(slot, "matmul_w16") || !strcmp(slot, "matmul_backward") ||
+        !strcmp(slot, "matmul_grouped"))
         return 1e-5;
     if (!strcmp(slot, "fp8_gemm") || !strcmp(slot, "w4a4_gemm"))
         return 1e-3;
@@ -30,16 +34,25 @@ static double fast_bound(const char *slot)
     return -1;
 }
 
+/* fast16's: the experts' backward reads dy as TF32 (a relative change of at
+ * most 2^-10 an element; x and w are BF16 values, unchanged), so a sum of
+ * random-sign terms moves by about 2^-10 of its typical size; 4 * 2^-10
+ * leaves room for the largest of many outputs. */
+static double fast16_bound(const char *slot)
+{
+    return !strcmp(slot, "matmul_grouped") ? 4.0 / 1024 : -1;
+}
+
 static int check(int i, void *cpu, void *cuda, const qd_ops *co, uint64_t seed, const char *mode, double bound)
 {
     qd_op_case_info ci = qd_op_case(i);
     qd_op_result a, b;
     if (qd_op_case_run(i, qd_cpu_ops(), cpu, seed, &a) != QD_OK) {
-        printf("| %-30s | %-5s | %4llu | CPU failed: %s\n", ci.name, mode, (unsigned long long)seed, qd_last_error());
+        printf("| %-30s | %-6s | %4llu | CPU failed: %s\n", ci.name, mode, (unsigned long long)seed, qd_last_error());
         return 0;
     }
     if (qd_op_case_run(i, co, cuda, seed, &b) != QD_OK) {
-        printf("| %-30s | %-5s | %4llu | CUDA failed: %s\n", ci.name, mode, (unsigned long long)seed,
+        printf("| %-30s | %-6s | %4llu | CUDA failed: %s\n", ci.name, mode, (unsigned long long)seed,
                qd_last_error());
         qd_op_result_free(&a);
         return 0;
@@ -47,7 +60,7 @@ static int check(int i, void *cpu, void *cuda, const qd_ops *co, uint64_t seed, 
     double err;
     char what[64];
     int ok = qd_op_result_compare(&b, &a, bound, &err, what);
-    printf("| %-30s | %-5s | %4llu | %-17s | %10.3e | %9.1e | %s %s\n", ci.name, mode, (unsigned long long)seed,
+    printf("| %-30s | %-6s | %4llu | %-17s | %10.3e | %9.1e | %s %s\n", ci.name, mode, (unsigned long long)seed,
            ci.slot, err, bound < 0 ? 0.0 : bound, ok ? (err == 0 ? "bits equal" : "within") : "FAIL", ok ? "" : what);
     qd_op_result_free(&a);
     qd_op_result_free(&b);
@@ -59,23 +72,29 @@ int main(int argc, char **argv)
     int seeds = argc > 1 ? atoi(argv[1]) : 3, fails = 0, rows = 0;
     void *cpu = qd_cpu_dev_new(0);
     void *exact = qd_cuda_dev_new(QD_MODE_EXACT, QD_PREC_F32), *fast = qd_cuda_dev_new(QD_MODE_FAST, QD_PREC_F32);
-    if (!cpu || !exact || !fast) {
+    void *fast16 = qd_cuda_dev_new(QD_MODE_FAST, QD_PREC_BF16);
+    if (!cpu || !exact || !fast || !fast16) {
         fprintf(stderr, "check_ops: %s\n", qd_last_error());
         return 1;
     }
-    printf("| case                           | mode  | seed | slot              | max rel err |     bound | result\n");
-    printf("|--------------------------------|-------|------|-------------------|------------|-----------|-------\n");
+    printf("| case                           | mode   | seed | slot              | max rel err |     bound | result\n");
+    printf("|--------------------------------|--------|------|-------------------|------------|-----------|-------\n");
     for (int i = 0; i < qd_op_case_count(); i++)
         for (uint64_t s = 1; s <= (uint64_t)seeds; s++) {
             qd_op_case_info ci = qd_op_case(i);
             fails += !check(i, cpu, exact, qd_cuda_ops(), s, "exact", -1);
             fails += !check(i, cpu, fast, qd_cuda_ops(), s, "fast", ci.fast_differs ? fast_bound(ci.slot) : -1);
             rows += 2;
+            if (ci.fast_differs && fast16_bound(ci.slot) >= 0) {
+                fails += !check(i, cpu, fast16, qd_cuda_ops(), s, "fast16", fast16_bound(ci.slot));
+                rows++;
+            }
         }
-    printf("check_ops: %d cases x %d seeds x 2 modes = %d rows, %d failure(s): %s\n", qd_op_case_count(), seeds, rows,
-           fails, fails ? "FAIL" : "PASS");
+    printf("check_ops: %d cases x %d seeds, exact and fast (fast16 where it differs) = %d rows, %d failure(s): %s\n",
+           qd_op_case_count(), seeds, rows, fails, fails ? "FAIL" : "PASS");
     qd_cuda_dev_free(exact);
     qd_cuda_dev_free(fast);
+    qd_cuda_dev_free(fast16);
     free(cpu);
     return fails ? 1 : 0;
 }
