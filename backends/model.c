@@ -972,6 +972,11 @@ static qd_status upload_batch(model *c)
 }
 
 /* Pack the batch: tokens of row b at seq_off[b] .. seq_off[b+1]-1. */
+/* The attention probabilities' row length over a batch whose longest
+ * sequence has Tm tokens: a multiple of 4 floats, so that every row starts on
+ * 16 bytes (the CUDA fast prefill's tensor-core products need it). */
+static int att_stride(int Tm) { return (Tm + 3) & ~3; }
+
 static qd_status pack_batch(model *c, const qd_batch *bt)
 {
     c->N = 0;
@@ -984,6 +989,7 @@ static qd_status pack_batch(model *c, const qd_batch *bt)
     if (c->Tm > c->cfg.max_position_embeddings)
         return qd_error(QD_ERR_SHAPE, "forward: length %d > max_position_embeddings %d", c->Tm,
                         c->cfg.max_position_embeddings);
+    c->Tm = att_stride(c->Tm);
     c->B = bt->B;
     c->temp = bt->temperature > 0.0f ? bt->temperature : 1.0f;
     QD_TRY(alloc_acts(c));
@@ -1350,7 +1356,8 @@ static qd_status attn_forward(model *c, float *out, layer_acts *s, const layer *
                   KV * D));
     mark(c, QD_PH_ATTN);
     const float *kb = c->decode ? c->kc + l * lsz : s->kr, *vb = c->decode ? c->vc + l * lsz : s->v;
-    QD_TRY(OP(c, attend, s->ao, s->att, s->qr, kb, vb, c->d_kbase, c->d_pos, N, H, KV, D, c->Tm));
+    QD_TRY(OP(c, attend, s->ao, s->att, s->qr, kb, vb, c->d_kbase, c->d_pos, N, H, KV, D, c->Tm,
+              c->decode ? NULL : c->seq_off, c->B));
     mark(c, QD_PH_ATTN_LIN);
     QD_TRY(linear_forward(c, out, s->ao, &c->lin[ly->o], N));
     mark(c, QD_PH_OTHER);
@@ -1479,7 +1486,7 @@ static qd_status attn_backward(model *c, float *dx, const float *dout, const lay
     float *ds = carve(&f, (size_t)N * H * c->Tm);
     QD_TRY(linear_backward(c, dao, dout, s->ao, &c->lin[ly->o], N));
     QD_TRY(OP(c, attend_backward, dqr, dkr, dv, ds, dao, s->att, s->qr, s->kr, s->v, c->d_pos, c->d_slen, N, H,
-              KV, D, c->Tm));
+              KV, D, c->Tm, c->seq_off, c->B));
     QD_TRY(OP(c, rope, dqr, c->d_pos, c->rope_cos, c->rope_sin, N, H, D, QD_ROPE_INVERSE));
     QD_TRY(OP(c, rope, dkr, c->d_pos, c->rope_cos, c->rope_sin, N, KV, D, QD_ROPE_INVERSE));
     QD_TRY(OP(c, rmsnorm_backward, dq, c->grads + ly->q_norm, dqr, s->q, P(c, ly->q_norm), s->rstd_q, N * H, D));
@@ -1978,7 +1985,7 @@ enum { PASS_FORWARD, PASS_PREFILL, PASS_DECODE };
 static void plan_pass(model *c, int N, int B, int Tm, int pass, size_t *acts, size_t *s)
 {
     const qd_model_config *g = &c->cfg;
-    c->N = N, c->B = B, c->Tm = Tm, c->generating = pass != PASS_FORWARD;
+    c->N = N, c->B = B, c->Tm = pass == PASS_DECODE ? Tm : att_stride(Tm), c->generating = pass != PASS_FORWARD;
     arena a = {NULL, 0};
     layout_acts(&a, c);
     need(acts, a.used);

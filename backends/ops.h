@@ -187,14 +187,22 @@ typedef struct qd_ops {
 
     /* ---- attention (GQA: query head h reads kv head h / (H/KV)) */
     /* query n over keys s = 0..pos[n] at rows kbase[n] + s of kb, vb (rows of
-     * KV*D floats): att (N, H, Tm) the probabilities, out (N, H*D) */
+     * KV*D floats): att (N, H, Tm) the probabilities (0 for s > pos[n] where
+     * written), out (N, H*D). seq_off (host, nseq + 1 entries) or NULL: a
+     * prefill's packing, sequence b's tokens at rows seq_off[b] ..
+     * seq_off[b+1]-1 with kbase and pos as it implies (NULL in decode); a
+     * backend may take another route with it (CUDA fast mode: cuBLAS batched
+     * products per sequence and head, att then 0 for pos[n] < s < Tm) */
     qd_status (*attend)(void *dev, float *out, float *att, const float *q, const float *kb, const float *vb,
-                        const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm);
+                        const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm,
+                        const int32_t *seq_off, int nseq);
     /* packed sequences (pos (N) position in its sequence, slen (N) its length):
-     * dq, dk, dv (zeroed by the caller) +=; ds scratch (N, H, Tm) */
+     * dq, dk, dv (zeroed by the caller) +=; ds scratch (N, H, Tm); seq_off as
+     * attend's (the same as the forward's: att as it wrote it) */
     qd_status (*attend_backward)(void *dev, float *dq, float *dk, float *dv, float *ds, const float *dout,
                                  const float *att, const float *q, const float *k, const float *v,
-                                 const int32_t *pos, const int32_t *slen, int N, int H, int KV, int D, int Tm);
+                                 const int32_t *pos, const int32_t *slen, int N, int H, int KV, int D, int Tm,
+                                 const int32_t *seq_off, int nseq);
     /* kr, v (N, KV*D) into the caches (rows, Tc, KV*D) at (row[n], pos[n]) */
     qd_status (*store_kv)(void *dev, float *kc, float *vc, const float *kr, const float *v, const int32_t *row,
                           const int32_t *pos, int N, int Tc, int KD);

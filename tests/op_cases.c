@@ -539,7 +539,7 @@ static void c_sqerr_rows(oc *c)
 
 /* two sequences of 5 and 3 tokens (prefill layout) */
 static const int32_t a_kbase[8] = {0, 0, 0, 0, 0, 5, 5, 5}, a_pos[8] = {0, 1, 2, 3, 4, 0, 1, 2},
-                     a_slen[8] = {5, 5, 5, 5, 5, 3, 3, 3};
+                     a_slen[8] = {5, 5, 5, 5, 5, 3, 3, 3}, a_seq[3] = {0, 5, 8};
 
 static void c_attend(oc *c)
 {
@@ -547,7 +547,8 @@ static void c_attend(oc *c)
     float *q = F(c, (size_t)N * H * D, -1, 1), *k = F(c, (size_t)N * KV * D, -1, 1);
     float *v = F(c, (size_t)N * KV * D, -1, 1), *o = Z(c, sizeof(float) * N * H * D);
     float *att = Z(c, sizeof(float) * N * H * Tm);
-    RUN(c, c->ops->attend(c->dev, o, att, q, k, v, I(c, a_kbase, N), I(c, a_pos, N), N, H, KV, D, Tm));
+    RUN(c, c->ops->attend(c->dev, o, att, q, k, v, I(c, a_kbase, N), I(c, a_pos, N), N, H, KV, D, Tm,
+                          a_seq, 2));
     OUT(c, "out", 'f', o, sizeof(float) * N * H * D);
     OUT(c, "att", 'f', att, sizeof(float) * N * H * Tm);
 }
@@ -560,7 +561,8 @@ static void c_attend_decode(oc *c)
     float *q = F(c, (size_t)N * H * D, -1, 1), *kc = F(c, (size_t)3 * Tc * KV * D, -1, 1);
     float *vc = F(c, (size_t)3 * Tc * KV * D, -1, 1), *o = Z(c, sizeof(float) * N * H * D);
     float *att = Z(c, sizeof(float) * N * H * Tm);
-    RUN(c, c->ops->attend(c->dev, o, att, q, kc, vc, I(c, kbase, N), I(c, pos, N), N, H, KV, D, Tm));
+    RUN(c, c->ops->attend(c->dev, o, att, q, kc, vc, I(c, kbase, N), I(c, pos, N), N, H, KV, D, Tm,
+                          NULL, 0));
     OUT(c, "out", 'f', o, sizeof(float) * N * H * D);
 }
 
@@ -574,7 +576,8 @@ static void c_attend_gqa(oc *c)
     float *q = F(c, (size_t)N * H * D, -1, 1), *kc = F(c, (size_t)N * Tc * KV * D, -1, 1);
     float *vc = F(c, (size_t)N * Tc * KV * D, -1, 1), *o = Z(c, sizeof(float) * N * H * D);
     float *att = Z(c, sizeof(float) * N * H * Tm);
-    RUN(c, c->ops->attend(c->dev, o, att, q, kc, vc, I(c, kbase, N), I(c, pos, N), N, H, KV, D, Tm));
+    RUN(c, c->ops->attend(c->dev, o, att, q, kc, vc, I(c, kbase, N), I(c, pos, N), N, H, KV, D, Tm,
+                          NULL, 0));
     OUT(c, "out", 'f', o, sizeof(float) * N * H * D);
     OUT(c, "att", 'f', att, sizeof(float) * N * H * Tm);
 }
@@ -589,7 +592,8 @@ static void c_attend_gqa_long(oc *c)
     float *q = F(c, (size_t)N * H * D, -1, 1), *kc = F(c, (size_t)Tc * KV * D, -1, 1);
     float *vc = F(c, (size_t)Tc * KV * D, -1, 1), *o = Z(c, sizeof(float) * N * H * D);
     float *att = Z(c, sizeof(float) * N * H * Tm);
-    RUN(c, c->ops->attend(c->dev, o, att, q, kc, vc, I(c, kbase, N), I(c, pos, N), N, H, KV, D, Tm));
+    RUN(c, c->ops->attend(c->dev, o, att, q, kc, vc, I(c, kbase, N), I(c, pos, N), N, H, KV, D, Tm,
+                          NULL, 0));
     OUT(c, "out", 'f', o, sizeof(float) * N * H * D);
     OUT(c, "att", 'f', att, sizeof(float) * N * H * Tm);
 }
@@ -603,9 +607,37 @@ static void c_attend_backward(oc *c)
     float *dq = Z(c, sizeof(float) * N * H * D), *dk = Z(c, sizeof(float) * N * KV * D);
     float *dv = Z(c, sizeof(float) * N * KV * D), *ds = Z(c, sizeof(float) * N * H * Tm);
     int32_t *pos = I(c, a_pos, N);
-    RUN(c, c->ops->attend(c->dev, o, att, q, k, v, I(c, a_kbase, N), pos, N, H, KV, D, Tm));
+    RUN(c, c->ops->attend(c->dev, o, att, q, k, v, I(c, a_kbase, N), pos, N, H, KV, D, Tm, a_seq, 2));
     RUN(c, c->ops->attend_backward(c->dev, dq, dk, dv, ds, dout, att, q, k, v, pos, I(c, a_slen, N), N, H, KV, D,
-                                   Tm));
+                                   Tm, a_seq, 2));
+    OUT(c, "dq", 'f', dq, sizeof(float) * N * H * D);
+    OUT(c, "dk", 'f', dk, sizeof(float) * N * KV * D);
+    OUT(c, "dv", 'f', dv, sizeof(float) * N * KV * D);
+}
+
+/* a3b's heads (32 / 4 of 128) over three sequences of 37, 20 and 37 tokens
+ * (two lengths: CUDA's fast prefill batches each length apart, the heads of
+ * a group summed into dk, dv), Tm 40 past the longest; forward and backward. */
+static void c_attend_gqa_prefill(oc *c)
+{
+    enum { N = 94, NS = 3 };
+    int H = 32, KV = 4, D = 128, Tm = 40;
+    const int32_t seq[NS + 1] = {0, 37, 57, 94};
+    int32_t kbase[N], pos[N], slen[N];
+    for (int b = 0; b < NS; b++)
+        for (int n = seq[b]; n < seq[b + 1]; n++)
+            kbase[n] = seq[b], pos[n] = n - seq[b], slen[n] = seq[b + 1] - seq[b];
+    float *q = F(c, (size_t)N * H * D, -1, 1), *k = F(c, (size_t)N * KV * D, -1, 1);
+    float *v = F(c, (size_t)N * KV * D, -1, 1), *o = Z(c, sizeof(float) * N * H * D);
+    float *att = Z(c, sizeof(float) * N * H * Tm), *dout = F(c, (size_t)N * H * D, -1, 1);
+    float *dq = Z(c, sizeof(float) * N * H * D), *dk = Z(c, sizeof(float) * N * KV * D);
+    float *dv = Z(c, sizeof(float) * N * KV * D), *ds = Z(c, sizeof(float) * N * H * Tm);
+    int32_t *dpos = I(c, pos, N);
+    RUN(c, c->ops->attend(c->dev, o, att, q, k, v, I(c, kbase, N), dpos, N, H, KV, D, Tm, seq, NS));
+    RUN(c, c->ops->attend_backward(c->dev, dq, dk, dv, ds, dout, att, q, k, v, dpos, I(c, slen, N), N, H, KV, D,
+                                   Tm, seq, NS));
+    OUT(c, "out", 'f', o, sizeof(float) * N * H * D);
+    OUT(c, "att", 'f', att, sizeof(float) * N * H * Tm);
     OUT(c, "dq", 'f', dq, sizeof(float) * N * H * D);
     OUT(c, "dk", 'f', dk, sizeof(float) * N * KV * D);
     OUT(c, "dv", 'f', dv, sizeof(float) * N * KV * D);
@@ -922,6 +954,7 @@ static const op_case cases[] = {
     {{"attend decode gqa 32/4x128", "attend", 1}, c_attend_gqa},
     {{"attend decode gqa 1 query at 299", "attend", 1}, c_attend_gqa_long},
     {{"attend_backward 2 seqs", "attend_backward", 1}, c_attend_backward},
+    {{"attend+bwd gqa prefill 37,20,37", "attend_backward", 1}, c_attend_gqa_prefill},
     {{"store_kv 4 tokens", "store_kv", 0}, c_store_kv},
     {{"route renorm 13x16 k4", "route", 0}, c_route_norm},
     {{"route raw 13x16 k4", "route", 0}, c_route_raw},

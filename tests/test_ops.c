@@ -243,7 +243,7 @@ START_TEST(test_attend_double)
     float *q = rnd((size_t)N * H * D, -1, 1, 30), *k = rnd((size_t)N * KD, -1, 1, 31), *v = rnd((size_t)N * KD, -1, 1, 32);
     float *o = malloc(sizeof(float) * N * H * D), *att = malloc(sizeof(float) * N * H * Tm);
     double *ref = malloc(sizeof(double) * N * H * D);
-    ck_assert_int_eq(O->attend(dev1, o, att, q, k, v, kbase, pos, N, H, KV, D, Tm), QD_OK);
+    ck_assert_int_eq(O->attend(dev1, o, att, q, k, v, kbase, pos, N, H, KV, D, Tm, NULL, 0), QD_OK);
     for (int n = 0; n < N; n++)
         for (int h = 0; h < H; h++) {
             int kh = h / (H / KV);

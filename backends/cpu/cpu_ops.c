@@ -724,8 +724,10 @@ static qd_status cpu_sqerr_rows(void *dev, double *err, double *nrm, const float
 }
 
 static qd_status cpu_attend(void *dev, float *out, float *att, const float *q, const float *kb, const float *vb,
-                            const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm)
+                            const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm,
+                            const int32_t *seq_off, int nseq)
 {
+    (void)seq_off, (void)nseq;
     attention_forward(out, att, q, kb, vb, kbase, pos, N, H, KV, D, Tm, NT(dev));
     return QD_OK;
 }
@@ -733,9 +735,10 @@ static qd_status cpu_attend(void *dev, float *out, float *att, const float *q, c
 /* The packed sequences start where pos is 0 and run slen tokens. */
 static qd_status cpu_attend_backward(void *dev, float *dq, float *dk, float *dv, float *ds, const float *dout,
                                      const float *att, const float *q, const float *k, const float *v,
-                                     const int32_t *pos, const int32_t *slen, int N, int H, int KV, int D, int Tm)
+                                     const int32_t *pos, const int32_t *slen, int N, int H, int KV, int D, int Tm,
+                                     const int32_t *hseq_off, int nseq)
 {
-    (void)ds;
+    (void)ds, (void)hseq_off, (void)nseq;
     int32_t *seq_off = malloc(sizeof(int32_t) * ((size_t)N + 1));
     if (!seq_off)
         return qd_error(QD_ERR_NOMEM, "cpu backend: attention backward");

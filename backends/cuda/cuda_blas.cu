@@ -49,6 +49,10 @@ typedef struct {
     float *one;       /* device 1.0f: FP8's per-tensor scales */
     uint8_t *scratch; /* swizzled block scales of the native W4A4 */
     size_t scratch_bytes;
+    void **hptr, **dptr; /* attention's pointer arrays: pinned host staging, device */
+    size_t ptr_cap;
+    cudaEvent_t ptr_ev; /* recorded after each upload of hptr */
+    int ptr_ev_live;
     plan plans[MAX_PLANS];
     int n_plans, evict; /* plans in use; the next one replaced when full */
 } blas_ctx;
@@ -104,6 +108,10 @@ static void ctx_release(blas_ctx *c)
     cudaFree(c->ws);
     cudaFree(c->one);
     cudaFree(c->scratch);
+    cudaFreeHost(c->hptr);
+    cudaFree(c->dptr);
+    if (c->ptr_ev)
+        cudaEventDestroy(c->ptr_ev);
     memset(c, 0, sizeof *c);
 }
 
@@ -505,6 +513,307 @@ qd_status qd_cuda_gemm_grouped_f32_backward(float *dx, float *const *dw, const f
             QD_TRY(gemm_ex_rm(h, CUDA_R_32F, ct, dw[e], dy + r0 * N, 1, x + r0 * K, 0, N, K, m, 1.0f));
     }
     return QD_OK;
+}
+
+/* ---- fast mode's prefill attention through cuBLAS (cuda_blas.h) */
+/* count row-major products C[i] (M, N; row stride ldc) = alpha op(A[i]) (M, K)
+ * . op(B[i]) (K, N) + beta C[i]: A[i] stored (M, K) with row stride lda, or
+ * (K, M) when ta; B[i] stored (K, N) with ldb, or (N, K) when tb. The
+ * column-major reading of gemm_ex_rm. */
+static qd_status gemm_batched_rm(cublasHandle_t h, cublasComputeType_t ct, void *const *C, int64_t ldc,
+                                 void *const *A, int64_t lda, int ta, void *const *B, int64_t ldb, int tb, int M,
+                                 int N, int K, float alpha, float beta, int count)
+{
+    if (count == 0 || M == 0 || N == 0)
+        return QD_OK;
+    BLAS_CHECK(cublasGemmBatchedEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
+                                   &alpha, (const void *const *)B, CUDA_R_32F, (int)ldb, (const void *const *)A,
+                                   CUDA_R_32F, (int)lda, &beta, (void *const *)C, CUDA_R_32F, (int)ldc, count, ct,
+                                   CUBLAS_GEMM_DEFAULT));
+    return QD_OK;
+}
+
+/* n host pointers staged for upload: waits for the previous upload to have
+ * left the pinned buffer, grows both buffers when needed. */
+static qd_status ptrs_begin(blas_ctx *c, size_t n, void ***host)
+{
+    if (c->ptr_ev_live) {
+        QD_CUDA_CHECK(cudaEventSynchronize(c->ptr_ev));
+        c->ptr_ev_live = 0;
+    }
+    if (!c->ptr_ev)
+        QD_CUDA_CHECK(cudaEventCreateWithFlags(&c->ptr_ev, cudaEventDisableTiming));
+    if (c->ptr_cap < n) {
+        QD_CUDA_CHECK(cudaFreeHost(c->hptr));
+        QD_CUDA_CHECK(cudaFree(c->dptr)); /* waits for the device */
+        c->hptr = c->dptr = NULL;
+        c->ptr_cap = 0;
+        QD_CUDA_CHECK(cudaMallocHost((void **)&c->hptr, sizeof(void *) * n));
+        QD_CUDA_CHECK(cudaMalloc((void **)&c->dptr, sizeof(void *) * n));
+        c->ptr_cap = n;
+    }
+    *host = c->hptr;
+    return QD_OK;
+}
+
+static qd_status ptrs_upload(blas_ctx *c, size_t n)
+{
+    QD_CUDA_CHECK(cudaMemcpyAsync(c->dptr, c->hptr, sizeof(void *) * n, cudaMemcpyHostToDevice, 0));
+    QD_CUDA_CHECK(cudaEventRecord(c->ptr_ev, 0));
+    c->ptr_ev_live = 1;
+    return QD_OK;
+}
+
+static qd_status seqs_check(const char *fn, const int32_t *seq_off, int nseq, int N, int H, int KV, int Tm)
+{
+    if (nseq < 0 || H <= 0 || KV <= 0 || H % KV || seq_off[0] != 0 || seq_off[nseq] != N)
+        return qd_error(QD_ERR_SHAPE, "%s: %d sequences over %d rows, %d heads / %d kv", fn, nseq, N, H, KV);
+    for (int b = 0; b < nseq; b++)
+        if (seq_off[b + 1] < seq_off[b] || seq_off[b + 1] - seq_off[b] > Tm)
+            return qd_error(QD_ERR_SHAPE, "%s: sequence %d has rows %d .. %d (at most %d)", fn, b,
+                            (int)seq_off[b], (int)seq_off[b + 1] - 1, Tm);
+    return QD_OK;
+}
+
+/* The sequences in order of length (ties by index): the batched calls take
+ * one length each. idx (nseq) host. */
+static void seqs_by_length(int *idx, const int32_t *seq_off, int nseq)
+{
+    for (int b = 0; b < nseq; b++) {
+        int L = seq_off[b + 1] - seq_off[b], j = b;
+        while (j > 0 && seq_off[idx[j - 1] + 1] - seq_off[idx[j - 1]] > L) {
+            idx[j] = idx[j - 1];
+            j--;
+        }
+        idx[j] = b;
+    }
+}
+
+/* One warp a row (n, h): p[s] = exp(S[s] - max) / sum over s <= pos[n], 0 for pos[n] < s < Tm. */
+static __global__ void attn_softmax_kernel(float *att, const int32_t *pos, int rows, int H, int Tm)
+{
+    int r = (int)(((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
+    if (r >= rows)
+        return;
+    int t = pos[r / H];
+    float *p = att + (int64_t)r * Tm, mx = -INFINITY, sum = 0.0f;
+    for (int s = lane; s <= t; s += 32)
+        mx = fmaxf(mx, p[s]);
+    for (int o = 16; o > 0; o /= 2)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    for (int s = lane; s <= t; s += 32) {
+        float e = __expf(p[s] - mx);
+        p[s] = e;
+        sum += e;
+    }
+    for (int o = 16; o > 0; o /= 2)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    float inv = 1.0f / sum;
+    for (int s = lane; s < Tm; s += 32)
+        p[s] = s <= t ? p[s] * inv : 0.0f;
+}
+
+/* One warp a row: ds[s] = p[s] (dp[s] - sum_s' p dp) scale for s <= pos[n], 0 after. */
+static __global__ void attn_softmax_bwd_kernel(float *ds, const float *att, const int32_t *pos, int rows, int H,
+                                               int Tm, float scale)
+{
+    int r = (int)(((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
+    if (r >= rows)
+        return;
+    int t = pos[r / H];
+    const float *p = att + (int64_t)r * Tm;
+    float *d = ds + (int64_t)r * Tm, pdp = 0.0f;
+    for (int s = lane; s <= t; s += 32)
+        pdp = fmaf(p[s], d[s], pdp);
+    for (int o = 16; o > 0; o /= 2)
+        pdp += __shfl_xor_sync(0xffffffffu, pdp, o);
+    for (int s = lane; s < Tm; s += 32)
+        d[s] = s <= t ? (p[s] * (d[s] - pdp)) * scale : 0.0f;
+}
+
+/* One warp a row: p[s] = 0 for pos[n] < s < Tm. */
+static __global__ void attn_zero_tail_kernel(float *att, const int32_t *pos, int rows, int H, int Tm)
+{
+    int r = (int)(((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
+    if (r >= rows)
+        return;
+    float *p = att + (int64_t)r * Tm;
+    for (int s = pos[r / H] + 1 + lane; s < Tm; s += 32)
+        p[s] = 0.0f;
+}
+
+static qd_status attn_rows(int kind, float *x, const float *att, const int32_t *pos, int N, int H, int Tm,
+                           float scale)
+{
+    int64_t rows = (int64_t)N * H;
+    unsigned g = (unsigned)((rows * 32 + THREADS - 1) / THREADS);
+    if (kind == 0)
+        attn_softmax_kernel<<<g, THREADS>>>(x, pos, (int)rows, H, Tm);
+    else if (kind == 2)
+        attn_zero_tail_kernel<<<g, THREADS>>>(x, pos, (int)rows, H, Tm);
+    else
+        attn_softmax_bwd_kernel<<<g, THREADS>>>(x, att, pos, (int)rows, H, Tm, scale);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+/* A run of sequences of one length: idx[i0 .. i1-1]. */
+static int run_end(const int *idx, int i0, const int32_t *seq_off, int nseq)
+{
+    int L = seq_off[idx[i0] + 1] - seq_off[idx[i0]], i1 = i0 + 1;
+    while (i1 < nseq && seq_off[idx[i1] + 1] - seq_off[idx[i1]] == L)
+        i1++;
+    return i1;
+}
+
+qd_status qd_cuda_attend_zero_tail(float *att, const int32_t *pos, int N, int H, int Tm)
+{
+    return N ? attn_rows(2, att, NULL, pos, N, H, Tm, 0.0f) : QD_OK;
+}
+
+#define PTR(p) ((void *)(p))
+
+qd_status qd_cuda_attend_gemm(float *out, float *att, const float *q, const float *k, const float *v,
+                              const int32_t *pos, const int32_t *seq_off, int nseq, int N, int H, int KV, int D,
+                              int Tm, qd_gemm_math math)
+{
+    QD_TRY(seqs_check("qd_cuda_attend_gemm", seq_off, nseq, N, H, KV, Tm));
+    if (N == 0)
+        return QD_OK;
+    blas_ctx *c;
+    cublasHandle_t h;
+    QD_TRY(get_ctx(&c));
+    QD_TRY(get_blas(&h));
+    int *idx = (int *)malloc(sizeof(int) * (size_t)nseq), grp = H / KV;
+    if (!idx)
+        return qd_error(QD_ERR_NOMEM, "qd_cuda_attend_gemm: %d sequences", nseq);
+    seqs_by_length(idx, seq_off, nseq);
+    size_t per = (size_t)nseq * H; /* entries of one pointer array */
+    void **hp;
+    qd_status st = ptrs_begin(c, 5 * per, &hp);
+    if (st) {
+        free(idx);
+        return st;
+    }
+    /* arrays 0 att (S's C, P), 1 Q, 2 K, 3 out, 4 V at entry (sequence in length order, head) */
+    for (int i = 0; i < nseq; i++) {
+        int64_t o = seq_off[idx[i]];
+        for (int hh = 0; hh < H; hh++) {
+            size_t e = (size_t)i * H + hh;
+            int kh = hh / grp;
+            hp[0 * per + e] = PTR(att + (o * H + hh) * Tm);
+            hp[1 * per + e] = PTR(q + (o * H + hh) * D);
+            hp[2 * per + e] = PTR(k + (o * KV + kh) * D);
+            hp[3 * per + e] = PTR(out + (o * H + hh) * D);
+            hp[4 * per + e] = PTR(v + (o * KV + kh) * D);
+        }
+    }
+    st = ptrs_upload(c, 5 * per);
+    void **dp = c->dptr;
+    cublasComputeType_t ct = compute_of(math);
+    float scale = (float)(1.0 / sqrt((double)D));
+    int64_t lq = (int64_t)H * D, lk = (int64_t)KV * D, la = (int64_t)H * Tm;
+    for (int i0 = 0, i1; !st && i0 < nseq; i0 = i1) { /* S = scale Q K^T */
+        i1 = run_end(idx, i0, seq_off, nseq);
+        int L = seq_off[idx[i0] + 1] - seq_off[idx[i0]], n = (i1 - i0) * H;
+        size_t e = (size_t)i0 * H;
+        st = gemm_batched_rm(h, ct, dp + e, la, dp + per + e, lq, 0, dp + 2 * per + e, lk, 1, L, L, D, scale, 0.0f,
+                             n);
+    }
+    if (!st)
+        st = attn_rows(0, att, NULL, pos, N, H, Tm, 0.0f);
+    for (int i0 = 0, i1; !st && i0 < nseq; i0 = i1) { /* out = P V */
+        i1 = run_end(idx, i0, seq_off, nseq);
+        int L = seq_off[idx[i0] + 1] - seq_off[idx[i0]], n = (i1 - i0) * H;
+        size_t e = (size_t)i0 * H;
+        st = gemm_batched_rm(h, ct, dp + 3 * per + e, lq, dp + e, la, 0, dp + 4 * per + e, lk, 0, L, D, L, 1.0f,
+                             0.0f, n);
+    }
+    free(idx);
+    return st;
+}
+
+qd_status qd_cuda_attend_gemm_backward(float *dq, float *dk, float *dv, float *ds, const float *dout,
+                                       const float *att, const float *q, const float *k, const float *v,
+                                       const int32_t *pos, const int32_t *seq_off, int nseq, int N, int H, int KV,
+                                       int D, int Tm, qd_gemm_math math)
+{
+    QD_TRY(seqs_check("qd_cuda_attend_gemm_backward", seq_off, nseq, N, H, KV, Tm));
+    if (N == 0)
+        return QD_OK;
+    blas_ctx *c;
+    cublasHandle_t h;
+    QD_TRY(get_ctx(&c));
+    QD_TRY(get_blas(&h));
+    int *idx = (int *)malloc(sizeof(int) * (size_t)nseq), grp = H / KV;
+    if (!idx)
+        return qd_error(QD_ERR_NOMEM, "qd_cuda_attend_gemm_backward: %d sequences", nseq);
+    seqs_by_length(idx, seq_off, nseq);
+    size_t per = (size_t)nseq * H;
+    void **hp;
+    qd_status st = ptrs_begin(c, 11 * per, &hp);
+    if (st) {
+        free(idx);
+        return st;
+    }
+    /* arrays 0 ds (dP's C, dq's A), 1 dY, 2 V, 3 dq, 4 K at entry (sequence in
+     * length order, head); the dk, dv products sum over the group's heads, one
+     * call per head r of each group (beta 1), so their arrays 5 ds, 6 Q, 7 dk,
+     * 8 P, 9 dY, 10 dv run over (r, sequence, kv head) with head kh * grp + r:
+     * a call takes a contiguous run of them */
+    for (int i = 0; i < nseq; i++) {
+        int64_t o = seq_off[idx[i]];
+        for (int hh = 0; hh < H; hh++) {
+            size_t e = (size_t)i * H + hh, f = ((size_t)(hh % grp) * nseq + i) * KV + hh / grp;
+            int kh = hh / grp;
+            hp[0 * per + e] = PTR(ds + (o * H + hh) * Tm);
+            hp[1 * per + e] = PTR(dout + (o * H + hh) * D);
+            hp[2 * per + e] = PTR(v + (o * KV + kh) * D);
+            hp[3 * per + e] = PTR(dq + (o * H + hh) * D);
+            hp[4 * per + e] = PTR(k + (o * KV + kh) * D);
+            hp[5 * per + f] = PTR(ds + (o * H + hh) * Tm);
+            hp[6 * per + f] = PTR(q + (o * H + hh) * D);
+            hp[7 * per + f] = PTR(dk + (o * KV + kh) * D);
+            hp[8 * per + f] = PTR(att + (o * H + hh) * Tm);
+            hp[9 * per + f] = PTR(dout + (o * H + hh) * D);
+            hp[10 * per + f] = PTR(dv + (o * KV + kh) * D);
+        }
+    }
+    st = ptrs_upload(c, 11 * per);
+    void **dp = c->dptr;
+    cublasComputeType_t ct = compute_of(math);
+    float scale = (float)(1.0 / sqrt((double)D));
+    int64_t lq = (int64_t)H * D, lk = (int64_t)KV * D, la = (int64_t)H * Tm;
+    for (int i0 = 0, i1; !st && i0 < nseq; i0 = i1) { /* dP = dY V^T */
+        i1 = run_end(idx, i0, seq_off, nseq);
+        int L = seq_off[idx[i0] + 1] - seq_off[idx[i0]], n = (i1 - i0) * H;
+        size_t e = (size_t)i0 * H;
+        st = gemm_batched_rm(h, ct, dp + e, la, dp + per + e, lq, 0, dp + 2 * per + e, lk, 1, L, L, D, 1.0f, 0.0f,
+                             n);
+    }
+    if (!st)
+        st = attn_rows(1, ds, att, pos, N, H, Tm, scale);
+    for (int i0 = 0, i1; !st && i0 < nseq; i0 = i1) {
+        i1 = run_end(idx, i0, seq_off, nseq);
+        int L = seq_off[idx[i0] + 1] - seq_off[idx[i0]], n = (i1 - i0) * H;
+        size_t e = (size_t)i0 * H;
+        /* dq += ds K */
+        st = gemm_batched_rm(h, ct, dp + 3 * per + e, lq, dp + e, la, 0, dp + 4 * per + e, lk, 0, L, D, L, 1.0f,
+                             1.0f, n);
+        for (int r = 0; !st && r < grp; r++) {
+            size_t f = ((size_t)r * nseq + i0) * KV;
+            int m = (i1 - i0) * KV;
+            /* dk += ds^T Q */
+            st = gemm_batched_rm(h, ct, dp + 7 * per + f, lk, dp + 5 * per + f, la, 1, dp + 6 * per + f, lq, 0, L,
+                                 D, L, 1.0f, 1.0f, m);
+            /* dv += P^T dY */
+            if (!st)
+                st = gemm_batched_rm(h, ct, dp + 10 * per + f, lk, dp + 8 * per + f, la, 1, dp + 9 * per + f, lq,
+                                     0, L, D, L, 1.0f, 1.0f, m);
+        }
+    }
+    free(idx);
+    return st;
 }
 
 /* ---- FP8 */

@@ -112,6 +112,30 @@ qd_status qd_cuda_w4a4_gemm_fast(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
  * row-major -> dst, qd_scales_swizzled_size(rows, scale_cols) bytes, padding 0. */
 qd_status qd_cuda_scales_swizzle(uint8_t *dst, const uint8_t *src, int64_t rows, int64_t scale_cols);
 
+/* ---- Fast mode's prefill attention (the attend / attend_backward ops of
+ * backends/ops.h with a prefill's packing): per sequence b (rows seq_off[b] ..
+ * seq_off[b+1]-1, host, nseq + 1 entries, length L) and head h (kv head h /
+ * (H/KV)), row-major products batched through cublasGemmBatchedEx over the
+ * (sequence, head) pairs of one length (pointer arrays built on the host,
+ * uploaded through a pinned buffer): S = scale Q K^T into att (N, H, Tm), a
+ * softmax over s <= pos[n] in place (__expf; 0 for pos[n] < s < Tm), out = P V.
+ * The backward: dP = dY V^T into ds, ds = P (dP - sum_s P dP) scale (0 past
+ * pos[n]), dq += ds K, dk += ds^T Q and dv += P^T dY summed over the group's
+ * heads (one batched call per head of the group, beta 1). The products under
+ * math (TF32 under BF16 recipes); the whole square L x L is computed, the
+ * softmax zeroes its upper triangle. pos (N) on the device. */
+qd_status qd_cuda_attend_gemm(float *out, float *att, const float *q, const float *k, const float *v,
+                              const int32_t *pos, const int32_t *seq_off, int nseq, int N, int H, int KV, int D,
+                              int Tm, qd_gemm_math math);
+qd_status qd_cuda_attend_gemm_backward(float *dq, float *dk, float *dv, float *ds, const float *dout,
+                                       const float *att, const float *q, const float *k, const float *v,
+                                       const int32_t *pos, const int32_t *seq_off, int nseq, int N, int H, int KV,
+                                       int D, int Tm, qd_gemm_math math);
+
+/* att[n][h][s] = 0 for pos[n] < s < Tm (the fast prefill's fallback kernel
+ * writes s <= pos[n] only; qd_cuda_attend_gemm_backward reads whole rows) */
+qd_status qd_cuda_attend_zero_tail(float *att, const int32_t *pos, int N, int H, int Tm);
+
 /* Frees the current device's handles, workspace and plans (the next call makes them again). */
 void qd_cuda_blas_release(void);
 

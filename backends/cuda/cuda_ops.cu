@@ -41,7 +41,8 @@ typedef struct {
     int device;                    /* the ordinal current when the context was made */
     qd_exec_mode mode;
     int bf16_copy;                 /* fast mode, BF16 recipes: keep wk16 */
-    qd_gemm_math expert_bwd;       /* fast mode: the experts' backward products (TF32 under BF16 recipes) */
+    qd_gemm_math bwd_math;         /* fast mode: the backward products (experts, linears, attention)
+                                    * and attention's forward ones: TF32 under BF16 recipes */
     const float *wk;               /* the working copy wk16 mirrors, (nwk) */
     size_t nwk;
     uint16_t *wk16;                /* fast mode: the working copy's BF16 bits */
@@ -316,7 +317,14 @@ static qd_status cuda_embed_w16(void *dev, float *x, const uint16_t *emb, const 
 static qd_status cuda_matmul_backward(void *dev, float *dinp, float *dw, const float *dout, const float *x,
                                       const float *w, int N, int IC, int OC)
 {
-    if (D(dev)->mode == QD_MODE_FAST) {
+    cuda_dev *d = D(dev);
+    if (d->mode == QD_MODE_FAST && d->bwd_math == QD_GEMM_TF32) { /* through cuBLAS as one expert */
+        const float *wp[1] = {w};
+        float *dwp[1] = {dw};
+        int32_t off[2] = {0, N};
+        return qd_cuda_gemm_grouped_f32_backward(dinp, dw ? dwp : NULL, dout, x, wp, off, 1, OC, IC, d->bwd_math);
+    }
+    if (d->mode == QD_MODE_FAST) {
         if (dinp)
             QD_TRY(qd_cuda_gemm_f32_dx(dinp, dout, w, N, OC, IC, 1.0f));
         return dw ? qd_cuda_gemm_f32_dw(dw, dout, x, N, OC, IC, 1.0f) : QD_OK;
@@ -400,7 +408,7 @@ static qd_status cuda_matmul_grouped_backward(void *dev, float *dinp, float *con
 {
     cuda_dev *d = D(dev);
     if (d->mode == QD_MODE_FAST)
-        return qd_cuda_gemm_grouped_f32_backward(dinp, dw, dout, x, w, off, E, OC, IC, d->expert_bwd);
+        return qd_cuda_gemm_grouped_f32_backward(dinp, dw, dout, x, w, off, E, OC, IC, d->bwd_math);
     qdk_mm_item *it = (qdk_mm_item *)calloc(2 * (size_t)E, sizeof *it);
     if (!it)
         return qd_error(QD_ERR_NOMEM, "cuda backend: experts");
@@ -590,9 +598,32 @@ static qd_status cuda_sqerr_rows(void *dev, double *err, double *nrm, const floa
 /* ------------------------------------------------------------------------ */
 /* attention                                                                 */
 
-static qd_status cuda_attend(void *dev, float *out, float *att, const float *q, const float *kb, const float *vb,
-                             const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm)
+/* cuBLAS's batched products read and write through pointer arrays it cannot
+ * inspect: its tensor-core kernels take 16-byte alignment for granted (a
+ * misaligned pointer faults), so they run only where every row of every
+ * operand starts on 16 bytes. */
+static int attn_gemm_fits(int D, int Tm, const void *const *p, int n)
 {
+    if (D % 4 || Tm % 4)
+        return 0;
+    for (int i = 0; i < n; i++)
+        if ((uintptr_t)p[i] % 16)
+            return 0;
+    return 1;
+}
+
+static qd_status cuda_attend(void *dev, float *out, float *att, const float *q, const float *kb, const float *vb,
+                             const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm,
+                             const int32_t *seq_off, int nseq)
+{
+    if (D(dev)->mode == QD_MODE_FAST && seq_off) { /* a prefill */
+        const void *p[] = {out, att, q, kb, vb};
+        if (attn_gemm_fits(D, Tm, p, 5)) /* cuBLAS's batched products */
+            return qd_cuda_attend_gemm(out, att, q, kb, vb, pos, seq_off, nseq, N, H, KV, D, Tm, D(dev)->bwd_math);
+        /* else the kernel, att then zeroed past each query's position as the products' backward reads it */
+        QD_TRY(qdk_attend_fast(out, att, q, kb, vb, kbase, pos, N, H, KV, D, Tm));
+        return qd_cuda_attend_zero_tail(att, pos, N, H, Tm);
+    }
     if (D(dev)->mode == QD_MODE_FAST)
         return qdk_attend_fast(out, att, q, kb, vb, kbase, pos, N, H, KV, D, Tm);
     return qdk_attend(out, att, q, kb, vb, kbase, pos, N, H, KV, D, Tm);
@@ -600,9 +631,13 @@ static qd_status cuda_attend(void *dev, float *out, float *att, const float *q, 
 
 static qd_status cuda_attend_backward(void *dev, float *dq, float *dk, float *dv, float *ds, const float *dout,
                                       const float *att, const float *q, const float *k, const float *v,
-                                      const int32_t *pos, const int32_t *slen, int N, int H, int KV, int D, int Tm)
+                                      const int32_t *pos, const int32_t *slen, int N, int H, int KV, int D, int Tm,
+                                      const int32_t *seq_off, int nseq)
 {
-    (void)dev;
+    const void *p[] = {dq, dk, dv, ds, dout, att, q, k, v};
+    if (D(dev)->mode == QD_MODE_FAST && seq_off && attn_gemm_fits(D, Tm, p, 9)) /* att as the fast prefill wrote it */
+        return qd_cuda_attend_gemm_backward(dq, dk, dv, ds, dout, att, q, k, v, pos, seq_off, nseq, N, H, KV, D, Tm,
+                                            D(dev)->bwd_math);
     return qdk_attend_backward(dq, dk, dv, ds, dout, att, q, k, v, pos, slen, N, H, KV, D, Tm);
 }
 
@@ -866,7 +901,7 @@ extern "C" void *qd_cuda_dev_new(qd_exec_mode mode, qd_prec weights)
     }
     d->mode = mode;
     d->bf16_copy = mode == QD_MODE_FAST && weights == QD_PREC_BF16;
-    d->expert_bwd = weights == QD_PREC_BF16 ? QD_GEMM_TF32 : QD_GEMM_F32;
+    d->bwd_math = weights == QD_PREC_BF16 ? QD_GEMM_TF32 : QD_GEMM_F32;
     const char *pe = getenv("QUADS_CUDA_PROFILE");
     d->prof = pe && *pe && strcmp(pe, "0") != 0;
     if (cuda_alloc(d, (void **)&d->d_bad, sizeof(int), "flag")) {

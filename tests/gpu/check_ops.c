@@ -34,13 +34,17 @@ static double fast_bound(const char *slot)
     return -1;
 }
 
-/* fast16's: the experts' backward reads dy as TF32 (a relative change of at
- * most 2^-10 an element; x and w are BF16 values, unchanged), so a sum of
- * random-sign terms moves by about 2^-10 of its typical size; 4 * 2^-10
- * leaves room for the largest of many outputs. */
+/* fast16's: the backward products (the experts', the linears') and
+ * attention's products read their float inputs as TF32 (a relative change of
+ * at most 2^-11 an element, none for a BF16 value), so a sum of random-sign
+ * terms moves by about 2^-10 of its typical size; 4 * 2^-10 leaves room for
+ * the largest of many outputs. */
 static double fast16_bound(const char *slot)
 {
-    return !strcmp(slot, "matmul_grouped") ? 4.0 / 1024 : -1;
+    return !strcmp(slot, "matmul_grouped") || !strcmp(slot, "matmul_backward") || !strcmp(slot, "attend") ||
+                   !strcmp(slot, "attend_backward")
+               ? 4.0 / 1024
+               : -1;
 }
 
 static int check(int i, void *cpu, void *cuda, const qd_ops *co, uint64_t seed, const char *mode, double bound)
