@@ -169,10 +169,9 @@ static void c_add(oc *c)
     OUT(c, "y", 'f', y, sizeof(float) * n);
 }
 
-static void c_embed(oc *c)
+static void c_embed_shape(oc *c, int V, int C, int N)
 {
-    int V = 50, C = 64, N = 9;
-    int32_t tok[9];
+    int32_t tok[80];
     for (int n = 0; n < N; n++)
         tok[n] = n == 3 ? tok[1] : irand(c, V); /* a repeated token */
     float *emb = F(c, (size_t)V * C, -1, 1), *x = Z(c, sizeof(float) * N * C), *g = F(c, (size_t)V * C, -1, 1);
@@ -183,6 +182,11 @@ static void c_embed(oc *c)
     OUT(c, "x", 'f', x, sizeof(float) * N * C);
     OUT(c, "gemb", 'f', g, sizeof(float) * V * C);
 }
+
+static void c_embed(oc *c) { c_embed_shape(c, 50, 64, 9); }
+/* few distinct tokens over many rows: repeats within and across CUDA's
+ * batches of 16 tokens, a ragged last batch */
+static void c_embed_repeats(oc *c) { c_embed_shape(c, 5, 72, 77); }
 
 static void c_rmsnorm_shape(oc *c, int rows, int C)
 {
@@ -201,6 +205,11 @@ static void c_rmsnorm(oc *c) { c_rmsnorm_shape(c, 9, 80); }
 /* a row width not a multiple of 4 (CUDA stages the squares after the row,
  * from the next 16-byte boundary) */
 static void c_rmsnorm_odd(oc *c) { c_rmsnorm_shape(c, 3, 2050); }
+/* Enough rows for several of CUDA's stages of dw (1024 rows) and of fast
+ * mode's chunks (512 rows), ragged at the end: the q/k norms' width, and a
+ * width past a multiple of 32. */
+static void c_rmsnorm_tall(oc *c) { c_rmsnorm_shape(c, 3000, 128); }
+static void c_rmsnorm_wide(oc *c) { c_rmsnorm_shape(c, 700, 2050); }
 
 static void c_rope(oc *c)
 {
@@ -849,6 +858,16 @@ static void c_sumsq_adamw(oc *c)
     OUT(c, "v", 'f', v, sizeof(float) * n);
 }
 
+/* more chunks than one CUDA block's 128, the last one ragged */
+static void c_sumsq_long(oc *c)
+{
+    size_t n = 2 * 128 * 4096 + 1000, nch = (n + 4095) / 4096;
+    float *g = F(c, n, -1, 1);
+    double *part = Z(c, sizeof(double) * nch);
+    RUN(c, c->ops->sumsq_chunks(c->dev, part, g, n));
+    OUT(c, "chunks", 'd', part, sizeof(double) * nch);
+}
+
 /* dev to dev: the input's bytes (a weight sync between instances) */
 static void c_copy(oc *c)
 {
@@ -920,8 +939,11 @@ static const op_case cases[] = {
     {{"round_bf16 1001", "round_bf16", 0}, c_round_bf16},
     {{"add 777", "add", 0}, c_add},
     {{"embed+backward 9x64 V50", "embed", 0}, c_embed},
+    {{"embed+backward 77x72 V5", "embed", 0}, c_embed_repeats},
     {{"rmsnorm+backward 9x80", "rmsnorm", 0}, c_rmsnorm},
     {{"rmsnorm+backward 3x2050", "rmsnorm", 0}, c_rmsnorm_odd},
+    {{"rmsnorm+backward 3000x128", "rmsnorm_backward", 1}, c_rmsnorm_tall},
+    {{"rmsnorm+backward 700x2050", "rmsnorm_backward", 1}, c_rmsnorm_wide},
     {{"rope fwd+inverse 5x3x16", "rope", 0}, c_rope},
     {{"matmul f32 37x72x45", "matmul", 1}, c_matmul_f32},
     {{"matmul bf16 37x72x45", "matmul", 1}, c_matmul_bf16},
@@ -978,6 +1000,7 @@ static const op_case cases[] = {
     {{"sample full 5x40000 T=0.9", "sample", 0}, c_sample_wide},
     {{"sample greedy 5x40000", "sample", 0}, c_sample_wide_greedy},
     {{"sumsq_chunks+adamw 10000", "adamw", 0}, c_sumsq_adamw},
+    {{"sumsq_chunks 1049576", "sumsq_chunks", 0}, c_sumsq_long},
     {{"copy 1001", "copy", 0}, c_copy},
 };
 

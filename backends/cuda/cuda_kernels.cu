@@ -95,22 +95,64 @@ extern "C" qd_status qdk_embed_w16(float *x, const uint16_t *emb, const int32_t 
     return QD_OK;
 }
 
-/* One thread per column i, tokens ascending: repeated tokens add in the CPU's order. */
+/* One thread per column i, tokens ascending: each row of gemb receives its
+ * tokens' additions in the CPU's order. Tokens go EB_U at a time so that the
+ * loads of a batch are in flight together (and the next batch's tokens and
+ * dres are loaded before this one's adds): a token repeated within a batch
+ * adds to its previous occurrence's new value in registers, and the stores
+ * run in token order, so the last one leaves the final sum. */
+#define EB_U 16
+
+static __device__ __forceinline__ void eb_load(int *t, float *d, const float *dres, const int32_t *tok, int n0,
+                                               int N, int C, int i)
+{
+#pragma unroll
+    for (int u = 0; u < EB_U; u++) {
+        t[u] = n0 + u < N ? __ldg(tok + n0 + u) : 0;
+        d[u] = n0 + u < N ? dres[(size_t)(n0 + u) * C + i] : 0.0f;
+    }
+}
+
 __global__ void k_embed_backward(float *gemb, const float *dres, const int32_t *tok, int N, int C)
 {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= C)
         return;
-    for (int n = 0; n < N; n++) {
-        float *g = gemb + (size_t)tok[n] * C + i;
-        *g = *g + dres[(size_t)n * C + i];
+    int t[EB_U], tn[EB_U];
+    float d[EB_U], dn[EB_U], g[EB_U];
+    eb_load(t, d, dres, tok, 0, N, C, i);
+    for (int n0 = 0; n0 < N; n0 += EB_U) {
+        int m = min(EB_U, N - n0);
+#pragma unroll
+        for (int u = 0; u < EB_U; u++)
+            g[u] = u < m ? gemb[(size_t)t[u] * C + i] : 0.0f;
+        if (n0 + EB_U < N)
+            eb_load(tn, dn, dres, tok, n0 + EB_U, N, C, i);
+#pragma unroll
+        for (int u = 0; u < EB_U; u++) {
+            float v = g[u];
+#pragma unroll
+            for (int a = 0; a < u; a++)
+                if (t[a] == t[u])
+                    v = g[a];
+            g[u] = v + d[u];
+        }
+#pragma unroll
+        for (int u = 0; u < EB_U; u++)
+            if (u < m)
+                gemb[(size_t)t[u] * C + i] = g[u];
+#pragma unroll
+        for (int u = 0; u < EB_U; u++) {
+            t[u] = tn[u];
+            d[u] = dn[u];
+        }
     }
 }
 
 extern "C" qd_status qdk_embed_backward(float *gemb, const float *dres, const int32_t *tok, int N, int C)
 {
     if (N)
-        QD_LAUNCH_N(k_embed_backward, (C), gemb, dres, tok, N, C);
+        QD_LAUNCH(k_embed_backward, blocks((size_t)C, 64), 64, gemb, dres, tok, N, C);
     return QD_OK;
 }
 
@@ -968,33 +1010,117 @@ extern "C" qd_status qdk_rmsnorm(float *out, float *rstd, const float *inp, cons
     return QD_OK;
 }
 
-__global__ void k_rmsnorm_bwd_x(float *dinp, const float *dout, const float *inp, const float *w,
-                                const float *rstd, int rows, int C)
+/* dinp: each row's dot is one chain, i ascending (the CPU's order). A block
+ * owns RX_ROWS rows and walks them in tiles of RX_COLS columns: the threads
+ * load a tile coalesced and store its products (w[i] * dy[i]) * x[i] (the
+ * CPU's roundings) in shared memory, then thread r adds its row's products in
+ * order. The update of dinp is elementwise, so it runs coalesced over the
+ * block's rows. */
+#define RX_ROWS 32
+#define RX_COLS 128 /* = the block size */
+
+__global__ void __launch_bounds__(RX_COLS) k_rmsnorm_bwd_x(float *dinp, const float *dout, const float *inp,
+                                                           const float *w, const float *rstd, int rows, int C)
 {
-    int n = blockIdx.x * blockDim.x + threadIdx.x;
-    if (n >= rows)
-        return;
-    const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
-    float r = rstd[n], dot = 0.0f;
-    for (int i = 0; i < C; i++)
-        dot = dot + (w[i] * dy[i]) * x[i];
-    float k = ((r * r) * r) * (dot / (float)C);
-    for (int i = 0; i < C; i++) {
-        float *d = dinp + (size_t)n * C + i;
-        *d = *d + (r * (w[i] * dy[i]) - x[i] * k);
+    __shared__ float s_p[RX_ROWS][RX_COLS + 1]; /* +1: row r's walk hits bank (r + i) % 32 */
+    __shared__ float s_r[RX_ROWS], s_k[RX_ROWS];
+    const int t = threadIdx.x, n0 = blockIdx.x * RX_ROWS, nr = min(RX_ROWS, rows - n0);
+    float dot = 0.0f;
+    for (int i0 = 0; i0 < C; i0 += RX_COLS) {
+        int i = i0 + t;
+        if (i < C) {
+            float wi = __ldg(w + i);
+#pragma unroll 8
+            for (int r = 0; r < nr; r++) {
+                size_t e = (size_t)(n0 + r) * C + i;
+                s_p[r][t] = (wi * dout[e]) * inp[e];
+            }
+        }
+        __syncthreads();
+        if (t < nr) {
+            int m = min(RX_COLS, C - i0);
+#pragma unroll 8
+            for (int c = 0; c < m; c++)
+                dot = dot + s_p[t][c];
+        }
+        __syncthreads();
+    }
+    if (t < nr) {
+        float r = rstd[n0 + t];
+        s_r[t] = r;
+        s_k[t] = ((r * r) * r) * (dot / (float)C);
+    }
+    __syncthreads();
+    for (int i = t; i < C; i += RX_COLS) {
+        float wi = __ldg(w + i);
+#pragma unroll 4
+        for (int r = 0; r < nr; r++) {
+            size_t e = (size_t)(n0 + r) * C + i;
+            dinp[e] = dinp[e] + (s_r[r] * (wi * dout[e]) - inp[e] * s_k[r]);
+        }
     }
 }
 
-__global__ void k_rmsnorm_bwd_w(float *dw, const float *dout, const float *inp, const float *rstd, int rows,
-                                int C)
+/* dw: each column's sum is one chain, rows ascending (the CPU's order), and
+ * that chain is the only serial work. A block owns RW_COLS columns (one 32-byte
+ * sector of a row) and walks the rows in stages of RW_ROWS: every thread loads
+ * its share of the next stage while the first RW_COLS threads add the current
+ * stage's products, and the products dout * (inp * rstd) (the CPU's roundings)
+ * are formed in parallel into shared memory, column-major so that the adding
+ * thread reads 4 rows at once (double-buffered: one barrier a stage). */
+#define RW_COLS 8
+#define RW_ROWS 1024
+#define RW_LD (RW_ROWS + 4) /* a column's stride: the 8 columns' float4 reads hit distinct banks */
+#define RW_THREADS 512
+#define RW_PER (RW_ROWS * RW_COLS / RW_THREADS) /* rows a thread loads a stage */
+
+static __device__ __forceinline__ void rw_load(float *dy, float *x, float *rs, const float *dout,
+                                               const float *inp, const float *rstd, int n0, int rows, int C,
+                                               int i, int r0)
 {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= C)
-        return;
-    float acc = 0.0f;
-    for (int n = 0; n < rows; n++)
-        acc = acc + dout[(size_t)n * C + i] * (inp[(size_t)n * C + i] * rstd[n]);
-    dw[i] = dw[i] + acc;
+#pragma unroll
+    for (int j = 0; j < RW_PER; j++) {
+        int n = n0 + r0 + j * (RW_THREADS / RW_COLS);
+        bool in = n < rows && i < C;
+        size_t e = (size_t)n * C + i;
+        dy[j] = in ? dout[e] : 0.0f;
+        x[j] = in ? inp[e] : 0.0f;
+        rs[j] = in ? rstd[n] : 0.0f;
+    }
+}
+
+__global__ void __launch_bounds__(RW_THREADS) k_rmsnorm_bwd_w(float *dw, const float *dout, const float *inp,
+                                                              const float *rstd, int rows, int C)
+{
+    extern __shared__ float4 s_w4[]; /* [2][RW_COLS][RW_LD] floats */
+    float *s_w = (float *)s_w4;
+    const int c = threadIdx.x % RW_COLS, r0 = threadIdx.x / RW_COLS, i = blockIdx.x * RW_COLS + c;
+    float dy[RW_PER], x[RW_PER], rs[RW_PER], acc = 0.0f;
+    rw_load(dy, x, rs, dout, inp, rstd, 0, rows, C, i, r0);
+    for (int n0 = 0, s = 0; n0 < rows; n0 += RW_ROWS, s ^= 1) {
+        float *buf = s_w + (s * RW_COLS + c) * RW_LD;
+#pragma unroll
+        for (int j = 0; j < RW_PER; j++)
+            buf[r0 + j * (RW_THREADS / RW_COLS)] = dy[j] * (x[j] * rs[j]);
+        __syncthreads();
+        if (n0 + RW_ROWS < rows)
+            rw_load(dy, x, rs, dout, inp, rstd, n0 + RW_ROWS, rows, C, i, r0);
+        if (threadIdx.x < RW_COLS) {
+            int m = min(RW_ROWS, rows - n0), r = 0;
+#pragma unroll 4
+            for (; r + 4 <= m; r += 4) {
+                float4 p = *(const float4 *)(buf + r);
+                acc = acc + p.x;
+                acc = acc + p.y;
+                acc = acc + p.z;
+                acc = acc + p.w;
+            }
+            for (; r < m; r++)
+                acc = acc + buf[r];
+        }
+    }
+    if (threadIdx.x < RW_COLS && i < C)
+        dw[i] = dw[i] + acc;
 }
 
 extern "C" qd_status qdk_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp,
@@ -1002,8 +1128,69 @@ extern "C" qd_status qdk_rmsnorm_backward(float *dinp, float *dw, const float *d
 {
     if (rows == 0)
         return QD_OK;
-    QD_LAUNCH_N(k_rmsnorm_bwd_x, (rows), dinp, dout, inp, w, rstd, rows, C);
-    QD_LAUNCH_N(k_rmsnorm_bwd_w, (C), dw, dout, inp, rstd, rows, C);
+    QD_LAUNCH(k_rmsnorm_bwd_x, blocks((size_t)rows, RX_ROWS), RX_COLS, dinp, dout, inp, w, rstd, rows, C);
+    QD_LAUNCH_SMEM(k_rmsnorm_bwd_w, blocks((size_t)C, RW_COLS), RW_THREADS, sizeof(float) * 2 * RW_COLS * RW_LD,
+                   dw, dout, inp, rstd, rows, C);
+    return QD_OK;
+}
+
+/* Fast mode's dw (qdk_rmsnorm_backward_fast): part[k][i] = the sum of chunk k's
+ * products, 8 row lanes each adding every 8th row ascending, then the 8 lanes
+ * in order; dw[i] += the chunks' sums, k ascending. A fixed order whatever the
+ * device, so fast mode stays deterministic. */
+#define RF_LANES 8
+
+__global__ void __launch_bounds__(32 * RF_LANES) k_rmsnorm_bwd_w_part(float *part, const float *dout,
+                                                                       const float *inp, const float *rstd,
+                                                                       int rows, int C)
+{
+    __shared__ float s_l[RF_LANES][32];
+    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32, i = blockIdx.x * 32 + tx;
+    const int n0 = blockIdx.y * QDK_RMSNORM_CHUNK, n1 = min(n0 + QDK_RMSNORM_CHUNK, rows);
+    float acc = 0.0f;
+    if (i < C) {
+#pragma unroll 8
+        for (int n = n0 + ty; n < n1; n += RF_LANES) {
+            size_t e = (size_t)n * C + i;
+            acc = acc + dout[e] * (inp[e] * rstd[n]);
+        }
+    }
+    s_l[ty][tx] = acc;
+    __syncthreads();
+    if (ty == 0 && i < C) {
+        float s = s_l[0][tx];
+#pragma unroll
+        for (int l = 1; l < RF_LANES; l++)
+            s = s + s_l[l][tx];
+        part[(size_t)blockIdx.y * C + i] = s;
+    }
+}
+
+__global__ void k_rmsnorm_bwd_w_sum(float *dw, const float *part, int nch, int C)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= C)
+        return;
+    float acc = 0.0f;
+#pragma unroll 8
+    for (int k = 0; k < nch; k++)
+        acc = acc + part[(size_t)k * C + i];
+    dw[i] = dw[i] + acc;
+}
+
+extern "C" qd_status qdk_rmsnorm_backward_fast(float *dinp, float *dw, float *work, const float *dout,
+                                               const float *inp, const float *w, const float *rstd, int rows,
+                                               int C)
+{
+    if (rows == 0)
+        return QD_OK;
+    int nch = (rows + QDK_RMSNORM_CHUNK - 1) / QDK_RMSNORM_CHUNK;
+    if (nch > 65535) /* the grid's y limit */
+        return qdk_rmsnorm_backward(dinp, dw, dout, inp, w, rstd, rows, C);
+    QD_LAUNCH(k_rmsnorm_bwd_x, blocks((size_t)rows, RX_ROWS), RX_COLS, dinp, dout, inp, w, rstd, rows, C);
+    QD_LAUNCH(k_rmsnorm_bwd_w_part, dim3(blocks((size_t)C, 32), (unsigned)nch), 32 * RF_LANES, work, dout, inp,
+              rstd, rows, C);
+    QD_LAUNCH_N(k_rmsnorm_bwd_w_sum, (C), dw, work, nch, C);
     return QD_OK;
 }
 
@@ -2207,22 +2394,55 @@ extern "C" qd_status qdk_rac_error_grouped(double *const *err, const float *x, c
     return QD_OK;
 }
 
-__global__ void k_sumsq_chunks(double *part, const float *g, size_t n)
+/* Thread k owns chunk k (SQ_CHUNK floats) and adds its squares in order, as
+ * the CPU does. The block's SQ_BLOCK chunks go through shared memory SQ_T
+ * floats of each at a time, loaded coalesced (a warp reads 32 consecutive
+ * floats of one chunk), the next stage's loads in flight during the adds. */
+#define SQ_CHUNK 4096
+#define SQ_BLOCK 128
+#define SQ_T 32
+#define SQ_PER (SQ_BLOCK * SQ_T / SQ_BLOCK) /* floats a thread loads a stage (= SQ_T) */
+
+/* Thread t's share of a stage: float t % SQ_T of chunks t / SQ_T + j * (SQ_BLOCK / SQ_T). */
+static __device__ __forceinline__ void sq_load(float *v, const float *g, size_t n, size_t at)
 {
-    size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (k * 4096 >= n)
-        return;
-    size_t end = (k + 1) * 4096 < n ? (k + 1) * 4096 : n;
+#pragma unroll
+    for (int j = 0; j < SQ_PER; j++, at += (size_t)(SQ_BLOCK / SQ_T) * SQ_CHUNK)
+        v[j] = at < n ? g[at] : 0.0f;
+}
+
+__global__ void __launch_bounds__(SQ_BLOCK) k_sumsq_chunks(double *part, const float *g, size_t n)
+{
+    __shared__ float s_g[SQ_BLOCK][SQ_T + 1]; /* +1: chunk t's walk hits bank (t + i) % 32 */
+    const int t = threadIdx.x;
+    const size_t k0 = (size_t)blockIdx.x * SQ_BLOCK, k = k0 + t;
+    const size_t mine = (k0 + t / SQ_T) * SQ_CHUNK + t % SQ_T; /* where thread t's loads start */
+    const size_t end = (k + 1) * SQ_CHUNK < n ? (k + 1) * SQ_CHUNK : n;
+    float v[SQ_PER];
     double s = 0.0;
-    for (size_t i = k * 4096; i < end; i++)
-        s = s + (double)g[i] * (double)g[i];
-    part[k] = s;
+    sq_load(v, g, n, mine);
+    for (int i0 = 0; i0 < SQ_CHUNK; i0 += SQ_T) {
+#pragma unroll
+        for (int j = 0; j < SQ_PER; j++)
+            s_g[t / SQ_T + j * (SQ_BLOCK / SQ_T)][t % SQ_T] = v[j];
+        __syncthreads();
+        if (i0 + SQ_T < SQ_CHUNK)
+            sq_load(v, g, n, mine + i0 + SQ_T);
+        size_t at = k * SQ_CHUNK + i0;
+        int m = at >= end ? 0 : end - at < SQ_T ? (int)(end - at) : SQ_T;
+#pragma unroll 8
+        for (int i = 0; i < m; i++)
+            s = s + (double)s_g[t][i] * (double)s_g[t][i];
+        __syncthreads();
+    }
+    if (k * SQ_CHUNK < n)
+        part[k] = s;
 }
 
 extern "C" qd_status qdk_sumsq_chunks(double *part, const float *g, size_t n)
 {
     if (n)
-        QD_LAUNCH_N(k_sumsq_chunks, ((n + 4095) / 4096), part, g, n);
+        QD_LAUNCH(k_sumsq_chunks, blocks((n + SQ_CHUNK - 1) / SQ_CHUNK, SQ_BLOCK), SQ_BLOCK, part, g, n);
     return QD_OK;
 }
 

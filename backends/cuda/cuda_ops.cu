@@ -35,7 +35,7 @@ extern "C" {
 }
 
 /* Grow-only scratch of the ops themselves (dev unless said). */
-enum { D_XH, D_RACWS, D_X16, D_W16, D_LOGP, D_SAMPLE, D_MOE, D_RACPTR, D_RACFQ, D_NSCRATCH };
+enum { D_XH, D_RACWS, D_X16, D_W16, D_LOGP, D_SAMPLE, D_MOE, D_RACPTR, D_RACFQ, D_RMSW, D_NSCRATCH };
 
 typedef struct {
     int device;                    /* the ordinal current when the context was made */
@@ -254,8 +254,13 @@ static qd_status cuda_rmsnorm(void *dev, float *out, float *rstd, const float *x
 static qd_status cuda_rmsnorm_backward(void *dev, float *dinp, float *dw, const float *dout, const float *x,
                                        const float *w, const float *rstd, int rows, int C)
 {
-    (void)dev;
-    return qdk_rmsnorm_backward(dinp, dw, dout, x, w, rstd, rows, C);
+    cuda_dev *d = D(dev);
+    if (d->mode != QD_MODE_FAST || rows <= QDK_RMSNORM_CHUNK)
+        return qdk_rmsnorm_backward(dinp, dw, dout, x, w, rstd, rows, C);
+    void *work;
+    size_t nch = ((size_t)rows + QDK_RMSNORM_CHUNK - 1) / QDK_RMSNORM_CHUNK;
+    QD_TRY(scratch(d, D_RMSW, sizeof(float) * nch * (size_t)C, &work));
+    return qdk_rmsnorm_backward_fast(dinp, dw, (float *)work, dout, x, w, rstd, rows, C);
 }
 
 static qd_status cuda_rope(void *dev, float *x, const int32_t *pos, const float *cosb, const float *sinb, int N,
