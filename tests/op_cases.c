@@ -727,9 +727,9 @@ static void c_moe_group(oc *c)
 
 /* gather, swiglu and its backward, combine, moe_dy, unroute, router_backward
  * over one valid routing of N tokens */
-static void c_moe_rows(oc *c)
+static void c_moe_rows_shape(oc *c, int N, int E, int K, int C)
 {
-    enum { N = 9, E = 6, K = 2, C = 40, R = N * K };
+    int R = N * K;
     int32_t topk[N * K], tok_rows[R], row_rank[R], exp_off[E + 1], row_tok[R];
     float topw[N * K];
     routing(c, topk, topw, N, E, K);
@@ -761,6 +761,10 @@ static void c_moe_rows(oc *c)
     OUT(c, "dwt", 'f', dwt, sizeof(float) * N * K);
     OUT(c, "unroute", 'f', dinp, sizeof(float) * N * C);
 }
+
+static void c_moe_rows(oc *c) { c_moe_rows_shape(c, 9, 6, 2, 40); }
+/* CUDA's moe_dy takes 32 rows and 128 columns a block: 111 rows, 300 columns */
+static void c_moe_rows_wide(oc *c) { c_moe_rows_shape(c, 37, 8, 3, 300); }
 
 static void c_router_backward(oc *c, qd_topk_norm norm)
 {
@@ -983,6 +987,7 @@ static const op_case cases[] = {
     {{"route a3b 70x128 k8 ties nan", "route", 0}, c_route_a3b},
     {{"moe_group 11x8 k3", "moe_group", 0}, c_moe_group},
     {{"moe rows 9x6 k2", "combine", 0}, c_moe_rows},
+    {{"moe rows 37x8 k3 C300", "combine", 0}, c_moe_rows_wide},
     {{"embed_w16 9x64 V50", "embed_w16", 0}, c_embed_w16},
     {{"matmul_w16 bf16 70x136x300", "matmul_w16", 1}, c_matmul_w16_bf16},
     {{"matmul_w16 bf16 router 64x2048x128", "matmul_w16", 1}, c_matmul_w16_router},

@@ -46,24 +46,55 @@ __global__ void k_round_bf16(float *dst, const float *src, size_t n)
         dst[i] = qd_round_bf16(src[i]);
 }
 
+/* Four values a thread (16-byte loads and stores: the weight sync rounds the
+ * whole master, 3.1B floats for a3b at 4 layers), each as k_round_bf16. */
+__global__ void k_round_bf16_x4(float4 *dst, const float4 *src, size_t n4)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n4) {
+        float4 v = src[i];
+        dst[i] = make_float4(qd_round_bf16(v.x), qd_round_bf16(v.y), qd_round_bf16(v.z), qd_round_bf16(v.w));
+    }
+}
+
+static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
 extern "C" qd_status qdk_round_bf16(float *dst, const float *src, size_t n)
 {
-    if (n)
-        QD_LAUNCH_N(k_round_bf16, (n), dst, src, n);
+    size_t n4 = aligned16(dst) && aligned16(src) ? n / 4 : 0;
+    if (n4)
+        QD_LAUNCH(k_round_bf16_x4, blocks(n4, TPB), TPB, (float4 *)dst, (const float4 *)src, n4);
+    if (n > 4 * n4)
+        QD_LAUNCH_N(k_round_bf16, (n - 4 * n4), dst + 4 * n4, src + 4 * n4, n - 4 * n4);
     return QD_OK;
 }
+
+static __device__ uint32_t bf16_hi(float x) { return qd_f32_bits(qd_round_bf16(x)) >> 16; }
 
 __global__ void k_bf16_bits(uint16_t *dst, const float *src, size_t n)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
-        dst[i] = (uint16_t)(qd_f32_bits(qd_round_bf16(src[i])) >> 16);
+        dst[i] = (uint16_t)bf16_hi(src[i]);
+}
+
+/* Four values a thread: a 16-byte load, an 8-byte store. */
+__global__ void k_bf16_bits_x4(uint2 *dst, const float4 *src, size_t n4)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n4) {
+        float4 v = src[i];
+        dst[i] = make_uint2(bf16_hi(v.x) | bf16_hi(v.y) << 16, bf16_hi(v.z) | bf16_hi(v.w) << 16);
+    }
 }
 
 extern "C" qd_status qdk_bf16_bits(uint16_t *dst, const float *src, size_t n)
 {
-    if (n)
-        QD_LAUNCH_N(k_bf16_bits, n, dst, src, n);
+    size_t n4 = ((uintptr_t)dst & 7) == 0 && aligned16(src) ? n / 4 : 0;
+    if (n4)
+        QD_LAUNCH(k_bf16_bits_x4, blocks(n4, TPB), TPB, (uint2 *)dst, (const float4 *)src, n4);
+    if (n > 4 * n4)
+        QD_LAUNCH_N(k_bf16_bits, (n - 4 * n4), dst + 4 * n4, src + 4 * n4, n - 4 * n4);
     return QD_OK;
 }
 
@@ -1913,28 +1944,59 @@ extern "C" qd_status qdk_combine(float *out, const float *y, const float *row_w,
     return QD_OK;
 }
 
-/* One thread per (token, slot): the slot's dy row and dL/dweight. */
-__global__ void k_moe_dy(float *dy, float *dwt, const float *dout, const float *y, const float *row_w,
-                         const int32_t *row_rank, const int32_t *tok_rows, int N, int K, int C)
+/* Per (token, slot) row: dy[r] = dout[n] * row_w[r] elementwise and dL/dweight
+ * = sum over i ascending of dout[n][i] * y[r][i] (one chain, the CPU's order).
+ * A block takes MD_ROWS rows: its threads read MD_COLS columns of them
+ * coalesced, write dy and put the products into shared memory, then thread t
+ * adds row t's products in column order. */
+#define MD_ROWS 32
+#define MD_COLS 128 /* = the block size */
+
+__global__ void __launch_bounds__(MD_COLS) k_moe_dy(float *dy, float *dwt, const float *dout, const float *y,
+                                                    const float *row_w, const int32_t *row_rank,
+                                                    const int32_t *tok_rows, int N, int K, int C)
 {
-    int id = blockIdx.x * blockDim.x + threadIdx.x;
-    if (id >= N * K)
-        return;
-    int n = id / K, r = tok_rows[id];
-    const float *yr = y + (size_t)r * C, *d = dout + (size_t)n * C;
-    float acc = 0.0f;
-    for (int i = 0; i < C; i++) {
-        dy[(size_t)r * C + i] = d[i] * row_w[r];
-        acc = acc + d[i] * yr[i];
+    __shared__ float s_p[MD_ROWS][MD_COLS + 1]; /* +1: row t's walk hits bank (t + c) % 32 */
+    __shared__ int s_r[MD_ROWS];
+    __shared__ float s_w[MD_ROWS];
+    const int t = threadIdx.x, id0 = blockIdx.x * MD_ROWS, nr = min(MD_ROWS, N * K - id0);
+    if (t < nr) {
+        int r = tok_rows[id0 + t];
+        s_r[t] = r;
+        s_w[t] = row_w[r];
     }
-    dwt[n * K + row_rank[r]] = acc;
+    __syncthreads();
+    float acc = 0.0f;
+    for (int i0 = 0; i0 < C; i0 += MD_COLS) {
+        int i = i0 + t;
+        if (i < C) {
+#pragma unroll 8
+            for (int j = 0; j < nr; j++) {
+                int r = s_r[j], n = (id0 + j) / K;
+                float d = dout[(size_t)n * C + i];
+                dy[(size_t)r * C + i] = d * s_w[j];
+                s_p[j][t] = d * y[(size_t)r * C + i];
+            }
+        }
+        __syncthreads();
+        if (t < nr) {
+            int m = min(MD_COLS, C - i0);
+#pragma unroll 8
+            for (int c = 0; c < m; c++)
+                acc = acc + s_p[t][c];
+        }
+        __syncthreads();
+    }
+    if (t < nr)
+        dwt[id0 + t - (id0 + t) % K + row_rank[s_r[t]]] = acc;
 }
 
 extern "C" qd_status qdk_moe_dy(float *dy, float *dwt, const float *dout, const float *y, const float *row_w,
                                 const int32_t *row_rank, const int32_t *tok_rows, int N, int K, int C)
 {
     if (N)
-        QD_LAUNCH_N(k_moe_dy, ((size_t)N * K), dy, dwt, dout, y, row_w, row_rank, tok_rows, N, K, C);
+        QD_LAUNCH(k_moe_dy, blocks((size_t)N * K, MD_ROWS), MD_COLS, dy, dwt, dout, y, row_w, row_rank, tok_rows,
+                  N, K, C);
     return QD_OK;
 }
 
@@ -2280,23 +2342,26 @@ extern "C" size_t qdk_sample_work_bytes(int B, int V)
     return (size_t)B * (sizeof(float) * ((size_t)V + QD_SAMPLE_LANES + 1 + P) + sizeof(int32_t) * (1 + P));
 }
 
+/* Block (n, column block): the row's values read once a thread, no 64-bit division. */
 __global__ void k_logprob_bwd(float *dlogits, const float *dlogp, const float *logits, const float *lse,
                               const int32_t *tgt, int N, int V, float T)
 {
-    size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (id >= (size_t)N * V)
+    int n = blockIdx.x, j = blockIdx.y * blockDim.x + threadIdx.x;
+    if (j >= V)
         return;
-    int n = (int)(id / V), j = (int)(id % V);
-    float d = tgt[n] >= 0 ? dlogp[n] / T : 0.0f;
+    size_t id = (size_t)n * V + j;
+    int g = tgt[n];
+    float d = g >= 0 ? dlogp[n] / T : 0.0f;
     float p = qd_expf(logits[id] / T - lse[n]);
-    dlogits[id] = d * ((j == tgt[n] ? 1.0f : 0.0f) - p);
+    dlogits[id] = d * ((j == g ? 1.0f : 0.0f) - p);
 }
 
 extern "C" qd_status qdk_logprob_backward(float *dlogits, const float *dlogp, const float *logits,
                                           const float *lse, const int32_t *tgt, int N, int V, float T)
 {
-    if (N)
-        QD_LAUNCH_N(k_logprob_bwd, ((size_t)N * V), dlogits, dlogp, logits, lse, tgt, N, V, T);
+    if (N && V)
+        QD_LAUNCH(k_logprob_bwd, dim3((unsigned)N, blocks((size_t)V, 256u)), 256u, dlogits, dlogp, logits, lse, tgt,
+                  N, V, T);
     return QD_OK;
 }
 
