@@ -11,6 +11,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include "backends/cuda/cuda_blas.h"
 #include "backends/cuda/cuda_check.h"
@@ -465,56 +466,6 @@ static cublasComputeType_t compute_of(qd_gemm_math math)
     return math == QD_GEMM_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 }
 
-qd_status qd_cuda_gemm_grouped_bf16(float *y, const uint16_t *x, const uint16_t *const *w, const int32_t *off,
-                                    int E, int64_t N, int64_t K)
-{
-    cublasHandle_t h;
-    QD_TRY(check_groups("qd_cuda_gemm_grouped_bf16", off, E, N, K));
-    QD_TRY(get_blas(&h));
-    for (int e = 0; e < E; e++) {
-        int64_t r0 = off[e], m = off[e + 1] - r0;
-        if (m)
-            QD_TRY(gemm_ex_rm(h, CUDA_R_16BF, CUBLAS_COMPUTE_32F, y + r0 * N, x + r0 * K, 0, w[e], 1, m, N, K,
-                              0.0f));
-    }
-    return QD_OK;
-}
-
-qd_status qd_cuda_gemm_grouped_f32(float *y, const float *x, const float *const *w, const int32_t *off, int E,
-                                   int64_t N, int64_t K, qd_gemm_math math)
-{
-    cublasHandle_t h;
-    QD_TRY(check_groups("qd_cuda_gemm_grouped_f32", off, E, N, K));
-    QD_TRY(get_blas(&h));
-    for (int e = 0; e < E; e++) {
-        int64_t r0 = off[e], m = off[e + 1] - r0;
-        if (m)
-            QD_TRY(gemm_ex_rm(h, CUDA_R_32F, compute_of(math), y + r0 * N, x + r0 * K, 0, w[e], 1, m, N, K,
-                              0.0f));
-    }
-    return QD_OK;
-}
-
-qd_status qd_cuda_gemm_grouped_f32_backward(float *dx, float *const *dw, const float *dy, const float *x,
-                                            const float *const *w, const int32_t *off, int E, int64_t N,
-                                            int64_t K, qd_gemm_math math)
-{
-    cublasHandle_t h;
-    QD_TRY(check_groups("qd_cuda_gemm_grouped_f32_backward", off, E, N, K));
-    QD_TRY(get_blas(&h));
-    cublasComputeType_t ct = compute_of(math);
-    for (int e = 0; e < E; e++) {
-        int64_t r0 = off[e], m = off[e + 1] - r0;
-        if (!m)
-            continue;
-        if (dx) /* dx (m, K) += dy (m, N) . w (N, K) */
-            QD_TRY(gemm_ex_rm(h, CUDA_R_32F, ct, dx + r0 * K, dy + r0 * N, 0, w[e], 0, m, K, N, 1.0f));
-        if (dw) /* dw (N, K) += dy^T (N, m) . x (m, K) */
-            QD_TRY(gemm_ex_rm(h, CUDA_R_32F, ct, dw[e], dy + r0 * N, 1, x + r0 * K, 0, N, K, m, 1.0f));
-    }
-    return QD_OK;
-}
-
 /* ---- fast mode's prefill attention through cuBLAS (cuda_blas.h) */
 /* count row-major products C[i] (M, N; row stride ldc) = alpha op(A[i]) (M, K)
  * . op(B[i]) (K, N) + beta C[i]: A[i] stored (M, K) with row stride lda, or
@@ -813,6 +764,176 @@ qd_status qd_cuda_attend_gemm_backward(float *dq, float *dk, float *dv, float *d
         }
     }
     free(idx);
+    return st;
+}
+
+/* ---- the experts' products, all in one grouped call */
+/* One problem a group of cublasGemmGroupedBatchedEx: row-major C (M, N) =
+ * op(A) (M, K) . op(B) (K, N) + beta C, contiguous rows (lda K, or M when ta;
+ * ldb N, or K when tb; ldc N), as gemm_ex_rm reads it. */
+typedef struct {
+    const void *A, *B;
+    float *C;
+    int M, N, K;
+} grp_gemm;
+
+/* QUADS_GROUPED_GEMM=0: the experts one cublasGemmEx each (for comparison). */
+static int grouped_off(void)
+{
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("QUADS_GROUPED_GEMM");
+        v = e && !strcmp(e, "0");
+    }
+    return v;
+}
+
+/* All G products in one cublasGemmGroupedBatchedEx (one problem a group), the
+ * pointer arrays uploaded as attention's. QD_ERR_UNSUPPORTED with nothing
+ * enqueued where it does not apply (switched off, K = 0, a pointer off 16
+ * bytes, types cuBLAS refuses): the caller loops over gemm_ex_rm instead. */
+static qd_status gemm_grouped_rm(cublasHandle_t h, cudaDataType_t in, cublasComputeType_t ct, const grp_gemm *g,
+                                 int G, int ta, int tb, float beta)
+{
+    if (grouped_off())
+        return QD_ERR_UNSUPPORTED;
+    if (G == 0)
+        return QD_OK;
+    for (int i = 0; i < G; i++)
+        if (g[i].K == 0 || ((uintptr_t)g[i].A | (uintptr_t)g[i].B | (uintptr_t)g[i].C) % 16)
+            return QD_ERR_UNSUPPORTED;
+    blas_ctx *c;
+    QD_TRY(get_ctx(&c));
+    size_t hb = (size_t)G * (2 * sizeof(cublasOperation_t) + 7 * sizeof(int) + 2 * sizeof(float));
+    char *hm = (char *)malloc(hb);
+    if (!hm)
+        return qd_error(QD_ERR_NOMEM, "cuda_blas: %d grouped products", G);
+    cublasOperation_t *opa = (cublasOperation_t *)hm, *opb = opa + G;
+    int *m = (int *)(opb + G), *n = m + G, *k = n + G, *lda = k + G, *ldb = lda + G, *ldc = ldb + G, *gs = ldc + G;
+    float *al = (float *)(gs + G), *be = al + G;
+    void **hp;
+    qd_status st = ptrs_begin(c, 3 * (size_t)G, &hp);
+    if (st) {
+        free(hm);
+        return st;
+    }
+    for (int i = 0; i < G; i++) { /* column-major: C^T = op(B)^T . op(A)^T */
+        opa[i] = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+        opb[i] = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+        m[i] = g[i].N, n[i] = g[i].M, k[i] = g[i].K;
+        lda[i] = tb ? g[i].K : g[i].N;
+        ldb[i] = ta ? g[i].M : g[i].K;
+        ldc[i] = g[i].N;
+        gs[i] = 1, al[i] = 1.0f, be[i] = beta;
+        hp[i] = (void *)g[i].B, hp[G + i] = (void *)g[i].A, hp[2 * G + i] = g[i].C;
+    }
+    st = ptrs_upload(c, 3 * (size_t)G);
+    if (!st) {
+        void **dp = c->dptr;
+        cublasStatus_t b = cublasGemmGroupedBatchedEx(h, opa, opb, m, n, k, al, (const void *const *)dp, in, lda,
+                                                      (const void *const *)(dp + G), in, ldb, be, dp + 2 * G,
+                                                      CUDA_R_32F, ldc, G, gs, ct);
+        if (b == CUBLAS_STATUS_NOT_SUPPORTED)
+            st = QD_ERR_UNSUPPORTED;
+        else if (b != CUBLAS_STATUS_SUCCESS)
+            st = qd_error(QD_ERR_DEVICE, "%s:%d: cublasGemmGroupedBatchedEx: %s (%d products)", __FILE__, __LINE__,
+                          cublasGetStatusName(b), G);
+    }
+    free(hm);
+    return st;
+}
+
+qd_status qd_cuda_gemm_grouped_bf16(float *y, const uint16_t *x, const uint16_t *const *w, const int32_t *off,
+                                    int E, int64_t N, int64_t K)
+{
+    cublasHandle_t h;
+    QD_TRY(check_groups("qd_cuda_gemm_grouped_bf16", off, E, N, K));
+    QD_TRY(get_blas(&h));
+    grp_gemm *g = (grp_gemm *)malloc(sizeof(grp_gemm) * (size_t)(E ? E : 1));
+    if (!g)
+        return qd_error(QD_ERR_NOMEM, "qd_cuda_gemm_grouped_bf16: %d experts", E);
+    int G = 0;
+    for (int e = 0; e < E; e++) {
+        int64_t r0 = off[e], m = off[e + 1] - r0;
+        if (m)
+            g[G++] = (grp_gemm){x + r0 * K, w[e], y + r0 * N, (int)m, (int)N, (int)K};
+    }
+    qd_status st = gemm_grouped_rm(h, CUDA_R_16BF, CUBLAS_COMPUTE_32F, g, G, 0, 1, 0.0f);
+    if (st == QD_ERR_UNSUPPORTED) {
+        st = QD_OK;
+        for (int i = 0; !st && i < G; i++)
+            st = gemm_ex_rm(h, CUDA_R_16BF, CUBLAS_COMPUTE_32F, g[i].C, g[i].A, 0, g[i].B, 1, g[i].M, N, K, 0.0f);
+    }
+    free(g);
+    return st;
+}
+
+qd_status qd_cuda_gemm_grouped_f32(float *y, const float *x, const float *const *w, const int32_t *off, int E,
+                                   int64_t N, int64_t K, qd_gemm_math math)
+{
+    cublasHandle_t h;
+    QD_TRY(check_groups("qd_cuda_gemm_grouped_f32", off, E, N, K));
+    QD_TRY(get_blas(&h));
+    grp_gemm *g = (grp_gemm *)malloc(sizeof(grp_gemm) * (size_t)(E ? E : 1));
+    if (!g)
+        return qd_error(QD_ERR_NOMEM, "qd_cuda_gemm_grouped_f32: %d experts", E);
+    int G = 0;
+    for (int e = 0; e < E; e++) {
+        int64_t r0 = off[e], m = off[e + 1] - r0;
+        if (m)
+            g[G++] = (grp_gemm){x + r0 * K, w[e], y + r0 * N, (int)m, (int)N, (int)K};
+    }
+    qd_status st = gemm_grouped_rm(h, CUDA_R_32F, compute_of(math), g, G, 0, 1, 0.0f);
+    if (st == QD_ERR_UNSUPPORTED) {
+        st = QD_OK;
+        for (int i = 0; !st && i < G; i++)
+            st = gemm_ex_rm(h, CUDA_R_32F, compute_of(math), g[i].C, g[i].A, 0, g[i].B, 1, g[i].M, N, K, 0.0f);
+    }
+    free(g);
+    return st;
+}
+
+qd_status qd_cuda_gemm_grouped_f32_backward(float *dx, float *const *dw, const float *dy, const float *x,
+                                            const float *const *w, const int32_t *off, int E, int64_t N,
+                                            int64_t K, qd_gemm_math math)
+{
+    cublasHandle_t h;
+    QD_TRY(check_groups("qd_cuda_gemm_grouped_f32_backward", off, E, N, K));
+    QD_TRY(get_blas(&h));
+    cublasComputeType_t ct = compute_of(math);
+    grp_gemm *g = (grp_gemm *)malloc(sizeof(grp_gemm) * (size_t)(E ? E : 1));
+    if (!g)
+        return qd_error(QD_ERR_NOMEM, "qd_cuda_gemm_grouped_f32_backward: %d experts", E);
+    qd_status st = QD_OK;
+    int G = 0;
+    if (dx) { /* dx (m, K) += dy (m, N) . w (N, K) */
+        for (int e = 0; e < E; e++) {
+            int64_t r0 = off[e], m = off[e + 1] - r0;
+            if (m)
+                g[G++] = (grp_gemm){dy + r0 * N, w[e], dx + r0 * K, (int)m, (int)K, (int)N};
+        }
+        st = gemm_grouped_rm(h, CUDA_R_32F, ct, g, G, 0, 0, 1.0f);
+        if (st == QD_ERR_UNSUPPORTED) {
+            st = QD_OK;
+            for (int i = 0; !st && i < G; i++)
+                st = gemm_ex_rm(h, CUDA_R_32F, ct, g[i].C, g[i].A, 0, g[i].B, 0, g[i].M, K, N, 1.0f);
+        }
+    }
+    G = 0;
+    if (!st && dw) { /* dw (N, K) += dy^T (N, m) . x (m, K) */
+        for (int e = 0; e < E; e++) {
+            int64_t r0 = off[e], m = off[e + 1] - r0;
+            if (m)
+                g[G++] = (grp_gemm){dy + r0 * N, x + r0 * K, dw[e], (int)N, (int)K, (int)m};
+        }
+        st = gemm_grouped_rm(h, CUDA_R_32F, ct, g, G, 1, 0, 1.0f);
+        if (st == QD_ERR_UNSUPPORTED) {
+            st = QD_OK;
+            for (int i = 0; !st && i < G; i++)
+                st = gemm_ex_rm(h, CUDA_R_32F, ct, g[i].C, g[i].A, 1, g[i].B, 0, N, K, g[i].K, 1.0f);
+        }
+    }
+    free(g);
     return st;
 }
 
