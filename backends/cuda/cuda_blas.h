@@ -48,10 +48,11 @@ qd_status qd_cuda_gemm_f32_dw(float *dw, const float *dy, const float *x, int64_
 /* ---- The experts' products (MoE): E products over the row ranges off[e] ..
  * off[e+1]-1 (off host, E + 1 entries, non-decreasing) of row-major
  * activations, expert e's weight w[e] (N, K) (host array of device pointers).
- * Through cuBLAS: one cublasGemmGroupedBatchedEx for all the experts with rows
- * (one problem a group, pointer arrays uploaded through a pinned buffer), or,
- * where that does not apply (a pointer off 16 bytes, a type it refuses,
- * QUADS_GROUPED_GEMM=0), one cublasGemmEx per expert enqueued back to back on
+ * Through cuBLAS: BF16 inputs in one cublasGemmGroupedBatchedEx for all the
+ * experts with rows (one problem a group, pointer arrays uploaded through a
+ * pinned buffer; QUADS_GROUPED_GEMM=1 for float32 inputs too, 0 for none), else
+ * (and where that does not apply: a pointer off 16 bytes, a type it refuses)
+ * one cublasGemmEx per expert enqueued back to back on
  * the legacy default stream (no host synchronization): cuBLAS chooses its
  * kernels per call, where a cuBLASLt plan per shape would be made again for
  * every row count, and the row counts change every step. An expert without
