@@ -847,54 +847,52 @@ static qd_status gemm_grouped_rm(cublasHandle_t h, cudaDataType_t in, cublasComp
     return st;
 }
 
-qd_status qd_cuda_gemm_grouped_bf16(float *y, const uint16_t *x, const uint16_t *const *w, const int32_t *off,
-                                    int E, int64_t N, int64_t K)
+/* The G products through gemm_grouped_rm, else one gemm_ex_rm each. */
+static qd_status run_products(cublasHandle_t h, cudaDataType_t in, cublasComputeType_t ct, const grp_gemm *g, int G,
+                              int ta, int tb, float beta)
+{
+    qd_status st = gemm_grouped_rm(h, in, ct, g, G, ta, tb, beta);
+    if (st != QD_ERR_UNSUPPORTED)
+        return st;
+    for (int i = 0; i < G; i++)
+        QD_TRY(gemm_ex_rm(h, in, ct, g[i].C, g[i].A, ta, g[i].B, tb, g[i].M, g[i].N, g[i].K, beta));
+    return QD_OK;
+}
+
+/* y rows = x rows (elements of esz bytes, type in) . w[e]^T for the experts with rows */
+static qd_status experts_forward(const char *fn, cudaDataType_t in, size_t esz, cublasComputeType_t ct, float *y,
+                                 const void *x, const void *const *w, const int32_t *off, int E, int64_t N,
+                                 int64_t K)
 {
     cublasHandle_t h;
-    QD_TRY(check_groups("qd_cuda_gemm_grouped_bf16", off, E, N, K));
+    QD_TRY(check_groups(fn, off, E, N, K));
     QD_TRY(get_blas(&h));
     grp_gemm *g = (grp_gemm *)malloc(sizeof(grp_gemm) * (size_t)(E ? E : 1));
     if (!g)
-        return qd_error(QD_ERR_NOMEM, "qd_cuda_gemm_grouped_bf16: %d experts", E);
+        return qd_error(QD_ERR_NOMEM, "%s: %d experts", fn, E);
     int G = 0;
     for (int e = 0; e < E; e++) {
         int64_t r0 = off[e], m = off[e + 1] - r0;
         if (m)
-            g[G++] = (grp_gemm){x + r0 * K, w[e], y + r0 * N, (int)m, (int)N, (int)K};
+            g[G++] = (grp_gemm){(const char *)x + r0 * K * esz, w[e], y + r0 * N, (int)m, (int)N, (int)K};
     }
-    qd_status st = gemm_grouped_rm(h, CUDA_R_16BF, CUBLAS_COMPUTE_32F, g, G, 0, 1, 0.0f);
-    if (st == QD_ERR_UNSUPPORTED) {
-        st = QD_OK;
-        for (int i = 0; !st && i < G; i++)
-            st = gemm_ex_rm(h, CUDA_R_16BF, CUBLAS_COMPUTE_32F, g[i].C, g[i].A, 0, g[i].B, 1, g[i].M, N, K, 0.0f);
-    }
+    qd_status st = run_products(h, in, ct, g, G, 0, 1, 0.0f);
     free(g);
     return st;
+}
+
+qd_status qd_cuda_gemm_grouped_bf16(float *y, const uint16_t *x, const uint16_t *const *w, const int32_t *off,
+                                    int E, int64_t N, int64_t K)
+{
+    return experts_forward("qd_cuda_gemm_grouped_bf16", CUDA_R_16BF, sizeof(uint16_t), CUBLAS_COMPUTE_32F, y, x,
+                           (const void *const *)w, off, E, N, K);
 }
 
 qd_status qd_cuda_gemm_grouped_f32(float *y, const float *x, const float *const *w, const int32_t *off, int E,
                                    int64_t N, int64_t K, qd_gemm_math math)
 {
-    cublasHandle_t h;
-    QD_TRY(check_groups("qd_cuda_gemm_grouped_f32", off, E, N, K));
-    QD_TRY(get_blas(&h));
-    grp_gemm *g = (grp_gemm *)malloc(sizeof(grp_gemm) * (size_t)(E ? E : 1));
-    if (!g)
-        return qd_error(QD_ERR_NOMEM, "qd_cuda_gemm_grouped_f32: %d experts", E);
-    int G = 0;
-    for (int e = 0; e < E; e++) {
-        int64_t r0 = off[e], m = off[e + 1] - r0;
-        if (m)
-            g[G++] = (grp_gemm){x + r0 * K, w[e], y + r0 * N, (int)m, (int)N, (int)K};
-    }
-    qd_status st = gemm_grouped_rm(h, CUDA_R_32F, compute_of(math), g, G, 0, 1, 0.0f);
-    if (st == QD_ERR_UNSUPPORTED) {
-        st = QD_OK;
-        for (int i = 0; !st && i < G; i++)
-            st = gemm_ex_rm(h, CUDA_R_32F, compute_of(math), g[i].C, g[i].A, 0, g[i].B, 1, g[i].M, N, K, 0.0f);
-    }
-    free(g);
-    return st;
+    return experts_forward("qd_cuda_gemm_grouped_f32", CUDA_R_32F, sizeof(float), compute_of(math), y, x,
+                           (const void *const *)w, off, E, N, K);
 }
 
 qd_status qd_cuda_gemm_grouped_f32_backward(float *dx, float *const *dw, const float *dy, const float *x,
@@ -916,12 +914,7 @@ qd_status qd_cuda_gemm_grouped_f32_backward(float *dx, float *const *dw, const f
             if (m)
                 g[G++] = (grp_gemm){dy + r0 * N, w[e], dx + r0 * K, (int)m, (int)K, (int)N};
         }
-        st = gemm_grouped_rm(h, CUDA_R_32F, ct, g, G, 0, 0, 1.0f);
-        if (st == QD_ERR_UNSUPPORTED) {
-            st = QD_OK;
-            for (int i = 0; !st && i < G; i++)
-                st = gemm_ex_rm(h, CUDA_R_32F, ct, g[i].C, g[i].A, 0, g[i].B, 0, g[i].M, K, N, 1.0f);
-        }
+        st = run_products(h, CUDA_R_32F, ct, g, G, 0, 0, 1.0f);
     }
     G = 0;
     if (!st && dw) { /* dw (N, K) += dy^T (N, m) . x (m, K) */
@@ -930,12 +923,7 @@ qd_status qd_cuda_gemm_grouped_f32_backward(float *dx, float *const *dw, const f
             if (m)
                 g[G++] = (grp_gemm){dy + r0 * N, x + r0 * K, dw[e], (int)N, (int)K, (int)m};
         }
-        st = gemm_grouped_rm(h, CUDA_R_32F, ct, g, G, 1, 0, 1.0f);
-        if (st == QD_ERR_UNSUPPORTED) {
-            st = QD_OK;
-            for (int i = 0; !st && i < G; i++)
-                st = gemm_ex_rm(h, CUDA_R_32F, ct, g[i].C, g[i].A, 1, g[i].B, 0, N, K, g[i].K, 1.0f);
-        }
+        st = run_products(h, CUDA_R_32F, ct, g, G, 1, 0, 1.0f);
     }
     free(g);
     return st;
