@@ -6,7 +6,9 @@
 # [4], B [16] x T [1024] tokens, MODE [fast], RECIPE [nvfp4]: one train step
 # (zero_grad, forward, backward, AdamW with the weight sync), no warm-up.
 #   1. phases.txt [60 s]: the CUDA backend's wall time per phase
-#      (QUADS_CUDA_PROFILE=1, synchronizing at each mark) and the step's time;
+#      (QUADS_CUDA_PROFILE=last: the timed step after one warm-up step, so
+#      cuBLAS's first-shape heuristics stay out; it synchronizes at each mark)
+#      and the step's time;
 #   2. kernels.txt [220 s]: ncu over the same run, COUNT [40000] launches after
 #      SKIP [0] at the clocks the GPU runs at (--clock-control none), one line
 #      per kernel and grid, largest total first, then the sum of them all. The
@@ -25,13 +27,14 @@ export LD_LIBRARY_PATH="$PWD/.devrun/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export OMP_WAIT_POLICY=passive
 [ -x bench/bench_backend ] || { echo "profile_train_h200: bench/bench_backend not found: build it first" >&2; exit 1; }
 run=(bench/bench_backend --backend cuda --mode "${MODE:-fast}" --recipe "${RECIPE:-nvfp4}" --model a3b
-     --layers "${LAYERS:-4}" --batch "${B:-16}" --seq "${T:-1024}" --iters 1 --warmup 0 --ops "train step")
-echo "== phases (QUADS_CUDA_PROFILE=1): ${run[*]}"
-QUADS_CUDA_PROFILE=1 timeout 60 "${run[@]}" >"$out/phases.txt" 2>&1 || echo "the phase run failed: see $out/phases.txt"
+     --layers "${LAYERS:-4}" --batch "${B:-16}" --seq "${T:-1024}" --iters 1 --ops "train step")
+echo "== phases (QUADS_CUDA_PROFILE=last, one warm-up step): ${run[*]} --warmup 1"
+QUADS_CUDA_PROFILE=last timeout 60 "${run[@]}" --warmup 1 >"$out/phases.txt" 2>&1 ||
+    echo "the phase run failed: see $out/phases.txt"
 grep -v "^$" "$out/phases.txt" | tail -25
 echo "== kernels (ncu)"
 timeout 220 ncu --clock-control none --launch-skip "${SKIP:-0}" --launch-count "${COUNT:-40000}" --print-summary per-kernel \
-    --metrics gpu__time_duration.sum "${run[@]}" >"$out/ncu_kernels.txt" 2>&1 ||
+    --metrics gpu__time_duration.sum "${run[@]}" --warmup 0 >"$out/ncu_kernels.txt" 2>&1 ||
     echo "ncu failed or timed out (COUNT lower?): see $out/ncu_kernels.txt"
 # one line a kernel and grid (bench/ncu_table.awk), largest total first; then the sum
 grep -E "^  [a-zA-Z_]|gpu__time_duration" "$out/ncu_kernels.txt" | paste - - | awk -f bench/ncu_table.awk |

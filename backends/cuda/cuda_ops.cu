@@ -52,9 +52,12 @@ typedef struct {
     void *host;                    /* host scratch (sampling logits, MoE rows), grow-only */
     size_t host_cap;
     /* QUADS_CUDA_PROFILE=1: wall time per phase (synchronizing at each mark), printed at free */
-    int prof, prof_sec;
+    int prof, prof_sec;            /* 2: QUADS_CUDA_PROFILE=last */
     double prof_last, prof_t[QD_PH_COUNT];
     long prof_n[QD_PH_COUNT];
+    int prof_steps;                /* optimizer steps ended (a weight sync left) */
+    double prof_t0[QD_PH_COUNT], prof_step[QD_PH_COUNT]; /* the totals at the last step's end; that step's */
+    long prof_n0[QD_PH_COUNT], prof_nstep[QD_PH_COUNT];
 } cuda_dev;
 
 #define D(dev) ((cuda_dev *)(dev))
@@ -186,6 +189,13 @@ static void cuda_mark(void *dev, qd_phase ph)
     double t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
     if (d->prof_last > 0)
         d->prof_t[d->prof_sec] += t - d->prof_last;
+    if (d->prof_sec == QD_PH_SYNC && ph != QD_PH_SYNC) { /* an optimizer step ended: its own share */
+        for (int i = 0; i < QD_PH_COUNT; i++) {
+            d->prof_step[i] = d->prof_t[i] - d->prof_t0[i], d->prof_t0[i] = d->prof_t[i];
+            d->prof_nstep[i] = d->prof_n[i] - d->prof_n0[i], d->prof_n0[i] = d->prof_n[i];
+        }
+        d->prof_steps++;
+    }
     d->prof_n[ph]++;
     d->prof_sec = ph;
     d->prof_last = t;
@@ -196,9 +206,12 @@ static void cuda_report(void *dev)
     cuda_dev *d = D(dev);
     if (!d->prof)
         return;
-    fprintf(stderr, "cuda backend profile (QUADS_CUDA_PROFILE):\n");
+    int last = d->prof == 2 && d->prof_steps > 0;
+    fprintf(stderr, "cuda backend profile (QUADS_CUDA_PROFILE%s):\n",
+            last ? "=last: the last optimizer step, from the end of the one before" : "");
     for (int i = 0; i < QD_PH_COUNT; i++)
-        fprintf(stderr, "  %-28s %8ld marks %10.3f ms\n", prof_names[i], d->prof_n[i], 1e3 * d->prof_t[i]);
+        fprintf(stderr, "  %-28s %8ld marks %10.3f ms\n", prof_names[i], last ? d->prof_nstep[i] : d->prof_n[i],
+                1e3 * (last ? d->prof_step[i] : d->prof_t[i]));
 }
 
 /* Fast mode, BF16 recipes: the BF16 bits of the working copy for cuBLASLt. */
@@ -908,7 +921,7 @@ extern "C" void *qd_cuda_dev_new(qd_exec_mode mode, qd_prec weights)
     d->bf16_copy = mode == QD_MODE_FAST && weights == QD_PREC_BF16;
     d->bwd_math = weights == QD_PREC_BF16 ? QD_GEMM_TF32 : QD_GEMM_F32;
     const char *pe = getenv("QUADS_CUDA_PROFILE");
-    d->prof = pe && *pe && strcmp(pe, "0") != 0;
+    d->prof = !pe || !*pe || !strcmp(pe, "0") ? 0 : !strcmp(pe, "last") ? 2 : 1;
     if (cuda_alloc(d, (void **)&d->d_bad, sizeof(int), "flag")) {
         free(d);
         return NULL;
