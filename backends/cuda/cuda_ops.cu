@@ -9,12 +9,13 @@
  *
  * Fast mode (options.mode, NUMERICS.md §7) changes only the products and
  * attention: BF16 linears through cuBLASLt's BF16 GEMM (float32 accumulate),
- * other float linears and every backward product through cuBLASLt float32
- * GEMMs, FP8 through cuBLASLt FP8, W4A4 through cuBLASLt's block-scaled FP4 on
- * Blackwell (the canonical kernels elsewhere), attention through one fused
- * kernel. The experts' float products go through cuBLAS, one GEMM an expert
- * (qd_cuda_gemm_grouped_*): BF16 linears in BF16 (float32 accumulate), other
- * float linears in float32; their backward in TF32 under the BF16 recipes
+ * other float linears through cuBLASLt float32 GEMMs, FP8 through cuBLASLt
+ * FP8, W4A4 through cuBLASLt's block-scaled FP4 on Blackwell (the canonical
+ * kernels elsewhere), a prefill's attention through cuBLAS batched products
+ * (qd_cuda_attend_gemm), decode attention through one fused kernel. The
+ * experts' float products go through cuBLAS (qd_cuda_gemm_grouped_*): BF16
+ * linears in BF16 (float32 accumulate, one grouped call), other float linears
+ * in float32; every backward product in TF32 under the BF16 recipes
  * (docs/numerics.md §7b gives the error), in float32 under fp32.
  *
  * Work is enqueued on the legacy default stream; finish() synchronizes and
