@@ -22,6 +22,10 @@
 #define QD_E4M3_MAX 448.0f
 #define QD_NVFP4_AMAX_TARGET 2688.0f /* E2M1_MAX * E4M3_MAX */
 
+/* Attention's logit scale 1/sqrt(D): the root taken in double, rounded once
+ * to float (the CPU's attention, the CUDA kernels and the fast prefill's products). */
+QD_HD float qd_attn_scale(int D) { return (float)(1.0 / sqrt((double)D)); }
+
 QD_HD uint32_t qd_f32_bits(float f)
 {
 #ifdef __CUDA_ARCH__

@@ -366,7 +366,7 @@ static void attention_forward(float *out, float *att, const float *q, const floa
                               const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm,
                               int nt)
 {
-    float scale = (float)(1.0 / sqrt((double)D));
+    float scale = qd_attn_scale(D);
     int HD = H * D, KD = KV * D, grp = H / KV;
 #pragma omp parallel for collapse(2) num_threads(nt) schedule(dynamic)
     for (int n = 0; n < N; n++)
@@ -383,7 +383,7 @@ static void attention_backward(float *dq, float *dk, float *dv, const float *dou
                                const float *q, const float *k, const float *v, const int32_t *seq_off,
                                int B, int Tm, int H, int KV, int D, int nt)
 {
-    float scale = (float)(1.0 / sqrt((double)D));
+    float scale = qd_attn_scale(D);
     int HD = H * D, KD = KV * D, grp = H / KV;
 #pragma omp parallel num_threads(nt)
     {

@@ -624,6 +624,32 @@ qd_status qd_cuda_attend_zero_tail(float *att, const int32_t *pos, int N, int H,
 
 #define PTR(p) ((void *)(p))
 
+/* What both directions start from: the handles, the sequences in order of
+ * length (idx, the caller frees it) and narrays pointer arrays of per = nseq *
+ * H entries staged in hp. Nothing held on failure. */
+typedef struct {
+    blas_ctx *c;
+    cublasHandle_t h;
+    int *idx;
+    size_t per;
+    void **hp;
+} attn_call;
+
+static qd_status attn_begin(attn_call *a, const char *fn, const int32_t *seq_off, int nseq, int H, int narrays)
+{
+    QD_TRY(get_ctx(&a->c));
+    QD_TRY(get_blas(&a->h));
+    a->idx = (int *)malloc(sizeof(int) * (size_t)nseq);
+    if (!a->idx)
+        return qd_error(QD_ERR_NOMEM, "%s: %d sequences", fn, nseq);
+    seqs_by_length(a->idx, seq_off, nseq);
+    a->per = (size_t)nseq * H;
+    qd_status st = ptrs_begin(a->c, (size_t)narrays * a->per, &a->hp);
+    if (st)
+        free(a->idx);
+    return st;
+}
+
 qd_status qd_cuda_attend_gemm(float *out, float *att, const float *q, const float *k, const float *v,
                               const int32_t *pos, const int32_t *seq_off, int nseq, int N, int H, int KV, int D,
                               int Tm, qd_gemm_math math)
@@ -631,21 +657,13 @@ qd_status qd_cuda_attend_gemm(float *out, float *att, const float *q, const floa
     QD_TRY(seqs_check("qd_cuda_attend_gemm", seq_off, nseq, N, H, KV, Tm));
     if (N == 0)
         return QD_OK;
-    blas_ctx *c;
-    cublasHandle_t h;
-    QD_TRY(get_ctx(&c));
-    QD_TRY(get_blas(&h));
-    int *idx = (int *)malloc(sizeof(int) * (size_t)nseq), grp = H / KV;
-    if (!idx)
-        return qd_error(QD_ERR_NOMEM, "qd_cuda_attend_gemm: %d sequences", nseq);
-    seqs_by_length(idx, seq_off, nseq);
-    size_t per = (size_t)nseq * H; /* entries of one pointer array */
-    void **hp;
-    qd_status st = ptrs_begin(c, 5 * per, &hp);
-    if (st) {
-        free(idx);
-        return st;
-    }
+    attn_call a;
+    QD_TRY(attn_begin(&a, "qd_cuda_attend_gemm", seq_off, nseq, H, 5));
+    blas_ctx *c = a.c;
+    cublasHandle_t h = a.h;
+    int *idx = a.idx, grp = H / KV;
+    size_t per = a.per;
+    void **hp = a.hp;
     /* arrays 0 att (S's C, P), 1 Q, 2 K, 3 out, 4 V at entry (sequence in length order, head) */
     for (int i = 0; i < nseq; i++) {
         int64_t o = seq_off[idx[i]];
@@ -659,10 +677,10 @@ qd_status qd_cuda_attend_gemm(float *out, float *att, const float *q, const floa
             hp[4 * per + e] = PTR(v + (o * KV + kh) * D);
         }
     }
-    st = ptrs_upload(c, 5 * per);
+    qd_status st = ptrs_upload(c, 5 * per);
     void **dp = c->dptr;
     cublasComputeType_t ct = compute_of(math);
-    float scale = (float)(1.0 / sqrt((double)D));
+    float scale = qd_attn_scale(D);
     int64_t lq = (int64_t)H * D, lk = (int64_t)KV * D, la = (int64_t)H * Tm;
     for (int i0 = 0, i1; !st && i0 < nseq; i0 = i1) { /* S = scale Q K^T */
         i1 = run_end(idx, i0, seq_off, nseq);
@@ -692,21 +710,13 @@ qd_status qd_cuda_attend_gemm_backward(float *dq, float *dk, float *dv, float *d
     QD_TRY(seqs_check("qd_cuda_attend_gemm_backward", seq_off, nseq, N, H, KV, Tm));
     if (N == 0)
         return QD_OK;
-    blas_ctx *c;
-    cublasHandle_t h;
-    QD_TRY(get_ctx(&c));
-    QD_TRY(get_blas(&h));
-    int *idx = (int *)malloc(sizeof(int) * (size_t)nseq), grp = H / KV;
-    if (!idx)
-        return qd_error(QD_ERR_NOMEM, "qd_cuda_attend_gemm_backward: %d sequences", nseq);
-    seqs_by_length(idx, seq_off, nseq);
-    size_t per = (size_t)nseq * H;
-    void **hp;
-    qd_status st = ptrs_begin(c, 11 * per, &hp);
-    if (st) {
-        free(idx);
-        return st;
-    }
+    attn_call a;
+    QD_TRY(attn_begin(&a, "qd_cuda_attend_gemm_backward", seq_off, nseq, H, 11));
+    blas_ctx *c = a.c;
+    cublasHandle_t h = a.h;
+    int *idx = a.idx, grp = H / KV;
+    size_t per = a.per;
+    void **hp = a.hp;
     /* arrays 0 ds (dP's C, dq's A), 1 dY, 2 V, 3 dq, 4 K at entry (sequence in
      * length order, head); the dk, dv products sum over the group's heads, one
      * call per head r of each group (beta 1), so their arrays 5 ds, 6 Q, 7 dk,
@@ -730,10 +740,10 @@ qd_status qd_cuda_attend_gemm_backward(float *dq, float *dk, float *dv, float *d
             hp[10 * per + f] = PTR(dv + (o * KV + kh) * D);
         }
     }
-    st = ptrs_upload(c, 11 * per);
+    qd_status st = ptrs_upload(c, 11 * per);
     void **dp = c->dptr;
     cublasComputeType_t ct = compute_of(math);
-    float scale = (float)(1.0 / sqrt((double)D));
+    float scale = qd_attn_scale(D);
     int64_t lq = (int64_t)H * D, lk = (int64_t)KV * D, la = (int64_t)H * Tm;
     for (int i0 = 0, i1; !st && i0 < nseq; i0 = i1) { /* dP = dY V^T */
         i1 = run_end(idx, i0, seq_off, nseq);
@@ -804,7 +814,7 @@ static qd_status gemm_grouped_rm(cublasHandle_t h, cudaDataType_t in, cublasComp
     if (G == 0)
         return QD_OK;
     for (int i = 0; i < G; i++)
-        if (g[i].K == 0 || ((uintptr_t)g[i].A | (uintptr_t)g[i].B | (uintptr_t)g[i].C) % 16)
+        if (g[i].K == 0 || !qd_aligned(g[i].A, 16) || !qd_aligned(g[i].B, 16) || !qd_aligned(g[i].C, 16))
             return QD_ERR_UNSUPPORTED;
     blas_ctx *c;
     QD_TRY(get_ctx(&c));

@@ -4,6 +4,7 @@
 #define QD_CUDA_CHECK_H
 
 #include <cuda_runtime.h>
+#include <stdint.h>
 extern "C" {
 #include "quant/status.h"
 }
@@ -15,6 +16,10 @@ extern "C" {
             return qd_error(QD_ERR_DEVICE, "%s:%d: %s: %s", __FILE__, __LINE__,      \
                             #call, cudaGetErrorString(qd_cuda_err_));                \
     } while (0)
+
+/* Whether p starts on a multiple of n bytes (a power of two): the 16-byte
+ * loads of the vectorized kernels, cuBLAS's pointer arrays. */
+static inline int qd_aligned(const void *p, unsigned n) { return ((uintptr_t)p & (n - 1)) == 0; }
 
 /* The current device's SM count (132 where it cannot be read), cached per
  * translation unit: launch shapes that fill the GPU. */

@@ -57,11 +57,9 @@ __global__ void k_round_bf16_x4(float4 *dst, const float4 *src, size_t n4)
     }
 }
 
-static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
-
 extern "C" qd_status qdk_round_bf16(float *dst, const float *src, size_t n)
 {
-    size_t n4 = aligned16(dst) && aligned16(src) ? n / 4 : 0;
+    size_t n4 = qd_aligned(dst, 16) && qd_aligned(src, 16) ? n / 4 : 0;
     if (n4)
         QD_LAUNCH(k_round_bf16_x4, blocks(n4, TPB), TPB, (float4 *)dst, (const float4 *)src, n4);
     if (n > 4 * n4)
@@ -90,7 +88,7 @@ __global__ void k_bf16_bits_x4(uint2 *dst, const float4 *src, size_t n4)
 
 extern "C" qd_status qdk_bf16_bits(uint16_t *dst, const float *src, size_t n)
 {
-    size_t n4 = ((uintptr_t)dst & 7) == 0 && aligned16(src) ? n / 4 : 0;
+    size_t n4 = qd_aligned(dst, 8) && qd_aligned(src, 16) ? n / 4 : 0;
     if (n4)
         QD_LAUNCH(k_bf16_bits_x4, blocks(n4, TPB), TPB, (uint2 *)dst, (const float4 *)src, n4);
     if (n > 4 * n4)
@@ -1460,7 +1458,6 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
     }
 }
 
-static float attn_scale(int D) { return (float)(1.0 / sqrt((double)D)); }
 
 extern "C" qd_status qdk_attend(float *out, float *att, const float *q, const float *kb, const float *vb,
                                 const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm)
@@ -1478,10 +1475,10 @@ extern "C" qd_status qdk_attend(float *out, float *att, const float *q, const fl
     size_t smem = sizeof(float) * ((size_t)GH * D + (size_t)ATT_TS * (D + 4) + (size_t)GH * ATT_TS);
     if (G && GH * D <= 8 * ATT_THREADS && smem <= 40 * 1024) {
         QD_LAUNCH_SMEM(k_attend_gqa, (unsigned)(N * KV * HS), (unsigned)ATT_THREADS, smem, out, att, q, kb, vb, kbase,
-                       pos, H, KV, HS, D, Tm, attn_scale(D));
+                       pos, H, KV, HS, D, Tm, qd_attn_scale(D));
         return QD_OK;
     }
-    QD_LAUNCH(k_attend, (unsigned)(N * H), 64u, out, att, q, kb, vb, kbase, pos, N, H, KV, D, Tm, attn_scale(D));
+    QD_LAUNCH(k_attend, (unsigned)(N * H), 64u, out, att, q, kb, vb, kbase, pos, N, H, KV, D, Tm, qd_attn_scale(D));
     return QD_OK;
 }
 
@@ -1546,7 +1543,7 @@ extern "C" qd_status qdk_attend_fast(float *out, float *att, const float *q, con
         return qdk_attend(out, att, q, kb, vb, kbase, pos, N, H, KV, D, Tm);
     if (N)
         QD_LAUNCH(k_attend_fast, blocks((size_t)N * H * 32, TPB), TPB, out, att, q, kb, vb, kbase, pos, N, H, KV,
-                  D, Tm, attn_scale(D));
+                  D, Tm, qd_attn_scale(D));
     return QD_OK;
 }
 
@@ -1633,7 +1630,7 @@ extern "C" qd_status qdk_attend_backward(float *dq, float *dk, float *dv, float 
 {
     if (N == 0)
         return QD_OK;
-    QD_LAUNCH(k_attn_ds, (unsigned)(N * H), 64u, ds, dout, att, v, pos, N, H, KV, D, Tm, attn_scale(D));
+    QD_LAUNCH(k_attn_ds, (unsigned)(N * H), 64u, ds, dout, att, v, pos, N, H, KV, D, Tm, qd_attn_scale(D));
     QD_LAUNCH_N(k_attn_dq, ((size_t)N * H * D), dq, ds, k, pos, N, H, KV, D, Tm);
     QD_LAUNCH_N(k_attn_dkv, ((size_t)N * KV * D), dk, dv, ds, att, q, dout, pos, slen, N, H, KV, D, Tm);
     return QD_OK;

@@ -626,7 +626,7 @@ static int attn_gemm_fits(int D, int Tm, const void *const *p, int n)
     if (D % 4 || Tm % 4)
         return 0;
     for (int i = 0; i < n; i++)
-        if ((uintptr_t)p[i] % 16)
+        if (!qd_aligned(p[i], 16))
             return 0;
     return 1;
 }
