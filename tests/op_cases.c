@@ -264,6 +264,21 @@ static void c_matmul_backward(oc *c)
     OUT(c, "dw", 'f', dw, sizeof(float) * OC * IC);
 }
 
+/* every dimension a multiple of 8: fast mode's BF16 backward (the CUDA
+ * backend's dy a block of columns at a time; run_all.sh makes the blocks 8
+ * columns wide once with QUADS_DY16_BYTES) */
+static void c_matmul_backward8(oc *c)
+{
+    int N = 40, IC = 72, OC = 48;
+    float *x = F(c, (size_t)N * IC, -1, 1), *w = F(c, (size_t)OC * IC, -1, 1), *dy = F(c, (size_t)N * OC, -1, 1);
+    float *dx = F(c, (size_t)N * IC, -1, 1), *dw = F(c, (size_t)OC * IC, -1, 1);
+    RUN(c, c->ops->round_bf16(c->dev, x, x, (size_t)N * IC)); /* x and w BF16 values, as the recipes make them */
+    RUN(c, c->ops->round_bf16(c->dev, w, w, (size_t)OC * IC));
+    RUN(c, c->ops->matmul_backward(c->dev, dx, dw, dy, x, w, N, IC, OC));
+    OUT(c, "dx", 'f', dx, sizeof(float) * N * IC);
+    OUT(c, "dw", 'f', dw, sizeof(float) * OC * IC);
+}
+
 enum { GE = 4 };
 static const int32_t goff[GE + 1] = {0, 5, 5, 17, 20}; /* expert 1 has no rows */
 
@@ -960,6 +975,7 @@ static const op_case cases[] = {
     {{"matmul f32 3x136x1100", "matmul", 1}, c_matmul_f32_row3},
     {{"matmul f32 5x136x260", "matmul", 1}, c_matmul_f32_row5},
     {{"matmul_backward 37x72x45", "matmul_backward", 1}, c_matmul_backward},
+    {{"matmul_backward 40x72x48", "matmul_backward", 1}, c_matmul_backward8},
     {{"matmul_grouped+bwd 4 experts", "matmul_grouped", 1}, c_matmul_grouped},
     {{"matmul_grouped+bwd bf16 4 experts", "matmul_grouped", 1}, c_matmul_grouped_bf16},
     {{"matmul_grouped bf16 400x256x200", "matmul_grouped", 1}, c_matmul_grouped_wide},

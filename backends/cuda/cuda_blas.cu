@@ -905,38 +905,56 @@ qd_status qd_cuda_gemm_grouped_f32(float *y, const float *x, const float *const 
                            (const void *const *)w, off, E, N, K);
 }
 
-qd_status qd_cuda_gemm_grouped_f32_backward(float *dx, float *const *dw, const float *dy, const float *x,
-                                            const float *const *w, const int32_t *off, int E, int64_t N,
-                                            int64_t K, qd_gemm_math math)
+/* dx rows += dy rows . w[e]; dw[e] += dy rows^T . x rows (elements of esz
+ * bytes, type in) for the experts with rows; dx or dw may be NULL. */
+static qd_status experts_backward(const char *fn, cudaDataType_t in, size_t esz, cublasComputeType_t ct, float *dx,
+                                  float *const *dw, const void *dy, const void *x, const void *const *w,
+                                  const int32_t *off, int E, int64_t N, int64_t K)
 {
     cublasHandle_t h;
-    QD_TRY(check_groups("qd_cuda_gemm_grouped_f32_backward", off, E, N, K));
+    QD_TRY(check_groups(fn, off, E, N, K));
     QD_TRY(get_blas(&h));
-    cublasComputeType_t ct = compute_of(math);
     grp_gemm *g = (grp_gemm *)malloc(sizeof(grp_gemm) * (size_t)(E ? E : 1));
     if (!g)
-        return qd_error(QD_ERR_NOMEM, "qd_cuda_gemm_grouped_f32_backward: %d experts", E);
+        return qd_error(QD_ERR_NOMEM, "%s: %d experts", fn, E);
+    const char *dyb = (const char *)dy, *xb = (const char *)x;
     qd_status st = QD_OK;
     int G = 0;
     if (dx) { /* dx (m, K) += dy (m, N) . w (N, K) */
         for (int e = 0; e < E; e++) {
             int64_t r0 = off[e], m = off[e + 1] - r0;
             if (m)
-                g[G++] = (grp_gemm){dy + r0 * N, w[e], dx + r0 * K, (int)m, (int)K, (int)N};
+                g[G++] = (grp_gemm){dyb + r0 * N * esz, w[e], dx + r0 * K, (int)m, (int)K, (int)N};
         }
-        st = run_products(h, CUDA_R_32F, ct, g, G, 0, 0, 1.0f);
+        st = run_products(h, in, ct, g, G, 0, 0, 1.0f);
     }
     G = 0;
     if (!st && dw) { /* dw (N, K) += dy^T (N, m) . x (m, K) */
         for (int e = 0; e < E; e++) {
             int64_t r0 = off[e], m = off[e + 1] - r0;
             if (m)
-                g[G++] = (grp_gemm){dy + r0 * N, x + r0 * K, dw[e], (int)N, (int)K, (int)m};
+                g[G++] = (grp_gemm){dyb + r0 * N * esz, xb + r0 * K * esz, dw[e], (int)N, (int)K, (int)m};
         }
-        st = run_products(h, CUDA_R_32F, ct, g, G, 1, 0, 1.0f);
+        st = run_products(h, in, ct, g, G, 1, 0, 1.0f);
     }
     free(g);
     return st;
+}
+
+qd_status qd_cuda_gemm_grouped_f32_backward(float *dx, float *const *dw, const float *dy, const float *x,
+                                            const float *const *w, const int32_t *off, int E, int64_t N,
+                                            int64_t K, qd_gemm_math math)
+{
+    return experts_backward("qd_cuda_gemm_grouped_f32_backward", CUDA_R_32F, sizeof(float), compute_of(math), dx,
+                            dw, dy, x, (const void *const *)w, off, E, N, K);
+}
+
+qd_status qd_cuda_gemm_grouped_bf16_backward(float *dx, float *const *dw, const uint16_t *dy, const uint16_t *x,
+                                             const uint16_t *const *w, const int32_t *off, int E, int64_t N,
+                                             int64_t K)
+{
+    return experts_backward("qd_cuda_gemm_grouped_bf16_backward", CUDA_R_16BF, sizeof(uint16_t),
+                            CUBLAS_COMPUTE_32F, dx, dw, dy, x, (const void *const *)w, off, E, N, K);
 }
 
 /* ---- FP8 */

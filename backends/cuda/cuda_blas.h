@@ -76,6 +76,10 @@ qd_status qd_cuda_gemm_grouped_f32(float *y, const float *x, const float *const 
 qd_status qd_cuda_gemm_grouped_f32_backward(float *dx, float *const *dw, const float *dy, const float *x,
                                             const float *const *w, const int32_t *off, int E, int64_t N,
                                             int64_t K, qd_gemm_math math);
+/* the same with BF16 bits in (float32 accumulate): dx and dw float32 */
+qd_status qd_cuda_gemm_grouped_bf16_backward(float *dx, float *const *dw, const uint16_t *dy, const uint16_t *x,
+                                             const uint16_t *const *w, const int32_t *off, int E, int64_t N,
+                                             int64_t K);
 
 /* ---- FP8 E4M3 with one decode scale per row (quant/'s qd_fp8_quantize_rows codes):
  * y[m][n] = (sum_k qa[m][k] * qw[n][k]) * (sa_inv[m] * sw_inv[n]).

@@ -96,6 +96,38 @@ extern "C" qd_status qdk_bf16_bits(uint16_t *dst, const float *src, size_t n)
     return QD_OK;
 }
 
+/* A column block: dst (rows, cols) compact from src rows of stride ld, four
+ * values a thread (cols, ld multiples of 4, pointers aligned: the caller checks). */
+__global__ void k_bf16_bits_cols_x4(uint2 *dst, const float4 *src, int64_t rows, int64_t cols4, int64_t ld4)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < rows * cols4) {
+        float4 v = src[i / cols4 * ld4 + i % cols4];
+        dst[i] = make_uint2(bf16_hi(v.x) | bf16_hi(v.y) << 16, bf16_hi(v.z) | bf16_hi(v.w) << 16);
+    }
+}
+
+__global__ void k_bf16_bits_cols(uint16_t *dst, const float *src, int64_t rows, int64_t cols, int64_t ld)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < rows * cols)
+        dst[i] = (uint16_t)bf16_hi(src[i / cols * ld + i % cols]);
+}
+
+extern "C" qd_status qdk_bf16_bits_cols(uint16_t *dst, const float *src, int64_t rows, int64_t cols, int64_t ld)
+{
+    if (rows <= 0 || cols <= 0)
+        return QD_OK;
+    if (cols == ld)
+        return qdk_bf16_bits(dst, src, (size_t)(rows * cols));
+    if (cols % 4 == 0 && ld % 4 == 0 && qd_aligned(dst, 8) && qd_aligned(src, 16))
+        QD_LAUNCH_N(k_bf16_bits_cols_x4, ((size_t)(rows * cols / 4)), (uint2 *)dst, (const float4 *)src, rows,
+                    cols / 4, ld / 4);
+    else
+        QD_LAUNCH_N(k_bf16_bits_cols, ((size_t)(rows * cols)), dst, src, rows, cols, ld);
+    return QD_OK;
+}
+
 __global__ void k_embed(float *x, const float *emb, const int32_t *tok, int N, int C)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;

@@ -13,10 +13,12 @@
  * FP8, W4A4 through cuBLASLt's block-scaled FP4 on Blackwell (the canonical
  * kernels elsewhere), a prefill's attention through cuBLAS batched products
  * (qd_cuda_attend_gemm), decode attention through one fused kernel. The
- * experts' float products go through cuBLAS (qd_cuda_gemm_grouped_*): BF16
- * linears in BF16 (float32 accumulate, one grouped call), other float linears
- * in float32; every backward product in TF32 under the BF16 recipes
- * (docs/numerics.md §7b gives the error), in float32 under fp32.
+ * experts' float products go through cuBLAS (qd_cuda_gemm_grouped_*). Under
+ * the BF16 recipes every float product of a linear, forward and backward, reads
+ * its operands as BF16 (float32 accumulate; the experts' in one grouped call a
+ * direction; docs/numerics.md §7b gives the error); QUADS_FAST_BF16=0 keeps
+ * float32 forward products for the non-BF16 linears and TF32 backward ones.
+ * Under fp32 every product is float32.
  *
  * Work is enqueued on the legacy default stream; finish() synchronizes and
  * reports a non-finite input any async quantizer saw. */
@@ -36,12 +38,15 @@ extern "C" {
 }
 
 /* Grow-only scratch of the ops themselves (dev unless said). */
-enum { D_XH, D_RACWS, D_X16, D_W16, D_LOGP, D_SAMPLE, D_MOE, D_RACPTR, D_RACFQ, D_RMSW, D_NSCRATCH };
+enum { D_XH, D_RACWS, D_X16, D_W16, D_DY16, D_LOGP, D_SAMPLE, D_MOE, D_RACPTR, D_RACFQ, D_RMSW, D_NSCRATCH };
 
 typedef struct {
     int device;                    /* the ordinal current when the context was made */
     qd_exec_mode mode;
     int bf16_copy;                 /* fast mode, BF16 recipes: keep wk16 */
+    int fast16;                    /* fast mode, BF16 recipes: every float product's operands as BF16
+                                    * (QUADS_FAST_BF16=0: bwd_math's and float32 products instead) */
+    size_t dy16_bytes;             /* fast16: the backward's dy bits a block (QUADS_DY16_BYTES, for tests) */
     qd_gemm_math bwd_math;         /* fast mode: the backward products (experts, linears, attention)
                                     * and attention's forward ones: TF32 under BF16 recipes */
     const float *wk;               /* the working copy wk16 mirrors, (nwk) */
@@ -231,6 +236,26 @@ static qd_status cuda_weights_changed(void *dev, const float *wk, size_t n)
     return qdk_bf16_bits(d->wk16, wk, n);
 }
 
+/* The BF16 bits of n floats of x in scratch slot (on the device). */
+static qd_status bits16(cuda_dev *d, int slot, const float *x, size_t n, const uint16_t **out)
+{
+    void *p;
+    QD_TRY(scratch(d, slot, sizeof(uint16_t) * (n ? n : 1), &p));
+    *out = (const uint16_t *)p;
+    return n ? qdk_bf16_bits((uint16_t *)p, x, n) : QD_OK;
+}
+
+/* A weight's BF16 bits: wk16's where w (n floats) lies in the working copy,
+ * else converted into scratch slot. */
+static qd_status weight16(cuda_dev *d, const float *w, size_t n, int slot, const uint16_t **out)
+{
+    if (d->wk16 && w >= d->wk && w + n <= d->wk + d->nwk) {
+        *out = d->wk16 + (w - d->wk);
+        return QD_OK;
+    }
+    return bits16(d, slot, w, n, out);
+}
+
 /* ------------------------------------------------------------------------ */
 /* elementwise and rows                                                      */
 
@@ -291,11 +316,13 @@ static qd_status cuda_matmul(void *dev, float *out, const float *x, const float 
                              qd_prec prec)
 {
     cuda_dev *d = D(dev);
-    if (d->mode == QD_MODE_FAST && prec == QD_PREC_BF16 && d->wk16 && w >= d->wk && w < d->wk + d->nwk) {
-        void *x16;
-        QD_TRY(scratch(d, D_X16, sizeof(uint16_t) * (size_t)N * IC, &x16));
-        QD_TRY(qdk_bf16_bits((uint16_t *)x16, x, (size_t)N * IC));
-        return qd_cuda_gemm_bf16(out, (const uint16_t *)x16, d->wk16 + (w - d->wk), N, OC, IC, 0.0f);
+    size_t nw = (size_t)OC * IC;
+    if (d->mode == QD_MODE_FAST && ((d->fast16 && IC % 8 == 0) || (prec == QD_PREC_BF16 && d->wk16 && w >= d->wk &&
+                                                                   w + nw <= d->wk + d->nwk))) {
+        const uint16_t *x16, *w16;
+        QD_TRY(bits16(d, D_X16, x, (size_t)N * IC, &x16));
+        QD_TRY(weight16(d, w, nw, D_W16, &w16));
+        return qd_cuda_gemm_bf16(out, x16, w16, N, OC, IC, 0.0f);
     }
     if (d->mode == QD_MODE_FAST)
         return qd_cuda_gemm_f32(out, x, w, N, OC, IC, 0.0f);
@@ -333,10 +360,43 @@ static qd_status cuda_embed_w16(void *dev, float *x, const uint16_t *emb, const 
     return qdk_embed_w16(x, emb, tok, N, C);
 }
 
+/* Fast mode's backward with BF16 operands (float32 accumulate): dy's bits a
+ * block of columns at a time (at most dy16_bytes: the lm_head's dy is N x
+ * vocab), each block's dinp += dy_b . w_b and dw_b += dy_b^T . x. */
+
+static qd_status backward16(cuda_dev *d, float *dinp, float *dw, const float *dout, const float *x, const float *w,
+                            int N, int IC, int OC)
+{
+    const uint16_t *w16 = NULL, *x16 = NULL;
+    if (dinp)
+        QD_TRY(weight16(d, w, (size_t)OC * IC, D_W16, &w16));
+    if (dw)
+        QD_TRY(bits16(d, D_X16, x, (size_t)N * IC, &x16));
+    int64_t cw = (int64_t)(d->dy16_bytes / (sizeof(uint16_t) * (size_t)N)) / 8 * 8; /* rows stay on 16 bytes */
+    if (cw < 8)
+        cw = 8;
+    if (cw > OC)
+        cw = OC;
+    void *p;
+    QD_TRY(scratch(d, D_DY16, sizeof(uint16_t) * (size_t)N * (size_t)cw, &p));
+    uint16_t *dy16 = (uint16_t *)p;
+    for (int64_t c0 = 0; c0 < OC; c0 += cw) {
+        int64_t nc = OC - c0 < cw ? OC - c0 : cw;
+        QD_TRY(qdk_bf16_bits_cols(dy16, dout + c0, N, nc, OC));
+        if (dinp)
+            QD_TRY(qd_cuda_gemm_bf16_dx(dinp, dy16, w16 + c0 * IC, N, nc, IC, 1.0f));
+        if (dw)
+            QD_TRY(qd_cuda_gemm_bf16_dw(dw + c0 * IC, dy16, x16, N, nc, IC, 1.0f));
+    }
+    return QD_OK;
+}
+
 static qd_status cuda_matmul_backward(void *dev, float *dinp, float *dw, const float *dout, const float *x,
                                       const float *w, int N, int IC, int OC)
 {
     cuda_dev *d = D(dev);
+    if (d->fast16 && IC % 8 == 0 && OC % 8 == 0) /* BF16 rows on 16 bytes */
+        return N ? backward16(d, dinp, dw, dout, x, w, N, IC, OC) : QD_OK;
     if (d->mode == QD_MODE_FAST && d->bwd_math == QD_GEMM_TF32) { /* through cuBLAS as one expert */
         const float *wp[1] = {w};
         float *dwp[1] = {dw};
@@ -383,7 +443,7 @@ static qd_status expert_w16(cuda_dev *d, const uint16_t **w16, const float *cons
 static qd_status fast_grouped(cuda_dev *d, float *out, const float *x, const float *const *w, const int32_t *off,
                               int E, int IC, int OC, qd_prec prec)
 {
-    if (prec != QD_PREC_BF16)
+    if (prec != QD_PREC_BF16 && !d->fast16)
         return qd_cuda_gemm_grouped_f32(out, x, w, off, E, OC, IC, QD_GEMM_F32);
     size_t rows = E ? (size_t)off[E] : 0;
     const uint16_t **w16 = (const uint16_t **)calloc((size_t)E + 1, sizeof *w16);
@@ -421,11 +481,37 @@ static qd_status cuda_matmul_grouped(void *dev, float *out, const float *x, cons
     return st;
 }
 
+/* Fast mode, BF16 operands: dy, x and the experts' weights as BF16 bits, all
+ * the experts in one grouped call a direction. */
+static qd_status fast_grouped_backward(cuda_dev *d, float *dinp, float *const *dw, const float *dout,
+                                       const float *x, const float *const *w, const int32_t *off, int E, int IC,
+                                       int OC)
+{
+    size_t rows = E ? (size_t)off[E] : 0;
+    if (rows == 0)
+        return QD_OK;
+    const uint16_t **w16 = (const uint16_t **)calloc((size_t)E + 1, sizeof *w16);
+    if (!w16)
+        return qd_error(QD_ERR_NOMEM, "cuda backend: experts");
+    const uint16_t *dy16, *x16 = NULL;
+    qd_status st = bits16(d, D_DY16, dout, rows * OC, &dy16);
+    if (!st && dw)
+        st = bits16(d, D_X16, x, rows * IC, &x16);
+    if (!st && dinp)
+        st = expert_w16(d, w16, w, off, E, (size_t)OC * IC);
+    if (!st)
+        st = qd_cuda_gemm_grouped_bf16_backward(dinp, dw, dy16, x16, w16, off, E, OC, IC);
+    free(w16);
+    return st;
+}
+
 static qd_status cuda_matmul_grouped_backward(void *dev, float *dinp, float *const *dw, const float *dout,
                                               const float *x, const float *const *w, const int32_t *off, int E,
                                               int IC, int OC)
 {
     cuda_dev *d = D(dev);
+    if (d->fast16)
+        return fast_grouped_backward(d, dinp, dw, dout, x, w, off, E, IC, OC);
     if (d->mode == QD_MODE_FAST)
         return qd_cuda_gemm_grouped_f32_backward(dinp, dw, dout, x, w, off, E, OC, IC, d->bwd_math);
     qdk_mm_item *it = (qdk_mm_item *)calloc(2 * (size_t)E, sizeof *it);
@@ -921,6 +1007,10 @@ extern "C" void *qd_cuda_dev_new(qd_exec_mode mode, qd_prec weights)
     d->mode = mode;
     d->bf16_copy = mode == QD_MODE_FAST && weights == QD_PREC_BF16;
     d->bwd_math = weights == QD_PREC_BF16 ? QD_GEMM_TF32 : QD_GEMM_F32;
+    const char *fb = getenv("QUADS_FAST_BF16");
+    d->fast16 = d->bf16_copy && !(fb && !strcmp(fb, "0"));
+    const char *db = getenv("QUADS_DY16_BYTES");
+    d->dy16_bytes = db && atol(db) > 0 ? (size_t)atol(db) : (size_t)512 << 20;
     const char *pe = getenv("QUADS_CUDA_PROFILE");
     d->prof = !pe || !*pe || !strcmp(pe, "0") ? 0 : !strcmp(pe, "last") ? 2 : 1;
     if (cuda_alloc(d, (void **)&d->d_bad, sizeof(int), "flag")) {

@@ -402,17 +402,20 @@ static qd_status open_pair(pair *p)
  * is the exact one on Hopper), 1e-2 for bf16 and 1e-1 for fp8 (an E4M3 code
  * has 3 mantissa bits: one flipped code moves its element by up to 1/8;
  * measured up to 5.7e-2 on the hidden-48 fixture). Gradients:
- * 1e-5 under fp32, 1e-3 under every BF16 recipe (the issue's bound; the
- * experts' backward reads dy as TF32 there, docs/numerics.md §7b: about
- * 2e-4 to 4e-4 of the experts' gradients expected, unmeasured). The
+ * 1e-5 under fp32; under every BF16 recipe 1e-2, since the backward products
+ * read dy (and the fake-quant weights) as BF16 there (docs/numerics.md §7b: a
+ * relative change of up to 2^-9 an element, about 2e-3 of a gradient), or
+ * 1e-3 with QUADS_FAST_BF16=0 (TF32: H200 2026-12-03, up to 8.9e-4). The
  * ablation recipe nvfp4-w4a16 rounds every linear's input to BF16 as bf16 does
  * (BF16 activations, fake-quant weights): bf16's 1e-2 (H200 2026-12-03: 1.4e-3). */
 static double fast_bound(const pair *p, int grads)
 {
     if (p->recipe == QD_RECIPE_FP32)
         return 1e-5;
-    if (grads)
-        return 1e-3;
+    if (grads) {
+        const char *fb = getenv("QUADS_FAST_BF16");
+        return fb && !strcmp(fb, "0") ? 1e-3 : 1e-2;
+    }
     if (p->recipe == QD_RECIPE_BF16 || p->recipe == QD_RECIPE_NVFP4_W4A16)
         return 1e-2;
     return p->recipe == QD_RECIPE_FP8 ? 1e-1 : 1e-3;

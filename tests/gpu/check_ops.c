@@ -7,8 +7,8 @@
  *               W4A4 through the native Blackwell MMA where present, fused
  *               attention) within the bound of their slot, max |cuda - cpu| /
  *               max |cpu| over each output; every other op byte for byte;
- *   fast16:     fast mode as the BF16 recipes make it (their weights BF16:
- *               the experts' backward in TF32), the slots it changes.
+ *   fast16:     fast mode as the BF16 recipes make it (every float product
+ *               with BF16 operands, attention's in TF32), the slots it changes.
  * Prints one row per case and mode; exits 1 on any failure.
  *     tests/gpu/check_ops [SEEDS]      (default 3 seeds a case) */
 #include <stdio.h>
@@ -39,17 +39,18 @@ static double fast_bound(const char *slot)
     return -1;
 }
 
-/* fast16's: the backward products (the experts', the linears') and
- * attention's products read their float inputs as TF32 (a relative change of
- * at most 2^-11 an element, none for a BF16 value), so a sum of random-sign
- * terms moves by about 2^-10 of its typical size; 4 * 2^-10 leaves room for
- * the largest of many outputs. */
+/* fast16's: every float product reads its operands as BF16 (8 significant
+ * bits, rounded to nearest: a relative change of at most 2^-9 an element,
+ * none for a BF16 value), so a sum of random-sign terms moves by about 2^-8
+ * of its typical size; 4 * 2^-8 leaves room for the largest of many outputs.
+ * Attention's products read theirs as TF32 (at most 2^-11 an element):
+ * 4 * 2^-10. (QUADS_FAST_BF16=0 puts every product back on TF32 or float32:
+ * inside the same bounds.) */
 static double fast16_bound(const char *slot)
 {
-    return !strcmp(slot, "matmul_grouped") || !strcmp(slot, "matmul_backward") || !strcmp(slot, "attend") ||
-                   !strcmp(slot, "attend_backward")
-               ? 4.0 / 1024
-               : -1;
+    if (!strcmp(slot, "matmul") || !strcmp(slot, "matmul_grouped") || !strcmp(slot, "matmul_backward"))
+        return 4.0 / 256;
+    return !strcmp(slot, "attend") || !strcmp(slot, "attend_backward") ? 4.0 / 1024 : -1;
 }
 
 static int check(int i, void *cpu, void *cuda, const qd_ops *co, uint64_t seed, const char *mode, double bound)
@@ -94,7 +95,10 @@ int main(int argc, char **argv)
             fails += !check(i, cpu, exact, qd_cuda_ops(), s, "exact", -1);
             fails += !check(i, cpu, fast, qd_cuda_ops(), s, "fast", ci.fast_differs ? fast_bound(ci.slot) : -1);
             rows += 2;
-            if (ci.fast_differs && fast16_bound(ci.slot) >= 0) {
+            /* not the subnormal products' case under fast16: the BF16 tensor
+             * cores may flush a product below 2^-126 to zero, which fast mode
+             * accepts (a model's products are nowhere near) */
+            if (ci.fast_differs && fast16_bound(ci.slot) >= 0 && !strstr(ci.name, "tiny products")) {
                 fails += !check(i, cpu, fast16, qd_cuda_ops(), s, "fast16", fast16_bound(ci.slot));
                 rows++;
             }

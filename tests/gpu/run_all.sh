@@ -4,6 +4,8 @@
 #   0. tests/gpu/check_ops: every op of backends/ops.h, CUDA vs CPU on the same
 #      inputs (tests/op_cases.c): exact mode bit for bit, fast mode within each
 #      slot's bound, so a mismatch names the op;
+#      then once more (one seed) with fast mode's BF16 backward taking dy 8
+#      columns a block (QUADS_DY16_BYTES=1024), the lm_head's way;
 #   1. tests/gpu/check_backend: whole models, every recipe and role, CUDA vs
 #      CPU: exact mode bit for bit, fast mode within stated relative errors;
 #   2. tests/gpu/check_blas: the fast-mode GEMMs and the W4A4 path choice;
@@ -30,6 +32,9 @@ grep -v "bits equal\|within" "$out/check_ops.log" | tail -8
 echo "== check_ops, the W4A4 MMA kernel's 4-warp CTAs forced (small cases take 1-warp CTAs by default)"
 QUADS_MMA_WARPS=4 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_w4.log" 2>&1 || rc=1
 tail -1 "$out/check_ops_w4.log"
+echo "== check_ops 1, fast mode's BF16 backward with dy a block of 8 columns (QUADS_DY16_BYTES)"
+QUADS_DY16_BYTES=1024 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_dy16.log" 2>&1 || rc=1
+tail -1 "$out/check_ops_dy16.log"
 echo "== check_backend"
 timeout 400 tests/gpu/check_backend >"$out/check_backend.log" 2>"$out/check_backend.err" || rc=1
 grep -v " yes$" "$out/check_backend.log" | grep -v " within " | head -30
