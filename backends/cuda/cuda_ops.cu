@@ -13,12 +13,13 @@
  * FP8, W4A4 through cuBLASLt's block-scaled FP4 on Blackwell (the canonical
  * kernels elsewhere), a prefill's attention through cuBLAS batched products
  * (qd_cuda_attend_gemm), decode attention through one fused kernel. The
- * experts' float products go through cuBLAS (qd_cuda_gemm_grouped_*). Under
- * the BF16 recipes every float product of a linear, forward and backward, reads
- * its operands as BF16 (float32 accumulate; the experts' in one grouped call a
- * direction; docs/numerics.md §7b gives the error); QUADS_FAST_BF16=0 keeps
- * float32 forward products for the non-BF16 linears and TF32 backward ones.
- * Under fp32 every product is float32.
+ * experts' float products go through cuBLAS (qd_cuda_gemm_grouped_*). A BF16
+ * linear's forward reads BF16 operands (its values are BF16 already), any other
+ * float linear's (AQAT's fake-quant weights) float32 ones. Under the BF16
+ * recipes every backward product reads BF16 operands (dy rounded; float32
+ * accumulate; the experts' in one grouped call a direction; docs/numerics.md
+ * §7b gives the error); QUADS_FAST_BF16=0 makes them TF32. Under fp32 every
+ * product is float32.
  *
  * Work is enqueued on the legacy default stream; finish() synchronizes and
  * reports a non-finite input any async quantizer saw. */
@@ -44,8 +45,8 @@ typedef struct {
     int device;                    /* the ordinal current when the context was made */
     qd_exec_mode mode;
     int bf16_copy;                 /* fast mode, BF16 recipes: keep wk16 */
-    int fast16;                    /* fast mode, BF16 recipes: every float product's operands as BF16
-                                    * (QUADS_FAST_BF16=0: bwd_math's and float32 products instead) */
+    int fast16;                    /* fast mode, BF16 recipes: every backward product's operands as BF16
+                                    * (QUADS_FAST_BF16=0: bwd_math's instead) */
     size_t dy16_bytes;             /* fast16: the backward's dy bits a block (QUADS_DY16_BYTES, for tests) */
     qd_gemm_math bwd_math;         /* fast mode: the backward products (experts, linears, attention)
                                     * and attention's forward ones: TF32 under BF16 recipes */
@@ -317,8 +318,8 @@ static qd_status cuda_matmul(void *dev, float *out, const float *x, const float 
 {
     cuda_dev *d = D(dev);
     size_t nw = (size_t)OC * IC;
-    if (d->mode == QD_MODE_FAST && ((d->fast16 && IC % 8 == 0) || (prec == QD_PREC_BF16 && d->wk16 && w >= d->wk &&
-                                                                   w + nw <= d->wk + d->nwk))) {
+    if (d->mode == QD_MODE_FAST && prec == QD_PREC_BF16 &&
+        ((d->fast16 && IC % 8 == 0) || (d->wk16 && w >= d->wk && w + nw <= d->wk + d->nwk))) {
         const uint16_t *x16, *w16;
         QD_TRY(bits16(d, D_X16, x, (size_t)N * IC, &x16));
         QD_TRY(weight16(d, w, nw, D_W16, &w16));
@@ -443,7 +444,7 @@ static qd_status expert_w16(cuda_dev *d, const uint16_t **w16, const float *cons
 static qd_status fast_grouped(cuda_dev *d, float *out, const float *x, const float *const *w, const int32_t *off,
                               int E, int IC, int OC, qd_prec prec)
 {
-    if (prec != QD_PREC_BF16 && !d->fast16)
+    if (prec != QD_PREC_BF16)
         return qd_cuda_gemm_grouped_f32(out, x, w, off, E, OC, IC, QD_GEMM_F32);
     size_t rows = E ? (size_t)off[E] : 0;
     const uint16_t **w16 = (const uint16_t **)calloc((size_t)E + 1, sizeof *w16);
