@@ -404,7 +404,7 @@ static void c_rac(oc *c)
     out_nv(c, "weight", &q);
 }
 
-/* A weight sync's codes a shape at a time: T tensors (more than one launch
+/* A weight sync's codes a shape at a time: T tensors (70 and 67: more than one launch
  * of the CUDA kernel takes), each of its own magnitude, one all zeros, with n
  * RAC channels each (n = 0: plain quantize); outputs codes, scales, s_dec,
  * then "ref.*" the same by the per-tensor ops (nvfp4_quantize,
@@ -465,6 +465,9 @@ done:
 static void c_quantize_weights(oc *c) { weights_case(c, 70, 24, 96, 0); }
 
 static void c_quantize_weights_rac(oc *c) { weights_case(c, 67, 10, 64, 16); }
+
+/* RAC copies over many warps' chunks of 32 blocks, chunks across rows (12 copied blocks a row) */
+static void c_quantize_weights_rac_wide(oc *c) { weights_case(c, 6, 100, 768, 192); }
 
 /* RAC channel sets of 205 linears (more than one CUDA launch takes): widths
  * over one 256-channel tile and under, one of 16 (no channel at 0.25), errors
@@ -1022,6 +1025,7 @@ static const op_case cases[] = {
     {{"w4a4_gemm_grouped 4 experts", "w4a4_gemm_grouped", 0}, c_w4a4_grouped},
     {{"nvfp4_quantize_weights 70 x 24x96", "nvfp4_quantize_weights", 0}, c_quantize_weights},
     {{"nvfp4_quantize_weights 67 x 10x64+16", "nvfp4_quantize_weights", 0}, c_quantize_weights_rac},
+    {{"nvfp4_quantize_weights 6 x 100x768+192", "nvfp4_quantize_weights", 0}, c_quantize_weights_rac_wide},
     {{"rac error+augment 6x64+16", "rac_augment_act", 0}, c_rac},
     {{"rac_select 205 linears", "rac_select", 0}, c_rac_select},
     {{"rac_select 14 edges x 4 ratios", "rac_select", 0}, c_rac_select_edges},

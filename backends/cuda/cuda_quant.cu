@@ -579,33 +579,61 @@ __global__ void __launch_bounds__(QD_THREADS) qk_flat_group_kernel(const qk_amax
                  qd_nvfp4_s_enc(__uint_as_float(a[y].amax)), g.s_dec[y]);
 }
 
-/* Tensor y of the group with n RAC channels: block b of row r of [W, W[:, ch]]
+/* Stride of a warp's staging tile in qk_rac_group_kernel: a block's 16 values
+ * 34 floats apart, so the half-warps' stores (two blocks) and the reads (a
+ * value of 32 blocks) fall in distinct banks. */
+#define QK_GATHER_STRIDE 34
+
+/* Tensor y of the group with n RAC channels: the blocks of [W, W[:, ch]]
  * (bpr = (K + n) / 16 blocks a row, kb = K / 16 of them W's own), under W's
  * amax a[y] (the copies never raise it), the bits of quantizing the gathered
- * matrix with the flat kernel (qd_cuda_rac_augment_weight). */
+ * matrix with the flat kernel (qd_cuda_rac_augment_weight). W's own blocks a
+ * thread each; the copied ones 32 a warp: each of 16 rounds reads 32
+ * channels of two blocks (ascending in a row, so a few cache lines, and 32
+ * consecutive channel indices) into a shared tile, from which each lane takes
+ * its block's 16 values (a per-thread gather would touch 32 lines per load). */
 __global__ void __launch_bounds__(QD_THREADS) qk_rac_group_kernel(const qk_amax *a,
                                                                   const __grid_constant__ qk_wgroup g,
                                                                   uint32_t N, uint32_t K, uint32_t bpr)
 {
+    __shared__ float tile[QD_THREADS / 32][16 * QK_GATHER_STRIDE];
     int y = blockIdx.y;
     const float *x = g.x[y];
     const int64_t *ch = g.ch[y];
+    uint8_t *codes = g.codes[y], *scales = g.scales[y];
     float s_enc = qd_nvfp4_s_enc(__uint_as_float(a[y].amax));
     float s_dec = qd_nvfp4_s_dec(s_enc), k = s_enc * (1.0f / 6.0f);
-    uint32_t kb = K / 16, nblk = N * bpr;
-    for (uint32_t blk = blockIdx.x * blockDim.x + threadIdx.x; blk < nblk; blk += gridDim.x * blockDim.x) {
-        uint32_t r = blk / bpr, b = blk - r * bpr;
-        const float *xr = x + (size_t)r * K;
+    uint32_t kb = K / 16, nb = bpr - kb, own = N * kb, copied = N * nb;
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < own; i += gridDim.x * blockDim.x) {
+        uint32_t r = i / kb, b = i - r * kb;
         qblock<float> v;
-        if (b < kb) {
-            v.load(xr + (size_t)b * 16);
-        } else {
-            const int64_t *c = ch + (size_t)(b - kb) * 16;
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                v.d[i] = make_float4(xr[c[4 * i]], xr[c[4 * i + 1]], xr[c[4 * i + 2]], xr[c[4 * i + 3]]);
+        v.load(x + (size_t)r * K + (size_t)b * 16);
+        size_t blk = (size_t)r * bpr + b;
+        qk_store(codes + blk * 8, scales + blk, (float *)NULL, v, v.amax(), k, s_dec);
+    }
+    uint32_t lane = threadIdx.x & 31, warps = gridDim.x * (blockDim.x / 32), p = lane & 15;
+    float *t = tile[threadIdx.x / 32];
+    for (uint32_t c0 = (blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * 32; c0 < copied; c0 += warps * 32) {
+        /* copied block c0 + lane: row r, j-th of the row's copies */
+        uint32_t r = (c0 + lane) / nb, j = c0 + lane - r * nb;
+#pragma unroll 4
+        for (uint32_t round = 0; round < 16; round++) {
+            uint32_t tb = 2 * round + (lane >> 4); /* this lane reads value p of the chunk's block tb */
+            uint32_t rt = __shfl_sync(0xffffffffu, r, tb), jt = __shfl_sync(0xffffffffu, j, tb);
+            if (c0 + tb < copied)
+                t[p * QK_GATHER_STRIDE + tb] = x[(size_t)rt * K + (size_t)ch[(size_t)jt * 16 + p]];
         }
-        qk_store(g.codes[y] + (size_t)blk * 8, g.scales[y] + blk, (float *)NULL, v, v.amax(), k, s_dec);
+        __syncwarp();
+        if (c0 + lane < copied) {
+            qblock<float> v;
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                v.d[q] = make_float4(t[(4 * q) * QK_GATHER_STRIDE + lane], t[(4 * q + 1) * QK_GATHER_STRIDE + lane],
+                                     t[(4 * q + 2) * QK_GATHER_STRIDE + lane], t[(4 * q + 3) * QK_GATHER_STRIDE + lane]);
+            size_t blk = (size_t)r * bpr + kb + j;
+            qk_store(codes + blk * 8, scales + blk, (float *)NULL, v, v.amax(), k, s_dec);
+        }
+        __syncwarp();
     }
     if (blockIdx.x == 0 && threadIdx.x == 0)
         g.s_dec[y][0] = s_dec;

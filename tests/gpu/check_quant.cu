@@ -790,6 +790,53 @@ static void check_rac_select(void)
     cudaFree(dch);
 }
 
+/* The grouped RAC weights of a sync (qd_cuda_nvfp4_quantize_weights_async, a
+ * warp's 32 copied blocks staged through shared memory) against
+ * qd_rac_augment_weight per tensor: a3b's expert shapes and one whose rows'
+ * copies straddle the warps' chunks, 3 tensors each (normal, heavy-tailed,
+ * zero blocks), random channels each. */
+static void check_rac_weights_grouped(void)
+{
+    const int64_t shapes[3][3] = {{768, 2048, 512}, {2048, 768, 192}, {100, 768, 192}};
+    for (const auto &s : shapes) {
+        int64_t N = s[0], K = s[1], n = s[2];
+        qd_nvfp4 c[3], g[3], *gp[3];
+        const float *dx[3];
+        const int64_t *dch[3];
+        long long bad = 0;
+        std::vector<float> x[3];
+        std::vector<int64_t> ch[3];
+        for (int t = 0; t < 3; t++) {
+            x[t].resize((size_t)(N * K));
+            if (t == 0)
+                fill_normal(x[t].data(), N * K);
+            else if (t == 1)
+                fill_heavy(x[t].data(), N * K);
+            else
+                fill_zero_blocks(x[t].data(), N * K / K_COLS ? N * K / K_COLS : 1);
+            ch[t] = random_channels(K, n);
+            QD_STATUS_DIE(qd_nvfp4_alloc(&c[t], N, K + n, QD_SCALE_PER_TENSOR));
+            QD_STATUS_DIE(qd_rac_augment_weight(&c[t], x[t].data(), N, K, ch[t].data(), n));
+            QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&g[t], N, K + n, QD_SCALE_PER_TENSOR));
+            gp[t] = &g[t];
+            dx[t] = to_dev(x[t].data(), x[t].size());
+            dch[t] = to_dev(ch[t].data(), ch[t].size());
+        }
+        QD_STATUS_DIE(qd_cuda_nvfp4_quantize_weights_async(gp, dx, dch, 3, N, K, n));
+        QD_STATUS_DIE(qd_cuda_nonfinite_check());
+        for (int t = 0; t < 3; t++) {
+            bad += diff_nvfp4(&g[t], &c[t]);
+            qd_nvfp4_free(&c[t]);
+            qd_cuda_nvfp4_free(&g[t]);
+            cudaFree((void *)dx[t]);
+            cudaFree((void *)dch[t]);
+        }
+        char dist[32];
+        snprintf(dist, sizeof dist, "%lldx%lld+%lld", (long long)N, (long long)K, (long long)n);
+        report("RAC weights grouped", dist, 3 * N * (K + n), bad);
+    }
+}
+
 /* ---- the golden vectors of tests/ref/nvfp4_golden.py (numpy + ml_dtypes) */
 
 static int read_u32(FILE *f, uint32_t *v) { return fread(v, 4, 1, f) == 1; }
@@ -856,6 +903,7 @@ int main(int argc, char **argv)
     check_gemm();
     check_nonfinite();
     check_rac_select();
+    check_rac_weights_grouped();
     if (argc > 2)
         check_golden(argv[2]);
     printf("%s: %d row(s) with mismatches\n", failures ? "FAIL" : "PASS", failures);
