@@ -3,6 +3,8 @@
  *       an expert's, a dense FFN's, the lm_head's and a square shape, against the
  *       device-to-device copy bandwidth measured in the same run, the kernels of
  *       issue 13 beside the ones before (qd_cuda_quant_legacy), bits compared;
+ *       then the RAC pick of a weight sync (qd_cuda_rac_select_async) at a3b's
+ *       4-layer linears beside the kernel before it, picks compared;
  *   (b) the canonical W4A4 GEMV/GEMM (K = 4096, N = 14336, M = 1..64) in achieved
  *       weight bandwidth, beside cuBLASLt BF16 and FP8 E4M3 (per-tensor scales).
  * Each time is the median of REPS launches timed with CUDA events after warm-up;
@@ -11,7 +13,8 @@
  *     bench/bench_quant [REPS] [--quantize] [--json FILE] [--commit ID]
  * --quantize: table (a) only; --json: its rows as JSON lines (model, engine, recipe,
  * mode, op, ms, bandwidth_fraction, commit, ...), for docs/results/train-h200.jsonl.
- * Exits 1 when a quantize output of the new kernels differs from the old ones'. */
+ * Exits 1 when a quantize output or a RAC pick of the new kernels differs from the
+ * old ones'. */
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -493,6 +496,71 @@ static void quantize_table(double copy)
     bench_quantize("square", 8192, 8192, copy);
 }
 
+/* ---- (a) cont.: the RAC pick of a weight sync (qd_cuda_rac_select_async) at a3b's
+ * 4-layer RAC linears (each layer: q, k, v of K 2048, o of 4096, 128 experts'
+ * gate and up of 2048 and down of 768; 1552 in all), ratio 0.25, beside the
+ * kernel before (qd_cuda_quant_legacy), the picks compared. Errors all zero
+ * (a sync with no statistics since the last, as bench_backend's weight sync)
+ * or all distinct. */
+static void bench_rac_select(void)
+{
+    std::vector<int> K;
+    std::vector<size_t> off;
+    size_t total = 0;
+    for (int l = 0; l < 4; l++) {
+        for (int w : {2048, 2048, 2048, 4096})
+            K.push_back(w);
+        for (int e = 0; e < 128; e++)
+            for (int w : {2048, 2048, 768})
+                K.push_back(w);
+    }
+    for (int w : K) {
+        off.push_back(total);
+        total += (size_t)w;
+    }
+    std::vector<double> err(total);
+    double *derr;
+    int64_t *ch[2];
+    QD_CUDA_DIE(cudaMalloc((void **)&derr, total * sizeof(double)));
+    for (int i = 0; i < 2; i++)
+        QD_CUDA_DIE(cudaMalloc((void **)&ch[i], total * sizeof(int64_t)));
+    printf("\n| RAC pick, a3b 4 layers | linears | channels | us | before us | speedup | picks equal |\n"
+           "|---|---|---|---|---|---|---|\n");
+    for (int distinct = 0; distinct < 2; distinct++) {
+        for (size_t k = 0; k < total; k++) {
+            uint64_t h = (uint64_t)k * 0x9e3779b97f4a7c15ull;
+            h = (h ^ (h >> 31)) * 0xbf58476d1ce4e5b9ull;
+            err[k] = distinct ? (double)(h >> 11) * 0x1.0p-53 : 0.0;
+        }
+        QD_CUDA_DIE(cudaMemcpy(derr, err.data(), total * sizeof(double), cudaMemcpyHostToDevice));
+        float ms[2];
+        for (int legacy = 0; legacy < 2; legacy++) {
+            QD_CUDA_DIE(cudaMemset(ch[legacy], 0xff, total * sizeof(int64_t)));
+            qd_cuda_quant_legacy = legacy;
+            ms[legacy] = time_ms([&] {
+                QD_STATUS_DIE(qd_cuda_rac_select_async(ch[legacy], derr, off.data(), K.data(), (int)K.size(), 0.25));
+            });
+            qd_cuda_quant_legacy = 0;
+            QD_STATUS_DIE(qd_cuda_nonfinite_check());
+        }
+        long long bad = dev_diff(ch[0], ch[1], total * sizeof(int64_t));
+        printf("| errors %-8s | %7zu | %8zu | %8.1f | %9.1f | %6.1fx | %s |\n", distinct ? "distinct" : "zero",
+               K.size(), total, ms[0] * 1e3, ms[1] * 1e3, ms[1] / ms[0], bad ? "NO" : "yes");
+        fflush(stdout);
+        if (json_out)
+            fprintf(json_out,
+                    "{\"model\": \"a3b-4\", \"engine\": \"quads\", \"recipe\": \"quads\", \"mode\": \"exact\", "
+                    "\"op\": \"rac_select\", \"errors\": \"%s\", \"linears\": %zu, \"ms\": %.4f, \"before_ms\": %.4f, "
+                    "\"bits_equal_before\": %s, \"commit\": \"%s\"}\n",
+                    distinct ? "distinct" : "zero", K.size(), ms[0], ms[1], bad ? "false" : "true", commit_id);
+        if (bad)
+            quant_mismatch = 1;
+    }
+    QD_CUDA_DIE(cudaFree(derr));
+    QD_CUDA_DIE(cudaFree(ch[0]));
+    QD_CUDA_DIE(cudaFree(ch[1]));
+}
+
 int main(int argc, char **argv)
 {
     cudaDeviceProp p;
@@ -523,6 +591,7 @@ int main(int argc, char **argv)
     printf("quantize bytes: x read once per pass (per-tensor twice: amax pass + quantize pass; per-row once,\n"
            "the row held on chip), + codes (n/2) + E4M3 scales (n/16) + S_dec; fake-quant writes 4n instead\n\n");
     quantize_table(copy);
+    bench_rac_select();
     if (json_out)
         fclose(json_out);
     if (only_quantize)

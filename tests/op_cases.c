@@ -419,7 +419,7 @@ static void c_rac(oc *c)
     out_nv(c, "weight", &q);
 }
 
-/* A weight sync's codes a shape at a time: T tensors (more than one launch
+/* A weight sync's codes a shape at a time: T tensors (70 and 67: more than one launch
  * of the CUDA kernel takes), each of its own magnitude, one all zeros, with n
  * RAC channels each (n = 0: plain quantize); outputs codes, scales, s_dec,
  * then "ref.*" the same by the per-tensor ops (nvfp4_quantize,
@@ -481,6 +481,9 @@ static void c_quantize_weights(oc *c) { weights_case(c, 70, 24, 96, 0); }
 
 static void c_quantize_weights_rac(oc *c) { weights_case(c, 67, 10, 64, 16); }
 
+/* RAC copies over many warps' chunks of 32 blocks, chunks across rows (12 copied blocks a row) */
+static void c_quantize_weights_rac_wide(oc *c) { weights_case(c, 6, 100, 768, 192); }
+
 /* RAC channel sets of 205 linears (more than one CUDA launch takes): widths
  * over one 256-channel tile and under, one of 16 (no channel at 0.25), errors
  * from a few values (ties, broken by the lower channel) or all distinct; the
@@ -512,6 +515,58 @@ static void c_rac_select(oc *c)
     if (c->ops->finish)
         RUN(c, c->ops->finish(c->dev));
     OUT(c, "ch", 'b', ch, sizeof(int64_t) * total);
+    free(e), free(h);
+}
+
+/* RAC channel sets at the edges of the CUDA pick: widths not a multiple of its
+ * 256-channel tile, over a3b's widest (4096) and its shared-memory keys'
+ * limit (5120, then 5136 and 16400 from global memory), one of 16 (no channel
+ * at 0.25); errors all equal (zero, as at a sync with no statistics, and
+ * 0.75), a few values whose ties straddle the cut and the tiles (ties to the
+ * lower channel), +0 against -0 (equal) with subnormals and negatives, huge
+ * magnitudes, all distinct. Ratios 0.25, 0.29 (the count's tolerance), 1 (n =
+ * K) and 0 (n = 0: every entry keeps its sentinel), each into its own array. */
+static void c_rac_select_edges(oc *c)
+{
+    enum { NL = 14, NR = 4 };
+    static const int K[NL] = {4112, 5120, 5136, 16400, 784, 16, 1040, 2048, 272, 768, 4096, 48, 1296, 2064};
+    static const double ratio[NR] = {0.25, 0.29, 1.0, 0.0};
+    static const char *const name[NR] = {"ch 0.25", "ch 0.29", "ch 1", "ch 0"};
+    size_t off[NL], total = 0;
+    for (int i = 0; i < NL; i++) {
+        off[i] = total;
+        total += (size_t)K[i];
+    }
+    double *e = malloc(sizeof(double) * total);
+    int64_t *h = malloc(sizeof(int64_t) * total);
+    if (!e || !h) {
+        c->st = qd_error(QD_ERR_NOMEM, "op case");
+        free(e), free(h);
+        return;
+    }
+    for (int i = 0; i < NL; i++)
+        for (int k = 0; k < K[i]; k++) {
+            double u = unif(c, 0, 1), *v = e + off[i] + k;
+            switch (i % 7) {
+            case 0: *v = 0.0; break;
+            case 1: *v = irand(c, 10) == 0 ? 2.0 : irand(c, 2) ? 1.0 : 0.0; break; /* the cut inside the 1s */
+            case 2: *v = 0.5 * irand(c, 4); break;
+            case 3: *v = irand(c, 3) ? (irand(c, 2) ? -0.0 : 0.0) : irand(c, 2) ? 4.9e-324 : -4.9e-324; break;
+            case 4: *v = irand(c, 50) == 0 ? 1e300 * u : irand(c, 50) == 0 ? -1e300 * u : 1e-310 * u; break;
+            case 5: *v = 0.75; break;
+            default: *v = u; break;
+            }
+        }
+    for (size_t k = 0; k < total; k++)
+        h[k] = -7 - (int64_t)k;
+    double *err = up(c, e, sizeof(double) * total);
+    for (int r = 0; r < NR; r++) {
+        int64_t *ch = up(c, h, sizeof(int64_t) * total);
+        RUN(c, c->ops->rac_select(c->dev, ch, err, off, K, NL, ratio[r]));
+        if (c->ops->finish)
+            RUN(c, c->ops->finish(c->dev));
+        OUT(c, name[r], 'b', ch, sizeof(int64_t) * total);
+    }
     free(e), free(h);
 }
 
@@ -986,8 +1041,10 @@ static const op_case cases[] = {
     {{"w4a4_gemm_grouped 4 experts", "w4a4_gemm_grouped", 0}, c_w4a4_grouped},
     {{"nvfp4_quantize_weights 70 x 24x96", "nvfp4_quantize_weights", 0}, c_quantize_weights},
     {{"nvfp4_quantize_weights 67 x 10x64+16", "nvfp4_quantize_weights", 0}, c_quantize_weights_rac},
+    {{"nvfp4_quantize_weights 6 x 100x768+192", "nvfp4_quantize_weights", 0}, c_quantize_weights_rac_wide},
     {{"rac error+augment 6x64+16", "rac_augment_act", 0}, c_rac},
     {{"rac_select 205 linears", "rac_select", 0}, c_rac_select},
+    {{"rac_select 14 edges x 4 ratios", "rac_select", 0}, c_rac_select_edges},
     {{"rac_grouped 4 experts 64+16", "rac_grouped", 0}, c_rac_grouped},
     {{"rac_fake_quant 7x64+32", "rac_fake_quant", 0}, c_rac_fake_quant},
     {{"sqerr_rows 11x70", "sqerr_rows", 0}, c_sqerr_rows},

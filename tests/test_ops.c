@@ -464,7 +464,7 @@ START_TEST(test_quantize_weights_equal_per_tensor)
         seen++;
         qd_op_result_free(&a);
     }
-    ck_assert_int_eq(seen, 2);
+    ck_assert_int_eq(seen, 3);
 }
 END_TEST
 

@@ -579,33 +579,61 @@ __global__ void __launch_bounds__(QD_THREADS) qk_flat_group_kernel(const qk_amax
                  qd_nvfp4_s_enc(__uint_as_float(a[y].amax)), g.s_dec[y]);
 }
 
-/* Tensor y of the group with n RAC channels: block b of row r of [W, W[:, ch]]
+/* Stride of a warp's staging tile in qk_rac_group_kernel: a block's 16 values
+ * 34 floats apart, so the half-warps' stores (two blocks) and the reads (a
+ * value of 32 blocks) fall in distinct banks. */
+#define QK_GATHER_STRIDE 34
+
+/* Tensor y of the group with n RAC channels: the blocks of [W, W[:, ch]]
  * (bpr = (K + n) / 16 blocks a row, kb = K / 16 of them W's own), under W's
  * amax a[y] (the copies never raise it), the bits of quantizing the gathered
- * matrix with the flat kernel (qd_cuda_rac_augment_weight). */
+ * matrix with the flat kernel (qd_cuda_rac_augment_weight). W's own blocks a
+ * thread each; the copied ones 32 a warp: each of 16 rounds reads 32
+ * channels of two blocks (ascending in a row, so a few cache lines, and 32
+ * consecutive channel indices) into a shared tile, from which each lane takes
+ * its block's 16 values (a per-thread gather would touch 32 lines per load). */
 __global__ void __launch_bounds__(QD_THREADS) qk_rac_group_kernel(const qk_amax *a,
                                                                   const __grid_constant__ qk_wgroup g,
                                                                   uint32_t N, uint32_t K, uint32_t bpr)
 {
+    __shared__ float tile[QD_THREADS / 32][16 * QK_GATHER_STRIDE];
     int y = blockIdx.y;
     const float *x = g.x[y];
     const int64_t *ch = g.ch[y];
+    uint8_t *codes = g.codes[y], *scales = g.scales[y];
     float s_enc = qd_nvfp4_s_enc(__uint_as_float(a[y].amax));
     float s_dec = qd_nvfp4_s_dec(s_enc), k = s_enc * (1.0f / 6.0f);
-    uint32_t kb = K / 16, nblk = N * bpr;
-    for (uint32_t blk = blockIdx.x * blockDim.x + threadIdx.x; blk < nblk; blk += gridDim.x * blockDim.x) {
-        uint32_t r = blk / bpr, b = blk - r * bpr;
-        const float *xr = x + (size_t)r * K;
+    uint32_t kb = K / 16, nb = bpr - kb, own = N * kb, copied = N * nb;
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < own; i += gridDim.x * blockDim.x) {
+        uint32_t r = i / kb, b = i - r * kb;
         qblock<float> v;
-        if (b < kb) {
-            v.load(xr + (size_t)b * 16);
-        } else {
-            const int64_t *c = ch + (size_t)(b - kb) * 16;
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                v.d[i] = make_float4(xr[c[4 * i]], xr[c[4 * i + 1]], xr[c[4 * i + 2]], xr[c[4 * i + 3]]);
+        v.load(x + (size_t)r * K + (size_t)b * 16);
+        size_t blk = (size_t)r * bpr + b;
+        qk_store(codes + blk * 8, scales + blk, (float *)NULL, v, v.amax(), k, s_dec);
+    }
+    uint32_t lane = threadIdx.x & 31, warps = gridDim.x * (blockDim.x / 32), p = lane & 15;
+    float *t = tile[threadIdx.x / 32];
+    for (uint32_t c0 = (blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * 32; c0 < copied; c0 += warps * 32) {
+        /* copied block c0 + lane: row r, j-th of the row's copies */
+        uint32_t r = (c0 + lane) / nb, j = c0 + lane - r * nb;
+#pragma unroll 4
+        for (uint32_t round = 0; round < 16; round++) {
+            uint32_t tb = 2 * round + (lane >> 4); /* this lane reads value p of the chunk's block tb */
+            uint32_t rt = __shfl_sync(0xffffffffu, r, tb), jt = __shfl_sync(0xffffffffu, j, tb);
+            if (c0 + tb < copied)
+                t[p * QK_GATHER_STRIDE + tb] = x[(size_t)rt * K + (size_t)ch[(size_t)jt * 16 + p]];
         }
-        qk_store(g.codes[y] + (size_t)blk * 8, g.scales[y] + blk, (float *)NULL, v, v.amax(), k, s_dec);
+        __syncwarp();
+        if (c0 + lane < copied) {
+            qblock<float> v;
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                v.d[q] = make_float4(t[(4 * q) * QK_GATHER_STRIDE + lane], t[(4 * q + 1) * QK_GATHER_STRIDE + lane],
+                                     t[(4 * q + 2) * QK_GATHER_STRIDE + lane], t[(4 * q + 3) * QK_GATHER_STRIDE + lane]);
+            size_t blk = (size_t)r * bpr + kb + j;
+            qk_store(codes + blk * 8, scales + blk, (float *)NULL, v, v.amax(), k, s_dec);
+        }
+        __syncwarp();
     }
     if (blockIdx.x == 0 && threadIdx.x == 0)
         g.s_dec[y][0] = s_dec;
@@ -2246,16 +2274,22 @@ extern "C" qd_status qd_cuda_nvfp4_quantize_weights_async(qd_nvfp4 *const *q, co
 
 /* Linears a RAC pick launch takes: their (offset, K, n) ride in the kernel's parameters. */
 #define QK_RAC_GROUP 192
+/* The largest K whose keys (8 bytes a channel, 40 KB) a pick CTA holds in
+ * shared memory, under the 48 KB a launch gets without opting in; a wider
+ * linear's CTA reads its errors from global memory (L1/L2) at every pass. */
+#define QK_RAC_SMEM_K 5120
 
 struct qk_rac_sets {
     int64_t off[QK_RAC_GROUP];
     int K[QK_RAC_GROUP], n[QK_RAC_GROUP];
 };
 
-/* One CTA a linear y: channel k is picked when fewer than n channels come
- * before it in (err descending, channel ascending), the order of
- * qd_rac_select's sort, whose first n it takes; picked channels are written
- * ascending (a CTA-wide count of the picked ones below each tile of 256). */
+/* qd_cuda_quant_legacy's pick (before issue 13's): one CTA a linear y, channel
+ * k picked when fewer than n channels come before it in (err descending,
+ * channel ascending), the order of qd_rac_select's sort, whose first n it
+ * takes, by a scan of all K errors (O(K^2) a linear); picked channels are
+ * written ascending (a CTA-wide count of the picked ones below each tile of
+ * 256). */
 __global__ void __launch_bounds__(256) rac_select_kernel(int64_t *ch, const double *err,
                                                          const __grid_constant__ qk_rac_sets g)
 {
@@ -2293,24 +2327,158 @@ __global__ void __launch_bounds__(256) rac_select_kernel(int64_t *ch, const doub
         qd_cuda_nonfinite = 1;
 }
 
+/* A channel's error as a key whose unsigned order is the errors' order: -0
+ * made +0 (the two compare equal, so they tie), a negative's bits flipped, a
+ * positive's sign bit set. */
+static __device__ __forceinline__ uint64_t rac_key(double e)
+{
+    uint64_t b = (uint64_t)__double_as_longlong(e == 0.0 ? 0.0 : e);
+    return b >> 63 ? ~b : b | 0x8000000000000000ull;
+}
+
+/* Channel k's key: held in shared memory (SMEM), else made from its error. */
+template <bool SMEM>
+static __device__ __forceinline__ uint64_t rac_key_at(const uint64_t *keys, const double *e, int k)
+{
+    return SMEM ? keys[k] : rac_key(e[k]);
+}
+
+/* How many of the K keys are >= t, CTA-wide (256 threads, all of them call);
+ * cnt: 8 ints of shared memory that the call before this one did not use (two
+ * buffers taken in turn: a barrier lies between a buffer's reads and its next
+ * writes). */
+template <bool SMEM>
+static __device__ __forceinline__ int rac_count_ge(const uint64_t *keys, const double *e, int K, uint64_t t,
+                                                   int *cnt)
+{
+    int c = 0;
+    for (int k = threadIdx.x; k < K; k += 256)
+        c += rac_key_at<SMEM>(keys, e, k) >= t;
+    c = __reduce_add_sync(0xffffffffu, c);
+    if ((threadIdx.x & 31) == 0)
+        cnt[threadIdx.x >> 5] = c;
+    __syncthreads();
+    int s = 0;
+#pragma unroll
+    for (int w = 0; w < 8; w++)
+        s += cnt[w];
+    return s;
+}
+
+/* One CTA a linear y picks qd_rac_select's channels in O(64 K): T, the n-th
+ * largest key, found a bit at a time from the top (the largest T with at
+ * least n keys >= T: 64 CTA-wide counts), then every channel of key above T
+ * and the first n - #(key > T) channels of key T in channel order: the first
+ * n of (err descending, channel ascending), qd_rac_select's order. Picked
+ * channels are written ascending (CTA-wide counts of the picked ones below
+ * each tile of 256). SMEM: the keys held in shared memory (K <=
+ * QK_RAC_SMEM_K, dynamic, 8 bytes a channel), else made from err at every
+ * pass. */
+template <bool SMEM>
+__global__ void __launch_bounds__(256) rac_pick_kernel(int64_t *ch, const double *err,
+                                                       const __grid_constant__ qk_rac_sets g)
+{
+    extern __shared__ uint64_t qk_rac_keys[];
+    __shared__ int cnt[2][8], tile_gt[8], tile_eq[8];
+    int y = blockIdx.x, K = g.K[y], n = g.n[y], lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const double *e = err + g.off[y];
+    int64_t *out = ch + g.off[y];
+    int bad = 0;
+    for (int k = threadIdx.x; k < K; k += 256) {
+        double v = e[k];
+        bad |= !isfinite(v);
+        if (SMEM)
+            qk_rac_keys[k] = rac_key(v);
+    }
+    if (bad)
+        qd_cuda_nonfinite = 1;
+    if (n == 0) /* the whole CTA: nothing picked */
+        return;
+    __syncthreads();
+    uint64_t t = 0;
+    int pass = 0;
+    for (int bit = 63; bit >= 0; bit--) {
+        uint64_t c = t | 1ull << bit;
+        if (rac_count_ge<SMEM>(qk_rac_keys, e, K, c, cnt[pass++ & 1]) >= n)
+            t = c;
+    }
+    int gt = t == ~0ull ? 0 : rac_count_ge<SMEM>(qk_rac_keys, e, K, t + 1, cnt[pass & 1]), need = n - gt;
+    int base_gt = 0, base_eq = 0;
+    unsigned lt = (1u << lane) - 1u;
+    for (int t0 = 0; t0 < K; t0 += 256) {
+        int k = t0 + threadIdx.x;
+        uint64_t key = k < K ? rac_key_at<SMEM>(qk_rac_keys, e, k) : 0;
+        int is_gt = k < K && key > t, is_eq = k < K && key == t;
+        unsigned mg = __ballot_sync(0xffffffffu, is_gt), me = __ballot_sync(0xffffffffu, is_eq);
+        if (lane == 0) {
+            tile_gt[wid] = __popc(mg);
+            tile_eq[wid] = __popc(me);
+        }
+        __syncthreads();
+        int below_gt = base_gt + __popc(mg & lt), below_eq = base_eq + __popc(me & lt);
+        for (int w = 0; w < 8; w++) {
+            if (w < wid) {
+                below_gt += tile_gt[w];
+                below_eq += tile_eq[w];
+            }
+            base_gt += tile_gt[w];
+            base_eq += tile_eq[w];
+        }
+        if (is_gt || (is_eq && below_eq < need))
+            out[below_gt + min(below_eq, need)] = k;
+        __syncthreads();
+    }
+}
+
+/* The linears of one pick launch being gathered: m of them, the widest K. */
+struct qk_rac_batch {
+    qk_rac_sets g;
+    int m, kmax;
+};
+
+enum qk_pick_kind { QK_PICK_LEGACY, QK_PICK_SMEM, QK_PICK_GLOBAL };
+
+/* Launches batch b's linears (if any) and empties it. */
+static qd_status rac_pick_launch(int64_t *ch, const double *err, qk_rac_batch *b, qk_pick_kind kind)
+{
+    if (!b->m)
+        return QD_OK;
+    if (kind == QK_PICK_LEGACY)
+        rac_select_kernel<<<(unsigned)b->m, 256>>>(ch, err, b->g);
+    else if (kind == QK_PICK_SMEM)
+        rac_pick_kernel<true><<<(unsigned)b->m, 256, sizeof(uint64_t) * (size_t)b->kmax>>>(ch, err, b->g);
+    else
+        rac_pick_kernel<false><<<(unsigned)b->m, 256>>>(ch, err, b->g);
+    memset(b, 0, sizeof *b);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+/* Every linear checked before any launch; then each to the launch of its
+ * kind (keys in shared memory up to QK_RAC_SMEM_K, wider ones from global
+ * memory; every one the O(K^2) kernel under qd_cuda_quant_legacy), up to
+ * QK_RAC_GROUP linears a launch. */
 extern "C" qd_status qd_cuda_rac_select_async(int64_t *ch, const double *err, const size_t *off, const int *K,
                                               int count, double ratio)
 {
-    for (int i0 = 0; i0 < count; i0 += QK_RAC_GROUP) {
-        int m = count - i0 < QK_RAC_GROUP ? count - i0 : QK_RAC_GROUP;
-        qk_rac_sets g;
-        memset(&g, 0, sizeof g);
-        for (int j = 0; j < m; j++) {
-            int64_t n = qd_rac_count(ratio, K[i0 + j]);
-            if (K[i0 + j] < 0 || K[i0 + j] % QD_NVFP4_BLOCK || n < 0 || n > K[i0 + j])
-                return qd_error(QD_ERR_ARG, "qd_cuda_rac_select: linear %d: K %d, ratio %g", i0 + j, K[i0 + j],
-                                ratio);
-            g.off[j] = (int64_t)off[i0 + j];
-            g.K[j] = K[i0 + j];
-            g.n[j] = (int)n;
-        }
-        rac_select_kernel<<<(unsigned)m, 256>>>(ch, err, g);
-        QD_CUDA_CHECK(cudaGetLastError());
+    for (int i = 0; i < count; i++) {
+        int64_t n = qd_rac_count(ratio, K[i]);
+        if (K[i] < 0 || K[i] % QD_NVFP4_BLOCK || n < 0 || n > K[i])
+            return qd_error(QD_ERR_ARG, "qd_cuda_rac_select: linear %d: K %d, ratio %g", i, K[i], ratio);
     }
-    return QD_OK;
+    qk_rac_batch b[2]; /* [0]: keys in shared memory (or legacy), [1]: wider */
+    const qk_pick_kind kind[2] = {qd_cuda_quant_legacy ? QK_PICK_LEGACY : QK_PICK_SMEM, QK_PICK_GLOBAL};
+    memset(b, 0, sizeof b);
+    for (int i = 0; i < count; i++) {
+        int w = !qd_cuda_quant_legacy && K[i] > QK_RAC_SMEM_K;
+        qk_rac_batch *p = &b[w];
+        p->g.off[p->m] = (int64_t)off[i];
+        p->g.K[p->m] = K[i];
+        p->g.n[p->m] = (int)qd_rac_count(ratio, K[i]);
+        p->kmax = K[i] > p->kmax ? K[i] : p->kmax;
+        if (++p->m == QK_RAC_GROUP)
+            QD_TRY(rac_pick_launch(ch, err, p, kind[w]));
+    }
+    QD_TRY(rac_pick_launch(ch, err, &b[0], kind[0]));
+    return rac_pick_launch(ch, err, &b[1], kind[1]);
 }

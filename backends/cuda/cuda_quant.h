@@ -75,7 +75,8 @@ qd_status qd_cuda_w4a4_gemm_tc_async(float *y, const qd_nvfp4 *a, const qd_nvfp4
 extern int qd_cuda_w4a4_legacy;
 /* qd_cuda_quant_legacy = 1 (benchmarks only) selects the quantizer kernels before
  * issue 13's (the software encoder one block a thread, a memset and an atomic a
- * warp for the amax), for the side-by-side table; the same bits either way. */
+ * warp for the amax) and the RAC pick's O(K^2) rank scan, for the side-by-side
+ * tables; the same bits either way. */
 extern int qd_cuda_quant_legacy;
 
 /* Grouped (MoE experts): for g < ngroups, rows row_off[g] .. row_off[g+1]-1 of

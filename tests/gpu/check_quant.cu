@@ -689,6 +689,154 @@ static void check_nonfinite(void)
     cudaFree(dch);
 }
 
+/* ---- RAC channel selection: qd_cuda_rac_select_async (and the kernel before
+ * it, qd_cuda_quant_legacy) against qd_rac_select */
+
+#define RAC_DISTS 8
+
+/* Errors of one linear by kind d: all equal (zero, as at a sync without
+ * statistics, and 0.75), the cut inside a tie of 1s, a few values, +0 against
+ * -0 (equal) with subnormals of both signs, huge and tiny magnitudes of both
+ * signs, runs of 37 equal values rising with the channel (the cut inside a
+ * run, the picked at the top), all distinct. */
+static void fill_rac_err(double *e, int64_t K, int d)
+{
+    for (int64_t k = 0; k < K; k++) {
+        double u = unif();
+        switch (d) {
+        case 0: e[k] = 0.0; break;
+        case 1: e[k] = 0.75; break;
+        case 2: e[k] = below(10) == 0 ? 2.0 : below(2) ? 1.0 : 0.0; break;
+        case 3: e[k] = 0.5 * (double)below(4); break;
+        case 4: e[k] = below(3) ? (below(2) ? -0.0 : 0.0) : below(2) ? 4.9e-324 : -4.9e-324; break;
+        case 5: e[k] = below(50) == 0 ? 1e300 * u : below(50) == 0 ? -1e300 * u : 1e-310 * u; break;
+        case 6: e[k] = (double)(k / 37); break;
+        default: e[k] = u * u; break;
+        }
+    }
+}
+
+/* Linears whose picked entries (the first qd_rac_count) differ from
+ * qd_rac_select's, or whose other entries lost their sentinel. */
+static long long rac_select_misses(const std::vector<int64_t> &got, const std::vector<double> &err,
+                                   const std::vector<size_t> &off, const std::vector<int> &K, double ratio)
+{
+    long long bad = 0;
+    std::vector<int64_t> want;
+    for (size_t i = 0; i < K.size(); i++) {
+        want.assign((size_t)K[i] + 1, 0);
+        int64_t n = qd_rac_select(want.data(), err.data() + off[i], K[i], ratio);
+        int miss = n < 0 || memcmp(want.data(), got.data() + off[i], sizeof(int64_t) * (size_t)(n < 0 ? 0 : n));
+        for (int64_t k = n < 0 ? 0 : n; k < K[i]; k++)
+            miss |= got[off[i] + (size_t)k] != -1 - (int64_t)(off[i] + (size_t)k);
+        bad += miss;
+    }
+    return bad;
+}
+
+/* 450 linears (three launches with the keys in shared memory, one without): widths from 0 to 20000
+ * (over the shared-memory keys' 5120 too, the a3b widths 768, 2048 and 4096
+ * among them), errors of every kind; at each ratio one call over all of them,
+ * new kernels and legacy; then a NaN or Inf error raises QD_ERR_NONFINITE at
+ * the check and a clean call passes. */
+static void check_rac_select(void)
+{
+    const double ratios[] = {0.0, 0.0625, 0.25, 0.29, 0.5, 1.0};
+    const int fixed[] = {768, 2048, 4096, 5120, 5136, 16, 272, 1040};
+    int nl = 450;
+    std::vector<int> K((size_t)nl);
+    std::vector<size_t> off((size_t)nl);
+    size_t total = 0;
+    for (int i = 0; i < nl; i++) {
+        K[(size_t)i] = i < 8 * RAC_DISTS ? fixed[i / RAC_DISTS] : (int)(16 * below(i % 10 ? 300 : 1251));
+        off[(size_t)i] = total;
+        total += (size_t)K[(size_t)i];
+    }
+    std::vector<double> err(total);
+    std::vector<int64_t> sentinel(total);
+    for (int i = 0; i < nl; i++)
+        fill_rac_err(err.data() + off[(size_t)i], K[(size_t)i], i % RAC_DISTS);
+    for (size_t k = 0; k < total; k++)
+        sentinel[k] = -1 - (int64_t)k;
+    double *derr = to_dev(err.data(), total);
+    int64_t *dch = to_dev(sentinel.data(), total);
+    for (int legacy = 0; legacy < 2; legacy++) {
+        long long bad = 0, count = 0;
+        for (double r : ratios) {
+            QD_CUDA_DIE(cudaMemcpy(dch, sentinel.data(), total * sizeof(int64_t), cudaMemcpyHostToDevice));
+            qd_cuda_quant_legacy = legacy;
+            QD_STATUS_DIE(qd_cuda_rac_select_async(dch, derr, off.data(), K.data(), nl, r));
+            qd_cuda_quant_legacy = 0;
+            QD_STATUS_DIE(qd_cuda_nonfinite_check());
+            bad += rac_select_misses(to_host(dch, total), err, off, K, r);
+            count += nl;
+        }
+        report(legacy ? "RAC select (legacy)" : "RAC select", "8 kinds, ties", count, bad);
+    }
+    const double nonfinite[3] = {NAN, INFINITY, -INFINITY};
+    long long misses = 0;
+    for (int t = 0; t < 6; t++) {
+        size_t li = (size_t)(9 * t + 1), at = off[li] + (size_t)below(K[li]); /* fixed widths: K >= 16 */
+        double keep = err[at];
+        QD_CUDA_DIE(cudaMemcpy(derr + at, &nonfinite[t % 3], sizeof(double), cudaMemcpyHostToDevice));
+        QD_STATUS_DIE(qd_cuda_rac_select_async(dch, derr, off.data(), K.data(), nl, 0.25));
+        misses += expect_nonfinite(qd_cuda_nonfinite_check());
+        QD_CUDA_DIE(cudaMemcpy(derr + at, &keep, sizeof(double), cudaMemcpyHostToDevice));
+        QD_STATUS_DIE(qd_cuda_rac_select_async(dch, derr, off.data(), K.data(), nl, 0.25));
+        misses += qd_cuda_nonfinite_check() != QD_OK;
+    }
+    report("RAC select non-finite", "NaN/+Inf/-Inf", 12, misses);
+    cudaFree(derr);
+    cudaFree(dch);
+}
+
+/* The grouped RAC weights of a sync (qd_cuda_nvfp4_quantize_weights_async, a
+ * warp's 32 copied blocks staged through shared memory) against
+ * qd_rac_augment_weight per tensor: a3b's expert shapes and one whose rows'
+ * copies straddle the warps' chunks, 3 tensors each (normal, heavy-tailed,
+ * zero blocks), random channels each. */
+static void check_rac_weights_grouped(void)
+{
+    const int64_t shapes[3][3] = {{768, 2048, 512}, {2048, 768, 192}, {100, 768, 192}};
+    for (const auto &s : shapes) {
+        int64_t N = s[0], K = s[1], n = s[2];
+        qd_nvfp4 c[3], g[3], *gp[3];
+        const float *dx[3];
+        const int64_t *dch[3];
+        long long bad = 0;
+        std::vector<float> x[3];
+        std::vector<int64_t> ch[3];
+        for (int t = 0; t < 3; t++) {
+            x[t].resize((size_t)(N * K));
+            if (t == 0)
+                fill_normal(x[t].data(), N * K);
+            else if (t == 1)
+                fill_heavy(x[t].data(), N * K);
+            else
+                fill_zero_blocks(x[t].data(), N * K / K_COLS ? N * K / K_COLS : 1);
+            ch[t] = random_channels(K, n);
+            QD_STATUS_DIE(qd_nvfp4_alloc(&c[t], N, K + n, QD_SCALE_PER_TENSOR));
+            QD_STATUS_DIE(qd_rac_augment_weight(&c[t], x[t].data(), N, K, ch[t].data(), n));
+            QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&g[t], N, K + n, QD_SCALE_PER_TENSOR));
+            gp[t] = &g[t];
+            dx[t] = to_dev(x[t].data(), x[t].size());
+            dch[t] = to_dev(ch[t].data(), ch[t].size());
+        }
+        QD_STATUS_DIE(qd_cuda_nvfp4_quantize_weights_async(gp, dx, dch, 3, N, K, n));
+        QD_STATUS_DIE(qd_cuda_nonfinite_check());
+        for (int t = 0; t < 3; t++) {
+            bad += diff_nvfp4(&g[t], &c[t]);
+            qd_nvfp4_free(&c[t]);
+            qd_cuda_nvfp4_free(&g[t]);
+            cudaFree((void *)dx[t]);
+            cudaFree((void *)dch[t]);
+        }
+        char dist[32];
+        snprintf(dist, sizeof dist, "%lldx%lld+%lld", (long long)N, (long long)K, (long long)n);
+        report("RAC weights grouped", dist, 3 * N * (K + n), bad);
+    }
+}
+
 /* ---- the golden vectors of tests/ref/nvfp4_golden.py (numpy + ml_dtypes) */
 
 static int read_u32(FILE *f, uint32_t *v) { return fread(v, 4, 1, f) == 1; }
@@ -754,6 +902,8 @@ int main(int argc, char **argv)
     check_all_bf16();
     check_gemm();
     check_nonfinite();
+    check_rac_select();
+    check_rac_weights_grouped();
     if (argc > 2)
         check_golden(argv[2]);
     printf("%s: %d row(s) with mismatches\n", failures ? "FAIL" : "PASS", failures);
