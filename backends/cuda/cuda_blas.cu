@@ -22,6 +22,7 @@
 #define MAX_ALGOS 4  /* heuristic candidates kept per plan, tried in order */
 #define WORKSPACE_BYTES ((size_t)32 << 20) /* NVIDIA's recommendation for Hopper/Blackwell */
 #define THREADS 256
+#define PTR_SLOTS 8 /* pointer uploads in flight before the host waits for the oldest */
 
 /* The operand type of a product; the output is always float32. */
 enum { KIND_F32, KIND_BF16, KIND_FP8, KIND_FP4 };
@@ -50,10 +51,15 @@ typedef struct {
     float *one;       /* device 1.0f: FP8's per-tensor scales */
     uint8_t *scratch; /* swizzled block scales of the native W4A4 */
     size_t scratch_bytes;
-    void **hptr, **dptr; /* attention's pointer arrays: pinned host staging, device */
-    size_t ptr_cap;
-    cudaEvent_t ptr_ev; /* recorded after each upload of hptr */
-    int ptr_ev_live;
+    struct {
+        void **h, **d;  /* pinned host staging, device */
+        size_t cap;
+        cudaEvent_t ev; /* recorded after the slot's last upload */
+        int live;
+    } ring[PTR_SLOTS];  /* pointer arrays (attention's, grouped calls'), a slot a call in turn */
+    int ring_next;
+    void **dptr;        /* the device copy of the last upload */
+    cublasLtMatrixLayout_t vl[3]; /* the experts' per-call layouts (A, B: BF16; C: float32) */
     plan plans[MAX_PLANS];
     int n_plans, evict; /* plans in use; the next one replaced when full */
 } blas_ctx;
@@ -109,10 +115,15 @@ static void ctx_release(blas_ctx *c)
     cudaFree(c->ws);
     cudaFree(c->one);
     cudaFree(c->scratch);
-    cudaFreeHost(c->hptr);
-    cudaFree(c->dptr);
-    if (c->ptr_ev)
-        cudaEventDestroy(c->ptr_ev);
+    for (int i = 0; i < PTR_SLOTS; i++) {
+        cudaFreeHost(c->ring[i].h);
+        cudaFree(c->ring[i].d);
+        if (c->ring[i].ev)
+            cudaEventDestroy(c->ring[i].ev);
+    }
+    for (int i = 0; i < 3; i++)
+        if (c->vl[i])
+            cublasLtMatrixLayoutDestroy(c->vl[i]);
     memset(c, 0, sizeof *c);
 }
 
@@ -484,34 +495,40 @@ static qd_status gemm_batched_rm(cublasHandle_t h, cublasComputeType_t ct, void 
     return QD_OK;
 }
 
-/* n host pointers staged for upload: waits for the previous upload to have
- * left the pinned buffer, grows both buffers when needed. */
+/* n host pointers staged for upload in the next slot of the ring: waits only
+ * for that slot's previous upload (PTR_SLOTS calls ago) to have left it, so
+ * the host keeps enqueuing ahead of the device; grows the slot when needed. */
 static qd_status ptrs_begin(blas_ctx *c, size_t n, void ***host)
 {
-    if (c->ptr_ev_live) {
-        QD_CUDA_CHECK(cudaEventSynchronize(c->ptr_ev));
-        c->ptr_ev_live = 0;
+    int i = c->ring_next;
+    if (c->ring[i].live) {
+        QD_CUDA_CHECK(cudaEventSynchronize(c->ring[i].ev));
+        c->ring[i].live = 0;
     }
-    if (!c->ptr_ev)
-        QD_CUDA_CHECK(cudaEventCreateWithFlags(&c->ptr_ev, cudaEventDisableTiming));
-    if (c->ptr_cap < n) {
-        QD_CUDA_CHECK(cudaFreeHost(c->hptr));
-        QD_CUDA_CHECK(cudaFree(c->dptr)); /* waits for the device */
-        c->hptr = c->dptr = NULL;
-        c->ptr_cap = 0;
-        QD_CUDA_CHECK(cudaMallocHost((void **)&c->hptr, sizeof(void *) * n));
-        QD_CUDA_CHECK(cudaMalloc((void **)&c->dptr, sizeof(void *) * n));
-        c->ptr_cap = n;
+    if (!c->ring[i].ev)
+        QD_CUDA_CHECK(cudaEventCreateWithFlags(&c->ring[i].ev, cudaEventDisableTiming));
+    if (c->ring[i].cap < n) {
+        QD_CUDA_CHECK(cudaFreeHost(c->ring[i].h));
+        QD_CUDA_CHECK(cudaFree(c->ring[i].d)); /* waits for the device */
+        c->ring[i].h = c->ring[i].d = NULL;
+        c->ring[i].cap = 0;
+        QD_CUDA_CHECK(cudaMallocHost((void **)&c->ring[i].h, sizeof(void *) * n));
+        QD_CUDA_CHECK(cudaMalloc((void **)&c->ring[i].d, sizeof(void *) * n));
+        c->ring[i].cap = n;
     }
-    *host = c->hptr;
+    *host = c->ring[i].h;
     return QD_OK;
 }
 
+/* The staged pointers to the device (c->dptr), the slot's event recorded; the next call takes the next slot. */
 static qd_status ptrs_upload(blas_ctx *c, size_t n)
 {
-    QD_CUDA_CHECK(cudaMemcpyAsync(c->dptr, c->hptr, sizeof(void *) * n, cudaMemcpyHostToDevice, 0));
-    QD_CUDA_CHECK(cudaEventRecord(c->ptr_ev, 0));
-    c->ptr_ev_live = 1;
+    int i = c->ring_next;
+    QD_CUDA_CHECK(cudaMemcpyAsync(c->ring[i].d, c->ring[i].h, sizeof(void *) * n, cudaMemcpyHostToDevice, 0));
+    QD_CUDA_CHECK(cudaEventRecord(c->ring[i].ev, 0));
+    c->ring[i].live = 1;
+    c->dptr = c->ring[i].d;
+    c->ring_next = (i + 1) % PTR_SLOTS;
     return QD_OK;
 }
 
@@ -787,19 +804,26 @@ typedef struct {
     int M, N, K;
 } grp_gemm;
 
-/* Whether the experts' products of input type in go through one grouped call:
- * QUADS_GROUPED_GEMM=1 always, 0 never (one cublasGemmEx each), by default for
- * BF16 inputs only. On the H200 (a3b at 4 layers, B 16 x 1024, fast nvfp4 train
- * step) the grouped call with float32 inputs under TF32 took 566 ms a step
- * against 484 ms for the loop. */
-static int grouped_on(cudaDataType_t in)
+/* How the experts' products of input type in are enqueued (QUADS_EXPERT_GEMM):
+ * "lt" one cublasLtMatmul each with one algorithm for the shape family
+ * (lt_products; BF16 inputs only), "grouped" one cublasGemmGroupedBatchedEx,
+ * "loop" one cublasGemmEx each. Default: lt for BF16 inputs, loop for float32.
+ * On the H200 (a3b at 4 layers, B 16 x 1024, fast train step) the grouped call
+ * with float32 inputs under TF32 took 566 ms a step against 484 ms for the
+ * loop; with BF16 inputs the step spent most of its time on the host (a
+ * kernel sum of about 270 ms in a 470 ms step): cuBLAS chooses kernels per
+ * problem, and every expert's row count differs. */
+enum { EX_LOOP, EX_GROUPED, EX_LT };
+static int expert_path(cudaDataType_t in)
 {
     static int v = -1;
     if (v < 0) {
-        const char *e = getenv("QUADS_GROUPED_GEMM");
-        v = !e || !*e ? 2 : !strcmp(e, "0") ? 0 : 1;
+        const char *e = getenv("QUADS_EXPERT_GEMM");
+        v = !e || !*e ? 3 : !strcmp(e, "loop") ? EX_LOOP : !strcmp(e, "grouped") ? EX_GROUPED : EX_LT;
     }
-    return v == 1 || (v == 2 && in == CUDA_R_16BF);
+    if (v != 3)
+        return v == EX_LT && in != CUDA_R_16BF ? EX_LOOP : v;
+    return in == CUDA_R_16BF ? EX_LT : EX_LOOP;
 }
 
 /* All G products in one cublasGemmGroupedBatchedEx (one problem a group), the
@@ -809,8 +833,6 @@ static int grouped_on(cudaDataType_t in)
 static qd_status gemm_grouped_rm(cublasHandle_t h, cudaDataType_t in, cublasComputeType_t ct, const grp_gemm *g,
                                  int G, int ta, int tb, float beta)
 {
-    if (!grouped_on(in))
-        return QD_ERR_UNSUPPORTED;
     if (G == 0)
         return QD_OK;
     for (int i = 0; i < G; i++)
@@ -857,11 +879,98 @@ static qd_status gemm_grouped_rm(cublasHandle_t h, cudaDataType_t in, cublasComp
     return st;
 }
 
-/* The G products through gemm_grouped_rm, else one gemm_ex_rm each. */
+/* The BF16 experts' products one cublasLtMatmul each (no host
+ * synchronization, no per-problem heuristic): the G problems differ in one
+ * dimension only (an expert's rows: M forward and in dx, K in dw), so the
+ * algorithms cuBLASLt's heuristic gives for a representative problem (that
+ * dimension's largest, rounded up to 256; the operands' smallest alignment)
+ * are kept in the plan cache and serve every problem, the context's three
+ * layouts set to each one's sizes. A problem no kept algorithm takes goes to
+ * cublasGemmEx. */
+static qd_status lt_products(blas_ctx *c, cublasHandle_t h, const grp_gemm *g, int G, int ta, int tb, float beta)
+{
+    if (G == 0)
+        return QD_OK;
+    /* the dimension that may differ between problems: K in dW (its sum runs
+     * over the rows), else M; neither may be a leading dimension */
+    int kv = ta;
+    if (ta && tb)
+        return QD_ERR_UNSUPPORTED;
+    int64_t M = g[0].M, K = g[0].K, N = g[0].N;
+    uint32_t al_a = 256, al_b = 256, al_c = 256;
+    for (int i = 0; i < G; i++) {
+        if (g[i].N != N || (kv ? g[i].M != M : g[i].K != K) || g[i].K == 0)
+            return QD_ERR_UNSUPPORTED;
+        uint32_t a = ptr_align(g[i].A), b = ptr_align(g[i].B), cc = ptr_align(g[i].C);
+        al_a = a < al_a ? a : al_a, al_b = b < al_b ? b : al_b, al_c = cc < al_c ? cc : al_c;
+    }
+    int64_t rep = 0; /* the varying dimension's largest, rounded up to 256 */
+    for (int i = 0; i < G; i++)
+        rep = (kv ? g[i].K : g[i].M) > rep ? (kv ? g[i].K : g[i].M) : rep;
+    rep = (rep + 255) / 256 * 256;
+    if (kv)
+        K = rep;
+    else
+        M = rep;
+    plan_key key;
+    memset(&key, 0, sizeof key);
+    key.kind = KIND_BF16;
+    key.op_a = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    key.op_b = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    key.m = N, key.n = M, key.k = K;
+    key.lda = tb ? g[0].K : N; /* the leading dimensions do not vary: rows of K (fixed where tb) or N */
+    key.ldb = ta ? g[0].M : g[0].K;
+    key.ldc = N;
+    key.align_a = al_b, key.align_b = al_a, key.align_c = al_c;
+    plan *p;
+    if (plan_get(c, &key, NULL, NULL, &p) != QD_OK) /* no algorithm for the family: the loop */
+        return QD_ERR_UNSUPPORTED;
+    for (int i = 0; i < 3; i++)
+        if (!c->vl[i])
+            LT_CHECK(cublasLtMatrixLayoutCreate(&c->vl[i], i < 2 ? CUDA_R_16BF : CUDA_R_32F, 1, 1, 1), NULL);
+    const float alpha = 1.0f;
+    for (int i = 0; i < G; i++) {
+        /* cuBLASLt's A is our B: (m = N, k) stored k x m where T; its B our A: (k, n = M) stored n x k where T */
+        uint64_t m = (uint64_t)g[i].N, n = (uint64_t)g[i].M, k = (uint64_t)g[i].K;
+        uint64_t dims[3][2] = {{tb ? k : m, tb ? m : k}, {ta ? n : k, ta ? k : n}, {m, n}};
+        int64_t ld[3] = {key.lda, key.ldb, key.ldc};
+        for (int j = 0; j < 3; j++) {
+            LT_CHECK(cublasLtMatrixLayoutSetAttribute(c->vl[j], CUBLASLT_MATRIX_LAYOUT_ROWS, &dims[j][0],
+                                                      sizeof dims[j][0]), &key);
+            LT_CHECK(cublasLtMatrixLayoutSetAttribute(c->vl[j], CUBLASLT_MATRIX_LAYOUT_COLS, &dims[j][1],
+                                                      sizeof dims[j][1]), &key);
+            LT_CHECK(cublasLtMatrixLayoutSetAttribute(c->vl[j], CUBLASLT_MATRIX_LAYOUT_LD, &ld[j], sizeof ld[j]),
+                     &key);
+        }
+        cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
+        for (int t = 0; t < p->n_algo && st != CUBLAS_STATUS_SUCCESS; t++) {
+            int a = (p->use + t) % p->n_algo;
+            st = cublasLtMatmul(c->h, p->desc, &alpha, g[i].B, c->vl[0], g[i].A, c->vl[1], &beta, g[i].C, c->vl[2],
+                                g[i].C, c->vl[2], &p->algo[a], c->ws, WORKSPACE_BYTES, 0);
+            if (st == CUBLAS_STATUS_SUCCESS)
+                p->use = a;
+        }
+        if (st != CUBLAS_STATUS_SUCCESS)
+            QD_TRY(gemm_ex_rm(h, CUDA_R_16BF, CUBLAS_COMPUTE_32F, g[i].C, g[i].A, ta, g[i].B, tb, g[i].M, g[i].N,
+                              g[i].K, beta));
+    }
+    return QD_OK;
+}
+
+/* The G products by expert_path: lt_products, one grouped call, else (and
+ * where those do not apply) one gemm_ex_rm each. */
 static qd_status run_products(cublasHandle_t h, cudaDataType_t in, cublasComputeType_t ct, const grp_gemm *g, int G,
                               int ta, int tb, float beta)
 {
-    qd_status st = gemm_grouped_rm(h, in, ct, g, G, ta, tb, beta);
+    int path = expert_path(in);
+    qd_status st = QD_ERR_UNSUPPORTED;
+    if (path == EX_LT && ct == CUBLAS_COMPUTE_32F) {
+        blas_ctx *c;
+        QD_TRY(get_ctx(&c));
+        st = lt_products(c, h, g, G, ta, tb, beta);
+    } else if (path == EX_GROUPED) {
+        st = gemm_grouped_rm(h, in, ct, g, G, ta, tb, beta);
+    }
     if (st != QD_ERR_UNSUPPORTED)
         return st;
     for (int i = 0; i < G; i++)

@@ -48,16 +48,17 @@ qd_status qd_cuda_gemm_f32_dw(float *dw, const float *dy, const float *x, int64_
 /* ---- The experts' products (MoE): E products over the row ranges off[e] ..
  * off[e+1]-1 (off host, E + 1 entries, non-decreasing) of row-major
  * activations, expert e's weight w[e] (N, K) (host array of device pointers).
- * Through cuBLAS: BF16 inputs in one cublasGemmGroupedBatchedEx for all the
- * experts with rows (one problem a group, pointer arrays uploaded through a
- * pinned buffer; QUADS_GROUPED_GEMM=1 for float32 inputs too, 0 for none), else
- * (and where that does not apply: a pointer off 16 bytes, a type it refuses)
- * one cublasGemmEx per expert enqueued back to back on
- * the legacy default stream (no host synchronization): cuBLAS chooses its
- * kernels per call, where a cuBLASLt plan per shape would be made again for
- * every row count, and the row counts change every step. An expert without
- * rows is skipped (its dw unchanged). One cuBLAS handle per device, beside the
- * cuBLASLt state above (freed with it). */
+ * BF16 inputs: one cublasLtMatmul per expert with rows, all with the
+ * algorithms cuBLASLt's heuristic chose once for the shape family (the
+ * experts' problems differ only in their row count; plans cached as above);
+ * float32 inputs: one cublasGemmEx per expert (cuBLAS chooses its kernels per
+ * call). QUADS_EXPERT_GEMM=loop|grouped|lt overrides: one cublasGemmEx each,
+ * one cublasGemmGroupedBatchedEx for all (pointer arrays uploaded through a
+ * ring of pinned buffers), or cublasLtMatmul (BF16 only). Where a path does not
+ * apply (a pointer off 16 bytes, a type or shape it refuses), the loop. All
+ * enqueued back to back on the legacy default stream (no host
+ * synchronization). An expert without rows is skipped (its dw unchanged). One
+ * cuBLAS handle per device, beside the cuBLASLt state above (freed with it). */
 typedef enum {
     QD_GEMM_F32 = 0, /* CUBLAS_COMPUTE_32F: float32 products, never TF32 */
     QD_GEMM_TF32 = 1 /* CUBLAS_COMPUTE_32F_FAST_TF32: the tensor cores read each float input
