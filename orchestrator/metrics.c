@@ -526,6 +526,7 @@ static void put_layers(json_t *o, const qd_step_metrics *m)
     json_object_set_new(o, "router", rt);
     qd_metrics_set(tm, "rollout_s", m->t[0]);
     qd_metrics_set(tm, "train_s", m->t[1]);
+    qd_metrics_set(tm, "logprob_s", m->t[4]);
     qd_metrics_set(tm, "sync_s", m->t[2]);
     qd_metrics_set(tm, "step_s", m->t[3]);
     qd_metrics_set(tm, "tokens_per_s", m->t[3] > 0 ? (double)m->rollout->tokens / m->t[3] : 0);

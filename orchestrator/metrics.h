@@ -108,7 +108,7 @@ typedef struct {
     const qd_rollout_stats *rollout;
     const qd_train_stats *train;
     const qd_layer_stats *layers;
-    double t[4];
+    double t[5]; /* seconds: rollout, train, sync, the step, the log-prob forwards within train */
 } qd_step_metrics;
 json_t *qd_metrics_step_json(const qd_step_metrics *m);
 /* o.eval = the held-out eval's fields; time.eval_s = secs. */

@@ -64,6 +64,7 @@ typedef struct {
     qd_metrics *metrics;
     qd_rl_hooks hooks;             /* o->hooks, or none */
     qd_dp dp;                      /* data parallel: this rank and the collectives */
+    double fwd_s;                  /* seconds in forward_resp since the train phase began */
 } rl_run;
 
 /* ---- small helpers */
@@ -530,8 +531,10 @@ static qd_status forward_resp(rl_run *r, qd_backend *bk, const sample_set *ss, i
      * TIS) are of the same distribution */
     qd_batch bt = {.B = b - a, .T = T, .tokens = tokens, .lengths = lens,
                    .temperature = (float)r->k->rollout.temperature};
+    double t0 = now_s();
     if (!st)
         st = qd_backend_forward(bk, &bt, lp, NULL);
+    r->fwd_s += now_s() - t0; /* the log-probs come back to the host: the forward has finished */
     for (int i = 0; i < b - a && !st; i++) {
         const sample *s = &ss->s[a + i];
         int pl = r->data.plen[s->prob];
@@ -1008,7 +1011,7 @@ typedef struct {
     qd_train_stats ts;
     qd_layer_stats ls;
     int kept;
-    double t[4]; /* seconds: rollout, train, sync, the whole step */
+    double t[5]; /* seconds: rollout, train, sync, the whole step, the train phase's forwards */
 } step_record;
 
 /* The live progress line names the phase the step is in (on a terminal only). */
@@ -1086,10 +1089,12 @@ static qd_status one_step(rl_run *r, sample_set *ss, qd_progress *pg)
         r->hooks.after_rollout(r->hooks.ctx, r->step);
     sr.t[0] = now_s() - t0;
     double t1 = now_s();
+    r->fwd_s = 0;
     phase(r, pg, QD_PHASE_TRAIN);
     if (!st && (st = train_step(r, ss, sr.kept, &sr.ls, &sr.ts)))
         st = at_step(st, r->step, "");
     sr.t[1] = now_s() - t1;
+    sr.t[4] = r->fwd_s;
     double t2 = now_s();
     phase(r, pg, QD_PHASE_SYNC);
     if (!st)

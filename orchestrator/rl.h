@@ -40,8 +40,9 @@
  * micro-batch's tokens) and agree_mean; eval.{pass1, mean_len, format_rate,
  * problems} on eval steps, and with eval.bf16 on step 0 and the last step
  * eval.bf16.{the same} (the same weights in a bf16-recipe rollout made for
- * the eval); time.{rollout_s, train_s, sync_s, step_s, tokens_per_s
- * (generated tokens / step time), eval_s, eval_bf16_s}. Code tasks add
+ * the eval); time.{rollout_s, train_s, logprob_s (the log-prob forwards of
+ * the trainer, reference and router check within train_s), sync_s, step_s,
+ * tokens_per_s (generated tokens / step time), eval_s, eval_bf16_s}. Code tasks add
  * code.{accepted, wrong_answer, time_limit, memory_limit, runtime_error,
  * no_code, sandbox_error} (the step's samples by verdict), eval.code (the
  * same for the eval) and time.grade_s.
