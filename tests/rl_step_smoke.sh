@@ -6,7 +6,7 @@
 # and the weight sync, none negative and summing to no more than the step. The GPU's numbers come from
 # the script on the H200 at the paper's shape.
 set -u
-srcdir=${srcdir:-.}
+srcdir=$(cd "${srcdir:-.}" && pwd) # absolute: the script runs from the source tree's root
 out=$(mktemp -d "${TMPDIR:-/tmp}/rl_step_smoke.XXXXXX") || exit 1
 trap 'rm -rf "$out"' EXIT
 if ! BACKEND=cpu MODE=exact RECIPE=quads MODEL_DIR="$srcdir/models/tiny" PROMPTS=2 SAMPLES=2 TOKENS=8 STEPS=2 \
