@@ -338,7 +338,7 @@ static qd_status scale_rows_cols(float *y, const float *r, int r_per_row, const 
  * or (K, M) when ta; B is stored (K, N), or (N, K) when tb. scale_a/scale_b are
  * the block-scale pointers of A and B (FP4), NULL otherwise. */
 static qd_status gemm_rm(int kind, float *C, const void *A, int ta, const void *B, int tb, int64_t M,
-                         int64_t N, int64_t K, float beta, const void *scale_a, const void *scale_b)
+                         int64_t N, int64_t K, float alpha, float beta, const void *scale_a, const void *scale_b)
 {
     if (M < 0 || N < 0 || K < 0)
         return qd_error(QD_ERR_SHAPE, "cuda_blas: %s GEMM of shape M %lld N %lld K %lld",
@@ -371,7 +371,6 @@ static qd_status gemm_rm(int kind, float *C, const void *A, int ta, const void *
     QD_TRY(plan_get(c, &key, scale_b, scale_a, &p));
     if (kind == KIND_FP4)
         QD_TRY(set_scale_ptrs(p, scale_b, scale_a));
-    const float alpha = 1.0f;
     cublasStatus_t s = CUBLAS_STATUS_NOT_SUPPORTED;
     for (int t = 0; t < p->n_algo; t++) {
         int i = (p->use + t) % p->n_algo;
@@ -389,37 +388,49 @@ static qd_status gemm_rm(int kind, float *C, const void *A, int ta, const void *
 qd_status qd_cuda_gemm_bf16(float *y, const uint16_t *x, const uint16_t *w, int64_t M, int64_t N,
                             int64_t K, float beta)
 {
-    return gemm_rm(KIND_BF16, y, x, 0, w, 1, M, N, K, beta, NULL, NULL);
+    return gemm_rm(KIND_BF16, y, x, 0, w, 1, M, N, K, 1.0f, beta, NULL, NULL);
 }
 
 qd_status qd_cuda_gemm_bf16_dx(float *dx, const uint16_t *dy, const uint16_t *w, int64_t M, int64_t N,
                                int64_t K, float beta)
 {
-    return gemm_rm(KIND_BF16, dx, dy, 0, w, 0, M, K, N, beta, NULL, NULL);
+    return gemm_rm(KIND_BF16, dx, dy, 0, w, 0, M, K, N, 1.0f, beta, NULL, NULL);
+}
+
+qd_status qd_cuda_gemm_bf16_scaled(float *y, const uint16_t *x, const uint16_t *w, int64_t M, int64_t N,
+                                   int64_t K, float alpha, float beta)
+{
+    return gemm_rm(KIND_BF16, y, x, 0, w, 1, M, N, K, alpha, beta, NULL, NULL);
+}
+
+qd_status qd_cuda_gemm_bf16_dx_scaled(float *dx, const uint16_t *dy, const uint16_t *w, int64_t M, int64_t N,
+                                      int64_t K, float alpha, float beta)
+{
+    return gemm_rm(KIND_BF16, dx, dy, 0, w, 0, M, K, N, alpha, beta, NULL, NULL);
 }
 
 qd_status qd_cuda_gemm_bf16_dw(float *dw, const uint16_t *dy, const uint16_t *x, int64_t M, int64_t N,
                                int64_t K, float beta)
 {
-    return gemm_rm(KIND_BF16, dw, dy, 1, x, 0, N, K, M, beta, NULL, NULL);
+    return gemm_rm(KIND_BF16, dw, dy, 1, x, 0, N, K, M, 1.0f, beta, NULL, NULL);
 }
 
 qd_status qd_cuda_gemm_f32(float *y, const float *x, const float *w, int64_t M, int64_t N, int64_t K,
                            float beta)
 {
-    return gemm_rm(KIND_F32, y, x, 0, w, 1, M, N, K, beta, NULL, NULL);
+    return gemm_rm(KIND_F32, y, x, 0, w, 1, M, N, K, 1.0f, beta, NULL, NULL);
 }
 
 qd_status qd_cuda_gemm_f32_dx(float *dx, const float *dy, const float *w, int64_t M, int64_t N,
                               int64_t K, float beta)
 {
-    return gemm_rm(KIND_F32, dx, dy, 0, w, 0, M, K, N, beta, NULL, NULL);
+    return gemm_rm(KIND_F32, dx, dy, 0, w, 0, M, K, N, 1.0f, beta, NULL, NULL);
 }
 
 qd_status qd_cuda_gemm_f32_dw(float *dw, const float *dy, const float *x, int64_t M, int64_t N,
                               int64_t K, float beta)
 {
-    return gemm_rm(KIND_F32, dw, dy, 1, x, 0, N, K, M, beta, NULL, NULL);
+    return gemm_rm(KIND_F32, dw, dy, 1, x, 0, N, K, M, 1.0f, beta, NULL, NULL);
 }
 
 /* ---- the experts through cuBLAS */
@@ -448,13 +459,12 @@ static qd_status get_blas(cublasHandle_t *out)
  * (the same column-major reading), through cublasGemmEx; float32 C. */
 static qd_status gemm_ex_rm(cublasHandle_t h, cudaDataType_t in, cublasComputeType_t ct, float *C,
                             const void *A, int ta, const void *B, int tb, int64_t M, int64_t N, int64_t K,
-                            float beta)
+                            float alpha, float beta)
 {
     if (M == 0 || N == 0)
         return QD_OK;
     if (K == 0)
         return scale_by(C, beta, M * N);
-    const float alpha = 1.0f;
     BLAS_CHECK(cublasGemmEx_64(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
                                &alpha, B, in, tb ? K : N, A, in, ta ? M : K, &beta, C, CUDA_R_32F, N, ct,
                                CUBLAS_GEMM_DEFAULT));
@@ -802,6 +812,7 @@ typedef struct {
     const void *A, *B;
     float *C;
     int M, N, K;
+    float alpha; /* C = alpha op(A) op(B) + beta C */
 } grp_gemm;
 
 /* How the experts' products of input type in are enqueued (QUADS_EXPERT_GEMM):
@@ -860,7 +871,7 @@ static qd_status gemm_grouped_rm(cublasHandle_t h, cudaDataType_t in, cublasComp
         lda[i] = tb ? g[i].K : g[i].N;
         ldb[i] = ta ? g[i].M : g[i].K;
         ldc[i] = g[i].N;
-        gs[i] = 1, al[i] = 1.0f, be[i] = beta;
+        gs[i] = 1, al[i] = g[i].alpha, be[i] = beta;
         hp[i] = (void *)g[i].B, hp[G + i] = (void *)g[i].A, hp[2 * G + i] = g[i].C;
     }
     st = ptrs_upload(c, 3 * (size_t)G);
@@ -928,7 +939,6 @@ static qd_status lt_products(blas_ctx *c, cublasHandle_t h, const grp_gemm *g, i
     for (int i = 0; i < 3; i++)
         if (!c->vl[i])
             LT_CHECK(cublasLtMatrixLayoutCreate(&c->vl[i], i < 2 ? CUDA_R_16BF : CUDA_R_32F, 1, 1, 1), NULL);
-    const float alpha = 1.0f;
     for (int i = 0; i < G; i++) {
         /* cuBLASLt's A is our B: (m = N, k) stored k x m where T; its B our A: (k, n = M) stored n x k where T */
         uint64_t m = (uint64_t)g[i].N, n = (uint64_t)g[i].M, k = (uint64_t)g[i].K;
@@ -945,14 +955,14 @@ static qd_status lt_products(blas_ctx *c, cublasHandle_t h, const grp_gemm *g, i
         cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
         for (int t = 0; t < p->n_algo && st != CUBLAS_STATUS_SUCCESS; t++) {
             int a = (p->use + t) % p->n_algo;
-            st = cublasLtMatmul(c->h, p->desc, &alpha, g[i].B, c->vl[0], g[i].A, c->vl[1], &beta, g[i].C, c->vl[2],
+            st = cublasLtMatmul(c->h, p->desc, &g[i].alpha, g[i].B, c->vl[0], g[i].A, c->vl[1], &beta, g[i].C, c->vl[2],
                                 g[i].C, c->vl[2], &p->algo[a], c->ws, WORKSPACE_BYTES, 0);
             if (st == CUBLAS_STATUS_SUCCESS)
                 p->use = a;
         }
         if (st != CUBLAS_STATUS_SUCCESS)
             QD_TRY(gemm_ex_rm(h, CUDA_R_16BF, CUBLAS_COMPUTE_32F, g[i].C, g[i].A, ta, g[i].B, tb, g[i].M, g[i].N,
-                              g[i].K, beta));
+                              g[i].K, g[i].alpha, beta));
     }
     return QD_OK;
 }
@@ -974,14 +984,14 @@ static qd_status run_products(cublasHandle_t h, cudaDataType_t in, cublasCompute
     if (st != QD_ERR_UNSUPPORTED)
         return st;
     for (int i = 0; i < G; i++)
-        QD_TRY(gemm_ex_rm(h, in, ct, g[i].C, g[i].A, ta, g[i].B, tb, g[i].M, g[i].N, g[i].K, beta));
+        QD_TRY(gemm_ex_rm(h, in, ct, g[i].C, g[i].A, ta, g[i].B, tb, g[i].M, g[i].N, g[i].K, g[i].alpha, beta));
     return QD_OK;
 }
 
 /* y rows = x rows (elements of esz bytes, type in) . w[e]^T for the experts with rows */
 static qd_status experts_forward(const char *fn, cudaDataType_t in, size_t esz, cublasComputeType_t ct, float *y,
-                                 const void *x, const void *const *w, const int32_t *off, int E, int64_t N,
-                                 int64_t K)
+                                 const void *x, const void *const *w, const float *alpha, const int32_t *off, int E,
+                                 int64_t N, int64_t K)
 {
     cublasHandle_t h;
     QD_TRY(check_groups(fn, off, E, N, K));
@@ -993,32 +1003,33 @@ static qd_status experts_forward(const char *fn, cudaDataType_t in, size_t esz, 
     for (int e = 0; e < E; e++) {
         int64_t r0 = off[e], m = off[e + 1] - r0;
         if (m)
-            g[G++] = (grp_gemm){(const char *)x + r0 * K * esz, w[e], y + r0 * N, (int)m, (int)N, (int)K};
+            g[G++] = (grp_gemm){(const char *)x + r0 * K * esz, w[e], y + r0 * N, (int)m, (int)N, (int)K,
+                                alpha ? alpha[e] : 1.0f};
     }
     qd_status st = run_products(h, in, ct, g, G, 0, 1, 0.0f);
     free(g);
     return st;
 }
 
-qd_status qd_cuda_gemm_grouped_bf16(float *y, const uint16_t *x, const uint16_t *const *w, const int32_t *off,
-                                    int E, int64_t N, int64_t K)
+qd_status qd_cuda_gemm_grouped_bf16(float *y, const uint16_t *x, const uint16_t *const *w, const float *alpha,
+                                    const int32_t *off, int E, int64_t N, int64_t K)
 {
     return experts_forward("qd_cuda_gemm_grouped_bf16", CUDA_R_16BF, sizeof(uint16_t), CUBLAS_COMPUTE_32F, y, x,
-                           (const void *const *)w, off, E, N, K);
+                           (const void *const *)w, alpha, off, E, N, K);
 }
 
 qd_status qd_cuda_gemm_grouped_f32(float *y, const float *x, const float *const *w, const int32_t *off, int E,
                                    int64_t N, int64_t K, qd_gemm_math math)
 {
     return experts_forward("qd_cuda_gemm_grouped_f32", CUDA_R_32F, sizeof(float), compute_of(math), y, x,
-                           (const void *const *)w, off, E, N, K);
+                           (const void *const *)w, NULL, off, E, N, K);
 }
 
 /* dx rows += dy rows . w[e]; dw[e] += dy rows^T . x rows (elements of esz
  * bytes, type in) for the experts with rows; dx or dw may be NULL. */
 static qd_status experts_backward(const char *fn, cudaDataType_t in, size_t esz, cublasComputeType_t ct, float *dx,
                                   float *const *dw, const void *dy, const void *x, const void *const *w,
-                                  const int32_t *off, int E, int64_t N, int64_t K)
+                                  const float *alpha, const int32_t *off, int E, int64_t N, int64_t K)
 {
     cublasHandle_t h;
     QD_TRY(check_groups(fn, off, E, N, K));
@@ -1033,7 +1044,8 @@ static qd_status experts_backward(const char *fn, cudaDataType_t in, size_t esz,
         for (int e = 0; e < E; e++) {
             int64_t r0 = off[e], m = off[e + 1] - r0;
             if (m)
-                g[G++] = (grp_gemm){dyb + r0 * N * esz, w[e], dx + r0 * K, (int)m, (int)K, (int)N};
+                g[G++] = (grp_gemm){dyb + r0 * N * esz, w[e], dx + r0 * K, (int)m, (int)K, (int)N,
+                                    alpha ? alpha[e] : 1.0f};
         }
         st = run_products(h, in, ct, g, G, 0, 0, 1.0f);
     }
@@ -1042,7 +1054,7 @@ static qd_status experts_backward(const char *fn, cudaDataType_t in, size_t esz,
         for (int e = 0; e < E; e++) {
             int64_t r0 = off[e], m = off[e + 1] - r0;
             if (m)
-                g[G++] = (grp_gemm){dyb + r0 * N * esz, xb + r0 * K * esz, dw[e], (int)N, (int)K, (int)m};
+                g[G++] = (grp_gemm){dyb + r0 * N * esz, xb + r0 * K * esz, dw[e], (int)N, (int)K, (int)m, 1.0f};
         }
         st = run_products(h, in, ct, g, G, 1, 0, 1.0f);
     }
@@ -1055,15 +1067,15 @@ qd_status qd_cuda_gemm_grouped_f32_backward(float *dx, float *const *dw, const f
                                             int64_t K, qd_gemm_math math)
 {
     return experts_backward("qd_cuda_gemm_grouped_f32_backward", CUDA_R_32F, sizeof(float), compute_of(math), dx,
-                            dw, dy, x, (const void *const *)w, off, E, N, K);
+                            dw, dy, x, (const void *const *)w, NULL, off, E, N, K);
 }
 
 qd_status qd_cuda_gemm_grouped_bf16_backward(float *dx, float *const *dw, const uint16_t *dy, const uint16_t *x,
-                                             const uint16_t *const *w, const int32_t *off, int E, int64_t N,
-                                             int64_t K)
+                                             const uint16_t *const *w, const float *alpha, const int32_t *off,
+                                             int E, int64_t N, int64_t K)
 {
     return experts_backward("qd_cuda_gemm_grouped_bf16_backward", CUDA_R_16BF, sizeof(uint16_t),
-                            CUBLAS_COMPUTE_32F, dx, dw, dy, x, (const void *const *)w, off, E, N, K);
+                            CUBLAS_COMPUTE_32F, dx, dw, dy, x, (const void *const *)w, alpha, off, E, N, K);
 }
 
 /* ---- FP8 */
@@ -1073,7 +1085,7 @@ qd_status qd_cuda_gemm_fp8(float *y, const uint8_t *qa, const float *sa_inv, con
     if (K % 16 != 0)
         return qd_error(QD_ERR_SHAPE, "qd_cuda_gemm_fp8: K = %lld is not a multiple of 16",
                         (long long)K);
-    QD_TRY(gemm_rm(KIND_FP8, y, qa, 0, qw, 1, M, N, K, 0.0f, NULL, NULL));
+    QD_TRY(gemm_rm(KIND_FP8, y, qa, 0, qw, 1, M, N, K, 1.0f, 0.0f, NULL, NULL));
     if (M == 0 || N == 0)
         return QD_OK;
     return scale_rows_cols(y, sa_inv, 1, sw_inv, 1, M, N);
@@ -1196,7 +1208,7 @@ qd_status qd_cuda_w4a4_gemm_native(float *y, const qd_nvfp4 *a, const qd_nvfp4 *
     QD_TRY(scratch(c, sa_bytes + sw_bytes, &buf));
     QD_TRY(qd_cuda_scales_swizzle(buf, a->scales, M, K / 16));
     QD_TRY(qd_cuda_scales_swizzle(buf + sa_bytes, w->scales, N, K / 16));
-    QD_TRY(gemm_rm(KIND_FP4, y, a->codes, 0, w->codes, 1, M, N, K, 0.0f, buf, buf + sa_bytes));
+    QD_TRY(gemm_rm(KIND_FP4, y, a->codes, 0, w->codes, 1, M, N, K, 1.0f, 0.0f, buf, buf + sa_bytes));
     return scale_rows_cols(y, a->s_dec, a->per_row, w->s_dec, w->per_row, M, N);
 }
 

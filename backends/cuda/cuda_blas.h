@@ -33,6 +33,12 @@ qd_status qd_cuda_gemm_bf16(float *y, const uint16_t *x, const uint16_t *w, int6
 /* dx (M, K) = dy (M, N) . w (N, K) + beta * dx */
 qd_status qd_cuda_gemm_bf16_dx(float *dx, const uint16_t *dy, const uint16_t *w, int64_t M, int64_t N,
                                int64_t K, float beta);
+/* the forward and dx with alpha times the product (a fake-quant weight's
+ * per-tensor scale: its E2M1 x E4M3 part is a BF16 value) */
+qd_status qd_cuda_gemm_bf16_scaled(float *y, const uint16_t *x, const uint16_t *w, int64_t M, int64_t N,
+                                   int64_t K, float alpha, float beta);
+qd_status qd_cuda_gemm_bf16_dx_scaled(float *dx, const uint16_t *dy, const uint16_t *w, int64_t M, int64_t N,
+                                      int64_t K, float alpha, float beta);
 /* dw (N, K) = dy (M, N)^T . x (M, K) + beta * dw */
 qd_status qd_cuda_gemm_bf16_dw(float *dw, const uint16_t *dy, const uint16_t *x, int64_t M, int64_t N,
                                int64_t K, float beta);
@@ -66,9 +72,10 @@ typedef enum {
                       * BF16 value), products summed in float32 */
 } qd_gemm_math;
 
-/* y rows (N) = x rows (K) . w[e]^T, overwritten: BF16 bits in, float32 accumulate and out */
-qd_status qd_cuda_gemm_grouped_bf16(float *y, const uint16_t *x, const uint16_t *const *w, const int32_t *off,
-                                    int E, int64_t N, int64_t K);
+/* y rows (N) = alpha[e] x rows (K) . w[e]^T, overwritten: BF16 bits in, float32
+ * accumulate and out; alpha (host, E) NULL for all 1 */
+qd_status qd_cuda_gemm_grouped_bf16(float *y, const uint16_t *x, const uint16_t *const *w, const float *alpha,
+                                    const int32_t *off, int E, int64_t N, int64_t K);
 /* the same with float32 inputs under math */
 qd_status qd_cuda_gemm_grouped_f32(float *y, const float *x, const float *const *w, const int32_t *off, int E,
                                    int64_t N, int64_t K, qd_gemm_math math);
@@ -77,10 +84,11 @@ qd_status qd_cuda_gemm_grouped_f32(float *y, const float *x, const float *const 
 qd_status qd_cuda_gemm_grouped_f32_backward(float *dx, float *const *dw, const float *dy, const float *x,
                                             const float *const *w, const int32_t *off, int E, int64_t N,
                                             int64_t K, qd_gemm_math math);
-/* the same with BF16 bits in (float32 accumulate): dx and dw float32 */
+/* the same with BF16 bits in (float32 accumulate): dx and dw float32; dx rows
+ * += alpha[e] dy rows . w[e] (alpha host, NULL for all 1) */
 qd_status qd_cuda_gemm_grouped_bf16_backward(float *dx, float *const *dw, const uint16_t *dy, const uint16_t *x,
-                                             const uint16_t *const *w, const int32_t *off, int E, int64_t N,
-                                             int64_t K);
+                                             const uint16_t *const *w, const float *alpha, const int32_t *off,
+                                             int E, int64_t N, int64_t K);
 
 /* ---- FP8 E4M3 with one decode scale per row (quant/'s qd_fp8_quantize_rows codes):
  * y[m][n] = (sum_k qa[m][k] * qw[n][k]) * (sa_inv[m] * sw_inv[n]).

@@ -96,6 +96,24 @@ extern "C" qd_status qdk_bf16_bits(uint16_t *dst, const float *src, size_t n)
     return QD_OK;
 }
 
+/* dst = BF16 bits of src / *s (0 where *s is 0): a fake-quant weight's E2M1 x
+ * E4M3 part, a BF16 value (at most 6 significant bits), recovered exactly from
+ * (e2m1 * e4m3) * s_dec rounded to float32. */
+__global__ void k_bf16_bits_div(uint16_t *dst, const float *src, size_t n, const float *s)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    float d = *s;
+    if (i < n)
+        dst[i] = (uint16_t)bf16_hi(d == 0.0f ? 0.0f : src[i] / d);
+}
+
+extern "C" qd_status qdk_bf16_bits_div(uint16_t *dst, const float *src, size_t n, const float *s)
+{
+    if (n)
+        QD_LAUNCH_N(k_bf16_bits_div, n, dst, src, n, s);
+    return QD_OK;
+}
+
 /* A column block: dst (rows, cols) compact from src rows of stride ld, four
  * values a thread (cols, ld multiples of 4, pointers aligned: the caller checks). */
 __global__ void k_bf16_bits_cols_x4(uint2 *dst, const float4 *src, int64_t rows, int64_t cols4, int64_t ld4)

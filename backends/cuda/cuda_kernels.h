@@ -24,6 +24,9 @@ qd_status qdk_round_bf16(float *dst, const float *src, size_t n);
 /* dst (n) = the BF16 bit patterns of src rounded to nearest even (fast mode's
  * BF16 GEMM operands; exact for values already rounded to BF16). */
 qd_status qdk_bf16_bits(uint16_t *dst, const float *src, size_t n);
+/* dst (n) = BF16 bits of src / s[0] (s on the device; 0 where s[0] is 0):
+ * a per-tensor fake-quant weight's E2M1 x E4M3 part (fast mode's QUADS_AQAT16). */
+qd_status qdk_bf16_bits_div(uint16_t *dst, const float *src, size_t n, const float *s);
 /* dst (rows, cols) compact = qdk_bf16_bits of the column block src[r][0 .. cols-1],
  * rows of stride ld (fast mode's BF16 operands of a wide product, a block at a time). */
 qd_status qdk_bf16_bits_cols(uint16_t *dst, const float *src, int64_t rows, int64_t cols, int64_t ld);

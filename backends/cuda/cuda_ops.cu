@@ -41,6 +41,13 @@ extern "C" {
 /* Grow-only scratch of the ops themselves (dev unless said). */
 enum { D_XH, D_RACWS, D_X16, D_W16, D_DY16, D_LOGP, D_SAMPLE, D_MOE, D_RACPTR, D_RACFQ, D_RMSW, D_NSCRATCH };
 
+/* A per-tensor fake-quant output recorded for QUADS_AQAT16 (cuda_dev.fq). */
+typedef struct {
+    const float *w; /* the fake-quant output (dev) */
+    size_t n;
+    int slot;       /* its s_dec in fq_dsdec[slot] */
+} fq_range;
+
 typedef struct {
     int device;                    /* the ordinal current when the context was made */
     qd_exec_mode mode;
@@ -48,6 +55,14 @@ typedef struct {
     int fast16;                    /* fast mode, BF16 recipes: every backward product's operands as BF16
                                     * (QUADS_FAST_BF16=0: bwd_math's instead) */
     size_t dy16_bytes;             /* fast16: the backward's dy bits a block (QUADS_DY16_BYTES, for tests) */
+    /* QUADS_AQAT16=1 (fast16): a per-tensor fake-quant weight of the working
+     * copy (AQAT, sym-QAT, replay) is kept in wk16 as its E2M1 x E4M3 part (a
+     * BF16 value), its global decode scale the products' alpha, so its forward
+     * runs on BF16 tensor cores too (aqat_*; docs/numerics.md §7b) */
+    int aqat16;
+    fq_range *fq;                  /* recorded since the last weights_changed, then those in wk, by w */
+    int nfq, fq_cap, fq_live;      /* fq_live: entries in force (after weights_changed) */
+    float *fq_dsdec, *fq_sdec;     /* the scales: dev (FQ_SLOTS), host copy at weights_changed */
     qd_gemm_math bwd_math;         /* fast mode: the backward products (experts, linears, attention)
                                     * and attention's forward ones: TF32 under BF16 recipes */
     const float *wk;               /* the working copy wk16 mirrors, (nwk) */
@@ -221,6 +236,8 @@ static void cuda_report(void *dev)
                 1e3 * (last ? d->prof_step[i] : d->prof_t[i]));
 }
 
+static qd_status fq_install(cuda_dev *d);
+
 /* Fast mode, BF16 recipes: the BF16 bits of the working copy for cuBLASLt. */
 static qd_status cuda_weights_changed(void *dev, const float *wk, size_t n)
 {
@@ -234,7 +251,8 @@ static qd_status cuda_weights_changed(void *dev, const float *wk, size_t n)
     }
     d->wk = wk;
     d->nwk = n;
-    return qdk_bf16_bits(d->wk16, wk, n);
+    QD_TRY(qdk_bf16_bits(d->wk16, wk, n));
+    return d->aqat16 ? fq_install(d) : QD_OK;
 }
 
 /* The BF16 bits of n floats of x in scratch slot (on the device). */
@@ -255,6 +273,90 @@ static qd_status weight16(cuda_dev *d, const float *w, size_t n, int slot, const
         return QD_OK;
     }
     return bits16(d, slot, w, n, out);
+}
+
+/* ---- QUADS_AQAT16: fake-quant weights as E2M1 x E4M3 bits and a scale */
+#define FQ_SLOTS 65536 /* per-tensor fake-quants recorded a sync (a3b at 48 layers: about 18,600) */
+
+static int fq_cmp(const void *a, const void *b)
+{
+    const float *x = ((const fq_range *)a)->w, *y = ((const fq_range *)b)->w;
+    return x < y ? -1 : x > y;
+}
+
+/* A per-tensor fake-quant into out: recorded (its scale written to a slot)
+ * while the slots last; the next weights_changed keeps those in the working copy. */
+static qd_status fq_record(cuda_dev *d, float *out, const float *x, int rows, int cols)
+{
+    if (d->fq_live) { /* a new sync: the ranges in force are rebuilt */
+        d->nfq = d->fq_live = 0;
+    }
+    if (!d->fq_dsdec)
+        QD_TRY(cuda_alloc(d, (void **)&d->fq_dsdec, sizeof(float) * FQ_SLOTS, "fake-quant scales"));
+    if (d->nfq >= FQ_SLOTS)
+        return qd_cuda_nvfp4_fake_quant_async(out, x, rows, cols, QD_SCALE_PER_TENSOR);
+    if (d->nfq == d->fq_cap) {
+        int cap = d->fq_cap ? 2 * d->fq_cap : 1024;
+        void *p = realloc(d->fq, sizeof *d->fq * (size_t)cap);
+        if (!p)
+            return qd_error(QD_ERR_NOMEM, "cuda backend: fake-quant ranges");
+        d->fq = (fq_range *)p, d->fq_cap = cap;
+    }
+    fq_range r = {out, (size_t)rows * (size_t)cols, d->nfq};
+    d->fq[d->nfq] = r;
+    QD_TRY(qd_cuda_nvfp4_fake_quant_sdec_async(out, d->fq_dsdec + d->nfq, x, rows, cols));
+    d->nfq++;
+    return QD_OK;
+}
+
+/* At weights_changed: the recorded ranges inside the working copy, sorted,
+ * their wk16 bits the E2M1 x E4M3 parts, their scales copied to the host. */
+static qd_status fq_install(cuda_dev *d)
+{
+    int n = 0, slots = d->nfq;
+    for (int i = 0; i < d->nfq; i++)
+        if (d->fq[i].w >= d->wk && d->fq[i].w + d->fq[i].n <= d->wk + d->nwk)
+            d->fq[n++] = d->fq[i];
+    qsort(d->fq, (size_t)n, sizeof *d->fq, fq_cmp);
+    if (!d->fq_sdec && n) {
+        d->fq_sdec = (float *)malloc(sizeof(float) * FQ_SLOTS);
+        if (!d->fq_sdec)
+            return qd_error(QD_ERR_NOMEM, "cuda backend: fake-quant scales");
+    }
+    for (int i = 0; i < n; i++)
+        QD_TRY(qdk_bf16_bits_div(d->wk16 + (d->fq[i].w - d->wk), d->fq[i].w, d->fq[i].n,
+                                 d->fq_dsdec + d->fq[i].slot));
+    if (n)
+        QD_CUDA_CHECK(cudaMemcpy(d->fq_sdec, d->fq_dsdec, sizeof(float) * (size_t)slots, cudaMemcpyDeviceToHost));
+    d->nfq = n;
+    d->fq_live = 1;
+    return QD_OK;
+}
+
+/* Whether the n weights at w lie in an installed fake-quant range (their
+ * wk16 bits the E2M1 x E4M3 parts); *alpha = its decode scale, else 1: the
+ * alpha of any product that reads those bits. */
+static int fq_alpha(const cuda_dev *d, const float *w, size_t n, float *alpha)
+{
+    *alpha = 1.0f;
+    if (!d->fq_live)
+        return 0;
+    int lo = 0, hi = d->nfq - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        const fq_range *r = &d->fq[mid];
+        if (w < r->w) {
+            hi = mid - 1;
+        } else if (w >= r->w + r->n) {
+            lo = mid + 1;
+        } else {
+            if (w + n > r->w + r->n)
+                return 0;
+            *alpha = d->fq_sdec[r->slot];
+            return 1;
+        }
+    }
+    return 0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -318,12 +420,14 @@ static qd_status cuda_matmul(void *dev, float *out, const float *x, const float 
 {
     cuda_dev *d = D(dev);
     size_t nw = (size_t)OC * IC;
-    if (d->mode == QD_MODE_FAST && prec == QD_PREC_BF16 &&
-        ((d->fast16 && IC % 8 == 0) || (d->wk16 && w >= d->wk && w + nw <= d->wk + d->nwk))) {
+    float alpha;
+    int fq = fq_alpha(d, w, nw, &alpha) && IC % 8 == 0; /* an installed fake-quant weight */
+    if (d->mode == QD_MODE_FAST && (fq || (prec == QD_PREC_BF16 &&
+        ((d->fast16 && IC % 8 == 0) || (d->wk16 && w >= d->wk && w + nw <= d->wk + d->nwk))))) {
         const uint16_t *x16, *w16;
         QD_TRY(bits16(d, D_X16, x, (size_t)N * IC, &x16));
         QD_TRY(weight16(d, w, nw, D_W16, &w16));
-        return qd_cuda_gemm_bf16(out, x16, w16, N, OC, IC, 0.0f);
+        return qd_cuda_gemm_bf16_scaled(out, x16, w16, N, OC, IC, alpha, 0.0f);
     }
     if (d->mode == QD_MODE_FAST)
         return qd_cuda_gemm_f32(out, x, w, N, OC, IC, 0.0f);
@@ -369,6 +473,8 @@ static qd_status backward16(cuda_dev *d, float *dinp, float *dw, const float *do
                             int N, int IC, int OC)
 {
     const uint16_t *w16 = NULL, *x16 = NULL;
+    float alpha;
+    fq_alpha(d, w, (size_t)OC * IC, &alpha); /* an installed fake-quant weight's scale, else 1 */
     if (dinp)
         QD_TRY(weight16(d, w, (size_t)OC * IC, D_W16, &w16));
     if (dw)
@@ -385,7 +491,7 @@ static qd_status backward16(cuda_dev *d, float *dinp, float *dw, const float *do
         int64_t nc = OC - c0 < cw ? OC - c0 : cw;
         QD_TRY(qdk_bf16_bits_cols(dy16, dout + c0, N, nc, OC));
         if (dinp)
-            QD_TRY(qd_cuda_gemm_bf16_dx(dinp, dy16, w16 + c0 * IC, N, nc, IC, 1.0f));
+            QD_TRY(qd_cuda_gemm_bf16_dx_scaled(dinp, dy16, w16 + c0 * IC, N, nc, IC, alpha, 1.0f));
         if (dw)
             QD_TRY(qd_cuda_gemm_bf16_dw(dw + c0 * IC, dy16, x16, N, nc, IC, 1.0f));
     }
@@ -417,21 +523,24 @@ static qd_status cuda_matmul_backward(void *dev, float *dinp, float *dw, const f
 /* Fast mode, BF16 linears: w16[e] = expert e's BF16 bits (n values each):
  * wk16's where every w[e] lies in the working copy, else converted into
  * scratch (the experts with rows). */
-static qd_status expert_w16(cuda_dev *d, const uint16_t **w16, const float *const *w, const int32_t *off, int E,
-                            size_t n)
+static qd_status expert_w16(cuda_dev *d, const uint16_t **w16, float *alpha, const float *const *w,
+                            const int32_t *off, int E, size_t n)
 {
     int held = d->wk16 != NULL;
     for (int e = 0; e < E && held; e++)
         held = w[e] >= d->wk && w[e] + n <= d->wk + d->nwk;
     if (held) {
-        for (int e = 0; e < E; e++)
+        for (int e = 0; e < E; e++) {
             w16[e] = d->wk16 + (w[e] - d->wk);
+            fq_alpha(d, w[e], n, &alpha[e]); /* an installed fake-quant weight's scale, else 1 */
+        }
         return QD_OK;
     }
     void *p;
     QD_TRY(scratch(d, D_W16, sizeof(uint16_t) * n * (E ? E : 1), &p));
     for (int e = 0; e < E; e++) {
         w16[e] = (const uint16_t *)p + n * e;
+        alpha[e] = 1.0f;
         if (off[e + 1] > off[e])
             QD_TRY(qdk_bf16_bits((uint16_t *)p + n * e, w[e], n));
     }
@@ -444,21 +553,29 @@ static qd_status expert_w16(cuda_dev *d, const uint16_t **w16, const float *cons
 static qd_status fast_grouped(cuda_dev *d, float *out, const float *x, const float *const *w, const int32_t *off,
                               int E, int IC, int OC, qd_prec prec)
 {
-    if (prec != QD_PREC_BF16)
+    int fq = prec != QD_PREC_BF16 && d->fq_live && IC % 8 == 0; /* every expert an installed fake-quant weight */
+    for (int e = 0; e < E && fq; e++) {
+        float a;
+        fq = off[e + 1] == off[e] || fq_alpha(d, w[e], (size_t)OC * IC, &a);
+    }
+    if (prec != QD_PREC_BF16 && !fq)
         return qd_cuda_gemm_grouped_f32(out, x, w, off, E, OC, IC, QD_GEMM_F32);
     size_t rows = E ? (size_t)off[E] : 0;
     const uint16_t **w16 = (const uint16_t **)calloc((size_t)E + 1, sizeof *w16);
-    if (!w16)
+    float *alpha = (float *)malloc(sizeof(float) * ((size_t)E + 1));
+    if (!w16 || !alpha) {
+        free(w16), free(alpha);
         return qd_error(QD_ERR_NOMEM, "cuda backend: experts");
+    }
     void *x16;
     qd_status st = scratch(d, D_X16, sizeof(uint16_t) * (rows * IC ? rows * IC : 1), &x16);
     if (!st)
         st = qdk_bf16_bits((uint16_t *)x16, x, rows * IC);
     if (!st)
-        st = expert_w16(d, w16, w, off, E, (size_t)OC * IC);
+        st = expert_w16(d, w16, alpha, w, off, E, (size_t)OC * IC);
     if (!st)
-        st = qd_cuda_gemm_grouped_bf16(out, (const uint16_t *)x16, w16, off, E, OC, IC);
-    free(w16);
+        st = qd_cuda_gemm_grouped_bf16(out, (const uint16_t *)x16, w16, alpha, off, E, OC, IC);
+    free(w16), free(alpha);
     return st;
 }
 
@@ -492,17 +609,20 @@ static qd_status fast_grouped_backward(cuda_dev *d, float *dinp, float *const *d
     if (rows == 0)
         return QD_OK;
     const uint16_t **w16 = (const uint16_t **)calloc((size_t)E + 1, sizeof *w16);
-    if (!w16)
+    float *alpha = (float *)malloc(sizeof(float) * ((size_t)E + 1));
+    if (!w16 || !alpha) {
+        free(w16), free(alpha);
         return qd_error(QD_ERR_NOMEM, "cuda backend: experts");
+    }
     const uint16_t *dy16, *x16 = NULL;
     qd_status st = bits16(d, D_DY16, dout, rows * OC, &dy16);
     if (!st && dw)
         st = bits16(d, D_X16, x, rows * IC, &x16);
     if (!st && dinp)
-        st = expert_w16(d, w16, w, off, E, (size_t)OC * IC);
+        st = expert_w16(d, w16, alpha, w, off, E, (size_t)OC * IC);
     if (!st)
-        st = qd_cuda_gemm_grouped_bf16_backward(dinp, dw, dy16, x16, w16, off, E, OC, IC);
-    free(w16);
+        st = qd_cuda_gemm_grouped_bf16_backward(dinp, dw, dy16, x16, w16, dinp ? alpha : NULL, off, E, OC, IC);
+    free(w16), free(alpha);
     return st;
 }
 
@@ -578,7 +698,9 @@ static qd_status cuda_nvfp4_quantize(void *dev, qd_nvfp4 *q, const float *x)
 static qd_status cuda_nvfp4_fake_quant(void *dev, float *out, const float *x, int rows, int cols,
                                        qd_scale_kind scale)
 {
-    (void)dev;
+    cuda_dev *d = D(dev);
+    if (d->aqat16 && scale == QD_SCALE_PER_TENSOR && rows > 0 && cols > 0)
+        return fq_record(d, out, x, rows, cols);
     return qd_cuda_nvfp4_fake_quant_async(out, x, rows, cols, scale);
 }
 
@@ -986,6 +1108,9 @@ static void cuda_dev_free(void *dev)
     cuda_dev *d = D(dev);
     cudaFree(d->wk16);
     cudaFree(d->d_bad);
+    cudaFree(d->fq_dsdec);
+    free(d->fq);
+    free(d->fq_sdec);
     for (int i = 0; i < D_NSCRATCH; i++)
         cudaFree(d->scratch[i]);
     free(d->host);
@@ -1010,6 +1135,8 @@ extern "C" void *qd_cuda_dev_new(qd_exec_mode mode, qd_prec weights)
     d->bwd_math = weights == QD_PREC_BF16 ? QD_GEMM_TF32 : QD_GEMM_F32;
     const char *fb = getenv("QUADS_FAST_BF16");
     d->fast16 = d->bf16_copy && !(fb && !strcmp(fb, "0"));
+    const char *aq = getenv("QUADS_AQAT16");
+    d->aqat16 = d->fast16 && aq && !strcmp(aq, "1");
     const char *db = getenv("QUADS_DY16_BYTES");
     d->dy16_bytes = db && atol(db) > 0 ? (size_t)atol(db) : (size_t)512 << 20;
     const char *pe = getenv("QUADS_CUDA_PROFILE");

@@ -1778,6 +1778,16 @@ extern "C" qd_status qd_cuda_nvfp4_fake_quant_async(float *out, const float *x, 
     return launch_quantize(none, out, NULL, x, rows, cols, scale == QD_SCALE_PER_ROW);
 }
 
+extern "C" qd_status qd_cuda_nvfp4_fake_quant_sdec_async(float *out, float *s_dec, const float *x, int64_t rows,
+                                                         int64_t cols)
+{
+    QD_TRY(check_shape("qd_cuda_nvfp4_fake_quant", rows, cols));
+    QD_TRY(check_in("qd_cuda_nvfp4_fake_quant", x));
+    QD_TRY(check_in("qd_cuda_nvfp4_fake_quant", out));
+    qout none = {NULL, NULL, 0, 0};
+    return launch_quantize(none, out, s_dec, x, rows, cols, 0);
+}
+
 extern "C" qd_status qd_cuda_nvfp4_fake_quant(float *out, const float *x, int64_t rows,
                                               int64_t cols, qd_scale_kind scale)
 {

@@ -50,6 +50,10 @@ qd_status qd_cuda_nvfp4_dequantize(float *out, const qd_nvfp4 *q);
 qd_status qd_cuda_nvfp4_dequantize_async(float *out, const qd_nvfp4 *q);
 /* out = dequant(quantize(x)) in one pass; the gradient is the identity (§5). */
 qd_status qd_cuda_nvfp4_fake_quant(float *out, const float *x, int64_t rows, int64_t cols, qd_scale_kind scale);
+/* The per-tensor fake-quant (as qd_cuda_nvfp4_fake_quant_async with
+ * QD_SCALE_PER_TENSOR, the same bits) that also writes its global decode scale
+ * to s_dec (device, one float): out = (e2m1 * e4m3) * s_dec element by element. */
+qd_status qd_cuda_nvfp4_fake_quant_sdec_async(float *out, float *s_dec, const float *x, int64_t rows, int64_t cols);
 qd_status qd_cuda_nvfp4_fake_quant_async(float *out, const float *x, int64_t rows, int64_t cols,
                                          qd_scale_kind scale);
 

@@ -322,7 +322,7 @@ static void check_grouped(const shape_data &s)
     dw0x3.insert(dw0x3.end(), s.dw0.begin(), s.dw0.end());
     dw0x3.insert(dw0x3.end(), s.dw0.begin(), s.dw0.end());
     check_op("grp bf16 y=x.W^T", M, N, K, s.y0, r.y, sqrt_bound(K),
-             [&](float *y) { return qd_cuda_gemm_grouped_bf16(y, d_xb, wb3, off, 3, N, K); });
+             [&](float *y) { return qd_cuda_gemm_grouped_bf16(y, d_xb, wb3, NULL, off, 3, N, K); });
     check_op("grp f32 y=x.W^T", M, N, K, s.y0, r.y, sqrt_bound(K),
              [&](float *y) { return qd_cuda_gemm_grouped_f32(y, d_x, w3, off, 3, N, K, QD_GEMM_F32); });
     const qd_gemm_math maths[2] = {QD_GEMM_F32, QD_GEMM_TF32};
