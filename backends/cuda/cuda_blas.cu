@@ -220,18 +220,27 @@ static qd_status plan_desc(plan *p, const void *scale_a, const void *scale_b)
     return QD_OK;
 }
 
+/* The stored (before the op) rows and columns of cuBLASLt's A, B and C for a
+ * product of its sizes m, n, k under the key's transposes. */
+static void stored_dims(const plan_key *key, uint64_t m, uint64_t n, uint64_t k, uint64_t dims[3][2])
+{
+    int ta = key->op_a == CUBLAS_OP_T, tb = key->op_b == CUBLAS_OP_T;
+    dims[0][0] = ta ? k : m, dims[0][1] = ta ? m : k;
+    dims[1][0] = tb ? n : k, dims[1][1] = tb ? k : n;
+    dims[2][0] = m, dims[2][1] = n;
+}
+
 /* Layouts describe the stored matrices (before the op); then the heuristic. */
 static qd_status plan_make(blas_ctx *c, plan *p, const void *scale_a, const void *scale_b)
 {
     const plan_key *k = &p->key;
     cudaDataType_t in = kind_type(k->kind);
-    int ta = k->op_a == CUBLAS_OP_T, tb = k->op_b == CUBLAS_OP_T;
     QD_TRY(plan_desc(p, scale_a, scale_b));
-    uint64_t a_rows = ta ? k->k : k->m, a_cols = ta ? k->m : k->k;
-    uint64_t b_rows = tb ? k->n : k->k, b_cols = tb ? k->k : k->n;
-    LT_CHECK(cublasLtMatrixLayoutCreate(&p->la, in, a_rows, a_cols, k->lda), k);
-    LT_CHECK(cublasLtMatrixLayoutCreate(&p->lb, in, b_rows, b_cols, k->ldb), k);
-    LT_CHECK(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, k->m, k->n, k->ldc), k);
+    uint64_t d[3][2];
+    stored_dims(k, (uint64_t)k->m, (uint64_t)k->n, (uint64_t)k->k, d);
+    LT_CHECK(cublasLtMatrixLayoutCreate(&p->la, in, d[0][0], d[0][1], k->lda), k);
+    LT_CHECK(cublasLtMatrixLayoutCreate(&p->lb, in, d[1][0], d[1][1], k->ldb), k);
+    LT_CHECK(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, d[2][0], d[2][1], k->ldc), k);
 
     cublasLtMatmulPreference_t pref;
     size_t ws = WORKSPACE_BYTES;
@@ -334,6 +343,29 @@ static qd_status scale_rows_cols(float *y, const float *r, int r_per_row, const 
     return QD_OK;
 }
 
+/* The plan key of a row-major product C (M, N) = op(A) (M, K) . op(B) (K, N)
+ * with contiguous rows, read as the column-major C^T = op(B)^T . op(A)^T
+ * (cuBLASLt's A is our B); align_* are the operands' alignments in bytes. */
+static plan_key key_rm(int kind, int ta, int tb, int64_t M, int64_t N, int64_t K, uint32_t align_A,
+                       uint32_t align_B, uint32_t align_C)
+{
+    plan_key key;
+    memset(&key, 0, sizeof key);
+    key.kind = kind;
+    key.op_a = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    key.op_b = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    key.m = N;
+    key.n = M;
+    key.k = K;
+    key.lda = tb ? K : N;
+    key.ldb = ta ? M : K;
+    key.ldc = N;
+    key.align_a = align_B;
+    key.align_b = align_A;
+    key.align_c = align_C;
+    return key;
+}
+
 /* Row-major C (M, N) = op(A) (M, K) . op(B) (K, N) + beta C. A is stored (M, K),
  * or (K, M) when ta; B is stored (K, N), or (N, K) when tb. scale_a/scale_b are
  * the block-scale pointers of A and B (FP4), NULL otherwise. */
@@ -352,21 +384,7 @@ static qd_status gemm_rm(int kind, float *C, const void *A, int ta, const void *
     if (kind == KIND_FP8)
         scale_a = scale_b = c->one;
 
-    plan_key key;
-    memset(&key, 0, sizeof key);
-    key.kind = kind;
-    key.op_a = tb ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLASLt's A is our B */
-    key.op_b = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-    key.m = N;
-    key.n = M;
-    key.k = K;
-    key.lda = tb ? K : N;
-    key.ldb = ta ? M : K;
-    key.ldc = N;
-    key.align_a = ptr_align(B);
-    key.align_b = ptr_align(A);
-    key.align_c = ptr_align(C);
-
+    plan_key key = key_rm(kind, ta, tb, M, N, K, ptr_align(A), ptr_align(B), ptr_align(C));
     plan *p;
     QD_TRY(plan_get(c, &key, scale_b, scale_a, &p));
     if (kind == KIND_FP4)
@@ -824,17 +842,17 @@ typedef struct {
  * loop; with BF16 inputs the step spent most of its time on the host (a
  * kernel sum of about 270 ms in a 470 ms step): cuBLAS chooses kernels per
  * problem, and every expert's row count differs. */
-enum { EX_LOOP, EX_GROUPED, EX_LT };
+enum { EX_LOOP, EX_GROUPED, EX_LT, EX_DEFAULT };
 static int expert_path(cudaDataType_t in)
 {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("QUADS_EXPERT_GEMM");
-        v = !e || !*e ? 3 : !strcmp(e, "loop") ? EX_LOOP : !strcmp(e, "grouped") ? EX_GROUPED : EX_LT;
+        v = !e || !*e ? EX_DEFAULT : !strcmp(e, "loop") ? EX_LOOP : !strcmp(e, "grouped") ? EX_GROUPED : EX_LT;
     }
-    if (v != 3)
-        return v == EX_LT && in != CUDA_R_16BF ? EX_LOOP : v;
-    return in == CUDA_R_16BF ? EX_LT : EX_LOOP;
+    if ((v == EX_LT || v == EX_DEFAULT) && in == CUDA_R_16BF)
+        return EX_LT;
+    return v == EX_GROUPED ? EX_GROUPED : EX_LOOP;
 }
 
 /* All G products in one cublasGemmGroupedBatchedEx (one problem a group), the
@@ -907,32 +925,23 @@ static qd_status lt_products(blas_ctx *c, cublasHandle_t h, const grp_gemm *g, i
     int kv = ta;
     if (ta && tb)
         return QD_ERR_UNSUPPORTED;
-    int64_t M = g[0].M, K = g[0].K, N = g[0].N;
+    int64_t M = g[0].M, K = g[0].K, N = g[0].N, rep = 0;
     uint32_t al_a = 256, al_b = 256, al_c = 256;
     for (int i = 0; i < G; i++) {
         if (g[i].N != N || (kv ? g[i].M != M : g[i].K != K) || g[i].K == 0)
             return QD_ERR_UNSUPPORTED;
         uint32_t a = ptr_align(g[i].A), b = ptr_align(g[i].B), cc = ptr_align(g[i].C);
         al_a = a < al_a ? a : al_a, al_b = b < al_b ? b : al_b, al_c = cc < al_c ? cc : al_c;
+        int64_t v = kv ? g[i].K : g[i].M;
+        rep = v > rep ? v : rep;
     }
-    int64_t rep = 0; /* the varying dimension's largest, rounded up to 256 */
-    for (int i = 0; i < G; i++)
-        rep = (kv ? g[i].K : g[i].M) > rep ? (kv ? g[i].K : g[i].M) : rep;
-    rep = (rep + 255) / 256 * 256;
+    rep = (rep + 255) / 256 * 256; /* the varying dimension's largest, rounded up to 256 */
     if (kv)
         K = rep;
     else
         M = rep;
-    plan_key key;
-    memset(&key, 0, sizeof key);
-    key.kind = KIND_BF16;
-    key.op_a = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    key.op_b = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-    key.m = N, key.n = M, key.k = K;
-    key.lda = tb ? g[0].K : N; /* the leading dimensions do not vary: rows of K (fixed where tb) or N */
-    key.ldb = ta ? g[0].M : g[0].K;
-    key.ldc = N;
-    key.align_a = al_b, key.align_b = al_a, key.align_c = al_c;
+    /* the leading dimensions stay each problem's: the varying one is never one (K where tb, M where ta) */
+    plan_key key = key_rm(KIND_BF16, ta, tb, M, N, K, al_a, al_b, al_c);
     plan *p;
     if (plan_get(c, &key, NULL, NULL, &p) != QD_OK) /* no algorithm for the family: the loop */
         return QD_ERR_UNSUPPORTED;
@@ -940,9 +949,8 @@ static qd_status lt_products(blas_ctx *c, cublasHandle_t h, const grp_gemm *g, i
         if (!c->vl[i])
             LT_CHECK(cublasLtMatrixLayoutCreate(&c->vl[i], i < 2 ? CUDA_R_16BF : CUDA_R_32F, 1, 1, 1), NULL);
     for (int i = 0; i < G; i++) {
-        /* cuBLASLt's A is our B: (m = N, k) stored k x m where T; its B our A: (k, n = M) stored n x k where T */
-        uint64_t m = (uint64_t)g[i].N, n = (uint64_t)g[i].M, k = (uint64_t)g[i].K;
-        uint64_t dims[3][2] = {{tb ? k : m, tb ? m : k}, {ta ? n : k, ta ? k : n}, {m, n}};
+        uint64_t dims[3][2]; /* cuBLASLt's m = N, n = M */
+        stored_dims(&key, (uint64_t)g[i].N, (uint64_t)g[i].M, (uint64_t)g[i].K, dims);
         int64_t ld[3] = {key.lda, key.ldb, key.ldc};
         for (int j = 0; j < 3; j++) {
             LT_CHECK(cublasLtMatrixLayoutSetAttribute(c->vl[j], CUBLASLT_MATRIX_LAYOUT_ROWS, &dims[j][0],

@@ -445,10 +445,9 @@ static qd_status cuda_matmul_w16(void *dev, float *out, const float *x, const ui
     if (IC % 8)
         return qd_error(QD_ERR_SHAPE, "cuda backend: matmul_w16: in-features %d not a multiple of 8", IC);
     if (d->mode == QD_MODE_FAST && prec == QD_PREC_BF16 && N > 0) {
-        void *x16;
-        QD_TRY(scratch(d, D_X16, sizeof(uint16_t) * (size_t)N * IC, &x16));
-        QD_TRY(qdk_bf16_bits((uint16_t *)x16, x, (size_t)N * IC));
-        return qd_cuda_gemm_bf16(out, (const uint16_t *)x16, w, N, OC, IC, 0.0f);
+        const uint16_t *x16;
+        QD_TRY(bits16(d, D_X16, x, (size_t)N * IC, &x16));
+        return qd_cuda_gemm_bf16(out, x16, w, N, OC, IC, 0.0f);
     }
     return qdk_matmul_wt(out, x, w, QDK_BF16, N, OC, IC, prec);
 }
@@ -567,14 +566,12 @@ static qd_status fast_grouped(cuda_dev *d, float *out, const float *x, const flo
         free(w16), free(alpha);
         return qd_error(QD_ERR_NOMEM, "cuda backend: experts");
     }
-    void *x16;
-    qd_status st = scratch(d, D_X16, sizeof(uint16_t) * (rows * IC ? rows * IC : 1), &x16);
-    if (!st)
-        st = qdk_bf16_bits((uint16_t *)x16, x, rows * IC);
+    const uint16_t *x16;
+    qd_status st = bits16(d, D_X16, x, rows * IC, &x16);
     if (!st)
         st = expert_w16(d, w16, alpha, w, off, E, (size_t)OC * IC);
     if (!st)
-        st = qd_cuda_gemm_grouped_bf16(out, (const uint16_t *)x16, w16, alpha, off, E, OC, IC);
+        st = qd_cuda_gemm_grouped_bf16(out, x16, w16, alpha, off, E, OC, IC);
     free(w16), free(alpha);
     return st;
 }
