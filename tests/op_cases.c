@@ -484,6 +484,29 @@ static void c_quantize_weights_rac(oc *c) { weights_case(c, 67, 10, 64, 16); }
 /* RAC copies over many warps' chunks of 32 blocks, chunks across rows (12 copied blocks a row) */
 static void c_quantize_weights_rac_wide(oc *c) { weights_case(c, 6, 100, 768, 192); }
 
+/* The host arrays of a rac_select case over NL linears of widths K: off (NL)
+ * their offsets, *e their errors (the caller fills them), *h the channel
+ * arrays' sentinels (-7 - k, kept where a set does not fill them). Returns
+ * the total width, 0 with c->st set when out of memory (nothing held). */
+static size_t rac_sets(oc *c, const int *K, int NL, size_t *off, double **e, int64_t **h)
+{
+    size_t total = 0;
+    for (int i = 0; i < NL; i++) {
+        off[i] = total;
+        total += (size_t)K[i];
+    }
+    *e = malloc(sizeof(double) * total);
+    *h = malloc(sizeof(int64_t) * total);
+    if (!*e || !*h) {
+        c->st = qd_error(QD_ERR_NOMEM, "op case");
+        free(*e), free(*h);
+        return 0;
+    }
+    for (size_t k = 0; k < total; k++)
+        (*h)[k] = -7 - (int64_t)k;
+    return total;
+}
+
 /* RAC channel sets of 205 linears (more than one CUDA launch takes): widths
  * over one 256-channel tile and under, one of 16 (no channel at 0.25), errors
  * from a few values (ties, broken by the lower channel) or all distinct; the
@@ -492,23 +515,16 @@ static void c_rac_select(oc *c)
 {
     enum { NL = 205 };
     int K[NL];
-    size_t off[NL], total = 0;
-    for (int i = 0; i < NL; i++) {
+    size_t off[NL];
+    for (int i = 0; i < NL; i++)
         K[i] = i < 5 ? (int[]){64, 1040, 16, 288, 32}[i] : 32 + 16 * (i % 3);
-        off[i] = total;
-        total += (size_t)K[i];
-    }
-    double *e = malloc(sizeof(double) * total);
-    int64_t *h = malloc(sizeof(int64_t) * total);
-    if (!e || !h) {
-        c->st = qd_error(QD_ERR_NOMEM, "op case");
-        free(e), free(h);
+    double *e;
+    int64_t *h;
+    size_t total = rac_sets(c, K, NL, off, &e, &h);
+    if (!total)
         return;
-    }
-    for (size_t k = 0; k < total; k++) {
+    for (size_t k = 0; k < total; k++)
         e[k] = k >= off[3] && k < off[4] ? (double)unif(c, 0, 1) : 0.5 * irand(c, 4);
-        h[k] = -7 - (int64_t)k;
-    }
     double *err = up(c, e, sizeof(double) * total);
     int64_t *ch = up(c, h, sizeof(int64_t) * total);
     RUN(c, c->ops->rac_select(c->dev, ch, err, off, K, NL, 0.25));
@@ -532,18 +548,12 @@ static void c_rac_select_edges(oc *c)
     static const int K[NL] = {4112, 5120, 5136, 16400, 784, 16, 1040, 2048, 272, 768, 4096, 48, 1296, 2064};
     static const double ratio[NR] = {0.25, 0.29, 1.0, 0.0};
     static const char *const name[NR] = {"ch 0.25", "ch 0.29", "ch 1", "ch 0"};
-    size_t off[NL], total = 0;
-    for (int i = 0; i < NL; i++) {
-        off[i] = total;
-        total += (size_t)K[i];
-    }
-    double *e = malloc(sizeof(double) * total);
-    int64_t *h = malloc(sizeof(int64_t) * total);
-    if (!e || !h) {
-        c->st = qd_error(QD_ERR_NOMEM, "op case");
-        free(e), free(h);
+    size_t off[NL];
+    double *e;
+    int64_t *h;
+    size_t total = rac_sets(c, K, NL, off, &e, &h);
+    if (!total)
         return;
-    }
     for (int i = 0; i < NL; i++)
         for (int k = 0; k < K[i]; k++) {
             double u = unif(c, 0, 1), *v = e + off[i] + k;
@@ -557,8 +567,6 @@ static void c_rac_select_edges(oc *c)
             default: *v = u; break;
             }
         }
-    for (size_t k = 0; k < total; k++)
-        h[k] = -7 - (int64_t)k;
     double *err = up(c, e, sizeof(double) * total);
     for (int r = 0; r < NR; r++) {
         int64_t *ch = up(c, h, sizeof(int64_t) * total);
