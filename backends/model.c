@@ -401,7 +401,12 @@ static qd_status effective_input(model *c, const float **xe, const float *inp, c
     return OP(c, round_bf16, p, inp, n);
 }
 
-static qd_prec prec_of(const linear *L) { return L->mode == QD_LINEAR_BF16 ? QD_PREC_BF16 : QD_PREC_F32; }
+/* AQAT's input is BF16-rounded (effective_input) and its weight a per-tensor
+ * fake-quant; sym-QAT's and replay's inputs are NVFP4 fake-quants, not BF16 values. */
+static qd_prec prec_of(const linear *L)
+{
+    return L->mode == QD_LINEAR_BF16 ? QD_PREC_BF16 : L->mode == QD_LINEAR_AQAT ? QD_PREC_BF16_X : QD_PREC_F32;
+}
 
 /* out (N, out) = x (N, in) . W^T under the layer's mode. */
 static qd_status linear_forward(model *c, float *out, const float *inp, linear *L, int N)
@@ -1454,6 +1459,10 @@ static qd_status mlp_backward(model *c, float *dinp, const float *dout, const la
     float *dlog = carve(&f, (size_t)N * ly->nexp);
     if (N == 0)
         return QD_OK;
+    /* the two the products add into; moe_dy, swiglu_backward and router_backward overwrite the rest */
+    QD_TRY(OP(c, zero, dxe, sizeof(float) * (size_t)R * C));
+    QD_TRY(OP(c, zero, dh, sizeof(float) * (size_t)R * I));
+    mark(c, QD_PH_BWD_EXPERTS);
     QD_TRY(OP(c, moe_dy, dy, dw, dout, s->y, s->row_w, s->row_rank, s->tok_rows, N, K, C));
     /* one grouped float product per projection, whatever the RAC widths (x_eff has K channels) */
     QD_TRY(experts_backward(c, dh, dy, s->h, s, ly, 2));
@@ -1461,10 +1470,14 @@ static qd_status mlp_backward(model *c, float *dinp, const float *dout, const la
     QD_TRY(experts_backward(c, dxe, dg, s->xe, s, ly, 0));
     QD_TRY(experts_backward(c, dxe, du, s->xe, s, ly, 1));
     QD_TRY(OP(c, unroute, dinp, dxe, s->tok_rows, N, K, C));
+    mark(c, QD_PH_BWD);
     if (!ly->moe)
         return QD_OK;
+    mark(c, QD_PH_BWD_ROUTE);
     QD_TRY(OP(c, router_backward, dlog, dw, s->probs, s->topk, s->topw, N, ly->nexp, K, topk_norm(c)));
-    return linear_backward(c, dinp, dlog, s->ln2, &c->lin[ly->router], N);
+    qd_status st = linear_backward(c, dinp, dlog, s->ln2, &c->lin[ly->router], N);
+    mark(c, QD_PH_BWD);
+    return st;
 }
 
 static size_t mlp_backward_floats(const model *c, const layer *ly, int R)
@@ -1484,17 +1497,22 @@ static qd_status attn_backward(model *c, float *dx, const float *dout, const lay
     float *dao = carve(&f, nq), *dqr = carve(&f, nq), *dq = carve(&f, nq);
     float *dkr = carve(&f, nk), *dk = carve(&f, nk), *dv = carve(&f, nk), *dln = carve(&f, (size_t)N * C);
     float *ds = carve(&f, (size_t)N * H * c->Tm);
+    mark(c, QD_PH_BWD_ATTN_LIN);
     QD_TRY(linear_backward(c, dao, dout, s->ao, &c->lin[ly->o], N));
+    mark(c, QD_PH_BWD_ATTN);
     QD_TRY(OP(c, attend_backward, dqr, dkr, dv, ds, dao, s->att, s->qr, s->kr, s->v, c->d_pos, c->d_slen, N, H,
               KV, D, c->Tm, c->seq_off, c->B));
+    mark(c, QD_PH_BWD);
     QD_TRY(OP(c, rope, dqr, c->d_pos, c->rope_cos, c->rope_sin, N, H, D, QD_ROPE_INVERSE));
     QD_TRY(OP(c, rope, dkr, c->d_pos, c->rope_cos, c->rope_sin, N, KV, D, QD_ROPE_INVERSE));
     QD_TRY(OP(c, rmsnorm_backward, dq, c->grads + ly->q_norm, dqr, s->q, P(c, ly->q_norm), s->rstd_q, N * H, D));
     QD_TRY(OP(c, rmsnorm_backward, dk, c->grads + ly->k_norm, dkr, s->k, P(c, ly->k_norm), s->rstd_k, N * KV,
               D));
+    mark(c, QD_PH_BWD_ATTN_LIN);
     QD_TRY(linear_backward(c, dln, dq, s->ln1, &c->lin[ly->q], N));
     QD_TRY(linear_backward(c, dln, dk, s->ln1, &c->lin[ly->k], N));
     QD_TRY(linear_backward(c, dln, dv, s->ln1, &c->lin[ly->v], N));
+    mark(c, QD_PH_BWD);
     return OP(c, rmsnorm_backward, dx, c->grads + ly->in_norm, dln, s->x, P(c, ly->in_norm), s->rstd1, N, C);
 }
 
@@ -1531,23 +1549,27 @@ static qd_status model_backward(model *c, const float *dlogp)
     mark(c, QD_PH_BWD);
     void *p;
     QD_TRY(scratch(c, S_BWD, sizeof(float) * total, &p));
-    QD_TRY(OP(c, zero, p, sizeof(float) * total));
     fcarve f = {p, 0};
     float *dlogits = carve(&f, (size_t)N * V), *dres = carve(&f, (size_t)N * C), *dln = carve(&f, (size_t)N * C);
     float *lbuf = carve(&f, layer_floats);
+    /* dres and dln are added into; logprob_backward overwrites dlogits (N x vocab:
+     * 10 GB at a3b's 16 x 1024 tokens), mlp_backward zeroes what it adds into */
+    QD_TRY(OP(c, zero, dres, sizeof(float) * (size_t)(lbuf - dres)));
+    mark(c, QD_PH_BWD_HEAD);
     QD_TRY(OP(c, logprob_backward, dlogits, dlogp, c->logits, c->lse, c->d_tgt, N, V, c->temp));
     QD_TRY(linear_backward(c, dln, dlogits, c->lnf, &c->lin[c->lm_head], N));
+    mark(c, QD_PH_BWD);
     QD_TRY(OP(c, rmsnorm_backward, dres, c->grads + c->final_norm, dln, c->xf, P(c, c->final_norm), c->rstdf, N,
               C));
     for (int l = g->num_hidden_layers - 1; l >= 0; l--) {
         const layer_acts *s = &c->acts[l];
         const layer *ly = &c->layers[l];
         QD_TRY(OP(c, zero, dln, sizeof(float) * (size_t)N * C));
-        QD_TRY(OP(c, zero, lbuf, sizeof(float) * layer_floats));
         QD_TRY(mlp_backward(c, dln, dres, s, ly, lbuf));    /* reads dres, then dres += */
         QD_TRY(OP(c, rmsnorm_backward, dres, c->grads + ly->post_norm, dln, s->xmid, P(c, ly->post_norm), s->rstd2,
                   N, C));
-        QD_TRY(OP(c, zero, lbuf, sizeof(float) * layer_floats));
+        /* attention's buffers all start from zero (ds too: the fast backward's products read all of it) */
+        QD_TRY(OP(c, zero, lbuf, sizeof(float) * attn_backward_floats(c)));
         QD_TRY(attn_backward(c, dres, dres, s, ly, lbuf));
     }
     QD_TRY(OP(c, embed_backward, c->grads + c->embed, dres, c->d_tok, N, C));

@@ -31,16 +31,20 @@ extern "C" {
 #endif
 
 /* How a float product's operands were rounded: a fast-mode backend may use a
- * BF16 GEMM when both are BF16 values (exact mode ignores it). */
-typedef enum { QD_PREC_F32 = 0, QD_PREC_BF16 } qd_prec;
+ * BF16 GEMM when both are BF16 values (QD_PREC_BF16), or when x is and W is a
+ * per-tensor fake-quant weight, (e2m1 * e4m3) * s_dec (QD_PREC_BF16_X: AQAT's
+ * linears; the BF16 part and s_dec as alpha). Exact mode ignores it. */
+typedef enum { QD_PREC_F32 = 0, QD_PREC_BF16, QD_PREC_BF16_X } qd_prec;
 
 /* RoPE's rotation, or its transpose (the backward's). */
 typedef enum { QD_ROPE_FORWARD = 0, QD_ROPE_INVERSE } qd_rope_dir;
 
-/* Phases of a step, for an optional profiler (QUADS_CUDA_PROFILE). */
+/* Phases of a step, for an optional profiler (QUADS_CUDA_PROFILE); the
+ * backward's own parts after QD_PH_SYNC (QD_PH_BWD: the rest of it). */
 typedef enum {
     QD_PH_OTHER, QD_PH_ATTN_LIN, QD_PH_ATTN, QD_PH_ROUTE, QD_PH_EXPERTS, QD_PH_HEAD, QD_PH_LOGP, QD_PH_SAMPLE,
-    QD_PH_BWD, QD_PH_OPT, QD_PH_SYNC, QD_PH_COUNT
+    QD_PH_BWD, QD_PH_OPT, QD_PH_SYNC, QD_PH_BWD_HEAD, QD_PH_BWD_EXPERTS, QD_PH_BWD_ROUTE, QD_PH_BWD_ATTN_LIN,
+    QD_PH_BWD_ATTN, QD_PH_COUNT
 } qd_phase;
 
 typedef struct qd_ops {

@@ -72,6 +72,22 @@ typedef enum {
                       * BF16 value), products summed in float32 */
 } qd_gemm_math;
 
+/* One problem of a grouped product: row-major C (M, N) = alpha op(A) (M, K) .
+ * op(B) (K, N) + beta C, contiguous rows (lda K, or M when ta; ldb N, or K when
+ * tb; ldc N). */
+typedef struct {
+    const void *A, *B;
+    float *C;
+    int M, N, K;
+    float alpha;
+} qd_grp_gemm;
+
+/* G such products with BF16 operands (float32 accumulate and C), one launch
+ * per 64 (cuda_grouped.cu: QUADS_EXPERT_GEMM=mma); every N equal. ta, tb as
+ * above. QD_ERR_UNSUPPORTED with nothing enqueued where a problem's
+ * contiguous dimension is not a multiple of 8 or a pointer is off 16 bytes. */
+qd_status qd_cuda_grouped_mma_bf16(const qd_grp_gemm *g, int G, int ta, int tb, float beta);
+
 /* y rows (N) = alpha[e] x rows (K) . w[e]^T, overwritten: BF16 bits in, float32
  * accumulate and out; alpha (host, E) NULL for all 1 */
 qd_status qd_cuda_gemm_grouped_bf16(float *y, const uint16_t *x, const uint16_t *const *w, const float *alpha,

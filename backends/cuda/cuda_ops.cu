@@ -86,7 +86,8 @@ typedef struct {
 
 static const char *const prof_names[QD_PH_COUNT] = {
     "other", "attention linears", "attention", "routing", "experts", "lm_head", "log-probs",
-    "logits to host + sampling", "backward", "AdamW", "weight sync"};
+    "logits to host + sampling", "backward: the rest", "AdamW", "weight sync", "backward: lm_head + log-probs",
+    "backward: experts", "backward: routing", "backward: attention linears", "backward: attention"};
 
 /* ------------------------------------------------------------------------ */
 /* memory                                                                    */
@@ -420,8 +421,9 @@ static qd_status cuda_matmul(void *dev, float *out, const float *x, const float 
 {
     cuda_dev *d = D(dev);
     size_t nw = (size_t)OC * IC;
-    float alpha;
-    int fq = fq_alpha(d, w, nw, &alpha) && IC % 8 == 0; /* an installed fake-quant weight */
+    float alpha = 1.0f;
+    /* an installed fake-quant weight times a BF16-valued x */
+    int fq = prec == QD_PREC_BF16_X && fq_alpha(d, w, nw, &alpha) && IC % 8 == 0;
     if (d->mode == QD_MODE_FAST && (fq || (prec == QD_PREC_BF16 &&
         ((d->fast16 && IC % 8 == 0) || (d->wk16 && w >= d->wk && w + nw <= d->wk + d->nwk))))) {
         const uint16_t *x16, *w16;
@@ -552,7 +554,8 @@ static qd_status expert_w16(cuda_dev *d, const uint16_t **w16, float *alpha, con
 static qd_status fast_grouped(cuda_dev *d, float *out, const float *x, const float *const *w, const int32_t *off,
                               int E, int IC, int OC, qd_prec prec)
 {
-    int fq = prec != QD_PREC_BF16 && d->fq_live && IC % 8 == 0; /* every expert an installed fake-quant weight */
+    /* a BF16-valued x, every expert an installed fake-quant weight */
+    int fq = prec == QD_PREC_BF16_X && d->fq_live && IC % 8 == 0;
     for (int e = 0; e < E && fq; e++) {
         float a;
         fq = off[e + 1] == off[e] || fq_alpha(d, w[e], (size_t)OC * IC, &a);
@@ -1133,7 +1136,7 @@ extern "C" void *qd_cuda_dev_new(qd_exec_mode mode, qd_prec weights)
     const char *fb = getenv("QUADS_FAST_BF16");
     d->fast16 = d->bf16_copy && !(fb && !strcmp(fb, "0"));
     const char *aq = getenv("QUADS_AQAT16");
-    d->aqat16 = d->fast16 && aq && !strcmp(aq, "1");
+    d->aqat16 = d->fast16 && !(aq && !strcmp(aq, "0"));
     const char *db = getenv("QUADS_DY16_BYTES");
     d->dy16_bytes = db && atol(db) > 0 ? (size_t)atol(db) : (size_t)512 << 20;
     const char *pe = getenv("QUADS_CUDA_PROFILE");

@@ -2033,7 +2033,7 @@ static qd_status launch_w4a4_tc(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
 
 extern "C" qd_status qd_cuda_w4a4_gemm_tc_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
 {
-    if (!qd_cuda_w4a4_legacy && a->cols == w->cols && a->cols % QD_NVFP4_BLOCK == 0 && a->rows <= 64) {
+    if (!qd_cuda_w4a4_legacy && a->cols == w->cols && a->cols % QD_NVFP4_BLOCK == 0) {
         w4a4_groups g;
         g.row0[0] = 0;
         g.rows[0] = a->rows;

@@ -25,7 +25,8 @@
  * - grp (the experts' products, qd_cuda_gemm_grouped_*): three experts over the
  *   M rows (rows [0, M/3) with W, none, the rest with a second W2; the empty
  *   expert's dw must stay as it was), x and W BF16 values as the BF16 recipes
- *   make them, dy float32. bf16 and f32 rows: the bounds above. tf32 rows (the
+ *   make them, dy float32 (BF16 values in the grp bf16 backward rows, as fast
+ *   mode's BF16 recipes round it). bf16 and f32 rows: the bounds above. tf32 rows (the
  *   backward under the BF16 recipes): the tensor cores read dy as TF32, a
  *   relative change of at most 2^-10 an element (x and W unchanged), so a sum
  *   moves by at most about 2^-10 of its typical size (random part) plus 2^-11
@@ -325,6 +326,20 @@ static void check_grouped(const shape_data &s)
              [&](float *y) { return qd_cuda_gemm_grouped_bf16(y, d_xb, wb3, NULL, off, 3, N, K); });
     check_op("grp f32 y=x.W^T", M, N, K, s.y0, r.y, sqrt_bound(K),
              [&](float *y) { return qd_cuda_gemm_grouped_f32(y, d_x, w3, off, 3, N, K, QD_GEMM_F32); });
+    {   /* the BF16 backward (dy's BF16 bits, as fast mode's BF16 recipes give it) */
+        shape_data sb = s;
+        std::vector<uint16_t> dyb = to_bf16(sb.dy);
+        grouped_ref rb = grouped_refs(sb, x, w, w2, m0);
+        uint16_t *d_dyb = to_dev(dyb);
+        check_op("grp bf16 dx+=dy.W", M, N, K, s.dx0, rb.dx, sqrt_bound(N), [&](float *y) {
+            return qd_cuda_gemm_grouped_bf16_backward(y, NULL, d_dyb, d_xb, wb3, NULL, off, 3, N, K);
+        });
+        check_op("grp bf16 dw+=dy^T.x", M, N, K, dw0x3, rb.dw, sqrt_bound(M - m0), [&](float *y) {
+            float *dw3[3] = {y, y + NK, y + 2 * NK};
+            return qd_cuda_gemm_grouped_bf16_backward(NULL, dw3, d_dyb, d_xb, wb3, NULL, off, 3, N, K);
+        });
+        QD_CUDA_DIE(cudaFree(d_dyb));
+    }
     const qd_gemm_math maths[2] = {QD_GEMM_F32, QD_GEMM_TF32};
     for (qd_gemm_math m : maths) {
         int tf = m == QD_GEMM_TF32;

@@ -624,6 +624,8 @@ static void check_gemm(void)
     check_gemm_grouped(16, 200, 1040, 90);   /* N not a multiple of 64, rows over 64 */
     check_gemm_case(64, 4096, 2048, 1, 0, QD_SCALE_PER_TENSOR); /* attention linears at batch 64 */
     check_gemm_case(40, 520, 2144, 0, 0, QD_SCALE_PER_ROW);
+    check_gemm_case(256, 4096, 2048, 0, 0, QD_SCALE_PER_TENSOR); /* attention linears at batch 256 */
+    check_gemm_case(1000, 512, 4096, 1, 0, QD_SCALE_PER_TENSOR); /* a prefill's rows */
 }
 
 /* ---- non-finite inputs must raise QD_ERR_NONFINITE, and the flag must clear */
