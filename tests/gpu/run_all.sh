@@ -40,6 +40,7 @@ timeout 400 tests/gpu/check_backend >"$out/check_backend.log" 2>"$out/check_back
 grep -v " yes$" "$out/check_backend.log" | grep -v " within " | head -30
 grep " fast " "$out/check_backend.log" | sort -k6 -g -r | head -4
 tail -3 "$out/check_backend.err"
+tail -1 "$out/check_backend.log"
 echo "== check_backend, QUADS_AQAT16=0 (fast mode's AQAT forward in float32 instead of BF16 bits and a scale)"
 QUADS_AQAT16=0 timeout 400 tests/gpu/check_backend >"$out/check_backend_aqat32.log" 2>"$out/check_backend_aqat32.err" || rc=1
 grep -v " yes$" "$out/check_backend_aqat32.log" | grep -v " within " | head -10
