@@ -103,6 +103,8 @@ typedef struct {
     int32_t *tok_rows;       /* (N, K) rows of each token in ascending expert order */
     float *xe, *g, *u, *h, *y; /* (R, C), (R, I), (R, I), (R, I), (R, C) */
     int32_t *exp_off;        /* host (nexp + 1) first row of each expert */
+    int xe16, h16;           /* xe, h rounded to BF16 in place: their experts' effective input
+                              * (experts_round_only), so no copy is made of it */
 } layer_acts;
 
 /* Grow-only dev scratch buffers. */
@@ -1171,6 +1173,26 @@ static qd_status grouped_rac(model *c, qd_nvfp4 *a, double *const *err, const in
     return QD_OK;
 }
 
+/* Whether every expert's projection `which` takes its input rounded to BF16
+ * and nothing else (BF16, AQAT: effective_input's round_bf16) with no
+ * diagnostics reading the input as it was: then the layer's forward rounds that
+ * input once in place (xe16, h16) and neither direction rounds a copy of it. */
+static int experts_round_only(model *c, const layer *ly, int which)
+{
+    for (int e = 0; e < ly->nexp; e++) {
+        const linear *L = expert_lin(c, ly, e, which);
+        if ((L->mode != QD_LINEAR_BF16 && L->mode != QD_LINEAR_AQAT) || measured(c, L))
+            return 0;
+    }
+    return 1;
+}
+
+/* inp is xe or h of s, already rounded in place (no effective_input copy). */
+static int rounded_in_place(const layer_acts *s, const float *inp)
+{
+    return (inp == s->xe && s->xe16) || (inp == s->h && s->h16);
+}
+
 static qd_status experts_forward_set(model *c, float *out, const float *inp, const layer_acts *s,
                                      const layer *ly, const expert_set *x)
 {
@@ -1199,8 +1221,9 @@ static qd_status experts_forward_set(model *c, float *out, const float *inp, con
         QD_TRY(OP(c, fp8_quantize_rows, qa, sa, inp, R, IC));
         return grouped_fp8_gemm(c, out, qa, sa, x->w8, x->w8_inv, s->exp_off, E, OC, IC);
     }
-    const float *xe;
-    QD_TRY(effective_input(c, &xe, inp, L0, R));
+    const float *xe = inp;
+    if (!rounded_in_place(s, inp))
+        QD_TRY(effective_input(c, &xe, inp, L0, R));
     return grouped_matmul(c, out, xe, x->w, s->exp_off, E, IC, OC, prec_of(L0));
 }
 
@@ -1255,6 +1278,10 @@ static qd_status experts_effective_input(model *c, const float **xe, const float
                                          const layer *ly, const expert_set *x)
 {
     int IC = x->L[0]->in, R = s->exp_off[ly->nexp];
+    if (rounded_in_place(s, inp)) {
+        *xe = inp;
+        return QD_OK;
+    }
     if (x->L[0]->mode != QD_LINEAR_W4A4_RAC_STE)
         return effective_input(c, xe, inp, x->L[0], R);
     void *p;
@@ -1328,10 +1355,19 @@ static qd_status mlp_forward(model *c, float *out, layer_acts *s, const layer *l
     if (R)
         QD_TRY(OP(c, gather, s->xe, s->ln2, s->row_tok, R, C));
     mark(c, QD_PH_EXPERTS);
+    s->xe16 = s->h16 = 0;
     if (experts_grouped(c, ly)) {
+        if (R && experts_round_only(c, ly, 0) && experts_round_only(c, ly, 1)) {
+            QD_TRY(OP(c, round_bf16, s->xe, s->xe, (size_t)R * C)); /* gate's and up's input, once */
+            s->xe16 = 1;
+        }
         QD_TRY(experts_forward_gate_up(c, s->g, s->u, s->xe, s, ly));
         if (R)
             QD_TRY(OP(c, swiglu, s->h, s->g, s->u, (size_t)R * I));
+        if (R && experts_round_only(c, ly, 2)) {
+            QD_TRY(OP(c, round_bf16, s->h, s->h, (size_t)R * I)); /* down's input */
+            s->h16 = 1;
+        }
         QD_TRY(experts_forward(c, s->y, s->h, s, ly, 2));
     } else {
         QD_TRY(experts_forward_each(c, s, ly));
