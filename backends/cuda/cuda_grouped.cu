@@ -222,8 +222,6 @@ static qd_status launch(const gm_params *p)
     return QD_OK;
 }
 
-static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
 /* QD_ERR_UNSUPPORTED, nothing enqueued, where a problem's rows are not whole
  * 16-byte copies (the dimension an operand is contiguous along not a multiple
  * of 8, a pointer off 16 bytes) or the groups' N differ: the caller takes
@@ -236,7 +234,7 @@ extern "C" qd_status qd_cuda_grouped_mma_bf16(const qd_grp_gemm *g, int G, int t
     for (int i = 0; i < G; i++) {
         int contig_a = ta ? g[i].M : g[i].K, contig_b = tb ? g[i].K : N;
         if (g[i].N != N || g[i].M <= 0 || g[i].K <= 0 || N <= 0 || contig_a % 8 || contig_b % 8 ||
-            !aligned16(g[i].A) || !aligned16(g[i].B) || ((uintptr_t)g[i].C & 3u))
+            !qd_aligned(g[i].A, 16) || !qd_aligned(g[i].B, 16) || !qd_aligned(g[i].C, 4))
             return QD_ERR_UNSUPPORTED;
     }
     gm_params *p = (gm_params *)calloc(1, sizeof *p);

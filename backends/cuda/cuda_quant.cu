@@ -1481,8 +1481,6 @@ static unsigned row_threads(int64_t per_row)
     return (unsigned)(t < 32 ? 32 : (t > QD_THREADS ? QD_THREADS : t));
 }
 
-static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
 static qd_status check_shape(const char *fn, int64_t rows, int64_t cols)
 {
     if (rows < 0 || cols < 0 || cols % QD_NVFP4_BLOCK)
@@ -1493,7 +1491,7 @@ static qd_status check_shape(const char *fn, int64_t rows, int64_t cols)
 
 static qd_status check_in(const char *fn, const void *x)
 {
-    if (!aligned16(x))
+    if (!qd_aligned(x, 16))
         return qd_error(QD_ERR_ARG, "%s: input pointer not 16-byte aligned", fn);
     return QD_OK;
 }
