@@ -1577,6 +1577,25 @@ static size_t backward_floats(const model *c, int from_acts, size_t *layer_float
 }
 
 /* dlogp: dev (N). */
+/* dln (N, C) += the lm_head's backward from dlogp (its weight's gradient
+ * too): the ops' head_backward where it fuses the two, else logprob_backward
+ * into dlogits (N, V) and linear_backward. */
+static qd_status head_backward(model *c, float *dln, float *dlogits, const float *dlogp)
+{
+    const linear *L = &c->lin[c->lm_head];
+    int N = c->N, V = c->cfg.vocab_size;
+    if (c->ops->head_backward && N) {
+        const float *xe;
+        QD_TRY(effective_input(c, &xe, c->lnf, L, N));
+        qd_status st = OP(c, head_backward, dln, c->grads + L->w, dlogp, c->logits, c->lse, c->d_tgt, xe, LW(c, L),
+                          N, L->in, V, c->temp);
+        if (st != QD_ERR_UNSUPPORTED)
+            return st;
+    }
+    QD_TRY(OP(c, logprob_backward, dlogits, dlogp, c->logits, c->lse, c->d_tgt, N, V, c->temp));
+    return linear_backward(c, dln, dlogits, c->lnf, L, N);
+}
+
 static qd_status model_backward(model *c, const float *dlogp)
 {
     const qd_model_config *g = &c->cfg;
@@ -1592,8 +1611,7 @@ static qd_status model_backward(model *c, const float *dlogp)
      * 10 GB at a3b's 16 x 1024 tokens), mlp_backward zeroes what it adds into */
     QD_TRY(OP(c, zero, dres, sizeof(float) * (size_t)(lbuf - dres)));
     mark(c, QD_PH_BWD_HEAD);
-    QD_TRY(OP(c, logprob_backward, dlogits, dlogp, c->logits, c->lse, c->d_tgt, N, V, c->temp));
-    QD_TRY(linear_backward(c, dln, dlogits, c->lnf, &c->lin[c->lm_head], N));
+    QD_TRY(head_backward(c, dln, dlogits, dlogp));
     mark(c, QD_PH_BWD);
     QD_TRY(OP(c, rmsnorm_backward, dres, c->grads + c->final_norm, dln, c->xf, P(c, c->final_norm), c->rstdf, N,
               C));
@@ -1799,11 +1817,15 @@ static qd_status optimizer_step_impl(model *c, const qd_adamw *o, int step, floa
     *norm_out = (float)norm;
     float gscale, bc1, bc2;
     qd_adamw_scalars(o, step, norm, &gscale, &bc1, &bc2);
-    for (int t = 0; t < c->ninfo; t++) {
-        const qd_param_info *pi = &c->info[t];
-        size_t off = pi->offset;
-        QD_TRY(OP(c, adamw, c->params + off, c->grads + off, c->m + off, c->v + off, (size_t)(pi->rows * pi->cols),
-                  o, qd_adamw_decay(o, pi), gscale, bc1, bc2));
+    /* one op a run of adjacent tensors with the same decay (an update is per
+     * element: the same bits as one op a tensor, in a few launches, not one a
+     * tensor: a3b at 4 layers has 1,600 tensors) */
+    for (int t = 0, u; t < c->ninfo; t = u) {
+        size_t off = c->info[t].offset, n = (size_t)(c->info[t].rows * c->info[t].cols);
+        float wd = qd_adamw_decay(o, &c->info[t]);
+        for (u = t + 1; u < c->ninfo && c->info[u].offset == off + n && qd_adamw_decay(o, &c->info[u]) == wd; u++)
+            n += (size_t)(c->info[u].rows * c->info[u].cols);
+        QD_TRY(OP(c, adamw, c->params + off, c->grads + off, c->m + off, c->v + off, n, o, wd, gscale, bc1, bc2));
     }
     c->have_forward = 0;
     mark(c, QD_PH_SYNC);

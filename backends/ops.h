@@ -243,6 +243,16 @@ typedef struct qd_ops {
     /* dlogits (N, V) = dlogp * (onehot(tgt) - softmax(logits / T)) / T */
     qd_status (*logprob_backward)(void *dev, float *dlogits, const float *dlogp, const float *logits,
                                   const float *lse, const int32_t *tgt, int N, int V, float T);
+    /* The lm_head's backward from the log-probs in one op: dinp (N, IC) +=
+     * dl . w and dw (V, IC) += dl^T . x, dl = logprob_backward's dlogits,
+     * which need not be stored (the CUDA fast mode makes their BF16 bits a
+     * block of columns at a time: N x V floats are 10 GB at a3b's 16 x 1024
+     * tokens). Optional, and QD_ERR_UNSUPPORTED with nothing enqueued where
+     * the backend does not fuse (exact mode): the driver then calls
+     * logprob_backward and matmul_backward. */
+    qd_status (*head_backward)(void *dev, float *dinp, float *dw, const float *dlogp, const float *logits,
+                               const float *lse, const int32_t *tgt, const float *x, const float *w, int N, int IC,
+                               int V, float T);
     /* out (host, B): qd_sample_row of each row of logits (B, V) at (seq_ids[b], positions[b]).
      * Optional: where NULL the driver copies the logits to the host (to_host)
      * and samples there (qd_sample_batch, backends/sampling.c). */

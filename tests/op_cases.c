@@ -926,6 +926,51 @@ static void c_sample_greedy(oc *c)
     c_sample(c, 2100, (qd_sample_params){.temperature = 0.0f, .top_k = 5, .top_p = 0.5f, .seed = 13});
 }
 
+/* The lm_head's backward from the log-probs: the ops' head_backward where it
+ * fuses (the CUDA fast mode: dlogits' BF16 bits a block of columns at a time,
+ * never stored), else logprob_backward then matmul_backward, as the driver. */
+static void c_head_backward(oc *c)
+{
+    int N = 37, IC = 72, V = 304;
+    float T = 0.7f;
+    int32_t tgt[37];
+    for (int n = 0; n < N; n++)
+        tgt[n] = n % 9 == 4 ? -1 : irand(c, V);
+    float *l = F(c, (size_t)N * V, -8, 8), *lp = Z(c, sizeof(float) * N), *lse = Z(c, sizeof(float) * N);
+    float *dlp = F(c, N, -1, 1), *x = F(c, (size_t)N * IC, -1, 1), *w = F(c, (size_t)V * IC, -1, 1);
+    float *dx = F(c, (size_t)N * IC, -1, 1), *dw = F(c, (size_t)V * IC, -1, 1);
+    int32_t *dt = I(c, tgt, N);
+    RUN(c, c->ops->round_bf16(c->dev, x, x, (size_t)N * IC)); /* BF16 values, as the recipes make them */
+    RUN(c, c->ops->round_bf16(c->dev, w, w, (size_t)V * IC));
+    RUN(c, c->ops->logprob(c->dev, lp, lse, l, dt, N, V, T));
+    qd_status st = QD_ERR_UNSUPPORTED;
+    if (!c->st && c->ops->head_backward)
+        st = c->ops->head_backward(c->dev, dx, dw, dlp, l, lse, dt, x, w, N, IC, V, T);
+    if (st == QD_ERR_UNSUPPORTED) {
+        float *dl = Z(c, sizeof(float) * (size_t)N * V);
+        RUN(c, c->ops->logprob_backward(c->dev, dl, dlp, l, lse, dt, N, V, T));
+        RUN(c, c->ops->matmul_backward(c->dev, dx, dw, dl, x, w, N, IC, V));
+    } else if (!c->st) {
+        c->st = st;
+    }
+    OUT(c, "dx", 'f', dx, sizeof(float) * N * IC);
+    OUT(c, "dw", 'f', dw, sizeof(float) * V * IC);
+}
+
+/* AdamW over a length that is not a multiple of 4, from an address off 16
+ * bytes, and from one on them (the CUDA kernel's 4-wide path and its tail) */
+static void c_adamw_ragged(oc *c)
+{
+    size_t n = 10003;
+    float *g = F(c, n + 1, -1, 1), *p = F(c, n + 1, -1, 1), *m = F(c, n + 1, -0.1f, 0.1f), *v = F(c, n + 1, 0, 0.01f);
+    qd_adamw o = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_clip = 1};
+    RUN(c, c->ops->adamw(c->dev, p, g, m, v, n, &o, 0.1f, 0.5f, 0.1f, 0.0975f));
+    RUN(c, c->ops->adamw(c->dev, p + 1, g + 1, m + 1, v + 1, n, &o, 0.0f, 0.25f, 0.19f, 0.0975f));
+    OUT(c, "p", 'f', p, sizeof(float) * (n + 1));
+    OUT(c, "m", 'f', m, sizeof(float) * (n + 1));
+    OUT(c, "v", 'f', v, sizeof(float) * (n + 1));
+}
+
 static void c_sumsq_adamw(oc *c)
 {
     size_t n = 10000, nch = (n + 4095) / 4096;
@@ -1085,7 +1130,9 @@ static const op_case cases[] = {
     {{"sample greedy 5x2100", "sample", 0}, c_sample_greedy},
     {{"sample full 5x40000 T=0.9", "sample", 0}, c_sample_wide},
     {{"sample greedy 5x40000", "sample", 0}, c_sample_wide_greedy},
+    {{"head_backward 37x72 V304 T=0.7", "head_backward", 1}, c_head_backward},
     {{"sumsq_chunks+adamw 10000", "adamw", 0}, c_sumsq_adamw},
+    {{"adamw 10003 ragged, off 16 bytes", "adamw", 0}, c_adamw_ragged},
     {{"sumsq_chunks 1049576", "sumsq_chunks", 0}, c_sumsq_long},
     {{"copy 1001", "copy", 0}, c_copy},
 };

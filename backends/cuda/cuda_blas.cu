@@ -23,6 +23,7 @@
 #define WORKSPACE_BYTES ((size_t)32 << 20) /* NVIDIA's recommendation for Hopper/Blackwell */
 #define THREADS 256
 #define PTR_SLOTS 8 /* pointer uploads in flight before the host waits for the oldest */
+#define MAX_XSTREAMS 16 /* side streams the experts' products may spread over */
 
 /* The operand type of a product; the output is always float32. */
 enum { KIND_F32, KIND_BF16, KIND_FP8, KIND_FP4 };
@@ -60,6 +61,10 @@ typedef struct {
     int ring_next;
     void **dptr;        /* the device copy of the last upload */
     cublasLtMatrixLayout_t vl[3]; /* the experts' per-call layouts (A, B: BF16; C: float32) */
+    int nxs;                      /* side streams made (expert_streams) */
+    cudaStream_t xs[MAX_XSTREAMS];
+    cudaEvent_t xev[MAX_XSTREAMS], xfork; /* a side stream's end; the fork on the default stream */
+    void *xws[MAX_XSTREAMS];      /* a workspace each: their products run at once */
     plan plans[MAX_PLANS];
     int n_plans, evict; /* plans in use; the next one replaced when full */
 } blas_ctx;
@@ -124,6 +129,13 @@ static void ctx_release(blas_ctx *c)
     for (int i = 0; i < 3; i++)
         if (c->vl[i])
             cublasLtMatrixLayoutDestroy(c->vl[i]);
+    for (int i = 0; i < c->nxs; i++) {
+        cudaStreamDestroy(c->xs[i]);
+        cudaEventDestroy(c->xev[i]);
+        cudaFree(c->xws[i]);
+    }
+    if (c->xfork)
+        cudaEventDestroy(c->xfork);
     memset(c, 0, sizeof *c);
 }
 
@@ -911,6 +923,64 @@ static qd_status gemm_grouped_rm(cublasHandle_t h, cudaDataType_t in, cublasComp
     return st;
 }
 
+/* How many streams the experts' cuBLASLt products spread over
+ * (QUADS_EXPERT_STREAMS, 1 .. MAX_XSTREAMS, default XSTREAMS_DEFAULT). One
+ * expert's product fills few of the GPU's SMs (a3b's 1,024 x 768 x 2,048 at
+ * B 16 x 1,024 is 24 to 48 tiles of 132 SMs), so one after another on one
+ * stream the GPU ran a quarter full; on several streams they overlap. Each
+ * problem writes its own rows of C (or its own dW), so the order of their
+ * ends does not matter: the bits are those of one stream. */
+#define XSTREAMS_DEFAULT 4
+static int expert_streams(void)
+{
+    static int v;
+    if (!v) {
+        const char *e = getenv("QUADS_EXPERT_STREAMS");
+        int n = e && *e ? atoi(e) : XSTREAMS_DEFAULT;
+        v = n < 1 ? 1 : n > MAX_XSTREAMS ? MAX_XSTREAMS : n;
+    }
+    return v;
+}
+
+/* n side streams (made on first use, a workspace each) after what the
+ * default stream has enqueued so far. */
+static qd_status xstreams_fork(blas_ctx *c, int n)
+{
+    if (!c->xfork)
+        QD_CUDA_CHECK(cudaEventCreateWithFlags(&c->xfork, cudaEventDisableTiming));
+    while (c->nxs < n) {
+        int i = c->nxs;
+        cudaStream_t s;
+        cudaEvent_t ev;
+        void *ws = NULL;
+        QD_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+        if (e == cudaSuccess && (e = cudaMalloc(&ws, WORKSPACE_BYTES)) != cudaSuccess)
+            cudaEventDestroy(ev);
+        if (e != cudaSuccess) {
+            cudaStreamDestroy(s);
+            return qd_error(QD_ERR_DEVICE, "cuda_blas: side stream %d of the experts' products: %s", i,
+                            cudaGetErrorString(e));
+        }
+        c->xs[i] = s, c->xev[i] = ev, c->xws[i] = ws;
+        c->nxs++;
+    }
+    QD_CUDA_CHECK(cudaEventRecord(c->xfork, 0));
+    for (int i = 0; i < n; i++)
+        QD_CUDA_CHECK(cudaStreamWaitEvent(c->xs[i], c->xfork, 0));
+    return QD_OK;
+}
+
+/* The default stream waits for the n side streams' work. */
+static qd_status xstreams_join(blas_ctx *c, int n)
+{
+    for (int i = 0; i < n; i++) {
+        QD_CUDA_CHECK(cudaEventRecord(c->xev[i], c->xs[i]));
+        QD_CUDA_CHECK(cudaStreamWaitEvent(0, c->xev[i], 0));
+    }
+    return QD_OK;
+}
+
 /* The BF16 experts' products one cublasLtMatmul each (no host
  * synchronization, no per-problem heuristic): the G problems differ in one
  * dimension only (an expert's rows: M forward and in dx, K in dw), so the
@@ -919,6 +989,8 @@ static qd_status gemm_grouped_rm(cublasHandle_t h, cudaDataType_t in, cublasComp
  * are kept in the plan cache and serve every problem, the context's three
  * layouts set to each one's sizes. A problem no kept algorithm takes goes to
  * cublasGemmEx. */
+static qd_status lt_enqueue(blas_ctx *c, cublasHandle_t h, plan *p, const plan_key *kp, const grp_gemm *g, int G,
+                            int ta, int tb, float beta, int ns);
 static qd_status lt_products(blas_ctx *c, cublasHandle_t h, const grp_gemm *g, int G, int ta, int tb, float beta)
 {
     if (G == 0)
@@ -951,7 +1023,27 @@ static qd_status lt_products(blas_ctx *c, cublasHandle_t h, const grp_gemm *g, i
     for (int i = 0; i < 3; i++)
         if (!c->vl[i])
             LT_CHECK(cublasLtMatrixLayoutCreate(&c->vl[i], i < 2 ? CUDA_R_16BF : CUDA_R_32F, 1, 1, 1), NULL);
+    int ns = expert_streams();
+    ns = ns < G ? ns : G;
+    if (ns > 1)
+        QD_TRY(xstreams_fork(c, ns));
+    qd_status st = lt_enqueue(c, h, p, &key, g, G, ta, tb, beta, ns);
+    if (ns > 1) { /* joined also after a failure: nothing stays behind on a side stream */
+        qd_status sj = xstreams_join(c, ns);
+        st = st ? st : sj;
+    }
+    return st;
+}
+
+/* lt_products' enqueue: problem i on side stream i % ns (ns > 1) or the
+ * default stream, each of its products with its stream's workspace. */
+static qd_status lt_enqueue(blas_ctx *c, cublasHandle_t h, plan *p, const plan_key *kp, const grp_gemm *g, int G,
+                            int ta, int tb, float beta, int ns)
+{
+    plan_key key = *kp;
     for (int i = 0; i < G; i++) {
+        cudaStream_t s = ns > 1 ? c->xs[i % ns] : 0;
+        void *ws = ns > 1 ? c->xws[i % ns] : c->ws;
         uint64_t dims[3][2]; /* cuBLASLt's m = N, n = M */
         stored_dims(&key, (uint64_t)g[i].N, (uint64_t)g[i].M, (uint64_t)g[i].K, dims);
         int64_t ld[3] = {key.lda, key.ldb, key.ldc};
@@ -967,11 +1059,11 @@ static qd_status lt_products(blas_ctx *c, cublasHandle_t h, const grp_gemm *g, i
         for (int t = 0; t < p->n_algo && st != CUBLAS_STATUS_SUCCESS; t++) {
             int a = (p->use + t) % p->n_algo;
             st = cublasLtMatmul(c->h, p->desc, &g[i].alpha, g[i].B, c->vl[0], g[i].A, c->vl[1], &beta, g[i].C, c->vl[2],
-                                g[i].C, c->vl[2], &p->algo[a], c->ws, WORKSPACE_BYTES, 0);
+                                g[i].C, c->vl[2], &p->algo[a], ws, WORKSPACE_BYTES, s);
             if (st == CUBLAS_STATUS_SUCCESS)
                 p->use = a;
         }
-        if (st != CUBLAS_STATUS_SUCCESS)
+        if (st != CUBLAS_STATUS_SUCCESS) /* cuBLAS's handle runs on the default stream: joined after */
             QD_TRY(gemm_ex_rm(h, CUDA_R_16BF, CUBLAS_COMPUTE_32F, g[i].C, g[i].A, ta, g[i].B, tb, g[i].M, g[i].N,
                               g[i].K, g[i].alpha, beta));
     }

@@ -2412,6 +2412,33 @@ extern "C" qd_status qdk_logprob_backward(float *dlogits, const float *dlogp, co
     return QD_OK;
 }
 
+/* The BF16 bits of k_logprob_bwd's values in columns c0 .. c0 + nc - 1 of
+ * every row, into dy16 (N, nc): the fast lm_head backward's block (no float32
+ * N x V array). Block (n, column block), as k_logprob_bwd. */
+__global__ void k_logprob_bwd16(uint16_t *dy16, const float *dlogp, const float *logits, const float *lse,
+                                const int32_t *tgt, int N, int V, float T, int c0, int nc)
+{
+    int n = blockIdx.x, jj = blockIdx.y * blockDim.x + threadIdx.x;
+    if (jj >= nc)
+        return;
+    int j = c0 + jj;
+    size_t id = (size_t)n * V + j;
+    int g = tgt[n];
+    float d = g >= 0 ? dlogp[n] / T : 0.0f;
+    float p = qd_expf(logits[id] / T - lse[n]);
+    dy16[(size_t)n * nc + jj] = (uint16_t)bf16_hi(d * ((j == g ? 1.0f : 0.0f) - p));
+}
+
+extern "C" qd_status qdk_logprob_backward_bf16_cols(uint16_t *dy16, const float *dlogp, const float *logits,
+                                                    const float *lse, const int32_t *tgt, int N, int V, float T,
+                                                    int c0, int nc)
+{
+    if (N && nc > 0)
+        QD_LAUNCH(k_logprob_bwd16, dim3((unsigned)N, blocks((size_t)nc, 256u)), 256u, dy16, dlogp, logits, lse,
+                  tgt, N, V, T, c0, nc);
+    return QD_OK;
+}
+
 /* ------------------------------------------------------------------------ */
 /* statistics and AdamW                                                      */
 
@@ -2558,23 +2585,53 @@ extern "C" qd_status qdk_sumsq_chunks(double *part, const float *g, size_t n)
     return QD_OK;
 }
 
+/* One parameter's AdamW update (the CPU's expression, operation for operation). */
+static __device__ __forceinline__ void adamw_one(float &p, float g, float &m, float &v, float lr, float beta1,
+                                                 float beta2, float eps, float wd, float gscale, float bc1, float bc2)
+{
+    float gi = g * gscale;
+    m = beta1 * m + (1.0f - beta1) * gi;
+    v = beta2 * v + (1.0f - beta2) * (gi * gi);
+    float mh = m / bc1, vh = v / bc2;
+    p = p - lr * (mh / (sqrtf(vh) + eps) + wd * p);
+}
+
+/* Four parameters a thread with 16-byte loads and stores, a grid-stride loop
+ * (one launch serves a run of tensors: 3.1B parameters for a3b at 4 layers);
+ * k_adamw takes the n % 4 left and unaligned arrays. */
+__global__ void k_adamw4(float4 *p, const float4 *g, float4 *m, float4 *v, size_t n4, float lr, float beta1,
+                         float beta2, float eps, float wd, float gscale, float bc1, float bc2)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
+        float4 pp = p[i], gg = g[i], mm = m[i], vv = v[i];
+        adamw_one(pp.x, gg.x, mm.x, vv.x, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
+        adamw_one(pp.y, gg.y, mm.y, vv.y, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
+        adamw_one(pp.z, gg.z, mm.z, vv.z, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
+        adamw_one(pp.w, gg.w, mm.w, vv.w, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
+        p[i] = pp, m[i] = mm, v[i] = vv;
+    }
+}
+
 __global__ void k_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
                         float beta2, float eps, float wd, float gscale, float bc1, float bc2)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n)
-        return;
-    float gi = g[i] * gscale;
-    m[i] = beta1 * m[i] + (1.0f - beta1) * gi;
-    v[i] = beta2 * v[i] + (1.0f - beta2) * (gi * gi);
-    float mh = m[i] / bc1, vh = v[i] / bc2;
-    p[i] = p[i] - lr * (mh / (sqrtf(vh) + eps) + wd * p[i]);
+    if (i < n)
+        adamw_one(p[i], g[i], m[i], v[i], lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
 }
 
 extern "C" qd_status qdk_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
                                float beta2, float eps, float wd, float gscale, float bc1, float bc2)
 {
-    if (n)
-        QD_LAUNCH_N(k_adamw, (n), p, g, m, v, n, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
+    size_t n4 = qd_aligned(p, 16) && qd_aligned(g, 16) && qd_aligned(m, 16) && qd_aligned(v, 16) ? n / 4 : 0;
+    if (n4) {
+        size_t cap = (size_t)qd_sm_count() * 16, nb = blocks(n4, 256);
+        QD_LAUNCH(k_adamw4, (unsigned)(nb < cap ? nb : cap), 256, (float4 *)p, (const float4 *)g, (float4 *)m,
+                  (float4 *)v, n4, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
+    }
+    size_t r = n - 4 * n4;
+    if (r)
+        QD_LAUNCH_N(k_adamw, (r), p + 4 * n4, g + 4 * n4, m + 4 * n4, v + 4 * n4, r, lr, beta1, beta2, eps, wd,
+                    gscale, bc1, bc2);
     return QD_OK;
 }

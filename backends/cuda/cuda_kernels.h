@@ -151,6 +151,9 @@ qd_status qdk_sample(int32_t *tok, float *lp, float *lpk, const float *logits, i
                      uint64_t seed, const uint64_t *sid, const uint32_t *spos, int *bad, void *work);
 size_t qdk_sample_work_bytes(int B, int V);
 /* logprob_backward: dlogits (N, V). */
+/* dy16 (N, nc) = the BF16 bits of qdk_logprob_backward's columns c0 .. c0 + nc - 1 */
+qd_status qdk_logprob_backward_bf16_cols(uint16_t *dy16, const float *dlogp, const float *logits, const float *lse,
+                                         const int32_t *tgt, int N, int V, float T, int c0, int nc);
 qd_status qdk_logprob_backward(float *dlogits, const float *dlogp, const float *logits, const float *lse,
                                const int32_t *tgt, int N, int V, float T);
 

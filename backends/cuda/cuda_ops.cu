@@ -470,8 +470,16 @@ static qd_status cuda_embed_w16(void *dev, float *x, const uint16_t *emb, const 
  * block of columns at a time (at most dy16_bytes: the lm_head's dy is N x
  * vocab), each block's dinp += dy_b . w_b and dw_b += dy_b^T . x. */
 
-static qd_status backward16(cuda_dev *d, float *dinp, float *dw, const float *dout, const float *x, const float *w,
-                            int N, int IC, int OC)
+/* backward16's dy made from the log-probs (head_backward): the lm_head's
+ * dlogits, never stored in float32 */
+typedef struct {
+    const float *dlogp, *logits, *lse;
+    const int32_t *tgt;
+    float T;
+} lp_grad;
+
+static qd_status backward16(cuda_dev *d, float *dinp, float *dw, const float *dout, const lp_grad *lp,
+                            const float *x, const float *w, int N, int IC, int OC)
 {
     const uint16_t *w16 = NULL, *x16 = NULL;
     float alpha;
@@ -490,7 +498,11 @@ static qd_status backward16(cuda_dev *d, float *dinp, float *dw, const float *do
     uint16_t *dy16 = (uint16_t *)p;
     for (int64_t c0 = 0; c0 < OC; c0 += cw) {
         int64_t nc = OC - c0 < cw ? OC - c0 : cw;
-        QD_TRY(qdk_bf16_bits_cols(dy16, dout + c0, N, nc, OC));
+        if (lp)
+            QD_TRY(qdk_logprob_backward_bf16_cols(dy16, lp->dlogp, lp->logits, lp->lse, lp->tgt, N, OC, lp->T,
+                                                  (int)c0, (int)nc));
+        else
+            QD_TRY(qdk_bf16_bits_cols(dy16, dout + c0, N, nc, OC));
         if (dinp)
             QD_TRY(qd_cuda_gemm_bf16_dx_scaled(dinp, dy16, w16 + c0 * IC, N, nc, IC, alpha, 1.0f));
         if (dw)
@@ -504,7 +516,7 @@ static qd_status cuda_matmul_backward(void *dev, float *dinp, float *dw, const f
 {
     cuda_dev *d = D(dev);
     if (d->fast16 && IC % 8 == 0 && OC % 8 == 0) /* BF16 rows on 16 bytes */
-        return N ? backward16(d, dinp, dw, dout, x, w, N, IC, OC) : QD_OK;
+        return N ? backward16(d, dinp, dw, dout, NULL, x, w, N, IC, OC) : QD_OK;
     if (d->mode == QD_MODE_FAST && d->bwd_math == QD_GEMM_TF32) { /* through cuBLAS as one expert */
         const float *wp[1] = {w};
         float *dwp[1] = {dw};
@@ -519,6 +531,20 @@ static qd_status cuda_matmul_backward(void *dev, float *dinp, float *dw, const f
     if (dinp)
         QD_TRY(qdk_matmul(dinp, dout, w, N, IC, OC, QDK_NN, QDK_ACCUMULATE));
     return dw ? qdk_matmul(dw, dout, x, OC, IC, N, QDK_TN, QDK_ACCUMULATE) : QD_OK;
+}
+
+/* Fast mode with BF16 operands: the lm_head's backward16 with dy's blocks
+ * made from the log-probs (the bits of logprob_backward then matmul_backward,
+ * without the N x V float32 dlogits); else the driver's two ops. */
+static qd_status cuda_head_backward(void *dev, float *dinp, float *dw, const float *dlogp, const float *logits,
+                                    const float *lse, const int32_t *tgt, const float *x, const float *w, int N,
+                                    int IC, int V, float T)
+{
+    cuda_dev *d = D(dev);
+    if (!(d->fast16 && IC % 8 == 0 && V % 8 == 0))
+        return QD_ERR_UNSUPPORTED;
+    lp_grad lp = {dlogp, logits, lse, tgt, T};
+    return N ? backward16(d, dinp, dw, NULL, &lp, x, w, N, IC, V) : QD_OK;
 }
 
 /* Fast mode, BF16 linears: w16[e] = expert e's BF16 bits (n values each):
@@ -1095,6 +1121,7 @@ static const qd_ops cuda_ops = {
     .router_backward = cuda_router_backward,
     .logprob = cuda_logprob,
     .logprob_backward = cuda_logprob_backward,
+    .head_backward = cuda_head_backward,
     .sample = cuda_sample,
     .sumsq_chunks = cuda_sumsq_chunks,
     .adamw = cuda_adamw,

@@ -25,7 +25,7 @@
 static double fast_bound(const char *slot)
 {
     if (!strcmp(slot, "matmul") || !strcmp(slot, "matmul_w16") || !strcmp(slot, "matmul_backward") ||
-        !strcmp(slot, "matmul_grouped"))
+        !strcmp(slot, "matmul_grouped") || !strcmp(slot, "head_backward"))
         return 1e-5;
     if (!strcmp(slot, "fp8_gemm") || !strcmp(slot, "w4a4_gemm"))
         return 1e-3;
@@ -48,7 +48,8 @@ static double fast_bound(const char *slot)
  * inside the same bounds.) */
 static double fast16_bound(const char *slot)
 {
-    if (!strcmp(slot, "matmul") || !strcmp(slot, "matmul_grouped") || !strcmp(slot, "matmul_backward"))
+    if (!strcmp(slot, "matmul") || !strcmp(slot, "matmul_grouped") || !strcmp(slot, "matmul_backward") ||
+        !strcmp(slot, "head_backward")) /* the lm_head's: its dy (dlogits) as BF16 bits */
         return 4.0 / 256;
     return !strcmp(slot, "attend") || !strcmp(slot, "attend_backward") ? 4.0 / 1024 : -1;
 }
