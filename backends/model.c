@@ -646,6 +646,52 @@ static qd_status sync_linear(model *c, linear *L, const float *w, int codes_done
     return QD_OK; /* BF16: rounded with everything else */
 }
 
+/* A linear whose sync_linear (codes done) is only its fake-quant working weight. */
+static int fake_quant_only(const model *c, const linear *L)
+{
+    return is_fake_quant_weight(L->mode) && L->wk != NOT_HELD && !measured(c, L) &&
+           !(is_rollout_quant(L->mode) && !is_w4a4(L->mode));
+}
+
+/* The fake-quant working weights of the fake_quant_only linears from src,
+ * a shape at a time through the ops' nvfp4_fake_quant_weights (the bits of
+ * sync_linear's op per linear); done[i] set for the linears it took. */
+static qd_status sync_fake_quants(model *c, const float *src, unsigned char *done)
+{
+    if (!c->ops->nvfp4_fake_quant_weights)
+        return QD_OK;
+    codes_key *k = malloc(sizeof *k * (size_t)(c->nlin ? c->nlin : 1));
+    void **p = malloc(sizeof(void *) * 2 * (size_t)(c->nlin ? c->nlin : 1));
+    qd_status st = k && p ? QD_OK : qd_error(QD_ERR_NOMEM, "%s backend: weight sync", c->ops->name);
+    int m = 0;
+    for (int i = 0; i < c->nlin && !st; i++)
+        if (fake_quant_only(c, &c->lin[i]))
+            k[m++] = (codes_key){.out = c->lin[i].out, .in = c->lin[i].in, .i = i};
+    if (!st)
+        qsort(k, (size_t)m, sizeof *k, codes_key_cmp);
+    float **out = (float **)p;
+    const float **x = (const float **)(p + c->nlin);
+    for (int j0 = 0, j1; j0 < m && !st; j0 = j1) {
+        for (j1 = j0 + 1; j1 < m && same_shape(&k[j1], &k[j0]); j1++)
+            ;
+        for (int j = j0; j < j1; j++) {
+            const linear *L = &c->lin[k[j].i];
+            out[j - j0] = LW(c, L);
+            x[j - j0] = src + L->w;
+        }
+        st = OP(c, nvfp4_fake_quant_weights, out, x, j1 - j0, k[j0].out, k[j0].in);
+        if (st == QD_ERR_UNSUPPORTED) { /* nothing enqueued: sync_linear does them */
+            st = QD_OK;
+            break;
+        }
+        for (int j = j0; j < j1 && !st; j++)
+            done[k[j].i] = 1;
+    }
+    free(k);
+    free(p);
+    return st;
+}
+
 /* Where a weight sync of a lean instance (or a fill) reads the float
  * weights: host (the caller's array), dev (another instance's master), fill
  * (the caller's, through the host buffer buf of cap floats), else zeros (at
@@ -769,8 +815,15 @@ static qd_status sync_weights_from(model *c, wsrc *s)
     } else {
         if (c->wk != c->params)
             QD_TRY(OP(c, round_bf16, c->wk, c->params, c->nfloats));
-        for (int i = 0; i < c->nlin; i++)
-            QD_TRY(sync_linear(c, &c->lin[i], c->params + c->lin[i].w, 1));
+        unsigned char *done = calloc((size_t)(c->nlin ? c->nlin : 1), 1);
+        if (!done)
+            return qd_error(QD_ERR_NOMEM, "%s backend: weight sync", c->ops->name);
+        qd_status st = sync_fake_quants(c, c->params, done);
+        for (int i = 0; i < c->nlin && !st; i++)
+            if (!done[i])
+                st = sync_linear(c, &c->lin[i], c->params + c->lin[i].w, 1);
+        free(done);
+        QD_TRY(st);
     }
     c->rac_pending = 0;
     if (c->ops->weights_changed)

@@ -166,6 +166,13 @@ typedef struct qd_ops {
      * Optional: where NULL the driver calls those per tensor. */
     qd_status (*nvfp4_quantize_weights)(void *dev, qd_nvfp4 *const *q, const float *const *x,
                                         const int64_t *const *ch, int count, int N, int K, int64_t n);
+    /* Per-tensor fake-quant weights at a sync: for i < count, out[i] (N, K) =
+     * nvfp4_fake_quant(x[i], N, K, QD_SCALE_PER_TENSOR) (host arrays of dev
+     * pointers; AQAT's working weights), the bits of the op per tensor, in a
+     * few launches. Optional, and QD_ERR_UNSUPPORTED with nothing enqueued
+     * where the backend does not batch: the driver then calls the op per tensor. */
+    qd_status (*nvfp4_fake_quant_weights)(void *dev, float *const *out, const float *const *x, int count, int N,
+                                          int K);
     /* RAC channel sets at a sync, qd_rac_select of each of count linears: for
      * i < count the qd_rac_count(ratio, K[i]) channels of largest err + off[i]
      * (dev, K[i] doubles; ties to the lower channel), ascending, into ch +

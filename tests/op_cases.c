@@ -484,6 +484,47 @@ static void c_quantize_weights_rac(oc *c) { weights_case(c, 67, 10, 64, 16); }
 /* RAC copies over many warps' chunks of 32 blocks, chunks across rows (12 copied blocks a row) */
 static void c_quantize_weights_rac_wide(oc *c) { weights_case(c, 6, 100, 768, 192); }
 
+/* count per-tensor fake-quants of one shape (N, K): the ops'
+ * nvfp4_fake_quant_weights (more tensors than one CUDA launch takes), where a
+ * backend has it, else nvfp4_fake_quant per tensor; the outputs "out", then
+ * "ref" (nvfp4_fake_quant per tensor): the same bytes. Every fourth tensor is
+ * scaled up a decade so their global scales differ. */
+static void c_fake_quant_weights(oc *c)
+{
+    int count = 70, N = 24, K = 96;
+    size_t per = (size_t)N * K, all = per * (size_t)count;
+    float *x = F(c, all, -1, 1), *out = Z(c, sizeof(float) * all), *ref = Z(c, sizeof(float) * all);
+    float **op = malloc(sizeof(float *) * (size_t)count), **xp = malloc(sizeof(float *) * (size_t)count);
+    float *h = malloc(sizeof(float) * per);
+    if (!op || !xp || !h) {
+        c->st = c->st ? c->st : qd_error(QD_ERR_NOMEM, "op case");
+        free(op), free(xp), free(h);
+        return;
+    }
+    for (int i = 0; i < count && x; i++) {
+        op[i] = out + per * (size_t)i;
+        xp[i] = x + per * (size_t)i;
+        if (i % 4 == 3 && !c->st) {
+            c->st = c->ops->to_host(c->dev, h, xp[i], sizeof(float) * per);
+            for (size_t j = 0; j < per && !c->st; j++)
+                h[j] *= 10.0f;
+            RUN(c, c->ops->to_dev(c->dev, xp[i], h, sizeof(float) * per));
+        }
+    }
+    qd_status st = QD_ERR_UNSUPPORTED;
+    if (!c->st && c->ops->nvfp4_fake_quant_weights)
+        st = c->ops->nvfp4_fake_quant_weights(c->dev, op, (const float *const *)xp, count, N, K);
+    for (int i = 0; i < count && st == QD_ERR_UNSUPPORTED; i++)
+        RUN(c, c->ops->nvfp4_fake_quant(c->dev, op[i], xp[i], N, K, QD_SCALE_PER_TENSOR));
+    if (st != QD_ERR_UNSUPPORTED && !c->st)
+        c->st = st;
+    for (int i = 0; i < count; i++)
+        RUN(c, c->ops->nvfp4_fake_quant(c->dev, ref + per * (size_t)i, xp[i], N, K, QD_SCALE_PER_TENSOR));
+    OUT(c, "out", 'f', out, sizeof(float) * all);
+    OUT(c, "ref", 'f', ref, sizeof(float) * all);
+    free(op), free(xp), free(h);
+}
+
 /* The host arrays of a rac_select case over NL linears of widths K: off (NL)
  * their offsets, *e their errors (the caller fills them), *h the channel
  * arrays' sentinels (-7 - k, kept where a set does not fill them). Returns
@@ -1095,6 +1136,7 @@ static const op_case cases[] = {
     {{"nvfp4_quantize_weights 70 x 24x96", "nvfp4_quantize_weights", 0}, c_quantize_weights},
     {{"nvfp4_quantize_weights 67 x 10x64+16", "nvfp4_quantize_weights", 0}, c_quantize_weights_rac},
     {{"nvfp4_quantize_weights 6 x 100x768+192", "nvfp4_quantize_weights", 0}, c_quantize_weights_rac_wide},
+    {{"nvfp4_fake_quant_weights 70 x 24x96", "nvfp4_fake_quant_weights", 0}, c_fake_quant_weights},
     {{"rac error+augment 6x64+16", "rac_augment_act", 0}, c_rac},
     {{"rac_select 205 linears", "rac_select", 0}, c_rac_select},
     {{"rac_select 14 edges x 4 ratios", "rac_select", 0}, c_rac_select_edges},

@@ -443,6 +443,28 @@ START_TEST(test_w16_twins_equal_float_ops)
 }
 END_TEST
 
+/* the per-tensor fake-quants of one shape in one call (nvfp4_fake_quant_weights,
+ * or its per-tensor fallback) give the bytes of the op per tensor ("out" = "ref") */
+START_TEST(test_fake_quant_weights_equal_per_tensor)
+{
+    int seen = 0;
+    for (int i = 0; i < qd_op_case_count(); i++) {
+        qd_op_case_info ci = qd_op_case(i);
+        if (strcmp(ci.slot, "nvfp4_fake_quant_weights"))
+            continue;
+        qd_op_result a;
+        ck_assert_msg(qd_op_case_run(i, O, dev1, 7, &a) == QD_OK, "%s: %s", ci.name, qd_last_error());
+        ck_assert_int_eq(a.nout, 2);
+        ck_assert_str_eq(a.out[0].name, "out");
+        ck_assert_str_eq(a.out[1].name, "ref");
+        ck_assert_msg(memcmp(a.out[0].data, a.out[1].data, a.out[0].bytes) == 0, "%s differs", ci.name);
+        seen++;
+        qd_op_result_free(&a);
+    }
+    ck_assert_int_eq(seen, 1);
+}
+END_TEST
+
 /* the weights of one shape quantized in one call (nvfp4_quantize_weights)
  * give the bytes of the per-tensor ops (case outputs 0-2 and "ref.*" 3-5) */
 START_TEST(test_quantize_weights_equal_per_tensor)
@@ -508,6 +530,7 @@ Suite *suite_ops(void)
     tcase_add_test(tc, test_cases_thread_independent);
     tcase_add_test(tc, test_w16_twins_equal_float_ops);
     tcase_add_test(tc, test_quantize_weights_equal_per_tensor);
+    tcase_add_test(tc, test_fake_quant_weights_equal_per_tensor);
     tcase_add_test(tc, test_compare_finds_a_bit);
     suite_add_tcase(s, tc);
     return s;

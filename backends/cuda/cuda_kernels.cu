@@ -114,6 +114,29 @@ extern "C" qd_status qdk_bf16_bits_div(uint16_t *dst, const float *src, size_t n
     return QD_OK;
 }
 
+/* k_bf16_bits_div over the ranges of a group, range blockIdx.y. */
+__global__ void k_bf16_bits_div_group(const __grid_constant__ qdk_div_group g)
+{
+    int y = blockIdx.y;
+    float d = *g.s[y];
+    size_t n = g.n[y];
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        g.dst[y][i] = (uint16_t)bf16_hi(d == 0.0f ? 0.0f : g.src[y][i] / d);
+}
+
+extern "C" qd_status qdk_bf16_bits_div_group(const qdk_div_group *g, int m)
+{
+    size_t most = 0;
+    for (int j = 0; j < m; j++)
+        most = g->n[j] > most ? g->n[j] : most;
+    if (m <= 0 || most == 0)
+        return QD_OK;
+    size_t cap = (size_t)qd_sm_count() * 16 / (size_t)m, nb = blocks(most, 256);
+    nb = nb < cap ? nb : cap;
+    QD_LAUNCH(k_bf16_bits_div_group, dim3((unsigned)(nb ? nb : 1), (unsigned)m), 256, *g);
+    return QD_OK;
+}
+
 /* A column block: dst (rows, cols) compact from src rows of stride ld, four
  * values a thread (cols, ld multiples of 4, pointers aligned: the caller checks). */
 __global__ void k_bf16_bits_cols_x4(uint2 *dst, const float4 *src, int64_t rows, int64_t cols4, int64_t ld4)

@@ -29,6 +29,15 @@ qd_status qdk_bf16_bits(uint16_t *dst, const float *src, size_t n);
 qd_status qdk_bf16_bits_div(uint16_t *dst, const float *src, size_t n, const float *s);
 /* dst (rows, cols) compact = qdk_bf16_bits of the column block src[r][0 .. cols-1],
  * rows of stride ld (fast mode's BF16 operands of a wide product, a block at a time). */
+/* Ranges of a grouped k_bf16_bits_div (dst[j] = BF16 bits of src[j] / *s[j], n[j] values) */
+#define QDK_DIV_GROUP 64
+typedef struct {
+    uint16_t *dst[QDK_DIV_GROUP];
+    const float *src[QDK_DIV_GROUP];
+    size_t n[QDK_DIV_GROUP];
+    const float *s[QDK_DIV_GROUP];
+} qdk_div_group;
+qd_status qdk_bf16_bits_div_group(const qdk_div_group *g, int m);
 qd_status qdk_bf16_bits_cols(uint16_t *dst, const float *src, int64_t rows, int64_t cols, int64_t ld);
 /* x (N, C) = embedding rows of tok (model_forward). */
 qd_status qdk_embed(float *x, const float *emb, const int32_t *tok, int N, int C);

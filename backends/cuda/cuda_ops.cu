@@ -310,6 +310,71 @@ static qd_status fq_record(cuda_dev *d, float *out, const float *x, int rows, in
     return QD_OK;
 }
 
+/* Count per-tensor fake-quants in a few launches (the slots fq_record gives
+ * each, where they last; else one fq_record each). QUADS_FQ_GROUPED=0
+ * (benchmarks) declines: the driver's one op a tensor. */
+static qd_status cuda_nvfp4_fake_quant_weights(void *dev, float *const *out, const float *const *x, int count, int N,
+                                               int K)
+{
+    cuda_dev *d = D(dev);
+    static int off = -1;
+    if (off < 0) {
+        const char *e = getenv("QUADS_FQ_GROUPED");
+        off = e && !strcmp(e, "0");
+    }
+    if (off)
+        return QD_ERR_UNSUPPORTED;
+    if (count <= 0 || N <= 0 || K <= 0)
+        return QD_OK;
+    if (!d->aqat16)
+        return qd_cuda_nvfp4_fake_quant_weights_async(out, NULL, x, count, N, K);
+    if (d->fq_live) /* a new sync: the ranges in force are rebuilt (fq_record's) */
+        d->nfq = d->fq_live = 0;
+    if (!d->fq_dsdec)
+        QD_TRY(cuda_alloc(d, (void **)&d->fq_dsdec, sizeof(float) * FQ_SLOTS, "fake-quant scales"));
+    int fit = FQ_SLOTS - d->nfq < count ? FQ_SLOTS - d->nfq : count;
+    if (d->nfq + fit > d->fq_cap) {
+        int cap = d->fq_cap ? d->fq_cap : 1024;
+        while (cap < d->nfq + fit)
+            cap *= 2;
+        void *p = realloc(d->fq, sizeof *d->fq * (size_t)cap);
+        if (!p)
+            return qd_error(QD_ERR_NOMEM, "cuda backend: fake-quant ranges");
+        d->fq = (fq_range *)p, d->fq_cap = cap;
+    }
+    float **sd = (float **)malloc(sizeof(float *) * (size_t)(fit ? fit : 1));
+    if (!sd)
+        return qd_error(QD_ERR_NOMEM, "cuda backend: fake-quant scales");
+    for (int i = 0; i < fit; i++) {
+        fq_range r = {out[i], (size_t)N * (size_t)K, d->nfq};
+        d->fq[d->nfq] = r;
+        sd[i] = d->fq_dsdec + d->nfq++;
+    }
+    qd_status st = qd_cuda_nvfp4_fake_quant_weights_async(out, sd, x, fit, N, K);
+    free(sd);
+    for (int i = fit; i < count && !st; i++) /* past the slots: fq_record's fallback */
+        st = fq_record(d, out[i], x[i], N, K);
+    return st;
+}
+
+/* The wk16 bits of the n installed ranges, QDK_DIV_GROUP a launch. */
+static qd_status fq_bits(cuda_dev *d, int n)
+{
+    qdk_div_group g;
+    for (int i0 = 0; i0 < n; i0 += QDK_DIV_GROUP) {
+        int m = n - i0 < QDK_DIV_GROUP ? n - i0 : QDK_DIV_GROUP;
+        for (int j = 0; j < m; j++) {
+            const fq_range *r = &d->fq[i0 + j];
+            g.dst[j] = d->wk16 + (r->w - d->wk);
+            g.src[j] = r->w;
+            g.n[j] = r->n;
+            g.s[j] = d->fq_dsdec + r->slot;
+        }
+        QD_TRY(qdk_bf16_bits_div_group(&g, m));
+    }
+    return QD_OK;
+}
+
 /* At weights_changed: the recorded ranges inside the working copy, sorted,
  * their wk16 bits the E2M1 x E4M3 parts, their scales copied to the host. */
 static qd_status fq_install(cuda_dev *d)
@@ -324,9 +389,7 @@ static qd_status fq_install(cuda_dev *d)
         if (!d->fq_sdec)
             return qd_error(QD_ERR_NOMEM, "cuda backend: fake-quant scales");
     }
-    for (int i = 0; i < n; i++)
-        QD_TRY(qdk_bf16_bits_div(d->wk16 + (d->fq[i].w - d->wk), d->fq[i].w, d->fq[i].n,
-                                 d->fq_dsdec + d->fq[i].slot));
+    QD_TRY(fq_bits(d, n));
     if (n)
         QD_CUDA_CHECK(cudaMemcpy(d->fq_sdec, d->fq_dsdec, sizeof(float) * (size_t)slots, cudaMemcpyDeviceToHost));
     d->nfq = n;
@@ -1103,6 +1166,7 @@ static const qd_ops cuda_ops = {
     .rac_augment_act = cuda_rac_augment_act,
     .rac_augment_weight = cuda_rac_augment_weight,
     .nvfp4_quantize_weights = cuda_nvfp4_quantize_weights,
+    .nvfp4_fake_quant_weights = cuda_nvfp4_fake_quant_weights,
     .rac_select = cuda_rac_select,
     .rac_grouped = cuda_rac_grouped,
     .rac_fake_quant = cuda_rac_fake_quant,

@@ -511,6 +511,14 @@ struct qk_wgroup {
     const int64_t *ch[QK_GROUP];
 };
 
+/* Tensor i of a grouped fake-quant: x, its dequantized output dq, and where
+ * its S_dec goes (NULL: nowhere). */
+struct qk_fqgroup {
+    const float *x[QK_GROUP];
+    float *dq[QK_GROUP];
+    float *s_dec[QK_GROUP];
+};
+
 /* a[y] = the amax of tensor y (blockIdx.y) of the group, n values each, over
  * gridDim.x CTAs a tensor. */
 __global__ void __launch_bounds__(QD_THREADS) qk_amax_group_kernel(qk_amax *a, const __grid_constant__ qk_wgroup g,
@@ -576,6 +584,23 @@ __global__ void __launch_bounds__(QD_THREADS) qk_flat_group_kernel(const qk_amax
 {
     int y = blockIdx.y;
     qk_flat_body(g.codes[y], g.scales[y], (float *)NULL, g.x[y], nblk,
+                 qd_nvfp4_s_enc(__uint_as_float(a[y].amax)), g.s_dec[y]);
+}
+
+/* Tensor y of a grouped fake-quant: qk_flat_kernel's dequantized blocks under
+ * the tensor's amax a[y]. */
+__global__ void __launch_bounds__(QD_THREADS) qk_fq_amax_group_kernel(qk_amax *a,
+                                                                      const __grid_constant__ qk_fqgroup g,
+                                                                      int64_t n)
+{
+    qk_amax_body(a + blockIdx.y, g.x[blockIdx.y], n);
+}
+
+__global__ void __launch_bounds__(QD_THREADS) qk_fq_group_kernel(const qk_amax *a,
+                                                                 const __grid_constant__ qk_fqgroup g, int64_t nblk)
+{
+    int y = blockIdx.y;
+    qk_flat_body((uint8_t *)NULL, (uint8_t *)NULL, g.dq[y], g.x[y], nblk,
                  qd_nvfp4_s_enc(__uint_as_float(a[y].amax)), g.s_dec[y]);
 }
 
@@ -2275,6 +2300,44 @@ extern "C" qd_status qd_cuda_nvfp4_quantize_weights_async(qd_nvfp4 *const *q, co
         else
             qk_flat_group_kernel<<<dim3(group_ctas(m, (nblk + QK_FLAT_UNROLL - 1) / QK_FLAT_UNROLL), (unsigned)m),
                                    QD_THREADS>>>(a, g, nblk);
+        QD_CUDA_CHECK(cudaGetLastError());
+    }
+    return QD_OK;
+}
+
+extern "C" qd_status qd_cuda_nvfp4_fake_quant_weights_async(float *const *out, float *const *s_dec,
+                                                            const float *const *x, int count, int64_t N, int64_t K)
+{
+    const char *fn = "qd_cuda_nvfp4_fake_quant_weights";
+    QD_TRY(check_shape(fn, N, K));
+    for (int i = 0; i < count; i++) {
+        QD_TRY(check_in(fn, x[i]));
+        QD_TRY(check_in(fn, out[i]));
+    }
+    if (N == 0 || K == 0)
+        return QD_OK;
+    if (qd_cuda_quant_legacy) {
+        for (int i = 0; i < count; i++)
+            QD_TRY(s_dec && s_dec[i] ? qd_cuda_nvfp4_fake_quant_sdec_async(out[i], s_dec[i], x[i], N, K)
+                                     : qd_cuda_nvfp4_fake_quant_async(out[i], x[i], N, K, QD_SCALE_PER_TENSOR));
+        return QD_OK;
+    }
+    qk_amax *a;
+    QD_TRY(qk_group_amax_state(&a));
+    int64_t nblk = N * (K / 16);
+    for (int i0 = 0; i0 < count; i0 += QK_GROUP) {
+        int m = count - i0 < QK_GROUP ? count - i0 : QK_GROUP;
+        qk_fqgroup g;
+        memset(&g, 0, sizeof g);
+        for (int j = 0; j < m; j++) {
+            g.x[j] = x[i0 + j];
+            g.dq[j] = out[i0 + j];
+            g.s_dec[j] = s_dec ? s_dec[i0 + j] : NULL;
+        }
+        qk_fq_amax_group_kernel<<<dim3(group_ctas(m, N * K / 4 / QK_AMAX_VEC), (unsigned)m), QD_THREADS>>>(a, g,
+                                                                                                       N * K);
+        qk_fq_group_kernel<<<dim3(group_ctas(m, (nblk + QK_FLAT_UNROLL - 1) / QK_FLAT_UNROLL), (unsigned)m),
+                             QD_THREADS>>>(a, g, nblk);
         QD_CUDA_CHECK(cudaGetLastError());
     }
     return QD_OK;
