@@ -692,6 +692,40 @@ static qd_status sync_fake_quants(model *c, const float *src, unsigned char *don
     return st;
 }
 
+static int range_cmp(const void *pa, const void *pb)
+{
+    const size_t *a = pa, *b = pb;
+    return (a[0] > b[0]) - (a[0] < b[0]);
+}
+
+/* wk = round_bf16(params) (an instance with a master: the same offsets)
+ * outside the working weights of the linears done[i] (their fake-quants
+ * wrote them): the runs between those, ascending, an op each. */
+static qd_status round_rest(model *c, const unsigned char *done)
+{
+    size_t *r = malloc(sizeof(size_t) * 2 * (size_t)(c->nlin ? c->nlin : 1)), at = 0;
+    if (!r)
+        return qd_error(QD_ERR_NOMEM, "%s backend: weight sync", c->ops->name);
+    int m = 0;
+    for (int i = 0; i < c->nlin; i++)
+        if (done[i]) {
+            r[2 * m] = c->lin[i].wk;
+            r[2 * m + 1] = c->lin[i].wk + (size_t)c->lin[i].out * (size_t)c->lin[i].in;
+            m++;
+        }
+    qsort(r, (size_t)m, 2 * sizeof(size_t), range_cmp);
+    qd_status st = QD_OK;
+    for (int j = 0; j <= m && !st; j++) {
+        size_t end = j < m ? r[2 * j] : c->nfloats;
+        if (end > at)
+            st = OP(c, round_bf16, c->wk + at, c->params + at, end - at);
+        if (j < m && r[2 * j + 1] > at)
+            at = r[2 * j + 1];
+    }
+    free(r);
+    return st;
+}
+
 /* Where a weight sync of a lean instance (or a fill) reads the float
  * weights: host (the caller's array), dev (another instance's master), fill
  * (the caller's, through the host buffer buf of cap floats), else zeros (at
@@ -813,12 +847,12 @@ static qd_status sync_weights_from(model *c, wsrc *s)
         for (int t = 0; t < c->ninfo; t++)
             QD_TRY(sync_tensor(c, t, s, src != NULL));
     } else {
-        if (c->wk != c->params)
-            QD_TRY(OP(c, round_bf16, c->wk, c->params, c->nfloats));
         unsigned char *done = calloc((size_t)(c->nlin ? c->nlin : 1), 1);
         if (!done)
             return qd_error(QD_ERR_NOMEM, "%s backend: weight sync", c->ops->name);
         qd_status st = sync_fake_quants(c, c->params, done);
+        if (!st && c->wk != c->params) /* the rest of wk: what the fake-quants did not write */
+            st = round_rest(c, done);
         for (int i = 0; i < c->nlin && !st; i++)
             if (!done[i])
                 st = sync_linear(c, &c->lin[i], c->params + c->lin[i].w, 1);

@@ -46,6 +46,7 @@ typedef struct {
     const float *w; /* the fake-quant output (dev) */
     size_t n;
     int slot;       /* its s_dec in fq_dsdec[slot] */
+    int bits;       /* its wk16 bits written with it (nvfp4_fake_quant_weights) */
 } fq_range;
 
 typedef struct {
@@ -245,6 +246,9 @@ static qd_status cuda_weights_changed(void *dev, const float *wk, size_t n)
     cuda_dev *d = D(dev);
     if (!d->bf16_copy)
         return QD_OK;
+    if (!d->wk16 || d->nwk != n || d->wk != wk) /* bits a fake-quant wrote belong to the old copy */
+        for (int i = 0; i < d->nfq; i++)
+            d->fq[i].bits = 0;
     if (!d->wk16 || d->nwk != n) {
         cudaFree(d->wk16);
         d->wk16 = NULL;
@@ -252,8 +256,9 @@ static qd_status cuda_weights_changed(void *dev, const float *wk, size_t n)
     }
     d->wk = wk;
     d->nwk = n;
-    QD_TRY(qdk_bf16_bits(d->wk16, wk, n));
-    return d->aqat16 ? fq_install(d) : QD_OK;
+    if (d->aqat16)
+        return fq_install(d); /* the bits outside the fake-quant ranges, then theirs */
+    return qdk_bf16_bits(d->wk16, wk, n);
 }
 
 /* The BF16 bits of n floats of x in scratch slot (on the device). */
@@ -303,7 +308,7 @@ static qd_status fq_record(cuda_dev *d, float *out, const float *x, int rows, in
             return qd_error(QD_ERR_NOMEM, "cuda backend: fake-quant ranges");
         d->fq = (fq_range *)p, d->fq_cap = cap;
     }
-    fq_range r = {out, (size_t)rows * (size_t)cols, d->nfq};
+    fq_range r = {out, (size_t)rows * (size_t)cols, d->nfq, 0};
     d->fq[d->nfq] = r;
     QD_TRY(qd_cuda_nvfp4_fake_quant_sdec_async(out, d->fq_dsdec + d->nfq, x, rows, cols));
     d->nfq++;
@@ -327,7 +332,7 @@ static qd_status cuda_nvfp4_fake_quant_weights(void *dev, float *const *out, con
     if (count <= 0 || N <= 0 || K <= 0)
         return QD_OK;
     if (!d->aqat16)
-        return qd_cuda_nvfp4_fake_quant_weights_async(out, NULL, x, count, N, K);
+        return qd_cuda_nvfp4_fake_quant_weights_async(out, NULL, NULL, x, count, N, K);
     if (d->fq_live) /* a new sync: the ranges in force are rebuilt (fq_record's) */
         d->nfq = d->fq_live = 0;
     if (!d->fq_dsdec)
@@ -343,34 +348,61 @@ static qd_status cuda_nvfp4_fake_quant_weights(void *dev, float *const *out, con
         d->fq = (fq_range *)p, d->fq_cap = cap;
     }
     float **sd = (float **)malloc(sizeof(float *) * (size_t)(fit ? fit : 1));
-    if (!sd)
+    uint16_t **bits = (uint16_t **)malloc(sizeof(uint16_t *) * (size_t)(fit ? fit : 1));
+    if (!sd || !bits) {
+        free(sd), free(bits);
         return qd_error(QD_ERR_NOMEM, "cuda backend: fake-quant scales");
+    }
+    size_t nt = (size_t)N * (size_t)K;
     for (int i = 0; i < fit; i++) {
-        fq_range r = {out[i], (size_t)N * (size_t)K, d->nfq};
+        /* inside the working copy of the last weights_changed (a trainer's
+         * wk stays put): its wk16 bits written by the same kernel */
+        int in = d->wk16 && out[i] >= d->wk && out[i] + nt <= d->wk + d->nwk &&
+                 qd_aligned(d->wk16 + (out[i] - d->wk), 16);
+        bits[i] = in ? d->wk16 + (out[i] - d->wk) : NULL;
+        fq_range r = {out[i], nt, d->nfq, in};
         d->fq[d->nfq] = r;
         sd[i] = d->fq_dsdec + d->nfq++;
     }
-    qd_status st = qd_cuda_nvfp4_fake_quant_weights_async(out, sd, x, fit, N, K);
-    free(sd);
+    qd_status st = qd_cuda_nvfp4_fake_quant_weights_async(out, sd, qd_cuda_quant_legacy ? NULL : bits, x, fit, N, K);
+    if (qd_cuda_quant_legacy)
+        for (int i = 0; i < fit; i++)
+            d->fq[d->nfq - fit + i].bits = 0;
+    free(sd), free(bits);
     for (int i = fit; i < count && !st; i++) /* past the slots: fq_record's fallback */
         st = fq_record(d, out[i], x[i], N, K);
     return st;
 }
 
-/* The wk16 bits of the n installed ranges, QDK_DIV_GROUP a launch. */
+/* The wk16 bits of the n installed ranges (sorted, disjoint): the plain bits
+ * of the working copy between them, and of each range not written with its
+ * fake-quant, its E2M1 x E4M3 part, QDK_DIV_GROUP a launch. */
 static qd_status fq_bits(cuda_dev *d, int n)
 {
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        size_t a = (size_t)(d->fq[i].w - d->wk);
+        if (a > at)
+            QD_TRY(qdk_bf16_bits(d->wk16 + at, d->wk + at, a - at));
+        at = a + d->fq[i].n > at ? a + d->fq[i].n : at;
+    }
+    if (at < d->nwk)
+        QD_TRY(qdk_bf16_bits(d->wk16 + at, d->wk + at, d->nwk - at));
     qdk_div_group g;
-    for (int i0 = 0; i0 < n; i0 += QDK_DIV_GROUP) {
-        int m = n - i0 < QDK_DIV_GROUP ? n - i0 : QDK_DIV_GROUP;
-        for (int j = 0; j < m; j++) {
-            const fq_range *r = &d->fq[i0 + j];
-            g.dst[j] = d->wk16 + (r->w - d->wk);
-            g.src[j] = r->w;
-            g.n[j] = r->n;
-            g.s[j] = d->fq_dsdec + r->slot;
+    int m = 0;
+    for (int i = 0; i <= n; i++) {
+        if (m == QDK_DIV_GROUP || (i == n && m)) {
+            QD_TRY(qdk_bf16_bits_div_group(&g, m));
+            m = 0;
         }
-        QD_TRY(qdk_bf16_bits_div_group(&g, m));
+        if (i == n || d->fq[i].bits)
+            continue;
+        const fq_range *r = &d->fq[i];
+        g.dst[m] = d->wk16 + (r->w - d->wk);
+        g.src[m] = r->w;
+        g.n[m] = r->n;
+        g.s[m] = d->fq_dsdec + r->slot;
+        m++;
     }
     return QD_OK;
 }

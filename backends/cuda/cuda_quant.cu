@@ -377,13 +377,15 @@ static __device__ __forceinline__ uint32_t e2m1x8(const qblock<T> &v, int h, flo
  * (e2m1 * s_b) * S_dec, the E2M1 value being (a + M) - M of the rounding. */
 template <typename T>
 static __device__ __forceinline__ void qk_store(uint8_t *codes, uint8_t *scale, float *dq,
-                                                const qblock<T> &v, float amax_b, float k, float s_dec)
+                                                const qblock<T> &v, float amax_b, float k, float s_dec,
+                                                uint16_t *bits = NULL)
 {
     float sb;
     uint8_t sc = qd_e4m3_scale_rn(fminf(amax_b * k, QD_E4M3_MAX), &sb);
     float inv = fminf(1.0f / (sb * s_dec), FLT_MAX);
     if (dq) {
         float4 *d = (float4 *)dq;
+        uint32_t b[8];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             float f[4];
@@ -393,9 +395,21 @@ static __device__ __forceinline__ void qk_store(uint8_t *codes, uint8_t *scale, 
                 uint32_t e, t;
                 qd_e2m1_rn_parts(x * inv, &e, &t);
                 float r = __uint_as_float(t) - __uint_as_float((e + 22u) << 23);
-                f[j] = (copysignf(r, x) * sb) * s_dec;
+                float p = copysignf(r, x) * sb; /* E2M1 x E4M3: at most 6 significant bits, exact */
+                f[j] = p * s_dec;
+                /* the BF16 bits of dq / S_dec (k_bf16_bits_div's, AQAT16's E2M1 x E4M3 part):
+                 * a normal dq is p (1 + d), |d| < 2^-23, whose BF16 rounding is p itself (p
+                 * has 6 bits, BF16 8); a subnormal dq (or S_dec 0) takes the division */
+                uint32_t h = s_dec == 0.0f ? 0u
+                           : fabsf(f[j]) < FLT_MIN && f[j] != 0.0f ? (uint32_t)qd_bf16_from_f32(f[j] / s_dec)
+                                                                  : __float_as_uint(p) >> 16;
+                b[(4 * i + j) / 2] = (j & 1) ? b[(4 * i + j) / 2] | h << 16 : h;
             }
             d[i] = make_float4(f[0], f[1], f[2], f[3]);
+        }
+        if (bits) { /* 32 bytes a block (the caller gives 16-byte aligned rows) */
+            ((uint4 *)bits)[0] = make_uint4(b[0], b[1], b[2], b[3]);
+            ((uint4 *)bits)[1] = make_uint4(b[4], b[5], b[6], b[7]);
         }
         return;
     }
@@ -517,6 +531,7 @@ struct qk_fqgroup {
     const float *x[QK_GROUP];
     float *dq[QK_GROUP];
     float *s_dec[QK_GROUP];
+    uint16_t *bits[QK_GROUP]; /* NULL, or the BF16 bits of dq / S_dec too */
 };
 
 /* a[y] = the amax of tensor y (blockIdx.y) of the group, n values each, over
@@ -541,7 +556,8 @@ struct qk_scope {
  * codes and scales dense, or dq; s_dec_out[0] = S_dec. */
 template <typename T>
 static __device__ __forceinline__ void qk_flat_body(uint8_t *codes, uint8_t *scales, float *dq, const T *x,
-                                                    int64_t nblk, float s_enc, float *s_dec_out)
+                                                    int64_t nblk, float s_enc, float *s_dec_out,
+                                                    uint16_t *bits = NULL)
 {
     float s_dec = qd_nvfp4_s_dec(s_enc), k = s_enc * (1.0f / 6.0f), all = 0.0f;
     int64_t step = (int64_t)gridDim.x * blockDim.x * QK_FLAT_UNROLL;
@@ -557,7 +573,8 @@ static __device__ __forceinline__ void qk_flat_body(uint8_t *codes, uint8_t *sca
             if (blk < nblk) {
                 float m = v[u].amax();
                 all = absmax_nan(all, m);
-                qk_store(codes + blk * 8, scales + blk, dq ? dq + blk * 16 : NULL, v[u], m, k, s_dec);
+                qk_store(codes + blk * 8, scales + blk, dq ? dq + blk * 16 : NULL, v[u], m, k, s_dec,
+                         bits ? bits + blk * 16 : NULL);
             }
         }
     }
@@ -601,7 +618,7 @@ __global__ void __launch_bounds__(QD_THREADS) qk_fq_group_kernel(const qk_amax *
 {
     int y = blockIdx.y;
     qk_flat_body((uint8_t *)NULL, (uint8_t *)NULL, g.dq[y], g.x[y], nblk,
-                 qd_nvfp4_s_enc(__uint_as_float(a[y].amax)), g.s_dec[y]);
+                 qd_nvfp4_s_enc(__uint_as_float(a[y].amax)), g.s_dec[y], g.bits[y]);
 }
 
 /* Stride of a warp's staging tile in qk_rac_group_kernel: a block's 16 values
@@ -2306,7 +2323,8 @@ extern "C" qd_status qd_cuda_nvfp4_quantize_weights_async(qd_nvfp4 *const *q, co
 }
 
 extern "C" qd_status qd_cuda_nvfp4_fake_quant_weights_async(float *const *out, float *const *s_dec,
-                                                            const float *const *x, int count, int64_t N, int64_t K)
+                                                            uint16_t *const *bits, const float *const *x, int count,
+                                                            int64_t N, int64_t K)
 {
     const char *fn = "qd_cuda_nvfp4_fake_quant_weights";
     QD_TRY(check_shape(fn, N, K));
@@ -2317,6 +2335,8 @@ extern "C" qd_status qd_cuda_nvfp4_fake_quant_weights_async(float *const *out, f
     if (N == 0 || K == 0)
         return QD_OK;
     if (qd_cuda_quant_legacy) {
+        if (bits)
+            return qd_error(QD_ERR_UNSUPPORTED, "%s: BF16 bits under the legacy quantizers", fn);
         for (int i = 0; i < count; i++)
             QD_TRY(s_dec && s_dec[i] ? qd_cuda_nvfp4_fake_quant_sdec_async(out[i], s_dec[i], x[i], N, K)
                                      : qd_cuda_nvfp4_fake_quant_async(out[i], x[i], N, K, QD_SCALE_PER_TENSOR));
@@ -2333,6 +2353,7 @@ extern "C" qd_status qd_cuda_nvfp4_fake_quant_weights_async(float *const *out, f
             g.x[j] = x[i0 + j];
             g.dq[j] = out[i0 + j];
             g.s_dec[j] = s_dec ? s_dec[i0 + j] : NULL;
+            g.bits[j] = bits ? bits[i0 + j] : NULL;
         }
         qk_fq_amax_group_kernel<<<dim3(group_ctas(m, N * K / 4 / QK_AMAX_VEC), (unsigned)m), QD_THREADS>>>(a, g,
                                                                                                        N * K);

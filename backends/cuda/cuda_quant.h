@@ -118,9 +118,11 @@ qd_status qd_cuda_rac_augment_weight(qd_nvfp4 *out, const float *w, int64_t N, i
  * non-finite weight is reported by qd_cuda_nonfinite_check. */
 /* Per-tensor fake-quants of count tensors of one shape (N, K), enqueued in a
  * few launches: out[i] = the bits of qd_cuda_nvfp4_fake_quant (per tensor) of
- * x[i], and *s_dec[i] its S_dec where s_dec and s_dec[i] are not NULL. */
-qd_status qd_cuda_nvfp4_fake_quant_weights_async(float *const *out, float *const *s_dec, const float *const *x,
-                                                 int count, int64_t N, int64_t K);
+ * x[i], *s_dec[i] its S_dec where s_dec and s_dec[i] are not NULL, and
+ * bits[i] (N x K BF16) the bits of out[i] / S_dec (0 where S_dec is 0) where
+ * bits and bits[i] are not NULL. */
+qd_status qd_cuda_nvfp4_fake_quant_weights_async(float *const *out, float *const *s_dec, uint16_t *const *bits,
+                                                 const float *const *x, int count, int64_t N, int64_t K);
 qd_status qd_cuda_nvfp4_quantize_weights_async(qd_nvfp4 *const *q, const float *const *x,
                                                const int64_t *const *channels, int count, int64_t N, int64_t K,
                                                int64_t n);
