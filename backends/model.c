@@ -105,6 +105,8 @@ typedef struct {
     int32_t *exp_off;        /* host (nexp + 1) first row of each expert */
     int xe16, h16;           /* xe, h rounded to BF16 in place: their experts' effective input
                               * (experts_round_only), so no copy is made of it */
+    int xeb, hb;             /* xe, h hold BF16 bits instead (R x C, R x I uint16 at their start:
+                              * the ops' experts16 path) */
 } layer_acts;
 
 /* Grow-only dev scratch buffers. */
@@ -1274,6 +1276,20 @@ static int experts_round_only(model *c, const layer *ly, int which)
     return 1;
 }
 
+/* Whether the ops keep the experts' rounded inputs as BF16 bits (experts16). */
+static int experts16(const model *c)
+{
+    const qd_ops *o = c->ops;
+    return o->experts16 && o->gather16 && o->swiglu16 && o->matmul_grouped16 && o->matmul_grouped_backward16 &&
+           o->experts16(c->dev);
+}
+
+/* inp is xe or h of s holding BF16 bits (experts16). */
+static int held_bits(const layer_acts *s, const float *inp)
+{
+    return (inp == s->xe && s->xeb) || (inp == s->h && s->hb);
+}
+
 /* inp is xe or h of s, already rounded in place (no effective_input copy). */
 static int rounded_in_place(const layer_acts *s, const float *inp)
 {
@@ -1308,6 +1324,8 @@ static qd_status experts_forward_set(model *c, float *out, const float *inp, con
         QD_TRY(OP(c, fp8_quantize_rows, qa, sa, inp, R, IC));
         return grouped_fp8_gemm(c, out, qa, sa, x->w8, x->w8_inv, s->exp_off, E, OC, IC);
     }
+    if (held_bits(s, inp))
+        return OP(c, matmul_grouped16, out, (const uint16_t *)inp, x->w, s->exp_off, E, IC, OC, prec_of(L0));
     const float *xe = inp;
     if (!rounded_in_place(s, inp))
         QD_TRY(effective_input(c, &xe, inp, L0, R));
@@ -1393,8 +1411,11 @@ static qd_status experts_backward(model *c, float *dinp, const float *dout, cons
     expert_set x;
     QD_TRY(expert_set_make(c, &x, ly, which));
     const float *xe;
-    qd_status st = experts_effective_input(c, &xe, inp, s, ly, &x);
-    if (!st)
+    qd_status st = QD_OK;
+    if (held_bits(s, inp))
+        st = OP(c, matmul_grouped_backward16, dinp, x.dw, dout, (const uint16_t *)inp, x.w, s->exp_off, E,
+                x.L[0]->in, x.L[0]->out);
+    else if (!(st = experts_effective_input(c, &xe, inp, s, ly, &x)))
         st = grouped_matmul_backward(c, dinp, x.dw, dout, xe, x.w, s->exp_off, E, x.L[0]->in, x.L[0]->out);
     expert_set_free(&x);
     return st;
@@ -1438,22 +1459,34 @@ static qd_status mlp_forward(model *c, float *out, layer_acts *s, const layer *l
     if (ly->moe)
         QD_TRY(linear_forward(c, s->probs, s->ln2, &c->lin[ly->router], N));
     QD_TRY(route(c, s, ly));
-    int R = s->exp_off[ly->nexp];
-    if (R)
+    int R = s->exp_off[ly->nexp], grouped = experts_grouped(c, ly), e16 = grouped && experts16(c);
+    /* gate's and up's input only rounded to BF16: rounded once (in place, or
+     * gathered as BF16 bits), not for each product */
+    int xe_round = grouped && R && experts_round_only(c, ly, 0) && experts_round_only(c, ly, 1);
+    s->xe16 = s->h16 = s->xeb = s->hb = 0;
+    if (R && xe_round && e16)
+        QD_TRY(OP(c, gather16, (uint16_t *)s->xe, s->ln2, s->row_tok, R, C));
+    else if (R)
         QD_TRY(OP(c, gather, s->xe, s->ln2, s->row_tok, R, C));
     mark(c, QD_PH_EXPERTS);
-    s->xe16 = s->h16 = 0;
-    if (experts_grouped(c, ly)) {
-        if (R && experts_round_only(c, ly, 0) && experts_round_only(c, ly, 1)) {
-            QD_TRY(OP(c, round_bf16, s->xe, s->xe, (size_t)R * C)); /* gate's and up's input, once */
+    if (grouped) {
+        if (xe_round && e16) {
+            s->xeb = 1;
+        } else if (xe_round) {
+            QD_TRY(OP(c, round_bf16, s->xe, s->xe, (size_t)R * C));
             s->xe16 = 1;
         }
         QD_TRY(experts_forward_gate_up(c, s->g, s->u, s->xe, s, ly));
-        if (R)
+        int h_round = R && experts_round_only(c, ly, 2); /* down's input */
+        if (h_round && e16) {
+            QD_TRY(OP(c, swiglu16, (uint16_t *)s->h, s->g, s->u, (size_t)R * I));
+            s->hb = 1;
+        } else if (R) {
             QD_TRY(OP(c, swiglu, s->h, s->g, s->u, (size_t)R * I));
-        if (R && experts_round_only(c, ly, 2)) {
-            QD_TRY(OP(c, round_bf16, s->h, s->h, (size_t)R * I)); /* down's input */
-            s->h16 = 1;
+            if (h_round) {
+                QD_TRY(OP(c, round_bf16, s->h, s->h, (size_t)R * I));
+                s->h16 = 1;
+            }
         }
         QD_TRY(experts_forward(c, s->y, s->h, s, ly, 2));
     } else {

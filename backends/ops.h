@@ -131,6 +131,23 @@ typedef struct qd_ops {
                                          const float *x, const float *const *w, const int32_t *off, int E,
                                          int IC, int OC);
 
+    /* ---- the experts on BF16 activations (optional, all five or none): where
+     * experts16 says so (the CUDA fast mode with BF16 products), the driver
+     * keeps an expert input that is only rounded to BF16 (gate's and up's
+     * gathered rows, down's SwiGLU) as BF16 bits instead of float32 values:
+     * the same values at half the bytes, and no copy rounded or converted for
+     * each product. gather16 and swiglu16: the BF16 bits of gather's and
+     * swiglu's values; the grouped products: matmul_grouped and
+     * matmul_grouped_backward of the values those bits hold. */
+    int (*experts16)(void *dev);
+    qd_status (*gather16)(void *dev, uint16_t *xe, const float *x, const int32_t *row_tok, int R, int C);
+    qd_status (*swiglu16)(void *dev, uint16_t *h, const float *g, const float *u, size_t n);
+    qd_status (*matmul_grouped16)(void *dev, float *out, const uint16_t *x, const float *const *w,
+                                  const int32_t *off, int E, int IC, int OC, qd_prec prec);
+    qd_status (*matmul_grouped_backward16)(void *dev, float *dinp, float *const *dw, const float *dout,
+                                           const uint16_t *x, const float *const *w, const int32_t *off, int E,
+                                           int IC, int OC);
+
     /* ---- quantizers and quantized products (quant/quant.h's definitions) */
     qd_status (*fp8_quantize_rows)(void *dev, uint8_t *q, float *scale_inv, const float *x, int rows, int cols);
     /* y (M, N) = (sum_k qa*qw) * (sa_inv[m] * sw_inv[n]) */

@@ -318,6 +318,68 @@ static void c_matmul_grouped_bf16(oc *c) { c_matmul_grouped_shape(c, QD_PREC_BF1
 /* tensor-core tiles: 100, 0, 240 and 60 rows an expert; K 256 forward, 200 in dx, the rows in dw */
 static void c_matmul_grouped_wide(oc *c) { c_matmul_grouped_shape(c, QD_PREC_BF16, 20, 256, 200); }
 
+/* The experts on BF16 activations (ops.h's experts16 slots) where a backend
+ * has them, else the float32 route they stand for: gather then round_bf16,
+ * the grouped product and its backward, swiglu then round_bf16. Outputs: y,
+ * dx, dw, and the SwiGLU's BF16 bits (from the host's float32 copy where the
+ * route is float32). tok picks rows of x out of order, as routing does. */
+static void c_experts16(oc *c)
+{
+    int N = 9, IC = 48, OC = 40, R = goff[GE] * 2;
+    int32_t off[GE + 1], tok[64];
+    for (int e = 0; e <= GE; e++)
+        off[e] = goff[e] * 2;
+    for (int r = 0; r < R; r++)
+        tok[r] = (r * 5 + 3) % N;
+    const float *w[GE];
+    float *dw[GE];
+    for (int e = 0; e < GE; e++) {
+        float *we = F(c, (size_t)OC * IC, -1, 1);
+        RUN(c, c->ops->round_bf16(c->dev, we, we, (size_t)OC * IC));
+        w[e] = we;
+        dw[e] = F(c, (size_t)OC * IC, -1, 1);
+    }
+    float *x = F(c, (size_t)N * IC, -2, 2), *xe = Z(c, sizeof(float) * R * IC), *y = Z(c, sizeof(float) * R * OC);
+    float *dy = F(c, (size_t)R * OC, -1, 1), *dx = F(c, (size_t)R * IC, -1, 1);
+    float *g = F(c, (size_t)R * OC, -4, 4), *u = F(c, (size_t)R * OC, -2, 2), *h = Z(c, sizeof(float) * R * OC);
+    int32_t *dt = I(c, tok, (size_t)R);
+    uint16_t *hb = malloc(sizeof(uint16_t) * (size_t)R * OC);
+    float *hf = malloc(sizeof(float) * (size_t)R * OC);
+    if (!hb || !hf) {
+        c->st = c->st ? c->st : qd_error(QD_ERR_NOMEM, "op case");
+        free(hb), free(hf);
+        return;
+    }
+    if (c->ops->gather16 && c->ops->swiglu16 && c->ops->matmul_grouped16 && c->ops->matmul_grouped_backward16) {
+        RUN(c, c->ops->gather16(c->dev, (uint16_t *)xe, x, dt, R, IC));
+        RUN(c, c->ops->matmul_grouped16(c->dev, y, (const uint16_t *)xe, w, off, GE, IC, OC, QD_PREC_BF16));
+        RUN(c, c->ops->matmul_grouped_backward16(c->dev, dx, dw, dy, (const uint16_t *)xe, w, off, GE, IC, OC));
+        RUN(c, c->ops->swiglu16(c->dev, (uint16_t *)h, g, u, (size_t)R * OC));
+        if (!c->st)
+            c->st = c->ops->to_host(c->dev, hb, h, sizeof(uint16_t) * (size_t)R * OC);
+    } else {
+        RUN(c, c->ops->gather(c->dev, xe, x, dt, R, IC));
+        RUN(c, c->ops->round_bf16(c->dev, xe, xe, (size_t)R * IC));
+        RUN(c, c->ops->matmul_grouped(c->dev, y, xe, w, off, GE, IC, OC, QD_PREC_BF16));
+        RUN(c, c->ops->matmul_grouped_backward(c->dev, dx, dw, dy, xe, w, off, GE, IC, OC));
+        RUN(c, c->ops->swiglu(c->dev, h, g, u, (size_t)R * OC));
+        RUN(c, c->ops->round_bf16(c->dev, h, h, (size_t)R * OC));
+        if (!c->st)
+            c->st = c->ops->to_host(c->dev, hf, h, sizeof(float) * (size_t)R * OC);
+        for (int i = 0; i < R * OC && !c->st; i++) {
+            uint32_t b;
+            memcpy(&b, &hf[i], sizeof b);
+            hb[i] = (uint16_t)(b >> 16); /* a BF16 value: its top half is its bits */
+        }
+    }
+    OUT(c, "y", 'f', y, sizeof(float) * R * OC);
+    OUT(c, "dx", 'f', dx, sizeof(float) * R * IC);
+    for (int e = 0; e < GE; e++)
+        OUT(c, e == 0 ? "dw0" : e == 1 ? "dw1" : e == 2 ? "dw2" : "dw3", 'f', dw[e], sizeof(float) * OC * IC);
+    OUT_HOST(c, "h bits", 'b', hb, sizeof(uint16_t) * (size_t)R * OC);
+    free(hb), free(hf);
+}
+
 static void c_fp8(oc *c)
 {
     int M = 6, N = 20, K = 48;
@@ -1128,6 +1190,7 @@ static const op_case cases[] = {
     {{"matmul_grouped+bwd 4 experts", "matmul_grouped", 1}, c_matmul_grouped},
     {{"matmul_grouped+bwd bf16 4 experts", "matmul_grouped", 1}, c_matmul_grouped_bf16},
     {{"matmul_grouped bf16 400x256x200", "matmul_grouped", 1}, c_matmul_grouped_wide},
+    {{"experts16 4 experts 48x40", "matmul_grouped", 1}, c_experts16},
     {{"fp8 quantize+gemm 6x20x48", "fp8_gemm", 1}, c_fp8},
     {{"fp8_gemm_grouped 4 experts", "fp8_gemm_grouped", 0}, c_fp8_grouped},
     {{"nvfp4 quantize+fake 7x96", "nvfp4_quantize", 0}, c_nvfp4},

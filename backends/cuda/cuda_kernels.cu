@@ -1959,6 +1959,65 @@ extern "C" qd_status qdk_gather(float *xe, const float *x, const int32_t *row_to
     return QD_OK;
 }
 
+/* k_gather's values as BF16 bits (fast mode's experts, BF16 activations):
+ * four a thread where C is a multiple of 4 (rows on 16 bytes), else one. */
+__global__ void k_gather16x4(uint2 *xe, const float4 *x, const int32_t *row_tok, int R, int C4)
+{
+    size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id < (size_t)R * C4) {
+        float4 v = x[(size_t)row_tok[id / C4] * C4 + id % C4];
+        xe[id] = make_uint2(bf16_hi(v.x) | bf16_hi(v.y) << 16, bf16_hi(v.z) | bf16_hi(v.w) << 16);
+    }
+}
+
+__global__ void k_gather16(uint16_t *xe, const float *x, const int32_t *row_tok, int R, int C)
+{
+    size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id < (size_t)R * C)
+        xe[id] = (uint16_t)bf16_hi(x[(size_t)row_tok[id / C] * C + id % C]);
+}
+
+extern "C" qd_status qdk_gather16(uint16_t *xe, const float *x, const int32_t *row_tok, int R, int C)
+{
+    if (!R || !C)
+        return QD_OK;
+    if (C % 4 == 0 && qd_aligned(x, 16) && qd_aligned(xe, 8))
+        QD_LAUNCH_N(k_gather16x4, ((size_t)R * (C / 4)), (uint2 *)xe, (const float4 *)x, row_tok, R, C / 4);
+    else
+        QD_LAUNCH_N(k_gather16, ((size_t)R * C), xe, x, row_tok, R, C);
+    return QD_OK;
+}
+
+/* k_swiglu's values as BF16 bits */
+__global__ void k_swiglu16(uint16_t *h, const float *g, const float *u, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        h[i] = (uint16_t)bf16_hi(qd_siluf(g[i]) * u[i]);
+}
+
+extern "C" qd_status qdk_swiglu16(uint16_t *h, const float *g, const float *u, size_t n)
+{
+    if (n)
+        QD_LAUNCH_N(k_swiglu16, (n), h, g, u, n);
+    return QD_OK;
+}
+
+/* out = the float32 values of n BF16 bit patterns */
+__global__ void k_bf16_float(float *out, const uint16_t *x, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        out[i] = qd_bf16_to_f32(x[i]);
+}
+
+extern "C" qd_status qdk_bf16_float(float *out, const uint16_t *x, size_t n)
+{
+    if (n)
+        QD_LAUNCH_N(k_bf16_float, (n), out, x, n);
+    return QD_OK;
+}
+
 __global__ void k_swiglu(float *h, const float *g, const float *u, size_t n)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;

@@ -134,6 +134,10 @@ qd_status qdk_moe_group(int32_t *exp_off, int32_t *row_tok, float *row_w, int32_
 /* xe (R, C) = rows row_tok of x (N, C) (mlp_forward's gather). */
 qd_status qdk_gather(float *xe, const float *x, const int32_t *row_tok, int R, int C);
 qd_status qdk_swiglu(float *h, const float *g, const float *u, size_t n);
+/* BF16 bits of qdk_gather's and qdk_swiglu's values; their float32 values back */
+qd_status qdk_gather16(uint16_t *xe, const float *x, const int32_t *row_tok, int R, int C);
+qd_status qdk_swiglu16(uint16_t *h, const float *g, const float *u, size_t n);
+qd_status qdk_bf16_float(float *out, const uint16_t *x, size_t n);
 qd_status qdk_swiglu_backward(float *dg, float *du, const float *dh, const float *g, const float *u, size_t n);
 /* out (N, C) = per token, sum over its rows tok_rows (N, K) of y * row_w (mlp_forward). */
 qd_status qdk_combine(float *out, const float *y, const float *row_w, const int32_t *tok_rows, int N, int K,

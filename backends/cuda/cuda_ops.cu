@@ -39,7 +39,7 @@ extern "C" {
 }
 
 /* Grow-only scratch of the ops themselves (dev unless said). */
-enum { D_XH, D_RACWS, D_X16, D_W16, D_DY16, D_LOGP, D_SAMPLE, D_MOE, D_RACPTR, D_RACFQ, D_RMSW, D_NSCRATCH };
+enum { D_XH, D_RACWS, D_X16, D_W16, D_DY16, D_LOGP, D_SAMPLE, D_MOE, D_RACPTR, D_RACFQ, D_RMSW, D_XF, D_NSCRATCH };
 
 /* A per-tensor fake-quant output recorded for QUADS_AQAT16 (cuda_dev.fq). */
 typedef struct {
@@ -672,8 +672,8 @@ static qd_status expert_w16(cuda_dev *d, const uint16_t **w16, float *alpha, con
 /* Fast mode: the experts through cuBLAS, one GEMM an expert with rows. A BF16
  * linear's operands are BF16 values (effective_input, the working copy), so
  * their BF16 bits lose nothing and only the order of the sums changes. */
-static qd_status fast_grouped(cuda_dev *d, float *out, const float *x, const float *const *w, const int32_t *off,
-                              int E, int IC, int OC, qd_prec prec)
+static qd_status fast_grouped(cuda_dev *d, float *out, const float *x, const uint16_t *xb, const float *const *w,
+                              const int32_t *off, int E, int IC, int OC, qd_prec prec)
 {
     /* a BF16-valued x, every expert an installed fake-quant weight */
     int fq = prec == QD_PREC_BF16_X && d->fq_live && IC % 8 == 0;
@@ -681,17 +681,24 @@ static qd_status fast_grouped(cuda_dev *d, float *out, const float *x, const flo
         float a;
         fq = off[e + 1] == off[e] || fq_alpha(d, w[e], (size_t)OC * IC, &a);
     }
-    if (prec != QD_PREC_BF16 && !fq)
-        return qd_cuda_gemm_grouped_f32(out, x, w, off, E, OC, IC, QD_GEMM_F32);
     size_t rows = E ? (size_t)off[E] : 0;
+    if (prec != QD_PREC_BF16 && !fq) {
+        if (!x) { /* the BF16 bits' values as float32 */
+            void *p;
+            QD_TRY(scratch(d, D_XF, sizeof(float) * (rows * IC ? rows * IC : 1), &p));
+            QD_TRY(qdk_bf16_float((float *)p, xb, rows * IC));
+            x = (const float *)p;
+        }
+        return qd_cuda_gemm_grouped_f32(out, x, w, off, E, OC, IC, QD_GEMM_F32);
+    }
     const uint16_t **w16 = (const uint16_t **)calloc((size_t)E + 1, sizeof *w16);
     float *alpha = (float *)malloc(sizeof(float) * ((size_t)E + 1));
     if (!w16 || !alpha) {
         free(w16), free(alpha);
         return qd_error(QD_ERR_NOMEM, "cuda backend: experts");
     }
-    const uint16_t *x16;
-    qd_status st = bits16(d, D_X16, x, rows * IC, &x16);
+    const uint16_t *x16 = xb;
+    qd_status st = xb ? QD_OK : bits16(d, D_X16, x, rows * IC, &x16);
     if (!st)
         st = expert_w16(d, w16, alpha, w, off, E, (size_t)OC * IC);
     if (!st)
@@ -706,7 +713,7 @@ static qd_status cuda_matmul_grouped(void *dev, float *out, const float *x, cons
                                      int E, int IC, int OC, qd_prec prec)
 {
     if (D(dev)->mode == QD_MODE_FAST)
-        return fast_grouped(D(dev), out, x, w, off, E, IC, OC, prec);
+        return fast_grouped(D(dev), out, x, NULL, w, off, E, IC, OC, prec);
     qdk_mm_item *it = (qdk_mm_item *)calloc((size_t)E, sizeof *it);
     if (!it)
         return qd_error(QD_ERR_NOMEM, "cuda backend: experts");
@@ -723,8 +730,8 @@ static qd_status cuda_matmul_grouped(void *dev, float *out, const float *x, cons
 /* Fast mode, BF16 operands: dy, x and the experts' weights as BF16 bits, all
  * the experts in one grouped call a direction. */
 static qd_status fast_grouped_backward(cuda_dev *d, float *dinp, float *const *dw, const float *dout,
-                                       const float *x, const float *const *w, const int32_t *off, int E, int IC,
-                                       int OC)
+                                       const float *x, const uint16_t *xb, const float *const *w,
+                                       const int32_t *off, int E, int IC, int OC)
 {
     size_t rows = E ? (size_t)off[E] : 0;
     if (rows == 0)
@@ -735,9 +742,9 @@ static qd_status fast_grouped_backward(cuda_dev *d, float *dinp, float *const *d
         free(w16), free(alpha);
         return qd_error(QD_ERR_NOMEM, "cuda backend: experts");
     }
-    const uint16_t *dy16, *x16 = NULL;
+    const uint16_t *dy16, *x16 = xb;
     qd_status st = bits16(d, D_DY16, dout, rows * OC, &dy16);
-    if (!st && dw)
+    if (!st && dw && !xb)
         st = bits16(d, D_X16, x, rows * IC, &x16);
     if (!st && dinp)
         st = expert_w16(d, w16, alpha, w, off, E, (size_t)OC * IC);
@@ -753,7 +760,7 @@ static qd_status cuda_matmul_grouped_backward(void *dev, float *dinp, float *con
 {
     cuda_dev *d = D(dev);
     if (d->fast16)
-        return fast_grouped_backward(d, dinp, dw, dout, x, w, off, E, IC, OC);
+        return fast_grouped_backward(d, dinp, dw, dout, x, NULL, w, off, E, IC, OC);
     if (d->mode == QD_MODE_FAST)
         return qd_cuda_gemm_grouped_f32_backward(dinp, dw, dout, x, w, off, E, OC, IC, d->bwd_math);
     qdk_mm_item *it = (qdk_mm_item *)calloc(2 * (size_t)E, sizeof *it);
@@ -771,6 +778,54 @@ static qd_status cuda_matmul_grouped_backward(void *dev, float *dinp, float *con
         st = qdk_matmul_grouped(it + E, E, QDK_TN, QDK_ACCUMULATE, QDK_F32);
     free(it);
     return st;
+}
+
+/* ---- the experts on BF16 activations: fast16 takes them (its products read
+ * BF16 operands anyway); elsewhere the bits' values go the float32 way */
+static int cuda_experts16(void *dev) { return D(dev)->fast16; }
+
+static qd_status cuda_gather16(void *dev, uint16_t *xe, const float *x, const int32_t *row_tok, int R, int C)
+{
+    (void)dev;
+    return qdk_gather16(xe, x, row_tok, R, C);
+}
+
+static qd_status cuda_swiglu16(void *dev, uint16_t *h, const float *g, const float *u, size_t n)
+{
+    (void)dev;
+    return qdk_swiglu16(h, g, u, n);
+}
+
+/* x's float32 values in scratch slot D_XF (the products off the fast16 path) */
+static qd_status float_of(cuda_dev *d, const uint16_t *x, size_t n, const float **out)
+{
+    void *p;
+    QD_TRY(scratch(d, D_XF, sizeof(float) * (n ? n : 1), &p));
+    *out = (const float *)p;
+    return qdk_bf16_float((float *)p, x, n);
+}
+
+static qd_status cuda_matmul_grouped16(void *dev, float *out, const uint16_t *x, const float *const *w,
+                                       const int32_t *off, int E, int IC, int OC, qd_prec prec)
+{
+    cuda_dev *d = D(dev);
+    if (d->mode == QD_MODE_FAST)
+        return fast_grouped(d, out, NULL, x, w, off, E, IC, OC, prec);
+    const float *xf;
+    QD_TRY(float_of(d, x, E ? (size_t)off[E] * (size_t)IC : 0, &xf));
+    return cuda_matmul_grouped(dev, out, xf, w, off, E, IC, OC, prec);
+}
+
+static qd_status cuda_matmul_grouped_backward16(void *dev, float *dinp, float *const *dw, const float *dout,
+                                                const uint16_t *x, const float *const *w, const int32_t *off, int E,
+                                                int IC, int OC)
+{
+    cuda_dev *d = D(dev);
+    if (d->fast16)
+        return fast_grouped_backward(d, dinp, dw, dout, NULL, x, w, off, E, IC, OC);
+    const float *xf;
+    QD_TRY(float_of(d, x, E ? (size_t)off[E] * (size_t)IC : 0, &xf));
+    return cuda_matmul_grouped_backward(dev, dinp, dw, dout, xf, w, off, E, IC, OC);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1187,6 +1242,11 @@ static const qd_ops cuda_ops = {
     .matmul_backward = cuda_matmul_backward,
     .matmul_grouped = cuda_matmul_grouped,
     .matmul_grouped_backward = cuda_matmul_grouped_backward,
+    .experts16 = cuda_experts16,
+    .gather16 = cuda_gather16,
+    .swiglu16 = cuda_swiglu16,
+    .matmul_grouped16 = cuda_matmul_grouped16,
+    .matmul_grouped_backward16 = cuda_matmul_grouped_backward16,
     .fp8_quantize_rows = cuda_fp8_quantize_rows,
     .fp8_gemm = cuda_fp8_gemm,
     .fp8_gemm_grouped = cuda_fp8_gemm_grouped,
