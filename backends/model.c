@@ -152,6 +152,8 @@ typedef struct {
     double *d_rac_err;
     size_t nrac_in;
     int rac_host_stale;            /* d_rac_ch was picked on the device since rac_ch was read */
+    int wk_rounded;                /* the optimizer step wrote wk (adamw_round) outside the fake-quant
+                                    * linears: the sync's round_rest is not needed */
     int rac_pending;               /* set_rac_state installed channel sets that the next weight
                                       sync builds the RAC copies with (no pick); a lean instance
                                       has no other copy of them until then */
@@ -728,6 +730,17 @@ static qd_status round_rest(model *c, const unsigned char *done)
     return st;
 }
 
+/* Tensor t of the flat layout is the weight of a linear that fake_quant_only
+ * says the sync writes (fq[t] = 1); malloc'd, NULL when out of memory. */
+static unsigned char *fake_quant_tensors(const model *c)
+{
+    unsigned char *fq = calloc((size_t)(c->ninfo ? c->ninfo : 1), 1);
+    for (int i = 0; fq && i < c->nlin; i++)
+        if (fake_quant_only(c, &c->lin[i]))
+            fq[tensor_at(c, c->lin[i].w)] = 1;
+    return fq;
+}
+
 /* Where a weight sync of a lean instance (or a fill) reads the float
  * weights: host (the caller's array), dev (another instance's master), fill
  * (the caller's, through the host buffer buf of cap floats), else zeros (at
@@ -838,6 +851,8 @@ static qd_status sync_tensor(model *c, int t, wsrc *s, int codes_done)
  * are on the device, a shape at a time (sync_codes). */
 static qd_status sync_weights_from(model *c, wsrc *s)
 {
+    int rounded = c->wk_rounded; /* this sync's only: a failed one leaves no claim behind */
+    c->wk_rounded = 0;
     for (int t = 0; !c->lean && s->fill && t < c->ninfo; t++)
         QD_TRY(load_tensor(c, c->params + c->info[t].offset, s, t,
                            (size_t)(c->info[t].rows * c->info[t].cols)));
@@ -853,7 +868,10 @@ static qd_status sync_weights_from(model *c, wsrc *s)
         if (!done)
             return qd_error(QD_ERR_NOMEM, "%s backend: weight sync", c->ops->name);
         qd_status st = sync_fake_quants(c, c->params, done);
-        if (!st && c->wk != c->params) /* the rest of wk: what the fake-quants did not write */
+        /* the rest of wk: what the fake-quants do not write; the optimizer
+         * step's adamw_round wrote it already (all but the fake_quant_only
+         * linears, whose fake-quant, grouped or per tensor, writes them) */
+        if (!st && c->wk != c->params && !(rounded && !s->fill))
             st = round_rest(c, done);
         for (int i = 0; i < c->nlin && !st; i++)
             if (!done[i])
@@ -1939,14 +1957,29 @@ static qd_status optimizer_step_impl(model *c, const qd_adamw *o, int step, floa
     qd_adamw_scalars(o, step, norm, &gscale, &bc1, &bc2);
     /* one op a run of adjacent tensors with the same decay (an update is per
      * element: the same bits as one op a tensor, in a few launches, not one a
-     * tensor: a3b at 4 layers has 1,600 tensors) */
-    for (int t = 0, u; t < c->ninfo; t = u) {
+     * tensor: a3b at 4 layers has 1,600 tensors); where the working copy is
+     * the master rounded to BF16, the same pass writes it (adamw_round), but
+     * for the fake-quant linears, which the sync writes */
+    int fuse = !c->lean && c->wk != c->params && c->ops->adamw_round;
+    unsigned char *fq = fuse ? fake_quant_tensors(c) : NULL;
+    if (fuse && !fq)
+        return qd_error(QD_ERR_NOMEM, "%s backend: optimizer step", c->ops->name);
+    qd_status ast = QD_OK;
+    for (int t = 0, u; t < c->ninfo && !ast; t = u) {
         size_t off = c->info[t].offset, n = (size_t)(c->info[t].rows * c->info[t].cols);
         float wd = qd_adamw_decay(o, &c->info[t]);
-        for (u = t + 1; u < c->ninfo && c->info[u].offset == off + n && qd_adamw_decay(o, &c->info[u]) == wd; u++)
+        int r = fuse && !fq[t];
+        for (u = t + 1; u < c->ninfo && c->info[u].offset == off + n && qd_adamw_decay(o, &c->info[u]) == wd &&
+                        (!fuse || fq[u] == fq[t]);
+             u++)
             n += (size_t)(c->info[u].rows * c->info[u].cols);
-        QD_TRY(OP(c, adamw, c->params + off, c->grads + off, c->m + off, c->v + off, n, o, wd, gscale, bc1, bc2));
+        ast = r ? OP(c, adamw_round, c->params + off, c->grads + off, c->m + off, c->v + off, c->wk + off, n, o, wd,
+                    gscale, bc1, bc2)
+               : OP(c, adamw, c->params + off, c->grads + off, c->m + off, c->v + off, n, o, wd, gscale, bc1, bc2);
     }
+    free(fq);
+    QD_TRY(ast);
+    c->wk_rounded = fuse;
     c->have_forward = 0;
     mark(c, QD_PH_SYNC);
     qd_status st = sync_weights(c);

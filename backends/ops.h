@@ -286,6 +286,11 @@ typedef struct qd_ops {
     qd_status (*sumsq_chunks)(void *dev, double *part, const float *g, size_t n);
     qd_status (*adamw)(void *dev, float *p, const float *g, float *m, float *v, size_t n, const qd_adamw *o,
                        float wd, float gscale, float bc1, float bc2);
+    /* adamw, and wk (n) = round_bf16 of the updated p in the same pass (a BF16
+     * recipe's working copy; the CUDA fast mode writes its BF16 bits too).
+     * Optional: where NULL the weight sync rounds the master afterwards. */
+    qd_status (*adamw_round)(void *dev, float *p, const float *g, float *m, float *v, float *wk, size_t n,
+                             const qd_adamw *o, float wd, float gscale, float bc1, float bc2);
 } qd_ops;
 
 /* The CPU's ops (backends/cpu/cpu_ops.c), for tests that run an op on two backends. */

@@ -1074,6 +1074,26 @@ static void c_adamw_ragged(oc *c)
     OUT(c, "v", 'f', v, sizeof(float) * (n + 1));
 }
 
+/* adamw_round where the backend has it, else adamw then round_bf16: the
+ * master, the moments and the BF16 working copy (ragged length, 4-wide body) */
+static void c_adamw_round(oc *c)
+{
+    size_t n = 10003;
+    float *g = F(c, n, -1, 1), *p = F(c, n, -1, 1), *m = F(c, n, -0.1f, 0.1f), *v = F(c, n, 0, 0.01f);
+    float *wk = Z(c, sizeof(float) * n);
+    qd_adamw o = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_clip = 1};
+    if (c->ops->adamw_round) {
+        RUN(c, c->ops->adamw_round(c->dev, p, g, m, v, wk, n, &o, 0.1f, 0.5f, 0.1f, 0.0975f));
+    } else {
+        RUN(c, c->ops->adamw(c->dev, p, g, m, v, n, &o, 0.1f, 0.5f, 0.1f, 0.0975f));
+        RUN(c, c->ops->round_bf16(c->dev, wk, p, n));
+    }
+    OUT(c, "p", 'f', p, sizeof(float) * n);
+    OUT(c, "m", 'f', m, sizeof(float) * n);
+    OUT(c, "v", 'f', v, sizeof(float) * n);
+    OUT(c, "wk", 'f', wk, sizeof(float) * n);
+}
+
 static void c_sumsq_adamw(oc *c)
 {
     size_t n = 10000, nch = (n + 4095) / 4096;
@@ -1238,6 +1258,7 @@ static const op_case cases[] = {
     {{"head_backward 37x72 V304 T=0.7", "head_backward", 1}, c_head_backward},
     {{"sumsq_chunks+adamw 10000", "adamw", 0}, c_sumsq_adamw},
     {{"adamw 10003 ragged, off 16 bytes", "adamw", 0}, c_adamw_ragged},
+    {{"adamw_round 10003", "adamw", 0}, c_adamw_round},
     {{"sumsq_chunks 1049576", "sumsq_chunks", 0}, c_sumsq_long},
     {{"copy 1001", "copy", 0}, c_copy},
 };

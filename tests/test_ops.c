@@ -443,6 +443,32 @@ START_TEST(test_w16_twins_equal_float_ops)
 }
 END_TEST
 
+/* adamw_round gives adamw's bytes and round_bf16 of the result */
+START_TEST(test_adamw_round_is_adamw_then_round)
+{
+    size_t n = 1003;
+    float *p = malloc(sizeof(float) * n), *g = malloc(sizeof(float) * n), *m = malloc(sizeof(float) * n);
+    float *v = malloc(sizeof(float) * n), *wk = malloc(sizeof(float) * n), *p2 = malloc(sizeof(float) * n);
+    float *m2 = malloc(sizeof(float) * n), *v2 = malloc(sizeof(float) * n);
+    ck_assert(p && g && m && v && wk && p2 && m2 && v2);
+    for (size_t i = 0; i < n; i++) {
+        p[i] = p2[i] = sinf((float)i) * 0.3f;
+        g[i] = cosf((float)i * 0.7f);
+        m[i] = m2[i] = 0.01f * sinf((float)i * 1.3f);
+        v[i] = v2[i] = 0.001f * (1.0f + cosf((float)i));
+    }
+    qd_adamw o = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+    ck_assert_ptr_nonnull(O->adamw_round);
+    ck_assert_int_eq(O->adamw_round(dev1, p, g, m, v, wk, n, &o, 0.1f, 0.5f, 0.1f, 0.0975f), QD_OK);
+    ck_assert_int_eq(O->adamw(dev1, p2, g, m2, v2, n, &o, 0.1f, 0.5f, 0.1f, 0.0975f), QD_OK);
+    ck_assert(memcmp(p, p2, sizeof(float) * n) == 0 && memcmp(m, m2, sizeof(float) * n) == 0 &&
+              memcmp(v, v2, sizeof(float) * n) == 0);
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg(wk[i] == qd_round_bf16(p[i]), "wk[%zu] %g, round_bf16(p) %g", i, wk[i], qd_round_bf16(p[i]));
+    free(p), free(g), free(m), free(v), free(wk), free(p2), free(m2), free(v2);
+}
+END_TEST
+
 /* the per-tensor fake-quants of one shape in one call (nvfp4_fake_quant_weights,
  * or its per-tensor fallback) give the bytes of the op per tensor ("out" = "ref") */
 START_TEST(test_fake_quant_weights_equal_per_tensor)
@@ -531,6 +557,7 @@ Suite *suite_ops(void)
     tcase_add_test(tc, test_w16_twins_equal_float_ops);
     tcase_add_test(tc, test_quantize_weights_equal_per_tensor);
     tcase_add_test(tc, test_fake_quant_weights_equal_per_tensor);
+    tcase_add_test(tc, test_adamw_round_is_adamw_then_round);
     tcase_add_test(tc, test_compare_finds_a_bit);
     suite_add_tcase(s, tc);
     return s;

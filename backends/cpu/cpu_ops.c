@@ -966,6 +966,16 @@ static qd_status cpu_adamw(void *dev, float *p, const float *g, float *m, float 
     return QD_OK;
 }
 
+static qd_status cpu_adamw_round(void *dev, float *p, const float *g, float *m, float *v, float *wk, size_t n,
+                                 const qd_adamw *o, float wd, float gscale, float bc1, float bc2)
+{
+    QD_TRY(cpu_adamw(dev, p, g, m, v, n, o, wd, gscale, bc1, bc2));
+#pragma omp parallel for num_threads(NT(dev)) schedule(static)
+    for (size_t i = 0; i < n; i++)
+        wk[i] = qd_round_bf16(p[i]);
+    return QD_OK;
+}
+
 static const qd_ops cpu_ops = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -1024,6 +1034,7 @@ static const qd_ops cpu_ops = {
     .sample = cpu_sample,
     .sumsq_chunks = cpu_sumsq_chunks,
     .adamw = cpu_adamw,
+    .adamw_round = cpu_adamw_round,
 };
 
 const qd_ops *qd_cpu_ops(void) { return &cpu_ops; }

@@ -2681,8 +2681,10 @@ static __device__ __forceinline__ void adamw_one(float &p, float g, float &m, fl
 /* Four parameters a thread with 16-byte loads and stores, a grid-stride loop
  * (one launch serves a run of tensors: 3.1B parameters for a3b at 4 layers);
  * k_adamw takes the n % 4 left and unaligned arrays. */
-__global__ void k_adamw4(float4 *p, const float4 *g, float4 *m, float4 *v, size_t n4, float lr, float beta1,
-                         float beta2, float eps, float wd, float gscale, float bc1, float bc2)
+/* wk (where not NULL) gets round_bf16 of the updated p, bits (where not NULL)
+ * its BF16 bits: a BF16 recipe's working copies in the same pass. */
+__global__ void k_adamw4(float4 *p, const float4 *g, float4 *m, float4 *v, float4 *wk, uint2 *bits, size_t n4,
+                         float lr, float beta1, float beta2, float eps, float wd, float gscale, float bc1, float bc2)
 {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
         float4 pp = p[i], gg = g[i], mm = m[i], vv = v[i];
@@ -2691,29 +2693,47 @@ __global__ void k_adamw4(float4 *p, const float4 *g, float4 *m, float4 *v, size_
         adamw_one(pp.z, gg.z, mm.z, vv.z, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
         adamw_one(pp.w, gg.w, mm.w, vv.w, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
         p[i] = pp, m[i] = mm, v[i] = vv;
+        if (wk)
+            wk[i] = make_float4(qd_round_bf16(pp.x), qd_round_bf16(pp.y), qd_round_bf16(pp.z), qd_round_bf16(pp.w));
+        if (bits)
+            bits[i] = make_uint2(bf16_hi(pp.x) | bf16_hi(pp.y) << 16, bf16_hi(pp.z) | bf16_hi(pp.w) << 16);
     }
 }
 
-__global__ void k_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
-                        float beta2, float eps, float wd, float gscale, float bc1, float bc2)
+__global__ void k_adamw(float *p, const float *g, float *m, float *v, float *wk, uint16_t *bits, size_t n, float lr,
+                        float beta1, float beta2, float eps, float wd, float gscale, float bc1, float bc2)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n)
+    if (i < n) {
         adamw_one(p[i], g[i], m[i], v[i], lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
+        if (wk)
+            wk[i] = qd_round_bf16(p[i]);
+        if (bits)
+            bits[i] = (uint16_t)bf16_hi(p[i]);
+    }
+}
+
+extern "C" qd_status qdk_adamw_round(float *p, const float *g, float *m, float *v, float *wk, uint16_t *bits,
+                                     size_t n, float lr, float beta1, float beta2, float eps, float wd, float gscale,
+                                     float bc1, float bc2)
+{
+    int vec = qd_aligned(p, 16) && qd_aligned(g, 16) && qd_aligned(m, 16) && qd_aligned(v, 16) &&
+              (!wk || qd_aligned(wk, 16)) && (!bits || qd_aligned(bits, 8));
+    size_t n4 = vec ? n / 4 : 0;
+    if (n4) {
+        size_t cap = (size_t)qd_sm_count() * 16, nb = blocks(n4, 256);
+        QD_LAUNCH(k_adamw4, (unsigned)(nb < cap ? nb : cap), 256, (float4 *)p, (const float4 *)g, (float4 *)m,
+                  (float4 *)v, (float4 *)wk, (uint2 *)bits, n4, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
+    }
+    size_t r = n - 4 * n4, o = 4 * n4;
+    if (r)
+        QD_LAUNCH_N(k_adamw, (r), p + o, g + o, m + o, v + o, wk ? wk + o : NULL, bits ? bits + o : NULL, r, lr,
+                    beta1, beta2, eps, wd, gscale, bc1, bc2);
+    return QD_OK;
 }
 
 extern "C" qd_status qdk_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
                                float beta2, float eps, float wd, float gscale, float bc1, float bc2)
 {
-    size_t n4 = qd_aligned(p, 16) && qd_aligned(g, 16) && qd_aligned(m, 16) && qd_aligned(v, 16) ? n / 4 : 0;
-    if (n4) {
-        size_t cap = (size_t)qd_sm_count() * 16, nb = blocks(n4, 256);
-        QD_LAUNCH(k_adamw4, (unsigned)(nb < cap ? nb : cap), 256, (float4 *)p, (const float4 *)g, (float4 *)m,
-                  (float4 *)v, n4, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
-    }
-    size_t r = n - 4 * n4;
-    if (r)
-        QD_LAUNCH_N(k_adamw, (r), p + 4 * n4, g + 4 * n4, m + 4 * n4, v + 4 * n4, r, lr, beta1, beta2, eps, wd,
-                    gscale, bc1, bc2);
-    return QD_OK;
+    return qdk_adamw_round(p, g, m, v, NULL, NULL, n, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
 }

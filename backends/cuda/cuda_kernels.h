@@ -189,6 +189,9 @@ qd_status qdk_rac_fold(float *out, const float *deq, const int64_t *ch, int rows
 /* grad_norm's partial sums: part[k] = sum of g^2 (double) over floats 4096k.. ascending. */
 qd_status qdk_sumsq_chunks(double *part, const float *g, size_t n);
 /* adamw_tensor over n floats. */
+/* qdk_adamw, and wk = round_bf16 of the updated p, bits its BF16 bits (either may be NULL) */
+qd_status qdk_adamw_round(float *p, const float *g, float *m, float *v, float *wk, uint16_t *bits, size_t n, float lr,
+                          float beta1, float beta2, float eps, float wd, float gscale, float bc1, float bc2);
 qd_status qdk_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1, float beta2,
                     float eps, float wd, float gscale, float bc1, float bc2);
 

@@ -69,6 +69,7 @@ typedef struct {
     const float *wk;               /* the working copy wk16 mirrors, (nwk) */
     size_t nwk;
     uint16_t *wk16;                /* fast mode: the working copy's BF16 bits */
+    size_t fresh16;                /* floats of wk16 adamw_round wrote since the last weights_changed */
     int *d_bad;                    /* logprob's overflow flag */
     void *scratch[D_NSCRATCH];
     size_t scratch_cap[D_NSCRATCH];
@@ -238,7 +239,7 @@ static void cuda_report(void *dev)
                 1e3 * (last ? d->prof_step[i] : d->prof_t[i]));
 }
 
-static qd_status fq_install(cuda_dev *d);
+static qd_status fq_install(cuda_dev *d, size_t fresh);
 
 /* Fast mode, BF16 recipes: the BF16 bits of the working copy for cuBLASLt. */
 static qd_status cuda_weights_changed(void *dev, const float *wk, size_t n)
@@ -246,9 +247,11 @@ static qd_status cuda_weights_changed(void *dev, const float *wk, size_t n)
     cuda_dev *d = D(dev);
     if (!d->bf16_copy)
         return QD_OK;
-    if (!d->wk16 || d->nwk != n || d->wk != wk) /* bits a fake-quant wrote belong to the old copy */
+    if (!d->wk16 || d->nwk != n || d->wk != wk) { /* bits written since belong to the old copy */
         for (int i = 0; i < d->nfq; i++)
             d->fq[i].bits = 0;
+        d->fresh16 = 0;
+    }
     if (!d->wk16 || d->nwk != n) {
         cudaFree(d->wk16);
         d->wk16 = NULL;
@@ -256,9 +259,11 @@ static qd_status cuda_weights_changed(void *dev, const float *wk, size_t n)
     }
     d->wk = wk;
     d->nwk = n;
+    size_t fresh = d->fresh16;
+    d->fresh16 = 0;
     if (d->aqat16)
-        return fq_install(d); /* the bits outside the fake-quant ranges, then theirs */
-    return qdk_bf16_bits(d->wk16, wk, n);
+        return fq_install(d, fresh); /* the bits outside the fake-quant ranges, then theirs */
+    return fresh == n ? QD_OK : qdk_bf16_bits(d->wk16, wk, n);
 }
 
 /* The BF16 bits of n floats of x in scratch slot (on the device). */
@@ -299,8 +304,10 @@ static qd_status fq_record(cuda_dev *d, float *out, const float *x, int rows, in
     }
     if (!d->fq_dsdec)
         QD_TRY(cuda_alloc(d, (void **)&d->fq_dsdec, sizeof(float) * FQ_SLOTS, "fake-quant scales"));
-    if (d->nfq >= FQ_SLOTS)
+    if (d->nfq >= FQ_SLOTS) { /* not recorded: its bits come from the plain conversion */
+        d->fresh16 = 0;
         return qd_cuda_nvfp4_fake_quant_async(out, x, rows, cols, QD_SCALE_PER_TENSOR);
+    }
     if (d->nfq == d->fq_cap) {
         int cap = d->fq_cap ? 2 * d->fq_cap : 1024;
         void *p = realloc(d->fq, sizeof *d->fq * (size_t)cap);
@@ -377,10 +384,15 @@ static qd_status cuda_nvfp4_fake_quant_weights(void *dev, float *const *out, con
 /* The wk16 bits of the n installed ranges (sorted, disjoint): the plain bits
  * of the working copy between them, and of each range not written with its
  * fake-quant, its E2M1 x E4M3 part, QDK_DIV_GROUP a launch. */
-static qd_status fq_bits(cuda_dev *d, int n)
+static qd_status fq_bits(cuda_dev *d, int n, size_t fresh)
 {
-    size_t at = 0;
-    for (int i = 0; i < n; i++) {
+    /* adamw_round wrote the bits of everything outside the ranges (its
+     * floats and theirs fill the copy exactly): no gap to convert */
+    size_t in_ranges = 0;
+    for (int i = 0; i < n; i++)
+        in_ranges += d->fq[i].n;
+    size_t at = fresh && fresh + in_ranges == d->nwk ? d->nwk : 0;
+    for (int i = 0; i < n && at < d->nwk; i++) {
         size_t a = (size_t)(d->fq[i].w - d->wk);
         if (a > at)
             QD_TRY(qdk_bf16_bits(d->wk16 + at, d->wk + at, a - at));
@@ -409,7 +421,7 @@ static qd_status fq_bits(cuda_dev *d, int n)
 
 /* At weights_changed: the recorded ranges inside the working copy, sorted,
  * their wk16 bits the E2M1 x E4M3 parts, their scales copied to the host. */
-static qd_status fq_install(cuda_dev *d)
+static qd_status fq_install(cuda_dev *d, size_t fresh)
 {
     int n = 0, slots = d->nfq;
     for (int i = 0; i < d->nfq; i++)
@@ -421,7 +433,7 @@ static qd_status fq_install(cuda_dev *d)
         if (!d->fq_sdec)
             return qd_error(QD_ERR_NOMEM, "cuda backend: fake-quant scales");
     }
-    QD_TRY(fq_bits(d, n));
+    QD_TRY(fq_bits(d, n, fresh));
     if (n)
         QD_CUDA_CHECK(cudaMemcpy(d->fq_sdec, d->fq_dsdec, sizeof(float) * (size_t)slots, cudaMemcpyDeviceToHost));
     d->nfq = n;
@@ -460,7 +472,9 @@ static int fq_alpha(const cuda_dev *d, const float *w, size_t n, float *alpha)
 
 static qd_status cuda_round_bf16(void *dev, float *dst, const float *src, size_t n)
 {
-    (void)dev;
+    cuda_dev *d = D(dev);
+    if (d->wk && dst < d->wk + d->nwk && dst + n > d->wk) /* the working copy changed untracked */
+        d->fresh16 = 0;
     return qdk_round_bf16(dst, src, n);
 }
 
@@ -1211,6 +1225,21 @@ static qd_status cuda_adamw(void *dev, float *p, const float *g, float *m, float
     return qdk_adamw(p, g, m, v, n, o->lr, o->beta1, o->beta2, o->eps, wd, gscale, bc1, bc2);
 }
 
+/* adamw_round; where wk lies in the working copy whose BF16 bits this
+ * context keeps (wk16), those bits too, counted in fresh16 (weights_changed
+ * then converts only what they do not cover). */
+static qd_status cuda_adamw_round(void *dev, float *p, const float *g, float *m, float *v, float *wk, size_t n,
+                                  const qd_adamw *o, float wd, float gscale, float bc1, float bc2)
+{
+    cuda_dev *d = D(dev);
+    uint16_t *bits = NULL;
+    if (d->bf16_copy && d->wk16 && wk >= d->wk && wk + n <= d->wk + d->nwk) {
+        bits = d->wk16 + (wk - d->wk);
+        d->fresh16 += n;
+    }
+    return qdk_adamw_round(p, g, m, v, wk, bits, n, o->lr, o->beta1, o->beta2, o->eps, wd, gscale, bc1, bc2);
+}
+
 static const qd_ops cuda_ops = {
     .name = "cuda",
     .alloc = cuda_alloc,
@@ -1281,6 +1310,7 @@ static const qd_ops cuda_ops = {
     .sample = cuda_sample,
     .sumsq_chunks = cuda_sumsq_chunks,
     .adamw = cuda_adamw,
+    .adamw_round = cuda_adamw_round,
 };
 
 /* ------------------------------------------------------------------------ */
