@@ -1714,7 +1714,6 @@ static size_t backward_floats(const model *c, int from_acts, size_t *layer_float
     return up64((size_t)c->N * g->vocab_size) + 2 * up64((size_t)c->N * g->hidden_size) + lf;
 }
 
-/* dlogp: dev (N). */
 /* dln (N, C) += the lm_head's backward from dlogp (its weight's gradient
  * too): the ops' head_backward where it fuses the two, else logprob_backward
  * into dlogits (N, V) and linear_backward. */
@@ -1734,6 +1733,7 @@ static qd_status head_backward(model *c, float *dln, float *dlogits, const float
     return linear_backward(c, dln, dlogits, c->lnf, L, N);
 }
 
+/* dlogp: dev (N). */
 static qd_status model_backward(model *c, const float *dlogp)
 {
     const qd_model_config *g = &c->cfg;

@@ -297,23 +297,35 @@ static int fq_cmp(const void *a, const void *b)
 
 /* A per-tensor fake-quant into out: recorded (its scale written to a slot)
  * while the slots last; the next weights_changed keeps those in the working copy. */
-static qd_status fq_record(cuda_dev *d, float *out, const float *x, int rows, int cols)
+/* Before recording m more fake-quants: a new sync's first rebuilds the
+ * ranges in force; the scale slots made; room for the ranges of the m, or of
+ * as many as the slots take (*fit of them). */
+static qd_status fq_reserve(cuda_dev *d, int m, int *fit)
 {
-    if (d->fq_live) { /* a new sync: the ranges in force are rebuilt */
+    if (d->fq_live) /* a new sync: the ranges in force are rebuilt */
         d->nfq = d->fq_live = 0;
-    }
     if (!d->fq_dsdec)
         QD_TRY(cuda_alloc(d, (void **)&d->fq_dsdec, sizeof(float) * FQ_SLOTS, "fake-quant scales"));
-    if (d->nfq >= FQ_SLOTS) { /* not recorded: its bits come from the plain conversion */
-        d->fresh16 = 0;
-        return qd_cuda_nvfp4_fake_quant_async(out, x, rows, cols, QD_SCALE_PER_TENSOR);
-    }
-    if (d->nfq == d->fq_cap) {
-        int cap = d->fq_cap ? 2 * d->fq_cap : 1024;
+    *fit = FQ_SLOTS - d->nfq < m ? FQ_SLOTS - d->nfq : m;
+    if (d->nfq + *fit > d->fq_cap) {
+        int cap = d->fq_cap ? d->fq_cap : 1024;
+        while (cap < d->nfq + *fit)
+            cap *= 2;
         void *p = realloc(d->fq, sizeof *d->fq * (size_t)cap);
         if (!p)
             return qd_error(QD_ERR_NOMEM, "cuda backend: fake-quant ranges");
         d->fq = (fq_range *)p, d->fq_cap = cap;
+    }
+    return QD_OK;
+}
+
+static qd_status fq_record(cuda_dev *d, float *out, const float *x, int rows, int cols)
+{
+    int fit;
+    QD_TRY(fq_reserve(d, 1, &fit));
+    if (!fit) { /* not recorded: its bits come from the plain conversion */
+        d->fresh16 = 0;
+        return qd_cuda_nvfp4_fake_quant_async(out, x, rows, cols, QD_SCALE_PER_TENSOR);
     }
     fq_range r = {out, (size_t)rows * (size_t)cols, d->nfq, 0};
     d->fq[d->nfq] = r;
@@ -340,20 +352,8 @@ static qd_status cuda_nvfp4_fake_quant_weights(void *dev, float *const *out, con
         return QD_OK;
     if (!d->aqat16)
         return qd_cuda_nvfp4_fake_quant_weights_async(out, NULL, NULL, x, count, N, K);
-    if (d->fq_live) /* a new sync: the ranges in force are rebuilt (fq_record's) */
-        d->nfq = d->fq_live = 0;
-    if (!d->fq_dsdec)
-        QD_TRY(cuda_alloc(d, (void **)&d->fq_dsdec, sizeof(float) * FQ_SLOTS, "fake-quant scales"));
-    int fit = FQ_SLOTS - d->nfq < count ? FQ_SLOTS - d->nfq : count;
-    if (d->nfq + fit > d->fq_cap) {
-        int cap = d->fq_cap ? d->fq_cap : 1024;
-        while (cap < d->nfq + fit)
-            cap *= 2;
-        void *p = realloc(d->fq, sizeof *d->fq * (size_t)cap);
-        if (!p)
-            return qd_error(QD_ERR_NOMEM, "cuda backend: fake-quant ranges");
-        d->fq = (fq_range *)p, d->fq_cap = cap;
-    }
+    int fit;
+    QD_TRY(fq_reserve(d, count, &fit));
     float **sd = (float **)malloc(sizeof(float *) * (size_t)(fit ? fit : 1));
     uint16_t **bits = (uint16_t **)malloc(sizeof(uint16_t *) * (size_t)(fit ? fit : 1));
     if (!sd || !bits) {
@@ -363,8 +363,9 @@ static qd_status cuda_nvfp4_fake_quant_weights(void *dev, float *const *out, con
     size_t nt = (size_t)N * (size_t)K;
     for (int i = 0; i < fit; i++) {
         /* inside the working copy of the last weights_changed (a trainer's
-         * wk stays put): its wk16 bits written by the same kernel */
-        int in = d->wk16 && out[i] >= d->wk && out[i] + nt <= d->wk + d->nwk &&
+         * wk stays put): its wk16 bits written by the same kernel (not by the
+         * legacy quantizers') */
+        int in = !qd_cuda_quant_legacy && d->wk16 && out[i] >= d->wk && out[i] + nt <= d->wk + d->nwk &&
                  qd_aligned(d->wk16 + (out[i] - d->wk), 16);
         bits[i] = in ? d->wk16 + (out[i] - d->wk) : NULL;
         fq_range r = {out[i], nt, d->nfq, in};
@@ -372,9 +373,6 @@ static qd_status cuda_nvfp4_fake_quant_weights(void *dev, float *const *out, con
         sd[i] = d->fq_dsdec + d->nfq++;
     }
     qd_status st = qd_cuda_nvfp4_fake_quant_weights_async(out, sd, qd_cuda_quant_legacy ? NULL : bits, x, fit, N, K);
-    if (qd_cuda_quant_legacy)
-        for (int i = 0; i < fit; i++)
-            d->fq[d->nfq - fit + i].bits = 0;
     free(sd), free(bits);
     for (int i = fit; i < count && !st; i++) /* past the slots: fq_record's fallback */
         st = fq_record(d, out[i], x[i], N, K);
@@ -683,6 +681,15 @@ static qd_status expert_w16(cuda_dev *d, const uint16_t **w16, float *alpha, con
     return QD_OK;
 }
 
+/* x's float32 values in scratch slot D_XF (the float32 products of BF16-bit inputs) */
+static qd_status float_of(cuda_dev *d, const uint16_t *x, size_t n, const float **out)
+{
+    void *p;
+    QD_TRY(scratch(d, D_XF, sizeof(float) * (n ? n : 1), &p));
+    *out = (const float *)p;
+    return qdk_bf16_float((float *)p, x, n);
+}
+
 /* Fast mode: the experts through cuBLAS, one GEMM an expert with rows. A BF16
  * linear's operands are BF16 values (effective_input, the working copy), so
  * their BF16 bits lose nothing and only the order of the sums changes. */
@@ -697,12 +704,8 @@ static qd_status fast_grouped(cuda_dev *d, float *out, const float *x, const uin
     }
     size_t rows = E ? (size_t)off[E] : 0;
     if (prec != QD_PREC_BF16 && !fq) {
-        if (!x) { /* the BF16 bits' values as float32 */
-            void *p;
-            QD_TRY(scratch(d, D_XF, sizeof(float) * (rows * IC ? rows * IC : 1), &p));
-            QD_TRY(qdk_bf16_float((float *)p, xb, rows * IC));
-            x = (const float *)p;
-        }
+        if (!x) /* the BF16 bits' values as float32 */
+            QD_TRY(float_of(d, xb, rows * IC, &x));
         return qd_cuda_gemm_grouped_f32(out, x, w, off, E, OC, IC, QD_GEMM_F32);
     }
     const uint16_t **w16 = (const uint16_t **)calloc((size_t)E + 1, sizeof *w16);
@@ -808,15 +811,6 @@ static qd_status cuda_swiglu16(void *dev, uint16_t *h, const float *g, const flo
 {
     (void)dev;
     return qdk_swiglu16(h, g, u, n);
-}
-
-/* x's float32 values in scratch slot D_XF (the products off the fast16 path) */
-static qd_status float_of(cuda_dev *d, const uint16_t *x, size_t n, const float **out)
-{
-    void *p;
-    QD_TRY(scratch(d, D_XF, sizeof(float) * (n ? n : 1), &p));
-    *out = (const float *)p;
-    return qdk_bf16_float((float *)p, x, n);
 }
 
 static qd_status cuda_matmul_grouped16(void *dev, float *out, const uint16_t *x, const float *const *w,
