@@ -99,12 +99,17 @@ extern "C" qd_status qdk_bf16_bits(uint16_t *dst, const float *src, size_t n)
 /* dst = BF16 bits of src / *s (0 where *s is 0): a fake-quant weight's E2M1 x
  * E4M3 part, a BF16 value (at most 6 significant bits), recovered exactly from
  * (e2m1 * e4m3) * s_dec rounded to float32. */
+static __device__ __forceinline__ uint16_t bits_div(float x, float d)
+{
+    return (uint16_t)bf16_hi(d == 0.0f ? 0.0f : x / d);
+}
+
 __global__ void k_bf16_bits_div(uint16_t *dst, const float *src, size_t n, const float *s)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     float d = *s;
     if (i < n)
-        dst[i] = (uint16_t)bf16_hi(d == 0.0f ? 0.0f : src[i] / d);
+        dst[i] = bits_div(src[i], d);
 }
 
 extern "C" qd_status qdk_bf16_bits_div(uint16_t *dst, const float *src, size_t n, const float *s)
@@ -121,7 +126,7 @@ __global__ void k_bf16_bits_div_group(const __grid_constant__ qdk_div_group g)
     float d = *g.s[y];
     size_t n = g.n[y];
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        g.dst[y][i] = (uint16_t)bf16_hi(d == 0.0f ? 0.0f : g.src[y][i] / d);
+        g.dst[y][i] = bits_div(g.src[y][i], d);
 }
 
 extern "C" qd_status qdk_bf16_bits_div_group(const qdk_div_group *g, int m)
@@ -2472,17 +2477,22 @@ extern "C" size_t qdk_sample_work_bytes(int B, int V)
 }
 
 /* Block (n, column block): the row's values read once a thread, no 64-bit division. */
+/* dlogits[n][j] = dlogp[n] (onehot(tgt[n]) - softmax(logits[n] / T))[j] / T */
+static __device__ __forceinline__ float dlogit(const float *dlogp, const float *logits, const float *lse,
+                                               const int32_t *tgt, int n, int j, int V, float T)
+{
+    int g = tgt[n];
+    float d = g >= 0 ? dlogp[n] / T : 0.0f;
+    float p = qd_expf(logits[(size_t)n * V + j] / T - lse[n]);
+    return d * ((j == g ? 1.0f : 0.0f) - p);
+}
+
 __global__ void k_logprob_bwd(float *dlogits, const float *dlogp, const float *logits, const float *lse,
                               const int32_t *tgt, int N, int V, float T)
 {
     int n = blockIdx.x, j = blockIdx.y * blockDim.x + threadIdx.x;
-    if (j >= V)
-        return;
-    size_t id = (size_t)n * V + j;
-    int g = tgt[n];
-    float d = g >= 0 ? dlogp[n] / T : 0.0f;
-    float p = qd_expf(logits[id] / T - lse[n]);
-    dlogits[id] = d * ((j == g ? 1.0f : 0.0f) - p);
+    if (j < V)
+        dlogits[(size_t)n * V + j] = dlogit(dlogp, logits, lse, tgt, n, j, V, T);
 }
 
 extern "C" qd_status qdk_logprob_backward(float *dlogits, const float *dlogp, const float *logits,
@@ -2501,14 +2511,8 @@ __global__ void k_logprob_bwd16(uint16_t *dy16, const float *dlogp, const float 
                                 const int32_t *tgt, int N, int V, float T, int c0, int nc)
 {
     int n = blockIdx.x, jj = blockIdx.y * blockDim.x + threadIdx.x;
-    if (jj >= nc)
-        return;
-    int j = c0 + jj;
-    size_t id = (size_t)n * V + j;
-    int g = tgt[n];
-    float d = g >= 0 ? dlogp[n] / T : 0.0f;
-    float p = qd_expf(logits[id] / T - lse[n]);
-    dy16[(size_t)n * nc + jj] = (uint16_t)bf16_hi(d * ((j == g ? 1.0f : 0.0f) - p));
+    if (jj < nc)
+        dy16[(size_t)n * nc + jj] = (uint16_t)bf16_hi(dlogit(dlogp, logits, lse, tgt, n, c0 + jj, V, T));
 }
 
 extern "C" qd_status qdk_logprob_backward_bf16_cols(uint16_t *dy16, const float *dlogp, const float *logits,
