@@ -253,6 +253,10 @@ static void c_matmul_f32_thin(oc *c) { c_matmul_shape(c, QD_PREC_F32, 33, 520, 7
 /* one and three rows over many outputs (the lm_head at batch 1): the thin tiles, ragged N */
 static void c_matmul_bf16_row1(oc *c) { c_matmul_shape(c, QD_PREC_BF16, 1, 256, 2085, 1.0f); }
 static void c_matmul_f32_row3(oc *c) { c_matmul_shape(c, QD_PREC_F32, 3, 136, 1100, 1.0f); }
+/* the router at batch 1 (CUDA: 32-row CTAs, 512-byte chunks) and two rows over
+ * outputs enough for 128-row CTAs, K ragged against both chunk sizes */
+static void c_matmul_bf16_router1(oc *c) { c_matmul_shape(c, QD_PREC_BF16, 1, 2048, 128, 1.0f); }
+static void c_matmul_bf16_row2_wide(oc *c) { c_matmul_shape(c, QD_PREC_BF16, 2, 264, 4500, 1.0f); }
 
 static void c_matmul_backward(oc *c)
 {
@@ -461,6 +465,44 @@ static void c_w4a4_grouped(oc *c)
     if (c->ops->finish)
         RUN(c, c->ops->finish(c->dev));
     OUT(c, "y", 'f', y, sizeof(float) * R * N);
+}
+
+/* Decode-shaped experts: at most 8 rows each (CUDA: the split-K kernel, K in
+ * 16-block chunks over 4 warps, rounds of 64 blocks), K = 2048 + 64 (a RAC
+ * width: a last round of one chunk of 4 blocks), N ragged against 16-row CTAs. */
+static void c_w4a4_grouped_decode(oc *c)
+{
+    enum { E = 6 };
+    static const int32_t off[E + 1] = {0, 1, 1, 4, 12, 14, 19};
+    int R = off[E], N = 40, K = 2112;
+    qd_nvfp4 q[E];
+    const qd_nvfp4 *wq[E];
+    for (int e = 0; e < E; e++) {
+        float *w = F(c, (size_t)N * K, -1, 1);
+        q[e] = nv(c, N, K, QD_SCALE_PER_TENSOR);
+        RUN(c, c->ops->nvfp4_quantize(c->dev, &q[e], w));
+        wq[e] = &q[e];
+    }
+    float *x = F(c, (size_t)R * K, -2, 2), *y = Z(c, sizeof(float) * R * N);
+    qd_nvfp4 a = nv(c, R, K, QD_SCALE_PER_ROW);
+    RUN(c, c->ops->nvfp4_quantize(c->dev, &a, x));
+    RUN(c, c->ops->w4a4_gemm_grouped(c->dev, y, &a, wq, off, E));
+    if (c->ops->finish)
+        RUN(c, c->ops->finish(c->dev));
+    OUT(c, "y", 'f', y, sizeof(float) * R * N);
+}
+
+/* One row through one matrix of K = 768 (an expert's down projection at batch 1:
+ * three chunks, one round of the split-K kernel with a warp idle). */
+static void c_w4a4_row1(oc *c)
+{
+    int M = 1, N = 72, K = 768;
+    float *x = F(c, (size_t)M * K, -3, 3), *w = F(c, (size_t)N * K, -1, 1), *y = Z(c, sizeof(float) * M * N);
+    qd_nvfp4 a = nv(c, M, K, QD_SCALE_PER_ROW), q = nv(c, N, K, QD_SCALE_PER_TENSOR);
+    RUN(c, c->ops->nvfp4_quantize(c->dev, &a, x));
+    RUN(c, c->ops->nvfp4_quantize(c->dev, &q, w));
+    RUN(c, c->ops->w4a4_gemm(c->dev, y, &a, &q));
+    OUT(c, "y", 'f', y, sizeof(float) * M * N);
 }
 
 static void c_rac(oc *c)
@@ -781,6 +823,21 @@ static void c_attend_gqa_long(oc *c)
     int32_t kbase[1] = {0}, pos[1] = {299};
     float *q = F(c, (size_t)N * H * D, -1, 1), *kc = F(c, (size_t)Tc * KV * D, -1, 1);
     float *vc = F(c, (size_t)Tc * KV * D, -1, 1), *o = Z(c, sizeof(float) * N * H * D);
+    float *att = Z(c, sizeof(float) * N * H * Tm);
+    RUN(c, c->ops->attend(c->dev, o, att, q, kc, vc, I(c, kbase, N), I(c, pos, N), N, H, KV, D, Tm,
+                          NULL, 0));
+    OUT(c, "out", 'f', o, sizeof(float) * N * H * D);
+    OUT(c, "att", 'f', att, sizeof(float) * N * H * Tm);
+}
+
+/* Groups of 4 heads of 64 over cache rows of 300 (CUDA: 4 threads a value
+ * column, each one head's chain), positions 0 .. 299. */
+static void c_attend_gqa4(oc *c)
+{
+    int N = 6, H = 16, KV = 4, D = 64, Tc = 300, Tm = 300;
+    int32_t kbase[6] = {0, Tc, 2 * Tc, 3 * Tc, 4 * Tc, 5 * Tc}, pos[6] = {0, 1, 63, 255, 256, 299};
+    float *q = F(c, (size_t)N * H * D, -1, 1), *kc = F(c, (size_t)N * Tc * KV * D, -1, 1);
+    float *vc = F(c, (size_t)N * Tc * KV * D, -1, 1), *o = Z(c, sizeof(float) * N * H * D);
     float *att = Z(c, sizeof(float) * N * H * Tm);
     RUN(c, c->ops->attend(c->dev, o, att, q, kc, vc, I(c, kbase, N), I(c, pos, N), N, H, KV, D, Tm,
                           NULL, 0));
@@ -1204,6 +1261,8 @@ static const op_case cases[] = {
     {{"matmul f32 33x520x70", "matmul", 1}, c_matmul_f32_thin},
     {{"matmul bf16 1x256x2085", "matmul", 1}, c_matmul_bf16_row1},
     {{"matmul f32 3x136x1100", "matmul", 1}, c_matmul_f32_row3},
+    {{"matmul bf16 router 1x2048x128", "matmul", 1}, c_matmul_bf16_router1},
+    {{"matmul bf16 2x264x4500", "matmul", 1}, c_matmul_bf16_row2_wide},
     {{"matmul f32 5x136x260", "matmul", 1}, c_matmul_f32_row5},
     {{"matmul_backward 37x72x45", "matmul_backward", 1}, c_matmul_backward},
     {{"matmul_backward 40x72x48", "matmul_backward", 1}, c_matmul_backward8},
@@ -1216,6 +1275,8 @@ static const op_case cases[] = {
     {{"nvfp4 quantize+fake 7x96", "nvfp4_quantize", 0}, c_nvfp4},
     {{"w4a4_gemm 9x40x512", "w4a4_gemm", 1}, c_w4a4},
     {{"w4a4_gemm_grouped 4 experts", "w4a4_gemm_grouped", 0}, c_w4a4_grouped},
+    {{"w4a4_gemm_grouped decode 6 experts 40x2112", "w4a4_gemm_grouped", 0}, c_w4a4_grouped_decode},
+    {{"w4a4_gemm 1x72x768", "w4a4_gemm", 1}, c_w4a4_row1},
     {{"nvfp4_quantize_weights 70 x 24x96", "nvfp4_quantize_weights", 0}, c_quantize_weights},
     {{"nvfp4_quantize_weights 67 x 10x64+16", "nvfp4_quantize_weights", 0}, c_quantize_weights_rac},
     {{"nvfp4_quantize_weights 6 x 100x768+192", "nvfp4_quantize_weights", 0}, c_quantize_weights_rac_wide},
@@ -1230,6 +1291,7 @@ static const op_case cases[] = {
     {{"attend decode 3 rows", "attend", 1}, c_attend_decode},
     {{"attend decode gqa 32/4x128", "attend", 1}, c_attend_gqa},
     {{"attend decode gqa 1 query at 299", "attend", 1}, c_attend_gqa_long},
+    {{"attend decode gqa 16/4x64 to 299", "attend", 1}, c_attend_gqa4},
     {{"attend_backward 2 seqs", "attend_backward", 1}, c_attend_backward},
     {{"attend+bwd gqa prefill 37,20,37", "attend_backward", 1}, c_attend_gqa_prefill},
     {{"store_kv 4 tokens", "store_kv", 0}, c_store_kv},

@@ -826,16 +826,13 @@ __global__ void __launch_bounds__(128) k_matmul_wt_thin(float *c, const float *a
  * and the router at batch 1): one output a thread, each thread's sum from 0,
  * k ascending, mul then add (the CPU's order and roundings; where k_matmul_wt
  * takes fmaf its products are exact, so this is the same number). A CTA of
- * 128 threads owns 128 weight rows; K goes in chunks of MV_KB bytes a row,
- * copied by cp.async (each thread 16 contiguous bytes, a warp 4 rows x 128
+ * ROWS threads owns ROWS weight rows; K goes in chunks of KB bytes a row,
+ * copied by cp.async (each thread 16 contiguous bytes, a warp 512 contiguous
  * bytes) into a ring of MV_S stages, MV_S - 1 chunks in flight while one is
  * summed: a thread streaming its own row directly, or the wide tiles' 8-row
  * stages, left the H200's HBM mostly idle at batch 1 (0.54 ms for the a3b
  * lm_head, 622 MB). */
-#define MV_ROWS 128
-#define MV_KB 128               /* weight bytes a row a chunk */
-#define MV_S 4                  /* ring stages */
-#define MV_WLD (MV_KB + 16)     /* padded: a quarter warp's 16-byte reads hit 32 banks */
+#define MV_S 4 /* ring stages */
 
 static __device__ __forceinline__ void mv_cp16(void *dst, const void *src)
 {
@@ -866,9 +863,14 @@ static __device__ __forceinline__ void mv_unpack(float (&f)[8], uint4 u, const f
     f[3] = __uint_as_float(u.w);
 }
 
-template <typename TW, int MR>
-__global__ void __launch_bounds__(MV_ROWS) k_matvec_wt(float *c, const float *a, const TW *w, int M, int N, int K)
+/* ROWS weight rows a CTA (its threads), KB weight bytes a row a chunk: 128 and
+ * 128 for wide outputs; 32 and 512 where 128-row CTAs would be a handful (the
+ * router's 128 outputs: one CTA streamed 4 KB rows 128 bytes a chunk, 22 us
+ * at batch 1, where a chain of 2,048 adds takes 4). */
+template <typename TW, int MR, int ROWS, int KB>
+__global__ void __launch_bounds__(ROWS) k_matvec_wt(float *c, const float *a, const TW *w, int M, int N, int K)
 {
+    constexpr int MV_ROWS = ROWS, MV_KB = KB, MV_WLD = KB + 16; /* padded: a quarter warp's 16-byte reads hit 32 banks */
     constexpr int KC = MV_KB / (int)sizeof(TW), EU = 16 / (int)sizeof(TW); /* elements a chunk, a 16-byte unit */
     extern __shared__ __align__(16) unsigned char mv_smem[];
     unsigned char(*Ws)[MV_ROWS][MV_WLD] = (unsigned char(*)[MV_ROWS][MV_WLD])mv_smem;
@@ -883,8 +885,8 @@ __global__ void __launch_bounds__(MV_ROWS) k_matvec_wt(float *c, const float *a,
                 if (n0 + row < N && k < K)
                     mv_cp16(&Ws[s][row][u * 16], w + (size_t)(n0 + row) * K + k);
             }
-            if (tid < MR * (KC / 4)) {
-                int m = tid / (KC / 4), k = k0 + (tid % (KC / 4)) * 4;
+            for (int i = tid; i < MR * (KC / 4); i += MV_ROWS) {
+                int m = i / (KC / 4), k = k0 + (i % (KC / 4)) * 4;
                 if (m < M && k < K)
                     mv_cp16(&As[s][m][k - k0], a + (size_t)m * K + k);
             }
@@ -904,6 +906,7 @@ __global__ void __launch_bounds__(MV_ROWS) k_matvec_wt(float *c, const float *a,
         issue(ch + MV_S - 1);
         int s = ch % MV_S, ku = (K - ch * KC < KC ? K - ch * KC : KC) / EU;
         const unsigned char *wr = Ws[s][tid];
+#pragma unroll 4
         for (int u = 0; u < ku; u++) {
             float f[8];
             mv_unpack(f, *(const uint4 *)(wr + 16 * u), (const TW *)0);
@@ -930,14 +933,22 @@ __global__ void __launch_bounds__(MV_ROWS) k_matvec_wt(float *c, const float *a,
                 c[(size_t)m * N + n] = acc[m];
 }
 
+template <typename TW, int MR, int ROWS, int KB>
+static qd_status launch_matvec_wt(float *c, const float *a, const TW *w, int M, int N, int K)
+{
+    constexpr int KC = KB / (int)sizeof(TW);
+    size_t smem = (size_t)MV_S * ROWS * (KB + 16) + sizeof(float) * MV_S * MR * KC;
+    QD_LAUNCH_SMEM((k_matvec_wt<TW, MR, ROWS, KB>), (unsigned)((N + ROWS - 1) / ROWS), (unsigned)ROWS, smem, c, a,
+                   w, M, N, K);
+    return QD_OK;
+}
+
 template <typename TW, int MR>
 static qd_status launch_matvec_wt(float *c, const float *a, const TW *w, int M, int N, int K)
 {
-    constexpr int KC = MV_KB / (int)sizeof(TW);
-    size_t smem = (size_t)MV_S * MV_ROWS * MV_WLD + sizeof(float) * MV_S * MR * KC;
-    QD_LAUNCH_SMEM((k_matvec_wt<TW, MR>), (unsigned)((N + MV_ROWS - 1) / MV_ROWS), (unsigned)MV_ROWS, smem, c, a, w,
-                   M, N, K);
-    return QD_OK;
+    if ((N + 127) / 128 * 4 <= qd_sm_count())
+        return launch_matvec_wt<TW, MR, 32, 512>(c, a, w, M, N, K);
+    return launch_matvec_wt<TW, MR, 128, 128>(c, a, w, M, N, K);
 }
 
 template <typename TW>
@@ -1386,84 +1397,93 @@ __global__ void k_attend(float *out, float *att, const float *q, const float *kb
 }
 
 /* The same values, one block per (query n, kv head, head part): the part's GH
- * = H / KV / HS query heads of the group share each staged tile of TS keys
- * (then values), so the cache is read once per part, not once per head (HS > 1
- * where N * KV blocks would leave most SMs idle: decode at small batch).
- * Scores: thread (g, s) of a tile runs the dot product over i ascending; max
- * per head by a warp (fmaxf: any order); exponentials per element; each head's
- * sum of exponentials one lane's chain over s ascending, its operands staged
- * through shared memory by the warp (read from global one at a time it was
- * most of the kernel); quotients per element; outputs (g, i) each one
- * thread's chain over s ascending. The probabilities live in att (N, H, Tm). */
-#define ATT_TS 32
+ * = H / KV / HS query heads of the group share each key and value the block
+ * reads (HS > 1 where N * KV blocks would leave most SMs idle: decode at small
+ * batch). Scores: thread s takes position s for every head of the part, its
+ * key row loaded 16 x 16 bytes at a time from global memory, each head's dot
+ * product over i ascending; max per head by a warp (fmaxf: any order);
+ * exponentials per element; each head's sum of exponentials one lane's chain
+ * over s ascending, its operands staged through shared memory by the warp;
+ * quotients per element; outputs: thread (i, r) owns column i of heads r,
+ * r + R, ... (R = ATT_THREADS / D), each one chain over s ascending, with
+ * the values and probabilities of ATT_VS positions a stage copied by cp.async
+ * into a ring of ATT_VN stages (ATT_VN - 1 in flight while one is summed).
+ * The probabilities live in att (N, H, Tm). Key and value tiles staged one
+ * at a time (the kernel before) left an HBM latency a 32-position tile on the
+ * critical path: 58 us a layer at batch 1, 78 at batch 64 (a3b, H200). */
 #define ATT_THREADS 256
 #define ATT_SUMB 256 /* the sum's staged operands a warp */
+#define ATT_VS 32    /* positions a value stage */
+#define ATT_VN 4     /* value stages in the ring */
 
-/* Rows s0 .. s0+ns-1 of a cache (row stride KD) into the tile ts (row stride
- * DP): every load of a thread issued before its stores (a shared store
- * between two generic loads keeps them apart: one latency a row element). */
-static __device__ __forceinline__ void att_stage(float *ts, const float *src, int s0, int ns, int D, int DP,
-                                                 size_t KD)
+static __device__ __forceinline__ void att_cp16(void *dst, const void *src)
 {
-    enum { U = ATT_TS * 128 / ATT_THREADS }; /* loads a thread at D = 128 */
-    for (int j0 = threadIdx.x; j0 < ns * D; j0 += U * ATT_THREADS) {
-        float v[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            int j = j0 + u * ATT_THREADS;
-            v[u] = j < ns * D ? __ldg(src + (size_t)(s0 + j / D) * KD + j % D) : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            int j = j0 + u * ATT_THREADS;
-            if (j < ns * D)
-                ts[(j / D) * DP + j % D] = v[u];
-        }
-    }
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
 }
+static __device__ __forceinline__ void att_cp4(void *dst, const void *src)
+{
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src));
+}
+
+static size_t attend_gqa_smem(int GH, int D)
+{
+    return sizeof(float) * ((size_t)GH * D + (size_t)ATT_VN * ATT_VS * D + (size_t)ATT_VN * GH * ATT_VS);
+}
+
+template <int GH>
 __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *att, const float *q, const float *kb,
                                                             const float *vb, const int32_t *kbase,
                                                             const int32_t *pos, int H, int KV, int HS, int D, int Tm,
                                                             float scale)
 {
-    extern __shared__ float att_sm[];
+    extern __shared__ __align__(16) float att_sm[]; /* q (GH, D), value ring (VN, VS, D), p ring (VN, GH, VS) */
     __shared__ __align__(16) float sumb[ATT_THREADS / 32][ATT_SUMB];
-    int G = H / KV / HS, n = blockIdx.x / (KV * HS), kh = blockIdx.x % (KV * HS) / HS, hs = blockIdx.x % HS;
-    int t = pos[n], DP = D + 4, h0 = kh * (H / KV) + hs * G; /* the part's first head */
-    float *qs = att_sm, *ts = qs + G * D, *pt = ts + ATT_TS * DP; /* q (G, D), tile (TS, D+4), p tile (G, TS) */
+    int n = blockIdx.x / (KV * HS), kh = blockIdx.x % (KV * HS) / HS, hs = blockIdx.x % HS;
+    int t = pos[n], h0 = kh * (H / KV) + hs * GH; /* the part's first head */
+    float *qs = att_sm, *vring = qs + GH * D, *pring = vring + ATT_VN * ATT_VS * D;
     size_t KD = (size_t)KV * D;
     const float *kr = kb + (size_t)kbase[n] * KD + (size_t)kh * D, *vr = vb + (size_t)kbase[n] * KD + (size_t)kh * D;
     float *pa = att + ((size_t)n * H + (size_t)h0) * Tm; /* head g's row: pa + g * Tm */
-    for (int j = threadIdx.x; j < G * D; j += ATT_THREADS)
+    for (int j = threadIdx.x; j < GH * D; j += ATT_THREADS)
         qs[j] = q[(size_t)n * H * D + (size_t)h0 * D + j];
-    for (int s0 = 0; s0 <= t; s0 += ATT_TS) {
-        int ns = t + 1 - s0 < ATT_TS ? t + 1 - s0 : ATT_TS;
-        __syncthreads();
-        att_stage(ts, kr, s0, ns, D, DP, KD);
-        __syncthreads();
-        for (int j = threadIdx.x; j < G * ATT_TS; j += ATT_THREADS) {
-            int g = j / ATT_TS, s = j % ATT_TS;
-            if (s >= ns)
-                continue;
-            const float *qv = qs + g * D, *kv = ts + s * DP;
-            float dot = 0.0f;
-            int i = 0;
-            if ((D & 3) == 0) /* 16-byte reads (D + 4 keeps a quarter warp's rows on 32 banks) */
-                for (; i < D; i += 4) {
-                    float4 a4 = *(const float4 *)(qv + i), b4 = *(const float4 *)(kv + i);
-                    dot = dot + a4.x * b4.x;
-                    dot = dot + a4.y * b4.y;
-                    dot = dot + a4.z * b4.z;
-                    dot = dot + a4.w * b4.w;
+    __syncthreads();
+    int D4 = D / 4;
+    for (int s = threadIdx.x; s <= t; s += ATT_THREADS) {
+        const float4 *k4 = (const float4 *)(kr + (size_t)s * KD);
+        float dot[GH];
+#pragma unroll
+        for (int g = 0; g < GH; g++)
+            dot[g] = 0.0f;
+        for (int i0 = 0; i0 < D4; i0 += 16) {
+            float4 kv[16];
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+                kv[j] = i0 + j < D4 ? __ldg(k4 + i0 + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                if (i0 + j >= D4)
+                    break;
+#pragma unroll
+                for (int g = 0; g < GH; g++) {
+                    float4 qv = *(const float4 *)(qs + g * D + 4 * (i0 + j));
+                    float d = dot[g];
+                    d = d + qv.x * kv[j].x;
+                    d = d + qv.y * kv[j].y;
+                    d = d + qv.z * kv[j].z;
+                    d = d + qv.w * kv[j].w;
+                    dot[g] = d;
                 }
-            for (; i < D; i++)
-                dot = dot + qv[i] * kv[i];
-            pa[(size_t)g * Tm + s0 + s] = dot * scale;
+            }
         }
+#pragma unroll
+        for (int g = 0; g < GH; g++)
+            pa[(size_t)g * Tm + s] = dot[g] * scale;
     }
     __syncthreads();
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-    for (int g = wid; g < G; g += ATT_THREADS / 32) {
+    for (int g = wid; g < GH; g += ATT_THREADS / 32) {
         float *p = pa + (size_t)g * Tm, mx = -INFINITY;
         for (int s = lane; s <= t; s += 32)
             mx = fmaxf(mx, p[s]);
@@ -1502,40 +1522,66 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
         for (int s = lane; s <= t; s += 32)
             p[s] = p[s] / sum;
     }
-    enum { MAXO = 8 }; /* outputs a thread: G * D <= MAXO * ATT_THREADS */
-    float acc[MAXO];
+    __syncthreads(); /* the probabilities in att, read back by the ring's copies */
+    int nst = t / ATT_VS + 1;
+    auto issue = [&](int st) {
+        if (st < nst) {
+            int s0 = st * ATT_VS, ns = t + 1 - s0 < ATT_VS ? t + 1 - s0 : ATT_VS, b = st % ATT_VN;
+            float *vt = vring + (size_t)b * ATT_VS * D, *pt = pring + b * GH * ATT_VS;
+            for (int j = threadIdx.x; j < ns * D4; j += ATT_THREADS) {
+                int s = j / D4, u = j - s * D4;
+                att_cp16(vt + s * D + 4 * u, vr + (size_t)(s0 + s) * KD + 4 * u);
+            }
+            for (int j = threadIdx.x; j < GH * ns; j += ATT_THREADS) {
+                int g = j / ns, s = j - g * ns;
+                att_cp4(pt + g * ATT_VS + s, pa + (size_t)g * Tm + s0 + s);
+            }
+        }
+        asm volatile("cp.async.commit_group;");
+    };
 #pragma unroll
-    for (int r = 0; r < MAXO; r++)
-        acc[r] = 0.0f;
-    for (int s0 = 0; s0 <= t; s0 += ATT_TS) {
-        int ns = t + 1 - s0 < ATT_TS ? t + 1 - s0 : ATT_TS;
-        __syncthreads();
-        att_stage(ts, vr, s0, ns, D, DP, KD);
-        for (int j = threadIdx.x; j < G * ATT_TS; j += ATT_THREADS)
-            if (j % ATT_TS < ns)
-                pt[j] = pa[(size_t)(j / ATT_TS) * Tm + s0 + j % ATT_TS];
-        __syncthreads();
+    for (int st = 0; st < ATT_VN - 1; st++)
+        issue(st);
+    int R = ATT_THREADS / D, i = threadIdx.x % D, r = threadIdx.x / D;
+    bool mine = r < R && r < GH;
+    float acc[GH];
 #pragma unroll
-        for (int r = 0; r < MAXO; r++) {
-            int o = threadIdx.x + r * ATT_THREADS;
-            if (o >= G * D)
-                break;
-            int g = o / D, i = o % D;
-            const float *pg = pt + g * ATT_TS;
-            float a = acc[r];
-            for (int s = 0; s < ns; s++)
-                a = a + pg[s] * ts[s * DP + i];
-            acc[r] = a;
+    for (int u = 0; u < GH; u++)
+        acc[u] = 0.0f;
+    for (int st = 0; st < nst; st++) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(ATT_VN - 2) : "memory");
+        __syncthreads(); /* stage st landed for every thread; stage st - 1's slot is free */
+        issue(st + ATT_VN - 1);
+        int b = st % ATT_VN, ns = t + 1 - st * ATT_VS < ATT_VS ? t + 1 - st * ATT_VS : ATT_VS;
+        const float *vt = vring + (size_t)b * ATT_VS * D + i, *pt = pring + b * GH * ATT_VS;
+        if (mine) {
+#pragma unroll 8
+            for (int s = 0; s < ns; s++) {
+                float v = vt[s * D];
+#pragma unroll
+                for (int u = 0; u < GH; u++)
+                    if (r + u * R < GH)
+                        acc[u] = acc[u] + pt[(r + u * R) * ATT_VS + s] * v;
+            }
         }
     }
+    if (mine)
 #pragma unroll
-    for (int r = 0; r < MAXO; r++) {
-        int o = threadIdx.x + r * ATT_THREADS;
-        if (o < G * D)
-            out[(size_t)n * H * D + (size_t)h0 * D + o] = acc[r];
-    }
+        for (int u = 0; u < GH; u++)
+            if (r + u * R < GH)
+                out[(size_t)n * H * D + (size_t)(h0 + r + u * R) * D + i] = acc[u];
 }
 
+template <int GH>
+static qd_status launch_attend_gqa(float *out, float *att, const float *q, const float *kb, const float *vb,
+                                   const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int HS, int D,
+                                   int Tm)
+{
+    size_t smem = attend_gqa_smem(GH, D);
+    QD_LAUNCH_SMEM(k_attend_gqa<GH>, (unsigned)(N * KV * HS), (unsigned)ATT_THREADS, smem, out, att, q, kb, vb, kbase,
+                   pos, H, KV, HS, D, Tm, qd_attn_scale(D));
+    return QD_OK;
+}
 
 extern "C" qd_status qdk_attend(float *out, float *att, const float *q, const float *kb, const float *vb,
                                 const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm)
@@ -1545,16 +1591,16 @@ extern "C" qd_status qdk_attend(float *out, float *att, const float *q, const fl
     int G = KV > 0 && H % KV == 0 ? H / KV : 0, HS = 1;
     /* split each group's heads while the blocks would fill at most a quarter
      * of the SMs (decode at batch <= 8 for a3b's heads); each part re-reads
-     * the group's keys and values, so a split at batch 64 (256 -> 512 blocks)
-     * doubled the time (H200: 65 -> 132 us a layer) */
+     * the group's keys and values */
     while (G && G % (2 * HS) == 0 && 4L * N * KV * (2 * HS) <= qd_sm_count())
         HS *= 2;
     int GH = G ? G / HS : 0;
-    size_t smem = sizeof(float) * ((size_t)GH * D + (size_t)ATT_TS * (D + 4) + (size_t)GH * ATT_TS);
-    if (G && GH * D <= 8 * ATT_THREADS && smem <= 40 * 1024) {
-        QD_LAUNCH_SMEM(k_attend_gqa, (unsigned)(N * KV * HS), (unsigned)ATT_THREADS, smem, out, att, q, kb, vb, kbase,
-                       pos, H, KV, HS, D, Tm, qd_attn_scale(D));
-        return QD_OK;
+    if (GH && D % 4 == 0 && D <= ATT_THREADS && ATT_THREADS % D == 0 && (GH == 1 || GH == 2 || GH == 4 || GH == 8) &&
+        attend_gqa_smem(GH, D) <= 100 * 1024) {
+        return GH == 1 ? launch_attend_gqa<1>(out, att, q, kb, vb, kbase, pos, N, H, KV, HS, D, Tm)
+             : GH == 2 ? launch_attend_gqa<2>(out, att, q, kb, vb, kbase, pos, N, H, KV, HS, D, Tm)
+             : GH == 4 ? launch_attend_gqa<4>(out, att, q, kb, vb, kbase, pos, N, H, KV, HS, D, Tm)
+                       : launch_attend_gqa<8>(out, att, q, kb, vb, kbase, pos, N, H, KV, HS, D, Tm);
     }
     QD_LAUNCH(k_attend, (unsigned)(N * H), 64u, out, att, q, kb, vb, kbase, pos, N, H, KV, D, Tm, qd_attn_scale(D));
     return QD_OK;

@@ -1356,9 +1356,9 @@ struct mma_regs {
 template <int NT, int W>
 static __device__ __forceinline__ void mma_fetch(mma_stage<NT, W> *st, mma_regs<NT, W> *r, const uint8_t *wc,
                                                  const uint8_t *ws, int64_t n0, int64_t N, int nb,
-                                                 const uint8_t *ac, const uint8_t *as, int T, int b0, int cb)
+                                                 const uint8_t *ac, const uint8_t *as, int T, int b0, int cb,
+                                                 int tid)
 {
-    int tid = threadIdx.x;
     bool full = cb == QD_MMA_CB && n0 + QD_MMA_ROWS <= N;
     if (full) { /* a whole chunk of whole rows: thread tid's rows are tid/16 + 8k, one stride apart */
         constexpr int RS = 32 * W / QD_MMA_CB; /* rows between a thread's copies */
@@ -1409,9 +1409,9 @@ static __device__ __forceinline__ void mma_fetch(mma_stage<NT, W> *st, mma_regs<
 /* The registers of mma_fetch into the stage: scales decoded to float (activation
  * scales / 4), activation codes to int8 (2*E2M1). */
 template <int NT, int W>
-static __device__ __forceinline__ void mma_store(mma_stage<NT, W> *st, const mma_regs<NT, W> *r, const float *lut, int T)
+static __device__ __forceinline__ void mma_store(mma_stage<NT, W> *st, const mma_regs<NT, W> *r, const float *lut, int T,
+                                                 int tid)
 {
-    int tid = threadIdx.x;
 #pragma unroll
     for (int k = 0; k < QD_MMA_WS_PER_THREAD; k++) {
         int i = tid + k * 32 * W;
@@ -1458,8 +1458,8 @@ w4a4_mma_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
         acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
     mma_regs<NT, W> reg;
     int cb = nb < QD_MMA_CB ? nb : QD_MMA_CB;
-    mma_fetch<NT, W>(&stage[0], &reg, g.codes[z], g.scales[z], n0, N, nb, ac, as, T, 0, cb);
-    mma_store<NT, W>(&stage[0], &reg, lut, T);
+    mma_fetch<NT, W>(&stage[0], &reg, g.codes[z], g.scales[z], n0, N, nb, ac, as, T, 0, cb, threadIdx.x);
+    mma_store<NT, W>(&stage[0], &reg, lut, T, threadIdx.x);
     cp_async_wait_all();
     __syncthreads();
     int wr0 = 16 * w + gq, wr1 = wr0 + 8;
@@ -1468,7 +1468,7 @@ w4a4_mma_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
         int b0 = c * QD_MMA_CB, cbc = nb - b0 < QD_MMA_CB ? nb - b0 : QD_MMA_CB;
         int nb0 = b0 + QD_MMA_CB, cbn = nb - nb0 < QD_MMA_CB ? nb - nb0 : QD_MMA_CB;
         if (c + 1 < nchunk)
-            mma_fetch<NT, W>(nxt, &reg, g.codes[z], g.scales[z], n0, N, nb, ac, as, T, nb0, cbn);
+            mma_fetch<NT, W>(nxt, &reg, g.codes[z], g.scales[z], n0, N, nb, ac, as, T, nb0, cbn, threadIdx.x);
 #pragma unroll 4
         for (int j = 0; j < cbc; j++) {
             uint32_t a0 = (uint32_t)e2m1x4_off12(*(const uint16_t *)&cur->wc[wr0][j * 8 + 2 * t]);
@@ -1490,7 +1490,7 @@ w4a4_mma_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
             }
         }
         if (c + 1 < nchunk)
-            mma_store<NT, W>(nxt, &reg, lut, T);
+            mma_store<NT, W>(nxt, &reg, lut, T, threadIdx.x);
         cp_async_wait_all();
         __syncthreads();
     }
@@ -1504,6 +1504,91 @@ w4a4_mma_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
             if (m < T && n < N)
                 y[(r0 + m) * N + n] = acc[nt][i] * (a_sdec[a_per_row ? r0 + m : 0] * sdw[w_per_row ? n : 0]);
         }
+}
+
+/* The same products for at most 8 activation rows a group where the CTAs of
+ * w4a4_mma_kernel would be few (decode at small batch): a CTA of QD_SK_W warps
+ * owns 16 weight rows and splits K between its warps, chunk w + QD_SK_W*i to
+ * warp w, each warp staging and multiplying its chunk alone (one HBM latency
+ * for the CTA's QD_SK_W chunks, where one warp walked them one after the
+ * other); the exact block sums p and both scales go to shared memory, and
+ * thread (row, token) then runs the output's chain acc = fmaf(p, sa * sw, acc)
+ * over the round's blocks in ascending order: the same operations on the same
+ * values in the same order as w4a4_mma_kernel, so the same bits. */
+#define QD_SK_W 4
+#define QD_SK_RB (QD_SK_W * QD_MMA_CB) /* blocks a round */
+struct sk_round {
+    float p[QD_SK_RB][16 * 8]; /* block sums of (weight row r, token m) at r * 8 + m */
+    float sa[QD_SK_RB][8];     /* activation scales / 4 */
+    float sw[QD_SK_RB][16];    /* weight scales */
+};
+
+__global__ void __launch_bounds__(32 * QD_SK_W)
+w4a4_splitk_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
+                   const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K)
+{
+    extern __shared__ __align__(16) unsigned char mma_smem[];
+    mma_stage<1, 1> *stages = (mma_stage<1, 1> *)mma_smem;
+    sk_round *rd = (sk_round *)(mma_smem + QD_SK_W * sizeof(mma_stage<1, 1>));
+    __shared__ float lut[256];
+    int z = blockIdx.z;
+    int64_t rows = g.rows[z], t0 = (int64_t)blockIdx.y * 8, n0 = (int64_t)blockIdx.x * 16;
+    if (t0 >= rows)
+        return;
+    e4m3_table(lut);
+    __syncthreads();
+    int T = rows - t0 < 8 ? (int)(rows - t0) : 8, nb = (int)(K / 16), nchunk = (nb + QD_MMA_CB - 1) / QD_MMA_CB;
+    int64_t r0 = g.row0[z] + t0;
+    const uint8_t *ac = a_codes + r0 * (K / 2), *as = a_scales + r0 * nb;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gq = lane >> 2, t = lane & 3;
+    int orow = threadIdx.x >> 3, otok = threadIdx.x & 7; /* the output this thread sums */
+    mma_stage<1, 1> *st = &stages[w];
+    float acc = 0.0f;
+    for (int c0 = 0; c0 < nchunk; c0 += QD_SK_W) {
+        int c = c0 + w;
+        if (c < nchunk) {
+            int b0 = c * QD_MMA_CB, cbc = nb - b0 < QD_MMA_CB ? nb - b0 : QD_MMA_CB;
+            mma_regs<1, 1> reg;
+            mma_fetch<1, 1>(st, &reg, g.codes[z], g.scales[z], n0, N, nb, ac, as, T, b0, cbc, lane);
+            mma_store<1, 1>(st, &reg, lut, T, lane);
+            cp_async_wait_all();
+            __syncwarp();
+#pragma unroll 4
+            for (int j = 0; j < cbc; j++) {
+                uint32_t a0 = (uint32_t)e2m1x4_off12(*(const uint16_t *)&st->wc[gq][j * 8 + 2 * t]);
+                uint32_t a1 = (uint32_t)e2m1x4_off12(*(const uint16_t *)&st->wc[gq + 8][j * 8 + 2 * t]);
+                float4 sc = st->sc[t][j];
+                int d[4];
+                mma_s8c(d, a0, a1, *(const uint32_t *)&st->a[gq][j * 16 + 4 * t], __float_as_int(sc.z),
+                        __float_as_int(sc.w));
+                int bl = w * QD_MMA_CB + j;
+                float *p = rd->p[bl];
+                p[gq * 8 + 2 * t] = __int_as_float(d[0]) - QD_MAGIC;
+                p[gq * 8 + 2 * t + 1] = __int_as_float(d[1]) - QD_MAGIC;
+                p[(gq + 8) * 8 + 2 * t] = __int_as_float(d[2]) - QD_MAGIC;
+                p[(gq + 8) * 8 + 2 * t + 1] = __int_as_float(d[3]) - QD_MAGIC;
+                if (gq == 0) {
+                    rd->sa[bl][2 * t] = sc.x;
+                    rd->sa[bl][2 * t + 1] = sc.y;
+                }
+                if (t == 0) {
+                    rd->sw[bl][gq] = st->sw[gq][j];
+                    rd->sw[bl][gq + 8] = st->sw[gq + 8][j];
+                }
+            }
+        }
+        __syncthreads();
+        int nbr = nb - c0 * QD_MMA_CB < QD_SK_RB ? nb - c0 * QD_MMA_CB : QD_SK_RB;
+        if (otok < T) {
+#pragma unroll 8
+            for (int bl = 0; bl < nbr; bl++)
+                acc = fmaf(rd->p[bl][threadIdx.x], rd->sa[bl][otok] * rd->sw[bl][orow], acc);
+        }
+        __syncthreads();
+    }
+    int64_t n = n0 + orow;
+    if (otok < T && n < N)
+        y[(r0 + otok) * N + n] = acc * (a_sdec[a_per_row ? r0 + otok : 0] * g.sdec[z][w_per_row ? n : 0]);
 }
 
 /* ---- host side */
@@ -1957,6 +2042,35 @@ static qd_status launch_w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups 
     return QD_OK;
 }
 
+static qd_status launch_w4a4_splitk(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
+                                    int w_per_row, int64_t N, int64_t K)
+{
+    size_t smem = QD_SK_W * sizeof(mma_stage<1, 1>) + sizeof(sk_round);
+    dim3 grid((unsigned)((N + 15) / 16), (unsigned)((maxrows + 7) / 8), (unsigned)ng);
+    static int attr;
+    if (!attr) {
+        QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_splitk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attr = 1;
+    }
+    w4a4_splitk_kernel<<<grid, 32 * QD_SK_W, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, *g, w_per_row, N,
+                                                      K);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+/* QUADS_W4A4_SPLITK=0|1 (benchmarks and tests): never, or wherever the rows
+ * allow (at most 8 a group), the split-K kernel; unset: where 4-warp CTAs of
+ * w4a4_mma_kernel would be fewer than two a SM. */
+static int w4a4_splitk_env(void)
+{
+    static int v = -2;
+    if (v == -2) {
+        const char *e = getenv("QUADS_W4A4_SPLITK");
+        v = e && (!strcmp(e, "0") || !strcmp(e, "1")) ? atoi(e) : -1;
+    }
+    return v;
+}
+
 static qd_status w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int w_per_row, int64_t N,
                           int64_t K)
 {
@@ -1969,6 +2083,9 @@ static qd_status w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int
         return QD_OK;
     int nt = maxrows <= 8 ? 1 : maxrows <= 16 ? 2 : maxrows <= 32 ? 4 : 8;
     int64_t tiles = (N + 16 * QD_MMA_WARPS - 1) / (16 * QD_MMA_WARPS);
+    int sk = w4a4_splitk_env();
+    if (nt == 1 && (sk == 1 || (sk < 0 && K >= 2 * 16 * QD_MMA_CB && tiles * busy < 2 * qd_sm_count())))
+        return launch_w4a4_splitk(y, a, g, ng, maxrows, w_per_row, N, K);
     while (nt > 1 && tiles * ((maxrows + 8 * nt - 1) / (8 * nt)) * busy < 3 * qd_sm_count())
         nt /= 2;
     /* QUADS_W4A4_NT=1|2|4|8 (benchmarks only): that many 8-row tiles a CTA for
@@ -2008,47 +2125,62 @@ static qd_status w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int
 /* QUADS_W4A4_LEGACY (bench only): 1 = the kernels before the MMA kernel. */
 int qd_cuda_w4a4_legacy;
 
+/* One launch over a table of groups (every one with rows). */
+static qd_status w4a4_groups_launch(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
+                                    int wpr, int64_t N, int64_t K, int limit)
+{
+    if (!qd_cuda_w4a4_legacy)
+        return w4a4_mma(y, a, g, ng, wpr, N, K);
+    int mt = maxrows <= 1 ? 1 : maxrows <= 2 ? 2 : maxrows <= 4 ? 4 : 8;
+    while (mt > 1 && w4a4_smem(mt, K, 0) > (size_t)limit)
+        mt /= 2;
+    size_t smem = w4a4_smem(mt, K, 0);
+    if (smem > (size_t)limit)
+        return qd_error(QD_ERR_SHAPE, "qd_cuda_w4a4_gemm_grouped: K %lld too large", (long long)K);
+    return mt == 1 ? launch_w4a4_grouped<1>(y, a, g, ng, maxrows, wpr, N, K, smem)
+         : mt == 2 ? launch_w4a4_grouped<2>(y, a, g, ng, maxrows, wpr, N, K, smem)
+         : mt == 4 ? launch_w4a4_grouped<4>(y, a, g, ng, maxrows, wpr, N, K, smem)
+                   : launch_w4a4_grouped<8>(y, a, g, ng, maxrows, wpr, N, K, smem);
+}
+
+/* The groups without rows are left out of the launches' tables (decode at
+ * batch 1 touches 8 of 128 experts: a grid over all of them was 94% CTAs
+ * that exit at once, which cost more than the products); a launch takes up
+ * to QD_W4A4_GROUPS groups. */
 extern "C" qd_status qd_cuda_w4a4_gemm_grouped_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *const *w,
                                                      const int64_t *row_off, int ngroups)
 {
+    if (ngroups <= 0)
+        return QD_OK;
     int dev = 0, limit = 0;
     QD_CUDA_CHECK(cudaGetDevice(&dev));
     QD_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    for (int g0 = 0; g0 < ngroups; g0 += QD_W4A4_GROUPS) {
-        w4a4_groups g;
-        int ng = ngroups - g0 < QD_W4A4_GROUPS ? ngroups - g0 : QD_W4A4_GROUPS;
-        int64_t maxrows = 0, N = w[g0]->rows, K = a->cols;
-        for (int i = 0; i < ng; i++) {
-            const qd_nvfp4 *wi = w[g0 + i];
-            if (wi->rows != N || wi->cols != K || wi->per_row != w[g0]->per_row || K % QD_NVFP4_BLOCK)
-                return qd_error(QD_ERR_SHAPE, "qd_cuda_w4a4_gemm_grouped: group %d: W (%lld, %lld), A cols %lld",
-                                g0 + i, (long long)wi->rows, (long long)wi->cols, (long long)K);
-            g.row0[i] = row_off[g0 + i];
-            g.rows[i] = row_off[g0 + i + 1] - row_off[g0 + i];
-            g.codes[i] = wi->codes;
-            g.scales[i] = wi->scales;
-            g.sdec[i] = wi->s_dec;
-            maxrows = g.rows[i] > maxrows ? g.rows[i] : maxrows;
+    int64_t N = w[0]->rows, K = a->cols, maxrows = 0;
+    int wpr = w[0]->per_row, ng = 0;
+    w4a4_groups g;
+    for (int e = 0; e <= ngroups; e++) {
+        if (e < ngroups) {
+            const qd_nvfp4 *wi = w[e];
+            if (wi->rows != N || wi->cols != K || wi->per_row != wpr || K % QD_NVFP4_BLOCK)
+                return qd_error(QD_ERR_SHAPE, "qd_cuda_w4a4_gemm_grouped: group %d: W (%lld, %lld), A cols %lld", e,
+                                (long long)wi->rows, (long long)wi->cols, (long long)K);
+            int64_t rows = row_off[e + 1] - row_off[e];
+            if (rows > 0) {
+                g.row0[ng] = row_off[e];
+                g.rows[ng] = rows;
+                g.codes[ng] = wi->codes;
+                g.scales[ng] = wi->scales;
+                g.sdec[ng] = wi->s_dec;
+                ng++;
+                maxrows = rows > maxrows ? rows : maxrows;
+            }
         }
-        if (maxrows == 0 || N == 0)
-            continue;
-        if (!qd_cuda_w4a4_legacy) {
-            QD_TRY(w4a4_mma(y, a, &g, ng, w[g0]->per_row, N, K));
-            continue;
+        if (ng && (ng == QD_W4A4_GROUPS || e == ngroups)) {
+            if (N > 0)
+                QD_TRY(w4a4_groups_launch(y, a, &g, ng, maxrows, wpr, N, K, limit));
+            ng = 0;
+            maxrows = 0;
         }
-        int mt = maxrows <= 1 ? 1 : maxrows <= 2 ? 2 : maxrows <= 4 ? 4 : 8;
-        while (mt > 1 && w4a4_smem(mt, K, 0) > (size_t)limit)
-            mt /= 2;
-        size_t smem = w4a4_smem(mt, K, 0);
-        if (smem > (size_t)limit)
-            return qd_error(QD_ERR_SHAPE, "qd_cuda_w4a4_gemm_grouped: K %lld too large", (long long)K);
-        int wpr = w[g0]->per_row;
-        qd_status st = mt == 1 ? launch_w4a4_grouped<1>(y, a, &g, ng, maxrows, wpr, N, K, smem)
-                     : mt == 2 ? launch_w4a4_grouped<2>(y, a, &g, ng, maxrows, wpr, N, K, smem)
-                     : mt == 4 ? launch_w4a4_grouped<4>(y, a, &g, ng, maxrows, wpr, N, K, smem)
-                               : launch_w4a4_grouped<8>(y, a, &g, ng, maxrows, wpr, N, K, smem);
-        if (st)
-            return st;
     }
     return QD_OK;
 }
