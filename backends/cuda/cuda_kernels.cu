@@ -552,33 +552,47 @@ template <> struct mp_wregs<uint16_t> {
 };
 
 template <int TM, bool FMA>
-static __device__ __forceinline__ void mw_tile(float (&acc)[TM][8], const float (*Ws)[MW_BN],
-                                               const float (*As)[8 * TM], int kmax, int tx, int ty)
+static __device__ __forceinline__ void mw_step(float (&acc)[TM][8], const float (*Ws)[MW_BN],
+                                               const float (*As)[8 * TM], int kk, int tx, int ty)
 {
-    for (int kk = 0; kk < kmax; kk++) {
-        float4 w0 = *(const float4 *)&Ws[kk][mw_swz<MW_BN>(4 * tx, kk)];
-        float4 w1 = *(const float4 *)&Ws[kk][mw_swz<MW_BN>(64 + 4 * tx, kk)];
-        float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w}, av[TM];
-        if constexpr (TM % 4 == 0) {
+    float4 w0 = *(const float4 *)&Ws[kk][mw_swz<MW_BN>(4 * tx, kk)];
+    float4 w1 = *(const float4 *)&Ws[kk][mw_swz<MW_BN>(64 + 4 * tx, kk)];
+    float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w}, av[TM];
+    if constexpr (TM % 4 == 0) {
 #pragma unroll
-            for (int i = 0; i < TM; i += 4) {
-                float4 a4 = *(const float4 *)&As[kk][mw_swz<8 * TM>(ty * TM + i, kk)];
-                av[i] = a4.x;
-                av[i + 1] = a4.y;
-                av[i + 2] = a4.z;
-                av[i + 3] = a4.w;
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < TM; i++)
-                av[i] = As[kk][mw_swz<8 * TM>(ty * TM + i, kk)];
+        for (int i = 0; i < TM; i += 4) {
+            float4 a4 = *(const float4 *)&As[kk][mw_swz<8 * TM>(ty * TM + i, kk)];
+            av[i] = a4.x;
+            av[i + 1] = a4.y;
+            av[i + 2] = a4.z;
+            av[i + 3] = a4.w;
         }
+    } else {
 #pragma unroll
         for (int i = 0; i < TM; i++)
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                acc[i][j] = FMA ? fmaf(av[i], wv[j], acc[i][j]) : acc[i][j] + av[i] * wv[j];
+            av[i] = As[kk][mw_swz<8 * TM>(ty * TM + i, kk)];
     }
+#pragma unroll
+    for (int i = 0; i < TM; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            acc[i][j] = FMA ? fmaf(av[i], wv[j], acc[i][j]) : acc[i][j] + av[i] * wv[j];
+}
+
+/* A whole stage of fmaf steps unrolled (the swizzled addresses then fold to
+ * constants a thread; QUADS_MATMUL_UNROLL=0, benchmarks only, keeps the loop). */
+template <int TM, bool FMA>
+static __device__ __forceinline__ void mw_tile(float (&acc)[TM][8], const float (*Ws)[MW_BN],
+                                               const float (*As)[8 * TM], int kmax, int tx, int ty, int unroll)
+{
+    if (FMA && unroll && kmax == MW_BK) {
+#pragma unroll
+        for (int kk = 0; kk < MW_BK; kk++)
+            mw_step<TM, FMA>(acc, Ws, As, kk, tx, ty);
+        return;
+    }
+    for (int kk = 0; kk < kmax; kk++)
+        mw_step<TM, FMA>(acc, Ws, As, kk, tx, ty);
 }
 
 static __device__ __forceinline__ void mw_reduce(mw_sum *s)
@@ -631,7 +645,7 @@ static __device__ __forceinline__ int mw_stage_fma(mw_sum sa, mw_sum sw, mw_sum 
  * rule, same bits. */
 template <int TM, typename TW, bool PF>
 __global__ void __launch_bounds__(128) k_matmul_wt(float *c, const float *a, const TW *w, int M, int N, int K,
-                                                   int check)
+                                                   int check, int unroll)
 {
     constexpr int BM = 8 * TM;
     __shared__ __align__(16) float Ws[MW_BK][MW_BN];
@@ -665,9 +679,9 @@ __global__ void __launch_bounds__(128) k_matmul_wt(float *c, const float *a, con
         }
         int kmax = K - k0 < MW_BK ? K - k0 : MW_BK, fma = mw_stage_fma(sa, sw, s_sum, check);
         if (fma)
-            mw_tile<TM, true>(acc, Ws, As, kmax, tx, ty);
+            mw_tile<TM, true>(acc, Ws, As, kmax, tx, ty, unroll);
         else
-            mw_tile<TM, false>(acc, Ws, As, kmax, tx, ty);
+            mw_tile<TM, false>(acc, Ws, As, kmax, tx, ty, 0);
     }
 #pragma unroll
     for (int i = 0; i < TM; i++) {
@@ -976,19 +990,29 @@ static int matmul_pf(void)
     return pf;
 }
 
+static int matmul_unroll(void)
+{
+    static int u = -1;
+    if (u < 0) {
+        const char *e = getenv("QUADS_MATMUL_UNROLL");
+        u = !(e && e[0] == '0');
+    }
+    return u;
+}
+
 template <int TM>
 static qd_status launch_matmul_wt(float *c, const float *a, const void *w, qdk_elem w_elem, int M, int N, int K,
                                   int check)
 {
     dim3 grid((unsigned)((N + MW_BN - 1) / MW_BN), (unsigned)((M + 8 * TM - 1) / (8 * TM)));
     if (matmul_pf() && w_elem == QDK_BF16)
-        QD_LAUNCH((k_matmul_wt<TM, uint16_t, true>), grid, 128u, c, a, (const uint16_t *)w, M, N, K, check);
+        QD_LAUNCH((k_matmul_wt<TM, uint16_t, true>), grid, 128u, c, a, (const uint16_t *)w, M, N, K, check, matmul_unroll());
     else if (matmul_pf())
-        QD_LAUNCH((k_matmul_wt<TM, float, true>), grid, 128u, c, a, (const float *)w, M, N, K, check);
+        QD_LAUNCH((k_matmul_wt<TM, float, true>), grid, 128u, c, a, (const float *)w, M, N, K, check, matmul_unroll());
     else if (w_elem == QDK_BF16)
-        QD_LAUNCH((k_matmul_wt<TM, uint16_t, false>), grid, 128u, c, a, (const uint16_t *)w, M, N, K, check);
+        QD_LAUNCH((k_matmul_wt<TM, uint16_t, false>), grid, 128u, c, a, (const uint16_t *)w, M, N, K, check, matmul_unroll());
     else
-        QD_LAUNCH((k_matmul_wt<TM, float, false>), grid, 128u, c, a, (const float *)w, M, N, K, check);
+        QD_LAUNCH((k_matmul_wt<TM, float, false>), grid, 128u, c, a, (const float *)w, M, N, K, check, matmul_unroll());
     return QD_OK;
 }
 

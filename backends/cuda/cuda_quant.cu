@@ -1506,9 +1506,9 @@ w4a4_mma_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
         }
 }
 
-/* The same products for at most 8 activation rows a group where the CTAs of
- * w4a4_mma_kernel would be few (decode at small batch): a CTA of QD_SK_W warps
- * owns 16 weight rows and splits K between its warps, chunk w + QD_SK_W*i to
+/* The same products where the CTAs of w4a4_mma_kernel would be few (decode):
+ * a CTA of QD_SK_W warps owns 16 weight rows and 8 activation rows of a
+ * group and splits K between its warps, chunk w + QD_SK_W*i to
  * warp w, each warp staging and multiplying its chunk alone (one HBM latency
  * for the CTA's QD_SK_W chunks, where one warp walked them one after the
  * other); the exact block sums p and both scales go to shared memory, and
@@ -2058,9 +2058,10 @@ static qd_status launch_w4a4_splitk(float *y, const qd_nvfp4 *a, const w4a4_grou
     return QD_OK;
 }
 
-/* QUADS_W4A4_SPLITK=0|1 (benchmarks and tests): never, or wherever the rows
- * allow (at most 8 a group), the split-K kernel; unset: where 4-warp CTAs of
- * w4a4_mma_kernel would be fewer than two a SM. */
+/* QUADS_W4A4_SPLITK=0|1 (benchmarks and tests): never, or always, the split-K
+ * kernel; unset: where K has two chunks or more and its CTAs fit the GPU at
+ * once (three a SM: decode at batch 1 but an expert's down projection; the
+ * k and v projections at batch 64). */
 static int w4a4_splitk_env(void)
 {
     static int v = -2;
@@ -2084,7 +2085,8 @@ static qd_status w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int
     int nt = maxrows <= 8 ? 1 : maxrows <= 16 ? 2 : maxrows <= 32 ? 4 : 8;
     int64_t tiles = (N + 16 * QD_MMA_WARPS - 1) / (16 * QD_MMA_WARPS);
     int sk = w4a4_splitk_env();
-    if (nt == 1 && (sk == 1 || (sk < 0 && K >= 2 * 16 * QD_MMA_CB && tiles * busy < 2 * qd_sm_count())))
+    int64_t ctas_sk = (N + 15) / 16 * ((maxrows + 7) / 8) * busy;
+    if (sk == 1 || (sk < 0 && K >= 2 * 16 * QD_MMA_CB && ctas_sk <= 3 * qd_sm_count()))
         return launch_w4a4_splitk(y, a, g, ng, maxrows, w_per_row, N, K);
     while (nt > 1 && tiles * ((maxrows + 8 * nt - 1) / (8 * nt)) * busy < 3 * qd_sm_count())
         nt /= 2;

@@ -4,8 +4,10 @@
 #   0. tests/gpu/check_ops: every op of backends/ops.h, CUDA vs CPU on the same
 #      inputs (tests/op_cases.c): exact mode bit for bit, fast mode within each
 #      slot's bound, so a mismatch names the op;
-#      then once more (one seed) with fast mode's BF16 backward taking dy 8
-#      columns a block (QUADS_DY16_BYTES=1024), the lm_head's way;
+#      then once more (one seed) with the W4A4 MMA kernel's 4-warp CTAs forced,
+#      with the split-K W4A4 kernel forced (QUADS_W4A4_SPLITK=1), and with fast
+#      mode's BF16 backward taking dy 8 columns a block (QUADS_DY16_BYTES=1024),
+#      the lm_head's way;
 #   1. tests/gpu/check_backend (then again with QUADS_AQAT16=0): whole models, every recipe and role, CUDA vs
 #      CPU: exact mode bit for bit, fast mode within stated relative errors;
 #   2. tests/gpu/check_blas: the fast-mode GEMMs and the W4A4 path choice;
@@ -32,6 +34,9 @@ grep -v "bits equal\|within" "$out/check_ops.log" | tail -8
 echo "== check_ops, the W4A4 MMA kernel's 4-warp CTAs forced (small cases take 1-warp CTAs by default)"
 QUADS_MMA_WARPS=4 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_w4.log" 2>&1 || rc=1
 tail -1 "$out/check_ops_w4.log"
+echo "== check_ops 1, the split-K W4A4 kernel forced for every product (QUADS_W4A4_SPLITK=1; by default only where CTAs are few)"
+QUADS_W4A4_SPLITK=1 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_splitk.log" 2>&1 || rc=1
+tail -1 "$out/check_ops_splitk.log"
 echo "== check_ops 1, fast mode's BF16 backward with dy a block of 8 columns (QUADS_DY16_BYTES)"
 QUADS_DY16_BYTES=1024 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_dy16.log" 2>&1 || rc=1
 tail -1 "$out/check_ops_dy16.log"
