@@ -41,6 +41,9 @@ extern "C" {
 /* Grow-only scratch of the ops themselves (dev unless said). */
 enum { D_XH, D_RACWS, D_X16, D_W16, D_DY16, D_LOGP, D_SAMPLE, D_MOE, D_RACPTR, D_RACFQ, D_RMSW, D_XF, D_NSCRATCH };
 
+#define STAGE_SLOTS 64 /* to_dev's pinned ring: slots, each STAGE_BYTES */
+#define STAGE_BYTES (16 << 10)
+
 /* A per-tensor fake-quant output recorded for QUADS_AQAT16 (cuda_dev.fq). */
 typedef struct {
     const float *w; /* the fake-quant output (dev) */
@@ -75,6 +78,9 @@ typedef struct {
     size_t scratch_cap[D_NSCRATCH];
     void *host;                    /* host scratch (sampling logits, MoE rows), grow-only */
     size_t host_cap;
+    unsigned char *stage;          /* pinned ring for small host-to-device copies (to_dev) */
+    cudaEvent_t stage_ev[STAGE_SLOTS];
+    int stage_next, stage_ok;      /* stage_ok: 1 made, -1 could not be made (copies stay synchronous) */
     /* QUADS_CUDA_PROFILE=1: wall time per phase (synchronizing at each mark), printed at free */
     int prof, prof_sec;            /* 2: QUADS_CUDA_PROFILE=last */
     double prof_last, prof_t[QD_PH_COUNT];
@@ -129,11 +135,46 @@ static qd_status cuda_zero(void *dev, void *p, size_t bytes)
     return QD_OK;
 }
 
+/* Host to device. A copy of at most STAGE_BYTES goes through a slot of a
+ * pinned ring, enqueued on the legacy default stream after every op before
+ * it, and the call returns at once; a slot is reused when its event says its
+ * copy is done (64 copies later). cudaMemcpy from pageable memory first waits
+ * for the device: a decode step's six batch tables and each RAC layer's
+ * pointer table drained the GPU. Larger copies (weights) stay cudaMemcpy. */
 static qd_status cuda_to_dev(void *dev, void *dst, const void *src, size_t bytes)
 {
-    (void)dev;
-    if (bytes)
+    cuda_dev *d = D(dev);
+    if (!bytes)
+        return QD_OK;
+    if (d->stage_ok == 0) {
+        d->stage_ok = -1;
+        if (cudaHostAlloc((void **)&d->stage, (size_t)STAGE_SLOTS * STAGE_BYTES, cudaHostAllocDefault) ==
+            cudaSuccess) {
+            int i = 0;
+            for (; i < STAGE_SLOTS; i++)
+                if (cudaEventCreateWithFlags(&d->stage_ev[i], cudaEventDisableTiming) != cudaSuccess)
+                    break;
+            d->stage_ok = i == STAGE_SLOTS ? 1 : -1;
+            if (d->stage_ok < 0) {
+                while (i-- > 0)
+                    cudaEventDestroy(d->stage_ev[i]);
+                cudaFreeHost(d->stage);
+                d->stage = NULL;
+            }
+        }
+        cudaGetLastError(); /* a failure here only leaves the copies synchronous */
+    }
+    if (d->stage_ok < 0 || bytes > STAGE_BYTES) {
         QD_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+        return QD_OK;
+    }
+    int k = d->stage_next;
+    d->stage_next = (k + 1) % STAGE_SLOTS;
+    unsigned char *slot = d->stage + (size_t)k * STAGE_BYTES;
+    QD_CUDA_CHECK(cudaEventSynchronize(d->stage_ev[k])); /* a never-recorded event is complete */
+    memcpy(slot, src, bytes);
+    QD_CUDA_CHECK(cudaMemcpyAsync(dst, slot, bytes, cudaMemcpyHostToDevice, 0));
+    QD_CUDA_CHECK(cudaEventRecord(d->stage_ev[k], 0));
     return QD_OK;
 }
 
@@ -1321,6 +1362,11 @@ static void cuda_dev_free(void *dev)
     for (int i = 0; i < D_NSCRATCH; i++)
         cudaFree(d->scratch[i]);
     free(d->host);
+    if (d->stage_ok > 0) {
+        for (int i = 0; i < STAGE_SLOTS; i++)
+            cudaEventDestroy(d->stage_ev[i]);
+        cudaFreeHost(d->stage);
+    }
     free(d);
 }
 
