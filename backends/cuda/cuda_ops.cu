@@ -64,6 +64,10 @@ typedef struct {
      * BF16 value), its global decode scale the products' alpha, so its forward
      * runs on BF16 tensor cores too (aqat_*; docs/numerics.md §7b) */
     int aqat16;
+    /* fast mode: decode's attention and x.W^T of at most 8 rows (BF16 weight
+     * bits) by the exact kernels, which are faster there (QUADS_FAST_SMALL=0:
+     * the fast ones, for the side-by-side) */
+    int small_exact;
     fq_range *fq;                  /* recorded since the last weights_changed, then those in wk, by w */
     int nfq, fq_cap, fq_live;      /* fq_live: entries in force (after weights_changed) */
     float *fq_dsdec, *fq_sdec;     /* the scales: dev (FQ_SLOTS), host copy at weights_changed */
@@ -594,7 +598,7 @@ static qd_status cuda_matmul_w16(void *dev, float *out, const float *x, const ui
     cuda_dev *d = D(dev);
     if (IC % 8)
         return qd_error(QD_ERR_SHAPE, "cuda backend: matmul_w16: in-features %d not a multiple of 8", IC);
-    if (d->mode == QD_MODE_FAST && prec == QD_PREC_BF16 && N > 0) {
+    if (d->mode == QD_MODE_FAST && prec == QD_PREC_BF16 && N > (d->small_exact ? 8 : 0)) {
         const uint16_t *x16;
         QD_TRY(bits16(d, D_X16, x, (size_t)N * IC, &x16));
         return qd_cuda_gemm_bf16(out, x16, w, N, OC, IC, 0.0f);
@@ -1077,7 +1081,7 @@ static qd_status cuda_attend(void *dev, float *out, float *att, const float *q, 
         QD_TRY(qdk_attend_fast(out, att, q, kb, vb, kbase, pos, N, H, KV, D, Tm));
         return qd_cuda_attend_zero_tail(att, pos, N, H, Tm);
     }
-    if (D(dev)->mode == QD_MODE_FAST)
+    if (D(dev)->mode == QD_MODE_FAST && !D(dev)->small_exact)
         return qdk_attend_fast(out, att, q, kb, vb, kbase, pos, N, H, KV, D, Tm);
     return qdk_attend(out, att, q, kb, vb, kbase, pos, N, H, KV, D, Tm);
 }
@@ -1390,6 +1394,8 @@ extern "C" void *qd_cuda_dev_new(qd_exec_mode mode, qd_prec weights)
     d->fast16 = d->bf16_copy && !(fb && !strcmp(fb, "0"));
     const char *aq = getenv("QUADS_AQAT16");
     d->aqat16 = d->fast16 && !(aq && !strcmp(aq, "0"));
+    const char *se = getenv("QUADS_FAST_SMALL");
+    d->small_exact = !(se && !strcmp(se, "0"));
     const char *db = getenv("QUADS_DY16_BYTES");
     d->dy16_bytes = db && atol(db) > 0 ? (size_t)atol(db) : (size_t)512 << 20;
     const char *pe = getenv("QUADS_CUDA_PROFILE");
