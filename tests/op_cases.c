@@ -436,9 +436,9 @@ static void c_nvfp4(oc *c)
     OUT(c, "fake_tensor", 'f', wh, sizeof(float) * rows * cols);
 }
 
-static void c_w4a4(oc *c)
+/* y (M, N) = the W4A4 product of x (M, K) and W (N, K). */
+static void w4a4_case(oc *c, int M, int N, int K)
 {
-    int M = 9, N = 40, K = 512;  /* K % 512 == 0: the tensor-core kernel's path */
     float *x = F(c, (size_t)M * K, -3, 3), *w = F(c, (size_t)N * K, -1, 1), *y = Z(c, sizeof(float) * M * N);
     qd_nvfp4 a = nv(c, M, K, QD_SCALE_PER_ROW), q = nv(c, N, K, QD_SCALE_PER_TENSOR);
     RUN(c, c->ops->nvfp4_quantize(c->dev, &a, x));
@@ -447,36 +447,15 @@ static void c_w4a4(oc *c)
     OUT(c, "y", 'f', y, sizeof(float) * M * N);
 }
 
-static void c_w4a4_grouped(oc *c)
-{
-    int R = goff[GE], N = 24, K = 64;
-    qd_nvfp4 q[GE];
-    const qd_nvfp4 *wq[GE];
-    for (int e = 0; e < GE; e++) {
-        float *w = F(c, (size_t)N * K, -1, 1);
-        q[e] = nv(c, N, K, QD_SCALE_PER_TENSOR);
-        RUN(c, c->ops->nvfp4_quantize(c->dev, &q[e], w));
-        wq[e] = &q[e];
-    }
-    float *x = F(c, (size_t)R * K, -2, 2), *y = Z(c, sizeof(float) * R * N);
-    qd_nvfp4 a = nv(c, R, K, QD_SCALE_PER_ROW);
-    RUN(c, c->ops->nvfp4_quantize(c->dev, &a, x));
-    RUN(c, c->ops->w4a4_gemm_grouped(c->dev, y, &a, wq, goff, GE));
-    if (c->ops->finish)
-        RUN(c, c->ops->finish(c->dev));
-    OUT(c, "y", 'f', y, sizeof(float) * R * N);
-}
+/* K % 512 == 0: the tensor-core kernel's path */
+static void c_w4a4(oc *c) { w4a4_case(c, 9, 40, 512); }
 
-/* Decode-shaped experts: at most 8 rows each (CUDA: the split-K kernel, K in
- * 16-block chunks over 4 warps, rounds of 64 blocks), K = 2048 + 64 (a RAC
- * width: a last round of one chunk of 4 blocks), N ragged against 16-row CTAs. */
-static void c_w4a4_grouped_decode(oc *c)
+/* y = the grouped W4A4 product of E experts (N, K) over rows off (E + 1). */
+static void w4a4_grouped_case(oc *c, const int32_t *off, int E, int N, int K)
 {
-    enum { E = 6 };
-    static const int32_t off[E + 1] = {0, 1, 1, 4, 12, 14, 19};
-    int R = off[E], N = 40, K = 2112;
-    qd_nvfp4 q[E];
-    const qd_nvfp4 *wq[E];
+    int R = off[E];
+    qd_nvfp4 q[8];
+    const qd_nvfp4 *wq[8];
     for (int e = 0; e < E; e++) {
         float *w = F(c, (size_t)N * K, -1, 1);
         q[e] = nv(c, N, K, QD_SCALE_PER_TENSOR);
@@ -492,18 +471,20 @@ static void c_w4a4_grouped_decode(oc *c)
     OUT(c, "y", 'f', y, sizeof(float) * R * N);
 }
 
+static void c_w4a4_grouped(oc *c) { w4a4_grouped_case(c, goff, GE, 24, 64); }
+
+/* Decode-shaped experts: at most 8 rows each (CUDA: the split-K kernel, K in
+ * 16-block chunks over 4 warps, rounds of 64 blocks), K = 2048 + 64 (a RAC
+ * width: a last round of one chunk of 4 blocks), N ragged against 16-row CTAs. */
+static void c_w4a4_grouped_decode(oc *c)
+{
+    static const int32_t off[7] = {0, 1, 1, 4, 12, 14, 19};
+    w4a4_grouped_case(c, off, 6, 40, 2112);
+}
+
 /* One row through one matrix of K = 768 (an expert's down projection at batch 1:
  * three chunks, one round of the split-K kernel with a warp idle). */
-static void c_w4a4_row1(oc *c)
-{
-    int M = 1, N = 72, K = 768;
-    float *x = F(c, (size_t)M * K, -3, 3), *w = F(c, (size_t)N * K, -1, 1), *y = Z(c, sizeof(float) * M * N);
-    qd_nvfp4 a = nv(c, M, K, QD_SCALE_PER_ROW), q = nv(c, N, K, QD_SCALE_PER_TENSOR);
-    RUN(c, c->ops->nvfp4_quantize(c->dev, &a, x));
-    RUN(c, c->ops->nvfp4_quantize(c->dev, &q, w));
-    RUN(c, c->ops->w4a4_gemm(c->dev, y, &a, &q));
-    OUT(c, "y", 'f', y, sizeof(float) * M * N);
-}
+static void c_w4a4_row1(oc *c) { w4a4_case(c, 1, 72, 768); }
 
 static void c_rac(oc *c)
 {
@@ -798,13 +779,13 @@ static void c_attend_decode(oc *c)
     OUT(c, "out", 'f', o, sizeof(float) * N * H * D);
 }
 
-/* Qwen3-30B-A3B's heads (32 / 4 of 128) over cache rows of 80 slots: the
- * grouped-query heads share key tiles of 32 (CUDA), positions on and across
- * tile edges. */
-static void c_attend_gqa(oc *c)
+/* N decode queries at positions pos, query n over cache row n of Tc slots. */
+static void attend_decode_case(oc *c, int N, int H, int KV, int D, int Tc, const int32_t *pos)
 {
-    int N = 5, H = 32, KV = 4, D = 128, Tc = 80, Tm = 80;
-    int32_t kbase[5] = {0, Tc, 2 * Tc, 3 * Tc, 4 * Tc}, pos[5] = {0, 31, 32, 70, 79};
+    int Tm = Tc;
+    int32_t kbase[8];
+    for (int n = 0; n < N; n++)
+        kbase[n] = n * Tc;
     float *q = F(c, (size_t)N * H * D, -1, 1), *kc = F(c, (size_t)N * Tc * KV * D, -1, 1);
     float *vc = F(c, (size_t)N * Tc * KV * D, -1, 1), *o = Z(c, sizeof(float) * N * H * D);
     float *att = Z(c, sizeof(float) * N * H * Tm);
@@ -812,6 +793,15 @@ static void c_attend_gqa(oc *c)
                           NULL, 0));
     OUT(c, "out", 'f', o, sizeof(float) * N * H * D);
     OUT(c, "att", 'f', att, sizeof(float) * N * H * Tm);
+}
+
+/* Qwen3-30B-A3B's heads (32 / 4 of 128) over cache rows of 80 slots: the
+ * grouped-query heads share each key and value (CUDA), positions on and across
+ * the edges of the value ring's 32-position stages. */
+static void c_attend_gqa(oc *c)
+{
+    static const int32_t pos[5] = {0, 31, 32, 70, 79};
+    attend_decode_case(c, 5, 32, 4, 128, 80, pos);
 }
 
 /* One decode query at position 299 of a 300-slot row, a3b heads: CUDA splits
@@ -819,30 +809,16 @@ static void c_attend_gqa(oc *c)
  * exponentials in two parts. */
 static void c_attend_gqa_long(oc *c)
 {
-    int N = 1, H = 32, KV = 4, D = 128, Tc = 300, Tm = 300;
-    int32_t kbase[1] = {0}, pos[1] = {299};
-    float *q = F(c, (size_t)N * H * D, -1, 1), *kc = F(c, (size_t)Tc * KV * D, -1, 1);
-    float *vc = F(c, (size_t)Tc * KV * D, -1, 1), *o = Z(c, sizeof(float) * N * H * D);
-    float *att = Z(c, sizeof(float) * N * H * Tm);
-    RUN(c, c->ops->attend(c->dev, o, att, q, kc, vc, I(c, kbase, N), I(c, pos, N), N, H, KV, D, Tm,
-                          NULL, 0));
-    OUT(c, "out", 'f', o, sizeof(float) * N * H * D);
-    OUT(c, "att", 'f', att, sizeof(float) * N * H * Tm);
+    static const int32_t pos[1] = {299};
+    attend_decode_case(c, 1, 32, 4, 128, 300, pos);
 }
 
 /* Groups of 4 heads of 64 over cache rows of 300 (CUDA: 4 threads a value
  * column, each one head's chain), positions 0 .. 299. */
 static void c_attend_gqa4(oc *c)
 {
-    int N = 6, H = 16, KV = 4, D = 64, Tc = 300, Tm = 300;
-    int32_t kbase[6] = {0, Tc, 2 * Tc, 3 * Tc, 4 * Tc, 5 * Tc}, pos[6] = {0, 1, 63, 255, 256, 299};
-    float *q = F(c, (size_t)N * H * D, -1, 1), *kc = F(c, (size_t)N * Tc * KV * D, -1, 1);
-    float *vc = F(c, (size_t)N * Tc * KV * D, -1, 1), *o = Z(c, sizeof(float) * N * H * D);
-    float *att = Z(c, sizeof(float) * N * H * Tm);
-    RUN(c, c->ops->attend(c->dev, o, att, q, kc, vc, I(c, kbase, N), I(c, pos, N), N, H, KV, D, Tm,
-                          NULL, 0));
-    OUT(c, "out", 'f', o, sizeof(float) * N * H * D);
-    OUT(c, "att", 'f', att, sizeof(float) * N * H * Tm);
+    static const int32_t pos[6] = {0, 1, 63, 255, 256, 299};
+    attend_decode_case(c, 6, 16, 4, 64, 300, pos);
 }
 
 static void c_attend_backward(oc *c)

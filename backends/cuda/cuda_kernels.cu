@@ -977,27 +977,29 @@ static qd_status matvec_wt(float *c, const float *a, const TW *w, int M, int N, 
     return launch_matvec_wt<TW, 8>(c, a, w, M, N, K);
 }
 
+/* An on-unless-"0" switch from the environment, read once into *cache. */
+static int env_on(int *cache, const char *name)
+{
+    if (*cache < 0) {
+        const char *e = getenv(name);
+        *cache = !(e && e[0] == '0');
+    }
+    return *cache;
+}
+
 /* The wide tiles prefetch (H200, a3b decode at batch 64: 10,662 -> 11,378
  * tokens/s end to end); QUADS_MATMUL_PF=0 (benchmarks only) turns it off for
  * the side-by-side. */
 static int matmul_pf(void)
 {
     static int pf = -1;
-    if (pf < 0) {
-        const char *e = getenv("QUADS_MATMUL_PF");
-        pf = !(e && e[0] == '0');
-    }
-    return pf;
+    return env_on(&pf, "QUADS_MATMUL_PF");
 }
 
 static int matmul_unroll(void)
 {
     static int u = -1;
-    if (u < 0) {
-        const char *e = getenv("QUADS_MATMUL_UNROLL");
-        u = !(e && e[0] == '0');
-    }
-    return u;
+    return env_on(&u, "QUADS_MATMUL_UNROLL");
 }
 
 template <int TM>
@@ -1440,11 +1442,6 @@ __global__ void k_attend(float *out, float *att, const float *q, const float *kb
 #define ATT_VS 32    /* positions a value stage */
 #define ATT_VN 4     /* value stages in the ring */
 
-static __device__ __forceinline__ void att_cp16(void *dst, const void *src)
-{
-    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
-}
 static __device__ __forceinline__ void att_cp4(void *dst, const void *src)
 {
     unsigned d = (unsigned)__cvta_generic_to_shared(dst);
@@ -1554,14 +1551,14 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
             float *vt = vring + (size_t)b * ATT_VS * D, *pt = pring + b * GH * ATT_VS;
             for (int j = threadIdx.x; j < ns * D4; j += ATT_THREADS) {
                 int s = j / D4, u = j - s * D4;
-                att_cp16(vt + s * D + 4 * u, vr + (size_t)(s0 + s) * KD + 4 * u);
+                mv_cp16(vt + s * D + 4 * u, vr + (size_t)(s0 + s) * KD + 4 * u);
             }
             for (int j = threadIdx.x; j < GH * ns; j += ATT_THREADS) {
                 int g = j / ns, s = j - g * ns;
                 att_cp4(pt + g * ATT_VS + s, pa + (size_t)g * Tm + s0 + s);
             }
         }
-        asm volatile("cp.async.commit_group;");
+        mv_commit();
     };
 #pragma unroll
     for (int st = 0; st < ATT_VN - 1; st++)
@@ -1573,7 +1570,7 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
     for (int u = 0; u < GH; u++)
         acc[u] = 0.0f;
     for (int st = 0; st < nst; st++) {
-        asm volatile("cp.async.wait_group %0;" ::"n"(ATT_VN - 2) : "memory");
+        mv_wait<ATT_VN - 2>();
         __syncthreads(); /* stage st landed for every thread; stage st - 1's slot is free */
         issue(st + ATT_VN - 1);
         int b = st % ATT_VN, ns = t + 1 - st * ATT_VS < ATT_VS ? t + 1 - st * ATT_VS : ATT_VS;
