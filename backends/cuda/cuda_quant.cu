@@ -2047,11 +2047,8 @@ static qd_status launch_w4a4_splitk(float *y, const qd_nvfp4 *a, const w4a4_grou
 {
     size_t smem = QD_SK_W * sizeof(mma_stage<1, 1>) + sizeof(sk_round);
     dim3 grid((unsigned)((N + 15) / 16), (unsigned)((maxrows + 7) / 8), (unsigned)ng);
-    static int attr;
-    if (!attr) {
-        QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_splitk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        attr = 1;
-    }
+    /* every launch: the attribute is the current device's (a process may drive several) */
+    QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_splitk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     w4a4_splitk_kernel<<<grid, 32 * QD_SK_W, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, *g, w_per_row, N,
                                                       K);
     QD_CUDA_CHECK(cudaGetLastError());
