@@ -68,6 +68,11 @@ extern "C" qd_status qdk_round_bf16(float *dst, const float *src, size_t n)
 }
 
 static __device__ uint32_t bf16_hi(float x) { return qd_f32_bits(qd_round_bf16(x)) >> 16; }
+/* The BF16 bits of four floats, packed in order (16-byte loads, 8-byte stores). */
+static __device__ uint2 bf16x4(float4 v)
+{
+    return make_uint2(bf16_hi(v.x) | bf16_hi(v.y) << 16, bf16_hi(v.z) | bf16_hi(v.w) << 16);
+}
 
 __global__ void k_bf16_bits(uint16_t *dst, const float *src, size_t n)
 {
@@ -82,7 +87,7 @@ __global__ void k_bf16_bits_x4(uint2 *dst, const float4 *src, size_t n4)
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n4) {
         float4 v = src[i];
-        dst[i] = make_uint2(bf16_hi(v.x) | bf16_hi(v.y) << 16, bf16_hi(v.z) | bf16_hi(v.w) << 16);
+        dst[i] = bf16x4(v);
     }
 }
 
@@ -149,7 +154,7 @@ __global__ void k_bf16_bits_cols_x4(uint2 *dst, const float4 *src, int64_t rows,
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < rows * cols4) {
         float4 v = src[i / cols4 * ld4 + i % cols4];
-        dst[i] = make_uint2(bf16_hi(v.x) | bf16_hi(v.y) << 16, bf16_hi(v.z) | bf16_hi(v.w) << 16);
+        dst[i] = bf16x4(v);
     }
 }
 
@@ -2038,7 +2043,7 @@ __global__ void k_gather16x4(uint2 *xe, const float4 *x, const int32_t *row_tok,
     size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (id < (size_t)R * C4) {
         float4 v = x[(size_t)row_tok[id / C4] * C4 + id % C4];
-        xe[id] = make_uint2(bf16_hi(v.x) | bf16_hi(v.y) << 16, bf16_hi(v.z) | bf16_hi(v.w) << 16);
+        xe[id] = bf16x4(v);
     }
 }
 
@@ -2767,7 +2772,7 @@ __global__ void k_adamw4(float4 *p, const float4 *g, float4 *m, float4 *v, float
         if (wk)
             wk[i] = make_float4(qd_round_bf16(pp.x), qd_round_bf16(pp.y), qd_round_bf16(pp.z), qd_round_bf16(pp.w));
         if (bits)
-            bits[i] = make_uint2(bf16_hi(pp.x) | bf16_hi(pp.y) << 16, bf16_hi(pp.z) | bf16_hi(pp.w) << 16);
+            bits[i] = bf16x4(pp);
     }
 }
 

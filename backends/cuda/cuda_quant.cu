@@ -2069,23 +2069,19 @@ static int w4a4_splitk_env(void)
     return v;
 }
 
-static qd_status w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int w_per_row, int64_t N,
-                          int64_t K)
+/* Every group of g has rows (the callers leave out the others), maxrows the most. */
+static qd_status w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows, int w_per_row,
+                          int64_t N, int64_t K)
 {
-    int64_t maxrows = 0, busy = 0;
-    for (int i = 0; i < ng; i++) {
-        maxrows = g->rows[i] > maxrows ? g->rows[i] : maxrows;
-        busy += g->rows[i] > 0;
-    }
     if (maxrows == 0 || N == 0)
         return QD_OK;
     int nt = maxrows <= 8 ? 1 : maxrows <= 16 ? 2 : maxrows <= 32 ? 4 : 8;
     int64_t tiles = (N + 16 * QD_MMA_WARPS - 1) / (16 * QD_MMA_WARPS);
     int sk = w4a4_splitk_env();
-    int64_t ctas_sk = (N + 15) / 16 * ((maxrows + 7) / 8) * busy;
+    int64_t ctas_sk = (N + 15) / 16 * ((maxrows + 7) / 8) * ng;
     if (sk == 1 || (sk < 0 && K >= 2 * 16 * QD_MMA_CB && ctas_sk <= 3 * qd_sm_count()))
         return launch_w4a4_splitk(y, a, g, ng, maxrows, w_per_row, N, K);
-    while (nt > 1 && tiles * ((maxrows + 8 * nt - 1) / (8 * nt)) * busy < 3 * qd_sm_count())
+    while (nt > 1 && tiles * ((maxrows + 8 * nt - 1) / (8 * nt)) * ng < 3 * qd_sm_count())
         nt /= 2;
     /* QUADS_W4A4_NT=1|2|4|8 (benchmarks only): that many 8-row tiles a CTA for
      * one-matrix products (the attention linears), to measure the trade of
@@ -2110,7 +2106,7 @@ static qd_status w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int
         const char *e = getenv("QUADS_MMA_WARPS");
         warps = e && (!strcmp(e, "1") || !strcmp(e, "4")) ? atoi(e) : 0;
     }
-    int64_t ctas4 = tiles * ((maxrows + 8 * nt - 1) / (8 * nt)) * busy;
+    int64_t ctas4 = tiles * ((maxrows + 8 * nt - 1) / (8 * nt)) * ng;
     int one = nt <= 2 && (warps ? warps == 1 : ctas4 < qd_sm_count()); /* mma_warps */
     if (one)
         return nt == 1 ? launch_w4a4_mma<1, 1>(y, a, g, ng, maxrows, w_per_row, N, K)
@@ -2129,7 +2125,7 @@ static qd_status w4a4_groups_launch(float *y, const qd_nvfp4 *a, const w4a4_grou
                                     int wpr, int64_t N, int64_t K, int limit)
 {
     if (!qd_cuda_w4a4_legacy)
-        return w4a4_mma(y, a, g, ng, wpr, N, K);
+        return w4a4_mma(y, a, g, ng, maxrows, wpr, N, K);
     int mt = maxrows <= 1 ? 1 : maxrows <= 2 ? 2 : maxrows <= 4 ? 4 : 8;
     while (mt > 1 && w4a4_smem(mt, K, 0) > (size_t)limit)
         mt /= 2;
@@ -2211,7 +2207,7 @@ extern "C" qd_status qd_cuda_w4a4_gemm_tc_async(float *y, const qd_nvfp4 *a, con
         g.codes[0] = w->codes;
         g.scales[0] = w->scales;
         g.sdec[0] = w->s_dec;
-        return w4a4_mma(y, a, &g, 1, w->per_row, w->rows, a->cols);
+        return w4a4_mma(y, a, &g, 1, a->rows, w->per_row, w->rows, a->cols);
     }
     if (a->cols != w->cols || a->cols % (16 * QD_TC_CHUNK))
         return qd_cuda_w4a4_gemm_async(y, a, w);
