@@ -1591,6 +1591,100 @@ w4a4_splitk_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
         y[(r0 + otok) * N + n] = acc * (a_sdec[a_per_row ? r0 + otok : 0] * g.sdec[z][w_per_row ? n : 0]);
 }
 
+/* The same products for the few activation rows of decode (MT <= 8 a CTA):
+ * no tensor cores and no K chunks, one HBM latency a CTA. Thread (r, q) of a
+ * CTA loads blocks 4q .. 4q+3 of weight row n0 + r (32 bytes of codes, 4 of
+ * scales: a row of K = 2048 is one warp, rows 256 / (K / 64) a CTA) before the
+ * activations are staged, computes each block's term p * (sa * sw) for its MT
+ * tokens (p from dp4a on the offset codes, as the MMA kernels' bits; the term is
+ * exact, see w4a4_block) into shared memory, and thread (r, m) then adds its
+ * row's terms in ascending block order from 0: acc + term is fmaf(p, sa * sw,
+ * acc) when the product is exact, so the same bits as w4a4_mma_kernel. */
+#define QD_DEC_THREADS 256
+static __host__ __device__ __forceinline__ int dec_rows(int64_t K) { return QD_DEC_THREADS / (int)(K / 64); }
+static __host__ __device__ __forceinline__ size_t dec_smem(int mt, int64_t K)
+{
+    size_t nb = (size_t)(K / 16);
+    return (size_t)mt * nb * (16 + 4 + 4) + (size_t)dec_rows(K) * mt * (nb + 1) * 4;
+}
+
+template <int MT>
+__global__ void __launch_bounds__(QD_DEC_THREADS)
+w4a4_dec_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
+                const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K)
+{
+    extern __shared__ __align__(16) unsigned char dec_sm[];
+    int z = blockIdx.z;
+    int64_t rows = g.rows[z], t0 = (int64_t)blockIdx.y * MT;
+    if (t0 >= rows)
+        return;
+    int nb = (int)(K / 16), tpr = nb / 4, rb = QD_DEC_THREADS / tpr, T = rows - t0 < MT ? (int)(rows - t0) : MT;
+    int r = threadIdx.x / tpr, q = threadIdx.x - r * tpr;
+    int64_t n0 = (int64_t)blockIdx.x * rb, n = n0 + r;
+    bool live = r < rb && n < N;
+    /* the weights first: their latency overlaps the staging below */
+    uint4 c0 = make_uint4(0, 0, 0, 0), c1 = c0;
+    uint32_t s4 = 0;
+    if (live) {
+        const uint4 *pc = (const uint4 *)(g.codes[z] + n * (K / 2)) + 2 * q;
+        c0 = __ldg(pc);
+        c1 = __ldg(pc + 1);
+        s4 = __ldg((const uint32_t *)(g.scales[z] + n * nb) + q);
+    }
+    int4 *s_a = (int4 *)dec_sm;                  /* [MT][nb] 16 int8 (2*E2M1) a block */
+    float *s_sa = (float *)(s_a + MT * nb);      /* [MT][nb] activation scale / 4 */
+    int *s_in = (int *)(s_sa + MT * nb);         /* [MT][nb] magic bits - 12 * block sum */
+    float *s_t = (float *)(s_in + MT * nb);      /* [rb * MT][nb + 1] terms */
+    int64_t r0 = g.row0[z] + t0;
+    for (int i = threadIdx.x; i < MT * nb; i += QD_DEC_THREADS) {
+        int m = i / nb, b = i - m * nb;
+        int4 v = make_int4(0, 0, 0, 0);
+        float sa = 0.0f;
+        if (m < T) {
+            uint2 c = __ldg((const uint2 *)(a_codes + (r0 + m) * (K / 2)) + b);
+            v = make_int4(e2m1x4_s8(c.x & 0xffffu), e2m1x4_s8(c.x >> 16), e2m1x4_s8(c.y & 0xffffu),
+                          e2m1x4_s8(c.y >> 16));
+            sa = 0.25f * qd_e4m3_to_f32(a_scales[(r0 + m) * nb + b]);
+        }
+        int sum = __dp4a(v.x, 0x01010101, __dp4a(v.y, 0x01010101, __dp4a(v.z, 0x01010101,
+                                                                   __dp4a(v.w, 0x01010101, 0))));
+        s_a[i] = v;
+        s_sa[i] = sa;
+        s_in[i] = QD_MAGIC_BITS - 12 * sum;
+    }
+    __syncthreads();
+    if (live) {
+        uint32_t wv[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int b = 4 * q + j;
+            int w0 = e2m1x4_off12(wv[2 * j] & 0xffffu), w1 = e2m1x4_off12(wv[2 * j] >> 16);
+            int w2 = e2m1x4_off12(wv[2 * j + 1] & 0xffffu), w3 = e2m1x4_off12(wv[2 * j + 1] >> 16);
+            float sw = qd_e4m3_to_f32((uint8_t)(s4 >> (8 * j)));
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                if (m >= T)
+                    break;
+                float p = block_dot4_off(w0, w1, w2, w3, s_a[m * nb + b], s_in[m * nb + b]);
+                s_t[(r * MT + m) * (nb + 1) + b] = p * (s_sa[m * nb + b] * sw);
+            }
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < rb * MT; i += QD_DEC_THREADS) {
+        int rr = i / MT, m = i - rr * MT;
+        int64_t nn = n0 + rr;
+        if (m < T && nn < N) {
+            const float *t = s_t + i * (nb + 1);
+            float acc = 0.0f;
+#pragma unroll 8
+            for (int b = 0; b < nb; b++)
+                acc = acc + t[b];
+            y[(r0 + m) * N + nn] = acc * (a_sdec[a_per_row ? r0 + m : 0] * g.sdec[z][w_per_row ? nn : 0]);
+        }
+    }
+}
+
 /* ---- host side */
 
 
@@ -2055,6 +2149,55 @@ static qd_status launch_w4a4_splitk(float *y, const qd_nvfp4 *a, const w4a4_grou
     return QD_OK;
 }
 
+/* The decode kernel for MT activation rows a CTA, or QD_ERR_SHAPE where it
+ * does not apply (K not a multiple of 64 or above 16384, weights not aligned
+ * for its 16-byte loads, shared memory over the limit): the caller falls back. */
+template <int MT>
+static qd_status launch_w4a4_dec(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
+                                 int w_per_row, int64_t N, int64_t K)
+{
+    size_t smem = dec_smem(MT, K);
+    dim3 grid((unsigned)((N + dec_rows(K) - 1) / dec_rows(K)), (unsigned)((maxrows + MT - 1) / MT), (unsigned)ng);
+    if (smem > 48 * 1024)
+        QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_dec_kernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)smem));
+    w4a4_dec_kernel<MT><<<grid, QD_DEC_THREADS, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, *g,
+                                                         w_per_row, N, K);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+/* The decode kernel's MT for maxrows (tiles of 8 above), 0 where it does not apply. */
+static int w4a4_dec_mt(const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows, int64_t K)
+{
+    if (K % 64 || K > 16384 || !qd_aligned(a->codes, 8))
+        return 0;
+    for (int z = 0; z < ng; z++)
+        if (!qd_aligned(g->codes[z], 16) || !qd_aligned(g->scales[z], 4) || (K / 2) % 16)
+            return 0;
+    int dev = 0, limit = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+        return 0;
+    int mt = maxrows <= 1 ? 1 : maxrows <= 2 ? 2 : maxrows <= 4 ? 4 : 8;
+    while (mt > 1 && dec_smem(mt, K) > (size_t)limit)
+        mt /= 2;
+    return dec_smem(mt, K) <= (size_t)limit ? mt : 0;
+}
+
+/* QUADS_W4A4_DEC=0|1 (benchmarks and tests): never, or always (in tiles of 8
+ * activation rows), the decode kernel; unset: where no group has more than 8
+ * rows (and the split-K kernel is not forced). */
+static int w4a4_dec_env(void)
+{
+    static int v = -2;
+    if (v == -2) {
+        const char *e = getenv("QUADS_W4A4_DEC");
+        v = e && (!strcmp(e, "0") || !strcmp(e, "1")) ? atoi(e) : -1;
+    }
+    return v;
+}
+
 /* QUADS_W4A4_SPLITK=0|1 (benchmarks and tests): never, or always, the split-K
  * kernel; unset: where K has two chunks or more and its CTAs fit the GPU at
  * once (three a SM: decode at batch 1 but an expert's down projection; the
@@ -2077,7 +2220,15 @@ static qd_status w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int
         return QD_OK;
     int nt = maxrows <= 8 ? 1 : maxrows <= 16 ? 2 : maxrows <= 32 ? 4 : 8;
     int64_t tiles = (N + 16 * QD_MMA_WARPS - 1) / (16 * QD_MMA_WARPS);
-    int sk = w4a4_splitk_env();
+    int sk = w4a4_splitk_env(), dec = w4a4_dec_env();
+    if (sk != 1 && (dec == 1 || (dec < 0 && maxrows <= 8))) {
+        int mt = w4a4_dec_mt(a, g, ng, maxrows, K);
+        if (mt)
+            return mt == 1 ? launch_w4a4_dec<1>(y, a, g, ng, maxrows, w_per_row, N, K)
+                 : mt == 2 ? launch_w4a4_dec<2>(y, a, g, ng, maxrows, w_per_row, N, K)
+                 : mt == 4 ? launch_w4a4_dec<4>(y, a, g, ng, maxrows, w_per_row, N, K)
+                           : launch_w4a4_dec<8>(y, a, g, ng, maxrows, w_per_row, N, K);
+    }
     int64_t ctas_sk = (N + 15) / 16 * ((maxrows + 7) / 8) * ng;
     if (sk == 1 || (sk < 0 && K >= 2 * 16 * QD_MMA_CB && ctas_sk <= 3 * qd_sm_count()))
         return launch_w4a4_splitk(y, a, g, ng, maxrows, w_per_row, N, K);

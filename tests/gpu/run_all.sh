@@ -4,8 +4,9 @@
 #   0. tests/gpu/check_ops: every op of backends/ops.h, CUDA vs CPU on the same
 #      inputs (tests/op_cases.c): exact mode bit for bit, fast mode within each
 #      slot's bound, so a mismatch names the op;
-#      then once more (one seed) with the W4A4 MMA kernel's 4-warp CTAs forced,
-#      with the split-K W4A4 kernel forced (QUADS_W4A4_SPLITK=1), and with fast
+#      then once more (one seed) with the W4A4 decode kernel forced
+#      (QUADS_W4A4_DEC=1) and left out (=0), with the W4A4 MMA kernel's 4-warp
+#      CTAs forced, with the split-K W4A4 kernel forced (QUADS_W4A4_SPLITK=1), and with fast
 #      mode's BF16 backward taking dy 8 columns a block (QUADS_DY16_BYTES=1024),
 #      the lm_head's way;
 #   1. tests/gpu/check_backend (then again with QUADS_AQAT16=0): whole models, every recipe and role, CUDA vs
@@ -31,8 +32,14 @@ rc=0
 echo "== check_ops"
 timeout 300 tests/gpu/check_ops >"$out/check_ops.log" 2>&1 || rc=1
 grep -v "bits equal\|within" "$out/check_ops.log" | tail -8
-echo "== check_ops, the W4A4 MMA kernel's 4-warp CTAs forced (small cases take 1-warp CTAs by default)"
-QUADS_MMA_WARPS=4 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_w4.log" 2>&1 || rc=1
+echo "== check_ops 1, the W4A4 decode kernel forced for every product, in tiles of 8 rows (QUADS_W4A4_DEC=1; by default where no group has more than 8)"
+QUADS_W4A4_DEC=1 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_dec.log" 2>&1 || rc=1
+tail -1 "$out/check_ops_dec.log"
+echo "== check_ops 1, no decode kernel (QUADS_W4A4_DEC=0): small products on the MMA kernel's 1-warp CTAs"
+QUADS_W4A4_DEC=0 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_nodec.log" 2>&1 || rc=1
+tail -1 "$out/check_ops_nodec.log"
+echo "== check_ops, no decode kernel and the W4A4 MMA kernel's 4-warp CTAs forced (small cases take 1-warp CTAs by default)"
+QUADS_W4A4_DEC=0 QUADS_MMA_WARPS=4 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_w4.log" 2>&1 || rc=1
 tail -1 "$out/check_ops_w4.log"
 echo "== check_ops 1, the split-K W4A4 kernel forced for every product (QUADS_W4A4_SPLITK=1; by default only where CTAs are few)"
 QUADS_W4A4_SPLITK=1 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_splitk.log" 2>&1 || rc=1
