@@ -486,6 +486,20 @@ static void c_w4a4_grouped_decode(oc *c)
  * three chunks, one round of the split-K kernel with a warp idle). */
 static void c_w4a4_row1(oc *c) { w4a4_case(c, 1, 72, 768); }
 
+/* K not a multiple of 64 (RAC's width of a 4096-wide input at ratio 0.1: 281
+ * blocks): CUDA's decode kernel reads such rows block by block, its last
+ * thread a row with one block; one row (an odd count of blocks in its
+ * shared-memory arrays). */
+static void c_w4a4_rac_width(oc *c) { w4a4_case(c, 1, 37, 4496); }
+
+/* The tiny model's RAC width (64 + 16: 5 blocks, a row a thread and 51 rows a
+ * CTA in CUDA's decode kernel) at 3 rows. */
+static void c_w4a4_tiny_rac(oc *c) { w4a4_case(c, 3, 70, 80); }
+
+/* 5 rows of K = 1072 (67 blocks) against 45 weight rows: a decode tile of 8 rows
+ * with 3 empty, rows of the CTA past N. */
+static void c_w4a4_rows5(oc *c) { w4a4_case(c, 5, 45, 1072); }
+
 static void c_rac(oc *c)
 {
     int rows = 6, K = 64, n = 16, N = 10;
@@ -1253,6 +1267,9 @@ static const op_case cases[] = {
     {{"w4a4_gemm_grouped 4 experts", "w4a4_gemm_grouped", 0}, c_w4a4_grouped},
     {{"w4a4_gemm_grouped decode 6 experts 40x2112", "w4a4_gemm_grouped", 0}, c_w4a4_grouped_decode},
     {{"w4a4_gemm 1x72x768", "w4a4_gemm", 1}, c_w4a4_row1},
+    {{"w4a4_gemm 1x37x4496", "w4a4_gemm", 1}, c_w4a4_rac_width},
+    {{"w4a4_gemm 3x70x80", "w4a4_gemm", 1}, c_w4a4_tiny_rac},
+    {{"w4a4_gemm 5x45x1072", "w4a4_gemm", 1}, c_w4a4_rows5},
     {{"nvfp4_quantize_weights 70 x 24x96", "nvfp4_quantize_weights", 0}, c_quantize_weights},
     {{"nvfp4_quantize_weights 67 x 10x64+16", "nvfp4_quantize_weights", 0}, c_quantize_weights_rac},
     {{"nvfp4_quantize_weights 6 x 100x768+192", "nvfp4_quantize_weights", 0}, c_quantize_weights_rac_wide},

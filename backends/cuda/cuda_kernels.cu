@@ -1833,6 +1833,41 @@ extern "C" qd_status qdk_add(float *out, const float *a, const float *b, size_t 
  * untaken probability is NaN: the scan then never moves, so neither do we.
  * (One thread a token ran 0.22 ms a launch at E = 128, K = 8, N = 64.) */
 #define QD_ROUTE_WARPS 4
+#define QD_ROUTE_PER_LANE 8
+
+/* k_route's selection where no probability is NaN or negative (so their bits
+ * order them as unsigned integers, -0 taken as +0): lane l holds experts l + 32i and
+ * a bit a taken expert; selection j is the warp's largest (bits + 1) of the
+ * lanes' best untaken (strict >, ascending index: the lowest index of their
+ * largest), then the lowest index holding it: the CPU's scan's answer, in two
+ * warp reductions instead of a shuffle tree of three values. */
+static __device__ __forceinline__ void route_select_fast(int32_t *ix, const float *ps, int E, int K, int lane)
+{
+    float v[QD_ROUTE_PER_LANE];
+#pragma unroll
+    for (int i = 0; i < QD_ROUTE_PER_LANE; i++)
+        v[i] = lane + 32 * i < E ? ps[lane + 32 * i] : 0.0f;
+    unsigned taken = 0;
+    for (int j = 0; j < K; j++) {
+        unsigned key = 0, idx = 0x7fffffffu;
+#pragma unroll
+        for (int i = 0; i < QD_ROUTE_PER_LANE; i++) {
+            unsigned k = v[i] == 0.0f ? 1u : (unsigned)__float_as_int(v[i]) + 1u; /* -0 as +0 */
+            if (lane + 32 * i < E && !(taken >> i & 1u) && k > key) {
+                key = k;
+                idx = (unsigned)(lane + 32 * i);
+            }
+        }
+        unsigned best = __reduce_max_sync(0xffffffffu, key);
+        unsigned bi = __reduce_min_sync(0xffffffffu, key == best && best ? idx : 0x7fffffffu);
+        if (best && (int)(bi & 31u) == lane)
+            taken |= 1u << (bi >> 5);
+        if (lane == 0)
+            ix[j] = best ? (int32_t)bi : -1;
+    }
+    __syncwarp();
+}
+
 __global__ void __launch_bounds__(32 * QD_ROUTE_WARPS) k_route(int32_t *topk, float *topw, float *probs, int N, int E,
                                                               int K, qd_topk_norm norm)
 {
@@ -1864,6 +1899,12 @@ __global__ void __launch_bounds__(32 * QD_ROUTE_WARPS) k_route(int32_t *topk, fl
         row[e] = ps[e];
     }
     __syncwarp();
+    int nan = 0;
+    for (int e = lane; e < E; e += 32)
+        nan |= !(ps[e] >= 0.0f); /* NaN (or, never from a softmax, negative) */
+    if (!__any_sync(0xffffffffu, nan) && E <= 32 * QD_ROUTE_PER_LANE) {
+        route_select_fast(ix, ps, E, K, lane);
+    } else {
     for (int j = 0; j < K; j++) {
         int first = INT_MAX, bi = INT_MAX;
         float bv = 0.0f;
@@ -1893,6 +1934,7 @@ __global__ void __launch_bounds__(32 * QD_ROUTE_WARPS) k_route(int32_t *topk, fl
         if (lane == 0)
             ix[j] = best;
         __syncwarp();
+    }
     }
     if (lane == 0) {
         float s = 0.0f;

@@ -1592,23 +1592,25 @@ w4a4_splitk_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
 }
 
 /* The same products for the few activation rows of decode (MT <= 8 a CTA):
- * no tensor cores and no K chunks, one HBM latency a CTA. Thread (r, q) of a
- * CTA loads blocks 4q .. 4q+3 of weight row n0 + r (32 bytes of codes, 4 of
- * scales: a row of K = 2048 is one warp, rows 256 / (K / 64) a CTA) before the
- * activations are staged, computes each block's term p * (sa * sw) for its MT
- * tokens (p from dp4a on the offset codes, as the MMA kernels' bits; the term is
- * exact, see w4a4_block) into shared memory, and thread (r, m) then adds its
- * row's terms in ascending block order from 0: acc + term is fmaf(p, sa * sw,
- * acc) when the product is exact, so the same bits as w4a4_mma_kernel. */
+ * no tensor cores and no K chunks, one HBM latency a CTA. Thread (s, q) of a
+ * CTA loads blocks 4q .. 4q+3 (32 bytes of codes, 4 of scales; block by block
+ * where K is not a multiple of 64, as RAC's widths) of RT weight
+ * rows n0 + s + i * rs, i < RT (a row of K = 2048 is one warp; rs = 256 / (K /
+ * 64) rows a CTA and step), before the activations are staged; it then computes
+ * each block's term p * (sa * sw) for its MT tokens (p from dp4a on the offset
+ * codes, as the MMA kernels' bits; the term is exact, see w4a4_block) into
+ * shared memory, and thread (row, m) adds its row's terms in ascending block
+ * order from 0: acc + term is fmaf(p, sa * sw, acc) when the product is exact,
+ * so the same bits as w4a4_mma_kernel. */
 #define QD_DEC_THREADS 256
-static __host__ __device__ __forceinline__ int dec_rows(int64_t K) { return QD_DEC_THREADS / (int)(K / 64); }
-static __host__ __device__ __forceinline__ size_t dec_smem(int mt, int64_t K)
+static __host__ __device__ __forceinline__ int dec_rs(int64_t K) { return QD_DEC_THREADS / (int)((K + 63) / 64); }
+static __host__ __device__ __forceinline__ size_t dec_smem(int mt, int rt, int64_t K)
 {
-    size_t nb = (size_t)(K / 16);
-    return (size_t)mt * nb * (16 + 4 + 4) + (size_t)dec_rows(K) * mt * (nb + 1) * 4;
+    size_t nb = (size_t)(K / 16), nbp = (nb + 3) / 4 * 4;
+    return (size_t)mt * nb * (16 + 8) + 256 * 4 + (size_t)dec_rs(K) * rt * mt * (nbp + 4) * 4;
 }
 
-template <int MT>
+template <int MT, int RT>
 __global__ void __launch_bounds__(QD_DEC_THREADS)
 w4a4_dec_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
                 const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K)
@@ -1618,68 +1620,114 @@ w4a4_dec_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
     int64_t rows = g.rows[z], t0 = (int64_t)blockIdx.y * MT;
     if (t0 >= rows)
         return;
-    int nb = (int)(K / 16), tpr = nb / 4, rb = QD_DEC_THREADS / tpr, T = rows - t0 < MT ? (int)(rows - t0) : MT;
-    int r = threadIdx.x / tpr, q = threadIdx.x - r * tpr;
-    int64_t n0 = (int64_t)blockIdx.x * rb, n = n0 + r;
-    bool live = r < rb && n < N;
+    int nb = (int)(K / 16), tpr = (nb + 3) / 4, rs = QD_DEC_THREADS / tpr, T = rows - t0 < MT ? (int)(rows - t0) : MT;
+    int s = threadIdx.x / tpr, q = threadIdx.x - s * tpr, ld = 4 * tpr + 4;
+    bool vec = K % 64 == 0; /* else a block at a time (8-byte codes, 1-byte scales) */
+    int64_t n0 = (int64_t)blockIdx.x * rs * RT;
     /* the weights first: their latency overlaps the staging below */
-    uint4 c0 = make_uint4(0, 0, 0, 0), c1 = c0;
-    uint32_t s4 = 0;
-    if (live) {
-        const uint4 *pc = (const uint4 *)(g.codes[z] + n * (K / 2)) + 2 * q;
-        c0 = __ldg(pc);
-        c1 = __ldg(pc + 1);
-        s4 = __ldg((const uint32_t *)(g.scales[z] + n * nb) + q);
+    uint4 c[RT][2];
+    uint32_t s4[RT];
+#pragma unroll
+    for (int i = 0; i < RT; i++) {
+        int64_t n = n0 + s + i * rs;
+        c[i][0] = c[i][1] = make_uint4(0, 0, 0, 0);
+        s4[i] = 0;
+        if (s < rs && n < N) {
+            if (vec) {
+                const uint4 *pc = (const uint4 *)(g.codes[z] + n * (K / 2)) + 2 * q;
+                c[i][0] = __ldg(pc);
+                c[i][1] = __ldg(pc + 1);
+                s4[i] = __ldg((const uint32_t *)(g.scales[z] + n * nb) + q);
+            } else {
+                const uint2 *pc = (const uint2 *)(g.codes[z] + n * (K / 2)) + 4 * q;
+                const uint8_t *ps = g.scales[z] + n * nb + 4 * q;
+                uint2 u[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    u[j] = 4 * q + j < nb ? __ldg(pc + j) : make_uint2(0, 0);
+                    s4[i] |= 4 * q + j < nb ? (uint32_t)__ldg(ps + j) << (8 * j) : 0u;
+                }
+                c[i][0] = make_uint4(u[0].x, u[0].y, u[1].x, u[1].y);
+                c[i][1] = make_uint4(u[2].x, u[2].y, u[3].x, u[3].y);
+            }
+        }
     }
-    int4 *s_a = (int4 *)dec_sm;                  /* [MT][nb] 16 int8 (2*E2M1) a block */
-    float *s_sa = (float *)(s_a + MT * nb);      /* [MT][nb] activation scale / 4 */
-    int *s_in = (int *)(s_sa + MT * nb);         /* [MT][nb] magic bits - 12 * block sum */
-    float *s_t = (float *)(s_in + MT * nb);      /* [rb * MT][nb + 1] terms */
+    int4 *s_a = (int4 *)dec_sm;                        /* [MT][nb] 16 int8 (2*E2M1) a block */
+    float *lut = (float *)(s_a + MT * nb);             /* the weight scales' E4M3 values */
+    float *s_t = lut + 256;                            /* [rs * RT * MT][ld] terms (16-byte rows) */
+    int2 *s_is = (int2 *)(s_t + rs * RT * MT * ld);    /* [MT][nb] magic bits - 12 * block sum, scale / 4 */
     int64_t r0 = g.row0[z] + t0;
+    lut[threadIdx.x] = qd_e4m3_to_f32((uint8_t)threadIdx.x);
     for (int i = threadIdx.x; i < MT * nb; i += QD_DEC_THREADS) {
         int m = i / nb, b = i - m * nb;
         int4 v = make_int4(0, 0, 0, 0);
         float sa = 0.0f;
         if (m < T) {
-            uint2 c = __ldg((const uint2 *)(a_codes + (r0 + m) * (K / 2)) + b);
-            v = make_int4(e2m1x4_s8(c.x & 0xffffu), e2m1x4_s8(c.x >> 16), e2m1x4_s8(c.y & 0xffffu),
-                          e2m1x4_s8(c.y >> 16));
+            uint2 cc = __ldg((const uint2 *)(a_codes + (r0 + m) * (K / 2)) + b);
+            v = make_int4(e2m1x4_s8(cc.x & 0xffffu), e2m1x4_s8(cc.x >> 16), e2m1x4_s8(cc.y & 0xffffu),
+                          e2m1x4_s8(cc.y >> 16));
             sa = 0.25f * qd_e4m3_to_f32(a_scales[(r0 + m) * nb + b]);
         }
         int sum = __dp4a(v.x, 0x01010101, __dp4a(v.y, 0x01010101, __dp4a(v.z, 0x01010101,
                                                                    __dp4a(v.w, 0x01010101, 0))));
         s_a[i] = v;
-        s_sa[i] = sa;
-        s_in[i] = QD_MAGIC_BITS - 12 * sum;
+        s_is[i] = make_int2(QD_MAGIC_BITS - 12 * sum, __float_as_int(sa));
     }
     __syncthreads();
-    if (live) {
-        uint32_t wv[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+    if (s < rs) {
+        float t[RT][MT * RT <= 4 ? MT : 1][4] = {};
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             int b = 4 * q + j;
-            int w0 = e2m1x4_off12(wv[2 * j] & 0xffffu), w1 = e2m1x4_off12(wv[2 * j] >> 16);
-            int w2 = e2m1x4_off12(wv[2 * j + 1] & 0xffffu), w3 = e2m1x4_off12(wv[2 * j + 1] >> 16);
-            float sw = qd_e4m3_to_f32((uint8_t)(s4 >> (8 * j)));
+            if (b >= nb) /* terms past nb: zero (never added) */
+                break;
 #pragma unroll
-            for (int m = 0; m < MT; m++) {
-                if (m >= T)
-                    break;
-                float p = block_dot4_off(w0, w1, w2, w3, s_a[m * nb + b], s_in[m * nb + b]);
-                s_t[(r * MT + m) * (nb + 1) + b] = p * (s_sa[m * nb + b] * sw);
+            for (int i = 0; i < RT; i++) {
+                uint32_t lo = j < 2 ? (j ? c[i][0].z : c[i][0].x) : (j == 3 ? c[i][1].z : c[i][1].x);
+                uint32_t hi = j < 2 ? (j ? c[i][0].w : c[i][0].y) : (j == 3 ? c[i][1].w : c[i][1].y);
+                int w0 = e2m1x4_off12(lo & 0xffffu), w1 = e2m1x4_off12(lo >> 16);
+                int w2 = e2m1x4_off12(hi & 0xffffu), w3 = e2m1x4_off12(hi >> 16);
+                float sw = lut[(s4[i] >> (8 * j)) & 0xffu];
+#pragma unroll
+                for (int m = 0; m < MT; m++)
+                    if (m < T) {
+                        int2 is = s_is[m * nb + b];
+                        float p = block_dot4_off(w0, w1, w2, w3, s_a[m * nb + b], is.x);
+                        float v = p * (__int_as_float(is.y) * sw);
+                        if constexpr (MT * RT <= 4) /* 16-byte stores below */
+                            t[i][m][j] = v;
+                        else
+                            s_t[((s + i * rs) * MT + m) * ld + b] = v;
+                    }
             }
+        }
+        if constexpr (MT * RT <= 4) {
+#pragma unroll
+            for (int i = 0; i < RT; i++)
+#pragma unroll
+                for (int m = 0; m < MT; m++)
+                    if (m < T)
+                        *(float4 *)&s_t[((s + i * rs) * MT + m) * ld + 4 * q] =
+                            make_float4(t[i][m][0], t[i][m][1], t[i][m][2], t[i][m][3]);
         }
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < rb * MT; i += QD_DEC_THREADS) {
+    for (int i = threadIdx.x; i < rs * RT * MT; i += QD_DEC_THREADS) {
         int rr = i / MT, m = i - rr * MT;
         int64_t nn = n0 + rr;
         if (m < T && nn < N) {
-            const float *t = s_t + i * (nb + 1);
+            const float4 *tp = (const float4 *)(s_t + i * ld);
             float acc = 0.0f;
-#pragma unroll 8
-            for (int b = 0; b < nb; b++)
-                acc = acc + t[b];
+#pragma unroll 4
+            for (int b = 0; b < nb / 4; b++) {
+                float4 v = tp[b];
+                acc = acc + v.x;
+                acc = acc + v.y;
+                acc = acc + v.z;
+                acc = acc + v.w;
+            }
+            for (int b = nb / 4 * 4; b < nb; b++)
+                acc = acc + s_t[i * ld + b];
             y[(r0 + m) * N + nn] = acc * (a_sdec[a_per_row ? r0 + m : 0] * g.sdec[z][w_per_row ? nn : 0]);
         }
     }
@@ -1812,10 +1860,14 @@ static qd_status qk_launch_amax(qk_amax **a, const T *x, int64_t n)
     return QD_OK;
 }
 
-/* Threads of a qk_rows_kernel CTA for bpr blocks a row. */
-static unsigned qk_row_threads(int64_t bpr)
+/* Threads of a qk_rows_kernel CTA for bpr blocks a row: QK_ROW_BLOCKS blocks a
+ * thread, or one where the rows (CTAs) are fewer than the SMs (decode: a
+ * row's blocks encoded by one warp took 4 us; the per-block work is the
+ * same, the absolute maximum order-free, so the same bits). */
+static unsigned qk_row_threads(int64_t bpr, int64_t rows)
 {
-    int64_t t = ((bpr + QK_ROW_BLOCKS - 1) / QK_ROW_BLOCKS + 31) / 32 * 32;
+    int64_t per = rows < qd_sm_count() ? 1 : QK_ROW_BLOCKS;
+    int64_t t = ((bpr + per - 1) / per + 31) / 32 * 32;
     return (unsigned)(t > QK_ROW_THREADS ? QK_ROW_THREADS : t);
 }
 
@@ -1825,7 +1877,7 @@ static qd_status qk_launch_rows(qout o, float *dq, const T *x, int64_t rows, int
 {
     if (rows == 0 || bpr == 0)
         return QD_OK;
-    qk_rows_kernel<T><<<(unsigned)rows, qk_row_threads(bpr)>>>(o, dq, x, bpr, sc, s_dec, s_enc_out);
+    qk_rows_kernel<T><<<(unsigned)rows, qk_row_threads(bpr, rows)>>>(o, dq, x, bpr, sc, s_dec, s_enc_out);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -2149,45 +2201,80 @@ static qd_status launch_w4a4_splitk(float *y, const qd_nvfp4 *a, const w4a4_grou
     return QD_OK;
 }
 
-/* The decode kernel for MT activation rows a CTA, or QD_ERR_SHAPE where it
- * does not apply (K not a multiple of 64 or above 16384, weights not aligned
- * for its 16-byte loads, shared memory over the limit): the caller falls back. */
-template <int MT>
+/* The decode kernel for MT activation rows a CTA and RT weight rows a thread. */
+template <int MT, int RT>
 static qd_status launch_w4a4_dec(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
                                  int w_per_row, int64_t N, int64_t K)
 {
-    size_t smem = dec_smem(MT, K);
-    dim3 grid((unsigned)((N + dec_rows(K) - 1) / dec_rows(K)), (unsigned)((maxrows + MT - 1) / MT), (unsigned)ng);
+    size_t smem = dec_smem(MT, RT, K);
+    int64_t rows = (int64_t)dec_rs(K) * RT;
+    dim3 grid((unsigned)((N + rows - 1) / rows), (unsigned)((maxrows + MT - 1) / MT), (unsigned)ng);
     if (smem > 48 * 1024)
-        QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_dec_kernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_dec_kernel<MT, RT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            (int)smem));
-    w4a4_dec_kernel<MT><<<grid, QD_DEC_THREADS, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, *g,
-                                                         w_per_row, N, K);
+    w4a4_dec_kernel<MT, RT><<<grid, QD_DEC_THREADS, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, *g,
+                                                             w_per_row, N, K);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
 
-/* The decode kernel's MT for maxrows (tiles of 8 above), 0 where it does not apply. */
-static int w4a4_dec_mt(const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows, int64_t K)
+/* QUADS_W4A4_DEC_RT=1|2 (benchmarks and tests): weight rows a thread of the
+ * decode kernel; unset: 2 for up to 2 activation rows where the CTAs of 2 still
+ * give every SM two. */
+static int w4a4_dec_rt_env(void)
 {
-    if (K % 64 || K > 16384 || !qd_aligned(a->codes, 8))
-        return 0;
+    static int v = -2;
+    if (v == -2) {
+        const char *e = getenv("QUADS_W4A4_DEC_RT");
+        v = e && (!strcmp(e, "1") || !strcmp(e, "2")) ? atoi(e) : -1;
+    }
+    return v;
+}
+
+/* The decode kernel where it applies (K up to 16384, weights aligned for its
+ * loads, shared memory within the limit) and, unless forced, where its CTAs
+ * fit the GPU at once (four a SM: decode at batch 1; with many experts at
+ * batch 16 the MMA kernels, fewer instructions a byte, are faster), MT as
+ * small as maxrows allows (tiles of 8 above); QD_ERR_SHAPE where it does not
+ * (the caller falls back to the MMA kernels). */
+static qd_status w4a4_dec(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
+                          int w_per_row, int64_t N, int64_t K, int forced)
+{
+    if (K > 16384 || !qd_aligned(a->codes, 8))
+        return QD_ERR_SHAPE;
     for (int z = 0; z < ng; z++)
-        if (!qd_aligned(g->codes[z], 16) || !qd_aligned(g->scales[z], 4) || (K / 2) % 16)
-            return 0;
+        if (!qd_aligned(g->codes[z], K % 64 ? 8 : 16) || !qd_aligned(g->scales[z], K % 64 ? 1 : 4))
+            return QD_ERR_SHAPE;
     int dev = 0, limit = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-        return 0;
-    int mt = maxrows <= 1 ? 1 : maxrows <= 2 ? 2 : maxrows <= 4 ? 4 : 8;
-    while (mt > 1 && dec_smem(mt, K) > (size_t)limit)
+    QD_CUDA_CHECK(cudaGetDevice(&dev));
+    QD_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    int mt = maxrows <= 1 ? 1 : maxrows <= 2 ? 2 : maxrows <= 4 ? 4 : 8, rte = w4a4_dec_rt_env();
+    int64_t ctas2 = (N + 2 * dec_rs(K) - 1) / (2 * dec_rs(K)) * ((maxrows + mt - 1) / mt) * ng;
+    int rt = rte > 0 ? rte : mt <= 2 && ctas2 >= 2 * qd_sm_count() ? 2 : 1;
+    while (mt > 1 && dec_smem(mt, rt, K) > (size_t)limit)
         mt /= 2;
-    return dec_smem(mt, K) <= (size_t)limit ? mt : 0;
+    if (rt == 2 && dec_smem(mt, rt, K) > (size_t)limit)
+        rt = 1;
+    if (dec_smem(mt, rt, K) > (size_t)limit)
+        return QD_ERR_SHAPE;
+    int64_t ctas = (N + rt * dec_rs(K) - 1) / (rt * dec_rs(K)) * ((maxrows + mt - 1) / mt) * ng;
+    if (!forced && ctas > 4 * qd_sm_count())
+        return QD_ERR_SHAPE;
+#define QD_DEC_CASE(M)                                                                                        \
+    return rt == 2 ? launch_w4a4_dec<M, 2>(y, a, g, ng, maxrows, w_per_row, N, K)                            \
+                   : launch_w4a4_dec<M, 1>(y, a, g, ng, maxrows, w_per_row, N, K)
+    switch (mt) {
+    case 1: QD_DEC_CASE(1);
+    case 2: QD_DEC_CASE(2);
+    case 4: QD_DEC_CASE(4);
+    default: QD_DEC_CASE(8);
+    }
+#undef QD_DEC_CASE
 }
 
 /* QUADS_W4A4_DEC=0|1 (benchmarks and tests): never, or always (in tiles of 8
  * activation rows), the decode kernel; unset: where no group has more than 8
- * rows (and the split-K kernel is not forced). */
+ * rows and its CTAs are few (and the split-K kernel is not forced). */
 static int w4a4_dec_env(void)
 {
     static int v = -2;
@@ -2222,12 +2309,9 @@ static qd_status w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int
     int64_t tiles = (N + 16 * QD_MMA_WARPS - 1) / (16 * QD_MMA_WARPS);
     int sk = w4a4_splitk_env(), dec = w4a4_dec_env();
     if (sk != 1 && (dec == 1 || (dec < 0 && maxrows <= 8))) {
-        int mt = w4a4_dec_mt(a, g, ng, maxrows, K);
-        if (mt)
-            return mt == 1 ? launch_w4a4_dec<1>(y, a, g, ng, maxrows, w_per_row, N, K)
-                 : mt == 2 ? launch_w4a4_dec<2>(y, a, g, ng, maxrows, w_per_row, N, K)
-                 : mt == 4 ? launch_w4a4_dec<4>(y, a, g, ng, maxrows, w_per_row, N, K)
-                           : launch_w4a4_dec<8>(y, a, g, ng, maxrows, w_per_row, N, K);
+        qd_status st = w4a4_dec(y, a, g, ng, maxrows, w_per_row, N, K, dec == 1);
+        if (st != QD_ERR_SHAPE)
+            return st;
     }
     int64_t ctas_sk = (N + 15) / 16 * ((maxrows + 7) / 8) * ng;
     if (sk == 1 || (sk < 0 && K >= 2 * 16 * QD_MMA_CB && ctas_sk <= 3 * qd_sm_count()))

@@ -35,6 +35,9 @@ grep -v "bits equal\|within" "$out/check_ops.log" | tail -8
 echo "== check_ops 1, the W4A4 decode kernel forced for every product, in tiles of 8 rows (QUADS_W4A4_DEC=1; by default where no group has more than 8)"
 QUADS_W4A4_DEC=1 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_dec.log" 2>&1 || rc=1
 tail -1 "$out/check_ops_dec.log"
+echo "== check_ops 1, the decode kernel forced with 2 weight rows a thread (QUADS_W4A4_DEC_RT=2; by default for up to 2 rows where CTAs are many)"
+QUADS_W4A4_DEC=1 QUADS_W4A4_DEC_RT=2 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_dec2.log" 2>&1 || rc=1
+tail -1 "$out/check_ops_dec2.log"
 echo "== check_ops 1, no decode kernel (QUADS_W4A4_DEC=0): small products on the MMA kernel's 1-warp CTAs"
 QUADS_W4A4_DEC=0 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_nodec.log" 2>&1 || rc=1
 tail -1 "$out/check_ops_nodec.log"
