@@ -256,6 +256,10 @@ static void c_matmul_f32_row3(oc *c) { c_matmul_shape(c, QD_PREC_F32, 3, 136, 11
 /* the router at batch 1 (CUDA: 32-row CTAs, 512-byte chunks) and two rows over
  * outputs enough for 128-row CTAs, K ragged against both chunk sizes */
 static void c_matmul_bf16_router1(oc *c) { c_matmul_shape(c, QD_PREC_BF16, 1, 2048, 128, 1.0f); }
+/* one row over few outputs, ragged against CUDA's 4-row chain CTAs
+ * (k_matvec_chain): float32 and BF16 weights */
+static void c_matmul_f32_row1_chain(oc *c) { c_matmul_shape(c, QD_PREC_F32, 1, 264, 70, 1.0f); }
+static void c_matmul_bf16_row1_chain(oc *c) { c_matmul_shape(c, QD_PREC_BF16, 1, 776, 37, 1.0f); }
 static void c_matmul_bf16_row2_wide(oc *c) { c_matmul_shape(c, QD_PREC_BF16, 2, 264, 4500, 1.0f); }
 
 static void c_matmul_backward(oc *c)
@@ -1252,6 +1256,8 @@ static const op_case cases[] = {
     {{"matmul bf16 1x256x2085", "matmul", 1}, c_matmul_bf16_row1},
     {{"matmul f32 3x136x1100", "matmul", 1}, c_matmul_f32_row3},
     {{"matmul bf16 router 1x2048x128", "matmul", 1}, c_matmul_bf16_router1},
+    {{"matmul f32 1x264x70", "matmul", 1}, c_matmul_f32_row1_chain},
+    {{"matmul bf16 1x776x37", "matmul", 1}, c_matmul_bf16_row1_chain},
     {{"matmul bf16 2x264x4500", "matmul", 1}, c_matmul_bf16_row2_wide},
     {{"matmul f32 5x136x260", "matmul", 1}, c_matmul_f32_row5},
     {{"matmul_backward 37x72x45", "matmul_backward", 1}, c_matmul_backward},
