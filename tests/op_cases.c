@@ -504,9 +504,10 @@ static void c_w4a4_tiny_rac(oc *c) { w4a4_case(c, 3, 70, 80); }
  * with 3 empty, rows of the CTA past N. */
 static void c_w4a4_rows5(oc *c) { w4a4_case(c, 5, 45, 1072); }
 
-static void c_rac(oc *c)
+/* RAC's augmented activation of rows x K with n channels (CUDA: one launch a
+ * row, main blocks, residuals, their blocks) and a weight of N rows. */
+static void rac_case(oc *c, int rows, int K, int n, int N)
 {
-    int rows = 6, K = 64, n = 16, N = 10;
     float *x = F(c, (size_t)rows * K, -3, 3), *w = F(c, (size_t)N * K, -1, 1);
     double *err = Z(c, sizeof(double) * K);
     int64_t *ch = channels(c, K, n);
@@ -521,6 +522,13 @@ static void c_rac(oc *c)
     out_nv(c, "act", &a);
     out_nv(c, "weight", &q);
 }
+
+static void c_rac(oc *c) { rac_case(c, 6, 64, 16, 10); }
+
+/* decode's shapes: a3b's q/k/v input at ratio 0.1 (12 of 128 blocks) one row,
+ * and its o input (25 of 256 blocks) three rows */
+static void c_rac_decode(oc *c) { rac_case(c, 1, 2048, 192, 20); }
+static void c_rac_decode_o(oc *c) { rac_case(c, 3, 4096, 400, 12); }
 
 /* A weight sync's codes a shape at a time: T tensors (70 and 67: more than one launch
  * of the CUDA kernel takes), each of its own magnitude, one all zeros, with n
@@ -1281,6 +1289,8 @@ static const op_case cases[] = {
     {{"nvfp4_quantize_weights 6 x 100x768+192", "nvfp4_quantize_weights", 0}, c_quantize_weights_rac_wide},
     {{"nvfp4_fake_quant_weights 70 x 24x96", "nvfp4_fake_quant_weights", 0}, c_fake_quant_weights},
     {{"rac error+augment 6x64+16", "rac_augment_act", 0}, c_rac},
+    {{"rac error+augment 1x2048+192", "rac_augment_act", 0}, c_rac_decode},
+    {{"rac error+augment 3x4096+400", "rac_augment_act", 0}, c_rac_decode_o},
     {{"rac_select 205 linears", "rac_select", 0}, c_rac_select},
     {{"rac_select 14 edges x 4 ratios", "rac_select", 0}, c_rac_select_edges},
     {{"rac_grouped 4 experts 64+16", "rac_grouped", 0}, c_rac_grouped},

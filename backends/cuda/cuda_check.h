@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 extern "C" {
 #include "quant/status.h"
 }
@@ -33,6 +34,37 @@ static inline int qd_sm_count(void)
             n = 132;
     }
     return n;
+}
+
+/* A kernel-choice switch read once from the environment into *cache: a or b
+ * where the variable is that number, else -1 (unset or anything else). */
+static inline int qd_env_pick(int *cache, const char *name, int a, int b)
+{
+    if (*cache == -2) {
+        const char *e = getenv(name);
+        int v = e && e[0] && !e[1] ? e[0] - '0' : -1;
+        *cache = v == a || v == b ? v : -1;
+    }
+    return *cache;
+}
+
+/* The sum from 0 of p[0] .. p[n-1] in ascending order, one add at a time (the
+ * chains of the decode kernels; p 16-byte aligned, read 4 floats at a time). */
+static __device__ __forceinline__ float qd_sum_up(const float *p, int n)
+{
+    const float4 *q = (const float4 *)p;
+    float acc = 0.0f;
+#pragma unroll 4
+    for (int u = 0; u < n / 4; u++) {
+        float4 v = q[u];
+        acc = acc + v.x;
+        acc = acc + v.y;
+        acc = acc + v.z;
+        acc = acc + v.w;
+    }
+    for (int k = n / 4 * 4; k < n; k++)
+        acc = acc + p[k];
+    return acc;
 }
 
 #endif

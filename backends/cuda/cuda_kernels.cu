@@ -1014,19 +1014,8 @@ __global__ void __launch_bounds__(MC_THREADS) k_matvec_chain(float *c, const flo
     }
     __syncthreads();
     int r = threadIdx.x;
-    if (r < MC_ROWS && n0 + r < N) {
-        const float4 *p = (const float4 *)(mc_prod + (size_t)r * ld);
-        float acc = 0.0f;
-#pragma unroll 8
-        for (int u = 0; u < K / 4; u++) {
-            float4 v = p[u];
-            acc = acc + v.x;
-            acc = acc + v.y;
-            acc = acc + v.z;
-            acc = acc + v.w;
-        }
-        c[n0 + r] = acc;
-    }
+    if (r < MC_ROWS && n0 + r < N)
+        c[n0 + r] = qd_sum_up(mc_prod + (size_t)r * ld, K);
 }
 
 /* QUADS_MATVEC_CHAIN=0 (benchmarks and tests): k_matvec_wt for every row count. */

@@ -689,11 +689,9 @@ __global__ void __launch_bounds__(QD_THREADS) qk_rac_group_kernel(const qk_amax 
  * (bpr <= blockDim.x * QK_ROW_BLOCKS; longer rows are read twice). s_dec_out
  * gets S_dec per row (row scopes) or once; s_enc_out, S_enc per row. */
 template <typename T>
-__global__ void __launch_bounds__(QK_ROW_THREADS) qk_rows_kernel(qout o, float *dq, const T *x, int64_t bpr,
-                                                                 qk_scope sc, float *s_dec_out,
-                                                                 float *s_enc_out)
+static __device__ __forceinline__ void qk_row(qout o, float *dq, const T *x, int64_t r, int64_t bpr, qk_scope sc,
+                                              float *s_dec_out, float *s_enc_out)
 {
-    int64_t r = blockIdx.x;
     const T *xr = x + r * bpr * 16;
     uint8_t *cr = o.codes + r * o.codes_ld, *sr = o.scales + r * o.scales_ld;
     float *dr = dq ? dq + r * bpr * 16 : NULL;
@@ -741,6 +739,58 @@ __global__ void __launch_bounds__(QK_ROW_THREADS) qk_rows_kernel(qout o, float *
         v[0].load(xr + b * 16);
         qk_store(cr + b * 8, sr + b, dr ? dr + b * 16 : NULL, v[0], v[0].amax(), k, s_dec);
     }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(QK_ROW_THREADS) qk_rows_kernel(qout o, float *dq, const T *x, int64_t bpr,
+                                                                 qk_scope sc, float *s_dec_out,
+                                                                 float *s_enc_out)
+{
+    qk_row<T>(o, dq, x, blockIdx.x, bpr, sc, s_dec_out, s_enc_out);
+}
+
+/* RAC's augmented activation rows (§5) in one launch, a CTA a row: the main
+ * blocks as qk_rows_kernel with the row's own scope (S_dec and S_enc out),
+ * then the residuals x[ch] - x_hat[ch] of the row's channels (rac_residual_kernel's
+ * expression; under off, the row's expert's channels ch[e], else ch1) into
+ * res, then their blocks with the row's S_enc: the three launches of
+ * rac_main and rac_residual, the same operations. Global writes of the CTA
+ * are visible to it after __syncthreads. */
+__global__ void __launch_bounds__(QK_ROW_THREADS) rac_rows_kernel(qout o, const float *x, int64_t K,
+                                                                  const int64_t *ch1, const int64_t *const *ch,
+                                                                  const int32_t *off, int E, int64_t n, float *s_dec,
+                                                                  float *s_enc, float *res)
+{
+    int64_t r = blockIdx.x;
+    qk_scope own = {NULL, NULL, 0};
+    qk_row<float>(o, NULL, x, r, K / 16, own, s_dec, s_enc);
+    if (n == 0)
+        return;
+    __syncthreads();
+    int e = 0;
+    if (off) { /* the last e with off[e] <= r */
+        int hi = E;
+        while (hi - e > 1) {
+            int mid = (e + hi) / 2;
+            if (off[mid] <= r)
+                e = mid;
+            else
+                hi = mid;
+        }
+    }
+    const int64_t *c = off ? ch[e] : ch1;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+        int64_t cj = c[j];
+        uint8_t byte = o.codes[r * o.codes_ld + cj / 2];
+        uint8_t code = (uint8_t)((cj & 1) ? byte >> 4 : byte & 0xfu);
+        res[r * n + j] = x[r * K + cj] - qd_nvfp4_dequant1(code, o.scales[r * o.scales_ld + cj / 16], s_dec[r]);
+    }
+    __syncthreads();
+    qout o2 = o;
+    o2.codes += K / 2;
+    o2.scales += K / 16;
+    qk_scope sc = {NULL, s_enc, 1};
+    qk_row<float>(o2, NULL, res, r, n / 16, sc, NULL, NULL);
 }
 
 /* out (rows, bpr*16) = dequant(codes, scales); s_dec (rows) or (1). */
@@ -1716,18 +1766,7 @@ w4a4_dec_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
         int rr = i / MT, m = i - rr * MT;
         int64_t nn = n0 + rr;
         if (m < T && nn < N) {
-            const float4 *tp = (const float4 *)(s_t + i * ld);
-            float acc = 0.0f;
-#pragma unroll 4
-            for (int b = 0; b < nb / 4; b++) {
-                float4 v = tp[b];
-                acc = acc + v.x;
-                acc = acc + v.y;
-                acc = acc + v.z;
-                acc = acc + v.w;
-            }
-            for (int b = nb / 4 * 4; b < nb; b++)
-                acc = acc + s_t[i * ld + b];
+            float acc = qd_sum_up(s_t + i * ld, nb);
             y[(r0 + m) * N + nn] = acc * (a_sdec[a_per_row ? r0 + m : 0] * g.sdec[z][w_per_row ? nn : 0]);
         }
     }
@@ -2224,11 +2263,7 @@ static qd_status launch_w4a4_dec(float *y, const qd_nvfp4 *a, const w4a4_groups 
 static int w4a4_dec_rt_env(void)
 {
     static int v = -2;
-    if (v == -2) {
-        const char *e = getenv("QUADS_W4A4_DEC_RT");
-        v = e && (!strcmp(e, "1") || !strcmp(e, "2")) ? atoi(e) : -1;
-    }
-    return v;
+    return qd_env_pick(&v, "QUADS_W4A4_DEC_RT", 1, 2);
 }
 
 /* The decode kernel where it applies (K up to 16384, weights aligned for its
@@ -2278,11 +2313,7 @@ static qd_status w4a4_dec(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int
 static int w4a4_dec_env(void)
 {
     static int v = -2;
-    if (v == -2) {
-        const char *e = getenv("QUADS_W4A4_DEC");
-        v = e && (!strcmp(e, "0") || !strcmp(e, "1")) ? atoi(e) : -1;
-    }
-    return v;
+    return qd_env_pick(&v, "QUADS_W4A4_DEC", 0, 1);
 }
 
 /* QUADS_W4A4_SPLITK=0|1 (benchmarks and tests): never, or always, the split-K
@@ -2292,11 +2323,7 @@ static int w4a4_dec_env(void)
 static int w4a4_splitk_env(void)
 {
     static int v = -2;
-    if (v == -2) {
-        const char *e = getenv("QUADS_W4A4_SPLITK");
-        v = e && (!strcmp(e, "0") || !strcmp(e, "1")) ? atoi(e) : -1;
-    }
-    return v;
+    return qd_env_pick(&v, "QUADS_W4A4_SPLITK", 0, 1);
 }
 
 /* Every group of g has rows (the callers leave out the others), maxrows the most. */
@@ -2502,6 +2529,24 @@ static qd_status rac_residual(qd_nvfp4 *out, const float *x, int64_t rows, int64
     return QD_OK;
 }
 
+/* QUADS_RAC_FUSED=0 (benchmarks and tests): RAC's activation rows in three
+ * launches (main blocks, residuals, their blocks), not rac_rows_kernel's one. */
+static int rac_fused_on(void)
+{
+    static int v = -2;
+    return qd_env_pick(&v, "QUADS_RAC_FUSED", 0, 1) != 0 && !qd_cuda_quant_legacy;
+}
+
+/* RAC's augmented activation rows (per-row scales) by rac_rows_kernel. */
+static qd_status rac_rows(qd_nvfp4 *out, const float *x, int64_t rows, int64_t K, const int64_t *ch1,
+                          const int64_t *const *ch, const int32_t *off, int E, int64_t n, float *s_enc, float *res)
+{
+    rac_rows_kernel<<<(unsigned)rows, qk_row_threads(K / 16, rows)>>>(qout_of(out), x, K, ch1, ch, off, E, n,
+                                                                      out->s_dec, s_enc, res);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
 /* The main half: quantize(x) into the first K columns of out, keeping S_enc. */
 static qd_status rac_main(qd_nvfp4 *out, const float *x, int64_t rows, int64_t K, float *s_enc)
 {
@@ -2548,9 +2593,12 @@ extern "C" qd_status qd_cuda_rac_augment_act_async(qd_nvfp4 *out, const float *x
     QD_TRY(check_in("qd_cuda_rac_augment_act", x));
     if (rows == 0 || K == 0)
         return QD_OK;
-    QD_TRY(rac_main(out, x, rows, K, ws));
     /* the residual buffer starts 256-byte aligned: the quantizer reads it in 16-byte vectors */
-    return n ? rac_residual(out, x, rows, K, channels, n, ws, ws + ((rows + 63) & ~(int64_t)63)) : QD_OK;
+    float *res = ws + ((rows + 63) & ~(int64_t)63);
+    if (out->per_row && rac_fused_on())
+        return rac_rows(out, x, rows, K, channels, NULL, NULL, 0, n, ws, res);
+    QD_TRY(rac_main(out, x, rows, K, ws));
+    return n ? rac_residual(out, x, rows, K, channels, n, ws, res) : QD_OK;
 }
 
 extern "C" qd_status qd_cuda_rac_augment_act_grouped_async(qd_nvfp4 *out, const float *x, int64_t rows, int64_t K,
@@ -2563,10 +2611,12 @@ extern "C" qd_status qd_cuda_rac_augment_act_grouped_async(qd_nvfp4 *out, const 
         return qd_error(QD_ERR_ARG, "qd_cuda_rac_augment_act_grouped: activations take one scale per row");
     if (rows == 0 || K == 0)
         return QD_OK;
+    float *res = ws + ((rows + 63) & ~(int64_t)63);
+    if (rac_fused_on())
+        return rac_rows(out, x, rows, K, NULL, channels, off, E, n, ws, res);
     QD_TRY(rac_main(out, x, rows, K, ws));
     if (!n)
         return QD_OK;
-    float *res = ws + ((rows + 63) & ~(int64_t)63);
     qout o = qout_of(out);
     rac_residual_grouped_kernel<<<grid_for(rows * n), QD_THREADS>>>(res, x, o, out->s_dec, channels, off, E, rows,
                                                                     K, n);
