@@ -14,7 +14,9 @@
 # batch, prompt, new_tokens, tokens_per_s, step_ms, roofline_fraction, ratio
 # to transformers, commit), the tables to OUTDIR/*.md.
 #     bench/run_decode_h200.sh [OUTDIR]
-# Sizes: LAYERS [4] B [64] P [128] M [64] ITERS [2] WARMUP [1]
+# Sizes: LAYERS [4] B [64] P [128] M [64] ITERS [2] WARMUP [1] REPEAT [1] (processes
+#        a mode; decode_rows.py keeps the median row: B=1 REPEAT=3, batch 1
+#        spreads ~10% between processes)
 #        RECIPES [bf16,fp8,nvfp4,quads] MODES [exact fast] COPY_TBS [4.24] (measured
 #        device-to-device copy bandwidth, TB/s, DEVICE.md) PYTHON [python3]
 # LONG=1: instead, the issue's row alone: all 48 layers of a3b as one rollout
@@ -59,11 +61,13 @@ timeout 300 $py bench/bench_torch.py $sizes --ops rollout --json "$out/torch.jso
     { rc=1; tail -5 "$out/torch.err"; }
 cat "$out/torch.md"
 for mode in ${MODES:-exact fast}; do
-    echo "== quads cuda $mode"
-    timeout 400 bench/bench_backend --backend cuda --mode "$mode" --recipes "${RECIPES:-bf16,fp8,nvfp4,quads}" \
-        --ops rollout $sizes --json "$out/quads_$mode.jsonl" --vs "$out/torch.jsonl" \
-        >"$out/quads_$mode.md" 2>"$out/quads_$mode.err" || { rc=1; tail -5 "$out/quads_$mode.err"; }
-    cat "$out/quads_$mode.md"
+    for k in $(seq 1 "${REPEAT:-1}"); do
+        echo "== quads cuda $mode (process $k)"
+        timeout 400 bench/bench_backend --backend cuda --mode "$mode" --recipes "${RECIPES:-bf16,fp8,nvfp4,quads}" \
+            --ops rollout $sizes --json "$out/quads_$mode.$k.jsonl" --vs "$out/torch.jsonl" \
+            >"$out/quads_$mode.$k.md" 2>"$out/quads_$mode.$k.err" || { rc=1; tail -5 "$out/quads_$mode.$k.err"; }
+        cat "$out/quads_$mode.$k.md"
+    done
 done
 cat "$out"/torch.jsonl "$out"/quads_*.jsonl 2>/dev/null |
     $py bench/decode_rows.py --layers "$L" --copy-tbs "${COPY_TBS:-4.24}" \
