@@ -749,6 +749,31 @@ __global__ void __launch_bounds__(QK_ROW_THREADS) qk_rows_kernel(qout o, float *
     qk_row<T>(o, dq, x, blockIdx.x, bpr, sc, s_dec_out, s_enc_out);
 }
 
+/* The group of row r under the row offsets off (E + 1 ascending): the last e
+ * with off[e] <= r (binary search). */
+static __device__ __forceinline__ int group_of_row(const int32_t *off, int E, int64_t r)
+{
+    int lo = 0, hi = E;
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (off[mid] <= r)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* RAC's residual (§5) of row r at channel c: x[r, c] minus the dequantization
+ * of its main code, already written at o. */
+static __device__ __forceinline__ float rac_residual1(qout o, const float *x, int64_t K, int64_t r, int64_t c,
+                                                      float s_dec)
+{
+    uint8_t byte = o.codes[r * o.codes_ld + c / 2];
+    uint8_t code = (uint8_t)((c & 1) ? byte >> 4 : byte & 0xfu);
+    return x[r * K + c] - qd_nvfp4_dequant1(code, o.scales[r * o.scales_ld + c / 16], s_dec);
+}
+
 /* RAC's augmented activation rows (§5) in one launch, a CTA a row: the main
  * blocks as qk_rows_kernel with the row's own scope (S_dec and S_enc out),
  * then the residuals x[ch] - x_hat[ch] of the row's channels (rac_residual_kernel's
@@ -767,24 +792,9 @@ __global__ void __launch_bounds__(QK_ROW_THREADS) rac_rows_kernel(qout o, const 
     if (n == 0)
         return;
     __syncthreads();
-    int e = 0;
-    if (off) { /* the last e with off[e] <= r */
-        int hi = E;
-        while (hi - e > 1) {
-            int mid = (e + hi) / 2;
-            if (off[mid] <= r)
-                e = mid;
-            else
-                hi = mid;
-        }
-    }
-    const int64_t *c = off ? ch[e] : ch1;
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-        int64_t cj = c[j];
-        uint8_t byte = o.codes[r * o.codes_ld + cj / 2];
-        uint8_t code = (uint8_t)((cj & 1) ? byte >> 4 : byte & 0xfu);
-        res[r * n + j] = x[r * K + cj] - qd_nvfp4_dequant1(code, o.scales[r * o.scales_ld + cj / 16], s_dec[r]);
-    }
+    const int64_t *c = off ? ch[group_of_row(off, E, r)] : ch1;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+        res[r * n + j] = rac_residual1(o, x, K, r, c[j], s_dec[r]);
     __syncthreads();
     qout o2 = o;
     o2.codes += K / 2;
@@ -846,12 +856,8 @@ __global__ void rac_residual_kernel(float *res, const float *x, qout o, const fl
     int64_t total = rows * n;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t r = i / n, c = ch[i - r * n];
-        uint8_t byte = o.codes[r * o.codes_ld + c / 2];
-        uint8_t code = (uint8_t)((c & 1) ? byte >> 4 : byte & 0xfu);
-        float xh = qd_nvfp4_dequant1(code, o.scales[r * o.scales_ld + c / 16],
-                                     s_dec[per_row ? r : 0]);
-        res[i] = x[r * K + c] - xh;
+        int64_t r = i / n;
+        res[i] = rac_residual1(o, x, K, r, ch[i - r * n], s_dec[per_row ? r : 0]);
     }
 }
 
@@ -865,18 +871,7 @@ __global__ void rac_residual_grouped_kernel(float *res, const float *x, qout o, 
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t r = i / n;
-        int lo = 0, hi = E;  /* the last e with off[e] <= r */
-        while (hi - lo > 1) {
-            int mid = (lo + hi) / 2;
-            if (off[mid] <= r)
-                lo = mid;
-            else
-                hi = mid;
-        }
-        int64_t c = ch[lo][i - r * n];
-        uint8_t byte = o.codes[r * o.codes_ld + c / 2];
-        uint8_t code = (uint8_t)((c & 1) ? byte >> 4 : byte & 0xfu);
-        res[i] = x[r * K + c] - qd_nvfp4_dequant1(code, o.scales[r * o.scales_ld + c / 16], s_dec[r]);
+        res[i] = rac_residual1(o, x, K, r, ch[group_of_row(off, E, r)][i - r * n], s_dec[r]);
     }
 }
 
@@ -2284,16 +2279,15 @@ static qd_status w4a4_dec(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int
     QD_CUDA_CHECK(cudaGetDevice(&dev));
     QD_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     int mt = maxrows <= 1 ? 1 : maxrows <= 2 ? 2 : maxrows <= 4 ? 4 : 8, rte = w4a4_dec_rt_env();
-    int64_t ctas2 = (N + 2 * dec_rs(K) - 1) / (2 * dec_rs(K)) * ((maxrows + mt - 1) / mt) * ng;
-    int rt = rte > 0 ? rte : mt <= 2 && ctas2 >= 2 * qd_sm_count() ? 2 : 1;
+    auto ctas = [&](int rt) { return (N + rt * dec_rs(K) - 1) / (rt * dec_rs(K)) * ((maxrows + mt - 1) / mt) * ng; };
+    int rt = rte > 0 ? rte : mt <= 2 && ctas(2) >= 2 * qd_sm_count() ? 2 : 1;
     while (mt > 1 && dec_smem(mt, rt, K) > (size_t)limit)
         mt /= 2;
     if (rt == 2 && dec_smem(mt, rt, K) > (size_t)limit)
         rt = 1;
     if (dec_smem(mt, rt, K) > (size_t)limit)
         return QD_ERR_SHAPE;
-    int64_t ctas = (N + rt * dec_rs(K) - 1) / (rt * dec_rs(K)) * ((maxrows + mt - 1) / mt) * ng;
-    if (!forced && ctas > 4 * qd_sm_count())
+    if (!forced && ctas(rt) > 4 * qd_sm_count())
         return QD_ERR_SHAPE;
 #define QD_DEC_CASE(M)                                                                                        \
     return rt == 2 ? launch_w4a4_dec<M, 2>(y, a, g, ng, maxrows, w_per_row, N, K)                            \
