@@ -441,11 +441,78 @@ static int shares_act(const model *c, const linear *L)
     return (L->mode == QD_LINEAR_W4A4 || L->mode == QD_LINEAR_W4A4_STE) && !measured(c, L);
 }
 
+/* Linears of one input that rac_multi augments in one call: every one RAC,
+ * of one input width (the op present). */
+static int rac_multi_ok(const model *c, const linear *const *L, int n)
+{
+    if (!c->ops->rac_multi || n < 2 || n > QD_RAC_MULTI)
+        return 0;
+    for (int i = 0; i < n; i++)
+        if (!has_rac(L[i]->mode) || L[i]->in != L[0]->in)
+            return 0;
+    return 1;
+}
+
+/* count NVFP4 activations (rows, in + nrac[i]) one after the other on S_ACT. */
+static size_t acts_bytes(int64_t rows, int64_t in, const int64_t *nrac, int count)
+{
+    size_t b = 0;
+    for (int i = 0; i < count; i++)
+        b += up256(nvfp4_bytes(rows, in + nrac[i]));
+    return b;
+}
+
+static qd_status acts_nvfp4(model *c, qd_nvfp4 *a, int64_t rows, int64_t in, const int64_t *nrac, int count)
+{
+    void *p;
+    QD_TRY(scratch(c, S_ACT, acts_bytes(rows, in, nrac, count), &p));
+    for (int i = 0; i < count; i++) {
+        nvfp4_view(&a[i], p, rows, in + nrac[i], QD_SCALE_PER_ROW);
+        p = (char *)p + up256(nvfp4_bytes(rows, in + nrac[i]));
+    }
+    return QD_OK;
+}
+
+/* RAC's augmented activations of count linears of one input: the rows
+ * off[e] .. off[e+1]-1 of x (off[E], in) with channel set ch[i][e] (statistics
+ * into err[i][e] when gathered) into a[i], by rac_multi: the bits of
+ * rac_grouped (rac_error and rac_augment_act) per linear. */
+static qd_status rac_acts(model *c, qd_nvfp4 *a, double *const *const *err, const int64_t *const *const *ch,
+                          const int64_t *nrac, int count, const int32_t *off, int E, const float *x, int in)
+{
+    qd_nvfp4 *ap[QD_RAC_MULTI];
+    QD_TRY(acts_nvfp4(c, a, off[E], in, nrac, count));
+    for (int i = 0; i < count; i++)
+        ap[i] = &a[i];
+    return OP(c, rac_multi, ap, c->rac_stats ? err : NULL, ch, nrac, count, off, E, x, in);
+}
+
 /* out[i] (N, L[i]->out) = inp (N, in) . W_i^T for n linears of one input (q, k
  * and v): where every one is plain W4A4 the input is quantized once and each
- * product reads those codes, the bits of n linear_forward calls. */
+ * product reads those codes, the bits of n linear_forward calls; where every
+ * one is RAC, their augmented activations come from one rac_multi. */
 static qd_status linears_forward(model *c, float *const *out, const float *inp, linear *const *L, int n, int N)
 {
+    if (N > 0 && rac_multi_ok(c, (const linear *const *)L, n)) {
+        qd_nvfp4 a[QD_RAC_MULTI];
+        int64_t nr[QD_RAC_MULTI];
+        double *const *err[QD_RAC_MULTI];
+        const int64_t *const *ch[QD_RAC_MULTI];
+        for (int i = 0; i < n; i++) {
+            if (measured(c, L[i])) {
+                int32_t off[2] = {0, N};
+                QD_TRY(measure_act_rows(c, &L[i], off, 1, inp, N, L[i]->in));
+            }
+            nr[i] = L[i]->nrac;
+            err[i] = &L[i]->d_rac_err;
+            ch[i] = (const int64_t *const *)&L[i]->d_rac_ch;
+        }
+        int32_t off[2] = {0, N};
+        QD_TRY(rac_acts(c, a, err, ch, nr, n, off, 1, inp, L[0]->in));
+        for (int i = 0; i < n; i++)
+            QD_TRY(OP(c, w4a4_gemm, out[i], &a[i], &L[i]->wq));
+        return QD_OK;
+    }
     int share = N > 0;
     for (int i = 0; i < n; i++)
         share = share && shares_act(c, L[i]) && L[i]->in == L[0]->in;
@@ -1363,6 +1430,37 @@ static qd_status experts_forward(model *c, float *out, const float *inp, const l
     return st;
 }
 
+/* The gate and up projections of RAC experts: their augmented rows in one
+ * rac_multi, then one grouped product each (experts_forward_set's bits). */
+static qd_status experts_rac_gate_up(model *c, float *gate, float *up, const float *inp, const layer_acts *s,
+                                     const layer *ly)
+{
+    int E = ly->nexp, R = s->exp_off[E];
+    expert_set x[2];
+    QD_TRY(expert_set_make(c, &x[0], ly, 0));
+    qd_status st = expert_set_make(c, &x[1], ly, 1);
+    if (st) { /* expert_set_make freed x[1] */
+        expert_set_free(&x[0]);
+        return st;
+    }
+    for (int w = 0; w < 2 && !st; w++)
+        if (measured(c, x[w].L[0]))
+            st = measure_act_rows(c, x[w].L, s->exp_off, E, inp, R, x[w].L[0]->in);
+    qd_nvfp4 a[2];
+    int64_t nr[2] = {x[0].L[0]->nrac, x[1].L[0]->nrac};
+    double *const *err[2] = {x[0].rac_err, x[1].rac_err};
+    const int64_t *const *ch[2] = {x[0].rac_ch, x[1].rac_ch};
+    if (!st)
+        st = rac_acts(c, a, err, ch, nr, 2, s->exp_off, E, inp, x[0].L[0]->in);
+    if (!st)
+        st = grouped_w4a4_gemm(c, gate, &a[0], x[0].wq, s->exp_off, E);
+    if (!st)
+        st = grouped_w4a4_gemm(c, up, &a[1], x[1].wq, s->exp_off, E);
+    expert_set_free(&x[1]);
+    expert_set_free(&x[0]);
+    return st;
+}
+
 /* The gate and up projections of the experts (one input): plain W4A4 experts
  * share one quantization of it (linears_forward's reason). */
 static qd_status experts_forward_gate_up(model *c, float *gate, float *up, const float *inp, const layer_acts *s,
@@ -1371,6 +1469,9 @@ static qd_status experts_forward_gate_up(model *c, float *gate, float *up, const
     int E = ly->nexp, R = s->exp_off[E];
     if (R == 0)
         return QD_OK;
+    const linear *gu[2] = {expert_lin(c, ly, 0, 0), expert_lin(c, ly, 0, 1)};
+    if (rac_multi_ok(c, gu, 2))
+        return experts_rac_gate_up(c, gate, up, inp, s, ly);
     if (!shares_act(c, expert_lin(c, ly, 0, 0)) || !shares_act(c, expert_lin(c, ly, 0, 1))) {
         QD_TRY(experts_forward(c, gate, inp, s, ly, 0));
         return experts_forward(c, up, inp, s, ly, 1);
@@ -2225,12 +2326,25 @@ static void plan_pass(model *c, int N, int B, int Tm, int pass, size_t *acts, si
     for (int l = 0; l < g->num_hidden_layers; l++) {
         const layer *ly = &c->layers[l];
         const int attn[4] = {ly->q, ly->k, ly->v, ly->o};
+        int R = N * (ly->moe ? g->num_experts_per_tok : 1);
         for (int i = 0; i < 4; i++)
             plan_linear(c, &c->lin[attn[i]], N, s);
         if (ly->moe)
             plan_linear(c, &c->lin[ly->router], N, s);
         for (int w = 0; w < 3; w++)
-            plan_linear(c, expert_lin(c, ly, 0, w), N * (ly->moe ? g->num_experts_per_tok : 1), s);
+            plan_linear(c, expert_lin(c, ly, 0, w), R, s);
+        /* rac_multi's activations of q, k, v and of gate, up side by side */
+        const linear *qkv[3] = {&c->lin[ly->q], &c->lin[ly->k], &c->lin[ly->v]};
+        const linear *gu[2] = {expert_lin(c, ly, 0, 0), expert_lin(c, ly, 0, 1)};
+        int64_t nr[3];
+        for (int i = 0; i < 3; i++)
+            nr[i] = planned_nrac(c, qkv[i]);
+        if (N && rac_multi_ok(c, qkv, 3))
+            need(&s[S_ACT], acts_bytes(N, qkv[0]->in, nr, 3));
+        for (int i = 0; i < 2; i++)
+            nr[i] = planned_nrac(c, gu[i]);
+        if (R && rac_multi_ok(c, gu, 2))
+            need(&s[S_ACT], acts_bytes(R, gu[0]->in, nr, 2));
     }
     plan_linear(c, &c->lin[c->lm_head], pass == PASS_PREFILL ? B : N, s);
     if (pass == PASS_PREFILL)

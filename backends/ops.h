@@ -36,6 +36,9 @@ extern "C" {
  * linears; the BF16 part and s_dec as alpha). Exact mode ignores it. */
 typedef enum { QD_PREC_F32 = 0, QD_PREC_BF16, QD_PREC_BF16_X } qd_prec;
 
+/* The most linears one rac_multi call takes (q, k, v). */
+#define QD_RAC_MULTI 4
+
 /* RoPE's rotation, or its transpose (the backward's). */
 typedef enum { QD_ROPE_FORWARD = 0, QD_ROPE_INVERSE } qd_rope_dir;
 
@@ -205,6 +208,14 @@ typedef struct qd_ops {
      * ops per expert. Optional: where NULL the driver calls them per expert. */
     qd_status (*rac_grouped)(void *dev, qd_nvfp4 *a, double *const *err, const int64_t *const *ch,
                              const int32_t *off, int E, const float *x, int K, int64_t n);
+    /* RAC of count (<= QD_RAC_MULTI) linears of one input x (R = off[E], K)
+     * (q, k and v; the experts' gate and up): for i < count, rac_grouped(a[i],
+     * err ? err[i] : NULL, ch[i], off, E, x, K, n[i]) (err[i], ch[i]: host
+     * arrays of E dev pointers; one linear is E = 1, off = {0, R}). The bits
+     * of rac_grouped per linear. Optional: where NULL the driver calls
+     * rac_grouped (or rac_error and rac_augment_act) per linear. */
+    qd_status (*rac_multi)(void *dev, qd_nvfp4 *const *a, double *const *const *err, const int64_t *const *const *ch,
+                           const int64_t *n, int count, const int32_t *off, int E, const float *x, int K);
     /* out (rows, K) = qd_rac_fake_quant: the activation a RAC product multiplies,
      * folded back to K channels (the replay trainer's backward input) */
     qd_status (*rac_fake_quant)(void *dev, float *out, const float *x, int rows, int K, const int64_t *ch,

@@ -71,6 +71,10 @@ static void out_(oc *c, const char *name, char kind, const void *p, size_t bytes
 {
     if (c->st)
         return;
+    if (c->res->nout == (int)(sizeof c->res->out / sizeof c->res->out[0])) {
+        c->st = qd_error(QD_ERR_ARG, "op case: too many outputs (at %s)", name);
+        return;
+    }
     qd_op_output *o = &c->res->out[c->res->nout++];
     snprintf(o->name, sizeof o->name, "%s", name);
     o->kind = kind;
@@ -766,6 +770,66 @@ static void c_rac_grouped(oc *c)
         OUT(c, e == 0 ? "err0" : e == 1 ? "err1" : e == 2 ? "err2" : "err3", 'd', err[e], sizeof(double) * K);
 }
 
+/* rac_multi: count linears of one input x (off[E] rows, K) with channel
+ * counts n[i] (per expert channel sets), the statistics gathered twice (they
+ * accumulate) when stats. */
+static void rac_multi_case(oc *c, const int32_t *off, int E, int K, const int64_t *n, int count, int stats)
+{
+    int R = off[E];
+    double *errs[QD_RAC_MULTI][GE];
+    double *const *err[QD_RAC_MULTI];
+    const int64_t *chs[QD_RAC_MULTI][GE];
+    const int64_t *const *ch[QD_RAC_MULTI];
+    qd_nvfp4 a[QD_RAC_MULTI], *ap[QD_RAC_MULTI];
+    for (int i = 0; i < count; i++) {
+        for (int e = 0; e < E; e++) {
+            errs[i][e] = Z(c, sizeof(double) * K);
+            chs[i][e] = channels(c, K, n[i] ? (int)n[i] : 1); /* n = 0: never read */
+        }
+        err[i] = errs[i];
+        ch[i] = chs[i];
+        a[i] = nv(c, R, K + n[i], QD_SCALE_PER_ROW);
+        ap[i] = &a[i];
+    }
+    float *x = F(c, (size_t)R * K, -3, 3);
+    RUN(c, c->ops->rac_multi(c->dev, ap, stats ? err : NULL, ch, n, count, off, E, x, K));
+    if (stats)
+        RUN(c, c->ops->rac_multi(c->dev, ap, err, ch, n, count, off, E, x, K));
+    if (c->ops->finish)
+        RUN(c, c->ops->finish(c->dev));
+    static const char *const act[] = {"act0", "act1", "act2", "act3"};
+    static const char *const en[] = {"err00", "err01", "err02", "err03", "err10", "err11", "err12", "err13",
+                                     "err20", "err21", "err22", "err23", "err30", "err31", "err32", "err33"};
+    for (int i = 0; i < count; i++) {
+        out_nv(c, act[i], &a[i]);
+        for (int e = 0; stats && e < E; e++)
+            OUT(c, en[4 * i + e], 'd', errs[i][e], sizeof(double) * K);
+    }
+}
+
+/* q, k and v of 3 rows (one with no channels), statistics gathered */
+static void c_rac_multi_qkv(oc *c)
+{
+    static const int32_t off[2] = {0, 3};
+    static const int64_t n[3] = {16, 32, 0};
+    rac_multi_case(c, off, 1, 64, n, 3, 1);
+}
+
+/* one decode row of a3b's q/k/v input, three channel sets of 192, no statistics */
+static void c_rac_multi_decode(oc *c)
+{
+    static const int32_t off[2] = {0, 1};
+    static const int64_t n[3] = {192, 192, 192};
+    rac_multi_case(c, off, 1, 2048, n, 3, 0);
+}
+
+/* gate and up over 4 experts (one without rows), statistics gathered */
+static void c_rac_multi_experts(oc *c)
+{
+    static const int64_t n[2] = {16, 16};
+    rac_multi_case(c, goff, GE, 64, n, 2, 1);
+}
+
 static void c_sqerr_rows(oc *c)
 {
     int rows = 11, cols = 70;
@@ -1294,6 +1358,9 @@ static const op_case cases[] = {
     {{"rac_select 205 linears", "rac_select", 0}, c_rac_select},
     {{"rac_select 14 edges x 4 ratios", "rac_select", 0}, c_rac_select_edges},
     {{"rac_grouped 4 experts 64+16", "rac_grouped", 0}, c_rac_grouped},
+    {{"rac_multi q/k/v 3x64+16/32/0", "rac_multi", 0}, c_rac_multi_qkv},
+    {{"rac_multi q/k/v 1x2048+192", "rac_multi", 0}, c_rac_multi_decode},
+    {{"rac_multi gate/up 4 experts 64+16", "rac_multi", 0}, c_rac_multi_experts},
     {{"rac_fake_quant 7x64+32", "rac_fake_quant", 0}, c_rac_fake_quant},
     {{"sqerr_rows 11x70", "sqerr_rows", 0}, c_sqerr_rows},
     {{"attend prefill 2 seqs", "attend", 1}, c_attend},

@@ -22,7 +22,7 @@ typedef struct {
 } qd_op_output;
 
 typedef struct {
-    qd_op_output out[8];
+    qd_op_output out[24];
     int nout;
 } qd_op_result;
 

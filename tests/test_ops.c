@@ -182,6 +182,61 @@ START_TEST(test_rac_grouped_definition)
 }
 END_TEST
 
+/* RAC of two linears of one input (gate, up) over experts: quant/'s
+ * statistics and augmentation of each linear's and expert's rows, the
+ * linears' channel counts different; more linears than QD_RAC_MULTI refused */
+START_TEST(test_rac_multi_definition)
+{
+    int R = 12, K = 64;
+    int32_t off[3] = {0, 5, R};
+    int64_t n[2] = {16, 32};
+    float *x = rnd((size_t)R * K, -3, 3, 71);
+    double err[2][2][64] = {{{0}}}, ref[2][64] = {{0}};
+    int64_t ch[2][2][32];
+    double *errp[2][2];
+    const int64_t *chp[2][2];
+    double *const *errs[2];
+    const int64_t *const *chs[2];
+    qd_nvfp4 a[2], *ap[2], b;
+    for (int i = 0; i < 2; i++) {
+        for (int e = 0; e < 2; e++) {
+            for (int j = 0; j < n[i]; j++)
+                ch[i][e][j] = 2 * j + e;
+            errp[i][e] = err[i][e];
+            chp[i][e] = ch[i][e];
+        }
+        errs[i] = errp[i];
+        chs[i] = chp[i];
+        ck_assert_int_eq(qd_nvfp4_alloc(&a[i], R, K + n[i], QD_SCALE_PER_ROW), QD_OK);
+        ap[i] = &a[i];
+    }
+    ck_assert_int_eq(O->rac_multi(dev1, ap, errs, chs, n, 2, off, 2, x, K), QD_OK);
+    for (int i = 0; i < 2; i++) {
+        int64_t W = K + n[i];
+        for (int e = 0; e < 2; e++) {
+            int m = off[e + 1] - off[e];
+            memset(ref, 0, sizeof ref);
+            ck_assert_int_eq(qd_rac_error_accumulate(ref[0], x + (size_t)off[e] * K, m, K), QD_OK);
+            ck_assert_mem_eq(err[i][e], ref[0], sizeof ref[0]);
+            ck_assert_int_eq(qd_nvfp4_alloc(&b, m, W, QD_SCALE_PER_ROW), QD_OK);
+            ck_assert_int_eq(qd_rac_augment_act(&b, x + (size_t)off[e] * K, m, K, ch[i][e], n[i]), QD_OK);
+            ck_assert_mem_eq(a[i].codes + (size_t)off[e] * W / 2, b.codes, (size_t)m * W / 2);
+            ck_assert_mem_eq(a[i].scales + (size_t)off[e] * W / 16, b.scales, (size_t)m * W / 16);
+            ck_assert_mem_eq(a[i].s_dec + off[e], b.s_dec, sizeof(float) * m);
+            qd_nvfp4_free(&b);
+        }
+    }
+    ck_assert(err[0][0][0] > 0);
+    qd_nvfp4 *many[QD_RAC_MULTI + 1];
+    for (int i = 0; i <= QD_RAC_MULTI; i++)
+        many[i] = &a[0];
+    ck_assert_int_eq(O->rac_multi(dev1, many, NULL, chs, n, QD_RAC_MULTI + 1, off, 2, x, K), QD_ERR_ARG);
+    qd_nvfp4_free(&a[0]);
+    qd_nvfp4_free(&a[1]);
+    free(x);
+}
+END_TEST
+
 /* rmsnorm, rope, swiglu against double math */
 START_TEST(test_elementwise_double)
 {
@@ -548,6 +603,7 @@ Suite *suite_ops(void)
     tcase_add_test(tc, test_matmul_definition);
     tcase_add_test(tc, test_grouped_quant_definition);
     tcase_add_test(tc, test_rac_grouped_definition);
+    tcase_add_test(tc, test_rac_multi_definition);
     tcase_add_test(tc, test_elementwise_double);
     tcase_add_test(tc, test_attend_double);
     tcase_add_test(tc, test_route_logprob_double);

@@ -698,6 +698,18 @@ static qd_status cpu_rac_grouped(void *dev, qd_nvfp4 *a, double *const *err, con
     return QD_OK;
 }
 
+/* the linears one after the other */
+static qd_status cpu_rac_multi(void *dev, qd_nvfp4 *const *a, double *const *const *err,
+                               const int64_t *const *const *ch, const int64_t *n, int count, const int32_t *off,
+                               int E, const float *x, int K)
+{
+    if (count < 0 || count > QD_RAC_MULTI)
+        return qd_error(QD_ERR_ARG, "cpu backend: rac_multi of %d linears (at most %d)", count, QD_RAC_MULTI);
+    for (int i = 0; i < count; i++)
+        QD_TRY(cpu_rac_grouped(dev, a[i], err ? err[i] : NULL, ch[i], off, E, x, K, n[i]));
+    return QD_OK;
+}
+
 /* per row, ascending, in double */
 static qd_status cpu_rac_fake_quant(void *dev, float *out, const float *x, int rows, int K, const int64_t *ch,
                                    int64_t n)
@@ -1015,6 +1027,7 @@ static const qd_ops cpu_ops = {
     .nvfp4_quantize_weights = cpu_nvfp4_quantize_weights,
     .rac_select = cpu_rac_select,
     .rac_grouped = cpu_rac_grouped,
+    .rac_multi = cpu_rac_multi,
     .rac_fake_quant = cpu_rac_fake_quant,
     .sqerr_rows = cpu_sqerr_rows,
     .attend = cpu_attend,

@@ -1001,6 +1001,50 @@ static qd_status cuda_rac_grouped(void *dev, qd_nvfp4 *a, double *const *err, co
     return qd_cuda_rac_augment_act_grouped_async(a, x, R, K, d_ch, d_off, E, n, (float *)ws);
 }
 
+/* rac_grouped's upload for count linears in one copy (the statistics'
+ * pointers, the channel sets', the offsets), the fake-quant of x once for
+ * the statistics, and one launch for every linear's augmented rows. */
+static_assert(QD_RAC_MULTI == QD_CUDA_RAC_MULTI, "rac_multi's linear count");
+static qd_status cuda_rac_multi(void *dev, qd_nvfp4 *const *a, double *const *const *err,
+                                const int64_t *const *const *ch, const int64_t *n, int count, const int32_t *off,
+                                int E, const float *x, int K)
+{
+    cuda_dev *d = D(dev);
+    if (count < 1 || count > QD_RAC_MULTI)
+        return qd_error(QD_ERR_ARG, "cuda backend: rac_multi of %d linears (1 to %d)", count, QD_RAC_MULTI);
+    int R = off[E];
+    if (R == 0)
+        return QD_OK;
+    size_t np = (size_t)E * (size_t)count, pb = sizeof(void *) * 2 * np;
+    size_t bytes = pb + sizeof(int32_t) * ((size_t)E + 1);
+    void *h, *p, *xh, *ws;
+    QD_TRY(host_scratch(d, bytes, &h));
+    void **hp = (void **)h;
+    for (int i = 0; i < count; i++) {
+        for (int e = 0; e < E; e++) {
+            hp[(size_t)i * E + e] = err ? (void *)err[i][e] : NULL;
+            hp[np + (size_t)i * E + e] = (void *)ch[i][e];
+        }
+    }
+    memcpy((char *)h + pb, off, sizeof(int32_t) * ((size_t)E + 1));
+    QD_TRY(scratch(d, D_RACPTR, bytes, &p));
+    QD_TRY(cuda_to_dev(dev, p, h, bytes));
+    double *const *d_err = (double *const *)p;
+    const int64_t *const *d_ch = (const int64_t *const *)p + np;
+    const int32_t *d_off = (const int32_t *)((char *)p + pb);
+    const int64_t *const *chi[QD_RAC_MULTI];
+    for (int i = 0; i < count; i++)
+        chi[i] = d_ch + (size_t)i * E;
+    if (err) {
+        QD_TRY(scratch(d, D_XH, sizeof(float) * (size_t)R * K, &xh));
+        QD_TRY(qd_cuda_nvfp4_fake_quant_async((float *)xh, x, R, K, QD_SCALE_PER_ROW));
+        for (int i = 0; i < count; i++)
+            QD_TRY(qdk_rac_error_grouped(d_err + (size_t)i * E, x, (const float *)xh, d_off, E, K));
+    }
+    QD_TRY(scratch(d, D_RACWS, qd_cuda_rac_multi_ws(R, n, count), &ws));
+    return qd_cuda_rac_multi_async(a, x, R, K, chi, n, count, d_off, E, (float *)ws);
+}
+
 static size_t up256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 /* The augmented rows (rows, K + n) quantized, dequantized and folded back
@@ -1329,6 +1373,7 @@ static const qd_ops cuda_ops = {
     .nvfp4_fake_quant_weights = cuda_nvfp4_fake_quant_weights,
     .rac_select = cuda_rac_select,
     .rac_grouped = cuda_rac_grouped,
+    .rac_multi = cuda_rac_multi,
     .rac_fake_quant = cuda_rac_fake_quant,
     .sqerr_rows = cuda_sqerr_rows,
     .attend = cuda_attend,

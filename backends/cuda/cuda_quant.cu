@@ -774,19 +774,17 @@ static __device__ __forceinline__ float rac_residual1(qout o, const float *x, in
     return x[r * K + c] - qd_nvfp4_dequant1(code, o.scales[r * o.scales_ld + c / 16], s_dec);
 }
 
-/* RAC's augmented activation rows (§5) in one launch, a CTA a row: the main
- * blocks as qk_rows_kernel with the row's own scope (S_dec and S_enc out),
- * then the residuals x[ch] - x_hat[ch] of the row's channels (rac_residual_kernel's
+/* RAC's augmented activation row r (§5) by one CTA: the main blocks as
+ * qk_rows_kernel with the row's own scope (S_dec and S_enc out), then the
+ * residuals x[ch] - x_hat[ch] of the row's channels (rac_residual_kernel's
  * expression; under off, the row's expert's channels ch[e], else ch1) into
  * res, then their blocks with the row's S_enc: the three launches of
  * rac_main and rac_residual, the same operations. Global writes of the CTA
  * are visible to it after __syncthreads. */
-__global__ void __launch_bounds__(QK_ROW_THREADS) rac_rows_kernel(qout o, const float *x, int64_t K,
-                                                                  const int64_t *ch1, const int64_t *const *ch,
-                                                                  const int32_t *off, int E, int64_t n, float *s_dec,
-                                                                  float *s_enc, float *res)
+static __device__ __forceinline__ void rac_row(qout o, const float *x, int64_t K, const int64_t *ch1,
+                                               const int64_t *const *ch, const int32_t *off, int E, int64_t n,
+                                               float *s_dec, float *s_enc, float *res, int64_t r)
 {
-    int64_t r = blockIdx.x;
     qk_scope own = {NULL, NULL, 0};
     qk_row<float>(o, NULL, x, r, K / 16, own, s_dec, s_enc);
     if (n == 0)
@@ -801,6 +799,34 @@ __global__ void __launch_bounds__(QK_ROW_THREADS) rac_rows_kernel(qout o, const 
     o2.scales += K / 16;
     qk_scope sc = {NULL, s_enc, 1};
     qk_row<float>(o2, NULL, res, r, n / 16, sc, NULL, NULL);
+}
+
+/* RAC's augmented activation rows in one launch, a CTA a row. */
+__global__ void __launch_bounds__(QK_ROW_THREADS) rac_rows_kernel(qout o, const float *x, int64_t K,
+                                                                  const int64_t *ch1, const int64_t *const *ch,
+                                                                  const int32_t *off, int E, int64_t n, float *s_dec,
+                                                                  float *s_enc, float *res)
+{
+    rac_row(o, x, K, ch1, ch, off, E, n, s_dec, s_enc, res, blockIdx.x);
+}
+
+/* The augmented rows of several linears of one input (q, k, v; the experts'
+ * gate and up), linear blockIdx.y: each CTA quantizes its row's main blocks
+ * for its own linear (the same codes for every linear) and then that
+ * linear's residuals, so one launch does rac_rows_kernel's work of each. */
+typedef struct {
+    qout o[QD_CUDA_RAC_MULTI];
+    const int64_t *const *ch[QD_CUDA_RAC_MULTI];
+    int64_t n[QD_CUDA_RAC_MULTI];
+    float *s_dec[QD_CUDA_RAC_MULTI], *s_enc[QD_CUDA_RAC_MULTI], *res[QD_CUDA_RAC_MULTI];
+} rac_multi_args;
+
+__global__ void __launch_bounds__(QK_ROW_THREADS) rac_rows_multi_kernel(const __grid_constant__ rac_multi_args m,
+                                                                        const float *x, int64_t K,
+                                                                        const int32_t *off, int E)
+{
+    int i = blockIdx.y;
+    rac_row(m.o[i], x, K, NULL, m.ch[i], off, E, m.n[i], m.s_dec[i], m.s_enc[i], m.res[i], blockIdx.x);
 }
 
 /* out (rows, bpr*16) = dequant(codes, scales); s_dec (rows) or (1). */
@@ -2623,6 +2649,56 @@ extern "C" qd_status qd_cuda_rac_augment_act_grouped_async(qd_nvfp4 *out, const 
     }
     quant_flat_kernel<float><<<grid_for(rows * (n / 16)), QD_THREADS>>>(o, NULL, res, rows, n / 16, NULL, ws, 1,
                                                                         NULL);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+/* The workspace rac_multi_async takes: for each linear S_enc (rows, rounded
+ * up to 64 floats) and its residuals (rows, n[i], rounded up to 64 floats). */
+extern "C" size_t qd_cuda_rac_multi_ws(int64_t rows, const int64_t *n, int count)
+{
+    size_t f = 0, r64 = ((size_t)rows + 63) & ~(size_t)63;
+    for (int i = 0; i < count; i++)
+        f += r64 + (((size_t)rows * (size_t)n[i] + 63) & ~(size_t)63);
+    return f * sizeof(float);
+}
+
+extern "C" qd_status qd_cuda_rac_multi_async(qd_nvfp4 *const *out, const float *x, int64_t rows, int64_t K,
+                                             const int64_t *const *const *ch, const int64_t *n, int count,
+                                             const int32_t *off, int E, float *ws)
+{
+    if (count < 1 || count > QD_CUDA_RAC_MULTI)
+        return qd_error(QD_ERR_ARG, "qd_cuda_rac_multi: %d linears (1 to %d)", count, QD_CUDA_RAC_MULTI);
+    QD_TRY(check_in("qd_cuda_rac_multi", x));
+    int fused = rac_fused_on();
+    for (int i = 0; i < count; i++) {
+        QD_TRY(check_rac("qd_cuda_rac_multi", out[i], rows, K, n[i]));
+        if (!out[i]->per_row)
+            return qd_error(QD_ERR_ARG, "qd_cuda_rac_multi: activations take one scale per row");
+    }
+    if (rows == 0 || K == 0)
+        return QD_OK;
+    size_t r64 = ((size_t)rows + 63) & ~(size_t)63;
+    if (!fused) { /* QUADS_RAC_FUSED=0: the grouped op per linear */
+        for (int i = 0; i < count; i++) {
+            QD_TRY(qd_cuda_rac_augment_act_grouped_async(out[i], x, rows, K, ch[i], off, E, n[i], ws));
+        }
+        return QD_OK;
+    }
+    rac_multi_args m;
+    memset(&m, 0, sizeof m);
+    float *p = ws;
+    for (int i = 0; i < count; i++) {
+        m.o[i] = qout_of(out[i]);
+        m.ch[i] = ch[i];
+        m.n[i] = n[i];
+        m.s_dec[i] = out[i]->s_dec;
+        m.s_enc[i] = p;
+        m.res[i] = p + r64;
+        p += r64 + (((size_t)rows * (size_t)n[i] + 63) & ~(size_t)63);
+    }
+    rac_rows_multi_kernel<<<dim3((unsigned)rows, (unsigned)count), qk_row_threads(K / 16, rows * count)>>>(
+        m, x, K, off, E);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }

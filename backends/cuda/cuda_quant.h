@@ -107,6 +107,16 @@ qd_status qd_cuda_rac_augment_act_async(qd_nvfp4 *out, const float *x, int64_t r
 qd_status qd_cuda_rac_augment_act_grouped_async(qd_nvfp4 *out, const float *x, int64_t rows, int64_t K,
                                                 const int64_t *const *channels, const int32_t *off, int E,
                                                 int64_t n, float *ws);
+/* count (<= QD_CUDA_RAC_MULTI) linears of one input x (rows, K), grouped as
+ * there (off, device, E + 1; ch[i] a device array of E device pointers, n[i]
+ * channels each; out[i] per row): the bits of the grouped op per linear, in
+ * one launch (QUADS_RAC_FUSED=0: the grouped op per linear). ws (256-byte
+ * aligned) of qd_cuda_rac_multi_ws(rows, n, count) bytes. */
+#define QD_CUDA_RAC_MULTI 4
+size_t qd_cuda_rac_multi_ws(int64_t rows, const int64_t *n, int count);
+qd_status qd_cuda_rac_multi_async(qd_nvfp4 *const *out, const float *x, int64_t rows, int64_t K,
+                                  const int64_t *const *const *ch, const int64_t *n, int count, const int32_t *off,
+                                  int E, float *ws);
 /* out (N, K+n): [W, W[:, S]] quantized with W's global scale (per tensor, or per
  * row when out->per_row). */
 qd_status qd_cuda_rac_augment_weight(qd_nvfp4 *out, const float *w, int64_t N, int64_t K,
