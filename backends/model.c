@@ -487,6 +487,23 @@ static qd_status rac_acts(model *c, qd_nvfp4 *a, double *const *const *err, cons
     return OP(c, rac_multi, ap, c->rac_stats ? err : NULL, ch, nrac, count, off, E, x, in);
 }
 
+/* out[i] = a[i] . W_i^T of n linears' W4A4 products: w4a4_gemm_multi, or
+ * w4a4_gemm per product where a backend leaves it NULL. */
+static qd_status gemms(model *c, float *const *out, const qd_nvfp4 *a, int a_step, linear *const *L, int n)
+{
+    const qd_nvfp4 *ap[QD_RAC_MULTI], *wp[QD_RAC_MULTI];
+    if (!c->ops->w4a4_gemm_multi || n > QD_RAC_MULTI) {
+        for (int i = 0; i < n; i++)
+            QD_TRY(OP(c, w4a4_gemm, out[i], &a[i * a_step], &L[i]->wq));
+        return QD_OK;
+    }
+    for (int i = 0; i < n; i++) {
+        ap[i] = &a[i * a_step];
+        wp[i] = &L[i]->wq;
+    }
+    return OP(c, w4a4_gemm_multi, out, ap, wp, n);
+}
+
 /* out[i] (N, L[i]->out) = inp (N, in) . W_i^T for n linears of one input (q, k
  * and v): where every one is plain W4A4 the input is quantized once and each
  * product reads those codes, the bits of n linear_forward calls; where every
@@ -509,9 +526,7 @@ static qd_status linears_forward(model *c, float *const *out, const float *inp, 
         }
         int32_t off[2] = {0, N};
         QD_TRY(rac_acts(c, a, err, ch, nr, n, off, 1, inp, L[0]->in));
-        for (int i = 0; i < n; i++)
-            QD_TRY(OP(c, w4a4_gemm, out[i], &a[i], &L[i]->wq));
-        return QD_OK;
+        return gemms(c, out, a, 1, L, n);
     }
     int share = N > 0;
     for (int i = 0; i < n; i++)
@@ -524,9 +539,7 @@ static qd_status linears_forward(model *c, float *const *out, const float *inp, 
     qd_nvfp4 a;
     QD_TRY(act_nvfp4(c, &a, N, L[0]->in));
     QD_TRY(OP(c, nvfp4_quantize, &a, inp));
-    for (int i = 0; i < n; i++)
-        QD_TRY(OP(c, w4a4_gemm, out[i], &a, &L[i]->wq));
-    return QD_OK;
+    return gemms(c, out, &a, 0, L, n);
 }
 
 /* dinp += dout . W_eff; grad(W) += dout^T . x_eff (straight-through; W_eff is

@@ -36,7 +36,7 @@ extern "C" {
  * linears; the BF16 part and s_dec as alpha). Exact mode ignores it. */
 typedef enum { QD_PREC_F32 = 0, QD_PREC_BF16, QD_PREC_BF16_X } qd_prec;
 
-/* The most linears one rac_multi call takes (q, k, v). */
+/* The most linears one rac_multi or w4a4_gemm_multi call takes (q, k, v). */
 #define QD_RAC_MULTI 4
 
 /* RoPE's rotation, or its transpose (the backward's). */
@@ -172,6 +172,11 @@ typedef struct qd_ops {
      * w4a4_gemm per expert on a view of those rows of a. */
     qd_status (*w4a4_gemm_grouped)(void *dev, float *y, const qd_nvfp4 *a, const qd_nvfp4 *const *w,
                                    const int32_t *off, int E);
+    /* y[i] = w4a4_gemm(a[i], w[i]) for count (<= QD_RAC_MULTI) products (q, k
+     * and v; host arrays), the bits of w4a4_gemm per product. Optional: where
+     * NULL the driver calls w4a4_gemm per product. */
+    qd_status (*w4a4_gemm_multi)(void *dev, float *const *y, const qd_nvfp4 *const *a, const qd_nvfp4 *const *w,
+                                 int count);
     /* RAC (§5): err (K, double) += per-channel squared activation error of x (rows, K) */
     qd_status (*rac_error)(void *dev, double *err, const float *x, int rows, int K);
     qd_status (*rac_augment_act)(void *dev, qd_nvfp4 *out, const float *x, int rows, int K, const int64_t *ch,

@@ -455,6 +455,53 @@ static void w4a4_case(oc *c, int M, int N, int K)
     OUT(c, "y", 'f', y, sizeof(float) * M * N);
 }
 
+/* w4a4_gemm_multi: count products of M rows of K against weights of N[i]
+ * rows, each its own activation (RAC's q, k, v) or one shared (plain W4A4). */
+static void w4a4_multi_case(oc *c, int M, const int *N, int K, int count, int shared)
+{
+    qd_nvfp4 a[QD_RAC_MULTI], q[QD_RAC_MULTI];
+    const qd_nvfp4 *ap[QD_RAC_MULTI], *wp[QD_RAC_MULTI];
+    float *y[QD_RAC_MULTI];
+    for (int i = 0; i < count; i++) {
+        float *w = F(c, (size_t)N[i] * K, -1, 1);
+        q[i] = nv(c, N[i], K, QD_SCALE_PER_TENSOR);
+        RUN(c, c->ops->nvfp4_quantize(c->dev, &q[i], w));
+        if (i == 0 || !shared) {
+            float *x = F(c, (size_t)M * K, -3, 3);
+            a[i] = nv(c, M, K, QD_SCALE_PER_ROW);
+            RUN(c, c->ops->nvfp4_quantize(c->dev, &a[i], x));
+        }
+        ap[i] = shared ? &a[0] : &a[i];
+        wp[i] = &q[i];
+        y[i] = Z(c, sizeof(float) * M * N[i]);
+    }
+    RUN(c, c->ops->w4a4_gemm_multi(c->dev, y, ap, wp, count));
+    static const char *const yn[] = {"y0", "y1", "y2", "y3"};
+    for (int i = 0; i < count; i++)
+        OUT(c, yn[i], 'f', y[i], sizeof(float) * M * N[i]);
+}
+
+/* a3b's q, k, v at one row (the decode kernel in one launch), activations apart */
+static void c_w4a4_multi_qkv(oc *c)
+{
+    static const int N[3] = {96, 16, 24};
+    w4a4_multi_case(c, 1, N, 2048, 3, 0);
+}
+
+/* 3 rows of the tiny model's RAC width (K not a multiple of 64), one activation */
+static void c_w4a4_multi_tiny(oc *c)
+{
+    static const int N[3] = {70, 24, 24};
+    w4a4_multi_case(c, 3, N, 80, 3, 1);
+}
+
+/* 9 rows: past the decode kernel, one product after the other */
+static void c_w4a4_multi_rows9(oc *c)
+{
+    static const int N[2] = {40, 8};
+    w4a4_multi_case(c, 9, N, 64, 2, 0);
+}
+
 /* K % 512 == 0: the tensor-core kernel's path */
 static void c_w4a4(oc *c) { w4a4_case(c, 9, 40, 512); }
 
@@ -1348,6 +1395,9 @@ static const op_case cases[] = {
     {{"w4a4_gemm 1x37x4496", "w4a4_gemm", 1}, c_w4a4_rac_width},
     {{"w4a4_gemm 3x70x80", "w4a4_gemm", 1}, c_w4a4_tiny_rac},
     {{"w4a4_gemm 5x45x1072", "w4a4_gemm", 1}, c_w4a4_rows5},
+    {{"w4a4_gemm_multi 1x2048 x 96/16/24", "w4a4_gemm_multi", 1}, c_w4a4_multi_qkv},
+    {{"w4a4_gemm_multi 3x80 x 70/24/24", "w4a4_gemm_multi", 1}, c_w4a4_multi_tiny},
+    {{"w4a4_gemm_multi 9x64 x 40/8", "w4a4_gemm_multi", 1}, c_w4a4_multi_rows9},
     {{"nvfp4_quantize_weights 70 x 24x96", "nvfp4_quantize_weights", 0}, c_quantize_weights},
     {{"nvfp4_quantize_weights 67 x 10x64+16", "nvfp4_quantize_weights", 0}, c_quantize_weights_rac},
     {{"nvfp4_quantize_weights 6 x 100x768+192", "nvfp4_quantize_weights", 0}, c_quantize_weights_rac_wide},

@@ -1408,7 +1408,7 @@ END_TEST
 
 /* ---- the driver's fallbacks for optional ops (backends/ops.h) */
 
-/* The CPU's ops without the grouped ops, rac_multi and sample: the driver then runs the
+/* The CPU's ops without the grouped ops, the multi ops and sample: the driver then runs the
  * plain op per expert and samples on the host. */
 static qd_ops bare_ops;
 
@@ -1421,6 +1421,7 @@ static qd_backend *make_bare(const qd_model_config *cfg, qd_recipe r, qd_role ro
     bare_ops.w4a4_gemm_grouped = NULL;
     bare_ops.rac_grouped = NULL;
     bare_ops.rac_multi = NULL;
+    bare_ops.w4a4_gemm_multi = NULL;
     bare_ops.sample = NULL;
     qd_backend_options o = {.recipe = r, .role = role, .rac_ratio = ratio, .num_threads = 1};
     qd_backend *b = qd_model_backend_new(cfg, &o, &bare_ops, qd_cpu_dev_new(1), free);

@@ -237,6 +237,38 @@ START_TEST(test_rac_multi_definition)
 }
 END_TEST
 
+/* W4A4 products of one activation shape: quant/'s product of each */
+START_TEST(test_w4a4_multi_definition)
+{
+    int M = 3, K = 64, N[3] = {20, 8, 12};
+    qd_nvfp4 a[3], w[3];
+    const qd_nvfp4 *ap[3], *wp[3];
+    float *y[3], *ref = malloc(sizeof(float) * 3 * 20);
+    for (int i = 0; i < 3; i++) {
+        float *x = rnd((size_t)M * K, -3, 3, 80 + i), *wf = rnd((size_t)N[i] * K, -1, 1, 90 + i);
+        ck_assert_int_eq(qd_nvfp4_alloc(&a[i], M, K, QD_SCALE_PER_ROW), QD_OK);
+        ck_assert_int_eq(qd_nvfp4_alloc(&w[i], N[i], K, QD_SCALE_PER_TENSOR), QD_OK);
+        ck_assert_int_eq(qd_nvfp4_quantize(&a[i], x), QD_OK);
+        ck_assert_int_eq(qd_nvfp4_quantize(&w[i], wf), QD_OK);
+        ap[i] = &a[i], wp[i] = &w[i];
+        y[i] = malloc(sizeof(float) * M * N[i]);
+        free(x), free(wf);
+    }
+    ck_assert_int_eq(O->w4a4_gemm_multi(dev1, y, ap, wp, 3), QD_OK);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(qd_w4a4_gemm(ref, &a[i], &w[i]), QD_OK);
+        ck_assert_mem_eq(y[i], ref, sizeof(float) * M * N[i]);
+    }
+    ck_assert_int_eq(O->w4a4_gemm_multi(dev1, y, ap, wp, QD_RAC_MULTI + 1), QD_ERR_ARG);
+    for (int i = 0; i < 3; i++) {
+        qd_nvfp4_free(&a[i]);
+        qd_nvfp4_free(&w[i]);
+        free(y[i]);
+    }
+    free(ref);
+}
+END_TEST
+
 /* rmsnorm, rope, swiglu against double math */
 START_TEST(test_elementwise_double)
 {
@@ -604,6 +636,7 @@ Suite *suite_ops(void)
     tcase_add_test(tc, test_grouped_quant_definition);
     tcase_add_test(tc, test_rac_grouped_definition);
     tcase_add_test(tc, test_rac_multi_definition);
+    tcase_add_test(tc, test_w4a4_multi_definition);
     tcase_add_test(tc, test_elementwise_double);
     tcase_add_test(tc, test_attend_double);
     tcase_add_test(tc, test_route_logprob_double);

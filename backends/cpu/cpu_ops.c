@@ -662,6 +662,18 @@ static qd_status cpu_w4a4_gemm_grouped(void *dev, float *y, const qd_nvfp4 *a, c
     return QD_OK;
 }
 
+/* one product after the other */
+static qd_status cpu_w4a4_gemm_multi(void *dev, float *const *y, const qd_nvfp4 *const *a, const qd_nvfp4 *const *w,
+                                     int count)
+{
+    (void)dev;
+    if (count < 0 || count > QD_RAC_MULTI)
+        return qd_error(QD_ERR_ARG, "cpu backend: w4a4_gemm_multi of %d products (at most %d)", count, QD_RAC_MULTI);
+    for (int i = 0; i < count; i++)
+        QD_TRY(qd_w4a4_gemm(y[i], a[i], w[i]));
+    return QD_OK;
+}
+
 static qd_status cpu_rac_error(void *dev, double *err, const float *x, int rows, int K)
 {
     (void)dev;
@@ -1028,6 +1040,7 @@ static const qd_ops cpu_ops = {
     .rac_select = cpu_rac_select,
     .rac_grouped = cpu_rac_grouped,
     .rac_multi = cpu_rac_multi,
+    .w4a4_gemm_multi = cpu_w4a4_gemm_multi,
     .rac_fake_quant = cpu_rac_fake_quant,
     .sqerr_rows = cpu_sqerr_rows,
     .attend = cpu_attend,

@@ -954,6 +954,20 @@ static qd_status cuda_w4a4_gemm_grouped(void *dev, float *y, const qd_nvfp4 *a, 
     return st;
 }
 
+/* Exact mode: one decode-kernel launch where the products allow it; fast
+ * mode: its product one after the other. */
+static qd_status cuda_w4a4_gemm_multi(void *dev, float *const *y, const qd_nvfp4 *const *a,
+                                      const qd_nvfp4 *const *w, int count)
+{
+    if (count < 1 || count > QD_RAC_MULTI)
+        return qd_error(QD_ERR_ARG, "cuda backend: w4a4_gemm_multi of %d products (1 to %d)", count, QD_RAC_MULTI);
+    if (D(dev)->mode != QD_MODE_FAST)
+        return qd_cuda_w4a4_gemm_multi_async(y, a, w, count);
+    for (int i = 0; i < count; i++)
+        QD_TRY(qd_cuda_w4a4_gemm_fast(y[i], a[i], w[i]));
+    return QD_OK;
+}
+
 static qd_status cuda_rac_error(void *dev, double *err, const float *x, int rows, int K)
 {
     void *xh;
@@ -1366,6 +1380,7 @@ static const qd_ops cuda_ops = {
     .nvfp4_fake_quant = cuda_nvfp4_fake_quant,
     .w4a4_gemm = cuda_w4a4_gemm,
     .w4a4_gemm_grouped = cuda_w4a4_gemm_grouped,
+    .w4a4_gemm_multi = cuda_w4a4_gemm_multi,
     .rac_error = cuda_rac_error,
     .rac_augment_act = cuda_rac_augment_act,
     .rac_augment_weight = cuda_rac_augment_weight,

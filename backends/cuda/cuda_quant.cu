@@ -1681,20 +1681,47 @@ static __host__ __device__ __forceinline__ size_t dec_smem(int mt, int rt, int64
     return (size_t)mt * nb * (16 + 8) + 256 * 4 + (size_t)dec_rs(K) * rt * mt * (nbp + 4) * 4;
 }
 
-template <int MT, int RT>
+/* Several products of one activation shape in one launch (MULTI: q, k and
+ * v): linear i takes the CTAs start[i] .. start[i+1]-1 of blockIdx.x, with its
+ * own output, activation, weight and N (group 0 of g gives the rows). */
+#define QD_DEC_MULTI 4
+typedef struct {
+    int count, start[QD_DEC_MULTI + 1];
+    float *y[QD_DEC_MULTI];
+    const uint8_t *a_codes[QD_DEC_MULTI], *a_scales[QD_DEC_MULTI], *w_codes[QD_DEC_MULTI],
+        *w_scales[QD_DEC_MULTI];
+    const float *a_sdec[QD_DEC_MULTI], *w_sdec[QD_DEC_MULTI];
+    int64_t N[QD_DEC_MULTI];
+} dec_multi;
+
+template <int MT, int RT, bool MULTI>
 __global__ void __launch_bounds__(QD_DEC_THREADS)
 w4a4_dec_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
-                const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K)
+                const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K,
+                const __grid_constant__ dec_multi mu)
 {
     extern __shared__ __align__(16) unsigned char dec_sm[];
     int z = blockIdx.z;
+    int64_t bx = blockIdx.x;
+    const uint8_t *w_codes, *w_scales;
+    const float *w_sdec;
+    if constexpr (MULTI) {
+        int i = 0;
+        while (i + 1 < mu.count && (int)blockIdx.x >= mu.start[i + 1])
+            i++;
+        bx -= mu.start[i];
+        y = mu.y[i], a_codes = mu.a_codes[i], a_scales = mu.a_scales[i], a_sdec = mu.a_sdec[i];
+        w_codes = mu.w_codes[i], w_scales = mu.w_scales[i], w_sdec = mu.w_sdec[i], N = mu.N[i];
+    } else {
+        w_codes = g.codes[z], w_scales = g.scales[z], w_sdec = g.sdec[z];
+    }
     int64_t rows = g.rows[z], t0 = (int64_t)blockIdx.y * MT;
     if (t0 >= rows)
         return;
     int nb = (int)(K / 16), tpr = (nb + 3) / 4, rs = QD_DEC_THREADS / tpr, T = rows - t0 < MT ? (int)(rows - t0) : MT;
     int s = threadIdx.x / tpr, q = threadIdx.x - s * tpr, ld = 4 * tpr + 4;
     bool vec = K % 64 == 0; /* else a block at a time (8-byte codes, 1-byte scales) */
-    int64_t n0 = (int64_t)blockIdx.x * rs * RT;
+    int64_t n0 = bx * rs * RT;
     /* the weights first: their latency overlaps the staging below */
     uint4 c[RT][2];
     uint32_t s4[RT];
@@ -1705,13 +1732,13 @@ w4a4_dec_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
         s4[i] = 0;
         if (s < rs && n < N) {
             if (vec) {
-                const uint4 *pc = (const uint4 *)(g.codes[z] + n * (K / 2)) + 2 * q;
+                const uint4 *pc = (const uint4 *)(w_codes + n * (K / 2)) + 2 * q;
                 c[i][0] = __ldg(pc);
                 c[i][1] = __ldg(pc + 1);
-                s4[i] = __ldg((const uint32_t *)(g.scales[z] + n * nb) + q);
+                s4[i] = __ldg((const uint32_t *)(w_scales + n * nb) + q);
             } else {
-                const uint2 *pc = (const uint2 *)(g.codes[z] + n * (K / 2)) + 4 * q;
-                const uint8_t *ps = g.scales[z] + n * nb + 4 * q;
+                const uint2 *pc = (const uint2 *)(w_codes + n * (K / 2)) + 4 * q;
+                const uint8_t *ps = w_scales + n * nb + 4 * q;
                 uint2 u[4];
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
@@ -1788,7 +1815,7 @@ w4a4_dec_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
         int64_t nn = n0 + rr;
         if (m < T && nn < N) {
             float acc = qd_sum_up(s_t + i * ld, nb);
-            y[(r0 + m) * N + nn] = acc * (a_sdec[a_per_row ? r0 + m : 0] * g.sdec[z][w_per_row ? nn : 0]);
+            y[(r0 + m) * N + nn] = acc * (a_sdec[a_per_row ? r0 + m : 0] * w_sdec[w_per_row ? nn : 0]);
         }
     }
 }
@@ -2261,19 +2288,28 @@ static qd_status launch_w4a4_splitk(float *y, const qd_nvfp4 *a, const w4a4_grou
     return QD_OK;
 }
 
-/* The decode kernel for MT activation rows a CTA and RT weight rows a thread. */
+/* The decode kernel for MT activation rows a CTA and RT weight rows a thread;
+ * with mu (ng = 1), the products of mu's linears in one launch, CTAs
+ * start[i] .. start[i+1]-1 theirs (set here for RT). */
 template <int MT, int RT>
 static qd_status launch_w4a4_dec(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
-                                 int w_per_row, int64_t N, int64_t K)
+                                 int w_per_row, int64_t N, int64_t K, const dec_multi *mu)
 {
     size_t smem = dec_smem(MT, RT, K);
     int64_t rows = (int64_t)dec_rs(K) * RT;
     dim3 grid((unsigned)((N + rows - 1) / rows), (unsigned)((maxrows + MT - 1) / MT), (unsigned)ng);
+    dec_multi m;
+    memset(&m, 0, sizeof m);
+    if (mu) {
+        m = *mu;
+        for (int i = 0; i < m.count; i++)
+            m.start[i + 1] = m.start[i] + (int)((m.N[i] + rows - 1) / rows);
+        grid.x = (unsigned)m.start[m.count];
+    }
+    auto kern = mu ? w4a4_dec_kernel<MT, RT, true> : w4a4_dec_kernel<MT, RT, false>;
     if (smem > 48 * 1024)
-        QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_dec_kernel<MT, RT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)smem));
-    w4a4_dec_kernel<MT, RT><<<grid, QD_DEC_THREADS, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, *g,
-                                                             w_per_row, N, K);
+        QD_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kern<<<grid, QD_DEC_THREADS, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, *g, w_per_row, N, K, m);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -2294,18 +2330,28 @@ static int w4a4_dec_rt_env(void)
  * small as maxrows allows (tiles of 8 above); QD_ERR_SHAPE where it does not
  * (the caller falls back to the MMA kernels). */
 static qd_status w4a4_dec(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
-                          int w_per_row, int64_t N, int64_t K, int forced)
+                          int w_per_row, int64_t N, int64_t K, int forced, const dec_multi *mu = NULL)
 {
     if (K > 16384 || !qd_aligned(a->codes, 8))
         return QD_ERR_SHAPE;
     for (int z = 0; z < ng; z++)
         if (!qd_aligned(g->codes[z], K % 64 ? 8 : 16) || !qd_aligned(g->scales[z], K % 64 ? 1 : 4))
             return QD_ERR_SHAPE;
+    for (int i = 0; mu && i < mu->count; i++)
+        if (!qd_aligned(mu->a_codes[i], 8) || !qd_aligned(mu->w_codes[i], K % 64 ? 8 : 16) ||
+            !qd_aligned(mu->w_scales[i], K % 64 ? 1 : 4))
+            return QD_ERR_SHAPE;
     int dev = 0, limit = 0;
     QD_CUDA_CHECK(cudaGetDevice(&dev));
     QD_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     int mt = maxrows <= 1 ? 1 : maxrows <= 2 ? 2 : maxrows <= 4 ? 4 : 8, rte = w4a4_dec_rt_env();
-    auto ctas = [&](int rt) { return (N + rt * dec_rs(K) - 1) / (rt * dec_rs(K)) * ((maxrows + mt - 1) / mt) * ng; };
+    auto ctas = [&](int rt) {
+        int64_t x = (N + rt * dec_rs(K) - 1) / (rt * dec_rs(K));
+        if (mu)
+            for (int i = x = 0; i < mu->count; i++)
+                x += (mu->N[i] + rt * dec_rs(K) - 1) / (rt * dec_rs(K));
+        return x * ((maxrows + mt - 1) / mt) * ng;
+    };
     int rt = rte > 0 ? rte : mt <= 2 && ctas(2) >= 2 * qd_sm_count() ? 2 : 1;
     while (mt > 1 && dec_smem(mt, rt, K) > (size_t)limit)
         mt /= 2;
@@ -2316,8 +2362,8 @@ static qd_status w4a4_dec(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int
     if (!forced && ctas(rt) > 4 * qd_sm_count())
         return QD_ERR_SHAPE;
 #define QD_DEC_CASE(M)                                                                                        \
-    return rt == 2 ? launch_w4a4_dec<M, 2>(y, a, g, ng, maxrows, w_per_row, N, K)                            \
-                   : launch_w4a4_dec<M, 1>(y, a, g, ng, maxrows, w_per_row, N, K)
+    return rt == 2 ? launch_w4a4_dec<M, 2>(y, a, g, ng, maxrows, w_per_row, N, K, mu)                        \
+                   : launch_w4a4_dec<M, 1>(y, a, g, ng, maxrows, w_per_row, N, K, mu)
     switch (mt) {
     case 1: QD_DEC_CASE(1);
     case 2: QD_DEC_CASE(2);
@@ -2501,6 +2547,59 @@ extern "C" qd_status qd_cuda_w4a4_gemm_tc_async(float *y, const qd_nvfp4 *a, con
         return launch_w4a4_tc<2>(y, a, w);
     /* 32 activation rows a warp at most: more warps in flight beat fewer weight decodes */
     return launch_w4a4_tc<4>(y, a, w);
+}
+
+/* QUADS_W4A4_MULTI=0 (benchmarks and tests): products of one input one after
+ * the other, never in one decode-kernel launch. */
+static int w4a4_multi_on(void)
+{
+    static int v = -2;
+    return qd_env_pick(&v, "QUADS_W4A4_MULTI", 0, 1) != 0;
+}
+
+/* y[i] = a[i] . w[i]^T for count products of one activation shape (q, k
+ * and v): where the decode kernel takes them (at most 8 rows, one K, CTAs
+ * that fit the GPU at once) one launch for all, else one product after the
+ * other; the bits of qd_cuda_w4a4_gemm_tc_async per product either way. */
+extern "C" qd_status qd_cuda_w4a4_gemm_multi_async(float *const *y, const qd_nvfp4 *const *a,
+                                                   const qd_nvfp4 *const *w, int count)
+{
+    if (count < 1 || count > QD_DEC_MULTI)
+        return qd_error(QD_ERR_ARG, "qd_cuda_w4a4_gemm_multi: %d products (1 to %d)", count, QD_DEC_MULTI);
+    int64_t M = a[0]->rows, K = a[0]->cols;
+    int dec = w4a4_dec_env();
+    int one = count > 1 && !qd_cuda_w4a4_legacy && M > 0 && M <= 8 && K % QD_NVFP4_BLOCK == 0 && dec != 0 &&
+              w4a4_splitk_env() != 1 && w4a4_multi_on();
+    for (int i = 0; one && i < count; i++)
+        one = a[i]->rows == M && a[i]->cols == K && w[i]->cols == K && a[i]->per_row == a[0]->per_row &&
+              w[i]->per_row == w[0]->per_row && w[i]->rows > 0;
+    if (one) {
+        w4a4_groups g;
+        g.row0[0] = 0;
+        g.rows[0] = M;
+        g.codes[0] = w[0]->codes;
+        g.scales[0] = w[0]->scales;
+        g.sdec[0] = w[0]->s_dec;
+        dec_multi mu;
+        memset(&mu, 0, sizeof mu);
+        mu.count = count;
+        for (int i = 0; i < count; i++) {
+            mu.y[i] = y[i];
+            mu.a_codes[i] = a[i]->codes;
+            mu.a_scales[i] = a[i]->scales;
+            mu.a_sdec[i] = a[i]->s_dec;
+            mu.w_codes[i] = w[i]->codes;
+            mu.w_scales[i] = w[i]->scales;
+            mu.w_sdec[i] = w[i]->s_dec;
+            mu.N[i] = w[i]->rows;
+        }
+        qd_status st = w4a4_dec(y[0], a[0], &g, 1, M, w[0]->per_row, w[0]->rows, K, dec == 1, &mu);
+        if (st != QD_ERR_SHAPE)
+            return st;
+    }
+    for (int i = 0; i < count; i++)
+        QD_TRY(qd_cuda_w4a4_gemm_tc_async(y[i], a[i], w[i]));
+    return QD_OK;
 }
 
 extern "C" qd_status qd_cuda_w4a4_gemm_tc(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)

@@ -113,6 +113,12 @@ qd_status qd_cuda_rac_augment_act_grouped_async(qd_nvfp4 *out, const float *x, i
  * one launch (QUADS_RAC_FUSED=0: the grouped op per linear). ws (256-byte
  * aligned) of qd_cuda_rac_multi_ws(rows, n, count) bytes. */
 #define QD_CUDA_RAC_MULTI 4
+/* y[i] = a[i] . w[i]^T (the canonical W4A4 product, exact mode) for count
+ * (<= 4) products: one decode-kernel launch where every a[i] has the same
+ * rows (<= 8) and cols, else one product after the other; the bits of
+ * qd_cuda_w4a4_gemm_tc_async per product. */
+qd_status qd_cuda_w4a4_gemm_multi_async(float *const *y, const qd_nvfp4 *const *a, const qd_nvfp4 *const *w,
+                                        int count);
 size_t qd_cuda_rac_multi_ws(int64_t rows, const int64_t *n, int count);
 qd_status qd_cuda_rac_multi_async(qd_nvfp4 *const *out, const float *x, int64_t rows, int64_t K,
                                   const int64_t *const *const *ch, const int64_t *n, int count, const int32_t *off,
