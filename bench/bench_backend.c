@@ -63,6 +63,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <jansson.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -665,6 +666,17 @@ static const char *status_name(row_status s)
     return s == ROW_OK ? "ok" : s == ROW_NA ? "n/a" : "error";
 }
 
+/* This process's rows (pid and start time): bench/decode_rows.py compares
+ * recipes measured in one process (batch 1 tracks the host's speed, which
+ * moves between processes). */
+static const char *process_id(void)
+{
+    static char id[48];
+    if (!id[0])
+        snprintf(id, sizeof id, "%ld-%lld", (long)getpid(), (long long)time(NULL));
+    return id;
+}
+
 static json_t *row_json(const bench_args *a, const bench_row *r, double vs_bf16, double vs, double copy,
                         double flops)
 {
@@ -675,6 +687,7 @@ static json_t *row_json(const bench_args *a, const bench_row *r, double vs_bf16,
                           "new_tokens", a->M, "layers", a->layers, "iters", a->iters, "warmup", a->warmup, "threads", a->threads);
     json_object_set_new(o, "engine", json_string("quads"));
     json_object_set_new(o, "commit", json_string(a->commit));
+    json_object_set_new(o, "process", json_string(process_id()));
     if (r->status == ROW_OK && r->op == OP_SYNC) {
         json_object_set_new(o, "ms", json_real(r->ms));
         json_object_set_new(o, "ms_min", json_real(r->ms_min));

@@ -16,7 +16,14 @@ roofline_fraction = step_bytes / (step_ms * copy bandwidth).
 Rows of one configuration (engine, recipe, mode, batch, prompt, new tokens)
 from several processes (bench/run_decode_h200.sh REPEAT=N: batch 1 spreads
 ~10% between processes) become one row, the median by tokens/s (the lower
-middle one of an even count), with runs, tokens_per_s_min and _max added."""
+middle one of an even count), with runs, tokens_per_s_min and _max added.
+
+A quads row whose recipe is not nvfp4 also gets vs_nvfp4: its tokens/s over
+nvfp4's in the same process and configuration (bench_backend's "process"
+field), the median over the processes that ran both (the lower middle one),
+with vs_nvfp4_min and _max where there are several: the quads recipe's
+target is a ratio, and batch 1's spread between processes is larger than
+the ratio's."""
 import argparse
 import json
 import sys
@@ -35,6 +42,10 @@ def step_bytes(recipe, batch, prompt, new_tokens, layers):
     return layers * (experts + attn + router + kv) + VOCAB * HIDDEN * 2
 
 
+def cfg_of(r):
+    return (r.get("program"), r["recipe"], r.get("mode"), r["batch"], r["prompt"], r["new_tokens"])
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", type=int, required=True)
@@ -50,8 +61,7 @@ def main():
     for r in rows:
         if r.get("op") != "rollout" or r.get("status") != "ok":
             continue
-        cfg = (r.get("program"), r["recipe"], r.get("mode"), r["batch"], r["prompt"], r["new_tokens"])
-        groups.setdefault(cfg, []).append(r)
+        groups.setdefault(cfg_of(r), []).append(r)
     for runs in groups.values():
         runs.sort(key=lambda x: x["tokens_per_s"])
         r = runs[(len(runs) - 1) // 2]
@@ -70,6 +80,16 @@ def main():
             out["runs"] = len(runs)
             out["tokens_per_s_min"] = round(runs[0]["tokens_per_s"], 1)
             out["tokens_per_s_max"] = round(runs[-1]["tokens_per_s"], 1)
+        if not torch and r["recipe"] != "nvfp4":
+            ref = {x.get("process"): x["tokens_per_s"]
+                   for x in groups.get((r.get("program"), "nvfp4") + cfg_of(r)[2:], []) if x.get("process")}
+            ratios = sorted(x["tokens_per_s"] / ref[x["process"]] for x in runs
+                            if x.get("process") in ref and ref[x["process"]] > 0)
+            if ratios:
+                out["vs_nvfp4"] = round(ratios[(len(ratios) - 1) // 2], 3)
+                if len(ratios) > 1:
+                    out["vs_nvfp4_min"] = round(ratios[0], 3)
+                    out["vs_nvfp4_max"] = round(ratios[-1], 3)
         print(json.dumps(out))
 
 

@@ -12,7 +12,8 @@
 #   2. bench_backend --backend cuda, recipes RECIPES, each mode of MODES.
 # Rows go to OUTDIR/decode.jsonl (bench/decode_rows.py: engine, recipe, mode,
 # batch, prompt, new_tokens, tokens_per_s, step_ms, roofline_fraction, ratio
-# to transformers, commit), the tables to OUTDIR/*.md.
+# to transformers, commit; vs_nvfp4: a recipe's tokens/s over nvfp4's in the
+# same process, the median over REPEAT processes), the tables to OUTDIR/*.md.
 #     bench/run_decode_h200.sh [OUTDIR]
 # Sizes: LAYERS [4] B [64] P [128] M [64] ITERS [2] WARMUP [1] REPEAT [1] (processes
 #        a mode; decode_rows.py keeps the median row: B=1 REPEAT=3, batch 1
