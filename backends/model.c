@@ -1443,39 +1443,10 @@ static qd_status experts_forward(model *c, float *out, const float *inp, const l
     return st;
 }
 
-/* The gate and up projections of RAC experts: their augmented rows in one
- * rac_multi, then one grouped product each (experts_forward_set's bits). */
-static qd_status experts_rac_gate_up(model *c, float *gate, float *up, const float *inp, const layer_acts *s,
-                                     const layer *ly)
-{
-    int E = ly->nexp, R = s->exp_off[E];
-    expert_set x[2];
-    QD_TRY(expert_set_make(c, &x[0], ly, 0));
-    qd_status st = expert_set_make(c, &x[1], ly, 1);
-    if (st) { /* expert_set_make freed x[1] */
-        expert_set_free(&x[0]);
-        return st;
-    }
-    for (int w = 0; w < 2 && !st; w++)
-        if (measured(c, x[w].L[0]))
-            st = measure_act_rows(c, x[w].L, s->exp_off, E, inp, R, x[w].L[0]->in);
-    qd_nvfp4 a[2];
-    int64_t nr[2] = {x[0].L[0]->nrac, x[1].L[0]->nrac};
-    double *const *err[2] = {x[0].rac_err, x[1].rac_err};
-    const int64_t *const *ch[2] = {x[0].rac_ch, x[1].rac_ch};
-    if (!st)
-        st = rac_acts(c, a, err, ch, nr, 2, s->exp_off, E, inp, x[0].L[0]->in);
-    if (!st)
-        st = grouped_w4a4_gemm(c, gate, &a[0], x[0].wq, s->exp_off, E);
-    if (!st)
-        st = grouped_w4a4_gemm(c, up, &a[1], x[1].wq, s->exp_off, E);
-    expert_set_free(&x[1]);
-    expert_set_free(&x[0]);
-    return st;
-}
-
 /* The gate and up projections of the experts (one input): plain W4A4 experts
- * share one quantization of it (linears_forward's reason). */
+ * share one quantization of it (linears_forward's reason), RAC experts take
+ * their augmented rows from one rac_multi; then one grouped product each
+ * (experts_forward_set's bits). */
 static qd_status experts_forward_gate_up(model *c, float *gate, float *up, const float *inp, const layer_acts *s,
                                          const layer *ly)
 {
@@ -1483,9 +1454,8 @@ static qd_status experts_forward_gate_up(model *c, float *gate, float *up, const
     if (R == 0)
         return QD_OK;
     const linear *gu[2] = {expert_lin(c, ly, 0, 0), expert_lin(c, ly, 0, 1)};
-    if (rac_multi_ok(c, gu, 2))
-        return experts_rac_gate_up(c, gate, up, inp, s, ly);
-    if (!shares_act(c, expert_lin(c, ly, 0, 0)) || !shares_act(c, expert_lin(c, ly, 0, 1))) {
+    int rac = rac_multi_ok(c, gu, 2);
+    if (!rac && (!shares_act(c, gu[0]) || !shares_act(c, gu[1]))) {
         QD_TRY(experts_forward(c, gate, inp, s, ly, 0));
         return experts_forward(c, up, inp, s, ly, 1);
     }
@@ -1496,14 +1466,28 @@ static qd_status experts_forward_gate_up(model *c, float *gate, float *up, const
         expert_set_free(&x[0]);
         return st;
     }
-    qd_nvfp4 a;
-    st = act_nvfp4(c, &a, R, x[0].L[0]->in);
+    qd_nvfp4 a[2];
+    memset(a, 0, sizeof a);
+    int in = x[0].L[0]->in;
+    if (rac) {
+        int64_t nr[2] = {x[0].L[0]->nrac, x[1].L[0]->nrac};
+        double *const *err[2] = {x[0].rac_err, x[1].rac_err};
+        const int64_t *const *ch[2] = {x[0].rac_ch, x[1].rac_ch};
+        for (int w = 0; w < 2 && !st; w++)
+            if (measured(c, x[w].L[0]))
+                st = measure_act_rows(c, x[w].L, s->exp_off, E, inp, R, in);
+        if (!st)
+            st = rac_acts(c, a, err, ch, nr, 2, s->exp_off, E, inp, in);
+    } else {
+        st = act_nvfp4(c, &a[0], R, in);
+        if (!st)
+            st = OP(c, nvfp4_quantize, &a[0], inp);
+        a[1] = a[0];
+    }
     if (!st)
-        st = OP(c, nvfp4_quantize, &a, inp);
+        st = grouped_w4a4_gemm(c, gate, &a[0], x[0].wq, s->exp_off, E);
     if (!st)
-        st = grouped_w4a4_gemm(c, gate, &a, x[0].wq, s->exp_off, E);
-    if (!st)
-        st = grouped_w4a4_gemm(c, up, &a, x[1].wq, s->exp_off, E);
+        st = grouped_w4a4_gemm(c, up, &a[1], x[1].wq, s->exp_off, E);
     expert_set_free(&x[1]);
     expert_set_free(&x[0]);
     return st;

@@ -685,9 +685,9 @@ static json_t *row_json(const bench_args *a, const bench_row *r, double vs_bf16,
                           qd_mode_name(a->mode), "recipe", qd_recipe_name(r->recipe), "op", op_json[r->op],
                           "status", status_name(r->status), "batch", a->B, "seq", a->T, "prompt", a->P,
                           "new_tokens", a->M, "layers", a->layers, "iters", a->iters, "warmup", a->warmup, "threads", a->threads);
+    json_object_set_new(o, "process", json_string(process_id()));
     json_object_set_new(o, "engine", json_string("quads"));
     json_object_set_new(o, "commit", json_string(a->commit));
-    json_object_set_new(o, "process", json_string(process_id()));
     if (r->status == ROW_OK && r->op == OP_SYNC) {
         json_object_set_new(o, "ms", json_real(r->ms));
         json_object_set_new(o, "ms_min", json_real(r->ms_min));
