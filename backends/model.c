@@ -176,6 +176,9 @@ typedef struct {
     int cache_rows, Tc;
     int decode;                    /* 1: the batch is one new token per row, attend to the cache */
     int generating;                /* 1 inside a generate: logits only of each row's last token */
+    int Bl;                        /* a generate's logit rows (B, or a shared prefill's rows) */
+    const int32_t *lmap;           /* host (Bl): the sequence whose last token gives row b's
+                                      logits (a shared prefill), NULL: sequence b */
     int rac_stats;                 /* 1 while a call that asked for RAC statistics runs */
     int have_forward;
     int have_diag;                 /* a forward or generate has run */
@@ -1086,7 +1089,7 @@ static void layout_acts(arena *a, model *c)
     c->xf = TAKE_F(a, N * C);
     c->lnf = TAKE_F(a, N * C);
     c->rstdf = TAKE_F(a, N);
-    c->logits = TAKE_F(a, (c->generating ? (size_t)c->B : N) * (size_t)c->cfg.vocab_size);
+    c->logits = TAKE_F(a, (c->generating ? (size_t)c->Bl : N) * (size_t)c->cfg.vocab_size);
     c->lse = TAKE_F(a, N);
 }
 
@@ -1171,7 +1174,9 @@ static qd_status upload_batch(model *c)
  * 16 bytes (the CUDA fast prefill's tensor-core products need it). */
 static int att_stride(int Tm) { return (Tm + 3) & ~3; }
 
-static qd_status pack_batch(model *c, const qd_batch *bt)
+/* bt's tokens as the batch; Bl logit rows in a generate; where row_of is
+ * set, sequence b's keys and values go to cache row row_of[b]. */
+static qd_status pack_batch_rows(model *c, const qd_batch *bt, int Bl, const int32_t *row_of)
 {
     c->N = 0;
     c->Tm = 0;
@@ -1185,10 +1190,18 @@ static qd_status pack_batch(model *c, const qd_batch *bt)
                         c->cfg.max_position_embeddings);
     c->Tm = att_stride(c->Tm);
     c->B = bt->B;
+    c->Bl = Bl;
     c->temp = bt->temperature > 0.0f ? bt->temperature : 1.0f;
     QD_TRY(alloc_acts(c));
     QD_TRY(qd_pack_batch(c->tok, c->tgt, c->pos, c->row, c->src, c->seq_off, bt, c->cfg.vocab_size));
+    for (int n = 0; row_of && n < c->N; n++)
+        c->row[n] = row_of[c->row[n]];
     return upload_batch(c);
+}
+
+static qd_status pack_batch(model *c, const qd_batch *bt)
+{
+    return pack_batch_rows(c, bt, bt->B, NULL);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1646,7 +1659,7 @@ static qd_status attn_forward(model *c, float *out, layer_acts *s, const layer *
  * the same bits as the full head's rows). */
 static qd_status last_rows(model *c, const float **hin)
 {
-    int B = c->B, C = c->cfg.hidden_size;
+    int B = c->Bl, C = c->cfg.hidden_size;
     void *p;
     QD_TRY(scratch(c, S_ROWS, up256(sizeof(float) * (size_t)B * C) + sizeof(int32_t) * (size_t)B, &p));
     int32_t *d_last = (int32_t *)((char *)p + up256(sizeof(float) * (size_t)B * C));
@@ -1654,7 +1667,7 @@ static qd_status last_rows(model *c, const float **hin)
     if (!last)
         return qd_error(QD_ERR_NOMEM, "%s backend: prefill", c->ops->name);
     for (int b = 0; b < B; b++)
-        last[b] = c->seq_off[b + 1] - 1;
+        last[b] = c->seq_off[(c->lmap ? c->lmap[b] : b) + 1] - 1;
     qd_status st = OP(c, to_dev, d_last, last, sizeof(int32_t) * (size_t)B);
     free(last);
     QD_TRY(st);
@@ -1692,7 +1705,7 @@ static qd_status model_forward(model *c, float *logp)
     int nh = N;
     if (c->generating && !c->decode) {
         QD_TRY(last_rows(c, &hin));
-        nh = c->B;
+        nh = c->Bl;
     }
     QD_TRY(linear_forward(c, c->logits, hin, &c->lin[c->lm_head], nh));
     mark(c, QD_PH_LOGP);
@@ -1893,7 +1906,7 @@ typedef struct {
  * attending to the KV cache. */
 static qd_status decode_forward(model *c, gen_state *g, int na)
 {
-    c->N = c->B = na;
+    c->N = c->B = c->Bl = na;
     c->Tm = 0;
     for (int i = 0; i < na; i++)
         if (g->len[g->idx[i]] > c->Tm)
@@ -1926,6 +1939,108 @@ static qd_status sample_rows(model *c, qd_sample_result *out, int B, int V, cons
     return st;
 }
 
+int qd_model_share_prefill = 1;
+
+/* FNV-1a of a prompt's length and tokens. */
+static uint64_t prompt_hash(const int32_t *t, int n)
+{
+    uint64_t h = 1469598103934665603ull ^ (uint64_t)(uint32_t)n;
+    for (int i = 0; i < n; i++) {
+        h ^= (uint64_t)(uint32_t)t[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+/* Rows with one prompt (a group's samples) share its prefill: whether this
+ * generate may (every op is row-wise, §4: a row's numbers never depend on
+ * the batch; but RAC statistics and diagnostics count every row, so not
+ * while they are gathered), and then the distinct prompts: uq[b] the index
+ * of row b's prompt among them, first[j] the first row with prompt j;
+ * returns their count. */
+static int distinct_prompts(const model *c, const qd_generate_request *rq, int32_t *uq, int32_t *first,
+                            uint64_t *hash)
+{
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("QUADS_SHARE_PREFILL");
+        env = !(e && !strcmp(e, "0"));
+    }
+    int U = 0, B = rq->B, Tp = rq->Tp;
+    for (int b = 0; b < B; b++) {
+        const int32_t *t = rq->prompt + (size_t)b * Tp;
+        int n = rq->prompt_len[b], j = 0;
+        hash[b] = prompt_hash(t, n);
+        for (; j < U; j++) {
+            int f = first[j];
+            if (hash[f] == hash[b] && rq->prompt_len[f] == n &&
+                !memcmp(rq->prompt + (size_t)f * Tp, t, sizeof(int32_t) * (size_t)n))
+                break;
+        }
+        if (j == U)
+            first[U++] = b;
+        uq[b] = j;
+    }
+    int ok = env && qd_model_share_prefill && !c->opt.diagnostics && !(c->rac_stats && c->nrac_in > 0);
+    return ok ? U : B;
+}
+
+/* The prompts' forward, which fills the KV cache and gives each row's first
+ * logits. Where prompts repeat, only the distinct ones run: their keys and
+ * values go to their first row's cache row and are then copied to the other
+ * rows', and every row's logits come from its prompt's last token (the head
+ * runs once a row): the bits of the whole batch's prefill. */
+static qd_status prefill(model *c, const qd_generate_request *rq)
+{
+    int B = rq->B, Tp = rq->Tp;
+    qd_batch bt = {.B = B, .T = Tp, .tokens = rq->prompt, .lengths = rq->prompt_len, .temperature = 1.0f};
+    int32_t *uq = malloc(sizeof(int32_t) * (size_t)B), *first = malloc(sizeof(int32_t) * (size_t)B);
+    int32_t *ut = malloc(sizeof(int32_t) * (size_t)B * (size_t)Tp), *ul = malloc(sizeof(int32_t) * (size_t)B);
+    uint64_t *hash = malloc(sizeof(uint64_t) * (size_t)B);
+    qd_status st = QD_OK;
+    if (!uq || !first || !ut || !ul || !hash) {
+        st = qd_error(QD_ERR_NOMEM, "%s backend: prefill", c->ops->name);
+        goto out;
+    }
+    int U = distinct_prompts(c, rq, uq, first, hash);
+    if (U == B) {
+        st = pack_batch(c, &bt);
+        if (!st)
+            st = model_forward(c, NULL);
+        goto out;
+    }
+    for (int j = 0; j < U; j++) {
+        memcpy(ut + (size_t)j * Tp, rq->prompt + (size_t)first[j] * Tp, sizeof(int32_t) * (size_t)Tp);
+        ul[j] = rq->prompt_len[first[j]];
+    }
+    qd_batch bu = {.B = U, .T = Tp, .tokens = ut, .lengths = ul, .temperature = 1.0f};
+    c->lmap = uq;
+    st = pack_batch_rows(c, &bu, B, first);
+    if (!st)
+        st = model_forward(c, NULL);
+    c->lmap = NULL;
+    /* the other rows' cache rows: each layer's keys and values of their prompt */
+    size_t row = (size_t)c->Tc * c->cfg.num_key_value_heads * c->cfg.head_dim;
+    size_t lsz = (size_t)c->cache_rows * row;
+    for (int l = 0; l < c->cfg.num_hidden_layers && !st; l++)
+        for (int b = 0; b < B && !st; b++) {
+            int f = first[uq[b]];
+            if (f == b)
+                continue;
+            size_t bytes = sizeof(float) * (size_t)rq->prompt_len[b] * c->cfg.num_key_value_heads * c->cfg.head_dim;
+            st = OP(c, copy, c->kc + l * lsz + (size_t)b * row, c->kc + l * lsz + (size_t)f * row, bytes);
+            if (!st)
+                st = OP(c, copy, c->vc + l * lsz + (size_t)b * row, c->vc + l * lsz + (size_t)f * row, bytes);
+        }
+out:
+    free(uq);
+    free(first);
+    free(ut);
+    free(ul);
+    free(hash);
+    return st;
+}
+
 /* One token for every unfinished row: the prompts' forward (prefill, which
  * fills the KV cache) at step 0, a decode step after; *active = rows that ran. */
 static qd_status gen_step(model *c, gen_state *g, const qd_generate_request *rq, qd_generate_result *res,
@@ -1939,10 +2054,7 @@ static qd_status gen_step(model *c, gen_state *g, const qd_generate_request *rq,
     if (na == 0)
         return QD_OK;
     if (step == 0) {  /* every row is active at the prefill (max_new_tokens > 0) */
-        qd_batch bt = {.B = rq->B, .T = rq->Tp, .tokens = rq->prompt, .lengths = rq->prompt_len,
-                       .temperature = 1.0f};
-        QD_TRY(pack_batch(c, &bt));
-        QD_TRY(model_forward(c, NULL));
+        QD_TRY(prefill(c, rq));
     } else {
         QD_TRY(decode_forward(c, g, na));
     }
@@ -2316,7 +2428,7 @@ enum { PASS_FORWARD, PASS_PREFILL, PASS_DECODE };
 static void plan_pass(model *c, int N, int B, int Tm, int pass, size_t *acts, size_t *s)
 {
     const qd_model_config *g = &c->cfg;
-    c->N = N, c->B = B, c->Tm = pass == PASS_DECODE ? Tm : att_stride(Tm), c->generating = pass != PASS_FORWARD;
+    c->N = N, c->B = c->Bl = B, c->Tm = pass == PASS_DECODE ? Tm : att_stride(Tm), c->generating = pass != PASS_FORWARD;
     arena a = {NULL, 0};
     layout_acts(&a, c);
     need(acts, a.used);
@@ -2409,7 +2521,7 @@ static void plan_memory(model *c, const qd_workload *w, qd_mem_plan *p)
         p->bytes[QD_MEM_KV] = 2 * sizeof(float) * (size_t)g->num_hidden_layers * (size_t)B * (size_t)Tmax *
                               (size_t)g->num_key_value_heads * (size_t)g->head_dim;
     }
-    c->N = c->B = c->Tm = c->generating = 0;
+    c->N = c->B = c->Bl = c->Tm = c->generating = 0;
     p->bytes[QD_MEM_ACTS] = acts;
     for (int i = 0; i < S_NSCRATCH; i++)
         p->bytes[QD_MEM_SCRATCH] += s[i];

@@ -328,6 +328,12 @@ void qd_cuda_dev_free(void *dev);
 qd_backend *qd_model_backend_new(const qd_model_config *cfg, const qd_backend_options *opt, const qd_ops *ops,
                                  void *dev, void (*free_dev)(void *dev));
 
+/* 1 (the default): a generate's rows with one prompt (a group's samples) share
+ * its prefill (the same bits; not while RAC statistics or diagnostics are
+ * gathered); 0 (tests and benchmarks, or QUADS_SHARE_PREFILL=0): every row's
+ * prompt runs. */
+extern int qd_model_share_prefill;
+
 #ifdef __cplusplus
 }
 #endif

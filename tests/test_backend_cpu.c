@@ -1406,6 +1406,56 @@ START_TEST(test_generate_seed_contract)
 }
 END_TEST
 
+/* Rows with one prompt (a group's samples, each its own sampling stream)
+ * share its prefill: tokens, log-probs and lengths equal those of every
+ * row's own prefill bit for bit, in every rollout recipe, with a stop token
+ * and top-p; and with RAC statistics gathered (no sharing) too. */
+START_TEST(test_shared_prefill)
+{
+    enum { SB = 7, SP = 6, SM = 6 };
+    static const int32_t slen[SB] = {6, 3, 6, 6, 4, 3, 6};
+    static const int32_t pa[SP] = {5, 17, 33, 2, 60, 9}, pb[SP] = {40, 1, 22}, pc[SP] = {8, 8, 50, 13};
+    const int32_t *rows[SB] = {pa, pb, pa, pa, pc, pb, pa};
+    int32_t prompt[SB * SP] = {0}, stop = 3;
+    uint64_t sid[SB];
+    for (int b = 0; b < SB; b++) {
+        memcpy(prompt + b * SP, rows[b], sizeof(int32_t) * (size_t)slen[b]);
+        sid[b] = 1000 + (uint64_t)b;
+    }
+    prompt[6 * SP + 5] = 61; /* row 6: pa but its last token */
+    qd_model_config c = tiny_config(0, 1);
+    const qd_recipe rs[] = {QD_RECIPE_BF16, QD_RECIPE_FP8, QD_RECIPE_NVFP4, QD_RECIPE_QUADS};
+    for (size_t i = 0; i < sizeof rs / sizeof rs[0]; i++) {
+        qd_backend *b = make(&c, rs[i], QD_ROLE_ROLLOUT, 0.25, 1);
+        float *w = random_weights(b, 300 + i);
+        ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
+        int32_t tok[3][SB * SM], len[3][SB];
+        float lp[3][SB * SM];
+        for (int k = 0; k < 3; k++) {
+            qd_model_share_prefill = k != 1;
+            qd_generate_request rq = {.B = SB, .Tp = SP, .prompt = prompt, .prompt_len = slen, .seq_id = sid,
+                                      .seed = 5, .max_new_tokens = SM, .temperature = 1.0f, .top_p = 0.9f,
+                                      .stop = &stop, .num_stop = 1, .rac_stats = k == 2};
+            qd_generate_result res = {.tokens = tok[k], .logp = lp[k], .lengths = len[k]};
+            ck_assert_msg(qd_backend_generate(b, &rq, &res) == QD_OK, "generate: %s", qd_last_error());
+        }
+        qd_model_share_prefill = 1;
+        const char *what = qd_recipe_name(rs[i]);
+        for (int k = 1; k < 3; k++) {
+            ck_assert_msg(memcmp(tok[0], tok[k], sizeof tok[0]) == 0, "%s: tokens differ (%d)", what, k);
+            ck_assert_msg(memcmp(len[0], len[k], sizeof len[0]) == 0, "%s: lengths differ (%d)", what, k);
+            ck_assert_msg(memcmp(lp[0], lp[k], sizeof lp[0]) == 0, "%s: log-probs differ (%d)", what, k);
+        }
+        /* rows 0, 2, 3 share a prompt, not their streams; their first tokens'
+         * log-probs come from one set of logits */
+        ck_assert(memcmp(tok[0], tok[0] + 2 * SM, sizeof(int32_t) * SM) != 0 ||
+                  memcmp(tok[0], tok[0] + 3 * SM, sizeof(int32_t) * SM) != 0);
+        qd_backend_free(b);
+        free(w);
+    }
+}
+END_TEST
+
 /* ---- the driver's fallbacks for optional ops (backends/ops.h) */
 
 /* The CPU's ops without the grouped ops, the multi ops and sample: the driver then runs the
@@ -1791,6 +1841,7 @@ Suite *suite_backend_cpu(void)
     tcase_add_test(tc, test_generate_rollout_recipe);
     tcase_add_test(tc, test_generate_seed_contract);
     tcase_add_test(tc, test_null_ops_fallback);
+    tcase_add_test(tc, test_shared_prefill);
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_forward_temperature);
     suite_add_tcase(s, tc);

@@ -27,6 +27,7 @@
 #include <string.h>
 extern "C" {
 #include "backends/backend.h"
+#include "backends/ops.h" /* qd_model_share_prefill */
 #include "models/checkpoint.h"
 #include "quant/status.h"
 }
@@ -108,6 +109,7 @@ typedef struct {
     qd_backend *b[2];    /* cpu, cuda */
     const float *w;      /* master weights */
     size_t n;
+    int no_diag;         /* a rollout pair without diagnostics (a shared prefill's) */
 } pair;
 
 /* The forward checks' lengths: 3 sequences of Tm - 4, Tm and Tm / 2 tokens,
@@ -221,6 +223,53 @@ static qd_status check_generate(pair *p, float temp, const char *op)
     return QD_OK;
 }
 
+static qd_status open_pair(pair *p);
+
+/* Rollouts of 5 rows of 2 prompts (rows 0, 2, 3 one prompt, rows 1, 4
+ * another: a group's samples) on a pair without diagnostics and without RAC
+ * statistics, so the rows of one prompt share its prefill: CUDA against the
+ * CPU, and CUDA's shared prefill against every row's own (one row each). */
+static qd_status check_shared_prefill(pair *p)
+{
+    enum { B = 5, TP = 7, M = 6 };
+    pair q = *p;
+    q.no_diag = 1;
+    q.b[0] = q.b[1] = NULL;
+    int V = p->cfg.vocab_size;
+    int32_t prompt[B * TP], plen[B] = {6, 4, 6, 6, 4}, tok[3][B * M], lens[3][B];
+    uint64_t sid[B] = {21, 22, 23, 24, 25};
+    float lp[3][B * M];
+    uint32_t s = 4242u;
+    for (int i = 0; i < 2 * TP; i++)
+        prompt[i] = (int32_t)(lcg(&s) % (uint32_t)V);
+    memcpy(prompt + 2 * TP, prompt, sizeof(int32_t) * TP);
+    memcpy(prompt + 3 * TP, prompt, sizeof(int32_t) * TP);
+    memcpy(prompt + 4 * TP, prompt + TP, sizeof(int32_t) * TP);
+    qd_generate_request rq = {.B = B, .Tp = TP, .prompt = prompt, .prompt_len = plen, .seq_id = sid, .seed = 7u,
+                              .max_new_tokens = M, .temperature = 1.0f, .top_k = 0, .top_p = 0.9f, .stop = NULL,
+                              .num_stop = 0, .rac_stats = 0};
+    qd_status st = open_pair(&q); /* weights set */
+    for (int k = 0; k < 3 && !st; k++) {
+        qd_generate_result res = {.tokens = tok[k], .logp = lp[k], .lengths = lens[k]};
+        qd_model_share_prefill = k != 2;
+        st = qd_backend_generate(q.b[k ? 1 : 0], &rq, &res);
+        qd_model_share_prefill = 1;
+    }
+    for (int k = 0; k < 2; k++)
+        qd_backend_free(q.b[k]);
+    QD_TRY(st);
+    for (int j = 1; j < 3; j++) {
+        cmp c;
+        cmp_init(&c);
+        cmp_i32(&c, tok[j - 1], tok[j], B * M);
+        cmp_i32(&c, lens[j - 1], lens[j], B);
+        cmp_f32(&c, lp[j - 1], lp[j], B * M);
+        row(p->model, j == 1 ? "generate(shared prompts)" : "generate(shared = own prefill, cuda)", p->recipe,
+            p->role, &c);
+    }
+    return QD_OK;
+}
+
 /* The RAC state blobs of both backends, one row (none without RAC). */
 static qd_status rac_row(pair *p, const char *op)
 {
@@ -326,8 +375,6 @@ static qd_status check_train(pair *p)
     return st ? st : check_forward(p, "forward(after step)");
 }
 
-static qd_status open_pair(pair *p);
-
 /* The weight sync on the device (qd_backend_sync_from): after the step, a
  * CUDA rollout that gathered RAC statistics takes the CUDA trainer's weights
  * device to device, a CPU rollout the CPU trainer's by set_weights; the two
@@ -367,7 +414,7 @@ static qd_status open_pair(pair *p)
     opt.recipe = p->recipe;
     opt.role = p->role;
     opt.rac_ratio = 0.5;
-    opt.diagnostics = p->role == QD_ROLE_ROLLOUT;
+    opt.diagnostics = p->role == QD_ROLE_ROLLOUT && !p->no_diag;
     p->b[0] = qd_backend_cpu_init(&p->cfg, &opt);
     if (!p->b[0])
         return QD_ERR_ARG;
@@ -501,6 +548,7 @@ static qd_status check_pair(pair *p)
     QD_TRY(check_diag(p));
     QD_TRY(check_generate(p, 1.0f, "generate(top-p)"));
     QD_TRY(check_generate(p, 0.0f, "generate(greedy)"));
+    QD_TRY(check_shared_prefill(p));
     return check_rac(p);
 }
 
