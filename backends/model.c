@@ -518,16 +518,14 @@ static qd_status linears_forward(model *c, float *const *out, const float *inp, 
         int64_t nr[QD_RAC_MULTI];
         double *const *err[QD_RAC_MULTI];
         const int64_t *const *ch[QD_RAC_MULTI];
+        int32_t off[2] = {0, N};
         for (int i = 0; i < n; i++) {
-            if (measured(c, L[i])) {
-                int32_t off[2] = {0, N};
+            if (measured(c, L[i]))
                 QD_TRY(measure_act_rows(c, &L[i], off, 1, inp, N, L[i]->in));
-            }
             nr[i] = L[i]->nrac;
             err[i] = &L[i]->d_rac_err;
             ch[i] = (const int64_t *const *)&L[i]->d_rac_ch;
         }
-        int32_t off[2] = {0, N};
         QD_TRY(rac_acts(c, a, err, ch, nr, n, off, 1, inp, L[0]->in));
         return gemms(c, out, a, 1, L, n);
     }
@@ -1955,17 +1953,21 @@ static uint64_t prompt_hash(const int32_t *t, int n)
 /* Rows with one prompt (a group's samples) share its prefill: whether this
  * generate may (every op is row-wise, §4: a row's numbers never depend on
  * the batch; but RAC statistics and diagnostics count every row, so not
- * while they are gathered), and then the distinct prompts: uq[b] the index
- * of row b's prompt among them, first[j] the first row with prompt j;
- * returns their count. */
-static int distinct_prompts(const model *c, const qd_generate_request *rq, int32_t *uq, int32_t *first,
-                            uint64_t *hash)
+ * while they are gathered). */
+static int share_prefill_on(const model *c)
 {
     static int env = -1;
     if (env < 0) {
         const char *e = getenv("QUADS_SHARE_PREFILL");
         env = !(e && !strcmp(e, "0"));
     }
+    return env && qd_model_share_prefill && !c->opt.diagnostics && !(c->rac_stats && c->nrac_in > 0);
+}
+
+/* The distinct prompts of rq: uq[b] the index of row b's prompt among them,
+ * first[j] the first row with prompt j; returns their count. */
+static int distinct_prompts(const qd_generate_request *rq, int32_t *uq, int32_t *first, uint64_t *hash)
+{
     int U = 0, B = rq->B, Tp = rq->Tp;
     for (int b = 0; b < B; b++) {
         const int32_t *t = rq->prompt + (size_t)b * Tp;
@@ -1981,8 +1983,7 @@ static int distinct_prompts(const model *c, const qd_generate_request *rq, int32
             first[U++] = b;
         uq[b] = j;
     }
-    int ok = env && qd_model_share_prefill && !c->opt.diagnostics && !(c->rac_stats && c->nrac_in > 0);
-    return ok ? U : B;
+    return U;
 }
 
 /* The prompts' forward, which fills the KV cache and gives each row's first
@@ -1992,21 +1993,31 @@ static int distinct_prompts(const model *c, const qd_generate_request *rq, int32
  * runs once a row): the bits of the whole batch's prefill. */
 static qd_status prefill(model *c, const qd_generate_request *rq)
 {
-    int B = rq->B, Tp = rq->Tp;
-    qd_batch bt = {.B = B, .T = Tp, .tokens = rq->prompt, .lengths = rq->prompt_len, .temperature = 1.0f};
-    int32_t *uq = malloc(sizeof(int32_t) * (size_t)B), *first = malloc(sizeof(int32_t) * (size_t)B);
-    int32_t *ut = malloc(sizeof(int32_t) * (size_t)B * (size_t)Tp), *ul = malloc(sizeof(int32_t) * (size_t)B);
-    uint64_t *hash = malloc(sizeof(uint64_t) * (size_t)B);
+    int B = rq->B, Tp = rq->Tp, U = B;
+    int32_t *uq = NULL, *first = NULL, *ut = NULL, *ul = NULL;
+    uint64_t *hash = NULL;
     qd_status st = QD_OK;
-    if (!uq || !first || !ut || !ul || !hash) {
-        st = qd_error(QD_ERR_NOMEM, "%s backend: prefill", c->ops->name);
-        goto out;
+    if (B > 1 && share_prefill_on(c)) {
+        uq = malloc(sizeof(int32_t) * (size_t)B);
+        first = malloc(sizeof(int32_t) * (size_t)B);
+        hash = malloc(sizeof(uint64_t) * (size_t)B);
+        if (!uq || !first || !hash) {
+            st = qd_error(QD_ERR_NOMEM, "%s backend: prefill", c->ops->name);
+            goto out;
+        }
+        U = distinct_prompts(rq, uq, first, hash);
     }
-    int U = distinct_prompts(c, rq, uq, first, hash);
     if (U == B) {
+        qd_batch bt = {.B = B, .T = Tp, .tokens = rq->prompt, .lengths = rq->prompt_len, .temperature = 1.0f};
         st = pack_batch(c, &bt);
         if (!st)
             st = model_forward(c, NULL);
+        goto out;
+    }
+    ut = malloc(sizeof(int32_t) * (size_t)U * (size_t)Tp);
+    ul = malloc(sizeof(int32_t) * (size_t)U);
+    if (!ut || !ul) {
+        st = qd_error(QD_ERR_NOMEM, "%s backend: prefill", c->ops->name);
         goto out;
     }
     for (int j = 0; j < U; j++) {
