@@ -1783,7 +1783,7 @@ static qd_status attn_backward(model *c, float *dx, const float *dout, const lay
     mark(c, QD_PH_BWD_ATTN_LIN);
     QD_TRY(linear_backward(c, dao, dout, s->ao, &c->lin[ly->o], N));
     mark(c, QD_PH_BWD_ATTN);
-    QD_TRY(OP(c, attend_backward, dqr, dkr, dv, ds, dao, s->att, s->qr, s->kr, s->v, c->d_pos, c->d_slen, N, H,
+    QD_TRY(OP(c, attend_backward, dqr, dkr, dv, ds, dao, s->ao, s->att, s->qr, s->kr, s->v, c->d_pos, c->d_slen, N, H,
               KV, D, c->Tm, c->seq_off, c->B));
     mark(c, QD_PH_BWD);
     QD_TRY(OP(c, rope, dqr, c->d_pos, c->rope_cos, c->rope_sin, N, H, D, QD_ROPE_INVERSE));

@@ -236,15 +236,18 @@ typedef struct qd_ops {
      * prefill's packing, sequence b's tokens at rows seq_off[b] ..
      * seq_off[b+1]-1 with kbase and pos as it implies (NULL in decode); a
      * backend may take another route with it (CUDA fast mode: cuBLAS batched
-     * products per sequence and head, att then 0 for pos[n] < s < Tm) */
+     * products per sequence and head, att then 0 for pos[n] < s < Tm; under
+     * the BF16 recipes a fused kernel that writes only what its backward
+     * reads to att: there att is the backend's, read by attend_backward only) */
     qd_status (*attend)(void *dev, float *out, float *att, const float *q, const float *kb, const float *vb,
                         const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm,
                         const int32_t *seq_off, int nseq);
     /* packed sequences (pos (N) position in its sequence, slen (N) its length):
      * dq, dk, dv (zeroed by the caller) +=; ds scratch (N, H, Tm); seq_off as
-     * attend's (the same as the forward's: att as it wrote it) */
+     * attend's (the same as the forward's: att and out as it wrote them; out
+     * is read by the CUDA fast mode's fused kernel only) */
     qd_status (*attend_backward)(void *dev, float *dq, float *dk, float *dv, float *ds, const float *dout,
-                                 const float *att, const float *q, const float *k, const float *v,
+                                 const float *out, const float *att, const float *q, const float *k, const float *v,
                                  const int32_t *pos, const int32_t *slen, int N, int H, int KV, int D, int Tm,
                                  const int32_t *seq_off, int nseq);
     /* kr, v (N, KV*D) into the caches (rows, Tc, KV*D) at (row[n], pos[n]) */

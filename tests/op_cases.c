@@ -968,22 +968,19 @@ static void c_attend_backward(oc *c)
     float *dv = Z(c, sizeof(float) * N * KV * D), *ds = Z(c, sizeof(float) * N * H * Tm);
     int32_t *pos = I(c, a_pos, N);
     RUN(c, c->ops->attend(c->dev, o, att, q, k, v, I(c, a_kbase, N), pos, N, H, KV, D, Tm, a_seq, 2));
-    RUN(c, c->ops->attend_backward(c->dev, dq, dk, dv, ds, dout, att, q, k, v, pos, I(c, a_slen, N), N, H, KV, D,
+    RUN(c, c->ops->attend_backward(c->dev, dq, dk, dv, ds, dout, o, att, q, k, v, pos, I(c, a_slen, N), N, H, KV, D,
                                    Tm, a_seq, 2));
     OUT(c, "dq", 'f', dq, sizeof(float) * N * H * D);
     OUT(c, "dk", 'f', dk, sizeof(float) * N * KV * D);
     OUT(c, "dv", 'f', dv, sizeof(float) * N * KV * D);
 }
 
-/* a3b's heads (32 / 4 of 128) over three sequences of 37, 20 and 37 tokens
- * (two lengths: CUDA's fast prefill batches each length apart, the heads of
- * a group summed into dk, dv), Tm 40 past the longest; forward and backward. */
-static void c_attend_gqa_prefill(oc *c)
+/* Sequences seq[b] .. seq[b + 1] - 1 (NS of them, at most 256 rows) in a
+ * prefill's packing, H / KV heads of D, Tm; forward and backward. */
+static void prefill_case(oc *c, const int32_t *seq, int NS, int H, int KV, int D, int Tm)
 {
-    enum { N = 94, NS = 3 };
-    int H = 32, KV = 4, D = 128, Tm = 40;
-    const int32_t seq[NS + 1] = {0, 37, 57, 94};
-    int32_t kbase[N], pos[N], slen[N];
+    int N = seq[NS];
+    int32_t kbase[256], pos[256], slen[256];
     for (int b = 0; b < NS; b++)
         for (int n = seq[b]; n < seq[b + 1]; n++)
             kbase[n] = seq[b], pos[n] = n - seq[b], slen[n] = seq[b + 1] - seq[b];
@@ -994,13 +991,32 @@ static void c_attend_gqa_prefill(oc *c)
     float *dv = Z(c, sizeof(float) * N * KV * D), *ds = Z(c, sizeof(float) * N * H * Tm);
     int32_t *dpos = I(c, pos, N);
     RUN(c, c->ops->attend(c->dev, o, att, q, k, v, I(c, kbase, N), dpos, N, H, KV, D, Tm, seq, NS));
-    RUN(c, c->ops->attend_backward(c->dev, dq, dk, dv, ds, dout, att, q, k, v, dpos, I(c, slen, N), N, H, KV, D,
+    RUN(c, c->ops->attend_backward(c->dev, dq, dk, dv, ds, dout, o, att, q, k, v, dpos, I(c, slen, N), N, H, KV, D,
                                    Tm, seq, NS));
     OUT(c, "out", 'f', o, sizeof(float) * N * H * D);
     OUT(c, "att", 'f', att, sizeof(float) * N * H * Tm);
     OUT(c, "dq", 'f', dq, sizeof(float) * N * H * D);
     OUT(c, "dk", 'f', dk, sizeof(float) * N * KV * D);
     OUT(c, "dv", 'f', dv, sizeof(float) * N * KV * D);
+}
+
+/* a3b's heads (32 / 4 of 128) over three sequences of 37, 20 and 37 tokens
+ * (two lengths: CUDA's fast prefill batches each length apart, the heads of
+ * a group summed into dk, dv), Tm 40 past the longest. */
+static void c_attend_gqa_prefill(oc *c)
+{
+    static const int32_t seq[4] = {0, 37, 57, 94};
+    prefill_case(c, seq, 3, 32, 4, 128, 40);
+}
+
+/* Sequences of 65, 1 and 130 tokens, 8 / 2 heads of 64, Tm 131: CUDA's fused
+ * fast prefill (BF16 recipes) runs them in tiles of 64 queries and keys, so
+ * these cross its tile edges (a query tile over three key tiles, a lone
+ * query, a last tile of 1 and of 2 rows). */
+static void c_attend_tiles(oc *c)
+{
+    static const int32_t seq[4] = {0, 65, 66, 196};
+    prefill_case(c, seq, 3, 8, 2, 64, 131);
 }
 
 static void c_store_kv(oc *c)
@@ -1420,6 +1436,7 @@ static const op_case cases[] = {
     {{"attend decode gqa 16/4x64 to 299", "attend", 1}, c_attend_gqa4},
     {{"attend_backward 2 seqs", "attend_backward", 1}, c_attend_backward},
     {{"attend+bwd gqa prefill 37,20,37", "attend_backward", 1}, c_attend_gqa_prefill},
+    {{"attend+bwd tiles 65,1,130 8/2x64", "attend_backward", 1}, c_attend_tiles},
     {{"store_kv 4 tokens", "store_kv", 0}, c_store_kv},
     {{"route renorm 13x16 k4", "route", 0}, c_route_norm},
     {{"route raw 13x16 k4", "route", 0}, c_route_raw},

@@ -758,11 +758,11 @@ static qd_status cpu_attend(void *dev, float *out, float *att, const float *q, c
 
 /* The packed sequences start where pos is 0 and run slen tokens. */
 static qd_status cpu_attend_backward(void *dev, float *dq, float *dk, float *dv, float *ds, const float *dout,
-                                     const float *att, const float *q, const float *k, const float *v,
-                                     const int32_t *pos, const int32_t *slen, int N, int H, int KV, int D, int Tm,
-                                     const int32_t *hseq_off, int nseq)
+                                     const float *out, const float *att, const float *q, const float *k,
+                                     const float *v, const int32_t *pos, const int32_t *slen, int N, int H, int KV,
+                                     int D, int Tm, const int32_t *hseq_off, int nseq)
 {
-    (void)ds, (void)hseq_off, (void)nseq;
+    (void)ds, (void)out, (void)hseq_off, (void)nseq;
     int32_t *seq_off = malloc(sizeof(int32_t) * ((size_t)N + 1));
     if (!seq_off)
         return qd_error(QD_ERR_NOMEM, "cpu backend: attention backward");

@@ -984,37 +984,6 @@ static qd_status cuda_rac_augment_act(void *dev, qd_nvfp4 *out, const float *x, 
     return qd_cuda_rac_augment_act_async(out, x, rows, K, ch, n, (float *)ws);
 }
 
-/* The experts' pointers and row offsets go up in one copy; then one launch
- * per step for every expert (fake-quant, the statistics, the main blocks,
- * the residuals, their quantization). */
-static qd_status cuda_rac_grouped(void *dev, qd_nvfp4 *a, double *const *err, const int64_t *const *ch,
-                                  const int32_t *off, int E, const float *x, int K, int64_t n)
-{
-    cuda_dev *d = D(dev);
-    int R = off[E];
-    if (R == 0)
-        return QD_OK;
-    size_t pb = sizeof(void *) * 2 * (size_t)E, bytes = pb + sizeof(int32_t) * ((size_t)E + 1);
-    void *h, *p, *xh, *ws;
-    QD_TRY(host_scratch(d, bytes, &h));
-    if (err)
-        memcpy(h, err, sizeof(void *) * (size_t)E);
-    memcpy((char *)h + sizeof(void *) * (size_t)E, ch, sizeof(void *) * (size_t)E);
-    memcpy((char *)h + pb, off, sizeof(int32_t) * ((size_t)E + 1));
-    QD_TRY(scratch(d, D_RACPTR, bytes, &p));
-    QD_TRY(cuda_to_dev(dev, p, h, bytes));
-    double *const *d_err = (double *const *)p;
-    const int64_t *const *d_ch = (const int64_t *const *)((char *)p + sizeof(void *) * (size_t)E);
-    const int32_t *d_off = (const int32_t *)((char *)p + pb);
-    if (err) {
-        QD_TRY(scratch(d, D_XH, sizeof(float) * (size_t)R * K, &xh));
-        QD_TRY(qd_cuda_nvfp4_fake_quant_async((float *)xh, x, R, K, QD_SCALE_PER_ROW));
-        QD_TRY(qdk_rac_error_grouped(d_err, x, (const float *)xh, d_off, E, K));
-    }
-    QD_TRY(scratch(d, D_RACWS, sizeof(float) * (((size_t)R + 63) / 64 * 64 + (size_t)R * n), &ws));
-    return qd_cuda_rac_augment_act_grouped_async(a, x, R, K, d_ch, d_off, E, n, (float *)ws);
-}
-
 /* rac_grouped's upload for count linears in one copy (the statistics'
  * pointers, the channel sets', the offsets), the fake-quant of x once for
  * the statistics, and one launch for every linear's augmented rows. */
@@ -1057,6 +1026,13 @@ static qd_status cuda_rac_multi(void *dev, qd_nvfp4 *const *a, double *const *co
     }
     QD_TRY(scratch(d, D_RACWS, qd_cuda_rac_multi_ws(R, n, count), &ws));
     return qd_cuda_rac_multi_async(a, x, R, K, chi, n, count, d_off, E, (float *)ws);
+}
+
+/* rac_grouped is rac_multi of one linear (the op contract: the same bits). */
+static qd_status cuda_rac_grouped(void *dev, qd_nvfp4 *a, double *const *err, const int64_t *const *ch,
+                                  const int32_t *off, int E, const float *x, int K, int64_t n)
+{
+    return cuda_rac_multi(dev, &a, err ? &err : NULL, &ch, &n, 1, off, E, x, K);
 }
 
 static size_t up256(size_t n) { return (n + 255) & ~(size_t)255; }
@@ -1127,10 +1103,20 @@ static int attn_gemm_fits(int D, int Tm, const void *const *p, int n)
     return 1;
 }
 
+/* Fast mode's prefill under the BF16 recipes: the fused kernel of
+ * cuda_flash.cu (att then holds what its backward reads); both directions ask
+ * the same question. */
+static int flash_route(void *dev, int N, int D, int H, int KV, int Tm, const int32_t *seq_off)
+{
+    return D(dev)->mode == QD_MODE_FAST && D(dev)->fast16 && seq_off && qd_cuda_flash_fits(N, D, H, KV, Tm);
+}
+
 static qd_status cuda_attend(void *dev, float *out, float *att, const float *q, const float *kb, const float *vb,
                              const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm,
                              const int32_t *seq_off, int nseq)
 {
+    if (flash_route(dev, N, D, H, KV, Tm, seq_off))
+        return qd_cuda_flash_attend(out, att, q, kb, vb, seq_off, nseq, N, H, KV, D, Tm);
     if (D(dev)->mode == QD_MODE_FAST && seq_off) { /* a prefill */
         const void *p[] = {out, att, q, kb, vb};
         if (attn_gemm_fits(D, Tm, p, 5)) /* cuBLAS's batched products */
@@ -1145,10 +1131,13 @@ static qd_status cuda_attend(void *dev, float *out, float *att, const float *q, 
 }
 
 static qd_status cuda_attend_backward(void *dev, float *dq, float *dk, float *dv, float *ds, const float *dout,
-                                      const float *att, const float *q, const float *k, const float *v,
-                                      const int32_t *pos, const int32_t *slen, int N, int H, int KV, int D, int Tm,
-                                      const int32_t *seq_off, int nseq)
+                                      const float *out, const float *att, const float *q, const float *k,
+                                      const float *v, const int32_t *pos, const int32_t *slen, int N, int H, int KV,
+                                      int D, int Tm, const int32_t *seq_off, int nseq)
 {
+    if (flash_route(dev, N, D, H, KV, Tm, seq_off))
+        return qd_cuda_flash_attend_backward(dq, dk, dv, ds, dout, out, att, q, k, v, seq_off, nseq, N, H, KV, D,
+                                             Tm);
     const void *p[] = {dq, dk, dv, ds, dout, att, q, k, v};
     if (D(dev)->mode == QD_MODE_FAST && seq_off && attn_gemm_fits(D, Tm, p, 9)) /* att as the fast prefill wrote it */
         return qd_cuda_attend_gemm_backward(dq, dk, dv, ds, dout, att, q, k, v, pos, seq_off, nseq, N, H, KV, D, Tm,

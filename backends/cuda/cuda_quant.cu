@@ -2526,15 +2526,22 @@ static qd_status launch_w4a4_tc(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
     return QD_OK;
 }
 
+/* The groups of one product: all M rows against the one weight w. */
+static w4a4_groups one_group(const qd_nvfp4 *w, int64_t M)
+{
+    w4a4_groups g;
+    g.row0[0] = 0;
+    g.rows[0] = M;
+    g.codes[0] = w->codes;
+    g.scales[0] = w->scales;
+    g.sdec[0] = w->s_dec;
+    return g;
+}
+
 extern "C" qd_status qd_cuda_w4a4_gemm_tc_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
 {
     if (!qd_cuda_w4a4_legacy && a->cols == w->cols && a->cols % QD_NVFP4_BLOCK == 0) {
-        w4a4_groups g;
-        g.row0[0] = 0;
-        g.rows[0] = a->rows;
-        g.codes[0] = w->codes;
-        g.scales[0] = w->scales;
-        g.sdec[0] = w->s_dec;
+        w4a4_groups g = one_group(w, a->rows);
         return w4a4_mma(y, a, &g, 1, a->rows, w->per_row, w->rows, a->cols);
     }
     if (a->cols != w->cols || a->cols % (16 * QD_TC_CHUNK))
@@ -2574,12 +2581,7 @@ extern "C" qd_status qd_cuda_w4a4_gemm_multi_async(float *const *y, const qd_nvf
         one = a[i]->rows == M && a[i]->cols == K && w[i]->cols == K && a[i]->per_row == a[0]->per_row &&
               w[i]->per_row == w[0]->per_row && w[i]->rows > 0;
     if (one) {
-        w4a4_groups g;
-        g.row0[0] = 0;
-        g.rows[0] = M;
-        g.codes[0] = w[0]->codes;
-        g.scales[0] = w[0]->scales;
-        g.sdec[0] = w[0]->s_dec;
+        w4a4_groups g = one_group(w[0], M);
         dec_multi mu;
         memset(&mu, 0, sizeof mu);
         mu.count = count;

@@ -43,18 +43,30 @@ static double fast_bound(const char *slot)
  * bits, rounded to nearest: a relative change of at most 2^-9 an element,
  * none for a BF16 value), so a sum of random-sign terms moves by about 2^-8
  * of its typical size; 4 * 2^-8 leaves room for the largest of many outputs.
- * Attention's products read theirs as TF32 (at most 2^-11 an element):
- * 4 * 2^-10. (QUADS_FAST_BF16=0 puts every product back on TF32 or float32:
- * inside the same bounds.) */
+ * Attention's: the fused prefill kernel (cuda_flash.cu, head dims 64 and 128)
+ * reads q, k, v, P, dout and dS as BF16: the matmuls' 4 * 2^-8; its att is
+ * its own (the log-sum-exp its backward reads), not compared. Other head
+ * dims go through cuBLAS in TF32 (at most 2^-11 an element), inside that.
+ * (QUADS_FAST_BF16=0 puts every product back on TF32 or float32: inside the
+ * same bounds.) */
 static double fast16_bound(const char *slot)
 {
     if (!strcmp(slot, "matmul") || !strcmp(slot, "matmul_grouped") || !strcmp(slot, "matmul_backward") ||
         !strcmp(slot, "head_backward")) /* the lm_head's: its dy (dlogits) as BF16 bits */
         return 4.0 / 256;
-    return !strcmp(slot, "attend") || !strcmp(slot, "attend_backward") ? 4.0 / 1024 : -1;
+    return !strcmp(slot, "attend") || !strcmp(slot, "attend_backward") ? 4.0 / 256 : -1;
 }
 
-static int check(int i, void *cpu, void *cuda, const qd_ops *co, uint64_t seed, const char *mode, double bound)
+/* The output named skip (NULL: none) left out of the comparison in both results. */
+static void leave_out(qd_op_result *r, const char *skip)
+{
+    for (int k = 0; skip && k < r->nout; k++)
+        if (!strcmp(r->out[k].name, skip))
+            r->out[k].bytes = 0;
+}
+
+static int check(int i, void *cpu, void *cuda, const qd_ops *co, uint64_t seed, const char *mode, double bound,
+                 const char *skip)
 {
     qd_op_case_info ci = qd_op_case(i);
     qd_op_result a, b;
@@ -70,6 +82,8 @@ static int check(int i, void *cpu, void *cuda, const qd_ops *co, uint64_t seed, 
     }
     double err;
     char what[64];
+    leave_out(&a, skip);
+    leave_out(&b, skip);
     int ok = qd_op_result_compare(&b, &a, bound, &err, what);
     printf("| %-30s | %-6s | %4llu | %-17s | %10.3e | %9.1e | %s %s\n", ci.name, mode, (unsigned long long)seed,
            ci.slot, err, bound < 0 ? 0.0 : bound, ok ? (err == 0 ? "bits equal" : "within") : "FAIL", ok ? "" : what);
@@ -93,14 +107,15 @@ int main(int argc, char **argv)
     for (int i = 0; i < qd_op_case_count(); i++)
         for (uint64_t s = 1; s <= (uint64_t)seeds; s++) {
             qd_op_case_info ci = qd_op_case(i);
-            fails += !check(i, cpu, exact, qd_cuda_ops(), s, "exact", -1);
-            fails += !check(i, cpu, fast, qd_cuda_ops(), s, "fast", ci.fast_differs ? fast_bound(ci.slot) : -1);
+            fails += !check(i, cpu, exact, qd_cuda_ops(), s, "exact", -1, NULL);
+            fails += !check(i, cpu, fast, qd_cuda_ops(), s, "fast", ci.fast_differs ? fast_bound(ci.slot) : -1,
+                            NULL);
             rows += 2;
             /* not the subnormal products' case under fast16: the BF16 tensor
              * cores may flush a product below 2^-126 to zero, which fast mode
              * accepts (a model's products are nowhere near) */
             if (ci.fast_differs && fast16_bound(ci.slot) >= 0 && !strstr(ci.name, "tiny products")) {
-                fails += !check(i, cpu, fast16, qd_cuda_ops(), s, "fast16", fast16_bound(ci.slot));
+                fails += !check(i, cpu, fast16, qd_cuda_ops(), s, "fast16", fast16_bound(ci.slot), "att");
                 rows++;
             }
         }
