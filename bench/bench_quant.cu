@@ -6,11 +6,18 @@
  *       then the RAC pick of a weight sync (qd_cuda_rac_select_async) at a3b's
  *       4-layer linears beside the kernel before it, picks compared;
  *   (b) the canonical W4A4 GEMV/GEMM (K = 4096, N = 14336, M = 1..64) in achieved
- *       weight bandwidth, beside cuBLASLt BF16 and FP8 E4M3 (per-tensor scales).
+ *       weight bandwidth, beside cuBLASLt BF16 and FP8 E4M3 (per-tensor scales);
+ *   (c) --attention: fast mode's prefill attention under the BF16 recipes, the
+ *       fused kernels (cuda_flash.cu) beside the batched TF32 products
+ *       (qd_cuda_attend_gemm), forward and backward, at a3b's training shape
+ *       (16 x 1,024 tokens, 32 / 4 heads of 128) and at 4 x 4,096, in TFLOP/s
+ *       of the causal half's useful products (forward 4 D P, backward 8 D P
+ *       for P query-key pairs: neither the batched route's upper triangle nor
+ *       the fused backward's recomputed S counted).
  * Each time is the median of REPS launches timed with CUDA events after warm-up;
  * the L2 (60 MB on the H200) is flushed before every timed launch, so weights come
  * from HBM as in a decode step.
- *     bench/bench_quant [REPS] [--quantize] [--json FILE] [--commit ID]
+ *     bench/bench_quant [REPS] [--quantize | --attention] [--json FILE] [--commit ID]
  * --quantize: table (a) only; --json: its rows as JSON lines (model, engine, recipe,
  * mode, op, ms, bandwidth_fraction, commit, ...), for docs/results/train-h200.jsonl.
  * Exits 1 when a quantize output or a RAC pick of the new kernels differs from the
@@ -24,6 +31,7 @@
 #include <string.h>
 #include <algorithm>
 #include <vector>
+#include "backends/cuda/cuda_blas.h"
 #include "backends/cuda/cuda_die.h"
 #include "backends/cuda/cuda_quant.h"
 #include "quant/numerics.h"
@@ -561,14 +569,81 @@ static void bench_rac_select(void)
     QD_CUDA_DIE(cudaFree(ch[1]));
 }
 
+/* ---- (c) the prefill attention: B sequences of T tokens, H / KV heads of D */
+static void attention_row(int B, int T, int H, int KV, int D)
+{
+    int N = B * T;
+    std::vector<int32_t> seq(B + 1), pos(N);
+    for (int b = 0; b <= B; b++)
+        seq[b] = b * T;
+    for (int n = 0; n < N; n++)
+        pos[n] = n % T;
+    int32_t *dpos;
+    QD_CUDA_DIE(cudaMalloc((void **)&dpos, sizeof(int32_t) * N));
+    QD_CUDA_DIE(cudaMemcpy(dpos, pos.data(), sizeof(int32_t) * N, cudaMemcpyHostToDevice));
+    int64_t nq = (int64_t)N * H * D, nk = (int64_t)N * KV * D, na = (int64_t)N * H * T;
+    float *q = random_dev(nq, 1), *k = random_dev(nk, 2), *v = random_dev(nk, 3), *dout = random_dev(nq, 4);
+    float *out, *att, *ds, *dq, *dk, *dv;
+    QD_CUDA_DIE(cudaMalloc((void **)&out, sizeof(float) * nq));
+    QD_CUDA_DIE(cudaMalloc((void **)&dq, sizeof(float) * nq));
+    QD_CUDA_DIE(cudaMalloc((void **)&dk, sizeof(float) * nk));
+    QD_CUDA_DIE(cudaMalloc((void **)&dv, sizeof(float) * nk));
+    QD_CUDA_DIE(cudaMalloc((void **)&att, sizeof(float) * na));
+    QD_CUDA_DIE(cudaMalloc((void **)&ds, sizeof(float) * na));
+    double pairs = (double)B * H * T * (T + 1) / 2, ff = 4.0 * D * pairs, fb = 8.0 * D * pairs;
+    const int32_t *so = seq.data();
+    auto ok = [](qd_status st) {
+        if (st != QD_OK) {
+            fprintf(stderr, "bench_quant: attention: %s\n", qd_last_error());
+            exit(1);
+        }
+    };
+    float t[4];
+    if (!qd_cuda_flash_fits(N, D, H, KV, T)) {
+        printf("| %d x %d, %d / %d x %d | the fused kernels do not take this shape |\n", B, T, H, KV, D);
+        return;
+    }
+    t[0] = time_ms([&] { ok(qd_cuda_flash_attend(out, att, q, k, v, so, B, N, H, KV, D, T)); });
+    t[1] = time_ms([&] {
+        ok(qd_cuda_flash_attend_backward(dq, dk, dv, ds, dout, out, att, q, k, v, so, B, N, H, KV, D, T));
+    });
+    t[2] = time_ms([&] { ok(qd_cuda_attend_gemm(out, att, q, k, v, dpos, so, B, N, H, KV, D, T, QD_GEMM_TF32)); });
+    t[3] = time_ms([&] {
+        ok(qd_cuda_attend_gemm_backward(dq, dk, dv, ds, dout, att, q, k, v, dpos, so, B, N, H, KV, D, T,
+                                        QD_GEMM_TF32));
+    });
+    const char *dir[2] = {"forward", "backward"};
+    for (int i = 0; i < 2; i++) {
+        double f = i ? fb : ff;
+        printf("| %d x %d, %d / %d x %d | %s | %.3f | %.0f | %.3f | %.0f | %.2f |\n", B, T, H, KV, D, dir[i], t[i],
+               f / t[i] * 1e-9, t[2 + i], f / t[2 + i] * 1e-9, t[2 + i] / t[i]);
+    }
+    float *bufs[] = {q, k, v, dout, out, dq, dk, dv, att, ds};
+    for (float *b : bufs)
+        QD_CUDA_DIE(cudaFree(b));
+    QD_CUDA_DIE(cudaFree(dpos));
+}
+
+static void bench_attention(void)
+{
+    printf("\nprefill attention (causal), fused BF16 kernels vs cuBLAS batched TF32 products; TFLOP/s of the\n"
+           "causal half's useful products (forward 4 D P, backward 8 D P, P query-key pairs)\n\n");
+    printf("| shape (B x T, H / KV x D) | direction | fused ms | fused TFLOP/s | batched ms | batched TFLOP/s | "
+           "fused speed-up |\n|---|---|---:|---:|---:|---:|---:|\n");
+    attention_row(16, 1024, 32, 4, 128);
+    attention_row(4, 4096, 32, 4, 128);
+}
+
 int main(int argc, char **argv)
 {
     cudaDeviceProp p;
     cublasLtHandle_t h;
-    int only_quantize = 0;
+    int only_quantize = 0, only_attention = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quantize"))
             only_quantize = 1;
+        else if (!strcmp(argv[i], "--attention"))
+            only_attention = 1;
         else if (!strcmp(argv[i], "--json") && i + 1 < argc)
             json_out = fopen(argv[++i], "w");
         else if (!strcmp(argv[i], "--commit") && i + 1 < argc)
@@ -576,7 +651,7 @@ int main(int argc, char **argv)
         else if (atoi(argv[i]) > 0)
             reps = atoi(argv[i]);
         else {
-            fprintf(stderr, "usage: bench/bench_quant [REPS] [--quantize] [--json FILE] [--commit ID]\n");
+            fprintf(stderr, "usage: bench/bench_quant [REPS] [--quantize | --attention] [--json FILE] [--commit ID]\n");
             return 2;
         }
     }
@@ -586,6 +661,10 @@ int main(int argc, char **argv)
     QD_CUDA_DIE(cudaEventCreate(&ev1));
     printf("device: %s, %d SMs, L2 %d MB; median of %d reps, L2 flushed before each\n", p.name,
            p.multiProcessorCount, p.l2CacheSize >> 20, reps);
+    if (only_attention) {
+        bench_attention();
+        return 0;
+    }
     double copy = copy_bandwidth();
     printf("device-to-device copy (1 GiB, bytes read + written): %.0f GB/s\n", copy);
     printf("quantize bytes: x read once per pass (per-tensor twice: amax pass + quantize pass; per-row once,\n"
