@@ -552,6 +552,97 @@ static qd_status check_pair(pair *p)
     return check_rac(p);
 }
 
+/* Fast mode's fused prefill attention (backends/cuda/cuda_flash.cu: heads of
+ * 64 or 128 and Tm past D + D KV / H; the fixtures' heads of 16 and their 13
+ * tokens never take it) on whole models: qwen3moe_gqa_untied's config with
+ * heads of 64 (4 / 2), random weights (uniform in [-0.1, 0.1], norms 1 + that),
+ * sequences of 130, 97 and 64 tokens (tiles of 64 crossed), the bf16 and
+ * quads trainers' gradients and the bf16 rollout's logits against the CPU's
+ * exact numbers within fast mode's bounds (fast_bound). */
+static void check_flash(void)
+{
+    enum { FB = 3, FT = 130 };
+    static const int32_t len[FB] = {130, 97, 64};
+    pair p;
+    memset(&p, 0, sizeof p);
+    p.model = "gqa_untied(head 64)";
+    if (qd_checkpoint_read_config("tests/fixtures/hf_models/qwen3moe_gqa_untied", &p.cfg)) {
+        fprintf(stderr, "check_backend: flash: %s\n", qd_last_error());
+        g_worst = 2;
+        return;
+    }
+    p.cfg.head_dim = 64;
+    p.cfg.max_position_embeddings = 256;
+    qd_backend_options o;
+    memset(&o, 0, sizeof o);
+    qd_backend *probe = qd_backend_cpu_init(&p.cfg, &o);
+    if (!probe) {
+        fprintf(stderr, "check_backend: flash: %s\n", qd_last_error());
+        g_worst = 2;
+        return;
+    }
+    int np = 0;
+    const qd_param_info *pi = qd_backend_params(probe, &np);
+    p.n = qd_backend_num_floats(probe);
+    float *w = (float *)malloc(sizeof(float) * p.n), *g = (float *)malloc(sizeof(float) * 2 * p.n);
+    int32_t tok[FB * FT];
+    float lp[FB * FT], dlp[FB * FT];
+    uint32_t s = 9090u;
+    for (size_t i = 0; w && i < p.n; i++)
+        w[i] = ((float)(lcg(&s) % 2001u) - 1000.0f) / 10000.0f;
+    for (int i = 0; w && i < np; i++)
+        if (strstr(pi[i].name, "norm"))
+            for (int64_t j = 0; j < pi[i].rows * pi[i].cols; j++)
+                w[pi[i].offset + (size_t)j] += 1.0f;
+    qd_backend_free(probe);
+    for (int i = 0; i < FB * FT; i++) {
+        tok[i] = (int32_t)(lcg(&s) % (uint32_t)p.cfg.vocab_size);
+        dlp[i] = ((float)(lcg(&s) % 2001u) - 1000.0f) / 1000.0f;
+    }
+    qd_batch bt = {.B = FB, .T = FT, .tokens = tok, .lengths = len, .temperature = 0.8f};
+    p.w = w;
+    p.mode = QD_MODE_FAST;
+    static const struct {
+        qd_recipe r;
+        qd_role role;
+    } runs[] = {{QD_RECIPE_BF16, QD_ROLE_TRAINER}, {QD_RECIPE_QUADS, QD_ROLE_TRAINER}, {QD_RECIPE_BF16, QD_ROLE_ROLLOUT}};
+    for (size_t k = 0; w && g && k < sizeof runs / sizeof runs[0]; k++) {
+        p.recipe = runs[k].r;
+        p.role = runs[k].role;
+        p.b[0] = p.b[1] = NULL;
+        p.no_diag = 1;
+        qd_status st = open_pair(&p);
+        if (!st && p.role == QD_ROLE_TRAINER) {
+            for (int b = 0; b < 2 && !st; b++) {
+                qd_backend_zero_grad(p.b[b]);
+                st = qd_backend_forward(p.b[b], &bt, lp, NULL);
+                if (!st)
+                    st = qd_backend_backward(p.b[b], dlp);
+                if (!st)
+                    st = qd_backend_get_grads(p.b[b], g + b * p.n, p.n);
+            }
+            if (!st)
+                row_fast(&p, "flash backward", rel_l2(g, g + p.n, p.n), rel_max(g, g + p.n, p.n), fast_bound(&p, 1));
+        } else if (!st) {
+            float *flp = NULL, *lg = NULL;
+            size_t nl = 0;
+            st = fwd_both(&p, FB, len, 0.0f, &flp, &lg, &nl);
+            if (!st)
+                row_fast(&p, "flash forward", rel_l2(lg, lg + nl, nl), rel_max(lg, lg + nl, nl), fast_bound(&p, 0));
+            free(flp);
+            free(lg);
+        }
+        if (st) {
+            fprintf(stderr, "check_backend: flash %s: %s\n", qd_recipe_name(p.recipe), qd_last_error());
+            g_worst = 2;
+        }
+        for (int b = 0; b < 2; b++)
+            qd_backend_free(p.b[b]);
+    }
+    free(w);
+    free(g);
+}
+
 static void check_model(const char *dir)
 {
     pair p;
@@ -714,6 +805,8 @@ int main(int argc, char **argv)
            "bits equal");
     for (int i = 0; i < n; i++)
         check_model(argc > 1 ? argv[i + 1] : default_dirs[i]);
+    if (argc <= 1)
+        check_flash();
     check_oom();
     check_plan();
     printf("check_backend: %d rows: %d exact bit-identical, %d fast within bounds: %s\n", g_rows, g_equal, g_fast_ok,
