@@ -573,6 +573,10 @@ static void bench_rac_select(void)
 static void attention_row(int B, int T, int H, int KV, int D)
 {
     int N = B * T;
+    if (!qd_cuda_flash_fits(N, D, H, KV, T)) {
+        printf("| %d x %d, %d / %d x %d | the fused kernels do not take this shape |\n", B, T, H, KV, D);
+        return;
+    }
     std::vector<int32_t> seq(B + 1), pos(N);
     for (int b = 0; b <= B; b++)
         seq[b] = b * T;
@@ -599,10 +603,6 @@ static void attention_row(int B, int T, int H, int KV, int D)
         }
     };
     float t[4];
-    if (!qd_cuda_flash_fits(N, D, H, KV, T)) {
-        printf("| %d x %d, %d / %d x %d | the fused kernels do not take this shape |\n", B, T, H, KV, D);
-        return;
-    }
     t[0] = time_ms([&] { ok(qd_cuda_flash_attend(out, att, q, k, v, so, B, N, H, KV, D, T)); });
     t[1] = time_ms([&] {
         ok(qd_cuda_flash_attend_backward(dq, dk, dv, ds, dout, out, att, q, k, v, so, B, N, H, KV, D, T));

@@ -572,6 +572,22 @@ static qd_status ptrs_upload(blas_ctx *c, size_t n)
     return QD_OK;
 }
 
+qd_status qd_cuda_blas_table(size_t bytes, void **host)
+{
+    blas_ctx *c;
+    QD_TRY(get_ctx(&c));
+    return ptrs_begin(c, (bytes + sizeof(void *) - 1) / sizeof(void *), (void ***)host);
+}
+
+qd_status qd_cuda_blas_table_upload(size_t bytes, void **dev)
+{
+    blas_ctx *c;
+    QD_TRY(get_ctx(&c));
+    QD_TRY(ptrs_upload(c, (bytes + sizeof(void *) - 1) / sizeof(void *)));
+    *dev = c->dptr;
+    return QD_OK;
+}
+
 static qd_status seqs_check(const char *fn, const int32_t *seq_off, int nseq, int N, int H, int KV, int Tm)
 {
     if (nseq < 0 || H <= 0 || KV <= 0 || H % KV || seq_off[0] != 0 || seq_off[nseq] != N)

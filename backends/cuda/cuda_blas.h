@@ -177,6 +177,12 @@ qd_status qd_cuda_attend_gemm_backward(float *dq, float *dk, float *dv, float *d
  * of N H Tm floats large enough for its scratch) and QUADS_FLASH is not 0; the
  * caller makes the same choice for both directions. */
 int qd_cuda_flash_fits(int N, int D, int H, int KV, int Tm);
+/* A small table for the device through the pinned ring of the batched
+ * products' pointer arrays: *host (bytes, 16-byte aligned) to fill, then the
+ * upload (stream 0) gives its device copy, valid for the work enqueued before
+ * the ring's slot comes round again. */
+qd_status qd_cuda_blas_table(size_t bytes, void **host);
+qd_status qd_cuda_blas_table_upload(size_t bytes, void **dev);
 qd_status qd_cuda_flash_attend(float *out, float *att, const float *q, const float *k, const float *v,
                                const int32_t *seq_off, int nseq, int N, int H, int KV, int D, int Tm);
 qd_status qd_cuda_flash_attend_backward(float *dq, float *dk, float *dv, float *ds, const float *dout,

@@ -40,8 +40,6 @@ extern "C" {
 #define FL_N 64      /* keys (forward, dq) a step */
 #define FL_QB 32     /* queries a step of the dk, dv kernel */
 #define FL_THREADS 128
-#define FL_SLOTS 4   /* tile tables in flight */
-#define FL_DEVICES 16
 
 typedef __nv_bfloat16 bf16;
 
@@ -364,8 +362,9 @@ __global__ void __launch_bounds__(FL_THREADS) flash_dkv_kernel(float *dk, float 
 {
     constexpr int LD = D + 8, ND = D / 8, QS = FL_QB * LD;
     extern __shared__ __align__(16) unsigned char fl_smem[];
-    bf16 *sk = reinterpret_cast<bf16 *>(fl_smem), *sv = sk + FL_M * LD, *sqd = sv + FL_M * LD; /* stage j: q at sqd + 2 j QS, dout after */
-    float *sld = reinterpret_cast<float *>(sqd + 4 * QS);                                     /* stage j: lse at sld + 2 j FL_QB, delta after */
+    /* stage j: q at sqd + 2 j QS, dout QS after; lse at sld + 2 j FL_QB, delta FL_QB after */
+    bf16 *sk = reinterpret_cast<bf16 *>(fl_smem), *sv = sk + FL_M * LD, *sqd = sv + FL_M * LD;
+    float *sld = reinterpret_cast<float *>(sqd + 4 * QS);
     fl_tile tl = tiles[gridDim.x - 1 - blockIdx.x]; /* the first keys (the most queries) first */
     int kh = blockIdx.y, grp = H / KV, w = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
     int64_t ks = (int64_t)KV * D, qs = (int64_t)H * D;
@@ -534,25 +533,12 @@ __global__ void __launch_bounds__(FL_THREADS) flash_dq_kernel(float *dq, const b
         put_row<D>(dq + ((int64_t)(tl.o + r1) * H + h) * D, acc, 1, scale, 1);
 }
 
-/* ---- host: the tile table of a call through a small ring of pinned buffers */
-typedef struct {
-    fl_tile *h, *d;
-    size_t cap;
-    cudaEvent_t ev;
-    int live;
-} fl_slot;
-
-static fl_slot fl_ring[FL_DEVICES][FL_SLOTS];
-static int fl_next[FL_DEVICES];
+/* ---- host: the tile table of a call, through cuda_blas.cu's pinned ring */
 
 /* The tiles of FL_M rows of every sequence (in descending order of first row:
  * the forward's and dq's longest CTAs first), on the device in *out. */
 static qd_status fl_tiles(const int32_t *seq_off, int nseq, const fl_tile **out, int *ntiles)
 {
-    int dev;
-    QD_CUDA_CHECK(cudaGetDevice(&dev));
-    if (dev < 0 || dev >= FL_DEVICES)
-        return qd_error(QD_ERR_UNSUPPORTED, "cuda flash attention: device %d (at most %d)", dev, FL_DEVICES);
     size_t n = 0;
     int maxl = 0;
     for (int b = 0; b < nseq; b++) {
@@ -563,40 +549,16 @@ static qd_status fl_tiles(const int32_t *seq_off, int nseq, const fl_tile **out,
     *ntiles = (int)n;
     if (n == 0)
         return QD_OK;
-    fl_slot *s = &fl_ring[dev][fl_next[dev]];
-    if (s->live) {
-        QD_CUDA_CHECK(cudaEventSynchronize(s->ev));
-        s->live = 0;
-    }
-    if (!s->ev)
-        QD_CUDA_CHECK(cudaEventCreateWithFlags(&s->ev, cudaEventDisableTiming));
-    if (s->cap < n) {
-        QD_CUDA_CHECK(cudaFreeHost(s->h));
-        QD_CUDA_CHECK(cudaFree(s->d));
-        s->h = s->d = NULL;
-        s->cap = 0;
-        QD_CUDA_CHECK(cudaMallocHost((void **)&s->h, sizeof(fl_tile) * n));
-        QD_CUDA_CHECK(cudaMalloc((void **)&s->d, sizeof(fl_tile) * n));
-        s->cap = n;
-    }
+    fl_tile *h;
+    QD_TRY(qd_cuda_blas_table(sizeof(fl_tile) * n, (void **)&h));
     size_t i = 0;
     for (int t0 = (maxl - 1) / FL_M * FL_M; t0 >= 0; t0 -= FL_M)
         for (int b = 0; b < nseq; b++) {
             int L = seq_off[b + 1] - seq_off[b];
-            if (t0 < L) {
-                s->h[i].o = seq_off[b];
-                s->h[i].L = L;
-                s->h[i].t0 = t0;
-                s->h[i].pad = 0;
-                i++;
-            }
+            if (t0 < L)
+                h[i++] = fl_tile{seq_off[b], L, t0, 0};
         }
-    QD_CUDA_CHECK(cudaMemcpyAsync(s->d, s->h, sizeof(fl_tile) * n, cudaMemcpyHostToDevice, 0));
-    QD_CUDA_CHECK(cudaEventRecord(s->ev, 0));
-    s->live = 1;
-    fl_next[dev] = (fl_next[dev] + 1) % FL_SLOTS;
-    *out = s->d;
-    return QD_OK;
+    return qd_cuda_blas_table_upload(sizeof(fl_tile) * n, (void **)out);
 }
 
 static int flash_env(void)
