@@ -17,7 +17,10 @@
  * Each time is the median of REPS launches timed with CUDA events after warm-up;
  * the L2 (60 MB on the H200) is flushed before every timed launch, so weights come
  * from HBM as in a decode step.
- *     bench/bench_quant [REPS] [--quantize | --attention] [--json FILE] [--commit ID]
+ *   (e) --experts: the MoE experts' BF16 products (forward, dx, dW) at a3b's
+ *       training shape: cuBLASLt, cuda_grouped.cu's mma.sync kernel and each
+ *       configuration of its wgmma kernel, outputs compared with cuBLASLt's.
+ *     bench/bench_quant [REPS] [--quantize | --attention | --experts] [--json FILE] [--commit ID]
  * --quantize: table (a) only; --json: its rows as JSON lines (model, engine, recipe,
  * mode, op, ms, bandwidth_fraction, commit, ...), for docs/results/train-h200.jsonl.
  * Exits 1 when a quantize output or a RAC pick of the new kernels differs from the
@@ -634,16 +637,163 @@ static void bench_attention(void)
     attention_row(4, 4096, 32, 4, 128);
 }
 
+/* ---- (e) --experts: the MoE experts' BF16 products at a3b's training shape
+ * (128 experts, 16 x 1,024 tokens x top-8 = 131,072 rows, uneven: 768 to 1,280
+ * an expert; hidden 2,048, expert width 768, gate and up as one 1,536-wide
+ * product), forward, dx and dW as the fast trainer runs them: cuBLASLt (one
+ * matmul an expert over 4 streams, the default), our mma.sync kernel
+ * (QUADS_EXPERT_GEMM=mma) and each wgmma configuration (QUADS_EXPERT_GEMM=wgmma,
+ * QUADS_WGMMA_CFG); each output compared with cuBLASLt's (max |diff| / max |lt|). */
+__global__ void absdiff_kernel(unsigned *out, const float *a, const float *b, int64_t n)
+{
+    float d = 0.f, m = 0.f;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        d = fmaxf(d, fabsf(a[i] - b[i]));
+        m = fmaxf(m, fabsf(b[i]));
+        if (a[i] != a[i])
+            d = INFINITY;
+    }
+    atomicMax(&out[0], __float_as_uint(d)); /* non-negative floats order as their bits */
+    atomicMax(&out[1], __float_as_uint(m));
+}
+
+static double rel_diff(const float *a, const float *b, int64_t n)
+{
+    unsigned *d, h[2];
+    QD_CUDA_DIE(cudaMalloc((void **)&d, sizeof h));
+    QD_CUDA_DIE(cudaMemset(d, 0, sizeof h));
+    absdiff_kernel<<<1024, 256>>>(d, a, b, n);
+    QD_CUDA_DIE(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost));
+    QD_CUDA_DIE(cudaFree(d));
+    float fd, fm;
+    memcpy(&fd, &h[0], 4);
+    memcpy(&fm, &h[1], 4);
+    return fm > 0 ? fd / fm : fd;
+}
+
+static void bench_experts(void)
+{
+    const int E = 128;
+    std::vector<int32_t> off(E + 1, 0);
+    int64_t R = 16 * 1024 * 8;
+    for (int e = 0; e < E; e++) {
+        uint32_t h = (uint32_t)e * 2654435761u;
+        h ^= h >> 13;
+        off[e + 1] = off[e] + 768 + (int32_t)(h % 513);
+    }
+    R = off[E]; /* about 131,000 */
+    const int64_t maxNK = 1536 * 2048;
+    uint16_t *x, *dy, *w;
+    float *out[2];
+    {
+        float *t = random_dev(R * 2048, 41);
+        QD_CUDA_DIE(cudaMalloc((void **)&x, sizeof(uint16_t) * R * 2048));
+        QD_CUDA_DIE(cudaMalloc((void **)&dy, sizeof(uint16_t) * R * 2048));
+        to_bf16_kernel<<<1024, 256>>>((__nv_bfloat16 *)x, t, R * 2048);
+        fill_kernel<<<1024, 256>>>(t, R * 2048, 43);
+        to_bf16_kernel<<<1024, 256>>>((__nv_bfloat16 *)dy, t, R * 2048);
+        QD_CUDA_DIE(cudaFree(t));
+        t = random_dev(E * maxNK, 47);
+        QD_CUDA_DIE(cudaMalloc((void **)&w, sizeof(uint16_t) * E * maxNK));
+        to_bf16_kernel<<<1024, 256>>>((__nv_bfloat16 *)w, t, E * maxNK);
+        QD_CUDA_DIE(cudaFree(t));
+    }
+    size_t out_n = std::max((size_t)R * 2048, (size_t)E * maxNK);
+    for (int i = 0; i < 2; i++)
+        QD_CUDA_DIE(cudaMalloc((void **)&out[i], sizeof(float) * out_n));
+    static const struct {
+        const char *name;
+        int kind; /* 0 y = x.W^T, 1 dx += dy.W, 2 dW += dy^T.x */
+        int64_t N, K; /* the linear's out and in features */
+    } ops[] = {{"gate+up y=x.W^T", 0, 1536, 2048}, {"down y=x.W^T", 0, 2048, 768},
+               {"gate+up dx+=dy.W", 1, 1536, 2048}, {"down dx+=dy.W", 1, 2048, 768},
+               {"gate+up dW+=dy^T.x", 2, 1536, 2048}, {"down dW+=dy^T.x", 2, 2048, 768}};
+    int ncfg = qd_cuda_grouped_wgmma_configs();
+    printf("\nMoE experts' BF16 products, a3b training shape: %d experts, %lld rows (768..1,280 an expert); TFLOP/s\n"
+           "of 2 rows N K; lt = cuBLASLt an expert over 4 streams (default), mma = cuda_grouped.cu's mma.sync kernel,\n"
+           "wgN = its wgmma kernel in configuration N (QUADS_WGMMA_CFG); diff = max|out - lt| / max|lt|\n\n",
+           E, (long long)R);
+    printf("| op | N x K | lt ms | lt TFLOP/s | mma ms | mma TFLOP/s |");
+    for (int c = 0; c < ncfg; c++)
+        printf(" wg%d ms | wg%d TFLOP/s | wg%d diff |", c, c, c);
+    printf(" best / lt |\n|---|---|---:|---:|---:|---:|");
+    for (int c = 0; c < ncfg; c++)
+        printf("---:|---:|---:|");
+    printf("---:|\n");
+    for (const auto &op : ops) {
+        int64_t N = op.N, K = op.K;
+        std::vector<const uint16_t *> wp(E);
+        for (int e = 0; e < E; e++)
+            wp[e] = w + (size_t)e * N * K;
+        std::vector<float *> dwp[2];
+        for (int i = 0; i < 2; i++)
+            for (int e = 0; e < E; e++)
+                dwp[i].push_back(out[i] + (size_t)e * N * K);
+        /* the products as cuda_blas.cu's experts_forward / experts_backward list them */
+        std::vector<qd_grp_gemm> g[2];
+        int ta = op.kind == 2, tb = op.kind == 0;
+        float beta = op.kind ? 1.0f : 0.0f;
+        for (int i = 0; i < 2; i++)
+            for (int e = 0; e < E; e++) {
+                int64_t r0 = off[e], m = off[e + 1] - r0;
+                if (op.kind == 0)
+                    g[i].push_back({x + r0 * K, wp[e], out[i] + r0 * N, (int)m, (int)N, (int)K, 1.0f});
+                else if (op.kind == 1)
+                    g[i].push_back({dy + r0 * N, wp[e], out[i] + r0 * K, (int)m, (int)K, (int)N, 1.0f});
+                else
+                    g[i].push_back({dy + r0 * N, x + r0 * K, dwp[i][e], (int)N, (int)K, (int)m, 1.0f});
+            }
+        auto lt = [&](int i) {
+            if (op.kind == 0)
+                QD_STATUS_DIE(qd_cuda_gemm_grouped_bf16(out[i], x, wp.data(), NULL, off.data(), E, N, K));
+            else
+                QD_STATUS_DIE(qd_cuda_gemm_grouped_bf16_backward(op.kind == 1 ? out[i] : NULL,
+                                                                 op.kind == 2 ? dwp[i].data() : NULL, dy, x,
+                                                                 wp.data(), NULL, off.data(), E, N, K));
+        };
+        size_t n_out = op.kind == 2 ? (size_t)E * N * K : (size_t)R * (op.kind == 1 ? K : N);
+        double flop = 2.0 * R * N * K;
+        QD_CUDA_DIE(cudaMemset(out[0], 0, sizeof(float) * n_out));
+        lt(0); /* the reference output, from zero */
+        float t_lt = time_ms([&] { lt(1); });
+        float t_mma = time_ms([&] { QD_STATUS_DIE(qd_cuda_grouped_mma_bf16(g[1].data(), E, ta, tb, beta)); });
+        printf("| %s | %lld x %lld | %.3f | %.0f | %.3f | %.0f |", op.name, (long long)N, (long long)K, t_lt,
+               flop / t_lt * 1e-9, t_mma, flop / t_mma * 1e-9);
+        float best = t_mma < t_lt ? t_mma : t_lt;
+        for (int c = 0; c < ncfg; c++) {
+            QD_CUDA_DIE(cudaMemset(out[1], 0, sizeof(float) * n_out));
+            qd_status st = qd_cuda_grouped_wgmma_bf16(g[1].data(), E, ta, tb, beta, c);
+            if (st != QD_OK) {
+                printf(" - | - | %s |", qd_status_str(st));
+                continue;
+            }
+            double diff = rel_diff(out[1], out[0], (int64_t)n_out);
+            float t = time_ms([&] { QD_STATUS_DIE(qd_cuda_grouped_wgmma_bf16(g[1].data(), E, ta, tb, beta, c)); });
+            printf(" %.3f | %.0f | %.1e |", t, flop / t * 1e-9, diff);
+            best = t < best ? t : best;
+        }
+        printf(" %.2fx |\n", t_lt / best);
+        fflush(stdout);
+    }
+    QD_CUDA_DIE(cudaFree(x));
+    QD_CUDA_DIE(cudaFree(dy));
+    QD_CUDA_DIE(cudaFree(w));
+    QD_CUDA_DIE(cudaFree(out[0]));
+    QD_CUDA_DIE(cudaFree(out[1]));
+}
+
 int main(int argc, char **argv)
 {
     cudaDeviceProp p;
     cublasLtHandle_t h;
-    int only_quantize = 0, only_attention = 0;
+    int only_quantize = 0, only_attention = 0, only_experts = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quantize"))
             only_quantize = 1;
         else if (!strcmp(argv[i], "--attention"))
             only_attention = 1;
+        else if (!strcmp(argv[i], "--experts"))
+            only_experts = 1;
         else if (!strcmp(argv[i], "--json") && i + 1 < argc)
             json_out = fopen(argv[++i], "w");
         else if (!strcmp(argv[i], "--commit") && i + 1 < argc)
@@ -651,7 +801,8 @@ int main(int argc, char **argv)
         else if (atoi(argv[i]) > 0)
             reps = atoi(argv[i]);
         else {
-            fprintf(stderr, "usage: bench/bench_quant [REPS] [--quantize | --attention] [--json FILE] [--commit ID]\n");
+            fprintf(stderr, "usage: bench/bench_quant [REPS] [--quantize | --attention | --experts] [--json FILE] "
+                            "[--commit ID]\n");
             return 2;
         }
     }
@@ -663,6 +814,10 @@ int main(int argc, char **argv)
            p.multiProcessorCount, p.l2CacheSize >> 20, reps);
     if (only_attention) {
         bench_attention();
+        return 0;
+    }
+    if (only_experts) {
+        bench_experts();
         return 0;
     }
     double copy = copy_bandwidth();

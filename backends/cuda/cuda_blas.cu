@@ -858,7 +858,8 @@ typedef qd_grp_gemm grp_gemm; /* C = alpha op(A) op(B) + beta C */
 
 /* How the experts' products of input type in are enqueued (QUADS_EXPERT_GEMM):
  * "mma" all of them in one launch of our kernel (qd_cuda_grouped_mma_bf16,
- * cuda_grouped.cu; BF16 inputs only), "lt" one cublasLtMatmul each with one
+ * cuda_grouped.cu; BF16 inputs only), "wgmma" the same on Hopper's warpgroup
+ * MMA (qd_cuda_grouped_wgmma_bf16; compute capability 9.0, else lt), "lt" one cublasLtMatmul each with one
  * algorithm for the shape family (lt_products; BF16 inputs only), "grouped" one
  * cublasGemmGroupedBatchedEx, "loop" one cublasGemmEx each. Default: lt for
  * BF16 inputs, loop for float32; a problem mma or lt does not take goes to the
@@ -870,17 +871,17 @@ typedef qd_grp_gemm grp_gemm; /* C = alpha op(A) op(B) + beta C */
  * loop; with BF16 inputs the step spent most of its time on the host (a
  * kernel sum of about 270 ms in a 470 ms step): cuBLAS chooses kernels per
  * problem, and every expert's row count differs. */
-enum { EX_LOOP, EX_GROUPED, EX_LT, EX_MMA, EX_DEFAULT };
+enum { EX_LOOP, EX_GROUPED, EX_LT, EX_MMA, EX_WGMMA, EX_DEFAULT };
 static int expert_path(cudaDataType_t in)
 {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("QUADS_EXPERT_GEMM");
         v = !e || !*e ? EX_DEFAULT : !strcmp(e, "loop") ? EX_LOOP : !strcmp(e, "grouped") ? EX_GROUPED
-          : !strcmp(e, "mma") ? EX_MMA : EX_LT;
+          : !strcmp(e, "mma") ? EX_MMA : !strcmp(e, "wgmma") ? EX_WGMMA : EX_LT;
     }
-    if (v == EX_MMA && in == CUDA_R_16BF)
-        return EX_MMA;
+    if ((v == EX_MMA || v == EX_WGMMA) && in == CUDA_R_16BF)
+        return v;
     if ((v == EX_LT || v == EX_DEFAULT) && in == CUDA_R_16BF)
         return EX_LT;
     return v == EX_GROUPED ? EX_GROUPED : EX_LOOP;
@@ -1101,6 +1102,13 @@ static qd_status run_products(cublasHandle_t h, cudaDataType_t in, cublasCompute
         st = gemm_grouped_rm(h, in, ct, g, G, ta, tb, beta);
     } else if (path == EX_MMA && ct == CUBLAS_COMPUTE_32F) {
         st = qd_cuda_grouped_mma_bf16(g, G, ta, tb, beta);
+    } else if (path == EX_WGMMA && ct == CUBLAS_COMPUTE_32F) {
+        st = qd_cuda_grouped_wgmma_bf16(g, G, ta, tb, beta, -1);
+        if (st == QD_ERR_UNSUPPORTED) { /* another device or shape: cuBLASLt as by default */
+            blas_ctx *c;
+            QD_TRY(get_ctx(&c));
+            st = lt_products(c, h, g, G, ta, tb, beta);
+        }
     }
     if (st != QD_ERR_UNSUPPORTED)
         return st;

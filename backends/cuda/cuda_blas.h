@@ -87,6 +87,12 @@ typedef struct {
  * above. QD_ERR_UNSUPPORTED with nothing enqueued where a problem's
  * contiguous dimension is not a multiple of 8 or a pointer is off 16 bytes. */
 qd_status qd_cuda_grouped_mma_bf16(const qd_grp_gemm *g, int G, int ta, int tb, float beta);
+/* The same on Hopper's warpgroup MMA (cuda_grouped.cu: QUADS_EXPERT_GEMM=wgmma):
+ * configuration cfg of qd_cuda_grouped_wgmma_configs() (tile and pipeline; -1:
+ * QUADS_WGMMA_CFG, else 0). QD_ERR_UNSUPPORTED also on a device other than
+ * compute capability 9.0, an odd N or C off 8 bytes. */
+qd_status qd_cuda_grouped_wgmma_bf16(const qd_grp_gemm *g, int G, int ta, int tb, float beta, int cfg);
+int qd_cuda_grouped_wgmma_configs(void);
 
 /* y rows (N) = alpha[e] x rows (K) . w[e]^T, overwritten: BF16 bits in, float32
  * accumulate and out; alpha (host, E) NULL for all 1 */

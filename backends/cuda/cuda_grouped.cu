@@ -209,6 +209,244 @@ __global__ void __launch_bounds__(GM_THREADS) k_grouped_mma(const __grid_constan
             }
 }
 
+
+/* ---- the same products on Hopper's warpgroup MMA (QUADS_EXPERT_GEMM=wgmma)
+ *
+ * Why: mma.sync (above) reads both operands through registers, a warp at a
+ * time; wgmma reads them from shared memory for a warpgroup of four warps and
+ * runs asynchronously, the only way to the H200's BF16 peak. A CTA of two
+ * warpgroups computes a 128 x BN tile (BN 128 or 256), each warpgroup 64 rows
+ * (wgmma.m64nBNk16), over K in steps of 64 through a ring of STAGES shared
+ * buffers filled by cp.async (every thread copies; rows past M, N or K read
+ * as zero), INFLIGHT wgmma groups left running while the next step's copies
+ * go out. Shared tiles are in the 128-byte swizzled layouts wgmma reads
+ * (PTX ISA, "matrix descriptor"; CUTLASS's canonical GMMA layouts):
+ *   K-major (an operand stored along K: A when !ta, B when tb): a row of the
+ *     tile's 64 K values is 128 bytes, its 16-byte chunk c at c ^ (row % 8);
+ *     8 rows are one 1,024-byte atom, atoms 1,024 bytes apart (the stride
+ *     byte offset); a step of 16 along K starts 32 bytes further;
+ *   MN-major (stored along M or N: A when ta, B when !tb): the tile is blocks
+ *     of 64 rows (M or N) x 64 K, each K value's 64 rows 128 bytes, chunk c at
+ *     c ^ (k % 8); blocks 8 KB apart (the leading byte offset), 8 K values an
+ *     atom (stride byte offset 1,024); a step of 16 along K starts 2 KB further.
+ * Sums: float32 accumulation of exact BF16 products on the tensor cores, the
+ * arithmetic class of cuBLAS's BF16 GEMM and the kernel above (fast mode's
+ * bounds; check_blas's "wgmma" rows). sm_90a only (wgmma does not exist on
+ * Blackwell, whose other paths serve it): elsewhere QD_ERR_UNSUPPORTED. */
+#define WG_BM 128
+#define WG_BK 64
+#define WG_THREADS 256
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WG_ARCH 1
+#else
+#define WG_ARCH 0
+#endif
+
+template <int TA, int TB>
+static __device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t db, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
+}
+
+template <int TA, int TB>
+static __device__ __forceinline__ void wgmma_n256(float (&d)[128], uint64_t da, uint64_t db, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
+                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
+                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+                 "}, %128, %129, p, 1, 1, %131, %132;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
+}
+
+/* The 128-byte-swizzle descriptor of a tile at shared address a (1,024-byte
+ * aligned pattern), byte offsets lbo and sbo */
+static __device__ __forceinline__ uint64_t wg_desc(uint32_t a, uint32_t lbo, uint32_t sbo)
+{
+    return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)((lbo >> 4) & 0x3FFF) << 16 |
+           (uint64_t)((sbo >> 4) & 0x3FFF) << 32 | (uint64_t)1 << 62;
+}
+
+/* One operand's tile of R rows (M or N side) x WG_BK at shared address s for
+ * the K step at k0: KMAJ as above; src stored (R_lim, K_lim) row-major when
+ * KMAJ, else (K_lim, R_lim); ld its row stride. Rows >= R_lim or k >= K_lim
+ * read as zero (the contiguous dimension is a multiple of 8: whole chunks). */
+template <int R, int KMAJ>
+static __device__ __forceinline__ void wg_load(uint32_t s, const uint16_t *src, int ld, int r0, int R_lim, int k0,
+                                               int K_lim)
+{
+#pragma unroll
+    for (int j = 0; j < R * 8 / WG_THREADS; j++) {
+        int i = threadIdx.x + j * WG_THREADS;
+        uint32_t dst;
+        const uint16_t *p;
+        bool ok;
+        if (KMAJ) { /* 8 chunks a row */
+            int r = i >> 3, c = i & 7, gr = r0 + r, gk = k0 + 8 * c;
+            ok = gr < R_lim && gk < K_lim;
+            dst = s + r * 128 + ((c ^ (r & 7)) << 4);
+            p = src + (size_t)gr * ld + gk;
+        } else { /* R / 8 chunks a K value */
+            int k = i / (R / 8), cc = i % (R / 8), gk = k0 + k, gr = r0 + 8 * cc;
+            ok = gk < K_lim && gr < R_lim;
+            dst = s + (cc >> 3) * 8192 + k * 128 + (((cc & 7) ^ (k & 7)) << 4);
+            p = src + (size_t)gk * ld + gr;
+        }
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(ok ? p : src),
+                     "r"(ok ? 16 : 0));
+    }
+}
+
+/* keeps the compiler from moving reads of an accumulator across a wgmma wait */
+template <int N>
+static __device__ __forceinline__ void wg_fence_acc(float (&d)[N])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* CTAs an SM the shared memory allows (2 asks ptxas for at most 128 registers) */
+#define WG_MINB(BN, STAGES) ((STAGES) * (WG_BM + (BN)) * WG_BK * 2 + 1024 <= 113 * 1024 ? 2 : 1)
+
+template <int BN, int STAGES, int INFLIGHT, int AT, int BT>
+__global__ void __launch_bounds__(WG_THREADS, WG_MINB(BN, STAGES)) k_grouped_wgmma(const __grid_constant__ gm_params p)
+{
+#if WG_ARCH
+    constexpr int A_BYTES = WG_BM * WG_BK * 2, B_BYTES = BN * WG_BK * 2, ST_BYTES = A_BYTES + B_BYTES;
+    constexpr int AHEAD = STAGES - 1 - INFLIGHT; /* steps whose copies are in flight ahead of the product */
+    static_assert(AHEAD >= 1, "a stage for the copies ahead");
+    extern __shared__ __align__(16) unsigned char wg_shared[];
+    const uint32_t base = (smem_u32(wg_shared) + 1023) & ~1023u;
+    int bid = blockIdx.x, lo = 0, hi = p.ng;
+    while (hi - lo > 1) { /* tile0[lo] <= bid < tile0[hi] */
+        int mid = (lo + hi) >> 1;
+        if (p.tile0[mid] <= bid)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    const int g = lo, M = p.M[g], K = p.K[g], N = p.N;
+    const int tiles_n = (N + BN - 1) / BN, t = bid - p.tile0[g];
+    const int m0 = (t / tiles_n) * WG_BM, n0 = (t % tiles_n) * BN;
+    const uint16_t *A = p.A[g], *B = p.B[g];
+    const int lda = AT ? M : K, ldb = BT ? N : K; /* BT: B stored (K, N), MN-major */
+    const int wg = threadIdx.x >> 7;
+    const int KT = (K + WG_BK - 1) / WG_BK;
+    auto load = [&](int kt) {
+        uint32_t sa = base + (uint32_t)(kt % STAGES) * ST_BYTES, sb = sa + A_BYTES;
+        wg_load<WG_BM, !AT>(sa, A, lda, m0, M, kt * WG_BK, K);
+        wg_load<BN, !BT>(sb, B, ldb, n0, N, kt * WG_BK, K);
+    };
+#pragma unroll
+    for (int s = 0; s < AHEAD; s++) {
+        if (s < KT)
+            load(s);
+        asm volatile("cp.async.commit_group;");
+    }
+    float d[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++)
+        d[i] = 0.0f;
+    for (int kt = 0; kt < KT; kt++) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(AHEAD - 1)); /* this thread's copies of step kt */
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* visible to wgmma's reads */
+        __syncthreads(); /* everyone's copies; step kt - 1 - INFLIGHT's products done in both warpgroups */
+        if (kt + AHEAD < KT)
+            load(kt + AHEAD); /* into the stage of step kt + AHEAD - STAGES = kt - 1 - INFLIGHT */
+        asm volatile("cp.async.commit_group;");
+        uint32_t sa = base + (uint32_t)(kt % STAGES) * ST_BYTES, sb = sa + A_BYTES;
+        wg_fence_acc(d);
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < WG_BK / 16; kk++) {
+            uint64_t da = AT ? wg_desc(sa + wg * 8192 + kk * 2048, 8192, 1024) /* rows 64 wg.. : block wg */
+                             : wg_desc(sa + wg * 64 * 128 + kk * 32, 16, 1024);
+            uint64_t db = BT ? wg_desc(sb + kk * 2048, 8192, 1024) : wg_desc(sb + kk * 32, 16, 1024);
+            if constexpr (BN == 256)
+                wgmma_n256<AT, BT>(d, da, db, 1);
+            else
+                wgmma_n128<AT, BT>(d, da, db, 1);
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(INFLIGHT) : "memory");
+        wg_fence_acc(d);
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    wg_fence_acc(d);
+    asm volatile("cp.async.wait_group 0;");
+    /* thread (warp w of its warpgroup, lane l): rows 16 w + l / 4 (+ 8) of the
+     * warpgroup's 64, columns 8 j + 2 (l % 4) (+ 1): d[4 j + 2 h + u] */
+    float *C = p.C[g];
+    const float alpha = p.alpha[g], beta = p.beta;
+    const int lane = threadIdx.x & 31, wr = m0 + 64 * wg + 16 * ((threadIdx.x >> 5) & 3) + (lane >> 2);
+    const int c0 = n0 + 2 * (lane & 3);
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) {
+        int col = c0 + 8 * j;
+        if (col >= N)
+            break;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int row = wr + 8 * h;
+            if (row >= M)
+                continue;
+            float *c = C + (size_t)row * N + col;
+            float v0 = alpha * d[4 * j + 2 * h], v1 = alpha * d[4 * j + 2 * h + 1];
+            if (col + 1 < N) {
+                float2 o = make_float2(v0, v1);
+                if (beta != 0.0f) {
+                    float2 q = *reinterpret_cast<float2 *>(c);
+                    o.x += beta * q.x;
+                    o.y += beta * q.y;
+                }
+                *reinterpret_cast<float2 *>(c) = o;
+            } else {
+                *c = beta == 0.0f ? v0 : v0 + beta * *c;
+            }
+        }
+    }
+#endif
+}
+
 template <int AT, int BT>
 static qd_status launch(const gm_params *p)
 {
@@ -222,11 +460,62 @@ static qd_status launch(const gm_params *p)
     return QD_OK;
 }
 
+/* The wgmma kernel's configurations (QUADS_WGMMA_CFG, bench_quant --experts
+ * times each): tile width, stages, wgmma groups left in flight. */
+static const struct {
+    int bn, stages, inflight;
+} wg_cfgs[] = {{256, 4, 1}, {128, 4, 1}, {128, 3, 0}, {256, 3, 0}};
+#define WG_NCFG ((int)(sizeof wg_cfgs / sizeof wg_cfgs[0]))
+
+static size_t wg_smem(int cfg)
+{
+    return (size_t)wg_cfgs[cfg].stages * (WG_BM + wg_cfgs[cfg].bn) * WG_BK * 2 + 1024; /* + the 1,024-byte alignment */
+}
+
+template <int BN, int STAGES, int INFLIGHT, int AT, int BT>
+static qd_status wg_launch1(const gm_params *p, size_t smem)
+{
+    static bool ready;
+    auto k = k_grouped_wgmma<BN, STAGES, INFLIGHT, AT, BT>;
+    if (!ready) {
+        QD_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        ready = true;
+    }
+    k<<<p->tile0[p->ng], WG_THREADS, smem>>>(*p);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+template <int BN, int STAGES, int INFLIGHT>
+static qd_status wg_launch(const gm_params *p, int ta, int tb, size_t smem)
+{
+    /* AT: A MN-major (stored (K, M)); BT: B MN-major (stored (K, N), !tb) */
+    return ta ? (tb ? wg_launch1<BN, STAGES, INFLIGHT, 1, 0>(p, smem) : wg_launch1<BN, STAGES, INFLIGHT, 1, 1>(p, smem))
+              : (tb ? wg_launch1<BN, STAGES, INFLIGHT, 0, 0>(p, smem) : wg_launch1<BN, STAGES, INFLIGHT, 0, 1>(p, smem));
+}
+
+static qd_status wg_dispatch(const gm_params *p, int ta, int tb, int cfg)
+{
+    size_t sm = wg_smem(cfg);
+    switch (cfg) {
+    case 0:
+        return wg_launch<256, 4, 1>(p, ta, tb, sm);
+    case 1:
+        return wg_launch<128, 4, 1>(p, ta, tb, sm);
+    case 2:
+        return wg_launch<128, 3, 0>(p, ta, tb, sm);
+    default:
+        return wg_launch<256, 3, 0>(p, ta, tb, sm);
+    }
+}
+
 /* QD_ERR_UNSUPPORTED, nothing enqueued, where a problem's rows are not whole
  * 16-byte copies (the dimension an operand is contiguous along not a multiple
  * of 8, a pointer off 16 bytes) or the groups' N differ: the caller takes
- * another path. */
-extern "C" qd_status qd_cuda_grouped_mma_bf16(const qd_grp_gemm *g, int G, int ta, int tb, float beta)
+ * another path. The groups go 64 a launch; launch_fn runs one with tiles of
+ * bm x bn. */
+static qd_status grouped_run(const char *fn, const qd_grp_gemm *g, int G, int ta, int tb, float beta, int bm, int bn,
+                             int even_n, qd_status (*launch_fn)(const gm_params *, int, int, int), int arg)
 {
     if (G <= 0)
         return QD_OK;
@@ -234,14 +523,15 @@ extern "C" qd_status qd_cuda_grouped_mma_bf16(const qd_grp_gemm *g, int G, int t
     for (int i = 0; i < G; i++) {
         int contig_a = ta ? g[i].M : g[i].K, contig_b = tb ? g[i].K : N;
         if (g[i].N != N || g[i].M <= 0 || g[i].K <= 0 || N <= 0 || contig_a % 8 || contig_b % 8 ||
-            !qd_aligned(g[i].A, 16) || !qd_aligned(g[i].B, 16) || !qd_aligned(g[i].C, 4))
+            !qd_aligned(g[i].A, 16) || !qd_aligned(g[i].B, 16) || !qd_aligned(g[i].C, even_n ? 8 : 4) ||
+            (even_n && N % 2))
             return QD_ERR_UNSUPPORTED;
     }
     gm_params *p = (gm_params *)calloc(1, sizeof *p);
     if (!p)
-        return qd_error(QD_ERR_NOMEM, "qd_cuda_grouped_mma_bf16: %d groups", G);
+        return qd_error(QD_ERR_NOMEM, "%s: %d groups", fn, G);
     qd_status st = QD_OK;
-    int tiles_n = (N + GM_BN - 1) / GM_BN;
+    int tiles_n = (N + bn - 1) / bn;
     for (int g0 = 0; g0 < G && !st; g0 += GM_GROUPS) {
         int ng = G - g0 < GM_GROUPS ? G - g0 : GM_GROUPS;
         long long tiles = 0;
@@ -251,15 +541,61 @@ extern "C" qd_status qd_cuda_grouped_mma_bf16(const qd_grp_gemm *g, int G, int t
             p->A[i] = (const uint16_t *)q->A, p->B[i] = (const uint16_t *)q->B, p->C[i] = q->C;
             p->M[i] = q->M, p->K[i] = q->K, p->alpha[i] = q->alpha;
             p->tile0[i] = (int)tiles;
-            tiles += (long long)((q->M + GM_BM - 1) / GM_BM) * tiles_n;
+            tiles += (long long)((q->M + bm - 1) / bm) * tiles_n;
         }
         if (tiles > 0x7fffffffLL) {
-            st = qd_error(QD_ERR_SHAPE, "qd_cuda_grouped_mma_bf16: %lld tiles", tiles);
+            st = qd_error(QD_ERR_SHAPE, "%s: %lld tiles", fn, tiles);
             break;
         }
         p->tile0[ng] = (int)tiles;
-        st = ta ? (tb ? launch<1, 0>(p) : launch<1, 1>(p)) : (tb ? launch<0, 0>(p) : launch<0, 1>(p));
+        st = launch_fn(p, ta, tb, arg);
     }
     free(p);
     return st;
+}
+
+static qd_status mma_launch_fn(const gm_params *p, int ta, int tb, int arg)
+{
+    (void)arg;
+    return ta ? (tb ? launch<1, 0>(p) : launch<1, 1>(p)) : (tb ? launch<0, 0>(p) : launch<0, 1>(p));
+}
+
+extern "C" qd_status qd_cuda_grouped_mma_bf16(const qd_grp_gemm *g, int G, int ta, int tb, float beta)
+{
+    return grouped_run("qd_cuda_grouped_mma_bf16", g, G, ta, tb, beta, GM_BM, GM_BN, 0, mma_launch_fn, 0);
+}
+
+/* 1 where the device runs the sm_90a kernels (compute capability 9.0) */
+static int wg_device_ok(void)
+{
+    static int ok = -1;
+    if (ok < 0) {
+        int dev = 0, major = 0, minor = 0;
+        ok = cudaGetDevice(&dev) == cudaSuccess &&
+             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+             cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+             major == 9 && minor == 0;
+    }
+    return ok;
+}
+
+extern "C" int qd_cuda_grouped_wgmma_configs(void) { return WG_NCFG; }
+
+extern "C" qd_status qd_cuda_grouped_wgmma_bf16(const qd_grp_gemm *g, int G, int ta, int tb, float beta, int cfg)
+{
+    static int env = -2;
+    if (cfg < 0) {
+        if (env == -2) {
+            const char *e = getenv("QUADS_WGMMA_CFG");
+            env = e && *e ? atoi(e) : 0;
+        }
+        cfg = env;
+    }
+    if (cfg < 0 || cfg >= WG_NCFG)
+        return qd_error(QD_ERR_ARG, "qd_cuda_grouped_wgmma_bf16: configuration %d of %d (QUADS_WGMMA_CFG)", cfg,
+                        WG_NCFG);
+    if (!wg_device_ok())
+        return QD_ERR_UNSUPPORTED;
+    return grouped_run("qd_cuda_grouped_wgmma_bf16", g, G, ta, tb, beta, WG_BM, wg_cfgs[cfg].bn, 1,
+                       wg_dispatch, cfg);
 }

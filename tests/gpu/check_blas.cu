@@ -32,6 +32,10 @@
  *   moves by at most about 2^-10 of its typical size (random part) plus 2^-11
  *   of itself (truncation's bias): bound 2^-9 = 2.0e-3; BF16 for dy (2^-8)
  *   would give ~2e-3 and could fail.
+ * - wgmma (qd_cuda_grouped_wgmma_bf16, the experts' kernel on Hopper's warpgroup
+ *   MMA): each configuration x the four operand layouts x beta 0 and 1, three
+ *   groups whose rows and K are not multiples of the tile; the bf16 bound over
+ *   the longest K. A swizzle or descriptor mistake gives rel ~ 1.
  * - fp8 (E4M3 codes from qd_fp8_quantize_rows, one scale a row): the reference
  *   is quant/'s qd_fp8_gemm, the exact mode's product (sequential float32 sum of
  *   exact products). Hopper's FP8 MMA adds products inside an instruction with
@@ -357,6 +361,77 @@ static void check_grouped(const shape_data &s)
         QD_CUDA_DIE(cudaFree(p));
 }
 
+/* ---- the warpgroup-MMA grouped kernel itself (QUADS_EXPERT_GEMM=wgmma):
+ * every configuration and all four operand layouts, three groups of
+ * different rows and K (none a multiple of the 128 x BN x 64 tile, so the
+ * zero-filled edges count), alpha per group, beta 0 or 1; BF16 inputs, the
+ * bf16 rows' bound. Only on compute capability 9.0 (sm_90a). */
+static void check_wgmma(void)
+{
+    int dev = 0, major = 0, minor = 0;
+    QD_CUDA_DIE(cudaGetDevice(&dev));
+    QD_CUDA_DIE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    QD_CUDA_DIE(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    if (major != 9 || minor != 0) {
+        printf("(wgmma rows skipped: compute capability %d.%d)\n", major, minor);
+        return;
+    }
+    static const struct {
+        int N, M[3], K[3];
+    } sets[2] = {{72, {8, 136, 304}, {24, 200, 1024}}, {1024, {256, 120, 64}, {512, 64, 1032}}};
+    static const char *names[4] = {"x.W^T", "dy.W", "dy^T.x", "A^T.B^T"};
+    static const int tas[4] = {0, 0, 1, 1}, tbs[4] = {1, 0, 0, 1};
+    static const float alphas[3] = {1.0f, 0.5f, 2.0f};
+    for (const auto &set : sets)
+        for (int v = 0; v < 4; v++) {
+            int ta = tas[v], tb = tbs[v], N = set.N, maxk = 0;
+            size_t c_total = 0;
+            std::vector<std::vector<float>> A(3), B(3);
+            std::vector<uint16_t *> dA(3), dB(3);
+            std::vector<size_t> c_at(3);
+            for (int g = 0; g < 3; g++) {
+                int M = set.M[g], K = set.K[g];
+                A[g] = normals((size_t)M * K); /* stored (K, M) when ta, else (M, K) */
+                B[g] = normals((size_t)N * K); /* stored (N, K) when tb, else (K, N) */
+                std::vector<uint16_t> ab = to_bf16(A[g]), bb = to_bf16(B[g]);
+                dA[g] = to_dev(ab);
+                dB[g] = to_dev(bb);
+                c_at[g] = c_total;
+                c_total += (size_t)M * N;
+                maxk = std::max(maxk, K);
+            }
+            std::vector<float> c0 = normals(c_total);
+            std::vector<double> prod(c_total); /* alpha op(A) op(B), exact in double */
+            for (int g = 0; g < 3; g++) {
+                int M = set.M[g], K = set.K[g];
+                std::vector<float> at = ta ? transpose(A[g], K, M) : A[g], bt = tb ? B[g] : transpose(B[g], K, N);
+                std::vector<double> r = ref_abt(at, bt, M, N, K, NULL, 0.0f);
+                for (size_t i = 0; i < r.size(); i++)
+                    prod[c_at[g] + i] = alphas[g] * r[i];
+            }
+            for (int beta_i = 0; beta_i < 2; beta_i++) {
+                float beta = (float)beta_i;
+                std::vector<double> ref(c_total);
+                for (size_t o = 0; o < c_total; o++)
+                    ref[o] = prod[o] + beta * (double)c0[o];
+                for (int cfg = 0; cfg < qd_cuda_grouped_wgmma_configs(); cfg++) {
+                    char op[32];
+                    snprintf(op, sizeof op, "wgmma%d %s b%d", cfg, names[v], beta_i);
+                    check_op(op, set.M[2], N, maxk, c0, ref, sqrt_bound(maxk), [&](float *y) {
+                        qd_grp_gemm gg[3];
+                        for (int g = 0; g < 3; g++)
+                            gg[g] = (qd_grp_gemm){dA[g], dB[g], y + c_at[g], set.M[g], N, set.K[g], alphas[g]};
+                        return qd_cuda_grouped_wgmma_bf16(gg, 3, ta, tb, beta, cfg);
+                    });
+                }
+            }
+            for (int g = 0; g < 3; g++) {
+                QD_CUDA_DIE(cudaFree(dA[g]));
+                QD_CUDA_DIE(cudaFree(dB[g]));
+            }
+        }
+}
+
 /* ---- FP8 against qd_fp8_gemm */
 static void check_fp8(const shape_data &s)
 {
@@ -510,6 +585,7 @@ int main(void)
                 check_fp8(s);
                 check_w4a4(s, path);
             }
+    check_wgmma();
     qd_cuda_blas_release();
     if (!failed_rows.empty())
         printf("failed rows:\n");
