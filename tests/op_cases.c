@@ -1019,6 +1019,17 @@ static void c_attend_tiles(oc *c)
     prefill_case(c, seq, 3, 8, 2, 64, 131);
 }
 
+/* Sequences of 130, 1 and 69 tokens, 4 / 2 heads of 128, Tm 200 (room for
+ * the fused route's scratch): a3b's head width through the fused kernels,
+ * whose wgmma variant (QUADS_FLASH_WG=1) takes tiles of 128 rows (64 a
+ * warpgroup): a tile of 2 rows past 128, a lone query, a second warpgroup
+ * with 5 rows. */
+static void c_attend_tiles128(oc *c)
+{
+    static const int32_t seq[4] = {0, 130, 131, 200};
+    prefill_case(c, seq, 3, 4, 2, 128, 200);
+}
+
 static void c_store_kv(oc *c)
 {
     int N = 4, Tc = 5, KD = 24;
@@ -1437,6 +1448,7 @@ static const op_case cases[] = {
     {{"attend_backward 2 seqs", "attend_backward", 1}, c_attend_backward},
     {{"attend+bwd gqa prefill 37,20,37", "attend_backward", 1}, c_attend_gqa_prefill},
     {{"attend+bwd tiles 65,1,130 8/2x64", "attend_backward", 1}, c_attend_tiles},
+    {{"attend+bwd tiles 130,1,69 4/2x128", "attend_backward", 1}, c_attend_tiles128},
     {{"store_kv 4 tokens", "store_kv", 0}, c_store_kv},
     {{"route renorm 13x16 k4", "route", 0}, c_route_norm},
     {{"route raw 13x16 k4", "route", 0}, c_route_raw},
