@@ -572,6 +572,36 @@ static void bench_rac_select(void)
     QD_CUDA_DIE(cudaFree(ch[1]));
 }
 
+/* max |a - b| / max |b| over n floats on the device */
+__global__ void absdiff_kernel(unsigned *out, const float *a, const float *b, int64_t n)
+{
+    float d = 0.f, m = 0.f;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        d = fmaxf(d, fabsf(a[i] - b[i]));
+        m = fmaxf(m, fabsf(b[i]));
+        if (a[i] != a[i])
+            d = INFINITY;
+    }
+    atomicMax(&out[0], __float_as_uint(d)); /* non-negative floats order as their bits */
+    atomicMax(&out[1], __float_as_uint(m));
+}
+
+static double rel_diff(const float *a, const float *b, int64_t n)
+{
+    unsigned *d, h[2];
+    QD_CUDA_DIE(cudaMalloc((void **)&d, sizeof h));
+    QD_CUDA_DIE(cudaMemset(d, 0, sizeof h));
+    absdiff_kernel<<<1024, 256>>>(d, a, b, n);
+    QD_CUDA_DIE(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost));
+    QD_CUDA_DIE(cudaFree(d));
+    float fd, fm;
+    memcpy(&fd, &h[0], 4);
+    memcpy(&fm, &h[1], 4);
+    return fm > 0 ? fd / fm : fd;
+}
+
+static int wg_ok; /* compute capability 9.0: the wgmma kernels run */
+
 /* ---- (c) the prefill attention: B sequences of T tokens, H / KV heads of D */
 static void attention_row(int B, int T, int H, int KV, int D)
 {
@@ -605,11 +635,34 @@ static void attention_row(int B, int T, int H, int KV, int D)
             exit(1);
         }
     };
-    float t[4];
+    float t[4], tw[2] = {0.f, 0.f};
+    qd_cuda_flash_wg = 0; /* the mma.sync kernels */
     t[0] = time_ms([&] { ok(qd_cuda_flash_attend(out, att, q, k, v, so, B, N, H, KV, D, T)); });
     t[1] = time_ms([&] {
         ok(qd_cuda_flash_attend_backward(dq, dk, dv, ds, dout, out, att, q, k, v, so, B, N, H, KV, D, T));
     });
+    double dwg[2] = {-1.0, -1.0}; /* the wgmma kernels' outputs against the mma.sync ones' (out; dq) */
+    if (wg_ok) {
+        float *o1, *g1;
+        QD_CUDA_DIE(cudaMalloc((void **)&o1, sizeof(float) * nq));
+        QD_CUDA_DIE(cudaMalloc((void **)&g1, sizeof(float) * nq));
+        QD_CUDA_DIE(cudaMemset(dq, 0, sizeof(float) * nq));
+        ok(qd_cuda_flash_attend(out, att, q, k, v, so, B, N, H, KV, D, T));
+        ok(qd_cuda_flash_attend_backward(dq, dk, dv, ds, dout, out, att, q, k, v, so, B, N, H, KV, D, T));
+        qd_cuda_flash_wg = 1;
+        QD_CUDA_DIE(cudaMemset(g1, 0, sizeof(float) * nq));
+        ok(qd_cuda_flash_attend(o1, att, q, k, v, so, B, N, H, KV, D, T));
+        ok(qd_cuda_flash_attend_backward(g1, dk, dv, ds, dout, o1, att, q, k, v, so, B, N, H, KV, D, T));
+        dwg[0] = rel_diff(o1, out, nq);
+        dwg[1] = rel_diff(g1, dq, nq);
+        tw[0] = time_ms([&] { ok(qd_cuda_flash_attend(out, att, q, k, v, so, B, N, H, KV, D, T)); });
+        tw[1] = time_ms([&] {
+            ok(qd_cuda_flash_attend_backward(dq, dk, dv, ds, dout, out, att, q, k, v, so, B, N, H, KV, D, T));
+        });
+        qd_cuda_flash_wg = -1;
+        QD_CUDA_DIE(cudaFree(o1));
+        QD_CUDA_DIE(cudaFree(g1));
+    }
     t[2] = time_ms([&] { ok(qd_cuda_attend_gemm(out, att, q, k, v, dpos, so, B, N, H, KV, D, T, QD_GEMM_TF32)); });
     t[3] = time_ms([&] {
         ok(qd_cuda_attend_gemm_backward(dq, dk, dv, ds, dout, att, q, k, v, dpos, so, B, N, H, KV, D, T,
@@ -618,8 +671,12 @@ static void attention_row(int B, int T, int H, int KV, int D)
     const char *dir[2] = {"forward", "backward"};
     for (int i = 0; i < 2; i++) {
         double f = i ? fb : ff;
-        printf("| %d x %d, %d / %d x %d | %s | %.3f | %.0f | %.3f | %.0f | %.2f |\n", B, T, H, KV, D, dir[i], t[i],
+        printf("| %d x %d, %d / %d x %d | %s | %.3f | %.0f | %.3f | %.0f | %.2f |", B, T, H, KV, D, dir[i], t[i],
                f / t[i] * 1e-9, t[2 + i], f / t[2 + i] * 1e-9, t[2 + i] / t[i]);
+        if (wg_ok)
+            printf(" %.3f | %.0f | %.2f | %.1e |\n", tw[i], f / tw[i] * 1e-9, t[i] / tw[i], dwg[i]);
+        else
+            printf(" - | - | - | - |\n");
     }
     float *bufs[] = {q, k, v, dout, out, dq, dk, dv, att, ds};
     for (float *b : bufs)
@@ -631,8 +688,11 @@ static void bench_attention(void)
 {
     printf("\nprefill attention (causal), fused BF16 kernels vs cuBLAS batched TF32 products; TFLOP/s of the\n"
            "causal half's useful products (forward 4 D P, backward 8 D P, P query-key pairs)\n\n");
+    printf("wgmma = the same fused kernels on Hopper's warpgroup MMA (QUADS_FLASH_WG=1); diff = max |wgmma -\n"
+           "fused| / max |fused| of out (forward) and dq (backward)\n\n");
     printf("| shape (B x T, H / KV x D) | direction | fused ms | fused TFLOP/s | batched ms | batched TFLOP/s | "
-           "fused speed-up |\n|---|---|---:|---:|---:|---:|---:|\n");
+           "fused speed-up | wgmma ms | wgmma TFLOP/s | wgmma / fused | diff |\n"
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     attention_row(16, 1024, 32, 4, 128);
     attention_row(4, 4096, 32, 4, 128);
 }
@@ -644,33 +704,6 @@ static void bench_attention(void)
  * matmul an expert over 4 streams, the default), our mma.sync kernel
  * (QUADS_EXPERT_GEMM=mma) and each wgmma configuration (QUADS_EXPERT_GEMM=wgmma,
  * QUADS_WGMMA_CFG); each output compared with cuBLASLt's (max |diff| / max |lt|). */
-__global__ void absdiff_kernel(unsigned *out, const float *a, const float *b, int64_t n)
-{
-    float d = 0.f, m = 0.f;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        d = fmaxf(d, fabsf(a[i] - b[i]));
-        m = fmaxf(m, fabsf(b[i]));
-        if (a[i] != a[i])
-            d = INFINITY;
-    }
-    atomicMax(&out[0], __float_as_uint(d)); /* non-negative floats order as their bits */
-    atomicMax(&out[1], __float_as_uint(m));
-}
-
-static double rel_diff(const float *a, const float *b, int64_t n)
-{
-    unsigned *d, h[2];
-    QD_CUDA_DIE(cudaMalloc((void **)&d, sizeof h));
-    QD_CUDA_DIE(cudaMemset(d, 0, sizeof h));
-    absdiff_kernel<<<1024, 256>>>(d, a, b, n);
-    QD_CUDA_DIE(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost));
-    QD_CUDA_DIE(cudaFree(d));
-    float fd, fm;
-    memcpy(&fd, &h[0], 4);
-    memcpy(&fm, &h[1], 4);
-    return fm > 0 ? fd / fm : fd;
-}
-
 static void bench_experts(void)
 {
     const int E = 128;
@@ -810,6 +843,7 @@ int main(int argc, char **argv)
     QD_CUDA_DIE(cudaMalloc(&flush_buf, flush_bytes));
     QD_CUDA_DIE(cudaEventCreate(&ev0));
     QD_CUDA_DIE(cudaEventCreate(&ev1));
+    wg_ok = p.major == 9 && p.minor == 0;
     printf("device: %s, %d SMs, L2 %d MB; median of %d reps, L2 flushed before each\n", p.name,
            p.multiProcessorCount, p.l2CacheSize >> 20, reps);
     if (only_attention) {

@@ -183,6 +183,10 @@ qd_status qd_cuda_attend_gemm_backward(float *dq, float *dk, float *dv, float *d
  * of N H Tm floats large enough for its scratch) and QUADS_FLASH is not 0; the
  * caller makes the same choice for both directions. */
 int qd_cuda_flash_fits(int N, int D, int H, int KV, int Tm);
+/* The kernels the fused attention takes: 1 the wgmma ones (compute capability
+ * 9.0 only), 0 the mma.sync ones, -1 (the default) QUADS_FLASH_WG (1: wgmma).
+ * Set by benchmarks to time both in one process. */
+extern int qd_cuda_flash_wg;
 /* A small table for the device through the pinned ring of the batched
  * products' pointer arrays: *host (bytes, 16-byte aligned) to fill, then the
  * upload (stream 0) gives its device copy, valid for the work enqueued before

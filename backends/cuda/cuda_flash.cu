@@ -533,17 +533,495 @@ __global__ void __launch_bounds__(FL_THREADS) flash_dq_kernel(float *dq, const b
         put_row<D>(dq + ((int64_t)(tl.o + r1) * H + h) * D, acc, 1, scale, 1);
 }
 
+/* ---- the same three kernels on Hopper's warpgroup MMA (QUADS_FLASH_WG=1; sm_90a)
+ *
+ * Why: the kernels above issue mma.sync a warp at a time with both operands
+ * through registers (~130 TFLOP/s forward, ~80 backward at a3b's shape);
+ * wgmma reads its B operand (and A where it sits in shared memory) straight
+ * from shared memory for four warps at once and runs asynchronously. A CTA is
+ * two warpgroups of 64 rows (queries in the forward and dq, keys in dk, dv):
+ * 128 rows a CTA, keys (or queries) 64 a step. Tiles of R rows x D are stored
+ * in shared memory 128-byte swizzled, D split in blocks of 64 columns (R x 128
+ * bytes each; row r's 16-byte chunk c at c ^ (r % 8)): read K-major (rows =
+ * M or N, K = D: S = Q K^T, dP = dO V^T and their transposes) or MN-major
+ * (K = rows, N = D: P V, dS K, P^T dO, dS^T Q) by the descriptor alone.
+ * P, dS and their transposes go from the accumulators straight into wgmma's
+ * register A operand (the layout of the m64 accumulator's 16 rows a warp is
+ * mma.m16n8k16's A fragment, as in c2a). Same equations, masks and exp2 as
+ * the kernels above, the same sums up to the order of the float32 additions
+ * inside the tensor cores: fast16's bounds (check_ops' attention rows with
+ * QUADS_FLASH_WG=1). */
+#define FW_ROWS 128    /* rows a CTA (2 warpgroups of 64) */
+#define FW_STEP 64     /* keys (queries in dk, dv) a step */
+#define FW_THREADS 256
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FW_ARCH 1
+#else
+#define FW_ARCH 0
+#endif
+
+/* d (m64n64, float32) += A . B^T, A and B K-major in shared memory (descriptors) */
+static __device__ __forceinline__ void wg_ss64(float (&d)[32], uint64_t da, uint64_t db, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "r"(acc));
+}
+
+/* d (m64n64, float32) += A . B, A (16 x 16 a warp, mma.m16n8k16's A fragments) in registers,
+ * B MN-major in shared memory (its descriptor) */
+static __device__ __forceinline__ void wg_rs64(float (&d)[32], const uint32_t (&a)[4], uint64_t db)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+/* d (m64n128, float32) += A . B, A (16 x 16 a warp, mma.m16n8k16's A fragments) in registers,
+ * B MN-major in shared memory (its descriptor) */
+static __device__ __forceinline__ void wg_rs128(float (&d)[64], const uint32_t (&a)[4], uint64_t db)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+static __device__ __forceinline__ uint64_t fw_desc(uint32_t a, uint32_t lbo, uint32_t sbo)
+{
+    return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)((lbo >> 4) & 0x3FFF) << 16 |
+           (uint64_t)((sbo >> 4) & 0x3FFF) << 32 | (uint64_t)1 << 62;
+}
+
+/* A tile of R rows x D at s (1,024-byte aligned) read K-major (K = D): rows
+ * r0 .. r0 + 63 (A) or all R (B), the k-step ks of 16 columns */
+template <int R>
+static __device__ __forceinline__ uint64_t fw_kmaj(uint32_t s, int r0, int ks)
+{
+    return fw_desc(s + (uint32_t)(ks >> 2) * (R * 128) + (uint32_t)r0 * 128 + (uint32_t)(ks & 3) * 32, 16, 1024);
+}
+
+/* The same tile read MN-major (K = its rows, N = D): rows 16 ks .. 16 ks + 15 */
+template <int R>
+static __device__ __forceinline__ uint64_t fw_mn(uint32_t s, int ks)
+{
+    return fw_desc(s + (uint32_t)ks * 2048, R * 128, 1024);
+}
+
+/* R rows of D BF16 (gs halves apart in g) into the swizzled tile at s by
+ * cp.async; rows past nvalid zero */
+template <int D, int R>
+static __device__ __forceinline__ void fw_stage(uint32_t s, const bf16 *g, int64_t gs, int nvalid)
+{
+    constexpr int C8 = D / 8;
+#pragma unroll
+    for (int j = 0; j < R * C8 / FW_THREADS; j++) {
+        int i = threadIdx.x + j * FW_THREADS, r = i / C8, c = i % C8;
+        bool ok = r < nvalid;
+        uint32_t dst = s + (uint32_t)(c >> 3) * (R * 128) + (uint32_t)r * 128 + (uint32_t)(((c & 7) ^ (r & 7)) << 4);
+        const bf16 *src = ok ? g + (int64_t)r * gs + 8 * c : g;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
+    }
+}
+
+template <int N>
+static __device__ __forceinline__ void fw_fence(float (&d)[N])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        asm volatile("" : "+f"(d[i])::"memory");
+}
+
+static __device__ __forceinline__ void fw_wait_copies(void)
+{
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* the copies visible to wgmma */
+    __syncthreads();
+}
+
+static __device__ __forceinline__ void fw_mma_begin(void) { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+
+static __device__ __forceinline__ void fw_mma_end(void)
+{
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+
+/* d (64 x 64 a warpgroup) = A . B^T over D, A rows a0 .. of the tile sa (RA
+ * rows), B all of sb (64 rows), both K-major */
+template <int D, int RA>
+static __device__ __forceinline__ void fw_abt(float (&d)[32], uint32_t sa, int a0, uint32_t sb)
+{
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++)
+        wg_ss64(d, fw_kmaj<RA>(sa, a0, ks), fw_kmaj<FW_STEP>(sb, 0, ks), ks > 0);
+}
+
+/* The 64 x 64 accumulator p (BF16) as wgmma's register A operand, a k-step
+ * of 16 columns each (packed before the wgmma fence: no register of an
+ * operand written while a product reads it) */
+static __device__ __forceinline__ void fw_pack(uint32_t (&a)[FW_STEP / 16][4], const float (&p)[32])
+{
+#pragma unroll
+    for (int ks = 0; ks < FW_STEP / 16; ks++) {
+        a[ks][0] = pack2(p[8 * ks], p[8 * ks + 1]);
+        a[ks][1] = pack2(p[8 * ks + 2], p[8 * ks + 3]);
+        a[ks][2] = pack2(p[8 * ks + 4], p[8 * ks + 5]);
+        a[ks][3] = pack2(p[8 * ks + 6], p[8 * ks + 7]);
+    }
+}
+
+/* acc (64 x D a warpgroup) += P . B, P packed by fw_pack, B the 64-row tile sb
+ * read MN-major */
+template <int D>
+static __device__ __forceinline__ void fw_pb(float (&acc)[D / 2], const uint32_t (&a)[FW_STEP / 16][4], uint32_t sb)
+{
+#pragma unroll
+    for (int ks = 0; ks < FW_STEP / 16; ks++) {
+        if constexpr (D == 128)
+            wg_rs128(acc, a[ks], fw_mn<FW_STEP>(sb, ks));
+        else
+            wg_rs64(acc, a[ks], fw_mn<FW_STEP>(sb, ks));
+    }
+}
+
+/* Row half (0: row g, 1: g + 8 of the warp's 16) of a 64 x D accumulator
+ * times a into dst's columns: stored (add 0) or added (add 1) */
+template <int D>
+static __device__ __forceinline__ void fw_put(float *dst, const float (&acc)[D / 2], int half, float a, int add)
+{
+    int t = threadIdx.x & 3;
+    dst += 2 * t;
+#pragma unroll
+    for (int j = 0; j < D / 8; j++) {
+        float x = a * acc[4 * j + 2 * half], y = a * acc[4 * j + 2 * half + 1];
+        dst[8 * j] = add ? dst[8 * j] + x : x;
+        dst[8 * j + 1] = add ? dst[8 * j + 1] + y : y;
+    }
+}
+
+/* Forward: a CTA a (sequence, head, 128 queries); warpgroup w the queries 64 w ..;
+ * two stages of 64 keys and values. */
+template <int D>
+__global__ void __launch_bounds__(FW_THREADS, 1) flash_fwd_wg(float *out, float *lse, const bf16 *q, const bf16 *k,
+                                                            const bf16 *v, const fl_tile *tiles, int H, int KV,
+                                                            float c2)
+{
+#if FW_ARCH
+    constexpr uint32_t QB = FW_ROWS * D * 2, KB = FW_STEP * D * 2;
+    extern __shared__ __align__(16) unsigned char fw_smem[];
+    const uint32_t sq = (smem_u32(fw_smem) + 1023) & ~1023u, skv = sq + QB; /* stage j: K at skv + 2 j KB, V + KB */
+    fl_tile tl = tiles[blockIdx.x];
+    int h = blockIdx.y, kh = h / (H / KV), w = threadIdx.x >> 7, wi = (threadIdx.x >> 5) & 3;
+    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    int64_t ks = (int64_t)KV * D;
+    const bf16 *kg = k + (int64_t)tl.o * ks + (int64_t)kh * D, *vg = v + (int64_t)tl.o * ks + (int64_t)kh * D;
+    fw_stage<D, FW_ROWS>(sq, q + ((int64_t)(tl.o + tl.t0) * H + h) * D, (int64_t)H * D, tl.L - tl.t0);
+    fw_stage<D, FW_STEP>(skv, kg, ks, tl.L);
+    fw_stage<D, FW_STEP>(skv + KB, vg, ks, tl.L);
+    cp_commit();
+    int q0 = tl.t0 + 64 * w, r0 = q0 + 16 * wi + g, r1 = r0 + 8; /* this thread's two queries */
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    float acc[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; i++)
+        acc[i] = 0.f;
+    int nkt = (min(tl.L, tl.t0 + FW_ROWS) + FW_STEP - 1) / FW_STEP;
+    for (int j = 0; j < nkt; j++) {
+        fw_wait_copies(); /* tile j landed; every warpgroup done with tile j - 1 */
+        if (j + 1 < nkt) {
+            uint32_t st = skv + 2 * ((j + 1) & 1) * KB;
+            fw_stage<D, FW_STEP>(st, kg + (int64_t)(j + 1) * FW_STEP * ks, ks, tl.L - (j + 1) * FW_STEP);
+            fw_stage<D, FW_STEP>(st + KB, vg + (int64_t)(j + 1) * FW_STEP * ks, ks, tl.L - (j + 1) * FW_STEP);
+            cp_commit();
+        }
+        int k0 = j * FW_STEP;
+        if (k0 > q0 + 63 || q0 >= tl.L) /* no key of the tile before any of this warpgroup's queries */
+            continue;
+        uint32_t sk = skv + 2 * (j & 1) * KB, sv = sk + KB;
+        float s[32];
+        fw_mma_begin();
+        fw_abt<D, FW_ROWS>(s, sq, 64 * w, sk);
+        fw_mma_end();
+        fw_fence(s);
+        float x0 = m0, x1 = m1;
+        bool edge = k0 + FW_STEP - 1 > q0 || k0 + FW_STEP > tl.L;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = k0 + 8 * nt + 2 * t + (e & 1), row = e < 2 ? r0 : r1;
+                float z = !edge || (key <= row && key < tl.L) ? s[4 * nt + e] * c2 : -INFINITY;
+                s[4 * nt + e] = z;
+                if (e < 2)
+                    x0 = fmaxf(x0, z);
+                else
+                    x1 = fmaxf(x1, z);
+            }
+        }
+        x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 1));
+        x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
+        x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 1));
+        x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
+        float f0 = ex2(m0 - x0), f1 = ex2(m1 - x1); /* 0 on the first tile (m = -inf) */
+        m0 = x0;
+        m1 = x1;
+        l0 *= f0;
+        l1 *= f1;
+        fw_fence(acc);
+#pragma unroll
+        for (int i = 0; i < D / 8; i++) {
+            acc[4 * i] *= f0;
+            acc[4 * i + 1] *= f0;
+            acc[4 * i + 2] *= f1;
+            acc[4 * i + 3] *= f1;
+        }
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            s[4 * nt] = ex2(s[4 * nt] - m0);
+            s[4 * nt + 1] = ex2(s[4 * nt + 1] - m0);
+            s[4 * nt + 2] = ex2(s[4 * nt + 2] - m1);
+            s[4 * nt + 3] = ex2(s[4 * nt + 3] - m1);
+            l0 += s[4 * nt] + s[4 * nt + 1];
+            l1 += s[4 * nt + 2] + s[4 * nt + 3];
+        }
+        uint32_t pa[FW_STEP / 16][4];
+        fw_pack(pa, s);
+        fw_mma_begin();
+        fw_pb<D>(acc, pa, sv);
+        fw_mma_end();
+        fw_fence(acc);
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    if (r0 < tl.L) {
+        fw_put<D>(out + ((int64_t)(tl.o + r0) * H + h) * D, acc, 0, 1.0f / l0, 0);
+        if (t == 0)
+            lse[(int64_t)(tl.o + r0) * H + h] = m0 + log2f(l0);
+    }
+    if (r1 < tl.L) {
+        fw_put<D>(out + ((int64_t)(tl.o + r1) * H + h) * D, acc, 1, 1.0f / l1, 0);
+        if (t == 0)
+            lse[(int64_t)(tl.o + r1) * H + h] = m1 + log2f(l1);
+    }
+#endif
+}
+
+/* dq: a CTA a (sequence, head, 128 queries); warpgroup w the queries 64 w ..;
+ * two stages of 64 keys and values. */
+template <int D>
+__global__ void __launch_bounds__(FW_THREADS, 1) flash_dq_wg(float *dq, const bf16 *q, const bf16 *k, const bf16 *v,
+                                                           const bf16 *dout, const float *lse, const float *delta,
+                                                           const fl_tile *tiles, int H, int KV, float c2,
+                                                           float scale)
+{
+#if FW_ARCH
+    constexpr uint32_t QB = FW_ROWS * D * 2, KB = FW_STEP * D * 2;
+    extern __shared__ __align__(16) unsigned char fw_smem[];
+    const uint32_t sq = (smem_u32(fw_smem) + 1023) & ~1023u, sd = sq + QB, skv = sd + QB;
+    fl_tile tl = tiles[blockIdx.x];
+    int h = blockIdx.y, kh = h / (H / KV), w = threadIdx.x >> 7, wi = (threadIdx.x >> 5) & 3;
+    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    int64_t ks = (int64_t)KV * D, row = (int64_t)(tl.o + tl.t0) * H + h;
+    const bf16 *kg = k + (int64_t)tl.o * ks + (int64_t)kh * D, *vg = v + (int64_t)tl.o * ks + (int64_t)kh * D;
+    fw_stage<D, FW_ROWS>(sq, q + row * D, (int64_t)H * D, tl.L - tl.t0);
+    fw_stage<D, FW_ROWS>(sd, dout + row * D, (int64_t)H * D, tl.L - tl.t0);
+    fw_stage<D, FW_STEP>(skv, kg, ks, tl.L);
+    fw_stage<D, FW_STEP>(skv + KB, vg, ks, tl.L);
+    cp_commit();
+    int q0 = tl.t0 + 64 * w, r0 = q0 + 16 * wi + g, r1 = r0 + 8;
+    float lse0 = 0.f, lse1 = 0.f, del0 = 0.f, del1 = 0.f;
+    if (r0 < tl.L) {
+        int64_t n = (int64_t)(tl.o + r0) * H + h;
+        lse0 = lse[n];
+        del0 = delta[n];
+    }
+    if (r1 < tl.L) {
+        int64_t n = (int64_t)(tl.o + r1) * H + h;
+        lse1 = lse[n];
+        del1 = delta[n];
+    }
+    float acc[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; i++)
+        acc[i] = 0.f;
+    int nkt = (min(tl.L, tl.t0 + FW_ROWS) + FW_STEP - 1) / FW_STEP;
+    for (int j = 0; j < nkt; j++) {
+        fw_wait_copies();
+        if (j + 1 < nkt) {
+            uint32_t st = skv + 2 * ((j + 1) & 1) * KB;
+            fw_stage<D, FW_STEP>(st, kg + (int64_t)(j + 1) * FW_STEP * ks, ks, tl.L - (j + 1) * FW_STEP);
+            fw_stage<D, FW_STEP>(st + KB, vg + (int64_t)(j + 1) * FW_STEP * ks, ks, tl.L - (j + 1) * FW_STEP);
+            cp_commit();
+        }
+        int k0 = j * FW_STEP;
+        if (k0 > q0 + 63 || q0 >= tl.L)
+            continue;
+        uint32_t sk = skv + 2 * (j & 1) * KB, sv = sk + KB;
+        float s[32], dp[32];
+        fw_mma_begin();
+        fw_abt<D, FW_ROWS>(s, sq, 64 * w, sk);
+        fw_abt<D, FW_ROWS>(dp, sd, 64 * w, sv);
+        fw_mma_end();
+        fw_fence(s);
+        fw_fence(dp);
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = k0 + 8 * nt + 2 * t + (e & 1), rw = e < 2 ? r0 : r1;
+                float p = key <= rw && rw < tl.L ? ex2(s[4 * nt + e] * c2 - (e < 2 ? lse0 : lse1)) : 0.f;
+                s[4 * nt + e] = p * (dp[4 * nt + e] - (e < 2 ? del0 : del1));
+            }
+        }
+        uint32_t pa[FW_STEP / 16][4];
+        fw_pack(pa, s);
+        fw_fence(acc);
+        fw_mma_begin();
+        fw_pb<D>(acc, pa, sk); /* dq += dS K: K read MN-major */
+        fw_mma_end();
+        fw_fence(acc);
+    }
+    if (r0 < tl.L)
+        fw_put<D>(dq + ((int64_t)(tl.o + r0) * H + h) * D, acc, 0, scale, 1);
+    if (r1 < tl.L)
+        fw_put<D>(dq + ((int64_t)(tl.o + r1) * H + h) * D, acc, 1, scale, 1);
+#endif
+}
+
+/* dk, dv: a CTA a (sequence, kv head, 128 keys); warpgroup w the keys 64 w ..;
+ * steps over (head of the group, block of 64 queries) in two stages of q,
+ * dout and their log-sum-exps and deltas. */
+template <int D>
+__global__ void __launch_bounds__(FW_THREADS, 1) flash_dkv_wg(float *dk, float *dv, const bf16 *q, const bf16 *k,
+                                                            const bf16 *v, const bf16 *dout, const float *lse,
+                                                            const float *delta, const fl_tile *tiles, int H, int KV,
+                                                            float c2, float scale)
+{
+#if FW_ARCH
+    constexpr uint32_t TB = FW_ROWS * D * 2, QB = FW_STEP * D * 2;
+    extern __shared__ __align__(16) unsigned char fw_smem[];
+    /* K, V tiles; stage j: q at sqd + 2 j QB, dout QB after; lse, delta at sld + 2 j FW_STEP floats */
+    const uint32_t sk = (smem_u32(fw_smem) + 1023) & ~1023u, sv = sk + TB, sqd = sv + TB;
+    float *sld = reinterpret_cast<float *>(fw_smem + (sqd + 4 * QB - smem_u32(fw_smem)));
+    fl_tile tl = tiles[gridDim.x - 1 - blockIdx.x]; /* the first keys (the most queries) first */
+    int kh = blockIdx.y, grp = H / KV, w = threadIdx.x >> 7, wi = (threadIdx.x >> 5) & 3;
+    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    int64_t ks = (int64_t)KV * D, qs = (int64_t)H * D;
+    fw_stage<D, FW_ROWS>(sk, k + ((int64_t)(tl.o + tl.t0) * KV + kh) * D, ks, tl.L - tl.t0);
+    fw_stage<D, FW_ROWS>(sv, v + ((int64_t)(tl.o + tl.t0) * KV + kh) * D, ks, tl.L - tl.t0);
+    int nqb = (tl.L - tl.t0 + FW_STEP - 1) / FW_STEP, nsteps = grp * nqb;
+    auto issue = [&](int i) { /* step i: head kh grp + i / nqb, queries t0 + (i % nqb) FW_STEP .. */
+        int hh = kh * grp + i / nqb, qq = tl.t0 + (i % nqb) * FW_STEP;
+        uint32_t st = sqd + 2 * (i & 1) * QB;
+        int64_t rw = (int64_t)(tl.o + qq) * H + hh;
+        fw_stage<D, FW_STEP>(st, q + rw * D, qs, tl.L - qq);
+        fw_stage<D, FW_STEP>(st + QB, dout + rw * D, qs, tl.L - qq);
+        if (threadIdx.x < FW_STEP) {
+            int e = threadIdx.x;
+            bool ok = qq + e < tl.L;
+            float *sl = sld + 2 * (i & 1) * FW_STEP;
+            sl[e] = ok ? lse[rw + (int64_t)e * H] : 0.f;
+            sl[FW_STEP + e] = ok ? delta[rw + (int64_t)e * H] : 0.f;
+        }
+        cp_commit();
+    };
+    issue(0);
+    int kb = tl.t0 + 64 * w, key0 = kb + 16 * wi + g, key1 = key0 + 8;
+    float adk[D / 2], adv[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; i++)
+        adk[i] = adv[i] = 0.f;
+    for (int i = 0; i < nsteps; i++) {
+        fw_wait_copies(); /* step i's q, dout (and K, V); every warpgroup done with step i - 1 */
+        if (i + 1 < nsteps)
+            issue(i + 1);
+        int qq = tl.t0 + (i % nqb) * FW_STEP;
+        if (qq + FW_STEP - 1 < kb || kb >= tl.L) /* every query of the block before this warpgroup's keys */
+            continue;
+        uint32_t sq = sqd + 2 * (i & 1) * QB, sd = sq + QB;
+        const float *slse = sld + 2 * (i & 1) * FW_STEP, *sdel = slse + FW_STEP;
+        float st[32], dp[32]; /* S^T and dP^T: 64 keys x 64 queries a warpgroup */
+        fw_mma_begin();
+        fw_abt<D, FW_ROWS>(st, sk, 64 * w, sq);
+        fw_abt<D, FW_ROWS>(dp, sv, 64 * w, sd);
+        fw_mma_end();
+        fw_fence(st);
+        fw_fence(dp);
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int qi = 8 * nt + 2 * t + (e & 1), qpos = qq + qi, key = e < 2 ? key0 : key1;
+                float p = qpos >= key && qpos < tl.L && key < tl.L ? ex2(st[4 * nt + e] * c2 - slse[qi]) : 0.f;
+                st[4 * nt + e] = p;
+                dp[4 * nt + e] = p * (dp[4 * nt + e] - sdel[qi]);
+            }
+        }
+        uint32_t pa[FW_STEP / 16][4], da[FW_STEP / 16][4];
+        fw_pack(pa, st);
+        fw_pack(da, dp);
+        fw_fence(adv);
+        fw_fence(adk);
+        fw_mma_begin();
+        fw_pb<D>(adv, pa, sd); /* dv += P^T dout: dout read MN-major */
+        fw_pb<D>(adk, da, sq); /* dk += dS^T q */
+        fw_mma_end();
+        fw_fence(adv);
+        fw_fence(adk);
+    }
+    for (int half = 0; half < 2; half++) {
+        int key = half ? key1 : key0;
+        if (key < tl.L) {
+            int64_t o = ((int64_t)(tl.o + key) * KV + kh) * D;
+            fw_put<D>(dk + o, adk, half, scale, 1);
+            fw_put<D>(dv + o, adv, half, 1.0f, 1);
+        }
+    }
+#endif
+}
+
 /* ---- host: the tile table of a call, through cuda_blas.cu's pinned ring */
 
-/* The tiles of FL_M rows of every sequence (in descending order of first row:
- * the forward's and dq's longest CTAs first), on the device in *out. */
-static qd_status fl_tiles(const int32_t *seq_off, int nseq, const fl_tile **out, int *ntiles)
+/* The tiles of M rows (FL_M, or FW_ROWS for the wgmma kernels) of every
+ * sequence (in descending order of first row: the forward's and dq's longest
+ * CTAs first), on the device in *out. */
+static qd_status fl_tiles(const int32_t *seq_off, int nseq, int M, const fl_tile **out, int *ntiles)
 {
     size_t n = 0;
     int maxl = 0;
     for (int b = 0; b < nseq; b++) {
         int L = seq_off[b + 1] - seq_off[b];
-        n += (size_t)(L + FL_M - 1) / FL_M;
+        n += (size_t)(L + M - 1) / M;
         maxl = L > maxl ? L : maxl;
     }
     *ntiles = (int)n;
@@ -552,7 +1030,7 @@ static qd_status fl_tiles(const int32_t *seq_off, int nseq, const fl_tile **out,
     fl_tile *h;
     QD_TRY(qd_cuda_blas_table(sizeof(fl_tile) * n, (void **)&h));
     size_t i = 0;
-    for (int t0 = (maxl - 1) / FL_M * FL_M; t0 >= 0; t0 -= FL_M)
+    for (int t0 = (maxl - 1) / M * M; t0 >= 0; t0 -= M)
         for (int b = 0; b < nseq; b++) {
             int L = seq_off[b + 1] - seq_off[b];
             if (t0 < L)
@@ -565,6 +1043,22 @@ static int flash_env(void)
 {
     static int v = -2;
     return qd_env_pick(&v, "QUADS_FLASH", 0, 1) != 0;
+}
+
+int qd_cuda_flash_wg = -1;
+
+/* The wgmma kernels (qd_cuda_flash_wg, QUADS_FLASH_WG=1; compute capability 9.0 only) */
+static int flash_wg(void)
+{
+    static int v = -2, cc = -1;
+    if (cc < 0) {
+        int dev = 0, major = 0, minor = 0;
+        cc = cudaGetDevice(&dev) == cudaSuccess &&
+             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+             cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+             major == 9 && minor == 0;
+    }
+    return cc && (qd_cuda_flash_wg >= 0 ? qd_cuda_flash_wg : qd_env_pick(&v, "QUADS_FLASH_WG", 0, 1) == 1);
 }
 
 static size_t up64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -628,6 +1122,41 @@ static qd_status fwd_launch(float *out, float *lse, const bf16 *q, const bf16 *k
     return QD_OK;
 }
 
+/* The wgmma kernels' shared memory: the 1,024-byte alignment, then the tiles */
+static size_t fwd_wg_smem(int D) { return 1024 + 2 * (size_t)D * (FW_ROWS + 4 * FW_STEP); }
+static size_t dq_wg_smem(int D) { return 1024 + 2 * (size_t)D * (2 * FW_ROWS + 4 * FW_STEP); }
+static size_t dkv_wg_smem(int D) { return dq_wg_smem(D) + sizeof(float) * 4 * FW_STEP; }
+
+template <int D>
+static qd_status fwd_wg_launch(float *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
+                               const fl_tile *tl, int nt, int H, int KV)
+{
+    size_t sm = fwd_wg_smem(D);
+    QD_CUDA_CHECK(cudaFuncSetAttribute(flash_fwd_wg<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    float c2 = qd_attn_scale(D) * 1.4426950408889634f;
+    flash_fwd_wg<D><<<dim3((unsigned)nt, (unsigned)H), FW_THREADS, sm>>>(out, lse, q, k, v, tl, H, KV, c2);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+template <int D>
+static qd_status bwd_wg_launch(float *dq, float *dk, float *dv, const float *delta, const bf16 *dout,
+                               const float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const fl_tile *tl,
+                               int nt, int H, int KV)
+{
+    float scale = qd_attn_scale(D), c2 = scale * 1.4426950408889634f;
+    size_t s1 = dkv_wg_smem(D), s2 = dq_wg_smem(D);
+    QD_CUDA_CHECK(cudaFuncSetAttribute(flash_dkv_wg<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1));
+    QD_CUDA_CHECK(cudaFuncSetAttribute(flash_dq_wg<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2));
+    flash_dkv_wg<D><<<dim3((unsigned)nt, (unsigned)KV), FW_THREADS, s1>>>(dk, dv, q, k, v, dout, lse, delta, tl, H,
+                                                                          KV, c2, scale);
+    QD_CUDA_CHECK(cudaGetLastError());
+    flash_dq_wg<D><<<dim3((unsigned)nt, (unsigned)H), FW_THREADS, s2>>>(dq, q, k, v, dout, lse, delta, tl, H, KV,
+                                                                        c2, scale);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
 static qd_status shape_check(const char *fn, const int32_t *seq_off, int nseq, int N, int H, int KV, int D, int Tm)
 {
     if (!qd_cuda_flash_fits(N, D, H, KV, Tm) || nseq < 0 || seq_off[0] != 0 || seq_off[nseq] != N)
@@ -644,8 +1173,8 @@ extern "C" qd_status qd_cuda_flash_attend(float *out, float *att, const float *q
 {
     QD_TRY(shape_check("qd_cuda_flash_attend", seq_off, nseq, N, H, KV, D, Tm));
     const fl_tile *tl;
-    int nt;
-    QD_TRY(fl_tiles(seq_off, nseq, &tl, &nt));
+    int nt, wg = flash_wg();
+    QD_TRY(fl_tiles(seq_off, nseq, wg ? FW_ROWS : FL_M, &tl, &nt));
     if (nt == 0)
         return QD_OK;
     float *at = copies_at(att, N, H);
@@ -653,6 +1182,9 @@ extern "C" qd_status qd_cuda_flash_attend(float *out, float *att, const float *q
     QD_TRY(to_bf16(&q16, &at, q, (size_t)N * H * D));
     QD_TRY(to_bf16(&k16, &at, k, (size_t)N * KV * D));
     QD_TRY(to_bf16(&v16, &at, v, (size_t)N * KV * D));
+    if (wg)
+        return D == 64 ? fwd_wg_launch<64>(out, att, q16, k16, v16, tl, nt, H, KV)
+                       : fwd_wg_launch<128>(out, att, q16, k16, v16, tl, nt, H, KV);
     return D == 64 ? fwd_launch<64>(out, att, q16, k16, v16, tl, nt, H, KV)
                    : fwd_launch<128>(out, att, q16, k16, v16, tl, nt, H, KV);
 }
@@ -683,8 +1215,8 @@ extern "C" qd_status qd_cuda_flash_attend_backward(float *dq, float *dk, float *
     if (!out)
         return qd_error(QD_ERR_ARG, "qd_cuda_flash_attend_backward: the forward's output is needed");
     const fl_tile *tl;
-    int nt;
-    QD_TRY(fl_tiles(seq_off, nseq, &tl, &nt));
+    int nt, wg = flash_wg();
+    QD_TRY(fl_tiles(seq_off, nseq, wg ? FW_ROWS : FL_M, &tl, &nt));
     if (nt == 0)
         return QD_OK;
     int64_t rows = (int64_t)N * H;
@@ -696,6 +1228,9 @@ extern "C" qd_status qd_cuda_flash_attend_backward(float *dq, float *dk, float *
     QD_TRY(to_bf16(&k16, &at, k, (size_t)N * KV * D));
     QD_TRY(to_bf16(&v16, &at, v, (size_t)N * KV * D));
     QD_TRY(to_bf16(&d16, &at, dout, (size_t)N * H * D));
+    if (wg)
+        return D == 64 ? bwd_wg_launch<64>(dq, dk, dv, ds, d16, att, q16, k16, v16, tl, nt, H, KV)
+                       : bwd_wg_launch<128>(dq, dk, dv, ds, d16, att, q16, k16, v16, tl, nt, H, KV);
     return D == 64 ? bwd_launch<64>(dq, dk, dv, ds, d16, att, q16, k16, v16, tl, nt, H, KV)
                    : bwd_launch<128>(dq, dk, dv, ds, d16, att, q16, k16, v16, tl, nt, H, KV);
 }

@@ -10,7 +10,8 @@
 #      CTAs forced, with the split-K W4A4 kernel forced (QUADS_W4A4_SPLITK=1), and with fast
 #      mode's BF16 backward taking dy 8 columns a block (QUADS_DY16_BYTES=1024),
 #      the lm_head's way; and with the experts' BF16 products on the wgmma
-#      kernel (QUADS_EXPERT_GEMM=wgmma);
+#      kernel (QUADS_EXPERT_GEMM=wgmma), and with the fused attention on its
+#      wgmma kernels (QUADS_FLASH_WG=1);
 #   1. tests/gpu/check_backend (then again with QUADS_AQAT16=0): whole models, every recipe and role, CUDA vs
 #      CPU: exact mode bit for bit, fast mode within stated relative errors;
 #   2. tests/gpu/check_blas: the fast-mode GEMMs and the W4A4 path choice;
@@ -55,6 +56,10 @@ tail -1 "$out/check_ops_dy16.log"
 echo "== check_ops 1, the experts' BF16 products on the wgmma kernel (QUADS_EXPERT_GEMM=wgmma; cuBLASLt by default)"
 QUADS_EXPERT_GEMM=wgmma timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_wgmma.log" 2>&1 || rc=1
 tail -1 "$out/check_ops_wgmma.log"
+echo "== check_ops 1, fast mode's fused attention on the wgmma kernels (QUADS_FLASH_WG=1; mma.sync by default)"
+QUADS_FLASH_WG=1 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_flashwg.log" 2>&1 || rc=1
+grep "attend" "$out/check_ops_flashwg.log" | grep fast16
+tail -1 "$out/check_ops_flashwg.log"
 echo "== check_backend"
 timeout 400 tests/gpu/check_backend >"$out/check_backend.log" 2>"$out/check_backend.err" || rc=1
 grep -v " yes$" "$out/check_backend.log" | grep -v " within " | head -30
