@@ -699,8 +699,8 @@ static void bench_attention(void)
 
 /* ---- (e) --experts: the MoE experts' BF16 products at a3b's training shape
  * (128 experts, 16 x 1,024 tokens x top-8 = 131,072 rows, uneven: 768 to 1,280
- * an expert; hidden 2,048, expert width 768, gate and up as one 1,536-wide
- * product), forward, dx and dW as the fast trainer runs them: cuBLASLt (one
+ * an expert; hidden 2,048, expert width 768; gate and up are two products of
+ * the gate|up shape each), forward, dx and dW as the fast trainer runs them: cuBLASLt (one
  * matmul an expert over 4 streams, the default), our mma.sync kernel
  * (QUADS_EXPERT_GEMM=mma) and each wgmma configuration (QUADS_EXPERT_GEMM=wgmma,
  * QUADS_WGMMA_CFG); each output compared with cuBLASLt's (max |diff| / max |lt|). */
@@ -715,7 +715,7 @@ static void bench_experts(void)
         off[e + 1] = off[e] + 768 + (int32_t)(h % 513);
     }
     R = off[E]; /* about 131,000 */
-    const int64_t maxNK = 1536 * 2048;
+    const int64_t maxNK = 2048 * 768; /* N K of every product */
     uint16_t *x, *dy, *w;
     float *out[2];
     {
@@ -738,9 +738,9 @@ static void bench_experts(void)
         const char *name;
         int kind; /* 0 y = x.W^T, 1 dx += dy.W, 2 dW += dy^T.x */
         int64_t N, K; /* the linear's out and in features */
-    } ops[] = {{"gate+up y=x.W^T", 0, 1536, 2048}, {"down y=x.W^T", 0, 2048, 768},
-               {"gate+up dx+=dy.W", 1, 1536, 2048}, {"down dx+=dy.W", 1, 2048, 768},
-               {"gate+up dW+=dy^T.x", 2, 1536, 2048}, {"down dW+=dy^T.x", 2, 2048, 768}};
+    } ops[] = {{"gate|up y=x.W^T", 0, 768, 2048}, {"down y=x.W^T", 0, 2048, 768},
+               {"gate|up dx+=dy.W", 1, 768, 2048}, {"down dx+=dy.W", 1, 2048, 768},
+               {"gate|up dW+=dy^T.x", 2, 768, 2048}, {"down dW+=dy^T.x", 2, 2048, 768}};
     int ncfg = qd_cuda_grouped_wgmma_configs();
     printf("\nMoE experts' BF16 products, a3b training shape: %d experts, %lld rows (768..1,280 an expert); TFLOP/s\n"
            "of 2 rows N K; lt = cuBLASLt an expert over 4 streams (default), mma = cuda_grouped.cu's mma.sync kernel,\n"
