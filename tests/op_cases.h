@@ -30,6 +30,9 @@ typedef struct {
     const char *name;      /* "<slot> <shape>" */
     const char *slot;      /* the ops.h slot it exercises */
     int fast_differs;      /* fast mode may change the bits (NUMERICS.md §7) */
+    int flash;             /* a prefill attention fast mode's BF16 recipes run on the fused
+                            * BF16 kernels (cuda_flash.cu: head dims 64 and 128, room in att
+                            * and ds for their scratch); the other attention cases take TF32 */
 } qd_op_case_info;
 
 /* The number of cases and their names. */
