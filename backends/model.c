@@ -102,7 +102,10 @@ typedef struct {
     int32_t *row_rank;       /* (R) top-k rank of each row (0 when dense) */
     int32_t *tok_rows;       /* (N, K) rows of each token in ascending expert order */
     float *xe, *g, *u, *h, *y; /* (R, C), (R, I), (R, I), (R, I), (R, C) */
-    int32_t *exp_off;        /* host (nexp + 1) first row of each expert */
+    int32_t *exp_off;        /* host (nexp + 1) first row of each expert; with off_dev only
+                              * exp_off[nexp] (the rows, N K) is set */
+    int32_t *d_off;          /* off_dev: dev (nexp + 1) the offsets (moe_group_dev) */
+    int off_dev;             /* this forward's experts read their offsets on the device */
     int xe16, h16;           /* xe, h rounded to BF16 in place: their experts' effective input
                               * (experts_round_only), so no copy is made of it */
     int xeb, hb;             /* xe, h hold BF16 bits instead (R x C, R x I uint16 at their start:
@@ -110,7 +113,7 @@ typedef struct {
 } layer_acts;
 
 /* Grow-only dev scratch buffers. */
-enum { S_XE, S_XH, S_ACT, S_FP8Q, S_FP8S, S_LOGP, S_BWD, S_DIAG, S_ROWS, S_STAGE, S_NSCRATCH };
+enum { S_XE, S_XH, S_ACT, S_FP8Q, S_FP8S, S_LOGP, S_BWD, S_DIAG, S_ROWS, S_STAGE, S_MOEOFF, S_NSCRATCH };
 
 typedef struct {
     qd_model_config cfg;
@@ -481,12 +484,15 @@ static qd_status acts_nvfp4(model *c, qd_nvfp4 *a, int64_t rows, int64_t in, con
  * into err[i][e] when gathered) into a[i], by rac_multi: the bits of
  * rac_grouped (rac_error and rac_augment_act) per linear. */
 static qd_status rac_acts(model *c, qd_nvfp4 *a, double *const *const *err, const int64_t *const *const *ch,
-                          const int64_t *nrac, int count, const int32_t *off, int E, const float *x, int in)
+                          const int64_t *nrac, int count, const int32_t *off, const int32_t *d_off, int E,
+                          const float *x, int in)
 {
     qd_nvfp4 *ap[QD_RAC_MULTI];
     QD_TRY(acts_nvfp4(c, a, off[E], in, nrac, count));
     for (int i = 0; i < count; i++)
         ap[i] = &a[i];
+    if (d_off) /* off holds only off[E] (off_dev) */
+        return OP(c, rac_multi_dev, ap, c->rac_stats ? err : NULL, ch, nrac, count, d_off, E, off[E], x, in);
     return OP(c, rac_multi, ap, c->rac_stats ? err : NULL, ch, nrac, count, off, E, x, in);
 }
 
@@ -526,7 +532,7 @@ static qd_status linears_forward(model *c, float *const *out, const float *inp, 
             err[i] = &L[i]->d_rac_err;
             ch[i] = (const int64_t *const *)&L[i]->d_rac_ch;
         }
-        QD_TRY(rac_acts(c, a, err, ch, nr, n, off, 1, inp, L[0]->in));
+        QD_TRY(rac_acts(c, a, err, ch, nr, n, off, NULL, 1, inp, L[0]->in));
         return gemms(c, out, a, 1, L, n);
     }
     int share = N > 0;
@@ -1341,8 +1347,11 @@ static qd_status grouped_fp8_gemm(model *c, float *y, const uint8_t *qa, const f
 }
 
 static qd_status grouped_w4a4_gemm(model *c, float *y, const qd_nvfp4 *a, const qd_nvfp4 *const *w,
-                                   const int32_t *off, int E)
+                                   const layer_acts *s, int E)
 {
+    const int32_t *off = s->exp_off;
+    if (s->off_dev)
+        return OP(c, w4a4_gemm_grouped_dev, y, a, w, s->d_off, E, c->N);
     if (c->ops->w4a4_gemm_grouped)
         return OP(c, w4a4_gemm_grouped, y, a, w, off, E);
     for (int e = 0; e < E; e++) {
@@ -1355,8 +1364,11 @@ static qd_status grouped_w4a4_gemm(model *c, float *y, const qd_nvfp4 *a, const 
 }
 
 static qd_status grouped_rac(model *c, qd_nvfp4 *a, double *const *err, const int64_t *const *ch,
-                             const int32_t *off, int E, const float *x, int K, int64_t n)
+                             const layer_acts *s, int E, const float *x, int K, int64_t n)
 {
+    const int32_t *off = s->exp_off;
+    if (s->off_dev)
+        return OP(c, rac_multi_dev, &a, err ? &err : NULL, &ch, &n, 1, s->d_off, E, off[E], x, K);
     if (c->ops->rac_grouped)
         return OP(c, rac_grouped, a, err, ch, off, E, x, K, n);
     for (int e = 0; e < E; e++) {
@@ -1417,14 +1429,14 @@ static qd_status experts_forward_set(model *c, float *out, const float *inp, con
         qd_nvfp4 a;
         QD_TRY(act_nvfp4(c, &a, R, IC));
         QD_TRY(OP(c, nvfp4_quantize, &a, inp));
-        return grouped_w4a4_gemm(c, out, &a, x->wq, s->exp_off, E);
+        return grouped_w4a4_gemm(c, out, &a, x->wq, s, E);
     }
     if (has_rac(L0->mode)) {
         qd_nvfp4 a;
         QD_TRY(act_nvfp4(c, &a, R, IC + L0->nrac));
-        QD_TRY(grouped_rac(c, &a, c->rac_stats ? x->rac_err : NULL, x->rac_ch, s->exp_off, E, inp, IC,
+        QD_TRY(grouped_rac(c, &a, c->rac_stats ? x->rac_err : NULL, x->rac_ch, s, E, inp, IC,
                            L0->nrac));
-        return grouped_w4a4_gemm(c, out, &a, x->wq, s->exp_off, E);
+        return grouped_w4a4_gemm(c, out, &a, x->wq, s, E);
     }
     if (L0->mode == QD_LINEAR_FP8) {
         void *qa, *sa;
@@ -1488,7 +1500,7 @@ static qd_status experts_forward_gate_up(model *c, float *gate, float *up, const
             if (measured(c, x[w].L[0]))
                 st = measure_act_rows(c, x[w].L, s->exp_off, E, inp, R, in);
         if (!st)
-            st = rac_acts(c, a, err, ch, nr, 2, s->exp_off, E, inp, in);
+            st = rac_acts(c, a, err, ch, nr, 2, s->exp_off, s->off_dev ? s->d_off : NULL, E, inp, in);
     } else {
         st = act_nvfp4(c, &a[0], R, in);
         if (!st)
@@ -1496,9 +1508,9 @@ static qd_status experts_forward_gate_up(model *c, float *gate, float *up, const
         a[1] = a[0];
     }
     if (!st)
-        st = grouped_w4a4_gemm(c, gate, &a[0], x[0].wq, s->exp_off, E);
+        st = grouped_w4a4_gemm(c, gate, &a[0], x[0].wq, s, E);
     if (!st)
-        st = grouped_w4a4_gemm(c, up, &a[1], x[1].wq, s->exp_off, E);
+        st = grouped_w4a4_gemm(c, up, &a[1], x[1].wq, s, E);
     expert_set_free(&x[1]);
     expert_set_free(&x[0]);
     return st;
@@ -1566,6 +1578,42 @@ static qd_status experts_forward_each(model *c, layer_acts *s, const layer *ly)
 
 static qd_topk_norm topk_norm(const model *c) { return c->cfg.norm_topk_prob ? QD_TOPK_RENORM : QD_TOPK_PROBS; }
 
+/* The most decode rows whose experts read their offsets on the device: few
+ * rows are where a decode step is launch- and latency-bound (a host
+ * synchronization a MoE layer idles the GPU), and where no expert has more
+ * rows than the W4A4 decode kernel takes at once. */
+#define QD_DEV_OFF_ROWS 8
+
+/* Whether a decode of N rows keeps MoE layer ly's expert offsets on the
+ * device: at most QD_DEV_OFF_ROWS rows, the ops offer it, every expert
+ * projection plain W4A4 or W4A4 with RAC (grouped), and no diagnostics (they
+ * read the offsets on the host); QUADS_MOE_DEV_OFF=0 turns it off (the same
+ * bits either way). The memory plan asks it too. */
+int qd_model_moe_dev_off = 1;
+
+static int moe_dev_decode(model *c, const layer *ly, int N)
+{
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("QUADS_MOE_DEV_OFF");
+        env = !(e && !strcmp(e, "0"));
+    }
+    const qd_ops *o = c->ops;
+    if (!env || !qd_model_moe_dev_off || !ly->moe || N > QD_DEV_OFF_ROWS || c->opt.diagnostics ||
+        !o->moe_group_dev || !o->w4a4_gemm_grouped_dev || !o->rac_multi_dev || !experts_grouped(c, ly))
+        return 0;
+    for (int e = 0; e < ly->nexp; e++)
+        for (int w = 0; w < 3; w++) {
+            qd_linear_mode m = expert_lin(c, ly, e, w)->mode;
+            if (m != QD_LINEAR_W4A4 && m != QD_LINEAR_W4A4_RAC)
+                return 0;
+        }
+    return 1;
+}
+
+/* This forward's MoE layer ly keeps its expert offsets on the device. */
+static int moe_offsets_on_device(model *c, const layer *ly) { return c->decode && moe_dev_decode(c, ly, c->N); }
+
 /* Route tokens: router softmax, top-k, weights; rows grouped by expert in
  * ascending token order. A dense layer routes every token to "expert 0" with
  * weight 1 (exact: 0 + 1 * y = y). */
@@ -1574,6 +1622,16 @@ static qd_status route(model *c, layer_acts *s, const layer *ly)
     int N = c->N, E = ly->nexp, K = ly->moe ? c->cfg.num_experts_per_tok : 1;
     if (ly->moe)
         QD_TRY(OP(c, route, s->topk, s->topw, s->probs, N, E, K, topk_norm(c)));
+    s->off_dev = moe_offsets_on_device(c, ly);
+    if (s->off_dev) {
+        void *p;
+        QD_TRY(scratch(c, S_MOEOFF, sizeof(int32_t) * ((size_t)E + 1), &p));
+        s->d_off = (int32_t *)p;
+        memset(s->exp_off, 0, sizeof(int32_t) * (size_t)E);
+        s->exp_off[E] = N * K;
+        return OP(c, moe_group_dev, s->d_off, s->row_tok, s->row_w, s->row_rank, s->tok_rows, s->topk, s->topw, N,
+                  E, K);
+    }
     return OP(c, moe_group, s->exp_off, s->row_tok, s->row_w, s->row_rank, s->tok_rows, ly->moe ? s->topk : NULL,
               s->topw, N, E, K);
 }
@@ -2465,6 +2523,8 @@ static void plan_pass(model *c, int N, int B, int Tm, int pass, size_t *acts, si
             nr[i] = planned_nrac(c, gu[i]);
         if (R && rac_multi_ok(c, gu, 2))
             need(&s[S_ACT], acts_bytes(R, gu[0]->in, nr, 2));
+        if (pass == PASS_DECODE && moe_dev_decode(c, ly, N)) /* route's d_off */
+            need(&s[S_MOEOFF], sizeof(int32_t) * ((size_t)ly->nexp + 1));
     }
     plan_linear(c, &c->lin[c->lm_head], pass == PASS_PREFILL ? B : N, s);
     if (pass == PASS_PREFILL)

@@ -261,6 +261,19 @@ typedef struct qd_ops {
      * tok_rows (dev, N*K); topk NULL: a dense MLP (E = K = 1) */
     qd_status (*moe_group)(void *dev, int32_t *exp_off, int32_t *row_tok, float *row_w, int32_t *row_rank,
                            int32_t *tok_rows, const int32_t *topk, const float *topw, int N, int E, int K);
+    /* Device-side expert offsets (a decode step with no host synchronization
+     * for its experts): moe_group with the offsets left in d_off (dev, E + 1;
+     * nothing to the host); w4a4_gemm_grouped and rac_multi reading them there,
+     * no expert with more than maxrows rows (the caller's bound: a token picks
+     * an expert at most once, so N), R = d_off[E] given by the caller (N K).
+     * Optional, all three: where any is NULL the driver takes the host offsets. */
+    qd_status (*moe_group_dev)(void *dev, int32_t *d_off, int32_t *row_tok, float *row_w, int32_t *row_rank,
+                               int32_t *tok_rows, const int32_t *topk, const float *topw, int N, int E, int K);
+    qd_status (*w4a4_gemm_grouped_dev)(void *dev, float *y, const qd_nvfp4 *a, const qd_nvfp4 *const *w,
+                                       const int32_t *d_off, int E, int maxrows);
+    qd_status (*rac_multi_dev)(void *dev, qd_nvfp4 *const *a, double *const *const *err,
+                               const int64_t *const *const *ch, const int64_t *n, int count, const int32_t *d_off,
+                               int E, int R, const float *x, int K);
     qd_status (*gather)(void *dev, float *xe, const float *x, const int32_t *row_tok, int R, int C);
     qd_status (*swiglu)(void *dev, float *h, const float *g, const float *u, size_t n);
     qd_status (*swiglu_backward)(void *dev, float *dg, float *du, const float *dh, const float *g, const float *u,
@@ -336,6 +349,11 @@ qd_backend *qd_model_backend_new(const qd_model_config *cfg, const qd_backend_op
  * gathered); 0 (tests and benchmarks, or QUADS_SHARE_PREFILL=0): every row's
  * prompt runs. */
 extern int qd_model_share_prefill;
+
+/* 1 (the default): a decode of at most 8 rows keeps its MoE layers' expert
+ * offsets on the device where the ops offer it (moe_group_dev and the two
+ * after it; the same bits); 0 (tests, or QUADS_MOE_DEV_OFF=0): on the host. */
+extern int qd_model_moe_dev_off;
 
 #ifdef __cplusplus
 }

@@ -505,8 +505,10 @@ static void c_w4a4_multi_rows9(oc *c)
 /* K % 512 == 0: the tensor-core kernel's path */
 static void c_w4a4(oc *c) { w4a4_case(c, 9, 40, 512); }
 
-/* y = the grouped W4A4 product of E experts (N, K) over rows off (E + 1). */
-static void w4a4_grouped_case(oc *c, const int32_t *off, int E, int N, int K)
+/* y = the grouped W4A4 product of E experts (N, K) over rows off (E + 1);
+ * dev: through w4a4_gemm_grouped_dev, off uploaded, maxrows its largest
+ * expert's rows. */
+static void w4a4_grouped_run(oc *c, const int32_t *off, int E, int N, int K, int dev)
 {
     int R = off[E];
     qd_nvfp4 q[8];
@@ -520,13 +522,46 @@ static void w4a4_grouped_case(oc *c, const int32_t *off, int E, int N, int K)
     float *x = F(c, (size_t)R * K, -2, 2), *y = Z(c, sizeof(float) * R * N);
     qd_nvfp4 a = nv(c, R, K, QD_SCALE_PER_ROW);
     RUN(c, c->ops->nvfp4_quantize(c->dev, &a, x));
-    RUN(c, c->ops->w4a4_gemm_grouped(c->dev, y, &a, wq, off, E));
+    int maxrows = 0;
+    for (int e = 0; e < E; e++)
+        maxrows = off[e + 1] - off[e] > maxrows ? off[e + 1] - off[e] : maxrows;
+    if (dev)
+        RUN(c, c->ops->w4a4_gemm_grouped_dev(c->dev, y, &a, wq, I(c, off, (size_t)E + 1), E, maxrows));
+    else
+        RUN(c, c->ops->w4a4_gemm_grouped(c->dev, y, &a, wq, off, E));
     if (c->ops->finish)
         RUN(c, c->ops->finish(c->dev));
     OUT(c, "y", 'f', y, sizeof(float) * R * N);
 }
 
+static void w4a4_grouped_case(oc *c, const int32_t *off, int E, int N, int K)
+{
+    w4a4_grouped_run(c, off, E, N, K, 0);
+}
+
 static void c_w4a4_grouped(oc *c) { w4a4_grouped_case(c, goff, GE, 24, 64); }
+
+/* The decode experts below with their offsets on the device (CUDA: compacted
+ * there, one decode-kernel launch over min(E, R) groups) */
+static void c_w4a4_grouped_dev(oc *c)
+{
+    static const int32_t off[7] = {0, 1, 1, 4, 12, 14, 19};
+    w4a4_grouped_run(c, off, 6, 40, 2112, 1);
+}
+
+/* an expert of 9 rows: past the decode kernel (CUDA: the offsets to the host) */
+static void c_w4a4_grouped_dev9(oc *c)
+{
+    static const int32_t off[4] = {0, 9, 9, 12};
+    w4a4_grouped_run(c, off, 3, 24, 64, 1);
+}
+
+/* a batch-1 decode's experts: 8 rows in 8 of 8 experts of K 768 (a3b's down) */
+static void c_w4a4_grouped_dev1(oc *c)
+{
+    static const int32_t off[9] = {0, 1, 2, 3, 4, 5, 6, 7, 8};
+    w4a4_grouped_run(c, off, 8, 48, 768, 1);
+}
 
 /* Decode-shaped experts: at most 8 rows each (CUDA: the split-K kernel, K in
  * 16-block chunks over 4 warps, rounds of 64 blocks), K = 2048 + 64 (a RAC
@@ -820,7 +855,7 @@ static void c_rac_grouped(oc *c)
 /* rac_multi: count linears of one input x (off[E] rows, K) with channel
  * counts n[i] (per expert channel sets), the statistics gathered twice (they
  * accumulate) when stats. */
-static void rac_multi_case(oc *c, const int32_t *off, int E, int K, const int64_t *n, int count, int stats)
+static void rac_multi_run(oc *c, const int32_t *off, int E, int K, const int64_t *n, int count, int stats, int dev)
 {
     int R = off[E];
     double *errs[QD_RAC_MULTI][GE];
@@ -839,9 +874,14 @@ static void rac_multi_case(oc *c, const int32_t *off, int E, int K, const int64_
         ap[i] = &a[i];
     }
     float *x = F(c, (size_t)R * K, -3, 3);
-    RUN(c, c->ops->rac_multi(c->dev, ap, stats ? err : NULL, ch, n, count, off, E, x, K));
-    if (stats)
-        RUN(c, c->ops->rac_multi(c->dev, ap, err, ch, n, count, off, E, x, K));
+    int32_t *d_off = dev ? I(c, off, (size_t)E + 1) : NULL;
+    for (int k = 0; k < (stats ? 2 : 1); k++) {
+        double *const *const *e = stats ? err : NULL;
+        if (dev)
+            RUN(c, c->ops->rac_multi_dev(c->dev, ap, e, ch, n, count, d_off, E, R, x, K));
+        else
+            RUN(c, c->ops->rac_multi(c->dev, ap, e, ch, n, count, off, E, x, K));
+    }
     if (c->ops->finish)
         RUN(c, c->ops->finish(c->dev));
     static const char *const act[] = {"act0", "act1", "act2", "act3"};
@@ -852,6 +892,18 @@ static void rac_multi_case(oc *c, const int32_t *off, int E, int K, const int64_
         for (int e = 0; stats && e < E; e++)
             OUT(c, en[4 * i + e], 'd', errs[i][e], sizeof(double) * K);
     }
+}
+
+static void rac_multi_case(oc *c, const int32_t *off, int E, int K, const int64_t *n, int count, int stats)
+{
+    rac_multi_run(c, off, E, K, n, count, stats, 0);
+}
+
+/* gate and up over 4 experts (one without rows), the offsets on the device, statistics gathered */
+static void c_rac_multi_dev(oc *c)
+{
+    static const int64_t n[2] = {16, 16};
+    rac_multi_run(c, goff, GE, 64, n, 2, 1, 1);
 }
 
 /* q, k and v of 3 rows (one with no channels), statistics gathered */
@@ -1085,6 +1137,24 @@ static void c_route_a3b(oc *c)
 
 static void c_route_norm(oc *c) { c_route(c, QD_TOPK_RENORM); }
 static void c_route_raw(oc *c) { c_route(c, QD_TOPK_PROBS); }
+
+/* moe_group_dev: the same rows, the offsets left in device memory */
+static void c_moe_group_dev(oc *c)
+{
+    enum { N = 11, E = 8, K = 3 };
+    int32_t topk[N * K];
+    float topw[N * K];
+    routing(c, topk, topw, N, E, K);
+    int32_t *rt = Z(c, sizeof(int32_t) * N * K), *rr = Z(c, sizeof(int32_t) * N * K);
+    int32_t *tr = Z(c, sizeof(int32_t) * N * K), *off = Z(c, sizeof(int32_t) * (E + 1));
+    float *rw = Z(c, sizeof(float) * N * K);
+    RUN(c, c->ops->moe_group_dev(c->dev, off, rt, rw, rr, tr, I(c, topk, N * K), up(c, topw, sizeof topw), N, E, K));
+    OUT(c, "exp_off", 'i', off, sizeof(int32_t) * (E + 1));
+    OUT(c, "row_tok", 'i', rt, sizeof(int32_t) * N * K);
+    OUT(c, "row_w", 'f', rw, sizeof(float) * N * K);
+    OUT(c, "row_rank", 'i', rr, sizeof(int32_t) * N * K);
+    OUT(c, "tok_rows", 'i', tr, sizeof(int32_t) * N * K);
+}
 
 static void c_moe_group(oc *c)
 {
@@ -1418,6 +1488,9 @@ static const op_case cases[] = {
     {{"w4a4_gemm 9x40x512", "w4a4_gemm", 1, 0}, c_w4a4},
     {{"w4a4_gemm_grouped 4 experts", "w4a4_gemm_grouped", 0, 0}, c_w4a4_grouped},
     {{"w4a4_gemm_grouped decode 6 experts 40x2112", "w4a4_gemm_grouped", 0, 0}, c_w4a4_grouped_decode},
+    {{"w4a4_grouped_dev 6 experts 40x2112", "w4a4_gemm_grouped_dev", 0, 0}, c_w4a4_grouped_dev},
+    {{"w4a4_grouped_dev 9 rows (host)", "w4a4_gemm_grouped_dev", 0, 0}, c_w4a4_grouped_dev9},
+    {{"w4a4_grouped_dev batch 1 8x48x768", "w4a4_gemm_grouped_dev", 0, 0}, c_w4a4_grouped_dev1},
     {{"w4a4_gemm 1x72x768", "w4a4_gemm", 1, 0}, c_w4a4_row1},
     {{"w4a4_gemm 1x37x4496", "w4a4_gemm", 1, 0}, c_w4a4_rac_width},
     {{"w4a4_gemm 3x70x80", "w4a4_gemm", 1, 0}, c_w4a4_tiny_rac},
@@ -1438,6 +1511,7 @@ static const op_case cases[] = {
     {{"rac_multi q/k/v 3x64+16/32/0", "rac_multi", 0, 0}, c_rac_multi_qkv},
     {{"rac_multi q/k/v 1x2048+192", "rac_multi", 0, 0}, c_rac_multi_decode},
     {{"rac_multi gate/up 4 experts 64+16", "rac_multi", 0, 0}, c_rac_multi_experts},
+    {{"rac_multi_dev gate/up 4 experts", "rac_multi_dev", 0, 0}, c_rac_multi_dev},
     {{"rac_fake_quant 7x64+32", "rac_fake_quant", 0, 0}, c_rac_fake_quant},
     {{"sqerr_rows 11x70", "sqerr_rows", 0, 0}, c_sqerr_rows},
     {{"attend prefill 2 seqs", "attend", 1, 0}, c_attend},
@@ -1454,6 +1528,7 @@ static const op_case cases[] = {
     {{"route raw 13x16 k4", "route", 0, 0}, c_route_raw},
     {{"route a3b 70x128 k8 ties nan", "route", 0, 0}, c_route_a3b},
     {{"moe_group 11x8 k3", "moe_group", 0, 0}, c_moe_group},
+    {{"moe_group_dev 11x3 of 8", "moe_group_dev", 0, 0}, c_moe_group_dev},
     {{"moe rows 9x6 k2", "combine", 0, 0}, c_moe_rows},
     {{"moe rows 37x8 k3 C300", "combine", 0, 0}, c_moe_rows_wide},
     {{"embed_w16 9x64 V50", "embed_w16", 0, 0}, c_embed_w16},

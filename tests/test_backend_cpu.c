@@ -1429,10 +1429,11 @@ START_TEST(test_shared_prefill)
         qd_backend *b = make(&c, rs[i], QD_ROLE_ROLLOUT, 0.25, 1);
         float *w = random_weights(b, 300 + i);
         ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
-        int32_t tok[3][SB * SM], len[3][SB];
-        float lp[3][SB * SM];
-        for (int k = 0; k < 3; k++) {
+        int32_t tok[4][SB * SM], len[4][SB];
+        float lp[4][SB * SM];
+        for (int k = 0; k < 4; k++) { /* k 3: the decode's expert offsets on the host (nvfp4, quads) */
             qd_model_share_prefill = k != 1;
+            qd_model_moe_dev_off = k != 3;
             qd_generate_request rq = {.B = SB, .Tp = SP, .prompt = prompt, .prompt_len = slen, .seq_id = sid,
                                       .seed = 5, .max_new_tokens = SM, .temperature = 1.0f, .top_p = 0.9f,
                                       .stop = &stop, .num_stop = 1, .rac_stats = k == 2};
@@ -1440,8 +1441,9 @@ START_TEST(test_shared_prefill)
             ck_assert_msg(qd_backend_generate(b, &rq, &res) == QD_OK, "generate: %s", qd_last_error());
         }
         qd_model_share_prefill = 1;
+        qd_model_moe_dev_off = 1;
         const char *what = qd_recipe_name(rs[i]);
-        for (int k = 1; k < 3; k++) {
+        for (int k = 1; k < 4; k++) {
             ck_assert_msg(memcmp(tok[0], tok[k], sizeof tok[0]) == 0, "%s: tokens differ (%d)", what, k);
             ck_assert_msg(memcmp(len[0], len[k], sizeof len[0]) == 0, "%s: lengths differ (%d)", what, k);
             ck_assert_msg(memcmp(lp[0], lp[k], sizeof lp[0]) == 0, "%s: log-probs differ (%d)", what, k);
@@ -1472,6 +1474,9 @@ static qd_backend *make_bare(const qd_model_config *cfg, qd_recipe r, qd_role ro
     bare_ops.rac_grouped = NULL;
     bare_ops.rac_multi = NULL;
     bare_ops.w4a4_gemm_multi = NULL;
+    bare_ops.moe_group_dev = NULL;
+    bare_ops.w4a4_gemm_grouped_dev = NULL;
+    bare_ops.rac_multi_dev = NULL;
     bare_ops.sample = NULL;
     qd_backend_options o = {.recipe = r, .role = role, .rac_ratio = ratio, .num_threads = 1};
     qd_backend *b = qd_model_backend_new(cfg, &o, &bare_ops, qd_cpu_dev_new(1), free);

@@ -662,6 +662,14 @@ static qd_status cpu_w4a4_gemm_grouped(void *dev, float *y, const qd_nvfp4 *a, c
     return QD_OK;
 }
 
+/* The device offsets are host memory here: the host ops on them. */
+static qd_status cpu_w4a4_gemm_grouped_dev(void *dev, float *y, const qd_nvfp4 *a, const qd_nvfp4 *const *w,
+                                           const int32_t *d_off, int E, int maxrows)
+{
+    (void)maxrows;
+    return cpu_w4a4_gemm_grouped(dev, y, a, w, d_off, E);
+}
+
 /* one product after the other */
 static qd_status cpu_w4a4_gemm_multi(void *dev, float *const *y, const qd_nvfp4 *const *a, const qd_nvfp4 *const *w,
                                      int count)
@@ -720,6 +728,15 @@ static qd_status cpu_rac_multi(void *dev, qd_nvfp4 *const *a, double *const *con
     for (int i = 0; i < count; i++)
         QD_TRY(cpu_rac_grouped(dev, a[i], err ? err[i] : NULL, ch[i], off, E, x, K, n[i]));
     return QD_OK;
+}
+
+static qd_status cpu_rac_multi_dev(void *dev, qd_nvfp4 *const *a, double *const *const *err,
+                                   const int64_t *const *const *ch, const int64_t *n, int count, const int32_t *d_off,
+                                   int E, int R, const float *x, int K)
+{
+    if (d_off[E] != R)
+        return qd_error(QD_ERR_SHAPE, "cpu backend: rac_multi_dev: %d rows, the offsets say %d", R, (int)d_off[E]);
+    return cpu_rac_multi(dev, a, err, ch, n, count, d_off, E, x, K);
 }
 
 /* per row, ascending, in double */
@@ -808,6 +825,12 @@ static qd_status cpu_moe_group(void *dev, int32_t *exp_off, int32_t *row_tok, fl
     qd_moe_group(exp_off, row_tok, row_w, row_rank, tok_rows, cnt, topk, topw, N, E, K);
     free(cnt);
     return QD_OK;
+}
+
+static qd_status cpu_moe_group_dev(void *dev, int32_t *d_off, int32_t *row_tok, float *row_w, int32_t *row_rank,
+                                   int32_t *tok_rows, const int32_t *topk, const float *topw, int N, int E, int K)
+{
+    return cpu_moe_group(dev, d_off, row_tok, row_w, row_rank, tok_rows, topk, topw, N, E, K);
 }
 
 static qd_status cpu_gather(void *dev, float *xe, const float *x, const int32_t *row_tok, int R, int C)
@@ -1048,6 +1071,9 @@ static const qd_ops cpu_ops = {
     .store_kv = cpu_store_kv,
     .route = cpu_route,
     .moe_group = cpu_moe_group,
+    .moe_group_dev = cpu_moe_group_dev,
+    .w4a4_gemm_grouped_dev = cpu_w4a4_gemm_grouped_dev,
+    .rac_multi_dev = cpu_rac_multi_dev,
     .gather = cpu_gather,
     .swiglu = cpu_swiglu,
     .swiglu_backward = cpu_swiglu_backward,

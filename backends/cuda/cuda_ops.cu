@@ -39,7 +39,8 @@ extern "C" {
 }
 
 /* Grow-only scratch of the ops themselves (dev unless said). */
-enum { D_XH, D_RACWS, D_X16, D_W16, D_DY16, D_LOGP, D_SAMPLE, D_MOE, D_RACPTR, D_RACFQ, D_RMSW, D_XF, D_NSCRATCH };
+enum { D_XH, D_RACWS, D_X16, D_W16, D_DY16, D_LOGP, D_SAMPLE, D_MOE, D_RACPTR, D_RACFQ, D_RMSW, D_XF, D_WTAB, D_GDEV,
+       D_NSCRATCH };
 
 #define STAGE_SLOTS 64 /* to_dev's pinned ring: slots, each STAGE_BYTES */
 #define STAGE_BYTES (16 << 10)
@@ -954,6 +955,47 @@ static qd_status cuda_w4a4_gemm_grouped(void *dev, float *y, const qd_nvfp4 *a, 
     return st;
 }
 
+/* The experts' weight pointers go up in one copy (codes, scales, s_dec, E of
+ * each), then the device-offset product (qd_cuda_w4a4_gemm_grouped_dev_async);
+ * where its decode kernel does not take the shapes, the offsets come to the
+ * host and the host-offset path runs. */
+static qd_status cuda_w4a4_gemm_grouped_dev(void *dev, float *y, const qd_nvfp4 *a, const qd_nvfp4 *const *w,
+                                            const int32_t *d_off, int E, int maxrows)
+{
+    cuda_dev *d = D(dev);
+    int64_t R = a->rows, K = w[0]->cols;
+    int ok = E > 0; /* the host-offset grouped op runs the exact kernels in both modes too */
+    for (int e = 0; ok && e < E; e++)
+        ok = w[e]->rows == w[0]->rows && w[e]->cols == K && w[e]->per_row == w[0]->per_row &&
+             qd_aligned(w[e]->codes, K % 64 ? 8 : 16) && qd_aligned(w[e]->scales, K % 64 ? 1 : 4);
+    if (ok) {
+        size_t bytes = sizeof(void *) * 3 * (size_t)E;
+        void *h, *tab, *ws;
+        QD_TRY(host_scratch(d, bytes, &h));
+        void **hp = (void **)h;
+        for (int e = 0; e < E; e++) {
+            hp[e] = (void *)w[e]->codes;
+            hp[E + e] = (void *)w[e]->scales;
+            hp[2 * E + e] = (void *)w[e]->s_dec;
+        }
+        QD_TRY(scratch(d, D_WTAB, bytes, &tab));
+        QD_TRY(cuda_to_dev(dev, tab, h, bytes));
+        QD_TRY(scratch(d, D_GDEV, qd_cuda_w4a4_grouped_dev_ws(), &ws));
+        qd_status st = qd_cuda_w4a4_gemm_grouped_dev_async(y, a, w[0], (const void *const *)tab, d_off, E, R,
+                                                           maxrows, ws);
+        if (st != QD_ERR_SHAPE) /* a bare status: no message was set */
+            return st;
+    }
+    int32_t *off = (int32_t *)malloc(sizeof(int32_t) * ((size_t)E + 1));
+    if (!off)
+        return qd_error(QD_ERR_NOMEM, "cuda backend: experts");
+    qd_status st = cuda_to_host(dev, off, d_off, sizeof(int32_t) * ((size_t)E + 1));
+    if (!st)
+        st = cuda_w4a4_gemm_grouped(dev, y, a, w, off, E);
+    free(off);
+    return st;
+}
+
 /* Exact mode: one decode-kernel launch where the products allow it; fast
  * mode: its product one after the other. */
 static qd_status cuda_w4a4_gemm_multi(void *dev, float *const *y, const qd_nvfp4 *const *a,
@@ -988,18 +1030,18 @@ static qd_status cuda_rac_augment_act(void *dev, qd_nvfp4 *out, const float *x, 
  * pointers, the channel sets', the offsets), the fake-quant of x once for
  * the statistics, and one launch for every linear's augmented rows. */
 static_assert(QD_RAC_MULTI == QD_CUDA_RAC_MULTI, "rac_multi's linear count");
-static qd_status cuda_rac_multi(void *dev, qd_nvfp4 *const *a, double *const *const *err,
+/* off host (uploaded with the pointers), or d_off already on the device with R given */
+static qd_status rac_multi_body(void *dev, qd_nvfp4 *const *a, double *const *const *err,
                                 const int64_t *const *const *ch, const int64_t *n, int count, const int32_t *off,
-                                int E, const float *x, int K)
+                                const int32_t *d_off_in, int E, int R, const float *x, int K)
 {
     cuda_dev *d = D(dev);
     if (count < 1 || count > QD_RAC_MULTI)
         return qd_error(QD_ERR_ARG, "cuda backend: rac_multi of %d linears (1 to %d)", count, QD_RAC_MULTI);
-    int R = off[E];
     if (R == 0)
         return QD_OK;
     size_t np = (size_t)E * (size_t)count, pb = sizeof(void *) * 2 * np;
-    size_t bytes = pb + sizeof(int32_t) * ((size_t)E + 1);
+    size_t bytes = pb + (off ? sizeof(int32_t) * ((size_t)E + 1) : 0);
     void *h, *p, *xh, *ws;
     QD_TRY(host_scratch(d, bytes, &h));
     void **hp = (void **)h;
@@ -1009,12 +1051,13 @@ static qd_status cuda_rac_multi(void *dev, qd_nvfp4 *const *a, double *const *co
             hp[np + (size_t)i * E + e] = (void *)ch[i][e];
         }
     }
-    memcpy((char *)h + pb, off, sizeof(int32_t) * ((size_t)E + 1));
+    if (off)
+        memcpy((char *)h + pb, off, sizeof(int32_t) * ((size_t)E + 1));
     QD_TRY(scratch(d, D_RACPTR, bytes, &p));
     QD_TRY(cuda_to_dev(dev, p, h, bytes));
     double *const *d_err = (double *const *)p;
     const int64_t *const *d_ch = (const int64_t *const *)p + np;
-    const int32_t *d_off = (const int32_t *)((char *)p + pb);
+    const int32_t *d_off = off ? (const int32_t *)((char *)p + pb) : d_off_in;
     const int64_t *const *chi[QD_RAC_MULTI];
     for (int i = 0; i < count; i++)
         chi[i] = d_ch + (size_t)i * E;
@@ -1026,6 +1069,20 @@ static qd_status cuda_rac_multi(void *dev, qd_nvfp4 *const *a, double *const *co
     }
     QD_TRY(scratch(d, D_RACWS, qd_cuda_rac_multi_ws(R, n, count), &ws));
     return qd_cuda_rac_multi_async(a, x, R, K, chi, n, count, d_off, E, (float *)ws);
+}
+
+static qd_status cuda_rac_multi(void *dev, qd_nvfp4 *const *a, double *const *const *err,
+                                const int64_t *const *const *ch, const int64_t *n, int count, const int32_t *off,
+                                int E, const float *x, int K)
+{
+    return rac_multi_body(dev, a, err, ch, n, count, off, NULL, E, off[E], x, K);
+}
+
+static qd_status cuda_rac_multi_dev(void *dev, qd_nvfp4 *const *a, double *const *const *err,
+                                    const int64_t *const *const *ch, const int64_t *n, int count,
+                                    const int32_t *d_off, int E, int R, const float *x, int K)
+{
+    return rac_multi_body(dev, a, err, ch, n, count, NULL, d_off, E, R, x, K);
 }
 
 /* rac_grouped is rac_multi of one linear (the op contract: the same bits). */
@@ -1172,6 +1229,16 @@ static qd_status cuda_moe_group(void *dev, int32_t *exp_off, int32_t *row_tok, f
     int32_t *d_off = (int32_t *)p, *ws = d_off + E + 1;
     QD_TRY(qdk_moe_group(d_off, row_tok, row_w, row_rank, tok_rows, ws, topk, topw, N, E, K));
     return cuda_to_host(dev, exp_off, d_off, sizeof(int32_t) * ((size_t)E + 1));
+}
+
+/* moe_group with the offsets left on the device (d_off): no copy to the host */
+static qd_status cuda_moe_group_dev(void *dev, int32_t *d_off, int32_t *row_tok, float *row_w, int32_t *row_rank,
+                                   int32_t *tok_rows, const int32_t *topk, const float *topw, int N, int E, int K)
+{
+    void *p;
+    QD_TRY(scratch(D(dev), D_MOE, sizeof(int32_t) * ((size_t)N * K + 2 * (size_t)E + 1), &p));
+    int32_t *ws = (int32_t *)p + E + 1;
+    return qdk_moe_group(d_off, row_tok, row_w, row_rank, tok_rows, ws, topk, topw, N, E, K);
 }
 
 static qd_status cuda_gather(void *dev, float *xe, const float *x, const int32_t *row_tok, int R, int C)
@@ -1385,6 +1452,9 @@ static const qd_ops cuda_ops = {
     .store_kv = cuda_store_kv,
     .route = cuda_route,
     .moe_group = cuda_moe_group,
+    .moe_group_dev = cuda_moe_group_dev,
+    .w4a4_gemm_grouped_dev = cuda_w4a4_gemm_grouped_dev,
+    .rac_multi_dev = cuda_rac_multi_dev,
     .gather = cuda_gather,
     .swiglu = cuda_swiglu,
     .swiglu_backward = cuda_swiglu_backward,

@@ -1694,14 +1694,21 @@ typedef struct {
     int64_t N[QD_DEC_MULTI];
 } dec_multi;
 
-template <int MT, int RT, bool MULTI>
+/* DEV: the groups are *gd, in device memory, *gd_n of them (written by
+ * w4a4_groups_from_dev from the device offsets); blockIdx.z past them exits. */
+template <int MT, int RT, bool MULTI, bool DEV>
 __global__ void __launch_bounds__(QD_DEC_THREADS)
 w4a4_dec_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
                 const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K,
-                const __grid_constant__ dec_multi mu)
+                const __grid_constant__ dec_multi mu, const w4a4_groups *gd, const int *gd_n)
 {
     extern __shared__ __align__(16) unsigned char dec_sm[];
     int z = blockIdx.z;
+    if constexpr (DEV) {
+        if (z >= *gd_n)
+            return;
+    }
+    const w4a4_groups &G = DEV ? *gd : g;
     int64_t bx = blockIdx.x;
     const uint8_t *w_codes, *w_scales;
     const float *w_sdec;
@@ -1713,9 +1720,9 @@ w4a4_dec_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
         y = mu.y[i], a_codes = mu.a_codes[i], a_scales = mu.a_scales[i], a_sdec = mu.a_sdec[i];
         w_codes = mu.w_codes[i], w_scales = mu.w_scales[i], w_sdec = mu.w_sdec[i], N = mu.N[i];
     } else {
-        w_codes = g.codes[z], w_scales = g.scales[z], w_sdec = g.sdec[z];
+        w_codes = G.codes[z], w_scales = G.scales[z], w_sdec = G.sdec[z];
     }
-    int64_t rows = g.rows[z], t0 = (int64_t)blockIdx.y * MT;
+    int64_t rows = G.rows[z], t0 = (int64_t)blockIdx.y * MT;
     if (t0 >= rows)
         return;
     int nb = (int)(K / 16), tpr = (nb + 3) / 4, rs = QD_DEC_THREADS / tpr, T = rows - t0 < MT ? (int)(rows - t0) : MT;
@@ -1754,7 +1761,7 @@ w4a4_dec_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
     float *lut = (float *)(s_a + MT * nb);             /* the weight scales' E4M3 values */
     float *s_t = lut + 256;                            /* [rs * RT * MT][ld] terms (16-byte rows) */
     int2 *s_is = (int2 *)(s_t + rs * RT * MT * ld);    /* [MT][nb] magic bits - 12 * block sum, scale / 4 */
-    int64_t r0 = g.row0[z] + t0;
+    int64_t r0 = G.row0[z] + t0;
     lut[threadIdx.x] = qd_e4m3_to_f32((uint8_t)threadIdx.x);
     for (int i = threadIdx.x; i < MT * nb; i += QD_DEC_THREADS) {
         int m = i / nb, b = i - m * nb;
@@ -2293,7 +2300,8 @@ static qd_status launch_w4a4_splitk(float *y, const qd_nvfp4 *a, const w4a4_grou
  * start[i] .. start[i+1]-1 theirs (set here for RT). */
 template <int MT, int RT>
 static qd_status launch_w4a4_dec(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
-                                 int w_per_row, int64_t N, int64_t K, const dec_multi *mu)
+                                 int w_per_row, int64_t N, int64_t K, const dec_multi *mu, const w4a4_groups *gd,
+                                 const int *gd_n)
 {
     size_t smem = dec_smem(MT, RT, K);
     int64_t rows = (int64_t)dec_rs(K) * RT;
@@ -2306,10 +2314,12 @@ static qd_status launch_w4a4_dec(float *y, const qd_nvfp4 *a, const w4a4_groups 
             m.start[i + 1] = m.start[i] + (int)((m.N[i] + rows - 1) / rows);
         grid.x = (unsigned)m.start[m.count];
     }
-    auto kern = mu ? w4a4_dec_kernel<MT, RT, true> : w4a4_dec_kernel<MT, RT, false>;
+    auto kern = gd ? w4a4_dec_kernel<MT, RT, false, true>
+                   : mu ? w4a4_dec_kernel<MT, RT, true, false> : w4a4_dec_kernel<MT, RT, false, false>;
     if (smem > 48 * 1024)
         QD_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    kern<<<grid, QD_DEC_THREADS, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, *g, w_per_row, N, K, m);
+    kern<<<grid, QD_DEC_THREADS, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, *g, w_per_row, N, K, m, gd,
+                                         gd_n);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -2330,11 +2340,12 @@ static int w4a4_dec_rt_env(void)
  * small as maxrows allows (tiles of 8 above); QD_ERR_SHAPE where it does not
  * (the caller falls back to the MMA kernels). */
 static qd_status w4a4_dec(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
-                          int w_per_row, int64_t N, int64_t K, int forced, const dec_multi *mu = NULL)
+                          int w_per_row, int64_t N, int64_t K, int forced, const dec_multi *mu = NULL,
+                          const w4a4_groups *gd = NULL, const int *gd_n = NULL)
 {
     if (K > 16384 || !qd_aligned(a->codes, 8))
         return QD_ERR_SHAPE;
-    for (int z = 0; z < ng; z++)
+    for (int z = 0; !gd && z < ng; z++) /* gd: the caller checked every group's weights */
         if (!qd_aligned(g->codes[z], K % 64 ? 8 : 16) || !qd_aligned(g->scales[z], K % 64 ? 1 : 4))
             return QD_ERR_SHAPE;
     for (int i = 0; mu && i < mu->count; i++)
@@ -2362,8 +2373,8 @@ static qd_status w4a4_dec(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int
     if (!forced && ctas(rt) > 4 * qd_sm_count())
         return QD_ERR_SHAPE;
 #define QD_DEC_CASE(M)                                                                                        \
-    return rt == 2 ? launch_w4a4_dec<M, 2>(y, a, g, ng, maxrows, w_per_row, N, K, mu)                        \
-                   : launch_w4a4_dec<M, 1>(y, a, g, ng, maxrows, w_per_row, N, K, mu)
+    return rt == 2 ? launch_w4a4_dec<M, 2>(y, a, g, ng, maxrows, w_per_row, N, K, mu, gd, gd_n)              \
+                   : launch_w4a4_dec<M, 1>(y, a, g, ng, maxrows, w_per_row, N, K, mu, gd, gd_n)
     switch (mt) {
     case 1: QD_DEC_CASE(1);
     case 2: QD_DEC_CASE(2);
@@ -2506,6 +2517,58 @@ extern "C" qd_status qd_cuda_w4a4_gemm_grouped_async(float *y, const qd_nvfp4 *a
         }
     }
     return QD_OK;
+}
+
+/* The experts with rows of the device offsets d_off (E + 1, E <= QD_W4A4_GROUPS)
+ * into *gd in ascending order (first row, rows, and their weights' codes,
+ * scales and s_dec from tab: E pointers of each), their count into *gd_n. One warp. */
+__global__ void w4a4_groups_from_dev(w4a4_groups *gd, int *gd_n, const int32_t *d_off, const void *const *tab, int E)
+{
+    int lane = threadIdx.x, base = 0;
+    for (int e0 = 0; e0 < E; e0 += 32) {
+        int e = e0 + lane, r0 = e < E ? d_off[e] : 0, rows = e < E ? d_off[e + 1] - r0 : 0;
+        unsigned m = __ballot_sync(0xffffffffu, rows > 0);
+        if (rows > 0) {
+            int z = base + __popc(m & ((1u << lane) - 1u));
+            gd->row0[z] = r0;
+            gd->rows[z] = rows;
+            gd->codes[z] = (const uint8_t *)tab[e];
+            gd->scales[z] = (const uint8_t *)tab[E + e];
+            gd->sdec[z] = (const float *)tab[2 * E + e];
+        }
+        base += __popc(m);
+    }
+    if (lane == 0)
+        *gd_n = base;
+}
+
+extern "C" size_t qd_cuda_w4a4_grouped_dev_ws(void) { return (sizeof(w4a4_groups) + 255) / 256 * 256 + 256; }
+
+/* The grouped product with the offsets on the device: the experts with rows
+ * compacted there (w4a4_groups_from_dev), then one decode-kernel launch over
+ * min(E, R) groups (those past the count exit): the bits of
+ * qd_cuda_w4a4_gemm_grouped_async. w0 gives the weights' shape (the caller
+ * checked every expert's against it and their alignment), tab (dev) the
+ * experts' codes, scales and s_dec pointers, ws qd_cuda_w4a4_grouped_dev_ws()
+ * bytes of dev scratch. QD_ERR_SHAPE where the decode kernel does not take
+ * it (more than 8 rows an expert, more than QD_W4A4_GROUPS experts, K or the
+ * shared memory past its limits): the caller takes the host offsets then. */
+extern "C" qd_status qd_cuda_w4a4_gemm_grouped_dev_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w0,
+                                                         const void *const *tab, const int32_t *d_off, int E,
+                                                         int64_t R, int64_t maxrows, void *ws)
+{
+    if (E <= 0 || R <= 0 || w0->rows == 0)
+        return QD_OK;
+    if (E > QD_W4A4_GROUPS || maxrows < 1 || maxrows > 8 || qd_cuda_w4a4_legacy || a->cols != w0->cols ||
+        a->cols % QD_NVFP4_BLOCK || a->rows != R)
+        return QD_ERR_SHAPE;
+    w4a4_groups *gd = (w4a4_groups *)ws;
+    int *gd_n = (int *)((char *)ws + (sizeof(w4a4_groups) + 255) / 256 * 256);
+    static w4a4_groups none; /* the kernel's by-value groups, unread under DEV */
+    w4a4_groups_from_dev<<<1, 32>>>(gd, gd_n, d_off, tab, E);
+    QD_CUDA_CHECK(cudaGetLastError());
+    int ng = (int)(R < E ? R : E);
+    return w4a4_dec(y, a, &none, ng, maxrows, w0->per_row, w0->rows, a->cols, 1, NULL, gd, gd_n);
 }
 
 extern "C" qd_status qd_cuda_w4a4_gemm(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
