@@ -2426,6 +2426,69 @@ extern "C" qd_status qdk_logprob(float *logp, float *lse, float *s, const float 
     return QD_OK;
 }
 
+/* Fast mode's log-probs: a block of LP_FAST threads a row reads it once
+ * (k_logprob reads it twice, the max then the sum: 20 GB a step at a3b's 16 x
+ * 1,024 x 151,936 logits, as the second pass misses the L2), each thread
+ * keeping the running max m of its values and the sum s of exp(x - m),
+ * rescaled when m grows; the threads' pairs then combine in a tree. */
+#define LP_FAST 512
+
+static __device__ __forceinline__ void lp_merge(float *m, float *s, float m2, float s2)
+{
+    float M = fmaxf(*m, m2);
+    if (M == -INFINITY) /* both empty */
+        return;
+    *s = *s * expf(*m - M) + s2 * expf(m2 - M);
+    *m = M;
+}
+
+__global__ void __launch_bounds__(LP_FAST) k_logprob_fast(float *logp, float *lse, const float *logits,
+                                                          const int32_t *tgt, int V, float T, int *bad)
+{
+    __shared__ float wm[LP_FAST / 32], ws[LP_FAST / 32];
+    int n = blockIdx.x, j = threadIdx.x;
+    const float *l = logits + (size_t)n * V;
+    float m = -INFINITY, s = 0.0f;
+    int over = 0;
+    for (int i = j; i < V; i += LP_FAST) {
+        float x = T != 1.0f ? l[i] / T : l[i];
+        over |= !isfinite(x) && isfinite(l[i]);
+        if (x > m) {
+            s = s * expf(m - x); /* 0 * exp(-inf) = 0 on the first */
+            m = x;
+        }
+        if (x != -INFINITY) /* exp(-inf - -inf) would be NaN while every value so far is -inf */
+            s += expf(x - m);
+    }
+    if (over)
+        *bad = n + 1;
+    for (int o = 16; o; o >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        lp_merge(&m, &s, m2, s2);
+    }
+    if ((j & 31) == 0) {
+        wm[j >> 5] = m;
+        ws[j >> 5] = s;
+    }
+    __syncthreads();
+    if (j == 0) {
+        for (int w = 1; w < LP_FAST / 32; w++)
+            lp_merge(&m, &s, wm[w], ws[w]);
+        float z = m + logf(s);
+        lse[n] = z;
+        int t = tgt[n];
+        logp[n] = t >= 0 ? (T != 1.0f ? l[t] / T : l[t]) - z : 0.0f;
+    }
+}
+
+extern "C" qd_status qdk_logprob_fast(float *logp, float *lse, const float *logits, const int32_t *tgt, int N, int V,
+                                      float T, int *bad)
+{
+    if (N)
+        QD_LAUNCH(k_logprob_fast, N, LP_FAST, logp, lse, logits, tgt, V, T, bad);
+    return QD_OK;
+}
+
 /* The sampler of backends/sampling.c (steps 1-6, 9, 10) for rows with no
  * top-k / top-p cut (and greedy rows), in four launches, each spread over the
  * whole GPU at any batch (a row's lanes as 1,024 threads each walking its 149

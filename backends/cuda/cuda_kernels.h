@@ -155,6 +155,11 @@ qd_status qdk_router_backward(float *dlog, const float *dwt, const float *probs,
  * int) = 1 + the token whose logit / T overflows. */
 qd_status qdk_logprob(float *logp, float *lse, float *s, const float *logits, const int32_t *tgt, int N,
                       int V, float T, int *bad);
+/* Fast mode's: the same outputs in one pass over each row (the softmax's max
+ * and sum online, lanes combined by a tree: another order of the sum, and
+ * logp = x_t - lse with one rounding less), no scratch. */
+qd_status qdk_logprob_fast(float *logp, float *lse, const float *logits, const int32_t *tgt, int N, int V, float T,
+                           int *bad);
 /* qd_sample_batch's rows without a top-k or top-p cut (top_k <= 0 or >= V,
  * top_p >= 1; T = 0 greedy): token, logprob, logprob_kept (B) of logits (B, V)
  * at (seed, sid[b], spos[b]) (device arrays); *bad (device int) = 1 when a

@@ -60,6 +60,8 @@ typedef struct {
     int fast16;                    /* fast mode, BF16 recipes: every backward product's operands as BF16
                                     * (QUADS_FAST_BF16=0: bwd_math's instead) */
     size_t dy16_bytes;             /* fast16: the backward's dy bits a block (QUADS_DY16_BYTES, for tests) */
+    int lp_fast;                   /* fast mode: log-probs in one pass over the logits (qdk_logprob_fast;
+                                    * QUADS_LOGPROB_FAST=0: the exact mode's two) */
     /* QUADS_AQAT16=1 (fast16): a per-tensor fake-quant weight of the working
      * copy (AQAT, sym-QAT, replay) is kept in wk16 as its E2M1 x E4M3 part (a
      * BF16 value), its global decode scale the products' alpha, so its forward
@@ -1297,10 +1299,14 @@ static qd_status cuda_logprob(void *dev, float *logp, float *lse, const float *l
 {
     cuda_dev *d = D(dev);
     void *s = NULL;
-    if (T != 1.0f)
+    int fast = d->mode == QD_MODE_FAST && d->lp_fast;
+    if (T != 1.0f && !fast)
         QD_TRY(scratch(d, D_LOGP, sizeof(float) * (size_t)N * V, &s));
     QD_CUDA_CHECK(cudaMemset(d->d_bad, 0, sizeof(int)));
-    QD_TRY(qdk_logprob(logp, lse, (float *)s, logits, tgt, N, V, T, d->d_bad));
+    if (fast)
+        QD_TRY(qdk_logprob_fast(logp, lse, logits, tgt, N, V, T, d->d_bad));
+    else
+        QD_TRY(qdk_logprob(logp, lse, (float *)s, logits, tgt, N, V, T, d->d_bad));
     int bad = 0;
     QD_TRY(cuda_to_host(dev, &bad, d->d_bad, sizeof bad));
     if (bad)
@@ -1515,6 +1521,8 @@ extern "C" void *qd_cuda_dev_new(qd_exec_mode mode, qd_prec weights)
     d->aqat16 = d->fast16 && !(aq && !strcmp(aq, "0"));
     const char *se = getenv("QUADS_FAST_SMALL");
     d->small_exact = !(se && !strcmp(se, "0"));
+    const char *lf = getenv("QUADS_LOGPROB_FAST");
+    d->lp_fast = !(lf && !strcmp(lf, "0"));
     const char *db = getenv("QUADS_DY16_BYTES");
     d->dy16_bytes = db && atol(db) > 0 ? (size_t)atol(db) : (size_t)512 << 20;
     const char *pe = getenv("QUADS_CUDA_PROFILE");
