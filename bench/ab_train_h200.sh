@@ -2,13 +2,16 @@
 # bench/ab_train_h200.sh: kernel variants of fast mode's train step side by
 # side (issue 13) on the GPU machine, from a tree built here and carried
 # (bench/bench_backend, tests/gpu/bundle_libs.sh's .devrun/lib), in about
-# ROUNDS x variants x 25 s. The a3b model (bench/run_train_h200.sh) at LAYERS
-# [4], B [16] x T [1024] tokens, RECIPE [bf16]; each variant is a set of
+# ROUNDS x variants x 25 s (about 8 minutes with the defaults). The a3b model
+# (bench/run_train_h200.sh) at LAYERS [4], B [16] x T [1024] tokens, RECIPE
+# [bf16]; each variant is a set of
 # environment settings, VARIANTS ';'-separated (an empty one: the defaults):
 #   default: the kernels the defaults choose;
 #   QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=0..3: the experts' BF16 products on
 #     cuda_grouped.cu's wgmma kernel in each configuration;
 #   QUADS_FLASH_WG=1: the fused attention's wgmma kernels;
+#   QUADS_LOGPROB_FAST=0: the log-probs' two passes (the exact kernel) instead of one;
+#   QUADS_DY16_BYTES=2 GiB: the lm_head's backward in 3 blocks of columns, not 10;
 #   the wgmma experts (configuration 0) and attention together.
 # ROUNDS [2] rounds, the variants alternating within each (one process a
 # variant a round: ITERS [2] steps after WARMUP [1]; the H200's clocks and the
@@ -29,7 +32,8 @@ export OMP_WAIT_POLICY=passive
 [ -x bench/bench_backend ] || { echo "ab_train_h200: bench/bench_backend not found: build it first" >&2; exit 1; }
 default_variants="default;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=0;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=1"
 default_variants="$default_variants;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=2;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=3"
-default_variants="$default_variants;QUADS_FLASH_WG=1;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=0 QUADS_FLASH_WG=1"
+default_variants="$default_variants;QUADS_FLASH_WG=1;QUADS_LOGPROB_FAST=0;QUADS_DY16_BYTES=2147483648"
+default_variants="$default_variants;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=0 QUADS_FLASH_WG=1"
 IFS=';' read -r -a variants <<<"${VARIANTS:-$default_variants}"
 run=(bench/bench_backend --backend "${BACKEND:-cuda}" --mode "${MODE:-fast}" --recipe "${RECIPE:-bf16}" --model a3b
      --layers "${LAYERS:-4}" --batch "${B:-16}" --seq "${T:-1024}" --ops "train step")
