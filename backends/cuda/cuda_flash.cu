@@ -32,6 +32,7 @@
 #include <cuda_runtime.h>
 #include "backends/cuda/cuda_blas.h"
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_wgmma.h"
 extern "C" {
 #include "quant/numerics.h"
 }
@@ -194,6 +195,105 @@ static __device__ __forceinline__ void put_row(float *dst, const float acc[D / 8
     }
 }
 
+/* One key tile of the forward's online softmax for a thread's two rows r0 and
+ * r1 = r0 + 8 (its warp's rows g and g + 8): s holds the warp's 16 x 8 NT
+ * scores in mma.m16n8k16's C layout (n-tile nt at s[4 nt ..], keys k0 + 8 nt
+ * + 2 t (+ 1)); where mask, the keys past a row's position are cut (-inf).
+ * Scaled by c2 (the softmax in base 2), the rows' running max m and sum l
+ * updated, acc (16 x 8 NA, the same layout) rescaled, s replaced by
+ * exp2(s c2 - m). */
+template <int NT, int NA>
+static __device__ __forceinline__ void softmax_tile(float (&s)[4 * NT], float (&acc)[4 * NA], int k0, int r0,
+                                                    bool mask, float c2, float &m0, float &m1, float &l0, float &l1)
+{
+    int t = threadIdx.x & 3, r1 = r0 + 8;
+    float x0 = m0, x1 = m1;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int key = k0 + 8 * nt + 2 * t + (e & 1), row = e < 2 ? r0 : r1;
+            float z = !mask || key <= row ? s[4 * nt + e] * c2 : -INFINITY;
+            s[4 * nt + e] = z;
+            if (e < 2)
+                x0 = fmaxf(x0, z);
+            else
+                x1 = fmaxf(x1, z);
+        }
+    }
+    x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 1));
+    x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
+    x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 1));
+    x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
+    float f0 = ex2(m0 - x0), f1 = ex2(m1 - x1); /* 0 on the first tile (m = -inf) */
+    m0 = x0;
+    m1 = x1;
+    l0 *= f0;
+    l1 *= f1;
+#pragma unroll
+    for (int i = 0; i < NA; i++) {
+        acc[4 * i] *= f0;
+        acc[4 * i + 1] *= f0;
+        acc[4 * i + 2] *= f1;
+        acc[4 * i + 3] *= f1;
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        s[4 * nt] = ex2(s[4 * nt] - m0);
+        s[4 * nt + 1] = ex2(s[4 * nt + 1] - m0);
+        s[4 * nt + 2] = ex2(s[4 * nt + 2] - m1);
+        s[4 * nt + 3] = ex2(s[4 * nt + 3] - m1);
+        l0 += s[4 * nt] + s[4 * nt + 1];
+        l1 += s[4 * nt + 2] + s[4 * nt + 3];
+    }
+}
+
+/* The log-sum-exps and deltas of a thread's two rows r0 and r0 + 8 of the
+ * sequence of tl (0 past its end): st = {lse0, lse1, delta0, delta1} */
+static __device__ __forceinline__ void row_stats(float (&st)[4], const float *lse, const float *delta,
+                                                 const fl_tile &tl, int r0, int H, int h)
+{
+    for (int i = 0; i < 2; i++) {
+        int r = r0 + 8 * i;
+        int64_t n = (int64_t)(tl.o + r) * H + h;
+        st[i] = r < tl.L ? lse[n] : 0.f;
+        st[2 + i] = r < tl.L ? delta[n] : 0.f;
+    }
+}
+
+/* dS of a key tile for dq, in place of the scores s (layout as softmax_tile's;
+ * dp the same tile of dP): P = exp2(s c2 - lse) on the causal keys of rows
+ * inside the sequence (length L), else 0; dS = P (dP - delta) */
+template <int NT>
+static __device__ __forceinline__ void ds_tile(float (&s)[4 * NT], const float (&dp)[4 * NT], int k0, int r0, int L,
+                                               float c2, const float (&st)[4])
+{
+    int t = threadIdx.x & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int key = k0 + 8 * nt + 2 * t + (e & 1), h = e >> 1, row = r0 + 8 * h;
+            float p = key <= row && row < L ? ex2(s[4 * nt + e] * c2 - st[h]) : 0.f;
+            s[4 * nt + e] = p * (dp[4 * nt + e] - st[2 + h]);
+        }
+    }
+}
+
+/* The log-sum-exps and deltas of NQ queries from row n (H apart) into sl[0 ..
+ * NQ) and sl[NQ .. 2 NQ) for dk, dv's step (0 from the valid-th on) */
+template <int NQ>
+static __device__ __forceinline__ void stage_stats(float *sl, const float *lse, const float *delta, int64_t n, int H,
+                                                   int valid)
+{
+    if (threadIdx.x < NQ) {
+        int e = threadIdx.x;
+        bool ok = e < valid;
+        sl[e] = ok ? lse[n + (int64_t)e * H] : 0.f;
+        sl[NQ + e] = ok ? delta[n + (int64_t)e * H] : 0.f;
+    }
+}
+
 /* dst = BF16 of src (n floats), four a thread where both are aligned */
 __global__ void flash_bf16_kernel(bf16 *dst, const float *src, int64_t n, int vec)
 {
@@ -276,45 +376,8 @@ __global__ void __launch_bounds__(FL_THREADS) flash_fwd_kernel(float *out, float
                 mma16816(s[2 * np + 1], qa[kk], b[2], b[3]);
             }
         }
-        float x0 = m0, x1 = m1;
-#pragma unroll
-        for (int nt = 0; nt < FL_N / 8; nt++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int key = k0 + 8 * nt + 2 * t + (e & 1), row = e < 2 ? r0 : r1;
-                float z = key <= row ? s[nt][e] * c2 : -INFINITY;
-                s[nt][e] = z;
-                if (e < 2)
-                    x0 = fmaxf(x0, z);
-                else
-                    x1 = fmaxf(x1, z);
-            }
-        }
-        x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 1));
-        x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
-        x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 1));
-        x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
-        float f0 = ex2(m0 - x0), f1 = ex2(m1 - x1); /* 0 on the first tile (m = -inf) */
-        m0 = x0;
-        m1 = x1;
-        l0 *= f0;
-        l1 *= f1;
-#pragma unroll
-        for (int i = 0; i < ND; i++) {
-            acc[i][0] *= f0;
-            acc[i][1] *= f0;
-            acc[i][2] *= f1;
-            acc[i][3] *= f1;
-        }
-#pragma unroll
-        for (int nt = 0; nt < FL_N / 8; nt++) {
-            s[nt][0] = ex2(s[nt][0] - m0);
-            s[nt][1] = ex2(s[nt][1] - m0);
-            s[nt][2] = ex2(s[nt][2] - m1);
-            s[nt][3] = ex2(s[nt][3] - m1);
-            l0 += s[nt][0] + s[nt][1];
-            l1 += s[nt][2] + s[nt][3];
-        }
+        softmax_tile<FL_N / 8, ND>(reinterpret_cast<float(&)[FL_N / 2]>(s), reinterpret_cast<float(&)[D / 2]>(acc), k0,
+                                   r0, true, c2, m0, m1, l0, l1);
         mma_sb<D, FL_N / 16>(acc, s, sv);
         __syncthreads(); /* the stage is free for the copy after next */
     }
@@ -378,13 +441,7 @@ __global__ void __launch_bounds__(FL_THREADS) flash_dkv_kernel(float *dk, float 
         int64_t row = (int64_t)(tl.o + q0) * H + h;
         stage<D, FL_QB>(st, q + row * D, qs, tl.L - q0);
         stage<D, FL_QB>(st + QS, dout + row * D, qs, tl.L - q0);
-        if (threadIdx.x < FL_QB) {
-            int e = threadIdx.x;
-            bool ok = q0 + e < tl.L;
-            float *sl = sld + 2 * (i & 1) * FL_QB;
-            sl[e] = ok ? lse[row + (int64_t)e * H] : 0.f;
-            sl[FL_QB + e] = ok ? delta[row + (int64_t)e * H] : 0.f;
-        }
+        stage_stats<FL_QB>(sld + 2 * (i & 1) * FL_QB, lse, delta, row, H, tl.L - q0);
     };
     issue(0);
     cp_commit();
@@ -468,7 +525,7 @@ __global__ void __launch_bounds__(FL_THREADS) flash_dq_kernel(float *dq, const b
     extern __shared__ __align__(16) unsigned char fl_smem[];
     bf16 *sq = reinterpret_cast<bf16 *>(fl_smem), *sd = sq + FL_M * LD, *skv = sd + FL_M * LD;
     fl_tile tl = tiles[blockIdx.x];
-    int h = blockIdx.y, kh = h / (H / KV), w = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    int h = blockIdx.y, kh = h / (H / KV), w = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
     int64_t ks = (int64_t)KV * D;
     const bf16 *kg = k + (int64_t)tl.o * ks + (int64_t)kh * D, *vg = v + (int64_t)tl.o * ks + (int64_t)kh * D;
     int64_t row = (int64_t)(tl.o + tl.t0) * H + h;
@@ -477,17 +534,8 @@ __global__ void __launch_bounds__(FL_THREADS) flash_dq_kernel(float *dq, const b
     stage_kv<D>(skv, kg, vg, ks, 0, tl.L);
     uint32_t qa[D / 16][4], da[D / 16][4];
     int r0 = tl.t0 + 16 * w + g, r1 = r0 + 8;
-    float lse0 = 0.f, lse1 = 0.f, del0 = 0.f, del1 = 0.f;
-    if (r0 < tl.L) {
-        int64_t n = (int64_t)(tl.o + r0) * H + h;
-        lse0 = lse[n];
-        del0 = delta[n];
-    }
-    if (r1 < tl.L) {
-        int64_t n = (int64_t)(tl.o + r1) * H + h;
-        lse1 = lse[n];
-        del1 = delta[n];
-    }
+    float st[4]; /* lse0, lse1, del0, del1 */
+    row_stats(st, lse, delta, tl, r0, H, h);
     float acc[ND][4];
     zero<ND>(acc);
     int nkt = (min(tl.L, tl.t0 + FL_M) + FL_N - 1) / FL_N;
@@ -515,15 +563,8 @@ __global__ void __launch_bounds__(FL_THREADS) flash_dq_kernel(float *dq, const b
                 mma16816(dp[2 * np + 1], da[kk], bv[2], bv[3]);
             }
         }
-#pragma unroll
-        for (int nt = 0; nt < FL_N / 8; nt++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int key = k0 + 8 * nt + 2 * t + (e & 1), row = e < 2 ? r0 : r1;
-                float p = key <= row && row < tl.L ? ex2(s[nt][e] * c2 - (e < 2 ? lse0 : lse1)) : 0.f;
-                s[nt][e] = p * (dp[nt][e] - (e < 2 ? del0 : del1));
-            }
-        }
+        ds_tile<FL_N / 8>(reinterpret_cast<float(&)[FL_N / 2]>(s), reinterpret_cast<float(&)[FL_N / 2]>(dp), k0, r0,
+                          tl.L, c2, st);
         mma_sb<D, FL_N / 16>(acc, s, sk);
         __syncthreads(); /* the stage is free for the copy after next */
     }
@@ -555,84 +596,19 @@ __global__ void __launch_bounds__(FL_THREADS) flash_dq_kernel(float *dq, const b
 #define FW_STEP 64     /* keys (queries in dk, dv) a step */
 #define FW_THREADS 256
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define FW_ARCH 1
-#else
-#define FW_ARCH 0
-#endif
-
-/* d (m64n64, float32) += A . B^T, A and B K-major in shared memory (descriptors) */
-static __device__ __forceinline__ void wg_ss64(float (&d)[32], uint64_t da, uint64_t db, int acc)
-{
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "l"(da), "l"(db), "r"(acc));
-}
-
-/* d (m64n64, float32) += A . B, A (16 x 16 a warp, mma.m16n8k16's A fragments) in registers,
- * B MN-major in shared memory (its descriptor) */
-static __device__ __forceinline__ void wg_rs64(float (&d)[32], const uint32_t (&a)[4], uint64_t db)
-{
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}
-
-/* d (m64n128, float32) += A . B, A (16 x 16 a warp, mma.m16n8k16's A fragments) in registers,
- * B MN-major in shared memory (its descriptor) */
-static __device__ __forceinline__ void wg_rs128(float (&d)[64], const uint32_t (&a)[4], uint64_t db)
-{
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-                 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}
-
-static __device__ __forceinline__ uint64_t fw_desc(uint32_t a, uint32_t lbo, uint32_t sbo)
-{
-    return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)((lbo >> 4) & 0x3FFF) << 16 |
-           (uint64_t)((sbo >> 4) & 0x3FFF) << 32 | (uint64_t)1 << 62;
-}
-
 /* A tile of R rows x D at s (1,024-byte aligned) read K-major (K = D): rows
  * r0 .. r0 + 63 (A) or all R (B), the k-step ks of 16 columns */
 template <int R>
 static __device__ __forceinline__ uint64_t fw_kmaj(uint32_t s, int r0, int ks)
 {
-    return fw_desc(s + (uint32_t)(ks >> 2) * (R * 128) + (uint32_t)r0 * 128 + (uint32_t)(ks & 3) * 32, 16, 1024);
+    return qd_wg_desc(s + (uint32_t)(ks >> 2) * (R * 128) + (uint32_t)r0 * 128 + (uint32_t)(ks & 3) * 32, 16, 1024);
 }
 
 /* The same tile read MN-major (K = its rows, N = D): rows 16 ks .. 16 ks + 15 */
 template <int R>
 static __device__ __forceinline__ uint64_t fw_mn(uint32_t s, int ks)
 {
-    return fw_desc(s + (uint32_t)ks * 2048, R * 128, 1024);
+    return qd_wg_desc(s + (uint32_t)ks * 2048, R * 128, 1024);
 }
 
 /* R rows of D BF16 (gs halves apart in g) into the swizzled tile at s by
@@ -651,12 +627,19 @@ static __device__ __forceinline__ void fw_stage(uint32_t s, const bf16 *g, int64
     }
 }
 
-template <int N>
-static __device__ __forceinline__ void fw_fence(float (&d)[N])
+/* Key tile jt (keys and values 64 jt .., rows ks halves apart in kg, vg; past
+ * L zero) into stage jt % 2 of skv (K, then V 64 D halves later), one
+ * cp.async group */
+template <int D>
+static __device__ __forceinline__ void fw_stage_kv(uint32_t skv, const bf16 *kg, const bf16 *vg, int64_t ks, int jt,
+                                                   int L)
 {
-#pragma unroll
-    for (int i = 0; i < N; i++)
-        asm volatile("" : "+f"(d[i])::"memory");
+    constexpr uint32_t KB = FW_STEP * D * 2;
+    uint32_t st = skv + 2 * (jt & 1) * KB;
+    int64_t o = (int64_t)jt * FW_STEP * ks;
+    fw_stage<D, FW_STEP>(st, kg + o, ks, L - jt * FW_STEP);
+    fw_stage<D, FW_STEP>(st + KB, vg + o, ks, L - jt * FW_STEP);
+    cp_commit();
 }
 
 static __device__ __forceinline__ void fw_wait_copies(void)
@@ -666,12 +649,11 @@ static __device__ __forceinline__ void fw_wait_copies(void)
     __syncthreads();
 }
 
-static __device__ __forceinline__ void fw_mma_begin(void) { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-
+/* the products issued since qd_wg_fence committed and waited for */
 static __device__ __forceinline__ void fw_mma_end(void)
 {
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    qd_wg_commit();
+    qd_wg_wait<0>();
 }
 
 /* d (64 x 64 a warpgroup) = A . B^T over D, A rows a0 .. of the tile sa (RA
@@ -681,7 +663,7 @@ static __device__ __forceinline__ void fw_abt(float (&d)[32], uint32_t sa, int a
 {
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++)
-        wg_ss64(d, fw_kmaj<RA>(sa, a0, ks), fw_kmaj<FW_STEP>(sb, 0, ks), ks > 0);
+        qd_wgmma_ss64<0, 0>(d, fw_kmaj<RA>(sa, a0, ks), fw_kmaj<FW_STEP>(sb, 0, ks), ks > 0);
 }
 
 /* The 64 x 64 accumulator p (BF16) as wgmma's register A operand, a k-step
@@ -706,9 +688,9 @@ static __device__ __forceinline__ void fw_pb(float (&acc)[D / 2], const uint32_t
 #pragma unroll
     for (int ks = 0; ks < FW_STEP / 16; ks++) {
         if constexpr (D == 128)
-            wg_rs128(acc, a[ks], fw_mn<FW_STEP>(sb, ks));
+            qd_wgmma_rs128<1>(acc, a[ks], fw_mn<FW_STEP>(sb, ks));
         else
-            wg_rs64(acc, a[ks], fw_mn<FW_STEP>(sb, ks));
+            qd_wgmma_rs64<1>(acc, a[ks], fw_mn<FW_STEP>(sb, ks));
     }
 }
 
@@ -734,7 +716,7 @@ __global__ void __launch_bounds__(FW_THREADS, 1) flash_fwd_wg(float *out, float 
                                                             const bf16 *v, const fl_tile *tiles, int H, int KV,
                                                             float c2)
 {
-#if FW_ARCH
+#if QD_WG_ARCH
     constexpr uint32_t QB = FW_ROWS * D * 2, KB = FW_STEP * D * 2;
     extern __shared__ __align__(16) unsigned char fw_smem[];
     const uint32_t sq = (smem_u32(fw_smem) + 1023) & ~1023u, skv = sq + QB; /* stage j: K at skv + 2 j KB, V + KB */
@@ -744,9 +726,7 @@ __global__ void __launch_bounds__(FW_THREADS, 1) flash_fwd_wg(float *out, float 
     int64_t ks = (int64_t)KV * D;
     const bf16 *kg = k + (int64_t)tl.o * ks + (int64_t)kh * D, *vg = v + (int64_t)tl.o * ks + (int64_t)kh * D;
     fw_stage<D, FW_ROWS>(sq, q + ((int64_t)(tl.o + tl.t0) * H + h) * D, (int64_t)H * D, tl.L - tl.t0);
-    fw_stage<D, FW_STEP>(skv, kg, ks, tl.L);
-    fw_stage<D, FW_STEP>(skv + KB, vg, ks, tl.L);
-    cp_commit();
+    fw_stage_kv<D>(skv, kg, vg, ks, 0, tl.L);
     int q0 = tl.t0 + 64 * w, r0 = q0 + 16 * wi + g, r1 = r0 + 8; /* this thread's two queries */
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
     float acc[D / 2];
@@ -756,68 +736,26 @@ __global__ void __launch_bounds__(FW_THREADS, 1) flash_fwd_wg(float *out, float 
     int nkt = (min(tl.L, tl.t0 + FW_ROWS) + FW_STEP - 1) / FW_STEP;
     for (int j = 0; j < nkt; j++) {
         fw_wait_copies(); /* tile j landed; every warpgroup done with tile j - 1 */
-        if (j + 1 < nkt) {
-            uint32_t st = skv + 2 * ((j + 1) & 1) * KB;
-            fw_stage<D, FW_STEP>(st, kg + (int64_t)(j + 1) * FW_STEP * ks, ks, tl.L - (j + 1) * FW_STEP);
-            fw_stage<D, FW_STEP>(st + KB, vg + (int64_t)(j + 1) * FW_STEP * ks, ks, tl.L - (j + 1) * FW_STEP);
-            cp_commit();
-        }
+        if (j + 1 < nkt)
+            fw_stage_kv<D>(skv, kg, vg, ks, j + 1, tl.L);
         int k0 = j * FW_STEP;
         if (k0 > q0 + 63 || q0 >= tl.L) /* no key of the tile before any of this warpgroup's queries */
             continue;
         uint32_t sk = skv + 2 * (j & 1) * KB, sv = sk + KB;
         float s[32];
-        fw_mma_begin();
+        qd_wg_fence();
         fw_abt<D, FW_ROWS>(s, sq, 64 * w, sk);
         fw_mma_end();
-        fw_fence(s);
-        float x0 = m0, x1 = m1;
-        bool edge = k0 + FW_STEP - 1 > q0 || k0 + FW_STEP > tl.L;
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int key = k0 + 8 * nt + 2 * t + (e & 1), row = e < 2 ? r0 : r1;
-                float z = !edge || (key <= row && key < tl.L) ? s[4 * nt + e] * c2 : -INFINITY;
-                s[4 * nt + e] = z;
-                if (e < 2)
-                    x0 = fmaxf(x0, z);
-                else
-                    x1 = fmaxf(x1, z);
-            }
-        }
-        x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 1));
-        x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
-        x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 1));
-        x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
-        float f0 = ex2(m0 - x0), f1 = ex2(m1 - x1); /* 0 on the first tile (m = -inf) */
-        m0 = x0;
-        m1 = x1;
-        l0 *= f0;
-        l1 *= f1;
-        fw_fence(acc);
-#pragma unroll
-        for (int i = 0; i < D / 8; i++) {
-            acc[4 * i] *= f0;
-            acc[4 * i + 1] *= f0;
-            acc[4 * i + 2] *= f1;
-            acc[4 * i + 3] *= f1;
-        }
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
-            s[4 * nt] = ex2(s[4 * nt] - m0);
-            s[4 * nt + 1] = ex2(s[4 * nt + 1] - m0);
-            s[4 * nt + 2] = ex2(s[4 * nt + 2] - m1);
-            s[4 * nt + 3] = ex2(s[4 * nt + 3] - m1);
-            l0 += s[4 * nt] + s[4 * nt + 1];
-            l1 += s[4 * nt + 2] + s[4 * nt + 3];
-        }
+        qd_wg_fence_acc(s);
+        qd_wg_fence_acc(acc);
+        /* the causal cut only where a key of the tile passes the warpgroup's first query */
+        softmax_tile<8, D / 8>(s, acc, k0, r0, k0 + FW_STEP - 1 > q0, c2, m0, m1, l0, l1);
         uint32_t pa[FW_STEP / 16][4];
         fw_pack(pa, s);
-        fw_mma_begin();
+        qd_wg_fence();
         fw_pb<D>(acc, pa, sv);
         fw_mma_end();
-        fw_fence(acc);
+        qd_wg_fence_acc(acc);
     }
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
@@ -844,32 +782,21 @@ __global__ void __launch_bounds__(FW_THREADS, 1) flash_dq_wg(float *dq, const bf
                                                            const fl_tile *tiles, int H, int KV, float c2,
                                                            float scale)
 {
-#if FW_ARCH
+#if QD_WG_ARCH
     constexpr uint32_t QB = FW_ROWS * D * 2, KB = FW_STEP * D * 2;
     extern __shared__ __align__(16) unsigned char fw_smem[];
     const uint32_t sq = (smem_u32(fw_smem) + 1023) & ~1023u, sd = sq + QB, skv = sd + QB;
     fl_tile tl = tiles[blockIdx.x];
     int h = blockIdx.y, kh = h / (H / KV), w = threadIdx.x >> 7, wi = (threadIdx.x >> 5) & 3;
-    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    int g = (threadIdx.x & 31) >> 2;
     int64_t ks = (int64_t)KV * D, row = (int64_t)(tl.o + tl.t0) * H + h;
     const bf16 *kg = k + (int64_t)tl.o * ks + (int64_t)kh * D, *vg = v + (int64_t)tl.o * ks + (int64_t)kh * D;
     fw_stage<D, FW_ROWS>(sq, q + row * D, (int64_t)H * D, tl.L - tl.t0);
     fw_stage<D, FW_ROWS>(sd, dout + row * D, (int64_t)H * D, tl.L - tl.t0);
-    fw_stage<D, FW_STEP>(skv, kg, ks, tl.L);
-    fw_stage<D, FW_STEP>(skv + KB, vg, ks, tl.L);
-    cp_commit();
+    fw_stage_kv<D>(skv, kg, vg, ks, 0, tl.L);
     int q0 = tl.t0 + 64 * w, r0 = q0 + 16 * wi + g, r1 = r0 + 8;
-    float lse0 = 0.f, lse1 = 0.f, del0 = 0.f, del1 = 0.f;
-    if (r0 < tl.L) {
-        int64_t n = (int64_t)(tl.o + r0) * H + h;
-        lse0 = lse[n];
-        del0 = delta[n];
-    }
-    if (r1 < tl.L) {
-        int64_t n = (int64_t)(tl.o + r1) * H + h;
-        lse1 = lse[n];
-        del1 = delta[n];
-    }
+    float st[4]; /* lse0, lse1, del0, del1 */
+    row_stats(st, lse, delta, tl, r0, H, h);
     float acc[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; i++)
@@ -877,39 +804,27 @@ __global__ void __launch_bounds__(FW_THREADS, 1) flash_dq_wg(float *dq, const bf
     int nkt = (min(tl.L, tl.t0 + FW_ROWS) + FW_STEP - 1) / FW_STEP;
     for (int j = 0; j < nkt; j++) {
         fw_wait_copies();
-        if (j + 1 < nkt) {
-            uint32_t st = skv + 2 * ((j + 1) & 1) * KB;
-            fw_stage<D, FW_STEP>(st, kg + (int64_t)(j + 1) * FW_STEP * ks, ks, tl.L - (j + 1) * FW_STEP);
-            fw_stage<D, FW_STEP>(st + KB, vg + (int64_t)(j + 1) * FW_STEP * ks, ks, tl.L - (j + 1) * FW_STEP);
-            cp_commit();
-        }
+        if (j + 1 < nkt)
+            fw_stage_kv<D>(skv, kg, vg, ks, j + 1, tl.L);
         int k0 = j * FW_STEP;
         if (k0 > q0 + 63 || q0 >= tl.L)
             continue;
         uint32_t sk = skv + 2 * (j & 1) * KB, sv = sk + KB;
         float s[32], dp[32];
-        fw_mma_begin();
+        qd_wg_fence();
         fw_abt<D, FW_ROWS>(s, sq, 64 * w, sk);
         fw_abt<D, FW_ROWS>(dp, sd, 64 * w, sv);
         fw_mma_end();
-        fw_fence(s);
-        fw_fence(dp);
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int key = k0 + 8 * nt + 2 * t + (e & 1), rw = e < 2 ? r0 : r1;
-                float p = key <= rw && rw < tl.L ? ex2(s[4 * nt + e] * c2 - (e < 2 ? lse0 : lse1)) : 0.f;
-                s[4 * nt + e] = p * (dp[4 * nt + e] - (e < 2 ? del0 : del1));
-            }
-        }
+        qd_wg_fence_acc(s);
+        qd_wg_fence_acc(dp);
+        ds_tile<8>(s, dp, k0, r0, tl.L, c2, st);
         uint32_t pa[FW_STEP / 16][4];
         fw_pack(pa, s);
-        fw_fence(acc);
-        fw_mma_begin();
+        qd_wg_fence_acc(acc);
+        qd_wg_fence();
         fw_pb<D>(acc, pa, sk); /* dq += dS K: K read MN-major */
         fw_mma_end();
-        fw_fence(acc);
+        qd_wg_fence_acc(acc);
     }
     if (r0 < tl.L)
         fw_put<D>(dq + ((int64_t)(tl.o + r0) * H + h) * D, acc, 0, scale, 1);
@@ -927,7 +842,7 @@ __global__ void __launch_bounds__(FW_THREADS, 1) flash_dkv_wg(float *dk, float *
                                                             const float *delta, const fl_tile *tiles, int H, int KV,
                                                             float c2, float scale)
 {
-#if FW_ARCH
+#if QD_WG_ARCH
     constexpr uint32_t TB = FW_ROWS * D * 2, QB = FW_STEP * D * 2;
     extern __shared__ __align__(16) unsigned char fw_smem[];
     /* K, V tiles; stage j: q at sqd + 2 j QB, dout QB after; lse, delta at sld + 2 j FW_STEP floats */
@@ -946,13 +861,7 @@ __global__ void __launch_bounds__(FW_THREADS, 1) flash_dkv_wg(float *dk, float *
         int64_t rw = (int64_t)(tl.o + qq) * H + hh;
         fw_stage<D, FW_STEP>(st, q + rw * D, qs, tl.L - qq);
         fw_stage<D, FW_STEP>(st + QB, dout + rw * D, qs, tl.L - qq);
-        if (threadIdx.x < FW_STEP) {
-            int e = threadIdx.x;
-            bool ok = qq + e < tl.L;
-            float *sl = sld + 2 * (i & 1) * FW_STEP;
-            sl[e] = ok ? lse[rw + (int64_t)e * H] : 0.f;
-            sl[FW_STEP + e] = ok ? delta[rw + (int64_t)e * H] : 0.f;
-        }
+        stage_stats<FW_STEP>(sld + 2 * (i & 1) * FW_STEP, lse, delta, rw, H, tl.L - qq);
         cp_commit();
     };
     issue(0);
@@ -971,12 +880,12 @@ __global__ void __launch_bounds__(FW_THREADS, 1) flash_dkv_wg(float *dk, float *
         uint32_t sq = sqd + 2 * (i & 1) * QB, sd = sq + QB;
         const float *slse = sld + 2 * (i & 1) * FW_STEP, *sdel = slse + FW_STEP;
         float st[32], dp[32]; /* S^T and dP^T: 64 keys x 64 queries a warpgroup */
-        fw_mma_begin();
+        qd_wg_fence();
         fw_abt<D, FW_ROWS>(st, sk, 64 * w, sq);
         fw_abt<D, FW_ROWS>(dp, sv, 64 * w, sd);
         fw_mma_end();
-        fw_fence(st);
-        fw_fence(dp);
+        qd_wg_fence_acc(st);
+        qd_wg_fence_acc(dp);
 #pragma unroll
         for (int nt = 0; nt < 8; nt++) {
 #pragma unroll
@@ -990,14 +899,14 @@ __global__ void __launch_bounds__(FW_THREADS, 1) flash_dkv_wg(float *dk, float *
         uint32_t pa[FW_STEP / 16][4], da[FW_STEP / 16][4];
         fw_pack(pa, st);
         fw_pack(da, dp);
-        fw_fence(adv);
-        fw_fence(adk);
-        fw_mma_begin();
+        qd_wg_fence_acc(adv);
+        qd_wg_fence_acc(adk);
+        qd_wg_fence();
         fw_pb<D>(adv, pa, sd); /* dv += P^T dout: dout read MN-major */
         fw_pb<D>(adk, da, sq); /* dk += dS^T q */
         fw_mma_end();
-        fw_fence(adv);
-        fw_fence(adk);
+        qd_wg_fence_acc(adv);
+        qd_wg_fence_acc(adk);
     }
     for (int half = 0; half < 2; half++) {
         int key = half ? key1 : key0;
@@ -1110,49 +1019,48 @@ static size_t dkv_smem(int D)
     return sizeof(bf16) * (2 * FL_M + 4 * FL_QB) * (size_t)(D + 8) + sizeof(float) * 4 * FL_QB;
 }
 
-template <int D>
-static qd_status fwd_launch(float *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const fl_tile *tl,
-                            int nt, int H, int KV)
-{
-    size_t sm = fwd_smem(D);
-    QD_CUDA_CHECK(cudaFuncSetAttribute(flash_fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    float c2 = qd_attn_scale(D) * 1.4426950408889634f;
-    flash_fwd_kernel<D><<<dim3((unsigned)nt, (unsigned)H), FL_THREADS, sm>>>(out, lse, q, k, v, tl, H, KV, c2);
-    QD_CUDA_CHECK(cudaGetLastError());
-    return QD_OK;
-}
-
 /* The wgmma kernels' shared memory: the 1,024-byte alignment, then the tiles */
 static size_t fwd_wg_smem(int D) { return 1024 + 2 * (size_t)D * (FW_ROWS + 4 * FW_STEP); }
 static size_t dq_wg_smem(int D) { return 1024 + 2 * (size_t)D * (2 * FW_ROWS + 4 * FW_STEP); }
 static size_t dkv_wg_smem(int D) { return dq_wg_smem(D) + sizeof(float) * 4 * FW_STEP; }
 
+typedef void (*fl_fwd_fn)(float *, float *, const bf16 *, const bf16 *, const bf16 *, const fl_tile *, int, int,
+                          float);
+typedef void (*fl_dkv_fn)(float *, float *, const bf16 *, const bf16 *, const bf16 *, const bf16 *, const float *,
+                          const float *, const fl_tile *, int, int, float, float);
+typedef void (*fl_dq_fn)(float *, const bf16 *, const bf16 *, const bf16 *, const bf16 *, const float *,
+                         const float *, const fl_tile *, int, int, float, float);
+
+/* The forward on the wgmma kernels (wg) or the mma.sync ones; the tiles of
+ * FW_ROWS or FL_M rows (fl_tiles) */
 template <int D>
-static qd_status fwd_wg_launch(float *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
-                               const fl_tile *tl, int nt, int H, int KV)
+static qd_status fwd_launch(float *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const fl_tile *tl,
+                            int nt, int H, int KV, int wg)
 {
-    size_t sm = fwd_wg_smem(D);
-    QD_CUDA_CHECK(cudaFuncSetAttribute(flash_fwd_wg<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    fl_fwd_fn f = wg ? flash_fwd_wg<D> : flash_fwd_kernel<D>;
+    size_t sm = wg ? fwd_wg_smem(D) : fwd_smem(D);
+    QD_CUDA_CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
     float c2 = qd_attn_scale(D) * 1.4426950408889634f;
-    flash_fwd_wg<D><<<dim3((unsigned)nt, (unsigned)H), FW_THREADS, sm>>>(out, lse, q, k, v, tl, H, KV, c2);
+    f<<<dim3((unsigned)nt, (unsigned)H), wg ? FW_THREADS : FL_THREADS, sm>>>(out, lse, q, k, v, tl, H, KV, c2);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
 
 template <int D>
-static qd_status bwd_wg_launch(float *dq, float *dk, float *dv, const float *delta, const bf16 *dout,
-                               const float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const fl_tile *tl,
-                               int nt, int H, int KV)
+static qd_status bwd_launch(float *dq, float *dk, float *dv, const float *delta, const bf16 *dout, const float *lse,
+                            const bf16 *q, const bf16 *k, const bf16 *v, const fl_tile *tl, int nt, int H, int KV,
+                            int wg)
 {
     float scale = qd_attn_scale(D), c2 = scale * 1.4426950408889634f;
-    size_t s1 = dkv_wg_smem(D), s2 = dq_wg_smem(D);
-    QD_CUDA_CHECK(cudaFuncSetAttribute(flash_dkv_wg<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1));
-    QD_CUDA_CHECK(cudaFuncSetAttribute(flash_dq_wg<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2));
-    flash_dkv_wg<D><<<dim3((unsigned)nt, (unsigned)KV), FW_THREADS, s1>>>(dk, dv, q, k, v, dout, lse, delta, tl, H,
-                                                                          KV, c2, scale);
+    fl_dkv_fn fkv = wg ? flash_dkv_wg<D> : flash_dkv_kernel<D>;
+    fl_dq_fn fq = wg ? flash_dq_wg<D> : flash_dq_kernel<D>;
+    size_t s1 = wg ? dkv_wg_smem(D) : dkv_smem(D), s2 = wg ? dq_wg_smem(D) : dq_smem(D);
+    unsigned th = wg ? FW_THREADS : FL_THREADS;
+    QD_CUDA_CHECK(cudaFuncSetAttribute(fkv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1));
+    QD_CUDA_CHECK(cudaFuncSetAttribute(fq, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2));
+    fkv<<<dim3((unsigned)nt, (unsigned)KV), th, s1>>>(dk, dv, q, k, v, dout, lse, delta, tl, H, KV, c2, scale);
     QD_CUDA_CHECK(cudaGetLastError());
-    flash_dq_wg<D><<<dim3((unsigned)nt, (unsigned)H), FW_THREADS, s2>>>(dq, q, k, v, dout, lse, delta, tl, H, KV,
-                                                                        c2, scale);
+    fq<<<dim3((unsigned)nt, (unsigned)H), th, s2>>>(dq, q, k, v, dout, lse, delta, tl, H, KV, c2, scale);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -1182,28 +1090,8 @@ extern "C" qd_status qd_cuda_flash_attend(float *out, float *att, const float *q
     QD_TRY(to_bf16(&q16, &at, q, (size_t)N * H * D));
     QD_TRY(to_bf16(&k16, &at, k, (size_t)N * KV * D));
     QD_TRY(to_bf16(&v16, &at, v, (size_t)N * KV * D));
-    if (wg)
-        return D == 64 ? fwd_wg_launch<64>(out, att, q16, k16, v16, tl, nt, H, KV)
-                       : fwd_wg_launch<128>(out, att, q16, k16, v16, tl, nt, H, KV);
-    return D == 64 ? fwd_launch<64>(out, att, q16, k16, v16, tl, nt, H, KV)
-                   : fwd_launch<128>(out, att, q16, k16, v16, tl, nt, H, KV);
-}
-
-template <int D>
-static qd_status bwd_launch(float *dq, float *dk, float *dv, const float *delta, const bf16 *dout, const float *lse,
-                            const bf16 *q, const bf16 *k, const bf16 *v, const fl_tile *tl, int nt, int H, int KV)
-{
-    float scale = qd_attn_scale(D), c2 = scale * 1.4426950408889634f;
-    size_t s1 = dkv_smem(D), s2 = dq_smem(D);
-    QD_CUDA_CHECK(cudaFuncSetAttribute(flash_dkv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1));
-    QD_CUDA_CHECK(cudaFuncSetAttribute(flash_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2));
-    flash_dkv_kernel<D><<<dim3((unsigned)nt, (unsigned)KV), FL_THREADS, s1>>>(dk, dv, q, k, v, dout, lse, delta, tl, H,
-                                                                             KV, c2, scale);
-    QD_CUDA_CHECK(cudaGetLastError());
-    flash_dq_kernel<D><<<dim3((unsigned)nt, (unsigned)H), FL_THREADS, s2>>>(dq, q, k, v, dout, lse, delta, tl, H, KV,
-                                                                           c2, scale);
-    QD_CUDA_CHECK(cudaGetLastError());
-    return QD_OK;
+    return D == 64 ? fwd_launch<64>(out, att, q16, k16, v16, tl, nt, H, KV, wg)
+                   : fwd_launch<128>(out, att, q16, k16, v16, tl, nt, H, KV, wg);
 }
 
 extern "C" qd_status qd_cuda_flash_attend_backward(float *dq, float *dk, float *dv, float *ds, const float *dout,
@@ -1228,9 +1116,6 @@ extern "C" qd_status qd_cuda_flash_attend_backward(float *dq, float *dk, float *
     QD_TRY(to_bf16(&k16, &at, k, (size_t)N * KV * D));
     QD_TRY(to_bf16(&v16, &at, v, (size_t)N * KV * D));
     QD_TRY(to_bf16(&d16, &at, dout, (size_t)N * H * D));
-    if (wg)
-        return D == 64 ? bwd_wg_launch<64>(dq, dk, dv, ds, d16, att, q16, k16, v16, tl, nt, H, KV)
-                       : bwd_wg_launch<128>(dq, dk, dv, ds, d16, att, q16, k16, v16, tl, nt, H, KV);
-    return D == 64 ? bwd_launch<64>(dq, dk, dv, ds, d16, att, q16, k16, v16, tl, nt, H, KV)
-                   : bwd_launch<128>(dq, dk, dv, ds, d16, att, q16, k16, v16, tl, nt, H, KV);
+    return D == 64 ? bwd_launch<64>(dq, dk, dv, ds, d16, att, q16, k16, v16, tl, nt, H, KV, wg)
+                   : bwd_launch<128>(dq, dk, dv, ds, d16, att, q16, k16, v16, tl, nt, H, KV, wg);
 }

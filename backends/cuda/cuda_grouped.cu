@@ -27,6 +27,7 @@
 #include <cuda_runtime.h>
 #include "backends/cuda/cuda_blas.h"
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_wgmma.h"
 
 #define GM_BM 128
 #define GM_BN 128
@@ -108,19 +109,25 @@ static __device__ __forceinline__ void load_tile(uint16_t *s, const uint16_t *sr
     }
 }
 
-template <int AT, int BT>
-__global__ void __launch_bounds__(GM_THREADS) k_grouped_mma(const __grid_constant__ gm_params p)
+/* The group of tile bid: tile0[g] <= bid < tile0[g + 1] (binary search) */
+static __device__ __forceinline__ int gm_group(const gm_params &p, int bid)
 {
-    extern __shared__ __align__(16) uint16_t gm_smem[];
-    int bid = blockIdx.x, lo = 0, hi = p.ng;
-    while (hi - lo > 1) { /* tile0[lo] <= bid < tile0[hi] */
+    int lo = 0, hi = p.ng;
+    while (hi - lo > 1) {
         int mid = (lo + hi) >> 1;
         if (p.tile0[mid] <= bid)
             lo = mid;
         else
             hi = mid;
     }
-    const int g = lo, M = p.M[g], K = p.K[g], N = p.N;
+    return lo;
+}
+
+template <int AT, int BT>
+__global__ void __launch_bounds__(GM_THREADS) k_grouped_mma(const __grid_constant__ gm_params p)
+{
+    extern __shared__ __align__(16) uint16_t gm_smem[];
+    const int bid = blockIdx.x, g = gm_group(p, bid), M = p.M[g], K = p.K[g], N = p.N;
     const int tiles_n = (N + GM_BN - 1) / GM_BN, t = bid - p.tile0[g];
     const int m0 = (t / tiles_n) * GM_BM, n0 = (t % tiles_n) * GM_BN;
     const uint16_t *A = p.A[g], *B = p.B[g];
@@ -219,16 +226,11 @@ __global__ void __launch_bounds__(GM_THREADS) k_grouped_mma(const __grid_constan
  * (wgmma.m64nBNk16), over K in steps of 64 through a ring of STAGES shared
  * buffers filled by cp.async (every thread copies; rows past M, N or K read
  * as zero), INFLIGHT wgmma groups left running while the next step's copies
- * go out. Shared tiles are in the 128-byte swizzled layouts wgmma reads
- * (PTX ISA, "matrix descriptor"; CUTLASS's canonical GMMA layouts):
+ * go out. Shared tiles are in the 128-byte swizzled layouts of cuda_wgmma.h:
  *   K-major (an operand stored along K: A when !ta, B when tb): a row of the
- *     tile's 64 K values is 128 bytes, its 16-byte chunk c at c ^ (row % 8);
- *     8 rows are one 1,024-byte atom, atoms 1,024 bytes apart (the stride
- *     byte offset); a step of 16 along K starts 32 bytes further;
- *   MN-major (stored along M or N: A when ta, B when !tb): the tile is blocks
- *     of 64 rows (M or N) x 64 K, each K value's 64 rows 128 bytes, chunk c at
- *     c ^ (k % 8); blocks 8 KB apart (the leading byte offset), 8 K values an
- *     atom (stride byte offset 1,024); a step of 16 along K starts 2 KB further.
+ *     tile is one M (or N) index's 64 K values;
+ *   MN-major (stored along M or N: A when ta, B when !tb): blocks of 64 M (or
+ *     N) x 64 K, a row one K index's 64 values; blocks 8 KB apart (LBO).
  * Sums: float32 accumulation of exact BF16 products on the tensor cores, the
  * arithmetic class of cuBLAS's BF16 GEMM and the kernel above (fast mode's
  * bounds; check_blas's "wgmma" rows). sm_90a only (wgmma does not exist on
@@ -236,74 +238,6 @@ __global__ void __launch_bounds__(GM_THREADS) k_grouped_mma(const __grid_constan
 #define WG_BM 128
 #define WG_BK 64
 #define WG_THREADS 256
-
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define WG_ARCH 1
-#else
-#define WG_ARCH 0
-#endif
-
-template <int TA, int TB>
-static __device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t db, int acc)
-{
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-                 "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
-}
-
-template <int TA, int TB>
-static __device__ __forceinline__ void wgmma_n256(float (&d)[128], uint64_t da, uint64_t db, int acc)
-{
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
-                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
-                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
-                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
-                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-                 "}, %128, %129, p, 1, 1, %131, %132;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-                 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
-}
-
-/* The 128-byte-swizzle descriptor of a tile at shared address a (1,024-byte
- * aligned pattern), byte offsets lbo and sbo */
-static __device__ __forceinline__ uint64_t wg_desc(uint32_t a, uint32_t lbo, uint32_t sbo)
-{
-    return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)((lbo >> 4) & 0x3FFF) << 16 |
-           (uint64_t)((sbo >> 4) & 0x3FFF) << 32 | (uint64_t)1 << 62;
-}
 
 /* One operand's tile of R rows (M or N side) x WG_BK at shared address s for
  * the K step at k0: KMAJ as above; src stored (R_lim, K_lim) row-major when
@@ -335,36 +269,19 @@ static __device__ __forceinline__ void wg_load(uint32_t s, const uint16_t *src, 
     }
 }
 
-/* keeps the compiler from moving reads of an accumulator across a wgmma wait */
-template <int N>
-static __device__ __forceinline__ void wg_fence_acc(float (&d)[N])
-{
-#pragma unroll
-    for (int i = 0; i < N; i++)
-        asm volatile("" : "+f"(d[i])::"memory");
-}
-
 /* CTAs an SM the shared memory allows (2 asks ptxas for at most 128 registers) */
 #define WG_MINB(BN, STAGES) ((STAGES) * (WG_BM + (BN)) * WG_BK * 2 + 1024 <= 113 * 1024 ? 2 : 1)
 
 template <int BN, int STAGES, int INFLIGHT, int AT, int BT>
 __global__ void __launch_bounds__(WG_THREADS, WG_MINB(BN, STAGES)) k_grouped_wgmma(const __grid_constant__ gm_params p)
 {
-#if WG_ARCH
+#if QD_WG_ARCH
     constexpr int A_BYTES = WG_BM * WG_BK * 2, B_BYTES = BN * WG_BK * 2, ST_BYTES = A_BYTES + B_BYTES;
     constexpr int AHEAD = STAGES - 1 - INFLIGHT; /* steps whose copies are in flight ahead of the product */
     static_assert(AHEAD >= 1, "a stage for the copies ahead");
     extern __shared__ __align__(16) unsigned char wg_shared[];
     const uint32_t base = (smem_u32(wg_shared) + 1023) & ~1023u;
-    int bid = blockIdx.x, lo = 0, hi = p.ng;
-    while (hi - lo > 1) { /* tile0[lo] <= bid < tile0[hi] */
-        int mid = (lo + hi) >> 1;
-        if (p.tile0[mid] <= bid)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    const int g = lo, M = p.M[g], K = p.K[g], N = p.N;
+    const int bid = blockIdx.x, g = gm_group(p, bid), M = p.M[g], K = p.K[g], N = p.N;
     const int tiles_n = (N + BN - 1) / BN, t = bid - p.tile0[g];
     const int m0 = (t / tiles_n) * WG_BM, n0 = (t % tiles_n) * BN;
     const uint16_t *A = p.A[g], *B = p.B[g];
@@ -394,24 +311,24 @@ __global__ void __launch_bounds__(WG_THREADS, WG_MINB(BN, STAGES)) k_grouped_wgm
             load(kt + AHEAD); /* into the stage of step kt + AHEAD - STAGES = kt - 1 - INFLIGHT */
         asm volatile("cp.async.commit_group;");
         uint32_t sa = base + (uint32_t)(kt % STAGES) * ST_BYTES, sb = sa + A_BYTES;
-        wg_fence_acc(d);
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        qd_wg_fence_acc(d);
+        qd_wg_fence();
 #pragma unroll
         for (int kk = 0; kk < WG_BK / 16; kk++) {
-            uint64_t da = AT ? wg_desc(sa + wg * 8192 + kk * 2048, 8192, 1024) /* rows 64 wg.. : block wg */
-                             : wg_desc(sa + wg * 64 * 128 + kk * 32, 16, 1024);
-            uint64_t db = BT ? wg_desc(sb + kk * 2048, 8192, 1024) : wg_desc(sb + kk * 32, 16, 1024);
+            uint64_t da = AT ? qd_wg_desc(sa + wg * 8192 + kk * 2048, 8192, 1024) /* rows 64 wg.. : block wg */
+                             : qd_wg_desc(sa + wg * 64 * 128 + kk * 32, 16, 1024);
+            uint64_t db = BT ? qd_wg_desc(sb + kk * 2048, 8192, 1024) : qd_wg_desc(sb + kk * 32, 16, 1024);
             if constexpr (BN == 256)
-                wgmma_n256<AT, BT>(d, da, db, 1);
+                qd_wgmma_ss256<AT, BT>(d, da, db, 1);
             else
-                wgmma_n128<AT, BT>(d, da, db, 1);
+                qd_wgmma_ss128<AT, BT>(d, da, db, 1);
         }
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(INFLIGHT) : "memory");
-        wg_fence_acc(d);
+        qd_wg_commit();
+        qd_wg_wait<INFLIGHT>();
+        qd_wg_fence_acc(d);
     }
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-    wg_fence_acc(d);
+    qd_wg_wait<0>();
+    qd_wg_fence_acc(d);
     asm volatile("cp.async.wait_group 0;");
     /* thread (warp w of its warpgroup, lane l): rows 16 w + l / 4 (+ 8) of the
      * warpgroup's 64, columns 8 j + 2 (l % 4) (+ 1): d[4 j + 2 h + u] */
