@@ -155,6 +155,12 @@ typedef struct {
                             copies, the tensors it reads as float, the KV cache) and streams a
                             weight sync tensor by tensor (README "Memory"); the fp32 recipe's
                             working copy is its master either way */
+    int recompute;       /* 1: between a forward and its backward keep only each decoder layer's
+                            input; the backward recomputes a layer's activations from it just
+                            before the layer's backward (one set of activations for all the
+                            layers: less memory for about a third more forward work; the same
+                            bits, RAC statistics and diagnostics counted once). Not for a lean
+                            rollout instance, which has no backward and shares one set anyway */
     uint64_t quant_layers; /* ablations: 0 (the default) applies the recipe to every
                               decoder layer; else only layers l with bit l set take the
                               recipe's quantized mode, the others the dense mode (BF16);

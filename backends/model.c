@@ -183,6 +183,9 @@ typedef struct {
     const int32_t *lmap;           /* host (Bl): the sequence whose last token gives row b's
                                       logits (a shared prefill), NULL: sequence b */
     int rac_stats;                 /* 1 while a call that asked for RAC statistics runs */
+    int recomputing;               /* 1 while the backward recomputes a layer (options.recompute): no
+                                      statistics, no diagnostics */
+    float *rx;                     /* options.recompute: dev (N, C) the recomputed layer's output */
     int have_forward;
     int have_diag;                 /* a forward or generate has run */
     /* what diagnostics hands out */
@@ -339,7 +342,7 @@ static int is_fake_quant_weight(qd_linear_mode m)
 
 static int measured(const model *c, const linear *L)
 {
-    return c->opt.diagnostics && L->quantized && L->in % QD_NVFP4_BLOCK == 0;
+    return c->opt.diagnostics && !c->recomputing && L->quantized && L->in % QD_NVFP4_BLOCK == 0;
 }
 
 /* Diagnostics: per-row NVFP4 error sums of the input rows (rows, in) (one
@@ -1054,10 +1057,11 @@ static void layout_layer(arena *a, layer_acts *s, const model *c, const layer *l
     s->y = TAKE_F(a, R * C);
 }
 
-/* A lean instance (no backward): the layers share one set of activations,
- * shaped for the widest layer, but for the residual stream entering each
- * (two buffers in turn: a layer reads one and writes the other) and the
- * experts each token chose (diagnostics reads every layer's). */
+/* A lean instance (no backward), or options.recompute: the layers share one
+ * set of activations, shaped for the widest layer, but for the residual
+ * stream entering each (lean: two buffers in turn, a layer reads one and
+ * writes the other; recompute: one a layer, the backward recomputes from it)
+ * and the experts each token chose (diagnostics reads every layer's). */
 static void layout_shared(arena *a, model *c)
 {
     int nl = c->cfg.num_hidden_layers;
@@ -1069,12 +1073,13 @@ static void layout_shared(arena *a, model *c)
         w.ffn = ly->ffn > w.ffn ? ly->ffn : w.ffn;
     }
     layout_layer(a, &c->acts[0], c, &w);
-    size_t N = (size_t)c->N, K = w.moe ? (size_t)c->cfg.num_experts_per_tok : 1;
+    size_t N = (size_t)c->N, K = w.moe ? (size_t)c->cfg.num_experts_per_tok : 1, C = (size_t)c->cfg.hidden_size;
     for (int l = 1; l < nl; l++) {
         c->acts[l] = c->acts[0];
-        c->acts[l].x = l == 1 ? TAKE_F(a, N * (size_t)c->cfg.hidden_size) : c->acts[l - 2].x;
+        c->acts[l].x = l == 1 || !c->lean ? TAKE_F(a, N * C) : c->acts[l - 2].x;
         c->acts[l].topk = TAKE_I(a, N * K);
     }
+    c->rx = c->lean ? NULL : TAKE_F(a, N * C);
 }
 
 static void layout_acts(arena *a, model *c)
@@ -1086,9 +1091,10 @@ static void layout_acts(arena *a, model *c)
     c->d_row = TAKE_I(a, N);
     c->d_kbase = TAKE_I(a, N);
     c->d_slen = TAKE_I(a, N);
-    if (c->lean)
+    int shared = c->lean || c->opt.recompute;
+    if (shared)
         layout_shared(a, c);
-    for (int l = 0; !c->lean && l < c->cfg.num_hidden_layers; l++)
+    for (int l = 0; !shared && l < c->cfg.num_hidden_layers; l++)
         layout_layer(a, &c->acts[l], c, &c->layers[l]);
     c->xf = TAKE_F(a, N * C);
     c->lnf = TAKE_F(a, N * C);
@@ -1735,6 +1741,38 @@ static qd_status last_rows(model *c, const float **hin)
 /* logp: dev (N) log-probs of the batch's next tokens; NULL in a generation,
  * whose logits (one row per sequence: a prefill's last tokens, a decode's
  * rows) are sampled instead. */
+/* Decoder layer l from its input acts[l].x: its activations, and its output
+ * into next (N, C). */
+static qd_status layer_forward(model *c, int l, float *next)
+{
+    const qd_model_config *g = &c->cfg;
+    int N = c->N, C = g->hidden_size;
+    float eps = (float)g->rms_norm_eps;
+    layer_acts *s = &c->acts[l];
+    const layer *ly = &c->layers[l];
+    QD_TRY(OP(c, rmsnorm, s->ln1, s->rstd1, s->x, P(c, ly->in_norm), N, C, eps));
+    QD_TRY(attn_forward(c, next, s, ly, l));              /* next used as scratch (N, C) */
+    QD_TRY(OP(c, add, s->xmid, s->x, next, (size_t)N * C));
+    QD_TRY(OP(c, rmsnorm, s->ln2, s->rstd2, s->xmid, P(c, ly->post_norm), N, C, eps));
+    QD_TRY(mlp_forward(c, next, s, ly));
+    return OP(c, add, next, s->xmid, next, (size_t)N * C);
+}
+
+/* options.recompute: layer l's activations again, from its input, for its
+ * backward (the same ops on the same input: the same bits), its output into
+ * rx; RAC statistics and diagnostics are the forward's alone. */
+static qd_status recompute_layer(model *c, int l)
+{
+    int rs = c->rac_stats;
+    c->rac_stats = 0;
+    c->recomputing = 1;
+    qd_status st = layer_forward(c, l, c->rx);
+    c->rac_stats = rs;
+    c->recomputing = 0;
+    mark(c, QD_PH_BWD);
+    return st;
+}
+
 static qd_status model_forward(model *c, float *logp)
 {
     const qd_model_config *g = &c->cfg;
@@ -1744,17 +1782,8 @@ static qd_status model_forward(model *c, float *logp)
         QD_TRY(OP(c, embed_w16, c->acts[0].x, c->wk16 + c->embed16, c->d_tok, N, C));
     else
         QD_TRY(OP(c, embed, c->acts[0].x, P(c, c->embed), c->d_tok, N, C));
-    for (int l = 0; l < L; l++) {
-        layer_acts *s = &c->acts[l];
-        const layer *ly = &c->layers[l];
-        float *next = l + 1 < L ? c->acts[l + 1].x : c->xf;
-        QD_TRY(OP(c, rmsnorm, s->ln1, s->rstd1, s->x, P(c, ly->in_norm), N, C, eps));
-        QD_TRY(attn_forward(c, next, s, ly, l));              /* next used as scratch (N, C) */
-        QD_TRY(OP(c, add, s->xmid, s->x, next, (size_t)N * C));
-        QD_TRY(OP(c, rmsnorm, s->ln2, s->rstd2, s->xmid, P(c, ly->post_norm), N, C, eps));
-        QD_TRY(mlp_forward(c, next, s, ly));
-        QD_TRY(OP(c, add, next, s->xmid, next, (size_t)N * C));
-    }
+    for (int l = 0; l < L; l++)
+        QD_TRY(layer_forward(c, l, l + 1 < L ? c->acts[l + 1].x : c->xf));
     QD_TRY(OP(c, rmsnorm, c->lnf, c->rstdf, c->xf, P(c, c->final_norm), N, C, eps));
     mark(c, QD_PH_HEAD);
     const float *hin = c->lnf;
@@ -1923,6 +1952,8 @@ static qd_status model_backward(model *c, const float *dlogp)
     for (int l = g->num_hidden_layers - 1; l >= 0; l--) {
         const layer_acts *s = &c->acts[l];
         const layer *ly = &c->layers[l];
+        if (c->opt.recompute)
+            QD_TRY(recompute_layer(c, l));
         QD_TRY(OP(c, zero, dln, sizeof(float) * (size_t)N * C));
         QD_TRY(mlp_backward(c, dln, dres, s, ly, lbuf));    /* reads dres, then dres += */
         QD_TRY(OP(c, rmsnorm_backward, dres, c->grads + ly->post_norm, dln, s->xmid, P(c, ly->post_norm), s->rstd2,

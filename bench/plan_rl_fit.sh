@@ -7,7 +7,9 @@
 # NEW [1024] tokens; CUDA fast mode adds its BF16 copy of the working weights,
 # 2 bytes a parameter: FAST [1]) and the lean rollout (NVFP4 codes, RAC at
 # 0.25, the KV cache of PROMPTS [16] x GROUP [16] sequences of PROMPT + NEW
-# tokens), recipe RECIPE [quads]. For L = 1 .. 48 layers it prints both
+# tokens), recipe RECIPE [quads]; RECOMPUTE=1: the trainer recomputes each
+# layer's activations in the backward (trainer.recompute: one layer's set
+# held, not every layer's). For L = 1 .. 48 layers it prints both
 # plans' totals and their sum, and the largest L whose sum plus MARGIN_GB [6]
 # (the CUDA context, cuBLAS's workspaces, the ops' own scratch) stays under
 # GPU_GB [139.8] (an H200's memory as cudaMemGetInfo reports it), with the
@@ -40,7 +42,8 @@ printf "| layers | parameters | trainer | rollout | sum (+ BF16 copy %s) | fits 
     "$([ "$fast" = 1 ] && echo yes || echo no)" "$gpu" "$margin"
 best=0
 for L in $(seq 1 48); do
-    tp=$("$bb" --plan-only --model a3b --layers "$L" --recipes "$R" --ops "train step" --batch "$MB" --seq $((P + M)) 2>/dev/null)
+    tp=$("$bb" --plan-only --model a3b --layers "$L" --recipes "$R" --ops "train step" --batch "$MB" --seq $((P + M)) \
+        $([ "${RECOMPUTE:-0}" = 1 ] && echo --recompute) 2>/dev/null)
     rp=$("$bb" --plan-only --model a3b --layers "$L" --recipes "$R" --ops rollout --batch "$GB" --prompt "$P" \
         --new-tokens "$M" 2>/dev/null)
     t=$(echo "$tp" | total trainer) r=$(echo "$rp" | total rollout)
@@ -54,5 +57,5 @@ for L in $(seq 1 48); do
     [ "$ok" = no ] && [ "$L" -gt $((best + 2)) ] && break
 done
 echo
-echo "largest: $best layers (recipe $R, micro-batch $MB x $((P + M)), rollout $GB x ($P + $M))"
+echo "largest: $best layers (recipe $R, micro-batch $MB x $((P + M)), rollout $GB x ($P + $M)$([ "${RECOMPUTE:-0}" = 1 ] && echo ", activations recomputed"))"
 [ "$best" -gt 0 ] && echo "its trainer plan:" && echo "$bestp" | part

@@ -207,7 +207,8 @@ static qd_backend *new_backend(rl_run *r, qd_role role, bool ref)
 {
     qd_backend_options opt = {.role = role, .rac_ratio = r->k->rac.ratio, .num_threads = (int)r->k->run.threads,
                               .diagnostics = 1, .device = r->dp.local_rank, .workload = workload_of(r, role, ref),
-                              .mem_reserved = still_planned(r)};
+                              .mem_reserved = still_planned(r),
+                              .recompute = role == QD_ROLE_TRAINER && r->k->trainer.recompute};
     qd_recipe_parse(&opt.recipe, r->k->rollout.recipe); /* the config admits only valid names */
     qd_mode_parse(&opt.mode, r->k->rollout.mode);
     return qd_backend_init_by_name(r->k->rollout.backend, &r->mcfg, &opt);

@@ -73,6 +73,9 @@ static const qd_cfg_knob knobs[] = {
      .doc = "sequences per forward/backward pass"},
     {KNOB("trainer.mini_batches", QD_CFG_INT, trainer.mini_batches), .def = "1", .min = 1, .max = 4096,
      .doc = "optimizer updates per RL step (the batch split by prompts)"},
+    {KNOB("trainer.recompute", QD_CFG_BOOL, trainer.recompute), .def = "false",
+     .doc = "hold one layer's activations, recomputed in the backward (less memory, more forward work, the same "
+            "numbers)"},
     {KNOB("algo.advantage", QD_CFG_ENUM, algo.advantage), .def = "grpo", .choices = "grpo|dr_grpo",
      .doc = "grpo: (r - mean)/(std + eps); dr_grpo: r - mean"},
     {KNOB("algo.adv_eps", QD_CFG_FLOAT, algo.adv_eps), .def = "1e-6", .min = 0, .max = 1, .min_open = true,

@@ -36,6 +36,7 @@ typedef struct {
         int64_t warmup_steps;
         double weight_decay, beta1, beta2, eps, grad_clip;
         int64_t micro_batch, mini_batches;
+        bool recompute;
     } trainer;
     struct {
         const char *advantage;

@@ -1217,6 +1217,82 @@ START_TEST(test_diagnostics)
 }
 END_TEST
 
+/* ---- options.recompute: the backward recomputes each layer from its input */
+
+static qd_backend *make_recompute(const qd_model_config *c, qd_recipe r, int recompute, const float *w)
+{
+    qd_backend_options o = {.recipe = r, .role = QD_ROLE_TRAINER, .diagnostics = 1, .recompute = recompute,
+                            .workload = {.fwd_B = TB, .fwd_T = TT, .train = 1}};
+    qd_backend *b = qd_backend_cpu_init(c, &o);
+    ck_assert_msg(b != NULL, "init: %s", qd_last_error());
+    ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
+    return b;
+}
+
+/* The same log-probs, gradients, diagnostics (counted once: the recomputed
+ * layers measure nothing) and weights after a step, with and without; a
+ * smaller plan for the activations; three layers (dense, MoE, MoE) so that
+ * layers share the recomputed set and the widest shapes it. */
+START_TEST(test_recompute)
+{
+    qd_model_config c = tiny_config(0, 1);
+    c.num_hidden_layers = 3;
+    const qd_recipe rs[3] = {QD_RECIPE_BF16, QD_RECIPE_QUADS, QD_RECIPE_NVFP4_REPLAY};
+    int32_t tok[TB * TT];
+    tiny_batch(tok, 91);
+    for (int ri = 0; ri < 3; ri++) {
+        qd_backend *b[2];
+        float *w = NULL;
+        size_t n = 0;
+        float lp[2][TB * TT], dlp[TB * TT], gn[2];
+        float *g[2], *wt[2];
+        qd_diagnostics d[2];
+        qd_memory m[2];
+        for (int k = 0; k < 2; k++) {
+            if (!w) {
+                qd_backend *t = make(&c, rs[ri], QD_ROLE_TRAINER, 0, 0);
+                w = random_weights(t, 92 + ri);
+                n = qd_backend_num_floats(t);
+                qd_backend_free(t);
+            }
+            b[k] = make_recompute(&c, rs[ri], k, w);
+            forward_ok(b[k], tok, tlen, TB, TT, lp[k], NULL);
+            for (int i = 0; i < TB * TT; i++)
+                dlp[i] = (float)((i % 7) - 3) * 0.25f;
+            ck_assert_int_eq(qd_backend_backward(b[k], dlp), QD_OK);
+            ck_assert_int_eq(qd_backend_diagnostics(b[k], &d[k]), QD_OK); /* after the backward's recompute */
+            g[k] = malloc(sizeof(float) * n);
+            wt[k] = malloc(sizeof(float) * n);
+            ck_assert_int_eq(qd_backend_get_grads(b[k], g[k], n), QD_OK);
+            qd_adamw o = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                          .grad_clip = 1.0f};
+            ck_assert_int_eq(qd_backend_optimizer_step(b[k], &o, 1, &gn[k]), QD_OK);
+            ck_assert_int_eq(qd_backend_get_weights(b[k], wt[k], n), QD_OK);
+            ck_assert_int_eq(qd_backend_memory(b[k], &m[k]), QD_OK);
+        }
+        ck_assert_mem_eq(lp[0], lp[1], sizeof lp[0]);
+        ck_assert_mem_eq(g[0], g[1], sizeof(float) * n);
+        ck_assert(gn[0] == gn[1] && gn[0] > 0);
+        ck_assert_mem_eq(wt[0], wt[1], sizeof(float) * n);
+        ck_assert_int_eq(d[0].num_linear, d[1].num_linear);
+        ck_assert_mem_eq(d[0].act_err, d[1].act_err, sizeof(double) * d[0].num_linear);
+        ck_assert_mem_eq(d[0].act_norm, d[1].act_norm, sizeof(double) * d[0].num_linear);
+        ck_assert_mem_eq(d[0].router_topk, d[1].router_topk, sizeof(int32_t) * d[0].num_moe_layers * 17 * 2);
+        /* one set for the three layers, each layer's input and choices besides */
+        ck_assert(m[1].plan.bytes[QD_MEM_ACTS] < m[0].plan.bytes[QD_MEM_ACTS]);
+        ck_assert(m[1].peak.bytes[QD_MEM_ACTS] <= m[1].plan.bytes[QD_MEM_ACTS]);
+        fprintf(stderr, "recompute (%s): activations %zu -> %zu bytes\n", qd_recipe_name(rs[ri]),
+                m[0].plan.bytes[QD_MEM_ACTS], m[1].plan.bytes[QD_MEM_ACTS]);
+        for (int k = 0; k < 2; k++) {
+            free(g[k]);
+            free(wt[k]);
+            qd_backend_free(b[k]);
+        }
+        free(w);
+    }
+}
+END_TEST
+
 /* ---- generation */
 
 /* Generates from rows [first, first + B) of a fixed prompt batch. */
@@ -1849,6 +1925,7 @@ Suite *suite_backend_cpu(void)
     tcase_add_test(tc, test_shared_prefill);
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_forward_temperature);
+    tcase_add_test(tc, test_recompute);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1265,6 +1265,36 @@ static double weights_diff(const char *model, const char *da, const char *db)
     return d;
 }
 
+/* trainer.recompute: the trainer holds one layer's activations and recomputes
+ * each layer in the backward; the run is the same, metric for metric (the
+ * gap, the losses, the gradient norms, evals) and weight for weight. quads:
+ * RAC statistics and diagnostics are gathered once. */
+START_TEST(test_rl_recompute_same)
+{
+    char dir[256], ra[1024], rb[1024], model[1024], fa[2048], fb[2048];
+    scratch_dir(dir, sizeof dir);
+    make_model(dir);
+    for (int k = 0; k < 2; k++) {
+        qd_config *c = small_config(dir, k ? "rc" : "plain", "quads", 2);
+        if (k)
+            ck_assert_int_eq(qd_config_set(c, "trainer.recompute=true"), QD_OK);
+        ck_assert_msg(run(c, NULL) == QD_OK, "%s", qd_last_error());
+        qd_config_free(c);
+    }
+    pathf(ra, sizeof ra, "%s/plain", dir);
+    pathf(rb, sizeof rb, "%s/rc", dir);
+    json_t *ma = metrics_without_time(ra), *mb = metrics_without_time(rb);
+    ck_assert_int_eq(json_array_size(ma), 3); /* the eval at step 0, steps 1 and 2 */
+    ck_assert_msg(json_equal(ma, mb), "metrics differ with trainer.recompute");
+    pathf(model, sizeof model, "%s/model", dir);
+    pathf(fa, sizeof fa, "%s/step_00000002", ra);
+    pathf(fb, sizeof fb, "%s/step_00000002", rb);
+    ck_assert(weights_diff(model, fa, fb) == 0.0);
+    json_decref(ma), json_decref(mb);
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
 /* The DP test config: 3 steps, 4 prompts x 4, two updates a step over
  * micro-batches of 3 (groups split across them), dynamic sampling, a KL
  * term, evals at steps 0, 2 and 3, the checksum every step; saved in
@@ -1514,6 +1544,7 @@ Suite *suite_rl(void)
     add_case(s, "resume_variants", test_rl_kill_and_resume_variants);
     add_case(s, "learns", test_rl_learns_the_reward);
     add_case(s, "nan", test_rl_nan_stops);
+    add_case(s, "recompute", test_rl_recompute_same);
     add_case(s, "checkpoint_verified", test_rl_checkpoint_verified);
     add_case(s, "benchmark_task", test_rl_benchmark_task);
     add_case(s, "code_task", test_rl_code_task);
