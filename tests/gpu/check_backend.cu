@@ -8,7 +8,9 @@
  *   and for RAC recipes the channel sets re-picked at the next sync (the RAC
  *   state blob) and a forward through them;
  * - trainer role: forward, backward (gradients), AdamW step (norm, weights,
- *   moments) and a forward after it; then the weight sync on the device: a
+ *   moments) and a forward after it; the gradients of a CUDA trainer that
+ *   recomputes each layer's activations in the backward (options.recompute)
+ *   against a plain CPU trainer's; then the weight sync on the device: a
  *   CUDA rollout takes the stepped CUDA trainer's weights by
  *   qd_backend_sync_from (no host copy), a CPU rollout the CPU trainer's by
  *   set_weights, and their RAC state and forwards must be equal.
@@ -533,6 +535,45 @@ static qd_status fast_train(pair *p)
     return st;
 }
 
+/* options.recompute on the CUDA trainer (each layer's activations recomputed
+ * in the backward): its gradients against a plain CPU trainer's from the same
+ * weights, bit for bit. */
+static qd_status check_recompute(pair *p)
+{
+    pair q = *p;
+    qd_backend_options opt;
+    memset(&opt, 0, sizeof opt);
+    opt.recipe = p->recipe;
+    opt.role = p->role;
+    opt.rac_ratio = 0.5;
+    q.b[0] = qd_backend_cpu_init(&p->cfg, &opt);
+    opt.mode = p->mode;
+    opt.recompute = 1;
+    q.b[1] = q.b[0] ? qd_backend_cuda_init(&p->cfg, &opt) : NULL;
+    qd_status st = q.b[0] && q.b[1] ? QD_OK : QD_ERR_DEVICE;
+    float *g = (float *)malloc(sizeof(float) * 2 * p->n);
+    if (!st && !g)
+        st = qd_error(QD_ERR_NOMEM, "check_backend: %zu gradients", p->n);
+    train_batch t;
+    train_batch_init(&t, p);
+    for (int k = 0; k < 2 && !st; k++) {
+        st = qd_backend_set_weights(q.b[k], p->w, p->n);
+        if (!st)
+            st = grads_of(&q, k, &t, g + k * p->n);
+    }
+    if (!st) {
+        cmp c;
+        cmp_init(&c);
+        cmp_f32(&c, g, g + p->n, p->n);
+        row(p->model, "backward(recompute)", p->recipe, p->role, &c);
+    }
+    free(g);
+    for (int k = 0; k < 2; k++)
+        if (q.b[k])
+            qd_backend_free(q.b[k]);
+    return st;
+}
+
 static qd_status check_pair(pair *p)
 {
     if (p->mode == QD_MODE_FAST) {
@@ -542,6 +583,7 @@ static qd_status check_pair(pair *p)
     QD_TRY(open_pair(p));
     if (p->role == QD_ROLE_TRAINER) {
         QD_TRY(check_train(p));
+        QD_TRY(check_recompute(p));
         return check_sync_from(p);
     }
     QD_TRY(check_forward(p, "forward"));
