@@ -2,21 +2,24 @@
 # bench/ab_train_h200.sh: kernel variants of fast mode's train step side by
 # side (issue 13) on the GPU machine, from a tree built here and carried
 # (bench/bench_backend, tests/gpu/bundle_libs.sh's .devrun/lib), in about
-# ROUNDS x variants x 25 s (about 8 minutes with the defaults). The a3b model
-# (bench/run_train_h200.sh) at LAYERS [4], B [16] x T [1024] tokens, RECIPE
-# [bf16]; each variant is a set of
-# environment settings, VARIANTS ';'-separated (an empty one: the defaults):
+# ROUNDS x variants x 25 s plus a minute (5 minutes with the defaults). The
+# a3b model (bench/run_train_h200.sh) at LAYERS [4], B [16] x T [1024] tokens,
+# RECIPE [bf16]; each variant is a set of environment settings, VARIANTS
+# ';'-separated:
 #   default: the kernels the defaults choose;
 #   QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=0..3: the experts' BF16 products on
 #     cuda_grouped.cu's wgmma kernel in each configuration;
 #   QUADS_FLASH_WG=1: the fused attention's wgmma kernels;
 #   QUADS_LOGPROB_FAST=0: the log-probs' two passes (the exact kernel) instead of one;
 #   QUADS_DY16_BYTES=2 GiB: the lm_head's backward in 3 blocks of columns, not 10;
+#   --recompute: the trainer recomputes each layer's activations in the backward
+#     (a word starting with -- is an argument of bench_backend, not a setting);
 #   the wgmma experts (configuration 0) and attention together.
-# ROUNDS [2] rounds, the variants alternating within each (one process a
-# variant a round: ITERS [2] steps after WARMUP [1]; the H200's clocks and the
-# host vary between processes, so a variant's rounds are interleaved with the
-# others'). Then PROFILE [1]: one profiled step (QUADS_CUDA_PROFILE=last) of
+# ROUNDS [1] rounds (2 or more to confirm a difference), the variants
+# alternating within each (one process a variant a round: ITERS [2] steps
+# after WARMUP [1]; the H200's clocks and the host vary between processes, so
+# a variant's rounds are interleaved with the others'). Then PROFILE [1]: one
+# profiled step (QUADS_CUDA_PROFILE=last) of
 # the first variant and of the last. Prints one table: variant, the median
 # over its rounds of bench_backend's median ms a step, tokens/s, against the
 # first variant. Logs in OUTDIR.
@@ -33,17 +36,28 @@ export OMP_WAIT_POLICY=passive
 default_variants="default;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=0;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=1"
 default_variants="$default_variants;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=2;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=3"
 default_variants="$default_variants;QUADS_FLASH_WG=1;QUADS_LOGPROB_FAST=0;QUADS_DY16_BYTES=2147483648"
-default_variants="$default_variants;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=0 QUADS_FLASH_WG=1"
+default_variants="$default_variants;--recompute;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=0 QUADS_FLASH_WG=1"
 IFS=';' read -r -a variants <<<"${VARIANTS:-$default_variants}"
 run=(bench/bench_backend --backend "${BACKEND:-cuda}" --mode "${MODE:-fast}" --recipe "${RECIPE:-bf16}" --model a3b
      --layers "${LAYERS:-4}" --batch "${B:-16}" --seq "${T:-1024}" --ops "train step")
 tokens=$(( ${B:-16} * ${T:-1024} ))
+# a variant's words: settings (envs) and bench_backend arguments (args, the words starting with --)
+split() {
+    envs=() args=()
+    local w
+    for w in $1; do
+        case $w in
+        default) ;;
+        --*) args+=("$w") ;;
+        *) envs+=("$w") ;;
+        esac
+    done
+}
 # one process of variant i (its settings in the environment of bench_backend only)
 one() {
-    local i=$1 r=$2 v=${variants[$1]} log="$out/v$1_r$2.log" ms
-    [ "$v" = default ] && v=""
-    # shellcheck disable=SC2086
-    env $v timeout 120 "${run[@]}" --iters "${ITERS:-2}" --warmup "${WARMUP:-1}" >"$log" 2>&1 ||
+    local i=$1 r=$2 log="$out/v$1_r$2.log" ms
+    split "${variants[$1]}"
+    env "${envs[@]}" timeout 120 "${run[@]}" "${args[@]}" --iters "${ITERS:-2}" --warmup "${WARMUP:-1}" >"$log" 2>&1 ||
         { echo "variant $i round $r failed: see $log" >&2; return 1; }
     # the table row's median ms a step (bench_backend: | model | backend | mode | recipe | op | tokens | ms | ...)
     ms=$(awk -F'|' '$6 ~ /train step/ { gsub(/ /, "", $8); print $8; exit }' "$log")
@@ -52,7 +66,7 @@ one() {
     *) echo "variant $i round $r: no time (${ms:-no row}): see $log" >&2; return 1 ;;
     esac
 }
-for r in $(seq 1 "${ROUNDS:-2}"); do
+for r in $(seq 1 "${ROUNDS:-1}"); do
     for i in "${!variants[@]}"; do
         ms=$(one "$i" "$r") || ms=""
         echo "$i $ms" >>"$out/times.txt"
@@ -77,12 +91,11 @@ done
 if [ "${PROFILE:-1}" = 1 ]; then
     last=$(( ${#variants[@]} - 1 ))
     for i in 0 "$last"; do
-        v=${variants[$i]}
-        [ "$v" = default ] && v=""
+        split "${variants[$i]}"
         echo
         echo "== phases of ${variants[$i]} (QUADS_CUDA_PROFILE=last, one warm-up step)"
-        # shellcheck disable=SC2086
-        env $v QUADS_CUDA_PROFILE=last timeout 90 "${run[@]}" --iters 1 --warmup 1 >"$out/phases_v$i.txt" 2>&1 ||
+        env "${envs[@]}" QUADS_CUDA_PROFILE=last timeout 90 "${run[@]}" "${args[@]}" --iters 1 --warmup 1 \
+            >"$out/phases_v$i.txt" 2>&1 ||
             echo "the profiled run failed: see $out/phases_v$i.txt"
         grep -v "^$" "$out/phases_v$i.txt" | tail -25
     done
