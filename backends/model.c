@@ -1566,6 +1566,30 @@ static qd_status experts_backward(model *c, float *dinp, const float *dout, cons
     return st;
 }
 
+/* The backward of the experts whose inputs are held as BF16 bits (xeb, hb)
+ * with its products' dout as BF16 bits too (the ops' moe_dy16,
+ * swiglu_backward16, matmul_grouped_backward16b): the same products. */
+static int experts_bwd16(const model *c, const layer_acts *s)
+{
+    const qd_ops *o = c->ops;
+    return s->xeb && s->hb && o->moe_dy16 && o->swiglu_backward16 && o->matmul_grouped_backward16b;
+}
+
+/* experts_backward of held bits inp (xe or h) with dout as BF16 bits */
+static qd_status experts_backward16b(model *c, float *dinp, const uint16_t *dout, const float *inp,
+                                     const layer_acts *s, const layer *ly, int which)
+{
+    int E = ly->nexp;
+    if (s->exp_off[E] == 0)
+        return QD_OK;
+    expert_set x;
+    QD_TRY(expert_set_make(c, &x, ly, which));
+    qd_status st = OP(c, matmul_grouped_backward16b, dinp, x.dw, dout, (const uint16_t *)inp, x.w, s->exp_off, E,
+                      x.L[0]->in, x.L[0]->out);
+    expert_set_free(&x);
+    return st;
+}
+
 /* One linear_forward per expert (RAC states of unequal widths). */
 static qd_status experts_forward_each(model *c, layer_acts *s, const layer *ly)
 {
@@ -1833,12 +1857,21 @@ static qd_status mlp_backward(model *c, float *dinp, const float *dout, const la
     QD_TRY(OP(c, zero, dxe, sizeof(float) * (size_t)R * C));
     QD_TRY(OP(c, zero, dh, sizeof(float) * (size_t)R * I));
     mark(c, QD_PH_BWD_EXPERTS);
-    QD_TRY(OP(c, moe_dy, dy, dw, dout, s->y, s->row_w, s->row_rank, s->tok_rows, N, K, C));
-    /* one grouped float product per projection, whatever the RAC widths (x_eff has K channels) */
-    QD_TRY(experts_backward(c, dh, dy, s->h, s, ly, 2));
-    QD_TRY(OP(c, swiglu_backward, dg, du, dh, s->g, s->u, (size_t)R * I));
-    QD_TRY(experts_backward(c, dxe, dg, s->xe, s, ly, 0));
-    QD_TRY(experts_backward(c, dxe, du, s->xe, s, ly, 1));
+    if (experts_bwd16(c, s)) { /* dy, dg, du as BF16 bits in their float arrays' room */
+        uint16_t *dy16 = (uint16_t *)dy, *dg16 = (uint16_t *)dg, *du16 = (uint16_t *)du;
+        QD_TRY(OP(c, moe_dy16, dy16, dw, dout, s->y, s->row_w, s->row_rank, s->tok_rows, N, K, C));
+        QD_TRY(experts_backward16b(c, dh, dy16, s->h, s, ly, 2));
+        QD_TRY(OP(c, swiglu_backward16, dg16, du16, dh, s->g, s->u, (size_t)R * I));
+        QD_TRY(experts_backward16b(c, dxe, dg16, s->xe, s, ly, 0));
+        QD_TRY(experts_backward16b(c, dxe, du16, s->xe, s, ly, 1));
+    } else {
+        QD_TRY(OP(c, moe_dy, dy, dw, dout, s->y, s->row_w, s->row_rank, s->tok_rows, N, K, C));
+        /* one grouped float product per projection, whatever the RAC widths (x_eff has K channels) */
+        QD_TRY(experts_backward(c, dh, dy, s->h, s, ly, 2));
+        QD_TRY(OP(c, swiglu_backward, dg, du, dh, s->g, s->u, (size_t)R * I));
+        QD_TRY(experts_backward(c, dxe, dg, s->xe, s, ly, 0));
+        QD_TRY(experts_backward(c, dxe, du, s->xe, s, ly, 1));
+    }
     QD_TRY(OP(c, unroute, dinp, dxe, s->tok_rows, N, K, C));
     mark(c, QD_PH_BWD);
     if (!ly->moe)

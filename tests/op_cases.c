@@ -1214,6 +1214,61 @@ static void c_moe_rows(oc *c) { c_moe_rows_shape(c, 9, 6, 2, 40); }
 /* CUDA's moe_dy takes 32 rows and 128 columns a block: 111 rows, 300 columns */
 static void c_moe_rows_wide(oc *c) { c_moe_rows_shape(c, 37, 8, 3, 300); }
 
+/* The experts' backward on BF16 operands (moe_dy16, swiglu_backward16,
+ * matmul_grouped_backward16b: CUDA, where experts16 is) against moe_dy,
+ * swiglu_backward and matmul_grouped_backward on the same values with their
+ * outputs rounded to BF16 (to_bf16: the CPU, which leaves the three NULL):
+ * 37 tokens top-3 of 8 experts, rows of 304 (moe_dy's blocks of 32 rows and
+ * 128 columns crossed), the down product's shapes (rows x 304 into 48). */
+static void c_moe16_backward(oc *c)
+{
+    enum { N = 37, E = 8, K = 3, C = 304, IC = 48, R = N * K };
+    int32_t topk[N * K], tok_rows[R], row_rank[R], exp_off[E + 1];
+    float topw[N * K];
+    routing(c, topk, topw, N, E, K);
+    rows_of(tok_rows, row_rank, exp_off, topk, topw, N, E, K);
+    float *y = F(c, (size_t)R * C, -1, 1), *rw = F(c, R, 0.1f, 1), *dout = F(c, (size_t)N * C, -1, 1);
+    float *g = F(c, (size_t)R * C, -4, 4), *u = F(c, (size_t)R * C, -2, 2), *dh = F(c, (size_t)R * C, -1, 1);
+    float *x = F(c, (size_t)R * IC, -2, 2), *dx = F(c, (size_t)R * IC, -1, 1), *dwt = Z(c, sizeof(float) * N * K);
+    float *dyf = Z(c, sizeof(float) * R * C), *dgf = Z(c, sizeof(float) * R * C), *duf = Z(c, sizeof(float) * R * C);
+    uint16_t *dy = Z(c, sizeof(uint16_t) * R * C), *dg = Z(c, sizeof(uint16_t) * R * C);
+    uint16_t *du = Z(c, sizeof(uint16_t) * R * C), *xb = Z(c, sizeof(uint16_t) * R * IC);
+    const float *w[E];
+    float *dw[E];
+    for (int e = 0; e < E; e++) {
+        float *we = F(c, (size_t)C * IC, -1, 1);
+        RUN(c, c->ops->round_bf16(c->dev, we, we, (size_t)C * IC));
+        w[e] = we;
+        dw[e] = F(c, (size_t)C * IC, -1, 1);
+    }
+    int32_t *dtr = I(c, tok_rows, R), *drr = I(c, row_rank, R);
+    RUN(c, c->ops->round_bf16(c->dev, x, x, (size_t)R * IC)); /* the experts' inputs: BF16 values */
+    RUN(c, c->ops->to_bf16(c->dev, xb, x, (size_t)R * IC));
+    if (c->ops->moe_dy16 && c->ops->swiglu_backward16 && c->ops->matmul_grouped_backward16b) {
+        RUN(c, c->ops->moe_dy16(c->dev, dy, dwt, dout, y, rw, drr, dtr, N, K, C));
+        RUN(c, c->ops->swiglu_backward16(c->dev, dg, du, dh, g, u, (size_t)R * C));
+        RUN(c, c->ops->matmul_grouped_backward16b(c->dev, dx, dw, dy, xb, w, exp_off, E, IC, C));
+    } else {
+        RUN(c, c->ops->moe_dy(c->dev, dyf, dwt, dout, y, rw, drr, dtr, N, K, C));
+        RUN(c, c->ops->swiglu_backward(c->dev, dgf, duf, dh, g, u, (size_t)R * C));
+        RUN(c, c->ops->to_bf16(c->dev, dy, dyf, (size_t)R * C));
+        RUN(c, c->ops->to_bf16(c->dev, dg, dgf, (size_t)R * C));
+        RUN(c, c->ops->to_bf16(c->dev, du, duf, (size_t)R * C));
+        RUN(c, c->ops->round_bf16(c->dev, dyf, dyf, (size_t)R * C)); /* what the bits hold */
+        RUN(c, c->ops->matmul_grouped_backward(c->dev, dx, dw, dyf, x, w, exp_off, E, IC, C));
+    }
+    OUT(c, "dy bits", 'b', dy, sizeof(uint16_t) * R * C);
+    OUT(c, "dwt", 'f', dwt, sizeof(float) * N * K);
+    OUT(c, "dg bits", 'b', dg, sizeof(uint16_t) * R * C);
+    OUT(c, "du bits", 'b', du, sizeof(uint16_t) * R * C);
+    OUT(c, "dx", 'f', dx, sizeof(float) * R * IC);
+    for (int e = 0; e < E; e++) {
+        char name[8];
+        snprintf(name, sizeof name, "dw%d", e);
+        OUT(c, name, 'f', dw[e], sizeof(float) * C * IC);
+    }
+}
+
 static void c_router_backward(oc *c, qd_topk_norm norm)
 {
     enum { N = 7, E = 10, K = 3 };
@@ -1482,6 +1537,7 @@ static const op_case cases[] = {
     {{"matmul_grouped+bwd bf16 4 experts", "matmul_grouped", 1, 0}, c_matmul_grouped_bf16},
     {{"matmul_grouped bf16 400x256x200", "matmul_grouped", 1, 0}, c_matmul_grouped_wide},
     {{"experts16 4 experts 48x40", "matmul_grouped", 1, 0}, c_experts16},
+    {{"moe16 backward 37x3 of 8, 304x48", "matmul_grouped", 1, 0}, c_moe16_backward},
     {{"fp8 quantize+gemm 6x20x48", "fp8_gemm", 1, 0}, c_fp8},
     {{"fp8_gemm_grouped 4 experts", "fp8_gemm_grouped", 0, 0}, c_fp8_grouped},
     {{"nvfp4 quantize+fake 7x96", "nvfp4_quantize", 0, 0}, c_nvfp4},

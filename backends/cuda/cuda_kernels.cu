@@ -2214,21 +2214,35 @@ extern "C" qd_status qdk_swiglu(float *h, const float *g, const float *u, size_t
     return QD_OK;
 }
 
-__global__ void k_swiglu_bwd(float *dg, float *du, const float *dh, const float *g, const float *u, size_t n)
+/* An output value as stored: the float, or its BF16 bits (bf16_hi: qdk_bf16_bits's
+ * rounding, so a 16-bit output holds what converting the float output would) */
+static __device__ __forceinline__ void st_out(float *p, float v) { *p = v; }
+static __device__ __forceinline__ void st_out(uint16_t *p, float v) { *p = (uint16_t)bf16_hi(v); }
+
+template <typename T>
+__global__ void k_swiglu_bwd(T *dg, T *du, const float *dh, const float *g, const float *u, size_t n)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
         return;
     float s = qd_sigmoidf(g[i]);
-    dg[i] = (dh[i] * u[i]) * (s * (1.0f + g[i] * (1.0f - s)));
-    du[i] = dh[i] * qd_siluf(g[i]);
+    st_out(dg + i, (dh[i] * u[i]) * (s * (1.0f + g[i] * (1.0f - s))));
+    st_out(du + i, dh[i] * qd_siluf(g[i]));
 }
 
 extern "C" qd_status qdk_swiglu_backward(float *dg, float *du, const float *dh, const float *g, const float *u,
                                          size_t n)
 {
     if (n)
-        QD_LAUNCH_N(k_swiglu_bwd, (n), dg, du, dh, g, u, n);
+        QD_LAUNCH_N(k_swiglu_bwd<float>, (n), dg, du, dh, g, u, n);
+    return QD_OK;
+}
+
+extern "C" qd_status qdk_swiglu_backward16(uint16_t *dg, uint16_t *du, const float *dh, const float *g,
+                                           const float *u, size_t n)
+{
+    if (n)
+        QD_LAUNCH_N(k_swiglu_bwd<uint16_t>, (n), dg, du, dh, g, u, n);
     return QD_OK;
 }
 
@@ -2263,7 +2277,8 @@ extern "C" qd_status qdk_combine(float *out, const float *y, const float *row_w,
 #define MD_ROWS 32
 #define MD_COLS 128 /* = the block size */
 
-__global__ void __launch_bounds__(MD_COLS) k_moe_dy(float *dy, float *dwt, const float *dout, const float *y,
+template <typename T>
+__global__ void __launch_bounds__(MD_COLS) k_moe_dy(T *dy, float *dwt, const float *dout, const float *y,
                                                     const float *row_w, const int32_t *row_rank,
                                                     const int32_t *tok_rows, int N, int K, int C)
 {
@@ -2285,7 +2300,7 @@ __global__ void __launch_bounds__(MD_COLS) k_moe_dy(float *dy, float *dwt, const
             for (int j = 0; j < nr; j++) {
                 int r = s_r[j], n = (id0 + j) / K;
                 float d = dout[(size_t)n * C + i];
-                dy[(size_t)r * C + i] = d * s_w[j];
+                st_out(dy + (size_t)r * C + i, d * s_w[j]);
                 s_p[j][t] = d * y[(size_t)r * C + i];
             }
         }
@@ -2306,8 +2321,17 @@ extern "C" qd_status qdk_moe_dy(float *dy, float *dwt, const float *dout, const 
                                 const int32_t *row_rank, const int32_t *tok_rows, int N, int K, int C)
 {
     if (N)
-        QD_LAUNCH(k_moe_dy, blocks((size_t)N * K, MD_ROWS), MD_COLS, dy, dwt, dout, y, row_w, row_rank, tok_rows,
-                  N, K, C);
+        QD_LAUNCH(k_moe_dy<float>, blocks((size_t)N * K, MD_ROWS), MD_COLS, dy, dwt, dout, y, row_w, row_rank,
+                  tok_rows, N, K, C);
+    return QD_OK;
+}
+
+extern "C" qd_status qdk_moe_dy16(uint16_t *dy, float *dwt, const float *dout, const float *y, const float *row_w,
+                                  const int32_t *row_rank, const int32_t *tok_rows, int N, int K, int C)
+{
+    if (N)
+        QD_LAUNCH(k_moe_dy<uint16_t>, blocks((size_t)N * K, MD_ROWS), MD_COLS, dy, dwt, dout, y, row_w, row_rank,
+                  tok_rows, N, K, C);
     return QD_OK;
 }
 

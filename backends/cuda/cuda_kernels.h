@@ -139,12 +139,18 @@ qd_status qdk_gather16(uint16_t *xe, const float *x, const int32_t *row_tok, int
 qd_status qdk_swiglu16(uint16_t *h, const float *g, const float *u, size_t n);
 qd_status qdk_bf16_float(float *out, const uint16_t *x, size_t n);
 qd_status qdk_swiglu_backward(float *dg, float *du, const float *dh, const float *g, const float *u, size_t n);
+/* the same, dg and du as BF16 bits (qdk_bf16_bits's of the float values) */
+qd_status qdk_swiglu_backward16(uint16_t *dg, uint16_t *du, const float *dh, const float *g, const float *u,
+                                size_t n);
 /* out (N, C) = per token, sum over its rows tok_rows (N, K) of y * row_w (mlp_forward). */
 qd_status qdk_combine(float *out, const float *y, const float *row_w, const int32_t *tok_rows, int N, int K,
                       int C);
 /* mlp_backward's first loop: dy (R, C) = dout row * row_w; dwt (N, K) = dout . y per rank. */
 qd_status qdk_moe_dy(float *dy, float *dwt, const float *dout, const float *y, const float *row_w,
                      const int32_t *row_rank, const int32_t *tok_rows, int N, int K, int C);
+/* the same, dy as BF16 bits */
+qd_status qdk_moe_dy16(uint16_t *dy, float *dwt, const float *dout, const float *y, const float *row_w,
+                       const int32_t *row_rank, const int32_t *tok_rows, int N, int K, int C);
 /* dinp (N, C) += dxe rows of each token, in its tok_rows order. */
 qd_status qdk_unroute(float *dinp, const float *dxe, const int32_t *tok_rows, int N, int K, int C);
 /* router_backward: dlog (N, E) overwritten. */

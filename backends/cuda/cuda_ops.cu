@@ -40,7 +40,7 @@ extern "C" {
 
 /* Grow-only scratch of the ops themselves (dev unless said). */
 enum { D_XH, D_RACWS, D_X16, D_W16, D_DY16, D_LOGP, D_SAMPLE, D_MOE, D_RACPTR, D_RACFQ, D_RMSW, D_XF, D_WTAB, D_GDEV,
-       D_NSCRATCH };
+       D_DYF, D_NSCRATCH };
 
 #define STAGE_SLOTS 64 /* to_dev's pinned ring: slots, each STAGE_BYTES */
 #define STAGE_BYTES (16 << 10)
@@ -730,12 +730,17 @@ static qd_status expert_w16(cuda_dev *d, const uint16_t **w16, float *alpha, con
 }
 
 /* x's float32 values in scratch slot D_XF (the float32 products of BF16-bit inputs) */
-static qd_status float_of(cuda_dev *d, const uint16_t *x, size_t n, const float **out)
+static qd_status float_in(cuda_dev *d, int slot, const uint16_t *x, size_t n, const float **out)
 {
     void *p;
-    QD_TRY(scratch(d, D_XF, sizeof(float) * (n ? n : 1), &p));
+    QD_TRY(scratch(d, slot, sizeof(float) * (n ? n : 1), &p));
     *out = (const float *)p;
     return qdk_bf16_float((float *)p, x, n);
+}
+
+static qd_status float_of(cuda_dev *d, const uint16_t *x, size_t n, const float **out)
+{
+    return float_in(d, D_XF, x, n, out);
 }
 
 /* Fast mode: the experts through cuBLAS, one GEMM an expert with rows. A BF16
@@ -795,8 +800,8 @@ static qd_status cuda_matmul_grouped(void *dev, float *out, const float *x, cons
 /* Fast mode, BF16 operands: dy, x and the experts' weights as BF16 bits, all
  * the experts in one grouped call a direction. */
 static qd_status fast_grouped_backward(cuda_dev *d, float *dinp, float *const *dw, const float *dout,
-                                       const float *x, const uint16_t *xb, const float *const *w,
-                                       const int32_t *off, int E, int IC, int OC)
+                                       const uint16_t *doutb, const float *x, const uint16_t *xb,
+                                       const float *const *w, const int32_t *off, int E, int IC, int OC)
 {
     size_t rows = E ? (size_t)off[E] : 0;
     if (rows == 0)
@@ -807,8 +812,8 @@ static qd_status fast_grouped_backward(cuda_dev *d, float *dinp, float *const *d
         free(w16), free(alpha);
         return qd_error(QD_ERR_NOMEM, "cuda backend: experts");
     }
-    const uint16_t *dy16, *x16 = xb;
-    qd_status st = bits16(d, D_DY16, dout, rows * OC, &dy16);
+    const uint16_t *dy16 = doutb, *x16 = xb; /* dout's bits as given, else converted */
+    qd_status st = doutb ? QD_OK : bits16(d, D_DY16, dout, rows * OC, &dy16);
     if (!st && dw && !xb)
         st = bits16(d, D_X16, x, rows * IC, &x16);
     if (!st && dinp)
@@ -825,7 +830,7 @@ static qd_status cuda_matmul_grouped_backward(void *dev, float *dinp, float *con
 {
     cuda_dev *d = D(dev);
     if (d->fast16)
-        return fast_grouped_backward(d, dinp, dw, dout, x, NULL, w, off, E, IC, OC);
+        return fast_grouped_backward(d, dinp, dw, dout, NULL, x, NULL, w, off, E, IC, OC);
     if (d->mode == QD_MODE_FAST)
         return qd_cuda_gemm_grouped_f32_backward(dinp, dw, dout, x, w, off, E, OC, IC, d->bwd_math);
     qdk_mm_item *it = (qdk_mm_item *)calloc(2 * (size_t)E, sizeof *it);
@@ -878,10 +883,39 @@ static qd_status cuda_matmul_grouped_backward16(void *dev, float *dinp, float *c
 {
     cuda_dev *d = D(dev);
     if (d->fast16)
-        return fast_grouped_backward(d, dinp, dw, dout, NULL, x, w, off, E, IC, OC);
+        return fast_grouped_backward(d, dinp, dw, dout, NULL, NULL, x, w, off, E, IC, OC);
     const float *xf;
     QD_TRY(float_of(d, x, E ? (size_t)off[E] * (size_t)IC : 0, &xf));
     return cuda_matmul_grouped_backward(dev, dinp, dw, dout, xf, w, off, E, IC, OC);
+}
+
+/* The backward's BF16 operands straight from their producers (experts16's
+ * companions): only where fast16, as experts16. */
+static qd_status cuda_moe_dy16(void *dev, uint16_t *dy, float *dwt, const float *dout, const float *y,
+                               const float *row_w, const int32_t *row_rank, const int32_t *tok_rows, int N, int K,
+                               int C)
+{
+    (void)dev;
+    return qdk_moe_dy16(dy, dwt, dout, y, row_w, row_rank, tok_rows, N, K, C);
+}
+
+static qd_status cuda_swiglu_backward16(void *dev, uint16_t *dg, uint16_t *du, const float *dh, const float *g,
+                                        const float *u, size_t n)
+{
+    (void)dev;
+    return qdk_swiglu_backward16(dg, du, dh, g, u, n);
+}
+
+static qd_status cuda_matmul_grouped_backward16b(void *dev, float *dinp, float *const *dw, const uint16_t *dout,
+                                                 const uint16_t *x, const float *const *w, const int32_t *off,
+                                                 int E, int IC, int OC)
+{
+    cuda_dev *d = D(dev);
+    if (d->fast16)
+        return fast_grouped_backward(d, dinp, dw, NULL, dout, NULL, x, w, off, E, IC, OC);
+    const float *df; /* elsewhere the float path on the bits' values */
+    QD_TRY(float_in(d, D_DYF, dout, E ? (size_t)off[E] * (size_t)OC : 0, &df));
+    return cuda_matmul_grouped_backward16(dev, dinp, dw, df, x, w, off, E, IC, OC);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1435,6 +1469,9 @@ static const qd_ops cuda_ops = {
     .swiglu16 = cuda_swiglu16,
     .matmul_grouped16 = cuda_matmul_grouped16,
     .matmul_grouped_backward16 = cuda_matmul_grouped_backward16,
+    .moe_dy16 = cuda_moe_dy16,
+    .swiglu_backward16 = cuda_swiglu_backward16,
+    .matmul_grouped_backward16b = cuda_matmul_grouped_backward16b,
     .fp8_quantize_rows = cuda_fp8_quantize_rows,
     .fp8_gemm = cuda_fp8_gemm,
     .fp8_gemm_grouped = cuda_fp8_gemm_grouped,
