@@ -1991,8 +1991,9 @@ static qd_status model_backward(model *c, const float *dlogp)
         QD_TRY(mlp_backward(c, dln, dres, s, ly, lbuf));    /* reads dres, then dres += */
         QD_TRY(OP(c, rmsnorm_backward, dres, c->grads + ly->post_norm, dln, s->xmid, P(c, ly->post_norm), s->rstd2,
                   N, C));
-        /* attention's buffers all start from zero (ds too: the fast backward's products read all of it) */
-        QD_TRY(OP(c, zero, lbuf, sizeof(float) * attn_backward_floats(c)));
+        /* attention's gradients start from zero; ds (the last, N H Tm floats) is the op's scratch */
+        QD_TRY(OP(c, zero, lbuf, sizeof(float) * (attn_backward_floats(c) - up64((size_t)N * g->num_attention_heads *
+                                                                                   c->Tm))));
         QD_TRY(attn_backward(c, dres, dres, s, ly, lbuf));
     }
     QD_TRY(OP(c, embed_backward, c->grads + c->embed, dres, c->d_tok, N, C));

@@ -257,7 +257,9 @@ typedef struct qd_ops {
                         const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm,
                         const int32_t *seq_off, int nseq);
     /* packed sequences (pos (N) position in its sequence, slen (N) its length):
-     * dq, dk, dv (zeroed by the caller) +=; ds scratch (N, H, Tm); seq_off as
+     * dq, dk, dv (zeroed by the caller) +=; ds scratch (N, H, Tm), undefined on
+     * entry (the op sets what it reads: 2 GB a layer at a3b's 16 x 1,024 tokens
+     * that the fused kernel never needs zeroed); seq_off as
      * attend's (the same as the forward's: att and out as it wrote them; out
      * is read by the CUDA fast mode's fused kernel only) */
     qd_status (*attend_backward)(void *dev, float *dq, float *dk, float *dv, float *ds, const float *dout,

@@ -1231,6 +1231,9 @@ static qd_status cuda_attend_backward(void *dev, float *dq, float *dk, float *dv
     if (flash_route(dev, N, D, H, KV, Tm, seq_off))
         return qd_cuda_flash_attend_backward(dq, dk, dv, ds, dout, out, att, q, k, v, seq_off, nseq, N, H, KV, D,
                                              Tm);
+    /* the other routes read ds where they have not written it (the batched products' squares): from zero, as
+     * the driver used to hand it over */
+    QD_CUDA_CHECK(cudaMemsetAsync(ds, 0, sizeof(float) * (size_t)N * H * Tm));
     const void *p[] = {dq, dk, dv, ds, dout, att, q, k, v};
     if (D(dev)->mode == QD_MODE_FAST && seq_off && attn_gemm_fits(D, Tm, p, 9)) /* att as the fast prefill wrote it */
         return qd_cuda_attend_gemm_backward(dq, dk, dv, ds, dout, att, q, k, v, pos, seq_off, nseq, N, H, KV, D, Tm,
