@@ -1575,9 +1575,10 @@ static int experts_bwd16(const model *c, const layer_acts *s)
     return s->xeb && s->hb && o->moe_dy16 && o->swiglu_backward16 && o->matmul_grouped_backward16b;
 }
 
-/* experts_backward of held bits inp (xe or h) with dout as BF16 bits */
+/* experts_backward of held bits inp (xe or h) with dout as BF16 bits, dinp
+ * overwritten (add 0) or added to */
 static qd_status experts_backward16b(model *c, float *dinp, const uint16_t *dout, const float *inp,
-                                     const layer_acts *s, const layer *ly, int which)
+                                     const layer_acts *s, const layer *ly, int which, int add)
 {
     int E = ly->nexp;
     if (s->exp_off[E] == 0)
@@ -1585,7 +1586,7 @@ static qd_status experts_backward16b(model *c, float *dinp, const uint16_t *dout
     expert_set x;
     QD_TRY(expert_set_make(c, &x, ly, which));
     qd_status st = OP(c, matmul_grouped_backward16b, dinp, x.dw, dout, (const uint16_t *)inp, x.w, s->exp_off, E,
-                      x.L[0]->in, x.L[0]->out);
+                      x.L[0]->in, x.L[0]->out, add);
     expert_set_free(&x);
     return st;
 }
@@ -1853,17 +1854,19 @@ static qd_status mlp_backward(model *c, float *dinp, const float *dout, const la
     float *dlog = carve(&f, (size_t)N * ly->nexp);
     if (N == 0)
         return QD_OK;
-    /* the two the products add into; moe_dy, swiglu_backward and router_backward overwrite the rest */
-    QD_TRY(OP(c, zero, dxe, sizeof(float) * (size_t)R * C));
-    QD_TRY(OP(c, zero, dh, sizeof(float) * (size_t)R * I));
+    int b16 = experts_bwd16(c, s);
+    if (!b16) { /* the two the products add into; moe_dy, swiglu_backward and router_backward overwrite the rest */
+        QD_TRY(OP(c, zero, dxe, sizeof(float) * (size_t)R * C));
+        QD_TRY(OP(c, zero, dh, sizeof(float) * (size_t)R * I));
+    }
     mark(c, QD_PH_BWD_EXPERTS);
-    if (experts_bwd16(c, s)) { /* dy, dg, du as BF16 bits in their float arrays' room */
+    if (b16) { /* dy, dg, du as BF16 bits in their float arrays' room; dh and dxe overwritten by their first product */
         uint16_t *dy16 = (uint16_t *)dy, *dg16 = (uint16_t *)dg, *du16 = (uint16_t *)du;
         QD_TRY(OP(c, moe_dy16, dy16, dw, dout, s->y, s->row_w, s->row_rank, s->tok_rows, N, K, C));
-        QD_TRY(experts_backward16b(c, dh, dy16, s->h, s, ly, 2));
+        QD_TRY(experts_backward16b(c, dh, dy16, s->h, s, ly, 2, 0));
         QD_TRY(OP(c, swiglu_backward16, dg16, du16, dh, s->g, s->u, (size_t)R * I));
-        QD_TRY(experts_backward16b(c, dxe, dg16, s->xe, s, ly, 0));
-        QD_TRY(experts_backward16b(c, dxe, du16, s->xe, s, ly, 1));
+        QD_TRY(experts_backward16b(c, dxe, dg16, s->xe, s, ly, 0, 0));
+        QD_TRY(experts_backward16b(c, dxe, du16, s->xe, s, ly, 1, 1));
     } else {
         QD_TRY(OP(c, moe_dy, dy, dw, dout, s->y, s->row_w, s->row_rank, s->tok_rows, N, K, C));
         /* one grouped float product per projection, whatever the RAC widths (x_eff has K channels) */

@@ -156,14 +156,15 @@ typedef struct qd_ops {
      * du (dwt as moe_dy's), the only thing the products read of them;
      * matmul_grouped_backward16b is matmul_grouped_backward16 with dout as such
      * bits (the same products, without a float32 array written and read again
-     * to be converted). */
+     * to be converted) and dinp's rows overwritten where add is 0 (no zeroed
+     * array to add to; dw always added to). */
     qd_status (*moe_dy16)(void *dev, uint16_t *dy, float *dwt, const float *dout, const float *y,
                           const float *row_w, const int32_t *row_rank, const int32_t *tok_rows, int N, int K, int C);
     qd_status (*swiglu_backward16)(void *dev, uint16_t *dg, uint16_t *du, const float *dh, const float *g,
                                    const float *u, size_t n);
     qd_status (*matmul_grouped_backward16b)(void *dev, float *dinp, float *const *dw, const uint16_t *dout,
                                             const uint16_t *x, const float *const *w, const int32_t *off, int E,
-                                            int IC, int OC);
+                                            int IC, int OC, int add);
 
     /* ---- quantizers and quantized products (quant/quant.h's definitions) */
     qd_status (*fp8_quantize_rows)(void *dev, uint8_t *q, float *scale_inv, const float *x, int rows, int cols);

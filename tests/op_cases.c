@@ -1217,7 +1217,8 @@ static void c_moe_rows_wide(oc *c) { c_moe_rows_shape(c, 37, 8, 3, 300); }
 /* The experts' backward on BF16 operands (moe_dy16, swiglu_backward16,
  * matmul_grouped_backward16b: CUDA, where experts16 is) against moe_dy,
  * swiglu_backward and matmul_grouped_backward on the same values with their
- * outputs rounded to BF16 (to_bf16: the CPU, which leaves the three NULL):
+ * outputs rounded to BF16 (to_bf16: the CPU, which leaves the three NULL),
+ * the grouped product once adding to dx and once overwriting (add 0) another:
  * 37 tokens top-3 of 8 experts, rows of 304 (moe_dy's blocks of 32 rows and
  * 128 columns crossed), the down product's shapes (rows x 304 into 48). */
 static void c_moe16_backward(oc *c)
@@ -1230,6 +1231,7 @@ static void c_moe16_backward(oc *c)
     float *y = F(c, (size_t)R * C, -1, 1), *rw = F(c, R, 0.1f, 1), *dout = F(c, (size_t)N * C, -1, 1);
     float *g = F(c, (size_t)R * C, -4, 4), *u = F(c, (size_t)R * C, -2, 2), *dh = F(c, (size_t)R * C, -1, 1);
     float *x = F(c, (size_t)R * IC, -2, 2), *dx = F(c, (size_t)R * IC, -1, 1), *dwt = Z(c, sizeof(float) * N * K);
+    float *dx0 = F(c, (size_t)R * IC, -1, 1); /* overwritten (add 0): its values must not count */
     float *dyf = Z(c, sizeof(float) * R * C), *dgf = Z(c, sizeof(float) * R * C), *duf = Z(c, sizeof(float) * R * C);
     uint16_t *dy = Z(c, sizeof(uint16_t) * R * C), *dg = Z(c, sizeof(uint16_t) * R * C);
     uint16_t *du = Z(c, sizeof(uint16_t) * R * C), *xb = Z(c, sizeof(uint16_t) * R * IC);
@@ -1247,7 +1249,8 @@ static void c_moe16_backward(oc *c)
     if (c->ops->moe_dy16 && c->ops->swiglu_backward16 && c->ops->matmul_grouped_backward16b) {
         RUN(c, c->ops->moe_dy16(c->dev, dy, dwt, dout, y, rw, drr, dtr, N, K, C));
         RUN(c, c->ops->swiglu_backward16(c->dev, dg, du, dh, g, u, (size_t)R * C));
-        RUN(c, c->ops->matmul_grouped_backward16b(c->dev, dx, dw, dy, xb, w, exp_off, E, IC, C));
+        RUN(c, c->ops->matmul_grouped_backward16b(c->dev, dx, dw, dy, xb, w, exp_off, E, IC, C, 1));
+        RUN(c, c->ops->matmul_grouped_backward16b(c->dev, dx0, dw, dy, xb, w, exp_off, E, IC, C, 0));
     } else {
         RUN(c, c->ops->moe_dy(c->dev, dyf, dwt, dout, y, rw, drr, dtr, N, K, C));
         RUN(c, c->ops->swiglu_backward(c->dev, dgf, duf, dh, g, u, (size_t)R * C));
@@ -1256,12 +1259,15 @@ static void c_moe16_backward(oc *c)
         RUN(c, c->ops->to_bf16(c->dev, du, duf, (size_t)R * C));
         RUN(c, c->ops->round_bf16(c->dev, dyf, dyf, (size_t)R * C)); /* what the bits hold */
         RUN(c, c->ops->matmul_grouped_backward(c->dev, dx, dw, dyf, x, w, exp_off, E, IC, C));
+        RUN(c, c->ops->zero(c->dev, dx0, sizeof(float) * R * IC));
+        RUN(c, c->ops->matmul_grouped_backward(c->dev, dx0, dw, dyf, x, w, exp_off, E, IC, C));
     }
     OUT(c, "dy bits", 'b', dy, sizeof(uint16_t) * R * C);
     OUT(c, "dwt", 'f', dwt, sizeof(float) * N * K);
     OUT(c, "dg bits", 'b', dg, sizeof(uint16_t) * R * C);
     OUT(c, "du bits", 'b', du, sizeof(uint16_t) * R * C);
     OUT(c, "dx", 'f', dx, sizeof(float) * R * IC);
+    OUT(c, "dx (add 0)", 'f', dx0, sizeof(float) * R * IC);
     for (int e = 0; e < E; e++) {
         char name[8];
         snprintf(name, sizeof name, "dw%d", e);

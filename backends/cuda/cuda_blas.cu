@@ -1158,7 +1158,8 @@ qd_status qd_cuda_gemm_grouped_f32(float *y, const float *x, const float *const 
  * bytes, type in) for the experts with rows; dx or dw may be NULL. */
 static qd_status experts_backward(const char *fn, cudaDataType_t in, size_t esz, cublasComputeType_t ct, float *dx,
                                   float *const *dw, const void *dy, const void *x, const void *const *w,
-                                  const float *alpha, const int32_t *off, int E, int64_t N, int64_t K)
+                                  const float *alpha, const int32_t *off, int E, int64_t N, int64_t K,
+                                  float dx_beta)
 {
     cublasHandle_t h;
     QD_TRY(check_groups(fn, off, E, N, K));
@@ -1176,7 +1177,7 @@ static qd_status experts_backward(const char *fn, cudaDataType_t in, size_t esz,
                 g[G++] = (grp_gemm){dyb + r0 * N * esz, w[e], dx + r0 * K, (int)m, (int)K, (int)N,
                                     alpha ? alpha[e] : 1.0f};
         }
-        st = run_products(h, in, ct, g, G, 0, 0, 1.0f);
+        st = run_products(h, in, ct, g, G, 0, 0, dx_beta);
     }
     G = 0;
     if (!st && dw) { /* dw (N, K) += dy^T (N, m) . x (m, K) */
@@ -1196,7 +1197,7 @@ qd_status qd_cuda_gemm_grouped_f32_backward(float *dx, float *const *dw, const f
                                             int64_t K, qd_gemm_math math)
 {
     return experts_backward("qd_cuda_gemm_grouped_f32_backward", CUDA_R_32F, sizeof(float), compute_of(math), dx,
-                            dw, dy, x, (const void *const *)w, NULL, off, E, N, K);
+                            dw, dy, x, (const void *const *)w, NULL, off, E, N, K, 1.0f);
 }
 
 qd_status qd_cuda_gemm_grouped_bf16_backward(float *dx, float *const *dw, const uint16_t *dy, const uint16_t *x,
@@ -1204,7 +1205,16 @@ qd_status qd_cuda_gemm_grouped_bf16_backward(float *dx, float *const *dw, const 
                                              int E, int64_t N, int64_t K)
 {
     return experts_backward("qd_cuda_gemm_grouped_bf16_backward", CUDA_R_16BF, sizeof(uint16_t),
-                            CUBLAS_COMPUTE_32F, dx, dw, dy, x, (const void *const *)w, alpha, off, E, N, K);
+                            CUBLAS_COMPUTE_32F, dx, dw, dy, x, (const void *const *)w, alpha, off, E, N, K, 1.0f);
+}
+
+qd_status qd_cuda_gemm_grouped_bf16_backward_to(float *dx, float *const *dw, const uint16_t *dy, const uint16_t *x,
+                                                const uint16_t *const *w, const float *alpha, const int32_t *off,
+                                                int E, int64_t N, int64_t K, int add)
+{
+    return experts_backward("qd_cuda_gemm_grouped_bf16_backward_to", CUDA_R_16BF, sizeof(uint16_t),
+                            CUBLAS_COMPUTE_32F, dx, dw, dy, x, (const void *const *)w, alpha, off, E, N, K,
+                            add ? 1.0f : 0.0f);
 }
 
 /* ---- FP8 */

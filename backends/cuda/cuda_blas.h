@@ -111,6 +111,10 @@ qd_status qd_cuda_gemm_grouped_f32_backward(float *dx, float *const *dw, const f
 qd_status qd_cuda_gemm_grouped_bf16_backward(float *dx, float *const *dw, const uint16_t *dy, const uint16_t *x,
                                              const uint16_t *const *w, const float *alpha, const int32_t *off,
                                              int E, int64_t N, int64_t K);
+/* the same with dx's rows overwritten (add 0: dx = alpha dy . w) or added to (add 1) */
+qd_status qd_cuda_gemm_grouped_bf16_backward_to(float *dx, float *const *dw, const uint16_t *dy, const uint16_t *x,
+                                                const uint16_t *const *w, const float *alpha, const int32_t *off,
+                                                int E, int64_t N, int64_t K, int add);
 
 /* ---- FP8 E4M3 with one decode scale per row (quant/'s qd_fp8_quantize_rows codes):
  * y[m][n] = (sum_k qa[m][k] * qw[n][k]) * (sa_inv[m] * sw_inv[n]).

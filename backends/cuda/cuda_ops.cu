@@ -801,7 +801,7 @@ static qd_status cuda_matmul_grouped(void *dev, float *out, const float *x, cons
  * the experts in one grouped call a direction. */
 static qd_status fast_grouped_backward(cuda_dev *d, float *dinp, float *const *dw, const float *dout,
                                        const uint16_t *doutb, const float *x, const uint16_t *xb,
-                                       const float *const *w, const int32_t *off, int E, int IC, int OC)
+                                       const float *const *w, const int32_t *off, int E, int IC, int OC, int add)
 {
     size_t rows = E ? (size_t)off[E] : 0;
     if (rows == 0)
@@ -819,7 +819,8 @@ static qd_status fast_grouped_backward(cuda_dev *d, float *dinp, float *const *d
     if (!st && dinp)
         st = expert_w16(d, w16, alpha, w, off, E, (size_t)OC * IC);
     if (!st)
-        st = qd_cuda_gemm_grouped_bf16_backward(dinp, dw, dy16, x16, w16, dinp ? alpha : NULL, off, E, OC, IC);
+        st = qd_cuda_gemm_grouped_bf16_backward_to(dinp, dw, dy16, x16, w16, dinp ? alpha : NULL, off, E, OC, IC,
+                                                   add);
     free(w16), free(alpha);
     return st;
 }
@@ -830,7 +831,7 @@ static qd_status cuda_matmul_grouped_backward(void *dev, float *dinp, float *con
 {
     cuda_dev *d = D(dev);
     if (d->fast16)
-        return fast_grouped_backward(d, dinp, dw, dout, NULL, x, NULL, w, off, E, IC, OC);
+        return fast_grouped_backward(d, dinp, dw, dout, NULL, x, NULL, w, off, E, IC, OC, 1);
     if (d->mode == QD_MODE_FAST)
         return qd_cuda_gemm_grouped_f32_backward(dinp, dw, dout, x, w, off, E, OC, IC, d->bwd_math);
     qdk_mm_item *it = (qdk_mm_item *)calloc(2 * (size_t)E, sizeof *it);
@@ -883,7 +884,7 @@ static qd_status cuda_matmul_grouped_backward16(void *dev, float *dinp, float *c
 {
     cuda_dev *d = D(dev);
     if (d->fast16)
-        return fast_grouped_backward(d, dinp, dw, dout, NULL, NULL, x, w, off, E, IC, OC);
+        return fast_grouped_backward(d, dinp, dw, dout, NULL, NULL, x, w, off, E, IC, OC, 1);
     const float *xf;
     QD_TRY(float_of(d, x, E ? (size_t)off[E] * (size_t)IC : 0, &xf));
     return cuda_matmul_grouped_backward(dev, dinp, dw, dout, xf, w, off, E, IC, OC);
@@ -908,13 +909,16 @@ static qd_status cuda_swiglu_backward16(void *dev, uint16_t *dg, uint16_t *du, c
 
 static qd_status cuda_matmul_grouped_backward16b(void *dev, float *dinp, float *const *dw, const uint16_t *dout,
                                                  const uint16_t *x, const float *const *w, const int32_t *off,
-                                                 int E, int IC, int OC)
+                                                 int E, int IC, int OC, int add)
 {
     cuda_dev *d = D(dev);
     if (d->fast16)
-        return fast_grouped_backward(d, dinp, dw, NULL, dout, NULL, x, w, off, E, IC, OC);
-    const float *df; /* elsewhere the float path on the bits' values */
-    QD_TRY(float_in(d, D_DYF, dout, E ? (size_t)off[E] * (size_t)OC : 0, &df));
+        return fast_grouped_backward(d, dinp, dw, NULL, dout, NULL, x, w, off, E, IC, OC, add);
+    const float *df; /* elsewhere the float path on the bits' values, added to zeros where add is 0 */
+    size_t rows = E ? (size_t)off[E] : 0;
+    QD_TRY(float_in(d, D_DYF, dout, rows * (size_t)OC, &df));
+    if (!add && dinp && rows)
+        QD_CUDA_CHECK(cudaMemsetAsync(dinp, 0, sizeof(float) * rows * (size_t)IC));
     return cuda_matmul_grouped_backward16(dev, dinp, dw, df, x, w, off, E, IC, OC);
 }
 
