@@ -1568,11 +1568,18 @@ static qd_status experts_backward(model *c, float *dinp, const float *dout, cons
 
 /* The backward of the experts whose inputs are held as BF16 bits (xeb, hb)
  * with its products' dout as BF16 bits too (the ops' moe_dy16,
- * swiglu_backward16, matmul_grouped_backward16b): the same products. */
+ * swiglu_backward16, matmul_grouped_backward16b): the same products.
+ * QUADS_EXPERTS_BWD16=0: float32 dy, dg, du converted for each product, and
+ * dh, dxe zeroed and added to, as before (for the side-by-side). */
 static int experts_bwd16(const model *c, const layer_acts *s)
 {
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("QUADS_EXPERTS_BWD16");
+        env = !(e && !strcmp(e, "0"));
+    }
     const qd_ops *o = c->ops;
-    return s->xeb && s->hb && o->moe_dy16 && o->swiglu_backward16 && o->matmul_grouped_backward16b;
+    return env && s->xeb && s->hb && o->moe_dy16 && o->swiglu_backward16 && o->matmul_grouped_backward16b;
 }
 
 /* experts_backward of held bits inp (xe or h) with dout as BF16 bits, dinp
