@@ -689,6 +689,8 @@ static json_t *row_json(const bench_args *a, const bench_row *r, double vs_bf16,
     json_object_set_new(o, "process", json_string(process_id()));
     json_object_set_new(o, "engine", json_string("quads"));
     json_object_set_new(o, "commit", json_string(a->commit));
+    if (a->recompute && r->op == OP_TRAIN)
+        json_object_set_new(o, "recompute", json_true());
     if (r->status == ROW_OK && r->op == OP_SYNC) {
         json_object_set_new(o, "ms", json_real(r->ms));
         json_object_set_new(o, "ms_min", json_real(r->ms_min));
