@@ -1546,9 +1546,11 @@ static qd_status experts_effective_input(model *c, const float **xe, const float
     return QD_OK;
 }
 
-/* dinp (R, IC) += dout . W_e; grad(W_e) += dout^T . x_eff over each expert's rows. */
-static qd_status experts_backward(model *c, float *dinp, const float *dout, const float *inp,
-                                  const layer_acts *s, const layer *ly, int which)
+/* dinp (R, IC) += dout . W_e; grad(W_e) += dout^T . x_eff over each expert's rows.
+ * With dout16 (experts_bwd16: dout's BF16 bits, inp held as bits) in place of
+ * dout, dinp is overwritten where add is 0; the float paths always add. */
+static qd_status experts_backward(model *c, float *dinp, const float *dout, const uint16_t *dout16, int add,
+                                  const float *inp, const layer_acts *s, const layer *ly, int which)
 {
     int E = ly->nexp, R = s->exp_off[E];
     if (R == 0)
@@ -1557,7 +1559,10 @@ static qd_status experts_backward(model *c, float *dinp, const float *dout, cons
     QD_TRY(expert_set_make(c, &x, ly, which));
     const float *xe;
     qd_status st = QD_OK;
-    if (held_bits(s, inp))
+    if (dout16) /* experts_bwd16: dout as BF16 bits, inp held as bits; dinp overwritten where add is 0 */
+        st = OP(c, matmul_grouped_backward16b, dinp, x.dw, dout16, (const uint16_t *)inp, x.w, s->exp_off, E,
+                x.L[0]->in, x.L[0]->out, add);
+    else if (held_bits(s, inp))
         st = OP(c, matmul_grouped_backward16, dinp, x.dw, dout, (const uint16_t *)inp, x.w, s->exp_off, E,
                 x.L[0]->in, x.L[0]->out);
     else if (!(st = experts_effective_input(c, &xe, inp, s, ly, &x)))
@@ -1580,22 +1585,6 @@ static int experts_bwd16(const model *c, const layer_acts *s)
     }
     const qd_ops *o = c->ops;
     return env && s->xeb && s->hb && o->moe_dy16 && o->swiglu_backward16 && o->matmul_grouped_backward16b;
-}
-
-/* experts_backward of held bits inp (xe or h) with dout as BF16 bits, dinp
- * overwritten (add 0) or added to */
-static qd_status experts_backward16b(model *c, float *dinp, const uint16_t *dout, const float *inp,
-                                     const layer_acts *s, const layer *ly, int which, int add)
-{
-    int E = ly->nexp;
-    if (s->exp_off[E] == 0)
-        return QD_OK;
-    expert_set x;
-    QD_TRY(expert_set_make(c, &x, ly, which));
-    qd_status st = OP(c, matmul_grouped_backward16b, dinp, x.dw, dout, (const uint16_t *)inp, x.w, s->exp_off, E,
-                      x.L[0]->in, x.L[0]->out, add);
-    expert_set_free(&x);
-    return st;
 }
 
 /* One linear_forward per expert (RAC states of unequal widths). */
@@ -1870,17 +1859,17 @@ static qd_status mlp_backward(model *c, float *dinp, const float *dout, const la
     if (b16) { /* dy, dg, du as BF16 bits in their float arrays' room; dh and dxe overwritten by their first product */
         uint16_t *dy16 = (uint16_t *)dy, *dg16 = (uint16_t *)dg, *du16 = (uint16_t *)du;
         QD_TRY(OP(c, moe_dy16, dy16, dw, dout, s->y, s->row_w, s->row_rank, s->tok_rows, N, K, C));
-        QD_TRY(experts_backward16b(c, dh, dy16, s->h, s, ly, 2, 0));
+        QD_TRY(experts_backward(c, dh, NULL, dy16, 0, s->h, s, ly, 2));
         QD_TRY(OP(c, swiglu_backward16, dg16, du16, dh, s->g, s->u, (size_t)R * I));
-        QD_TRY(experts_backward16b(c, dxe, dg16, s->xe, s, ly, 0, 0));
-        QD_TRY(experts_backward16b(c, dxe, du16, s->xe, s, ly, 1, 1));
+        QD_TRY(experts_backward(c, dxe, NULL, dg16, 0, s->xe, s, ly, 0));
+        QD_TRY(experts_backward(c, dxe, NULL, du16, 1, s->xe, s, ly, 1));
     } else {
         QD_TRY(OP(c, moe_dy, dy, dw, dout, s->y, s->row_w, s->row_rank, s->tok_rows, N, K, C));
         /* one grouped float product per projection, whatever the RAC widths (x_eff has K channels) */
-        QD_TRY(experts_backward(c, dh, dy, s->h, s, ly, 2));
+        QD_TRY(experts_backward(c, dh, dy, NULL, 1, s->h, s, ly, 2));
         QD_TRY(OP(c, swiglu_backward, dg, du, dh, s->g, s->u, (size_t)R * I));
-        QD_TRY(experts_backward(c, dxe, dg, s->xe, s, ly, 0));
-        QD_TRY(experts_backward(c, dxe, du, s->xe, s, ly, 1));
+        QD_TRY(experts_backward(c, dxe, dg, NULL, 1, s->xe, s, ly, 0));
+        QD_TRY(experts_backward(c, dxe, du, NULL, 1, s->xe, s, ly, 1));
     }
     QD_TRY(OP(c, unroute, dinp, dxe, s->tok_rows, N, K, C));
     mark(c, QD_PH_BWD);

@@ -294,6 +294,30 @@ static __device__ __forceinline__ void stage_stats(float *sl, const float *lse, 
     }
 }
 
+/* A 64 x D wgmma accumulator (d[4 j + e]) as put_row's n-tiles (acc[j][e]): the same registers */
+template <int D>
+static __device__ __forceinline__ const float (&as_tiles(const float (&d)[D / 2]))[D / 8][4]
+{
+    return reinterpret_cast<const float(&)[D / 8][4]>(d);
+}
+
+/* dk, dv of a thread's two keys key0 and key0 + 8 (of kv head kh; past the
+ * sequence's end none) added from the accumulators, dk times scale */
+template <int D>
+static __device__ __forceinline__ void put_dkv(float *dk, float *dv, const float (&adk)[D / 8][4],
+                                               const float (&adv)[D / 8][4], const fl_tile &tl, int key0, int KV,
+                                               int kh, float scale)
+{
+    for (int half = 0; half < 2; half++) {
+        int key = key0 + 8 * half;
+        if (key < tl.L) {
+            int64_t o = ((int64_t)(tl.o + key) * KV + kh) * D;
+            put_row<D>(dk + o, adk, half, scale, 1);
+            put_row<D>(dv + o, adv, half, 1.0f, 1);
+        }
+    }
+}
+
 /* dst = BF16 of src (n floats), four a thread where both are aligned */
 __global__ void flash_bf16_kernel(bf16 *dst, const float *src, int64_t n, int vec)
 {
@@ -504,14 +528,7 @@ __global__ void __launch_bounds__(FL_THREADS) flash_dkv_kernel(float *dk, float 
         mma_sb<D, FL_QB / 16>(adk, dp, sq);
         __syncthreads(); /* the stage is free for the copy after next */
     }
-    for (int half = 0; half < 2; half++) {
-        int key = half ? key1 : key0;
-        if (key < tl.L) {
-            int64_t o = ((int64_t)(tl.o + key) * KV + kh) * D;
-            put_row<D>(dk + o, adk, half, scale, 1);
-            put_row<D>(dv + o, adv, half, 1.0f, 1);
-        }
-    }
+    put_dkv<D>(dk, dv, adk, adv, tl, key0, KV, kh, scale);
 }
 
 /* dq of a tile of 64 queries of one head: warp w owns queries 16w .. 16w + 15 */
@@ -694,21 +711,6 @@ static __device__ __forceinline__ void fw_pb(float (&acc)[D / 2], const uint32_t
     }
 }
 
-/* Row half (0: row g, 1: g + 8 of the warp's 16) of a 64 x D accumulator
- * times a into dst's columns: stored (add 0) or added (add 1) */
-template <int D>
-static __device__ __forceinline__ void fw_put(float *dst, const float (&acc)[D / 2], int half, float a, int add)
-{
-    int t = threadIdx.x & 3;
-    dst += 2 * t;
-#pragma unroll
-    for (int j = 0; j < D / 8; j++) {
-        float x = a * acc[4 * j + 2 * half], y = a * acc[4 * j + 2 * half + 1];
-        dst[8 * j] = add ? dst[8 * j] + x : x;
-        dst[8 * j + 1] = add ? dst[8 * j + 1] + y : y;
-    }
-}
-
 /* Forward: a CTA a (sequence, head, 128 queries); warpgroup w the queries 64 w ..;
  * two stages of 64 keys and values. */
 template <int D>
@@ -762,12 +764,12 @@ __global__ void __launch_bounds__(FW_THREADS, 1) flash_fwd_wg(float *out, float 
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
     if (r0 < tl.L) {
-        fw_put<D>(out + ((int64_t)(tl.o + r0) * H + h) * D, acc, 0, 1.0f / l0, 0);
+        put_row<D>(out + ((int64_t)(tl.o + r0) * H + h) * D, as_tiles<D>(acc), 0, 1.0f / l0, 0);
         if (t == 0)
             lse[(int64_t)(tl.o + r0) * H + h] = m0 + log2f(l0);
     }
     if (r1 < tl.L) {
-        fw_put<D>(out + ((int64_t)(tl.o + r1) * H + h) * D, acc, 1, 1.0f / l1, 0);
+        put_row<D>(out + ((int64_t)(tl.o + r1) * H + h) * D, as_tiles<D>(acc), 1, 1.0f / l1, 0);
         if (t == 0)
             lse[(int64_t)(tl.o + r1) * H + h] = m1 + log2f(l1);
     }
@@ -827,9 +829,9 @@ __global__ void __launch_bounds__(FW_THREADS, 1) flash_dq_wg(float *dq, const bf
         qd_wg_fence_acc(acc);
     }
     if (r0 < tl.L)
-        fw_put<D>(dq + ((int64_t)(tl.o + r0) * H + h) * D, acc, 0, scale, 1);
+        put_row<D>(dq + ((int64_t)(tl.o + r0) * H + h) * D, as_tiles<D>(acc), 0, scale, 1);
     if (r1 < tl.L)
-        fw_put<D>(dq + ((int64_t)(tl.o + r1) * H + h) * D, acc, 1, scale, 1);
+        put_row<D>(dq + ((int64_t)(tl.o + r1) * H + h) * D, as_tiles<D>(acc), 1, scale, 1);
 #endif
 }
 
@@ -908,14 +910,7 @@ __global__ void __launch_bounds__(FW_THREADS, 1) flash_dkv_wg(float *dk, float *
         qd_wg_fence_acc(adv);
         qd_wg_fence_acc(adk);
     }
-    for (int half = 0; half < 2; half++) {
-        int key = half ? key1 : key0;
-        if (key < tl.L) {
-            int64_t o = ((int64_t)(tl.o + key) * KV + kh) * D;
-            fw_put<D>(dk + o, adk, half, scale, 1);
-            fw_put<D>(dv + o, adv, half, 1.0f, 1);
-        }
-    }
+    put_dkv<D>(dk, dv, as_tiles<D>(adk), as_tiles<D>(adv), tl, key0, KV, kh, scale);
 #endif
 }
 
@@ -959,15 +954,10 @@ int qd_cuda_flash_wg = -1;
 /* The wgmma kernels (qd_cuda_flash_wg, QUADS_FLASH_WG=1; compute capability 9.0 only) */
 static int flash_wg(void)
 {
-    static int v = -2, cc = -1;
-    if (cc < 0) {
-        int dev = 0, major = 0, minor = 0;
-        cc = cudaGetDevice(&dev) == cudaSuccess &&
-             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-             cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-             major == 9 && minor == 0;
-    }
-    return cc && (qd_cuda_flash_wg >= 0 ? qd_cuda_flash_wg : qd_env_pick(&v, "QUADS_FLASH_WG", 0, 1) == 1);
+    static int v = -2;
+    if (qd_cuda_flash_wg >= 0)
+        return qd_wg_device() && qd_cuda_flash_wg;
+    return qd_wg_device() && qd_env_pick(&v, "QUADS_FLASH_WG", 0, 1) == 1;
 }
 
 static size_t up64(size_t n) { return (n + 63) & ~(size_t)63; }

@@ -482,20 +482,6 @@ extern "C" qd_status qd_cuda_grouped_mma_bf16(const qd_grp_gemm *g, int G, int t
     return grouped_run("qd_cuda_grouped_mma_bf16", g, G, ta, tb, beta, GM_BM, GM_BN, 0, mma_launch_fn, 0);
 }
 
-/* 1 where the device runs the sm_90a kernels (compute capability 9.0) */
-static int wg_device_ok(void)
-{
-    static int ok = -1;
-    if (ok < 0) {
-        int dev = 0, major = 0, minor = 0;
-        ok = cudaGetDevice(&dev) == cudaSuccess &&
-             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-             cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-             major == 9 && minor == 0;
-    }
-    return ok;
-}
-
 extern "C" int qd_cuda_grouped_wgmma_configs(void) { return WG_NCFG; }
 
 extern "C" qd_status qd_cuda_grouped_wgmma_bf16(const qd_grp_gemm *g, int G, int ta, int tb, float beta, int cfg)
@@ -511,7 +497,7 @@ extern "C" qd_status qd_cuda_grouped_wgmma_bf16(const qd_grp_gemm *g, int G, int
     if (cfg < 0 || cfg >= WG_NCFG)
         return qd_error(QD_ERR_ARG, "qd_cuda_grouped_wgmma_bf16: configuration %d of %d (QUADS_WGMMA_CFG)", cfg,
                         WG_NCFG);
-    if (!wg_device_ok())
+    if (!qd_wg_device())
         return QD_ERR_UNSUPPORTED;
     return grouped_run("qd_cuda_grouped_wgmma_bf16", g, G, ta, tb, beta, WG_BM, wg_cfgs[cfg].bn, 1,
                        wg_dispatch, cfg);

@@ -1264,24 +1264,32 @@ static qd_status cuda_route(void *dev, int32_t *topk, float *topw, float *probs,
 
 /* The rows grouped by expert on the device (qdk_moe_group, qd_moe_group's
  * rows); only exp_off (E + 1 ints) comes back, for the grouped launches. */
-static qd_status cuda_moe_group(void *dev, int32_t *exp_off, int32_t *row_tok, float *row_w, int32_t *row_rank,
-                                int32_t *tok_rows, const int32_t *topk, const float *topw, int N, int E, int K)
-{
-    void *p;
-    QD_TRY(scratch(D(dev), D_MOE, sizeof(int32_t) * ((size_t)N * K + 2 * (size_t)E + 1), &p));
-    int32_t *d_off = (int32_t *)p, *ws = d_off + E + 1;
-    QD_TRY(qdk_moe_group(d_off, row_tok, row_w, row_rank, tok_rows, ws, topk, topw, N, E, K));
-    return cuda_to_host(dev, exp_off, d_off, sizeof(int32_t) * ((size_t)E + 1));
-}
-
-/* moe_group with the offsets left on the device (d_off): no copy to the host */
-static qd_status cuda_moe_group_dev(void *dev, int32_t *d_off, int32_t *row_tok, float *row_w, int32_t *row_rank,
-                                   int32_t *tok_rows, const int32_t *topk, const float *topw, int N, int E, int K)
+/* moe_group with the offsets left on the device (d_off): no copy to the host;
+ * d_off NULL: into the scratch's first E + 1 ints (*where) */
+static qd_status moe_group_on_dev(void *dev, int32_t *d_off, int32_t **where, int32_t *row_tok, float *row_w,
+                                  int32_t *row_rank, int32_t *tok_rows, const int32_t *topk, const float *topw,
+                                  int N, int E, int K)
 {
     void *p;
     QD_TRY(scratch(D(dev), D_MOE, sizeof(int32_t) * ((size_t)N * K + 2 * (size_t)E + 1), &p));
     int32_t *ws = (int32_t *)p + E + 1;
-    return qdk_moe_group(d_off, row_tok, row_w, row_rank, tok_rows, ws, topk, topw, N, E, K);
+    *where = d_off ? d_off : (int32_t *)p;
+    return qdk_moe_group(*where, row_tok, row_w, row_rank, tok_rows, ws, topk, topw, N, E, K);
+}
+
+static qd_status cuda_moe_group(void *dev, int32_t *exp_off, int32_t *row_tok, float *row_w, int32_t *row_rank,
+                                int32_t *tok_rows, const int32_t *topk, const float *topw, int N, int E, int K)
+{
+    int32_t *d_off;
+    QD_TRY(moe_group_on_dev(dev, NULL, &d_off, row_tok, row_w, row_rank, tok_rows, topk, topw, N, E, K));
+    return cuda_to_host(dev, exp_off, d_off, sizeof(int32_t) * ((size_t)E + 1));
+}
+
+static qd_status cuda_moe_group_dev(void *dev, int32_t *d_off, int32_t *row_tok, float *row_w, int32_t *row_rank,
+                                   int32_t *tok_rows, const int32_t *topk, const float *topw, int N, int E, int K)
+{
+    int32_t *where;
+    return moe_group_on_dev(dev, d_off, &where, row_tok, row_w, row_rank, tok_rows, topk, topw, N, E, K);
 }
 
 static qd_status cuda_gather(void *dev, float *xe, const float *x, const int32_t *row_tok, int R, int C)

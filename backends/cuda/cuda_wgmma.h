@@ -20,6 +20,7 @@
 #ifndef QD_CUDA_WGMMA_H
 #define QD_CUDA_WGMMA_H
 #include <stdint.h>
+#include <cuda_runtime.h>
 
 /* 1 in the sm_90a pass of nvcc (wgmma exists), 0 in the others (Blackwell's
  * sm_100a / sm_120a: the kernels compile empty and the hosts never launch them) */
@@ -28,6 +29,21 @@
 #else
 #define QD_WG_ARCH 0
 #endif
+
+/* Host: 1 where the current device runs the sm_90a kernels (compute
+ * capability 9.0), read once; the hosts launch the wgmma kernels only then */
+static inline int qd_wg_device(void)
+{
+    static int ok = -1;
+    if (ok < 0) {
+        int dev = 0, major = 0, minor = 0;
+        ok = cudaGetDevice(&dev) == cudaSuccess &&
+             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+             cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+             major == 9 && minor == 0;
+    }
+    return ok;
+}
 
 /* The 128-byte-swizzle descriptor of a tile at shared address a, byte offsets lbo and sbo */
 static __device__ __forceinline__ uint64_t qd_wg_desc(uint32_t a, uint32_t lbo, uint32_t sbo)
