@@ -22,7 +22,7 @@ typedef struct {
     const char *out, *write_tokenizer, *backend, *mode, *eval_precision;
     qd_sft_options sft;
     qd_sft_dims dims;
-    int threads, eval_problems, eval_samples, eval_every;
+    int threads, eval_problems, eval_samples, eval_every, recompute;
     float eval_temperature, stop_at; /* stop_at < 0: no early stop */
     qd_exec_mode exec;
     qd_recipe eval_recipe;
@@ -64,7 +64,9 @@ static void usage(FILE *f)
             "  --stop-at X            stop after the first of those evals with pass@1 >= X and save the\n"
             "                         weights of that step (needs --eval-every)\n"
             "  --backend B            cpu (default), cuda or auto (CUDA if present)\n"
-            "  --mode M               exact (default: the CPU's bits) or fast (CUDA only)\n",
+            "  --mode M               exact (default: the CPU's bits) or fast (CUDA only)\n"
+            "  --recompute            hold one layer's activations, recomputed in the backward (less\n"
+            "                         memory, more forward work, the same bits)\n",
             d.task, d.steps, d.batch, d.lr, d.warmup, d.min_lr_ratio, d.weight_decay, d.train_problems,
             (unsigned long long)d.seed, m->hidden, m->layers, m->heads, m->kv_heads, m->head_dim, m->experts,
             m->top_k, m->moe_intermediate);
@@ -152,7 +154,7 @@ static int parse_args(int argc, char **argv, sft_args *a, char *task, size_t tas
         {"eval-samples", required_argument, 0, 'S'}, {"eval-temperature", required_argument, 0, 'x'},
         {"eval-every", required_argument, 0, 'e'}, {"eval-precision", required_argument, 0, 'p'},
         {"stop-at", required_argument, 0, 'z'}, {"backend", required_argument, 0, 'B'},
-        {"mode", required_argument, 0, 'D'},
+        {"mode", required_argument, 0, 'D'}, {"recompute", no_argument, 0, 'r'},
         {"hidden", required_argument, 0, 1}, {"layers", required_argument, 0, 2},
         {"heads", required_argument, 0, 3}, {"kv-heads", required_argument, 0, 4},
         {"head-dim", required_argument, 0, 5}, {"experts", required_argument, 0, 6},
@@ -185,6 +187,7 @@ static int parse_args(int argc, char **argv, sft_args *a, char *task, size_t tas
         case 'p': a->eval_precision = optarg; break;
         case 'B': a->backend = optarg; break;
         case 'D': a->mode = optarg; break;
+        case 'r': a->recompute = 1; break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return 3;
         }
@@ -275,7 +278,7 @@ static qd_status make_backends(sft_run *r, const qd_model_config *cfg)
     const sft_args *a = r->a;
     const char *name = a->backend ? a->backend : "cpu";
     qd_backend_options bo = {.recipe = QD_RECIPE_FP32, .role = QD_ROLE_TRAINER, .num_threads = a->threads,
-                             .mode = a->exec};
+                             .mode = a->exec, .recompute = a->recompute};
     r->train = qd_backend_init_by_name(name, cfg, &bo);
     if (r->train && a->eval_problems > 0 && a->eval_recipe != QD_RECIPE_FP32) {
         qd_backend_options eo = {.recipe = a->eval_recipe, .role = QD_ROLE_ROLLOUT, .num_threads = a->threads,

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include "tests/suites.h"
 #include "quant/status.h"
+#include "quant/fileio.h"
 #include "orchestrator/sft.h"
 
 const char *qd_test_path(const char *rel)
@@ -84,6 +85,17 @@ const char *qd_test_read_file(const char *path)
     buf[n] = '\0';
     fclose(f);
     return buf;
+}
+
+int qd_test_same_file(const char *a, const char *b)
+{
+    char *ta, *tb;
+    size_t la, lb;
+    ck_assert_msg(qd_read_file(a, &ta, &la) == QD_OK, "cannot read %s", a);
+    ck_assert_msg(qd_read_file(b, &tb, &lb) == QD_OK, "cannot read %s", b);
+    int same = la == lb && memcmp(ta, tb, la) == 0;
+    free(ta), free(tb);
+    return same;
 }
 
 json_t *qd_test_load_jsonl(const char *path)

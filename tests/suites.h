@@ -43,6 +43,8 @@ const char *qd_test_join(const char *dir, const char *name);
  * next call overwrites it). Both fail the test when the file cannot be opened. */
 void qd_test_write_file(const char *path, const char *text);
 const char *qd_test_read_file(const char *path);
+/* Whether two files hold the same bytes (fails the test when one cannot be read). */
+int qd_test_same_file(const char *a, const char *b);
 /* Every line of a JSONL file as one JSON array (owned by the caller); fails the
  * test when the file cannot be opened or a line is not JSON. */
 json_t *qd_test_load_jsonl(const char *path);

@@ -152,17 +152,6 @@ static double num(const json_t *o, const char *a, const char *b)
     return json_number_value(v);
 }
 
-static int same_file(const char *a, const char *b)
-{
-    char *ta, *tb;
-    size_t la, lb;
-    ck_assert_int_eq(qd_read_file(a, &ta, &la), QD_OK);
-    ck_assert_int_eq(qd_read_file(b, &tb, &lb), QD_OK);
-    int same = la == lb && memcmp(ta, tb, la) == 0;
-    free(ta), free(tb);
-    return same;
-}
-
 static int exists(const char *dir, const char *name)
 {
     char p[2048];
@@ -327,7 +316,7 @@ static void kill_and_resume(const char *recipe, const char *const *sets, int nse
         char fa[2048], fb[2048];
         pathf(fa, sizeof fa, "%s/step_00000005/%s", a, files[i]);
         pathf(fb, sizeof fb, "%s/step_00000005/%s", b, files[i]);
-        ck_assert_msg(same_file(fa, fb), "%s differs after resume", files[i]);
+        ck_assert_msg(qd_test_same_file(fa, fb), "%s differs after resume", files[i]);
     }
     /* a resume under another recipe is refused and leaves config.json alone */
     ck_assert_int_eq(qd_config_set(cb, "rollout.recipe=bf16"), QD_OK);
@@ -344,7 +333,7 @@ static void kill_and_resume(const char *recipe, const char *const *sets, int nse
     char f0[2048], f5[2048];
     pathf(f0, sizeof f0, "%s/model/model.safetensors", dir);
     pathf(f5, sizeof f5, "%s/step_00000005/model.safetensors", a);
-    ck_assert(!same_file(f0, f5));
+    ck_assert(!qd_test_same_file(f0, f5));
     qd_config_free(ca), qd_config_free(cb);
     qd_test_rm_tree(dir);
 }
@@ -907,7 +896,7 @@ START_TEST(test_rl_eval_bf16)
     char a[2048], b[2048];
     pathf(a, sizeof a, "%s/step_00000003/model.safetensors", rd[1]);
     pathf(b, sizeof b, "%s/step_00000003/model.safetensors", rd[2]);
-    ck_assert(same_file(a, b));
+    ck_assert(qd_test_same_file(a, b));
     /* the report's two columns */
     const char *runs[2] = {rd[0], rd[1]};
     char out[1024], p[1100];

@@ -273,6 +273,12 @@ START_TEST(test_sft_eval_every_and_stop)
                   strstr(out, "trained 5 steps in") && strstr(out, "(stopped early: --stop-at reached)") &&
                   strstr(out, "temperature 0, fp32, seed 1"), "%s", out);
     ck_assert(access(qd_test_join(dir, "b/model.safetensors"), F_OK) == 0);
+    /* --recompute: the same weights (the backward recomputes each layer's activations) */
+    snprintf(args, sizeof args, "sft --out %s/r %s --stop-at 0 --recompute", dir, common);
+    ck_assert_msg(qd_test_run_quads(args, out, sizeof out) == 0, "%s", out);
+    char wb[1024];
+    snprintf(wb, sizeof wb, "%s", qd_test_join(dir, "b/model.safetensors"));
+    ck_assert(qd_test_same_file(wb, qd_test_join(dir, "r/model.safetensors")));
     static const char *const bad[][2] = {
         {"--stop-at 0.5 --eval-every 0", "--stop-at needs --eval-every N"},
         {"--stop-at 1.5 --eval-every 5", "--stop-at: a pass@1 in 0..1"},
