@@ -2,14 +2,15 @@
 # bench/ab_train_h200.sh: kernel variants of fast mode's train step side by
 # side (issue 13) on the GPU machine, from a tree built here and carried
 # (bench/bench_backend, tests/gpu/bundle_libs.sh's .devrun/lib), in about
-# ROUNDS x variants x 25 s plus a minute (6 minutes with the defaults). The
+# ROUNDS x variants x 10 s plus a minute (3 minutes with the defaults). The
 # a3b model (bench/run_train_h200.sh) at LAYERS [4], B [16] x T [1024] tokens,
 # RECIPE [bf16]; each variant is a set of environment settings, VARIANTS
 # ';'-separated:
 #   default: the kernels the defaults choose;
-#   QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=0..3: the experts' BF16 products on
-#     cuda_grouped.cu's wgmma kernel in each configuration;
-#   QUADS_FLASH_WG=1: the fused attention's wgmma kernels;
+#   QUADS_EXPERT_GEMM=lt: every one of the experts' BF16 products on cuBLASLt;
+#   QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=0, 2: every one on cuda_grouped.cu's
+#     wgmma kernel in that configuration (by default only the forward's);
+#   QUADS_FLASH_WG=0: the fused attention's mma.sync kernels;
 #   QUADS_LOGPROB_FAST=0: the log-probs' two passes (the exact kernel) instead of one;
 #   QUADS_EXPERTS_BWD16=0: the experts' backward with float32 dy, dg, du and zero fills;
 #   QUADS_DY16_BYTES=2 GiB: the lm_head's backward in 3 blocks of columns, not 10;
@@ -34,11 +35,10 @@ cd "$(dirname "$0")/.." || exit 1
 export LD_LIBRARY_PATH="$PWD/.devrun/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export OMP_WAIT_POLICY=passive
 [ -x bench/bench_backend ] || { echo "ab_train_h200: bench/bench_backend not found: build it first" >&2; exit 1; }
-default_variants="default;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=0;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=1"
-default_variants="$default_variants;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=2;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=3"
-default_variants="$default_variants;QUADS_FLASH_WG=1;QUADS_LOGPROB_FAST=0;QUADS_EXPERTS_BWD16=0"
-default_variants="$default_variants;QUADS_DY16_BYTES=2147483648"
-default_variants="$default_variants;--recompute;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=0 QUADS_FLASH_WG=1"
+default_variants="default;QUADS_EXPERT_GEMM=lt;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=0"
+default_variants="$default_variants;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=2"
+default_variants="$default_variants;QUADS_FLASH_WG=0;QUADS_LOGPROB_FAST=0;QUADS_EXPERTS_BWD16=0"
+default_variants="$default_variants;QUADS_DY16_BYTES=2147483648;--recompute"
 IFS=';' read -r -a variants <<<"${VARIANTS:-$default_variants}"
 run=(bench/bench_backend --backend "${BACKEND:-cuda}" --mode "${MODE:-fast}" --recipe "${RECIPE:-bf16}" --model a3b
      --layers "${LAYERS:-4}" --batch "${B:-16}" --seq "${T:-1024}" --ops "train step")

@@ -188,7 +188,8 @@ qd_status qd_cuda_attend_gemm_backward(float *dq, float *dk, float *dv, float *d
  * caller makes the same choice for both directions. */
 int qd_cuda_flash_fits(int N, int D, int H, int KV, int Tm);
 /* The kernels the fused attention takes: 1 the wgmma ones (compute capability
- * 9.0 only), 0 the mma.sync ones, -1 (the default) QUADS_FLASH_WG (1: wgmma).
+ * 9.0 only), 0 the mma.sync ones, -1 (the default) QUADS_FLASH_WG (0: mma.sync;
+ * else wgmma where the device has it).
  * Set by benchmarks to time both in one process. */
 extern int qd_cuda_flash_wg;
 /* A small table for the device through the pinned ring of the batched

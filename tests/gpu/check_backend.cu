@@ -505,6 +505,39 @@ static double rel_l2(const float *a, const float *b, size_t n)
     return m > 0 ? sqrt(d / m) : sqrt(d);
 }
 
+/* Where a gradient row exceeds its bound: the 4 tensors of the largest L2
+ * relative error (a against b) and each one's share of the difference. */
+static void worst_tensors(const float *a, const float *b, const qd_param_info *pi, int np)
+{
+    int top[4] = {-1, -1, -1, -1};
+    double rel[4] = {0, 0, 0, 0}, total = 0;
+    for (int t = 0; t < np; t++) {
+        size_t n = (size_t)(pi[t].rows * pi[t].cols);
+        double r = rel_l2(a + pi[t].offset, b + pi[t].offset, n);
+        for (size_t i = 0; i < n; i++) {
+            double d = (double)a[pi[t].offset + i] - b[pi[t].offset + i];
+            total += d * d;
+        }
+        for (int k = 0; k < 4; k++)
+            if (top[k] < 0 || r > rel[k]) {
+                for (int j = 3; j > k; j--)
+                    top[j] = top[j - 1], rel[j] = rel[j - 1];
+                top[k] = t, rel[k] = r;
+                break;
+            }
+    }
+    for (int k = 0; k < 4 && top[k] >= 0; k++) {
+        const qd_param_info *q = &pi[top[k]];
+        double d = 0;
+        for (size_t i = 0; i < (size_t)(q->rows * q->cols); i++) {
+            double e = (double)a[q->offset + i] - b[q->offset + i];
+            d += e * e;
+        }
+        printf("    %-40s L2 rel %.3g, %.1f%% of the squared difference\n", q->name, rel[k],
+               total > 0 ? 100.0 * d / total : 0.0);
+    }
+}
+
 static qd_status fast_forward(pair *p)
 {
     int32_t len3[3], len1[1];
@@ -636,7 +669,6 @@ static void check_flash(void)
         if (strstr(pi[i].name, "norm"))
             for (int64_t j = 0; j < pi[i].rows * pi[i].cols; j++)
                 w[pi[i].offset + (size_t)j] += 1.0f;
-    qd_backend_free(probe);
     for (int i = 0; i < FB * FT; i++) {
         tok[i] = (int32_t)(lcg(&s) % (uint32_t)p.cfg.vocab_size);
         dlp[i] = ((float)(lcg(&s) % 2001u) - 1000.0f) / 1000.0f;
@@ -663,8 +695,12 @@ static void check_flash(void)
                 if (!st)
                     st = qd_backend_get_grads(p.b[b], g + b * p.n, p.n);
             }
-            if (!st)
-                row_fast(&p, "flash backward", rel_l2(g, g + p.n, p.n), rel_max(g, g + p.n, p.n), fast_bound(&p, 1));
+            if (!st) {
+                double rel = rel_l2(g, g + p.n, p.n), bound = fast_bound(&p, 1);
+                row_fast(&p, "flash backward", rel, rel_max(g, g + p.n, p.n), bound);
+                if (rel > bound)
+                    worst_tensors(g, g + p.n, pi, np);
+            }
         } else if (!st) {
             float *flp = NULL, *lg = NULL;
             size_t nl = 0;
@@ -683,6 +719,7 @@ static void check_flash(void)
     }
     free(w);
     free(g);
+    qd_backend_free(probe);
 }
 
 static void check_model(const char *dir)

@@ -9,9 +9,10 @@
 #      QUADS_MATVEC_CHAIN=0 and QUADS_RAC_FUSED=0), with the W4A4 MMA kernel's 4-warp
 #      CTAs forced, with the split-K W4A4 kernel forced (QUADS_W4A4_SPLITK=1), and with fast
 #      mode's BF16 backward taking dy 8 columns a block (QUADS_DY16_BYTES=1024),
-#      the lm_head's way; and with the experts' BF16 products on the wgmma
-#      kernel (QUADS_EXPERT_GEMM=wgmma), and with the fused attention on its
-#      wgmma kernels (QUADS_FLASH_WG=1);
+#      the lm_head's way; and with every one of the experts' BF16 products on
+#      the wgmma kernel (QUADS_EXPERT_GEMM=wgmma; by default only the forward's),
+#      and with every one on cuBLASLt (QUADS_EXPERT_GEMM=lt), and with the fused
+#      attention on its mma.sync kernels (QUADS_FLASH_WG=0; wgmma on Hopper by default);
 #   1. tests/gpu/check_backend (then again with QUADS_AQAT16=0): whole models, every recipe and role, CUDA vs
 #      CPU: exact mode bit for bit, fast mode within stated relative errors;
 #   2. tests/gpu/check_blas: the fast-mode GEMMs and the W4A4 path choice;
@@ -53,11 +54,14 @@ tail -1 "$out/check_ops_splitk.log"
 echo "== check_ops 1, fast mode's BF16 backward with dy a block of 8 columns (QUADS_DY16_BYTES)"
 QUADS_DY16_BYTES=1024 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_dy16.log" 2>&1 || rc=1
 tail -1 "$out/check_ops_dy16.log"
-echo "== check_ops 1, the experts' BF16 products on the wgmma kernel (QUADS_EXPERT_GEMM=wgmma; cuBLASLt by default)"
+echo "== check_ops 1, every one of the experts' BF16 products on the wgmma kernel (QUADS_EXPERT_GEMM=wgmma; by default the forward's)"
 QUADS_EXPERT_GEMM=wgmma timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_wgmma.log" 2>&1 || rc=1
 tail -1 "$out/check_ops_wgmma.log"
-echo "== check_ops 1, fast mode's fused attention on the wgmma kernels (QUADS_FLASH_WG=1; mma.sync by default)"
-QUADS_FLASH_WG=1 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_flashwg.log" 2>&1 || rc=1
+echo "== check_ops 1, every one of the experts' BF16 products on cuBLASLt (QUADS_EXPERT_GEMM=lt)"
+QUADS_EXPERT_GEMM=lt timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_lt.log" 2>&1 || rc=1
+tail -1 "$out/check_ops_lt.log"
+echo "== check_ops 1, fast mode's fused attention on the mma.sync kernels (QUADS_FLASH_WG=0; wgmma on Hopper by default)"
+QUADS_FLASH_WG=0 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_flashwg.log" 2>&1 || rc=1
 grep "attend" "$out/check_ops_flashwg.log" | grep fast16
 tail -1 "$out/check_ops_flashwg.log"
 echo "== check_backend"
