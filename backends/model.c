@@ -416,6 +416,24 @@ static qd_status effective_input(model *c, const float **xe, const float *inp, c
     return OP(c, round_bf16, p, inp, n);
 }
 
+/* effective_input of a linear's matmul, matmul_w16 or matmul_backward (the
+ * ops rounds_bf16_input speaks for): with QUADS_ROUND_INPUT=0 (until run on the
+ * H200), a BF16 linear's input as it is where those round it themselves */
+static qd_status linear_input(model *c, const float **xe, const float *inp, const linear *L, int N)
+{
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("QUADS_ROUND_INPUT");
+        env = !(e && !strcmp(e, "0"));
+    }
+    if (L->mode == QD_LINEAR_BF16 && !env && c->ops->rounds_bf16_input &&
+        c->ops->rounds_bf16_input(c->dev, N, L->in, L->out)) {
+        *xe = inp;
+        return QD_OK;
+    }
+    return effective_input(c, xe, inp, L, N);
+}
+
 /* AQAT's input is BF16-rounded (effective_input) and its weight a per-tensor
  * fake-quant; sym-QAT's and replay's inputs are NVFP4 fake-quants, not BF16 values. */
 static qd_prec prec_of(const linear *L)
@@ -437,7 +455,7 @@ static qd_status linear_forward(model *c, float *out, const float *inp, linear *
     if (L->mode == QD_LINEAR_FP8)
         return fwd_fp8(c, out, inp, L, N);
     const float *xe;
-    QD_TRY(effective_input(c, &xe, inp, L, N));
+    QD_TRY(linear_input(c, &xe, inp, L, N));
     if (L->wk16 != NOT_HELD)
         return OP(c, matmul_w16, out, xe, c->wk16 + L->wk16, N, L->in, L->out, prec_of(L));
     return OP(c, matmul, out, xe, LW(c, L), N, L->in, L->out, prec_of(L));
@@ -560,7 +578,7 @@ static qd_status linear_backward(model *c, float *dinp, const float *dout, const
     if (N == 0)
         return QD_OK;
     const float *xe;
-    QD_TRY(effective_input(c, &xe, inp, L, N));
+    QD_TRY(linear_input(c, &xe, inp, L, N));
     return OP(c, matmul_backward, dinp, c->grads + L->w, dout, xe, LW(c, L), N, L->in, L->out);
 }
 
@@ -1546,6 +1564,10 @@ static qd_status experts_effective_input(model *c, const float **xe, const float
     return QD_OK;
 }
 
+/* which: 0 gate, 1 up, 2 down, EXPERTS_GATE_UP gate and up as one product of
+ * 2 ffn rows (gate_up_fused; dout16 only). */
+#define EXPERTS_GATE_UP 3
+
 /* dinp (R, IC) += dout . W_e; grad(W_e) += dout^T . x_eff over each expert's rows.
  * With dout16 (experts_bwd16: dout's BF16 bits, inp held as bits) in place of
  * dout, dinp is overwritten where add is 0; the float paths always add. */
@@ -1555,13 +1577,17 @@ static qd_status experts_backward(model *c, float *dinp, const float *dout, cons
     int E = ly->nexp, R = s->exp_off[E];
     if (R == 0)
         return QD_OK;
+    int gu = which == EXPERTS_GATE_UP; /* gate's weights, gradients and dout rows run on into up's */
+    if (gu && !dout16)
+        return qd_error(QD_ERR_ARG, "%s backend: gate|up's backward in one product needs dout as BF16 bits",
+                        c->ops->name);
     expert_set x;
-    QD_TRY(expert_set_make(c, &x, ly, which));
+    QD_TRY(expert_set_make(c, &x, ly, gu ? 0 : which));
     const float *xe;
     qd_status st = QD_OK;
     if (dout16) /* experts_bwd16: dout as BF16 bits, inp held as bits; dinp overwritten where add is 0 */
         st = OP(c, matmul_grouped_backward16b, dinp, x.dw, dout16, (const uint16_t *)inp, x.w, s->exp_off, E,
-                x.L[0]->in, x.L[0]->out, add);
+                x.L[0]->in, x.L[0]->out * (gu ? 2 : 1), add);
     else if (held_bits(s, inp))
         st = OP(c, matmul_grouped_backward16, dinp, x.dw, dout, (const uint16_t *)inp, x.w, s->exp_off, E,
                 x.L[0]->in, x.L[0]->out);
@@ -1569,6 +1595,33 @@ static qd_status experts_backward(model *c, float *dinp, const float *dout, cons
         st = grouped_matmul_backward(c, dinp, x.dw, dout, xe, x.w, s->exp_off, E, x.L[0]->in, x.L[0]->out);
     expert_set_free(&x);
     return st;
+}
+
+/* Whether mlp_backward's experts_bwd16 runs gate's and up's backward as one
+ * product of twice the rows (EXPERTS_GATE_UP): dx = [dg | du] . [Wg ; Wu] and
+ * [dWg ; dWu] += [dg | du]^T . x, the same products (dx's sums over both in
+ * one, in the tensor cores' order: fast mode's bound), one cuBLASLt call an
+ * expert and a direction instead of two. Where every expert's up weight,
+ * working copy and gradient follow its gate's (the layout's order) and both
+ * are plain BF16 linears (no fake-quant scale to tell them apart).
+ * QUADS_GATE_UP=1 only, until run on the H200. */
+static int gate_up_fused(const model *c, const layer *ly)
+{
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("QUADS_GATE_UP");
+        env = e && !strcmp(e, "1");
+    }
+    if (!env || !ly->moe)
+        return 0;
+    size_t n = (size_t)ly->ffn * c->cfg.hidden_size;
+    for (int e = 0; e < ly->nexp; e++) {
+        const linear *g = &c->lin[ly->mlp0 + 3 * e], *u = g + 1;
+        if (g->mode != QD_LINEAR_BF16 || u->mode != QD_LINEAR_BF16 || u->w != g->w + n || g->wk == NOT_HELD ||
+            u->wk != g->wk + n)
+            return 0;
+    }
+    return 1;
 }
 
 /* The backward of the experts whose inputs are held as BF16 bits (xeb, hb)
@@ -1860,9 +1913,14 @@ static qd_status mlp_backward(model *c, float *dinp, const float *dout, const la
         uint16_t *dy16 = (uint16_t *)dy, *dg16 = (uint16_t *)dg, *du16 = (uint16_t *)du;
         QD_TRY(OP(c, moe_dy16, dy16, dw, dout, s->y, s->row_w, s->row_rank, s->tok_rows, N, K, C));
         QD_TRY(experts_backward(c, dh, NULL, dy16, 0, s->h, s, ly, 2));
-        QD_TRY(OP(c, swiglu_backward16, dg16, du16, dh, s->g, s->u, (size_t)R * I));
-        QD_TRY(experts_backward(c, dxe, NULL, dg16, 0, s->xe, s, ly, 0));
-        QD_TRY(experts_backward(c, dxe, NULL, du16, 1, s->xe, s, ly, 1));
+        if (gate_up_fused(c, ly)) { /* [dg | du] rows in dg's room (R x 2I bits in R x I floats) */
+            QD_TRY(OP(c, swiglu_backward16, dg16, dg16 + I, dh, s->g, s->u, (size_t)R, I, 2 * I));
+            QD_TRY(experts_backward(c, dxe, NULL, dg16, 0, s->xe, s, ly, EXPERTS_GATE_UP));
+        } else {
+            QD_TRY(OP(c, swiglu_backward16, dg16, du16, dh, s->g, s->u, (size_t)R, I, I));
+            QD_TRY(experts_backward(c, dxe, NULL, dg16, 0, s->xe, s, ly, 0));
+            QD_TRY(experts_backward(c, dxe, NULL, du16, 1, s->xe, s, ly, 1));
+        }
     } else {
         QD_TRY(OP(c, moe_dy, dy, dw, dout, s->y, s->row_w, s->row_rank, s->tok_rows, N, K, C));
         /* one grouped float product per projection, whatever the RAC widths (x_eff has K channels) */
@@ -1951,7 +2009,7 @@ static qd_status head_backward(model *c, float *dln, float *dlogits, const float
     int N = c->N, V = c->cfg.vocab_size;
     if (c->ops->head_backward && N) {
         const float *xe;
-        QD_TRY(effective_input(c, &xe, c->lnf, L, N));
+        QD_TRY(linear_input(c, &xe, c->lnf, L, N));
         qd_status st = OP(c, head_backward, dln, c->grads + L->w, dlogp, c->logits, c->lse, c->d_tgt, xe, LW(c, L),
                           N, L->in, V, c->temp);
         if (st != QD_ERR_UNSUPPORTED)
@@ -2287,6 +2345,31 @@ static qd_status grad_norm(model *c, double *norm)
     return st;
 }
 
+/* fq (fake_quant_tensors) += 2 for the weights of the experts' plain BF16
+ * linears, whose working floats no product reads where the ops keep their
+ * BF16 bits (adamw_bits); not with diagnostics, which compare those floats
+ * with the master. QUADS_ADAMW_BITS=1 only, until run on the H200. */
+static void mark_bits_only(model *c, unsigned char *fq)
+{
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("QUADS_ADAMW_BITS");
+        env = e && !strcmp(e, "1");
+    }
+    if (!env || !c->ops->adamw_bits || c->opt.diagnostics)
+        return;
+    for (int l = 0; l < c->cfg.num_hidden_layers; l++) {
+        const layer *ly = &c->layers[l];
+        for (int e = 0; ly->moe && e < ly->nexp; e++)
+            for (int w = 0; w < 3; w++) {
+                const linear *L = expert_lin(c, ly, e, w);
+                int t = tensor_at(c, L->w);
+                if (L->mode == QD_LINEAR_BF16 && !fq[t])
+                    fq[t] = 2;
+            }
+    }
+}
+
 static qd_status optimizer_step_impl(model *c, const qd_adamw *o, int step, float *norm_out)
 {
     double norm;
@@ -2307,18 +2390,26 @@ static qd_status optimizer_step_impl(model *c, const qd_adamw *o, int step, floa
     unsigned char *fq = fuse ? fake_quant_tensors(c) : NULL;
     if (fuse && !fq)
         return qd_error(QD_ERR_NOMEM, "%s backend: optimizer step", c->ops->name);
+    if (fq)
+        mark_bits_only(c, fq);
     qd_status ast = QD_OK;
     for (int t = 0, u; t < c->ninfo && !ast; t = u) {
         size_t off = c->info[t].offset, n = (size_t)(c->info[t].rows * c->info[t].cols);
         float wd = qd_adamw_decay(o, &c->info[t]);
-        int r = fuse && !fq[t];
+        int r = fuse && fq[t] != 1;
         for (u = t + 1; u < c->ninfo && c->info[u].offset == off + n && qd_adamw_decay(o, &c->info[u]) == wd &&
                         (!fuse || fq[u] == fq[t]);
              u++)
             n += (size_t)(c->info[u].rows * c->info[u].cols);
-        ast = r ? OP(c, adamw_round, c->params + off, c->grads + off, c->m + off, c->v + off, c->wk + off, n, o, wd,
-                    gscale, bc1, bc2)
-               : OP(c, adamw, c->params + off, c->grads + off, c->m + off, c->v + off, n, o, wd, gscale, bc1, bc2);
+        ast = QD_ERR_UNSUPPORTED;
+        if (r && fq[t] == 2)
+            ast = OP(c, adamw_bits, c->params + off, c->grads + off, c->m + off, c->v + off, c->wk + off, n, o, wd,
+                     gscale, bc1, bc2);
+        if (ast == QD_ERR_UNSUPPORTED)
+            ast = r ? OP(c, adamw_round, c->params + off, c->grads + off, c->m + off, c->v + off, c->wk + off, n, o,
+                         wd, gscale, bc1, bc2)
+                    : OP(c, adamw, c->params + off, c->grads + off, c->m + off, c->v + off, n, o, wd, gscale, bc1,
+                         bc2);
     }
     free(fq);
     QD_TRY(ast);

@@ -153,7 +153,10 @@ typedef struct qd_ops {
     /* ---- and their backward's products read as BF16 bits (optional, all three or
      * none; where experts16 says so): moe_dy16 and swiglu_backward16 write the
      * BF16 bits (round to nearest even) of moe_dy's dy and swiglu_backward's dg,
-     * du (dwt as moe_dy's), the only thing the products read of them;
+     * du (dwt as moe_dy's), the only thing the products read of them
+     * (swiglu_backward16 over rows x cols elements, dg's and du's rows ld
+     * apart: ld = cols for arrays of their own, 2 cols with du = dg + cols
+     * for [dg | du] rows, gate's and up's products in one);
      * matmul_grouped_backward16b is matmul_grouped_backward16 with dout as such
      * bits (the same products, without a float32 array written and read again
      * to be converted) and dinp's rows overwritten where add is 0 (no zeroed
@@ -161,7 +164,7 @@ typedef struct qd_ops {
     qd_status (*moe_dy16)(void *dev, uint16_t *dy, float *dwt, const float *dout, const float *y,
                           const float *row_w, const int32_t *row_rank, const int32_t *tok_rows, int N, int K, int C);
     qd_status (*swiglu_backward16)(void *dev, uint16_t *dg, uint16_t *du, const float *dh, const float *g,
-                                   const float *u, size_t n);
+                                   const float *u, size_t rows, int cols, int ld);
     qd_status (*matmul_grouped_backward16b)(void *dev, float *dinp, float *const *dw, const uint16_t *dout,
                                             const uint16_t *x, const float *const *w, const int32_t *off, int E,
                                             int IC, int OC, int add);
@@ -340,6 +343,18 @@ typedef struct qd_ops {
      * Optional: where NULL the weight sync rounds the master afterwards. */
     qd_status (*adamw_round)(void *dev, float *p, const float *g, float *m, float *v, float *wk, size_t n,
                              const qd_adamw *o, float wd, float gscale, float bc1, float bc2);
+    /* adamw_round for a working copy whose floats no op reads (the experts'
+     * BF16 linears in CUDA's fast mode, whose products read the BF16 bits it
+     * keeps): only those bits written, wk's floats left as they were (stale
+     * until the next set_weights). QD_ERR_UNSUPPORTED, nothing done, where
+     * the backend keeps no such bits for wk. Optional. */
+    qd_status (*adamw_bits)(void *dev, float *p, const float *g, float *m, float *v, const float *wk, size_t n,
+                            const qd_adamw *o, float wd, float gscale, float bc1, float bc2);
+    /* Whether matmul, matmul_w16 (QD_PREC_BF16) and matmul_backward of N rows,
+     * IC into OC read x only through its BF16 bits (round to nearest even, the
+     * bits of round_bf16(x)), so the driver need not round a BF16 linear's
+     * input first (a pass over it, written and read again). Optional: NULL = no. */
+    int (*rounds_bf16_input)(void *dev, int N, int IC, int OC);
 } qd_ops;
 
 /* The CPU's ops (backends/cpu/cpu_ops.c), for tests that run an op on two backends. */

@@ -2,21 +2,27 @@
 # bench/ab_train_h200.sh: kernel variants of fast mode's train step side by
 # side (issue 13) on the GPU machine, from a tree built here and carried
 # (bench/bench_backend, tests/gpu/bundle_libs.sh's .devrun/lib), in about
-# ROUNDS x variants x 10 s plus a minute (3 minutes with the defaults). The
+# ROUNDS x variants x 10 s plus a minute (3-4 minutes with the defaults). The
 # a3b model (bench/run_train_h200.sh) at LAYERS [4], B [16] x T [1024] tokens,
 # RECIPE [bf16]; each variant is a set of environment settings, VARIANTS
 # ';'-separated:
 #   default: the kernels the defaults choose;
 #   QUADS_EXPERT_GEMM=lt: every one of the experts' BF16 products on cuBLASLt;
-#   QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=0, 2: every one on cuda_grouped.cu's
-#     wgmma kernel in that configuration (by default only the forward's);
+#   QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=0, 2, 4, 5: every one on cuda_grouped.cu's
+#     wgmma kernel in that configuration (by default only the forward's; 4 and 5
+#     store C through the bulk copy engine);
 #   QUADS_FLASH_WG=0: the fused attention's mma.sync kernels;
 #   QUADS_LOGPROB_FAST=0: the log-probs' two passes (the exact kernel) instead of one;
 #   QUADS_EXPERTS_BWD16=0: the experts' backward with float32 dy, dg, du and zero fills;
 #   QUADS_DY16_BYTES=2 GiB: the lm_head's backward in 3 blocks of columns, not 10;
 #   --recompute: the trainer recomputes each layer's activations in the backward
 #     (a word starting with -- is an argument of bench_backend, not a setting);
-#   the wgmma experts (configuration 0) and attention together.
+#   QUADS_ADAMW_BITS=1: AdamW writes only the BF16 bits of the experts' working
+#     copy (the only copy fast mode's products read), not its floats;
+#   QUADS_GATE_UP=1: gate's and up's backward as one product (two by default);
+#   QUADS_ROUND_INPUT=0: a BF16 linear's input left to the products' conversion
+#     to BF16 bits (by default rounded by the driver first);
+#   the three together;
 # ROUNDS [1] rounds (2 or more to confirm a difference), the variants
 # alternating within each (one process a variant a round: ITERS [2] steps
 # after WARMUP [1]; the H200's clocks and the host vary between processes, so
@@ -37,8 +43,10 @@ export OMP_WAIT_POLICY=passive
 [ -x bench/bench_backend ] || { echo "ab_train_h200: bench/bench_backend not found: build it first" >&2; exit 1; }
 default_variants="default;QUADS_EXPERT_GEMM=lt;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=0"
 default_variants="$default_variants;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=2"
+default_variants="$default_variants;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=4;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=5"
 default_variants="$default_variants;QUADS_FLASH_WG=0;QUADS_LOGPROB_FAST=0;QUADS_EXPERTS_BWD16=0"
-default_variants="$default_variants;QUADS_DY16_BYTES=2147483648;--recompute"
+default_variants="$default_variants;QUADS_DY16_BYTES=2147483648;--recompute;QUADS_ADAMW_BITS=1;QUADS_GATE_UP=1"
+default_variants="$default_variants;QUADS_ROUND_INPUT=0;QUADS_ADAMW_BITS=1 QUADS_GATE_UP=1 QUADS_ROUND_INPUT=0"
 IFS=';' read -r -a variants <<<"${VARIANTS:-$default_variants}"
 run=(bench/bench_backend --backend "${BACKEND:-cuda}" --mode "${MODE:-fast}" --recipe "${RECIPE:-bf16}" --model a3b
      --layers "${LAYERS:-4}" --batch "${B:-16}" --seq "${T:-1024}" --ops "train step")

@@ -1220,7 +1220,11 @@ static void c_moe_rows_wide(oc *c) { c_moe_rows_shape(c, 37, 8, 3, 300); }
  * outputs rounded to BF16 (to_bf16: the CPU, which leaves the three NULL),
  * the grouped product once adding to dx and once overwriting (add 0) another:
  * 37 tokens top-3 of 8 experts, rows of 304 (moe_dy's blocks of 32 rows and
- * 128 columns crossed), the down product's shapes (rows x 304 into 48). */
+ * 128 columns crossed), the down product's shapes (rows x 304 into 48).
+ * Then gate's and up's backward as one product (the driver's gate_up_fused):
+ * swiglu_backward16 writing [dg | du] rows (ld 2 x 304), and the grouped
+ * product of 608 rows (gate's weights then up's) over them, against the two
+ * products of 304 added (the CPU). */
 static void c_moe16_backward(oc *c)
 {
     enum { N = 37, E = 8, K = 3, C = 304, IC = 48, R = N * K };
@@ -1246,11 +1250,23 @@ static void c_moe16_backward(oc *c)
     int32_t *dtr = I(c, tok_rows, R), *drr = I(c, row_rank, R);
     RUN(c, c->ops->round_bf16(c->dev, x, x, (size_t)R * IC)); /* the experts' inputs: BF16 values */
     RUN(c, c->ops->to_bf16(c->dev, xb, x, (size_t)R * IC));
+    uint16_t *dgu = Z(c, sizeof(uint16_t) * R * 2 * C);
+    float *dxgu = F(c, (size_t)R * IC, -1, 1); /* overwritten */
+    const float *wgu[E];
+    float *dwgu[E];
+    for (int e = 0; e < E; e++) { /* gate's C x IC, then up's */
+        float *we = F(c, (size_t)2 * C * IC, -1, 1);
+        RUN(c, c->ops->round_bf16(c->dev, we, we, (size_t)2 * C * IC));
+        wgu[e] = we;
+        dwgu[e] = F(c, (size_t)2 * C * IC, -1, 1);
+    }
     if (c->ops->moe_dy16 && c->ops->swiglu_backward16 && c->ops->matmul_grouped_backward16b) {
         RUN(c, c->ops->moe_dy16(c->dev, dy, dwt, dout, y, rw, drr, dtr, N, K, C));
-        RUN(c, c->ops->swiglu_backward16(c->dev, dg, du, dh, g, u, (size_t)R * C));
+        RUN(c, c->ops->swiglu_backward16(c->dev, dg, du, dh, g, u, (size_t)R, C, C));
         RUN(c, c->ops->matmul_grouped_backward16b(c->dev, dx, dw, dy, xb, w, exp_off, E, IC, C, 1));
         RUN(c, c->ops->matmul_grouped_backward16b(c->dev, dx0, dw, dy, xb, w, exp_off, E, IC, C, 0));
+        RUN(c, c->ops->swiglu_backward16(c->dev, dgu, dgu + C, dh, g, u, (size_t)R, C, 2 * C));
+        RUN(c, c->ops->matmul_grouped_backward16b(c->dev, dxgu, dwgu, dgu, xb, wgu, exp_off, E, IC, 2 * C, 0));
     } else {
         RUN(c, c->ops->moe_dy(c->dev, dyf, dwt, dout, y, rw, drr, dtr, N, K, C));
         RUN(c, c->ops->swiglu_backward(c->dev, dgf, duf, dh, g, u, (size_t)R * C));
@@ -1261,6 +1277,19 @@ static void c_moe16_backward(oc *c)
         RUN(c, c->ops->matmul_grouped_backward(c->dev, dx, dw, dyf, x, w, exp_off, E, IC, C));
         RUN(c, c->ops->zero(c->dev, dx0, sizeof(float) * R * IC));
         RUN(c, c->ops->matmul_grouped_backward(c->dev, dx0, dw, dyf, x, w, exp_off, E, IC, C));
+        for (int r = 0; r < R; r++) { /* [dg | du] rows */
+            RUN(c, c->ops->to_bf16(c->dev, dgu + (size_t)r * 2 * C, dgf + (size_t)r * C, C));
+            RUN(c, c->ops->to_bf16(c->dev, dgu + (size_t)r * 2 * C + C, duf + (size_t)r * C, C));
+        }
+        RUN(c, c->ops->round_bf16(c->dev, dgf, dgf, (size_t)R * C));
+        RUN(c, c->ops->round_bf16(c->dev, duf, duf, (size_t)R * C));
+        const float *wu[E];
+        float *dwu[E];
+        for (int e = 0; e < E; e++)
+            wu[e] = wgu[e] + (size_t)C * IC, dwu[e] = dwgu[e] + (size_t)C * IC;
+        RUN(c, c->ops->zero(c->dev, dxgu, sizeof(float) * R * IC));
+        RUN(c, c->ops->matmul_grouped_backward(c->dev, dxgu, dwgu, dgf, x, wgu, exp_off, E, IC, C));
+        RUN(c, c->ops->matmul_grouped_backward(c->dev, dxgu, dwu, duf, x, wu, exp_off, E, IC, C));
     }
     OUT(c, "dy bits", 'b', dy, sizeof(uint16_t) * R * C);
     OUT(c, "dwt", 'f', dwt, sizeof(float) * N * K);
@@ -1272,6 +1301,13 @@ static void c_moe16_backward(oc *c)
         char name[8];
         snprintf(name, sizeof name, "dw%d", e);
         OUT(c, name, 'f', dw[e], sizeof(float) * C * IC);
+    }
+    OUT(c, "[dg | du] bits", 'b', dgu, sizeof(uint16_t) * R * 2 * C);
+    OUT(c, "dx gate|up", 'f', dxgu, sizeof(float) * R * IC);
+    for (int e = 0; e < E; e++) {
+        char name[16];
+        snprintf(name, sizeof name, "dw gate|up %d", e);
+        OUT(c, name, 'f', dwgu[e], sizeof(float) * 2 * C * IC);
     }
 }
 

@@ -47,6 +47,7 @@ typedef struct {
     int tile0[GM_GROUPS + 1]; /* first tile of each group; tile0[ng] = the grid */
     int ng, N;
     float beta;
+    int bulk; /* the wgmma kernel's EPI configurations: C's rows through the bulk copy engine (wg_bulk_ok) */
 } gm_params;
 
 static __device__ __forceinline__ unsigned smem_u32(const void *p)
@@ -272,7 +273,49 @@ static __device__ __forceinline__ void wg_load(uint32_t s, const uint16_t *src, 
 /* CTAs an SM the shared memory allows (2 asks ptxas for at most 128 registers) */
 #define WG_MINB(BN, STAGES) ((STAGES) * (WG_BM + (BN)) * WG_BK * 2 + 1024 <= 113 * 1024 ? 2 : 1)
 
-template <int BN, int STAGES, int INFLIGHT, int AT, int BT>
+/* The EPI configurations' epilogue: the tile (alpha applied) staged in shared
+ * memory, rows of BN + 8 floats (a warp's float2 stores conflict-free in two
+ * wavefronts), then one bulk copy a row to C (beta 0) or one bulk add (beta 1:
+ * C + v, the float32 addition of the register path; the copy engine reads C,
+ * not the SM's registers, and the CTA waits only until its shared rows are
+ * read). Needs the stages' memory free (every wgmma and cp.async done). */
+template <int BN>
+static __device__ __forceinline__ void wg_bulk_store(unsigned char *smem, uint32_t base, const float (&d)[BN / 2],
+                                                     float *C, int M, int N, int m0, int n0, float alpha,
+                                                     float beta)
+{
+    constexpr int LD = BN + 8;
+    float *st = (float *)(smem + (base - smem_u32(smem)));
+    const int wg = threadIdx.x >> 7, lane = threadIdx.x & 31;
+    const int r0 = 64 * wg + 16 * ((threadIdx.x >> 5) & 3) + (lane >> 2), c0 = 2 * (lane & 3);
+    __syncthreads(); /* every thread's products and copies done: the stages are free */
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            *reinterpret_cast<float2 *>(st + (r0 + 8 * h) * LD + c0 + 8 * j) =
+                make_float2(alpha * d[4 * j + 2 * h], alpha * d[4 * j + 2 * h + 1]);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* the stores visible to the copy engine */
+    __syncthreads();
+    const int row = m0 + (int)threadIdx.x;
+    if (threadIdx.x < WG_BM && row < M) {
+        int ncol = N - n0 < BN ? N - n0 : BN;
+        uint32_t src = base + threadIdx.x * LD * 4, bytes = (uint32_t)ncol * 4;
+        float *dst = C + (size_t)row * N + n0;
+        if (beta != 0.0f)
+            asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst),
+                         "r"(src), "r"(bytes)
+                         : "memory");
+        else
+            asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src),
+                         "r"(bytes)
+                         : "memory");
+        asm volatile("cp.async.bulk.commit_group;");
+        asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    }
+}
+
+template <int BN, int STAGES, int INFLIGHT, int AT, int BT, int EPI>
 __global__ void __launch_bounds__(WG_THREADS, WG_MINB(BN, STAGES)) k_grouped_wgmma(const __grid_constant__ gm_params p)
 {
 #if QD_WG_ARCH
@@ -334,6 +377,12 @@ __global__ void __launch_bounds__(WG_THREADS, WG_MINB(BN, STAGES)) k_grouped_wgm
      * warpgroup's 64, columns 8 j + 2 (l % 4) (+ 1): d[4 j + 2 h + u] */
     float *C = p.C[g];
     const float alpha = p.alpha[g], beta = p.beta;
+    if constexpr (EPI) {
+        if (p.bulk) {
+            wg_bulk_store<BN>(wg_shared, base, d, C, M, N, m0, n0, alpha, beta);
+            return;
+        }
+    }
     const int lane = threadIdx.x & 31, wr = m0 + 64 * wg + 16 * ((threadIdx.x >> 5) & 3) + (lane >> 2);
     const int c0 = n0 + 2 * (lane & 3);
 #pragma unroll
@@ -381,19 +430,22 @@ static qd_status launch(const gm_params *p)
  * times each): tile width, stages, wgmma groups left in flight. */
 static const struct {
     int bn, stages, inflight;
-} wg_cfgs[] = {{256, 4, 1}, {128, 4, 1}, {128, 3, 0}, {256, 3, 0}};
+    int epi; /* the bulk epilogue (wg_bulk_store) where wg_bulk_ok */
+} wg_cfgs[] = {{256, 4, 1, 0}, {128, 4, 1, 0}, {128, 3, 0, 0}, {256, 3, 0, 0}, {128, 3, 0, 1}, {256, 4, 1, 1}};
 #define WG_NCFG ((int)(sizeof wg_cfgs / sizeof wg_cfgs[0]))
 
 static size_t wg_smem(int cfg)
 {
-    return (size_t)wg_cfgs[cfg].stages * (WG_BM + wg_cfgs[cfg].bn) * WG_BK * 2 + 1024; /* + the 1,024-byte alignment */
+    size_t ring = (size_t)wg_cfgs[cfg].stages * (WG_BM + wg_cfgs[cfg].bn) * WG_BK * 2;
+    size_t tile = wg_cfgs[cfg].epi ? (size_t)WG_BM * (wg_cfgs[cfg].bn + 8) * 4 : 0; /* wg_bulk_store's rows */
+    return (ring > tile ? ring : tile) + 1024; /* + the 1,024-byte alignment */
 }
 
-template <int BN, int STAGES, int INFLIGHT, int AT, int BT>
+template <int BN, int STAGES, int INFLIGHT, int AT, int BT, int EPI>
 static qd_status wg_launch1(const gm_params *p, size_t smem)
 {
     static bool ready;
-    auto k = k_grouped_wgmma<BN, STAGES, INFLIGHT, AT, BT>;
+    auto k = k_grouped_wgmma<BN, STAGES, INFLIGHT, AT, BT, EPI>;
     if (!ready) {
         QD_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         ready = true;
@@ -403,12 +455,26 @@ static qd_status wg_launch1(const gm_params *p, size_t smem)
     return QD_OK;
 }
 
-template <int BN, int STAGES, int INFLIGHT>
+template <int BN, int STAGES, int INFLIGHT, int EPI>
 static qd_status wg_launch(const gm_params *p, int ta, int tb, size_t smem)
 {
     /* AT: A MN-major (stored (K, M)); BT: B MN-major (stored (K, N), !tb) */
-    return ta ? (tb ? wg_launch1<BN, STAGES, INFLIGHT, 1, 0>(p, smem) : wg_launch1<BN, STAGES, INFLIGHT, 1, 1>(p, smem))
-              : (tb ? wg_launch1<BN, STAGES, INFLIGHT, 0, 0>(p, smem) : wg_launch1<BN, STAGES, INFLIGHT, 0, 1>(p, smem));
+    return ta ? (tb ? wg_launch1<BN, STAGES, INFLIGHT, 1, 0, EPI>(p, smem)
+                    : wg_launch1<BN, STAGES, INFLIGHT, 1, 1, EPI>(p, smem))
+              : (tb ? wg_launch1<BN, STAGES, INFLIGHT, 0, 0, EPI>(p, smem)
+                    : wg_launch1<BN, STAGES, INFLIGHT, 0, 1, EPI>(p, smem));
+}
+
+/* Whether the bulk epilogue takes these groups: beta 0 or 1 (a copy or an
+ * add), C's rows whole 16-byte units on 16 bytes */
+static int wg_bulk_ok(const qd_grp_gemm *g, int G, float beta)
+{
+    if (!(beta == 0.0f || beta == 1.0f) || G <= 0 || g[0].N % 4)
+        return 0;
+    for (int i = 0; i < G; i++)
+        if (!qd_aligned(g[i].C, 16))
+            return 0;
+    return 1;
 }
 
 static qd_status wg_dispatch(const gm_params *p, int ta, int tb, int cfg)
@@ -416,13 +482,17 @@ static qd_status wg_dispatch(const gm_params *p, int ta, int tb, int cfg)
     size_t sm = wg_smem(cfg);
     switch (cfg) {
     case 0:
-        return wg_launch<256, 4, 1>(p, ta, tb, sm);
+        return wg_launch<256, 4, 1, 0>(p, ta, tb, sm);
     case 1:
-        return wg_launch<128, 4, 1>(p, ta, tb, sm);
+        return wg_launch<128, 4, 1, 0>(p, ta, tb, sm);
     case 2:
-        return wg_launch<128, 3, 0>(p, ta, tb, sm);
+        return wg_launch<128, 3, 0, 0>(p, ta, tb, sm);
+    case 3:
+        return wg_launch<256, 3, 0, 0>(p, ta, tb, sm);
+    case 4:
+        return wg_launch<128, 3, 0, 1>(p, ta, tb, sm);
     default:
-        return wg_launch<256, 3, 0>(p, ta, tb, sm);
+        return wg_launch<256, 4, 1, 1>(p, ta, tb, sm);
     }
 }
 
@@ -452,7 +522,7 @@ static qd_status grouped_run(const char *fn, const qd_grp_gemm *g, int G, int ta
     for (int g0 = 0; g0 < G && !st; g0 += GM_GROUPS) {
         int ng = G - g0 < GM_GROUPS ? G - g0 : GM_GROUPS;
         long long tiles = 0;
-        p->ng = ng, p->N = N, p->beta = beta;
+        p->ng = ng, p->N = N, p->beta = beta, p->bulk = wg_bulk_ok(g, G, beta);
         for (int i = 0; i < ng; i++) {
             const qd_grp_gemm *q = &g[g0 + i];
             p->A[i] = (const uint16_t *)q->A, p->B[i] = (const uint16_t *)q->B, p->C[i] = q->C;

@@ -2238,11 +2238,27 @@ extern "C" qd_status qdk_swiglu_backward(float *dg, float *du, const float *dh, 
     return QD_OK;
 }
 
-extern "C" qd_status qdk_swiglu_backward16(uint16_t *dg, uint16_t *du, const float *dh, const float *g,
-                                           const float *u, size_t n)
+/* k_swiglu_bwd's bits with dg's and du's rows ld apart (ld = cols: k_swiglu_bwd) */
+__global__ void k_swiglu_bwd16_ld(uint16_t *dg, uint16_t *du, const float *dh, const float *g, const float *u,
+                                  size_t n, int cols, int ld)
 {
-    if (n)
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    size_t o = (i / (unsigned)cols) * (size_t)ld + i % (unsigned)cols;
+    float s = qd_sigmoidf(g[i]);
+    st_out(dg + o, (dh[i] * u[i]) * (s * (1.0f + g[i] * (1.0f - s))));
+    st_out(du + o, dh[i] * qd_siluf(g[i]));
+}
+
+extern "C" qd_status qdk_swiglu_backward16(uint16_t *dg, uint16_t *du, const float *dh, const float *g,
+                                           const float *u, size_t rows, int cols, int ld)
+{
+    size_t n = rows * (size_t)cols;
+    if (n && ld == cols)
         QD_LAUNCH_N(k_swiglu_bwd<uint16_t>, (n), dg, du, dh, g, u, n);
+    else if (n)
+        QD_LAUNCH_N(k_swiglu_bwd16_ld, (n), dg, du, dh, g, u, n, cols, ld);
     return QD_OK;
 }
 

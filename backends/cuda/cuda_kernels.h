@@ -141,7 +141,7 @@ qd_status qdk_bf16_float(float *out, const uint16_t *x, size_t n);
 qd_status qdk_swiglu_backward(float *dg, float *du, const float *dh, const float *g, const float *u, size_t n);
 /* the same, dg and du as BF16 bits (qdk_bf16_bits's of the float values) */
 qd_status qdk_swiglu_backward16(uint16_t *dg, uint16_t *du, const float *dh, const float *g, const float *u,
-                                size_t n);
+                                 size_t rows, int cols, int ld);
 /* out (N, C) = per token, sum over its rows tok_rows (N, K) of y * row_w (mlp_forward). */
 qd_status qdk_combine(float *out, const float *y, const float *row_w, const int32_t *tok_rows, int N, int K,
                       int C);

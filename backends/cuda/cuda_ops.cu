@@ -901,10 +901,10 @@ static qd_status cuda_moe_dy16(void *dev, uint16_t *dy, float *dwt, const float 
 }
 
 static qd_status cuda_swiglu_backward16(void *dev, uint16_t *dg, uint16_t *du, const float *dh, const float *g,
-                                        const float *u, size_t n)
+                                        const float *u, size_t rows, int cols, int ld)
 {
     (void)dev;
-    return qdk_swiglu_backward16(dg, du, dh, g, u, n);
+    return qdk_swiglu_backward16(dg, du, dh, g, u, rows, cols, ld);
 }
 
 static qd_status cuda_matmul_grouped_backward16b(void *dev, float *dinp, float *const *dw, const uint16_t *dout,
@@ -1448,6 +1448,27 @@ static qd_status cuda_adamw_round(void *dev, float *p, const float *g, float *m,
     return qdk_adamw_round(p, g, m, v, wk, bits, n, o->lr, o->beta1, o->beta2, o->eps, wd, gscale, bc1, bc2);
 }
 
+/* fast16: cuda_matmul's and backward16's BF16 GEMMs take x's bits (bits16), as
+ * cuda_matmul_w16's does above its small-row bound; the exact kernels read floats */
+static int cuda_rounds_bf16_input(void *dev, int N, int IC, int OC)
+{
+    cuda_dev *d = D(dev);
+    return d->fast16 && IC % 8 == 0 && OC % 8 == 0 && N > (d->small_exact ? 8 : 0);
+}
+
+/* adamw_bits: fast16 only (every BF16 product reads wk16; QUADS_FAST_BF16=0's
+ * float32 backward would read the floats), wk inside the working copy */
+static qd_status cuda_adamw_bits(void *dev, float *p, const float *g, float *m, float *v, const float *wk, size_t n,
+                                 const qd_adamw *o, float wd, float gscale, float bc1, float bc2)
+{
+    cuda_dev *d = D(dev);
+    if (!(d->fast16 && d->wk16 && wk >= d->wk && wk + n <= d->wk + d->nwk))
+        return QD_ERR_UNSUPPORTED;
+    d->fresh16 += n;
+    return qdk_adamw_round(p, g, m, v, NULL, d->wk16 + (wk - d->wk), n, o->lr, o->beta1, o->beta2, o->eps, wd,
+                           gscale, bc1, bc2);
+}
+
 static const qd_ops cuda_ops = {
     .name = "cuda",
     .alloc = cuda_alloc,
@@ -1527,6 +1548,8 @@ static const qd_ops cuda_ops = {
     .sumsq_chunks = cuda_sumsq_chunks,
     .adamw = cuda_adamw,
     .adamw_round = cuda_adamw_round,
+    .adamw_bits = cuda_adamw_bits,
+    .rounds_bf16_input = cuda_rounds_bf16_input,
 };
 
 /* ------------------------------------------------------------------------ */
