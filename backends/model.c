@@ -417,17 +417,22 @@ static qd_status effective_input(model *c, const float **xe, const float *inp, c
 }
 
 /* effective_input of a linear's matmul, matmul_w16 or matmul_backward (the
- * ops rounds_bf16_input speaks for): with QUADS_ROUND_INPUT=0 (until run on the
- * H200), a BF16 linear's input as it is where those round it themselves */
-static qd_status linear_input(model *c, const float **xe, const float *inp, const linear *L, int N)
+ * ops rounds_bf16_input speaks for): a BF16 linear's input as it is where
+ * those round it themselves (QUADS_ROUND_INPUT=1: rounded here all the same) */
+static int input_unrounded(const model *c, const linear *L, int N)
 {
     static int env = -1;
     if (env < 0) {
         const char *e = getenv("QUADS_ROUND_INPUT");
-        env = !(e && !strcmp(e, "0"));
+        env = e && !strcmp(e, "1");
     }
-    if (L->mode == QD_LINEAR_BF16 && !env && c->ops->rounds_bf16_input &&
-        c->ops->rounds_bf16_input(c->dev, N, L->in, L->out)) {
+    return L->mode == QD_LINEAR_BF16 && !env && c->ops->rounds_bf16_input &&
+           c->ops->rounds_bf16_input(c->dev, N, L->in, L->out);
+}
+
+static qd_status linear_input(model *c, const float **xe, const float *inp, const linear *L, int N)
+{
+    if (input_unrounded(c, L, N)) {
         *xe = inp;
         return QD_OK;
     }
@@ -1600,17 +1605,17 @@ static qd_status experts_backward(model *c, float *dinp, const float *dout, cons
 /* Whether mlp_backward's experts_bwd16 runs gate's and up's backward as one
  * product of twice the rows (EXPERTS_GATE_UP): dx = [dg | du] . [Wg ; Wu] and
  * [dWg ; dWu] += [dg | du]^T . x, the same products (dx's sums over both in
- * one, in the tensor cores' order: fast mode's bound), one cuBLASLt call an
- * expert and a direction instead of two. Where every expert's up weight,
+ * one, in the tensor cores' order: fast mode's bound), one product a
+ * direction instead of two. Where every expert's up weight,
  * working copy and gradient follow its gate's (the layout's order) and both
- * are plain BF16 linears (no fake-quant scale to tell them apart).
- * QUADS_GATE_UP=1 only, until run on the H200. */
+ * are plain BF16 linears (no fake-quant scale to tell them apart);
+ * QUADS_GATE_UP=0: never (for the side-by-side). */
 static int gate_up_fused(const model *c, const layer *ly)
 {
     static int env = -1;
     if (env < 0) {
         const char *e = getenv("QUADS_GATE_UP");
-        env = e && !strcmp(e, "1");
+        env = !(e && !strcmp(e, "0"));
     }
     if (!env || !ly->moe)
         return 0;
@@ -2348,13 +2353,13 @@ static qd_status grad_norm(model *c, double *norm)
 /* fq (fake_quant_tensors) += 2 for the weights of the experts' plain BF16
  * linears, whose working floats no product reads where the ops keep their
  * BF16 bits (adamw_bits); not with diagnostics, which compare those floats
- * with the master. QUADS_ADAMW_BITS=1 only, until run on the H200. */
+ * with the master (QUADS_ADAMW_BITS=0: never, for the side-by-side). */
 static void mark_bits_only(model *c, unsigned char *fq)
 {
     static int env = -1;
     if (env < 0) {
         const char *e = getenv("QUADS_ADAMW_BITS");
-        env = e && !strcmp(e, "1");
+        env = !(e && !strcmp(e, "0"));
     }
     if (!env || !c->ops->adamw_bits || c->opt.diagnostics)
         return;
@@ -2623,11 +2628,12 @@ static int64_t planned_nrac(const model *c, const linear *L)
 }
 
 /* Scratch of one linear over rows of input, forward or backward
- * (linear_forward, experts_forward_set, effective_input). */
-static void plan_linear(const model *c, const linear *L, int rows, size_t *s)
+ * (linear_forward, experts_forward_set, effective_input; plain: a linear of
+ * its own, whose input linear_input may leave unrounded). */
+static void plan_linear(const model *c, const linear *L, int rows, int plain, size_t *s)
 {
     size_t r = (size_t)rows;
-    if (rows == 0)
+    if (rows == 0 || (plain && input_unrounded(c, L, rows)))
         return;
     if (measured(c, L)) {
         need(&s[S_XH], sizeof(float) * r * L->in);
@@ -2661,11 +2667,11 @@ static void plan_pass(model *c, int N, int B, int Tm, int pass, size_t *acts, si
         const int attn[4] = {ly->q, ly->k, ly->v, ly->o};
         int R = N * (ly->moe ? g->num_experts_per_tok : 1);
         for (int i = 0; i < 4; i++)
-            plan_linear(c, &c->lin[attn[i]], N, s);
+            plan_linear(c, &c->lin[attn[i]], N, 1, s);
         if (ly->moe)
-            plan_linear(c, &c->lin[ly->router], N, s);
+            plan_linear(c, &c->lin[ly->router], N, 1, s);
         for (int w = 0; w < 3; w++)
-            plan_linear(c, expert_lin(c, ly, 0, w), R, s);
+            plan_linear(c, expert_lin(c, ly, 0, w), R, 0, s);
         /* rac_multi's activations of q, k, v and of gate, up side by side */
         const linear *qkv[3] = {&c->lin[ly->q], &c->lin[ly->k], &c->lin[ly->v]};
         const linear *gu[2] = {expert_lin(c, ly, 0, 0), expert_lin(c, ly, 0, 1)};
@@ -2681,7 +2687,7 @@ static void plan_pass(model *c, int N, int B, int Tm, int pass, size_t *acts, si
         if (pass == PASS_DECODE && moe_dev_decode(c, ly, N)) /* route's d_off */
             need(&s[S_MOEOFF], sizeof(int32_t) * ((size_t)ly->nexp + 1));
     }
-    plan_linear(c, &c->lin[c->lm_head], pass == PASS_PREFILL ? B : N, s);
+    plan_linear(c, &c->lin[c->lm_head], pass == PASS_PREFILL ? B : N, 1, s);
     if (pass == PASS_PREFILL)
         need(&s[S_ROWS], up256(sizeof(float) * (size_t)B * g->hidden_size) + sizeof(int32_t) * (size_t)B);
     if (pass == PASS_FORWARD)

@@ -9,20 +9,22 @@
 #   default: the kernels the defaults choose;
 #   QUADS_EXPERT_GEMM=lt: every one of the experts' BF16 products on cuBLASLt;
 #   QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=0, 2, 4, 5: every one on cuda_grouped.cu's
-#     wgmma kernel in that configuration (by default only the forward's; 4 and 5
-#     store C through the bulk copy engine);
+#     wgmma kernel in that configuration (by default only the forward's, in 0 or
+#     2; 4 and 5 store or add C through the bulk copy engine);
 #   QUADS_FLASH_WG=0: the fused attention's mma.sync kernels;
 #   QUADS_LOGPROB_FAST=0: the log-probs' two passes (the exact kernel) instead of one;
 #   QUADS_EXPERTS_BWD16=0: the experts' backward with float32 dy, dg, du and zero fills;
 #   QUADS_DY16_BYTES=2 GiB: the lm_head's backward in 3 blocks of columns, not 10;
 #   --recompute: the trainer recomputes each layer's activations in the backward
 #     (a word starting with -- is an argument of bench_backend, not a setting);
-#   QUADS_ADAMW_BITS=1: AdamW writes only the BF16 bits of the experts' working
-#     copy (the only copy fast mode's products read), not its floats;
-#   QUADS_GATE_UP=1: gate's and up's backward as one product (two by default);
-#   QUADS_ROUND_INPUT=0: a BF16 linear's input left to the products' conversion
-#     to BF16 bits (by default rounded by the driver first);
-#   the three together;
+#   QUADS_ADAMW_BITS=0: AdamW writes the experts' float32 working copy too (by
+#     default only its BF16 bits, the only copy fast mode's products read);
+#   QUADS_GATE_UP=0: gate's and up's backward as two products (by default one);
+#   QUADS_ROUND_INPUT=1: a BF16 linear's input rounded by the driver first (by
+#     default left to the products' conversion to BF16 bits);
+#   QUADS_WGMMA_BWD=1: the experts' backward products on the wgmma kernel
+#     (configuration 4, the bulk-copy epilogue);
+#   the first three together (the defaults of the morning of 2026-12-05);
 # ROUNDS [1] rounds (2 or more to confirm a difference), the variants
 # alternating within each (one process a variant a round: ITERS [2] steps
 # after WARMUP [1]; the H200's clocks and the host vary between processes, so
@@ -45,8 +47,9 @@ default_variants="default;QUADS_EXPERT_GEMM=lt;QUADS_EXPERT_GEMM=wgmma QUADS_WGM
 default_variants="$default_variants;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=2"
 default_variants="$default_variants;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=4;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=5"
 default_variants="$default_variants;QUADS_FLASH_WG=0;QUADS_LOGPROB_FAST=0;QUADS_EXPERTS_BWD16=0"
-default_variants="$default_variants;QUADS_DY16_BYTES=2147483648;--recompute;QUADS_ADAMW_BITS=1;QUADS_GATE_UP=1"
-default_variants="$default_variants;QUADS_ROUND_INPUT=0;QUADS_ADAMW_BITS=1 QUADS_GATE_UP=1 QUADS_ROUND_INPUT=0"
+default_variants="$default_variants;QUADS_DY16_BYTES=2147483648;--recompute;QUADS_ADAMW_BITS=0;QUADS_GATE_UP=0"
+default_variants="$default_variants;QUADS_ROUND_INPUT=1;QUADS_WGMMA_BWD=1"
+default_variants="$default_variants;QUADS_ADAMW_BITS=0 QUADS_GATE_UP=0 QUADS_ROUND_INPUT=1"
 IFS=';' read -r -a variants <<<"${VARIANTS:-$default_variants}"
 run=(bench/bench_backend --backend "${BACKEND:-cuda}" --mode "${MODE:-fast}" --recipe "${RECIPE:-bf16}" --model a3b
      --layers "${LAYERS:-4}" --batch "${B:-16}" --seq "${T:-1024}" --ops "train step")

@@ -1223,8 +1223,9 @@ static void c_moe_rows_wide(oc *c) { c_moe_rows_shape(c, 37, 8, 3, 300); }
  * 128 columns crossed), the down product's shapes (rows x 304 into 48).
  * Then gate's and up's backward as one product (the driver's gate_up_fused):
  * swiglu_backward16 writing [dg | du] rows (ld 2 x 304), and the grouped
- * product of 608 rows (gate's weights then up's) over them, against the two
- * products of 304 added (the CPU). */
+ * product of 608 rows (gate's weights then up's) over them, against the CPU's
+ * matmul_grouped_backward over the same [dg | du] values (one sum over all
+ * 608: the bits of exact mode, whose order is oc ascending). */
 static void c_moe16_backward(oc *c)
 {
     enum { N = 37, E = 8, K = 3, C = 304, IC = 48, R = N * K };
@@ -1281,15 +1282,13 @@ static void c_moe16_backward(oc *c)
             RUN(c, c->ops->to_bf16(c->dev, dgu + (size_t)r * 2 * C, dgf + (size_t)r * C, C));
             RUN(c, c->ops->to_bf16(c->dev, dgu + (size_t)r * 2 * C + C, duf + (size_t)r * C, C));
         }
-        RUN(c, c->ops->round_bf16(c->dev, dgf, dgf, (size_t)R * C));
-        RUN(c, c->ops->round_bf16(c->dev, duf, duf, (size_t)R * C));
-        const float *wu[E];
-        float *dwu[E];
-        for (int e = 0; e < E; e++)
-            wu[e] = wgu[e] + (size_t)C * IC, dwu[e] = dwgu[e] + (size_t)C * IC;
+        float *dguf = Z(c, sizeof(float) * R * 2 * C); /* the [dg | du] rows' values */
+        for (int r = 0; r < R; r++) {
+            RUN(c, c->ops->round_bf16(c->dev, dguf + (size_t)r * 2 * C, dgf + (size_t)r * C, C));
+            RUN(c, c->ops->round_bf16(c->dev, dguf + (size_t)r * 2 * C + C, duf + (size_t)r * C, C));
+        }
         RUN(c, c->ops->zero(c->dev, dxgu, sizeof(float) * R * IC));
-        RUN(c, c->ops->matmul_grouped_backward(c->dev, dxgu, dwgu, dgf, x, wgu, exp_off, E, IC, C));
-        RUN(c, c->ops->matmul_grouped_backward(c->dev, dxgu, dwu, duf, x, wu, exp_off, E, IC, C));
+        RUN(c, c->ops->matmul_grouped_backward(c->dev, dxgu, dwgu, dguf, x, wgu, exp_off, E, IC, 2 * C));
     }
     OUT(c, "dy bits", 'b', dy, sizeof(uint16_t) * R * C);
     OUT(c, "dwt", 'f', dwt, sizeof(float) * N * K);

@@ -862,15 +862,18 @@ typedef qd_grp_gemm grp_gemm; /* C = alpha op(A) op(B) + beta C */
  * MMA (qd_cuda_grouped_wgmma_bf16; compute capability 9.0, else lt), "lt" one cublasLtMatmul each with one
  * algorithm for the shape family (lt_products; BF16 inputs only), "grouped" one
  * cublasGemmGroupedBatchedEx, "loop" one cublasGemmEx each. Default: for
- * BF16 inputs the forward products (x.W^T) on wgmma where the device has it
- * (configuration 0 where K >= N, else 2: a short K loop leaves a CTA's prologue
- * and epilogue exposed unless two share an SM; QUADS_WGMMA_CFG overrides) and
- * the backward's on lt; loop for float32; a problem mma or lt does not take
- * goes to the loop. On the H200 (bench_quant --experts, a3b, 2026-12-05) the
- * forward's gate|up / down took 0.83 / 0.97 ms on wgmma against cuBLASLt's 1.37 /
- * 1.29 ms, while wgmma's backward products were slower than cuBLASLt's (dx of
- * gate|up 1.71 vs 1.22 ms at best) and a whole train step with every product
- * on wgmma 205.4 against 203.9 ms. On the H200 (fast train step, B 16 x 1024, 2026-12-03) mma against lt:
+ * BF16 inputs the forward's products (x.W^T) on wgmma where the device has it,
+ * in configuration 0 where K >= N, else 2 (a short K loop leaves a CTA's
+ * prologue and epilogue exposed unless two share an SM), the backward's on lt,
+ * or with QUADS_WGMMA_BWD=1 on wgmma in configuration 4 (C added or stored by
+ * the bulk copy engine: their C is read and written, the register epilogue's
+ * loads left the tensor cores idle); QUADS_WGMMA_CFG overrides; elsewhere lt; loop
+ * for float32; a problem mma or lt does not take goes to the loop. On the H200
+ * (bench_quant --experts, a3b, 2026-12-05) the forward's gate|up / down took
+ * 0.83 / 0.97 ms on wgmma against cuBLASLt's 1.37 / 1.29 ms; the backward's
+ * with the register epilogue were slower than cuBLASLt's (dx of gate|up 1.71 vs
+ * 1.22 ms at best), with the bulk epilogue (configuration 4) faster: dx gate|up /
+ * down 1.05 / 0.88 ms vs 1.07 / 1.19, dW 0.98 / 0.98 vs 1.06 / 1.04. On the H200 (fast train step, B 16 x 1024, 2026-12-03) mma against lt:
  * a3b at 4 layers 300 vs 292 ms (its forward experts 32.0 vs 36.7 ms, its
  * backward slower), moe8 124.6 vs 134.2 ms.
  * On the H200 (a3b at 4 layers, B 16 x 1024, fast train step) the grouped call
@@ -1101,9 +1104,15 @@ static qd_status run_products(cublasHandle_t h, cudaDataType_t in, cublasCompute
 {
     int path = expert_path(in);
     qd_status st = QD_ERR_UNSUPPORTED;
-    if (path == EX_DEFAULT && ct == CUBLAS_COMPUTE_32F && !ta && tb && G > 0) {
+    static int bwd = -2;
+    if (bwd == -2) { /* QUADS_WGMMA_BWD=1 until run on the H200 beside the one gate|up product */
+        const char *e = getenv("QUADS_WGMMA_BWD");
+        bwd = e && !strcmp(e, "1");
+    }
+    if (path == EX_DEFAULT && ct == CUBLAS_COMPUTE_32F && G > 0 && ((!ta && tb) || bwd)) {
         const char *e = getenv("QUADS_WGMMA_CFG");
-        st = qd_cuda_grouped_wgmma_bf16(g, G, ta, tb, beta, e && *e ? -1 : g[0].K >= g[0].N ? 0 : 2);
+        int cfg = e && *e ? -1 : !ta && tb ? (g[0].K >= g[0].N ? 0 : 2) : 4;
+        st = qd_cuda_grouped_wgmma_bf16(g, G, ta, tb, beta, cfg);
     }
     if (st != QD_ERR_UNSUPPORTED)
         return st;

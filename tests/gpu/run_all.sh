@@ -13,8 +13,8 @@
 #      the wgmma kernel (QUADS_EXPERT_GEMM=wgmma; by default only the forward's),
 #      and with every one on cuBLASLt (QUADS_EXPERT_GEMM=lt), and with the fused
 #      attention on its mma.sync kernels (QUADS_FLASH_WG=0; wgmma on Hopper by default);
-#   1. tests/gpu/check_backend (then again with QUADS_AQAT16=0, and with the
-#      opt-in QUADS_GATE_UP=1 QUADS_ADAMW_BITS=1 QUADS_ROUND_INPUT=0): whole models, every recipe and role, CUDA vs
+#   1. tests/gpu/check_backend (then again with QUADS_AQAT16=0, and with
+#      QUADS_GATE_UP=0 QUADS_ADAMW_BITS=0 QUADS_ROUND_INPUT=1 QUADS_WGMMA_BWD=1): whole models, every recipe and role, CUDA vs
 #      CPU: exact mode bit for bit, fast mode within stated relative errors;
 #   2. tests/gpu/check_blas: the fast-mode GEMMs and the W4A4 path choice;
 #   3. `quads rl` (the default config) on the CPU and on the CUDA backend in
@@ -75,10 +75,10 @@ echo "== check_backend, QUADS_AQAT16=0 (fast mode's AQAT forward in float32 inst
 QUADS_AQAT16=0 timeout 400 tests/gpu/check_backend >"$out/check_backend_aqat32.log" 2>"$out/check_backend_aqat32.err" || rc=1
 grep -v " yes$" "$out/check_backend_aqat32.log" | grep -v " within " | head -10
 tail -1 "$out/check_backend_aqat32.log"
-echo "== check_backend, QUADS_GATE_UP=1 QUADS_ADAMW_BITS=1 QUADS_ROUND_INPUT=0 (opt-in: gate|up's backward as one product, AdamW writing the experts' BF16 bits only, BF16 linears' inputs rounded by the products' conversion)"
-QUADS_GATE_UP=1 QUADS_ADAMW_BITS=1 QUADS_ROUND_INPUT=0 timeout 400 tests/gpu/check_backend >"$out/check_backend_optin.log" 2>"$out/check_backend_optin.err" || rc=1
-grep -v " yes$" "$out/check_backend_optin.log" | grep -v " within " | head -10
-tail -1 "$out/check_backend_optin.log"
+echo "== check_backend, QUADS_GATE_UP=0 QUADS_ADAMW_BITS=0 QUADS_ROUND_INPUT=1 QUADS_WGMMA_BWD=1 (gate|up's backward as two products, AdamW writing the experts' floats too, BF16 linears' inputs rounded first; the experts' backward on the wgmma kernel)"
+QUADS_GATE_UP=0 QUADS_ADAMW_BITS=0 QUADS_ROUND_INPUT=1 QUADS_WGMMA_BWD=1 timeout 400 tests/gpu/check_backend >"$out/check_backend_old.log" 2>"$out/check_backend_old.err" || rc=1
+grep -v " yes$" "$out/check_backend_old.log" | grep -v " within " | head -10
+tail -1 "$out/check_backend_old.log"
 echo "== check_blas"
 timeout 120 tests/gpu/check_blas >"$out/check_blas.log" 2>&1 || rc=1
 tail -30 "$out/check_blas.log"
