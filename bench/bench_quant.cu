@@ -700,12 +700,17 @@ static void bench_attention(void)
 /* ---- (e) --experts: the MoE experts' BF16 products at a3b's training shape
  * (128 experts, 16 x 1,024 tokens x top-8 = 131,072 rows, uneven: 768 to 1,280
  * an expert; hidden 2,048, expert width 768; gate and up are two products of
- * the gate|up shape each), forward, dx and dW as the fast trainer runs them: cuBLASLt (one
- * matmul an expert over 4 streams, the default), our mma.sync kernel
+ * the gate|up shape each; the fast trainer runs gate's and up's backward as one
+ * product of twice the rows, QUADS_GATE_UP), forward, dx and dW: cuBLASLt (one
+ * matmul an expert over 4 streams, the backward's default), our mma.sync kernel
  * (QUADS_EXPERT_GEMM=mma) and each wgmma configuration (QUADS_EXPERT_GEMM=wgmma,
- * QUADS_WGMMA_CFG); each output compared with cuBLASLt's (max |diff| / max |lt|). */
+ * QUADS_WGMMA_CFG; the forward's default on Hopper: 0 where K >= N, else 2);
+ * each output compared with cuBLASLt's (max |diff| / max |lt|). */
 static void bench_experts(void)
 {
+    /* the lt column is cuBLASLt's: the default path would take the wgmma kernel
+     * for the forward (cuda_blas.cu's expert_path reads this at its first call) */
+    setenv("QUADS_EXPERT_GEMM", "lt", 1);
     const int E = 128;
     std::vector<int32_t> off(E + 1, 0);
     int64_t R = 16 * 1024 * 8;
@@ -743,7 +748,7 @@ static void bench_experts(void)
                {"gate|up dW+=dy^T.x", 2, 768, 2048}, {"down dW+=dy^T.x", 2, 2048, 768}};
     int ncfg = qd_cuda_grouped_wgmma_configs();
     printf("\nMoE experts' BF16 products, a3b training shape: %d experts, %lld rows (768..1,280 an expert); TFLOP/s\n"
-           "of 2 rows N K; lt = cuBLASLt an expert over 4 streams (default), mma = cuda_grouped.cu's mma.sync kernel,\n"
+           "of 2 rows N K; lt = cuBLASLt an expert over 4 streams (the backward's default), mma = our mma.sync kernel,\n"
            "wgN = its wgmma kernel in configuration N (QUADS_WGMMA_CFG); diff = max|out - lt| / max|lt|\n\n",
            E, (long long)R);
     printf("| op | N x K | lt ms | lt TFLOP/s | mma ms | mma TFLOP/s |");
