@@ -231,6 +231,17 @@ static size_t wk_off(const model *c, size_t off)
 #define LW(c, L) ((L)->wk == NOT_HELD ? NULL : (c)->wk + (L)->wk)
 #define OP(c, name, ...) ((c)->ops->name((c)->dev, __VA_ARGS__))
 
+/* A switch read once from the environment into *cache (-1: not read yet): 0
+ * where the variable is "0", 1 where it is "1", else dflt; returns it. */
+static int env_switch(int *cache, const char *name, int dflt)
+{
+    if (*cache < 0) {
+        const char *e = getenv(name);
+        *cache = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "1") ? 1 : dflt;
+    }
+    return *cache;
+}
+
 static model *ctx_of(qd_backend *b) { return (model *)b->context; }
 
 static void mark(model *c, qd_phase ph)
@@ -422,10 +433,7 @@ static qd_status effective_input(model *c, const float **xe, const float *inp, c
 static int input_unrounded(const model *c, const linear *L, int N)
 {
     static int env = -1;
-    if (env < 0) {
-        const char *e = getenv("QUADS_ROUND_INPUT");
-        env = e && !strcmp(e, "1");
-    }
+    env_switch(&env, "QUADS_ROUND_INPUT", 0);
     return L->mode == QD_LINEAR_BF16 && !env && c->ops->rounds_bf16_input &&
            c->ops->rounds_bf16_input(c->dev, N, L->in, L->out);
 }
@@ -1613,10 +1621,7 @@ static qd_status experts_backward(model *c, float *dinp, const float *dout, cons
 static int gate_up_fused(const model *c, const layer *ly)
 {
     static int env = -1;
-    if (env < 0) {
-        const char *e = getenv("QUADS_GATE_UP");
-        env = !(e && !strcmp(e, "0"));
-    }
+    env_switch(&env, "QUADS_GATE_UP", 1);
     if (!env || !ly->moe)
         return 0;
     size_t n = (size_t)ly->ffn * c->cfg.hidden_size;
@@ -1637,10 +1642,7 @@ static int gate_up_fused(const model *c, const layer *ly)
 static int experts_bwd16(const model *c, const layer_acts *s)
 {
     static int env = -1;
-    if (env < 0) {
-        const char *e = getenv("QUADS_EXPERTS_BWD16");
-        env = !(e && !strcmp(e, "0"));
-    }
+    env_switch(&env, "QUADS_EXPERTS_BWD16", 1);
     const qd_ops *o = c->ops;
     return env && s->xeb && s->hb && o->moe_dy16 && o->swiglu_backward16 && o->matmul_grouped_backward16b;
 }
@@ -1679,10 +1681,7 @@ int qd_model_moe_dev_off = 1;
 static int moe_dev_decode(model *c, const layer *ly, int N)
 {
     static int env = -1;
-    if (env < 0) {
-        const char *e = getenv("QUADS_MOE_DEV_OFF");
-        env = !(e && !strcmp(e, "0"));
-    }
+    env_switch(&env, "QUADS_MOE_DEV_OFF", 1);
     const qd_ops *o = c->ops;
     if (!env || !qd_model_moe_dev_off || !ly->moe || N > QD_DEV_OFF_ROWS || c->opt.diagnostics ||
         !o->moe_group_dev || !o->w4a4_gemm_grouped_dev || !o->rac_multi_dev || !experts_grouped(c, ly))
@@ -2142,10 +2141,7 @@ static uint64_t prompt_hash(const int32_t *t, int n)
 static int share_prefill_on(const model *c)
 {
     static int env = -1;
-    if (env < 0) {
-        const char *e = getenv("QUADS_SHARE_PREFILL");
-        env = !(e && !strcmp(e, "0"));
-    }
+    env_switch(&env, "QUADS_SHARE_PREFILL", 1);
     return env && qd_model_share_prefill && !c->opt.diagnostics && !(c->rac_stats && c->nrac_in > 0);
 }
 
@@ -2357,10 +2353,7 @@ static qd_status grad_norm(model *c, double *norm)
 static void mark_bits_only(model *c, unsigned char *fq)
 {
     static int env = -1;
-    if (env < 0) {
-        const char *e = getenv("QUADS_ADAMW_BITS");
-        env = !(e && !strcmp(e, "0"));
-    }
+    env_switch(&env, "QUADS_ADAMW_BITS", 1);
     if (!env || !c->ops->adamw_bits || c->opt.diagnostics)
         return;
     for (int l = 0; l < c->cfg.num_hidden_layers; l++) {

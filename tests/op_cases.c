@@ -1278,12 +1278,10 @@ static void c_moe16_backward(oc *c)
         RUN(c, c->ops->matmul_grouped_backward(c->dev, dx, dw, dyf, x, w, exp_off, E, IC, C));
         RUN(c, c->ops->zero(c->dev, dx0, sizeof(float) * R * IC));
         RUN(c, c->ops->matmul_grouped_backward(c->dev, dx0, dw, dyf, x, w, exp_off, E, IC, C));
-        for (int r = 0; r < R; r++) { /* [dg | du] rows */
+        float *dguf = Z(c, sizeof(float) * R * 2 * C); /* the [dg | du] rows' values */
+        for (int r = 0; r < R; r++) { /* [dg | du] rows: bits and values */
             RUN(c, c->ops->to_bf16(c->dev, dgu + (size_t)r * 2 * C, dgf + (size_t)r * C, C));
             RUN(c, c->ops->to_bf16(c->dev, dgu + (size_t)r * 2 * C + C, duf + (size_t)r * C, C));
-        }
-        float *dguf = Z(c, sizeof(float) * R * 2 * C); /* the [dg | du] rows' values */
-        for (int r = 0; r < R; r++) {
             RUN(c, c->ops->round_bf16(c->dev, dguf + (size_t)r * 2 * C, dgf + (size_t)r * C, C));
             RUN(c, c->ops->round_bf16(c->dev, dguf + (size_t)r * 2 * C + C, duf + (size_t)r * C, C));
         }

@@ -1104,14 +1104,14 @@ static qd_status run_products(cublasHandle_t h, cudaDataType_t in, cublasCompute
 {
     int path = expert_path(in);
     qd_status st = QD_ERR_UNSUPPORTED;
-    static int bwd = -2;
+    static int bwd = -2, cfg_set;
     if (bwd == -2) { /* QUADS_WGMMA_BWD=1 until run on the H200 beside the one gate|up product */
-        const char *e = getenv("QUADS_WGMMA_BWD");
+        const char *e = getenv("QUADS_WGMMA_BWD"), *c = getenv("QUADS_WGMMA_CFG");
         bwd = e && !strcmp(e, "1");
+        cfg_set = c && *c; /* then -1: qd_cuda_grouped_wgmma_bf16 takes it */
     }
     if (path == EX_DEFAULT && ct == CUBLAS_COMPUTE_32F && G > 0 && ((!ta && tb) || bwd)) {
-        const char *e = getenv("QUADS_WGMMA_CFG");
-        int cfg = e && *e ? -1 : !ta && tb ? (g[0].K >= g[0].N ? 0 : 2) : 4;
+        int cfg = cfg_set ? -1 : !ta && tb ? (g[0].K >= g[0].N ? 0 : 2) : 4;
         st = qd_cuda_grouped_wgmma_bf16(g, G, ta, tb, beta, cfg);
     }
     if (st != QD_ERR_UNSUPPORTED)

@@ -519,10 +519,11 @@ static qd_status grouped_run(const char *fn, const qd_grp_gemm *g, int G, int ta
         return qd_error(QD_ERR_NOMEM, "%s: %d groups", fn, G);
     qd_status st = QD_OK;
     int tiles_n = (N + bn - 1) / bn;
+    p->N = N, p->beta = beta, p->bulk = wg_bulk_ok(g, G, beta);
     for (int g0 = 0; g0 < G && !st; g0 += GM_GROUPS) {
         int ng = G - g0 < GM_GROUPS ? G - g0 : GM_GROUPS;
         long long tiles = 0;
-        p->ng = ng, p->N = N, p->beta = beta, p->bulk = wg_bulk_ok(g, G, beta);
+        p->ng = ng;
         for (int i = 0; i < ng; i++) {
             const qd_grp_gemm *q = &g[g0 + i];
             p->A[i] = (const uint16_t *)q->A, p->B[i] = (const uint16_t *)q->B, p->C[i] = q->C;

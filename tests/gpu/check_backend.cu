@@ -506,36 +506,31 @@ static double rel_l2(const float *a, const float *b, size_t n)
 }
 
 /* Where a gradient row exceeds its bound: the 4 tensors of the largest L2
- * relative error (a against b) and each one's share of the difference. */
+ * relative error (a against b, rel_l2's) and each one's share of the difference. */
 static void worst_tensors(const float *a, const float *b, const qd_param_info *pi, int np)
 {
     int top[4] = {-1, -1, -1, -1};
-    double rel[4] = {0, 0, 0, 0}, total = 0;
+    double rel[4] = {0, 0, 0, 0}, sq[4] = {0, 0, 0, 0}, total = 0;
     for (int t = 0; t < np; t++) {
-        size_t n = (size_t)(pi[t].rows * pi[t].cols);
-        double r = rel_l2(a + pi[t].offset, b + pi[t].offset, n);
-        for (size_t i = 0; i < n; i++) {
-            double d = (double)a[pi[t].offset + i] - b[pi[t].offset + i];
-            total += d * d;
+        const float *x = a + pi[t].offset, *y = b + pi[t].offset;
+        double d = 0, m = 0;
+        for (size_t i = 0; i < (size_t)(pi[t].rows * pi[t].cols); i++) {
+            d += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
+            m += (double)x[i] * x[i];
         }
+        double r = m > 0 ? sqrt(d / m) : sqrt(d);
+        total += d;
         for (int k = 0; k < 4; k++)
             if (top[k] < 0 || r > rel[k]) {
                 for (int j = 3; j > k; j--)
-                    top[j] = top[j - 1], rel[j] = rel[j - 1];
-                top[k] = t, rel[k] = r;
+                    top[j] = top[j - 1], rel[j] = rel[j - 1], sq[j] = sq[j - 1];
+                top[k] = t, rel[k] = r, sq[k] = d;
                 break;
             }
     }
-    for (int k = 0; k < 4 && top[k] >= 0; k++) {
-        const qd_param_info *q = &pi[top[k]];
-        double d = 0;
-        for (size_t i = 0; i < (size_t)(q->rows * q->cols); i++) {
-            double e = (double)a[q->offset + i] - b[q->offset + i];
-            d += e * e;
-        }
-        printf("    %-40s L2 rel %.3g, %.1f%% of the squared difference\n", q->name, rel[k],
-               total > 0 ? 100.0 * d / total : 0.0);
-    }
+    for (int k = 0; k < 4 && top[k] >= 0; k++)
+        printf("    %-40s L2 rel %.3g, %.1f%% of the squared difference\n", pi[top[k]].name, rel[k],
+               total > 0 ? 100.0 * sq[k] / total : 0.0);
 }
 
 static qd_status fast_forward(pair *p)
