@@ -12,6 +12,12 @@
 #     wgmma kernel in that configuration (by default only the forward's, in 0 or
 #     2; 4 and 5 store or add C through the bulk copy engine);
 #   QUADS_FLASH_WG=0: the fused attention's mma.sync kernels;
+#   QUADS_DLOGIT_FAST=0: the lm_head backward's dy bits by the exact expression
+#     (a division and qd_expf a value) instead of the hardware's exp;
+#   QUADS_RMSNORM_ROWS=0: q_norm and k_norm one block a row (not 32 rows a block);
+#   QUADS_EMBED_SORT=0: the embedding's backward one thread a column over all tokens
+#     (not the tokens sorted first);
+#   QUADS_ADAMW_U2=1: AdamW's kernel with two float4 of each array in flight a thread;
 #   QUADS_LOGPROB_FAST=0: the log-probs' two passes (the exact kernel) instead of one;
 #   QUADS_EXPERTS_BWD16=0: the experts' backward with float32 dy, dg, du and zero fills;
 #   QUADS_DY16_BYTES=2 GiB: the lm_head's backward in 3 blocks of columns, not 10;
@@ -47,6 +53,7 @@ default_variants="default;QUADS_EXPERT_GEMM=lt;QUADS_EXPERT_GEMM=wgmma QUADS_WGM
 default_variants="$default_variants;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=2"
 default_variants="$default_variants;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=4;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=5"
 default_variants="$default_variants;QUADS_FLASH_WG=0;QUADS_LOGPROB_FAST=0;QUADS_EXPERTS_BWD16=0"
+default_variants="$default_variants;QUADS_DLOGIT_FAST=0;QUADS_RMSNORM_ROWS=0;QUADS_EMBED_SORT=0;QUADS_ADAMW_U2=1"
 default_variants="$default_variants;QUADS_DY16_BYTES=2147483648;--recompute;QUADS_ADAMW_BITS=0;QUADS_GATE_UP=0"
 default_variants="$default_variants;QUADS_ROUND_INPUT=1;QUADS_WGMMA_BWD=1"
 default_variants="$default_variants;QUADS_ADAMW_BITS=0 QUADS_GATE_UP=0 QUADS_ROUND_INPUT=1"

@@ -175,7 +175,9 @@ static void c_add(oc *c)
 
 static void c_embed_shape(oc *c, int V, int C, int N)
 {
-    int32_t tok[80];
+    int32_t tok[1024];
+    if (N > 1024)
+        N = 1024;
     for (int n = 0; n < N; n++)
         tok[n] = n == 3 ? tok[1] : irand(c, V); /* a repeated token */
     float *emb = F(c, (size_t)V * C, -1, 1), *x = Z(c, sizeof(float) * N * C), *g = F(c, (size_t)V * C, -1, 1);
@@ -191,6 +193,11 @@ static void c_embed(oc *c) { c_embed_shape(c, 50, 64, 9); }
 /* few distinct tokens over many rows: repeats within and across CUDA's
  * batches of 16 tokens, a ragged last batch */
 static void c_embed_repeats(oc *c) { c_embed_shape(c, 5, 72, 77); }
+/* past QDK_EMBED_SORT_MIN rows, where CUDA sorts the tokens first: runs of a
+ * token longer than its batches of loads, a width past a multiple of 128; and
+ * many tokens of short runs */
+static void c_embed_sorted(oc *c) { c_embed_shape(c, 9, 200, 700); }
+static void c_embed_sorted_many(oc *c) { c_embed_shape(c, 500, 136, 600); }
 
 static void c_rmsnorm_shape(oc *c, int rows, int C)
 {
@@ -214,6 +221,9 @@ static void c_rmsnorm_odd(oc *c) { c_rmsnorm_shape(c, 3, 2050); }
  * width past a multiple of 32. */
 static void c_rmsnorm_tall(oc *c) { c_rmsnorm_shape(c, 3000, 128); }
 static void c_rmsnorm_wide(oc *c) { c_rmsnorm_shape(c, 700, 2050); }
+/* CUDA's rows kernel (C <= 256, 32 rows a block) at its widest, a width not
+ * a multiple of 32 and a ragged last block */
+static void c_rmsnorm_rows(oc *c) { c_rmsnorm_shape(c, 77, 250); }
 
 static void c_rope(oc *c)
 {
@@ -1551,10 +1561,13 @@ static const op_case cases[] = {
     {{"add 777", "add", 0, 0}, c_add},
     {{"embed+backward 9x64 V50", "embed", 0, 0}, c_embed},
     {{"embed+backward 77x72 V5", "embed", 0, 0}, c_embed_repeats},
+    {{"embed+backward 700x200 V9", "embed_backward", 0, 0}, c_embed_sorted},
+    {{"embed+backward 600x136 V500", "embed_backward", 0, 0}, c_embed_sorted_many},
     {{"rmsnorm+backward 9x80", "rmsnorm", 0, 0}, c_rmsnorm},
     {{"rmsnorm+backward 3x2050", "rmsnorm", 0, 0}, c_rmsnorm_odd},
     {{"rmsnorm+backward 3000x128", "rmsnorm_backward", 1, 0}, c_rmsnorm_tall},
     {{"rmsnorm+backward 700x2050", "rmsnorm_backward", 1, 0}, c_rmsnorm_wide},
+    {{"rmsnorm+backward 77x250", "rmsnorm", 0, 0}, c_rmsnorm_rows},
     {{"rope fwd+inverse 5x3x16", "rope", 0, 0}, c_rope},
     {{"matmul f32 37x72x45", "matmul", 1, 0}, c_matmul_f32},
     {{"matmul bf16 37x72x45", "matmul", 1, 0}, c_matmul_bf16},

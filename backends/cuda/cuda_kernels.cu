@@ -3,6 +3,7 @@
  * thread per output; qdk_matmul tiles through shared memory but keeps every
  * output's sum in one thread, k ascending, so the tiling changes no bit. */
 #include <cuda_runtime.h>
+#include <cub/device/device_radix_sort.cuh>
 #include <limits.h>
 #include <stdlib.h>
 #include <math.h>
@@ -261,10 +262,78 @@ __global__ void k_embed_backward(float *gemb, const float *dres, const int32_t *
     }
 }
 
-extern "C" qd_status qdk_embed_backward(float *gemb, const float *dres, const int32_t *tok, int N, int C)
+/* The same sums with the tokens grouped first: a stable sort of (token,
+ * position) pairs (CUB's radix sort: equal tokens keep their positions
+ * ascending), then a thread per (token, column) at the head of each token's
+ * run adds that run's rows into its gemb value in position order: each sum
+ * the CPU's chain, so the same bits. k_embed_backward walks all N tokens in
+ * one thread a column, C threads in all (a3b: 2,048 on 132 SMs, each waiting
+ * on a gather of gemb rows every 16 tokens: ~1 ms for 16 x 1,024 tokens). */
+#define EB_COLS 128
+
+__global__ void k_iota(int32_t *v, int n)
 {
-    if (N)
-        QD_LAUNCH(k_embed_backward, blocks((size_t)C, 64), 64, gemb, dres, tok, N, C);
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        v[i] = i;
+}
+
+__global__ void __launch_bounds__(EB_COLS) k_embed_backward_runs(float *gemb, const float *dres, const int32_t *stok,
+                                                                 const int32_t *spos, int N, int C)
+{
+    int k = blockIdx.x, i = blockIdx.y * EB_COLS + threadIdx.x, t = stok[k];
+    if ((k > 0 && stok[k - 1] == t) || i >= C)
+        return;
+    float *g = gemb + (size_t)t * C + i, v = *g;
+    /* EB_U rows' loads in flight at once (a frequent token's run is long),
+     * added in order */
+    for (int m0 = k, more = 1; more; m0 += EB_U) {
+        float d[EB_U];
+        int in[EB_U];
+#pragma unroll
+        for (int u = 0; u < EB_U; u++) {
+            int m = m0 + u;
+            in[u] = m < N && __ldg(stok + m) == t;
+            d[u] = in[u] ? dres[(size_t)__ldg(spos + m) * C + i] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < EB_U; u++)
+            if (in[u])
+                v = v + d[u];
+        more = in[EB_U - 1];
+    }
+    *g = v;
+}
+
+/* work: the sorted tokens, the positions before and after, CUB's storage */
+static size_t eb_cub_bytes(int N)
+{
+    size_t b = 0;
+    cub::DeviceRadixSort::SortPairs(NULL, b, (const int32_t *)NULL, (int32_t *)NULL, (const int32_t *)NULL,
+                                    (int32_t *)NULL, N);
+    return b;
+}
+
+extern "C" size_t qdk_embed_backward_work_bytes(int N)
+{
+    return N > QDK_EMBED_SORT_MIN ? 3 * (((size_t)N * sizeof(int32_t) + 255) & ~(size_t)255) + eb_cub_bytes(N) : 0;
+}
+
+extern "C" qd_status qdk_embed_backward(float *gemb, const float *dres, const int32_t *tok, int N, int C, void *work)
+{
+    if (!N)
+        return QD_OK;
+    if (work && N > QDK_EMBED_SORT_MIN && N <= INT_MAX / 2) {
+        size_t a = ((size_t)N * sizeof(int32_t) + 255) & ~(size_t)255, cb = eb_cub_bytes(N);
+        int32_t *stok = (int32_t *)work, *pos = (int32_t *)((char *)work + a), *spos = (int32_t *)((char *)work + 2 * a);
+        void *tmp = (char *)work + 3 * a;
+        QD_LAUNCH_N(k_iota, (N), pos, N);
+        QD_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(tmp, cb, tok, stok, pos, spos, N));
+        QD_LAUNCH(k_embed_backward_runs, dim3((unsigned)N, blocks((size_t)C, EB_COLS)), EB_COLS, gemb, dres, stok,
+                  spos, N, C);
+        return QD_OK;
+    }
+    QD_LAUNCH(k_embed_backward, blocks((size_t)C, 64), 64, gemb, dres, tok, N, C);
     return QD_OK;
 }
 
@@ -1212,9 +1281,61 @@ __global__ void k_rmsnorm(float *out, float *rstd, const float *inp, const float
     }
 }
 
+/* Rows of at most RN_MAXC (q_norm and k_norm: a head's 128 values, N x H
+ * rows): RN_ROWS rows a block, loaded coalesced by its warps into shared
+ * memory (rows padded to C + 1 floats: lane t's row starts on bank t), then
+ * thread t adds row t's squares, i ascending, and the block writes the rows:
+ * k_rmsnorm's operations on each row, so its bits. One block a row left one
+ * thread adding while 127 waited, 16 rows an SM at a time: 0.25 ms for a3b's
+ * 16 x 1024 x 32 query heads where the bytes take 0.12. */
+#define RN_ROWS 32
+#define RN_MAXC 256
+#define RN_THREADS 256
+
+__global__ void __launch_bounds__(RN_THREADS) k_rmsnorm_rows(float *out, float *rstd, const float *inp,
+                                                             const float *w, int rows, int C, float eps)
+{
+    extern __shared__ float xr[]; /* RN_ROWS x (C + 1) */
+    __shared__ float r_sh[RN_ROWS];
+    const int ld = C + 1, lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = RN_THREADS / 32;
+    const int n0 = blockIdx.x * RN_ROWS, nr = min(RN_ROWS, rows - n0);
+    for (int r = warp; r < nr; r += nw) {
+        const float *x = inp + (size_t)(n0 + r) * C;
+#pragma unroll 4
+        for (int i = lane; i < C; i += 32)
+            xr[r * ld + i] = __ldg(x + i);
+    }
+    __syncthreads();
+    if (threadIdx.x < nr) {
+        const float *x = xr + threadIdx.x * ld;
+        float ss = 0.0f;
+#pragma unroll 8
+        for (int i = 0; i < C; i++) {
+            float sq = x[i] * x[i];
+            ss = ss + sq;
+        }
+        float r = qd_rsqrtf(ss / (float)C + eps);
+        r_sh[threadIdx.x] = r;
+        rstd[n0 + threadIdx.x] = r;
+    }
+    __syncthreads();
+    for (int r = warp; r < nr; r += nw) {
+        float *o = out + (size_t)(n0 + r) * C, rr = r_sh[r];
+#pragma unroll 4
+        for (int i = lane; i < C; i += 32)
+            o[i] = __ldg(w + i) * (xr[r * ld + i] * rr);
+    }
+}
+
 extern "C" qd_status qdk_rmsnorm(float *out, float *rstd, const float *inp, const float *w, int rows, int C,
                                  float eps)
 {
+    static int rows_on = -1; /* QUADS_RMSNORM_ROWS=0: one block a row (the side-by-side) */
+    if (rows >= RN_ROWS && C <= RN_MAXC && env_on(&rows_on, "QUADS_RMSNORM_ROWS")) {
+        QD_LAUNCH_SMEM(k_rmsnorm_rows, blocks((size_t)rows, RN_ROWS), RN_THREADS,
+                       sizeof(float) * (size_t)RN_ROWS * (size_t)(C + 1), out, rstd, inp, w, rows, C, eps);
+        return QD_OK;
+    }
     if (rows)
         QD_LAUNCH_SMEM(k_rmsnorm, (unsigned)rows, C < 128 ? 32u : C < 1024 ? 128u : 256u,
                        sizeof(float) * (size_t)(((C + 3) & ~3) + C),
@@ -2795,13 +2916,43 @@ __global__ void k_logprob_bwd16(uint16_t *dy16, const float *dlogp, const float 
         dy16[(size_t)n * nc + jj] = (uint16_t)bf16_hi(dlogit(dlogp, logits, lse, tgt, n, c0 + jj, V, T));
 }
 
+/* The same block with fast mode's arithmetic: four columns a thread (16-byte
+ * loads of the logits, 8-byte stores of the bits), the row's dlogp / T once,
+ * x / T as x * (1 / T) and exp by the hardware's exp2 (__expf: a relative
+ * error of a few 1e-7 against qd_expf's correctly rounded result, below the
+ * BF16 rounding of the bits it feeds). k_logprob_bwd16 spent ~50 operations a
+ * value (a division, qd_expf's polynomial) on a pass that should be bound by
+ * its bytes: 2.5 G values a step at a3b's 16 x 1,024 x 151,936. */
+__global__ void k_logprob_bwd16_fast(uint2 *dy16, const float *dlogp, const float *logits, const float *lse,
+                                     const int32_t *tgt, int V, float T, float invT, int c0, int nc4)
+{
+    int n = blockIdx.x, q = blockIdx.y * blockDim.x + threadIdx.x;
+    if (q >= nc4)
+        return;
+    int g = tgt[n], j = c0 + 4 * q;
+    float d = g >= 0 ? dlogp[n] / T : 0.0f, l = lse[n];
+    float4 x = __ldcs((const float4 *)(logits + (size_t)n * V + j));
+    float4 r;
+    r.x = d * ((j == g ? 1.0f : 0.0f) - __expf(x.x * invT - l));
+    r.y = d * ((j + 1 == g ? 1.0f : 0.0f) - __expf(x.y * invT - l));
+    r.z = d * ((j + 2 == g ? 1.0f : 0.0f) - __expf(x.z * invT - l));
+    r.w = d * ((j + 3 == g ? 1.0f : 0.0f) - __expf(x.w * invT - l));
+    dy16[(size_t)n * nc4 + q] = bf16x4(r);
+}
+
 extern "C" qd_status qdk_logprob_backward_bf16_cols(uint16_t *dy16, const float *dlogp, const float *logits,
                                                     const float *lse, const int32_t *tgt, int N, int V, float T,
-                                                    int c0, int nc)
+                                                    int c0, int nc, int fast)
 {
-    if (N && nc > 0)
-        QD_LAUNCH(k_logprob_bwd16, dim3((unsigned)N, blocks((size_t)nc, 256u)), 256u, dy16, dlogp, logits, lse,
-                  tgt, N, V, T, c0, nc);
+    if (!N || nc <= 0)
+        return QD_OK;
+    if (fast && V % 4 == 0 && c0 % 4 == 0 && nc % 4 == 0 && qd_aligned(logits, 16) && qd_aligned(dy16, 8)) {
+        QD_LAUNCH(k_logprob_bwd16_fast, dim3((unsigned)N, blocks((size_t)nc / 4, 256u)), 256u, (uint2 *)dy16, dlogp,
+                  logits, lse, tgt, V, T, 1.0f / T, c0, nc / 4);
+        return QD_OK;
+    }
+    QD_LAUNCH(k_logprob_bwd16, dim3((unsigned)N, blocks((size_t)nc, 256u)), 256u, dy16, dlogp, logits, lse, tgt, N,
+              V, T, c0, nc);
     return QD_OK;
 }
 
@@ -2984,6 +3135,43 @@ __global__ void k_adamw4(float4 *p, const float4 *g, float4 *m, float4 *v, float
     }
 }
 
+/* k_adamw4 with two float4 of each array loaded before either is updated
+ * (8 loads of 16 bytes in flight a thread) and streaming cache hints (each
+ * byte is touched once): the same update of each element, so the same bits.
+ * Opt-in (QUADS_ADAMW_U2=1) until timed against k_adamw4 on the H200. */
+__global__ void __launch_bounds__(256) k_adamw4u2(float4 *p, const float4 *g, float4 *m, float4 *v, float4 *wk,
+                                                  uint2 *bits, size_t n4, float lr, float beta1, float beta2,
+                                                  float eps, float wd, float gscale, float bc1, float bc2)
+{
+    size_t st = (size_t)gridDim.x * blockDim.x, i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i < n4; i += 2 * st) {
+        size_t i2 = i + st;
+        int two = i2 < n4;
+        float4 pp[2], gg[2], mm[2], vv[2];
+        pp[0] = __ldcs(p + i), gg[0] = __ldcs(g + i), mm[0] = __ldcs(m + i), vv[0] = __ldcs(v + i);
+        if (two)
+            pp[1] = __ldcs(p + i2), gg[1] = __ldcs(g + i2), mm[1] = __ldcs(m + i2), vv[1] = __ldcs(v + i2);
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            if (u == 1 && !two)
+                break;
+            adamw_one(pp[u].x, gg[u].x, mm[u].x, vv[u].x, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
+            adamw_one(pp[u].y, gg[u].y, mm[u].y, vv[u].y, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
+            adamw_one(pp[u].z, gg[u].z, mm[u].z, vv[u].z, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
+            adamw_one(pp[u].w, gg[u].w, mm[u].w, vv[u].w, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
+            size_t j = u ? i2 : i;
+            __stcs(p + j, pp[u]);
+            __stcs(m + j, mm[u]);
+            __stcs(v + j, vv[u]);
+            if (wk)
+                wk[j] = make_float4(qd_round_bf16(pp[u].x), qd_round_bf16(pp[u].y), qd_round_bf16(pp[u].z),
+                                    qd_round_bf16(pp[u].w));
+            if (bits)
+                bits[j] = bf16x4(pp[u]);
+        }
+    }
+}
+
 __global__ void k_adamw(float *p, const float *g, float *m, float *v, float *wk, uint16_t *bits, size_t n, float lr,
                         float beta1, float beta2, float eps, float wd, float gscale, float bc1, float bc2)
 {
@@ -3004,7 +3192,16 @@ extern "C" qd_status qdk_adamw_round(float *p, const float *g, float *m, float *
     int vec = qd_aligned(p, 16) && qd_aligned(g, 16) && qd_aligned(m, 16) && qd_aligned(v, 16) &&
               (!wk || qd_aligned(wk, 16)) && (!bits || qd_aligned(bits, 8));
     size_t n4 = vec ? n / 4 : 0;
-    if (n4) {
+    static int u2 = -1;
+    if (u2 < 0) {
+        const char *e = getenv("QUADS_ADAMW_U2");
+        u2 = e && e[0] == '1';
+    }
+    if (n4 && u2) {
+        size_t cap = (size_t)qd_sm_count() * 8, nb = blocks((n4 + 1) / 2, 256); /* every thread two float4 */
+        QD_LAUNCH(k_adamw4u2, (unsigned)(nb < cap ? nb : cap), 256, (float4 *)p, (const float4 *)g, (float4 *)m,
+                  (float4 *)v, (float4 *)wk, (uint2 *)bits, n4, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
+    } else if (n4) {
         size_t cap = (size_t)qd_sm_count() * 16, nb = blocks(n4, 256);
         QD_LAUNCH(k_adamw4, (unsigned)(nb < cap ? nb : cap), 256, (float4 *)p, (const float4 *)g, (float4 *)m,
                   (float4 *)v, (float4 *)wk, (uint2 *)bits, n4, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);

@@ -44,7 +44,11 @@ qd_status qdk_embed(float *x, const float *emb, const int32_t *tok, int N, int C
 /* x (N, C) = embedding rows of tok of a table of BF16 bits (a rollout's, embed_w16). */
 qd_status qdk_embed_w16(float *x, const uint16_t *emb, const int32_t *tok, int N, int C);
 /* grads of the embedding (V, C) += dres (N, C) rows at tok, tokens ascending (model_backward). */
-qd_status qdk_embed_backward(float *gemb, const float *dres, const int32_t *tok, int N, int C);
+/* work (qdk_embed_backward_work_bytes, 0 for N <= QDK_EMBED_SORT_MIN) or NULL: the tokens grouped
+ * by a sort first (the same bits) */
+#define QDK_EMBED_SORT_MIN 256
+size_t qdk_embed_backward_work_bytes(int N);
+qd_status qdk_embed_backward(float *gemb, const float *dres, const int32_t *tok, int N, int C, void *work);
 
 /* How the products' operands lie in memory (row-major, contiguous), named as
  * BLAS names C = op(A) . op(B), with op(A) (M, K) and op(B) (K, N):
@@ -175,9 +179,10 @@ qd_status qdk_sample(int32_t *tok, float *lp, float *lpk, const float *logits, i
                      uint64_t seed, const uint64_t *sid, const uint32_t *spos, int *bad, void *work);
 size_t qdk_sample_work_bytes(int B, int V);
 /* logprob_backward: dlogits (N, V). */
-/* dy16 (N, nc) = the BF16 bits of qdk_logprob_backward's columns c0 .. c0 + nc - 1 */
+/* dy16 (N, nc) = the BF16 bits of qdk_logprob_backward's columns c0 .. c0 + nc - 1; fast: with fast
+ * mode's arithmetic (x * (1 / T), the hardware's exp) where the rows allow 16-byte loads */
 qd_status qdk_logprob_backward_bf16_cols(uint16_t *dy16, const float *dlogp, const float *logits, const float *lse,
-                                         const int32_t *tgt, int N, int V, float T, int c0, int nc);
+                                         const int32_t *tgt, int N, int V, float T, int c0, int nc, int fast);
 qd_status qdk_logprob_backward(float *dlogits, const float *dlogp, const float *logits, const float *lse,
                                const int32_t *tgt, int N, int V, float T);
 

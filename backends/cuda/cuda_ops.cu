@@ -40,7 +40,7 @@ extern "C" {
 
 /* Grow-only scratch of the ops themselves (dev unless said). */
 enum { D_XH, D_RACWS, D_X16, D_W16, D_DY16, D_LOGP, D_SAMPLE, D_MOE, D_RACPTR, D_RACFQ, D_RMSW, D_XF, D_WTAB, D_GDEV,
-       D_DYF, D_NSCRATCH };
+       D_DYF, D_EMBB, D_NSCRATCH };
 
 #define STAGE_SLOTS 64 /* to_dev's pinned ring: slots, each STAGE_BYTES */
 #define STAGE_BYTES (16 << 10)
@@ -62,6 +62,8 @@ typedef struct {
     size_t dy16_bytes;             /* fast16: the backward's dy bits a block (QUADS_DY16_BYTES, for tests) */
     int lp_fast;                   /* fast mode: log-probs in one pass over the logits (qdk_logprob_fast;
                                     * QUADS_LOGPROB_FAST=0: the exact mode's two) */
+    int dlogit_fast;               /* fast16: the lm_head backward's dy bits with the hardware's exp
+                                    * (QUADS_DLOGIT_FAST=0: the exact expression's, then rounded) */
     /* QUADS_AQAT16=1 (fast16): a per-tensor fake-quant weight of the working
      * copy (AQAT, sym-QAT, replay) is kept in wk16 as its E2M1 x E4M3 part (a
      * BF16 value), its global decode scale the products' alpha, so its forward
@@ -536,10 +538,21 @@ static qd_status cuda_embed(void *dev, float *x, const float *emb, const int32_t
     return qdk_embed(x, emb, tok, N, C);
 }
 
+/* the tokens grouped by a sort first where there are many (the same bits;
+ * QUADS_EMBED_SORT=0: one thread a column walking all of them) */
 static qd_status cuda_embed_backward(void *dev, float *gemb, const float *dres, const int32_t *tok, int N, int C)
 {
-    (void)dev;
-    return qdk_embed_backward(gemb, dres, tok, N, C);
+    cuda_dev *d = D(dev);
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("QUADS_EMBED_SORT");
+        env = !(e && !strcmp(e, "0"));
+    }
+    size_t wb = env ? qdk_embed_backward_work_bytes(N) : 0;
+    void *work = NULL;
+    if (wb)
+        QD_TRY(scratch(d, D_EMBB, wb, &work));
+    return qdk_embed_backward(gemb, dres, tok, N, C, work);
 }
 
 static qd_status cuda_rmsnorm(void *dev, float *out, float *rstd, const float *x, const float *w, int rows, int C,
@@ -655,7 +668,7 @@ static qd_status backward16(cuda_dev *d, float *dinp, float *dw, const float *do
         int64_t nc = OC - c0 < cw ? OC - c0 : cw;
         if (lp)
             QD_TRY(qdk_logprob_backward_bf16_cols(dy16, lp->dlogp, lp->logits, lp->lse, lp->tgt, N, OC, lp->T,
-                                                  (int)c0, (int)nc));
+                                                  (int)c0, (int)nc, d->dlogit_fast));
         else
             QD_TRY(qdk_bf16_bits_cols(dy16, dout + c0, N, nc, OC));
         if (dinp)
@@ -1598,6 +1611,8 @@ extern "C" void *qd_cuda_dev_new(qd_exec_mode mode, qd_prec weights)
     d->small_exact = !(se && !strcmp(se, "0"));
     const char *lf = getenv("QUADS_LOGPROB_FAST");
     d->lp_fast = !(lf && !strcmp(lf, "0"));
+    const char *df = getenv("QUADS_DLOGIT_FAST");
+    d->dlogit_fast = !(df && !strcmp(df, "0"));
     const char *db = getenv("QUADS_DY16_BYTES");
     d->dy16_bytes = db && atol(db) > 0 ? (size_t)atol(db) : (size_t)512 << 20;
     const char *pe = getenv("QUADS_CUDA_PROFILE");

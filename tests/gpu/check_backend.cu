@@ -18,7 +18,10 @@
  * allocations kind by kind, and an absurd generate is refused at init.
  * Then fast mode (NUMERICS.md §7) against the CPU's exact numbers: forward
  * logits (rollout role) and gradients (trainer role), L2-relative error within
- * the bounds stated at fast_bound().
+ * the bounds stated at fast_bound(); the fused attention's rows (check_flash)
+ * read both trainers' router choices, and where a near-tied top-k choice went
+ * the other way (a routing flip) judge the gradients without the flipped
+ * experts' tensors, saying how many flipped and the whole model's error.
  * One table row per (model, op, recipe, role, mode): exact rows give the max
  * abs difference and whether every bit is equal, fast rows the relative error. Exit 0 when all are, 1 on a mismatch, 2 on an
  * error (no device, bad file).
@@ -112,6 +115,7 @@ typedef struct {
     const float *w;      /* master weights */
     size_t n;
     int no_diag;         /* a rollout pair without diagnostics (a shared prefill's) */
+    int diag_train;      /* a trainer pair with diagnostics (its router choices: check_flash) */
 } pair;
 
 /* The forward checks' lengths: 3 sequences of Tm - 4, Tm and Tm / 2 tokens,
@@ -416,7 +420,7 @@ static qd_status open_pair(pair *p)
     opt.recipe = p->recipe;
     opt.role = p->role;
     opt.rac_ratio = 0.5;
-    opt.diagnostics = p->role == QD_ROLE_ROLLOUT && !p->no_diag;
+    opt.diagnostics = (p->role == QD_ROLE_ROLLOUT && !p->no_diag) || (p->role == QD_ROLE_TRAINER && p->diag_train);
     p->b[0] = qd_backend_cpu_init(&p->cfg, &opt);
     if (!p->b[0])
         return QD_ERR_ARG;
@@ -473,7 +477,7 @@ static double fast_bound(const pair *p, int grads)
 static void row_fast(const pair *p, const char *op, double rel, double rmax, double bound)
 {
     int ok = rel <= bound;
-    printf("%-26s %-18s %-13s %-7s %-5s %12.3g   %s (L2 rel, bound %.0e; max rel %.2g)\n", p->model, op,
+    printf("%-26s %-18s %-13s %-7s %-5s %12.6g   %s (L2 rel, bound %.0e; max rel %.4g)\n", p->model, op,
            qd_recipe_name(p->recipe), p->role == QD_ROLE_ROLLOUT ? "rollout" : "trainer", "fast", rel,
            ok ? "within" : "EXCEEDS", bound, rmax);
     g_rows++;
@@ -622,6 +626,64 @@ static qd_status check_pair(pair *p)
     return check_rac(p);
 }
 
+/* Routing flips of a fast trainer pair (check_flash): the (MoE layer, token)
+ * slots whose top-k expert set differs between the CPU's forward (topk[0])
+ * and the CUDA backend's (topk[1]): a near-tied router choice going the other
+ * way under fast mode's BF16 rounding sends the token's rows to another
+ * expert, whose gradients then differ by that token's whole contribution
+ * (NUMERICS section 7), not by the products' precision. flip[(m, e)] is set
+ * for every expert either side chose at a flipped slot; returns the slots. */
+static int routing_flips(const int32_t *const topk[2], int nmoe, int N, int K, int E, unsigned char *flip)
+{
+    int n = 0;
+    memset(flip, 0, (size_t)nmoe * E);
+    for (int m = 0; m < nmoe; m++)
+        for (int t = 0; t < N; t++) {
+            const int32_t *a = topk[0] + ((size_t)m * N + t) * K, *b = topk[1] + ((size_t)m * N + t) * K;
+            int same = 1;
+            for (int i = 0; i < K; i++) {
+                int in = 0;
+                for (int j = 0; j < K; j++)
+                    in |= a[i] == b[j];
+                same &= in;
+            }
+            if (same)
+                continue;
+            n++;
+            for (int i = 0; i < K; i++) {
+                if (a[i] >= 0 && a[i] < E)
+                    flip[(size_t)m * E + a[i]] = 1;
+                if (b[i] >= 0 && b[i] < E)
+                    flip[(size_t)m * E + b[i]] = 1;
+            }
+        }
+    return n;
+}
+
+/* rel_l2 of a against b over the tensors outside the flipped experts (names
+ * model.layers.L.mlp.experts.E.*, L the moe_layer[]-th MoE layer); *left
+ * receives how many tensors were left out. */
+static double rel_l2_unflipped(const float *a, const float *b, const qd_param_info *pi, int np,
+                               const unsigned char *flip, const int *moe_of_layer, int nlayers, int E, int *left)
+{
+    double d = 0, m = 0;
+    *left = 0;
+    for (int t = 0; t < np; t++) {
+        int l, e;
+        if (sscanf(pi[t].name, "model.layers.%d.mlp.experts.%d.", &l, &e) == 2 && l >= 0 && l < nlayers &&
+            moe_of_layer[l] >= 0 && e >= 0 && e < E && flip[(size_t)moe_of_layer[l] * E + e]) {
+            ++*left;
+            continue;
+        }
+        const float *x = a + pi[t].offset, *y = b + pi[t].offset;
+        for (size_t i = 0; i < (size_t)(pi[t].rows * pi[t].cols); i++) {
+            d += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
+            m += (double)x[i] * x[i];
+        }
+    }
+    return m > 0 ? sqrt(d / m) : sqrt(d);
+}
+
 /* Fast mode's fused prefill attention (backends/cuda/cuda_flash.cu: heads of
  * 64 or 128 and Tm past D + D KV / H; the fixtures' heads of 16 and their 13
  * tokens never take it) on whole models: qwen3moe_gqa_untied's config with
@@ -680,11 +742,19 @@ static void check_flash(void)
         p.role = runs[k].role;
         p.b[0] = p.b[1] = NULL;
         p.no_diag = 1;
+        p.diag_train = p.role == QD_ROLE_TRAINER;
         qd_status st = open_pair(&p);
         if (!st && p.role == QD_ROLE_TRAINER) {
+            int32_t *topk[2] = {NULL, NULL};
+            qd_diagnostics dg = {0};
             for (int b = 0; b < 2 && !st; b++) {
                 qd_backend_zero_grad(p.b[b]);
                 st = qd_backend_forward(p.b[b], &bt, lp, NULL);
+                if (!st)
+                    st = qd_backend_diagnostics(p.b[b], &dg);
+                size_t nk = (size_t)dg.num_moe_layers * dg.num_tokens * dg.top_k;
+                if (!st && (topk[b] = (int32_t *)malloc(sizeof(int32_t) * (nk + 1))) != NULL)
+                    memcpy(topk[b], dg.router_topk, sizeof(int32_t) * nk);
                 if (!st)
                     st = qd_backend_backward(p.b[b], dlp);
                 if (!st)
@@ -692,10 +762,31 @@ static void check_flash(void)
             }
             if (!st) {
                 double rel = rel_l2(g, g + p.n, p.n), bound = fast_bound(&p, 1);
-                row_fast(&p, "flash backward", rel, rel_max(g, g + p.n, p.n), bound);
+                int L = p.cfg.num_hidden_layers, E = p.cfg.num_experts, nmoe = 0, flips = 0, left = 0;
+                int moe_of[QD_CONFIG_MAX_LAYERS];
+                for (int l = 0; l < L; l++)
+                    moe_of[l] = qd_model_config_is_moe_layer(&p.cfg, l) ? nmoe++ : -1;
+                unsigned char *flip = (unsigned char *)calloc((size_t)(nmoe ? nmoe : 1) * (E ? E : 1), 1);
+                const int32_t *tk[2] = {topk[0], topk[1]};
+                if (flip && topk[0] && topk[1] && nmoe == dg.num_moe_layers)
+                    flips = routing_flips(tk, nmoe, dg.num_tokens, dg.top_k, E, flip);
+                if (!flips) {
+                    row_fast(&p, "flash backward", rel, rel_max(g, g + p.n, p.n), bound);
+                } else {
+                    /* the row judged without the flipped experts' tensors; the
+                     * whole model's error printed beside it */
+                    double ru = rel_l2_unflipped(g, g + p.n, pi, np, flip, moe_of, L, E, &left);
+                    char what[160];
+                    snprintf(what, sizeof what, "flash backward (%d routing flips, %d expert tensors left out; all: L2 rel %.3g)",
+                             flips, left, rel);
+                    row_fast(&p, what, ru, rel_max(g, g + p.n, p.n), bound);
+                }
                 if (rel > bound)
                     worst_tensors(g, g + p.n, pi, np);
+                free(flip);
             }
+            free(topk[0]);
+            free(topk[1]);
         } else if (!st) {
             float *flp = NULL, *lg = NULL;
             size_t nl = 0;
