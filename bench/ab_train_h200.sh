@@ -2,7 +2,7 @@
 # bench/ab_train_h200.sh: kernel variants of fast mode's train step side by
 # side (issue 13) on the GPU machine, from a tree built here and carried
 # (bench/bench_backend, tests/gpu/bundle_libs.sh's .devrun/lib), in about
-# ROUNDS x variants x 10 s plus a minute (3-4 minutes with the defaults). The
+# ROUNDS x variants x 10 s plus a minute (4-5 minutes with the defaults). The
 # a3b model (bench/run_train_h200.sh) at LAYERS [4], B [16] x T [1024] tokens,
 # RECIPE [bf16]; each variant is a set of environment settings, VARIANTS
 # ';'-separated:
@@ -12,12 +12,6 @@
 #     wgmma kernel in that configuration (by default only the forward's, in 0 or
 #     2; 4 and 5 store or add C through the bulk copy engine);
 #   QUADS_FLASH_WG=0: the fused attention's mma.sync kernels;
-#   QUADS_DLOGIT_FAST=0: the lm_head backward's dy bits by the exact expression
-#     (a division and qd_expf a value) instead of the hardware's exp;
-#   QUADS_RMSNORM_ROWS=0: q_norm and k_norm one block a row (not 32 rows a block);
-#   QUADS_EMBED_SORT=0: the embedding's backward one thread a column over all tokens
-#     (not the tokens sorted first);
-#   QUADS_ADAMW_U2=1: AdamW's kernel with two float4 of each array in flight a thread;
 #   QUADS_LOGPROB_FAST=0: the log-probs' two passes (the exact kernel) instead of one;
 #   QUADS_EXPERTS_BWD16=0: the experts' backward with float32 dy, dg, du and zero fills;
 #   QUADS_DY16_BYTES=2 GiB: the lm_head's backward in 3 blocks of columns, not 10;
@@ -31,6 +25,13 @@
 #   QUADS_WGMMA_BWD=1: the experts' backward products on the wgmma kernel
 #     (configuration 4, the bulk-copy epilogue);
 #   the first three together (the defaults of the morning of 2026-12-05);
+#   QUADS_DLOGIT_FAST=1: the lm_head backward's dy bits with the hardware's exp
+#     (not the exact expression's division and qd_expf a value);
+#   QUADS_RMSNORM_ROWS=1: q_norm and k_norm 32 rows a block (not one block a row);
+#   QUADS_EMBED_SORT=1: the embedding's backward with its tokens sorted first (not
+#     one thread a column over all tokens);
+#   QUADS_ADAMW_U2=1: AdamW's kernel with two float4 of each array in flight a thread;
+#   the four together;
 # ROUNDS [1] rounds (2 or more to confirm a difference), the variants
 # alternating within each (one process a variant a round: ITERS [2] steps
 # after WARMUP [1]; the H200's clocks and the host vary between processes, so
@@ -53,10 +54,11 @@ default_variants="default;QUADS_EXPERT_GEMM=lt;QUADS_EXPERT_GEMM=wgmma QUADS_WGM
 default_variants="$default_variants;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=2"
 default_variants="$default_variants;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=4;QUADS_EXPERT_GEMM=wgmma QUADS_WGMMA_CFG=5"
 default_variants="$default_variants;QUADS_FLASH_WG=0;QUADS_LOGPROB_FAST=0;QUADS_EXPERTS_BWD16=0"
-default_variants="$default_variants;QUADS_DLOGIT_FAST=0;QUADS_RMSNORM_ROWS=0;QUADS_EMBED_SORT=0;QUADS_ADAMW_U2=1"
 default_variants="$default_variants;QUADS_DY16_BYTES=2147483648;--recompute;QUADS_ADAMW_BITS=0;QUADS_GATE_UP=0"
 default_variants="$default_variants;QUADS_ROUND_INPUT=1;QUADS_WGMMA_BWD=1"
 default_variants="$default_variants;QUADS_ADAMW_BITS=0 QUADS_GATE_UP=0 QUADS_ROUND_INPUT=1"
+default_variants="$default_variants;QUADS_DLOGIT_FAST=1;QUADS_RMSNORM_ROWS=1;QUADS_EMBED_SORT=1;QUADS_ADAMW_U2=1"
+default_variants="$default_variants;QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1"
 IFS=';' read -r -a variants <<<"${VARIANTS:-$default_variants}"
 run=(bench/bench_backend --backend "${BACKEND:-cuda}" --mode "${MODE:-fast}" --recipe "${RECIPE:-bf16}" --model a3b
      --layers "${LAYERS:-4}" --batch "${B:-16}" --seq "${T:-1024}" --ops "train step")

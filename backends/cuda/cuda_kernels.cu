@@ -1330,8 +1330,12 @@ __global__ void __launch_bounds__(RN_THREADS) k_rmsnorm_rows(float *out, float *
 extern "C" qd_status qdk_rmsnorm(float *out, float *rstd, const float *inp, const float *w, int rows, int C,
                                  float eps)
 {
-    static int rows_on = -1; /* QUADS_RMSNORM_ROWS=0: one block a row (the side-by-side) */
-    if (rows >= RN_ROWS && C <= RN_MAXC && env_on(&rows_on, "QUADS_RMSNORM_ROWS")) {
+    static int rows_on = -1; /* opt-in (QUADS_RMSNORM_ROWS=1) until checked on a GPU */
+    if (rows_on < 0) {
+        const char *e = getenv("QUADS_RMSNORM_ROWS");
+        rows_on = e && e[0] == '1';
+    }
+    if (rows >= RN_ROWS && C <= RN_MAXC && rows_on) {
         QD_LAUNCH_SMEM(k_rmsnorm_rows, blocks((size_t)rows, RN_ROWS), RN_THREADS,
                        sizeof(float) * (size_t)RN_ROWS * (size_t)(C + 1), out, rstd, inp, w, rows, C, eps);
         return QD_OK;

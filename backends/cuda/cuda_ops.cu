@@ -63,7 +63,8 @@ typedef struct {
     int lp_fast;                   /* fast mode: log-probs in one pass over the logits (qdk_logprob_fast;
                                     * QUADS_LOGPROB_FAST=0: the exact mode's two) */
     int dlogit_fast;               /* fast16: the lm_head backward's dy bits with the hardware's exp
-                                    * (QUADS_DLOGIT_FAST=0: the exact expression's, then rounded) */
+                                    * (QUADS_DLOGIT_FAST=1; opt-in until run on a GPU: else the exact
+                                    * expression's, then rounded) */
     /* QUADS_AQAT16=1 (fast16): a per-tensor fake-quant weight of the working
      * copy (AQAT, sym-QAT, replay) is kept in wk16 as its E2M1 x E4M3 part (a
      * BF16 value), its global decode scale the products' alpha, so its forward
@@ -539,14 +540,15 @@ static qd_status cuda_embed(void *dev, float *x, const float *emb, const int32_t
 }
 
 /* the tokens grouped by a sort first where there are many (the same bits;
- * QUADS_EMBED_SORT=0: one thread a column walking all of them) */
+ * opt-in, QUADS_EMBED_SORT=1, until checked on a GPU; else one thread a
+ * column walking all of them) */
 static qd_status cuda_embed_backward(void *dev, float *gemb, const float *dres, const int32_t *tok, int N, int C)
 {
     cuda_dev *d = D(dev);
     static int env = -1;
     if (env < 0) {
         const char *e = getenv("QUADS_EMBED_SORT");
-        env = !(e && !strcmp(e, "0"));
+        env = e && !strcmp(e, "1");
     }
     size_t wb = env ? qdk_embed_backward_work_bytes(N) : 0;
     void *work = NULL;
@@ -1612,7 +1614,7 @@ extern "C" void *qd_cuda_dev_new(qd_exec_mode mode, qd_prec weights)
     const char *lf = getenv("QUADS_LOGPROB_FAST");
     d->lp_fast = !(lf && !strcmp(lf, "0"));
     const char *df = getenv("QUADS_DLOGIT_FAST");
-    d->dlogit_fast = !(df && !strcmp(df, "0"));
+    d->dlogit_fast = df && !strcmp(df, "1");
     const char *db = getenv("QUADS_DY16_BYTES");
     d->dy16_bytes = db && atol(db) > 0 ? (size_t)atol(db) : (size_t)512 << 20;
     const char *pe = getenv("QUADS_CUDA_PROFILE");

@@ -13,10 +13,10 @@
 #      the wgmma kernel (QUADS_EXPERT_GEMM=wgmma; by default only the forward's),
 #      and with every one on cuBLASLt (QUADS_EXPERT_GEMM=lt), and with the fused
 #      attention on its mma.sync kernels (QUADS_FLASH_WG=0; wgmma on Hopper by default),
-#      and with the exact expressions for the lm_head backward's dy bits, one
-#      block a row for the narrow rmsnorms, the embedding's backward unsorted and
-#      AdamW's two-float4 kernel (QUADS_DLOGIT_FAST=0 QUADS_RMSNORM_ROWS=0
-#      QUADS_EMBED_SORT=0 QUADS_ADAMW_U2=1);
+#      and with the opt-ins of 2026-12-05c (the lm_head backward's dy bits by
+#      the hardware's exp, 32 rows a block for the narrow rmsnorms, the
+#      embedding's backward with its tokens sorted, AdamW's two-float4 kernel:
+#      QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1);
 #   1. tests/gpu/check_backend (then again with QUADS_AQAT16=0, and with
 #      QUADS_GATE_UP=0 QUADS_ADAMW_BITS=0 QUADS_ROUND_INPUT=1 QUADS_WGMMA_BWD=1): whole models, every recipe and role, CUDA vs
 #      CPU: exact mode bit for bit, fast mode within stated relative errors;
@@ -69,9 +69,9 @@ echo "== check_ops 1, fast mode's fused attention on the mma.sync kernels (QUADS
 QUADS_FLASH_WG=0 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_flashwg.log" 2>&1 || rc=1
 grep "attend" "$out/check_ops_flashwg.log" | grep fast16
 tail -1 "$out/check_ops_flashwg.log"
-echo "== check_ops 1, the lm_head backward's dy bits by the exact expression, rmsnorm one block a row, the embedding's backward unsorted, AdamW two float4 a thread (QUADS_DLOGIT_FAST=0 QUADS_RMSNORM_ROWS=0 QUADS_EMBED_SORT=0 QUADS_ADAMW_U2=1)"
-QUADS_DLOGIT_FAST=0 QUADS_RMSNORM_ROWS=0 QUADS_EMBED_SORT=0 QUADS_ADAMW_U2=1 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_old.log" 2>&1 || rc=1
-tail -1 "$out/check_ops_old.log"
+echo "== check_ops 1, the opt-ins: dy bits by the hardware's exp, rmsnorm 32 rows a block, the embedding's backward sorted, AdamW two float4 a thread (QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1)"
+QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 timeout 300 tests/gpu/check_ops >"$out/check_ops_optin.log" 2>&1 || rc=1
+tail -1 "$out/check_ops_optin.log"
 echo "== check_backend"
 timeout 400 tests/gpu/check_backend >"$out/check_backend.log" 2>"$out/check_backend.err" || rc=1
 grep -v " yes$" "$out/check_backend.log" | grep -v " within " | head -30
