@@ -110,6 +110,8 @@ typedef struct {
                               * (experts_round_only), so no copy is made of it */
     int xeb, hb;             /* xe, h hold BF16 bits instead (R x C, R x I uint16 at their start:
                               * the ops' experts16 path) */
+    int dw_set;              /* this backward overwrites the experts' weight gradients (a lazy
+                              * zero_grad left them: grads_begin) */
 } layer_acts;
 
 /* Grow-only dev scratch buffers. */
@@ -187,6 +189,8 @@ typedef struct {
                                       statistics, no diagnostics */
     float *rx;                     /* options.recompute: dev (N, C) the recomputed layer's output */
     int have_forward;
+    int lazy_zero;                 /* QUADS_LAZY_ZERO=1 at init: zero_grad only marks the gradients */
+    int zero_pending;              /* marked: zeroed at their next use (grads_settle, grads_begin) */
     int have_diag;                 /* a forward or generate has run */
     /* what diagnostics hands out */
     const char **dg_names;         /* (quantized linears) */
@@ -1598,9 +1602,10 @@ static qd_status experts_backward(model *c, float *dinp, const float *dout, cons
     QD_TRY(expert_set_make(c, &x, ly, gu ? 0 : which));
     const float *xe;
     qd_status st = QD_OK;
-    if (dout16) /* experts_bwd16: dout as BF16 bits, inp held as bits; dinp overwritten where add is 0 */
+    if (dout16) /* experts_bwd16: dout as BF16 bits, inp held as bits; dinp overwritten where add is 0,
+                 * dw where the lazy zero_grad left it (grads_begin) */
         st = OP(c, matmul_grouped_backward16b, dinp, x.dw, dout16, (const uint16_t *)inp, x.w, s->exp_off, E,
-                x.L[0]->in, x.L[0]->out * (gu ? 2 : 1), add);
+                x.L[0]->in, x.L[0]->out * (gu ? 2 : 1), (add ? QD_BWD_DX_ADD : 0) | (s->dw_set ? QD_BWD_DW_SET : 0));
     else if (held_bits(s, inp))
         st = OP(c, matmul_grouped_backward16, dinp, x.dw, dout, (const uint16_t *)inp, x.w, s->exp_off, E,
                 x.L[0]->in, x.L[0]->out);
@@ -2023,6 +2028,79 @@ static qd_status head_backward(model *c, float *dln, float *dlogits, const float
     return linear_backward(c, dln, dlogits, c->lnf, L, N);
 }
 
+/* ---- the lazy zero_grad (QUADS_LAZY_ZERO=1): zero_grad marks the
+ * gradients, and the next backward zeroes all but the experts' weight
+ * gradients of the layers whose products can overwrite them (fast mode's
+ * experts_bwd16 with the ops' QD_BWD_DW_SET): at a3b's 4 layers 9.7 of the
+ * 12.4 GB a step zeroed. Another reader first (get_grads, the optimizer)
+ * zeroes them all. The same values: a product overwriting gives its sum where
+ * zero plus the sum gave it (a zero's sign aside). */
+static qd_status grads_settle(model *c)
+{
+    if (!c->zero_pending)
+        return QD_OK;
+    c->zero_pending = 0;
+    return c->grads ? OP(c, zero, c->grads, sizeof(float) * c->nfloats) : QD_OK;
+}
+
+/* layer l's experts' weight gradients [*lo, *hi) when they lie one after the
+ * other (the layout's order: gate, up, down an expert), else 0 */
+static int experts_grad_range(model *c, const layer *ly, size_t *lo, size_t *hi)
+{
+    size_t a = (size_t)-1, b = 0, sum = 0;
+    for (int e = 0; e < ly->nexp; e++)
+        for (int w = 0; w < 3; w++) {
+            const linear *L = expert_lin(c, ly, e, w);
+            size_t n = (size_t)L->in * L->out;
+            a = L->w < a ? L->w : a;
+            b = L->w + n > b ? L->w + n : b;
+            sum += n;
+        }
+    *lo = a, *hi = b;
+    return ly->nexp > 0 && b - a == sum;
+}
+
+static qd_status grads_begin(model *c)
+{
+    int L = c->cfg.num_hidden_layers;
+    for (int l = 0; l < L; l++)
+        c->acts[l].dw_set = 0;
+    if (!c->zero_pending)
+        return QD_OK;
+    c->zero_pending = 0;
+    size_t lo[QD_CONFIG_MAX_LAYERS], hi[QD_CONFIG_MAX_LAYERS];
+    int n = 0;
+    for (int l = 0; l < L; l++) {
+        layer_acts *s = &c->acts[l];
+        const layer *ly = &c->layers[l];
+        if (!ly->moe || s->off_dev || !experts_bwd16(c, s) || !experts_grad_range(c, ly, &lo[n], &hi[n]))
+            continue;
+        if (n > 0 && lo[n] < hi[n - 1]) /* not after the last one: left to the zeroing */
+            continue;
+        s->dw_set = 1;
+        n++;
+    }
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        if (lo[i] > at)
+            QD_TRY(OP(c, zero, c->grads + at, sizeof(float) * (lo[i] - at)));
+        at = hi[i];
+    }
+    if (c->nfloats > at)
+        QD_TRY(OP(c, zero, c->grads + at, sizeof(float) * (c->nfloats - at)));
+    for (int l = 0; l < L; l++) { /* an expert without rows gets no product: its zeros */
+        const layer_acts *s = &c->acts[l];
+        const layer *ly = &c->layers[l];
+        for (int e = 0; s->dw_set && e < ly->nexp; e++)
+            if (s->exp_off[e + 1] == s->exp_off[e])
+                for (int w = 0; w < 3; w++) {
+                    const linear *Le = expert_lin(c, ly, e, w);
+                    QD_TRY(OP(c, zero, c->grads + Le->w, sizeof(float) * (size_t)Le->in * Le->out));
+                }
+    }
+    return QD_OK;
+}
+
 /* dlogp: dev (N). */
 static qd_status model_backward(model *c, const float *dlogp)
 {
@@ -2030,6 +2108,7 @@ static qd_status model_backward(model *c, const float *dlogp)
     int N = c->N, C = g->hidden_size, V = g->vocab_size;
     size_t layer_floats, total = backward_floats(c, 1, &layer_floats);
     mark(c, QD_PH_BWD);
+    QD_TRY(grads_begin(c));
     void *p;
     QD_TRY(scratch(c, S_BWD, sizeof(float) * total, &p));
     fcarve f = {p, 0};
@@ -2373,6 +2452,7 @@ static qd_status optimizer_step_impl(model *c, const qd_adamw *o, int step, floa
     double norm;
     QD_TRY(ensure_train(c));
     mark(c, QD_PH_OPT);
+    QD_TRY(grads_settle(c));
     QD_TRY(grad_norm(c, &norm));
     if (!isfinite(norm))
         return qd_error(QD_ERR_NONFINITE, "optimizer: gradient norm is not finite");
@@ -2944,7 +3024,9 @@ static qd_status m_backward(qd_backend *b, const float *dlogp)
 static void m_zero_grad(qd_backend *b)
 {
     model *c = ctx_of(b);
-    if (c->grads)
+    if (c->grads && c->lazy_zero)
+        c->zero_pending = 1; /* grads_begin or grads_settle zeroes them */
+    else if (c->grads)
         OP(c, zero, c->grads, sizeof(float) * c->nfloats);
 }
 
@@ -2961,6 +3043,7 @@ static qd_status get_or_zero(model *c, float *host, const float *dev_buf, size_t
 static qd_status m_get_grads(qd_backend *b, float *grads, size_t n)
 {
     model *c = ctx_of(b);
+    QD_TRY(grads_settle(c));
     return get_or_zero(c, grads, c->grads, n);
 }
 
@@ -2968,6 +3051,7 @@ static qd_status m_set_grads(qd_backend *b, const float *grads, size_t n)
 {
     model *c = ctx_of(b);
     QD_TRY(ensure_train(c));
+    c->zero_pending = 0; /* every one written */
     return OP(c, to_dev, c->grads, grads, sizeof(float) * n);
 }
 
@@ -3346,6 +3430,8 @@ qd_backend *qd_model_backend_new(const qd_model_config *cfg, const qd_backend_op
     c->opt = *opt;
     c->ops = ops;
     c->dev = dev;
+    const char *lz = getenv("QUADS_LAZY_ZERO");
+    c->lazy_zero = lz && !strcmp(lz, "1");
     c->free_dev = free_dev;
     c->base.iface = &model_iface;
     c->base.context = c;

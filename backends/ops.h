@@ -42,6 +42,10 @@ typedef enum { QD_PREC_F32 = 0, QD_PREC_BF16, QD_PREC_BF16_X } qd_prec;
 /* RoPE's rotation, or its transpose (the backward's). */
 typedef enum { QD_ROPE_FORWARD = 0, QD_ROPE_INVERSE } qd_rope_dir;
 
+/* matmul_grouped_backward16b's add: dinp added to (else overwritten); dw
+ * overwritten (else added to) for the experts with rows */
+typedef enum { QD_BWD_DX_ADD = 1, QD_BWD_DW_SET = 2 } qd_bwd_flags;
+
 /* Phases of a step, for an optional profiler (QUADS_CUDA_PROFILE); the
  * backward's own parts after QD_PH_SYNC (QD_PH_BWD: the rest of it). */
 typedef enum {
@@ -159,8 +163,10 @@ typedef struct qd_ops {
      * for [dg | du] rows, gate's and up's products in one);
      * matmul_grouped_backward16b is matmul_grouped_backward16 with dout as such
      * bits (the same products, without a float32 array written and read again
-     * to be converted) and dinp's rows overwritten where add is 0 (no zeroed
-     * array to add to; dw always added to). */
+     * to be converted), dinp's rows added to where add has QD_BWD_DX_ADD,
+     * else overwritten (no zeroed array to add to), and the dw of each expert
+     * with rows overwritten where add has QD_BWD_DW_SET (the driver's lazy
+     * zero_grad: those gradients are not zeroed first), else added to. */
     qd_status (*moe_dy16)(void *dev, uint16_t *dy, float *dwt, const float *dout, const float *y,
                           const float *row_w, const int32_t *row_rank, const int32_t *tok_rows, int N, int K, int C);
     qd_status (*swiglu_backward16)(void *dev, uint16_t *dg, uint16_t *du, const float *dh, const float *g,

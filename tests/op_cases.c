@@ -1235,7 +1235,8 @@ static void c_moe_rows_wide(oc *c) { c_moe_rows_shape(c, 37, 8, 3, 300); }
  * swiglu_backward16 writing [dg | du] rows (ld 2 x 304), and the grouped
  * product of 608 rows (gate's weights then up's) over them, against the CPU's
  * matmul_grouped_backward over the same [dg | du] values (one sum over all
- * 608: the bits of exact mode, whose order is oc ascending). */
+ * 608: the bits of exact mode, whose order is oc ascending), its dw
+ * overwritten (QD_BWD_DW_SET, the lazy zero_grad's) for the experts with rows. */
 static void c_moe16_backward(oc *c)
 {
     enum { N = 37, E = 8, K = 3, C = 304, IC = 48, R = N * K };
@@ -1274,10 +1275,11 @@ static void c_moe16_backward(oc *c)
     if (c->ops->moe_dy16 && c->ops->swiglu_backward16 && c->ops->matmul_grouped_backward16b) {
         RUN(c, c->ops->moe_dy16(c->dev, dy, dwt, dout, y, rw, drr, dtr, N, K, C));
         RUN(c, c->ops->swiglu_backward16(c->dev, dg, du, dh, g, u, (size_t)R, C, C));
-        RUN(c, c->ops->matmul_grouped_backward16b(c->dev, dx, dw, dy, xb, w, exp_off, E, IC, C, 1));
+        RUN(c, c->ops->matmul_grouped_backward16b(c->dev, dx, dw, dy, xb, w, exp_off, E, IC, C, QD_BWD_DX_ADD));
         RUN(c, c->ops->matmul_grouped_backward16b(c->dev, dx0, dw, dy, xb, w, exp_off, E, IC, C, 0));
         RUN(c, c->ops->swiglu_backward16(c->dev, dgu, dgu + C, dh, g, u, (size_t)R, C, 2 * C));
-        RUN(c, c->ops->matmul_grouped_backward16b(c->dev, dxgu, dwgu, dgu, xb, wgu, exp_off, E, IC, 2 * C, 0));
+        RUN(c, c->ops->matmul_grouped_backward16b(c->dev, dxgu, dwgu, dgu, xb, wgu, exp_off, E, IC, 2 * C,
+                                                  QD_BWD_DW_SET));
     } else {
         RUN(c, c->ops->moe_dy(c->dev, dyf, dwt, dout, y, rw, drr, dtr, N, K, C));
         RUN(c, c->ops->swiglu_backward(c->dev, dgf, duf, dh, g, u, (size_t)R * C));
@@ -1296,6 +1298,9 @@ static void c_moe16_backward(oc *c)
             RUN(c, c->ops->round_bf16(c->dev, dguf + (size_t)r * 2 * C + C, duf + (size_t)r * C, C));
         }
         RUN(c, c->ops->zero(c->dev, dxgu, sizeof(float) * R * IC));
+        for (int e = 0; e < E; e++) /* QD_BWD_DW_SET: the experts with rows start from zero */
+            if (exp_off[e + 1] > exp_off[e])
+                RUN(c, c->ops->zero(c->dev, dwgu[e], sizeof(float) * 2 * C * IC));
         RUN(c, c->ops->matmul_grouped_backward(c->dev, dxgu, dwgu, dguf, x, wgu, exp_off, E, IC, 2 * C));
     }
     OUT(c, "dy bits", 'b', dy, sizeof(uint16_t) * R * C);

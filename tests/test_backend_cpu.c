@@ -1293,6 +1293,72 @@ START_TEST(test_recompute)
 }
 END_TEST
 
+/* ---- the lazy zero_grad (QUADS_LAZY_ZERO=1, read at init): zero_grad only
+ * marks the gradients; the next backward, get_grads or optimizer step zeroes
+ * them (on the CPU all of them: its experts' products never overwrite). Three
+ * steps of two micro-batches give the eager instance's gradients, norm and
+ * weights; get_grads right after zero_grad reads zeros; set_grads clears the
+ * mark (its values stay). */
+START_TEST(test_lazy_zero)
+{
+    qd_model_config c = tiny_config(0, 1);
+    int32_t tok[TB * TT];
+    tiny_batch(tok, 93);
+    qd_backend *b[2];
+    float *w = NULL, *g[2], *wt[2], gn[2], lp[TB * TT], dlp[TB * TT];
+    size_t n = 0;
+    for (int i = 0; i < TB * TT; i++)
+        dlp[i] = (float)((i % 5) - 2) * 0.3f;
+    for (int k = 0; k < 2; k++) {
+        if (k)
+            setenv("QUADS_LAZY_ZERO", "1", 1);
+        if (!w) {
+            qd_backend *t = make(&c, QD_RECIPE_BF16, QD_ROLE_TRAINER, 0, 0);
+            w = random_weights(t, 94);
+            n = qd_backend_num_floats(t);
+            qd_backend_free(t);
+        }
+        b[k] = make_recompute(&c, QD_RECIPE_BF16, 0, w);
+        unsetenv("QUADS_LAZY_ZERO");
+        g[k] = malloc(sizeof(float) * n);
+        wt[k] = malloc(sizeof(float) * n);
+        for (int step = 1; step <= 3; step++) {
+            qd_backend_zero_grad(b[k]);
+            if (step == 3) { /* the last step's gradients are still there: zeros read (at step 2 the
+                              * backward zeroes them itself) */
+                ck_assert_int_eq(qd_backend_get_grads(b[k], g[k], n), QD_OK);
+                for (size_t i = 0; i < n; i++)
+                    ck_assert_msg(g[k][i] == 0.0f, "gradient %zu after zero_grad: %g", i, g[k][i]);
+                qd_backend_zero_grad(b[k]);
+            }
+            for (int mb = 0; mb < 2; mb++) {
+                forward_ok(b[k], tok, tlen, TB, TT, lp, NULL);
+                ck_assert_int_eq(qd_backend_backward(b[k], dlp), QD_OK);
+            }
+            qd_adamw o = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                          .grad_clip = 1.0f};
+            ck_assert_int_eq(qd_backend_get_grads(b[k], g[k], n), QD_OK);
+            ck_assert_int_eq(qd_backend_optimizer_step(b[k], &o, step, &gn[k]), QD_OK);
+        }
+        ck_assert_int_eq(qd_backend_get_weights(b[k], wt[k], n), QD_OK);
+    }
+    ck_assert_mem_eq(g[0], g[1], sizeof(float) * n);
+    ck_assert(gn[0] == gn[1] && gn[0] > 0);
+    ck_assert_mem_eq(wt[0], wt[1], sizeof(float) * n);
+    /* set_grads after zero_grad: its values, not zeros */
+    qd_backend_zero_grad(b[1]);
+    ck_assert_int_eq(qd_backend_set_grads(b[1], g[0], n), QD_OK);
+    ck_assert_int_eq(qd_backend_get_grads(b[1], g[1], n), QD_OK);
+    ck_assert_mem_eq(g[0], g[1], sizeof(float) * n);
+    for (int k = 0; k < 2; k++) {
+        free(g[k]);
+        free(wt[k]);
+        qd_backend_free(b[k]);
+    }
+    free(w);
+}
+END_TEST
+
 /* ---- generation */
 
 /* Generates from rows [first, first + B) of a fixed prompt batch. */
@@ -1926,6 +1992,7 @@ Suite *suite_backend_cpu(void)
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_forward_temperature);
     tcase_add_test(tc, test_recompute);
+    tcase_add_test(tc, test_lazy_zero);
     suite_add_tcase(s, tc);
     return s;
 }

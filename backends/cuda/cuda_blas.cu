@@ -1181,7 +1181,7 @@ qd_status qd_cuda_gemm_grouped_f32(float *y, const float *x, const float *const 
 static qd_status experts_backward(const char *fn, cudaDataType_t in, size_t esz, cublasComputeType_t ct, float *dx,
                                   float *const *dw, const void *dy, const void *x, const void *const *w,
                                   const float *alpha, const int32_t *off, int E, int64_t N, int64_t K,
-                                  float dx_beta)
+                                  float dx_beta, float dw_beta)
 {
     cublasHandle_t h;
     QD_TRY(check_groups(fn, off, E, N, K));
@@ -1208,7 +1208,7 @@ static qd_status experts_backward(const char *fn, cudaDataType_t in, size_t esz,
             if (m)
                 g[G++] = (grp_gemm){dyb + r0 * N * esz, xb + r0 * K * esz, dw[e], (int)N, (int)K, (int)m, 1.0f};
         }
-        st = run_products(h, in, ct, g, G, 1, 0, 1.0f);
+        st = run_products(h, in, ct, g, G, 1, 0, dw_beta);
     }
     free(g);
     return st;
@@ -1219,7 +1219,7 @@ qd_status qd_cuda_gemm_grouped_f32_backward(float *dx, float *const *dw, const f
                                             int64_t K, qd_gemm_math math)
 {
     return experts_backward("qd_cuda_gemm_grouped_f32_backward", CUDA_R_32F, sizeof(float), compute_of(math), dx,
-                            dw, dy, x, (const void *const *)w, NULL, off, E, N, K, 1.0f);
+                            dw, dy, x, (const void *const *)w, NULL, off, E, N, K, 1.0f, 1.0f);
 }
 
 qd_status qd_cuda_gemm_grouped_bf16_backward(float *dx, float *const *dw, const uint16_t *dy, const uint16_t *x,
@@ -1227,7 +1227,8 @@ qd_status qd_cuda_gemm_grouped_bf16_backward(float *dx, float *const *dw, const 
                                              int E, int64_t N, int64_t K)
 {
     return experts_backward("qd_cuda_gemm_grouped_bf16_backward", CUDA_R_16BF, sizeof(uint16_t),
-                            CUBLAS_COMPUTE_32F, dx, dw, dy, x, (const void *const *)w, alpha, off, E, N, K, 1.0f);
+                            CUBLAS_COMPUTE_32F, dx, dw, dy, x, (const void *const *)w, alpha, off, E, N, K, 1.0f,
+                            1.0f);
 }
 
 qd_status qd_cuda_gemm_grouped_bf16_backward_to(float *dx, float *const *dw, const uint16_t *dy, const uint16_t *x,
@@ -1236,7 +1237,7 @@ qd_status qd_cuda_gemm_grouped_bf16_backward_to(float *dx, float *const *dw, con
 {
     return experts_backward("qd_cuda_gemm_grouped_bf16_backward_to", CUDA_R_16BF, sizeof(uint16_t),
                             CUBLAS_COMPUTE_32F, dx, dw, dy, x, (const void *const *)w, alpha, off, E, N, K,
-                            add ? 1.0f : 0.0f);
+                            add & 1 ? 1.0f : 0.0f, add & 2 ? 0.0f : 1.0f);
 }
 
 /* ---- FP8 */

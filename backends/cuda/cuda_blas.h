@@ -111,7 +111,8 @@ qd_status qd_cuda_gemm_grouped_f32_backward(float *dx, float *const *dw, const f
 qd_status qd_cuda_gemm_grouped_bf16_backward(float *dx, float *const *dw, const uint16_t *dy, const uint16_t *x,
                                              const uint16_t *const *w, const float *alpha, const int32_t *off,
                                              int E, int64_t N, int64_t K);
-/* the same with dx's rows overwritten (add 0: dx = alpha dy . w) or added to (add 1) */
+/* the same with dx's rows overwritten (add without bit 0: dx = alpha dy . w) or added to (bit 0),
+ * and dw (the experts with rows) added to, or overwritten where add has bit 1 */
 qd_status qd_cuda_gemm_grouped_bf16_backward_to(float *dx, float *const *dw, const uint16_t *dy, const uint16_t *x,
                                                 const uint16_t *const *w, const float *alpha, const int32_t *off,
                                                 int E, int64_t N, int64_t K, int add);

@@ -929,11 +929,14 @@ static qd_status cuda_matmul_grouped_backward16b(void *dev, float *dinp, float *
     cuda_dev *d = D(dev);
     if (d->fast16)
         return fast_grouped_backward(d, dinp, dw, NULL, dout, NULL, x, w, off, E, IC, OC, add);
-    const float *df; /* elsewhere the float path on the bits' values, added to zeros where add is 0 */
+    const float *df; /* elsewhere the float path on the bits' values, added to zeros where not added to */
     size_t rows = E ? (size_t)off[E] : 0;
     QD_TRY(float_in(d, D_DYF, dout, rows * (size_t)OC, &df));
-    if (!add && dinp && rows)
+    if (!(add & QD_BWD_DX_ADD) && dinp && rows)
         QD_CUDA_CHECK(cudaMemsetAsync(dinp, 0, sizeof(float) * rows * (size_t)IC));
+    for (int e = 0; dw && (add & QD_BWD_DW_SET) && e < E; e++)
+        if (off[e + 1] > off[e])
+            QD_CUDA_CHECK(cudaMemsetAsync(dw[e], 0, sizeof(float) * (size_t)OC * IC));
     return cuda_matmul_grouped_backward16(dev, dinp, dw, df, x, w, off, E, IC, OC);
 }
 
