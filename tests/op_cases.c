@@ -225,10 +225,12 @@ static void c_rmsnorm_wide(oc *c) { c_rmsnorm_shape(c, 700, 2050); }
  * a multiple of 32 and a ragged last block */
 static void c_rmsnorm_rows(oc *c) { c_rmsnorm_shape(c, 77, 250); }
 
-static void c_rope(oc *c)
+static void c_rope_shape(oc *c, int N, int nh, int D)
 {
-    int N = 5, nh = 3, D = 16, P = 12;
-    int32_t pos[5] = {0, 3, 11, 7, 3};
+    enum { P = 12 };
+    int32_t pos[64];
+    for (int n = 0; n < N && n < 64; n++)
+        pos[n] = (n * 7 + 3) % P;
     float *cs = F(c, (size_t)P * D / 2, -1, 1), *sn = F(c, (size_t)P * D / 2, -1, 1);
     float *x = F(c, (size_t)N * nh * D, -2, 2), *g = F(c, (size_t)N * nh * D, -2, 2);
     int32_t *dp = I(c, pos, N);
@@ -237,6 +239,11 @@ static void c_rope(oc *c)
     OUT(c, "forward", 'f', x, sizeof(float) * N * nh * D);
     OUT(c, "inverse", 'f', g, sizeof(float) * N * nh * D);
 }
+
+static void c_rope(oc *c) { c_rope_shape(c, 5, 3, 16); }
+/* a head of 128 (64 pairs: two passes of a warp's lanes in CUDA's rows
+ * kernel) over 9 x 5 rows (a ragged last block of 8 rows) */
+static void c_rope_wide(oc *c) { c_rope_shape(c, 9, 5, 128); }
 
 static void c_matmul_shape(oc *c, qd_prec prec, int N, int IC, int OC, float range)
 {
@@ -1574,6 +1581,7 @@ static const op_case cases[] = {
     {{"rmsnorm+backward 700x2050", "rmsnorm_backward", 1, 0}, c_rmsnorm_wide},
     {{"rmsnorm+backward 77x250", "rmsnorm", 0, 0}, c_rmsnorm_rows},
     {{"rope fwd+inverse 5x3x16", "rope", 0, 0}, c_rope},
+    {{"rope fwd+inverse 9x5x128", "rope", 0, 0}, c_rope_wide},
     {{"matmul f32 37x72x45", "matmul", 1, 0}, c_matmul_f32},
     {{"matmul bf16 37x72x45", "matmul", 1, 0}, c_matmul_bf16},
     {{"matmul f32 37x36x45", "matmul", 1, 0}, c_matmul_f32_odd},

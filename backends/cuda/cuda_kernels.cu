@@ -1553,9 +1553,50 @@ __global__ void k_rope(float *x, const int32_t *pos, const float *cosb, const fl
     }
 }
 
+/* k_rope's rotations with a warp's lanes along a (token, head) row's pairs
+ * and 8 rows a block: one 32-bit division a thread (the row's token) where
+ * k_rope takes two 64-bit ones (a3b's queries: 33.5M threads a call, four
+ * calls a layer and step). The same operations on each pair, so the same bits;
+ * QUADS_ROPE_ROWS=1, opt-in until run on a GPU. */
+#define RP_ROWS 8
+
+__global__ void __launch_bounds__(32 * RP_ROWS) k_rope_rows(float *x, const int32_t *pos, const float *cosb,
+                                                            const float *sinb, int rows, int nh, int h2,
+                                                            qd_rope_dir dir)
+{
+    int r = blockIdx.x * RP_ROWS + threadIdx.y;
+    if (r >= rows)
+        return;
+    int n = r / nh;
+    float *y = x + (size_t)r * 2 * h2;
+    const float *cr = cosb + (size_t)pos[n] * h2, *sr = sinb + (size_t)pos[n] * h2;
+    for (int i = threadIdx.x; i < h2; i += 32) {
+        float cs = cr[i], sn = sr[i];
+        float a = y[i], b = y[i + h2];
+        if (dir == QD_ROPE_INVERSE) {
+            y[i] = a * cs + b * sn;
+            y[i + h2] = b * cs - a * sn;
+        } else {
+            y[i] = a * cs - b * sn;
+            y[i + h2] = b * cs + a * sn;
+        }
+    }
+}
+
 extern "C" qd_status qdk_rope(float *x, const int32_t *pos, const float *cosb, const float *sinb, int N, int nh,
                               int D, qd_rope_dir dir)
 {
+    static int rows_on = -1;
+    if (rows_on < 0) {
+        const char *e = getenv("QUADS_ROPE_ROWS");
+        rows_on = e && e[0] == '1';
+    }
+    size_t rows = (size_t)N * nh;
+    if (N && rows_on && rows <= INT_MAX && D % 2 == 0) {
+        QD_LAUNCH(k_rope_rows, blocks(rows, RP_ROWS), dim3(32, RP_ROWS), x, pos, cosb, sinb, (int)rows, nh, D / 2,
+                  dir);
+        return QD_OK;
+    }
     if (N)
         QD_LAUNCH_N(k_rope, ((size_t)N * nh * (D / 2)), x, pos, cosb, sinb, N, nh, D, dir);
     return QD_OK;
