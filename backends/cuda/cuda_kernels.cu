@@ -180,17 +180,26 @@ extern "C" qd_status qdk_bf16_bits_cols(uint16_t *dst, const float *src, int64_t
     return QD_OK;
 }
 
-__global__ void k_embed(float *x, const float *emb, const int32_t *tok, int N, int C)
+/* IX: the flat index's type. Elementwise kernels over row-major (rows, C)
+ * arrays split their index into a row and a column; with 32-bit indices
+ * (where n fits: fits32) that is a 32-bit division, not a 64-bit one (a
+ * subroutine of some 60 instructions: at 16 x 1,024 tokens an ALU cost of
+ * the order of the bytes' time). The same elements, so the same bits. */
+static int fits32(size_t n) { return n <= (size_t)INT_MAX; }
+
+template <typename IX> __global__ void k_embed(float *x, const float *emb, const int32_t *tok, int N, int C)
 {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < (size_t)N * C)
-        x[i] = emb[(size_t)tok[i / C] * C + i % C];
+    IX i = (IX)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (IX)N * (IX)C)
+        x[i] = emb[(size_t)tok[i / (IX)C] * C + i % (IX)C];
 }
 
 extern "C" qd_status qdk_embed(float *x, const float *emb, const int32_t *tok, int N, int C)
 {
-    if (N)
-        QD_LAUNCH_N(k_embed, ((size_t)N * C), x, emb, tok, N, C);
+    if (N && fits32((size_t)N * C))
+        QD_LAUNCH_N(k_embed<unsigned>, ((size_t)N * C), x, emb, tok, N, C);
+    else if (N)
+        QD_LAUNCH_N(k_embed<size_t>, ((size_t)N * C), x, emb, tok, N, C);
     return QD_OK;
 }
 
@@ -2309,30 +2318,37 @@ extern "C" qd_status qdk_gather(float *xe, const float *x, const int32_t *row_to
 
 /* k_gather's values as BF16 bits (fast mode's experts, BF16 activations):
  * four a thread where C is a multiple of 4 (rows on 16 bytes), else one. */
-__global__ void k_gather16x4(uint2 *xe, const float4 *x, const int32_t *row_tok, int R, int C4)
+template <typename IX> __global__ void k_gather16x4(uint2 *xe, const float4 *x, const int32_t *row_tok, int R, int C4)
 {
-    size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (id < (size_t)R * C4) {
-        float4 v = x[(size_t)row_tok[id / C4] * C4 + id % C4];
+    IX id = (IX)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id < (IX)R * (IX)C4) {
+        float4 v = x[(size_t)row_tok[id / (IX)C4] * C4 + id % (IX)C4];
         xe[id] = bf16x4(v);
     }
 }
 
-__global__ void k_gather16(uint16_t *xe, const float *x, const int32_t *row_tok, int R, int C)
+template <typename IX> __global__ void k_gather16(uint16_t *xe, const float *x, const int32_t *row_tok, int R, int C)
 {
-    size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (id < (size_t)R * C)
-        xe[id] = (uint16_t)bf16_hi(x[(size_t)row_tok[id / C] * C + id % C]);
+    IX id = (IX)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id < (IX)R * (IX)C)
+        xe[id] = (uint16_t)bf16_hi(x[(size_t)row_tok[id / (IX)C] * C + id % (IX)C]);
 }
 
 extern "C" qd_status qdk_gather16(uint16_t *xe, const float *x, const int32_t *row_tok, int R, int C)
 {
     if (!R || !C)
         return QD_OK;
-    if (C % 4 == 0 && qd_aligned(x, 16) && qd_aligned(xe, 8))
-        QD_LAUNCH_N(k_gather16x4, ((size_t)R * (C / 4)), (uint2 *)xe, (const float4 *)x, row_tok, R, C / 4);
+    int f = fits32((size_t)R * C);
+    if (C % 4 == 0 && qd_aligned(x, 16) && qd_aligned(xe, 8) && f)
+        QD_LAUNCH_N(k_gather16x4<unsigned>, ((size_t)R * (C / 4)), (uint2 *)xe, (const float4 *)x, row_tok, R,
+                    C / 4);
+    else if (C % 4 == 0 && qd_aligned(x, 16) && qd_aligned(xe, 8))
+        QD_LAUNCH_N(k_gather16x4<size_t>, ((size_t)R * (C / 4)), (uint2 *)xe, (const float4 *)x, row_tok, R,
+                    C / 4);
+    else if (f)
+        QD_LAUNCH_N(k_gather16<unsigned>, ((size_t)R * C), xe, x, row_tok, R, C);
     else
-        QD_LAUNCH_N(k_gather16, ((size_t)R * C), xe, x, row_tok, R, C);
+        QD_LAUNCH_N(k_gather16<size_t>, ((size_t)R * C), xe, x, row_tok, R, C);
     return QD_OK;
 }
 
@@ -2405,13 +2421,14 @@ extern "C" qd_status qdk_swiglu_backward(float *dg, float *du, const float *dh, 
 }
 
 /* k_swiglu_bwd's bits with dg's and du's rows ld apart (ld = cols: k_swiglu_bwd) */
+template <typename IX>
 __global__ void k_swiglu_bwd16_ld(uint16_t *dg, uint16_t *du, const float *dh, const float *g, const float *u,
                                   size_t n, int cols, int ld)
 {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n)
+    IX i = (IX)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (IX)n)
         return;
-    size_t o = (i / (unsigned)cols) * (size_t)ld + i % (unsigned)cols;
+    size_t o = (size_t)(i / (IX)cols) * (size_t)ld + i % (IX)cols;
     float s = qd_sigmoidf(g[i]);
     st_out(dg + o, (dh[i] * u[i]) * (s * (1.0f + g[i] * (1.0f - s))));
     st_out(du + o, dh[i] * qd_siluf(g[i]));
@@ -2423,18 +2440,21 @@ extern "C" qd_status qdk_swiglu_backward16(uint16_t *dg, uint16_t *du, const flo
     size_t n = rows * (size_t)cols;
     if (n && ld == cols)
         QD_LAUNCH_N(k_swiglu_bwd<uint16_t>, (n), dg, du, dh, g, u, n);
+    else if (n && fits32(n))
+        QD_LAUNCH_N(k_swiglu_bwd16_ld<unsigned>, (n), dg, du, dh, g, u, n, cols, ld);
     else if (n)
-        QD_LAUNCH_N(k_swiglu_bwd16_ld, (n), dg, du, dh, g, u, n, cols, ld);
+        QD_LAUNCH_N(k_swiglu_bwd16_ld<size_t>, (n), dg, du, dh, g, u, n, cols, ld);
     return QD_OK;
 }
 
+template <typename IX>
 __global__ void k_combine(float *out, const float *y, const float *row_w, const int32_t *tok_rows, int N, int K,
                           int C)
 {
-    size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (id >= (size_t)N * C)
+    IX id = (IX)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (IX)N * (IX)C)
         return;
-    int n = (int)(id / C), i = (int)(id % C);
+    int n = (int)(id / (IX)C), i = (int)(id % (IX)C);
     float acc = 0.0f;
     for (int j = 0; j < K; j++) {
         int r = tok_rows[n * K + j];
@@ -2446,8 +2466,10 @@ __global__ void k_combine(float *out, const float *y, const float *row_w, const 
 extern "C" qd_status qdk_combine(float *out, const float *y, const float *row_w, const int32_t *tok_rows, int N,
                                  int K, int C)
 {
-    if (N)
-        QD_LAUNCH_N(k_combine, ((size_t)N * C), out, y, row_w, tok_rows, N, K, C);
+    if (N && fits32((size_t)N * C))
+        QD_LAUNCH_N(k_combine<unsigned>, ((size_t)N * C), out, y, row_w, tok_rows, N, K, C);
+    else if (N)
+        QD_LAUNCH_N(k_combine<size_t>, ((size_t)N * C), out, y, row_w, tok_rows, N, K, C);
     return QD_OK;
 }
 
@@ -2517,12 +2539,13 @@ extern "C" qd_status qdk_moe_dy16(uint16_t *dy, float *dwt, const float *dout, c
     return QD_OK;
 }
 
+template <typename IX>
 __global__ void k_unroute(float *dinp, const float *dxe, const int32_t *tok_rows, int N, int K, int C)
 {
-    size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (id >= (size_t)N * C)
+    IX id = (IX)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (IX)N * (IX)C)
         return;
-    int n = (int)(id / C), i = (int)(id % C);
+    int n = (int)(id / (IX)C), i = (int)(id % (IX)C);
     float v = dinp[id];
     for (int j = 0; j < K; j++)
         v = v + dxe[(size_t)tok_rows[n * K + j] * C + i];
@@ -2531,8 +2554,10 @@ __global__ void k_unroute(float *dinp, const float *dxe, const int32_t *tok_rows
 
 extern "C" qd_status qdk_unroute(float *dinp, const float *dxe, const int32_t *tok_rows, int N, int K, int C)
 {
-    if (N)
-        QD_LAUNCH_N(k_unroute, ((size_t)N * C), dinp, dxe, tok_rows, N, K, C);
+    if (N && fits32((size_t)N * C))
+        QD_LAUNCH_N(k_unroute<unsigned>, ((size_t)N * C), dinp, dxe, tok_rows, N, K, C);
+    else if (N)
+        QD_LAUNCH_N(k_unroute<size_t>, ((size_t)N * C), dinp, dxe, tok_rows, N, K, C);
     return QD_OK;
 }
 
