@@ -551,6 +551,13 @@ static qd_status gemms(model *c, float *const *out, const qd_nvfp4 *a, int a_ste
     return OP(c, w4a4_gemm_multi, out, ap, wp, n);
 }
 
+/* inp (n floats) unchanged until hold(c, NULL, 0): the ops' hold_input */
+static void hold(model *c, const float *inp, size_t n)
+{
+    if (c->ops->hold_input)
+        c->ops->hold_input(c->dev, inp, n);
+}
+
 /* out[i] (N, L[i]->out) = inp (N, in) . W_i^T for n linears of one input (q, k
  * and v): where every one is plain W4A4 the input is quantized once and each
  * product reads those codes, the bits of n linear_forward calls; where every
@@ -577,9 +584,12 @@ static qd_status linears_forward(model *c, float *const *out, const float *inp, 
     for (int i = 0; i < n; i++)
         share = share && shares_act(c, L[i]) && L[i]->in == L[0]->in;
     if (!share) {
-        for (int i = 0; i < n; i++)
-            QD_TRY(linear_forward(c, out[i], inp, L[i], N));
-        return QD_OK;
+        qd_status st = QD_OK;
+        hold(c, inp, (size_t)N * L[0]->in); /* the products may share what they make of inp */
+        for (int i = 0; i < n && !st; i++)
+            st = linear_forward(c, out[i], inp, L[i], N);
+        hold(c, NULL, 0);
+        return st;
     }
     qd_nvfp4 a;
     QD_TRY(act_nvfp4(c, &a, N, L[0]->in));
@@ -1978,9 +1988,14 @@ static qd_status attn_backward(model *c, float *dx, const float *dout, const lay
     QD_TRY(OP(c, rmsnorm_backward, dk, c->grads + ly->k_norm, dkr, s->k, P(c, ly->k_norm), s->rstd_k, N * KV,
               D));
     mark(c, QD_PH_BWD_ATTN_LIN);
-    QD_TRY(linear_backward(c, dln, dq, s->ln1, &c->lin[ly->q], N));
-    QD_TRY(linear_backward(c, dln, dk, s->ln1, &c->lin[ly->k], N));
-    QD_TRY(linear_backward(c, dln, dv, s->ln1, &c->lin[ly->v], N));
+    hold(c, s->ln1, (size_t)N * C); /* q's, k's and v's products may share what they make of ln1 */
+    qd_status st = linear_backward(c, dln, dq, s->ln1, &c->lin[ly->q], N);
+    if (!st)
+        st = linear_backward(c, dln, dk, s->ln1, &c->lin[ly->k], N);
+    if (!st)
+        st = linear_backward(c, dln, dv, s->ln1, &c->lin[ly->v], N);
+    hold(c, NULL, 0);
+    QD_TRY(st);
     mark(c, QD_PH_BWD);
     return OP(c, rmsnorm_backward, dx, c->grads + ly->in_norm, dln, s->x, P(c, ly->in_norm), s->rstd1, N, C);
 }

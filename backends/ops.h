@@ -361,6 +361,11 @@ typedef struct qd_ops {
      * bits of round_bf16(x)), so the driver need not round a BF16 linear's
      * input first (a pass over it, written and read again). Optional: NULL = no. */
     int (*rounds_bf16_input)(void *dev, int N, int IC, int OC);
+    /* x (n floats) stays unchanged until the next call (x NULL: no longer
+     * held): products of several linears of that one input (q, k and v
+     * forward and backward) may reuse what they made of it (CUDA's fast mode:
+     * its BF16 bits, converted once, not once a linear). Optional. */
+    void (*hold_input)(void *dev, const float *x, size_t n);
 } qd_ops;
 
 /* The CPU's ops (backends/cpu/cpu_ops.c), for tests that run an op on two backends. */

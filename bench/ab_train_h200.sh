@@ -34,7 +34,9 @@
 #   QUADS_LAZY_ZERO=1: zero_grad leaves the experts' weight gradients to be
 #     overwritten by their products (9.7 of the 12.4 GB zeroed a step);
 #   QUADS_ROPE_ROWS=1: RoPE a warp a (token, head) row (one 32-bit division a thread);
-#   the six together;
+#   QUADS_HOLD_X=1: q's, k's and v's products convert their one input to BF16 once
+#     (forward and backward), not once each;
+#   the seven together;
 # ROUNDS [1] rounds (2 or more to confirm a difference), the variants
 # alternating within each (one process a variant a round: ITERS [2] steps
 # after WARMUP [1]; the H200's clocks and the host vary between processes, so
@@ -61,8 +63,8 @@ default_variants="$default_variants;QUADS_DY16_BYTES=2147483648;--recompute;QUAD
 default_variants="$default_variants;QUADS_ROUND_INPUT=1;QUADS_WGMMA_BWD=1"
 default_variants="$default_variants;QUADS_ADAMW_BITS=0 QUADS_GATE_UP=0 QUADS_ROUND_INPUT=1"
 default_variants="$default_variants;QUADS_DLOGIT_FAST=1;QUADS_RMSNORM_ROWS=1;QUADS_EMBED_SORT=1;QUADS_ADAMW_U2=1"
-default_variants="$default_variants;QUADS_LAZY_ZERO=1;QUADS_ROPE_ROWS=1"
-default_variants="$default_variants;QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_LAZY_ZERO=1 QUADS_ROPE_ROWS=1"
+default_variants="$default_variants;QUADS_LAZY_ZERO=1;QUADS_ROPE_ROWS=1;QUADS_HOLD_X=1"
+default_variants="$default_variants;QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_LAZY_ZERO=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1"
 IFS=';' read -r -a variants <<<"${VARIANTS:-$default_variants}"
 run=(bench/bench_backend --backend "${BACKEND:-cuda}" --mode "${MODE:-fast}" --recipe "${RECIPE:-bf16}" --model a3b
      --layers "${LAYERS:-4}" --batch "${B:-16}" --seq "${T:-1024}" --ops "train step")

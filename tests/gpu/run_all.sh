@@ -16,12 +16,12 @@
 #      and with the opt-ins of 2026-12-05c (the lm_head backward's dy bits by
 #      the hardware's exp, 32 rows a block for the narrow rmsnorms, the
 #      embedding's backward with its tokens sorted, AdamW's two-float4 kernel,
-#      RoPE a warp a row: QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1
-#      QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1);
+#      RoPE a warp a row, q/k/v's input converted to BF16 once: QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1
+#      QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1);
 #   1. tests/gpu/check_backend (then again with QUADS_AQAT16=0, with
 #      QUADS_GATE_UP=0 QUADS_ADAMW_BITS=0 QUADS_ROUND_INPUT=1 QUADS_WGMMA_BWD=1, and with
 #      the opt-ins QUADS_LAZY_ZERO=1 QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1
-#      QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1): whole models, every recipe and role, CUDA vs
+#      QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1): whole models, every recipe and role, CUDA vs
 #      CPU: exact mode bit for bit, fast mode within stated relative errors;
 #   2. tests/gpu/check_blas: the fast-mode GEMMs and the W4A4 path choice;
 #   3. `quads rl` (the default config) on the CPU and on the CUDA backend in
@@ -72,8 +72,8 @@ echo "== check_ops 1, fast mode's fused attention on the mma.sync kernels (QUADS
 QUADS_FLASH_WG=0 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_flashwg.log" 2>&1 || rc=1
 grep "attend" "$out/check_ops_flashwg.log" | grep fast16
 tail -1 "$out/check_ops_flashwg.log"
-echo "== check_ops 1, the opt-ins: dy bits by the hardware's exp, rmsnorm 32 rows a block, the embedding's backward sorted, AdamW two float4 a thread, RoPE a warp a row (QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1)"
-QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 timeout 300 tests/gpu/check_ops >"$out/check_ops_optin.log" 2>&1 || rc=1
+echo "== check_ops 1, the opt-ins: dy bits by the hardware's exp, rmsnorm 32 rows a block, the embedding's backward sorted, AdamW two float4 a thread, RoPE a warp a row (QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1)"
+QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1 timeout 300 tests/gpu/check_ops >"$out/check_ops_optin.log" 2>&1 || rc=1
 tail -1 "$out/check_ops_optin.log"
 echo "== check_backend"
 timeout 400 tests/gpu/check_backend >"$out/check_backend.log" 2>"$out/check_backend.err" || rc=1
@@ -89,8 +89,8 @@ echo "== check_backend, QUADS_GATE_UP=0 QUADS_ADAMW_BITS=0 QUADS_ROUND_INPUT=1 Q
 QUADS_GATE_UP=0 QUADS_ADAMW_BITS=0 QUADS_ROUND_INPUT=1 QUADS_WGMMA_BWD=1 timeout 400 tests/gpu/check_backend >"$out/check_backend_old.log" 2>"$out/check_backend_old.err" || rc=1
 grep -v " yes$" "$out/check_backend_old.log" | grep -v " within " | head -10
 tail -1 "$out/check_backend_old.log"
-echo "== check_backend with the opt-ins of 2026-12-05c (QUADS_LAZY_ZERO=1: the experts' weight gradients overwritten, not zeroed first; QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1)"
-QUADS_LAZY_ZERO=1 QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 timeout 400 tests/gpu/check_backend >"$out/check_backend_optin.log" 2>"$out/check_backend_optin.err" || rc=1
+echo "== check_backend with the opt-ins of 2026-12-05c (QUADS_LAZY_ZERO=1: the experts' weight gradients overwritten, not zeroed first; QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1)"
+QUADS_LAZY_ZERO=1 QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1 timeout 400 tests/gpu/check_backend >"$out/check_backend_optin.log" 2>"$out/check_backend_optin.err" || rc=1
 grep -v " yes$" "$out/check_backend_optin.log" | grep -v " within " | head -10
 tail -1 "$out/check_backend_optin.log"
 echo "== check_blas"
