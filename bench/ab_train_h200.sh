@@ -3,7 +3,7 @@
 # side (issue 13) on the GPU machine, from a tree built here and carried
 # (bench/bench_backend, tests/gpu/bundle_libs.sh's .devrun/lib), in about
 # ROUNDS x variants x 10 s plus a minute (4-5 minutes with the defaults). The
-# a3b model (bench/run_train_h200.sh) at LAYERS [4], B [16] x T [1024] tokens,
+# MODEL [a3b] (bench/run_train_h200.sh; or moe8) at LAYERS [4; moe8: 8], B [16] x T [1024] tokens,
 # RECIPE [bf16]; each variant is a set of environment settings, VARIANTS
 # ';'-separated:
 #   default: the kernels the defaults choose;
@@ -66,8 +66,10 @@ default_variants="$default_variants;QUADS_DLOGIT_FAST=1;QUADS_RMSNORM_ROWS=1;QUA
 default_variants="$default_variants;QUADS_LAZY_ZERO=1;QUADS_ROPE_ROWS=1;QUADS_HOLD_X=1"
 default_variants="$default_variants;QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_LAZY_ZERO=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1"
 IFS=';' read -r -a variants <<<"${VARIANTS:-$default_variants}"
-run=(bench/bench_backend --backend "${BACKEND:-cuda}" --mode "${MODE:-fast}" --recipe "${RECIPE:-bf16}" --model a3b
-     --layers "${LAYERS:-4}" --batch "${B:-16}" --seq "${T:-1024}" --ops "train step")
+model=${MODEL:-a3b}
+layers=${LAYERS:-$([ "$model" = moe8 ] && echo 8 || echo 4)}
+run=(bench/bench_backend --backend "${BACKEND:-cuda}" --mode "${MODE:-fast}" --recipe "${RECIPE:-bf16}" --model "$model"
+     --layers "$layers" --batch "${B:-16}" --seq "${T:-1024}" --ops "train step")
 tokens=$(( ${B:-16} * ${T:-1024} ))
 # a variant's words: settings (envs) and bench_backend arguments (args, the words starting with --)
 split() {

@@ -2,8 +2,8 @@
 # bench/profile_train_h200.sh: where a train step's time goes (issue 13), per
 # phase and per kernel, on the GPU machine, in under 5 minutes, from a tree
 # built here and carried (bench/bench_backend, .devrun from
-# tests/gpu/bundle_libs.sh). The a3b model (bench/run_train_h200.sh) at LAYERS
-# [4], B [16] x T [1024] tokens, MODE [fast], RECIPE [nvfp4]: one train step
+# tests/gpu/bundle_libs.sh). MODEL [a3b] (bench/run_train_h200.sh; or moe8) at LAYERS
+# [4; moe8: 8], B [16] x T [1024] tokens, MODE [fast], RECIPE [nvfp4]: one train step
 # (zero_grad, forward, backward, AdamW with the weight sync), no warm-up.
 #   1. phases.txt [60 s]: the CUDA backend's wall time per phase
 #      (QUADS_CUDA_PROFILE=last: the timed step after one warm-up step, so
@@ -26,8 +26,10 @@ cd "$(dirname "$0")/.." || exit 1
 export LD_LIBRARY_PATH="$PWD/.devrun/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export OMP_WAIT_POLICY=passive
 [ -x bench/bench_backend ] || { echo "profile_train_h200: bench/bench_backend not found: build it first" >&2; exit 1; }
-run=(bench/bench_backend --backend cuda --mode "${MODE:-fast}" --recipe "${RECIPE:-nvfp4}" --model a3b
-     --layers "${LAYERS:-4}" --batch "${B:-16}" --seq "${T:-1024}" --iters 1 --ops "train step")
+model=${MODEL:-a3b}
+layers=${LAYERS:-$([ "$model" = moe8 ] && echo 8 || echo 4)}
+run=(bench/bench_backend --backend cuda --mode "${MODE:-fast}" --recipe "${RECIPE:-nvfp4}" --model "$model"
+     --layers "$layers" --batch "${B:-16}" --seq "${T:-1024}" --iters 1 --ops "train step")
 echo "== phases (QUADS_CUDA_PROFILE=last, one warm-up step): ${run[*]} --warmup 1"
 QUADS_CUDA_PROFILE=last timeout 60 "${run[@]}" --warmup 1 >"$out/phases.txt" 2>&1 ||
     echo "the phase run failed: see $out/phases.txt"
