@@ -1540,6 +1540,19 @@ extern "C" qd_status qdk_rmsnorm_backward_fast(float *dinp, float *dw, float *wo
     return QD_OK;
 }
 
+/* pair i of a row y (pairs i, i + h2) rotated by (cs, sn), or back */
+static __device__ __forceinline__ void rope_pair(float *y, int i, int h2, float cs, float sn, qd_rope_dir dir)
+{
+    float a = y[i], b = y[i + h2];
+    if (dir == QD_ROPE_INVERSE) {
+        y[i] = a * cs + b * sn;
+        y[i + h2] = b * cs - a * sn;
+    } else {
+        y[i] = a * cs - b * sn;
+        y[i + h2] = b * cs + a * sn;
+    }
+}
+
 __global__ void k_rope(float *x, const int32_t *pos, const float *cosb, const float *sinb, int N, int nh, int D,
                        qd_rope_dir dir)
 {
@@ -1551,15 +1564,7 @@ __global__ void k_rope(float *x, const int32_t *pos, const float *cosb, const fl
     size_t nhh = id / h2;
     int n = (int)(nhh / nh);
     float *y = x + nhh * D;
-    float cs = cosb[(size_t)pos[n] * h2 + i], sn = sinb[(size_t)pos[n] * h2 + i];
-    float a = y[i], b = y[i + h2];
-    if (dir == QD_ROPE_INVERSE) {
-        y[i] = a * cs + b * sn;
-        y[i + h2] = b * cs - a * sn;
-    } else {
-        y[i] = a * cs - b * sn;
-        y[i + h2] = b * cs + a * sn;
-    }
+    rope_pair(y, i, h2, cosb[(size_t)pos[n] * h2 + i], sinb[(size_t)pos[n] * h2 + i], dir);
 }
 
 /* k_rope's rotations with a warp's lanes along a (token, head) row's pairs
@@ -1579,17 +1584,8 @@ __global__ void __launch_bounds__(32 * RP_ROWS) k_rope_rows(float *x, const int3
     int n = r / nh;
     float *y = x + (size_t)r * 2 * h2;
     const float *cr = cosb + (size_t)pos[n] * h2, *sr = sinb + (size_t)pos[n] * h2;
-    for (int i = threadIdx.x; i < h2; i += 32) {
-        float cs = cr[i], sn = sr[i];
-        float a = y[i], b = y[i + h2];
-        if (dir == QD_ROPE_INVERSE) {
-            y[i] = a * cs + b * sn;
-            y[i + h2] = b * cs - a * sn;
-        } else {
-            y[i] = a * cs - b * sn;
-            y[i + h2] = b * cs + a * sn;
-        }
-    }
+    for (int i = threadIdx.x; i < h2; i += 32)
+        rope_pair(y, i, h2, cr[i], sr[i], dir);
 }
 
 extern "C" qd_status qdk_rope(float *x, const int32_t *pos, const float *cosb, const float *sinb, int N, int nh,
