@@ -1911,6 +1911,8 @@ static float *carve(fcarve *f, size_t n)
     return p;
 }
 
+static int experts_grad_range(model *c, const layer *ly, size_t *lo, size_t *hi);
+
 static qd_status mlp_backward(model *c, float *dinp, const float *dout, const layer_acts *s, const layer *ly,
                               float *buf)
 {
@@ -1923,6 +1925,12 @@ static qd_status mlp_backward(model *c, float *dinp, const float *dout, const la
     if (N == 0)
         return QD_OK;
     int b16 = experts_bwd16(c, s);
+    if (s->dw_set && !b16) { /* grads_begin left these to products that overwrite: these add (never
+                              * expected: the recomputed forward takes the same path) */
+        size_t lo, hi;
+        if (experts_grad_range(c, ly, &lo, &hi))
+            QD_TRY(OP(c, zero, c->grads + lo, sizeof(float) * (hi - lo)));
+    }
     if (!b16) { /* the two the products add into; moe_dy, swiglu_backward and router_backward overwrite the rest */
         QD_TRY(OP(c, zero, dxe, sizeof(float) * (size_t)R * C));
         QD_TRY(OP(c, zero, dh, sizeof(float) * (size_t)R * I));
