@@ -191,6 +191,7 @@ typedef struct {
     int have_forward;
     int lazy_zero;                 /* QUADS_LAZY_ZERO=1 at init: zero_grad only marks the gradients */
     int zero_pending;              /* marked: zeroed at their next use (grads_settle, grads_begin) */
+    int head_dw_set;               /* this backward's head_backward overwrites the lm_head's dW */
     int have_diag;                 /* a forward or generate has run */
     /* what diagnostics hands out */
     const char **dg_names;         /* (quantized linears) */
@@ -2043,10 +2044,12 @@ static qd_status head_backward(model *c, float *dln, float *dlogits, const float
         const float *xe;
         QD_TRY(linear_input(c, &xe, c->lnf, L, N));
         qd_status st = OP(c, head_backward, dln, c->grads + L->w, dlogp, c->logits, c->lse, c->d_tgt, xe, LW(c, L),
-                          N, L->in, V, c->temp);
+                          N, L->in, V, c->temp, c->head_dw_set ? QD_BWD_DW_SET : 0);
         if (st != QD_ERR_UNSUPPORTED)
             return st;
     }
+    if (c->head_dw_set) /* grads_begin left it to an overwriting product: the two ops below add */
+        QD_TRY(OP(c, zero, c->grads + L->w, sizeof(float) * (size_t)L->in * L->out));
     QD_TRY(OP(c, logprob_backward, dlogits, dlogp, c->logits, c->lse, c->d_tgt, N, V, c->temp));
     return linear_backward(c, dln, dlogits, c->lnf, L, N);
 }
@@ -2083,32 +2086,58 @@ static int experts_grad_range(model *c, const layer *ly, size_t *lo, size_t *hi)
     return ly->nexp > 0 && b - a == sum;
 }
 
+/* ranges of grads left to overwriting products, ascending and apart */
+typedef struct {
+    size_t lo, hi;
+    int layer; /* -1: the lm_head's */
+} dw_range;
+
+static int dw_range_cmp(const void *a, const void *b)
+{
+    size_t x = ((const dw_range *)a)->lo, y = ((const dw_range *)b)->lo;
+    return x < y ? -1 : x > y;
+}
+
 static qd_status grads_begin(model *c)
 {
     int L = c->cfg.num_hidden_layers;
     for (int l = 0; l < L; l++)
         c->acts[l].dw_set = 0;
+    c->head_dw_set = 0;
     if (!c->zero_pending)
         return QD_OK;
     c->zero_pending = 0;
-    size_t lo[QD_CONFIG_MAX_LAYERS], hi[QD_CONFIG_MAX_LAYERS];
+    dw_range *r = malloc(sizeof *r * ((size_t)L + 1));
+    if (!r)
+        return qd_error(QD_ERR_NOMEM, "%s backend: gradients", c->ops->name);
     int n = 0;
     for (int l = 0; l < L; l++) {
         layer_acts *s = &c->acts[l];
         const layer *ly = &c->layers[l];
-        if (!ly->moe || s->off_dev || !experts_bwd16(c, s) || !experts_grad_range(c, ly, &lo[n], &hi[n]))
-            continue;
-        if (n > 0 && lo[n] < hi[n - 1]) /* not after the last one: left to the zeroing */
-            continue;
-        s->dw_set = 1;
+        if (ly->moe && !s->off_dev && experts_bwd16(c, s) && experts_grad_range(c, ly, &r[n].lo, &r[n].hi))
+            r[n++].layer = l;
+    }
+    if (c->ops->head_backward && c->N) { /* where it is not fused after all, head_backward zeroes it */
+        const linear *H = &c->lin[c->lm_head];
+        r[n] = (dw_range){H->w, H->w + (size_t)H->in * H->out, -1};
         n++;
     }
+    qsort(r, (size_t)n, sizeof *r, dw_range_cmp);
     size_t at = 0;
-    for (int i = 0; i < n; i++) {
-        if (lo[i] > at)
-            QD_TRY(OP(c, zero, c->grads + at, sizeof(float) * (lo[i] - at)));
-        at = hi[i];
+    qd_status st = QD_OK;
+    for (int i = 0; i < n && !st; i++) {
+        if (r[i].lo < at) /* overlaps the one before (a tied head): left to the zeroing */
+            continue;
+        if (r[i].lo > at)
+            st = OP(c, zero, c->grads + at, sizeof(float) * (r[i].lo - at));
+        at = r[i].hi;
+        if (r[i].layer < 0)
+            c->head_dw_set = 1;
+        else
+            c->acts[r[i].layer].dw_set = 1;
     }
+    free(r);
+    QD_TRY(st);
     if (c->nfloats > at)
         QD_TRY(OP(c, zero, c->grads + at, sizeof(float) * (c->nfloats - at)));
     for (int l = 0; l < L; l++) { /* an expert without rows gets no product: its zeros */

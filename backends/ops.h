@@ -43,7 +43,8 @@ typedef enum { QD_PREC_F32 = 0, QD_PREC_BF16, QD_PREC_BF16_X } qd_prec;
 typedef enum { QD_ROPE_FORWARD = 0, QD_ROPE_INVERSE } qd_rope_dir;
 
 /* matmul_grouped_backward16b's add: dinp added to (else overwritten); dw
- * overwritten (else added to) for the experts with rows */
+ * overwritten (else added to) for the experts with rows; head_backward's
+ * flags: QD_BWD_DW_SET alone */
 typedef enum { QD_BWD_DX_ADD = 1, QD_BWD_DW_SET = 2 } qd_bwd_flags;
 
 /* Phases of a step, for an optional profiler (QUADS_CUDA_PROFILE); the
@@ -331,10 +332,11 @@ typedef struct qd_ops {
      * block of columns at a time: N x V floats are 10 GB at a3b's 16 x 1024
      * tokens). Optional, and QD_ERR_UNSUPPORTED with nothing enqueued where
      * the backend does not fuse (exact mode): the driver then calls
-     * logprob_backward and matmul_backward. */
+     * logprob_backward and matmul_backward. flags QD_BWD_DW_SET: dw
+     * overwritten instead (the lazy zero_grad's). */
     qd_status (*head_backward)(void *dev, float *dinp, float *dw, const float *dlogp, const float *logits,
                                const float *lse, const int32_t *tgt, const float *x, const float *w, int N, int IC,
-                               int V, float T);
+                               int V, float T, int flags);
     /* out (host, B): qd_sample_row of each row of logits (B, V) at (seq_ids[b], positions[b]).
      * Optional: where NULL the driver copies the logits to the host (to_host)
      * and samples there (qd_sample_batch, backends/sampling.c). */

@@ -1414,7 +1414,9 @@ static void c_sample_greedy(oc *c)
 
 /* The lm_head's backward from the log-probs: the ops' head_backward where it
  * fuses (the CUDA fast mode: dlogits' BF16 bits a block of columns at a time,
- * never stored), else logprob_backward then matmul_backward, as the driver. */
+ * never stored), else logprob_backward then matmul_backward, as the driver;
+ * then again with its dw overwritten (QD_BWD_DW_SET: the driver zeroes it
+ * first where the op does not fuse). */
 static void c_head_backward(oc *c)
 {
     int N = 37, IC = 72, V = 304;
@@ -1429,18 +1431,25 @@ static void c_head_backward(oc *c)
     RUN(c, c->ops->round_bf16(c->dev, x, x, (size_t)N * IC)); /* BF16 values, as the recipes make them */
     RUN(c, c->ops->round_bf16(c->dev, w, w, (size_t)V * IC));
     RUN(c, c->ops->logprob(c->dev, lp, lse, l, dt, N, V, T));
-    qd_status st = QD_ERR_UNSUPPORTED;
-    if (!c->st && c->ops->head_backward)
-        st = c->ops->head_backward(c->dev, dx, dw, dlp, l, lse, dt, x, w, N, IC, V, T);
-    if (st == QD_ERR_UNSUPPORTED) {
-        float *dl = Z(c, sizeof(float) * (size_t)N * V);
-        RUN(c, c->ops->logprob_backward(c->dev, dl, dlp, l, lse, dt, N, V, T));
-        RUN(c, c->ops->matmul_backward(c->dev, dx, dw, dl, x, w, N, IC, V));
-    } else if (!c->st) {
-        c->st = st;
+    float *dw2 = F(c, (size_t)V * IC, -1, 1); /* overwritten (QD_BWD_DW_SET): its values must not count */
+    for (int k = 0; k < 2; k++) {
+        float *g = k ? dw2 : dw;
+        qd_status st = QD_ERR_UNSUPPORTED;
+        if (!c->st && c->ops->head_backward)
+            st = c->ops->head_backward(c->dev, dx, g, dlp, l, lse, dt, x, w, N, IC, V, T, k ? QD_BWD_DW_SET : 0);
+        if (st == QD_ERR_UNSUPPORTED) {
+            float *dl = Z(c, sizeof(float) * (size_t)N * V);
+            if (k)
+                RUN(c, c->ops->zero(c->dev, g, sizeof(float) * (size_t)V * IC));
+            RUN(c, c->ops->logprob_backward(c->dev, dl, dlp, l, lse, dt, N, V, T));
+            RUN(c, c->ops->matmul_backward(c->dev, dx, g, dl, x, w, N, IC, V));
+        } else if (!c->st) {
+            c->st = st;
+        }
     }
-    OUT(c, "dx", 'f', dx, sizeof(float) * N * IC);
+    OUT(c, "dx", 'f', dx, sizeof(float) * N * IC); /* added to twice */
     OUT(c, "dw", 'f', dw, sizeof(float) * V * IC);
+    OUT(c, "dw_set", 'f', dw2, sizeof(float) * V * IC);
 }
 
 /* AdamW over a length that is not a multiple of 4, from an address off 16

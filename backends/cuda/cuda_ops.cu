@@ -673,7 +673,7 @@ typedef struct {
 } lp_grad;
 
 static qd_status backward16(cuda_dev *d, float *dinp, float *dw, const float *dout, const lp_grad *lp,
-                            const float *x, const float *w, int N, int IC, int OC)
+                            const float *x, const float *w, int N, int IC, int OC, float dw_beta)
 {
     const uint16_t *w16 = NULL, *x16 = NULL;
     float alpha;
@@ -700,7 +700,7 @@ static qd_status backward16(cuda_dev *d, float *dinp, float *dw, const float *do
         if (dinp)
             QD_TRY(qd_cuda_gemm_bf16_dx_scaled(dinp, dy16, w16 + c0 * IC, N, nc, IC, alpha, 1.0f));
         if (dw)
-            QD_TRY(qd_cuda_gemm_bf16_dw(dw + c0 * IC, dy16, x16, N, nc, IC, 1.0f));
+            QD_TRY(qd_cuda_gemm_bf16_dw(dw + c0 * IC, dy16, x16, N, nc, IC, dw_beta)); /* rows of its own */
     }
     return QD_OK;
 }
@@ -710,7 +710,7 @@ static qd_status cuda_matmul_backward(void *dev, float *dinp, float *dw, const f
 {
     cuda_dev *d = D(dev);
     if (d->fast16 && IC % 8 == 0 && OC % 8 == 0) /* BF16 rows on 16 bytes */
-        return N ? backward16(d, dinp, dw, dout, NULL, x, w, N, IC, OC) : QD_OK;
+        return N ? backward16(d, dinp, dw, dout, NULL, x, w, N, IC, OC, 1.0f) : QD_OK;
     if (d->mode == QD_MODE_FAST && d->bwd_math == QD_GEMM_TF32) { /* through cuBLAS as one expert */
         const float *wp[1] = {w};
         float *dwp[1] = {dw};
@@ -732,13 +732,15 @@ static qd_status cuda_matmul_backward(void *dev, float *dinp, float *dw, const f
  * without the N x V float32 dlogits); else the driver's two ops. */
 static qd_status cuda_head_backward(void *dev, float *dinp, float *dw, const float *dlogp, const float *logits,
                                     const float *lse, const int32_t *tgt, const float *x, const float *w, int N,
-                                    int IC, int V, float T)
+                                    int IC, int V, float T, int flags)
 {
     cuda_dev *d = D(dev);
     if (!(d->fast16 && IC % 8 == 0 && V % 8 == 0))
         return QD_ERR_UNSUPPORTED;
     lp_grad lp = {dlogp, logits, lse, tgt, T};
-    return N ? backward16(d, dinp, dw, NULL, &lp, x, w, N, IC, V) : QD_OK;
+    if (!N && dw && (flags & QD_BWD_DW_SET)) /* an empty sum, overwritten */
+        QD_CUDA_CHECK(cudaMemsetAsync(dw, 0, sizeof(float) * (size_t)V * IC));
+    return N ? backward16(d, dinp, dw, NULL, &lp, x, w, N, IC, V, flags & QD_BWD_DW_SET ? 0.0f : 1.0f) : QD_OK;
 }
 
 /* Fast mode, BF16 linears: w16[e] = expert e's BF16 bits (n values each):
