@@ -31,8 +31,8 @@
 #   QUADS_EMBED_SORT=1: the embedding's backward with its tokens sorted first (not
 #     one thread a column over all tokens);
 #   QUADS_ADAMW_U2=1: AdamW's kernel with two float4 of each array in flight a thread;
-#   QUADS_LAZY_ZERO=1: zero_grad leaves the experts' weight gradients to be
-#     overwritten by their products (9.7 of the 12.4 GB zeroed a step);
+#   QUADS_LAZY_ZERO=1: zero_grad leaves the experts' and the lm_head's weight
+#     gradients to be overwritten by their products (10.9 of the 12.4 GB zeroed a step);
 #   QUADS_ROPE_ROWS=1: RoPE a warp a (token, head) row (one 32-bit division a thread);
 #   QUADS_HOLD_X=1: q's, k's and v's products convert their one input to BF16 once
 #     (forward and backward), not once each;
