@@ -2397,15 +2397,28 @@ extern "C" qd_status qdk_swiglu(float *h, const float *g, const float *u, size_t
 static __device__ __forceinline__ void st_out(float *p, float v) { *p = v; }
 static __device__ __forceinline__ void st_out(uint16_t *p, float v) { *p = (uint16_t)bf16_hi(v); }
 
+/* SwiGLU's gradients of one element: qd_sigmoidf's and qd_siluf's
+ * expressions with their one e^-g computed once (the same bits as calling
+ * both: a qd_expf of ~25 operations fewer an element, 100M elements a layer
+ * at a3b's 16 x 1,024 tokens) */
+static __device__ __forceinline__ void swiglu_grads(float dh, float g, float u, float *dg, float *du)
+{
+    float d = 1.0f + qd_expf(-g);
+    float s = 1.0f / d;
+    *dg = (dh * u) * (s * (1.0f + g * (1.0f - s)));
+    *du = dh * (g / d);
+}
+
 template <typename T>
 __global__ void k_swiglu_bwd(T *dg, T *du, const float *dh, const float *g, const float *u, size_t n)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
         return;
-    float s = qd_sigmoidf(g[i]);
-    st_out(dg + i, (dh[i] * u[i]) * (s * (1.0f + g[i] * (1.0f - s))));
-    st_out(du + i, dh[i] * qd_siluf(g[i]));
+    float a, b;
+    swiglu_grads(dh[i], g[i], u[i], &a, &b);
+    st_out(dg + i, a);
+    st_out(du + i, b);
 }
 
 extern "C" qd_status qdk_swiglu_backward(float *dg, float *du, const float *dh, const float *g, const float *u,
@@ -2425,9 +2438,10 @@ __global__ void k_swiglu_bwd16_ld(uint16_t *dg, uint16_t *du, const float *dh, c
     if (i >= (IX)n)
         return;
     size_t o = (size_t)(i / (IX)cols) * (size_t)ld + i % (IX)cols;
-    float s = qd_sigmoidf(g[i]);
-    st_out(dg + o, (dh[i] * u[i]) * (s * (1.0f + g[i] * (1.0f - s))));
-    st_out(du + o, dh[i] * qd_siluf(g[i]));
+    float a, b;
+    swiglu_grads(dh[i], g[i], u[i], &a, &b);
+    st_out(dg + o, a);
+    st_out(du + o, b);
 }
 
 extern "C" qd_status qdk_swiglu_backward16(uint16_t *dg, uint16_t *du, const float *dh, const float *g,
