@@ -1127,6 +1127,16 @@ static int env_on(int *cache, const char *name)
     return *cache;
 }
 
+/* An off-unless-"1" switch (an opt-in until run on a GPU), read once into *cache. */
+static int env_opt_in(int *cache, const char *name)
+{
+    if (*cache < 0) {
+        const char *e = getenv(name);
+        *cache = e && e[0] == '1';
+    }
+    return *cache;
+}
+
 static int matvec_chain_on(void)
 {
     static int v = -1;
@@ -1339,12 +1349,8 @@ __global__ void __launch_bounds__(RN_THREADS) k_rmsnorm_rows(float *out, float *
 extern "C" qd_status qdk_rmsnorm(float *out, float *rstd, const float *inp, const float *w, int rows, int C,
                                  float eps)
 {
-    static int rows_on = -1; /* opt-in (QUADS_RMSNORM_ROWS=1) until checked on a GPU */
-    if (rows_on < 0) {
-        const char *e = getenv("QUADS_RMSNORM_ROWS");
-        rows_on = e && e[0] == '1';
-    }
-    if (rows >= RN_ROWS && C <= RN_MAXC && rows_on) {
+    static int rows_on = -1;
+    if (rows >= RN_ROWS && C <= RN_MAXC && env_opt_in(&rows_on, "QUADS_RMSNORM_ROWS")) {
         QD_LAUNCH_SMEM(k_rmsnorm_rows, blocks((size_t)rows, RN_ROWS), RN_THREADS,
                        sizeof(float) * (size_t)RN_ROWS * (size_t)(C + 1), out, rstd, inp, w, rows, C, eps);
         return QD_OK;
@@ -1592,12 +1598,8 @@ extern "C" qd_status qdk_rope(float *x, const int32_t *pos, const float *cosb, c
                               int D, qd_rope_dir dir)
 {
     static int rows_on = -1;
-    if (rows_on < 0) {
-        const char *e = getenv("QUADS_ROPE_ROWS");
-        rows_on = e && e[0] == '1';
-    }
     size_t rows = (size_t)N * nh;
-    if (N && rows_on && rows <= INT_MAX && D % 2 == 0) {
+    if (N && env_opt_in(&rows_on, "QUADS_ROPE_ROWS") && rows <= INT_MAX && D % 2 == 0) {
         QD_LAUNCH(k_rope_rows, blocks(rows, RP_ROWS), dim3(32, RP_ROWS), x, pos, cosb, sinb, (int)rows, nh, D / 2,
                   dir);
         return QD_OK;
@@ -3273,11 +3275,7 @@ extern "C" qd_status qdk_adamw_round(float *p, const float *g, float *m, float *
               (!wk || qd_aligned(wk, 16)) && (!bits || qd_aligned(bits, 8));
     size_t n4 = vec ? n / 4 : 0;
     static int u2 = -1;
-    if (u2 < 0) {
-        const char *e = getenv("QUADS_ADAMW_U2");
-        u2 = e && e[0] == '1';
-    }
-    if (n4 && u2) {
+    if (n4 && env_opt_in(&u2, "QUADS_ADAMW_U2")) {
         size_t cap = (size_t)qd_sm_count() * 8, nb = blocks((n4 + 1) / 2, 256); /* every thread two float4 */
         QD_LAUNCH(k_adamw4u2, (unsigned)(nb < cap ? nb : cap), 256, (float4 *)p, (const float4 *)g, (float4 *)m,
                   (float4 *)v, (float4 *)wk, (uint2 *)bits, n4, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);

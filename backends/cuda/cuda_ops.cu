@@ -66,6 +66,7 @@ typedef struct {
     size_t held_n;
     const void *held_bits;         /* D_X16 as it was when they were made */
     int held_ok, hold_on;          /* hold_on: QUADS_HOLD_X=1 (opt-in until run on a GPU) */
+    int embed_sort;                /* QUADS_EMBED_SORT=1: embed_backward over sorted tokens (opt-in, idem) */
     int dlogit_fast;               /* fast16: the lm_head backward's dy bits with the hardware's exp
                                     * (QUADS_DLOGIT_FAST=1; opt-in until run on a GPU: else the exact
                                     * expression's, then rounded) */
@@ -332,12 +333,8 @@ static qd_status bits16(cuda_dev *d, int slot, const float *x, size_t n, const u
         int held = d->held_x && x == d->held_x && n == d->held_n;
         if (held && d->held_ok && p == d->held_bits)
             return QD_OK;
-        d->held_ok = 0;
-        if (held && n) {
-            QD_TRY(qdk_bf16_bits((uint16_t *)p, x, n));
-            d->held_ok = 1, d->held_bits = p;
-            return QD_OK;
-        }
+        d->held_ok = held && n; /* the conversion below makes them */
+        d->held_bits = p;
     }
     return n ? qdk_bf16_bits((uint16_t *)p, x, n) : QD_OK;
 }
@@ -569,12 +566,7 @@ static qd_status cuda_embed(void *dev, float *x, const float *emb, const int32_t
 static qd_status cuda_embed_backward(void *dev, float *gemb, const float *dres, const int32_t *tok, int N, int C)
 {
     cuda_dev *d = D(dev);
-    static int env = -1;
-    if (env < 0) {
-        const char *e = getenv("QUADS_EMBED_SORT");
-        env = e && !strcmp(e, "1");
-    }
-    size_t wb = env ? qdk_embed_backward_work_bytes(N) : 0;
+    size_t wb = d->embed_sort ? qdk_embed_backward_work_bytes(N) : 0;
     void *work = NULL;
     if (wb)
         QD_TRY(scratch(d, D_EMBB, wb, &work));
@@ -1643,8 +1635,9 @@ extern "C" void *qd_cuda_dev_new(qd_exec_mode mode, qd_prec weights)
     d->small_exact = !(se && !strcmp(se, "0"));
     const char *lf = getenv("QUADS_LOGPROB_FAST");
     d->lp_fast = !(lf && !strcmp(lf, "0"));
-    const char *hx = getenv("QUADS_HOLD_X");
+    const char *hx = getenv("QUADS_HOLD_X"), *es = getenv("QUADS_EMBED_SORT");
     d->hold_on = hx && !strcmp(hx, "1");
+    d->embed_sort = es && !strcmp(es, "1");
     const char *df = getenv("QUADS_DLOGIT_FAST");
     d->dlogit_fast = df && !strcmp(df, "1");
     const char *db = getenv("QUADS_DY16_BYTES");

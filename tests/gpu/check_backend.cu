@@ -498,15 +498,23 @@ static double rel_max(const float *a, const float *b, size_t n)
     return m > 0 ? d / m : d;
 }
 
+/* *d += ||a - b||^2, *m += ||a||^2 over n floats, in order. */
+static void sq_sums(const float *a, const float *b, size_t n, double *d, double *m)
+{
+    for (size_t i = 0; i < n; i++) {
+        *d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        *m += (double)a[i] * a[i];
+    }
+}
+
+static double rel_of(double d, double m) { return m > 0 ? sqrt(d / m) : sqrt(d); }
+
 /* ||a - b|| / ||a|| over n floats. */
 static double rel_l2(const float *a, const float *b, size_t n)
 {
     double d = 0, m = 0;
-    for (size_t i = 0; i < n; i++) {
-        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        m += (double)a[i] * a[i];
-    }
-    return m > 0 ? sqrt(d / m) : sqrt(d);
+    sq_sums(a, b, n, &d, &m);
+    return rel_of(d, m);
 }
 
 /* Where a gradient row exceeds its bound: the 4 tensors of the largest L2
@@ -516,13 +524,9 @@ static void worst_tensors(const float *a, const float *b, const qd_param_info *p
     int top[4] = {-1, -1, -1, -1};
     double rel[4] = {0, 0, 0, 0}, sq[4] = {0, 0, 0, 0}, total = 0;
     for (int t = 0; t < np; t++) {
-        const float *x = a + pi[t].offset, *y = b + pi[t].offset;
         double d = 0, m = 0;
-        for (size_t i = 0; i < (size_t)(pi[t].rows * pi[t].cols); i++) {
-            d += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
-            m += (double)x[i] * x[i];
-        }
-        double r = m > 0 ? sqrt(d / m) : sqrt(d);
+        sq_sums(a + pi[t].offset, b + pi[t].offset, (size_t)(pi[t].rows * pi[t].cols), &d, &m);
+        double r = rel_of(d, m);
         total += d;
         for (int k = 0; k < 4; k++)
             if (top[k] < 0 || r > rel[k]) {
@@ -675,13 +679,9 @@ static double rel_l2_unflipped(const float *a, const float *b, const qd_param_in
             ++*left;
             continue;
         }
-        const float *x = a + pi[t].offset, *y = b + pi[t].offset;
-        for (size_t i = 0; i < (size_t)(pi[t].rows * pi[t].cols); i++) {
-            d += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
-            m += (double)x[i] * x[i];
-        }
+        sq_sums(a + pi[t].offset, b + pi[t].offset, (size_t)(pi[t].rows * pi[t].cols), &d, &m);
     }
-    return m > 0 ? sqrt(d / m) : sqrt(d);
+    return rel_of(d, m);
 }
 
 /* Fast mode's fused prefill attention (backends/cuda/cuda_flash.cu: heads of
