@@ -193,6 +193,9 @@ typedef struct {
     int zero_pending;              /* marked: zeroed at their next use (grads_settle, grads_begin) */
     int head_dw_set;               /* this backward's head_backward overwrites the lm_head's dW */
     int have_diag;                 /* a forward or generate has run */
+    double *d_diag;                /* diagnostics' sums where the ops add them (diag_add): dev (4 nlin),
+                                      linear i's activation err and norm at 2i, its weight's at
+                                      2 (nlin + i) (diag_on_dev) */
     /* what diagnostics hands out */
     const char **dg_names;         /* (quantized linears) */
     double *dg_act_err, *dg_act_norm, *dg_weight_err;
@@ -361,12 +364,34 @@ static int measured(const model *c, const linear *L)
     return c->opt.diagnostics && !c->recomputing && L->quantized && L->in % QD_NVFP4_BLOCK == 0;
 }
 
+/* Diagnostics' sums stay on the device (d_diag, the ops' diag_add) and come
+ * to the host once, when asked for; else each measurement copies its row
+ * sums to the host (a wait for the device a linear) and adds them there.
+ * The same bits. */
+static int diag_on_dev(const model *c) { return c->opt.diagnostics && c->ops->diag_add; }
+
+/* e (dev: 2 rows doubles, sqerr_rows's) added by diag_add into the d_diag
+ * pairs of L[g] (weights: their weight error's pairs, from 0.0). */
+static qd_status diag_add_dev(model *c, linear *const *L, const int32_t *off, const int32_t *d_off, int nseg,
+                              const double *e, int rows, int weights)
+{
+    int32_t *slot = calloc((size_t)(nseg > 0 ? nseg : 1), sizeof(int32_t));
+    if (!slot)
+        return qd_error(QD_ERR_NOMEM, "%s backend: diagnostics", c->ops->name);
+    for (int g = 0; g < nseg; g++)
+        slot[g] = (int32_t)(L[g] - c->lin) + (weights ? c->nlin : 0);
+    qd_status st = OP(c, diag_add, c->d_diag, e, rows, off, d_off, slot, nseg, weights ? QD_DIAG_SET : 0);
+    free(slot);
+    return st;
+}
+
 /* Diagnostics: per-row NVFP4 error sums of the input rows (rows, in) (one
  * global scale per row, §4), then segment g's rows off[g] .. off[g+1]-1 added
  * in row order to linear L[g]'s sums (one linear, or the experts of a grouped
- * projection). */
-static qd_status measure_act_rows(model *c, linear *const *L, const int32_t *off, int nseg, const float *inp,
-                                  int rows, int in)
+ * projection). off host, or NULL with d_off on the device (a decode's
+ * expert offsets, which only diag_add reads). */
+static qd_status measure_act_rows(model *c, linear *const *L, const int32_t *off, const int32_t *d_off, int nseg,
+                                  const float *inp, int rows, int in)
 {
     void *xh, *sums;
     QD_TRY(scratch(c, S_XH, sizeof(float) * (size_t)rows * in, &xh));
@@ -374,6 +399,10 @@ static qd_status measure_act_rows(model *c, linear *const *L, const int32_t *off
     QD_TRY(OP(c, nvfp4_fake_quant, (float *)xh, inp, rows, in, QD_SCALE_PER_ROW));
     double *e = (double *)sums;
     QD_TRY(OP(c, sqerr_rows, e, e + rows, inp, (const float *)xh, rows, in));
+    if (diag_on_dev(c))
+        return diag_add_dev(c, L, off, d_off, nseg, e, rows, 0);
+    if (!off)
+        return qd_error(QD_ERR_ARG, "%s backend: diagnostics of device offsets without diag_add", c->ops->name);
     double *h = malloc(sizeof(double) * 2 * (size_t)(rows ? rows : 1));
     if (!h)
         return qd_error(QD_ERR_NOMEM, "%s backend: diagnostics", c->ops->name);
@@ -466,7 +495,7 @@ static qd_status linear_forward(model *c, float *out, const float *inp, linear *
         return QD_OK;
     if (measured(c, L)) {
         int32_t off[2] = {0, N};
-        QD_TRY(measure_act_rows(c, &L, off, 1, inp, N, L->in));
+        QD_TRY(measure_act_rows(c, &L, off, NULL, 1, inp, N, L->in));
     }
     if (is_w4a4(L->mode))
         return fwd_w4a4(c, out, inp, L, N);
@@ -573,7 +602,7 @@ static qd_status linears_forward(model *c, float *const *out, const float *inp, 
         int32_t off[2] = {0, N};
         for (int i = 0; i < n; i++) {
             if (measured(c, L[i]))
-                QD_TRY(measure_act_rows(c, &L[i], off, 1, inp, N, L[i]->in));
+                QD_TRY(measure_act_rows(c, &L[i], off, NULL, 1, inp, N, L[i]->in));
             nr[i] = L[i]->nrac;
             err[i] = &L[i]->d_rac_err;
             ch[i] = (const int64_t *const *)&L[i]->d_rac_ch;
@@ -758,6 +787,10 @@ static qd_status measure_weight_error(model *c, linear *L, const float *w)
     QD_TRY(OP(c, nvfp4_fake_quant, wh, w, L->out, L->in, QD_SCALE_PER_TENSOR));
     double *e = sums;
     QD_TRY(OP(c, sqerr_rows, e, e + L->out, w, wh, L->out, L->in));
+    if (diag_on_dev(c)) {
+        int32_t off[2] = {0, L->out};
+        return diag_add_dev(c, &L, off, NULL, 1, e, L->out, 1);
+    }
     double *h = malloc(sizeof(double) * 2 * (size_t)L->out), num = 0, den = 0;
     if (!h)
         return qd_error(QD_ERR_NOMEM, "%s backend: diagnostics", c->ops->name);
@@ -1476,7 +1509,8 @@ static qd_status experts_forward_set(model *c, float *out, const float *inp, con
     const linear *L0 = x->L[0];
     int IC = L0->in, OC = L0->out;
     if (measured(c, L0))
-        QD_TRY(measure_act_rows(c, x->L, s->exp_off, E, inp, R, IC));
+        QD_TRY(measure_act_rows(c, x->L, s->off_dev ? NULL : s->exp_off, s->off_dev ? s->d_off : NULL, E, inp,
+                                R, IC));
     if (L0->mode == QD_LINEAR_W4A4 || L0->mode == QD_LINEAR_W4A4_STE) {
         qd_nvfp4 a;
         QD_TRY(act_nvfp4(c, &a, R, IC));
@@ -1550,7 +1584,8 @@ static qd_status experts_forward_gate_up(model *c, float *gate, float *up, const
         const int64_t *const *ch[2] = {x[0].rac_ch, x[1].rac_ch};
         for (int w = 0; w < 2 && !st; w++)
             if (measured(c, x[w].L[0]))
-                st = measure_act_rows(c, x[w].L, s->exp_off, E, inp, R, in);
+                st = measure_act_rows(c, x[w].L, s->off_dev ? NULL : s->exp_off, s->off_dev ? s->d_off : NULL, E,
+                                      inp, R, in);
         if (!st)
             st = rac_acts(c, a, err, ch, nr, 2, s->exp_off, s->off_dev ? s->d_off : NULL, E, inp, in);
     } else {
@@ -1689,8 +1724,9 @@ static qd_topk_norm topk_norm(const model *c) { return c->cfg.norm_topk_prob ? Q
 
 /* Whether a decode of N rows keeps MoE layer ly's expert offsets on the
  * device: at most QD_DEV_OFF_ROWS rows, the ops offer it, every expert
- * projection plain W4A4 or W4A4 with RAC (grouped), and no diagnostics (they
- * read the offsets on the host); QUADS_MOE_DEV_OFF=0 turns it off (the same
+ * projection plain W4A4 or W4A4 with RAC (grouped), and no diagnostics unless
+ * the ops add them on the device (diag_add reads the offsets there);
+ * QUADS_MOE_DEV_OFF=0 turns it off (the same
  * bits either way). The memory plan asks it too. */
 int qd_model_moe_dev_off = 1;
 
@@ -1699,8 +1735,9 @@ static int moe_dev_decode(model *c, const layer *ly, int N)
     static int env = -1;
     env_switch(&env, "QUADS_MOE_DEV_OFF", 1);
     const qd_ops *o = c->ops;
-    if (!env || !qd_model_moe_dev_off || !ly->moe || N > QD_DEV_OFF_ROWS || c->opt.diagnostics ||
-        !o->moe_group_dev || !o->w4a4_gemm_grouped_dev || !o->rac_multi_dev || !experts_grouped(c, ly))
+    if (!env || !qd_model_moe_dev_off || !ly->moe || N > QD_DEV_OFF_ROWS ||
+        (c->opt.diagnostics && !diag_on_dev(c)) || !o->moe_group_dev || !o->w4a4_gemm_grouped_dev ||
+        !o->rac_multi_dev || !experts_grouped(c, ly))
         return 0;
     for (int e = 0; e < ly->nexp; e++)
         for (int w = 0; w < 3; w++) {
@@ -2194,12 +2231,14 @@ static qd_status model_backward(model *c, const float *dlogp)
     return QD_OK;
 }
 
-/* Diagnostics start from zero at each forward and each generate. */
-static void reset_diag(model *c)
+/* Diagnostics start from zero at each forward and each generate (the
+ * activations' sums; the weights' are each sync's). */
+static qd_status reset_diag(model *c)
 {
     c->have_diag = 0;
     for (int i = 0; i < c->nlin; i++)
         c->lin[i].act_err = c->lin[i].act_norm = 0.0;
+    return c->d_diag ? OP(c, zero, c->d_diag, sizeof(double) * 2 * (size_t)c->nlin) : QD_OK;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -2432,7 +2471,7 @@ static qd_status generate_run(model *c, gen_state *g, const qd_generate_request 
     c->Tc = g->Tmax;
     c->generating = 1;
     qd_generate_begin(g->seq, g->len, g->done, rq, res, g->Tmax);
-    reset_diag(c);
+    QD_TRY(reset_diag(c));
     int active = 1;
     for (int step = 0; step < M && active; step++)
         QD_TRY(gen_step(c, g, rq, res, step, &active));
@@ -2558,7 +2597,7 @@ static qd_status forward_impl(model *c, const qd_batch *bt, float *logp, float *
 {
     int V = c->cfg.vocab_size;
     c->have_forward = 0;
-    reset_diag(c);
+    QD_TRY(reset_diag(c));
     QD_TRY(pack_batch(c, bt));
     void *d_lp;
     QD_TRY(scratch(c, S_LOGP, sizeof(float) * (size_t)(c->N ? c->N : 1), &d_lp));
@@ -2627,15 +2666,34 @@ static qd_status diagnostics_impl(model *c, qd_diagnostics *out)
         if (c->layers[l].moe)
             QD_TRY(OP(c, to_host, c->dg_topk + (size_t)(m++) * c->N * K, c->acts[l].topk,
                       sizeof(int32_t) * (size_t)c->N * K));
+    double *h = NULL;
+    if (c->d_diag) { /* d_diag's sums, each linear's weight error from its pair as measure_weight_error's */
+        h = malloc(sizeof(double) * 4 * (size_t)c->nlin);
+        if (!h)
+            return qd_error(QD_ERR_NOMEM, "%s backend: diagnostics", c->ops->name);
+        qd_status st = OP(c, to_host, h, c->d_diag, sizeof(double) * 4 * (size_t)c->nlin);
+        if (st) {
+            free(h);
+            return st;
+        }
+    }
     for (int i = 0; i < c->nlin; i++) {
         const linear *L = &c->lin[i];
         if (!L->quantized)
             continue;
         c->dg_names[nq] = L->name;
-        c->dg_act_err[nq] = L->act_err;
-        c->dg_act_norm[nq] = L->act_norm;
-        c->dg_weight_err[nq++] = L->weight_err;
+        if (h) {
+            const double *w = h + 2 * ((size_t)c->nlin + i);
+            c->dg_act_err[nq] = h[2 * i];
+            c->dg_act_norm[nq] = h[2 * i + 1];
+            c->dg_weight_err[nq++] = w[1] > 0 ? w[0] / w[1] : 0.0;
+        } else {
+            c->dg_act_err[nq] = L->act_err;
+            c->dg_act_norm[nq] = L->act_norm;
+            c->dg_weight_err[nq++] = L->weight_err;
+        }
     }
+    free(h);
     *out = (qd_diagnostics){.num_linear = nq, .names = c->dg_names, .act_err = c->dg_act_err,
                             .act_norm = c->dg_act_norm, .weight_err = c->dg_weight_err, .num_tokens = c->N,
                             .num_moe_layers = nmoe, .top_k = K, .router_topk = c->dg_topk};
@@ -2758,12 +2816,14 @@ static int64_t planned_nrac(const model *c, const linear *L)
 static void plan_linear(const model *c, const linear *L, int rows, int plain, size_t *s)
 {
     size_t r = (size_t)rows;
-    if (rows == 0 || (plain && input_unrounded(c, L, rows)))
+    if (rows == 0)
         return;
-    if (measured(c, L)) {
+    if (measured(c, L)) { /* linear_forward measures before anything else */
         need(&s[S_XH], sizeof(float) * r * L->in);
         need(&s[S_DIAG], sizeof(double) * 2 * r);
     }
+    if (plain && input_unrounded(c, L, rows))
+        return;
     if (is_w4a4(L->mode)) {
         need(&s[S_ACT], nvfp4_bytes(rows, L->in + planned_nrac(c, L)));
         if (is_replay(L->mode)) /* the backward's dequantized input (effective_input) */
@@ -2847,6 +2907,8 @@ static void plan_weights(const model *c, qd_mem_plan *p, size_t *s)
             need(&s[S_DIAG], sizeof(double) * 2 * (size_t)L->out);
         }
     }
+    if (diag_on_dev(c))
+        p->bytes[QD_MEM_SCRATCH] += sizeof(double) * 4 * (size_t)c->nlin; /* d_diag */
     p->bytes[QD_MEM_OWN] = c->ops->own_bytes ? c->ops->own_bytes(c->dev, c->lean ? c->nwk : c->nfloats) : 0;
     p->bytes[QD_MEM_TABLES] = 2 * sizeof(float) * (size_t)c->cfg.max_position_embeddings * (c->cfg.head_dim / 2);
 }
@@ -2982,6 +3044,7 @@ static void m_free(qd_backend *b)
         free_linear(c, &c->lin[i]);
     c->ops->release(c->dev, c->d_rac_ch);
     c->ops->release(c->dev, c->d_rac_err);
+    c->ops->release(c->dev, c->d_diag);
     free(c->rac_ch);
     if (c->wk != c->params)
         c->ops->release(c->dev, c->wk);
@@ -3433,6 +3496,11 @@ static qd_status alloc_model(model *c)
     if (!c->acts || !c->dg_names || !c->dg_act_err || !c->dg_act_norm || !c->dg_weight_err)
         return qd_error(QD_ERR_NOMEM, "%s backend: tables", c->ops->name);
     QD_TRY(check_plan(c));
+    if (diag_on_dev(c)) {
+        QD_TRY(dalloc(c, (void **)&c->d_diag, sizeof(double) * 4 * (size_t)c->nlin, QD_MEM_SCRATCH,
+                      "diagnostics' sums"));
+        QD_TRY(OP(c, zero, c->d_diag, sizeof(double) * 4 * (size_t)c->nlin));
+    }
     if (c->lean) {
         QD_TRY(dalloc(c, (void **)&c->wk, sizeof(float) * c->nwk, QD_MEM_WORKING, "working weights"));
         if (c->nwk16)

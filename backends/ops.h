@@ -47,6 +47,9 @@ typedef enum { QD_ROPE_FORWARD = 0, QD_ROPE_INVERSE } qd_rope_dir;
  * flags: QD_BWD_DW_SET alone */
 typedef enum { QD_BWD_DX_ADD = 1, QD_BWD_DW_SET = 2 } qd_bwd_flags;
 
+/* diag_add's flags: QD_DIAG_SET, each sum from 0.0 (else added to acc) */
+typedef enum { QD_DIAG_SET = 1 } qd_diag_flags;
+
 /* Phases of a step, for an optional profiler (QUADS_CUDA_PROFILE); the
  * backward's own parts after QD_PH_SYNC (QD_PH_BWD: the rest of it). */
 typedef enum {
@@ -368,6 +371,16 @@ typedef struct qd_ops {
      * forward and backward) may reuse what they made of it (CUDA's fast mode:
      * its BF16 bits, converted once, not once a linear). Optional. */
     void (*hold_input)(void *dev, const float *x, size_t n);
+    /* Diagnostics' sums kept on the device, so that measuring a linear does
+     * not wait for the device: for g < nseg, over r = off[g] .. off[g+1]-1
+     * ascending, acc[2 slot[g]] += e[r] and acc[2 slot[g] + 1] += e[rows + r]
+     * (double; e as sqerr_rows writes it: err then nrm), each sum starting
+     * from 0.0 instead of acc where flags has QD_DIAG_SET. off host (nseg + 1
+     * entries), or NULL with d_off (dev) instead; slot host, distinct within
+     * a call. The bits of e copied to the host and added there in that order.
+     * Optional: where NULL the driver does just that. */
+    qd_status (*diag_add)(void *dev, double *acc, const double *e, int rows, const int32_t *off,
+                          const int32_t *d_off, const int32_t *slot, int nseg, int flags);
 } qd_ops;
 
 /* The CPU's ops (backends/cpu/cpu_ops.c), for tests that run an op on two backends. */

@@ -956,6 +956,26 @@ static void c_sqerr_rows(oc *c)
     OUT(c, "norm", 'd', r, sizeof(double) * rows);
 }
 
+/* diag_add: 5 segments of 23 rows (one empty) into 6 pairs of a random
+ * start, off on the host; then 3 segments with off on the device, from 0.0 */
+static void c_diag_add(oc *c)
+{
+    enum { ROWS = 23, PAIRS = 6 };
+    static const int32_t off[6] = {0, 4, 4, 11, 20, 23}, slot[5] = {5, 0, 2, 3, 1};
+    static const int32_t off2[4] = {2, 9, 10, 23}, slot2[3] = {1, 4, 0};
+    double h[2 * ROWS > 2 * PAIRS ? 2 * ROWS : 2 * PAIRS];
+    for (int i = 0; i < 2 * ROWS; i++)
+        h[i] = (double)unif(c, 0, 3) * (double)unif(c, 0, 1e-3f) + (double)unif(c, 0, 1);
+    double *e = up(c, h, sizeof(double) * 2 * ROWS);
+    for (int i = 0; i < 2 * PAIRS; i++)
+        h[i] = (double)unif(c, 0, 100);
+    double *acc = up(c, h, sizeof(double) * 2 * PAIRS);
+    RUN(c, c->ops->diag_add(c->dev, acc, e, ROWS, off, NULL, slot, 5, 0));
+    OUT(c, "acc", 'd', acc, sizeof(double) * 2 * PAIRS);
+    RUN(c, c->ops->diag_add(c->dev, acc, e, ROWS, NULL, I(c, off2, 4), slot2, 3, QD_DIAG_SET));
+    OUT(c, "acc set", 'd', acc, sizeof(double) * 2 * PAIRS);
+}
+
 /* two sequences of 5 and 3 tokens (prefill layout) */
 static const int32_t a_kbase[8] = {0, 0, 0, 0, 0, 5, 5, 5}, a_pos[8] = {0, 1, 2, 3, 4, 0, 1, 2},
                      a_slen[8] = {5, 5, 5, 5, 5, 3, 3, 3}, a_seq[3] = {0, 5, 8};
@@ -1644,6 +1664,7 @@ static const op_case cases[] = {
     {{"rac_multi_dev gate/up 4 experts", "rac_multi_dev", 0, 0}, c_rac_multi_dev},
     {{"rac_fake_quant 7x64+32", "rac_fake_quant", 0, 0}, c_rac_fake_quant},
     {{"sqerr_rows 11x70", "sqerr_rows", 0, 0}, c_sqerr_rows},
+    {{"diag_add 23 rows 5+3 segments", "diag_add", 0, 0}, c_diag_add},
     {{"attend prefill 2 seqs", "attend", 1, 0}, c_attend},
     {{"attend decode 3 rows", "attend", 1, 0}, c_attend_decode},
     {{"attend decode gqa 32/4x128", "attend", 1, 0}, c_attend_gqa},

@@ -1217,6 +1217,88 @@ START_TEST(test_diagnostics)
 }
 END_TEST
 
+/* Diagnostics' sums on the device (the ops' diag_add) against the host's
+ * (an ops table without it): the same bits after forwards, a generate whose
+ * decode keeps its expert offsets on the device (only diag_add reads them
+ * there), and two syncs (each sync's weight error from zero). */
+static qd_ops hostdiag_ops;
+
+static void diag_equal(qd_backend *const *b, const char *what)
+{
+    qd_diagnostics d[2];
+    for (int k = 0; k < 2; k++)
+        ck_assert_msg(qd_backend_diagnostics(b[k], &d[k]) == QD_OK, "%s: %s", what, qd_last_error());
+    ck_assert_int_eq(d[0].num_linear, d[1].num_linear);
+    ck_assert_int_eq(d[0].num_tokens, d[1].num_tokens);
+    size_t nl = (size_t)d[0].num_linear;
+    ck_assert_msg(!memcmp(d[0].act_err, d[1].act_err, sizeof(double) * nl), "%s: act_err", what);
+    ck_assert_msg(!memcmp(d[0].act_norm, d[1].act_norm, sizeof(double) * nl), "%s: act_norm", what);
+    ck_assert_msg(!memcmp(d[0].weight_err, d[1].weight_err, sizeof(double) * nl), "%s: weight_err", what);
+    ck_assert_msg(!memcmp(d[0].router_topk, d[1].router_topk,
+                          sizeof(int32_t) * (size_t)d[0].num_moe_layers * d[0].num_tokens * d[0].top_k),
+                  "%s: router top-k", what);
+    int wm = 0, am = 0; /* every weight measured; an expert no token chose has no activation error */
+    for (size_t i = 0; i < nl; i++)
+        wm += d[0].weight_err[i] > 0, am += d[0].act_err[i] > 0;
+    ck_assert_msg(wm == (int)nl && 2 * am > (int)nl, "%s: %d / %d of %zu linears measured", what, wm, am, nl);
+}
+
+START_TEST(test_diag_dev)
+{
+    qd_model_config c = tiny_config(0, 1);
+    hostdiag_ops = *qd_cpu_ops();
+    hostdiag_ops.diag_add = NULL;
+    const qd_recipe rs[] = {QD_RECIPE_NVFP4, QD_RECIPE_QUADS, QD_RECIPE_QUADS};
+    const qd_role ro[] = {QD_ROLE_ROLLOUT, QD_ROLE_ROLLOUT, QD_ROLE_TRAINER};
+    int32_t tok[TB * TT];
+    tiny_batch(tok, 81);
+    qd_model_moe_dev_off = 1;
+    for (int i = 0; i < 3; i++) {
+        qd_backend *b[2];
+        float *w[2] = {NULL, NULL};
+        for (int k = 0; k < 2; k++) {
+            qd_backend_options o = {.recipe = rs[i], .role = ro[i], .rac_ratio = 0.25, .num_threads = 1,
+                                    .diagnostics = 1};
+            b[k] = k ? qd_model_backend_new(&c, &o, &hostdiag_ops, qd_cpu_dev_new(1), free)
+                     : qd_backend_cpu_init(&c, &o);
+            ck_assert_msg(b[k] != NULL, "init: %s", qd_last_error());
+        }
+        size_t n = qd_backend_num_floats(b[0]);
+        w[0] = random_weights(b[0], 82 + i);
+        w[1] = random_weights(b[0], 92 + i);
+        char what[64];
+        for (int s = 0; s < 2; s++) {
+            float lp[2][TB * TT];
+            for (int k = 0; k < 2; k++) {
+                ck_assert_int_eq(qd_backend_set_weights(b[k], w[s], n), QD_OK);
+                forward_ok(b[k], tok, tlen, TB, TT, lp[k], NULL);
+            }
+            snprintf(what, sizeof what, "%s %s, sync %d, forward", qd_recipe_name(rs[i]),
+                     ro[i] == QD_ROLE_TRAINER ? "trainer" : "rollout", s);
+            diag_equal(b, what);
+            int32_t gt[2][GB * GM], gl[2][GB], prompt[GB * GP];
+            float glp[2][GB * GM];
+            for (int j = 0; j < GB * GP; j++)
+                prompt[j] = (j * 7 + 3) % 40;
+            for (int k = 0; k < 2; k++) {
+                qd_generate_request rq = {.B = GB, .Tp = GP, .prompt = prompt, .prompt_len = gplen, .seq_id = gsid,
+                                          .seed = 3, .max_new_tokens = GM, .temperature = 1.0f, .top_p = 1.0f};
+                qd_generate_result res = {.tokens = gt[k], .logp = glp[k], .lengths = gl[k]};
+                ck_assert_msg(qd_backend_generate(b[k], &rq, &res) == QD_OK, "generate: %s", qd_last_error());
+            }
+            ck_assert(!memcmp(gt[0], gt[1], sizeof gt[0]) && !memcmp(glp[0], glp[1], sizeof glp[0]));
+            snprintf(what, sizeof what, "%s %s, sync %d, generate", qd_recipe_name(rs[i]),
+                     ro[i] == QD_ROLE_TRAINER ? "trainer" : "rollout", s);
+            diag_equal(b, what);
+        }
+        for (int k = 0; k < 2; k++) {
+            qd_backend_free(b[k]);
+            free(w[k]);
+        }
+    }
+}
+END_TEST
+
 /* ---- options.recompute: the backward recomputes each layer from its input */
 
 static qd_backend *make_recompute(const qd_model_config *c, qd_recipe r, int recompute, const float *w)
@@ -2010,6 +2092,7 @@ Suite *suite_backend_cpu(void)
     tcase_add_test(tc, test_ablation_recipes);
     tcase_add_test(tc, test_adamw);
     tcase_add_test(tc, test_diagnostics);
+    tcase_add_test(tc, test_diag_dev);
     tcase_add_test(tc, test_generate);
     tcase_add_test(tc, test_generate_rollout_recipe);
     tcase_add_test(tc, test_generate_seed_contract);

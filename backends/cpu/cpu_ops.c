@@ -764,6 +764,24 @@ static qd_status cpu_sqerr_rows(void *dev, double *err, double *nrm, const float
     return QD_OK;
 }
 
+static qd_status cpu_diag_add(void *dev, double *acc, const double *e, int rows, const int32_t *off,
+                              const int32_t *d_off, const int32_t *slot, int nseg, int flags)
+{
+    (void)dev;
+    const int32_t *o = off ? off : d_off; /* the CPU's device memory is the host's */
+    for (int g = 0; g < nseg; g++) {
+        double *a = acc + 2 * (size_t)slot[g];
+        double err = flags & QD_DIAG_SET ? 0.0 : a[0], nrm = flags & QD_DIAG_SET ? 0.0 : a[1];
+        for (int r = o[g]; r < o[g + 1]; r++) {
+            err += e[r];
+            nrm += e[(size_t)rows + r];
+        }
+        a[0] = err;
+        a[1] = nrm;
+    }
+    return QD_OK;
+}
+
 static qd_status cpu_attend(void *dev, float *out, float *att, const float *q, const float *kb, const float *vb,
                             const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm,
                             const int32_t *seq_off, int nseq)
@@ -1087,6 +1105,7 @@ static const qd_ops cpu_ops = {
     .sumsq_chunks = cpu_sumsq_chunks,
     .adamw = cpu_adamw,
     .adamw_round = cpu_adamw_round,
+    .diag_add = cpu_diag_add,
 };
 
 const qd_ops *qd_cpu_ops(void) { return &cpu_ops; }

@@ -3063,6 +3063,31 @@ extern "C" qd_status qdk_sqerr_rows(double *err, double *nrm, const float *x, co
     return QD_OK;
 }
 
+/* One thread a segment: its rows in order, as the host adds them. */
+__global__ void k_diag_add(double *acc, const double *e, int rows, const int32_t *off, const int32_t *slot,
+                           int nseg, int set)
+{
+    int g = blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= nseg)
+        return;
+    double *a = acc + 2 * (size_t)slot[g];
+    double err = set ? 0.0 : a[0], nrm = set ? 0.0 : a[1];
+    for (int r = off[g]; r < off[g + 1]; r++) {
+        err = err + e[r];
+        nrm = nrm + e[(size_t)rows + r];
+    }
+    a[0] = err;
+    a[1] = nrm;
+}
+
+extern "C" qd_status qdk_diag_add(double *acc, const double *e, int rows, const int32_t *off, const int32_t *slot,
+                                  int nseg, int set)
+{
+    if (nseg > 0)
+        QD_LAUNCH_N(k_diag_add, (size_t)nseg, acc, e, rows, off, slot, nseg, set);
+    return QD_OK;
+}
+
 __global__ void k_rac_error(double *err, const float *x, const float *xh, int rows, int K)
 {
     int k = blockIdx.x * blockDim.x + threadIdx.x;

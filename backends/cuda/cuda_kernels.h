@@ -189,6 +189,11 @@ qd_status qdk_logprob_backward(float *dlogits, const float *dlogp, const float *
 /* Diagnostics: per row r of x, xh (rows, cols): err[r] = sum (x - xh)^2,
  * nrm[r] = sum x^2 in double, ascending (measure_act_error / measure_weight_error). */
 qd_status qdk_sqerr_rows(double *err, double *nrm, const float *x, const float *xh, int rows, int cols);
+/* diag_add (backends/ops.h): segment g's rows off[g] .. off[g+1]-1 of e (err
+ * then nrm, 2 rows doubles) added in order into acc[2 slot[g]], acc[2 slot[g] + 1]
+ * (from 0.0 where set); off (nseg + 1) and slot (nseg) on the device. */
+qd_status qdk_diag_add(double *acc, const double *e, int rows, const int32_t *off, const int32_t *slot, int nseg,
+                       int set);
 /* qd_rac_error_accumulate's sum: err (K) += sum over rows ascending of (x - xh)^2. */
 qd_status qdk_rac_error(double *err, const float *x, const float *xh, int rows, int K);
 

@@ -40,7 +40,7 @@ extern "C" {
 
 /* Grow-only scratch of the ops themselves (dev unless said). */
 enum { D_XH, D_RACWS, D_X16, D_W16, D_DY16, D_LOGP, D_SAMPLE, D_MOE, D_RACPTR, D_RACFQ, D_RMSW, D_XF, D_WTAB, D_GDEV,
-       D_DYF, D_EMBB, D_NSCRATCH };
+       D_DYF, D_EMBB, D_DIAG, D_NSCRATCH };
 
 #define STAGE_SLOTS 64 /* to_dev's pinned ring: slots, each STAGE_BYTES */
 #define STAGE_BYTES (16 << 10)
@@ -1219,6 +1219,26 @@ static qd_status cuda_sqerr_rows(void *dev, double *err, double *nrm, const floa
     return qdk_sqerr_rows(err, nrm, x, xh, rows, cols);
 }
 
+/* diag_add: the slots (and off, where on the host) go up through to_dev's
+ * pinned ring, so nothing waits for the device. */
+static qd_status cuda_diag_add(void *dev, double *acc, const double *e, int rows, const int32_t *off,
+                               const int32_t *d_off, const int32_t *slot, int nseg, int flags)
+{
+    cuda_dev *d = D(dev);
+    if (nseg <= 0)
+        return QD_OK;
+    size_t bytes = sizeof(int32_t) * ((size_t)nseg + (off ? (size_t)nseg + 1 : 0));
+    void *h, *p;
+    QD_TRY(host_scratch(d, bytes, &h));
+    memcpy(h, slot, sizeof(int32_t) * (size_t)nseg);
+    if (off)
+        memcpy((int32_t *)h + nseg, off, sizeof(int32_t) * ((size_t)nseg + 1));
+    QD_TRY(scratch(d, D_DIAG, bytes, &p));
+    QD_TRY(cuda_to_dev(dev, p, h, bytes));
+    const int32_t *ds = (const int32_t *)p;
+    return qdk_diag_add(acc, e, rows, off ? ds + nseg : d_off, ds, nseg, flags & QD_DIAG_SET);
+}
+
 /* ------------------------------------------------------------------------ */
 /* attention                                                                 */
 
@@ -1587,6 +1607,7 @@ static const qd_ops cuda_ops = {
     .adamw_bits = cuda_adamw_bits,
     .rounds_bf16_input = cuda_rounds_bf16_input,
     .hold_input = cuda_hold_input,
+    .diag_add = cuda_diag_add,
 };
 
 /* ------------------------------------------------------------------------ */
