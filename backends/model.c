@@ -778,13 +778,16 @@ static qd_status sync_codes(model *c, const float *src)
 }
 
 /* Diagnostics: relative squared NVFP4 error of the float weight w (dev);
- * per-row sums in double, rows added in order. */
-static qd_status measure_weight_error(model *c, linear *L, const float *w)
+ * per-row sums in double, rows added in order. fq: w's per-tensor fake-quant
+ * where the sync made it already (a fake-quant working weight), else NULL. */
+static qd_status measure_weight_error(model *c, linear *L, const float *w, const float *fq)
 {
-    void *wh, *sums;
-    QD_TRY(scratch(c, S_XH, sizeof(float) * (size_t)L->out * L->in, &wh));
+    void *wh = (void *)fq, *sums;
     QD_TRY(scratch(c, S_DIAG, sizeof(double) * 2 * (size_t)L->out, &sums));
-    QD_TRY(OP(c, nvfp4_fake_quant, wh, w, L->out, L->in, QD_SCALE_PER_TENSOR));
+    if (!fq) {
+        QD_TRY(scratch(c, S_XH, sizeof(float) * (size_t)L->out * L->in, &wh));
+        QD_TRY(OP(c, nvfp4_fake_quant, wh, w, L->out, L->in, QD_SCALE_PER_TENSOR));
+    }
     double *e = sums;
     QD_TRY(OP(c, sqerr_rows, e, e + L->out, w, wh, L->out, L->in));
     if (diag_on_dev(c)) {
@@ -811,7 +814,7 @@ static qd_status measure_weight_error(model *c, linear *L, const float *w)
 static qd_status sync_linear(model *c, linear *L, const float *w, int codes_done)
 {
     if (measured(c, L))
-        QD_TRY(measure_weight_error(c, L, w));
+        QD_TRY(measure_weight_error(c, L, w, NULL));
     if (is_rollout_quant(L->mode) && !(codes_done && is_w4a4(L->mode)))
         QD_TRY(sync_rollout_linear(c, L, w));
     if (is_fake_quant_weight(L->mode))
@@ -819,11 +822,22 @@ static qd_status sync_linear(model *c, linear *L, const float *w, int codes_done
     return QD_OK; /* BF16: rounded with everything else */
 }
 
-/* A linear whose sync_linear (codes done) is only its fake-quant working weight. */
+/* A linear whose sync_linear (codes done) is only its fake-quant working
+ * weight (and the weight error of diagnostics, which reads that fake-quant). */
 static int fake_quant_only(const model *c, const linear *L)
 {
-    return is_fake_quant_weight(L->mode) && L->wk != NOT_HELD && !measured(c, L) &&
-           !(is_rollout_quant(L->mode) && !is_w4a4(L->mode));
+    return is_fake_quant_weight(L->mode) && L->wk != NOT_HELD && !(is_rollout_quant(L->mode) && !is_w4a4(L->mode));
+}
+
+/* Whether a sync makes the fake_quant_only linears' weights a shape at a
+ * time (the ops' nvfp4_fake_quant_weights; QUADS_FQ_GROUPED=0: per tensor,
+ * the same bits). The memory plan asks it too (their weight error reads
+ * those fake-quants: no S_XH). */
+static int fq_grouped(const model *c)
+{
+    static int env = -1;
+    env_switch(&env, "QUADS_FQ_GROUPED", 1);
+    return env && c->ops->nvfp4_fake_quant_weights;
 }
 
 /* The fake-quant working weights of the fake_quant_only linears from src,
@@ -831,7 +845,7 @@ static int fake_quant_only(const model *c, const linear *L)
  * sync_linear's op per linear); done[i] set for the linears it took. */
 static qd_status sync_fake_quants(model *c, const float *src, unsigned char *done)
 {
-    if (!c->ops->nvfp4_fake_quant_weights)
+    if (!fq_grouped(c))
         return QD_OK;
     codes_key *k = malloc(sizeof *k * (size_t)(c->nlin ? c->nlin : 1));
     void **p = malloc(sizeof(void *) * 2 * (size_t)(c->nlin ? c->nlin : 1));
@@ -1042,9 +1056,13 @@ static qd_status sync_weights_from(model *c, wsrc *s)
          * linears, whose fake-quant, grouped or per tensor, writes them) */
         if (!st && c->wk != c->params && !(rounded && !s->fill))
             st = round_rest(c, done);
-        for (int i = 0; i < c->nlin && !st; i++)
+        for (int i = 0; i < c->nlin && !st; i++) {
+            linear *L = &c->lin[i];
             if (!done[i])
-                st = sync_linear(c, &c->lin[i], c->params + c->lin[i].w, 1);
+                st = sync_linear(c, L, c->params + L->w, 1);
+            else if (measured(c, L)) /* its fake-quant is the working weight the sync wrote */
+                st = measure_weight_error(c, L, c->params + L->w, LW(c, L));
+        }
         free(done);
         QD_TRY(st);
     }
@@ -2902,8 +2920,9 @@ static void plan_weights(const model *c, qd_mem_plan *p, size_t *s)
             p->bytes[QD_MEM_QUANT] += nvfp4_bytes(L->out, L->in + planned_nrac(c, L));
         if (has_rac(L->mode))
             p->bytes[QD_MEM_QUANT] += (sizeof(int64_t) + sizeof(double)) * (size_t)L->in;
-        if (measured(c, L)) {
-            need(&s[S_XH], sizeof(float) * (size_t)L->out * L->in);
+        if (measured(c, L)) { /* a grouped fake-quant's weight error reads it in wk */
+            if (c->lean || !fake_quant_only(c, L) || !fq_grouped(c))
+                need(&s[S_XH], sizeof(float) * (size_t)L->out * L->in);
             need(&s[S_DIAG], sizeof(double) * 2 * (size_t)L->out);
         }
     }

@@ -1220,8 +1220,18 @@ END_TEST
 /* Diagnostics' sums on the device (the ops' diag_add) against the host's
  * (an ops table without it): the same bits after forwards, a generate whose
  * decode keeps its expert offsets on the device (only diag_add reads them
- * there), and two syncs (each sync's weight error from zero). */
-static qd_ops hostdiag_ops;
+ * there), and two syncs (each sync's weight error from zero); and with a
+ * grouped fake-quant at the sync (CUDA's nvfp4_fake_quant_weights, here the
+ * CPU's op a tensor), whose fake-quant working weights the weight error
+ * then reads instead of making its own. */
+static qd_ops hostdiag_ops, fqgroup_ops;
+
+static qd_status fq_weights_loop(void *dev, float *const *out, const float *const *x, int count, int N, int K)
+{
+    for (int i = 0; i < count; i++)
+        QD_TRY(qd_cpu_ops()->nvfp4_fake_quant(dev, out[i], x[i], N, K, QD_SCALE_PER_TENSOR));
+    return QD_OK;
+}
 
 static void diag_equal(qd_backend *const *b, const char *what)
 {
@@ -1248,18 +1258,20 @@ START_TEST(test_diag_dev)
     qd_model_config c = tiny_config(0, 1);
     hostdiag_ops = *qd_cpu_ops();
     hostdiag_ops.diag_add = NULL;
+    fqgroup_ops = *qd_cpu_ops();
+    fqgroup_ops.nvfp4_fake_quant_weights = fq_weights_loop;
     const qd_recipe rs[] = {QD_RECIPE_NVFP4, QD_RECIPE_QUADS, QD_RECIPE_QUADS};
     const qd_role ro[] = {QD_ROLE_ROLLOUT, QD_ROLE_ROLLOUT, QD_ROLE_TRAINER};
     int32_t tok[TB * TT];
     tiny_batch(tok, 81);
     qd_model_moe_dev_off = 1;
     for (int i = 0; i < 3; i++) {
-        qd_backend *b[2];
+        qd_backend *b[3];
         float *w[2] = {NULL, NULL};
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < 3; k++) {
             qd_backend_options o = {.recipe = rs[i], .role = ro[i], .rac_ratio = 0.25, .num_threads = 1,
                                     .diagnostics = 1};
-            b[k] = k ? qd_model_backend_new(&c, &o, &hostdiag_ops, qd_cpu_dev_new(1), free)
+            b[k] = k ? qd_model_backend_new(&c, &o, k == 1 ? &hostdiag_ops : &fqgroup_ops, qd_cpu_dev_new(1), free)
                      : qd_backend_cpu_init(&c, &o);
             ck_assert_msg(b[k] != NULL, "init: %s", qd_last_error());
         }
@@ -1268,14 +1280,17 @@ START_TEST(test_diag_dev)
         w[1] = random_weights(b[0], 92 + i);
         char what[64];
         for (int s = 0; s < 2; s++) {
-            float lp[2][TB * TT];
-            for (int k = 0; k < 2; k++) {
+            float lp[3][TB * TT];
+            for (int k = 0; k < 3; k++) {
                 ck_assert_int_eq(qd_backend_set_weights(b[k], w[s], n), QD_OK);
                 forward_ok(b[k], tok, tlen, TB, TT, lp[k], NULL);
             }
+            ck_assert(!memcmp(lp[0], lp[2], sizeof lp[0]));
             snprintf(what, sizeof what, "%s %s, sync %d, forward", qd_recipe_name(rs[i]),
                      ro[i] == QD_ROLE_TRAINER ? "trainer" : "rollout", s);
             diag_equal(b, what);
+            qd_backend *bg[2] = {b[0], b[2]};
+            diag_equal(bg, what);
             int32_t gt[2][GB * GM], gl[2][GB], prompt[GB * GP];
             float glp[2][GB * GM];
             for (int j = 0; j < GB * GP; j++)
@@ -1291,10 +1306,10 @@ START_TEST(test_diag_dev)
                      ro[i] == QD_ROLE_TRAINER ? "trainer" : "rollout", s);
             diag_equal(b, what);
         }
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < 3; k++)
             qd_backend_free(b[k]);
-            free(w[k]);
-        }
+        free(w[0]);
+        free(w[1]);
     }
 }
 END_TEST

@@ -413,13 +413,6 @@ static qd_status cuda_nvfp4_fake_quant_weights(void *dev, float *const *out, con
                                                int K)
 {
     cuda_dev *d = D(dev);
-    static int off = -1;
-    if (off < 0) {
-        const char *e = getenv("QUADS_FQ_GROUPED");
-        off = e && !strcmp(e, "0");
-    }
-    if (off)
-        return QD_ERR_UNSUPPORTED;
     if (count <= 0 || N <= 0 || K <= 0)
         return QD_OK;
     if (!d->aqat16)
