@@ -196,6 +196,8 @@ typedef struct {
     double *d_diag;                /* diagnostics' sums where the ops add them (diag_add): dev (4 nlin),
                                       linear i's activation err and norm at 2i, its weight's at
                                       2 (nlin + i) (diag_on_dev) */
+    unsigned char *wmeasured;      /* (nlin) this sync measured linear i's weight a shape at a time */
+    size_t plan_sdiag;             /* the plan's S_DIAG bytes (what grouped weight errors may use) */
     /* what diagnostics hands out */
     const char **dg_names;         /* (quantized linears) */
     double *dg_act_err, *dg_act_norm, *dg_weight_err;
@@ -382,6 +384,47 @@ static qd_status diag_add_dev(model *c, linear *const *L, const int32_t *off, co
         slot[g] = (int32_t)(L[g] - c->lin) + (weights ? c->nlin : 0);
     qd_status st = OP(c, diag_add, c->d_diag, e, rows, off, d_off, slot, nseg, weights ? QD_DIAG_SET : 0);
     free(slot);
+    return st;
+}
+
+/* Diagnostics' weight errors a shape at a time (sqerr_weights, diag_add):
+ * whether this instance measures them so. */
+static int wgrouped(const model *c) { return diag_on_dev(c) && c->ops->sqerr_weights && c->wmeasured; }
+
+/* The weight errors of the m linears idx[] of one shape, their dev float
+ * weights x[j] and fake-quants xh[j] (xh NULL: their codes), in chunks of at
+ * most 64 that S_DIAG holds at its planned size (at least one weight); each
+ * marked in wmeasured. The bits of measure_weight_error per linear. */
+static qd_status measure_weights_grouped(model *c, const int *idx, int m, const float *const *x,
+                                         const float *const *xh)
+{
+    if (m == 0)
+        return QD_OK;
+    const linear *L0 = &c->lin[idx[0]];
+    size_t per = sizeof(double) * 2 * (size_t)L0->out;
+    int chunk = (int)(c->plan_sdiag / per);
+    chunk = chunk < 1 ? 1 : chunk > 64 ? 64 : chunk;
+    const qd_nvfp4 *q[64];
+    linear *L[64];
+    int32_t off[65];
+    qd_status st = QD_OK;
+    for (int j0 = 0; j0 < m && !st; j0 += chunk) {
+        int n = m - j0 < chunk ? m - j0 : chunk;
+        void *e;
+        st = scratch(c, S_DIAG, per * (size_t)n, &e);
+        for (int j = 0; j < n && !st; j++) {
+            L[j] = &c->lin[idx[j0 + j]];
+            q[j] = &L[j]->wq;
+            off[j] = j * L0->out;
+        }
+        off[n] = n * L0->out;
+        if (!st)
+            st = OP(c, sqerr_weights, (double *)e, x + j0, xh ? xh + j0 : NULL, q, n, L0->out, L0->in);
+        if (!st)
+            st = diag_add_dev(c, L, off, NULL, n, (const double *)e, n * L0->out, 1);
+        for (int j = 0; j < n && !st; j++)
+            c->wmeasured[idx[j0 + j]] = 1;
+    }
     return st;
 }
 
@@ -766,12 +809,25 @@ static qd_status sync_codes(model *c, const float *src)
     }
     if (!st)
         qsort(k, (size_t)m, sizeof *k, codes_key_cmp);
+    int *idx = malloc(sizeof(int) * (size_t)(c->nlin ? c->nlin : 1));
+    if (!st && !idx)
+        st = qd_error(QD_ERR_NOMEM, "%s backend: weight sync", c->ops->name);
     for (int j0 = 0, j1; j0 < m && !st; j0 = j1) {
         for (j1 = j0 + 1; j1 < m && same_shape(&k[j1], &k[j0]); j1++)
             ;
-        st = codes_group(c, k + j0, j1 - j0, src, (qd_nvfp4 **)p, (const float **)(p + c->nlin),
-                         (const int64_t **)(p + 2 * c->nlin));
+        const float **x = (const float **)(p + c->nlin);
+        st = codes_group(c, k + j0, j1 - j0, src, (qd_nvfp4 **)p, x, (const int64_t **)(p + 2 * c->nlin));
+        /* the weight errors of the group's measured linears, from their codes */
+        int nm = 0;
+        for (int j = j0; j < j1 && wgrouped(c); j++)
+            if (measured(c, &c->lin[k[j].i])) {
+                x[nm] = src + c->lin[k[j].i].w;
+                idx[nm++] = k[j].i;
+            }
+        if (!st)
+            st = measure_weights_grouped(c, idx, nm, x, NULL);
     }
+    free(idx);
     free(k);
     free(p);
     return st;
@@ -813,7 +869,7 @@ static qd_status measure_weight_error(model *c, linear *L, const float *w, const
  * forward, their dequantization backward). */
 static qd_status sync_linear(model *c, linear *L, const float *w, int codes_done)
 {
-    if (measured(c, L))
+    if (measured(c, L) && !(c->wmeasured && c->wmeasured[L - c->lin]))
         QD_TRY(measure_weight_error(c, L, w, NULL));
     if (is_rollout_quant(L->mode) && !(codes_done && is_w4a4(L->mode)))
         QD_TRY(sync_rollout_linear(c, L, w));
@@ -876,6 +932,43 @@ static qd_status sync_fake_quants(model *c, const float *src, unsigned char *don
     }
     free(k);
     free(p);
+    return st;
+}
+
+/* The weight errors of the measured linears whose fake-quant working weight
+ * this sync wrote (done[i]) and no grouped measurement took from their codes:
+ * read from those fake-quants, a shape at a time where the ops offer it. */
+static qd_status measure_fake_quants(model *c, const unsigned char *done)
+{
+    codes_key *k = malloc(sizeof *k * (size_t)(c->nlin ? c->nlin : 1));
+    int *idx = malloc(sizeof(int) * (size_t)(c->nlin ? c->nlin : 1));
+    const float **x = malloc(sizeof(float *) * 2 * (size_t)(c->nlin ? c->nlin : 1));
+    qd_status st = k && idx && x ? QD_OK : qd_error(QD_ERR_NOMEM, "%s backend: weight sync", c->ops->name);
+    int m = 0;
+    for (int i = 0; i < c->nlin && !st; i++)
+        if (done[i] && measured(c, &c->lin[i]) && !(c->wmeasured && c->wmeasured[i]))
+            k[m++] = (codes_key){.out = c->lin[i].out, .in = c->lin[i].in, .i = i};
+    if (!st)
+        qsort(k, (size_t)m, sizeof *k, codes_key_cmp);
+    for (int j0 = 0, j1; j0 < m && !st; j0 = j1) {
+        for (j1 = j0 + 1; j1 < m && same_shape(&k[j1], &k[j0]); j1++)
+            ;
+        for (int j = j0; j < j1; j++) {
+            linear *L = &c->lin[k[j].i];
+            idx[j - j0] = k[j].i;
+            x[j - j0] = c->params + L->w;
+            x[c->nlin + j - j0] = LW(c, L);
+        }
+        if (wgrouped(c)) {
+            st = measure_weights_grouped(c, idx, j1 - j0, x, x + c->nlin);
+        } else {
+            for (int j = j0; j < j1 && !st; j++)
+                st = measure_weight_error(c, &c->lin[k[j].i], x[j - j0], x[c->nlin + j - j0]);
+        }
+    }
+    free(k);
+    free(idx);
+    free(x);
     return st;
 }
 
@@ -1036,6 +1129,8 @@ static qd_status sync_weights_from(model *c, wsrc *s)
 {
     int rounded = c->wk_rounded; /* this sync's only: a failed one leaves no claim behind */
     c->wk_rounded = 0;
+    if (c->wmeasured)
+        memset(c->wmeasured, 0, (size_t)c->nlin);
     for (int t = 0; !c->lean && s->fill && t < c->ninfo; t++)
         QD_TRY(load_tensor(c, c->params + c->info[t].offset, s, t,
                            (size_t)(c->info[t].rows * c->info[t].cols)));
@@ -1056,13 +1151,11 @@ static qd_status sync_weights_from(model *c, wsrc *s)
          * linears, whose fake-quant, grouped or per tensor, writes them) */
         if (!st && c->wk != c->params && !(rounded && !s->fill))
             st = round_rest(c, done);
-        for (int i = 0; i < c->nlin && !st; i++) {
-            linear *L = &c->lin[i];
+        if (!st)
+            st = measure_fake_quants(c, done);
+        for (int i = 0; i < c->nlin && !st; i++)
             if (!done[i])
-                st = sync_linear(c, L, c->params + L->w, 1);
-            else if (measured(c, L)) /* its fake-quant is the working weight the sync wrote */
-                st = measure_weight_error(c, L, c->params + L->w, LW(c, L));
-        }
+                st = sync_linear(c, &c->lin[i], c->params + c->lin[i].w, 1);
         free(done);
         QD_TRY(st);
     }
@@ -2961,6 +3054,7 @@ static void plan_memory(model *c, const qd_workload *w, qd_mem_plan *p)
     }
     c->N = c->B = c->Bl = c->Tm = c->generating = 0;
     p->bytes[QD_MEM_ACTS] = acts;
+    c->plan_sdiag = s[S_DIAG];
     for (int i = 0; i < S_NSCRATCH; i++)
         p->bytes[QD_MEM_SCRATCH] += s[i];
     for (int k = 0; k < QD_MEM_COUNT; k++)
@@ -3089,6 +3183,7 @@ static void m_free(qd_backend *b)
     free(c->dg_act_norm);
     free(c->dg_weight_err);
     free(c->dg_topk);
+    free(c->wmeasured);
     free(c);
 }
 
@@ -3519,6 +3614,8 @@ static qd_status alloc_model(model *c)
         QD_TRY(dalloc(c, (void **)&c->d_diag, sizeof(double) * 4 * (size_t)c->nlin, QD_MEM_SCRATCH,
                       "diagnostics' sums"));
         QD_TRY(OP(c, zero, c->d_diag, sizeof(double) * 4 * (size_t)c->nlin));
+        if (c->ops->sqerr_weights && !(c->wmeasured = calloc((size_t)(c->nlin ? c->nlin : 1), 1)))
+            return qd_error(QD_ERR_NOMEM, "%s backend: tables", c->ops->name);
     }
     if (c->lean) {
         QD_TRY(dalloc(c, (void **)&c->wk, sizeof(float) * c->nwk, QD_MEM_WORKING, "working weights"));

@@ -381,6 +381,17 @@ typedef struct qd_ops {
      * Optional: where NULL the driver does just that. */
     qd_status (*diag_add)(void *dev, double *acc, const double *e, int rows, const int32_t *off,
                           const int32_t *d_off, const int32_t *slot, int nseg, int flags);
+    /* Diagnostics' weight error at a sync, count weights of one shape (N, K)
+     * in one call: for i < count and row r, e[i N + r] = sum (x - xh)^2 and
+     * e[count N + i N + r] = sum x^2 over the row's K columns ascending
+     * (double), x = x[i]'s row, xh = xh[i]'s (its per-tensor fake-quant)
+     * where xh is not NULL, else q[i]'s first K columns dequantized (a W4A4
+     * linear's codes, RAC's augmented ones too: their first K columns are
+     * quantize(x[i])'s). x, xh, q: host arrays of dev pointers / host structs
+     * of dev buffers. The bits of sqerr_rows per weight against its
+     * fake-quant. Optional: where NULL the driver measures a weight at a time. */
+    qd_status (*sqerr_weights)(void *dev, double *e, const float *const *x, const float *const *xh,
+                               const qd_nvfp4 *const *q, int count, int N, int K);
 } qd_ops;
 
 /* The CPU's ops (backends/cpu/cpu_ops.c), for tests that run an op on two backends. */

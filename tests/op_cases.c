@@ -976,6 +976,32 @@ static void c_diag_add(oc *c)
     OUT(c, "acc set", 'd', acc, sizeof(double) * 2 * PAIRS);
 }
 
+/* sqerr_weights: 3 weights of 150 x 80 (two blocks of rows, a last tile of
+ * 16 columns) against their codes (the middle one RAC-augmented by 16
+ * channels: its first 80 columns), then against their fake-quants */
+static void c_sqerr_weights(oc *c)
+{
+    enum { CNT = 3, N = 150, K = 80, NR = 16 };
+    const float *x[CNT], *xh[CNT];
+    qd_nvfp4 q[CNT];
+    const qd_nvfp4 *qp[CNT];
+    int64_t *ch = channels(c, K, NR);
+    for (int i = 0; i < CNT; i++) {
+        float *w = F(c, (size_t)N * K, -1.5f + 0.5f * (float)i, 1);
+        float *h = Z(c, sizeof(float) * N * K);
+        x[i] = w, xh[i] = h, qp[i] = &q[i];
+        q[i] = nv(c, N, K + (i == 1 ? NR : 0), QD_SCALE_PER_TENSOR);
+        RUN(c, i == 1 ? c->ops->rac_augment_weight(c->dev, &q[i], w, N, K, ch, NR)
+                      : c->ops->nvfp4_quantize(c->dev, &q[i], w));
+        RUN(c, c->ops->nvfp4_fake_quant(c->dev, h, w, N, K, QD_SCALE_PER_TENSOR));
+    }
+    double *e = Z(c, sizeof(double) * 2 * CNT * N), *e2 = Z(c, sizeof(double) * 2 * CNT * N);
+    RUN(c, c->ops->sqerr_weights(c->dev, e, x, NULL, qp, CNT, N, K));
+    RUN(c, c->ops->sqerr_weights(c->dev, e2, x, xh, NULL, CNT, N, K));
+    OUT(c, "e codes", 'd', e, sizeof(double) * 2 * CNT * N);
+    OUT(c, "e fake-quant", 'd', e2, sizeof(double) * 2 * CNT * N);
+}
+
 /* two sequences of 5 and 3 tokens (prefill layout) */
 static const int32_t a_kbase[8] = {0, 0, 0, 0, 0, 5, 5, 5}, a_pos[8] = {0, 1, 2, 3, 4, 0, 1, 2},
                      a_slen[8] = {5, 5, 5, 5, 5, 3, 3, 3}, a_seq[3] = {0, 5, 8};
@@ -1665,6 +1691,7 @@ static const op_case cases[] = {
     {{"rac_fake_quant 7x64+32", "rac_fake_quant", 0, 0}, c_rac_fake_quant},
     {{"sqerr_rows 11x70", "sqerr_rows", 0, 0}, c_sqerr_rows},
     {{"diag_add 23 rows 5+3 segments", "diag_add", 0, 0}, c_diag_add},
+    {{"sqerr_weights 3x150x80", "sqerr_weights", 0, 0}, c_sqerr_weights},
     {{"attend prefill 2 seqs", "attend", 1, 0}, c_attend},
     {{"attend decode 3 rows", "attend", 1, 0}, c_attend_decode},
     {{"attend decode gqa 32/4x128", "attend", 1, 0}, c_attend_gqa},

@@ -1260,12 +1260,12 @@ START_TEST(test_diag_dev)
     hostdiag_ops.diag_add = NULL;
     fqgroup_ops = *qd_cpu_ops();
     fqgroup_ops.nvfp4_fake_quant_weights = fq_weights_loop;
-    const qd_recipe rs[] = {QD_RECIPE_NVFP4, QD_RECIPE_QUADS, QD_RECIPE_QUADS};
-    const qd_role ro[] = {QD_ROLE_ROLLOUT, QD_ROLE_ROLLOUT, QD_ROLE_TRAINER};
+    const qd_recipe rs[] = {QD_RECIPE_NVFP4, QD_RECIPE_QUADS, QD_RECIPE_QUADS, QD_RECIPE_QUADS_REPLAY};
+    const qd_role ro[] = {QD_ROLE_ROLLOUT, QD_ROLE_ROLLOUT, QD_ROLE_TRAINER, QD_ROLE_TRAINER};
     int32_t tok[TB * TT];
     tiny_batch(tok, 81);
     qd_model_moe_dev_off = 1;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         qd_backend *b[3];
         float *w[2] = {NULL, NULL};
         for (int k = 0; k < 3; k++) {
@@ -1305,6 +1305,21 @@ START_TEST(test_diag_dev)
             snprintf(what, sizeof what, "%s %s, sync %d, generate", qd_recipe_name(rs[i]),
                      ro[i] == QD_ROLE_TRAINER ? "trainer" : "rollout", s);
             diag_equal(b, what);
+        }
+        if (ro[i] == QD_ROLE_ROLLOUT) { /* a sync from a trainer's master on the device: the
+                                         * weight errors a shape at a time from the codes */
+            qd_backend *t = make_loaded(&c, rs[i], QD_ROLE_TRAINER, 0.25, 1, w[0]);
+            float lp[2][TB * TT];
+            for (int k = 0; k < 2; k++) {
+                int direct = -1;
+                ck_assert_msg(qd_backend_sync_from(b[k], t, &direct) == QD_OK, "sync: %s", qd_last_error());
+                ck_assert_int_eq(direct, k == 0); /* the other ops table: through the host */
+                forward_ok(b[k], tok, tlen, TB, TT, lp[k], NULL);
+            }
+            ck_assert(!memcmp(lp[0], lp[1], sizeof lp[0]));
+            snprintf(what, sizeof what, "%s rollout, synced from a trainer", qd_recipe_name(rs[i]));
+            diag_equal(b, what);
+            qd_backend_free(t);
         }
         for (int k = 0; k < 3; k++)
             qd_backend_free(b[k]);

@@ -578,6 +578,34 @@ START_TEST(test_fake_quant_weights_equal_per_tensor)
 }
 END_TEST
 
+/* sqerr_weights against the codes (a RAC-augmented weight's first K columns
+ * too) gives the bytes of it against the per-tensor fake-quants (fake-quant =
+ * dequant(quantize)); the error is a plausible NVFP4 weight error */
+START_TEST(test_sqerr_weights_codes_equal_fake_quant)
+{
+    int seen = 0;
+    for (int i = 0; i < qd_op_case_count(); i++) {
+        qd_op_case_info ci = qd_op_case(i);
+        if (strcmp(ci.slot, "sqerr_weights"))
+            continue;
+        qd_op_result a;
+        ck_assert_msg(qd_op_case_run(i, O, dev1, 7, &a) == QD_OK, "%s: %s", ci.name, qd_last_error());
+        ck_assert_int_eq(a.nout, 2);
+        ck_assert_uint_eq(a.out[0].bytes, a.out[1].bytes);
+        ck_assert_msg(memcmp(a.out[0].data, a.out[1].data, a.out[0].bytes) == 0, "%s: codes vs fake-quant", ci.name);
+        const double *e = a.out[0].data;
+        size_t n = a.out[0].bytes / sizeof(double) / 2;
+        double se = 0, sn = 0;
+        for (size_t r = 0; r < n; r++)
+            se += e[r], sn += e[n + r];
+        ck_assert_msg(se > 1e-4 * sn && se < 0.05 * sn, "%s: relative error %g", ci.name, se / sn);
+        seen++;
+        qd_op_result_free(&a);
+    }
+    ck_assert_int_eq(seen, 1);
+}
+END_TEST
+
 /* the weights of one shape quantized in one call (nvfp4_quantize_weights)
  * give the bytes of the per-tensor ops (case outputs 0-2 and "ref.*" 3-5) */
 START_TEST(test_quantize_weights_equal_per_tensor)
@@ -646,6 +674,7 @@ Suite *suite_ops(void)
     tcase_add_test(tc, test_w16_twins_equal_float_ops);
     tcase_add_test(tc, test_quantize_weights_equal_per_tensor);
     tcase_add_test(tc, test_fake_quant_weights_equal_per_tensor);
+    tcase_add_test(tc, test_sqerr_weights_codes_equal_fake_quant);
     tcase_add_test(tc, test_adamw_round_is_adamw_then_round);
     tcase_add_test(tc, test_compare_finds_a_bit);
     suite_add_tcase(s, tc);

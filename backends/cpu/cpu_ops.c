@@ -782,6 +782,37 @@ static qd_status cpu_diag_add(void *dev, double *acc, const double *e, int rows,
     return QD_OK;
 }
 
+static qd_status cpu_sqerr_weights(void *dev, double *e, const float *const *x, const float *const *xh,
+                                   const qd_nvfp4 *const *q, int count, int N, int K)
+{
+    (void)dev;
+    size_t rows = (size_t)count * (size_t)N;
+    #pragma omp parallel for schedule(static)
+    for (int64_t ir = 0; ir < (int64_t)rows; ir++) {
+        int i = (int)(ir / N), r = (int)(ir % N);
+        const float *xr = x[i] + (size_t)r * K;
+        double err = 0.0, x2 = 0.0;
+        for (int j = 0; j < K; j++) {
+            float h;
+            if (xh) {
+                h = xh[i][(size_t)r * K + j];
+            } else {
+                const qd_nvfp4 *w = q[i];
+                uint8_t byte = w->codes[(size_t)r * (size_t)(w->cols / 2) + j / 2];
+                h = qd_nvfp4_dequant1(j & 1 ? byte >> 4 : byte & 0xf,
+                                      w->scales[(size_t)r * (size_t)(w->cols / QD_NVFP4_BLOCK) + j / QD_NVFP4_BLOCK],
+                                      w->s_dec[0]);
+            }
+            double d = (double)xr[j] - (double)h;
+            err += d * d;
+            x2 += (double)xr[j] * (double)xr[j];
+        }
+        e[ir] = err;
+        e[rows + ir] = x2;
+    }
+    return QD_OK;
+}
+
 static qd_status cpu_attend(void *dev, float *out, float *att, const float *q, const float *kb, const float *vb,
                             const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm,
                             const int32_t *seq_off, int nseq)
@@ -1106,6 +1137,7 @@ static const qd_ops cpu_ops = {
     .adamw = cpu_adamw,
     .adamw_round = cpu_adamw_round,
     .diag_add = cpu_diag_add,
+    .sqerr_weights = cpu_sqerr_weights,
 };
 
 const qd_ops *qd_cpu_ops(void) { return &cpu_ops; }

@@ -3088,6 +3088,65 @@ extern "C" qd_status qdk_diag_add(double *acc, const double *e, int rows, const 
     return QD_OK;
 }
 
+/* sqerr_weights: a thread a row, 128 rows a block, a block row of one
+ * weight; the rows' x (and xh) come through shared memory 32 columns at a
+ * time (a warp reads one row's 128 bytes), then each thread adds its row's
+ * columns in order, as k_sqerr_rows does. */
+#define SQW_ROWS 128
+#define SQW_TW 32
+__global__ void __launch_bounds__(SQW_ROWS) k_sqerr_weights(double *e, const qdk_sqw *t, int count, int N, int K)
+{
+    __shared__ float sx[SQW_TW][SQW_ROWS + 1], sh[SQW_TW][SQW_ROWS + 1];
+    const qdk_sqw w = t[blockIdx.y];
+    int tid = threadIdx.x, r0 = blockIdx.x * SQW_ROWS, r = r0 + tid;
+    size_t rows = (size_t)count * (size_t)N, ir = (size_t)blockIdx.y * (size_t)N + (size_t)r;
+    float sd = w.xh ? 0.0f : w.s_dec[0];
+    double err = 0.0, nrm = 0.0;
+    for (int c0 = 0; c0 < K; c0 += SQW_TW) {
+        int tw = K - c0 < SQW_TW ? K - c0 : SQW_TW;
+        for (int k = tid; k < SQW_ROWS * SQW_TW; k += SQW_ROWS) {
+            int rr = k / SQW_TW, cc = k % SQW_TW, gr = r0 + rr;
+            float vx = 0.0f, vh = 0.0f;
+            if (gr < N && cc < tw) {
+                size_t o = (size_t)gr * (size_t)K + (size_t)(c0 + cc);
+                vx = w.x[o];
+                if (w.xh)
+                    vh = w.xh[o];
+            }
+            sx[cc][rr] = vx;
+            sh[cc][rr] = vh;
+        }
+        __syncthreads();
+        if (r < N)
+            for (int j = 0; j < tw; j++) {
+                float xv = sx[j][tid], hv;
+                if (w.xh) {
+                    hv = sh[j][tid];
+                } else {
+                    int col = c0 + j;
+                    uint8_t byte = w.codes[(size_t)r * (size_t)(w.cols / 2) + (size_t)(col / 2)];
+                    hv = qd_nvfp4_dequant1(col & 1 ? byte >> 4 : byte & 0xf,
+                                           w.scales[(size_t)r * (size_t)(w.cols / 16) + (size_t)(col / 16)], sd);
+                }
+                double d = (double)xv - (double)hv;
+                err = err + d * d;
+                nrm = nrm + (double)xv * (double)xv;
+            }
+        __syncthreads();
+    }
+    if (r < N) {
+        e[ir] = err;
+        e[rows + ir] = nrm;
+    }
+}
+
+extern "C" qd_status qdk_sqerr_weights(double *e, const qdk_sqw *t, int count, int N, int K)
+{
+    if (count > 0 && N > 0)
+        QD_LAUNCH(k_sqerr_weights, dim3(blocks((size_t)N, SQW_ROWS), (unsigned)count), SQW_ROWS, e, t, count, N, K);
+    return QD_OK;
+}
+
 __global__ void k_rac_error(double *err, const float *x, const float *xh, int rows, int K)
 {
     int k = blockIdx.x * blockDim.x + threadIdx.x;

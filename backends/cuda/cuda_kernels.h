@@ -194,6 +194,16 @@ qd_status qdk_sqerr_rows(double *err, double *nrm, const float *x, const float *
  * (from 0.0 where set); off (nseg + 1) and slot (nseg) on the device. */
 qd_status qdk_diag_add(double *acc, const double *e, int rows, const int32_t *off, const int32_t *slot, int nseg,
                        int set);
+/* sqerr_weights (backends/ops.h) over a table of count weights of one shape
+ * (N, K) on the device: x, xh (NULL: the codes, scales and s_dec of a
+ * per-tensor NVFP4 matrix of cols columns, its first K dequantized). */
+typedef struct {
+    const float *x, *xh;
+    const uint8_t *codes, *scales;
+    const float *s_dec;
+    long long cols;
+} qdk_sqw;
+qd_status qdk_sqerr_weights(double *e, const qdk_sqw *t, int count, int N, int K);
 /* qd_rac_error_accumulate's sum: err (K) += sum over rows ascending of (x - xh)^2. */
 qd_status qdk_rac_error(double *err, const float *x, const float *xh, int rows, int K);
 

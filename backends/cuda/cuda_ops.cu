@@ -40,7 +40,7 @@ extern "C" {
 
 /* Grow-only scratch of the ops themselves (dev unless said). */
 enum { D_XH, D_RACWS, D_X16, D_W16, D_DY16, D_LOGP, D_SAMPLE, D_MOE, D_RACPTR, D_RACFQ, D_RMSW, D_XF, D_WTAB, D_GDEV,
-       D_DYF, D_EMBB, D_DIAG, D_NSCRATCH };
+       D_DYF, D_EMBB, D_DIAG, D_SQW, D_NSCRATCH };
 
 #define STAGE_SLOTS 64 /* to_dev's pinned ring: slots, each STAGE_BYTES */
 #define STAGE_BYTES (16 << 10)
@@ -1212,6 +1212,26 @@ static qd_status cuda_sqerr_rows(void *dev, double *err, double *nrm, const floa
     return qdk_sqerr_rows(err, nrm, x, xh, rows, cols);
 }
 
+/* sqerr_weights: the table of the count weights up through to_dev's pinned
+ * ring, one launch. */
+static qd_status cuda_sqerr_weights(void *dev, double *e, const float *const *x, const float *const *xh,
+                                    const qd_nvfp4 *const *q, int count, int N, int K)
+{
+    cuda_dev *d = D(dev);
+    if (count <= 0 || N <= 0)
+        return QD_OK;
+    size_t bytes = sizeof(qdk_sqw) * (size_t)count;
+    void *h, *p;
+    QD_TRY(host_scratch(d, bytes, &h));
+    qdk_sqw *t = (qdk_sqw *)h;
+    for (int i = 0; i < count; i++)
+        t[i] = xh ? qdk_sqw{x[i], xh[i], NULL, NULL, NULL, 0}
+                  : qdk_sqw{x[i], NULL, q[i]->codes, q[i]->scales, q[i]->s_dec, (long long)q[i]->cols};
+    QD_TRY(scratch(d, D_SQW, bytes, &p));
+    QD_TRY(cuda_to_dev(dev, p, h, bytes));
+    return qdk_sqerr_weights(e, (const qdk_sqw *)p, count, N, K);
+}
+
 /* diag_add: the slots (and off, where on the host) go up through to_dev's
  * pinned ring, so nothing waits for the device. */
 static qd_status cuda_diag_add(void *dev, double *acc, const double *e, int rows, const int32_t *off,
@@ -1601,6 +1621,7 @@ static const qd_ops cuda_ops = {
     .rounds_bf16_input = cuda_rounds_bf16_input,
     .hold_input = cuda_hold_input,
     .diag_add = cuda_diag_add,
+    .sqerr_weights = cuda_sqerr_weights,
 };
 
 /* ------------------------------------------------------------------------ */
