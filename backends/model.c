@@ -429,34 +429,65 @@ static qd_status measure_weights_grouped(model *c, const int *idx, int m, const 
 }
 
 /* Diagnostics: per-row NVFP4 error sums of the input rows (rows, in) (one
- * global scale per row, §4), then segment g's rows off[g] .. off[g+1]-1 added
- * in row order to linear L[g]'s sums (one linear, or the experts of a grouped
- * projection). off host, or NULL with d_off on the device (a decode's
- * expert offsets, which only diag_add reads). */
-static qd_status measure_act_rows(model *c, linear *const *L, const int32_t *off, const int32_t *d_off, int nseg,
-                                  const float *inp, int rows, int in)
+ * global scale per row, §4), then for each of the nsets linear sets Ls[k],
+ * segment g's rows off[g] .. off[g+1]-1 added in row order to linear
+ * Ls[k][g]'s sums (sets of one linear, or the experts of a grouped
+ * projection; several sets: linears of one input, q, k and v or gate and
+ * up, whose sums are those of that input, made once). off host, or NULL
+ * with d_off on the device (a decode's expert offsets, which only diag_add
+ * reads). */
+static qd_status measure_act_sets(model *c, linear *const *const *Ls, int nsets, const int32_t *off,
+                                  const int32_t *d_off, int nseg, const float *inp, int rows, int in)
 {
+    if (nsets == 0)
+        return QD_OK;
     void *xh, *sums;
     QD_TRY(scratch(c, S_XH, sizeof(float) * (size_t)rows * in, &xh));
     QD_TRY(scratch(c, S_DIAG, sizeof(double) * 2 * (size_t)rows, &sums));
     QD_TRY(OP(c, nvfp4_fake_quant, (float *)xh, inp, rows, in, QD_SCALE_PER_ROW));
     double *e = (double *)sums;
     QD_TRY(OP(c, sqerr_rows, e, e + rows, inp, (const float *)xh, rows, in));
-    if (diag_on_dev(c))
-        return diag_add_dev(c, L, off, d_off, nseg, e, rows, 0);
+    if (diag_on_dev(c)) {
+        for (int k = 0; k < nsets; k++)
+            QD_TRY(diag_add_dev(c, Ls[k], off, d_off, nseg, e, rows, 0));
+        return QD_OK;
+    }
     if (!off)
         return qd_error(QD_ERR_ARG, "%s backend: diagnostics of device offsets without diag_add", c->ops->name);
     double *h = malloc(sizeof(double) * 2 * (size_t)(rows ? rows : 1));
     if (!h)
         return qd_error(QD_ERR_NOMEM, "%s backend: diagnostics", c->ops->name);
     qd_status st = OP(c, to_host, h, e, sizeof(double) * 2 * (size_t)rows);
-    for (int g = 0; g < nseg && !st; g++)
-        for (int r = off[g]; r < off[g + 1]; r++) {
-            L[g]->act_err += h[r];
-            L[g]->act_norm += h[rows + r];
-        }
+    for (int k = 0; k < nsets && !st; k++)
+        for (int g = 0; g < nseg; g++)
+            for (int r = off[g]; r < off[g + 1]; r++) {
+                Ls[k][g]->act_err += h[r];
+                Ls[k][g]->act_norm += h[rows + r];
+            }
     free(h);
     return st;
+}
+
+static qd_status measure_act_rows(model *c, linear *const *L, const int32_t *off, const int32_t *d_off, int nseg,
+                                  const float *inp, int rows, int in)
+{
+    return measure_act_sets(c, &L, 1, off, d_off, nseg, inp, rows, in);
+}
+
+/* The measured ones of n (<= QD_RAC_MULTI) linears of one input (N rows)
+ * measured once. */
+static qd_status measure_act_linears(model *c, linear *const *L, int n, const float *inp, int N)
+{
+    linear *const *Ls[QD_RAC_MULTI];
+    int m = 0;
+    if (n > QD_RAC_MULTI)
+        return qd_error(QD_ERR_ARG, "%s backend: %d linears of one input (at most %d)", c->ops->name, n,
+                        QD_RAC_MULTI);
+    for (int i = 0; i < n; i++)
+        if (measured(c, L[i]))
+            Ls[m++] = &L[i];
+    int32_t off[2] = {0, N};
+    return measure_act_sets(c, Ls, m, off, NULL, 1, inp, N, L[0]->in);
 }
 
 static qd_status fwd_w4a4(model *c, float *out, const float *inp, linear *L, int N)
@@ -531,12 +562,13 @@ static qd_prec prec_of(const linear *L)
     return L->mode == QD_LINEAR_BF16 ? QD_PREC_BF16 : L->mode == QD_LINEAR_AQAT ? QD_PREC_BF16_X : QD_PREC_F32;
 }
 
-/* out (N, out) = x (N, in) . W^T under the layer's mode. */
-static qd_status linear_forward(model *c, float *out, const float *inp, linear *L, int N)
+/* out (N, out) = x (N, in) . W^T under the layer's mode; its input measured
+ * by diagnostics unless the caller did (measure 0). */
+static qd_status linear_forward_m(model *c, float *out, const float *inp, linear *L, int N, int measure)
 {
     if (N == 0)
         return QD_OK;
-    if (measured(c, L)) {
+    if (measure && measured(c, L)) {
         int32_t off[2] = {0, N};
         QD_TRY(measure_act_rows(c, &L, off, NULL, 1, inp, N, L->in));
     }
@@ -551,11 +583,17 @@ static qd_status linear_forward(model *c, float *out, const float *inp, linear *
     return OP(c, matmul, out, xe, LW(c, L), N, L->in, L->out, prec_of(L));
 }
 
+static qd_status linear_forward(model *c, float *out, const float *inp, linear *L, int N)
+{
+    return linear_forward_m(c, out, inp, L, N, 1);
+}
+
 /* A plain W4A4 linear (no RAC channels, no diagnostics): its input's codes
  * depend on the input alone, so linears reading one input can share them. */
 static int shares_act(const model *c, const linear *L)
 {
-    return (L->mode == QD_LINEAR_W4A4 || L->mode == QD_LINEAR_W4A4_STE) && !measured(c, L);
+    (void)c;
+    return L->mode == QD_LINEAR_W4A4 || L->mode == QD_LINEAR_W4A4_STE;
 }
 
 /* Linears of one input that rac_multi augments in one call: every one RAC,
@@ -643,9 +681,8 @@ static qd_status linears_forward(model *c, float *const *out, const float *inp, 
         double *const *err[QD_RAC_MULTI];
         const int64_t *const *ch[QD_RAC_MULTI];
         int32_t off[2] = {0, N};
+        QD_TRY(measure_act_linears(c, L, n, inp, N));
         for (int i = 0; i < n; i++) {
-            if (measured(c, L[i]))
-                QD_TRY(measure_act_rows(c, &L[i], off, NULL, 1, inp, N, L[i]->in));
             nr[i] = L[i]->nrac;
             err[i] = &L[i]->d_rac_err;
             ch[i] = (const int64_t *const *)&L[i]->d_rac_ch;
@@ -656,11 +693,16 @@ static qd_status linears_forward(model *c, float *const *out, const float *inp, 
     int share = N > 0;
     for (int i = 0; i < n; i++)
         share = share && shares_act(c, L[i]) && L[i]->in == L[0]->in;
+    int same_in = 1;
+    for (int i = 0; i < n; i++)
+        same_in = same_in && L[i]->in == L[0]->in;
+    if (N > 0 && same_in)
+        QD_TRY(measure_act_linears(c, L, n, inp, N));
     if (!share) {
         qd_status st = QD_OK;
         hold(c, inp, (size_t)N * L[0]->in); /* the products may share what they make of inp */
         for (int i = 0; i < n && !st; i++)
-            st = linear_forward(c, out[i], inp, L[i], N);
+            st = linear_forward_m(c, out[i], inp, L[i], N, !same_in);
         hold(c, NULL, 0);
         return st;
     }
@@ -1689,14 +1731,21 @@ static qd_status experts_forward_gate_up(model *c, float *gate, float *up, const
     qd_nvfp4 a[2];
     memset(a, 0, sizeof a);
     int in = x[0].L[0]->in;
+    linear *const *Ls[2];
+    int nm = 0;
+    for (int w = 0; w < 2; w++)
+        if (measured(c, x[w].L[0]))
+            Ls[nm++] = x[w].L;
+    st = measure_act_sets(c, Ls, nm, s->off_dev ? NULL : s->exp_off, s->off_dev ? s->d_off : NULL, E, inp, R, in);
+    if (st) {
+        expert_set_free(&x[1]);
+        expert_set_free(&x[0]);
+        return st;
+    }
     if (rac) {
         int64_t nr[2] = {x[0].L[0]->nrac, x[1].L[0]->nrac};
         double *const *err[2] = {x[0].rac_err, x[1].rac_err};
         const int64_t *const *ch[2] = {x[0].rac_ch, x[1].rac_ch};
-        for (int w = 0; w < 2 && !st; w++)
-            if (measured(c, x[w].L[0]))
-                st = measure_act_rows(c, x[w].L, s->off_dev ? NULL : s->exp_off, s->off_dev ? s->d_off : NULL, E,
-                                      inp, R, in);
         if (!st)
             st = rac_acts(c, a, err, ch, nr, 2, s->exp_off, s->off_dev ? s->d_off : NULL, E, inp, in);
     } else {

@@ -1184,6 +1184,27 @@ START_TEST(test_diagnostics)
             ck_assert(d[k].act_norm[i] >= 0 && d[k].act_err[i] <= 0.05 * d[k].act_norm[i]);
         }
         ck_assert(d[k].act_err[0] > 1e-4 * d[k].act_norm[0]);
+        /* linears of one input have its sums (q, k, v; each expert's gate and up) */
+        for (int i = 0; i < d[k].num_linear; i++) {
+            const char *nm = d[k].names[i], *at = strstr(nm, "q_proj");
+            const char *other[2] = {"k_proj", "v_proj"};
+            int n = 2;
+            if (!at && (at = strstr(nm, "gate_proj")))
+                other[0] = "up_proj", n = 1;
+            for (int j = 0; at && j < n; j++) {
+                char want[128];
+                snprintf(want, sizeof want, "%.*s%s%s", (int)(at - nm), nm, other[j],
+                         at + (other[0][0] == 'u' ? 9 : 6));
+                int found = 0;
+                for (int t = 0; t < d[k].num_linear; t++)
+                    if (!strcmp(d[k].names[t], want)) {
+                        ck_assert_msg(d[k].act_err[t] == d[k].act_err[i] && d[k].act_norm[t] == d[k].act_norm[i],
+                                      "%s vs %s", want, nm);
+                        found = 1;
+                    }
+                ck_assert_msg(found, "%s not found", want);
+            }
+        }
         for (int n = 0; n < 17; n++) {
             const int32_t *t = d[k].router_topk + n * 2;
             ck_assert(t[0] >= 0 && t[0] < 8 && t[1] >= 0 && t[1] < 8 && t[0] != t[1]);
