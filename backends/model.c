@@ -1798,7 +1798,7 @@ static qd_status experts_backward(model *c, float *dinp, const float *dout, cons
                                   const float *inp, const layer_acts *s, const layer *ly, int which)
 {
     int E = ly->nexp, R = s->exp_off[E];
-    if (R == 0)
+    if (R == 0 && !(dout16 && s->dw_set)) /* (overwritten dw: the op's zeros even so) */
         return QD_OK;
     int gu = which == EXPERTS_GATE_UP; /* gate's weights, gradients and dout rows run on into up's */
     if (gu && !dout16)
@@ -2337,17 +2337,7 @@ static qd_status grads_begin(model *c)
     QD_TRY(st);
     if (c->nfloats > at)
         QD_TRY(OP(c, zero, c->grads + at, sizeof(float) * (c->nfloats - at)));
-    for (int l = 0; l < L; l++) { /* an expert without rows gets no product: its zeros */
-        const layer_acts *s = &c->acts[l];
-        const layer *ly = &c->layers[l];
-        for (int e = 0; s->dw_set && e < ly->nexp; e++)
-            if (s->exp_off[e + 1] == s->exp_off[e])
-                for (int w = 0; w < 3; w++) {
-                    const linear *Le = expert_lin(c, ly, e, w);
-                    QD_TRY(OP(c, zero, c->grads + Le->w, sizeof(float) * (size_t)Le->in * Le->out));
-                }
-    }
-    return QD_OK;
+    return QD_OK; /* an expert without rows: its products' zeros (QD_BWD_DW_SET) */
 }
 
 /* dlogp: dev (N). */

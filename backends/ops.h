@@ -168,9 +168,10 @@ typedef struct qd_ops {
      * matmul_grouped_backward16b is matmul_grouped_backward16 with dout as such
      * bits (the same products, without a float32 array written and read again
      * to be converted), dinp's rows added to where add has QD_BWD_DX_ADD,
-     * else overwritten (no zeroed array to add to), and the dw of each expert
-     * with rows overwritten where add has QD_BWD_DW_SET (the driver's lazy
-     * zero_grad: those gradients are not zeroed first), else added to. */
+     * else overwritten (no zeroed array to add to), and the dw of every
+     * expert overwritten where add has QD_BWD_DW_SET (an expert without rows
+     * gets zeros: the driver's lazy zero_grad does not zero those gradients
+     * first), else added to. */
     qd_status (*moe_dy16)(void *dev, uint16_t *dy, float *dwt, const float *dout, const float *y,
                           const float *row_w, const int32_t *row_rank, const int32_t *tok_rows, int N, int K, int C);
     qd_status (*swiglu_backward16)(void *dev, uint16_t *dg, uint16_t *du, const float *dh, const float *g,

@@ -1296,6 +1296,19 @@ static void c_moe16_backward(oc *c)
     int32_t topk[N * K], tok_rows[R], row_rank[R], exp_off[E + 1];
     float topw[N * K];
     routing(c, topk, topw, N, E, K);
+    for (int n = 0; n < N; n++) /* expert E-1 without rows: another expert of none of the token's */
+        for (int j = 0; j < K; j++)
+            if (topk[n * K + j] == E - 1) {
+                int e = 0;
+                for (int again = 1; again;) {
+                    again = 0;
+                    for (int i = 0; i < K; i++)
+                        if (topk[n * K + i] == e)
+                            again = 1;
+                    e += again;
+                }
+                topk[n * K + j] = e;
+            }
     rows_of(tok_rows, row_rank, exp_off, topk, topw, N, E, K);
     float *y = F(c, (size_t)R * C, -1, 1), *rw = F(c, R, 0.1f, 1), *dout = F(c, (size_t)N * C, -1, 1);
     float *g = F(c, (size_t)R * C, -4, 4), *u = F(c, (size_t)R * C, -2, 2), *dh = F(c, (size_t)R * C, -1, 1);
@@ -1351,9 +1364,8 @@ static void c_moe16_backward(oc *c)
             RUN(c, c->ops->round_bf16(c->dev, dguf + (size_t)r * 2 * C + C, duf + (size_t)r * C, C));
         }
         RUN(c, c->ops->zero(c->dev, dxgu, sizeof(float) * R * IC));
-        for (int e = 0; e < E; e++) /* QD_BWD_DW_SET: the experts with rows start from zero */
-            if (exp_off[e + 1] > exp_off[e])
-                RUN(c, c->ops->zero(c->dev, dwgu[e], sizeof(float) * 2 * C * IC));
+        for (int e = 0; e < E; e++) /* QD_BWD_DW_SET: every expert's dw overwritten (no rows: zeros) */
+            RUN(c, c->ops->zero(c->dev, dwgu[e], sizeof(float) * 2 * C * IC));
         RUN(c, c->ops->matmul_grouped_backward(c->dev, dxgu, dwgu, dguf, x, wgu, exp_off, E, IC, 2 * C));
     }
     OUT(c, "dy bits", 'b', dy, sizeof(uint16_t) * R * C);

@@ -830,6 +830,9 @@ static qd_status fast_grouped_backward(cuda_dev *d, float *dinp, float *const *d
                                        const float *const *w, const int32_t *off, int E, int IC, int OC, int add)
 {
     size_t rows = E ? (size_t)off[E] : 0;
+    for (int e = 0; dw && (add & QD_BWD_DW_SET) && e < E; e++) /* overwritten: an empty sum's zeros */
+        if (off[e + 1] == off[e])
+            QD_CUDA_CHECK(cudaMemsetAsync(dw[e], 0, sizeof(float) * (size_t)OC * IC));
     if (rows == 0)
         return QD_OK;
     const uint16_t **w16 = (const uint16_t **)calloc((size_t)E + 1, sizeof *w16);
@@ -946,8 +949,7 @@ static qd_status cuda_matmul_grouped_backward16b(void *dev, float *dinp, float *
     if (!(add & QD_BWD_DX_ADD) && dinp && rows)
         QD_CUDA_CHECK(cudaMemsetAsync(dinp, 0, sizeof(float) * rows * (size_t)IC));
     for (int e = 0; dw && (add & QD_BWD_DW_SET) && e < E; e++)
-        if (off[e + 1] > off[e])
-            QD_CUDA_CHECK(cudaMemsetAsync(dw[e], 0, sizeof(float) * (size_t)OC * IC));
+        QD_CUDA_CHECK(cudaMemsetAsync(dw[e], 0, sizeof(float) * (size_t)OC * IC));
     return cuda_matmul_grouped_backward16(dev, dinp, dw, df, x, w, off, E, IC, OC);
 }
 
