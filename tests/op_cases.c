@@ -946,15 +946,19 @@ static void c_rac_multi_experts(oc *c)
     rac_multi_case(c, goff, GE, 64, n, 2, 1);
 }
 
-static void c_sqerr_rows(oc *c)
+static void sqerr_rows_case(oc *c, int rows, int cols)
 {
-    int rows = 11, cols = 70;
     float *x = F(c, (size_t)rows * cols, -2, 2), *xh = F(c, (size_t)rows * cols, -2, 2);
     double *e = Z(c, sizeof(double) * rows), *r = Z(c, sizeof(double) * rows);
     RUN(c, c->ops->sqerr_rows(c->dev, e, r, x, xh, rows, cols));
     OUT(c, "err", 'd', e, sizeof(double) * rows);
     OUT(c, "norm", 'd', r, sizeof(double) * rows);
 }
+
+static void c_sqerr_rows(oc *c) { sqerr_rows_case(c, 11, 70); }
+
+/* three blocks of 128 rows, the last partial; 6 tiles of 32 columns and a tail */
+static void c_sqerr_rows_tiles(oc *c) { sqerr_rows_case(c, 300, 200); }
 
 /* diag_add: 5 segments of 23 rows (one empty) into 6 pairs of a random
  * start, off on the host; then 3 segments with off on the device, from 0.0 */
@@ -1702,6 +1706,7 @@ static const op_case cases[] = {
     {{"rac_multi_dev gate/up 4 experts", "rac_multi_dev", 0, 0}, c_rac_multi_dev},
     {{"rac_fake_quant 7x64+32", "rac_fake_quant", 0, 0}, c_rac_fake_quant},
     {{"sqerr_rows 11x70", "sqerr_rows", 0, 0}, c_sqerr_rows},
+    {{"sqerr_rows 300x200", "sqerr_rows", 0, 0}, c_sqerr_rows_tiles},
     {{"diag_add 23 rows 5+3 segments", "diag_add", 0, 0}, c_diag_add},
     {{"sqerr_weights 3x150x80", "sqerr_weights", 0, 0}, c_sqerr_weights},
     {{"attend prefill 2 seqs", "attend", 1, 0}, c_attend},

@@ -3056,12 +3056,6 @@ __global__ void k_sqerr_rows(double *err, double *nrm, const float *x, const flo
     nrm[r] = x2;
 }
 
-extern "C" qd_status qdk_sqerr_rows(double *err, double *nrm, const float *x, const float *xh, int rows, int cols)
-{
-    if (rows)
-        QD_LAUNCH_N(k_sqerr_rows, (rows), err, nrm, x, xh, rows, cols);
-    return QD_OK;
-}
 
 /* One thread a segment: its rows in order, as the host adds them. */
 __global__ void k_diag_add(double *acc, const double *e, int rows, const int32_t *off, const int32_t *slot,
@@ -3088,18 +3082,19 @@ extern "C" qd_status qdk_diag_add(double *acc, const double *e, int rows, const 
     return QD_OK;
 }
 
-/* sqerr_weights: a thread a row, 128 rows a block, a block row of one
- * weight; the rows' x (and xh) come through shared memory 32 columns at a
- * time (a warp reads one row's 128 bytes), then each thread adds its row's
- * columns in order, as k_sqerr_rows does. */
+/* sqerr_rows / sqerr_weights: a thread a row, 128 rows a block; the rows' x
+ * (and xh) come through shared memory 32 columns at a time (a warp reads one
+ * row's 128 bytes, where a thread walking its own row reads 32 rows' lines at
+ * once), then each thread adds its row's columns in order: the sums of the
+ * row-serial loop, bit for bit. Rows r0 .. r0+127 of weight w (xh, or its
+ * codes dequantized) into err[r], nrm[r]. */
 #define SQW_ROWS 128
 #define SQW_TW 32
-__global__ void __launch_bounds__(SQW_ROWS) k_sqerr_weights(double *e, const qdk_sqw *t, int count, int N, int K)
+__device__ __forceinline__ void sqerr_tile_rows(double *err_out, double *nrm_out, const qdk_sqw &w, int r0, int N,
+                                                int K)
 {
     __shared__ float sx[SQW_TW][SQW_ROWS + 1], sh[SQW_TW][SQW_ROWS + 1];
-    const qdk_sqw w = t[blockIdx.y];
-    int tid = threadIdx.x, r0 = blockIdx.x * SQW_ROWS, r = r0 + tid;
-    size_t rows = (size_t)count * (size_t)N, ir = (size_t)blockIdx.y * (size_t)N + (size_t)r;
+    int tid = threadIdx.x, r = r0 + tid;
     float sd = w.xh ? 0.0f : w.s_dec[0];
     double err = 0.0, nrm = 0.0;
     for (int c0 = 0; c0 < K; c0 += SQW_TW) {
@@ -3135,9 +3130,33 @@ __global__ void __launch_bounds__(SQW_ROWS) k_sqerr_weights(double *e, const qdk
         __syncthreads();
     }
     if (r < N) {
-        e[ir] = err;
-        e[rows + ir] = nrm;
+        err_out[r] = err;
+        nrm_out[r] = nrm;
     }
+}
+
+__global__ void __launch_bounds__(SQW_ROWS) k_sqerr_weights(double *e, const qdk_sqw *t, int count, int N, int K)
+{
+    size_t rows = (size_t)count * (size_t)N, base = (size_t)blockIdx.y * (size_t)N;
+    sqerr_tile_rows(e + base, e + rows + base, t[blockIdx.y], blockIdx.x * SQW_ROWS, N, K);
+}
+
+__global__ void __launch_bounds__(SQW_ROWS) k_sqerr_rows_tiled(double *err, double *nrm, const float *x,
+                                                               const float *xh, int rows, int cols)
+{
+    qdk_sqw w = {x, xh, NULL, NULL, NULL, 0};
+    sqerr_tile_rows(err, nrm, w, blockIdx.x * SQW_ROWS, rows, cols);
+}
+
+/* QUADS_SQERR_TILED=0: a thread walking its own row (the same sums) */
+extern "C" qd_status qdk_sqerr_rows(double *err, double *nrm, const float *x, const float *xh, int rows, int cols)
+{
+    static int tiled = -1;
+    if (rows && env_on(&tiled, "QUADS_SQERR_TILED"))
+        QD_LAUNCH(k_sqerr_rows_tiled, blocks((size_t)rows, SQW_ROWS), SQW_ROWS, err, nrm, x, xh, rows, cols);
+    else if (rows)
+        QD_LAUNCH_N(k_sqerr_rows, (rows), err, nrm, x, xh, rows, cols);
+    return QD_OK;
 }
 
 extern "C" qd_status qdk_sqerr_weights(double *e, const qdk_sqw *t, int count, int N, int K)
