@@ -370,7 +370,12 @@ static int measured(const model *c, const linear *L)
  * to the host once, when asked for; else each measurement copies its row
  * sums to the host (a wait for the device a linear) and adds them there.
  * The same bits. */
-static int diag_on_dev(const model *c) { return c->opt.diagnostics && c->ops->diag_add; }
+static int diag_on_dev(const model *c)
+{
+    static int env = -1; /* QUADS_DIAG_DEV=0: the host's sums (the same bits; for the side-by-side) */
+    env_switch(&env, "QUADS_DIAG_DEV", 1);
+    return env && c->opt.diagnostics && c->ops->diag_add;
+}
 
 /* e (dev: 2 rows doubles, sqerr_rows's) added by diag_add into the d_diag
  * pairs of L[g] (weights: their weight error's pairs, from 0.0). */

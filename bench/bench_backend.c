@@ -92,6 +92,7 @@ typedef struct {
     int B, T, P, M, iters, warmup, threads, layers;
     int plan_only;         /* --plan-only */
     int recompute;         /* --recompute: the trainer's options.recompute */
+    int diagnostics;       /* --diagnostics: every instance's options.diagnostics (as quads rl's) */
     double rac_ratio, temperature;
     double copy_tbs, peak_tflops; /* --copy-tb-per-s, --peak-tflops (0: none) */
     const char *commit;
@@ -402,7 +403,8 @@ static void progress(const bench_args *a, const bench_row *r)
 static qd_backend_options role_options(const bench_args *a, qd_recipe r, qd_role role)
 {
     qd_backend_options o = {.recipe = r, .role = role, .rac_ratio = a->rac_ratio, .num_threads = a->threads,
-                            .mode = a->mode, .recompute = role == QD_ROLE_TRAINER && a->recompute};
+                            .mode = a->mode, .recompute = role == QD_ROLE_TRAINER && a->recompute,
+                            .diagnostics = a->diagnostics};
     if (role == QD_ROLE_TRAINER)
         o.workload = (qd_workload){.fwd_B = a->B, .fwd_T = a->T, .train = 1};
     if (role == QD_ROLE_ROLLOUT && a->use_op[OP_FORWARD])
@@ -691,6 +693,8 @@ static json_t *row_json(const bench_args *a, const bench_row *r, double vs_bf16,
     json_object_set_new(o, "commit", json_string(a->commit));
     if (a->recompute && r->op == OP_TRAIN)
         json_object_set_new(o, "recompute", json_true());
+    if (a->diagnostics)
+        json_object_set_new(o, "diagnostics", json_true());
     if (r->status == ROW_OK && r->op == OP_SYNC) {
         json_object_set_new(o, "ms", json_real(r->ms));
         json_object_set_new(o, "ms_min", json_real(r->ms_min));
@@ -730,9 +734,10 @@ static void print_header(const bench_args *a, const qd_model_config *cfg, size_t
            cfg->moe_intermediate_size, cfg->num_attention_heads, cfg->num_key_value_heads, cfg->head_dim,
            cfg->vocab_size, n);
     printf("batch %d; train/forward seq %d; rollout prompt %d + %d new (temperature %g); warmup %d, iters %d; "
-           "threads %d; seed %llu%s\n\n",
+           "threads %d; seed %llu%s%s\n\n",
            a->B, a->T, a->P, a->M, a->temperature, a->warmup, a->iters, a->threads, (unsigned long long)a->seed,
-           a->recompute ? "; the trainer recomputes activations (--recompute)" : "");
+           a->recompute ? "; the trainer recomputes activations (--recompute)" : "",
+           a->diagnostics ? "; diagnostics on, as in quads rl (--diagnostics)" : "");
     if (a->vs)
         printf("vs baseline: tokens/s over the row of %s with the same model, layers, op and sizes\n\n", a->vs);
     printf("| model | backend | mode | recipe | op | tokens/iter | ms/iter (median) | ms (min) | tokens/s | vs bf16 |%s"
@@ -791,7 +796,7 @@ static void usage(FILE *f)
         "         [--model tiny|moe8|a3b] [--tiny-dir DIR] [--layers L] [--batch B] [--seq T] [--prompt P]\n"
         "         [--new-tokens M] [--iters N] [--warmup W] [--threads N] [--temperature X]\n"
         "         [--ops 'train step,forward,rollout,weight sync']\n"
-        "         [--rac-ratio X] [--seed S] [--json FILE] [--vs FILE] [--plan-only] [--recompute]\n"
+        "         [--rac-ratio X] [--seed S] [--json FILE] [--vs FILE] [--plan-only] [--recompute] [--diagnostics]\n"
         "         [--copy-tb-per-s X] [--peak-tflops X] [--commit ID]\n"
         "  defaults: auto, exact, bf16,fp8,nvfp4,quads, tiny (models/tiny), moe8 8 layers, B 8, T 128,\n"
         "  P 32, M 64, iters 5, warmup 1, all cores, temperature 1, rac-ratio 0.25, seed 1,\n"
@@ -803,7 +808,8 @@ static void usage(FILE *f)
         "               first ok row of FILE (JSON lines, e.g. bench_torch.py's) of the same model, op, sizes\n"
         "  --plan-only  print the memory plan of each instance (recipe, role) the ops would make, by kind,\n"
         "               and make none (no weights, no device)\n"
-        "  --recompute  the trainer recomputes each layer's activations in the backward (options.recompute)\n");
+        "  --recompute  the trainer recomputes each layer's activations in the backward (options.recompute)\n"
+        "  --diagnostics  every instance gathers diagnostics (options.diagnostics), as quads rl's do\n");
 }
 
 static int int_arg(const char *name, const char *v, int lo)
@@ -920,6 +926,11 @@ static bench_args parse_args(int argc, char **argv)
         }
         if (!strcmp(argv[i], "--recompute")) {
             a.recompute = 1;
+            i--;
+            continue;
+        }
+        if (!strcmp(argv[i], "--diagnostics")) {
+            a.diagnostics = 1;
             i--;
             continue;
         }
