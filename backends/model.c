@@ -1351,7 +1351,8 @@ static size_t host_bytes(const model *c)
 }
 
 /* The activations of a batch of c->N tokens, c->B sequences, longest c->Tm. */
-static qd_status alloc_acts(model *c)
+/* The arena holds at least this batch's activations (grown, contents lost). */
+static qd_status reserve_acts(model *c)
 {
     arena a = {NULL, 0};
     layout_acts(&a, c);
@@ -1362,6 +1363,13 @@ static qd_status alloc_acts(model *c)
         QD_TRY(dalloc(c, &c->arena, a.used, QD_MEM_ACTS, "activations"));
         c->arena_cap = a.used;
     }
+    return QD_OK;
+}
+
+static qd_status alloc_acts(model *c)
+{
+    QD_TRY(reserve_acts(c));
+    arena a = {NULL, 0};
     a.base = c->arena;
     a.used = 0;
     layout_acts(&a, c);
@@ -2627,6 +2635,15 @@ static qd_status generate_run(model *c, gen_state *g, const qd_generate_request 
     c->generating = 1;
     qd_generate_begin(g->seq, g->len, g->done, rq, res, g->Tmax);
     QD_TRY(reset_diag(c));
+    if (M > 1) { /* the arena of the last decode step (B rows attending to Tmax - 1 positions) now:
+                  * a step's activations grow with its positions, and are never made again */
+        c->N = c->B = c->Bl = B;
+        c->Tm = g->Tmax - 1;
+        c->decode = 1;
+        qd_status st = reserve_acts(c);
+        c->decode = 0;
+        QD_TRY(st);
+    }
     int active = 1;
     for (int step = 0; step < M && active; step++)
         QD_TRY(gen_step(c, g, rq, res, step, &active));
