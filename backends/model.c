@@ -1895,6 +1895,20 @@ static qd_topk_norm topk_norm(const model *c) { return c->cfg.norm_topk_prob ? Q
  * rows than the W4A4 decode kernel takes at once. */
 #define QD_DEV_OFF_ROWS 8
 
+/* The most decode rows whose expert offsets stay on the device:
+ * QD_DEV_OFF_ROWS, or QUADS_MOE_DEV_ROWS=N (opt-in past 8 until run on a
+ * GPU: CUDA's MMA kernel over row tiles listed on the device). */
+static int dev_off_rows(void)
+{
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("QUADS_MOE_DEV_ROWS");
+        long n = e && *e ? strtol(e, NULL, 10) : QD_DEV_OFF_ROWS;
+        v = n < 0 ? 0 : n > 65536 ? 65536 : (int)n;
+    }
+    return v;
+}
+
 /* Whether a decode of N rows keeps MoE layer ly's expert offsets on the
  * device: at most QD_DEV_OFF_ROWS rows, the ops offer it, every expert
  * projection plain W4A4 or W4A4 with RAC (grouped), and no diagnostics unless
@@ -1908,7 +1922,7 @@ static int moe_dev_decode(model *c, const layer *ly, int N)
     static int env = -1;
     env_switch(&env, "QUADS_MOE_DEV_OFF", 1);
     const qd_ops *o = c->ops;
-    if (!env || !qd_model_moe_dev_off || !ly->moe || N > QD_DEV_OFF_ROWS ||
+    if (!env || !qd_model_moe_dev_off || !ly->moe || N > dev_off_rows() ||
         (c->opt.diagnostics && !diag_on_dev(c)) || !o->moe_group_dev || !o->w4a4_gemm_grouped_dev ||
         !o->rac_multi_dev || !experts_grouped(c, ly))
         return 0;

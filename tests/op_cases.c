@@ -566,11 +566,20 @@ static void c_w4a4_grouped_dev(oc *c)
     w4a4_grouped_run(c, off, 6, 40, 2112, 1);
 }
 
-/* an expert of 9 rows: past the decode kernel (CUDA: the offsets to the host) */
+/* an expert of 9 rows: past the decode kernel (CUDA: the MMA kernel over the
+ * row tiles listed on the device, 8 rows a tile: two for that expert) */
 static void c_w4a4_grouped_dev9(oc *c)
 {
     static const int32_t off[4] = {0, 9, 9, 12};
     w4a4_grouped_run(c, off, 3, 24, 64, 1);
+}
+
+/* 100 routed decode rows over 6 experts (CUDA: 17 rows a group on average,
+ * tiles of 32 rows: two for the 40-row expert), N ragged against 64-row CTAs */
+static void c_w4a4_grouped_dev40(oc *c)
+{
+    static const int32_t off[7] = {0, 17, 17, 57, 58, 77, 100};
+    w4a4_grouped_run(c, off, 6, 72, 256, 1);
 }
 
 /* a batch-1 decode's experts: 8 rows in 8 of 8 experts of K 768 (a3b's down) */
@@ -1681,7 +1690,8 @@ static const op_case cases[] = {
     {{"w4a4_gemm_grouped 4 experts", "w4a4_gemm_grouped", 0, 0}, c_w4a4_grouped},
     {{"w4a4_gemm_grouped decode 6 experts 40x2112", "w4a4_gemm_grouped", 0, 0}, c_w4a4_grouped_decode},
     {{"w4a4_grouped_dev 6 experts 40x2112", "w4a4_gemm_grouped_dev", 0, 0}, c_w4a4_grouped_dev},
-    {{"w4a4_grouped_dev 9 rows (host)", "w4a4_gemm_grouped_dev", 0, 0}, c_w4a4_grouped_dev9},
+    {{"w4a4_grouped_dev 9 rows", "w4a4_gemm_grouped_dev", 0, 0}, c_w4a4_grouped_dev9},
+    {{"w4a4_grouped_dev 6 experts 100 rows", "w4a4_gemm_grouped_dev", 0, 0}, c_w4a4_grouped_dev40},
     {{"w4a4_grouped_dev batch 1 8x48x768", "w4a4_gemm_grouped_dev", 0, 0}, c_w4a4_grouped_dev1},
     {{"w4a4_gemm 1x72x768", "w4a4_gemm", 1, 0}, c_w4a4_row1},
     {{"w4a4_gemm 1x37x4496", "w4a4_gemm", 1, 0}, c_w4a4_rac_width},

@@ -1711,6 +1711,55 @@ END_TEST
  * share its prefill: tokens, log-probs and lengths equal those of every
  * row's own prefill bit for bit, in every rollout recipe, with a stop token
  * and top-p; and with RAC statistics gathered (no sharing) too. */
+/* QUADS_MOE_DEV_ROWS=64: a decode of 12 rows keeps its expert offsets on
+ * the device (an expert with more than 8 rows among them): the tokens,
+ * log-probs and diagnostics of the host offsets' decode (nvfp4, quads). */
+START_TEST(test_moe_dev_rows)
+{
+    enum { DB = 12, DP = 4, DM = 8 };
+    setenv("QUADS_MOE_DEV_ROWS", "64", 1);
+    qd_model_config c = tiny_config(0, 1);
+    int32_t prompt[DB * DP], plen[DB];
+    uint64_t sid[DB];
+    for (int b = 0; b < DB; b++) {
+        plen[b] = 1 + b % DP;
+        sid[b] = 500 + (uint64_t)b;
+        for (int t = 0; t < DP; t++)
+            prompt[b * DP + t] = (7 * b + 3 * t + 1) % 50;
+    }
+    const qd_recipe rs[] = {QD_RECIPE_NVFP4, QD_RECIPE_QUADS};
+    for (int i = 0; i < 2; i++) {
+        qd_backend_options o = {.recipe = rs[i], .role = QD_ROLE_ROLLOUT, .rac_ratio = 0.25, .num_threads = 1,
+                                .diagnostics = 1};
+        qd_backend *b = qd_backend_cpu_init(&c, &o);
+        ck_assert_msg(b != NULL, "init: %s", qd_last_error());
+        float *w = random_weights(b, 700 + i);
+        ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
+        int32_t tok[2][DB * DM], len[2][DB];
+        float lp[2][DB * DM];
+        qd_diagnostics d[2];
+        double err[2][64];
+        for (int k = 0; k < 2; k++) {
+            qd_model_moe_dev_off = k == 0;
+            qd_generate_request rq = {.B = DB, .Tp = DP, .prompt = prompt, .prompt_len = plen, .seq_id = sid,
+                                      .seed = 9, .max_new_tokens = DM, .temperature = 1.0f, .top_p = 1.0f};
+            qd_generate_result res = {.tokens = tok[k], .logp = lp[k], .lengths = len[k]};
+            ck_assert_msg(qd_backend_generate(b, &rq, &res) == QD_OK, "generate: %s", qd_last_error());
+            ck_assert_int_eq(qd_backend_diagnostics(b, &d[k]), QD_OK);
+            ck_assert(d[k].num_linear <= 64);
+            memcpy(err[k], d[k].act_err, sizeof(double) * (size_t)d[k].num_linear);
+        }
+        qd_model_moe_dev_off = 1;
+        ck_assert(!memcmp(tok[0], tok[1], sizeof tok[0]) && !memcmp(lp[0], lp[1], sizeof lp[0]));
+        ck_assert(!memcmp(len[0], len[1], sizeof len[0]));
+        ck_assert(!memcmp(err[0], err[1], sizeof(double) * (size_t)d[0].num_linear));
+        qd_backend_free(b);
+        free(w);
+    }
+    unsetenv("QUADS_MOE_DEV_ROWS");
+}
+END_TEST
+
 START_TEST(test_shared_prefill)
 {
     enum { SB = 7, SP = 6, SM = 6 };
@@ -2144,6 +2193,7 @@ Suite *suite_backend_cpu(void)
     tcase_add_test(tc, test_adamw);
     tcase_add_test(tc, test_diagnostics);
     tcase_add_test(tc, test_diag_dev);
+    tcase_add_test(tc, test_moe_dev_rows);
     tcase_add_test(tc, test_generate);
     tcase_add_test(tc, test_generate_rollout_recipe);
     tcase_add_test(tc, test_generate_seed_contract);

@@ -1051,7 +1051,7 @@ static qd_status cuda_w4a4_gemm_grouped_dev(void *dev, float *y, const qd_nvfp4 
         }
         QD_TRY(scratch(d, D_WTAB, bytes, &tab));
         QD_TRY(cuda_to_dev(dev, tab, h, bytes));
-        QD_TRY(scratch(d, D_GDEV, qd_cuda_w4a4_grouped_dev_ws(), &ws));
+        QD_TRY(scratch(d, D_GDEV, qd_cuda_w4a4_grouped_dev_ws(R, E), &ws));
         qd_status st = qd_cuda_w4a4_gemm_grouped_dev_async(y, a, w[0], (const void *const *)tab, d_off, E, R,
                                                            maxrows, ws);
         if (st != QD_ERR_SHAPE) /* a bare status: no message was set */

@@ -1505,22 +1505,35 @@ static __device__ __forceinline__ void mma_store(mma_stage<NT, W> *st, const mma
     }
 }
 
-template <int NT, int W>
+/* DEV: the groups are *gd in device memory and the CTAs' (group, row tile)
+ * pairs items[0 .. *nitems-1] (group | tile << 16, w4a4_items_from_dev from
+ * the device offsets), blockIdx.y picking one; those past them exit. */
+template <int NT, int W, bool DEV>
 __global__ void __launch_bounds__(32 * W, W == 1 ? 12 : NT <= 2 ? 4 : NT == 4 ? 3 : 2)
 w4a4_mma_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
-                const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K)
+                const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K, const w4a4_groups *gd,
+                const int *items, const int *nitems)
 {
     extern __shared__ __align__(16) unsigned char mma_smem[];
     mma_stage<NT, W> *stage = (mma_stage<NT, W> *)mma_smem;
     __shared__ float lut[256]; /* the weight scales' E4M3 values */
     int z = blockIdx.z;
-    int64_t rows = g.rows[z], t0 = (int64_t)blockIdx.y * 8 * NT, n0 = (int64_t)blockIdx.x * QD_MMA_ROWS;
+    int64_t tile = blockIdx.y;
+    if constexpr (DEV) {
+        if ((int)blockIdx.y >= *nitems)
+            return;
+        int v = items[blockIdx.y];
+        z = v & 0xffff;
+        tile = v >> 16;
+    }
+    const w4a4_groups &G = DEV ? *gd : g;
+    int64_t rows = G.rows[z], t0 = tile * 8 * NT, n0 = (int64_t)blockIdx.x * QD_MMA_ROWS;
     if (t0 >= rows)
         return;
     e4m3_table(lut);
     __syncthreads();
     int T = rows - t0 < 8 * NT ? (int)(rows - t0) : 8 * NT, nb = (int)(K / 16), nchunk = (nb + QD_MMA_CB - 1) / QD_MMA_CB;
-    int64_t r0 = g.row0[z] + t0;
+    int64_t r0 = G.row0[z] + t0;
     const uint8_t *ac = a_codes + r0 * (K / 2), *as = a_scales + r0 * nb;
     int lane = threadIdx.x & 31, gq = lane >> 2, t = lane & 3, w = threadIdx.x >> 5;
     float acc[NT][4];
@@ -1529,7 +1542,7 @@ w4a4_mma_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
         acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
     mma_regs<NT, W> reg;
     int cb = nb < QD_MMA_CB ? nb : QD_MMA_CB;
-    mma_fetch<NT, W>(&stage[0], &reg, g.codes[z], g.scales[z], n0, N, nb, ac, as, T, 0, cb, threadIdx.x);
+    mma_fetch<NT, W>(&stage[0], &reg, G.codes[z], G.scales[z], n0, N, nb, ac, as, T, 0, cb, threadIdx.x);
     mma_store<NT, W>(&stage[0], &reg, lut, T, threadIdx.x);
     cp_async_wait_all();
     __syncthreads();
@@ -1539,7 +1552,7 @@ w4a4_mma_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
         int b0 = c * QD_MMA_CB, cbc = nb - b0 < QD_MMA_CB ? nb - b0 : QD_MMA_CB;
         int nb0 = b0 + QD_MMA_CB, cbn = nb - nb0 < QD_MMA_CB ? nb - nb0 : QD_MMA_CB;
         if (c + 1 < nchunk)
-            mma_fetch<NT, W>(nxt, &reg, g.codes[z], g.scales[z], n0, N, nb, ac, as, T, nb0, cbn, threadIdx.x);
+            mma_fetch<NT, W>(nxt, &reg, G.codes[z], G.scales[z], n0, N, nb, ac, as, T, nb0, cbn, threadIdx.x);
 #pragma unroll 4
         for (int j = 0; j < cbc; j++) {
             uint32_t a0 = (uint32_t)e2m1x4_off12(*(const uint16_t *)&cur->wc[wr0][j * 8 + 2 * t]);
@@ -1565,7 +1578,7 @@ w4a4_mma_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
         cp_async_wait_all();
         __syncthreads();
     }
-    const float *sdw = g.sdec[z];
+    const float *sdw = G.sdec[z];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -2274,10 +2287,28 @@ static qd_status launch_w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups 
     dim3 grid((unsigned)((N + QD_MMA_ROWS - 1) / QD_MMA_ROWS), (unsigned)((maxrows + 8 * NT - 1) / (8 * NT)),
               (unsigned)ng);
     if (smem > 48 * 1024)
-        QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_mma_kernel<NT, W>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)smem));
-    w4a4_mma_kernel<NT, W><<<grid, 32 * W, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, *g, w_per_row, N,
-                                                   K);
+        QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_mma_kernel<NT, W, false>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    w4a4_mma_kernel<NT, W, false><<<grid, 32 * W, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, *g,
+                                                          w_per_row, N, K, NULL, NULL, NULL);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+/* The same kernel over the device's (group, row tile) items, at most
+ * max_items of them (the grid; CTAs past *nitems exit). */
+template <int NT, int W>
+static qd_status launch_w4a4_mma_dev(float *y, const qd_nvfp4 *a, const w4a4_groups *gd, const int *items,
+                                     const int *nitems, int64_t max_items, int w_per_row, int64_t N, int64_t K)
+{
+    static w4a4_groups none; /* the by-value groups, unread under DEV */
+    size_t smem = 2 * sizeof(mma_stage<NT, W>);
+    dim3 grid((unsigned)((N + QD_MMA_ROWS - 1) / QD_MMA_ROWS), (unsigned)max_items, 1);
+    if (smem > 48 * 1024)
+        QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_mma_kernel<NT, W, true>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    w4a4_mma_kernel<NT, W, true><<<grid, 32 * W, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, none,
+                                                         w_per_row, N, K, gd, items, nitems);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -2521,8 +2552,8 @@ extern "C" qd_status qd_cuda_w4a4_gemm_grouped_async(float *y, const qd_nvfp4 *a
 
 /* The experts with rows of the device offsets d_off (E + 1, E <= QD_W4A4_GROUPS)
  * into *gd in ascending order (first row, rows, and their weights' codes,
- * scales and s_dec from tab: E pointers of each), their count into *gd_n. One warp. */
-__global__ void w4a4_groups_from_dev(w4a4_groups *gd, int *gd_n, const int32_t *d_off, const void *const *tab, int E)
+ * scales and s_dec from tab: E pointers of each); returns their count. One warp. */
+__device__ int groups_from_dev(w4a4_groups *gd, const int32_t *d_off, const void *const *tab, int E)
 {
     int lane = threadIdx.x, base = 0;
     for (int e0 = 0; e0 < E; e0 += 32) {
@@ -2538,37 +2569,90 @@ __global__ void w4a4_groups_from_dev(w4a4_groups *gd, int *gd_n, const int32_t *
         }
         base += __popc(m);
     }
-    if (lane == 0)
-        *gd_n = base;
+    return base;
 }
 
-extern "C" size_t qd_cuda_w4a4_grouped_dev_ws(void) { return (sizeof(w4a4_groups) + 255) / 256 * 256 + 256; }
+/* groups_from_dev's groups and their count into *gd_n. */
+__global__ void w4a4_groups_from_dev(w4a4_groups *gd, int *gd_n, const int32_t *d_off, const void *const *tab, int E)
+{
+    int n = groups_from_dev(gd, d_off, tab, E);
+    if (threadIdx.x == 0)
+        *gd_n = n;
+}
+
+/* groups_from_dev's groups, then the MMA kernel's items: each group's row
+ * tiles of tr rows (group | tile << 16) in group order, their count into
+ * *nitems (one thread writes them: a few hundred at most). */
+__global__ void w4a4_items_from_dev(w4a4_groups *gd, int *items, int *nitems, const int32_t *d_off,
+                                    const void *const *tab, int E, int tr)
+{
+    int n = groups_from_dev(gd, d_off, tab, E);
+    __syncwarp();
+    if (threadIdx.x != 0)
+        return;
+    int k = 0;
+    for (int z = 0; z < n; z++)
+        for (int64_t t = 0; t * tr < gd->rows[z]; t++)
+            items[k++] = z | (int)(t << 16);
+    *nitems = k;
+}
+
+/* The dev scratch of qd_cuda_w4a4_gemm_grouped_dev_async for R rows over E
+ * experts: the groups, their count, and the MMA kernel's items (at most
+ * E + R of them, tiles of 8 rows or more). */
+extern "C" size_t qd_cuda_w4a4_grouped_dev_ws(int64_t R, int E)
+{
+    return (sizeof(w4a4_groups) + 255) / 256 * 256 + 256 + sizeof(int) * ((size_t)E + (size_t)R + 1);
+}
 
 /* The grouped product with the offsets on the device: the experts with rows
  * compacted there (w4a4_groups_from_dev), then one decode-kernel launch over
- * min(E, R) groups (those past the count exit): the bits of
- * qd_cuda_w4a4_gemm_grouped_async. w0 gives the weights' shape (the caller
- * checked every expert's against it and their alignment), tab (dev) the
- * experts' codes, scales and s_dec pointers, ws qd_cuda_w4a4_grouped_dev_ws()
- * bytes of dev scratch. QD_ERR_SHAPE where the decode kernel does not take
- * it (more than 8 rows an expert, more than QD_W4A4_GROUPS experts, K or the
- * shared memory past its limits): the caller takes the host offsets then. */
+ * min(E, R) groups (those past the count exit); where an expert may have
+ * more than 8 rows (maxrows, the caller's bound), one MMA-kernel launch over
+ * the groups' row tiles (w4a4_items_from_dev; at most min(E, R) + R / tile
+ * of them, those past the count exit), its tile from the mean rows an
+ * expert with rows: the bits of qd_cuda_w4a4_gemm_grouped_async either way
+ * (every tiling of the MMA and decode kernels sums in one order). w0 gives
+ * the weights' shape (the caller checked every expert's against it and
+ * their alignment), tab (dev) the experts' codes, scales and s_dec
+ * pointers, ws qd_cuda_w4a4_grouped_dev_ws(R, E) bytes of dev scratch.
+ * QD_ERR_SHAPE where the kernels do not take it (more than QD_W4A4_GROUPS
+ * experts, K or the shared memory past their limits, more than 65,535 row
+ * tiles): the caller takes the host offsets. */
+
 extern "C" qd_status qd_cuda_w4a4_gemm_grouped_dev_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w0,
                                                          const void *const *tab, const int32_t *d_off, int E,
                                                          int64_t R, int64_t maxrows, void *ws)
 {
     if (E <= 0 || R <= 0 || w0->rows == 0)
         return QD_OK;
-    if (E > QD_W4A4_GROUPS || maxrows < 1 || maxrows > 8 || qd_cuda_w4a4_legacy || a->cols != w0->cols ||
-        a->cols % QD_NVFP4_BLOCK || a->rows != R)
+    if (E > QD_W4A4_GROUPS || maxrows < 1 || qd_cuda_w4a4_legacy || a->cols != w0->cols ||
+        a->cols % QD_NVFP4_BLOCK || a->rows != R || R > 65535 * 8)
         return QD_ERR_SHAPE;
     w4a4_groups *gd = (w4a4_groups *)ws;
     int *gd_n = (int *)((char *)ws + (sizeof(w4a4_groups) + 255) / 256 * 256);
     static w4a4_groups none; /* the kernel's by-value groups, unread under DEV */
-    w4a4_groups_from_dev<<<1, 32>>>(gd, gd_n, d_off, tab, E);
-    QD_CUDA_CHECK(cudaGetLastError());
     int ng = (int)(R < E ? R : E);
-    return w4a4_dec(y, a, &none, ng, maxrows, w0->per_row, w0->rows, a->cols, 1, NULL, gd, gd_n);
+    int64_t N = w0->rows, K = a->cols;
+    if (maxrows <= 8) {
+        w4a4_groups_from_dev<<<1, 32>>>(gd, gd_n, d_off, tab, E);
+        QD_CUDA_CHECK(cudaGetLastError());
+        return w4a4_dec(y, a, &none, ng, maxrows, w0->per_row, N, K, 1, NULL, gd, gd_n);
+    }
+    int64_t mean = (R + ng - 1) / ng;
+    int nt = mean <= 8 ? 1 : mean <= 16 ? 2 : mean <= 32 ? 4 : 8;
+    int *items = gd_n + 1;
+    w4a4_items_from_dev<<<1, 32>>>(gd, items, gd_n, d_off, tab, E, 8 * nt);
+    QD_CUDA_CHECK(cudaGetLastError());
+    int64_t max_items = ng + (R + 8 * nt - 1) / (8 * nt), tiles = (N + 16 * QD_MMA_WARPS - 1) / (16 * QD_MMA_WARPS);
+    int one = nt <= 2 && tiles * (R + 8 * nt - 1) / (8 * nt) < qd_sm_count(); /* as w4a4_mma: few CTAs */
+    if (one)
+        return nt == 1 ? launch_w4a4_mma_dev<1, 1>(y, a, gd, items, gd_n, max_items, w0->per_row, N, K)
+                       : launch_w4a4_mma_dev<2, 1>(y, a, gd, items, gd_n, max_items, w0->per_row, N, K);
+    return nt == 1 ? launch_w4a4_mma_dev<1, QD_MMA_WARPS>(y, a, gd, items, gd_n, max_items, w0->per_row, N, K)
+         : nt == 2 ? launch_w4a4_mma_dev<2, QD_MMA_WARPS>(y, a, gd, items, gd_n, max_items, w0->per_row, N, K)
+         : nt == 4 ? launch_w4a4_mma_dev<4, QD_MMA_WARPS>(y, a, gd, items, gd_n, max_items, w0->per_row, N, K)
+                   : launch_w4a4_mma_dev<8, QD_MMA_WARPS>(y, a, gd, items, gd_n, max_items, w0->per_row, N, K);
 }
 
 extern "C" qd_status qd_cuda_w4a4_gemm(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)

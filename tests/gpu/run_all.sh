@@ -21,7 +21,8 @@
 #   1. tests/gpu/check_backend (then again with QUADS_AQAT16=0, with
 #      QUADS_GATE_UP=0 QUADS_ADAMW_BITS=0 QUADS_ROUND_INPUT=1 QUADS_WGMMA_BWD=1, and with
 #      the opt-ins QUADS_LAZY_ZERO=1 QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1
-#      QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1): whole models, every recipe and role, CUDA vs
+#      QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1 QUADS_MOE_DEV_ROWS=4096):
+#      whole models, every recipe and role, CUDA vs
 #      CPU: exact mode bit for bit, fast mode within stated relative errors;
 #   2. tests/gpu/check_blas: the fast-mode GEMMs and the W4A4 path choice;
 #   3. `quads rl` (the default config) on the CPU and on the CUDA backend in
@@ -89,8 +90,8 @@ echo "== check_backend, QUADS_GATE_UP=0 QUADS_ADAMW_BITS=0 QUADS_ROUND_INPUT=1 Q
 QUADS_GATE_UP=0 QUADS_ADAMW_BITS=0 QUADS_ROUND_INPUT=1 QUADS_WGMMA_BWD=1 timeout 400 tests/gpu/check_backend >"$out/check_backend_old.log" 2>"$out/check_backend_old.err" || rc=1
 grep -v " yes$" "$out/check_backend_old.log" | grep -v " within " | head -10
 tail -1 "$out/check_backend_old.log"
-echo "== check_backend with the opt-ins of 2026-12-05c (QUADS_LAZY_ZERO=1: the experts' weight gradients overwritten, not zeroed first; QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1)"
-QUADS_LAZY_ZERO=1 QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1 timeout 400 tests/gpu/check_backend >"$out/check_backend_optin.log" 2>"$out/check_backend_optin.err" || rc=1
+echo "== check_backend with the opt-ins of 2026-12-05c/d (QUADS_LAZY_ZERO=1: the experts' weight gradients overwritten, not zeroed first; QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1; QUADS_MOE_DEV_ROWS=4096: every decode's expert offsets on the device)"
+QUADS_MOE_DEV_ROWS=4096 QUADS_LAZY_ZERO=1 QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1 timeout 400 tests/gpu/check_backend >"$out/check_backend_optin.log" 2>"$out/check_backend_optin.err" || rc=1
 grep -v " yes$" "$out/check_backend_optin.log" | grep -v " within " | head -10
 tail -1 "$out/check_backend_optin.log"
 echo "== check_blas"
