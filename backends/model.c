@@ -377,19 +377,27 @@ static int diag_on_dev(const model *c)
     return env && c->opt.diagnostics && c->ops->diag_add;
 }
 
-/* e (dev: 2 rows doubles, sqerr_rows's) added by diag_add into the d_diag
- * pairs of L[g] (weights: their weight error's pairs, from 0.0). */
+/* e (dev: 2 rows doubles, sqerr_rows's) added by one diag_add into the
+ * d_diag pairs of Ls[k][g] for each of the nsets (<= 32) sets (weights: their
+ * weight error's pairs, from 0.0). */
+static qd_status diag_add_sets(model *c, linear *const *const *Ls, int nsets, const int32_t *off,
+                               const int32_t *d_off, int nseg, const double *e, int rows, int weights)
+{
+    int32_t *slot = calloc((size_t)(nseg > 0 ? nseg : 1) * (size_t)nsets, sizeof(int32_t));
+    if (!slot)
+        return qd_error(QD_ERR_NOMEM, "%s backend: diagnostics", c->ops->name);
+    for (int k = 0; k < nsets; k++)
+        for (int g = 0; g < nseg; g++)
+            slot[(size_t)k * nseg + g] = (int32_t)(Ls[k][g] - c->lin) + (weights ? c->nlin : 0);
+    qd_status st = OP(c, diag_add, c->d_diag, e, rows, off, d_off, slot, nseg, nsets, weights ? QD_DIAG_SET : 0);
+    free(slot);
+    return st;
+}
+
 static qd_status diag_add_dev(model *c, linear *const *L, const int32_t *off, const int32_t *d_off, int nseg,
                               const double *e, int rows, int weights)
 {
-    int32_t *slot = calloc((size_t)(nseg > 0 ? nseg : 1), sizeof(int32_t));
-    if (!slot)
-        return qd_error(QD_ERR_NOMEM, "%s backend: diagnostics", c->ops->name);
-    for (int g = 0; g < nseg; g++)
-        slot[g] = (int32_t)(L[g] - c->lin) + (weights ? c->nlin : 0);
-    qd_status st = OP(c, diag_add, c->d_diag, e, rows, off, d_off, slot, nseg, weights ? QD_DIAG_SET : 0);
-    free(slot);
-    return st;
+    return diag_add_sets(c, &L, 1, off, d_off, nseg, e, rows, weights);
 }
 
 /* Diagnostics' weight errors a shape at a time (sqerr_weights, diag_add):
@@ -407,7 +415,7 @@ static qd_status measure_weights_grouped(model *c, const int *idx, int m, const 
         return QD_OK;
     const linear *L0 = &c->lin[idx[0]];
     size_t per = sizeof(double) * 2 * (size_t)L0->out;
-    int chunk = (int)(c->plan_sdiag / per);
+    int chunk = c->plan_sdiag ? (int)(c->plan_sdiag / per) : 64; /* no plan (no workload): not bounded by one */
     chunk = chunk < 1 ? 1 : chunk > 64 ? 64 : chunk;
     const qd_nvfp4 *q[64];
     linear *L[64];
@@ -452,11 +460,8 @@ static qd_status measure_act_sets(model *c, linear *const *const *Ls, int nsets,
     QD_TRY(OP(c, nvfp4_fake_quant, (float *)xh, inp, rows, in, QD_SCALE_PER_ROW));
     double *e = (double *)sums;
     QD_TRY(OP(c, sqerr_rows, e, e + rows, inp, (const float *)xh, rows, in));
-    if (diag_on_dev(c)) {
-        for (int k = 0; k < nsets; k++)
-            QD_TRY(diag_add_dev(c, Ls[k], off, d_off, nseg, e, rows, 0));
-        return QD_OK;
-    }
+    if (diag_on_dev(c))
+        return diag_add_sets(c, Ls, nsets, off, d_off, nseg, e, rows, 0);
     if (!off)
         return qd_error(QD_ERR_ARG, "%s backend: diagnostics of device offsets without diag_add", c->ops->name);
     double *h = malloc(sizeof(double) * 2 * (size_t)(rows ? rows : 1));
@@ -479,20 +484,20 @@ static qd_status measure_act_rows(model *c, linear *const *L, const int32_t *off
     return measure_act_sets(c, &L, 1, off, d_off, nseg, inp, rows, in);
 }
 
-/* The measured ones of n (<= QD_RAC_MULTI) linears of one input (N rows)
- * measured once. */
+/* The measured ones of n linears of one input (N rows) measured once (32 at
+ * a time: diag_add's sets). */
 static qd_status measure_act_linears(model *c, linear *const *L, int n, const float *inp, int N)
 {
-    linear *const *Ls[QD_RAC_MULTI];
-    int m = 0;
-    if (n > QD_RAC_MULTI)
-        return qd_error(QD_ERR_ARG, "%s backend: %d linears of one input (at most %d)", c->ops->name, n,
-                        QD_RAC_MULTI);
-    for (int i = 0; i < n; i++)
-        if (measured(c, L[i]))
-            Ls[m++] = &L[i];
+    linear *const *Ls[32];
     int32_t off[2] = {0, N};
-    return measure_act_sets(c, Ls, m, off, NULL, 1, inp, N, L[0]->in);
+    for (int i0 = 0; i0 < n; i0 += 32) {
+        int m = 0;
+        for (int i = i0; i < n && i < i0 + 32; i++)
+            if (measured(c, L[i]))
+                Ls[m++] = &L[i];
+        QD_TRY(measure_act_sets(c, Ls, m, off, NULL, 1, inp, N, L[0]->in));
+    }
+    return QD_OK;
 }
 
 static qd_status fwd_w4a4(model *c, float *out, const float *inp, linear *L, int N)
@@ -1903,8 +1908,11 @@ static int dev_off_rows(void)
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("QUADS_MOE_DEV_ROWS");
-        long n = e && *e ? strtol(e, NULL, 10) : QD_DEV_OFF_ROWS;
-        v = n < 0 ? 0 : n > 65536 ? 65536 : (int)n;
+        char *end = NULL;
+        long n = e && *e ? strtol(e, &end, 10) : QD_DEV_OFF_ROWS;
+        if (e && *e && (*end || n < 0)) /* not a count: the default */
+            n = QD_DEV_OFF_ROWS;
+        v = n > 65536 ? 65536 : (int)n;
     }
     return v;
 }

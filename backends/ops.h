@@ -373,15 +373,16 @@ typedef struct qd_ops {
      * its BF16 bits, converted once, not once a linear). Optional. */
     void (*hold_input)(void *dev, const float *x, size_t n);
     /* Diagnostics' sums kept on the device, so that measuring a linear does
-     * not wait for the device: for g < nseg, over r = off[g] .. off[g+1]-1
-     * ascending, acc[2 slot[g]] += e[r] and acc[2 slot[g] + 1] += e[rows + r]
-     * (double; e as sqerr_rows writes it: err then nrm), each sum starting
-     * from 0.0 instead of acc where flags has QD_DIAG_SET. off host (nseg + 1
-     * entries), or NULL with d_off (dev) instead; slot host, distinct within
-     * a call. The bits of e copied to the host and added there in that order.
-     * Optional: where NULL the driver does just that. */
+     * not wait for the device: for each of nsets (1 to 32) sets k and g <
+     * nseg, s = slot[k nseg + g], over r = off[g] .. off[g+1]-1 ascending,
+     * acc[2 s] += e[r] and acc[2 s + 1] += e[rows + r] (double; e as
+     * sqerr_rows writes it: err then nrm), each sum starting from 0.0
+     * instead of acc where flags has QD_DIAG_SET. off host (nseg + 1
+     * entries), or NULL with d_off (dev) instead; slot host (nsets nseg),
+     * distinct within a call. The bits of e copied to the host and added
+     * there in that order. Optional: where NULL the driver does just that. */
     qd_status (*diag_add)(void *dev, double *acc, const double *e, int rows, const int32_t *off,
-                          const int32_t *d_off, const int32_t *slot, int nseg, int flags);
+                          const int32_t *d_off, const int32_t *slot, int nseg, int nsets, int flags);
     /* Diagnostics' weight error at a sync, count weights of one shape (N, K)
      * in one call: for i < count and row r, e[i N + r] = sum (x - xh)^2 and
      * e[count N + i N + r] = sum x^2 over the row's K columns ascending

@@ -970,12 +970,14 @@ static void c_sqerr_rows(oc *c) { sqerr_rows_case(c, 11, 70); }
 static void c_sqerr_rows_tiles(oc *c) { sqerr_rows_case(c, 300, 200); }
 
 /* diag_add: 5 segments of 23 rows (one empty) into 6 pairs of a random
- * start, off on the host; then 3 segments with off on the device, from 0.0 */
+ * start, off on the host; then 3 segments with off on the device, from 0.0;
+ * then 2 sets of one segment of 300 rows (past a 256-row chunk) */
 static void c_diag_add(oc *c)
 {
     enum { ROWS = 23, PAIRS = 6 };
     static const int32_t off[6] = {0, 4, 4, 11, 20, 23}, slot[5] = {5, 0, 2, 3, 1};
     static const int32_t off2[4] = {2, 9, 10, 23}, slot2[3] = {1, 4, 0};
+    static const int32_t off3[2] = {0, 300}, slot3[2] = {3, 2};
     double h[2 * ROWS > 2 * PAIRS ? 2 * ROWS : 2 * PAIRS];
     for (int i = 0; i < 2 * ROWS; i++)
         h[i] = (double)unif(c, 0, 3) * (double)unif(c, 0, 1e-3f) + (double)unif(c, 0, 1);
@@ -983,10 +985,21 @@ static void c_diag_add(oc *c)
     for (int i = 0; i < 2 * PAIRS; i++)
         h[i] = (double)unif(c, 0, 100);
     double *acc = up(c, h, sizeof(double) * 2 * PAIRS);
-    RUN(c, c->ops->diag_add(c->dev, acc, e, ROWS, off, NULL, slot, 5, 0));
+    RUN(c, c->ops->diag_add(c->dev, acc, e, ROWS, off, NULL, slot, 5, 1, 0));
     OUT(c, "acc", 'd', acc, sizeof(double) * 2 * PAIRS);
-    RUN(c, c->ops->diag_add(c->dev, acc, e, ROWS, NULL, I(c, off2, 4), slot2, 3, QD_DIAG_SET));
+    RUN(c, c->ops->diag_add(c->dev, acc, e, ROWS, NULL, I(c, off2, 4), slot2, 3, 1, QD_DIAG_SET));
     OUT(c, "acc set", 'd', acc, sizeof(double) * 2 * PAIRS);
+    double *h3 = malloc(sizeof(double) * 600);
+    if (!h3) {
+        c->st = qd_error(QD_ERR_NOMEM, "op case");
+        return;
+    }
+    for (int i = 0; i < 600; i++)
+        h3[i] = (double)unif(c, 0, 2) * (double)unif(c, 0, 1e-2f);
+    double *e3 = up(c, h3, sizeof(double) * 600);
+    free(h3);
+    RUN(c, c->ops->diag_add(c->dev, acc, e3, 300, off3, NULL, slot3, 1, 2, 0));
+    OUT(c, "acc sets", 'd', acc, sizeof(double) * 2 * PAIRS);
 }
 
 /* sqerr_weights: 3 weights of 150 x 80 (two blocks of rows, a last tile of

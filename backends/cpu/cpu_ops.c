@@ -765,12 +765,13 @@ static qd_status cpu_sqerr_rows(void *dev, double *err, double *nrm, const float
 }
 
 static qd_status cpu_diag_add(void *dev, double *acc, const double *e, int rows, const int32_t *off,
-                              const int32_t *d_off, const int32_t *slot, int nseg, int flags)
+                              const int32_t *d_off, const int32_t *slot, int nseg, int nsets, int flags)
 {
     (void)dev;
     const int32_t *o = off ? off : d_off; /* the CPU's device memory is the host's */
-    for (int g = 0; g < nseg; g++) {
-        double *a = acc + 2 * (size_t)slot[g];
+    for (int i = 0; i < nsets * nseg; i++) {
+        int g = i % nseg;
+        double *a = acc + 2 * (size_t)slot[i];
         double err = flags & QD_DIAG_SET ? 0.0 : a[0], nrm = flags & QD_DIAG_SET ? 0.0 : a[1];
         for (int r = o[g]; r < o[g + 1]; r++) {
             err += e[r];

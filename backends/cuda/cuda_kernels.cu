@@ -3057,28 +3057,49 @@ __global__ void k_sqerr_rows(double *err, double *nrm, const float *x, const flo
 }
 
 
-/* One thread a segment: its rows in order, as the host adds them. */
-__global__ void k_diag_add(double *acc, const double *e, int rows, const int32_t *off, const int32_t *slot,
-                           int nseg, int set)
+/* A warp a segment: its rows come through shared memory 256 at a time
+ * (coalesced), then lane k adds them in order into set k's sums, as the host
+ * adds them (a segment of a dense linear is a whole batch's rows: one
+ * thread's loads from global memory would be a chain of latencies). */
+#define DIAG_CHUNK 256
+__global__ void __launch_bounds__(32) k_diag_add(double *acc, const double *e, int rows, const int32_t *off,
+                                                 const int32_t *slot, int nseg, int nsets, int set)
 {
-    int g = blockIdx.x * blockDim.x + threadIdx.x;
-    if (g >= nseg)
-        return;
-    double *a = acc + 2 * (size_t)slot[g];
-    double err = set ? 0.0 : a[0], nrm = set ? 0.0 : a[1];
-    for (int r = off[g]; r < off[g + 1]; r++) {
-        err = err + e[r];
-        nrm = nrm + e[(size_t)rows + r];
+    __shared__ double se[DIAG_CHUNK], sn[DIAG_CHUNK];
+    int g = blockIdx.x, lane = threadIdx.x, r0 = off[g], r1 = off[g + 1];
+    double *a = NULL, err = 0.0, nrm = 0.0;
+    if (lane < nsets) {
+        a = acc + 2 * (size_t)slot[(size_t)lane * nseg + g];
+        if (!set)
+            err = a[0], nrm = a[1];
     }
-    a[0] = err;
-    a[1] = nrm;
+    for (int c0 = r0; c0 < r1; c0 += DIAG_CHUNK) {
+        int n = r1 - c0 < DIAG_CHUNK ? r1 - c0 : DIAG_CHUNK;
+        for (int i = lane; i < n; i += 32) {
+            se[i] = e[c0 + i];
+            sn[i] = e[(size_t)rows + c0 + i];
+        }
+        __syncwarp();
+        if (lane < nsets)
+            for (int i = 0; i < n; i++) {
+                err = err + se[i];
+                nrm = nrm + sn[i];
+            }
+        __syncwarp();
+    }
+    if (lane < nsets) {
+        a[0] = err;
+        a[1] = nrm;
+    }
 }
 
 extern "C" qd_status qdk_diag_add(double *acc, const double *e, int rows, const int32_t *off, const int32_t *slot,
-                                  int nseg, int set)
+                                  int nseg, int nsets, int set)
 {
+    if (nsets < 1 || nsets > 32)
+        return qd_error(QD_ERR_ARG, "qdk_diag_add: %d sets (1 to 32)", nsets);
     if (nseg > 0)
-        QD_LAUNCH_N(k_diag_add, (size_t)nseg, acc, e, rows, off, slot, nseg, set);
+        QD_LAUNCH(k_diag_add, (unsigned)nseg, 32, acc, e, rows, off, slot, nseg, nsets, set);
     return QD_OK;
 }
 

@@ -189,11 +189,12 @@ qd_status qdk_logprob_backward(float *dlogits, const float *dlogp, const float *
 /* Diagnostics: per row r of x, xh (rows, cols): err[r] = sum (x - xh)^2,
  * nrm[r] = sum x^2 in double, ascending (measure_act_error / measure_weight_error). */
 qd_status qdk_sqerr_rows(double *err, double *nrm, const float *x, const float *xh, int rows, int cols);
-/* diag_add (backends/ops.h): segment g's rows off[g] .. off[g+1]-1 of e (err
- * then nrm, 2 rows doubles) added in order into acc[2 slot[g]], acc[2 slot[g] + 1]
- * (from 0.0 where set); off (nseg + 1) and slot (nseg) on the device. */
+/* diag_add (backends/ops.h): for each of nsets (<= 32) sets k, segment g's
+ * rows off[g] .. off[g+1]-1 of e (err then nrm, 2 rows doubles) added in
+ * order into acc[2 s], acc[2 s + 1], s = slot[k nseg + g] (from 0.0 where
+ * set); off (nseg + 1) and slot (nsets nseg) on the device. */
 qd_status qdk_diag_add(double *acc, const double *e, int rows, const int32_t *off, const int32_t *slot, int nseg,
-                       int set);
+                       int nsets, int set);
 /* sqerr_weights (backends/ops.h) over a table of count weights of one shape
  * (N, K) on the device: x, xh (NULL: the codes, scales and s_dec of a
  * per-tensor NVFP4 matrix of cols columns, its first K dequantized). */

@@ -1237,21 +1237,22 @@ static qd_status cuda_sqerr_weights(void *dev, double *e, const float *const *x,
 /* diag_add: the slots (and off, where on the host) go up through to_dev's
  * pinned ring, so nothing waits for the device. */
 static qd_status cuda_diag_add(void *dev, double *acc, const double *e, int rows, const int32_t *off,
-                               const int32_t *d_off, const int32_t *slot, int nseg, int flags)
+                               const int32_t *d_off, const int32_t *slot, int nseg, int nsets, int flags)
 {
     cuda_dev *d = D(dev);
     if (nseg <= 0)
         return QD_OK;
-    size_t bytes = sizeof(int32_t) * ((size_t)nseg + (off ? (size_t)nseg + 1 : 0));
+    size_t ns = (size_t)nsets * (size_t)nseg;
+    size_t bytes = sizeof(int32_t) * (ns + (off ? (size_t)nseg + 1 : 0));
     void *h, *p;
     QD_TRY(host_scratch(d, bytes, &h));
-    memcpy(h, slot, sizeof(int32_t) * (size_t)nseg);
+    memcpy(h, slot, sizeof(int32_t) * ns);
     if (off)
-        memcpy((int32_t *)h + nseg, off, sizeof(int32_t) * ((size_t)nseg + 1));
+        memcpy((int32_t *)h + ns, off, sizeof(int32_t) * ((size_t)nseg + 1));
     QD_TRY(scratch(d, D_DIAG, bytes, &p));
     QD_TRY(cuda_to_dev(dev, p, h, bytes));
     const int32_t *ds = (const int32_t *)p;
-    return qdk_diag_add(acc, e, rows, off ? ds + nseg : d_off, ds, nseg, flags & QD_DIAG_SET);
+    return qdk_diag_add(acc, e, rows, off ? ds + ns : d_off, ds, nseg, nsets, flags & QD_DIAG_SET);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -95,8 +95,9 @@ qd_status qd_cuda_w4a4_gemm_grouped_async(float *y, const qd_nvfp4 *a, const qd_
  * expert's weights (every expert of its shape and aligned as w0: the caller
  * checks), tab (dev) the E codes, E scales and E s_dec pointers, ws dev
  * scratch of qd_cuda_w4a4_grouped_dev_ws(R, E) bytes. QD_ERR_SHAPE (nothing
- * queued) where the kernels do not take it: more than 128 experts, K or
- * shared memory past their limits, R past 65,535 tiles of 8. */
+ * queued but, at most, the compaction) where the kernels do not take it:
+ * more than 128 experts, K or shared memory past their limits, R past
+ * 65,535 tiles of 8. */
 size_t qd_cuda_w4a4_grouped_dev_ws(int64_t R, int E);
 qd_status qd_cuda_w4a4_gemm_grouped_dev_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w0, const void *const *tab,
                                               const int32_t *d_off, int E, int64_t R, int64_t maxrows, void *ws);
