@@ -23,10 +23,12 @@
 #   QUADS_ROUND_INPUT=1: a BF16 linear's input rounded by the driver first (by
 #     default left to the products' conversion to BF16 bits);
 #   QUADS_WGMMA_BWD=1: the experts' backward products on the wgmma kernel
-#     (configuration 4, the bulk-copy epilogue);
+#     (configuration 4, the bulk-copy epilogue; the default since 2026-12-05,
+#     =0 for cuBLASLt);
 #   the first three together (the defaults of the morning of 2026-12-05);
 #   QUADS_DLOGIT_FAST=1: the lm_head backward's dy bits with the hardware's exp
-#     (not the exact expression's division and qd_expf a value);
+#     (not the exact expression's division and qd_expf a value; default since
+#     2026-12-05, as are the next two: =0 for the old paths);
 #   QUADS_RMSNORM_ROWS=1: q_norm and k_norm 32 rows a block (not one block a row);
 #   QUADS_EMBED_SORT=1: the embedding's backward with its tokens sorted first (not
 #     one thread a column over all tokens);

@@ -1105,9 +1105,9 @@ static qd_status run_products(cublasHandle_t h, cudaDataType_t in, cublasCompute
     int path = expert_path(in);
     qd_status st = QD_ERR_UNSUPPORTED;
     static int bwd = -2, cfg_set;
-    if (bwd == -2) { /* QUADS_WGMMA_BWD=1 until run on the H200 beside the one gate|up product */
+    if (bwd == -2) { /* default since 2026-12-05 (moe8 step 78.7 -> 73.0 ms on an H100); QUADS_WGMMA_BWD=0 */
         const char *e = getenv("QUADS_WGMMA_BWD"), *c = getenv("QUADS_WGMMA_CFG");
-        bwd = e && !strcmp(e, "1");
+        bwd = !(e && !strcmp(e, "0"));
         cfg_set = c && *c; /* then -1: qd_cuda_grouped_wgmma_bf16 takes it */
     }
     if (path == EX_DEFAULT && ct == CUBLAS_COMPUTE_32F && G > 0 && ((!ta && tb) || bwd)) {

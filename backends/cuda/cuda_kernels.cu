@@ -1306,7 +1306,8 @@ __global__ void k_rmsnorm(float *out, float *rstd, const float *inp, const float
  * thread t adds row t's squares, i ascending, and the block writes the rows:
  * k_rmsnorm's operations on each row, so its bits. One block a row left one
  * thread adding while 127 waited, 16 rows an SM at a time: 0.25 ms for a3b's
- * 16 x 1024 x 32 query heads where the bytes take 0.12. */
+ * 16 x 1024 x 32 query heads where the bytes take 0.12. Default since
+ * 2026-12-05 (QUADS_RMSNORM_ROWS=0: one block a row). */
 #define RN_ROWS 32
 #define RN_MAXC 256
 #define RN_THREADS 256
@@ -1350,7 +1351,7 @@ extern "C" qd_status qdk_rmsnorm(float *out, float *rstd, const float *inp, cons
                                  float eps)
 {
     static int rows_on = -1;
-    if (rows >= RN_ROWS && C <= RN_MAXC && env_opt_in(&rows_on, "QUADS_RMSNORM_ROWS")) {
+    if (rows >= RN_ROWS && C <= RN_MAXC && env_on(&rows_on, "QUADS_RMSNORM_ROWS")) {
         QD_LAUNCH_SMEM(k_rmsnorm_rows, blocks((size_t)rows, RN_ROWS), RN_THREADS,
                        sizeof(float) * (size_t)RN_ROWS * (size_t)(C + 1), out, rstd, inp, w, rows, C, eps);
         return QD_OK;

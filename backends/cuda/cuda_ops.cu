@@ -66,9 +66,10 @@ typedef struct {
     size_t held_n;
     const void *held_bits;         /* D_X16 as it was when they were made */
     int held_ok, hold_on;          /* hold_on: QUADS_HOLD_X=1 (opt-in until run on a GPU) */
-    int embed_sort;                /* QUADS_EMBED_SORT=1: embed_backward over sorted tokens (opt-in, idem) */
+    int embed_sort;                /* embed_backward over sorted tokens (default since 2026-12-05;
+                                    * QUADS_EMBED_SORT=0: one thread a column over all tokens) */
     int dlogit_fast;               /* fast16: the lm_head backward's dy bits with the hardware's exp
-                                    * (QUADS_DLOGIT_FAST=1; opt-in until run on a GPU: else the exact
+                                    * (default since 2026-12-05; QUADS_DLOGIT_FAST=0: the exact
                                     * expression's, then rounded) */
     /* QUADS_AQAT16=1 (fast16): a per-tensor fake-quant weight of the working
      * copy (AQAT, sym-QAT, replay) is kept in wk16 as its E2M1 x E4M3 part (a
@@ -554,8 +555,7 @@ static qd_status cuda_embed(void *dev, float *x, const float *emb, const int32_t
 }
 
 /* the tokens grouped by a sort first where there are many (the same bits;
- * opt-in, QUADS_EMBED_SORT=1, until checked on a GPU; else one thread a
- * column walking all of them) */
+ * QUADS_EMBED_SORT=0: one thread a column walking all of them) */
 static qd_status cuda_embed_backward(void *dev, float *gemb, const float *dres, const int32_t *tok, int N, int C)
 {
     cuda_dev *d = D(dev);
@@ -1675,9 +1675,9 @@ extern "C" void *qd_cuda_dev_new(qd_exec_mode mode, qd_prec weights)
     d->lp_fast = !(lf && !strcmp(lf, "0"));
     const char *hx = getenv("QUADS_HOLD_X"), *es = getenv("QUADS_EMBED_SORT");
     d->hold_on = hx && !strcmp(hx, "1");
-    d->embed_sort = es && !strcmp(es, "1");
+    d->embed_sort = !(es && !strcmp(es, "0"));
     const char *df = getenv("QUADS_DLOGIT_FAST");
-    d->dlogit_fast = df && !strcmp(df, "1");
+    d->dlogit_fast = !(df && !strcmp(df, "0"));
     const char *db = getenv("QUADS_DY16_BYTES");
     d->dy16_bytes = db && atol(db) > 0 ? (size_t)atol(db) : (size_t)512 << 20;
     const char *pe = getenv("QUADS_CUDA_PROFILE");
