@@ -1673,15 +1673,25 @@ static int rounded_in_place(const layer_acts *s, const float *inp)
     return (inp == s->xe && s->xe16) || (inp == s->h && s->h16);
 }
 
+/* measure_act_sets over the experts' rows of inp, by the offsets where this
+ * forward keeps them (the host's, or the device's) */
+static qd_status measure_experts(model *c, linear *const *const *Ls, int nsets, const layer_acts *s, int E,
+                                 const float *inp, int in)
+{
+    return measure_act_sets(c, Ls, nsets, s->off_dev ? NULL : s->exp_off, s->off_dev ? s->d_off : NULL, E, inp,
+                            s->exp_off[E], in);
+}
+
 static qd_status experts_forward_set(model *c, float *out, const float *inp, const layer_acts *s,
                                      const layer *ly, const expert_set *x)
 {
     int E = ly->nexp, R = s->exp_off[E];
     const linear *L0 = x->L[0];
     int IC = L0->in, OC = L0->out;
-    if (measured(c, L0))
-        QD_TRY(measure_act_rows(c, x->L, s->off_dev ? NULL : s->exp_off, s->off_dev ? s->d_off : NULL, E, inp,
-                                R, IC));
+    if (measured(c, L0)) {
+        linear *const *one[1] = {x->L};
+        QD_TRY(measure_experts(c, one, 1, s, E, inp, IC));
+    }
     if (L0->mode == QD_LINEAR_W4A4 || L0->mode == QD_LINEAR_W4A4_STE) {
         qd_nvfp4 a;
         QD_TRY(act_nvfp4(c, &a, R, IC));
@@ -1754,7 +1764,7 @@ static qd_status experts_forward_gate_up(model *c, float *gate, float *up, const
     for (int w = 0; w < 2; w++)
         if (measured(c, x[w].L[0]))
             Ls[nm++] = x[w].L;
-    st = measure_act_sets(c, Ls, nm, s->off_dev ? NULL : s->exp_off, s->off_dev ? s->d_off : NULL, E, inp, R, in);
+    st = measure_experts(c, Ls, nm, s, E, inp, in);
     if (st) {
         expert_set_free(&x[1]);
         expert_set_free(&x[0]);
