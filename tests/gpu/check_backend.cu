@@ -20,8 +20,9 @@
  * logits (rollout role) and gradients (trainer role), L2-relative error within
  * the bounds stated at fast_bound(); the fused attention's rows (check_flash)
  * read both trainers' router choices, and where a near-tied top-k choice went
- * the other way (a routing flip) judge the gradients without the flipped
- * experts' tensors, saying how many flipped and the whole model's error.
+ * the other way (a routing flip) judge the gradients of the log-probs before
+ * each sequence's first flip (both trainers run again with dlogp zeroed from
+ * there), saying how many flipped and the whole batch's error.
  * One table row per (model, op, recipe, role, mode): exact rows give the max
  * abs difference and whether every bit is equal, fast rows the relative error. Exit 0 when all are, 1 on a mismatch, 2 on an
  * error (no device, bad file).
@@ -634,13 +635,14 @@ static qd_status check_pair(pair *p)
  * slots whose top-k expert set differs between the CPU's forward (topk[0])
  * and the CUDA backend's (topk[1]): a near-tied router choice going the other
  * way under fast mode's BF16 rounding sends the token's rows to another
- * expert, whose gradients then differ by that token's whole contribution
- * (NUMERICS section 7), not by the products' precision. flip[(m, e)] is set
- * for every expert either side chose at a flipped slot; returns the slots. */
-static int routing_flips(const int32_t *const topk[2], int nmoe, int N, int K, int E, unsigned char *flip)
+ * expert (NUMERICS section 7), and through attention every later position of
+ * its sequence then differs by more than the products' precision. tflip[t]
+ * is set for every token (packed in batch order) flipped in some MoE layer;
+ * returns the flipped slots. */
+static int routing_flips(const int32_t *const topk[2], int nmoe, int N, int K, unsigned char *tflip)
 {
     int n = 0;
-    memset(flip, 0, (size_t)nmoe * E);
+    memset(tflip, 0, (size_t)N);
     for (int m = 0; m < nmoe; m++)
         for (int t = 0; t < N; t++) {
             const int32_t *a = topk[0] + ((size_t)m * N + t) * K, *b = topk[1] + ((size_t)m * N + t) * K;
@@ -651,37 +653,59 @@ static int routing_flips(const int32_t *const topk[2], int nmoe, int N, int K, i
                     in |= a[i] == b[j];
                 same &= in;
             }
-            if (same)
-                continue;
-            n++;
-            for (int i = 0; i < K; i++) {
-                if (a[i] >= 0 && a[i] < E)
-                    flip[(size_t)m * E + a[i]] = 1;
-                if (b[i] >= 0 && b[i] < E)
-                    flip[(size_t)m * E + b[i]] = 1;
+            if (!same) {
+                n++;
+                tflip[t] = 1;
             }
         }
     return n;
 }
 
-/* rel_l2 of a against b over the tensors outside the flipped experts (names
- * model.layers.L.mlp.experts.E.*, L the moe_layer[]-th MoE layer); *left
- * receives how many tensors were left out. */
-static double rel_l2_unflipped(const float *a, const float *b, const qd_param_info *pi, int np,
-                               const unsigned char *flip, const int *moe_of_layer, int nlayers, int E, int *left)
+/* dlogp (B, T) zeroed from each sequence's first flipped position on: the
+ * log-prob at position t reads the states of positions 0..t only (causal
+ * attention), so the positions before a sequence's first flip are the same
+ * computation on both sides and the gradients of what is left carry no
+ * flip. Returns the positions of the B sequences' len[b] - 1 log-probs kept. */
+static int mask_from_flips(float *dlp, const unsigned char *tflip, const int32_t *len, int B, int T)
 {
-    double d = 0, m = 0;
-    *left = 0;
-    for (int t = 0; t < np; t++) {
-        int l, e;
-        if (sscanf(pi[t].name, "model.layers.%d.mlp.experts.%d.", &l, &e) == 2 && l >= 0 && l < nlayers &&
-            moe_of_layer[l] >= 0 && e >= 0 && e < E && flip[(size_t)moe_of_layer[l] * E + e]) {
-            ++*left;
-            continue;
-        }
-        sq_sums(a + pi[t].offset, b + pi[t].offset, (size_t)(pi[t].rows * pi[t].cols), &d, &m);
+    int kept = 0, t0 = 0;
+    for (int b = 0; b < B; b++) {
+        int first = len[b];
+        for (int t = 0; t < len[b]; t++)
+            if (tflip[t0 + t]) {
+                first = t;
+                break;
+            }
+        for (int t = first; t < T; t++)
+            dlp[(size_t)b * T + t] = 0.0f;
+        kept += (first < len[b] - 1 ? first : len[b] - 1);
+        t0 += len[b];
     }
-    return rel_of(d, m);
+    return kept;
+}
+
+/* One fast trainer pair's gradients (CPU exact into g, CUDA into g + n) for
+ * dlp (log-probs into lp, B x T), with the router's choices of each forward into topk[b] when asked
+ * (malloc'd; NULL where the diagnostics could not be read). */
+static qd_status pair_grads(pair *p, const qd_batch *bt, float *lp, const float *dlp, float *g, int32_t **topk,
+                            qd_diagnostics *dg)
+{
+    qd_status st = QD_OK;
+    for (int b = 0; b < 2 && !st; b++) {
+        qd_backend_zero_grad(p->b[b]);
+        st = qd_backend_forward(p->b[b], bt, lp, NULL);
+        if (!st && topk) {
+            st = qd_backend_diagnostics(p->b[b], dg);
+            size_t nk = (size_t)dg->num_moe_layers * dg->num_tokens * dg->top_k;
+            if (!st && (topk[b] = (int32_t *)malloc(sizeof(int32_t) * (nk + 1))) != NULL)
+                memcpy(topk[b], dg->router_topk, sizeof(int32_t) * nk);
+        }
+        if (!st)
+            st = qd_backend_backward(p->b[b], dlp);
+        if (!st)
+            st = qd_backend_get_grads(p->b[b], g + b * p->n, p->n);
+    }
+    return st;
 }
 
 /* Fast mode's fused prefill attention (backends/cuda/cuda_flash.cu: heads of
@@ -747,43 +771,36 @@ static void check_flash(void)
         if (!st && p.role == QD_ROLE_TRAINER) {
             int32_t *topk[2] = {NULL, NULL};
             qd_diagnostics dg = {0};
-            for (int b = 0; b < 2 && !st; b++) {
-                qd_backend_zero_grad(p.b[b]);
-                st = qd_backend_forward(p.b[b], &bt, lp, NULL);
-                if (!st)
-                    st = qd_backend_diagnostics(p.b[b], &dg);
-                size_t nk = (size_t)dg.num_moe_layers * dg.num_tokens * dg.top_k;
-                if (!st && (topk[b] = (int32_t *)malloc(sizeof(int32_t) * (nk + 1))) != NULL)
-                    memcpy(topk[b], dg.router_topk, sizeof(int32_t) * nk);
-                if (!st)
-                    st = qd_backend_backward(p.b[b], dlp);
-                if (!st)
-                    st = qd_backend_get_grads(p.b[b], g + b * p.n, p.n);
-            }
-            if (!st) {
-                double rel = rel_l2(g, g + p.n, p.n), bound = fast_bound(&p, 1);
-                int L = p.cfg.num_hidden_layers, E = p.cfg.num_experts, nmoe = 0, flips = 0, left = 0;
-                int moe_of[QD_CONFIG_MAX_LAYERS];
-                for (int l = 0; l < L; l++)
-                    moe_of[l] = qd_model_config_is_moe_layer(&p.cfg, l) ? nmoe++ : -1;
-                unsigned char *flip = (unsigned char *)calloc((size_t)(nmoe ? nmoe : 1) * (E ? E : 1), 1);
-                const int32_t *tk[2] = {topk[0], topk[1]};
-                if (flip && topk[0] && topk[1] && nmoe == dg.num_moe_layers)
-                    flips = routing_flips(tk, nmoe, dg.num_tokens, dg.top_k, E, flip);
-                if (!flips) {
-                    row_fast(&p, "flash backward", rel, rel_max(g, g + p.n, p.n), bound);
-                } else {
-                    /* the row judged without the flipped experts' tensors; the
-                     * whole model's error printed beside it */
-                    double ru = rel_l2_unflipped(g, g + p.n, pi, np, flip, moe_of, L, E, &left);
-                    char what[160];
-                    snprintf(what, sizeof what, "flash backward (%d routing flips, %d expert tensors left out; all: L2 rel %.3g)",
-                             flips, left, rel);
-                    row_fast(&p, what, ru, rel_max(g, g + p.n, p.n), bound);
-                }
-                if (rel > bound)
+            st = pair_grads(&p, &bt, lp, dlp, g, topk, &dg);
+            unsigned char tflip[FB * FT];
+            int flips = 0;
+            if (!st && topk[0] && topk[1] && dg.num_tokens <= FB * FT)
+                flips = routing_flips((const int32_t *const *)topk, dg.num_moe_layers, dg.num_tokens, dg.top_k, tflip);
+            if (!st && !flips) {
+                row_fast(&p, "flash backward", rel_l2(g, g + p.n, p.n), rel_max(g, g + p.n, p.n), fast_bound(&p, 1));
+                if (rel_l2(g, g + p.n, p.n) > fast_bound(&p, 1))
                     worst_tensors(g, g + p.n, pi, np);
-                free(flip);
+            } else if (!st) {
+                /* judged on the log-probs no flip reaches, both trainers run
+                 * again; the whole batch's error printed beside it */
+                double all = rel_l2(g, g + p.n, p.n);
+                float dlm[FB * FT];
+                memcpy(dlm, dlp, sizeof dlm);
+                int kept = mask_from_flips(dlm, tflip, len, FB, FT), total = 0;
+                for (int b = 0; b < FB; b++)
+                    total += len[b] - 1;
+                st = pair_grads(&p, &bt, lp, dlm, g, NULL, &dg);
+                if (!st) {
+                    double rel = rel_l2(g, g + p.n, p.n), bound = fast_bound(&p, 1);
+                    char what[192];
+                    snprintf(what, sizeof what,
+                             "flash backward (%d routing flips: dlogp kept at the %d of %d positions before each "
+                             "sequence's first; all: L2 rel %.3g)",
+                             flips, kept, total, all);
+                    row_fast(&p, what, rel, rel_max(g, g + p.n, p.n), bound);
+                    if (rel > bound)
+                        worst_tensors(g, g + p.n, pi, np);
+                }
             }
             free(topk[0]);
             free(topk[1]);
