@@ -821,6 +821,44 @@ static int same_shape(const codes_key *a, const codes_key *b)
     return a->out == b->out && a->in == b->in && a->n == b->n;
 }
 
+/* Whether linear i takes part in a shape-grouped pass (*take) and its RAC
+ * channels (*n), u the pass's own data; an error stops the pass. */
+typedef qd_status (*shape_pick)(model *c, int i, const void *u, int *take, int64_t *n);
+
+/* The linears pick takes, in index order, as keys sorted by shape into *out
+ * (malloc'd, nlin entries) and their count into *m; shape_end then gives
+ * each group's end. */
+static qd_status shape_sort(model *c, shape_pick pick, const void *u, codes_key **out, int *m)
+{
+    codes_key *k = malloc(sizeof *k * (size_t)(c->nlin ? c->nlin : 1));
+    qd_status st = k ? QD_OK : qd_error(QD_ERR_NOMEM, "%s backend: weight sync", c->ops->name);
+    *m = 0;
+    for (int i = 0; i < c->nlin && !st; i++) {
+        int take = 0;
+        int64_t n = 0;
+        st = pick(c, i, u, &take, &n);
+        if (!st && take)
+            k[(*m)++] = (codes_key){.out = c->lin[i].out, .in = c->lin[i].in, .i = i, .n = n};
+    }
+    if (!st)
+        qsort(k, (size_t)*m, sizeof *k, codes_key_cmp);
+    if (st) {
+        free(k);
+        k = NULL;
+    }
+    *out = k;
+    return st;
+}
+
+/* The end of the shape group that starts at k[j0]. */
+static int shape_end(const codes_key *k, int m, int j0)
+{
+    int j1 = j0 + 1;
+    while (j1 < m && same_shape(&k[j1], &k[j0]))
+        j1++;
+    return j1;
+}
+
 /* One shape's linears k[0 .. m-1] quantized from src in one call
  * (nvfp4_quantize_weights), or per linear where a backend has no such op. */
 static qd_status codes_group(model *c, const codes_key *k, int m, const float *src, qd_nvfp4 **q, const float **x,
@@ -845,28 +883,23 @@ static qd_status codes_group(model *c, const codes_key *k, int m, const float *s
  * or the trainer's master a lean instance syncs from; RAC channels picked):
  * prepared one by one, then quantized a shape at a time (the experts of a layer in one call), the
  * bits of sync_rollout_linear per linear. */
+static qd_status pick_codes(model *c, int i, const void *u, int *take, int64_t *n)
+{
+    (void)u;
+    *take = is_w4a4(c->lin[i].mode);
+    return *take ? codes_prepare(c, &c->lin[i], n) : QD_OK;
+}
+
 static qd_status sync_codes(model *c, const float *src)
 {
-    codes_key *k = malloc(sizeof *k * (size_t)(c->nlin ? c->nlin : 1));
-    void **p = malloc(sizeof(void *) * 3 * (size_t)(c->nlin ? c->nlin : 1));
-    qd_status st = k && p ? QD_OK : qd_error(QD_ERR_NOMEM, "%s backend: weight sync", c->ops->name);
+    codes_key *k = NULL;
     int m = 0;
-    for (int i = 0; i < c->nlin && !st; i++) {
-        linear *L = &c->lin[i];
-        if (!is_w4a4(L->mode))
-            continue;
-        k[m] = (codes_key){.out = L->out, .in = L->in, .i = i};
-        st = codes_prepare(c, L, &k[m].n);
-        m++;
-    }
-    if (!st)
-        qsort(k, (size_t)m, sizeof *k, codes_key_cmp);
+    void **p = malloc(sizeof(void *) * 3 * (size_t)(c->nlin ? c->nlin : 1));
     int *idx = malloc(sizeof(int) * (size_t)(c->nlin ? c->nlin : 1));
-    if (!st && !idx)
-        st = qd_error(QD_ERR_NOMEM, "%s backend: weight sync", c->ops->name);
+    qd_status st = p && idx ? shape_sort(c, pick_codes, NULL, &k, &m)
+                            : qd_error(QD_ERR_NOMEM, "%s backend: weight sync", c->ops->name);
     for (int j0 = 0, j1; j0 < m && !st; j0 = j1) {
-        for (j1 = j0 + 1; j1 < m && same_shape(&k[j1], &k[j0]); j1++)
-            ;
+        j1 = shape_end(k, m, j0);
         const float **x = (const float **)(p + c->nlin);
         st = codes_group(c, k + j0, j1 - j0, src, (qd_nvfp4 **)p, x, (const int64_t **)(p + 2 * c->nlin));
         /* the weight errors of the group's measured linears, from their codes */
@@ -951,24 +984,27 @@ static int fq_grouped(const model *c)
 /* The fake-quant working weights of the fake_quant_only linears from src,
  * a shape at a time through the ops' nvfp4_fake_quant_weights (the bits of
  * sync_linear's op per linear); done[i] set for the linears it took. */
+static qd_status pick_fake_quant(model *c, int i, const void *u, int *take, int64_t *n)
+{
+    (void)u;
+    (void)n;
+    *take = fake_quant_only(c, &c->lin[i]);
+    return QD_OK;
+}
+
 static qd_status sync_fake_quants(model *c, const float *src, unsigned char *done)
 {
     if (!fq_grouped(c))
         return QD_OK;
-    codes_key *k = malloc(sizeof *k * (size_t)(c->nlin ? c->nlin : 1));
-    void **p = malloc(sizeof(void *) * 2 * (size_t)(c->nlin ? c->nlin : 1));
-    qd_status st = k && p ? QD_OK : qd_error(QD_ERR_NOMEM, "%s backend: weight sync", c->ops->name);
+    codes_key *k = NULL;
     int m = 0;
-    for (int i = 0; i < c->nlin && !st; i++)
-        if (fake_quant_only(c, &c->lin[i]))
-            k[m++] = (codes_key){.out = c->lin[i].out, .in = c->lin[i].in, .i = i};
-    if (!st)
-        qsort(k, (size_t)m, sizeof *k, codes_key_cmp);
+    void **p = malloc(sizeof(void *) * 2 * (size_t)(c->nlin ? c->nlin : 1));
+    qd_status st = p ? shape_sort(c, pick_fake_quant, NULL, &k, &m)
+                     : qd_error(QD_ERR_NOMEM, "%s backend: weight sync", c->ops->name);
     float **out = (float **)p;
     const float **x = (const float **)(p + c->nlin);
     for (int j0 = 0, j1; j0 < m && !st; j0 = j1) {
-        for (j1 = j0 + 1; j1 < m && same_shape(&k[j1], &k[j0]); j1++)
-            ;
+        j1 = shape_end(k, m, j0);
         for (int j = j0; j < j1; j++) {
             const linear *L = &c->lin[k[j].i];
             out[j - j0] = LW(c, L);
@@ -990,21 +1026,24 @@ static qd_status sync_fake_quants(model *c, const float *src, unsigned char *don
 /* The weight errors of the measured linears whose fake-quant working weight
  * this sync wrote (done[i]) and no grouped measurement took from their codes:
  * read from those fake-quants, a shape at a time where the ops offer it. */
+static qd_status pick_measured(model *c, int i, const void *u, int *take, int64_t *n)
+{
+    const unsigned char *done = u;
+    (void)n;
+    *take = done[i] && measured(c, &c->lin[i]) && !(c->wmeasured && c->wmeasured[i]);
+    return QD_OK;
+}
+
 static qd_status measure_fake_quants(model *c, const unsigned char *done)
 {
-    codes_key *k = malloc(sizeof *k * (size_t)(c->nlin ? c->nlin : 1));
+    codes_key *k = NULL;
+    int m = 0;
     int *idx = malloc(sizeof(int) * (size_t)(c->nlin ? c->nlin : 1));
     const float **x = malloc(sizeof(float *) * 2 * (size_t)(c->nlin ? c->nlin : 1));
-    qd_status st = k && idx && x ? QD_OK : qd_error(QD_ERR_NOMEM, "%s backend: weight sync", c->ops->name);
-    int m = 0;
-    for (int i = 0; i < c->nlin && !st; i++)
-        if (done[i] && measured(c, &c->lin[i]) && !(c->wmeasured && c->wmeasured[i]))
-            k[m++] = (codes_key){.out = c->lin[i].out, .in = c->lin[i].in, .i = i};
-    if (!st)
-        qsort(k, (size_t)m, sizeof *k, codes_key_cmp);
+    qd_status st = idx && x ? shape_sort(c, pick_measured, done, &k, &m)
+                            : qd_error(QD_ERR_NOMEM, "%s backend: weight sync", c->ops->name);
     for (int j0 = 0, j1; j0 < m && !st; j0 = j1) {
-        for (j1 = j0 + 1; j1 < m && same_shape(&k[j1], &k[j0]); j1++)
-            ;
+        j1 = shape_end(k, m, j0);
         for (int j = j0; j < j1; j++) {
             linear *L = &c->lin[k[j].i];
             idx[j - j0] = k[j].i;
