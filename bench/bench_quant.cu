@@ -20,7 +20,9 @@
  *   (e) --experts: the MoE experts' BF16 products (forward, dx, dW) at a3b's
  *       training shape: cuBLASLt, cuda_grouped.cu's mma.sync kernel and each
  *       configuration of its wgmma kernel, outputs compared with cuBLASLt's.
- *     bench/bench_quant [REPS] [--quantize | --attention | --experts] [--json FILE] [--commit ID]
+ *   (f) --lt: the trainer's large dense BF16 products (the lm_head's forward and
+ *       backward blocks, q's and o's) on each of cuBLASLt's heuristic candidates.
+ *     bench/bench_quant [REPS] [--quantize | --attention | --experts | --lt] [--json FILE] [--commit ID]
  * --quantize: table (a) only; --json: its rows as JSON lines (model, engine, recipe,
  * mode, op, ms, bandwidth_fraction, commit, ...), for docs/results/train-h200.jsonl.
  * Exits 1 when a quantize output or a RAC pick of the new kernels differs from the
@@ -820,11 +822,92 @@ static void bench_experts(void)
     QD_CUDA_DIE(cudaFree(out[1]));
 }
 
+/* ---- (f) --lt: the trainer's large dense BF16 products at a3b's training
+ * shape (16 x 1,024 tokens; hidden 2,048, q 4,096, vocab 151,936), each on
+ * cuBLASLt's heuristic candidates 0..7 (qd_cuda_lt_force; fast mode takes the
+ * first that runs): the lm_head's forward, and its backward as backward16 runs
+ * it, in blocks of 16,384 vocab columns (dx += dy_b . W_b, dW_b = dy_b^T . x),
+ * then q's and o's products. Whether another candidate than the first is
+ * faster, and by how much. */
+static void bench_lt(void)
+{
+    const int64_t T = 16 * 1024, C = 2048, Q = 4096, V = 151936, NB = 16384;
+    static const struct {
+        const char *name;
+        int kind; /* 0 y = x.W^T, 1 dx += dy.W, 2 dW = dy^T.x */
+        int64_t N, K; /* out, in features of the product's linear */
+    } ops[] = {{"lm_head y=x.W^T", 0, V, C},       {"lm_head dx+=dy_b.W_b", 1, NB, C},
+               {"lm_head dW_b=dy_b^T.x", 2, NB, C}, {"q y=x.W^T", 0, Q, C},
+               {"q dx+=dy.W", 1, Q, C},              {"q dW+=dy^T.x", 2, Q, C},
+               {"o y=x.W^T", 0, C, Q},              {"o dx+=dy.W", 1, C, Q},
+               {"o dW+=dy^T.x", 2, C, Q}};
+    size_t maxa = (size_t)T * Q, maxw = (size_t)V * C, maxo = (size_t)T * V;
+    uint16_t *a16, *w16, *d16;
+    float *out;
+    {
+        float *t = random_dev((int64_t)maxw, 51);
+        QD_CUDA_DIE(cudaMalloc((void **)&w16, sizeof(uint16_t) * maxw));
+        to_bf16_kernel<<<1024, 256>>>((__nv_bfloat16 *)w16, t, (int64_t)maxw);
+        QD_CUDA_DIE(cudaFree(t));
+        t = random_dev((int64_t)(T * NB), 53);
+        QD_CUDA_DIE(cudaMalloc((void **)&a16, sizeof(uint16_t) * maxa));
+        QD_CUDA_DIE(cudaMalloc((void **)&d16, sizeof(uint16_t) * T * NB));
+        to_bf16_kernel<<<1024, 256>>>((__nv_bfloat16 *)a16, t, (int64_t)maxa);
+        to_bf16_kernel<<<1024, 256>>>((__nv_bfloat16 *)d16, t, (int64_t)(T * NB));
+        QD_CUDA_DIE(cudaFree(t));
+        QD_CUDA_DIE(cudaMalloc((void **)&out, sizeof(float) * maxo));
+        QD_CUDA_DIE(cudaMemset(out, 0, sizeof(float) * maxo));
+    }
+    printf("\nDense BF16 products (cuBLASLt), a3b training shape (%lld tokens); ms and TFLOP/s of each of the\n"
+           "heuristic's candidates (c0: fast mode's choice)\n\n| op | M x N x K |",
+           (long long)T);
+    for (int i = 0; i < 8; i++)
+        printf(" c%d ms | c%d TFLOP/s |", i, i);
+    printf(" best / c0 |\n|---|---|");
+    for (int i = 0; i < 8; i++)
+        printf("---:|---:|");
+    printf("---:|\n");
+    for (const auto &op : ops) {
+        int64_t N = op.N, K = op.K;
+        double flop = 2.0 * T * N * K;
+        auto run = [&]() -> qd_status {
+            if (op.kind == 0)
+                return qd_cuda_gemm_bf16(out, a16, w16, T, N, K, 0.0f);
+            if (op.kind == 1)
+                return qd_cuda_gemm_bf16_dx_scaled(out, d16, w16, T, N, K, 1.0f, 1.0f);
+            return qd_cuda_gemm_bf16_dw(out, d16, a16, T, N, K, op.N == NB ? 0.0f : 1.0f);
+        };
+        printf("| %s | %lld x %lld x %lld |", op.name, (long long)T, (long long)N, (long long)K);
+        float t0 = 0, best = 0;
+        for (int i = 0; i < 8; i++) {
+            qd_cuda_lt_force(i);
+            qd_status st = run();
+            QD_CUDA_DIE(cudaDeviceSynchronize());
+            if (st != QD_OK) {
+                printf(" - | - |");
+                continue;
+            }
+            float t = time_ms([&] { QD_STATUS_DIE(run()); });
+            printf(" %.3f | %.0f |", t, flop / t * 1e-9);
+            if (i == 0)
+                t0 = t;
+            best = best == 0 || t < best ? t : best;
+        }
+        qd_cuda_lt_force(-1);
+        printf(" %.2fx |\n", t0 > 0 && best > 0 ? t0 / best : 0.0);
+        fflush(stdout);
+    }
+    QD_CUDA_DIE(cudaFree(a16));
+    QD_CUDA_DIE(cudaFree(w16));
+    QD_CUDA_DIE(cudaFree(d16));
+    QD_CUDA_DIE(cudaFree(out));
+}
+
 int main(int argc, char **argv)
 {
     cudaDeviceProp p;
     cublasLtHandle_t h;
-    int only_quantize = 0, only_attention = 0, only_experts = 0;
+    int only_quantize = 0, only_attention = 0, only_experts = 0, only_lt = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quantize"))
             only_quantize = 1;
@@ -832,6 +915,8 @@ int main(int argc, char **argv)
             only_attention = 1;
         else if (!strcmp(argv[i], "--experts"))
             only_experts = 1;
+        else if (!strcmp(argv[i], "--lt"))
+            only_lt = 1;
         else if (!strcmp(argv[i], "--json") && i + 1 < argc)
             json_out = fopen(argv[++i], "w");
         else if (!strcmp(argv[i], "--commit") && i + 1 < argc)
@@ -839,7 +924,7 @@ int main(int argc, char **argv)
         else if (atoi(argv[i]) > 0)
             reps = atoi(argv[i]);
         else {
-            fprintf(stderr, "usage: bench/bench_quant [REPS] [--quantize | --attention | --experts] [--json FILE] "
+            fprintf(stderr, "usage: bench/bench_quant [REPS] [--quantize | --attention | --experts | --lt] [--json FILE] "
                             "[--commit ID]\n");
             return 2;
         }
@@ -857,6 +942,10 @@ int main(int argc, char **argv)
     }
     if (only_experts) {
         bench_experts();
+        return 0;
+    }
+    if (only_lt) {
+        bench_lt();
         return 0;
     }
     double copy = copy_bandwidth();

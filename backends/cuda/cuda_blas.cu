@@ -19,7 +19,7 @@
 
 #define MAX_DEVICES 16
 #define MAX_PLANS 64 /* distinct (type, shape, alignment) products kept per device */
-#define MAX_ALGOS 4  /* heuristic candidates kept per plan, tried in order */
+#define MAX_ALGOS 8  /* heuristic candidates kept per plan, tried in order */
 #define WORKSPACE_BYTES ((size_t)32 << 20) /* NVIDIA's recommendation for Hopper/Blackwell */
 #define THREADS 256
 #define PTR_SLOTS 8 /* pointer uploads in flight before the host waits for the oldest */
@@ -378,6 +378,12 @@ static plan_key key_rm(int kind, int ta, int tb, int64_t M, int64_t N, int64_t K
     return key;
 }
 
+/* The heuristic's candidate every gemm_rm product takes (-1: the first that
+ * runs, the default); qd_cuda_lt_force sets it for bench_quant --lt. */
+static int lt_forced = -1;
+
+extern "C" void qd_cuda_lt_force(int i) { lt_forced = i; }
+
 /* Row-major C (M, N) = op(A) (M, K) . op(B) (K, N) + beta C. A is stored (M, K),
  * or (K, M) when ta; B is stored (K, N), or (N, K) when tb. scale_a/scale_b are
  * the block-scale pointers of A and B (FP4), NULL otherwise. */
@@ -402,6 +408,13 @@ static qd_status gemm_rm(int kind, float *C, const void *A, int ta, const void *
     if (kind == KIND_FP4)
         QD_TRY(set_scale_ptrs(p, scale_b, scale_a));
     cublasStatus_t s = CUBLAS_STATUS_NOT_SUPPORTED;
+    if (lt_forced >= 0) { /* a benchmark's pick (qd_cuda_lt_force) */
+        if (lt_forced >= p->n_algo)
+            return QD_ERR_UNSUPPORTED;
+        s = cublasLtMatmul(c->h, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc,
+                           &p->algo[lt_forced], c->ws, WORKSPACE_BYTES, 0);
+        return s == CUBLAS_STATUS_SUCCESS ? QD_OK : QD_ERR_UNSUPPORTED;
+    }
     for (int t = 0; t < p->n_algo; t++) {
         int i = (p->use + t) % p->n_algo;
         s = cublasLtMatmul(c->h, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc,

@@ -43,6 +43,12 @@ qd_status qd_cuda_gemm_bf16_dx_scaled(float *dx, const uint16_t *dy, const uint1
 qd_status qd_cuda_gemm_bf16_dw(float *dw, const uint16_t *dy, const uint16_t *x, int64_t M, int64_t N,
                                int64_t K, float beta);
 
+/* Benchmarks only: every dense product (the functions above and below, not
+ * the grouped ones) runs cuBLASLt's heuristic candidate i of up to 8 (in its
+ * order of expected speed), QD_ERR_UNSUPPORTED where it has fewer or that
+ * one refuses; -1 (the default): the first that runs. */
+void qd_cuda_lt_force(int i);
+
 /* ---- float32 inputs, CUBLAS_COMPUTE_32F (true float32 products, never TF32) */
 qd_status qd_cuda_gemm_f32(float *y, const float *x, const float *w, int64_t M, int64_t N, int64_t K,
                            float beta);
