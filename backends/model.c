@@ -722,16 +722,17 @@ static qd_status linears_forward(model *c, float *const *out, const float *inp, 
     return gemms(c, out, &a, 0, L, n);
 }
 
-/* dinp += dout . W_eff; grad(W) += dout^T . x_eff (straight-through; W_eff is
- * the working copy in wk, x_eff effective_input's). */
+/* dinp += dout . W_eff (flags QD_BWD_DX_SET: =, dinp's first writer); grad(W) +=
+ * dout^T . x_eff (straight-through; W_eff is the working copy in wk, x_eff
+ * effective_input's). */
 static qd_status linear_backward(model *c, float *dinp, const float *dout, const float *inp, const linear *L,
-                                 int N)
+                                 int N, int flags)
 {
     if (N == 0)
         return QD_OK;
     const float *xe;
     QD_TRY(linear_input(c, &xe, inp, L, N));
-    return OP(c, matmul_backward, dinp, c->grads + L->w, dout, xe, LW(c, L), N, L->in, L->out);
+    return OP(c, matmul_backward, dinp, c->grads + L->w, dout, xe, LW(c, L), N, L->in, L->out, flags);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1621,7 +1622,7 @@ static qd_status grouped_matmul_backward(model *c, float *dinp, float *const *dw
         int r0 = off[e], m = off[e + 1] - r0;
         if (m)
             QD_TRY(OP(c, matmul_backward, dinp ? dinp + (size_t)r0 * IC : NULL, dw[e], dout + (size_t)r0 * OC,
-                      x + (size_t)r0 * IC, w[e], m, IC, OC));
+                      x + (size_t)r0 * IC, w[e], m, IC, OC, 0));
     }
     return QD_OK;
 }
@@ -2244,7 +2245,7 @@ static qd_status mlp_backward(model *c, float *dinp, const float *dout, const la
         return QD_OK;
     mark(c, QD_PH_BWD_ROUTE);
     QD_TRY(OP(c, router_backward, dlog, dw, s->probs, s->topk, s->topw, N, ly->nexp, K, topk_norm(c)));
-    qd_status st = linear_backward(c, dinp, dlog, s->ln2, &c->lin[ly->router], N);
+    qd_status st = linear_backward(c, dinp, dlog, s->ln2, &c->lin[ly->router], N, 0);
     mark(c, QD_PH_BWD);
     return st;
 }
@@ -2267,27 +2268,28 @@ static qd_status attn_backward(model *c, float *dx, const float *dout, const lay
     float *dkr = carve(&f, nk), *dk = carve(&f, nk), *dv = carve(&f, nk), *dln = carve(&f, (size_t)N * C);
     float *ds = carve(&f, (size_t)N * H * c->Tm);
     mark(c, QD_PH_BWD_ATTN_LIN);
-    QD_TRY(linear_backward(c, dao, dout, s->ao, &c->lin[ly->o], N));
+    QD_TRY(linear_backward(c, dao, dout, s->ao, &c->lin[ly->o], N, QD_BWD_DX_SET));
     mark(c, QD_PH_BWD_ATTN);
     QD_TRY(OP(c, attend_backward, dqr, dkr, dv, ds, dao, s->ao, s->att, s->qr, s->kr, s->v, c->d_pos, c->d_slen, N, H,
-              KV, D, c->Tm, c->seq_off, c->B));
+              KV, D, c->Tm, c->seq_off, c->B, QD_BWD_DX_SET));
     mark(c, QD_PH_BWD);
     QD_TRY(OP(c, rope, dqr, c->d_pos, c->rope_cos, c->rope_sin, N, H, D, QD_ROPE_INVERSE));
     QD_TRY(OP(c, rope, dkr, c->d_pos, c->rope_cos, c->rope_sin, N, KV, D, QD_ROPE_INVERSE));
-    QD_TRY(OP(c, rmsnorm_backward, dq, c->grads + ly->q_norm, dqr, s->q, P(c, ly->q_norm), s->rstd_q, N * H, D));
-    QD_TRY(OP(c, rmsnorm_backward, dk, c->grads + ly->k_norm, dkr, s->k, P(c, ly->k_norm), s->rstd_k, N * KV,
-              D));
+    QD_TRY(OP(c, rmsnorm_backward, dq, c->grads + ly->q_norm, dqr, s->q, P(c, ly->q_norm), s->rstd_q, N * H, D,
+              QD_BWD_DX_SET));
+    QD_TRY(OP(c, rmsnorm_backward, dk, c->grads + ly->k_norm, dkr, s->k, P(c, ly->k_norm), s->rstd_k, N * KV, D,
+              QD_BWD_DX_SET));
     mark(c, QD_PH_BWD_ATTN_LIN);
     hold(c, s->ln1, (size_t)N * C); /* q's, k's and v's products may share what they make of ln1 */
-    qd_status st = linear_backward(c, dln, dq, s->ln1, &c->lin[ly->q], N);
+    qd_status st = linear_backward(c, dln, dq, s->ln1, &c->lin[ly->q], N, QD_BWD_DX_SET);
     if (!st)
-        st = linear_backward(c, dln, dk, s->ln1, &c->lin[ly->k], N);
+        st = linear_backward(c, dln, dk, s->ln1, &c->lin[ly->k], N, 0);
     if (!st)
-        st = linear_backward(c, dln, dv, s->ln1, &c->lin[ly->v], N);
+        st = linear_backward(c, dln, dv, s->ln1, &c->lin[ly->v], N, 0);
     hold(c, NULL, 0);
     QD_TRY(st);
     mark(c, QD_PH_BWD);
-    return OP(c, rmsnorm_backward, dx, c->grads + ly->in_norm, dln, s->x, P(c, ly->in_norm), s->rstd1, N, C);
+    return OP(c, rmsnorm_backward, dx, c->grads + ly->in_norm, dln, s->x, P(c, ly->in_norm), s->rstd1, N, C, 0);
 }
 
 static size_t attn_backward_floats(const model *c)
@@ -2332,7 +2334,7 @@ static qd_status head_backward(model *c, float *dln, float *dlogits, const float
     if (c->head_dw_set) /* grads_begin left it to an overwriting product: the two ops below add */
         QD_TRY(OP(c, zero, c->grads + L->w, sizeof(float) * (size_t)L->in * L->out));
     QD_TRY(OP(c, logprob_backward, dlogits, dlogp, c->logits, c->lse, c->d_tgt, N, V, c->temp));
-    return linear_backward(c, dln, dlogits, c->lnf, L, N);
+    return linear_backward(c, dln, dlogits, c->lnf, L, N, 0);
 }
 
 /* ---- the lazy zero_grad (QUADS_LAZY_ZERO=1): zero_grad marks the
@@ -2444,7 +2446,7 @@ static qd_status model_backward(model *c, const float *dlogp)
     QD_TRY(head_backward(c, dln, dlogits, dlogp));
     mark(c, QD_PH_BWD);
     QD_TRY(OP(c, rmsnorm_backward, dres, c->grads + c->final_norm, dln, c->xf, P(c, c->final_norm), c->rstdf, N,
-              C));
+              C, 0));
     for (int l = g->num_hidden_layers - 1; l >= 0; l--) {
         const layer_acts *s = &c->acts[l];
         const layer *ly = &c->layers[l];
@@ -2453,10 +2455,8 @@ static qd_status model_backward(model *c, const float *dlogp)
         QD_TRY(OP(c, zero, dln, sizeof(float) * (size_t)N * C));
         QD_TRY(mlp_backward(c, dln, dres, s, ly, lbuf));    /* reads dres, then dres += */
         QD_TRY(OP(c, rmsnorm_backward, dres, c->grads + ly->post_norm, dln, s->xmid, P(c, ly->post_norm), s->rstd2,
-                  N, C));
-        /* attention's gradients start from zero; ds (the last, N H Tm floats) is the op's scratch */
-        QD_TRY(OP(c, zero, lbuf, sizeof(float) * (attn_backward_floats(c) - up64((size_t)N * g->num_attention_heads *
-                                                                                   c->Tm))));
+                  N, C, 0));
+        /* attention's gradients are set by their first writers (QD_BWD_DX_SET), not zeroed first */
         QD_TRY(attn_backward(c, dres, dres, s, ly, lbuf));
     }
     QD_TRY(OP(c, embed_backward, c->grads + c->embed, dres, c->d_tok, N, C));

@@ -44,8 +44,11 @@ typedef enum { QD_ROPE_FORWARD = 0, QD_ROPE_INVERSE } qd_rope_dir;
 
 /* matmul_grouped_backward16b's add: dinp added to (else overwritten); dw
  * overwritten (else added to) for the experts with rows; head_backward's
- * flags: QD_BWD_DW_SET alone */
-typedef enum { QD_BWD_DX_ADD = 1, QD_BWD_DW_SET = 2 } qd_bwd_flags;
+ * flags: QD_BWD_DW_SET alone. matmul_backward's, rmsnorm_backward's and
+ * attend_backward's flags: QD_BWD_DX_SET, their input gradients (dinp; dq,
+ * dk, dv) set to 0.0f + what they would add (the bits of adding into zeros,
+ * without the zeros: the driver's first writer of a buffer), else added to. */
+typedef enum { QD_BWD_DX_ADD = 1, QD_BWD_DW_SET = 2, QD_BWD_DX_SET = 4 } qd_bwd_flags;
 
 /* diag_add's flags: QD_DIAG_SET, each sum from 0.0 (else added to acc) */
 typedef enum { QD_DIAG_SET = 1 } qd_diag_flags;
@@ -106,9 +109,9 @@ typedef struct qd_ops {
     /* out (rows, C) = w * (x * rstd), rstd = rsqrt(sum(x^2)/C + eps) saved (rows) */
     qd_status (*rmsnorm)(void *dev, float *out, float *rstd, const float *x, const float *w, int rows, int C,
                          float eps);
-    /* dinp (rows, C) +=, dw (C) += (rows ascending) */
+    /* dinp (rows, C) += (flags QD_BWD_DX_SET: =), dw (C) += (rows ascending) */
     qd_status (*rmsnorm_backward)(void *dev, float *dinp, float *dw, const float *dout, const float *x,
-                                  const float *w, const float *rstd, int rows, int C);
+                                  const float *w, const float *rstd, int rows, int C, int flags);
     /* HF rotate_half RoPE in place on x (N, nh, D) at positions pos (N), or its transpose */
     qd_status (*rope)(void *dev, float *x, const int32_t *pos, const float *cosb, const float *sinb, int N,
                       int nh, int D, qd_rope_dir dir);
@@ -126,10 +129,10 @@ typedef struct qd_ops {
     /* ---- float products: out (N, OC) = x (N, IC) . w (OC, IC)^T, ic ascending */
     qd_status (*matmul)(void *dev, float *out, const float *x, const float *w, int N, int IC, int OC,
                         qd_prec prec);
-    /* dinp (N, IC) += dout . w (oc ascending); dw (OC, IC) += dout^T . x (n ascending);
-     * either may be NULL */
+    /* dinp (N, IC) += dout . w (oc ascending; flags QD_BWD_DX_SET: =); dw (OC, IC) +=
+     * dout^T . x (n ascending); either may be NULL */
     qd_status (*matmul_backward)(void *dev, float *dinp, float *dw, const float *dout, const float *x,
-                                 const float *w, int N, int IC, int OC);
+                                 const float *w, int N, int IC, int OC, int flags);
     /* The experts of a layer: rows off[e] .. off[e+1]-1 (host, E + 1) of x and
      * out times w[e] (host array of dev pointers); the bits of one matmul per
      * expert (prec as matmul's). Optional: where NULL the driver calls matmul
@@ -272,7 +275,7 @@ typedef struct qd_ops {
                         const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm,
                         const int32_t *seq_off, int nseq);
     /* packed sequences (pos (N) position in its sequence, slen (N) its length):
-     * dq, dk, dv (zeroed by the caller) +=; ds scratch (N, H, Tm), undefined on
+     * dq, dk, dv += (flags QD_BWD_DX_SET: =, else zeroed by the caller); ds scratch (N, H, Tm), undefined on
      * entry (the op sets what it reads: 2 GB a layer at a3b's 16 x 1,024 tokens
      * that the fused kernel never needs zeroed); seq_off as
      * attend's (the same as the forward's: att and out as it wrote them; out
@@ -280,7 +283,7 @@ typedef struct qd_ops {
     qd_status (*attend_backward)(void *dev, float *dq, float *dk, float *dv, float *ds, const float *dout,
                                  const float *out, const float *att, const float *q, const float *k, const float *v,
                                  const int32_t *pos, const int32_t *slen, int N, int H, int KV, int D, int Tm,
-                                 const int32_t *seq_off, int nseq);
+                                 const int32_t *seq_off, int nseq, int flags);
     /* kr, v (N, KV*D) into the caches (rows, Tc, KV*D) at (row[n], pos[n]) */
     qd_status (*store_kv)(void *dev, float *kc, float *vc, const float *kr, const float *v, const int32_t *row,
                           const int32_t *pos, int N, int Tc, int KD);

@@ -641,7 +641,7 @@ static void attention_row(int B, int T, int H, int KV, int D)
     qd_cuda_flash_wg = 0; /* the mma.sync kernels */
     t[0] = time_ms([&] { ok(qd_cuda_flash_attend(out, att, q, k, v, so, B, N, H, KV, D, T)); });
     t[1] = time_ms([&] {
-        ok(qd_cuda_flash_attend_backward(dq, dk, dv, ds, dout, out, att, q, k, v, so, B, N, H, KV, D, T));
+        ok(qd_cuda_flash_attend_backward(dq, dk, dv, ds, dout, out, att, q, k, v, so, B, N, H, KV, D, T, 0));
     });
     double dwg[2] = {-1.0, -1.0}; /* the wgmma kernels' outputs against the mma.sync ones' (out; dq) */
     if (wg_ok) {
@@ -650,16 +650,16 @@ static void attention_row(int B, int T, int H, int KV, int D)
         QD_CUDA_DIE(cudaMalloc((void **)&g1, sizeof(float) * nq));
         QD_CUDA_DIE(cudaMemset(dq, 0, sizeof(float) * nq));
         ok(qd_cuda_flash_attend(out, att, q, k, v, so, B, N, H, KV, D, T));
-        ok(qd_cuda_flash_attend_backward(dq, dk, dv, ds, dout, out, att, q, k, v, so, B, N, H, KV, D, T));
+        ok(qd_cuda_flash_attend_backward(dq, dk, dv, ds, dout, out, att, q, k, v, so, B, N, H, KV, D, T, 0));
         qd_cuda_flash_wg = 1;
         QD_CUDA_DIE(cudaMemset(g1, 0, sizeof(float) * nq));
         ok(qd_cuda_flash_attend(o1, att, q, k, v, so, B, N, H, KV, D, T));
-        ok(qd_cuda_flash_attend_backward(g1, dk, dv, ds, dout, o1, att, q, k, v, so, B, N, H, KV, D, T));
+        ok(qd_cuda_flash_attend_backward(g1, dk, dv, ds, dout, o1, att, q, k, v, so, B, N, H, KV, D, T, 0));
         dwg[0] = rel_diff(o1, out, nq);
         dwg[1] = rel_diff(g1, dq, nq);
         tw[0] = time_ms([&] { ok(qd_cuda_flash_attend(out, att, q, k, v, so, B, N, H, KV, D, T)); });
         tw[1] = time_ms([&] {
-            ok(qd_cuda_flash_attend_backward(dq, dk, dv, ds, dout, out, att, q, k, v, so, B, N, H, KV, D, T));
+            ok(qd_cuda_flash_attend_backward(dq, dk, dv, ds, dout, out, att, q, k, v, so, B, N, H, KV, D, T, 0));
         });
         qd_cuda_flash_wg = -1;
         QD_CUDA_DIE(cudaFree(o1));

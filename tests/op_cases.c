@@ -199,18 +199,23 @@ static void c_embed_repeats(oc *c) { c_embed_shape(c, 5, 72, 77); }
 static void c_embed_sorted(oc *c) { c_embed_shape(c, 9, 200, 700); }
 static void c_embed_sorted_many(oc *c) { c_embed_shape(c, 500, 136, 600); }
 
-static void c_rmsnorm_shape(oc *c, int rows, int C)
+/* flags QD_BWD_DX_SET: dx, random on entry, is overwritten (as adding into zeros) */
+static void c_rmsnorm_shape_f(oc *c, int rows, int C, int flags)
 {
     float *x = F(c, (size_t)rows * C, -2, 2), *w = F(c, C, 0.5f, 1.5f), *y = Z(c, sizeof(float) * rows * C);
     float *r = Z(c, sizeof(float) * rows), *dy = F(c, (size_t)rows * C, -1, 1);
     float *dx = F(c, (size_t)rows * C, -1, 1), *dw = F(c, C, -1, 1);
     RUN(c, c->ops->rmsnorm(c->dev, y, r, x, w, rows, C, 1e-6f));
-    RUN(c, c->ops->rmsnorm_backward(c->dev, dx, dw, dy, x, w, r, rows, C));
+    RUN(c, c->ops->rmsnorm_backward(c->dev, dx, dw, dy, x, w, r, rows, C, flags));
     OUT(c, "y", 'f', y, sizeof(float) * rows * C);
     OUT(c, "rstd", 'f', r, sizeof(float) * rows);
     OUT(c, "dx", 'f', dx, sizeof(float) * rows * C);
     OUT(c, "dw", 'f', dw, sizeof(float) * C);
 }
+
+static void c_rmsnorm_shape(oc *c, int rows, int C) { c_rmsnorm_shape_f(c, rows, C, 0); }
+/* fast mode's chunked dw (more than QDK_RMSNORM_CHUNK rows) with dx set */
+static void c_rmsnorm_set(oc *c) { c_rmsnorm_shape_f(c, 700, 136, QD_BWD_DX_SET); }
 
 static void c_rmsnorm(oc *c) { c_rmsnorm_shape(c, 9, 80); }
 /* a row width not a multiple of 4 (CUDA stages the squares after the row,
@@ -283,30 +288,38 @@ static void c_matmul_f32_row1_chain(oc *c) { c_matmul_shape(c, QD_PREC_F32, 1, 2
 static void c_matmul_bf16_row1_chain(oc *c) { c_matmul_shape(c, QD_PREC_BF16, 1, 776, 37, 1.0f); }
 static void c_matmul_bf16_row2_wide(oc *c) { c_matmul_shape(c, QD_PREC_BF16, 2, 264, 4500, 1.0f); }
 
-static void c_matmul_backward(oc *c)
+/* dx and dw random on entry: added to (flags 0) or dx overwritten (QD_BWD_DX_SET) */
+static void c_matmul_backward_f(oc *c, int flags)
 {
     int N = 37, IC = 72, OC = 45;
     float *x = F(c, (size_t)N * IC, -1, 1), *w = F(c, (size_t)OC * IC, -1, 1), *dy = F(c, (size_t)N * OC, -1, 1);
     float *dx = F(c, (size_t)N * IC, -1, 1), *dw = F(c, (size_t)OC * IC, -1, 1);
-    RUN(c, c->ops->matmul_backward(c->dev, dx, dw, dy, x, w, N, IC, OC));
+    RUN(c, c->ops->matmul_backward(c->dev, dx, dw, dy, x, w, N, IC, OC, flags));
     OUT(c, "dx", 'f', dx, sizeof(float) * N * IC);
     OUT(c, "dw", 'f', dw, sizeof(float) * OC * IC);
 }
 
+static void c_matmul_backward(oc *c) { c_matmul_backward_f(c, 0); }
+static void c_matmul_backward_set(oc *c) { c_matmul_backward_f(c, QD_BWD_DX_SET); }
+
 /* every dimension a multiple of 8: fast mode's BF16 backward (the CUDA
  * backend's dy a block of columns at a time; run_all.sh makes the blocks 8
- * columns wide once with QUADS_DY16_BYTES) */
-static void c_matmul_backward8(oc *c)
+ * columns wide once with QUADS_DY16_BYTES: the first block sets dx, the
+ * others add) */
+static void c_matmul_backward8_f(oc *c, int flags)
 {
     int N = 40, IC = 72, OC = 48;
     float *x = F(c, (size_t)N * IC, -1, 1), *w = F(c, (size_t)OC * IC, -1, 1), *dy = F(c, (size_t)N * OC, -1, 1);
     float *dx = F(c, (size_t)N * IC, -1, 1), *dw = F(c, (size_t)OC * IC, -1, 1);
     RUN(c, c->ops->round_bf16(c->dev, x, x, (size_t)N * IC)); /* x and w BF16 values, as the recipes make them */
     RUN(c, c->ops->round_bf16(c->dev, w, w, (size_t)OC * IC));
-    RUN(c, c->ops->matmul_backward(c->dev, dx, dw, dy, x, w, N, IC, OC));
+    RUN(c, c->ops->matmul_backward(c->dev, dx, dw, dy, x, w, N, IC, OC, flags));
     OUT(c, "dx", 'f', dx, sizeof(float) * N * IC);
     OUT(c, "dw", 'f', dw, sizeof(float) * OC * IC);
 }
+
+static void c_matmul_backward8(oc *c) { c_matmul_backward8_f(c, 0); }
+static void c_matmul_backward8_set(oc *c) { c_matmul_backward8_f(c, QD_BWD_DX_SET); }
 
 enum { GE = 4 };
 static const int32_t goff[GE + 1] = {0, 5, 5, 17, 20}; /* expert 1 has no rows */
@@ -1110,15 +1123,16 @@ static void c_attend_backward(oc *c)
     int32_t *pos = I(c, a_pos, N);
     RUN(c, c->ops->attend(c->dev, o, att, q, k, v, I(c, a_kbase, N), pos, N, H, KV, D, Tm, a_seq, 2));
     RUN(c, c->ops->attend_backward(c->dev, dq, dk, dv, ds, dout, o, att, q, k, v, pos, I(c, a_slen, N), N, H, KV, D,
-                                   Tm, a_seq, 2));
+                                   Tm, a_seq, 2, 0));
     OUT(c, "dq", 'f', dq, sizeof(float) * N * H * D);
     OUT(c, "dk", 'f', dk, sizeof(float) * N * KV * D);
     OUT(c, "dv", 'f', dv, sizeof(float) * N * KV * D);
 }
 
 /* Sequences seq[b] .. seq[b + 1] - 1 (NS of them, at most 256 rows) in a
- * prefill's packing, H / KV heads of D, Tm; forward and backward. */
-static void prefill_case(oc *c, const int32_t *seq, int NS, int H, int KV, int D, int Tm)
+ * prefill's packing, H / KV heads of D, Tm; forward and backward (flags
+ * QD_BWD_DX_SET: dq, dk, dv random on entry and overwritten, else zeros added to). */
+static void prefill_case_f(oc *c, const int32_t *seq, int NS, int H, int KV, int D, int Tm, int flags)
 {
     int N = seq[NS];
     int32_t kbase[256], pos[256], slen[256];
@@ -1128,17 +1142,25 @@ static void prefill_case(oc *c, const int32_t *seq, int NS, int H, int KV, int D
     float *q = F(c, (size_t)N * H * D, -1, 1), *k = F(c, (size_t)N * KV * D, -1, 1);
     float *v = F(c, (size_t)N * KV * D, -1, 1), *o = Z(c, sizeof(float) * N * H * D);
     float *att = Z(c, sizeof(float) * N * H * Tm), *dout = F(c, (size_t)N * H * D, -1, 1);
-    float *dq = Z(c, sizeof(float) * N * H * D), *dk = Z(c, sizeof(float) * N * KV * D);
-    float *dv = Z(c, sizeof(float) * N * KV * D), *ds = Z(c, sizeof(float) * N * H * Tm);
+    int set = (flags & QD_BWD_DX_SET) != 0;
+    float *dq = set ? F(c, (size_t)N * H * D, -9, 9) : Z(c, sizeof(float) * N * H * D);
+    float *dk = set ? F(c, (size_t)N * KV * D, -9, 9) : Z(c, sizeof(float) * N * KV * D);
+    float *dv = set ? F(c, (size_t)N * KV * D, -9, 9) : Z(c, sizeof(float) * N * KV * D);
+    float *ds = Z(c, sizeof(float) * N * H * Tm);
     int32_t *dpos = I(c, pos, N);
     RUN(c, c->ops->attend(c->dev, o, att, q, k, v, I(c, kbase, N), dpos, N, H, KV, D, Tm, seq, NS));
     RUN(c, c->ops->attend_backward(c->dev, dq, dk, dv, ds, dout, o, att, q, k, v, dpos, I(c, slen, N), N, H, KV, D,
-                                   Tm, seq, NS));
+                                   Tm, seq, NS, flags));
     OUT(c, "out", 'f', o, sizeof(float) * N * H * D);
     OUT(c, "att", 'f', att, sizeof(float) * N * H * Tm);
     OUT(c, "dq", 'f', dq, sizeof(float) * N * H * D);
     OUT(c, "dk", 'f', dk, sizeof(float) * N * KV * D);
     OUT(c, "dv", 'f', dv, sizeof(float) * N * KV * D);
+}
+
+static void prefill_case(oc *c, const int32_t *seq, int NS, int H, int KV, int D, int Tm)
+{
+    prefill_case_f(c, seq, NS, H, KV, D, Tm, 0);
 }
 
 /* a3b's heads (32 / 4 of 128) over three sequences of 37, 20 and 37 tokens
@@ -1169,6 +1191,21 @@ static void c_attend_tiles128(oc *c)
 {
     static const int32_t seq[4] = {0, 130, 131, 200};
     prefill_case(c, seq, 3, 4, 2, 128, 200);
+}
+
+/* The two cases above with dq, dk, dv set (QD_BWD_DX_SET, the driver's
+ * attention backward): the fused kernels write every row once, the other
+ * routes add into zeros */
+static void c_attend_tiles128_set(oc *c)
+{
+    static const int32_t seq[4] = {0, 130, 131, 200};
+    prefill_case_f(c, seq, 3, 4, 2, 128, 200, QD_BWD_DX_SET);
+}
+
+static void c_attend_tiles_set(oc *c)
+{
+    static const int32_t seq[4] = {0, 65, 66, 196};
+    prefill_case_f(c, seq, 3, 8, 2, 64, 131, QD_BWD_DX_SET);
 }
 
 static void c_store_kv(oc *c)
@@ -1526,7 +1563,7 @@ static void c_head_backward(oc *c)
             if (k)
                 RUN(c, c->ops->zero(c->dev, g, sizeof(float) * (size_t)V * IC));
             RUN(c, c->ops->logprob_backward(c->dev, dl, dlp, l, lse, dt, N, V, T));
-            RUN(c, c->ops->matmul_backward(c->dev, dx, g, dl, x, w, N, IC, V));
+            RUN(c, c->ops->matmul_backward(c->dev, dx, g, dl, x, w, N, IC, V, 0));
         } else if (!c->st) {
             c->st = st;
         }
@@ -1673,6 +1710,7 @@ static const op_case cases[] = {
     {{"rmsnorm+backward 3000x128", "rmsnorm_backward", 1, 0}, c_rmsnorm_tall},
     {{"rmsnorm+backward 700x2050", "rmsnorm_backward", 1, 0}, c_rmsnorm_wide},
     {{"rmsnorm+backward 77x250", "rmsnorm", 0, 0}, c_rmsnorm_rows},
+    {{"rmsnorm+backward 700x136 set", "rmsnorm_backward", 1, 0}, c_rmsnorm_set},
     {{"rope fwd+inverse 5x3x16", "rope", 0, 0}, c_rope},
     {{"rope fwd+inverse 9x5x128", "rope", 0, 0}, c_rope_wide},
     {{"matmul f32 37x72x45", "matmul", 1, 0}, c_matmul_f32},
@@ -1691,6 +1729,8 @@ static const op_case cases[] = {
     {{"matmul f32 5x136x260", "matmul", 1, 0}, c_matmul_f32_row5},
     {{"matmul_backward 37x72x45", "matmul_backward", 1, 0}, c_matmul_backward},
     {{"matmul_backward 40x72x48", "matmul_backward", 1, 0}, c_matmul_backward8},
+    {{"matmul_backward 37x72x45 set", "matmul_backward", 1, 0}, c_matmul_backward_set},
+    {{"matmul_backward 40x72x48 set", "matmul_backward", 1, 0}, c_matmul_backward8_set},
     {{"matmul_grouped+bwd 4 experts", "matmul_grouped", 1, 0}, c_matmul_grouped},
     {{"matmul_grouped+bwd bf16 4 experts", "matmul_grouped", 1, 0}, c_matmul_grouped_bf16},
     {{"matmul_grouped bf16 400x256x200", "matmul_grouped", 1, 0}, c_matmul_grouped_wide},
@@ -1741,6 +1781,8 @@ static const op_case cases[] = {
     {{"attend+bwd gqa prefill 37,20,37", "attend_backward", 1, 0}, c_attend_gqa_prefill},
     {{"attend+bwd tiles 65,1,130 8/2x64", "attend_backward", 1, 1}, c_attend_tiles},
     {{"attend+bwd tiles 130,1,69 4/2x128", "attend_backward", 1, 1}, c_attend_tiles128},
+    {{"attend+bwd tiles 130,1,69 set", "attend_backward", 1, 1}, c_attend_tiles128_set},
+    {{"attend+bwd tiles 65,1,130 set", "attend_backward", 1, 1}, c_attend_tiles_set},
     {{"store_kv 4 tokens", "store_kv", 0, 0}, c_store_kv},
     {{"route renorm 13x16 k4", "route", 0, 0}, c_route_norm},
     {{"route raw 13x16 k4", "route", 0, 0}, c_route_raw},

@@ -59,7 +59,7 @@ START_TEST(test_matmul_definition)
     float *dx = calloc((size_t)N * IC, sizeof(float)), *dw = calloc((size_t)OC * IC, sizeof(float));
     float *rdx = malloc(sizeof(float) * N * IC), *rdw = malloc(sizeof(float) * OC * IC);
     ck_assert_int_eq(O->matmul(dev1, y, x, w, N, IC, OC, QD_PREC_F32), QD_OK);
-    ck_assert_int_eq(O->matmul_backward(dev1, dx, dw, dy, x, w, N, IC, OC), QD_OK);
+    ck_assert_int_eq(O->matmul_backward(dev1, dx, dw, dy, x, w, N, IC, OC, 0), QD_OK);
     for (int n = 0; n < N; n++)
         for (int o = 0; o < OC; o++) {
             float acc = 0;
@@ -402,6 +402,60 @@ START_TEST(test_route_logprob_double)
 }
 END_TEST
 
+/* QD_BWD_DX_SET (the driver's first writer of a gradient buffer): on a
+ * buffer of garbage, the bytes of the same op adding into zeros, for
+ * matmul_backward, rmsnorm_backward and attend_backward (whose dq, dk, dv
+ * have rows nobody adds to twice and rows a group's heads add into) */
+START_TEST(test_backward_set_is_add_into_zeros)
+{
+    enum { N = 11, IC = 24, OC = 16, H = 4, KV = 2, D = 8, Tm = 7 };
+    float *x = rnd(N * IC, -1, 1, 61), *w = rnd(OC * IC, -1, 1, 62), *dy = rnd(N * OC, -1, 1, 63);
+    float *dx0 = calloc(N * IC, sizeof(float)), *dx1 = rnd(N * IC, -50, 50, 64);
+    float *dw0 = calloc(OC * IC, sizeof(float)), *dw1 = calloc(OC * IC, sizeof(float));
+    ck_assert_int_eq(O->matmul_backward(dev1, dx0, dw0, dy, x, w, N, IC, OC, 0), QD_OK);
+    ck_assert_int_eq(O->matmul_backward(dev1, dx1, dw1, dy, x, w, N, IC, OC, QD_BWD_DX_SET), QD_OK);
+    assert_bits(dx1, dx0, N * IC, "matmul_backward set dinp");
+    assert_bits(dw1, dw0, OC * IC, "matmul_backward set dw (still added to)");
+    /* rmsnorm over rows of IC, its dout dx0 (some exact zeros: -0.0 products) */
+    float *nw = rnd(IC, 0.5f, 1.5f, 65), *y = malloc(sizeof(float) * N * IC), *r = malloc(sizeof(float) * N);
+    float *g0 = calloc(N * IC, sizeof(float)), *g1 = rnd(N * IC, -50, 50, 66);
+    float *gw0 = calloc(IC, sizeof(float)), *gw1 = calloc(IC, sizeof(float));
+    for (int i = 0; i < N * IC; i += 5)
+        dx0[i] = 0.0f;
+    ck_assert_int_eq(O->rmsnorm(dev1, y, r, x, nw, N, IC, 1e-6f), QD_OK);
+    ck_assert_int_eq(O->rmsnorm_backward(dev1, g0, gw0, dx0, x, nw, r, N, IC, 0), QD_OK);
+    ck_assert_int_eq(O->rmsnorm_backward(dev1, g1, gw1, dx0, x, nw, r, N, IC, QD_BWD_DX_SET), QD_OK);
+    assert_bits(g1, g0, N * IC, "rmsnorm_backward set dinp");
+    assert_bits(gw1, gw0, IC, "rmsnorm_backward set dw");
+    /* attention: two sequences of 6 and 5 tokens */
+    int32_t kbase[N], pos[N], slen[N], seq[3] = {0, 6, N};
+    for (int n = 0; n < N; n++) {
+        kbase[n] = n < 6 ? 0 : 6;
+        pos[n] = n - kbase[n];
+        slen[n] = n < 6 ? 6 : N - 6;
+    }
+    float *q = rnd(N * H * D, -1, 1, 67), *k = rnd(N * KV * D, -1, 1, 68), *v = rnd(N * KV * D, -1, 1, 69);
+    float *o = malloc(sizeof(float) * N * H * D), *att = calloc(N * H * Tm, sizeof(float));
+    float *ds = calloc(N * H * Tm, sizeof(float)), *dout = rnd(N * H * D, -1, 1, 70);
+    float *d0[3] = {calloc(N * H * D, sizeof(float)), calloc(N * KV * D, sizeof(float)), calloc(N * KV * D, sizeof(float))};
+    float *d1[3] = {rnd(N * H * D, -50, 50, 71), rnd(N * KV * D, -50, 50, 72), rnd(N * KV * D, -50, 50, 73)};
+    ck_assert_int_eq(O->attend(dev1, o, att, q, k, v, kbase, pos, N, H, KV, D, Tm, seq, 2), QD_OK);
+    ck_assert_int_eq(O->attend_backward(dev1, d0[0], d0[1], d0[2], ds, dout, o, att, q, k, v, pos, slen, N, H, KV, D,
+                                        Tm, seq, 2, 0),
+                     QD_OK);
+    ck_assert_int_eq(O->attend_backward(dev1, d1[0], d1[1], d1[2], ds, dout, o, att, q, k, v, pos, slen, N, H, KV, D,
+                                        Tm, seq, 2, QD_BWD_DX_SET),
+                     QD_OK);
+    assert_bits(d1[0], d0[0], N * H * D, "attend_backward set dq");
+    assert_bits(d1[1], d0[1], N * KV * D, "attend_backward set dk");
+    assert_bits(d1[2], d0[2], N * KV * D, "attend_backward set dv");
+    free(x), free(w), free(dy), free(dx0), free(dx1), free(dw0), free(dw1), free(nw), free(y), free(r), free(g0);
+    free(g1), free(gw0), free(gw1), free(q), free(k), free(v), free(o), free(att), free(ds), free(dout);
+    for (int i = 0; i < 3; i++)
+        free(d0[i]), free(d1[i]);
+}
+END_TEST
+
 /* combine, unroute and moe_dy: loops over each token's rows in rank order */
 START_TEST(test_moe_rows_definition)
 {
@@ -661,6 +715,7 @@ Suite *suite_ops(void)
     tcase_set_timeout(tc, 60);
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_matmul_definition);
+    tcase_add_test(tc, test_backward_set_is_add_into_zeros);
     tcase_add_test(tc, test_grouped_quant_definition);
     tcase_add_test(tc, test_rac_grouped_definition);
     tcase_add_test(tc, test_rac_multi_definition);

@@ -209,10 +209,10 @@ static qd_status matmul_forward_w16(float *out, const float *inp, const uint16_t
     return bad ? qd_error(QD_ERR_NOMEM, "cpu backend: matmul of BF16 weights (%d x %d)", OC, IC) : QD_OK;
 }
 
-/* dinp (N, IC) += dout . w (ascending oc); dw (OC, IC) += dout^T . inp (ascending n).
- * Either output may be NULL. */
+/* dinp (N, IC) += dout . w (ascending oc; set: = 0.0f + that); dw (OC, IC) += dout^T . inp
+ * (ascending n). Either output may be NULL. */
 static void matmul_backward(float *dinp, float *dw, const float *dout, const float *inp,
-                            const float *w, int N, int IC, int OC, int nt)
+                            const float *w, int N, int IC, int OC, int nt, int set)
 {
     if (dinp) {
 #pragma omp parallel num_threads(nt)
@@ -228,7 +228,7 @@ static void matmul_backward(float *dinp, float *dw, const float *dout, const flo
                         acc[i] += d * wr[i];
                 }
                 for (int i = 0; i < IC; i++)
-                    dinp[(size_t)n * IC + i] += acc[i];
+                    dinp[(size_t)n * IC + i] = (set ? 0.0f : dinp[(size_t)n * IC + i]) + acc[i];
             }
             free(acc);
         }
@@ -274,7 +274,7 @@ static void rmsnorm_forward(float *out, float *rstd, const float *inp, const flo
 /* y_i = w_i x_i r: dw_i += dy_i x_i r; dx_i += r (w_i dy_i) - x_i r^3 / C sum_j (w_j dy_j x_j).
  * dw is accumulated over rows in ascending n (one thread). */
 static void rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp,
-                             const float *w, const float *rstd, int N, int C, int nt)
+                             const float *w, const float *rstd, int N, int C, int nt, int set)
 {
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int n = 0; n < N; n++) {
@@ -284,7 +284,7 @@ static void rmsnorm_backward(float *dinp, float *dw, const float *dout, const fl
             dot += (w[i] * dy[i]) * x[i];
         float k = ((r * r) * r) * (dot / (float)C);
         for (int i = 0; i < C; i++)
-            dinp[(size_t)n * C + i] += r * (w[i] * dy[i]) - x[i] * k;
+            dinp[(size_t)n * C + i] = (set ? 0.0f : dinp[(size_t)n * C + i]) + (r * (w[i] * dy[i]) - x[i] * k);
     }
     for (int i = 0; i < C; i++) {
         float acc = 0.0f;
@@ -503,9 +503,9 @@ static qd_status cpu_rmsnorm(void *dev, float *out, float *rstd, const float *x,
 }
 
 static qd_status cpu_rmsnorm_backward(void *dev, float *dinp, float *dw, const float *dout, const float *x,
-                                      const float *w, const float *rstd, int rows, int C)
+                                      const float *w, const float *rstd, int rows, int C, int flags)
 {
-    rmsnorm_backward(dinp, dw, dout, x, w, rstd, rows, C, NT(dev));
+    rmsnorm_backward(dinp, dw, dout, x, w, rstd, rows, C, NT(dev), flags & QD_BWD_DX_SET);
     return QD_OK;
 }
 
@@ -536,9 +536,9 @@ static qd_status cpu_matmul_w16(void *dev, float *out, const float *x, const uin
 }
 
 static qd_status cpu_matmul_backward(void *dev, float *dinp, float *dw, const float *dout, const float *x,
-                                     const float *w, int N, int IC, int OC)
+                                     const float *w, int N, int IC, int OC, int flags)
 {
-    matmul_backward(dinp, dw, dout, x, w, N, IC, OC, NT(dev));
+    matmul_backward(dinp, dw, dout, x, w, N, IC, OC, NT(dev), flags & QD_BWD_DX_SET);
     return QD_OK;
 }
 
@@ -562,7 +562,7 @@ static qd_status cpu_matmul_grouped_backward(void *dev, float *dinp, float *cons
         int r0 = off[e], m = off[e + 1] - r0;
         if (m)
             matmul_backward(dinp + (size_t)r0 * IC, dw[e], dout + (size_t)r0 * OC, x + (size_t)r0 * IC, w[e], m,
-                            IC, OC, NT(dev));
+                            IC, OC, NT(dev), 0);
     }
     return QD_OK;
 }
@@ -827,12 +827,17 @@ static qd_status cpu_attend(void *dev, float *out, float *att, const float *q, c
 static qd_status cpu_attend_backward(void *dev, float *dq, float *dk, float *dv, float *ds, const float *dout,
                                      const float *out, const float *att, const float *q, const float *k,
                                      const float *v, const int32_t *pos, const int32_t *slen, int N, int H, int KV,
-                                     int D, int Tm, const int32_t *hseq_off, int nseq)
+                                     int D, int Tm, const int32_t *hseq_off, int nseq, int flags)
 {
     (void)ds, (void)out, (void)hseq_off, (void)nseq;
     int32_t *seq_off = malloc(sizeof(int32_t) * ((size_t)N + 1));
     if (!seq_off)
         return qd_error(QD_ERR_NOMEM, "cpu backend: attention backward");
+    if (flags & QD_BWD_DX_SET) { /* the sums below add into what is there */
+        memset(dq, 0, sizeof(float) * (size_t)N * H * D);
+        memset(dk, 0, sizeof(float) * (size_t)N * KV * D);
+        memset(dv, 0, sizeof(float) * (size_t)N * KV * D);
+    }
     int B = 0;
     for (int n = 0; n < N; n += slen[n])
         seq_off[B++] = n;

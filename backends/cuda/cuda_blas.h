@@ -189,7 +189,8 @@ qd_status qd_cuda_attend_gemm_backward(float *dq, float *dk, float *dv, float *d
  * per (row n, head h), the base-2 log-sum-exp of its scaled scores at att[n H
  * + h], the rest of att its scratch (BF16 copies of q, k, v); the backward
  * reads those and the forward's out (dout . out per row into ds's first N H
- * floats, ds's rest its scratch) and adds to dq, dk, dv. qd_cuda_flash_fits:
+ * floats, ds's rest its scratch) and adds to dq, dk, dv (set: writes them, every
+ * row once, not read). qd_cuda_flash_fits:
  * whether it takes these shapes (D 64 or 128, H a multiple of KV, att and ds
  * of N H Tm floats large enough for its scratch) and QUADS_FLASH is not 0; the
  * caller makes the same choice for both directions. */
@@ -210,7 +211,7 @@ qd_status qd_cuda_flash_attend(float *out, float *att, const float *q, const flo
 qd_status qd_cuda_flash_attend_backward(float *dq, float *dk, float *dv, float *ds, const float *dout,
                                         const float *out, const float *att, const float *q, const float *k,
                                         const float *v, const int32_t *seq_off, int nseq, int N, int H, int KV,
-                                        int D, int Tm);
+                                        int D, int Tm, int set);
 
 /* att[n][h][s] = 0 for pos[n] < s < Tm (the fast prefill's fallback kernel
  * writes s <= pos[n] only; qd_cuda_attend_gemm_backward reads whole rows) */

@@ -306,14 +306,14 @@ static __device__ __forceinline__ const float (&as_tiles(const float (&d)[D / 2]
 template <int D>
 static __device__ __forceinline__ void put_dkv(float *dk, float *dv, const float (&adk)[D / 8][4],
                                                const float (&adv)[D / 8][4], const fl_tile &tl, int key0, int KV,
-                                               int kh, float scale)
+                                               int kh, float scale, int add)
 {
     for (int half = 0; half < 2; half++) {
         int key = key0 + 8 * half;
         if (key < tl.L) {
             int64_t o = ((int64_t)(tl.o + key) * KV + kh) * D;
-            put_row<D>(dk + o, adk, half, scale, 1);
-            put_row<D>(dv + o, adv, half, 1.0f, 1);
+            put_row<D>(dk + o, adk, half, scale, add);
+            put_row<D>(dv + o, adv, half, 1.0f, add);
         }
     }
 }
@@ -445,7 +445,7 @@ template <int D>
 __global__ void __launch_bounds__(FL_THREADS) flash_dkv_kernel(float *dk, float *dv, const bf16 *q, const bf16 *k,
                                                                const bf16 *v, const bf16 *dout, const float *lse,
                                                                const float *delta, const fl_tile *tiles, int H,
-                                                               int KV, float c2, float scale)
+                                                               int KV, float c2, float scale, int add)
 {
     constexpr int LD = D + 8, ND = D / 8, QS = FL_QB * LD;
     extern __shared__ __align__(16) unsigned char fl_smem[];
@@ -528,7 +528,7 @@ __global__ void __launch_bounds__(FL_THREADS) flash_dkv_kernel(float *dk, float 
         mma_sb<D, FL_QB / 16>(adk, dp, sq);
         __syncthreads(); /* the stage is free for the copy after next */
     }
-    put_dkv<D>(dk, dv, adk, adv, tl, key0, KV, kh, scale);
+    put_dkv<D>(dk, dv, adk, adv, tl, key0, KV, kh, scale, add);
 }
 
 /* dq of a tile of 64 queries of one head: warp w owns queries 16w .. 16w + 15 */
@@ -536,7 +536,7 @@ template <int D>
 __global__ void __launch_bounds__(FL_THREADS) flash_dq_kernel(float *dq, const bf16 *q, const bf16 *k, const bf16 *v,
                                                               const bf16 *dout, const float *lse,
                                                               const float *delta, const fl_tile *tiles, int H, int KV,
-                                                              float c2, float scale)
+                                                              float c2, float scale, int add)
 {
     constexpr int LD = D + 8, ND = D / 8, TS = FL_N * LD;
     extern __shared__ __align__(16) unsigned char fl_smem[];
@@ -586,9 +586,9 @@ __global__ void __launch_bounds__(FL_THREADS) flash_dq_kernel(float *dq, const b
         __syncthreads(); /* the stage is free for the copy after next */
     }
     if (r0 < tl.L)
-        put_row<D>(dq + ((int64_t)(tl.o + r0) * H + h) * D, acc, 0, scale, 1);
+        put_row<D>(dq + ((int64_t)(tl.o + r0) * H + h) * D, acc, 0, scale, add);
     if (r1 < tl.L)
-        put_row<D>(dq + ((int64_t)(tl.o + r1) * H + h) * D, acc, 1, scale, 1);
+        put_row<D>(dq + ((int64_t)(tl.o + r1) * H + h) * D, acc, 1, scale, add);
 }
 
 /* ---- the same three kernels on Hopper's warpgroup MMA (QUADS_FLASH_WG=1; sm_90a)
@@ -782,7 +782,7 @@ template <int D>
 __global__ void __launch_bounds__(FW_THREADS, 1) flash_dq_wg(float *dq, const bf16 *q, const bf16 *k, const bf16 *v,
                                                            const bf16 *dout, const float *lse, const float *delta,
                                                            const fl_tile *tiles, int H, int KV, float c2,
-                                                           float scale)
+                                                           float scale, int add)
 {
 #if QD_WG_ARCH
     constexpr uint32_t QB = FW_ROWS * D * 2, KB = FW_STEP * D * 2;
@@ -829,9 +829,9 @@ __global__ void __launch_bounds__(FW_THREADS, 1) flash_dq_wg(float *dq, const bf
         qd_wg_fence_acc(acc);
     }
     if (r0 < tl.L)
-        put_row<D>(dq + ((int64_t)(tl.o + r0) * H + h) * D, as_tiles<D>(acc), 0, scale, 1);
+        put_row<D>(dq + ((int64_t)(tl.o + r0) * H + h) * D, as_tiles<D>(acc), 0, scale, add);
     if (r1 < tl.L)
-        put_row<D>(dq + ((int64_t)(tl.o + r1) * H + h) * D, as_tiles<D>(acc), 1, scale, 1);
+        put_row<D>(dq + ((int64_t)(tl.o + r1) * H + h) * D, as_tiles<D>(acc), 1, scale, add);
 #endif
 }
 
@@ -842,7 +842,7 @@ template <int D>
 __global__ void __launch_bounds__(FW_THREADS, 1) flash_dkv_wg(float *dk, float *dv, const bf16 *q, const bf16 *k,
                                                             const bf16 *v, const bf16 *dout, const float *lse,
                                                             const float *delta, const fl_tile *tiles, int H, int KV,
-                                                            float c2, float scale)
+                                                            float c2, float scale, int add)
 {
 #if QD_WG_ARCH
     constexpr uint32_t TB = FW_ROWS * D * 2, QB = FW_STEP * D * 2;
@@ -910,7 +910,7 @@ __global__ void __launch_bounds__(FW_THREADS, 1) flash_dkv_wg(float *dk, float *
         qd_wg_fence_acc(adv);
         qd_wg_fence_acc(adk);
     }
-    put_dkv<D>(dk, dv, as_tiles<D>(adk), as_tiles<D>(adv), tl, key0, KV, kh, scale);
+    put_dkv<D>(dk, dv, as_tiles<D>(adk), as_tiles<D>(adv), tl, key0, KV, kh, scale, add);
 #endif
 }
 
@@ -1021,9 +1021,9 @@ static size_t dkv_wg_smem(int D) { return dq_wg_smem(D) + sizeof(float) * 4 * FW
 typedef void (*fl_fwd_fn)(float *, float *, const bf16 *, const bf16 *, const bf16 *, const fl_tile *, int, int,
                           float);
 typedef void (*fl_dkv_fn)(float *, float *, const bf16 *, const bf16 *, const bf16 *, const bf16 *, const float *,
-                          const float *, const fl_tile *, int, int, float, float);
+                          const float *, const fl_tile *, int, int, float, float, int);
 typedef void (*fl_dq_fn)(float *, const bf16 *, const bf16 *, const bf16 *, const bf16 *, const float *,
-                         const float *, const fl_tile *, int, int, float, float);
+                         const float *, const fl_tile *, int, int, float, float, int);
 
 /* The forward on the wgmma kernels (wg) or the mma.sync ones; the tiles of
  * FW_ROWS or FL_M rows (fl_tiles) */
@@ -1043,7 +1043,7 @@ static qd_status fwd_launch(float *out, float *lse, const bf16 *q, const bf16 *k
 template <int D>
 static qd_status bwd_launch(float *dq, float *dk, float *dv, const float *delta, const bf16 *dout, const float *lse,
                             const bf16 *q, const bf16 *k, const bf16 *v, const fl_tile *tl, int nt, int H, int KV,
-                            int wg)
+                            int wg, int add)
 {
     float scale = qd_attn_scale(D), c2 = scale * 1.4426950408889634f;
     fl_dkv_fn fkv = wg ? flash_dkv_wg<D> : flash_dkv_kernel<D>;
@@ -1052,9 +1052,9 @@ static qd_status bwd_launch(float *dq, float *dk, float *dv, const float *delta,
     unsigned th = wg ? FW_THREADS : FL_THREADS;
     QD_CUDA_CHECK(cudaFuncSetAttribute(fkv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1));
     QD_CUDA_CHECK(cudaFuncSetAttribute(fq, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2));
-    fkv<<<dim3((unsigned)nt, (unsigned)KV), th, s1>>>(dk, dv, q, k, v, dout, lse, delta, tl, H, KV, c2, scale);
+    fkv<<<dim3((unsigned)nt, (unsigned)KV), th, s1>>>(dk, dv, q, k, v, dout, lse, delta, tl, H, KV, c2, scale, add);
     QD_CUDA_CHECK(cudaGetLastError());
-    fq<<<dim3((unsigned)nt, (unsigned)H), th, s2>>>(dq, q, k, v, dout, lse, delta, tl, H, KV, c2, scale);
+    fq<<<dim3((unsigned)nt, (unsigned)H), th, s2>>>(dq, q, k, v, dout, lse, delta, tl, H, KV, c2, scale, add);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -1091,7 +1091,7 @@ extern "C" qd_status qd_cuda_flash_attend(float *out, float *att, const float *q
 extern "C" qd_status qd_cuda_flash_attend_backward(float *dq, float *dk, float *dv, float *ds, const float *dout,
                                                    const float *out, const float *att, const float *q,
                                                    const float *k, const float *v, const int32_t *seq_off, int nseq,
-                                                   int N, int H, int KV, int D, int Tm)
+                                                   int N, int H, int KV, int D, int Tm, int set)
 {
     QD_TRY(shape_check("qd_cuda_flash_attend_backward", seq_off, nseq, N, H, KV, D, Tm));
     if (!out)
@@ -1110,6 +1110,6 @@ extern "C" qd_status qd_cuda_flash_attend_backward(float *dq, float *dk, float *
     QD_TRY(to_bf16(&k16, &at, k, (size_t)N * KV * D));
     QD_TRY(to_bf16(&v16, &at, v, (size_t)N * KV * D));
     QD_TRY(to_bf16(&d16, &at, dout, (size_t)N * H * D));
-    return D == 64 ? bwd_launch<64>(dq, dk, dv, ds, d16, att, q16, k16, v16, tl, nt, H, KV, wg)
-                   : bwd_launch<128>(dq, dk, dv, ds, d16, att, q16, k16, v16, tl, nt, H, KV, wg);
+    return D == 64 ? bwd_launch<64>(dq, dk, dv, ds, d16, att, q16, k16, v16, tl, nt, H, KV, wg, !set)
+                   : bwd_launch<128>(dq, dk, dv, ds, d16, att, q16, k16, v16, tl, nt, H, KV, wg, !set);
 }

@@ -1373,7 +1373,8 @@ extern "C" qd_status qdk_rmsnorm(float *out, float *rstd, const float *inp, cons
 #define RX_COLS 128 /* = the block size */
 
 __global__ void __launch_bounds__(RX_COLS) k_rmsnorm_bwd_x(float *dinp, const float *dout, const float *inp,
-                                                           const float *w, const float *rstd, int rows, int C)
+                                                           const float *w, const float *rstd, int rows, int C,
+                                                           int set)
 {
     __shared__ float s_p[RX_ROWS][RX_COLS + 1]; /* +1: row r's walk hits bank (r + i) % 32 */
     __shared__ float s_r[RX_ROWS], s_k[RX_ROWS];
@@ -1409,7 +1410,8 @@ __global__ void __launch_bounds__(RX_COLS) k_rmsnorm_bwd_x(float *dinp, const fl
 #pragma unroll 4
         for (int r = 0; r < nr; r++) {
             size_t e = (size_t)(n0 + r) * C + i;
-            dinp[e] = dinp[e] + (s_r[r] * (wi * dout[e]) - inp[e] * s_k[r]);
+            float v = s_r[r] * (wi * dout[e]) - inp[e] * s_k[r];
+            dinp[e] = set ? 0.0f + v : dinp[e] + v; /* set: the bits of adding into zeros, not read */
         }
     }
 }
@@ -1477,11 +1479,11 @@ __global__ void __launch_bounds__(RW_THREADS) k_rmsnorm_bwd_w(float *dw, const f
 }
 
 extern "C" qd_status qdk_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp,
-                                          const float *w, const float *rstd, int rows, int C)
+                                          const float *w, const float *rstd, int rows, int C, int set)
 {
     if (rows == 0)
         return QD_OK;
-    QD_LAUNCH(k_rmsnorm_bwd_x, blocks((size_t)rows, RX_ROWS), RX_COLS, dinp, dout, inp, w, rstd, rows, C);
+    QD_LAUNCH(k_rmsnorm_bwd_x, blocks((size_t)rows, RX_ROWS), RX_COLS, dinp, dout, inp, w, rstd, rows, C, set);
     QD_LAUNCH_SMEM(k_rmsnorm_bwd_w, blocks((size_t)C, RW_COLS), RW_THREADS, sizeof(float) * 2 * RW_COLS * RW_LD,
                    dw, dout, inp, rstd, rows, C);
     return QD_OK;
@@ -1533,14 +1535,14 @@ __global__ void k_rmsnorm_bwd_w_sum(float *dw, const float *part, int nch, int C
 
 extern "C" qd_status qdk_rmsnorm_backward_fast(float *dinp, float *dw, float *work, const float *dout,
                                                const float *inp, const float *w, const float *rstd, int rows,
-                                               int C)
+                                               int C, int set)
 {
     if (rows == 0)
         return QD_OK;
     int nch = (rows + QDK_RMSNORM_CHUNK - 1) / QDK_RMSNORM_CHUNK;
     if (nch > 65535) /* the grid's y limit */
-        return qdk_rmsnorm_backward(dinp, dw, dout, inp, w, rstd, rows, C);
-    QD_LAUNCH(k_rmsnorm_bwd_x, blocks((size_t)rows, RX_ROWS), RX_COLS, dinp, dout, inp, w, rstd, rows, C);
+        return qdk_rmsnorm_backward(dinp, dw, dout, inp, w, rstd, rows, C, set);
+    QD_LAUNCH(k_rmsnorm_bwd_x, blocks((size_t)rows, RX_ROWS), RX_COLS, dinp, dout, inp, w, rstd, rows, C, set);
     QD_LAUNCH(k_rmsnorm_bwd_w_part, dim3(blocks((size_t)C, 32), (unsigned)nch), 32 * RF_LANES, work, dout, inp,
               rstd, rows, C);
     QD_LAUNCH_N(k_rmsnorm_bwd_w_sum, (C), dw, work, nch, C);

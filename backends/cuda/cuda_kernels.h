@@ -92,15 +92,16 @@ qd_status qdk_fp8_gemm(float *y, const uint8_t *qa, const float *sa_inv, const u
 
 /* rmsnorm_forward: out (rows, C), rstd (rows). In place (out == inp) allowed. */
 qd_status qdk_rmsnorm(float *out, float *rstd, const float *inp, const float *w, int rows, int C, float eps);
-/* rmsnorm_backward: dinp (rows, C) +=, dw (C) += (rows ascending). */
+/* rmsnorm_backward: dinp (rows, C) += (set: = 0.0f + that, dinp not read), dw (C) +=
+ * (rows ascending). */
 qd_status qdk_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                               const float *rstd, int rows, int C);
+                               const float *rstd, int rows, int C, int set);
 /* rmsnorm_backward in fast mode's order: dinp as above; dw (C) += the sums of
  * chunks of QDK_RMSNORM_CHUNK rows, chunks ascending (a fixed order, not the
  * CPU's). work: at least ceil(rows / QDK_RMSNORM_CHUNK) * C floats. */
 #define QDK_RMSNORM_CHUNK 512
 qd_status qdk_rmsnorm_backward_fast(float *dinp, float *dw, float *work, const float *dout, const float *inp,
-                                    const float *w, const float *rstd, int rows, int C);
+                                    const float *w, const float *rstd, int rows, int C, int set);
 /* rope_forward (QD_ROPE_FORWARD) or rope_backward (QD_ROPE_INVERSE), in place on x (N, nh, D). */
 qd_status qdk_rope(float *x, const int32_t *pos, const float *cosb, const float *sinb, int N, int nh, int D,
                    qd_rope_dir dir);

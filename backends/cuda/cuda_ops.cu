@@ -574,15 +574,16 @@ static qd_status cuda_rmsnorm(void *dev, float *out, float *rstd, const float *x
 }
 
 static qd_status cuda_rmsnorm_backward(void *dev, float *dinp, float *dw, const float *dout, const float *x,
-                                       const float *w, const float *rstd, int rows, int C)
+                                       const float *w, const float *rstd, int rows, int C, int flags)
 {
     cuda_dev *d = D(dev);
+    int set = (flags & QD_BWD_DX_SET) != 0;
     if (d->mode != QD_MODE_FAST || rows <= QDK_RMSNORM_CHUNK)
-        return qdk_rmsnorm_backward(dinp, dw, dout, x, w, rstd, rows, C);
+        return qdk_rmsnorm_backward(dinp, dw, dout, x, w, rstd, rows, C, set);
     void *work;
     size_t nch = ((size_t)rows + QDK_RMSNORM_CHUNK - 1) / QDK_RMSNORM_CHUNK;
     QD_TRY(scratch(d, D_RMSW, sizeof(float) * nch * (size_t)C, &work));
-    return qdk_rmsnorm_backward_fast(dinp, dw, (float *)work, dout, x, w, rstd, rows, C);
+    return qdk_rmsnorm_backward_fast(dinp, dw, (float *)work, dout, x, w, rstd, rows, C, set);
 }
 
 static qd_status cuda_rope(void *dev, float *x, const int32_t *pos, const float *cosb, const float *sinb, int N,
@@ -658,7 +659,7 @@ typedef struct {
 } lp_grad;
 
 static qd_status backward16(cuda_dev *d, float *dinp, float *dw, const float *dout, const lp_grad *lp,
-                            const float *x, const float *w, int N, int IC, int OC, float dw_beta)
+                            const float *x, const float *w, int N, int IC, int OC, float dw_beta, float dx_beta)
 {
     const uint16_t *w16 = NULL, *x16 = NULL;
     float alpha;
@@ -682,8 +683,8 @@ static qd_status backward16(cuda_dev *d, float *dinp, float *dw, const float *do
                                                   (int)c0, (int)nc, d->dlogit_fast));
         else
             QD_TRY(qdk_bf16_bits_cols(dy16, dout + c0, N, nc, OC));
-        if (dinp)
-            QD_TRY(qd_cuda_gemm_bf16_dx_scaled(dinp, dy16, w16 + c0 * IC, N, nc, IC, alpha, 1.0f));
+        if (dinp) /* dx_beta 0: the first block overwrites dinp, the rest add to it */
+            QD_TRY(qd_cuda_gemm_bf16_dx_scaled(dinp, dy16, w16 + c0 * IC, N, nc, IC, alpha, c0 ? 1.0f : dx_beta));
         if (dw)
             QD_TRY(qd_cuda_gemm_bf16_dw(dw + c0 * IC, dy16, x16, N, nc, IC, dw_beta)); /* rows of its own */
     }
@@ -691,11 +692,14 @@ static qd_status backward16(cuda_dev *d, float *dinp, float *dw, const float *do
 }
 
 static qd_status cuda_matmul_backward(void *dev, float *dinp, float *dw, const float *dout, const float *x,
-                                      const float *w, int N, int IC, int OC)
+                                      const float *w, int N, int IC, int OC, int flags)
 {
     cuda_dev *d = D(dev);
+    int set = dinp && (flags & QD_BWD_DX_SET);
     if (d->fast16 && IC % 8 == 0 && OC % 8 == 0) /* BF16 rows on 16 bytes */
-        return N ? backward16(d, dinp, dw, dout, NULL, x, w, N, IC, OC, 1.0f) : QD_OK;
+        return N ? backward16(d, dinp, dw, dout, NULL, x, w, N, IC, OC, 1.0f, set ? 0.0f : 1.0f) : QD_OK;
+    if (set && (d->mode != QD_MODE_FAST || d->bwd_math == QD_GEMM_TF32)) /* the sums add into zeros */
+        QD_CUDA_CHECK(cudaMemsetAsync(dinp, 0, sizeof(float) * (size_t)N * IC));
     if (d->mode == QD_MODE_FAST && d->bwd_math == QD_GEMM_TF32) { /* through cuBLAS as one expert */
         const float *wp[1] = {w};
         float *dwp[1] = {dw};
@@ -704,7 +708,7 @@ static qd_status cuda_matmul_backward(void *dev, float *dinp, float *dw, const f
     }
     if (d->mode == QD_MODE_FAST) {
         if (dinp)
-            QD_TRY(qd_cuda_gemm_f32_dx(dinp, dout, w, N, OC, IC, 1.0f));
+            QD_TRY(qd_cuda_gemm_f32_dx(dinp, dout, w, N, OC, IC, set ? 0.0f : 1.0f));
         return dw ? qd_cuda_gemm_f32_dw(dw, dout, x, N, OC, IC, 1.0f) : QD_OK;
     }
     if (dinp)
@@ -725,7 +729,7 @@ static qd_status cuda_head_backward(void *dev, float *dinp, float *dw, const flo
     lp_grad lp = {dlogp, logits, lse, tgt, T};
     if (!N && dw && (flags & QD_BWD_DW_SET)) /* an empty sum, overwritten */
         QD_CUDA_CHECK(cudaMemsetAsync(dw, 0, sizeof(float) * (size_t)V * IC));
-    return N ? backward16(d, dinp, dw, NULL, &lp, x, w, N, IC, V, flags & QD_BWD_DW_SET ? 0.0f : 1.0f) : QD_OK;
+    return N ? backward16(d, dinp, dw, NULL, &lp, x, w, N, IC, V, flags & QD_BWD_DW_SET ? 0.0f : 1.0f, 1.0f) : QD_OK;
 }
 
 /* Fast mode, BF16 linears: w16[e] = expert e's BF16 bits (n values each):
@@ -1302,11 +1306,17 @@ static qd_status cuda_attend(void *dev, float *out, float *att, const float *q, 
 static qd_status cuda_attend_backward(void *dev, float *dq, float *dk, float *dv, float *ds, const float *dout,
                                       const float *out, const float *att, const float *q, const float *k,
                                       const float *v, const int32_t *pos, const int32_t *slen, int N, int H, int KV,
-                                      int D, int Tm, const int32_t *seq_off, int nseq)
+                                      int D, int Tm, const int32_t *seq_off, int nseq, int flags)
 {
-    if (flash_route(dev, N, D, H, KV, Tm, seq_off))
+    int set = (flags & QD_BWD_DX_SET) != 0;
+    if (flash_route(dev, N, D, H, KV, Tm, seq_off)) /* writes every row of dq, dk, dv once */
         return qd_cuda_flash_attend_backward(dq, dk, dv, ds, dout, out, att, q, k, v, seq_off, nseq, N, H, KV, D,
-                                             Tm);
+                                             Tm, set);
+    if (set) { /* the other routes add into them */
+        QD_CUDA_CHECK(cudaMemsetAsync(dq, 0, sizeof(float) * (size_t)N * H * D));
+        QD_CUDA_CHECK(cudaMemsetAsync(dk, 0, sizeof(float) * (size_t)N * KV * D));
+        QD_CUDA_CHECK(cudaMemsetAsync(dv, 0, sizeof(float) * (size_t)N * KV * D));
+    }
     /* the other routes read ds where they have not written it (the batched products' squares): from zero, as
      * the driver used to hand it over */
     QD_CUDA_CHECK(cudaMemsetAsync(ds, 0, sizeof(float) * (size_t)N * H * Tm));
