@@ -47,7 +47,9 @@ typedef enum { QD_ROPE_FORWARD = 0, QD_ROPE_INVERSE } qd_rope_dir;
  * flags: QD_BWD_DW_SET alone. matmul_backward's, rmsnorm_backward's and
  * attend_backward's flags: QD_BWD_DX_SET, their input gradients (dinp; dq,
  * dk, dv) set to 0.0f + what they would add (the bits of adding into zeros,
- * without the zeros: the driver's first writer of a buffer), else added to. */
+ * without the zeros: the driver's first writer of a buffer), else added to.
+ * Exact mode keeps those bits; fast mode's stores may keep a -0.0 that adding
+ * into zeros would have made +0.0 (within its bounds). */
 typedef enum { QD_BWD_DX_ADD = 1, QD_BWD_DW_SET = 2, QD_BWD_DX_SET = 4 } qd_bwd_flags;
 
 /* diag_add's flags: QD_DIAG_SET, each sum from 0.0 (else added to acc) */

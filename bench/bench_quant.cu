@@ -640,8 +640,8 @@ static void attention_row(int B, int T, int H, int KV, int D)
     float t[4], tw[2] = {0.f, 0.f};
     qd_cuda_flash_wg = 0; /* the mma.sync kernels */
     t[0] = time_ms([&] { ok(qd_cuda_flash_attend(out, att, q, k, v, so, B, N, H, KV, D, T)); });
-    t[1] = time_ms([&] {
-        ok(qd_cuda_flash_attend_backward(dq, dk, dv, ds, dout, out, att, q, k, v, so, B, N, H, KV, D, T, 0));
+    t[1] = time_ms([&] { /* dq, dk, dv stored, as the trainer's attention backward does (QD_BWD_DX_SET) */
+        ok(qd_cuda_flash_attend_backward(dq, dk, dv, ds, dout, out, att, q, k, v, so, B, N, H, KV, D, T, 1));
     });
     double dwg[2] = {-1.0, -1.0}; /* the wgmma kernels' outputs against the mma.sync ones' (out; dq) */
     if (wg_ok) {
@@ -659,7 +659,7 @@ static void attention_row(int B, int T, int H, int KV, int D)
         dwg[1] = rel_diff(g1, dq, nq);
         tw[0] = time_ms([&] { ok(qd_cuda_flash_attend(out, att, q, k, v, so, B, N, H, KV, D, T)); });
         tw[1] = time_ms([&] {
-            ok(qd_cuda_flash_attend_backward(dq, dk, dv, ds, dout, out, att, q, k, v, so, B, N, H, KV, D, T, 0));
+            ok(qd_cuda_flash_attend_backward(dq, dk, dv, ds, dout, out, att, q, k, v, so, B, N, H, KV, D, T, 1));
         });
         qd_cuda_flash_wg = -1;
         QD_CUDA_DIE(cudaFree(o1));

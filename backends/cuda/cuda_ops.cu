@@ -696,6 +696,8 @@ static qd_status cuda_matmul_backward(void *dev, float *dinp, float *dw, const f
 {
     cuda_dev *d = D(dev);
     int set = dinp && (flags & QD_BWD_DX_SET);
+    if (set && OC == 0 && N) /* an empty sum: no product writes dinp */
+        QD_CUDA_CHECK(cudaMemsetAsync(dinp, 0, sizeof(float) * (size_t)N * IC));
     if (d->fast16 && IC % 8 == 0 && OC % 8 == 0) /* BF16 rows on 16 bytes */
         return N ? backward16(d, dinp, dw, dout, NULL, x, w, N, IC, OC, 1.0f, set ? 0.0f : 1.0f) : QD_OK;
     if (set && (d->mode != QD_MODE_FAST || d->bwd_math == QD_GEMM_TF32)) /* the sums add into zeros */
