@@ -695,13 +695,12 @@ static qd_status cuda_matmul_backward(void *dev, float *dinp, float *dw, const f
                                       const float *w, int N, int IC, int OC, int flags)
 {
     cuda_dev *d = D(dev);
-    int set = dinp && (flags & QD_BWD_DX_SET);
-    if (set && OC == 0 && N) /* an empty sum: no product writes dinp */
+    int set = dinp && (flags & QD_BWD_DX_SET), b16 = d->fast16 && IC % 8 == 0 && OC % 8 == 0;
+    /* set where no product overwrites: an empty sum (OC 0), or the routes that add into zeros */
+    if (set && N && (OC == 0 || (!b16 && (d->mode != QD_MODE_FAST || d->bwd_math == QD_GEMM_TF32))))
         QD_CUDA_CHECK(cudaMemsetAsync(dinp, 0, sizeof(float) * (size_t)N * IC));
-    if (d->fast16 && IC % 8 == 0 && OC % 8 == 0) /* BF16 rows on 16 bytes */
+    if (b16) /* BF16 rows on 16 bytes */
         return N ? backward16(d, dinp, dw, dout, NULL, x, w, N, IC, OC, 1.0f, set ? 0.0f : 1.0f) : QD_OK;
-    if (set && (d->mode != QD_MODE_FAST || d->bwd_math == QD_GEMM_TF32)) /* the sums add into zeros */
-        QD_CUDA_CHECK(cudaMemsetAsync(dinp, 0, sizeof(float) * (size_t)N * IC));
     if (d->mode == QD_MODE_FAST && d->bwd_math == QD_GEMM_TF32) { /* through cuBLAS as one expert */
         const float *wp[1] = {w};
         float *dwp[1] = {dw};

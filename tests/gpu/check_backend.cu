@@ -776,30 +776,25 @@ static void check_flash(void)
             int flips = 0;
             if (!st && topk[0] && topk[1] && dg.num_tokens <= FB * FT)
                 flips = routing_flips((const int32_t *const *)topk, dg.num_moe_layers, dg.num_tokens, dg.top_k, tflip);
-            if (!st && !flips) {
-                row_fast(&p, "flash backward", rel_l2(g, g + p.n, p.n), rel_max(g, g + p.n, p.n), fast_bound(&p, 1));
-                if (rel_l2(g, g + p.n, p.n) > fast_bound(&p, 1))
-                    worst_tensors(g, g + p.n, pi, np);
-            } else if (!st) {
-                /* judged on the log-probs no flip reaches, both trainers run
-                 * again; the whole batch's error printed beside it */
-                double all = rel_l2(g, g + p.n, p.n);
-                float dlm[FB * FT];
-                memcpy(dlm, dlp, sizeof dlm);
-                int kept = mask_from_flips(dlm, tflip, len, FB, FT), total = 0;
-                for (int b = 0; b < FB; b++)
-                    total += len[b] - 1;
-                /* too few positions before the flips to judge: the whole batch's error is the row's */
-                int few = kept < 16;
-                if (!few)
-                    st = pair_grads(&p, &bt, lp, dlm, g, NULL, &dg);
-                if (!st) {
-                    double rel = few ? all : rel_l2(g, g + p.n, p.n), bound = fast_bound(&p, 1);
-                    char what[192];
+            if (!st) {
+                /* with routing flips, judged on the log-probs no flip reaches (both trainers run
+                 * again), or on the whole batch where too few positions precede the flips */
+                double all = rel_l2(g, g + p.n, p.n), rel = all, bound = fast_bound(&p, 1);
+                char what[192] = "flash backward";
+                if (flips) {
+                    float dlm[FB * FT];
+                    memcpy(dlm, dlp, sizeof dlm);
+                    int kept = mask_from_flips(dlm, tflip, len, FB, FT), total = 0, few = kept < 16;
+                    for (int b = 0; b < FB; b++)
+                        total += len[b] - 1;
+                    if (!few && !(st = pair_grads(&p, &bt, lp, dlm, g, NULL, &dg)))
+                        rel = rel_l2(g, g + p.n, p.n);
                     snprintf(what, sizeof what,
                              "flash backward (%d routing flips: dlogp kept at the %d of %d positions before each "
                              "sequence's first%s; all: L2 rel %.3g)",
                              flips, kept, total, few ? ", too few: judged on all" : "", all);
+                }
+                if (!st) {
                     row_fast(&p, what, rel, rel_max(g, g + p.n, p.n), bound);
                     if (rel > bound)
                         worst_tensors(g, g + p.n, pi, np);
