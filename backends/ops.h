@@ -399,7 +399,23 @@ typedef struct qd_ops {
      * fake-quant. Optional: where NULL the driver measures a weight at a time. */
     qd_status (*sqerr_weights)(void *dev, double *e, const float *const *x, const float *const *xh,
                                const qd_nvfp4 *const *q, int count, int N, int K);
+    /* ---- The row block-floating-point product (docs/numerics.md §3b; the
+     * order meant for the lm_head's exact product, whose float32 chain a
+     * product is the decode step's largest cost): bfp_weights makes wq
+     * (dev, qd_bfp_bytes(OC, IC)) from w (OC, IC) BF16 bits; matmul_bfp:
+     * out (N, OC) = x (N, IC) . w^T, each output the exact integer dot
+     * product of the rows' mantissas, rounded once. IC % 16 == 0, IC <= 16384.
+     * Optional (both or neither). */
+    qd_status (*bfp_weights)(void *dev, void *wq, const uint16_t *w, int OC, int IC);
+    qd_status (*matmul_bfp)(void *dev, float *out, const float *x, const void *wq, int N, int IC, int OC);
 } qd_ops;
+
+/* bfp_weights' layout: F (OC int32, each row's exponent), from byte
+ * qd_bfp_hi_at the mantissas' high bytes W >> 8 (OC x IC int8), then their
+ * low bytes W & 255 (OC x IC uint8): W = 256 hi + lo. */
+static inline size_t qd_bfp_hi_at(int OC) { return ((size_t)OC * 4 + 255) & ~(size_t)255; }
+static inline size_t qd_bfp_bytes(int OC, int IC) { return qd_bfp_hi_at(OC) + 2 * (size_t)OC * (size_t)IC; }
+#define QD_BFP_MAX_IC 16384
 
 /* The CPU's ops (backends/cpu/cpu_ops.c), for tests that run an op on two backends. */
 const qd_ops *qd_cpu_ops(void);

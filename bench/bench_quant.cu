@@ -22,7 +22,9 @@
  *       configuration of its wgmma kernel, outputs compared with cuBLASLt's.
  *   (f) --lt: the trainer's large dense BF16 products (the lm_head's forward and
  *       backward blocks, q's and o's) on each of cuBLASLt's heuristic candidates.
- *     bench/bench_quant [REPS] [--quantize | --attention | --experts | --lt] [--json FILE] [--commit ID]
+ *   (g) --bfp: the lm_head's exact product, today's float32 chain beside the
+ *       row block-floating-point product (docs/numerics.md §3b).
+ *     bench/bench_quant [REPS] [--quantize | --attention | --experts | --lt | --bfp] [--json FILE] [--commit ID]
  * --quantize: table (a) only; --json: its rows as JSON lines (model, engine, recipe,
  * mode, op, ms, bandwidth_fraction, commit, ...), for docs/results/train-h200.jsonl.
  * Exits 1 when a quantize output or a RAC pick of the new kernels differs from the
@@ -903,11 +905,57 @@ static void bench_lt(void)
     QD_CUDA_DIE(cudaFree(out));
 }
 
+/* ---- (g) --bfp: the lm_head's exact product at a3b's shape (K 2,048, vocab
+ * 151,936): the float32 chain of today's exact mode (qdk_matmul_wt on the BF16
+ * weight bits, x float32) beside the row block-floating-point product
+ * (qdk_matmul_bfp, docs/numerics.md §3b; x's conversion included; the
+ * weights' conversion, once a weight sync, timed alone), at decode's rows (1,
+ * 16, 64, 256) and a training micro-batch's 1,024 and 16,384. Bytes: the
+ * weights at their stored width (2 a weight either way: BF16 bits, or the
+ * mantissas' two bytes) and x; "of copy" against the copy bandwidth of the
+ * same run; diff: max |bfp - chain| / max |chain|. */
+static void bench_bfp(double copy)
+{
+    const int64_t N = 151936, K = 2048, MMAX = 16384;
+    const int Ms[] = {1, 16, 64, 256, 1024, 16384};
+    float *wf = random_dev(N * K, 61), *x = random_dev(MMAX * K, 63), *y[2];
+    uint16_t *w16;
+    void *wq, *ws;
+    QD_CUDA_DIE(cudaMalloc((void **)&w16, sizeof(uint16_t) * N * K));
+    to_bf16_kernel<<<1024, 256>>>((__nv_bfloat16 *)w16, wf, N * K);
+    QD_CUDA_DIE(cudaFree(wf));
+    QD_CUDA_DIE(cudaMalloc(&wq, qd_bfp_bytes((int)N, (int)K)));
+    QD_CUDA_DIE(cudaMalloc(&ws, qdk_bfp_rows_bytes((int)MMAX, (int)K)));
+    for (int i = 0; i < 2; i++)
+        QD_CUDA_DIE(cudaMalloc((void **)&y[i], sizeof(float) * MMAX * N));
+    float tw = time_ms([&] { QD_STATUS_DIE(qdk_bfp_weights(wq, w16, (int)N, (int)K)); });
+    printf("\nThe lm_head's exact product, K %lld x vocab %lld: the float32 chain (today) and the row BFP product;\n"
+           "bfp_weights (once a sync): %.3f ms, %.0f GB/s (%.0f%% of copy)\n\n"
+           "| M | chain ms | chain TFLOP/s | bfp ms | bfp TFLOP/s | bfp GB/s | of copy | chain / bfp | diff |\n"
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+           (long long)K, (long long)N, tw, 4.0 * N * K / (tw * 1e-3) / 1e9, 4.0 * N * K / (tw * 1e-3) / 1e9 / copy * 100);
+    for (int M : Ms) {
+        double flop = 2.0 * M * N * K, bytes = 2.0 * N * K + 4.0 * M * K + 4.0 * M * N;
+        float tc = time_ms([&] { QD_STATUS_DIE(qdk_matmul_wt(y[0], x, w16, QDK_BF16, M, (int)N, (int)K, QD_PREC_F32)); });
+        float tb = time_ms([&] { QD_STATUS_DIE(qdk_matmul_bfp(y[1], x, wq, ws, M, (int)K, (int)N)); });
+        printf("| %d | %.3f | %.1f | %.3f | %.1f | %.0f | %.0f%% | %.2fx | %.1e |\n", M, tc, flop / (tc * 1e-3) / 1e12, tb,
+               flop / (tb * 1e-3) / 1e12, bytes / (tb * 1e-3) / 1e9, bytes / (tb * 1e-3) / 1e9 / copy * 100, tc / tb,
+               rel_diff(y[1], y[0], (int64_t)M * N));
+        fflush(stdout);
+    }
+    QD_CUDA_DIE(cudaFree(w16));
+    QD_CUDA_DIE(cudaFree(wq));
+    QD_CUDA_DIE(cudaFree(ws));
+    QD_CUDA_DIE(cudaFree(x));
+    for (int i = 0; i < 2; i++)
+        QD_CUDA_DIE(cudaFree(y[i]));
+}
+
 int main(int argc, char **argv)
 {
     cudaDeviceProp p;
     cublasLtHandle_t h;
-    int only_quantize = 0, only_attention = 0, only_experts = 0, only_lt = 0;
+    int only_quantize = 0, only_attention = 0, only_experts = 0, only_lt = 0, only_bfp = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quantize"))
             only_quantize = 1;
@@ -917,6 +965,8 @@ int main(int argc, char **argv)
             only_experts = 1;
         else if (!strcmp(argv[i], "--lt"))
             only_lt = 1;
+        else if (!strcmp(argv[i], "--bfp"))
+            only_bfp = 1;
         else if (!strcmp(argv[i], "--json") && i + 1 < argc)
             json_out = fopen(argv[++i], "w");
         else if (!strcmp(argv[i], "--commit") && i + 1 < argc)
@@ -924,8 +974,8 @@ int main(int argc, char **argv)
         else if (atoi(argv[i]) > 0)
             reps = atoi(argv[i]);
         else {
-            fprintf(stderr, "usage: bench/bench_quant [REPS] [--quantize | --attention | --experts | --lt] [--json FILE] "
-                            "[--commit ID]\n");
+            fprintf(stderr, "usage: bench/bench_quant [REPS] [--quantize | --attention | --experts | --lt | --bfp] "
+                            "[--json FILE] [--commit ID]\n");
             return 2;
         }
     }
@@ -950,6 +1000,10 @@ int main(int argc, char **argv)
     }
     double copy = copy_bandwidth();
     printf("device-to-device copy (1 GiB, bytes read + written): %.0f GB/s\n", copy);
+    if (only_bfp) {
+        bench_bfp(copy);
+        return 0;
+    }
     printf("quantize bytes: x read once per pass (per-tensor twice: amax pass + quantize pass; per-row once,\n"
            "the row held on chip), + codes (n/2) + E4M3 scales (n/16) + S_dec; fake-quant writes 4n instead\n\n");
     quantize_table(copy);

@@ -262,4 +262,84 @@ QD_HD uint8_t qd_nvfp4_quantize_block(uint8_t *packed, const float *x, float s_e
     return sc;
 }
 
+/* ---- The row block-floating-point product (docs/numerics.md §3b): a row's
+ * values share one exponent, E = floor(log2 max |v|) of the row, and each
+ * becomes an integer mantissa RN(v 2^(P - E)) (round to nearest even), P = 21
+ * for an activation row (|X| <= 2^22), 14 for a BF16 weight row (|W| < 2^15;
+ * a weight within 2^7 of its row's largest is kept exactly). The dot product
+ * of two rows is then one exact integer S, rounded once to float32 and scaled
+ * by 2^(E + F - 35). Integer work only: no libm, the same bits everywhere. */
+#define QD_BFP_PX 21
+#define QD_BFP_PW 14
+#define QD_BFP_NONFINITE (-100000) /* a row holding a NaN or an infinity: its outputs are NaN */
+#define QD_BFP_NAN 0x7fc00000u
+
+QD_HD int qd_bfp_clz32(uint32_t v)
+{
+#ifdef __CUDA_ARCH__
+    return __clz((int)v);
+#else
+    return __builtin_clz(v);
+#endif
+}
+
+/* The row exponent of the largest |value|'s bits amax (sign cleared): the
+ * value's floor(log2); 0 for a zero row, QD_BFP_NONFINITE for NaN or infinity. */
+QD_HD int qd_bfp_exponent(uint32_t amax)
+{
+    if (amax >= 0x7f800000u)
+        return QD_BFP_NONFINITE;
+    if (amax == 0)
+        return 0;
+    uint32_t ef = amax >> 23;
+    return ef ? (int)ef - 127 : -149 + (31 - qd_bfp_clz32(amax)); /* subnormal: m 2^-149 */
+}
+
+/* v >> s rounded to nearest even (v >= 0, s >= 1) */
+QD_HD uint64_t qd_bfp_rshift_rn(uint64_t v, int s)
+{
+    if (s >= 63)
+        return 0;
+    uint64_t q = v >> s, r = v & ((1ull << s) - 1), half = 1ull << (s - 1);
+    return q + (r > half || (r == half && (q & 1)));
+}
+
+/* The mantissa RN(v 2^(P - E)) of the finite float with bits u in a row of
+ * exponent E (|v| < 2^(E + 1), so |result| <= 2^(P + 1); a BF16 v at P = 14:
+ * < 2^15, its 8 significant bits fit). */
+QD_HD int32_t qd_bfp_mant(uint32_t u, int E, int P)
+{
+    uint32_t ef = (u >> 23) & 0xffu, m = u & 0x7fffffu;
+    if (!ef && !m)
+        return 0;
+    uint64_t sig = ef ? (m | 0x800000u) : m;    /* v = sig 2^(e - 23) */
+    int k = (ef ? (int)ef - 127 : -126) - 23 + P - E;
+    uint64_t a = k >= 0 ? sig << k : qd_bfp_rshift_rn(sig, -k);
+    return (u >> 31) ? -(int32_t)a : (int32_t)a;
+}
+
+/* The output of an exact dot product S of two rows of exponents E and F:
+ * (float)S (to nearest even), times 2^(E + F - P_X - P_W), exactly unless the
+ * result is subnormal (rounded to nearest even again) or overflows (infinity). */
+QD_HD float qd_bfp_out(int64_t S, int E, int F)
+{
+    if (E == QD_BFP_NONFINITE || F == QD_BFP_NONFINITE)
+        return qd_bits_f32(QD_BFP_NAN);
+    if (S == 0)
+        return 0.0f;
+#ifdef __CUDA_ARCH__
+    uint32_t u = __float_as_uint(__ll2float_rn((long long)S));
+#else
+    uint32_t u = qd_f32_bits((float)S);
+#endif
+    uint32_t sign = u & 0x80000000u;
+    int ef = (int)((u >> 23) & 0xffu) + E + F - QD_BFP_PX - QD_BFP_PW;
+    if (ef >= 255)
+        return qd_bits_f32(sign | 0x7f800000u);
+    if (ef >= 1)
+        return qd_bits_f32(sign | ((uint32_t)ef << 23) | (u & 0x7fffffu));
+    uint64_t sig = (u & 0x7fffffu) | 0x800000u; /* value sig 2^(ef - 1 - 149 + ...): subnormal */
+    return qd_bits_f32(sign | (uint32_t)qd_bfp_rshift_rn(sig, 1 - ef));
+}
+
 #endif /* QD_NUMERICS_H */

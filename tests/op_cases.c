@@ -1693,6 +1693,61 @@ static void c_matmul_w16_row1(oc *c) { c_matmul_w16_shape(c, QD_PREC_F32, 1, 204
 static void c_matmul_w16_row4(oc *c) { c_matmul_w16_shape(c, QD_PREC_BF16, 4, 520, 300); }
 static void c_matmul_f32_row5(oc *c) { c_matmul_shape(c, QD_PREC_F32, 5, 136, 260, 1.0f); }
 
+/* The row block-floating-point product (bfp_weights, matmul_bfp): rows of x
+ * over a wide range (row 0 zeros, row 1 with an infinity, row 2 subnormal,
+ * the others scaled by 2^k, k per element in a row's window of 24 binades),
+ * BF16 weights down to 2^-12 of their rows' largest (the small ones' low bits
+ * rounded), weight row 3 with a NaN, row 4 zeros. Outputs: the weights'
+ * layout (bytes) and y. */
+static void c_matmul_bfp_shape(oc *c, int N, int IC, int OC)
+{
+    float *xh = malloc(sizeof(float) * (size_t)N * IC);
+    uint16_t *wh = malloc(sizeof(uint16_t) * (size_t)OC * IC);
+    if (!xh || !wh) {
+        free(xh), free(wh);
+        c->st = qd_error(QD_ERR_NOMEM, "op case");
+        return;
+    }
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < IC; i++) {
+            float v = unif(c, -1, 1);
+            if (n == 0)
+                v = 0.0f;
+            else if (n == 1 && i == 5)
+                v = INFINITY;
+            else if (n == 2)
+                v *= 1e-39f;
+            else
+                v = ldexpf(v, irand(c, 24) + (n % 7) * 9 - 40);
+            xh[(size_t)n * IC + i] = v;
+        }
+    for (int o = 0; o < OC; o++)
+        for (int i = 0; i < IC; i++) {
+            float v = o == 4 ? 0.0f : ldexpf(unif(c, -1, 1), -irand(c, 12) + (o % 5) * 3 - 6);
+            wh[(size_t)o * IC + i] = o == 3 && i == 7 ? 0x7fc1 : qd_bf16_from_f32(v);
+        }
+    float *x = up(c, xh, sizeof(float) * (size_t)N * IC);
+    uint16_t *w = up(c, wh, sizeof(uint16_t) * (size_t)OC * IC);
+    free(xh), free(wh);
+    void *wq = Z(c, qd_bfp_bytes(OC, IC));
+    float *y = Z(c, sizeof(float) * (size_t)N * OC);
+    if (!c->ops->bfp_weights || !c->ops->matmul_bfp) {
+        c->st = c->st ? c->st : qd_error(QD_ERR_UNSUPPORTED, "op case: no matmul_bfp");
+        return;
+    }
+    RUN(c, c->ops->bfp_weights(c->dev, wq, w, OC, IC));
+    RUN(c, c->ops->matmul_bfp(c->dev, y, x, wq, N, IC, OC));
+    OUT(c, "wq", 'b', wq, qd_bfp_bytes(OC, IC));
+    OUT(c, "y", 'f', y, sizeof(float) * (size_t)N * OC);
+}
+
+/* CUDA's three tile shapes (at most 16 rows, 32, more), K past a stage's 64
+ * (208: a partial last stage) and the lm_head's 2048, ragged outputs */
+static void c_matmul_bfp_few(oc *c) { c_matmul_bfp_shape(c, 5, 64, 40); }
+static void c_matmul_bfp_lm(oc *c) { c_matmul_bfp_shape(c, 27, 2048, 300); }
+static void c_matmul_bfp_tall(oc *c) { c_matmul_bfp_shape(c, 70, 208, 133); }
+static void c_matmul_bfp_k16(oc *c) { c_matmul_bfp_shape(c, 130, 16, 70); }
+
 typedef struct {
     qd_op_case_info info;
     void (*run)(oc *c);
@@ -1813,6 +1868,10 @@ static const op_case cases[] = {
     {{"adamw_round 10003", "adamw", 0, 0}, c_adamw_round},
     {{"sumsq_chunks 1049576", "sumsq_chunks", 0, 0}, c_sumsq_long},
     {{"copy 1001", "copy", 0, 0}, c_copy},
+    {{"matmul_bfp 5x64x40", "matmul_bfp", 0, 0}, c_matmul_bfp_few},
+    {{"matmul_bfp 27x2048x300", "matmul_bfp", 0, 0}, c_matmul_bfp_lm},
+    {{"matmul_bfp 70x208x133", "matmul_bfp", 0, 0}, c_matmul_bfp_tall},
+    {{"matmul_bfp 130x16x70", "matmul_bfp", 0, 0}, c_matmul_bfp_k16},
 };
 
 int qd_op_case_count(void) { return (int)(sizeof cases / sizeof cases[0]); }

@@ -96,6 +96,110 @@ START_TEST(test_matmul_definition)
 }
 END_TEST
 
+/* The row block-floating-point product (docs/numerics.md §3b) against its
+ * definition in libm's double arithmetic: E = floor(log2 max|x|) by frexp,
+ * mantissas by ldexp and nearbyint (to nearest even), the dot product in
+ * __int128, the output (float)S scaled by ldexp in double and rounded once.
+ * The ops compute it with integer bit work (quant/numerics.h). Then its
+ * accuracy against the double product of the values, non-finite rows, and
+ * the shapes it refuses. */
+static int ref_bfp_exp(const double *v, int n, int *nonfinite)
+{
+    double m = 0;
+    *nonfinite = 0;
+    for (int i = 0; i < n; i++) {
+        if (!isfinite(v[i]))
+            *nonfinite = 1;
+        m = fmax(m, fabs(v[i]));
+    }
+    int e = 0;
+    if (m > 0)
+        frexp(m, &e), e -= 1;
+    return e;
+}
+
+START_TEST(test_matmul_bfp_definition)
+{
+    int N = 23, IC = 96, OC = 57;
+    float *x = rnd((size_t)N * IC, -1, 1, 11), *wf = rnd((size_t)OC * IC, -1, 1, 12);
+    uint16_t *w = malloc(sizeof(uint16_t) * OC * IC);
+    uint64_t s = 13;
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < IC; i++) /* rows from 2^-140 (subnormal) to 2^100, elements over 2^30 */
+            x[n * IC + i] = ldexpf(x[n * IC + i], n * 11 - 140 - (int)(qd_splitmix64_next(&s) % 31));
+    for (int o = 0; o < OC; o++)
+        for (int i = 0; i < IC; i++) /* weights down to 2^-20 of their rows' largest */
+            w[o * IC + i] = qd_bf16_from_f32(ldexpf(wf[o * IC + i], (o % 9) * 4 - 20 - (int)(qd_splitmix64_next(&s) % 21)));
+    x[5 * IC + 3] = NAN, w[7 * IC + 2] = 0x7f80; /* x row 5, w row 7: NaN outputs */
+    for (int i = 0; i < IC; i++)
+        x[9 * IC + i] = 0.0f; /* a zero row: +0 */
+    void *wq = malloc(qd_bfp_bytes(OC, IC));
+    float *y = malloc(sizeof(float) * N * OC);
+    ck_assert_int_eq(O->bfp_weights(dev1, wq, w, OC, IC), QD_OK);
+    ck_assert_int_eq(O->matmul_bfp(dev1, y, x, wq, N, IC, OC), QD_OK);
+    double *xv = malloc(sizeof(double) * IC), *wv = malloc(sizeof(double) * IC);
+    double worst = 0;
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            int xbad, wbad;
+            for (int i = 0; i < IC; i++)
+                xv[i] = x[n * IC + i], wv[i] = qd_bf16_to_f32(w[o * IC + i]);
+            int E = ref_bfp_exp(xv, IC, &xbad), F = ref_bfp_exp(wv, IC, &wbad);
+            float got = y[n * OC + o];
+            if (xbad || wbad) {
+                uint32_t u;
+                memcpy(&u, &got, 4);
+                ck_assert_msg(u == 0x7fc00000u, "y[%d][%d] of a non-finite row: %g", n, o, (double)got);
+                continue;
+            }
+            __int128 S = 0;
+            double dot = 0, mag = 0, xmax = 0, wmax = 0;
+            for (int i = 0; i < IC; i++) {
+                long long X = (long long)nearbyint(ldexp(xv[i], 21 - E));
+                long long W = (long long)nearbyint(ldexp(wv[i], 14 - F));
+                ck_assert(llabs(X) <= (1 << 22) && llabs(W) < (1 << 15));
+                S += (__int128)X * W;
+                dot += xv[i] * wv[i], mag += fabs(xv[i] * wv[i]);
+                xmax = fmax(xmax, fabs(xv[i])), wmax = fmax(wmax, fabs(wv[i]));
+            }
+            float want = (float)ldexp((double)(float)(long long)S, E + F - 35);
+            ck_assert_msg(memcmp(&got, &want, 4) == 0, "y[%d][%d] = %.9g, its definition %.9g", n, o, (double)got,
+                          (double)want);
+            /* accuracy: x's mantissas to 2^-22 of its row's largest, w's to
+             * 2^-15 of its, one rounding of the sum */
+            double bound = 0x1p-22 * xmax * IC * wmax + 0x1p-15 * wmax * IC * xmax + 0x1p-23 * fabs(dot);
+            if (n == 9)
+                ck_assert_msg(memcmp(&got, &(float){0.0f}, 4) == 0, "a zero row gives +0");
+            else if (isnormal(dot) && fabs(dot) > 1e-30)
+                ck_assert_msg(fabs(got - dot) <= bound, "y[%d][%d] = %.9g, the double product %.9g", n, o, (double)got,
+                              dot);
+            (void)mag;
+        }
+    /* values of one scale (uniform in (-1, 1)): within IC 2^-24 of sum |x w|
+     * of the double product, the float32 chain's own bound */
+    float *xu = rnd((size_t)N * IC, -1, 1, 14), *wu = rnd((size_t)OC * IC, -1, 1, 15);
+    for (int i = 0; i < OC * IC; i++)
+        w[i] = qd_bf16_from_f32(wu[i]);
+    ck_assert_int_eq(O->bfp_weights(dev1, wq, w, OC, IC), QD_OK);
+    ck_assert_int_eq(O->matmul_bfp(dev1, y, xu, wq, N, IC, OC), QD_OK);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double dot = 0, mag = 0;
+            for (int i = 0; i < IC; i++) {
+                double p = (double)xu[n * IC + i] * qd_bf16_to_f32(w[o * IC + i]);
+                dot += p, mag += fabs(p);
+            }
+            worst = fmax(worst, fabs(y[n * OC + o] - dot) / mag);
+        }
+    ck_assert_double_le(worst, IC * 0x1p-24);
+    free(xu), free(wu);
+    /* the shapes it refuses: in-features not a multiple of 16, past 16384 */
+    ck_assert_int_eq(O->matmul_bfp(dev1, y, x, wq, N, 40, OC), QD_ERR_SHAPE);
+    ck_assert_int_eq(O->bfp_weights(dev1, wq, w, OC, 16400), QD_ERR_SHAPE);
+    free(x), free(wf), free(w), free(wq), free(y), free(xv), free(wv);
+}
+END_TEST
+
 /* grouped quantized products: the quant/ product per group */
 START_TEST(test_grouped_quant_definition)
 {
@@ -715,6 +819,7 @@ Suite *suite_ops(void)
     tcase_set_timeout(tc, 60);
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_matmul_definition);
+    tcase_add_test(tc, test_matmul_bfp_definition);
     tcase_add_test(tc, test_backward_set_is_add_into_zeros);
     tcase_add_test(tc, test_grouped_quant_definition);
     tcase_add_test(tc, test_rac_grouped_definition);

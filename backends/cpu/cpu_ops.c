@@ -535,6 +535,95 @@ static qd_status cpu_matmul_w16(void *dev, float *out, const float *x, const uin
     return matmul_forward_w16(out, x, w, N, IC, OC, NT(dev));
 }
 
+/* The row block-floating-point product (docs/numerics.md §3b): each row's
+ * mantissas under its one exponent, every output the exact integer dot
+ * product of two rows' mantissas (int64, so any order gives it) rounded once. */
+static qd_status bfp_shape(int N, int IC, int OC, const char *what)
+{
+    if (N < 0 || OC < 0 || IC <= 0 || IC % 16 || IC > QD_BFP_MAX_IC)
+        return qd_error(QD_ERR_SHAPE, "cpu backend: %s: in-features %d: a multiple of 16 up to %d wanted", what, IC,
+                        QD_BFP_MAX_IC);
+    return QD_OK;
+}
+
+/* The largest |v|'s bits of n floats (NaN and infinity sort above every finite value). */
+static uint32_t bfp_amax(const float *v, int n)
+{
+    uint32_t m = 0;
+    for (int i = 0; i < n; i++) {
+        uint32_t a = qd_f32_bits(v[i]) & 0x7fffffffu;
+        m = a > m ? a : m;
+    }
+    return m;
+}
+
+static qd_status cpu_bfp_weights(void *dev, void *wq, const uint16_t *w, int OC, int IC)
+{
+    QD_TRY(bfp_shape(0, IC, OC, "bfp_weights"));
+    int32_t *F = (int32_t *)wq;
+    int8_t *hi = (int8_t *)((char *)wq + qd_bfp_hi_at(OC));
+    uint8_t *lo = (uint8_t *)(hi + (size_t)OC * IC);
+#pragma omp parallel for num_threads(NT(dev)) schedule(static)
+    for (int o = 0; o < OC; o++) {
+        const uint16_t *r = w + (size_t)o * IC;
+        uint32_t amax = 0;
+        for (int i = 0; i < IC; i++)
+            amax = (uint32_t)(r[i] & 0x7fffu) << 16 > amax ? (uint32_t)(r[i] & 0x7fffu) << 16 : amax;
+        int f = qd_bfp_exponent(amax);
+        F[o] = f;
+        for (int i = 0; i < IC; i++) {
+            int32_t W = f == QD_BFP_NONFINITE ? 0 : qd_bfp_mant((uint32_t)r[i] << 16, f, QD_BFP_PW);
+            uint32_t l = (uint32_t)W & 255u;
+            lo[(size_t)o * IC + i] = (uint8_t)l;
+            hi[(size_t)o * IC + i] = (int8_t)((W - (int32_t)l) / 256);
+        }
+    }
+    return QD_OK;
+}
+
+static qd_status cpu_matmul_bfp(void *dev, float *out, const float *x, const void *wq, int N, int IC, int OC)
+{
+    QD_TRY(bfp_shape(N, IC, OC, "matmul_bfp"));
+    if (!N || !OC)
+        return QD_OK;
+    const int32_t *F = (const int32_t *)wq;
+    const int8_t *hi = (const int8_t *)((const char *)wq + qd_bfp_hi_at(OC));
+    const uint8_t *lo = (const uint8_t *)(hi + (size_t)OC * IC);
+    int32_t *X = malloc(sizeof(int32_t) * ((size_t)N * IC + (size_t)N));
+    if (!X)
+        return qd_error(QD_ERR_NOMEM, "cpu backend: matmul_bfp (%d x %d)", N, IC);
+    int32_t *E = X + (size_t)N * IC;
+    for (int n = 0; n < N; n++) {
+        const float *r = x + (size_t)n * IC;
+        E[n] = qd_bfp_exponent(bfp_amax(r, IC));
+        for (int i = 0; i < IC; i++)
+            X[(size_t)n * IC + i] = E[n] == QD_BFP_NONFINITE ? 0 : qd_bfp_mant(qd_f32_bits(r[i]), E[n], QD_BFP_PX);
+    }
+    int bad = 0;
+#pragma omp parallel num_threads(NT(dev)) reduction(|:bad)
+    {
+        int32_t *W = malloc(sizeof(int32_t) * (size_t)IC);
+        bad = !W;
+#pragma omp for schedule(static)
+        for (int o = 0; o < OC; o++) {
+            if (!W)
+                continue;
+            for (int i = 0; i < IC; i++)
+                W[i] = 256 * (int32_t)hi[(size_t)o * IC + i] + lo[(size_t)o * IC + i];
+            for (int n = 0; n < N; n++) {
+                const int32_t *xr = X + (size_t)n * IC;
+                int64_t S = 0;
+                for (int i = 0; i < IC; i++)
+                    S += (int64_t)xr[i] * W[i];
+                out[(size_t)n * OC + o] = qd_bfp_out(S, E[n], F[o]);
+            }
+        }
+        free(W);
+    }
+    free(X);
+    return bad ? qd_error(QD_ERR_NOMEM, "cpu backend: matmul_bfp (%d x %d)", OC, IC) : QD_OK;
+}
+
 static qd_status cpu_matmul_backward(void *dev, float *dinp, float *dw, const float *dout, const float *x,
                                      const float *w, int N, int IC, int OC, int flags)
 {
@@ -1144,6 +1233,8 @@ static const qd_ops cpu_ops = {
     .adamw_round = cpu_adamw_round,
     .diag_add = cpu_diag_add,
     .sqerr_weights = cpu_sqerr_weights,
+    .bfp_weights = cpu_bfp_weights,
+    .matmul_bfp = cpu_matmul_bfp,
 };
 
 const qd_ops *qd_cpu_ops(void) { return &cpu_ops; }

@@ -33,6 +33,7 @@
 #include "backends/cuda/cuda_blas.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_wgmma.h"
+#include "backends/cuda/cuda_mma.h"
 extern "C" {
 #include "quant/numerics.h"
 }
@@ -70,17 +71,6 @@ static __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4],
                  "{%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-static __device__ __forceinline__ unsigned smem_u32(const void *p)
-{
-    return (unsigned)__cvta_generic_to_shared(p);
-}
-
-/* 16 bytes global -> shared, zero where !ok (src then unread) */
-static __device__ __forceinline__ void cp16(void *dst, const void *src, bool ok)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(ok ? 16 : 0));
 }
 
 static __device__ __forceinline__ void cp_commit(void) { asm volatile("cp.async.commit_group;"); }

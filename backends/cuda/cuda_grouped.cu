@@ -27,6 +27,7 @@
 #include <cuda_runtime.h>
 #include "backends/cuda/cuda_blas.h"
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_mma.h"
 #include "backends/cuda/cuda_wgmma.h"
 
 #define GM_BM 128
@@ -49,32 +50,6 @@ typedef struct {
     float beta;
     int bulk; /* the wgmma kernel's EPI configurations: C's rows through the bulk copy engine (wg_bulk_ok) */
 } gm_params;
-
-static __device__ __forceinline__ unsigned smem_u32(const void *p)
-{
-    return (unsigned)__cvta_generic_to_shared(p);
-}
-
-/* 16 bytes from global to shared, zero-filled where !valid (src then unread) */
-static __device__ __forceinline__ void cp16(void *dst, const void *src, bool valid)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
-
-static __device__ __forceinline__ void ldm_x4(uint32_t r[4], const void *p)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
-
-static __device__ __forceinline__ void ldm_x4_t(uint32_t r[4], const void *p)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
 
 static __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
 {

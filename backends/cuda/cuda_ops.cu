@@ -40,7 +40,7 @@ extern "C" {
 
 /* Grow-only scratch of the ops themselves (dev unless said). */
 enum { D_XH, D_RACWS, D_X16, D_W16, D_DY16, D_LOGP, D_SAMPLE, D_MOE, D_RACPTR, D_RACFQ, D_RMSW, D_XF, D_WTAB, D_GDEV,
-       D_DYF, D_EMBB, D_DIAG, D_SQW, D_NSCRATCH };
+       D_DYF, D_EMBB, D_DIAG, D_SQW, D_BFP, D_NSCRATCH };
 
 #define STAGE_SLOTS 64 /* to_dev's pinned ring: slots, each STAGE_BYTES */
 #define STAGE_BYTES (16 << 10)
@@ -632,6 +632,33 @@ static qd_status cuda_matmul_w16(void *dev, float *out, const float *x, const ui
         return qd_cuda_gemm_bf16(out, x16, w, N, OC, IC, 0.0f);
     }
     return qdk_matmul_wt(out, x, w, QDK_BF16, N, OC, IC, prec);
+}
+
+/* The row block-floating-point product (cuda_bfp.cu), both modes: the bits
+ * of cpu_bfp_weights and cpu_matmul_bfp. */
+static qd_status bfp_shape(int N, int IC, int OC, const char *what)
+{
+    if (N < 0 || OC < 0 || IC <= 0 || IC % 16 || IC > QD_BFP_MAX_IC)
+        return qd_error(QD_ERR_SHAPE, "cuda backend: %s: in-features %d: a multiple of 16 up to %d wanted", what,
+                        IC, QD_BFP_MAX_IC);
+    return QD_OK;
+}
+
+static qd_status cuda_bfp_weights(void *dev, void *wq, const uint16_t *w, int OC, int IC)
+{
+    (void)dev;
+    QD_TRY(bfp_shape(0, IC, OC, "bfp_weights"));
+    return qdk_bfp_weights(wq, w, OC, IC);
+}
+
+static qd_status cuda_matmul_bfp(void *dev, float *out, const float *x, const void *wq, int N, int IC, int OC)
+{
+    QD_TRY(bfp_shape(N, IC, OC, "matmul_bfp"));
+    if (!N || !OC)
+        return QD_OK;
+    void *ws;
+    QD_TRY(scratch(D(dev), D_BFP, qdk_bfp_rows_bytes(N, IC), &ws));
+    return qdk_matmul_bfp(out, x, wq, ws, N, IC, OC);
 }
 
 static qd_status cuda_to_bf16(void *dev, uint16_t *dst, const float *src, size_t n)
@@ -1636,6 +1663,8 @@ static const qd_ops cuda_ops = {
     .hold_input = cuda_hold_input,
     .diag_add = cuda_diag_add,
     .sqerr_weights = cuda_sqerr_weights,
+    .bfp_weights = cuda_bfp_weights,
+    .matmul_bfp = cuda_matmul_bfp,
 };
 
 /* ------------------------------------------------------------------------ */

@@ -1,0 +1,296 @@
+/* backends/cuda/cuda_bfp.cu: the row block-floating-point product
+ * (docs/numerics.md §3b), the twin of the CPU's cpu_bfp_weights and
+ * cpu_matmul_bfp, on the int8 tensor cores.
+ *
+ * Why: the lm_head's exact product is a float32 chain a product (fmaf by
+ * ascending k), bound by the FMA units: 1.19 ms of a ~3.5 ms decode step of
+ * the a3b shape at batch 64 on the H200, 0.6 ms its floor. The row BFP order's
+ * products are exact integers, and an exact integer sum has no order: the
+ * integer tensor cores (mma.m16n8k32 s8/u8, int32 accumulation) compute it.
+ *
+ * Each row's mantissas are cut into bytes: an activation's X (|X| <= 2^22) as
+ * X = 2^16 xh + 2^8 xm + xl (xh int8, xm and xl uint8), a weight's W (|W| <
+ * 2^15) as W = 2^8 wh + wl (wh int8, wl uint8), so
+ *     X W = 2^24 xh wh + 2^16 (xh wl + xm wh) + 2^8 (xm wl + xl wh) + xl wl,
+ * six products into four int32 sums per output (each within int32 for
+ * IC <= 16384: at most 16384 (255 255 + 255 128) < 2^31), which the epilogue
+ * joins in int64 into the exact S and rounds once (qd_bfp_out).
+ *
+ * The product: a CTA of 8 warps (WM x WN) computes BM = 16 MT WM rows by
+ * BN = 16 WN columns of out; each warp MT tiles of 16 rows by 16 columns. K in
+ * steps of 64 bytes, three stages of cp.async copies in flight (rows past N or
+ * OC, and k past IC, read as zero); operands by ldmatrix from rows of 80 bytes
+ * (conflict-free). CTAs of one column tile run next to each other (the row
+ * tiles are blockIdx.x): a weight tile is read from HBM once and from L2 by
+ * the other row tiles. */
+#include <stdint.h>
+#include <cuda_runtime.h>
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/cuda_mma.h"
+extern "C" {
+#include "quant/numerics.h"
+}
+
+#define BF_BK 64  /* k bytes a stage */
+#define BF_ROW 80 /* a staged row's bytes (64 + 16: ldmatrix without bank conflicts) */
+#define BF_STAGES 3
+#define BF_THREADS 256
+
+#define BF_MMA(TA, TB)                                                                                         \
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32." TA "." TB ".s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "      \
+                 "{%8,%9}, {%0,%1,%2,%3};"                                                                     \
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])                                              \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+
+static __device__ __forceinline__ void mma_ss(int c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    BF_MMA("s8", "s8");
+}
+static __device__ __forceinline__ void mma_su(int c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    BF_MMA("s8", "u8");
+}
+static __device__ __forceinline__ void mma_us(int c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    BF_MMA("u8", "s8");
+}
+static __device__ __forceinline__ void mma_uu(int c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    BF_MMA("u8", "u8");
+}
+
+/* The largest |v|'s bits over a warp (each lane's m). */
+static __device__ __forceinline__ uint32_t bf_warp_max(uint32_t m)
+{
+    return __reduce_max_sync(0xffffffffu, m);
+}
+
+/* cpu_bfp_weights: a warp a row of w (OC, IC) BF16 bits: F[o], then hi and lo. */
+__global__ void k_bfp_weights(int32_t *F, int8_t *hi, uint8_t *lo, const uint16_t *w, int OC, int IC)
+{
+    int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (o >= OC)
+        return;
+    const uint16_t *r = w + (size_t)o * IC;
+    uint32_t m = 0;
+    for (int i = lane; i < IC; i += 32) {
+        uint32_t a = (uint32_t)(r[i] & 0x7fffu) << 16;
+        m = a > m ? a : m;
+    }
+    int f = qd_bfp_exponent(bf_warp_max(m));
+    if (lane == 0)
+        F[o] = f;
+    for (int i = lane; i < IC; i += 32) {
+        int32_t W = f == QD_BFP_NONFINITE ? 0 : qd_bfp_mant((uint32_t)r[i] << 16, f, QD_BFP_PW);
+        uint32_t l = (uint32_t)W & 255u;
+        lo[(size_t)o * IC + i] = (uint8_t)l;
+        hi[(size_t)o * IC + i] = (int8_t)((W - (int32_t)l) / 256);
+    }
+}
+
+/* matmul_bfp's rows of x (N, IC): E[n], and X's three bytes a row. */
+__global__ void k_bfp_rows(int32_t *E, int8_t *xh, uint8_t *xm, uint8_t *xl, const float *x, int N, int IC)
+{
+    int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (n >= N)
+        return;
+    const float *r = x + (size_t)n * IC;
+    uint32_t m = 0;
+    for (int i = lane; i < IC; i += 32) {
+        uint32_t a = __float_as_uint(r[i]) & 0x7fffffffu;
+        m = a > m ? a : m;
+    }
+    int e = qd_bfp_exponent(bf_warp_max(m));
+    if (lane == 0)
+        E[n] = e;
+    for (int i = lane; i < IC; i += 32) {
+        int32_t X = e == QD_BFP_NONFINITE ? 0 : qd_bfp_mant(__float_as_uint(r[i]), e, QD_BFP_PX);
+        uint32_t u = (uint32_t)X;
+        size_t at = (size_t)n * IC + i;
+        xl[at] = (uint8_t)(u & 255u);
+        xm[at] = (uint8_t)((u >> 8) & 255u);
+        xh[at] = (int8_t)((X - (int32_t)(u & 0xffffu)) / 65536);
+    }
+}
+
+typedef struct {
+    const int8_t *xh;
+    const uint8_t *xm, *xl;
+    const int32_t *E;
+    const int8_t *wh;
+    const uint8_t *wl;
+    const int32_t *F;
+    float *out;
+    int N, IC, OC;
+} bf_params;
+
+template <int WM, int WN, int MT>
+struct bf_shape {
+    static constexpr int BM = 16 * MT * WM, BN = 16 * WN;
+    static constexpr int A_BYTES = 3 * BM * BF_ROW, STAGE = (3 * BM + 2 * BN) * BF_ROW;
+    static constexpr int SMEM = BF_STAGES * STAGE;
+};
+
+/* One stage: the three planes of BM rows of X and the two of BN rows of W,
+ * bytes k0 .. k0 + 63 of each row, 16 bytes a copy. */
+template <int WM, int WN, int MT>
+static __device__ __forceinline__ void bf_load(unsigned char *s, const bf_params &p, int m0, int n0, int k0)
+{
+    typedef bf_shape<WM, WN, MT> S;
+    constexpr int ROWS = 3 * S::BM + 2 * S::BN;
+#pragma unroll 1
+    for (int c = threadIdx.x; c < ROWS * 4; c += BF_THREADS) {
+        int row = c >> 2, kc = (c & 3) * 16, gk = k0 + kc;
+        const void *src;
+        bool ok;
+        if (row < 3 * S::BM) {
+            int plane = row / S::BM, r = m0 + row % S::BM;
+            const unsigned char *base = plane == 0 ? (const unsigned char *)p.xh : plane == 1 ? p.xm : p.xl;
+            ok = r < p.N && gk < p.IC;
+            src = ok ? base + (size_t)r * p.IC + gk : (const void *)base;
+        } else {
+            int q = row - 3 * S::BM, plane = q / S::BN, r = n0 + q % S::BN;
+            const unsigned char *base = plane == 0 ? (const unsigned char *)p.wh : p.wl;
+            ok = r < p.OC && gk < p.IC;
+            src = ok ? base + (size_t)r * p.IC + gk : (const void *)base;
+        }
+        cp16(s + row * BF_ROW + kc, src, ok);
+    }
+}
+
+template <int WM, int WN, int MT>
+__global__ void __launch_bounds__(BF_THREADS) k_matmul_bfp(const __grid_constant__ bf_params p)
+{
+    typedef bf_shape<WM, WN, MT> S;
+    extern __shared__ __align__(16) unsigned char bf_smem[];
+    const int m0 = blockIdx.x * S::BM, n0 = blockIdx.y * S::BN;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int wm0 = (warp % WM) * 16 * MT, wn0 = (warp / WM) * 16;
+    int acc[MT][2][4][4]; /* [m tile][n tile][2^24, 2^16, 2^8, 1][fragment] */
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int s = 0; s < 4; s++)
+                acc[i][j][s][0] = acc[i][j][s][1] = acc[i][j][s][2] = acc[i][j][s][3] = 0;
+    const int KT = (p.IC + BF_BK - 1) / BF_BK;
+#pragma unroll
+    for (int s = 0; s < BF_STAGES - 1; s++) {
+        if (s < KT)
+            bf_load<WM, WN, MT>(bf_smem + s * S::STAGE, p, m0, n0, s * BF_BK);
+        asm volatile("cp.async.commit_group;");
+    }
+    for (int kt = 0; kt < KT; kt++) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(BF_STAGES - 2));
+        __syncthreads(); /* stage kt landed for all; stage kt - 1 free for the next copy */
+        int nk = kt + BF_STAGES - 1;
+        if (nk < KT)
+            bf_load<WM, WN, MT>(bf_smem + (nk % BF_STAGES) * S::STAGE, p, m0, n0, nk * BF_BK);
+        asm volatile("cp.async.commit_group;");
+        const unsigned char *sa = bf_smem + (kt % BF_STAGES) * S::STAGE, *sb = sa + S::A_BYTES;
+#pragma unroll
+        for (int kk = 0; kk < BF_BK; kk += 32) {
+            uint32_t bh[4], bl[4]; /* n tile 0: [0], [1]; n tile 1: [2], [3] */
+            int boff = (wn0 + (lane & 7) + (lane >> 4) * 8) * BF_ROW + kk + ((lane >> 3) & 1) * 16;
+            ldm_x4(bh, sb + boff);
+            ldm_x4(bl, sb + S::BN * BF_ROW + boff);
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                uint32_t ah[4], am[4], al[4];
+                int aoff = (wm0 + 16 * i + (lane & 15)) * BF_ROW + kk + (lane >> 4) * 16;
+                ldm_x4(ah, sa + aoff);
+                ldm_x4(am, sa + S::BM * BF_ROW + aoff);
+                ldm_x4(al, sa + 2 * S::BM * BF_ROW + aoff);
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    uint32_t h0 = bh[2 * j], h1 = bh[2 * j + 1], l0 = bl[2 * j], l1 = bl[2 * j + 1];
+                    mma_ss(acc[i][j][0], ah, h0, h1); /* xh wh */
+                    mma_su(acc[i][j][1], ah, l0, l1); /* xh wl */
+                    mma_us(acc[i][j][1], am, h0, h1); /* xm wh */
+                    mma_uu(acc[i][j][2], am, l0, l1); /* xm wl */
+                    mma_us(acc[i][j][2], al, h0, h1); /* xl wh */
+                    mma_uu(acc[i][j][3], al, l0, l1); /* xl wl */
+                }
+            }
+        }
+    }
+    asm volatile("cp.async.wait_group 0;");
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int row = m0 + wm0 + 16 * i + g + 8 * h;
+            if (row >= p.N)
+                continue;
+            int e = p.E[row];
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int q = 0; q < 2; q++) {
+                    int col = n0 + wn0 + 8 * j + 2 * t + q, f = 2 * h + q;
+                    if (col >= p.OC)
+                        continue;
+                    int64_t Sv = (int64_t)acc[i][j][0][f] * 16777216 + (int64_t)acc[i][j][1][f] * 65536 +
+                                 (int64_t)acc[i][j][2][f] * 256 + (int64_t)acc[i][j][3][f];
+                    p.out[(size_t)row * p.OC + col] = qd_bfp_out(Sv, e, p.F[col]);
+                }
+        }
+}
+
+template <int WM, int WN, int MT>
+static qd_status bf_launch(const bf_params &p)
+{
+    typedef bf_shape<WM, WN, MT> S;
+    dim3 grid((unsigned)((p.N + S::BM - 1) / S::BM), (unsigned)((p.OC + S::BN - 1) / S::BN));
+    if (S::SMEM > 48 * 1024)
+        QD_CUDA_CHECK(cudaFuncSetAttribute(k_matmul_bfp<WM, WN, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           S::SMEM));
+    k_matmul_bfp<WM, WN, MT><<<grid, BF_THREADS, S::SMEM>>>(p);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+extern "C" qd_status qdk_bfp_weights(void *wq, const uint16_t *w, int OC, int IC)
+{
+    if (!OC)
+        return QD_OK;
+    int32_t *F = (int32_t *)wq;
+    int8_t *hi = (int8_t *)((char *)wq + qd_bfp_hi_at(OC));
+    uint8_t *lo = (uint8_t *)(hi + (size_t)OC * IC);
+    k_bfp_weights<<<(unsigned)((OC + 7) / 8), 256>>>(F, hi, lo, w, OC, IC);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+extern "C" size_t qdk_bfp_rows_bytes(int N, int IC)
+{
+    return (((size_t)N * 4 + 255) & ~(size_t)255) + 3 * (((size_t)N * IC + 255) & ~(size_t)255);
+}
+
+extern "C" qd_status qdk_matmul_bfp(float *out, const float *x, const void *wq, void *ws, int N, int IC, int OC)
+{
+    if (!N || !OC)
+        return QD_OK;
+    size_t plane = ((size_t)N * IC + 255) & ~(size_t)255;
+    bf_params p;
+    p.E = (const int32_t *)ws;
+    p.xh = (const int8_t *)((char *)ws + (((size_t)N * 4 + 255) & ~(size_t)255));
+    p.xm = (const uint8_t *)p.xh + plane;
+    p.xl = p.xm + plane;
+    p.F = (const int32_t *)wq;
+    p.wh = (const int8_t *)((const char *)wq + qd_bfp_hi_at(OC));
+    p.wl = (const uint8_t *)(p.wh + (size_t)OC * IC);
+    p.out = out;
+    p.N = N, p.IC = IC, p.OC = OC;
+    k_bfp_rows<<<(unsigned)((N + 7) / 8), 256>>>((int32_t *)p.E, (int8_t *)p.xh, (uint8_t *)p.xm, (uint8_t *)p.xl, x,
+                                                   N, IC);
+    QD_CUDA_CHECK(cudaGetLastError());
+    if (N <= 16)
+        return bf_launch<1, 8, 1>(p);
+    if (N <= 32)
+        return bf_launch<1, 8, 2>(p);
+    return bf_launch<2, 4, 2>(p);
+}
