@@ -400,17 +400,20 @@ typedef struct qd_ops {
     qd_status (*sqerr_weights)(void *dev, double *e, const float *const *x, const float *const *xh,
                                const qd_nvfp4 *const *q, int count, int N, int K);
     /* ---- The row block-floating-point product (docs/numerics.md §3b; the
-     * order meant for the lm_head's exact product, whose float32 chain a
-     * product is the decode step's largest cost): bfp_weights makes wq
-     * (dev, qd_bfp_bytes(OC, IC)) from w (OC, IC) BF16 bits; matmul_bfp:
-     * out (N, OC) = x (N, IC) . w^T, each output the exact integer dot
-     * product of the rows' mantissas, rounded once. IC % 16 == 0, IC <= 16384.
-     * Optional (both or neither). */
-    qd_status (*bfp_weights)(void *dev, void *wq, const uint16_t *w, int OC, int IC);
+     * order of the lm_head's exact product where its weights are BF16
+     * values): bfp_weights makes wq (dev, qd_bfp_bytes(OC, IC)) from the
+     * weights (OC, IC), given as BF16 bits w16 or as floats wf (taken as their
+     * BF16 roundings; one of the two NULL); matmul_bfp: out (N, OC) = x (N,
+     * IC) . w^T, each output the exact integer dot product of the rows'
+     * mantissas, rounded once (a row holding a NaN or an infinity, a float
+     * weight rounding to one included, gives NaN outputs). IC % 16 == 0,
+     * IC <= 16384; wq on 16 bytes (as alloc gives). Optional (both or
+     * neither). */
+    qd_status (*bfp_weights)(void *dev, void *wq, const uint16_t *w16, const float *wf, int OC, int IC);
     qd_status (*matmul_bfp)(void *dev, float *out, const float *x, const void *wq, int N, int IC, int OC);
 } qd_ops;
 
-/* bfp_weights' layout: F (OC int32, each row's exponent), from byte
+/* bfp_weights' layout: F (OC int32, each row's exponent; zeros up to), from byte
  * qd_bfp_hi_at the mantissas' high bytes W >> 8 (OC x IC int8), then their
  * low bytes W & 255 (OC x IC uint8): W = 256 hi + lo. */
 static inline size_t qd_bfp_hi_at(int OC) { return ((size_t)OC * 4 + 255) & ~(size_t)255; }

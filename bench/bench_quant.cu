@@ -928,7 +928,7 @@ static void bench_bfp(double copy)
     QD_CUDA_DIE(cudaMalloc(&ws, qdk_bfp_rows_bytes((int)MMAX, (int)K)));
     for (int i = 0; i < 2; i++)
         QD_CUDA_DIE(cudaMalloc((void **)&y[i], sizeof(float) * MMAX * N));
-    float tw = time_ms([&] { QD_STATUS_DIE(qdk_bfp_weights(wq, w16, (int)N, (int)K)); });
+    float tw = time_ms([&] { QD_STATUS_DIE(qdk_bfp_weights(wq, w16, NULL, (int)N, (int)K)); });
     printf("\nThe lm_head's exact product, K %lld x vocab %lld: the float32 chain (today) and the row BFP product;\n"
            "bfp_weights (once a sync): %.3f ms, %.0f GB/s (%.0f%% of copy)\n\n"
            "| M | chain ms | chain TFLOP/s | bfp ms | bfp TFLOP/s | bfp GB/s | of copy | chain / bfp | diff |\n"

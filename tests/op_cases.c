@@ -1698,7 +1698,8 @@ static void c_matmul_f32_row5(oc *c) { c_matmul_shape(c, QD_PREC_F32, 5, 136, 26
  * the others scaled by 2^k, k per element in a row's window of 24 binades),
  * BF16 weights down to 2^-12 of their rows' largest (the small ones' low bits
  * rounded), weight row 3 with a NaN, row 4 zeros. Outputs: the weights'
- * layout (bytes) and y. */
+ * layout (bytes) from BF16 bits and from floats (a seventh of them not BF16
+ * values: rounded first), and y. */
 static void c_matmul_bfp_shape(oc *c, int N, int IC, int OC)
 {
     float *xh = malloc(sizeof(float) * (size_t)N * IC);
@@ -1726,18 +1727,26 @@ static void c_matmul_bfp_shape(oc *c, int N, int IC, int OC)
             float v = o == 4 ? 0.0f : ldexpf(unif(c, -1, 1), -irand(c, 12) + (o % 5) * 3 - 6);
             wh[(size_t)o * IC + i] = o == 3 && i == 7 ? 0x7fc1 : qd_bf16_from_f32(v);
         }
+    float *wfh = malloc(sizeof(float) * (size_t)OC * IC);
+    for (size_t i = 0; wfh && i < (size_t)OC * IC; i++) /* the same weights as floats, a few not BF16 values */
+        wfh[i] = i % 7 ? qd_bf16_to_f32(wh[i]) : qd_bits_f32(((uint32_t)wh[i] << 16) | (i % 3 ? 0x7fffu : 0x8000u));
     float *x = up(c, xh, sizeof(float) * (size_t)N * IC);
     uint16_t *w = up(c, wh, sizeof(uint16_t) * (size_t)OC * IC);
-    free(xh), free(wh);
-    void *wq = Z(c, qd_bfp_bytes(OC, IC));
+    float *wf = wfh ? up(c, wfh, sizeof(float) * (size_t)OC * IC) : NULL;
+    free(xh), free(wh), free(wfh);
+    if (!wf && !c->st)
+        c->st = qd_error(QD_ERR_NOMEM, "op case");
+    void *wq = Z(c, qd_bfp_bytes(OC, IC)), *wq2 = Z(c, qd_bfp_bytes(OC, IC));
     float *y = Z(c, sizeof(float) * (size_t)N * OC);
     if (!c->ops->bfp_weights || !c->ops->matmul_bfp) {
         c->st = c->st ? c->st : qd_error(QD_ERR_UNSUPPORTED, "op case: no matmul_bfp");
         return;
     }
-    RUN(c, c->ops->bfp_weights(c->dev, wq, w, OC, IC));
+    RUN(c, c->ops->bfp_weights(c->dev, wq, w, NULL, OC, IC));
+    RUN(c, c->ops->bfp_weights(c->dev, wq2, NULL, wf, OC, IC));
     RUN(c, c->ops->matmul_bfp(c->dev, y, x, wq, N, IC, OC));
     OUT(c, "wq", 'b', wq, qd_bfp_bytes(OC, IC));
+    OUT(c, "wq of floats", 'b', wq2, qd_bfp_bytes(OC, IC));
     OUT(c, "y", 'f', y, sizeof(float) * (size_t)N * OC);
 }
 
@@ -1747,6 +1756,44 @@ static void c_matmul_bfp_few(oc *c) { c_matmul_bfp_shape(c, 5, 64, 40); }
 static void c_matmul_bfp_lm(oc *c) { c_matmul_bfp_shape(c, 27, 2048, 300); }
 static void c_matmul_bfp_tall(oc *c) { c_matmul_bfp_shape(c, 70, 208, 133); }
 static void c_matmul_bfp_k16(oc *c) { c_matmul_bfp_shape(c, 130, 16, 70); }
+
+/* The widest rows (IC 16384) at the mantissas' extremes: x = +-(2 - 2^-23) 2^k
+ * (X = +-2^22 after rounding up), w = +-1.9921875 2^j (W = +-32640), signs
+ * matched so that |S| and every int32 sum of the CUDA kernel are largest;
+ * a second row of x with all its low bytes 255 (X = 2^22 - 1 - 65536 a). */
+static void c_matmul_bfp_edge(oc *c)
+{
+    const int N = 3, IC = 16384, OC = 24;
+    float *xh = malloc(sizeof(float) * (size_t)N * IC);
+    uint16_t *wh = malloc(sizeof(uint16_t) * (size_t)OC * IC);
+    if (!xh || !wh) {
+        free(xh), free(wh);
+        c->st = qd_error(QD_ERR_NOMEM, "op case");
+        return;
+    }
+    for (int i = 0; i < IC; i++) {
+        float sg = (i * 2654435761u) >> 31 ? -1.0f : 1.0f;
+        xh[i] = sg * qd_bits_f32(0x3fffffffu);                        /* E 0, X = +-2^22 */
+        xh[IC + i] = sg * (float)(4194303 - 65536 * (i % 64)) / 2097152.0f; /* xm = xl = 255 */
+        xh[2 * IC + i] = ldexpf(xh[IC + i], -(i % 40));
+    }
+    for (int o = 0; o < OC; o++)
+        for (int i = 0; i < IC; i++) {
+            float sg = ((i * 2654435761u) >> 31) ^ (o & 1) ? -1.0f : 1.0f;
+            float v = o < 8 ? 1.9921875f : o < 16 ? ldexpf(1.0f + (float)((o * 31 + i) % 128) / 128.0f, -(i % 8))
+                                                  : ldexpf(1.9921875f, -(i % 16));
+            wh[(size_t)o * IC + i] = qd_bf16_from_f32(sg * v);
+        }
+    float *x = up(c, xh, sizeof(float) * (size_t)N * IC);
+    uint16_t *w = up(c, wh, sizeof(uint16_t) * (size_t)OC * IC);
+    free(xh), free(wh);
+    void *wq = Z(c, qd_bfp_bytes(OC, IC));
+    float *y = Z(c, sizeof(float) * (size_t)N * OC);
+    RUN(c, c->ops->bfp_weights(c->dev, wq, w, NULL, OC, IC));
+    RUN(c, c->ops->matmul_bfp(c->dev, y, x, wq, N, IC, OC));
+    OUT(c, "wq", 'b', wq, qd_bfp_bytes(OC, IC));
+    OUT(c, "y", 'f', y, sizeof(float) * (size_t)N * OC);
+}
 
 typedef struct {
     qd_op_case_info info;
@@ -1872,6 +1919,7 @@ static const op_case cases[] = {
     {{"matmul_bfp 27x2048x300", "matmul_bfp", 0, 0}, c_matmul_bfp_lm},
     {{"matmul_bfp 70x208x133", "matmul_bfp", 0, 0}, c_matmul_bfp_tall},
     {{"matmul_bfp 130x16x70", "matmul_bfp", 0, 0}, c_matmul_bfp_k16},
+    {{"matmul_bfp 3x16384x24 extremes", "matmul_bfp", 0, 0}, c_matmul_bfp_edge},
 };
 
 int qd_op_case_count(void) { return (int)(sizeof cases / sizeof cases[0]); }

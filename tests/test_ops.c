@@ -135,7 +135,7 @@ START_TEST(test_matmul_bfp_definition)
         x[9 * IC + i] = 0.0f; /* a zero row: +0 */
     void *wq = malloc(qd_bfp_bytes(OC, IC));
     float *y = malloc(sizeof(float) * N * OC);
-    ck_assert_int_eq(O->bfp_weights(dev1, wq, w, OC, IC), QD_OK);
+    ck_assert_int_eq(O->bfp_weights(dev1, wq, w, NULL, OC, IC), QD_OK);
     ck_assert_int_eq(O->matmul_bfp(dev1, y, x, wq, N, IC, OC), QD_OK);
     double *xv = malloc(sizeof(double) * IC), *wv = malloc(sizeof(double) * IC);
     double worst = 0;
@@ -180,7 +180,7 @@ START_TEST(test_matmul_bfp_definition)
     float *xu = rnd((size_t)N * IC, -1, 1, 14), *wu = rnd((size_t)OC * IC, -1, 1, 15);
     for (int i = 0; i < OC * IC; i++)
         w[i] = qd_bf16_from_f32(wu[i]);
-    ck_assert_int_eq(O->bfp_weights(dev1, wq, w, OC, IC), QD_OK);
+    ck_assert_int_eq(O->bfp_weights(dev1, wq, w, NULL, OC, IC), QD_OK);
     ck_assert_int_eq(O->matmul_bfp(dev1, y, xu, wq, N, IC, OC), QD_OK);
     for (int n = 0; n < N; n++)
         for (int o = 0; o < OC; o++) {
@@ -193,9 +193,18 @@ START_TEST(test_matmul_bfp_definition)
         }
     ck_assert_double_le(worst, IC * 0x1p-24);
     free(xu), free(wu);
+    /* the weights as floats of the same BF16 values: the same mantissas */
+    float *wv16 = malloc(sizeof(float) * OC * IC);
+    void *wq2 = malloc(qd_bfp_bytes(OC, IC));
+    for (int i = 0; i < OC * IC; i++)
+        wv16[i] = qd_bf16_to_f32(w[i]);
+    ck_assert_int_eq(O->bfp_weights(dev1, wq, w, NULL, OC, IC), QD_OK);
+    ck_assert_int_eq(O->bfp_weights(dev1, wq2, NULL, wv16, OC, IC), QD_OK);
+    ck_assert(memcmp(wq, wq2, qd_bfp_bytes(OC, IC)) == 0);
+    free(wv16), free(wq2);
     /* the shapes it refuses: in-features not a multiple of 16, past 16384 */
     ck_assert_int_eq(O->matmul_bfp(dev1, y, x, wq, N, 40, OC), QD_ERR_SHAPE);
-    ck_assert_int_eq(O->bfp_weights(dev1, wq, w, OC, 16400), QD_ERR_SHAPE);
+    ck_assert_int_eq(O->bfp_weights(dev1, wq, w, NULL, OC, 16400), QD_ERR_SHAPE);
     free(x), free(wf), free(w), free(wq), free(y), free(xv), free(wv);
 }
 END_TEST

@@ -557,22 +557,31 @@ static uint32_t bfp_amax(const float *v, int n)
     return m;
 }
 
-static qd_status cpu_bfp_weights(void *dev, void *wq, const uint16_t *w, int OC, int IC)
+/* w (BF16 bits) of row o, element i: w16's, or wf's rounded */
+static uint16_t bfp_w16(const uint16_t *w16, const float *wf, size_t at)
+{
+    return w16 ? w16[at] : qd_bf16_from_f32(wf[at]);
+}
+
+static qd_status cpu_bfp_weights(void *dev, void *wq, const uint16_t *w16, const float *wf, int OC, int IC)
 {
     QD_TRY(bfp_shape(0, IC, OC, "bfp_weights"));
     int32_t *F = (int32_t *)wq;
     int8_t *hi = (int8_t *)((char *)wq + qd_bfp_hi_at(OC));
     uint8_t *lo = (uint8_t *)(hi + (size_t)OC * IC);
+    memset(F + OC, 0, qd_bfp_hi_at(OC) - sizeof(int32_t) * (size_t)OC); /* the padding: every byte written */
 #pragma omp parallel for num_threads(NT(dev)) schedule(static)
     for (int o = 0; o < OC; o++) {
-        const uint16_t *r = w + (size_t)o * IC;
+        size_t r = (size_t)o * IC;
         uint32_t amax = 0;
-        for (int i = 0; i < IC; i++)
-            amax = (uint32_t)(r[i] & 0x7fffu) << 16 > amax ? (uint32_t)(r[i] & 0x7fffu) << 16 : amax;
+        for (int i = 0; i < IC; i++) {
+            uint32_t a = (uint32_t)(bfp_w16(w16, wf, r + i) & 0x7fffu) << 16;
+            amax = a > amax ? a : amax;
+        }
         int f = qd_bfp_exponent(amax);
         F[o] = f;
         for (int i = 0; i < IC; i++) {
-            int32_t W = f == QD_BFP_NONFINITE ? 0 : qd_bfp_mant((uint32_t)r[i] << 16, f, QD_BFP_PW);
+            int32_t W = f == QD_BFP_NONFINITE ? 0 : qd_bfp_mant((uint32_t)bfp_w16(w16, wf, r + i) << 16, f, QD_BFP_PW);
             uint32_t l = (uint32_t)W & 255u;
             lo[(size_t)o * IC + i] = (uint8_t)l;
             hi[(size_t)o * IC + i] = (int8_t)((W - (int32_t)l) / 256);

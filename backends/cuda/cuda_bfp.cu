@@ -20,9 +20,9 @@
  * BN = 16 WN columns of out; each warp MT tiles of 16 rows by 16 columns. K in
  * steps of 64 bytes, three stages of cp.async copies in flight (rows past N or
  * OC, and k past IC, read as zero); operands by ldmatrix from rows of 80 bytes
- * (conflict-free). CTAs of one column tile run next to each other (the row
- * tiles are blockIdx.x): a weight tile is read from HBM once and from L2 by
- * the other row tiles. */
+ * (conflict-free, the copies' stores too). The row tiles of one column tile
+ * run next to each other, BF_GROUP row tiles at a time (decode: all of them):
+ * a weight tile is read from HBM once a group and from L2 by the others. */
 #include <stdint.h>
 #include <cuda_runtime.h>
 #include "backends/cuda/cuda_check.h"
@@ -36,6 +36,7 @@ extern "C" {
 #define BF_ROW 80 /* a staged row's bytes (64 + 16: ldmatrix without bank conflicts) */
 #define BF_STAGES 3
 #define BF_THREADS 256
+#define BF_GROUP 32 /* row tiles that share a pass over the column tiles (x: 6 MB of L2 at BM 64, K 2048) */
 
 #define BF_MMA(TA, TB)                                                                                         \
     asm volatile("mma.sync.aligned.m16n8k32.row.col.s32." TA "." TB ".s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "      \
@@ -66,23 +67,30 @@ static __device__ __forceinline__ uint32_t bf_warp_max(uint32_t m)
     return __reduce_max_sync(0xffffffffu, m);
 }
 
-/* cpu_bfp_weights: a warp a row of w (OC, IC) BF16 bits: F[o], then hi and lo. */
-__global__ void k_bfp_weights(int32_t *F, int8_t *hi, uint8_t *lo, const uint16_t *w, int OC, int IC)
+static __device__ __forceinline__ uint16_t bf_w16(const uint16_t *w16, const float *wf, size_t at)
+{
+    return w16 ? w16[at] : qd_bf16_from_f32(wf[at]);
+}
+
+/* cpu_bfp_weights: a warp a row of w (OC, IC), BF16 bits w16 or floats wf
+ * rounded: F[o], then hi and lo. */
+__global__ void k_bfp_weights(int32_t *F, int8_t *hi, uint8_t *lo, const uint16_t *w16, const float *wf, int OC,
+                              int IC)
 {
     int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (o >= OC)
         return;
-    const uint16_t *r = w + (size_t)o * IC;
+    size_t r = (size_t)o * IC;
     uint32_t m = 0;
     for (int i = lane; i < IC; i += 32) {
-        uint32_t a = (uint32_t)(r[i] & 0x7fffu) << 16;
+        uint32_t a = (uint32_t)(bf_w16(w16, wf, r + i) & 0x7fffu) << 16;
         m = a > m ? a : m;
     }
     int f = qd_bfp_exponent(bf_warp_max(m));
     if (lane == 0)
         F[o] = f;
     for (int i = lane; i < IC; i += 32) {
-        int32_t W = f == QD_BFP_NONFINITE ? 0 : qd_bfp_mant((uint32_t)r[i] << 16, f, QD_BFP_PW);
+        int32_t W = f == QD_BFP_NONFINITE ? 0 : qd_bfp_mant((uint32_t)bf_w16(w16, wf, r + i) << 16, f, QD_BFP_PW);
         uint32_t l = (uint32_t)W & 255u;
         lo[(size_t)o * IC + i] = (uint8_t)l;
         hi[(size_t)o * IC + i] = (int8_t)((W - (int32_t)l) / 256);
@@ -141,7 +149,9 @@ static __device__ __forceinline__ void bf_load(unsigned char *s, const bf_params
     constexpr int ROWS = 3 * S::BM + 2 * S::BN;
 #pragma unroll 1
     for (int c = threadIdx.x; c < ROWS * 4; c += BF_THREADS) {
-        int row = c >> 2, kc = (c & 3) * 16, gk = k0 + kc;
+        /* 8 threads in a row copy one chunk of 8 rows: their 16-byte stores
+         * land 80 bytes apart, on distinct banks */
+        int row = (c >> 5) * 8 + (c & 7), kc = ((c >> 3) & 3) * 16, gk = k0 + kc;
         const void *src;
         bool ok;
         if (row < 3 * S::BM) {
@@ -164,7 +174,14 @@ __global__ void __launch_bounds__(BF_THREADS) k_matmul_bfp(const __grid_constant
 {
     typedef bf_shape<WM, WN, MT> S;
     extern __shared__ __align__(16) unsigned char bf_smem[];
-    const int m0 = blockIdx.x * S::BM, n0 = blockIdx.y * S::BN;
+    /* tile b of a 1-D grid: groups of BF_GROUP row tiles, column tile by
+     * column tile; within a group its row tiles next to each other (they read
+     * one weight tile: HBM once), and a group's rows of x stay in L2 while its
+     * column tiles pass */
+    const int tiles_m = (p.N + S::BM - 1) / S::BM, tiles_n = (p.OC + S::BN - 1) / S::BN;
+    const int64_t b = blockIdx.x, per = (int64_t)BF_GROUP * tiles_n;
+    const int first = (int)(b / per) * BF_GROUP, gm = min(BF_GROUP, tiles_m - first), local = (int)(b % per);
+    const int m0 = (first + local % gm) * S::BM, n0 = (local / gm) * S::BN;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int wm0 = (warp % WM) * 16 * MT, wn0 = (warp / WM) * 16;
     int acc[MT][2][4][4]; /* [m tile][n tile][2^24, 2^16, 2^8, 1][fragment] */
@@ -244,23 +261,41 @@ template <int WM, int WN, int MT>
 static qd_status bf_launch(const bf_params &p)
 {
     typedef bf_shape<WM, WN, MT> S;
-    dim3 grid((unsigned)((p.N + S::BM - 1) / S::BM), (unsigned)((p.OC + S::BN - 1) / S::BN));
-    if (S::SMEM > 48 * 1024)
+    static int smem_set; /* the opt-in above 48 KB, once */
+    int64_t tiles = (int64_t)((p.N + S::BM - 1) / S::BM) * ((p.OC + S::BN - 1) / S::BN);
+    if (tiles > 0x7fffffff)
+        return qd_error(QD_ERR_SHAPE, "cuda backend: matmul_bfp: %d x %d outputs: too many tiles", p.N, p.OC);
+    if (S::SMEM > 48 * 1024 && !smem_set) {
         QD_CUDA_CHECK(cudaFuncSetAttribute(k_matmul_bfp<WM, WN, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            S::SMEM));
-    k_matmul_bfp<WM, WN, MT><<<grid, BF_THREADS, S::SMEM>>>(p);
+        smem_set = 1;
+    }
+    k_matmul_bfp<WM, WN, MT><<<(unsigned)tiles, BF_THREADS, S::SMEM>>>(p);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
 
-extern "C" qd_status qdk_bfp_weights(void *wq, const uint16_t *w, int OC, int IC)
+/* The shapes and alignment the kernels need (the ops' wrappers check the shapes too). */
+static qd_status bf_check(int IC, const void *a, const void *b)
+{
+    if (IC <= 0 || IC % 16 || IC > QD_BFP_MAX_IC)
+        return qd_error(QD_ERR_SHAPE, "cuda backend: row BFP product: in-features %d: a multiple of 16 up to %d "
+                        "wanted", IC, QD_BFP_MAX_IC);
+    if (!qd_aligned(a, 16) || (b && !qd_aligned(b, 16)))
+        return qd_error(QD_ERR_ARG, "cuda backend: row BFP product: buffers not on 16 bytes");
+    return QD_OK;
+}
+
+extern "C" qd_status qdk_bfp_weights(void *wq, const uint16_t *w16, const float *wf, int OC, int IC)
 {
     if (!OC)
         return QD_OK;
+    QD_TRY(bf_check(IC, wq, NULL));
     int32_t *F = (int32_t *)wq;
     int8_t *hi = (int8_t *)((char *)wq + qd_bfp_hi_at(OC));
     uint8_t *lo = (uint8_t *)(hi + (size_t)OC * IC);
-    k_bfp_weights<<<(unsigned)((OC + 7) / 8), 256>>>(F, hi, lo, w, OC, IC);
+    QD_CUDA_CHECK(cudaMemsetAsync(F + OC, 0, qd_bfp_hi_at(OC) - sizeof(int32_t) * (size_t)OC));
+    k_bfp_weights<<<(unsigned)((OC + 7) / 8), 256>>>(F, hi, lo, w16, wf, OC, IC);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -274,6 +309,7 @@ extern "C" qd_status qdk_matmul_bfp(float *out, const float *x, const void *wq, 
 {
     if (!N || !OC)
         return QD_OK;
+    QD_TRY(bf_check(IC, wq, ws));
     size_t plane = ((size_t)N * IC + 255) & ~(size_t)255;
     bf_params p;
     p.E = (const int32_t *)ws;

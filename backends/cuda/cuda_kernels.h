@@ -229,9 +229,10 @@ qd_status qdk_adamw(float *p, const float *g, float *m, float *v, size_t n, floa
                     float eps, float wd, float gscale, float bc1, float bc2);
 
 /* backends/cuda/cuda_bfp.cu, the row block-floating-point product (cpu_bfp_weights,
- * cpu_matmul_bfp): wq (qd_bfp_bytes(OC, IC)) from w's BF16 bits; out = x . w^T
- * through ws, qdk_bfp_rows_bytes(N, IC) bytes of scratch (x's mantissas). */
-qd_status qdk_bfp_weights(void *wq, const uint16_t *w, int OC, int IC);
+ * cpu_matmul_bfp): wq (qd_bfp_bytes(OC, IC)) from the weights' BF16 bits w16 or
+ * floats wf (rounded); out = x . w^T through ws, qdk_bfp_rows_bytes(N, IC) bytes
+ * of scratch (x's mantissas). */
+qd_status qdk_bfp_weights(void *wq, const uint16_t *w16, const float *wf, int OC, int IC);
 size_t qdk_bfp_rows_bytes(int N, int IC);
 qd_status qdk_matmul_bfp(float *out, const float *x, const void *wq, void *ws, int N, int IC, int OC);
 

@@ -644,11 +644,11 @@ static qd_status bfp_shape(int N, int IC, int OC, const char *what)
     return QD_OK;
 }
 
-static qd_status cuda_bfp_weights(void *dev, void *wq, const uint16_t *w, int OC, int IC)
+static qd_status cuda_bfp_weights(void *dev, void *wq, const uint16_t *w16, const float *wf, int OC, int IC)
 {
     (void)dev;
     QD_TRY(bfp_shape(0, IC, OC, "bfp_weights"));
-    return qdk_bfp_weights(wq, w, OC, IC);
+    return qdk_bfp_weights(wq, w16, wf, OC, IC);
 }
 
 static qd_status cuda_matmul_bfp(void *dev, float *out, const float *x, const void *wq, int N, int IC, int OC)
