@@ -150,6 +150,8 @@ typedef struct {
     size_t *wk16_at, nwk16;        /* lean: (ninfo) each tensor's offset in wk16, or NOT_HELD */
     size_t embed16;                /* the embedding's offset in wk16, or NOT_HELD */
     int *lin_at;                   /* lean: (ninfo) the linear whose weight tensor t is, or -1 */
+    void *head_bfp;                /* dev: the lm_head's weights as bfp_weights makes them (head_bfp_on),
+                                      remade at every sync; NULL where its product is another */
     /* RAC: every RAC linear's channels (host and dev) and statistics (dev), in
      * linear order, in units of its in (nrac_in in all): a sync moves them in
      * one call each */
@@ -239,6 +241,18 @@ static size_t wk_off(const model *c, size_t off)
 #define P(c, off) ((c)->wk + wk_off((c), (off)))
 /* A linear's working weight (NULL where a lean instance holds only its codes). */
 #define LW(c, L) ((L)->wk == NOT_HELD ? NULL : (c)->wk + (L)->wk)
+
+/* The lm_head's exact product is the row block-floating-point one
+ * (docs/numerics.md §3b) where its weights are BF16 values (every recipe but
+ * fp32; BF16 or the activation-only ablation's linear), in exact mode, where
+ * the ops have it and its width fits (a multiple of 16, at most 16384). */
+static int head_bfp_on(const model *c)
+{
+    const linear *L = &c->lin[c->lm_head];
+    return c->opt.mode == QD_MODE_EXACT && c->ops->matmul_bfp && c->ops->bfp_weights &&
+           c->opt.recipe != QD_RECIPE_FP32 && (L->mode == QD_LINEAR_BF16 || L->mode == QD_LINEAR_ACT_QAT) &&
+           L->in % 16 == 0 && L->in <= QD_BFP_MAX_IC;
+}
 #define OP(c, name, ...) ((c)->ops->name((c)->dev, __VA_ARGS__))
 
 /* A switch read once from the environment into *cache (-1: not read yet): 0
@@ -588,6 +602,8 @@ static qd_status linear_forward_m(model *c, float *out, const float *inp, linear
         return fwd_fp8(c, out, inp, L, N);
     const float *xe;
     QD_TRY(linear_input(c, &xe, inp, L, N));
+    if (c->head_bfp && L == &c->lin[c->lm_head])
+        return OP(c, matmul_bfp, out, xe, c->head_bfp, N, L->in, L->out);
     if (L->wk16 != NOT_HELD)
         return OP(c, matmul_w16, out, xe, c->wk16 + L->wk16, N, L->in, L->out, prec_of(L));
     return OP(c, matmul, out, xe, LW(c, L), N, L->in, L->out, prec_of(L));
@@ -1252,6 +1268,11 @@ static qd_status sync_weights_from(model *c, wsrc *s)
         QD_TRY(st);
     }
     c->rac_pending = 0;
+    if (c->head_bfp) {
+        const linear *H = &c->lin[c->lm_head];
+        QD_TRY(OP(c, bfp_weights, c->head_bfp, H->wk16 != NOT_HELD ? c->wk16 + H->wk16 : NULL,
+                  H->wk16 != NOT_HELD ? NULL : LW(c, H), H->out, H->in));
+    }
     if (c->ops->weights_changed)
         QD_TRY(OP(c, weights_changed, c->wk, c->lean ? c->nwk : c->nfloats));
     return finish(c);
@@ -3153,6 +3174,8 @@ static void plan_weights(const model *c, qd_mem_plan *p, size_t *s)
     }
     if (diag_on_dev(c))
         p->bytes[QD_MEM_SCRATCH] += sizeof(double) * 4 * (size_t)c->nlin; /* d_diag */
+    if (head_bfp_on(c))
+        p->bytes[QD_MEM_WORKING] += qd_bfp_bytes(c->lin[c->lm_head].out, c->lin[c->lm_head].in);
     p->bytes[QD_MEM_OWN] = c->ops->own_bytes ? c->ops->own_bytes(c->dev, c->lean ? c->nwk : c->nfloats) : 0;
     p->bytes[QD_MEM_TABLES] = 2 * sizeof(float) * (size_t)c->cfg.max_position_embeddings * (c->cfg.head_dim / 2);
 }
@@ -3293,6 +3316,8 @@ static void m_free(qd_backend *b)
     free(c->rac_ch);
     if (c->wk != c->params)
         c->ops->release(c->dev, c->wk);
+    c->ops->release(c->dev, c->wk16);
+    c->ops->release(c->dev, c->head_bfp);
     float *bufs[] = {c->params, c->grads, c->m, c->v, c->rope_cos, c->rope_sin};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         c->ops->release(c->dev, bufs[i]);
@@ -3308,7 +3333,6 @@ static void m_free(qd_backend *b)
     free(c->wk_at);
     free(c->wk16_at);
     free(c->lin_at);
-    c->ops->release(c->dev, c->wk16);
     free(c->harena);
     free(c->dg_names);
     free(c->dg_act_err);
@@ -3761,6 +3785,9 @@ static qd_status alloc_model(model *c)
         else
             QD_TRY(dalloc(c, (void **)&c->wk, n, QD_MEM_WORKING, "working weights"));
     }
+    if (head_bfp_on(c))
+        QD_TRY(dalloc(c, &c->head_bfp, qd_bfp_bytes(c->lin[c->lm_head].out, c->lin[c->lm_head].in),
+                      QD_MEM_WORKING, "the lm_head's weights (row block floating point)"));
     if (c->ops->own_bytes) /* made by the ops at the first sync (weights_changed) */
         c->mem_now[QD_MEM_OWN] = c->mem_peak[QD_MEM_OWN] =
             c->ops->own_bytes(c->dev, c->lean ? c->nwk : c->nfloats);

@@ -221,6 +221,83 @@ END_TEST
 /* ---- forward */
 
 /* log-probs agree with the logits (in double) and padding is zero. */
+/* The exact lm_head multiplies by the row block-floating-point product
+ * (docs/numerics.md §3b) in every recipe but fp32, whose float32 weights keep
+ * the float32 chain: with every layer's output projections zero (o_proj,
+ * down_proj: each layer adds +0), the logits are the lm_head of the final
+ * norm of the embedding rows, which the ops compute here. Trainer and lean
+ * rollout alike (the rollout's from BF16 bits, the trainer's from floats). */
+START_TEST(test_lm_head_bfp)
+{
+    qd_model_config c = tiny_config(0, 1);
+    const int C = c.hidden_size, V = c.vocab_size;
+    const qd_ops *O = qd_cpu_ops();
+    void *dev = qd_cpu_dev_new(1);
+    int32_t tok[TB * TT];
+    tiny_batch(tok, 5);
+    for (int k = 0; k < 3; k++) {
+        qd_recipe r = k == 2 ? QD_RECIPE_FP32 : QD_RECIPE_BF16;
+        qd_backend *b = make(&c, r, k == 1 ? QD_ROLE_ROLLOUT : QD_ROLE_TRAINER, 0, 0);
+        int np;
+        const qd_param_info *p = qd_backend_params(b, &np);
+        float *w = random_weights(b, 17);
+        const float *emb = NULL, *nw = NULL, *head = NULL;
+        for (int i = 0; i < np; i++) {
+            if (strstr(p[i].name, "o_proj") || strstr(p[i].name, "down_proj"))
+                memset(w + p[i].offset, 0, sizeof(float) * (size_t)(p[i].rows * p[i].cols));
+            if (!strcmp(p[i].name, "model.embed_tokens.weight"))
+                emb = w + p[i].offset;
+            if (!strcmp(p[i].name, "model.norm.weight"))
+                nw = w + p[i].offset;
+            if (!strcmp(p[i].name, "lm_head.weight"))
+                head = w + p[i].offset;
+        }
+        ck_assert(emb && nw && head);
+        ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
+        float *logits = malloc(sizeof(float) * TB * TT * V), logp[TB * TT];
+        forward_ok(b, tok, tlen, TB, TT, logp, logits);
+        /* the reference: embedding rows, final norm, the lm_head's product */
+        float *h = malloc(sizeof(float) * TB * TT * C), *ln = malloc(sizeof(float) * TB * TT * C);
+        float *rstd = malloc(sizeof(float) * TB * TT), *ref = malloc(sizeof(float) * TB * TT * V);
+        float *chain = malloc(sizeof(float) * TB * TT * V), *nr = malloc(sizeof(float) * C);
+        uint16_t *h16 = malloc(sizeof(uint16_t) * V * C);
+        void *wq = malloc(qd_bfp_bytes(V, C));
+        int N = 0;
+        int32_t at[TB * TT];
+        for (int bb = 0; bb < TB; bb++)
+            for (int t = 0; t < tlen[bb]; t++, N++) {
+                at[N] = bb * TT + t;
+                for (int j = 0; j < C; j++) {
+                    float e = emb[(size_t)tok[bb * TT + t] * C + j];
+                    h[N * C + j] = r == QD_RECIPE_FP32 ? e : qd_round_bf16(e);
+                }
+            }
+        for (int j = 0; j < C; j++)
+            nr[j] = r == QD_RECIPE_FP32 ? nw[j] : qd_round_bf16(nw[j]);
+        ck_assert_int_eq(O->rmsnorm(dev, ln, rstd, h, nr, N, C, (float)c.rms_norm_eps), QD_OK);
+        for (int i = 0; i < V * C; i++)
+            h16[i] = qd_bf16_from_f32(head[i]);
+        if (r == QD_RECIPE_FP32) {
+            ck_assert_int_eq(O->matmul(dev, ref, ln, head, N, C, V, QD_PREC_F32), QD_OK);
+        } else {
+            for (int i = 0; i < N * C; i++)
+                ln[i] = qd_round_bf16(ln[i]);
+            ck_assert_int_eq(O->bfp_weights(dev, wq, h16, NULL, V, C), QD_OK);
+            ck_assert_int_eq(O->matmul_bfp(dev, ref, ln, wq, N, C, V), QD_OK);
+            ck_assert_int_eq(O->matmul_w16(dev, chain, ln, h16, N, C, V, QD_PREC_BF16), QD_OK);
+            ck_assert_msg(memcmp(ref, chain, sizeof(float) * N * V) != 0, "the chain's bits: no case told apart");
+        }
+        for (int n = 0; n < N; n++)
+            ck_assert_msg(memcmp(logits + (size_t)at[n] * V, ref + (size_t)n * V, sizeof(float) * V) == 0,
+                          "%s %s: logits of token %d are not the lm_head's %s product", qd_recipe_name(r),
+                          k == 1 ? "rollout" : "trainer", n, r == QD_RECIPE_FP32 ? "float32" : "row BFP");
+        free(logits), free(h), free(ln), free(rstd), free(ref), free(chain), free(nr), free(h16), free(wq), free(w);
+        qd_backend_free(b);
+    }
+    free(dev);
+}
+END_TEST
+
 START_TEST(test_forward_logits_consistent)
 {
     qd_model_config c = tiny_config(0, 1);
@@ -2177,6 +2254,7 @@ Suite *suite_backend_cpu(void)
     tcase_add_test(tc, test_recipes);
     tcase_add_test(tc, test_config_and_params);
     tcase_add_test(tc, test_forward_logits_consistent);
+    tcase_add_test(tc, test_lm_head_bfp);
     tcase_add_test(tc, test_forward_reference);
     tcase_add_test(tc, test_batch_independence);
     tcase_add_test(tc, test_thread_independence);
