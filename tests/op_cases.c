@@ -1700,7 +1700,7 @@ static void c_matmul_f32_row5(oc *c) { c_matmul_shape(c, QD_PREC_F32, 5, 136, 26
  * rounded), weight row 3 with a NaN, row 4 zeros. Outputs: the weights'
  * layout (bytes) from BF16 bits and from floats (a seventh of them not BF16
  * values: rounded first), and y. */
-static void c_matmul_bfp_shape(oc *c, int N, int IC, int OC)
+static void c_matmul_bfp_rows(oc *c, int N, int IC, int OC, int first)
 {
     float *xh = malloc(sizeof(float) * (size_t)N * IC);
     uint16_t *wh = malloc(sizeof(uint16_t) * (size_t)OC * IC);
@@ -1712,14 +1712,15 @@ static void c_matmul_bfp_shape(oc *c, int N, int IC, int OC)
     for (int n = 0; n < N; n++)
         for (int i = 0; i < IC; i++) {
             float v = unif(c, -1, 1);
-            if (n == 0)
+            int kind = n + first;
+            if (kind == 0)
                 v = 0.0f;
-            else if (n == 1 && i == 5)
+            else if (kind == 1 && i == 5)
                 v = INFINITY;
-            else if (n == 2)
+            else if (kind == 2)
                 v *= 1e-39f;
             else
-                v = ldexpf(v, irand(c, 24) + (n % 7) * 9 - 40);
+                v = ldexpf(v, irand(c, 24) + (kind % 7) * 9 - 40);
             xh[(size_t)n * IC + i] = v;
         }
     for (int o = 0; o < OC; o++)
@@ -1750,8 +1751,15 @@ static void c_matmul_bfp_shape(oc *c, int N, int IC, int OC)
     OUT(c, "y", 'f', y, sizeof(float) * (size_t)N * OC);
 }
 
+static void c_matmul_bfp_shape(oc *c, int N, int IC, int OC) { c_matmul_bfp_rows(c, N, IC, OC, 0); }
+
 /* CUDA's three tile shapes (at most 16 rows, 32, more), K past a stage's 64
- * (208: a partial last stage) and the lm_head's 2048, ragged outputs */
+ * (208: a partial last stage) and the lm_head's 2048, ragged outputs; at most
+ * 4 rows its dp4a kernel (k_matvec_bfp; QUADS_BFP_MATVEC=0 leaves it out) */
+static void c_matmul_bfp_row1(oc *c) { c_matmul_bfp_rows(c, 1, 2048, 300, 3); }
+static void c_matmul_bfp_row2(oc *c) { c_matmul_bfp_rows(c, 2, 208, 133, 5); }
+static void c_matmul_bfp_row3(oc *c) { c_matmul_bfp_rows(c, 3, 16, 70, 1); }
+static void c_matmul_bfp_row4(oc *c) { c_matmul_bfp_rows(c, 4, 2064, 41, 0); }
 static void c_matmul_bfp_few(oc *c) { c_matmul_bfp_shape(c, 5, 64, 40); }
 static void c_matmul_bfp_lm(oc *c) { c_matmul_bfp_shape(c, 27, 2048, 300); }
 static void c_matmul_bfp_tall(oc *c) { c_matmul_bfp_shape(c, 70, 208, 133); }
@@ -1920,6 +1928,10 @@ static const op_case cases[] = {
     {{"matmul_bfp 70x208x133", "matmul_bfp", 0, 0}, c_matmul_bfp_tall},
     {{"matmul_bfp 130x16x70", "matmul_bfp", 0, 0}, c_matmul_bfp_k16},
     {{"matmul_bfp 3x16384x24 extremes", "matmul_bfp", 0, 0}, c_matmul_bfp_edge},
+    {{"matmul_bfp 1x2048x300", "matmul_bfp", 0, 0}, c_matmul_bfp_row1},
+    {{"matmul_bfp 2x208x133", "matmul_bfp", 0, 0}, c_matmul_bfp_row2},
+    {{"matmul_bfp 3x16x70", "matmul_bfp", 0, 0}, c_matmul_bfp_row3},
+    {{"matmul_bfp 4x2064x41", "matmul_bfp", 0, 0}, c_matmul_bfp_row4},
 };
 
 int qd_op_case_count(void) { return (int)(sizeof cases / sizeof cases[0]); }

@@ -257,6 +257,95 @@ __global__ void __launch_bounds__(BF_THREADS) k_matmul_bfp(const __grid_constant
         }
 }
 
+/* ---- At most BV_ROWS rows (decode at batch 1..4): the tensor cores' 16-row
+ * tiles would be mostly empty, and the product is a read of the weights. A
+ * warp a vocabulary row at a time: each lane's 16-byte chunks of its two
+ * planes, dp4a against x's three planes (in shared memory, read as 16 bytes a
+ * lane: no bank conflicts), the same four int32 sums per row of x, added over
+ * the warp (an exact integer sum in any order: the same S). */
+#define BV_ROWS 4
+
+#define BF_DP4A(TA, TB) asm("dp4a." TA "." TB " %0, %1, %2, %0;" : "+r"(c) : "r"(a), "r"(b))
+static __device__ __forceinline__ void dp_ss(int &c, uint32_t a, uint32_t b) { BF_DP4A("s32", "s32"); }
+static __device__ __forceinline__ void dp_su(int &c, uint32_t a, uint32_t b) { BF_DP4A("s32", "u32"); }
+static __device__ __forceinline__ void dp_us(int &c, uint32_t a, uint32_t b) { BF_DP4A("u32", "s32"); }
+static __device__ __forceinline__ void dp_uu(int &c, uint32_t a, uint32_t b) { BF_DP4A("u32", "u32"); }
+
+/* the six byte products of 4 k of one row: x (xh, xm, xl) . w (wh, wl) */
+static __device__ __forceinline__ void bv_dot4(int acc[4], uint32_t xh, uint32_t xm, uint32_t xl, uint32_t wh,
+                                               uint32_t wl)
+{
+    dp_ss(acc[0], xh, wh);
+    dp_su(acc[1], xh, wl);
+    dp_us(acc[1], xm, wh);
+    dp_uu(acc[2], xm, wl);
+    dp_us(acc[2], xl, wh);
+    dp_uu(acc[3], xl, wl);
+}
+
+template <int R>
+__global__ void __launch_bounds__(256) k_matvec_bfp(const __grid_constant__ bf_params p)
+{
+    extern __shared__ __align__(16) uint4 bv_x[]; /* [plane][row][IC / 16] */
+    const int KC = p.IC / 16;
+    for (int i = threadIdx.x; i < 3 * R * KC; i += blockDim.x) {
+        int plane = i / (R * KC), r = (i / KC) % R, k = i % KC;
+        const unsigned char *src = plane == 0 ? (const unsigned char *)p.xh : plane == 1 ? p.xm : p.xl;
+        bv_x[i] = r < p.N ? ((const uint4 *)(src + (size_t)r * p.IC))[k] : make_uint4(0, 0, 0, 0);
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warps = gridDim.x * (blockDim.x >> 5);
+    for (int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); o < p.OC; o += warps) {
+        int acc[R][4];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0;
+        const uint4 *wh = (const uint4 *)(p.wh + (size_t)o * p.IC), *wl = (const uint4 *)(p.wl + (size_t)o * p.IC);
+        for (int c0 = 0; c0 < KC; c0 += 4 * 32) { /* four chunks a lane in flight */
+            uint4 h[4], l[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int c = c0 + u * 32 + lane;
+                h[u] = c < KC ? __ldg(wh + c) : make_uint4(0, 0, 0, 0);
+                l[u] = c < KC ? __ldg(wl + c) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int c = c0 + u * 32 + lane;
+                if (c >= KC)
+                    break;
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    uint4 a = bv_x[r * KC + c], b = bv_x[(R + r) * KC + c], d = bv_x[(2 * R + r) * KC + c];
+                    bv_dot4(acc[r], a.x, b.x, d.x, h[u].x, l[u].x);
+                    bv_dot4(acc[r], a.y, b.y, d.y, h[u].y, l[u].y);
+                    bv_dot4(acc[r], a.z, b.z, d.z, h[u].z, l[u].z);
+                    bv_dot4(acc[r], a.w, b.w, d.w, h[u].w, l[u].w);
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int s0 = __reduce_add_sync(0xffffffffu, acc[r][0]), s1 = __reduce_add_sync(0xffffffffu, acc[r][1]);
+            int s2 = __reduce_add_sync(0xffffffffu, acc[r][2]), s3 = __reduce_add_sync(0xffffffffu, acc[r][3]);
+            if (lane == r && r < p.N) {
+                int64_t Sv = (int64_t)s0 * 16777216 + (int64_t)s1 * 65536 + (int64_t)s2 * 256 + (int64_t)s3;
+                p.out[(size_t)r * p.OC + o] = qd_bfp_out(Sv, p.E[r], p.F[o]);
+            }
+        }
+    }
+}
+
+template <int R>
+static qd_status bv_launch(const bf_params &p)
+{
+    int smem = 3 * R * p.IC;
+    int grid = qd_sm_count() * 4, need = (p.OC + 7) / 8;
+    k_matvec_bfp<R><<<grid < need ? grid : need, 256, smem>>>(p);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
 template <int WM, int WN, int MT>
 static qd_status bf_launch(const bf_params &p)
 {
@@ -324,6 +413,16 @@ extern "C" qd_status qdk_matmul_bfp(float *out, const float *x, const void *wq, 
     k_bfp_rows<<<(unsigned)((N + 7) / 8), 256>>>((int32_t *)p.E, (int8_t *)p.xh, (uint8_t *)p.xm, (uint8_t *)p.xl, x,
                                                    N, IC);
     QD_CUDA_CHECK(cudaGetLastError());
+    static int bv_env = -2; /* QUADS_BFP_MATVEC=0: the tensor-core kernel for every row count (run_all.sh) */
+    if (N <= BV_ROWS && 3 * N * IC <= 48 * 1024 && qd_env_pick(&bv_env, "QUADS_BFP_MATVEC", 0, 1) != 0) {
+        if (N == 1)
+            return bv_launch<1>(p);
+        if (N == 2)
+            return bv_launch<2>(p);
+        if (N == 3)
+            return bv_launch<3>(p);
+        return bv_launch<4>(p);
+    }
     if (N <= 16)
         return bf_launch<1, 8, 1>(p);
     if (N <= 32)

@@ -51,8 +51,8 @@ tail -1 "$out/check_ops_dec.log"
 echo "== check_ops 1, the decode kernel forced with 2 weight rows a thread (QUADS_W4A4_DEC_RT=2; by default for up to 2 rows where CTAs are many)"
 QUADS_W4A4_DEC=1 QUADS_W4A4_DEC_RT=2 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_dec2.log" 2>&1 || rc=1
 tail -1 "$out/check_ops_dec2.log"
-echo "== check_ops 1, no decode kernels (QUADS_W4A4_DEC=0: small W4A4 products on the MMA kernel's 1-warp CTAs; QUADS_MATVEC_CHAIN=0: one-row x.W^T on k_matvec_wt; QUADS_RAC_FUSED=0: RAC's activation rows in three launches)"
-QUADS_W4A4_DEC=0 QUADS_MATVEC_CHAIN=0 QUADS_RAC_FUSED=0 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_nodec.log" 2>&1 || rc=1
+echo "== check_ops 1, no decode kernels (QUADS_W4A4_DEC=0: small W4A4 products on the MMA kernel's 1-warp CTAs; QUADS_MATVEC_CHAIN=0: one-row x.W^T on k_matvec_wt; QUADS_RAC_FUSED=0: RAC's activation rows in three launches; QUADS_BFP_MATVEC=0: the row BFP product of 1-4 rows on the tensor-core kernel)"
+QUADS_W4A4_DEC=0 QUADS_MATVEC_CHAIN=0 QUADS_RAC_FUSED=0 QUADS_BFP_MATVEC=0 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_nodec.log" 2>&1 || rc=1
 tail -1 "$out/check_ops_nodec.log"
 echo "== check_ops, no decode kernel and the W4A4 MMA kernel's 4-warp CTAs forced (small cases take 1-warp CTAs by default)"
 QUADS_W4A4_DEC=0 QUADS_MMA_WARPS=4 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_w4.log" 2>&1 || rc=1
