@@ -192,6 +192,10 @@ typedef struct {
     int rac_stats;              /* 1: add the rollout's activation errors to the RAC statistics
                                    (the next sync picks channels from them); 0 (the default):
                                    leave them (evaluation, diagnostics) */
+    int no_diagnostics;         /* 1: a backend made with options.diagnostics measures nothing
+                                   during this generate (its decode steps run as without them;
+                                   the diagnostics slot then has none until the next forward):
+                                   `quads rl` measures in a forward over the generated sequences */
 } qd_generate_request;
 
 typedef struct {

@@ -195,6 +195,7 @@ typedef struct {
     int zero_pending;              /* marked: zeroed at their next use (grads_settle, grads_begin) */
     int head_dw_set;               /* this backward's head_backward overwrites the lm_head's dW */
     int have_diag;                 /* a forward or generate has run */
+    int diag_paused;               /* a generate with no_diagnostics runs: nothing measured */
     double *d_diag;                /* diagnostics' sums where the ops add them (diag_add): dev (4 nlin),
                                       linear i's activation err and norm at 2i, its weight's at
                                       2 (nlin + i) (diag_on_dev) */
@@ -375,9 +376,13 @@ static int is_fake_quant_weight(qd_linear_mode m)
     return m == QD_LINEAR_AQAT || m == QD_LINEAR_SYM_QAT || is_replay(m);
 }
 
+/* Diagnostics are gathered now: options.diagnostics, outside a generate that
+ * asked for none. */
+static int diag_now(const model *c) { return c->opt.diagnostics && !c->diag_paused; }
+
 static int measured(const model *c, const linear *L)
 {
-    return c->opt.diagnostics && !c->recomputing && L->quantized && L->in % QD_NVFP4_BLOCK == 0;
+    return diag_now(c) && !c->recomputing && L->quantized && L->in % QD_NVFP4_BLOCK == 0;
 }
 
 /* Diagnostics' sums stay on the device (d_diag, the ops' diag_add) and come
@@ -2002,7 +2007,7 @@ static int moe_dev_decode(model *c, const layer *ly, int N)
     env_switch(&env, "QUADS_MOE_DEV_OFF", 1);
     const qd_ops *o = c->ops;
     if (!env || !qd_model_moe_dev_off || !ly->moe || N > dev_off_rows() ||
-        (c->opt.diagnostics && !diag_on_dev(c)) || !o->moe_group_dev || !o->w4a4_gemm_grouped_dev ||
+        (diag_now(c) && !diag_on_dev(c)) || !o->moe_group_dev || !o->w4a4_gemm_grouped_dev ||
         !o->rac_multi_dev || !experts_grouped(c, ly))
         return 0;
     for (int e = 0; e < ly->nexp; e++)
@@ -2567,7 +2572,7 @@ static int share_prefill_on(const model *c)
 {
     static int env = -1;
     env_switch(&env, "QUADS_SHARE_PREFILL", 1);
-    return env && qd_model_share_prefill && !c->opt.diagnostics && !(c->rac_stats && c->nrac_in > 0);
+    return env && qd_model_share_prefill && !diag_now(c) && !(c->rac_stats && c->nrac_in > 0);
 }
 
 /* The distinct prompts of rq: uq[b] the index of row b's prompt among them,
@@ -2710,7 +2715,7 @@ static void gen_free(model *c, gen_state *g, int M)
     c->kc = c->vc = NULL;
     c->generating = 0;
     c->have_forward = 0;  /* the activations are the last step's, not a batch's */
-    c->have_diag = M > 0;
+    c->have_diag = M > 0 && !c->diag_paused;
 }
 
 static qd_status generate_run(model *c, gen_state *g, const qd_generate_request *rq, qd_generate_result *res)
@@ -3455,8 +3460,9 @@ static qd_status m_generate(qd_backend *b, const qd_generate_request *rq, qd_gen
     QD_TRY(check_pending(c, "generate"));
     int t = enter(c);
     c->rac_stats = rq->rac_stats != 0;
+    c->diag_paused = rq->no_diagnostics != 0;
     qd_status st = generate_impl(c, rq, res);
-    c->rac_stats = 0;
+    c->rac_stats = c->diag_paused = 0;
     leave(c, t);
     return st;
 }

@@ -258,14 +258,18 @@ qd_status qd_dp_reduce_stats(qd_dp *dp, qd_rollout_stats *rs, qd_train_stats *ts
     double v[] = {rs->reward_sum, rs->score_sum, rs->len_sum, (double)rs->generated, (double)rs->tokens,
                   ts->loss, ts->kl, ts->clip_frac, ts->clip_low, ts->clip_high, ts->tis_mean, ts->tis_clipped,
                   (double)ts->tokens};
-    double mx[3] = {ts->ratio_max, (double)ls->nmoe, rs->grade_s}, verdicts[QD_CODE_N_VERDICTS];
+    double mx[4] = {ts->ratio_max, (double)ls->nmoe, rs->grade_s, (double)ls->nlin}, verdicts[QD_CODE_N_VERDICTS];
     for (int i = 0; i < QD_CODE_N_VERDICTS; i++)
         verdicts[i] = (double)rs->verdicts[i];
     qd_status st = qd_dp_sum_f64(dp, v, sizeof v / sizeof *v);
     if (!st)
         st = qd_dp_sum_f64(dp, verdicts, QD_CODE_N_VERDICTS);
     if (!st)
-        st = qd_dp_max_f64(dp, mx, 3);
+        st = qd_dp_max_f64(dp, mx, 4);
+    if (!st && ls->nlin < (int)mx[3]) /* measured on ranks that had samples (rl.c rollout_stats) */
+        st = qd_layer_stats_zero(ls, (int)mx[3]);
+    if (!st) /* a sync's weight errors: the same on the ranks that measured, 0 on the others */
+        st = qd_dp_max_f64(dp, ls->weight_err, (size_t)ls->nlin);
     if (!st)
         st = qd_dp_sum_f64(dp, ls->act_sq, (size_t)ls->nlin);
     if (!st)

@@ -357,14 +357,21 @@ void qd_train_stats_add(qd_train_stats *ts, const qd_grpo_stats *g)
     ts->tokens += g->tokens;
 }
 
-qd_status qd_layer_stats_quant(qd_layer_stats *ls, const qd_diagnostics *d)
+qd_status qd_layer_stats_zero(qd_layer_stats *ls, int nlin)
 {
-    ls->nlin = d->num_linear;
-    size_t n = (size_t)d->num_linear + 1;
+    free(ls->act_err), free(ls->weight_err), free(ls->act_sq), free(ls->act_norm);
+    ls->nlin = nlin;
+    size_t n = (size_t)nlin + 1;
     ls->act_err = calloc(n, sizeof(double)), ls->weight_err = calloc(n, sizeof(double));
     ls->act_sq = calloc(n, sizeof(double)), ls->act_norm = calloc(n, sizeof(double));
     if (!ls->act_err || !ls->weight_err || !ls->act_sq || !ls->act_norm)
         return qd_error(QD_ERR_NOMEM, "diagnostics");
+    return QD_OK;
+}
+
+qd_status qd_layer_stats_quant(qd_layer_stats *ls, const qd_diagnostics *d)
+{
+    QD_TRY(qd_layer_stats_zero(ls, d->num_linear));
     for (int i = 0; i < d->num_linear; i++) {
         ls->act_sq[i] = d->act_err[i], ls->act_norm[i] = d->act_norm[i];
         ls->weight_err[i] = d->weight_err[i];

@@ -78,6 +78,8 @@ typedef struct {
     double *hits, *picks;         /* (nmoe) its counts: experts both picked, tokens x top_k */
 } qd_layer_stats;
 
+/* (Re)allocates the quantization errors of nlin linears, zeroed. */
+qd_status qd_layer_stats_zero(qd_layer_stats *ls, int nlin);
 /* The rollout's quantization errors of d (its diagnostics) into ls. */
 qd_status qd_layer_stats_quant(qd_layer_stats *ls, const qd_diagnostics *d);
 /* (Re)allocates the router counts of nmoe MoE layers, zeroed. */

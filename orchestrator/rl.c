@@ -65,6 +65,9 @@ typedef struct {
     qd_rl_hooks hooks;             /* o->hooks, or none */
     qd_dp dp;                      /* data parallel: this rank and the collectives */
     double fwd_s;                  /* seconds in forward_resp since the train phase began */
+    int32_t *ro_topk;              /* the rollout's router top-k over this step's first micro-batch
+                                      (rollout_stats; NULL: a dense model, or no samples) */
+    int ro_moe, ro_tok, ro_k;      /* its MoE layers, tokens and top_k */
 } rl_run;
 
 /* ---- small helpers */
@@ -368,6 +371,7 @@ static qd_status rollout_batch(rl_run *r, sample_set *all, int gb, int *nb)
         .max_new_tokens = M, .temperature = (float)r->k->rollout.temperature, .top_k = (int)r->k->rollout.top_k,
         .top_p = (float)r->k->rollout.top_p, .stop = &r->end_id, .num_stop = 1,
         .rac_stats = 1, /* the rollout gathers the RAC statistics of the next pick */
+        .no_diagnostics = 1, /* measured in one forward afterwards (rollout_stats) */
     };
     qd_generate_result res = {.tokens = all->tok + (size_t)all->S * M, .logp = all->lp_ro + (size_t)all->S * M,
                               .lengths = lens};
@@ -577,46 +581,70 @@ static qd_status backward_resp(rl_run *r, const sample_set *ss, int a, int b, co
     return st;
 }
 
-/* The rollout's quantization errors over the step's generation (rank 0
- * writes RUN/layers.json, which names them, at the first step). */
-static qd_status rollout_quant_errors(rl_run *r, qd_layer_stats *ls)
+/* The rollout's quantization errors and router choices, from forwards of the
+ * rollout over all of this rank's samples of the step (prompts and responses,
+ * a micro-batch at a time), summed: the generate measured nothing
+ * (no_diagnostics: measuring every decode step cost as much as the decode
+ * itself at a3b's shape), and these are the same tokens' activations in
+ * batched passes; the sums over ranks are those of one rank. The first
+ * forward is train_mini's first micro-batch (of mini-batch 0, at most
+ * micro_batch samples), whose top-k router_agreement compares with the
+ * trainer's. Rank 0 writes RUN/layers.json, which names the layers. */
+static int local_first(const sample_set *ss, int grp);
+
+static qd_status rollout_stats(rl_run *r, const sample_set *ss, int kept, qd_layer_stats *ls)
 {
-    qd_diagnostics d;
-    char p[4400];
-    snprintf(p, sizeof p, "%s/layers.json", r->dir);
-    qd_status st = qd_backend_diagnostics(r->rollout, &d);
-    if (!st && r->dp.rank == 0)
-        st = qd_metrics_write_layers(p, &d, &r->mcfg);
-    return st ? st : qd_layer_stats_quant(ls, &d);
+    int micro = (int)r->k->trainer.micro_batch;
+    int b0 = kept > 0 ? local_first(ss, (int)((int64_t)kept / r->J)) : 0, n0 = b0 < micro ? b0 : micro;
+    free(r->ro_topk);
+    r->ro_topk = NULL;
+    float *scratch = ss->S ? malloc(sizeof(float) * (size_t)micro * r->M) : NULL;
+    qd_status st = ss->S && !scratch ? qd_error(QD_ERR_NOMEM, "rollout statistics") : QD_OK;
+    for (int c = 0, d; c < ss->S && !st; c = d) {
+        d = c == 0 && n0 > 0 ? n0 : (c + micro < ss->S ? c + micro : ss->S);
+        qd_diagnostics dg;
+        st = forward_resp(r, r->rollout, ss, c, d, scratch, "rollout (prefill)");
+        if (!st)
+            st = qd_backend_diagnostics(r->rollout, &dg);
+        if (!st && c == 0) {
+            char p[4400];
+            snprintf(p, sizeof p, "%s/layers.json", r->dir);
+            if (r->dp.rank == 0)
+                st = qd_metrics_write_layers(p, &dg, &r->mcfg);
+            if (!st)
+                st = qd_layer_stats_quant(ls, &dg);
+        } else if (!st) {
+            for (int i = 0; i < dg.num_linear && i < ls->nlin; i++)
+                ls->act_sq[i] += dg.act_err[i], ls->act_norm[i] += dg.act_norm[i];
+        }
+        if (!st && c == 0 && n0 > 0 && dg.num_moe_layers > 0) {
+            size_t cnt = (size_t)dg.num_moe_layers * dg.num_tokens * dg.top_k;
+            if (!(r->ro_topk = malloc(sizeof(int32_t) * cnt)))
+                st = qd_error(QD_ERR_NOMEM, "router agreement");
+            else {
+                memcpy(r->ro_topk, dg.router_topk, sizeof(int32_t) * cnt);
+                r->ro_moe = dg.num_moe_layers, r->ro_tok = dg.num_tokens, r->ro_k = dg.top_k;
+            }
+        }
+    }
+    free(scratch);
+    return st;
 }
 
-/* Router agreement: the trainer's top-k (its last forward, samples [0, n))
- * against the rollout's top-k on the same tokens. The rollout forward leaves
- * the RAC statistics as they were. */
-static qd_status router_agreement(rl_run *r, const sample_set *ss, int n, qd_layer_stats *ls)
+/* Router agreement: the trainer's top-k (its last forward, samples [0, n) of
+ * the step's first micro-batch) against the rollout's on the same tokens
+ * (rollout_stats). */
+static qd_status router_agreement(rl_run *r, qd_layer_stats *ls)
 {
-    qd_diagnostics dt, dr;
+    qd_diagnostics dt;
     qd_status st = qd_backend_diagnostics(r->trainer, &dt);
-    if (st || dt.num_moe_layers == 0)
+    if (st || dt.num_moe_layers == 0 || !r->ro_topk)
         return st;
-    size_t cnt = (size_t)dt.num_moe_layers * dt.num_tokens * dt.top_k;
-    int32_t *tk = malloc(sizeof(int32_t) * cnt);
-    float *scratch = malloc(sizeof(float) * (size_t)n * r->M);
     st = qd_layer_stats_router(ls, dt.num_moe_layers);
-    if (!st && (!tk || !scratch))
-        st = qd_error(QD_ERR_NOMEM, "router agreement");
-    if (!st) {
-        memcpy(tk, dt.router_topk, sizeof(int32_t) * cnt);
-    }
-    if (!st)
-        st = forward_resp(r, r->rollout, ss, 0, n, scratch, "rollout (prefill)");
-    if (!st)
-        st = qd_backend_diagnostics(r->rollout, &dr);
-    if (!st && (dr.num_tokens != dt.num_tokens || dr.num_moe_layers != dt.num_moe_layers))
+    if (!st && (r->ro_tok != dt.num_tokens || r->ro_moe != dt.num_moe_layers || r->ro_k != dt.top_k))
         st = qd_error(QD_ERR_SHAPE, "router agreement: rollout and trainer saw different tokens");
     if (!st)
-        qd_layer_stats_agree(ls, tk, dr.router_topk, dt.num_tokens, dt.top_k);
-    free(tk), free(scratch);
+        qd_layer_stats_agree(ls, dt.router_topk, r->ro_topk, dt.num_tokens, dt.top_k);
     return st;
 }
 
@@ -657,7 +685,7 @@ static qd_status train_mini(rl_run *r, const sample_set *ss, int a, int b, int64
         if (!st && first)
             memcpy(lp_old + (size_t)c * M, lp, sizeof(float) * (size_t)n * M);
         if (!st && first && c == 0 && !ls->agree)
-            st = router_agreement(r, ss, n, ls);
+            st = router_agreement(r, ls);
         if (st)
             break;
         for (int i = 0; i < n; i++)
@@ -1084,7 +1112,7 @@ static qd_status one_step(rl_run *r, sample_set *ss, qd_progress *pg)
     qd_status st = do_rollouts(r, ss, &sr.rs, &sr.kept);
     if (st)
         st = at_step(st, r->step, "rollout");
-    if (!st && (st = rollout_quant_errors(r, &sr.ls)))
+    if (!st && (st = rollout_stats(r, ss, sr.kept, &sr.ls)))
         st = at_step(st, r->step, "diagnostics");
     if (!st && r->hooks.after_rollout)
         r->hooks.after_rollout(r->hooks.ctx, r->step);
@@ -1180,7 +1208,7 @@ static void run_free(rl_run *r, sample_set *ss)
     qd_backend_free(r->ref);
     qd_tokenizer_free(r->tok);
     qd_rl_data_free(&r->data);
-    free(r->perm), free(r->w);
+    free(r->perm), free(r->w), free(r->ro_topk);
     free(ss->s), free(ss->tok), free(ss->lp_ro);
 }
 

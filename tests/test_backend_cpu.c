@@ -1308,6 +1308,23 @@ START_TEST(test_diagnostics)
     qd_diagnostics dg;
     ck_assert_int_eq(qd_backend_diagnostics(b[0], &dg), QD_OK);
     ck_assert(dg.num_tokens == GB && dg.act_norm[0] > 0 && dg.act_err[0] > 0);
+    /* a generate with no_diagnostics: the same tokens and log-probs, nothing
+     * measured (no diagnostics until the next forward) */
+    int32_t gt2[GB * 4], gl2[GB];
+    float glp2[GB * 4];
+    qd_generate_request rq2 = rq;
+    rq2.no_diagnostics = 1;
+    qd_generate_result res2 = {.tokens = gt2, .logp = glp2, .lengths = gl2};
+    ck_assert_int_eq(qd_backend_generate(b[0], &rq2, &res2), QD_OK);
+    ck_assert(memcmp(gl, gl2, sizeof gl) == 0);
+    for (int i = 0; i < GB; i++) {
+        ck_assert(memcmp(gt + i * 4, gt2 + i * 4, sizeof(int32_t) * gl[i]) == 0);
+        ck_assert(memcmp(glp + i * 4, glp2 + i * 4, sizeof(float) * gl[i]) == 0);
+    }
+    ck_assert_int_eq(qd_backend_diagnostics(b[0], &dg), QD_ERR_ARG);
+    forward_ok(b[0], tok, tlen, TB, TT, logp, NULL);
+    ck_assert_int_eq(qd_backend_diagnostics(b[0], &dg), QD_OK);
+    ck_assert(dg.num_tokens == 17 && dg.act_err[0] == d[0].act_err[0]); /* the first forward's sums again */
     for (int k = 0; k < 2; k++)
         qd_backend_free(b[k]);
     qd_backend_free(ref);
