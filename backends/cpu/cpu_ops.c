@@ -590,6 +590,10 @@ static qd_status cpu_bfp_weights(void *dev, void *wq, const uint16_t *w16, const
     return QD_OK;
 }
 
+/* The mantissas' products are below 2^37 and their sums below IC 2^37 <=
+ * 2^51: every one is exact in double, so the sum is S in any order. Rows go
+ * in tiles of QD_ROWS as matmul_forward's (the innermost loop over a tile's
+ * rows, which the compiler vectorizes). */
 static qd_status cpu_matmul_bfp(void *dev, float *out, const float *x, const void *wq, int N, int IC, int OC)
 {
     QD_TRY(bfp_shape(N, IC, OC, "matmul_bfp"));
@@ -598,38 +602,47 @@ static qd_status cpu_matmul_bfp(void *dev, float *out, const float *x, const voi
     const int32_t *F = (const int32_t *)wq;
     const int8_t *hi = (const int8_t *)((const char *)wq + qd_bfp_hi_at(OC));
     const uint8_t *lo = (const uint8_t *)(hi + (size_t)OC * IC);
-    int32_t *X = malloc(sizeof(int32_t) * ((size_t)N * IC + (size_t)N));
-    if (!X)
+    int tiles = (N + QD_ROWS - 1) / QD_ROWS;
+    double *xt = malloc(sizeof(double) * (size_t)tiles * QD_ROWS * IC);
+    int32_t *E = malloc(sizeof(int32_t) * (size_t)N);
+    if (!xt || !E) {
+        free(xt), free(E);
         return qd_error(QD_ERR_NOMEM, "cpu backend: matmul_bfp (%d x %d)", N, IC);
-    int32_t *E = X + (size_t)N * IC;
-    for (int n = 0; n < N; n++) {
+    }
+    for (int n = 0; n < tiles * QD_ROWS; n++) { /* (tiles, IC, QD_ROWS): X as double */
         const float *r = x + (size_t)n * IC;
-        E[n] = qd_bfp_exponent(bfp_amax(r, IC));
+        int e = n < N ? qd_bfp_exponent(bfp_amax(r, IC)) : 0;
+        if (n < N)
+            E[n] = e;
+        double *d = xt + (size_t)(n / QD_ROWS) * IC * QD_ROWS + n % QD_ROWS;
         for (int i = 0; i < IC; i++)
-            X[(size_t)n * IC + i] = E[n] == QD_BFP_NONFINITE ? 0 : qd_bfp_mant(qd_f32_bits(r[i]), E[n], QD_BFP_PX);
+            d[(size_t)i * QD_ROWS] =
+                n >= N || e == QD_BFP_NONFINITE ? 0.0 : (double)qd_bfp_mant(qd_f32_bits(r[i]), e, QD_BFP_PX);
     }
     int bad = 0;
 #pragma omp parallel num_threads(NT(dev)) reduction(|:bad)
     {
-        int32_t *W = malloc(sizeof(int32_t) * (size_t)IC);
+        double *W = malloc(sizeof(double) * (size_t)IC);
         bad = !W;
 #pragma omp for schedule(static)
         for (int o = 0; o < OC; o++) {
             if (!W)
                 continue;
             for (int i = 0; i < IC; i++)
-                W[i] = 256 * (int32_t)hi[(size_t)o * IC + i] + lo[(size_t)o * IC + i];
-            for (int n = 0; n < N; n++) {
-                const int32_t *xr = X + (size_t)n * IC;
-                int64_t S = 0;
+                W[i] = (double)(256 * (int32_t)hi[(size_t)o * IC + i] + lo[(size_t)o * IC + i]);
+            for (int t = 0; t < tiles; t++) {
+                double acc[QD_ROWS] = {0.0};
+                const double *xtt = xt + (size_t)t * IC * QD_ROWS;
                 for (int i = 0; i < IC; i++)
-                    S += (int64_t)xr[i] * W[i];
-                out[(size_t)n * OC + o] = qd_bfp_out(S, E[n], F[o]);
+                    for (int r = 0; r < QD_ROWS; r++)
+                        acc[r] += xtt[(size_t)i * QD_ROWS + r] * W[i];
+                for (int r = 0; r < QD_ROWS && t * QD_ROWS + r < N; r++)
+                    out[(size_t)(t * QD_ROWS + r) * OC + o] = qd_bfp_out((int64_t)acc[r], E[t * QD_ROWS + r], F[o]);
             }
         }
         free(W);
     }
-    free(X);
+    free(xt), free(E);
     return bad ? qd_error(QD_ERR_NOMEM, "cpu backend: matmul_bfp (%d x %d)", OC, IC) : QD_OK;
 }
 
