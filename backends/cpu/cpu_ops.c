@@ -537,7 +537,7 @@ static qd_status cpu_matmul_w16(void *dev, float *out, const float *x, const uin
 
 /* The row block-floating-point product (docs/numerics.md §3b): each row's
  * mantissas under its one exponent, every output the exact integer dot
- * product of two rows' mantissas (int64, so any order gives it) rounded once. */
+ * product of two rows' mantissas (exact, so any order gives it) rounded once. */
 static qd_status bfp_shape(int N, int IC, int OC, const char *what)
 {
     if (N < 0 || OC < 0 || IC <= 0 || IC % 16 || IC > QD_BFP_MAX_IC)
