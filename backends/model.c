@@ -252,7 +252,13 @@ static int head_bfp_on(const model *c)
     const linear *L = &c->lin[c->lm_head];
     return c->opt.mode == QD_MODE_EXACT && c->ops->matmul_bfp && c->ops->bfp_weights &&
            c->opt.recipe != QD_RECIPE_FP32 && (L->mode == QD_LINEAR_BF16 || L->mode == QD_LINEAR_ACT_QAT) &&
-           L->in % 16 == 0 && L->in <= QD_BFP_MAX_IC;
+           qd_bfp_shape_ok(0, L->in, L->out);
+}
+
+/* The bytes of the lm_head's mantissas (0 where head_bfp_on is not). */
+static size_t head_bfp_bytes(const model *c)
+{
+    return head_bfp_on(c) ? qd_bfp_bytes(c->lin[c->lm_head].out, c->lin[c->lm_head].in) : 0;
 }
 #define OP(c, name, ...) ((c)->ops->name((c)->dev, __VA_ARGS__))
 
@@ -3179,8 +3185,7 @@ static void plan_weights(const model *c, qd_mem_plan *p, size_t *s)
     }
     if (diag_on_dev(c))
         p->bytes[QD_MEM_SCRATCH] += sizeof(double) * 4 * (size_t)c->nlin; /* d_diag */
-    if (head_bfp_on(c))
-        p->bytes[QD_MEM_WORKING] += qd_bfp_bytes(c->lin[c->lm_head].out, c->lin[c->lm_head].in);
+    p->bytes[QD_MEM_WORKING] += head_bfp_bytes(c);
     p->bytes[QD_MEM_OWN] = c->ops->own_bytes ? c->ops->own_bytes(c->dev, c->lean ? c->nwk : c->nfloats) : 0;
     p->bytes[QD_MEM_TABLES] = 2 * sizeof(float) * (size_t)c->cfg.max_position_embeddings * (c->cfg.head_dim / 2);
 }
@@ -3791,9 +3796,9 @@ static qd_status alloc_model(model *c)
         else
             QD_TRY(dalloc(c, (void **)&c->wk, n, QD_MEM_WORKING, "working weights"));
     }
-    if (head_bfp_on(c))
-        QD_TRY(dalloc(c, &c->head_bfp, qd_bfp_bytes(c->lin[c->lm_head].out, c->lin[c->lm_head].in),
-                      QD_MEM_WORKING, "the lm_head's weights (row block floating point)"));
+    if (head_bfp_bytes(c))
+        QD_TRY(dalloc(c, &c->head_bfp, head_bfp_bytes(c), QD_MEM_WORKING,
+                      "the lm_head's weights (row block floating point)"));
     if (c->ops->own_bytes) /* made by the ops at the first sync (weights_changed) */
         c->mem_now[QD_MEM_OWN] = c->mem_peak[QD_MEM_OWN] =
             c->ops->own_bytes(c->dev, c->lean ? c->nwk : c->nfloats);

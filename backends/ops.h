@@ -419,6 +419,11 @@ typedef struct qd_ops {
 static inline size_t qd_bfp_hi_at(int OC) { return ((size_t)OC * 4 + 255) & ~(size_t)255; }
 static inline size_t qd_bfp_bytes(int OC, int IC) { return qd_bfp_hi_at(OC) + 2 * (size_t)OC * (size_t)IC; }
 #define QD_BFP_MAX_IC 16384
+/* The shapes bfp_weights (N 0) and matmul_bfp take. */
+static inline int qd_bfp_shape_ok(int N, int IC, int OC)
+{
+    return N >= 0 && OC >= 0 && IC > 0 && IC % 16 == 0 && IC <= QD_BFP_MAX_IC;
+}
 
 /* The CPU's ops (backends/cpu/cpu_ops.c), for tests that run an op on two backends. */
 const qd_ops *qd_cpu_ops(void);

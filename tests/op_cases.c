@@ -1693,22 +1693,61 @@ static void c_matmul_w16_row1(oc *c) { c_matmul_w16_shape(c, QD_PREC_F32, 1, 204
 static void c_matmul_w16_row4(oc *c) { c_matmul_w16_shape(c, QD_PREC_BF16, 4, 520, 300); }
 static void c_matmul_f32_row5(oc *c) { c_matmul_shape(c, QD_PREC_F32, 5, 136, 260, 1.0f); }
 
-/* The row block-floating-point product (bfp_weights, matmul_bfp): rows of x
- * over a wide range (row 0 zeros, row 1 with an infinity, row 2 subnormal,
- * the others scaled by 2^k, k per element in a row's window of 24 binades),
- * BF16 weights down to 2^-12 of their rows' largest (the small ones' low bits
- * rounded), weight row 3 with a NaN, row 4 zeros. Outputs: the weights'
- * layout (bytes) from BF16 bits and from floats (a seventh of them not BF16
- * values: rounded first), and y. */
-static void c_matmul_bfp_rows(oc *c, int N, int IC, int OC, int first)
+/* The row block-floating-point product's cases: host x (N, IC) and BF16
+ * weights (OC, IC) (both NULL, the case failed, when out of memory). */
+static int bfp_host(oc *c, int N, int IC, int OC, float **xh, uint16_t **wh)
 {
-    float *xh = malloc(sizeof(float) * (size_t)N * IC);
-    uint16_t *wh = malloc(sizeof(uint16_t) * (size_t)OC * IC);
-    if (!xh || !wh) {
-        free(xh), free(wh);
+    *xh = malloc(sizeof(float) * (size_t)N * IC);
+    *wh = malloc(sizeof(uint16_t) * (size_t)OC * IC);
+    if (*xh && *wh)
+        return 1;
+    free(*xh), free(*wh);
+    c->st = qd_error(QD_ERR_NOMEM, "op case");
+    return 0;
+}
+
+/* ... uploaded (and freed), bfp_weights and matmul_bfp run; outputs the
+ * weights' layout (bytes), with floats also the layout bfp_weights makes from
+ * the same weights as floats (a seventh of them not BF16 values: rounded
+ * first), and y. */
+static void bfp_run(oc *c, float *xh, uint16_t *wh, int N, int IC, int OC, int floats)
+{
+    float *wfh = floats ? malloc(sizeof(float) * (size_t)OC * IC) : NULL;
+    for (size_t i = 0; wfh && i < (size_t)OC * IC; i++)
+        wfh[i] = i % 7 ? qd_bf16_to_f32(wh[i]) : qd_bits_f32(((uint32_t)wh[i] << 16) | (i % 3 ? 0x7fffu : 0x8000u));
+    float *x = up(c, xh, sizeof(float) * (size_t)N * IC);
+    uint16_t *w = up(c, wh, sizeof(uint16_t) * (size_t)OC * IC);
+    float *wf = wfh ? up(c, wfh, sizeof(float) * (size_t)OC * IC) : NULL;
+    free(xh), free(wh), free(wfh);
+    if (floats && !wf && !c->st)
         c->st = qd_error(QD_ERR_NOMEM, "op case");
+    void *wq = Z(c, qd_bfp_bytes(OC, IC)), *wq2 = floats ? Z(c, qd_bfp_bytes(OC, IC)) : NULL;
+    float *y = Z(c, sizeof(float) * (size_t)N * OC);
+    if (!c->ops->bfp_weights || !c->ops->matmul_bfp) {
+        c->st = c->st ? c->st : qd_error(QD_ERR_UNSUPPORTED, "op case: no matmul_bfp");
         return;
     }
+    RUN(c, c->ops->bfp_weights(c->dev, wq, w, NULL, OC, IC));
+    if (floats)
+        RUN(c, c->ops->bfp_weights(c->dev, wq2, NULL, wf, OC, IC));
+    RUN(c, c->ops->matmul_bfp(c->dev, y, x, wq, N, IC, OC));
+    OUT(c, "wq", 'b', wq, qd_bfp_bytes(OC, IC));
+    if (floats)
+        OUT(c, "wq of floats", 'b', wq2, qd_bfp_bytes(OC, IC));
+    OUT(c, "y", 'f', y, sizeof(float) * (size_t)N * OC);
+}
+
+/* Rows of x over a wide range (kinds first, first + 1, ...: 0 zeros, 1 with
+ * an infinity, 2 subnormal, the others scaled by 2^k, k per element in a
+ * row's window of 24 binades), BF16 weights down to 2^-12 of their rows'
+ * largest (the small ones' low bits rounded), weight row 3 with a NaN, row 4
+ * zeros; the weights also as floats. */
+static void c_matmul_bfp_rows(oc *c, int N, int IC, int OC, int first)
+{
+    float *xh;
+    uint16_t *wh;
+    if (!bfp_host(c, N, IC, OC, &xh, &wh))
+        return;
     for (int n = 0; n < N; n++)
         for (int i = 0; i < IC; i++) {
             float v = unif(c, -1, 1);
@@ -1728,30 +1767,8 @@ static void c_matmul_bfp_rows(oc *c, int N, int IC, int OC, int first)
             float v = o == 4 ? 0.0f : ldexpf(unif(c, -1, 1), -irand(c, 12) + (o % 5) * 3 - 6);
             wh[(size_t)o * IC + i] = o == 3 && i == 7 ? 0x7fc1 : qd_bf16_from_f32(v);
         }
-    float *wfh = malloc(sizeof(float) * (size_t)OC * IC);
-    for (size_t i = 0; wfh && i < (size_t)OC * IC; i++) /* the same weights as floats, a few not BF16 values */
-        wfh[i] = i % 7 ? qd_bf16_to_f32(wh[i]) : qd_bits_f32(((uint32_t)wh[i] << 16) | (i % 3 ? 0x7fffu : 0x8000u));
-    float *x = up(c, xh, sizeof(float) * (size_t)N * IC);
-    uint16_t *w = up(c, wh, sizeof(uint16_t) * (size_t)OC * IC);
-    float *wf = wfh ? up(c, wfh, sizeof(float) * (size_t)OC * IC) : NULL;
-    free(xh), free(wh), free(wfh);
-    if (!wf && !c->st)
-        c->st = qd_error(QD_ERR_NOMEM, "op case");
-    void *wq = Z(c, qd_bfp_bytes(OC, IC)), *wq2 = Z(c, qd_bfp_bytes(OC, IC));
-    float *y = Z(c, sizeof(float) * (size_t)N * OC);
-    if (!c->ops->bfp_weights || !c->ops->matmul_bfp) {
-        c->st = c->st ? c->st : qd_error(QD_ERR_UNSUPPORTED, "op case: no matmul_bfp");
-        return;
-    }
-    RUN(c, c->ops->bfp_weights(c->dev, wq, w, NULL, OC, IC));
-    RUN(c, c->ops->bfp_weights(c->dev, wq2, NULL, wf, OC, IC));
-    RUN(c, c->ops->matmul_bfp(c->dev, y, x, wq, N, IC, OC));
-    OUT(c, "wq", 'b', wq, qd_bfp_bytes(OC, IC));
-    OUT(c, "wq of floats", 'b', wq2, qd_bfp_bytes(OC, IC));
-    OUT(c, "y", 'f', y, sizeof(float) * (size_t)N * OC);
+    bfp_run(c, xh, wh, N, IC, OC, 1);
 }
-
-static void c_matmul_bfp_shape(oc *c, int N, int IC, int OC) { c_matmul_bfp_rows(c, N, IC, OC, 0); }
 
 /* CUDA's three tile shapes (at most 16 rows, 32, more), K past a stage's 64
  * (208: a partial last stage) and the lm_head's 2048, ragged outputs; at most
@@ -1760,10 +1777,10 @@ static void c_matmul_bfp_row1(oc *c) { c_matmul_bfp_rows(c, 1, 2048, 300, 3); }
 static void c_matmul_bfp_row2(oc *c) { c_matmul_bfp_rows(c, 2, 208, 133, 5); }
 static void c_matmul_bfp_row3(oc *c) { c_matmul_bfp_rows(c, 3, 16, 70, 1); }
 static void c_matmul_bfp_row4(oc *c) { c_matmul_bfp_rows(c, 4, 2064, 41, 0); }
-static void c_matmul_bfp_few(oc *c) { c_matmul_bfp_shape(c, 5, 64, 40); }
-static void c_matmul_bfp_lm(oc *c) { c_matmul_bfp_shape(c, 27, 2048, 300); }
-static void c_matmul_bfp_tall(oc *c) { c_matmul_bfp_shape(c, 70, 208, 133); }
-static void c_matmul_bfp_k16(oc *c) { c_matmul_bfp_shape(c, 130, 16, 70); }
+static void c_matmul_bfp_few(oc *c) { c_matmul_bfp_rows(c, 5, 64, 40, 0); }
+static void c_matmul_bfp_lm(oc *c) { c_matmul_bfp_rows(c, 27, 2048, 300, 0); }
+static void c_matmul_bfp_tall(oc *c) { c_matmul_bfp_rows(c, 70, 208, 133, 0); }
+static void c_matmul_bfp_k16(oc *c) { c_matmul_bfp_rows(c, 130, 16, 70, 0); }
 
 /* The widest rows (IC 16384) at the mantissas' extremes: x = +-(2 - 2^-23) 2^k
  * (X = +-2^22 after rounding up), w = +-1.9921875 2^j (W = +-32640), signs
@@ -1772,13 +1789,10 @@ static void c_matmul_bfp_k16(oc *c) { c_matmul_bfp_shape(c, 130, 16, 70); }
 static void c_matmul_bfp_edge(oc *c)
 {
     const int N = 3, IC = 16384, OC = 24;
-    float *xh = malloc(sizeof(float) * (size_t)N * IC);
-    uint16_t *wh = malloc(sizeof(uint16_t) * (size_t)OC * IC);
-    if (!xh || !wh) {
-        free(xh), free(wh);
-        c->st = qd_error(QD_ERR_NOMEM, "op case");
+    float *xh;
+    uint16_t *wh;
+    if (!bfp_host(c, N, IC, OC, &xh, &wh))
         return;
-    }
     for (int i = 0; i < IC; i++) {
         float sg = (i * 2654435761u) >> 31 ? -1.0f : 1.0f;
         xh[i] = sg * qd_bits_f32(0x3fffffffu);                        /* E 0, X = +-2^22 */
@@ -1792,15 +1806,7 @@ static void c_matmul_bfp_edge(oc *c)
                                                   : ldexpf(1.9921875f, -(i % 16));
             wh[(size_t)o * IC + i] = qd_bf16_from_f32(sg * v);
         }
-    float *x = up(c, xh, sizeof(float) * (size_t)N * IC);
-    uint16_t *w = up(c, wh, sizeof(uint16_t) * (size_t)OC * IC);
-    free(xh), free(wh);
-    void *wq = Z(c, qd_bfp_bytes(OC, IC));
-    float *y = Z(c, sizeof(float) * (size_t)N * OC);
-    RUN(c, c->ops->bfp_weights(c->dev, wq, w, NULL, OC, IC));
-    RUN(c, c->ops->matmul_bfp(c->dev, y, x, wq, N, IC, OC));
-    OUT(c, "wq", 'b', wq, qd_bfp_bytes(OC, IC));
-    OUT(c, "y", 'f', y, sizeof(float) * (size_t)N * OC);
+    bfp_run(c, xh, wh, N, IC, OC, 0);
 }
 
 typedef struct {

@@ -367,7 +367,7 @@ static qd_status bf_launch(const bf_params &p)
 /* The shapes and alignment the kernels need (the ops' wrappers check the shapes too). */
 static qd_status bf_check(int IC, const void *a, const void *b)
 {
-    if (IC <= 0 || IC % 16 || IC > QD_BFP_MAX_IC)
+    if (!qd_bfp_shape_ok(0, IC, 0))
         return qd_error(QD_ERR_SHAPE, "cuda backend: row BFP product: in-features %d: a multiple of 16 up to %d "
                         "wanted", IC, QD_BFP_MAX_IC);
     if (!qd_aligned(a, 16) || (b && !qd_aligned(b, 16)))
@@ -389,9 +389,12 @@ extern "C" qd_status qdk_bfp_weights(void *wq, const uint16_t *w16, const float 
     return QD_OK;
 }
 
+/* ws's layout: E (N int32), then the three planes of X (N x IC bytes each), each from a multiple of 256 bytes */
+static size_t bf_up256(size_t n) { return (n + 255) & ~(size_t)255; }
+
 extern "C" size_t qdk_bfp_rows_bytes(int N, int IC)
 {
-    return (((size_t)N * 4 + 255) & ~(size_t)255) + 3 * (((size_t)N * IC + 255) & ~(size_t)255);
+    return bf_up256((size_t)N * 4) + 3 * bf_up256((size_t)N * IC);
 }
 
 extern "C" qd_status qdk_matmul_bfp(float *out, const float *x, const void *wq, void *ws, int N, int IC, int OC)
@@ -399,10 +402,10 @@ extern "C" qd_status qdk_matmul_bfp(float *out, const float *x, const void *wq, 
     if (!N || !OC)
         return QD_OK;
     QD_TRY(bf_check(IC, wq, ws));
-    size_t plane = ((size_t)N * IC + 255) & ~(size_t)255;
+    size_t plane = bf_up256((size_t)N * IC);
     bf_params p;
     p.E = (const int32_t *)ws;
-    p.xh = (const int8_t *)((char *)ws + (((size_t)N * 4 + 255) & ~(size_t)255));
+    p.xh = (const int8_t *)((char *)ws + bf_up256((size_t)N * 4));
     p.xm = (const uint8_t *)p.xh + plane;
     p.xl = p.xm + plane;
     p.F = (const int32_t *)wq;

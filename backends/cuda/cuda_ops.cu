@@ -638,7 +638,7 @@ static qd_status cuda_matmul_w16(void *dev, float *out, const float *x, const ui
  * of cpu_bfp_weights and cpu_matmul_bfp. */
 static qd_status bfp_shape(int N, int IC, int OC, const char *what)
 {
-    if (N < 0 || OC < 0 || IC <= 0 || IC % 16 || IC > QD_BFP_MAX_IC)
+    if (!qd_bfp_shape_ok(N, IC, OC))
         return qd_error(QD_ERR_SHAPE, "cuda backend: %s: in-features %d: a multiple of 16 up to %d wanted", what,
                         IC, QD_BFP_MAX_IC);
     return QD_OK;
