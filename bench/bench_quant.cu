@@ -24,7 +24,9 @@
  *       backward blocks, q's and o's) on each of cuBLASLt's heuristic candidates.
  *   (g) --bfp: the lm_head's exact product, today's float32 chain beside the
  *       row block-floating-point product (docs/numerics.md §3b).
- *     bench/bench_quant [REPS] [--quantize | --attention | --experts | --lt | --bfp] [--json FILE] [--commit ID]
+ *   (h) --moe: the experts' grouped W4A4 table alone (the product
+ *       two blocks an MMA beside one; exits 1 where their bits differ).
+ *     bench/bench_quant [REPS] [--quantize | --attention | --experts | --lt | --bfp | --moe] [--json FILE] [--commit ID]
  * --quantize: table (a) only; --json: its rows as JSON lines (model, engine, recipe,
  * mode, op, ms, bandwidth_fraction, commit, ...), for docs/results/train-h200.jsonl.
  * Exits 1 when a quantize output or a RAC pick of the new kernels differs from the
@@ -404,14 +406,17 @@ static void bench_gemv(cublasLtHandle_t h)
 
 /* (c) The MoE experts' grouped W4A4 product at Qwen3-30B-A3B's shapes (128
  * experts, gate/up 768 x 2048, down 2048 x 768) with the rows a decode step of
- * batch B routes top-8 (uniform random routing), the MMA kernel beside the one
- * before it; weight bytes are those of the experts that got rows. */
+ * batch B routes top-8 (uniform random routing; B 8,192 is a prefill of 64
+ * prompts of 128 tokens), the MMA kernel two blocks an MMA (qd_cuda_w4a4_pair)
+ * beside one block an MMA, outputs compared bit for bit; weight bytes are
+ * those of the experts that got rows. Exits 1 where the outputs differ. */
+static int grouped_mismatch;
 static void bench_grouped(void)
 {
-    const int E = 128, topk = 8, Bs[] = {1, 16, 64, 256};
+    const int E = 128, topk = 8, Bs[] = {1, 16, 64, 256, 8192};
     const int64_t shapes[2][2] = {{768, 2048}, {2048, 768}};
-    printf("\n| experts N x K | batch | rows | experts touched | MMA us | MMA TB/s | before us | before TB/s | speedup |\n"
-           "|---|---|---|---|---|---|---|---|---|\n");
+    printf("\n| experts N x K | batch | rows | experts touched | pair us | pair TB/s | k16 us | k16 TB/s | k16 / pair "
+           "| bits |\n|---|---|---|---|---|---|---|---|---|---|\n");
     for (int s = 0; s < 2; s++) {
         int64_t N = shapes[s][0], K = shapes[s][1];
         std::vector<qd_nvfp4> w((size_t)E);
@@ -445,23 +450,29 @@ static void bench_grouped(void)
                 touched += cnt[(size_t)e] > 0;
             }
             int64_t R = off[(size_t)E];
-            float *af = random_dev(R * K, 23), *y;
+            float *af = random_dev(R * K, 23), *y[2];
             qd_nvfp4 a;
             QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&a, R, K, QD_SCALE_PER_ROW));
             QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&a, af));
-            QD_CUDA_DIE(cudaMalloc((void **)&y, (size_t)(R * N) * sizeof(float)));
-            qd_cuda_w4a4_legacy = 0;
-            float tn = time_ms([&] { QD_STATUS_DIE(qd_cuda_w4a4_gemm_grouped_async(y, &a, pw.data(), off.data(), E)); });
-            qd_cuda_w4a4_legacy = 1;
-            float to = time_ms([&] { QD_STATUS_DIE(qd_cuda_w4a4_gemm_grouped_async(y, &a, pw.data(), off.data(), E)); });
-            qd_cuda_w4a4_legacy = 0;
+            float t[2];
+            for (int pair = 0; pair < 2; pair++) {
+                QD_CUDA_DIE(cudaMalloc((void **)&y[pair], (size_t)(R * N) * sizeof(float)));
+                QD_CUDA_DIE(cudaMemset(y[pair], 0xff, (size_t)(R * N) * sizeof(float)));
+                qd_cuda_w4a4_pair = pair;
+                t[pair] = time_ms(
+                    [&] { QD_STATUS_DIE(qd_cuda_w4a4_gemm_grouped_async(y[pair], &a, pw.data(), off.data(), E)); });
+            }
+            qd_cuda_w4a4_pair = -1;
+            long long nd = dev_diff(y[0], y[1], (size_t)(R * N) * sizeof(float));
+            grouped_mismatch |= nd != 0;
             double bytes = (double)touched * (N * K / 2.0 + N * K / 16.0);
-            printf("| %lld x %lld | %d | %lld | %d | %.1f | %.2f | %.1f | %.2f | %.2fx |\n", (long long)N,
-                   (long long)K, B, (long long)R, touched, tn * 1e3, bytes / (tn * 1e-3) / 1e12, to * 1e3,
-                   bytes / (to * 1e-3) / 1e12, to / tn);
+            printf("| %lld x %lld | %d | %lld | %d | %.1f | %.2f | %.1f | %.2f | %.2fx | %s |\n", (long long)N,
+                   (long long)K, B, (long long)R, touched, t[1] * 1e3, bytes / (t[1] * 1e-3) / 1e12, t[0] * 1e3,
+                   bytes / (t[0] * 1e-3) / 1e12, t[0] / t[1], nd ? "DIFFER" : "equal");
             qd_cuda_nvfp4_free(&a);
             QD_CUDA_DIE(cudaFree(af));
-            QD_CUDA_DIE(cudaFree(y));
+            QD_CUDA_DIE(cudaFree(y[0]));
+            QD_CUDA_DIE(cudaFree(y[1]));
         }
         for (auto &q : w)
             qd_cuda_nvfp4_free(&q);
@@ -955,7 +966,7 @@ int main(int argc, char **argv)
 {
     cudaDeviceProp p;
     cublasLtHandle_t h;
-    int only_quantize = 0, only_attention = 0, only_experts = 0, only_lt = 0, only_bfp = 0;
+    int only_quantize = 0, only_attention = 0, only_experts = 0, only_lt = 0, only_bfp = 0, only_moe = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quantize"))
             only_quantize = 1;
@@ -967,6 +978,8 @@ int main(int argc, char **argv)
             only_lt = 1;
         else if (!strcmp(argv[i], "--bfp"))
             only_bfp = 1;
+        else if (!strcmp(argv[i], "--moe"))
+            only_moe = 1;
         else if (!strcmp(argv[i], "--json") && i + 1 < argc)
             json_out = fopen(argv[++i], "w");
         else if (!strcmp(argv[i], "--commit") && i + 1 < argc)
@@ -974,7 +987,7 @@ int main(int argc, char **argv)
         else if (atoi(argv[i]) > 0)
             reps = atoi(argv[i]);
         else {
-            fprintf(stderr, "usage: bench/bench_quant [REPS] [--quantize | --attention | --experts | --lt | --bfp] "
+            fprintf(stderr, "usage: bench/bench_quant [REPS] [--quantize | --attention | --experts | --lt | --bfp | --moe] "
                             "[--json FILE] [--commit ID]\n");
             return 2;
         }
@@ -998,6 +1011,10 @@ int main(int argc, char **argv)
         bench_lt();
         return 0;
     }
+    if (only_moe) {
+        bench_grouped();
+        return grouped_mismatch;
+    }
     double copy = copy_bandwidth();
     printf("device-to-device copy (1 GiB, bytes read + written): %.0f GB/s\n", copy);
     if (only_bfp) {
@@ -1020,5 +1037,5 @@ int main(int argc, char **argv)
     bench_grouped();
     bench_lm_head();
     cublasLtDestroy(h);
-    return quant_mismatch;
+    return quant_mismatch | grouped_mismatch;
 }

@@ -595,6 +595,17 @@ static void c_w4a4_grouped_dev40(oc *c)
     w4a4_grouped_run(c, off, 6, 72, 256, 1);
 }
 
+/* Experts of 3, 6, 11, 0 and 30 rows, K = 768 (three whole chunks of 16
+ * blocks), N = 456 ragged against 64-row CTAs (CUDA: too many CTAs for the
+ * split-K kernel; the MMA kernel two blocks an
+ * MMA, its 4-row column groups one, two and three to eight of them, rows of a
+ * group past the expert's; QUADS_W4A4_PAIR=0 one block an MMA) */
+static void c_w4a4_grouped_pair(oc *c)
+{
+    static const int32_t off[6] = {0, 3, 9, 20, 20, 50};
+    w4a4_grouped_case(c, off, 5, 456, 768);
+}
+
 /* a batch-1 decode's experts: 8 rows in 8 of 8 experts of K 768 (a3b's down) */
 static void c_w4a4_grouped_dev1(oc *c)
 {
@@ -1861,6 +1872,7 @@ static const op_case cases[] = {
     {{"w4a4_grouped_dev 6 experts 40x2112", "w4a4_gemm_grouped_dev", 0, 0}, c_w4a4_grouped_dev},
     {{"w4a4_grouped_dev 9 rows", "w4a4_gemm_grouped_dev", 0, 0}, c_w4a4_grouped_dev9},
     {{"w4a4_grouped_dev 6 experts 100 rows", "w4a4_gemm_grouped_dev", 0, 0}, c_w4a4_grouped_dev40},
+    {{"w4a4_gemm_grouped 5 experts 456x768 pairs", "w4a4_gemm_grouped", 0, 0}, c_w4a4_grouped_pair},
     {{"w4a4_grouped_dev batch 1 8x48x768", "w4a4_gemm_grouped_dev", 0, 0}, c_w4a4_grouped_dev1},
     {{"w4a4_gemm 1x72x768", "w4a4_gemm", 1, 0}, c_w4a4_row1},
     {{"w4a4_gemm 1x37x4496", "w4a4_gemm", 1, 0}, c_w4a4_rac_width},

@@ -7,8 +7,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <type_traits>
 #include "backends/cuda/cuda_quant.h"
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_mma.h"
 
 /* The hardware E2M1 encoder (cvt.rn.satfinite.e2m1x2.f32) exists on the Blackwell
  * arch-specific targets only. Selected at compile time; it cannot run on the
@@ -1385,11 +1387,39 @@ w4a4_tc_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const 
  * e2m1x4_off12, and the offset's 12 * sum(a) is taken out of the start). */
 template <int NT, int W>
 struct mma_stage {
+    static constexpr bool pair = false;
     uint8_t wc[QD_MMA_ROWS][QD_MMA_WLD];
     float sw[QD_MMA_ROWS][QD_MMA_SLD];
     __align__(16) int8_t a[8 * NT][QD_MMA_ALD];
     float4 sc[4 * NT][QD_MMA_CB + 1]; /* padded: the 4 pairs a warp reads, 4 bank groups */
 };
+
+/* The stage of the block-pair kernels (w4a4_mma_kernel's PAIR): the weight
+ * codes as mma_stage's (ldmatrix reads 16 rows x 4 blocks at once), the
+ * weight scales with rows of an even length (a thread reads two blocks' as
+ * one float2), the activation rows 32 bytes longer than a chunk (the 4 rows a
+ * warp's B fragments read fall in 4 bank groups), and sp[m][jp] of activation
+ * row m and blocks 2jp, 2jp+1: {sa, sa', -(1.5*2^23 + 12*sum), the same of
+ * 2jp+1} (scales / 4; the MMA starts at the magic bits and this takes the
+ * start and the offset's 12 * sum(a) back out, exactly). */
+template <int NT, int W>
+struct pair_stage {
+    static constexpr bool pair = true;
+    uint8_t wc[QD_MMA_ROWS][QD_MMA_WLD];
+    float sw[QD_MMA_ROWS][QD_MMA_CB + 2];
+    __align__(16) int8_t a[8 * NT][QD_MMA_CB * 16 + 32];
+    float4 sp[8 * NT][QD_MMA_CB / 2 + 1];
+};
+
+/* D = A (16 x 32, s8) B (32 x 8, s8) + the magic bits in every element. */
+static __device__ __forceinline__ void mma_s8k32(int d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                 uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%10,%10,%10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(QD_MAGIC_BITS));
+}
 
 /* mma_s8 with the accumulator started at c0 (column 2t) and c1 (column 2t+1). */
 static __device__ __forceinline__ void mma_s8c(int d[4], uint32_t a0, uint32_t a1, uint32_t b, int c0, int c1)
@@ -1424,8 +1454,8 @@ struct mma_regs {
 /* Issues chunk c's weight codes (cp.async into st) and loads its scales and
  * activations into r. Rows past N read row N-1 (never stored); activation rows
  * past T read as zero. */
-template <int NT, int W>
-static __device__ __forceinline__ void mma_fetch(mma_stage<NT, W> *st, mma_regs<NT, W> *r, const uint8_t *wc,
+template <int NT, int W, typename S>
+static __device__ __forceinline__ void mma_fetch(S *st, mma_regs<NT, W> *r, const uint8_t *wc,
                                                  const uint8_t *ws, int64_t n0, int64_t N, int nb,
                                                  const uint8_t *ac, const uint8_t *as, int T, int b0, int cb,
                                                  int tid)
@@ -1479,9 +1509,8 @@ static __device__ __forceinline__ void mma_fetch(mma_stage<NT, W> *st, mma_regs<
 
 /* The registers of mma_fetch into the stage: scales decoded to float (activation
  * scales / 4), activation codes to int8 (2*E2M1). */
-template <int NT, int W>
-static __device__ __forceinline__ void mma_store(mma_stage<NT, W> *st, const mma_regs<NT, W> *r, const float *lut, int T,
-                                                 int tid)
+template <int NT, int W, typename S>
+static __device__ __forceinline__ void mma_store(S *st, const mma_regs<NT, W> *r, const float *lut, int T, int tid)
 {
 #pragma unroll
     for (int k = 0; k < QD_MMA_WS_PER_THREAD; k++) {
@@ -1499,23 +1528,83 @@ static __device__ __forceinline__ void mma_store(mma_stage<NT, W> *st, const mma
         *(int4 *)&st->a[row][u * 16] = v;
         int sum = __dp4a(v.x, 0x01010101, __dp4a(v.y, 0x01010101, __dp4a(v.z, 0x01010101,
                                                                    __dp4a(v.w, 0x01010101, 0))));
-        float *q = (float *)&st->sc[row >> 1][u];
-        q[row & 1] = 0.25f * qd_e4m3_to_f32(r->as[k]);
-        q[2 + (row & 1)] = __int_as_float(QD_MAGIC_BITS - 12 * sum);
+        if constexpr (S::pair) {
+            float *q = (float *)&st->sp[row][u >> 1];
+            q[u & 1] = 0.25f * qd_e4m3_to_f32(r->as[k]);
+            q[2 + (u & 1)] = -__int_as_float(QD_MAGIC_BITS + 12 * sum);
+        } else {
+            float *q = (float *)&st->sc[row >> 1][u];
+            q[row & 1] = 0.25f * qd_e4m3_to_f32(r->as[k]);
+            q[2 + (row & 1)] = __int_as_float(QD_MAGIC_BITS - 12 * sum);
+        }
+    }
+}
+
+/* One chunk (QD_MMA_CB blocks) of the block-pair kernels for warp w: the
+ * MMA m16n8k32 takes blocks 2jp and 2jp+1 of 16 weight rows at once, and its
+ * 8 columns are 4 activation rows x the two blocks: column (m, h) of B holds
+ * row m's block 2jp+h in the 16 k-slots of that block's weights and zeros in
+ * the other 16, so each column is one block's exact sum (as the k16 MMA's).
+ * The k-slots of a block need not be in order (the sum is exact): ldmatrix
+ * gives thread t bytes 4t..4t+3 of 16 weight bytes (blocks 2jp, 2jp+1), so
+ * threads 0, 1 hold block 2jp's 16 codes and threads 2, 3 block 2jp+1's, and
+ * B's columns put the activations where the weights are. Thread (g, t) adds,
+ * for its activation row 4G + t of each group G (G < NG; rows past T are
+ * never stored) and weight rows g, g+8, block 2jp's term and then 2jp+1's:
+ * the ascending block order of the k16 kernels, so the same bits. */
+template <int NT, int W, int NG>
+static __device__ __forceinline__ void pair_chunk(const pair_stage<NT, W> *cur, float (*acc)[4], int T, int lane, int w)
+{
+    constexpr int LDA = QD_MMA_CB * 16 + 32;
+    int gq = lane >> 2, t = lane & 3;
+    const uint8_t *wa = &cur->wc[16 * w + (lane & 7) + 8 * ((lane >> 3) & 1)][16 * (lane >> 4)];
+    const float *sw0 = cur->sw[16 * w + gq], *sw1 = cur->sw[16 * w + gq + 8];
+    bool bon = (t >> 1) == (gq & 1); /* this thread's B slots hold block 2jp + (gq & 1) */
+    const int8_t *ab = &cur->a[gq >> 1][(gq & 1) * 16 + 8 * (t & 1)];
+#pragma unroll 1
+    for (int jq = 0; jq < QD_MMA_CB / 4; jq++) {
+        uint32_t R[4];
+        ldm_x4(R, wa + 32 * jq);
+#pragma unroll
+        for (int s = 0; s < 2; s++) {
+            int jp = 2 * jq + s;
+            uint32_t a0 = (uint32_t)e2m1x4_off12(R[2 * s]), a2 = (uint32_t)e2m1x4_off12(R[2 * s] >> 16);
+            uint32_t a1 = (uint32_t)e2m1x4_off12(R[2 * s + 1]), a3 = (uint32_t)e2m1x4_off12(R[2 * s + 1] >> 16);
+            float2 w0 = *(const float2 *)&sw0[2 * jp], w1 = *(const float2 *)&sw1[2 * jp];
+#pragma unroll
+            for (int g = 0; g < NG; g++) {
+                if (NG > 2 && 4 * g >= T)
+                    break;
+                uint2 b = *(const uint2 *)(ab + g * 4 * LDA + jp * 32);
+                if (!bon)
+                    b = make_uint2(0, 0);
+                float4 sc = cur->sp[4 * g + t][jp];
+                int d[4];
+                mma_s8k32(d, a0, a1, a2, a3, b.x, b.y);
+                float *ac = &acc[g >> 1][2 * (g & 1)];
+                ac[0] = fmaf(__int_as_float(d[0]) + sc.z, sc.x * w0.x, ac[0]);
+                ac[0] = fmaf(__int_as_float(d[1]) + sc.w, sc.y * w0.y, ac[0]);
+                ac[1] = fmaf(__int_as_float(d[2]) + sc.z, sc.x * w1.x, ac[1]);
+                ac[1] = fmaf(__int_as_float(d[3]) + sc.w, sc.y * w1.y, ac[1]);
+            }
+        }
     }
 }
 
 /* DEV: the groups are *gd in device memory and the CTAs' (group, row tile)
  * pairs items[0 .. *nitems-1] (group | tile << 16, w4a4_items_from_dev from
- * the device offsets), blockIdx.y picking one; those past them exit. */
-template <int NT, int W, bool DEV>
+ * the device offsets), blockIdx.y picking one; those past them exit.
+ * PAIR: two blocks an MMA (pair_chunk; K a multiple of 16 * QD_MMA_CB), the
+ * same bits. */
+template <int NT, int W, bool DEV, bool PAIR>
 __global__ void __launch_bounds__(32 * W, W == 1 ? 12 : NT <= 2 ? 4 : NT == 4 ? 3 : 2)
 w4a4_mma_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
                 const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K, const w4a4_groups *gd,
                 const int *items, const int *nitems)
 {
+    using S = typename std::conditional<PAIR, pair_stage<NT, W>, mma_stage<NT, W>>::type;
     extern __shared__ __align__(16) unsigned char mma_smem[];
-    mma_stage<NT, W> *stage = (mma_stage<NT, W> *)mma_smem;
+    S *stage = (S *)mma_smem;
     __shared__ float lut[256]; /* the weight scales' E4M3 values */
     int z = blockIdx.z;
     int64_t tile = blockIdx.y;
@@ -1548,11 +1637,19 @@ w4a4_mma_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
     __syncthreads();
     int wr0 = 16 * w + gq, wr1 = wr0 + 8;
     for (int c = 0; c < nchunk; c++) {
-        mma_stage<NT, W> *cur = &stage[c & 1], *nxt = &stage[(c + 1) & 1];
+        S *cur = &stage[c & 1], *nxt = &stage[(c + 1) & 1];
         int b0 = c * QD_MMA_CB, cbc = nb - b0 < QD_MMA_CB ? nb - b0 : QD_MMA_CB;
         int nb0 = b0 + QD_MMA_CB, cbn = nb - nb0 < QD_MMA_CB ? nb - nb0 : QD_MMA_CB;
         if (c + 1 < nchunk)
             mma_fetch<NT, W>(nxt, &reg, G.codes[z], G.scales[z], n0, N, nb, ac, as, T, nb0, cbn, threadIdx.x);
+        if constexpr (PAIR) {
+            if (T <= 4)
+                pair_chunk<NT, W, 1>(cur, acc, T, lane, w);
+            else if (T <= 8)
+                pair_chunk<NT, W, 2>(cur, acc, T, lane, w);
+            else
+                pair_chunk<NT, W, 2 * NT>(cur, acc, T, lane, w);
+        } else {
 #pragma unroll 4
         for (int j = 0; j < cbc; j++) {
             uint32_t a0 = (uint32_t)e2m1x4_off12(*(const uint16_t *)&cur->wc[wr0][j * 8 + 2 * t]);
@@ -1573,6 +1670,7 @@ w4a4_mma_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
                 acc[nt][3] = fmaf(__int_as_float(d[3]) - QD_MAGIC, sa_hi * sw1, acc[nt][3]);
             }
         }
+        }
         if (c + 1 < nchunk)
             mma_store<NT, W>(nxt, &reg, lut, T, threadIdx.x);
         cp_async_wait_all();
@@ -1583,8 +1681,9 @@ w4a4_mma_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            int m = nt * 8 + 2 * t + (i & 1);
-            int64_t n = n0 + (i < 2 ? wr0 : wr1);
+            /* PAIR: acc[nt][2h + r] is activation row 4 (2nt + h) + t, weight row r ? wr1 : wr0 */
+            int m = PAIR ? 8 * nt + 4 * (i >> 1) + t : nt * 8 + 2 * t + (i & 1);
+            int64_t n = n0 + (PAIR ? (i & 1 ? wr1 : wr0) : i < 2 ? wr0 : wr1);
             if (m < T && n < N)
                 y[(r0 + m) * N + n] = acc[nt][i] * (a_sdec[a_per_row ? r0 + m : 0] * sdw[w_per_row ? n : 0]);
         }
@@ -2279,20 +2378,42 @@ static qd_status launch_w4a4_grouped(float *y, const qd_nvfp4 *a, const w4a4_gro
 /* The MMA kernel over a table of groups: NT (8-row activation tiles a CTA) as
  * large as the rows ask for, made smaller while the grid would not fill the GPU
  * three times over (more CTAs re-read the weights from L2, not HBM). */
+/* QUADS_W4A4_PAIR=0|1 (benchmarks and tests): the MMA kernels two blocks an
+ * MMA (PAIR) never, or wherever K allows it (a multiple of 16 * QD_MMA_CB:
+ * every chunk whole); unset: the latter. The same bits either way. */
+int qd_cuda_w4a4_pair = -1;
+
+static int w4a4_pair(int64_t K)
+{
+    static int v = -2;
+    int on = qd_cuda_w4a4_pair >= 0 ? qd_cuda_w4a4_pair : qd_env_pick(&v, "QUADS_W4A4_PAIR", 0, 1) != 0;
+    return on && K % (16 * QD_MMA_CB) == 0;
+}
+
+/* The MMA kernel (DEV, PAIR) with its shared memory and grid. */
+template <int NT, int W, bool DEV, bool PAIR>
+static qd_status mma_launch(dim3 grid, float *y, const qd_nvfp4 *a, const w4a4_groups *g, int w_per_row, int64_t N,
+                            int64_t K, const w4a4_groups *gd, const int *items, const int *nitems)
+{
+    using S = typename std::conditional<PAIR, pair_stage<NT, W>, mma_stage<NT, W>>::type;
+    size_t smem = 2 * sizeof(S);
+    if (smem > 48 * 1024)
+        QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_mma_kernel<NT, W, DEV, PAIR>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    w4a4_mma_kernel<NT, W, DEV, PAIR><<<grid, 32 * W, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, *g,
+                                                              w_per_row, N, K, gd, items, nitems);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
 template <int NT, int W>
 static qd_status launch_w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
                                  int w_per_row, int64_t N, int64_t K)
 {
-    size_t smem = 2 * sizeof(mma_stage<NT, W>);
     dim3 grid((unsigned)((N + QD_MMA_ROWS - 1) / QD_MMA_ROWS), (unsigned)((maxrows + 8 * NT - 1) / (8 * NT)),
               (unsigned)ng);
-    if (smem > 48 * 1024)
-        QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_mma_kernel<NT, W, false>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    w4a4_mma_kernel<NT, W, false><<<grid, 32 * W, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, *g,
-                                                          w_per_row, N, K, NULL, NULL, NULL);
-    QD_CUDA_CHECK(cudaGetLastError());
-    return QD_OK;
+    return w4a4_pair(K) ? mma_launch<NT, W, false, true>(grid, y, a, g, w_per_row, N, K, NULL, NULL, NULL)
+                        : mma_launch<NT, W, false, false>(grid, y, a, g, w_per_row, N, K, NULL, NULL, NULL);
 }
 
 /* The same kernel over the device's (group, row tile) items, at most
@@ -2302,15 +2423,9 @@ static qd_status launch_w4a4_mma_dev(float *y, const qd_nvfp4 *a, const w4a4_gro
                                      const int *nitems, int64_t max_items, int w_per_row, int64_t N, int64_t K)
 {
     static w4a4_groups none; /* the by-value groups, unread under DEV */
-    size_t smem = 2 * sizeof(mma_stage<NT, W>);
     dim3 grid((unsigned)((N + QD_MMA_ROWS - 1) / QD_MMA_ROWS), (unsigned)max_items, 1);
-    if (smem > 48 * 1024)
-        QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_mma_kernel<NT, W, true>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    w4a4_mma_kernel<NT, W, true><<<grid, 32 * W, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, none,
-                                                         w_per_row, N, K, gd, items, nitems);
-    QD_CUDA_CHECK(cudaGetLastError());
-    return QD_OK;
+    return w4a4_pair(K) ? mma_launch<NT, W, true, true>(grid, y, a, &none, w_per_row, N, K, gd, items, nitems)
+                        : mma_launch<NT, W, true, false>(grid, y, a, &none, w_per_row, N, K, gd, items, nitems);
 }
 
 static qd_status launch_w4a4_splitk(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,

@@ -77,6 +77,10 @@ qd_status qd_cuda_w4a4_gemm_tc_async(float *y, const qd_nvfp4 *a, const qd_nvfp4
  * coalesced copies, any K % 16 == 0. qd_cuda_w4a4_legacy = 1 (benchmarks only)
  * selects the kernels before it, for the side-by-side table. */
 extern int qd_cuda_w4a4_legacy;
+/* The MMA kernels two blocks an MMA (m16n8k32) where K is a multiple of 256:
+ * qd_cuda_w4a4_pair = 0 never, 1 there, -1 (default) as QUADS_W4A4_PAIR
+ * says (unset: there). The same bits either way (benchmarks and tests). */
+extern int qd_cuda_w4a4_pair;
 /* qd_cuda_quant_legacy = 1 (benchmarks only) selects the quantizer kernels before
  * issue 13's (the software encoder one block a thread, a memset and an atomic a
  * warp for the amax) and the RAC pick's O(K^2) rank scan, for the side-by-side

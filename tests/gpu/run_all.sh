@@ -4,7 +4,8 @@
 #   0. tests/gpu/check_ops: every op of backends/ops.h, CUDA vs CPU on the same
 #      inputs (tests/op_cases.c): exact mode bit for bit, fast mode within each
 #      slot's bound, so a mismatch names the op;
-#      then once more (one seed) with the W4A4 decode kernel forced
+#      then once more (one seed) with the W4A4 MMA kernel one block an MMA
+#      (QUADS_W4A4_PAIR=0) and with 2, 4 and 8 row tiles a CTA forced, with the W4A4 decode kernel forced
 #      (QUADS_W4A4_DEC=1, with QUADS_W4A4_DEC_RT=2 too) and left out (=0, with
 #      QUADS_MATVEC_CHAIN=0 and QUADS_RAC_FUSED=0), with the W4A4 MMA kernel's 4-warp
 #      CTAs forced, with the split-K W4A4 kernel forced (QUADS_W4A4_SPLITK=1), and with fast
@@ -60,6 +61,14 @@ tail -1 "$out/check_ops_w4.log"
 echo "== check_ops 1, the split-K W4A4 kernel forced for every product (QUADS_W4A4_SPLITK=1; by default only where CTAs are few)"
 QUADS_W4A4_SPLITK=1 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_splitk.log" 2>&1 || rc=1
 tail -1 "$out/check_ops_splitk.log"
+echo "== check_ops 1, the W4A4 MMA kernel one block an MMA (QUADS_W4A4_PAIR=0; by default two where K is a multiple of 256)"
+QUADS_W4A4_PAIR=0 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_k16.log" 2>&1 || rc=1
+tail -1 "$out/check_ops_k16.log"
+for nt in 2 4 8; do
+    echo "== check_ops 1, the W4A4 MMA kernel with $nt row tiles a CTA forced (QUADS_W4A4_NT_GROUPED, QUADS_W4A4_NT; 4-warp CTAs)"
+    QUADS_W4A4_NT_GROUPED=$nt QUADS_W4A4_NT=$nt QUADS_MMA_WARPS=4 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_nt$nt.log" 2>&1 || rc=1
+    tail -1 "$out/check_ops_nt$nt.log"
+done
 echo "== check_ops 1, fast mode's BF16 backward with dy a block of 8 columns (QUADS_DY16_BYTES)"
 QUADS_DY16_BYTES=1024 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_dy16.log" 2>&1 || rc=1
 tail -1 "$out/check_ops_dy16.log"
