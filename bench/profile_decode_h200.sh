@@ -8,7 +8,9 @@
 # (--clock-control none), one line per kernel and grid;
 # DETAIL (a regex of kernel names, e.g. 'w4a4_mma_kernel') adds ncu's speed of
 # light, occupancy and warp-stall sections for DCOUNT [3] of its launches after
-# DSKIP [40].
+# DSKIP [40]; STALL (a regex too) the cycles a warp spends stalled an issued
+# instruction, by reason (ncu's smsp__average_warp_latency_issue_stalled_*), with
+# the warps active and the issue rate a scheduler, for one launch after SSKIP [300].
 #     bench/profile_decode_h200.sh [OUTDIR]
 set -u
 out=${1:-${OUT:-/tmp/profile_decode}}
@@ -30,4 +32,14 @@ if [ -n "${DETAIL:-}" ]; then
         --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis $run >"$out/ncu_detail.txt" 2>&1
     grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued|Issued Warp|Grid Size|Shared Memory Per Block|Stall" \
         "$out/ncu_detail.txt" | cut -c1-150 | head -80
+fi
+if [ -n "${STALL:-}" ]; then
+    # shellcheck disable=SC2086
+    timeout 200 ncu --clock-control none -k regex:"$STALL" --launch-skip "${SSKIP:-300}" --launch-count 1 \
+        --metrics regex:smsp__average_warp_latency_issue_stalled_.*_per_warp_active.ratio,smsp__warps_active.avg.per_cycle_active,smsp__issue_active.avg.per_cycle_active,gpu__time_duration.sum \
+        $run >"$out/ncu_stall.txt" 2>&1
+    # the reasons above 0.05 cycles, largest first
+    grep -E "stalled_|warps_active|issue_active|gpu__time" "$out/ncu_stall.txt" |
+        sed 's/smsp__average_warp_latency_issue_stalled_//; s/_per_warp_active.ratio//' |
+        awk '$NF + 0 > 0.05' | sort -k3 -g -r | head -20
 fi
