@@ -1089,28 +1089,15 @@ w4a4_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const flo
                   (int64_t)blockIdx.y * MT);
 }
 
-/* Grouped (MoE experts): blockIdx.z picks group g, its rows [row0, row0 + rows)
- * of A and y and its own weight; the same body, so the same bits as one
- * w4a4_kernel per group. */
+/* Grouped (MoE experts): a table of groups, group g its rows [row0, row0 +
+ * rows) of A and y and its own weight (the MMA kernels' blockIdx.z or items
+ * pick one). */
 #define QD_W4A4_GROUPS 128
 typedef struct {
     int64_t row0[QD_W4A4_GROUPS], rows[QD_W4A4_GROUPS];
     const uint8_t *codes[QD_W4A4_GROUPS], *scales[QD_W4A4_GROUPS];
     const float *sdec[QD_W4A4_GROUPS];
 } w4a4_groups;
-
-template <int MT>
-__global__ void __launch_bounds__(QD_GEMV_THREADS)
-w4a4_grouped_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec,
-                    int a_per_row, const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K)
-{
-    int z = blockIdx.z;
-    int64_t r0 = g.row0[z], m0 = (int64_t)blockIdx.y * MT;
-    if (m0 >= g.rows[z])
-        return;
-    w4a4_rows<MT>(y + r0 * N, a_codes + r0 * (K / 2), a_scales + r0 * (K / 16), a_sdec + (a_per_row ? r0 : 0),
-                  a_per_row, g.codes[z], g.scales[z], g.sdec[z], w_per_row, g.rows[z], N, K, m0);
-}
 
 /* Decodes blocks [b0, b0+nblk) of the CTA's MT activation rows (K % 32 == 0, nblk
  * even) into shared memory: s_a rows of lda int8x4 words (2*E2M1, 4 words a block),
@@ -1257,106 +1244,6 @@ w4a4_split_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, con
     int64_t n = n0 + pr;
     if (pm < MT && m0 + pm < M && n < N)
         y[(m0 + pm) * N + n] = acc * (a_sdec[a_per_row ? m0 + pm : 0] * w_sdec[w_per_row ? n : 0]);
-}
-
-/* The tensor-core variant (K % 512 == 0): p of each block from one integer MMA
- * (mma.m16n8k16 s8 x s8 -> s32, exact: |4p| <= 2304), started from the bits of
- * 1.5*2^23 like block_dot4, then promoted per output in ascending block order, so
- * the bits equal the plain kernels'. A warp owns 16 weight rows x 8*NT activation
- * rows; thread (g = lane/4, t = lane%4) owns rows g, g+8 and activation rows 2t,
- * 2t+1 of each 8-row tile (the MMA's accumulator layout). A CTA of 2 warps stages
- * 32 blocks of the activation tile at a time in shared memory; each warp's next 8
- * blocks of weights load while it computes the current 8. */
-#define QD_TC_CHUNK 32
-#define QD_TC_WARPS 2
-static __device__ __forceinline__ void mma_s8(int d[4], uint32_t a0, uint32_t a1, uint32_t b)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
-        "{%7,%7,%7,%7};"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a0), "r"(a1), "r"(b), "r"(QD_MAGIC_BITS));
-}
-
-/* 8 blocks of weight codes (2 bytes a block for this thread) and scales of one row. */
-struct tc_w8 {
-    uint16_t c[8];
-    uint2 s;
-};
-
-static __device__ __forceinline__ void tc_load8(tc_w8 *w, const uint16_t *c, const uint8_t *s, int b0)
-{
-#pragma unroll
-    for (int q = 0; q < 8; q++)
-        w->c[q] = __ldg(c + (b0 + q) * 4);
-    w->s = __ldg((const uint2 *)(s + b0));
-}
-
-template <int NT>
-__global__ void __launch_bounds__(32 * QD_TC_WARPS)
-w4a4_tc_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec,
-               int a_per_row, const uint8_t *w_codes, const uint8_t *w_scales, const float *w_sdec,
-               int w_per_row, int64_t M, int64_t N, int64_t K)
-{
-    /* MT activation rows a CTA, WPB int8x4 words a block; rows padded so that the
-     * fragment reads of a warp hit 32 different banks */
-    constexpr int MT = 8 * NT, WPB = 4, LA = QD_TC_CHUNK * WPB + 4, LS = QD_TC_CHUNK + 1;
-    __shared__ __align__(16) int s_a[MT * LA];
-    __shared__ float s_sa[MT * LS];
-    __shared__ float lut[256];
-    e4m3_table(lut); /* made visible by the first chunk's barrier */
-    int nb = (int)(K / 16), lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    int64_t m0 = (int64_t)blockIdx.y * MT;
-    int64_t r0 = (int64_t)blockIdx.x * 16 * QD_TC_WARPS + (threadIdx.x >> 5) * 16 + g, r1 = r0 + 8;
-    const uint16_t *c0 = (const uint16_t *)(w_codes + (r0 < N ? r0 : N - 1) * (K / 2)) + t;
-    const uint16_t *c1 = (const uint16_t *)(w_codes + (r1 < N ? r1 : N - 1) * (K / 2)) + t;
-    const uint8_t *s0 = w_scales + (r0 < N ? r0 : N - 1) * nb;
-    const uint8_t *s1 = w_scales + (r1 < N ? r1 : N - 1) * nb;
-    float acc[NT][4];
-#pragma unroll
-    for (int i = 0; i < NT; i++)
-        acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-    tc_w8 nx0, nx1;
-    tc_load8(&nx0, c0, s0, 0);
-    tc_load8(&nx1, c1, s1, 0);
-    for (int b8 = 0; b8 < nb; b8 += 8) {
-        if (b8 % QD_TC_CHUNK == 0) {
-            __syncthreads();
-            load_act_chunk<MT>(s_a, LA, s_sa, LS, a_codes, a_scales, m0, M, K, b8, QD_TC_CHUNK);
-            __syncthreads();
-        }
-        tc_w8 w0 = nx0, w1 = nx1;
-        if (b8 + 8 < nb) {
-            tc_load8(&nx0, c0, s0, b8 + 8);
-            tc_load8(&nx1, c1, s1, b8 + 8);
-        }
-#pragma unroll
-        for (int q = 0; q < 8; q++) {
-            uint32_t a0 = (uint32_t)e2m1x4_s8(w0.c[q]), a1 = (uint32_t)e2m1x4_s8(w1.c[q]);
-            uint32_t sh = 8 * (q & 3);
-            float sw0 = lut[((q < 4 ? w0.s.x : w0.s.y) >> sh) & 0xffu];
-            float sw1 = lut[((q < 4 ? w1.s.x : w1.s.y) >> sh) & 0xffu];
-            int bb = b8 % QD_TC_CHUNK + q;
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                int d[4];
-                mma_s8(d, a0, a1, (uint32_t)s_a[(nt * 8 + g) * LA + bb * WPB + t]);
-                float sa_lo = s_sa[(nt * 8 + 2 * t) * LS + bb];
-                float sa_hi = s_sa[(nt * 8 + 2 * t + 1) * LS + bb];
-                acc[nt][0] = acc[nt][0] + (__int_as_float(d[0]) - QD_MAGIC) * (sa_lo * sw0);
-                acc[nt][1] = acc[nt][1] + (__int_as_float(d[1]) - QD_MAGIC) * (sa_hi * sw0);
-                acc[nt][2] = acc[nt][2] + (__int_as_float(d[2]) - QD_MAGIC) * (sa_lo * sw1);
-                acc[nt][3] = acc[nt][3] + (__int_as_float(d[3]) - QD_MAGIC) * (sa_hi * sw1);
-            }
-        }
-    }
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int64_t m = m0 + nt * 8 + 2 * t + (i & 1), r = i < 2 ? r0 : r1;
-            if (m < M && r < N)
-                y[m * N + r] = acc[nt][i] * (a_sdec[a_per_row ? m : 0] * w_sdec[w_per_row ? r : 0]);
-        }
 }
 
 /* The decode-shaped tensor-core kernel (any K % 16 == 0, up to 8*NT activation
@@ -2360,24 +2247,6 @@ extern "C" qd_status qd_cuda_w4a4_gemm_async(float *y, const qd_nvfp4 *a, const 
     }
 }
 
-template <int MT>
-static qd_status launch_w4a4_grouped(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
-                                     int w_per_row, int64_t N, int64_t K, size_t smem)
-{
-    dim3 grid((unsigned)((N + QD_GEMV_THREADS - 1) / QD_GEMV_THREADS), (unsigned)((maxrows + MT - 1) / MT),
-              (unsigned)ng);
-    if (smem > 48 * 1024)
-        QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_grouped_kernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)smem));
-    w4a4_grouped_kernel<MT><<<grid, QD_GEMV_THREADS, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, *g,
-                                                            w_per_row, N, K);
-    QD_CUDA_CHECK(cudaGetLastError());
-    return QD_OK;
-}
-
-/* The MMA kernel over a table of groups: NT (8-row activation tiles a CTA) as
- * large as the rows ask for, made smaller while the grid would not fill the GPU
- * three times over (more CTAs re-read the weights from L2, not HBM). */
 /* QUADS_W4A4_PAIR=0|1 (benchmarks and tests): the MMA kernels two blocks an
  * MMA (PAIR) never, or wherever K allows it (a multiple of 16 * QD_MMA_CB:
  * every chunk whole); unset: the latter. The same bits either way. */
@@ -2406,6 +2275,9 @@ static qd_status mma_launch(dim3 grid, float *y, const qd_nvfp4 *a, const w4a4_g
     return QD_OK;
 }
 
+/* The MMA kernel over a table of groups: NT (8-row activation tiles a CTA) as
+ * large as the rows ask for, made smaller while the grid would not fill the GPU
+ * three times over (more CTAs re-read the weights from L2, not HBM). */
 template <int NT, int W>
 static qd_status launch_w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
                                  int w_per_row, int64_t N, int64_t K)
@@ -2602,27 +2474,6 @@ static qd_status w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int
                    : launch_w4a4_mma<8, QD_MMA_WARPS>(y, a, g, ng, maxrows, w_per_row, N, K);
 }
 
-/* QUADS_W4A4_LEGACY (bench only): 1 = the kernels before the MMA kernel. */
-int qd_cuda_w4a4_legacy;
-
-/* One launch over a table of groups (every one with rows). */
-static qd_status w4a4_groups_launch(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
-                                    int wpr, int64_t N, int64_t K, int limit)
-{
-    if (!qd_cuda_w4a4_legacy)
-        return w4a4_mma(y, a, g, ng, maxrows, wpr, N, K);
-    int mt = maxrows <= 1 ? 1 : maxrows <= 2 ? 2 : maxrows <= 4 ? 4 : 8;
-    while (mt > 1 && w4a4_smem(mt, K, 0) > (size_t)limit)
-        mt /= 2;
-    size_t smem = w4a4_smem(mt, K, 0);
-    if (smem > (size_t)limit)
-        return qd_error(QD_ERR_SHAPE, "qd_cuda_w4a4_gemm_grouped: K %lld too large", (long long)K);
-    return mt == 1 ? launch_w4a4_grouped<1>(y, a, g, ng, maxrows, wpr, N, K, smem)
-         : mt == 2 ? launch_w4a4_grouped<2>(y, a, g, ng, maxrows, wpr, N, K, smem)
-         : mt == 4 ? launch_w4a4_grouped<4>(y, a, g, ng, maxrows, wpr, N, K, smem)
-                   : launch_w4a4_grouped<8>(y, a, g, ng, maxrows, wpr, N, K, smem);
-}
-
 /* The groups without rows are left out of the launches' tables (decode at
  * batch 1 touches 8 of 128 experts: a grid over all of them was 94% CTAs
  * that exit at once, which cost more than the products); a launch takes up
@@ -2632,9 +2483,6 @@ extern "C" qd_status qd_cuda_w4a4_gemm_grouped_async(float *y, const qd_nvfp4 *a
 {
     if (ngroups <= 0)
         return QD_OK;
-    int dev = 0, limit = 0;
-    QD_CUDA_CHECK(cudaGetDevice(&dev));
-    QD_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     int64_t N = w[0]->rows, K = a->cols, maxrows = 0;
     int wpr = w[0]->per_row, ng = 0;
     w4a4_groups g;
@@ -2657,7 +2505,7 @@ extern "C" qd_status qd_cuda_w4a4_gemm_grouped_async(float *y, const qd_nvfp4 *a
         }
         if (ng && (ng == QD_W4A4_GROUPS || e == ngroups)) {
             if (N > 0)
-                QD_TRY(w4a4_groups_launch(y, a, &g, ng, maxrows, wpr, N, K, limit));
+                QD_TRY(w4a4_mma(y, a, &g, ng, maxrows, wpr, N, K));
             ng = 0;
             maxrows = 0;
         }
@@ -2741,7 +2589,7 @@ extern "C" qd_status qd_cuda_w4a4_gemm_grouped_dev_async(float *y, const qd_nvfp
 {
     if (E <= 0 || R <= 0 || w0->rows == 0)
         return QD_OK;
-    if (E > QD_W4A4_GROUPS || maxrows < 1 || qd_cuda_w4a4_legacy || a->cols != w0->cols ||
+    if (E > QD_W4A4_GROUPS || maxrows < 1 || a->cols != w0->cols ||
         a->cols % QD_NVFP4_BLOCK || a->rows != R || R > 65535 * 8)
         return QD_ERR_SHAPE;
     w4a4_groups *gd = (w4a4_groups *)ws;
@@ -2777,17 +2625,6 @@ extern "C" qd_status qd_cuda_w4a4_gemm(float *y, const qd_nvfp4 *a, const qd_nvf
     return QD_OK;
 }
 
-template <int NT>
-static qd_status launch_w4a4_tc(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
-{
-    dim3 grid((unsigned)((w->rows + 16 * QD_TC_WARPS - 1) / (16 * QD_TC_WARPS)),
-              (unsigned)((a->rows + 8 * NT - 1) / (8 * NT)));
-    w4a4_tc_kernel<NT><<<grid, 32 * QD_TC_WARPS>>>(y, a->codes, a->scales, a->s_dec, a->per_row, w->codes,
-                                      w->scales, w->s_dec, w->per_row, a->rows, w->rows, a->cols);
-    QD_CUDA_CHECK(cudaGetLastError());
-    return QD_OK;
-}
-
 /* The groups of one product: all M rows against the one weight w. */
 static w4a4_groups one_group(const qd_nvfp4 *w, int64_t M)
 {
@@ -2802,20 +2639,11 @@ static w4a4_groups one_group(const qd_nvfp4 *w, int64_t M)
 
 extern "C" qd_status qd_cuda_w4a4_gemm_tc_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
 {
-    if (!qd_cuda_w4a4_legacy && a->cols == w->cols && a->cols % QD_NVFP4_BLOCK == 0) {
+    if (a->cols == w->cols && a->cols % QD_NVFP4_BLOCK == 0) {
         w4a4_groups g = one_group(w, a->rows);
         return w4a4_mma(y, a, &g, 1, a->rows, w->per_row, w->rows, a->cols);
     }
-    if (a->cols != w->cols || a->cols % (16 * QD_TC_CHUNK))
-        return qd_cuda_w4a4_gemm_async(y, a, w);
-    if (a->rows == 0 || w->rows == 0)
-        return QD_OK;
-    if (a->rows <= 8)
-        return launch_w4a4_tc<1>(y, a, w);
-    if (a->rows <= 16)
-        return launch_w4a4_tc<2>(y, a, w);
-    /* 32 activation rows a warp at most: more warps in flight beat fewer weight decodes */
-    return launch_w4a4_tc<4>(y, a, w);
+    return qd_cuda_w4a4_gemm_async(y, a, w); /* its shape error */
 }
 
 /* QUADS_W4A4_MULTI=0 (benchmarks and tests): products of one input one after
@@ -2837,7 +2665,7 @@ extern "C" qd_status qd_cuda_w4a4_gemm_multi_async(float *const *y, const qd_nvf
         return qd_error(QD_ERR_ARG, "qd_cuda_w4a4_gemm_multi: %d products (1 to %d)", count, QD_DEC_MULTI);
     int64_t M = a[0]->rows, K = a[0]->cols;
     int dec = w4a4_dec_env();
-    int one = count > 1 && !qd_cuda_w4a4_legacy && M > 0 && M <= 8 && K % QD_NVFP4_BLOCK == 0 && dec != 0 &&
+    int one = count > 1 && M > 0 && M <= 8 && K % QD_NVFP4_BLOCK == 0 && dec != 0 &&
               w4a4_splitk_env() != 1 && w4a4_multi_on();
     for (int i = 0; one && i < count; i++)
         one = a[i]->rows == M && a[i]->cols == K && w[i]->cols == K && a[i]->per_row == a[0]->per_row &&

@@ -68,15 +68,12 @@ qd_status qd_cuda_fp8_quantize_rows_async(uint8_t *q, float *scale_inv, const fl
 qd_status qd_cuda_w4a4_gemm(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
 qd_status qd_cuda_w4a4_gemm_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
 /* The same product with each block sum p from an integer tensor-core MMA (exact),
- * the same bits; K % 512 != 0 falls back to qd_cuda_w4a4_gemm. On the H200 it is
- * the faster of the two from M = 8 on, the plain kernels below (bench/RESULTS.md). */
+ * the same bits: the MMA kernel w4a4_mma_kernel (or, for few rows, its decode and
+ * split-K variants) serves these and every grouped product, weights staged
+ * through shared memory by coalesced copies, any K % 16 == 0 (else
+ * qd_cuda_w4a4_gemm's shape error). */
 qd_status qd_cuda_w4a4_gemm_tc(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
 qd_status qd_cuda_w4a4_gemm_tc_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w);
-/* Up to 64 activation rows (decode) and in every grouped product the MMA kernel
- * w4a4_mma_kernel serves these: weights staged through shared memory by
- * coalesced copies, any K % 16 == 0. qd_cuda_w4a4_legacy = 1 (benchmarks only)
- * selects the kernels before it, for the side-by-side table. */
-extern int qd_cuda_w4a4_legacy;
 /* The MMA kernels two blocks an MMA (m16n8k32) where K is a multiple of 256:
  * qd_cuda_w4a4_pair = 0 never, 1 there, -1 (default) as QUADS_W4A4_PAIR
  * says (unset: there). The same bits either way (benchmarks and tests). */
