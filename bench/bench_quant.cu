@@ -407,16 +407,17 @@ static void bench_gemv(cublasLtHandle_t h)
 /* (c) The MoE experts' grouped W4A4 product at Qwen3-30B-A3B's shapes (128
  * experts, gate/up 768 x 2048, down 2048 x 768) with the rows a decode step of
  * batch B routes top-8 (uniform random routing; B 8,192 is a prefill of 64
- * prompts of 128 tokens), the MMA kernel two blocks an MMA (qd_cuda_w4a4_pair)
- * beside one block an MMA, outputs compared bit for bit; weight bytes are
- * those of the experts that got rows. Exits 1 where the outputs differ. */
+ * prompts of 128 tokens): the FP16 kernel (qd_cuda_w4a4_h16 forced), the MMA
+ * kernel two blocks an MMA (qd_cuda_w4a4_pair) and one block an MMA (the
+ * FP16 kernel off), outputs compared bit for bit; weight bytes are those of
+ * the experts that got rows. Exits 1 where the outputs differ. */
 static int grouped_mismatch;
 static void bench_grouped(void)
 {
     const int E = 128, topk = 8, Bs[] = {1, 16, 64, 256, 8192};
     const int64_t shapes[2][2] = {{768, 2048}, {2048, 768}};
-    printf("\n| experts N x K | batch | rows | experts touched | pair us | pair TB/s | k16 us | k16 TB/s | k16 / pair "
-           "| bits |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("\n| experts N x K | batch | rows | experts touched | fp16 us | pair us | pair TB/s | k16 us | k16 TB/s "
+           "| pair / fp16 | k16 / pair | bits |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int s = 0; s < 2; s++) {
         int64_t N = shapes[s][0], K = shapes[s][1];
         std::vector<qd_nvfp4> w((size_t)E);
@@ -450,29 +451,33 @@ static void bench_grouped(void)
                 touched += cnt[(size_t)e] > 0;
             }
             int64_t R = off[(size_t)E];
-            float *af = random_dev(R * K, 23), *y[2];
+            float *af = random_dev(R * K, 23), *y[3];
             qd_nvfp4 a;
             QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&a, R, K, QD_SCALE_PER_ROW));
             QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&a, af));
-            float t[2];
-            for (int pair = 0; pair < 2; pair++) {
-                QD_CUDA_DIE(cudaMalloc((void **)&y[pair], (size_t)(R * N) * sizeof(float)));
-                QD_CUDA_DIE(cudaMemset(y[pair], 0xff, (size_t)(R * N) * sizeof(float)));
-                qd_cuda_w4a4_pair = pair;
-                t[pair] = time_ms(
-                    [&] { QD_STATUS_DIE(qd_cuda_w4a4_gemm_grouped_async(y[pair], &a, pw.data(), off.data(), E)); });
+            float t[3];
+            for (int v = 0; v < 3; v++) { /* 0 k16, 1 pair, 2 fp16 */
+                QD_CUDA_DIE(cudaMalloc((void **)&y[v], (size_t)(R * N) * sizeof(float)));
+                QD_CUDA_DIE(cudaMemset(y[v], 0xff, (size_t)(R * N) * sizeof(float)));
+                qd_cuda_w4a4_pair = v == 1;
+                qd_cuda_w4a4_h16 = v == 2;
+                t[v] = time_ms(
+                    [&] { QD_STATUS_DIE(qd_cuda_w4a4_gemm_grouped_async(y[v], &a, pw.data(), off.data(), E)); });
             }
             qd_cuda_w4a4_pair = -1;
-            long long nd = dev_diff(y[0], y[1], (size_t)(R * N) * sizeof(float));
+            qd_cuda_w4a4_h16 = -1;
+            long long nd = dev_diff(y[0], y[1], (size_t)(R * N) * sizeof(float)) +
+                           dev_diff(y[0], y[2], (size_t)(R * N) * sizeof(float));
             grouped_mismatch |= nd != 0;
             double bytes = (double)touched * (N * K / 2.0 + N * K / 16.0);
-            printf("| %lld x %lld | %d | %lld | %d | %.1f | %.2f | %.1f | %.2f | %.2fx | %s |\n", (long long)N,
-                   (long long)K, B, (long long)R, touched, t[1] * 1e3, bytes / (t[1] * 1e-3) / 1e12, t[0] * 1e3,
-                   bytes / (t[0] * 1e-3) / 1e12, t[0] / t[1], nd ? "DIFFER" : "equal");
+            printf("| %lld x %lld | %d | %lld | %d | %.1f | %.1f | %.2f | %.1f | %.2f | %.2fx | %.2fx | %s |\n",
+                   (long long)N, (long long)K, B, (long long)R, touched, t[2] * 1e3, t[1] * 1e3,
+                   bytes / (t[1] * 1e-3) / 1e12, t[0] * 1e3, bytes / (t[0] * 1e-3) / 1e12, t[1] / t[2], t[0] / t[1],
+                   nd ? "DIFFER" : "equal");
             qd_cuda_nvfp4_free(&a);
             QD_CUDA_DIE(cudaFree(af));
-            QD_CUDA_DIE(cudaFree(y[0]));
-            QD_CUDA_DIE(cudaFree(y[1]));
+            for (int v = 0; v < 3; v++)
+                QD_CUDA_DIE(cudaFree(y[v]));
         }
         for (auto &q : w)
             qd_cuda_nvfp4_free(&q);

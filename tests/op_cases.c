@@ -606,6 +606,15 @@ static void c_w4a4_grouped_pair(oc *c)
     w4a4_grouped_case(c, off, 5, 456, 768);
 }
 
+/* A prefill's experts: 130 and 70 rows, N = 5650 ragged against 128-row CTAs,
+ * K = 48 (3 blocks, less than a chunk). CUDA: enough CTAs for the FP16 kernel
+ * by default (two and three 64-row tiles, the last of 2 and 6 rows). */
+static void c_w4a4_grouped_prefill(oc *c)
+{
+    static const int32_t off[3] = {0, 130, 200};
+    w4a4_grouped_case(c, off, 2, 5650, 48);
+}
+
 /* a batch-1 decode's experts: 8 rows in 8 of 8 experts of K 768 (a3b's down) */
 static void c_w4a4_grouped_dev1(oc *c)
 {
@@ -1874,6 +1883,7 @@ static const op_case cases[] = {
     {{"w4a4_grouped_dev 6 experts 100 rows", "w4a4_gemm_grouped_dev", 0, 0}, c_w4a4_grouped_dev40},
     {{"w4a4_gemm_grouped 5 experts 456x768 pairs", "w4a4_gemm_grouped", 0, 0}, c_w4a4_grouped_pair},
     {{"w4a4_grouped_dev batch 1 8x48x768", "w4a4_gemm_grouped_dev", 0, 0}, c_w4a4_grouped_dev1},
+    {{"w4a4_gemm_grouped prefill 130+70 x 5650x48", "w4a4_gemm_grouped", 0, 0}, c_w4a4_grouped_prefill},
     {{"w4a4_gemm 1x72x768", "w4a4_gemm", 1, 0}, c_w4a4_row1},
     {{"w4a4_gemm 1x37x4496", "w4a4_gemm", 1, 0}, c_w4a4_rac_width},
     {{"w4a4_gemm 3x70x80", "w4a4_gemm", 1, 0}, c_w4a4_tiny_rac},

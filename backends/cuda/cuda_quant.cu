@@ -1576,6 +1576,212 @@ w4a4_mma_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
         }
 }
 
+/* The products of many activation rows (prefill: the experts' and the
+ * attention linears') on the FP16 tensor cores, one MMA a block and one FFMA a
+ * term. Each operand carries what makes the MMA's sum the term's product:
+ * a weight code w as the FP16 of w * 2^-14 (its nibble's bits moved into
+ * place: sign to bit 15, exponent and mantissa to bits 11..9; the code 0.5
+ * is the subnormal 2^-15), an activation code a as the FP16 of a * sa (its
+ * block's scale folded in: at most 6 significant bits, 2^-10 <= |a sa| <=
+ * 2688, exact). An m16n8k16 started from zero then sums one block's 16
+ * products, integers of at most 12 bits in units of a common power of two
+ * below 2^16 units: exact, d = p * sa * 2^-14; and fmaf(d, sw * 2^14, acc) =
+ * RN(acc + p * sa * sw) = fmaf(p, sa * sw, acc) of §3 (both products exact),
+ * in ascending block order from 0: the same bits as the other kernels, with
+ * one float operation a term where they take three (the int8 sum's
+ * conversion, sa * sw, the fmaf).
+ *
+ * A CTA of 8 warps takes 128 weight rows (16 a warp) and 8 * NT activation
+ * rows of a group, K in chunks of QD_H16_CB blocks: the weight codes by
+ * cp.async, the weight scales (as float sw * 2^14) and the activations (as
+ * FP16 a * sa) staged through registers, one chunk in flight while the last
+ * one multiplies. A block's 16 k-slots need not hold its elements in order
+ * (the sum is exact), so the weights come as they lie: thread (g, t) reads
+ * bytes 2t, 2t+1 of weight rows g and g+8 (codes 4t .. 4t+3), and the
+ * activations are stored in the matching slot order (4t, 4t+2 | 4t+1, 4t+3). */
+#define QD_H16_W 8
+#define QD_H16_ROWS (16 * QD_H16_W)
+#define QD_H16_CB 8
+#define QD_H16_WLD (QD_H16_CB * 8 + 8)   /* bytes a staged weight row: 8 rows' loads in 16 banks pairs */
+#define QD_H16_SLD (QD_H16_CB + 1)       /* floats a staged weight-scale row */
+#define QD_H16_ALD (QD_H16_CB * 32 + 32) /* bytes a staged activation row (FP16) */
+template <int NT>
+struct h16_stage {
+    uint8_t wc[QD_H16_ROWS][QD_H16_WLD];
+    float sw[QD_H16_ROWS][QD_H16_SLD];
+    __align__(16) uint8_t a[8 * NT][QD_H16_ALD];
+};
+#define QD_H16_WK (QD_H16_ROWS * QD_H16_CB / (32 * QD_H16_W)) /* weight items (row, block) a thread */
+#define QD_H16_AK(NT) ((NT) * QD_H16_CB / (4 * QD_H16_W))      /* activation items a thread */
+template <int NT>
+struct h16_regs {
+    uint8_t ws[QD_H16_WK];
+    uint2 ac[QD_H16_AK(NT)];
+    uint8_t as[QD_H16_AK(NT)];
+};
+
+/* Four FP16 pairs from 8 E2M1 codes (the nibbles of u): pair j holds nibble j
+ * (low half) and nibble j + 4 (high half), each as the FP16 of its value * 2^-14. */
+static __device__ __forceinline__ void e2m1x8_h16(uint32_t r[4], uint32_t u)
+{
+    r[0] = ((u << 9) & 0x0E000E00u) | ((u << 12) & 0x80008000u);
+    r[1] = ((u << 5) & 0x0E000E00u) | ((u << 8) & 0x80008000u);
+    r[2] = ((u << 1) & 0x0E000E00u) | ((u << 4) & 0x80008000u);
+    r[3] = ((u >> 3) & 0x0E000E00u) | (u & 0x80008000u);
+}
+
+static __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b)
+{
+    uint32_t d;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+/* D = A (16 x 16, f16) B (16 x 8, f16), started from zero, float32 sums. */
+static __device__ __forceinline__ void mma_h16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%10,%10,%10};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+/* Chunk b0 .. b0+cb-1: the weight codes by cp.async into st, the weight scales
+ * and activations into r (rows past N read row N-1, never stored; activation
+ * rows past T read as zero). */
+template <int NT>
+static __device__ __forceinline__ void h16_fetch(h16_stage<NT> *st, h16_regs<NT> *r, const uint8_t *wc,
+                                                 const uint8_t *ws, int64_t n0, int64_t N, int nb,
+                                                 const uint8_t *ac, const uint8_t *as, int T, int b0, int cb)
+{
+    int tid = threadIdx.x;
+#pragma unroll
+    for (int k = 0; k < QD_H16_WK; k++) {
+        int i = tid + k * 32 * QD_H16_W, row = i / QD_H16_CB, u = i % QD_H16_CB;
+        int64_t n = n0 + row < N ? n0 + row : N - 1;
+        if (u < cb)
+            cp_async8(&st->wc[row][u * 8], wc + n * (int64_t)(nb * 8) + (int64_t)(b0 + u) * 8);
+        r->ws[k] = u < cb ? __ldg(ws + n * nb + b0 + u) : 0;
+    }
+    cp_async_commit();
+#pragma unroll
+    for (int k = 0; k < QD_H16_AK(NT); k++) {
+        int i = tid + k * 32 * QD_H16_W, row = i / QD_H16_CB, u = i % QD_H16_CB;
+        bool in = row < T && u < cb;
+        r->ac[k] = in ? __ldg((const uint2 *)(ac + (int64_t)row * (nb * 8) + (int64_t)(b0 + u) * 8))
+                      : make_uint2(0, 0);
+        r->as[k] = in ? __ldg(as + (int64_t)row * nb + b0 + u) : 0;
+    }
+}
+
+/* The registers of h16_fetch into the stage: sw * 2^14 as float, the
+ * activations as FP16 a * sa in thread t's slot order. */
+template <int NT>
+static __device__ __forceinline__ void h16_store(h16_stage<NT> *st, const h16_regs<NT> *r, const float *lut)
+{
+    int tid = threadIdx.x;
+#pragma unroll
+    for (int k = 0; k < QD_H16_WK; k++) {
+        int i = tid + k * 32 * QD_H16_W;
+        st->sw[i / QD_H16_CB][i % QD_H16_CB] = lut[r->ws[k]] * 16384.0f;
+    }
+    const uint32_t two14 = 0x74007400u; /* 2^14, 2^14 */
+#pragma unroll
+    for (int k = 0; k < QD_H16_AK(NT); k++) {
+        int i = tid + k * 32 * QD_H16_W, row = i / QD_H16_CB, u = i % QD_H16_CB;
+        unsigned short hs;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hs) : "f"(lut[r->as[k]]));
+        uint32_t s2 = (uint32_t)hs * 0x10001u, lo[4], hi[4];
+        e2m1x8_h16(lo, __byte_perm(r->ac[k].x, 0u, 0x3120));
+        e2m1x8_h16(hi, __byte_perm(r->ac[k].y, 0u, 0x3120));
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            lo[q] = hmul2(hmul2(lo[q], two14), s2);
+            hi[q] = hmul2(hmul2(hi[q], two14), s2);
+        }
+        uint4 *d = (uint4 *)&st->a[row][u * 32];
+        d[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+        d[1] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    }
+}
+
+template <int NT>
+__global__ void __launch_bounds__(32 * QD_H16_W, 2)
+w4a4_h16_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
+                const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K)
+{
+    extern __shared__ __align__(16) unsigned char mma_smem[];
+    h16_stage<NT> *stage = (h16_stage<NT> *)mma_smem;
+    __shared__ float lut[256];
+    int z = blockIdx.z;
+    int64_t rows = g.rows[z], t0 = (int64_t)blockIdx.y * 8 * NT, n0 = (int64_t)blockIdx.x * QD_H16_ROWS;
+    if (t0 >= rows)
+        return;
+    e4m3_table(lut);
+    __syncthreads();
+    int T = rows - t0 < 8 * NT ? (int)(rows - t0) : 8 * NT, nb = (int)(K / 16);
+    int nchunk = (nb + QD_H16_CB - 1) / QD_H16_CB;
+    int64_t r0 = g.row0[z] + t0;
+    const uint8_t *ac = a_codes + r0 * (K / 2), *as = a_scales + r0 * nb;
+    int lane = threadIdx.x & 31, gq = lane >> 2, t = lane & 3, w = threadIdx.x >> 5;
+    int wr0 = 16 * w + gq, wr1 = wr0 + 8;
+    float acc[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+        acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    h16_regs<NT> reg;
+    h16_fetch<NT>(&stage[0], &reg, g.codes[z], g.scales[z], n0, N, nb, ac, as, T, 0,
+                  nb < QD_H16_CB ? nb : QD_H16_CB);
+    h16_store<NT>(&stage[0], &reg, lut);
+    cp_async_wait_all();
+    __syncthreads();
+    for (int c = 0; c < nchunk; c++) {
+        h16_stage<NT> *cur = &stage[c & 1], *nxt = &stage[(c + 1) & 1];
+        int b0 = c * QD_H16_CB, cbc = nb - b0 < QD_H16_CB ? nb - b0 : QD_H16_CB;
+        int nb0 = b0 + QD_H16_CB, cbn = nb - nb0 < QD_H16_CB ? nb - nb0 : QD_H16_CB;
+        if (c + 1 < nchunk)
+            h16_fetch<NT>(nxt, &reg, g.codes[z], g.scales[z], n0, N, nb, ac, as, T, nb0, cbn);
+#pragma unroll 2
+        for (int j = 0; j < cbc; j++) {
+            uint32_t xg = *(const uint16_t *)&cur->wc[wr0][j * 8 + 2 * t];
+            uint32_t xh = *(const uint16_t *)&cur->wc[wr1][j * 8 + 2 * t];
+            uint32_t r[4], af[4];
+            e2m1x8_h16(r, __byte_perm(xg, xh, 0x5140));
+            af[0] = r[0]; /* row g, slots 2t, 2t+1: codes 4t, 4t+2 */
+            af[1] = r[2]; /* row g+8, the same slots */
+            af[2] = r[1]; /* row g, slots 2t+8, 2t+9: codes 4t+1, 4t+3 */
+            af[3] = r[3];
+            float s0 = cur->sw[wr0][j], s1 = cur->sw[wr1][j];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                if (nt * 8 >= T)
+                    break;
+                uint2 b = *(const uint2 *)&cur->a[nt * 8 + gq][j * 32 + 8 * t];
+                float d[4];
+                mma_h16(d, af, b.x, b.y);
+                acc[nt][0] = fmaf(d[0], s0, acc[nt][0]);
+                acc[nt][1] = fmaf(d[1], s0, acc[nt][1]);
+                acc[nt][2] = fmaf(d[2], s1, acc[nt][2]);
+                acc[nt][3] = fmaf(d[3], s1, acc[nt][3]);
+            }
+        }
+        if (c + 1 < nchunk)
+            h16_store<NT>(nxt, &reg, lut);
+        cp_async_wait_all();
+        __syncthreads();
+    }
+    const float *sdw = g.sdec[z];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int m = nt * 8 + 2 * t + (i & 1);
+            int64_t n = n0 + (i < 2 ? wr0 : wr1);
+            if (m < T && n < N)
+                y[(r0 + m) * N + n] = acc[nt][i] * (a_sdec[a_per_row ? r0 + m : 0] * sdw[w_per_row ? n : 0]);
+        }
+}
+
 /* The same products where the CTAs of w4a4_mma_kernel would be few (decode):
  * a CTA of QD_SK_W warps owns 16 weight rows and 8 activation rows of a
  * group and splits K between its warps, chunk w + QD_SK_W*i to
@@ -2313,6 +2519,23 @@ static qd_status launch_w4a4_splitk(float *y, const qd_nvfp4 *a, const w4a4_grou
     return QD_OK;
 }
 
+/* w4a4_h16_kernel over g's groups: 128 weight rows a CTA, 8 * NT activation rows. */
+template <int NT>
+static qd_status launch_w4a4_h16(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
+                                 int w_per_row, int64_t N, int64_t K)
+{
+    size_t smem = 2 * sizeof(h16_stage<NT>);
+    dim3 grid((unsigned)((N + QD_H16_ROWS - 1) / QD_H16_ROWS), (unsigned)((maxrows + 8 * NT - 1) / (8 * NT)),
+              (unsigned)ng);
+    if (smem + 256 * sizeof(float) > 48 * 1024) /* the kernel's static e4m3 table counts too */
+        QD_CUDA_CHECK(
+            cudaFuncSetAttribute(w4a4_h16_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    w4a4_h16_kernel<NT><<<grid, 32 * QD_H16_W, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, *g, w_per_row,
+                                                        N, K);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
 /* The decode kernel for MT activation rows a CTA and RT weight rows a thread;
  * with mu (ng = 1), the products of mu's linears in one launch, CTAs
  * start[i] .. start[i+1]-1 theirs (set here for RT). */
@@ -2421,6 +2644,18 @@ static int w4a4_splitk_env(void)
     return qd_env_pick(&v, "QUADS_W4A4_SPLITK", 0, 1);
 }
 
+/* QUADS_W4A4_H16=0|1 (benchmarks and tests): never, or always (where the
+ * activations' and weights' codes are 8-byte aligned), the FP16 kernel;
+ * unset: where a group has 64 rows or more and its CTAs fill the GPU twice
+ * (the prefill), unless another kernel is forced. */
+int qd_cuda_w4a4_h16 = -1;
+
+static int w4a4_h16_env(void)
+{
+    static int v = -2;
+    return qd_cuda_w4a4_h16 >= 0 ? qd_cuda_w4a4_h16 : qd_env_pick(&v, "QUADS_W4A4_H16", 0, 1);
+}
+
 /* Every group of g has rows (the callers leave out the others), maxrows the most. */
 static qd_status w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows, int w_per_row,
                           int64_t N, int64_t K)
@@ -2429,7 +2664,15 @@ static qd_status w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int
         return QD_OK;
     int nt = maxrows <= 8 ? 1 : maxrows <= 16 ? 2 : maxrows <= 32 ? 4 : 8;
     int64_t tiles = (N + 16 * QD_MMA_WARPS - 1) / (16 * QD_MMA_WARPS);
-    int sk = w4a4_splitk_env(), dec = w4a4_dec_env();
+    int sk = w4a4_splitk_env(), dec = w4a4_dec_env(), h16 = w4a4_h16_env();
+    bool h16_ok = qd_aligned(a->codes, 8);
+    for (int z = 0; h16_ok && z < ng; z++)
+        h16_ok = qd_aligned(g->codes[z], 8);
+    if (h16_ok && (h16 == 1 || (h16 < 0 && sk < 0 && dec < 0 && maxrows >= 64 &&
+                                (N + QD_H16_ROWS - 1) / QD_H16_ROWS * ((maxrows + 63) / 64) * ng >=
+                                    2 * qd_sm_count())))
+        return maxrows > 32 ? launch_w4a4_h16<8>(y, a, g, ng, maxrows, w_per_row, N, K)
+                            : launch_w4a4_h16<4>(y, a, g, ng, maxrows, w_per_row, N, K);
     if (sk != 1 && (dec == 1 || (dec < 0 && maxrows <= 8))) {
         qd_status st = w4a4_dec(y, a, g, ng, maxrows, w_per_row, N, K, dec == 1);
         if (st != QD_ERR_SHAPE)

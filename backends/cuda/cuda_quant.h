@@ -78,6 +78,11 @@ qd_status qd_cuda_w4a4_gemm_tc_async(float *y, const qd_nvfp4 *a, const qd_nvfp4
  * qd_cuda_w4a4_pair = 0 never, 1 there, -1 (default) as QUADS_W4A4_PAIR
  * says (unset: there). The same bits either way (benchmarks and tests). */
 extern int qd_cuda_w4a4_pair;
+/* The FP16 kernel for many activation rows (w4a4_h16_kernel, one MMA a block
+ * and one FFMA a term): qd_cuda_w4a4_h16 = 0 never, 1 always, -1 (default) as
+ * QUADS_W4A4_H16 says (unset: a group of 64 rows or more and CTAs for twice
+ * the GPU: the prefill). The same bits either way (benchmarks and tests). */
+extern int qd_cuda_w4a4_h16;
 /* qd_cuda_quant_legacy = 1 (benchmarks only) selects the quantizer kernels before
  * issue 13's (the software encoder one block a thread, a memset and an atomic a
  * warp for the amax) and the RAC pick's O(K^2) rank scan, for the side-by-side

@@ -64,6 +64,12 @@ tail -1 "$out/check_ops_splitk.log"
 echo "== check_ops 1, the W4A4 MMA kernel one block an MMA (QUADS_W4A4_PAIR=0; by default two where K is a multiple of 256)"
 QUADS_W4A4_PAIR=0 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_k16.log" 2>&1 || rc=1
 tail -1 "$out/check_ops_k16.log"
+echo "== check_ops 1, the FP16 W4A4 kernel forced for every product (QUADS_W4A4_H16=1; by default the prefill's)"
+QUADS_W4A4_H16=1 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_h16.log" 2>&1 || rc=1
+tail -1 "$out/check_ops_h16.log"
+echo "== check_ops 1, the FP16 W4A4 kernel never (QUADS_W4A4_H16=0)"
+QUADS_W4A4_H16=0 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_noh16.log" 2>&1 || rc=1
+tail -1 "$out/check_ops_noh16.log"
 for nt in 2 4 8; do
     echo "== check_ops 1, the W4A4 MMA kernel with $nt row tiles a CTA forced (QUADS_W4A4_NT_GROUPED, QUADS_W4A4_NT; 4-warp CTAs)"
     QUADS_W4A4_NT_GROUPED=$nt QUADS_W4A4_NT=$nt QUADS_MMA_WARPS=4 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_nt$nt.log" 2>&1 || rc=1
