@@ -24,8 +24,10 @@
  *       backward blocks, q's and o's) on each of cuBLASLt's heuristic candidates.
  *   (g) --bfp: the lm_head's exact product, today's float32 chain beside the
  *       row block-floating-point product (docs/numerics.md §3b).
- *   (h) --moe: the experts' grouped W4A4 table alone (the product
- *       two blocks an MMA beside one; exits 1 where their bits differ).
+ *   (h) --moe: the experts' grouped W4A4 table alone (the FP16 kernel, the
+ *       product two blocks an MMA and one), then the attention linears' at
+ *       decode's rows (the FP16 kernel on activations made FP16 first beside
+ *       the kernels before it); exits 1 where their bits differ.
  *     bench/bench_quant [REPS] [--quantize | --attention | --experts | --lt | --bfp | --moe] [--json FILE] [--commit ID]
  * --quantize: table (a) only; --json: its rows as JSON lines (model, engine, recipe,
  * mode, op, ms, bandwidth_fraction, commit, ...), for docs/results/train-h200.jsonl.
@@ -483,6 +485,67 @@ static void bench_grouped(void)
             qd_cuda_nvfp4_free(&q);
         QD_CUDA_DIE(cudaFree(wf));
     }
+}
+
+/* (c2) The attention linears' W4A4 products at a3b's shapes (q, k, v: N 4096,
+ * 512, 512 of K 2048 from one activation, one call; o: N 2048, K 4096) at
+ * decode's row counts: the FP16 kernel with the activations made FP16 first
+ * (qd_cuda_w4a4_hpre forced) beside the kernels without it, bits compared
+ * (exit 1 where they differ). */
+static void bench_linears(void)
+{
+    const int Ms[] = {16, 64, 128, 256};
+    const int64_t Nq[3] = {4096, 512, 512}, K = 2048, No = 2048, Ko = 4096;
+    printf("\n| product | rows | weight MB | hpre us | hpre TB/s | before us | before TB/s | before / hpre | bits |\n"
+           "|---|---|---|---|---|---|---|---|---|\n");
+    qd_nvfp4 wq[3], wo;
+    for (int i = 0; i < 3; i++) {
+        float *f = random_dev(Nq[i] * K, 41 + i);
+        QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&wq[i], Nq[i], K, QD_SCALE_PER_TENSOR));
+        QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&wq[i], f));
+        QD_CUDA_DIE(cudaFree(f));
+    }
+    float *fo = random_dev(No * Ko, 45);
+    QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&wo, No, Ko, QD_SCALE_PER_TENSOR));
+    QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&wo, fo));
+    QD_CUDA_DIE(cudaFree(fo));
+    for (int M : Ms) {
+        for (int prod = 0; prod < 2; prod++) {
+            int64_t KK = prod ? Ko : K, outs = prod ? No : Nq[0] + Nq[1] + Nq[2];
+            float *x = random_dev(M * KK, 47), *y[2];
+            qd_nvfp4 a;
+            QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&a, M, KK, QD_SCALE_PER_ROW));
+            QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&a, x));
+            float t[2];
+            for (int v = 0; v < 2; v++) {
+                QD_CUDA_DIE(cudaMalloc((void **)&y[v], (size_t)(M * outs) * sizeof(float)));
+                QD_CUDA_DIE(cudaMemset(y[v], 0xff, (size_t)(M * outs) * sizeof(float)));
+                qd_cuda_w4a4_hpre = v == 0;
+                float *yy[3] = {y[v], y[v] + M * Nq[0], y[v] + M * (Nq[0] + Nq[1])};
+                const qd_nvfp4 *aa[3] = {&a, &a, &a}, *ww[3] = {&wq[0], &wq[1], &wq[2]};
+                t[v] = time_ms([&] {
+                    if (prod)
+                        QD_STATUS_DIE(qd_cuda_w4a4_gemm_tc_async(y[v], &a, &wo));
+                    else
+                        QD_STATUS_DIE(qd_cuda_w4a4_gemm_multi_async(yy, aa, ww, 3));
+                });
+            }
+            qd_cuda_w4a4_hpre = -1;
+            long long nd = dev_diff(y[0], y[1], (size_t)(M * outs) * sizeof(float));
+            grouped_mismatch |= nd != 0;
+            double bytes = (double)outs * KK * (0.5 + 1.0 / 16);
+            printf("| %s | %d | %.1f | %.1f | %.2f | %.1f | %.2f | %.2fx | %s |\n", prod ? "o 2048 x 4096" : "q,k,v x 2048",
+                   M, bytes / 1e6, t[0] * 1e3, bytes / (t[0] * 1e-3) / 1e12, t[1] * 1e3,
+                   bytes / (t[1] * 1e-3) / 1e12, t[1] / t[0], nd ? "DIFFER" : "equal");
+            qd_cuda_nvfp4_free(&a);
+            QD_CUDA_DIE(cudaFree(x));
+            QD_CUDA_DIE(cudaFree(y[0]));
+            QD_CUDA_DIE(cudaFree(y[1]));
+        }
+    }
+    for (int i = 0; i < 3; i++)
+        qd_cuda_nvfp4_free(&wq[i]);
+    qd_cuda_nvfp4_free(&wo);
 }
 
 /* (d) The exact forward product x . W^T at the lm_head's shape (vocab 151936,
@@ -1018,6 +1081,7 @@ int main(int argc, char **argv)
     }
     if (only_moe) {
         bench_grouped();
+        bench_linears();
         return grouped_mismatch;
     }
     double copy = copy_bandwidth();

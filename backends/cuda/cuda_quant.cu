@@ -1646,6 +1646,25 @@ static __device__ __forceinline__ void mma_h16(float d[4], const uint32_t a[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
 }
 
+/* One activation block (16 codes c, scale sa) as 16 FP16 a * sa (exact) in the
+ * FP16 kernels' slot order: codes 4t, 4t+2, 4t+1, 4t+3 for t = 0..3. */
+static __device__ __forceinline__ void a16_block(uint4 *d, uint2 c, float sa)
+{
+    const uint32_t two14 = 0x74007400u; /* 2^14, 2^14 */
+    unsigned short hs;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hs) : "f"(sa));
+    uint32_t s2 = (uint32_t)hs * 0x10001u, lo[4], hi[4];
+    e2m1x8_h16(lo, __byte_perm(c.x, 0u, 0x3120));
+    e2m1x8_h16(hi, __byte_perm(c.y, 0u, 0x3120));
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        lo[q] = hmul2(hmul2(lo[q], two14), s2);
+        hi[q] = hmul2(hmul2(hi[q], two14), s2);
+    }
+    d[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    d[1] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+}
+
 /* Chunk b0 .. b0+cb-1: the weight codes by cp.async into st, the weight scales
  * and activations into r (rows past N read row N-1, never stored; activation
  * rows past T read as zero). */
@@ -1685,23 +1704,10 @@ static __device__ __forceinline__ void h16_store(h16_stage<NT> *st, const h16_re
         int i = tid + k * 32 * QD_H16_W;
         st->sw[i / QD_H16_CB][i % QD_H16_CB] = lut[r->ws[k]] * 16384.0f;
     }
-    const uint32_t two14 = 0x74007400u; /* 2^14, 2^14 */
 #pragma unroll
     for (int k = 0; k < QD_H16_AK(NT); k++) {
         int i = tid + k * 32 * QD_H16_W, row = i / QD_H16_CB, u = i % QD_H16_CB;
-        unsigned short hs;
-        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hs) : "f"(lut[r->as[k]]));
-        uint32_t s2 = (uint32_t)hs * 0x10001u, lo[4], hi[4];
-        e2m1x8_h16(lo, __byte_perm(r->ac[k].x, 0u, 0x3120));
-        e2m1x8_h16(hi, __byte_perm(r->ac[k].y, 0u, 0x3120));
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            lo[q] = hmul2(hmul2(lo[q], two14), s2);
-            hi[q] = hmul2(hmul2(hi[q], two14), s2);
-        }
-        uint4 *d = (uint4 *)&st->a[row][u * 32];
-        d[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-        d[1] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+        a16_block((uint4 *)&st->a[row][u * 32], r->ac[k], lut[r->as[k]]);
     }
 }
 
@@ -1779,6 +1785,169 @@ w4a4_h16_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
             int64_t n = n0 + (i < 2 ? wr0 : wr1);
             if (m < T && n < N)
                 y[(r0 + m) * N + n] = acc[nt][i] * (a_sdec[a_per_row ? r0 + m : 0] * sdw[w_per_row ? n : 0]);
+        }
+}
+
+/* The FP16 kernel for a few tens of activation rows (decode's attention
+ * linears at batch 16-256; q, k and v in one launch): the activations made
+ * FP16 a * sa once (a16_kernel, global scratch) and copied by cp.async, so
+ * nothing is converted twice but the weights (once a CTA). A CTA of 4 warps
+ * takes 64 weight rows (16 a warp) and 8 * NT activation rows (blockIdx.y's
+ * tile), its weight scales copied whole into shared memory first, and K in
+ * chunks of QD_H16_CB blocks through a ring of QD_HPRE_STAGES stages (the
+ * chunks' weight codes and activations by cp.async, QD_HPRE_STAGES - 1 in
+ * flight); the same MMAs and FFMAs in the same order as w4a4_h16_kernel:
+ * the same bits. Products i < count of one M and K (each its own activation,
+ * weights, N and output) take the CTAs start[i] .. start[i+1]-1 of blockIdx.x. */
+#define QD_HPRE_MAX 4
+#define QD_HPRE_STAGES 4
+typedef struct {
+    int count, start[QD_HPRE_MAX + 1];
+    float *y[QD_HPRE_MAX];
+    const uint8_t *a16[QD_HPRE_MAX], *codes[QD_HPRE_MAX], *scales[QD_HPRE_MAX];
+    const float *a_sdec[QD_HPRE_MAX], *sdec[QD_HPRE_MAX];
+    int64_t N[QD_HPRE_MAX];
+} hpre_args;
+
+__global__ void a16_kernel(uint4 *out, const uint8_t *codes, const uint8_t *scales, int64_t items)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < items; i += (int64_t)gridDim.x * blockDim.x)
+        a16_block(out + 2 * i, __ldg((const uint2 *)codes + i), qd_e4m3_to_f32(__ldg(scales + i)));
+}
+
+template <int NT>
+struct hpre_stage {
+    uint8_t wc[64][QD_H16_WLD];
+    __align__(16) uint8_t a[8 * NT][QD_H16_ALD];
+};
+
+/* chunk b0 .. b0+cb-1 of the CTA's weight codes and activation rows (rows past
+ * N read row N-1, never stored; activation rows past T zero-filled) */
+template <int NT>
+static __device__ __forceinline__ void hpre_fetch(hpre_stage<NT> *st, const uint8_t *wc, int64_t n0, int64_t N,
+                                                  int nb, const uint8_t *a16, int T, int b0, int cb)
+{
+    int tid = threadIdx.x;
+#pragma unroll
+    for (int k = 0; k < 64 * QD_H16_CB / 128; k++) {
+        int i = tid + k * 128, row = i / QD_H16_CB, u = i % QD_H16_CB;
+        int64_t n = n0 + row < N ? n0 + row : N - 1;
+        if (u < cb)
+            cp_async8(&st->wc[row][u * 8], wc + n * (int64_t)(nb * 8) + (int64_t)(b0 + u) * 8);
+    }
+    for (int i = tid; i < 8 * NT * 2 * cb; i += 128) {
+        int row = i / (2 * cb), v = i - row * 2 * cb;
+        bool in = row < T;
+        cp16(&st->a[row][v * 16], a16 + ((int64_t)(in ? row : 0) * nb + b0) * 32 + v * 16, in);
+    }
+}
+
+template <int N>
+static __device__ __forceinline__ void cp_async_wait_group() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+template <int NT>
+__global__ void __launch_bounds__(128)
+w4a4_hpre_kernel(const __grid_constant__ hpre_args p, int a_per_row, int w_per_row, int64_t M, int64_t K)
+{
+    extern __shared__ __align__(16) unsigned char mma_smem[];
+    constexpr int S = QD_HPRE_STAGES;
+    hpre_stage<NT> *stage = (hpre_stage<NT> *)mma_smem;
+    uint8_t *wsc_s = mma_smem + S * sizeof(hpre_stage<NT>); /* [64][nb + 4] the weight scales' bytes */
+    __shared__ float lut[256];
+    int pi = 0;
+    while (pi + 1 < p.count && (int)blockIdx.x >= p.start[pi + 1])
+        pi++;
+    int64_t N = p.N[pi], n0 = (int64_t)(blockIdx.x - p.start[pi]) * 64, t0 = (int64_t)blockIdx.y * 8 * NT;
+    int T = M - t0 < 8 * NT ? (int)(M - t0) : 8 * NT, nb = (int)(K / 16), nchunk = (nb + QD_H16_CB - 1) / QD_H16_CB;
+    int sld = nb + 4;
+    const uint8_t *a16 = p.a16[pi] + t0 * (K * 2), *wc = p.codes[pi], *wsc = p.scales[pi];
+    /* the scales (in the first group of copies): 4 bytes a copy where rows allow */
+    if (nb % 4 == 0 && ((uintptr_t)wsc & 3) == 0) {
+        for (int i = threadIdx.x; i < 16 * nb; i += 128) {
+            int row = i / (nb / 4), q = i - row * (nb / 4);
+            int64_t n = n0 + row < N ? n0 + row : N - 1;
+            unsigned d = (unsigned)__cvta_generic_to_shared(wsc_s + row * sld + 4 * q);
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(wsc + n * nb + 4 * q));
+        }
+    } else {
+        for (int i0 = threadIdx.x; i0 < 64 * nb; i0 += 128 * 8) {
+            uint8_t v[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                int i = i0 + 128 * k, row = i / nb;
+                int64_t n = n0 + row < N ? n0 + row : N - 1;
+                v[k] = i < 64 * nb ? __ldg(wsc + n * nb + (i - row * nb)) : 0;
+            }
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                int i = i0 + 128 * k, row = i / nb;
+                if (i < 64 * nb)
+                    wsc_s[row * sld + (i - row * nb)] = v[k];
+            }
+        }
+    }
+#pragma unroll 1
+    for (int s0 = 0; s0 < S - 1; s0++) {
+        if (s0 < nchunk) {
+            int b0 = s0 * QD_H16_CB;
+            hpre_fetch<NT>(&stage[s0], wc, n0, N, nb, a16, T, b0, nb - b0 < QD_H16_CB ? nb - b0 : QD_H16_CB);
+        }
+        cp_async_commit();
+    }
+    e4m3_table(lut);
+    int lane = threadIdx.x & 31, gq = lane >> 2, t = lane & 3, w = threadIdx.x >> 5;
+    int wr0 = 16 * w + gq, wr1 = wr0 + 8;
+    float acc[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+        acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    for (int c = 0; c < nchunk; c++) {
+        cp_async_wait_group<S - 2>(); /* chunk c's copies (this thread's) are done */
+        __syncthreads();              /* everyone's; and chunk c-1's stage is free */
+        int cn = c + S - 1;
+        if (cn < nchunk) {
+            int b0 = cn * QD_H16_CB;
+            hpre_fetch<NT>(&stage[cn % S], wc, n0, N, nb, a16, T, b0, nb - b0 < QD_H16_CB ? nb - b0 : QD_H16_CB);
+        }
+        cp_async_commit();
+        const hpre_stage<NT> *cur = &stage[c % S];
+        int b0 = c * QD_H16_CB, cbc = nb - b0 < QD_H16_CB ? nb - b0 : QD_H16_CB;
+#pragma unroll 2
+        for (int j = 0; j < cbc; j++) {
+            uint32_t xg = *(const uint16_t *)&cur->wc[wr0][j * 8 + 2 * t];
+            uint32_t xh = *(const uint16_t *)&cur->wc[wr1][j * 8 + 2 * t];
+            uint32_t r[4], af[4];
+            e2m1x8_h16(r, __byte_perm(xg, xh, 0x5140));
+            af[0] = r[0];
+            af[1] = r[2];
+            af[2] = r[1];
+            af[3] = r[3];
+            float s0 = lut[wsc_s[wr0 * sld + b0 + j]] * 16384.0f, s1 = lut[wsc_s[wr1 * sld + b0 + j]] * 16384.0f;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                if (nt * 8 >= T)
+                    break;
+                uint2 bb = *(const uint2 *)&cur->a[nt * 8 + gq][j * 32 + 8 * t];
+                float d[4];
+                mma_h16(d, af, bb.x, bb.y);
+                acc[nt][0] = fmaf(d[0], s0, acc[nt][0]);
+                acc[nt][1] = fmaf(d[1], s0, acc[nt][1]);
+                acc[nt][2] = fmaf(d[2], s1, acc[nt][2]);
+                acc[nt][3] = fmaf(d[3], s1, acc[nt][3]);
+            }
+        }
+    }
+    cp_async_wait_group<0>();
+    float *y = p.y[pi];
+    const float *sdw = p.sdec[pi], *sda = p.a_sdec[pi];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int m = nt * 8 + 2 * t + (i & 1);
+            int64_t n = n0 + (i < 2 ? wr0 : wr1);
+            if (m < T && n < N)
+                y[(t0 + m) * N + n] = acc[nt][i] * (sda[a_per_row ? t0 + m : 0] * sdw[w_per_row ? n : 0]);
         }
 }
 
@@ -2536,6 +2705,122 @@ static qd_status launch_w4a4_h16(float *y, const qd_nvfp4 *a, const w4a4_groups 
     return QD_OK;
 }
 
+/* The FP16 activations of w4a4_hpre_kernel: one scratch buffer a device,
+ * grown to the largest asked for (a few MB: at most 256 rows). */
+#define QD_HPRE_DEVS 16
+static qd_status a16_scratch(uint8_t **buf, size_t bytes)
+{
+    static uint8_t *b[QD_HPRE_DEVS];
+    static size_t cap[QD_HPRE_DEVS];
+    int dev = 0;
+    QD_CUDA_CHECK(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= QD_HPRE_DEVS)
+        return QD_ERR_SHAPE;
+    if (cap[dev] < bytes) {
+        if (b[dev])
+            QD_CUDA_CHECK(cudaFree(b[dev])); /* waits for the kernels that read it */
+        b[dev] = NULL;
+        cap[dev] = 0;
+        if (cudaMalloc((void **)&b[dev], bytes) != cudaSuccess) {
+            (void)cudaGetLastError();
+            b[dev] = NULL;
+            return qd_error(QD_ERR_NOMEM, "cuda backend: W4A4 activation scratch of %zu bytes", bytes);
+        }
+        cap[dev] = bytes;
+    }
+    *buf = b[dev];
+    return QD_OK;
+}
+
+/* QUADS_W4A4_HPRE=0|1 (benchmarks and tests): never, or for every product of
+ * one weight matrix (and q, k, v together), the FP16 kernel with the
+ * activations made FP16 first; unset: q, k, v together at 9 to 256 activation
+ * rows, one product at 129 to 256 (H100, bench_quant --moe: q, k, v at 64
+ * rows 33 us against 54; o at 64 rows 39 against 37, at 256 71 against 81). */
+int qd_cuda_w4a4_hpre = -1;
+static int w4a4_hpre_env(void)
+{
+    static int v = -2;
+    return qd_cuda_w4a4_hpre >= 0 ? qd_cuda_w4a4_hpre : qd_env_pick(&v, "QUADS_W4A4_HPRE", 0, 1);
+}
+
+/* The products of w4a4_hpre_kernel: count of them, one M and K; a[i] the
+ * activations (the same pointer: converted once), w[i] weights, y[i] outputs.
+ * QD_ERR_SHAPE where it does not apply (alignment; the caller goes on). */
+static qd_status w4a4_hpre(float *const *y, const qd_nvfp4 *const *a, const qd_nvfp4 *const *w, int count)
+{
+    int64_t M = a[0]->rows, K = a[0]->cols, nb = K / 16;
+    if (count < 1 || count > QD_HPRE_MAX || M < 1 || K % 16 || K > 16384) /* the scales staged whole */
+        return QD_ERR_SHAPE;
+    for (int i = 0; i < count; i++)
+        if (a[i]->rows != M || a[i]->cols != K || w[i]->cols != K || w[i]->rows < 1 ||
+            a[i]->per_row != a[0]->per_row || w[i]->per_row != w[0]->per_row || !qd_aligned(a[i]->codes, 8) ||
+            !qd_aligned(w[i]->codes, 8))
+            return QD_ERR_SHAPE;
+    int distinct = 0, which[QD_HPRE_MAX];
+    for (int i = 0; i < count; i++) {
+        which[i] = distinct;
+        for (int j = 0; j < i; j++)
+            if (a[j]->codes == a[i]->codes && a[j]->scales == a[i]->scales)
+                which[i] = which[j];
+        if (which[i] == distinct)
+            distinct++;
+    }
+    size_t per = (size_t)M * (size_t)K * 2, stride = (per + 255) / 256 * 256;
+    uint8_t *buf;
+    QD_TRY(a16_scratch(&buf, stride * (size_t)distinct));
+    hpre_args p;
+    memset(&p, 0, sizeof p);
+    p.count = count;
+    for (int i = 0; i < count; i++) {
+        p.y[i] = y[i];
+        p.a16[i] = buf + stride * (size_t)which[i];
+        p.a_sdec[i] = a[i]->s_dec;
+        p.codes[i] = w[i]->codes;
+        p.scales[i] = w[i]->scales;
+        p.sdec[i] = w[i]->s_dec;
+        p.N[i] = w[i]->rows;
+        bool first = true;
+        for (int j = 0; j < i; j++)
+            first = first && which[j] != which[i];
+        if (first) {
+            int64_t items = M * nb;
+            unsigned blocks = (unsigned)((items + 255) / 256 < 4096 ? (items + 255) / 256 : 4096);
+            a16_kernel<<<blocks, 256>>>((uint4 *)p.a16[i], a[i]->codes, a[i]->scales, items);
+            QD_CUDA_CHECK(cudaGetLastError());
+        }
+    }
+    /* NT: the most activation rows a CTA (8, 4, 2 tiles of 8) whose CTAs give
+     * every SM two, else one tile */
+    int64_t xs = 0;
+    for (int i = 0; i < count; i++)
+        xs += (p.N[i] + 63) / 64;
+    auto ctas = [&](int nt) { return xs * ((M + 8 * nt - 1) / (8 * nt)); };
+    int NT = ctas(8) >= 2 * qd_sm_count() ? 8 : ctas(4) >= 2 * qd_sm_count() ? 4 : ctas(2) >= 2 * qd_sm_count() ? 2 : 1;
+    for (int i = 0; i < count; i++)
+        p.start[i + 1] = p.start[i] + (int)((p.N[i] + 63) / 64);
+    dim3 grid((unsigned)p.start[count], (unsigned)((M + 8 * NT - 1) / (8 * NT)), 1);
+#define QD_HPRE_CASE(T_)                                                                                      \
+    do {                                                                                                      \
+        size_t smem = QD_HPRE_STAGES * sizeof(hpre_stage<T_>) + (size_t)64 * (size_t)(nb + 4);              \
+        if (smem + 256 * sizeof(float) > 48 * 1024)                                                          \
+            QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_hpre_kernel<T_>,                                          \
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));      \
+        w4a4_hpre_kernel<T_><<<grid, 128, smem>>>(p, a[0]->per_row, w[0]->per_row, M, K);                  \
+    } while (0)
+    if (NT == 8)
+        QD_HPRE_CASE(8);
+    else if (NT == 4)
+        QD_HPRE_CASE(4);
+    else if (NT == 2)
+        QD_HPRE_CASE(2);
+    else
+        QD_HPRE_CASE(1);
+#undef QD_HPRE_CASE
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
 /* The decode kernel for MT activation rows a CTA and RT weight rows a thread;
  * with mu (ng = 1), the products of mu's linears in one launch, CTAs
  * start[i] .. start[i+1]-1 theirs (set here for RT). */
@@ -2883,6 +3168,13 @@ static w4a4_groups one_group(const qd_nvfp4 *w, int64_t M)
 extern "C" qd_status qd_cuda_w4a4_gemm_tc_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
 {
     if (a->cols == w->cols && a->cols % QD_NVFP4_BLOCK == 0) {
+        int hp = w4a4_hpre_env(), M = (int)(a->rows < INT32_MAX ? a->rows : INT32_MAX);
+        if (M > 0 && (hp == 1 || (hp < 0 && M > 128 && M <= 256 && w4a4_dec_env() != 1 && w4a4_splitk_env() != 1 &&
+                                  w4a4_h16_env() != 1))) {
+            qd_status st = w4a4_hpre(&y, &a, &w, 1);
+            if (st != QD_ERR_SHAPE)
+                return st;
+        }
         w4a4_groups g = one_group(w, a->rows);
         return w4a4_mma(y, a, &g, 1, a->rows, w->per_row, w->rows, a->cols);
     }
@@ -2913,6 +3205,13 @@ extern "C" qd_status qd_cuda_w4a4_gemm_multi_async(float *const *y, const qd_nvf
     for (int i = 0; one && i < count; i++)
         one = a[i]->rows == M && a[i]->cols == K && w[i]->cols == K && a[i]->per_row == a[0]->per_row &&
               w[i]->per_row == w[0]->per_row && w[i]->rows > 0;
+    int hp = w4a4_hpre_env();
+    if (count <= QD_HPRE_MAX && M > 0 && (hp == 1 || (hp < 0 && count > 1 && M > 8 && M <= 256 && dec != 1 &&
+                                                     w4a4_splitk_env() != 1 && w4a4_h16_env() != 1))) {
+        qd_status st = w4a4_hpre(y, a, w, count);
+        if (st != QD_ERR_SHAPE)
+            return st;
+    }
     if (one) {
         w4a4_groups g = one_group(w[0], M);
         dec_multi mu;

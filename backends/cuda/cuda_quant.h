@@ -83,6 +83,12 @@ extern int qd_cuda_w4a4_pair;
  * QUADS_W4A4_H16 says (unset: a group of 64 rows or more and CTAs for twice
  * the GPU: the prefill). The same bits either way (benchmarks and tests). */
 extern int qd_cuda_w4a4_h16;
+/* The FP16 kernel with the activations made FP16 once (w4a4_hpre_kernel: one
+ * weight matrix, or q, k and v in one launch, at 9 to 256 activation rows; by
+ * default q, k, v at 9 to 256 rows and one product at 129 to 256):
+ * qd_cuda_w4a4_hpre = 0 never, 1 always, -1 (default) as QUADS_W4A4_HPRE
+ * says. The same bits either way (benchmarks and tests). */
+extern int qd_cuda_w4a4_hpre;
 /* qd_cuda_quant_legacy = 1 (benchmarks only) selects the quantizer kernels before
  * issue 13's (the software encoder one block a thread, a memset and an atomic a
  * warp for the amax) and the RAC pick's O(K^2) rank scan, for the side-by-side

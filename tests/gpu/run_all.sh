@@ -70,6 +70,12 @@ tail -1 "$out/check_ops_h16.log"
 echo "== check_ops 1, the FP16 W4A4 kernel never (QUADS_W4A4_H16=0)"
 QUADS_W4A4_H16=0 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_noh16.log" 2>&1 || rc=1
 tail -1 "$out/check_ops_noh16.log"
+echo "== check_ops 1, the FP16 W4A4 kernel on activations made FP16 first forced for every product of one weight matrix and q, k, v (QUADS_W4A4_HPRE=1; by default q, k, v at 9-256 rows)"
+QUADS_W4A4_HPRE=1 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_hpre.log" 2>&1 || rc=1
+tail -1 "$out/check_ops_hpre.log"
+echo "== check_ops 1, that kernel never (QUADS_W4A4_HPRE=0)"
+QUADS_W4A4_HPRE=0 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_nohpre.log" 2>&1 || rc=1
+tail -1 "$out/check_ops_nohpre.log"
 for nt in 2 4 8; do
     echo "== check_ops 1, the W4A4 MMA kernel with $nt row tiles a CTA forced (QUADS_W4A4_NT_GROUPED, QUADS_W4A4_NT; 4-warp CTAs)"
     QUADS_W4A4_NT_GROUPED=$nt QUADS_W4A4_NT=$nt QUADS_MMA_WARPS=4 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_nt$nt.log" 2>&1 || rc=1
