@@ -18,6 +18,7 @@
 # Sizes: LAYERS [4] B [64] P [128] M [64] ITERS [2] WARMUP [1] REPEAT [1] (processes
 #        a mode; decode_rows.py keeps the median row: B=1 REPEAT=3, batch 1
 #        spreads ~10% between processes)
+#        COMMIT [git rev-parse --short HEAD: set it where the copy's .git is stale]
 #        RECIPES [bf16,fp8,nvfp4,quads] MODES [exact fast] COPY_TBS [4.24] (measured
 #        device-to-device copy bandwidth, TB/s, DEVICE.md) PYTHON [python3]
 # LONG=1: instead, the row alone: all 48 layers of a3b as one rollout
@@ -52,7 +53,7 @@ if [ "${LONG:-0}" = 1 ]; then
         --json "$out/long.jsonl" >"$out/long.md" 2>"$out/long.err" || { rc=1; tail -5 "$out/long.err"; }
     cat "$out/long.md"
     $py bench/decode_rows.py --layers 48 --copy-tbs "${COPY_TBS:-4.24}" \
-        --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" <"$out/long.jsonl" \
+        --commit "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" <"$out/long.jsonl" \
         >"$out/decode_long.jsonl" || rc=1
     cat "$out/decode_long.jsonl"
     exit $rc
@@ -72,6 +73,6 @@ for mode in ${MODES:-exact fast}; do
 done
 cat "$out"/torch.jsonl "$out"/quads_*.jsonl 2>/dev/null |
     $py bench/decode_rows.py --layers "$L" --copy-tbs "${COPY_TBS:-4.24}" \
-        --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" >"$out/decode.jsonl" || rc=1
+        --commit "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" >"$out/decode.jsonl" || rc=1
 cat "$out/decode.jsonl"
 exit $rc
