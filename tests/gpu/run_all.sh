@@ -8,7 +8,8 @@
 #      (QUADS_W4A4_PAIR=0) and with 2, 4 and 8 row tiles a CTA forced, with the W4A4 decode kernel forced
 #      (QUADS_W4A4_DEC=1, with QUADS_W4A4_DEC_RT=2 too) and left out (=0, with
 #      QUADS_MATVEC_CHAIN=0 and QUADS_RAC_FUSED=0), with the W4A4 MMA kernel's 4-warp
-#      CTAs forced, with the split-K W4A4 kernel forced (QUADS_W4A4_SPLITK=1), and with fast
+#      CTAs forced, with the split-K W4A4 kernel forced (QUADS_W4A4_SPLITK=1), with the
+#      FP16 W4A4 kernels forced and left out (QUADS_W4A4_H16, QUADS_W4A4_HPRE), and with fast
 #      mode's BF16 backward taking dy 8 columns a block (QUADS_DY16_BYTES=1024),
 #      the lm_head's way; and with every one of the experts' BF16 products on
 #      the wgmma kernel (QUADS_EXPERT_GEMM=wgmma; by default only the forward's),
@@ -46,54 +47,43 @@ rc=0
 echo "== check_ops"
 timeout 300 tests/gpu/check_ops >"$out/check_ops.log" 2>&1 || rc=1
 grep -v "bits equal\|within" "$out/check_ops.log" | tail -8
-echo "== check_ops 1, the W4A4 decode kernel forced for every product, in tiles of 8 rows (QUADS_W4A4_DEC=1; by default where no group has more than 8)"
-QUADS_W4A4_DEC=1 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_dec.log" 2>&1 || rc=1
-tail -1 "$out/check_ops_dec.log"
-echo "== check_ops 1, the decode kernel forced with 2 weight rows a thread (QUADS_W4A4_DEC_RT=2; by default for up to 2 rows where CTAs are many)"
-QUADS_W4A4_DEC=1 QUADS_W4A4_DEC_RT=2 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_dec2.log" 2>&1 || rc=1
-tail -1 "$out/check_ops_dec2.log"
-echo "== check_ops 1, no decode kernels (QUADS_W4A4_DEC=0: small W4A4 products on the MMA kernel's 1-warp CTAs; QUADS_MATVEC_CHAIN=0: one-row x.W^T on k_matvec_wt; QUADS_RAC_FUSED=0: RAC's activation rows in three launches; QUADS_BFP_MATVEC=0: the row BFP product of 1-4 rows on the tensor-core kernel)"
-QUADS_W4A4_DEC=0 QUADS_MATVEC_CHAIN=0 QUADS_RAC_FUSED=0 QUADS_BFP_MATVEC=0 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_nodec.log" 2>&1 || rc=1
-tail -1 "$out/check_ops_nodec.log"
-echo "== check_ops, no decode kernel and the W4A4 MMA kernel's 4-warp CTAs forced (small cases take 1-warp CTAs by default)"
-QUADS_W4A4_DEC=0 QUADS_MMA_WARPS=4 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_w4.log" 2>&1 || rc=1
-tail -1 "$out/check_ops_w4.log"
-echo "== check_ops 1, the split-K W4A4 kernel forced for every product (QUADS_W4A4_SPLITK=1; by default only where CTAs are few)"
-QUADS_W4A4_SPLITK=1 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_splitk.log" 2>&1 || rc=1
-tail -1 "$out/check_ops_splitk.log"
-echo "== check_ops 1, the W4A4 MMA kernel one block an MMA (QUADS_W4A4_PAIR=0; by default two where K is a multiple of 256)"
-QUADS_W4A4_PAIR=0 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_k16.log" 2>&1 || rc=1
-tail -1 "$out/check_ops_k16.log"
-echo "== check_ops 1, the FP16 W4A4 kernel forced for every product (QUADS_W4A4_H16=1; by default the prefill's)"
-QUADS_W4A4_H16=1 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_h16.log" 2>&1 || rc=1
-tail -1 "$out/check_ops_h16.log"
-echo "== check_ops 1, the FP16 W4A4 kernel never (QUADS_W4A4_H16=0)"
-QUADS_W4A4_H16=0 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_noh16.log" 2>&1 || rc=1
-tail -1 "$out/check_ops_noh16.log"
-echo "== check_ops 1, the FP16 W4A4 kernel on activations made FP16 first forced for every product of one weight matrix and q, k, v (QUADS_W4A4_HPRE=1; by default q, k, v at 9-256 rows)"
-QUADS_W4A4_HPRE=1 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_hpre.log" 2>&1 || rc=1
-tail -1 "$out/check_ops_hpre.log"
-echo "== check_ops 1, that kernel never (QUADS_W4A4_HPRE=0)"
-QUADS_W4A4_HPRE=0 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_nohpre.log" 2>&1 || rc=1
-tail -1 "$out/check_ops_nohpre.log"
+# ops1 NAME "WHAT" [VAR=VALUE ...]: check_ops with one seed under those
+# switches, its log in $out/check_ops_NAME.log, its verdict line shown
+ops1() {
+    name=$1 what=$2
+    shift 2
+    echo "== check_ops 1, $what"
+    env "$@" timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_$name.log" 2>&1 || rc=1
+    tail -1 "$out/check_ops_$name.log"
+}
+ops1 dec "the W4A4 decode kernel forced for every product, in tiles of 8 rows (QUADS_W4A4_DEC=1; by default where no group has more than 8)" \
+    QUADS_W4A4_DEC=1
+ops1 dec2 "the decode kernel forced with 2 weight rows a thread (QUADS_W4A4_DEC_RT=2; by default for up to 2 rows where CTAs are many)" \
+    QUADS_W4A4_DEC=1 QUADS_W4A4_DEC_RT=2
+ops1 nodec "no decode kernels (QUADS_W4A4_DEC=0: small W4A4 products on the MMA kernel's 1-warp CTAs; QUADS_MATVEC_CHAIN=0: one-row x.W^T on k_matvec_wt; QUADS_RAC_FUSED=0: RAC's activation rows in three launches; QUADS_BFP_MATVEC=0: the row BFP product of 1-4 rows on the tensor-core kernel)" \
+    QUADS_W4A4_DEC=0 QUADS_MATVEC_CHAIN=0 QUADS_RAC_FUSED=0 QUADS_BFP_MATVEC=0
+ops1 w4 "no decode kernel and the W4A4 MMA kernel's 4-warp CTAs forced (small cases take 1-warp CTAs by default)" \
+    QUADS_W4A4_DEC=0 QUADS_MMA_WARPS=4
+ops1 splitk "the split-K W4A4 kernel forced for every product (QUADS_W4A4_SPLITK=1; by default only where CTAs are few)" \
+    QUADS_W4A4_SPLITK=1
+ops1 k16 "the W4A4 MMA kernel one block an MMA (QUADS_W4A4_PAIR=0; by default two where K is a multiple of 256)" \
+    QUADS_W4A4_PAIR=0
+ops1 h16 "the FP16 W4A4 kernel forced for every product (QUADS_W4A4_H16=1; by default the prefill's)" QUADS_W4A4_H16=1
+ops1 noh16 "the FP16 W4A4 kernel never (QUADS_W4A4_H16=0)" QUADS_W4A4_H16=0
+ops1 hpre "the FP16 W4A4 kernel on activations made FP16 first forced for every product of one weight matrix and q, k, v (QUADS_W4A4_HPRE=1; by default q, k, v at 9-256 rows)" \
+    QUADS_W4A4_HPRE=1
+ops1 nohpre "that kernel never (QUADS_W4A4_HPRE=0)" QUADS_W4A4_HPRE=0
 for nt in 2 4 8; do
-    echo "== check_ops 1, the W4A4 MMA kernel with $nt row tiles a CTA forced (QUADS_W4A4_NT_GROUPED, QUADS_W4A4_NT; 4-warp CTAs)"
-    QUADS_W4A4_NT_GROUPED=$nt QUADS_W4A4_NT=$nt QUADS_MMA_WARPS=4 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_nt$nt.log" 2>&1 || rc=1
-    tail -1 "$out/check_ops_nt$nt.log"
+    ops1 "nt$nt" "the W4A4 MMA kernel with $nt row tiles a CTA forced (QUADS_W4A4_NT_GROUPED, QUADS_W4A4_NT; 4-warp CTAs)" \
+        QUADS_W4A4_NT_GROUPED=$nt QUADS_W4A4_NT=$nt QUADS_MMA_WARPS=4
 done
-echo "== check_ops 1, fast mode's BF16 backward with dy a block of 8 columns (QUADS_DY16_BYTES)"
-QUADS_DY16_BYTES=1024 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_dy16.log" 2>&1 || rc=1
-tail -1 "$out/check_ops_dy16.log"
-echo "== check_ops 1, every one of the experts' BF16 products on the wgmma kernel (QUADS_EXPERT_GEMM=wgmma; by default the forward's)"
-QUADS_EXPERT_GEMM=wgmma timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_wgmma.log" 2>&1 || rc=1
-tail -1 "$out/check_ops_wgmma.log"
-echo "== check_ops 1, every one of the experts' BF16 products on cuBLASLt (QUADS_EXPERT_GEMM=lt)"
-QUADS_EXPERT_GEMM=lt timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_lt.log" 2>&1 || rc=1
-tail -1 "$out/check_ops_lt.log"
-echo "== check_ops 1, fast mode's fused attention on the mma.sync kernels (QUADS_FLASH_WG=0; wgmma on Hopper by default)"
-QUADS_FLASH_WG=0 timeout 300 tests/gpu/check_ops 1 >"$out/check_ops_flashwg.log" 2>&1 || rc=1
+ops1 dy16 "fast mode's BF16 backward with dy a block of 8 columns (QUADS_DY16_BYTES)" QUADS_DY16_BYTES=1024
+ops1 wgmma "every one of the experts' BF16 products on the wgmma kernel (QUADS_EXPERT_GEMM=wgmma; by default the forward's)" \
+    QUADS_EXPERT_GEMM=wgmma
+ops1 lt "every one of the experts' BF16 products on cuBLASLt (QUADS_EXPERT_GEMM=lt)" QUADS_EXPERT_GEMM=lt
+ops1 flashwg "fast mode's fused attention on the mma.sync kernels (QUADS_FLASH_WG=0; wgmma on Hopper by default)" \
+    QUADS_FLASH_WG=0
 grep "attend" "$out/check_ops_flashwg.log" | grep fast16
-tail -1 "$out/check_ops_flashwg.log"
 echo "== check_ops 1, the opt-ins: dy bits by the hardware's exp, rmsnorm 32 rows a block, the embedding's backward sorted, AdamW two float4 a thread, RoPE a warp a row (QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1)"
 QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1 timeout 300 tests/gpu/check_ops >"$out/check_ops_optin.log" 2>&1 || rc=1
 tail -1 "$out/check_ops_optin.log"
