@@ -8,9 +8,8 @@
 # (--clock-control none), one line per kernel and grid;
 # DETAIL (a regex of kernel names, e.g. 'w4a4_mma_kernel') adds ncu's speed of
 # light, occupancy and warp-stall sections for DCOUNT [3] of its launches after
-# DSKIP [40]; STALL (a regex too) the cycles a warp spends stalled an issued
-# instruction, by reason (ncu's smsp__average_warp_latency_issue_stalled_*), with
-# the warps active and the issue rate a scheduler, for one launch after SSKIP [300].
+# DSKIP [40]; STALL (a regex too) ncu's warp-state (stall reasons) and scheduler
+# sections with occupancy, for one launch after SSKIP [300].
 #     bench/profile_decode_h200.sh [OUTDIR]
 set -u
 out=${1:-${OUT:-/tmp/profile_decode}}
@@ -34,12 +33,13 @@ if [ -n "${DETAIL:-}" ]; then
         "$out/ncu_detail.txt" | cut -c1-150 | head -80
 fi
 if [ -n "${STALL:-}" ]; then
+    # ncu's WarpStateStats and SchedulerStats sections (their metric names
+    # differ between ncu versions: the sections do not; a metric regex failed on
+    # the H200/H100 machines' ncu on 2026-12-05)
     # shellcheck disable=SC2086
     timeout 200 ncu --clock-control none -k regex:"$STALL" --launch-skip "${SSKIP:-300}" --launch-count 1 \
-        --metrics regex:smsp__average_warp_latency_issue_stalled_.*_per_warp_active.ratio,smsp__warps_active.avg.per_cycle_active,smsp__issue_active.avg.per_cycle_active,gpu__time_duration.sum \
+        --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
         $run >"$out/ncu_stall.txt" 2>&1
-    # the reasons above 0.05 cycles, largest first
-    grep -E "stalled_|warps_active|issue_active|gpu__time" "$out/ncu_stall.txt" |
-        sed 's/smsp__average_warp_latency_issue_stalled_//; s/_per_warp_active.ratio//' |
-        awk '$NF + 0 > 0.05' | sort -k3 -g -r | head -20
+    grep -iE "^  [a-zA-Z_].*\(|stall|Warp Cycles|Issued Warp|Eligible|Active Warps|Registers|Achieved Occ|Theoretical Occ|Duration" \
+        "$out/ncu_stall.txt" | cut -c1-150 | head -40
 fi
