@@ -193,6 +193,19 @@ QD_HD float qd_nvfp4_block_inv(uint8_t scale_code, float s_dec)
     return qd_min_nn(1.0f / (qd_e4m3_to_f32(scale_code) * s_dec), FLT_MAX);
 }
 
+/* The FP16 W4A4 kernels' operand (docs/numerics.md §3, w4a4_h16_kernel): 8
+ * E2M1 codes, the nibbles of u, as 4 FP16 pairs, pair j holding nibble j (low
+ * half) and nibble j + 4 (high half), each the FP16 of its value * 2^-14: the
+ * code's sign to bit 15 and its exponent and mantissa bits to bits 11..9 (code
+ * 1, 0.5, becomes the subnormal 2^-15). */
+QD_HD void qd_e2m1x8_h16(uint32_t r[4], uint32_t u)
+{
+    r[0] = ((u << 9) & 0x0E000E00u) | ((u << 12) & 0x80008000u);
+    r[1] = ((u << 5) & 0x0E000E00u) | ((u << 8) & 0x80008000u);
+    r[2] = ((u << 1) & 0x0E000E00u) | ((u << 4) & 0x80008000u);
+    r[3] = ((u >> 3) & 0x0E000E00u) | (u & 0x80008000u);
+}
+
 /* One dequantized value: (e2m1 * s_b) is exact, so one rounding. */
 QD_HD float qd_nvfp4_dequant1(uint8_t code, uint8_t scale_code, float s_dec)
 {

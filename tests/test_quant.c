@@ -355,7 +355,96 @@ START_TEST(test_golden_vectors)
 }
 END_TEST
 
-/* ---- NVFP4 quantizer: the TE quirks */
+/* ---- the FP16 W4A4 kernels' operands (docs/numerics.md §3, w4a4_h16_kernel) */
+
+/* An IEEE half's value (any finite bits), by its fields. */
+static double half_value(uint16_t h)
+{
+    int e = (h >> 10) & 31, m = h & 1023;
+    double v = e ? ldexp(1024 + m, e - 25) : ldexp(m, -24);
+    ck_assert_int_ne(e, 31);
+    return (h & 0x8000) ? -v : v;
+}
+
+/* qd_e2m1x8_h16 against ml_dtypes' FP16 of e2m1 * 2^-14 (tests/ref/h16_golden.py)
+ * for every code in every nibble, the other halves zero; and every finite
+ * product e2m1 * e4m3 (the activation operand) exact in FP16 by the same reference. */
+START_TEST(test_h16_operands)
+{
+    FILE *f = fopen(qd_test_path("tests/fixtures/h16_golden.bin"), "rb");
+    ck_assert_msg(f != NULL, "missing tests/fixtures/h16_golden.bin");
+    char magic[4];
+    read_bytes(magic, 4, f);
+    ck_assert(memcmp(magic, "QDH1", 4) == 0);
+    uint16_t w[16];
+    read_bytes(w, sizeof w, f);
+    for (uint32_t c = 0; c < 16; c++) {
+        ck_assert_msg(half_value(w[c]) == ldexp(qd_e2m1_to_f32((uint8_t)c), -14), "code %u", c);
+        for (int j = 0; j < 8; j++) {
+            uint32_t r[4];
+            qd_e2m1x8_h16(r, c << (4 * j));
+            for (int q = 0; q < 4; q++)
+                for (int hi = 0; hi < 2; hi++) {
+                    uint16_t got = (uint16_t)(r[q] >> (16 * hi)), want = q == j % 4 && hi == j / 4 ? w[c] : 0;
+                    ck_assert_msg(got == want, "code %u in nibble %d: pair %d half %d 0x%04x, not 0x%04x", c, j, q,
+                                  hi, got, want);
+                }
+        }
+    }
+    int exact = 0;
+    for (int sc = 0; sc < 256; sc++)
+        for (int c = 0; c < 16; c++) {
+            uint8_t b[3];
+            read_bytes(b, 3, f);
+            uint16_t bits = (uint16_t)(b[0] | b[1] << 8);
+            float sa = qd_e4m3_to_f32((uint8_t)sc);
+            if (isnan(sa)) {
+                ck_assert_uint_eq(bits, 0xFFFF);
+                continue;
+            }
+            float prod = qd_e2m1_to_f32((uint8_t)c) * sa;
+            ck_assert_msg(b[2] == 1 && half_value(bits) == (double)prod, "scale 0x%02x code %d", sc, c);
+            exact++;
+        }
+    ck_assert_int_eq(exact, 16 * 254);
+    ck_assert_int_eq(fgetc(f), EOF);
+    fclose(f);
+}
+END_TEST
+
+/* The kernel's algebra on random blocks: the FP16 products' sum (in double:
+ * exact) is p * sa * 2^-14 and a float, and fmaf(d, sw * 2^14, acc) has the bits
+ * of the canonical fmaf(p, sa * sw, acc); the scales from their whole range,
+ * the codes uniform or all +-6 (the largest sums). */
+START_TEST(test_h16_block_algebra)
+{
+    rng_state = 0x4816;
+    for (int it = 0; it < 200000; it++) {
+        uint8_t sa_code = (uint8_t)(rng_next() % 127), sw_code = (uint8_t)(rng_next() % 127); /* positive, finite */
+        float sa = qd_e4m3_to_f32(sa_code), sw = qd_e4m3_to_f32(sw_code);
+        int big = it % 7 == 0;
+        double p = 0, d = 0;
+        for (int i = 0; i < 16; i++) {
+            uint8_t cw = big ? (uint8_t)(7 | (rng_next() & 8)) : (uint8_t)(rng_next() & 15);
+            uint8_t ca = big ? (uint8_t)(7 | (rng_next() & 8)) : (uint8_t)(rng_next() & 15);
+            double wv = qd_e2m1_to_f32(cw), av = qd_e2m1_to_f32(ca);
+            p += wv * av;
+            d += ldexp(wv, -14) * (double)(qd_e2m1_to_f32(ca) * sa); /* the FP16 operands' values */
+        }
+        ck_assert(d == p * (double)sa * ldexp(1.0, -14));
+        float df = (float)d;
+        ck_assert((double)df == d);
+        float acc = (float)((rng_uniform() - 0.5) * ldexp(1.0, (int)(rng_next() % 40) - 20));
+        if (it % 11 == 0)
+            acc = 0.0f;
+        float got = fmaf(df, sw * 16384.0f, acc), want = fmaf((float)p, sa * sw, acc);
+        ck_assert_msg(qd_f32_bits(got) == qd_f32_bits(want), "block %d: 0x%08x vs 0x%08x", it, qd_f32_bits(got),
+                      qd_f32_bits(want));
+    }
+}
+END_TEST
+
+/* ---- NVFP4 quantizer: the TE quirks *//* ---- NVFP4 quantizer: the TE quirks */
 
 START_TEST(test_nvfp4_zero_tensor)
 {
@@ -1214,6 +1303,8 @@ Suite *suite_quant(void)
     suite_add_tcase(s, codecs);
     TCase *nvfp4 = tcase_create("nvfp4");
     tcase_add_test(nvfp4, test_golden_vectors);
+    tcase_add_test(nvfp4, test_h16_operands);
+    tcase_add_test(nvfp4, test_h16_block_algebra);
     tcase_add_test(nvfp4, test_nvfp4_zero_tensor);
     tcase_add_test(nvfp4, test_nvfp4_zero_block_and_saturation);
     tcase_add_test(nvfp4, test_nvfp4_quantize_with_saturates);

@@ -1620,15 +1620,6 @@ struct h16_regs {
     uint8_t as[QD_H16_AK(NT)];
 };
 
-/* Four FP16 pairs from 8 E2M1 codes (the nibbles of u): pair j holds nibble j
- * (low half) and nibble j + 4 (high half), each as the FP16 of its value * 2^-14. */
-static __device__ __forceinline__ void e2m1x8_h16(uint32_t r[4], uint32_t u)
-{
-    r[0] = ((u << 9) & 0x0E000E00u) | ((u << 12) & 0x80008000u);
-    r[1] = ((u << 5) & 0x0E000E00u) | ((u << 8) & 0x80008000u);
-    r[2] = ((u << 1) & 0x0E000E00u) | ((u << 4) & 0x80008000u);
-    r[3] = ((u >> 3) & 0x0E000E00u) | (u & 0x80008000u);
-}
 
 static __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b)
 {
@@ -1654,8 +1645,8 @@ static __device__ __forceinline__ void a16_block(uint4 *d, uint2 c, float sa)
     unsigned short hs;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hs) : "f"(sa));
     uint32_t s2 = (uint32_t)hs * 0x10001u, lo[4], hi[4];
-    e2m1x8_h16(lo, __byte_perm(c.x, 0u, 0x3120));
-    e2m1x8_h16(hi, __byte_perm(c.y, 0u, 0x3120));
+    qd_e2m1x8_h16(lo, __byte_perm(c.x, 0u, 0x3120));
+    qd_e2m1x8_h16(hi, __byte_perm(c.y, 0u, 0x3120));
 #pragma unroll
     for (int q = 0; q < 4; q++) {
         lo[q] = hmul2(hmul2(lo[q], two14), s2);
@@ -1752,7 +1743,7 @@ w4a4_h16_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
             uint32_t xg = *(const uint16_t *)&cur->wc[wr0][j * 8 + 2 * t];
             uint32_t xh = *(const uint16_t *)&cur->wc[wr1][j * 8 + 2 * t];
             uint32_t r[4], af[4];
-            e2m1x8_h16(r, __byte_perm(xg, xh, 0x5140));
+            qd_e2m1x8_h16(r, __byte_perm(xg, xh, 0x5140));
             af[0] = r[0]; /* row g, slots 2t, 2t+1: codes 4t, 4t+2 */
             af[1] = r[2]; /* row g+8, the same slots */
             af[2] = r[1]; /* row g, slots 2t+8, 2t+9: codes 4t+1, 4t+3 */
@@ -1917,7 +1908,7 @@ w4a4_hpre_kernel(const __grid_constant__ hpre_args p, int a_per_row, int w_per_r
             uint32_t xg = *(const uint16_t *)&cur->wc[wr0][j * 8 + 2 * t];
             uint32_t xh = *(const uint16_t *)&cur->wc[wr1][j * 8 + 2 * t];
             uint32_t r[4], af[4];
-            e2m1x8_h16(r, __byte_perm(xg, xh, 0x5140));
+            qd_e2m1x8_h16(r, __byte_perm(xg, xh, 0x5140));
             af[0] = r[0];
             af[1] = r[2];
             af[2] = r[1];
