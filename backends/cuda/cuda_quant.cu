@@ -1620,7 +1620,6 @@ struct h16_regs {
     uint8_t as[QD_H16_AK(NT)];
 };
 
-
 static __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b)
 {
     uint32_t d;
@@ -1654,6 +1653,60 @@ static __device__ __forceinline__ void a16_block(uint4 *d, uint2 c, float sa)
     }
     d[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
     d[1] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+}
+
+/* One chunk's cbc blocks of the FP16 kernels for one warp: weight rows wr0 and
+ * wr0 + 8 (w0, w1: their codes' bytes 2t, 2t+1 of the chunk's block 0), the
+ * activation rows 8 nt + g of the stage (act: row g's 8 bytes of block 0, rows
+ * QD_H16_ALD bytes apart), the weight scales as sw * 2^14 from sf(j, s0, s1);
+ * row tiles past T are left out. */
+template <int NT, typename SF>
+static __device__ __forceinline__ void h16_chunk(float (*acc)[4], const uint8_t *w0, const uint8_t *w1,
+                                                 const uint8_t *act, int cbc, int T, SF sf)
+{
+#pragma unroll 2
+    for (int j = 0; j < cbc; j++) {
+        uint32_t xg = *(const uint16_t *)(w0 + j * 8), xh = *(const uint16_t *)(w1 + j * 8);
+        uint32_t r[4], af[4];
+        qd_e2m1x8_h16(r, __byte_perm(xg, xh, 0x5140));
+        af[0] = r[0]; /* row g, slots 2t, 2t+1: codes 4t, 4t+2 */
+        af[1] = r[2]; /* row g+8, the same slots */
+        af[2] = r[1]; /* row g, slots 2t+8, 2t+9: codes 4t+1, 4t+3 */
+        af[3] = r[3];
+        float s0, s1;
+        sf(j, s0, s1);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            if (nt * 8 >= T)
+                break;
+            uint2 b = *(const uint2 *)(act + nt * 8 * QD_H16_ALD + j * 32);
+            float d[4];
+            mma_h16(d, af, b.x, b.y);
+            acc[nt][0] = fmaf(d[0], s0, acc[nt][0]);
+            acc[nt][1] = fmaf(d[1], s0, acc[nt][1]);
+            acc[nt][2] = fmaf(d[2], s1, acc[nt][2]);
+            acc[nt][3] = fmaf(d[3], s1, acc[nt][3]);
+        }
+    }
+}
+
+/* The FP16 kernels' outputs: thread (g, t)'s acc[nt] holds weight rows wr0,
+ * wr0 + 8 and activation rows 8 nt + 2t, 8 nt + 2t + 1 of the tile at y's row
+ * 0 (T of them, N columns), times both decode scales. */
+template <int NT>
+static __device__ __forceinline__ void h16_out(float *y, const float (*acc)[4], int T, int t, int64_t n0, int wr0,
+                                               int64_t N, const float *a_sdec, int a_per_row, const float *w_sdec,
+                                               int w_per_row)
+{
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int m = nt * 8 + 2 * t + (i & 1);
+            int64_t n = n0 + wr0 + (i < 2 ? 0 : 8);
+            if (m < T && n < N)
+                y[m * N + n] = acc[nt][i] * (a_sdec[a_per_row ? m : 0] * w_sdec[w_per_row ? n : 0]);
+        }
 }
 
 /* Chunk b0 .. b0+cb-1: the weight codes by cp.async into st, the weight scales
@@ -1738,45 +1791,17 @@ w4a4_h16_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
         int nb0 = b0 + QD_H16_CB, cbn = nb - nb0 < QD_H16_CB ? nb - nb0 : QD_H16_CB;
         if (c + 1 < nchunk)
             h16_fetch<NT>(nxt, &reg, g.codes[z], g.scales[z], n0, N, nb, ac, as, T, nb0, cbn);
-#pragma unroll 2
-        for (int j = 0; j < cbc; j++) {
-            uint32_t xg = *(const uint16_t *)&cur->wc[wr0][j * 8 + 2 * t];
-            uint32_t xh = *(const uint16_t *)&cur->wc[wr1][j * 8 + 2 * t];
-            uint32_t r[4], af[4];
-            qd_e2m1x8_h16(r, __byte_perm(xg, xh, 0x5140));
-            af[0] = r[0]; /* row g, slots 2t, 2t+1: codes 4t, 4t+2 */
-            af[1] = r[2]; /* row g+8, the same slots */
-            af[2] = r[1]; /* row g, slots 2t+8, 2t+9: codes 4t+1, 4t+3 */
-            af[3] = r[3];
-            float s0 = cur->sw[wr0][j], s1 = cur->sw[wr1][j];
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                if (nt * 8 >= T)
-                    break;
-                uint2 b = *(const uint2 *)&cur->a[nt * 8 + gq][j * 32 + 8 * t];
-                float d[4];
-                mma_h16(d, af, b.x, b.y);
-                acc[nt][0] = fmaf(d[0], s0, acc[nt][0]);
-                acc[nt][1] = fmaf(d[1], s0, acc[nt][1]);
-                acc[nt][2] = fmaf(d[2], s1, acc[nt][2]);
-                acc[nt][3] = fmaf(d[3], s1, acc[nt][3]);
-            }
-        }
+        h16_chunk<NT>(acc, &cur->wc[wr0][2 * t], &cur->wc[wr1][2 * t], &cur->a[gq][8 * t], cbc, T,
+                      [&](int j, float &s0, float &s1) {
+                          s0 = cur->sw[wr0][j];
+                          s1 = cur->sw[wr1][j];
+                      });
         if (c + 1 < nchunk)
             h16_store<NT>(nxt, &reg, lut);
         cp_async_wait_all();
         __syncthreads();
     }
-    const float *sdw = g.sdec[z];
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int m = nt * 8 + 2 * t + (i & 1);
-            int64_t n = n0 + (i < 2 ? wr0 : wr1);
-            if (m < T && n < N)
-                y[(r0 + m) * N + n] = acc[nt][i] * (a_sdec[a_per_row ? r0 + m : 0] * sdw[w_per_row ? n : 0]);
-        }
+    h16_out<NT>(y + r0 * N, acc, T, t, n0, wr0, N, a_sdec + (a_per_row ? r0 : 0), a_per_row, g.sdec[z], w_per_row);
 }
 
 /* The FP16 kernel for a few tens of activation rows (decode's attention
@@ -1903,43 +1928,15 @@ w4a4_hpre_kernel(const __grid_constant__ hpre_args p, int a_per_row, int w_per_r
         cp_async_commit();
         const hpre_stage<NT> *cur = &stage[c % S];
         int b0 = c * QD_H16_CB, cbc = nb - b0 < QD_H16_CB ? nb - b0 : QD_H16_CB;
-#pragma unroll 2
-        for (int j = 0; j < cbc; j++) {
-            uint32_t xg = *(const uint16_t *)&cur->wc[wr0][j * 8 + 2 * t];
-            uint32_t xh = *(const uint16_t *)&cur->wc[wr1][j * 8 + 2 * t];
-            uint32_t r[4], af[4];
-            qd_e2m1x8_h16(r, __byte_perm(xg, xh, 0x5140));
-            af[0] = r[0];
-            af[1] = r[2];
-            af[2] = r[1];
-            af[3] = r[3];
-            float s0 = lut[wsc_s[wr0 * sld + b0 + j]] * 16384.0f, s1 = lut[wsc_s[wr1 * sld + b0 + j]] * 16384.0f;
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                if (nt * 8 >= T)
-                    break;
-                uint2 bb = *(const uint2 *)&cur->a[nt * 8 + gq][j * 32 + 8 * t];
-                float d[4];
-                mma_h16(d, af, bb.x, bb.y);
-                acc[nt][0] = fmaf(d[0], s0, acc[nt][0]);
-                acc[nt][1] = fmaf(d[1], s0, acc[nt][1]);
-                acc[nt][2] = fmaf(d[2], s1, acc[nt][2]);
-                acc[nt][3] = fmaf(d[3], s1, acc[nt][3]);
-            }
-        }
+        h16_chunk<NT>(acc, &cur->wc[wr0][2 * t], &cur->wc[wr1][2 * t], &cur->a[gq][8 * t], cbc, T,
+                      [&](int j, float &s0, float &s1) {
+                          s0 = lut[wsc_s[wr0 * sld + b0 + j]] * 16384.0f;
+                          s1 = lut[wsc_s[wr1 * sld + b0 + j]] * 16384.0f;
+                      });
     }
     cp_async_wait_group<0>();
-    float *y = p.y[pi];
-    const float *sdw = p.sdec[pi], *sda = p.a_sdec[pi];
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int m = nt * 8 + 2 * t + (i & 1);
-            int64_t n = n0 + (i < 2 ? wr0 : wr1);
-            if (m < T && n < N)
-                y[(t0 + m) * N + n] = acc[nt][i] * (sda[a_per_row ? t0 + m : 0] * sdw[w_per_row ? n : 0]);
-        }
+    h16_out<NT>(p.y[pi] + t0 * N, acc, T, t, n0, wr0, N, p.a_sdec[pi] + (a_per_row ? t0 : 0), a_per_row, p.sdec[pi],
+                w_per_row);
 }
 
 /* The same products where the CTAs of w4a4_mma_kernel would be few (decode):
@@ -2763,7 +2760,7 @@ static qd_status w4a4_hpre(float *const *y, const qd_nvfp4 *const *a, const qd_n
     hpre_args p;
     memset(&p, 0, sizeof p);
     p.count = count;
-    for (int i = 0; i < count; i++) {
+    for (int i = 0, made = 0; i < count; i++) {
         p.y[i] = y[i];
         p.a16[i] = buf + stride * (size_t)which[i];
         p.a_sdec[i] = a[i]->s_dec;
@@ -2771,10 +2768,8 @@ static qd_status w4a4_hpre(float *const *y, const qd_nvfp4 *const *a, const qd_n
         p.scales[i] = w[i]->scales;
         p.sdec[i] = w[i]->s_dec;
         p.N[i] = w[i]->rows;
-        bool first = true;
-        for (int j = 0; j < i; j++)
-            first = first && which[j] != which[i];
-        if (first) {
+        if (which[i] == made) { /* the first product of this activation: convert it */
+            made++;
             int64_t items = M * nb;
             unsigned blocks = (unsigned)((items + 255) / 256 < 4096 ? (items + 255) / 256 : 4096);
             a16_kernel<<<blocks, 256>>>((uint4 *)p.a16[i], a[i]->codes, a[i]->scales, items);
@@ -2930,6 +2925,16 @@ static int w4a4_h16_env(void)
 {
     static int v = -2;
     return qd_cuda_w4a4_h16 >= 0 ? qd_cuda_w4a4_h16 : qd_env_pick(&v, "QUADS_W4A4_H16", 0, 1);
+}
+
+/* Whether count products of M rows take w4a4_hpre_kernel: forced, or by
+ * default (no other kernel forced) q, k, v together at 9-256 rows and one
+ * product at 129-256. */
+static bool w4a4_hpre_on(int64_t M, int count)
+{
+    int hp = w4a4_hpre_env();
+    return M > 0 && (hp == 1 || (hp < 0 && M <= 256 && M > (count > 1 ? 8 : 128) && w4a4_dec_env() != 1 &&
+                                 w4a4_splitk_env() != 1 && w4a4_h16_env() != 1));
 }
 
 /* Every group of g has rows (the callers leave out the others), maxrows the most. */
@@ -3159,9 +3164,7 @@ static w4a4_groups one_group(const qd_nvfp4 *w, int64_t M)
 extern "C" qd_status qd_cuda_w4a4_gemm_tc_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w)
 {
     if (a->cols == w->cols && a->cols % QD_NVFP4_BLOCK == 0) {
-        int hp = w4a4_hpre_env(), M = (int)(a->rows < INT32_MAX ? a->rows : INT32_MAX);
-        if (M > 0 && (hp == 1 || (hp < 0 && M > 128 && M <= 256 && w4a4_dec_env() != 1 && w4a4_splitk_env() != 1 &&
-                                  w4a4_h16_env() != 1))) {
+        if (w4a4_hpre_on(a->rows, 1)) {
             qd_status st = w4a4_hpre(&y, &a, &w, 1);
             if (st != QD_ERR_SHAPE)
                 return st;
@@ -3196,9 +3199,7 @@ extern "C" qd_status qd_cuda_w4a4_gemm_multi_async(float *const *y, const qd_nvf
     for (int i = 0; one && i < count; i++)
         one = a[i]->rows == M && a[i]->cols == K && w[i]->cols == K && a[i]->per_row == a[0]->per_row &&
               w[i]->per_row == w[0]->per_row && w[i]->rows > 0;
-    int hp = w4a4_hpre_env();
-    if (count <= QD_HPRE_MAX && M > 0 && (hp == 1 || (hp < 0 && count > 1 && M > 8 && M <= 256 && dec != 1 &&
-                                                     w4a4_splitk_env() != 1 && w4a4_h16_env() != 1))) {
+    if (count <= QD_HPRE_MAX && w4a4_hpre_on(M, count)) {
         qd_status st = w4a4_hpre(y, a, w, count);
         if (st != QD_ERR_SHAPE)
             return st;
