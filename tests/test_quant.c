@@ -339,13 +339,21 @@ static void check_golden_case(FILE *f)
     free(x), free(sd), free(codes), free(scales);
 }
 
+/* A golden fixture of tests/ref (path under the source tree), its 4-byte
+ * magic checked. */
+static FILE *open_golden(const char *path, const char *magic)
+{
+    FILE *f = fopen(qd_test_path(path), "rb");
+    ck_assert_msg(f != NULL, "missing %s", path);
+    char m[4];
+    read_bytes(m, 4, f);
+    ck_assert_msg(memcmp(m, magic, 4) == 0, "%s: not a %.4s file", path, magic);
+    return f;
+}
+
 START_TEST(test_golden_vectors)
 {
-    FILE *f = fopen(qd_test_path("tests/fixtures/nvfp4_golden.bin"), "rb");
-    ck_assert_msg(f != NULL, "missing tests/fixtures/nvfp4_golden.bin");
-    char magic[4];
-    read_bytes(magic, 4, f);
-    ck_assert(memcmp(magic, "QDG1", 4) == 0);
+    FILE *f = open_golden("tests/fixtures/nvfp4_golden.bin", "QDG1");
     uint32_t ncases = read_u32(f);
     ck_assert_uint_ge(ncases, 20);
     for (uint32_t i = 0; i < ncases; i++)
@@ -371,11 +379,7 @@ static double half_value(uint16_t h)
  * product e2m1 * e4m3 (the activation operand) exact in FP16 by the same reference. */
 START_TEST(test_h16_operands)
 {
-    FILE *f = fopen(qd_test_path("tests/fixtures/h16_golden.bin"), "rb");
-    ck_assert_msg(f != NULL, "missing tests/fixtures/h16_golden.bin");
-    char magic[4];
-    read_bytes(magic, 4, f);
-    ck_assert(memcmp(magic, "QDH1", 4) == 0);
+    FILE *f = open_golden("tests/fixtures/h16_golden.bin", "QDH1");
     uint16_t w[16];
     read_bytes(w, sizeof w, f);
     for (uint32_t c = 0; c < 16; c++) {
