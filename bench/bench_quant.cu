@@ -28,7 +28,10 @@
  *       product two blocks an MMA and one), then the attention linears' at
  *       decode's rows (the FP16 kernel on activations made FP16 first beside
  *       the kernels before it); exits 1 where their bits differ.
- *     bench/bench_quant [REPS] [--quantize | --attention | --experts | --lt | --bfp | --moe] [--json FILE] [--commit ID]
+ *   (i) --fp8: the FP8 recipe's experts in fast mode: the E4M3 tensor-core
+ *       kernel beside the exact chain kernel and the W4A4 product of the
+ *       same rows.
+ *     bench/bench_quant [REPS] [--quantize | --attention | --experts | --lt | --bfp | --moe | --fp8] [--json FILE] [--commit ID]
  * --quantize: table (a) only; --json: its rows as JSON lines (model, engine, recipe,
  * mode, op, ms, bandwidth_fraction, commit, ...), for docs/results/train-h200.jsonl.
  * Exits 1 when a quantize output or a RAC pick of the new kernels differs from the
@@ -414,6 +417,34 @@ static void bench_gemv(cublasLtHandle_t h)
  * FP16 kernel off), outputs compared bit for bit; weight bytes are those of
  * the experts that got rows. Exits 1 where the outputs differ. */
 static int grouped_mismatch;
+/* off (E + 1): the experts' row offsets of a uniform top-k routing of B
+ * tokens (a fixed LCG stream a batch); returns the experts touched. */
+static int route_rows(int B, int E, int topk, std::vector<int64_t> &off)
+{
+    std::vector<int> cnt((size_t)E, 0);
+    uint32_t r = 12345u + (uint32_t)B;
+    for (int b = 0; b < B; b++) {
+        int chosen[8], n = 0;
+        while (n < topk) {
+            r = r * 1664525u + 1013904223u;
+            int e = (int)((r >> 8) % (uint32_t)E), dup = 0;
+            for (int i = 0; i < n; i++)
+                dup |= chosen[i] == e;
+            if (!dup)
+                chosen[n++] = e;
+        }
+        for (int i = 0; i < topk; i++)
+            cnt[(size_t)chosen[i]]++;
+    }
+    off.assign((size_t)E + 1, 0);
+    int touched = 0;
+    for (int e = 0; e < E; e++) {
+        off[(size_t)e + 1] = off[(size_t)e] + cnt[(size_t)e];
+        touched += cnt[(size_t)e] > 0;
+    }
+    return touched;
+}
+
 static void bench_grouped(void)
 {
     const int E = 128, topk = 8, Bs[] = {1, 16, 64, 256, 8192};
@@ -431,27 +462,8 @@ static void bench_grouped(void)
             pw[(size_t)e] = &w[(size_t)e];
         }
         for (int B : Bs) {
-            std::vector<int> cnt((size_t)E, 0);
-            uint32_t r = 12345u + (uint32_t)B;
-            for (int b = 0; b < B; b++) {
-                int chosen[8], n = 0;
-                while (n < topk) {
-                    r = r * 1664525u + 1013904223u;
-                    int e = (int)((r >> 8) % (uint32_t)E), dup = 0;
-                    for (int i = 0; i < n; i++)
-                        dup |= chosen[i] == e;
-                    if (!dup)
-                        chosen[n++] = e;
-                }
-                for (int i = 0; i < topk; i++)
-                    cnt[(size_t)chosen[i]]++;
-            }
-            std::vector<int64_t> off((size_t)E + 1, 0);
-            int touched = 0;
-            for (int e = 0; e < E; e++) {
-                off[(size_t)e + 1] = off[(size_t)e] + cnt[(size_t)e];
-                touched += cnt[(size_t)e] > 0;
-            }
+            std::vector<int64_t> off;
+            int touched = route_rows(B, E, topk, off);
             int64_t R = off[(size_t)E];
             float *af = random_dev(R * K, 23), *y[3];
             qd_nvfp4 a;
@@ -1030,11 +1042,103 @@ static void bench_bfp(double copy)
         QD_CUDA_DIE(cudaFree(y[i]));
 }
 
+static double rel_diff(const float *a, const float *b, int64_t n);
+
+/* (i) --fp8: the FP8 recipe's experts (fast mode) at (h)'s shapes and
+ * routings: the E4M3 tensor-core kernel (qd_cuda_gemm_fp8_grouped,
+ * QUADS_FP8_GROUPED=1) beside the exact chain kernel that ran them before in
+ * both modes (qdk_matmul_grouped E4M3; batch 8,192 run once, not timed) and
+ * the default W4A4 product of the same rows (the NVFP4 recipe's); TB/s of
+ * the weight bytes of the experts touched (FP8: N K + 4 N; NVFP4: N K / 2 +
+ * N K / 16); the tensor cores' largest |y - exact| / max |exact|. */
+static void bench_fp8(void)
+{
+    const int E = 128, topk = 8, Bs[] = {1, 16, 64, 256, 8192};
+    const int64_t shapes[2][2] = {{768, 2048}, {2048, 768}};
+    printf("\n| experts N x K | batch | rows | experts touched | fp8 tc us | fp8 tc TB/s | fp8 exact us | "
+           "exact / tc | w4a4 us | w4a4 TB/s | fp8 tc / w4a4 | max rel diff |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int s = 0; s < 2; s++) {
+        int64_t N = shapes[s][0], K = shapes[s][1];
+        std::vector<uint8_t *> qw((size_t)E);
+        std::vector<float *> sw((size_t)E);
+        std::vector<qd_nvfp4> w((size_t)E);
+        std::vector<const qd_nvfp4 *> pw((size_t)E);
+        float *wf = random_dev(N * K, 21);
+        for (int e = 0; e < E; e++) {
+            QD_CUDA_DIE(cudaMalloc((void **)&qw[(size_t)e], (size_t)(N * K)));
+            QD_CUDA_DIE(cudaMalloc((void **)&sw[(size_t)e], (size_t)N * sizeof(float)));
+            QD_STATUS_DIE(qd_cuda_fp8_quantize_rows_async(qw[(size_t)e], sw[(size_t)e], wf, N, K));
+            QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&w[(size_t)e], N, K, QD_SCALE_PER_TENSOR));
+            QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&w[(size_t)e], wf));
+            pw[(size_t)e] = &w[(size_t)e];
+        }
+        for (int B : Bs) {
+            std::vector<int64_t> off;
+            int touched = route_rows(B, E, topk, off);
+            int64_t R = off[(size_t)E];
+            std::vector<int32_t> off32((size_t)E + 1);
+            for (int e = 0; e <= E; e++)
+                off32[(size_t)e] = (int32_t)off[(size_t)e];
+            float *af = random_dev(R * K, 23), *sa, *y[3];
+            uint8_t *qa;
+            QD_CUDA_DIE(cudaMalloc((void **)&qa, (size_t)(R * K)));
+            QD_CUDA_DIE(cudaMalloc((void **)&sa, (size_t)R * sizeof(float)));
+            QD_STATUS_DIE(qd_cuda_fp8_quantize_rows_async(qa, sa, af, R, K));
+            qd_nvfp4 a;
+            QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&a, R, K, QD_SCALE_PER_ROW));
+            QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&a, af));
+            for (int v = 0; v < 3; v++)
+                QD_CUDA_DIE(cudaMalloc((void **)&y[v], (size_t)(R * N) * sizeof(float)));
+            std::vector<qdk_mm_item> it((size_t)E);
+            for (int e = 0; e < E; e++) {
+                int64_t r0 = off[(size_t)e], m = off[(size_t)e + 1] - r0;
+                it[(size_t)e] = qdk_mm_item{qa + r0 * K, qw[(size_t)e], y[1] + r0 * N, sa + r0, sw[(size_t)e],
+                                            (int)m, m ? (int)N : 0, (int)K};
+            }
+            auto exact = [&] { QD_STATUS_DIE(qdk_matmul_grouped(it.data(), E, QDK_NT, QDK_OVERWRITE, QDK_E4M3)); };
+            float tc = time_ms([&] {
+                QD_STATUS_DIE(qd_cuda_gemm_fp8_grouped(y[0], qa, sa, (const uint8_t *const *)qw.data(),
+                                                       (const float *const *)sw.data(), off32.data(), E, N, K));
+            });
+            float tx = 0.f;
+            if (B <= 256)
+                tx = time_ms(exact);
+            else
+                exact();
+            float t4 = time_ms([&] { QD_STATUS_DIE(qd_cuda_w4a4_gemm_grouped_async(y[2], &a, pw.data(), off.data(), E)); });
+            QD_CUDA_DIE(cudaDeviceSynchronize());
+            double rd = rel_diff(y[0], y[1], R * N);
+            double b8 = (double)touched * (N * K + 4.0 * N), b4 = (double)touched * (N * K / 2.0 + N * K / 16.0);
+            char txs[32] = "-", rat[32] = "-";
+            if (tx > 0) {
+                snprintf(txs, sizeof txs, "%.1f", tx * 1e3);
+                snprintf(rat, sizeof rat, "%.2fx", tx / tc);
+            }
+            printf("| %lld x %lld | %d | %lld | %d | %.1f | %.2f | %s | %s | %.1f | %.2f | %.2fx | %.2e |\n",
+                   (long long)N, (long long)K, B, (long long)R, touched, tc * 1e3, b8 / (tc * 1e-3) / 1e12, txs, rat,
+                   t4 * 1e3, b4 / (t4 * 1e-3) / 1e12, tc / t4, rd);
+            qd_cuda_nvfp4_free(&a);
+            QD_CUDA_DIE(cudaFree(af));
+            QD_CUDA_DIE(cudaFree(qa));
+            QD_CUDA_DIE(cudaFree(sa));
+            for (int v = 0; v < 3; v++)
+                QD_CUDA_DIE(cudaFree(y[v]));
+        }
+        for (int e = 0; e < E; e++) {
+            QD_CUDA_DIE(cudaFree(qw[(size_t)e]));
+            QD_CUDA_DIE(cudaFree(sw[(size_t)e]));
+            qd_cuda_nvfp4_free(&w[(size_t)e]);
+        }
+        QD_CUDA_DIE(cudaFree(wf));
+    }
+}
+
 int main(int argc, char **argv)
 {
     cudaDeviceProp p;
     cublasLtHandle_t h;
-    int only_quantize = 0, only_attention = 0, only_experts = 0, only_lt = 0, only_bfp = 0, only_moe = 0;
+    int only_quantize = 0, only_attention = 0, only_experts = 0, only_lt = 0, only_bfp = 0, only_moe = 0, only_fp8 = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quantize"))
             only_quantize = 1;
@@ -1048,6 +1152,8 @@ int main(int argc, char **argv)
             only_bfp = 1;
         else if (!strcmp(argv[i], "--moe"))
             only_moe = 1;
+        else if (!strcmp(argv[i], "--fp8"))
+            only_fp8 = 1;
         else if (!strcmp(argv[i], "--json") && i + 1 < argc)
             json_out = fopen(argv[++i], "w");
         else if (!strcmp(argv[i], "--commit") && i + 1 < argc)
@@ -1055,7 +1161,7 @@ int main(int argc, char **argv)
         else if (atoi(argv[i]) > 0)
             reps = atoi(argv[i]);
         else {
-            fprintf(stderr, "usage: bench/bench_quant [REPS] [--quantize | --attention | --experts | --lt | --bfp | --moe] "
+            fprintf(stderr, "usage: bench/bench_quant [REPS] [--quantize | --attention | --experts | --lt | --bfp | --moe | --fp8] "
                             "[--json FILE] [--commit ID]\n");
             return 2;
         }
@@ -1077,6 +1183,10 @@ int main(int argc, char **argv)
     }
     if (only_lt) {
         bench_lt();
+        return 0;
+    }
+    if (only_fp8) {
+        bench_fp8();
         return 0;
     }
     if (only_moe) {

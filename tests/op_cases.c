@@ -456,6 +456,31 @@ static void c_fp8_grouped(oc *c)
     OUT(c, "y", 'f', y, sizeof(float) * R * N);
 }
 
+/* The shapes of the tensor-core kernel's edges (fast mode, QUADS_FP8_GROUPED=1):
+ * an empty expert, 1 to 70 rows (one to eight row tiles, two row blocks), N
+ * past a 64-row tile, K = 2 * 128 + 16 (a last stage of one 16-byte copy). */
+static void c_fp8_grouped_wide(oc *c)
+{
+    enum { E = 5 };
+    static const int32_t off[E + 1] = {0, 3, 3, 13, 83, 84};
+    int R = off[E], N = 80, K = 272;
+    const uint8_t *qw[E];
+    const float *sw[E];
+    for (int e = 0; e < E; e++) {
+        float *w = F(c, (size_t)N * K, -1, 1);
+        uint8_t *q = Z(c, (size_t)N * K);
+        float *s = Z(c, sizeof(float) * N);
+        RUN(c, c->ops->fp8_quantize_rows(c->dev, q, s, w, N, K));
+        qw[e] = q;
+        sw[e] = s;
+    }
+    float *x = F(c, (size_t)R * K, -2, 2), *y = Z(c, sizeof(float) * R * N), *sa = Z(c, sizeof(float) * R);
+    uint8_t *qa = Z(c, (size_t)R * K);
+    RUN(c, c->ops->fp8_quantize_rows(c->dev, qa, sa, x, R, K));
+    RUN(c, c->ops->fp8_gemm_grouped(c->dev, y, qa, sa, qw, sw, off, E, N, K));
+    OUT(c, "y", 'f', y, sizeof(float) * R * N);
+}
+
 static void c_nvfp4(oc *c)
 {
     int rows = 7, cols = 96;
@@ -1873,7 +1898,8 @@ static const op_case cases[] = {
     {{"experts16 4 experts 48x40", "matmul_grouped", 1, 0}, c_experts16},
     {{"moe16 backward 37x3 of 8, 304x48", "matmul_grouped", 1, 0}, c_moe16_backward},
     {{"fp8 quantize+gemm 6x20x48", "fp8_gemm", 1, 0}, c_fp8},
-    {{"fp8_gemm_grouped 4 experts", "fp8_gemm_grouped", 0, 0}, c_fp8_grouped},
+    {{"fp8_gemm_grouped 4 experts", "fp8_gemm_grouped", 1, 0}, c_fp8_grouped},
+    {{"fp8_gemm_grouped 5 experts 0-70 rows 80x272", "fp8_gemm_grouped", 1, 0}, c_fp8_grouped_wide},
     {{"nvfp4 quantize+fake 7x96", "nvfp4_quantize", 0, 0}, c_nvfp4},
     {{"w4a4_gemm 9x40x512", "w4a4_gemm", 1, 0}, c_w4a4},
     {{"w4a4_gemm_grouped 4 experts", "w4a4_gemm_grouped", 0, 0}, c_w4a4_grouped},

@@ -132,6 +132,16 @@ qd_status qd_cuda_gemm_grouped_bf16_backward_to(float *dx, float *const *dw, con
 qd_status qd_cuda_gemm_fp8(float *y, const uint8_t *qa, const float *sa_inv, const uint8_t *qw,
                            const float *sw_inv, int64_t M, int64_t N, int64_t K);
 
+/* The same product for every expert in one launch (cuda_fp8.cu; fast mode's FP8
+ * experts): rows off[e] .. off[e+1]-1 of qa and sa_inv (off on the host, E + 1
+ * entries) against qw[e] (N, K) and sw_inv[e]; E4M3 tensor cores (sm_89 and
+ * later), float32 sums a stage of 128 k added in float32, then the scales in
+ * the CPU's order. qd_cuda_fp8_grouped_ok: K a multiple of 16 and every
+ * operand on 16 bytes (else QD_ERR_SHAPE). */
+int qd_cuda_fp8_grouped_ok(const uint8_t *qa, const uint8_t *const *qw, int E, int64_t K);
+qd_status qd_cuda_gemm_fp8_grouped(float *y, const uint8_t *qa, const float *sa_inv, const uint8_t *const *qw,
+                                   const float *const *sw_inv, const int32_t *off, int E, int64_t N, int64_t K);
+
 /* ---- W4A4 (NVFP4 x NVFP4). a (M, K) and w (N, K) are device qd_nvfp4
  * (backends/cuda/cuda_quant.h: row-major, unswizzled scales). */
 typedef enum {

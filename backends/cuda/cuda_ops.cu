@@ -80,6 +80,9 @@ typedef struct {
      * bits) by the exact kernels, which are faster there (QUADS_FAST_SMALL=0:
      * the fast ones, for the side-by-side) */
     int small_exact;
+    /* fast mode: the FP8 recipe's experts on the E4M3 tensor cores (cuda_fp8.cu;
+     * QUADS_FP8_GROUPED=1, opt-in until run on a GPU; else the exact kernel) */
+    int fp8_tc;
     fq_range *fq;                  /* recorded since the last weights_changed, then those in wk, by w */
     int nfq, fq_cap, fq_live;      /* fq_live: entries in force (after weights_changed) */
     float *fq_dsdec, *fq_sdec;     /* the scales: dev (FQ_SLOTS), host copy at weights_changed */
@@ -1007,7 +1010,8 @@ static qd_status cuda_fp8_gemm_grouped(void *dev, float *y, const uint8_t *qa, c
                                        const uint8_t *const *qw, const float *const *sw_inv, const int32_t *off,
                                        int E, int N, int K)
 {
-    (void)dev;
+    if (D(dev)->fp8_tc && qd_cuda_fp8_grouped_ok(qa, qw, E, K))
+        return qd_cuda_gemm_fp8_grouped(y, qa, sa_inv, qw, sw_inv, off, E, N, K);
     qdk_mm_item *it = (qdk_mm_item *)calloc((size_t)E, sizeof *it);
     if (!it)
         return qd_error(QD_ERR_NOMEM, "cuda backend: experts");
@@ -1711,6 +1715,8 @@ extern "C" void *qd_cuda_dev_new(qd_exec_mode mode, qd_prec weights)
     d->aqat16 = d->fast16 && !(aq && !strcmp(aq, "0"));
     const char *se = getenv("QUADS_FAST_SMALL");
     d->small_exact = !(se && !strcmp(se, "0"));
+    const char *f8 = getenv("QUADS_FP8_GROUPED");
+    d->fp8_tc = mode == QD_MODE_FAST && f8 && !strcmp(f8, "1");
     const char *lf = getenv("QUADS_LOGPROB_FAST");
     d->lp_fast = !(lf && !strcmp(lf, "0"));
     const char *hx = getenv("QUADS_HOLD_X"), *es = getenv("QUADS_EMBED_SORT");

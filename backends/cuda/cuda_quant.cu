@@ -1660,7 +1660,7 @@ static __device__ __forceinline__ void a16_block(uint4 *d, uint2 c, float sa)
  * activation rows 8 nt + g of the stage (act: row g's 8 bytes of block 0, rows
  * QD_H16_ALD bytes apart), the weight scales as sw * 2^14 from sf(j, s0, s1);
  * row tiles past T are left out. */
-template <int NT, typename SF>
+template <int NT, bool FULL, typename SF>
 static __device__ __forceinline__ void h16_chunk(float (*acc)[4], const uint8_t *w0, const uint8_t *w1,
                                                  const uint8_t *act, int cbc, int T, SF sf)
 {
@@ -1675,17 +1675,39 @@ static __device__ __forceinline__ void h16_chunk(float (*acc)[4], const uint8_t 
         af[3] = r[3];
         float s0, s1;
         sf(j, s0, s1);
+        if constexpr (FULL) { /* every tile holds rows: 4 tiles' loads, then MMAs, then FFMAs */
+            constexpr int G = NT < 4 ? NT : 4;
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            if (nt * 8 >= T)
-                break;
-            uint2 b = *(const uint2 *)(act + nt * 8 * QD_H16_ALD + j * 32);
-            float d[4];
-            mma_h16(d, af, b.x, b.y);
-            acc[nt][0] = fmaf(d[0], s0, acc[nt][0]);
-            acc[nt][1] = fmaf(d[1], s0, acc[nt][1]);
-            acc[nt][2] = fmaf(d[2], s1, acc[nt][2]);
-            acc[nt][3] = fmaf(d[3], s1, acc[nt][3]);
+            for (int n0 = 0; n0 < NT; n0 += G) {
+                uint2 b[G];
+                float d[G][4];
+#pragma unroll
+                for (int u = 0; u < G; u++)
+                    b[u] = *(const uint2 *)(act + (n0 + u) * 8 * QD_H16_ALD + j * 32);
+#pragma unroll
+                for (int u = 0; u < G; u++)
+                    mma_h16(d[u], af, b[u].x, b[u].y);
+#pragma unroll
+                for (int u = 0; u < G; u++) {
+                    acc[n0 + u][0] = fmaf(d[u][0], s0, acc[n0 + u][0]);
+                    acc[n0 + u][1] = fmaf(d[u][1], s0, acc[n0 + u][1]);
+                    acc[n0 + u][2] = fmaf(d[u][2], s1, acc[n0 + u][2]);
+                    acc[n0 + u][3] = fmaf(d[u][3], s1, acc[n0 + u][3]);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                if (nt * 8 >= T)
+                    break;
+                uint2 b = *(const uint2 *)(act + nt * 8 * QD_H16_ALD + j * 32);
+                float d[4];
+                mma_h16(d, af, b.x, b.y);
+                acc[nt][0] = fmaf(d[0], s0, acc[nt][0]);
+                acc[nt][1] = fmaf(d[1], s0, acc[nt][1]);
+                acc[nt][2] = fmaf(d[2], s1, acc[nt][2]);
+                acc[nt][3] = fmaf(d[3], s1, acc[nt][3]);
+            }
         }
     }
 }
@@ -1758,7 +1780,7 @@ static __device__ __forceinline__ void h16_store(h16_stage<NT> *st, const h16_re
 template <int NT>
 __global__ void __launch_bounds__(32 * QD_H16_W, 2)
 w4a4_h16_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
-                const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K)
+                const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K, int ilp)
 {
     extern __shared__ __align__(16) unsigned char mma_smem[];
     h16_stage<NT> *stage = (h16_stage<NT> *)mma_smem;
@@ -1791,11 +1813,14 @@ w4a4_h16_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
         int nb0 = b0 + QD_H16_CB, cbn = nb - nb0 < QD_H16_CB ? nb - nb0 : QD_H16_CB;
         if (c + 1 < nchunk)
             h16_fetch<NT>(nxt, &reg, g.codes[z], g.scales[z], n0, N, nb, ac, as, T, nb0, cbn);
-        h16_chunk<NT>(acc, &cur->wc[wr0][2 * t], &cur->wc[wr1][2 * t], &cur->a[gq][8 * t], cbc, T,
-                      [&](int j, float &s0, float &s1) {
-                          s0 = cur->sw[wr0][j];
-                          s1 = cur->sw[wr1][j];
-                      });
+        auto sf = [&](int j, float &s0, float &s1) {
+            s0 = cur->sw[wr0][j];
+            s1 = cur->sw[wr1][j];
+        };
+        if (ilp && T >= 8 * NT)
+            h16_chunk<NT, true>(acc, &cur->wc[wr0][2 * t], &cur->wc[wr1][2 * t], &cur->a[gq][8 * t], cbc, T, sf);
+        else
+            h16_chunk<NT, false>(acc, &cur->wc[wr0][2 * t], &cur->wc[wr1][2 * t], &cur->a[gq][8 * t], cbc, T, sf);
         if (c + 1 < nchunk)
             h16_store<NT>(nxt, &reg, lut);
         cp_async_wait_all();
@@ -1818,7 +1843,7 @@ w4a4_h16_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
 #define QD_HPRE_MAX 4
 #define QD_HPRE_STAGES 4
 typedef struct {
-    int count, start[QD_HPRE_MAX + 1];
+    int count, start[QD_HPRE_MAX + 1], ilp;
     float *y[QD_HPRE_MAX];
     const uint8_t *a16[QD_HPRE_MAX], *codes[QD_HPRE_MAX], *scales[QD_HPRE_MAX];
     const float *a_sdec[QD_HPRE_MAX], *sdec[QD_HPRE_MAX];
@@ -1928,11 +1953,14 @@ w4a4_hpre_kernel(const __grid_constant__ hpre_args p, int a_per_row, int w_per_r
         cp_async_commit();
         const hpre_stage<NT> *cur = &stage[c % S];
         int b0 = c * QD_H16_CB, cbc = nb - b0 < QD_H16_CB ? nb - b0 : QD_H16_CB;
-        h16_chunk<NT>(acc, &cur->wc[wr0][2 * t], &cur->wc[wr1][2 * t], &cur->a[gq][8 * t], cbc, T,
-                      [&](int j, float &s0, float &s1) {
-                          s0 = lut[wsc_s[wr0 * sld + b0 + j]] * 16384.0f;
-                          s1 = lut[wsc_s[wr1 * sld + b0 + j]] * 16384.0f;
-                      });
+        auto sf = [&](int j, float &s0, float &s1) {
+            s0 = lut[wsc_s[wr0 * sld + b0 + j]] * 16384.0f;
+            s1 = lut[wsc_s[wr1 * sld + b0 + j]] * 16384.0f;
+        };
+        if (p.ilp && T >= 8 * NT)
+            h16_chunk<NT, true>(acc, &cur->wc[wr0][2 * t], &cur->wc[wr1][2 * t], &cur->a[gq][8 * t], cbc, T, sf);
+        else
+            h16_chunk<NT, false>(acc, &cur->wc[wr0][2 * t], &cur->wc[wr1][2 * t], &cur->a[gq][8 * t], cbc, T, sf);
     }
     cp_async_wait_group<0>();
     h16_out<NT>(p.y[pi] + t0 * N, acc, T, t, n0, wr0, N, p.a_sdec[pi] + (a_per_row ? t0 : 0), a_per_row, p.sdec[pi],
@@ -2676,6 +2704,16 @@ static qd_status launch_w4a4_splitk(float *y, const qd_nvfp4 *a, const w4a4_grou
     return QD_OK;
 }
 
+/* QUADS_W4A4_ILP=1 (opt-in until run on a GPU): the FP16 kernels' full row
+ * tiles take h16_chunk's FULL path (4 tiles' loads, then their MMAs, then
+ * their FFMAs: the other path's SASS runs load, MMA, FFMA, branch one tile
+ * at a time); the same operations on every output. */
+static int w4a4_ilp_env(void)
+{
+    static int v = -2;
+    return qd_env_pick(&v, "QUADS_W4A4_ILP", 0, 1);
+}
+
 /* w4a4_h16_kernel over g's groups: 128 weight rows a CTA, 8 * NT activation rows. */
 template <int NT>
 static qd_status launch_w4a4_h16(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
@@ -2688,7 +2726,7 @@ static qd_status launch_w4a4_h16(float *y, const qd_nvfp4 *a, const w4a4_groups 
         QD_CUDA_CHECK(
             cudaFuncSetAttribute(w4a4_h16_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     w4a4_h16_kernel<NT><<<grid, 32 * QD_H16_W, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, *g, w_per_row,
-                                                        N, K);
+                                                        N, K, w4a4_ilp_env() == 1);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -2760,6 +2798,7 @@ static qd_status w4a4_hpre(float *const *y, const qd_nvfp4 *const *a, const qd_n
     hpre_args p;
     memset(&p, 0, sizeof p);
     p.count = count;
+    p.ilp = w4a4_ilp_env() == 1;
     for (int i = 0, made = 0; i < count; i++) {
         p.y[i] = y[i];
         p.a16[i] = buf + stride * (size_t)which[i];

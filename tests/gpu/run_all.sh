@@ -73,10 +73,15 @@ ops1 noh16 "the FP16 W4A4 kernel never (QUADS_W4A4_H16=0)" QUADS_W4A4_H16=0
 ops1 hpre "the FP16 W4A4 kernel on activations made FP16 first forced for every product of one weight matrix and q, k, v (QUADS_W4A4_HPRE=1; by default q, k, v at 9-256 rows)" \
     QUADS_W4A4_HPRE=1
 ops1 nohpre "that kernel never (QUADS_W4A4_HPRE=0)" QUADS_W4A4_HPRE=0
+ops1 ilp "both FP16 W4A4 kernels forced, their full row tiles four at a time (QUADS_W4A4_ILP=1, opt-in)" \
+    QUADS_W4A4_ILP=1 QUADS_W4A4_H16=1
+ops1 ilphpre "the same on the FP16-activation kernel (QUADS_W4A4_ILP=1 QUADS_W4A4_HPRE=1)" \
+    QUADS_W4A4_ILP=1 QUADS_W4A4_HPRE=1
 for nt in 2 4 8; do
     ops1 "nt$nt" "the W4A4 MMA kernel with $nt row tiles a CTA forced (QUADS_W4A4_NT_GROUPED, QUADS_W4A4_NT; 4-warp CTAs)" \
         QUADS_W4A4_NT_GROUPED=$nt QUADS_W4A4_NT=$nt QUADS_MMA_WARPS=4
 done
+ops1 fp8tc "fast mode's FP8 experts on the E4M3 tensor cores (QUADS_FP8_GROUPED=1, opt-in)" QUADS_FP8_GROUPED=1
 ops1 dy16 "fast mode's BF16 backward with dy a block of 8 columns (QUADS_DY16_BYTES)" QUADS_DY16_BYTES=1024
 ops1 wgmma "every one of the experts' BF16 products on the wgmma kernel (QUADS_EXPERT_GEMM=wgmma; by default the forward's)" \
     QUADS_EXPERT_GEMM=wgmma
