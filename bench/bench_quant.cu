@@ -31,7 +31,9 @@
  *   (i) --fp8: the FP8 recipe's experts in fast mode: the E4M3 tensor-core
  *       kernel beside the exact chain kernel and the W4A4 product of the
  *       same rows.
- *     bench/bench_quant [REPS] [--quantize | --attention | --experts | --lt | --bfp | --moe | --fp8] [--json FILE] [--commit ID]
+ *   (j) --stream: the decode experts' weight reads alone (no arithmetic) in
+ *       the W4A4 MMA kernel's order and others, against a plain read.
+ *     bench/bench_quant [REPS] [--quantize | --attention | --experts | --lt | --bfp | --moe | --fp8 | --stream] [--json FILE] [--commit ID]
  * --quantize: table (a) only; --json: its rows as JSON lines (model, engine, recipe,
  * mode, op, ms, bandwidth_fraction, commit, ...), for docs/results/train-h200.jsonl.
  * Exits 1 when a quantize output or a RAC pick of the new kernels differs from the
@@ -47,6 +49,7 @@
 #include <vector>
 #include "backends/cuda/cuda_blas.h"
 #include "backends/cuda/cuda_die.h"
+#include "backends/cuda/cuda_mma.h"
 #include "backends/cuda/cuda_quant.h"
 #include "quant/numerics.h"
 extern "C" {
@@ -1042,6 +1045,114 @@ static void bench_bfp(double copy)
         QD_CUDA_DIE(cudaFree(y[i]));
 }
 
+/* (j) --stream: how the decode experts' weight reads meet HBM, without their
+ * arithmetic. The gate's codes of a3b (128 experts x 768 rows x 1,024 bytes,
+ * 96 MB) read by CTAs of 128 threads that each own a tile of ROWS rows, in
+ * pieces of ROWS x CHUNK bytes copied by cp.async (16 bytes a copy) into a
+ * ring of STAGES pieces (STAGES - 1 in flight while one is "used": a word of
+ * it read), either chunk by chunk across the tile's rows (RM false: the
+ * W4A4 MMA kernels' order, 128 bytes of each of 64 rows 1 KB apart) or
+ * contiguous (RM true: the tile's bytes front to back), with PAD bytes of
+ * shared memory a CTA to hold the residency of the real kernel (about 42 KB:
+ * 4-5 CTAs an SM). Which of bytes in flight, access order and residency
+ * holds the kernel near 1.2 TB/s is then a table, not a guess. */
+template <int ROWS, int CHUNK, int STAGES, bool RM>
+__global__ void __launch_bounds__(128) k_stream(const uint8_t *src, int64_t L, unsigned *sink)
+{
+    extern __shared__ __align__(16) unsigned char st_sm[];
+    constexpr int PB = ROWS * CHUNK, COPIES = PB / 16, PER_ROW = CHUNK / 16;
+    const uint8_t *base = src + (int64_t)blockIdx.x * ROWS * L;
+    const int pieces = (int)(L / CHUNK);
+    auto issue = [&](int p, int s) {
+        for (int i = threadIdx.x; i < COPIES; i += 128) {
+            const uint8_t *g = RM ? base + (int64_t)p * PB + i * 16
+                                  : base + (int64_t)(i / PER_ROW) * L + (int64_t)p * CHUNK + (i % PER_ROW) * 16;
+            cp16(st_sm + s * PB + i * 16, g, true);
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < pieces)
+            issue(s, s);
+        asm volatile("cp.async.commit_group;");
+    }
+    unsigned x = 0;
+    for (int p = 0; p < pieces; p++) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 2));
+        __syncthreads();
+        if (p + STAGES - 1 < pieces)
+            issue(p + STAGES - 1, (p + STAGES - 1) % STAGES);
+        asm volatile("cp.async.commit_group;");
+        x ^= *(const unsigned *)(st_sm + (p % STAGES) * PB + (threadIdx.x * 4) % PB);
+    }
+    asm volatile("cp.async.wait_group 0;");
+    if (x == 0x9e3779b9u)
+        atomicAdd(sink, 1u);
+}
+
+/* The plain read: every thread 4 loads of 16 bytes in flight, grid-stride. */
+__global__ void __launch_bounds__(256) k_stream_ldg(const uint4 *src, int64_t n, unsigned *sink)
+{
+    unsigned x = 0;
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += 4 * stride) {
+        uint4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            v[u] = i + u * stride < n ? __ldcs(src + i + u * stride) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            x ^= v[u].x ^ v[u].w;
+    }
+    if (x == 0x9e3779b9u)
+        atomicAdd(sink, 1u);
+}
+
+template <int ROWS, int CHUNK, int STAGES, bool RM>
+static void stream_row(const uint8_t *src, int64_t rows, int64_t L, unsigned *sink, int pad, const char *what)
+{
+    int smem = STAGES * ROWS * CHUNK > pad ? STAGES * ROWS * CHUNK : pad, per_sm = 0;
+    auto k = k_stream<ROWS, CHUNK, STAGES, RM>;
+    QD_CUDA_DIE(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    QD_CUDA_DIE(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, 128, smem));
+    float ms = time_ms([&] { k<<<(unsigned)(rows / ROWS), 128, smem>>>(src, L, sink); });
+    double bytes = (double)rows * L;
+    printf("| %s | %d | %d | %d | %s | %.1f | %d | %.1f | %.2f |\n", what, ROWS, CHUNK, STAGES,
+           RM ? "contiguous" : "chunk by chunk", smem / 1024.0, per_sm, ms * 1e3, bytes / (ms * 1e-3) / 1e12);
+}
+
+static void bench_stream(void)
+{
+    const int64_t rows = 128 * 768, L = 1024;
+    uint8_t *src;
+    unsigned *sink;
+    QD_CUDA_DIE(cudaMalloc((void **)&src, (size_t)(rows * L)));
+    QD_CUDA_DIE(cudaMalloc((void **)&sink, sizeof(unsigned)));
+    QD_CUDA_DIE(cudaMemset(src, 0x5a, (size_t)(rows * L)));
+    int sms = 0;
+    QD_CUDA_DIE(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    float ms = time_ms([&] { k_stream_ldg<<<sms * 8, 256>>>((const uint4 *)src, rows * L / 16, sink); });
+    printf("\nthe a3b gate's codes (%lld rows x %lld bytes, %.0f MB), read only:\n"
+           "plain 16-byte loads, 4 in flight a thread: %.1f us, %.2f TB/s\n\n",
+           (long long)rows, (long long)L, rows * L / 1e6, ms * 1e3, rows * L / (ms * 1e-3) / 1e12);
+    printf("| what | rows a CTA | chunk bytes | stages | order | smem KB | CTAs / SM | us | TB/s |\n"
+           "|---|---|---|---|---|---|---|---|---|\n");
+    const int pad = 42 * 1024;
+    stream_row<64, 128, 2, false>(src, rows, L, sink, pad, "the MMA kernel's reads (1 chunk in flight)");
+    stream_row<64, 128, 4, false>(src, rows, L, sink, pad, "3 chunks in flight");
+    stream_row<64, 128, 2, true>(src, rows, L, sink, pad, "1 piece in flight, contiguous");
+    stream_row<64, 128, 4, true>(src, rows, L, sink, pad, "3 pieces in flight, contiguous");
+    stream_row<64, 128, 2, false>(src, rows, L, sink, 0, "1 chunk in flight, no pad");
+    stream_row<64, 128, 4, false>(src, rows, L, sink, 0, "3 chunks in flight, no pad");
+    stream_row<64, 128, 4, true>(src, rows, L, sink, 0, "3 pieces contiguous, no pad");
+    stream_row<16, 128, 4, false>(src, rows, L, sink, 0, "a warp's 16 rows, 3 chunks in flight");
+    stream_row<16, 256, 4, false>(src, rows, L, sink, 0, "16 rows, 256-byte chunks");
+    stream_row<16, 128, 8, false>(src, rows, L, sink, 0, "16 rows, 7 chunks in flight");
+    stream_row<64, 256, 4, false>(src, rows, L, sink, 0, "64 rows, 256-byte chunks");
+    QD_CUDA_DIE(cudaFree(src));
+    QD_CUDA_DIE(cudaFree(sink));
+}
+
 static double rel_diff(const float *a, const float *b, int64_t n);
 
 /* (i) --fp8: the FP8 recipe's experts (fast mode) at (h)'s shapes and
@@ -1138,7 +1249,8 @@ int main(int argc, char **argv)
 {
     cudaDeviceProp p;
     cublasLtHandle_t h;
-    int only_quantize = 0, only_attention = 0, only_experts = 0, only_lt = 0, only_bfp = 0, only_moe = 0, only_fp8 = 0;
+    int only_quantize = 0, only_attention = 0, only_experts = 0, only_lt = 0, only_bfp = 0, only_moe = 0, only_fp8 = 0,
+        only_stream = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quantize"))
             only_quantize = 1;
@@ -1154,6 +1266,8 @@ int main(int argc, char **argv)
             only_moe = 1;
         else if (!strcmp(argv[i], "--fp8"))
             only_fp8 = 1;
+        else if (!strcmp(argv[i], "--stream"))
+            only_stream = 1;
         else if (!strcmp(argv[i], "--json") && i + 1 < argc)
             json_out = fopen(argv[++i], "w");
         else if (!strcmp(argv[i], "--commit") && i + 1 < argc)
@@ -1161,7 +1275,7 @@ int main(int argc, char **argv)
         else if (atoi(argv[i]) > 0)
             reps = atoi(argv[i]);
         else {
-            fprintf(stderr, "usage: bench/bench_quant [REPS] [--quantize | --attention | --experts | --lt | --bfp | --moe | --fp8] "
+            fprintf(stderr, "usage: bench/bench_quant [REPS] [--quantize | --attention | --experts | --lt | --bfp | --moe | --fp8 | --stream] "
                             "[--json FILE] [--commit ID]\n");
             return 2;
         }
@@ -1187,6 +1301,10 @@ int main(int argc, char **argv)
     }
     if (only_fp8) {
         bench_fp8();
+        return 0;
+    }
+    if (only_stream) {
+        bench_stream();
         return 0;
     }
     if (only_moe) {
