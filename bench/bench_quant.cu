@@ -1149,6 +1149,8 @@ static void bench_stream(void)
     stream_row<16, 256, 4, false>(src, rows, L, sink, 0, "16 rows, 256-byte chunks");
     stream_row<16, 128, 8, false>(src, rows, L, sink, 0, "16 rows, 7 chunks in flight");
     stream_row<64, 256, 4, false>(src, rows, L, sink, 0, "64 rows, 256-byte chunks");
+    stream_row<16, 1024, 2, true>(src, rows, L, sink, 0, "a tile of 16 whole rows at once (16 KB)");
+    stream_row<32, 1024, 2, true>(src, rows, L, sink, 0, "a tile of 32 whole rows at once (32 KB)");
     QD_CUDA_DIE(cudaFree(src));
     QD_CUDA_DIE(cudaFree(sink));
 }
