@@ -2938,10 +2938,12 @@ static qd_status w4a4_dec(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int
 /* QUADS_W4A4_DEC=0|1 (benchmarks and tests): never, or always (in tiles of 8
  * activation rows), the decode kernel; unset: where no group has more than 8
  * rows and its CTAs are few (and the split-K kernel is not forced). */
+int qd_cuda_w4a4_dec = -1;
+
 static int w4a4_dec_env(void)
 {
     static int v = -2;
-    return qd_env_pick(&v, "QUADS_W4A4_DEC", 0, 1);
+    return qd_cuda_w4a4_dec >= 0 ? qd_cuda_w4a4_dec : qd_env_pick(&v, "QUADS_W4A4_DEC", 0, 1);
 }
 
 /* QUADS_W4A4_SPLITK=0|1 (benchmarks and tests): never, or always, the split-K

@@ -89,6 +89,12 @@ extern int qd_cuda_w4a4_h16;
  * qd_cuda_w4a4_hpre = 0 never, 1 always, -1 (default) as QUADS_W4A4_HPRE
  * says. The same bits either way (benchmarks and tests). */
 extern int qd_cuda_w4a4_hpre;
+/* The decode kernel (w4a4_dec_kernel: no tensor cores, each thread's weight
+ * blocks loaded at once): qd_cuda_w4a4_dec = 0 never, 1 always (in tiles of 8
+ * activation rows), -1 (default) as QUADS_W4A4_DEC says (unset: where no
+ * group has more than 8 rows and its CTAs are few). The same bits either way
+ * (benchmarks and tests). */
+extern int qd_cuda_w4a4_dec;
 /* qd_cuda_quant_legacy = 1 (benchmarks only) selects the quantizer kernels before
  * issue 13's (the software encoder one block a thread, a memset and an atomic a
  * warp for the amax) and the RAC pick's O(K^2) rank scan, for the side-by-side
