@@ -448,6 +448,20 @@ static int route_rows(int B, int E, int topk, std::vector<int64_t> &off)
     return touched;
 }
 
+/* E experts' NVFP4 copies of wf (N, K), an allocation each: a decode step
+ * reads every expert it touches from HBM. */
+static void nvfp4_experts(std::vector<qd_nvfp4> &w, std::vector<const qd_nvfp4 *> &pw, int E, int64_t N,
+                          int64_t K, const float *wf)
+{
+    w.assign((size_t)E, qd_nvfp4{});
+    pw.assign((size_t)E, nullptr);
+    for (int e = 0; e < E; e++) {
+        QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&w[(size_t)e], N, K, QD_SCALE_PER_TENSOR));
+        QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&w[(size_t)e], wf));
+        pw[(size_t)e] = &w[(size_t)e];
+    }
+}
+
 static void bench_grouped(void)
 {
     const int E = 128, topk = 8, Bs[] = {1, 16, 64, 256, 8192};
@@ -457,14 +471,10 @@ static void bench_grouped(void)
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int s = 0; s < 2; s++) {
         int64_t N = shapes[s][0], K = shapes[s][1];
-        std::vector<qd_nvfp4> w((size_t)E);
-        std::vector<const qd_nvfp4 *> pw((size_t)E);
+        std::vector<qd_nvfp4> w;
+        std::vector<const qd_nvfp4 *> pw;
         float *wf = random_dev(N * K, 21);
-        for (int e = 0; e < E; e++) {
-            QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&w[(size_t)e], N, K, QD_SCALE_PER_TENSOR));
-            QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&w[(size_t)e], wf));
-            pw[(size_t)e] = &w[(size_t)e];
-        }
+        nvfp4_experts(w, pw, E, N, K, wf);
         for (int B : Bs) {
             std::vector<int64_t> off;
             int touched = route_rows(B, E, topk, off);
@@ -1185,16 +1195,14 @@ static void bench_fp8(void)
         int64_t N = shapes[s][0], K = shapes[s][1];
         std::vector<uint8_t *> qw((size_t)E);
         std::vector<float *> sw((size_t)E);
-        std::vector<qd_nvfp4> w((size_t)E);
-        std::vector<const qd_nvfp4 *> pw((size_t)E);
+        std::vector<qd_nvfp4> w;
+        std::vector<const qd_nvfp4 *> pw;
         float *wf = random_dev(N * K, 21);
+        nvfp4_experts(w, pw, E, N, K, wf);
         for (int e = 0; e < E; e++) {
             QD_CUDA_DIE(cudaMalloc((void **)&qw[(size_t)e], (size_t)(N * K)));
             QD_CUDA_DIE(cudaMalloc((void **)&sw[(size_t)e], (size_t)N * sizeof(float)));
             QD_STATUS_DIE(qd_cuda_fp8_quantize_rows_async(qw[(size_t)e], sw[(size_t)e], wf, N, K));
-            QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&w[(size_t)e], N, K, QD_SCALE_PER_TENSOR));
-            QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&w[(size_t)e], wf));
-            pw[(size_t)e] = &w[(size_t)e];
         }
         for (int B : Bs) {
             std::vector<int64_t> off;

@@ -436,36 +436,12 @@ static void c_fp8(oc *c)
     OUT(c, "y", 'f', y, sizeof(float) * M * N);
 }
 
-static void c_fp8_grouped(oc *c)
+/* fp8_gemm_grouped of E experts (N, K) over the rows off (E + 1 entries) */
+static void fp8_grouped_case(oc *c, const int32_t *off, int E, int N, int K)
 {
-    int R = goff[GE], N = 24, K = 32;
-    const uint8_t *qw[GE];
-    const float *sw[GE];
-    for (int e = 0; e < GE; e++) {
-        float *w = F(c, (size_t)N * K, -1, 1);
-        uint8_t *q = Z(c, (size_t)N * K);
-        float *s = Z(c, sizeof(float) * N);
-        RUN(c, c->ops->fp8_quantize_rows(c->dev, q, s, w, N, K));
-        qw[e] = q;
-        sw[e] = s;
-    }
-    float *x = F(c, (size_t)R * K, -2, 2), *y = Z(c, sizeof(float) * R * N), *sa = Z(c, sizeof(float) * R);
-    uint8_t *qa = Z(c, (size_t)R * K);
-    RUN(c, c->ops->fp8_quantize_rows(c->dev, qa, sa, x, R, K));
-    RUN(c, c->ops->fp8_gemm_grouped(c->dev, y, qa, sa, qw, sw, goff, GE, N, K));
-    OUT(c, "y", 'f', y, sizeof(float) * R * N);
-}
-
-/* The shapes of the tensor-core kernel's edges (fast mode, QUADS_FP8_GROUPED=1):
- * an empty expert, 1 to 70 rows (one to eight row tiles, two row blocks), N
- * past a 64-row tile, K = 2 * 128 + 16 (a last stage of one 16-byte copy). */
-static void c_fp8_grouped_wide(oc *c)
-{
-    enum { E = 5 };
-    static const int32_t off[E + 1] = {0, 3, 3, 13, 83, 84};
-    int R = off[E], N = 80, K = 272;
-    const uint8_t *qw[E];
-    const float *sw[E];
+    const uint8_t *qw[8];
+    const float *sw[8];
+    int R = off[E];
     for (int e = 0; e < E; e++) {
         float *w = F(c, (size_t)N * K, -1, 1);
         uint8_t *q = Z(c, (size_t)N * K);
@@ -479,6 +455,17 @@ static void c_fp8_grouped_wide(oc *c)
     RUN(c, c->ops->fp8_quantize_rows(c->dev, qa, sa, x, R, K));
     RUN(c, c->ops->fp8_gemm_grouped(c->dev, y, qa, sa, qw, sw, off, E, N, K));
     OUT(c, "y", 'f', y, sizeof(float) * R * N);
+}
+
+static void c_fp8_grouped(oc *c) { fp8_grouped_case(c, goff, GE, 24, 32); }
+
+/* The shapes of the tensor-core kernel's edges (fast mode, QUADS_FP8_GROUPED=1):
+ * an empty expert, 1 to 70 rows (one to eight row tiles, two row blocks), N
+ * past a 64-row tile, K = 2 * 128 + 16 (a last stage of one 16-byte copy). */
+static void c_fp8_grouped_wide(oc *c)
+{
+    static const int32_t off[6] = {0, 3, 3, 13, 83, 84};
+    fp8_grouped_case(c, off, 5, 80, 272);
 }
 
 static void c_nvfp4(oc *c)
