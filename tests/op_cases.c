@@ -618,6 +618,17 @@ static void c_w4a4_grouped_pair(oc *c)
     w4a4_grouped_case(c, off, 5, 456, 768);
 }
 
+/* Decode at batch 64's row counts: 1 to 16 rows an expert (one or two 8-row
+ * tiles, 1-4 and 5-8 rows in a tile), an expert without rows, N = 100 ragged
+ * against 64-row CTAs (a warp's 16 rows all past N), K = 1024 (4 chunks of
+ * 16 blocks). CUDA: the two-blocks-an-MMA kernel by default, the streaming
+ * kernel with QUADS_W4A4_STREAM=1. */
+static void c_w4a4_grouped_b64(oc *c)
+{
+    static const int32_t off[8] = {0, 1, 5, 10, 18, 27, 43, 43};
+    w4a4_grouped_case(c, off, 7, 100, 1024);
+}
+
 /* A prefill's experts: 130 and 70 rows, N = 5650 ragged against 128-row CTAs,
  * K = 48 (3 blocks, less than a chunk). CUDA: enough CTAs for the FP16 kernel
  * by default (two and three 64-row tiles, the last of 2 and 6 rows). */
@@ -1895,6 +1906,7 @@ static const op_case cases[] = {
     {{"w4a4_grouped_dev 9 rows", "w4a4_gemm_grouped_dev", 0, 0}, c_w4a4_grouped_dev9},
     {{"w4a4_grouped_dev 6 experts 100 rows", "w4a4_gemm_grouped_dev", 0, 0}, c_w4a4_grouped_dev40},
     {{"w4a4_gemm_grouped 5 experts 456x768 pairs", "w4a4_gemm_grouped", 0, 0}, c_w4a4_grouped_pair},
+    {{"w4a4_gemm_grouped decode 7 experts 0-16 rows 100x1024", "w4a4_gemm_grouped", 0, 0}, c_w4a4_grouped_b64},
     {{"w4a4_grouped_dev batch 1 8x48x768", "w4a4_gemm_grouped_dev", 0, 0}, c_w4a4_grouped_dev1},
     {{"w4a4_gemm_grouped prefill 130+70 x 5650x48", "w4a4_gemm_grouped", 0, 0}, c_w4a4_grouped_prefill},
     {{"w4a4_gemm 1x72x768", "w4a4_gemm", 1, 0}, c_w4a4_row1},

@@ -1967,6 +1967,159 @@ w4a4_hpre_kernel(const __grid_constant__ hpre_args p, int a_per_row, int w_per_r
                 w_per_row);
 }
 
+/* The decode experts' products with every warp streaming its own weight rows
+ * (w4a4_stream_kernel; QUADS_W4A4_STREAM=1, opt-in until run on a GPU). At
+ * batch 64 the MMA kernel's CTAs walk K a chunk at a time, the weight
+ * scales and activations staged through registers and a CTA barrier a chunk,
+ * and the experts' product sits near 1.2 TB/s (H100 and H200) whatever its
+ * instruction count or ring depth. Here a CTA of 4 warps takes 64 weight rows
+ * and at most 8 activation rows of a group; the activations are converted
+ * once for the whole of K into shared memory (pair_stage's layout: int8 codes
+ * 2*E2M1, rows K + 32 bytes, and a float4 {sa, sa', -(magic + 12 sum), ...} a
+ * block pair), and each warp then streams its 16 weight rows, raw codes and
+ * scale bytes, through a ring of its own (QD_ST_S stages of QD_MMA_CB blocks,
+ * QD_ST_S - 1 in flight, 16-byte cp.async copies, no CTA barrier past the
+ * first). The products are pair_chunk's: the same MMAs on the same operands
+ * and the same FFMA chain an output in ascending block order, so the same
+ * bits. K a multiple of 16 * QD_MMA_CB; groups of more than 8 rows take a
+ * CTA per 8 (the weights read again, from L2 where they run side by side). */
+#define QD_ST_S 4                          /* ring stages a warp */
+#define QD_ST_SLD QD_MMA_CB                /* bytes a staged row of weight scales */
+struct st_warp {                           /* one warp's stage */
+    uint8_t wc[16][QD_MMA_WLD];            /* codes: 16 rows x QD_MMA_CB blocks */
+    uint8_t ws[16][QD_ST_SLD];             /* the scales' E4M3 bytes */
+};
+
+static __host__ __device__ __forceinline__ size_t st_act_bytes(int64_t K)
+{
+    return (size_t)8 * (size_t)(K + 32) + (size_t)8 * (size_t)(K / 32 + 1) * 16;
+}
+
+template <int NG>
+static __device__ __forceinline__ void st_chunk(const st_warp *cur, const int8_t *act, const float4 *sp, int ald,
+                                                int spld, const float *lut, float (*acc)[4], int lane)
+{
+    int gq = lane >> 2, t = lane & 3;
+    const uint8_t *wa = &cur->wc[(lane & 7) + 8 * ((lane >> 3) & 1)][16 * (lane >> 4)];
+    const uint8_t *s0 = cur->ws[gq], *s1 = cur->ws[gq + 8];
+    bool bon = (t >> 1) == (gq & 1);
+    const int8_t *ab = act + (gq >> 1) * ald + (gq & 1) * 16 + 8 * (t & 1);
+#pragma unroll 1
+    for (int jq = 0; jq < QD_MMA_CB / 4; jq++) {
+        uint32_t R[4];
+        ldm_x4(R, wa + 32 * jq);
+#pragma unroll
+        for (int s = 0; s < 2; s++) {
+            int jp = 2 * jq + s;
+            uint32_t a0 = (uint32_t)e2m1x4_off12(R[2 * s]), a2 = (uint32_t)e2m1x4_off12(R[2 * s] >> 16);
+            uint32_t a1 = (uint32_t)e2m1x4_off12(R[2 * s + 1]), a3 = (uint32_t)e2m1x4_off12(R[2 * s + 1] >> 16);
+            float2 w0 = make_float2(lut[s0[2 * jp]], lut[s0[2 * jp + 1]]);
+            float2 w1 = make_float2(lut[s1[2 * jp]], lut[s1[2 * jp + 1]]);
+#pragma unroll
+            for (int g = 0; g < NG; g++) {
+                uint2 b = *(const uint2 *)(ab + g * 4 * ald + jp * 32);
+                if (!bon)
+                    b = make_uint2(0, 0);
+                float4 sc = sp[(4 * g + t) * spld + jp];
+                int d[4];
+                mma_s8k32(d, a0, a1, a2, a3, b.x, b.y);
+                float *ac = &acc[g >> 1][2 * (g & 1)];
+                ac[0] = fmaf(__int_as_float(d[0]) + sc.z, sc.x * w0.x, ac[0]);
+                ac[0] = fmaf(__int_as_float(d[1]) + sc.w, sc.y * w0.y, ac[0]);
+                ac[1] = fmaf(__int_as_float(d[2]) + sc.z, sc.x * w1.x, ac[1]);
+                ac[1] = fmaf(__int_as_float(d[3]) + sc.w, sc.y * w1.y, ac[1]);
+            }
+        }
+    }
+}
+
+__global__ void __launch_bounds__(128)
+w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
+                   const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K)
+{
+    extern __shared__ __align__(16) unsigned char st_smem[];
+    __shared__ float lut[256];
+    const int z = blockIdx.z;
+    const int64_t rows = g.rows[z], t0 = (int64_t)blockIdx.y * 8, n0 = (int64_t)blockIdx.x * 64;
+    if (t0 >= rows)
+        return;
+    const int T = rows - t0 < 8 ? (int)(rows - t0) : 8, nb = (int)(K / 16), nchunk = nb / QD_MMA_CB;
+    const int ald = (int)K + 32, spld = nb / 2 + 1;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gq = lane >> 2, t = lane & 3;
+    int8_t *act = (int8_t *)st_smem;
+    float4 *sp = (float4 *)(st_smem + (size_t)8 * ald);
+    st_warp *ring = (st_warp *)(st_smem + st_act_bytes(K)) + w * QD_ST_S;
+    const uint8_t *wcodes = g.codes[z], *wscales = g.scales[z];
+    const int64_t wrow0 = n0 + 16 * w; /* this warp's first weight row */
+    /* stage c of this warp's rows: codes 16 x 128 bytes (8 copies a lane, a
+     * half-warp a row), scale bytes 16 x 16 (lanes 0..15, a row each); rows
+     * past N read as zero (never stored) */
+    auto issue = [&](int c) {
+        st_warp *st = &ring[c % QD_ST_S];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int i = lane + 32 * u, r = i >> 3, v = i & 7;
+            bool in = wrow0 + r < N;
+            cp16(&st->wc[r][16 * v], wcodes + (in ? wrow0 + r : 0) * (K / 2) + (int64_t)c * QD_MMA_CB * 8 + 16 * v, in);
+        }
+        if (lane < 16) {
+            bool in = wrow0 + lane < N;
+            cp16(&st->ws[lane][0], wscales + (in ? wrow0 + lane : 0) * nb + (int64_t)c * QD_MMA_CB, in);
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < QD_ST_S - 1; s++) {
+        if (s < nchunk)
+            issue(s);
+        cp_async_commit();
+    }
+    e4m3_table(lut);
+    /* the activations, while the weights are in flight: 8 rows (zero past T) x nb blocks */
+    const int64_t r0 = g.row0[z] + t0;
+    for (int i = threadIdx.x; i < 8 * nb; i += 128) {
+        int m = i / nb, u = i - m * nb;
+        uint2 c = make_uint2(0, 0);
+        uint8_t s = 0;
+        if (m < T) {
+            c = __ldg((const uint2 *)(a_codes + (r0 + m) * (K / 2) + (int64_t)u * 8));
+            s = __ldg(a_scales + (r0 + m) * nb + u);
+        }
+        int4 v = make_int4(e2m1x4_s8(c.x & 0xffffu), e2m1x4_s8(c.x >> 16), e2m1x4_s8(c.y & 0xffffu),
+                           e2m1x4_s8(c.y >> 16));
+        *(int4 *)(act + (size_t)m * ald + 16 * u) = v;
+        int sum = __dp4a(v.x, 0x01010101, __dp4a(v.y, 0x01010101, __dp4a(v.z, 0x01010101,
+                                                                   __dp4a(v.w, 0x01010101, 0))));
+        float *q = (float *)&sp[m * spld + (u >> 1)];
+        q[u & 1] = 0.25f * qd_e4m3_to_f32(s);
+        q[2 + (u & 1)] = -__int_as_float(QD_MAGIC_BITS + 12 * sum);
+    }
+    __syncthreads(); /* the table and the activations, for every warp */
+    float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+    for (int c = 0; c < nchunk; c++) {
+        cp_async_wait_group<QD_ST_S - 2>(); /* stage c's copies (this lane's) done */
+        __syncwarp();                       /* ... and every lane's; stage c - 1 read by all */
+        if (c + QD_ST_S - 1 < nchunk)
+            issue(c + QD_ST_S - 1);
+        cp_async_commit();
+        const int8_t *ac = act + c * QD_MMA_CB * 16;
+        const float4 *spc = sp + c * (QD_MMA_CB / 2);
+        if (T <= 4)
+            st_chunk<1>(&ring[c % QD_ST_S], ac, spc, ald, spld, lut, acc, lane);
+        else
+            st_chunk<2>(&ring[c % QD_ST_S], ac, spc, ald, spld, lut, acc, lane);
+    }
+    cp_async_wait_group<0>();
+    const float *sdw = g.sdec[z];
+    const int wr0 = 16 * w + gq, wr1 = wr0 + 8;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int m = 4 * (i >> 1) + t; /* acc[0][2h + r]: activation row 4h + t, weight row r ? wr1 : wr0 */
+        int64_t n = n0 + (i & 1 ? wr1 : wr0);
+        if (m < T && n < N)
+            y[(r0 + m) * N + n] = acc[0][i] * (a_sdec[a_per_row ? r0 + m : 0] * sdw[w_per_row ? n : 0]);
+    }
+}
+
 /* The same products where the CTAs of w4a4_mma_kernel would be few (decode):
  * a CTA of QD_SK_W warps owns 16 weight rows and 8 activation rows of a
  * group and splits K between its warps, chunk w + QD_SK_W*i to
@@ -2714,6 +2867,37 @@ static int w4a4_ilp_env(void)
     return qd_env_pick(&v, "QUADS_W4A4_ILP", 0, 1);
 }
 
+/* QUADS_W4A4_STREAM=1 (opt-in until run on a GPU): products whose groups have
+ * at most 16 rows (decode) on w4a4_stream_kernel where K allows it; the same
+ * bits. */
+int qd_cuda_w4a4_stream = -1;
+
+static int w4a4_stream_env(void)
+{
+    static int v = -2;
+    return qd_cuda_w4a4_stream >= 0 ? qd_cuda_w4a4_stream : qd_env_pick(&v, "QUADS_W4A4_STREAM", 0, 1);
+}
+
+static bool w4a4_stream_ok(const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows, int64_t K)
+{
+    bool ok = maxrows <= 16 && K % (16 * QD_MMA_CB) == 0 && qd_aligned(a->codes, 8);
+    for (int z = 0; ok && z < ng; z++)
+        ok = qd_aligned(g->codes[z], 16) && qd_aligned(g->scales[z], 16);
+    return ok;
+}
+
+static qd_status launch_w4a4_stream(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
+                                    int w_per_row, int64_t N, int64_t K)
+{
+    size_t smem = st_act_bytes(K) + 4 * QD_ST_S * sizeof(st_warp);
+    if (smem + 256 * sizeof(float) > 48 * 1024)
+        QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    dim3 grid((unsigned)((N + 63) / 64), (unsigned)((maxrows + 7) / 8), (unsigned)ng);
+    w4a4_stream_kernel<<<grid, 128, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, *g, w_per_row, N, K);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
 /* w4a4_h16_kernel over g's groups: 128 weight rows a CTA, 8 * NT activation rows. */
 template <int NT>
 static qd_status launch_w4a4_h16(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
@@ -2987,6 +3171,8 @@ static qd_status w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int
     int nt = maxrows <= 8 ? 1 : maxrows <= 16 ? 2 : maxrows <= 32 ? 4 : 8;
     int64_t tiles = (N + 16 * QD_MMA_WARPS - 1) / (16 * QD_MMA_WARPS);
     int sk = w4a4_splitk_env(), dec = w4a4_dec_env(), h16 = w4a4_h16_env();
+    if (w4a4_stream_env() == 1 && w4a4_stream_ok(a, g, ng, maxrows, K))
+        return launch_w4a4_stream(y, a, g, ng, maxrows, w_per_row, N, K);
     bool h16_ok = qd_aligned(a->codes, 8);
     for (int z = 0; h16_ok && z < ng; z++)
         h16_ok = qd_aligned(g->codes[z], 8);

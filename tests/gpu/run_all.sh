@@ -81,6 +81,8 @@ for nt in 2 4 8; do
     ops1 "nt$nt" "the W4A4 MMA kernel with $nt row tiles a CTA forced (QUADS_W4A4_NT_GROUPED, QUADS_W4A4_NT; 4-warp CTAs)" \
         QUADS_W4A4_NT_GROUPED=$nt QUADS_W4A4_NT=$nt QUADS_MMA_WARPS=4
 done
+ops1 stream "the W4A4 decode products with every warp streaming its own weight rows (QUADS_W4A4_STREAM=1, opt-in)" \
+    QUADS_W4A4_STREAM=1
 ops1 fp8tc "fast mode's FP8 experts on the E4M3 tensor cores (QUADS_FP8_GROUPED=1, opt-in)" QUADS_FP8_GROUPED=1
 ops1 dy16 "fast mode's BF16 backward with dy a block of 8 columns (QUADS_DY16_BYTES)" QUADS_DY16_BYTES=1024
 ops1 wgmma "every one of the experts' BF16 products on the wgmma kernel (QUADS_EXPERT_GEMM=wgmma; by default the forward's)" \
