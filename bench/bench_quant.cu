@@ -135,16 +135,30 @@ static double copy_bandwidth(void)
 
 static int quant_mismatch;
 
-/* Bytes that differ between two device buffers. */
+__global__ void diff_kernel(unsigned long long *bad, const unsigned char *a, const unsigned char *b, size_t n)
+{
+    unsigned long long mine = 0;
+    size_t words = n / 4, stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < words; i += stride)
+        mine += ((const uint32_t *)a)[i] != ((const uint32_t *)b)[i];
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        for (size_t i = 4 * words; i < n; i++)
+            mine += a[i] != b[i];
+    if (mine)
+        atomicAdd(bad, mine);
+}
+
+/* The 4-byte words (and tail bytes) that differ between two device buffers
+ * (4-byte aligned), counted on the device. */
 static long long dev_diff(const void *a, const void *b, size_t n)
 {
-    std::vector<unsigned char> ha(n), hb(n);
-    QD_CUDA_DIE(cudaMemcpy(ha.data(), a, n, cudaMemcpyDeviceToHost));
-    QD_CUDA_DIE(cudaMemcpy(hb.data(), b, n, cudaMemcpyDeviceToHost));
-    long long bad = 0;
-    for (size_t i = 0; i < n; i++)
-        bad += ha[i] != hb[i];
-    return bad;
+    unsigned long long *d, h = 0;
+    QD_CUDA_DIE(cudaMalloc((void **)&d, sizeof h));
+    QD_CUDA_DIE(cudaMemset(d, 0, sizeof h));
+    diff_kernel<<<1024, 256>>>(d, (const unsigned char *)a, (const unsigned char *)b, n);
+    QD_CUDA_DIE(cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost));
+    QD_CUDA_DIE(cudaFree(d));
+    return (long long)h;
 }
 
 /* One quantize configuration: input type (float32 or BF16), scope, or fake-quant
@@ -1040,7 +1054,7 @@ static void bench_bfp(double copy)
 {
     const int64_t N = 151936, K = 2048, MMAX = 16384;
     const int Ms[] = {1, 16, 64, 256, 1024, 16384};
-    float *wf = random_dev(N * K, 61), *x = random_dev(MMAX * K, 63), *y[2];
+    float *wf = random_dev(N * K, 61), *x = random_dev(MMAX * K, 63), *y[3];
     uint16_t *w16;
     void *wq, *ws;
     QD_CUDA_DIE(cudaMalloc((void **)&w16, sizeof(uint16_t) * N * K));
@@ -1048,28 +1062,36 @@ static void bench_bfp(double copy)
     QD_CUDA_DIE(cudaFree(wf));
     QD_CUDA_DIE(cudaMalloc(&wq, qd_bfp_bytes((int)N, (int)K)));
     QD_CUDA_DIE(cudaMalloc(&ws, qdk_bfp_rows_bytes((int)MMAX, (int)K)));
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 3; i++)
         QD_CUDA_DIE(cudaMalloc((void **)&y[i], sizeof(float) * MMAX * N));
     float tw = time_ms([&] { QD_STATUS_DIE(qdk_bfp_weights(wq, w16, NULL, (int)N, (int)K)); });
     printf("\nThe lm_head's exact product, K %lld x vocab %lld: the float32 chain (today) and the row BFP product;\n"
            "bfp_weights (once a sync): %.3f ms, %.0f GB/s (%.0f%% of copy)\n\n"
-           "| M | chain ms | chain TFLOP/s | bfp ms | bfp TFLOP/s | bfp GB/s | of copy | chain / bfp | diff |\n"
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+           "| M | chain ms | chain TFLOP/s | bfp ms | bfp TFLOP/s | bfp GB/s | of copy | chain / bfp | diff "
+           "| bfp wgmma ms | of copy | bfp / wgmma | bits |\n"
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
            (long long)K, (long long)N, tw, 4.0 * N * K / (tw * 1e-3) / 1e9, 4.0 * N * K / (tw * 1e-3) / 1e9 / copy * 100);
     for (int M : Ms) {
         double flop = 2.0 * M * N * K, bytes = 2.0 * N * K + 4.0 * M * K + 4.0 * M * N;
         float tc = time_ms([&] { QD_STATUS_DIE(qdk_matmul_wt(y[0], x, w16, QDK_BF16, M, (int)N, (int)K, QD_PREC_F32)); });
+        qd_cuda_bfp_wgmma = 0;
         float tb = time_ms([&] { QD_STATUS_DIE(qdk_matmul_bfp(y[1], x, wq, ws, M, (int)K, (int)N)); });
-        printf("| %d | %.3f | %.1f | %.3f | %.1f | %.0f | %.0f%% | %.2fx | %.1e |\n", M, tc, flop / (tc * 1e-3) / 1e12, tb,
-               flop / (tb * 1e-3) / 1e12, bytes / (tb * 1e-3) / 1e9, bytes / (tb * 1e-3) / 1e9 / copy * 100, tc / tb,
-               rel_diff(y[1], y[0], (int64_t)M * N));
+        qd_cuda_bfp_wgmma = wg_ok; /* past 4 rows, k_matmul_bfp_wg (compute capability 9.0) */
+        float tg = time_ms([&] { QD_STATUS_DIE(qdk_matmul_bfp(y[2], x, wq, ws, M, (int)K, (int)N)); });
+        qd_cuda_bfp_wgmma = -1;
+        long long nd = dev_diff(y[1], y[2], sizeof(float) * (size_t)M * (size_t)N);
+        grouped_mismatch |= nd != 0;
+        printf("| %d | %.3f | %.1f | %.3f | %.1f | %.0f | %.0f%% | %.2fx | %.1e | %.3f | %.0f%% | %.2fx | %s |\n", M, tc,
+               flop / (tc * 1e-3) / 1e12, tb, flop / (tb * 1e-3) / 1e12, bytes / (tb * 1e-3) / 1e9,
+               bytes / (tb * 1e-3) / 1e9 / copy * 100, tc / tb, rel_diff(y[1], y[0], (int64_t)M * N), tg,
+               bytes / (tg * 1e-3) / 1e9 / copy * 100, tb / tg, nd ? "DIFFER" : "equal");
         fflush(stdout);
     }
     QD_CUDA_DIE(cudaFree(w16));
     QD_CUDA_DIE(cudaFree(wq));
     QD_CUDA_DIE(cudaFree(ws));
     QD_CUDA_DIE(cudaFree(x));
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 3; i++)
         QD_CUDA_DIE(cudaFree(y[i]));
 }
 
@@ -1344,7 +1366,7 @@ int main(int argc, char **argv)
     printf("device-to-device copy (1 GiB, bytes read + written): %.0f GB/s\n", copy);
     if (only_bfp) {
         bench_bfp(copy);
-        return 0;
+        return grouped_mismatch;
     }
     printf("quantize bytes: x read once per pass (per-tensor twice: amax pass + quantize pass; per-row once,\n"
            "the row held on chip), + codes (n/2) + E4M3 scales (n/16) + S_dec; fake-quant writes 4n instead\n\n");

@@ -1823,6 +1823,9 @@ static void c_matmul_bfp_row4(oc *c) { c_matmul_bfp_rows(c, 4, 2064, 41, 0); }
 static void c_matmul_bfp_few(oc *c) { c_matmul_bfp_rows(c, 5, 64, 40, 0); }
 static void c_matmul_bfp_lm(oc *c) { c_matmul_bfp_rows(c, 27, 2048, 300, 0); }
 static void c_matmul_bfp_tall(oc *c) { c_matmul_bfp_rows(c, 70, 208, 133, 0); }
+/* decode at batch 64: one 64-row tile of x on the wgmma kernel (QUADS_BFP_WGMMA=1), vocabulary
+ * rows past a 128-row tile */
+static void c_matmul_bfp_b64(oc *c) { c_matmul_bfp_rows(c, 64, 2048, 260, 0); }
 static void c_matmul_bfp_k16(oc *c) { c_matmul_bfp_rows(c, 130, 16, 70, 0); }
 
 /* The widest rows (IC 16384) at the mantissas' extremes: x = +-(2 - 2^-23) 2^k
@@ -1979,6 +1982,7 @@ static const op_case cases[] = {
     {{"matmul_bfp 5x64x40", "matmul_bfp", 0, 0}, c_matmul_bfp_few},
     {{"matmul_bfp 27x2048x300", "matmul_bfp", 0, 0}, c_matmul_bfp_lm},
     {{"matmul_bfp 70x208x133", "matmul_bfp", 0, 0}, c_matmul_bfp_tall},
+    {{"matmul_bfp 64x2048x260", "matmul_bfp", 0, 0}, c_matmul_bfp_b64},
     {{"matmul_bfp 130x16x70", "matmul_bfp", 0, 0}, c_matmul_bfp_k16},
     {{"matmul_bfp 3x16384x24 extremes", "matmul_bfp", 0, 0}, c_matmul_bfp_edge},
     {{"matmul_bfp 1x2048x300", "matmul_bfp", 0, 0}, c_matmul_bfp_row1},

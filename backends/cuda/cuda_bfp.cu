@@ -28,6 +28,7 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_mma.h"
+#include "backends/cuda/cuda_wgmma.h"
 extern "C" {
 #include "quant/numerics.h"
 }
@@ -364,6 +365,235 @@ static qd_status bf_launch(const bf_params &p)
     return QD_OK;
 }
 
+/* ---- The same product on Hopper's warpgroup MMA (k_matmul_bfp_wg;
+ * QUADS_BFP_WGMMA=1, opt-in until run on a GPU). Past 16 rows the kernel
+ * above runs at the int8 mma.sync rate (six MMAs a tile: the a3b lm_head at
+ * batch 64 0.47 ms a decode step on the H200, its weights' read 0.13); wgmma
+ * (m64nBNk32, s8/u8, int32 accumulators) reads both operands from shared
+ * memory for a warpgroup and runs asynchronously at about twice that rate.
+ * A CTA of two warpgroups takes 128 vocabulary rows (64 a warpgroup, the
+ * weight planes as A) and BN rows of x (16, 32 or 64: its three planes as B,
+ * shared by both), K in stages of 128 bytes, the 128-byte-swizzled K-major
+ * tiles of cuda_wgmma.h (a k-step of 32 one-byte values starts 32 bytes along
+ * a row, as a BF16 k-step of 16), three stages, two copies ahead. The same
+ * four int32 sums per output (each an exact integer: any order), joined and
+ * rounded by qd_bfp_out: the same bits. A CTA's x tiles run next to each
+ * other, so the weights come from HBM once and from L2 after. */
+#define BW_BK 128
+#define BW_ROWS 128
+#define BW_STAGES 3
+#define BW_THREADS 256
+
+template <int BN> struct bw_shape {
+    static constexpr int W_PLANE = BW_ROWS * BW_BK, X_PLANE = BN * BW_BK;
+    static constexpr int STAGE = 2 * W_PLANE + 3 * X_PLANE; /* a multiple of the 1,024-byte atom */
+    static constexpr int SMEM = BW_STAGES * STAGE + 1024;   /* + the alignment */
+};
+
+/* R rows (r0.., those past lim zero) of a plane (rows of IC bytes) at k0
+ * into the swizzled tile at shared address s: 16-byte chunk c of row r at
+ * r * 128 + (c ^ (r % 8)) * 16; bytes past IC zero */
+template <int R>
+static __device__ __forceinline__ void bw_load(uint32_t s, const uint8_t *src, int IC, int r0, int lim, int k0)
+{
+    for (int i = threadIdx.x; i < R * 8; i += BW_THREADS) {
+        int r = i >> 3, c = i & 7, gr = r0 + r, gk = k0 + 16 * c;
+        bool ok = gr < lim && gk < IC;
+        uint32_t dst = s + r * 128 + ((c ^ (r & 7)) << 4);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst),
+                     "l"(ok ? src + (size_t)gr * IC + gk : src), "r"(ok ? 16 : 0));
+    }
+}
+
+#if QD_WG_ARCH
+static __device__ __forceinline__ void bw_ss16(int (&d)[8], uint64_t da, uint64_t db)
+{
+    asm volatile("wgmma.mma_async.sync.aligned.m64n16k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1;"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7])
+                 : "l"(da), "l"(db));
+}
+
+static __device__ __forceinline__ void bw_us16(int (&d)[8], uint64_t da, uint64_t db)
+{
+    asm volatile("wgmma.mma_async.sync.aligned.m64n16k32.s32.u8.s8 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1;"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7])
+                 : "l"(da), "l"(db));
+}
+
+static __device__ __forceinline__ void bw_su16(int (&d)[8], uint64_t da, uint64_t db)
+{
+    asm volatile("wgmma.mma_async.sync.aligned.m64n16k32.s32.s8.u8 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1;"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7])
+                 : "l"(da), "l"(db));
+}
+
+static __device__ __forceinline__ void bw_uu16(int (&d)[8], uint64_t da, uint64_t db)
+{
+    asm volatile("wgmma.mma_async.sync.aligned.m64n16k32.s32.u8.u8 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1;"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7])
+                 : "l"(da), "l"(db));
+}
+
+static __device__ __forceinline__ void bw_ss32(int (&d)[16], uint64_t da, uint64_t db)
+{
+    asm volatile("wgmma.mma_async.sync.aligned.m64n32k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, 1;"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15])
+                 : "l"(da), "l"(db));
+}
+
+static __device__ __forceinline__ void bw_us32(int (&d)[16], uint64_t da, uint64_t db)
+{
+    asm volatile("wgmma.mma_async.sync.aligned.m64n32k32.s32.u8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, 1;"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15])
+                 : "l"(da), "l"(db));
+}
+
+static __device__ __forceinline__ void bw_su32(int (&d)[16], uint64_t da, uint64_t db)
+{
+    asm volatile("wgmma.mma_async.sync.aligned.m64n32k32.s32.s8.u8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, 1;"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15])
+                 : "l"(da), "l"(db));
+}
+
+static __device__ __forceinline__ void bw_uu32(int (&d)[16], uint64_t da, uint64_t db)
+{
+    asm volatile("wgmma.mma_async.sync.aligned.m64n32k32.s32.u8.u8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, 1;"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15])
+                 : "l"(da), "l"(db));
+}
+
+static __device__ __forceinline__ void bw_ss64(int (&d)[32], uint64_t da, uint64_t db)
+{
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1;"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+                 : "l"(da), "l"(db));
+}
+
+static __device__ __forceinline__ void bw_us64(int (&d)[32], uint64_t da, uint64_t db)
+{
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k32.s32.u8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1;"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+                 : "l"(da), "l"(db));
+}
+
+static __device__ __forceinline__ void bw_su64(int (&d)[32], uint64_t da, uint64_t db)
+{
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.u8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1;"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+                 : "l"(da), "l"(db));
+}
+
+static __device__ __forceinline__ void bw_uu64(int (&d)[32], uint64_t da, uint64_t db)
+{
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k32.s32.u8.u8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1;"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+                 : "l"(da), "l"(db));
+}
+#endif
+
+template <int N>
+static __device__ __forceinline__ void bw_fence_acc(int (&d)[N])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        asm volatile("" : "+r"(d[i])::"memory");
+}
+
+template <int BN>
+__global__ void __launch_bounds__(BW_THREADS, 1) k_matmul_bfp_wg(const __grid_constant__ bf_params p)
+{
+#if QD_WG_ARCH
+    typedef bw_shape<BN> S;
+    constexpr int NA = BN / 2; /* accumulators a thread, each of the four sums */
+    extern __shared__ __align__(16) unsigned char bw_smem[];
+    const uint32_t base = (smem_u32(bw_smem) + 1023) & ~1023u;
+    const int tiles_n = (p.N + BN - 1) / BN;
+    const int o0 = (int)(blockIdx.x / tiles_n) * BW_ROWS, n0 = (int)(blockIdx.x % tiles_n) * BN;
+    const int wg = threadIdx.x >> 7, KT = (p.IC + BW_BK - 1) / BW_BK;
+    auto load = [&](int kt) {
+        uint32_t s = base + (uint32_t)(kt % BW_STAGES) * S::STAGE;
+        int k0 = kt * BW_BK;
+        bw_load<BW_ROWS>(s, (const uint8_t *)p.wh, p.IC, o0, p.OC, k0);
+        bw_load<BW_ROWS>(s + S::W_PLANE, p.wl, p.IC, o0, p.OC, k0);
+        bw_load<BN>(s + 2 * S::W_PLANE, (const uint8_t *)p.xh, p.IC, n0, p.N, k0);
+        bw_load<BN>(s + 2 * S::W_PLANE + S::X_PLANE, p.xm, p.IC, n0, p.N, k0);
+        bw_load<BN>(s + 2 * S::W_PLANE + 2 * S::X_PLANE, p.xl, p.IC, n0, p.N, k0);
+    };
+    load(0);
+    asm volatile("cp.async.commit_group;");
+    if (KT > 1)
+        load(1);
+    asm volatile("cp.async.commit_group;");
+    int d0[NA], d1[NA], d2[NA], d3[NA]; /* 2^24 xh wh; 2^16 (xh wl + xm wh); 2^8 (xm wl + xl wh); xl wl */
+#pragma unroll
+    for (int i = 0; i < NA; i++)
+        d0[i] = d1[i] = d2[i] = d3[i] = 0;
+    for (int kt = 0; kt < KT; kt++) {
+        asm volatile("cp.async.wait_group 1;" ::: "memory");          /* this thread's copies of stage kt */
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* visible to wgmma's reads */
+        __syncthreads(); /* everyone's; stage kt - 1's products done (waited below) */
+        if (kt + 2 < KT)
+            load(kt + 2); /* into stage kt - 1's buffer */
+        asm volatile("cp.async.commit_group;");
+        uint32_t s = base + (uint32_t)(kt % BW_STAGES) * S::STAGE;
+        uint32_t swh = s + (uint32_t)wg * 64 * 128, swl = swh + S::W_PLANE;
+        uint32_t sxh = s + 2 * S::W_PLANE, sxm = sxh + S::X_PLANE, sxl = sxm + S::X_PLANE;
+        bw_fence_acc(d0), bw_fence_acc(d1), bw_fence_acc(d2), bw_fence_acc(d3);
+        qd_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BW_BK / 32; kk++) {
+            uint64_t ah = qd_wg_desc(swh + kk * 32, 16, 1024), al = qd_wg_desc(swl + kk * 32, 16, 1024);
+            uint64_t bh = qd_wg_desc(sxh + kk * 32, 16, 1024), bm = qd_wg_desc(sxm + kk * 32, 16, 1024);
+            uint64_t bl = qd_wg_desc(sxl + kk * 32, 16, 1024);
+            if constexpr (BN == 16) {
+                bw_ss16(d0, ah, bh), bw_us16(d1, al, bh), bw_su16(d1, ah, bm);
+                bw_uu16(d2, al, bm), bw_su16(d2, ah, bl), bw_uu16(d3, al, bl);
+            } else if constexpr (BN == 32) {
+                bw_ss32(d0, ah, bh), bw_us32(d1, al, bh), bw_su32(d1, ah, bm);
+                bw_uu32(d2, al, bm), bw_su32(d2, ah, bl), bw_uu32(d3, al, bl);
+            } else {
+                bw_ss64(d0, ah, bh), bw_us64(d1, al, bh), bw_su64(d1, ah, bm);
+                bw_uu64(d2, al, bm), bw_su64(d2, ah, bl), bw_uu64(d3, al, bl);
+            }
+        }
+        qd_wg_commit();
+        qd_wg_wait<0>();
+        bw_fence_acc(d0), bw_fence_acc(d1), bw_fence_acc(d2), bw_fence_acc(d3);
+    }
+    asm volatile("cp.async.wait_group 0;");
+    /* d[4 j + 2 h + u]: vocabulary row 64 wg + 16 w + l / 4 + 8 h of the CTA's,
+     * row 8 j + 2 (l % 4) + u of its x tile */
+    const int lane = threadIdx.x & 31, orow = o0 + 64 * wg + 16 * ((threadIdx.x >> 5) & 3) + (lane >> 2);
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                int i = 4 * j + 2 * h + u, o = orow + 8 * h, n = n0 + 8 * j + 2 * (lane & 3) + u;
+                if (o < p.OC && n < p.N) {
+                    int64_t Sv = (int64_t)d0[i] * 16777216 + (int64_t)d1[i] * 65536 + (int64_t)d2[i] * 256 +
+                                 (int64_t)d3[i];
+                    p.out[(size_t)n * p.OC + o] = qd_bfp_out(Sv, p.E[n], p.F[o]);
+                }
+            }
+#endif
+}
+
+template <int BN>
+static qd_status bw_launch(const bf_params &p)
+{
+    typedef bw_shape<BN> S;
+    int64_t tiles = (int64_t)((p.OC + BW_ROWS - 1) / BW_ROWS) * ((p.N + BN - 1) / BN);
+    if (tiles > 0x7fffffff)
+        return qd_error(QD_ERR_SHAPE, "cuda backend: matmul_bfp: %d x %d outputs: too many tiles", p.N, p.OC);
+    /* every launch: the attribute is the current device's (a process may drive several) */
+    QD_CUDA_CHECK(cudaFuncSetAttribute(k_matmul_bfp_wg<BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM));
+    k_matmul_bfp_wg<BN><<<(unsigned)tiles, BW_THREADS, S::SMEM>>>(p);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
 /* The shapes and alignment the kernels need (the ops' wrappers check the shapes too). */
 static qd_status bf_check(int IC, const void *a, const void *b)
 {
@@ -397,6 +627,8 @@ extern "C" size_t qdk_bfp_rows_bytes(int N, int IC)
     return bf_up256((size_t)N * 4) + 3 * bf_up256((size_t)N * IC);
 }
 
+int qd_cuda_bfp_wgmma = -1;
+
 extern "C" qd_status qdk_matmul_bfp(float *out, const float *x, const void *wq, void *ws, int N, int IC, int OC)
 {
     if (!N || !OC)
@@ -426,6 +658,10 @@ extern "C" qd_status qdk_matmul_bfp(float *out, const float *x, const void *wq, 
             return bv_launch<3>(p);
         return bv_launch<4>(p);
     }
+    static int wg_env = -2; /* QUADS_BFP_WGMMA=1: past BV_ROWS rows on wgmma where the device has it */
+    int wg = qd_cuda_bfp_wgmma >= 0 ? qd_cuda_bfp_wgmma : qd_env_pick(&wg_env, "QUADS_BFP_WGMMA", 0, 1) == 1;
+    if (wg == 1 && qd_wg_device())
+        return N <= 16 ? bw_launch<16>(p) : N <= 32 ? bw_launch<32>(p) : bw_launch<64>(p);
     if (N <= 16)
         return bf_launch<1, 8, 1>(p);
     if (N <= 32)
