@@ -547,6 +547,18 @@ static void c_w4a4_multi_rows9(oc *c)
 /* K % 512 == 0: the tensor-core kernel's path */
 static void c_w4a4(oc *c) { w4a4_case(c, 9, 40, 512); }
 
+/* decode at batch 50 of one weight (o's shape, small): 7 tiles of 8 rows, the last of 2, N past
+ * a 64-row tile (CUDA: QUADS_W4A4_STREAM=1 takes it, 16 chunks a warp) */
+static void c_w4a4_rows50(oc *c) { w4a4_case(c, 50, 72, 4096); }
+
+/* q, k and v at batch 40 (QUADS_W4A4_STREAM=1: one product after the other on its kernel, not the
+ * FP16-activation kernel) */
+static void c_w4a4_multi_rows40(oc *c)
+{
+    static const int N[3] = {96, 16, 16};
+    w4a4_multi_case(c, 40, N, 512, 3, 0);
+}
+
 /* y = the grouped W4A4 product of E experts (N, K) over rows off (E + 1);
  * dev: through w4a4_gemm_grouped_dev, off uploaded, maxrows its largest
  * expert's rows. */
@@ -1919,6 +1931,8 @@ static const op_case cases[] = {
     {{"w4a4_gemm_multi 1x2048 x 96/16/24", "w4a4_gemm_multi", 1, 0}, c_w4a4_multi_qkv},
     {{"w4a4_gemm_multi 3x80 x 70/24/24", "w4a4_gemm_multi", 1, 0}, c_w4a4_multi_tiny},
     {{"w4a4_gemm_multi 9x64 x 40/8", "w4a4_gemm_multi", 1, 0}, c_w4a4_multi_rows9},
+    {{"w4a4_gemm 50x72x4096", "w4a4_gemm", 1, 0}, c_w4a4_rows50},
+    {{"w4a4_gemm_multi 40x512 x 96/16/16", "w4a4_gemm_multi", 1, 0}, c_w4a4_multi_rows40},
     {{"nvfp4_quantize_weights 70 x 24x96", "nvfp4_quantize_weights", 0, 0}, c_quantize_weights},
     {{"nvfp4_quantize_weights 67 x 10x64+16", "nvfp4_quantize_weights", 0, 0}, c_quantize_weights_rac},
     {{"nvfp4_quantize_weights 6 x 100x768+192", "nvfp4_quantize_weights", 0, 0}, c_quantize_weights_rac_wide},

@@ -2868,8 +2868,12 @@ static int w4a4_ilp_env(void)
 }
 
 /* QUADS_W4A4_STREAM=1 (opt-in until run on a GPU): products whose groups have
- * at most 16 rows (decode) on w4a4_stream_kernel where K allows it; the same
- * bits. */
+ * at most 16 rows (decode's experts), or one weight's of at most 64 (the
+ * attention linears at batch 64: q, k, v one after the other, not on the
+ * FP16-activation kernel), on w4a4_stream_kernel where K allows it; the same
+ * bits. Their K loops are long (o: 16 chunks) and their CTAs few, so each
+ * chunk's HBM latency, one at a time on the MMA kernel, sets their time
+ * (H100: o at 64 rows 37 us for 4.7 MB). */
 int qd_cuda_w4a4_stream = -1;
 
 static int w4a4_stream_env(void)
@@ -2880,7 +2884,7 @@ static int w4a4_stream_env(void)
 
 static bool w4a4_stream_ok(const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows, int64_t K)
 {
-    bool ok = maxrows <= 16 && K % (16 * QD_MMA_CB) == 0 && qd_aligned(a->codes, 8);
+    bool ok = (maxrows <= 16 || (ng == 1 && maxrows <= 64)) && K % (16 * QD_MMA_CB) == 0 && qd_aligned(a->codes, 8);
     for (int z = 0; ok && z < ng; z++)
         ok = qd_aligned(g->codes[z], 16) && qd_aligned(g->scales[z], 16);
     return ok;
@@ -3159,7 +3163,8 @@ static bool w4a4_hpre_on(int64_t M, int count)
 {
     int hp = w4a4_hpre_env();
     return M > 0 && (hp == 1 || (hp < 0 && M <= 256 && M > (count > 1 ? 8 : 128) && w4a4_dec_env() != 1 &&
-                                 w4a4_splitk_env() != 1 && w4a4_h16_env() != 1));
+                                 w4a4_splitk_env() != 1 && w4a4_h16_env() != 1 &&
+                                 !(w4a4_stream_env() == 1 && M <= 64)));
 }
 
 /* Every group of g has rows (the callers leave out the others), maxrows the most. */
