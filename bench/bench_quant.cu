@@ -553,8 +553,8 @@ static void bench_linears(void)
 {
     const int Ms[] = {16, 64, 128, 256};
     const int64_t Nq[3] = {4096, 512, 512}, K = 2048, No = 2048, Ko = 4096;
-    printf("\n| product | rows | weight MB | hpre us | hpre TB/s | before us | before TB/s | before / hpre | bits |\n"
-           "|---|---|---|---|---|---|---|---|---|\n");
+    printf("\n| product | rows | weight MB | hpre us | hpre TB/s | before us | before TB/s | stream us | stream TB/s "
+           "| before / hpre | before / stream | bits |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     qd_nvfp4 wq[3], wo;
     for (int i = 0; i < 3; i++) {
         float *f = random_dev(Nq[i] * K, 41 + i);
@@ -569,15 +569,16 @@ static void bench_linears(void)
     for (int M : Ms) {
         for (int prod = 0; prod < 2; prod++) {
             int64_t KK = prod ? Ko : K, outs = prod ? No : Nq[0] + Nq[1] + Nq[2];
-            float *x = random_dev(M * KK, 47), *y[2];
+            float *x = random_dev(M * KK, 47), *y[3];
             qd_nvfp4 a;
             QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&a, M, KK, QD_SCALE_PER_ROW));
             QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&a, x));
-            float t[2];
-            for (int v = 0; v < 2; v++) {
+            float t[3];
+            for (int v = 0; v < 3; v++) { /* 0 hpre, 1 before it, 2 the streaming kernel (up to 64 rows) */
                 QD_CUDA_DIE(cudaMalloc((void **)&y[v], (size_t)(M * outs) * sizeof(float)));
                 QD_CUDA_DIE(cudaMemset(y[v], 0xff, (size_t)(M * outs) * sizeof(float)));
                 qd_cuda_w4a4_hpre = v == 0;
+                qd_cuda_w4a4_stream = v == 2;
                 float *yy[3] = {y[v], y[v] + M * Nq[0], y[v] + M * (Nq[0] + Nq[1])};
                 const qd_nvfp4 *aa[3] = {&a, &a, &a}, *ww[3] = {&wq[0], &wq[1], &wq[2]};
                 t[v] = time_ms([&] {
@@ -588,16 +589,19 @@ static void bench_linears(void)
                 });
             }
             qd_cuda_w4a4_hpre = -1;
-            long long nd = dev_diff(y[0], y[1], (size_t)(M * outs) * sizeof(float));
+            qd_cuda_w4a4_stream = -1;
+            long long nd = dev_diff(y[0], y[1], (size_t)(M * outs) * sizeof(float)) +
+                           dev_diff(y[0], y[2], (size_t)(M * outs) * sizeof(float));
             grouped_mismatch |= nd != 0;
             double bytes = (double)outs * KK * (0.5 + 1.0 / 16);
-            printf("| %s | %d | %.1f | %.1f | %.2f | %.1f | %.2f | %.2fx | %s |\n", prod ? "o 2048 x 4096" : "q,k,v x 2048",
-                   M, bytes / 1e6, t[0] * 1e3, bytes / (t[0] * 1e-3) / 1e12, t[1] * 1e3,
-                   bytes / (t[1] * 1e-3) / 1e12, t[1] / t[0], nd ? "DIFFER" : "equal");
+            printf("| %s | %d | %.1f | %.1f | %.2f | %.1f | %.2f | %.1f | %.2f | %.2fx | %.2fx | %s |\n",
+                   prod ? "o 2048 x 4096" : "q,k,v x 2048", M, bytes / 1e6, t[0] * 1e3, bytes / (t[0] * 1e-3) / 1e12,
+                   t[1] * 1e3, bytes / (t[1] * 1e-3) / 1e12, t[2] * 1e3, bytes / (t[2] * 1e-3) / 1e12, t[1] / t[0],
+                   t[1] / t[2], nd ? "DIFFER" : "equal");
             qd_cuda_nvfp4_free(&a);
             QD_CUDA_DIE(cudaFree(x));
-            QD_CUDA_DIE(cudaFree(y[0]));
-            QD_CUDA_DIE(cudaFree(y[1]));
+            for (int v = 0; v < 3; v++)
+                QD_CUDA_DIE(cudaFree(y[v]));
         }
     }
     for (int i = 0; i < 3; i++)
