@@ -1985,6 +1985,7 @@ w4a4_hpre_kernel(const __grid_constant__ hpre_args p, int a_per_row, int w_per_r
  * CTA per 8 (the weights read again, from L2 where they run side by side). */
 #define QD_ST_S 4                          /* ring stages a warp */
 #define QD_ST_SLD QD_MMA_CB                /* bytes a staged row of weight scales */
+#define QD_ST_AB 8                         /* activation blocks a thread loads at once */
 struct st_warp {                           /* one warp's stage */
     uint8_t wc[16][QD_MMA_WLD];            /* codes: 16 rows x QD_MMA_CB blocks */
     uint8_t ws[16][QD_ST_SLD];             /* the scales' E4M3 bytes */
@@ -2074,24 +2075,38 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
         cp_async_commit();
     }
     e4m3_table(lut);
-    /* the activations, while the weights are in flight: 8 rows (zero past T) x nb blocks */
+    /* the activations, while the weights are in flight: the rows the chunks
+     * read (4 or 8, zero past T) x nb blocks, QD_ST_AB blocks' loads a thread
+     * in flight at once (they come from L2, a few hundred cycles each) */
     const int64_t r0 = g.row0[z] + t0;
-    for (int i = threadIdx.x; i < 8 * nb; i += 128) {
-        int m = i / nb, u = i - m * nb;
-        uint2 c = make_uint2(0, 0);
-        uint8_t s = 0;
-        if (m < T) {
-            c = __ldg((const uint2 *)(a_codes + (r0 + m) * (K / 2) + (int64_t)u * 8));
-            s = __ldg(a_scales + (r0 + m) * nb + u);
+    const int items = (T <= 4 ? 4 : 8) * nb;
+    for (int i0 = threadIdx.x; i0 < items; i0 += 128 * QD_ST_AB) {
+        uint2 c[QD_ST_AB];
+        uint8_t sc[QD_ST_AB];
+#pragma unroll
+        for (int k = 0; k < QD_ST_AB; k++) {
+            int i = i0 + 128 * k, m = i / nb, u = i - m * nb;
+            c[k] = make_uint2(0, 0);
+            sc[k] = 0;
+            if (i < items && m < T) {
+                c[k] = __ldg((const uint2 *)(a_codes + (r0 + m) * (K / 2) + (int64_t)u * 8));
+                sc[k] = __ldg(a_scales + (r0 + m) * nb + u);
+            }
         }
-        int4 v = make_int4(e2m1x4_s8(c.x & 0xffffu), e2m1x4_s8(c.x >> 16), e2m1x4_s8(c.y & 0xffffu),
-                           e2m1x4_s8(c.y >> 16));
-        *(int4 *)(act + (size_t)m * ald + 16 * u) = v;
-        int sum = __dp4a(v.x, 0x01010101, __dp4a(v.y, 0x01010101, __dp4a(v.z, 0x01010101,
-                                                                   __dp4a(v.w, 0x01010101, 0))));
-        float *q = (float *)&sp[m * spld + (u >> 1)];
-        q[u & 1] = 0.25f * qd_e4m3_to_f32(s);
-        q[2 + (u & 1)] = -__int_as_float(QD_MAGIC_BITS + 12 * sum);
+#pragma unroll
+        for (int k = 0; k < QD_ST_AB; k++) {
+            int i = i0 + 128 * k, m = i / nb, u = i - m * nb;
+            if (i >= items)
+                break;
+            int4 v = make_int4(e2m1x4_s8(c[k].x & 0xffffu), e2m1x4_s8(c[k].x >> 16), e2m1x4_s8(c[k].y & 0xffffu),
+                               e2m1x4_s8(c[k].y >> 16));
+            *(int4 *)(act + (size_t)m * ald + 16 * u) = v;
+            int sum = __dp4a(v.x, 0x01010101, __dp4a(v.y, 0x01010101, __dp4a(v.z, 0x01010101,
+                                                                       __dp4a(v.w, 0x01010101, 0))));
+            float *q = (float *)&sp[m * spld + (u >> 1)];
+            q[u & 1] = 0.25f * qd_e4m3_to_f32(sc[k]);
+            q[2 + (u & 1)] = -__int_as_float(QD_MAGIC_BITS + 12 * sum);
+        }
     }
     __syncthreads(); /* the table and the activations, for every warp */
     float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
