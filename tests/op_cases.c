@@ -641,6 +641,15 @@ static void c_w4a4_grouped_b64(oc *c)
     w4a4_grouped_case(c, off, 7, 100, 1024);
 }
 
+/* the same with the offsets on the device (CUDA: the MMA kernel over 8-row
+ * tiles listed there, or with QUADS_W4A4_STREAM=1 the streaming kernel over
+ * them) */
+static void c_w4a4_grouped_dev_b64(oc *c)
+{
+    static const int32_t off[8] = {0, 1, 5, 10, 18, 27, 43, 43};
+    w4a4_grouped_run(c, off, 7, 100, 1024, 1);
+}
+
 /* A prefill's experts: 130 and 70 rows, N = 5650 ragged against 128-row CTAs,
  * K = 48 (3 blocks, less than a chunk). CUDA: enough CTAs for the FP16 kernel
  * by default (two and three 64-row tiles, the last of 2 and 6 rows). */
@@ -1922,6 +1931,7 @@ static const op_case cases[] = {
     {{"w4a4_grouped_dev 6 experts 100 rows", "w4a4_gemm_grouped_dev", 0, 0}, c_w4a4_grouped_dev40},
     {{"w4a4_gemm_grouped 5 experts 456x768 pairs", "w4a4_gemm_grouped", 0, 0}, c_w4a4_grouped_pair},
     {{"w4a4_gemm_grouped decode 7 experts 0-16 rows 100x1024", "w4a4_gemm_grouped", 0, 0}, c_w4a4_grouped_b64},
+    {{"w4a4_grouped_dev 7 experts 0-16 rows 100x1024", "w4a4_gemm_grouped_dev", 0, 0}, c_w4a4_grouped_dev_b64},
     {{"w4a4_grouped_dev batch 1 8x48x768", "w4a4_gemm_grouped_dev", 0, 0}, c_w4a4_grouped_dev1},
     {{"w4a4_gemm_grouped prefill 130+70 x 5650x48", "w4a4_gemm_grouped", 0, 0}, c_w4a4_grouped_prefill},
     {{"w4a4_gemm 1x72x768", "w4a4_gemm", 1, 0}, c_w4a4_row1},

@@ -1071,10 +1071,12 @@ static qd_status cuda_w4a4_gemm_grouped_dev(void *dev, float *y, const qd_nvfp4 
 {
     cuda_dev *d = D(dev);
     int64_t R = a->rows, K = w[0]->cols;
-    int ok = E > 0; /* the host-offset grouped op runs the exact kernels in both modes too */
-    for (int e = 0; ok && e < E; e++)
+    int ok = E > 0, al16 = 1; /* the host-offset grouped op runs the exact kernels in both modes too */
+    for (int e = 0; ok && e < E; e++) {
         ok = w[e]->rows == w[0]->rows && w[e]->cols == K && w[e]->per_row == w[0]->per_row &&
              qd_aligned(w[e]->codes, K % 64 ? 8 : 16) && qd_aligned(w[e]->scales, K % 64 ? 1 : 4);
+        al16 = al16 && qd_aligned(w[e]->codes, 16) && qd_aligned(w[e]->scales, 16);
+    }
     if (ok) {
         size_t bytes = sizeof(void *) * 3 * (size_t)E;
         void *h, *tab, *ws;
@@ -1089,7 +1091,7 @@ static qd_status cuda_w4a4_gemm_grouped_dev(void *dev, float *y, const qd_nvfp4 
         QD_TRY(cuda_to_dev(dev, tab, h, bytes));
         QD_TRY(scratch(d, D_GDEV, qd_cuda_w4a4_grouped_dev_ws(R, E), &ws));
         qd_status st = qd_cuda_w4a4_gemm_grouped_dev_async(y, a, w[0], (const void *const *)tab, d_off, E, R,
-                                                           maxrows, ws);
+                                                           maxrows, ws, al16);
         if (st != QD_ERR_SHAPE) /* a bare status: no message was set */
             return st;
     }

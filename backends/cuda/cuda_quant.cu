@@ -2034,14 +2034,28 @@ static __device__ __forceinline__ void st_chunk(const st_warp *cur, const int8_t
     }
 }
 
+/* DEV: the groups are *gd in device memory and the CTAs' (group, 8-row tile)
+ * pairs items[0 .. *nitems-1] (w4a4_items_from_dev), blockIdx.y picking one;
+ * those past them exit. */
+template <bool DEV>
 __global__ void __launch_bounds__(128)
 w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
-                   const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K)
+                   const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K, const w4a4_groups *gd,
+                   const int *items, const int *nitems)
 {
     extern __shared__ __align__(16) unsigned char st_smem[];
     __shared__ float lut[256];
-    const int z = blockIdx.z;
-    const int64_t rows = g.rows[z], t0 = (int64_t)blockIdx.y * 8, n0 = (int64_t)blockIdx.x * 64;
+    int z = blockIdx.z;
+    int64_t tile = blockIdx.y;
+    if constexpr (DEV) {
+        if ((int)blockIdx.y >= *nitems)
+            return;
+        int v = items[blockIdx.y];
+        z = v & 0xffff;
+        tile = v >> 16;
+    }
+    const w4a4_groups &G = DEV ? *gd : g;
+    const int64_t rows = G.rows[z], t0 = tile * 8, n0 = (int64_t)blockIdx.x * 64;
     if (t0 >= rows)
         return;
     const int T = rows - t0 < 8 ? (int)(rows - t0) : 8, nb = (int)(K / 16), nchunk = nb / QD_MMA_CB;
@@ -2050,7 +2064,7 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
     int8_t *act = (int8_t *)st_smem;
     float4 *sp = (float4 *)(st_smem + (size_t)8 * ald);
     st_warp *ring = (st_warp *)(st_smem + st_act_bytes(K)) + w * QD_ST_S;
-    const uint8_t *wcodes = g.codes[z], *wscales = g.scales[z];
+    const uint8_t *wcodes = G.codes[z], *wscales = G.scales[z];
     const int64_t wrow0 = n0 + 16 * w; /* this warp's first weight row */
     /* stage c of this warp's rows: codes 16 x 128 bytes (8 copies a lane, a
      * half-warp a row), scale bytes 16 x 16 (lanes 0..15, a row each); rows
@@ -2078,9 +2092,9 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
     /* the activations, while the weights are in flight: the rows the chunks
      * read (4 or 8, zero past T) x nb blocks, QD_ST_AB blocks' loads a thread
      * in flight at once (they come from L2, a few hundred cycles each) */
-    const int64_t r0 = g.row0[z] + t0;
-    const int items = (T <= 4 ? 4 : 8) * nb;
-    for (int i0 = threadIdx.x; i0 < items; i0 += 128 * QD_ST_AB) {
+    const int64_t r0 = G.row0[z] + t0;
+    const int nact = (T <= 4 ? 4 : 8) * nb;
+    for (int i0 = threadIdx.x; i0 < nact; i0 += 128 * QD_ST_AB) {
         uint2 c[QD_ST_AB];
         uint8_t sc[QD_ST_AB];
 #pragma unroll
@@ -2088,7 +2102,7 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
             int i = i0 + 128 * k, m = i / nb, u = i - m * nb;
             c[k] = make_uint2(0, 0);
             sc[k] = 0;
-            if (i < items && m < T) {
+            if (i < nact && m < T) {
                 c[k] = __ldg((const uint2 *)(a_codes + (r0 + m) * (K / 2) + (int64_t)u * 8));
                 sc[k] = __ldg(a_scales + (r0 + m) * nb + u);
             }
@@ -2096,7 +2110,7 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
 #pragma unroll
         for (int k = 0; k < QD_ST_AB; k++) {
             int i = i0 + 128 * k, m = i / nb, u = i - m * nb;
-            if (i >= items)
+            if (i >= nact)
                 break;
             int4 v = make_int4(e2m1x4_s8(c[k].x & 0xffffu), e2m1x4_s8(c[k].x >> 16), e2m1x4_s8(c[k].y & 0xffffu),
                                e2m1x4_s8(c[k].y >> 16));
@@ -2124,7 +2138,7 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
             st_chunk<2>(&ring[c % QD_ST_S], ac, spc, ald, spld, lut, acc, lane);
     }
     cp_async_wait_group<0>();
-    const float *sdw = g.sdec[z];
+    const float *sdw = G.sdec[z];
     const int wr0 = 16 * w + gq, wr1 = wr0 + 8;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -2905,14 +2919,20 @@ static bool w4a4_stream_ok(const qd_nvfp4 *a, const w4a4_groups *g, int ng, int6
     return ok;
 }
 
+/* w4a4_stream_kernel over g's groups (host tables: ng groups, tiles of 8 of
+ * maxrows), or with gd over the device's items (at most max_items) */
 static qd_status launch_w4a4_stream(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
-                                    int w_per_row, int64_t N, int64_t K)
+                                    int w_per_row, int64_t N, int64_t K, const w4a4_groups *gd = NULL,
+                                    const int *items = NULL, const int *nitems = NULL, int64_t max_items = 0)
 {
+    static w4a4_groups none; /* the by-value groups, unread under DEV */
     size_t smem = st_act_bytes(K) + 4 * QD_ST_S * sizeof(st_warp);
+    auto k = gd ? w4a4_stream_kernel<true> : w4a4_stream_kernel<false>;
     if (smem + 256 * sizeof(float) > 48 * 1024)
-        QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    dim3 grid((unsigned)((N + 63) / 64), (unsigned)((maxrows + 7) / 8), (unsigned)ng);
-    w4a4_stream_kernel<<<grid, 128, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, *g, w_per_row, N, K);
+        QD_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    dim3 grid((unsigned)((N + 63) / 64), (unsigned)(gd ? max_items : (maxrows + 7) / 8), gd ? 1u : (unsigned)ng);
+    k<<<grid, 128, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, gd ? none : *g, w_per_row, N, K, gd, items,
+                           nitems);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -3352,11 +3372,13 @@ extern "C" size_t qd_cuda_w4a4_grouped_dev_ws(int64_t R, int E)
  * pointers, ws qd_cuda_w4a4_grouped_dev_ws(R, E) bytes of dev scratch.
  * QD_ERR_SHAPE where the kernels do not take it (more than QD_W4A4_GROUPS
  * experts, K or the shared memory past their limits, more than 65,535 row
- * tiles): the caller takes the host offsets. */
+ * tiles): the caller takes the host offsets. al16: every expert's codes and
+ * scales on 16 bytes (QUADS_W4A4_STREAM=1's kernel copies them 16 bytes at a
+ * time; it takes groups of at most 16 rows on average, in tiles of 8). */
 
 extern "C" qd_status qd_cuda_w4a4_gemm_grouped_dev_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w0,
                                                          const void *const *tab, const int32_t *d_off, int E,
-                                                         int64_t R, int64_t maxrows, void *ws)
+                                                         int64_t R, int64_t maxrows, void *ws, int al16)
 {
     if (E <= 0 || R <= 0 || w0->rows == 0)
         return QD_OK;
@@ -3376,6 +3398,11 @@ extern "C" qd_status qd_cuda_w4a4_gemm_grouped_dev_async(float *y, const qd_nvfp
     int64_t mean = (R + ng - 1) / ng;
     int nt = mean <= 8 ? 1 : mean <= 16 ? 2 : mean <= 32 ? 4 : 8;
     int *items = gd_n + 1;
+    if (al16 && mean <= 16 && K % (16 * QD_MMA_CB) == 0 && qd_aligned(a->codes, 8) && w4a4_stream_env() == 1) {
+        w4a4_items_from_dev<<<1, 32>>>(gd, items, gd_n, d_off, tab, E, 8);
+        QD_CUDA_CHECK(cudaGetLastError());
+        return launch_w4a4_stream(y, a, NULL, 0, 0, w0->per_row, N, K, gd, items, gd_n, ng + (R + 7) / 8);
+    }
     w4a4_items_from_dev<<<1, 32>>>(gd, items, gd_n, d_off, tab, E, 8 * nt);
     QD_CUDA_CHECK(cudaGetLastError());
     int64_t max_items = ng + (R + 8 * nt - 1) / (8 * nt), tiles = (N + 16 * QD_MMA_WARPS - 1) / (16 * QD_MMA_WARPS);

@@ -120,10 +120,12 @@ qd_status qd_cuda_w4a4_gemm_grouped_async(float *y, const qd_nvfp4 *a, const qd_
  * scratch of qd_cuda_w4a4_grouped_dev_ws(R, E) bytes. QD_ERR_SHAPE (nothing
  * queued but, at most, the compaction) where the kernels do not take it:
  * more than 128 experts, K or shared memory past their limits, R past
- * 65,535 tiles of 8. */
+ * 65,535 tiles of 8. al16: every expert's codes and scales lie on 16 bytes
+ * (QUADS_W4A4_STREAM=1's kernel may take them then). */
 size_t qd_cuda_w4a4_grouped_dev_ws(int64_t R, int E);
 qd_status qd_cuda_w4a4_gemm_grouped_dev_async(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w0, const void *const *tab,
-                                              const int32_t *d_off, int E, int64_t R, int64_t maxrows, void *ws);
+                                              const int32_t *d_off, int E, int64_t R, int64_t maxrows, void *ws,
+                                              int al16);
 
 /* RAC (§5). channels (n, device int64, n a multiple of 16, n <= K) index columns
  * of K; they must lie in [0, K) (not checked on the device). out (rows, K+n):
