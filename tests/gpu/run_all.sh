@@ -114,6 +114,10 @@ echo "== check_backend with the opt-ins of 2026-12-05c/d (QUADS_LAZY_ZERO=1: the
 QUADS_MOE_DEV_ROWS=4096 QUADS_LAZY_ZERO=1 QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1 timeout 400 tests/gpu/check_backend >"$out/check_backend_optin.log" 2>"$out/check_backend_optin.err" || rc=1
 grep -v " yes$" "$out/check_backend_optin.log" | grep -v " within " | head -10
 tail -1 "$out/check_backend_optin.log"
+echo "== check_backend with the opt-ins of 2026-12-05i (QUADS_W4A4_STREAM=1: decode's W4A4 products on the streaming kernel, with QUADS_MOE_DEV_ROWS=4096 its device-offset form too; QUADS_BFP_WGMMA=1: the lm_head's BFP product on wgmma; QUADS_FP8_GROUPED=1: fast FP8 experts on the tensor cores)"
+QUADS_MOE_DEV_ROWS=4096 QUADS_W4A4_STREAM=1 QUADS_BFP_WGMMA=1 QUADS_FP8_GROUPED=1 timeout 400 tests/gpu/check_backend >"$out/check_backend_optin2.log" 2>"$out/check_backend_optin2.err" || rc=1
+grep -v " yes$" "$out/check_backend_optin2.log" | grep -v " within " | head -10
+tail -1 "$out/check_backend_optin2.log"
 echo "== check_blas"
 timeout 120 tests/gpu/check_blas >"$out/check_blas.log" 2>&1 || rc=1
 tail -30 "$out/check_blas.log"
