@@ -1983,12 +1983,10 @@ w4a4_hpre_kernel(const __grid_constant__ hpre_args p, int a_per_row, int w_per_r
  * and the same FFMA chain an output in ascending block order, so the same
  * bits. K a multiple of 16 * QD_MMA_CB; groups of more than 8 rows take a
  * CTA per 8 (the weights read again, from L2 where they run side by side). */
-#define QD_ST_S 4                          /* ring stages a warp */
-#define QD_ST_SLD QD_MMA_CB                /* bytes a staged row of weight scales */
-#define QD_ST_AB 8                         /* activation blocks a thread loads at once */
-struct st_warp {                           /* one warp's stage */
-    uint8_t wc[16][QD_MMA_WLD];            /* codes: 16 rows x QD_MMA_CB blocks */
-    uint8_t ws[16][QD_ST_SLD];             /* the scales' E4M3 bytes */
+#define QD_ST_AB 8 /* activation blocks a thread loads at once */
+template <int CB> struct st_warp { /* one warp's stage of CB blocks (16 or 32) */
+    uint8_t wc[16][CB * 8 + 16];   /* codes: 16 rows x CB blocks (+16: ldmatrix without conflicts) */
+    uint8_t ws[16][CB];            /* the scales' E4M3 bytes */
 };
 
 static __host__ __device__ __forceinline__ size_t st_act_bytes(int64_t K)
@@ -1996,8 +1994,8 @@ static __host__ __device__ __forceinline__ size_t st_act_bytes(int64_t K)
     return (size_t)8 * (size_t)(K + 32) + (size_t)8 * (size_t)(K / 32 + 1) * 16;
 }
 
-template <int NG>
-static __device__ __forceinline__ void st_chunk(const st_warp *cur, const int8_t *act, const float4 *sp, int ald,
+template <int NG, int CB>
+static __device__ __forceinline__ void st_chunk(const st_warp<CB> *cur, const int8_t *act, const float4 *sp, int ald,
                                                 int spld, const float *lut, float (*acc)[4], int lane)
 {
     int gq = lane >> 2, t = lane & 3;
@@ -2006,7 +2004,7 @@ static __device__ __forceinline__ void st_chunk(const st_warp *cur, const int8_t
     bool bon = (t >> 1) == (gq & 1);
     const int8_t *ab = act + (gq >> 1) * ald + (gq & 1) * 16 + 8 * (t & 1);
 #pragma unroll 1
-    for (int jq = 0; jq < QD_MMA_CB / 4; jq++) {
+    for (int jq = 0; jq < CB / 4; jq++) {
         uint32_t R[4];
         ldm_x4(R, wa + 32 * jq);
 #pragma unroll
@@ -2037,7 +2035,7 @@ static __device__ __forceinline__ void st_chunk(const st_warp *cur, const int8_t
 /* DEV: the groups are *gd in device memory and the CTAs' (group, 8-row tile)
  * pairs items[0 .. *nitems-1] (w4a4_items_from_dev), blockIdx.y picking one;
  * those past them exit. */
-template <bool DEV>
+template <bool DEV, int CB, int S>
 __global__ void __launch_bounds__(128)
 w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
                    const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K, const w4a4_groups *gd,
@@ -2058,32 +2056,34 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
     const int64_t rows = G.rows[z], t0 = tile * 8, n0 = (int64_t)blockIdx.x * 64;
     if (t0 >= rows)
         return;
-    const int T = rows - t0 < 8 ? (int)(rows - t0) : 8, nb = (int)(K / 16), nchunk = nb / QD_MMA_CB;
+    const int T = rows - t0 < 8 ? (int)(rows - t0) : 8, nb = (int)(K / 16), nchunk = nb / CB;
     const int ald = (int)K + 32, spld = nb / 2 + 1;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gq = lane >> 2, t = lane & 3;
     int8_t *act = (int8_t *)st_smem;
     float4 *sp = (float4 *)(st_smem + (size_t)8 * ald);
-    st_warp *ring = (st_warp *)(st_smem + st_act_bytes(K)) + w * QD_ST_S;
+    st_warp<CB> *ring = (st_warp<CB> *)(st_smem + st_act_bytes(K)) + w * S;
     const uint8_t *wcodes = G.codes[z], *wscales = G.scales[z];
     const int64_t wrow0 = n0 + 16 * w; /* this warp's first weight row */
-    /* stage c of this warp's rows: codes 16 x 128 bytes (8 copies a lane, a
-     * half-warp a row), scale bytes 16 x 16 (lanes 0..15, a row each); rows
-     * past N read as zero (never stored) */
+    /* stage c of this warp's rows: codes 16 x CB * 8 bytes (CB / 4 copies a
+     * lane, CB / 2 lanes a row), scale bytes 16 x CB (CB / 16 copies a row);
+     * rows past N read as zero (never stored) */
     auto issue = [&](int c) {
-        st_warp *st = &ring[c % QD_ST_S];
+        st_warp<CB> *st = &ring[c % S];
+        constexpr int PR = CB / 2; /* 16-byte copies a row of codes */
 #pragma unroll
-        for (int u = 0; u < 8; u++) {
-            int i = lane + 32 * u, r = i >> 3, v = i & 7;
+        for (int u = 0; u < CB / 4; u++) {
+            int i = lane + 32 * u, r = i / PR, v = i % PR;
             bool in = wrow0 + r < N;
-            cp16(&st->wc[r][16 * v], wcodes + (in ? wrow0 + r : 0) * (K / 2) + (int64_t)c * QD_MMA_CB * 8 + 16 * v, in);
+            cp16(&st->wc[r][16 * v], wcodes + (in ? wrow0 + r : 0) * (K / 2) + (int64_t)c * CB * 8 + 16 * v, in);
         }
-        if (lane < 16) {
-            bool in = wrow0 + lane < N;
-            cp16(&st->ws[lane][0], wscales + (in ? wrow0 + lane : 0) * nb + (int64_t)c * QD_MMA_CB, in);
+        if (lane < CB) {
+            int r = lane / (CB / 16), v = lane % (CB / 16);
+            bool in = wrow0 + r < N;
+            cp16(&st->ws[r][16 * v], wscales + (in ? wrow0 + r : 0) * nb + (int64_t)c * CB + 16 * v, in);
         }
     };
 #pragma unroll
-    for (int s = 0; s < QD_ST_S - 1; s++) {
+    for (int s = 0; s < S - 1; s++) {
         if (s < nchunk)
             issue(s);
         cp_async_commit();
@@ -2125,17 +2125,17 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
     __syncthreads(); /* the table and the activations, for every warp */
     float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
     for (int c = 0; c < nchunk; c++) {
-        cp_async_wait_group<QD_ST_S - 2>(); /* stage c's copies (this lane's) done */
-        __syncwarp();                       /* ... and every lane's; stage c - 1 read by all */
-        if (c + QD_ST_S - 1 < nchunk)
-            issue(c + QD_ST_S - 1);
+        cp_async_wait_group<S - 2>(); /* stage c's copies (this lane's) done */
+        __syncwarp();                 /* ... and every lane's; stage c - 1 read by all */
+        if (c + S - 1 < nchunk)
+            issue(c + S - 1);
         cp_async_commit();
-        const int8_t *ac = act + c * QD_MMA_CB * 16;
-        const float4 *spc = sp + c * (QD_MMA_CB / 2);
+        const int8_t *ac = act + c * CB * 16;
+        const float4 *spc = sp + c * (CB / 2);
         if (T <= 4)
-            st_chunk<1>(&ring[c % QD_ST_S], ac, spc, ald, spld, lut, acc, lane);
+            st_chunk<1, CB>(&ring[c % S], ac, spc, ald, spld, lut, acc, lane);
         else
-            st_chunk<2>(&ring[c % QD_ST_S], ac, spc, ald, spld, lut, acc, lane);
+            st_chunk<2, CB>(&ring[c % S], ac, spc, ald, spld, lut, acc, lane);
     }
     cp_async_wait_group<0>();
     const float *sdw = G.sdec[z];
@@ -2911,9 +2911,22 @@ static int w4a4_stream_env(void)
     return qd_cuda_w4a4_stream >= 0 ? qd_cuda_w4a4_stream : qd_env_pick(&v, "QUADS_W4A4_STREAM", 0, 1);
 }
 
+/* QUADS_W4A4_STREAM_CFG=0|1|2 (benchmarks): the streaming kernel's stage
+ * width and ring, 16 blocks x 4 stages (0, the default), 16 x 8 (1), 32 x 4
+ * (2, where K is a multiple of 512; else 0's). The same bits. */
+static int w4a4_stream_cfg(int64_t K)
+{
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("QUADS_W4A4_STREAM_CFG");
+        v = e && (!strcmp(e, "1") || !strcmp(e, "2")) ? atoi(e) : 0;
+    }
+    return v == 2 && K % 512 ? 0 : v;
+}
+
 static bool w4a4_stream_ok(const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows, int64_t K)
 {
-    bool ok = (maxrows <= 16 || (ng == 1 && maxrows <= 64)) && K % (16 * QD_MMA_CB) == 0 && qd_aligned(a->codes, 8);
+    bool ok = (maxrows <= 16 || (ng == 1 && maxrows <= 64)) && K % 256 == 0 && qd_aligned(a->codes, 8);
     for (int z = 0; ok && z < ng; z++)
         ok = qd_aligned(g->codes[z], 16) && qd_aligned(g->scales[z], 16);
     return ok;
@@ -2926,8 +2939,12 @@ static qd_status launch_w4a4_stream(float *y, const qd_nvfp4 *a, const w4a4_grou
                                     const int *items = NULL, const int *nitems = NULL, int64_t max_items = 0)
 {
     static w4a4_groups none; /* the by-value groups, unread under DEV */
-    size_t smem = st_act_bytes(K) + 4 * QD_ST_S * sizeof(st_warp);
-    auto k = gd ? w4a4_stream_kernel<true> : w4a4_stream_kernel<false>;
+    int cfg = w4a4_stream_cfg(K);
+    int CB = cfg == 2 ? 32 : 16, S = cfg == 1 ? 8 : 4;
+    size_t smem = st_act_bytes(K) + 4 * (size_t)S * (CB == 32 ? sizeof(st_warp<32>) : sizeof(st_warp<16>));
+    auto k = cfg == 1 ? (gd ? w4a4_stream_kernel<true, 16, 8> : w4a4_stream_kernel<false, 16, 8>)
+           : cfg == 2 ? (gd ? w4a4_stream_kernel<true, 32, 4> : w4a4_stream_kernel<false, 32, 4>)
+                      : (gd ? w4a4_stream_kernel<true, 16, 4> : w4a4_stream_kernel<false, 16, 4>);
     if (smem + 256 * sizeof(float) > 48 * 1024)
         QD_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     dim3 grid((unsigned)((N + 63) / 64), (unsigned)(gd ? max_items : (maxrows + 7) / 8), gd ? 1u : (unsigned)ng);
@@ -3398,7 +3415,7 @@ extern "C" qd_status qd_cuda_w4a4_gemm_grouped_dev_async(float *y, const qd_nvfp
     int64_t mean = (R + ng - 1) / ng;
     int nt = mean <= 8 ? 1 : mean <= 16 ? 2 : mean <= 32 ? 4 : 8;
     int *items = gd_n + 1;
-    if (al16 && mean <= 16 && K % (16 * QD_MMA_CB) == 0 && qd_aligned(a->codes, 8) && w4a4_stream_env() == 1) {
+    if (al16 && mean <= 16 && K % 256 == 0 && qd_aligned(a->codes, 8) && w4a4_stream_env() == 1) {
         w4a4_items_from_dev<<<1, 32>>>(gd, items, gd_n, d_off, tab, E, 8);
         QD_CUDA_CHECK(cudaGetLastError());
         return launch_w4a4_stream(y, a, NULL, 0, 0, w0->per_row, N, K, gd, items, gd_n, ng + (R + 7) / 8);

@@ -83,6 +83,7 @@ for nt in 2 4 8; do
 done
 ops1 stream "the W4A4 decode products with every warp streaming its own weight rows (QUADS_W4A4_STREAM=1, opt-in)" \
     QUADS_W4A4_STREAM=1
+ops1 stream2 "the same, 32-block stages (QUADS_W4A4_STREAM_CFG=2) where K allows" QUADS_W4A4_STREAM=1 QUADS_W4A4_STREAM_CFG=2
 ops1 bfpwg "the row BFP product past 4 rows on wgmma (QUADS_BFP_WGMMA=1, opt-in), and 1-4 rows too (QUADS_BFP_MATVEC=0)" \
     QUADS_BFP_WGMMA=1 QUADS_BFP_MATVEC=0
 ops1 fp8tc "fast mode's FP8 experts on the E4M3 tensor cores (QUADS_FP8_GROUPED=1, opt-in)" QUADS_FP8_GROUPED=1
