@@ -48,6 +48,10 @@
 # over its rounds of bench_backend's median ms a step, tokens/s, against the
 # first variant. Logs in OUTDIR.
 #     bash bench/ab_train_h200.sh [OUTDIR]       (default: $OUT, else /tmp/ab_train)
+# OP=rollout (bench/ab_decode_h200.sh sets it): the rollout instead (bench_backend's
+# "rollout" row: B [64] prompts of P [128] tokens, M [64] new tokens, MODE
+# [exact], RECIPE [nvfp4], tokens/s of the generated tokens), default variants
+# the decode kernels' opt-ins (DECODE_VARIANTS below).
 # No smoke test on a CPU: a3b does not fit the development box (23 GB for one layer).
 set -u
 out=${1:-${OUT:-/tmp/ab_train}}
@@ -67,12 +71,29 @@ default_variants="$default_variants;QUADS_ADAMW_BITS=0 QUADS_GATE_UP=0 QUADS_ROU
 default_variants="$default_variants;QUADS_DLOGIT_FAST=1;QUADS_RMSNORM_ROWS=1;QUADS_EMBED_SORT=1;QUADS_ADAMW_U2=1"
 default_variants="$default_variants;QUADS_LAZY_ZERO=1;QUADS_ROPE_ROWS=1;QUADS_HOLD_X=1"
 default_variants="$default_variants;QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_LAZY_ZERO=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1"
-IFS=';' read -r -a variants <<<"${VARIANTS:-$default_variants}"
+# the decode's opt-ins (OP=rollout): the streaming W4A4 kernel in its three
+# configurations, the lm_head's BFP on wgmma, both, both with the expert
+# offsets on the device, the FP16 prefill kernels' full tiles four at a time
+decode_variants="default;QUADS_W4A4_STREAM=1;QUADS_W4A4_STREAM=1 QUADS_W4A4_STREAM_CFG=1"
+decode_variants="$decode_variants;QUADS_W4A4_STREAM=1 QUADS_W4A4_STREAM_CFG=2;QUADS_BFP_WGMMA=1"
+decode_variants="$decode_variants;QUADS_W4A4_STREAM=1 QUADS_BFP_WGMMA=1"
+decode_variants="$decode_variants;QUADS_W4A4_STREAM=1 QUADS_BFP_WGMMA=1 QUADS_MOE_DEV_ROWS=4096;QUADS_W4A4_ILP=1"
 model=${MODEL:-a3b}
 layers=${LAYERS:-$([ "$model" = moe8 ] && echo 8 || echo 4)}
-run=(bench/bench_backend --backend "${BACKEND:-cuda}" --mode "${MODE:-fast}" --recipe "${RECIPE:-bf16}" --model "$model"
-     --layers "$layers" --batch "${B:-16}" --seq "${T:-1024}" --ops "train step")
-tokens=$(( ${B:-16} * ${T:-1024} ))
+if [ "${OP:-train}" = rollout ]; then
+    IFS=';' read -r -a variants <<<"${VARIANTS:-$decode_variants}"
+    op="rollout"
+    run=(bench/bench_backend --backend "${BACKEND:-cuda}" --mode "${MODE:-exact}" --recipe "${RECIPE:-nvfp4}"
+         --model "$model" --layers "$layers" --batch "${B:-64}" --prompt "${P:-128}" --new-tokens "${M:-64}"
+         --ops rollout)
+    tokens=$(( ${B:-64} * ${M:-64} ))
+else
+    IFS=';' read -r -a variants <<<"${VARIANTS:-$default_variants}"
+    op="train step"
+    run=(bench/bench_backend --backend "${BACKEND:-cuda}" --mode "${MODE:-fast}" --recipe "${RECIPE:-bf16}"
+         --model "$model" --layers "$layers" --batch "${B:-16}" --seq "${T:-1024}" --ops "train step")
+    tokens=$(( ${B:-16} * ${T:-1024} ))
+fi
 # a variant's words: settings (envs) and bench_backend arguments (args, the words starting with --)
 split() {
     envs=() args=()
@@ -91,8 +112,8 @@ one() {
     split "${variants[$1]}"
     env "${envs[@]}" timeout 120 "${run[@]}" "${args[@]}" --iters "${ITERS:-2}" --warmup "${WARMUP:-1}" >"$log" 2>&1 ||
         { echo "variant $i round $r failed: see $log" >&2; return 1; }
-    # the table row's median ms a step (bench_backend: | model | backend | mode | recipe | op | tokens | ms | ...)
-    ms=$(awk -F'|' '$6 ~ /train step/ { gsub(/ /, "", $8); print $8; exit }' "$log")
+    # the table row's median ms (bench_backend: | model | backend | mode | recipe | op | tokens | ms | ...)
+    ms=$(awk -F'|' -v op="$op" 'index($6, op) { gsub(/ /, "", $8); print $8; exit }' "$log")
     case $ms in
     [0-9]*) echo "$ms" ;;
     *) echo "variant $i round $r: no time (${ms:-no row}): see $log" >&2; return 1 ;;
@@ -106,7 +127,7 @@ for r in $(seq 1 "${ROUNDS:-1}"); do
     done
 done
 echo
-echo "| variant | ms a step (median of rounds) | tokens/s | vs the first |"
+echo "| variant | ms a $op (median of rounds) | tokens/s | vs the first |"
 echo "|---|---:|---:|---:|"
 base=""
 for i in "${!variants[@]}"; do
