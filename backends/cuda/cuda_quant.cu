@@ -1973,30 +1973,33 @@ w4a4_hpre_kernel(const __grid_constant__ hpre_args p, int a_per_row, int w_per_r
  * scales and activations staged through registers and a CTA barrier a chunk,
  * and the experts' product sits near 1.2 TB/s (H100 and H200) whatever its
  * instruction count or ring depth. Here a CTA of 4 warps takes 64 weight rows
- * and at most 8 activation rows of a group; the activations are converted
- * once for the whole of K into shared memory (pair_stage's layout: int8 codes
- * 2*E2M1, rows K + 32 bytes, and a float4 {sa, sa', -(magic + 12 sum), ...} a
- * block pair), and each warp then streams its 16 weight rows, raw codes and
- * scale bytes, through a ring of its own (QD_ST_S stages of QD_MMA_CB blocks,
- * QD_ST_S - 1 in flight, 16-byte cp.async copies, no CTA barrier past the
- * first). The products are pair_chunk's: the same MMAs on the same operands
- * and the same FFMA chain an output in ascending block order, so the same
- * bits. K a multiple of 16 * QD_MMA_CB; groups of more than 8 rows take a
- * CTA per 8 (the weights read again, from L2 where they run side by side). */
+ * and at most TR (8 or 16) activation rows of a group; the activations are
+ * converted once for the whole of K into shared memory (pair_stage's layout:
+ * int8 codes 2*E2M1, rows K + 32 bytes, and a float4 {sa, sa', -(magic + 12
+ * sum), ...} a block pair), and each warp then streams its 16 weight rows, raw
+ * codes and scale bytes, through a ring of its own (S stages of CB blocks,
+ * S - 1 in flight, 16-byte cp.async copies, no CTA barrier past the first;
+ * QUADS_W4A4_STREAM_CFG picks CB and S). The products are pair_chunk's: the
+ * same MMAs on the same operands and the same FFMA chain an output in
+ * ascending block order, so the same bits. K a multiple of 16 * CB; a group
+ * of more rows than TR takes a CTA per TR (the weights read again, from L2
+ * where they run side by side). */
 #define QD_ST_AB 8 /* activation blocks a thread loads at once */
 template <int CB> struct st_warp { /* one warp's stage of CB blocks (16 or 32) */
     uint8_t wc[16][CB * 8 + 16];   /* codes: 16 rows x CB blocks (+16: ldmatrix without conflicts) */
     uint8_t ws[16][CB];            /* the scales' E4M3 bytes */
 };
 
-static __host__ __device__ __forceinline__ size_t st_act_bytes(int64_t K)
+/* the activations of a tile of TR rows (8 or 16): int8 codes, rows K + 32
+ * bytes, then a float4 a block pair */
+static __host__ __device__ __forceinline__ size_t st_act_bytes(int64_t K, int TR)
 {
-    return (size_t)8 * (size_t)(K + 32) + (size_t)8 * (size_t)(K / 32 + 1) * 16;
+    return (size_t)TR * (size_t)(K + 32) + (size_t)TR * (size_t)(K / 32 + 1) * 16;
 }
 
 template <int NG, int CB>
 static __device__ __forceinline__ void st_chunk(const st_warp<CB> *cur, const int8_t *act, const float4 *sp, int ald,
-                                                int spld, const float *lut, float (*acc)[4], int lane)
+                                                int spld, const float *lut, float (*acc)[4], int T, int lane)
 {
     int gq = lane >> 2, t = lane & 3;
     const uint8_t *wa = &cur->wc[(lane & 7) + 8 * ((lane >> 3) & 1)][16 * (lane >> 4)];
@@ -2016,6 +2019,8 @@ static __device__ __forceinline__ void st_chunk(const st_warp<CB> *cur, const in
             float2 w1 = make_float2(lut[s1[2 * jp]], lut[s1[2 * jp + 1]]);
 #pragma unroll
             for (int g = 0; g < NG; g++) {
+                if (NG > 2 && 4 * g >= T) /* row groups past T (NG 4: 9-16 rows) */
+                    break;
                 uint2 b = *(const uint2 *)(ab + g * 4 * ald + jp * 32);
                 if (!bon)
                     b = make_uint2(0, 0);
@@ -2035,7 +2040,7 @@ static __device__ __forceinline__ void st_chunk(const st_warp<CB> *cur, const in
 /* DEV: the groups are *gd in device memory and the CTAs' (group, 8-row tile)
  * pairs items[0 .. *nitems-1] (w4a4_items_from_dev), blockIdx.y picking one;
  * those past them exit. */
-template <bool DEV, int CB, int S>
+template <bool DEV, int CB, int S, int TR>
 __global__ void __launch_bounds__(128)
 w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
                    const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K, const w4a4_groups *gd,
@@ -2053,15 +2058,15 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
         tile = v >> 16;
     }
     const w4a4_groups &G = DEV ? *gd : g;
-    const int64_t rows = G.rows[z], t0 = tile * 8, n0 = (int64_t)blockIdx.x * 64;
+    const int64_t rows = G.rows[z], t0 = tile * TR, n0 = (int64_t)blockIdx.x * 64;
     if (t0 >= rows)
         return;
-    const int T = rows - t0 < 8 ? (int)(rows - t0) : 8, nb = (int)(K / 16), nchunk = nb / CB;
+    const int T = rows - t0 < TR ? (int)(rows - t0) : TR, nb = (int)(K / 16), nchunk = nb / CB;
     const int ald = (int)K + 32, spld = nb / 2 + 1;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gq = lane >> 2, t = lane & 3;
     int8_t *act = (int8_t *)st_smem;
-    float4 *sp = (float4 *)(st_smem + (size_t)8 * ald);
-    st_warp<CB> *ring = (st_warp<CB> *)(st_smem + st_act_bytes(K)) + w * S;
+    float4 *sp = (float4 *)(st_smem + (size_t)TR * ald);
+    st_warp<CB> *ring = (st_warp<CB> *)(st_smem + st_act_bytes(K, TR)) + w * S;
     const uint8_t *wcodes = G.codes[z], *wscales = G.scales[z];
     const int64_t wrow0 = n0 + 16 * w; /* this warp's first weight row */
     /* stage c of this warp's rows: codes 16 x CB * 8 bytes (CB / 4 copies a
@@ -2093,7 +2098,7 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
      * read (4 or 8, zero past T) x nb blocks, QD_ST_AB blocks' loads a thread
      * in flight at once (they come from L2, a few hundred cycles each) */
     const int64_t r0 = G.row0[z] + t0;
-    const int nact = (T <= 4 ? 4 : 8) * nb;
+    const int nact = (T <= 4 ? 4 : T <= 8 ? 8 : 16) * nb;
     for (int i0 = threadIdx.x; i0 < nact; i0 += 128 * QD_ST_AB) {
         uint2 c[QD_ST_AB];
         uint8_t sc[QD_ST_AB];
@@ -2123,7 +2128,10 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
         }
     }
     __syncthreads(); /* the table and the activations, for every warp */
-    float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+    float acc[TR / 8][4];
+#pragma unroll
+    for (int i = 0; i < TR / 8; i++)
+        acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
     for (int c = 0; c < nchunk; c++) {
         cp_async_wait_group<S - 2>(); /* stage c's copies (this lane's) done */
         __syncwarp();                 /* ... and every lane's; stage c - 1 read by all */
@@ -2133,20 +2141,25 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
         const int8_t *ac = act + c * CB * 16;
         const float4 *spc = sp + c * (CB / 2);
         if (T <= 4)
-            st_chunk<1, CB>(&ring[c % S], ac, spc, ald, spld, lut, acc, lane);
+            st_chunk<1, CB>(&ring[c % S], ac, spc, ald, spld, lut, acc, T, lane);
+        else if (TR == 8 || T <= 8)
+            st_chunk<2, CB>(&ring[c % S], ac, spc, ald, spld, lut, acc, T, lane);
         else
-            st_chunk<2, CB>(&ring[c % S], ac, spc, ald, spld, lut, acc, lane);
+            st_chunk<TR / 4, CB>(&ring[c % S], ac, spc, ald, spld, lut, acc, T, lane);
     }
     cp_async_wait_group<0>();
     const float *sdw = G.sdec[z];
     const int wr0 = 16 * w + gq, wr1 = wr0 + 8;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        int m = 4 * (i >> 1) + t; /* acc[0][2h + r]: activation row 4h + t, weight row r ? wr1 : wr0 */
-        int64_t n = n0 + (i & 1 ? wr1 : wr0);
-        if (m < T && n < N)
-            y[(r0 + m) * N + n] = acc[0][i] * (a_sdec[a_per_row ? r0 + m : 0] * sdw[w_per_row ? n : 0]);
-    }
+    for (int nt = 0; nt < TR / 8; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            /* acc[nt][2h + r]: activation row 8 nt + 4h + t, weight row r ? wr1 : wr0 */
+            int m = 8 * nt + 4 * (i >> 1) + t;
+            int64_t n = n0 + (i & 1 ? wr1 : wr0);
+            if (m < T && n < N)
+                y[(r0 + m) * N + n] = acc[nt][i] * (a_sdec[a_per_row ? r0 + m : 0] * sdw[w_per_row ? n : 0]);
+        }
 }
 
 /* The same products where the CTAs of w4a4_mma_kernel would be few (decode):
@@ -2897,7 +2910,8 @@ static int w4a4_ilp_env(void)
 }
 
 /* QUADS_W4A4_STREAM=1 (opt-in until run on a GPU): products whose groups have
- * at most 16 rows (decode's experts), or one weight's of at most 64 (the
+ * at most 32 rows (decode's experts up to batch 256: tiles of 16 rows past
+ * 16), or one weight's of at most 64 (the
  * attention linears at batch 64: q, k, v one after the other, not on the
  * FP16-activation kernel), on w4a4_stream_kernel where K allows it; the same
  * bits. Their K loops are long (o: 16 chunks) and their CTAs few, so each
@@ -2926,32 +2940,57 @@ static int w4a4_stream_cfg(int64_t K)
 
 static bool w4a4_stream_ok(const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows, int64_t K)
 {
-    bool ok = (maxrows <= 16 || (ng == 1 && maxrows <= 64)) && K % 256 == 0 && qd_aligned(a->codes, 8);
+    bool ok = maxrows <= (ng == 1 ? 64 : 32) && K % 256 == 0 && qd_aligned(a->codes, 8);
     for (int z = 0; ok && z < ng; z++)
         ok = qd_aligned(g->codes[z], 16) && qd_aligned(g->scales[z], 16);
     return ok;
 }
 
-/* w4a4_stream_kernel over g's groups (host tables: ng groups, tiles of 8 of
- * maxrows), or with gd over the device's items (at most max_items) */
-static qd_status launch_w4a4_stream(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
-                                    int w_per_row, int64_t N, int64_t K, const w4a4_groups *gd = NULL,
-                                    const int *items = NULL, const int *nitems = NULL, int64_t max_items = 0)
+/* w4a4_stream_kernel in one configuration: host tables (ng groups, tiles of
+ * TR of maxrows) or, with gd, the device's items (at most max_items) */
+template <bool DEV, int CB, int S, int TR>
+static qd_status stream_launch(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
+                               int w_per_row, int64_t N, int64_t K, const w4a4_groups *gd, const int *items,
+                               const int *nitems, int64_t max_items)
 {
     static w4a4_groups none; /* the by-value groups, unread under DEV */
-    int cfg = w4a4_stream_cfg(K);
-    int CB = cfg == 2 ? 32 : 16, S = cfg == 1 ? 8 : 4;
-    size_t smem = st_act_bytes(K) + 4 * (size_t)S * (CB == 32 ? sizeof(st_warp<32>) : sizeof(st_warp<16>));
-    auto k = cfg == 1 ? (gd ? w4a4_stream_kernel<true, 16, 8> : w4a4_stream_kernel<false, 16, 8>)
-           : cfg == 2 ? (gd ? w4a4_stream_kernel<true, 32, 4> : w4a4_stream_kernel<false, 32, 4>)
-                      : (gd ? w4a4_stream_kernel<true, 16, 4> : w4a4_stream_kernel<false, 16, 4>);
+    size_t smem = st_act_bytes(K, TR) + 4 * (size_t)S * sizeof(st_warp<CB>);
+    auto k = w4a4_stream_kernel<DEV, CB, S, TR>;
     if (smem + 256 * sizeof(float) > 48 * 1024)
         QD_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    dim3 grid((unsigned)((N + 63) / 64), (unsigned)(gd ? max_items : (maxrows + 7) / 8), gd ? 1u : (unsigned)ng);
-    k<<<grid, 128, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, gd ? none : *g, w_per_row, N, K, gd, items,
+    dim3 grid((unsigned)((N + 63) / 64), (unsigned)(DEV ? max_items : (maxrows + TR - 1) / TR), DEV ? 1u : (unsigned)ng);
+    k<<<grid, 128, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, DEV ? none : *g, w_per_row, N, K, gd, items,
                            nitems);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
+}
+
+/* The configuration QUADS_W4A4_STREAM_CFG picks, in tiles of tr (8 or 16) rows */
+template <bool DEV, int TR>
+static qd_status stream_cfg_launch(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
+                                   int w_per_row, int64_t N, int64_t K, const w4a4_groups *gd, const int *items,
+                                   const int *nitems, int64_t max_items)
+{
+    int cfg = w4a4_stream_cfg(K);
+    return cfg == 1 ? stream_launch<DEV, 16, 8, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
+         : cfg == 2 ? stream_launch<DEV, 32, 4, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
+                    : stream_launch<DEV, 16, 4, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items);
+}
+
+/* w4a4_stream_kernel over g's groups (host tables; tiles of 16 rows where a
+ * group has more than 16 and there are several, else 8), or with gd over the
+ * device's items of tr rows (at most max_items) */
+static qd_status launch_w4a4_stream(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
+                                    int w_per_row, int64_t N, int64_t K, const w4a4_groups *gd = NULL,
+                                    const int *items = NULL, const int *nitems = NULL, int64_t max_items = 0,
+                                    int tr = 8)
+{
+    if (gd)
+        return tr == 16 ? stream_cfg_launch<true, 16>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
+                        : stream_cfg_launch<true, 8>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items);
+    return ng > 1 && maxrows > 16
+               ? stream_cfg_launch<false, 16>(y, a, g, ng, maxrows, w_per_row, N, K, NULL, NULL, NULL, 0)
+               : stream_cfg_launch<false, 8>(y, a, g, ng, maxrows, w_per_row, N, K, NULL, NULL, NULL, 0);
 }
 
 /* w4a4_h16_kernel over g's groups: 128 weight rows a CTA, 8 * NT activation rows. */
@@ -3415,10 +3454,11 @@ extern "C" qd_status qd_cuda_w4a4_gemm_grouped_dev_async(float *y, const qd_nvfp
     int64_t mean = (R + ng - 1) / ng;
     int nt = mean <= 8 ? 1 : mean <= 16 ? 2 : mean <= 32 ? 4 : 8;
     int *items = gd_n + 1;
-    if (al16 && mean <= 16 && K % 256 == 0 && qd_aligned(a->codes, 8) && w4a4_stream_env() == 1) {
-        w4a4_items_from_dev<<<1, 32>>>(gd, items, gd_n, d_off, tab, E, 8);
+    if (al16 && mean <= 32 && K % 256 == 0 && qd_aligned(a->codes, 8) && w4a4_stream_env() == 1) {
+        int tr = mean <= 8 ? 8 : 16;
+        w4a4_items_from_dev<<<1, 32>>>(gd, items, gd_n, d_off, tab, E, tr);
         QD_CUDA_CHECK(cudaGetLastError());
-        return launch_w4a4_stream(y, a, NULL, 0, 0, w0->per_row, N, K, gd, items, gd_n, ng + (R + 7) / 8);
+        return launch_w4a4_stream(y, a, NULL, 0, 0, w0->per_row, N, K, gd, items, gd_n, ng + (R + tr - 1) / tr, tr);
     }
     w4a4_items_from_dev<<<1, 32>>>(gd, items, gd_n, d_off, tab, E, 8 * nt);
     QD_CUDA_CHECK(cudaGetLastError());
