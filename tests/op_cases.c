@@ -641,6 +641,14 @@ static void c_w4a4_grouped_b64(oc *c)
     w4a4_grouped_case(c, off, 7, 100, 1024);
 }
 
+/* Batch 256's row counts (17-32 rows an expert: the streaming kernel's
+ * 16-row tiles, 32-block stages with QUADS_W4A4_STREAM_CFG=2), K = 1024 */
+static void c_w4a4_grouped_b256(oc *c)
+{
+    static const int32_t off[5] = {0, 20, 20, 45, 46};
+    w4a4_grouped_case(c, off, 4, 72, 1024);
+}
+
 /* the same with the offsets on the device (CUDA: the MMA kernel over 8-row
  * tiles listed there, or with QUADS_W4A4_STREAM=1 the streaming kernel over
  * them) */
@@ -1932,6 +1940,7 @@ static const op_case cases[] = {
     {{"w4a4_gemm_grouped 5 experts 456x768 pairs", "w4a4_gemm_grouped", 0, 0}, c_w4a4_grouped_pair},
     {{"w4a4_gemm_grouped decode 7 experts 0-16 rows 100x1024", "w4a4_gemm_grouped", 0, 0}, c_w4a4_grouped_b64},
     {{"w4a4_grouped_dev 7 experts 0-16 rows 100x1024", "w4a4_gemm_grouped_dev", 0, 0}, c_w4a4_grouped_dev_b64},
+    {{"w4a4_gemm_grouped 4 experts 0-25 rows 72x1024", "w4a4_gemm_grouped", 0, 0}, c_w4a4_grouped_b256},
     {{"w4a4_grouped_dev batch 1 8x48x768", "w4a4_gemm_grouped_dev", 0, 0}, c_w4a4_grouped_dev1},
     {{"w4a4_gemm_grouped prefill 130+70 x 5650x48", "w4a4_gemm_grouped", 0, 0}, c_w4a4_grouped_prefill},
     {{"w4a4_gemm 1x72x768", "w4a4_gemm", 1, 0}, c_w4a4_row1},
