@@ -31,9 +31,11 @@
  *   (i) --fp8: the FP8 recipe's experts in fast mode: the E4M3 tensor-core
  *       kernel beside the exact chain kernel and the W4A4 product of the
  *       same rows.
+ *   (c2) --decode-attn: the exact decode attention at a3b's heads, rows x
+ *       positions, in TB/s of its KV cache.
  *   (j) --stream: the decode experts' weight reads alone (no arithmetic) in
  *       the W4A4 MMA kernel's order and others, against a plain read.
- *     bench/bench_quant [REPS] [--quantize | --attention | --experts | --lt | --bfp | --moe | --fp8 | --stream] [--json FILE] [--commit ID]
+ *     bench/bench_quant [REPS] [--quantize | --attention | --decode-attn | --experts | --lt | --bfp | --moe | --fp8 | --stream] [--json FILE] [--commit ID]
  * --quantize: table (a) only; --json: its rows as JSON lines (model, engine, recipe,
  * mode, op, ms, bandwidth_fraction, commit, ...), for docs/results/train-h200.jsonl.
  * Exits 1 when a quantize output or a RAC pick of the new kernels differs from the
@@ -841,6 +843,43 @@ static void bench_attention(void)
     attention_row(4, 4096, 32, 4, 128);
 }
 
+/* (c2) --decode-attn: the exact decode attention (qdk_attend: k_attend_gqa) at
+ * a3b's heads (32 query / 4 KV heads of 128) for B rows each at position T - 1
+ * of its own float32 KV cache, the bytes its keys and values are (B T 4 128 4
+ * x 2) in TB/s: a decode step at batch 64 spent about 35 us a layer here on
+ * the H200 (ncu), for 42 MB at T 192. */
+static void bench_decode_attn(void)
+{
+    const int H = 32, KV = 4, D = 128, Bs[] = {1, 64, 256}, Ts[] = {192, 1024, 4096};
+    printf("\n| rows | positions | KV MB | us | TB/s |\n|---|---|---|---|---|\n");
+    for (int B : Bs)
+        for (int T : Ts) {
+            size_t kd = (size_t)KV * D, cache = (size_t)B * T * kd;
+            float *q = random_dev((int64_t)B * H * D, 71), *kb = random_dev((int64_t)cache, 73);
+            float *vb = random_dev((int64_t)cache, 79), *out, *att;
+            int32_t *kbase, *pos;
+            std::vector<int32_t> hb((size_t)B), hp((size_t)B, T - 1);
+            for (int b = 0; b < B; b++)
+                hb[(size_t)b] = b * T;
+            QD_CUDA_DIE(cudaMalloc((void **)&out, sizeof(float) * (size_t)B * H * D));
+            QD_CUDA_DIE(cudaMalloc((void **)&att, sizeof(float) * (size_t)B * H * T));
+            QD_CUDA_DIE(cudaMalloc((void **)&kbase, sizeof(int32_t) * (size_t)B));
+            QD_CUDA_DIE(cudaMalloc((void **)&pos, sizeof(int32_t) * (size_t)B));
+            QD_CUDA_DIE(cudaMemcpy(kbase, hb.data(), sizeof(int32_t) * (size_t)B, cudaMemcpyHostToDevice));
+            QD_CUDA_DIE(cudaMemcpy(pos, hp.data(), sizeof(int32_t) * (size_t)B, cudaMemcpyHostToDevice));
+            float ms = time_ms([&] { QD_STATUS_DIE(qdk_attend(out, att, q, kb, vb, kbase, pos, B, H, KV, D, T)); });
+            double bytes = 2.0 * (double)cache * sizeof(float);
+            printf("| %d | %d | %.1f | %.1f | %.2f |\n", B, T, bytes / 1e6, ms * 1e3, bytes / (ms * 1e-3) / 1e12);
+            QD_CUDA_DIE(cudaFree(q));
+            QD_CUDA_DIE(cudaFree(kb));
+            QD_CUDA_DIE(cudaFree(vb));
+            QD_CUDA_DIE(cudaFree(out));
+            QD_CUDA_DIE(cudaFree(att));
+            QD_CUDA_DIE(cudaFree(kbase));
+            QD_CUDA_DIE(cudaFree(pos));
+        }
+}
+
 /* ---- (e) --experts: the MoE experts' BF16 products at a3b's training shape
  * (128 experts, 16 x 1,024 tokens x top-8 = 131,072 rows, uneven: 768 to 1,280
  * an expert; hidden 2,048, expert width 768; gate and up are two products of
@@ -1304,7 +1343,7 @@ int main(int argc, char **argv)
     cudaDeviceProp p;
     cublasLtHandle_t h;
     int only_quantize = 0, only_attention = 0, only_experts = 0, only_lt = 0, only_bfp = 0, only_moe = 0, only_fp8 = 0,
-        only_stream = 0;
+        only_stream = 0, only_dattn = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quantize"))
             only_quantize = 1;
@@ -1322,6 +1361,8 @@ int main(int argc, char **argv)
             only_fp8 = 1;
         else if (!strcmp(argv[i], "--stream"))
             only_stream = 1;
+        else if (!strcmp(argv[i], "--decode-attn"))
+            only_dattn = 1;
         else if (!strcmp(argv[i], "--json") && i + 1 < argc)
             json_out = fopen(argv[++i], "w");
         else if (!strcmp(argv[i], "--commit") && i + 1 < argc)
@@ -1329,7 +1370,7 @@ int main(int argc, char **argv)
         else if (atoi(argv[i]) > 0)
             reps = atoi(argv[i]);
         else {
-            fprintf(stderr, "usage: bench/bench_quant [REPS] [--quantize | --attention | --experts | --lt | --bfp | --moe | --fp8 | --stream] "
+            fprintf(stderr, "usage: bench/bench_quant [REPS] [--quantize | --attention | --decode-attn | --experts | --lt | --bfp | --moe | --fp8 | --stream] "
                             "[--json FILE] [--commit ID]\n");
             return 2;
         }
@@ -1359,6 +1400,10 @@ int main(int argc, char **argv)
     }
     if (only_stream) {
         bench_stream();
+        return 0;
+    }
+    if (only_dattn) {
+        bench_decode_attn();
         return 0;
     }
     if (only_moe) {
