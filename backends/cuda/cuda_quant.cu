@@ -1438,18 +1438,19 @@ static __device__ __forceinline__ void mma_store(S *st, const mma_regs<NT, W> *r
  * B's columns put the activations where the weights are. Thread (g, t) adds,
  * for its activation row 4G + t of each group G (G < NG; rows past T are
  * never stored) and weight rows g, g+8, block 2jp's term and then 2jp+1's:
- * the ascending block order of the k16 kernels, so the same bits. */
-template <int NT, int W, int NG>
-static __device__ __forceinline__ void pair_chunk(const pair_stage<NT, W> *cur, float (*acc)[4], int T, int lane, int w)
+ * the ascending block order of the k16 kernels, so the same bits.
+ * pair_terms is that chunk of NJQ * 4 blocks for one warp's 16 weight rows:
+ * wa this lane's ldmatrix address, ab its B operand of row group 0 (groups
+ * lda bytes x 4 apart), sw(jp, w0, w1) the weight scales of blocks 2jp, 2jp+1
+ * of rows g and g+8, sp(row, jp) an activation row's float4 of pair jp; bon:
+ * this thread's B slots hold block 2jp + (g & 1). pair_chunk reads them from
+ * the CTA's stage, st_chunk (the streaming kernel) from a warp's own. */
+template <int NG, int NJQ, typename SW, typename SP>
+static __device__ __forceinline__ void pair_terms(const uint8_t *wa, const int8_t *ab, int lda, SW sw, SP sp,
+                                                  float (*acc)[4], int T, int t, bool bon)
 {
-    constexpr int LDA = QD_MMA_CB * 16 + 32;
-    int gq = lane >> 2, t = lane & 3;
-    const uint8_t *wa = &cur->wc[16 * w + (lane & 7) + 8 * ((lane >> 3) & 1)][16 * (lane >> 4)];
-    const float *sw0 = cur->sw[16 * w + gq], *sw1 = cur->sw[16 * w + gq + 8];
-    bool bon = (t >> 1) == (gq & 1); /* this thread's B slots hold block 2jp + (gq & 1) */
-    const int8_t *ab = &cur->a[gq >> 1][(gq & 1) * 16 + 8 * (t & 1)];
 #pragma unroll 1
-    for (int jq = 0; jq < QD_MMA_CB / 4; jq++) {
+    for (int jq = 0; jq < NJQ; jq++) {
         uint32_t R[4];
         ldm_x4(R, wa + 32 * jq);
 #pragma unroll
@@ -1457,15 +1458,16 @@ static __device__ __forceinline__ void pair_chunk(const pair_stage<NT, W> *cur, 
             int jp = 2 * jq + s;
             uint32_t a0 = (uint32_t)e2m1x4_off12(R[2 * s]), a2 = (uint32_t)e2m1x4_off12(R[2 * s] >> 16);
             uint32_t a1 = (uint32_t)e2m1x4_off12(R[2 * s + 1]), a3 = (uint32_t)e2m1x4_off12(R[2 * s + 1] >> 16);
-            float2 w0 = *(const float2 *)&sw0[2 * jp], w1 = *(const float2 *)&sw1[2 * jp];
+            float2 w0, w1;
+            sw(jp, w0, w1);
 #pragma unroll
             for (int g = 0; g < NG; g++) {
                 if (NG > 2 && 4 * g >= T)
                     break;
-                uint2 b = *(const uint2 *)(ab + g * 4 * LDA + jp * 32);
+                uint2 b = *(const uint2 *)(ab + g * 4 * lda + jp * 32);
                 if (!bon)
                     b = make_uint2(0, 0);
-                float4 sc = cur->sp[4 * g + t][jp];
+                float4 sc = sp(4 * g + t, jp);
                 int d[4];
                 mma_s8k32(d, a0, a1, a2, a3, b.x, b.y);
                 float *ac = &acc[g >> 1][2 * (g & 1)];
@@ -1476,6 +1478,22 @@ static __device__ __forceinline__ void pair_chunk(const pair_stage<NT, W> *cur, 
             }
         }
     }
+}
+
+template <int NT, int W, int NG>
+static __device__ __forceinline__ void pair_chunk(const pair_stage<NT, W> *cur, float (*acc)[4], int T, int lane, int w)
+{
+    int gq = lane >> 2, t = lane & 3;
+    const float *sw0 = cur->sw[16 * w + gq], *sw1 = cur->sw[16 * w + gq + 8];
+    pair_terms<NG, QD_MMA_CB / 4>(
+        &cur->wc[16 * w + (lane & 7) + 8 * ((lane >> 3) & 1)][16 * (lane >> 4)],
+        &cur->a[gq >> 1][(gq & 1) * 16 + 8 * (t & 1)], QD_MMA_CB * 16 + 32,
+        [&](int jp, float2 &w0, float2 &w1) {
+            w0 = *(const float2 *)&sw0[2 * jp];
+            w1 = *(const float2 *)&sw1[2 * jp];
+        },
+        [&](int row, int jp) { return cur->sp[row][jp]; }, acc, T, t,
+        (t >> 1) == (gq & 1) /* this thread's B slots hold block 2jp + (gq & 1) */);
 }
 
 /* DEV: the groups are *gd in device memory and the CTAs' (group, row tile)
@@ -1997,44 +2015,23 @@ static __host__ __device__ __forceinline__ size_t st_act_bytes(int64_t K, int TR
     return (size_t)TR * (size_t)(K + 32) + (size_t)TR * (size_t)(K / 32 + 1) * 16;
 }
 
+/* pair_chunk for a warp's own stage: the weight scales as E4M3 bytes (their
+ * values from the table lut), the activations those of the whole of K from
+ * the chunk's block on (rows ald bytes apart, sp's rows spld float4 apart) */
 template <int NG, int CB>
 static __device__ __forceinline__ void st_chunk(const st_warp<CB> *cur, const int8_t *act, const float4 *sp, int ald,
                                                 int spld, const float *lut, float (*acc)[4], int T, int lane)
 {
     int gq = lane >> 2, t = lane & 3;
-    const uint8_t *wa = &cur->wc[(lane & 7) + 8 * ((lane >> 3) & 1)][16 * (lane >> 4)];
     const uint8_t *s0 = cur->ws[gq], *s1 = cur->ws[gq + 8];
-    bool bon = (t >> 1) == (gq & 1);
-    const int8_t *ab = act + (gq >> 1) * ald + (gq & 1) * 16 + 8 * (t & 1);
-#pragma unroll 1
-    for (int jq = 0; jq < CB / 4; jq++) {
-        uint32_t R[4];
-        ldm_x4(R, wa + 32 * jq);
-#pragma unroll
-        for (int s = 0; s < 2; s++) {
-            int jp = 2 * jq + s;
-            uint32_t a0 = (uint32_t)e2m1x4_off12(R[2 * s]), a2 = (uint32_t)e2m1x4_off12(R[2 * s] >> 16);
-            uint32_t a1 = (uint32_t)e2m1x4_off12(R[2 * s + 1]), a3 = (uint32_t)e2m1x4_off12(R[2 * s + 1] >> 16);
-            float2 w0 = make_float2(lut[s0[2 * jp]], lut[s0[2 * jp + 1]]);
-            float2 w1 = make_float2(lut[s1[2 * jp]], lut[s1[2 * jp + 1]]);
-#pragma unroll
-            for (int g = 0; g < NG; g++) {
-                if (NG > 2 && 4 * g >= T) /* row groups past T (NG 4: 9-16 rows) */
-                    break;
-                uint2 b = *(const uint2 *)(ab + g * 4 * ald + jp * 32);
-                if (!bon)
-                    b = make_uint2(0, 0);
-                float4 sc = sp[(4 * g + t) * spld + jp];
-                int d[4];
-                mma_s8k32(d, a0, a1, a2, a3, b.x, b.y);
-                float *ac = &acc[g >> 1][2 * (g & 1)];
-                ac[0] = fmaf(__int_as_float(d[0]) + sc.z, sc.x * w0.x, ac[0]);
-                ac[0] = fmaf(__int_as_float(d[1]) + sc.w, sc.y * w0.y, ac[0]);
-                ac[1] = fmaf(__int_as_float(d[2]) + sc.z, sc.x * w1.x, ac[1]);
-                ac[1] = fmaf(__int_as_float(d[3]) + sc.w, sc.y * w1.y, ac[1]);
-            }
-        }
-    }
+    pair_terms<NG, CB / 4>(
+        &cur->wc[(lane & 7) + 8 * ((lane >> 3) & 1)][16 * (lane >> 4)], act + (gq >> 1) * ald + (gq & 1) * 16 + 8 * (t & 1),
+        ald,
+        [&](int jp, float2 &w0, float2 &w1) {
+            w0 = make_float2(lut[s0[2 * jp]], lut[s0[2 * jp + 1]]);
+            w1 = make_float2(lut[s1[2 * jp]], lut[s1[2 * jp + 1]]);
+        },
+        [&](int row, int jp) { return sp[row * spld + jp]; }, acc, T, t, (t >> 1) == (gq & 1));
 }
 
 /* DEV: the groups are *gd in device memory and the CTAs' (group, 8-row tile)
