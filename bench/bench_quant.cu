@@ -31,7 +31,7 @@
  *   (i) --fp8: the FP8 recipe's experts in fast mode: the E4M3 tensor-core
  *       kernel beside the exact chain kernel and the W4A4 product of the
  *       same rows.
- *   (c2) --decode-attn: the exact decode attention at a3b's heads, rows x
+ *   (c3) --decode-attn: the exact decode attention at a3b's heads, rows x
  *       positions, in TB/s of its KV cache.
  *   (j) --stream: the decode experts' weight reads alone (no arithmetic) in
  *       the W4A4 MMA kernel's order and others, against a plain read.
@@ -501,7 +501,7 @@ static void bench_grouped(void)
             QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&a, af));
             float t[5] = {0, 0, 0, 0, 0};
             /* the decode kernel (tiles of 8 rows) and the streaming one (groups of at most
-             * 16 rows, else the default) at decode's batches only */
+             * 32 rows, else the default) at decode's batches only */
             int nv = B <= 256 ? 5 : 3;
             for (int v = 0; v < nv; v++) { /* 0 k16, 1 pair, 2 fp16, 3 dec, 4 stream */
                 QD_CUDA_DIE(cudaMalloc((void **)&y[v], (size_t)(R * N) * sizeof(float)));
@@ -843,7 +843,7 @@ static void bench_attention(void)
     attention_row(4, 4096, 32, 4, 128);
 }
 
-/* (c2) --decode-attn: the exact decode attention (qdk_attend: k_attend_gqa) at
+/* (c3) --decode-attn: the exact decode attention (qdk_attend: k_attend_gqa) at
  * a3b's heads (32 query / 4 KV heads of 128) for B rows each at position T - 1
  * of its own float32 KV cache, the bytes its keys and values are (B T 4 128 4
  * x 2) in TB/s: a decode step at batch 64 spent about 35 us a layer here on
@@ -1342,27 +1342,26 @@ int main(int argc, char **argv)
 {
     cudaDeviceProp p;
     cublasLtHandle_t h;
-    int only_quantize = 0, only_attention = 0, only_experts = 0, only_lt = 0, only_bfp = 0, only_moe = 0, only_fp8 = 0,
-        only_stream = 0, only_dattn = 0;
+    /* the tables that run alone, print nothing else and exit 0 */
+    static const struct {
+        const char *arg;
+        void (*run)(void);
+    } alone[] = {{"--attention", bench_attention}, {"--decode-attn", bench_decode_attn}, {"--experts", bench_experts},
+                 {"--lt", bench_lt},               {"--fp8", bench_fp8},                 {"--stream", bench_stream}};
+    void (*solo)(void) = NULL;
+    int only_quantize = 0, only_bfp = 0, only_moe = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--quantize"))
+        int k = 0;
+        while (k < (int)(sizeof alone / sizeof alone[0]) && strcmp(argv[i], alone[k].arg))
+            k++;
+        if (k < (int)(sizeof alone / sizeof alone[0]))
+            solo = alone[k].run;
+        else if (!strcmp(argv[i], "--quantize"))
             only_quantize = 1;
-        else if (!strcmp(argv[i], "--attention"))
-            only_attention = 1;
-        else if (!strcmp(argv[i], "--experts"))
-            only_experts = 1;
-        else if (!strcmp(argv[i], "--lt"))
-            only_lt = 1;
         else if (!strcmp(argv[i], "--bfp"))
             only_bfp = 1;
         else if (!strcmp(argv[i], "--moe"))
             only_moe = 1;
-        else if (!strcmp(argv[i], "--fp8"))
-            only_fp8 = 1;
-        else if (!strcmp(argv[i], "--stream"))
-            only_stream = 1;
-        else if (!strcmp(argv[i], "--decode-attn"))
-            only_dattn = 1;
         else if (!strcmp(argv[i], "--json") && i + 1 < argc)
             json_out = fopen(argv[++i], "w");
         else if (!strcmp(argv[i], "--commit") && i + 1 < argc)
@@ -1382,28 +1381,8 @@ int main(int argc, char **argv)
     wg_ok = p.major == 9 && p.minor == 0;
     printf("device: %s, %d SMs, L2 %d MB; median of %d reps, L2 flushed before each\n", p.name,
            p.multiProcessorCount, p.l2CacheSize >> 20, reps);
-    if (only_attention) {
-        bench_attention();
-        return 0;
-    }
-    if (only_experts) {
-        bench_experts();
-        return 0;
-    }
-    if (only_lt) {
-        bench_lt();
-        return 0;
-    }
-    if (only_fp8) {
-        bench_fp8();
-        return 0;
-    }
-    if (only_stream) {
-        bench_stream();
-        return 0;
-    }
-    if (only_dattn) {
-        bench_decode_attn();
+    if (solo) {
+        solo();
         return 0;
     }
     if (only_moe) {

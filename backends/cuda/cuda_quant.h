@@ -95,8 +95,9 @@ extern int qd_cuda_w4a4_hpre;
  * group has more than 8 rows and its CTAs are few). The same bits either way
  * (benchmarks and tests). */
 extern int qd_cuda_w4a4_dec;
-/* The streaming decode kernel (w4a4_stream_kernel: groups of at most 16 rows,
- * each warp's weight rows through a ring of its own): qd_cuda_w4a4_stream = 1
+/* The streaming decode kernel (w4a4_stream_kernel: groups of at most 32 rows,
+ * or one weight's of at most 64, each warp's weight rows through a ring of
+ * its own): qd_cuda_w4a4_stream = 1
  * where it applies, 0 never, -1 (default) as QUADS_W4A4_STREAM says (unset:
  * never; opt-in until timed). The same bits either way. */
 extern int qd_cuda_w4a4_stream;
