@@ -621,7 +621,7 @@ extern "C" qd_status qdk_matmul_bfp(float *out, const float *x, const void *wq, 
         return bv_launch<4>(p);
     }
     static int wg_env = -2; /* QUADS_BFP_WGMMA=1: past BV_ROWS rows on wgmma where the device has it */
-    int wg = qd_cuda_bfp_wgmma >= 0 ? qd_cuda_bfp_wgmma : qd_env_pick(&wg_env, "QUADS_BFP_WGMMA", 0, 1) == 1;
+    int wg = qd_switch(qd_cuda_bfp_wgmma, &wg_env, "QUADS_BFP_WGMMA") == 1;
     if (wg == 1 && qd_wg_device())
         return N <= 16 ? bw_launch<16>(p) : N <= 32 ? bw_launch<32>(p) : bw_launch<64>(p);
     if (N <= 16)

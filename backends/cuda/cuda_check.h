@@ -48,6 +48,14 @@ static inline int qd_env_pick(int *cache, const char *name, int a, int b)
     return *cache;
 }
 
+/* A 0/1 kernel-choice switch with a program override: forced where it is 0
+ * or 1 (tests and benchmarks set it), else as the variable says (0 or 1),
+ * else -1 (unset: the caller's default). */
+static inline int qd_switch(int forced, int *cache, const char *name)
+{
+    return forced >= 0 ? forced : qd_env_pick(cache, name, 0, 1);
+}
+
 /* The sum from 0 of p[0] .. p[n-1] in ascending order, one add at a time (the
  * chains of the decode kernels; p 16-byte aligned, read 4 floats at a time). */
 static __device__ __forceinline__ float qd_sum_up(const float *p, int n)

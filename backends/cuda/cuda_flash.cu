@@ -949,9 +949,7 @@ int qd_cuda_flash_wg = -1;
 static int flash_wg(void)
 {
     static int v = -2;
-    if (qd_cuda_flash_wg >= 0)
-        return qd_wg_device() && qd_cuda_flash_wg;
-    return qd_wg_device() && qd_env_pick(&v, "QUADS_FLASH_WG", 0, 1) != 0;
+    return qd_wg_device() && qd_switch(qd_cuda_flash_wg, &v, "QUADS_FLASH_WG") != 0;
 }
 
 static size_t up64(size_t n) { return (n + 63) & ~(size_t)63; }

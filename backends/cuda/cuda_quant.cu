@@ -2838,7 +2838,7 @@ int qd_cuda_w4a4_pair = -1;
 static int w4a4_pair(int64_t K)
 {
     static int v = -2;
-    int on = qd_cuda_w4a4_pair >= 0 ? qd_cuda_w4a4_pair : qd_env_pick(&v, "QUADS_W4A4_PAIR", 0, 1) != 0;
+    int on = qd_switch(qd_cuda_w4a4_pair, &v, "QUADS_W4A4_PAIR") != 0;
     return on && K % (16 * QD_MMA_CB) == 0;
 }
 
@@ -2919,7 +2919,7 @@ int qd_cuda_w4a4_stream = -1;
 static int w4a4_stream_env(void)
 {
     static int v = -2;
-    return qd_cuda_w4a4_stream >= 0 ? qd_cuda_w4a4_stream : qd_env_pick(&v, "QUADS_W4A4_STREAM", 0, 1);
+    return qd_switch(qd_cuda_w4a4_stream, &v, "QUADS_W4A4_STREAM");
 }
 
 /* QUADS_W4A4_STREAM_CFG=0|1|2 (benchmarks): the streaming kernel's stage
@@ -3043,7 +3043,7 @@ int qd_cuda_w4a4_hpre = -1;
 static int w4a4_hpre_env(void)
 {
     static int v = -2;
-    return qd_cuda_w4a4_hpre >= 0 ? qd_cuda_w4a4_hpre : qd_env_pick(&v, "QUADS_W4A4_HPRE", 0, 1);
+    return qd_switch(qd_cuda_w4a4_hpre, &v, "QUADS_W4A4_HPRE");
 }
 
 /* The products of w4a4_hpre_kernel: count of them, one M and K; a[i] the
@@ -3219,7 +3219,7 @@ int qd_cuda_w4a4_dec = -1;
 static int w4a4_dec_env(void)
 {
     static int v = -2;
-    return qd_cuda_w4a4_dec >= 0 ? qd_cuda_w4a4_dec : qd_env_pick(&v, "QUADS_W4A4_DEC", 0, 1);
+    return qd_switch(qd_cuda_w4a4_dec, &v, "QUADS_W4A4_DEC");
 }
 
 /* QUADS_W4A4_SPLITK=0|1 (benchmarks and tests): never, or always, the split-K
@@ -3241,7 +3241,7 @@ int qd_cuda_w4a4_h16 = -1;
 static int w4a4_h16_env(void)
 {
     static int v = -2;
-    return qd_cuda_w4a4_h16 >= 0 ? qd_cuda_w4a4_h16 : qd_env_pick(&v, "QUADS_W4A4_H16", 0, 1);
+    return qd_switch(qd_cuda_w4a4_h16, &v, "QUADS_W4A4_H16");
 }
 
 /* Whether count products of M rows take w4a4_hpre_kernel: forced, or by
