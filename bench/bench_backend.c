@@ -232,60 +232,12 @@ static float *load_model(const bench_args *a, const qd_model_config *cfg, qd_mod
 
 /* ---- inputs */
 
-typedef struct {
-    int32_t *train_tok;     /* (B, T) */
-    int32_t *prompt;        /* (B, P) */
-    int32_t *len_t, *len_p; /* (B) all T, all P */
-    uint64_t *seq_id;       /* (B) 0 .. B-1 */
-    float *logp;            /* (B, max(T, M)) */
-    float *dlogp;           /* (B, T) mean NLL: -1 / (B T) */
-    int32_t *gen_tok, *gen_len;
-} bench_inputs;
+typedef qd_bench_inputs bench_inputs;
 
-/* len tokens per row, uniform over the vocabulary. */
-static int32_t *random_tokens(int B, int len, int vocab, uint64_t seed)
-{
-    int32_t *t = xmalloc(sizeof(int32_t) * (size_t)B * (size_t)len);
-    uint64_t s = seed;
-    for (size_t i = 0; i < (size_t)B * (size_t)len; i++)
-        t[i] = (int32_t)(qd_splitmix64_unit(&s) * vocab);
-    return t;
-}
-
+/* train tokens from seed + 1, prompts from seed + 2, no separate prefill */
 static bench_inputs make_inputs(const bench_args *a, int vocab)
 {
-    bench_inputs in;
-    size_t B = (size_t)a->B, w = (size_t)(a->T > a->M ? a->T : a->M);
-    in.train_tok = random_tokens(a->B, a->T, vocab, a->seed + 1);
-    in.prompt = random_tokens(a->B, a->P, vocab, a->seed + 2);
-    in.len_t = xmalloc(sizeof(int32_t) * B);
-    in.len_p = xmalloc(sizeof(int32_t) * B);
-    in.seq_id = xmalloc(sizeof(uint64_t) * B);
-    in.logp = xmalloc(sizeof(float) * B * w);
-    in.dlogp = xmalloc(sizeof(float) * B * (size_t)a->T);
-    in.gen_tok = xmalloc(sizeof(int32_t) * B * (size_t)a->M);
-    in.gen_len = xmalloc(sizeof(int32_t) * B);
-    for (size_t i = 0; i < B; i++) {
-        in.len_t[i] = a->T;
-        in.len_p[i] = a->P;
-        in.seq_id[i] = (uint64_t)i;
-    }
-    for (size_t i = 0; i < B * (size_t)a->T; i++)
-        in.dlogp[i] = -1.0f / (float)(B * (size_t)a->T);
-    return in;
-}
-
-static void free_inputs(bench_inputs *in)
-{
-    free(in->train_tok);
-    free(in->prompt);
-    free(in->len_t);
-    free(in->len_p);
-    free(in->seq_id);
-    free(in->logp);
-    free(in->dlogp);
-    free(in->gen_tok);
-    free(in->gen_len);
+    return qd_bench_inputs_make("bench_backend", a->B, a->P, a->T, a->M, vocab, 0, a->seed + 2, a->seed + 1);
 }
 
 /* ---- the ops */
@@ -506,7 +458,7 @@ static void run_all(const bench_args *a, const qd_model_config *cfg, bench_weigh
         run_role(a, cfg, bw, a->recipes[i], QD_ROLE_ROLLOUT, &in, rr + 1, 2);
         run_sync(a, cfg, bw, a->recipes[i], rr + OP_SYNC);
     }
-    free_inputs(&in);
+    qd_bench_inputs_free(&in);
 }
 
 /* ---- --plan-only: the memory plan of each instance the run would make */

@@ -107,75 +107,14 @@ static float *load_model(const bench_args *a, qd_model_config *cfg, size_t *n)
     return w;
 }
 
-/* B rows of len tokens, uniform over the vocabulary. */
-static int32_t *random_tokens(int B, int len, int vocab, uint64_t seed)
-{
-    int32_t *t = malloc(sizeof(int32_t) * (size_t)B * (size_t)len);
-    rng_state = seed;
-    for (long i = 0; i < (long)B * len; i++)
-        t[i] = (int32_t)(urand() * vocab);
-    return t;
-}
+static void *xmalloc(size_t n) { return qd_bench_alloc("bench_cpu", n); }
 
 /* The inputs of the three phases, the same for every recipe. */
-typedef struct {
-    int32_t *prefill_tok;   /* (B, P) */
-    int32_t *prompt;        /* (B, P) decode prompts */
-    int32_t *train_tok;     /* (B, T) */
-    int32_t *len_p, *len_t; /* (B) all P, all T */
-    uint64_t *seq_id;       /* (B) 0 .. B-1 */
-    float *logp;            /* (B, max(P, M, T)) scratch */
-    float *dlogp;           /* (B, T) mean NLL: -1 / (B T) */
-    int32_t *gen_tok, *gen_len;
-} bench_inputs;
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n);
-    if (!p) {
-        fprintf(stderr, "bench_cpu: out of memory\n");
-        exit(1);
-    }
-    return p;
-}
+typedef qd_bench_inputs bench_inputs;
 
 static bench_inputs make_inputs(const bench_args *a, int vocab)
 {
-    bench_inputs in;
-    size_t B = (size_t)a->B, w = (size_t)(a->T > a->P ? a->T : a->P);
-    w = w > (size_t)a->M ? w : (size_t)a->M;
-    in.prefill_tok = random_tokens(a->B, a->P, vocab, a->seed + 1);
-    in.prompt = random_tokens(a->B, a->P, vocab, a->seed + 2);
-    in.train_tok = random_tokens(a->B, a->T, vocab, a->seed + 3);
-    in.len_p = xmalloc(sizeof(int32_t) * B);
-    in.len_t = xmalloc(sizeof(int32_t) * B);
-    in.seq_id = xmalloc(sizeof(uint64_t) * B);
-    in.logp = xmalloc(sizeof(float) * B * w);
-    in.dlogp = xmalloc(sizeof(float) * B * (size_t)a->T);
-    in.gen_tok = xmalloc(sizeof(int32_t) * B * (size_t)a->M);
-    in.gen_len = xmalloc(sizeof(int32_t) * B);
-    for (int i = 0; i < a->B; i++) {
-        in.len_p[i] = a->P;
-        in.len_t[i] = a->T;
-        in.seq_id[i] = (uint64_t)i;
-    }
-    for (size_t i = 0; i < B * (size_t)a->T; i++)
-        in.dlogp[i] = -1.0f / (float)(B * (size_t)a->T);
-    return in;
-}
-
-static void free_inputs(bench_inputs *in)
-{
-    free(in->prefill_tok);
-    free(in->prompt);
-    free(in->train_tok);
-    free(in->len_p);
-    free(in->len_t);
-    free(in->seq_id);
-    free(in->logp);
-    free(in->dlogp);
-    free(in->gen_tok);
-    free(in->gen_len);
+    return qd_bench_inputs_make("bench_cpu", a->B, a->P, a->T, a->M, vocab, a->seed + 1, a->seed + 2, a->seed + 3);
 }
 
 /* Records a refusal in row; any other error ends the program. */
@@ -303,7 +242,7 @@ static void run_all(const bench_args *a, const qd_model_config *cfg, const float
             }
             qd_backend_free(be[r][p]);
         }
-    free_inputs(&in);
+    qd_bench_inputs_free(&in);
     free(diff);
     free(base);
     free(sec);
