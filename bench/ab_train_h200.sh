@@ -71,13 +71,14 @@ default_variants="$default_variants;QUADS_ADAMW_BITS=0 QUADS_GATE_UP=0 QUADS_ROU
 default_variants="$default_variants;QUADS_DLOGIT_FAST=1;QUADS_RMSNORM_ROWS=1;QUADS_EMBED_SORT=1;QUADS_ADAMW_U2=1"
 default_variants="$default_variants;QUADS_LAZY_ZERO=1;QUADS_ROPE_ROWS=1;QUADS_HOLD_X=1"
 default_variants="$default_variants;QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_LAZY_ZERO=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1"
-# the decode's opt-ins (OP=rollout): the streaming W4A4 kernel in its three
-# configurations, the lm_head's BFP on wgmma, both, both with the expert
-# offsets on the device, the FP16 prefill kernels' full tiles four at a time
-decode_variants="default;QUADS_W4A4_STREAM=1;QUADS_W4A4_STREAM=1 QUADS_W4A4_STREAM_CFG=1"
-decode_variants="$decode_variants;QUADS_W4A4_STREAM=1 QUADS_W4A4_STREAM_CFG=2;QUADS_BFP_WGMMA=1"
-decode_variants="$decode_variants;QUADS_W4A4_STREAM=1 QUADS_BFP_WGMMA=1"
-decode_variants="$decode_variants;QUADS_W4A4_STREAM=1 QUADS_BFP_WGMMA=1 QUADS_MOE_DEV_ROWS=4096;QUADS_W4A4_ILP=1"
+# the decode's switches (OP=rollout): the defaults of before 2026-12-06 (no
+# streaming W4A4 kernel, the lm_head's BFP on mma.sync, the FP16 prefill
+# kernels' full tiles one at a time), each of those alone, the streaming
+# kernel wherever it applies and in its other two configurations, the expert
+# offsets on the device
+decode_variants="default;QUADS_W4A4_STREAM=0 QUADS_BFP_WGMMA=0 QUADS_W4A4_ILP=0;QUADS_W4A4_STREAM=0"
+decode_variants="$decode_variants;QUADS_BFP_WGMMA=0;QUADS_W4A4_ILP=0;QUADS_W4A4_STREAM=1"
+decode_variants="$decode_variants;QUADS_W4A4_STREAM_CFG=1;QUADS_W4A4_STREAM_CFG=2;QUADS_MOE_DEV_ROWS=4096"
 model=${MODEL:-a3b}
 layers=${LAYERS:-$([ "$model" = moe8 ] && echo 8 || echo 4)}
 if [ "${OP:-train}" = rollout ]; then

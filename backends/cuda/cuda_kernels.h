@@ -236,8 +236,8 @@ qd_status qdk_bfp_weights(void *wq, const uint16_t *w16, const float *wf, int OC
 size_t qdk_bfp_rows_bytes(int N, int IC);
 qd_status qdk_matmul_bfp(float *out, const float *x, const void *wq, void *ws, int N, int IC, int OC);
 /* qdk_matmul_bfp past 4 rows on Hopper's wgmma (k_matmul_bfp_wg): 1 where the
- * device has it, 0 never, -1 (default) as QUADS_BFP_WGMMA says (unset: never;
- * opt-in until timed). The same bits either way (benchmarks and tests). */
+ * device has it, 0 never, -1 (default) as QUADS_BFP_WGMMA says (unset: where
+ * the device has it). The same bits either way (benchmarks and tests). */
 extern int qd_cuda_bfp_wgmma;
 
 #ifdef __cplusplus

@@ -2896,24 +2896,29 @@ static qd_status launch_w4a4_splitk(float *y, const qd_nvfp4 *a, const w4a4_grou
     return QD_OK;
 }
 
-/* QUADS_W4A4_ILP=1 (opt-in until run on a GPU): the FP16 kernels' full row
- * tiles take h16_chunk's FULL path (4 tiles' loads, then their MMAs, then
- * their FFMAs: the other path's SASS runs load, MMA, FFMA, branch one tile
- * at a time); the same operations on every output. */
+/* The FP16 kernels' full row tiles take h16_chunk's FULL path (4 tiles'
+ * loads, then their MMAs, then their FFMAs: the other path's SASS runs load,
+ * MMA, FFMA, branch one tile at a time); the same operations on every
+ * output. By default since 2026-12-06 (H100, a3b-4 exact nvfp4 rollout at
+ * batch 64, the prefill's products: 1.024x end to end); QUADS_W4A4_ILP=0 for
+ * the other path. */
 static int w4a4_ilp_env(void)
 {
     static int v = -2;
-    return qd_env_pick(&v, "QUADS_W4A4_ILP", 0, 1);
+    return qd_env_pick(&v, "QUADS_W4A4_ILP", 0, 1) != 0;
 }
 
-/* QUADS_W4A4_STREAM=1 (opt-in until run on a GPU): products whose groups have
- * at most 32 rows (decode's experts up to batch 256: tiles of 16 rows past
- * 16), or one weight's of at most 64 (the
- * attention linears at batch 64: q, k, v one after the other, not on the
- * FP16-activation kernel), on w4a4_stream_kernel where K allows it; the same
- * bits. Their K loops are long (o: 16 chunks) and their CTAs few, so each
- * chunk's HBM latency, one at a time on the MMA kernel, sets their time
- * (H100: o at 64 rows 37 us for 4.7 MB). */
+/* w4a4_stream_kernel (every warp streams its own weight rows; the same
+ * bits). By default (QUADS_W4A4_STREAM unset) the grouped products whose
+ * groups have at most 16 rows, past the decode kernel's few groups of at most
+ * 8 (w4a4_stream_default): decode's experts at batch 16-64. On an H100
+ * (bench_quant --moe, 2026-12-06) the experts at batch 64 take 76 us
+ * (1.47 TB/s) against the MMA kernel's 92 (1.23), at batch 16 49 against 50;
+ * at batch 256 (tiles of 16 rows) 183 against 145, and q, k, v at 64 rows 68
+ * against 54 (FP16-activation kernel 32), so those stay off.
+ * QUADS_W4A4_STREAM=1 forces it wherever it applies (groups of at most 32
+ * rows, one weight's products of at most 64 rows: then not the
+ * FP16-activation kernel), =0 never. */
 int qd_cuda_w4a4_stream = -1;
 
 static int w4a4_stream_env(void)
@@ -2941,6 +2946,16 @@ static bool w4a4_stream_ok(const qd_nvfp4 *a, const w4a4_groups *g, int ng, int6
     for (int z = 0; ok && z < ng; z++)
         ok = qd_aligned(g->codes[z], 16) && qd_aligned(g->scales[z], 16);
     return ok;
+}
+
+/* Whether a grouped product (ng groups, the largest of maxrows rows) takes
+ * the streaming kernel with no kernel forced: groups of 9-16 rows, or of at
+ * most 8 where there are more than 16 groups (the decode kernel, faster for
+ * batch 1's 8 experts of a row each, 11 us against 14, is twice the MMA
+ * kernel's time at batch 16's ~84: 104 us against 50). */
+static bool w4a4_stream_default(int ng, int64_t maxrows)
+{
+    return ng > 1 && maxrows <= 16 && (maxrows > 8 || ng > 16);
 }
 
 /* w4a4_stream_kernel in one configuration: host tables (ng groups, tiles of
@@ -3264,7 +3279,9 @@ static qd_status w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int
     int nt = maxrows <= 8 ? 1 : maxrows <= 16 ? 2 : maxrows <= 32 ? 4 : 8;
     int64_t tiles = (N + 16 * QD_MMA_WARPS - 1) / (16 * QD_MMA_WARPS);
     int sk = w4a4_splitk_env(), dec = w4a4_dec_env(), h16 = w4a4_h16_env();
-    if (w4a4_stream_env() == 1 && w4a4_stream_ok(a, g, ng, maxrows, K))
+    int stm = w4a4_stream_env();
+    if ((stm == 1 || (stm < 0 && sk < 0 && dec < 0 && h16 < 0 && w4a4_stream_default(ng, maxrows))) &&
+        w4a4_stream_ok(a, g, ng, maxrows, K))
         return launch_w4a4_stream(y, a, g, ng, maxrows, w_per_row, N, K);
     bool h16_ok = qd_aligned(a->codes, 8);
     for (int z = 0; h16_ok && z < ng; z++)

@@ -99,7 +99,8 @@ extern int qd_cuda_w4a4_dec;
  * or one weight's of at most 64, each warp's weight rows through a ring of
  * its own): qd_cuda_w4a4_stream = 1
  * where it applies, 0 never, -1 (default) as QUADS_W4A4_STREAM says (unset:
- * never; opt-in until timed). The same bits either way. */
+ * grouped products of groups of at most 16 rows past the decode kernel's
+ * few: w4a4_stream_default). The same bits either way. */
 extern int qd_cuda_w4a4_stream;
 /* qd_cuda_quant_legacy = 1 (benchmarks only) selects the quantizer kernels before
  * issue 13's (the software encoder one block a thread, a memset and an atomic a

@@ -73,19 +73,21 @@ ops1 noh16 "the FP16 W4A4 kernel never (QUADS_W4A4_H16=0)" QUADS_W4A4_H16=0
 ops1 hpre "the FP16 W4A4 kernel on activations made FP16 first forced for every product of one weight matrix and q, k, v (QUADS_W4A4_HPRE=1; by default q, k, v at 9-256 rows)" \
     QUADS_W4A4_HPRE=1
 ops1 nohpre "that kernel never (QUADS_W4A4_HPRE=0)" QUADS_W4A4_HPRE=0
-ops1 ilp "both FP16 W4A4 kernels forced, their full row tiles four at a time (QUADS_W4A4_ILP=1, opt-in)" \
-    QUADS_W4A4_ILP=1 QUADS_W4A4_H16=1
-ops1 ilphpre "the same on the FP16-activation kernel (QUADS_W4A4_ILP=1 QUADS_W4A4_HPRE=1)" \
-    QUADS_W4A4_ILP=1 QUADS_W4A4_HPRE=1
+ops1 ilp "both FP16 W4A4 kernels forced, their full row tiles one at a time (QUADS_W4A4_ILP=0; by default four)" \
+    QUADS_W4A4_ILP=0 QUADS_W4A4_H16=1
+ops1 ilphpre "the same on the FP16-activation kernel (QUADS_W4A4_ILP=0 QUADS_W4A4_HPRE=1)" \
+    QUADS_W4A4_ILP=0 QUADS_W4A4_HPRE=1
 for nt in 2 4 8; do
     ops1 "nt$nt" "the W4A4 MMA kernel with $nt row tiles a CTA forced (QUADS_W4A4_NT_GROUPED, QUADS_W4A4_NT; 4-warp CTAs)" \
         QUADS_W4A4_NT_GROUPED=$nt QUADS_W4A4_NT=$nt QUADS_MMA_WARPS=4
 done
-ops1 stream "the W4A4 decode products with every warp streaming its own weight rows (QUADS_W4A4_STREAM=1, opt-in)" \
+ops1 stream "the W4A4 decode products with every warp streaming its own weight rows wherever that kernel applies (QUADS_W4A4_STREAM=1; by default grouped products of 9-16 rows a group, or of few rows in many groups)" \
     QUADS_W4A4_STREAM=1
+ops1 nostream "the streaming kernel never (QUADS_W4A4_STREAM=0)" QUADS_W4A4_STREAM=0
 ops1 stream2 "the same, 32-block stages (QUADS_W4A4_STREAM_CFG=2) where K allows" QUADS_W4A4_STREAM=1 QUADS_W4A4_STREAM_CFG=2
-ops1 bfpwg "the row BFP product past 4 rows on wgmma (QUADS_BFP_WGMMA=1, opt-in), and 1-4 rows too (QUADS_BFP_MATVEC=0)" \
-    QUADS_BFP_WGMMA=1 QUADS_BFP_MATVEC=0
+ops1 bfpwg "the row BFP product of 1-4 rows on wgmma too (QUADS_BFP_MATVEC=0; past 4 rows wgmma by default on Hopper)" \
+    QUADS_BFP_MATVEC=0
+ops1 bfpmma "the row BFP product on the int8 mma.sync kernel (QUADS_BFP_WGMMA=0)" QUADS_BFP_WGMMA=0 QUADS_BFP_MATVEC=0
 ops1 fp8tc "fast mode's FP8 experts on the E4M3 tensor cores (QUADS_FP8_GROUPED=1, opt-in)" QUADS_FP8_GROUPED=1
 ops1 dy16 "fast mode's BF16 backward with dy a block of 8 columns (QUADS_DY16_BYTES)" QUADS_DY16_BYTES=1024
 ops1 wgmma "every one of the experts' BF16 products on the wgmma kernel (QUADS_EXPERT_GEMM=wgmma; by default the forward's)" \
@@ -115,8 +117,8 @@ echo "== check_backend with the opt-ins of 2026-12-05c/d (QUADS_LAZY_ZERO=1: the
 QUADS_MOE_DEV_ROWS=4096 QUADS_LAZY_ZERO=1 QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1 timeout 400 tests/gpu/check_backend >"$out/check_backend_optin.log" 2>"$out/check_backend_optin.err" || rc=1
 grep -v " yes$" "$out/check_backend_optin.log" | grep -v " within " | head -10
 tail -1 "$out/check_backend_optin.log"
-echo "== check_backend with the opt-ins of 2026-12-05i (QUADS_W4A4_STREAM=1: decode's W4A4 products on the streaming kernel, with QUADS_MOE_DEV_ROWS=4096 its device-offset form too; QUADS_BFP_WGMMA=1: the lm_head's BFP product on wgmma; QUADS_FP8_GROUPED=1: fast FP8 experts on the tensor cores)"
-QUADS_MOE_DEV_ROWS=4096 QUADS_W4A4_STREAM=1 QUADS_BFP_WGMMA=1 QUADS_FP8_GROUPED=1 timeout 400 tests/gpu/check_backend >"$out/check_backend_optin2.log" 2>"$out/check_backend_optin2.err" || rc=1
+echo "== check_backend with the opt-ins of 2026-12-05i (QUADS_W4A4_STREAM=1: decode's W4A4 products on the streaming kernel wherever it applies, with QUADS_MOE_DEV_ROWS=4096 its device-offset form too; QUADS_FP8_GROUPED=1: fast FP8 experts on the tensor cores)"
+QUADS_MOE_DEV_ROWS=4096 QUADS_W4A4_STREAM=1 QUADS_FP8_GROUPED=1 timeout 400 tests/gpu/check_backend >"$out/check_backend_optin2.log" 2>"$out/check_backend_optin2.err" || rc=1
 grep -v " yes$" "$out/check_backend_optin2.log" | grep -v " within " | head -10
 tail -1 "$out/check_backend_optin2.log"
 echo "== check_blas"
