@@ -2948,8 +2948,9 @@ static bool w4a4_stream_ok(const qd_nvfp4 *a, const w4a4_groups *g, int ng, int6
     return ok;
 }
 
-/* Whether a grouped product (ng groups, the largest of maxrows rows) takes
- * the streaming kernel with no kernel forced: groups of 9-16 rows, or of at
+/* Whether a grouped product with host offsets (ng groups of one launch, the
+ * largest of maxrows rows) takes the streaming kernel with no kernel forced
+ * (with device offsets it takes it only where forced): groups of 9-16 rows, or of at
  * most 8 where there are more than 16 groups (the decode kernel, faster for
  * batch 1's 8 experts of a row each, 11 us against 14, is twice the MMA
  * kernel's time at batch 16's ~84: 104 us against 50). */

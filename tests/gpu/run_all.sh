@@ -66,8 +66,8 @@ ops1 w4 "no decode kernel and the W4A4 MMA kernel's 4-warp CTAs forced (small ca
     QUADS_W4A4_DEC=0 QUADS_MMA_WARPS=4
 ops1 splitk "the split-K W4A4 kernel forced for every product (QUADS_W4A4_SPLITK=1; by default only where CTAs are few)" \
     QUADS_W4A4_SPLITK=1
-ops1 k16 "the W4A4 MMA kernel one block an MMA (QUADS_W4A4_PAIR=0; by default two where K is a multiple of 256)" \
-    QUADS_W4A4_PAIR=0
+ops1 k16 "the W4A4 MMA kernel one block an MMA (QUADS_W4A4_PAIR=0; by default two where K is a multiple of 256; QUADS_W4A4_STREAM=0: small groups on it too)" \
+    QUADS_W4A4_PAIR=0 QUADS_W4A4_STREAM=0
 ops1 h16 "the FP16 W4A4 kernel forced for every product (QUADS_W4A4_H16=1; by default the prefill's)" QUADS_W4A4_H16=1
 ops1 noh16 "the FP16 W4A4 kernel never (QUADS_W4A4_H16=0)" QUADS_W4A4_H16=0
 ops1 hpre "the FP16 W4A4 kernel on activations made FP16 first forced for every product of one weight matrix and q, k, v (QUADS_W4A4_HPRE=1; by default q, k, v at 9-256 rows)" \
@@ -78,8 +78,8 @@ ops1 ilp "both FP16 W4A4 kernels forced, their full row tiles one at a time (QUA
 ops1 ilphpre "the same on the FP16-activation kernel (QUADS_W4A4_ILP=0 QUADS_W4A4_HPRE=1)" \
     QUADS_W4A4_ILP=0 QUADS_W4A4_HPRE=1
 for nt in 2 4 8; do
-    ops1 "nt$nt" "the W4A4 MMA kernel with $nt row tiles a CTA forced (QUADS_W4A4_NT_GROUPED, QUADS_W4A4_NT; 4-warp CTAs)" \
-        QUADS_W4A4_NT_GROUPED=$nt QUADS_W4A4_NT=$nt QUADS_MMA_WARPS=4
+    ops1 "nt$nt" "the W4A4 MMA kernel with $nt row tiles a CTA forced (QUADS_W4A4_NT_GROUPED, QUADS_W4A4_NT; 4-warp CTAs; not the streaming kernel)" \
+        QUADS_W4A4_NT_GROUPED=$nt QUADS_W4A4_NT=$nt QUADS_MMA_WARPS=4 QUADS_W4A4_STREAM=0
 done
 ops1 stream "the W4A4 decode products with every warp streaming its own weight rows wherever that kernel applies (QUADS_W4A4_STREAM=1; by default grouped products of 9-16 rows a group, or of few rows in many groups)" \
     QUADS_W4A4_STREAM=1
