@@ -1252,7 +1252,7 @@ static double rel_diff(const float *a, const float *b, int64_t n);
 
 /* (i) --fp8: the FP8 recipe's experts (fast mode) at (h)'s shapes and
  * routings: the E4M3 tensor-core kernel (qd_cuda_gemm_fp8_grouped,
- * QUADS_FP8_GROUPED=1) beside the exact chain kernel that ran them before in
+ * fast mode's default since 2026-12-06) beside the exact chain kernel that ran them before in
  * both modes (qdk_matmul_grouped E4M3; batch 8,192 run once, not timed) and
  * the default W4A4 product of the same rows (the NVFP4 recipe's); TB/s of
  * the weight bytes of the experts touched (FP8: N K + 4 N; NVFP4: N K / 2 +

@@ -27,7 +27,7 @@ static double fast_bound(const char *slot)
     if (!strcmp(slot, "matmul") || !strcmp(slot, "matmul_w16") || !strcmp(slot, "matmul_backward") ||
         !strcmp(slot, "matmul_grouped") || !strcmp(slot, "head_backward"))
         return 1e-5;
-    /* fp8_gemm_grouped: the experts' FP8 on the tensor cores (QUADS_FP8_GROUPED=1;
+    /* fp8_gemm_grouped: the experts' FP8 on the tensor cores (fast mode's default;
      * cuda_fp8.cu), the exact products summed in another order, 128 at a time */
     if (!strcmp(slot, "fp8_gemm") || !strcmp(slot, "fp8_gemm_grouped") || !strcmp(slot, "w4a4_gemm") ||
         !strcmp(slot, "w4a4_gemm_multi"))
