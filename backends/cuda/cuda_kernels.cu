@@ -1097,6 +1097,78 @@ __global__ void __launch_bounds__(MC_THREADS) k_matvec_chain(float *c, const flo
 }
 
 /* QUADS_MATVEC_CHAIN=0 (benchmarks and tests): k_matvec_wt for every row count. */
+/* The thin tiles' outputs (MT_BN weight rows x MT_BM activation rows a CTA:
+ * lane l of warp w owns output (m0 + w, n0 + l)) with the operands streamed
+ * by cp.async through a ring of MV_S stages of TR_KB weight bytes a row (MV_S
+ * - 1 in flight while one is summed). Each output is one chain from 0, k
+ * ascending, mul then add: the CPU's order and roundings, and the bits of
+ * k_matmul_wt_thin (whose fmaf, where it takes it, has exact products). The
+ * thin kernel staged one 128-k slice at a time through registers, an HBM
+ * latency a slice on the critical path: 30 us for the a3b router at batch 64
+ * (H200, ncu), where its 2,048-add chains take about 4. */
+#define TR_KB 256                 /* weight bytes a row a stage */
+#define TR_WLD (TR_KB + 16)       /* padded: a quarter warp's 16-byte reads of 8 rows hit 32 banks */
+
+template <typename TW> static __host__ __device__ constexpr int tr_kc() { return TR_KB / (int)sizeof(TW); } /* k a stage */
+
+template <typename TW> static size_t matmul_ring_smem()
+{
+    return (size_t)MV_S * (MT_BN * TR_WLD + sizeof(float) * MT_BM * tr_kc<TW>());
+}
+
+template <typename TW>
+__global__ void __launch_bounds__(128) k_matmul_wt_ring(float *c, const float *a, const TW *w, int M, int N, int K)
+{
+    constexpr int KC = tr_kc<TW>(), EU = 16 / (int)sizeof(TW);
+    extern __shared__ __align__(16) unsigned char tr_smem[];
+    unsigned char(*Ws)[MT_BN][TR_WLD] = (unsigned char(*)[MT_BN][TR_WLD])tr_smem;
+    float(*As)[MT_BM][KC] = (float(*)[MT_BM][KC])(tr_smem + (size_t)MV_S * MT_BN * TR_WLD);
+    int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, n0 = blockIdx.x * MT_BN, m0 = blockIdx.y * MT_BM;
+    int nchunk = (K + KC - 1) / KC;
+    auto issue = [&](int ch) {
+        if (ch < nchunk) {
+            int st = ch % MV_S, k0 = ch * KC;
+#pragma unroll
+            for (int j = 0; j < MT_BN * (TR_KB / 16) / 128; j++) {
+                int i = tid + 128 * j, row = i / (TR_KB / 16), u = i % (TR_KB / 16), k = k0 + u * EU;
+                if (n0 + row < N && k < K)
+                    mv_cp16(&Ws[st][row][u * 16], w + (size_t)(n0 + row) * K + k);
+            }
+            for (int i = tid; i < MT_BM * (KC / 4); i += 128) {
+                int m = i / (KC / 4), k = k0 + (i % (KC / 4)) * 4;
+                if (m0 + m < M && k < K)
+                    mv_cp16(&As[st][m][k - k0], a + (size_t)(m0 + m) * K + k);
+            }
+        }
+        mv_commit();
+    };
+#pragma unroll
+    for (int st = 0; st < MV_S - 1; st++)
+        issue(st);
+    float acc = 0.0f;
+    for (int ch = 0; ch < nchunk; ch++) {
+        mv_wait<MV_S - 2>();
+        __syncthreads(); /* chunk ch landed for every thread; chunk ch - 1's slot is free */
+        issue(ch + MV_S - 1);
+        int st = ch % MV_S, ku = (K - ch * KC < KC ? K - ch * KC : KC) / EU;
+        const unsigned char *wr = Ws[st][lane];
+        const float *ar = As[st][wid];
+#pragma unroll 4
+        for (int u = 0; u < ku; u++) {
+            float f[8], av[8];
+            mv_unpack(f, *(const uint4 *)(wr + 16 * u), (const TW *)0);
+            *(float4 *)&av[0] = *(const float4 *)(ar + u * EU);
+            if (EU == 8)
+                *(float4 *)&av[4] = *(const float4 *)(ar + u * EU + 4);
+#pragma unroll
+            for (int e = 0; e < EU; e++)
+                acc = acc + av[e] * f[e];
+        }
+    }
+    if (m0 + wid < M && n0 + lane < N)
+        c[(size_t)(m0 + wid) * N + n0 + lane] = acc;
+}
+
 static int matvec_chain_on(void);
 
 template <typename TW>
@@ -1152,6 +1224,14 @@ static int matmul_pf(void)
     return env_on(&pf, "QUADS_MATMUL_PF");
 }
 
+/* The thin tiles through the cp.async ring (k_matmul_wt_ring); QUADS_MATMUL_RING=0
+ * (benchmarks and tests): k_matmul_wt_thin, the same bits. */
+static int matmul_ring_on(void)
+{
+    static int v = -1;
+    return env_on(&v, "QUADS_MATMUL_RING");
+}
+
 static int matmul_unroll(void)
 {
     static int u = -1;
@@ -1190,7 +1270,13 @@ extern "C" qd_status qdk_matmul_wt(float *c, const float *a, const void *w, qdk_
     /* fewer than 16 wide CTAs even at TM = 1: the thin tiles */
     if ((long)((N + MW_BN - 1) / MW_BN) * ((M + 7) / 8) < 16) {
         dim3 grid((unsigned)((N + MT_BN - 1) / MT_BN), (unsigned)((M + MT_BM - 1) / MT_BM));
-        if (w_elem == QDK_BF16)
+        if (matmul_ring_on() && w_elem == QDK_BF16)
+            QD_LAUNCH_SMEM((k_matmul_wt_ring<uint16_t>), grid, 128u, matmul_ring_smem<uint16_t>(), c, a,
+                           (const uint16_t *)w, M, N, K);
+        else if (matmul_ring_on())
+            QD_LAUNCH_SMEM((k_matmul_wt_ring<float>), grid, 128u, matmul_ring_smem<float>(), c, a, (const float *)w, M,
+                           N, K);
+        else if (w_elem == QDK_BF16)
             QD_LAUNCH((k_matmul_wt_thin<uint16_t>), grid, 128u, c, a, (const uint16_t *)w, M, N, K, check);
         else
             QD_LAUNCH((k_matmul_wt_thin<float>), grid, 128u, c, a, (const float *)w, M, N, K, check);
