@@ -2868,6 +2868,26 @@ static __device__ __forceinline__ void sample_block_best(float *m, int *a)
         sample_better(m, a, wm[w], wa[w]);
 }
 
+/* Row b's max of s_i and lowest id attaining it from k_sample_max's P block
+ * pairs (any order gives that pair for finite values), to every thread; the
+ * row's first block stores them in rm, ra. */
+static __device__ __forceinline__ float sample_row_best(float *rm, int32_t *ra, const float *pm, const int32_t *pa,
+                                                        int b, int P)
+{
+    int t = threadIdx.x;
+    float m = -INFINITY;
+    int a = INT_MAX;
+    for (int u = t; u < P; u += QD_SAMPLE_PT)
+        sample_better(&m, &a, pm[(size_t)b * P + u], pa[(size_t)b * P + u]);
+    sample_block_best(&m, &a);
+    m = m + 0.0f;
+    if (blockIdx.x == 0 && t == 0) {
+        rm[b] = m;
+        ra[b] = a;
+    }
+    return m;
+}
+
 __global__ void __launch_bounds__(QD_SAMPLE_PT) k_sample_max(float *pm, int32_t *pa, const float *logits, int V,
                                                             float T, int *bad)
 {
@@ -2903,16 +2923,7 @@ __global__ void __launch_bounds__(QD_SAMPLE_PT) k_sample_exp(float *e, float *rm
                                                             const int32_t *pa, const float *logits, int V, float T)
 {
     int b = blockIdx.y, t = threadIdx.x, P = gridDim.x, i0 = blockIdx.x * QD_SAMPLE_CH + t;
-    float m = -INFINITY;
-    int a = INT_MAX;
-    for (int u = t; u < P; u += QD_SAMPLE_PT)
-        sample_better(&m, &a, pm[(size_t)b * P + u], pa[(size_t)b * P + u]);
-    sample_block_best(&m, &a);
-    m = m + 0.0f;
-    if (blockIdx.x == 0 && t == 0) {
-        rm[b] = m;
-        ra[b] = a;
-    }
+    float m = sample_row_best(rm, ra, pm, pa, b, P);
     const float *x = logits + (size_t)b * V;
     float *eb = e + (size_t)b * V;
 #pragma unroll
@@ -2923,25 +2934,52 @@ __global__ void __launch_bounds__(QD_SAMPLE_PT) k_sample_exp(float *e, float *rm
     }
 }
 
-__global__ void __launch_bounds__(QD_SAMPLE_PT) k_sample_lanes(float *lsum, const float *e, int V)
+/* Lane j's sum of f(src_i) over i = j, j + 1024, ... < V, ascending, the
+ * loads ahead of the chain. */
+template <typename F> static __device__ __forceinline__ float sample_lane_sum(const float *src, int j, int V, F f)
 {
     enum { L = QD_SAMPLE_LANES, U = 8 };
-    int b = blockIdx.y, j = blockIdx.x * QD_SAMPLE_PT + threadIdx.x;
-    const float *eb = e + (size_t)b * V;
     float acc = 0.0f;
     int i = j;
     for (; i + (U - 1) * L < V; i += U * L) {
         float v[U];
 #pragma unroll
         for (int u = 0; u < U; u++)
-            v[u] = eb[i + u * L];
+            v[u] = src[i + u * L];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            v[u] = f(v[u]);
 #pragma unroll
         for (int u = 0; u < U; u++)
             acc = acc + v[u];
     }
     for (; i < V; i += L)
-        acc = acc + eb[i];
-    lsum[(size_t)b * L + j] = acc;
+        acc = acc + f(src[i]);
+    return acc;
+}
+
+__global__ void __launch_bounds__(QD_SAMPLE_PT) k_sample_lanes(float *lsum, const float *e, int V)
+{
+    int b = blockIdx.y, j = blockIdx.x * QD_SAMPLE_PT + threadIdx.x;
+    lsum[(size_t)b * QD_SAMPLE_LANES + j] = sample_lane_sum(e + (size_t)b * V, j, V, [](float v) { return v; });
+}
+
+/* k_sample_exp and k_sample_lanes in one pass (QUADS_SAMPLE_FUSED=1, opt-in
+ * until run on a GPU; else the three): every block takes the row's max and lowest id from
+ * k_sample_max's pairs, as k_sample_exp does, and lane j adds
+ * e_i = exp(x_i / T - m) over i = j, j + 1024, ..., ascending, computing each
+ * e_i where it is added instead of reading it back: the same operations on
+ * the same values, so the same sums, without writing and reading B x V floats
+ * (at batch 64, 39 MB each way a step). k_sample_draw then computes the drawn
+ * lane's e_i again (fused != 0). */
+__global__ void __launch_bounds__(QD_SAMPLE_PT) k_sample_lanes_exp(float *lsum, float *rm, int32_t *ra,
+                                                                  const float *pm, const int32_t *pa,
+                                                                  const float *logits, int V, int P, float T)
+{
+    int b = blockIdx.y, j = blockIdx.x * QD_SAMPLE_PT + threadIdx.x;
+    float m = sample_row_best(rm, ra, pm, pa, b, P);
+    lsum[(size_t)b * QD_SAMPLE_LANES + j] =
+        sample_lane_sum(logits + (size_t)b * V, j, V, [=](float v) { return qd_expf(v / T - m); });
 }
 
 __global__ void __launch_bounds__(QD_SAMPLE_LANES) k_sample_draw(int32_t *tok, float *lp, float *lpk,
@@ -2949,7 +2987,8 @@ __global__ void __launch_bounds__(QD_SAMPLE_LANES) k_sample_draw(int32_t *tok, f
                                                                  const int32_t *ra, const float *e,
                                                                  const float *logits, int V,
                                                                  float T, int greedy, uint64_t seed,
-                                                                 const uint64_t *sid, const uint32_t *spos)
+                                                                 const uint64_t *sid, const uint32_t *spos,
+                                                                 int fused)
 {
     enum { L = QD_SAMPLE_LANES, LEAF = 256 };
     __shared__ float tree[2 * L - 1];
@@ -3000,14 +3039,14 @@ __global__ void __launch_bounds__(QD_SAMPLE_LANES) k_sample_draw(int32_t *tok, f
     const float *eb = e + (size_t)b * V;
     if (nleaf <= LEAF)
         for (int u = j; u < nleaf; u += L)
-            leaf[u] = eb[k + (size_t)u * L];
+            leaf[u] = fused ? qd_expf(x[k + (size_t)u * L] / T - m) : eb[k + (size_t)u * L];
     __syncthreads();
     if (j != 0)
         return;
     float c = 0.0f;
     int t = -1;
     for (int i = k, u = 0; i < V; i += L, u++) {
-        float w = nleaf <= LEAF ? leaf[u] : eb[i];
+        float w = nleaf <= LEAF ? leaf[u] : fused ? qd_expf(x[i] / T - m) : eb[i];
         c = c + w;
         if (c > r) {
             t = i;
@@ -3034,11 +3073,17 @@ extern "C" qd_status qdk_sample(int32_t *tok, float *lp, float *lpk, const float
     float *e = (float *)work, *lsum = e + (size_t)B * V, *rm = lsum + nl, *pm = rm + B;
     int32_t *ra = (int32_t *)(pm + (size_t)B * P), *pa = ra + B;
     dim3 grid(P, (unsigned)B), lanes(QD_SAMPLE_PARTS, (unsigned)B);
+    static int fused_on = -1;
+    int fused = env_opt_in(&fused_on, "QUADS_SAMPLE_FUSED");
     QD_LAUNCH(k_sample_max, grid, QD_SAMPLE_PT, pm, pa, logits, V, Ts, bad);
-    QD_LAUNCH(k_sample_exp, grid, QD_SAMPLE_PT, e, rm, ra, pm, pa, logits, V, Ts);
-    QD_LAUNCH(k_sample_lanes, lanes, QD_SAMPLE_PT, lsum, e, V);
+    if (fused) {
+        QD_LAUNCH(k_sample_lanes_exp, lanes, QD_SAMPLE_PT, lsum, rm, ra, pm, pa, logits, V, (int)P, Ts);
+    } else {
+        QD_LAUNCH(k_sample_exp, grid, QD_SAMPLE_PT, e, rm, ra, pm, pa, logits, V, Ts);
+        QD_LAUNCH(k_sample_lanes, lanes, QD_SAMPLE_PT, lsum, e, V);
+    }
     QD_LAUNCH(k_sample_draw, (unsigned)B, QD_SAMPLE_LANES, tok, lp, lpk, lsum, rm, ra, e, logits, V, Ts, greedy,
-              seed, sid, spos);
+              seed, sid, spos, fused);
     return QD_OK;
 }
 
