@@ -1096,7 +1096,6 @@ __global__ void __launch_bounds__(MC_THREADS) k_matvec_chain(float *c, const flo
         c[n0 + r] = qd_sum_up(mc_prod + (size_t)r * ld, K);
 }
 
-/* QUADS_MATVEC_CHAIN=0 (benchmarks and tests): k_matvec_wt for every row count. */
 /* The thin tiles' outputs (MT_BN weight rows x MT_BM activation rows a CTA:
  * lane l of warp w owns output (m0 + w, n0 + l)) with the operands streamed
  * by cp.async through a ring of MV_S stages of TR_KB weight bytes a row (MV_S
@@ -1169,6 +1168,7 @@ __global__ void __launch_bounds__(128) k_matmul_wt_ring(float *c, const float *a
         c[(size_t)(m0 + wid) * N + n0 + lane] = acc;
 }
 
+/* QUADS_MATVEC_CHAIN=0 (benchmarks and tests): k_matvec_wt for every row count. */
 static int matvec_chain_on(void);
 
 template <typename TW>
