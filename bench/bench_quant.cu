@@ -1242,6 +1242,9 @@ static void bench_stream(void)
     stream_row<16, 256, 4, false>(src, rows, L, sink, 0, "16 rows, 256-byte chunks");
     stream_row<16, 128, 8, false>(src, rows, L, sink, 0, "16 rows, 7 chunks in flight");
     stream_row<64, 256, 4, false>(src, rows, L, sink, 0, "64 rows, 256-byte chunks");
+    stream_row<16, 128, 4, true>(src, rows, L, sink, 0, "16 rows repacked: 2 KB pieces, 3 in flight");
+    stream_row<16, 128, 8, true>(src, rows, L, sink, 0, "16 rows repacked: 2 KB pieces, 7 in flight");
+    stream_row<64, 256, 4, true>(src, rows, L, sink, 0, "64 rows repacked: 16 KB pieces, 3 in flight");
     stream_row<16, 1024, 2, true>(src, rows, L, sink, 0, "a tile of 16 whole rows at once (16 KB)");
     stream_row<32, 1024, 2, true>(src, rows, L, sink, 0, "a tile of 32 whole rows at once (32 KB)");
     QD_CUDA_DIE(cudaFree(src));

@@ -1997,9 +1997,10 @@ w4a4_hpre_kernel(const __grid_constant__ hpre_args p, int a_per_row, int w_per_r
  * sum), ...} a block pair), and each warp then streams its 16 weight rows, raw
  * codes and scale bytes, through a ring of its own (S stages of CB blocks,
  * S - 1 in flight, 16-byte cp.async copies, no CTA barrier past the first;
- * QUADS_W4A4_STREAM_CFG picks CB and S). The products are pair_chunk's: the
- * same MMAs on the same operands and the same FFMA chain an output in
- * ascending block order, so the same bits. K a multiple of 16 * CB; a group
+ * QUADS_W4A4_STREAM_CFG picks CB, S and how the weight scales are decoded;
+ * QUADS_W4A4_STREAM_RG how many slabs of 64 rows a CTA takes). The products
+ * are pair_chunk's: the same MMAs on the same operands and the same FFMA
+ * chain an output in ascending block order, so the same bits. K a multiple of 16 * CB; a group
  * of more rows than TR takes a CTA per TR (the weights read again, from L2
  * where they run side by side). */
 #define QD_ST_AB 8 /* activation blocks a thread loads at once */
@@ -2015,10 +2016,23 @@ static __host__ __device__ __forceinline__ size_t st_act_bytes(int64_t K, int TR
     return (size_t)TR * (size_t)(K + 32) + (size_t)TR * (size_t)(K / 32 + 1) * 16;
 }
 
+/* two E4M3 bytes (the lower first) as floats by the hardware's conversion
+ * (every E4M3 value is a normal FP16 or zero: the same values as the table) */
+static __device__ __forceinline__ float2 e4m3x2_f32(const uint8_t *p)
+{
+    float2 f;
+    asm("{\n\t.reg .b16 lo, hi;\n\t.reg .b32 h;\n\tcvt.rn.f16x2.e4m3x2 h, %2;\n\tmov.b32 {lo, hi}, h;\n\t"
+        "cvt.f32.f16 %0, lo;\n\tcvt.f32.f16 %1, hi;\n\t}"
+        : "=f"(f.x), "=f"(f.y)
+        : "h"(*(const unsigned short *)p));
+    return f;
+}
+
 /* pair_chunk for a warp's own stage: the weight scales as E4M3 bytes (their
- * values from the table lut), the activations those of the whole of K from
- * the chunk's block on (rows ald bytes apart, sp's rows spld float4 apart) */
-template <int NG, int CB>
+ * values from the table lut, or with FC e4m3x2_f32's), the activations those
+ * of the whole of K from the chunk's block on (rows ald bytes apart, sp's
+ * rows spld float4 apart) */
+template <int NG, int CB, bool FC = false>
 static __device__ __forceinline__ void st_chunk(const st_warp<CB> *cur, const int8_t *act, const float4 *sp, int ald,
                                                 int spld, const float *lut, float (*acc)[4], int T, int lane)
 {
@@ -2028,8 +2042,13 @@ static __device__ __forceinline__ void st_chunk(const st_warp<CB> *cur, const in
         &cur->wc[(lane & 7) + 8 * ((lane >> 3) & 1)][16 * (lane >> 4)], act + (gq >> 1) * ald + (gq & 1) * 16 + 8 * (t & 1),
         ald,
         [&](int jp, float2 &w0, float2 &w1) {
-            w0 = make_float2(lut[s0[2 * jp]], lut[s0[2 * jp + 1]]);
-            w1 = make_float2(lut[s1[2 * jp]], lut[s1[2 * jp + 1]]);
+            if constexpr (FC) {
+                w0 = e4m3x2_f32(s0 + 2 * jp);
+                w1 = e4m3x2_f32(s1 + 2 * jp);
+            } else {
+                w0 = make_float2(lut[s0[2 * jp]], lut[s0[2 * jp + 1]]);
+                w1 = make_float2(lut[s1[2 * jp]], lut[s1[2 * jp + 1]]);
+            }
         },
         [&](int row, int jp) { return sp[row * spld + jp]; }, acc, T, t, (t >> 1) == (gq & 1));
 }
@@ -2037,11 +2056,11 @@ static __device__ __forceinline__ void st_chunk(const st_warp<CB> *cur, const in
 /* DEV: the groups are *gd in device memory and the CTAs' (group, 8-row tile)
  * pairs items[0 .. *nitems-1] (w4a4_items_from_dev), blockIdx.y picking one;
  * those past them exit. */
-template <bool DEV, int CB, int S, int TR>
+template <bool DEV, int CB, int S, int TR, bool FC = false>
 __global__ void __launch_bounds__(128)
 w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
                    const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K, const w4a4_groups *gd,
-                   const int *items, const int *nitems)
+                   const int *items, const int *nitems, int rg)
 {
     extern __shared__ __align__(16) unsigned char st_smem[];
     __shared__ float lut[256];
@@ -2055,22 +2074,26 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
         tile = v >> 16;
     }
     const w4a4_groups &G = DEV ? *gd : g;
-    const int64_t rows = G.rows[z], t0 = tile * TR, n0 = (int64_t)blockIdx.x * 64;
+    const int64_t rows = G.rows[z], t0 = tile * TR, n0 = (int64_t)blockIdx.x * 64 * rg;
     if (t0 >= rows)
         return;
-    const int T = rows - t0 < TR ? (int)(rows - t0) : TR, nb = (int)(K / 16), nchunk = nb / CB;
+    const int T = rows - t0 < TR ? (int)(rows - t0) : TR, nb = (int)(K / 16), nchunk = nb / CB, nq = rg * nchunk;
     const int ald = (int)K + 32, spld = nb / 2 + 1;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gq = lane >> 2, t = lane & 3;
     int8_t *act = (int8_t *)st_smem;
     float4 *sp = (float4 *)(st_smem + (size_t)TR * ald);
     st_warp<CB> *ring = (st_warp<CB> *)(st_smem + st_act_bytes(K, TR)) + w * S;
     const uint8_t *wcodes = G.codes[z], *wscales = G.scales[z];
-    const int64_t wrow0 = n0 + 16 * w; /* this warp's first weight row */
-    /* stage c of this warp's rows: codes 16 x CB * 8 bytes (CB / 4 copies a
-     * lane, CB / 2 lanes a row), scale bytes 16 x CB (CB / 16 copies a row);
-     * rows past N read as zero (never stored) */
-    auto issue = [&](int c) {
-        st_warp<CB> *st = &ring[c % S];
+    /* the warp's rows in slab r of the CTA's rg slabs of 64: 16 from wrow0(r) */
+    auto wrow = [&](int r) { return n0 + 64 * (int64_t)r + 16 * w; };
+    /* stage q of this warp's rows (chunk c = q % nchunk of slab q / nchunk):
+     * codes 16 x CB * 8 bytes (CB / 4 copies a lane, CB / 2 lanes a row),
+     * scale bytes 16 x CB (CB / 16 copies a row); rows past N read as zero
+     * (never stored) */
+    auto issue = [&](int q) {
+        st_warp<CB> *st = &ring[q % S];
+        const int c = q % nchunk;
+        const int64_t wrow0 = wrow(q / nchunk);
         constexpr int PR = CB / 2; /* 16-byte copies a row of codes */
 #pragma unroll
         for (int u = 0; u < CB / 4; u++) {
@@ -2086,11 +2109,12 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
     };
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
-        if (s < nchunk)
+        if (s < nq)
             issue(s);
         cp_async_commit();
     }
-    e4m3_table(lut);
+    if constexpr (!FC)
+        e4m3_table(lut);
     /* the activations, while the weights are in flight: the rows the chunks
      * read (4 or 8, zero past T) x nb blocks, QD_ST_AB blocks' loads a thread
      * in flight at once (they come from L2, a few hundred cycles each) */
@@ -2129,34 +2153,40 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
 #pragma unroll
     for (int i = 0; i < TR / 8; i++)
         acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-    for (int c = 0; c < nchunk; c++) {
-        cp_async_wait_group<S - 2>(); /* stage c's copies (this lane's) done */
-        __syncwarp();                 /* ... and every lane's; stage c - 1 read by all */
-        if (c + S - 1 < nchunk)
-            issue(c + S - 1);
+    const float *sdw = G.sdec[z];
+    const int wr0 = 16 * w + gq, wr1 = wr0 + 8;
+    for (int q = 0; q < nq; q++) {
+        cp_async_wait_group<S - 2>(); /* stage q's copies (this lane's) done */
+        __syncwarp();                 /* ... and every lane's; stage q - 1 read by all */
+        if (q + S - 1 < nq)
+            issue(q + S - 1);
         cp_async_commit();
+        const int c = q % nchunk;
         const int8_t *ac = act + c * CB * 16;
         const float4 *spc = sp + c * (CB / 2);
         if (T <= 4)
-            st_chunk<1, CB>(&ring[c % S], ac, spc, ald, spld, lut, acc, T, lane);
+            st_chunk<1, CB, FC>(&ring[q % S], ac, spc, ald, spld, lut, acc, T, lane);
         else if (TR == 8 || T <= 8)
-            st_chunk<2, CB>(&ring[c % S], ac, spc, ald, spld, lut, acc, T, lane);
+            st_chunk<2, CB, FC>(&ring[q % S], ac, spc, ald, spld, lut, acc, T, lane);
         else
-            st_chunk<TR / 4, CB>(&ring[c % S], ac, spc, ald, spld, lut, acc, T, lane);
+            st_chunk<TR / 4, CB, FC>(&ring[q % S], ac, spc, ald, spld, lut, acc, T, lane);
+        if (c < nchunk - 1)
+            continue;
+        /* slab q / nchunk done: its outputs, and the sums start again */
+        const int64_t ns = n0 + 64 * (int64_t)(q / nchunk);
+#pragma unroll
+        for (int nt = 0; nt < TR / 8; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                /* acc[nt][2h + r]: activation row 8 nt + 4h + t, weight row r ? wr1 : wr0 */
+                int m = 8 * nt + 4 * (i >> 1) + t;
+                int64_t n = ns + (i & 1 ? wr1 : wr0);
+                if (m < T && n < N)
+                    y[(r0 + m) * N + n] = acc[nt][i] * (a_sdec[a_per_row ? r0 + m : 0] * sdw[w_per_row ? n : 0]);
+                acc[nt][i] = 0.0f;
+            }
     }
     cp_async_wait_group<0>();
-    const float *sdw = G.sdec[z];
-    const int wr0 = 16 * w + gq, wr1 = wr0 + 8;
-#pragma unroll
-    for (int nt = 0; nt < TR / 8; nt++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            /* acc[nt][2h + r]: activation row 8 nt + 4h + t, weight row r ? wr1 : wr0 */
-            int m = 8 * nt + 4 * (i >> 1) + t;
-            int64_t n = n0 + (i & 1 ? wr1 : wr0);
-            if (m < T && n < N)
-                y[(r0 + m) * N + n] = acc[nt][i] * (a_sdec[a_per_row ? r0 + m : 0] * sdw[w_per_row ? n : 0]);
-        }
 }
 
 /* The same products where the CTAs of w4a4_mma_kernel would be few (decode):
@@ -2927,15 +2957,26 @@ static int w4a4_stream_env(void)
     return qd_switch(qd_cuda_w4a4_stream, &v, "QUADS_W4A4_STREAM");
 }
 
-/* QUADS_W4A4_STREAM_CFG=0|1|2 (benchmarks): the streaming kernel's stage
- * width and ring, 16 blocks x 4 stages (0, the default), 16 x 8 (1), 32 x 4
- * (2, where K is a multiple of 512; else 0's). The same bits. */
+/* QUADS_W4A4_STREAM_CFG=0-7 (benchmarks): the streaming kernel's stage
+ * width, ring depth and weight-scale decoding: 16 blocks x 4 stages (0, the
+ * default until 2026-12-06), 16 x 8 (1), 32 x 4 (2, where K is a multiple of
+ * 512; else 0's), 16 x 3 (3), 16 x 2 (4), each with the weight scales'
+ * E4M3 bytes decoded through a shared-memory table; 16 x 3 (5), 16 x 4 (6)
+ * and 16 x 2 (7, the default) with them decoded by the hardware's E4M3 pair
+ * conversion (cvt.rn.f16x2.e4m3x2: the same values, fewer instructions and
+ * no table). The ring's shared memory sets the CTAs an SM (at K 2048: 3 at 4
+ * stages, 4 at 3 or 2), and the kernel is issue-bound as much as
+ * memory-bound (ncu, H100, the experts at batch 64: 57% of issue slots busy,
+ * ALU the busiest pipe): on an H100 (bench_quant --moe) the gate's product
+ * at batch 64 takes 82.9 us with 0, 71.9 with 5, 74.7 with 4, 68.1 with 7;
+ * the down projection's 79.7 with 0, 63.2 with 7 (and 2 slabs a CTA); batch
+ * 16 and 256 gain as much. The same bits in every one. */
 static int w4a4_stream_cfg(int64_t K)
 {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("QUADS_W4A4_STREAM_CFG");
-        v = e && (!strcmp(e, "1") || !strcmp(e, "2")) ? atoi(e) : 0;
+        v = e && e[0] >= '0' && e[0] <= '7' && !e[1] ? e[0] - '0' : 7;
     }
     return v == 2 && K % 512 ? 0 : v;
 }
@@ -2959,21 +3000,47 @@ static bool w4a4_stream_default(int ng, int64_t maxrows)
     return ng > 1 && maxrows <= 16 && (maxrows > 8 || ng > 16);
 }
 
+/* QUADS_W4A4_STREAM_RG=1|2|4 (benchmarks): the streaming kernel's slabs of 64
+ * weight rows a CTA, one after the other through each warp's ring (the
+ * activations staged once for them all, fewer CTAs). Unset: 2 where the
+ * CTAs of two slabs still make 3 waves or more of the GPU (ctas1, the CTAs
+ * of one slab each, at per_sm CTAs an SM), else 1: on an H100 the down
+ * projection at batch 64 (16 CTAs an expert with 2) 69.0 -> 65.5 us, the
+ * gate's (6 an expert: 1.4 waves) 71.9 -> 83.5. The same bits. */
+static int w4a4_stream_rg(int64_t ctas1, int per_sm)
+{
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("QUADS_W4A4_STREAM_RG");
+        v = e && (!strcmp(e, "1") || !strcmp(e, "2") || !strcmp(e, "4")) ? atoi(e) : 0;
+    }
+    if (v)
+        return v;
+    return (ctas1 + 1) / 2 >= 3 * (int64_t)per_sm * qd_sm_count() ? 2 : 1;
+}
+
 /* w4a4_stream_kernel in one configuration: host tables (ng groups, tiles of
  * TR of maxrows) or, with gd, the device's items (at most max_items) */
-template <bool DEV, int CB, int S, int TR>
+template <bool DEV, int CB, int S, int TR, bool FC = false>
 static qd_status stream_launch(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
                                int w_per_row, int64_t N, int64_t K, const w4a4_groups *gd, const int *items,
                                const int *nitems, int64_t max_items)
 {
     static w4a4_groups none; /* the by-value groups, unread under DEV */
     size_t smem = st_act_bytes(K, TR) + 4 * (size_t)S * sizeof(st_warp<CB>);
-    auto k = w4a4_stream_kernel<DEV, CB, S, TR>;
+    auto k = w4a4_stream_kernel<DEV, CB, S, TR, FC>;
     if (smem + 256 * sizeof(float) > 48 * 1024)
         QD_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    dim3 grid((unsigned)((N + 63) / 64), (unsigned)(DEV ? max_items : (maxrows + TR - 1) / TR), DEV ? 1u : (unsigned)ng);
+    static int ps = 0; /* CTAs an SM of this configuration */
+    if (!ps) {
+        QD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ps, k, 128, smem));
+        ps = ps > 0 ? ps : 1;
+    }
+    unsigned gy = (unsigned)(DEV ? max_items : (maxrows + TR - 1) / TR), gz = DEV ? 1u : (unsigned)ng;
+    int rg = w4a4_stream_rg((N + 63) / 64 * (int64_t)gy * gz, ps);
+    dim3 grid((unsigned)((N + 64 * rg - 1) / (64 * rg)), gy, gz);
     k<<<grid, 128, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, DEV ? none : *g, w_per_row, N, K, gd, items,
-                           nitems);
+                           nitems, rg);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -2987,7 +3054,12 @@ static qd_status stream_cfg_launch(float *y, const qd_nvfp4 *a, const w4a4_group
     int cfg = w4a4_stream_cfg(K);
     return cfg == 1 ? stream_launch<DEV, 16, 8, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
          : cfg == 2 ? stream_launch<DEV, 32, 4, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
-                    : stream_launch<DEV, 16, 4, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items);
+         : cfg == 3 ? stream_launch<DEV, 16, 3, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
+         : cfg == 4 ? stream_launch<DEV, 16, 2, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
+         : cfg == 5 ? stream_launch<DEV, 16, 3, TR, true>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
+         : cfg == 6 ? stream_launch<DEV, 16, 4, TR, true>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
+         : cfg == 0 ? stream_launch<DEV, 16, 4, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
+                    : stream_launch<DEV, 16, 2, TR, true>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items);
 }
 
 /* w4a4_stream_kernel over g's groups (host tables; tiles of 16 rows where a
