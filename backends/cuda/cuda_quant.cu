@@ -962,6 +962,17 @@ static __device__ __forceinline__ int e2m1x4_off12(uint32_t c)
     return (int)(0x0C0C0C0Cu - neg + pos);
 }
 
+/* e2m1x4_off12 with the permutes' table bytes 0-3 (0x03020100) in tab, a
+ * register the caller holds: nvcc otherwise copies the constant into a fresh
+ * register for every permute (6 moves a block pair in pair_terms). */
+static __device__ __forceinline__ int e2m1x4_off12t(uint32_t c, uint32_t tab)
+{
+    uint32_t pos, neg;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(pos) : "r"(tab), "r"(0x0C080604u), "r"(c));
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(neg) : "r"(tab), "r"(0x0C080604u), "r"(c ^ 0x8888u));
+    return (int)(0x0C0C0C0Cu - neg + pos);
+}
+
 /* block_dot4 for offset weights: init holds the magic bits minus 12 * sum(a). */
 static __device__ __forceinline__ float block_dot4_off(int w0, int w1, int w2, int w3, int4 a,
                                                        int init)
@@ -1308,6 +1319,17 @@ static __device__ __forceinline__ void mma_s8k32(int d[4], uint32_t a0, uint32_t
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(QD_MAGIC_BITS));
 }
 
+/* mma_s8k32 with the accumulators started at c[0..3] (registers the caller
+ * holds, all QD_MAGIC_BITS: not four moves an MMA) */
+static __device__ __forceinline__ void mma_s8k32c(int d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                  uint32_t b0, uint32_t b1, const int c[4])
+{
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%11,%12,%13};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]));
+}
+
 /* mma_s8 with the accumulator started at c0 (column 2t) and c1 (column 2t+1). */
 static __device__ __forceinline__ void mma_s8c(int d[4], uint32_t a0, uint32_t a1, uint32_t b, int c0, int c1)
 {
@@ -1445,10 +1467,22 @@ static __device__ __forceinline__ void mma_store(S *st, const mma_regs<NT, W> *r
  * of rows g and g+8, sp(row, jp) an activation row's float4 of pair jp; bon:
  * this thread's B slots hold block 2jp + (g & 1). pair_chunk reads them from
  * the CTA's stage, st_chunk (the streaming kernel) from a warp's own. */
-template <int NG, int NJQ, typename SW, typename SP>
+template <int NG, int NJQ, bool OC = false, typename SW, typename SP>
 static __device__ __forceinline__ void pair_terms(const uint8_t *wa, const int8_t *ab, int lda, SW sw, SP sp,
                                                   float (*acc)[4], int T, int t, bool bon)
 {
+    /* OC: the permutes' table and the MMAs' starting accumulators held in
+     * registers through the loop: or'ed with T >> 8, T >> 9, ... (0: T is
+     * at most 64), which ptxas cannot know, so it neither rematerializes them
+     * as constants nor merges the four (an MMA's accumulators are a quad) */
+    uint32_t tab = 0x03020100u;
+    int mc[4] = {QD_MAGIC_BITS, QD_MAGIC_BITS, QD_MAGIC_BITS, QD_MAGIC_BITS};
+    if constexpr (OC) {
+        tab |= (uint32_t)T >> 8;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            mc[i] |= T >> (8 + i);
+    }
 #pragma unroll 1
     for (int jq = 0; jq < NJQ; jq++) {
         uint32_t R[4];
@@ -1456,8 +1490,18 @@ static __device__ __forceinline__ void pair_terms(const uint8_t *wa, const int8_
 #pragma unroll
         for (int s = 0; s < 2; s++) {
             int jp = 2 * jq + s;
-            uint32_t a0 = (uint32_t)e2m1x4_off12(R[2 * s]), a2 = (uint32_t)e2m1x4_off12(R[2 * s] >> 16);
-            uint32_t a1 = (uint32_t)e2m1x4_off12(R[2 * s + 1]), a3 = (uint32_t)e2m1x4_off12(R[2 * s + 1] >> 16);
+            uint32_t a0, a1, a2, a3;
+            if constexpr (OC) {
+                a0 = (uint32_t)e2m1x4_off12t(R[2 * s], tab);
+                a2 = (uint32_t)e2m1x4_off12t(R[2 * s] >> 16, tab);
+                a1 = (uint32_t)e2m1x4_off12t(R[2 * s + 1], tab);
+                a3 = (uint32_t)e2m1x4_off12t(R[2 * s + 1] >> 16, tab);
+            } else {
+                a0 = (uint32_t)e2m1x4_off12(R[2 * s]);
+                a2 = (uint32_t)e2m1x4_off12(R[2 * s] >> 16);
+                a1 = (uint32_t)e2m1x4_off12(R[2 * s + 1]);
+                a3 = (uint32_t)e2m1x4_off12(R[2 * s + 1] >> 16);
+            }
             float2 w0, w1;
             sw(jp, w0, w1);
 #pragma unroll
@@ -1469,7 +1513,10 @@ static __device__ __forceinline__ void pair_terms(const uint8_t *wa, const int8_
                     b = make_uint2(0, 0);
                 float4 sc = sp(4 * g + t, jp);
                 int d[4];
-                mma_s8k32(d, a0, a1, a2, a3, b.x, b.y);
+                if constexpr (OC)
+                    mma_s8k32c(d, a0, a1, a2, a3, b.x, b.y, mc);
+                else
+                    mma_s8k32(d, a0, a1, a2, a3, b.x, b.y);
                 float *ac = &acc[g >> 1][2 * (g & 1)];
                 ac[0] = fmaf(__int_as_float(d[0]) + sc.z, sc.x * w0.x, ac[0]);
                 ac[0] = fmaf(__int_as_float(d[1]) + sc.w, sc.y * w0.y, ac[0]);
@@ -2032,17 +2079,17 @@ static __device__ __forceinline__ float2 e4m3x2_f32(const uint8_t *p)
  * values from the table lut, or with FC e4m3x2_f32's), the activations those
  * of the whole of K from the chunk's block on (rows ald bytes apart, sp's
  * rows spld float4 apart) */
-template <int NG, int CB, bool FC = false>
+template <int NG, int CB, int FC = 0>
 static __device__ __forceinline__ void st_chunk(const st_warp<CB> *cur, const int8_t *act, const float4 *sp, int ald,
                                                 int spld, const float *lut, float (*acc)[4], int T, int lane)
 {
     int gq = lane >> 2, t = lane & 3;
     const uint8_t *s0 = cur->ws[gq], *s1 = cur->ws[gq + 8];
-    pair_terms<NG, CB / 4>(
+    pair_terms<NG, CB / 4, FC == 2>(
         &cur->wc[(lane & 7) + 8 * ((lane >> 3) & 1)][16 * (lane >> 4)], act + (gq >> 1) * ald + (gq & 1) * 16 + 8 * (t & 1),
         ald,
         [&](int jp, float2 &w0, float2 &w1) {
-            if constexpr (FC) {
+            if constexpr (FC > 0) {
                 w0 = e4m3x2_f32(s0 + 2 * jp);
                 w1 = e4m3x2_f32(s1 + 2 * jp);
             } else {
@@ -2056,7 +2103,7 @@ static __device__ __forceinline__ void st_chunk(const st_warp<CB> *cur, const in
 /* DEV: the groups are *gd in device memory and the CTAs' (group, 8-row tile)
  * pairs items[0 .. *nitems-1] (w4a4_items_from_dev), blockIdx.y picking one;
  * those past them exit. */
-template <bool DEV, int CB, int S, int TR, bool FC = false>
+template <bool DEV, int CB, int S, int TR, int FC = 0>
 __global__ void __launch_bounds__(128)
 w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
                    const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K, const w4a4_groups *gd,
@@ -2113,7 +2160,7 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
             issue(s);
         cp_async_commit();
     }
-    if constexpr (!FC)
+    if constexpr (FC == 0)
         e4m3_table(lut);
     /* the activations, while the weights are in flight: the rows the chunks
      * read (4 or 8, zero past T) x nb blocks, QD_ST_AB blocks' loads a thread
@@ -2957,7 +3004,7 @@ static int w4a4_stream_env(void)
     return qd_switch(qd_cuda_w4a4_stream, &v, "QUADS_W4A4_STREAM");
 }
 
-/* QUADS_W4A4_STREAM_CFG=0-7 (benchmarks): the streaming kernel's stage
+/* QUADS_W4A4_STREAM_CFG=0-8 (benchmarks): the streaming kernel's stage
  * width, ring depth and weight-scale decoding: 16 blocks x 4 stages (0, the
  * default until 2026-12-06), 16 x 8 (1), 32 x 4 (2, where K is a multiple of
  * 512; else 0's), 16 x 3 (3), 16 x 2 (4), each with the weight scales'
@@ -2970,13 +3017,16 @@ static int w4a4_stream_env(void)
  * ALU the busiest pipe): on an H100 (bench_quant --moe) the gate's product
  * at batch 64 takes 82.9 us with 0, 71.9 with 5, 74.7 with 4, 68.1 with 7;
  * the down projection's 79.7 with 0, 63.2 with 7 (and 2 slabs a CTA); batch
- * 16 and 256 gain as much. The same bits in every one. */
+ * 16 and 256 gain as much. 8 (opt-in, not yet run): 7 with the E2M1
+ * permutes' table and the MMAs' starting accumulators held in registers
+ * (pair_terms' OC: 20 fewer moves a loop of two block pairs, of ~127
+ * instructions). The same bits in every one. */
 static int w4a4_stream_cfg(int64_t K)
 {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("QUADS_W4A4_STREAM_CFG");
-        v = e && e[0] >= '0' && e[0] <= '7' && !e[1] ? e[0] - '0' : 7;
+        v = e && e[0] >= '0' && e[0] <= '8' && !e[1] ? e[0] - '0' : 7;
     }
     return v == 2 && K % 512 ? 0 : v;
 }
@@ -3021,7 +3071,7 @@ static int w4a4_stream_rg(int64_t ctas1, int per_sm)
 
 /* w4a4_stream_kernel in one configuration: host tables (ng groups, tiles of
  * TR of maxrows) or, with gd, the device's items (at most max_items) */
-template <bool DEV, int CB, int S, int TR, bool FC = false>
+template <bool DEV, int CB, int S, int TR, int FC = 0>
 static qd_status stream_launch(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
                                int w_per_row, int64_t N, int64_t K, const w4a4_groups *gd, const int *items,
                                const int *nitems, int64_t max_items)
@@ -3056,10 +3106,11 @@ static qd_status stream_cfg_launch(float *y, const qd_nvfp4 *a, const w4a4_group
          : cfg == 2 ? stream_launch<DEV, 32, 4, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
          : cfg == 3 ? stream_launch<DEV, 16, 3, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
          : cfg == 4 ? stream_launch<DEV, 16, 2, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
-         : cfg == 5 ? stream_launch<DEV, 16, 3, TR, true>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
-         : cfg == 6 ? stream_launch<DEV, 16, 4, TR, true>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
+         : cfg == 5 ? stream_launch<DEV, 16, 3, TR, 1>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
+         : cfg == 6 ? stream_launch<DEV, 16, 4, TR, 1>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
+         : cfg == 8 ? stream_launch<DEV, 16, 2, TR, 2>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
          : cfg == 0 ? stream_launch<DEV, 16, 4, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
-                    : stream_launch<DEV, 16, 2, TR, true>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items);
+                    : stream_launch<DEV, 16, 2, TR, 1>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items);
 }
 
 /* w4a4_stream_kernel over g's groups (host tables; tiles of 16 rows where a
