@@ -3016,7 +3016,8 @@ static int w4a4_stream_env(void)
  * memory-bound (ncu, H100, the experts at batch 64: 57% of issue slots busy,
  * ALU the busiest pipe): on an H100 (bench_quant --moe) the gate's product
  * at batch 64 takes 82.9 us with 0, 71.9 with 5, 74.7 with 4, 68.1 with 7;
- * the down projection's 79.7 with 0, 63.2 with 7 (and 2 slabs a CTA); batch
+ * the down projection's 79.7 with 0, 63.2 with 7 (one slab a CTA: at 7 CTAs
+ * an SM two slabs leave under 3 waves), 65.5 with 5 (two slabs); batch
  * 16 and 256 gain as much. 8 (opt-in, not yet run): 7 with the E2M1
  * permutes' table and the MMAs' starting accumulators held in registers
  * (pair_terms' OC: 20 fewer moves a loop of two block pairs, of ~127
@@ -3054,9 +3055,10 @@ static bool w4a4_stream_default(int ng, int64_t maxrows)
  * weight rows a CTA, one after the other through each warp's ring (the
  * activations staged once for them all, fewer CTAs). Unset: 2 where the
  * CTAs of two slabs still make 3 waves or more of the GPU (ctas1, the CTAs
- * of one slab each, at per_sm CTAs an SM), else 1: on an H100 the down
- * projection at batch 64 (16 CTAs an expert with 2) 69.0 -> 65.5 us, the
- * gate's (6 an expert: 1.4 waves) 71.9 -> 83.5. The same bits. */
+ * of one slab each, at per_sm CTAs an SM), else 1: on an H100, with 3
+ * stages (QUADS_W4A4_STREAM_CFG=5), the down projection at batch 64 (16
+ * CTAs an expert with 2) 69.0 -> 65.5 us, the gate's (6 an expert: 1.4
+ * waves) 71.9 -> 83.5. The same bits. */
 static int w4a4_stream_rg(int64_t ctas1, int per_sm)
 {
     static int v = -1;
