@@ -30,7 +30,10 @@
 #   3. `quads rl` (the default config) on the CPU and on the CUDA backend in
 #      exact mode: metrics.jsonl compared value for value (timings aside) and
 #      the final checkpoints byte for byte; and once in fast mode (runs, and
-#      its final held-out pass@1 is printed).
+#      its final held-out pass@1 is printed). The CPU run starts first, in the
+#      background on half the cores (RL_CPU_THREADS), while 0-2 run (it took
+#      ~52 s of a run_all.sh past 330 s on an H100's 16 cores; exact mode's
+#      numbers do not depend on the thread count).
 # quads needs shared libraries the GPU machine lacks (utf8proc, ...): the
 # caller carries them in .devrun/lib (tests/gpu/bundle_libs.sh makes it).
 #     sh tests/gpu/run_all.sh [OUTDIR]
@@ -44,6 +47,15 @@ export LD_LIBRARY_PATH="$PWD/.devrun/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export OMP_WAIT_POLICY=passive
 nvidia-smi -L 2>/dev/null || true
 rc=0
+# the CPU's `quads rl` (step 3's reference) in the background from the start
+cpu_rl=
+if [ -z "${REF_CPU_METRICS:-}" ]; then
+    ncpu=$(nproc 2>/dev/null || echo 2)
+    OMP_NUM_THREADS=${RL_CPU_THREADS:-$(( ncpu > 3 ? ncpu / 2 : 1 ))} /usr/bin/time -f "cpu exact rl: %e s" \
+        ./quads rl --quiet --backend cpu --mode exact --set run.dir="$runs/rl_cpu_exact" \
+        >"$out/rl_cpu_exact.log" 2>&1 &
+    cpu_rl=$!
+fi
 echo "== check_ops"
 timeout 300 tests/gpu/check_ops >"$out/check_ops.log" 2>&1 || rc=1
 grep -v "bits equal\|within" "$out/check_ops.log" | tail -8
@@ -132,9 +144,13 @@ timeout 120 tests/gpu/check_blas >"$out/check_blas.log" 2>&1 || rc=1
 tail -30 "$out/check_blas.log"
 echo "== quads rl: cpu and cuda, exact mode; cuda fast mode"
 # REF_CPU_METRICS: a CPU run's metrics.jsonl from the same code (skips the CPU run)
-pairs="cpu:exact cuda:exact cuda:fast"
-[ -n "${REF_CPU_METRICS:-}" ] && pairs="cuda:exact cuda:fast" && cp "$REF_CPU_METRICS" "$out/metrics_cpu_exact.jsonl"
-for b in $pairs; do
+[ -n "${REF_CPU_METRICS:-}" ] && cp "$REF_CPU_METRICS" "$out/metrics_cpu_exact.jsonl"
+if [ -n "$cpu_rl" ]; then
+    wait "$cpu_rl" || { rc=1; tail -5 "$out/rl_cpu_exact.log"; }
+    tail -3 "$out/rl_cpu_exact.log"
+    cp "$runs/rl_cpu_exact/metrics.jsonl" "$out/metrics_cpu_exact.jsonl" 2>/dev/null
+fi
+for b in cuda:exact cuda:fast; do
     be=${b%:*} mo=${b#*:}
     /usr/bin/time -f "$be $mo rl: %e s" ./quads rl --quiet --backend "$be" --mode "$mo" \
         --set run.dir="$runs/rl_${be}_$mo" >"$out/rl_${be}_$mo.log" 2>&1 || { rc=1; tail -5 "$out/rl_${be}_$mo.log"; }
