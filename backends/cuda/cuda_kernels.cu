@@ -960,6 +960,28 @@ static __device__ __forceinline__ void mv_unpack(float (&f)[8], uint4 u, const f
     f[3] = __uint_as_float(u.w);
 }
 
+/* One ring stage of the x.Wᵀ kernels (k_matvec_wt, k_matmul_wt_ring): WR
+ * weight rows from n0, WB bytes of each from k0, into Ws (rows WLD bytes
+ * apart), and AR activation rows from m0, KC floats of each from k0, into As;
+ * NT threads, 16 bytes a copy; nothing past N, M or K is copied. */
+template <typename TW, int WR, int WB, int WLD, int AR, int KC, int NT>
+static __device__ __forceinline__ void mv_stage(unsigned char (*Ws)[WLD], float (*As)[KC], const TW *w, const float *a,
+                                                int n0, int N, int m0, int M, int K, int k0, int tid)
+{
+    constexpr int EU = 16 / (int)sizeof(TW); /* elements a 16-byte unit */
+#pragma unroll
+    for (int j = 0; j < WR * (WB / 16) / NT; j++) {
+        int i = tid + NT * j, row = i / (WB / 16), u = i % (WB / 16), k = k0 + u * EU;
+        if (n0 + row < N && k < K)
+            mv_cp16(&Ws[row][u * 16], w + (size_t)(n0 + row) * K + k);
+    }
+    for (int i = tid; i < AR * (KC / 4); i += NT) {
+        int m = i / (KC / 4), k = k0 + (i % (KC / 4)) * 4;
+        if (m0 + m < M && k < K)
+            mv_cp16(&As[m][k - k0], a + (size_t)(m0 + m) * K + k);
+    }
+}
+
 /* ROWS weight rows a CTA (its threads), KB weight bytes a row a chunk: 128 and
  * 128 for wide outputs; 32 and 512 where 128-row CTAs would be a handful (the
  * router's 128 outputs: one CTA streamed 4 KB rows 128 bytes a chunk, 22 us
@@ -974,20 +996,9 @@ __global__ void __launch_bounds__(ROWS) k_matvec_wt(float *c, const float *a, co
     float(*As)[MR][KC] = (float(*)[MR][KC])(mv_smem + (size_t)MV_S * MV_ROWS * MV_WLD);
     int tid = threadIdx.x, n0 = blockIdx.x * MV_ROWS, nchunk = (K + KC - 1) / KC;
     auto issue = [&](int ch) {
-        if (ch < nchunk) {
-            int s = ch % MV_S, k0 = ch * KC;
-#pragma unroll
-            for (int j = 0; j < MV_ROWS * (MV_KB / 16) / MV_ROWS; j++) {
-                int i = tid + MV_ROWS * j, row = i / (MV_KB / 16), u = i % (MV_KB / 16), k = k0 + u * EU;
-                if (n0 + row < N && k < K)
-                    mv_cp16(&Ws[s][row][u * 16], w + (size_t)(n0 + row) * K + k);
-            }
-            for (int i = tid; i < MR * (KC / 4); i += MV_ROWS) {
-                int m = i / (KC / 4), k = k0 + (i % (KC / 4)) * 4;
-                if (m < M && k < K)
-                    mv_cp16(&As[s][m][k - k0], a + (size_t)m * K + k);
-            }
-        }
+        if (ch < nchunk)
+            mv_stage<TW, MV_ROWS, MV_KB, MV_WLD, MR, KC, MV_ROWS>(Ws[ch % MV_S], As[ch % MV_S], w, a, n0, N, 0, M, K,
+                                                                 ch * KC, tid);
         mv_commit();
     };
 #pragma unroll
@@ -1125,20 +1136,9 @@ __global__ void __launch_bounds__(128) k_matmul_wt_ring(float *c, const float *a
     int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, n0 = blockIdx.x * MT_BN, m0 = blockIdx.y * MT_BM;
     int nchunk = (K + KC - 1) / KC;
     auto issue = [&](int ch) {
-        if (ch < nchunk) {
-            int st = ch % MV_S, k0 = ch * KC;
-#pragma unroll
-            for (int j = 0; j < MT_BN * (TR_KB / 16) / 128; j++) {
-                int i = tid + 128 * j, row = i / (TR_KB / 16), u = i % (TR_KB / 16), k = k0 + u * EU;
-                if (n0 + row < N && k < K)
-                    mv_cp16(&Ws[st][row][u * 16], w + (size_t)(n0 + row) * K + k);
-            }
-            for (int i = tid; i < MT_BM * (KC / 4); i += 128) {
-                int m = i / (KC / 4), k = k0 + (i % (KC / 4)) * 4;
-                if (m0 + m < M && k < K)
-                    mv_cp16(&As[st][m][k - k0], a + (size_t)(m0 + m) * K + k);
-            }
-        }
+        if (ch < nchunk)
+            mv_stage<TW, MT_BN, TR_KB, TR_WLD, MT_BM, KC, 128>(Ws[ch % MV_S], As[ch % MV_S], w, a, n0, N, m0, M, K,
+                                                               ch * KC, tid);
         mv_commit();
     };
 #pragma unroll
@@ -2964,8 +2964,9 @@ __global__ void __launch_bounds__(QD_SAMPLE_PT) k_sample_lanes(float *lsum, cons
     lsum[(size_t)b * QD_SAMPLE_LANES + j] = sample_lane_sum(e + (size_t)b * V, j, V, [](float v) { return v; });
 }
 
-/* k_sample_exp and k_sample_lanes in one pass (QUADS_SAMPLE_FUSED=1, opt-in
- * until run on a GPU; else the three): every block takes the row's max and lowest id from
+/* k_sample_exp and k_sample_lanes in one pass (QUADS_SAMPLE_FUSED=1, opt-in:
+ * check_ops equal on an H100, 2026-12-06, but a3b-4 exact rollouts only
+ * 0.98-1.014x; else the three): every block takes the row's max and lowest id from
  * k_sample_max's pairs, as k_sample_exp does, and lane j adds
  * e_i = exp(x_i / T - m) over i = j, j + 1024, ..., ascending, computing each
  * e_i where it is added instead of reading it back: the same operations on

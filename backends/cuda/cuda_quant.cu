@@ -953,24 +953,20 @@ static __device__ __forceinline__ float block_dot4(int w0, int w1, int w2, int w
  * whose sign mode zeroes the bytes of the other sign, then one add without carries
  * between bytes. Cheaper than e2m1x4_s8; a block's dot product with it exceeds 4p
  * by 12 * (sum of the activation block), which the caller subtracts. */
-static __device__ __forceinline__ int e2m1x4_off12(uint32_t c)
-{
-    uint32_t pos, neg;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(pos) : "r"(0x03020100u), "r"(0x0C080604u), "r"(c));
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(neg) : "r"(0x03020100u), "r"(0x0C080604u),
-        "r"(c ^ 0x8888u));
-    return (int)(0x0C0C0C0Cu - neg + pos);
-}
-
-/* e2m1x4_off12 with the permutes' table bytes 0-3 (0x03020100) in tab, a
- * register the caller holds: nvcc otherwise copies the constant into a fresh
- * register for every permute (6 moves a block pair in pair_terms). */
+/* tab: the permutes' table bytes 0-3, 0x03020100 (e2m1x4_off12), or a
+ * register holding it that ptxas cannot prove constant (pair_terms' OC: it
+ * otherwise copies the constant into a fresh register for every permute) */
 static __device__ __forceinline__ int e2m1x4_off12t(uint32_t c, uint32_t tab)
 {
     uint32_t pos, neg;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(pos) : "r"(tab), "r"(0x0C080604u), "r"(c));
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(neg) : "r"(tab), "r"(0x0C080604u), "r"(c ^ 0x8888u));
     return (int)(0x0C0C0C0Cu - neg + pos);
+}
+
+static __device__ __forceinline__ int e2m1x4_off12(uint32_t c)
+{
+    return e2m1x4_off12t(c, 0x03020100u);
 }
 
 /* block_dot4 for offset weights: init holds the magic bits minus 12 * sum(a). */
@@ -1309,18 +1305,9 @@ struct pair_stage {
     float4 sp[8 * NT][QD_MMA_CB / 2 + 1];
 };
 
-/* D = A (16 x 32, s8) B (32 x 8, s8) + the magic bits in every element. */
-static __device__ __forceinline__ void mma_s8k32(int d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                                 uint32_t b0, uint32_t b1)
-{
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%10,%10,%10,%10};"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(QD_MAGIC_BITS));
-}
-
-/* mma_s8k32 with the accumulators started at c[0..3] (registers the caller
- * holds, all QD_MAGIC_BITS: not four moves an MMA) */
+/* D = A (16 x 32, s8) B (32 x 8, s8) + c, c[0..3] the magic bits in every
+ * element: constants, or registers ptxas cannot prove constant (pair_terms'
+ * OC: not four moves into a quad before every MMA) */
 static __device__ __forceinline__ void mma_s8k32c(int d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                   uint32_t b0, uint32_t b1, const int c[4])
 {
@@ -1490,18 +1477,10 @@ static __device__ __forceinline__ void pair_terms(const uint8_t *wa, const int8_
 #pragma unroll
         for (int s = 0; s < 2; s++) {
             int jp = 2 * jq + s;
-            uint32_t a0, a1, a2, a3;
-            if constexpr (OC) {
-                a0 = (uint32_t)e2m1x4_off12t(R[2 * s], tab);
-                a2 = (uint32_t)e2m1x4_off12t(R[2 * s] >> 16, tab);
-                a1 = (uint32_t)e2m1x4_off12t(R[2 * s + 1], tab);
-                a3 = (uint32_t)e2m1x4_off12t(R[2 * s + 1] >> 16, tab);
-            } else {
-                a0 = (uint32_t)e2m1x4_off12(R[2 * s]);
-                a2 = (uint32_t)e2m1x4_off12(R[2 * s] >> 16);
-                a1 = (uint32_t)e2m1x4_off12(R[2 * s + 1]);
-                a3 = (uint32_t)e2m1x4_off12(R[2 * s + 1] >> 16);
-            }
+            uint32_t a0 = (uint32_t)e2m1x4_off12t(R[2 * s], tab);
+            uint32_t a2 = (uint32_t)e2m1x4_off12t(R[2 * s] >> 16, tab);
+            uint32_t a1 = (uint32_t)e2m1x4_off12t(R[2 * s + 1], tab);
+            uint32_t a3 = (uint32_t)e2m1x4_off12t(R[2 * s + 1] >> 16, tab);
             float2 w0, w1;
             sw(jp, w0, w1);
 #pragma unroll
@@ -1513,10 +1492,7 @@ static __device__ __forceinline__ void pair_terms(const uint8_t *wa, const int8_
                     b = make_uint2(0, 0);
                 float4 sc = sp(4 * g + t, jp);
                 int d[4];
-                if constexpr (OC)
-                    mma_s8k32c(d, a0, a1, a2, a3, b.x, b.y, mc);
-                else
-                    mma_s8k32(d, a0, a1, a2, a3, b.x, b.y);
+                mma_s8k32c(d, a0, a1, a2, a3, b.x, b.y, mc);
                 float *ac = &acc[g >> 1][2 * (g & 1)];
                 ac[0] = fmaf(__int_as_float(d[0]) + sc.z, sc.x * w0.x, ac[0]);
                 ac[0] = fmaf(__int_as_float(d[1]) + sc.w, sc.y * w0.y, ac[0]);
