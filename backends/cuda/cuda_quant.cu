@@ -2968,7 +2968,8 @@ static int w4a4_ilp_env(void)
  * (bench_quant --moe, 2026-12-06) the experts at batch 64 take 76 us
  * (1.47 TB/s) against the MMA kernel's 92 (1.23), at batch 16 49 against 50;
  * at batch 256 (tiles of 16 rows) 183 against 145, and q, k, v at 64 rows 68
- * against 54 (FP16-activation kernel 32), so those stay off.
+ * against 54 (FP16-activation kernel 32), so those stay off; one weight's
+ * product of 9-64 rows too (w4a4_stream_default: the o projection).
  * QUADS_W4A4_STREAM=1 forces it wherever it applies (groups of at most 32
  * rows, one weight's products of at most 64 rows: then not the
  * FP16-activation kernel), =0 never. */
@@ -2985,7 +2986,7 @@ static int w4a4_stream_env(void)
  * default until 2026-12-06), 16 x 8 (1), 32 x 4 (2, where K is a multiple of
  * 512; else 0's), 16 x 3 (3), 16 x 2 (4), each with the weight scales'
  * E4M3 bytes decoded through a shared-memory table; 16 x 3 (5), 16 x 4 (6)
- * and 16 x 2 (7, the default) with them decoded by the hardware's E4M3 pair
+ * and 16 x 2 (7) with them decoded by the hardware's E4M3 pair
  * conversion (cvt.rn.f16x2.e4m3x2: the same values, fewer instructions and
  * no table). The ring's shared memory sets the CTAs an SM (at K 2048: 3 at 4
  * stages, 4 at 3 or 2), and the kernel is issue-bound as much as
@@ -2994,16 +2995,19 @@ static int w4a4_stream_env(void)
  * at batch 64 takes 82.9 us with 0, 71.9 with 5, 74.7 with 4, 68.1 with 7;
  * the down projection's 79.7 with 0, 63.2 with 7 (one slab a CTA: at 7 CTAs
  * an SM two slabs leave under 3 waves), 65.5 with 5 (two slabs); batch
- * 16 and 256 gain as much. 8 (opt-in, not yet run): 7 with the E2M1
- * permutes' table and the MMAs' starting accumulators held in registers
- * (pair_terms' OC: 20 fewer moves a loop of two block pairs, of ~127
- * instructions). The same bits in every one. */
+ * 16 and 256 gain as much. 8 (the default since 2026-12-06): 7 with the
+ * E2M1 permutes' table and the MMAs' starting accumulators held in registers
+ * (pair_terms' OC: a loop of two block pairs 116 -> 97 instructions at one
+ * row group): on an H100 the gate at batch 64 70.2 -> 65.5 us, the down
+ * projection 63.5 -> 62.2, batch 16 52.0 -> 50.0 and 44.3 -> 43.7, the o
+ * projection's 64 rows (one product) 31.0 -> 27.7; the a3b-4 rollout at
+ * batch 64 1.026x. The same bits in every one. */
 static int w4a4_stream_cfg(int64_t K)
 {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("QUADS_W4A4_STREAM_CFG");
-        v = e && e[0] >= '0' && e[0] <= '8' && !e[1] ? e[0] - '0' : 7;
+        v = e && e[0] >= '0' && e[0] <= '8' && !e[1] ? e[0] - '0' : 8;
     }
     return v == 2 && K % 512 ? 0 : v;
 }
@@ -3021,10 +3025,16 @@ static bool w4a4_stream_ok(const qd_nvfp4 *a, const w4a4_groups *g, int ng, int6
  * (with device offsets it takes it only where forced): groups of 9-16 rows, or of at
  * most 8 where there are more than 16 groups (the decode kernel, faster for
  * batch 1's 8 experts of a row each, 11 us against 14, is twice the MMA
- * kernel's time at batch 16's ~84: 104 us against 50). */
+ * kernel's time at batch 16's ~84: 104 us against 50); and one weight's
+ * product of 9-64 rows (decode's o projection; q, k, v take the
+ * FP16-activation kernel): on an H100 (bench_quant --moe's linears, CFG 8)
+ * o 2048 x 4096 at 16 rows 21.4 us against the MMA kernel's 24.4, at 64
+ * 27.7 against 35.3. */
 static bool w4a4_stream_default(int ng, int64_t maxrows)
 {
-    return ng > 1 && maxrows <= 16 && (maxrows > 8 || ng > 16);
+    if (ng == 1)
+        return maxrows > 8 && maxrows <= 64;
+    return maxrows <= 16 && (maxrows > 8 || ng > 16);
 }
 
 /* QUADS_W4A4_STREAM_RG=1|2|4 (benchmarks): the streaming kernel's slabs of 64

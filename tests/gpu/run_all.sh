@@ -99,7 +99,7 @@ ops1 nostream "the streaming kernel never (QUADS_W4A4_STREAM=0)" QUADS_W4A4_STRE
 ops1 stream2 "the same, 32-block stages (QUADS_W4A4_STREAM_CFG=2) where K allows" QUADS_W4A4_STREAM=1 QUADS_W4A4_STREAM_CFG=2
 ops1 stream0 "the same, 4 stages and the weight scales through a table (QUADS_W4A4_STREAM_CFG=0; by default 2 stages, the hardware's E4M3 conversion)" QUADS_W4A4_STREAM=1 QUADS_W4A4_STREAM_CFG=0
 ops1 streamrg "the same, 2 slabs of 64 weight rows a CTA everywhere (QUADS_W4A4_STREAM_RG=2; by default 2 where that leaves 3 waves, else 1)" QUADS_W4A4_STREAM=1 QUADS_W4A4_STREAM_RG=2
-ops1 stream8 "the same, the E2M1 table and the MMAs' starting accumulators held in registers (QUADS_W4A4_STREAM_CFG=8, opt-in)" QUADS_W4A4_STREAM=1 QUADS_W4A4_STREAM_CFG=8
+ops1 stream7 "the same, the E2M1 table and the MMAs' starting accumulators as constants (QUADS_W4A4_STREAM_CFG=7; by default held in registers)" QUADS_W4A4_STREAM=1 QUADS_W4A4_STREAM_CFG=7
 ops1 streamrg4 "the same, 4 slabs and 3 stages (QUADS_W4A4_STREAM_RG=4 QUADS_W4A4_STREAM_CFG=5)" QUADS_W4A4_STREAM=1 QUADS_W4A4_STREAM_RG=4 QUADS_W4A4_STREAM_CFG=5
 ops1 bfpwg "the row BFP product of 1-4 rows on wgmma too (QUADS_BFP_MATVEC=0; past 4 rows wgmma by default on Hopper)" \
     QUADS_BFP_MATVEC=0
