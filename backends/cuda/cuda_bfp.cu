@@ -381,16 +381,22 @@ static qd_status bf_launch(const bf_params &p)
  * a row, as a BF16 k-step of 16), three stages, two copies ahead. The same
  * four int32 sums per output (each an exact integer: any order), joined and
  * rounded by qd_bfp_out: the same bits. A CTA's x tiles run next to each
- * other, so the weights come from HBM once and from L2 after. */
+ * other, so the weights come from HBM once and from L2 after.
+ * ST (stages): 3, each stage's products waited for before the next stage's
+ * copies start over its buffer (the tensor cores idle from the last product's
+ * end to the next stage's first); 4 (QUADS_BFP_WG_PIPE=1, opt-in, not yet
+ * run on a GPU), one stage's products left in flight while the next stage's
+ * are issued (wgmma.wait_group 1), the copies two stages ahead into the
+ * buffer whose products were waited for a stage before (230,400 bytes of
+ * shared memory at BN 64). */
 #define BW_BK 128
 #define BW_ROWS 128
-#define BW_STAGES 3
 #define BW_THREADS 256
 
-template <int BN> struct bw_shape {
+template <int BN, int ST> struct bw_shape {
     static constexpr int W_PLANE = BW_ROWS * BW_BK, X_PLANE = BN * BW_BK;
     static constexpr int STAGE = 2 * W_PLANE + 3 * X_PLANE; /* a multiple of the 1,024-byte atom */
-    static constexpr int SMEM = BW_STAGES * STAGE + 1024;   /* + the alignment */
+    static constexpr int SMEM = ST * STAGE + 1024;          /* + the alignment */
 };
 
 /* R rows (r0.., those past lim zero) of a plane (rows of IC bytes) at k0
@@ -464,11 +470,12 @@ static __device__ __forceinline__ void bw_fence_acc(int (&d)[N])
         asm volatile("" : "+r"(d[i])::"memory");
 }
 
-template <int BN>
+template <int BN, int ST>
 __global__ void __launch_bounds__(BW_THREADS, 1) k_matmul_bfp_wg(const __grid_constant__ bf_params p)
 {
 #if QD_WG_ARCH
-    typedef bw_shape<BN> S;
+    static_assert(ST == 3 || ST == 4, "3 stages (each waited for) or 4 (one in flight)");
+    typedef bw_shape<BN, ST> S;
     constexpr int NA = BN / 2; /* accumulators a thread, each of the four sums */
     extern __shared__ __align__(16) unsigned char bw_smem[];
     const uint32_t base = (smem_u32(bw_smem) + 1023) & ~1023u;
@@ -476,7 +483,7 @@ __global__ void __launch_bounds__(BW_THREADS, 1) k_matmul_bfp_wg(const __grid_co
     const int o0 = (int)(blockIdx.x / tiles_n) * BW_ROWS, n0 = (int)(blockIdx.x % tiles_n) * BN;
     const int wg = threadIdx.x >> 7, KT = (p.IC + BW_BK - 1) / BW_BK;
     auto load = [&](int kt) {
-        uint32_t s = base + (uint32_t)(kt % BW_STAGES) * S::STAGE;
+        uint32_t s = base + (uint32_t)(kt % ST) * S::STAGE;
         int k0 = kt * BW_BK;
         bw_load<BW_ROWS>(s, (const uint8_t *)p.wh, p.IC, o0, p.OC, k0);
         bw_load<BW_ROWS>(s + S::W_PLANE, p.wl, p.IC, o0, p.OC, k0);
@@ -496,11 +503,11 @@ __global__ void __launch_bounds__(BW_THREADS, 1) k_matmul_bfp_wg(const __grid_co
     for (int kt = 0; kt < KT; kt++) {
         asm volatile("cp.async.wait_group 1;" ::: "memory");          /* this thread's copies of stage kt */
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* visible to wgmma's reads */
-        __syncthreads(); /* everyone's; stage kt - 1's products done (waited below) */
+        __syncthreads(); /* everyone's; stage kt + 2 - ST's products done (waited below) */
         if (kt + 2 < KT)
-            load(kt + 2); /* into stage kt - 1's buffer */
+            load(kt + 2); /* into stage kt + 2 - ST's buffer */
         asm volatile("cp.async.commit_group;");
-        uint32_t s = base + (uint32_t)(kt % BW_STAGES) * S::STAGE;
+        uint32_t s = base + (uint32_t)(kt % ST) * S::STAGE;
         uint32_t swh = s + (uint32_t)wg * 64 * 128, swl = swh + S::W_PLANE;
         uint32_t sxh = s + 2 * S::W_PLANE, sxm = sxh + S::X_PLANE, sxl = sxm + S::X_PLANE;
         bw_fence_acc(d0), bw_fence_acc(d1), bw_fence_acc(d2), bw_fence_acc(d3);
@@ -522,6 +529,10 @@ __global__ void __launch_bounds__(BW_THREADS, 1) k_matmul_bfp_wg(const __grid_co
             }
         }
         qd_wg_commit();
+        qd_wg_wait<ST - 3>(); /* ST 4: stage kt's products may still run, kt - 1's are done */
+        bw_fence_acc(d0), bw_fence_acc(d1), bw_fence_acc(d2), bw_fence_acc(d3);
+    }
+    if constexpr (ST > 3) {
         qd_wg_wait<0>();
         bw_fence_acc(d0), bw_fence_acc(d1), bw_fence_acc(d2), bw_fence_acc(d3);
     }
@@ -545,16 +556,16 @@ __global__ void __launch_bounds__(BW_THREADS, 1) k_matmul_bfp_wg(const __grid_co
 #endif
 }
 
-template <int BN>
+template <int BN, int ST>
 static qd_status bw_launch(const bf_params &p)
 {
-    typedef bw_shape<BN> S;
+    typedef bw_shape<BN, ST> S;
     int64_t tiles = (int64_t)((p.OC + BW_ROWS - 1) / BW_ROWS) * ((p.N + BN - 1) / BN);
     if (tiles > 0x7fffffff)
         return qd_error(QD_ERR_SHAPE, "cuda backend: matmul_bfp: %d x %d outputs: too many tiles", p.N, p.OC);
     /* every launch: the attribute is the current device's (a process may drive several) */
-    QD_CUDA_CHECK(cudaFuncSetAttribute(k_matmul_bfp_wg<BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM));
-    k_matmul_bfp_wg<BN><<<(unsigned)tiles, BW_THREADS, S::SMEM>>>(p);
+    QD_CUDA_CHECK(cudaFuncSetAttribute(k_matmul_bfp_wg<BN, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM));
+    k_matmul_bfp_wg<BN, ST><<<(unsigned)tiles, BW_THREADS, S::SMEM>>>(p);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -625,8 +636,12 @@ extern "C" qd_status qdk_matmul_bfp(float *out, const float *x, const void *wq, 
     }
     static int wg_env = -2; /* past BV_ROWS rows on wgmma where the device has it (QUADS_BFP_WGMMA=0: mma.sync) */
     int wg = qd_switch(qd_cuda_bfp_wgmma, &wg_env, "QUADS_BFP_WGMMA") != 0;
-    if (wg == 1 && qd_wg_device())
-        return N <= 16 ? bw_launch<16>(p) : N <= 32 ? bw_launch<32>(p) : bw_launch<64>(p);
+    static int pipe_env = -2; /* QUADS_BFP_WG_PIPE=1: 4 stages, one stage's products in flight (opt-in) */
+    if (wg == 1 && qd_wg_device()) {
+        if (qd_env_pick(&pipe_env, "QUADS_BFP_WG_PIPE", 0, 1) == 1)
+            return N <= 16 ? bw_launch<16, 4>(p) : N <= 32 ? bw_launch<32, 4>(p) : bw_launch<64, 4>(p);
+        return N <= 16 ? bw_launch<16, 3>(p) : N <= 32 ? bw_launch<32, 3>(p) : bw_launch<64, 3>(p);
+    }
     if (N <= 16)
         return bf_launch<1, 8, 1>(p);
     if (N <= 32)
