@@ -382,13 +382,17 @@ static qd_status bf_launch(const bf_params &p)
  * four int32 sums per output (each an exact integer: any order), joined and
  * rounded by qd_bfp_out: the same bits. A CTA's x tiles run next to each
  * other, so the weights come from HBM once and from L2 after.
- * ST (stages): 3, each stage's products waited for before the next stage's
- * copies start over its buffer (the tensor cores idle from the last product's
- * end to the next stage's first); 4 (QUADS_BFP_WG_PIPE=1, opt-in, not yet
- * run on a GPU), one stage's products left in flight while the next stage's
- * are issued (wgmma.wait_group 1), the copies two stages ahead into the
- * buffer whose products were waited for a stage before (230,400 bytes of
- * shared memory at BN 64). */
+ * ST (stages): 4 (the default since 2026-12-06d), one stage's products left
+ * in flight while the next stage's are issued (wgmma.wait_group 1), the
+ * copies two stages ahead into the buffer whose products were waited for a
+ * stage before (230,400 bytes of shared memory at BN 64); 3
+ * (QUADS_BFP_WG_PIPE=0), each stage's products waited for before the next
+ * stage's copies start over its buffer (the tensor cores idle from the last
+ * product's end to the next stage's first). On an H100 (bench_quant --bfp,
+ * the same bits): 64 rows 0.369 -> 0.353 ms, 256 1.418 -> 1.331, 16,384
+ * 91.2 -> 87.4; the a3b-4 exact rollout at batch 64 1.011x. Still ~27% of
+ * the int8 tensor peak past 256 rows: a stage's 56 KB of copies feed 6.3 M
+ * multiply-adds, so the SM's loads (~2.3-3 TB/s over the GPU) hold it. */
 #define BW_BK 128
 #define BW_ROWS 128
 #define BW_THREADS 256
@@ -636,9 +640,9 @@ extern "C" qd_status qdk_matmul_bfp(float *out, const float *x, const void *wq, 
     }
     static int wg_env = -2; /* past BV_ROWS rows on wgmma where the device has it (QUADS_BFP_WGMMA=0: mma.sync) */
     int wg = qd_switch(qd_cuda_bfp_wgmma, &wg_env, "QUADS_BFP_WGMMA") != 0;
-    static int pipe_env = -2; /* QUADS_BFP_WG_PIPE=1: 4 stages, one stage's products in flight (opt-in) */
+    static int pipe_env = -2; /* QUADS_BFP_WG_PIPE=0: 3 stages, each waited for (the default until 2026-12-06d) */
     if (wg == 1 && qd_wg_device()) {
-        if (qd_env_pick(&pipe_env, "QUADS_BFP_WG_PIPE", 0, 1) == 1)
+        if (qd_env_pick(&pipe_env, "QUADS_BFP_WG_PIPE", 0, 1) != 0)
             return N <= 16 ? bw_launch<16, 4>(p) : N <= 32 ? bw_launch<32, 4>(p) : bw_launch<64, 4>(p);
         return N <= 16 ? bw_launch<16, 3>(p) : N <= 32 ? bw_launch<32, 3>(p) : bw_launch<64, 3>(p);
     }

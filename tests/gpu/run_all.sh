@@ -104,7 +104,7 @@ ops1 streamrg4 "the same, 4 slabs and 3 stages (QUADS_W4A4_STREAM_RG=4 QUADS_W4A
 ops1 bfpwg "the row BFP product of 1-4 rows on wgmma too (QUADS_BFP_MATVEC=0; past 4 rows wgmma by default on Hopper)" \
     QUADS_BFP_MATVEC=0
 ops1 bfpmma "the row BFP product on the int8 mma.sync kernel (QUADS_BFP_WGMMA=0)" QUADS_BFP_WGMMA=0 QUADS_BFP_MATVEC=0
-ops1 bfppipe "the row BFP product on wgmma with 4 stages, one stage's products in flight (QUADS_BFP_WG_PIPE=1, opt-in)" QUADS_BFP_WG_PIPE=1
+ops1 bfpwait "the row BFP product on wgmma with 3 stages, each stage's products waited for (QUADS_BFP_WG_PIPE=0; by default 4, one in flight)" QUADS_BFP_WG_PIPE=0
 ops1 thin "x.W^T of 9-127 rows over few outputs (the router at batch 16-64) on the register-staged thin tiles, not the cp.async ring (QUADS_MATMUL_RING=0)" QUADS_MATMUL_RING=0
 ops1 samplefused "the device sampler's exponentials computed where each lane adds them (QUADS_SAMPLE_FUSED=1, opt-in)" QUADS_SAMPLE_FUSED=1
 ops1 fp8chain "fast mode's FP8 experts on the exact kernel's E4M3 chain (QUADS_FP8_GROUPED=0; the tensor cores by default)" QUADS_FP8_GROUPED=0
