@@ -196,6 +196,12 @@ typedef struct {
                                    during this generate (its decode steps run as without them;
                                    the diagnostics slot then has none until the next forward):
                                    `quads rl` measures in a forward over the generated sequences */
+    void (*on_step)(int steps_done, int max_new_tokens, void *ctx);
+                                /* optional (NULL: none): called after each step of the generate
+                                   (the prefill and its token are step 1) with the steps done so
+                                   far, from the calling thread: progress lines of long rollouts;
+                                   the generate's numbers do not depend on it */
+    void *on_step_ctx;
 } qd_generate_request;
 
 typedef struct {

@@ -2748,8 +2748,11 @@ static qd_status generate_run(model *c, gen_state *g, const qd_generate_request 
         QD_TRY(st);
     }
     int active = 1;
-    for (int step = 0; step < M && active; step++)
+    for (int step = 0; step < M && active; step++) {
         QD_TRY(gen_step(c, g, rq, res, step, &active));
+        if (active && rq->on_step) /* a step with rows left (the one that finds none does nothing) */
+            rq->on_step(step + 1, M, rq->on_step_ctx);
+    }
     return QD_OK;
 }
 

@@ -258,13 +258,36 @@ static qd_status train_step(qd_backend *b, const bench_args *a, const bench_inpu
     return st;
 }
 
+/* A rollout of at least 1,024 new tokens: a line on stderr at every
+ * sixteenth of its steps (steps done, seconds since the generate began, ms a
+ * step since the line before), so that one cut off by a time limit (the
+ * 48-layer row of run_decode_h200.sh) still tells its pace. */
+typedef struct {
+    double t0, tl;
+    int sl;
+} gen_pace;
+
+static void pace_step(int done, int steps, void *ctx)
+{
+    gen_pace *p = ctx;
+    if (steps < 1024 || (done % (steps / 16) && done != steps))
+        return;
+    double now = qd_bench_now();
+    fprintf(stderr, "bench_backend: rollout step %d of %d, %.1f s, %.2f ms a step since step %d\n", done, steps,
+            now - p->t0, 1e3 * (now - p->tl) / (done - p->sl), p->sl);
+    p->tl = now;
+    p->sl = done;
+}
+
 static qd_status run_op(bench_op op, qd_backend *b, const bench_args *a, const bench_inputs *in, int step)
 {
     qd_batch bt = {.B = a->B, .T = a->T, .tokens = in->train_tok, .lengths = in->len_t, .temperature = 1.0f};
+    double t0 = qd_bench_now();
+    gen_pace pace = {.t0 = t0, .tl = t0, .sl = 0};
     qd_generate_request rq = {.B = a->B, .Tp = a->P, .prompt = in->prompt, .prompt_len = in->len_p,
                               .seq_id = in->seq_id, .seed = a->seed, .max_new_tokens = a->M,
                               .temperature = (float)a->temperature, .top_k = 0, .top_p = 1.0f, .stop = NULL,
-                              .num_stop = 0};
+                              .num_stop = 0, .on_step = pace_step, .on_step_ctx = &pace};
     qd_generate_result res = {.tokens = in->gen_tok, .logp = in->logp, .lengths = in->gen_len};
     switch (op) {
     case OP_TRAIN:

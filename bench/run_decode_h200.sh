@@ -32,7 +32,12 @@
 #        bytes, the KV cache and activations are then made by the generate);
 #        the rows go to OUTDIR/long.jsonl and OUTDIR/decode_long.jsonl. 8,192
 #        decode steps of 48 layers take far longer than the 4-layer rows: run
-#        it in the background and poll long.err.
+#        it in the background and poll long.err, where bench_backend writes a
+#        line at every 512th step (steps done, seconds, ms a step since the
+#        line before), so a run cut off by LONG_TIMEOUT still tells its pace.
+#        On the H200 on 2026-12-06 (9f3a76c) the nvfp4 instance's plan was
+#        117.8 GB with 139.3 GB free, its weights were set within a minute,
+#        and its generate had not finished 8,192 steps after ~420 s more.
 # shellcheck disable=SC2086
 set -u
 out=${1:-${OUT:-/tmp/bench_decode}}

@@ -2112,6 +2112,61 @@ START_TEST(test_errors)
 }
 END_TEST
 
+/* The generate's on_step callback: once a step, steps done 1, 2, ... with
+ * max_new_tokens, on the caller's thread; a stop token ends the calls with the
+ * generate; the tokens and log-probs the same with it as without it. */
+typedef struct {
+    int calls, last, steps, bad;
+} step_log;
+
+static void log_step(int done, int steps, void *ctx)
+{
+    step_log *l = ctx;
+    l->bad |= done != l->last + 1 || (l->steps && steps != l->steps);
+    l->calls++;
+    l->last = done;
+    l->steps = steps;
+}
+
+START_TEST(test_generate_on_step)
+{
+    qd_model_config c = tiny_config(0, 1);
+    qd_backend *b = make(&c, QD_RECIPE_NVFP4, QD_ROLE_ROLLOUT, 0.25, 0);
+    float *w = random_weights(b, 91);
+    ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
+    int32_t tok[TB * TT], gt[2][2 * 9], gl[2][2];
+    float glp[2][2 * 9];
+    tiny_batch(tok, 92);
+    uint64_t sid[2] = {5, 6};
+    step_log lg = {0};
+    qd_generate_request rq = {.B = 2, .Tp = TT, .prompt = tok, .prompt_len = tlen, .seq_id = sid, .seed = 3,
+                              .max_new_tokens = 9, .temperature = 1.0f, .top_p = 1.0f};
+    qd_generate_result r0 = {.tokens = gt[0], .logp = glp[0], .lengths = gl[0]};
+    qd_generate_result r1 = {.tokens = gt[1], .logp = glp[1], .lengths = gl[1]};
+    ck_assert_int_eq(qd_backend_generate(b, &rq, &r0), QD_OK);
+    rq.on_step = log_step;
+    rq.on_step_ctx = &lg;
+    ck_assert_int_eq(qd_backend_generate(b, &rq, &r1), QD_OK);
+    ck_assert_int_eq(lg.bad, 0);
+    ck_assert_int_eq(lg.calls, 9);
+    ck_assert_int_eq(lg.last, 9);
+    ck_assert_int_eq(lg.steps, 9);
+    ck_assert_mem_eq(gt[0], gt[1], sizeof gt[0]);
+    ck_assert_mem_eq(glp[0], glp[1], sizeof glp[0]);
+    /* both rows stop at step 1 (their first tokens as stop tokens): one call */
+    int32_t stop[2] = {gt[0][0], gt[0][9]};
+    rq.stop = stop;
+    rq.num_stop = 2;
+    lg = (step_log){0};
+    ck_assert_int_eq(qd_backend_generate(b, &rq, &r1), QD_OK);
+    ck_assert(gl[1][0] == 1 && gl[1][1] == 1);
+    ck_assert_int_eq(lg.bad, 0);
+    ck_assert_int_eq(lg.calls, 1);
+    free(w);
+    qd_backend_free(b);
+}
+END_TEST
+
 /* ---- the forward at a temperature */
 
 static void forward_temp(qd_backend *b, const int32_t *tok, const int32_t *len, int B, int T, float temp,
@@ -2295,6 +2350,7 @@ Suite *suite_backend_cpu(void)
     tcase_add_test(tc, test_null_ops_fallback);
     tcase_add_test(tc, test_shared_prefill);
     tcase_add_test(tc, test_errors);
+    tcase_add_test(tc, test_generate_on_step);
     tcase_add_test(tc, test_forward_temperature);
     tcase_add_test(tc, test_recompute);
     tcase_add_test(tc, test_lazy_zero);
