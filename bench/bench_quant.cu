@@ -847,10 +847,12 @@ static void bench_attention(void)
  * a3b's heads (32 query / 4 KV heads of 128) for B rows each at position T - 1
  * of its own float32 KV cache, the bytes its keys and values are (B T 4 128 4
  * x 2) in TB/s: a decode step at batch 64 spent about 35 us a layer here on
- * the H200 (ncu), for 42 MB at T 192. */
+ * the H200 (ncu), for 42 MB at T 192. T 8,320: the last step of the 48-layer
+ * row (128 + 8,192 tokens), whose generate took more than 51 ms a step on
+ * average on the H200 (2026-12-06): ~2.2 GB a layer at batch 64. */
 static void bench_decode_attn(void)
 {
-    const int H = 32, KV = 4, D = 128, Bs[] = {1, 64, 256}, Ts[] = {192, 1024, 4096};
+    const int H = 32, KV = 4, D = 128, Bs[] = {1, 64, 256}, Ts[] = {192, 1024, 4096, 8320};
     printf("\n| rows | positions | KV MB | us | TB/s |\n|---|---|---|---|---|\n");
     for (int B : Bs)
         for (int T : Ts) {
