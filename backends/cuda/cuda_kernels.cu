@@ -1783,7 +1783,46 @@ static size_t attend_gqa_smem(int GH, int D)
     return sizeof(float) * ((size_t)GH * D + (size_t)ATT_VN * ATT_VS * D + (size_t)ATT_VN * GH * ATT_VS);
 }
 
+/* The scores of position s for the GH heads whose queries are qs (GH x D in
+ * shared memory): key row k4 (D4 float4s) loaded 16 x 16 bytes at a time, each
+ * head's dot product one chain over i ascending, times scale, to pa[g * Tm + s]. */
 template <int GH>
+static __device__ __forceinline__ void att_score_row(float *pa, const float *qs, const float4 *k4, int D, int D4,
+                                                     int Tm, int s, float scale)
+{
+    float dot[GH];
+#pragma unroll
+    for (int g = 0; g < GH; g++)
+        dot[g] = 0.0f;
+    for (int i0 = 0; i0 < D4; i0 += 16) {
+        float4 kv[16];
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+            kv[j] = i0 + j < D4 ? __ldg(k4 + i0 + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            if (i0 + j >= D4)
+                break;
+#pragma unroll
+            for (int g = 0; g < GH; g++) {
+                float4 qv = *(const float4 *)(qs + g * D + 4 * (i0 + j));
+                float d = dot[g];
+                d = d + qv.x * kv[j].x;
+                d = d + qv.y * kv[j].y;
+                d = d + qv.z * kv[j].z;
+                d = d + qv.w * kv[j].w;
+                dot[g] = d;
+            }
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < GH; g++)
+        pa[(size_t)g * Tm + s] = dot[g] * scale;
+}
+
+/* SCORED: the scores are in att already (k_attend_scores; QUADS_ATT_SPLIT=1):
+ * the block starts at their maximum. */
+template <int GH, bool SCORED>
 __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *att, const float *q, const float *kb,
                                                             const float *vb, const int32_t *kbase,
                                                             const int32_t *pos, int H, int KV, int HS, int D, int Tm,
@@ -1797,40 +1836,13 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
     size_t KD = (size_t)KV * D;
     const float *kr = kb + (size_t)kbase[n] * KD + (size_t)kh * D, *vr = vb + (size_t)kbase[n] * KD + (size_t)kh * D;
     float *pa = att + ((size_t)n * H + (size_t)h0) * Tm; /* head g's row: pa + g * Tm */
-    for (int j = threadIdx.x; j < GH * D; j += ATT_THREADS)
-        qs[j] = q[(size_t)n * H * D + (size_t)h0 * D + j];
-    __syncthreads();
     int D4 = D / 4;
-    for (int s = threadIdx.x; s <= t; s += ATT_THREADS) {
-        const float4 *k4 = (const float4 *)(kr + (size_t)s * KD);
-        float dot[GH];
-#pragma unroll
-        for (int g = 0; g < GH; g++)
-            dot[g] = 0.0f;
-        for (int i0 = 0; i0 < D4; i0 += 16) {
-            float4 kv[16];
-#pragma unroll
-            for (int j = 0; j < 16; j++)
-                kv[j] = i0 + j < D4 ? __ldg(k4 + i0 + j) : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-            for (int j = 0; j < 16; j++) {
-                if (i0 + j >= D4)
-                    break;
-#pragma unroll
-                for (int g = 0; g < GH; g++) {
-                    float4 qv = *(const float4 *)(qs + g * D + 4 * (i0 + j));
-                    float d = dot[g];
-                    d = d + qv.x * kv[j].x;
-                    d = d + qv.y * kv[j].y;
-                    d = d + qv.z * kv[j].z;
-                    d = d + qv.w * kv[j].w;
-                    dot[g] = d;
-                }
-            }
-        }
-#pragma unroll
-        for (int g = 0; g < GH; g++)
-            pa[(size_t)g * Tm + s] = dot[g] * scale;
+    if constexpr (!SCORED) {
+        for (int j = threadIdx.x; j < GH * D; j += ATT_THREADS)
+            qs[j] = q[(size_t)n * H * D + (size_t)h0 * D + j];
+        __syncthreads();
+        for (int s = threadIdx.x; s <= t; s += ATT_THREADS)
+            att_score_row<GH>(pa, qs, (const float4 *)(kr + (size_t)s * KD), D, D4, Tm, s, scale);
     }
     __syncthreads();
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
@@ -1923,14 +1935,59 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
                 out[(size_t)n * H * D + (size_t)(h0 + r + u * R) * D + i] = acc[u];
 }
 
+/* The scores alone, every position of a row's group its own thread: block
+ * (x, y) takes row n = x / KV, KV head x % KV (all its GH query heads) and
+ * positions 256 y .. 256 y + 255 (those past pos[n] exit), so that the keys
+ * are read by many blocks at once where k_attend_gqa's 256 (batch 64 x 4 KV
+ * heads) read them one position set after the other in each block, between
+ * phases that read nothing. The same values: att_score_row. */
+template <int GH>
+__global__ void __launch_bounds__(ATT_THREADS) k_attend_scores(float *att, const float *q, const float *kb,
+                                                               const int32_t *kbase, const int32_t *pos, int H,
+                                                               int KV, int D, int Tm, float scale)
+{
+    extern __shared__ __align__(16) float att_sm[]; /* q (GH, D) */
+    int n = blockIdx.x / KV, kh = blockIdx.x % KV, t = pos[n], s = (int)blockIdx.y * ATT_THREADS + threadIdx.x;
+    if ((int)blockIdx.y * ATT_THREADS > t)
+        return;
+    int h0 = kh * GH;
+    size_t KD = (size_t)KV * D;
+    for (int j = threadIdx.x; j < GH * D; j += ATT_THREADS)
+        att_sm[j] = q[(size_t)n * H * D + (size_t)h0 * D + j];
+    __syncthreads();
+    if (s <= t)
+        att_score_row<GH>(att + ((size_t)n * H + (size_t)h0) * Tm, att_sm,
+                          (const float4 *)(kb + ((size_t)kbase[n] + (size_t)s) * KD + (size_t)kh * D), D, D / 4, Tm,
+                          s, scale);
+}
+
+/* QUADS_ATT_SPLIT=1 (opt-in, not yet run on a GPU): where the group's heads
+ * are not split (HS 1), the scores by k_attend_scores first, then
+ * k_attend_gqa from their maximum on. The same bits. */
+static int att_split_env(void)
+{
+    static int v = -2;
+    return qd_env_pick(&v, "QUADS_ATT_SPLIT", 0, 1);
+}
+
 template <int GH>
 static qd_status launch_attend_gqa(float *out, float *att, const float *q, const float *kb, const float *vb,
                                    const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int HS, int D,
                                    int Tm)
 {
     size_t smem = attend_gqa_smem(GH, D);
-    QD_LAUNCH_SMEM(k_attend_gqa<GH>, (unsigned)(N * KV * HS), (unsigned)ATT_THREADS, smem, out, att, q, kb, vb, kbase,
-                   pos, H, KV, HS, D, Tm, qd_attn_scale(D));
+    if (HS == 1 && att_split_env() == 1) {
+        dim3 grid((unsigned)(N * KV), (unsigned)((Tm + ATT_THREADS - 1) / ATT_THREADS));
+        QD_LAUNCH_SMEM(k_attend_scores<GH>, grid, (unsigned)ATT_THREADS, sizeof(float) * (size_t)GH * D, att, q, kb,
+                       kbase, pos, H, KV, D, Tm, qd_attn_scale(D));
+        auto k = k_attend_gqa<GH, true>;
+        QD_LAUNCH_SMEM(k, (unsigned)(N * KV * HS), (unsigned)ATT_THREADS, smem, out, att, q, kb, vb, kbase, pos, H, KV,
+                       HS, D, Tm, qd_attn_scale(D));
+        return QD_OK;
+    }
+    auto k = k_attend_gqa<GH, false>;
+    QD_LAUNCH_SMEM(k, (unsigned)(N * KV * HS), (unsigned)ATT_THREADS, smem, out, att, q, kb, vb, kbase, pos, H, KV, HS,
+                   D, Tm, qd_attn_scale(D));
     return QD_OK;
 }
 
