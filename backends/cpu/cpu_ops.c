@@ -593,7 +593,10 @@ static qd_status cpu_bfp_weights(void *dev, void *wq, const uint16_t *w16, const
 /* The mantissas' products are below 2^37 and their sums below IC 2^37 <=
  * 2^51: every one is exact in double, so the sum is S in any order. Rows go
  * in tiles of QD_ROWS as matmul_forward's (the innermost loop over a tile's
- * rows, which the compiler vectorizes). */
+ * rows, which the compiler vectorizes); the rows past the last full tile
+ * (all of them below QD_ROWS rows: decode) one at a time, each a dot product
+ * in four partial sums (not a tile padded with zero rows: at one row that was
+ * 32 times the work). */
 static qd_status cpu_matmul_bfp(void *dev, float *out, const float *x, const void *wq, int N, int IC, int OC)
 {
     QD_TRY(bfp_shape(N, IC, OC, "matmul_bfp"));
@@ -602,22 +605,23 @@ static qd_status cpu_matmul_bfp(void *dev, float *out, const float *x, const voi
     const int32_t *F = (const int32_t *)wq;
     const int8_t *hi = (const int8_t *)((const char *)wq + qd_bfp_hi_at(OC));
     const uint8_t *lo = (const uint8_t *)(hi + (size_t)OC * IC);
-    int tiles = (N + QD_ROWS - 1) / QD_ROWS;
-    double *xt = malloc(sizeof(double) * (size_t)tiles * QD_ROWS * IC);
+    int tiles = N / QD_ROWS, rest = N - tiles * QD_ROWS, nt = tiles * QD_ROWS;
+    double *xt = malloc(sizeof(double) * ((size_t)N * IC + 1));
     int32_t *E = malloc(sizeof(int32_t) * (size_t)N);
     if (!xt || !E) {
         free(xt), free(E);
         return qd_error(QD_ERR_NOMEM, "cpu backend: matmul_bfp (%d x %d)", N, IC);
     }
-    for (int n = 0; n < tiles * QD_ROWS; n++) { /* (tiles, IC, QD_ROWS): X as double */
+    /* X as double: the full tiles (tiles, IC, QD_ROWS), then the rest (rest, IC) */
+    double *xr = xt + (size_t)nt * IC;
+    for (int n = 0; n < N; n++) {
         const float *r = x + (size_t)n * IC;
-        int e = n < N ? qd_bfp_exponent(bfp_amax(r, IC)) : 0;
-        if (n < N)
-            E[n] = e;
-        double *d = xt + (size_t)(n / QD_ROWS) * IC * QD_ROWS + n % QD_ROWS;
+        int e = qd_bfp_exponent(bfp_amax(r, IC));
+        E[n] = e;
+        double *d = n < nt ? xt + (size_t)(n / QD_ROWS) * IC * QD_ROWS + n % QD_ROWS : xr + (size_t)(n - nt) * IC;
+        size_t step = n < nt ? QD_ROWS : 1;
         for (int i = 0; i < IC; i++)
-            d[(size_t)i * QD_ROWS] =
-                n >= N || e == QD_BFP_NONFINITE ? 0.0 : (double)qd_bfp_mant(qd_f32_bits(r[i]), e, QD_BFP_PX);
+            d[(size_t)i * step] = e == QD_BFP_NONFINITE ? 0.0 : (double)qd_bfp_mant(qd_f32_bits(r[i]), e, QD_BFP_PX);
     }
     int bad = 0;
 #pragma omp parallel num_threads(NT(dev)) reduction(|:bad)
@@ -636,8 +640,19 @@ static qd_status cpu_matmul_bfp(void *dev, float *out, const float *x, const voi
                 for (int i = 0; i < IC; i++)
                     for (int r = 0; r < QD_ROWS; r++)
                         acc[r] += xtt[(size_t)i * QD_ROWS + r] * W[i];
-                for (int r = 0; r < QD_ROWS && t * QD_ROWS + r < N; r++)
+                for (int r = 0; r < QD_ROWS; r++)
                     out[(size_t)(t * QD_ROWS + r) * OC + o] = qd_bfp_out((int64_t)acc[r], E[t * QD_ROWS + r], F[o]);
+            }
+            for (int r = 0; r < rest; r++) {
+                const double *xv = xr + (size_t)r * IC;
+                double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
+                for (int i = 0; i < IC; i += 4) { /* IC a multiple of 16 */
+                    a0 += xv[i] * W[i];
+                    a1 += xv[i + 1] * W[i + 1];
+                    a2 += xv[i + 2] * W[i + 2];
+                    a3 += xv[i + 3] * W[i + 3];
+                }
+                out[(size_t)(nt + r) * OC + o] = qd_bfp_out((int64_t)((a0 + a1) + (a2 + a3)), E[nt + r], F[o]);
             }
         }
         free(W);
