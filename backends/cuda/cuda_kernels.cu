@@ -1976,16 +1976,13 @@ static qd_status launch_attend_gqa(float *out, float *att, const float *q, const
                                    int Tm)
 {
     size_t smem = attend_gqa_smem(GH, D);
-    if (HS == 1 && att_split_env() == 1) {
+    bool split = HS == 1 && att_split_env() == 1;
+    if (split) {
         dim3 grid((unsigned)(N * KV), (unsigned)((Tm + ATT_THREADS - 1) / ATT_THREADS));
         QD_LAUNCH_SMEM(k_attend_scores<GH>, grid, (unsigned)ATT_THREADS, sizeof(float) * (size_t)GH * D, att, q, kb,
                        kbase, pos, H, KV, D, Tm, qd_attn_scale(D));
-        auto k = k_attend_gqa<GH, true>;
-        QD_LAUNCH_SMEM(k, (unsigned)(N * KV * HS), (unsigned)ATT_THREADS, smem, out, att, q, kb, vb, kbase, pos, H, KV,
-                       HS, D, Tm, qd_attn_scale(D));
-        return QD_OK;
     }
-    auto k = k_attend_gqa<GH, false>;
+    auto k = split ? k_attend_gqa<GH, true> : k_attend_gqa<GH, false>;
     QD_LAUNCH_SMEM(k, (unsigned)(N * KV * HS), (unsigned)ATT_THREADS, smem, out, att, q, kb, vb, kbase, pos, H, KV, HS,
                    D, Tm, qd_attn_scale(D));
     return QD_OK;
