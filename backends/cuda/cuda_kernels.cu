@@ -1760,10 +1760,18 @@ __global__ void k_attend(float *out, float *att, const float *q, const float *kb
  * product over i ascending; max per head by a warp (fmaxf: any order);
  * exponentials per element; each head's sum of exponentials one lane's chain
  * over s ascending, its operands staged through shared memory by the warp;
- * quotients per element; outputs: thread (i, r) owns column i of heads r,
- * r + R, ... (R = ATT_THREADS / D), each one chain over s ascending, with
- * the values and probabilities of ATT_VS positions a stage copied by cp.async
- * into a ring of ATT_VN stages (ATT_VN - 1 in flight while one is summed).
+ * quotients per element; outputs: thread (c, r) owns columns 4c .. 4c + 3 of
+ * heads r and r + R (R = ATT_THREADS / (D / 4)), each column one chain over
+ * s ascending, with the values and probabilities of ATT_VS positions a stage
+ * copied by cp.async into a ring of ATT_VN stages (ATT_VN - 1 in flight while
+ * one is summed): a position's four values one 16-byte read, four positions'
+ * probabilities one (one column a thread, the kernel before 2026-12-06e,
+ * spent 13 instructions a position for 8 FP operations and was issue-bound:
+ * 76% of the H100's issue slots at 256 rows x 1,024 positions, ncu). At GH 4
+ * and 8 the scores' keys come the same way (att_scores_staged,
+ * QUADS_ATT_KSTAGE): each thread reading its own key row from global memory
+ * (att_score_row) touched 32 lines a warp load and left the kernel at 1.4
+ * TB/s on an H100 (64 rows x 8,320 positions, 50% of DRAM, L1 hits 32%).
  * The probabilities live in att (N, H, Tm). Key and value tiles staged one
  * at a time (the kernel before) left an HBM latency a 32-position tile on the
  * critical path: 58 us a layer at batch 1, 78 at batch 64 (a3b, H200). */
@@ -1778,9 +1786,20 @@ static __device__ __forceinline__ void att_cp4(void *dst, const void *src)
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src));
 }
 
+#define ATT_KS 64 /* positions a key stage (the staged scores: GH 4 or 8) */
+
+/* floats of the ring region: the value ring, or the staged scores' two key
+ * stages of ATT_KS rows padded to D + 4 floats (conflict-free 16-byte reads
+ * of eight rows at one column), whichever is larger */
+static __host__ __device__ __forceinline__ size_t att_ring_floats(int D)
+{
+    size_t v = (size_t)ATT_VN * ATT_VS * D, k = (size_t)2 * ATT_KS * (D + 4);
+    return v > k ? v : k;
+}
+
 static size_t attend_gqa_smem(int GH, int D)
 {
-    return sizeof(float) * ((size_t)GH * D + (size_t)ATT_VN * ATT_VS * D + (size_t)ATT_VN * GH * ATT_VS);
+    return sizeof(float) * ((size_t)GH * D + att_ring_floats(D) + (size_t)ATT_VN * GH * ATT_VS);
 }
 
 /* The scores of position s for the GH heads whose queries are qs (GH x D in
@@ -1820,9 +1839,101 @@ static __device__ __forceinline__ void att_score_row(float *pa, const float *qs,
         pa[(size_t)g * Tm + s] = dot[g] * scale;
 }
 
+/* One value stage's products for four columns of one head: a += p[s] v[s]
+ * for s ascending (v: row s at vt + s D, 16 bytes; p: the head's ns
+ * probabilities, four a 16-byte load). */
+static __device__ __forceinline__ void att_v_step(float4 &a, float p, const float *v)
+{
+    float4 x = *(const float4 *)v;
+    a.x = a.x + p * x.x;
+    a.y = a.y + p * x.y;
+    a.z = a.z + p * x.z;
+    a.w = a.w + p * x.w;
+}
+
+static __device__ __forceinline__ void att_v_chain(float4 &a, const float *vt, const float *pp, int D, int ns)
+{
+    int s = 0;
+#pragma unroll 2
+    for (; s + 4 <= ns; s += 4) {
+        float4 p = *(const float4 *)(pp + s);
+        att_v_step(a, p.x, vt + (size_t)s * D);
+        att_v_step(a, p.y, vt + (size_t)(s + 1) * D);
+        att_v_step(a, p.z, vt + (size_t)(s + 2) * D);
+        att_v_step(a, p.w, vt + (size_t)(s + 3) * D);
+    }
+    for (; s < ns; s++)
+        att_v_step(a, pp[s], vt + (size_t)s * D);
+}
+
 /* SCORED: the scores are in att already (k_attend_scores; QUADS_ATT_SPLIT=1):
  * the block starts at their maximum. */
-template <int GH, bool SCORED>
+/* The staged scores (SC 2): the keys of ATT_KS positions a stage copied by
+ * cp.async, coalesced, into one of two padded tiles (the next stage in flight
+ * while one is used); thread (p, w) takes position p of the stage for heads
+ * w GH/4 .. w GH/4 + GH/4 - 1, each head's dot product one chain over i
+ * ascending as att_score_row's: the same values. */
+template <int GH>
+static __device__ __forceinline__ void att_scores_staged(float *pa, const float *qs, const float *kr, size_t KD,
+                                                         int D, int Tm, int t, float scale, float *kring)
+{
+    constexpr int HT = GH / 4;
+    int D4 = D / 4, KP = D + 4, nks = t / ATT_KS + 1, p = threadIdx.x % ATT_KS, w = threadIdx.x / ATT_KS;
+    auto issue = [&](int st) {
+        if (st < nks) {
+            int s0 = st * ATT_KS, ns = t + 1 - s0 < ATT_KS ? t + 1 - s0 : ATT_KS;
+            float *kt = kring + (size_t)(st & 1) * ATT_KS * KP;
+            for (int j = threadIdx.x; j < ns * D4; j += ATT_THREADS) {
+                int s = j / D4, u = j - s * D4;
+                mv_cp16(kt + s * KP + 4 * u, kr + (size_t)(s0 + s) * KD + 4 * u);
+            }
+        }
+        mv_commit();
+    };
+    issue(0);
+    const float *qw = qs + (size_t)w * HT * D;
+    for (int st = 0; st < nks; st++) {
+        issue(st + 1);
+        mv_wait<1>();
+        __syncthreads(); /* stage st landed for every thread */
+        int s = st * ATT_KS + p;
+        if (s <= t) {
+            const float4 *k4 = (const float4 *)(kring + (size_t)(st & 1) * ATT_KS * KP + (size_t)p * KP);
+            float dot[HT];
+#pragma unroll
+            for (int g = 0; g < HT; g++)
+                dot[g] = 0.0f;
+#pragma unroll 4
+            for (int j = 0; j < D4; j++) {
+                float4 kv = k4[j];
+#pragma unroll
+                for (int g = 0; g < HT; g++) {
+                    float4 qv = *(const float4 *)(qw + g * D + 4 * j);
+                    float d = dot[g];
+                    d = d + qv.x * kv.x;
+                    d = d + qv.y * kv.y;
+                    d = d + qv.z * kv.z;
+                    d = d + qv.w * kv.w;
+                    dot[g] = d;
+                }
+            }
+#pragma unroll
+            for (int g = 0; g < HT; g++)
+                pa[(size_t)(w * HT + g) * Tm + s] = dot[g] * scale;
+        }
+        __syncthreads(); /* stage st read by every thread before its tile is refilled */
+    }
+}
+
+/* QUADS_ATT_KSTAGE=0: the scores' keys loaded by each thread from global
+ * memory (att_score_row), the kernel before 2026-12-06e, not the staged tiles */
+static int att_kstage_env(void)
+{
+    static int v = -2;
+    return qd_env_pick(&v, "QUADS_ATT_KSTAGE", 0, 1);
+}
+
+template <int GH, int SC>
 __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *att, const float *q, const float *kb,
                                                             const float *vb, const int32_t *kbase,
                                                             const int32_t *pos, int H, int KV, int HS, int D, int Tm,
@@ -1832,17 +1943,20 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
     __shared__ __align__(16) float sumb[ATT_THREADS / 32][ATT_SUMB];
     int n = blockIdx.x / (KV * HS), kh = blockIdx.x % (KV * HS) / HS, hs = blockIdx.x % HS;
     int t = pos[n], h0 = kh * (H / KV) + hs * GH; /* the part's first head */
-    float *qs = att_sm, *vring = qs + GH * D, *pring = vring + ATT_VN * ATT_VS * D;
+    float *qs = att_sm, *vring = qs + GH * D, *pring = vring + att_ring_floats(D);
     size_t KD = (size_t)KV * D;
     const float *kr = kb + (size_t)kbase[n] * KD + (size_t)kh * D, *vr = vb + (size_t)kbase[n] * KD + (size_t)kh * D;
     float *pa = att + ((size_t)n * H + (size_t)h0) * Tm; /* head g's row: pa + g * Tm */
     int D4 = D / 4;
-    if constexpr (!SCORED) {
+    if constexpr (SC != 1) {
         for (int j = threadIdx.x; j < GH * D; j += ATT_THREADS)
             qs[j] = q[(size_t)n * H * D + (size_t)h0 * D + j];
         __syncthreads();
-        for (int s = threadIdx.x; s <= t; s += ATT_THREADS)
-            att_score_row<GH>(pa, qs, (const float4 *)(kr + (size_t)s * KD), D, D4, Tm, s, scale);
+        if constexpr (SC == 2)
+            att_scores_staged<GH>(pa, qs, kr, KD, D, Tm, t, scale, vring);
+        else
+            for (int s = threadIdx.x; s <= t; s += ATT_THREADS)
+                att_score_row<GH>(pa, qs, (const float4 *)(kr + (size_t)s * KD), D, D4, Tm, s, scale);
     }
     __syncthreads();
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
@@ -1905,34 +2019,28 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
 #pragma unroll
     for (int st = 0; st < ATT_VN - 1; st++)
         issue(st);
-    int R = ATT_THREADS / D, i = threadIdx.x % D, r = threadIdx.x / D;
-    bool mine = r < R && r < GH;
-    float acc[GH];
-#pragma unroll
-    for (int u = 0; u < GH; u++)
-        acc[u] = 0.0f;
+    /* thread (c, r): columns 4c .. 4c + 3 of head r and of head r + R (D / 4
+     * column groups, R = ATT_THREADS / (D / 4) >= 4 head slots: at most two
+     * heads a thread), each column one chain over s ascending */
+    int R = ATT_THREADS / D4, c = threadIdx.x % D4, r = threadIdx.x / D4;
+    bool has0 = r < GH, has1 = r + R < GH;
+    float4 a0 = make_float4(0.f, 0.f, 0.f, 0.f), a1 = a0;
     for (int st = 0; st < nst; st++) {
         mv_wait<ATT_VN - 2>();
         __syncthreads(); /* stage st landed for every thread; stage st - 1's slot is free */
         issue(st + ATT_VN - 1);
         int b = st % ATT_VN, ns = t + 1 - st * ATT_VS < ATT_VS ? t + 1 - st * ATT_VS : ATT_VS;
-        const float *vt = vring + (size_t)b * ATT_VS * D + i, *pt = pring + b * GH * ATT_VS;
-        if (mine) {
-#pragma unroll 8
-            for (int s = 0; s < ns; s++) {
-                float v = vt[s * D];
-#pragma unroll
-                for (int u = 0; u < GH; u++)
-                    if (r + u * R < GH)
-                        acc[u] = acc[u] + pt[(r + u * R) * ATT_VS + s] * v;
-            }
-        }
+        const float *vt = vring + (size_t)b * ATT_VS * D + 4 * c, *pt = pring + b * GH * ATT_VS;
+        if (has0)
+            att_v_chain(a0, vt, pt + r * ATT_VS, D, ns);
+        if (has1)
+            att_v_chain(a1, vt, pt + (r + R) * ATT_VS, D, ns);
     }
-    if (mine)
-#pragma unroll
-        for (int u = 0; u < GH; u++)
-            if (r + u * R < GH)
-                out[(size_t)n * H * D + (size_t)(h0 + r + u * R) * D + i] = acc[u];
+    float *o = out + (size_t)n * H * D + (size_t)h0 * D + 4 * c;
+    if (has0)
+        *(float4 *)(o + (size_t)r * D) = a0;
+    if (has1)
+        *(float4 *)(o + (size_t)(r + R) * D) = a1;
 }
 
 /* The scores alone, every position of a row's group its own thread: block
@@ -1982,7 +2090,10 @@ static qd_status launch_attend_gqa(float *out, float *att, const float *q, const
         QD_LAUNCH_SMEM(k_attend_scores<GH>, grid, (unsigned)ATT_THREADS, sizeof(float) * (size_t)GH * D, att, q, kb,
                        kbase, pos, H, KV, D, Tm, qd_attn_scale(D));
     }
-    auto k = split ? k_attend_gqa<GH, true> : k_attend_gqa<GH, false>;
+    auto k = split ? k_attend_gqa<GH, 1> : k_attend_gqa<GH, 0>;
+    if constexpr (GH >= 4)
+        if (!split && att_kstage_env() != 0)
+            k = k_attend_gqa<GH, 2>;
     QD_LAUNCH_SMEM(k, (unsigned)(N * KV * HS), (unsigned)ATT_THREADS, smem, out, att, q, kb, vb, kbase, pos, H, KV, HS,
                    D, Tm, qd_attn_scale(D));
     return QD_OK;

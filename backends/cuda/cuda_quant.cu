@@ -3069,10 +3069,21 @@ static qd_status stream_launch(float *y, const qd_nvfp4 *a, const w4a4_groups *g
     auto k = w4a4_stream_kernel<DEV, CB, S, TR, FC>;
     if (smem + 256 * sizeof(float) > 48 * 1024)
         QD_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    static int ps = 0; /* CTAs an SM of this configuration */
+    /* CTAs an SM of this configuration at this shared memory (it depends on
+     * K: the gate's 2,048 and the down projection's 768 differ), a few
+     * footprints remembered */
+    static size_t ps_smem[8];
+    static int ps_val[8], ps_n;
+    int ps = 0;
+    for (int i = 0; i < ps_n; i++)
+        if (ps_smem[i] == smem)
+            ps = ps_val[i];
     if (!ps) {
         QD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ps, k, 128, smem));
         ps = ps > 0 ? ps : 1;
+        int slot = ps_n < 8 ? ps_n++ : 7;
+        ps_smem[slot] = smem;
+        ps_val[slot] = ps;
     }
     unsigned gy = (unsigned)(DEV ? max_items : (maxrows + TR - 1) / TR), gz = DEV ? 1u : (unsigned)ng;
     int rg = w4a4_stream_rg((N + 63) / 64 * (int64_t)gy * gz, ps);
