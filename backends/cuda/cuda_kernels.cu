@@ -1875,10 +1875,15 @@ static __device__ __forceinline__ void att_v_chain(float4 &a, const float *vt, c
  * ascending as att_score_row's: the same values. */
 template <int GH>
 static __device__ __forceinline__ void att_scores_staged(float *pa, const float *qs, const float *kr, size_t KD,
-                                                         int D, int Tm, int t, float scale, float *kring)
+                                                         int D, int Tm, int t, float scale, float *kring,
+                                                         float (*mxp)[ATT_KS / 32])
 {
     constexpr int HT = GH / 4;
     int D4 = D / 4, KP = D + 4, nks = t / ATT_KS + 1, p = threadIdx.x % ATT_KS, w = threadIdx.x / ATT_KS;
+    float mxr[HT];
+#pragma unroll
+    for (int g = 0; g < HT; g++)
+        mxr[g] = -INFINITY;
     auto issue = [&](int st) {
         if (st < nks) {
             int s0 = st * ATT_KS, ns = t + 1 - s0 < ATT_KS ? t + 1 - s0 : ATT_KS;
@@ -1918,10 +1923,23 @@ static __device__ __forceinline__ void att_scores_staged(float *pa, const float 
                 }
             }
 #pragma unroll
-            for (int g = 0; g < HT; g++)
-                pa[(size_t)(w * HT + g) * Tm + s] = dot[g] * scale;
+            for (int g = 0; g < HT; g++) {
+                float x = dot[g] * scale;
+                pa[(size_t)(w * HT + g) * Tm + s] = x;
+                mxr[g] = fmaxf(mxr[g], x);
+            }
         }
         __syncthreads(); /* stage st read by every thread before its tile is refilled */
+    }
+    /* each head's maximum (fmaxf: any order gives the same value) from the
+     * ATT_KS / 32 warps of its slot */
+#pragma unroll
+    for (int g = 0; g < HT; g++) {
+        float m = mxr[g];
+        for (int o = 16; o; o >>= 1)
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if ((threadIdx.x & 31) == 0)
+            mxp[w * HT + g][p / 32] = m;
     }
 }
 
@@ -1941,6 +1959,8 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
 {
     extern __shared__ __align__(16) float att_sm[]; /* q (GH, D), value ring (VN, VS, D), p ring (VN, GH, VS) */
     __shared__ __align__(16) float sumb[ATT_THREADS / 32][ATT_SUMB];
+    /* SC 2: each head's maximum's parts, its maximum and its sum of exponentials */
+    __shared__ float mxp[SC == 2 ? GH : 1][ATT_KS / 32], mxh[GH], sums[GH];
     int n = blockIdx.x / (KV * HS), kh = blockIdx.x % (KV * HS) / HS, hs = blockIdx.x % HS;
     int t = pos[n], h0 = kh * (H / KV) + hs * GH; /* the part's first head */
     float *qs = att_sm, *vring = qs + GH * D, *pring = vring + att_ring_floats(D);
@@ -1953,7 +1973,7 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
             qs[j] = q[(size_t)n * H * D + (size_t)h0 * D + j];
         __syncthreads();
         if constexpr (SC == 2)
-            att_scores_staged<GH>(pa, qs, kr, KD, D, Tm, t, scale, vring);
+            att_scores_staged<GH>(pa, qs, kr, KD, D, Tm, t, scale, vring, mxp);
         else
             for (int s = threadIdx.x; s <= t; s += ATT_THREADS)
                 att_score_row<GH>(pa, qs, (const float4 *)(kr + (size_t)s * KD), D, D4, Tm, s, scale);
@@ -1962,10 +1982,16 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     for (int g = wid; g < GH; g += ATT_THREADS / 32) {
         float *p = pa + (size_t)g * Tm, mx = -INFINITY;
-        for (int s = lane; s <= t; s += 32)
-            mx = fmaxf(mx, p[s]);
-        for (int o = 16; o; o >>= 1)
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        if constexpr (SC == 2) {
+#pragma unroll
+            for (int k = 0; k < ATT_KS / 32; k++)
+                mx = fmaxf(mx, mxp[g][k]);
+        } else {
+            for (int s = lane; s <= t; s += 32)
+                mx = fmaxf(mx, p[s]);
+            for (int o = 16; o; o >>= 1)
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        }
         float sum = 0.0f;
         for (int s0 = 0; s0 <= t; s0 += ATT_SUMB) {
             int ns = t + 1 - s0 < ATT_SUMB ? t + 1 - s0 : ATT_SUMB;
@@ -1977,7 +2003,8 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
             for (int u = 0; u < ATT_SUMB / 32; u++)
                 if (lane + 32 * u < ns) {
                     float v = qd_expf(e[u] - mx);
-                    p[s0 + lane + 32 * u] = v;
+                    if constexpr (SC != 2) /* SC 2: the quotients are made from the scores again */
+                        p[s0 + lane + 32 * u] = v;
                     sumb[wid][lane + 32 * u] = v;
                 }
             __syncwarp();
@@ -1995,9 +2022,16 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
             }
             __syncwarp();
         }
-        sum = __shfl_sync(0xffffffffu, sum, 0);
-        for (int s = lane; s <= t; s += 32)
-            p[s] = p[s] / sum;
+        if constexpr (SC == 2) {
+            if (lane == 0) {
+                mxh[g] = mx;
+                sums[g] = sum;
+            }
+        } else {
+            sum = __shfl_sync(0xffffffffu, sum, 0);
+            for (int s = lane; s <= t; s += 32)
+                p[s] = p[s] / sum;
+        }
     }
     __syncthreads(); /* the probabilities in att, read back by the ring's copies */
     int nst = t / ATT_VS + 1;
@@ -2009,16 +2043,45 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
                 int s = j / D4, u = j - s * D4;
                 mv_cp16(vt + s * D + 4 * u, vr + (size_t)(s0 + s) * KD + 4 * u);
             }
-            for (int j = threadIdx.x; j < GH * ns; j += ATT_THREADS) {
-                int g = j / ns, s = j - g * ns;
-                att_cp4(pt + g * ATT_VS + s, pa + (size_t)g * Tm + s0 + s);
+            if (SC != 2) {
+                for (int j = threadIdx.x; j < GH * ns; j += ATT_THREADS) {
+                    int g = j / ns, s = j - g * ns;
+                    att_cp4(pt + g * ATT_VS + s, pa + (size_t)g * Tm + s0 + s);
+                }
             }
         }
         mv_commit();
     };
+    /* SC 2: a stage's probabilities made by its threads from the scores
+     * (GH ATT_VS <= ATT_THREADS: one each), qd_expf(x - max) / sum as the
+     * softmax above would have stored them: the score read a stage ahead
+     * (score_of) and its quotient stored after the stage in hand is summed,
+     * to the ring and to att (att's scores read twice and written twice in
+     * all, not six times: the maximum came with the scores, the exponentials
+     * and quotients are not stored and read back) */
+    auto score_of = [&](int st) -> float {
+        int s0 = st * ATT_VS, ns = t + 1 - s0 < ATT_VS ? t + 1 - s0 : ATT_VS;
+        if (st < nst && (int)threadIdx.x < GH * ns) {
+            int g = threadIdx.x / ns, s = threadIdx.x - g * ns;
+            return pa[(size_t)g * Tm + s0 + s];
+        }
+        return 0.0f;
+    };
+    auto put_p = [&](int st, float x) {
+        int s0 = st * ATT_VS, ns = t + 1 - s0 < ATT_VS ? t + 1 - s0 : ATT_VS;
+        if (st < nst && (int)threadIdx.x < GH * ns) {
+            int g = threadIdx.x / ns, s = threadIdx.x - g * ns;
+            float pv = qd_expf(x - mxh[g]) / sums[g];
+            pring[(st % ATT_VN) * GH * ATT_VS + g * ATT_VS + s] = pv;
+            pa[(size_t)g * Tm + s0 + s] = pv; /* att: the probabilities, as the op says */
+        }
+    };
 #pragma unroll
-    for (int st = 0; st < ATT_VN - 1; st++)
+    for (int st = 0; st < ATT_VN - 1; st++) {
         issue(st);
+        if constexpr (SC == 2)
+            put_p(st, score_of(st));
+    }
     /* thread (c, r): columns 4c .. 4c + 3 of head r and of head r + R (D / 4
      * column groups, R = ATT_THREADS / (D / 4) >= 4 head slots: at most two
      * heads a thread), each column one chain over s ascending */
@@ -2029,12 +2092,15 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
         mv_wait<ATT_VN - 2>();
         __syncthreads(); /* stage st landed for every thread; stage st - 1's slot is free */
         issue(st + ATT_VN - 1);
+        float x = SC == 2 ? score_of(st + ATT_VN - 1) : 0.0f;
         int b = st % ATT_VN, ns = t + 1 - st * ATT_VS < ATT_VS ? t + 1 - st * ATT_VS : ATT_VS;
         const float *vt = vring + (size_t)b * ATT_VS * D + 4 * c, *pt = pring + b * GH * ATT_VS;
         if (has0)
             att_v_chain(a0, vt, pt + r * ATT_VS, D, ns);
         if (has1)
             att_v_chain(a1, vt, pt + (r + R) * ATT_VS, D, ns);
+        if constexpr (SC == 2)
+            put_p(st + ATT_VN - 1, x); /* its slot, stage st - 1's, was freed by the barrier above */
     }
     float *o = out + (size_t)n * H * D + (size_t)h0 * D + 4 * c;
     if (has0)
