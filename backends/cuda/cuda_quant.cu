@@ -3591,7 +3591,13 @@ extern "C" qd_status qd_cuda_w4a4_gemm_grouped_dev_async(float *y, const qd_nvfp
     int64_t mean = (R + ng - 1) / ng;
     int nt = mean <= 8 ? 1 : mean <= 16 ? 2 : mean <= 32 ? 4 : 8;
     int *items = gd_n + 1;
-    if (al16 && mean <= 32 && K % 256 == 0 && qd_aligned(a->codes, 8) && w4a4_stream_env() == 1) {
+    /* the streaming kernel where QUADS_W4A4_STREAM=1, or by default where the
+     * host offsets' rule (w4a4_stream_default) would take it for groups of
+     * the mean rows: decode's experts at batch 16-64 (the MMA kernel here
+     * until 2026-12-06e left QUADS_MOE_DEV_ROWS=4096 0.84x at batch 64) */
+    int st_env = w4a4_stream_env();
+    if (al16 && mean <= 32 && K % 256 == 0 && qd_aligned(a->codes, 8) &&
+        (st_env == 1 || (st_env < 0 && w4a4_stream_default(ng, mean)))) {
         int tr = mean <= 8 ? 8 : 16;
         w4a4_items_from_dev<<<1, 32>>>(gd, items, gd_n, d_off, tab, E, tr);
         QD_CUDA_CHECK(cudaGetLastError());
