@@ -1866,9 +1866,7 @@ static __device__ __forceinline__ void att_v_chain(float4 &a, const float *vt, c
         att_v_step(a, pp[s], vt + (size_t)s * D);
 }
 
-/* SCORED: the scores are in att already (k_attend_scores; QUADS_ATT_SPLIT=1):
- * the block starts at their maximum. */
-/* The staged scores (SC 2): the keys of ATT_KS positions a stage copied by
+/* The staged scores (STAGED): the keys of ATT_KS positions a stage copied by
  * cp.async, coalesced, into one of two padded tiles (the next stage in flight
  * while one is used); thread (p, w) takes position p of the stage for heads
  * w GH/4 .. w GH/4 + GH/4 - 1, each head's dot product one chain over i
@@ -1951,7 +1949,7 @@ static int att_kstage_env(void)
     return qd_env_pick(&v, "QUADS_ATT_KSTAGE", 0, 1);
 }
 
-template <int GH, int SC>
+template <int GH, bool STAGED>
 __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *att, const float *q, const float *kb,
                                                             const float *vb, const int32_t *kbase,
                                                             const int32_t *pos, int H, int KV, int HS, int D, int Tm,
@@ -1959,8 +1957,8 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
 {
     extern __shared__ __align__(16) float att_sm[]; /* q (GH, D), value ring (VN, VS, D), p ring (VN, GH, VS) */
     __shared__ __align__(16) float sumb[ATT_THREADS / 32][ATT_SUMB];
-    /* SC 2: each head's maximum's parts, its maximum and its sum of exponentials */
-    __shared__ float mxp[SC == 2 ? GH : 1][ATT_KS / 32], mxh[GH], sums[GH];
+    /* STAGED: each head's maximum's parts, its maximum and its sum of exponentials */
+    __shared__ float mxp[STAGED ? GH : 1][ATT_KS / 32], mxh[GH], sums[GH];
     int n = blockIdx.x / (KV * HS), kh = blockIdx.x % (KV * HS) / HS, hs = blockIdx.x % HS;
     int t = pos[n], h0 = kh * (H / KV) + hs * GH; /* the part's first head */
     float *qs = att_sm, *vring = qs + GH * D, *pring = vring + att_ring_floats(D);
@@ -1968,21 +1966,19 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
     const float *kr = kb + (size_t)kbase[n] * KD + (size_t)kh * D, *vr = vb + (size_t)kbase[n] * KD + (size_t)kh * D;
     float *pa = att + ((size_t)n * H + (size_t)h0) * Tm; /* head g's row: pa + g * Tm */
     int D4 = D / 4;
-    if constexpr (SC != 1) {
-        for (int j = threadIdx.x; j < GH * D; j += ATT_THREADS)
-            qs[j] = q[(size_t)n * H * D + (size_t)h0 * D + j];
-        __syncthreads();
-        if constexpr (SC == 2)
-            att_scores_staged<GH>(pa, qs, kr, KD, D, Tm, t, scale, vring, mxp);
-        else
-            for (int s = threadIdx.x; s <= t; s += ATT_THREADS)
-                att_score_row<GH>(pa, qs, (const float4 *)(kr + (size_t)s * KD), D, D4, Tm, s, scale);
-    }
+    for (int j = threadIdx.x; j < GH * D; j += ATT_THREADS)
+        qs[j] = q[(size_t)n * H * D + (size_t)h0 * D + j];
+    __syncthreads();
+    if constexpr (STAGED)
+        att_scores_staged<GH>(pa, qs, kr, KD, D, Tm, t, scale, vring, mxp);
+    else
+        for (int s = threadIdx.x; s <= t; s += ATT_THREADS)
+            att_score_row<GH>(pa, qs, (const float4 *)(kr + (size_t)s * KD), D, D4, Tm, s, scale);
     __syncthreads();
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     for (int g = wid; g < GH; g += ATT_THREADS / 32) {
         float *p = pa + (size_t)g * Tm, mx = -INFINITY;
-        if constexpr (SC == 2) {
+        if constexpr (STAGED) {
 #pragma unroll
             for (int k = 0; k < ATT_KS / 32; k++)
                 mx = fmaxf(mx, mxp[g][k]);
@@ -2003,7 +1999,7 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
             for (int u = 0; u < ATT_SUMB / 32; u++)
                 if (lane + 32 * u < ns) {
                     float v = qd_expf(e[u] - mx);
-                    if constexpr (SC != 2) /* SC 2: the quotients are made from the scores again */
+                    if constexpr (!STAGED) /* STAGED: the quotients are made from the scores again */
                         p[s0 + lane + 32 * u] = v;
                     sumb[wid][lane + 32 * u] = v;
                 }
@@ -2022,7 +2018,7 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
             }
             __syncwarp();
         }
-        if constexpr (SC == 2) {
+        if constexpr (STAGED) {
             if (lane == 0) {
                 mxh[g] = mx;
                 sums[g] = sum;
@@ -2043,7 +2039,7 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
                 int s = j / D4, u = j - s * D4;
                 mv_cp16(vt + s * D + 4 * u, vr + (size_t)(s0 + s) * KD + 4 * u);
             }
-            if (SC != 2) {
+            if (!STAGED) {
                 for (int j = threadIdx.x; j < GH * ns; j += ATT_THREADS) {
                     int g = j / ns, s = j - g * ns;
                     att_cp4(pt + g * ATT_VS + s, pa + (size_t)g * Tm + s0 + s);
@@ -2052,7 +2048,7 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
         }
         mv_commit();
     };
-    /* SC 2: a stage's probabilities made by its threads from the scores
+    /* STAGED: a stage's probabilities made by its threads from the scores
      * (GH ATT_VS <= ATT_THREADS: one each), qd_expf(x - max) / sum as the
      * softmax above would have stored them: the score read a stage ahead
      * (score_of) and its quotient stored after the stage in hand is summed,
@@ -2079,7 +2075,7 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
 #pragma unroll
     for (int st = 0; st < ATT_VN - 1; st++) {
         issue(st);
-        if constexpr (SC == 2)
+        if constexpr (STAGED)
             put_p(st, score_of(st));
     }
     /* thread (c, r): columns 4c .. 4c + 3 of head r and of head r + R (D / 4
@@ -2092,14 +2088,14 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
         mv_wait<ATT_VN - 2>();
         __syncthreads(); /* stage st landed for every thread; stage st - 1's slot is free */
         issue(st + ATT_VN - 1);
-        float x = SC == 2 ? score_of(st + ATT_VN - 1) : 0.0f;
+        float x = STAGED ? score_of(st + ATT_VN - 1) : 0.0f;
         int b = st % ATT_VN, ns = t + 1 - st * ATT_VS < ATT_VS ? t + 1 - st * ATT_VS : ATT_VS;
         const float *vt = vring + (size_t)b * ATT_VS * D + 4 * c, *pt = pring + b * GH * ATT_VS;
         if (has0)
             att_v_chain(a0, vt, pt + r * ATT_VS, D, ns);
         if (has1)
             att_v_chain(a1, vt, pt + (r + R) * ATT_VS, D, ns);
-        if constexpr (SC == 2)
+        if constexpr (STAGED)
             put_p(st + ATT_VN - 1, x); /* its slot, stage st - 1's, was freed by the barrier above */
     }
     float *o = out + (size_t)n * H * D + (size_t)h0 * D + 4 * c;
@@ -2109,57 +2105,16 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
         *(float4 *)(o + (size_t)(r + R) * D) = a1;
 }
 
-/* The scores alone, every position of a row's group its own thread: block
- * (x, y) takes row n = x / KV, KV head x % KV (all its GH query heads) and
- * positions 256 y .. 256 y + 255 (those past pos[n] exit), so that the keys
- * are read by many blocks at once where k_attend_gqa's 256 (batch 64 x 4 KV
- * heads) read them one position set after the other in each block, between
- * phases that read nothing. The same values: att_score_row. */
-template <int GH>
-__global__ void __launch_bounds__(ATT_THREADS) k_attend_scores(float *att, const float *q, const float *kb,
-                                                               const int32_t *kbase, const int32_t *pos, int H,
-                                                               int KV, int D, int Tm, float scale)
-{
-    extern __shared__ __align__(16) float att_sm[]; /* q (GH, D) */
-    int n = blockIdx.x / KV, kh = blockIdx.x % KV, t = pos[n], s = (int)blockIdx.y * ATT_THREADS + threadIdx.x;
-    if ((int)blockIdx.y * ATT_THREADS > t)
-        return;
-    int h0 = kh * GH;
-    size_t KD = (size_t)KV * D;
-    for (int j = threadIdx.x; j < GH * D; j += ATT_THREADS)
-        att_sm[j] = q[(size_t)n * H * D + (size_t)h0 * D + j];
-    __syncthreads();
-    if (s <= t)
-        att_score_row<GH>(att + ((size_t)n * H + (size_t)h0) * Tm, att_sm,
-                          (const float4 *)(kb + ((size_t)kbase[n] + (size_t)s) * KD + (size_t)kh * D), D, D / 4, Tm,
-                          s, scale);
-}
-
-/* QUADS_ATT_SPLIT=1 (opt-in, not yet run on a GPU): where the group's heads
- * are not split (HS 1), the scores by k_attend_scores first, then
- * k_attend_gqa from their maximum on. The same bits. */
-static int att_split_env(void)
-{
-    static int v = -2;
-    return qd_env_pick(&v, "QUADS_ATT_SPLIT", 0, 1);
-}
-
 template <int GH>
 static qd_status launch_attend_gqa(float *out, float *att, const float *q, const float *kb, const float *vb,
                                    const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int HS, int D,
                                    int Tm)
 {
     size_t smem = attend_gqa_smem(GH, D);
-    bool split = HS == 1 && att_split_env() == 1;
-    if (split) {
-        dim3 grid((unsigned)(N * KV), (unsigned)((Tm + ATT_THREADS - 1) / ATT_THREADS));
-        QD_LAUNCH_SMEM(k_attend_scores<GH>, grid, (unsigned)ATT_THREADS, sizeof(float) * (size_t)GH * D, att, q, kb,
-                       kbase, pos, H, KV, D, Tm, qd_attn_scale(D));
-    }
-    auto k = split ? k_attend_gqa<GH, 1> : k_attend_gqa<GH, 0>;
+    auto k = k_attend_gqa<GH, false>;
     if constexpr (GH >= 4)
-        if (!split && att_kstage_env() != 0)
-            k = k_attend_gqa<GH, 2>;
+        if (att_kstage_env() != 0)
+            k = k_attend_gqa<GH, true>;
     QD_LAUNCH_SMEM(k, (unsigned)(N * KV * HS), (unsigned)ATT_THREADS, smem, out, att, q, kb, vb, kbase, pos, H, KV, HS,
                    D, Tm, qd_attn_scale(D));
     return QD_OK;

@@ -105,7 +105,6 @@ ops1 bfpwg "the row BFP product of 1-4 rows on wgmma too (QUADS_BFP_MATVEC=0; pa
     QUADS_BFP_MATVEC=0
 ops1 bfpmma "the row BFP product on the int8 mma.sync kernel (QUADS_BFP_WGMMA=0)" QUADS_BFP_WGMMA=0 QUADS_BFP_MATVEC=0
 ops1 bfpwait "the row BFP product on wgmma with 3 stages, each stage's products waited for (QUADS_BFP_WG_PIPE=0; by default 4, one in flight)" QUADS_BFP_WG_PIPE=0
-ops1 attsplit "decode attention's scores in their own launch over 256-position chunks (QUADS_ATT_SPLIT=1, opt-in)" QUADS_ATT_SPLIT=1
 ops1 thin "x.W^T of 9-127 rows over few outputs (the router at batch 16-64) on the register-staged thin tiles, not the cp.async ring (QUADS_MATMUL_RING=0)" QUADS_MATMUL_RING=0
 ops1 samplefused "the device sampler's exponentials computed where each lane adds them (QUADS_SAMPLE_FUSED=1, opt-in)" QUADS_SAMPLE_FUSED=1
 ops1 fp8chain "fast mode's FP8 experts on the exact kernel's E4M3 chain (QUADS_FP8_GROUPED=0; the tensor cores by default)" QUADS_FP8_GROUPED=0
