@@ -1802,6 +1802,17 @@ static size_t attend_gqa_smem(int GH, int D)
     return sizeof(float) * ((size_t)GH * D + att_ring_floats(D) + (size_t)ATT_VN * GH * ATT_VS);
 }
 
+/* A score's chain over four more elements: d + q.x k.x, then + q.y k.y, ...
+ * (each product rounded, then each add: the exact order of both score kernels) */
+static __device__ __forceinline__ float att_dot4(float d, float4 q, float4 k)
+{
+    d = d + q.x * k.x;
+    d = d + q.y * k.y;
+    d = d + q.z * k.z;
+    d = d + q.w * k.w;
+    return d;
+}
+
 /* The scores of position s for the GH heads whose queries are qs (GH x D in
  * shared memory): key row k4 (D4 float4s) loaded 16 x 16 bytes at a time, each
  * head's dot product one chain over i ascending, times scale, to pa[g * Tm + s]. */
@@ -1823,15 +1834,8 @@ static __device__ __forceinline__ void att_score_row(float *pa, const float *qs,
             if (i0 + j >= D4)
                 break;
 #pragma unroll
-            for (int g = 0; g < GH; g++) {
-                float4 qv = *(const float4 *)(qs + g * D + 4 * (i0 + j));
-                float d = dot[g];
-                d = d + qv.x * kv[j].x;
-                d = d + qv.y * kv[j].y;
-                d = d + qv.z * kv[j].z;
-                d = d + qv.w * kv[j].w;
-                dot[g] = d;
-            }
+            for (int g = 0; g < GH; g++)
+                dot[g] = att_dot4(dot[g], *(const float4 *)(qs + g * D + 4 * (i0 + j)), kv[j]);
         }
     }
 #pragma unroll
@@ -1910,15 +1914,8 @@ static __device__ __forceinline__ void att_scores_staged(float *pa, const float 
             for (int j = 0; j < D4; j++) {
                 float4 kv = k4[j];
 #pragma unroll
-                for (int g = 0; g < HT; g++) {
-                    float4 qv = *(const float4 *)(qw + g * D + 4 * j);
-                    float d = dot[g];
-                    d = d + qv.x * kv.x;
-                    d = d + qv.y * kv.y;
-                    d = d + qv.z * kv.z;
-                    d = d + qv.w * kv.w;
-                    dot[g] = d;
-                }
+                for (int g = 0; g < HT; g++)
+                    dot[g] = att_dot4(dot[g], *(const float4 *)(qw + g * D + 4 * j), kv);
             }
 #pragma unroll
             for (int g = 0; g < HT; g++) {
