@@ -1761,7 +1761,7 @@ __global__ void k_attend(float *out, float *att, const float *q, const float *kb
  * exponentials per element; each head's sum of exponentials one lane's chain
  * over s ascending, its operands staged through shared memory by the warp;
  * quotients per element; outputs: thread (c, r) owns columns 4c .. 4c + 3 of
- * heads r and r + R (R = ATT_THREADS / (D / 4)), each column one chain over
+ * head r (GH D <= 4 ATT_THREADS: one head a thread), each column one chain over
  * s ascending, with the values and probabilities of ATT_VS positions a stage
  * copied by cp.async into a ring of ATT_VN stages (ATT_VN - 1 in flight while
  * one is summed): a position's four values one 16-byte read, four positions'
@@ -2075,12 +2075,12 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
         if constexpr (STAGED)
             put_p(st, score_of(st));
     }
-    /* thread (c, r): columns 4c .. 4c + 3 of head r and of head r + R (D / 4
-     * column groups, R = ATT_THREADS / (D / 4) >= 4 head slots: at most two
-     * heads a thread), each column one chain over s ascending */
-    int R = ATT_THREADS / D4, c = threadIdx.x % D4, r = threadIdx.x / D4;
-    bool has0 = r < GH, has1 = r + R < GH;
-    float4 a0 = make_float4(0.f, 0.f, 0.f, 0.f), a1 = a0;
+    /* thread (c, r): columns 4c .. 4c + 3 of head r (D / 4 column groups,
+     * ATT_THREADS / (D / 4) >= GH head slots: qdk_attend's condition), each
+     * column one chain over s ascending */
+    int c = threadIdx.x % D4, r = threadIdx.x / D4;
+    bool has0 = r < GH;
+    float4 a0 = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int st = 0; st < nst; st++) {
         mv_wait<ATT_VN - 2>();
         __syncthreads(); /* stage st landed for every thread; stage st - 1's slot is free */
@@ -2090,16 +2090,12 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
         const float *vt = vring + (size_t)b * ATT_VS * D + 4 * c, *pt = pring + b * GH * ATT_VS;
         if (has0)
             att_v_chain(a0, vt, pt + r * ATT_VS, D, ns);
-        if (has1)
-            att_v_chain(a1, vt, pt + (r + R) * ATT_VS, D, ns);
         if constexpr (STAGED)
             put_p(st + ATT_VN - 1, x); /* its slot, stage st - 1's, was freed by the barrier above */
     }
     float *o = out + (size_t)n * H * D + (size_t)h0 * D + 4 * c;
     if (has0)
         *(float4 *)(o + (size_t)r * D) = a0;
-    if (has1)
-        *(float4 *)(o + (size_t)(r + R) * D) = a1;
 }
 
 template <int GH>
@@ -2130,7 +2126,7 @@ extern "C" qd_status qdk_attend(float *out, float *att, const float *q, const fl
         HS *= 2;
     int GH = G ? G / HS : 0;
     if (GH && D % 4 == 0 && D <= ATT_THREADS && ATT_THREADS % D == 0 && (GH == 1 || GH == 2 || GH == 4 || GH == 8) &&
-        attend_gqa_smem(GH, D) <= 100 * 1024) {
+        GH * D <= 4 * ATT_THREADS && attend_gqa_smem(GH, D) <= 100 * 1024) {
         return GH == 1 ? launch_attend_gqa<1>(out, att, q, kb, vb, kbase, pos, N, H, KV, HS, D, Tm)
              : GH == 2 ? launch_attend_gqa<2>(out, att, q, kb, vb, kbase, pos, N, H, KV, HS, D, Tm)
              : GH == 4 ? launch_attend_gqa<4>(out, att, q, kb, vb, kbase, pos, N, H, KV, HS, D, Tm)
