@@ -181,6 +181,8 @@ typedef struct {
     /* KV cache of a generation: NULL outside one */
     float *kc, *vc;                /* dev (L, rows, Tc, KV*D) keys after norm and RoPE, values */
     int cache_rows, Tc;
+    uint64_t graph_seen;           /* the key of the last decode step that ran without a step graph */
+    int graph_off;                 /* a step graph's recording failed: decode steps launch as they run */
     int decode;                    /* 1: the batch is one new token per row, attend to the cache */
     int generating;                /* 1 inside a generate: logits only of each row's last token */
     int Bl;                        /* a generate's logit rows (B, or a shared prefill's rows) */
@@ -2520,6 +2522,73 @@ typedef struct {
     int Tmax;
 } gen_state;
 
+/* A decode step's forward recorded by the ops (ops.h graph_begin) at the
+ * second step of one shape and replayed by one launch at every step of that
+ * shape after, so the host enqueues one launch a step, not every kernel of
+ * every layer (decode at batch 1-8 waits on launches: a3b-4 exact nvfp4 on an
+ * H100, 2026-12-06, batch 1 1.15x, batch 8 1.08x; QUADS_CUDA_GRAPH=0 turns it
+ * off, =1 also logs the recordings at the end). Only where nothing of a step's forward goes
+ * through the host: every MoE layer's expert offsets on the device
+ * (moe_dev_decode), no diagnostics, no RAC statistics; the ops refuse the
+ * rest while recording, and a recording that fails leaves this model's
+ * decode steps to launch as they run. The same ops on the same buffers: the
+ * same bits. */
+static int graph_on(model *c)
+{
+    static int env = -1;
+    env_switch(&env, "QUADS_CUDA_GRAPH", 1);
+    if (!env || c->graph_off || !c->ops->graph_begin || diag_now(c) || (c->rac_stats && c->nrac_in > 0))
+        return 0;
+    for (int l = 0; l < c->cfg.num_hidden_layers; l++)
+        if (c->layers[l].moe && !moe_dev_decode(c, &c->layers[l], c->N))
+            return 0;
+    return 1;
+}
+
+/* What a recorded step read that the driver sets: its shape, the arena, the
+ * scratch buffers and the KV cache (FNV-1a of their words). */
+static uint64_t graph_key(const model *c)
+{
+    uint64_t v[10 + 2 * S_NSCRATCH], h = 1469598103934665603ull;
+    int n = 0;
+    v[n++] = (uint64_t)c->N, v[n++] = (uint64_t)c->B, v[n++] = (uint64_t)c->Tm, v[n++] = (uint64_t)c->Tc;
+    v[n++] = (uint64_t)(uintptr_t)c->arena, v[n++] = (uint64_t)c->arena_cap;
+    v[n++] = (uint64_t)(uintptr_t)c->kc, v[n++] = (uint64_t)(uintptr_t)c->vc;
+    v[n++] = (uint64_t)(uintptr_t)c->head_bfp, v[n++] = (uint64_t)c->cache_rows;
+    for (int i = 0; i < S_NSCRATCH; i++)
+        v[n++] = (uint64_t)(uintptr_t)c->scratch[i], v[n++] = (uint64_t)c->scratch_cap[i];
+    for (int i = 0; i < n; i++)
+        h = (h ^ v[i]) * 1099511628211ull;
+    return h;
+}
+
+/* A decode step's forward through a step graph: replayed where one of this
+ * key is kept; else run as it is at the first step of a key (which makes
+ * every buffer the step grows), recorded and replayed at the second. */
+static qd_status decode_graph(model *c)
+{
+    uint64_t key = graph_key(c);
+    qd_status st = c->ops->graph_run(c->dev, key);
+    if (st == QD_OK)
+        return finish(c);
+    if (st != QD_ERR_UNSUPPORTED)
+        return st;
+    if (key != c->graph_seen) {
+        c->graph_seen = key;
+        return model_forward(c, NULL);
+    }
+    if (c->ops->graph_begin(c->dev) == QD_OK) {
+        st = model_forward(c, NULL); /* recorded: nothing runs */
+        if (c->ops->graph_end(c->dev, key, st == QD_OK) == QD_OK) {
+            st = c->ops->graph_run(c->dev, key);
+            if (st != QD_ERR_UNSUPPORTED)
+                return st ? st : finish(c);
+        }
+    }
+    c->graph_off = 1;
+    return model_forward(c, NULL);
+}
+
 /* Decode: the last token of each of the na active rows, at its position,
  * attending to the KV cache. */
 static qd_status decode_forward(model *c, gen_state *g, int na)
@@ -2529,12 +2598,16 @@ static qd_status decode_forward(model *c, gen_state *g, int na)
     for (int i = 0; i < na; i++)
         if (g->len[g->idx[i]] > c->Tm)
             c->Tm = g->len[g->idx[i]];
+    int gr = graph_on(c);
+    if (gr) /* the attention probabilities' rows as long as the last step's (the arena's),
+             * so that every step of one batch size lays out the same buffers */
+        c->Tm = c->Tc - 1;
     QD_TRY(alloc_acts(c));
     qd_decode_pack(c->tok, c->pos, c->row, c->tgt, c->src, c->seq_off, g->seq, g->len, g->idx, na, g->Tmax);
     c->decode = 1;
     qd_status st = upload_batch(c);
     if (!st)
-        st = model_forward(c, NULL);
+        st = gr ? decode_graph(c) : model_forward(c, NULL);
     c->decode = 0;
     return st;
 }
@@ -2716,6 +2789,10 @@ static void gen_free(model *c, gen_state *g, int M)
     free(g->sid);
     free(g->spos);
     free(g->done);
+    if (c->ops->graph_drop) /* the step graphs read the cache */
+        c->ops->graph_drop(c->dev);
+    c->graph_seen = 0;
+    c->graph_off = 0; /* the next generate tries again */
     drelease(c, c->kc, c->kv_bytes, QD_MEM_KV);
     drelease(c, c->vc, c->kv_bytes, QD_MEM_KV);
     c->kc = c->vc = NULL;

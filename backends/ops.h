@@ -411,6 +411,23 @@ typedef struct qd_ops {
      * neither). */
     qd_status (*bfp_weights)(void *dev, void *wq, const uint16_t *w16, const float *wf, int OC, int IC);
     qd_status (*matmul_bfp)(void *dev, float *out, const float *x, const void *wq, int N, int IC, int OC);
+    /* ---- Step graphs (a decode step's ops recorded once, then replayed by
+     * one launch): graph_begin starts recording this thread's ops (none run
+     * until replayed); graph_end stops it and, where ok and every op was one a
+     * recording can hold (a copy to or from the host, a synchronization or an
+     * allocation is not: the op returns QD_ERR_UNSUPPORTED with no message
+     * while recording), keeps the recording under key (a few are kept, the
+     * least recently run replaced), else QD_ERR_UNSUPPORTED; graph_run
+     * enqueues key's recording, QD_ERR_UNSUPPORTED where none is kept or a
+     * buffer the backend owns was freed since it was made; graph_drop forgets
+     * every recording (their buffers are about to go). The caller keeps what a
+     * recording read the same: its buffers, shapes and arguments; only the
+     * contents of device buffers change between runs. Optional (all four or
+     * none). */
+    qd_status (*graph_begin)(void *dev);
+    qd_status (*graph_end)(void *dev, uint64_t key, int ok);
+    qd_status (*graph_run)(void *dev, uint64_t key);
+    void (*graph_drop)(void *dev);
 } qd_ops;
 
 /* bfp_weights' layout: F (OC int32, each row's exponent; zeros up to), from byte

@@ -412,13 +412,13 @@ static qd_status gemm_rm(int kind, float *C, const void *A, int ta, const void *
         if (lt_forced >= p->n_algo)
             return QD_ERR_UNSUPPORTED;
         s = cublasLtMatmul(c->h, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc,
-                           &p->algo[lt_forced], c->ws, WORKSPACE_BYTES, 0);
+                           &p->algo[lt_forced], c->ws, WORKSPACE_BYTES, cudaStreamPerThread);
         return s == CUBLAS_STATUS_SUCCESS ? QD_OK : QD_ERR_UNSUPPORTED;
     }
     for (int t = 0; t < p->n_algo; t++) {
         int i = (p->use + t) % p->n_algo;
         s = cublasLtMatmul(c->h, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc,
-                           &p->algo[i], c->ws, WORKSPACE_BYTES, 0);
+                           &p->algo[i], c->ws, WORKSPACE_BYTES, cudaStreamPerThread);
         if (s == CUBLAS_STATUS_SUCCESS) {
             p->use = i;
             return QD_OK;
@@ -492,7 +492,10 @@ static qd_status get_blas(cublasHandle_t *out)
     QD_TRY(get_ctx(&c));
     if (!c->bh) {
         BLAS_CHECK(cublasCreate(&c->bh));
-        BLAS_CHECK(cublasSetStream(c->bh, 0));
+        /* cuBLAS's stream 0 is the legacy default stream (the library is not
+         * built per-thread): this thread's default stream, as every kernel of
+         * ours (Makefile.am's --default-stream per-thread), and cuBLASLt's too */
+        BLAS_CHECK(cublasSetStream(c->bh, cudaStreamPerThread));
     }
     *out = c->bh;
     return QD_OK;
@@ -553,6 +556,7 @@ static qd_status gemm_batched_rm(cublasHandle_t h, cublasComputeType_t ct, void 
  * the host keeps enqueuing ahead of the device; grows the slot when needed. */
 static qd_status ptrs_begin(blas_ctx *c, size_t n, void ***host)
 {
+    QD_REFUSE_RECORDING(); /* a step graph would copy from a slot the ring reuses */
     int i = c->ring_next;
     if (c->ring[i].live) {
         QD_CUDA_CHECK(cudaEventSynchronize(c->ring[i].ev));
@@ -562,6 +566,7 @@ static qd_status ptrs_begin(blas_ctx *c, size_t n, void ***host)
         QD_CUDA_CHECK(cudaEventCreateWithFlags(&c->ring[i].ev, cudaEventDisableTiming));
     if (c->ring[i].cap < n) {
         QD_CUDA_CHECK(cudaFreeHost(c->ring[i].h));
+        qd_cuda_buf_gen++;
         QD_CUDA_CHECK(cudaFree(c->ring[i].d)); /* waits for the device */
         c->ring[i].h = c->ring[i].d = NULL;
         c->ring[i].cap = 0;
@@ -1082,7 +1087,7 @@ static qd_status lt_enqueue(blas_ctx *c, cublasHandle_t h, plan *p, const plan_k
 {
     plan_key key = *kp;
     for (int i = 0; i < G; i++) {
-        cudaStream_t s = ns > 1 ? c->xs[i % ns] : 0;
+        cudaStream_t s = ns > 1 ? c->xs[i % ns] : cudaStreamPerThread;
         void *ws = ns > 1 ? c->xws[i % ns] : c->ws;
         uint64_t dims[3][2]; /* cuBLASLt's m = N, n = M */
         stored_dims(&key, (uint64_t)g[i].N, (uint64_t)g[i].M, (uint64_t)g[i].K, dims);
@@ -1343,6 +1348,8 @@ const char *qd_cuda_w4a4_path_name(qd_w4a4_path p)
 static qd_status scratch(blas_ctx *c, size_t n, uint8_t **out)
 {
     if (c->scratch_bytes < n) {
+        QD_REFUSE_RECORDING();
+        qd_cuda_buf_gen++;
         QD_CUDA_CHECK(cudaFree(c->scratch));
         c->scratch = NULL;
         c->scratch_bytes = 0;

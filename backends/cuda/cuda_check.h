@@ -18,6 +18,31 @@ extern "C" {
                             #call, cudaGetErrorString(qd_cuda_err_));                \
     } while (0)
 
+/* Bumped wherever the backend frees a device buffer that a recorded step
+ * graph (ops.h graph_begin) may read: a recording made before is not run. */
+extern unsigned long qd_cuda_buf_gen;
+
+/* Whether this thread's default stream (every op's: Makefile.am's
+ * --default-stream per-thread) is being recorded into a graph. */
+static inline bool qd_cuda_recording(void)
+{
+    cudaStreamCaptureStatus s = cudaStreamCaptureStatusNone;
+    return cudaStreamIsCapturing(cudaStreamPerThread, &s) == cudaSuccess && s != cudaStreamCaptureStatusNone;
+}
+
+/* What an op does not do while recording (a copy to or from the host, an
+ * allocation, a free): it returns QD_ERR_UNSUPPORTED (no message), the
+ * recording fails, and qd_cuda_refused names the function (the log of
+ * QUADS_CUDA_GRAPH=1). */
+extern const char *qd_cuda_refused;
+#define QD_REFUSE_RECORDING()                                                        \
+    do {                                                                             \
+        if (qd_cuda_recording()) {                                                   \
+            qd_cuda_refused = __func__;                                              \
+            return QD_ERR_UNSUPPORTED;                                               \
+        }                                                                            \
+    } while (0)
+
 /* Whether p starts on a multiple of n bytes (a power of two): the 16-byte
  * loads of the vectorized kernels, cuBLAS's pointer arrays. */
 static inline int qd_aligned(const void *p, unsigned n) { return ((uintptr_t)p & (n - 1)) == 0; }

@@ -39,11 +39,28 @@ extern "C" {
 }
 
 /* Grow-only scratch of the ops themselves (dev unless said). */
-enum { D_XH, D_RACWS, D_X16, D_W16, D_DY16, D_LOGP, D_SAMPLE, D_MOE, D_RACPTR, D_RACFQ, D_RMSW, D_XF, D_WTAB, D_GDEV,
+enum { D_XH, D_RACWS, D_X16, D_W16, D_DY16, D_LOGP, D_SAMPLE, D_MOE, D_RACPTR, D_RACFQ, D_RMSW, D_XF, D_GDEV,
        D_DYF, D_EMBB, D_DIAG, D_SQW, D_BFP, D_NSCRATCH };
 
 #define STAGE_SLOTS 64 /* to_dev's pinned ring: slots, each STAGE_BYTES */
+#define QD_GRAPHS 8    /* step graphs kept (graph_end) */
+#define QD_CTABS 4096  /* const_table's tables kept */
 #define STAGE_BYTES (16 << 10)
+
+/* A recorded step (graph_end): its key, qd_cuda_buf_gen when made, when last run. */
+typedef struct {
+    uint64_t key;
+    unsigned long gen, used;
+    cudaGraphExec_t ex;
+} step_graph;
+
+/* A table of pointers the device reads (const_table): its bytes on the host
+ * and on the device. */
+typedef struct {
+    uint64_t hash;
+    size_t bytes;
+    void *host, *dev;
+} const_tab;
 
 /* A per-tensor fake-quant output recorded for QUADS_AQAT16 (cuda_dev.fq). */
 typedef struct {
@@ -107,6 +124,11 @@ typedef struct {
     double prof_last, prof_t[QD_PH_COUNT];
     long prof_n[QD_PH_COUNT];
     int prof_steps;                /* optimizer steps ended (a weight sync left) */
+    step_graph graphs[QD_GRAPHS];  /* graph_end's recordings (ex NULL: free slot) */
+    unsigned long graph_clock;
+    long graph_made, graph_failed, graph_runs; /* told at free under QUADS_CUDA_GRAPH=1 */
+    const_tab *ctab;               /* const_table's tables, nctab of them */
+    int nctab;
     double prof_t0[QD_PH_COUNT], prof_step[QD_PH_COUNT]; /* the totals at the last step's end; that step's */
     long prof_n0[QD_PH_COUNT], prof_nstep[QD_PH_COUNT];
 } cuda_dev;
@@ -126,6 +148,7 @@ static qd_status cuda_alloc(void *dev, void **p, size_t bytes, const char *what)
 {
     (void)dev;
     *p = NULL;
+    QD_REFUSE_RECORDING();
     cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);
     if (e == cudaErrorMemoryAllocation) {
         cudaGetLastError();
@@ -144,15 +167,17 @@ static qd_status cuda_alloc(void *dev, void **p, size_t bytes, const char *what)
 static void cuda_release(void *dev, void *p)
 {
     (void)dev;
-    if (p)
+    if (p) {
+        qd_cuda_buf_gen++;
         cudaFree(p);
+    }
 }
 
 static qd_status cuda_zero(void *dev, void *p, size_t bytes)
 {
     (void)dev;
     if (bytes)
-        QD_CUDA_CHECK(cudaMemset(p, 0, bytes));
+        QD_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, 0));
     return QD_OK;
 }
 
@@ -167,6 +192,7 @@ static qd_status cuda_to_dev(void *dev, void *dst, const void *src, size_t bytes
     cuda_dev *d = D(dev);
     if (!bytes)
         return QD_OK;
+    QD_REFUSE_RECORDING(); /* a step graph holds no host copy (its source could change) */
     if (d->stage_ok == 0) {
         d->stage_ok = -1;
         if (cudaHostAlloc((void **)&d->stage, (size_t)STAGE_SLOTS * STAGE_BYTES, cudaHostAllocDefault) ==
@@ -203,17 +229,19 @@ static qd_status cuda_to_host(void *dev, void *dst, const void *src, size_t byte
 {
     (void)dev;
     if (bytes)
+        QD_REFUSE_RECORDING(); /* nothing runs while recording */
+    if (bytes)
         QD_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
     return QD_OK;
 }
 
-/* Device to device on the legacy default stream: after every op enqueued
- * before it, by this context or another on the same device. */
+/* Device to device on this thread's default stream: after every op enqueued
+ * before it, by this context or another of this thread. */
 static qd_status cuda_copy(void *dev, void *dst, const void *src, size_t bytes)
 {
     (void)dev;
     if (bytes)
-        QD_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+        QD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0));
     return QD_OK;
 }
 
@@ -235,13 +263,151 @@ static size_t cuda_own_bytes(void *dev, size_t nfloats)
 static qd_status cuda_finish(void *dev)
 {
     (void)dev;
+    if (qd_cuda_recording()) /* the caller finishes after running the recording */
+        return QD_OK;
     return qd_cuda_nonfinite_check();
+}
+
+/* ------------------------------------------------------------------------ */
+/* step graphs (ops.h graph_begin): this thread's default stream recorded    */
+
+
+static qd_status cuda_graph_begin(void *dev)
+{
+    if (D(dev)->prof || qd_cuda_recording()) /* the profile synchronizes at each phase */
+        return QD_ERR_UNSUPPORTED;
+    if (cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return QD_ERR_UNSUPPORTED;
+    }
+    return QD_OK;
+}
+
+/* The slot of key's recording, or -1. */
+static int graph_slot(const cuda_dev *d, uint64_t key)
+{
+    for (int i = 0; i < QD_GRAPHS; i++)
+        if (d->graphs[i].ex && d->graphs[i].key == key)
+            return i;
+    return -1;
+}
+
+static qd_status cuda_graph_end(void *dev, uint64_t key, int ok)
+{
+    cuda_dev *d = D(dev);
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ex = NULL;
+    cudaError_t e = cudaStreamEndCapture(cudaStreamPerThread, &g);
+    if (e == cudaSuccess && ok && g)
+        e = cudaGraphInstantiate(&ex, g, 0);
+    if (g)
+        cudaGraphDestroy(g);
+    if (e != cudaSuccess || !ok || !ex) {
+        (void)cudaGetLastError(); /* a broken recording's error is not the device's */
+        if (ex)
+            cudaGraphExecDestroy(ex);
+        d->graph_failed++;
+        return QD_ERR_UNSUPPORTED;
+    }
+    d->graph_made++;
+    int k = graph_slot(d, key);
+    for (int i = 0; k < 0 && i < QD_GRAPHS; i++)
+        if (!d->graphs[i].ex)
+            k = i;
+    if (k < 0) { /* the least recently run */
+        k = 0;
+        for (int i = 1; i < QD_GRAPHS; i++)
+            if (d->graphs[i].used < d->graphs[k].used)
+                k = i;
+    }
+    if (d->graphs[k].ex)
+        cudaGraphExecDestroy(d->graphs[k].ex);
+    d->graphs[k] = step_graph{key, qd_cuda_buf_gen, ++d->graph_clock, ex};
+    return QD_OK;
+}
+
+static qd_status cuda_graph_run(void *dev, uint64_t key)
+{
+    cuda_dev *d = D(dev);
+    int k = graph_slot(d, key);
+    if (k < 0)
+        return QD_ERR_UNSUPPORTED;
+    if (d->graphs[k].gen != qd_cuda_buf_gen) { /* a buffer it reads was freed */
+        cudaGraphExecDestroy(d->graphs[k].ex);
+        d->graphs[k].ex = NULL;
+        return QD_ERR_UNSUPPORTED;
+    }
+    d->graphs[k].used = ++d->graph_clock;
+    d->graph_runs++;
+    QD_CUDA_CHECK(cudaGraphLaunch(d->graphs[k].ex, cudaStreamPerThread));
+    return QD_OK;
+}
+
+static void cuda_graph_drop(void *dev)
+{
+    cuda_dev *d = D(dev);
+    for (int i = 0; i < QD_GRAPHS; i++)
+        if (d->graphs[i].ex) {
+            cudaGraphExecDestroy(d->graphs[i].ex);
+            d->graphs[i].ex = NULL;
+        }
+}
+
+static void ctab_free(cuda_dev *d)
+{
+    for (int i = 0; i < d->nctab; i++) {
+        free(d->ctab[i].host);
+        cuda_release(d, d->ctab[i].dev);
+    }
+    d->nctab = 0;
+}
+
+/* The device copy of bytes of h, pointers (and offsets) that stay the same
+ * from call to call (an expert set's weights, a RAC set's channel sets): made
+ * once through to_dev and kept (QD_CTABS of them, then all made again), so a
+ * call uploads nothing (a step graph can hold it) and waits for nothing. */
+static qd_status const_table(cuda_dev *d, const void *h, size_t bytes, void **out)
+{
+    uint64_t hs = 1469598103934665603ull ^ (uint64_t)bytes, w;
+    for (size_t i = 0; i + 8 <= bytes; i += 8) {
+        memcpy(&w, (const char *)h + i, 8);
+        hs = (hs ^ w) * 1099511628211ull;
+    }
+    for (int i = 0; i < d->nctab; i++) {
+        const const_tab *t = &d->ctab[i];
+        if (t->hash == hs && t->bytes == bytes && !memcmp(t->host, h, bytes)) {
+            *out = t->dev;
+            return QD_OK;
+        }
+    }
+    QD_REFUSE_RECORDING(); /* a new table is an allocation and a copy */
+    if (!d->ctab && !(d->ctab = (const_tab *)calloc(QD_CTABS, sizeof *d->ctab)))
+        return qd_error(QD_ERR_NOMEM, "cuda backend: pointer tables");
+    if (d->nctab == QD_CTABS)
+        ctab_free(d);
+    const_tab t = {hs, bytes, malloc(bytes ? bytes : 1), NULL};
+    if (!t.host)
+        return qd_error(QD_ERR_NOMEM, "cuda backend: pointer tables");
+    memcpy(t.host, h, bytes);
+    qd_status st = cuda_alloc(d, &t.dev, bytes, "pointer table");
+    if (!st)
+        st = cuda_to_dev(d, t.dev, h, bytes);
+    if (st) {
+        free(t.host);
+        cuda_release(d, t.dev);
+        return st;
+    }
+    d->ctab[d->nctab++] = t;
+    *out = t.dev;
+    return QD_OK;
 }
 
 /* A dev scratch buffer of at least bytes (contents undefined). */
 static qd_status scratch(cuda_dev *d, int slot, size_t bytes, void **out)
 {
     if (d->scratch_cap[slot] < bytes) {
+        QD_REFUSE_RECORDING();
+        qd_cuda_buf_gen++;
         cudaFree(d->scratch[slot]);
         d->scratch[slot] = NULL;
         d->scratch_cap[slot] = 0;
@@ -1064,8 +1230,8 @@ static qd_status cuda_w4a4_gemm_grouped(void *dev, float *y, const qd_nvfp4 *a, 
     return st;
 }
 
-/* The experts' weight pointers go up in one copy (codes, scales, s_dec, E of
- * each), then the device-offset product (qd_cuda_w4a4_gemm_grouped_dev_async);
+/* The experts' weight pointers (codes, scales, s_dec, E of each) as one
+ * table made once (const_table), then the device-offset product (qd_cuda_w4a4_gemm_grouped_dev_async);
  * where its decode kernel does not take the shapes, the offsets come to the
  * host and the host-offset path runs. */
 static qd_status cuda_w4a4_gemm_grouped_dev(void *dev, float *y, const qd_nvfp4 *a, const qd_nvfp4 *const *w,
@@ -1089,8 +1255,7 @@ static qd_status cuda_w4a4_gemm_grouped_dev(void *dev, float *y, const qd_nvfp4 
             hp[E + e] = (void *)w[e]->scales;
             hp[2 * E + e] = (void *)w[e]->s_dec;
         }
-        QD_TRY(scratch(d, D_WTAB, bytes, &tab));
-        QD_TRY(cuda_to_dev(dev, tab, h, bytes));
+        QD_TRY(const_table(d, h, bytes, &tab));
         QD_TRY(scratch(d, D_GDEV, qd_cuda_w4a4_grouped_dev_ws(R, E), &ws));
         qd_status st = qd_cuda_w4a4_gemm_grouped_dev_async(y, a, w[0], (const void *const *)tab, d_off, E, R,
                                                            maxrows, ws, al16);
@@ -1164,8 +1329,12 @@ static qd_status rac_multi_body(void *dev, qd_nvfp4 *const *a, double *const *co
     }
     if (off)
         memcpy((char *)h + pb, off, sizeof(int32_t) * ((size_t)E + 1));
-    QD_TRY(scratch(d, D_RACPTR, bytes, &p));
-    QD_TRY(cuda_to_dev(dev, p, h, bytes));
+    if (off && E > 1) { /* experts' offsets: each call its own */
+        QD_TRY(scratch(d, D_RACPTR, bytes, &p));
+        QD_TRY(cuda_to_dev(dev, p, h, bytes));
+    } else { /* pointers, and one linear's offsets {0, R}: the same every call of R rows */
+        QD_TRY(const_table(d, h, bytes, &p));
+    }
     double *const *d_err = (double *const *)p;
     const int64_t *const *d_ch = (const int64_t *const *)p + np;
     const int32_t *d_off = off ? (const int32_t *)((char *)p + pb) : d_off_in;
@@ -1673,6 +1842,10 @@ static const qd_ops cuda_ops = {
     .sqerr_weights = cuda_sqerr_weights,
     .bfp_weights = cuda_bfp_weights,
     .matmul_bfp = cuda_matmul_bfp,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
+    .graph_run = cuda_graph_run,
+    .graph_drop = cuda_graph_drop,
 };
 
 /* ------------------------------------------------------------------------ */
@@ -1681,6 +1854,15 @@ static const qd_ops cuda_ops = {
 static void cuda_dev_free(void *dev)
 {
     cuda_dev *d = D(dev);
+    const char *ge = getenv("QUADS_CUDA_GRAPH");
+    if (ge && !strcmp(ge, "1") && (d->graph_made || d->graph_failed))
+        fprintf(stderr, "cuda backend: step graphs: %ld recorded, %ld failed, %ld runs%s%s\n", d->graph_made,
+                d->graph_failed, d->graph_runs, qd_cuda_refused ? "; last refused by " : "",
+                qd_cuda_refused ? qd_cuda_refused : "");
+    cuda_graph_drop(d);
+    if (d->ctab)
+        ctab_free(d);
+    free(d->ctab);
     cudaFree(d->wk16);
     cudaFree(d->d_bad);
     cudaFree(d->fq_dsdec);

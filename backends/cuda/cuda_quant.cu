@@ -27,6 +27,10 @@
 #define QD_THREADS 256
 #define QD_GEMV_THREADS 64
 
+/* cuda_check.h's step-graph state (here: every CUDA program links this file) */
+unsigned long qd_cuda_buf_gen;
+const char *qd_cuda_refused;
+
 /* Set by any kernel that met a NaN/Inf input; read and cleared by qd_cuda_nonfinite_check. */
 __device__ int qd_cuda_nonfinite;
 
@@ -3157,6 +3161,8 @@ static qd_status a16_scratch(uint8_t **buf, size_t bytes)
     if (dev < 0 || dev >= QD_HPRE_DEVS)
         return QD_ERR_SHAPE;
     if (cap[dev] < bytes) {
+        QD_REFUSE_RECORDING();
+        qd_cuda_buf_gen++;
         if (b[dev])
             QD_CUDA_CHECK(cudaFree(b[dev])); /* waits for the kernels that read it */
         b[dev] = NULL;

@@ -20,12 +20,14 @@
 #      embedding's backward with its tokens sorted, AdamW's two-float4 kernel,
 #      RoPE a warp a row, q/k/v's input converted to BF16 once: QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1
 #      QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1);
-#   1. tests/gpu/check_backend (then again with QUADS_AQAT16=0, with
+#   1. tests/gpu/check_backend (then again with QUADS_AQAT16=0 QUADS_CUDA_GRAPH=0, with
 #      QUADS_GATE_UP=0 QUADS_ADAMW_BITS=0 QUADS_ROUND_INPUT=1 QUADS_WGMMA_BWD=1, and with
 #      the opt-ins QUADS_LAZY_ZERO=1 QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1
 #      QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1 QUADS_MOE_DEV_ROWS=4096):
 #      whole models, every recipe and role, CUDA vs
 #      CPU: exact mode bit for bit, fast mode within stated relative errors;
+#      and with QUADS_CUDA_GRAPH=1 (the decode steps' CUDA graphs, the default,
+#      logged: how many were recorded and run, and what refused a recording);
 #   2. tests/gpu/check_blas: the fast-mode GEMMs and the W4A4 path choice;
 #   3. `quads rl` (the default config) on the CPU and on the CUDA backend in
 #      exact mode: metrics.jsonl compared value for value (timings aside) and
@@ -124,8 +126,8 @@ grep -v " yes$" "$out/check_backend.log" | grep -v " within " | head -30
 grep " fast " "$out/check_backend.log" | sort -k6 -g -r | head -4
 tail -3 "$out/check_backend.err"
 tail -1 "$out/check_backend.log"
-echo "== check_backend, QUADS_AQAT16=0 (fast mode's AQAT forward in float32 instead of BF16 bits and a scale)"
-QUADS_AQAT16=0 timeout 400 tests/gpu/check_backend >"$out/check_backend_aqat32.log" 2>"$out/check_backend_aqat32.err" || rc=1
+echo "== check_backend, QUADS_AQAT16=0 (fast mode's AQAT forward in float32 instead of BF16 bits and a scale) QUADS_CUDA_GRAPH=0 (every decode step's kernels launched from the host)"
+QUADS_AQAT16=0 QUADS_CUDA_GRAPH=0 timeout 400 tests/gpu/check_backend >"$out/check_backend_aqat32.log" 2>"$out/check_backend_aqat32.err" || rc=1
 grep -v " yes$" "$out/check_backend_aqat32.log" | grep -v " within " | head -10
 tail -1 "$out/check_backend_aqat32.log"
 echo "== check_backend, QUADS_GATE_UP=0 QUADS_ADAMW_BITS=0 QUADS_ROUND_INPUT=1 QUADS_WGMMA_BWD=1 (gate|up's backward as two products, AdamW writing the experts' floats too, BF16 linears' inputs rounded first; the experts' backward on the wgmma kernel)"
@@ -140,6 +142,11 @@ echo "== check_backend with the opt-ins of 2026-12-05i (QUADS_W4A4_STREAM=1: dec
 QUADS_MOE_DEV_ROWS=4096 QUADS_W4A4_STREAM=1 QUADS_FP8_GROUPED=0 timeout 400 tests/gpu/check_backend >"$out/check_backend_optin2.log" 2>"$out/check_backend_optin2.err" || rc=1
 grep -v " yes$" "$out/check_backend_optin2.log" | grep -v " within " | head -10
 tail -1 "$out/check_backend_optin2.log"
+echo "== check_backend with QUADS_CUDA_GRAPH=1 (decode steps recorded once as a CUDA graph and replayed, the default, with the recordings logged)"
+QUADS_CUDA_GRAPH=1 timeout 400 tests/gpu/check_backend >"$out/check_backend_graph.log" 2>"$out/check_backend_graph.err" || rc=1
+grep -v " yes$" "$out/check_backend_graph.log" | grep -v " within " | head -10
+grep "step graphs" "$out/check_backend_graph.err" | sort | uniq -c | sort -rn | head -5
+tail -1 "$out/check_backend_graph.log"
 echo "== check_blas"
 timeout 120 tests/gpu/check_blas >"$out/check_blas.log" 2>&1 || rc=1
 tail -30 "$out/check_blas.log"
