@@ -3505,13 +3505,26 @@ extern "C" qd_status qd_cuda_w4a4_gemm_grouped_async(float *y, const qd_nvfp4 *a
 
 /* The experts with rows of the device offsets d_off (E + 1, E <= QD_W4A4_GROUPS)
  * into *gd in ascending order (first row, rows, and their weights' codes,
- * scales and s_dec from tab: E pointers of each); returns their count. One warp. */
-__device__ int groups_from_dev(w4a4_groups *gd, const int32_t *d_off, const void *const *tab, int E)
+ * scales and s_dec from tab: E pointers of each); returns their count. One
+ * warp. With items (tr > 0), each group's row tiles of tr rows (group | tile
+ * << 16) into items in group order, their count into *nitems: a lane each
+ * group, its items' first slot by a warp scan of the tile counts (until
+ * 2026-12-06 one thread walked every group's tiles after the warp: a chain of
+ * ~110 dependent loads and stores a product at batch 64, 12 products a
+ * 4-layer step). */
+__device__ int groups_from_dev(w4a4_groups *gd, const int32_t *d_off, const void *const *tab, int E,
+                               int *items = NULL, int *nitems = NULL, int tr = 0)
 {
-    int lane = threadIdx.x, base = 0;
+    int lane = threadIdx.x, base = 0, kbase = 0;
     for (int e0 = 0; e0 < E; e0 += 32) {
         int e = e0 + lane, r0 = e < E ? d_off[e] : 0, rows = e < E ? d_off[e + 1] - r0 : 0;
         unsigned m = __ballot_sync(0xffffffffu, rows > 0);
+        int nt = items && rows > 0 ? (rows + tr - 1) / tr : 0, incl = nt;
+        for (int o = 1; o < 32; o *= 2) {
+            int v = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o)
+                incl += v;
+        }
         if (rows > 0) {
             int z = base + __popc(m & ((1u << lane) - 1u));
             gd->row0[z] = r0;
@@ -3519,9 +3532,14 @@ __device__ int groups_from_dev(w4a4_groups *gd, const int32_t *d_off, const void
             gd->codes[z] = (const uint8_t *)tab[e];
             gd->scales[z] = (const uint8_t *)tab[E + e];
             gd->sdec[z] = (const float *)tab[2 * E + e];
+            for (int t = 0, k = kbase + incl - nt; t < nt; t++)
+                items[k + t] = z | (t << 16);
         }
         base += __popc(m);
+        kbase += __shfl_sync(0xffffffffu, incl, 31);
     }
+    if (items && lane == 0)
+        *nitems = kbase;
     return base;
 }
 
@@ -3535,19 +3553,11 @@ __global__ void w4a4_groups_from_dev(w4a4_groups *gd, int *gd_n, const int32_t *
 
 /* groups_from_dev's groups, then the MMA kernel's items: each group's row
  * tiles of tr rows (group | tile << 16) in group order, their count into
- * *nitems (one thread writes them: a few hundred at most). */
+ * *nitems. */
 __global__ void w4a4_items_from_dev(w4a4_groups *gd, int *items, int *nitems, const int32_t *d_off,
                                     const void *const *tab, int E, int tr)
 {
-    int n = groups_from_dev(gd, d_off, tab, E);
-    __syncwarp();
-    if (threadIdx.x != 0)
-        return;
-    int k = 0;
-    for (int z = 0; z < n; z++)
-        for (int64_t t = 0; t * tr < gd->rows[z]; t++)
-            items[k++] = z | (int)(t << 16);
-    *nitems = k;
+    groups_from_dev(gd, d_off, tab, E, items, nitems, tr);
 }
 
 /* The dev scratch of qd_cuda_w4a4_gemm_grouped_dev_async for R rows over E
