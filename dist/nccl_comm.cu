@@ -211,7 +211,8 @@ qd_status qd_nccl_all_reduce_sum_f32(qd_nccl *c, float *buf, size_t n, void *str
         return QD_OK;
     char what[WHAT_MAX];
     describe(c, "all_reduce_sum_f32", n * sizeof(float), what);
-    cudaStream_t s = (cudaStream_t)stream;
+    /* NULL: this thread's default stream, where every op of ours runs (NCCL would take 0 as the legacy one) */
+    cudaStream_t s = stream ? (cudaStream_t)stream : cudaStreamPerThread;
     qd_status st = issued(c, what, "ncclAllReduce", ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, c->comm, s));
     return st ? st : watch(c, what, s, 1);
 }
@@ -226,7 +227,8 @@ qd_status qd_nccl_broadcast(qd_nccl *c, void *buf, size_t bytes, int root, void 
         return fail(c, QD_ERR_ARG, what, "root %d is outside 0..%d", root, c->world - 1);
     if (c->world == 1 || bytes == 0)
         return QD_OK;
-    cudaStream_t s = (cudaStream_t)stream;
+    /* NULL: this thread's default stream, where every op of ours runs (NCCL would take 0 as the legacy one) */
+    cudaStream_t s = stream ? (cudaStream_t)stream : cudaStreamPerThread;
     qd_status st = issued(c, what, "ncclBroadcast", ncclBroadcast(buf, buf, bytes, ncclUint8, root, c->comm, s));
     return st ? st : watch(c, what, s, 1);
 }
@@ -266,7 +268,8 @@ qd_status qd_nccl_all_to_all_v(qd_nccl *c, const void *send, const size_t *send_
     if (self != recv_counts[c->rank])
         return fail(c, QD_ERR_ARG, what, "rank %d sends itself %zu elements but expects %zu", c->rank, self,
                     recv_counts[c->rank]);
-    cudaStream_t s = (cudaStream_t)stream;
+    /* NULL: this thread's default stream, where every op of ours runs (NCCL would take 0 as the legacy one) */
+    cudaStream_t s = stream ? (cudaStream_t)stream : cudaStreamPerThread;
     cudaError_t e = self ? cudaMemcpyAsync(rb + recv_displs[c->rank] * eb, sb + send_displs[c->rank] * eb,
                                            self * eb, cudaMemcpyDeviceToDevice, s)
                          : cudaSuccess;
