@@ -1978,15 +1978,19 @@ static qd_status experts_forward_each(model *c, layer_acts *s, const layer *ly)
 
 static qd_topk_norm topk_norm(const model *c) { return c->cfg.norm_topk_prob ? QD_TOPK_RENORM : QD_TOPK_PROBS; }
 
-/* The most decode rows whose experts read their offsets on the device: few
- * rows are where a decode step is launch- and latency-bound (a host
- * synchronization a MoE layer idles the GPU), and where no expert has more
- * rows than the W4A4 decode kernel takes at once. */
-#define QD_DEV_OFF_ROWS 8
+/* The most decode rows whose experts read their offsets on the device (no
+ * host synchronization a MoE layer, so the step can be one CUDA graph): 8
+ * until 2026-12-06, when past 8 rows the device-offset product lost to the
+ * host offsets' kernels (0.84x at batch 64 on an H100); with the streaming
+ * kernel taken by the same rule, its row tiles listed by a warp scan and the
+ * step replayed from a graph, 64 on an H100 (a3b-4 exact nvfp4, 64 new
+ * tokens): batch 16 1.069x, 32 1.053x, 64 1.037x, 64 with 1,024 new tokens
+ * 1.045x, quads batch 16 1.067x, 64 1.059x. */
+#define QD_DEV_OFF_ROWS 64
 
 /* The most decode rows whose expert offsets stay on the device:
- * QD_DEV_OFF_ROWS, or QUADS_MOE_DEV_ROWS=N (opt-in past 8 until run on a
- * GPU: CUDA's MMA kernel over row tiles listed on the device). */
+ * QD_DEV_OFF_ROWS, or QUADS_MOE_DEV_ROWS=N (N past 64: CUDA's W4A4 MMA or
+ * streaming kernel over row tiles listed on the device; untimed there). */
 static int dev_off_rows(void)
 {
     static int v = -1;
@@ -2529,15 +2533,16 @@ typedef struct {
  * H100, 2026-12-06, batch 1 1.15x, batch 8 1.08x; QUADS_CUDA_GRAPH=0 turns it
  * off, =1 also logs the recordings at the end). Only where nothing of a step's forward goes
  * through the host: every MoE layer's expert offsets on the device
- * (moe_dev_decode), no diagnostics, no RAC statistics; the ops refuse the
- * rest while recording, and a recording that fails leaves this model's
- * decode steps to launch as they run. The same ops on the same buffers: the
+ * (moe_dev_decode), no diagnostics (RAC statistics are sums on the device:
+ * each replay adds what its launches did); the ops refuse the rest while
+ * recording, and a recording that fails leaves this generate's decode steps
+ * to launch as they run. The same ops on the same buffers: the
  * same bits. */
 static int graph_on(model *c)
 {
     static int env = -1;
     env_switch(&env, "QUADS_CUDA_GRAPH", 1);
-    if (!env || c->graph_off || !c->ops->graph_begin || diag_now(c) || (c->rac_stats && c->nrac_in > 0))
+    if (!env || c->graph_off || !c->ops->graph_begin || diag_now(c))
         return 0;
     for (int l = 0; l < c->cfg.num_hidden_layers; l++)
         if (c->layers[l].moe && !moe_dev_decode(c, &c->layers[l], c->N))

@@ -467,7 +467,7 @@ qd_backend *qd_model_backend_new(const qd_model_config *cfg, const qd_backend_op
  * prompt runs. */
 extern int qd_model_share_prefill;
 
-/* 1 (the default): a decode of at most 8 rows keeps its MoE layers' expert
+/* 1 (the default): a decode of at most 64 rows (QUADS_MOE_DEV_ROWS) keeps its MoE layers' expert
  * offsets on the device where the ops offer it (moe_group_dev and the two
  * after it; the same bits); 0 (tests, or QUADS_MOE_DEV_OFF=0): on the host. */
 extern int qd_model_moe_dev_off;
