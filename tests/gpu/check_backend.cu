@@ -202,8 +202,10 @@ static qd_status check_diag(pair *p)
     return QD_OK;
 }
 
-/* Rollouts of 3 prompts: sampled (T = 1, top-p 0.9) and greedy. */
-static qd_status check_generate(pair *p, float temp, const char *op)
+/* Rollouts of 3 prompts: sampled (T = 1, top-p 0.9) and greedy; with nodiag,
+ * as `quads rl` asks for them (RAC statistics gathered, diagnostics paused:
+ * the steps a CUDA graph may replay). */
+static qd_status check_generate(pair *p, float temp, const char *op, int nodiag = 0)
 {
     enum { B = 3, TP = 7, M = 6 };
     int V = p->cfg.vocab_size;
@@ -216,7 +218,7 @@ static qd_status check_generate(pair *p, float temp, const char *op)
     int32_t stop = (int32_t)(V > 3 ? 3 : 0);
     qd_generate_request rq = {.B = B, .Tp = TP, .prompt = prompt, .prompt_len = plen, .seq_id = sid, .seed = 99u,
                               .max_new_tokens = M, .temperature = temp, .top_k = 0, .top_p = temp > 0 ? 0.9f : 1.0f,
-                              .stop = &stop, .num_stop = 1, .rac_stats = 1};
+                              .stop = &stop, .num_stop = 1, .rac_stats = 1, .no_diagnostics = nodiag};
     for (int k = 0; k < 2; k++) {
         qd_generate_result res = {.tokens = tok[k], .logp = lp[k], .lengths = lens[k]};
         QD_TRY(qd_backend_generate(p->b[k], &rq, &res));
@@ -627,6 +629,7 @@ static qd_status check_pair(pair *p)
     QD_TRY(check_diag(p));
     QD_TRY(check_generate(p, 1.0f, "generate(top-p)"));
     QD_TRY(check_generate(p, 0.0f, "generate(greedy)"));
+    QD_TRY(check_generate(p, 1.0f, "generate(rl: no diagnostics)", 1));
     QD_TRY(check_shared_prefill(p));
     return check_rac(p);
 }
