@@ -203,6 +203,11 @@ void qd_nccl_free(qd_nccl *c)
     free(c);
 }
 
+/* The stream a collective runs on: the caller's, or for NULL this thread's
+ * default stream, where every op of ours runs (NCCL would take 0 as the
+ * legacy one, and the watchdog's cudaStreamQuery would not name it). */
+static cudaStream_t op_stream(void *stream) { return stream ? (cudaStream_t)stream : cudaStreamPerThread; }
+
 qd_status qd_nccl_all_reduce_sum_f32(qd_nccl *c, float *buf, size_t n, void *stream)
 {
     if (c->dead)
@@ -211,8 +216,7 @@ qd_status qd_nccl_all_reduce_sum_f32(qd_nccl *c, float *buf, size_t n, void *str
         return QD_OK;
     char what[WHAT_MAX];
     describe(c, "all_reduce_sum_f32", n * sizeof(float), what);
-    /* NULL: this thread's default stream, where every op of ours runs (NCCL would take 0 as the legacy one) */
-    cudaStream_t s = stream ? (cudaStream_t)stream : cudaStreamPerThread;
+    cudaStream_t s = op_stream(stream);
     qd_status st = issued(c, what, "ncclAllReduce", ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, c->comm, s));
     return st ? st : watch(c, what, s, 1);
 }
@@ -227,8 +231,7 @@ qd_status qd_nccl_broadcast(qd_nccl *c, void *buf, size_t bytes, int root, void 
         return fail(c, QD_ERR_ARG, what, "root %d is outside 0..%d", root, c->world - 1);
     if (c->world == 1 || bytes == 0)
         return QD_OK;
-    /* NULL: this thread's default stream, where every op of ours runs (NCCL would take 0 as the legacy one) */
-    cudaStream_t s = stream ? (cudaStream_t)stream : cudaStreamPerThread;
+    cudaStream_t s = op_stream(stream);
     qd_status st = issued(c, what, "ncclBroadcast", ncclBroadcast(buf, buf, bytes, ncclUint8, root, c->comm, s));
     return st ? st : watch(c, what, s, 1);
 }
@@ -268,8 +271,7 @@ qd_status qd_nccl_all_to_all_v(qd_nccl *c, const void *send, const size_t *send_
     if (self != recv_counts[c->rank])
         return fail(c, QD_ERR_ARG, what, "rank %d sends itself %zu elements but expects %zu", c->rank, self,
                     recv_counts[c->rank]);
-    /* NULL: this thread's default stream, where every op of ours runs (NCCL would take 0 as the legacy one) */
-    cudaStream_t s = stream ? (cudaStream_t)stream : cudaStreamPerThread;
+    cudaStream_t s = op_stream(stream);
     cudaError_t e = self ? cudaMemcpyAsync(rb + recv_displs[c->rank] * eb, sb + send_displs[c->rank] * eb,
                                            self * eb, cudaMemcpyDeviceToDevice, s)
                          : cudaSuccess;

@@ -43,9 +43,9 @@ enum { D_XH, D_RACWS, D_X16, D_W16, D_DY16, D_LOGP, D_SAMPLE, D_MOE, D_RACPTR, D
        D_DYF, D_EMBB, D_DIAG, D_SQW, D_BFP, D_NSCRATCH };
 
 #define STAGE_SLOTS 64 /* to_dev's pinned ring: slots, each STAGE_BYTES */
+#define STAGE_BYTES (16 << 10)
 #define QD_GRAPHS 8    /* step graphs kept (graph_end) */
 #define QD_CTABS 4096  /* const_table's tables kept */
-#define STAGE_BYTES (16 << 10)
 
 /* A recorded step (graph_end): its key, qd_cuda_buf_gen when made, when last run. */
 typedef struct {
@@ -228,10 +228,10 @@ static qd_status cuda_to_dev(void *dev, void *dst, const void *src, size_t bytes
 static qd_status cuda_to_host(void *dev, void *dst, const void *src, size_t bytes)
 {
     (void)dev;
-    if (bytes)
-        QD_REFUSE_RECORDING(); /* nothing runs while recording */
-    if (bytes)
-        QD_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+    if (!bytes)
+        return QD_OK;
+    QD_REFUSE_RECORDING(); /* nothing runs while recording */
+    QD_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
     return QD_OK;
 }
 
@@ -270,7 +270,6 @@ static qd_status cuda_finish(void *dev)
 
 /* ------------------------------------------------------------------------ */
 /* step graphs (ops.h graph_begin): this thread's default stream recorded    */
-
 
 static qd_status cuda_graph_begin(void *dev)
 {
