@@ -2533,19 +2533,17 @@ typedef struct {
  * H100, 2026-12-06, batch 1 1.15x, batch 8 1.08x; QUADS_CUDA_GRAPH=0 turns it
  * off, =1 also logs the recordings at the end). Only where nothing of a step's forward goes
  * through the host: every MoE layer's expert offsets on the device
- * (moe_dev_decode), no diagnostics, and no RAC statistics gathered (they
- * are sums on the device that each replay would add as its launches did,
- * but no GPU check has yet compared a generate that gathers them through
- * graphs: check_backend's such generates run with diagnostics, and `quads
- * rl`'s rollouts, which gather them, were last compared with the CPU
- * before graphs); the ops refuse the rest while recording, and a recording
+ * (moe_dev_decode) and no diagnostics (RAC statistics are sums on the
+ * device that each replay adds as its launches did: check_backend's
+ * "generate(rl: no diagnostics)" rows and run_all's `quads rl` identity
+ * compare them with the CPU); the ops refuse the rest while recording, and a recording
  * that fails leaves this generate's decode steps to launch as they run. The same ops on the same buffers: the
  * same bits. */
 static int graph_on(model *c)
 {
     static int env = -1;
     env_switch(&env, "QUADS_CUDA_GRAPH", 1);
-    if (!env || c->graph_off || !c->ops->graph_begin || diag_now(c) || (c->rac_stats && c->nrac_in > 0))
+    if (!env || c->graph_off || !c->ops->graph_begin || diag_now(c))
         return 0;
     for (int l = 0; l < c->cfg.num_hidden_layers; l++)
         if (c->layers[l].moe && !moe_dev_decode(c, &c->layers[l], c->N))
