@@ -800,9 +800,12 @@ static void rac_calibrate(qd_backend *ro, qd_backend *tr, const float *w, int V,
 
 /* On model c with master weights w: the replay trainer's log-probs of the
  * rollout's samples are the rollout's, bit for bit, before and after an
- * update of the trainer (backward, AdamW, weight sync); the nvfp4-sym-qat
- * trainer (the same codes, float32 sums in another order) is not. */
-static void check_replay(const qd_model_config *c, const float *w, qd_recipe r, const char *what)
+ * update of the trainer (backward, AdamW, weight sync); with differ, the
+ * nvfp4-sym-qat trainer (the same codes, float32 sums in another order) is
+ * not (on the shipped tiny model, whose 64-wide rows are four blocks, its
+ * float32 sums are exact or all but exact: 1.1e-7 apart before its
+ * regeneration of 2026-12-06, equal after, so there it is only printed). */
+static void check_replay(const qd_model_config *c, const float *w, qd_recipe r, const char *what, int differ)
 {
     enum { T = RP + RM };
     int V = c->vocab_size, rac = r == QD_RECIPE_QUADS_REPLAY;
@@ -818,7 +821,7 @@ static void check_replay(const qd_model_config *c, const float *w, qd_recipe r, 
     int same = replay_gap(ro, sq, V, 7, &sgap, seq, len);
     fprintf(stderr, "%s: %s trainer max |dlogp| %g; nvfp4-sym-qat trainer %g (logits %s)\n", what,
             qd_recipe_name(r), gap, sgap, same ? "equal" : "differ");
-    ck_assert(!same);
+    ck_assert(!differ || !same);
     /* one update of the trainer through the straight-through backward, then the sync */
     float coef[RB * T], lp[RB * T], gn;
     rng_state = 9;
@@ -852,7 +855,7 @@ START_TEST(test_replay_no_gap)
     qd_backend *b = make(&c, QD_RECIPE_FP32, QD_ROLE_TRAINER, 0, 0);
     float *w = random_weights(b, 131);
     qd_backend_free(b);
-    check_replay(&c, w, r, "MoE fixture");
+    check_replay(&c, w, r, "MoE fixture", 1);
     free(w);
     /* the shipped tiny model */
     char dir[4096];
@@ -864,7 +867,7 @@ START_TEST(test_replay_no_gap)
     w = malloc(sizeof(float) * qd_backend_num_floats(b));
     ck_assert_msg(qd_checkpoint_load(dir, pi, np, w) == QD_OK, "%s", qd_last_error());
     qd_backend_free(b);
-    check_replay(&c, w, r, "models/tiny");
+    check_replay(&c, w, r, "models/tiny", 0);
     free(w);
 }
 END_TEST

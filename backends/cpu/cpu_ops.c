@@ -8,9 +8,10 @@
  * - a dot product or matrix product output: acc = 0, acc += a_k * b_k for k
  *   ascending; a gradient is computed the same way into a fresh accumulator,
  *   then added to the gradient buffer (gradients always accumulate with +=);
- * - RMSNorm: sum of squares ascending, then / C; softmax and log-softmax: max
- *   ascending, sum of exp(x - max) ascending, then a division (the vocabulary's
- *   log-softmax is the sampler's lane tree, backends/sampling.h);
+ * - RMSNorm: sum of squares in the warp order (lanes i mod 32, then halving),
+ *   then / C; softmax and log-softmax: max ascending, sum of exp(x - max)
+ *   ascending, then a division (the vocabulary's log-softmax is the
+ *   sampler's lane tree, backends/sampling.h);
  * - MoE output: per token, expert outputs times weights summed in ascending
  *   expert index (as HF's loop over experts); renormalization sums the top-k
  *   weights in rank order;
@@ -254,16 +255,23 @@ static void matmul_backward(float *dinp, float *dw, const float *dout, const flo
     }
 }
 
-/* out (N, C) = w * (x * rstd), rstd = 1/sqrt(sum(x^2)/C + eps); rstd saved (N). */
+/* out (N, C) = w * (x * rstd), rstd = 1/sqrt(sum(x^2)/C + eps); rstd saved (N).
+ * The sum of squares in the warp order (docs/numerics.md section 6): x_i^2
+ * into lane i mod 32, each lane ascending in i, then the lanes pairwise
+ * halving (lane[j] + lane[j + h], h = 16, 8, 4, 2, 1). */
 static void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C,
                             float eps, int nt)
 {
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
-        float ss = 0.0f;
+        float lane[32] = {0.0f};
         for (int i = 0; i < C; i++)
-            ss += x[i] * x[i];
+            lane[i % 32] += x[i] * x[i];
+        for (int h = 16; h > 0; h /= 2)
+            for (int j = 0; j < h; j++)
+                lane[j] = lane[j] + lane[j + h];
+        float ss = lane[0];
         float r = qd_rsqrtf(ss / (float)C + eps);
         for (int i = 0; i < C; i++)
             out[(size_t)n * C + i] = w[i] * (x[i] * r);

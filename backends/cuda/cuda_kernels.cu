@@ -1305,19 +1305,43 @@ extern "C" qd_status qdk_fp8_gemm(float *y, const uint8_t *qa, const float *sa_i
 /* ------------------------------------------------------------------------ */
 /* norms, RoPE, attention                                                    */
 
-/* One block a row: the row and its squares go to shared memory (coalesced
- * loads, the squares computed in parallel: each the same rounding), one
- * thread adds the squares in the CPU's order (ascending; the same bits), then
- * the block writes the normalized row. (One thread a row reading the row
- * from global memory: 0.27 ms a launch at C = 2048 on the H200; the squares
- * inside the chain: 20 us.) In place (out == inp) allowed. */
+/* The sum of squares of a row in the warp order (docs/numerics.md section 6,
+ * the CPU's rmsnorm_forward): lane j adds x_i * x_i for i = j, j + 32, ...
+ * ascending, then the lanes pairwise halving (lane j + lane j + h, h = 16, 8,
+ * 4, 2, 1: shfl_down). x (C floats) in shared memory; lane 0 gets the sum. */
+static __device__ __forceinline__ float rms_warp_sumsq(const float *x, int C, int lane)
+{
+    float s = 0.0f;
+    int i = lane;
+    for (; i + 32 * 7 < C; i += 32 * 8) { /* 8 loads in flight, the adds in order */
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            v[u] = x[i + 32 * u];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            s = s + v[u] * v[u];
+    }
+    for (; i < C; i += 32)
+        s = s + x[i] * x[i];
+#pragma unroll
+    for (int h = 16; h > 0; h /= 2)
+        s = s + __shfl_down_sync(0xffffffffu, s, h);
+    return s;
+}
+
+/* One block a row: the row goes to shared memory (coalesced loads), warp 0
+ * adds its squares in the warp order (rms_warp_sumsq: the CPU's bits), then
+ * the block writes the normalized row. (Until 2026-12-06 the order was one
+ * chain, i ascending, one thread adding 2,048 squares: 9 us a launch at any
+ * batch on an H100, against a few for the warp's 64 each.) In place (out ==
+ * inp) allowed. */
 __global__ void k_rmsnorm(float *out, float *rstd, const float *inp, const float *w, int C, float eps)
 {
-    extern __shared__ __align__(16) float xs[]; /* x (C), then x * x (C, from a 16-byte boundary) */
+    extern __shared__ __align__(16) float xs[]; /* x (C) */
     __shared__ float r_sh;
     size_t n = blockIdx.x;
     const float *x = inp + n * C;
-    float *sq = xs + ((C + 3) & ~3);
     /* 8 loads a thread in flight before their stores (a store to shared
      * memory between two loads through generic pointers keeps them apart) */
     for (int i0 = threadIdx.x; i0 < C; i0 += 8 * blockDim.x) {
@@ -1330,43 +1354,17 @@ __global__ void k_rmsnorm(float *out, float *rstd, const float *inp, const float
 #pragma unroll
         for (int u = 0; u < 8; u++) {
             int i = i0 + u * blockDim.x;
-            if (i < C) {
+            if (i < C)
                 xs[i] = v[u];
-                sq[i] = v[u] * v[u];
-            }
         }
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        /* the chain, i ascending; its operands read 32 at a time, the next 32
-         * loaded while these are added (one shared-memory latency a 32, not a 4) */
-        float ss = 0.0f;
-        int i = 0;
-        float4 v[8], nx[8];
-        if (C >= 32)
-#pragma unroll
-            for (int u = 0; u < 8; u++)
-                nx[u] = *(const float4 *)&sq[4 * u];
-        for (; i + 32 <= C; i += 32) {
-#pragma unroll
-            for (int u = 0; u < 8; u++)
-                v[u] = nx[u];
-            if (i + 64 <= C)
-#pragma unroll
-                for (int u = 0; u < 8; u++)
-                    nx[u] = *(const float4 *)&sq[i + 32 + 4 * u];
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                ss = ss + v[u].x;
-                ss = ss + v[u].y;
-                ss = ss + v[u].z;
-                ss = ss + v[u].w;
-            }
+    if (threadIdx.x < 32) {
+        float ss = rms_warp_sumsq(xs, C, threadIdx.x);
+        if (threadIdx.x == 0) {
+            r_sh = qd_rsqrtf(ss / (float)C + eps);
+            rstd[n] = r_sh;
         }
-        for (; i < C; i++)
-            ss = ss + sq[i];
-        r_sh = qd_rsqrtf(ss / (float)C + eps);
-        rstd[n] = r_sh;
     }
     __syncthreads();
     float r = r_sh;
@@ -1388,9 +1386,9 @@ __global__ void k_rmsnorm(float *out, float *rstd, const float *inp, const float
 
 /* Rows of at most RN_MAXC (q_norm and k_norm: a head's 128 values, N x H
  * rows): RN_ROWS rows a block, loaded coalesced by its warps into shared
- * memory (rows padded to C + 1 floats: lane t's row starts on bank t), then
- * thread t adds row t's squares, i ascending, and the block writes the rows:
- * k_rmsnorm's operations on each row, so its bits. One block a row left one
+ * memory (rows padded to C + 1 floats), then each warp adds its rows'
+ * squares (rms_warp_sumsq), and the block writes the rows: k_rmsnorm's
+ * operations on each row, so its bits. One block a row left one
  * thread adding while 127 waited, 16 rows an SM at a time: 0.25 ms for a3b's
  * 16 x 1024 x 32 query heads where the bytes take 0.12. Default since
  * 2026-12-05 (QUADS_RMSNORM_ROWS=0: one block a row). */
@@ -1412,17 +1410,13 @@ __global__ void __launch_bounds__(RN_THREADS) k_rmsnorm_rows(float *out, float *
             xr[r * ld + i] = __ldg(x + i);
     }
     __syncthreads();
-    if (threadIdx.x < nr) {
-        const float *x = xr + threadIdx.x * ld;
-        float ss = 0.0f;
-#pragma unroll 8
-        for (int i = 0; i < C; i++) {
-            float sq = x[i] * x[i];
-            ss = ss + sq;
+    for (int r = warp; r < nr; r += nw) {
+        float ss = rms_warp_sumsq(xr + r * ld, C, lane);
+        if (lane == 0) {
+            float rr = qd_rsqrtf(ss / (float)C + eps);
+            r_sh[r] = rr;
+            rstd[n0 + r] = rr;
         }
-        float r = qd_rsqrtf(ss / (float)C + eps);
-        r_sh[threadIdx.x] = r;
-        rstd[n0 + threadIdx.x] = r;
     }
     __syncthreads();
     for (int r = warp; r < nr; r += nw) {
@@ -1444,7 +1438,7 @@ extern "C" qd_status qdk_rmsnorm(float *out, float *rstd, const float *inp, cons
     }
     if (rows)
         QD_LAUNCH_SMEM(k_rmsnorm, (unsigned)rows, C < 128 ? 32u : C < 1024 ? 128u : 256u,
-                       sizeof(float) * (size_t)(((C + 3) & ~3) + C),
+                       sizeof(float) * (size_t)C,
                        out, rstd, inp, w, C, eps);
     return QD_OK;
 }
