@@ -1336,40 +1336,66 @@ static void c_route_a3b(oc *c)
 static void c_route_norm(oc *c) { c_route(c, QD_TOPK_RENORM); }
 static void c_route_raw(oc *c) { c_route(c, QD_TOPK_PROBS); }
 
-/* moe_group_dev: the same rows, the offsets left in device memory */
-static void c_moe_group_dev(oc *c)
+/* moe_group_dev: the same rows, the offsets left in device memory; N tokens
+ * x K of E experts */
+static void moe_group_dev_of(oc *c, int N, int E, int K)
 {
-    enum { N = 11, E = 8, K = 3 };
-    int32_t topk[N * K];
-    float topw[N * K];
+    int32_t *topk = malloc(sizeof(int32_t) * N * K);
+    float *topw = malloc(sizeof(float) * N * K);
+    if (!topk || !topw) {
+        free(topk);
+        free(topw);
+        c->st = qd_error(QD_ERR_NOMEM, "op case");
+        return;
+    }
     routing(c, topk, topw, N, E, K);
     int32_t *rt = Z(c, sizeof(int32_t) * N * K), *rr = Z(c, sizeof(int32_t) * N * K);
     int32_t *tr = Z(c, sizeof(int32_t) * N * K), *off = Z(c, sizeof(int32_t) * (E + 1));
     float *rw = Z(c, sizeof(float) * N * K);
-    RUN(c, c->ops->moe_group_dev(c->dev, off, rt, rw, rr, tr, I(c, topk, N * K), up(c, topw, sizeof topw), N, E, K));
+    RUN(c, c->ops->moe_group_dev(c->dev, off, rt, rw, rr, tr, I(c, topk, N * K), up(c, topw, sizeof(float) * N * K),
+                                 N, E, K));
     OUT(c, "exp_off", 'i', off, sizeof(int32_t) * (E + 1));
     OUT(c, "row_tok", 'i', rt, sizeof(int32_t) * N * K);
     OUT(c, "row_w", 'f', rw, sizeof(float) * N * K);
     OUT(c, "row_rank", 'i', rr, sizeof(int32_t) * N * K);
     OUT(c, "tok_rows", 'i', tr, sizeof(int32_t) * N * K);
+    free(topk);
+    free(topw);
 }
 
-static void c_moe_group(oc *c)
+static void moe_group_of(oc *c, int N, int E, int K)
 {
-    enum { N = 11, E = 8, K = 3 };
-    int32_t topk[N * K], exp_off[E + 1];
-    float topw[N * K];
+    int32_t *topk = malloc(sizeof(int32_t) * N * K), *exp_off = malloc(sizeof(int32_t) * (E + 1));
+    float *topw = malloc(sizeof(float) * N * K);
+    if (!topk || !exp_off || !topw) {
+        free(topk);
+        free(exp_off);
+        free(topw);
+        c->st = qd_error(QD_ERR_NOMEM, "op case");
+        return;
+    }
     routing(c, topk, topw, N, E, K);
     int32_t *rt = Z(c, sizeof(int32_t) * N * K), *rr = Z(c, sizeof(int32_t) * N * K);
     int32_t *tr = Z(c, sizeof(int32_t) * N * K);
     float *rw = Z(c, sizeof(float) * N * K);
-    RUN(c, c->ops->moe_group(c->dev, exp_off, rt, rw, rr, tr, I(c, topk, N * K), up(c, topw, sizeof topw), N, E, K));
-    OUT_HOST(c, "exp_off", 'i', exp_off, sizeof exp_off);
+    RUN(c, c->ops->moe_group(c->dev, exp_off, rt, rw, rr, tr, I(c, topk, N * K), up(c, topw, sizeof(float) * N * K),
+                             N, E, K));
+    OUT_HOST(c, "exp_off", 'i', exp_off, sizeof(int32_t) * (E + 1));
     OUT(c, "row_tok", 'i', rt, sizeof(int32_t) * N * K);
     OUT(c, "row_w", 'f', rw, sizeof(float) * N * K);
     OUT(c, "row_rank", 'i', rr, sizeof(int32_t) * N * K);
     OUT(c, "tok_rows", 'i', tr, sizeof(int32_t) * N * K);
+    free(topk);
+    free(exp_off);
+    free(topw);
 }
+
+static void c_moe_group_dev(oc *c) { moe_group_dev_of(c, 11, 8, 3); }
+static void c_moe_group(oc *c) { moe_group_of(c, 11, 8, 3); }
+/* a3b's decode at batch 64 (128 experts, top-8), and 300 tokens (masks of 10
+ * words an expert, more entries than threads in QUADS_MOE_GROUP1's block) */
+static void c_moe_group_dev_a3b(oc *c) { moe_group_dev_of(c, 64, 128, 8); }
+static void c_moe_group_300(oc *c) { moe_group_of(c, 300, 16, 4); }
 
 /* gather, swiglu and its backward, combine, moe_dy, unroute, router_backward
  * over one valid routing of N tokens */
@@ -1988,6 +2014,8 @@ static const op_case cases[] = {
     {{"route a3b 70x128 k8 ties nan", "route", 0, 0}, c_route_a3b},
     {{"moe_group 11x8 k3", "moe_group", 0, 0}, c_moe_group},
     {{"moe_group_dev 11x3 of 8", "moe_group_dev", 0, 0}, c_moe_group_dev},
+    {{"moe_group_dev 64x8 of 128", "moe_group_dev", 0, 0}, c_moe_group_dev_a3b},
+    {{"moe_group 300x4 of 16", "moe_group", 0, 0}, c_moe_group_300},
     {{"moe rows 9x6 k2", "combine", 0, 0}, c_moe_rows},
     {{"moe rows 37x8 k3 C300", "combine", 0, 0}, c_moe_rows_wide},
     {{"embed_w16 9x64 V50", "embed_w16", 0, 0}, c_embed_w16},
