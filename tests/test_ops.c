@@ -382,6 +382,56 @@ START_TEST(test_w4a4_multi_definition)
 }
 END_TEST
 
+/* RMSNorm's sum of squares in the warp order (docs/numerics.md section 6),
+ * written out here the long way: 32 lane sums, lane j taking x_i^2 for i = j
+ * mod 32 in ascending i, then h = 16, 8, 4, 2, 1: lane j += lane j + h. Its
+ * rstd bits are the op's, on rows of 2,050 (not a multiple of 32), 80 and 5
+ * (lanes left empty); and they differ from the one-chain order's on some row,
+ * so the test tells the two apart. */
+START_TEST(test_rmsnorm_warp_order)
+{
+    const int shapes[3][2] = {{6, 2050}, {9, 80}, {4, 5}};
+    int chain_differs = 0;
+    for (int k = 0; k < 3; k++) {
+        int rows = shapes[k][0], C = shapes[k][1];
+        float *x = rnd((size_t)rows * C, -3, 3, 40 + k), *w = rnd(C, 0.5f, 1.5f, 50 + k);
+        float *y = malloc(sizeof(float) * rows * C), *r = malloc(sizeof(float) * rows);
+        ck_assert_int_eq(O->rmsnorm(dev1, y, r, x, w, rows, C, 1e-6f), QD_OK);
+        for (int n = 0; n < rows; n++) {
+            const float *xr = x + (size_t)n * C;
+            float lane[32], chain = 0.0f;
+            for (int j = 0; j < 32; j++) {
+                lane[j] = 0.0f;
+                for (int i = j; i < C; i += 32) {
+                    float sq = xr[i] * xr[i];
+                    lane[j] = lane[j] + sq;
+                }
+            }
+            for (int h = 16; h >= 1; h /= 2)
+                for (int j = 0; j < h; j++)
+                    lane[j] = lane[j] + lane[j + h];
+            for (int i = 0; i < C; i++) {
+                float sq = xr[i] * xr[i];
+                chain = chain + sq;
+            }
+            float want = qd_rsqrtf(lane[0] / (float)C + 1e-6f);
+            ck_assert_msg(memcmp(&want, &r[n], sizeof want) == 0, "rmsnorm %dx%d row %d: rstd %a, warp order %a",
+                          rows, C, n, (double)r[n], (double)want);
+            chain_differs |= lane[0] != chain;
+            for (int i = 0; i < C; i++) {
+                float o = w[i] * (xr[i] * want);
+                ck_assert(memcmp(&o, &y[(size_t)n * C + i], sizeof o) == 0);
+            }
+        }
+        free(x);
+        free(w);
+        free(y);
+        free(r);
+    }
+    ck_assert_msg(chain_differs, "no row where the one-chain sum differs: the test cannot tell the orders apart");
+}
+END_TEST
+
 /* rmsnorm, rope, swiglu against double math */
 START_TEST(test_elementwise_double)
 {
@@ -835,6 +885,7 @@ Suite *suite_ops(void)
     tcase_add_test(tc, test_rac_multi_definition);
     tcase_add_test(tc, test_w4a4_multi_definition);
     tcase_add_test(tc, test_elementwise_double);
+    tcase_add_test(tc, test_rmsnorm_warp_order);
     tcase_add_test(tc, test_attend_double);
     tcase_add_test(tc, test_route_logprob_double);
     tcase_add_test(tc, test_moe_rows_definition);
