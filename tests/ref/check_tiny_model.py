@@ -9,7 +9,7 @@ prompts in the pinned task format. Without torch here this is our stand-in for
 usage: python3 tests/ref/check_tiny_model.py models/tiny [N [FIXTURE.json]]
 Needs: numpy, safetensors, tokenizers. Prints greedy accuracy on N random
 problems (operands 0..99, + - *; train and held-out mixed); the C backend's
-greedy held-out pass@1 is 0.425 (models/tiny/README.md). With FIXTURE, writes
+greedy held-out pass@1 is 0.480 (models/tiny/README.md). With FIXTURE, writes
 each problem with its greedy completion ids and the smallest top-1/top-2 logit
 margin along it, for the tiny suite to compare the C backend against
 (tests/fixtures/tiny/greedy.json)."""
