@@ -1336,34 +1336,9 @@ static void c_route_a3b(oc *c)
 static void c_route_norm(oc *c) { c_route(c, QD_TOPK_RENORM); }
 static void c_route_raw(oc *c) { c_route(c, QD_TOPK_PROBS); }
 
-/* moe_group_dev: the same rows, the offsets left in device memory; N tokens
- * x K of E experts */
-static void moe_group_dev_of(oc *c, int N, int E, int K)
-{
-    int32_t *topk = malloc(sizeof(int32_t) * N * K);
-    float *topw = malloc(sizeof(float) * N * K);
-    if (!topk || !topw) {
-        free(topk);
-        free(topw);
-        c->st = qd_error(QD_ERR_NOMEM, "op case");
-        return;
-    }
-    routing(c, topk, topw, N, E, K);
-    int32_t *rt = Z(c, sizeof(int32_t) * N * K), *rr = Z(c, sizeof(int32_t) * N * K);
-    int32_t *tr = Z(c, sizeof(int32_t) * N * K), *off = Z(c, sizeof(int32_t) * (E + 1));
-    float *rw = Z(c, sizeof(float) * N * K);
-    RUN(c, c->ops->moe_group_dev(c->dev, off, rt, rw, rr, tr, I(c, topk, N * K), up(c, topw, sizeof(float) * N * K),
-                                 N, E, K));
-    OUT(c, "exp_off", 'i', off, sizeof(int32_t) * (E + 1));
-    OUT(c, "row_tok", 'i', rt, sizeof(int32_t) * N * K);
-    OUT(c, "row_w", 'f', rw, sizeof(float) * N * K);
-    OUT(c, "row_rank", 'i', rr, sizeof(int32_t) * N * K);
-    OUT(c, "tok_rows", 'i', tr, sizeof(int32_t) * N * K);
-    free(topk);
-    free(topw);
-}
-
-static void moe_group_of(oc *c, int N, int E, int K)
+/* moe_group of N tokens x K of E experts; dev: moe_group_dev, the same rows
+ * with the offsets left in device memory */
+static void moe_group_of(oc *c, int N, int E, int K, int dev)
 {
     int32_t *topk = malloc(sizeof(int32_t) * N * K), *exp_off = malloc(sizeof(int32_t) * (E + 1));
     float *topw = malloc(sizeof(float) * N * K);
@@ -1376,11 +1351,17 @@ static void moe_group_of(oc *c, int N, int E, int K)
     }
     routing(c, topk, topw, N, E, K);
     int32_t *rt = Z(c, sizeof(int32_t) * N * K), *rr = Z(c, sizeof(int32_t) * N * K);
-    int32_t *tr = Z(c, sizeof(int32_t) * N * K);
+    int32_t *tr = Z(c, sizeof(int32_t) * N * K), *d_off = dev ? Z(c, sizeof(int32_t) * (E + 1)) : NULL;
     float *rw = Z(c, sizeof(float) * N * K);
-    RUN(c, c->ops->moe_group(c->dev, exp_off, rt, rw, rr, tr, I(c, topk, N * K), up(c, topw, sizeof(float) * N * K),
-                             N, E, K));
-    OUT_HOST(c, "exp_off", 'i', exp_off, sizeof(int32_t) * (E + 1));
+    const int32_t *dk = I(c, topk, N * K);
+    const float *dw = up(c, topw, sizeof(float) * N * K);
+    if (dev) {
+        RUN(c, c->ops->moe_group_dev(c->dev, d_off, rt, rw, rr, tr, dk, dw, N, E, K));
+        OUT(c, "exp_off", 'i', d_off, sizeof(int32_t) * (E + 1));
+    } else {
+        RUN(c, c->ops->moe_group(c->dev, exp_off, rt, rw, rr, tr, dk, dw, N, E, K));
+        OUT_HOST(c, "exp_off", 'i', exp_off, sizeof(int32_t) * (E + 1));
+    }
     OUT(c, "row_tok", 'i', rt, sizeof(int32_t) * N * K);
     OUT(c, "row_w", 'f', rw, sizeof(float) * N * K);
     OUT(c, "row_rank", 'i', rr, sizeof(int32_t) * N * K);
@@ -1390,12 +1371,12 @@ static void moe_group_of(oc *c, int N, int E, int K)
     free(topw);
 }
 
-static void c_moe_group_dev(oc *c) { moe_group_dev_of(c, 11, 8, 3); }
-static void c_moe_group(oc *c) { moe_group_of(c, 11, 8, 3); }
+static void c_moe_group_dev(oc *c) { moe_group_of(c, 11, 8, 3, 1); }
+static void c_moe_group(oc *c) { moe_group_of(c, 11, 8, 3, 0); }
 /* a3b's decode at batch 64 (128 experts, top-8), and 300 tokens (masks of 10
  * words an expert, more entries than threads in QUADS_MOE_GROUP1's block) */
-static void c_moe_group_dev_a3b(oc *c) { moe_group_dev_of(c, 64, 128, 8); }
-static void c_moe_group_300(oc *c) { moe_group_of(c, 300, 16, 4); }
+static void c_moe_group_dev_a3b(oc *c) { moe_group_of(c, 64, 128, 8, 1); }
+static void c_moe_group_300(oc *c) { moe_group_of(c, 300, 16, 4, 0); }
 
 /* gather, swiglu and its backward, combine, moe_dy, unroute, router_backward
  * over one valid routing of N tokens */

@@ -2485,13 +2485,12 @@ __global__ void __launch_bounds__(1024) k_moe_slots(int32_t *slot, int32_t *cnt,
         cnt[e] = run;
 }
 
-/* exp_off (E + 1) from the counts, ascending expert index. */
-/* exp_off = 0, then the running sums of cnt: one warp, lane l a run of
- * ceil(E/32) counts (integers: any order, the same sums). A single thread's
- * chain of global loads and stores took 9 us at E = 128. */
-__global__ void k_moe_offsets(int32_t *exp_off, const int32_t *cnt, int E)
+/* off (E + 1) = 0, then the running sums of cnt (E), ascending expert index,
+ * by one warp: lane l adds a run of ceil(E/32) counts, a shuffle scan gives
+ * each run's start (integers: any order, the same sums). */
+static __device__ __forceinline__ void warp_offsets(int32_t *off, const int32_t *cnt, int E, int lane)
 {
-    int lane = threadIdx.x, per = (E + 31) / 32, e0 = lane * per, e1 = e0 + per < E ? e0 + per : E;
+    int per = (E + 31) / 32, e0 = lane * per, e1 = e0 + per < E ? e0 + per : E;
     int32_t run = 0;
     for (int e = e0; e < e1; e++)
         run += cnt[e];
@@ -2501,13 +2500,20 @@ __global__ void k_moe_offsets(int32_t *exp_off, const int32_t *cnt, int E)
         if (lane >= o)
             incl += v;
     }
-    int32_t off = incl - run;
+    int32_t at = incl - run;
     if (lane == 0)
-        exp_off[0] = 0;
+        off[0] = 0;
     for (int e = e0; e < e1; e++) {
-        off += cnt[e];
-        exp_off[e + 1] = off;
+        at += cnt[e];
+        off[e + 1] = at;
     }
+}
+
+/* exp_off (E + 1) from the counts (warp_offsets; a single thread's chain of
+ * global loads and stores took 9 us at E = 128). */
+__global__ void k_moe_offsets(int32_t *exp_off, const int32_t *cnt, int E)
+{
+    warp_offsets(exp_off, cnt, E, threadIdx.x);
 }
 
 /* One thread per (token, choice): its row, and its place among the token's
@@ -2550,20 +2556,21 @@ __global__ void k_moe_dense(int32_t *exp_off, int32_t *row_tok, float *row_w, in
  * the few tokens of a decode (QUADS_MOE_GROUP1=1, opt-in until run on a GPU;
  * qdk_moe_group says where it applies): a bit a token in a mask an expert in
  * shared memory (mask[e][n / 32], bit n % 32: set by atomicOr, which no order
- * changes), expert e's count the popcount of its mask, the offsets a warp's
- * scan of the counts, and a (token, choice)'s slot among e's rows the
- * popcount of e's bits below its token: the tokens that chose e in ascending
- * order, k_moe_slots' numbering, so the same rows. The three launches took
- * ~10 us a MoE layer at batch 64 in the last per-kernel profiles (k_moe_slots'
- * 1,024-thread scans of 64 tokens ~3.8, k_moe_rows ~3.3, the offsets' warp). */
+ * changes), expert e's count the popcount of its mask, the offsets
+ * k_moe_offsets' scan (warp_offsets), and a (token, choice)'s slot among e's
+ * rows the popcount of e's bits below its token: the tokens that chose e in
+ * ascending order, k_moe_slots' numbering, so the same rows. The three
+ * launches took ~10 us a MoE layer at batch 64 in the last per-kernel
+ * profiles (k_moe_slots' 1,024-thread scans of 64 tokens ~3.8, k_moe_rows
+ * ~3.3, the offsets' warp). */
 #define QD_MOE1_THREADS 1024
 __global__ void __launch_bounds__(QD_MOE1_THREADS)
     k_moe_group1(int32_t *exp_off, int32_t *row_tok, float *row_w, int32_t *row_rank, int32_t *tok_rows,
                  const int32_t *topk, const float *topw, int N, int E, int K)
 {
-    extern __shared__ uint32_t mask[]; /* E x W words, then E + 1 offsets */
+    extern __shared__ uint32_t mask[]; /* E x W words, then E + 1 offsets, then E counts */
     const int W = (N + 31) / 32, NK = N * K, t = threadIdx.x;
-    int32_t *off = (int32_t *)(mask + (size_t)E * W);
+    int32_t *off = (int32_t *)(mask + (size_t)E * W), *cnt = off + E + 1;
     for (int i = t; i < E * W; i += blockDim.x)
         mask[i] = 0u;
     __syncthreads();
@@ -2572,27 +2579,15 @@ __global__ void __launch_bounds__(QD_MOE1_THREADS)
         atomicOr(&mask[e * W + n / 32], 1u << (n % 32));
     }
     __syncthreads();
-    if (t < 32) { /* lane l: a run of ceil(E/32) experts' counts, then the scan */
-        int per = (E + 31) / 32, e0 = t * per, e1 = e0 + per < E ? e0 + per : E;
-        int32_t run = 0;
-        for (int e = e0; e < e1; e++)
-            for (int w = 0; w < W; w++)
-                run += __popc(mask[e * W + w]);
-        int32_t incl = run;
-        for (int o = 1; o < 32; o <<= 1) {
-            int32_t v = __shfl_up_sync(0xffffffffu, incl, o);
-            if (t >= o)
-                incl += v;
-        }
-        int32_t at = incl - run;
-        if (t == 0)
-            off[0] = 0;
-        for (int e = e0; e < e1; e++) {
-            for (int w = 0; w < W; w++)
-                at += __popc(mask[e * W + w]);
-            off[e + 1] = at;
-        }
+    for (int e = t; e < E; e += blockDim.x) { /* expert e's count: its mask's bits */
+        int32_t c = 0;
+        for (int w = 0; w < W; w++)
+            c += __popc(mask[e * W + w]);
+        cnt[e] = c;
     }
+    __syncthreads();
+    if (t < 32)
+        warp_offsets(off, cnt, E, t);
     __syncthreads();
     for (int id = t; id < NK; id += blockDim.x) {
         int n = id / K, i = id % K, e = topk[id], j = 0;
@@ -2620,7 +2615,7 @@ extern "C" qd_status qdk_moe_group(int32_t *exp_off, int32_t *row_tok, float *ro
         return QD_OK;
     }
     static int one = -1;
-    size_t smem1 = sizeof(uint32_t) * ((size_t)E * (size_t)((N + 31) / 32) + (size_t)E + 1);
+    size_t smem1 = sizeof(uint32_t) * ((size_t)E * (size_t)((N + 31) / 32) + 2 * (size_t)E + 1);
     if (smem1 <= 48 * 1024 && (size_t)N * K <= 8 * QD_MOE1_THREADS && env_opt_in(&one, "QUADS_MOE_GROUP1")) {
         QD_LAUNCH_SMEM(k_moe_group1, 1, QD_MOE1_THREADS, smem1, exp_off, row_tok, row_w, row_rank, tok_rows, topk,
                        topw, N, E, K);
