@@ -2056,8 +2056,28 @@ static qd_status route(model *c, layer_acts *s, const layer *ly)
               s->topw, N, E, K);
 }
 
-/* out (N, C) = MoE block or dense MLP of inp = ln2 (N, C). */
-static qd_status mlp_forward(model *c, float *out, layer_acts *s, const layer *ly)
+/* Whether the forward calls the fused rows ops (ops.h: add_rmsnorm,
+ * combine_add_rmsnorm, qk_norm_rope) where the ops have them: the bits of
+ * the ops they replace, fewer launches. QUADS_FUSED_ROWS=0: the separate ops. */
+static int fused_rows(const model *c)
+{
+    (void)c;
+    static int v = -1;
+    return env_switch(&v, "QUADS_FUSED_ROWS", 1);
+}
+
+/* The norm that follows a layer's output (the next layer's input norm, or the
+ * final norm), computed by the layer's last launch where the ops fuse it. */
+typedef struct {
+    float *out, *rstd;
+    const float *w;
+} next_norm;
+
+/* out (N, C) = res + the MoE block or dense MLP of inp = ln2 (N, C); with nn,
+ * nn's norm of out too (combine_add_rmsnorm: the bits of combine, add,
+ * rmsnorm). */
+static qd_status mlp_forward(model *c, float *out, layer_acts *s, const layer *ly, const float *res,
+                             const next_norm *nn)
 {
     int N = c->N, C = c->cfg.hidden_size, I = ly->ffn, K = ly->moe ? c->cfg.num_experts_per_tok : 1;
     mark(c, QD_PH_ROUTE);
@@ -2097,10 +2117,14 @@ static qd_status mlp_forward(model *c, float *out, layer_acts *s, const layer *l
     } else {
         QD_TRY(experts_forward_each(c, s, ly));
     }
+    mark(c, QD_PH_OTHER);
+    if (nn)
+        return N ? OP(c, combine_add_rmsnorm, out, nn->out, nn->rstd, res, s->y, s->row_w, s->tok_rows, N, K, C,
+                      nn->w, (float)c->cfg.rms_norm_eps)
+                 : QD_OK;
     if (N)
         QD_TRY(OP(c, combine, out, s->y, s->row_w, s->tok_rows, N, K, C));
-    mark(c, QD_PH_OTHER);
-    return QD_OK;
+    return OP(c, add, out, res, out, (size_t)N * C);
 }
 
 static qd_status attn_forward(model *c, float *out, layer_acts *s, const layer *ly, int l)
@@ -2112,14 +2136,23 @@ static qd_status attn_forward(model *c, float *out, layer_acts *s, const layer *
     float *qkv[3] = {s->q, s->k, s->v};
     linear *lqkv[3] = {&c->lin[ly->q], &c->lin[ly->k], &c->lin[ly->v]};
     QD_TRY(linears_forward(c, qkv, s->ln1, lqkv, 3, N));
-    QD_TRY(OP(c, rmsnorm, s->qr, s->rstd_q, s->q, P(c, ly->q_norm), N * H, D, eps));
-    QD_TRY(OP(c, rmsnorm, s->kr, s->rstd_k, s->k, P(c, ly->k_norm), N * KV, D, eps));
-    QD_TRY(OP(c, rope, s->qr, c->d_pos, c->rope_cos, c->rope_sin, N, H, D, QD_ROPE_FORWARD));
-    QD_TRY(OP(c, rope, s->kr, c->d_pos, c->rope_cos, c->rope_sin, N, KV, D, QD_ROPE_FORWARD));
     size_t lsz = (size_t)c->cache_rows * c->Tc * KV * D;
-    if (c->kc)
-        QD_TRY(OP(c, store_kv, c->kc + l * lsz, c->vc + l * lsz, s->kr, s->v, c->d_row, c->d_pos, N, c->Tc,
-                  KV * D));
+    if (c->ops->qk_norm_rope && fused_rows(c)) {
+        qd_qk_args a = {.qr = s->qr, .rstd_q = s->rstd_q, .kr = s->kr, .rstd_k = s->rstd_k, .q = s->q,
+                        .wq = P(c, ly->q_norm), .k = s->k, .wk = P(c, ly->k_norm), .pos = c->d_pos,
+                        .cosb = c->rope_cos, .sinb = c->rope_sin, .N = N, .H = H, .KV = KV, .D = D, .eps = eps,
+                        .kc = c->kc ? c->kc + l * lsz : NULL, .vc = c->kc ? c->vc + l * lsz : NULL, .v = s->v,
+                        .row = c->d_row, .Tc = c->Tc};
+        QD_TRY(OP(c, qk_norm_rope, &a));
+    } else {
+        QD_TRY(OP(c, rmsnorm, s->qr, s->rstd_q, s->q, P(c, ly->q_norm), N * H, D, eps));
+        QD_TRY(OP(c, rmsnorm, s->kr, s->rstd_k, s->k, P(c, ly->k_norm), N * KV, D, eps));
+        QD_TRY(OP(c, rope, s->qr, c->d_pos, c->rope_cos, c->rope_sin, N, H, D, QD_ROPE_FORWARD));
+        QD_TRY(OP(c, rope, s->kr, c->d_pos, c->rope_cos, c->rope_sin, N, KV, D, QD_ROPE_FORWARD));
+        if (c->kc)
+            QD_TRY(OP(c, store_kv, c->kc + l * lsz, c->vc + l * lsz, s->kr, s->v, c->d_row, c->d_pos, N, c->Tc,
+                      KV * D));
+    }
     mark(c, QD_PH_ATTN);
     const float *kb = c->decode ? c->kc + l * lsz : s->kr, *vb = c->decode ? c->vc + l * lsz : s->v;
     QD_TRY(OP(c, attend, s->ao, s->att, s->qr, kb, vb, c->d_kbase, c->d_pos, N, H, KV, D, c->Tm,
@@ -2156,20 +2189,26 @@ static qd_status last_rows(model *c, const float **hin)
  * whose logits (one row per sequence: a prefill's last tokens, a decode's
  * rows) are sampled instead. */
 /* Decoder layer l from its input acts[l].x: its activations, and its output
- * into next (N, C). */
-static qd_status layer_forward(model *c, int l, float *next)
+ * into next (N, C). ln1_done: its input norm (ln1, rstd1) was computed by the
+ * layer before (nn of that call); nn: the norm that follows the output, to
+ * compute with it (the fused ops; NULL: the caller computes it). */
+static qd_status layer_forward(model *c, int l, float *next, int ln1_done, const next_norm *nn)
 {
     const qd_model_config *g = &c->cfg;
     int N = c->N, C = g->hidden_size;
     float eps = (float)g->rms_norm_eps;
     layer_acts *s = &c->acts[l];
     const layer *ly = &c->layers[l];
-    QD_TRY(OP(c, rmsnorm, s->ln1, s->rstd1, s->x, P(c, ly->in_norm), N, C, eps));
-    QD_TRY(attn_forward(c, next, s, ly, l));              /* next used as scratch (N, C) */
-    QD_TRY(OP(c, add, s->xmid, s->x, next, (size_t)N * C));
-    QD_TRY(OP(c, rmsnorm, s->ln2, s->rstd2, s->xmid, P(c, ly->post_norm), N, C, eps));
-    QD_TRY(mlp_forward(c, next, s, ly));
-    return OP(c, add, next, s->xmid, next, (size_t)N * C);
+    if (!ln1_done)
+        QD_TRY(OP(c, rmsnorm, s->ln1, s->rstd1, s->x, P(c, ly->in_norm), N, C, eps));
+    QD_TRY(attn_forward(c, next, s, ly, l)); /* next used as scratch (N, C) */
+    if (c->ops->add_rmsnorm && fused_rows(c)) {
+        QD_TRY(OP(c, add_rmsnorm, s->xmid, s->ln2, s->rstd2, s->x, next, P(c, ly->post_norm), N, C, eps));
+    } else {
+        QD_TRY(OP(c, add, s->xmid, s->x, next, (size_t)N * C));
+        QD_TRY(OP(c, rmsnorm, s->ln2, s->rstd2, s->xmid, P(c, ly->post_norm), N, C, eps));
+    }
+    return mlp_forward(c, next, s, ly, s->xmid, nn);
 }
 
 /* options.recompute: layer l's activations again, from its input, for its
@@ -2180,7 +2219,7 @@ static qd_status recompute_layer(model *c, int l)
     int rs = c->rac_stats;
     c->rac_stats = 0;
     c->recomputing = 1;
-    qd_status st = layer_forward(c, l, c->rx);
+    qd_status st = layer_forward(c, l, c->rx, 0, NULL);
     c->rac_stats = rs;
     c->recomputing = 0;
     mark(c, QD_PH_BWD);
@@ -2196,9 +2235,15 @@ static qd_status model_forward(model *c, float *logp)
         QD_TRY(OP(c, embed_w16, c->acts[0].x, c->wk16 + c->embed16, c->d_tok, N, C));
     else
         QD_TRY(OP(c, embed, c->acts[0].x, P(c, c->embed), c->d_tok, N, C));
-    for (int l = 0; l < L; l++)
-        QD_TRY(layer_forward(c, l, l + 1 < L ? c->acts[l + 1].x : c->xf));
-    QD_TRY(OP(c, rmsnorm, c->lnf, c->rstdf, c->xf, P(c, c->final_norm), N, C, eps));
+    /* each layer's last launch computes the next norm where the ops fuse it */
+    int fuse = c->ops->combine_add_rmsnorm && fused_rows(c);
+    for (int l = 0; l < L; l++) {
+        next_norm nn = l + 1 < L ? (next_norm){c->acts[l + 1].ln1, c->acts[l + 1].rstd1, P(c, c->layers[l + 1].in_norm)}
+                                 : (next_norm){c->lnf, c->rstdf, P(c, c->final_norm)};
+        QD_TRY(layer_forward(c, l, l + 1 < L ? c->acts[l + 1].x : c->xf, fuse && l > 0, fuse ? &nn : NULL));
+    }
+    if (!fuse || L == 0)
+        QD_TRY(OP(c, rmsnorm, c->lnf, c->rstdf, c->xf, P(c, c->final_norm), N, C, eps));
     mark(c, QD_PH_HEAD);
     const float *hin = c->lnf;
     int nh = N;

@@ -52,6 +52,20 @@ typedef enum { QD_ROPE_FORWARD = 0, QD_ROPE_INVERSE } qd_rope_dir;
  * into zeros would have made +0.0 (within its bounds). */
 typedef enum { QD_BWD_DX_ADD = 1, QD_BWD_DW_SET = 2, QD_BWD_DX_SET = 4 } qd_bwd_flags;
 
+/* qk_norm_rope's operands (rows of D: q (N, H, D), k and v (N, KV, D)). */
+typedef struct qd_qk_args {
+    float *qr, *rstd_q, *kr, *rstd_k;
+    const float *q, *wq, *k, *wk;
+    const int32_t *pos;
+    const float *cosb, *sinb;
+    int N, H, KV, D;
+    float eps;
+    float *kc, *vc; /* NULL: no store */
+    const float *v;
+    const int32_t *row;
+    int Tc;
+} qd_qk_args;
+
 /* diag_add's flags: QD_DIAG_SET, each sum from 0.0 (else added to acc) */
 typedef enum { QD_DIAG_SET = 1 } qd_diag_flags;
 
@@ -117,6 +131,20 @@ typedef struct qd_ops {
     /* HF rotate_half RoPE in place on x (N, nh, D) at positions pos (N), or its transpose */
     qd_status (*rope)(void *dev, float *x, const int32_t *pos, const float *cosb, const float *sinb, int N,
                       int nh, int D, qd_rope_dir dir);
+    /* Fused rows (decode's launches; the bits of the ops they replace, run
+     * in the order said). Optional each: where NULL the driver runs those ops.
+     * add_rmsnorm: sum = a + b (rows, C), then rmsnorm(out, rstd, sum, w). */
+    qd_status (*add_rmsnorm)(void *dev, float *sum, float *out, float *rstd, const float *a, const float *b,
+                             const float *w, int rows, int C, float eps);
+    /* combine_add_rmsnorm: sum = res + combine(y, row_w, tok_rows) (N, C),
+     * then rmsnorm(out, rstd, sum, w). */
+    qd_status (*combine_add_rmsnorm)(void *dev, float *sum, float *out, float *rstd, const float *res,
+                                     const float *y, const float *row_w, const int32_t *tok_rows, int N, int K,
+                                     int C, const float *w, float eps);
+    /* qk_norm_rope: rmsnorm(qr, rstd_q, q, wq) over N*H rows of D and
+     * rmsnorm(kr, rstd_k, k, wk) over N*KV, rope(QD_ROPE_FORWARD) of both at
+     * pos, then (kc non-NULL) store_kv(kc, vc, kr, v, row, pos, N, Tc, KV*D). */
+    qd_status (*qk_norm_rope)(void *dev, const struct qd_qk_args *a);
 
     /* ---- weights kept as BF16 bit patterns (a rollout instance's embedding,
      * router, lm_head): the bits of embed and matmul given the same values as
@@ -429,6 +457,39 @@ typedef struct qd_ops {
     qd_status (*graph_run)(void *dev, uint64_t key);
     void (*graph_drop)(void *dev);
 } qd_ops;
+
+/* The fused rows ops as the ops they stand for, one after the other on o's
+ * backend (the CPU's definitions; a backend's fallback). */
+static inline qd_status qd_add_rmsnorm_ops(const qd_ops *o, void *dev, float *sum, float *out, float *rstd,
+                                           const float *a, const float *b, const float *w, int rows, int C,
+                                           float eps)
+{
+    qd_status st = o->add(dev, sum, a, b, (size_t)rows * C);
+    return st ? st : o->rmsnorm(dev, out, rstd, sum, w, rows, C, eps);
+}
+
+static inline qd_status qd_combine_add_rmsnorm_ops(const qd_ops *o, void *dev, float *sum, float *out, float *rstd,
+                                                   const float *res, const float *y, const float *row_w,
+                                                   const int32_t *tok_rows, int N, int K, int C, const float *w,
+                                                   float eps)
+{
+    qd_status st = o->combine(dev, sum, y, row_w, tok_rows, N, K, C);
+    return st ? st : qd_add_rmsnorm_ops(o, dev, sum, out, rstd, res, sum, w, N, C, eps);
+}
+
+static inline qd_status qd_qk_norm_rope_ops(const qd_ops *o, void *dev, const qd_qk_args *a)
+{
+    qd_status st = o->rmsnorm(dev, a->qr, a->rstd_q, a->q, a->wq, a->N * a->H, a->D, a->eps);
+    if (!st)
+        st = o->rmsnorm(dev, a->kr, a->rstd_k, a->k, a->wk, a->N * a->KV, a->D, a->eps);
+    if (!st)
+        st = o->rope(dev, a->qr, a->pos, a->cosb, a->sinb, a->N, a->H, a->D, QD_ROPE_FORWARD);
+    if (!st)
+        st = o->rope(dev, a->kr, a->pos, a->cosb, a->sinb, a->N, a->KV, a->D, QD_ROPE_FORWARD);
+    if (!st && a->kc)
+        st = o->store_kv(dev, a->kc, a->vc, a->kr, a->v, a->row, a->pos, a->N, a->Tc, a->KV * a->D);
+    return st;
+}
 
 /* bfp_weights' layout: F (OC int32, each row's exponent; zeros up to), from byte
  * qd_bfp_hi_at the mantissas' high bytes W >> 8 (OC x IC int8), then their

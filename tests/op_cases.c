@@ -250,6 +250,81 @@ static void c_rope(oc *c) { c_rope_shape(c, 5, 3, 16); }
  * kernel) over 9 x 5 rows (a ragged last block of 8 rows) */
 static void c_rope_wide(oc *c) { c_rope_shape(c, 9, 5, 128); }
 
+/* The fused rows ops (ops.h), their outputs against the CPU's (which runs the
+ * ops they stand for): add_rmsnorm; combine_add_rmsnorm over a valid routing
+ * of N tokens to E experts; qk_norm_rope with the caches (Tc positions of 3
+ * rows) or without. */
+static void c_add_rmsnorm_shape(oc *c, int rows, int C)
+{
+    float *a = F(c, (size_t)rows * C, -2, 2), *b = F(c, (size_t)rows * C, -2, 2), *w = F(c, C, 0.5f, 1.5f);
+    float *sum = Z(c, sizeof(float) * rows * C), *y = Z(c, sizeof(float) * rows * C), *r = Z(c, sizeof(float) * rows);
+    RUN(c, c->ops->add_rmsnorm(c->dev, sum, y, r, a, b, w, rows, C, 1e-6f));
+    OUT(c, "sum", 'f', sum, sizeof(float) * rows * C);
+    OUT(c, "y", 'f', y, sizeof(float) * rows * C);
+    OUT(c, "rstd", 'f', r, sizeof(float) * rows);
+}
+
+static void c_add_rmsnorm(oc *c) { c_add_rmsnorm_shape(c, 9, 80); }
+static void c_add_rmsnorm_wide(oc *c) { c_add_rmsnorm_shape(c, 5, 2050); }
+
+static void c_combine_norm_shape(oc *c, int N, int E, int K, int C)
+{
+    int R = N * K;
+    int32_t topk[N * K], tok_rows[R], row_rank[R], exp_off[E + 1];
+    float topw[N * K];
+    routing(c, topk, topw, N, E, K);
+    rows_of(tok_rows, row_rank, exp_off, topk, topw, N, E, K);
+    float *y = F(c, (size_t)R * C, -2, 2), *rw = F(c, R, 0.1f, 1), *res = F(c, (size_t)N * C, -2, 2);
+    float *w = F(c, C, 0.5f, 1.5f), *sum = Z(c, sizeof(float) * N * C), *out = Z(c, sizeof(float) * N * C);
+    float *r = Z(c, sizeof(float) * N);
+    RUN(c, c->ops->combine_add_rmsnorm(c->dev, sum, out, r, res, y, rw, I(c, tok_rows, R), N, K, C, w, 1e-6f));
+    OUT(c, "sum", 'f', sum, sizeof(float) * N * C);
+    OUT(c, "y", 'f', out, sizeof(float) * N * C);
+    OUT(c, "rstd", 'f', r, sizeof(float) * N);
+}
+
+static void c_combine_norm(oc *c) { c_combine_norm_shape(c, 9, 6, 2, 80); }
+/* a3b's 8 of 128 experts a token over a width not a multiple of 4 */
+static void c_combine_norm_wide(oc *c) { c_combine_norm_shape(c, 5, 128, 8, 2050); }
+
+static void c_qk_norm_rope_shape(oc *c, int N, int H, int KV, int D, int cache)
+{
+    enum { Tc = 12 };
+    int32_t pos[64], row[64];
+    for (int n = 0; n < N && n < 64; n++) {
+        pos[n] = (n * 7 + 3) % Tc;
+        row[n] = n % 3;
+    }
+    size_t nq = (size_t)N * H * D, nk = (size_t)N * KV * D, cz = (size_t)3 * Tc * KV * D;
+    qd_qk_args a = {0};
+    a.q = F(c, nq, -2, 2), a.k = F(c, nk, -2, 2), a.v = F(c, nk, -2, 2);
+    a.wq = F(c, D, 0.5f, 1.5f), a.wk = F(c, D, 0.5f, 1.5f);
+    a.cosb = F(c, (size_t)Tc * D / 2, -1, 1), a.sinb = F(c, (size_t)Tc * D / 2, -1, 1);
+    a.qr = Z(c, sizeof(float) * nq), a.kr = Z(c, sizeof(float) * nk);
+    a.rstd_q = Z(c, sizeof(float) * N * H), a.rstd_k = Z(c, sizeof(float) * N * KV);
+    a.pos = I(c, pos, N), a.row = I(c, row, N);
+    a.N = N, a.H = H, a.KV = KV, a.D = D, a.eps = 1e-6f, a.Tc = Tc;
+    if (cache) {
+        a.kc = Z(c, sizeof(float) * cz);
+        a.vc = Z(c, sizeof(float) * cz);
+    }
+    RUN(c, c->ops->qk_norm_rope(c->dev, &a));
+    OUT(c, "qr", 'f', a.qr, sizeof(float) * nq);
+    OUT(c, "kr", 'f', a.kr, sizeof(float) * nk);
+    OUT(c, "rstd_q", 'f', a.rstd_q, sizeof(float) * N * H);
+    OUT(c, "rstd_k", 'f', a.rstd_k, sizeof(float) * N * KV);
+    if (cache) {
+        OUT(c, "kc", 'f', a.kc, sizeof(float) * cz);
+        OUT(c, "vc", 'f', a.vc, sizeof(float) * cz);
+    }
+}
+
+static void c_qk_norm_rope(oc *c) { c_qk_norm_rope_shape(c, 5, 4, 2, 16, 1); }
+/* a3b's heads (32 / 4 of 128) for 3 tokens (a ragged last block of 8 rows) */
+static void c_qk_norm_rope_wide(oc *c) { c_qk_norm_rope_shape(c, 3, 32, 4, 128, 1); }
+/* a prefill's rows (no cache), heads of 64 */
+static void c_qk_norm_rope_nocache(oc *c) { c_qk_norm_rope_shape(c, 40, 3, 1, 64, 0); }
+
 static void c_matmul_shape(oc *c, qd_prec prec, int N, int IC, int OC, float range)
 {
     float *x = F(c, (size_t)N * IC, -range, range), *w = F(c, (size_t)OC * IC, -range, range);
@@ -1911,6 +1986,13 @@ static const op_case cases[] = {
     {{"rmsnorm+backward 700x136 set", "rmsnorm_backward", 1, 0}, c_rmsnorm_set},
     {{"rope fwd+inverse 5x3x16", "rope", 0, 0}, c_rope},
     {{"rope fwd+inverse 9x5x128", "rope", 0, 0}, c_rope_wide},
+    {{"add_rmsnorm 9x80", "add_rmsnorm", 0, 0}, c_add_rmsnorm},
+    {{"add_rmsnorm 5x2050", "add_rmsnorm", 0, 0}, c_add_rmsnorm_wide},
+    {{"combine_add_rmsnorm 9x80 k2", "combine_add_rmsnorm", 0, 0}, c_combine_norm},
+    {{"combine_add_rmsnorm 5x2050 k8", "combine_add_rmsnorm", 0, 0}, c_combine_norm_wide},
+    {{"qk_norm_rope 5x4/2x16", "qk_norm_rope", 0, 0}, c_qk_norm_rope},
+    {{"qk_norm_rope 3x32/4x128", "qk_norm_rope", 0, 0}, c_qk_norm_rope_wide},
+    {{"qk_norm_rope 40x3/1x64 no cache", "qk_norm_rope", 0, 0}, c_qk_norm_rope_nocache},
     {{"matmul f32 37x72x45", "matmul", 1, 0}, c_matmul_f32},
     {{"matmul bf16 37x72x45", "matmul", 1, 0}, c_matmul_bf16},
     {{"matmul f32 37x36x45", "matmul", 1, 0}, c_matmul_f32_odd},

@@ -1212,6 +1212,24 @@ static qd_status cpu_adamw_round(void *dev, float *p, const float *g, float *m, 
     return QD_OK;
 }
 
+/* The fused rows ops (ops.h): the ops they stand for, in their order. */
+static const qd_ops cpu_ops;
+
+static qd_status cpu_add_rmsnorm(void *dev, float *sum, float *out, float *rstd, const float *a, const float *b,
+                                 const float *w, int rows, int C, float eps)
+{
+    return qd_add_rmsnorm_ops(&cpu_ops, dev, sum, out, rstd, a, b, w, rows, C, eps);
+}
+
+static qd_status cpu_combine_add_rmsnorm(void *dev, float *sum, float *out, float *rstd, const float *res,
+                                         const float *y, const float *row_w, const int32_t *tok_rows, int N,
+                                         int K, int C, const float *w, float eps)
+{
+    return qd_combine_add_rmsnorm_ops(&cpu_ops, dev, sum, out, rstd, res, y, row_w, tok_rows, N, K, C, w, eps);
+}
+
+static qd_status cpu_qk_norm_rope(void *dev, const qd_qk_args *a) { return qd_qk_norm_rope_ops(&cpu_ops, dev, a); }
+
 static const qd_ops cpu_ops = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -1231,6 +1249,9 @@ static const qd_ops cpu_ops = {
     .rmsnorm = cpu_rmsnorm,
     .rmsnorm_backward = cpu_rmsnorm_backward,
     .rope = cpu_rope,
+    .add_rmsnorm = cpu_add_rmsnorm,
+    .combine_add_rmsnorm = cpu_combine_add_rmsnorm,
+    .qk_norm_rope = cpu_qk_norm_rope,
     .to_bf16 = cpu_to_bf16,
     .embed_w16 = cpu_embed_w16,
     .matmul_w16 = cpu_matmul_w16,

@@ -1330,6 +1330,23 @@ static __device__ __forceinline__ float rms_warp_sumsq(const float *x, int C, in
     return s;
 }
 
+/* A block's row x (C, shared memory, complete): warp 0 adds its squares
+ * (rms_warp_sumsq), thread 0 writes r = rsqrt(ss / C + eps) to *rstd; every
+ * thread gets r. */
+static __device__ __forceinline__ float rms_block_rstd(const float *xs, int C, float eps, float *rstd)
+{
+    __shared__ float r_sh;
+    if (threadIdx.x < 32) {
+        float ss = rms_warp_sumsq(xs, C, threadIdx.x);
+        if (threadIdx.x == 0) {
+            r_sh = qd_rsqrtf(ss / (float)C + eps);
+            *rstd = r_sh;
+        }
+    }
+    __syncthreads();
+    return r_sh;
+}
+
 /* One block a row: the row goes to shared memory (coalesced loads), warp 0
  * adds its squares in the warp order (rms_warp_sumsq: the CPU's bits), then
  * the block writes the normalized row. (Until 2026-12-06 the order was one
@@ -1339,7 +1356,6 @@ static __device__ __forceinline__ float rms_warp_sumsq(const float *x, int C, in
 __global__ void k_rmsnorm(float *out, float *rstd, const float *inp, const float *w, int C, float eps)
 {
     extern __shared__ __align__(16) float xs[]; /* x (C) */
-    __shared__ float r_sh;
     size_t n = blockIdx.x;
     const float *x = inp + n * C;
     /* 8 loads a thread in flight before their stores (a store to shared
@@ -1359,15 +1375,7 @@ __global__ void k_rmsnorm(float *out, float *rstd, const float *inp, const float
         }
     }
     __syncthreads();
-    if (threadIdx.x < 32) {
-        float ss = rms_warp_sumsq(xs, C, threadIdx.x);
-        if (threadIdx.x == 0) {
-            r_sh = qd_rsqrtf(ss / (float)C + eps);
-            rstd[n] = r_sh;
-        }
-    }
-    __syncthreads();
-    float r = r_sh;
+    float r = rms_block_rstd(xs, C, eps, rstd + n);
     for (int i0 = threadIdx.x; i0 < C; i0 += 8 * blockDim.x) { /* w's loads before the stores, as above */
         float wv[8];
 #pragma unroll
@@ -2811,6 +2819,132 @@ extern "C" qd_status qdk_combine(float *out, const float *y, const float *row_w,
         QD_LAUNCH_N(k_combine<unsigned>, ((size_t)N * C), out, y, row_w, tok_rows, N, K, C);
     else if (N)
         QD_LAUNCH_N(k_combine<size_t>, ((size_t)N * C), out, y, row_w, tok_rows, N, K, C);
+    return QD_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* fused rows (ops.h: add_rmsnorm, combine_add_rmsnorm, qk_norm_rope): the
+ * operations of the kernels they stand for (k_add, k_combine, k_rmsnorm,
+ * k_rope, k_store_kv) on each value, so their bits, in one launch. */
+
+#define FR_MAXK 32 /* combine_add_rmsnorm's most experts a token */
+
+/* One block a row n: sum = a + b (CB: a + res's combine of y, k_combine's
+ * chain over the token's K rows), into shared memory and out to sum; then
+ * warp 0's sum of squares (rms_warp_sumsq) and k_rmsnorm's outputs. */
+template <bool CB>
+__global__ void k_res_rmsnorm(float *sum, float *out, float *rstd, const float *a, const float *b, const float *y,
+                              const float *row_w, const int32_t *tok_rows, int K, const float *w, int C, float eps)
+{
+    extern __shared__ __align__(16) float xs[]; /* the sum's row (C) */
+    __shared__ int s_r[FR_MAXK];
+    __shared__ float s_w[FR_MAXK];
+    size_t n = blockIdx.x, o = n * (size_t)C;
+    if (CB) {
+        if (threadIdx.x < K) {
+            int r = tok_rows[n * K + threadIdx.x];
+            s_r[threadIdx.x] = r;
+            s_w[threadIdx.x] = row_w[r];
+        }
+        __syncthreads();
+    }
+    for (int i = threadIdx.x; i < C; i += blockDim.x) {
+        float v;
+        if (CB) {
+            float acc = 0.0f;
+#pragma unroll 8
+            for (int j = 0; j < K; j++)
+                acc = acc + __ldg(y + (size_t)s_r[j] * C + i) * s_w[j];
+            v = __ldg(a + o + i) + acc;
+        } else {
+            v = __ldg(a + o + i) + __ldg(b + o + i);
+        }
+        xs[i] = v;
+        sum[o + i] = v;
+    }
+    __syncthreads();
+    float r = rms_block_rstd(xs, C, eps, rstd + n);
+    for (int i = threadIdx.x; i < C; i += blockDim.x)
+        out[o + i] = __ldg(w + i) * (xs[i] * r);
+}
+
+static unsigned fr_threads(int C) { return C < 128 ? 32u : C < 1024 ? 128u : 512u; }
+
+extern "C" qd_status qdk_add_rmsnorm(float *sum, float *out, float *rstd, const float *a, const float *b,
+                                     const float *w, int rows, int C, float eps)
+{
+    if (rows)
+        QD_LAUNCH_SMEM(k_res_rmsnorm<false>, (unsigned)rows, fr_threads(C), sizeof(float) * (size_t)C, sum, out,
+                       rstd, a, b, (const float *)NULL, (const float *)NULL, (const int32_t *)NULL, 0, w, C, eps);
+    return QD_OK;
+}
+
+extern "C" qd_status qdk_combine_add_rmsnorm(float *sum, float *out, float *rstd, const float *res, const float *y,
+                                             const float *row_w, const int32_t *tok_rows, int N, int K, int C,
+                                             const float *w, float eps)
+{
+    if (K > FR_MAXK)
+        return qd_error(QD_ERR_SHAPE, "cuda backend: combine_add_rmsnorm: %d experts a token (at most %d)", K,
+                        FR_MAXK);
+    if (N)
+        QD_LAUNCH_SMEM(k_res_rmsnorm<true>, (unsigned)N, fr_threads(C), sizeof(float) * (size_t)C, sum, out, rstd,
+                       res, (const float *)NULL, y, row_w, tok_rows, K, w, C, eps);
+    return QD_OK;
+}
+
+/* qk_norm_rope: a warp a (token, head) row of D, FR_WARPS rows a block, the
+ * query rows (N H) then the key rows (N KV): the row into shared memory,
+ * rms_warp_sumsq, k_rmsnorm's w * (x * r) in place, then k_rope's rope_pair
+ * on each pair (i, i + D/2), out to qr / kr; a key row to the caches with
+ * its v row (k_store_kv's copies). */
+#define FR_WARPS 8
+
+__global__ void __launch_bounds__(32 * FR_WARPS) k_qk_norm_rope(const __grid_constant__ qd_qk_args p)
+{
+    extern __shared__ __align__(16) float xq[]; /* FR_WARPS x D */
+    int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, D = p.D, h2 = D / 2;
+    int64_t r = (int64_t)blockIdx.x * FR_WARPS + wp, nq = (int64_t)p.N * p.H, nk = (int64_t)p.N * p.KV;
+    if (r >= nq + nk)
+        return;
+    bool isq = r < nq;
+    int64_t rr = isq ? r : r - nq;
+    int nh = isq ? p.H : p.KV, n = (int)(rr / nh), h = (int)(rr % nh);
+    const float *x = (isq ? p.q : p.k) + rr * D, *w = isq ? p.wq : p.wk;
+    float *y = xq + wp * D, *o = (isq ? p.qr : p.kr) + rr * D;
+    for (int i = lane; i < D; i += 32)
+        y[i] = __ldg(x + i);
+    __syncwarp();
+    float ss = rms_warp_sumsq(y, D, lane);
+    float rs = qd_rsqrtf(__shfl_sync(0xffffffffu, ss, 0) / (float)D + p.eps);
+    if (lane == 0)
+        (isq ? p.rstd_q : p.rstd_k)[rr] = rs;
+    for (int i = lane; i < D; i += 32)
+        y[i] = __ldg(w + i) * (y[i] * rs);
+    __syncwarp();
+    int ps = p.pos[n];
+    for (int i = lane; i < h2; i += 32)
+        rope_pair(y, i, h2, __ldg(p.cosb + (size_t)ps * h2 + i), __ldg(p.sinb + (size_t)ps * h2 + i),
+                  QD_ROPE_FORWARD);
+    __syncwarp();
+    for (int i = lane; i < D; i += 32)
+        o[i] = y[i];
+    if (!isq && p.kc) {
+        int64_t KD = (int64_t)p.KV * D, at = ((int64_t)p.row[n] * p.Tc + ps) * KD + (int64_t)h * D;
+        for (int i = lane; i < D; i += 32) {
+            p.kc[at + i] = y[i];
+            p.vc[at + i] = __ldg(p.v + (int64_t)n * KD + (int64_t)h * D + i);
+        }
+    }
+}
+
+extern "C" qd_status qdk_qk_norm_rope(const qd_qk_args *a)
+{
+    int64_t rows = (int64_t)a->N * (a->H + a->KV);
+    if (a->D % 2)
+        return qd_error(QD_ERR_SHAPE, "cuda backend: qk_norm_rope: head_dim %d is odd", a->D);
+    if (rows)
+        QD_LAUNCH_SMEM(k_qk_norm_rope, (unsigned)((rows + FR_WARPS - 1) / FR_WARPS), 32u * FR_WARPS,
+                       sizeof(float) * FR_WARPS * (size_t)a->D, *a);
     return QD_OK;
 }
 

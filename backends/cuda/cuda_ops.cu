@@ -763,6 +763,45 @@ static qd_status cuda_rope(void *dev, float *x, const int32_t *pos, const float 
     return qdk_rope(x, pos, cosb, sinb, N, nh, D, dir);
 }
 
+/* The fused rows ops (ops.h): their kernels with QUADS_FUSED_ROWS=1 (opt-in
+ * until run on a GPU), else the kernels of the ops they stand for, one after
+ * the other; the same bits either way. */
+static int fused_rows_on(void)
+{
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("QUADS_FUSED_ROWS");
+        v = e && !strcmp(e, "1");
+    }
+    return v;
+}
+
+extern "C" const qd_ops *qd_cuda_ops(void);
+
+static qd_status cuda_add_rmsnorm(void *dev, float *sum, float *out, float *rstd, const float *a, const float *b,
+                                  const float *w, int rows, int C, float eps)
+{
+    if (fused_rows_on())
+        return qdk_add_rmsnorm(sum, out, rstd, a, b, w, rows, C, eps);
+    return qd_add_rmsnorm_ops(qd_cuda_ops(), dev, sum, out, rstd, a, b, w, rows, C, eps);
+}
+
+static qd_status cuda_combine_add_rmsnorm(void *dev, float *sum, float *out, float *rstd, const float *res,
+                                          const float *y, const float *row_w, const int32_t *tok_rows, int N, int K,
+                                          int C, const float *w, float eps)
+{
+    if (fused_rows_on() && K <= 32)
+        return qdk_combine_add_rmsnorm(sum, out, rstd, res, y, row_w, tok_rows, N, K, C, w, eps);
+    return qd_combine_add_rmsnorm_ops(qd_cuda_ops(), dev, sum, out, rstd, res, y, row_w, tok_rows, N, K, C, w, eps);
+}
+
+static qd_status cuda_qk_norm_rope(void *dev, const qd_qk_args *a)
+{
+    if (fused_rows_on() && a->D % 2 == 0)
+        return qdk_qk_norm_rope(a);
+    return qd_qk_norm_rope_ops(qd_cuda_ops(), dev, a);
+}
+
 /* ------------------------------------------------------------------------ */
 /* float products                                                            */
 
@@ -1786,6 +1825,9 @@ static const qd_ops cuda_ops = {
     .rmsnorm = cuda_rmsnorm,
     .rmsnorm_backward = cuda_rmsnorm_backward,
     .rope = cuda_rope,
+    .add_rmsnorm = cuda_add_rmsnorm,
+    .combine_add_rmsnorm = cuda_combine_add_rmsnorm,
+    .qk_norm_rope = cuda_qk_norm_rope,
     .to_bf16 = cuda_to_bf16,
     .embed_w16 = cuda_embed_w16,
     .matmul_w16 = cuda_matmul_w16,
