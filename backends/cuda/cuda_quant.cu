@@ -3242,6 +3242,13 @@ static qd_status w4a4_hpre(float *const *y, const qd_nvfp4 *const *a, const qd_n
         xs += (p.N[i] + 63) / 64;
     auto ctas = [&](int nt) { return xs * ((M + 8 * nt - 1) / (8 * nt)); };
     int NT = ctas(8) >= 2 * qd_sm_count() ? 8 : ctas(4) >= 2 * qd_sm_count() ? 4 : ctas(2) >= 2 * qd_sm_count() ? 2 : 1;
+    static int nt_env = -1; /* QUADS_HPRE_NT=1|2|4|8 (benchmarks): that many row tiles a CTA */
+    if (nt_env < 0) {
+        const char *e = getenv("QUADS_HPRE_NT");
+        nt_env = e && (!strcmp(e, "1") || !strcmp(e, "2") || !strcmp(e, "4") || !strcmp(e, "8")) ? atoi(e) : 0;
+    }
+    if (nt_env)
+        NT = nt_env;
     for (int i = 0; i < count; i++)
         p.start[i + 1] = p.start[i] + (int)((p.N[i] + 63) / 64);
     dim3 grid((unsigned)p.start[count], (unsigned)((M + 8 * NT - 1) / (8 * NT)), 1);
