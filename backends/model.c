@@ -178,6 +178,12 @@ typedef struct {
     size_t harena_cap;
     void *scratch[S_NSCRATCH];
     size_t scratch_cap[S_NSCRATCH];
+    /* A fused op left pre_src (dev, pre_rows x pre_cols) quantized per row
+     * in S_ACT, where act_nvfp4 of that shape lays it out: quantize_act
+     * takes it there instead of quantizing again (any other act_nvfp4
+     * forgets it). */
+    const float *pre_src;
+    int64_t pre_rows, pre_cols;
     /* KV cache of a generation: NULL outside one */
     float *kc, *vc;                /* dev (L, rows, Tc, KV*D) keys after norm and RoPE, values */
     int cache_rows, Tc;
@@ -343,8 +349,34 @@ static void nvfp4_view(qd_nvfp4 *a, void *mem, int64_t rows, int64_t cols, qd_sc
 static qd_status act_nvfp4(model *c, qd_nvfp4 *a, int64_t rows, int64_t cols)
 {
     void *p;
+    c->pre_src = NULL;
     QD_TRY(scratch(c, S_ACT, nvfp4_bytes(rows, cols), &p));
     nvfp4_view(a, p, rows, cols, QD_SCALE_PER_ROW);
+    return QD_OK;
+}
+
+/* a (rows, cols) = nvfp4_quantize of inp into S_ACT, or what a fused op
+ * already wrote there of inp (pre_src): the same bits. */
+static qd_status quantize_act(model *c, qd_nvfp4 *a, const float *inp, int64_t rows, int64_t cols)
+{
+    int pre = c->pre_src == inp && c->pre_rows == rows && c->pre_cols == cols;
+    QD_TRY(act_nvfp4(c, a, rows, cols));
+    return pre ? QD_OK : OP(c, nvfp4_quantize, a, inp);
+}
+
+/* The S_ACT activation a fused op quantizes src (rows, cols) into (the next
+ * quantize_act of src then takes it), or NULL where want is 0. */
+static qd_status pre_quant(model *c, qd_nvfp4 *a, qd_nvfp4 **q, const float *src, int64_t rows, int64_t cols,
+                           int want)
+{
+    *q = NULL;
+    if (!want || rows == 0)
+        return QD_OK;
+    QD_TRY(act_nvfp4(c, a, rows, cols));
+    c->pre_src = src;
+    c->pre_rows = rows;
+    c->pre_cols = cols;
+    *q = a;
     return QD_OK;
 }
 
@@ -659,6 +691,7 @@ static size_t acts_bytes(int64_t rows, int64_t in, const int64_t *nrac, int coun
 static qd_status acts_nvfp4(model *c, qd_nvfp4 *a, int64_t rows, int64_t in, const int64_t *nrac, int count)
 {
     void *p;
+    c->pre_src = NULL;
     QD_TRY(scratch(c, S_ACT, acts_bytes(rows, in, nrac, count), &p));
     for (int i = 0; i < count; i++) {
         nvfp4_view(&a[i], p, rows, in + nrac[i], QD_SCALE_PER_ROW);
@@ -746,8 +779,7 @@ static qd_status linears_forward(model *c, float *const *out, const float *inp, 
         return st;
     }
     qd_nvfp4 a;
-    QD_TRY(act_nvfp4(c, &a, N, L[0]->in));
-    QD_TRY(OP(c, nvfp4_quantize, &a, inp));
+    QD_TRY(quantize_act(c, &a, inp, N, L[0]->in));
     return gemms(c, out, &a, 0, L, n);
 }
 
@@ -1768,8 +1800,7 @@ static qd_status experts_forward_set(model *c, float *out, const float *inp, con
     }
     if (L0->mode == QD_LINEAR_W4A4 || L0->mode == QD_LINEAR_W4A4_STE) {
         qd_nvfp4 a;
-        QD_TRY(act_nvfp4(c, &a, R, IC));
-        QD_TRY(OP(c, nvfp4_quantize, &a, inp));
+        QD_TRY(quantize_act(c, &a, inp, R, IC));
         return grouped_w4a4_gemm(c, out, &a, x->wq, s, E);
     }
     if (has_rac(L0->mode)) {
@@ -2057,13 +2088,37 @@ static qd_status route(model *c, layer_acts *s, const layer *ly)
 }
 
 /* Whether the forward calls the fused rows ops (ops.h: add_rmsnorm,
- * combine_add_rmsnorm, qk_norm_rope) where the ops have them: the bits of
- * the ops they replace, fewer launches. QUADS_FUSED_ROWS=0: the separate ops. */
+ * combine_add_rmsnorm, swiglu_nvfp4, qk_norm_rope) where the ops have them:
+ * the bits of the ops they replace, fewer launches. QUADS_FUSED_ROWS=0 or
+ * qd_model_fused_rows = 0: the separate ops. */
+int qd_model_fused_rows = 1;
+
 static int fused_rows(const model *c)
 {
     (void)c;
     static int v = -1;
-    return env_switch(&v, "QUADS_FUSED_ROWS", 1);
+    return qd_model_fused_rows && env_switch(&v, "QUADS_FUSED_ROWS", 1);
+}
+
+/* Whether the experts' down projection quantizes its input (h) on its own
+ * (plain W4A4), so that swiglu_nvfp4 can do it with the SwiGLU. */
+static int down_quant_fused(model *c, const layer *ly)
+{
+    qd_linear_mode m = expert_lin(c, ly, 0, 2)->mode;
+    return c->ops->swiglu_nvfp4 && fused_rows(c) && (m == QD_LINEAR_W4A4 || m == QD_LINEAR_W4A4_STE);
+}
+
+/* Whether layer ly's q, k and v quantize their input once (linears_forward's
+ * shared plain-W4A4 codes), so that the norm before can do it. */
+static int qkv_quantized_once(model *c, const layer *ly)
+{
+    linear *L[3] = {&c->lin[ly->q], &c->lin[ly->k], &c->lin[ly->v]};
+    if (rac_multi_ok(c, (const linear *const *)L, 3))
+        return 0;
+    for (int i = 0; i < 3; i++)
+        if (!shares_act(c, L[i]) || L[i]->in != L[0]->in)
+            return 0;
+    return 1;
 }
 
 /* The norm that follows a layer's output (the next layer's input norm, or the
@@ -2071,6 +2126,7 @@ static int fused_rows(const model *c)
 typedef struct {
     float *out, *rstd;
     const float *w;
+    int quant; /* out quantized too, for the next layer's q, k, v (qkv_quantized_once) */
 } next_norm;
 
 /* out (N, C) = res + the MoE block or dense MLP of inp = ln2 (N, C); with nn,
@@ -2106,6 +2162,10 @@ static qd_status mlp_forward(model *c, float *out, layer_acts *s, const layer *l
         if (h_round && e16) {
             QD_TRY(OP(c, swiglu16, (uint16_t *)s->h, s->g, s->u, (size_t)R * I));
             s->hb = 1;
+        } else if (R && !h_round && down_quant_fused(c, ly)) { /* down's input quantized by the same launch */
+            qd_nvfp4 a, *q;
+            QD_TRY(pre_quant(c, &a, &q, s->h, R, I, 1));
+            QD_TRY(OP(c, swiglu_nvfp4, q, s->h, s->g, s->u, R, I));
         } else if (R) {
             QD_TRY(OP(c, swiglu, s->h, s->g, s->u, (size_t)R * I));
             if (h_round) {
@@ -2118,10 +2178,14 @@ static qd_status mlp_forward(model *c, float *out, layer_acts *s, const layer *l
         QD_TRY(experts_forward_each(c, s, ly));
     }
     mark(c, QD_PH_OTHER);
-    if (nn)
-        return N ? OP(c, combine_add_rmsnorm, out, nn->out, nn->rstd, res, s->y, s->row_w, s->tok_rows, N, K, C,
-                      nn->w, (float)c->cfg.rms_norm_eps)
-                 : QD_OK;
+    if (nn) {
+        qd_nvfp4 a, *q;
+        if (N == 0)
+            return QD_OK;
+        QD_TRY(pre_quant(c, &a, &q, nn->out, N, C, nn->quant));
+        return OP(c, combine_add_rmsnorm, out, nn->out, nn->rstd, res, s->y, s->row_w, s->tok_rows, N, K, C, nn->w,
+                  (float)c->cfg.rms_norm_eps, q);
+    }
     if (N)
         QD_TRY(OP(c, combine, out, s->y, s->row_w, s->tok_rows, N, K, C));
     return OP(c, add, out, res, out, (size_t)N * C);
@@ -2203,7 +2267,7 @@ static qd_status layer_forward(model *c, int l, float *next, int ln1_done, const
         QD_TRY(OP(c, rmsnorm, s->ln1, s->rstd1, s->x, P(c, ly->in_norm), N, C, eps));
     QD_TRY(attn_forward(c, next, s, ly, l)); /* next used as scratch (N, C) */
     if (c->ops->add_rmsnorm && fused_rows(c)) {
-        QD_TRY(OP(c, add_rmsnorm, s->xmid, s->ln2, s->rstd2, s->x, next, P(c, ly->post_norm), N, C, eps));
+        QD_TRY(OP(c, add_rmsnorm, s->xmid, s->ln2, s->rstd2, s->x, next, P(c, ly->post_norm), N, C, eps, NULL));
     } else {
         QD_TRY(OP(c, add, s->xmid, s->x, next, (size_t)N * C));
         QD_TRY(OP(c, rmsnorm, s->ln2, s->rstd2, s->xmid, P(c, ly->post_norm), N, C, eps));
@@ -2238,8 +2302,9 @@ static qd_status model_forward(model *c, float *logp)
     /* each layer's last launch computes the next norm where the ops fuse it */
     int fuse = c->ops->combine_add_rmsnorm && fused_rows(c);
     for (int l = 0; l < L; l++) {
-        next_norm nn = l + 1 < L ? (next_norm){c->acts[l + 1].ln1, c->acts[l + 1].rstd1, P(c, c->layers[l + 1].in_norm)}
-                                 : (next_norm){c->lnf, c->rstdf, P(c, c->final_norm)};
+        next_norm nn = l + 1 < L ? (next_norm){c->acts[l + 1].ln1, c->acts[l + 1].rstd1,
+                                               P(c, c->layers[l + 1].in_norm), qkv_quantized_once(c, &c->layers[l + 1])}
+                                 : (next_norm){c->lnf, c->rstdf, P(c, c->final_norm), 0};
         QD_TRY(layer_forward(c, l, l + 1 < L ? c->acts[l + 1].x : c->xf, fuse && l > 0, fuse ? &nn : NULL));
     }
     if (!fuse || L == 0)

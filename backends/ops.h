@@ -133,14 +133,18 @@ typedef struct qd_ops {
                       int nh, int D, qd_rope_dir dir);
     /* Fused rows (decode's launches; the bits of the ops they replace, run
      * in the order said). Optional each: where NULL the driver runs those ops.
-     * add_rmsnorm: sum = a + b (rows, C), then rmsnorm(out, rstd, sum, w). */
+     * add_rmsnorm: sum = a + b (rows, C), then rmsnorm(out, rstd, sum, w),
+     * then (q non-NULL: rows x C, per-row scales) nvfp4_quantize(q, out). */
     qd_status (*add_rmsnorm)(void *dev, float *sum, float *out, float *rstd, const float *a, const float *b,
-                             const float *w, int rows, int C, float eps);
+                             const float *w, int rows, int C, float eps, qd_nvfp4 *q);
     /* combine_add_rmsnorm: sum = res + combine(y, row_w, tok_rows) (N, C),
-     * then rmsnorm(out, rstd, sum, w). */
+     * then rmsnorm(out, rstd, sum, w), then (q) nvfp4_quantize(q, out). */
     qd_status (*combine_add_rmsnorm)(void *dev, float *sum, float *out, float *rstd, const float *res,
                                      const float *y, const float *row_w, const int32_t *tok_rows, int N, int K,
-                                     int C, const float *w, float eps);
+                                     int C, const float *w, float eps, qd_nvfp4 *q);
+    /* swiglu_nvfp4: swiglu(h, g, u, rows * I), then nvfp4_quantize(q, h)
+     * (q: rows x I, per-row scales). */
+    qd_status (*swiglu_nvfp4)(void *dev, qd_nvfp4 *q, float *h, const float *g, const float *u, int rows, int I);
     /* qk_norm_rope: rmsnorm(qr, rstd_q, q, wq) over N*H rows of D and
      * rmsnorm(kr, rstd_k, k, wk) over N*KV, rope(QD_ROPE_FORWARD) of both at
      * pos, then (kc non-NULL) store_kv(kc, vc, kr, v, row, pos, N, Tc, KV*D). */
@@ -462,19 +466,28 @@ typedef struct qd_ops {
  * backend (the CPU's definitions; a backend's fallback). */
 static inline qd_status qd_add_rmsnorm_ops(const qd_ops *o, void *dev, float *sum, float *out, float *rstd,
                                            const float *a, const float *b, const float *w, int rows, int C,
-                                           float eps)
+                                           float eps, qd_nvfp4 *q)
 {
     qd_status st = o->add(dev, sum, a, b, (size_t)rows * C);
-    return st ? st : o->rmsnorm(dev, out, rstd, sum, w, rows, C, eps);
+    if (!st)
+        st = o->rmsnorm(dev, out, rstd, sum, w, rows, C, eps);
+    return st || !q ? st : o->nvfp4_quantize(dev, q, out);
 }
 
 static inline qd_status qd_combine_add_rmsnorm_ops(const qd_ops *o, void *dev, float *sum, float *out, float *rstd,
                                                    const float *res, const float *y, const float *row_w,
                                                    const int32_t *tok_rows, int N, int K, int C, const float *w,
-                                                   float eps)
+                                                   float eps, qd_nvfp4 *q)
 {
     qd_status st = o->combine(dev, sum, y, row_w, tok_rows, N, K, C);
-    return st ? st : qd_add_rmsnorm_ops(o, dev, sum, out, rstd, res, sum, w, N, C, eps);
+    return st ? st : qd_add_rmsnorm_ops(o, dev, sum, out, rstd, res, sum, w, N, C, eps, q);
+}
+
+static inline qd_status qd_swiglu_nvfp4_ops(const qd_ops *o, void *dev, qd_nvfp4 *q, float *h, const float *g,
+                                            const float *u, int rows, int I)
+{
+    qd_status st = o->swiglu(dev, h, g, u, (size_t)rows * I);
+    return st ? st : o->nvfp4_quantize(dev, q, h);
 }
 
 static inline qd_status qd_qk_norm_rope_ops(const qd_ops *o, void *dev, const qd_qk_args *a)
@@ -532,6 +545,12 @@ extern int qd_model_share_prefill;
  * offsets on the device where the ops offer it (moe_group_dev and the two
  * after it; the same bits); 0 (tests, or QUADS_MOE_DEV_OFF=0): on the host. */
 extern int qd_model_moe_dev_off;
+
+/* 1 (the default): the forward calls the fused rows ops (add_rmsnorm,
+ * combine_add_rmsnorm, swiglu_nvfp4, qk_norm_rope; the activation a fused op
+ * quantizes taken by the product after it); 0 (tests, or QUADS_FUSED_ROWS=0):
+ * the ops they stand for, one after the other. The same bits. */
+extern int qd_model_fused_rows;
 
 #ifdef __cplusplus
 }

@@ -254,20 +254,40 @@ static void c_rope_wide(oc *c) { c_rope_shape(c, 9, 5, 128); }
  * ops they stand for): add_rmsnorm; combine_add_rmsnorm over a valid routing
  * of N tokens to E experts; qk_norm_rope with the caches (Tc positions of 3
  * rows) or without. */
-static void c_add_rmsnorm_shape(oc *c, int rows, int C)
+/* quant: the normalized rows quantized too (C a multiple of 16) */
+static void c_add_rmsnorm_shape(oc *c, int rows, int C, int quant)
 {
     float *a = F(c, (size_t)rows * C, -2, 2), *b = F(c, (size_t)rows * C, -2, 2), *w = F(c, C, 0.5f, 1.5f);
     float *sum = Z(c, sizeof(float) * rows * C), *y = Z(c, sizeof(float) * rows * C), *r = Z(c, sizeof(float) * rows);
-    RUN(c, c->ops->add_rmsnorm(c->dev, sum, y, r, a, b, w, rows, C, 1e-6f));
+    qd_nvfp4 q = quant ? nv(c, rows, C, QD_SCALE_PER_ROW) : (qd_nvfp4){0};
+    RUN(c, c->ops->add_rmsnorm(c->dev, sum, y, r, a, b, w, rows, C, 1e-6f, quant ? &q : NULL));
     OUT(c, "sum", 'f', sum, sizeof(float) * rows * C);
     OUT(c, "y", 'f', y, sizeof(float) * rows * C);
     OUT(c, "rstd", 'f', r, sizeof(float) * rows);
+    if (quant)
+        out_nv(c, "q", &q);
 }
 
-static void c_add_rmsnorm(oc *c) { c_add_rmsnorm_shape(c, 9, 80); }
-static void c_add_rmsnorm_wide(oc *c) { c_add_rmsnorm_shape(c, 5, 2050); }
+static void c_add_rmsnorm(oc *c) { c_add_rmsnorm_shape(c, 9, 80, 0); }
+static void c_add_rmsnorm_wide(oc *c) { c_add_rmsnorm_shape(c, 5, 2050, 0); }
+/* with the quantizer: 200 rows (more CTAs than an H100's SMs: qk_rows_kernel's
+ * other thread count) of a3b's 2048 */
+static void c_add_rmsnorm_q(oc *c) { c_add_rmsnorm_shape(c, 200, 2048, 1); }
 
-static void c_combine_norm_shape(oc *c, int N, int E, int K, int C)
+/* swiglu_nvfp4 over rows of I (decode's down-projection input) */
+static void c_swiglu_nvfp4_shape(oc *c, int rows, int I)
+{
+    float *g = F(c, (size_t)rows * I, -4, 4), *u = F(c, (size_t)rows * I, -2, 2), *h = Z(c, sizeof(float) * rows * I);
+    qd_nvfp4 q = nv(c, rows, I, QD_SCALE_PER_ROW);
+    RUN(c, c->ops->swiglu_nvfp4(c->dev, &q, h, g, u, rows, I));
+    OUT(c, "h", 'f', h, sizeof(float) * rows * I);
+    out_nv(c, "q", &q);
+}
+
+static void c_swiglu_nvfp4(oc *c) { c_swiglu_nvfp4_shape(c, 7, 48); }
+static void c_swiglu_nvfp4_wide(oc *c) { c_swiglu_nvfp4_shape(c, 300, 768); }
+
+static void c_combine_norm_shape(oc *c, int N, int E, int K, int C, int quant)
 {
     int R = N * K;
     int32_t topk[N * K], tok_rows[R], row_rank[R], exp_off[E + 1];
@@ -277,15 +297,21 @@ static void c_combine_norm_shape(oc *c, int N, int E, int K, int C)
     float *y = F(c, (size_t)R * C, -2, 2), *rw = F(c, R, 0.1f, 1), *res = F(c, (size_t)N * C, -2, 2);
     float *w = F(c, C, 0.5f, 1.5f), *sum = Z(c, sizeof(float) * N * C), *out = Z(c, sizeof(float) * N * C);
     float *r = Z(c, sizeof(float) * N);
-    RUN(c, c->ops->combine_add_rmsnorm(c->dev, sum, out, r, res, y, rw, I(c, tok_rows, R), N, K, C, w, 1e-6f));
+    qd_nvfp4 q = quant ? nv(c, N, C, QD_SCALE_PER_ROW) : (qd_nvfp4){0};
+    RUN(c, c->ops->combine_add_rmsnorm(c->dev, sum, out, r, res, y, rw, I(c, tok_rows, R), N, K, C, w, 1e-6f,
+                                       quant ? &q : NULL));
     OUT(c, "sum", 'f', sum, sizeof(float) * N * C);
     OUT(c, "y", 'f', out, sizeof(float) * N * C);
     OUT(c, "rstd", 'f', r, sizeof(float) * N);
+    if (quant)
+        out_nv(c, "q", &q);
 }
 
-static void c_combine_norm(oc *c) { c_combine_norm_shape(c, 9, 6, 2, 80); }
+static void c_combine_norm(oc *c) { c_combine_norm_shape(c, 9, 6, 2, 80, 1); }
 /* a3b's 8 of 128 experts a token over a width not a multiple of 4 */
-static void c_combine_norm_wide(oc *c) { c_combine_norm_shape(c, 5, 128, 8, 2050); }
+static void c_combine_norm_wide(oc *c) { c_combine_norm_shape(c, 5, 128, 8, 2050, 0); }
+/* and over its width, quantized: a decode's 64 rows */
+static void c_combine_norm_q(oc *c) { c_combine_norm_shape(c, 64, 128, 8, 2048, 1); }
 
 static void c_qk_norm_rope_shape(oc *c, int N, int H, int KV, int D, int cache)
 {
@@ -1988,8 +2014,12 @@ static const op_case cases[] = {
     {{"rope fwd+inverse 9x5x128", "rope", 0, 0}, c_rope_wide},
     {{"add_rmsnorm 9x80", "add_rmsnorm", 0, 0}, c_add_rmsnorm},
     {{"add_rmsnorm 5x2050", "add_rmsnorm", 0, 0}, c_add_rmsnorm_wide},
-    {{"combine_add_rmsnorm 9x80 k2", "combine_add_rmsnorm", 0, 0}, c_combine_norm},
+    {{"combine_add_rmsnorm 9x80 k2 q", "combine_add_rmsnorm", 0, 0}, c_combine_norm},
     {{"combine_add_rmsnorm 5x2050 k8", "combine_add_rmsnorm", 0, 0}, c_combine_norm_wide},
+    {{"combine_add_rmsnorm 64x2048 k8 q", "combine_add_rmsnorm", 0, 0}, c_combine_norm_q},
+    {{"add_rmsnorm 200x2048 q", "add_rmsnorm", 0, 0}, c_add_rmsnorm_q},
+    {{"swiglu_nvfp4 7x48", "swiglu_nvfp4", 0, 0}, c_swiglu_nvfp4},
+    {{"swiglu_nvfp4 300x768", "swiglu_nvfp4", 0, 0}, c_swiglu_nvfp4_wide},
     {{"qk_norm_rope 5x4/2x16", "qk_norm_rope", 0, 0}, c_qk_norm_rope},
     {{"qk_norm_rope 3x32/4x128", "qk_norm_rope", 0, 0}, c_qk_norm_rope_wide},
     {{"qk_norm_rope 40x3/1x64 no cache", "qk_norm_rope", 0, 0}, c_qk_norm_rope_nocache},

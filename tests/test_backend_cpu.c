@@ -1857,6 +1857,59 @@ START_TEST(test_moe_dev_rows)
 }
 END_TEST
 
+/* The fused rows ops (qd_model_fused_rows: norms with the residual adds and
+ * the MoE combine, the activation quantized by the op before its product,
+ * q/k norms with RoPE and the KV store) against the ops they stand for: the
+ * same tokens, log-probs and RAC statistics in every recipe. */
+START_TEST(test_fused_rows)
+{
+    enum { FB = 5, FP = 6, FM = 5 };
+    qd_model_config c = tiny_config(0, 1);
+    int32_t prompt[FB * FP], plen[FB];
+    uint64_t sid[FB];
+    for (int b = 0; b < FB; b++) {
+        plen[b] = 2 + b % (FP - 1);
+        sid[b] = 77 + (uint64_t)b;
+        for (int t = 0; t < FP; t++)
+            prompt[b * FP + t] = (11 * b + 5 * t + 2) % 50;
+    }
+    const qd_recipe rs[] = {QD_RECIPE_BF16, QD_RECIPE_FP8, QD_RECIPE_NVFP4, QD_RECIPE_QUADS};
+    for (size_t i = 0; i < sizeof rs / sizeof rs[0]; i++) {
+        qd_backend *b = make(&c, rs[i], QD_ROLE_ROLLOUT, 0.25, 1);
+        float *w = random_weights(b, 910 + i);
+        ck_assert_int_eq(qd_backend_set_weights(b, w, qd_backend_num_floats(b)), QD_OK);
+        int32_t tok[2][FB * FM], len[2][FB];
+        float lp[2][FB * FM];
+        size_t ns = 0;
+        double *st[2] = {NULL, NULL};
+        for (int k = 0; k < 2; k++) {
+            qd_model_fused_rows = k == 0;
+            qd_generate_request rq = {.B = FB, .Tp = FP, .prompt = prompt, .prompt_len = plen, .seq_id = sid,
+                                      .seed = 3, .max_new_tokens = FM, .temperature = 1.0f, .top_p = 1.0f,
+                                      .rac_stats = 1};
+            qd_generate_result res = {.tokens = tok[k], .logp = lp[k], .lengths = len[k]};
+            ck_assert_msg(qd_backend_generate(b, &rq, &res) == QD_OK, "generate: %s", qd_last_error());
+            ns = qd_backend_rac_stats_count(b);
+            st[k] = calloc(ns + 1, sizeof(double));
+            ck_assert_int_eq(qd_backend_get_rac_stats(b, st[k], ns), QD_OK);
+            double *zero = calloc(ns + 1, sizeof(double)); /* the next run's sums from zero */
+            ck_assert_int_eq(qd_backend_set_rac_stats(b, zero, ns), QD_OK);
+            free(zero);
+        }
+        qd_model_fused_rows = 1;
+        const char *what = qd_recipe_name(rs[i]);
+        ck_assert_msg(memcmp(tok[0], tok[1], sizeof tok[0]) == 0, "%s: tokens differ", what);
+        ck_assert_msg(memcmp(len[0], len[1], sizeof len[0]) == 0, "%s: lengths differ", what);
+        ck_assert_msg(memcmp(lp[0], lp[1], sizeof lp[0]) == 0, "%s: log-probs differ", what);
+        ck_assert_msg(memcmp(st[0], st[1], sizeof(double) * ns) == 0, "%s: RAC statistics differ", what);
+        free(st[0]);
+        free(st[1]);
+        qd_backend_free(b);
+        free(w);
+    }
+}
+END_TEST
+
 START_TEST(test_shared_prefill)
 {
     enum { SB = 7, SP = 6, SM = 6 };
@@ -2352,6 +2405,7 @@ Suite *suite_backend_cpu(void)
     tcase_add_test(tc, test_generate_seed_contract);
     tcase_add_test(tc, test_null_ops_fallback);
     tcase_add_test(tc, test_shared_prefill);
+    tcase_add_test(tc, test_fused_rows);
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_generate_on_step);
     tcase_add_test(tc, test_forward_temperature);

@@ -1216,16 +1216,21 @@ static qd_status cpu_adamw_round(void *dev, float *p, const float *g, float *m, 
 static const qd_ops cpu_ops;
 
 static qd_status cpu_add_rmsnorm(void *dev, float *sum, float *out, float *rstd, const float *a, const float *b,
-                                 const float *w, int rows, int C, float eps)
+                                 const float *w, int rows, int C, float eps, qd_nvfp4 *q)
 {
-    return qd_add_rmsnorm_ops(&cpu_ops, dev, sum, out, rstd, a, b, w, rows, C, eps);
+    return qd_add_rmsnorm_ops(&cpu_ops, dev, sum, out, rstd, a, b, w, rows, C, eps, q);
 }
 
 static qd_status cpu_combine_add_rmsnorm(void *dev, float *sum, float *out, float *rstd, const float *res,
                                          const float *y, const float *row_w, const int32_t *tok_rows, int N,
-                                         int K, int C, const float *w, float eps)
+                                         int K, int C, const float *w, float eps, qd_nvfp4 *q)
 {
-    return qd_combine_add_rmsnorm_ops(&cpu_ops, dev, sum, out, rstd, res, y, row_w, tok_rows, N, K, C, w, eps);
+    return qd_combine_add_rmsnorm_ops(&cpu_ops, dev, sum, out, rstd, res, y, row_w, tok_rows, N, K, C, w, eps, q);
+}
+
+static qd_status cpu_swiglu_nvfp4(void *dev, qd_nvfp4 *q, float *h, const float *g, const float *u, int rows, int I)
+{
+    return qd_swiglu_nvfp4_ops(&cpu_ops, dev, q, h, g, u, rows, I);
 }
 
 static qd_status cpu_qk_norm_rope(void *dev, const qd_qk_args *a) { return qd_qk_norm_rope_ops(&cpu_ops, dev, a); }
@@ -1252,6 +1257,7 @@ static const qd_ops cpu_ops = {
     .add_rmsnorm = cpu_add_rmsnorm,
     .combine_add_rmsnorm = cpu_combine_add_rmsnorm,
     .qk_norm_rope = cpu_qk_norm_rope,
+    .swiglu_nvfp4 = cpu_swiglu_nvfp4,
     .to_bf16 = cpu_to_bf16,
     .embed_w16 = cpu_embed_w16,
     .matmul_w16 = cpu_matmul_w16,

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <math.h>
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_rows.cuh"
 #include "backends/exact_math.h"
 #include "backends/philox.h"
 #include "backends/router.h"
@@ -1304,48 +1305,6 @@ extern "C" qd_status qdk_fp8_gemm(float *y, const uint8_t *qa, const float *sa_i
 
 /* ------------------------------------------------------------------------ */
 /* norms, RoPE, attention                                                    */
-
-/* The sum of squares of a row in the warp order (docs/numerics.md section 6,
- * the CPU's rmsnorm_forward): lane j adds x_i * x_i for i = j, j + 32, ...
- * ascending, then the lanes pairwise halving (lane j + lane j + h, h = 16, 8,
- * 4, 2, 1: shfl_down). x (C floats) in shared memory; lane 0 gets the sum. */
-static __device__ __forceinline__ float rms_warp_sumsq(const float *x, int C, int lane)
-{
-    float s = 0.0f;
-    int i = lane;
-    for (; i + 32 * 7 < C; i += 32 * 8) { /* 8 loads in flight, the adds in order */
-        float v[8];
-#pragma unroll
-        for (int u = 0; u < 8; u++)
-            v[u] = x[i + 32 * u];
-#pragma unroll
-        for (int u = 0; u < 8; u++)
-            s = s + v[u] * v[u];
-    }
-    for (; i < C; i += 32)
-        s = s + x[i] * x[i];
-#pragma unroll
-    for (int h = 16; h > 0; h /= 2)
-        s = s + __shfl_down_sync(0xffffffffu, s, h);
-    return s;
-}
-
-/* A block's row x (C, shared memory, complete): warp 0 adds its squares
- * (rms_warp_sumsq), thread 0 writes r = rsqrt(ss / C + eps) to *rstd; every
- * thread gets r. */
-static __device__ __forceinline__ float rms_block_rstd(const float *xs, int C, float eps, float *rstd)
-{
-    __shared__ float r_sh;
-    if (threadIdx.x < 32) {
-        float ss = rms_warp_sumsq(xs, C, threadIdx.x);
-        if (threadIdx.x == 0) {
-            r_sh = qd_rsqrtf(ss / (float)C + eps);
-            *rstd = r_sh;
-        }
-    }
-    __syncthreads();
-    return r_sh;
-}
 
 /* One block a row: the row goes to shared memory (coalesced loads), warp 0
  * adds its squares in the warp order (rms_warp_sumsq: the CPU's bits), then
@@ -2823,74 +2782,10 @@ extern "C" qd_status qdk_combine(float *out, const float *y, const float *row_w,
 }
 
 /* ------------------------------------------------------------------------ */
-/* fused rows (ops.h: add_rmsnorm, combine_add_rmsnorm, qk_norm_rope): the
- * operations of the kernels they stand for (k_add, k_combine, k_rmsnorm,
- * k_rope, k_store_kv) on each value, so their bits, in one launch. */
-
-#define FR_MAXK 32 /* combine_add_rmsnorm's most experts a token */
-
-/* One block a row n: sum = a + b (CB: a + res's combine of y, k_combine's
- * chain over the token's K rows), into shared memory and out to sum; then
- * warp 0's sum of squares (rms_warp_sumsq) and k_rmsnorm's outputs. */
-template <bool CB>
-__global__ void k_res_rmsnorm(float *sum, float *out, float *rstd, const float *a, const float *b, const float *y,
-                              const float *row_w, const int32_t *tok_rows, int K, const float *w, int C, float eps)
-{
-    extern __shared__ __align__(16) float xs[]; /* the sum's row (C) */
-    __shared__ int s_r[FR_MAXK];
-    __shared__ float s_w[FR_MAXK];
-    size_t n = blockIdx.x, o = n * (size_t)C;
-    if (CB) {
-        if (threadIdx.x < K) {
-            int r = tok_rows[n * K + threadIdx.x];
-            s_r[threadIdx.x] = r;
-            s_w[threadIdx.x] = row_w[r];
-        }
-        __syncthreads();
-    }
-    for (int i = threadIdx.x; i < C; i += blockDim.x) {
-        float v;
-        if (CB) {
-            float acc = 0.0f;
-#pragma unroll 8
-            for (int j = 0; j < K; j++)
-                acc = acc + __ldg(y + (size_t)s_r[j] * C + i) * s_w[j];
-            v = __ldg(a + o + i) + acc;
-        } else {
-            v = __ldg(a + o + i) + __ldg(b + o + i);
-        }
-        xs[i] = v;
-        sum[o + i] = v;
-    }
-    __syncthreads();
-    float r = rms_block_rstd(xs, C, eps, rstd + n);
-    for (int i = threadIdx.x; i < C; i += blockDim.x)
-        out[o + i] = __ldg(w + i) * (xs[i] * r);
-}
-
-static unsigned fr_threads(int C) { return C < 128 ? 32u : C < 1024 ? 128u : 512u; }
-
-extern "C" qd_status qdk_add_rmsnorm(float *sum, float *out, float *rstd, const float *a, const float *b,
-                                     const float *w, int rows, int C, float eps)
-{
-    if (rows)
-        QD_LAUNCH_SMEM(k_res_rmsnorm<false>, (unsigned)rows, fr_threads(C), sizeof(float) * (size_t)C, sum, out,
-                       rstd, a, b, (const float *)NULL, (const float *)NULL, (const int32_t *)NULL, 0, w, C, eps);
-    return QD_OK;
-}
-
-extern "C" qd_status qdk_combine_add_rmsnorm(float *sum, float *out, float *rstd, const float *res, const float *y,
-                                             const float *row_w, const int32_t *tok_rows, int N, int K, int C,
-                                             const float *w, float eps)
-{
-    if (K > FR_MAXK)
-        return qd_error(QD_ERR_SHAPE, "cuda backend: combine_add_rmsnorm: %d experts a token (at most %d)", K,
-                        FR_MAXK);
-    if (N)
-        QD_LAUNCH_SMEM(k_res_rmsnorm<true>, (unsigned)N, fr_threads(C), sizeof(float) * (size_t)C, sum, out, rstd,
-                       res, (const float *)NULL, y, row_w, tok_rows, K, w, C, eps);
-    return QD_OK;
-}
+/* fused rows (ops.h: qk_norm_rope; add_rmsnorm, combine_add_rmsnorm and
+ * swiglu_nvfp4 are cuda_quant.cu's, beside the quantizer they end with): the
+ * operations of the kernels they stand for (k_rmsnorm, k_rope, k_store_kv) on
+ * each value, so their bits, in one launch. */
 
 /* qk_norm_rope: a warp a (token, head) row of D, FR_WARPS rows a block, the
  * query rows (N H) then the key rows (N KV): the row into shared memory,

@@ -129,12 +129,13 @@ qd_status qdk_store_kv(float *kc, float *vc, const float *kr, const float *v, co
                        const int32_t *pos, int N, int Tc, int KD);
 
 qd_status qdk_add(float *out, const float *a, const float *b, size_t n);
-/* the fused rows ops (ops.h), their kernels' bits */
+/* the fused rows ops (ops.h), their kernels' bits (the first three in cuda_quant.cu) */
 qd_status qdk_add_rmsnorm(float *sum, float *out, float *rstd, const float *a, const float *b, const float *w,
-                          int rows, int C, float eps);
+                          int rows, int C, float eps, qd_nvfp4 *q);
 qd_status qdk_combine_add_rmsnorm(float *sum, float *out, float *rstd, const float *res, const float *y,
                                   const float *row_w, const int32_t *tok_rows, int N, int K, int C, const float *w,
-                                  float eps);
+                                  float eps, qd_nvfp4 *q);
+qd_status qdk_swiglu_nvfp4(qd_nvfp4 *q, float *h, const float *g, const float *u, int rows, int I);
 qd_status qdk_qk_norm_rope(const qd_qk_args *a);
 /* softmax_rows + topk_row + the renormalization of route(): probs (N, E) in
  * place, topk and topw (N, K) in rank order. */

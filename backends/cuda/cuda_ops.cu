@@ -778,21 +778,32 @@ static int fused_rows_on(void)
 
 extern "C" const qd_ops *qd_cuda_ops(void);
 
+/* the quantizer of the fused kernels is qk_row's (not the legacy kernels') */
+static int fused_quant_ok(const qd_nvfp4 *q) { return !q || !qd_cuda_quant_legacy; }
+
 static qd_status cuda_add_rmsnorm(void *dev, float *sum, float *out, float *rstd, const float *a, const float *b,
-                                  const float *w, int rows, int C, float eps)
+                                  const float *w, int rows, int C, float eps, qd_nvfp4 *q)
 {
-    if (fused_rows_on())
-        return qdk_add_rmsnorm(sum, out, rstd, a, b, w, rows, C, eps);
-    return qd_add_rmsnorm_ops(qd_cuda_ops(), dev, sum, out, rstd, a, b, w, rows, C, eps);
+    if (fused_rows_on() && fused_quant_ok(q))
+        return qdk_add_rmsnorm(sum, out, rstd, a, b, w, rows, C, eps, q);
+    return qd_add_rmsnorm_ops(qd_cuda_ops(), dev, sum, out, rstd, a, b, w, rows, C, eps, q);
 }
 
 static qd_status cuda_combine_add_rmsnorm(void *dev, float *sum, float *out, float *rstd, const float *res,
                                           const float *y, const float *row_w, const int32_t *tok_rows, int N, int K,
-                                          int C, const float *w, float eps)
+                                          int C, const float *w, float eps, qd_nvfp4 *q)
 {
-    if (fused_rows_on() && K <= 32)
-        return qdk_combine_add_rmsnorm(sum, out, rstd, res, y, row_w, tok_rows, N, K, C, w, eps);
-    return qd_combine_add_rmsnorm_ops(qd_cuda_ops(), dev, sum, out, rstd, res, y, row_w, tok_rows, N, K, C, w, eps);
+    if (fused_rows_on() && fused_quant_ok(q) && K <= 32)
+        return qdk_combine_add_rmsnorm(sum, out, rstd, res, y, row_w, tok_rows, N, K, C, w, eps, q);
+    return qd_combine_add_rmsnorm_ops(qd_cuda_ops(), dev, sum, out, rstd, res, y, row_w, tok_rows, N, K, C, w, eps,
+                                      q);
+}
+
+static qd_status cuda_swiglu_nvfp4(void *dev, qd_nvfp4 *q, float *h, const float *g, const float *u, int rows, int I)
+{
+    if (fused_rows_on() && fused_quant_ok(q))
+        return qdk_swiglu_nvfp4(q, h, g, u, rows, I);
+    return qd_swiglu_nvfp4_ops(qd_cuda_ops(), dev, q, h, g, u, rows, I);
 }
 
 static qd_status cuda_qk_norm_rope(void *dev, const qd_qk_args *a)
@@ -1827,6 +1838,7 @@ static const qd_ops cuda_ops = {
     .rope = cuda_rope,
     .add_rmsnorm = cuda_add_rmsnorm,
     .combine_add_rmsnorm = cuda_combine_add_rmsnorm,
+    .swiglu_nvfp4 = cuda_swiglu_nvfp4,
     .qk_norm_rope = cuda_qk_norm_rope,
     .to_bf16 = cuda_to_bf16,
     .embed_w16 = cuda_embed_w16,

@@ -11,6 +11,8 @@
 #include "backends/cuda/cuda_quant.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_mma.h"
+#include "backends/cuda/cuda_rows.cuh"
+#include "backends/cuda/cuda_kernels.h"
 
 /* The hardware E2M1 encoder (cvt.rn.satfinite.e2m1x2.f32) exists on the Blackwell
  * arch-specific targets only. Selected at compile time; it cannot run on the
@@ -2669,6 +2671,144 @@ static qout qout_of(const qd_nvfp4 *q)
 {
     qout o = {q->codes, q->scales, q->cols / 2, q->cols / 16};
     return o;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Fused rows (ops.h add_rmsnorm, combine_add_rmsnorm, swiglu_nvfp4): the
+ * operations of k_add, k_combine, k_rmsnorm and k_swiglu (cuda_kernels.cu) on
+ * each value, then (q) qk_row's quantization of the row just written, the
+ * bits of qk_rows_kernel (a CTA's global writes are visible to it after
+ * __syncthreads): one launch for two to four. */
+
+#define FR_MAXK 32 /* combine_add_rmsnorm's most experts a token */
+
+/* the quantizer of a fused row: none (codes NULL), or q's codes, scales and S_dec */
+struct fr_quant {
+    qout o;
+    float *s_dec;
+};
+
+static fr_quant fr_quant_of(const qd_nvfp4 *q)
+{
+    fr_quant f = {{NULL, NULL, 0, 0}, NULL};
+    if (q) {
+        f.o = qout_of(q);
+        f.s_dec = q->s_dec;
+    }
+    return f;
+}
+
+/* One block a row n: sum = a + b (CB: a + the combine of y, k_combine's chain
+ * over the token's K rows), into shared memory and out to sum; then
+ * rms_block_rstd and k_rmsnorm's outputs; then (fq) the row quantized. */
+template <bool CB>
+__global__ void k_res_rmsnorm(float *sum, float *out, float *rstd, const float *a, const float *b, const float *y,
+                              const float *row_w, const int32_t *tok_rows, int K, const float *w, int C, float eps,
+                              fr_quant fq)
+{
+    extern __shared__ __align__(16) float xs[]; /* the sum's row (C) */
+    __shared__ int s_r[FR_MAXK];
+    __shared__ float s_w[FR_MAXK];
+    size_t n = blockIdx.x, o = n * (size_t)C;
+    if (CB) {
+        if (threadIdx.x < K) {
+            int r = tok_rows[n * K + threadIdx.x];
+            s_r[threadIdx.x] = r;
+            s_w[threadIdx.x] = row_w[r];
+        }
+        __syncthreads();
+    }
+    for (int i = threadIdx.x; i < C; i += blockDim.x) {
+        float v;
+        if (CB) {
+            float acc = 0.0f;
+#pragma unroll 8
+            for (int j = 0; j < K; j++)
+                acc = acc + __ldg(y + (size_t)s_r[j] * C + i) * s_w[j];
+            v = __ldg(a + o + i) + acc;
+        } else {
+            v = __ldg(a + o + i) + __ldg(b + o + i);
+        }
+        xs[i] = v;
+        sum[o + i] = v;
+    }
+    __syncthreads();
+    float r = rms_block_rstd(xs, C, eps, rstd + n);
+    for (int i = threadIdx.x; i < C; i += blockDim.x)
+        out[o + i] = __ldg(w + i) * (xs[i] * r);
+    if (fq.o.codes) {
+        __syncthreads();
+        qk_scope own = {NULL, NULL, 0};
+        qk_row<float>(fq.o, NULL, out, (int64_t)n, C / 16, own, fq.s_dec, NULL);
+    }
+}
+
+/* The fused kernels' CTA: qk_rows_kernel's threads for a row of C, or more
+ * for the row's own elements (8 a thread, up to 256 threads); the quantized
+ * bits do not depend on the thread count (qk_rows_kernel's choice varies it). */
+static unsigned fr_threads(int C, int rows)
+{
+    unsigned t = qk_row_threads(C / 16 > 0 ? C / 16 : 1, rows), v = (unsigned)((C / 8 + 31) / 32 * 32);
+    v = v > 256 ? 256u : v;
+    return t > v ? t : v;
+}
+
+/* q: rows x C, per-row scales, C a multiple of 16 (the caller's quantize shape) */
+static qd_status fr_check(const char *fn, const qd_nvfp4 *q, int rows, int C)
+{
+    if (q && (q->rows != rows || q->cols != C || C % 16 || !q->per_row))
+        return qd_error(QD_ERR_SHAPE, "cuda backend: %s: quantized output %lld x %lld (per row %d) for %d x %d", fn,
+                        (long long)q->rows, (long long)q->cols, (int)q->per_row, rows, C);
+    return QD_OK;
+}
+
+extern "C" qd_status qdk_add_rmsnorm(float *sum, float *out, float *rstd, const float *a, const float *b,
+                                     const float *w, int rows, int C, float eps, qd_nvfp4 *q)
+{
+    QD_TRY(fr_check("add_rmsnorm", q, rows, C));
+    if (rows) {
+        k_res_rmsnorm<false><<<(unsigned)rows, fr_threads(C, rows), sizeof(float) * (size_t)C>>>(
+            sum, out, rstd, a, b, NULL, NULL, NULL, 0, w, C, eps, fr_quant_of(q));
+        QD_CUDA_CHECK(cudaGetLastError());
+    }
+    return QD_OK;
+}
+
+extern "C" qd_status qdk_combine_add_rmsnorm(float *sum, float *out, float *rstd, const float *res, const float *y,
+                                             const float *row_w, const int32_t *tok_rows, int N, int K, int C,
+                                             const float *w, float eps, qd_nvfp4 *q)
+{
+    QD_TRY(fr_check("combine_add_rmsnorm", q, N, C));
+    if (K > FR_MAXK)
+        return qd_error(QD_ERR_SHAPE, "cuda backend: combine_add_rmsnorm: %d experts a token (at most %d)", K,
+                        FR_MAXK);
+    if (N) {
+        k_res_rmsnorm<true><<<(unsigned)N, fr_threads(C, N), sizeof(float) * (size_t)C>>>(
+            sum, out, rstd, res, NULL, y, row_w, tok_rows, K, w, C, eps, fr_quant_of(q));
+        QD_CUDA_CHECK(cudaGetLastError());
+    }
+    return QD_OK;
+}
+
+/* One block a row of h (I): k_swiglu's h = silu(g) * u, then the row quantized. */
+__global__ void k_swiglu_rows(float *h, const float *g, const float *u, int I, fr_quant fq)
+{
+    size_t o = (size_t)blockIdx.x * I;
+    for (int i = threadIdx.x; i < I; i += blockDim.x)
+        h[o + i] = qd_siluf(g[o + i]) * u[o + i];
+    __syncthreads();
+    qk_scope own = {NULL, NULL, 0};
+    qk_row<float>(fq.o, NULL, h, (int64_t)blockIdx.x, I / 16, own, fq.s_dec, NULL);
+}
+
+extern "C" qd_status qdk_swiglu_nvfp4(qd_nvfp4 *q, float *h, const float *g, const float *u, int rows, int I)
+{
+    QD_TRY(fr_check("swiglu_nvfp4", q, rows, I));
+    if (rows && I) {
+        k_swiglu_rows<<<(unsigned)rows, fr_threads(I, rows)>>>(h, g, u, I, fr_quant_of(q));
+        QD_CUDA_CHECK(cudaGetLastError());
+    }
+    return QD_OK;
 }
 
 /* Enqueues quantize (dq == NULL) or fake-quant (dq) of x (rows, cols). */
