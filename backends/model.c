@@ -2299,6 +2299,7 @@ static qd_status model_forward(model *c, float *logp)
         QD_TRY(OP(c, embed_w16, c->acts[0].x, c->wk16 + c->embed16, c->d_tok, N, C));
     else
         QD_TRY(OP(c, embed, c->acts[0].x, P(c, c->embed), c->d_tok, N, C));
+    c->pre_src = NULL; /* nothing quantized ahead survives a forward */
     /* each layer's last launch computes the next norm where the ops fuse it */
     int fuse = c->ops->combine_add_rmsnorm && fused_rows(c);
     for (int l = 0; l < L; l++) {
