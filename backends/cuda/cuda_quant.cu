@@ -3650,6 +3650,21 @@ extern "C" qd_status qd_cuda_w4a4_gemm_grouped_async(float *y, const qd_nvfp4 *a
     return QD_OK;
 }
 
+/* Group z of the device offsets: expert e's first row r0 and rows, its
+ * weights' pointers from tab, and its nt row tiles (z | tile << 16) into
+ * items from slot k. */
+static __device__ __forceinline__ void gfd_store(w4a4_groups *gd, int *items, const void *const *tab, int E, int e,
+                                                 int z, int k, int r0, int rows, int nt)
+{
+    gd->row0[z] = r0;
+    gd->rows[z] = rows;
+    gd->codes[z] = (const uint8_t *)tab[e];
+    gd->scales[z] = (const uint8_t *)tab[E + e];
+    gd->sdec[z] = (const float *)tab[2 * E + e];
+    for (int t = 0; t < nt; t++)
+        items[k + t] = z | (t << 16);
+}
+
 /* The experts with rows of the device offsets d_off (E + 1, E <= QD_W4A4_GROUPS)
  * into *gd in ascending order (first row, rows, and their weights' codes,
  * scales and s_dec from tab: E pointers of each); returns their count. One
@@ -3672,16 +3687,8 @@ __device__ int groups_from_dev(w4a4_groups *gd, const int32_t *d_off, const void
             if (lane >= o)
                 incl += v;
         }
-        if (rows > 0) {
-            int z = base + __popc(m & ((1u << lane) - 1u));
-            gd->row0[z] = r0;
-            gd->rows[z] = rows;
-            gd->codes[z] = (const uint8_t *)tab[e];
-            gd->scales[z] = (const uint8_t *)tab[E + e];
-            gd->sdec[z] = (const float *)tab[2 * E + e];
-            for (int t = 0, k = kbase + incl - nt; t < nt; t++)
-                items[k + t] = z | (t << 16);
-        }
+        if (rows > 0)
+            gfd_store(gd, items, tab, E, e, base + __popc(m & ((1u << lane) - 1u)), kbase + incl - nt, r0, rows, nt);
         base += __popc(m);
         kbase += __shfl_sync(0xffffffffu, incl, 31);
     }
@@ -3690,10 +3697,60 @@ __device__ int groups_from_dev(w4a4_groups *gd, const int32_t *d_off, const void
     return base;
 }
 
-/* groups_from_dev's groups and their count into *gd_n. */
+/* groups_from_dev's outputs with one thread an expert: a CTA of
+ * 32 * ceil(E / 32) threads (gfd_threads), each warp's ballot and scan, then
+ * the warps' totals in order from shared memory; the count returned to every
+ * thread. groups_from_dev's one warp walks the experts 32 at a time, its
+ * loads and stores a chain of E / 32 rounds: 9.6 us a product on an H100's
+ * ncu at batch 64 (a3b: 128 experts), 3 products a layer. QUADS_GFD_CTA=1
+ * (opt-in until run on a GPU) takes this one: the same groups and items. */
+__device__ int groups_from_dev_cta(w4a4_groups *gd, const int32_t *d_off, const void *const *tab, int E,
+                               int *items = NULL, int *nitems = NULL, int tr = 0)
+{
+    __shared__ int w_groups[QD_W4A4_GROUPS / 32], w_tiles[QD_W4A4_GROUPS / 32];
+    int e = threadIdx.x, lane = e & 31, wp = e >> 5, nw = (int)(blockDim.x + 31) / 32;
+    int r0 = e < E ? d_off[e] : 0, rows = e < E ? d_off[e + 1] - r0 : 0;
+    unsigned m = __ballot_sync(0xffffffffu, rows > 0);
+    int nt = items && rows > 0 ? (rows + tr - 1) / tr : 0, incl = nt;
+    for (int o = 1; o < 32; o *= 2) {
+        int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o)
+            incl += v;
+    }
+    if (lane == 31) {
+        w_groups[wp] = __popc(m);
+        w_tiles[wp] = incl;
+    }
+    __syncthreads();
+    int base = 0, kbase = 0, total = 0, ktotal = 0;
+    for (int i = 0; i < nw; i++) {
+        base += i < wp ? w_groups[i] : 0;
+        kbase += i < wp ? w_tiles[i] : 0;
+        total += w_groups[i];
+        ktotal += w_tiles[i];
+    }
+    if (rows > 0)
+        gfd_store(gd, items, tab, E, e, base + __popc(m & ((1u << lane) - 1u)), kbase + incl - nt, r0, rows, nt);
+    if (items && threadIdx.x == 0)
+        *nitems = ktotal;
+    return total;
+}
+
+/* groups_from_dev's CTA for E experts */
+static unsigned gfd_threads(int E) { return (unsigned)((E + 31) / 32 * 32); }
+
+/* QUADS_GFD_CTA=1: groups_from_dev_cta, not the one warp's walk */
+static int gfd_cta_env(void)
+{
+    static int v = -2;
+    return qd_env_pick(&v, "QUADS_GFD_CTA", 0, 1) == 1;
+}
+
+/* groups_from_dev's groups and their count into *gd_n (CTA: groups_from_dev_cta's). */
+template <bool CTA>
 __global__ void w4a4_groups_from_dev(w4a4_groups *gd, int *gd_n, const int32_t *d_off, const void *const *tab, int E)
 {
-    int n = groups_from_dev(gd, d_off, tab, E);
+    int n = CTA ? groups_from_dev_cta(gd, d_off, tab, E) : groups_from_dev(gd, d_off, tab, E);
     if (threadIdx.x == 0)
         *gd_n = n;
 }
@@ -3701,10 +3758,26 @@ __global__ void w4a4_groups_from_dev(w4a4_groups *gd, int *gd_n, const int32_t *
 /* groups_from_dev's groups, then the MMA kernel's items: each group's row
  * tiles of tr rows (group | tile << 16) in group order, their count into
  * *nitems. */
+template <bool CTA>
 __global__ void w4a4_items_from_dev(w4a4_groups *gd, int *items, int *nitems, const int32_t *d_off,
                                     const void *const *tab, int E, int tr)
 {
-    groups_from_dev(gd, d_off, tab, E, items, nitems, tr);
+    if (CTA)
+        groups_from_dev_cta(gd, d_off, tab, E, items, nitems, tr);
+    else
+        groups_from_dev(gd, d_off, tab, E, items, nitems, tr);
+}
+
+/* w4a4_items_from_dev in the configuration QUADS_GFD_CTA picks */
+static qd_status items_from_dev(w4a4_groups *gd, int *items, int *nitems, const int32_t *d_off,
+                                const void *const *tab, int E, int tr)
+{
+    if (gfd_cta_env())
+        w4a4_items_from_dev<true><<<1, gfd_threads(E)>>>(gd, items, nitems, d_off, tab, E, tr);
+    else
+        w4a4_items_from_dev<false><<<1, 32>>>(gd, items, nitems, d_off, tab, E, tr);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
 }
 
 /* The dev scratch of qd_cuda_w4a4_gemm_grouped_dev_async for R rows over E
@@ -3747,7 +3820,10 @@ extern "C" qd_status qd_cuda_w4a4_gemm_grouped_dev_async(float *y, const qd_nvfp
     int ng = (int)(R < E ? R : E);
     int64_t N = w0->rows, K = a->cols;
     if (maxrows <= 8) {
-        w4a4_groups_from_dev<<<1, 32>>>(gd, gd_n, d_off, tab, E);
+        if (gfd_cta_env())
+            w4a4_groups_from_dev<true><<<1, gfd_threads(E)>>>(gd, gd_n, d_off, tab, E);
+        else
+            w4a4_groups_from_dev<false><<<1, 32>>>(gd, gd_n, d_off, tab, E);
         QD_CUDA_CHECK(cudaGetLastError());
         return w4a4_dec(y, a, &none, ng, maxrows, w0->per_row, N, K, 1, NULL, gd, gd_n);
     }
@@ -3762,12 +3838,10 @@ extern "C" qd_status qd_cuda_w4a4_gemm_grouped_dev_async(float *y, const qd_nvfp
     if (al16 && mean <= 32 && K % 256 == 0 && qd_aligned(a->codes, 8) &&
         (st_env == 1 || (st_env < 0 && w4a4_stream_default(ng, mean)))) {
         int tr = mean <= 8 ? 8 : 16;
-        w4a4_items_from_dev<<<1, 32>>>(gd, items, gd_n, d_off, tab, E, tr);
-        QD_CUDA_CHECK(cudaGetLastError());
+        QD_TRY(items_from_dev(gd, items, gd_n, d_off, tab, E, tr));
         return launch_w4a4_stream(y, a, NULL, 0, 0, w0->per_row, N, K, gd, items, gd_n, ng + (R + tr - 1) / tr, tr);
     }
-    w4a4_items_from_dev<<<1, 32>>>(gd, items, gd_n, d_off, tab, E, 8 * nt);
-    QD_CUDA_CHECK(cudaGetLastError());
+    QD_TRY(items_from_dev(gd, items, gd_n, d_off, tab, E, 8 * nt));
     int64_t max_items = ng + (R + 8 * nt - 1) / (8 * nt), tiles = (N + 16 * QD_MMA_WARPS - 1) / (16 * QD_MMA_WARPS);
     int one = nt <= 2 && tiles * (R + 8 * nt - 1) / (8 * nt) < qd_sm_count(); /* as w4a4_mma: few CTAs */
     if (one)
