@@ -2100,6 +2100,11 @@ static int fused_rows(const model *c)
     return qd_model_fused_rows && env_switch(&v, "QUADS_FUSED_ROWS", 1);
 }
 
+/* A fused rows op, or where fused_rows says no (or the ops lack it) ops.h's
+ * qd_<name>_ops: the ops it stands for, one after the other. */
+#define FUSED(c, name, ...)                                                                                       \
+    ((c)->ops->name && fused_rows(c) ? OP(c, name, __VA_ARGS__) : qd_##name##_ops((c)->ops, (c)->dev, __VA_ARGS__))
+
 /* Whether the experts' down projection quantizes its input (h) on its own
  * (plain W4A4), so that swiglu_nvfp4 can do it with the SwiGLU. */
 static int down_quant_fused(model *c, const layer *ly)
@@ -2201,22 +2206,12 @@ static qd_status attn_forward(model *c, float *out, layer_acts *s, const layer *
     linear *lqkv[3] = {&c->lin[ly->q], &c->lin[ly->k], &c->lin[ly->v]};
     QD_TRY(linears_forward(c, qkv, s->ln1, lqkv, 3, N));
     size_t lsz = (size_t)c->cache_rows * c->Tc * KV * D;
-    if (c->ops->qk_norm_rope && fused_rows(c)) {
-        qd_qk_args a = {.qr = s->qr, .rstd_q = s->rstd_q, .kr = s->kr, .rstd_k = s->rstd_k, .q = s->q,
-                        .wq = P(c, ly->q_norm), .k = s->k, .wk = P(c, ly->k_norm), .pos = c->d_pos,
-                        .cosb = c->rope_cos, .sinb = c->rope_sin, .N = N, .H = H, .KV = KV, .D = D, .eps = eps,
-                        .kc = c->kc ? c->kc + l * lsz : NULL, .vc = c->kc ? c->vc + l * lsz : NULL, .v = s->v,
-                        .row = c->d_row, .Tc = c->Tc};
-        QD_TRY(OP(c, qk_norm_rope, &a));
-    } else {
-        QD_TRY(OP(c, rmsnorm, s->qr, s->rstd_q, s->q, P(c, ly->q_norm), N * H, D, eps));
-        QD_TRY(OP(c, rmsnorm, s->kr, s->rstd_k, s->k, P(c, ly->k_norm), N * KV, D, eps));
-        QD_TRY(OP(c, rope, s->qr, c->d_pos, c->rope_cos, c->rope_sin, N, H, D, QD_ROPE_FORWARD));
-        QD_TRY(OP(c, rope, s->kr, c->d_pos, c->rope_cos, c->rope_sin, N, KV, D, QD_ROPE_FORWARD));
-        if (c->kc)
-            QD_TRY(OP(c, store_kv, c->kc + l * lsz, c->vc + l * lsz, s->kr, s->v, c->d_row, c->d_pos, N, c->Tc,
-                      KV * D));
-    }
+    qd_qk_args a = {.qr = s->qr, .rstd_q = s->rstd_q, .kr = s->kr, .rstd_k = s->rstd_k, .q = s->q,
+                    .wq = P(c, ly->q_norm), .k = s->k, .wk = P(c, ly->k_norm), .pos = c->d_pos, .cosb = c->rope_cos,
+                    .sinb = c->rope_sin, .N = N, .H = H, .KV = KV, .D = D, .eps = eps,
+                    .kc = c->kc ? c->kc + l * lsz : NULL, .vc = c->kc ? c->vc + l * lsz : NULL, .v = s->v,
+                    .row = c->d_row, .Tc = c->Tc};
+    QD_TRY(FUSED(c, qk_norm_rope, &a));
     mark(c, QD_PH_ATTN);
     const float *kb = c->decode ? c->kc + l * lsz : s->kr, *vb = c->decode ? c->vc + l * lsz : s->v;
     QD_TRY(OP(c, attend, s->ao, s->att, s->qr, kb, vb, c->d_kbase, c->d_pos, N, H, KV, D, c->Tm,
@@ -2266,12 +2261,7 @@ static qd_status layer_forward(model *c, int l, float *next, int ln1_done, const
     if (!ln1_done)
         QD_TRY(OP(c, rmsnorm, s->ln1, s->rstd1, s->x, P(c, ly->in_norm), N, C, eps));
     QD_TRY(attn_forward(c, next, s, ly, l)); /* next used as scratch (N, C) */
-    if (c->ops->add_rmsnorm && fused_rows(c)) {
-        QD_TRY(OP(c, add_rmsnorm, s->xmid, s->ln2, s->rstd2, s->x, next, P(c, ly->post_norm), N, C, eps, NULL));
-    } else {
-        QD_TRY(OP(c, add, s->xmid, s->x, next, (size_t)N * C));
-        QD_TRY(OP(c, rmsnorm, s->ln2, s->rstd2, s->xmid, P(c, ly->post_norm), N, C, eps));
-    }
+    QD_TRY(FUSED(c, add_rmsnorm, s->xmid, s->ln2, s->rstd2, s->x, next, P(c, ly->post_norm), N, C, eps, NULL));
     return mlp_forward(c, next, s, ly, s->xmid, nn);
 }
 
@@ -2304,7 +2294,8 @@ static qd_status model_forward(model *c, float *logp)
     int fuse = c->ops->combine_add_rmsnorm && fused_rows(c);
     for (int l = 0; l < L; l++) {
         next_norm nn = l + 1 < L ? (next_norm){c->acts[l + 1].ln1, c->acts[l + 1].rstd1,
-                                               P(c, c->layers[l + 1].in_norm), qkv_quantized_once(c, &c->layers[l + 1])}
+                                               P(c, c->layers[l + 1].in_norm),
+                                               fuse && qkv_quantized_once(c, &c->layers[l + 1])}
                                  : (next_norm){c->lnf, c->rstdf, P(c, c->final_norm), 0};
         QD_TRY(layer_forward(c, l, l + 1 < L ? c->acts[l + 1].x : c->xf, fuse && l > 0, fuse ? &nn : NULL));
     }

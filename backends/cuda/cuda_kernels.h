@@ -130,6 +130,7 @@ qd_status qdk_store_kv(float *kc, float *vc, const float *kr, const float *v, co
 
 qd_status qdk_add(float *out, const float *a, const float *b, size_t n);
 /* the fused rows ops (ops.h), their kernels' bits (the first three in cuda_quant.cu) */
+#define QDK_FR_MAXK 32 /* qdk_combine_add_rmsnorm's most experts a token */
 qd_status qdk_add_rmsnorm(float *sum, float *out, float *rstd, const float *a, const float *b, const float *w,
                           int rows, int C, float eps, qd_nvfp4 *q);
 qd_status qdk_combine_add_rmsnorm(float *sum, float *out, float *rstd, const float *res, const float *y,

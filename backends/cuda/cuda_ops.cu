@@ -768,12 +768,8 @@ static qd_status cuda_rope(void *dev, float *x, const int32_t *pos, const float 
  * the other; the same bits either way. */
 static int fused_rows_on(void)
 {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("QUADS_FUSED_ROWS");
-        v = e && !strcmp(e, "1");
-    }
-    return v;
+    static int v = -2;
+    return qd_env_pick(&v, "QUADS_FUSED_ROWS", 0, 1) == 1;
 }
 
 extern "C" const qd_ops *qd_cuda_ops(void);
@@ -793,7 +789,7 @@ static qd_status cuda_combine_add_rmsnorm(void *dev, float *sum, float *out, flo
                                           const float *y, const float *row_w, const int32_t *tok_rows, int N, int K,
                                           int C, const float *w, float eps, qd_nvfp4 *q)
 {
-    if (fused_rows_on() && fused_quant_ok(q) && K <= 32)
+    if (fused_rows_on() && fused_quant_ok(q) && K <= QDK_FR_MAXK)
         return qdk_combine_add_rmsnorm(sum, out, rstd, res, y, row_w, tok_rows, N, K, C, w, eps, q);
     return qd_combine_add_rmsnorm_ops(qd_cuda_ops(), dev, sum, out, rstd, res, y, row_w, tok_rows, N, K, C, w, eps,
                                       q);

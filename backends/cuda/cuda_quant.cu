@@ -2680,8 +2680,6 @@ static qout qout_of(const qd_nvfp4 *q)
  * bits of qk_rows_kernel (a CTA's global writes are visible to it after
  * __syncthreads): one launch for two to four. */
 
-#define FR_MAXK 32 /* combine_add_rmsnorm's most experts a token */
-
 /* the quantizer of a fused row: none (codes NULL), or q's codes, scales and S_dec */
 struct fr_quant {
     qout o;
@@ -2707,8 +2705,8 @@ __global__ void k_res_rmsnorm(float *sum, float *out, float *rstd, const float *
                               fr_quant fq)
 {
     extern __shared__ __align__(16) float xs[]; /* the sum's row (C) */
-    __shared__ int s_r[FR_MAXK];
-    __shared__ float s_w[FR_MAXK];
+    __shared__ int s_r[QDK_FR_MAXK];
+    __shared__ float s_w[QDK_FR_MAXK];
     size_t n = blockIdx.x, o = n * (size_t)C;
     if (CB) {
         if (threadIdx.x < K) {
@@ -2779,9 +2777,9 @@ extern "C" qd_status qdk_combine_add_rmsnorm(float *sum, float *out, float *rstd
                                              const float *w, float eps, qd_nvfp4 *q)
 {
     QD_TRY(fr_check("combine_add_rmsnorm", q, N, C));
-    if (K > FR_MAXK)
+    if (K > QDK_FR_MAXK)
         return qd_error(QD_ERR_SHAPE, "cuda backend: combine_add_rmsnorm: %d experts a token (at most %d)", K,
-                        FR_MAXK);
+                        QDK_FR_MAXK);
     if (N) {
         k_res_rmsnorm<true><<<(unsigned)N, fr_threads(C, N), sizeof(float) * (size_t)C>>>(
             sum, out, rstd, res, NULL, y, row_w, tok_rows, K, w, C, eps, fr_quant_of(q));
