@@ -2082,28 +2082,83 @@ static __device__ __forceinline__ void st_chunk(const st_warp<CB> *cur, const in
         [&](int row, int jp) { return sp[row * spld + jp]; }, acc, T, t, (t >> 1) == (gq & 1));
 }
 
-/* DEV: the groups are *gd in device memory and the CTAs' (group, 8-row tile)
+/* The device offsets of w4a4_stream_kernel's DEV 2: d_off (E + 1, E <= 128)
+ * and the experts' codes, scales and s_dec pointers (tab: E of each). */
+typedef struct {
+    const int32_t *d_off;
+    const void *const *tab;
+    int E;
+} st_src;
+
+/* DEV 1: the groups are *gd in device memory and the CTAs' (group, 8-row tile)
  * pairs items[0 .. *nitems-1] (w4a4_items_from_dev), blockIdx.y picking one;
- * those past them exit. */
-template <bool DEV, int CB, int S, int TR, int FC = 0>
+ * those past them exit. DEV 2 (QUADS_GFD_INLINE=1): each CTA finds its own
+ * (expert, tile) from src's offsets (a scan of the experts' tile counts, one
+ * thread an expert), so no w4a4_items_from_dev launch comes before: the same
+ * pairs in the same order (experts with rows ascending, tiles ascending), the
+ * same bits. */
+template <int DEV, int CB, int S, int TR, int FC = 0>
 __global__ void __launch_bounds__(128)
 w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
                    const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K, const w4a4_groups *gd,
-                   const int *items, const int *nitems, int rg)
+                   const int *items, const int *nitems, int rg, st_src src)
 {
     extern __shared__ __align__(16) unsigned char st_smem[];
     __shared__ float lut[256];
     int z = blockIdx.z;
-    int64_t tile = blockIdx.y;
-    if constexpr (DEV) {
-        if ((int)blockIdx.y >= *nitems)
+    int64_t tile = blockIdx.y, rows, grow0;
+    const uint8_t *wcodes, *wscales;
+    const float *sdw;
+    if constexpr (DEV == 2) {
+        __shared__ int s_tot[4], s_hit[4];
+        const int e = threadIdx.x, ln = e & 31;
+        int er0 = e < src.E ? src.d_off[e] : 0, erows = e < src.E ? src.d_off[e + 1] - er0 : 0;
+        int nt = erows > 0 ? (erows + TR - 1) / TR : 0, incl = nt;
+        for (int o = 1; o < 32; o *= 2) {
+            int v = __shfl_up_sync(0xffffffffu, incl, o);
+            if (ln >= o)
+                incl += v;
+        }
+        if (ln == 31)
+            s_tot[e >> 5] = incl;
+        if (e == 0)
+            s_hit[0] = -1;
+        __syncthreads();
+        int ex = incl - nt, yb = (int)blockIdx.y;
+        for (int i = 0; i < (e >> 5); i++)
+            ex += s_tot[i];
+        if (nt && yb >= ex && yb < ex + nt) {
+            s_hit[0] = e;
+            s_hit[1] = yb - ex;
+            s_hit[2] = er0;
+            s_hit[3] = erows;
+        }
+        __syncthreads();
+        if (s_hit[0] < 0)
             return;
-        int v = items[blockIdx.y];
-        z = v & 0xffff;
-        tile = v >> 16;
+        z = s_hit[0];
+        tile = s_hit[1];
+        grow0 = s_hit[2];
+        rows = s_hit[3];
+        wcodes = (const uint8_t *)src.tab[z];
+        wscales = (const uint8_t *)src.tab[src.E + z];
+        sdw = (const float *)src.tab[2 * src.E + z];
+    } else {
+        if constexpr (DEV == 1) {
+            if ((int)blockIdx.y >= *nitems)
+                return;
+            int v = items[blockIdx.y];
+            z = v & 0xffff;
+            tile = v >> 16;
+        }
+        const w4a4_groups &G = DEV ? *gd : g;
+        rows = G.rows[z];
+        grow0 = G.row0[z];
+        wcodes = G.codes[z];
+        wscales = G.scales[z];
+        sdw = G.sdec[z];
     }
-    const w4a4_groups &G = DEV ? *gd : g;
-    const int64_t rows = G.rows[z], t0 = tile * TR, n0 = (int64_t)blockIdx.x * 64 * rg;
+    const int64_t t0 = tile * TR, n0 = (int64_t)blockIdx.x * 64 * rg;
     if (t0 >= rows)
         return;
     const int T = rows - t0 < TR ? (int)(rows - t0) : TR, nb = (int)(K / 16), nchunk = nb / CB, nq = rg * nchunk;
@@ -2112,7 +2167,6 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
     int8_t *act = (int8_t *)st_smem;
     float4 *sp = (float4 *)(st_smem + (size_t)TR * ald);
     st_warp<CB> *ring = (st_warp<CB> *)(st_smem + st_act_bytes(K, TR)) + w * S;
-    const uint8_t *wcodes = G.codes[z], *wscales = G.scales[z];
     /* the warp's rows in slab r of the CTA's rg slabs of 64: 16 from wrow0(r) */
     auto wrow = [&](int r) { return n0 + 64 * (int64_t)r + 16 * w; };
     /* stage q of this warp's rows (chunk c = q % nchunk of slab q / nchunk):
@@ -2147,7 +2201,7 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
     /* the activations, while the weights are in flight: the rows the chunks
      * read (4 or 8, zero past T) x nb blocks, QD_ST_AB blocks' loads a thread
      * in flight at once (they come from L2, a few hundred cycles each) */
-    const int64_t r0 = G.row0[z] + t0;
+    const int64_t r0 = grow0 + t0;
     const int nact = (T <= 4 ? 4 : T <= 8 ? 8 : 16) * nb;
     for (int i0 = threadIdx.x; i0 < nact; i0 += 128 * QD_ST_AB) {
         uint2 c[QD_ST_AB];
@@ -2182,7 +2236,6 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
 #pragma unroll
     for (int i = 0; i < TR / 8; i++)
         acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-    const float *sdw = G.sdec[z];
     const int wr0 = 16 * w + gq, wr1 = wr0 + 8;
     for (int q = 0; q < nq; q++) {
         cp_async_wait_group<S - 2>(); /* stage q's copies (this lane's) done */
@@ -2699,10 +2752,11 @@ static fr_quant fr_quant_of(const qd_nvfp4 *q)
 /* One block a row n: sum = a + b (CB: a + the combine of y, k_combine's chain
  * over the token's K rows), into shared memory and out to sum; then
  * rms_block_rstd and k_rmsnorm's outputs; then (fq) the row quantized. */
+#define FR_THREADS 512 /* the fused rows kernels' largest CTA (fr_threads) */
 template <bool CB>
-__global__ void k_res_rmsnorm(float *sum, float *out, float *rstd, const float *a, const float *b, const float *y,
-                              const float *row_w, const int32_t *tok_rows, int K, const float *w, int C, float eps,
-                              fr_quant fq)
+__global__ void __launch_bounds__(FR_THREADS)
+    k_res_rmsnorm(float *sum, float *out, float *rstd, const float *a, const float *b, const float *y,
+                  const float *row_w, const int32_t *tok_rows, int K, const float *w, int C, float eps, fr_quant fq)
 {
     extern __shared__ __align__(16) float xs[]; /* the sum's row (C) */
     __shared__ int s_r[QDK_FR_MAXK];
@@ -2742,12 +2796,18 @@ __global__ void k_res_rmsnorm(float *sum, float *out, float *rstd, const float *
 }
 
 /* The fused kernels' CTA: qk_rows_kernel's threads for a row of C, or more
- * for the row's own elements (8 a thread, up to 256 threads); the quantized
- * bits do not depend on the thread count (qk_rows_kernel's choice varies it). */
+ * for the row's own elements (4 a thread, up to FR_THREADS; QUADS_FR_VPT=8
+ * for 8 a thread up to 256, the first version: on an H100's ncu at batch 64
+ * the SwiGLU's rows then took 11.8 us against k_swiglu's and qk_rows_kernel's
+ * 4.6 + 6.6 apart, the combine's 15.5 against ~15 apart); the quantized bits
+ * do not depend on the thread count (qk_rows_kernel's choice varies it). */
 static unsigned fr_threads(int C, int rows)
 {
-    unsigned t = qk_row_threads(C / 16 > 0 ? C / 16 : 1, rows), v = (unsigned)((C / 8 + 31) / 32 * 32);
-    v = v > 256 ? 256u : v;
+    static int vpt_env = -2;
+    int vpt = qd_env_pick(&vpt_env, "QUADS_FR_VPT", 4, 8) == 8 ? 8 : 4;
+    unsigned t = qk_row_threads(C / 16 > 0 ? C / 16 : 1, rows), v = (unsigned)((C / vpt + 31) / 32 * 32);
+    unsigned cap = vpt == 8 ? 256u : FR_THREADS;
+    v = v > cap ? cap : v;
     return t > v ? t : v;
 }
 
@@ -2789,7 +2849,7 @@ extern "C" qd_status qdk_combine_add_rmsnorm(float *sum, float *out, float *rstd
 }
 
 /* One block a row of h (I): k_swiglu's h = silu(g) * u, then the row quantized. */
-__global__ void k_swiglu_rows(float *h, const float *g, const float *u, int I, fr_quant fq)
+__global__ void __launch_bounds__(FR_THREADS) k_swiglu_rows(float *h, const float *g, const float *u, int I, fr_quant fq)
 {
     size_t o = (size_t)blockIdx.x * I;
     for (int i = threadIdx.x; i < I; i += blockDim.x)
@@ -3201,10 +3261,10 @@ static int w4a4_stream_rg(int64_t ctas1, int per_sm)
 
 /* w4a4_stream_kernel in one configuration: host tables (ng groups, tiles of
  * TR of maxrows) or, with gd, the device's items (at most max_items) */
-template <bool DEV, int CB, int S, int TR, int FC = 0>
+template <int DEV, int CB, int S, int TR, int FC = 0>
 static qd_status stream_launch(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
                                int w_per_row, int64_t N, int64_t K, const w4a4_groups *gd, const int *items,
-                               const int *nitems, int64_t max_items)
+                               const int *nitems, int64_t max_items, st_src src)
 {
     static w4a4_groups none; /* the by-value groups, unread under DEV */
     size_t smem = st_act_bytes(K, TR) + 4 * (size_t)S * sizeof(st_warp<CB>);
@@ -3231,27 +3291,32 @@ static qd_status stream_launch(float *y, const qd_nvfp4 *a, const w4a4_groups *g
     int rg = w4a4_stream_rg((N + 63) / 64 * (int64_t)gy * gz, ps);
     dim3 grid((unsigned)((N + 64 * rg - 1) / (64 * rg)), gy, gz);
     k<<<grid, 128, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, DEV ? none : *g, w_per_row, N, K, gd, items,
-                           nitems, rg);
+                           nitems, rg, src);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
 
-/* The configuration QUADS_W4A4_STREAM_CFG picks, in tiles of tr (8 or 16) rows */
-template <bool DEV, int TR>
+/* The configuration QUADS_W4A4_STREAM_CFG picks, in tiles of tr (8 or 16)
+ * rows; DEV 2 (the CTAs' own scan of src) only in the default configuration */
+template <int DEV, int TR>
 static qd_status stream_cfg_launch(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
                                    int w_per_row, int64_t N, int64_t K, const w4a4_groups *gd, const int *items,
-                                   const int *nitems, int64_t max_items)
+                                   const int *nitems, int64_t max_items, st_src src = st_src())
 {
-    int cfg = w4a4_stream_cfg(K);
-    return cfg == 1 ? stream_launch<DEV, 16, 8, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
-         : cfg == 2 ? stream_launch<DEV, 32, 4, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
-         : cfg == 3 ? stream_launch<DEV, 16, 3, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
-         : cfg == 4 ? stream_launch<DEV, 16, 2, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
-         : cfg == 5 ? stream_launch<DEV, 16, 3, TR, 1>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
-         : cfg == 6 ? stream_launch<DEV, 16, 4, TR, 1>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
-         : cfg == 8 ? stream_launch<DEV, 16, 2, TR, 2>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
-         : cfg == 0 ? stream_launch<DEV, 16, 4, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
-                    : stream_launch<DEV, 16, 2, TR, 1>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items);
+    if constexpr (DEV == 2)
+        return stream_launch<2, 16, 2, TR, 2>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items, src);
+    else {
+        int cfg = w4a4_stream_cfg(K);
+        return cfg == 1 ? stream_launch<DEV, 16, 8, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items, src)
+             : cfg == 2 ? stream_launch<DEV, 32, 4, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items, src)
+             : cfg == 3 ? stream_launch<DEV, 16, 3, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items, src)
+             : cfg == 4 ? stream_launch<DEV, 16, 2, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items, src)
+             : cfg == 5 ? stream_launch<DEV, 16, 3, TR, 1>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items, src)
+             : cfg == 6 ? stream_launch<DEV, 16, 4, TR, 1>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items, src)
+             : cfg == 8 ? stream_launch<DEV, 16, 2, TR, 2>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items, src)
+             : cfg == 0 ? stream_launch<DEV, 16, 4, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items, src)
+                        : stream_launch<DEV, 16, 2, TR, 1>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items, src);
+    }
 }
 
 /* w4a4_stream_kernel over g's groups (host tables; tiles of 16 rows where a
@@ -3260,14 +3325,17 @@ static qd_status stream_cfg_launch(float *y, const qd_nvfp4 *a, const w4a4_group
 static qd_status launch_w4a4_stream(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
                                     int w_per_row, int64_t N, int64_t K, const w4a4_groups *gd = NULL,
                                     const int *items = NULL, const int *nitems = NULL, int64_t max_items = 0,
-                                    int tr = 8)
+                                    int tr = 8, const st_src *src = NULL)
 {
+    if (src)
+        return tr == 16 ? stream_cfg_launch<2, 16>(y, a, g, ng, maxrows, w_per_row, N, K, NULL, NULL, NULL, max_items, *src)
+                        : stream_cfg_launch<2, 8>(y, a, g, ng, maxrows, w_per_row, N, K, NULL, NULL, NULL, max_items, *src);
     if (gd)
-        return tr == 16 ? stream_cfg_launch<true, 16>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
-                        : stream_cfg_launch<true, 8>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items);
+        return tr == 16 ? stream_cfg_launch<1, 16>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items)
+                        : stream_cfg_launch<1, 8>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items);
     return ng > 1 && maxrows > 16
-               ? stream_cfg_launch<false, 16>(y, a, g, ng, maxrows, w_per_row, N, K, NULL, NULL, NULL, 0)
-               : stream_cfg_launch<false, 8>(y, a, g, ng, maxrows, w_per_row, N, K, NULL, NULL, NULL, 0);
+               ? stream_cfg_launch<0, 16>(y, a, g, ng, maxrows, w_per_row, N, K, NULL, NULL, NULL, 0)
+               : stream_cfg_launch<0, 8>(y, a, g, ng, maxrows, w_per_row, N, K, NULL, NULL, NULL, 0);
 }
 
 /* w4a4_h16_kernel over g's groups: 128 weight rows a CTA, 8 * NT activation rows. */
@@ -3744,6 +3812,16 @@ static int gfd_cta_env(void)
     return qd_env_pick(&v, "QUADS_GFD_CTA", 0, 1) == 1;
 }
 
+/* QUADS_GFD_INLINE=1 (opt-in until run on a GPU): the streaming kernel's
+ * CTAs find their (expert, row tile) from the device offsets themselves
+ * (w4a4_stream_kernel's DEV 2), not from a w4a4_items_from_dev launch before
+ * each product (9.6 us a product on an H100's ncu at batch 64, 3 a layer) */
+static int gfd_inline_env(void)
+{
+    static int v = -2;
+    return qd_env_pick(&v, "QUADS_GFD_INLINE", 0, 1) == 1;
+}
+
 /* groups_from_dev's groups and their count into *gd_n (CTA: groups_from_dev_cta's). */
 template <bool CTA>
 __global__ void w4a4_groups_from_dev(w4a4_groups *gd, int *gd_n, const int32_t *d_off, const void *const *tab, int E)
@@ -3836,6 +3914,11 @@ extern "C" qd_status qd_cuda_w4a4_gemm_grouped_dev_async(float *y, const qd_nvfp
     if (al16 && mean <= 32 && K % 256 == 0 && qd_aligned(a->codes, 8) &&
         (st_env == 1 || (st_env < 0 && w4a4_stream_default(ng, mean)))) {
         int tr = mean <= 8 ? 8 : 16;
+        if (gfd_inline_env()) { /* each CTA its own (expert, tile): no items launch */
+            st_src src = {d_off, tab, E};
+            return launch_w4a4_stream(y, a, NULL, 0, 0, w0->per_row, N, K, NULL, NULL, NULL, ng + (R + tr - 1) / tr,
+                                      tr, &src);
+        }
         QD_TRY(items_from_dev(gd, items, gd_n, d_off, tab, E, tr));
         return launch_w4a4_stream(y, a, NULL, 0, 0, w0->per_row, N, K, gd, items, gd_n, ng + (R + tr - 1) / tr, tr);
     }
