@@ -81,6 +81,18 @@ static inline int qd_switch(int forced, int *cache, const char *name)
     return forced >= 0 ? forced : qd_env_pick(cache, name, 0, 1);
 }
 
+/* The inclusive prefix sum of v over a full warp's lanes (lane: this
+ * thread's), by shuffles: integers, so any order gives the same sums. */
+static __device__ __forceinline__ int qd_warp_incl_sum(int v, int lane)
+{
+    for (int o = 1; o < 32; o *= 2) {
+        int u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o)
+            v += u;
+    }
+    return v;
+}
+
 /* The sum from 0 of p[0] .. p[n-1] in ascending order, one add at a time (the
  * chains of the decode kernels; p 16-byte aligned, read 4 floats at a time). */
 static __device__ __forceinline__ float qd_sum_up(const float *p, int n)

@@ -2461,13 +2461,7 @@ static __device__ __forceinline__ void warp_offsets(int32_t *off, const int32_t 
     int32_t run = 0;
     for (int e = e0; e < e1; e++)
         run += cnt[e];
-    int32_t incl = run;
-    for (int o = 1; o < 32; o <<= 1) {
-        int32_t v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o)
-            incl += v;
-    }
-    int32_t at = incl - run;
+    int32_t at = qd_warp_incl_sum(run, lane) - run;
     if (lane == 0)
         off[0] = 0;
     for (int e = e0; e < e1; e++) {

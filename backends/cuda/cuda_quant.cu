@@ -2113,12 +2113,7 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
         __shared__ int s_tot[4], s_hit[4];
         const int e = threadIdx.x, ln = e & 31;
         int er0 = e < src.E ? src.d_off[e] : 0, erows = e < src.E ? src.d_off[e + 1] - er0 : 0;
-        int nt = erows > 0 ? (erows + TR - 1) / TR : 0, incl = nt;
-        for (int o = 1; o < 32; o *= 2) {
-            int v = __shfl_up_sync(0xffffffffu, incl, o);
-            if (ln >= o)
-                incl += v;
-        }
+        int nt = erows > 0 ? (erows + TR - 1) / TR : 0, incl = qd_warp_incl_sum(nt, ln);
         if (ln == 31)
             s_tot[e >> 5] = incl;
         if (e == 0)
@@ -3747,12 +3742,7 @@ __device__ int groups_from_dev(w4a4_groups *gd, const int32_t *d_off, const void
     for (int e0 = 0; e0 < E; e0 += 32) {
         int e = e0 + lane, r0 = e < E ? d_off[e] : 0, rows = e < E ? d_off[e + 1] - r0 : 0;
         unsigned m = __ballot_sync(0xffffffffu, rows > 0);
-        int nt = items && rows > 0 ? (rows + tr - 1) / tr : 0, incl = nt;
-        for (int o = 1; o < 32; o *= 2) {
-            int v = __shfl_up_sync(0xffffffffu, incl, o);
-            if (lane >= o)
-                incl += v;
-        }
+        int nt = items && rows > 0 ? (rows + tr - 1) / tr : 0, incl = qd_warp_incl_sum(nt, lane);
         if (rows > 0)
             gfd_store(gd, items, tab, E, e, base + __popc(m & ((1u << lane) - 1u)), kbase + incl - nt, r0, rows, nt);
         base += __popc(m);
@@ -3777,12 +3767,7 @@ __device__ int groups_from_dev_cta(w4a4_groups *gd, const int32_t *d_off, const 
     int e = threadIdx.x, lane = e & 31, wp = e >> 5, nw = (int)(blockDim.x + 31) / 32;
     int r0 = e < E ? d_off[e] : 0, rows = e < E ? d_off[e + 1] - r0 : 0;
     unsigned m = __ballot_sync(0xffffffffu, rows > 0);
-    int nt = items && rows > 0 ? (rows + tr - 1) / tr : 0, incl = nt;
-    for (int o = 1; o < 32; o *= 2) {
-        int v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o)
-            incl += v;
-    }
+    int nt = items && rows > 0 ? (rows + tr - 1) / tr : 0, incl = qd_warp_incl_sum(nt, lane);
     if (lane == 31) {
         w_groups[wp] = __popc(m);
         w_tiles[wp] = incl;
