@@ -1882,9 +1882,7 @@ static qd_status experts_forward_gate_up(model *c, float *gate, float *up, const
         if (!st)
             st = rac_acts(c, a, err, ch, nr, 2, s->exp_off, s->off_dev ? s->d_off : NULL, E, inp, in);
     } else {
-        st = act_nvfp4(c, &a[0], R, in);
-        if (!st)
-            st = OP(c, nvfp4_quantize, &a[0], inp);
+        st = quantize_act(c, &a[0], inp, R, in); /* gather_nvfp4's codes where it made them */
         a[1] = a[0];
     }
     if (!st)
@@ -2113,6 +2111,16 @@ static int down_quant_fused(model *c, const layer *ly)
     return c->ops->swiglu_nvfp4 && fused_rows(c) && (m == QD_LINEAR_W4A4 || m == QD_LINEAR_W4A4_STE);
 }
 
+/* Whether the experts' gate and up quantize their one input (the gathered
+ * rows) once with no RAC (experts_forward_gate_up's shared plain-W4A4
+ * codes), so that gather_nvfp4 can do it with the gather. */
+static int gate_up_quant_fused(model *c, const layer *ly)
+{
+    const linear *gu[2] = {expert_lin(c, ly, 0, 0), expert_lin(c, ly, 0, 1)};
+    return c->ops->gather_nvfp4 && fused_rows(c) && experts_grouped(c, ly) && !rac_multi_ok(c, gu, 2) &&
+           shares_act(c, gu[0]) && shares_act(c, gu[1]) && gu[0]->in == gu[1]->in;
+}
+
 /* Whether layer ly's q, k and v quantize their input once (linears_forward's
  * shared plain-W4A4 codes), so that the norm before can do it. */
 static int qkv_quantized_once(model *c, const layer *ly)
@@ -2150,10 +2158,15 @@ static qd_status mlp_forward(model *c, float *out, layer_acts *s, const layer *l
      * gathered as BF16 bits), not for each product */
     int xe_round = grouped && R && experts_round_only(c, ly, 0) && experts_round_only(c, ly, 1);
     s->xe16 = s->h16 = s->xeb = s->hb = 0;
-    if (R && xe_round && e16)
+    if (R && xe_round && e16) {
         QD_TRY(OP(c, gather16, (uint16_t *)s->xe, s->ln2, s->row_tok, R, C));
-    else if (R)
+    } else if (R && grouped && !xe_round && gate_up_quant_fused(c, ly)) { /* gate/up's input quantized too */
+        qd_nvfp4 a, *q;
+        QD_TRY(pre_quant(c, &a, &q, s->xe, R, C, 1));
+        QD_TRY(OP(c, gather_nvfp4, q, s->xe, s->ln2, s->row_tok, R, C));
+    } else if (R) {
         QD_TRY(OP(c, gather, s->xe, s->ln2, s->row_tok, R, C));
+    }
     mark(c, QD_PH_EXPERTS);
     if (grouped) {
         if (xe_round && e16) {

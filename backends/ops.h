@@ -149,6 +149,10 @@ typedef struct qd_ops {
      * rmsnorm(kr, rstd_k, k, wk) over N*KV, rope(QD_ROPE_FORWARD) of both at
      * pos, then (kc non-NULL) store_kv(kc, vc, kr, v, row, pos, N, Tc, KV*D). */
     qd_status (*qk_norm_rope)(void *dev, const struct qd_qk_args *a);
+    /* gather_nvfp4: gather(xe, x, row_tok, R, C), then (q non-NULL: R x C,
+     * per-row scales) nvfp4_quantize(q, xe): the experts' gate/up input. */
+    qd_status (*gather_nvfp4)(void *dev, qd_nvfp4 *q, float *xe, const float *x, const int32_t *row_tok, int R,
+                              int C);
 
     /* ---- weights kept as BF16 bit patterns (a rollout instance's embedding,
      * router, lm_head): the bits of embed and matmul given the same values as
@@ -504,6 +508,13 @@ static inline qd_status qd_qk_norm_rope_ops(const qd_ops *o, void *dev, const qd
     return st;
 }
 
+static inline qd_status qd_gather_nvfp4_ops(const qd_ops *o, void *dev, qd_nvfp4 *q, float *xe, const float *x,
+                                            const int32_t *row_tok, int R, int C)
+{
+    qd_status st = o->gather(dev, xe, x, row_tok, R, C);
+    return st || !q ? st : o->nvfp4_quantize(dev, q, xe);
+}
+
 /* bfp_weights' layout: F (OC int32, each row's exponent; zeros up to), from byte
  * qd_bfp_hi_at the mantissas' high bytes W >> 8 (OC x IC int8), then their
  * low bytes W & 255 (OC x IC uint8): W = 256 hi + lo. */
@@ -547,7 +558,7 @@ extern int qd_model_share_prefill;
 extern int qd_model_moe_dev_off;
 
 /* 1 (the default): the forward calls the fused rows ops (add_rmsnorm,
- * combine_add_rmsnorm, swiglu_nvfp4, qk_norm_rope; the activation a fused op
+ * combine_add_rmsnorm, swiglu_nvfp4, qk_norm_rope, gather_nvfp4; the activation a fused op
  * quantizes taken by the product after it); 0 (tests, or QUADS_FUSED_ROWS=0):
  * the ops they stand for, one after the other. The same bits. */
 extern int qd_model_fused_rows;

@@ -287,6 +287,29 @@ static void c_swiglu_nvfp4_shape(oc *c, int rows, int I)
 static void c_swiglu_nvfp4(oc *c) { c_swiglu_nvfp4_shape(c, 7, 48); }
 static void c_swiglu_nvfp4_wide(oc *c) { c_swiglu_nvfp4_shape(c, 300, 768); }
 
+/* gather_nvfp4: the experts' gate/up input of one valid routing of N tokens,
+ * gathered and quantized */
+static void c_gather_nvfp4_shape(oc *c, int N, int E, int K, int C)
+{
+    int R = N * K;
+    int32_t topk[N * K], tok_rows[R], row_rank[R], exp_off[E + 1], row_tok[R];
+    float topw[N * K];
+    routing(c, topk, topw, N, E, K);
+    rows_of(tok_rows, row_rank, exp_off, topk, topw, N, E, K);
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < K; j++)
+            row_tok[tok_rows[n * K + j]] = n;
+    float *x = F(c, (size_t)N * C, -3, 3), *xe = Z(c, sizeof(float) * R * C);
+    qd_nvfp4 q = nv(c, R, C, QD_SCALE_PER_ROW);
+    RUN(c, c->ops->gather_nvfp4(c->dev, &q, xe, x, I(c, row_tok, R), R, C));
+    OUT(c, "xe", 'f', xe, sizeof(float) * R * C);
+    out_nv(c, "q", &q);
+}
+
+static void c_gather_nvfp4(oc *c) { c_gather_nvfp4_shape(c, 9, 6, 2, 80); }
+/* a decode's 64 tokens, 8 of a3b's 128 experts each */
+static void c_gather_nvfp4_b64(oc *c) { c_gather_nvfp4_shape(c, 64, 128, 8, 2048); }
+
 static void c_combine_norm_shape(oc *c, int N, int E, int K, int C, int quant)
 {
     int R = N * K;
@@ -2020,6 +2043,8 @@ static const op_case cases[] = {
     {{"add_rmsnorm 200x2048 q", "add_rmsnorm", 0, 0}, c_add_rmsnorm_q},
     {{"swiglu_nvfp4 7x48", "swiglu_nvfp4", 0, 0}, c_swiglu_nvfp4},
     {{"swiglu_nvfp4 300x768", "swiglu_nvfp4", 0, 0}, c_swiglu_nvfp4_wide},
+    {{"gather_nvfp4 9 tokens x2 of 6 experts, 80", "gather_nvfp4", 0, 0}, c_gather_nvfp4},
+    {{"gather_nvfp4 64 tokens x8 of 128 experts, 2048", "gather_nvfp4", 0, 0}, c_gather_nvfp4_b64},
     {{"qk_norm_rope 5x4/2x16", "qk_norm_rope", 0, 0}, c_qk_norm_rope},
     {{"qk_norm_rope 3x32/4x128", "qk_norm_rope", 0, 0}, c_qk_norm_rope_wide},
     {{"qk_norm_rope 40x3/1x64 no cache", "qk_norm_rope", 0, 0}, c_qk_norm_rope_nocache},

@@ -1859,7 +1859,8 @@ END_TEST
 
 /* The fused rows ops (qd_model_fused_rows: norms with the residual adds and
  * the MoE combine, the activation quantized by the op before its product,
- * q/k norms with RoPE and the KV store) against the ops they stand for: the
+ * q/k norms with RoPE and the KV store, the experts' gather with its
+ * quantization) against the ops they stand for: the
  * same tokens, log-probs and RAC statistics in every recipe. */
 START_TEST(test_fused_rows)
 {

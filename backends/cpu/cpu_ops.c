@@ -1234,6 +1234,11 @@ static qd_status cpu_swiglu_nvfp4(void *dev, qd_nvfp4 *q, float *h, const float 
 }
 
 static qd_status cpu_qk_norm_rope(void *dev, const qd_qk_args *a) { return qd_qk_norm_rope_ops(&cpu_ops, dev, a); }
+static qd_status cpu_gather_nvfp4(void *dev, qd_nvfp4 *q, float *xe, const float *x, const int32_t *row_tok, int R,
+                                  int C)
+{
+    return qd_gather_nvfp4_ops(&cpu_ops, dev, q, xe, x, row_tok, R, C);
+}
 
 static const qd_ops cpu_ops = {
     .name = "cpu",
@@ -1257,6 +1262,7 @@ static const qd_ops cpu_ops = {
     .add_rmsnorm = cpu_add_rmsnorm,
     .combine_add_rmsnorm = cpu_combine_add_rmsnorm,
     .qk_norm_rope = cpu_qk_norm_rope,
+    .gather_nvfp4 = cpu_gather_nvfp4,
     .swiglu_nvfp4 = cpu_swiglu_nvfp4,
     .to_bf16 = cpu_to_bf16,
     .embed_w16 = cpu_embed_w16,

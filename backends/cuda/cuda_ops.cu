@@ -809,6 +809,14 @@ static qd_status cuda_qk_norm_rope(void *dev, const qd_qk_args *a)
     return qd_qk_norm_rope_ops(qd_cuda_ops(), dev, a);
 }
 
+static qd_status cuda_gather_nvfp4(void *dev, qd_nvfp4 *q, float *xe, const float *x, const int32_t *row_tok, int R,
+                                   int C)
+{
+    if (q && fused_rows_on() && fused_quant_ok(q))
+        return qdk_gather_nvfp4(q, xe, x, row_tok, R, C);
+    return qd_gather_nvfp4_ops(qd_cuda_ops(), dev, q, xe, x, row_tok, R, C);
+}
+
 /* ------------------------------------------------------------------------ */
 /* float products                                                            */
 
@@ -1836,6 +1844,7 @@ static const qd_ops cuda_ops = {
     .combine_add_rmsnorm = cuda_combine_add_rmsnorm,
     .swiglu_nvfp4 = cuda_swiglu_nvfp4,
     .qk_norm_rope = cuda_qk_norm_rope,
+    .gather_nvfp4 = cuda_gather_nvfp4,
     .to_bf16 = cuda_to_bf16,
     .embed_w16 = cuda_embed_w16,
     .matmul_w16 = cuda_matmul_w16,

@@ -2864,6 +2864,30 @@ extern "C" qd_status qdk_swiglu_nvfp4(qd_nvfp4 *q, float *h, const float *g, con
     return QD_OK;
 }
 
+/* One block a row r of xe (C): k_gather's xe[r] = x[row_tok[r]], then the
+ * row quantized (the experts' gate/up input, a token's row once for each
+ * of its K experts). */
+__global__ void __launch_bounds__(FR_THREADS) k_gather_rows(float *xe, const float *x, const int32_t *row_tok, int C,
+                                                            fr_quant fq)
+{
+    size_t o = (size_t)blockIdx.x * C, s = (size_t)row_tok[blockIdx.x] * C;
+    for (int i = threadIdx.x; i < C; i += blockDim.x)
+        xe[o + i] = x[s + i];
+    __syncthreads();
+    qk_scope own = {NULL, NULL, 0};
+    qk_row<float>(fq.o, NULL, xe, (int64_t)blockIdx.x, C / 16, own, fq.s_dec, NULL);
+}
+
+extern "C" qd_status qdk_gather_nvfp4(qd_nvfp4 *q, float *xe, const float *x, const int32_t *row_tok, int R, int C)
+{
+    QD_TRY(fr_check("gather_nvfp4", q, R, C));
+    if (R && C) {
+        k_gather_rows<<<(unsigned)R, fr_threads(C, R)>>>(xe, x, row_tok, C, fr_quant_of(q));
+        QD_CUDA_CHECK(cudaGetLastError());
+    }
+    return QD_OK;
+}
+
 /* Enqueues quantize (dq == NULL) or fake-quant (dq) of x (rows, cols). */
 template <typename T>
 static qd_status launch_quantize(qout o, float *dq, float *s_dec, const T *x, int64_t rows,
