@@ -2111,27 +2111,33 @@ static int down_quant_fused(model *c, const layer *ly)
     return c->ops->swiglu_nvfp4 && fused_rows(c) && (m == QD_LINEAR_W4A4 || m == QD_LINEAR_W4A4_STE);
 }
 
-/* Whether the experts' gate and up quantize their one input (the gathered
- * rows) once with no RAC (experts_forward_gate_up's shared plain-W4A4
- * codes), so that gather_nvfp4 can do it with the gather. */
-static int gate_up_quant_fused(model *c, const layer *ly)
+/* Whether n linears of one input quantize it once, as plain W4A4 codes they
+ * share (no RAC): linears_forward's and experts_forward_gate_up's case. */
+static int quantized_once(const model *c, const linear *const *L, int n)
 {
-    const linear *gu[2] = {expert_lin(c, ly, 0, 0), expert_lin(c, ly, 0, 1)};
-    return c->ops->gather_nvfp4 && fused_rows(c) && experts_grouped(c, ly) && !rac_multi_ok(c, gu, 2) &&
-           shares_act(c, gu[0]) && shares_act(c, gu[1]) && gu[0]->in == gu[1]->in;
-}
-
-/* Whether layer ly's q, k and v quantize their input once (linears_forward's
- * shared plain-W4A4 codes), so that the norm before can do it. */
-static int qkv_quantized_once(model *c, const layer *ly)
-{
-    linear *L[3] = {&c->lin[ly->q], &c->lin[ly->k], &c->lin[ly->v]};
-    if (rac_multi_ok(c, (const linear *const *)L, 3))
+    if (rac_multi_ok(c, L, n))
         return 0;
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < n; i++)
         if (!shares_act(c, L[i]) || L[i]->in != L[0]->in)
             return 0;
     return 1;
+}
+
+/* Whether the grouped experts' gate and up take their one input (the
+ * gathered rows) as shared codes, so that gather_nvfp4 can quantize it with
+ * the gather. */
+static int gate_up_quant_fused(model *c, const layer *ly)
+{
+    const linear *gu[2] = {expert_lin(c, ly, 0, 0), expert_lin(c, ly, 0, 1)};
+    return c->ops->gather_nvfp4 && fused_rows(c) && quantized_once(c, gu, 2);
+}
+
+/* Whether layer ly's q, k and v quantize their input once, so that the norm
+ * before can do it. */
+static int qkv_quantized_once(model *c, const layer *ly)
+{
+    const linear *L[3] = {&c->lin[ly->q], &c->lin[ly->k], &c->lin[ly->v]};
+    return quantized_once(c, L, 3);
 }
 
 /* The norm that follows a layer's output (the next layer's input norm, or the

@@ -141,15 +141,17 @@ static void routing(oc *c, int32_t *topk, float *topw, int N, int E, int K)
         }
 }
 
-/* The rows of N tokens x K grouped as qd_moe_group lays them out (host). */
+/* The rows of N tokens x K grouped as qd_moe_group lays them out (host);
+ * with row_tok non-NULL (N * K) each row's token too. */
 static void rows_of(int32_t *tok_rows, int32_t *row_rank, int32_t *exp_off, const int32_t *topk, const float *topw,
-                    int N, int E, int K)
+                    int N, int E, int K, int32_t *row_tok)
 {
-    int32_t *row_tok = malloc(sizeof(int32_t) * N * K), *cnt = malloc(sizeof(int32_t) * E);
+    int32_t *rt = row_tok ? row_tok : malloc(sizeof(int32_t) * N * K), *cnt = malloc(sizeof(int32_t) * E);
     float *row_w = malloc(sizeof(float) * N * K);
-    if (row_tok && cnt && row_w)
-        qd_moe_group(exp_off, row_tok, row_w, row_rank, tok_rows, cnt, topk, topw, N, E, K);
-    free(row_tok);
+    if (rt && cnt && row_w)
+        qd_moe_group(exp_off, rt, row_w, row_rank, tok_rows, cnt, topk, topw, N, E, K);
+    if (!row_tok)
+        free(rt);
     free(cnt);
     free(row_w);
 }
@@ -295,10 +297,7 @@ static void c_gather_nvfp4_shape(oc *c, int N, int E, int K, int C)
     int32_t topk[N * K], tok_rows[R], row_rank[R], exp_off[E + 1], row_tok[R];
     float topw[N * K];
     routing(c, topk, topw, N, E, K);
-    rows_of(tok_rows, row_rank, exp_off, topk, topw, N, E, K);
-    for (int n = 0; n < N; n++)
-        for (int j = 0; j < K; j++)
-            row_tok[tok_rows[n * K + j]] = n;
+    rows_of(tok_rows, row_rank, exp_off, topk, topw, N, E, K, row_tok);
     float *x = F(c, (size_t)N * C, -3, 3), *xe = Z(c, sizeof(float) * R * C);
     qd_nvfp4 q = nv(c, R, C, QD_SCALE_PER_ROW);
     RUN(c, c->ops->gather_nvfp4(c->dev, &q, xe, x, I(c, row_tok, R), R, C));
@@ -316,7 +315,7 @@ static void c_combine_norm_shape(oc *c, int N, int E, int K, int C, int quant)
     int32_t topk[N * K], tok_rows[R], row_rank[R], exp_off[E + 1];
     float topw[N * K];
     routing(c, topk, topw, N, E, K);
-    rows_of(tok_rows, row_rank, exp_off, topk, topw, N, E, K);
+    rows_of(tok_rows, row_rank, exp_off, topk, topw, N, E, K, NULL);
     float *y = F(c, (size_t)R * C, -2, 2), *rw = F(c, R, 0.1f, 1), *res = F(c, (size_t)N * C, -2, 2);
     float *w = F(c, C, 0.5f, 1.5f), *sum = Z(c, sizeof(float) * N * C), *out = Z(c, sizeof(float) * N * C);
     float *r = Z(c, sizeof(float) * N);
@@ -1510,10 +1509,7 @@ static void c_moe_rows_shape(oc *c, int N, int E, int K, int C)
     int32_t topk[N * K], tok_rows[R], row_rank[R], exp_off[E + 1], row_tok[R];
     float topw[N * K];
     routing(c, topk, topw, N, E, K);
-    rows_of(tok_rows, row_rank, exp_off, topk, topw, N, E, K);
-    for (int n = 0; n < N; n++)
-        for (int j = 0; j < K; j++)
-            row_tok[tok_rows[n * K + j]] = n;
+    rows_of(tok_rows, row_rank, exp_off, topk, topw, N, E, K, row_tok);
     float *x = F(c, (size_t)N * C, -1, 1), *xe = Z(c, sizeof(float) * R * C);
     float *g = F(c, (size_t)R * C, -4, 4), *u = F(c, (size_t)R * C, -2, 2), *h = Z(c, sizeof(float) * R * C);
     float *dh = F(c, (size_t)R * C, -1, 1), *dg = Z(c, sizeof(float) * R * C), *du = Z(c, sizeof(float) * R * C);
@@ -1575,7 +1571,7 @@ static void c_moe16_backward(oc *c)
                 }
                 topk[n * K + j] = e;
             }
-    rows_of(tok_rows, row_rank, exp_off, topk, topw, N, E, K);
+    rows_of(tok_rows, row_rank, exp_off, topk, topw, N, E, K, NULL);
     float *y = F(c, (size_t)R * C, -1, 1), *rw = F(c, R, 0.1f, 1), *dout = F(c, (size_t)N * C, -1, 1);
     float *g = F(c, (size_t)R * C, -4, 4), *u = F(c, (size_t)R * C, -2, 2), *dh = F(c, (size_t)R * C, -1, 1);
     float *x = F(c, (size_t)R * IC, -2, 2), *dx = F(c, (size_t)R * IC, -1, 1), *dwt = Z(c, sizeof(float) * N * K);

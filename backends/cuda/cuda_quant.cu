@@ -2747,6 +2747,14 @@ static fr_quant fr_quant_of(const qd_nvfp4 *q)
 /* One block a row n: sum = a + b (CB: a + the combine of y, k_combine's chain
  * over the token's K rows), into shared memory and out to sum; then
  * rms_block_rstd and k_rmsnorm's outputs; then (fq) the row quantized. */
+/* The fused rows kernels' last step: the block's row (row of x, C values,
+ * complete in global memory) quantized with its own per-row scale into fq. */
+static __device__ __forceinline__ void fr_quant_row(const fr_quant &fq, const float *x, int64_t row, int C)
+{
+    qk_scope own = {NULL, NULL, 0};
+    qk_row<float>(fq.o, NULL, x, row, C / 16, own, fq.s_dec, NULL);
+}
+
 #define FR_THREADS 512 /* the fused rows kernels' largest CTA (fr_threads) */
 template <bool CB>
 __global__ void __launch_bounds__(FR_THREADS)
@@ -2785,8 +2793,7 @@ __global__ void __launch_bounds__(FR_THREADS)
         out[o + i] = __ldg(w + i) * (xs[i] * r);
     if (fq.o.codes) {
         __syncthreads();
-        qk_scope own = {NULL, NULL, 0};
-        qk_row<float>(fq.o, NULL, out, (int64_t)n, C / 16, own, fq.s_dec, NULL);
+        fr_quant_row(fq, out, (int64_t)n, C);
     }
 }
 
@@ -2850,8 +2857,7 @@ __global__ void __launch_bounds__(FR_THREADS) k_swiglu_rows(float *h, const floa
     for (int i = threadIdx.x; i < I; i += blockDim.x)
         h[o + i] = qd_siluf(g[o + i]) * u[o + i];
     __syncthreads();
-    qk_scope own = {NULL, NULL, 0};
-    qk_row<float>(fq.o, NULL, h, (int64_t)blockIdx.x, I / 16, own, fq.s_dec, NULL);
+    fr_quant_row(fq, h, (int64_t)blockIdx.x, I);
 }
 
 extern "C" qd_status qdk_swiglu_nvfp4(qd_nvfp4 *q, float *h, const float *g, const float *u, int rows, int I)
@@ -2874,8 +2880,7 @@ __global__ void __launch_bounds__(FR_THREADS) k_gather_rows(float *xe, const flo
     for (int i = threadIdx.x; i < C; i += blockDim.x)
         xe[o + i] = x[s + i];
     __syncthreads();
-    qk_scope own = {NULL, NULL, 0};
-    qk_row<float>(fq.o, NULL, xe, (int64_t)blockIdx.x, C / 16, own, fq.s_dec, NULL);
+    fr_quant_row(fq, xe, (int64_t)blockIdx.x, C);
 }
 
 extern "C" qd_status qdk_gather_nvfp4(qd_nvfp4 *q, float *xe, const float *x, const int32_t *row_tok, int R, int C)
