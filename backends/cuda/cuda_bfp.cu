@@ -78,6 +78,7 @@ static __device__ __forceinline__ uint16_t bf_w16(const uint16_t *w16, const flo
 __global__ void k_bfp_weights(int32_t *F, int8_t *hi, uint8_t *lo, const uint16_t *w16, const float *wf, int OC,
                               int IC)
 {
+    QD_PDL_ENTRY();
     int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (o >= OC)
         return;
@@ -101,6 +102,7 @@ __global__ void k_bfp_weights(int32_t *F, int8_t *hi, uint8_t *lo, const uint16_
 /* matmul_bfp's rows of x (N, IC): E[n], and X's three bytes a row. */
 __global__ void k_bfp_rows(int32_t *E, int8_t *xh, uint8_t *xm, uint8_t *xl, const float *x, int N, int IC)
 {
+    QD_PDL_ENTRY();
     int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (n >= N)
         return;
@@ -173,6 +175,7 @@ static __device__ __forceinline__ void bf_load(unsigned char *s, const bf_params
 template <int WM, int WN, int MT>
 __global__ void __launch_bounds__(BF_THREADS) k_matmul_bfp(const __grid_constant__ bf_params p)
 {
+    QD_PDL_ENTRY();
     typedef bf_shape<WM, WN, MT> S;
     extern __shared__ __align__(16) unsigned char bf_smem[];
     /* tile b of a 1-D grid: groups of BF_GROUP row tiles, column tile by
@@ -287,6 +290,7 @@ static __device__ __forceinline__ void bv_dot4(int acc[4], uint32_t xh, uint32_t
 template <int R>
 __global__ void __launch_bounds__(256) k_matvec_bfp(const __grid_constant__ bf_params p)
 {
+    QD_PDL_ENTRY();
     extern __shared__ __align__(16) uint4 bv_x[]; /* [plane][row][IC / 16] */
     const int KC = p.IC / 16;
     for (int i = threadIdx.x; i < 3 * R * KC; i += blockDim.x) {
@@ -342,7 +346,7 @@ static qd_status bv_launch(const bf_params &p)
 {
     int smem = 3 * R * p.IC;
     int grid = qd_sm_count() * 4, need = (p.OC + 7) / 8;
-    k_matvec_bfp<R><<<grid < need ? grid : need, 256, smem>>>(p);
+    qd_launch(k_matvec_bfp<R>, grid < need ? grid : need, 256, smem, p);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -360,7 +364,7 @@ static qd_status bf_launch(const bf_params &p)
                                            S::SMEM));
         smem_set = 1;
     }
-    k_matmul_bfp<WM, WN, MT><<<(unsigned)tiles, BF_THREADS, S::SMEM>>>(p);
+    qd_launch(k_matmul_bfp<WM, WN, MT>, (unsigned)tiles, BF_THREADS, S::SMEM, p);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -477,6 +481,7 @@ static __device__ __forceinline__ void bw_fence_acc(int (&d)[N])
 template <int BN, int ST>
 __global__ void __launch_bounds__(BW_THREADS, 1) k_matmul_bfp_wg(const __grid_constant__ bf_params p)
 {
+    QD_PDL_ENTRY();
 #if QD_WG_ARCH
     static_assert(ST == 3 || ST == 4, "3 stages (each waited for) or 4 (one in flight)");
     typedef bw_shape<BN, ST> S;
@@ -569,7 +574,7 @@ static qd_status bw_launch(const bf_params &p)
         return qd_error(QD_ERR_SHAPE, "cuda backend: matmul_bfp: %d x %d outputs: too many tiles", p.N, p.OC);
     /* every launch: the attribute is the current device's (a process may drive several) */
     QD_CUDA_CHECK(cudaFuncSetAttribute(k_matmul_bfp_wg<BN, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM));
-    k_matmul_bfp_wg<BN, ST><<<(unsigned)tiles, BW_THREADS, S::SMEM>>>(p);
+    qd_launch(k_matmul_bfp_wg<BN, ST>, (unsigned)tiles, BW_THREADS, S::SMEM, p);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -594,7 +599,7 @@ extern "C" qd_status qdk_bfp_weights(void *wq, const uint16_t *w16, const float 
     int8_t *hi = (int8_t *)((char *)wq + qd_bfp_hi_at(OC));
     uint8_t *lo = (uint8_t *)(hi + (size_t)OC * IC);
     QD_CUDA_CHECK(cudaMemsetAsync(F + OC, 0, qd_bfp_hi_at(OC) - sizeof(int32_t) * (size_t)OC));
-    k_bfp_weights<<<(unsigned)((OC + 7) / 8), 256>>>(F, hi, lo, w16, wf, OC, IC);
+    qd_launch(k_bfp_weights, (unsigned)((OC + 7) / 8), 256, 0, F, hi, lo, w16, wf, OC, IC);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -625,8 +630,8 @@ extern "C" qd_status qdk_matmul_bfp(float *out, const float *x, const void *wq, 
     p.wl = (const uint8_t *)(p.wh + (size_t)OC * IC);
     p.out = out;
     p.N = N, p.IC = IC, p.OC = OC;
-    k_bfp_rows<<<(unsigned)((N + 7) / 8), 256>>>((int32_t *)p.E, (int8_t *)p.xh, (uint8_t *)p.xm, (uint8_t *)p.xl, x,
-                                                   N, IC);
+    qd_launch(k_bfp_rows, (unsigned)((N + 7) / 8), 256, 0, (int32_t *)p.E, (int8_t *)p.xh, (uint8_t *)p.xm,
+              (uint8_t *)p.xl, x, N, IC);
     QD_CUDA_CHECK(cudaGetLastError());
     static int bv_env = -2; /* QUADS_BFP_MATVEC=0: the tensor-core kernel for every row count (run_all.sh) */
     if (N <= BV_ROWS && 3 * N * IC <= 48 * 1024 && qd_env_pick(&bv_env, "QUADS_BFP_MATVEC", 0, 1) != 0) {

@@ -43,6 +43,68 @@ extern const char *qd_cuda_refused;
         }                                                                            \
     } while (0)
 
+/* Programmatic dependent launch (QUADS_PDL=1, Hopper and later). Every
+ * kernel of the backend starts with QD_PDL_ENTRY: griddepcontrol.wait (until
+ * the kernel before it on the stream has finished and its writes are
+ * visible; at once after an ordinary launch), then launch_dependents (the
+ * next kernel's CTAs may be launched now). qd_launch launches with the
+ * attribute that lets a kernel start before its predecessor ends, so the
+ * next kernel's launch and its CTAs' start overlap this one's tail (in a
+ * recorded step graph too) instead of following it. Nothing a kernel reads
+ * or writes comes before its wait, so the bits are those of ordinary
+ * launches; tests/pdl_entry.sh checks that every __global__ function of
+ * backends/cuda starts with the macro (a kernel launched early without the
+ * wait would race its predecessor). */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define QD_PDL_ENTRY() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define QD_PDL_ENTRY() ((void)0)
+#endif
+
+/* Whether launches take the attribute: QUADS_PDL=1 on a device of compute
+ * capability 9 or more (read once a translation unit). */
+static inline bool qd_pdl_on(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("QUADS_PDL");
+        int dev = 0, major = 0;
+        on = e && e[0] == '1' && !e[1] && cudaGetDevice(&dev) == cudaSuccess &&
+             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+    }
+    return on == 1;
+}
+
+/* The kernel's own parameter types, not deduced from the call (so that NULL
+ * or 0 converts to the pointer the kernel takes, as with <<< >>>). */
+template <typename T> struct qd_same {
+    typedef T type;
+};
+
+/* kernel<<<grid, block, smem>>>(args...) on this thread's default stream,
+ * with programmatic stream serialization where qd_pdl_on(); a failure is
+ * left for the caller's cudaGetLastError, as a <<< >>> launch's is. */
+template <typename... KArgs>
+static inline void qd_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                             typename qd_same<KArgs>::type... args)
+{
+    if (!qd_pdl_on()) {
+        kernel<<<grid, block, smem>>>(args...);
+        return;
+    }
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = cudaStreamPerThread;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    (void)cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
 /* Whether p starts on a multiple of n bytes (a power of two): the 16-byte
  * loads of the vectorized kernels, cuBLAS's pointer arrays. */
 static inline int qd_aligned(const void *p, unsigned n) { return ((uintptr_t)p & (n - 1)) == 0; }

@@ -311,6 +311,7 @@ static __device__ __forceinline__ void put_dkv(float *dk, float *dv, const float
 /* dst = BF16 of src (n floats), four a thread where both are aligned */
 __global__ void flash_bf16_kernel(bf16 *dst, const float *src, int64_t n, int vec)
 {
+    QD_PDL_ENTRY();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
     if (vec) {
         for (int64_t j = i; 4 * j < n; j += step) {
@@ -357,6 +358,7 @@ __global__ void __launch_bounds__(FL_THREADS) flash_fwd_kernel(float *out, float
                                                                const bf16 *v, const fl_tile *tiles, int H, int KV,
                                                                float c2)
 {
+    QD_PDL_ENTRY();
     constexpr int LD = D + 8, ND = D / 8, TS = FL_N * LD;
     extern __shared__ __align__(16) unsigned char fl_smem[];
     bf16 *sq = reinterpret_cast<bf16 *>(fl_smem), *skv = sq + FL_M * LD; /* stage j: K at skv + 2 j TS, V after */
@@ -415,6 +417,7 @@ __global__ void __launch_bounds__(FL_THREADS) flash_fwd_kernel(float *out, float
 /* delta[n * H + h] = dout[n, h, :] . out[n, h, :], a warp a row */
 __global__ void flash_delta_kernel(float *delta, const float *dout, const float *out, int64_t rows, int D)
 {
+    QD_PDL_ENTRY();
     int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (r >= rows)
@@ -437,6 +440,7 @@ __global__ void __launch_bounds__(FL_THREADS) flash_dkv_kernel(float *dk, float 
                                                                const float *delta, const fl_tile *tiles, int H,
                                                                int KV, float c2, float scale, int add)
 {
+    QD_PDL_ENTRY();
     constexpr int LD = D + 8, ND = D / 8, QS = FL_QB * LD;
     extern __shared__ __align__(16) unsigned char fl_smem[];
     /* stage j: q at sqd + 2 j QS, dout QS after; lse at sld + 2 j FL_QB, delta FL_QB after */
@@ -528,6 +532,7 @@ __global__ void __launch_bounds__(FL_THREADS) flash_dq_kernel(float *dq, const b
                                                               const float *delta, const fl_tile *tiles, int H, int KV,
                                                               float c2, float scale, int add)
 {
+    QD_PDL_ENTRY();
     constexpr int LD = D + 8, ND = D / 8, TS = FL_N * LD;
     extern __shared__ __align__(16) unsigned char fl_smem[];
     bf16 *sq = reinterpret_cast<bf16 *>(fl_smem), *sd = sq + FL_M * LD, *skv = sd + FL_M * LD;
@@ -708,6 +713,7 @@ __global__ void __launch_bounds__(FW_THREADS, 1) flash_fwd_wg(float *out, float 
                                                             const bf16 *v, const fl_tile *tiles, int H, int KV,
                                                             float c2)
 {
+    QD_PDL_ENTRY();
 #if QD_WG_ARCH
     constexpr uint32_t QB = FW_ROWS * D * 2, KB = FW_STEP * D * 2;
     extern __shared__ __align__(16) unsigned char fw_smem[];
@@ -774,6 +780,7 @@ __global__ void __launch_bounds__(FW_THREADS, 1) flash_dq_wg(float *dq, const bf
                                                            const fl_tile *tiles, int H, int KV, float c2,
                                                            float scale, int add)
 {
+    QD_PDL_ENTRY();
 #if QD_WG_ARCH
     constexpr uint32_t QB = FW_ROWS * D * 2, KB = FW_STEP * D * 2;
     extern __shared__ __align__(16) unsigned char fw_smem[];
@@ -834,6 +841,7 @@ __global__ void __launch_bounds__(FW_THREADS, 1) flash_dkv_wg(float *dk, float *
                                                             const float *delta, const fl_tile *tiles, int H, int KV,
                                                             float c2, float scale, int add)
 {
+    QD_PDL_ENTRY();
 #if QD_WG_ARCH
     constexpr uint32_t TB = FW_ROWS * D * 2, QB = FW_STEP * D * 2;
     extern __shared__ __align__(16) unsigned char fw_smem[];
@@ -989,7 +997,7 @@ static qd_status to_bf16(bf16 **dst, float **at, const float *src, size_t n)
     unsigned blocks = (unsigned)((work + 255) / 256);
     if (blocks > 4096)
         blocks = 4096;
-    flash_bf16_kernel<<<blocks, 256>>>(*dst, src, (int64_t)n, vec);
+    qd_launch(flash_bf16_kernel, blocks, 256, 0, *dst, src, (int64_t)n, vec);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -1023,7 +1031,7 @@ static qd_status fwd_launch(float *out, float *lse, const bf16 *q, const bf16 *k
     size_t sm = wg ? fwd_wg_smem(D) : fwd_smem(D);
     QD_CUDA_CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
     float c2 = qd_attn_scale(D) * 1.4426950408889634f;
-    f<<<dim3((unsigned)nt, (unsigned)H), wg ? FW_THREADS : FL_THREADS, sm>>>(out, lse, q, k, v, tl, H, KV, c2);
+    qd_launch(f, dim3((unsigned)nt, (unsigned)H), wg ? FW_THREADS : FL_THREADS, sm, out, lse, q, k, v, tl, H, KV, c2);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -1040,9 +1048,10 @@ static qd_status bwd_launch(float *dq, float *dk, float *dv, const float *delta,
     unsigned th = wg ? FW_THREADS : FL_THREADS;
     QD_CUDA_CHECK(cudaFuncSetAttribute(fkv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1));
     QD_CUDA_CHECK(cudaFuncSetAttribute(fq, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2));
-    fkv<<<dim3((unsigned)nt, (unsigned)KV), th, s1>>>(dk, dv, q, k, v, dout, lse, delta, tl, H, KV, c2, scale, add);
+    qd_launch(fkv, dim3((unsigned)nt, (unsigned)KV), th, s1, dk, dv, q, k, v, dout, lse, delta, tl, H, KV, c2, scale,
+              add);
     QD_CUDA_CHECK(cudaGetLastError());
-    fq<<<dim3((unsigned)nt, (unsigned)H), th, s2>>>(dq, q, k, v, dout, lse, delta, tl, H, KV, c2, scale, add);
+    qd_launch(fq, dim3((unsigned)nt, (unsigned)H), th, s2, dq, q, k, v, dout, lse, delta, tl, H, KV, c2, scale, add);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -1090,7 +1099,7 @@ extern "C" qd_status qd_cuda_flash_attend_backward(float *dq, float *dk, float *
     if (nt == 0)
         return QD_OK;
     int64_t rows = (int64_t)N * H;
-    flash_delta_kernel<<<(unsigned)((rows * 32 + 255) / 256), 256>>>(ds, dout, out, rows, D);
+    qd_launch(flash_delta_kernel, (unsigned)((rows * 32 + 255) / 256), 256, 0, ds, dout, out, rows, D);
     QD_CUDA_CHECK(cudaGetLastError());
     float *at = copies_at(ds, N, H);
     bf16 *q16, *k16, *v16, *d16;

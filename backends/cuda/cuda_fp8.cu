@@ -86,6 +86,7 @@ template <int NT>
 __global__ void __launch_bounds__(F8_THREADS) k_fp8_grouped(float *y, const uint8_t *qa, const float *sa,
                                                             const __grid_constant__ f8_groups g, int N, int K)
 {
+    QD_PDL_ENTRY();
     typedef f8_shape<NT> S;
     extern __shared__ __align__(16) unsigned char f8_smem[];
     const int z = blockIdx.z, t0 = blockIdx.y * 8 * NT, n0 = blockIdx.x * F8_ROWS;
@@ -163,7 +164,7 @@ static qd_status f8_launch(float *y, const uint8_t *qa, const float *sa, const f
     if (smem > 48 * 1024)
         QD_CUDA_CHECK(cudaFuncSetAttribute(k_fp8_grouped<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     dim3 grid((unsigned)((N + F8_ROWS - 1) / F8_ROWS), (unsigned)((maxrows + 8 * NT - 1) / (8 * NT)), (unsigned)ng);
-    k_fp8_grouped<NT><<<grid, F8_THREADS, smem>>>(y, qa, sa, *g, N, K);
+    qd_launch(k_fp8_grouped<NT>, grid, F8_THREADS, smem, y, qa, sa, *g, N, K);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }

@@ -102,6 +102,7 @@ static __device__ __forceinline__ int gm_group(const gm_params &p, int bid)
 template <int AT, int BT>
 __global__ void __launch_bounds__(GM_THREADS) k_grouped_mma(const __grid_constant__ gm_params p)
 {
+    QD_PDL_ENTRY();
     extern __shared__ __align__(16) uint16_t gm_smem[];
     const int bid = blockIdx.x, g = gm_group(p, bid), M = p.M[g], K = p.K[g], N = p.N;
     const int tiles_n = (N + GM_BN - 1) / GM_BN, t = bid - p.tile0[g];
@@ -293,6 +294,7 @@ static __device__ __forceinline__ void wg_bulk_store(unsigned char *smem, uint32
 template <int BN, int STAGES, int INFLIGHT, int AT, int BT, int EPI>
 __global__ void __launch_bounds__(WG_THREADS, WG_MINB(BN, STAGES)) k_grouped_wgmma(const __grid_constant__ gm_params p)
 {
+    QD_PDL_ENTRY();
 #if QD_WG_ARCH
     constexpr int A_BYTES = WG_BM * WG_BK * 2, B_BYTES = BN * WG_BK * 2, ST_BYTES = A_BYTES + B_BYTES;
     constexpr int AHEAD = STAGES - 1 - INFLIGHT; /* steps whose copies are in flight ahead of the product */
@@ -396,7 +398,7 @@ static qd_status launch(const gm_params *p)
         QD_CUDA_CHECK(cudaFuncSetAttribute(k_grouped_mma<AT, BT>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM));
         ready = true;
     }
-    k_grouped_mma<AT, BT><<<p->tile0[p->ng], GM_THREADS, GM_SMEM>>>(*p);
+    qd_launch(k_grouped_mma<AT, BT>, p->tile0[p->ng], GM_THREADS, GM_SMEM, *p);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -425,7 +427,7 @@ static qd_status wg_launch1(const gm_params *p, size_t smem)
         QD_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         ready = true;
     }
-    k<<<p->tile0[p->ng], WG_THREADS, smem>>>(*p);
+    qd_launch(k, p->tile0[p->ng], WG_THREADS, smem, *p);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }

@@ -19,7 +19,7 @@ extern "C" {
 
 #define QD_LAUNCH(kernel, grid, block, ...)                                          \
     do {                                                                             \
-        kernel<<<(grid), (block)>>>(__VA_ARGS__);                                    \
+        qd_launch(kernel, (grid), (block), 0, __VA_ARGS__);                          \
         QD_CUDA_CHECK(cudaGetLastError());                                           \
     } while (0)
 
@@ -34,7 +34,7 @@ static unsigned blocks(size_t n, unsigned t) { return (unsigned)((n + t - 1) / t
         if ((smem) > 48 * 1024)                                                      \
             QD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, \
                                                (int)(smem)));                        \
-        kernel<<<(grid), (block), (smem)>>>(__VA_ARGS__);                            \
+        qd_launch(kernel, (grid), (block), (smem), __VA_ARGS__);                     \
         QD_CUDA_CHECK(cudaGetLastError());                                           \
     } while (0)
 
@@ -43,6 +43,7 @@ static unsigned blocks(size_t n, unsigned t) { return (unsigned)((n + t - 1) / t
 
 __global__ void k_round_bf16(float *dst, const float *src, size_t n)
 {
+    QD_PDL_ENTRY();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         dst[i] = qd_round_bf16(src[i]);
@@ -52,6 +53,7 @@ __global__ void k_round_bf16(float *dst, const float *src, size_t n)
  * whole master, 3.1B floats for a3b at 4 layers), each as k_round_bf16. */
 __global__ void k_round_bf16_x4(float4 *dst, const float4 *src, size_t n4)
 {
+    QD_PDL_ENTRY();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n4) {
         float4 v = src[i];
@@ -78,6 +80,7 @@ static __device__ uint2 bf16x4(float4 v)
 
 __global__ void k_bf16_bits(uint16_t *dst, const float *src, size_t n)
 {
+    QD_PDL_ENTRY();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         dst[i] = (uint16_t)bf16_hi(src[i]);
@@ -86,6 +89,7 @@ __global__ void k_bf16_bits(uint16_t *dst, const float *src, size_t n)
 /* Four values a thread: a 16-byte load, an 8-byte store. */
 __global__ void k_bf16_bits_x4(uint2 *dst, const float4 *src, size_t n4)
 {
+    QD_PDL_ENTRY();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n4) {
         float4 v = src[i];
@@ -113,6 +117,7 @@ static __device__ __forceinline__ uint16_t bits_div(float x, float d)
 
 __global__ void k_bf16_bits_div(uint16_t *dst, const float *src, size_t n, const float *s)
 {
+    QD_PDL_ENTRY();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     float d = *s;
     if (i < n)
@@ -129,6 +134,7 @@ extern "C" qd_status qdk_bf16_bits_div(uint16_t *dst, const float *src, size_t n
 /* k_bf16_bits_div over the ranges of a group, range blockIdx.y. */
 __global__ void k_bf16_bits_div_group(const __grid_constant__ qdk_div_group g)
 {
+    QD_PDL_ENTRY();
     int y = blockIdx.y;
     float d = *g.s[y];
     size_t n = g.n[y];
@@ -153,6 +159,7 @@ extern "C" qd_status qdk_bf16_bits_div_group(const qdk_div_group *g, int m)
  * values a thread (cols, ld multiples of 4, pointers aligned: the caller checks). */
 __global__ void k_bf16_bits_cols_x4(uint2 *dst, const float4 *src, int64_t rows, int64_t cols4, int64_t ld4)
 {
+    QD_PDL_ENTRY();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < rows * cols4) {
         float4 v = src[i / cols4 * ld4 + i % cols4];
@@ -162,6 +169,7 @@ __global__ void k_bf16_bits_cols_x4(uint2 *dst, const float4 *src, int64_t rows,
 
 __global__ void k_bf16_bits_cols(uint16_t *dst, const float *src, int64_t rows, int64_t cols, int64_t ld)
 {
+    QD_PDL_ENTRY();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < rows * cols)
         dst[i] = (uint16_t)bf16_hi(src[i / cols * ld + i % cols]);
@@ -190,6 +198,7 @@ static int fits32(size_t n) { return n <= (size_t)INT_MAX; }
 
 template <typename IX> __global__ void k_embed(float *x, const float *emb, const int32_t *tok, int N, int C)
 {
+    QD_PDL_ENTRY();
     IX i = (IX)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < (IX)N * (IX)C)
         x[i] = emb[(size_t)tok[i / (IX)C] * C + i % (IX)C];
@@ -206,6 +215,7 @@ extern "C" qd_status qdk_embed(float *x, const float *emb, const int32_t *tok, i
 
 __global__ void k_embed_w16(float *x, const uint16_t *emb, const int32_t *tok, int N, int C)
 {
+    QD_PDL_ENTRY();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < (size_t)N * C)
         x[i] = qd_bf16_to_f32(emb[(size_t)tok[i / C] * C + i % C]);
@@ -238,6 +248,7 @@ static __device__ __forceinline__ void eb_load(int *t, float *d, const float *dr
 
 __global__ void k_embed_backward(float *gemb, const float *dres, const int32_t *tok, int N, int C)
 {
+    QD_PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= C)
         return;
@@ -283,6 +294,7 @@ __global__ void k_embed_backward(float *gemb, const float *dres, const int32_t *
 
 __global__ void k_iota(int32_t *v, int n)
 {
+    QD_PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         v[i] = i;
@@ -291,6 +303,7 @@ __global__ void k_iota(int32_t *v, int n)
 __global__ void __launch_bounds__(EB_COLS) k_embed_backward_runs(float *gemb, const float *dres, const int32_t *stok,
                                                                  const int32_t *spos, int N, int C)
 {
+    QD_PDL_ENTRY();
     int k = blockIdx.x, i = blockIdx.y * EB_COLS + threadIdx.x, t = stok[k];
     if ((k > 0 && stok[k - 1] == t) || i >= C)
         return;
@@ -442,6 +455,7 @@ template <typename T>
 __global__ void __launch_bounds__(256) k_matmul(float *c, const T *a, const T *b, mm_strides st, int M, int N,
                                                 int K, qdk_store store, const float *sa, const float *sb)
 {
+    QD_PDL_ENTRY();
     mm_tile<T>(c, a, b, st, M, N, K, store, sa, sb, blockIdx.y * MM_B, blockIdx.x * MM_B);
 }
 
@@ -458,6 +472,7 @@ template <typename T>
 __global__ void __launch_bounds__(256) k_matmul_grouped(const __grid_constant__ mm_groups g, qdk_layout layout,
                                                         qdk_store store)
 {
+    QD_PDL_ENTRY();
     int z = blockIdx.z, m0 = blockIdx.y * MM_B, n0 = blockIdx.x * MM_B;
     if (m0 >= g.M[z] || n0 >= g.N[z])
         return;
@@ -731,6 +746,7 @@ template <int TM, typename TW, bool PF>
 __global__ void __launch_bounds__(128) k_matmul_wt(float *c, const float *a, const TW *w, int M, int N, int K,
                                                    int check, int unroll)
 {
+    QD_PDL_ENTRY();
     constexpr int BM = 8 * TM;
     __shared__ __align__(16) float Ws[MW_BK][MW_BN];
     __shared__ __align__(16) float As[MW_BK][BM];
@@ -891,6 +907,7 @@ template <typename TW>
 __global__ void __launch_bounds__(128) k_matmul_wt_thin(float *c, const float *a, const TW *w, int M, int N, int K,
                                                         int check)
 {
+    QD_PDL_ENTRY();
     constexpr int BK = MT_SUB * MW_BK;
     __shared__ float Ws[BK][MT_BN + 1];
     __shared__ float As[BK][MT_BN + 1]; /* rows 0..MT_BM-1 used */
@@ -990,6 +1007,7 @@ static __device__ __forceinline__ void mv_stage(unsigned char (*Ws)[WLD], float 
 template <typename TW, int MR, int ROWS, int KB>
 __global__ void __launch_bounds__(ROWS) k_matvec_wt(float *c, const float *a, const TW *w, int M, int N, int K)
 {
+    QD_PDL_ENTRY();
     constexpr int MV_ROWS = ROWS, MV_KB = KB, MV_WLD = KB + 16; /* padded: a quarter warp's 16-byte reads hit 32 banks */
     constexpr int KC = MV_KB / (int)sizeof(TW), EU = 16 / (int)sizeof(TW); /* elements a chunk, a 16-byte unit */
     extern __shared__ __align__(16) unsigned char mv_smem[];
@@ -1073,6 +1091,7 @@ static qd_status launch_matvec_wt(float *c, const float *a, const TW *w, int M, 
 template <typename TW>
 __global__ void __launch_bounds__(MC_THREADS) k_matvec_chain(float *c, const float *a, const TW *w, int N, int K)
 {
+    QD_PDL_ENTRY();
     extern __shared__ __align__(16) float mc_prod[]; /* [MC_ROWS][K + 4] */
     constexpr int EU = 16 / (int)sizeof(TW);
     int n0 = blockIdx.x * MC_ROWS, ld = K + 4, units = K / EU, total = MC_ROWS * units;
@@ -1130,6 +1149,7 @@ template <typename TW> static size_t matmul_ring_smem()
 template <typename TW>
 __global__ void __launch_bounds__(128) k_matmul_wt_ring(float *c, const float *a, const TW *w, int M, int N, int K)
 {
+    QD_PDL_ENTRY();
     constexpr int KC = tr_kc<TW>(), EU = 16 / (int)sizeof(TW);
     extern __shared__ __align__(16) unsigned char tr_smem[];
     unsigned char(*Ws)[MT_BN][TR_WLD] = (unsigned char(*)[MT_BN][TR_WLD])tr_smem;
@@ -1314,6 +1334,7 @@ extern "C" qd_status qdk_fp8_gemm(float *y, const uint8_t *qa, const float *sa_i
  * inp) allowed. */
 __global__ void k_rmsnorm(float *out, float *rstd, const float *inp, const float *w, int C, float eps)
 {
+    QD_PDL_ENTRY();
     extern __shared__ __align__(16) float xs[]; /* x (C) */
     size_t n = blockIdx.x;
     const float *x = inp + n * C;
@@ -1366,6 +1387,7 @@ __global__ void k_rmsnorm(float *out, float *rstd, const float *inp, const float
 __global__ void __launch_bounds__(RN_THREADS) k_rmsnorm_rows(float *out, float *rstd, const float *inp,
                                                              const float *w, int rows, int C, float eps)
 {
+    QD_PDL_ENTRY();
     extern __shared__ float xr[]; /* RN_ROWS x (C + 1) */
     __shared__ float r_sh[RN_ROWS];
     const int ld = C + 1, lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = RN_THREADS / 32;
@@ -1423,6 +1445,7 @@ __global__ void __launch_bounds__(RX_COLS) k_rmsnorm_bwd_x(float *dinp, const fl
                                                            const float *w, const float *rstd, int rows, int C,
                                                            int set)
 {
+    QD_PDL_ENTRY();
     __shared__ float s_p[RX_ROWS][RX_COLS + 1]; /* +1: row r's walk hits bank (r + i) % 32 */
     __shared__ float s_r[RX_ROWS], s_k[RX_ROWS];
     const int t = threadIdx.x, n0 = blockIdx.x * RX_ROWS, nr = min(RX_ROWS, rows - n0);
@@ -1494,6 +1517,7 @@ static __device__ __forceinline__ void rw_load(float *dy, float *x, float *rs, c
 __global__ void __launch_bounds__(RW_THREADS) k_rmsnorm_bwd_w(float *dw, const float *dout, const float *inp,
                                                               const float *rstd, int rows, int C)
 {
+    QD_PDL_ENTRY();
     extern __shared__ float4 s_w4[]; /* [2][RW_COLS][RW_LD] floats */
     float *s_w = (float *)s_w4;
     const int c = threadIdx.x % RW_COLS, r0 = threadIdx.x / RW_COLS, i = blockIdx.x * RW_COLS + c;
@@ -1546,6 +1570,7 @@ __global__ void __launch_bounds__(32 * RF_LANES) k_rmsnorm_bwd_w_part(float *par
                                                                        const float *inp, const float *rstd,
                                                                        int rows, int C)
 {
+    QD_PDL_ENTRY();
     __shared__ float s_l[RF_LANES][32];
     const int tx = threadIdx.x % 32, ty = threadIdx.x / 32, i = blockIdx.x * 32 + tx;
     const int n0 = blockIdx.y * QDK_RMSNORM_CHUNK, n1 = min(n0 + QDK_RMSNORM_CHUNK, rows);
@@ -1570,6 +1595,7 @@ __global__ void __launch_bounds__(32 * RF_LANES) k_rmsnorm_bwd_w_part(float *par
 
 __global__ void k_rmsnorm_bwd_w_sum(float *dw, const float *part, int nch, int C)
 {
+    QD_PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= C)
         return;
@@ -1612,6 +1638,7 @@ static __device__ __forceinline__ void rope_pair(float *y, int i, int h2, float 
 __global__ void k_rope(float *x, const int32_t *pos, const float *cosb, const float *sinb, int N, int nh, int D,
                        qd_rope_dir dir)
 {
+    QD_PDL_ENTRY();
     int h2 = D / 2;
     size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (id >= (size_t)N * nh * h2)
@@ -1634,6 +1661,7 @@ __global__ void __launch_bounds__(32 * RP_ROWS) k_rope_rows(float *x, const int3
                                                             const float *sinb, int rows, int nh, int h2,
                                                             qd_rope_dir dir)
 {
+    QD_PDL_ENTRY();
     int r = blockIdx.x * RP_ROWS + threadIdx.y;
     if (r >= rows)
         return;
@@ -1668,6 +1696,7 @@ __global__ void k_attend(float *out, float *att, const float *q, const float *kb
                          const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm,
                          float scale)
 {
+    QD_PDL_ENTRY();
     __shared__ float red[2];
     int id = blockIdx.x, n = id / H, h = id % H, t = pos[n], kh = h / (H / KV);
     size_t KD = (size_t)KV * D;
@@ -1913,6 +1942,7 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attend_gqa(float *out, float *a
                                                             const int32_t *pos, int H, int KV, int HS, int D, int Tm,
                                                             float scale)
 {
+    QD_PDL_ENTRY();
     extern __shared__ __align__(16) float att_sm[]; /* q (GH, D), value ring (VN, VS, D), p ring (VN, GH, VS) */
     __shared__ __align__(16) float sumb[ATT_THREADS / 32][ATT_SUMB];
     /* STAGED: each head's maximum's parts, its maximum and its sum of exponentials */
@@ -2115,6 +2145,7 @@ __global__ void k_attend_fast(float *out, float *att, const float *q, const floa
                               const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm,
                               float scale)
 {
+    QD_PDL_ENTRY();
     int id = (int)(((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
     if (id >= N * H)
         return;
@@ -2171,6 +2202,7 @@ extern "C" qd_status qdk_attend_fast(float *out, float *att, const float *q, con
 __global__ void k_attn_ds(float *ds, const float *dout, const float *att, const float *v, const int32_t *pos,
                           int N, int H, int KV, int D, int Tm, float scale)
 {
+    QD_PDL_ENTRY();
     __shared__ float red;
     int id = blockIdx.x, n = id / H, h = id % H, t = pos[n], off = n - t, kh = h / (H / KV);
     size_t KD = (size_t)KV * D, HD = (size_t)H * D;
@@ -2200,6 +2232,7 @@ __global__ void k_attn_ds(float *ds, const float *dout, const float *att, const 
 __global__ void k_attn_dq(float *dq, const float *ds, const float *k, const int32_t *pos, int N, int H, int KV,
                           int D, int Tm)
 {
+    QD_PDL_ENTRY();
     size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (id >= (size_t)N * H * D)
         return;
@@ -2220,6 +2253,7 @@ __global__ void k_attn_dkv(float *dk, float *dv, const float *ds, const float *a
                            const float *dout, const int32_t *pos, const int32_t *slen, int N, int H, int KV,
                            int D, int Tm)
 {
+    QD_PDL_ENTRY();
     size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (id >= (size_t)N * KV * D)
         return;
@@ -2254,6 +2288,7 @@ extern "C" qd_status qdk_attend_backward(float *dq, float *dk, float *dv, float 
 __global__ void k_store_kv(float *kc, float *vc, const float *kr, const float *v, const int32_t *row,
                            const int32_t *pos, int N, int Tc, int KD)
 {
+    QD_PDL_ENTRY();
     size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (id >= (size_t)N * KD)
         return;
@@ -2276,6 +2311,7 @@ extern "C" qd_status qdk_store_kv(float *kc, float *vc, const float *kr, const f
 
 __global__ void k_add(float *out, const float *a, const float *b, size_t n)
 {
+    QD_PDL_ENTRY();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         out[i] = a[i] + b[i];
@@ -2336,6 +2372,7 @@ static __device__ __forceinline__ void route_select_fast(int32_t *ix, const floa
 __global__ void __launch_bounds__(32 * QD_ROUTE_WARPS) k_route(int32_t *topk, float *topw, float *probs, int N, int E,
                                                               int K, qd_topk_norm norm)
 {
+    QD_PDL_ENTRY();
     extern __shared__ float route_sm[];
     int wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
     size_t n = (size_t)blockIdx.x * QD_ROUTE_WARPS + wid;
@@ -2427,6 +2464,7 @@ extern "C" qd_status qdk_route(int32_t *topk, float *topw, float *probs, int N, 
  * among expert e's rows); cnt[e] their count. */
 __global__ void __launch_bounds__(1024) k_moe_slots(int32_t *slot, int32_t *cnt, const int32_t *topk, int N, int K)
 {
+    QD_PDL_ENTRY();
     __shared__ int32_t scan[1024];
     int e = blockIdx.x, t = threadIdx.x;
     int32_t run = 0;
@@ -2474,6 +2512,7 @@ static __device__ __forceinline__ void warp_offsets(int32_t *off, const int32_t 
  * global loads and stores took 9 us at E = 128). */
 __global__ void k_moe_offsets(int32_t *exp_off, const int32_t *cnt, int E)
 {
+    QD_PDL_ENTRY();
     warp_offsets(exp_off, cnt, E, threadIdx.x);
 }
 
@@ -2483,6 +2522,7 @@ __global__ void k_moe_rows(int32_t *row_tok, float *row_w, int32_t *row_rank, in
                            const int32_t *slot, const int32_t *exp_off, const int32_t *topk, const float *topw, int N,
                            int K)
 {
+    QD_PDL_ENTRY();
     size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (id >= (size_t)N * K)
         return;
@@ -2500,6 +2540,7 @@ __global__ void k_moe_rows(int32_t *row_tok, float *row_w, int32_t *row_rank, in
 __global__ void k_moe_dense(int32_t *exp_off, int32_t *row_tok, float *row_w, int32_t *row_rank, int32_t *tok_rows,
                             int N)
 {
+    QD_PDL_ENTRY();
     size_t n = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (n == 0) {
         exp_off[0] = 0;
@@ -2529,6 +2570,7 @@ __global__ void __launch_bounds__(QD_MOE1_THREADS)
     k_moe_group1(int32_t *exp_off, int32_t *row_tok, float *row_w, int32_t *row_rank, int32_t *tok_rows,
                  const int32_t *topk, const float *topw, int N, int E, int K)
 {
+    QD_PDL_ENTRY();
     extern __shared__ uint32_t mask[]; /* E x W words, then E + 1 offsets, then E counts */
     const int W = (N + 31) / 32, NK = N * K, t = threadIdx.x;
     int32_t *off = (int32_t *)(mask + (size_t)E * W), *cnt = off + E + 1;
@@ -2592,6 +2634,7 @@ extern "C" qd_status qdk_moe_group(int32_t *exp_off, int32_t *row_tok, float *ro
 
 __global__ void k_gather(float *xe, const float *x, const int32_t *row_tok, int R, int C)
 {
+    QD_PDL_ENTRY();
     size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (id < (size_t)R * C)
         xe[id] = x[(size_t)row_tok[id / C] * C + id % C];
@@ -2608,6 +2651,7 @@ extern "C" qd_status qdk_gather(float *xe, const float *x, const int32_t *row_to
  * four a thread where C is a multiple of 4 (rows on 16 bytes), else one. */
 template <typename IX> __global__ void k_gather16x4(uint2 *xe, const float4 *x, const int32_t *row_tok, int R, int C4)
 {
+    QD_PDL_ENTRY();
     IX id = (IX)blockIdx.x * blockDim.x + threadIdx.x;
     if (id < (IX)R * (IX)C4) {
         float4 v = x[(size_t)row_tok[id / (IX)C4] * C4 + id % (IX)C4];
@@ -2617,6 +2661,7 @@ template <typename IX> __global__ void k_gather16x4(uint2 *xe, const float4 *x, 
 
 template <typename IX> __global__ void k_gather16(uint16_t *xe, const float *x, const int32_t *row_tok, int R, int C)
 {
+    QD_PDL_ENTRY();
     IX id = (IX)blockIdx.x * blockDim.x + threadIdx.x;
     if (id < (IX)R * (IX)C)
         xe[id] = (uint16_t)bf16_hi(x[(size_t)row_tok[id / (IX)C] * C + id % (IX)C]);
@@ -2643,6 +2688,7 @@ extern "C" qd_status qdk_gather16(uint16_t *xe, const float *x, const int32_t *r
 /* k_swiglu's values as BF16 bits */
 __global__ void k_swiglu16(uint16_t *h, const float *g, const float *u, size_t n)
 {
+    QD_PDL_ENTRY();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         h[i] = (uint16_t)bf16_hi(qd_siluf(g[i]) * u[i]);
@@ -2658,6 +2704,7 @@ extern "C" qd_status qdk_swiglu16(uint16_t *h, const float *g, const float *u, s
 /* out = the float32 values of n BF16 bit patterns */
 __global__ void k_bf16_float(float *out, const uint16_t *x, size_t n)
 {
+    QD_PDL_ENTRY();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         out[i] = qd_bf16_to_f32(x[i]);
@@ -2672,6 +2719,7 @@ extern "C" qd_status qdk_bf16_float(float *out, const uint16_t *x, size_t n)
 
 __global__ void k_swiglu(float *h, const float *g, const float *u, size_t n)
 {
+    QD_PDL_ENTRY();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         h[i] = qd_siluf(g[i]) * u[i];
@@ -2704,6 +2752,7 @@ static __device__ __forceinline__ void swiglu_grads(float dh, float g, float u, 
 template <typename T>
 __global__ void k_swiglu_bwd(T *dg, T *du, const float *dh, const float *g, const float *u, size_t n)
 {
+    QD_PDL_ENTRY();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
         return;
@@ -2726,6 +2775,7 @@ template <typename IX>
 __global__ void k_swiglu_bwd16_ld(uint16_t *dg, uint16_t *du, const float *dh, const float *g, const float *u,
                                   size_t n, int cols, int ld)
 {
+    QD_PDL_ENTRY();
     IX i = (IX)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (IX)n)
         return;
@@ -2753,6 +2803,7 @@ template <typename IX>
 __global__ void k_combine(float *out, const float *y, const float *row_w, const int32_t *tok_rows, int N, int K,
                           int C)
 {
+    QD_PDL_ENTRY();
     IX id = (IX)blockIdx.x * blockDim.x + threadIdx.x;
     if (id >= (IX)N * (IX)C)
         return;
@@ -2790,6 +2841,7 @@ extern "C" qd_status qdk_combine(float *out, const float *y, const float *row_w,
 
 __global__ void __launch_bounds__(32 * FR_WARPS) k_qk_norm_rope(const __grid_constant__ qd_qk_args p)
 {
+    QD_PDL_ENTRY();
     extern __shared__ __align__(16) float xq[]; /* FR_WARPS x D */
     int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, D = p.D, h2 = D / 2;
     int64_t r = (int64_t)blockIdx.x * FR_WARPS + wp, nq = (int64_t)p.N * p.H, nk = (int64_t)p.N * p.KV;
@@ -2850,6 +2902,7 @@ __global__ void __launch_bounds__(MD_COLS) k_moe_dy(T *dy, float *dwt, const flo
                                                     const float *row_w, const int32_t *row_rank,
                                                     const int32_t *tok_rows, int N, int K, int C)
 {
+    QD_PDL_ENTRY();
     __shared__ float s_p[MD_ROWS][MD_COLS + 1]; /* +1: row t's walk hits bank (t + c) % 32 */
     __shared__ int s_r[MD_ROWS];
     __shared__ float s_w[MD_ROWS];
@@ -2906,6 +2959,7 @@ extern "C" qd_status qdk_moe_dy16(uint16_t *dy, float *dwt, const float *dout, c
 template <typename IX>
 __global__ void k_unroute(float *dinp, const float *dxe, const int32_t *tok_rows, int N, int K, int C)
 {
+    QD_PDL_ENTRY();
     IX id = (IX)blockIdx.x * blockDim.x + threadIdx.x;
     if (id >= (IX)N * (IX)C)
         return;
@@ -2928,6 +2982,7 @@ extern "C" qd_status qdk_unroute(float *dinp, const float *dxe, const int32_t *t
 __global__ void k_router_bwd(float *dlog, const float *dwt, const float *probs, const int32_t *topk,
                              const float *topw, int N, int E, int K, qd_topk_norm norm)
 {
+    QD_PDL_ENTRY();
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= N)
         return;
@@ -2967,6 +3022,7 @@ __global__ void __launch_bounds__(QD_SAMPLE_LANES) k_logprob(float *logp, float 
                                                              const float *logits, const int32_t *tgt, int V,
                                                              float T, int *bad)
 {
+    QD_PDL_ENTRY();
     __shared__ float lane[QD_SAMPLE_LANES];
     int n = blockIdx.x, j = threadIdx.x;
     const float *l = logits + (size_t)n * V;
@@ -3040,6 +3096,7 @@ static __device__ __forceinline__ void lp_merge(float *m, float *s, float m2, fl
 __global__ void __launch_bounds__(LP_FAST) k_logprob_fast(float *logp, float *lse, const float *logits,
                                                           const int32_t *tgt, int V, float T, int *bad)
 {
+    QD_PDL_ENTRY();
     __shared__ float wm[LP_FAST / 32], ws[LP_FAST / 32];
     int n = blockIdx.x, j = threadIdx.x;
     const float *l = logits + (size_t)n * V;
@@ -3154,6 +3211,7 @@ static __device__ __forceinline__ float sample_row_best(float *rm, int32_t *ra, 
 __global__ void __launch_bounds__(QD_SAMPLE_PT) k_sample_max(float *pm, int32_t *pa, const float *logits, int V,
                                                             float T, int *bad)
 {
+    QD_PDL_ENTRY();
     int b = blockIdx.y, i0 = blockIdx.x * QD_SAMPLE_CH + threadIdx.x;
     const float *x = logits + (size_t)b * V;
     float xv[QD_SAMPLE_CH / QD_SAMPLE_PT];
@@ -3185,6 +3243,7 @@ __global__ void __launch_bounds__(QD_SAMPLE_PT) k_sample_max(float *pm, int32_t 
 __global__ void __launch_bounds__(QD_SAMPLE_PT) k_sample_exp(float *e, float *rm, int32_t *ra, const float *pm,
                                                             const int32_t *pa, const float *logits, int V, float T)
 {
+    QD_PDL_ENTRY();
     int b = blockIdx.y, t = threadIdx.x, P = gridDim.x, i0 = blockIdx.x * QD_SAMPLE_CH + t;
     float m = sample_row_best(rm, ra, pm, pa, b, P);
     const float *x = logits + (size_t)b * V;
@@ -3223,6 +3282,7 @@ template <typename F> static __device__ __forceinline__ float sample_lane_sum(co
 
 __global__ void __launch_bounds__(QD_SAMPLE_PT) k_sample_lanes(float *lsum, const float *e, int V)
 {
+    QD_PDL_ENTRY();
     int b = blockIdx.y, j = blockIdx.x * QD_SAMPLE_PT + threadIdx.x;
     lsum[(size_t)b * QD_SAMPLE_LANES + j] = sample_lane_sum(e + (size_t)b * V, j, V, [](float v) { return v; });
 }
@@ -3240,6 +3300,7 @@ __global__ void __launch_bounds__(QD_SAMPLE_PT) k_sample_lanes_exp(float *lsum, 
                                                                   const float *pm, const int32_t *pa,
                                                                   const float *logits, int V, int P, float T)
 {
+    QD_PDL_ENTRY();
     int b = blockIdx.y, j = blockIdx.x * QD_SAMPLE_PT + threadIdx.x;
     float m = sample_row_best(rm, ra, pm, pa, b, P);
     lsum[(size_t)b * QD_SAMPLE_LANES + j] =
@@ -3254,6 +3315,7 @@ __global__ void __launch_bounds__(QD_SAMPLE_LANES) k_sample_draw(int32_t *tok, f
                                                                  const uint64_t *sid, const uint32_t *spos,
                                                                  int fused)
 {
+    QD_PDL_ENTRY();
     enum { L = QD_SAMPLE_LANES, LEAF = 256 };
     __shared__ float tree[2 * L - 1];
     __shared__ float leaf[LEAF]; /* e_i of the drawn lane's tokens k, k + L, ... (V <= LEAF * L) */
@@ -3371,6 +3433,7 @@ static __device__ __forceinline__ float dlogit(const float *dlogp, const float *
 __global__ void k_logprob_bwd(float *dlogits, const float *dlogp, const float *logits, const float *lse,
                               const int32_t *tgt, int N, int V, float T)
 {
+    QD_PDL_ENTRY();
     int n = blockIdx.x, j = blockIdx.y * blockDim.x + threadIdx.x;
     if (j < V)
         dlogits[(size_t)n * V + j] = dlogit(dlogp, logits, lse, tgt, n, j, V, T);
@@ -3391,6 +3454,7 @@ extern "C" qd_status qdk_logprob_backward(float *dlogits, const float *dlogp, co
 __global__ void k_logprob_bwd16(uint16_t *dy16, const float *dlogp, const float *logits, const float *lse,
                                 const int32_t *tgt, int N, int V, float T, int c0, int nc)
 {
+    QD_PDL_ENTRY();
     int n = blockIdx.x, jj = blockIdx.y * blockDim.x + threadIdx.x;
     if (jj < nc)
         dy16[(size_t)n * nc + jj] = (uint16_t)bf16_hi(dlogit(dlogp, logits, lse, tgt, n, c0 + jj, V, T));
@@ -3406,6 +3470,7 @@ __global__ void k_logprob_bwd16(uint16_t *dy16, const float *dlogp, const float 
 __global__ void k_logprob_bwd16_fast(uint2 *dy16, const float *dlogp, const float *logits, const float *lse,
                                      const int32_t *tgt, int V, float T, float invT, int c0, int nc4)
 {
+    QD_PDL_ENTRY();
     int n = blockIdx.x, q = blockIdx.y * blockDim.x + threadIdx.x;
     if (q >= nc4)
         return;
@@ -3441,6 +3506,7 @@ extern "C" qd_status qdk_logprob_backward_bf16_cols(uint16_t *dy16, const float 
 
 __global__ void k_sqerr_rows(double *err, double *nrm, const float *x, const float *xh, int rows, int cols)
 {
+    QD_PDL_ENTRY();
     int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= rows)
         return;
@@ -3463,6 +3529,7 @@ __global__ void k_sqerr_rows(double *err, double *nrm, const float *x, const flo
 __global__ void __launch_bounds__(32) k_diag_add(double *acc, const double *e, int rows, const int32_t *off,
                                                  const int32_t *slot, int nseg, int nsets, int set)
 {
+    QD_PDL_ENTRY();
     __shared__ double se[DIAG_CHUNK], sn[DIAG_CHUNK];
     int g = blockIdx.x, lane = threadIdx.x, r0 = off[g], r1 = off[g + 1];
     double *a = NULL, err = 0.0, nrm = 0.0;
@@ -3556,6 +3623,7 @@ __device__ __forceinline__ void sqerr_tile_rows(double *err_out, double *nrm_out
 
 __global__ void __launch_bounds__(SQW_ROWS) k_sqerr_weights(double *e, const qdk_sqw *t, int count, int N, int K)
 {
+    QD_PDL_ENTRY();
     size_t rows = (size_t)count * (size_t)N, base = (size_t)blockIdx.y * (size_t)N;
     sqerr_tile_rows(e + base, e + rows + base, t[blockIdx.y], blockIdx.x * SQW_ROWS, N, K);
 }
@@ -3563,6 +3631,7 @@ __global__ void __launch_bounds__(SQW_ROWS) k_sqerr_weights(double *e, const qdk
 __global__ void __launch_bounds__(SQW_ROWS) k_sqerr_rows_tiled(double *err, double *nrm, const float *x,
                                                                const float *xh, int rows, int cols)
 {
+    QD_PDL_ENTRY();
     qdk_sqw w = {x, xh, NULL, NULL, NULL, 0};
     sqerr_tile_rows(err, nrm, w, blockIdx.x * SQW_ROWS, rows, cols);
 }
@@ -3587,6 +3656,7 @@ extern "C" qd_status qdk_sqerr_weights(double *e, const qdk_sqw *t, int count, i
 
 __global__ void k_rac_error(double *err, const float *x, const float *xh, int rows, int K)
 {
+    QD_PDL_ENTRY();
     int k = blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= K)
         return;
@@ -3607,6 +3677,7 @@ extern "C" qd_status qdk_rac_error(double *err, const float *x, const float *xh,
 
 __global__ void k_rac_copy_main(float *out, const float *deq, int rows, int K, int64_t kc)
 {
+    QD_PDL_ENTRY();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < (size_t)rows * K)
         out[i] = deq[(i / K) * kc + i % K];
@@ -3614,6 +3685,7 @@ __global__ void k_rac_copy_main(float *out, const float *deq, int rows, int K, i
 
 __global__ void k_rac_add_residual(float *out, const float *deq, const int64_t *ch, int rows, int K, int64_t n)
 {
+    QD_PDL_ENTRY();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)rows * n)
         return;
@@ -3635,6 +3707,7 @@ extern "C" qd_status qdk_rac_fold(float *out, const float *deq, const int64_t *c
  * off[e] .. off[e+1]-1 (device) into err[e] (a device array of E pointers). */
 __global__ void k_rac_error_grouped(double *const *err, const float *x, const float *xh, const int32_t *off, int K)
 {
+    QD_PDL_ENTRY();
     int e = blockIdx.y, k = blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= K || off[e] == off[e + 1])
         return;
@@ -3673,6 +3746,7 @@ static __device__ __forceinline__ void sq_load(float *v, const float *g, size_t 
 
 __global__ void __launch_bounds__(SQ_BLOCK) k_sumsq_chunks(double *part, const float *g, size_t n)
 {
+    QD_PDL_ENTRY();
     __shared__ float s_g[SQ_BLOCK][SQ_T + 1]; /* +1: chunk t's walk hits bank (t + i) % 32 */
     const int t = threadIdx.x;
     const size_t k0 = (size_t)blockIdx.x * SQ_BLOCK, k = k0 + t;
@@ -3725,6 +3799,7 @@ static __device__ __forceinline__ void adamw_one(float &p, float g, float &m, fl
 __global__ void k_adamw4(float4 *p, const float4 *g, float4 *m, float4 *v, float4 *wk, uint2 *bits, size_t n4,
                          float lr, float beta1, float beta2, float eps, float wd, float gscale, float bc1, float bc2)
 {
+    QD_PDL_ENTRY();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
         float4 pp = p[i], gg = g[i], mm = m[i], vv = v[i];
         adamw_one(pp.x, gg.x, mm.x, vv.x, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
@@ -3747,6 +3822,7 @@ __global__ void __launch_bounds__(256) k_adamw4u2(float4 *p, const float4 *g, fl
                                                   uint2 *bits, size_t n4, float lr, float beta1, float beta2,
                                                   float eps, float wd, float gscale, float bc1, float bc2)
 {
+    QD_PDL_ENTRY();
     size_t st = (size_t)gridDim.x * blockDim.x, i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     for (; i < n4; i += 2 * st) {
         size_t i2 = i + st;
@@ -3779,6 +3855,7 @@ __global__ void __launch_bounds__(256) k_adamw4u2(float4 *p, const float4 *g, fl
 __global__ void k_adamw(float *p, const float *g, float *m, float *v, float *wk, uint16_t *bits, size_t n, float lr,
                         float beta1, float beta2, float eps, float wd, float gscale, float bc1, float bc2)
 {
+    QD_PDL_ENTRY();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         adamw_one(p[i], g[i], m[i], v[i], lr, beta1, beta2, eps, wd, gscale, bc1, bc2);

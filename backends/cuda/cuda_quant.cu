@@ -173,6 +173,7 @@ static __device__ float cta_max(float m)
 template <typename T>
 __global__ void amax_kernel(uint32_t *amax_bits, const T *x, int64_t nblk)
 {
+    QD_PDL_ENTRY();
     float m = 0.0f;
     int bad = 0;
     for (int64_t blk = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; blk < nblk;
@@ -196,6 +197,7 @@ __global__ void quant_flat_kernel(qout o, float *dq, const T *x, int64_t rows, i
                                   const uint32_t *amax_bits, const float *s_enc_in, int per_row,
                                   float *s_dec_out)
 {
+    QD_PDL_ENTRY();
     float s_enc = amax_bits ? qd_nvfp4_s_enc(__uint_as_float(*amax_bits)) : s_enc_in[0];
     float s_dec = qd_nvfp4_s_dec(s_enc);
     int bad = 0;
@@ -231,6 +233,7 @@ template <typename T>
 __global__ void quant_rows_kernel(qout o, float *dq, const T *x, int64_t bpr, float *s_dec_out,
                                   float *s_enc_out)
 {
+    QD_PDL_ENTRY();
     int64_t r = blockIdx.x;
     const T *xr = x + r * bpr * 16;
     float m = 0.0f;
@@ -517,6 +520,7 @@ static __device__ __forceinline__ void qk_amax_body(qk_amax *a, const T *x, int6
 template <typename T>
 __global__ void __launch_bounds__(QD_THREADS) qk_amax_kernel(qk_amax *a, const T *x, int64_t n)
 {
+    QD_PDL_ENTRY();
     qk_amax_body(a, x, n);
 }
 
@@ -547,6 +551,7 @@ struct qk_fqgroup {
 __global__ void __launch_bounds__(QD_THREADS) qk_amax_group_kernel(qk_amax *a, const __grid_constant__ qk_wgroup g,
                                                                    int64_t n)
 {
+    QD_PDL_ENTRY();
     qk_amax_body(a + blockIdx.y, g.x[blockIdx.y], n);
 }
 
@@ -597,6 +602,7 @@ __global__ void __launch_bounds__(QD_THREADS) qk_flat_kernel(uint8_t *codes, uin
                                                              const T *x, int64_t nblk, qk_scope sc,
                                                              float *s_dec_out)
 {
+    QD_PDL_ENTRY();
     float s_enc = sc.amax ? qd_nvfp4_s_enc(__uint_as_float(*sc.amax)) : sc.s_enc[0];
     qk_flat_body(codes, scales, dq, x, nblk, s_enc, s_dec_out);
 }
@@ -607,6 +613,7 @@ __global__ void __launch_bounds__(QD_THREADS) qk_flat_group_kernel(const qk_amax
                                                                    const __grid_constant__ qk_wgroup g,
                                                                    int64_t nblk)
 {
+    QD_PDL_ENTRY();
     int y = blockIdx.y;
     qk_flat_body(g.codes[y], g.scales[y], (float *)NULL, g.x[y], nblk,
                  qd_nvfp4_s_enc(__uint_as_float(a[y].amax)), g.s_dec[y]);
@@ -618,12 +625,14 @@ __global__ void __launch_bounds__(QD_THREADS) qk_fq_amax_group_kernel(qk_amax *a
                                                                       const __grid_constant__ qk_fqgroup g,
                                                                       int64_t n)
 {
+    QD_PDL_ENTRY();
     qk_amax_body(a + blockIdx.y, g.x[blockIdx.y], n);
 }
 
 __global__ void __launch_bounds__(QD_THREADS) qk_fq_group_kernel(const qk_amax *a,
                                                                  const __grid_constant__ qk_fqgroup g, int64_t nblk)
 {
+    QD_PDL_ENTRY();
     int y = blockIdx.y;
     qk_flat_body((uint8_t *)NULL, (uint8_t *)NULL, g.dq[y], g.x[y], nblk,
                  qd_nvfp4_s_enc(__uint_as_float(a[y].amax)), g.s_dec[y], g.bits[y]);
@@ -646,6 +655,7 @@ __global__ void __launch_bounds__(QD_THREADS) qk_rac_group_kernel(const qk_amax 
                                                                   const __grid_constant__ qk_wgroup g,
                                                                   uint32_t N, uint32_t K, uint32_t bpr)
 {
+    QD_PDL_ENTRY();
     __shared__ float tile[QD_THREADS / 32][16 * QK_GATHER_STRIDE];
     int y = blockIdx.y;
     const float *x = g.x[y];
@@ -754,6 +764,7 @@ __global__ void __launch_bounds__(QK_ROW_THREADS) qk_rows_kernel(qout o, float *
                                                                  qk_scope sc, float *s_dec_out,
                                                                  float *s_enc_out)
 {
+    QD_PDL_ENTRY();
     qk_row<T>(o, dq, x, blockIdx.x, bpr, sc, s_dec_out, s_enc_out);
 }
 
@@ -815,6 +826,7 @@ __global__ void __launch_bounds__(QK_ROW_THREADS) rac_rows_kernel(qout o, const 
                                                                   const int32_t *off, int E, int64_t n, float *s_dec,
                                                                   float *s_enc, float *res)
 {
+    QD_PDL_ENTRY();
     rac_row(o, x, K, ch1, ch, off, E, n, s_dec, s_enc, res, blockIdx.x);
 }
 
@@ -833,6 +845,7 @@ __global__ void __launch_bounds__(QK_ROW_THREADS) rac_rows_multi_kernel(const __
                                                                         const float *x, int64_t K,
                                                                         const int32_t *off, int E)
 {
+    QD_PDL_ENTRY();
     int i = blockIdx.y;
     rac_row(m.o[i], x, K, NULL, m.ch[i], off, E, m.n[i], m.s_dec[i], m.s_enc[i], m.res[i], blockIdx.x);
 }
@@ -841,6 +854,7 @@ __global__ void __launch_bounds__(QK_ROW_THREADS) rac_rows_multi_kernel(const __
 __global__ void dequant_kernel(float *out, const uint8_t *codes, const uint8_t *scales,
                                const float *s_dec, int per_row, int64_t rows, int64_t bpr)
 {
+    QD_PDL_ENTRY();
     int64_t nblk = rows * bpr;
     for (int64_t blk = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; blk < nblk;
          blk += (int64_t)gridDim.x * blockDim.x) {
@@ -863,6 +877,7 @@ __global__ void dequant_kernel(float *out, const uint8_t *codes, const uint8_t *
 /* One CTA a row of x (rows, cols): q = e4m3(x * scale). */
 __global__ void fp8_rows_kernel(uint8_t *q, float *scale_inv, const float *x, int64_t cols)
 {
+    QD_PDL_ENTRY();
     int64_t r = blockIdx.x;
     const float *xr = x + r * cols;
     float m = 0.0f;
@@ -887,6 +902,7 @@ __global__ void rac_residual_kernel(float *res, const float *x, qout o, const fl
                                     int per_row, const int64_t *ch, int64_t rows, int64_t K,
                                     int64_t n)
 {
+    QD_PDL_ENTRY();
     int64_t total = rows * n;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -901,6 +917,7 @@ __global__ void rac_residual_grouped_kernel(float *res, const float *x, qout o, 
                                             const int64_t *const *ch, const int32_t *off, int E, int64_t rows,
                                             int64_t K, int64_t n)
 {
+    QD_PDL_ENTRY();
     int64_t total = rows * n;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -913,6 +930,7 @@ __global__ void rac_residual_grouped_kernel(float *res, const float *x, qout o, 
 __global__ void rac_gather_kernel(float *waug, const float *w, const int64_t *ch, int64_t N,
                                   int64_t K, int64_t n)
 {
+    QD_PDL_ENTRY();
     int64_t ld = K + n, total = N * ld;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -1098,6 +1116,7 @@ w4a4_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const flo
             int a_per_row, const uint8_t *w_codes, const uint8_t *w_scales, const float *w_sdec,
             int w_per_row, int64_t M, int64_t N, int64_t K)
 {
+    QD_PDL_ENTRY();
     w4a4_rows<MT>(y, a_codes, a_scales, a_sdec, a_per_row, w_codes, w_scales, w_sdec, w_per_row, M, N, K,
                   (int64_t)blockIdx.y * MT);
 }
@@ -1173,6 +1192,7 @@ w4a4_split_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, con
                   int a_per_row, const uint8_t *w_codes, const uint8_t *w_scales,
                   const float *w_sdec, int w_per_row, int64_t M, int64_t N, int64_t K)
 {
+    QD_PDL_ENTRY();
     static_assert(MT <= 8, "phase 2 has one warp per activation row");
     extern __shared__ int4 smem[];
     int nb = (int)(K / 16), nchunk = nb / QD_W4A4_CHUNK;
@@ -1536,6 +1556,7 @@ w4a4_mma_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
                 const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K, const w4a4_groups *gd,
                 const int *items, const int *nitems)
 {
+    QD_PDL_ENTRY();
     using S = typename std::conditional<PAIR, pair_stage<NT, W>, mma_stage<NT, W>>::type;
     extern __shared__ __align__(16) unsigned char mma_smem[];
     S *stage = (S *)mma_smem;
@@ -1829,6 +1850,7 @@ __global__ void __launch_bounds__(32 * QD_H16_W, 2)
 w4a4_h16_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
                 const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K, int ilp)
 {
+    QD_PDL_ENTRY();
     extern __shared__ __align__(16) unsigned char mma_smem[];
     h16_stage<NT> *stage = (h16_stage<NT> *)mma_smem;
     __shared__ float lut[256];
@@ -1899,6 +1921,7 @@ typedef struct {
 
 __global__ void a16_kernel(uint4 *out, const uint8_t *codes, const uint8_t *scales, int64_t items)
 {
+    QD_PDL_ENTRY();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < items; i += (int64_t)gridDim.x * blockDim.x)
         a16_block(out + 2 * i, __ldg((const uint2 *)codes + i), qd_e4m3_to_f32(__ldg(scales + i)));
 }
@@ -1937,6 +1960,7 @@ template <int NT>
 __global__ void __launch_bounds__(128)
 w4a4_hpre_kernel(const __grid_constant__ hpre_args p, int a_per_row, int w_per_row, int64_t M, int64_t K)
 {
+    QD_PDL_ENTRY();
     extern __shared__ __align__(16) unsigned char mma_smem[];
     constexpr int S = QD_HPRE_STAGES;
     hpre_stage<NT> *stage = (hpre_stage<NT> *)mma_smem;
@@ -2103,6 +2127,7 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
                    const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K, const w4a4_groups *gd,
                    const int *items, const int *nitems, int rg, st_src src)
 {
+    QD_PDL_ENTRY();
     extern __shared__ __align__(16) unsigned char st_smem[];
     __shared__ float lut[256];
     int z = blockIdx.z;
@@ -2287,6 +2312,7 @@ __global__ void __launch_bounds__(32 * QD_SK_W)
 w4a4_splitk_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
                    const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K)
 {
+    QD_PDL_ENTRY();
     extern __shared__ __align__(16) unsigned char mma_smem[];
     mma_stage<1, 1> *stages = (mma_stage<1, 1> *)mma_smem;
     sk_round *rd = (sk_round *)(mma_smem + QD_SK_W * sizeof(mma_stage<1, 1>));
@@ -2391,6 +2417,7 @@ w4a4_dec_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
                 const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K,
                 const __grid_constant__ dec_multi mu, const w4a4_groups *gd, const int *gd_n)
 {
+    QD_PDL_ENTRY();
     extern __shared__ __align__(16) unsigned char dec_sm[];
     int z = blockIdx.z;
     if constexpr (DEV) {
@@ -2600,7 +2627,7 @@ template <typename T>
 static qd_status launch_amax(uint32_t *bits, const T *x, int64_t nblk)
 {
     QD_CUDA_CHECK(cudaMemsetAsync(bits, 0, sizeof *bits));
-    amax_kernel<T><<<grid_for(nblk), QD_THREADS>>>(bits, x, nblk);
+    qd_launch(amax_kernel<T>, grid_for(nblk), QD_THREADS, 0, bits, x, nblk);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -2638,7 +2665,7 @@ static qd_status qk_launch_amax(qk_amax **a, const T *x, int64_t n)
 {
     int64_t nv = n / (int64_t)(16 / sizeof(T));
     QD_TRY(qk_amax_state(a));
-    qk_amax_kernel<T><<<grid_for((nv + QK_AMAX_VEC - 1) / QK_AMAX_VEC), QD_THREADS>>>(*a, x, n);
+    qd_launch(qk_amax_kernel<T>, grid_for((nv + QK_AMAX_VEC - 1) / QK_AMAX_VEC), QD_THREADS, 0, *a, x, n);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -2660,7 +2687,7 @@ static qd_status qk_launch_rows(qout o, float *dq, const T *x, int64_t rows, int
 {
     if (rows == 0 || bpr == 0)
         return QD_OK;
-    qk_rows_kernel<T><<<(unsigned)rows, qk_row_threads(bpr, rows)>>>(o, dq, x, bpr, sc, s_dec, s_enc_out);
+    qd_launch(qk_rows_kernel<T>, (unsigned)rows, qk_row_threads(bpr, rows), 0, o, dq, x, bpr, sc, s_dec, s_enc_out);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -2671,8 +2698,8 @@ static qd_status qk_launch_flat(uint8_t *codes, uint8_t *scales, float *dq, cons
 {
     if (nblk == 0)
         return QD_OK;
-    qk_flat_kernel<T><<<grid_for((nblk + QK_FLAT_UNROLL - 1) / QK_FLAT_UNROLL), QD_THREADS>>>(
-        codes, scales, dq, x, nblk, sc, s_dec);
+    qd_launch(qk_flat_kernel<T>, grid_for((nblk + QK_FLAT_UNROLL - 1) / QK_FLAT_UNROLL), QD_THREADS, 0, codes, scales,
+              dq, x, nblk, sc, s_dec);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -2761,6 +2788,7 @@ __global__ void __launch_bounds__(FR_THREADS)
     k_res_rmsnorm(float *sum, float *out, float *rstd, const float *a, const float *b, const float *y,
                   const float *row_w, const int32_t *tok_rows, int K, const float *w, int C, float eps, fr_quant fq)
 {
+    QD_PDL_ENTRY();
     extern __shared__ __align__(16) float xs[]; /* the sum's row (C) */
     __shared__ int s_r[QDK_FR_MAXK];
     __shared__ float s_w[QDK_FR_MAXK];
@@ -2827,8 +2855,8 @@ extern "C" qd_status qdk_add_rmsnorm(float *sum, float *out, float *rstd, const 
 {
     QD_TRY(fr_check("add_rmsnorm", q, rows, C));
     if (rows) {
-        k_res_rmsnorm<false><<<(unsigned)rows, fr_threads(C, rows), sizeof(float) * (size_t)C>>>(
-            sum, out, rstd, a, b, NULL, NULL, NULL, 0, w, C, eps, fr_quant_of(q));
+        qd_launch(k_res_rmsnorm<false>, (unsigned)rows, fr_threads(C, rows), sizeof(float) * (size_t)C, sum, out, rstd,
+                  a, b, NULL, NULL, NULL, 0, w, C, eps, fr_quant_of(q));
         QD_CUDA_CHECK(cudaGetLastError());
     }
     return QD_OK;
@@ -2843,8 +2871,8 @@ extern "C" qd_status qdk_combine_add_rmsnorm(float *sum, float *out, float *rstd
         return qd_error(QD_ERR_SHAPE, "cuda backend: combine_add_rmsnorm: %d experts a token (at most %d)", K,
                         QDK_FR_MAXK);
     if (N) {
-        k_res_rmsnorm<true><<<(unsigned)N, fr_threads(C, N), sizeof(float) * (size_t)C>>>(
-            sum, out, rstd, res, NULL, y, row_w, tok_rows, K, w, C, eps, fr_quant_of(q));
+        qd_launch(k_res_rmsnorm<true>, (unsigned)N, fr_threads(C, N), sizeof(float) * (size_t)C, sum, out, rstd, res,
+                  NULL, y, row_w, tok_rows, K, w, C, eps, fr_quant_of(q));
         QD_CUDA_CHECK(cudaGetLastError());
     }
     return QD_OK;
@@ -2853,6 +2881,7 @@ extern "C" qd_status qdk_combine_add_rmsnorm(float *sum, float *out, float *rstd
 /* One block a row of h (I): k_swiglu's h = silu(g) * u, then the row quantized. */
 __global__ void __launch_bounds__(FR_THREADS) k_swiglu_rows(float *h, const float *g, const float *u, int I, fr_quant fq)
 {
+    QD_PDL_ENTRY();
     size_t o = (size_t)blockIdx.x * I;
     for (int i = threadIdx.x; i < I; i += blockDim.x)
         h[o + i] = qd_siluf(g[o + i]) * u[o + i];
@@ -2864,7 +2893,7 @@ extern "C" qd_status qdk_swiglu_nvfp4(qd_nvfp4 *q, float *h, const float *g, con
 {
     QD_TRY(fr_check("swiglu_nvfp4", q, rows, I));
     if (rows && I) {
-        k_swiglu_rows<<<(unsigned)rows, fr_threads(I, rows)>>>(h, g, u, I, fr_quant_of(q));
+        qd_launch(k_swiglu_rows, (unsigned)rows, fr_threads(I, rows), 0, h, g, u, I, fr_quant_of(q));
         QD_CUDA_CHECK(cudaGetLastError());
     }
     return QD_OK;
@@ -2876,6 +2905,7 @@ extern "C" qd_status qdk_swiglu_nvfp4(qd_nvfp4 *q, float *h, const float *g, con
 __global__ void __launch_bounds__(FR_THREADS) k_gather_rows(float *xe, const float *x, const int32_t *row_tok, int C,
                                                             fr_quant fq)
 {
+    QD_PDL_ENTRY();
     size_t o = (size_t)blockIdx.x * C, s = (size_t)row_tok[blockIdx.x] * C;
     for (int i = threadIdx.x; i < C; i += blockDim.x)
         xe[o + i] = x[s + i];
@@ -2887,7 +2917,7 @@ extern "C" qd_status qdk_gather_nvfp4(qd_nvfp4 *q, float *xe, const float *x, co
 {
     QD_TRY(fr_check("gather_nvfp4", q, R, C));
     if (R && C) {
-        k_gather_rows<<<(unsigned)R, fr_threads(C, R)>>>(xe, x, row_tok, C, fr_quant_of(q));
+        qd_launch(k_gather_rows, (unsigned)R, fr_threads(C, R), 0, xe, x, row_tok, C, fr_quant_of(q));
         QD_CUDA_CHECK(cudaGetLastError());
     }
     return QD_OK;
@@ -2906,13 +2936,12 @@ static qd_status launch_quantize(qout o, float *dq, float *s_dec, const T *x, in
     if (!qd_cuda_quant_legacy && !dq)
         return qk_quantize(o, dq, s_dec, x, rows, cols, per_row);
     if (per_row) {
-        quant_rows_kernel<T><<<(unsigned)rows, row_threads(bpr)>>>(o, dq, x, bpr, s_dec, NULL);
+        qd_launch(quant_rows_kernel<T>, (unsigned)rows, row_threads(bpr), 0, o, dq, x, bpr, s_dec, NULL);
     } else {
         uint32_t *bits;
         QD_TRY(amax_word(&bits));
         QD_TRY(launch_amax(bits, x, rows * bpr));
-        quant_flat_kernel<T><<<grid_for(rows * bpr), QD_THREADS>>>(o, dq, x, rows, bpr, bits, NULL,
-                                                                   0, s_dec);
+        qd_launch(quant_flat_kernel<T>, grid_for(rows * bpr), QD_THREADS, 0, o, dq, x, rows, bpr, bits, NULL, 0, s_dec);
     }
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
@@ -2959,8 +2988,8 @@ static qd_status launch_quantize_with(qout o, float *s_dec, const float *x, int6
         return per_row ? qk_launch_rows(o, NULL, x, rows, bpr, sc, s_dec, NULL)
                        : qk_launch_flat(o.codes, o.scales, NULL, x, rows * bpr, sc, s_dec);
     }
-    quant_flat_kernel<float><<<grid_for(rows * bpr), QD_THREADS>>>(o, NULL, x, rows, bpr, NULL,
-                                                                   s_enc, per_row, s_dec);
+    qd_launch(quant_flat_kernel<float>, grid_for(rows * bpr), QD_THREADS, 0, o, NULL, x, rows, bpr, NULL, s_enc,
+              per_row, s_dec);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -2979,8 +3008,8 @@ extern "C" qd_status qd_cuda_nvfp4_dequantize_async(float *out, const qd_nvfp4 *
     QD_TRY(check_shape("qd_cuda_nvfp4_dequantize", q->rows, q->cols));
     QD_TRY(check_in("qd_cuda_nvfp4_dequantize", out));
     if (nblk) {
-        dequant_kernel<<<grid_for(nblk), QD_THREADS>>>(out, q->codes, q->scales, q->s_dec,
-                                                       q->per_row, q->rows, q->cols / 16);
+        qd_launch(dequant_kernel, grid_for(nblk), QD_THREADS, 0, out, q->codes, q->scales, q->s_dec, q->per_row,
+                  q->rows, q->cols / 16);
         QD_CUDA_CHECK(cudaGetLastError());
     }
     return QD_OK;
@@ -3032,7 +3061,7 @@ extern "C" qd_status qd_cuda_fp8_quantize_rows_async(uint8_t *q, float *scale_in
     if (rows < 0 || cols < 0)
         return qd_error(QD_ERR_SHAPE, "qd_cuda_fp8_quantize_rows: negative shape");
     if (rows && cols) {
-        fp8_rows_kernel<<<(unsigned)rows, row_threads(cols)>>>(q, scale_inv, x, cols);
+        qd_launch(fp8_rows_kernel, (unsigned)rows, row_threads(cols), 0, q, scale_inv, x, cols);
         QD_CUDA_CHECK(cudaGetLastError());
     }
     return QD_OK;
@@ -3059,9 +3088,8 @@ static qd_status launch_w4a4(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w, siz
                 QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_split_kernel<MT>,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    (int)smem));
-            w4a4_split_kernel<MT><<<grid, 256, smem>>>(y, a->codes, a->scales, a->s_dec,
-                                                       a->per_row, w->codes, w->scales, w->s_dec,
-                                                       w->per_row, a->rows, w->rows, a->cols);
+            qd_launch(w4a4_split_kernel<MT>, grid, 256, smem, y, a->codes, a->scales, a->s_dec, a->per_row, w->codes,
+                      w->scales, w->s_dec, w->per_row, a->rows, w->rows, a->cols);
             QD_CUDA_CHECK(cudaGetLastError());
             return QD_OK;
         }
@@ -3069,9 +3097,8 @@ static qd_status launch_w4a4(float *y, const qd_nvfp4 *a, const qd_nvfp4 *w, siz
     if (smem > 48 * 1024)
         QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_kernel<MT>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    w4a4_kernel<MT><<<grid, QD_GEMV_THREADS, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row,
-                                                     w->codes, w->scales, w->s_dec, w->per_row,
-                                                     a->rows, w->rows, a->cols);
+    qd_launch(w4a4_kernel<MT>, grid, QD_GEMV_THREADS, smem, y, a->codes, a->scales, a->s_dec, a->per_row, w->codes,
+              w->scales, w->s_dec, w->per_row, a->rows, w->rows, a->cols);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -3131,8 +3158,8 @@ static qd_status mma_launch(dim3 grid, float *y, const qd_nvfp4 *a, const w4a4_g
     if (smem + 256 * sizeof(float) > 48 * 1024) /* the kernel's static e4m3 table counts too */
         QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_mma_kernel<NT, W, DEV, PAIR>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    w4a4_mma_kernel<NT, W, DEV, PAIR><<<grid, 32 * W, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, *g,
-                                                              w_per_row, N, K, gd, items, nitems);
+    qd_launch(w4a4_mma_kernel<NT, W, DEV, PAIR>, grid, 32 * W, smem, y, a->codes, a->scales, a->s_dec, a->per_row, *g,
+              w_per_row, N, K, gd, items, nitems);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -3169,8 +3196,8 @@ static qd_status launch_w4a4_splitk(float *y, const qd_nvfp4 *a, const w4a4_grou
     dim3 grid((unsigned)((N + 15) / 16), (unsigned)((maxrows + 7) / 8), (unsigned)ng);
     /* every launch: the attribute is the current device's (a process may drive several) */
     QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_splitk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    w4a4_splitk_kernel<<<grid, 32 * QD_SK_W, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, *g, w_per_row, N,
-                                                      K);
+    qd_launch(w4a4_splitk_kernel, grid, 32 * QD_SK_W, smem, y, a->codes, a->scales, a->s_dec, a->per_row, *g, w_per_row,
+              N, K);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -3314,8 +3341,8 @@ static qd_status stream_launch(float *y, const qd_nvfp4 *a, const w4a4_groups *g
     unsigned gy = (unsigned)(DEV ? max_items : (maxrows + TR - 1) / TR), gz = DEV ? 1u : (unsigned)ng;
     int rg = w4a4_stream_rg((N + 63) / 64 * (int64_t)gy * gz, ps);
     dim3 grid((unsigned)((N + 64 * rg - 1) / (64 * rg)), gy, gz);
-    k<<<grid, 128, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, DEV ? none : *g, w_per_row, N, K, gd, items,
-                           nitems, rg, src);
+    qd_launch(k, grid, 128, smem, y, a->codes, a->scales, a->s_dec, a->per_row, DEV ? none : *g, w_per_row, N, K, gd,
+              items, nitems, rg, src);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -3373,8 +3400,8 @@ static qd_status launch_w4a4_h16(float *y, const qd_nvfp4 *a, const w4a4_groups 
     if (smem + 256 * sizeof(float) > 48 * 1024) /* the kernel's static e4m3 table counts too */
         QD_CUDA_CHECK(
             cudaFuncSetAttribute(w4a4_h16_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    w4a4_h16_kernel<NT><<<grid, 32 * QD_H16_W, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, *g, w_per_row,
-                                                        N, K, w4a4_ilp_env() == 1);
+    qd_launch(w4a4_h16_kernel<NT>, grid, 32 * QD_H16_W, smem, y, a->codes, a->scales, a->s_dec, a->per_row, *g,
+              w_per_row, N, K, w4a4_ilp_env() == 1);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -3461,7 +3488,7 @@ static qd_status w4a4_hpre(float *const *y, const qd_nvfp4 *const *a, const qd_n
             made++;
             int64_t items = M * nb;
             unsigned blocks = (unsigned)((items + 255) / 256 < 4096 ? (items + 255) / 256 : 4096);
-            a16_kernel<<<blocks, 256>>>((uint4 *)p.a16[i], a[i]->codes, a[i]->scales, items);
+            qd_launch(a16_kernel, blocks, 256, 0, (uint4 *)p.a16[i], a[i]->codes, a[i]->scales, items);
             QD_CUDA_CHECK(cudaGetLastError());
         }
     }
@@ -3482,13 +3509,13 @@ static qd_status w4a4_hpre(float *const *y, const qd_nvfp4 *const *a, const qd_n
     for (int i = 0; i < count; i++)
         p.start[i + 1] = p.start[i] + (int)((p.N[i] + 63) / 64);
     dim3 grid((unsigned)p.start[count], (unsigned)((M + 8 * NT - 1) / (8 * NT)), 1);
-#define QD_HPRE_CASE(T_)                                                                                      \
-    do {                                                                                                      \
-        size_t smem = QD_HPRE_STAGES * sizeof(hpre_stage<T_>) + (size_t)64 * (size_t)(nb + 4);              \
-        if (smem + 256 * sizeof(float) > 48 * 1024)                                                          \
-            QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_hpre_kernel<T_>,                                          \
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));      \
-        w4a4_hpre_kernel<T_><<<grid, 128, smem>>>(p, a[0]->per_row, w[0]->per_row, M, K);                  \
+#define QD_HPRE_CASE(T_)                                                                                               \
+    do {                                                                                                               \
+        size_t smem = QD_HPRE_STAGES * sizeof(hpre_stage<T_>) + (size_t)64 * (size_t)(nb + 4);                         \
+        if (smem + 256 * sizeof(float) > 48 * 1024)                                                                    \
+            QD_CUDA_CHECK(                                                                                             \
+                cudaFuncSetAttribute(w4a4_hpre_kernel<T_>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));   \
+        qd_launch(w4a4_hpre_kernel<T_>, grid, 128, smem, p, a[0]->per_row, w[0]->per_row, M, K);                       \
     } while (0)
     if (NT == 8)
         QD_HPRE_CASE(8);
@@ -3526,8 +3553,8 @@ static qd_status launch_w4a4_dec(float *y, const qd_nvfp4 *a, const w4a4_groups 
                    : mu ? w4a4_dec_kernel<MT, RT, true, false> : w4a4_dec_kernel<MT, RT, false, false>;
     if (smem > 48 * 1024)
         QD_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    kern<<<grid, QD_DEC_THREADS, smem>>>(y, a->codes, a->scales, a->s_dec, a->per_row, *g, w_per_row, N, K, m, gd,
-                                         gd_n);
+    qd_launch(kern, grid, QD_DEC_THREADS, smem, y, a->codes, a->scales, a->s_dec, a->per_row, *g, w_per_row, N, K, m,
+              gd, gd_n);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -3840,6 +3867,7 @@ static int gfd_inline_env(void)
 template <bool CTA>
 __global__ void w4a4_groups_from_dev(w4a4_groups *gd, int *gd_n, const int32_t *d_off, const void *const *tab, int E)
 {
+    QD_PDL_ENTRY();
     int n = CTA ? groups_from_dev_cta(gd, d_off, tab, E) : groups_from_dev(gd, d_off, tab, E);
     if (threadIdx.x == 0)
         *gd_n = n;
@@ -3852,6 +3880,7 @@ template <bool CTA>
 __global__ void w4a4_items_from_dev(w4a4_groups *gd, int *items, int *nitems, const int32_t *d_off,
                                     const void *const *tab, int E, int tr)
 {
+    QD_PDL_ENTRY();
     if (CTA)
         groups_from_dev_cta(gd, d_off, tab, E, items, nitems, tr);
     else
@@ -3863,9 +3892,9 @@ static qd_status items_from_dev(w4a4_groups *gd, int *items, int *nitems, const 
                                 const void *const *tab, int E, int tr)
 {
     if (gfd_cta_env())
-        w4a4_items_from_dev<true><<<1, gfd_threads(E)>>>(gd, items, nitems, d_off, tab, E, tr);
+        qd_launch(w4a4_items_from_dev<true>, 1, gfd_threads(E), 0, gd, items, nitems, d_off, tab, E, tr);
     else
-        w4a4_items_from_dev<false><<<1, 32>>>(gd, items, nitems, d_off, tab, E, tr);
+        qd_launch(w4a4_items_from_dev<false>, 1, 32, 0, gd, items, nitems, d_off, tab, E, tr);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -3911,9 +3940,9 @@ extern "C" qd_status qd_cuda_w4a4_gemm_grouped_dev_async(float *y, const qd_nvfp
     int64_t N = w0->rows, K = a->cols;
     if (maxrows <= 8) {
         if (gfd_cta_env())
-            w4a4_groups_from_dev<true><<<1, gfd_threads(E)>>>(gd, gd_n, d_off, tab, E);
+            qd_launch(w4a4_groups_from_dev<true>, 1, gfd_threads(E), 0, gd, gd_n, d_off, tab, E);
         else
-            w4a4_groups_from_dev<false><<<1, 32>>>(gd, gd_n, d_off, tab, E);
+            qd_launch(w4a4_groups_from_dev<false>, 1, 32, 0, gd, gd_n, d_off, tab, E);
         QD_CUDA_CHECK(cudaGetLastError());
         return w4a4_dec(y, a, &none, ng, maxrows, w0->per_row, N, K, 1, NULL, gd, gd_n);
     }
@@ -4062,8 +4091,8 @@ static qd_status rac_residual(qd_nvfp4 *out, const float *x, int64_t rows, int64
 {
     uint32_t *bits;
     qout o = qout_of(out);
-    rac_residual_kernel<<<grid_for(rows * n), QD_THREADS>>>(res, x, o, out->s_dec, out->per_row,
-                                                            channels, rows, K, n);
+    qd_launch(rac_residual_kernel, grid_for(rows * n), QD_THREADS, 0, res, x, o, out->s_dec, out->per_row, channels,
+              rows, K, n);
     QD_CUDA_CHECK(cudaGetLastError());
     o.codes += K / 2;
     o.scales += K / 16;
@@ -4074,8 +4103,8 @@ static qd_status rac_residual(qd_nvfp4 *out, const float *x, int64_t rows, int64
         return qk_launch_rows(o, NULL, res, rows, n / 16, sc, NULL, NULL);
     }
     QD_TRY(amax_word(&bits));
-    quant_flat_kernel<float><<<grid_for(rows * (n / 16)), QD_THREADS>>>(
-        o, NULL, res, rows, n / 16, out->per_row ? NULL : bits, s_enc, out->per_row, NULL);
+    qd_launch(quant_flat_kernel<float>, grid_for(rows * (n / 16)), QD_THREADS, 0, o, NULL, res, rows, n / 16,
+              out->per_row ? NULL : bits, s_enc, out->per_row, NULL);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -4092,8 +4121,8 @@ static int rac_fused_on(void)
 static qd_status rac_rows(qd_nvfp4 *out, const float *x, int64_t rows, int64_t K, const int64_t *ch1,
                           const int64_t *const *ch, const int32_t *off, int E, int64_t n, float *s_enc, float *res)
 {
-    rac_rows_kernel<<<(unsigned)rows, qk_row_threads(K / 16, rows)>>>(qout_of(out), x, K, ch1, ch, off, E, n,
-                                                                      out->s_dec, s_enc, res);
+    qd_launch(rac_rows_kernel, (unsigned)rows, qk_row_threads(K / 16, rows), 0, qout_of(out), x, K, ch1, ch, off, E, n,
+              out->s_dec, s_enc, res);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -4107,8 +4136,8 @@ static qd_status rac_main(qd_nvfp4 *out, const float *x, int64_t rows, int64_t K
         qk_scope own = {NULL, NULL, 0};
         return qk_launch_rows(qout_of(out), NULL, x, rows, K / 16, own, out->s_dec, s_enc);
     }
-    quant_rows_kernel<float><<<(unsigned)rows, row_threads(K / 16)>>>(qout_of(out), NULL, x, K / 16,
-                                                                      out->s_dec, s_enc);
+    qd_launch(quant_rows_kernel<float>, (unsigned)rows, row_threads(K / 16), 0, qout_of(out), NULL, x, K / 16,
+              out->s_dec, s_enc);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -4169,8 +4198,8 @@ extern "C" qd_status qd_cuda_rac_augment_act_grouped_async(qd_nvfp4 *out, const 
     if (!n)
         return QD_OK;
     qout o = qout_of(out);
-    rac_residual_grouped_kernel<<<grid_for(rows * n), QD_THREADS>>>(res, x, o, out->s_dec, channels, off, E, rows,
-                                                                    K, n);
+    qd_launch(rac_residual_grouped_kernel, grid_for(rows * n), QD_THREADS, 0, res, x, o, out->s_dec, channels, off, E,
+              rows, K, n);
     QD_CUDA_CHECK(cudaGetLastError());
     o.codes += K / 2;
     o.scales += K / 16;
@@ -4178,8 +4207,8 @@ extern "C" qd_status qd_cuda_rac_augment_act_grouped_async(qd_nvfp4 *out, const 
         qk_scope sc = {NULL, ws, 1};
         return qk_launch_rows(o, NULL, res, rows, n / 16, sc, NULL, NULL);
     }
-    quant_flat_kernel<float><<<grid_for(rows * (n / 16)), QD_THREADS>>>(o, NULL, res, rows, n / 16, NULL, ws, 1,
-                                                                        NULL);
+    qd_launch(quant_flat_kernel<float>, grid_for(rows * (n / 16)), QD_THREADS, 0, o, NULL, res, rows, n / 16, NULL, ws,
+              1, NULL);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -4228,8 +4257,8 @@ extern "C" qd_status qd_cuda_rac_multi_async(qd_nvfp4 *const *out, const float *
         m.res[i] = p + r64;
         p += r64 + (((size_t)rows * (size_t)n[i] + 63) & ~(size_t)63);
     }
-    rac_rows_multi_kernel<<<dim3((unsigned)rows, (unsigned)count), qk_row_threads(K / 16, rows * count)>>>(
-        m, x, K, off, E);
+    qd_launch(rac_rows_multi_kernel, dim3((unsigned)rows, (unsigned)count), qk_row_threads(K / 16, rows * count), 0, m,
+              x, K, off, E);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -4244,7 +4273,7 @@ extern "C" qd_status qd_cuda_rac_augment_weight(qd_nvfp4 *out, const float *w, i
     if (N == 0 || K == 0)
         return QD_OK;
     QD_CUDA_CHECK(cudaMalloc((void **)&waug, (size_t)(N * (K + n)) * sizeof(float)));
-    rac_gather_kernel<<<grid_for(N * (K + n)), QD_THREADS>>>(waug, w, channels, N, K, n);
+    qd_launch(rac_gather_kernel, grid_for(N * (K + n)), QD_THREADS, 0, waug, w, channels, N, K, n);
     st = cudaGetLastError() == cudaSuccess
              ? launch_quantize(qout_of(out), NULL, out->s_dec, (const float *)waug, N, K + n,
                                out->per_row)
@@ -4323,13 +4352,14 @@ extern "C" qd_status qd_cuda_nvfp4_quantize_weights_async(qd_nvfp4 *const *q, co
             g.ch[j] = n ? ch[i0 + j] : NULL;
         }
         unsigned amax_ctas = group_ctas(m, N * K / 4 / QK_AMAX_VEC); /* 16-byte vectors, QK_AMAX_VEC a thread */
-        qk_amax_group_kernel<<<dim3(amax_ctas, (unsigned)m), QD_THREADS>>>(a, g, N * K);
+        qd_launch(qk_amax_group_kernel, dim3(amax_ctas, (unsigned)m), QD_THREADS, 0, a, g, N * K);
         if (n)
-            qk_rac_group_kernel<<<dim3(group_ctas(m, nblk), (unsigned)m), QD_THREADS>>>(
-                a, g, (uint32_t)N, (uint32_t)K, (uint32_t)bpr);
+            qd_launch(qk_rac_group_kernel, dim3(group_ctas(m, nblk), (unsigned)m), QD_THREADS, 0, a, g, (uint32_t)N,
+                      (uint32_t)K, (uint32_t)bpr);
         else
-            qk_flat_group_kernel<<<dim3(group_ctas(m, (nblk + QK_FLAT_UNROLL - 1) / QK_FLAT_UNROLL), (unsigned)m),
-                                   QD_THREADS>>>(a, g, nblk);
+            qd_launch(qk_flat_group_kernel,
+                      dim3(group_ctas(m, (nblk + QK_FLAT_UNROLL - 1) / QK_FLAT_UNROLL), (unsigned)m), QD_THREADS, 0, a,
+                      g, nblk);
         QD_CUDA_CHECK(cudaGetLastError());
     }
     return QD_OK;
@@ -4368,10 +4398,10 @@ extern "C" qd_status qd_cuda_nvfp4_fake_quant_weights_async(float *const *out, f
             g.s_dec[j] = s_dec ? s_dec[i0 + j] : NULL;
             g.bits[j] = bits ? bits[i0 + j] : NULL;
         }
-        qk_fq_amax_group_kernel<<<dim3(group_ctas(m, N * K / 4 / QK_AMAX_VEC), (unsigned)m), QD_THREADS>>>(a, g,
-                                                                                                       N * K);
-        qk_fq_group_kernel<<<dim3(group_ctas(m, (nblk + QK_FLAT_UNROLL - 1) / QK_FLAT_UNROLL), (unsigned)m),
-                             QD_THREADS>>>(a, g, nblk);
+        qd_launch(qk_fq_amax_group_kernel, dim3(group_ctas(m, N * K / 4 / QK_AMAX_VEC), (unsigned)m), QD_THREADS, 0, a,
+                  g, N * K);
+        qd_launch(qk_fq_group_kernel, dim3(group_ctas(m, (nblk + QK_FLAT_UNROLL - 1) / QK_FLAT_UNROLL), (unsigned)m),
+                  QD_THREADS, 0, a, g, nblk);
         QD_CUDA_CHECK(cudaGetLastError());
     }
     return QD_OK;
@@ -4398,6 +4428,7 @@ struct qk_rac_sets {
 __global__ void __launch_bounds__(256) rac_select_kernel(int64_t *ch, const double *err,
                                                          const __grid_constant__ qk_rac_sets g)
 {
+    QD_PDL_ENTRY();
     __shared__ int warp_count[8];
     int y = blockIdx.x, K = g.K[y], n = g.n[y], lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const double *e = err + g.off[y];
@@ -4483,6 +4514,7 @@ template <bool SMEM>
 __global__ void __launch_bounds__(256) rac_pick_kernel(int64_t *ch, const double *err,
                                                        const __grid_constant__ qk_rac_sets g)
 {
+    QD_PDL_ENTRY();
     extern __shared__ uint64_t qk_rac_keys[];
     __shared__ int cnt[2][8], tile_gt[8], tile_eq[8];
     int y = blockIdx.x, K = g.K[y], n = g.n[y], lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
@@ -4549,11 +4581,11 @@ static qd_status rac_pick_launch(int64_t *ch, const double *err, qk_rac_batch *b
     if (!b->m)
         return QD_OK;
     if (kind == QK_PICK_LEGACY)
-        rac_select_kernel<<<(unsigned)b->m, 256>>>(ch, err, b->g);
+        qd_launch(rac_select_kernel, (unsigned)b->m, 256, 0, ch, err, b->g);
     else if (kind == QK_PICK_SMEM)
-        rac_pick_kernel<true><<<(unsigned)b->m, 256, sizeof(uint64_t) * (size_t)b->kmax>>>(ch, err, b->g);
+        qd_launch(rac_pick_kernel<true>, (unsigned)b->m, 256, sizeof(uint64_t) * (size_t)b->kmax, ch, err, b->g);
     else
-        rac_pick_kernel<false><<<(unsigned)b->m, 256>>>(ch, err, b->g);
+        qd_launch(rac_pick_kernel<false>, (unsigned)b->m, 256, 0, ch, err, b->g);
     memset(b, 0, sizeof *b);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;

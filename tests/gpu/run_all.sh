@@ -113,6 +113,7 @@ ops1 moegroup1 "the MoE rows grouped by one block's token masks in one launch (Q
 ops1 fusedrows "the fused rows kernels: add + rmsnorm, combine + add + rmsnorm, q/k norms + RoPE + the KV store each one launch (QUADS_FUSED_ROWS=1, opt-in; by default the ops' own kernels one after the other)" QUADS_FUSED_ROWS=1
 ops1 gfdcta "the device offsets' groups and row tiles listed one thread an expert (QUADS_GFD_CTA=1, opt-in; by default one warp walking the experts 32 at a time)" QUADS_GFD_CTA=1
 ops1 gfdinline "the streaming kernel's CTAs finding their expert and row tile from the device offsets themselves (QUADS_GFD_INLINE=1, opt-in; by default a launch listing them first)" QUADS_GFD_INLINE=1
+ops1 pdl "every kernel launched with programmatic stream serialization, its CTAs started before its predecessor ends and waiting for it (QUADS_PDL=1, opt-in)" QUADS_PDL=1
 ops1 fp8chain "fast mode's FP8 experts on the exact kernel's E4M3 chain (QUADS_FP8_GROUPED=0; the tensor cores by default)" QUADS_FP8_GROUPED=0
 ops1 dy16 "fast mode's BF16 backward with dy a block of 8 columns (QUADS_DY16_BYTES)" QUADS_DY16_BYTES=1024
 ops1 wgmma "every one of the experts' BF16 products on the wgmma kernel (QUADS_EXPERT_GEMM=wgmma; by default the forward's)" \
@@ -142,8 +143,8 @@ echo "== check_backend with the opt-ins of 2026-12-05c/d (QUADS_LAZY_ZERO=1: the
 QUADS_MOE_DEV_ROWS=4096 QUADS_LAZY_ZERO=1 QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1 timeout 400 tests/gpu/check_backend >"$out/check_backend_optin.log" 2>"$out/check_backend_optin.err" || rc=1
 grep -v " yes$" "$out/check_backend_optin.log" | grep -v " within " | head -10
 tail -1 "$out/check_backend_optin.log"
-echo "== check_backend with the opt-ins of 2026-12-05i (QUADS_W4A4_STREAM=1: decode's W4A4 products on the streaming kernel wherever it applies, with QUADS_MOE_DEV_ROWS=4096 its device-offset form too; QUADS_FP8_GROUPED=0: fast FP8 experts on the exact kernel's chain) and of 2026-12-06g (QUADS_MOE_GROUP1=1: the MoE rows grouped in one launch) and 2026-12-06h (QUADS_FUSED_ROWS=1: the fused rows kernels; QUADS_GFD_CTA=1: the device offsets' row tiles one thread an expert) and 2026-12-06i (QUADS_GFD_INLINE=1: the streaming kernel's CTAs find their row tiles themselves)"
-QUADS_MOE_DEV_ROWS=4096 QUADS_W4A4_STREAM=1 QUADS_FP8_GROUPED=0 QUADS_MOE_GROUP1=1 QUADS_FUSED_ROWS=1 QUADS_GFD_CTA=1 QUADS_GFD_INLINE=1 timeout 400 tests/gpu/check_backend >"$out/check_backend_optin2.log" 2>"$out/check_backend_optin2.err" || rc=1
+echo "== check_backend with the opt-ins of 2026-12-05i (QUADS_W4A4_STREAM=1: decode's W4A4 products on the streaming kernel wherever it applies, with QUADS_MOE_DEV_ROWS=4096 its device-offset form too; QUADS_FP8_GROUPED=0: fast FP8 experts on the exact kernel's chain) and of 2026-12-06g (QUADS_MOE_GROUP1=1: the MoE rows grouped in one launch) and 2026-12-06h (QUADS_FUSED_ROWS=1: the fused rows kernels; QUADS_GFD_CTA=1: the device offsets' row tiles one thread an expert) and 2026-12-06i (QUADS_GFD_INLINE=1: the streaming kernel's CTAs find their row tiles themselves) and 2026-12-07 (QUADS_PDL=1: programmatic dependent launch)"
+QUADS_MOE_DEV_ROWS=4096 QUADS_W4A4_STREAM=1 QUADS_FP8_GROUPED=0 QUADS_MOE_GROUP1=1 QUADS_FUSED_ROWS=1 QUADS_GFD_CTA=1 QUADS_GFD_INLINE=1 QUADS_PDL=1 timeout 400 tests/gpu/check_backend >"$out/check_backend_optin2.log" 2>"$out/check_backend_optin2.err" || rc=1
 grep -v " yes$" "$out/check_backend_optin2.log" | grep -v " within " | head -10
 tail -1 "$out/check_backend_optin2.log"
 echo "== check_backend with QUADS_CUDA_GRAPH=1 (decode steps recorded once as a CUDA graph and replayed, the default, with the recordings logged)"
