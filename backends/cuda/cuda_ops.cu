@@ -763,13 +763,15 @@ static qd_status cuda_rope(void *dev, float *x, const int32_t *pos, const float 
     return qdk_rope(x, pos, cosb, sinb, N, nh, D, dir);
 }
 
-/* The fused rows ops (ops.h): their kernels with QUADS_FUSED_ROWS=1 (opt-in
- * until run on a GPU), else the kernels of the ops they stand for, one after
- * the other; the same bits either way. */
+/* The fused rows ops (ops.h): their kernels (by default since 2026-12-07:
+ * on an H100, a3b-4 exact nvfp4 b64 1.038x with QUADS_GFD_INLINE and
+ * QUADS_MOE_GROUP1, b1 1.052x), else (QUADS_FUSED_ROWS=0, which also makes the
+ * driver call the separate ops) the kernels of the ops they stand for, one
+ * after the other; the same bits either way. */
 static int fused_rows_on(void)
 {
     static int v = -2;
-    return qd_env_pick(&v, "QUADS_FUSED_ROWS", 0, 1) == 1;
+    return qd_env_pick(&v, "QUADS_FUSED_ROWS", 0, 1) != 0;
 }
 
 extern "C" const qd_ops *qd_cuda_ops(void);

@@ -2116,7 +2116,7 @@ typedef struct {
 
 /* DEV 1: the groups are *gd in device memory and the CTAs' (group, 8-row tile)
  * pairs items[0 .. *nitems-1] (w4a4_items_from_dev), blockIdx.y picking one;
- * those past them exit. DEV 2 (QUADS_GFD_INLINE=1): each CTA finds its own
+ * those past them exit. DEV 2 (the default; QUADS_GFD_INLINE=0 for DEV 1): each CTA finds its own
  * (expert, tile) from src's offsets (a scan of the experts' tile counts, one
  * thread an expert), so no w4a4_items_from_dev launch comes before: the same
  * pairs in the same order (experts with rows ascending, tiles ascending), the
@@ -3853,14 +3853,16 @@ static int gfd_cta_env(void)
     return qd_env_pick(&v, "QUADS_GFD_CTA", 0, 1) == 1;
 }
 
-/* QUADS_GFD_INLINE=1 (opt-in until run on a GPU): the streaming kernel's
- * CTAs find their (expert, row tile) from the device offsets themselves
- * (w4a4_stream_kernel's DEV 2), not from a w4a4_items_from_dev launch before
- * each product (9.6 us a product on an H100's ncu at batch 64, 3 a layer) */
+/* The streaming kernel's CTAs find their (expert, row tile) from the device
+ * offsets themselves (w4a4_stream_kernel's DEV 2; the default since
+ * 2026-12-07), not from a w4a4_items_from_dev launch before each product
+ * (QUADS_GFD_INLINE=0). On an H100's ncu at batch 64 the product takes 66.5 us
+ * instead of 62.6 plus the listing's 9.6, three a layer; a3b-4 exact nvfp4
+ * b64 1.033x (bench/ab_decode_h200.sh, 3 rounds). */
 static int gfd_inline_env(void)
 {
     static int v = -2;
-    return qd_env_pick(&v, "QUADS_GFD_INLINE", 0, 1) == 1;
+    return qd_env_pick(&v, "QUADS_GFD_INLINE", 0, 1) != 0;
 }
 
 /* groups_from_dev's groups and their count into *gd_n (CTA: groups_from_dev_cta's). */
