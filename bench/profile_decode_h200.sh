@@ -9,7 +9,11 @@
 # DETAIL (a regex of kernel names, e.g. 'w4a4_mma_kernel') adds ncu's speed of
 # light, occupancy and warp-stall sections for DCOUNT [3] of its launches after
 # DSKIP [40]; STALL (a regex too) ncu's warp-state (stall reasons) and scheduler
-# sections with occupancy, for one launch after SSKIP [300].
+# sections with occupancy, for one launch after SSKIP [300]; SRC (a regex)
+# ncu's instruction mix (InstructionStats) and the kernel's SASS with each
+# instruction's executed count and stall samples, with the CUDA line it comes
+# from (Makefile.am builds with -lineinfo), for one launch after SSKIP, into
+# ncu_source.csv (the lines with most samples printed).
 #     bench/profile_decode_h200.sh [OUTDIR]
 set -u
 out=${1:-${OUT:-/tmp/profile_decode}}
@@ -42,4 +46,15 @@ if [ -n "${STALL:-}" ]; then
         $run >"$out/ncu_stall.txt" 2>&1
     grep -iE "^  [a-zA-Z_].*\(|stall|Warp Cycles|Issued Warp|Eligible|Active Warps|Registers|Achieved Occ|Theoretical Occ|Duration" \
         "$out/ncu_stall.txt" | cut -c1-150 | head -40
+fi
+if [ -n "${SRC:-}" ]; then
+    # shellcheck disable=SC2086
+    timeout 200 ncu --clock-control none -k regex:"$SRC" --launch-skip "${SSKIP:-300}" --launch-count 1 \
+        --section InstructionStats --section SourceCounters --section WarpStateStats $run >"$out/ncu_mix.txt" 2>&1
+    grep -vE "^==|^ *-+ *-+" "$out/ncu_mix.txt" | grep -A60 "Section: Instruction Statistics" | cut -c1-150 | head -40
+    # shellcheck disable=SC2086
+    timeout 200 ncu --clock-control none -k regex:"$SRC" --launch-skip "${SSKIP:-300}" --launch-count 1 \
+        --section SourceCounters --section WarpStateStats --page source --print-source cuda,sass --csv \
+        $run >"$out/ncu_source.csv" 2>&1 || echo "ncu --page source failed: see $out/ncu_source.csv"
+    wc -l "$out/ncu_source.csv"
 fi
