@@ -39,6 +39,8 @@
 #   QUADS_HOLD_X=1: q's, k's and v's products convert their one input to BF16 once
 #     (forward and backward), not once each;
 #   the seven together;
+#   QUADS_LT_TUNE=1: each cuBLASLt product on the fastest of the heuristic's
+#     candidates, timed at its first call (by default the first that runs);
 # ROUNDS [1] rounds (2 or more to confirm a difference), the variants
 # alternating within each (one process a variant a round: ITERS [2] steps
 # after WARMUP [1]; the H200's clocks and the host vary between processes, so
@@ -69,7 +71,7 @@ default_variants="$default_variants;QUADS_DY16_BYTES=2147483648;--recompute;QUAD
 default_variants="$default_variants;QUADS_ROUND_INPUT=1;QUADS_WGMMA_BWD=1"
 default_variants="$default_variants;QUADS_ADAMW_BITS=0 QUADS_GATE_UP=0 QUADS_ROUND_INPUT=1"
 default_variants="$default_variants;QUADS_DLOGIT_FAST=1;QUADS_RMSNORM_ROWS=1;QUADS_EMBED_SORT=1;QUADS_ADAMW_U2=1"
-default_variants="$default_variants;QUADS_LAZY_ZERO=1;QUADS_ROPE_ROWS=1;QUADS_HOLD_X=1"
+default_variants="$default_variants;QUADS_LAZY_ZERO=1;QUADS_ROPE_ROWS=1;QUADS_HOLD_X=1;QUADS_LT_TUNE=1"
 default_variants="$default_variants;QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_LAZY_ZERO=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1"
 # the decode's switches (OP=rollout): the defaults of before 2026-12-06 (no
 # streaming W4A4 kernel, the lm_head's BFP on mma.sync, the FP16 prefill

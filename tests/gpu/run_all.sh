@@ -122,8 +122,8 @@ ops1 lt "every one of the experts' BF16 products on cuBLASLt (QUADS_EXPERT_GEMM=
 ops1 flashwg "fast mode's fused attention on the mma.sync kernels (QUADS_FLASH_WG=0; wgmma on Hopper by default)" \
     QUADS_FLASH_WG=0
 grep "attend" "$out/check_ops_flashwg.log" | grep fast16
-echo "== check_ops 1, the opt-ins: dy bits by the hardware's exp, rmsnorm 32 rows a block, the embedding's backward sorted, AdamW two float4 a thread, RoPE a warp a row (QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1)"
-QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1 timeout 300 tests/gpu/check_ops >"$out/check_ops_optin.log" 2>&1 || rc=1
+echo "== check_ops 1, the opt-ins: dy bits by the hardware's exp, rmsnorm 32 rows a block, the embedding's backward sorted, AdamW two float4 a thread, RoPE a warp a row (QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1; QUADS_LT_TUNE=1: cuBLASLt's fastest candidate a product)"
+QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1 QUADS_LT_TUNE=1 timeout 300 tests/gpu/check_ops >"$out/check_ops_optin.log" 2>&1 || rc=1
 tail -1 "$out/check_ops_optin.log"
 echo "== check_backend"
 timeout 400 tests/gpu/check_backend >"$out/check_backend.log" 2>"$out/check_backend.err" || rc=1
@@ -140,7 +140,7 @@ QUADS_GATE_UP=0 QUADS_ADAMW_BITS=0 QUADS_ROUND_INPUT=1 QUADS_WGMMA_BWD=1 timeout
 grep -v " yes$" "$out/check_backend_old.log" | grep -v " within " | head -10
 tail -1 "$out/check_backend_old.log"
 echo "== check_backend with the opt-ins of 2026-12-05c/d (QUADS_LAZY_ZERO=1: the experts' weight gradients overwritten, not zeroed first; QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1; QUADS_MOE_DEV_ROWS=4096: every decode's expert offsets on the device)"
-QUADS_MOE_DEV_ROWS=4096 QUADS_LAZY_ZERO=1 QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1 timeout 400 tests/gpu/check_backend >"$out/check_backend_optin.log" 2>"$out/check_backend_optin.err" || rc=1
+QUADS_MOE_DEV_ROWS=4096 QUADS_LAZY_ZERO=1 QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1 QUADS_LT_TUNE=1 timeout 400 tests/gpu/check_backend >"$out/check_backend_optin.log" 2>"$out/check_backend_optin.err" || rc=1
 grep -v " yes$" "$out/check_backend_optin.log" | grep -v " within " | head -10
 tail -1 "$out/check_backend_optin.log"
 echo "== check_backend with the opt-ins of 2026-12-05i (QUADS_W4A4_STREAM=1: decode's W4A4 products on the streaming kernel wherever it applies, with QUADS_MOE_DEV_ROWS=4096 its device-offset form too; QUADS_FP8_GROUPED=0: fast FP8 experts on the exact kernel's chain) and of 2026-12-06h (QUADS_GFD_CTA=1: the device offsets' row tiles one thread an expert, with QUADS_GFD_INLINE=0 so that they are listed) and 2026-12-07 (QUADS_PDL=1: programmatic dependent launch); and the defaults of before 2026-12-07 (QUADS_MOE_GROUP1=0 QUADS_FUSED_ROWS=0)"
