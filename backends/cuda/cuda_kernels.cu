@@ -1141,36 +1141,42 @@ __global__ void __launch_bounds__(MC_THREADS) k_matvec_chain(float *c, const flo
 
 template <typename TW> static __host__ __device__ constexpr int tr_kc() { return TR_KB / (int)sizeof(TW); } /* k a stage */
 
-template <typename TW> static size_t matmul_ring_smem()
+template <typename TW, int S = MV_S> static size_t matmul_ring_smem()
 {
-    return (size_t)MV_S * (MT_BN * TR_WLD + sizeof(float) * MT_BM * tr_kc<TW>());
+    return (size_t)S * (MT_BN * TR_WLD + sizeof(float) * MT_BM * tr_kc<TW>());
 }
 
-template <typename TW>
+/* S: the ring's stages (MV_S, or RING_DEEP with QUADS_RING_DEEP=1: every
+ * stage of a K of up to 16 x 128 BF16 values in flight from the start, so that
+ * no chunk waits for its copies behind the chain: the router at batch 64 took
+ * 17.8 us a layer on an H100's ncu (2026-12-07) where its 2,048-add chains take
+ * about 4.5). The same operations in the same order whatever S. */
+#define RING_DEEP 16
+template <typename TW, int S>
 __global__ void __launch_bounds__(128) k_matmul_wt_ring(float *c, const float *a, const TW *w, int M, int N, int K)
 {
     QD_PDL_ENTRY();
     constexpr int KC = tr_kc<TW>(), EU = 16 / (int)sizeof(TW);
     extern __shared__ __align__(16) unsigned char tr_smem[];
     unsigned char(*Ws)[MT_BN][TR_WLD] = (unsigned char(*)[MT_BN][TR_WLD])tr_smem;
-    float(*As)[MT_BM][KC] = (float(*)[MT_BM][KC])(tr_smem + (size_t)MV_S * MT_BN * TR_WLD);
+    float(*As)[MT_BM][KC] = (float(*)[MT_BM][KC])(tr_smem + (size_t)S * MT_BN * TR_WLD);
     int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, n0 = blockIdx.x * MT_BN, m0 = blockIdx.y * MT_BM;
     int nchunk = (K + KC - 1) / KC;
     auto issue = [&](int ch) {
         if (ch < nchunk)
-            mv_stage<TW, MT_BN, TR_KB, TR_WLD, MT_BM, KC, 128>(Ws[ch % MV_S], As[ch % MV_S], w, a, n0, N, m0, M, K,
+            mv_stage<TW, MT_BN, TR_KB, TR_WLD, MT_BM, KC, 128>(Ws[ch % S], As[ch % S], w, a, n0, N, m0, M, K,
                                                                ch * KC, tid);
         mv_commit();
     };
 #pragma unroll
-    for (int st = 0; st < MV_S - 1; st++)
+    for (int st = 0; st < S - 1; st++)
         issue(st);
     float acc = 0.0f;
     for (int ch = 0; ch < nchunk; ch++) {
-        mv_wait<MV_S - 2>();
+        mv_wait<S - 2>();
         __syncthreads(); /* chunk ch landed for every thread; chunk ch - 1's slot is free */
-        issue(ch + MV_S - 1);
-        int st = ch % MV_S, ku = (K - ch * KC < KC ? K - ch * KC : KC) / EU;
+        issue(ch + S - 1);
+        int st = ch % S, ku = (K - ch * KC < KC ? K - ch * KC : KC) / EU;
         const unsigned char *wr = Ws[st][lane];
         const float *ar = As[st][wid];
 #pragma unroll 4
@@ -1291,12 +1297,17 @@ extern "C" qd_status qdk_matmul_wt(float *c, const float *a, const void *w, qdk_
     /* fewer than 16 wide CTAs even at TM = 1: the thin tiles */
     if ((long)((N + MW_BN - 1) / MW_BN) * ((M + 7) / 8) < 16) {
         dim3 grid((unsigned)((N + MT_BN - 1) / MT_BN), (unsigned)((M + MT_BM - 1) / MT_BM));
-        if (matmul_ring_on() && w_elem == QDK_BF16)
-            QD_LAUNCH_SMEM((k_matmul_wt_ring<uint16_t>), grid, 128u, matmul_ring_smem<uint16_t>(), c, a,
+        static int deep_env = -1;
+        bool deep = env_opt_in(&deep_env, "QUADS_RING_DEEP") && K <= RING_DEEP * tr_kc<uint16_t>();
+        if (matmul_ring_on() && w_elem == QDK_BF16 && deep)
+            QD_LAUNCH_SMEM((k_matmul_wt_ring<uint16_t, RING_DEEP>), grid, 128u,
+                           (matmul_ring_smem<uint16_t, RING_DEEP>()), c, a, (const uint16_t *)w, M, N, K);
+        else if (matmul_ring_on() && w_elem == QDK_BF16)
+            QD_LAUNCH_SMEM((k_matmul_wt_ring<uint16_t, MV_S>), grid, 128u, matmul_ring_smem<uint16_t>(), c, a,
                            (const uint16_t *)w, M, N, K);
         else if (matmul_ring_on())
-            QD_LAUNCH_SMEM((k_matmul_wt_ring<float>), grid, 128u, matmul_ring_smem<float>(), c, a, (const float *)w, M,
-                           N, K);
+            QD_LAUNCH_SMEM((k_matmul_wt_ring<float, MV_S>), grid, 128u, matmul_ring_smem<float>(), c, a,
+                           (const float *)w, M, N, K);
         else if (w_elem == QDK_BF16)
             QD_LAUNCH((k_matmul_wt_thin<uint16_t>), grid, 128u, c, a, (const uint16_t *)w, M, N, K, check);
         else
