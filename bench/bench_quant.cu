@@ -24,7 +24,8 @@
  *       backward blocks, q's and o's) on each of cuBLASLt's heuristic candidates.
  *   (g) --bfp: the lm_head's exact product, today's float32 chain beside the
  *       row block-floating-point product (docs/numerics.md §3b).
- *   (h) --moe: the experts' grouped W4A4 table alone (the FP16 kernel, the
+ *   (h) --moe: the experts' grouped W4A4 table alone (the FP16 kernel, its
+ *       wgmma twin (QUADS_W4A4_HWG_NA picks its tile), the
  *       product two blocks an MMA and one), then the attention linears' at
  *       decode's rows (the FP16 kernel on activations made FP16 first beside
  *       the kernels before it); exits 1 where their bits differ.
@@ -482,9 +483,10 @@ static void bench_grouped(void)
 {
     const int E = 128, topk = 8, Bs[] = {1, 16, 64, 256, 8192};
     const int64_t shapes[2][2] = {{768, 2048}, {2048, 768}};
-    printf("\n| experts N x K | batch | rows | experts touched | fp16 us | pair us | pair TB/s | k16 us | k16 TB/s "
-           "| dec us | stream us | stream TB/s | pair / fp16 | k16 / pair | dec / pair | stream / pair | bits |\n"
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("\n| experts N x K | batch | rows | experts touched | fp16 us | hwg us | hwg TFLOP/s | pair us | pair TB/s "
+           "| k16 us | k16 TB/s | dec us | stream us | stream TB/s | pair / fp16 | hwg / fp16 | k16 / pair | dec / pair "
+           "| stream / pair | bits |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int s = 0; s < 2; s++) {
         int64_t N = shapes[s][0], K = shapes[s][1];
         std::vector<qd_nvfp4> w;
@@ -495,19 +497,22 @@ static void bench_grouped(void)
             std::vector<int64_t> off;
             int touched = route_rows(B, E, topk, off);
             int64_t R = off[(size_t)E];
-            float *af = random_dev(R * K, 23), *y[5];
+            float *af = random_dev(R * K, 23), *y[6];
             qd_nvfp4 a;
             QD_STATUS_DIE(qd_cuda_nvfp4_alloc(&a, R, K, QD_SCALE_PER_ROW));
             QD_STATUS_DIE(qd_cuda_nvfp4_quantize(&a, af));
-            float t[5] = {0, 0, 0, 0, 0};
+            float t[6] = {0, 0, 0, 0, 0, 0};
             /* the decode kernel (tiles of 8 rows) and the streaming one (groups of at most
              * 32 rows, else the default) at decode's batches only */
             int nv = B <= 256 ? 5 : 3;
-            for (int v = 0; v < nv; v++) { /* 0 k16, 1 pair, 2 fp16, 3 dec, 4 stream */
+            for (int v = 0; v < 6; v++) { /* 0 k16, 1 pair, 2 fp16, 3 dec, 4 stream, 5 fp16 on wgmma */
+                if (v >= nv && v < 5)
+                    continue;
                 QD_CUDA_DIE(cudaMalloc((void **)&y[v], (size_t)(R * N) * sizeof(float)));
                 QD_CUDA_DIE(cudaMemset(y[v], 0xff, (size_t)(R * N) * sizeof(float)));
                 qd_cuda_w4a4_pair = v == 1 || v >= 3;
-                qd_cuda_w4a4_h16 = v == 2;
+                qd_cuda_w4a4_h16 = v == 2 || v == 5;
+                qd_cuda_w4a4_hwg = v == 5;
                 qd_cuda_w4a4_dec = v == 3;
                 qd_cuda_w4a4_stream = v == 4;
                 t[v] = time_ms(
@@ -515,11 +520,13 @@ static void bench_grouped(void)
             }
             qd_cuda_w4a4_pair = -1;
             qd_cuda_w4a4_h16 = -1;
+            qd_cuda_w4a4_hwg = -1;
             qd_cuda_w4a4_dec = -1;
             qd_cuda_w4a4_stream = -1;
             long long nd = 0;
-            for (int v = 1; v < nv; v++)
-                nd += dev_diff(y[0], y[v], (size_t)(R * N) * sizeof(float));
+            for (int v = 1; v < 6; v++)
+                if (v < nv || v == 5)
+                    nd += dev_diff(y[0], y[v], (size_t)(R * N) * sizeof(float));
             grouped_mismatch |= nd != 0;
             double bytes = (double)touched * (N * K / 2.0 + N * K / 16.0);
             char dus[32] = "-", drat[32] = "-", sus[32] = "-", stb[32] = "-", srat[32] = "-";
@@ -530,15 +537,18 @@ static void bench_grouped(void)
                 snprintf(stb, sizeof stb, "%.2f", bytes / (t[4] * 1e-3) / 1e12);
                 snprintf(srat, sizeof srat, "%.2fx", t[4] / t[1]);
             }
-            printf("| %lld x %lld | %d | %lld | %d | %.1f | %.1f | %.2f | %.1f | %.2f | %s | %s | %s | %.2fx | %.2fx "
-                   "| %s | %s | %s |\n",
-                   (long long)N, (long long)K, B, (long long)R, touched, t[2] * 1e3, t[1] * 1e3,
-                   bytes / (t[1] * 1e-3) / 1e12, t[0] * 1e3, bytes / (t[0] * 1e-3) / 1e12, dus, sus, stb, t[1] / t[2],
-                   t[0] / t[1], drat, srat, nd ? "DIFFER" : "equal");
+            double flop = 2.0 * (double)R * (double)N * (double)K;
+            printf("| %lld x %lld | %d | %lld | %d | %.1f | %.1f | %.1f | %.1f | %.2f | %.1f | %.2f | %s | %s | %s "
+                   "| %.2fx | %.2fx | %.2fx | %s | %s | %s |\n",
+                   (long long)N, (long long)K, B, (long long)R, touched, t[2] * 1e3, t[5] * 1e3,
+                   flop / (t[5] * 1e-3) / 1e12, t[1] * 1e3, bytes / (t[1] * 1e-3) / 1e12, t[0] * 1e3,
+                   bytes / (t[0] * 1e-3) / 1e12, dus, sus, stb, t[1] / t[2], t[5] / t[2], t[0] / t[1], drat, srat,
+                   nd ? "DIFFER" : "equal");
             qd_cuda_nvfp4_free(&a);
             QD_CUDA_DIE(cudaFree(af));
-            for (int v = 0; v < nv; v++)
-                QD_CUDA_DIE(cudaFree(y[v]));
+            for (int v = 0; v < 6; v++)
+                if (v < nv || v == 5)
+                    QD_CUDA_DIE(cudaFree(y[v]));
         }
         for (auto &q : w)
             qd_cuda_nvfp4_free(&q);

@@ -790,6 +790,16 @@ static void c_w4a4_grouped_prefill(oc *c)
     w4a4_grouped_case(c, off, 2, 5650, 48);
 }
 
+/* A prefill's experts of 150, 0 and 70 rows, N = 200 ragged against 128-row
+ * CTAs, K = 384 (three chunks of 8 blocks). CUDA with QUADS_W4A4_H16=1: the
+ * FP16 kernel (and with QUADS_W4A4_HWG=1 its wgmma twin: three 64-row tiles
+ * and two, the last of 22 and 6 rows; two and one of 128) */
+static void c_w4a4_grouped_prefill384(oc *c)
+{
+    static const int32_t off[4] = {0, 150, 150, 220};
+    w4a4_grouped_case(c, off, 3, 200, 384);
+}
+
 /* a batch-1 decode's experts: 8 rows in 8 of 8 experts of K 768 (a3b's down) */
 static void c_w4a4_grouped_dev1(oc *c)
 {
@@ -2083,6 +2093,7 @@ static const op_case cases[] = {
     {{"w4a4_gemm_grouped 4 experts 0-25 rows 72x1024", "w4a4_gemm_grouped", 0, 0}, c_w4a4_grouped_b256},
     {{"w4a4_grouped_dev batch 1 8x48x768", "w4a4_gemm_grouped_dev", 0, 0}, c_w4a4_grouped_dev1},
     {{"w4a4_gemm_grouped prefill 130+70 x 5650x48", "w4a4_gemm_grouped", 0, 0}, c_w4a4_grouped_prefill},
+    {{"w4a4_gemm_grouped prefill 150+0+70 x 200x384", "w4a4_gemm_grouped", 0, 0}, c_w4a4_grouped_prefill384},
     {{"w4a4_gemm 1x72x768", "w4a4_gemm", 1, 0}, c_w4a4_row1},
     {{"w4a4_gemm 1x37x4496", "w4a4_gemm", 1, 0}, c_w4a4_rac_width},
     {{"w4a4_gemm 3x70x80", "w4a4_gemm", 1, 0}, c_w4a4_tiny_rac},

@@ -11,6 +11,7 @@
 #include "backends/cuda/cuda_quant.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_mma.h"
+#include "backends/cuda/cuda_wgmma.h"
 #include "backends/cuda/cuda_rows.cuh"
 #include "backends/cuda/cuda_kernels.h"
 
@@ -2038,6 +2039,193 @@ w4a4_hpre_kernel(const __grid_constant__ hpre_args p, int a_per_row, int w_per_r
                 w_per_row);
 }
 
+/* The W4A4 FP16 product on Hopper's warpgroup MMA (w4a4_hwg_kernel;
+ * QUADS_W4A4_HWG=1, opt-in until measured): w4a4_h16_kernel's operands and
+ * order, each block's 16-slot sum by one wgmma m64nNAk16 started from zero
+ * (the weight rows from registers, the activation rows from shared memory)
+ * instead of NA / 8 mma.sync m16n8k16, then the same fmaf(d, sw * 2^14, acc)
+ * an output, blocks ascending: the same bits. A CTA of two warpgroups takes
+ * 128 weight rows (64 a warpgroup, 16 a warp as in w4a4_h16_kernel) and NA
+ * (64 or 128) activation rows of a group; K in chunks of 8 blocks, double
+ * buffered: the weight codes and scale bytes by cp.async, the activations'
+ * codes and scales through registers, then written as FP16 a * sa into two
+ * K-major 128-byte-swizzled tiles of 64 K values (cuda_wgmma.h's layout),
+ * their k-slots in the weights' slot order (codes 4t, 4t+2 in slots 2t, 2t+1
+ * and 4t+1, 4t+3 in slots 2t+8, 2t+9: a block's exact sum does not depend on
+ * which slot holds which product, only that both operands agree). K a
+ * multiple of 128. */
+#define QD_HWG_CB 8                     /* blocks a chunk */
+#define QD_HWG_WLD (QD_HWG_CB * 8 + 16) /* bytes a staged weight row (16-byte copies; g's 8 rows in distinct banks) */
+template <int NA>
+struct __align__(1024) hwg_stage { /* a multiple of 1,024 bytes: each stage's tiles 1,024-aligned */
+    uint8_t a[2][NA * 128];                /* FP16 a * sa: two tiles of NA rows x 64 K values, 128-byte swizzle */
+    uint8_t wc[128][QD_HWG_WLD];            /* the weight codes of 128 rows x 8 blocks */
+    uint32_t ws[128][QD_HWG_CB / 4];        /* their E4M3 scale bytes */
+};
+#define QD_HWG_AK(NA) ((NA) * QD_HWG_CB / 256) /* activation items (row, block) a thread a chunk */
+
+/* One activation block (16 codes c, scale sa) as 16 FP16 a * sa in the
+ * wgmma tiles' slot order: d0 slots 0-7 (codes 0, 2, 4, ..., 14), d1 slots
+ * 8-15 (codes 1, 3, ..., 15); the values of a16_block. */
+static __device__ __forceinline__ void a16wg_block(uint4 &d0, uint4 &d1, uint2 c, float sa)
+{
+    const uint32_t two14 = 0x74007400u; /* 2^14, 2^14 */
+    unsigned short hs;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hs) : "f"(sa));
+    uint32_t s2 = (uint32_t)hs * 0x10001u, lo[4], hi[4];
+    qd_e2m1x8_h16(lo, __byte_perm(c.x, 0u, 0x3120)); /* (0,2) (1,3) (4,6) (5,7) */
+    qd_e2m1x8_h16(hi, __byte_perm(c.y, 0u, 0x3120)); /* (8,10) (9,11) (12,14) (13,15) */
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        lo[q] = hmul2(hmul2(lo[q], two14), s2);
+        hi[q] = hmul2(hmul2(hi[q], two14), s2);
+    }
+    d0 = make_uint4(lo[0], lo[2], hi[0], hi[2]);
+    d1 = make_uint4(lo[1], lo[3], hi[1], hi[3]);
+}
+
+template <int NA, int PIPE>
+__global__ void __launch_bounds__(256, NA == 64 && !PIPE ? 2 : 1)
+w4a4_hwg_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
+                const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K)
+{
+    QD_PDL_ENTRY();
+#if QD_WG_ARCH
+    constexpr int NACC = NA / 2, AK = QD_HWG_AK(NA);
+    extern __shared__ __align__(16) unsigned char hwg_smem[];
+    const uint32_t base = (smem_u32(hwg_smem) + 1023) & ~1023u;
+    hwg_stage<NA> *stage = (hwg_stage<NA> *)(hwg_smem + (base - smem_u32(hwg_smem)));
+    __shared__ float lut[256];
+    int z = blockIdx.z;
+    int64_t rows = g.rows[z], t0 = (int64_t)blockIdx.y * NA, n0 = (int64_t)blockIdx.x * 128;
+    if (t0 >= rows)
+        return;
+    e4m3_table(lut);
+    int T = rows - t0 < NA ? (int)(rows - t0) : NA, nb = (int)(K / 16), nchunk = nb / QD_HWG_CB;
+    int64_t r0 = g.row0[z] + t0;
+    const uint8_t *ac = a_codes + r0 * (K / 2), *as = a_scales + r0 * nb, *wc = g.codes[z], *ws = g.scales[z];
+    int tid = threadIdx.x, lane = tid & 31, gq = lane >> 2, t = lane & 3, w = tid >> 5;
+    int wr0 = 16 * w + gq, wr1 = wr0 + 8;
+    uint2 rc[AK];
+    uint8_t rs[AK];
+    /* chunk c: the weights' codes and scale bytes by cp.async into st, the activations into rc, rs */
+    auto fetch = [&](hwg_stage<NA> *st, int c) {
+        int b0 = c * QD_HWG_CB;
+#pragma unroll
+        for (int k = 0; k < 2; k++) { /* 128 rows x 4 copies of 16 bytes */
+            int i = tid + 256 * k, row = i >> 2, u = i & 3;
+            int64_t n = n0 + row < N ? n0 + row : N - 1;
+            cp16(&st->wc[row][16 * u], wc + n * (int64_t)(nb * 8) + (int64_t)b0 * 8 + 16 * u, true);
+        }
+        if (tid < 128) {
+            int64_t n = n0 + tid < N ? n0 + tid : N - 1;
+            cp_async8(&st->ws[tid][0], ws + n * nb + b0);
+        }
+        cp_async_commit();
+#pragma unroll
+        for (int k = 0; k < AK; k++) {
+            int i = tid + 256 * k, row = i / QD_HWG_CB, u = i % QD_HWG_CB;
+            bool in = row < T;
+            rc[k] = in ? __ldg((const uint2 *)(ac + (int64_t)row * (nb * 8) + (int64_t)(b0 + u) * 8)) : make_uint2(0, 0);
+            rs[k] = in ? __ldg(as + (int64_t)row * nb + b0 + u) : 0;
+        }
+    };
+    /* rc, rs as FP16 into st's swizzled tiles: row r's 16-byte unit v at v ^ (r % 8) */
+    auto store = [&](hwg_stage<NA> *st) {
+#pragma unroll
+        for (int k = 0; k < AK; k++) {
+            int i = tid + 256 * k, row = i / QD_HWG_CB, u = i % QD_HWG_CB;
+            uint4 d0, d1;
+            a16wg_block(d0, d1, rc[k], lut[rs[k]]);
+            uint8_t *rowp = st->a[u >> 2] + row * 128;
+            int v = 2 * (u & 3);
+            *(uint4 *)(rowp + 16 * (v ^ (row & 7))) = d0;
+            *(uint4 *)(rowp + 16 * ((v + 1) ^ (row & 7))) = d1;
+        }
+    };
+    __syncthreads(); /* the table */
+    fetch(&stage[0], 0);
+    store(&stage[0]);
+    cp_async_wait_all();
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* the tiles visible to wgmma's reads */
+    __syncthreads();
+    float acc[NACC], d[PIPE ? 2 : 1][NACC];
+#pragma unroll
+    for (int i = 0; i < NACC; i++) {
+        acc[i] = d[0][i] = 0.0f;
+        if constexpr (PIPE)
+            d[PIPE][i] = 0.0f;
+    }
+    float sp0 = 0.0f, sp1 = 0.0f; /* PIPE: the scales of the block whose sums are in flight */
+    for (int c = 0; c < nchunk; c++) {
+        hwg_stage<NA> *cur = &stage[c & 1];
+        if (c + 1 < nchunk)
+            fetch(&stage[(c + 1) & 1], c + 1);
+        uint32_t ws0 = cur->ws[wr0][0], ws1 = cur->ws[wr0][1], wt0 = cur->ws[wr1][0], wt1 = cur->ws[wr1][1];
+        uint32_t abase = smem_u32(cur->a[0]);
+#pragma unroll
+        for (int j = 0; j < QD_HWG_CB; j++) {
+            uint32_t xg = *(const uint16_t *)&cur->wc[wr0][8 * j + 2 * t];
+            uint32_t xh = *(const uint16_t *)&cur->wc[wr1][8 * j + 2 * t];
+            uint32_t r[4];
+            qd_e2m1x8_h16(r, __byte_perm(xg, xh, 0x5140));
+            const uint32_t af[4] = {r[0], r[2], r[1], r[3]};
+            float s0 = lut[((j < 4 ? ws0 : ws1) >> (8 * (j & 3))) & 0xff] * 16384.0f;
+            float s1 = lut[((j < 4 ? wt0 : wt1) >> (8 * (j & 3))) & 0xff] * 16384.0f;
+            uint64_t db = qd_wg_desc(abase + (uint32_t)((j >> 2) * NA * 128 + (j & 3) * 32), 16, 1024);
+            float(&dj)[NACC] = d[PIPE ? j & 1 : 0];
+            qd_wg_fence();
+            if constexpr (NA == 64)
+                qd_wgmma_rs64_f16z(dj, af, db);
+            else
+                qd_wgmma_rs128_f16z(dj, af, db);
+            qd_wg_commit();
+            if constexpr (PIPE) { /* block j's sums in flight while block j - 1's are added */
+                if (j > 0) {
+                    float(&dp)[NACC] = d[(j - 1) & 1];
+                    qd_wg_wait<1>();
+                    qd_wg_fence_acc(dp);
+#pragma unroll
+                    for (int i = 0; i < NACC; i++)
+                        acc[i] = fmaf(dp[i], (i & 2) ? sp1 : sp0, acc[i]);
+                }
+                sp0 = s0;
+                sp1 = s1;
+            } else {
+                qd_wg_wait<0>();
+                qd_wg_fence_acc(dj);
+#pragma unroll
+                for (int i = 0; i < NACC; i++)
+                    acc[i] = fmaf(dj[i], (i & 2) ? s1 : s0, acc[i]);
+            }
+        }
+        if constexpr (PIPE) { /* the chunk's last block */
+            float(&dp)[NACC] = d[(QD_HWG_CB - 1) & 1];
+            qd_wg_wait<0>();
+            qd_wg_fence_acc(dp);
+#pragma unroll
+            for (int i = 0; i < NACC; i++)
+                acc[i] = fmaf(dp[i], (i & 2) ? sp1 : sp0, acc[i]);
+        }
+        if (c + 1 < nchunk)
+            store(&stage[(c + 1) & 1]);
+        cp_async_wait_all();
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncthreads();
+    }
+    /* acc[4 j + 2 h + u]: weight row wr0 + 8 h, activation row 8 j + 2 t + u */
+    const float *asd = a_sdec + (a_per_row ? r0 : 0), *wsd = g.sdec[z];
+    float *yz = y + r0 * N;
+#pragma unroll
+    for (int i = 0; i < NACC; i++) {
+        int m = 8 * (i >> 2) + 2 * t + (i & 1);
+        int64_t n = n0 + wr0 + ((i & 2) ? 8 : 0);
+        if (m < T && n < N)
+            yz[m * N + n] = acc[i] * (asd[a_per_row ? m : 0] * wsd[w_per_row ? n : 0]);
+    }
+#endif
+}
+
 /* The decode experts' products with every warp streaming its own weight rows
  * (w4a4_stream_kernel; QUADS_W4A4_STREAM=1, opt-in until run on a GPU). At
  * batch 64 the MMA kernel's CTAs walk K a chunk at a time, the weight
@@ -3406,6 +3594,44 @@ static qd_status launch_w4a4_h16(float *y, const qd_nvfp4 *a, const w4a4_groups 
     return QD_OK;
 }
 
+/* w4a4_hwg_kernel over g's groups: 128 weight rows a CTA, NA activation rows. */
+template <int NA, int PIPE>
+static qd_status launch_w4a4_hwg(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
+                                 int w_per_row, int64_t N, int64_t K)
+{
+    size_t smem = 2 * sizeof(hwg_stage<NA>) + 1024; /* + the stages' alignment */
+    dim3 grid((unsigned)((N + 127) / 128), (unsigned)((maxrows + NA - 1) / NA), (unsigned)ng);
+    QD_CUDA_CHECK(
+        cudaFuncSetAttribute(w4a4_hwg_kernel<NA, PIPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    qd_launch(w4a4_hwg_kernel<NA, PIPE>, grid, 256, smem, y, a->codes, a->scales, a->s_dec, a->per_row, *g, w_per_row, N,
+              K);
+    QD_CUDA_CHECK(cudaGetLastError());
+    return QD_OK;
+}
+
+/* QUADS_W4A4_HWG=1 (opt-in until measured; tests and benchmarks): where the
+ * FP16 kernel is chosen (forced or by default), w4a4_hwg_kernel instead on a
+ * device with wgmma (compute capability 9.0), where K is a multiple of 128 and
+ * the codes 16-byte aligned (scales 8); QUADS_W4A4_HWG_NA=128 for 128
+ * activation rows a CTA (default 64). */
+int qd_cuda_w4a4_hwg = -1;
+
+static int w4a4_hwg_env(void)
+{
+    static int v = -2;
+    return qd_switch(qd_cuda_w4a4_hwg, &v, "QUADS_W4A4_HWG");
+}
+
+static bool w4a4_hwg_ok(const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t K)
+{
+    if (w4a4_hwg_env() != 1 || !qd_wg_device() || K % 128 || !qd_aligned(a->codes, 16) || !qd_aligned(a->scales, 8))
+        return false;
+    for (int z = 0; z < ng; z++)
+        if (!qd_aligned(g->codes[z], 16) || !qd_aligned(g->scales[z], 8))
+            return false;
+    return true;
+}
+
 /* The FP16 activations of w4a4_hpre_kernel: one scratch buffer a device,
  * grown to the largest asked for (a few MB: at most 256 rows). */
 #define QD_HPRE_DEVS 16
@@ -3682,8 +3908,22 @@ static qd_status w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int
     if (h16_ok && (h16 == 1 || (h16 < 0 && sk < 0 && dec < 0 && maxrows >= 64 &&
                                 (N + QD_H16_ROWS - 1) / QD_H16_ROWS * ((maxrows + 63) / 64) * ng >=
                                     2 * qd_sm_count())))
+    {
+        if (w4a4_hwg_ok(a, g, ng, K)) {
+            static int na = -1, pipe = -2;
+            if (na < 0) {
+                const char *e = getenv("QUADS_W4A4_HWG_NA");
+                na = e && !strcmp(e, "128") ? 128 : 64;
+            }
+            if (qd_env_pick(&pipe, "QUADS_W4A4_HWG_PIPE", 0, 1) == 1)
+                return na == 128 ? launch_w4a4_hwg<128, 1>(y, a, g, ng, maxrows, w_per_row, N, K)
+                                 : launch_w4a4_hwg<64, 1>(y, a, g, ng, maxrows, w_per_row, N, K);
+            return na == 128 ? launch_w4a4_hwg<128, 0>(y, a, g, ng, maxrows, w_per_row, N, K)
+                             : launch_w4a4_hwg<64, 0>(y, a, g, ng, maxrows, w_per_row, N, K);
+        }
         return maxrows > 32 ? launch_w4a4_h16<8>(y, a, g, ng, maxrows, w_per_row, N, K)
                             : launch_w4a4_h16<4>(y, a, g, ng, maxrows, w_per_row, N, K);
+    }
     if (sk != 1 && (dec == 1 || (dec < 0 && maxrows <= 8))) {
         qd_status st = w4a4_dec(y, a, g, ng, maxrows, w_per_row, N, K, dec == 1);
         if (st != QD_ERR_SHAPE)

@@ -84,6 +84,12 @@ ops1 k16 "the W4A4 MMA kernel one block an MMA (QUADS_W4A4_PAIR=0; by default tw
     QUADS_W4A4_PAIR=0 QUADS_W4A4_STREAM=0
 ops1 h16 "the FP16 W4A4 kernel forced for every product (QUADS_W4A4_H16=1; by default the prefill's)" QUADS_W4A4_H16=1
 ops1 noh16 "the FP16 W4A4 kernel never (QUADS_W4A4_H16=0)" QUADS_W4A4_H16=0
+ops1 hwg "the FP16 W4A4 kernel forced for every product, on wgmma where K allows (QUADS_W4A4_HWG=1, opt-in: one wgmma m64n64k16 a block)" \
+    QUADS_W4A4_H16=1 QUADS_W4A4_HWG=1
+ops1 hwg128 "the same, 128 activation rows a CTA (QUADS_W4A4_HWG_NA=128: m64n128k16)" \
+    QUADS_W4A4_H16=1 QUADS_W4A4_HWG=1 QUADS_W4A4_HWG_NA=128
+ops1 hwgpipe "the same, 64 rows, each block's wgmma in flight while the block before is added (QUADS_W4A4_HWG_PIPE=1)" \
+    QUADS_W4A4_H16=1 QUADS_W4A4_HWG=1 QUADS_W4A4_HWG_PIPE=1
 ops1 hpre "the FP16 W4A4 kernel on activations made FP16 first forced for every product of one weight matrix and q, k, v (QUADS_W4A4_HPRE=1; by default q, k, v at 9-256 rows)" \
     QUADS_W4A4_HPRE=1
 ops1 nohpre "that kernel never (QUADS_W4A4_HPRE=0)" QUADS_W4A4_HPRE=0
