@@ -25,7 +25,8 @@
  *   (g) --bfp: the lm_head's exact product, today's float32 chain beside the
  *       row block-floating-point product (docs/numerics.md §3b).
  *   (h) --moe: the experts' grouped W4A4 table alone (the FP16 kernel, its
- *       wgmma twin (QUADS_W4A4_HWG_NA picks its tile), the
+ *       wgmma twin (QUADS_W4A4_HWG_NA picks its tile; --moe-prefill: the
+ *       prefill's 8,192 rows alone), the
  *       product two blocks an MMA and one), then the attention linears' at
  *       decode's rows (the FP16 kernel on activations made FP16 first beside
  *       the kernels before it); exits 1 where their bits differ.
@@ -36,7 +37,7 @@
  *       positions, in TB/s of its KV cache.
  *   (j) --stream: the decode experts' weight reads alone (no arithmetic) in
  *       the W4A4 MMA kernel's order and others, against a plain read.
- *     bench/bench_quant [REPS] [--quantize | --attention | --decode-attn | --experts | --lt | --bfp | --moe | --fp8 | --stream] [--json FILE] [--commit ID]
+ *     bench/bench_quant [REPS] [--quantize | --attention | --decode-attn | --experts | --lt | --bfp | --moe | --moe-prefill | --fp8 | --stream] [--json FILE] [--commit ID]
  * --quantize: table (a) only; --json: its rows as JSON lines (model, engine, recipe,
  * mode, op, ms, bandwidth_fraction, commit, ...), for docs/results/train-h200.jsonl.
  * Exits 1 when a quantize output or a RAC pick of the new kernels differs from the
@@ -479,9 +480,12 @@ static void nvfp4_experts(std::vector<qd_nvfp4> &w, std::vector<const qd_nvfp4 *
     }
 }
 
+static int moe_prefill_only; /* --moe-prefill: batch 8,192 only, no linears */
+
 static void bench_grouped(void)
 {
-    const int E = 128, topk = 8, Bs[] = {1, 16, 64, 256, 8192};
+    const int E = 128, topk = 8, Bs_all[] = {1, 16, 64, 256, 8192}, Bs_pre[] = {8192};
+    const int *Bs = moe_prefill_only ? Bs_pre : Bs_all, nB = moe_prefill_only ? 1 : 5;
     const int64_t shapes[2][2] = {{768, 2048}, {2048, 768}};
     printf("\n| experts N x K | batch | rows | experts touched | fp16 us | hwg us | hwg TFLOP/s | pair us | pair TB/s "
            "| k16 us | k16 TB/s | dec us | stream us | stream TB/s | pair / fp16 | hwg / fp16 | k16 / pair | dec / pair "
@@ -493,7 +497,8 @@ static void bench_grouped(void)
         std::vector<const qd_nvfp4 *> pw;
         float *wf = random_dev(N * K, 21);
         nvfp4_experts(w, pw, E, N, K, wf);
-        for (int B : Bs) {
+        for (int bi = 0; bi < nB; bi++) {
+            int B = Bs[bi];
             std::vector<int64_t> off;
             int touched = route_rows(B, E, topk, off);
             int64_t R = off[(size_t)E];
@@ -1377,6 +1382,8 @@ int main(int argc, char **argv)
             only_bfp = 1;
         else if (!strcmp(argv[i], "--moe"))
             only_moe = 1;
+        else if (!strcmp(argv[i], "--moe-prefill"))
+            only_moe = moe_prefill_only = 1;
         else if (!strcmp(argv[i], "--json") && i + 1 < argc)
             json_out = fopen(argv[++i], "w");
         else if (!strcmp(argv[i], "--commit") && i + 1 < argc)
@@ -1384,7 +1391,7 @@ int main(int argc, char **argv)
         else if (atoi(argv[i]) > 0)
             reps = atoi(argv[i]);
         else {
-            fprintf(stderr, "usage: bench/bench_quant [REPS] [--quantize | --attention | --decode-attn | --experts | --lt | --bfp | --moe | --fp8 | --stream] "
+            fprintf(stderr, "usage: bench/bench_quant [REPS] [--quantize | --attention | --decode-attn | --experts | --lt | --bfp | --moe | --moe-prefill | --fp8 | --stream] "
                             "[--json FILE] [--commit ID]\n");
             return 2;
         }
@@ -1402,7 +1409,8 @@ int main(int argc, char **argv)
     }
     if (only_moe) {
         bench_grouped();
-        bench_linears();
+        if (!moe_prefill_only)
+            bench_linears();
         return grouped_mismatch;
     }
     double copy = copy_bandwidth();
