@@ -2044,9 +2044,10 @@ w4a4_hpre_kernel(const __grid_constant__ hpre_args p, int a_per_row, int w_per_r
  * order, each block's 16-slot sum by one wgmma m64nNAk16 started from zero
  * (the weight rows from registers, the activation rows from shared memory)
  * instead of NA / 8 mma.sync m16n8k16, then the same fmaf(d, sw * 2^14, acc)
- * an output, blocks ascending: the same bits. A CTA of two warpgroups takes
- * 128 weight rows (64 a warpgroup, 16 a warp as in w4a4_h16_kernel) and NA
- * (64 or 128) activation rows of a group; K in chunks of 8 blocks, double
+ * an output, blocks ascending: the same bits. A CTA of WGS warpgroups (2, or
+ * 4 with QUADS_W4A4_HWG_WGS=4: the activations converted once for twice the
+ * weight rows) takes 64 * WGS weight rows (64 a warpgroup, 16 a warp as in
+ * w4a4_h16_kernel) and NA (64 or 128) activation rows of a group; K in chunks of 8 blocks, double
  * buffered: the weight codes and scale bytes by cp.async, the activations'
  * codes and scales through registers, then written as FP16 a * sa into two
  * K-major 128-byte-swizzled tiles of 64 K values (cuda_wgmma.h's layout),
@@ -2056,13 +2057,13 @@ w4a4_hpre_kernel(const __grid_constant__ hpre_args p, int a_per_row, int w_per_r
  * multiple of 128. */
 #define QD_HWG_CB 8                     /* blocks a chunk */
 #define QD_HWG_WLD (QD_HWG_CB * 8 + 16) /* bytes a staged weight row (16-byte copies; g's 8 rows in distinct banks) */
-template <int NA>
+template <int NA, int WGS>
 struct __align__(1024) hwg_stage { /* a multiple of 1,024 bytes: each stage's tiles 1,024-aligned */
     uint8_t a[2][NA * 128];                /* FP16 a * sa: two tiles of NA rows x 64 K values, 128-byte swizzle */
-    uint8_t wc[128][QD_HWG_WLD];            /* the weight codes of 128 rows x 8 blocks */
-    uint32_t ws[128][QD_HWG_CB / 4];        /* their E4M3 scale bytes */
+    uint8_t wc[64 * WGS][QD_HWG_WLD];       /* the weight codes of 64 rows a warpgroup x 8 blocks */
+    uint32_t ws[64 * WGS][QD_HWG_CB / 4];   /* their E4M3 scale bytes */
 };
-#define QD_HWG_AK(NA) ((NA) * QD_HWG_CB / 256) /* activation items (row, block) a thread a chunk */
+#define QD_HWG_AK(NA, WGS) ((NA) * QD_HWG_CB / (128 * (WGS))) /* activation items (row, block) a thread a chunk */
 
 /* One activation block (16 codes c, scale sa) as 16 FP16 a * sa in the
  * wgmma tiles' slot order: d0 slots 0-7 (codes 0, 2, 4, ..., 14), d1 slots
@@ -2084,20 +2085,20 @@ static __device__ __forceinline__ void a16wg_block(uint4 &d0, uint4 &d1, uint2 c
     d1 = make_uint4(lo[1], lo[3], hi[1], hi[3]);
 }
 
-template <int NA, int PIPE>
-__global__ void __launch_bounds__(256, NA == 64 && !PIPE ? 2 : 1)
+template <int NA, int PIPE, int WGS>
+__global__ void __launch_bounds__(128 * WGS, NA == 64 && !PIPE && WGS == 2 ? 2 : 1)
 w4a4_hwg_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
                 const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K)
 {
     QD_PDL_ENTRY();
 #if QD_WG_ARCH
-    constexpr int NACC = NA / 2, AK = QD_HWG_AK(NA);
+    constexpr int NACC = NA / 2, AK = QD_HWG_AK(NA, WGS), NT = 128 * WGS, WR = 64 * WGS;
     extern __shared__ __align__(16) unsigned char hwg_smem[];
     const uint32_t base = (smem_u32(hwg_smem) + 1023) & ~1023u;
-    hwg_stage<NA> *stage = (hwg_stage<NA> *)(hwg_smem + (base - smem_u32(hwg_smem)));
+    hwg_stage<NA, WGS> *stage = (hwg_stage<NA, WGS> *)(hwg_smem + (base - smem_u32(hwg_smem)));
     __shared__ float lut[256];
     int z = blockIdx.z;
-    int64_t rows = g.rows[z], t0 = (int64_t)blockIdx.y * NA, n0 = (int64_t)blockIdx.x * 128;
+    int64_t rows = g.rows[z], t0 = (int64_t)blockIdx.y * NA, n0 = (int64_t)blockIdx.x * WR;
     if (t0 >= rows)
         return;
     e4m3_table(lut);
@@ -2109,32 +2110,32 @@ w4a4_hwg_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
     uint2 rc[AK];
     uint8_t rs[AK];
     /* chunk c: the weights' codes and scale bytes by cp.async into st, the activations into rc, rs */
-    auto fetch = [&](hwg_stage<NA> *st, int c) {
+    auto fetch = [&](hwg_stage<NA, WGS> *st, int c) {
         int b0 = c * QD_HWG_CB;
 #pragma unroll
-        for (int k = 0; k < 2; k++) { /* 128 rows x 4 copies of 16 bytes */
-            int i = tid + 256 * k, row = i >> 2, u = i & 3;
+        for (int k = 0; k < 2; k++) { /* WR rows x 4 copies of 16 bytes */
+            int i = tid + NT * k, row = i >> 2, u = i & 3;
             int64_t n = n0 + row < N ? n0 + row : N - 1;
             cp16(&st->wc[row][16 * u], wc + n * (int64_t)(nb * 8) + (int64_t)b0 * 8 + 16 * u, true);
         }
-        if (tid < 128) {
+        if (tid < WR) {
             int64_t n = n0 + tid < N ? n0 + tid : N - 1;
             cp_async8(&st->ws[tid][0], ws + n * nb + b0);
         }
         cp_async_commit();
 #pragma unroll
         for (int k = 0; k < AK; k++) {
-            int i = tid + 256 * k, row = i / QD_HWG_CB, u = i % QD_HWG_CB;
+            int i = tid + NT * k, row = i / QD_HWG_CB, u = i % QD_HWG_CB;
             bool in = row < T;
             rc[k] = in ? __ldg((const uint2 *)(ac + (int64_t)row * (nb * 8) + (int64_t)(b0 + u) * 8)) : make_uint2(0, 0);
             rs[k] = in ? __ldg(as + (int64_t)row * nb + b0 + u) : 0;
         }
     };
     /* rc, rs as FP16 into st's swizzled tiles: row r's 16-byte unit v at v ^ (r % 8) */
-    auto store = [&](hwg_stage<NA> *st) {
+    auto store = [&](hwg_stage<NA, WGS> *st) {
 #pragma unroll
         for (int k = 0; k < AK; k++) {
-            int i = tid + 256 * k, row = i / QD_HWG_CB, u = i % QD_HWG_CB;
+            int i = tid + NT * k, row = i / QD_HWG_CB, u = i % QD_HWG_CB;
             uint4 d0, d1;
             a16wg_block(d0, d1, rc[k], lut[rs[k]]);
             uint8_t *rowp = st->a[u >> 2] + row * 128;
@@ -2157,8 +2158,9 @@ w4a4_hwg_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
             d[PIPE][i] = 0.0f;
     }
     float sp0 = 0.0f, sp1 = 0.0f; /* PIPE: the scales of the block whose sums are in flight */
+    uint32_t afp[4] = {0, 0, 0, 0}; /* PIPE: its A fragment, kept live (unreused) until its wgmma is waited for */
     for (int c = 0; c < nchunk; c++) {
-        hwg_stage<NA> *cur = &stage[c & 1];
+        hwg_stage<NA, WGS> *cur = &stage[c & 1];
         if (c + 1 < nchunk)
             fetch(&stage[(c + 1) & 1], c + 1);
         uint32_t ws0 = cur->ws[wr0][0], ws1 = cur->ws[wr0][1], wt0 = cur->ws[wr1][0], wt1 = cur->ws[wr1][1];
@@ -2184,6 +2186,7 @@ w4a4_hwg_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
                 if (j > 0) {
                     float(&dp)[NACC] = d[(j - 1) & 1];
                     qd_wg_wait<1>();
+                    asm volatile("" ::"r"(afp[0]), "r"(afp[1]), "r"(afp[2]), "r"(afp[3]) : "memory");
                     qd_wg_fence_acc(dp);
 #pragma unroll
                     for (int i = 0; i < NACC; i++)
@@ -2191,6 +2194,9 @@ w4a4_hwg_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
                 }
                 sp0 = s0;
                 sp1 = s1;
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                    afp[q] = af[q];
             } else {
                 qd_wg_wait<0>();
                 qd_wg_fence_acc(dj);
@@ -2202,6 +2208,7 @@ w4a4_hwg_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
         if constexpr (PIPE) { /* the chunk's last block */
             float(&dp)[NACC] = d[(QD_HWG_CB - 1) & 1];
             qd_wg_wait<0>();
+            asm volatile("" ::"r"(afp[0]), "r"(afp[1]), "r"(afp[2]), "r"(afp[3]) : "memory");
             qd_wg_fence_acc(dp);
 #pragma unroll
             for (int i = 0; i < NACC; i++)
@@ -3594,16 +3601,16 @@ static qd_status launch_w4a4_h16(float *y, const qd_nvfp4 *a, const w4a4_groups 
     return QD_OK;
 }
 
-/* w4a4_hwg_kernel over g's groups: 128 weight rows a CTA, NA activation rows. */
-template <int NA, int PIPE>
+/* w4a4_hwg_kernel over g's groups: 64 * WGS weight rows a CTA, NA activation rows. */
+template <int NA, int PIPE, int WGS = 2>
 static qd_status launch_w4a4_hwg(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
                                  int w_per_row, int64_t N, int64_t K)
 {
-    size_t smem = 2 * sizeof(hwg_stage<NA>) + 1024; /* + the stages' alignment */
-    dim3 grid((unsigned)((N + 127) / 128), (unsigned)((maxrows + NA - 1) / NA), (unsigned)ng);
-    QD_CUDA_CHECK(
-        cudaFuncSetAttribute(w4a4_hwg_kernel<NA, PIPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    qd_launch(w4a4_hwg_kernel<NA, PIPE>, grid, 256, smem, y, a->codes, a->scales, a->s_dec, a->per_row, *g, w_per_row, N,
+    size_t smem = 2 * sizeof(hwg_stage<NA, WGS>) + 1024; /* + the stages' alignment */
+    dim3 grid((unsigned)((N + 64 * WGS - 1) / (64 * WGS)), (unsigned)((maxrows + NA - 1) / NA), (unsigned)ng);
+    QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_hwg_kernel<NA, PIPE, WGS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)smem));
+    qd_launch(w4a4_hwg_kernel<NA, PIPE, WGS>, grid, 128 * WGS, smem, y, a->codes, a->scales, a->s_dec, a->per_row, *g, w_per_row, N,
               K);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
@@ -3910,11 +3917,13 @@ static qd_status w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int
                                     2 * qd_sm_count())))
     {
         if (w4a4_hwg_ok(a, g, ng, K)) {
-            static int na = -1, pipe = -2;
+            static int na = -1, pipe = -2, wgs = -2;
             if (na < 0) {
                 const char *e = getenv("QUADS_W4A4_HWG_NA");
                 na = e && !strcmp(e, "128") ? 128 : 64;
             }
+            if (qd_env_pick(&wgs, "QUADS_W4A4_HWG_WGS", 2, 4) == 4)
+                return launch_w4a4_hwg<64, 0, 4>(y, a, g, ng, maxrows, w_per_row, N, K);
             if (qd_env_pick(&pipe, "QUADS_W4A4_HWG_PIPE", 0, 1) == 1)
                 return na == 128 ? launch_w4a4_hwg<128, 1>(y, a, g, ng, maxrows, w_per_row, N, K)
                                  : launch_w4a4_hwg<64, 1>(y, a, g, ng, maxrows, w_per_row, N, K);
