@@ -2159,6 +2159,13 @@ w4a4_hwg_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
     }
     float sp0 = 0.0f, sp1 = 0.0f; /* PIPE: the scales of the block whose sums are in flight */
     uint32_t afp[4] = {0, 0, 0, 0}; /* PIPE: its A fragment, kept live (unreused) until its wgmma is waited for */
+    /* a waited block's sums dd into the accumulators, the weight rows' scales a0, a1 (x 2^14) */
+    auto add = [&](float(&dd)[NACC], float a0, float a1) {
+        qd_wg_fence_acc(dd);
+#pragma unroll
+        for (int i = 0; i < NACC; i++)
+            acc[i] = fmaf(dd[i], (i & 2) ? a1 : a0, acc[i]);
+    };
     for (int c = 0; c < nchunk; c++) {
         hwg_stage<NA, WGS> *cur = &stage[c & 1];
         if (c + 1 < nchunk)
@@ -2184,13 +2191,9 @@ w4a4_hwg_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
             qd_wg_commit();
             if constexpr (PIPE) { /* block j's sums in flight while block j - 1's are added */
                 if (j > 0) {
-                    float(&dp)[NACC] = d[(j - 1) & 1];
                     qd_wg_wait<1>();
                     asm volatile("" ::"r"(afp[0]), "r"(afp[1]), "r"(afp[2]), "r"(afp[3]) : "memory");
-                    qd_wg_fence_acc(dp);
-#pragma unroll
-                    for (int i = 0; i < NACC; i++)
-                        acc[i] = fmaf(dp[i], (i & 2) ? sp1 : sp0, acc[i]);
+                    add(d[(j - 1) & 1], sp0, sp1);
                 }
                 sp0 = s0;
                 sp1 = s1;
@@ -2199,20 +2202,13 @@ w4a4_hwg_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
                     afp[q] = af[q];
             } else {
                 qd_wg_wait<0>();
-                qd_wg_fence_acc(dj);
-#pragma unroll
-                for (int i = 0; i < NACC; i++)
-                    acc[i] = fmaf(dj[i], (i & 2) ? s1 : s0, acc[i]);
+                add(dj, s0, s1);
             }
         }
         if constexpr (PIPE) { /* the chunk's last block */
-            float(&dp)[NACC] = d[(QD_HWG_CB - 1) & 1];
             qd_wg_wait<0>();
             asm volatile("" ::"r"(afp[0]), "r"(afp[1]), "r"(afp[2]), "r"(afp[3]) : "memory");
-            qd_wg_fence_acc(dp);
-#pragma unroll
-            for (int i = 0; i < NACC; i++)
-                acc[i] = fmaf(dp[i], (i & 2) ? sp1 : sp0, acc[i]);
+            add(d[(QD_HWG_CB - 1) & 1], sp0, sp1);
         }
         if (c + 1 < nchunk)
             store(&stage[(c + 1) & 1]);
