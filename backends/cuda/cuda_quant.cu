@@ -1705,21 +1705,29 @@ static __device__ __forceinline__ void mma_h16(float d[4], const uint32_t a[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
 }
 
-/* One activation block (16 codes c, scale sa) as 16 FP16 a * sa (exact) in the
- * FP16 kernels' slot order: codes 4t, 4t+2, 4t+1, 4t+3 for t = 0..3. */
-static __device__ __forceinline__ void a16_block(uint4 *d, uint2 c, float sa)
+/* One activation block (16 codes c, scale sa) as 16 FP16 a * sa (exact), in
+ * pairs: lo[q] codes (0,2) (1,3) (4,6) (5,7), hi[q] the same + 8 (a16_block
+ * and a16wg_block lay them out for their kernels) */
+static __device__ __forceinline__ void a16_pairs(uint32_t lo[4], uint32_t hi[4], uint2 c, float sa)
 {
     const uint32_t two14 = 0x74007400u; /* 2^14, 2^14 */
     unsigned short hs;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hs) : "f"(sa));
-    uint32_t s2 = (uint32_t)hs * 0x10001u, lo[4], hi[4];
-    qd_e2m1x8_h16(lo, __byte_perm(c.x, 0u, 0x3120));
-    qd_e2m1x8_h16(hi, __byte_perm(c.y, 0u, 0x3120));
+    uint32_t s2 = (uint32_t)hs * 0x10001u;
+    qd_e2m1x8_h16(lo, __byte_perm(c.x, 0u, 0x3120)); /* (0,2) (1,3) (4,6) (5,7) */
+    qd_e2m1x8_h16(hi, __byte_perm(c.y, 0u, 0x3120)); /* (8,10) (9,11) (12,14) (13,15) */
 #pragma unroll
     for (int q = 0; q < 4; q++) {
         lo[q] = hmul2(hmul2(lo[q], two14), s2);
         hi[q] = hmul2(hmul2(hi[q], two14), s2);
     }
+}
+
+/* a16_pairs in the FP16 kernels' slot order: codes 4t, 4t+2, 4t+1, 4t+3 for t = 0..3 */
+static __device__ __forceinline__ void a16_block(uint4 *d, uint2 c, float sa)
+{
+    uint32_t lo[4], hi[4];
+    a16_pairs(lo, hi, c, sa);
     d[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
     d[1] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
 }
@@ -2065,25 +2073,18 @@ struct __align__(1024) hwg_stage { /* a multiple of 1,024 bytes: each stage's ti
 };
 #define QD_HWG_AK(NA, WGS) ((NA) * QD_HWG_CB / (128 * (WGS))) /* activation items (row, block) a thread a chunk */
 
+#if QD_WG_ARCH /* the wgmma kernel's alone (its body is empty elsewhere) */
 /* One activation block (16 codes c, scale sa) as 16 FP16 a * sa in the
  * wgmma tiles' slot order: d0 slots 0-7 (codes 0, 2, 4, ..., 14), d1 slots
  * 8-15 (codes 1, 3, ..., 15); the values of a16_block. */
 static __device__ __forceinline__ void a16wg_block(uint4 &d0, uint4 &d1, uint2 c, float sa)
 {
-    const uint32_t two14 = 0x74007400u; /* 2^14, 2^14 */
-    unsigned short hs;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hs) : "f"(sa));
-    uint32_t s2 = (uint32_t)hs * 0x10001u, lo[4], hi[4];
-    qd_e2m1x8_h16(lo, __byte_perm(c.x, 0u, 0x3120)); /* (0,2) (1,3) (4,6) (5,7) */
-    qd_e2m1x8_h16(hi, __byte_perm(c.y, 0u, 0x3120)); /* (8,10) (9,11) (12,14) (13,15) */
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        lo[q] = hmul2(hmul2(lo[q], two14), s2);
-        hi[q] = hmul2(hmul2(hi[q], two14), s2);
-    }
+    uint32_t lo[4], hi[4];
+    a16_pairs(lo, hi, c, sa);
     d0 = make_uint4(lo[0], lo[2], hi[0], hi[2]);
     d1 = make_uint4(lo[1], lo[3], hi[1], hi[3]);
 }
+#endif
 
 template <int NA, int PIPE, int WGS>
 __global__ void __launch_bounds__(128 * WGS, NA == 64 && !PIPE && WGS == 2 ? 2 : 1)
@@ -3606,8 +3607,8 @@ static qd_status launch_w4a4_hwg(float *y, const qd_nvfp4 *a, const w4a4_groups 
     dim3 grid((unsigned)((N + 64 * WGS - 1) / (64 * WGS)), (unsigned)((maxrows + NA - 1) / NA), (unsigned)ng);
     QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_hwg_kernel<NA, PIPE, WGS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)smem));
-    qd_launch(w4a4_hwg_kernel<NA, PIPE, WGS>, grid, 128 * WGS, smem, y, a->codes, a->scales, a->s_dec, a->per_row, *g, w_per_row, N,
-              K);
+    qd_launch(w4a4_hwg_kernel<NA, PIPE, WGS>, grid, 128 * WGS, smem, y, a->codes, a->scales, a->s_dec, a->per_row, *g,
+              w_per_row, N, K);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -3633,6 +3634,26 @@ static bool w4a4_hwg_ok(const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t
         if (!qd_aligned(g->codes[z], 16) || !qd_aligned(g->scales[z], 8))
             return false;
     return true;
+}
+
+/* w4a4_hwg_kernel in the variant the variables pick: QUADS_W4A4_HWG_WGS=4
+ * (64 activation rows, no pipelining), else QUADS_W4A4_HWG_NA (64 or 128) and
+ * QUADS_W4A4_HWG_PIPE */
+static qd_status w4a4_hwg(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows, int w_per_row,
+                          int64_t N, int64_t K)
+{
+    static int na = -1, pipe = -2, wgs = -2;
+    if (na < 0) {
+        const char *e = getenv("QUADS_W4A4_HWG_NA");
+        na = e && !strcmp(e, "128") ? 128 : 64;
+    }
+    if (qd_env_pick(&wgs, "QUADS_W4A4_HWG_WGS", 2, 4) == 4)
+        return launch_w4a4_hwg<64, 0, 4>(y, a, g, ng, maxrows, w_per_row, N, K);
+    if (qd_env_pick(&pipe, "QUADS_W4A4_HWG_PIPE", 0, 1) == 1)
+        return na == 128 ? launch_w4a4_hwg<128, 1>(y, a, g, ng, maxrows, w_per_row, N, K)
+                         : launch_w4a4_hwg<64, 1>(y, a, g, ng, maxrows, w_per_row, N, K);
+    return na == 128 ? launch_w4a4_hwg<128, 0>(y, a, g, ng, maxrows, w_per_row, N, K)
+                     : launch_w4a4_hwg<64, 0>(y, a, g, ng, maxrows, w_per_row, N, K);
 }
 
 /* The FP16 activations of w4a4_hpre_kernel: one scratch buffer a device,
@@ -3911,24 +3932,9 @@ static qd_status w4a4_mma(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int
     if (h16_ok && (h16 == 1 || (h16 < 0 && sk < 0 && dec < 0 && maxrows >= 64 &&
                                 (N + QD_H16_ROWS - 1) / QD_H16_ROWS * ((maxrows + 63) / 64) * ng >=
                                     2 * qd_sm_count())))
-    {
-        if (w4a4_hwg_ok(a, g, ng, K)) {
-            static int na = -1, pipe = -2, wgs = -2;
-            if (na < 0) {
-                const char *e = getenv("QUADS_W4A4_HWG_NA");
-                na = e && !strcmp(e, "128") ? 128 : 64;
-            }
-            if (qd_env_pick(&wgs, "QUADS_W4A4_HWG_WGS", 2, 4) == 4)
-                return launch_w4a4_hwg<64, 0, 4>(y, a, g, ng, maxrows, w_per_row, N, K);
-            if (qd_env_pick(&pipe, "QUADS_W4A4_HWG_PIPE", 0, 1) == 1)
-                return na == 128 ? launch_w4a4_hwg<128, 1>(y, a, g, ng, maxrows, w_per_row, N, K)
-                                 : launch_w4a4_hwg<64, 1>(y, a, g, ng, maxrows, w_per_row, N, K);
-            return na == 128 ? launch_w4a4_hwg<128, 0>(y, a, g, ng, maxrows, w_per_row, N, K)
-                             : launch_w4a4_hwg<64, 0>(y, a, g, ng, maxrows, w_per_row, N, K);
-        }
-        return maxrows > 32 ? launch_w4a4_h16<8>(y, a, g, ng, maxrows, w_per_row, N, K)
-                            : launch_w4a4_h16<4>(y, a, g, ng, maxrows, w_per_row, N, K);
-    }
+        return w4a4_hwg_ok(a, g, ng, K) ? w4a4_hwg(y, a, g, ng, maxrows, w_per_row, N, K)
+             : maxrows > 32             ? launch_w4a4_h16<8>(y, a, g, ng, maxrows, w_per_row, N, K)
+                                        : launch_w4a4_h16<4>(y, a, g, ng, maxrows, w_per_row, N, K);
     if (sk != 1 && (dec == 1 || (dec < 0 && maxrows <= 8))) {
         qd_status st = w4a4_dec(y, a, g, ng, maxrows, w_per_row, N, K, dec == 1);
         if (st != QD_ERR_SHAPE)
