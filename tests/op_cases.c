@@ -1377,6 +1377,16 @@ static void c_attend_gqa_prefill(oc *c)
     prefill_case(c, seq, 3, 32, 4, 128, 40);
 }
 
+/* a3b's heads over sequences of 150, 5 and 71 tokens, Tm 160: CUDA's exact
+ * prefill kernel (QUADS_ATT_PREFILL=1) takes tiles of 16 queries x 8 heads
+ * and stages 64 positions: a sequence over three stages with a last tile
+ * of 6 queries, a tile of 5, one of 7 past four full ones. */
+static void c_attend_gqa_prefill_long(oc *c)
+{
+    static const int32_t seq[4] = {0, 150, 155, 226};
+    prefill_case(c, seq, 3, 32, 4, 128, 160);
+}
+
 /* Sequences of 65, 1 and 130 tokens, 8 / 2 heads of 64, Tm 131: CUDA's fused
  * fast prefill (BF16 recipes) runs them in tiles of 64 queries and keys, so
  * these cross its tile edges (a query tile over three key tiles, a lone
@@ -2129,6 +2139,7 @@ static const op_case cases[] = {
     {{"attend decode gqa 16/4x64 to 299", "attend", 1, 0}, c_attend_gqa4},
     {{"attend_backward 2 seqs", "attend_backward", 1, 0}, c_attend_backward},
     {{"attend+bwd gqa prefill 37,20,37", "attend_backward", 1, 0}, c_attend_gqa_prefill},
+    {{"attend+bwd gqa prefill 150,5,71", "attend_backward", 1, 0}, c_attend_gqa_prefill_long},
     {{"attend+bwd tiles 65,1,130 8/2x64", "attend_backward", 1, 1}, c_attend_tiles},
     {{"attend+bwd tiles 130,1,69 4/2x128", "attend_backward", 1, 1}, c_attend_tiles128},
     {{"attend+bwd tiles 130,1,69 set", "attend_backward", 1, 1}, c_attend_tiles128_set},

@@ -2138,6 +2138,295 @@ extern "C" qd_status qdk_attend(float *out, float *att, const float *q, const fl
     return QD_OK;
 }
 
+/* ---- the exact prefill's attention, its queries' keys read once a tile ---- */
+/* QUADS_ATT_PREFILL=1 (opt-in until run on a GPU): a prefill's queries share
+ * their sequence's keys and values, which k_attend_gqa (one CTA a query and KV
+ * head) reads once a query: 1.88 ms a layer of a3b's batch-64 prefill on an
+ * H100 (2 GB of keys and values from L2 for 8,192 queries). Here one CTA takes
+ * a tile of APF_P (query, head) pairs of one sequence and KV head (APF_P / GH
+ * consecutive queries, each with the GH heads of the group; pair p = query
+ * p / GH, head p % GH) and stages each APF_S positions' keys, then values,
+ * once for all of them. The same bits as attend (cpu_ops.c) a pair: each
+ * score one chain over i ascending (att_dot4), times scale, to att; the
+ * maximum over s <= t (fmaxf: any order); the exponentials qd_expf(x - max)
+ * summed by one thread over s ascending; p = e / sum to att; each output
+ * column one chain over s ascending (a = a + p v, s <= t only). Head width
+ * APF_D; the tile's positions come from the host's seq_off (apf_tiles). */
+#define APF_P 128                /* (query, head) pairs a tile */
+#define APF_S 64                 /* positions a stage */
+#define APF_D 128                /* head width */
+#define APF_KP (APF_D + 4)       /* a staged key row's floats (conflict-free 16-byte reads) */
+#define APF_PP (APF_P + 4)       /* a staged probability row's floats */
+#define APF_THREADS 256
+#define APF_MAXT 960             /* tiles a launch (4 KB of kernel parameters) */
+#define APF_SMEM ((size_t)(APF_P * APF_D + 2 * APF_S * APF_KP) * sizeof(float))
+
+struct apf_tiles {
+    int t[APF_MAXT]; /* first row << 8 | rows */
+};
+
+__global__ void __launch_bounds__(APF_THREADS, 1)
+    k_attend_prefill(float *out, float *att, const float *q, const float *kb, const float *vb,
+                     const int32_t *kbase, const int32_t *pos, int H, int KV, int Tm, float scale, apf_tiles tl)
+{
+    QD_PDL_ENTRY();
+    /* scores: queries (APF_P, APF_D), key ring (2, APF_S, APF_KP);
+     * outputs: value ring (2, APF_S, APF_D), probability ring (2, APF_S, APF_PP) */
+    extern __shared__ __align__(16) float apf_sm[];
+    __shared__ int tq[APF_P], tmaxs;
+    __shared__ float mxs[APF_P], sms[APF_P];
+    int code = tl.t[blockIdx.x], r0 = code >> 8, nq = code & 255, kh = blockIdx.y;
+    int GH = H / KV, NP = nq * GH, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+    size_t KD = (size_t)KV * APF_D, HD = (size_t)H * APF_D;
+    const float *kr = kb + (size_t)kbase[r0] * KD + (size_t)kh * APF_D;
+    const float *vr = vb + (size_t)kbase[r0] * KD + (size_t)kh * APF_D;
+    float *Qs = apf_sm, *Ks = apf_sm + APF_P * APF_D;
+    if (tid < nq)
+        tq[tid] = pos[r0 + tid];
+    for (int j = tid; j < NP * (APF_D / 4); j += APF_THREADS) {
+        int p = j / (APF_D / 4), u = j % (APF_D / 4);
+        mv_cp16(Qs + p * APF_D + 4 * u,
+                q + (size_t)(r0 + p / GH) * HD + (size_t)(kh * GH + p % GH) * APF_D + 4 * u);
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int m = -1;
+        for (int i = 0; i < nq; i++)
+            m = max(m, tq[i]);
+        tmaxs = m;
+    }
+    __syncthreads();
+    int tmax = tmaxs, nst = tmax / APF_S + 1;
+    /* this thread's pairs pg * 8 .. pg * 8 + 7 and their positions (-1: none) */
+    int pg = wid * 2 + (lane >> 4), cg = lane & 15, tp[8], tpmin = 0x7fffffff, tpmax = -1;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int p = pg * 8 + i;
+        tp[i] = p < NP ? tq[p / GH] : -1;
+        tpmin = min(tpmin, tp[i]);
+        tpmax = max(tpmax, tp[i]);
+    }
+    auto pair_row = [&](int p) -> size_t { return ((size_t)(r0 + p / GH) * H + (size_t)(kh * GH + p % GH)) * Tm; };
+    auto stage_rows = [&](int st) { return min(APF_S, tmax + 1 - st * APF_S); };
+    auto issue_k = [&](int st) {
+        if (st < nst) {
+            int ns = stage_rows(st);
+            float *kt = Ks + (size_t)(st & 1) * APF_S * APF_KP;
+            for (int j = tid; j < ns * (APF_D / 4); j += APF_THREADS) {
+                int s = j / (APF_D / 4), u = j % (APF_D / 4);
+                mv_cp16(kt + s * APF_KP + 4 * u, kr + (size_t)(st * APF_S + s) * KD + 4 * u);
+            }
+        }
+        mv_commit();
+    };
+    /* the scores: thread (pg, cg) pairs pg * 8 + i, positions cg + 16 u of each
+     * stage (a quarter warp reads 8 consecutive key rows: conflict-free) */
+    float mx[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        mx[i] = -INFINITY;
+    issue_k(0); /* with the queries' copies */
+    for (int st = 0; st < nst; st++) {
+        issue_k(st + 1);
+        mv_wait<1>();
+        __syncthreads(); /* stage st (and the queries) landed for every thread */
+        const float *kt = Ks + (size_t)(st & 1) * APF_S * APF_KP;
+        float d[8][4];
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                d[i][u] = 0.0f;
+        if (st * APF_S <= tpmax) {
+#pragma unroll 2
+            for (int j = 0; j < APF_D / 4; j++) {
+                float4 kv[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    kv[u] = *(const float4 *)(kt + (cg + 16 * u) * APF_KP + 4 * j);
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    float4 qv = *(const float4 *)(Qs + (pg * 8 + i) * APF_D + 4 * j);
+#pragma unroll
+                    for (int u = 0; u < 4; u++)
+                        d[i][u] = att_dot4(d[i][u], qv, kv[u]);
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int s = st * APF_S + cg + 16 * u;
+                if (s <= tp[i]) {
+                    float x = d[i][u] * scale;
+                    att[pair_row(pg * 8 + i) + s] = x;
+                    mx[i] = fmaxf(mx[i], x);
+                }
+            }
+        __syncthreads(); /* stage st read by every thread before its slot is refilled */
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        float m = mx[i];
+        for (int o = 8; o; o >>= 1) /* the 16 lanes of pair group pg */
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (cg == 0)
+            mxs[pg * 8 + i] = m;
+    }
+    __syncthreads(); /* the maxima, and every score in att */
+    /* each pair's exponentials and their sum, one thread over s ascending */
+    if (tid < NP) {
+        float *pa = att + pair_row(tid), m = mxs[tid], sum = 0.0f;
+        int t = tq[tid / GH], s = 0;
+        for (; s + 8 <= t + 1; s += 8) {
+            float e[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                e[u] = qd_expf(pa[s + u] - m);
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                pa[s + u] = e[u];
+                sum = sum + e[u];
+            }
+        }
+        for (; s <= t; s++) {
+            float e = qd_expf(pa[s] - m);
+            pa[s] = e;
+            sum = sum + e;
+        }
+        sms[tid] = sum;
+    }
+    __syncthreads(); /* the sums, every exponential in att; the key ring free */
+    /* the outputs: thread (pg, cg) pairs pg * 8 + i, columns 4 cg .. 4 cg + 3
+     * and 64 + 4 cg .. 64 + 4 cg + 3 */
+    float *Vs = apf_sm, *Ps = apf_sm + 2 * APF_S * APF_D;
+    auto issue_v = [&](int st) {
+        if (st < nst) {
+            int ns = stage_rows(st);
+            float *vt = Vs + (size_t)(st & 1) * APF_S * APF_D;
+            for (int j = tid; j < ns * (APF_D / 4); j += APF_THREADS) {
+                int s = j / (APF_D / 4), u = j % (APF_D / 4);
+                mv_cp16(vt + s * APF_D + 4 * u, vr + (size_t)(st * APF_S + s) * KD + 4 * u);
+            }
+        }
+        mv_commit();
+    };
+    /* a stage's probabilities e / sum (0 past a pair's position) into the
+     * ring and to att; a warp takes 4 pairs x 8 positions (32-byte reads of
+     * att, conflict-free stores) */
+    auto fill_p = [&](int st) {
+        if (st >= nst)
+            return;
+        float *pt = Ps + (size_t)(st & 1) * APF_S * APF_PP;
+        for (int j = tid; j < APF_P * APF_S; j += APF_THREADS) {
+            int g = j >> 5, p = (g % (APF_P / 4)) * 4 + ((j & 31) >> 3), sl = (g / (APF_P / 4)) * 8 + (j & 7);
+            int s = st * APF_S + sl;
+            float pv = 0.0f;
+            if (p < NP && s <= tq[p / GH]) {
+                float *pa = att + pair_row(p) + s;
+                pv = *pa / sms[p];
+                *pa = pv;
+            }
+            pt[sl * APF_PP + p] = pv;
+        }
+    };
+    float4 a0[8], a1[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        a0[i] = a1[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    issue_v(0);
+    fill_p(0);
+    for (int st = 0; st < nst; st++) {
+        issue_v(st + 1); /* its slot last read at stage st - 1, before the barrier that ended it */
+        fill_p(st + 1);
+        mv_wait<1>();
+        __syncthreads(); /* stage st's values and probabilities in place for every thread */
+        int s0 = st * APF_S, ns = min(APF_S, tpmax + 1 - s0), nall = min(ns, tpmin + 1 - s0);
+        const float *vt = Vs + (size_t)(st & 1) * APF_S * APF_D + 4 * cg;
+        const float *pt = Ps + (size_t)(st & 1) * APF_S * APF_PP + pg * 8;
+        int s = 0;
+        for (; s < nall; s++) { /* every pair of the thread at s */
+            float4 v0 = *(const float4 *)(vt + s * APF_D), v1 = *(const float4 *)(vt + s * APF_D + 64);
+            float4 p0 = *(const float4 *)(pt + s * APF_PP), p1 = *(const float4 *)(pt + s * APF_PP + 4);
+            float pv[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                att_v_step(a0[i], pv[i], (const float *)&v0);
+                att_v_step(a1[i], pv[i], (const float *)&v1);
+            }
+        }
+        for (; s < ns; s++) { /* the pairs whose position is s0 + s or later */
+            float4 v0 = *(const float4 *)(vt + s * APF_D), v1 = *(const float4 *)(vt + s * APF_D + 64);
+            float4 p0 = *(const float4 *)(pt + s * APF_PP), p1 = *(const float4 *)(pt + s * APF_PP + 4);
+            float pv[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                if (s0 + s <= tp[i]) {
+                    att_v_step(a0[i], pv[i], (const float *)&v0);
+                    att_v_step(a1[i], pv[i], (const float *)&v1);
+                }
+        }
+        __syncthreads(); /* stage st read by every thread before its slots are refilled */
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int p = pg * 8 + i;
+        if (p < NP) {
+            float *o = out + (size_t)(r0 + p / GH) * HD + (size_t)(kh * GH + p % GH) * APF_D + 4 * cg;
+            *(float4 *)o = a0[i];
+            *(float4 *)(o + 64) = a1[i];
+        }
+    }
+}
+
+/* QUADS_ATT_PREFILL: 1 the kernel above for the exact prefill (opt-in), else
+ * k_attend_gqa a query at a time */
+static int att_prefill_env(void)
+{
+    static int v = -2;
+    return qd_env_pick(&v, "QUADS_ATT_PREFILL", 0, 1);
+}
+
+/* Whether this device gives a block APF_SMEM bytes of shared memory. */
+static int apf_smem_ok(void)
+{
+    static int ok = -1;
+    if (ok < 0) {
+        int dev = 0, n = 0;
+        ok = cudaGetDevice(&dev) == cudaSuccess &&
+             cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
+             (size_t)n >= APF_SMEM + 4 * 1024;
+    }
+    return ok;
+}
+
+extern "C" qd_status qdk_attend_prefill(float *out, float *att, const float *q, const float *kb, const float *vb,
+                                        const int32_t *kbase, const int32_t *pos, const int32_t *seq_off, int nseq,
+                                        int N, int H, int KV, int D, int Tm)
+{
+    int GH = KV > 0 && H % KV == 0 ? H / KV : 0;
+    if (att_prefill_env() != 1 || !seq_off || D != APF_D || !GH || GH > APF_P || N >= (1 << 23) || !apf_smem_ok())
+        return qdk_attend(out, att, q, kb, vb, kbase, pos, N, H, KV, D, Tm);
+    int QT = APF_P / GH, nt = 0;
+    apf_tiles tl;
+    auto launch = [&]() -> qd_status {
+        QD_LAUNCH_SMEM(k_attend_prefill, dim3((unsigned)nt, (unsigned)KV), (unsigned)APF_THREADS, APF_SMEM, out,
+                       att, q, kb, vb, kbase, pos, H, KV, Tm, qd_attn_scale(D), tl);
+        nt = 0;
+        return QD_OK;
+    };
+    for (int b = 0; b < nseq; b++)
+        for (int r = seq_off[b]; r < seq_off[b + 1]; r += QT) {
+            tl.t[nt++] = r << 8 | min(QT, seq_off[b + 1] - r);
+            if (nt == APF_MAXT)
+                QD_TRY(launch());
+        }
+    if (nt)
+        QD_TRY(launch());
+    return QD_OK;
+}
+
 static __device__ float warp_max(float v)
 {
     for (int o = 16; o > 0; o /= 2)

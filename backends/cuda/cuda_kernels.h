@@ -112,6 +112,14 @@ qd_status qdk_rope(float *x, const int32_t *pos, const float *cosb, const float 
  * (kbase = the cache row's first slot). */
 qd_status qdk_attend(float *out, float *att, const float *q, const float *kb, const float *vb,
                      const int32_t *kbase, const int32_t *pos, int N, int H, int KV, int D, int Tm);
+/* The same for a prefill (seq_off, host, nseq + 1 entries: the packing of
+ * model.c, kbase the sequence's first row), the same bits: with
+ * QUADS_ATT_PREFILL=1 and heads of 128, one CTA a tile of 128 (query, head)
+ * pairs of a sequence and KV head reading the keys and values once for all of
+ * them; else qdk_attend. */
+qd_status qdk_attend_prefill(float *out, float *att, const float *q, const float *kb, const float *vb,
+                             const int32_t *kbase, const int32_t *pos, const int32_t *seq_off, int nseq, int N,
+                             int H, int KV, int D, int Tm);
 /* Fast mode (NUMERICS.md §7): the same attention in one fused kernel, one warp
  * per (query, head), keys split across the lanes, warp-shuffle max and sum,
  * hardware exp; not bit-equal to qdk_attend (relative error stated in

@@ -1560,6 +1560,8 @@ static qd_status cuda_attend(void *dev, float *out, float *att, const float *q, 
     }
     if (D(dev)->mode == QD_MODE_FAST && !D(dev)->small_exact)
         return qdk_attend_fast(out, att, q, kb, vb, kbase, pos, N, H, KV, D, Tm);
+    if (seq_off) /* the exact prefill */
+        return qdk_attend_prefill(out, att, q, kb, vb, kbase, pos, seq_off, nseq, N, H, KV, D, Tm);
     return qdk_attend(out, att, q, kb, vb, kbase, pos, N, H, KV, D, Tm);
 }
 
