@@ -35,9 +35,11 @@
  *       same rows.
  *   (c3) --decode-attn: the exact decode attention at a3b's heads, rows x
  *       positions, in TB/s of its KV cache.
+ *   (c4) --prefill-attn: the exact prefill attention at a3b's heads, a CTA a
+ *       query beside the tiled kernel (QUADS_ATT_PREFILL), bits compared.
  *   (j) --stream: the decode experts' weight reads alone (no arithmetic) in
  *       the W4A4 MMA kernel's order and others, against a plain read.
- *     bench/bench_quant [REPS] [--quantize | --attention | --decode-attn | --experts | --lt | --bfp | --moe | --moe-prefill | --fp8 | --stream] [--json FILE] [--commit ID]
+ *     bench/bench_quant [REPS] [--quantize | --attention | --decode-attn | --prefill-attn | --experts | --lt | --bfp | --moe | --moe-prefill | --fp8 | --stream] [--json FILE] [--commit ID]
  * --quantize: table (a) only; --json: its rows as JSON lines (model, engine, recipe,
  * mode, op, ms, bandwidth_fraction, commit, ...), for docs/results/train-h200.jsonl.
  * Exits 1 when a quantize output or a RAC pick of the new kernels differs from the
@@ -897,6 +899,58 @@ static void bench_decode_attn(void)
         }
 }
 
+/* (c4) --prefill-attn: the exact prefill attention at a3b's heads (32 query /
+ * 4 KV heads of 128) over B sequences of T tokens (the packing of model.c:
+ * kbase the sequence's first row, pos the position in it): k_attend_gqa a
+ * CTA a query (qdk_attend) beside the tiled kernel (qdk_attend_prefill with
+ * QUADS_ATT_PREFILL=1: 16 queries x 8 heads a CTA), out and att compared bit
+ * for bit (exits 1 where they differ); GFLOP/s of the useful products
+ * (4 D a query-key pair, the causal half). */
+static void bench_prefill_attn(void)
+{
+    setenv("QUADS_ATT_PREFILL", "1", 0); /* read at qdk_attend_prefill's first call */
+    const int H = 32, KV = 4, D = 128, shapes[][2] = {{64, 128}, {16, 1024}, {1, 4096}};
+    printf("\nexact prefill attention, a3b heads: per query (k_attend_gqa) vs tiles (QUADS_ATT_PREFILL=%s)\n\n",
+           getenv("QUADS_ATT_PREFILL"));
+    printf("| B x T | per query ms | GFLOP/s | tiles ms | GFLOP/s | speed-up | bits |\n|---|---:|---:|---:|---:|---:|---|\n");
+    for (auto &sh : shapes) {
+        int B = sh[0], T = sh[1], N = B * T;
+        std::vector<int32_t> seq(B + 1), pos(N), kb(N);
+        for (int b = 0; b <= B; b++)
+            seq[b] = b * T;
+        for (int n = 0; n < N; n++)
+            pos[n] = n % T, kb[n] = n / T * T;
+        int32_t *dpos, *dkb;
+        QD_CUDA_DIE(cudaMalloc((void **)&dpos, sizeof(int32_t) * N));
+        QD_CUDA_DIE(cudaMalloc((void **)&dkb, sizeof(int32_t) * N));
+        QD_CUDA_DIE(cudaMemcpy(dpos, pos.data(), sizeof(int32_t) * N, cudaMemcpyHostToDevice));
+        QD_CUDA_DIE(cudaMemcpy(dkb, kb.data(), sizeof(int32_t) * N, cudaMemcpyHostToDevice));
+        int64_t nq = (int64_t)N * H * D, nk = (int64_t)N * KV * D, na = (int64_t)N * H * T;
+        float *q = random_dev(nq, 81), *k = random_dev(nk, 83), *v = random_dev(nk, 85), *o[2], *a[2];
+        for (int i = 0; i < 2; i++) {
+            QD_CUDA_DIE(cudaMalloc((void **)&o[i], sizeof(float) * nq));
+            QD_CUDA_DIE(cudaMalloc((void **)&a[i], sizeof(float) * na));
+            QD_CUDA_DIE(cudaMemset(o[i], 0, sizeof(float) * nq));
+            QD_CUDA_DIE(cudaMemset(a[i], 0, sizeof(float) * na));
+        }
+        float t0 = time_ms([&] { QD_STATUS_DIE(qdk_attend(o[0], a[0], q, k, v, dkb, dpos, N, H, KV, D, T)); });
+        float t1 = time_ms([&] {
+            QD_STATUS_DIE(qdk_attend_prefill(o[1], a[1], q, k, v, dkb, dpos, seq.data(), B, N, H, KV, D, T));
+        });
+        int same = !dev_diff(o[0], o[1], (size_t)nq * sizeof(float)) && !dev_diff(a[0], a[1], (size_t)na * sizeof(float));
+        if (!same)
+            grouped_mismatch = 1;
+        double f = 4.0 * D * (double)B * H * T * (T + 1) / 2;
+        printf("| %d x %d | %.3f | %.0f | %.3f | %.0f | %.2f | %s |\n", B, T, t0, f / t0 * 1e-6, t1, f / t1 * 1e-6,
+               t0 / t1, same ? "equal" : "DIFFER");
+        float *bufs[] = {q, k, v, o[0], o[1], a[0], a[1]};
+        for (float *b : bufs)
+            QD_CUDA_DIE(cudaFree(b));
+        QD_CUDA_DIE(cudaFree(dpos));
+        QD_CUDA_DIE(cudaFree(dkb));
+    }
+}
+
 /* ---- (e) --experts: the MoE experts' BF16 products at a3b's training shape
  * (128 experts, 16 x 1,024 tokens x top-8 = 131,072 rows, uneven: 768 to 1,280
  * an expert; hidden 2,048, expert width 768; gate and up are two products of
@@ -1366,7 +1420,7 @@ int main(int argc, char **argv)
     static const struct {
         const char *arg;
         void (*run)(void);
-    } alone[] = {{"--attention", bench_attention}, {"--decode-attn", bench_decode_attn}, {"--experts", bench_experts},
+    } alone[] = {{"--attention", bench_attention}, {"--decode-attn", bench_decode_attn}, {"--prefill-attn", bench_prefill_attn}, {"--experts", bench_experts},
                  {"--lt", bench_lt},               {"--fp8", bench_fp8},                 {"--stream", bench_stream}};
     void (*solo)(void) = NULL;
     int only_quantize = 0, only_bfp = 0, only_moe = 0;
@@ -1391,7 +1445,7 @@ int main(int argc, char **argv)
         else if (atoi(argv[i]) > 0)
             reps = atoi(argv[i]);
         else {
-            fprintf(stderr, "usage: bench/bench_quant [REPS] [--quantize | --attention | --decode-attn | --experts | --lt | --bfp | --moe | --moe-prefill | --fp8 | --stream] "
+            fprintf(stderr, "usage: bench/bench_quant [REPS] [--quantize | --attention | --decode-attn | --prefill-attn | --experts | --lt | --bfp | --moe | --moe-prefill | --fp8 | --stream] "
                             "[--json FILE] [--commit ID]\n");
             return 2;
         }
@@ -1405,7 +1459,7 @@ int main(int argc, char **argv)
            p.multiProcessorCount, p.l2CacheSize >> 20, reps);
     if (solo) {
         solo();
-        return 0;
+        return grouped_mismatch;
     }
     if (only_moe) {
         bench_grouped();
