@@ -150,9 +150,13 @@ typedef struct qd_ops {
      * pos, then (kc non-NULL) store_kv(kc, vc, kr, v, row, pos, N, Tc, KV*D). */
     qd_status (*qk_norm_rope)(void *dev, const struct qd_qk_args *a);
     /* gather_nvfp4: gather(xe, x, row_tok, R, C), then (q non-NULL: R x C,
-     * per-row scales) nvfp4_quantize(q, xe): the experts' gate/up input. */
+     * per-row scales) nvfp4_quantize(q, xe): the experts' gate/up input.
+     * keep 0 (q non-NULL): the caller reads nothing of xe back (a generate's
+     * step without diagnostics), so a backend may leave it unwritten and
+     * quantize each row from x[row_tok[r]] directly (the same row, so the
+     * same bits). */
     qd_status (*gather_nvfp4)(void *dev, qd_nvfp4 *q, float *xe, const float *x, const int32_t *row_tok, int R,
-                              int C);
+                              int C, int keep);
 
     /* ---- weights kept as BF16 bit patterns (a rollout instance's embedding,
      * router, lm_head): the bits of embed and matmul given the same values as
@@ -509,8 +513,9 @@ static inline qd_status qd_qk_norm_rope_ops(const qd_ops *o, void *dev, const qd
 }
 
 static inline qd_status qd_gather_nvfp4_ops(const qd_ops *o, void *dev, qd_nvfp4 *q, float *xe, const float *x,
-                                            const int32_t *row_tok, int R, int C)
+                                            const int32_t *row_tok, int R, int C, int keep)
 {
+    (void)keep; /* xe written either way */
     qd_status st = o->gather(dev, xe, x, row_tok, R, C);
     return st || !q ? st : o->nvfp4_quantize(dev, q, xe);
 }

@@ -290,8 +290,9 @@ static void c_swiglu_nvfp4(oc *c) { c_swiglu_nvfp4_shape(c, 7, 48); }
 static void c_swiglu_nvfp4_wide(oc *c) { c_swiglu_nvfp4_shape(c, 300, 768); }
 
 /* gather_nvfp4: the experts' gate/up input of one valid routing of N tokens,
- * gathered and quantized */
-static void c_gather_nvfp4_shape(oc *c, int N, int E, int K, int C)
+ * gathered and quantized; keep 0: xe not compared (a backend may leave it
+ * unwritten), only the codes */
+static void c_gather_nvfp4_keep(oc *c, int N, int E, int K, int C, int keep)
 {
     int R = N * K;
     int32_t topk[N * K], tok_rows[R], row_rank[R], exp_off[E + 1], row_tok[R];
@@ -300,14 +301,21 @@ static void c_gather_nvfp4_shape(oc *c, int N, int E, int K, int C)
     rows_of(tok_rows, row_rank, exp_off, topk, topw, N, E, K, row_tok);
     float *x = F(c, (size_t)N * C, -3, 3), *xe = Z(c, sizeof(float) * R * C);
     qd_nvfp4 q = nv(c, R, C, QD_SCALE_PER_ROW);
-    RUN(c, c->ops->gather_nvfp4(c->dev, &q, xe, x, I(c, row_tok, R), R, C));
-    OUT(c, "xe", 'f', xe, sizeof(float) * R * C);
+    RUN(c, c->ops->gather_nvfp4(c->dev, &q, xe, x, I(c, row_tok, R), R, C, keep));
+    if (keep)
+        OUT(c, "xe", 'f', xe, sizeof(float) * R * C);
     out_nv(c, "q", &q);
 }
+
+static void c_gather_nvfp4_shape(oc *c, int N, int E, int K, int C) { c_gather_nvfp4_keep(c, N, E, K, C, 1); }
 
 static void c_gather_nvfp4(oc *c) { c_gather_nvfp4_shape(c, 9, 6, 2, 80); }
 /* a decode's 64 tokens, 8 of a3b's 128 experts each */
 static void c_gather_nvfp4_b64(oc *c) { c_gather_nvfp4_shape(c, 64, 128, 8, 2048); }
+/* the same rows only quantized (a generate's step: CUDA with QUADS_GATHER_DROP=1
+ * from each token's row directly, no float copy) */
+static void c_gather_nvfp4_drop(oc *c) { c_gather_nvfp4_keep(c, 64, 128, 8, 2048, 0); }
+static void c_gather_nvfp4_drop80(oc *c) { c_gather_nvfp4_keep(c, 9, 6, 2, 80, 0); }
 
 static void c_combine_norm_shape(oc *c, int N, int E, int K, int C, int quant)
 {
@@ -2061,6 +2069,8 @@ static const op_case cases[] = {
     {{"swiglu_nvfp4 300x768", "swiglu_nvfp4", 0, 0}, c_swiglu_nvfp4_wide},
     {{"gather_nvfp4 9 tokens x2 of 6 experts, 80", "gather_nvfp4", 0, 0}, c_gather_nvfp4},
     {{"gather_nvfp4 64 tokens x8 of 128 experts, 2048", "gather_nvfp4", 0, 0}, c_gather_nvfp4_b64},
+    {{"gather_nvfp4 keep 0 64 tokens x8, 2048", "gather_nvfp4", 0, 0}, c_gather_nvfp4_drop},
+    {{"gather_nvfp4 keep 0 9 tokens x2, 80", "gather_nvfp4", 0, 0}, c_gather_nvfp4_drop80},
     {{"qk_norm_rope 5x4/2x16", "qk_norm_rope", 0, 0}, c_qk_norm_rope},
     {{"qk_norm_rope 3x32/4x128", "qk_norm_rope", 0, 0}, c_qk_norm_rope_wide},
     {{"qk_norm_rope 40x3/1x64 no cache", "qk_norm_rope", 0, 0}, c_qk_norm_rope_nocache},

@@ -1235,9 +1235,9 @@ static qd_status cpu_swiglu_nvfp4(void *dev, qd_nvfp4 *q, float *h, const float 
 
 static qd_status cpu_qk_norm_rope(void *dev, const qd_qk_args *a) { return qd_qk_norm_rope_ops(&cpu_ops, dev, a); }
 static qd_status cpu_gather_nvfp4(void *dev, qd_nvfp4 *q, float *xe, const float *x, const int32_t *row_tok, int R,
-                                  int C)
+                                  int C, int keep)
 {
-    return qd_gather_nvfp4_ops(&cpu_ops, dev, q, xe, x, row_tok, R, C);
+    return qd_gather_nvfp4_ops(&cpu_ops, dev, q, xe, x, row_tok, R, C, keep);
 }
 
 static const qd_ops cpu_ops = {

@@ -146,6 +146,7 @@ qd_status qdk_combine_add_rmsnorm(float *sum, float *out, float *rstd, const flo
                                   float eps, qd_nvfp4 *q);
 qd_status qdk_swiglu_nvfp4(qd_nvfp4 *q, float *h, const float *g, const float *u, int rows, int I);
 qd_status qdk_qk_norm_rope(const qd_qk_args *a);
+/* xe NULL: the rows only quantized, each from x[row_tok[r]] (no float copy) */
 qd_status qdk_gather_nvfp4(qd_nvfp4 *q, float *xe, const float *x, const int32_t *row_tok, int R, int C);
 /* softmax_rows + topk_row + the renormalization of route(): probs (N, E) in
  * place, topk and topw (N, K) in rank order. */

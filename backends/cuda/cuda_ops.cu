@@ -811,12 +811,22 @@ static qd_status cuda_qk_norm_rope(void *dev, const qd_qk_args *a)
     return qd_qk_norm_rope_ops(qd_cuda_ops(), dev, a);
 }
 
+/* QUADS_GATHER_DROP=1 (opt-in until run on a GPU): where the caller keeps
+ * nothing of xe (keep 0), the fused kernel quantizes each row from its token's
+ * row of x and writes no float copy (a3b's b64 prefill: 537 MB a layer
+ * written and read back) */
+static int gather_drop_on(void)
+{
+    static int v = -2;
+    return qd_env_pick(&v, "QUADS_GATHER_DROP", 0, 1) == 1;
+}
+
 static qd_status cuda_gather_nvfp4(void *dev, qd_nvfp4 *q, float *xe, const float *x, const int32_t *row_tok, int R,
-                                   int C)
+                                   int C, int keep)
 {
     if (q && fused_rows_on() && fused_quant_ok(q))
-        return qdk_gather_nvfp4(q, xe, x, row_tok, R, C);
-    return qd_gather_nvfp4_ops(qd_cuda_ops(), dev, q, xe, x, row_tok, R, C);
+        return qdk_gather_nvfp4(q, keep || !gather_drop_on() ? xe : NULL, x, row_tok, R, C);
+    return qd_gather_nvfp4_ops(qd_cuda_ops(), dev, q, xe, x, row_tok, R, C, keep);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -706,12 +706,13 @@ __global__ void __launch_bounds__(QD_THREADS) qk_rac_group_kernel(const qk_amax 
 /* One CTA a row of x (rows, bpr*16), its blocks into (o, row r) or dq. With a
  * row scope the row's amax (§4) comes from the blocks held in registers
  * (bpr <= blockDim.x * QK_ROW_BLOCKS; longer rows are read twice). s_dec_out
- * gets S_dec per row (row scopes) or once; s_enc_out, S_enc per row. */
+ * gets S_dec per row (row scopes) or once; s_enc_out, S_enc per row. src >= 0:
+ * the values from row src of x instead (k_gather_rows without its copy). */
 template <typename T>
 static __device__ __forceinline__ void qk_row(qout o, float *dq, const T *x, int64_t r, int64_t bpr, qk_scope sc,
-                                              float *s_dec_out, float *s_enc_out)
+                                              float *s_dec_out, float *s_enc_out, int64_t src = -1)
 {
-    const T *xr = x + r * bpr * 16;
+    const T *xr = x + (src >= 0 ? src : r) * bpr * 16;
     uint8_t *cr = o.codes + r * o.codes_ld, *sr = o.scales + r * o.scales_ld;
     float *dr = dq ? dq + r * bpr * 16 : NULL;
     int hold = bpr <= (int64_t)blockDim.x * QK_ROW_BLOCKS, own = !sc.amax && !sc.s_enc;
@@ -2967,11 +2968,13 @@ static fr_quant fr_quant_of(const qd_nvfp4 *q)
  * over the token's K rows), into shared memory and out to sum; then
  * rms_block_rstd and k_rmsnorm's outputs; then (fq) the row quantized. */
 /* The fused rows kernels' last step: the block's row (row of x, C values,
- * complete in global memory) quantized with its own per-row scale into fq. */
-static __device__ __forceinline__ void fr_quant_row(const fr_quant &fq, const float *x, int64_t row, int C)
+ * complete in global memory; or row src of x) quantized with its own per-row
+ * scale into fq's row. */
+static __device__ __forceinline__ void fr_quant_row(const fr_quant &fq, const float *x, int64_t row, int C,
+                                                    int64_t src = -1)
 {
     qk_scope own = {NULL, NULL, 0};
-    qk_row<float>(fq.o, NULL, x, row, C / 16, own, fq.s_dec, NULL);
+    qk_row<float>(fq.o, NULL, x, row, C / 16, own, fq.s_dec, NULL, src);
 }
 
 #define FR_THREADS 512 /* the fused rows kernels' largest CTA (fr_threads) */
@@ -3093,12 +3096,18 @@ extern "C" qd_status qdk_swiglu_nvfp4(qd_nvfp4 *q, float *h, const float *g, con
 
 /* One block a row r of xe (C): k_gather's xe[r] = x[row_tok[r]], then the
  * row quantized (the experts' gate/up input, a token's row once for each
- * of its K experts). */
+ * of its K experts); xe NULL (gather_nvfp4's keep 0): no copy, the row
+ * quantized from x[row_tok[r]] itself (the same values, the same bits). */
 __global__ void __launch_bounds__(FR_THREADS) k_gather_rows(float *xe, const float *x, const int32_t *row_tok, int C,
                                                             fr_quant fq)
 {
     QD_PDL_ENTRY();
-    size_t o = (size_t)blockIdx.x * C, s = (size_t)row_tok[blockIdx.x] * C;
+    int64_t tok = row_tok[blockIdx.x];
+    if (!xe) {
+        fr_quant_row(fq, x, (int64_t)blockIdx.x, C, tok);
+        return;
+    }
+    size_t o = (size_t)blockIdx.x * C, s = (size_t)tok * C;
     for (int i = threadIdx.x; i < C; i += blockDim.x)
         xe[o + i] = x[s + i];
     __syncthreads();
@@ -3109,7 +3118,8 @@ extern "C" qd_status qdk_gather_nvfp4(qd_nvfp4 *q, float *xe, const float *x, co
 {
     QD_TRY(fr_check("gather_nvfp4", q, R, C));
     if (R && C) {
-        qd_launch(k_gather_rows, (unsigned)R, fr_threads(C, R), 0, xe, x, row_tok, C, fr_quant_of(q));
+        unsigned nt = xe ? fr_threads(C, R) : qk_row_threads(C / 16 > 0 ? C / 16 : 1, R); /* no copy: qk_row's */
+        qd_launch(k_gather_rows, (unsigned)R, nt, 0, xe, x, row_tok, C, fr_quant_of(q));
         QD_CUDA_CHECK(cudaGetLastError());
     }
     return QD_OK;
