@@ -2208,17 +2208,20 @@ __global__ void __launch_bounds__(APF_THREADS, 1)
     }
     auto pair_row = [&](int p) -> size_t { return ((size_t)(r0 + p / GH) * H + (size_t)(kh * GH + p % GH)) * Tm; };
     auto stage_rows = [&](int st) { return min(APF_S, tmax + 1 - st * APF_S); };
-    auto issue_k = [&](int st) {
+    /* stage st's rows of src (kr or vr) by cp.async into ring's slot st & 1
+     * (rows of ld floats), one group committed */
+    auto issue = [&](float *ring, int ld, const float *src, int st) {
         if (st < nst) {
             int ns = stage_rows(st);
-            float *kt = Ks + (size_t)(st & 1) * APF_S * APF_KP;
+            float *dt = ring + (size_t)(st & 1) * APF_S * ld;
             for (int j = tid; j < ns * (APF_D / 4); j += APF_THREADS) {
                 int s = j / (APF_D / 4), u = j % (APF_D / 4);
-                mv_cp16(kt + s * APF_KP + 4 * u, kr + (size_t)(st * APF_S + s) * KD + 4 * u);
+                mv_cp16(dt + s * ld + 4 * u, src + (size_t)(st * APF_S + s) * KD + 4 * u);
             }
         }
         mv_commit();
     };
+    auto issue_k = [&](int st) { issue(Ks, APF_KP, kr, st); };
     /* the scores: thread (pg, cg) pairs pg * 8 + i, positions cg + 16 u of each
      * stage (a quarter warp reads 8 consecutive key rows: conflict-free) */
     float mx[8];
@@ -2301,17 +2304,7 @@ __global__ void __launch_bounds__(APF_THREADS, 1)
     /* the outputs: thread (pg, cg) pairs pg * 8 + i, columns 4 cg .. 4 cg + 3
      * and 64 + 4 cg .. 64 + 4 cg + 3 */
     float *Vs = apf_sm, *Ps = apf_sm + 2 * APF_S * APF_D;
-    auto issue_v = [&](int st) {
-        if (st < nst) {
-            int ns = stage_rows(st);
-            float *vt = Vs + (size_t)(st & 1) * APF_S * APF_D;
-            for (int j = tid; j < ns * (APF_D / 4); j += APF_THREADS) {
-                int s = j / (APF_D / 4), u = j % (APF_D / 4);
-                mv_cp16(vt + s * APF_D + 4 * u, vr + (size_t)(st * APF_S + s) * KD + 4 * u);
-            }
-        }
-        mv_commit();
-    };
+    auto issue_v = [&](int st) { issue(Vs, APF_D, vr, st); };
     /* a stage's probabilities e / sum (0 past a pair's position) into the
      * ring and to att; a warp takes 4 pairs x 8 positions (32-byte reads of
      * att, conflict-free stores) */
