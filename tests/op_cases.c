@@ -1388,7 +1388,8 @@ static void c_attend_gqa_prefill(oc *c)
 /* a3b's heads over sequences of 150, 5 and 71 tokens, Tm 160: CUDA's exact
  * prefill kernel (QUADS_ATT_PREFILL=1) takes tiles of 16 queries x 8 heads
  * and stages 64 positions: a sequence over three stages with a last tile
- * of 6 queries, a tile of 5, one of 7 past four full ones. */
+ * of 6 queries, a tile of 5, one of 7 past four full ones (fast mode's BF16
+ * recipes: the fused kernels, att theirs). */
 static void c_attend_gqa_prefill_long(oc *c)
 {
     static const int32_t seq[4] = {0, 150, 155, 226};
@@ -2149,7 +2150,7 @@ static const op_case cases[] = {
     {{"attend decode gqa 16/4x64 to 299", "attend", 1, 0}, c_attend_gqa4},
     {{"attend_backward 2 seqs", "attend_backward", 1, 0}, c_attend_backward},
     {{"attend+bwd gqa prefill 37,20,37", "attend_backward", 1, 0}, c_attend_gqa_prefill},
-    {{"attend+bwd gqa prefill 150,5,71", "attend_backward", 1, 0}, c_attend_gqa_prefill_long},
+    {{"attend+bwd gqa prefill 150,5,71", "attend_backward", 1, 1}, c_attend_gqa_prefill_long},
     {{"attend+bwd tiles 65,1,130 8/2x64", "attend_backward", 1, 1}, c_attend_tiles},
     {{"attend+bwd tiles 130,1,69 4/2x128", "attend_backward", 1, 1}, c_attend_tiles128},
     {{"attend+bwd tiles 130,1,69 set", "attend_backward", 1, 1}, c_attend_tiles128_set},

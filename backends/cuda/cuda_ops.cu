@@ -811,14 +811,15 @@ static qd_status cuda_qk_norm_rope(void *dev, const qd_qk_args *a)
     return qd_qk_norm_rope_ops(qd_cuda_ops(), dev, a);
 }
 
-/* QUADS_GATHER_DROP=1 (opt-in until run on a GPU): where the caller keeps
- * nothing of xe (keep 0), the fused kernel quantizes each row from its token's
- * row of x and writes no float copy (a3b's b64 prefill: 537 MB a layer
- * written and read back) */
+/* Where the caller keeps nothing of xe (keep 0), the fused kernel quantizes
+ * each row from its token's row of x and writes no float copy (a3b's b64
+ * prefill: 537 MB a layer written and read back): by default since 2026-12-07
+ * (H100, the same bits: a3b-4 exact b64 rollout 1.054x); QUADS_GATHER_DROP=0
+ * for the copy */
 static int gather_drop_on(void)
 {
     static int v = -2;
-    return qd_env_pick(&v, "QUADS_GATHER_DROP", 0, 1) == 1;
+    return qd_env_pick(&v, "QUADS_GATHER_DROP", 0, 1) != 0;
 }
 
 static qd_status cuda_gather_nvfp4(void *dev, qd_nvfp4 *q, float *xe, const float *x, const int32_t *row_tok, int R,

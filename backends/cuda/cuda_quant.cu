@@ -2049,7 +2049,8 @@ w4a4_hpre_kernel(const __grid_constant__ hpre_args p, int a_per_row, int w_per_r
 }
 
 /* The W4A4 FP16 product on Hopper's warpgroup MMA (w4a4_hwg_kernel;
- * QUADS_W4A4_HWG=1, opt-in until measured): w4a4_h16_kernel's operands and
+ * the default on Hopper since 2026-12-07, QUADS_W4A4_HWG=0 for the mma.sync
+ * kernel): w4a4_h16_kernel's operands and
  * order, each block's 16-slot sum by one wgmma m64nNAk16 started from zero
  * (the weight rows from registers, the activation rows from shared memory)
  * instead of NA / 8 mma.sync m16n8k16, then the same fmaf(d, sw * 2^14, acc)
@@ -3623,10 +3624,12 @@ static qd_status launch_w4a4_hwg(float *y, const qd_nvfp4 *a, const w4a4_groups 
     return QD_OK;
 }
 
-/* QUADS_W4A4_HWG=1 (opt-in until measured; tests and benchmarks): where the
- * FP16 kernel is chosen (forced or by default), w4a4_hwg_kernel instead on a
- * device with wgmma (compute capability 9.0), where K is a multiple of 128 and
- * the codes 16-byte aligned (scales 8); QUADS_W4A4_HWG_NA=128 for 128
+/* Where the FP16 kernel is chosen (forced or by default), w4a4_hwg_kernel
+ * instead on a device with wgmma (compute capability 9.0), where K is a
+ * multiple of 128 and the codes 16-byte aligned (scales 8): by default since
+ * 2026-12-07 (H100, the same bits: the prefill's expert products 1,439 ->
+ * 1,141 us and 1,526 -> 1,249 at 8,192 rows, a3b-4 exact b64 rollout 1.032x);
+ * QUADS_W4A4_HWG=0 for w4a4_h16_kernel; QUADS_W4A4_HWG_NA=128 for 128
  * activation rows a CTA (default 64). */
 int qd_cuda_w4a4_hwg = -1;
 
@@ -3638,7 +3641,7 @@ static int w4a4_hwg_env(void)
 
 static bool w4a4_hwg_ok(const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t K)
 {
-    if (w4a4_hwg_env() != 1 || !qd_wg_device() || K % 128 || !qd_aligned(a->codes, 16) || !qd_aligned(a->scales, 8))
+    if (w4a4_hwg_env() == 0 || !qd_wg_device() || K % 128 || !qd_aligned(a->codes, 16) || !qd_aligned(a->scales, 8))
         return false;
     for (int z = 0; z < ng; z++)
         if (!qd_aligned(g->codes[z], 16) || !qd_aligned(g->scales[z], 8))

@@ -87,7 +87,7 @@ extern int qd_cuda_w4a4_h16;
  * a block for 64 weight rows and 64 or 128 activation rows) wherever the FP16
  * kernel is chosen, on compute capability 9.0 with K a multiple of 128:
  * qd_cuda_w4a4_hwg = 0 never, 1 there, -1 (default) as QUADS_W4A4_HWG says
- * (unset: never, until measured). The same bits (benchmarks and tests). */
+ * (unset: there, since 2026-12-07). The same bits (benchmarks and tests). */
 extern int qd_cuda_w4a4_hwg;
 /* The FP16 kernel with the activations made FP16 once (w4a4_hpre_kernel: one
  * weight matrix, or q, k and v in one launch, at 9 to 256 activation rows; by

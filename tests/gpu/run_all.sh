@@ -82,9 +82,9 @@ ops1 splitk "the split-K W4A4 kernel forced for every product (QUADS_W4A4_SPLITK
     QUADS_W4A4_SPLITK=1
 ops1 k16 "the W4A4 MMA kernel one block an MMA (QUADS_W4A4_PAIR=0; by default two where K is a multiple of 256; QUADS_W4A4_STREAM=0: small groups on it too)" \
     QUADS_W4A4_PAIR=0 QUADS_W4A4_STREAM=0
-ops1 h16 "the FP16 W4A4 kernel forced for every product (QUADS_W4A4_H16=1; by default the prefill's)" QUADS_W4A4_H16=1
+ops1 h16 "the FP16 W4A4 kernel forced for every product, on mma.sync (QUADS_W4A4_H16=1 QUADS_W4A4_HWG=0; by default the prefill's, on wgmma on Hopper where K allows)" QUADS_W4A4_H16=1 QUADS_W4A4_HWG=0
 ops1 noh16 "the FP16 W4A4 kernel never (QUADS_W4A4_H16=0)" QUADS_W4A4_H16=0
-ops1 hwg "the FP16 W4A4 kernel forced for every product, on wgmma where K allows (QUADS_W4A4_HWG=1, opt-in: one wgmma m64n64k16 a block)" \
+ops1 hwg "the FP16 W4A4 kernel forced for every product, on wgmma where K allows (QUADS_W4A4_HWG=1, the default since 2026-12-07: one wgmma m64n64k16 a block)" \
     QUADS_W4A4_H16=1 QUADS_W4A4_HWG=1
 ops1 hwg128 "the same, 128 activation rows a CTA (QUADS_W4A4_HWG_NA=128: m64n128k16)" \
     QUADS_W4A4_H16=1 QUADS_W4A4_HWG=1 QUADS_W4A4_HWG_NA=128
@@ -123,7 +123,7 @@ ops1 gfdcta "the device offsets' groups and row tiles listed one thread an exper
 ops1 gfdinline "the streaming kernel's expert row tiles listed by a launch before each product (QUADS_GFD_INLINE=0; by default since 2026-12-07 its CTAs find their expert and row tile from the device offsets themselves)" QUADS_GFD_INLINE=0
 ops1 pdl "every kernel launched with programmatic stream serialization, its CTAs started before its predecessor ends and waiting for it (QUADS_PDL=1, opt-in)" QUADS_PDL=1
 ops1 attpre "the exact prefill's attention a tile of 128 (query, head) pairs of a sequence a CTA, its keys and values staged once for them (QUADS_ATT_PREFILL=1, opt-in; by default a CTA a query)" QUADS_ATT_PREFILL=1
-ops1 gatherdrop "gather_nvfp4 with keep 0 quantizing each row from its token's row, no float copy (QUADS_GATHER_DROP=1, opt-in)" QUADS_GATHER_DROP=1
+ops1 gatherdrop "gather_nvfp4 with keep 0 writing the float copy too (QUADS_GATHER_DROP=0; by default since 2026-12-07 each row quantized from its token's row, no copy)" QUADS_GATHER_DROP=0
 ops1 ringdeep "x.W^T of 9-127 rows over few outputs (the router at batch 16-64) with every stage of K in flight from the start (QUADS_RING_DEEP=1, opt-in; by default a ring of 4)" QUADS_RING_DEEP=1
 ops1 fp8chain "fast mode's FP8 experts on the exact kernel's E4M3 chain (QUADS_FP8_GROUPED=0; the tensor cores by default)" QUADS_FP8_GROUPED=0
 ops1 dy16 "fast mode's BF16 backward with dy a block of 8 columns (QUADS_DY16_BYTES)" QUADS_DY16_BYTES=1024
@@ -150,8 +150,8 @@ echo "== check_backend, QUADS_GATE_UP=0 QUADS_ADAMW_BITS=0 QUADS_ROUND_INPUT=1 Q
 QUADS_GATE_UP=0 QUADS_ADAMW_BITS=0 QUADS_ROUND_INPUT=1 QUADS_WGMMA_BWD=1 timeout 400 tests/gpu/check_backend >"$out/check_backend_old.log" 2>"$out/check_backend_old.err" || rc=1
 grep -v " yes$" "$out/check_backend_old.log" | grep -v " within " | head -10
 tail -1 "$out/check_backend_old.log"
-echo "== check_backend with the opt-ins of 2026-12-05c/d (QUADS_LAZY_ZERO=1: the experts' weight gradients overwritten, not zeroed first; QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1; QUADS_MOE_DEV_ROWS=4096: every decode's expert offsets on the device; and QUADS_LT_TUNE=1 QUADS_ATT_PREFILL=1 QUADS_W4A4_HWG=1 QUADS_GATHER_DROP=1)"
-QUADS_MOE_DEV_ROWS=4096 QUADS_LAZY_ZERO=1 QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1 QUADS_LT_TUNE=1 QUADS_ATT_PREFILL=1 QUADS_W4A4_HWG=1 QUADS_GATHER_DROP=1 timeout 400 tests/gpu/check_backend >"$out/check_backend_optin.log" 2>"$out/check_backend_optin.err" || rc=1
+echo "== check_backend with the opt-ins of 2026-12-05c/d (QUADS_LAZY_ZERO=1: the experts' weight gradients overwritten, not zeroed first; QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1; QUADS_MOE_DEV_ROWS=4096: every decode's expert offsets on the device; and QUADS_LT_TUNE=1 QUADS_ATT_PREFILL=1; QUADS_W4A4_HWG=0 QUADS_GATHER_DROP=0: the paths before 2026-12-07's defaults)"
+QUADS_MOE_DEV_ROWS=4096 QUADS_LAZY_ZERO=1 QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUADS_EMBED_SORT=1 QUADS_ADAMW_U2=1 QUADS_ROPE_ROWS=1 QUADS_HOLD_X=1 QUADS_LT_TUNE=1 QUADS_ATT_PREFILL=1 QUADS_W4A4_HWG=0 QUADS_GATHER_DROP=0 timeout 400 tests/gpu/check_backend >"$out/check_backend_optin.log" 2>"$out/check_backend_optin.err" || rc=1
 grep -v " yes$" "$out/check_backend_optin.log" | grep -v " within " | head -10
 tail -1 "$out/check_backend_optin.log"
 echo "== check_backend with the opt-ins of 2026-12-05i (QUADS_W4A4_STREAM=1: decode's W4A4 products on the streaming kernel wherever it applies, with QUADS_MOE_DEV_ROWS=4096 its device-offset form too; QUADS_FP8_GROUPED=0: fast FP8 experts on the exact kernel's chain) and of 2026-12-06h (QUADS_GFD_CTA=1: the device offsets' row tiles one thread an expert, with QUADS_GFD_INLINE=0 so that they are listed) and 2026-12-07 (QUADS_PDL=1: programmatic dependent launch; QUADS_RING_DEEP=1: the router's x.W^T with all of K in flight); and the defaults of before 2026-12-07 (QUADS_MOE_GROUP1=0 QUADS_FUSED_ROWS=0)"
