@@ -2171,7 +2171,7 @@ static qd_status mlp_forward(model *c, float *out, layer_acts *s, const layer *l
         QD_TRY(pre_quant(c, &a, &q, s->xe, R, C, 1));
         /* a generate's step without diagnostics reads nothing of xe back:
          * the gathered rows only quantized (keep 0) */
-        QD_TRY(OP(c, gather_nvfp4, q, s->xe, s->ln2, s->row_tok, R, C, !(c->generating && !diag_now(c))));
+        QD_TRY(OP(c, gather_nvfp4, q, s->xe, s->ln2, s->row_tok, R, C, !c->generating || diag_now(c)));
     } else if (R) {
         QD_TRY(OP(c, gather, s->xe, s->ln2, s->row_tok, R, C));
     }

@@ -312,8 +312,8 @@ static void c_gather_nvfp4_shape(oc *c, int N, int E, int K, int C) { c_gather_n
 static void c_gather_nvfp4(oc *c) { c_gather_nvfp4_shape(c, 9, 6, 2, 80); }
 /* a decode's 64 tokens, 8 of a3b's 128 experts each */
 static void c_gather_nvfp4_b64(oc *c) { c_gather_nvfp4_shape(c, 64, 128, 8, 2048); }
-/* the same rows only quantized (a generate's step: CUDA with QUADS_GATHER_DROP=1
- * from each token's row directly, no float copy) */
+/* the same rows only quantized (a generate's step: CUDA by default from each
+ * token's row directly, no float copy; QUADS_GATHER_DROP=0 writes it) */
 static void c_gather_nvfp4_drop(oc *c) { c_gather_nvfp4_keep(c, 64, 128, 8, 2048, 0); }
 static void c_gather_nvfp4_drop80(oc *c) { c_gather_nvfp4_keep(c, 9, 6, 2, 80, 0); }
 

@@ -2139,7 +2139,10 @@ extern "C" qd_status qdk_attend(float *out, float *att, const float *q, const fl
 }
 
 /* ---- the exact prefill's attention, its queries' keys read once a tile ---- */
-/* QUADS_ATT_PREFILL=1 (opt-in until run on a GPU): a prefill's queries share
+/* QUADS_ATT_PREFILL=1 (opt-in: on an H100, bench_quant --prefill-attn, the
+ * same bits, 1.19x at 64 x 128 tokens but 0.98x at 16 x 1,024 and 0.91x at
+ * 1 x 4,096: bound by its shared-memory reads, one CTA of 8 warps an SM;
+ * the per-query kernel was not bound by L2 as assumed): a prefill's queries share
  * their sequence's keys and values, which k_attend_gqa (one CTA a query and KV
  * head) reads once a query: 1.88 ms a layer of a3b's batch-64 prefill on an
  * H100 (2 GB of keys and values from L2 for 8,192 queries). Here one CTA takes
@@ -2373,8 +2376,8 @@ __global__ void __launch_bounds__(APF_THREADS, 1)
     }
 }
 
-/* QUADS_ATT_PREFILL: 1 the kernel above for the exact prefill (opt-in), else
- * k_attend_gqa a query at a time */
+/* QUADS_ATT_PREFILL: 1 the kernel above for the exact prefill (opt-in, not
+ * faster past short prompts), else k_attend_gqa a query at a time */
 static int att_prefill_env(void)
 {
     static int v = -2;
