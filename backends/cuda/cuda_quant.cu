@@ -1956,6 +1956,16 @@ static __device__ __forceinline__ void hpre_fetch(hpre_stage<NT> *st, const uint
         if (u < cb)
             cp_async8(&st->wc[row][u * 8], wc + n * (int64_t)(nb * 8) + (int64_t)(b0 + u) * 8);
     }
+    if (cb == QD_H16_CB) { /* every chunk but a short last one: the division by a constant */
+#pragma unroll
+        for (int k = 0; k < (8 * NT * 2 * QD_H16_CB + 127) / 128; k++) {
+            int i = tid + 128 * k, row = i / (2 * QD_H16_CB), v = i % (2 * QD_H16_CB);
+            bool in = row < T;
+            if (i < 8 * NT * 2 * QD_H16_CB)
+                cp16(&st->a[row][v * 16], a16 + ((int64_t)(in ? row : 0) * nb + b0) * 32 + v * 16, in);
+        }
+        return;
+    }
     for (int i = tid; i < 8 * NT * 2 * cb; i += 128) {
         int row = i / (2 * cb), v = i - row * 2 * cb;
         bool in = row < T;
@@ -1985,11 +1995,20 @@ w4a4_hpre_kernel(const __grid_constant__ hpre_args p, int a_per_row, int w_per_r
     const uint8_t *a16 = p.a16[pi] + t0 * (K * 2), *wc = p.codes[pi], *wsc = p.scales[pi];
     /* the scales (in the first group of copies): 4 bytes a copy where rows allow */
     if (nb % 4 == 0 && ((uintptr_t)wsc & 3) == 0) {
+        /* copy i: row i / (nb / 4), word i % (nb / 4); a thread's copies
+         * 128 apart, so both step by a constant (no division a copy) */
+        const int qw = nb / 4, dr = 128 / qw, dq = 128 - dr * qw;
+        int row = (int)threadIdx.x / qw, q = (int)threadIdx.x - row * qw;
         for (int i = threadIdx.x; i < 16 * nb; i += 128) {
-            int row = i / (nb / 4), q = i - row * (nb / 4);
             int64_t n = n0 + row < N ? n0 + row : N - 1;
             unsigned d = (unsigned)__cvta_generic_to_shared(wsc_s + row * sld + 4 * q);
             asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(wsc + n * nb + 4 * q));
+            row += dr;
+            q += dq;
+            if (q >= qw) {
+                q -= qw;
+                row++;
+            }
         }
     } else {
         for (int i0 = threadIdx.x; i0 < 64 * nb; i0 += 128 * 8) {
