@@ -488,12 +488,15 @@ static void bench_grouped(void)
 {
     const int E = 128, topk = 8, Bs_all[] = {1, 16, 64, 256, 8192}, Bs_pre[] = {8192};
     const int *Bs = moe_prefill_only ? Bs_pre : Bs_all, nB = moe_prefill_only ? 1 : 5;
-    const int64_t shapes[2][2] = {{768, 2048}, {2048, 768}};
+    /* gate / up, down, and the QUADS recipe's down with its RAC channels
+     * (768 + 192 at ratio 0.25: K not a multiple of 128 or 256, the wgmma and
+     * streaming kernels' PART twins since 2026-12-07d) */
+    const int64_t shapes[3][2] = {{768, 2048}, {2048, 768}, {2048, 960}};
     printf("\n| experts N x K | batch | rows | experts touched | fp16 us | hwg us | hwg TFLOP/s | pair us | pair TB/s "
            "| k16 us | k16 TB/s | dec us | stream us | stream TB/s | pair / fp16 | hwg / fp16 | k16 / pair | dec / pair "
            "| stream / pair | bits |\n"
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    for (int s = 0; s < 2; s++) {
+    for (int s = 0; s < 3; s++) {
         int64_t N = shapes[s][0], K = shapes[s][1];
         std::vector<qd_nvfp4> w;
         std::vector<const qd_nvfp4 *> pw;

@@ -789,6 +789,32 @@ static void c_w4a4_grouped_dev_b64(oc *c)
     w4a4_grouped_run(c, off, 7, 100, 1024, 1);
 }
 
+/* Batch 64's decode rows at the QUADS recipe's down projection width: 768 +
+ * 192 RAC channels (ratio 0.25), K = 960, 60 blocks: three chunks of 16 and a
+ * short one of 12, scale rows not on 16 bytes. CUDA: the streaming kernel's
+ * PART twin by default (host offsets), with QUADS_W4A4_STREAM=1 on the device
+ * offsets too; the MMA kernel before 2026-12-07d. */
+static void c_w4a4_grouped_b64_rac(oc *c)
+{
+    static const int32_t off[8] = {0, 1, 5, 10, 18, 27, 43, 43};
+    w4a4_grouped_case(c, off, 7, 100, 960);
+}
+
+static void c_w4a4_grouped_dev_b64_rac(oc *c)
+{
+    static const int32_t off[8] = {0, 1, 5, 10, 18, 27, 43, 43};
+    w4a4_grouped_run(c, off, 7, 100, 960, 1);
+}
+
+/* A prefill's experts of 150, 0 and 70 rows at K = 960 (seven chunks of 8
+ * blocks and one of 4). CUDA with QUADS_W4A4_H16=1: the wgmma kernel's PART
+ * twin (the mma.sync FP16 kernel before 2026-12-07d: K not a multiple of 128). */
+static void c_w4a4_grouped_prefill960(oc *c)
+{
+    static const int32_t off[4] = {0, 150, 150, 220};
+    w4a4_grouped_case(c, off, 3, 200, 960);
+}
+
 /* A prefill's experts: 130 and 70 rows, N = 5650 ragged against 128-row CTAs,
  * K = 48 (3 blocks, less than a chunk). CUDA: enough CTAs for the FP16 kernel
  * by default (two and three 64-row tiles, the last of 2 and 6 rows). */
@@ -2115,6 +2141,9 @@ static const op_case cases[] = {
     {{"w4a4_grouped_dev batch 1 8x48x768", "w4a4_gemm_grouped_dev", 0, 0}, c_w4a4_grouped_dev1},
     {{"w4a4_gemm_grouped prefill 130+70 x 5650x48", "w4a4_gemm_grouped", 0, 0}, c_w4a4_grouped_prefill},
     {{"w4a4_gemm_grouped prefill 150+0+70 x 200x384", "w4a4_gemm_grouped", 0, 0}, c_w4a4_grouped_prefill384},
+    {{"w4a4_gemm_grouped decode 7 experts 0-16 rows 100x960", "w4a4_gemm_grouped", 0, 0}, c_w4a4_grouped_b64_rac},
+    {{"w4a4_grouped_dev 7 experts 0-16 rows 100x960", "w4a4_gemm_grouped_dev", 0, 0}, c_w4a4_grouped_dev_b64_rac},
+    {{"w4a4_gemm_grouped prefill 150+0+70 x 200x960", "w4a4_gemm_grouped", 0, 0}, c_w4a4_grouped_prefill960},
     {{"w4a4_gemm 1x72x768", "w4a4_gemm", 1, 0}, c_w4a4_row1},
     {{"w4a4_gemm 1x37x4496", "w4a4_gemm", 1, 0}, c_w4a4_rac_width},
     {{"w4a4_gemm 3x70x80", "w4a4_gemm", 1, 0}, c_w4a4_tiny_rac},

@@ -1484,7 +1484,7 @@ static __device__ __forceinline__ void mma_store(S *st, const mma_regs<NT, W> *r
  * the CTA's stage, st_chunk (the streaming kernel) from a warp's own. */
 template <int NG, int NJQ, bool OC = false, typename SW, typename SP>
 static __device__ __forceinline__ void pair_terms(const uint8_t *wa, const int8_t *ab, int lda, SW sw, SP sp,
-                                                  float (*acc)[4], int T, int t, bool bon)
+                                                  float (*acc)[4], int T, int t, bool bon, int njq = NJQ)
 {
     /* OC: the permutes' table and the MMAs' starting accumulators held in
      * registers through the loop: or'ed with T >> 8, T >> 9, ... (0: T is
@@ -1499,7 +1499,7 @@ static __device__ __forceinline__ void pair_terms(const uint8_t *wa, const int8_
             mc[i] |= T >> (8 + i);
     }
 #pragma unroll 1
-    for (int jq = 0; jq < NJQ; jq++) {
+    for (int jq = 0; jq < njq; jq++) { /* njq: NJQ, or fewer in a stream's short last chunk */
         uint32_t R[4];
         ldm_x4(R, wa + 32 * jq);
 #pragma unroll
@@ -2083,7 +2083,9 @@ w4a4_hpre_kernel(const __grid_constant__ hpre_args p, int a_per_row, int w_per_r
  * their k-slots in the weights' slot order (codes 4t, 4t+2 in slots 2t, 2t+1
  * and 4t+1, 4t+3 in slots 2t+8, 2t+9: a block's exact sum does not depend on
  * which slot holds which product, only that both operands agree). K a
- * multiple of 128. */
+ * multiple of 64 (since 2026-12-07d; 128 before): a short last chunk of 4
+ * blocks ends the chain where K is not a multiple of 128 (the RAC down
+ * projection's 768 + 192 at ratio 0.25). */
 #define QD_HWG_CB 8                     /* blocks a chunk */
 #define QD_HWG_WLD (QD_HWG_CB * 8 + 16) /* bytes a staged weight row (16-byte copies; g's 8 rows in distinct banks) */
 template <int NA, int WGS>
@@ -2107,7 +2109,7 @@ static __device__ __forceinline__ void a16wg_block(uint4 &d0, uint4 &d1, uint2 c
 }
 #endif
 
-template <int NA, int PIPE, int WGS>
+template <int NA, int PIPE, int WGS, int PART = 0>
 __global__ void __launch_bounds__(128 * WGS, NA == 64 && !PIPE && WGS == 2 ? 2 : 1)
 w4a4_hwg_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
                 const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K)
@@ -2124,7 +2126,12 @@ w4a4_hwg_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
     if (t0 >= rows)
         return;
     e4m3_table(lut);
-    int T = rows - t0 < NA ? (int)(rows - t0) : NA, nb = (int)(K / 16), nchunk = nb / QD_HWG_CB;
+    int T = rows - t0 < NA ? (int)(rows - t0) : NA, nb = (int)(K / 16),
+        nchunk = PART ? (nb + QD_HWG_CB - 1) / QD_HWG_CB : nb / QD_HWG_CB;
+    /* PART (K a multiple of 64, not of 128; no PIPE): a short last chunk of
+     * 4 blocks, the scale rows copied 4 bytes at a time */
+    static_assert(!PART || !PIPE, "PART without PIPE");
+    const bool s8 = !PART;
     int64_t r0 = g.row0[z] + t0;
     const uint8_t *ac = a_codes + r0 * (K / 2), *as = a_scales + r0 * nb, *wc = g.codes[z], *ws = g.scales[z];
     int tid = threadIdx.x, lane = tid & 31, gq = lane >> 2, t = lane & 3, w = tid >> 5;
@@ -2133,22 +2140,34 @@ w4a4_hwg_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
     uint8_t rs[AK];
     /* chunk c: the weights' codes and scale bytes by cp.async into st, the activations into rc, rs */
     auto fetch = [&](hwg_stage<NA, WGS> *st, int c) {
-        int b0 = c * QD_HWG_CB;
+        int b0 = c * QD_HWG_CB, cb = PART && nb - b0 < QD_HWG_CB ? nb - b0 : QD_HWG_CB;
 #pragma unroll
         for (int k = 0; k < 2; k++) { /* WR rows x 4 copies of 16 bytes */
             int i = tid + NT * k, row = i >> 2, u = i & 3;
             int64_t n = n0 + row < N ? n0 + row : N - 1;
-            cp16(&st->wc[row][16 * u], wc + n * (int64_t)(nb * 8) + (int64_t)b0 * 8 + 16 * u, true);
+            if constexpr (PART)
+                cp16(&st->wc[row][16 * u], wc + n * (int64_t)(nb * 8) + (int64_t)(2 * u < cb ? b0 * 8 + 16 * u : 0),
+                     2 * u < cb);
+            else
+                cp16(&st->wc[row][16 * u], wc + n * (int64_t)(nb * 8) + (int64_t)b0 * 8 + 16 * u, true);
         }
         if (tid < WR) {
             int64_t n = n0 + tid < N ? n0 + tid : N - 1;
-            cp_async8(&st->ws[tid][0], ws + n * nb + b0);
+            if (s8)
+                cp_async8(&st->ws[tid][0], ws + n * nb + b0);
+            else
+#pragma unroll
+                for (int v = 0; v < 2; v++) {
+                    unsigned d = (unsigned)__cvta_generic_to_shared(&st->ws[tid][v]);
+                    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d),
+                                 "l"(ws + n * nb + (4 * v < cb ? b0 + 4 * v : 0)), "r"(4 * v < cb ? 4 : 0));
+                }
         }
         cp_async_commit();
 #pragma unroll
         for (int k = 0; k < AK; k++) {
             int i = tid + NT * k, row = i / QD_HWG_CB, u = i % QD_HWG_CB;
-            bool in = row < T;
+            bool in = row < T && (!PART || u < cb);
             rc[k] = in ? __ldg((const uint2 *)(ac + (int64_t)row * (nb * 8) + (int64_t)(b0 + u) * 8)) : make_uint2(0, 0);
             rs[k] = in ? __ldg(as + (int64_t)row * nb + b0 + u) : 0;
         }
@@ -2194,8 +2213,11 @@ w4a4_hwg_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
             fetch(&stage[(c + 1) & 1], c + 1);
         uint32_t ws0 = cur->ws[wr0][0], ws1 = cur->ws[wr0][1], wt0 = cur->ws[wr1][0], wt1 = cur->ws[wr1][1];
         uint32_t abase = smem_u32(cur->a[0]);
+        const int cbc = PART && nb - c * QD_HWG_CB < QD_HWG_CB ? nb - c * QD_HWG_CB : QD_HWG_CB;
 #pragma unroll
         for (int j = 0; j < QD_HWG_CB; j++) {
+            if (PART && j >= cbc) /* the short last chunk */
+                break;
             uint32_t xg = *(const uint16_t *)&cur->wc[wr0][8 * j + 2 * t];
             uint32_t xh = *(const uint16_t *)&cur->wc[wr1][8 * j + 2 * t];
             uint32_t r[4];
@@ -2266,7 +2288,7 @@ w4a4_hwg_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
  * QUADS_W4A4_STREAM_CFG picks CB, S and how the weight scales are decoded;
  * QUADS_W4A4_STREAM_RG how many slabs of 64 rows a CTA takes). The products
  * are pair_chunk's: the same MMAs on the same operands and the same FFMA
- * chain an output in ascending block order, so the same bits. K a multiple of 16 * CB; a group
+ * chain an output in ascending block order, so the same bits. K a multiple of 64 (a short last chunk); a group
  * of more rows than TR takes a CTA per TR (the weights read again, from L2
  * where they run side by side). */
 #define QD_ST_AB 8 /* activation blocks a thread loads at once */
@@ -2300,7 +2322,7 @@ static __device__ __forceinline__ float2 e4m3x2_f32(const uint8_t *p)
  * rows spld float4 apart) */
 template <int NG, int CB, int FC = 0>
 static __device__ __forceinline__ void st_chunk(const st_warp<CB> *cur, const int8_t *act, const float4 *sp, int ald,
-                                                int spld, const float *lut, float (*acc)[4], int T, int lane)
+                                                int spld, const float *lut, float (*acc)[4], int T, int lane, int njq)
 {
     int gq = lane >> 2, t = lane & 3;
     const uint8_t *s0 = cur->ws[gq], *s1 = cur->ws[gq + 8];
@@ -2316,7 +2338,7 @@ static __device__ __forceinline__ void st_chunk(const st_warp<CB> *cur, const in
                 w1 = make_float2(lut[s1[2 * jp]], lut[s1[2 * jp + 1]]);
             }
         },
-        [&](int row, int jp) { return sp[row * spld + jp]; }, acc, T, t, (t >> 1) == (gq & 1));
+        [&](int row, int jp) { return sp[row * spld + jp]; }, acc, T, t, (t >> 1) == (gq & 1), njq);
 }
 
 /* The device offsets of w4a4_stream_kernel's DEV 2: d_off (E + 1, E <= 128)
@@ -2334,7 +2356,7 @@ typedef struct {
  * thread an expert), so no w4a4_items_from_dev launch comes before: the same
  * pairs in the same order (experts with rows ascending, tiles ascending), the
  * same bits. */
-template <int DEV, int CB, int S, int TR, int FC = 0>
+template <int DEV, int CB, int S, int TR, int FC = 0, int PART = 0>
 __global__ void __launch_bounds__(128)
 w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
                    const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K, const w4a4_groups *gd,
@@ -2394,8 +2416,13 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
     const int64_t t0 = tile * TR, n0 = (int64_t)blockIdx.x * 64 * rg;
     if (t0 >= rows)
         return;
-    const int T = rows - t0 < TR ? (int)(rows - t0) : TR, nb = (int)(K / 16), nchunk = nb / CB, nq = rg * nchunk;
+    const int T = rows - t0 < TR ? (int)(rows - t0) : TR, nb = (int)(K / 16),
+              nchunk = PART ? (nb + CB - 1) / CB : nb / CB, nq = rg * nchunk;
     const int ald = (int)K + 32, spld = nb / 2 + 1;
+    /* PART (K a multiple of 64, not of 16 CB): the last chunk holds fewer
+     * than CB blocks (a multiple of 4), and where nb is not a multiple of 16
+     * the scale rows are not on 16 bytes: they are copied 4 bytes at a time */
+    const bool s16 = !PART || nb % 16 == 0;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gq = lane >> 2, t = lane & 3;
     int8_t *act = (int8_t *)st_smem;
     float4 *sp = (float4 *)(st_smem + (size_t)TR * ald);
@@ -2408,19 +2435,36 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
      * (never stored) */
     auto issue = [&](int q) {
         st_warp<CB> *st = &ring[q % S];
-        const int c = q % nchunk;
+        const int c = q % nchunk, cbc = PART && nb - c * CB < CB ? nb - c * CB : CB;
         const int64_t wrow0 = wrow(q / nchunk);
         constexpr int PR = CB / 2; /* 16-byte copies a row of codes */
 #pragma unroll
         for (int u = 0; u < CB / 4; u++) {
             int i = lane + 32 * u, r = i / PR, v = i % PR;
-            bool in = wrow0 + r < N;
-            cp16(&st->wc[r][16 * v], wcodes + (in ? wrow0 + r : 0) * (K / 2) + (int64_t)c * CB * 8 + 16 * v, in);
+            if constexpr (PART) {
+                bool in = wrow0 + r < N && 2 * v < cbc;
+                cp16(&st->wc[r][16 * v], wcodes + (in ? (wrow0 + r) * (K / 2) + (int64_t)c * CB * 8 + 16 * v : 0),
+                     in);
+            } else {
+                bool in = wrow0 + r < N;
+                cp16(&st->wc[r][16 * v], wcodes + (in ? wrow0 + r : 0) * (K / 2) + (int64_t)c * CB * 8 + 16 * v, in);
+            }
         }
-        if (lane < CB) {
-            int r = lane / (CB / 16), v = lane % (CB / 16);
-            bool in = wrow0 + r < N;
-            cp16(&st->ws[r][16 * v], wscales + (in ? wrow0 + r : 0) * nb + (int64_t)c * CB + 16 * v, in);
+        if (s16) {
+            if (lane < CB) {
+                int r = lane / (CB / 16), v = lane % (CB / 16);
+                bool in = wrow0 + r < N;
+                cp16(&st->ws[r][16 * v], wscales + (in ? wrow0 + r : 0) * nb + (int64_t)c * CB + 16 * v, in);
+            }
+        } else {
+#pragma unroll
+            for (int u = 0; u < CB / 8; u++) { /* 16 rows x CB / 4 words */
+                int i = lane + 32 * u, r = i / (CB / 4), v = i % (CB / 4);
+                bool in = wrow0 + r < N && 4 * v < cbc;
+                unsigned d = (unsigned)__cvta_generic_to_shared(&st->ws[r][4 * v]);
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d),
+                             "l"(wscales + (in ? (wrow0 + r) * nb + (int64_t)c * CB + 4 * v : 0)), "r"(in ? 4 : 0));
+            }
         }
     };
 #pragma unroll
@@ -2476,15 +2520,15 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
         if (q + S - 1 < nq)
             issue(q + S - 1);
         cp_async_commit();
-        const int c = q % nchunk;
+        const int c = q % nchunk, njq = PART && nb - c * CB < CB ? (nb - c * CB) / 4 : CB / 4;
         const int8_t *ac = act + c * CB * 16;
         const float4 *spc = sp + c * (CB / 2);
         if (T <= 4)
-            st_chunk<1, CB, FC>(&ring[q % S], ac, spc, ald, spld, lut, acc, T, lane);
+            st_chunk<1, CB, FC>(&ring[q % S], ac, spc, ald, spld, lut, acc, T, lane, njq);
         else if (TR == 8 || T <= 8)
-            st_chunk<2, CB, FC>(&ring[q % S], ac, spc, ald, spld, lut, acc, T, lane);
+            st_chunk<2, CB, FC>(&ring[q % S], ac, spc, ald, spld, lut, acc, T, lane, njq);
         else
-            st_chunk<TR / 4, CB, FC>(&ring[q % S], ac, spc, ald, spld, lut, acc, T, lane);
+            st_chunk<TR / 4, CB, FC>(&ring[q % S], ac, spc, ald, spld, lut, acc, T, lane, njq);
         if (c < nchunk - 1)
             continue;
         /* slab q / nchunk done: its outputs, and the sums start again */
@@ -3456,6 +3500,18 @@ static int w4a4_stream_env(void)
     return qd_switch(qd_cuda_w4a4_stream, &v, "QUADS_W4A4_STREAM");
 }
 
+/* The multiple of K the streaming kernel takes: 64 with its PART twin (a
+ * short last chunk; the QUADS recipe's down projection, 768 + 192 RAC
+ * channels: by default since 2026-12-07d), 256 with QUADS_W4A4_PART=0 (the
+ * MMA kernel for the others, as before). The wgmma prefill kernel's: 64 or
+ * 128 the same way. */
+static int w4a4_part_env(void)
+{
+    static int v = -2;
+    return qd_env_pick(&v, "QUADS_W4A4_PART", 0, 1);
+}
+static int64_t w4a4_stream_kmul(void) { return w4a4_part_env() == 0 ? 256 : 64; }
+
 /* QUADS_W4A4_STREAM_CFG=0-8 (benchmarks): the streaming kernel's stage
  * width, ring depth and weight-scale decoding: 16 blocks x 4 stages (0, the
  * default until 2026-12-06), 16 x 8 (1), 32 x 4 (2, where K is a multiple of
@@ -3489,7 +3545,7 @@ static int w4a4_stream_cfg(int64_t K)
 
 static bool w4a4_stream_ok(const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows, int64_t K)
 {
-    bool ok = maxrows <= (ng == 1 ? 64 : 32) && K % 256 == 0 && qd_aligned(a->codes, 8);
+    bool ok = maxrows <= (ng == 1 ? 64 : 32) && K % w4a4_stream_kmul() == 0 && qd_aligned(a->codes, 8);
     for (int z = 0; ok && z < ng; z++)
         ok = qd_aligned(g->codes[z], 16) && qd_aligned(g->scales[z], 16);
     return ok;
@@ -3534,14 +3590,14 @@ static int w4a4_stream_rg(int64_t ctas1, int per_sm)
 
 /* w4a4_stream_kernel in one configuration: host tables (ng groups, tiles of
  * TR of maxrows) or, with gd, the device's items (at most max_items) */
-template <int DEV, int CB, int S, int TR, int FC = 0>
+template <int DEV, int CB, int S, int TR, int FC = 0, int PART = 0>
 static qd_status stream_launch(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
                                int w_per_row, int64_t N, int64_t K, const w4a4_groups *gd, const int *items,
                                const int *nitems, int64_t max_items, st_src src)
 {
     static w4a4_groups none; /* the by-value groups, unread under DEV */
     size_t smem = st_act_bytes(K, TR) + 4 * (size_t)S * sizeof(st_warp<CB>);
-    auto k = w4a4_stream_kernel<DEV, CB, S, TR, FC>;
+    auto k = w4a4_stream_kernel<DEV, CB, S, TR, FC, PART>;
     if (smem + 256 * sizeof(float) > 48 * 1024)
         QD_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     /* CTAs an SM of this configuration at this shared memory (it depends on
@@ -3576,6 +3632,9 @@ static qd_status stream_cfg_launch(float *y, const qd_nvfp4 *a, const w4a4_group
                                    int w_per_row, int64_t N, int64_t K, const w4a4_groups *gd, const int *items,
                                    const int *nitems, int64_t max_items, st_src src = st_src())
 {
+    if (K % 256) /* a short last chunk: the default configuration's PART twin */
+        return stream_launch<DEV, 16, 2, TR, 2, 1>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items,
+                                                   src);
     if constexpr (DEV == 2)
         return stream_launch<2, 16, 2, TR, 2>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items, src);
     else {
@@ -3629,15 +3688,15 @@ static qd_status launch_w4a4_h16(float *y, const qd_nvfp4 *a, const w4a4_groups 
 }
 
 /* w4a4_hwg_kernel over g's groups: 64 * WGS weight rows a CTA, NA activation rows. */
-template <int NA, int PIPE, int WGS = 2>
+template <int NA, int PIPE, int WGS = 2, int PART = 0>
 static qd_status launch_w4a4_hwg(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
                                  int w_per_row, int64_t N, int64_t K)
 {
     size_t smem = 2 * sizeof(hwg_stage<NA, WGS>) + 1024; /* + the stages' alignment */
     dim3 grid((unsigned)((N + 64 * WGS - 1) / (64 * WGS)), (unsigned)((maxrows + NA - 1) / NA), (unsigned)ng);
-    QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_hwg_kernel<NA, PIPE, WGS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)smem));
-    qd_launch(w4a4_hwg_kernel<NA, PIPE, WGS>, grid, 128 * WGS, smem, y, a->codes, a->scales, a->s_dec, a->per_row, *g,
+    QD_CUDA_CHECK(cudaFuncSetAttribute(w4a4_hwg_kernel<NA, PIPE, WGS, PART>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    qd_launch(w4a4_hwg_kernel<NA, PIPE, WGS, PART>, grid, 128 * WGS, smem, y, a->codes, a->scales, a->s_dec, a->per_row, *g,
               w_per_row, N, K);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
@@ -3645,7 +3704,7 @@ static qd_status launch_w4a4_hwg(float *y, const qd_nvfp4 *a, const w4a4_groups 
 
 /* Where the FP16 kernel is chosen (forced or by default), w4a4_hwg_kernel
  * instead on a device with wgmma (compute capability 9.0), where K is a
- * multiple of 128 and the codes 16-byte aligned (scales 8): by default since
+ * multiple of 64 and the codes 16-byte aligned (scales 8): by default since
  * 2026-12-07 (H100, the same bits: the prefill's expert products 1,439 ->
  * 1,141 us and 1,526 -> 1,249 at 8,192 rows, a3b-4 exact b64 rollout 1.032x);
  * QUADS_W4A4_HWG=0 for w4a4_h16_kernel; QUADS_W4A4_HWG_NA=128 for 128
@@ -3660,7 +3719,8 @@ static int w4a4_hwg_env(void)
 
 static bool w4a4_hwg_ok(const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t K)
 {
-    if (w4a4_hwg_env() == 0 || !qd_wg_device() || K % 128 || !qd_aligned(a->codes, 16) || !qd_aligned(a->scales, 8))
+    if (w4a4_hwg_env() == 0 || !qd_wg_device() || K % (w4a4_part_env() == 0 ? 128 : 64) ||
+        !qd_aligned(a->codes, 16) || !qd_aligned(a->scales, 8))
         return false;
     for (int z = 0; z < ng; z++)
         if (!qd_aligned(g->codes[z], 16) || !qd_aligned(g->scales[z], 8))
@@ -3679,6 +3739,8 @@ static qd_status w4a4_hwg(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int
         const char *e = getenv("QUADS_W4A4_HWG_NA");
         na = e && !strcmp(e, "128") ? 128 : 64;
     }
+    if (K % 128) /* a short last chunk: the default variant's PART twin */
+        return launch_w4a4_hwg<64, 0, 2, 1>(y, a, g, ng, maxrows, w_per_row, N, K);
     if (qd_env_pick(&wgs, "QUADS_W4A4_HWG_WGS", 2, 4) == 4)
         return launch_w4a4_hwg<64, 0, 4>(y, a, g, ng, maxrows, w_per_row, N, K);
     if (qd_env_pick(&pipe, "QUADS_W4A4_HWG_PIPE", 0, 1) == 1)
@@ -4239,7 +4301,7 @@ extern "C" qd_status qd_cuda_w4a4_gemm_grouped_dev_async(float *y, const qd_nvfp
      * the mean rows: decode's experts at batch 16-64 (the MMA kernel here
      * until 2026-12-06e left QUADS_MOE_DEV_ROWS=4096 0.84x at batch 64) */
     int st_env = w4a4_stream_env();
-    if (al16 && mean <= 32 && K % 256 == 0 && qd_aligned(a->codes, 8) &&
+    if (al16 && mean <= 32 && K % w4a4_stream_kmul() == 0 && qd_aligned(a->codes, 8) &&
         (st_env == 1 || (st_env < 0 && w4a4_stream_default(ng, mean)))) {
         int tr = mean <= 8 ? 8 : 16;
         if (gfd_inline_env()) { /* each CTA its own (expert, tile): no items launch */
