@@ -39,7 +39,8 @@
  *       query beside the tiled kernel (QUADS_ATT_PREFILL), bits compared.
  *   (j) --stream: the decode experts' weight reads alone (no arithmetic) in
  *       the W4A4 MMA kernel's order and others, against a plain read.
- *     bench/bench_quant [REPS] [--quantize | --attention | --decode-attn | --prefill-attn | --experts | --lt | --bfp | --moe | --moe-prefill | --fp8 | --stream] [--json FILE] [--commit ID]
+ *   (k) --copy: the device-to-device copy bandwidth alone ("copy_tbs X", TB/s).
+ *     bench/bench_quant [REPS] [--quantize | --attention | --decode-attn | --prefill-attn | --experts | --lt | --bfp | --moe | --moe-prefill | --fp8 | --stream | --copy] [--json FILE] [--commit ID]
  * --quantize: table (a) only; --json: its rows as JSON lines (model, engine, recipe,
  * mode, op, ms, bandwidth_fraction, commit, ...), for docs/results/train-h200.jsonl.
  * Exits 1 when a quantize output or a RAC pick of the new kernels differs from the
@@ -138,6 +139,10 @@ static double copy_bandwidth(void)
     QD_CUDA_DIE(cudaFree(b));
     return 2.0 * bytes / (ms * 1e-3) / 1e9;
 }
+
+/* --copy: the copy bandwidth alone, one line "copy_tbs X" (TB/s of bytes read
+ * + written), for bench/run_decode_h200.sh's roofline on whatever GPU it runs */
+static void bench_copy(void) { printf("copy_tbs %.3f\n", copy_bandwidth() / 1e3); }
 
 static int quant_mismatch;
 
@@ -1424,7 +1429,8 @@ int main(int argc, char **argv)
         const char *arg;
         void (*run)(void);
     } alone[] = {{"--attention", bench_attention}, {"--decode-attn", bench_decode_attn}, {"--prefill-attn", bench_prefill_attn}, {"--experts", bench_experts},
-                 {"--lt", bench_lt},               {"--fp8", bench_fp8},                 {"--stream", bench_stream}};
+                 {"--lt", bench_lt},               {"--fp8", bench_fp8},                 {"--stream", bench_stream},
+                 {"--copy", bench_copy}};
     void (*solo)(void) = NULL;
     int only_quantize = 0, only_bfp = 0, only_moe = 0;
     for (int i = 1; i < argc; i++) {
@@ -1448,7 +1454,7 @@ int main(int argc, char **argv)
         else if (atoi(argv[i]) > 0)
             reps = atoi(argv[i]);
         else {
-            fprintf(stderr, "usage: bench/bench_quant [REPS] [--quantize | --attention | --decode-attn | --prefill-attn | --experts | --lt | --bfp | --moe | --moe-prefill | --fp8 | --stream] "
+            fprintf(stderr, "usage: bench/bench_quant [REPS] [--quantize | --attention | --decode-attn | --prefill-attn | --experts | --lt | --bfp | --moe | --moe-prefill | --fp8 | --stream | --copy] "
                             "[--json FILE] [--commit ID]\n");
             return 2;
         }

@@ -19,8 +19,9 @@
 #        a mode; decode_rows.py keeps the median row: B=1 REPEAT=3, batch 1
 #        spreads ~10% between processes)
 #        COMMIT [git rev-parse --short HEAD: set it where the copy's .git is stale]
-#        RECIPES [bf16,fp8,nvfp4,quads] MODES [exact fast] COPY_TBS [4.24] (measured
-#        device-to-device copy bandwidth, TB/s, DEVICE.md) PYTHON [python3]
+#        RECIPES [bf16,fp8,nvfp4,quads] MODES [exact fast] COPY_TBS (device-to-device
+#        copy bandwidth, TB/s, the roofline's: unset, measured on this GPU by
+#        `bench/bench_quant --copy`, else the H200's 4.24 of DEVICE.md) PYTHON [python3]
 # LONG=1: instead, the issue's row alone: all 48 layers of a3b as one rollout
 #        instance on one H200 (lean: NVFP4 codes, the float tensors, a float32
 #        KV cache; qd_backend_plan 117.2 GiB nvfp4, 121.6 GiB quads), B 64, P 128,
@@ -50,6 +51,13 @@ py=${PYTHON:-python3}
 L=${LAYERS:-4} B=${B:-64} P=${P:-128} M=${M:-64}
 sizes="--model a3b --layers $L --batch $B --prompt $P --new-tokens $M --iters ${ITERS:-2} --warmup ${WARMUP:-1}"
 rc=0
+# the roofline's copy bandwidth: this GPU's (an H100's HBM is ~30% slower than
+# the H200's), unless COPY_TBS says otherwise
+if [ -z "${COPY_TBS:-}" ] && [ -x bench/bench_quant ]; then
+    COPY_TBS=$(timeout 60 bench/bench_quant --copy 2>/dev/null | awk '$1 == "copy_tbs" && $2 > 0 { print $2 }')
+fi
+COPY_TBS=${COPY_TBS:-4.24}
+echo "== roofline: device-to-device copy $COPY_TBS TB/s"
 if [ "${LONG:-0}" = 1 ]; then
     long="--model a3b --layers 48 --batch 64 --prompt 128 --new-tokens 8192 --recipes ${LONG_RECIPES:-nvfp4,quads} --ops rollout"
     echo "== quads cuda exact, a3b x 48 layers, B 64, P 128, M 8192 (one H200, rollout instance)"
@@ -57,7 +65,7 @@ if [ "${LONG:-0}" = 1 ]; then
     timeout "${LONG_TIMEOUT:-3000}" bench/bench_backend --backend cuda --mode exact $long --iters 1 --warmup 0 \
         --json "$out/long.jsonl" >"$out/long.md" 2>"$out/long.err" || { rc=1; tail -5 "$out/long.err"; }
     cat "$out/long.md"
-    $py bench/decode_rows.py --layers 48 --copy-tbs "${COPY_TBS:-4.24}" \
+    $py bench/decode_rows.py --layers 48 --copy-tbs "$COPY_TBS" \
         --commit "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" <"$out/long.jsonl" \
         >"$out/decode_long.jsonl" || rc=1
     cat "$out/decode_long.jsonl"
@@ -77,7 +85,7 @@ for mode in ${MODES:-exact fast}; do
     done
 done
 cat "$out"/torch.jsonl "$out"/quads_*.jsonl 2>/dev/null |
-    $py bench/decode_rows.py --layers "$L" --copy-tbs "${COPY_TBS:-4.24}" \
+    $py bench/decode_rows.py --layers "$L" --copy-tbs "$COPY_TBS" \
         --commit "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" >"$out/decode.jsonl" || rc=1
 cat "$out/decode.jsonl"
 exit $rc
