@@ -2110,7 +2110,7 @@ static __device__ __forceinline__ void a16wg_block(uint4 &d0, uint4 &d1, uint2 c
 #endif
 
 template <int NA, int PIPE, int WGS, int PART = 0>
-__global__ void __launch_bounds__(128 * WGS, NA == 64 && !PIPE && WGS == 2 ? 2 : 1)
+__global__ void __launch_bounds__(128 * WGS, NA == 64 && PIPE != 1 && WGS == 2 ? 2 : 1)
 w4a4_hwg_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
                 const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K)
 {
@@ -2196,7 +2196,7 @@ w4a4_hwg_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
     for (int i = 0; i < NACC; i++) {
         acc[i] = d[0][i] = 0.0f;
         if constexpr (PIPE)
-            d[PIPE][i] = 0.0f;
+            d[1][i] = 0.0f;
     }
     float sp0 = 0.0f, sp1 = 0.0f; /* PIPE: the scales of the block whose sums are in flight */
     uint32_t afp[4] = {0, 0, 0, 0}; /* PIPE: its A fragment, kept live (unreused) until its wgmma is waited for */
@@ -3730,7 +3730,9 @@ static bool w4a4_hwg_ok(const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t
 
 /* w4a4_hwg_kernel in the variant the variables pick: QUADS_W4A4_HWG_WGS=4
  * (64 activation rows, no pipelining), else QUADS_W4A4_HWG_NA (64 or 128) and
- * QUADS_W4A4_HWG_PIPE */
+ * QUADS_W4A4_HWG_PIPE: 1 (one CTA an SM: 206 registers at 64 rows, slower on
+ * the H100), 2 (64 rows, two CTAs an SM: held to 128 registers, ptxas spills
+ * 136 bytes; opt-in, not yet run on a GPU) */
 static qd_status w4a4_hwg(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows, int w_per_row,
                           int64_t N, int64_t K)
 {
@@ -3743,7 +3745,9 @@ static qd_status w4a4_hwg(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int
         return launch_w4a4_hwg<64, 0, 2, 1>(y, a, g, ng, maxrows, w_per_row, N, K);
     if (qd_env_pick(&wgs, "QUADS_W4A4_HWG_WGS", 2, 4) == 4)
         return launch_w4a4_hwg<64, 0, 4>(y, a, g, ng, maxrows, w_per_row, N, K);
-    if (qd_env_pick(&pipe, "QUADS_W4A4_HWG_PIPE", 0, 1) == 1)
+    if (qd_env_pick(&pipe, "QUADS_W4A4_HWG_PIPE", 1, 2) == 2 && na == 64) /* 2 CTAs an SM: 128 registers */
+        return launch_w4a4_hwg<64, 2>(y, a, g, ng, maxrows, w_per_row, N, K);
+    if (pipe == 1)
         return na == 128 ? launch_w4a4_hwg<128, 1>(y, a, g, ng, maxrows, w_per_row, N, K)
                          : launch_w4a4_hwg<64, 1>(y, a, g, ng, maxrows, w_per_row, N, K);
     return na == 128 ? launch_w4a4_hwg<128, 0>(y, a, g, ng, maxrows, w_per_row, N, K)

@@ -90,6 +90,8 @@ ops1 hwg128 "the same, 128 activation rows a CTA (QUADS_W4A4_HWG_NA=128: m64n128
     QUADS_W4A4_H16=1 QUADS_W4A4_HWG=1 QUADS_W4A4_HWG_NA=128
 ops1 hwgpipe "the same, 64 rows, each block's wgmma in flight while the block before is added (QUADS_W4A4_HWG_PIPE=1)" \
     QUADS_W4A4_H16=1 QUADS_W4A4_HWG=1 QUADS_W4A4_HWG_PIPE=1
+ops1 hwgpipe2 "the same at two CTAs an SM (QUADS_W4A4_HWG_PIPE=2, opt-in)" \
+    QUADS_W4A4_H16=1 QUADS_W4A4_HWG=1 QUADS_W4A4_HWG_PIPE=2
 ops1 hwgwgs4 "the same, 256 weight rows a CTA of four warpgroups (QUADS_W4A4_HWG_WGS=4)" \
     QUADS_W4A4_H16=1 QUADS_W4A4_HWG=1 QUADS_W4A4_HWG_WGS=4
 ops1 hpre "the FP16 W4A4 kernel on activations made FP16 first forced for every product of one weight matrix and q, k, v (QUADS_W4A4_HPRE=1; by default q, k, v at 9-256 rows)" \
