@@ -401,8 +401,8 @@ static qd_status bf_launch(const bf_params &p)
 #define BW_ROWS 128
 #define BW_THREADS 256
 
-template <int BN, int ST> struct bw_shape {
-    static constexpr int W_PLANE = BW_ROWS * BW_BK, X_PLANE = BN * BW_BK;
+template <int BN, int ST, int BK = BW_BK> struct bw_shape {
+    static constexpr int W_PLANE = BW_ROWS * BK, X_PLANE = BN * BK;
     static constexpr int STAGE = 2 * W_PLANE + 3 * X_PLANE; /* a multiple of the 1,024-byte atom */
     static constexpr int SMEM = ST * STAGE + 1024;          /* + the alignment */
 };
@@ -422,7 +422,29 @@ static __device__ __forceinline__ void bw_load(uint32_t s, const uint8_t *src, i
     }
 }
 
+/* bw_load for stages of 64 bytes of K (QUADS_BFP_WG_BK=64): rows of 64
+ * bytes in the 64-byte swizzle (16-byte chunk c of row r at r * 64 +
+ * (c ^ (r / 2 % 4)) * 16: the XOR of address bits 4-5 with bits 7-8) */
+template <int R>
+static __device__ __forceinline__ void bw_load64(uint32_t s, const uint8_t *src, int IC, int r0, int lim, int k0)
+{
+    for (int i = threadIdx.x; i < R * 4; i += BW_THREADS) {
+        int r = i >> 2, c = i & 3, gr = r0 + r, gk = k0 + 16 * c;
+        bool ok = gr < lim && gk < IC;
+        uint32_t dst = s + r * 64 + ((c ^ ((r >> 1) & 3)) << 4);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst),
+                     "l"(ok ? src + (size_t)gr * IC + gk : src), "r"(ok ? 16 : 0));
+    }
+}
+
 #if QD_WG_ARCH
+/* a K-major operand's descriptor in the 64-byte swizzle: 8-row groups 512
+ * bytes apart (layout type 2) */
+static __device__ __forceinline__ uint64_t bw_desc64(uint32_t a)
+{
+    return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(512 >> 4) << 32 | (uint64_t)2 << 62;
+}
+
 /* d (m64nBN, int32) += A . B, both from shared memory (K-major); A s8 or u8 (TA), B too (TB) */
 #define BW_MMA16(NAME, TA, TB) \
     static __device__ __forceinline__ void NAME(int(&d)[8], uint64_t da, uint64_t db) \
@@ -478,54 +500,77 @@ static __device__ __forceinline__ void bw_fence_acc(int (&d)[N])
         asm volatile("" : "+r"(d[i])::"memory");
 }
 
-template <int BN, int ST>
+template <int BN, int ST, int BK = BW_BK>
 __global__ void __launch_bounds__(BW_THREADS, 1) k_matmul_bfp_wg(const __grid_constant__ bf_params p)
 {
     QD_PDL_ENTRY();
 #if QD_WG_ARCH
-    static_assert(ST == 3 || ST == 4, "3 stages (each waited for) or 4 (one in flight)");
-    typedef bw_shape<BN, ST> S;
+    static_assert((BK == BW_BK && (ST == 3 || ST == 4)) || (BK == 64 && ST == 8),
+                  "128-byte stages: 3 (each waited for) or 4 (one in flight); 64-byte stages: 8");
+    /* D: the stages whose copies are in flight ahead of the one computed (2
+     * with 128-byte stages; 6 with 64-byte ones: half the bytes a stage, 1.5x
+     * the bytes in flight); one stage's products left in flight where ST > 3 */
+    constexpr int D = BK == BW_BK ? 2 : ST - 2;
+    typedef bw_shape<BN, ST, BK> S;
     constexpr int NA = BN / 2; /* accumulators a thread, each of the four sums */
     extern __shared__ __align__(16) unsigned char bw_smem[];
     const uint32_t base = (smem_u32(bw_smem) + 1023) & ~1023u;
     const int tiles_n = (p.N + BN - 1) / BN;
     const int o0 = (int)(blockIdx.x / tiles_n) * BW_ROWS, n0 = (int)(blockIdx.x % tiles_n) * BN;
-    const int wg = threadIdx.x >> 7, KT = (p.IC + BW_BK - 1) / BW_BK;
+    const int wg = threadIdx.x >> 7, KT = (p.IC + BK - 1) / BK;
     auto load = [&](int kt) {
         uint32_t s = base + (uint32_t)(kt % ST) * S::STAGE;
-        int k0 = kt * BW_BK;
-        bw_load<BW_ROWS>(s, (const uint8_t *)p.wh, p.IC, o0, p.OC, k0);
-        bw_load<BW_ROWS>(s + S::W_PLANE, p.wl, p.IC, o0, p.OC, k0);
-        bw_load<BN>(s + 2 * S::W_PLANE, (const uint8_t *)p.xh, p.IC, n0, p.N, k0);
-        bw_load<BN>(s + 2 * S::W_PLANE + S::X_PLANE, p.xm, p.IC, n0, p.N, k0);
-        bw_load<BN>(s + 2 * S::W_PLANE + 2 * S::X_PLANE, p.xl, p.IC, n0, p.N, k0);
+        int k0 = kt * BK;
+        if constexpr (BK == BW_BK) {
+            bw_load<BW_ROWS>(s, (const uint8_t *)p.wh, p.IC, o0, p.OC, k0);
+            bw_load<BW_ROWS>(s + S::W_PLANE, p.wl, p.IC, o0, p.OC, k0);
+            bw_load<BN>(s + 2 * S::W_PLANE, (const uint8_t *)p.xh, p.IC, n0, p.N, k0);
+            bw_load<BN>(s + 2 * S::W_PLANE + S::X_PLANE, p.xm, p.IC, n0, p.N, k0);
+            bw_load<BN>(s + 2 * S::W_PLANE + 2 * S::X_PLANE, p.xl, p.IC, n0, p.N, k0);
+        } else {
+            bw_load64<BW_ROWS>(s, (const uint8_t *)p.wh, p.IC, o0, p.OC, k0);
+            bw_load64<BW_ROWS>(s + S::W_PLANE, p.wl, p.IC, o0, p.OC, k0);
+            bw_load64<BN>(s + 2 * S::W_PLANE, (const uint8_t *)p.xh, p.IC, n0, p.N, k0);
+            bw_load64<BN>(s + 2 * S::W_PLANE + S::X_PLANE, p.xm, p.IC, n0, p.N, k0);
+            bw_load64<BN>(s + 2 * S::W_PLANE + 2 * S::X_PLANE, p.xl, p.IC, n0, p.N, k0);
+        }
     };
-    load(0);
-    asm volatile("cp.async.commit_group;");
-    if (KT > 1)
-        load(1);
-    asm volatile("cp.async.commit_group;");
+    if constexpr (BK == BW_BK) {
+        load(0);
+        asm volatile("cp.async.commit_group;");
+        if (KT > 1)
+            load(1);
+        asm volatile("cp.async.commit_group;");
+    } else {
+#pragma unroll 1
+        for (int s0 = 0; s0 < D; s0++) {
+            if (s0 < KT)
+                load(s0);
+            asm volatile("cp.async.commit_group;");
+        }
+    }
     int d0[NA], d1[NA], d2[NA], d3[NA]; /* 2^24 xh wh; 2^16 (xh wl + xm wh); 2^8 (xm wl + xl wh); xl wl */
 #pragma unroll
     for (int i = 0; i < NA; i++)
         d0[i] = d1[i] = d2[i] = d3[i] = 0;
     for (int kt = 0; kt < KT; kt++) {
-        asm volatile("cp.async.wait_group 1;" ::: "memory");          /* this thread's copies of stage kt */
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* visible to wgmma's reads */
-        __syncthreads(); /* everyone's; stage kt + 2 - ST's products done (waited below) */
-        if (kt + 2 < KT)
-            load(kt + 2); /* into stage kt + 2 - ST's buffer */
+        asm volatile("cp.async.wait_group %0;" ::"n"(D - 1) : "memory"); /* this thread's copies of stage kt */
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");    /* visible to wgmma's reads */
+        __syncthreads(); /* everyone's; stage kt + D - ST's products done (waited below) */
+        if (kt + D < KT)
+            load(kt + D); /* into stage kt + D - ST's buffer */
         asm volatile("cp.async.commit_group;");
         uint32_t s = base + (uint32_t)(kt % ST) * S::STAGE;
-        uint32_t swh = s + (uint32_t)wg * 64 * 128, swl = swh + S::W_PLANE;
+        uint32_t swh = s + (uint32_t)wg * 64 * BK, swl = swh + S::W_PLANE;
         uint32_t sxh = s + 2 * S::W_PLANE, sxm = sxh + S::X_PLANE, sxl = sxm + S::X_PLANE;
         bw_fence_acc(d0), bw_fence_acc(d1), bw_fence_acc(d2), bw_fence_acc(d3);
         qd_wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < BW_BK / 32; kk++) {
-            uint64_t ah = qd_wg_desc(swh + kk * 32, 16, 1024), al = qd_wg_desc(swl + kk * 32, 16, 1024);
-            uint64_t bh = qd_wg_desc(sxh + kk * 32, 16, 1024), bm = qd_wg_desc(sxm + kk * 32, 16, 1024);
-            uint64_t bl = qd_wg_desc(sxl + kk * 32, 16, 1024);
+        for (int kk = 0; kk < BK / 32; kk++) {
+            auto desc = [&](uint32_t a) { return BK == BW_BK ? qd_wg_desc(a, 16, 1024) : bw_desc64(a); };
+            uint64_t ah = desc(swh + kk * 32), al = desc(swl + kk * 32);
+            uint64_t bh = desc(sxh + kk * 32), bm = desc(sxm + kk * 32);
+            uint64_t bl = desc(sxl + kk * 32);
             if constexpr (BN == 16) {
                 bw_ss16(d0, ah, bh), bw_us16(d1, al, bh), bw_su16(d1, ah, bm);
                 bw_uu16(d2, al, bm), bw_su16(d2, ah, bl), bw_uu16(d3, al, bl);
@@ -538,7 +583,7 @@ __global__ void __launch_bounds__(BW_THREADS, 1) k_matmul_bfp_wg(const __grid_co
             }
         }
         qd_wg_commit();
-        qd_wg_wait<ST - 3>(); /* ST 4: stage kt's products may still run, kt - 1's are done */
+        qd_wg_wait<(ST > 3 ? 1 : 0)>(); /* ST > 3: stage kt's products may still run, kt - 1's are done */
         bw_fence_acc(d0), bw_fence_acc(d1), bw_fence_acc(d2), bw_fence_acc(d3);
     }
     if constexpr (ST > 3) {
@@ -565,16 +610,17 @@ __global__ void __launch_bounds__(BW_THREADS, 1) k_matmul_bfp_wg(const __grid_co
 #endif
 }
 
-template <int BN, int ST>
+template <int BN, int ST, int BK = BW_BK>
 static qd_status bw_launch(const bf_params &p)
 {
-    typedef bw_shape<BN, ST> S;
+    typedef bw_shape<BN, ST, BK> S;
     int64_t tiles = (int64_t)((p.OC + BW_ROWS - 1) / BW_ROWS) * ((p.N + BN - 1) / BN);
     if (tiles > 0x7fffffff)
         return qd_error(QD_ERR_SHAPE, "cuda backend: matmul_bfp: %d x %d outputs: too many tiles", p.N, p.OC);
     /* every launch: the attribute is the current device's (a process may drive several) */
-    QD_CUDA_CHECK(cudaFuncSetAttribute(k_matmul_bfp_wg<BN, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM));
-    qd_launch(k_matmul_bfp_wg<BN, ST>, (unsigned)tiles, BW_THREADS, S::SMEM, p);
+    QD_CUDA_CHECK(
+        cudaFuncSetAttribute(k_matmul_bfp_wg<BN, ST, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM));
+    qd_launch(k_matmul_bfp_wg<BN, ST, BK>, (unsigned)tiles, BW_THREADS, S::SMEM, p);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -646,7 +692,10 @@ extern "C" qd_status qdk_matmul_bfp(float *out, const float *x, const void *wq, 
     static int wg_env = -2; /* past BV_ROWS rows on wgmma where the device has it (QUADS_BFP_WGMMA=0: mma.sync) */
     int wg = qd_switch(qd_cuda_bfp_wgmma, &wg_env, "QUADS_BFP_WGMMA") != 0;
     static int pipe_env = -2; /* QUADS_BFP_WG_PIPE=0: 3 stages, each waited for (the default until 2026-12-06d) */
+    static int bk_env = -2;   /* QUADS_BFP_WG_BK64=1 (opt-in, not yet run on a GPU): 8 stages of 64 bytes of K */
     if (wg == 1 && qd_wg_device()) {
+        if (qd_env_pick(&bk_env, "QUADS_BFP_WG_BK64", 0, 1) == 1)
+            return N <= 16 ? bw_launch<16, 8, 64>(p) : N <= 32 ? bw_launch<32, 8, 64>(p) : bw_launch<64, 8, 64>(p);
         if (qd_env_pick(&pipe_env, "QUADS_BFP_WG_PIPE", 0, 1) != 0)
             return N <= 16 ? bw_launch<16, 4>(p) : N <= 32 ? bw_launch<32, 4>(p) : bw_launch<64, 4>(p);
         return N <= 16 ? bw_launch<16, 3>(p) : N <= 32 ? bw_launch<32, 3>(p) : bw_launch<64, 3>(p);

@@ -118,6 +118,7 @@ ops1 bfpwg "the row BFP product of 1-4 rows on wgmma too (QUADS_BFP_MATVEC=0; pa
     QUADS_BFP_MATVEC=0
 ops1 bfpmma "the row BFP product on the int8 mma.sync kernel (QUADS_BFP_WGMMA=0)" QUADS_BFP_WGMMA=0 QUADS_BFP_MATVEC=0
 ops1 bfpwait "the row BFP product on wgmma with 3 stages, each stage's products waited for (QUADS_BFP_WG_PIPE=0; by default 4, one in flight)" QUADS_BFP_WG_PIPE=0
+ops1 bfpbk64 "the row BFP product on wgmma in 8 stages of 64 bytes of K, 6 in flight (QUADS_BFP_WG_BK64=1, opt-in; by default 4 of 128, 2 in flight), every row count" QUADS_BFP_WG_BK64=1 QUADS_BFP_MATVEC=0
 ops1 thin "x.W^T of 9-127 rows over few outputs (the router at batch 16-64) on the register-staged thin tiles, not the cp.async ring (QUADS_MATMUL_RING=0)" QUADS_MATMUL_RING=0
 ops1 samplefused "the device sampler's exponentials computed where each lane adds them (QUADS_SAMPLE_FUSED=1, opt-in)" QUADS_SAMPLE_FUSED=1
 ops1 moegroup1 "the MoE rows grouped in three launches (QUADS_MOE_GROUP1=0; by default since 2026-12-07 one block's token masks in one launch)" QUADS_MOE_GROUP1=0
