@@ -408,43 +408,26 @@ template <int BN, int ST, int BK = BW_BK> struct bw_shape {
 };
 
 /* R rows (r0.., those past lim zero) of a plane (rows of IC bytes) at k0
- * into the swizzled tile at shared address s: 16-byte chunk c of row r at
- * r * 128 + (c ^ (r % 8)) * 16; bytes past IC zero */
-template <int R>
+ * into the swizzled tile at shared address s, rows of BK bytes (128 or 64)
+ * in the BK-byte swizzle: 16-byte chunk c of row r at r * BK +
+ * (c ^ (r / (128 / BK) % (BK / 16))) * 16 (128: c ^ (r % 8); 64: address
+ * bits 4-5 XOR bits 7-8); bytes past IC zero */
+template <int R, int BK = BW_BK>
 static __device__ __forceinline__ void bw_load(uint32_t s, const uint8_t *src, int IC, int r0, int lim, int k0)
 {
-    for (int i = threadIdx.x; i < R * 8; i += BW_THREADS) {
-        int r = i >> 3, c = i & 7, gr = r0 + r, gk = k0 + 16 * c;
+    static_assert(BK == 128 || BK == 64, "the 128- and 64-byte swizzles");
+    constexpr int CL = BK == 128 ? 3 : 2; /* log2 of the 16-byte chunks a row */
+    constexpr int RS = BK == 128 ? 0 : 1; /* log2 of the rows a swizzle phase */
+    for (int i = threadIdx.x; i < R * (BK / 16); i += BW_THREADS) {
+        int r = i >> CL, c = i & (BK / 16 - 1), gr = r0 + r, gk = k0 + 16 * c;
         bool ok = gr < lim && gk < IC;
-        uint32_t dst = s + r * 128 + ((c ^ (r & 7)) << 4);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst),
-                     "l"(ok ? src + (size_t)gr * IC + gk : src), "r"(ok ? 16 : 0));
-    }
-}
-
-/* bw_load for stages of 64 bytes of K (QUADS_BFP_WG_BK=64): rows of 64
- * bytes in the 64-byte swizzle (16-byte chunk c of row r at r * 64 +
- * (c ^ (r / 2 % 4)) * 16: the XOR of address bits 4-5 with bits 7-8) */
-template <int R>
-static __device__ __forceinline__ void bw_load64(uint32_t s, const uint8_t *src, int IC, int r0, int lim, int k0)
-{
-    for (int i = threadIdx.x; i < R * 4; i += BW_THREADS) {
-        int r = i >> 2, c = i & 3, gr = r0 + r, gk = k0 + 16 * c;
-        bool ok = gr < lim && gk < IC;
-        uint32_t dst = s + r * 64 + ((c ^ ((r >> 1) & 3)) << 4);
+        uint32_t dst = s + r * BK + ((c ^ ((r >> RS) & (BK / 16 - 1))) << 4);
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst),
                      "l"(ok ? src + (size_t)gr * IC + gk : src), "r"(ok ? 16 : 0));
     }
 }
 
 #if QD_WG_ARCH
-/* a K-major operand's descriptor in the 64-byte swizzle: 8-row groups 512
- * bytes apart (layout type 2) */
-static __device__ __forceinline__ uint64_t bw_desc64(uint32_t a)
-{
-    return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(512 >> 4) << 32 | (uint64_t)2 << 62;
-}
-
 /* d (m64nBN, int32) += A . B, both from shared memory (K-major); A s8 or u8 (TA), B too (TB) */
 #define BW_MMA16(NAME, TA, TB) \
     static __device__ __forceinline__ void NAME(int(&d)[8], uint64_t da, uint64_t db) \
@@ -521,19 +504,11 @@ __global__ void __launch_bounds__(BW_THREADS, 1) k_matmul_bfp_wg(const __grid_co
     auto load = [&](int kt) {
         uint32_t s = base + (uint32_t)(kt % ST) * S::STAGE;
         int k0 = kt * BK;
-        if constexpr (BK == BW_BK) {
-            bw_load<BW_ROWS>(s, (const uint8_t *)p.wh, p.IC, o0, p.OC, k0);
-            bw_load<BW_ROWS>(s + S::W_PLANE, p.wl, p.IC, o0, p.OC, k0);
-            bw_load<BN>(s + 2 * S::W_PLANE, (const uint8_t *)p.xh, p.IC, n0, p.N, k0);
-            bw_load<BN>(s + 2 * S::W_PLANE + S::X_PLANE, p.xm, p.IC, n0, p.N, k0);
-            bw_load<BN>(s + 2 * S::W_PLANE + 2 * S::X_PLANE, p.xl, p.IC, n0, p.N, k0);
-        } else {
-            bw_load64<BW_ROWS>(s, (const uint8_t *)p.wh, p.IC, o0, p.OC, k0);
-            bw_load64<BW_ROWS>(s + S::W_PLANE, p.wl, p.IC, o0, p.OC, k0);
-            bw_load64<BN>(s + 2 * S::W_PLANE, (const uint8_t *)p.xh, p.IC, n0, p.N, k0);
-            bw_load64<BN>(s + 2 * S::W_PLANE + S::X_PLANE, p.xm, p.IC, n0, p.N, k0);
-            bw_load64<BN>(s + 2 * S::W_PLANE + 2 * S::X_PLANE, p.xl, p.IC, n0, p.N, k0);
-        }
+        bw_load<BW_ROWS, BK>(s, (const uint8_t *)p.wh, p.IC, o0, p.OC, k0);
+        bw_load<BW_ROWS, BK>(s + S::W_PLANE, p.wl, p.IC, o0, p.OC, k0);
+        bw_load<BN, BK>(s + 2 * S::W_PLANE, (const uint8_t *)p.xh, p.IC, n0, p.N, k0);
+        bw_load<BN, BK>(s + 2 * S::W_PLANE + S::X_PLANE, p.xm, p.IC, n0, p.N, k0);
+        bw_load<BN, BK>(s + 2 * S::W_PLANE + 2 * S::X_PLANE, p.xl, p.IC, n0, p.N, k0);
     };
     if constexpr (BK == BW_BK) {
         load(0);
@@ -567,7 +542,8 @@ __global__ void __launch_bounds__(BW_THREADS, 1) k_matmul_bfp_wg(const __grid_co
         qd_wg_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 32; kk++) {
-            auto desc = [&](uint32_t a) { return BK == BW_BK ? qd_wg_desc(a, 16, 1024) : bw_desc64(a); };
+            /* K-major, 8-row groups 8 BK bytes apart, the BK-byte swizzle */
+            auto desc = [&](uint32_t a) { return qd_wg_desc(a, 16, 8 * BK, BK == 128 ? 1 : 2); };
             uint64_t ah = desc(swh + kk * 32), al = desc(swl + kk * 32);
             uint64_t bh = desc(sxh + kk * 32), bm = desc(sxm + kk * 32);
             uint64_t bl = desc(sxl + kk * 32);

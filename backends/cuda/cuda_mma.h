@@ -20,6 +20,12 @@ static __device__ __forceinline__ void cp16(void *dst, const void *src, bool val
                  "r"(valid ? 16 : 0));
 }
 
+/* 4 bytes global -> shared, zero-filled where !valid (src then unread) */
+static __device__ __forceinline__ void cp4(void *dst, const void *src, bool valid)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 4 : 0));
+}
+
 static __device__ __forceinline__ void ldm_x4(uint32_t r[4], const void *p)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"

@@ -2129,9 +2129,9 @@ w4a4_hwg_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
     int T = rows - t0 < NA ? (int)(rows - t0) : NA, nb = (int)(K / 16),
         nchunk = PART ? (nb + QD_HWG_CB - 1) / QD_HWG_CB : nb / QD_HWG_CB;
     /* PART (K a multiple of 64, not of 128; no PIPE): a short last chunk of
-     * 4 blocks, the scale rows copied 4 bytes at a time */
+     * 4 blocks, the scale rows (not on 8 bytes) copied 4 bytes at a time */
     static_assert(!PART || !PIPE, "PART without PIPE");
-    const bool s8 = !PART;
+    auto blocks_of = [&](int c) { return PART && nb - c * QD_HWG_CB < QD_HWG_CB ? nb - c * QD_HWG_CB : QD_HWG_CB; };
     int64_t r0 = g.row0[z] + t0;
     const uint8_t *ac = a_codes + r0 * (K / 2), *as = a_scales + r0 * nb, *wc = g.codes[z], *ws = g.scales[z];
     int tid = threadIdx.x, lane = tid & 31, gq = lane >> 2, t = lane & 3, w = tid >> 5;
@@ -2140,7 +2140,7 @@ w4a4_hwg_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
     uint8_t rs[AK];
     /* chunk c: the weights' codes and scale bytes by cp.async into st, the activations into rc, rs */
     auto fetch = [&](hwg_stage<NA, WGS> *st, int c) {
-        int b0 = c * QD_HWG_CB, cb = PART && nb - b0 < QD_HWG_CB ? nb - b0 : QD_HWG_CB;
+        int b0 = c * QD_HWG_CB, cb = blocks_of(c);
 #pragma unroll
         for (int k = 0; k < 2; k++) { /* WR rows x 4 copies of 16 bytes */
             int i = tid + NT * k, row = i >> 2, u = i & 3;
@@ -2153,15 +2153,12 @@ w4a4_hwg_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
         }
         if (tid < WR) {
             int64_t n = n0 + tid < N ? n0 + tid : N - 1;
-            if (s8)
+            if constexpr (!PART)
                 cp_async8(&st->ws[tid][0], ws + n * nb + b0);
             else
 #pragma unroll
-                for (int v = 0; v < 2; v++) {
-                    unsigned d = (unsigned)__cvta_generic_to_shared(&st->ws[tid][v]);
-                    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d),
-                                 "l"(ws + n * nb + (4 * v < cb ? b0 + 4 * v : 0)), "r"(4 * v < cb ? 4 : 0));
-                }
+                for (int v = 0; v < 2; v++)
+                    cp4(&st->ws[tid][v], ws + n * nb + (4 * v < cb ? b0 + 4 * v : 0), 4 * v < cb);
         }
         cp_async_commit();
 #pragma unroll
@@ -2213,7 +2210,7 @@ w4a4_hwg_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const
             fetch(&stage[(c + 1) & 1], c + 1);
         uint32_t ws0 = cur->ws[wr0][0], ws1 = cur->ws[wr0][1], wt0 = cur->ws[wr1][0], wt1 = cur->ws[wr1][1];
         uint32_t abase = smem_u32(cur->a[0]);
-        const int cbc = PART && nb - c * QD_HWG_CB < QD_HWG_CB ? nb - c * QD_HWG_CB : QD_HWG_CB;
+        const int cbc = blocks_of(c);
 #pragma unroll
         for (int j = 0; j < QD_HWG_CB; j++) {
             if (PART && j >= cbc) /* the short last chunk */
@@ -2419,10 +2416,10 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
     const int T = rows - t0 < TR ? (int)(rows - t0) : TR, nb = (int)(K / 16),
               nchunk = PART ? (nb + CB - 1) / CB : nb / CB, nq = rg * nchunk;
     const int ald = (int)K + 32, spld = nb / 2 + 1;
-    /* PART (K a multiple of 64, not of 16 CB): the last chunk holds fewer
-     * than CB blocks (a multiple of 4), and where nb is not a multiple of 16
-     * the scale rows are not on 16 bytes: they are copied 4 bytes at a time */
-    const bool s16 = !PART || nb % 16 == 0;
+    /* PART (K a multiple of 64, not of 16 CB = 256): the last chunk holds
+     * fewer than CB blocks (a multiple of 4), and the scale rows are not on
+     * 16 bytes: they are copied 4 bytes at a time */
+    auto blocks_of = [&](int c) { return PART && nb - c * CB < CB ? nb - c * CB : CB; };
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gq = lane >> 2, t = lane & 3;
     int8_t *act = (int8_t *)st_smem;
     float4 *sp = (float4 *)(st_smem + (size_t)TR * ald);
@@ -2435,7 +2432,7 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
      * (never stored) */
     auto issue = [&](int q) {
         st_warp<CB> *st = &ring[q % S];
-        const int c = q % nchunk, cbc = PART && nb - c * CB < CB ? nb - c * CB : CB;
+        const int c = q % nchunk, cbc = blocks_of(c);
         const int64_t wrow0 = wrow(q / nchunk);
         constexpr int PR = CB / 2; /* 16-byte copies a row of codes */
 #pragma unroll
@@ -2450,7 +2447,7 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
                 cp16(&st->wc[r][16 * v], wcodes + (in ? wrow0 + r : 0) * (K / 2) + (int64_t)c * CB * 8 + 16 * v, in);
             }
         }
-        if (s16) {
+        if constexpr (!PART) {
             if (lane < CB) {
                 int r = lane / (CB / 16), v = lane % (CB / 16);
                 bool in = wrow0 + r < N;
@@ -2461,9 +2458,7 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
             for (int u = 0; u < CB / 8; u++) { /* 16 rows x CB / 4 words */
                 int i = lane + 32 * u, r = i / (CB / 4), v = i % (CB / 4);
                 bool in = wrow0 + r < N && 4 * v < cbc;
-                unsigned d = (unsigned)__cvta_generic_to_shared(&st->ws[r][4 * v]);
-                asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d),
-                             "l"(wscales + (in ? (wrow0 + r) * nb + (int64_t)c * CB + 4 * v : 0)), "r"(in ? 4 : 0));
+                cp4(&st->ws[r][4 * v], wscales + (in ? (wrow0 + r) * nb + (int64_t)c * CB + 4 * v : 0), in);
             }
         }
     };
@@ -2520,7 +2515,7 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
         if (q + S - 1 < nq)
             issue(q + S - 1);
         cp_async_commit();
-        const int c = q % nchunk, njq = PART && nb - c * CB < CB ? (nb - c * CB) / 4 : CB / 4;
+        const int c = q % nchunk, njq = blocks_of(c) / 4;
         const int8_t *ac = act + c * CB * 16;
         const float4 *spc = sp + c * (CB / 2);
         if (T <= 4)
@@ -3500,17 +3495,17 @@ static int w4a4_stream_env(void)
     return qd_switch(qd_cuda_w4a4_stream, &v, "QUADS_W4A4_STREAM");
 }
 
-/* The multiple of K the streaming kernel takes: 64 with its PART twin (a
- * short last chunk; the QUADS recipe's down projection, 768 + 192 RAC
- * channels: by default since 2026-12-07d), 256 with QUADS_W4A4_PART=0 (the
- * MMA kernel for the others, as before). The wgmma prefill kernel's: 64 or
- * 128 the same way. */
+/* The multiple of K the streaming kernel (whole 256) and the wgmma prefill
+ * kernel (whole 128) take: 64 with their PART twins (a short last chunk; the
+ * QUADS recipe's down projection, 768 + 192 RAC channels: by default since
+ * 2026-12-07d), whole with QUADS_W4A4_PART=0 (the other kernels for the rest,
+ * as before). */
 static int w4a4_part_env(void)
 {
     static int v = -2;
     return qd_env_pick(&v, "QUADS_W4A4_PART", 0, 1);
 }
-static int64_t w4a4_stream_kmul(void) { return w4a4_part_env() == 0 ? 256 : 64; }
+static int64_t w4a4_kmul(int64_t whole) { return w4a4_part_env() == 0 ? whole : 64; }
 
 /* QUADS_W4A4_STREAM_CFG=0-8 (benchmarks): the streaming kernel's stage
  * width, ring depth and weight-scale decoding: 16 blocks x 4 stages (0, the
@@ -3545,7 +3540,7 @@ static int w4a4_stream_cfg(int64_t K)
 
 static bool w4a4_stream_ok(const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows, int64_t K)
 {
-    bool ok = maxrows <= (ng == 1 ? 64 : 32) && K % w4a4_stream_kmul() == 0 && qd_aligned(a->codes, 8);
+    bool ok = maxrows <= (ng == 1 ? 64 : 32) && K % w4a4_kmul(256) == 0 && qd_aligned(a->codes, 8);
     for (int z = 0; ok && z < ng; z++)
         ok = qd_aligned(g->codes[z], 16) && qd_aligned(g->scales[z], 16);
     return ok;
@@ -3719,7 +3714,7 @@ static int w4a4_hwg_env(void)
 
 static bool w4a4_hwg_ok(const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t K)
 {
-    if (w4a4_hwg_env() == 0 || !qd_wg_device() || K % (w4a4_part_env() == 0 ? 128 : 64) ||
+    if (w4a4_hwg_env() == 0 || !qd_wg_device() || K % w4a4_kmul(128) ||
         !qd_aligned(a->codes, 16) || !qd_aligned(a->scales, 8))
         return false;
     for (int z = 0; z < ng; z++)
@@ -4305,7 +4300,7 @@ extern "C" qd_status qd_cuda_w4a4_gemm_grouped_dev_async(float *y, const qd_nvfp
      * the mean rows: decode's experts at batch 16-64 (the MMA kernel here
      * until 2026-12-06e left QUADS_MOE_DEV_ROWS=4096 0.84x at batch 64) */
     int st_env = w4a4_stream_env();
-    if (al16 && mean <= 32 && K % w4a4_stream_kmul() == 0 && qd_aligned(a->codes, 8) &&
+    if (al16 && mean <= 32 && K % w4a4_kmul(256) == 0 && qd_aligned(a->codes, 8) &&
         (st_env == 1 || (st_env < 0 && w4a4_stream_default(ng, mean)))) {
         int tr = mean <= 8 ? 8 : 16;
         if (gfd_inline_env()) { /* each CTA its own (expert, tile): no items launch */

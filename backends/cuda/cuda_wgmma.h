@@ -45,11 +45,12 @@ static inline int qd_wg_device(void)
     return ok;
 }
 
-/* The 128-byte-swizzle descriptor of a tile at shared address a, byte offsets lbo and sbo */
-static __device__ __forceinline__ uint64_t qd_wg_desc(uint32_t a, uint32_t lbo, uint32_t sbo)
+/* The descriptor of a swizzled tile at shared address a, byte offsets lbo and
+ * sbo; layout 1 the 128-byte swizzle, 2 the 64-byte one */
+static __device__ __forceinline__ uint64_t qd_wg_desc(uint32_t a, uint32_t lbo, uint32_t sbo, uint32_t layout = 1)
 {
     return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)((lbo >> 4) & 0x3FFF) << 16 |
-           (uint64_t)((sbo >> 4) & 0x3FFF) << 32 | (uint64_t)1 << 62;
+           (uint64_t)((sbo >> 4) & 0x3FFF) << 32 | (uint64_t)layout << 62;
 }
 
 /* Before a warpgroup's products: registers they read or accumulate into were
