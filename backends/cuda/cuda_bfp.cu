@@ -668,7 +668,9 @@ extern "C" qd_status qdk_matmul_bfp(float *out, const float *x, const void *wq, 
     static int wg_env = -2; /* past BV_ROWS rows on wgmma where the device has it (QUADS_BFP_WGMMA=0: mma.sync) */
     int wg = qd_switch(qd_cuda_bfp_wgmma, &wg_env, "QUADS_BFP_WGMMA") != 0;
     static int pipe_env = -2; /* QUADS_BFP_WG_PIPE=0: 3 stages, each waited for (the default until 2026-12-06d) */
-    static int bk_env = -2;   /* QUADS_BFP_WG_BK64=1 (opt-in, not yet run on a GPU): 8 stages of 64 bytes of K */
+    /* QUADS_BFP_WG_BK64=1 (opt-in): 8 stages of 64 bytes of K; the same bits, slower on an
+     * H100 on 2026-12-07 (bench_quant --bfp: 16 rows 0.263 -> 0.344 ms, 64 0.351 -> 0.419) */
+    static int bk_env = -2;
     if (wg == 1 && qd_wg_device()) {
         if (qd_env_pick(&bk_env, "QUADS_BFP_WG_BK64", 0, 1) == 1)
             return N <= 16 ? bw_launch<16, 8, 64>(p) : N <= 32 ? bw_launch<32, 8, 64>(p) : bw_launch<64, 8, 64>(p);

@@ -2925,10 +2925,19 @@ static qd_status qk_launch_amax(qk_amax **a, const T *x, int64_t n)
 /* Threads of a qk_rows_kernel CTA for bpr blocks a row: QK_ROW_BLOCKS blocks a
  * thread, or one where the rows (CTAs) are fewer than the SMs (decode: a
  * row's blocks encoded by one warp took 4 us; the per-block work is the
- * same, the absolute maximum order-free, so the same bits). */
+ * same, the absolute maximum order-free, so the same bits).
+ * QUADS_ROW_WIDE=1 (opt-in, not yet run on a GPU): one block a thread too
+ * wherever those CTAs' warps fit in half of every SM's 64 warp slots (decode
+ * at batch 64: the experts' 512 input rows and QUADS's RAC rows, 1,024 CTAs of
+ * one warp for gate and up, 8 warps an SM, 17.8 us a layer on an H100; with it
+ * 4 warps a CTA), not in the prefill's thousands of rows. */
+#define QK_WIDE_WARPS 32 /* warps an SM the wide CTAs may take in all */
 static unsigned qk_row_threads(int64_t bpr, int64_t rows)
 {
-    int64_t per = rows < qd_sm_count() ? 1 : QK_ROW_BLOCKS;
+    static int wide_env = -2;
+    int64_t sms = qd_sm_count(), w1 = (bpr + 31) / 32; /* warps a CTA at one block a thread */
+    bool wide = qd_env_pick(&wide_env, "QUADS_ROW_WIDE", 0, 1) == 1 && rows * w1 <= sms * QK_WIDE_WARPS;
+    int64_t per = rows < sms || wide ? 1 : QK_ROW_BLOCKS;
     int64_t t = ((bpr + per - 1) / per + 31) / 32 * 32;
     return (unsigned)(t > QK_ROW_THREADS ? QK_ROW_THREADS : t);
 }
@@ -3727,7 +3736,9 @@ static bool w4a4_hwg_ok(const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t
  * (64 activation rows, no pipelining), else QUADS_W4A4_HWG_NA (64 or 128) and
  * QUADS_W4A4_HWG_PIPE: 1 (one CTA an SM: 206 registers at 64 rows, slower on
  * the H100), 2 (64 rows, two CTAs an SM: held to 128 registers, ptxas spills
- * 136 bytes; opt-in, not yet run on a GPU) */
+ * 136 bytes; opt-in: the same bits, slower on an H100 on 2026-12-07,
+ * bench_quant --moe-prefill at 8,192 rows gate/up 1,123 -> 1,254 us, down
+ * 1,230 -> 1,333, K 960 (its PART twin either way) 1,489 both) */
 static qd_status w4a4_hwg(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows, int w_per_row,
                           int64_t N, int64_t K)
 {
