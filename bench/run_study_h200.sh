@@ -36,6 +36,9 @@
 #   RECIPES [bf16,fp8,nvfp4,nvfp4-aqat,nvfp4-rac,quads,nvfp4-sym-qat,nvfp4-replay,quads-replay]
 #   SEEDS [1,2,3]  STEPS [100]  EVAL_EVERY [25]  EVAL_LIMIT [256]
 #   LR [2e-6]  (trainer.lr of every RL run; CKPT_EVERY [25] its checkpoints)
+#   JOBS [3]  RL runs at once (quads compare --jobs: a process each; the
+#             model is small enough that one run leaves the GPU mostly idle;
+#             each run's numbers are those of a run alone, its tokens/s not)
 #   BACKEND [cuda]  MODE [exact]   (of the RL runs and the ablation)
 #   TASK [arith2]   (two operations, operands 0..99)
 #   HIDDEN [512] LAYERS [8] HEADS [8] KV_HEADS [2] HEAD_DIM [64] EXPERTS [32] TOP_K [4] MOE_INTER [256]
@@ -146,8 +149,8 @@ study_args="--recipes $recipes --seeds $seeds --out $work/study --quiet
     --set eval.every=${EVAL_EVERY:-25} --set eval.limit=${EVAL_LIMIT:-256} --set eval.seed=7
     --set trainer.lr=${LR:-2e-6} --set checkpoint.every=${CKPT_EVERY:-25} --set checkpoint.keep_last=1"
 if [ -f "$model/model.safetensors" ] && [ "$(cap)" -gt 30 ]; then
-    say "== compare (at most $(cap) s): quads compare --continue $(echo $study_args)"
-    timeout -k 10 "$(cap)" "$q" compare --continue $study_args >>"$log" 2>&1
+    say "== compare (at most $(cap) s): quads compare --continue --jobs ${JOBS:-3} $(echo $study_args)"
+    timeout -k 10 "$(cap)" "$q" compare --continue --jobs "${JOBS:-3}" $study_args >>"$log" 2>&1
     rc=$?
     [ $rc -eq 124 ] && say "compare: out of budget; the next call resumes the cut run from its checkpoint"
     [ $rc -ne 0 ] && [ $rc -ne 124 ] && say "compare: exit $rc (a run failed: the report lists it)"

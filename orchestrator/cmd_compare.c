@@ -2,13 +2,18 @@
  * data and config otherwise), then report.md, report.json and plots over the
  * runs, a row per recipe (orchestrator/report.h). */
 #define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <jansson.h>
 #include "orchestrator/ckpt.h"
+#include "quant/fileio.h"
 #include "orchestrator/commands.h"
 #include "orchestrator/metrics.h"
 #include "orchestrator/report.h"
@@ -18,11 +23,12 @@
 #define MAX_RECIPES 16
 #define MAX_SEEDS 64
 #define DIR_N 4200
+#define MAX_JOBS 64
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: quads compare [--recipes R1,R2,...] [--seeds S1,S2,...] [--config FILE] [--set KEY=VALUE]...\n"
-               "                     [--out DIR] [--continue | --report-only] [--quiet]\n\n"
+               "                     [--out DIR] [--continue | --report-only] [--jobs N] [--quiet]\n\n"
                "Runs the config once per recipe and seed, the same config otherwise, into DIR/RECIPE\n"
                "(DIR/RECIPE/seed-S with --seeds), with eval.bf16 on (the first and the last weights of each\n"
                "run are also evaluated with the bf16 recipe's rollout; --set eval.bf16=false turns it off),\n"
@@ -46,6 +52,10 @@ static void usage(FILE *f)
                "  --report-only   run nothing: the report of what DIR holds for these recipes and seeds\n"
                "                  (a run not there is listed as missing, one short of run.steps as\n"
                "                  incomplete, one of another config as failed)\n"
+               "  --jobs N        N runs at once, each in a process of its own (default 1), its output in\n"
+               "                  RUNDIR.log (DIR/RECIPE/seed-S.log) instead of this one's; each run's numbers\n"
+               "                  are the same as alone (exact mode's too), its tokens/s those of a shared\n"
+               "                  device and host\n"
                "  --quiet         no progress lines\n");
 }
 
@@ -157,7 +167,7 @@ typedef struct {
     int nr, ns; /* ns 0: no --seeds */
     const char *file;
     char **sets;
-    int nsets, quiet, cont, report_only;
+    int nsets, quiet, cont, report_only, jobs;
 } compare_args;
 
 typedef struct {
@@ -199,7 +209,8 @@ static void go(const compare_args *a, one_run *r)
     fflush(stdout);
     if (act == RUN_DONE)
         return;
-    qd_rl_options o = {.log = stdout, .progress = !a->quiet, .resume_dir = act == RUN_RESUME ? r->dir : NULL};
+    qd_rl_options o = {.log = stdout, .progress = !a->quiet && a->jobs <= 1,
+                       .resume_dir = act == RUN_RESUME ? r->dir : NULL};
     qd_status st = act == RUN_CONFLICT ? QD_ERR_ARG : qd_rl_run(r->cfg, &o, NULL, 0);
     if (!st)
         return;
@@ -208,6 +219,109 @@ static void go(const compare_args *a, one_run *r)
                                                                         "another config" : qd_last_error());
     if (act != RUN_CONFLICT)
         fprintf(stderr, "quads compare: %s, seed %lld: %s\n", k->rollout.recipe, (long long)k->run.seed, r->failure);
+}
+
+/* A run in a child process (--jobs): its output into RUNDIR.log, its
+ * failure (if any) into *shared, the status it exits with 1 if it failed. */
+static void go_child(const compare_args *a, one_run *r, one_run *shared)
+{
+    char log[DIR_N + 8];
+    snprintf(log, sizeof log, "%s.log", r->dir);
+    if (qd_mkdirs_parent(log)) { /* DIR/RECIPE */
+        snprintf(shared->failure, sizeof shared->failure, "%s", qd_last_error());
+        shared->failed = 1;
+        _exit(1);
+    }
+    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0 || dup2(fd, STDOUT_FILENO) < 0 || dup2(fd, STDERR_FILENO) < 0) {
+        snprintf(shared->failure, sizeof shared->failure, "%.900s: cannot write: %s", log, strerror(errno));
+        shared->failed = 1;
+        _exit(1);
+    }
+    close(fd);
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    go(a, r);
+    fflush(stdout);
+    fflush(stderr);
+    shared->failed = r->failed;
+    snprintf(shared->failure, sizeof shared->failure, "%s", r->failure);
+    _exit(r->failed ? 1 : 0);
+}
+
+/* --jobs N: the runs, at most N at a time, each forked from this process
+ * before it touches a device (it has only read the configs); a child's
+ * failure comes back through a shared mapping, a child that dies without
+ * saying why is a failure too. */
+static void go_jobs(const compare_args *a, one_run *runs, int n)
+{
+    one_run *shared = mmap(NULL, sizeof *runs * (size_t)n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (shared == MAP_FAILED) {
+        fprintf(stderr, "quads compare: --jobs: %s; the runs go one at a time\n", strerror(errno));
+        for (int i = 0; i < n; i++)
+            go(a, &runs[i]);
+        return;
+    }
+    memset(shared, 0, sizeof *runs * (size_t)n);
+    pid_t pid[MAX_JOBS];
+    int slot_run[MAX_JOBS], busy = 0, next = 0;
+    for (int j = 0; j < a->jobs; j++)
+        pid[j] = 0;
+    while (next < n || busy > 0) {
+        if (next < n && busy < a->jobs) {
+            int j = 0;
+            while (pid[j])
+                j++;
+            one_run *r = &runs[next];
+            const qd_knobs *k = qd_config_knobs(r->cfg);
+            printf("== recipe %s, seed %lld: %s: started (its output in %s.log) ==\n", k->rollout.recipe,
+                   (long long)k->run.seed, r->dir, r->dir);
+            fflush(stdout);
+            fflush(stderr);
+            pid_t c = fork();
+            if (c == 0)
+                go_child(a, r, &shared[next]);
+            if (c < 0) {
+                r->failed = 1;
+                snprintf(r->failure, sizeof r->failure, "fork: %s", strerror(errno));
+                fprintf(stderr, "quads compare: %s: %s\n", r->dir, r->failure);
+                next++;
+                continue;
+            }
+            pid[j] = c;
+            slot_run[j] = next++;
+            busy++;
+            continue;
+        }
+        int status;
+        pid_t c = wait(&status);
+        if (c < 0) {
+            if (errno == EINTR)
+                continue;
+            break; /* no children left: cannot happen while busy > 0 */
+        }
+        for (int j = 0; j < a->jobs; j++) {
+            if (pid[j] != c)
+                continue;
+            one_run *r = &runs[slot_run[j]], *sr = &shared[slot_run[j]];
+            int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+            r->failed = !ok;
+            if (!ok)
+                snprintf(r->failure, sizeof r->failure, "%s",
+                         sr->failed && sr->failure[0] ? sr->failure
+                         : WIFSIGNALED(status)       ? "its process was killed by a signal"
+                                                     : "its process exited without saying why");
+            const qd_knobs *k = qd_config_knobs(r->cfg);
+            printf("== recipe %s, seed %lld: %s: %s ==\n", k->rollout.recipe, (long long)k->run.seed, r->dir,
+                   ok ? "done" : "failed");
+            if (!ok)
+                fprintf(stderr, "quads compare: %s, seed %lld: %s\n", k->rollout.recipe, (long long)k->run.seed,
+                        r->failure);
+            fflush(stdout);
+            pid[j] = 0;
+            busy--;
+        }
+    }
+    munmap(shared, sizeof *runs * (size_t)n);
 }
 
 /* "quads compare ARGS..." as it was typed (arguments with spaces quoted). */
@@ -250,7 +364,7 @@ static int parse(int argc, char **argv, compare_args *a)
     static const struct option longs[] = {{"recipes", required_argument, 0, 'r'}, {"config", required_argument, 0, 'c'},
                                           {"set", required_argument, 0, 's'},     {"out", required_argument, 0, 'o'},
                                           {"seeds", required_argument, 0, 'S'},   {"continue", no_argument, 0, 'C'},
-                                          {"report-only", no_argument, 0, 'R'},
+                                          {"report-only", no_argument, 0, 'R'},   {"jobs", required_argument, 0, 'j'},
                                           {"quiet", no_argument, 0, 'q'},         {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     static char deflist[] = "bf16,nvfp4,quads";
@@ -268,6 +382,16 @@ static int parse(int argc, char **argv, compare_args *a)
         case 'C': a->cont = 1; break;
         case 'R': a->report_only = 1; break;
         case 'q': a->quiet = 1; break;
+        case 'j': {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (end == optarg || *end || v < 1 || v > MAX_JOBS) {
+                fprintf(stderr, "quads compare: --jobs: '%s': a whole number from 1 to %d\n", optarg, MAX_JOBS);
+                return 3;
+            }
+            a->jobs = (int)v;
+            break;
+        }
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return 3;
         }
@@ -297,7 +421,7 @@ static int parse(int argc, char **argv, compare_args *a)
 
 int qd_cmd_compare(int argc, char **argv)
 {
-    compare_args a = {.sets = calloc((size_t)argc + 1, sizeof(char *))};
+    compare_args a = {.sets = calloc((size_t)argc + 1, sizeof(char *)), .jobs = 1};
     char *cmd = command_line(argc, argv); /* before the lists are split in place */
     int rc = a.sets && cmd ? parse(argc, argv, &a) : 2;
     if (rc) {
@@ -307,10 +431,13 @@ int qd_cmd_compare(int argc, char **argv)
     int n = a.nr * (a.ns ? a.ns : 1);
     one_run *runs = calloc((size_t)n, sizeof *runs);
     int configs_ok = runs && make_configs(&a, runs), failed = 0;
-    for (int i = 0; i < n && configs_ok; i++) {
-        go(&a, &runs[i]);
+    if (configs_ok && a.jobs > 1 && !a.report_only && n > 1)
+        go_jobs(&a, runs, n);
+    else
+        for (int i = 0; i < n && configs_ok; i++)
+            go(&a, &runs[i]);
+    for (int i = 0; i < n && configs_ok; i++)
         failed += runs[i].failed;
-    }
     qd_status st = configs_ok ? report(&a, runs, cmd) : QD_ERR_ARG;
     if (configs_ok && st)
         fprintf(stderr, "quads compare: report: %s\n", qd_last_error());

@@ -923,6 +923,41 @@ START_TEST(test_rl_eval_bf16)
 }
 END_TEST
 
+/* The compare tests' model in a scratch dir and the --set arguments of
+ * their two-step runs (checkpoint.every: ckpt). */
+static void compare_setup(char *dir, size_t dn, char *sets, size_t sn, int ckpt)
+{
+    scratch_dir(dir, dn);
+    make_model(dir);
+    pathf(sets, sn,
+          "--quiet --set model.path=%s/model --set run.steps=2 --set rollout.group_size=2 "
+          "--set rollout.prompts_per_step=2 --set rollout.max_tokens=4 --set eval.limit=2 --set run.threads=1 "
+          "--set rollout.backend=cpu --set checkpoint.every=%d --set checkpoint.keep_last=5", dir, ckpt);
+}
+
+/* compare --recipes bf16 --seeds 1,2 (and extra) into dir/f where seed 2's
+ * directory is a file: exit 1, the report counts seed 1 and lists seed 2
+ * as failed; out gets the output. */
+static void compare_one_fails(const char *dir, const char *sets, const char *extra, char *out, size_t on)
+{
+    char p[2048], args[4096];
+    pathf(p, sizeof p, "%s/f/bf16", dir);
+    ck_assert_int_eq(qd_mkdirs(p), QD_OK);
+    qd_test_write_file(qd_test_join(p, "seed-2"), "not a directory");
+    pathf(args, sizeof args, "compare --recipes bf16 --seeds 1,2 %s --out %s/f %s", extra, dir, sets);
+    ck_assert_int_eq(qd_test_run_quads(args, out, on), 1);
+    ck_assert_msg(strstr(out, "runs failed: listed there, not averaged"), "%s", out);
+    pathf(p, sizeof p, "%s/f/report.json", dir);
+    json_t *rep = json_load_file(p, 0, NULL);
+    const json_t *row = json_array_get(json_object_get(rep, "rows"), 0);
+    ck_assert_int_eq(json_integer_value(json_object_get(row, "complete")), 1);
+    const json_t *ex = json_array_get(json_object_get(row, "excluded"), 0);
+    ck_assert_str_eq(json_string_value(json_object_get(ex, "status")), "failed");
+    ck_assert(json_is_null(json_object_get(ex, "seed")));
+    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(row, "pass1_final"), "n")), 1);
+    json_decref(rep);
+}
+
 /* quads compare --seeds: a run per recipe and seed in DIR/RECIPE/seed-S, the
  * report's row over them; --continue keeps a finished run, resumes a cut
  * one to the same numbers and refuses a run of another config; a run that
@@ -930,12 +965,7 @@ END_TEST
 START_TEST(test_rl_cli_compare_seeds)
 {
     char out[1 << 16], dir[256], args[4096], sets[1024], p[2048];
-    scratch_dir(dir, sizeof dir);
-    make_model(dir);
-    pathf(sets, sizeof sets,
-          "--quiet --set model.path=%s/model --set run.steps=2 --set rollout.group_size=2 "
-          "--set rollout.prompts_per_step=2 --set rollout.max_tokens=4 --set eval.limit=2 --set run.threads=1 "
-          "--set rollout.backend=cpu --set checkpoint.every=1 --set checkpoint.keep_last=5", dir);
+    compare_setup(dir, sizeof dir, sets, sizeof sets, 1);
     pathf(args, sizeof args, "compare --recipes bf16 --seeds 3,4 --out %s/cmp %s", dir, sets);
     ck_assert_msg(qd_test_run_quads(args, out, sizeof out) == 0, "%s", out);
     pathf(p, sizeof p, "%s/cmp", dir);
@@ -983,21 +1013,54 @@ START_TEST(test_rl_cli_compare_seeds)
     ck_assert_int_eq(qd_test_run_quads(args, out, sizeof out), 1);
     ck_assert_msg(strstr(out, "seed-3/config.json holds a run of another config"), "%s", out);
     /* seed 2 cannot run (its directory is a file): seed 1 still does */
-    pathf(p, sizeof p, "%s/f/bf16", dir);
-    ck_assert_int_eq(qd_mkdirs(p), QD_OK);
-    qd_test_write_file(qd_test_join(p, "seed-2"), "not a directory");
-    pathf(args, sizeof args, "compare --recipes bf16 --seeds 1,2 --out %s/f %s", dir, sets);
-    ck_assert_int_eq(qd_test_run_quads(args, out, sizeof out), 1);
-    ck_assert_msg(strstr(out, "runs failed: listed there, not averaged"), "%s", out);
-    pathf(p, sizeof p, "%s/f/report.json", dir);
-    rep = json_load_file(p, 0, NULL);
-    row = json_array_get(json_object_get(rep, "rows"), 0);
-    ck_assert_int_eq(json_integer_value(json_object_get(row, "complete")), 1);
-    const json_t *ex = json_array_get(json_object_get(row, "excluded"), 0);
-    ck_assert_str_eq(json_string_value(json_object_get(ex, "status")), "failed");
-    ck_assert(json_is_null(json_object_get(ex, "seed")));
-    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(row, "pass1_final"), "n")), 1);
+    compare_one_fails(dir, sets, "", out, sizeof out);
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
+/* quads compare --jobs: the runs in processes of their own, at most N at a
+ * time, each run's output in RUNDIR.log; every run's metrics (timings aside)
+ * the same as one at a time; a run that fails in its process (its directory
+ * a file) is reported as such, the others still run (exit 1); --jobs 0 is
+ * refused before anything runs. */
+START_TEST(test_rl_cli_compare_jobs)
+{
+    char out[1 << 16], dir[256], args[4096], sets[1024], p[2048];
+    compare_setup(dir, sizeof dir, sets, sizeof sets, 0);
+    pathf(args, sizeof args, "compare --recipes bf16,nvfp4 --seeds 3,4 --out %s/one %s", dir, sets);
+    ck_assert_msg(qd_test_run_quads(args, out, sizeof out) == 0, "%s", out);
+    pathf(args, sizeof args, "compare --recipes bf16,nvfp4 --seeds 3,4 --jobs 3 --out %s/par %s", dir, sets);
+    ck_assert_msg(qd_test_run_quads(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "par/nvfp4/seed-4: started (its output in ") && strstr(out, "par/bf16/seed-3: done =="),
+                  "%s", out);
+    static const char *const runs[4] = {"bf16/seed-3", "bf16/seed-4", "nvfp4/seed-3", "nvfp4/seed-4"};
+    for (int i = 0; i < 4; i++) {
+        char a[2048], b[2048];
+        pathf(a, sizeof a, "%s/one/%s", dir, runs[i]);
+        pathf(b, sizeof b, "%s/par/%s", dir, runs[i]);
+        json_t *ma = metrics_without_time(a), *mb = metrics_without_time(b);
+        ck_assert_msg(json_equal(ma, mb), "%s: the metrics differ under --jobs", runs[i]);
+        json_decref(ma), json_decref(mb);
+        pathf(p, sizeof p, "%s.log", b);
+        const char *log = qd_test_read_file(p);
+        ck_assert_msg(log && strstr(log, "held-out pass@1"), "%s: %s", p, log ? log : "(none)");
+    }
+    pathf(p, sizeof p, "%s/par/report.json", dir);
+    json_t *rep = json_load_file(p, 0, NULL);
+    ck_assert_ptr_nonnull(rep);
+    for (int i = 0; i < 2; i++)
+        ck_assert_int_eq(
+            json_integer_value(json_object_get(json_array_get(json_object_get(rep, "rows"), (size_t)i), "complete")),
+            2);
     json_decref(rep);
+    /* seed 2 cannot run (its directory is a file) in its process: seed 1 still does */
+    compare_one_fails(dir, sets, "--jobs 2", out, sizeof out);
+    ck_assert_msg(strstr(out, "f/bf16/seed-2: failed ==") && strstr(out, "f/bf16/seed-1: done =="), "%s", out);
+    pathf(args, sizeof args, "compare --recipes bf16 --seeds 1 --jobs 0 --out %s/z %s", dir, sets);
+    ck_assert_int_eq(qd_test_run_quads(args, out, sizeof out), 2);
+    ck_assert_msg(strstr(out, "--jobs: '0': a whole number from 1 to 64"), "%s", out);
+    pathf(p, sizeof p, "%s", dir);
+    ck_assert(!exists(p, "z"));
     qd_test_rm_tree(dir);
 }
 END_TEST
@@ -1540,6 +1603,7 @@ Suite *suite_rl(void)
     add_case(s, "cli_errors", test_rl_cli_config_errors);
     add_case(s, "cli_compare", test_rl_cli_compare);
     add_case(s, "cli_compare_seeds", test_rl_cli_compare_seeds);
+    add_case(s, "cli_compare_jobs", test_rl_cli_compare_jobs);
     add_case(s, "eval_bf16", test_rl_eval_bf16);
     add_case(s, "default_model", test_rl_default_model);
     add_case(s, "default_model_out_of_tree", test_rl_default_model_out_of_tree);
