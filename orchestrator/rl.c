@@ -68,6 +68,10 @@ typedef struct {
     int32_t *ro_topk;              /* the rollout's router top-k over this step's first micro-batch
                                       (rollout_stats; NULL: a dense model, or no samples) */
     int ro_moe, ro_tok, ro_k;      /* its MoE layers, tokens and top_k */
+    /* where this process's wall time went (the summary's time line): from
+     * qd_rl_run's start, in steps, in evals, in checkpoints, and how many */
+    double t_begin, t_steps, t_evals, t_ckpt;
+    int64_t n_steps, n_evals, n_ckpt;
 } rl_run;
 
 /* ---- small helpers */
@@ -1003,7 +1007,9 @@ static qd_status log_eval(rl_run *r, json_t *o, json_t *tm)
 /* Held-out eval: on rank 0 only; the other ranks wait for it. */
 static qd_status eval_step(rl_run *r, json_t *o, json_t *tm)
 {
+    double t0 = now_s();
     qd_status st = r->dp.rank == 0 ? log_eval(r, o, tm) : QD_OK;
+    r->t_evals += now_s() - t0, r->n_evals++;
     char name[64];
     snprintf(name, sizeof name, "eval at step %lld", (long long)r->step);
     return st ? st : qd_dp_barrier(&r->dp, name);
@@ -1012,6 +1018,7 @@ static qd_status eval_step(rl_run *r, json_t *o, json_t *tm)
 /* Checkpoint: written by rank 0 once every rank has finished the step. */
 static qd_status checkpoint_step(rl_run *r)
 {
+    double t0 = now_s();
     char name[64];
     snprintf(name, sizeof name, "checkpoint at step %lld", (long long)r->step);
     qd_status st = qd_dp_barrier(&r->dp, name);
@@ -1025,6 +1032,7 @@ static qd_status checkpoint_step(rl_run *r)
     if (!st && r->dp.rank == 0)
         st = save_checkpoint(r, rac);
     free(rac);
+    r->t_ckpt += now_s() - t0, r->n_ckpt++;
     return st;
 }
 
@@ -1130,6 +1138,7 @@ static qd_status one_step(rl_run *r, sample_set *ss, qd_progress *pg)
         st = sync_weights(r);
     sr.t[2] = now_s() - t2;
     sr.t[3] = now_s() - t0;
+    r->t_steps += sr.t[3], r->n_steps++;
     if (!st)
         st = record_step(r, &sr, pg);
     qd_layer_stats_free(&sr.ls);
@@ -1268,6 +1277,12 @@ static void print_summary(rl_run *r, const char *metrics)
         fprintf(r->o->log, "held-out pass@1 in bf16: %.4f at step %lld, %.4f at step %lld\n", y[0],
                 (long long)x[0], y[n - 1], (long long)x[n - 1]);
     free(x), free(y);
+    double all = now_s() - r->t_begin;
+    fprintf(r->o->log,
+            "time: %.1f s in all; steps: %lld in %.1f s; evals: %lld in %.1f s; checkpoints: %lld in %.1f s; "
+            "the rest (start, data, metrics, end): %.1f s\n",
+            all, (long long)r->n_steps, r->t_steps, (long long)r->n_evals, r->t_evals, (long long)r->n_ckpt, r->t_ckpt,
+            all - r->t_steps - r->t_evals - r->t_ckpt);
     fprintf(r->o->log, "run directory: %s\n", r->dir);
 }
 
@@ -1378,7 +1393,7 @@ static qd_status resume_config(const qd_config *cfg, const char *dir, qd_config 
 
 qd_status qd_rl_run(const qd_config *cfg, const qd_rl_options *o, char *run_dir, size_t n)
 {
-    rl_run r = {.cfg = cfg, .k = qd_config_knobs(cfg), .o = o, .dp = {.rank = 0, .world = 1}};
+    rl_run r = {.cfg = cfg, .k = qd_config_knobs(cfg), .o = o, .dp = {.rank = 0, .world = 1}, .t_begin = now_s()};
     qd_rl_options quiet;
     qd_config *own = NULL;
     sample_set ss = {0};

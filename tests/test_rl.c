@@ -624,6 +624,10 @@ START_TEST(test_rl_benchmark_task)
     ck_assert_msg(rc == 0, "%s", out);
     ck_assert_msg(strstr(out, "data: gsm8k, 21 training problems, 4 held out (1294 of 1319 over "
                               "data.max_prompt_tokens skipped)"), "%s", out);
+    /* the summary's time line: one step, the evals of steps 0 and 1, the final checkpoint */
+    ck_assert_msg(strstr(out, " s in all; steps: 1 in ") && strstr(out, "; evals: 2 in ") &&
+                  strstr(out, "; checkpoints: 1 in ") && strstr(out, "the rest (start, data, metrics, end): "),
+                  "%s", out);
     pathf(p, sizeof p, "%s/g", dir);
     json_t *m = metrics_without_time(p);
     ck_assert_int_eq(json_array_size(m), 2);

@@ -35,7 +35,9 @@
 #      its final held-out pass@1 is printed). The CPU run starts first, in the
 #      background on half the cores (RL_CPU_THREADS), while 0-2 run (it took
 #      ~52 s of a run_all.sh past 330 s on an H100's 16 cores; exact mode's
-#      numbers do not depend on the thread count).
+#      numbers do not depend on the thread count);
+#   4. `quads rl` with the replay recipes on CUDA in exact mode, 10 steps:
+#      every step's log-prob gap exactly 0 (mean and max |dlogp|, k3 KL).
 # quads needs shared libraries the GPU machine lacks (utf8proc, ...): the
 # caller carries them in .devrun/lib (tests/gpu/bundle_libs.sh makes it).
 #     sh tests/gpu/run_all.sh [OUTDIR]
@@ -194,5 +196,22 @@ if [ -d "$runs/rl_cpu_exact" ]; then
         cmp "$runs/rl_cpu_exact/$last/$f" "$runs/rl_cuda_exact/$last/$f" && echo "$last/$f: identical" || rc=1
     done
 fi
+# the replay recipes on CUDA in exact mode: the trainer's forward is the
+# rollout's, so every step's log-prob gap is exactly 0 (the CPU suite asserts
+# it there; check_backend has CUDA = CPU for their ops)
+echo "== quads rl --set rollout.recipe=nvfp4-replay / quads-replay, cuda exact, 10 steps: the gap exactly 0"
+for rec in nvfp4-replay quads-replay; do
+    ./quads rl --quiet --backend cuda --mode exact --set rollout.recipe=$rec --set run.steps=10 --set eval.every=0 \
+        --set run.dir="$runs/rl_cuda_$rec" >"$out/rl_cuda_$rec.log" 2>&1 || { rc=1; tail -5 "$out/rl_cuda_$rec.log"; }
+    python3 - "$runs/rl_cuda_$rec/metrics.jsonl" "$rec" <<'PYEOF' || rc=1
+import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+steps = [o for o in steps if "gap" in o]
+bad = [o["step"] for o in steps if o["gap"]["mean_abs"] != 0 or o["gap"]["max_abs"] != 0 or o["gap"]["k3_kl"] != 0]
+toks = sum(o["gap"]["tokens"] for o in steps)
+print("%s: %d steps, %d tokens, gap (mean, max |dlogp|, k3 KL) not 0 at steps %s" % (sys.argv[2], len(steps), toks, bad or "none"))
+sys.exit(1 if bad or len(steps) < 10 or toks == 0 else 0)
+PYEOF
+done
 echo "run_all.sh: $([ $rc = 0 ] && echo PASS || echo FAIL)"
 exit $rc
