@@ -79,6 +79,8 @@ task=${TASK:-arith2}
 backend=${BACKEND:-cuda}
 mode=${MODE:-exact}
 start=$(date +%s)
+jobs=${JOBS:-3}
+case "$jobs" in '' | *[!0-9]* | 0) echo "run_study_h200: JOBS=$jobs: a whole number of at least 1" >&2; exit 1 ;; esac
 log=$work/study.log
 
 if [ ! -x "$q" ]; then
@@ -143,14 +145,18 @@ if [ -f "$model/model.safetensors" ] && [ ! -s "$work/ablate.json" ] && [ "$(cap
 fi
 
 # 3. the RL runs: every recipe x seed, continued from what WORK holds
-study_args="--recipes $recipes --seeds $seeds --out $work/study --quiet
+# each of the JOBS runs on its share of the cores (exact mode's numbers do not
+# depend on run.threads, and --continue ignores it)
+threads=$(( $(nproc 2>/dev/null || echo 2) / jobs ))
+[ "$threads" -lt 1 ] && threads=1
+study_args="--recipes $recipes --seeds $seeds --out $work/study --quiet --set run.threads=$threads
     --set model.path=$model --set data.task=$task --set run.steps=${STEPS:-100}
     --set rollout.backend=$backend --set rollout.mode=$mode --set rollout.max_tokens=12
     --set eval.every=${EVAL_EVERY:-25} --set eval.limit=${EVAL_LIMIT:-256} --set eval.seed=7
     --set trainer.lr=${LR:-2e-6} --set checkpoint.every=${CKPT_EVERY:-25} --set checkpoint.keep_last=1"
 if [ -f "$model/model.safetensors" ] && [ "$(cap)" -gt 30 ]; then
-    say "== compare (at most $(cap) s): quads compare --continue --jobs ${JOBS:-3} $(echo $study_args)"
-    timeout -k 10 "$(cap)" "$q" compare --continue --jobs "${JOBS:-3}" $study_args >>"$log" 2>&1
+    say "== compare (at most $(cap) s): quads compare --continue --jobs $jobs $(echo $study_args)"
+    timeout -k 10 "$(cap)" "$q" compare --continue --jobs "$jobs" $study_args >>"$log" 2>&1
     rc=$?
     [ $rc -eq 124 ] && say "compare: out of budget; the next call resumes the cut run from its checkpoint"
     [ $rc -ne 0 ] && [ $rc -ne 124 ] && say "compare: exit $rc (a run failed: the report lists it)"
