@@ -13,12 +13,12 @@
 #include <unistd.h>
 #include <jansson.h>
 #include "orchestrator/ckpt.h"
-#include "quant/fileio.h"
 #include "orchestrator/commands.h"
 #include "orchestrator/metrics.h"
 #include "orchestrator/report.h"
 #include "orchestrator/rl.h"
 #include "orchestrator/rl_config.h"
+#include "quant/fileio.h"
 
 #define MAX_RECIPES 16
 #define MAX_SEEDS 64
@@ -171,10 +171,14 @@ typedef struct {
 } compare_args;
 
 typedef struct {
-    qd_config *cfg;
-    char dir[DIR_N];
     int failed;
     char failure[1024]; /* why it failed */
+} run_outcome;
+
+typedef struct {
+    qd_config *cfg;
+    char dir[DIR_N];
+    run_outcome out;
 } one_run;
 
 /* Every run's config, checked before the first (long) run starts; 0 on a bad one. */
@@ -214,16 +218,17 @@ static void go(const compare_args *a, one_run *r)
     qd_status st = act == RUN_CONFLICT ? QD_ERR_ARG : qd_rl_run(r->cfg, &o, NULL, 0);
     if (!st)
         return;
-    r->failed = 1;
-    snprintf(r->failure, sizeof r->failure, "%s", act == RUN_CONFLICT ? "the directory holds a run of "
-                                                                        "another config" : qd_last_error());
+    run_outcome *out = &r->out;
+    out->failed = 1;
+    snprintf(out->failure, sizeof out->failure, "%s",
+             act == RUN_CONFLICT ? "the directory holds a run of another config" : qd_last_error());
     if (act != RUN_CONFLICT)
-        fprintf(stderr, "quads compare: %s, seed %lld: %s\n", k->rollout.recipe, (long long)k->run.seed, r->failure);
+        fprintf(stderr, "quads compare: %s, seed %lld: %s\n", k->rollout.recipe, (long long)k->run.seed, out->failure);
 }
 
 /* A run in a child process (--jobs): its output into RUNDIR.log, its
  * failure (if any) into *shared, the status it exits with 1 if it failed. */
-static void go_child(const compare_args *a, one_run *r, one_run *shared)
+static void go_child(const compare_args *a, one_run *r, run_outcome *shared)
 {
     char log[DIR_N + 8];
     snprintf(log, sizeof log, "%s.log", r->dir);
@@ -243,9 +248,8 @@ static void go_child(const compare_args *a, one_run *r, one_run *shared)
     go(a, r);
     fflush(stdout);
     fflush(stderr);
-    shared->failed = r->failed;
-    snprintf(shared->failure, sizeof shared->failure, "%s", r->failure);
-    _exit(r->failed ? 1 : 0);
+    *shared = r->out;
+    _exit(r->out.failed ? 1 : 0);
 }
 
 /* --jobs N: the runs, at most N at a time, each forked from this process
@@ -254,14 +258,15 @@ static void go_child(const compare_args *a, one_run *r, one_run *shared)
  * saying why is a failure too. */
 static void go_jobs(const compare_args *a, one_run *runs, int n)
 {
-    one_run *shared = mmap(NULL, sizeof *runs * (size_t)n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    run_outcome *shared =
+        mmap(NULL, sizeof *shared * (size_t)n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (shared == MAP_FAILED) {
         fprintf(stderr, "quads compare: --jobs: %s; the runs go one at a time\n", strerror(errno));
         for (int i = 0; i < n; i++)
             go(a, &runs[i]);
         return;
     }
-    memset(shared, 0, sizeof *runs * (size_t)n);
+    memset(shared, 0, sizeof *shared * (size_t)n);
     pid_t pid[MAX_JOBS];
     int slot_run[MAX_JOBS], busy = 0, next = 0;
     for (int j = 0; j < a->jobs; j++)
@@ -281,9 +286,9 @@ static void go_jobs(const compare_args *a, one_run *runs, int n)
             if (c == 0)
                 go_child(a, r, &shared[next]);
             if (c < 0) {
-                r->failed = 1;
-                snprintf(r->failure, sizeof r->failure, "fork: %s", strerror(errno));
-                fprintf(stderr, "quads compare: %s: %s\n", r->dir, r->failure);
+                r->out.failed = 1;
+                snprintf(r->out.failure, sizeof r->out.failure, "fork: %s", strerror(errno));
+                fprintf(stderr, "quads compare: %s: %s\n", r->dir, r->out.failure);
                 next++;
                 continue;
             }
@@ -302,11 +307,12 @@ static void go_jobs(const compare_args *a, one_run *runs, int n)
         for (int j = 0; j < a->jobs; j++) {
             if (pid[j] != c)
                 continue;
-            one_run *r = &runs[slot_run[j]], *sr = &shared[slot_run[j]];
+            one_run *r = &runs[slot_run[j]];
+            const run_outcome *sr = &shared[slot_run[j]];
             int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-            r->failed = !ok;
+            r->out.failed = !ok;
             if (!ok)
-                snprintf(r->failure, sizeof r->failure, "%s",
+                snprintf(r->out.failure, sizeof r->out.failure, "%s",
                          sr->failed && sr->failure[0] ? sr->failure
                          : WIFSIGNALED(status)       ? "its process was killed by a signal"
                                                      : "its process exited without saying why");
@@ -315,13 +321,13 @@ static void go_jobs(const compare_args *a, one_run *runs, int n)
                    ok ? "done" : "failed");
             if (!ok)
                 fprintf(stderr, "quads compare: %s, seed %lld: %s\n", k->rollout.recipe, (long long)k->run.seed,
-                        r->failure);
+                        r->out.failure);
             fflush(stdout);
             pid[j] = 0;
             busy--;
         }
     }
-    munmap(shared, sizeof *runs * (size_t)n);
+    munmap(shared, sizeof *shared * (size_t)n);
 }
 
 /* "quads compare ARGS..." as it was typed (arguments with spaces quoted). */
@@ -350,9 +356,10 @@ static qd_status report(const compare_args *a, const one_run *runs, const char *
     qd_report_run rr[MAX_RECIPES * MAX_SEEDS];
     qd_report_group g[MAX_RECIPES];
     for (int i = 0; i < a->nr; i++) {
-        for (int j = 0; j < per; j++)
-            rr[i * per + j] = (qd_report_run){.dir = runs[i * per + j].dir,
-                                              .failure = runs[i * per + j].failed ? runs[i * per + j].failure : NULL};
+        for (int j = 0; j < per; j++) {
+            const one_run *r = &runs[i * per + j];
+            rr[i * per + j] = (qd_report_run){.dir = r->dir, .failure = r->out.failed ? r->out.failure : NULL};
+        }
         g[i] = (qd_report_group){.name = a->recipes[i], .runs = &rr[i * per], .n = per};
     }
     return qd_report_write(g, a->nr, a->out, command);
@@ -437,7 +444,7 @@ int qd_cmd_compare(int argc, char **argv)
         for (int i = 0; i < n && configs_ok; i++)
             go(&a, &runs[i]);
     for (int i = 0; i < n && configs_ok; i++)
-        failed += runs[i].failed;
+        failed += runs[i].out.failed;
     qd_status st = configs_ok ? report(&a, runs, cmd) : QD_ERR_ARG;
     if (configs_ok && st)
         fprintf(stderr, "quads compare: report: %s\n", qd_last_error());
