@@ -201,16 +201,29 @@ static int make_configs(const compare_args *a, one_run *runs)
     return 1;
 }
 
+/* The line naming run r and what happens to it (what: "" or ": ..."). */
+static void run_line(const one_run *r, const char *what)
+{
+    const qd_knobs *k = qd_config_knobs(r->cfg);
+    printf("== recipe %s, seed %lld: %s%s ==\n", k->rollout.recipe, (long long)k->run.seed, r->dir, what);
+    fflush(stdout);
+}
+
+/* Run r's failure, on stderr. */
+static void run_failure(const one_run *r)
+{
+    const qd_knobs *k = qd_config_knobs(r->cfg);
+    fprintf(stderr, "quads compare: %s, seed %lld: %s\n", k->rollout.recipe, (long long)k->run.seed, r->out.failure);
+}
+
 /* Runs (or, with --continue, keeps or resumes) one run; a failure is kept in r. */
 static void go(const compare_args *a, one_run *r)
 {
     run_action act = a->cont || a->report_only ? existing_run(r->dir, r->cfg, a->report_only) : RUN_FRESH;
-    const qd_knobs *k = qd_config_knobs(r->cfg);
     if (a->report_only && act != RUN_CONFLICT)
         return; /* the report says what the directory holds */
     static const char *const what[] = {"", ": finished before, kept", ": resumed", ": another config's run there"};
-    printf("== recipe %s, seed %lld: %s%s ==\n", k->rollout.recipe, (long long)k->run.seed, r->dir, what[act]);
-    fflush(stdout);
+    run_line(r, what[act]);
     if (act == RUN_DONE)
         return;
     qd_rl_options o = {.log = stdout, .progress = !a->quiet && a->jobs <= 1,
@@ -223,7 +236,7 @@ static void go(const compare_args *a, one_run *r)
     snprintf(out->failure, sizeof out->failure, "%s",
              act == RUN_CONFLICT ? "the directory holds a run of another config" : qd_last_error());
     if (act != RUN_CONFLICT)
-        fprintf(stderr, "quads compare: %s, seed %lld: %s\n", k->rollout.recipe, (long long)k->run.seed, out->failure);
+        run_failure(r);
 }
 
 /* A run in a child process (--jobs): its output into RUNDIR.log, its
@@ -277,10 +290,9 @@ static void go_jobs(const compare_args *a, one_run *runs, int n)
             while (pid[j])
                 j++;
             one_run *r = &runs[next];
-            const qd_knobs *k = qd_config_knobs(r->cfg);
-            printf("== recipe %s, seed %lld: %s: started (its output in %s.log) ==\n", k->rollout.recipe,
-                   (long long)k->run.seed, r->dir, r->dir);
-            fflush(stdout);
+            char what[DIR_N + 40];
+            snprintf(what, sizeof what, ": started (its output in %s.log)", r->dir);
+            run_line(r, what);
             fflush(stderr);
             pid_t c = fork();
             if (c == 0)
@@ -288,7 +300,7 @@ static void go_jobs(const compare_args *a, one_run *runs, int n)
             if (c < 0) {
                 r->out.failed = 1;
                 snprintf(r->out.failure, sizeof r->out.failure, "fork: %s", strerror(errno));
-                fprintf(stderr, "quads compare: %s: %s\n", r->dir, r->out.failure);
+                run_failure(r);
                 next++;
                 continue;
             }
@@ -316,13 +328,9 @@ static void go_jobs(const compare_args *a, one_run *runs, int n)
                          sr->failed && sr->failure[0] ? sr->failure
                          : WIFSIGNALED(status)       ? "its process was killed by a signal"
                                                      : "its process exited without saying why");
-            const qd_knobs *k = qd_config_knobs(r->cfg);
-            printf("== recipe %s, seed %lld: %s: %s ==\n", k->rollout.recipe, (long long)k->run.seed, r->dir,
-                   ok ? "done" : "failed");
+            run_line(r, ok ? ": done" : ": failed");
             if (!ok)
-                fprintf(stderr, "quads compare: %s, seed %lld: %s\n", k->rollout.recipe, (long long)k->run.seed,
-                        r->out.failure);
-            fflush(stdout);
+                run_failure(r);
             pid[j] = 0;
             busy--;
         }

@@ -68,10 +68,11 @@ typedef struct {
     int32_t *ro_topk;              /* the rollout's router top-k over this step's first micro-batch
                                       (rollout_stats; NULL: a dense model, or no samples) */
     int ro_moe, ro_tok, ro_k;      /* its MoE layers, tokens and top_k */
-    /* where this process's wall time went (the summary's time line): from
-     * qd_rl_run's start, in steps, in evals, in checkpoints, and how many */
-    double t_begin, t_steps, t_evals, t_ckpt;
-    int64_t n_steps, n_evals, n_ckpt;
+    /* where this process's wall time went (the summary's time line; its steps
+     * are the progress line's): from qd_rl_run's start, in evals and in
+     * checkpoints, and how many */
+    double t_begin, t_evals, t_ckpt;
+    int64_t n_evals, n_ckpt;
 } rl_run;
 
 /* ---- small helpers */
@@ -1138,7 +1139,6 @@ static qd_status one_step(rl_run *r, sample_set *ss, qd_progress *pg)
         st = sync_weights(r);
     sr.t[2] = now_s() - t2;
     sr.t[3] = now_s() - t0;
-    r->t_steps += sr.t[3], r->n_steps++;
     if (!st)
         st = record_step(r, &sr, pg);
     qd_layer_stats_free(&sr.ls);
@@ -1265,7 +1265,7 @@ static void print_memory(rl_run *r, FILE *f)
 
 /* The final line: held-out pass@1 of the first and the last eval of the run
  * (metrics.jsonl, so a resumed run reports its start too). */
-static void print_summary(rl_run *r, const char *metrics)
+static void print_summary(rl_run *r, const char *metrics, const qd_progress *pg)
 {
     double *x = NULL, *y = NULL;
     int64_t n = 0;
@@ -1281,8 +1281,8 @@ static void print_summary(rl_run *r, const char *metrics)
     fprintf(r->o->log,
             "time: %.1f s in all; steps: %lld in %.1f s; evals: %lld in %.1f s; checkpoints: %lld in %.1f s; "
             "the rest (start, data, metrics, end): %.1f s\n",
-            all, (long long)r->n_steps, r->t_steps, (long long)r->n_evals, r->t_evals, (long long)r->n_ckpt, r->t_ckpt,
-            all - r->t_steps - r->t_evals - r->t_ckpt);
+            all, (long long)pg->steps_done, pg->elapsed_s, (long long)r->n_evals, r->t_evals, (long long)r->n_ckpt,
+            r->t_ckpt, all - pg->elapsed_s - r->t_evals - r->t_ckpt);
     fprintf(r->o->log, "run directory: %s\n", r->dir);
 }
 
@@ -1344,7 +1344,7 @@ static qd_status run_loop(rl_run *r, sample_set *ss)
     while (!st && r->step < r->steps)
         st = one_step(r, ss, &pg);
     if (!st && r->o->log)
-        print_summary(r, metrics);
+        print_summary(r, metrics, &pg);
     return st;
 }
 
