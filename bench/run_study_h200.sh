@@ -4,7 +4,8 @@
 # heads of 64, 32 experts top-4 of width 256, 106M parameters; 32 NVFP4
 # blocks a row where the tiny model has 4) is trained by `quads sft` on the
 # two-operation arithmetic until its greedy bf16 held-out pass@1 reaches
-# STOP_AT, then `quads compare` runs `quads rl` with every recipe x 3 seeds,
+# STOP_AT, then `quads compare` runs `quads rl` with every recipe x 3 seeds
+# (one seed at a time, all its recipes, JOBS at once),
 # the same config otherwise, each final checkpoint evaluated at the rollout's
 # precision and in bf16, and `quads ablate` measures activation vs weight
 # error per layer on the SFT model.
@@ -149,22 +150,25 @@ fi
 # depend on run.threads, and --continue ignores it)
 threads=$(( $(nproc 2>/dev/null || echo 2) / jobs ))
 [ "$threads" -lt 1 ] && threads=1
-study_args="--recipes $recipes --seeds $seeds --out $work/study --quiet --set run.threads=$threads
+study_args="--recipes $recipes --out $work/study --quiet --set run.threads=$threads
     --set model.path=$model --set data.task=$task --set run.steps=${STEPS:-100}
     --set rollout.backend=$backend --set rollout.mode=$mode --set rollout.max_tokens=12
     --set eval.every=${EVAL_EVERY:-25} --set eval.limit=${EVAL_LIMIT:-256} --set eval.seed=7
     --set trainer.lr=${LR:-2e-6} --set checkpoint.every=${CKPT_EVERY:-25} --set checkpoint.keep_last=1"
-if [ -f "$model/model.safetensors" ] && [ "$(cap)" -gt 30 ]; then
-    say "== compare (at most $(cap) s): quads compare --continue --jobs $jobs $(echo $study_args)"
-    timeout -k 10 "$(cap)" "$q" compare --continue --jobs "$jobs" $study_args >>"$log" 2>&1
+# one seed at a time, every recipe of it: a study cut by the budget (or
+# carried over sessions with PRIOR) has whole seeds, each a complete table
+for seed in $(echo "$seeds" | tr ',' ' '); do
+    [ -f "$model/model.safetensors" ] && [ "$(cap)" -gt 30 ] || break
+    say "== compare, seed $seed (at most $(cap) s): quads compare --continue --jobs $jobs --seeds $seed $(echo $study_args)"
+    timeout -k 10 "$(cap)" "$q" compare --continue --jobs "$jobs" --seeds "$seed" $study_args >>"$log" 2>&1
     rc=$?
-    [ $rc -eq 124 ] && say "compare: out of budget; the next call resumes the cut run from its checkpoint"
+    [ $rc -eq 124 ] && say "compare: out of budget; the next call resumes the cut runs from their checkpoints"
     [ $rc -ne 0 ] && [ $rc -ne 124 ] && say "compare: exit $rc (a run failed: the report lists it)"
-fi
+done
 
 # 4. the report of what WORK holds, and the files back
 if [ -f "$model/model.safetensors" ]; then
-    "$q" compare --report-only $study_args >>"$log" 2>&1 || say "report: exit $?"
+    "$q" compare --report-only --seeds "$seeds" $study_args >>"$log" 2>&1 || say "report: exit $?"
     # a finished run's checkpoint is not needed again (the report reads metrics.jsonl)
     python3 - "$work/study/report.json" <<'EOF' 2>>"$log"
 import json, shutil, sys, glob
