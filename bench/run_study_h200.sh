@@ -37,9 +37,10 @@
 #   RECIPES [bf16,fp8,nvfp4,nvfp4-aqat,nvfp4-rac,quads,nvfp4-sym-qat,nvfp4-replay,quads-replay]
 #   SEEDS [1,2,3]  STEPS [100]  EVAL_EVERY [25]  EVAL_LIMIT [256]
 #   LR [2e-6]  (trainer.lr of every RL run; CKPT_EVERY [25] its checkpoints)
-#   JOBS [3]  RL runs at once (quads compare --jobs: a process each; the
-#             model is small enough that one run leaves the GPU mostly idle;
-#             each run's numbers are those of a run alone, its tokens/s not)
+#   JOBS [3]  RL runs at once (quads compare --jobs: a process each; on an
+#             H100, 2026-12-07, three at once took ~175 s for 100 steps each,
+#             each step 2-3x slower than alone: not measured against three in a
+#             row; each run's numbers are those of a run alone, its tokens/s not)
 #   BACKEND [cuda]  MODE [exact]   (of the RL runs and the ablation)
 #   TASK [arith2]   (two operations, operands 0..99)
 #   HIDDEN [512] LAYERS [8] HEADS [8] KV_HEADS [2] HEAD_DIM [64] EXPERTS [32] TOP_K [4] MOE_INTER [256]
