@@ -28,7 +28,9 @@
 # call's, carried into the tree) puts its runs in WORK before anything runs;
 # its finished runs are kept (the SFT, made again, is the same bits in exact
 # mode, and with the same WORK, so model.path, the configs match), its
-# unfinished ones start again.
+# unfinished ones start again, its ablation is kept. The tarball carries the
+# model's sha256: after the SFT, prior runs of another model are set aside
+# (WORK/study.prior-other-model.PID) and the study starts over.
 #
 # Environment (defaults in brackets):
 #   WORK [/tmp/quads-study]  the SFT model, the runs, logs
@@ -107,6 +109,14 @@ say "== $(date -u +%FT%TZ): run_study_h200, budget ${budget}s, work $work"
 if [ -n "${PRIOR:-}" ] && [ ! -d "$work/study" ]; then
     tar xzf "$PRIOR" -C "$work" --wildcards 'study/*' || { say "PRIOR=$PRIOR: cannot unpack"; exit 1; }
     say "runs of $PRIOR unpacked into $work/study"
+    # the checksum of the model the prior runs started from (checked after the SFT)
+    tar xzf "$PRIOR" -O model.sha256 >"$work/prior.sha256" 2>/dev/null || rm -f "$work/prior.sha256"
+    # the ablation measured the same SFT model (exact mode: the same bits): kept
+    if tar xzf "$PRIOR" -C "$work" ablate.json ablate.md 2>/dev/null; then
+        say "the ablation of $PRIOR kept ($work/ablate.json)"
+    else
+        rm -f "$work/ablate.json" "$work/ablate.md"
+    fi
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/GPU: /' | tee -a "$log"
 
@@ -132,6 +142,23 @@ if [ ! -f "$model/model.safetensors" ] && [ "$(cap)" -gt 60 ]; then
         grep -q "stopped early" "$work/sft.log" ||
             say "note: the SFT did not reach STOP_AT=${STOP_AT:-0.4} in SFT_STEPS; the study starts from its last pass@1"
     fi
+fi
+
+# the model's checksum, packed with the runs; the prior runs' model must be this one
+if [ -f "$model/model.safetensors" ] && [ ! -s "$work/model.sha256" ]; then
+    (cd "$work" && sha256sum model/model.safetensors >model.sha256.tmp && mv model.sha256.tmp model.sha256)
+fi
+if [ -s "$work/model.sha256" ] && [ -n "${PRIOR:-}" ] && [ -d "$work/study" ] && [ ! -e "$work/prior.checked" ]; then
+    if [ ! -s "$work/prior.sha256" ]; then
+        say "PRIOR has no model checksum (packed before it was added): its runs are kept on exact mode's word; compare this SFT's last line with the prior's sft.log: $(tail -1 "$work/sft.log" 2>/dev/null)"
+    elif ! cmp -s "$work/prior.sha256" "$work/model.sha256"; then
+        mv "$work/study" "$work/study.prior-other-model.$$"
+        say "PRIOR's runs started from another model (sha256 $(cut -c1-16 "$work/prior.sha256") against $(cut -c1-16 "$work/model.sha256")): set aside in $work/study.prior-other-model.$$, the study starts over"
+        rm -f "$work/ablate.json" "$work/ablate.md"
+    else
+        say "PRIOR's runs started from this model (sha256 $(cut -c1-16 "$work/model.sha256")): kept"
+    fi
+    touch "$work/prior.checked"
 fi
 
 [ -f "$model/model.safetensors" ] || [ "$(cap)" -gt 60 ] ||
@@ -196,7 +223,7 @@ def add(tar, name, data):
 def under(pattern):
     return sorted(os.path.relpath(p, work) for p in glob.glob(os.path.join(work, pattern)))
 with tarfile.open(dest + ".tmp", "w:gz") as tar:
-    for f in ["model/config.json", "ablate.md", "ablate.json"] + under("study/*/seed-*/config.json") + \
+    for f in ["model/config.json", "model.sha256", "ablate.md", "ablate.json"] + under("study/*/seed-*/config.json") + \
             under("study/*/seed-*/layers.json"):
         if os.path.exists(os.path.join(work, f)):
             add(tar, f, open(os.path.join(work, f), "rb").read())

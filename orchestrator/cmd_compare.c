@@ -34,7 +34,8 @@ static void usage(FILE *f)
                "run are also evaluated with the bf16 recipe's rollout; --set eval.bf16=false turns it off),\n"
                "and writes DIR/report.md and DIR/report.json (a row per recipe: final pass@1 at the rollout's\n"
                "precision and in bf16, mean and max log-prob gap, mismatch KL, router agreement, tokens/s; each\n"
-               "the mean over the recipe's complete runs with min-max, and the standard deviation in the JSON)\n"
+               "the mean over the recipe's complete runs with min-max, and the standard deviation in the JSON;\n"
+               "then each recipe seed by seed against the bf16 row's final pass@1 and the nvfp4 row's gap)\n"
                "with DIR/reward.svg, DIR/pass1.svg and DIR/gap.svg (a line per recipe, the mean, and a band\n"
                "from min to max over its seeds). A run that fails is reported and not averaged; the other\n"
                "runs still go, and the exit status is 1.\n\n"
@@ -216,27 +217,38 @@ static void run_failure(const one_run *r)
     fprintf(stderr, "quads compare: %s, seed %lld: %s\n", k->rollout.recipe, (long long)k->run.seed, r->out.failure);
 }
 
+static const char *const action_what[] = {"", ": finished before, kept", ": resumed",
+                                          ": another config's run there"};
+
+/* A run that --continue keeps (RUN_DONE) or cannot touch (RUN_CONFLICT): its
+ * line, and for a conflict its failure; nothing runs. */
+static void settle(one_run *r, run_action act)
+{
+    run_line(r, action_what[act]);
+    if (act == RUN_CONFLICT) {
+        r->out.failed = 1;
+        snprintf(r->out.failure, sizeof r->out.failure, "the directory holds a run of another config");
+    }
+}
+
 /* Runs (or, with --continue, keeps or resumes) one run; a failure is kept in r. */
 static void go(const compare_args *a, one_run *r)
 {
     run_action act = a->cont || a->report_only ? existing_run(r->dir, r->cfg, a->report_only) : RUN_FRESH;
     if (a->report_only && act != RUN_CONFLICT)
         return; /* the report says what the directory holds */
-    static const char *const what[] = {"", ": finished before, kept", ": resumed", ": another config's run there"};
-    run_line(r, what[act]);
-    if (act == RUN_DONE)
+    if (act == RUN_DONE || act == RUN_CONFLICT) {
+        settle(r, act);
         return;
+    }
+    run_line(r, action_what[act]);
     qd_rl_options o = {.log = stdout, .progress = !a->quiet && a->jobs <= 1,
                        .resume_dir = act == RUN_RESUME ? r->dir : NULL};
-    qd_status st = act == RUN_CONFLICT ? QD_ERR_ARG : qd_rl_run(r->cfg, &o, NULL, 0);
-    if (!st)
+    if (!qd_rl_run(r->cfg, &o, NULL, 0))
         return;
-    run_outcome *out = &r->out;
-    out->failed = 1;
-    snprintf(out->failure, sizeof out->failure, "%s",
-             act == RUN_CONFLICT ? "the directory holds a run of another config" : qd_last_error());
-    if (act != RUN_CONFLICT)
-        run_failure(r);
+    r->out.failed = 1;
+    snprintf(r->out.failure, sizeof r->out.failure, "%s", qd_last_error());
+    run_failure(r);
 }
 
 /* A run in a child process (--jobs): its output into RUNDIR.log, its
@@ -290,6 +302,14 @@ static void go_jobs(const compare_args *a, one_run *runs, int n)
             while (pid[j])
                 j++;
             one_run *r = &runs[next];
+            if (a->cont) { /* a run kept or refused needs no process (looking changes nothing) */
+                run_action act = existing_run(r->dir, r->cfg, 1);
+                if (act == RUN_DONE || act == RUN_CONFLICT) {
+                    settle(r, act);
+                    next++;
+                    continue;
+                }
+            }
             char what[DIR_N + 40];
             snprintf(what, sizeof what, ": started (its output in %s.log)", r->dir);
             run_line(r, what);

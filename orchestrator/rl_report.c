@@ -256,15 +256,15 @@ static void put_num(FILE *f, const char *fmt, double v)
         fputs("—", f);
 }
 
-/* A row's cell: the mean, and (min–max) over more than one run. */
-static void stat_cell(FILE *f, const char *fmt, const qd_seed_stat *s)
+/* A row's cell: the mean, and (min, to, max) over more than one run. */
+static void stat_cell(FILE *f, const char *fmt, const qd_seed_stat *s, const char *to)
 {
     fputc(' ', f);
     put_num(f, fmt, s->mean);
     if (s->n > 1) {
         fputs(" (", f);
         put_num(f, fmt, s->min);
-        fputs("–", f);
+        fputs(to, f);
         put_num(f, fmt, s->max);
         fputc(')', f);
     }
@@ -299,7 +299,7 @@ static void rows_md(FILE *f, const report_ctx *t)
         fprintf(f, "| %s | %s / %d of %d |", t->g[i].name, t->g[i].n ? t->s[i][0].recipe : "?", g->complete,
                 g->runs);
         for (int c = 0; c < QD_NCOLS; c++)
-            stat_cell(f, cols[c].fmt, &g->col[c]);
+            stat_cell(f, cols[c].fmt, &g->col[c], "–");
         fputc('\n', f);
     }
 }
@@ -323,6 +323,78 @@ static void runs_md(FILE *f, const report_ctx *t)
         }
 }
 
+/* ---- seed by seed: each row against the bf16 row (pass@1) and the nvfp4 row (gap) */
+
+enum { PAIR_PASS, PAIR_BF16, PAIR_GAP, NPAIR };
+static const struct {
+    const char *key, *title, *fmt;
+} pair_cols[NPAIR] = {
+    [PAIR_PASS] = {"d_pass1_final", "Δ pass@1 final", "%+.4f"},
+    [PAIR_BF16] = {"d_pass1_bf16_final", "Δ bf16 pass@1 final", "%+.4f"},
+    [PAIR_GAP] = {"gap_ratio", "mean \\|Δlogp\\| / nvfp4's", "%.3f"},
+};
+
+/* The first row whose runs are of recipe rec, -1 when none. */
+static int row_of_recipe(const report_ctx *t, const char *rec)
+{
+    for (int i = 0; i < t->ng; i++)
+        for (int j = 0; j < t->g[i].n; j++)
+            if (strcmp(t->s[i][j].recipe, "?")) {
+                if (!strcmp(t->s[i][j].recipe, rec))
+                    return i;
+                break;
+            }
+    return -1;
+}
+
+/* Row i's column c against row base, seed by seed over the seeds where both
+ * finished: v gets the values (one a seed, at most row i's run count). */
+static int pair_values(const report_ctx *t, int i, int base, int c, double *v)
+{
+    int k = 0;
+    for (int j = 0; base >= 0 && j < t->g[i].n; j++) {
+        const qd_run_summary *a = &t->s[i][j], *b = NULL;
+        for (int m = 0; a->status == QD_RUN_OK && m < t->g[base].n && !b; m++)
+            if (t->s[base][m].status == QD_RUN_OK && t->s[base][m].seed == a->seed)
+                b = &t->s[base][m];
+        if (!b)
+            continue;
+        v[k++] = c == PAIR_PASS   ? a->v[QD_COL_PASS_FINAL] - b->v[QD_COL_PASS_FINAL]
+                 : c == PAIR_BF16 ? a->v[QD_COL_BF16_FINAL] - b->v[QD_COL_BF16_FINAL]
+                 : b->v[QD_COL_GAP_MEAN] > 0 ? a->v[QD_COL_GAP_MEAN] / b->v[QD_COL_GAP_MEAN]
+                                             : NAN;
+    }
+    return k;
+}
+
+static int pair_base(const report_ctx *t, int c) { return row_of_recipe(t, c == PAIR_GAP ? "nvfp4" : "bf16"); }
+
+static void paired_md(FILE *f, const report_ctx *t)
+{
+    int acc = pair_base(t, PAIR_PASS), gap = pair_base(t, PAIR_GAP);
+    if (t->ng < 2 || (acc < 0 && gap < 0))
+        return;
+    fputs("## Seed by seed\n\nEach row against the bf16 row (its final pass@1 minus bf16's on the same seed, at the\n"
+          "rollout's precision and in bf16) and against the nvfp4 row (its mean |Δlogp| over naive NVFP4's\n"
+          "on the same seed): the mean over the seeds both rows finished, with (min to max) over several.\n\n"
+          "| row | seeds |",
+          f);
+    for (int c = 0; c < NPAIR; c++)
+        fprintf(f, " %s |", pair_cols[c].title);
+    fputs("\n|---|---:|---:|---:|---:|\n", f);
+    for (int i = 0; i < t->ng; i++) {
+        double v[t->g[i].n + 1];
+        qd_seed_stat st[NPAIR];
+        for (int c = 0; c < NPAIR; c++)
+            st[c] = qd_seed_stat_of(v, pair_values(t, i, pair_base(t, c), c, v));
+        fprintf(f, "| %s | %d |", t->g[i].name, st[PAIR_PASS].n);
+        for (int c = 0; c < NPAIR; c++)
+            stat_cell(f, pair_cols[c].fmt, &st[c], " to "); /* signed values */
+        fputc('\n', f);
+    }
+    fputc('\n', f);
+}
+
 static qd_status write_md(FILE *f, const char *path, void *vctx)
 {
     const report_ctx *t = vctx;
@@ -338,6 +410,7 @@ static qd_status write_md(FILE *f, const char *path, void *vctx)
           "experts the rollout and the trainer share on the same tokens. tokens/s: generated tokens / step\n"
           "time. report.json has the same numbers with the standard deviation (n - 1) and every value.\n\n",
           f);
+    paired_md(f, t);
     int bad = 0;
     for (int i = 0; i < t->ng; i++)
         for (int j = 0; j < t->g[i].n; j++)
@@ -360,14 +433,20 @@ static json_t *num_or_null(double v) { return isfinite(v) ? json_real(v) : json_
 
 static json_t *seed_json(int64_t seed) { return seed < 0 ? json_null() : json_integer(seed); }
 
+/* A spread as JSON with its values (vals: taken). */
+static json_t *spread_json(const qd_seed_stat *st, json_t *vals)
+{
+    return json_pack("{s:o,s:o,s:o,s:o,s:i,s:o}", "mean", num_or_null(st->mean), "std", num_or_null(st->std), "min",
+                     num_or_null(st->min), "max", num_or_null(st->max), "n", st->n, "values", vals);
+}
+
 static json_t *stat_json(const qd_seed_stat *st, const qd_run_summary *s, int n, int c)
 {
     json_t *vals = json_array();
     for (int i = 0; i < n; i++)
         if (s[i].status == QD_RUN_OK)
             json_array_append_new(vals, num_or_null(s[i].v[c]));
-    return json_pack("{s:o,s:o,s:o,s:o,s:i,s:o}", "mean", num_or_null(st->mean), "std", num_or_null(st->std), "min",
-                     num_or_null(st->min), "max", num_or_null(st->max), "n", st->n, "values", vals);
+    return spread_json(st, vals);
 }
 
 static json_t *run_json(const char *row, const char *dir, const qd_run_summary *s)
@@ -379,6 +458,31 @@ static json_t *run_json(const char *row, const char *dir, const qd_run_summary *
     for (int c = 0; c < QD_NCOLS; c++)
         json_object_set_new(o, cols[c].key, num_or_null(s->v[c]));
     return o;
+}
+
+/* The seed-by-seed comparisons: the rows they are against and each row's values. */
+static json_t *paired_json(const report_ctx *t)
+{
+    json_t *rows = json_array();
+    for (int i = 0; i < t->ng; i++) {
+        json_t *row = json_pack("{s:s}", "name", t->g[i].name);
+        for (int c = 0; c < NPAIR; c++) {
+            double v[t->g[i].n + 1];
+            int k = pair_values(t, i, pair_base(t, c), c, v);
+            qd_seed_stat st = qd_seed_stat_of(v, k);
+            json_t *vals = json_array();
+            for (int j = 0; j < k; j++)
+                json_array_append_new(vals, num_or_null(v[j]));
+            json_object_set_new(row, pair_cols[c].key, spread_json(&st, vals));
+        }
+        json_array_append_new(rows, row);
+    }
+    int acc = pair_base(t, PAIR_PASS), gap = pair_base(t, PAIR_GAP);
+    return json_pack("{s:o,s:o,s:s,s:o}", "pass1_against", acc >= 0 ? json_string(t->g[acc].name) : json_null(),
+                     "gap_against", gap >= 0 ? json_string(t->g[gap].name) : json_null(), "how",
+                     "seed by seed over the seeds both rows finished: differences of final pass@1, ratio of mean "
+                     "|dlogp|",
+                     "rows", rows);
 }
 
 static json_t *report_json(const report_ctx *t)
@@ -405,9 +509,9 @@ static json_t *report_json(const report_ctx *t)
             json_object_set_new(row, cols[c].key, stat_json(&t->stats[i].col[c], t->s[i], g->n, c));
         json_array_append_new(rows, row);
     }
-    return json_pack("{s:o,s:s,s:o,s:o}", "command", t->command ? json_string(t->command) : json_null(), "spread",
-                     "over the complete runs of a row: min, max, and std the sample standard deviation (n - 1)",
-                     "rows", rows, "runs", runs);
+    return json_pack("{s:o,s:s,s:o,s:o,s:o}", "command", t->command ? json_string(t->command) : json_null(),
+                     "spread", "over the complete runs of a row: min, max, and std the sample standard deviation (n - 1)",
+                     "rows", rows, "runs", runs, "paired", paired_json(t));
 }
 
 static qd_status write_json(FILE *f, const char *path, void *vctx)

@@ -233,6 +233,72 @@ START_TEST(test_report_seeds)
 }
 END_TEST
 
+/* Seed by seed: each row against the bf16 row's final pass@1 and the nvfp4
+ * row's gap, found by recipe wherever they stand, over the seeds both rows
+ * finished (an incomplete or missing run pairs with nothing). */
+START_TEST(test_report_paired)
+{
+    char dir[256], d[3][4][512], out[512];
+    qd_test_mkdtemp(dir, sizeof dir, "report");
+    static const char *const rec[3] = {"quads", "nvfp4", "bf16"}, *const name[3] = {"q", "naive", "base"};
+    for (int r = 0; r < 3; r++)
+        for (int s = 1; s <= 3; s++)
+            snprintf(d[r][s], sizeof d[r][s], "%s/%s/seed-%d", dir, rec[r], s);
+    /* quads: seed 1 missing; seeds 2 and 3 at 0.45 / 0.62 (bf16 0.48 / 0.69), gap 0.1 / 0.2 */
+    write_config(d[0][2], "quads", 2, 4, NULL), write_metrics(d[0][2], 4, 0.4, 0.45, 0.6, 0.48, 0.1, 2);
+    write_config(d[0][3], "quads", 3, 4, NULL), write_metrics(d[0][3], 4, 0.4, 0.62, 0.6, 0.69, 0.2, 3);
+    /* nvfp4: 0.40 / 0.35 (bf16 0.55 / 0.45), gap 0.2 / 0.4; seed 3 stopped at step 2 */
+    write_config(d[1][1], "nvfp4", 1, 4, NULL), write_metrics(d[1][1], 4, 0.4, 0.40, 0.6, 0.55, 0.2, 1);
+    write_config(d[1][2], "nvfp4", 2, 4, NULL), write_metrics(d[1][2], 4, 0.4, 0.35, 0.6, 0.45, 0.4, 2);
+    write_config(d[1][3], "nvfp4", 3, 4, NULL), write_metrics(d[1][3], 2, 0.4, 0.9, 0.6, 0.9, 0.3, 3);
+    /* bf16: 0.60 / 0.50 / 0.70, the same in bf16, no gap */
+    static const double bp[4] = {0, 0.6, 0.5, 0.7};
+    for (int s = 1; s <= 3; s++)
+        write_config(d[2][s], "bf16", s, 4, NULL), write_metrics(d[2][s], 4, 0.6, bp[s], 0.6, bp[s], 0, s);
+    qd_report_run runs[3][3];
+    qd_report_group g[3];
+    for (int r = 0; r < 3; r++) {
+        for (int s = 1; s <= 3; s++)
+            runs[r][s - 1] = (qd_report_run){.dir = d[r][s]};
+        g[r] = (qd_report_group){.name = name[r], .runs = runs[r], .n = 3};
+    }
+    snprintf(out, sizeof out, "%s/rep", dir);
+    ck_assert_int_eq(qd_report_write(g, 3, out, NULL), QD_OK);
+
+    char p[600];
+    snprintf(p, sizeof p, "%s/report.json", out);
+    json_t *j = json_load_file(p, 0, NULL);
+    ck_assert_ptr_nonnull(j);
+    const json_t *pr = json_object_get(j, "paired");
+    ck_assert_str_eq(json_string_value(json_object_get(pr, "pass1_against")), "base");
+    ck_assert_str_eq(json_string_value(json_object_get(pr, "gap_against")), "naive");
+    const json_t *q = json_array_get(json_object_get(pr, "rows"), 0), *nv = json_array_get(json_object_get(pr, "rows"), 1),
+                 *bf = json_array_get(json_object_get(pr, "rows"), 2);
+    /* quads - bf16 on seeds 2 and 3: -0.05 and -0.08; in bf16 -0.02 and -0.01 */
+    ck_assert_int_eq(json_integer_value(row_col(q, "d_pass1_final", "n")), 2);
+    json_close_to(row_num(q, "d_pass1_final", "mean"), -0.065);
+    json_close_to(row_num(q, "d_pass1_final", "min"), -0.08);
+    json_close_to(row_num(q, "d_pass1_final", "max"), -0.05);
+    json_close_to(row_num(q, "d_pass1_bf16_final", "mean"), -0.015);
+    /* its gap over nvfp4's: seed 2 only (nvfp4's seed 3 did not finish): 0.1 / 0.4 */
+    ck_assert_int_eq(json_integer_value(row_col(q, "gap_ratio", "n")), 1);
+    json_close_to(row_num(q, "gap_ratio", "mean"), 0.25);
+    /* nvfp4 - bf16 on seeds 1 and 2: -0.20, -0.15; its own gap ratio 1; bf16's 0 */
+    json_close_to(row_num(nv, "d_pass1_final", "mean"), -0.175);
+    json_close_to(row_num(nv, "d_pass1_bf16_final", "mean"), -0.05);
+    ck_assert(row_num(nv, "gap_ratio", "min") == 1 && row_num(nv, "gap_ratio", "max") == 1);
+    ck_assert_int_eq(json_integer_value(row_col(bf, "d_pass1_final", "n")), 3);
+    ck_assert(row_num(bf, "d_pass1_final", "max") == 0 && row_num(bf, "gap_ratio", "max") == 0);
+    json_decref(j);
+    snprintf(p, sizeof p, "%s/report.md", out);
+    const char *md = qd_test_read_file(p);
+    ck_assert_msg(strstr(md, "## Seed by seed") &&
+                      strstr(md, "| q | 2 | -0.0650 (-0.0800 to -0.0500) | -0.0150 (-0.0200 to -0.0100) | 0.250 |"),
+                  "%s", md);
+    qd_test_rm_tree(dir);
+}
+END_TEST
+
 /* A row's runs must share their config but for the seed; a seed counts once. */
 START_TEST(test_report_row_mismatch)
 {
@@ -292,6 +358,7 @@ Suite *suite_report(void)
     tcase_add_test(tc, test_seed_stat);
     tcase_add_test(tc, test_group_aggregate);
     tcase_add_test(tc, test_report_seeds);
+    tcase_add_test(tc, test_report_paired);
     tcase_add_test(tc, test_report_row_mismatch);
     tcase_add_test(tc, test_summarize_fifo);
     suite_add_tcase(s, tc);

@@ -1024,7 +1024,8 @@ END_TEST
 
 /* quads compare --jobs: the runs in processes of their own, at most N at a
  * time, each run's output in RUNDIR.log; every run's metrics (timings aside)
- * the same as one at a time; a run that fails in its process (its directory
+ * the same as one at a time; with --continue, kept and refused runs start no
+ * process; a run that fails in its process (its directory
  * a file) is reported as such, the others still run (exit 1); --jobs 0 is
  * refused before anything runs. */
 START_TEST(test_rl_cli_compare_jobs)
@@ -1056,7 +1057,37 @@ START_TEST(test_rl_cli_compare_jobs)
         ck_assert_int_eq(
             json_integer_value(json_object_get(json_array_get(json_object_get(rep, "rows"), (size_t)i), "complete")),
             2);
+    /* seed by seed: nvfp4's final pass@1 minus bf16's on the same seed; its
+     * gap over naive NVFP4's (its own) 1, bf16's 0 */
+    const json_t *pr = json_object_get(rep, "paired"), *runs_j = json_object_get(rep, "runs");
+    ck_assert_str_eq(json_string_value(json_object_get(pr, "pass1_against")), "bf16");
+    ck_assert_str_eq(json_string_value(json_object_get(pr, "gap_against")), "nvfp4");
+    for (int k = 0; k < 2; k++) {
+        const json_t *rows_j = json_object_get(pr, "rows");
+        double b = json_number_value(json_object_get(json_array_get(runs_j, (size_t)k), "pass1_final"));
+        double n = json_number_value(json_object_get(json_array_get(runs_j, (size_t)k + 2), "pass1_final"));
+        const json_t *d = json_object_get(json_object_get(json_array_get(rows_j, 1), "d_pass1_final"), "values");
+        ck_assert_double_eq_tol(json_number_value(json_array_get(d, (size_t)k)), n - b, 1e-12);
+        for (int r = 0; r < 2; r++)
+            ck_assert_double_eq(json_number_value(json_array_get(
+                                    json_object_get(json_object_get(json_array_get(rows_j, (size_t)r), "gap_ratio"),
+                                                    "values"),
+                                    (size_t)k)),
+                                r);
+    }
     json_decref(rep);
+    pathf(p, sizeof p, "%s/par/report.md", dir);
+    const char *md = qd_test_read_file(p);
+    ck_assert_msg(md && strstr(md, "## Seed by seed") && strstr(md, "| nvfp4 | 2 |"), "%s", md ? md : "(none)");
+    /* --continue --jobs: finished runs kept by this process (no run started
+     * for them), a run of another config refused without a process */
+    pathf(args, sizeof args, "compare --recipes bf16,nvfp4 --seeds 3,4 --jobs 3 --continue --out %s/par %s", dir, sets);
+    ck_assert_msg(qd_test_run_quads(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "par/nvfp4/seed-4: finished before, kept ==") && !strstr(out, "started"), "%s", out);
+    pathf(args, sizeof args, "compare --recipes bf16 --seeds 3 --jobs 2 --continue --out %s/par %s --set run.steps=3",
+          dir, sets);
+    ck_assert_int_eq(qd_test_run_quads(args, out, sizeof out), 1);
+    ck_assert_msg(strstr(out, "par/bf16/seed-3: another config's run there ==") && !strstr(out, "started"), "%s", out);
     /* seed 2 cannot run (its directory is a file) in its process: seed 1 still does */
     compare_one_fails(dir, sets, "--jobs 2", out, sizeof out);
     ck_assert_msg(strstr(out, "f/bf16/seed-2: failed ==") && strstr(out, "f/bf16/seed-1: done =="), "%s", out);
