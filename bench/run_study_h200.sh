@@ -111,6 +111,7 @@ if [ -n "${PRIOR:-}" ] && [ ! -d "$work/study" ]; then
     say "runs of $PRIOR unpacked into $work/study"
     # the checksum of the model the prior runs started from (checked after the SFT)
     tar xzf "$PRIOR" -O model.sha256 >"$work/prior.sha256" 2>/dev/null || rm -f "$work/prior.sha256"
+    touch "$work/prior.pending" # checked once this call or a later one has the model
     # the ablation measured the same SFT model (exact mode: the same bits): kept
     if tar xzf "$PRIOR" -C "$work" ablate.json ablate.md 2>/dev/null; then
         say "the ablation of $PRIOR kept ($work/ablate.json)"
@@ -144,11 +145,12 @@ if [ ! -f "$model/model.safetensors" ] && [ "$(cap)" -gt 60 ]; then
     fi
 fi
 
-# the model's checksum, packed with the runs; the prior runs' model must be this one
-if [ -f "$model/model.safetensors" ] && [ ! -s "$work/model.sha256" ]; then
+# the model's checksum (each call: a model made again is checked again), packed
+# with the runs; the prior runs' model must be this one
+if [ -f "$model/model.safetensors" ]; then
     (cd "$work" && sha256sum model/model.safetensors >model.sha256.tmp && mv model.sha256.tmp model.sha256)
 fi
-if [ -s "$work/model.sha256" ] && [ -n "${PRIOR:-}" ] && [ -d "$work/study" ] && [ ! -e "$work/prior.checked" ]; then
+if [ -s "$work/model.sha256" ] && [ -e "$work/prior.pending" ]; then
     if [ ! -s "$work/prior.sha256" ]; then
         say "PRIOR has no model checksum (packed before it was added): its runs are kept on exact mode's word; compare this SFT's last line with the prior's sft.log: $(tail -1 "$work/sft.log" 2>/dev/null)"
     elif ! cmp -s "$work/prior.sha256" "$work/model.sha256"; then
@@ -158,7 +160,7 @@ if [ -s "$work/model.sha256" ] && [ -n "${PRIOR:-}" ] && [ -d "$work/study" ] &&
     else
         say "PRIOR's runs started from this model (sha256 $(cut -c1-16 "$work/model.sha256")): kept"
     fi
-    touch "$work/prior.checked"
+    rm -f "$work/prior.pending"
 fi
 
 [ -f "$model/model.safetensors" ] || [ "$(cap)" -gt 60 ] ||
@@ -223,6 +225,9 @@ def add(tar, name, data):
 def under(pattern):
     return sorted(os.path.relpath(p, work) for p in glob.glob(os.path.join(work, pattern)))
 with tarfile.open(dest + ".tmp", "w:gz") as tar:
+    # no model yet (the SFT cut by the budget): the prior runs' checksum goes on with them
+    if not os.path.exists(os.path.join(work, "model.sha256")) and os.path.exists(os.path.join(work, "prior.sha256")):
+        add(tar, "model.sha256", open(os.path.join(work, "prior.sha256"), "rb").read())
     for f in ["model/config.json", "model.sha256", "ablate.md", "ablate.json"] + under("study/*/seed-*/config.json") + \
             under("study/*/seed-*/layers.json"):
         if os.path.exists(os.path.join(work, f)):

@@ -347,12 +347,37 @@ static int row_of_recipe(const report_ctx *t, const char *rec)
     return -1;
 }
 
+/* The config of row i's first complete run without what may differ between
+ * rows of one study (the seed's keys, the recipe); NULL when it has none. */
+static json_t *study_config(const report_ctx *t, int i)
+{
+    for (int j = 0; j < t->g[i].n; j++)
+        if (t->s[i][j].status == QD_RUN_OK) {
+            json_t *cfg = row_config(t->g[i].runs[j].dir);
+            json_object_del(json_object_get(cfg, "rollout"), "recipe");
+            return cfg;
+        }
+    return NULL;
+}
+
+/* Rows i and base are runs of one study: the same config but the recipe. */
+static int same_study(const report_ctx *t, int i, int base)
+{
+    json_t *a = study_config(t, i), *b = study_config(t, base);
+    int same = a && b && json_equal(a, b);
+    json_decref(a), json_decref(b);
+    return same;
+}
+
 /* Row i's column c against row base, seed by seed over the seeds where both
- * finished: v gets the values (one a seed, at most row i's run count). */
+ * finished, when both are runs of one study: v gets the values (one a seed,
+ * at most row i's run count). */
 static int pair_values(const report_ctx *t, int i, int base, int c, double *v)
 {
     int k = 0;
-    for (int j = 0; base >= 0 && j < t->g[i].n; j++) {
+    if (base < 0 || !same_study(t, i, base))
+        return 0;
+    for (int j = 0; j < t->g[i].n; j++) {
         const qd_run_summary *a = &t->s[i][j], *b = NULL;
         for (int m = 0; a->status == QD_RUN_OK && m < t->g[base].n && !b; m++)
             if (t->s[base][m].status == QD_RUN_OK && t->s[base][m].seed == a->seed)
@@ -376,7 +401,8 @@ static void paired_md(FILE *f, const report_ctx *t)
         return;
     fputs("## Seed by seed\n\nEach row against the bf16 row (its final pass@1 minus bf16's on the same seed, at the\n"
           "rollout's precision and in bf16) and against the nvfp4 row (its mean |Δlogp| over naive NVFP4's\n"
-          "on the same seed): the mean over the seeds both rows finished, with (min to max) over several.\n\n"
+          "on the same seed): the mean over the seeds both rows finished, with (min to max) over several;\n"
+          "seeds: the most pairs of any column. Only rows of one config but the recipe are compared.\n\n"
           "| row | seeds |",
           f);
     for (int c = 0; c < NPAIR; c++)
@@ -387,7 +413,10 @@ static void paired_md(FILE *f, const report_ctx *t)
         qd_seed_stat st[NPAIR];
         for (int c = 0; c < NPAIR; c++)
             st[c] = qd_seed_stat_of(v, pair_values(t, i, pair_base(t, c), c, v));
-        fprintf(f, "| %s | %d |", t->g[i].name, st[PAIR_PASS].n);
+        int n = 0;
+        for (int c = 0; c < NPAIR; c++)
+            n = st[c].n > n ? st[c].n : n;
+        fprintf(f, "| %s | %d |", t->g[i].name, n);
         for (int c = 0; c < NPAIR; c++)
             stat_cell(f, pair_cols[c].fmt, &st[c], " to "); /* signed values */
         fputc('\n', f);

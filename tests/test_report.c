@@ -234,8 +234,9 @@ START_TEST(test_report_seeds)
 END_TEST
 
 /* Seed by seed: each row against the bf16 row's final pass@1 and the nvfp4
- * row's gap, found by recipe wherever they stand, over the seeds both rows
- * finished (an incomplete or missing run pairs with nothing). */
+ * row's gap, found by recipe wherever they stand (the bf16 row's first run
+ * missing), over the seeds both rows finished (an incomplete or missing run
+ * pairs with nothing); a row of another config pairs with no row. */
 START_TEST(test_report_paired)
 {
     char dir[256], d[3][4][512], out[512];
@@ -255,15 +256,24 @@ START_TEST(test_report_paired)
     static const double bp[4] = {0, 0.6, 0.5, 0.7};
     for (int s = 1; s <= 3; s++)
         write_config(d[2][s], "bf16", s, 4, NULL), write_metrics(d[2][s], 4, 0.6, bp[s], 0.6, bp[s], 0, s);
-    qd_report_run runs[3][3];
-    qd_report_group g[3];
+    /* quads at another learning rate, seed 2 */
+    char other[512], gone[512];
+    snprintf(other, sizeof other, "%s/quads-lr/seed-2", dir);
+    write_config(other, "quads", 2, 4, "trainer.lr=0.5"), write_metrics(other, 4, 0.4, 0.45, 0.6, 0.48, 0.1, 2);
+    snprintf(gone, sizeof gone, "%s/bf16/seed-0", dir);
+    qd_report_run runs[3][4], orun = {.dir = other};
+    qd_report_group g[4];
     for (int r = 0; r < 3; r++) {
+        int k = 0;
+        if (r == 2)
+            runs[r][k++] = (qd_report_run){.dir = gone};
         for (int s = 1; s <= 3; s++)
-            runs[r][s - 1] = (qd_report_run){.dir = d[r][s]};
-        g[r] = (qd_report_group){.name = name[r], .runs = runs[r], .n = 3};
+            runs[r][k++] = (qd_report_run){.dir = d[r][s]};
+        g[r] = (qd_report_group){.name = name[r], .runs = runs[r], .n = k};
     }
+    g[3] = (qd_report_group){.name = "q-lr", .runs = &orun, .n = 1};
     snprintf(out, sizeof out, "%s/rep", dir);
-    ck_assert_int_eq(qd_report_write(g, 3, out, NULL), QD_OK);
+    ck_assert_int_eq(qd_report_write(g, 4, out, NULL), QD_OK);
 
     char p[600];
     snprintf(p, sizeof p, "%s/report.json", out);
@@ -289,11 +299,16 @@ START_TEST(test_report_paired)
     ck_assert(row_num(nv, "gap_ratio", "min") == 1 && row_num(nv, "gap_ratio", "max") == 1);
     ck_assert_int_eq(json_integer_value(row_col(bf, "d_pass1_final", "n")), 3);
     ck_assert(row_num(bf, "d_pass1_final", "max") == 0 && row_num(bf, "gap_ratio", "max") == 0);
+    const json_t *ql = json_array_get(json_object_get(pr, "rows"), 3);
+    for (int c = 0; c < 3; c++)
+        ck_assert_int_eq(json_integer_value(row_col(ql, (const char *[]){"d_pass1_final", "d_pass1_bf16_final",
+                                                                           "gap_ratio"}[c], "n")), 0);
     json_decref(j);
     snprintf(p, sizeof p, "%s/report.md", out);
     const char *md = qd_test_read_file(p);
     ck_assert_msg(strstr(md, "## Seed by seed") &&
-                      strstr(md, "| q | 2 | -0.0650 (-0.0800 to -0.0500) | -0.0150 (-0.0200 to -0.0100) | 0.250 |"),
+                      strstr(md, "| q | 2 | -0.0650 (-0.0800 to -0.0500) | -0.0150 (-0.0200 to -0.0100) | 0.250 |") &&
+                      strstr(md, "| q-lr | 0 | — | — | — |"),
                   "%s", md);
     qd_test_rm_tree(dir);
 }

@@ -1084,10 +1084,12 @@ START_TEST(test_rl_cli_compare_jobs)
     pathf(args, sizeof args, "compare --recipes bf16,nvfp4 --seeds 3,4 --jobs 3 --continue --out %s/par %s", dir, sets);
     ck_assert_msg(qd_test_run_quads(args, out, sizeof out) == 0, "%s", out);
     ck_assert_msg(strstr(out, "par/nvfp4/seed-4: finished before, kept ==") && !strstr(out, "started"), "%s", out);
-    pathf(args, sizeof args, "compare --recipes bf16 --seeds 3 --jobs 2 --continue --out %s/par %s --set run.steps=3",
+    pathf(args, sizeof args, "compare --recipes bf16 --seeds 3,4 --jobs 2 --continue --out %s/par %s --set run.steps=3",
           dir, sets);
     ck_assert_int_eq(qd_test_run_quads(args, out, sizeof out), 1);
-    ck_assert_msg(strstr(out, "par/bf16/seed-3: another config's run there ==") && !strstr(out, "started"), "%s", out);
+    ck_assert_msg(strstr(out, "par/bf16/seed-3: another config's run there ==") &&
+                      strstr(out, "par/bf16/seed-4: another config's run there ==") && !strstr(out, "started"),
+                  "%s", out);
     /* seed 2 cannot run (its directory is a file) in its process: seed 1 still does */
     compare_one_fails(dir, sets, "--jobs 2", out, sizeof out);
     ck_assert_msg(strstr(out, "f/bf16/seed-2: failed ==") && strstr(out, "f/bf16/seed-1: done =="), "%s", out);
