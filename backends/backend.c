@@ -424,6 +424,12 @@ qd_status qd_backend_sync_from(qd_backend *dst, qd_backend *src, int *direct)
     return st;
 }
 
+qd_status qd_backend_wait(qd_backend *b)
+{
+    assert(b);
+    return b->iface->wait ? b->iface->wait(b) : QD_OK;
+}
+
 qd_status qd_backend_memory(qd_backend *b, qd_memory *out)
 {
     assert(b && out);

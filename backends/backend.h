@@ -306,6 +306,10 @@ struct qd_backend_i {
     qd_status (*sync_from)(qd_backend *b, qd_backend *src);
     /* The memory plan and the bytes held (qd_memory). Optional. */
     qd_status (*memory)(qd_backend *b, qd_memory *out);
+    /* Returns once everything the instance has queued (an optimizer step's
+     * update on a device) is done. Optional: a backend that queues nothing
+     * leaves it NULL. */
+    qd_status (*wait)(qd_backend *b);
 };
 
 struct qd_backend {
@@ -374,6 +378,9 @@ qd_status qd_backend_set_rac_state(qd_backend *b, const void *buf, size_t n);
 qd_status qd_backend_sync_from(qd_backend *dst, qd_backend *src, int *direct);
 /* The instance's memory plan and peak bytes; QD_ERR_UNSUPPORTED without the slot. */
 qd_status qd_backend_memory(qd_backend *b, qd_memory *out);
+/* Waits for the work b has queued (a timed phase ends with it); QD_OK at once
+ * for a backend without the slot. */
+qd_status qd_backend_wait(qd_backend *b);
 /* The memory plan of an instance of cfg under opt (opt->workload) without
  * making one or touching a device: the bytes the driver allocates on every
  * backend, but for the CUDA fast mode's own BF16 copy of the working weights

@@ -3761,6 +3761,8 @@ static qd_status m_memory(qd_backend *b, qd_memory *out)
     return QD_OK;
 }
 
+static qd_status m_wait(qd_backend *b) { return finish(ctx_of(b)); }
+
 static const struct qd_backend_i model_iface = {
     .get_name = m_get_name,
     .free = m_free,
@@ -3785,6 +3787,7 @@ static const struct qd_backend_i model_iface = {
     .set_grads = m_set_grads,
     .sync_from = m_sync_from,
     .memory = m_memory,
+    .wait = m_wait,
 };
 
 /* ------------------------------------------------------------------------ */

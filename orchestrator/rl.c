@@ -1131,6 +1131,10 @@ static qd_status one_step(rl_run *r, sample_set *ss, qd_progress *pg)
     phase(r, pg, QD_PHASE_TRAIN);
     if (!st && (st = train_step(r, ss, sr.kept, &sr.ls, &sr.ts)))
         st = at_step(st, r->step, "");
+    /* the optimizer step's update may still be queued on the device: it is
+     * the train phase's (the sync would wait for it and show it as its own) */
+    if (!st && (st = qd_backend_wait(r->trainer)))
+        st = at_step(st, r->step, "train");
     sr.t[1] = now_s() - t1;
     sr.t[4] = r->fwd_s;
     double t2 = now_s();
