@@ -240,12 +240,25 @@ static qd_status check_row(const qd_report_group *g, const qd_run_summary *s)
 
 /* ---- report.md */
 
+enum { PAIR_PASS, PAIR_BF16, PAIR_GAP, NPAIR };
+
+/* A row seed by seed against the bf16 row (PAIR_PASS, PAIR_BF16) and the
+ * nvfp4 row (PAIR_GAP): per column its values (one a paired seed, NaN where
+ * one side has none) and their spread. */
+typedef struct {
+    double *v[NPAIR];
+    int k[NPAIR];
+    qd_seed_stat st[NPAIR];
+} pair_row;
+
 typedef struct {
     const qd_report_group *g;
     const qd_run_summary *const *s; /* (n_groups) each group's runs */
     const qd_group_stats *stats;
     int ng;
     const char *command;
+    int base[NPAIR];       /* the row each column is against, -1: none */
+    const pair_row *pairs; /* (n_groups) */
 } report_ctx;
 
 static void put_num(FILE *f, const char *fmt, double v)
@@ -325,7 +338,6 @@ static void runs_md(FILE *f, const report_ctx *t)
 
 /* ---- seed by seed: each row against the bf16 row (pass@1) and the nvfp4 row (gap) */
 
-enum { PAIR_PASS, PAIR_BF16, PAIR_GAP, NPAIR };
 static const struct {
     const char *key, *title, *fmt;
 } pair_cols[NPAIR] = {
@@ -392,12 +404,34 @@ static int pair_values(const report_ctx *t, int i, int base, int c, double *v)
     return k;
 }
 
-static int pair_base(const report_ctx *t, int c) { return row_of_recipe(t, c == PAIR_GAP ? "nvfp4" : "bf16"); }
+/* Every row seed by seed (t->base, t->pairs; pairs: ng rows, freed by pairs_free). */
+static qd_status pairs_make(report_ctx *t, pair_row *pairs)
+{
+    for (int c = 0; c < NPAIR; c++)
+        t->base[c] = row_of_recipe(t, c == PAIR_GAP ? "nvfp4" : "bf16");
+    for (int i = 0; i < t->ng; i++)
+        for (int c = 0; c < NPAIR; c++) {
+            pair_row *p = &pairs[i];
+            if (!(p->v[c] = malloc(sizeof(double) * ((size_t)t->g[i].n + 1))))
+                return qd_error(QD_ERR_NOMEM, "report");
+            p->k[c] = pair_values(t, i, t->base[c], c, p->v[c]);
+            p->st[c] = qd_seed_stat_of(p->v[c], p->k[c]);
+        }
+    t->pairs = pairs;
+    return QD_OK;
+}
+
+static void pairs_free(pair_row *pairs, int ng)
+{
+    for (int i = 0; pairs && i < ng; i++)
+        for (int c = 0; c < NPAIR; c++)
+            free(pairs[i].v[c]);
+    free(pairs);
+}
 
 static void paired_md(FILE *f, const report_ctx *t)
 {
-    int acc = pair_base(t, PAIR_PASS), gap = pair_base(t, PAIR_GAP);
-    if (t->ng < 2 || (acc < 0 && gap < 0))
+    if (t->ng < 2 || (t->base[PAIR_PASS] < 0 && t->base[PAIR_GAP] < 0))
         return;
     fputs("## Seed by seed\n\nEach row against the bf16 row (its final pass@1 minus bf16's on the same seed, at the\n"
           "rollout's precision and in bf16) and against the nvfp4 row (its mean |Δlogp| over naive NVFP4's\n"
@@ -409,10 +443,7 @@ static void paired_md(FILE *f, const report_ctx *t)
         fprintf(f, " %s |", pair_cols[c].title);
     fputs("\n|---|---:|---:|---:|---:|\n", f);
     for (int i = 0; i < t->ng; i++) {
-        double v[t->g[i].n + 1];
-        qd_seed_stat st[NPAIR];
-        for (int c = 0; c < NPAIR; c++)
-            st[c] = qd_seed_stat_of(v, pair_values(t, i, pair_base(t, c), c, v));
+        const qd_seed_stat *st = t->pairs[i].st;
         int n = 0;
         for (int c = 0; c < NPAIR; c++)
             n = st[c].n > n ? st[c].n : n;
@@ -496,17 +527,15 @@ static json_t *paired_json(const report_ctx *t)
     for (int i = 0; i < t->ng; i++) {
         json_t *row = json_pack("{s:s}", "name", t->g[i].name);
         for (int c = 0; c < NPAIR; c++) {
-            double v[t->g[i].n + 1];
-            int k = pair_values(t, i, pair_base(t, c), c, v);
-            qd_seed_stat st = qd_seed_stat_of(v, k);
+            const pair_row *p = &t->pairs[i];
             json_t *vals = json_array();
-            for (int j = 0; j < k; j++)
-                json_array_append_new(vals, num_or_null(v[j]));
-            json_object_set_new(row, pair_cols[c].key, spread_json(&st, vals));
+            for (int j = 0; j < p->k[c]; j++)
+                json_array_append_new(vals, num_or_null(p->v[c][j]));
+            json_object_set_new(row, pair_cols[c].key, spread_json(&p->st[c], vals));
         }
         json_array_append_new(rows, row);
     }
-    int acc = pair_base(t, PAIR_PASS), gap = pair_base(t, PAIR_GAP);
+    int acc = t->base[PAIR_PASS], gap = t->base[PAIR_GAP];
     return json_pack("{s:o,s:o,s:s,s:o}", "pass1_against", acc >= 0 ? json_string(t->g[acc].name) : json_null(),
                      "gap_against", gap >= 0 ? json_string(t->g[gap].name) : json_null(), "how",
                      "seed by seed over the seeds both rows finished: differences of final pass@1, ratio of mean "
@@ -659,6 +688,9 @@ qd_status qd_report_write(const qd_report_group *groups, int ng, const char *out
             qd_group_aggregate(s[i], groups[i].n, &stats[i]);
     }
     report_ctx t = {.g = groups, .s = (const qd_run_summary *const *)s, .stats = stats, .ng = ng, .command = command};
+    pair_row *pairs = calloc((size_t)ng + 1, sizeof *pairs);
+    if (!st)
+        st = pairs ? pairs_make(&t, pairs) : qd_error(QD_ERR_NOMEM, "report");
     static const char *const plots[3][4] = {
         {"reward.svg", "reward_mean", "reward (train)", "mean reward"},
         {"pass1.svg", "eval.pass1", "held-out pass@1", "pass@1"},
@@ -675,6 +707,7 @@ qd_status qd_report_write(const qd_report_group *groups, int ng, const char *out
     for (int i = 0; s && i < ng; i++)
         free(s[i]);
     free(s), free(stats);
+    pairs_free(pairs, ng);
     return st;
 }
 
