@@ -2313,21 +2313,37 @@ static __device__ __forceinline__ float2 e4m3x2_f32(const uint8_t *p)
     return f;
 }
 
+/* e4m3x2_f32 of two bytes held in a register's low 16 bits */
+static __device__ __forceinline__ float2 e4m3x2_f32v(uint32_t v)
+{
+    float2 f;
+    asm("{\n\t.reg .b16 lo, hi;\n\t.reg .b32 h;\n\tcvt.rn.f16x2.e4m3x2 h, %2;\n\tmov.b32 {lo, hi}, h;\n\t"
+        "cvt.f32.f16 %0, lo;\n\tcvt.f32.f16 %1, hi;\n\t}"
+        : "=f"(f.x), "=f"(f.y)
+        : "h"((unsigned short)v));
+    return f;
+}
+
 /* pair_chunk for a warp's own stage: the weight scales as E4M3 bytes (their
- * values from the table lut, or with FC e4m3x2_f32's), the activations those
+ * values from the table lut, or with FC e4m3x2_f32's; FC 3: floats the warp
+ * made of the stage's bytes, wf [16][CB]), the activations those
  * of the whole of K from the chunk's block on (rows ald bytes apart, sp's
  * rows spld float4 apart) */
 template <int NG, int CB, int FC = 0>
 static __device__ __forceinline__ void st_chunk(const st_warp<CB> *cur, const int8_t *act, const float4 *sp, int ald,
-                                                int spld, const float *lut, float (*acc)[4], int T, int lane, int njq)
+                                                int spld, const float *lut, float (*acc)[4], int T, int lane, int njq,
+                                                const float *wf = nullptr)
 {
     int gq = lane >> 2, t = lane & 3;
     const uint8_t *s0 = cur->ws[gq], *s1 = cur->ws[gq + 8];
-    pair_terms<NG, CB / 4, FC == 2>(
+    pair_terms<NG, CB / 4, FC >= 2>(
         &cur->wc[(lane & 7) + 8 * ((lane >> 3) & 1)][16 * (lane >> 4)], act + (gq >> 1) * ald + (gq & 1) * 16 + 8 * (t & 1),
         ald,
         [&](int jp, float2 &w0, float2 &w1) {
-            if constexpr (FC > 0) {
+            if constexpr (FC == 3) {
+                w0 = *(const float2 *)&wf[gq * CB + 2 * jp];
+                w1 = *(const float2 *)&wf[(gq + 8) * CB + 2 * jp];
+            } else if constexpr (FC > 0) {
                 w0 = e4m3x2_f32(s0 + 2 * jp);
                 w1 = e4m3x2_f32(s1 + 2 * jp);
             } else {
@@ -2353,12 +2369,13 @@ typedef struct {
  * thread an expert), so no w4a4_items_from_dev launch comes before: the same
  * pairs in the same order (experts with rows ascending, tiles ascending), the
  * same bits. */
-template <int DEV, int CB, int S, int TR, int FC = 0, int PART = 0>
+template <int DEV, int CB, int S, int TR, int FC = 0, int PART = 0, int CI = 0>
 __global__ void __launch_bounds__(128)
 w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, const float *a_sdec, int a_per_row,
                    const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K, const w4a4_groups *gd,
                    const int *items, const int *nitems, int rg, st_src src)
 {
+    static_assert(FC != 3 || CI, "FC 3's conversion pass is in the counted loop");
     QD_PDL_ENTRY();
     extern __shared__ __align__(16) unsigned char st_smem[];
     __shared__ float lut[256];
@@ -2424,17 +2441,19 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
     int8_t *act = (int8_t *)st_smem;
     float4 *sp = (float4 *)(st_smem + (size_t)TR * ald);
     st_warp<CB> *ring = (st_warp<CB> *)(st_smem + st_act_bytes(K, TR)) + w * S;
+    /* FC 3: the warp's float copy of a stage's weight scales, [16][CB] */
+    float *wfw = (float *)(st_smem + st_act_bytes(K, TR) + 4 * (size_t)S * sizeof(st_warp<CB>)) + w * 16 * CB;
     /* the warp's rows in slab r of the CTA's rg slabs of 64: 16 from wrow0(r) */
     auto wrow = [&](int r) { return n0 + 64 * (int64_t)r + 16 * w; };
     /* stage q of this warp's rows (chunk c = q % nchunk of slab q / nchunk):
      * codes 16 x CB * 8 bytes (CB / 4 copies a lane, CB / 2 lanes a row),
      * scale bytes 16 x CB (CB / 16 copies a row); rows past N read as zero
      * (never stored) */
+    constexpr int PR = CB / 2; /* 16-byte copies a row of codes */
     auto issue = [&](int q) {
         st_warp<CB> *st = &ring[q % S];
         const int c = q % nchunk, cbc = blocks_of(c);
         const int64_t wrow0 = wrow(q / nchunk);
-        constexpr int PR = CB / 2; /* 16-byte copies a row of codes */
 #pragma unroll
         for (int u = 0; u < CB / 4; u++) {
             int i = lane + 32 * u, r = i / PR, v = i % PR;
@@ -2462,10 +2481,61 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
             }
         }
     };
+    /* CI (QUADS_W4A4_STREAM_CI=1, opt-in until run on a GPU), !PART: every
+     * stage's copies are this lane's fixed ones, moved along the row by the
+     * chunk: code copy u is row lane / PR + u * (64 / CB) of the
+     * warp's 16, bytes 16 (lane % PR) of the chunk's; the scales' copy (lanes
+     * below CB) row lane / (CB / 16), bytes 16 (lane % (CB / 16)). Their
+     * sources are set once a slab (slab_src) and the next stage to issue is
+     * chunk ic of slab is into ring slot iq, counted, not divided out of q
+     * (the integer divisions and 64-bit row products of the indexed form
+     * were most of a chunk's ~150 instructions of copy issue). */
+    const uint8_t *csrc[CB / 4], *ssrc = wscales;
+    bool cin[CB / 4], sin = false;
+    int ic = 0, is = 0, iq = 0;
+    auto slab_src = [&](int r) {
+        const int64_t w0 = wrow(r);
+#pragma unroll
+        for (int u = 0; u < CB / 4; u++) {
+            const int64_t row = w0 + lane / PR + u * (64 / CB);
+            cin[u] = row < N;
+            csrc[u] = wcodes + (cin[u] ? row * (K / 2) : 0) + 16 * (lane % PR);
+        }
+        const int64_t srow = w0 + lane / (CB / 16);
+        sin = lane < CB && srow < N;
+        ssrc = wscales + (sin ? srow * nb : 0) + 16 * (lane % (CB / 16));
+    };
+    /* the sources move on a chunk (CB blocks) a stage; a row past N keeps
+     * reading row 0's place (no bytes: the copies zero-fill) */
+    auto issue_next = [&]() {
+        st_warp<CB> *st = &ring[iq];
+#pragma unroll
+        for (int u = 0; u < CB / 4; u++) {
+            cp16(&st->wc[lane / PR + u * (64 / CB)][16 * (lane % PR)], csrc[u], cin[u]);
+            csrc[u] += CB * 8;
+        }
+        if (lane < CB)
+            cp16(&st->ws[lane / (CB / 16)][16 * (lane % (CB / 16))], ssrc, sin);
+        ssrc += CB;
+        if (++iq == S)
+            iq = 0;
+        if (++ic == nchunk) {
+            ic = 0;
+            if (++is < rg)
+                slab_src(is);
+        }
+    };
+    constexpr bool CIN = CI && !PART; /* the counted issue */
+    if constexpr (CIN)
+        slab_src(0);
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
-        if (s < nq)
-            issue(s);
+        if (s < nq) {
+            if constexpr (CIN)
+                issue_next();
+            else
+                issue(s);
+        }
         cp_async_commit();
     }
     if constexpr (FC == 0)
@@ -2509,36 +2579,98 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
     for (int i = 0; i < TR / 8; i++)
         acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
     const int wr0 = 16 * w + gq, wr1 = wr0 + 8;
-    for (int q = 0; q < nq; q++) {
-        cp_async_wait_group<S - 2>(); /* stage q's copies (this lane's) done */
-        __syncwarp();                 /* ... and every lane's; stage q - 1 read by all */
-        if (q + S - 1 < nq)
-            issue(q + S - 1);
-        cp_async_commit();
-        const int c = q % nchunk, njq = blocks_of(c) / 4;
-        const int8_t *ac = act + c * CB * 16;
-        const float4 *spc = sp + c * (CB / 2);
-        if (T <= 4)
-            st_chunk<1, CB, FC>(&ring[q % S], ac, spc, ald, spld, lut, acc, T, lane, njq);
-        else if (TR == 8 || T <= 8)
-            st_chunk<2, CB, FC>(&ring[q % S], ac, spc, ald, spld, lut, acc, T, lane, njq);
-        else
-            st_chunk<TR / 4, CB, FC>(&ring[q % S], ac, spc, ald, spld, lut, acc, T, lane, njq);
-        if (c < nchunk - 1)
-            continue;
-        /* slab q / nchunk done: its outputs, and the sums start again */
-        const int64_t ns = n0 + 64 * (int64_t)(q / nchunk);
-#pragma unroll
-        for (int nt = 0; nt < TR / 8; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                /* acc[nt][2h + r]: activation row 8 nt + 4h + t, weight row r ? wr1 : wr0 */
-                int m = 8 * nt + 4 * (i >> 1) + t;
-                int64_t n = ns + (i & 1 ? wr1 : wr0);
-                if (m < T && n < N)
-                    y[(r0 + m) * N + n] = acc[nt][i] * (a_sdec[a_per_row ? r0 + m : 0] * sdw[w_per_row ? n : 0]);
-                acc[nt][i] = 0.0f;
+    if constexpr (CI) {
+        /* stage q is chunk c of slab r in ring slot k (counted, as the issue's) */
+        for (int q = 0, c = 0, r = 0, k = 0; q < nq; q++) {
+            cp_async_wait_group<S - 2>(); /* stage q's copies (this lane's) done */
+            __syncwarp();                 /* ... and every lane's; stage q - 1 read by all */
+            if (q + S - 1 < nq) {
+                if constexpr (CIN)
+                    issue_next();
+                else
+                    issue(q + S - 1);
             }
+            cp_async_commit();
+            if constexpr (FC == 3) {
+                /* the stage's 16 x CB scale bytes as floats, CB / 2 a lane (row
+                 * lane / 2), each converted once where FC 2 converts each on
+                 * the four lanes that read it; the previous chunk's reads of
+                 * wfw are done (the warp barrier above) */
+                constexpr int PER = CB / 2;
+                const uint8_t *sb = &ring[k].ws[lane >> 1][(lane & 1) * PER];
+                float *dst = wfw + (lane >> 1) * CB + (lane & 1) * PER;
+#pragma unroll
+                for (int i = 0; i < PER; i += 8) {
+                    const uint2 b = *(const uint2 *)(sb + i);
+                    const float2 f0 = e4m3x2_f32v(b.x), f1 = e4m3x2_f32v(b.x >> 16);
+                    const float2 f2 = e4m3x2_f32v(b.y), f3 = e4m3x2_f32v(b.y >> 16);
+                    *(float4 *)(dst + i) = make_float4(f0.x, f0.y, f1.x, f1.y);
+                    *(float4 *)(dst + i + 4) = make_float4(f2.x, f2.y, f3.x, f3.y);
+                }
+                __syncwarp();
+            }
+            const int njq = blocks_of(c) / 4;
+            const int8_t *ac = act + c * CB * 16;
+            const float4 *spc = sp + c * (CB / 2);
+            if (T <= 4)
+                st_chunk<1, CB, FC>(&ring[k], ac, spc, ald, spld, lut, acc, T, lane, njq, wfw);
+            else if (TR == 8 || T <= 8)
+                st_chunk<2, CB, FC>(&ring[k], ac, spc, ald, spld, lut, acc, T, lane, njq, wfw);
+            else
+                st_chunk<TR / 4, CB, FC>(&ring[k], ac, spc, ald, spld, lut, acc, T, lane, njq, wfw);
+            if (++k == S)
+                k = 0;
+            if (++c < nchunk)
+                continue;
+            c = 0;
+            /* slab r done: its outputs, and the sums start again */
+            const int64_t ns = n0 + 64 * (int64_t)r++;
+#pragma unroll
+            for (int nt = 0; nt < TR / 8; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    /* acc[nt][2h + r]: activation row 8 nt + 4h + t, weight row r ? wr1 : wr0 */
+                    int m = 8 * nt + 4 * (i >> 1) + t;
+                    int64_t n = ns + (i & 1 ? wr1 : wr0);
+                    if (m < T && n < N)
+                        y[(r0 + m) * N + n] =
+                            acc[nt][i] * (a_sdec[a_per_row ? r0 + m : 0] * sdw[w_per_row ? n : 0]);
+                    acc[nt][i] = 0.0f;
+                }
+        }
+    } else {
+        for (int q = 0; q < nq; q++) {
+            cp_async_wait_group<S - 2>(); /* stage q's copies (this lane's) done */
+            __syncwarp();                 /* ... and every lane's; stage q - 1 read by all */
+            if (q + S - 1 < nq)
+                issue(q + S - 1);
+            cp_async_commit();
+            const int c = q % nchunk, njq = blocks_of(c) / 4;
+            const int8_t *ac = act + c * CB * 16;
+            const float4 *spc = sp + c * (CB / 2);
+            if (T <= 4)
+                st_chunk<1, CB, FC>(&ring[q % S], ac, spc, ald, spld, lut, acc, T, lane, njq);
+            else if (TR == 8 || T <= 8)
+                st_chunk<2, CB, FC>(&ring[q % S], ac, spc, ald, spld, lut, acc, T, lane, njq);
+            else
+                st_chunk<TR / 4, CB, FC>(&ring[q % S], ac, spc, ald, spld, lut, acc, T, lane, njq);
+            if (c < nchunk - 1)
+                continue;
+            /* slab q / nchunk done: its outputs, and the sums start again */
+            const int64_t ns = n0 + 64 * (int64_t)(q / nchunk);
+#pragma unroll
+            for (int nt = 0; nt < TR / 8; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    /* acc[nt][2h + r]: activation row 8 nt + 4h + t, weight row r ? wr1 : wr0 */
+                    int m = 8 * nt + 4 * (i >> 1) + t;
+                    int64_t n = ns + (i & 1 ? wr1 : wr0);
+                    if (m < T && n < N)
+                        y[(r0 + m) * N + n] =
+                            acc[nt][i] * (a_sdec[a_per_row ? r0 + m : 0] * sdw[w_per_row ? n : 0]);
+                    acc[nt][i] = 0.0f;
+                }
+        }
     }
     cp_async_wait_group<0>();
 }
@@ -3516,7 +3648,7 @@ static int w4a4_part_env(void)
 }
 static int64_t w4a4_kmul(int64_t whole) { return w4a4_part_env() == 0 ? whole : 64; }
 
-/* QUADS_W4A4_STREAM_CFG=0-8 (benchmarks): the streaming kernel's stage
+/* QUADS_W4A4_STREAM_CFG=0-9 (benchmarks): the streaming kernel's stage
  * width, ring depth and weight-scale decoding: 16 blocks x 4 stages (0, the
  * default until 2026-12-06), 16 x 8 (1), 32 x 4 (2, where K is a multiple of
  * 512; else 0's), 16 x 3 (3), 16 x 2 (4), each with the weight scales'
@@ -3536,15 +3668,37 @@ static int64_t w4a4_kmul(int64_t whole) { return w4a4_part_env() == 0 ? whole : 
  * row group): on an H100 the gate at batch 64 70.2 -> 65.5 us, the down
  * projection 63.5 -> 62.2, batch 16 52.0 -> 50.0 and 44.3 -> 43.7, the o
  * projection's 64 rows (one product) 31.0 -> 27.7; the a3b-4 rollout at
- * batch 64 1.026x. The same bits in every one. */
+ * batch 64 1.026x. 9 (opt-in, not yet run on a GPU; also for the experts'
+ * device-offset launches, which otherwise take 8 whatever the setting): 8
+ * with the counted issue (QUADS_W4A4_STREAM_CI below) and each stage's
+ * weight scales converted once by the warp into a float copy in shared
+ * memory (1 KB a warp), where 8 converts each scale pair on the four lanes
+ * that read it (per block pair and lane 2 loads, 2 pair conversions and 4
+ * widenings become 2 float2 loads; the loop of two block pairs at one row
+ * group 96 -> 86 instructions, plus 24 a stage for the conversion). The
+ * same bits in every one. */
 static int w4a4_stream_cfg(int64_t K)
 {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("QUADS_W4A4_STREAM_CFG");
-        v = e && e[0] >= '0' && e[0] <= '8' && !e[1] ? e[0] - '0' : 8;
+        v = e && e[0] >= '0' && e[0] <= '9' && !e[1] ? e[0] - '0' : 8;
     }
     return v == 2 && K % 512 ? 0 : v;
+}
+
+/* QUADS_W4A4_STREAM_CI=1 (opt-in until run on a GPU): the streaming kernel's
+ * configuration 8 (the default, the experts' device-offset launches too)
+ * with its copies issued from counters: each lane's sources set once a slab
+ * and moved a chunk a stage, the ring slot, chunk and slab counted, where
+ * the default divides them out of the stage index (two 32-bit divisions and
+ * 64-bit row products a stage: by the SASS of the experts' batch-64
+ * instance, 150 of a stage's ~550 instructions went to issuing its 5
+ * copies; counted, 61). The same copies, the same products: the same bits. */
+static int w4a4_stream_ci_env(void)
+{
+    static int v = -2;
+    return qd_env_pick(&v, "QUADS_W4A4_STREAM_CI", 0, 1);
 }
 
 static bool w4a4_stream_ok(const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows, int64_t K)
@@ -3594,14 +3748,15 @@ static int w4a4_stream_rg(int64_t ctas1, int per_sm)
 
 /* w4a4_stream_kernel in one configuration: host tables (ng groups, tiles of
  * TR of maxrows) or, with gd, the device's items (at most max_items) */
-template <int DEV, int CB, int S, int TR, int FC = 0, int PART = 0>
+template <int DEV, int CB, int S, int TR, int FC = 0, int PART = 0, int CI = 0>
 static qd_status stream_launch(float *y, const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows,
                                int w_per_row, int64_t N, int64_t K, const w4a4_groups *gd, const int *items,
                                const int *nitems, int64_t max_items, st_src src)
 {
     static w4a4_groups none; /* the by-value groups, unread under DEV */
-    size_t smem = st_act_bytes(K, TR) + 4 * (size_t)S * sizeof(st_warp<CB>);
-    auto k = w4a4_stream_kernel<DEV, CB, S, TR, FC, PART>;
+    size_t smem = st_act_bytes(K, TR) + 4 * (size_t)S * sizeof(st_warp<CB>) +
+                  (FC == 3 ? 4 * (size_t)16 * CB * sizeof(float) : 0);
+    auto k = w4a4_stream_kernel<DEV, CB, S, TR, FC, PART, CI>;
     if (smem + 256 * sizeof(float) > 48 * 1024)
         QD_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     /* CTAs an SM of this configuration at this shared memory (it depends on
@@ -3639,10 +3794,19 @@ static qd_status stream_cfg_launch(float *y, const qd_nvfp4 *a, const w4a4_group
     if (K % 256) /* a short last chunk: the default configuration's PART twin */
         return stream_launch<DEV, 16, 2, TR, 2, 1>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items,
                                                    src);
-    if constexpr (DEV == 2)
+    if constexpr (DEV == 2) {
+        if (w4a4_stream_cfg(K) == 9)
+            return stream_launch<2, 16, 2, TR, 3, 0, 1>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems,
+                                                        max_items, src);
+        if (w4a4_stream_ci_env() == 1)
+            return stream_launch<2, 16, 2, TR, 2, 0, 1>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems,
+                                                        max_items, src);
         return stream_launch<2, 16, 2, TR, 2>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items, src);
-    else {
+    } else {
         int cfg = w4a4_stream_cfg(K);
+        if (cfg == 8 && w4a4_stream_ci_env() == 1)
+            return stream_launch<DEV, 16, 2, TR, 2, 0, 1>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems,
+                                                          max_items, src);
         return cfg == 1 ? stream_launch<DEV, 16, 8, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items, src)
              : cfg == 2 ? stream_launch<DEV, 32, 4, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items, src)
              : cfg == 3 ? stream_launch<DEV, 16, 3, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items, src)
@@ -3650,6 +3814,7 @@ static qd_status stream_cfg_launch(float *y, const qd_nvfp4 *a, const w4a4_group
              : cfg == 5 ? stream_launch<DEV, 16, 3, TR, 1>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items, src)
              : cfg == 6 ? stream_launch<DEV, 16, 4, TR, 1>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items, src)
              : cfg == 8 ? stream_launch<DEV, 16, 2, TR, 2>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items, src)
+             : cfg == 9 ? stream_launch<DEV, 16, 2, TR, 3, 0, 1>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items, src)
              : cfg == 0 ? stream_launch<DEV, 16, 4, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items, src)
                         : stream_launch<DEV, 16, 2, TR, 1>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items, src);
     }

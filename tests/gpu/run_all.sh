@@ -115,6 +115,12 @@ ops1 stream0 "the same, 4 stages and the weight scales through a table (QUADS_W4
 ops1 streamrg "the same, 2 slabs of 64 weight rows a CTA everywhere (QUADS_W4A4_STREAM_RG=2; by default 2 where that leaves 3 waves, else 1)" QUADS_W4A4_STREAM=1 QUADS_W4A4_STREAM_RG=2
 ops1 stream7 "the same, the E2M1 table and the MMAs' starting accumulators as constants (QUADS_W4A4_STREAM_CFG=7; by default held in registers)" QUADS_W4A4_STREAM=1 QUADS_W4A4_STREAM_CFG=7
 ops1 streamrg4 "the same, 4 slabs and 3 stages (QUADS_W4A4_STREAM_RG=4 QUADS_W4A4_STREAM_CFG=5)" QUADS_W4A4_STREAM=1 QUADS_W4A4_STREAM_RG=4 QUADS_W4A4_STREAM_CFG=5
+ops1 streamci "the streaming kernel's copies issued from counters, not divided out of the stage index (QUADS_W4A4_STREAM_CI=1, opt-in), wherever it applies, and with 2 slabs a CTA (the slab change)" \
+    QUADS_W4A4_STREAM_CI=1 QUADS_W4A4_STREAM=1 QUADS_W4A4_STREAM_RG=2
+ops1 streamci1 "the same with the default slabs, the experts' device-offset launches among them" QUADS_W4A4_STREAM_CI=1
+ops1 stream9 "the same with each stage's weight scales converted to floats once by the warp (QUADS_W4A4_STREAM_CFG=9, opt-in), wherever the streaming kernel applies and by default" \
+    QUADS_W4A4_STREAM_CFG=9 QUADS_W4A4_STREAM=1
+ops1 stream9d "the same, by default (the experts' device-offset launches)" QUADS_W4A4_STREAM_CFG=9
 ops1 nopart "products whose K is a multiple of 64 but not of 256 (streaming kernel) or 128 (wgmma prefill kernel) on the kernels before their PART twins (QUADS_W4A4_PART=0; the twins by default since 2026-12-07d: the QUADS recipe's down projection, 768 + 192 RAC channels)" QUADS_W4A4_PART=0
 ops1 bfpwg "the row BFP product of 1-4 rows on wgmma too (QUADS_BFP_MATVEC=0; past 4 rows wgmma by default on Hopper)" \
     QUADS_BFP_MATVEC=0
