@@ -86,13 +86,14 @@ default_variants="$default_variants;QUADS_DLOGIT_FAST=1 QUADS_RMSNORM_ROWS=1 QUA
 # QUADS_GFD_INLINE=0), programmatic dependent launch (QUADS_PDL=1), the
 # router's x.W^T with all of K in flight (QUADS_RING_DEEP=1), the sampler's
 # exponentials where its lanes add them (QUADS_SAMPLE_FUSED=1), the
-# streaming kernel's copies issued from counters (QUADS_W4A4_STREAM_CI=1) and
-# with that its weight scales converted once a stage (QUADS_W4A4_STREAM_CFG=9)
+# streaming kernel's copies indexed by the stage (QUADS_W4A4_STREAM_CI=0; by
+# default issued from counters since 2026-12-07) and its weight scales
+# converted once a stage (QUADS_W4A4_STREAM_CFG=9)
 decode_variants="default;QUADS_W4A4_STREAM=0 QUADS_BFP_WGMMA=0 QUADS_W4A4_ILP=0;QUADS_W4A4_STREAM=0"
 decode_variants="$decode_variants;QUADS_BFP_WGMMA=0;QUADS_W4A4_ILP=0;QUADS_W4A4_STREAM=1"
 decode_variants="$decode_variants;QUADS_W4A4_STREAM_CFG=0 QUADS_W4A4_STREAM_RG=1;QUADS_W4A4_STREAM_CFG=5;QUADS_W4A4_STREAM_CFG=7;QUADS_W4A4_STREAM_RG=1;QUADS_MOE_DEV_ROWS=4096"
 decode_variants="$decode_variants;QUADS_MOE_GROUP1=0;QUADS_FUSED_ROWS=0;QUADS_GFD_INLINE=0;QUADS_GFD_CTA=1 QUADS_GFD_INLINE=0;QUADS_PDL=1;QUADS_RING_DEEP=1;QUADS_SAMPLE_FUSED=1"
-decode_variants="$decode_variants;QUADS_W4A4_STREAM_CI=1;QUADS_W4A4_STREAM_CFG=9"
+decode_variants="$decode_variants;QUADS_W4A4_STREAM_CI=0;QUADS_W4A4_STREAM_CFG=9"
 model=${MODEL:-a3b}
 layers=${LAYERS:-$([ "$model" = moe8 ] && echo 8 || echo 4)}
 if [ "${OP:-train}" = rollout ]; then

@@ -2481,7 +2481,8 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
             }
         }
     };
-    /* CI (QUADS_W4A4_STREAM_CI=1, opt-in until run on a GPU), !PART: every
+    /* CI (by default in configuration 8; QUADS_W4A4_STREAM_CI=0 for the
+     * indexed issue above), !PART: every
      * stage's copies are this lane's fixed ones, moved along the row by the
      * chunk: code copy u is row lane / PR + u * (64 / CB) of the
      * warp's 16, bytes 16 (lane % PR) of the chunk's; the scales' copy (lanes
@@ -3668,15 +3669,18 @@ static int64_t w4a4_kmul(int64_t whole) { return w4a4_part_env() == 0 ? whole : 
  * row group): on an H100 the gate at batch 64 70.2 -> 65.5 us, the down
  * projection 63.5 -> 62.2, batch 16 52.0 -> 50.0 and 44.3 -> 43.7, the o
  * projection's 64 rows (one product) 31.0 -> 27.7; the a3b-4 rollout at
- * batch 64 1.026x. 9 (opt-in, not yet run on a GPU; also for the experts'
- * device-offset launches, which otherwise take 8 whatever the setting): 8
- * with the counted issue (QUADS_W4A4_STREAM_CI below) and each stage's
- * weight scales converted once by the warp into a float copy in shared
- * memory (1 KB a warp), where 8 converts each scale pair on the four lanes
- * that read it (per block pair and lane 2 loads, 2 pair conversions and 4
- * widenings become 2 float2 loads; the loop of two block pairs at one row
- * group 96 -> 86 instructions, plus 24 a stage for the conversion). The
- * same bits in every one. */
+ * batch 64 1.026x. 9 (opt-in; also for the experts' device-offset
+ * launches, which otherwise take 8 whatever the setting): 8 with the
+ * counted issue (QUADS_W4A4_STREAM_CI below) and each stage's weight scales
+ * converted once by the warp into a float copy in shared memory (1 KB a
+ * warp), where 8 converts each scale pair on the four lanes that read it
+ * (per block pair and lane 2 loads, 2 pair conversions and 4 widenings
+ * become 2 float2 loads; the loop of two block pairs at one row group 96 ->
+ * 86 instructions, plus 24 a stage for the conversion): on an H100
+ * (2026-12-07) the same bits, but slower than 8 with the counted issue
+ * alone (the gate at batch 64 64.4 us against 61.8, the down projection
+ * 62.2 against 58.5; the a3b-4 rollout 1.01x against its 1.03x). The same
+ * bits in every one. */
 static int w4a4_stream_cfg(int64_t K)
 {
     static int v = -1;
@@ -3687,18 +3691,25 @@ static int w4a4_stream_cfg(int64_t K)
     return v == 2 && K % 512 ? 0 : v;
 }
 
-/* QUADS_W4A4_STREAM_CI=1 (opt-in until run on a GPU): the streaming kernel's
- * configuration 8 (the default, the experts' device-offset launches too)
- * with its copies issued from counters: each lane's sources set once a slab
- * and moved a chunk a stage, the ring slot, chunk and slab counted, where
- * the default divides them out of the stage index (two 32-bit divisions and
- * 64-bit row products a stage: by the SASS of the experts' batch-64
- * instance, 150 of a stage's ~550 instructions went to issuing its 5
- * copies; counted, 61). The same copies, the same products: the same bits. */
+/* The streaming kernel's configuration 8 (the default, the experts'
+ * device-offset launches too) with its copies issued from counters (CI):
+ * each lane's sources set once a slab and moved a chunk a stage, the ring
+ * slot, chunk and slab counted, where before they were divided out of the
+ * stage index (two 32-bit divisions and 64-bit row products a stage: by the
+ * SASS of the experts' batch-64 instance, 150 of a stage's ~550
+ * instructions went to issuing its 5 copies; counted, 61). The same copies,
+ * the same products: the same bits (H100, 2026-12-07: check_ops and
+ * check_backend, every line of tests/gpu/run_all.sh with it forced). By
+ * default since then: bench_quant --moe at batch 64, the gate's product
+ * 64.9 -> 61.8 us, the down projection's 61.5 -> 58.5, at batch 16 49.4 ->
+ * 46.2 and 43.6 -> 41.4, the o projection's 64 rows 28.1 -> 26.4; the a3b-4
+ * exact rollout at batch 64, nvfp4 1.031x (median of 5 runs each, 156.3 ->
+ * 151.6 ms), quads 1.018x (3 each). QUADS_W4A4_STREAM_CI=0 for the indexed
+ * issue. */
 static int w4a4_stream_ci_env(void)
 {
     static int v = -2;
-    return qd_env_pick(&v, "QUADS_W4A4_STREAM_CI", 0, 1);
+    return qd_env_pick(&v, "QUADS_W4A4_STREAM_CI", 0, 1) != 0;
 }
 
 static bool w4a4_stream_ok(const qd_nvfp4 *a, const w4a4_groups *g, int ng, int64_t maxrows, int64_t K)
@@ -3798,13 +3809,13 @@ static qd_status stream_cfg_launch(float *y, const qd_nvfp4 *a, const w4a4_group
         if (w4a4_stream_cfg(K) == 9)
             return stream_launch<2, 16, 2, TR, 3, 0, 1>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems,
                                                         max_items, src);
-        if (w4a4_stream_ci_env() == 1)
+        if (w4a4_stream_ci_env())
             return stream_launch<2, 16, 2, TR, 2, 0, 1>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems,
                                                         max_items, src);
         return stream_launch<2, 16, 2, TR, 2>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items, src);
     } else {
         int cfg = w4a4_stream_cfg(K);
-        if (cfg == 8 && w4a4_stream_ci_env() == 1)
+        if (cfg == 8 && w4a4_stream_ci_env())
             return stream_launch<DEV, 16, 2, TR, 2, 0, 1>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems,
                                                           max_items, src);
         return cfg == 1 ? stream_launch<DEV, 16, 8, TR>(y, a, g, ng, maxrows, w_per_row, N, K, gd, items, nitems, max_items, src)

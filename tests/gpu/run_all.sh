@@ -115,9 +115,9 @@ ops1 stream0 "the same, 4 stages and the weight scales through a table (QUADS_W4
 ops1 streamrg "the same, 2 slabs of 64 weight rows a CTA everywhere (QUADS_W4A4_STREAM_RG=2; by default 2 where that leaves 3 waves, else 1)" QUADS_W4A4_STREAM=1 QUADS_W4A4_STREAM_RG=2
 ops1 stream7 "the same, the E2M1 table and the MMAs' starting accumulators as constants (QUADS_W4A4_STREAM_CFG=7; by default held in registers)" QUADS_W4A4_STREAM=1 QUADS_W4A4_STREAM_CFG=7
 ops1 streamrg4 "the same, 4 slabs and 3 stages (QUADS_W4A4_STREAM_RG=4 QUADS_W4A4_STREAM_CFG=5)" QUADS_W4A4_STREAM=1 QUADS_W4A4_STREAM_RG=4 QUADS_W4A4_STREAM_CFG=5
-ops1 streamci "the streaming kernel's copies issued from counters, not divided out of the stage index (QUADS_W4A4_STREAM_CI=1, opt-in), wherever it applies, and with 2 slabs a CTA (the slab change)" \
-    QUADS_W4A4_STREAM_CI=1 QUADS_W4A4_STREAM=1 QUADS_W4A4_STREAM_RG=2
-ops1 streamci1 "the same with the default slabs, the experts' device-offset launches among them" QUADS_W4A4_STREAM_CI=1
+ops1 nostreamci "the streaming kernel's copies indexed by the stage, divided out of it (QUADS_W4A4_STREAM_CI=0; by default since 2026-12-07 issued from counters), wherever it applies, and with 2 slabs a CTA" \
+    QUADS_W4A4_STREAM_CI=0 QUADS_W4A4_STREAM=1 QUADS_W4A4_STREAM_RG=2
+ops1 nostreamci1 "the same with the default slabs, the experts' device-offset launches among them" QUADS_W4A4_STREAM_CI=0
 ops1 stream9 "the same with each stage's weight scales converted to floats once by the warp (QUADS_W4A4_STREAM_CFG=9, opt-in), wherever the streaming kernel applies and by default" \
     QUADS_W4A4_STREAM_CFG=9 QUADS_W4A4_STREAM=1
 ops1 stream9d "the same, by default (the experts' device-offset launches)" QUADS_W4A4_STREAM_CFG=9
