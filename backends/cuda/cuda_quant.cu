@@ -2580,6 +2580,20 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
     for (int i = 0; i < TR / 8; i++)
         acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
     const int wr0 = 16 * w + gq, wr1 = wr0 + 8;
+    /* a slab's outputs (its weight rows from ns), and the sums start again */
+    auto store_slab = [&](int64_t ns) {
+#pragma unroll
+        for (int nt = 0; nt < TR / 8; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                /* acc[nt][2h + r]: activation row 8 nt + 4h + t, weight row r ? wr1 : wr0 */
+                int m = 8 * nt + 4 * (i >> 1) + t;
+                int64_t n = ns + (i & 1 ? wr1 : wr0);
+                if (m < T && n < N)
+                    y[(r0 + m) * N + n] = acc[nt][i] * (a_sdec[a_per_row ? r0 + m : 0] * sdw[w_per_row ? n : 0]);
+                acc[nt][i] = 0.0f;
+            }
+    };
     if constexpr (CI) {
         /* stage q is chunk c of slab r in ring slot k (counted, as the issue's) */
         for (int q = 0, c = 0, r = 0, k = 0; q < nq; q++) {
@@ -2625,19 +2639,7 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
                 continue;
             c = 0;
             /* slab r done: its outputs, and the sums start again */
-            const int64_t ns = n0 + 64 * (int64_t)r++;
-#pragma unroll
-            for (int nt = 0; nt < TR / 8; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    /* acc[nt][2h + r]: activation row 8 nt + 4h + t, weight row r ? wr1 : wr0 */
-                    int m = 8 * nt + 4 * (i >> 1) + t;
-                    int64_t n = ns + (i & 1 ? wr1 : wr0);
-                    if (m < T && n < N)
-                        y[(r0 + m) * N + n] =
-                            acc[nt][i] * (a_sdec[a_per_row ? r0 + m : 0] * sdw[w_per_row ? n : 0]);
-                    acc[nt][i] = 0.0f;
-                }
+            store_slab(n0 + 64 * (int64_t)r++);
         }
     } else {
         for (int q = 0; q < nq; q++) {
@@ -2658,19 +2660,7 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
             if (c < nchunk - 1)
                 continue;
             /* slab q / nchunk done: its outputs, and the sums start again */
-            const int64_t ns = n0 + 64 * (int64_t)(q / nchunk);
-#pragma unroll
-            for (int nt = 0; nt < TR / 8; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    /* acc[nt][2h + r]: activation row 8 nt + 4h + t, weight row r ? wr1 : wr0 */
-                    int m = 8 * nt + 4 * (i >> 1) + t;
-                    int64_t n = ns + (i & 1 ? wr1 : wr0);
-                    if (m < T && n < N)
-                        y[(r0 + m) * N + n] =
-                            acc[nt][i] * (a_sdec[a_per_row ? r0 + m : 0] * sdw[w_per_row ? n : 0]);
-                    acc[nt][i] = 0.0f;
-                }
+            store_slab(n0 + 64 * (int64_t)(q / nchunk));
         }
     }
     cp_async_wait_group<0>();
