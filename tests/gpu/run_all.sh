@@ -51,6 +51,14 @@ export LD_LIBRARY_PATH="$PWD/.devrun/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export OMP_WAIT_POLICY=passive
 nvidia-smi -L 2>/dev/null || true
 rc=0
+# ./quads needs the libraries of .devrun/lib: said once here, not as a cascade
+# of failed runs in step 3 (on the device machine a path ignored only by
+# .git/info/exclude does not stay between calls: unpack it in the same call)
+if ! ./quads --version >/dev/null 2>&1; then
+    echo "run_all.sh: ./quads does not start: $(./quads --version 2>&1 | head -1)" >&2
+    echo "run_all.sh: build it, run tests/gpu/bundle_libs.sh and carry .devrun/lib in this call" >&2
+    rc=1
+fi
 # the CPU's `quads rl` (step 3's reference) in the background from the start
 cpu_rl=
 if [ -z "${REF_CPU_METRICS:-}" ]; then
