@@ -2375,8 +2375,8 @@ w4a4_stream_kernel(float *y, const uint8_t *a_codes, const uint8_t *a_scales, co
                    const __grid_constant__ w4a4_groups g, int w_per_row, int64_t N, int64_t K, const w4a4_groups *gd,
                    const int *items, const int *nitems, int rg, st_src src)
 {
-    static_assert(FC != 3 || CI, "FC 3's conversion pass is in the counted loop");
     QD_PDL_ENTRY();
+    static_assert(FC != 3 || CI, "FC 3's conversion pass is in the counted loop");
     extern __shared__ __align__(16) unsigned char st_smem[];
     __shared__ float lut[256];
     int z = blockIdx.z;
