@@ -15,9 +15,12 @@
 
 #define PATH_N 4400
 
-static const struct {
+/* a column of report.md and report.json: its JSON key, its title, its format */
+typedef struct {
     const char *key, *title, *fmt;
-} cols[QD_NCOLS] = {
+} col_def;
+
+static const col_def cols[QD_NCOLS] = {
     [QD_COL_PASS_FIRST] = {"pass1_first", "pass@1 first", "%.4f"},
     [QD_COL_PASS_FINAL] = {"pass1_final", "pass@1 final", "%.4f"},
     [QD_COL_BF16_FIRST] = {"pass1_bf16_first", "bf16 pass@1 first", "%.4f"},
@@ -338,9 +341,7 @@ static void runs_md(FILE *f, const report_ctx *t)
 
 /* ---- seed by seed: each row against the bf16 row (pass@1) and the nvfp4 row (gap) */
 
-static const struct {
-    const char *key, *title, *fmt;
-} pair_cols[NPAIR] = {
+static const col_def pair_cols[NPAIR] = {
     [PAIR_PASS] = {"d_pass1_final", "Δ pass@1 final", "%+.4f"},
     [PAIR_BF16] = {"d_pass1_bf16_final", "Δ bf16 pass@1 final", "%+.4f"},
     [PAIR_GAP] = {"gap_ratio", "mean \\|Δlogp\\| / nvfp4's", "%.3f"},
@@ -372,22 +373,14 @@ static json_t *study_config(const report_ctx *t, int i)
     return NULL;
 }
 
-/* Rows i and base are runs of one study: the same config but the recipe. */
-static int same_study(const report_ctx *t, int i, int base)
-{
-    json_t *a = study_config(t, i), *b = study_config(t, base);
-    int same = a && b && json_equal(a, b);
-    json_decref(a), json_decref(b);
-    return same;
-}
-
 /* Row i's column c against row base, seed by seed over the seeds where both
- * finished, when both are runs of one study: v gets the values (one a seed,
- * at most row i's run count). */
-static int pair_values(const report_ctx *t, int i, int base, int c, double *v)
+ * finished, when both are runs of one study (cfg: each row's study_config;
+ * the same but the recipe): v gets the values (one a seed, at most row i's
+ * run count). */
+static int pair_values(const report_ctx *t, json_t *const *cfg, int i, int base, int c, double *v)
 {
     int k = 0;
-    if (base < 0 || !same_study(t, i, base))
+    if (base < 0 || !cfg[i] || !cfg[base] || !json_equal(cfg[i], cfg[base]))
         return 0;
     for (int j = 0; j < t->g[i].n; j++) {
         const qd_run_summary *a = &t->s[i][j], *b = NULL;
@@ -404,21 +397,34 @@ static int pair_values(const report_ctx *t, int i, int base, int c, double *v)
     return k;
 }
 
-/* Every row seed by seed (t->base, t->pairs; pairs: ng rows, freed by pairs_free). */
+/* Every row seed by seed (t->base, t->pairs; pairs: ng rows, freed by
+ * pairs_free), each row's config read once. */
 static qd_status pairs_make(report_ctx *t, pair_row *pairs)
 {
+    qd_status st = QD_OK;
+    json_t **cfg = calloc((size_t)t->ng + 1, sizeof *cfg);
+    if (!cfg)
+        return qd_error(QD_ERR_NOMEM, "report");
+    for (int i = 0; i < t->ng; i++)
+        cfg[i] = study_config(t, i);
     for (int c = 0; c < NPAIR; c++)
         t->base[c] = row_of_recipe(t, c == PAIR_GAP ? "nvfp4" : "bf16");
-    for (int i = 0; i < t->ng; i++)
-        for (int c = 0; c < NPAIR; c++) {
+    for (int i = 0; !st && i < t->ng; i++)
+        for (int c = 0; !st && c < NPAIR; c++) {
             pair_row *p = &pairs[i];
-            if (!(p->v[c] = malloc(sizeof(double) * ((size_t)t->g[i].n + 1))))
-                return qd_error(QD_ERR_NOMEM, "report");
-            p->k[c] = pair_values(t, i, t->base[c], c, p->v[c]);
+            if (!(p->v[c] = malloc(sizeof(double) * ((size_t)t->g[i].n + 1)))) {
+                st = qd_error(QD_ERR_NOMEM, "report");
+                break;
+            }
+            p->k[c] = pair_values(t, cfg, i, t->base[c], c, p->v[c]);
             p->st[c] = qd_seed_stat_of(p->v[c], p->k[c]);
         }
-    t->pairs = pairs;
-    return QD_OK;
+    for (int i = 0; i < t->ng; i++)
+        json_decref(cfg[i]);
+    free(cfg);
+    if (!st)
+        t->pairs = pairs;
+    return st;
 }
 
 static void pairs_free(pair_row *pairs, int ng)
