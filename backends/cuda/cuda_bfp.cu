@@ -396,13 +396,19 @@ static qd_status bf_launch(const bf_params &p)
  * the same bits): 64 rows 0.369 -> 0.353 ms, 256 1.418 -> 1.331, 16,384
  * 91.2 -> 87.4; the a3b-4 exact rollout at batch 64 1.011x. Still ~27% of
  * the int8 tensor peak past 256 rows: a stage's 56 KB of copies feed 6.3 M
- * multiply-adds, so the SM's loads (~2.3-3 TB/s over the GPU) hold it. */
+ * multiply-adds, so the SM's loads (~2.3-3 TB/s over the GPU) hold it.
+ * WGS (warpgroups a CTA): 2 (128 vocabulary rows), or 3 (QUADS_BFP_WG3=1,
+ * opt-in until timed; 192 rows, 3 stages of 72 KB, 164 registers): at 64
+ * rows of x a CTA reads 384 KB of x planes from L2 beside its 512 KB (2
+ * warpgroups) or 768 KB (3) of weights, so 3 warpgroups read x a third fewer
+ * times (the a3b lm_head: 466 -> 311 MB of L2-to-SM traffic a step beside
+ * 622 MB of weights; 792 CTAs, 6 waves of 132). The same products, sums and
+ * rounding: the same bits. */
 #define BW_BK 128
-#define BW_ROWS 128
 #define BW_THREADS 256
 
-template <int BN, int ST, int BK = BW_BK> struct bw_shape {
-    static constexpr int W_PLANE = BW_ROWS * BK, X_PLANE = BN * BK;
+template <int BN, int ST, int BK = BW_BK, int WGS = 2> struct bw_shape {
+    static constexpr int W_PLANE = 64 * WGS * BK, X_PLANE = BN * BK;
     static constexpr int STAGE = 2 * W_PLANE + 3 * X_PLANE; /* a multiple of the 1,024-byte atom */
     static constexpr int SMEM = ST * STAGE + 1024;          /* + the alignment */
 };
@@ -412,13 +418,13 @@ template <int BN, int ST, int BK = BW_BK> struct bw_shape {
  * in the BK-byte swizzle: 16-byte chunk c of row r at r * BK +
  * (c ^ (r / (128 / BK) % (BK / 16))) * 16 (128: c ^ (r % 8); 64: address
  * bits 4-5 XOR bits 7-8); bytes past IC zero */
-template <int R, int BK = BW_BK>
+template <int R, int BK = BW_BK, int THREADS = BW_THREADS>
 static __device__ __forceinline__ void bw_load(uint32_t s, const uint8_t *src, int IC, int r0, int lim, int k0)
 {
     static_assert(BK == 128 || BK == 64, "the 128- and 64-byte swizzles");
     constexpr int CL = BK == 128 ? 3 : 2; /* log2 of the 16-byte chunks a row */
     constexpr int RS = BK == 128 ? 0 : 1; /* log2 of the rows a swizzle phase */
-    for (int i = threadIdx.x; i < R * (BK / 16); i += BW_THREADS) {
+    for (int i = threadIdx.x; i < R * (BK / 16); i += THREADS) {
         int r = i >> CL, c = i & (BK / 16 - 1), gr = r0 + r, gk = k0 + 16 * c;
         bool ok = gr < lim && gk < IC;
         uint32_t dst = s + r * BK + ((c ^ ((r >> RS) & (BK / 16 - 1))) << 4);
@@ -483,32 +489,34 @@ static __device__ __forceinline__ void bw_fence_acc(int (&d)[N])
         asm volatile("" : "+r"(d[i])::"memory");
 }
 
-template <int BN, int ST, int BK = BW_BK>
-__global__ void __launch_bounds__(BW_THREADS, 1) k_matmul_bfp_wg(const __grid_constant__ bf_params p)
+template <int BN, int ST, int BK = BW_BK, int WGS = 2>
+__global__ void __launch_bounds__(128 * WGS, 1) k_matmul_bfp_wg(const __grid_constant__ bf_params p)
 {
     QD_PDL_ENTRY();
 #if QD_WG_ARCH
     static_assert((BK == BW_BK && (ST == 3 || ST == 4)) || (BK == 64 && ST == 8),
                   "128-byte stages: 3 (each waited for) or 4 (one in flight); 64-byte stages: 8");
+    static_assert(WGS == 2 || (WGS == 3 && ST == 3 && BK == BW_BK), "three warpgroups: 3 stages of 128 bytes");
+    constexpr int ROWS = 64 * WGS, THREADS = 128 * WGS; /* a CTA's vocabulary rows and threads */
     /* D: the stages whose copies are in flight ahead of the one computed (2
      * with 128-byte stages; 6 with 64-byte ones: half the bytes a stage, 1.5x
      * the bytes in flight); one stage's products left in flight where ST > 3 */
     constexpr int D = BK == BW_BK ? 2 : ST - 2;
-    typedef bw_shape<BN, ST, BK> S;
+    typedef bw_shape<BN, ST, BK, WGS> S;
     constexpr int NA = BN / 2; /* accumulators a thread, each of the four sums */
     extern __shared__ __align__(16) unsigned char bw_smem[];
     const uint32_t base = (smem_u32(bw_smem) + 1023) & ~1023u;
     const int tiles_n = (p.N + BN - 1) / BN;
-    const int o0 = (int)(blockIdx.x / tiles_n) * BW_ROWS, n0 = (int)(blockIdx.x % tiles_n) * BN;
+    const int o0 = (int)(blockIdx.x / tiles_n) * ROWS, n0 = (int)(blockIdx.x % tiles_n) * BN;
     const int wg = threadIdx.x >> 7, KT = (p.IC + BK - 1) / BK;
     auto load = [&](int kt) {
         uint32_t s = base + (uint32_t)(kt % ST) * S::STAGE;
         int k0 = kt * BK;
-        bw_load<BW_ROWS, BK>(s, (const uint8_t *)p.wh, p.IC, o0, p.OC, k0);
-        bw_load<BW_ROWS, BK>(s + S::W_PLANE, p.wl, p.IC, o0, p.OC, k0);
-        bw_load<BN, BK>(s + 2 * S::W_PLANE, (const uint8_t *)p.xh, p.IC, n0, p.N, k0);
-        bw_load<BN, BK>(s + 2 * S::W_PLANE + S::X_PLANE, p.xm, p.IC, n0, p.N, k0);
-        bw_load<BN, BK>(s + 2 * S::W_PLANE + 2 * S::X_PLANE, p.xl, p.IC, n0, p.N, k0);
+        bw_load<ROWS, BK, THREADS>(s, (const uint8_t *)p.wh, p.IC, o0, p.OC, k0);
+        bw_load<ROWS, BK, THREADS>(s + S::W_PLANE, p.wl, p.IC, o0, p.OC, k0);
+        bw_load<BN, BK, THREADS>(s + 2 * S::W_PLANE, (const uint8_t *)p.xh, p.IC, n0, p.N, k0);
+        bw_load<BN, BK, THREADS>(s + 2 * S::W_PLANE + S::X_PLANE, p.xm, p.IC, n0, p.N, k0);
+        bw_load<BN, BK, THREADS>(s + 2 * S::W_PLANE + 2 * S::X_PLANE, p.xl, p.IC, n0, p.N, k0);
     };
     if constexpr (BK == BW_BK) {
         load(0);
@@ -586,17 +594,18 @@ __global__ void __launch_bounds__(BW_THREADS, 1) k_matmul_bfp_wg(const __grid_co
 #endif
 }
 
-template <int BN, int ST, int BK = BW_BK>
+template <int BN, int ST, int BK = BW_BK, int WGS = 2>
 static qd_status bw_launch(const bf_params &p)
 {
-    typedef bw_shape<BN, ST, BK> S;
-    int64_t tiles = (int64_t)((p.OC + BW_ROWS - 1) / BW_ROWS) * ((p.N + BN - 1) / BN);
+    typedef bw_shape<BN, ST, BK, WGS> S;
+    constexpr int ROWS = 64 * WGS;
+    int64_t tiles = (int64_t)((p.OC + ROWS - 1) / ROWS) * ((p.N + BN - 1) / BN);
     if (tiles > 0x7fffffff)
         return qd_error(QD_ERR_SHAPE, "cuda backend: matmul_bfp: %d x %d outputs: too many tiles", p.N, p.OC);
     /* every launch: the attribute is the current device's (a process may drive several) */
-    QD_CUDA_CHECK(
-        cudaFuncSetAttribute(k_matmul_bfp_wg<BN, ST, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM));
-    qd_launch(k_matmul_bfp_wg<BN, ST, BK>, (unsigned)tiles, BW_THREADS, S::SMEM, p);
+    QD_CUDA_CHECK(cudaFuncSetAttribute(k_matmul_bfp_wg<BN, ST, BK, WGS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       S::SMEM));
+    qd_launch(k_matmul_bfp_wg<BN, ST, BK, WGS>, (unsigned)tiles, 128 * WGS, S::SMEM, p);
     QD_CUDA_CHECK(cudaGetLastError());
     return QD_OK;
 }
@@ -671,6 +680,14 @@ extern "C" qd_status qdk_matmul_bfp(float *out, const float *x, const void *wq, 
     /* QUADS_BFP_WG_BK64=1 (opt-in): 8 stages of 64 bytes of K; the same bits, slower on an
      * H100 on 2026-12-07 (bench_quant --bfp: 16 rows 0.263 -> 0.344 ms, 64 0.351 -> 0.419) */
     static int bk_env = -2;
+    /* QUADS_BFP_WG3=1 (opt-in until timed): three warpgroups a CTA, 192 vocabulary rows (3
+     * stages of 72 KB): each x tile read from L2 by a third fewer CTAs (at 64 rows the x
+     * planes are 384 KB a CTA beside its weights' 512 KB: 466 MB of the a3b lm_head's
+     * ~1.09 GB of L2-to-SM traffic a step with two warpgroups, 311 MB with three) */
+    static int wg3_env = -2;
+    if (wg == 1 && qd_wg_device() && qd_env_pick(&wg3_env, "QUADS_BFP_WG3", 0, 1) == 1)
+        return N <= 16 ? bw_launch<16, 3, BW_BK, 3>(p) : N <= 32 ? bw_launch<32, 3, BW_BK, 3>(p)
+                       : bw_launch<64, 3, BW_BK, 3>(p);
     if (wg == 1 && qd_wg_device()) {
         if (qd_env_pick(&bk_env, "QUADS_BFP_WG_BK64", 0, 1) == 1)
             return N <= 16 ? bw_launch<16, 8, 64>(p) : N <= 32 ? bw_launch<32, 8, 64>(p) : bw_launch<64, 8, 64>(p);

@@ -135,6 +135,7 @@ ops1 bfpwg "the row BFP product of 1-4 rows on wgmma too (QUADS_BFP_MATVEC=0; pa
 ops1 bfpmma "the row BFP product on the int8 mma.sync kernel (QUADS_BFP_WGMMA=0)" QUADS_BFP_WGMMA=0 QUADS_BFP_MATVEC=0
 ops1 bfpwait "the row BFP product on wgmma with 3 stages, each stage's products waited for (QUADS_BFP_WG_PIPE=0; by default 4, one in flight)" QUADS_BFP_WG_PIPE=0
 ops1 bfpbk64 "the row BFP product on wgmma in 8 stages of 64 bytes of K, 6 in flight (QUADS_BFP_WG_BK64=1, opt-in; by default 4 of 128, 2 in flight), every row count" QUADS_BFP_WG_BK64=1 QUADS_BFP_MATVEC=0
+ops1 bfpwg3 "the row BFP product on wgmma with three warpgroups a CTA, 192 vocabulary rows, 3 stages (QUADS_BFP_WG3=1, opt-in), every row count" QUADS_BFP_WG3=1 QUADS_BFP_MATVEC=0
 ops1 rowwide "the row quantizers (qk_row: rows, fused rows, gather, RAC's rows) one block a thread wherever their warps fit half of every SM (QUADS_ROW_WIDE=1, opt-in; by default only under as many rows as SMs)" QUADS_ROW_WIDE=1
 ops1 gather4 "the experts' row gather (the QUADS recipe's, fast mode's float one) a float4 a thread, its index in 32 bits (QUADS_GATHER4=1, opt-in; by default a value a thread)" QUADS_GATHER4=1
 ops1 thin "x.W^T of 9-127 rows over few outputs (the router at batch 16-64) on the register-staged thin tiles, not the cp.async ring (QUADS_MATMUL_RING=0)" QUADS_MATMUL_RING=0
