@@ -209,6 +209,7 @@ typedef struct {
                                       2 (nlin + i) (diag_on_dev) */
     unsigned char *wmeasured;      /* (nlin) this sync measured linear i's weight a shape at a time */
     size_t plan_sdiag;             /* the plan's S_DIAG bytes (what grouped weight errors may use) */
+    size_t plan_sxh;               /* the plan's S_XH bytes (what measure_uncoded's codes may use) */
     /* what diagnostics hands out */
     const char **dg_names;         /* (quantized linears) */
     double *dg_act_err, *dg_act_norm, *dg_weight_err;
@@ -464,11 +465,12 @@ static qd_status diag_add_dev(model *c, linear *const *L, const int32_t *off, co
 static int wgrouped(const model *c) { return diag_on_dev(c) && c->ops->sqerr_weights && c->wmeasured; }
 
 /* The weight errors of the m linears idx[] of one shape, their dev float
- * weights x[j] and fake-quants xh[j] (xh NULL: their codes), in chunks of at
- * most 64 that S_DIAG holds at its planned size (at least one weight); each
- * marked in wmeasured. The bits of measure_weight_error per linear. */
+ * weights x[j] and fake-quants xh[j] (xh NULL: codes, the linears' own or,
+ * where codes is given, codes[j]), in chunks of at most 64 that S_DIAG holds
+ * at its planned size (at least one weight); each marked in wmeasured. The
+ * bits of measure_weight_error per linear. */
 static qd_status measure_weights_grouped(model *c, const int *idx, int m, const float *const *x,
-                                         const float *const *xh)
+                                         const float *const *xh, const qd_nvfp4 *const *codes)
 {
     if (m == 0)
         return QD_OK;
@@ -486,7 +488,7 @@ static qd_status measure_weights_grouped(model *c, const int *idx, int m, const 
         st = scratch(c, S_DIAG, per * (size_t)n, &e);
         for (int j = 0; j < n && !st; j++) {
             L[j] = &c->lin[idx[j0 + j]];
-            q[j] = &L[j]->wq;
+            q[j] = codes ? codes[j0 + j] : &L[j]->wq;
             off[j] = j * L0->out;
         }
         off[n] = n * L0->out;
@@ -972,11 +974,75 @@ static qd_status sync_codes(model *c, const float *src)
                 idx[nm++] = k[j].i;
             }
         if (!st)
-            st = measure_weights_grouped(c, idx, nm, x, NULL);
+            st = measure_weights_grouped(c, idx, nm, x, NULL, NULL);
     }
     free(idx);
     free(k);
     free(p);
+    return st;
+}
+
+/* The weight errors of diagnostics for the measured linears that have no
+ * W4A4 codes of their own (the BF16 and FP8 recipes'; in a lean instance
+ * the fake-quant weights' too, which its sync makes a tensor at a time;
+ * elsewhere measure_fake_quants reads those fake-quants),
+ * from the float weights in src (dev), a shape at a time: each chunk of a
+ * shape quantized into S_XH (nvfp4_quantize_weights, or nvfp4_quantize a
+ * tensor) and measured against those codes (measure_weights_grouped; the
+ * error from the codes is the fake-quant's, test_ops'
+ * sqerr_weights_codes_equal_fake_quant), where sync_linear measured them one
+ * by one: five or so small launches a linear, about 800 a sync of the
+ * study's 106M model (its bf16 and fp8 syncs took 0.22-0.26 s against
+ * nvfp4's 0.03 on an H100). The chunks stay within the plan's S_XH (which
+ * holds one linear's float fake-quant); a shape where fewer than two fit is
+ * left to sync_linear. */
+static qd_status pick_uncoded(model *c, int i, const void *u, int *take, int64_t *n)
+{
+    const linear *L = &c->lin[i];
+    (void)u;
+    (void)n;
+    *take = measured(c, L) && !is_w4a4(L->mode) && (c->lean || !is_fake_quant_weight(L->mode)) && !c->wmeasured[i];
+    return QD_OK;
+}
+
+static qd_status measure_uncoded(model *c, const float *src)
+{
+    if (!src || !wgrouped(c) || !c->plan_sxh)
+        return QD_OK;
+    codes_key *k = NULL;
+    int m = 0;
+    qd_status st = shape_sort(c, pick_uncoded, NULL, &k, &m);
+    for (int j0 = 0, j1; j0 < m && !st; j0 = j1) {
+        j1 = shape_end(k, m, j0);
+        const int out = k[j0].out, in = k[j0].in;
+        const size_t per = up256(nvfp4_bytes(out, in));
+        const size_t fit = c->plan_sxh / per;
+        const int chunk = fit > 64 ? 64 : (int)fit;
+        for (int a = j0; a + 1 < j1 && chunk >= 2 && !st; a += chunk) {
+            const int n = j1 - a < chunk ? j1 - a : chunk;
+            qd_nvfp4 q[64];
+            qd_nvfp4 *qp[64];
+            const float *x[64];
+            const int64_t *ch[64];
+            int idx[64];
+            void *mem;
+            st = scratch(c, S_XH, per * (size_t)n, &mem);
+            for (int j = 0; j < n && !st; j++) {
+                nvfp4_view(&q[j], (char *)mem + per * (size_t)j, out, in, QD_SCALE_PER_TENSOR);
+                qp[j] = &q[j];
+                idx[j] = k[a + j].i;
+                x[j] = src + c->lin[idx[j]].w;
+                ch[j] = NULL;
+            }
+            if (!st && c->ops->nvfp4_quantize_weights)
+                st = OP(c, nvfp4_quantize_weights, qp, x, ch, n, out, in, 0);
+            for (int j = 0; j < n && !st && !c->ops->nvfp4_quantize_weights; j++)
+                st = OP(c, nvfp4_quantize, &q[j], x[j]);
+            if (!st)
+                st = measure_weights_grouped(c, idx, n, x, NULL, (const qd_nvfp4 *const *)qp);
+        }
+    }
+    free(k);
     return st;
 }
 
@@ -1113,7 +1179,7 @@ static qd_status measure_fake_quants(model *c, const unsigned char *done)
             x[c->nlin + j - j0] = LW(c, L);
         }
         if (wgrouped(c)) {
-            st = measure_weights_grouped(c, idx, j1 - j0, x, x + c->nlin);
+            st = measure_weights_grouped(c, idx, j1 - j0, x, x + c->nlin, NULL);
         } else {
             for (int j = j0; j < j1 && !st; j++)
                 st = measure_weight_error(c, &c->lin[k[j].i], x[j - j0], x[c->nlin + j - j0]);
@@ -1291,6 +1357,7 @@ static qd_status sync_weights_from(model *c, wsrc *s)
     QD_TRY(rac_pick(c));
     if (src)
         QD_TRY(sync_codes(c, src));
+    QD_TRY(measure_uncoded(c, src));
     if (c->lean) {
         for (int t = 0; t < c->ninfo; t++)
             QD_TRY(sync_tensor(c, t, s, src != NULL));
@@ -3429,6 +3496,7 @@ static void plan_memory(model *c, const qd_workload *w, qd_mem_plan *p)
     c->N = c->B = c->Bl = c->Tm = c->generating = 0;
     p->bytes[QD_MEM_ACTS] = acts;
     c->plan_sdiag = s[S_DIAG];
+    c->plan_sxh = s[S_XH];
     for (int i = 0; i < S_NSCRATCH; i++)
         p->bytes[QD_MEM_SCRATCH] += s[i];
     for (int k = 0; k < QD_MEM_COUNT; k++)

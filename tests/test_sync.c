@@ -8,7 +8,8 @@
  * of one that keeps its master, in every recipe, and refuses what needs the
  * master by name; the 48-layer Qwen3-30B-A3B shape fits one H200 as a rollout
  * (the plan-only entry point). The W4A4 codes made a shape at a time at a
- * sync give the bytes of the per-tensor path. */
+ * sync give the bytes of the per-tensor path, and so do diagnostics' weight
+ * errors measured a shape at a time (every recipe). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -295,6 +296,94 @@ static void check_grouped(qd_recipe r)
 START_TEST(test_sync_grouped_bits)
 {
     check_grouped((qd_recipe)_i);
+}
+END_TEST
+
+/* Diagnostics' weight errors of a rollout synced from its trainer (device to
+ * device) a shape at a time, where its linears have no W4A4 codes (bf16, fp8:
+ * measure_uncoded quantizes a projection's experts into scratch and measures
+ * them in one call) or from their codes (the W4A4 recipes), against the ops
+ * without diag_add (every linear measured alone, its sums on the host): the
+ * same bytes, after two syncs (each sync's errors from zero). The grouped
+ * calls took every expert of a projection at once. */
+static void assert_same_diag(qd_backend *a, qd_backend *b, const char *what);
+static qd_ops hostdiag_ops, sqerr_count_ops;
+static int sqerr_calls, sqerr_max;
+
+static qd_status counting_sqerr(void *dev, double *e, const float *const *x, const float *const *xh,
+                                const qd_nvfp4 *const *q, int count, int N, int K)
+{
+    sqerr_calls++;
+    sqerr_max = count > sqerr_max ? count : sqerr_max;
+    return qd_cpu_ops()->sqerr_weights(dev, e, x, xh, q, count, N, K);
+}
+
+static void check_diag_grouped(qd_recipe r)
+{
+    qd_model_config c = tiny_cfg();
+    int V = c.vocab_size;
+    sqerr_count_ops = *qd_cpu_ops();
+    sqerr_count_ops.sqerr_weights = counting_sqerr;
+    hostdiag_ops = *qd_cpu_ops();
+    hostdiag_ops.diag_add = NULL;
+    const qd_ops *ops[2] = {&sqerr_count_ops, &hostdiag_ops};
+    qd_backend *tr[2], *ro[2];
+    float *w0 = NULL;
+    for (int k = 0; k < 2; k++) {
+        /* with a workload, so the plan bounds the grouped scratch */
+        qd_backend_options o = options(r, QD_ROLE_TRAINER);
+        o.workload = (qd_workload){.fwd_B = 2, .fwd_T = 8, .train = 1};
+        tr[k] = qd_model_backend_new(&c, &o, ops[k], qd_cpu_dev_new(1), free);
+        o = options(r, QD_ROLE_ROLLOUT);
+        o.workload = (qd_workload){.fwd_B = 2, .fwd_T = 8, .gen_B = GB, .gen_Tp = GP, .gen_M = GM};
+        ro[k] = qd_model_backend_new(&c, &o, ops[k], qd_cpu_dev_new(1), free);
+        ck_assert_msg(tr[k] && ro[k], "init: %s", qd_last_error());
+        if (!w0)
+            w0 = tiny_weights(tr[0]);
+        set_weights(tr[k], w0);
+    }
+    sqerr_calls = sqerr_max = 0;
+    int32_t *tok = random_tokens(2, 8, V, 31), len[2] = {8, 5};
+    qd_batch bt = {.B = 2, .T = 8, .tokens = tok, .lengths = len, .temperature = 1.0f};
+    float logp[2][2 * 8];
+    int measured = 0, calls = 0, most = 0;
+    for (int s = 0; s < 2; s++) {
+        for (int k = 0; k < 2; k++) {
+            if (s)
+                train_once(tr[k], V);
+            int direct = -1, before = sqerr_calls;
+            sqerr_max = k ? sqerr_max : 0; /* the rollout's sync alone (the trainer's syncs call it too) */
+            ck_assert_msg(qd_backend_sync_from(ro[k], tr[k], &direct) == QD_OK, "%s", qd_last_error());
+            ck_assert_int_eq(direct, 1);
+            if (!k)
+                calls += sqerr_calls - before, most = sqerr_max > most ? sqerr_max : most;
+            ck_assert_msg(qd_backend_forward(ro[k], &bt, logp[k], NULL) == QD_OK, "%s", qd_last_error());
+        }
+        ck_assert(memcmp(logp[0], logp[1], sizeof logp[0]) == 0);
+        char what[64];
+        snprintf(what, sizeof what, "%s rollout, sync %d", qd_recipe_name(r), s);
+        assert_same_diag(ro[0], ro[1], what);
+        qd_diagnostics d;
+        ck_assert_int_eq(qd_backend_diagnostics(ro[0], &d), QD_OK);
+        int wm = 0;
+        for (int i = 0; i < d.num_linear; i++)
+            wm += d.weight_err[i] > 0;
+        ck_assert_msg(wm > 0, "%s: no weight measured", what);
+        measured = wm;
+    }
+    /* grouped: fewer calls than weights measured, some of several weights (the
+     * tiny model's chunks: as many weights as the plan's S_DIAG holds, 2) */
+    ck_assert_msg(calls > 0 && calls < 2 * measured && most >= 2,
+                  "%s: %d grouped calls for %d weights, at most %d a call", qd_recipe_name(r), calls, 2 * measured,
+                  most);
+    free(tok), free(w0);
+    for (int k = 0; k < 2; k++)
+        qd_backend_free(tr[k]), qd_backend_free(ro[k]);
+}
+
+START_TEST(test_sync_diag_grouped)
+{
+    check_diag_grouped((qd_recipe)_i);
 }
 END_TEST
 
@@ -673,6 +762,7 @@ Suite *suite_sync(void)
     tcase_add_loop_test(tc, test_sync_from_recipes, 0, QD_RECIPE_COUNT);
     tcase_add_test(tc, test_sync_from_other_model);
     tcase_add_loop_test(tc, test_sync_grouped_bits, 0, QD_RECIPE_COUNT);
+    tcase_add_loop_test(tc, test_sync_diag_grouped, 0, QD_RECIPE_COUNT);
     tcase_add_loop_test(tc, test_plan_matches_allocations, 0, QD_RECIPE_COUNT);
     tcase_add_test(tc, test_plan_without_workload);
     tcase_add_loop_test(tc, test_lean_rollout_bits, 0, QD_RECIPE_COUNT);
