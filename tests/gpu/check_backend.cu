@@ -182,7 +182,7 @@ static qd_status check_forward(pair *p, const char *op)
     return st;
 }
 
-static qd_status check_diag(pair *p)
+static qd_status check_diag(pair *p, const char *op = "diagnostics")
 {
     qd_diagnostics d[2];
     for (int k = 0; k < 2; k++)
@@ -198,7 +198,7 @@ static qd_status check_diag(pair *p)
         cmp_f64(&c, d[0].weight_err, d[1].weight_err, (size_t)d[0].num_linear);
         cmp_i32(&c, d[0].router_topk, d[1].router_topk, (size_t)d[0].num_moe_layers * d[0].num_tokens * d[0].top_k);
     }
-    row(p->model, "diagnostics", p->recipe, p->role, &c);
+    row(p->model, op, p->recipe, p->role, &c);
     return QD_OK;
 }
 
@@ -387,7 +387,9 @@ static qd_status check_train(pair *p)
 /* The weight sync on the device (qd_backend_sync_from): after the step, a
  * CUDA rollout that gathered RAC statistics takes the CUDA trainer's weights
  * device to device, a CPU rollout the CPU trainer's by set_weights; the two
- * rollouts must then hold the same RAC channels and compute the same bits. */
+ * rollouts must then hold the same RAC channels and compute the same bits,
+ * diagnostics too (the CUDA sync measures its weight errors a shape at a
+ * time, the CPU's from the host a linear at a time). */
 static qd_status check_sync_from(pair *p)
 {
     pair q = *p;
@@ -410,6 +412,8 @@ static qd_status check_sync_from(pair *p)
         st = rac_row(&q, "rac_state(sync_from)");
     if (!st)
         st = check_forward(&q, "forward(sync_from)");
+    if (!st)
+        st = check_diag(&q, "diagnostics(sync_from)");
     for (int k = 0; k < 2; k++)
         qd_backend_free(q.b[k]);
     free(w);
