@@ -923,8 +923,20 @@ static int shape_end(const codes_key *k, int m, int j0)
     return j1;
 }
 
-/* One shape's linears k[0 .. m-1] quantized from src in one call
- * (nvfp4_quantize_weights), or per linear where a backend has no such op. */
+/* m weights x[j] (out, in) of one shape into q[j] (with n RAC channels
+ * ch[j] each) in one call (nvfp4_quantize_weights), or per weight where a
+ * backend has no such op. */
+static qd_status quantize_shape(model *c, qd_nvfp4 *const *q, const float *const *x, const int64_t *const *ch, int m,
+                                int out, int in, int64_t n)
+{
+    if (c->ops->nvfp4_quantize_weights)
+        return OP(c, nvfp4_quantize_weights, q, x, ch, m, out, in, n);
+    for (int j = 0; j < m; j++)
+        QD_TRY(n ? OP(c, rac_augment_weight, q[j], x[j], out, in, ch[j], n) : OP(c, nvfp4_quantize, q[j], x[j]));
+    return QD_OK;
+}
+
+/* One shape's linears k[0 .. m-1] quantized from src into their codes (quantize_shape). */
 static qd_status codes_group(model *c, const codes_key *k, int m, const float *src, qd_nvfp4 **q, const float **x,
                              const int64_t **ch)
 {
@@ -934,12 +946,7 @@ static qd_status codes_group(model *c, const codes_key *k, int m, const float *s
         x[j] = src + L->w;
         ch[j] = L->d_rac_ch;
     }
-    if (c->ops->nvfp4_quantize_weights)
-        return OP(c, nvfp4_quantize_weights, q, x, ch, m, k[0].out, k[0].in, k[0].n);
-    for (int j = 0; j < m; j++)
-        QD_TRY(k[0].n ? OP(c, rac_augment_weight, q[j], x[j], k[0].out, k[0].in, ch[j], k[0].n)
-                      : OP(c, nvfp4_quantize, q[j], x[j]));
-    return QD_OK;
+    return quantize_shape(c, q, x, ch, m, k[0].out, k[0].in, k[0].n);
 }
 
 /* The codes of every W4A4 linear (the rollout's, RAC too, and a replay
@@ -987,8 +994,7 @@ static qd_status sync_codes(model *c, const float *src)
  * the fake-quant weights' too, which its sync makes a tensor at a time;
  * elsewhere measure_fake_quants reads those fake-quants),
  * from the float weights in src (dev), a shape at a time: each chunk of a
- * shape quantized into S_XH (nvfp4_quantize_weights, or nvfp4_quantize a
- * tensor) and measured against those codes (measure_weights_grouped; the
+ * shape quantized into S_XH (quantize_shape) and measured against those codes (measure_weights_grouped; the
  * error from the codes is the fake-quant's, test_ops'
  * sqerr_weights_codes_equal_fake_quant), where sync_linear measured them one
  * by one: five or so small launches a linear, about 800 a sync of the
@@ -1034,10 +1040,8 @@ static qd_status measure_uncoded(model *c, const float *src)
                 x[j] = src + c->lin[idx[j]].w;
                 ch[j] = NULL;
             }
-            if (!st && c->ops->nvfp4_quantize_weights)
-                st = OP(c, nvfp4_quantize_weights, qp, x, ch, n, out, in, 0);
-            for (int j = 0; j < n && !st && !c->ops->nvfp4_quantize_weights; j++)
-                st = OP(c, nvfp4_quantize, &q[j], x[j]);
+            if (!st)
+                st = quantize_shape(c, qp, x, ch, n, out, in, 0);
             if (!st)
                 st = measure_weights_grouped(c, idx, n, x, NULL, (const qd_nvfp4 *const *)qp);
         }
