@@ -610,6 +610,14 @@ static qd_status bw_launch(const bf_params &p)
     return QD_OK;
 }
 
+/* bw_launch with the x tile (BN 16, 32 or 64 rows) that p.N needs */
+template <int ST, int BK = BW_BK, int WGS = 2>
+static qd_status bw_launch_n(const bf_params &p)
+{
+    return p.N <= 16 ? bw_launch<16, ST, BK, WGS>(p) : p.N <= 32 ? bw_launch<32, ST, BK, WGS>(p)
+                     : bw_launch<64, ST, BK, WGS>(p);
+}
+
 /* The shapes and alignment the kernels need (the ops' wrappers check the shapes too). */
 static qd_status bf_check(int IC, const void *a, const void *b)
 {
@@ -686,14 +694,13 @@ extern "C" qd_status qdk_matmul_bfp(float *out, const float *x, const void *wq, 
      * ~1.09 GB of L2-to-SM traffic a step with two warpgroups, 311 MB with three) */
     static int wg3_env = -2;
     if (wg == 1 && qd_wg_device() && qd_env_pick(&wg3_env, "QUADS_BFP_WG3", 0, 1) == 1)
-        return N <= 16 ? bw_launch<16, 3, BW_BK, 3>(p) : N <= 32 ? bw_launch<32, 3, BW_BK, 3>(p)
-                       : bw_launch<64, 3, BW_BK, 3>(p);
+        return bw_launch_n<3, BW_BK, 3>(p);
     if (wg == 1 && qd_wg_device()) {
         if (qd_env_pick(&bk_env, "QUADS_BFP_WG_BK64", 0, 1) == 1)
-            return N <= 16 ? bw_launch<16, 8, 64>(p) : N <= 32 ? bw_launch<32, 8, 64>(p) : bw_launch<64, 8, 64>(p);
+            return bw_launch_n<8, 64>(p);
         if (qd_env_pick(&pipe_env, "QUADS_BFP_WG_PIPE", 0, 1) != 0)
-            return N <= 16 ? bw_launch<16, 4>(p) : N <= 32 ? bw_launch<32, 4>(p) : bw_launch<64, 4>(p);
-        return N <= 16 ? bw_launch<16, 3>(p) : N <= 32 ? bw_launch<32, 3>(p) : bw_launch<64, 3>(p);
+            return bw_launch_n<4>(p);
+        return bw_launch_n<3>(p);
     }
     if (N <= 16)
         return bf_launch<1, 8, 1>(p);

@@ -2301,19 +2301,9 @@ static __host__ __device__ __forceinline__ size_t st_act_bytes(int64_t K, int TR
     return (size_t)TR * (size_t)(K + 32) + (size_t)TR * (size_t)(K / 32 + 1) * 16;
 }
 
-/* two E4M3 bytes (the lower first) as floats by the hardware's conversion
- * (every E4M3 value is a normal FP16 or zero: the same values as the table) */
-static __device__ __forceinline__ float2 e4m3x2_f32(const uint8_t *p)
-{
-    float2 f;
-    asm("{\n\t.reg .b16 lo, hi;\n\t.reg .b32 h;\n\tcvt.rn.f16x2.e4m3x2 h, %2;\n\tmov.b32 {lo, hi}, h;\n\t"
-        "cvt.f32.f16 %0, lo;\n\tcvt.f32.f16 %1, hi;\n\t}"
-        : "=f"(f.x), "=f"(f.y)
-        : "h"(*(const unsigned short *)p));
-    return f;
-}
-
-/* e4m3x2_f32 of two bytes held in a register's low 16 bits */
+/* two E4M3 bytes held in a register's low 16 bits (the lower first) as
+ * floats by the hardware's conversion (every E4M3 value is a normal FP16 or
+ * zero: the same values as the table) */
 static __device__ __forceinline__ float2 e4m3x2_f32v(uint32_t v)
 {
     float2 f;
@@ -2322,6 +2312,12 @@ static __device__ __forceinline__ float2 e4m3x2_f32v(uint32_t v)
         : "=f"(f.x), "=f"(f.y)
         : "h"((unsigned short)v));
     return f;
+}
+
+/* e4m3x2_f32v of the two bytes at p */
+static __device__ __forceinline__ float2 e4m3x2_f32(const uint8_t *p)
+{
+    return e4m3x2_f32v(*(const unsigned short *)p);
 }
 
 /* pair_chunk for a warp's own stage: the weight scales as E4M3 bytes (their
