@@ -242,22 +242,6 @@ static bench_inputs make_inputs(const bench_args *a, int vocab)
 
 /* ---- the ops */
 
-/* One trainer step; step counts from 1. */
-static qd_status train_step(qd_backend *b, const bench_args *a, const bench_inputs *in, int step)
-{
-    const qd_adamw opt = {.lr = 1e-5f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f,
-                          .grad_clip = 1.0f};
-    qd_batch bt = {.B = a->B, .T = a->T, .tokens = in->train_tok, .lengths = in->len_t, .temperature = 1.0f};
-    float gnorm;
-    qd_backend_zero_grad(b);
-    qd_status st = qd_backend_forward(b, &bt, in->logp, NULL);
-    if (st == QD_OK)
-        st = qd_backend_backward(b, in->dlogp);
-    if (st == QD_OK)
-        st = qd_backend_optimizer_step(b, &opt, step, &gnorm);
-    return st;
-}
-
 /* A rollout of at least 1,024 new tokens: a line on stderr at every
  * sixteenth of its steps (steps done, seconds since the generate began, ms a
  * step since the line before), so that one cut off by a time limit (the
@@ -291,7 +275,7 @@ static qd_status run_op(bench_op op, qd_backend *b, const bench_args *a, const b
     qd_generate_result res = {.tokens = in->gen_tok, .logp = in->logp, .lengths = in->gen_len};
     switch (op) {
     case OP_TRAIN:
-        return train_step(b, a, in, step);
+        return qd_bench_train_step(b, in, a->B, a->T, 1e-5f, step);
     case OP_FORWARD:
         return qd_backend_forward(b, &bt, in->logp, NULL);
     default:

@@ -150,22 +150,6 @@ static qd_status generate(qd_backend *b, const bench_args *a, const bench_inputs
     return qd_backend_generate(b, &rq, &res);
 }
 
-/* One trainer step; step counts from 1. */
-static qd_status train_step(qd_backend *b, const bench_args *a, const bench_inputs *in, int step)
-{
-    const qd_adamw opt = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f,
-                          .grad_clip = 1.0f};
-    qd_batch bt = {.B = a->B, .T = a->T, .tokens = in->train_tok, .lengths = in->len_t, .temperature = 1.0f};
-    float gnorm;
-    qd_backend_zero_grad(b);
-    qd_status st = qd_backend_forward(b, &bt, in->logp, NULL);
-    if (st == QD_OK)
-        st = qd_backend_backward(b, in->dlogp);
-    if (st == QD_OK)
-        st = qd_backend_optimizer_step(b, &opt, step, &gnorm);
-    return st;
-}
-
 /* One run of phase p (see the top of the file): *sec its seconds, *base the
  * seconds to subtract (decode: the 1-token generate; else 0). 0 when refused. */
 static int run_phase(phase p, qd_backend *b, const bench_args *a, const bench_inputs *in, int step,
@@ -188,7 +172,7 @@ static int run_phase(phase p, qd_backend *b, const bench_args *a, const bench_in
             return 0;
         break;
     default:
-        if (refused(train_step(b, a, in, step), row, "train step"))
+        if (refused(qd_bench_train_step(b, in, a->B, a->T, 1e-4f, step), row, "train step"))
             return 0;
     }
     *sec = qd_bench_now() - t0;

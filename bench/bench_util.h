@@ -1,6 +1,6 @@
 /* Helpers of the benchmark programs (bench/): a monotonic clock, the median
- * of repeated measurements, and the token inputs of a backend's phases.
- * Header only. */
+ * of repeated measurements, the token inputs of a backend's phases and its
+ * train step on them. Header only. */
 #ifndef QD_BENCH_UTIL_H
 #define QD_BENCH_UTIL_H
 
@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "backends/backend.h"
 #include "quant/splitmix64.h"
 
 /* Seconds on the monotonic clock. */
@@ -93,6 +94,24 @@ static inline qd_bench_inputs qd_bench_inputs_make(const char *prog, int B, int 
     for (size_t i = 0; i < b * (size_t)T; i++)
         in.dlogp[i] = -1.0f / (float)(b * (size_t)T);
     return in;
+}
+
+/* One trainer step of in's B x T training tokens (zero_grad, forward,
+ * backward, AdamW at learning rate lr); step counts from 1. */
+static inline qd_status qd_bench_train_step(qd_backend *b, const qd_bench_inputs *in, int B, int T, float lr,
+                                            int step)
+{
+    const qd_adamw opt = {.lr = lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f,
+                          .grad_clip = 1.0f};
+    qd_batch bt = {.B = B, .T = T, .tokens = in->train_tok, .lengths = in->len_t, .temperature = 1.0f};
+    float gnorm;
+    qd_backend_zero_grad(b);
+    qd_status st = qd_backend_forward(b, &bt, in->logp, NULL);
+    if (st == QD_OK)
+        st = qd_backend_backward(b, in->dlogp);
+    if (st == QD_OK)
+        st = qd_backend_optimizer_step(b, &opt, step, &gnorm);
+    return st;
 }
 
 static inline void qd_bench_inputs_free(qd_bench_inputs *in)
