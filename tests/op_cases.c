@@ -342,6 +342,8 @@ static void c_combine_norm(oc *c) { c_combine_norm_shape(c, 9, 6, 2, 80, 1); }
 static void c_combine_norm_wide(oc *c) { c_combine_norm_shape(c, 5, 128, 8, 2050, 0); }
 /* and over its width, quantized: a decode's 64 rows */
 static void c_combine_norm_q(oc *c) { c_combine_norm_shape(c, 64, 128, 8, 2048, 1); }
+/* moe8's 4 of 32 experts a token at its width (the fused sums' K 4 form) */
+static void c_combine_norm_k4(oc *c) { c_combine_norm_shape(c, 300, 32, 4, 1024, 0); }
 
 static void c_qk_norm_rope_shape(oc *c, int N, int H, int KV, int D, int cache)
 {
@@ -2090,6 +2092,7 @@ static const op_case cases[] = {
     {{"add_rmsnorm 5x2050", "add_rmsnorm", 0, 0}, c_add_rmsnorm_wide},
     {{"combine_add_rmsnorm 9x80 k2 q", "combine_add_rmsnorm", 0, 0}, c_combine_norm},
     {{"combine_add_rmsnorm 5x2050 k8", "combine_add_rmsnorm", 0, 0}, c_combine_norm_wide},
+    {{"combine_add_rmsnorm 300x1024 k4", "combine_add_rmsnorm", 0, 0}, c_combine_norm_k4},
     {{"combine_add_rmsnorm 64x2048 k8 q", "combine_add_rmsnorm", 0, 0}, c_combine_norm_q},
     {{"add_rmsnorm 200x2048 q", "add_rmsnorm", 0, 0}, c_add_rmsnorm_q},
     {{"swiglu_nvfp4 7x48", "swiglu_nvfp4", 0, 0}, c_swiglu_nvfp4},

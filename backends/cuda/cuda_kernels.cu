@@ -1444,31 +1444,37 @@ extern "C" qd_status qdk_rmsnorm(float *out, float *rstd, const float *inp, cons
 }
 
 /* dinp: each row's dot is one chain, i ascending (the CPU's order). A block
- * owns RX_ROWS rows and walks them in tiles of RX_COLS columns: the threads
+ * owns RXR rows and walks them in tiles of RX_COLS columns: the threads
  * load a tile coalesced and store its products (w[i] * dy[i]) * x[i] (the
  * CPU's roundings) in shared memory, then thread r adds its row's products in
  * order. The update of dinp is elementwise, so it runs coalesced over the
- * block's rows. */
+ * block's rows. RXR 32 (the default), or 8 (QUADS_RX8=1): four times the
+ * blocks, every row's loads of a tile in flight at once (at moe8's training
+ * shape the 32-row blocks made one wave of 4 warps an SM, 287 us a launch on
+ * an H100 for ~130 us of bytes); a row's operations are the same either way,
+ * so its bits. */
 #define RX_ROWS 32
 #define RX_COLS 128 /* = the block size */
 
+template <int RXR>
 __global__ void __launch_bounds__(RX_COLS) k_rmsnorm_bwd_x(float *dinp, const float *dout, const float *inp,
                                                            const float *w, const float *rstd, int rows, int C,
                                                            int set)
 {
     QD_PDL_ENTRY();
-    __shared__ float s_p[RX_ROWS][RX_COLS + 1]; /* +1: row r's walk hits bank (r + i) % 32 */
-    __shared__ float s_r[RX_ROWS], s_k[RX_ROWS];
-    const int t = threadIdx.x, n0 = blockIdx.x * RX_ROWS, nr = min(RX_ROWS, rows - n0);
+    __shared__ float s_p[RXR][RX_COLS + 1]; /* +1: row r's walk hits bank (r + i) % 32 */
+    __shared__ float s_r[RXR], s_k[RXR];
+    const int t = threadIdx.x, n0 = blockIdx.x * RXR, nr = min(RXR, rows - n0);
     float dot = 0.0f;
     for (int i0 = 0; i0 < C; i0 += RX_COLS) {
         int i = i0 + t;
         if (i < C) {
             float wi = __ldg(w + i);
 #pragma unroll 8
-            for (int r = 0; r < nr; r++) {
+            for (int r = 0; r < RXR; r++) {
                 size_t e = (size_t)(n0 + r) * C + i;
-                s_p[r][t] = (wi * dout[e]) * inp[e];
+                if (r < nr)
+                    s_p[r][t] = (wi * dout[e]) * inp[e];
             }
         }
         __syncthreads();
@@ -1488,13 +1494,28 @@ __global__ void __launch_bounds__(RX_COLS) k_rmsnorm_bwd_x(float *dinp, const fl
     __syncthreads();
     for (int i = t; i < C; i += RX_COLS) {
         float wi = __ldg(w + i);
-#pragma unroll 4
-        for (int r = 0; r < nr; r++) {
+#pragma unroll(RXR <= 8 ? RXR : 4)
+        for (int r = 0; r < RXR; r++) {
             size_t e = (size_t)(n0 + r) * C + i;
-            float v = s_r[r] * (wi * dout[e]) - inp[e] * s_k[r];
-            dinp[e] = set ? 0.0f + v : dinp[e] + v; /* set: the bits of adding into zeros, not read */
+            if (r < nr) {
+                float v = s_r[r] * (wi * dout[e]) - inp[e] * s_k[r];
+                dinp[e] = set ? 0.0f + v : dinp[e] + v; /* set: the bits of adding into zeros, not read */
+            }
         }
     }
+}
+
+/* k_rmsnorm_bwd_x in blocks of 32 rows, or of 8 (QUADS_RX8=1) */
+static qd_status rx_launch(float *dinp, const float *dout, const float *inp, const float *w, const float *rstd,
+                           int rows, int C, int set)
+{
+    static int rx8_env = -2;
+    if (qd_env_pick(&rx8_env, "QUADS_RX8", 0, 1) == 1)
+        QD_LAUNCH(k_rmsnorm_bwd_x<8>, blocks((size_t)rows, 8), RX_COLS, dinp, dout, inp, w, rstd, rows, C, set);
+    else
+        QD_LAUNCH(k_rmsnorm_bwd_x<RX_ROWS>, blocks((size_t)rows, RX_ROWS), RX_COLS, dinp, dout, inp, w, rstd, rows,
+                  C, set);
+    return QD_OK;
 }
 
 /* dw: each column's sum is one chain, rows ascending (the CPU's order), and
@@ -1565,7 +1586,7 @@ extern "C" qd_status qdk_rmsnorm_backward(float *dinp, float *dw, const float *d
 {
     if (rows == 0)
         return QD_OK;
-    QD_LAUNCH(k_rmsnorm_bwd_x, blocks((size_t)rows, RX_ROWS), RX_COLS, dinp, dout, inp, w, rstd, rows, C, set);
+    QD_TRY(rx_launch(dinp, dout, inp, w, rstd, rows, C, set));
     QD_LAUNCH_SMEM(k_rmsnorm_bwd_w, blocks((size_t)C, RW_COLS), RW_THREADS, sizeof(float) * 2 * RW_COLS * RW_LD,
                    dw, dout, inp, rstd, rows, C);
     return QD_OK;
@@ -1626,7 +1647,7 @@ extern "C" qd_status qdk_rmsnorm_backward_fast(float *dinp, float *dw, float *wo
     int nch = (rows + QDK_RMSNORM_CHUNK - 1) / QDK_RMSNORM_CHUNK;
     if (nch > 65535) /* the grid's y limit */
         return qdk_rmsnorm_backward(dinp, dw, dout, inp, w, rstd, rows, C, set);
-    QD_LAUNCH(k_rmsnorm_bwd_x, blocks((size_t)rows, RX_ROWS), RX_COLS, dinp, dout, inp, w, rstd, rows, C, set);
+    QD_TRY(rx_launch(dinp, dout, inp, w, rstd, rows, C, set));
     QD_LAUNCH(k_rmsnorm_bwd_w_part, dim3(blocks((size_t)C, 32), (unsigned)nch), 32 * RF_LANES, work, dout, inp,
               rstd, rows, C);
     QD_LAUNCH_N(k_rmsnorm_bwd_w_sum, (C), dw, work, nch, C);
@@ -2949,8 +2970,8 @@ template <typename IX> __global__ void k_gather4(float4 *xe, const float4 *x, co
         xe[id] = x[(size_t)row_tok[id / (IX)C4] * C4 + id % (IX)C4];
 }
 
-/* QUADS_GATHER4=1 (opt-in, not yet run on a GPU): k_gather4 where C and the
- * pointers allow; a copy, the same values */
+/* k_gather4 where C and the pointers allow (the default since 2026-12-08,
+ * with QUADS_ROW_WIDE; QUADS_GATHER4=0 for k_gather); a copy, the same values */
 static int gather4_env(void)
 {
     static int v = -2;
@@ -2961,7 +2982,7 @@ extern "C" qd_status qdk_gather(float *xe, const float *x, const int32_t *row_to
 {
     if (!R || !C)
         return QD_OK;
-    if (gather4_env() == 1 && C % 4 == 0 && qd_aligned(x, 16) && qd_aligned(xe, 16)) {
+    if (gather4_env() != 0 && C % 4 == 0 && qd_aligned(x, 16) && qd_aligned(xe, 16)) {
         if (fits32((size_t)R * (C / 4)))
             QD_LAUNCH_N(k_gather4<unsigned>, ((size_t)R * (C / 4)), (float4 *)xe, (const float4 *)x, row_tok, R,
                         C / 4);
@@ -3021,8 +3042,35 @@ __global__ void k_swiglu16(uint16_t *h, const float *g, const float *u, size_t n
         h[i] = (uint16_t)bf16_hi(qd_siluf(g[i]) * u[i]);
 }
 
+/* QUADS_SWIGLU4=1 (opt-in until timed): fast mode's SwiGLU forward and
+ * backward on BF16 outputs four values a thread (float4 loads, 8-byte
+ * stores) where the widths and pointers allow; each value's operations are
+ * the one-value kernels', so their bits. At moe8's training shape on an H100
+ * the one-value kernels took 318 us a launch each for ~110 and ~180 us of
+ * bytes. */
+static bool swiglu4_on(void)
+{
+    static int env = -2;
+    return qd_env_pick(&env, "QUADS_SWIGLU4", 0, 1) == 1;
+}
+
+/* k_swiglu16 four values a thread (QUADS_SWIGLU4=1) */
+__global__ void k_swiglu16x4(uint2 *h, const float4 *g, const float4 *u, size_t n4)
+{
+    QD_PDL_ENTRY();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n4) {
+        float4 a = g[i], b = u[i];
+        h[i] = bf16x4(make_float4(qd_siluf(a.x) * b.x, qd_siluf(a.y) * b.y, qd_siluf(a.z) * b.z, qd_siluf(a.w) * b.w));
+    }
+}
+
 extern "C" qd_status qdk_swiglu16(uint16_t *h, const float *g, const float *u, size_t n)
 {
+    if (n && swiglu4_on() && n % 4 == 0 && qd_aligned(g, 16) && qd_aligned(u, 16) && qd_aligned(h, 8)) {
+        QD_LAUNCH_N(k_swiglu16x4, (n / 4), (uint2 *)h, (const float4 *)g, (const float4 *)u, n / 4);
+        return QD_OK;
+    }
     if (n)
         QD_LAUNCH_N(k_swiglu16, (n), h, g, u, n);
     return QD_OK;
@@ -3113,10 +3161,39 @@ __global__ void k_swiglu_bwd16_ld(uint16_t *dg, uint16_t *du, const float *dh, c
     st_out(du + o, b);
 }
 
+/* dg, du rows of cols4 float4-wide values ld4 apart (ld4 = cols4: dense) */
+template <typename IX>
+__global__ void k_swiglu_bwd16x4(uint2 *dg, uint2 *du, const float4 *dh, const float4 *g, const float4 *u, size_t n4,
+                                 int cols4, int ld4)
+{
+    QD_PDL_ENTRY();
+    IX i = (IX)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (IX)n4)
+        return;
+    size_t o = (size_t)(i / (IX)cols4) * (size_t)ld4 + i % (IX)cols4;
+    float4 x = dh[i], y = g[i], z = u[i], a, b;
+    swiglu_grads(x.x, y.x, z.x, &a.x, &b.x);
+    swiglu_grads(x.y, y.y, z.y, &a.y, &b.y);
+    swiglu_grads(x.z, y.z, z.z, &a.z, &b.z);
+    swiglu_grads(x.w, y.w, z.w, &a.w, &b.w);
+    dg[o] = bf16x4(a);
+    du[o] = bf16x4(b);
+}
+
 extern "C" qd_status qdk_swiglu_backward16(uint16_t *dg, uint16_t *du, const float *dh, const float *g,
                                            const float *u, size_t rows, int cols, int ld)
 {
     size_t n = rows * (size_t)cols;
+    if (n && swiglu4_on() && cols % 4 == 0 && ld % 4 == 0 && qd_aligned(dh, 16) && qd_aligned(g, 16) &&
+        qd_aligned(u, 16) && qd_aligned(dg, 8) && qd_aligned(du, 8)) {
+        if (fits32(n / 4))
+            QD_LAUNCH_N(k_swiglu_bwd16x4<unsigned>, (n / 4), (uint2 *)dg, (uint2 *)du, (const float4 *)dh,
+                        (const float4 *)g, (const float4 *)u, n / 4, cols / 4, ld / 4);
+        else
+            QD_LAUNCH_N(k_swiglu_bwd16x4<size_t>, (n / 4), (uint2 *)dg, (uint2 *)du, (const float4 *)dh,
+                        (const float4 *)g, (const float4 *)u, n / 4, cols / 4, ld / 4);
+        return QD_OK;
+    }
     if (n && ld == cols)
         QD_LAUNCH_N(k_swiglu_bwd<uint16_t>, (n), dg, du, dh, g, u, n);
     else if (n && fits32(n))
@@ -3220,20 +3297,22 @@ extern "C" qd_status qdk_qk_norm_rope(const qd_qk_args *a)
  * = sum over i ascending of dout[n][i] * y[r][i] (one chain, the CPU's order).
  * A block takes MD_ROWS rows: its threads read MD_COLS columns of them
  * coalesced, write dy and put the products into shared memory, then thread t
- * adds row t's products in column order. */
+ * adds row t's products in column order. MDR 32 rows a block, or 8 with
+ * QUADS_RX8=1 (as k_rmsnorm_bwd_x: four times the blocks, every row's loads of
+ * a tile in flight at once; a row's operations the same, so its bits). */
 #define MD_ROWS 32
 #define MD_COLS 128 /* = the block size */
 
-template <typename T>
+template <typename T, int MDR = MD_ROWS>
 __global__ void __launch_bounds__(MD_COLS) k_moe_dy(T *dy, float *dwt, const float *dout, const float *y,
                                                     const float *row_w, const int32_t *row_rank,
                                                     const int32_t *tok_rows, int N, int K, int C)
 {
     QD_PDL_ENTRY();
-    __shared__ float s_p[MD_ROWS][MD_COLS + 1]; /* +1: row t's walk hits bank (t + c) % 32 */
-    __shared__ int s_r[MD_ROWS];
-    __shared__ float s_w[MD_ROWS];
-    const int t = threadIdx.x, id0 = blockIdx.x * MD_ROWS, nr = min(MD_ROWS, N * K - id0);
+    __shared__ float s_p[MDR][MD_COLS + 1]; /* +1: row t's walk hits bank (t + c) % 32 */
+    __shared__ int s_r[MDR];
+    __shared__ float s_w[MDR];
+    const int t = threadIdx.x, id0 = blockIdx.x * MDR, nr = min(MDR, N * K - id0);
     if (t < nr) {
         int r = tok_rows[id0 + t];
         s_r[t] = r;
@@ -3245,11 +3324,13 @@ __global__ void __launch_bounds__(MD_COLS) k_moe_dy(T *dy, float *dwt, const flo
         int i = i0 + t;
         if (i < C) {
 #pragma unroll 8
-            for (int j = 0; j < nr; j++) {
-                int r = s_r[j], n = (id0 + j) / K;
-                float d = dout[(size_t)n * C + i];
-                st_out(dy + (size_t)r * C + i, d * s_w[j]);
-                s_p[j][t] = d * y[(size_t)r * C + i];
+            for (int j = 0; j < MDR; j++) {
+                if (j < nr) {
+                    int r = s_r[j], n = (id0 + j) / K;
+                    float d = dout[(size_t)n * C + i];
+                    st_out(dy + (size_t)r * C + i, d * s_w[j]);
+                    s_p[j][t] = d * y[(size_t)r * C + i];
+                }
             }
         }
         __syncthreads();
@@ -3265,22 +3346,31 @@ __global__ void __launch_bounds__(MD_COLS) k_moe_dy(T *dy, float *dwt, const flo
         dwt[id0 + t - (id0 + t) % K + row_rank[s_r[t]]] = acc;
 }
 
+/* k_moe_dy in blocks of MD_ROWS rows, or of 8 (QUADS_RX8=1) */
+template <typename T>
+static qd_status md_launch(T *dy, float *dwt, const float *dout, const float *y, const float *row_w,
+                           const int32_t *row_rank, const int32_t *tok_rows, int N, int K, int C)
+{
+    static int rx8_env = -2;
+    if (qd_env_pick(&rx8_env, "QUADS_RX8", 0, 1) == 1)
+        QD_LAUNCH((k_moe_dy<T, 8>), blocks((size_t)N * K, 8), MD_COLS, dy, dwt, dout, y, row_w, row_rank, tok_rows, N,
+                  K, C);
+    else
+        QD_LAUNCH((k_moe_dy<T, MD_ROWS>), blocks((size_t)N * K, MD_ROWS), MD_COLS, dy, dwt, dout, y, row_w, row_rank,
+                  tok_rows, N, K, C);
+    return QD_OK;
+}
+
 extern "C" qd_status qdk_moe_dy(float *dy, float *dwt, const float *dout, const float *y, const float *row_w,
                                 const int32_t *row_rank, const int32_t *tok_rows, int N, int K, int C)
 {
-    if (N)
-        QD_LAUNCH(k_moe_dy<float>, blocks((size_t)N * K, MD_ROWS), MD_COLS, dy, dwt, dout, y, row_w, row_rank,
-                  tok_rows, N, K, C);
-    return QD_OK;
+    return N ? md_launch(dy, dwt, dout, y, row_w, row_rank, tok_rows, N, K, C) : QD_OK;
 }
 
 extern "C" qd_status qdk_moe_dy16(uint16_t *dy, float *dwt, const float *dout, const float *y, const float *row_w,
                                   const int32_t *row_rank, const int32_t *tok_rows, int N, int K, int C)
 {
-    if (N)
-        QD_LAUNCH(k_moe_dy<uint16_t>, blocks((size_t)N * K, MD_ROWS), MD_COLS, dy, dwt, dout, y, row_w, row_rank,
-                  tok_rows, N, K, C);
-    return QD_OK;
+    return N ? md_launch(dy, dwt, dout, y, row_w, row_rank, tok_rows, N, K, C) : QD_OK;
 }
 
 template <typename IX>

@@ -3045,17 +3045,19 @@ static qd_status qk_launch_amax(qk_amax **a, const T *x, int64_t n)
  * thread, or one where the rows (CTAs) are fewer than the SMs (decode: a
  * row's blocks encoded by one warp took 4 us; the per-block work is the
  * same, the absolute maximum order-free, so the same bits).
- * QUADS_ROW_WIDE=1 (opt-in, not yet run on a GPU): one block a thread too
+ * By default (QUADS_ROW_WIDE=0 for the old choice) one block a thread too
  * wherever those CTAs' warps fit in half of every SM's 64 warp slots (decode
  * at batch 64: the experts' 512 input rows and QUADS's RAC rows, 1,024 CTAs of
  * one warp for gate and up, 8 warps an SM, 17.8 us a layer on an H100; with it
- * 4 warps a CTA), not in the prefill's thousands of rows. */
+ * 4 warps a CTA), not in the prefill's thousands of rows. With QUADS_GATHER4
+ * the default since 2026-12-08 (an H100, a3b-4 exact b64, 2 and 2 rounds:
+ * quads 1.037x and 1.04x, nvfp4 1.001x). */
 #define QK_WIDE_WARPS 32 /* warps an SM the wide CTAs may take in all */
 static unsigned qk_row_threads(int64_t bpr, int64_t rows)
 {
     static int wide_env = -2;
     int64_t sms = qd_sm_count(), w1 = (bpr + 31) / 32; /* warps a CTA at one block a thread */
-    bool wide = qd_env_pick(&wide_env, "QUADS_ROW_WIDE", 0, 1) == 1 && rows * w1 <= sms * QK_WIDE_WARPS;
+    bool wide = qd_env_pick(&wide_env, "QUADS_ROW_WIDE", 0, 1) != 0 && rows * w1 <= sms * QK_WIDE_WARPS;
     int64_t per = rows < sms || wide ? 1 : QK_ROW_BLOCKS;
     int64_t t = ((bpr + per - 1) / per + 31) / 32 * 32;
     return (unsigned)(t > QK_ROW_THREADS ? QK_ROW_THREADS : t);
@@ -3165,7 +3167,63 @@ static __device__ __forceinline__ void fr_quant_row(const fr_quant &fq, const fl
 }
 
 #define FR_THREADS 512 /* the fused rows kernels' largest CTA (fr_threads) */
-template <bool CB>
+
+/* k_res_rmsnorm's sum for the 4 values i0 + u * blockDim.x (u < 4) of row n:
+ * a + b, or (CB) a + the combine of y over the KT rows s_r (KT 0: K of
+ * them, a runtime count), each value's chain over j ascending as k_combine's.
+ * Every load of the 4 values (and of all KT rows where KT is known) is
+ * issued before the first add: the row loop of one value at a time waited
+ * for each of its loads in turn (K x 4 of them a thread: 672 us a launch at
+ * moe8's training shape on an H100 for ~160 us of bytes). */
+template <bool CB, int KT>
+static __device__ __forceinline__ void fr_sum4(float *v, const float *a, const float *b, const float *y,
+                                               const int *s_r, const float *s_w, int K, int C, size_t o, int i0)
+{
+    const int bd = (int)blockDim.x;
+    float av[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+        av[u] = i0 + u * bd < C ? __ldg(a + o + i0 + u * bd) : 0.0f;
+    if constexpr (!CB) {
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            v[u] = av[u] + (i0 + u * bd < C ? __ldg(b + o + i0 + u * bd) : 0.0f);
+        return;
+    } else {
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if constexpr (KT > 0) {
+            float t[KT][4];
+#pragma unroll
+            for (int j = 0; j < KT; j++)
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    t[j][u] = i0 + u * bd < C ? __ldg(y + (size_t)s_r[j] * C + i0 + u * bd) : 0.0f;
+#pragma unroll
+            for (int j = 0; j < KT; j++)
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    acc[u] = acc[u] + t[j][u] * s_w[j];
+        } else {
+            for (int j = 0; j < K; j++) {
+                float t[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    t[u] = i0 + u * bd < C ? __ldg(y + (size_t)s_r[j] * C + i0 + u * bd) : 0.0f;
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    acc[u] = acc[u] + t[u] * s_w[j];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            v[u] = av[u] + acc[u];
+    }
+}
+
+/* ILP (QUADS_FR_ILP=1): the sums 4 values a thread at once (fr_sum4, KT
+ * experts known at compile time or 0); otherwise a value at a time. The same
+ * operations on each value in the same order: the same bits. */
+template <bool CB, bool ILP = false, int KT = 0>
 __global__ void __launch_bounds__(FR_THREADS)
     k_res_rmsnorm(float *sum, float *out, float *rstd, const float *a, const float *b, const float *y,
                   const float *row_w, const int32_t *tok_rows, int K, const float *w, int C, float eps, fr_quant fq)
@@ -3183,19 +3241,34 @@ __global__ void __launch_bounds__(FR_THREADS)
         }
         __syncthreads();
     }
-    for (int i = threadIdx.x; i < C; i += blockDim.x) {
-        float v;
-        if (CB) {
-            float acc = 0.0f;
-#pragma unroll 8
-            for (int j = 0; j < K; j++)
-                acc = acc + __ldg(y + (size_t)s_r[j] * C + i) * s_w[j];
-            v = __ldg(a + o + i) + acc;
-        } else {
-            v = __ldg(a + o + i) + __ldg(b + o + i);
+    if constexpr (ILP) {
+        for (int i0 = threadIdx.x; i0 < C; i0 += 4 * blockDim.x) {
+            float v[4];
+            fr_sum4<CB, KT>(v, a, b, y, s_r, s_w, K, C, o, i0);
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int i = i0 + u * (int)blockDim.x;
+                if (i < C) {
+                    xs[i] = v[u];
+                    sum[o + i] = v[u];
+                }
+            }
         }
-        xs[i] = v;
-        sum[o + i] = v;
+    } else {
+        for (int i = threadIdx.x; i < C; i += blockDim.x) {
+            float v;
+            if (CB) {
+                float acc = 0.0f;
+#pragma unroll 8
+                for (int j = 0; j < K; j++)
+                    acc = acc + __ldg(y + (size_t)s_r[j] * C + i) * s_w[j];
+                v = __ldg(a + o + i) + acc;
+            } else {
+                v = __ldg(a + o + i) + __ldg(b + o + i);
+            }
+            xs[i] = v;
+            sum[o + i] = v;
+        }
     }
     __syncthreads();
     float r = rms_block_rstd(xs, C, eps, rstd + n);
@@ -3205,6 +3278,13 @@ __global__ void __launch_bounds__(FR_THREADS)
         __syncthreads();
         fr_quant_row(fq, out, (int64_t)n, C);
     }
+}
+
+/* QUADS_FR_ILP=1: k_res_rmsnorm's sums 4 values a thread at once (fr_sum4) */
+static bool fr_ilp(void)
+{
+    static int env = -2;
+    return qd_env_pick(&env, "QUADS_FR_ILP", 0, 1) == 1;
 }
 
 /* The fused kernels' CTA: qk_rows_kernel's threads for a row of C, or more
@@ -3237,8 +3317,8 @@ extern "C" qd_status qdk_add_rmsnorm(float *sum, float *out, float *rstd, const 
 {
     QD_TRY(fr_check("add_rmsnorm", q, rows, C));
     if (rows) {
-        qd_launch(k_res_rmsnorm<false>, (unsigned)rows, fr_threads(C, rows), sizeof(float) * (size_t)C, sum, out, rstd,
-                  a, b, NULL, NULL, NULL, 0, w, C, eps, fr_quant_of(q));
+        qd_launch(fr_ilp() ? k_res_rmsnorm<false, true> : k_res_rmsnorm<false>, (unsigned)rows, fr_threads(C, rows),
+                  sizeof(float) * (size_t)C, sum, out, rstd, a, b, NULL, NULL, NULL, 0, w, C, eps, fr_quant_of(q));
         QD_CUDA_CHECK(cudaGetLastError());
     }
     return QD_OK;
@@ -3253,8 +3333,10 @@ extern "C" qd_status qdk_combine_add_rmsnorm(float *sum, float *out, float *rstd
         return qd_error(QD_ERR_SHAPE, "cuda backend: combine_add_rmsnorm: %d experts a token (at most %d)", K,
                         QDK_FR_MAXK);
     if (N) {
-        qd_launch(k_res_rmsnorm<true>, (unsigned)N, fr_threads(C, N), sizeof(float) * (size_t)C, sum, out, rstd, res,
-                  NULL, y, row_w, tok_rows, K, w, C, eps, fr_quant_of(q));
+        auto k = !fr_ilp() ? k_res_rmsnorm<true> : K == 8 ? k_res_rmsnorm<true, true, 8>
+                 : K == 4 ? k_res_rmsnorm<true, true, 4> : k_res_rmsnorm<true, true, 0>;
+        qd_launch(k, (unsigned)N, fr_threads(C, N), sizeof(float) * (size_t)C, sum, out, rstd, res, NULL, y, row_w,
+                  tok_rows, K, w, C, eps, fr_quant_of(q));
         QD_CUDA_CHECK(cudaGetLastError());
     }
     return QD_OK;
