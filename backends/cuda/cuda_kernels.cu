@@ -3243,6 +3243,13 @@ extern "C" qd_status qdk_combine(float *out, const float *y, const float *row_w,
  * its v row (k_store_kv's copies). */
 #define FR_WARPS 8
 
+/* PF (QUADS_FR_ILP=1, D <= 128): every load of the row (its values, the norm
+ * weights, the position and its cos/sin, a key row's v) issued at the start,
+ * held in registers (at most 4 values and 2 pairs a lane), not each after the
+ * step before it: a warp waited for four loads in turn (decode at batch 64
+ * 7.2 us a layer on an H100, moe8's training shape 149 us a launch). The
+ * same operations on each value in the same order: the same bits. */
+template <bool PF = false>
 __global__ void __launch_bounds__(32 * FR_WARPS) k_qk_norm_rope(const __grid_constant__ qd_qk_args p)
 {
     QD_PDL_ENTRY();
@@ -3256,6 +3263,57 @@ __global__ void __launch_bounds__(32 * FR_WARPS) k_qk_norm_rope(const __grid_con
     int nh = isq ? p.H : p.KV, n = (int)(rr / nh), h = (int)(rr % nh);
     const float *x = (isq ? p.q : p.k) + rr * D, *w = isq ? p.wq : p.wk;
     float *y = xq + wp * D, *o = (isq ? p.qr : p.kr) + rr * D;
+    const bool kv = !isq && p.kc;
+    const int64_t KD = (int64_t)p.KV * D;
+    if constexpr (PF) {
+        float xv[4], wv[4], vv[4], cs[2], sn[2];
+        int ps = p.pos[n];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int i = lane + 32 * u;
+            xv[u] = i < D ? __ldg(x + i) : 0.0f;
+            wv[u] = i < D ? __ldg(w + i) : 0.0f;
+            vv[u] = kv && i < D ? __ldg(p.v + (int64_t)n * KD + (int64_t)h * D + i) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            int i = lane + 32 * u;
+            cs[u] = i < h2 ? __ldg(p.cosb + (size_t)ps * h2 + i) : 0.0f;
+            sn[u] = i < h2 ? __ldg(p.sinb + (size_t)ps * h2 + i) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (lane + 32 * u < D)
+                y[lane + 32 * u] = xv[u];
+        __syncwarp();
+        float ss = rms_warp_sumsq(y, D, lane);
+        float rs = qd_rsqrtf(__shfl_sync(0xffffffffu, ss, 0) / (float)D + p.eps);
+        if (lane == 0)
+            (isq ? p.rstd_q : p.rstd_k)[rr] = rs;
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (lane + 32 * u < D)
+                y[lane + 32 * u] = wv[u] * (y[lane + 32 * u] * rs);
+        __syncwarp();
+#pragma unroll
+        for (int u = 0; u < 2; u++)
+            if (lane + 32 * u < h2)
+                rope_pair(y, lane + 32 * u, h2, cs[u], sn[u], QD_ROPE_FORWARD);
+        __syncwarp();
+        int64_t at = kv ? ((int64_t)p.row[n] * p.Tc + ps) * KD + (int64_t)h * D : 0;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int i = lane + 32 * u;
+            if (i < D) {
+                o[i] = y[i];
+                if (kv) {
+                    p.kc[at + i] = y[i];
+                    p.vc[at + i] = vv[u];
+                }
+            }
+        }
+        return;
+    }
     for (int i = lane; i < D; i += 32)
         y[i] = __ldg(x + i);
     __syncwarp();
@@ -3273,8 +3331,8 @@ __global__ void __launch_bounds__(32 * FR_WARPS) k_qk_norm_rope(const __grid_con
     __syncwarp();
     for (int i = lane; i < D; i += 32)
         o[i] = y[i];
-    if (!isq && p.kc) {
-        int64_t KD = (int64_t)p.KV * D, at = ((int64_t)p.row[n] * p.Tc + ps) * KD + (int64_t)h * D;
+    if (kv) {
+        int64_t at = ((int64_t)p.row[n] * p.Tc + ps) * KD + (int64_t)h * D;
         for (int i = lane; i < D; i += 32) {
             p.kc[at + i] = y[i];
             p.vc[at + i] = __ldg(p.v + (int64_t)n * KD + (int64_t)h * D + i);
@@ -3284,11 +3342,14 @@ __global__ void __launch_bounds__(32 * FR_WARPS) k_qk_norm_rope(const __grid_con
 
 extern "C" qd_status qdk_qk_norm_rope(const qd_qk_args *a)
 {
+    static int ilp_env = -2;
     int64_t rows = (int64_t)a->N * (a->H + a->KV);
     if (a->D % 2)
         return qd_error(QD_ERR_SHAPE, "cuda backend: qk_norm_rope: head_dim %d is odd", a->D);
+    bool pf = a->D <= 128 && qd_env_pick(&ilp_env, "QUADS_FR_ILP", 0, 1) == 1;
     if (rows)
-        QD_LAUNCH_SMEM(k_qk_norm_rope, (unsigned)((rows + FR_WARPS - 1) / FR_WARPS), 32u * FR_WARPS,
+        QD_LAUNCH_SMEM(pf ? k_qk_norm_rope<true> : k_qk_norm_rope<false>,
+                       (unsigned)((rows + FR_WARPS - 1) / FR_WARPS), 32u * FR_WARPS,
                        sizeof(float) * FR_WARPS * (size_t)a->D, *a);
     return QD_OK;
 }
