@@ -3342,13 +3342,33 @@ extern "C" qd_status qdk_combine_add_rmsnorm(float *sum, float *out, float *rstd
     return QD_OK;
 }
 
-/* One block a row of h (I): k_swiglu's h = silu(g) * u, then the row quantized. */
+/* One block a row of h (I): k_swiglu's h = silu(g) * u, then the row
+ * quantized. ILP (QUADS_FR_ILP=1): 4 values a thread, their 8 loads issued
+ * before the first value is made (the same operations: the same bits). */
+template <bool ILP = false>
 __global__ void __launch_bounds__(FR_THREADS) k_swiglu_rows(float *h, const float *g, const float *u, int I, fr_quant fq)
 {
     QD_PDL_ENTRY();
     size_t o = (size_t)blockIdx.x * I;
-    for (int i = threadIdx.x; i < I; i += blockDim.x)
-        h[o + i] = qd_siluf(g[o + i]) * u[o + i];
+    if constexpr (ILP) {
+        const int bd = (int)blockDim.x;
+        for (int i0 = threadIdx.x; i0 < I; i0 += 4 * bd) {
+            float gv[4], uv[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                int i = i0 + k * bd;
+                gv[k] = i < I ? g[o + i] : 0.0f;
+                uv[k] = i < I ? u[o + i] : 0.0f;
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                if (i0 + k * bd < I)
+                    h[o + i0 + k * bd] = qd_siluf(gv[k]) * uv[k];
+        }
+    } else {
+        for (int i = threadIdx.x; i < I; i += blockDim.x)
+            h[o + i] = qd_siluf(g[o + i]) * u[o + i];
+    }
     __syncthreads();
     fr_quant_row(fq, h, (int64_t)blockIdx.x, I);
 }
@@ -3357,7 +3377,8 @@ extern "C" qd_status qdk_swiglu_nvfp4(qd_nvfp4 *q, float *h, const float *g, con
 {
     QD_TRY(fr_check("swiglu_nvfp4", q, rows, I));
     if (rows && I) {
-        qd_launch(k_swiglu_rows, (unsigned)rows, fr_threads(I, rows), 0, h, g, u, I, fr_quant_of(q));
+        qd_launch(fr_ilp() ? k_swiglu_rows<true> : k_swiglu_rows<false>, (unsigned)rows, fr_threads(I, rows), 0, h, g,
+                  u, I, fr_quant_of(q));
         QD_CUDA_CHECK(cudaGetLastError());
     }
     return QD_OK;

@@ -138,7 +138,7 @@ ops1 bfpbk64 "the row BFP product on wgmma in 8 stages of 64 bytes of K, 6 in fl
 ops1 bfpwg3 "the row BFP product on wgmma with three warpgroups a CTA, 192 vocabulary rows, 3 stages (QUADS_BFP_WG3=1, opt-in), every row count" QUADS_BFP_WG3=1 QUADS_BFP_MATVEC=0
 ops1 rowwide "the row quantizers (qk_row: rows, fused rows, gather, RAC's rows) one block a thread only under as many rows as SMs (QUADS_ROW_WIDE=0; by default since 2026-12-08 wherever their warps fit half of every SM)" QUADS_ROW_WIDE=0
 ops1 gather4 "the experts' row gather (the QUADS recipe's, fast mode's float one) a value a thread (QUADS_GATHER4=0; by default since 2026-12-08 a float4 a thread, its index in 32 bits)" QUADS_GATHER4=0
-ops1 frilp "the fused rows' sums (residual add, MoE combine + add before the norm) 4 values a thread with all their loads in flight, the q/k norms + RoPE + KV store with a row's loads issued at its start (QUADS_FR_ILP=1, opt-in)" QUADS_FR_ILP=1
+ops1 frilp "the fused rows' sums (residual add, MoE combine + add before the norm) 4 values a thread with all their loads in flight, the q/k norms + RoPE + KV store with a row's loads issued at its start, the SwiGLU rows 4 values a thread (QUADS_FR_ILP=1, opt-in)" QUADS_FR_ILP=1
 ops1 rx8 "RMSNorm's dx and the MoE combine's backward (dy, dL/dweight) in blocks of 8 rows (QUADS_RX8=1, opt-in; by default 32)" QUADS_RX8=1
 ops1 swiglu4 "fast mode's SwiGLU and its backward on BF16 outputs four values a thread (QUADS_SWIGLU4=1, opt-in)" QUADS_SWIGLU4=1
 ops1 thin "x.W^T of 9-127 rows over few outputs (the router at batch 16-64) on the register-staged thin tiles, not the cp.async ring (QUADS_MATMUL_RING=0)" QUADS_MATMUL_RING=0
