@@ -1470,11 +1470,19 @@ __global__ void __launch_bounds__(RX_COLS) k_rmsnorm_bwd_x(float *dinp, const fl
         int i = i0 + t;
         if (i < C) {
             float wi = __ldg(w + i);
+            if constexpr (RXR == RX_ROWS) { /* the loop as before 2026-12-08 (its SASS) */
 #pragma unroll 8
-            for (int r = 0; r < RXR; r++) {
-                size_t e = (size_t)(n0 + r) * C + i;
-                if (r < nr)
+                for (int r = 0; r < nr; r++) {
+                    size_t e = (size_t)(n0 + r) * C + i;
                     s_p[r][t] = (wi * dout[e]) * inp[e];
+                }
+            } else {
+#pragma unroll
+                for (int r = 0; r < RXR; r++) {
+                    size_t e = (size_t)(n0 + r) * C + i;
+                    if (r < nr)
+                        s_p[r][t] = (wi * dout[e]) * inp[e];
+                }
             }
         }
         __syncthreads();
@@ -1494,12 +1502,21 @@ __global__ void __launch_bounds__(RX_COLS) k_rmsnorm_bwd_x(float *dinp, const fl
     __syncthreads();
     for (int i = t; i < C; i += RX_COLS) {
         float wi = __ldg(w + i);
-#pragma unroll(RXR <= 8 ? RXR : 4)
-        for (int r = 0; r < RXR; r++) {
-            size_t e = (size_t)(n0 + r) * C + i;
-            if (r < nr) {
+        if constexpr (RXR == RX_ROWS) {
+#pragma unroll 4
+            for (int r = 0; r < nr; r++) {
+                size_t e = (size_t)(n0 + r) * C + i;
                 float v = s_r[r] * (wi * dout[e]) - inp[e] * s_k[r];
                 dinp[e] = set ? 0.0f + v : dinp[e] + v; /* set: the bits of adding into zeros, not read */
+            }
+        } else {
+#pragma unroll
+            for (int r = 0; r < RXR; r++) {
+                size_t e = (size_t)(n0 + r) * C + i;
+                if (r < nr) {
+                    float v = s_r[r] * (wi * dout[e]) - inp[e] * s_k[r];
+                    dinp[e] = set ? 0.0f + v : dinp[e] + v;
+                }
             }
         }
     }
@@ -3263,9 +3280,9 @@ __global__ void __launch_bounds__(32 * FR_WARPS) k_qk_norm_rope(const __grid_con
     int nh = isq ? p.H : p.KV, n = (int)(rr / nh), h = (int)(rr % nh);
     const float *x = (isq ? p.q : p.k) + rr * D, *w = isq ? p.wq : p.wk;
     float *y = xq + wp * D, *o = (isq ? p.qr : p.kr) + rr * D;
-    const bool kv = !isq && p.kc;
-    const int64_t KD = (int64_t)p.KV * D;
     if constexpr (PF) {
+        const bool kv = !isq && p.kc;
+        const int64_t KD = (int64_t)p.KV * D;
         float xv[4], wv[4], vv[4], cs[2], sn[2];
         int ps = p.pos[n];
 #pragma unroll
@@ -3331,8 +3348,8 @@ __global__ void __launch_bounds__(32 * FR_WARPS) k_qk_norm_rope(const __grid_con
     __syncwarp();
     for (int i = lane; i < D; i += 32)
         o[i] = y[i];
-    if (kv) {
-        int64_t at = ((int64_t)p.row[n] * p.Tc + ps) * KD + (int64_t)h * D;
+    if (!isq && p.kc) {
+        int64_t KD = (int64_t)p.KV * D, at = ((int64_t)p.row[n] * p.Tc + ps) * KD + (int64_t)h * D;
         for (int i = lane; i < D; i += 32) {
             p.kc[at + i] = y[i];
             p.vc[at + i] = __ldg(p.v + (int64_t)n * KD + (int64_t)h * D + i);
@@ -3384,13 +3401,23 @@ __global__ void __launch_bounds__(MD_COLS) k_moe_dy(T *dy, float *dwt, const flo
     for (int i0 = 0; i0 < C; i0 += MD_COLS) {
         int i = i0 + t;
         if (i < C) {
+            if constexpr (MDR == MD_ROWS) { /* the loop as before 2026-12-08 (its SASS) */
 #pragma unroll 8
-            for (int j = 0; j < MDR; j++) {
-                if (j < nr) {
+                for (int j = 0; j < nr; j++) {
                     int r = s_r[j], n = (id0 + j) / K;
                     float d = dout[(size_t)n * C + i];
                     st_out(dy + (size_t)r * C + i, d * s_w[j]);
                     s_p[j][t] = d * y[(size_t)r * C + i];
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < MDR; j++) {
+                    if (j < nr) {
+                        int r = s_r[j], n = (id0 + j) / K;
+                        float d = dout[(size_t)n * C + i];
+                        st_out(dy + (size_t)r * C + i, d * s_w[j]);
+                        s_p[j][t] = d * y[(size_t)r * C + i];
+                    }
                 }
             }
         }
