@@ -135,6 +135,15 @@ static inline int qd_env_pick(int *cache, const char *name, int a, int b)
     return *cache;
 }
 
+/* QUADS_FR_ILP=1 (opt-in until timed): the fused rows kernels of
+ * cuda_quant.cu and cuda_kernels.cu with a row's loads issued together (read
+ * once a translation unit). */
+static inline bool qd_fr_ilp(void)
+{
+    static int env = -2;
+    return qd_env_pick(&env, "QUADS_FR_ILP", 0, 1) == 1;
+}
+
 /* A 0/1 kernel-choice switch with a program override: forced where it is 0
  * or 1 (tests and benchmarks set it), else as the variable says (0 or 1),
  * else -1 (unset: the caller's default). */

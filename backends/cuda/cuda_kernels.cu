@@ -1522,12 +1522,19 @@ __global__ void __launch_bounds__(RX_COLS) k_rmsnorm_bwd_x(float *dinp, const fl
     }
 }
 
-/* k_rmsnorm_bwd_x in blocks of 32 rows, or of 8 (QUADS_RX8=1) */
+/* QUADS_RX8=1 (opt-in until timed): k_rmsnorm_bwd_x and k_moe_dy in blocks
+ * of 8 rows, not 32 */
+static bool rx8_on(void)
+{
+    static int env = -2;
+    return qd_env_pick(&env, "QUADS_RX8", 0, 1) == 1;
+}
+
+/* k_rmsnorm_bwd_x in blocks of 32 rows, or of 8 (rx8_on) */
 static qd_status rx_launch(float *dinp, const float *dout, const float *inp, const float *w, const float *rstd,
                            int rows, int C, int set)
 {
-    static int rx8_env = -2;
-    if (qd_env_pick(&rx8_env, "QUADS_RX8", 0, 1) == 1)
+    if (rx8_on())
         QD_LAUNCH(k_rmsnorm_bwd_x<8>, blocks((size_t)rows, 8), RX_COLS, dinp, dout, inp, w, rstd, rows, C, set);
     else
         QD_LAUNCH(k_rmsnorm_bwd_x<RX_ROWS>, blocks((size_t)rows, RX_ROWS), RX_COLS, dinp, dout, inp, w, rstd, rows,
@@ -3359,11 +3366,10 @@ __global__ void __launch_bounds__(32 * FR_WARPS) k_qk_norm_rope(const __grid_con
 
 extern "C" qd_status qdk_qk_norm_rope(const qd_qk_args *a)
 {
-    static int ilp_env = -2;
     int64_t rows = (int64_t)a->N * (a->H + a->KV);
     if (a->D % 2)
         return qd_error(QD_ERR_SHAPE, "cuda backend: qk_norm_rope: head_dim %d is odd", a->D);
-    bool pf = a->D <= 128 && qd_env_pick(&ilp_env, "QUADS_FR_ILP", 0, 1) == 1;
+    bool pf = a->D <= 128 && qd_fr_ilp();
     if (rows)
         QD_LAUNCH_SMEM(pf ? k_qk_norm_rope<true> : k_qk_norm_rope<false>,
                        (unsigned)((rows + FR_WARPS - 1) / FR_WARPS), 32u * FR_WARPS,
@@ -3434,13 +3440,12 @@ __global__ void __launch_bounds__(MD_COLS) k_moe_dy(T *dy, float *dwt, const flo
         dwt[id0 + t - (id0 + t) % K + row_rank[s_r[t]]] = acc;
 }
 
-/* k_moe_dy in blocks of MD_ROWS rows, or of 8 (QUADS_RX8=1) */
+/* k_moe_dy in blocks of MD_ROWS rows, or of 8 (rx8_on) */
 template <typename T>
 static qd_status md_launch(T *dy, float *dwt, const float *dout, const float *y, const float *row_w,
                            const int32_t *row_rank, const int32_t *tok_rows, int N, int K, int C)
 {
-    static int rx8_env = -2;
-    if (qd_env_pick(&rx8_env, "QUADS_RX8", 0, 1) == 1)
+    if (rx8_on())
         QD_LAUNCH((k_moe_dy<T, 8>), blocks((size_t)N * K, 8), MD_COLS, dy, dwt, dout, y, row_w, row_rank, tok_rows, N,
                   K, C);
     else

@@ -3191,28 +3191,16 @@ static __device__ __forceinline__ void fr_sum4(float *v, const float *a, const f
         return;
     } else {
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if constexpr (KT > 0) {
-            float t[KT][4];
+        const int nk = KT > 0 ? KT : K; /* KT: a constant, the loop unrolled and its loads hoisted */
 #pragma unroll
-            for (int j = 0; j < KT; j++)
+        for (int j = 0; j < nk; j++) {
+            float t[4];
 #pragma unroll
-                for (int u = 0; u < 4; u++)
-                    t[j][u] = i0 + u * bd < C ? __ldg(y + (size_t)s_r[j] * C + i0 + u * bd) : 0.0f;
+            for (int u = 0; u < 4; u++)
+                t[u] = i0 + u * bd < C ? __ldg(y + (size_t)s_r[j] * C + i0 + u * bd) : 0.0f;
 #pragma unroll
-            for (int j = 0; j < KT; j++)
-#pragma unroll
-                for (int u = 0; u < 4; u++)
-                    acc[u] = acc[u] + t[j][u] * s_w[j];
-        } else {
-            for (int j = 0; j < K; j++) {
-                float t[4];
-#pragma unroll
-                for (int u = 0; u < 4; u++)
-                    t[u] = i0 + u * bd < C ? __ldg(y + (size_t)s_r[j] * C + i0 + u * bd) : 0.0f;
-#pragma unroll
-                for (int u = 0; u < 4; u++)
-                    acc[u] = acc[u] + t[u] * s_w[j];
-            }
+            for (int u = 0; u < 4; u++)
+                acc[u] = acc[u] + t[u] * s_w[j];
         }
 #pragma unroll
         for (int u = 0; u < 4; u++)
@@ -3280,13 +3268,6 @@ __global__ void __launch_bounds__(FR_THREADS)
     }
 }
 
-/* QUADS_FR_ILP=1: k_res_rmsnorm's sums 4 values a thread at once (fr_sum4) */
-static bool fr_ilp(void)
-{
-    static int env = -2;
-    return qd_env_pick(&env, "QUADS_FR_ILP", 0, 1) == 1;
-}
-
 /* The fused kernels' CTA: qk_rows_kernel's threads for a row of C, or more
  * for the row's own elements (4 a thread, up to FR_THREADS; QUADS_FR_VPT=8
  * for 8 a thread up to 256, the first version: on an H100's ncu at batch 64
@@ -3317,7 +3298,7 @@ extern "C" qd_status qdk_add_rmsnorm(float *sum, float *out, float *rstd, const 
 {
     QD_TRY(fr_check("add_rmsnorm", q, rows, C));
     if (rows) {
-        qd_launch(fr_ilp() ? k_res_rmsnorm<false, true> : k_res_rmsnorm<false>, (unsigned)rows, fr_threads(C, rows),
+        qd_launch(qd_fr_ilp() ? k_res_rmsnorm<false, true> : k_res_rmsnorm<false>, (unsigned)rows, fr_threads(C, rows),
                   sizeof(float) * (size_t)C, sum, out, rstd, a, b, NULL, NULL, NULL, 0, w, C, eps, fr_quant_of(q));
         QD_CUDA_CHECK(cudaGetLastError());
     }
@@ -3333,7 +3314,7 @@ extern "C" qd_status qdk_combine_add_rmsnorm(float *sum, float *out, float *rstd
         return qd_error(QD_ERR_SHAPE, "cuda backend: combine_add_rmsnorm: %d experts a token (at most %d)", K,
                         QDK_FR_MAXK);
     if (N) {
-        auto k = !fr_ilp() ? k_res_rmsnorm<true> : K == 8 ? k_res_rmsnorm<true, true, 8>
+        auto k = !qd_fr_ilp() ? k_res_rmsnorm<true> : K == 8 ? k_res_rmsnorm<true, true, 8>
                  : K == 4 ? k_res_rmsnorm<true, true, 4> : k_res_rmsnorm<true, true, 0>;
         qd_launch(k, (unsigned)N, fr_threads(C, N), sizeof(float) * (size_t)C, sum, out, rstd, res, NULL, y, row_w,
                   tok_rows, K, w, C, eps, fr_quant_of(q));
@@ -3377,7 +3358,7 @@ extern "C" qd_status qdk_swiglu_nvfp4(qd_nvfp4 *q, float *h, const float *g, con
 {
     QD_TRY(fr_check("swiglu_nvfp4", q, rows, I));
     if (rows && I) {
-        qd_launch(fr_ilp() ? k_swiglu_rows<true> : k_swiglu_rows<false>, (unsigned)rows, fr_threads(I, rows), 0, h, g,
+        qd_launch(qd_fr_ilp() ? k_swiglu_rows<true> : k_swiglu_rows<false>, (unsigned)rows, fr_threads(I, rows), 0, h, g,
                   u, I, fr_quant_of(q));
         QD_CUDA_CHECK(cudaGetLastError());
     }
